@@ -1,0 +1,1 @@
+"""The device client: MCP servers, Computer / ComputerManager / CommandRouter, DeviceClient."""

@@ -1,0 +1,93 @@
+"""The command layer's data: what is asked of a device and what comes back (seed 000)."""
+
+from __future__ import annotations
+
+import uuid
+from enum import Enum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+ToolType = Literal["data_collection", "action"]
+TOOL_TYPES: tuple[ToolType, ...] = ("data_collection", "action")
+
+
+def new_call_id() -> str:
+    return uuid.uuid4().hex
+
+
+class ResultStatus(str, Enum):
+    """How a command ended; `none` means no result is available (yet)."""
+
+    SUCCESS = "success"
+    FAILURE = "failure"
+    SKIPPED = "skipped"
+    NONE = "none"
+
+
+class Command(BaseModel):
+    """One atomic tool call. `call_id` is assigned when missing so every result can be matched.
+
+    `tool_type` may be left out: the device then finds the tool in whichever namespace has it
+    (and says so when the name is ambiguous). `approved_by` records the human approval that an
+    action the policy marks as dangerous needs; it is audited like everything else.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tool_name: str = Field(..., min_length=1, description="Name of the tool to execute")
+    parameters: dict[str, Any] | None = Field(default=None, description="Parameters for the tool")
+    tool_type: ToolType | None = Field(default=None, description="data_collection or action")
+    call_id: str | None = Field(default=None, description="Unique identifier for this command call")
+    timeout: float | None = Field(default=None, gt=0, description="Per-command timeout in seconds")
+    approved_by: str | None = Field(default=None, description="Who approved this action, if it needed it")
+
+    @model_validator(mode="after")
+    def _assign_call_id(self) -> Command:
+        if not self.call_id:
+            self.call_id = new_call_id()
+        return self
+
+
+class Result(BaseModel):
+    """The outcome of one command; failures carry an `error` that says what went wrong."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    status: ResultStatus = Field(..., description="Execution status")
+    error: str | None = Field(default=None, description="Error message if failed")
+    result: Any = Field(default=None, description="Result payload")
+    namespace: str | None = Field(default=None, description="Namespace of the executed tool")
+    call_id: str | None = Field(default=None, description="ID matching the Command.call_id")
+
+    @property
+    def ok(self) -> bool:
+        return self.status is ResultStatus.SUCCESS
+
+    @classmethod
+    def failure(cls, error: str, call_id: str | None = None, namespace: str | None = None,
+                result: Any = None) -> Result:
+        return cls(status=ResultStatus.FAILURE, error=error, call_id=call_id, namespace=namespace,
+                   result=result)
+
+    @classmethod
+    def skipped(cls, reason: str, call_id: str | None = None) -> Result:
+        return cls(status=ResultStatus.SKIPPED, error=reason, call_id=call_id)
+
+
+class ToolInfo(BaseModel):
+    """What a tool is and how to call it; what `list_tools` returns and planners read."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    namespace: str
+    tool_type: ToolType
+    description: str = ""
+    input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    output_schema: dict[str, Any] | None = None
+    meta: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.tool_type}::{self.name}"

@@ -1,0 +1,49 @@
+"""What a built-in tool may know about the call it serves: policy, journal, session, approval, events."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tether.tools.policy import Policy, default_policy
+
+if TYPE_CHECKING:
+    from tether.tools.journal import UndoJournal
+
+EventSink = Callable[[str, dict[str, Any]], None]
+
+
+def _no_events(kind: str, data: dict[str, Any]) -> None:
+    return None
+
+
+def default_state_dir() -> Path:
+    """Where a device keeps its journal and records: $TETHER_STATE_DIR or ~/.local/state/tether."""
+    import os
+
+    env = os.environ.get("TETHER_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tether"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolContext:
+    """Passed to built-in tools whose signature asks for `ctx`; one per device, narrowed per call."""
+
+    policy: Policy = field(default_factory=default_policy)
+    journal: UndoJournal | None = None
+    session_id: str | None = None
+    call_id: str | None = None
+    approved_by: str | None = None
+    emit: EventSink = _no_events
+    temp_dir: str = field(default_factory=tempfile.gettempdir)
+
+    def for_call(self, *, session_id: str | None, call_id: str | None, approved_by: str | None,
+                 emit: EventSink | None = None) -> ToolContext:
+        return replace(self, session_id=session_id, call_id=call_id, approved_by=approved_by,
+                       emit=emit or self.emit)

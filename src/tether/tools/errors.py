@@ -1,0 +1,32 @@
+"""Errors a tool raises to fail its command with a clear message (they never leave the router)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ToolError(Exception):
+    """The tool ran and failed; `result` may still carry a payload (e.g. stderr and the exit code)."""
+
+    def __init__(self, message: str, result: Any = None) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+class PolicyDenied(ToolError):
+    """The policy refused the call; the message names the rule so a person can find and change it."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(f"denied by policy rule '{rule}': {message}", {"denied": True, "rule": rule})
+        self.rule = rule
+
+
+class NeedsApproval(ToolError):
+    """The action is one a person must approve; the command can be re-sent with `approved_by` set."""
+
+    def __init__(self, rule: str, message: str) -> None:
+        super().__init__(
+            f"needs approval (policy rule '{rule}'): {message}; re-send the command with an approval",
+            {"needs_approval": True, "rule": rule},
+        )
+        self.rule = rule
