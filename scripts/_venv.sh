@@ -1,0 +1,19 @@
+# Sourced by the other scripts: make sure .venv exists and holds tether with the given extras.
+# On a fresh Debian machine `python3 -m venv` needs the python3-venv package; install it when we can.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  if ! "$PY" -m venv .venv 2>/dev/null; then
+    rm -rf .venv
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      apt-get update -qq && apt-get install -y -qq python3-venv >/dev/null
+      "$PY" -m venv .venv
+    else
+      echo "error: cannot create a virtual environment; install it with: sudo apt-get install -y python3-venv" >&2
+      exit 1
+    fi
+  fi
+fi
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null
+.venv/bin/python -m pip install -q -e ".${TETHER_EXTRAS:-}"

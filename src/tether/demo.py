@@ -1,0 +1,75 @@
+"""`tether demo`: a short tour of a device in local mode that needs no LLM key and no network."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+import uuid
+from pathlib import Path
+
+from rich.console import Console
+
+from tether.device.config import parse_device_config
+from tether.device.local import open_device
+from tether.protocol.models import Command, Result
+
+
+def _show(console: Console, title: str, result: Result, detail: str = "") -> None:
+    mark = "[green]✓[/green]" if result.ok else "[red]✗[/red]"
+    console.print(f"{mark} {title}: [bold]{result.status.value}[/bold] {detail}")
+    if result.error:
+        console.print(f"    [dim]{result.error}[/dim]")
+
+
+async def run_demo(console: Console, state_dir: Path | None = None) -> int:
+    """Return 0 when every step behaved as expected (denials included), so CI can run it too."""
+    raw: dict = {}
+    if importlib.util.find_spec("mcp_server_time") is not None:
+        raw["mcpServers"] = {"time": {"command": sys.executable, "args": ["-m", "mcp_server_time"],
+                                      "toolType": "data_collection"}}
+    config = parse_device_config(raw, "demo")
+    work = Path(tempfile.mkdtemp(prefix="tether-demo-"))
+    session = f"demo-{uuid.uuid4().hex[:8]}"
+    state = state_dir or work / "state"
+    console.print(f"[bold]tether demo[/bold] — local mode, working in {work}, session {session}\n")
+    ok = True
+    async with open_device(config, state_dir=state) as device:
+        computer = await device.computer_manager.get_or_create(None)
+        infos = computer.tool_infos()
+        namespaces = sorted({i.namespace for i in infos})
+        console.print(f"{len(infos)} tools in namespaces {', '.join(namespaces)}")
+        dispatcher = device.dispatcher(session_id=session)
+        target = work / "hello.txt"
+        steps: list[tuple[str, Command, bool]] = [
+            ("system info", Command(tool_name="get_system_info", parameters={"info_type": "os"}), True),
+            ("run a real process",
+             Command(tool_name="shell.run", parameters={"cmd": "echo", "argv": ["hello from tether"],
+                                                        "cwd": str(work)}), True),
+            ("write a file", Command(tool_name="write_file",
+                                     parameters={"file_path": str(target), "content": "first\n"}), True),
+            ("overwrite it (journaled)", Command(tool_name="write_file", parameters={
+                "file_path": str(target), "content": "second\n", "mode": "overwrite"}), True),
+            ("policy refuses sudo", Command(tool_name="shell.run", parameters={
+                "cmd": "sudo", "argv": ["id"], "cwd": str(work)}), False),
+            ("policy refuses python -c", Command(tool_name="shell.run", parameters={
+                "cmd": "python3", "argv": ["-c", "print(1)"], "cwd": str(work)}), False),
+            ("wrong argument type", Command(tool_name="read_file", parameters={"file_path": 42}), False),
+        ]
+        if "time" in namespaces:
+            steps.insert(2, ("external MCP server (mcp-server-time)",
+                             Command(tool_name="get_current_time", parameters={"timezone": "UTC"}), True))
+        for title, command, expect_ok in steps:
+            [result] = await dispatcher.execute_commands([command], timeout=60)
+            detail = ""
+            if result.ok and isinstance(result.result, dict) and "stdout" in result.result:
+                detail = repr(result.result["stdout"].strip())
+            _show(console, title, result, detail)
+            ok = ok and result.ok == expect_ok
+        report = device.journal.restore(session)
+        restored = target.read_text() if target.exists() else "<gone>"
+        console.print(f"\n[bold]undo[/bold] {session}: {len(report)} change(s) put back; "
+                      f"{target.name} now reads {restored!r}")
+        console.print(f"(from a shell: [bold]tether undo {session} --state-dir {state}[/bold])")
+    console.print("\n[green]demo finished[/green]" if ok else "\n[red]demo: a step misbehaved[/red]")
+    return 0 if ok else 1

@@ -1,0 +1,217 @@
+"""`Computer`: one execution context's tool registry over its MCP servers (seed 003).
+
+Tools are keyed `tool_type::tool_name`. When two servers of one tool type offer the same name, the
+one listed first in the config keeps the plain name and the rest stay reachable by their qualified
+name `namespace/tool_name`; every such collision is recorded in `collisions` and logged, so the
+resolution is deterministic and visible rather than whichever server answered first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from tether.protocol.models import TOOL_TYPES, Command, Result, ToolInfo, ToolType
+from tether.tools.context import ToolContext
+from tether.tools.runtime import ToolSpec, build_spec, call_spec
+
+if TYPE_CHECKING:
+    from tether.device.mcp_config import MCPServerConfig
+    from tether.device.mcp_manager import BaseMCPServer, MCPServerManager
+
+logger = logging.getLogger(__name__)
+
+META_NAMESPACE = "meta"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolEntry:
+    info: ToolInfo
+    server: BaseMCPServer | None = None
+    meta: ToolSpec | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class MCPToolCall:
+    """A command resolved to one registered tool: what `run_actions` executes."""
+
+    tool_key: str
+    tool_name: str
+    parameters: dict[str, Any] | None = None
+    call_id: str | None = None
+    timeout: float | None = None
+    approved_by: str | None = None
+
+
+class Computer:
+    """A named set of MCP servers and their tools; `async_init()` must be awaited before use."""
+
+    def __init__(self, name: str, process_name: str | None, mcp_server_manager: MCPServerManager,
+                 data_collection_servers_config: Sequence[MCPServerConfig] = (),
+                 action_servers_config: Sequence[MCPServerConfig] = (), *,
+                 context: ToolContext | None = None, tool_timeout: float | None = None) -> None:
+        self._name = name
+        self._process_name = process_name
+        self._mcp_server_manager = mcp_server_manager
+        self._configs: list[tuple[ToolType, MCPServerConfig]] = (
+            [("data_collection", c) for c in data_collection_servers_config]
+            + [("action", c) for c in action_servers_config]
+        )
+        self._servers: dict[tuple[ToolType, str], BaseMCPServer] = {}
+        self._tools_registry: dict[str, ToolEntry] = {}
+        self._context = context or ToolContext()
+        self._tool_timeout = tool_timeout
+        self.collisions: list[dict[str, Any]] = []
+        self.startup_errors: dict[str, str] = {}
+        self._meta_tools = self._build_meta_tools()
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def context(self) -> ToolContext:
+        return self._context
+
+    def _build_meta_tools(self) -> dict[str, ToolSpec]:
+        spec = build_spec(self.list_tools, "list_tools", "data_collection", None,
+                          "List the tools this device offers, optionally filtered by type or namespace.")
+        return {"list_tools": spec}
+
+    async def list_tools(self, tool_type: ToolType | None = None, namespace: str | None = None,
+                         remove_meta: bool = True) -> list[dict[str, Any]]:
+        return [info.model_dump() for info in self.tool_infos(tool_type, namespace, remove_meta)]
+
+    def tool_infos(self, tool_type: ToolType | None = None, namespace: str | None = None,
+                   remove_meta: bool = True) -> list[ToolInfo]:
+        seen: set[tuple[str, str, str]] = set()
+        out: list[ToolInfo] = []
+        for entry in self._tools_registry.values():
+            info = entry.info
+            if (tool_type and info.tool_type != tool_type) or (namespace and info.namespace != namespace):
+                continue
+            if remove_meta and info.meta:
+                continue
+            ident = (info.tool_type, info.namespace, info.name)
+            if ident not in seen:
+                seen.add(ident)
+                out.append(info)
+        return out
+
+    async def async_init(self) -> None:
+        """Open every configured server in parallel, then register tools in config order."""
+        for tool_type, cfg in self._configs:
+            server = self._mcp_server_manager.create_or_get_server(cfg, reset=cfg.reset,
+                                                                   process_name=self._process_name)
+            self._servers[(tool_type, cfg.namespace)] = server
+        errors = await self._mcp_server_manager.start_servers(list(dict.fromkeys(self._servers.values())))
+        self.startup_errors = {ns: err for ns, err in (errors or {}).items()}
+        for (tool_type, namespace), server in self._servers.items():
+            if namespace in self.startup_errors:
+                logger.warning("computer %s: server %s did not start: %s", self._name, namespace,
+                               self.startup_errors[namespace])
+                continue
+            await self._register_server(namespace, server, tool_type)
+        for tool_type in TOOL_TYPES:
+            for spec in self._meta_tools.values():
+                info = ToolInfo(name=spec.name, namespace=META_NAMESPACE, tool_type=tool_type,
+                                description=spec.description, input_schema=spec.input_schema, meta=True)
+                self._tools_registry[info.key] = ToolEntry(info=info, meta=spec)
+
+    async def _register_server(self, namespace: str, server: BaseMCPServer, tool_type: ToolType) -> None:
+        try:
+            infos = await server.list_tools(tool_type)
+        except Exception as exc:
+            self.startup_errors[namespace] = f"list_tools failed: {exc}"
+            logger.warning("computer %s: cannot list tools of %s: %s", self._name, namespace, exc)
+            return
+        for info in infos:
+            entry = ToolEntry(info=info, server=server)
+            self._tools_registry[f"{info.tool_type}::{info.namespace}/{info.name}"] = entry
+            holder = self._tools_registry.get(info.key)
+            if holder is None:
+                self._tools_registry[info.key] = entry
+                continue
+            collision = {"tool": info.name, "tool_type": info.tool_type, "kept": holder.info.namespace,
+                         "shadowed": info.namespace, "use": f"{info.namespace}/{info.name}"}
+            self.collisions.append(collision)
+            logger.warning("tool name collision: %(tool)s (%(tool_type)s) kept from %(kept)s; "
+                           "%(shadowed)s's is reachable as %(use)s", collision)
+
+    async def add_server(self, namespace: str, mcp_server: BaseMCPServer, tool_type: ToolType) -> None:
+        """Attach a server at run time; it is started if needed and its tools registered."""
+        errors = await self._mcp_server_manager.start_servers([mcp_server])
+        if errors:
+            raise RuntimeError(f"server '{namespace}' did not start: {errors.get(namespace, errors)}")
+        self._servers[(tool_type, namespace)] = mcp_server
+        await self._register_server(namespace, mcp_server, tool_type)
+
+    async def delete_server(self, namespace: str, tool_type: ToolType) -> None:
+        """Detach a server and its tools; a plain name it shadowed falls back to the next holder."""
+        if self._servers.pop((tool_type, namespace), None) is None:
+            raise ValueError(f"no {tool_type} server '{namespace}' on computer '{self._name}'")
+        removed = [k for k, e in self._tools_registry.items()
+                   if e.info.namespace == namespace and e.info.tool_type == tool_type]
+        for key in removed:
+            del self._tools_registry[key]
+        for key, entry in list(self._tools_registry.items()):
+            if "/" not in key or entry.info.tool_type != tool_type:
+                continue
+            self._tools_registry.setdefault(entry.info.key, entry)
+        self.collisions = [c for c in self.collisions
+                           if not (c["tool_type"] == tool_type and namespace in (c["kept"], c["shadowed"]))]
+
+    def _lookup(self, name: str, tool_type: ToolType | None) -> tuple[str, ToolEntry] | str:
+        if tool_type is not None:
+            key = f"{tool_type}::{name}"
+            entry = self._tools_registry.get(key)
+            if entry is None:
+                other = "action" if tool_type == "data_collection" else "data_collection"
+                hint = (f"; it exists as a {other} tool"
+                        if f"{other}::{name}" in self._tools_registry else "")
+                return f"unknown tool '{name}' ({tool_type}){hint}; call list_tools to see what exists"
+            return key, entry
+        found = [(f"{t}::{name}", self._tools_registry[f"{t}::{name}"])
+                 for t in TOOL_TYPES if f"{t}::{name}" in self._tools_registry]
+        if not found:
+            return f"unknown tool '{name}'; call list_tools to see what exists"
+        if len(found) > 1 and not found[0][1].info.meta:
+            return f"tool '{name}' exists as both data_collection and action: set tool_type"
+        return found[0]
+
+    def command2tool(self, command: Command) -> MCPToolCall:
+        """Resolve a command to a registered tool; ValueError (with a hint) when it cannot be."""
+        found = self._lookup(command.tool_name, command.tool_type)
+        if isinstance(found, str):
+            raise ValueError(found)
+        key, entry = found
+        return MCPToolCall(tool_key=key, tool_name=entry.info.name, parameters=command.parameters,
+                           call_id=command.call_id, timeout=command.timeout, approved_by=command.approved_by)
+
+    async def run_actions(self, tool_calls: Sequence[MCPToolCall], context: ToolContext | None = None) -> list[Result]:
+        return [await self.run_action(call, context) for call in tool_calls]
+
+    async def run_action(self, call: MCPToolCall, context: ToolContext | None = None) -> Result:
+        entry = self._tools_registry.get(call.tool_key)
+        if entry is None:
+            return Result.failure(f"tool '{call.tool_key}' is not registered", call.call_id)
+        ctx = context if context is not None else self._context.for_call(
+            session_id=self._context.session_id, call_id=call.call_id, approved_by=call.approved_by)
+        timeout = call.timeout or self._tool_timeout
+        if entry.meta is not None:
+            return await call_spec(entry.meta, META_NAMESPACE, call.parameters, ctx, timeout)
+        assert entry.server is not None
+        try:
+            result = await entry.server.call_tool(entry.info.name, call.parameters, ctx=ctx, timeout=timeout)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a server must not raise, but one bug must not break the batch
+            logger.exception("server %s raised from call_tool", entry.info.namespace)
+            return Result.failure(f"{entry.info.name}: server '{entry.info.namespace}' failed: {exc}",
+                                  call.call_id, entry.info.namespace)
+        if result.call_id != call.call_id:
+            result = result.model_copy(update={"call_id": call.call_id})
+        return result

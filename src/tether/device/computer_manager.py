@@ -1,0 +1,62 @@
+"""`ComputerManager`: one `Computer` per `agent::process::root`, created on first use (seed 003)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from tether.device.computer import Computer
+from tether.device.config import DEFAULT_AGENT, DeviceConfig
+from tether.device.mcp_manager import MCPServerManager
+from tether.tools.context import ToolContext
+
+logger = logging.getLogger(__name__)
+
+
+class ComputerManager:
+    """Caches computers by key; a root that is not configured falls back to the agent's `default`."""
+
+    def __init__(self, configs: DeviceConfig, mcp_server_manager: MCPServerManager, *,
+                 context: ToolContext | None = None, tool_timeout: float | None = None) -> None:
+        self.configs = configs
+        self.mcp_server_manager = mcp_server_manager
+        self.context = context or ToolContext()
+        self.tool_timeout = tool_timeout
+        self.computers: dict[str, Computer] = {}
+        self._creating: dict[str, asyncio.Future[Computer]] = {}
+
+    @staticmethod
+    def key(agent_name: str, process_name: str | None, root_name: str) -> str:
+        return f"{agent_name}::{process_name or ''}::{root_name}"
+
+    async def get_or_create(self, agent_name: str | None, process_name: str | None = None,
+                            root_name: str | None = None) -> Computer:
+        """The computer for this context; ValueError for an agent the config does not know."""
+        agent = agent_name or DEFAULT_AGENT
+        resolved_root, root = self.configs.root(agent, root_name)
+        key = self.key(agent, process_name, resolved_root)
+        computer = self.computers.get(key)
+        if computer is not None:
+            return computer
+        pending = self._creating.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Computer] = asyncio.get_running_loop().create_future()
+        self._creating[key] = future
+        try:
+            computer = Computer(key, process_name, self.mcp_server_manager, root.data_collection, root.action,
+                                context=self.context, tool_timeout=self.tool_timeout)
+            await computer.async_init()
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # mark retrieved: waiters re-raise it themselves
+            raise
+        finally:
+            self._creating.pop(key, None)
+        self.computers[key] = computer
+        future.set_result(computer)
+        return computer
+
+    def reset(self) -> None:
+        """Forget computers so the next task rebuilds its registry (servers themselves stay up)."""
+        self.computers.clear()

@@ -1,0 +1,135 @@
+"""Device configuration: seed 003's YAML (`mcp: agent → root → data_collection/action`) and the
+`mcpServers` JSON that desktop MCP clients use, so people can reuse the configs they already have."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tether.device.mcp_config import MCPServerConfig
+from tether.protocol.models import TOOL_TYPES, ToolType
+
+DEFAULT_AGENT = "default"
+DEFAULT_ROOT = "default"
+BUILTIN_SETS = ("shell", "files", "system")
+
+
+class RootConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    data_collection: list[MCPServerConfig] = Field(default_factory=list)
+    action: list[MCPServerConfig] = Field(default_factory=list)
+
+    def servers(self) -> list[tuple[ToolType, MCPServerConfig]]:
+        return [("data_collection", c) for c in self.data_collection] + [("action", c) for c in self.action]
+
+
+class DeviceSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    state_dir: str | None = None
+    policy: str | dict[str, Any] | None = Field(None, description="a policy file path or an inline policy")
+    builtin: list[str] = Field(default_factory=lambda: list(BUILTIN_SETS),
+                               description="built-in tool sets every agent gets in its default root")
+
+
+class DeviceConfig(BaseModel):
+    """The whole device config. Agents' roots fall back to `default`; an unknown agent is an error."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: DeviceSettings = Field(default_factory=DeviceSettings)
+    mcp: dict[str, dict[str, RootConfig]] = Field(default_factory=dict)
+    source: str | None = Field(None, exclude=True)
+
+    def root(self, agent_name: str, root_name: str | None) -> tuple[str, RootConfig]:
+        agent = self.mcp.get(agent_name)
+        if agent is None:
+            raise ValueError(f"unknown agent '{agent_name}'; configured agents: {sorted(self.mcp)}")
+        if root_name and root_name in agent:
+            return root_name, agent[root_name]
+        if DEFAULT_ROOT not in agent:
+            raise ValueError(f"agent '{agent_name}' has no '{root_name}' root and no 'default' root")
+        return DEFAULT_ROOT, agent[DEFAULT_ROOT]
+
+
+def _builtin_entries(names: list[str]) -> list[MCPServerConfig]:
+    unknown = [n for n in names if n not in BUILTIN_SETS]
+    if unknown:
+        raise ValueError(f"unknown built-in tool set(s) {unknown}; available: {list(BUILTIN_SETS)}")
+    return [MCPServerConfig(namespace=n, server_type="local", toolset=n) for n in names]
+
+
+def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], list[MCPServerConfig]]:
+    """Translate `{"mcpServers": {name: {command, args, env} | {url, headers}}}` into server configs."""
+    data: list[MCPServerConfig] = []
+    action: list[MCPServerConfig] = []
+    for name, spec in entries.items():
+        if not isinstance(spec, dict):
+            raise ValueError(f"mcpServers.{name}: expected an object, got {type(spec).__name__}")
+        spec = dict(spec)
+        tool_type = spec.pop("toolType", spec.pop("tool_type", "action"))
+        if tool_type not in TOOL_TYPES:
+            raise ValueError(f"mcpServers.{name}.toolType must be one of {TOOL_TYPES}")
+        kind = spec.pop("type", None)
+        if spec.pop("disabled", False):
+            continue
+        if "url" in spec or kind in ("http", "streamable-http", "streamableHttp"):
+            cfg = MCPServerConfig(namespace=name, server_type="http", url=spec.pop("url", None),
+                                  headers=spec.pop("headers", {}), timeout=spec.pop("timeout", None))
+        else:
+            cfg = MCPServerConfig(namespace=name, server_type="stdio", command=spec.pop("command", None),
+                                  args=spec.pop("args", []), env=spec.pop("env", None),
+                                  cwd=spec.pop("cwd", None), timeout=spec.pop("timeout", None))
+        if spec:
+            raise ValueError(f"mcpServers.{name}: unsupported key(s) {sorted(spec)}")
+        (data if tool_type == "data_collection" else action).append(cfg)
+    return data, action
+
+
+def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -> DeviceConfig:
+    """Build a config from either shape (or both in one file); built-in sets join every default root."""
+    raw = dict(raw or {})
+    mcp_servers = raw.pop("mcpServers", None)
+    where = f" in {source}" if source else ""
+    try:
+        config = DeviceConfig.model_validate(raw)
+        builtin = _builtin_entries(config.device.builtin)
+        extra_data, extra_action = _from_mcp_servers(mcp_servers or {})
+    except (ValidationError, ValueError) as exc:
+        raise ValueError(f"invalid device config{where}: {exc}") from exc
+    if not config.mcp:
+        config.mcp[DEFAULT_AGENT] = {DEFAULT_ROOT: RootConfig()}
+    for roots in config.mcp.values():
+        root = roots.setdefault(DEFAULT_ROOT, RootConfig())
+        taken = {c.namespace for _, c in root.servers()}
+        root.action[:0] = [c for c in builtin if c.namespace not in taken]
+        root.data_collection.extend(extra_data)
+        root.action.extend(extra_action)
+    config.source = source
+    return config
+
+
+def load_device_config(path: str | os.PathLike[str] | None) -> DeviceConfig:
+    """Read a YAML or JSON file (or nothing: the defaults). Errors name the file and what is wrong."""
+    if path is None:
+        return parse_device_config({})
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot read device config {p}: {exc.strerror or exc}") from exc
+    try:
+        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"device config {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
+                         f"{exc}") from exc
+    if raw is not None and not isinstance(raw, dict):
+        raise ValueError(f"device config {p} must be a mapping at the top level")
+    return parse_device_config(raw, str(p))

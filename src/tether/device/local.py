@@ -1,0 +1,83 @@
+"""Assemble a complete device in this process: policy, journal, MCP servers, computers, client.
+
+This is local mode (one machine, one process) and also what `tether device` puts behind its
+WebSocket connection, so both paths run exactly the same code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tether.device.client import DeviceClient
+from tether.device.computer_manager import ComputerManager
+from tether.device.config import DeviceConfig, load_device_config
+from tether.device.local_dispatcher import LocalCommandDispatcher
+from tether.device.mcp_manager import MCPServerManager
+from tether.tools.builtin import builtin_toolsets
+from tether.tools.context import ToolContext, default_state_dir
+from tether.tools.journal import UndoJournal
+from tether.tools.policy import Policy, default_policy, load_policy, policy_from_mapping
+
+
+@dataclass
+class LocalDevice:
+    config: DeviceConfig
+    policy: Policy
+    state_dir: Path
+    journal: UndoJournal
+    context: ToolContext
+    mcp_server_manager: MCPServerManager
+    computer_manager: ComputerManager
+    client: DeviceClient
+
+    def dispatcher(self, *, session_id: str | None = None, agent_name: str | None = None,
+                   root_name: str | None = None) -> LocalCommandDispatcher:
+        return LocalCommandDispatcher(self.client, session_id=session_id, agent_name=agent_name,
+                                      root_name=root_name)
+
+    async def aclose(self) -> None:
+        await self.mcp_server_manager.aclose()
+
+
+def resolve_policy(config: DeviceConfig, policy_path: str | os.PathLike[str] | None = None) -> Policy:
+    """An explicit `--policy` file wins, then the config's `device.policy`, then the safe defaults."""
+    if policy_path is not None:
+        return load_policy(policy_path)
+    source = config.device.policy
+    if source is None:
+        return default_policy()
+    if isinstance(source, dict):
+        return policy_from_mapping(source, where=f"{config.source or 'device config'}: device.policy")
+    base = Path(config.source).parent if config.source else Path.cwd()
+    return load_policy(base / Path(source).expanduser())
+
+
+def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = None,
+                 state_dir: str | os.PathLike[str] | None = None, client_id: str = "local") -> LocalDevice:
+    config = config or load_device_config(None)
+    policy = policy or resolve_policy(config)
+    root = Path(state_dir or config.device.state_dir or default_state_dir()).expanduser()
+    journal = UndoJournal(root)
+    context = ToolContext(policy=policy, journal=journal)
+    servers = MCPServerManager(toolsets=builtin_toolsets())
+    computers = ComputerManager(config, servers, context=context)
+    client = DeviceClient(servers, computers, client_id=config.device.name or client_id)
+    return LocalDevice(config, policy, root, journal, context, servers, computers, client)
+
+
+@asynccontextmanager
+async def open_device(config: DeviceConfig | str | os.PathLike[str] | None = None, *,
+                      policy_path: str | os.PathLike[str] | None = None,
+                      state_dir: str | os.PathLike[str] | None = None) -> AsyncIterator[LocalDevice]:
+    """A started device (its default computer's servers open) that is closed on exit."""
+    cfg = config if isinstance(config, DeviceConfig) else load_device_config(config)
+    device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir)
+    try:
+        await device.computer_manager.get_or_create(None)
+        yield device
+    finally:
+        await device.aclose()

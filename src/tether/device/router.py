@@ -1,0 +1,58 @@
+"""`CommandRouter`: validates and runs a batch of commands on the right `Computer` (seeds 000, 003).
+
+Whatever goes wrong — unknown agent, unknown tool, bad arguments, a tool that crashes — comes back
+as a failure `Result` for exactly that command; nothing is raised out of `execute`. With
+`early_exit`, the commands after a failure are not run and come back `skipped`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from tether.device.computer_manager import ComputerManager
+from tether.protocol.models import Command, Result, ResultStatus
+from tether.tools.context import EventSink
+
+logger = logging.getLogger(__name__)
+
+
+class CommandRouter:
+    def __init__(self, computer_manager: ComputerManager) -> None:
+        self.computer_manager = computer_manager
+
+    async def execute(self, agent_name: str | None, process_name: str | None, root_name: str | None,
+                      commands: Sequence[Command], early_exit: bool = True, *,
+                      session_id: str | None = None, emit: EventSink | None = None,
+                      on_result: Callable[[Result], None] | None = None) -> list[Result]:
+        """Run `commands` in order; `on_result` sees each result as soon as it exists, so a caller
+        that gives up (a timeout) still keeps the results that were finished."""
+        try:
+            computer = await self.computer_manager.get_or_create(agent_name, process_name, root_name)
+        except ValueError as exc:
+            return [Result.failure(str(exc), c.call_id) for c in commands]
+        base = computer.context
+        results: list[Result] = []
+        failed: Command | None = None
+        for command in commands:
+            if failed is not None:
+                skipped = Result(status=ResultStatus.SKIPPED, call_id=command.call_id,
+                                 error=f"skipped: earlier command '{failed.tool_name}' ({failed.call_id}) failed")
+                results.append(skipped)
+                if on_result is not None:
+                    on_result(skipped)
+                continue
+            try:
+                call = computer.command2tool(command)
+            except ValueError as exc:
+                result = Result.failure(str(exc), command.call_id)
+            else:
+                ctx = base.for_call(session_id=session_id or base.session_id, call_id=command.call_id,
+                                    approved_by=command.approved_by, emit=emit)
+                result = await computer.run_action(call, ctx)
+            results.append(result)
+            if on_result is not None:
+                on_result(result)
+            if early_exit and result.status is ResultStatus.FAILURE:
+                failed = command
+        return results
