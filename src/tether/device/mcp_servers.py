@@ -1,0 +1,436 @@
+"""The MCP servers a device calls tools on, each behind one `BaseMCPServer` interface.
+
+Built-in tool sets are called directly (no MCP session on the hot path). External servers —
+a Python module's `mcp` object in-process, a stdio process, a streamable-HTTP endpoint — get one
+persistent `mcp.Client` session each. anyio requires an `async with Client(...)` to be entered and
+exited by the same task, so every external server has a supervisor task that owns the session,
+notices when it ends (the process died, the HTTP transport failed) and opens a new one with
+exponential backoff. Calls from any task use the published session; none of them ever raises:
+every failure is a `Result(status=FAILURE)` naming the server and the tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import anyio
+import mcp_types
+from mcp import Client
+from mcp.shared.exceptions import MCPError
+
+from tether import __version__
+from tether.device.mcp_config import MCPServerConfig
+from tether.protocol.models import Result, ToolInfo, ToolType
+from tether.tools.context import ToolContext
+from tether.tools.mcp_export import call_result_to_result, is_result_wrapper
+from tether.tools.runtime import ToolSet
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_TIMEOUT = 60.0  # for requests that have no per-call timeout (tools/list); the SDK has none
+BACKOFF_BASE = 0.2
+BACKOFF_CAP = 30.0
+MIN_UPTIME = 1.0  # a session that dies sooner counts as a failed start (crash loops back off)
+_CLIENT_INFO = mcp_types.Implementation(name="tether", version=__version__)
+
+
+class MCPServerError(RuntimeError):
+    """A server could not be started or listed; the message names the server and the reason."""
+
+
+class BaseMCPServer(ABC):
+    """One namespace of tools on a device, however it is reached."""
+
+    def __init__(self, config: MCPServerConfig) -> None:
+        self.config = config
+        self.namespace = config.namespace
+        self.restarts = 0
+        self._reset_pending = False
+
+    @property
+    @abstractmethod
+    def healthy(self) -> bool: ...
+
+    @abstractmethod
+    async def start(self) -> None:
+        """Make the server usable; raises `MCPServerError` with a clear reason when it cannot be."""
+
+    @abstractmethod
+    async def list_tools(self, tool_type: ToolType) -> list[ToolInfo]: ...
+
+    @abstractmethod
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None, *, ctx: ToolContext,
+                        timeout: float | None) -> Result: ...
+
+    @abstractmethod
+    async def close(self) -> None: ...
+
+    def request_reset(self) -> None:
+        """Restart before the next call (a device reset); cheap and synchronous."""
+        self._reset_pending = True
+
+    async def health_check(self, timeout: float = 5.0) -> bool:
+        return self.healthy
+
+    def describe(self) -> str:
+        return self.config.server_type
+
+    def _failure(self, error: str, ctx: ToolContext, result: Any = None) -> Result:
+        return Result.failure(error, call_id=ctx.call_id, namespace=self.namespace, result=result)
+
+
+class ToolSetServer(BaseMCPServer):
+    """A built-in `ToolSet`, called directly: validation and timeout live in `ToolSet.call`."""
+
+    def __init__(self, config: MCPServerConfig, factory: Callable[[], ToolSet] | None,
+                 known: Iterable[str] = ()) -> None:
+        super().__init__(config)
+        self._factory = factory
+        self._known = sorted(known)
+        self._toolset: ToolSet | None = None
+        self._closed = False
+
+    @property
+    def healthy(self) -> bool:
+        return self._toolset is not None and not self._closed
+
+    def describe(self) -> str:
+        return f"built-in tool set '{self.config.toolset}'"
+
+    async def start(self) -> None:
+        if self._closed:
+            raise MCPServerError(f"server '{self.namespace}' is closed")
+        if self._factory is None:
+            known = ", ".join(self._known) or "none"
+            raise MCPServerError(f"server '{self.namespace}': unknown built-in tool set "
+                                 f"'{self.config.toolset}' (known: {known})")
+        try:
+            toolset = self._factory()
+        except Exception as exc:
+            raise MCPServerError(f"server '{self.namespace}' ({self.describe()}) failed to start: "
+                                 f"{type(exc).__name__}: {exc}") from exc
+        if toolset.namespace != self.namespace:  # the config's namespace is what planners see
+            toolset = ToolSet(self.namespace, [s.fn for s in toolset.specs.values()], toolset.description)
+        if self._toolset is not None:
+            self.restarts += 1
+        self._toolset, self._reset_pending = toolset, False
+
+    async def list_tools(self, tool_type: ToolType) -> list[ToolInfo]:
+        if self._toolset is None:
+            await self.start()
+        assert self._toolset is not None
+        return self._toolset.infos()
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None, *, ctx: ToolContext,
+                        timeout: float | None) -> Result:
+        toolset = self._toolset
+        if toolset is None or self._reset_pending:
+            try:
+                await self.start()
+            except MCPServerError as exc:
+                return self._failure(str(exc), ctx)
+            toolset = self._toolset
+            assert toolset is not None
+        if timeout is None and self.config.timeout is not None:  # a tool's own timeout is more specific
+            spec = toolset.specs.get(name)
+            if spec is not None and spec.timeout is None:
+                timeout = self.config.timeout
+        try:
+            return await toolset.call(name, arguments, ctx, timeout)
+        except Exception as exc:  # ToolSet.call catches tool errors; this guards the contract
+            logger.exception("tool set %s failed on %s", self.namespace, name)
+            return self._failure(f"server '{self.namespace}' tool '{name}': internal error: {exc}", ctx)
+
+    async def close(self) -> None:
+        self._closed = True
+        self._toolset = None
+
+
+class _OpenFailed(Exception):
+    pass
+
+
+class SessionServer(BaseMCPServer):
+    """An external MCP server behind one persistent session, owned by a supervisor task."""
+
+    lost_words = "lost its connection"
+
+    def __init__(self, config: MCPServerConfig) -> None:
+        super().__init__(config)
+        self.last_error: str | None = None
+        self._client: Client | None = None
+        self._ready = asyncio.Event()
+        self._closed = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._open_scope: anyio.CancelScope | None = None
+        self._generation = 0
+        self._first: asyncio.Future[None] | None = None
+        self._opened_once = False
+        self._wrapped: set[str] = set()
+
+    @property
+    def healthy(self) -> bool:
+        return self._ready.is_set() and not self._closed.is_set()
+
+    @property
+    def _request_timeout(self) -> float:
+        return self.config.timeout or DEFAULT_TIMEOUT
+
+    @abstractmethod
+    def _open(self, generation: int) -> contextlib.AbstractAsyncContextManager[Client]:
+        """Open one session; the supervisor enters and exits it in its own task."""
+
+    async def _diagnostics(self, wait: bool) -> str:
+        """Extra context for an error message (a stdio server's stderr)."""
+        return ""
+
+    def _explain(self, exc: BaseException | None) -> str:
+        return describe_error(exc)
+
+    async def start(self) -> None:
+        if self._closed.is_set():
+            raise MCPServerError(f"server '{self.namespace}' is closed")
+        if self._task is None or self._task.done():
+            first = self._first = asyncio.get_running_loop().create_future()
+            first.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, never warned
+            self._task = asyncio.create_task(self._supervise(first), name=f"mcp-server:{self.namespace}")
+        first = self._first
+        assert first is not None
+        await asyncio.shield(first)  # concurrent starters share one attempt and its outcome
+
+    async def _supervise(self, first: asyncio.Future[None]) -> None:
+        try:
+            await self._supervise_loop(first)
+        except Exception as exc:  # a bug here must not leave start() waiting forever
+            logger.exception("server %s: supervisor failed", self.namespace)
+            if not first.done():
+                first.set_exception(MCPServerError(f"server '{self.namespace}' failed to start: "
+                                                   f"{describe_error(exc)}"))
+        finally:
+            self._ready.clear()
+
+    async def _supervise_loop(self, first: asyncio.Future[None]) -> None:
+        failures = 0
+        while not self._closed.is_set():
+            try:
+                uptime = await self._run_session(first)
+            except _OpenFailed as exc:
+                self.last_error = str(exc)
+                if not first.done():  # the first start failed: report it and stop, nothing to restart
+                    first.set_exception(MCPServerError(str(exc)))
+                    return
+                failures += 1
+                logger.warning("%s", exc)
+            else:
+                failures = 0 if uptime >= MIN_UPTIME else failures + 1
+            if self._closed.is_set():
+                return
+            delay = 0.0 if failures == 0 else min(BACKOFF_BASE * 2 ** (failures - 1), BACKOFF_CAP)
+            if delay:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._closed.wait(), delay)
+
+    async def _run_session(self, first: asyncio.Future[None]) -> float:
+        """Open a session, publish it, hold it until it is lost or stopped; return its uptime."""
+        self._generation += 1
+        gen = self._generation
+        stop = self._stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        opened_at: float | None = None
+        error: BaseException | None = None
+        with anyio.CancelScope(deadline=anyio.current_time() + self.config.startup_timeout) as scope:
+            self._open_scope = scope
+            try:
+                async with self._open(gen) as client:
+                    # Listing proves the session works and primes the SDK's output-schema cache.
+                    self._note_wrapped((await client.list_tools()).tools)
+                    scope.deadline = math.inf
+                    self._open_scope = None
+                    opened_at = loop.time()
+                    self._client = client
+                    if self._opened_once:
+                        self.restarts += 1
+                    self._opened_once = True
+                    self.last_error = None
+                    self._ready.set()
+                    if not first.done():
+                        first.set_result(None)
+                    await stop.wait()
+                    self._ready.clear()
+                    self._client = None
+            except Exception as exc:  # includes the ExceptionGroups anyio task groups raise
+                error = exc
+            finally:
+                self._ready.clear()
+                self._client = None
+                self._open_scope = None
+        if opened_at is not None:
+            if error is not None:
+                logger.debug("server %s: session ended with %r", self.namespace, error)
+            return loop.time() - opened_at
+        if self._closed.is_set():
+            raise _OpenFailed(f"server '{self.namespace}' was closed while starting")
+        if scope.cancelled_caught:
+            reason = f"no MCP handshake within {self.config.startup_timeout:g}s (startup_timeout)"
+        else:
+            reason = self._explain(error)
+        raise _OpenFailed(f"server '{self.namespace}' ({self.describe()}) failed to start: {reason}"
+                          f"{await self._diagnostics(wait=True)}")
+
+    def _note_wrapped(self, tools: list[mcp_types.Tool]) -> None:
+        self._wrapped.update(t.name for t in tools if is_result_wrapper(t.output_schema))
+
+    def _on_stream_closed(self, generation: int) -> None:
+        if generation == self._generation and not self._closed.is_set():
+            logger.info("server %s: connection closed; restarting", self.namespace)
+            self._mark_lost(generation)
+
+    def _mark_lost(self, generation: int) -> None:
+        if generation == self._generation:
+            self._ready.clear()
+            self._stop.set()
+
+    async def _await_client(self, deadline: float) -> tuple[Client | None, str]:
+        """Slow path: start, reset or wait out a restart, bounded by the call's deadline."""
+        loop = asyncio.get_running_loop()
+        if self._closed.is_set():
+            return None, f"server '{self.namespace}' is closed"
+        if self._reset_pending:
+            self._reset_pending = False
+            if self._task is not None and not self._task.done():
+                self._mark_lost(self._generation)
+        if self._task is None or self._task.done():
+            try:
+                async with asyncio.timeout(max(deadline - loop.time(), 0)):
+                    await self.start()
+            except TimeoutError:
+                return None, f"server '{self.namespace}' did not start within the call's timeout"
+            except MCPServerError as exc:
+                return None, str(exc)
+        if not self._ready.is_set():
+            waiters = {asyncio.ensure_future(self._ready.wait()), asyncio.ensure_future(self._closed.wait())}
+            _, pending = await asyncio.wait(waiters, timeout=max(deadline - loop.time(), 0),
+                                            return_when=asyncio.FIRST_COMPLETED)
+            for waiter in pending:
+                waiter.cancel()
+        client = self._client
+        if client is not None and self.healthy:
+            return client, ""
+        if self._closed.is_set():
+            return None, f"server '{self.namespace}' is closed"
+        last = f" (last error: {self.last_error})" if self.last_error else ""
+        return None, f"server '{self.namespace}' is restarting and was not ready in time{last}"
+
+    async def call_tool(self, name: str, arguments: dict[str, Any] | None, *, ctx: ToolContext,
+                        timeout: float | None) -> Result:
+        limit = timeout or self.config.timeout or ctx.policy.default_timeout
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
+        client = self._client if self._ready.is_set() and not self._reset_pending else None
+        if client is None:
+            client, why = await self._await_client(deadline)
+            if client is None:
+                return self._failure(f"{why}; call '{name}' not sent", ctx)
+        gen = self._generation
+        remaining = max(deadline - loop.time(), 0.001)
+        timed_out = {"timed_out": True, "timeout": limit}
+        try:
+            # The SDK's read timeout ends the request; the outer one only guards a wedged transport write.
+            async with asyncio.timeout(remaining + 1.0):
+                result = await client.call_tool(name, arguments, read_timeout_seconds=remaining)
+        except MCPError as exc:
+            if exc.code == mcp_types.CONNECTION_CLOSED:
+                self._mark_lost(gen)
+                return self._failure(f"server '{self.namespace}' {self.lost_words} during call '{name}'"
+                                     f"{await self._diagnostics(wait=True)}", ctx)
+            if exc.code == mcp_types.REQUEST_TIMEOUT:
+                return self._failure(f"server '{self.namespace}': call '{name}' timed out after {limit:g}s",
+                                     ctx, timed_out)
+            return self._failure(f"server '{self.namespace}': call '{name}' failed: {exc.message} "
+                                 f"(MCP error {exc.code})", ctx)
+        except TimeoutError:
+            return self._failure(f"server '{self.namespace}': call '{name}' timed out after {limit:g}s",
+                                 ctx, timed_out)
+        except Exception as exc:
+            return self._failure(f"server '{self.namespace}': call '{name}' failed: "
+                                 f"{describe_error(exc)}", ctx)
+        return call_result_to_result(result, server=self.namespace, tool=name, call_id=ctx.call_id,
+                                     unwrap=name in self._wrapped)
+
+    async def list_tools(self, tool_type: ToolType) -> list[ToolInfo]:
+        loop = asyncio.get_running_loop()
+        client, why = await self._await_client(loop.time() + self.config.startup_timeout)
+        if client is None:
+            raise MCPServerError(why)
+        gen = self._generation
+        tools: list[mcp_types.Tool] = []
+        cursor: str | None = None
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                for _ in range(100):  # a paginator that never ends must not hang registration
+                    page = await client.list_tools(cursor=cursor, cache_mode="refresh")
+                    tools.extend(page.tools)
+                    cursor = page.next_cursor
+                    if not cursor:
+                        break
+        except Exception as exc:
+            if isinstance(exc, MCPError) and exc.code == mcp_types.CONNECTION_CLOSED:
+                self._mark_lost(gen)
+            raise MCPServerError(f"server '{self.namespace}': listing tools failed: "
+                                 f"{describe_error(exc)}") from exc
+        self._note_wrapped(tools)
+        return [ToolInfo(name=t.name, namespace=self.namespace, tool_type=tool_type,
+                         description=t.description or "", input_schema=dict(t.input_schema),
+                         output_schema=t.output_schema) for t in tools]
+
+    async def health_check(self, timeout: float = 5.0) -> bool:
+        """`tools/list` rather than ping: ping fails against mcp>=2 servers on the modern protocol."""
+        client, gen = self._client, self._generation
+        if client is None or not self.healthy:
+            return False
+        try:
+            async with asyncio.timeout(timeout):
+                await client.list_tools(cache_mode="bypass")
+        except Exception as exc:
+            logger.warning("server %s failed its health check: %s", self.namespace, describe_error(exc))
+            self._mark_lost(gen)
+            return False
+        return True
+
+    async def close(self) -> None:
+        self._closed.set()
+        self._ready.clear()
+        self._stop.set()
+        if self._open_scope is not None:
+            self._open_scope.cancel()
+        task, self._task = self._task, None
+        if task is not None:
+            with contextlib.suppress(Exception):
+                await task
+
+    def _client_options(self) -> dict[str, Any]:
+        return {"read_timeout_seconds": self._request_timeout, "client_info": _CLIENT_INFO}
+
+
+def innermost_error(exc: BaseException | None) -> BaseException | None:
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+def describe_error(exc: BaseException | None) -> str:
+    """The innermost message: anyio wraps transport failures in (nested) ExceptionGroups."""
+    leaf = innermost_error(exc)
+    if leaf is None:
+        return "unknown error"
+    if isinstance(leaf, MCPError):
+        return f"{leaf.message} (MCP error {leaf.code})"
+    text = str(leaf)
+    return f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__

@@ -1,0 +1,162 @@
+"""Built-in tool sets exported as real MCP servers (`tether tools serve NAME`), so any MCP client
+can use them with the same validation, policy and timeouts the device applies; and the translation
+between tether `Result`s and MCP tool results, both ways (the device reads external servers' results
+with `call_result_to_result`).
+
+The low-level `mcp.server.Server` is used rather than `MCPServer`: it publishes each tool's
+`ToolSpec.input_schema` exactly as written (MCPServer would derive a second schema from the
+function signature) and leaves argument validation to `ToolSet.call`, whose errors name the
+argument. A failed call is an `is_error` result, never a protocol error.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+from collections.abc import Callable
+from typing import Any
+
+import mcp_types
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+from mcp.server.mcpserver import MCPServer
+from mcp.server.stdio import stdio_server
+from pydantic_core import to_jsonable_python
+
+from tether import __version__
+from tether.protocol.models import Result, ResultStatus
+from tether.tools.context import ToolContext
+from tether.tools.runtime import ToolSet
+
+__all__ = [
+    "call_result_to_result", "content_payload", "is_result_wrapper", "result_to_call_result", "serve_http",
+    "serve_stdio", "toolset_to_mcp",
+]
+
+
+def toolset_to_mcp(toolset: ToolSet, ctx_factory: Callable[[], ToolContext], *,
+                   name: str | None = None) -> Server[Any]:
+    """An MCP server whose tools are `toolset`'s; `ctx_factory` gives each call its policy and journal."""
+    tools = [mcp_types.Tool(name=spec.name, description=spec.description or None,
+                            input_schema=spec.input_schema, output_schema=spec.output_schema)
+             for spec in toolset.specs.values()]
+    listing = mcp_types.ListToolsResult(tools=tools)
+
+    async def on_list_tools(ctx: ServerRequestContext[Any],
+                            params: mcp_types.PaginatedRequestParams | None) -> mcp_types.ListToolsResult:
+        return listing
+
+    async def on_call_tool(ctx: ServerRequestContext[Any],
+                           params: mcp_types.CallToolRequestParams) -> mcp_types.CallToolResult:
+        tool_ctx = ctx_factory()
+        if tool_ctx.call_id is None and ctx.request_id is not None:  # lets audit and journal name the call
+            tool_ctx = dataclasses.replace(tool_ctx, call_id=str(ctx.request_id))
+        result = await toolset.call(params.name, params.arguments, tool_ctx)
+        return result_to_call_result(result)
+
+    return Server(name or f"tether-{toolset.namespace}", version=__version__,
+                  description=toolset.description or None, on_list_tools=on_list_tools,
+                  on_call_tool=on_call_tool)
+
+
+def result_to_call_result(result: Result) -> mcp_types.CallToolResult:
+    """Dicts travel as structured content (and as JSON text for clients that read only text);
+    a string is sent as plain text so a person or model reads it unquoted."""
+    payload = to_jsonable_python(result.result, fallback=str)
+    structured = payload if isinstance(payload, dict) else None
+    if not result.ok:
+        text = result.error or f"failed ({result.status.value})"
+        return mcp_types.CallToolResult(content=[mcp_types.TextContent(type="text", text=text)],
+                                        structured_content=structured, is_error=True)
+    content: list[mcp_types.ContentBlock]
+    if _is_image(payload):
+        content = [mcp_types.ImageContent(type="image", data=payload["data"], mime_type=payload["mimeType"])]
+    elif isinstance(payload, str):
+        content = [mcp_types.TextContent(type="text", text=payload)]
+    elif payload is None:
+        content = []
+    else:
+        content = [mcp_types.TextContent(type="text", text=json.dumps(payload, ensure_ascii=False))]
+    return mcp_types.CallToolResult(content=content, structured_content=structured)
+
+
+def _is_image(payload: Any) -> bool:
+    return (isinstance(payload, dict) and payload.get("type") == "image"
+            and isinstance(payload.get("data"), str) and isinstance(payload.get("mimeType"), str))
+
+
+async def serve_stdio(server: Server[Any] | MCPServer) -> None:
+    """Serve on stdin/stdout until the client closes stdin."""
+    if isinstance(server, MCPServer):
+        await server.run_stdio_async()
+        return
+    async with stdio_server() as (read_stream, write_stream):
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def serve_http(server: Server[Any] | MCPServer, host: str = "127.0.0.1", port: int = 8765, *,
+                     path: str = "/mcp", allow_remote: bool = False, log_level: str = "warning") -> None:
+    """Serve streamable HTTP with uvicorn until cancelled.
+
+    There is no authentication on this endpoint and the tools act on this machine, so binding
+    anything but loopback needs `allow_remote=True` (put an authenticating proxy in front).
+    """
+    if not allow_remote and not _is_loopback(host):
+        raise ValueError(f"refusing to serve tools on {host}: not a loopback address and this endpoint has "
+                         "no authentication (pass allow_remote=True behind an authenticating proxy)")
+    import uvicorn  # the SDK's dependency; imported here so stdio serving never pays for it
+
+    app = server.streamable_http_app(streamable_http_path=path, host=host)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
+    await uvicorn.Server(config).serve()
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def is_result_wrapper(schema: dict[str, Any] | None) -> bool:
+    """The Python SDK sends a non-object return value `x` as `{"result": x}` (structured content
+    must be an object) and says so with this output schema; the tool's value is `x`."""
+    return (schema is not None and schema.get("type") == "object" and schema.get("required") == ["result"]
+            and list(schema.get("properties", {})) == ["result"])
+
+
+def call_result_to_result(res: mcp_types.CallToolResult, *, server: str, tool: str,
+                          call_id: str | None, unwrap: bool = False) -> Result:
+    """`is_error` is a failure carrying the text; otherwise structured content wins over text."""
+    if res.is_error:
+        text = "; ".join(b.text for b in res.content if isinstance(b, mcp_types.TextContent))
+        return Result(status=ResultStatus.FAILURE, namespace=server, call_id=call_id,
+                      error=f"server '{server}' tool '{tool}': {text or 'the tool reported an error'}",
+                      result=res.structured_content)
+    payload = res.structured_content if res.structured_content is not None else content_payload(res.content)
+    if unwrap and isinstance(payload, dict) and payload.keys() == {"result"}:
+        payload = payload["result"]
+    return Result(status=ResultStatus.SUCCESS, result=payload, namespace=server, call_id=call_id)
+
+
+def content_payload(blocks: list[Any]) -> Any:
+    """A single JSON text becomes its value (servers without structured output send JSON as text)."""
+    if not blocks:
+        return None
+    if len(blocks) == 1 and isinstance(blocks[0], mcp_types.TextContent):
+        try:
+            return json.loads(blocks[0].text)
+        except ValueError:
+            return blocks[0].text
+    return [_block(b) for b in blocks] if len(blocks) > 1 else _block(blocks[0])
+
+
+def _block(block: Any) -> Any:
+    if isinstance(block, mcp_types.TextContent):
+        return block.text
+    if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
+        return {"type": block.type, "mimeType": block.mime_type, "data": block.data}
+    return block.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -1,0 +1,32 @@
+"""Shared fixtures. Tests use real things; a missing prerequisite fails with the command that installs it."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+NODE_PREFIX = REPO / ".tether-test-node"
+NODE_INSTALL = "npm install --prefix .tether-test-node @modelcontextprotocol/server-filesystem"
+
+
+@pytest.fixture(scope="session")
+def node_mcp_bin() -> Path:
+    """`@modelcontextprotocol/server-filesystem`, installed project-locally (never fetched by a test)."""
+    if shutil.which("node") is None:
+        pytest.fail("node is not on PATH; install Node.js 20+ (e.g. `apt-get install nodejs npm`)")
+    path = NODE_PREFIX / "node_modules" / ".bin" / "mcp-server-filesystem"
+    if not path.exists():
+        pytest.fail(f"{path} is missing; install it from {REPO} with: {NODE_INSTALL}")
+    return path
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
