@@ -1,0 +1,383 @@
+"""Built-in file tools: read, list, inspect, write, delete, move — jailed, approved and journaled.
+
+Every path goes through the realpath jail first. A change to an existing file outside the temp
+directory waits for a person's approval (policy `approval.*`), and whatever a tool is about to
+change is copied into the undo journal before it is changed. The mutating bodies run in a worker
+thread as one unit (journal, then change): copying a large original must not stall the event loop,
+and a timeout can only lose the reply, never leave a change without its journal entry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import codecs
+import os
+import shutil
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from tether.tools.context import ToolContext
+from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
+from tether.tools.jail import approval_needed, real, resolve_path, within
+from tether.tools.runtime import ToolSet, tool
+
+_KIND = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
+
+
+def _kind(mode: int) -> str:
+    return _KIND.get(stat.S_IFMT(mode), "other")
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
+    """`jail.resolve_path`, and the undo journal is off limits: a tool that could edit the journal
+    could make a later undo write anything anywhere, bypassing both the jail and approvals."""
+    resolved = resolve_path(ctx.policy, path, write=write)
+    if ctx.journal is not None and within(resolved, [real(ctx.journal.root)]):
+        raise PolicyDenied("journal", f"{path!r} lies inside the undo journal ({ctx.journal.root})")
+    return resolved
+
+
+def _spare_journal(ctx: ToolContext, target: Path) -> None:
+    """Deleting or moving a directory that holds the journal would take every undo with it."""
+    if ctx.journal is not None and within(real(ctx.journal.root), [target]):
+        raise PolicyDenied("journal", f"{str(target)!r} contains the undo journal ({ctx.journal.root})")
+
+
+def _entry_path(ctx: ToolContext, path: str, *, write: bool) -> Path:
+    """The path itself when its last component is a symlink (delete/move/inspect the link, not its target).
+
+    The target is jail-checked too (`_resolve`), so a link is always judged by where it points.
+    """
+    resolved = _resolve(ctx, path, write=write)
+    raw = Path(os.path.expanduser(path))
+    if raw.name in ("", ".", ".."):
+        return resolved
+    candidate = real(raw.parent) / raw.name
+    if not candidate.is_symlink():
+        return resolved
+    try:
+        _resolve(ctx, str(candidate.parent), write=write)
+    except PolicyDenied:
+        return resolved
+    return candidate
+
+
+def _require_approval(ctx: ToolContext, action: Literal["delete", "move", "overwrite"], path: Path,
+                      what: str) -> None:
+    rule = approval_needed(ctx.policy, action, path, ctx.temp_dir)
+    if rule and not ctx.approved_by:
+        raise NeedsApproval(rule, what)
+
+
+def _journal(ctx: ToolContext, action: Literal["write", "delete", "move", "mkdir"], path: Path,
+             dest: Path | None = None) -> bool:
+    if ctx.journal is None:
+        return False
+    try:
+        ctx.journal.record(ctx.session_id or "default", action, path, dest)
+    except (OSError, ValueError) as exc:
+        # Refuse the change rather than make one that cannot be undone.
+        raise ToolError(f"could not journal {path} before changing it ({exc}); nothing was changed") from exc
+    return True
+
+
+def _lstat(path: Path) -> os.stat_result | None:
+    try:
+        return path.lstat()
+    except (FileNotFoundError, NotADirectoryError):  # a missing or non-directory parent: not there
+        return None
+
+
+async def _apply(change: Callable[[], dict[str, Any]], what: str) -> dict[str, Any]:
+    """Run journal-then-change in a worker thread; an OS refusal (permissions, full disk) is a tool error."""
+    try:
+        return await asyncio.to_thread(change)
+    except OSError as exc:
+        raise ToolError(f"{what} failed: {exc.strerror or exc}"
+                        f"{f' ({exc.filename})' if exc.filename else ''}") from None
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+@tool(tool_type="data_collection")
+async def read_file(ctx: ToolContext, file_path: str, encoding: str = "utf-8", max_bytes: int = 1048576,
+                    offset: int = 0) -> dict[str, Any]:
+    """Read a file's text (or base64 for binary data), from `offset`, at most `max_bytes` bytes.
+
+    Results travel over the wire, so reads are capped by the policy's `max_output_bytes` too;
+    `next_offset` says where to continue a truncated read.
+    """
+    if max_bytes <= 0 or offset < 0:
+        raise ToolError("max_bytes must be > 0 and offset >= 0")
+    _check_encoding(encoding)
+    path = _resolve(ctx, file_path, write=False)
+    limit = min(max_bytes, ctx.policy.max_output_bytes)
+    try:
+        # O_NONBLOCK: opening a FIFO must not hang the tool; it is refused just below.
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except (FileNotFoundError, NotADirectoryError):
+        raise ToolError(f"not found: {file_path}") from None
+    except IsADirectoryError:
+        raise ToolError(f"is a directory: {file_path} (use list_dir)") from None
+    except PermissionError:
+        raise ToolError(f"permission denied: {file_path}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise ToolError(f"is a directory: {file_path} (use list_dir)")
+        raise ToolError(f"not a regular file: {file_path} ({_kind(st.st_mode)})")
+    try:
+        data = _pread(fd, limit + 1, offset)
+    finally:
+        os.close(fd)
+    truncated = len(data) > limit
+    data = data[:limit]
+    content, used, binary = _decode(data, encoding, truncated)
+    result: dict[str, Any] = {
+        "path": str(path), "content": content, "encoding": "base64" if binary else encoding,
+        "size": st.st_size, "truncated": truncated, "binary": binary, "offset": offset, "bytes_read": used,
+    }
+    if truncated:
+        result["next_offset"] = offset + used
+    return result
+
+
+def _pread(fd: int, size: int, offset: int) -> bytes:
+    """Up to `size` bytes from `offset`; short reads are only allowed at end of file."""
+    chunks: list[bytes] = []
+    while size > 0:
+        chunk = os.pread(fd, size, offset)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size -= len(chunk)
+        offset += len(chunk)
+    return b"".join(chunks)
+
+
+def _check_encoding(encoding: str) -> None:
+    try:
+        codecs.lookup(encoding)
+    except LookupError:
+        raise ToolError(f"unknown encoding {encoding!r}") from None
+
+
+def _decode(data: bytes, encoding: str, truncated: bool) -> tuple[str, int, bool]:
+    """Text if it decodes (a character cut by truncation is left for the next read), else base64."""
+    if b"\x00" not in data:
+        try:
+            return data.decode(encoding), len(data), False
+        except UnicodeDecodeError as exc:
+            if truncated and exc.start >= len(data) - 3 and exc.start > 0:
+                try:
+                    return data[: exc.start].decode(encoding), exc.start, False
+                except UnicodeDecodeError:
+                    pass
+    return base64.b64encode(data).decode("ascii"), len(data), True
+
+
+@tool(tool_type="data_collection")
+async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit: int = 1000) -> dict[str, Any]:
+    """List a directory's entries sorted by name; hidden entries only when asked, to keep replies short."""
+    if limit <= 0:
+        raise ToolError("limit must be > 0")
+    directory = _resolve(ctx, path, write=False)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        raise ToolError(f"not found: {path}") from None
+    except NotADirectoryError:
+        raise ToolError(f"not a directory: {path} (use read_file or file_info)") from None
+    except PermissionError:
+        raise ToolError(f"permission denied: {path}") from None
+    if not show_hidden:
+        names = [n for n in names if not n.startswith(".")]
+    entries = []
+    for name in names[:limit]:
+        st = _lstat(directory / name)
+        if st is None:  # removed while we listed
+            continue
+        entry: dict[str, Any] = {"name": name, "type": _kind(st.st_mode), "size": st.st_size,
+                                 "mtime": _iso(st.st_mtime)}
+        if entry["type"] == "symlink":
+            entry["target"] = os.readlink(directory / name)
+        entries.append(entry)
+    return {"path": str(directory), "entries": entries, "count": len(entries), "total": len(names),
+            "truncated": len(names) > limit}
+
+
+@tool(tool_type="data_collection")
+async def file_info(ctx: ToolContext, path: str) -> dict[str, Any]:
+    """Describe a path without reading it; a missing path is an answer (`exists: false`), not an error."""
+    entry = _entry_path(ctx, path, write=False)
+    link = _lstat(entry)
+    is_symlink = link is not None and stat.S_ISLNK(link.st_mode)
+    try:
+        st = entry.stat()
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    info: dict[str, Any] = {"path": str(entry), "exists": st is not None, "is_symlink": is_symlink}
+    if is_symlink:
+        info["target"] = os.readlink(entry)
+        info["resolved"] = str(real(entry))
+    if st is None:
+        info["type"] = "symlink" if is_symlink else None
+        return info
+    info.update(type=_kind(st.st_mode), size=st.st_size, mode=f"{stat.S_IMODE(st.st_mode):04o}",
+                permissions=stat.filemode(st.st_mode), mtime=_iso(st.st_mtime), owner_uid=st.st_uid,
+                group_gid=st.st_gid)
+    return info
+
+
+# ------------------------------------------------------------------------------------------ changing
+
+
+@tool(tool_type="action")
+async def write_file(ctx: ToolContext, file_path: str, content: str,
+                     mode: Literal["create", "overwrite", "append"] = "create", encoding: str = "utf-8",
+                     create_parents: bool = False) -> dict[str, Any]:
+    """Write text to a file. `create` never clobbers; changing an existing file outside the temp dir
+    needs approval, and the original is journaled first so it can be put back."""
+    _check_encoding(encoding)
+    try:
+        data = content.encode(encoding)
+    except UnicodeEncodeError as exc:
+        raise ToolError(f"content cannot be encoded as {encoding}: {exc}") from None
+    path = _resolve(ctx, file_path, write=True)
+    st = _lstat(path)
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ToolError(f"is a directory: {file_path}")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ToolError(f"not a regular file: {file_path} ({_kind(st.st_mode)})")
+    if st is not None and mode == "create":
+        raise ToolError(f"already exists: {file_path} (use mode 'overwrite' or 'append' to change it)")
+    if st is not None:
+        _require_approval(ctx, "overwrite", path, f"{mode} of existing file {str(path)!r} outside the temp dir")
+    missing_parents = _missing_parents(path)
+    if missing_parents and not create_parents:
+        raise ToolError(f"parent directory does not exist: {path.parent} (pass create_parents=true)")
+
+    def apply() -> dict[str, Any]:
+        journaled = True
+        for parent in missing_parents:
+            journaled = _journal(ctx, "mkdir", parent) and journaled
+            parent.mkdir(exist_ok=True)
+        journaled = _journal(ctx, "write", path) and journaled
+        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+        flags |= {"create": os.O_EXCL, "overwrite": os.O_TRUNC, "append": os.O_APPEND}[mode]
+        try:
+            fd = os.open(path, flags, 0o666)
+        except FileExistsError:
+            raise ToolError(f"already exists: {file_path}") from None
+        except NotADirectoryError:
+            raise ToolError(f"a parent of {file_path} is not a directory") from None
+        with open(fd, "wb") as fh:
+            fh.write(data)
+        return {"path": str(path), "bytes_written": len(data), "mode": mode, "created": st is None,
+                "journaled": journaled}
+
+    return await _apply(apply, f"writing {file_path}")
+
+
+def _missing_parents(path: Path) -> list[Path]:
+    """Missing ancestors, outermost first; an existing non-directory ancestor is an error."""
+    missing: list[Path] = []
+    for parent in path.parents:
+        if os.path.lexists(parent):
+            if not parent.is_dir():
+                raise ToolError(f"not a directory: {parent}")
+            break
+        missing.append(parent)
+    return list(reversed(missing))
+
+
+@tool(tool_type="action")
+async def delete_file(ctx: ToolContext, path: str, recursive: bool = False) -> dict[str, Any]:
+    """Delete a file, symlink (the link, not its target) or directory (`recursive` for a non-empty one).
+
+    Deleting outside the temp dir needs approval; the original (a whole tree for a directory) is
+    journaled first.
+    """
+    target = _entry_path(ctx, path, write=True)
+    st = _lstat(target)
+    if st is None:
+        raise ToolError(f"not found: {path}")
+    is_dir = stat.S_ISDIR(st.st_mode)
+    _spare_journal(ctx, target)
+    if is_dir and any(real(r) == target for r in ctx.policy.write_roots):
+        raise PolicyDenied("write_roots", f"{str(target)!r} is an allowed root itself and cannot be deleted")
+    if is_dir and not recursive and any(target.iterdir()):
+        raise ToolError(f"directory not empty: {path} (pass recursive=true to delete it and its contents)")
+    _require_approval(ctx, "delete", target, f"delete of {str(target)!r} outside the temp dir")
+
+    def apply() -> dict[str, Any]:
+        journaled = _journal(ctx, "delete", target)
+        if is_dir:
+            shutil.rmtree(target)
+        else:
+            target.unlink()
+        return {"path": str(target), "deleted": True, "type": _kind(st.st_mode), "journaled": journaled}
+
+    return await _apply(apply, f"deleting {path}")
+
+
+@tool(tool_type="action")
+async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: bool = False) -> dict[str, Any]:
+    """Move or rename a file or directory to the full `destination` path.
+
+    Moving something out of a place outside the temp dir needs approval, and so does replacing an
+    existing destination; a replaced destination is journaled first so undo brings it back too.
+    """
+    src = _entry_path(ctx, source, write=True)
+    src_st = _lstat(src)
+    if src_st is None:
+        raise ToolError(f"not found: {source}")
+    _spare_journal(ctx, src)
+    dst = _entry_path(ctx, destination, write=True)
+    if dst == src:
+        raise ToolError(f"source and destination are the same file: {src}")
+    if stat.S_ISDIR(src_st.st_mode) and dst.is_relative_to(src):
+        raise ToolError(f"cannot move directory {src} into itself ({dst})")
+    if not dst.parent.is_dir():
+        raise ToolError(f"destination directory does not exist: {dst.parent}")
+    dst_st = _lstat(dst)
+    if dst_st is not None:
+        if not overwrite:
+            raise ToolError(f"destination exists: {destination} (pass overwrite=true to replace it)")
+        if stat.S_ISDIR(dst_st.st_mode):
+            raise ToolError(f"destination is a directory: {destination}; give the full target path "
+                            "(a directory is never replaced by a move)")
+        if stat.S_ISDIR(src_st.st_mode):
+            raise ToolError(f"cannot replace file {destination} with directory {source}")
+    _require_approval(ctx, "move", src, f"move of {str(src)!r} (outside the temp dir) to {str(dst)!r}")
+    if dst_st is not None:
+        _require_approval(ctx, "overwrite", dst, f"move would replace {str(dst)!r} outside the temp dir")
+
+    def apply() -> dict[str, Any]:
+        journaled = True
+        if dst_st is not None:
+            journaled = _journal(ctx, "delete", dst)
+        journaled = _journal(ctx, "move", src, dst) and journaled
+        if dst_st is not None and stat.S_ISLNK(dst_st.st_mode):
+            dst.unlink()  # shutil.move onto a symlink would write through it
+        shutil.move(src, dst)
+        return {"source": str(src), "destination": str(dst), "replaced": dst_st is not None,
+                "type": _kind(src_st.st_mode), "journaled": journaled}
+
+    return await _apply(apply, f"moving {source} to {destination}")
+
+
+def files_toolset() -> ToolSet:
+    """A fresh tool set each call (no shared registry)."""
+    return ToolSet("files", [read_file, list_dir, file_info, write_file, delete_file, move_file],
+                   description="read, list, inspect, write, delete and move files inside the allowed roots")

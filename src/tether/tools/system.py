@@ -1,0 +1,357 @@
+"""Built-in system tools: what this machine is, what runs on it, and starting / closing programs.
+
+psutil reads `/proc` synchronously, and a process listing or a stuck network mount can take a while,
+so the readers run in a worker thread and never block the event loop. CPU percentages are taken
+with `interval=None` (usage since the previous call) rather than sampling for a second.
+Launching goes through the same command policy as the shell (`check_command`), and closing is
+refused for pid 1, this device's own process and its parents, and anything another user owns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import platform
+import shutil
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+import psutil
+
+from tether.tools.context import ToolContext
+from tether.tools.errors import PolicyDenied, ToolError
+from tether.tools.jail import check_cwd
+from tether.tools.policy import check_command
+from tether.tools.runtime import ToolSet, tool
+from tether.tools.shell import resolve_program
+
+logger = logging.getLogger(__name__)
+
+InfoType = Literal["all", "cpu", "memory", "disk", "network", "os"]
+_GB = 1024**3
+_CMDLINE_LIMIT = 300
+_GRACE_SECONDS = 3.0
+_KILL_WAIT_SECONDS = 3.0
+
+
+def _gb(n: float) -> float:
+    return round(n / _GB, 2)
+
+
+def _iso(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+# ------------------------------------------------------------------------------------------ info
+
+
+def _cpu_model() -> str:
+    """psutil has no CPU model; /proc/cpuinfo does on Linux, `platform` is the portable fallback."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Hardware", "Model", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def _cpu() -> dict[str, Any]:
+    try:
+        freq = psutil.cpu_freq()
+    except (OSError, RuntimeError, NotImplementedError):
+        freq = None
+    try:
+        load: list[float] | None = [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        load = None
+    return {"model": _cpu_model(), "cores": psutil.cpu_count(logical=False),
+            "threads": psutil.cpu_count(logical=True),
+            "frequency_mhz": round(freq.current, 1) if freq else None,
+            # Usage since the previous call: the first call in a process reports 0.0.
+            "percent": psutil.cpu_percent(interval=None), "load_average": load}
+
+
+def _memory() -> dict[str, Any]:
+    mem = psutil.virtual_memory()
+    swap = psutil.swap_memory()
+    return {"total": mem.total, "available": mem.available, "used": mem.used, "percent": mem.percent,
+            "total_gb": _gb(mem.total), "available_gb": _gb(mem.available),
+            "swap_total": swap.total, "swap_used": swap.used}
+
+
+def _disk() -> dict[str, Any]:
+    disks = []
+    for label, path in (("root", "/"), ("home", str(Path.home()))):
+        try:
+            usage = shutil.disk_usage(path)
+        except OSError as exc:
+            disks.append({"label": label, "path": path, "error": str(exc)})
+            continue
+        disks.append({"label": label, "path": path, "total": usage.total, "used": usage.used,
+                      "free": usage.free, "percent": round(usage.used / usage.total * 100, 1) if usage.total else None,
+                      "total_gb": _gb(usage.total), "free_gb": _gb(usage.free)})
+    return {"disks": disks}
+
+
+_FAMILIES = {socket.AF_INET: "ipv4", socket.AF_INET6: "ipv6", psutil.AF_LINK: "mac"}
+
+
+def _network() -> dict[str, Any]:
+    stats = psutil.net_if_stats()
+    interfaces: dict[str, Any] = {}
+    for name, addrs in psutil.net_if_addrs().items():
+        st = stats.get(name)
+        interfaces[name] = {
+            "is_up": st.isup if st else None, "speed_mbps": st.speed if st else None,
+            "addresses": [{"family": _FAMILIES.get(a.family, str(a.family)), "address": a.address,
+                           "netmask": a.netmask} for a in addrs],
+        }
+    return {"hostname": socket.gethostname(), "interfaces": interfaces}
+
+
+def _os() -> dict[str, Any]:
+    boot = psutil.boot_time()
+    return {"system": platform.system(), "platform": platform.platform(), "release": platform.release(),
+            "version": platform.version(), "machine": platform.machine(), "hostname": socket.gethostname(),
+            "python": platform.python_version(), "python_executable": sys.executable,
+            "boot_time": _iso(boot), "uptime_seconds": round(time.time() - boot)}
+
+
+_SECTIONS = {"cpu": _cpu, "memory": _memory, "disk": _disk, "network": _network, "os": _os}
+
+
+@tool(tool_type="data_collection")
+async def get_system_info(info_type: InfoType = "all") -> dict[str, Any]:
+    """Describe this machine: CPU, memory, disks, network interfaces and OS (one section or all)."""
+    names = list(_SECTIONS) if info_type == "all" else [info_type]
+
+    def collect() -> dict[str, Any]:
+        return {name: _SECTIONS[name]() for name in names}
+
+    return await asyncio.to_thread(collect)
+
+
+# ------------------------------------------------------------------------------------------ processes
+
+
+def _short_cmdline(cmdline: list[str] | None) -> str:
+    text = " ".join(cmdline or [])
+    return text if len(text) <= _CMDLINE_LIMIT else text[: _CMDLINE_LIMIT - 3] + "..."
+
+
+def _matches(info: dict[str, Any], needle: str) -> bool:
+    """Scripts show up under their interpreter or their own name, so both are searched."""
+    names = [info.get("name") or ""]
+    if info.get("cmdline"):
+        names.append(os.path.basename(info["cmdline"][0]))
+    return any(needle in n.lower() for n in names)
+
+
+@tool(tool_type="data_collection")
+async def list_processes(name: str | None = None, limit: int = 200) -> dict[str, Any]:
+    """List running processes (by pid), optionally only those whose name contains `name`."""
+    if limit <= 0:
+        raise ToolError("limit must be > 0")
+    needle = name.lower() if name else None
+
+    def collect() -> dict[str, Any]:
+        rows = []
+        attrs = ["pid", "name", "username", "cpu_percent", "memory_percent", "cmdline", "status"]
+        for proc in psutil.process_iter(attrs, ad_value=None):
+            info = proc.info
+            if needle is not None and not _matches(info, needle):
+                continue
+            rows.append({"pid": info["pid"], "name": info["name"], "username": info["username"],
+                         "cpu_percent": info["cpu_percent"],
+                         "memory_percent": round(info["memory_percent"] or 0.0, 2),
+                         "status": info["status"], "cmdline": _short_cmdline(info["cmdline"])})
+        rows.sort(key=lambda r: r["pid"])
+        return {"processes": rows[:limit], "count": min(len(rows), limit), "total": len(rows),
+                "truncated": len(rows) > limit}
+
+    return await asyncio.to_thread(collect)
+
+
+@tool(tool_type="action")
+async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = [],  # noqa: B006
+                             cwd: str | None = None) -> dict[str, Any]:
+    """Start a program detached from this device (own session, no terminal) and return its pid.
+
+    The program and its arguments must pass the same command policy as the shell (and the shell's
+    check of where the executable lives); it is run from an argv list, never through a shell.
+    """
+    decision = check_command(ctx.policy, app_name, list(args))
+    if not decision.allowed:
+        raise PolicyDenied(decision.rule, decision.reason)
+    # The shell's resolver: an explicit path inside the writable roots (anything could have been
+    # placed there under an allowed name) or a link to sudo & co. is refused the same way.
+    executable = resolve_program(ctx, app_name)
+    if cwd is None:
+        home = str(Path.home())
+        try:
+            workdir = check_cwd(ctx.policy, home)
+        except PolicyDenied:
+            workdir = check_cwd(ctx.policy, ctx.temp_dir)
+    else:
+        workdir = check_cwd(ctx.policy, cwd)
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            app_name, *args, executable=executable, cwd=workdir, start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL)
+    except OSError as exc:
+        raise ToolError(f"could not start {app_name!r}: {exc}") from None
+    _reap_when_done(proc, app_name)
+    return {"pid": proc.pid, "app_name": app_name, "argv": [app_name, *args], "executable": executable,
+            "cwd": str(workdir)}
+
+
+def _reap_when_done(proc: asyncio.subprocess.Process, app_name: str) -> None:
+    """Await the child's exit so it is reaped (no zombie) and its exit is logged.
+
+    No registry holds the task: asyncio's child watcher keeps the transport alive while the child
+    runs, the transport keeps the `wait()` future, and that future keeps this task.
+    """
+    def done(task: asyncio.Task[int]) -> None:
+        if not task.cancelled() and task.exception() is None:
+            logger.debug("%s (pid %d) exited with %s", app_name, proc.pid, task.result())
+
+    asyncio.get_running_loop().create_task(proc.wait(), name=f"reap {app_name} {proc.pid}").add_done_callback(done)
+
+
+def _protected_pids() -> set[int]:
+    """Closing any of these would take the device down (or the machine): never allowed."""
+    me = psutil.Process()
+    return {0, 1, me.pid} | {p.pid for p in me.parents()}
+
+
+def _owned(proc: psutil.Process, uid: int) -> bool:
+    try:
+        return proc.uids().real == uid
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def _select_targets(pid: int | None, name: str | None) -> list[psutil.Process]:
+    uid = os.getuid()
+    protected = _protected_pids()
+    if pid is not None:
+        if pid in protected:
+            raise PolicyDenied("process.protected",
+                               f"pid {pid} is init, this device or one of its parents and is never closed")
+        try:
+            proc = psutil.Process(pid)
+        except psutil.NoSuchProcess:
+            raise ToolError(f"no process with pid {pid}") from None
+        if not _owned(proc, uid):
+            raise PolicyDenied("process.other_user", f"pid {pid} belongs to another user (only uid {uid}'s "
+                               "processes may be closed)")
+        roots = [proc]
+    else:
+        roots = [p for p in psutil.process_iter(["name", "uids"], ad_value=None)
+                 if p.info["name"] == name and p.info["uids"] is not None and p.info["uids"].real == uid
+                 and p.pid not in protected]
+        if not roots:
+            raise ToolError(f"no process named {name!r} owned by uid {uid} (closable ones exclude this device)")
+    targets: dict[int, psutil.Process] = {}
+    for root in roots:
+        targets[root.pid] = root
+        try:
+            family = root.children(recursive=True) + _session_members(root.pid)
+        except psutil.NoSuchProcess:
+            continue
+        for proc in family:
+            if proc.pid not in protected and _owned(proc, uid):
+                targets.setdefault(proc.pid, proc)
+    return list(targets.values())
+
+
+def _session_members(pid: int) -> list[psutil.Process]:
+    """A launched app leads its own session; helpers it daemonised are no longer its children but
+    stay in that session, so closing the app finds them here."""
+    try:
+        if os.getsid(pid) != pid or os.getsid(0) == pid:
+            return []
+    except OSError:
+        return []
+    members = []
+    for proc in psutil.process_iter():
+        try:
+            if proc.pid != pid and os.getsid(proc.pid) == pid:
+                members.append(proc)
+        except OSError:
+            continue
+    return members
+
+
+def _close(targets: list[psutil.Process], force: bool) -> dict[str, Any]:
+    """Signal everyone, then wait on their exits (psutil.wait_procs), escalating to SIGKILL after a grace."""
+    failed: list[dict[str, Any]] = []
+    signalled: list[psutil.Process] = []
+    for proc in targets:
+        try:
+            proc.kill() if force else proc.terminate()
+            signalled.append(proc)
+        except psutil.NoSuchProcess:
+            signalled.append(proc)  # already gone: wait_procs reports it as closed
+        except psutil.AccessDenied as exc:
+            failed.append({"pid": proc.pid, "error": f"access denied: {exc}"})
+    gone, alive = psutil.wait_procs(signalled, timeout=_KILL_WAIT_SECONDS if force else _GRACE_SECONDS)
+    # A zombie has exited; only its parent can reap it (an init may reap slowly), so it counts as closed.
+    gone += [p for p in alive if _is_zombie(p)]
+    alive = [p for p in alive if p not in gone]
+    killed = []
+    for proc in alive:
+        try:
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.AccessDenied as exc:
+            failed.append({"pid": proc.pid, "error": f"access denied: {exc}"})
+    if alive:
+        more, alive = psutil.wait_procs(alive, timeout=_KILL_WAIT_SECONDS)
+        gone += more + [p for p in alive if _is_zombie(p)]
+        failed += [{"pid": p.pid, "error": "still running after SIGKILL"} for p in alive if p not in gone]
+    return {"closed": sorted(p.pid for p in gone), "killed": sorted(killed), "failed": failed}
+
+
+def _is_zombie(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@tool(tool_type="action")
+async def close_application(pid: int | None = None, name: str | None = None, force: bool = False) -> dict[str, Any]:
+    """Close a program and its children: by pid, or every process of this user with exactly `name`.
+
+    SIGTERM first so the program can save its work (SIGKILL at once with `force`); whatever is
+    still running after a grace period is killed. Returns the pids that are gone.
+    """
+    if (pid is None) == (name is None):
+        raise ToolError("give exactly one of 'pid' or 'name'")
+    if name is not None and not name:
+        raise ToolError("name must not be empty")
+
+    def work() -> dict[str, Any]:
+        result = _close(_select_targets(pid, name), force)
+        if not result["closed"]:
+            raise ToolError(f"nothing was closed: {result['failed']}", result)
+        return result
+
+    return await asyncio.to_thread(work)
+
+
+def system_toolset() -> ToolSet:
+    """A fresh tool set each call (no shared registry)."""
+    return ToolSet("system", [get_system_info, list_processes, launch_application, close_application],
+                   description="machine information, processes, starting and closing programs")
