@@ -1,0 +1,281 @@
+"""Shell tools: run one program from an argv list under the command policy — never through a shell.
+
+`shell.run` is seed 004's skill (cmd + argv + cwd, dryRun, timeoutMs, streamed output); `shell_execute`
+and `shell_execute_read` are seed 000's Linux tools, which take one command line. That line is split
+into words the way a shell would, but shell syntax (pipes, redirections, `;`, `$(...)`, variables) is
+refused with advice rather than half-supported: an agent must never believe a pipe ran when it did not.
+Seed 004's own example runs with `cwd: '/'`; its policy says cwd must be allowed, and that wins here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import logging
+import os
+import re
+import shlex
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field
+
+from tether.tools.context import ToolContext
+from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
+from tether.tools.jail import approval_needed, check_cwd, real, within
+from tether.tools.policy import ALWAYS_DENIED, check_command, check_env, lifted, program_name
+from tether.tools.process import run_process
+from tether.tools.runtime import ToolSet, tool
+
+logger = logging.getLogger(__name__)
+
+_PIPE = "pipes are not supported: run each command separately with shell.run and pass data through stdin"
+_LIST = "command lists (;, &&, ||, newlines) are not supported: send each command as its own step"
+_REDIRECT = ("redirections (>, >>, <, 2>) are not supported: the output comes back in the result; write files "
+             "with the files tools and pass input with shell.run's stdin")
+_BACKGROUND = "background jobs (&) are not supported: every command runs to completion under a timeout"
+_SUBST = ("command substitution ($(...), backticks) is not supported: run the inner command first and use its "
+          "output")
+_VARS = "shell variables are not expanded: write the value itself (shell.run takes env for the program)"
+_GROUP = "subshells and grouping ( ... ) are not supported: send each command as its own step"
+_COMMENT = "shell comments (#) are not supported: send only the command"
+_VARIABLE = re.compile(r"\$[A-Za-z_{0-9?$!#@*-]")
+
+
+def _unquoted_problem(line: str, i: int) -> str | None:
+    rest = line[i:]
+    if rest.startswith(("||", "&&")) or rest[0] in ";\n":
+        return _LIST
+    if rest.startswith("&>") or rest[0] in "<>":
+        return _REDIRECT
+    if rest[0] == "|":
+        return _PIPE
+    if rest[0] == "&":
+        return _BACKGROUND
+    if rest[0] == "`" or rest.startswith("$("):
+        return _SUBST
+    if _VARIABLE.match(rest):
+        return _VARS
+    if rest[0] in "()":
+        return _GROUP
+    if rest[0] == "#" and (i == 0 or line[i - 1] in " \t"):
+        return _COMMENT
+    return None
+
+
+def shell_syntax_problem(line: str) -> str | None:
+    """Advice for the first piece of shell syntax in `line` a shell would act on, or None.
+
+    Quotes are tracked like a shell does, so `grep 'a|b' file` is fine while `ls | wc` is not.
+    """
+    quote: str | None = None
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote = None if c == "'" else quote
+        elif c == "\\":
+            i += 2
+            continue
+        elif quote == '"':
+            if c == '"':
+                quote = None
+            elif c == "`" or line.startswith("$(", i):
+                return _SUBST
+            elif _VARIABLE.match(line, i):
+                return _VARS
+        elif c in "'\"":
+            quote = c
+        elif problem := _unquoted_problem(line, i):
+            return problem
+        i += 1
+    return None
+
+
+def split_command(line: str) -> tuple[str, list[str]]:
+    """(program, arguments) of a command line, split like a shell splits words; no shell syntax."""
+    problem = shell_syntax_problem(line)
+    if problem:
+        raise ToolError(problem, {"unsupported_shell_syntax": True})
+    try:
+        words = shlex.split(line)
+    except ValueError as exc:
+        raise ToolError(f"cannot split the command line: {exc} (check the quotes)") from None
+    if not words:
+        raise ToolError("the command is empty")
+    return words[0], words[1:]
+
+
+def resolve_program(ctx: ToolContext, cmd: str) -> str:
+    """The executable `cmd` names, refusing ones the agent itself could have put in place.
+
+    The policy judges `/some/dir/ls` as `ls`; that only holds if the file is the system's `ls`,
+    not a shell the agent copied or symlinked there. So an explicit path inside the writable roots
+    is refused (rule `escape.writable-executable`), and so is anything that really is `sudo` & co.
+    """
+    found = shutil.which(cmd)
+    if found is None:
+        raise ToolError(f"command not found: {cmd}" + ("" if "/" in cmd else " (not on PATH)"))
+    path = os.path.abspath(found)
+    target = os.path.realpath(path)
+    if Path(target).name.lower() in ALWAYS_DENIED:
+        raise PolicyDenied("always-denied", f"{cmd} is {target}, which is never allowed")
+    placed = real(os.path.dirname(path)) / os.path.basename(path)
+    roots = [real(r) for r in ctx.policy.write_roots]
+    if "/" in cmd and (within(placed, roots) or within(Path(target), roots)) \
+            and not lifted(ctx.policy, "escape.writable-executable"):
+        raise PolicyDenied("escape.writable-executable",
+                           f"{cmd} lies inside the writable roots, where anything could have been placed under "
+                           f"an allowed name; call the program by name")
+    return path
+
+
+def _operands(args: list[str]) -> list[str]:
+    out: list[str] = []
+    for i, arg in enumerate(args):
+        if arg == "--":
+            return out + args[i + 1:]
+        if not arg.startswith("-") or arg == "-":
+            out.append(arg)
+    return out
+
+
+def approval_rule(ctx: ToolContext, cmd: str, args: list[str], workdir: Path) -> str | None:
+    """The approval rule a deleting or moving command (rm, rmdir, mv) needs, like the files tools."""
+    rule = ctx.policy.commands.get(program_name(cmd) or "")
+    if rule is None or rule.approval is None:
+        return None
+    for operand in _operands(args):
+        needed = approval_needed(ctx.policy, rule.approval, real(operand, workdir), ctx.temp_dir)
+        if needed:
+            return needed
+    return None
+
+
+def _emit(ctx: ToolContext, data: dict[str, Any]) -> None:
+    try:
+        ctx.emit("output", data)
+    except Exception:
+        logger.exception("output event sink failed; the command keeps running")
+
+
+def _exit_summary(code: int, stderr: str) -> str:
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    last = next((line.strip() for line in reversed(stderr.splitlines()) if line.strip()), "")
+    return f"exit code {code}" + (f": {last[:300]}" if last else "")
+
+
+async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | None, env: dict[str, str] | None,
+                   stdin: str | None, timeout: float | None, dry_run: bool, read_only: bool,
+                   camel: bool) -> dict[str, Any]:
+    """The one path every shell tool takes: policy, cwd jail, program, approval, then the process."""
+    decision = check_command(ctx.policy, cmd, args, stdin=stdin, read_only=read_only)
+    if not decision.allowed:
+        raise PolicyDenied(decision.rule, decision.reason)
+    verdict = check_env(ctx.policy, env)
+    if not verdict.allowed:
+        raise PolicyDenied(verdict.rule, verdict.reason)
+    workdir = check_cwd(ctx.policy, cwd)
+    program = resolve_program(ctx, cmd)
+    approval = approval_rule(ctx, cmd, args, workdir)
+    preview = shlex.join([cmd, *args])
+    if dry_run:
+        return {"ok": True, "dryRun": True, "preview": preview, "cwd": str(workdir), "allowed": True,
+                "program": program, "rule": decision.rule, "needsApproval": approval}
+    if approval and not ctx.approved_by:
+        raise NeedsApproval(approval, f"`{preview}` deletes or moves files outside the temp directory")
+
+    kept: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
+    decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in kept}
+    pids: list[int] = []
+
+    def on_output(stream: str, chunk: bytes) -> None:
+        kept[stream] += chunk
+        text = decoders[stream].decode(chunk)
+        if text:
+            _emit(ctx, {"stream": stream, "data": text, "call_id": ctx.call_id})
+
+    def payload(code: int | None, out: bytes, err: bytes, cut: tuple[bool, bool], seconds: float) -> dict[str, Any]:
+        stdout, stderr = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+        truncated = {"stdout": cut[0], "stderr": cut[1]}
+        pid = pids[0] if pids else None
+        if camel:
+            return {"ok": code == 0, "stdout": stdout, "stderr": stderr, "exitCode": code,
+                    "executionTime": round(seconds * 1000, 1), "truncated": truncated, "pid": pid}
+        return {"ok": code == 0, "stdout": stdout, "stderr": stderr, "exit_code": code,
+                "execution_time": round(seconds, 4), "truncated": truncated, "pid": pid}
+
+    started = time.monotonic()
+    limit = ctx.policy.max_output_bytes
+    try:
+        async with asyncio.timeout(timeout):
+            result = await run_process([cmd, *args], executable=program, cwd=str(workdir), env=env,
+                                       stdin=None if stdin is None else stdin.encode(), max_output=limit,
+                                       on_output=on_output, on_start=pids.append)
+    except TimeoutError:
+        out, err = bytes(kept["stdout"]), bytes(kept["stderr"])
+        body = payload(None, out, err, (len(out) >= limit, len(err) >= limit), time.monotonic() - started)
+        body["timedOut"] = True
+        raise ToolError(f"`{preview}` timed out after {timeout:g}s; its process group was killed", body) from None
+    except OSError as exc:
+        raise ToolError(f"could not start {cmd}: {exc.strerror or exc}") from None
+    body = payload(result.exit_code, result.stdout, result.stderr,
+                   (result.stdout_truncated, result.stderr_truncated), result.duration_s)
+    if result.exit_code != 0:
+        raise ToolError(_exit_summary(result.exit_code, body["stderr"]), body)
+    return body
+
+
+@tool("shell.run", tool_type="action")
+async def run(ctx: ToolContext, cmd: str, argv: list[str] = [],  # noqa: B006 (never mutated; the schema shows [])
+              cwd: str | None = None, env: dict[str, str] | None = None, stdin: str | None = None,
+              timeoutMs: Annotated[int, Field(gt=0)] | None = None, dryRun: bool = False) -> dict[str, Any]:
+    """Run one program (a bare name like `git`, or an absolute path) with its arguments in argv, never
+    through a shell, in cwd (required; it must lie inside the allowed roots). The program and its
+    arguments must pass the command policy; dryRun checks everything and runs nothing. Returns
+    {ok, stdout, stderr, exitCode, executionTime (ms), truncated, pid}; a non-zero exit fails the call
+    with that payload attached.
+
+    Output is streamed as `output` events while the command runs. `timeoutMs` ends the command (its
+    whole process group) and returns what it printed so far; the command's own deadline still applies.
+    """
+    return await _execute(ctx, cmd, list(argv), cwd=cwd, env=env, stdin=stdin,
+                          timeout=None if timeoutMs is None else timeoutMs / 1000, dry_run=dryRun,
+                          read_only=False, camel=True)
+
+
+@tool(tool_type="action")
+async def shell_execute(ctx: ToolContext, command: str,
+                        timeout: Annotated[float, Field(gt=0)] = 30) -> dict[str, Any]:
+    """Run one command line such as `ls -la docs` in the home directory. It is split into words like a
+    shell would, but never run by a shell: pipes, redirections, ;, &&, $(...) and variables are refused.
+    The program and its arguments must pass the command policy. Returns {ok, stdout, stderr, exit_code,
+    execution_time (s), truncated, pid}; a non-zero exit fails the call with that payload attached.
+    """
+    cmd, args = split_command(command)
+    return await _execute(ctx, cmd, args, cwd=str(Path.home()), env=None, stdin=None, timeout=timeout,
+                          dry_run=False, read_only=False, camel=False)
+
+
+@tool(tool_type="data_collection")
+async def shell_execute_read(ctx: ToolContext, command: str,
+                             timeout: Annotated[float, Field(gt=0)] = 30) -> dict[str, Any]:
+    """Run one read-only command line such as `ls -la` or `git status` in the home directory (no shell;
+    see shell_execute). Only commands the policy marks read-only are accepted: no rm, git push, sed -i,
+    sort -o, tee...
+    """
+    cmd, args = split_command(command)
+    return await _execute(ctx, cmd, args, cwd=str(Path.home()), env=None, stdin=None, timeout=timeout,
+                          dry_run=False, read_only=True, camel=False)
+
+
+def shell_toolset() -> ToolSet:
+    return ToolSet("shell", [run, shell_execute, shell_execute_read],
+                   "Run programs from argv lists under the command policy; never through a shell")
