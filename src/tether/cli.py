@@ -52,7 +52,7 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
         return
     if tool_type not in (None, "data_collection", "action"):
         _fail("--type must be data_collection or action")
-    infos, problems = _run(_list_tools(config, policy, tool_type, namespace))
+    infos, problems, collisions = _run(_list_tools(config, policy, tool_type, namespace))
     if as_json:
         typer.echo(json.dumps([i.model_dump() for i in infos], indent=2))
         return
@@ -65,15 +65,18 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
     console.print(table)
     for namespace_name, error in problems.items():
         console.print(f"[yellow]server {namespace_name} is unavailable:[/yellow] {error}")
+    for c in collisions:
+        console.print(f"[dim]{c['tool']} ({c['tool_type']}) is {c['kept']}'s; {c['shadowed']}'s is {c['use']}[/dim]")
 
 
 async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None,
-                      namespace: str | None) -> tuple[list[ToolInfo], dict[str, str]]:
+                      namespace: str | None) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]]]:
     from tether.device.local import open_device
 
     async with open_device(config, policy_path=policy) as device:
         computer = await device.computer_manager.get_or_create(None)
-        return computer.tool_infos(tool_type, namespace), dict(computer.startup_errors)  # type: ignore[arg-type]
+        infos = computer.tool_infos(tool_type, namespace)  # type: ignore[arg-type]
+        return infos, dict(computer.startup_errors), list(computer.collisions)
 
 
 def _params_summary(info: ToolInfo) -> str:

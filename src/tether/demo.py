@@ -15,9 +15,11 @@ from tether.device.local import open_device
 from tether.protocol.models import Command, Result
 
 
-def _show(console: Console, title: str, result: Result, detail: str = "") -> None:
-    mark = "[green]✓[/green]" if result.ok else "[red]✗[/red]"
-    console.print(f"{mark} {title}: [bold]{result.status.value}[/bold] {detail}")
+def _show(console: Console, title: str, result: Result, expect_ok: bool, detail: str = "") -> None:
+    as_expected = result.ok == expect_ok
+    mark = "[green]✓[/green]" if as_expected else "[red]✗ unexpected:[/red]"
+    outcome = result.status.value if result.ok or not as_expected else "refused, as it should be"
+    console.print(f"{mark} {title}: [bold]{outcome}[/bold] {detail}")
     if result.error:
         console.print(f"    [dim]{result.error}[/dim]")
 
@@ -64,7 +66,7 @@ async def run_demo(console: Console, state_dir: Path | None = None) -> int:
             detail = ""
             if result.ok and isinstance(result.result, dict) and "stdout" in result.result:
                 detail = repr(result.result["stdout"].strip())
-            _show(console, title, result, detail)
+            _show(console, title, result, expect_ok, detail)
             ok = ok and result.ok == expect_ok
         report = device.journal.restore(session)
         restored = target.read_text() if target.exists() else "<gone>"

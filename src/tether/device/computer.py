@@ -1,9 +1,10 @@
 """`Computer`: one execution context's tool registry over its MCP servers (seed 003).
 
-Tools are keyed `tool_type::tool_name`. When two servers of one tool type offer the same name, the
-one listed first in the config keeps the plain name and the rest stay reachable by their qualified
-name `namespace/tool_name`; every such collision is recorded in `collisions` and logged, so the
-resolution is deterministic and visible rather than whichever server answered first.
+Tools are keyed `tool_type::tool_name`. When two servers of one tool type offer the same name,
+the one registered first (built-in tool sets, then the config's order) keeps the plain name and
+the rest stay reachable by their qualified name `namespace/tool_name`; every such collision is
+recorded in `collisions` and logged, so the resolution is deterministic and visible rather than
+whichever server answered first.
 """
 
 from __future__ import annotations
@@ -56,10 +57,12 @@ class Computer:
         self._name = name
         self._process_name = process_name
         self._mcp_server_manager = mcp_server_manager
-        self._configs: list[tuple[ToolType, MCPServerConfig]] = (
+        configs: list[tuple[ToolType, MCPServerConfig]] = (
             [("data_collection", c) for c in data_collection_servers_config]
             + [("action", c) for c in action_servers_config]
         )
+        # built-in sets first, then the config's own order: that order decides name collisions
+        self._configs = sorted(configs, key=lambda item: item[1].toolset is None)
         self._servers: dict[tuple[ToolType, str], BaseMCPServer] = {}
         self._tools_registry: dict[str, ToolEntry] = {}
         self._context = context or ToolContext()
@@ -138,7 +141,7 @@ class Computer:
             collision = {"tool": info.name, "tool_type": info.tool_type, "kept": holder.info.namespace,
                          "shadowed": info.namespace, "use": f"{info.namespace}/{info.name}"}
             self.collisions.append(collision)
-            logger.warning("tool name collision: %(tool)s (%(tool_type)s) kept from %(kept)s; "
+            logger.info("tool name collision: %(tool)s (%(tool_type)s) kept from %(kept)s; "
                            "%(shadowed)s's is reachable as %(use)s", collision)
 
     async def add_server(self, namespace: str, mcp_server: BaseMCPServer, tool_type: ToolType) -> None:
