@@ -1,15 +1,20 @@
 """AIP wire models: pure data, no I/O, imports nothing else from tether."""
 
+from tether.protocol.codec import FrameError, decode_client_message, decode_server_message, encode
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import (
     PROTOCOL_VERSION,
     ClientMessage,
     ClientMessageType,
+    Event,
+    RegisterAck,
+    Registration,
     ServerMessage,
     ServerMessageType,
     TaskStatus,
 )
 from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, ToolType
+from tether.protocol.profile import DeviceProfile, DeviceRequirements
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -17,6 +22,12 @@ __all__ = [
     "ClientMessage",
     "ClientMessageType",
     "Command",
+    "DeviceProfile",
+    "DeviceRequirements",
+    "Event",
+    "FrameError",
+    "RegisterAck",
+    "Registration",
     "Result",
     "ResultStatus",
     "ServerMessage",
@@ -24,4 +35,7 @@ __all__ = [
     "TaskStatus",
     "ToolInfo",
     "ToolType",
+    "decode_client_message",
+    "decode_server_message",
+    "encode",
 ]

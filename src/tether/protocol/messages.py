@@ -1,4 +1,9 @@
-"""AIP envelopes (seeds 000-002). One message type per purpose; every frame is versioned and timed."""
+"""AIP envelopes (seeds 000-002). One message type per purpose; every frame is versioned and timed.
+
+A `ServerMessage` goes server → device and a `ClientMessage` device → server. Each type has the
+fields it needs checked at decode time, so a handler never meets a COMMAND without actions or
+results without the `prev_response_id` they answer.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,10 @@ from datetime import UTC, datetime
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tether.protocol.models import Command, Result
+from tether.protocol.profile import DeviceProfile
 
 PROTOCOL_VERSION = "1.0"
 
@@ -19,30 +25,64 @@ def utc_now() -> str:
 
 
 class ServerMessageType(str, Enum):
-    REGISTER_ACK = "register_ack"
-    REGISTER_REFUSED = "register_refused"
-    HEARTBEAT = "heartbeat"
-    COMMAND = "command"
-    CANCEL = "cancel"
-    DEVICE_INFO_REQUEST = "device_info_request"
-    ERROR = "error"
+    REGISTER_ACK = "register_ack"  # registration accepted; payload: RegisterAck
+    REGISTER_REFUSED = "register_refused"  # registration refused; `error` says why; the socket closes
+    HEARTBEAT = "heartbeat"  # the server's answer to a device heartbeat
+    COMMAND = "command"  # a batch: `actions`, `response_id`, `timeout`, `early_exit`
+    CANCEL = "cancel"  # stop the batch `response_id` and kill what it started
+    DEVICE_INFO_REQUEST = "device_info_request"  # ask for a fresh profile
+    ERROR = "error"  # the device sent a frame the server could not accept
 
 
 class ClientMessageType(str, Enum):
-    REGISTER = "register"
-    HEARTBEAT = "heartbeat"
-    COMMAND_RESULTS = "command_results"
-    EVENT = "event"
-    DEVICE_INFO = "device_info"
-    ERROR = "error"
+    REGISTER = "register"  # first frame: payload is a Registration
+    HEARTBEAT = "heartbeat"  # liveness + load; payload: {"running": n}
+    COMMAND_RESULTS = "command_results"  # results for `prev_response_id`; status CONTINUE or COMPLETED
+    EVENT = "event"  # progress / streamed output while a batch runs; payload: Event
+    DEVICE_INFO = "device_info"  # a fresh profile; payload: DeviceProfile
+    ERROR = "error"  # the server sent a frame the device could not accept
 
 
 class TaskStatus(str, Enum):
-    CONTINUE = "continue"
-    COMPLETED = "completed"
+    CONTINUE = "continue"  # more results for this batch will follow
+    COMPLETED = "completed"  # the last results frame of a batch
     FAILED = "failed"
     OK = "ok"
     ERROR = "error"
+
+
+class Registration(BaseModel):
+    """A REGISTER payload. `name` is a claim the server checks against the token, never trusts."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str | None = None
+    instance_id: str = Field(..., min_length=1, description="random per device process: tells a "
+                             "reconnect of this process from a second process with the same token")
+    profile: DeviceProfile = Field(default_factory=DeviceProfile)
+    finished_call_ids: list[str] = Field(default_factory=list, description="results waiting in the outbox")
+
+
+class RegisterAck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: str
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    grace_period: float
+    max_frame_bytes: int
+    resumed: bool = False
+
+
+class Event(BaseModel):
+    """Something that happened while a batch runs: `kind` is e.g. output, progress, started."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: str
+    response_id: str | None = None
+    call_id: str | None = None
+    data: dict[str, Any] = Field(default_factory=dict)
 
 
 class _Envelope(BaseModel):
@@ -64,10 +104,18 @@ class ServerMessage(_Envelope):
     process_name: str | None = None
     root_name: str | None = None
     actions: list[Command] | None = None
-    timeout: float | None = None
+    timeout: float | None = Field(None, gt=0)
     early_exit: bool = True
     error: str | None = None
     payload: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _fields_for_type(self) -> ServerMessage:
+        if self.type is ServerMessageType.COMMAND and not self.actions:
+            raise ValueError("a command message needs a non-empty 'actions' list")
+        if self.type is ServerMessageType.REGISTER_REFUSED and not self.error:
+            raise ValueError("a register_refused message needs an 'error'")
+        return self
 
 
 class ClientMessage(_Envelope):
@@ -81,3 +129,14 @@ class ClientMessage(_Envelope):
     action_results: list[Result] | None = None
     error: str | None = None
     payload: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _fields_for_type(self) -> ClientMessage:
+        if self.type is ClientMessageType.COMMAND_RESULTS:
+            if not self.prev_response_id:
+                raise ValueError("a command_results message needs 'prev_response_id'")
+            if self.action_results is None:
+                raise ValueError("a command_results message needs 'action_results'")
+        if self.type in (ClientMessageType.REGISTER, ClientMessageType.EVENT) and self.payload is None:
+            raise ValueError(f"a {self.type.value} message needs a 'payload'")
+        return self

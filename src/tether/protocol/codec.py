@@ -1,0 +1,75 @@
+"""Frames to messages and back, with the checks every frame gets before anyone acts on it.
+
+Pure functions over text (sans-I/O): the server's and the device's socket layers both call them,
+so a frame that is too large, not JSON, of another protocol version or of the wrong shape is
+refused the same way on both sides, with an error a person can act on.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from tether.protocol.messages import PROTOCOL_VERSION, ClientMessage, ServerMessage
+
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class FrameError(ValueError):
+    """A frame that cannot be accepted; `reason` is a short machine-readable code."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def major(version: str) -> str:
+    return version.split(".", 1)[0]
+
+
+def _decode(model: type[M], frame: str | bytes, max_bytes: int) -> M:
+    size = len(frame) if isinstance(frame, bytes) else len(frame.encode("utf-8", "surrogatepass"))
+    if size > max_bytes:
+        raise FrameError("too_large", f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        message = model.model_validate_json(frame)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        if any(e["type"] == "json_invalid" for e in errors):
+            raise FrameError("not_json", "frame is not valid JSON") from None
+        _check_version_of_raw(frame)
+        detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'frame'}: {e['msg']}" for e in errors[:5])
+        raise FrameError("invalid", f"invalid {model.__name__}: {detail}") from None
+    version = getattr(message, "protocol_version", PROTOCOL_VERSION)
+    if major(version) != major(PROTOCOL_VERSION):
+        raise FrameError("version", f"protocol version {version} is not supported (this side speaks "
+                                    f"{PROTOCOL_VERSION})")
+    return message
+
+
+def _check_version_of_raw(frame: str | bytes) -> None:
+    """A frame of another major version usually fails validation first; say the real reason."""
+    import json
+
+    try:
+        version = json.loads(frame).get("protocol_version")
+    except (ValueError, AttributeError):
+        return
+    if isinstance(version, str) and major(version) != major(PROTOCOL_VERSION):
+        raise FrameError("version", f"protocol version {version} is not supported (this side speaks "
+                                    f"{PROTOCOL_VERSION})")
+
+
+def decode_client_message(frame: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ClientMessage:
+    return _decode(ClientMessage, frame, max_bytes)
+
+
+def decode_server_message(frame: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> ServerMessage:
+    return _decode(ServerMessage, frame, max_bytes)
+
+
+def encode(message: BaseModel) -> str:
+    return message.model_dump_json(exclude_none=True)
