@@ -90,7 +90,7 @@ def test_config_with_external_server_and_bad_config(state, tmp_path):
     assert bad.returncode == 2 and "needs a 'command'" in bad.stderr
 
 
-def test_demo_runs_green(state):
-    out = tether("demo", "--state-dir", str(state), state=state, timeout=180)
+def test_local_demo_runs_green(state):
+    out = tether("demo", "--local", "--state-dir", str(state), state=state, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "demo finished" in out.stdout

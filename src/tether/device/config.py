@@ -29,10 +29,44 @@ class RootConfig(BaseModel):
         return [("data_collection", c) for c in self.data_collection] + [("action", c) for c in self.action]
 
 
+class ServerEndpoint(BaseModel):
+    """Where `tether device` connects (seed 002's client config): a URL, or host/port/protocol."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8765
+    protocol: str = Field("ws", pattern="^wss?$")
+    token: str | None = None
+    token_file: str | None = None
+    ca_file: str | None = None
+
+    def ws_url(self) -> str:
+        if self.url:
+            return self.url if self.url.rstrip("/").endswith("/aip") else self.url.rstrip("/") + "/aip"
+        return f"{self.protocol}://{self.host}:{self.port}/aip"
+
+    def read_token(self, base: Path | None = None) -> str | None:
+        if self.token:
+            return self.token
+        if self.token_file:
+            path = Path(self.token_file).expanduser()
+            if not path.is_absolute() and base is not None:
+                path = base / path
+            try:
+                return path.read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise ValueError(f"cannot read token file {path}: {exc.strerror or exc}") from exc
+        return None
+
+
 class DeviceSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str | None = None
+    platform: str | None = Field(None, description="informational; the profile reports the real one")
+    tags: list[str] = Field(default_factory=list)
     state_dir: str | None = None
     policy: str | dict[str, Any] | None = Field(None, description="a policy file path or an inline policy")
     builtin: list[str] = Field(default_factory=lambda: list(BUILTIN_SETS),
@@ -45,6 +79,7 @@ class DeviceConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     device: DeviceSettings = Field(default_factory=DeviceSettings)
+    server: ServerEndpoint = Field(default_factory=ServerEndpoint)
     mcp: dict[str, dict[str, RootConfig]] = Field(default_factory=dict)
     source: str | None = Field(None, exclude=True)
 

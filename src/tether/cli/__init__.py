@@ -1,0 +1,13 @@
+"""The `tether` command. Sub-commands live in modules by topic; importing them attaches them."""
+
+from __future__ import annotations
+
+import logging
+
+
+def main() -> None:
+    from tether.cli import demo_cmds, journal_cmds, server_cmds, tools_cmds  # noqa: F401
+    from tether.cli.common import app
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    app()

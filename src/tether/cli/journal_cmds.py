@@ -1,0 +1,57 @@
+"""`tether undo` and `tether sessions`: the undo journal of this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tether.cli.common import JsonOpt, StateOpt, app, console, fail
+
+
+@app.command()
+def undo(session: Annotated[str, typer.Argument(help="the session whose file changes to put back")],
+         state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
+    """Put back the files that a session's commands changed."""
+    from tether.tools.context import default_state_dir
+    from tether.tools.journal import UndoJournal
+
+    journal = UndoJournal(Path(state_dir or default_state_dir()))
+    try:
+        report = journal.restore(session)
+    except ValueError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, default=str))
+        return
+    if not report:
+        console().print(f"nothing to undo for session {session}")
+        return
+    table = Table(title=f"undo {session}")
+    for col in ("action", "path", "outcome"):
+        table.add_column(col)
+    for entry in report:
+        table.add_row(str(entry.get("action")), str(entry.get("path")), str(entry.get("outcome")))
+    console().print(table)
+
+
+@app.command()
+def sessions(state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
+    """List the sessions that have journaled file changes (what `undo` can put back)."""
+    from tether.tools.context import default_state_dir
+    from tether.tools.journal import UndoJournal
+
+    rows = UndoJournal(Path(state_dir or default_state_dir())).sessions()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(title="journaled sessions")
+    keys = list(rows[0]) if rows else ["session_id"]
+    for key in keys:
+        table.add_column(key)
+    for row in rows:
+        table.add_row(*(str(row.get(k)) for k in keys))
+    console().print(table)

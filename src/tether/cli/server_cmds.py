@@ -1,0 +1,233 @@
+"""`tether server`, `tether token …`, `tether device` and `tether devices`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from tether.cli.common import (
+    CaOpt,
+    ConfigOpt,
+    JsonOpt,
+    PolicyOpt,
+    ServerOpt,
+    StateOpt,
+    TokenOpt,
+    app,
+    console,
+    fail,
+    token_app,
+)
+from tether.remote import RemoteError, RemoteServer
+
+DbOpt = Annotated[Path | None, typer.Option("--db", help="server database (default: state dir/server.db)")]
+
+
+def _settings(**overrides: object):
+    from tether.server.settings import ServerSettings
+
+    clean = {k: v for k, v in overrides.items() if v is not None}
+    if "db_path" in clean:
+        clean["db_path"] = str(Path(str(clean["db_path"])).expanduser())
+    try:
+        return ServerSettings(**clean)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+@app.command()
+def server(host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+           port: Annotated[int, typer.Option(help="port")] = 8765, db: DbOpt = None,
+           tls_cert: Annotated[Path | None, typer.Option("--tls-cert")] = None,
+           tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
+           heartbeat_interval: Annotated[float | None, typer.Option(help="seconds")] = None,
+           heartbeat_timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
+           grace_period: Annotated[float | None, typer.Option(help="seconds a dropped device's batches wait")] = None,
+           allow_insecure: Annotated[bool, typer.Option(help="allow plain HTTP off loopback")] = False,
+           log_level: Annotated[str, typer.Option()] = "info") -> None:
+    """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
+    from tether.server.main import UnsafeBinding, run_server
+
+    if bool(tls_cert) != bool(tls_key):
+        fail("--tls-cert and --tls-key go together")
+    settings = _settings(host=host, port=port, db_path=db, tls_cert=str(tls_cert) if tls_cert else None,
+                         tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
+                         heartbeat_timeout=heartbeat_timeout, grace_period=grace_period)
+    try:
+        run_server(settings, allow_insecure=allow_insecure, log_level=log_level)
+    except UnsafeBinding as exc:
+        fail(str(exc))
+
+
+@token_app.command("create")
+def token_create(device: Annotated[str | None, typer.Option("--device", help="a device token for NAME")] = None,
+                 api: Annotated[str | None, typer.Option("--api", help="an API token named NAME")] = None,
+                 scope: Annotated[list[str] | None, typer.Option("--scope", help="read, execute, admin "
+                                                                 "(repeat; default read+execute)")] = None,
+                 db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Create a token and print it once (only its hash is stored)."""
+    from tether.server.store import Store
+
+    if bool(device) == bool(api):
+        fail("give exactly one of --device NAME or --api NAME")
+    store = Store(_settings(db_path=db).db_path)
+    try:
+        kind = "device" if device else "api"
+        scopes = [] if device else list(scope or ["read", "execute"])
+        info, secret = store.create_token(kind, device or api, scopes)  # type: ignore[arg-type]
+    except ValueError as exc:
+        fail(str(exc))
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps({"token": secret, "id": info.id, "kind": info.kind, "name": info.name,
+                               "scopes": info.scopes}))
+        return
+    console(err=True).print(f"{kind} token for '{info.name}' (id {info.id}"
+                            f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}); it is shown only once:")
+    typer.echo(secret)
+
+
+@token_app.command("list")
+def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """List tokens (never their secrets)."""
+    from tether.server.store import Store
+
+    store = Store(_settings(db_path=db).db_path)
+    try:
+        rows = store.list_tokens()
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
+        return
+    table = Table(title="tokens")
+    for col in ("id", "kind", "name", "scopes", "created", "revoked"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r.id), r.kind, r.name, ",".join(r.scopes), _when(r.created_at), _when(r.revoked_at))
+    console().print(table)
+
+
+@token_app.command("revoke")
+def token_revoke(token: Annotated[str, typer.Argument(help="token id, or a name (revokes all its tokens)")],
+                 db: DbOpt = None) -> None:
+    """Revoke a token; a connected device using it is refused at its next registration."""
+    from tether.server.store import Store
+
+    store = Store(_settings(db_path=db).db_path)
+    try:
+        count = store.revoke_token(token)
+    finally:
+        store.close()
+    if not count:
+        fail(f"no active token '{token}'", code=1)
+    console().print(f"revoked {count} token(s)")
+
+
+def _when(stamp: float | str | None) -> str:
+    if stamp is None:
+        return "-"
+    if isinstance(stamp, (int, float)):
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stamp))
+    return str(stamp)
+
+
+@app.command()
+def device(server: Annotated[str | None, typer.Option("--server", help="ws://HOST:PORT (or the config's)")] = None,
+           token: Annotated[str | None, typer.Option("--token", envvar="TETHER_DEVICE_TOKEN")] = None,
+           name: Annotated[str | None, typer.Option("--name", help="must match the token's device")] = None,
+           config: ConfigOpt = None, policy: PolicyOpt = None, state_dir: StateOpt = None, ca_file: CaOpt = None,
+           tag: Annotated[list[str] | None, typer.Option("--tag", help="a tag for device selection")] = None,
+           ) -> None:
+    """Connect to a server, register this machine's profile, and serve commands until stopped."""
+    code = asyncio.run(_device(server, token, name, config, policy, state_dir, ca_file, tag or []))
+    raise typer.Exit(code)
+
+
+async def _device(server: str | None, token: str | None, name: str | None, config: Path | None,
+                  policy: Path | None, state_dir: Path | None, ca_file: str | None, tags: list[str]) -> int:
+    from tether.device.config import load_device_config
+    from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
+    from tether.device.local import build_device, resolve_policy
+    from tether.device.profile import collect_profile
+
+    out = console(err=True)
+    try:
+        cfg = load_device_config(config)
+        base = Path(cfg.source).parent if cfg.source else None
+        url = server or cfg.server.ws_url()
+        if url.startswith(("http://", "https://")):
+            url = "ws" + url[4:]
+        if not url.rstrip("/").endswith("/aip"):
+            url = url.rstrip("/") + "/aip"
+        secret = token or cfg.server.read_token(base)
+        ssl_context = make_ssl_context(url, ca_file or cfg.server.ca_file)
+        device = build_device(cfg, policy=resolve_policy(cfg, policy), state_dir=state_dir)
+    except ValueError as exc:
+        out.print(f"[red]error:[/red] {exc}")
+        return 2
+    if not secret:
+        out.print("[red]error:[/red] no device token: pass --token, set TETHER_DEVICE_TOKEN, or put "
+                  "server.token_file in the config ('tether token create --device NAME' makes one)")
+        return 2
+    all_tags = list(dict.fromkeys([*cfg.device.tags, *tags]))
+    connection = DeviceConnection(device.client, url, secret, name=name or cfg.device.name,
+                                  profile=lambda: collect_profile(device, tags=all_tags), ssl_context=ssl_context)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, connection.stop)
+    out.print(f"connecting to {url} …")
+    watcher = asyncio.create_task(_announce(connection, out))
+    try:
+        await connection.run()
+    except RegistrationRefused as exc:
+        out.print(f"[red]refused by the server:[/red] {exc}")
+        return 3
+    finally:
+        watcher.cancel()
+        await device.aclose()
+    out.print("device stopped")
+    return 0
+
+
+async def _announce(connection, out) -> None:
+    seen = 0
+    while True:
+        await connection.connected.wait()
+        if connection.connections != seen:
+            seen = connection.connections
+            out.print(f"[green]registered as {connection.registered_as}[/green]"
+                      f"{' (reconnected)' if seen > 1 else ''}; serving commands")
+        while connection.connected.is_set():
+            await asyncio.sleep(0.5)  # poll interval for a status line, not a wait on work
+
+
+@app.command()
+def devices(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
+    """Show the server's devices: name, platform, status, last seen, load, capabilities."""
+    try:
+        with RemoteServer(server, token, ca_file=ca_file) as remote:
+            rows = remote.devices()
+    except RemoteError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{len(rows)} devices")
+    for col in ("name", "platform", "status", "last seen", "load", "capabilities"):
+        table.add_column(col)
+    now = time.time()
+    for r in rows:
+        seen = f"{now - r['last_seen']:.0f}s ago" if r.get("last_seen") else "-"
+        style = {"online": "green", "busy": "yellow", "offline": "red"}.get(r["status"], "white")
+        table.add_row(r["name"], r.get("platform") or "-", f"[{style}]{r['status']}[/{style}]", seen,
+                      str(r.get("load", 0)), ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else ""))
+    console().print(table)

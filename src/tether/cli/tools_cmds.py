@@ -1,0 +1,176 @@
+"""`tether tools`, `tether tools serve` and `tether exec`: locally, or on a device through the server."""
+
+from __future__ import annotations
+
+import asyncio
+import getpass
+import json
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from tether.cli.common import (
+    CaOpt,
+    ConfigOpt,
+    DeviceOpt,
+    JsonOpt,
+    PolicyOpt,
+    ServerOpt,
+    StateOpt,
+    TokenOpt,
+    app,
+    check_tool_type,
+    console,
+    fail,
+    parse_assignments,
+    print_result,
+    print_tools,
+    run_async,
+    stream_output,
+    tools_app,
+)
+from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, ToolType
+from tether.remote import RemoteError, RemoteServer
+
+
+@tools_app.callback()
+def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None, as_json: JsonOpt = False,
+          tool_type: Annotated[str | None, typer.Option("--type", help="data_collection or action")] = None,
+          namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
+          device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None
+          ) -> None:
+    """List every tool with its namespace, type and parameters (--json for full schemas)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    check_tool_type(tool_type)
+    if device:
+        try:
+            with RemoteServer(server, token, ca_file=ca_file) as remote:
+                infos = remote.tools(device)
+        except RemoteError as exc:
+            fail(str(exc))
+        infos = [i for i in infos if (not tool_type or i.tool_type == tool_type)
+                 and (not namespace or i.namespace == namespace)]
+        print_tools(infos, as_json, f" on {device}")
+        return
+    infos, problems, collisions = run_async(_list_tools(config, policy, tool_type, namespace))
+    print_tools(infos, as_json)
+    if as_json:
+        return
+    out = console()
+    for namespace_name, error in problems.items():
+        out.print(f"[yellow]server {namespace_name} is unavailable:[/yellow] {error}")
+    for c in collisions:
+        out.print(f"[dim]{c['tool']} ({c['tool_type']}) is {c['kept']}'s; {c['shadowed']}'s is {c['use']}[/dim]")
+
+
+async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None, namespace: str | None
+                      ) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]]]:
+    from tether.device.local import open_device
+
+    async with open_device(config, policy_path=policy) as device:
+        computer = await device.computer_manager.get_or_create(None)
+        infos = computer.tool_infos(tool_type, namespace)  # type: ignore[arg-type]
+        return infos, dict(computer.startup_errors), list(computer.collisions)
+
+
+@tools_app.command("serve")
+def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: shell, files or system")],
+                http: Annotated[bool, typer.Option("--http", help="streamable HTTP instead of stdio")] = False,
+                host: str = "127.0.0.1", port: int = 8766, policy: PolicyOpt = None,
+                state_dir: StateOpt = None) -> None:
+    """Serve a built-in tool set as a real MCP server, for any MCP client."""
+    from tether.tools.builtin import builtin_toolsets
+    from tether.tools.context import ToolContext, default_state_dir
+    from tether.tools.journal import UndoJournal
+    from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
+    from tether.tools.policy import default_policy, load_policy
+
+    factories = builtin_toolsets()
+    if name not in factories:
+        fail(f"unknown tool set '{name}'; available: {', '.join(factories)}")
+    try:
+        pol = load_policy(policy) if policy else default_policy()
+    except ValueError as exc:
+        fail(str(exc))
+    journal = UndoJournal(Path(state_dir or default_state_dir()))
+    session = f"mcp-{uuid.uuid4().hex[:8]}"
+    server = toolset_to_mcp(factories[name](), lambda: ToolContext(policy=pol, journal=journal, session_id=session))
+    if http:
+        console(err=True).print(f"serving '{name}' over streamable HTTP on http://{host}:{port}/mcp")
+        asyncio.run(serve_http(server, host, port))
+    else:
+        asyncio.run(serve_stdio(server))
+
+
+@app.command("exec")
+def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")],
+          args: Annotated[list[str] | None, typer.Argument(help="key=value or key:=json")] = None,
+          config: ConfigOpt = None, policy: PolicyOpt = None, as_json: JsonOpt = False,
+          session: Annotated[str | None, typer.Option("--session", help="session id (for undo)")] = None,
+          approve: Annotated[bool, typer.Option("--approve", help="approve an action the policy "
+                                                                  "reserves for a person")] = False,
+          timeout: Annotated[float | None, typer.Option("--timeout", help="seconds")] = None,
+          tool_type: Annotated[str | None, typer.Option("--type")] = None, state_dir: StateOpt = None,
+          device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+          ) -> None:
+    """Run one tool and print its structured result; exit code 1 when the result is a failure."""
+    check_tool_type(tool_type)
+    session_id = session or f"cli-{uuid.uuid4().hex[:12]}"
+    approved_by = f"cli:{getpass.getuser()}" if approve else None
+    if device:
+        result = _exec_remote(device, tool, args or [], session_id, approved_by, timeout, tool_type,
+                              server, token, ca_file)
+    else:
+        result = run_async(_exec_local(tool, args or [], config, policy, session_id, approved_by, timeout,
+                                       tool_type, state_dir))
+    if as_json:
+        typer.echo(json.dumps({"session_id": session_id, "device": device, **result.model_dump(mode="json")},
+                              indent=2))
+    else:
+        print_result(result, session_id, device)
+    if result.status is not ResultStatus.SUCCESS:
+        raise typer.Exit(1)
+
+
+def _schema_for(infos: list[ToolInfo], tool: str, tool_type: str | None) -> dict[str, Any]:
+    return next((i.input_schema for i in infos
+                 if (i.name == tool or f"{i.namespace}/{i.name}" == tool)
+                 and (tool_type is None or i.tool_type == tool_type)), {})
+
+
+async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: Path | None, session_id: str,
+                      approved_by: str | None, timeout: float | None, tool_type: str | None,
+                      state_dir: Path | None) -> Result:
+    from tether.device.local import open_device
+
+    async with open_device(config, policy_path=policy, state_dir=state_dir) as device:
+        computer = await device.computer_manager.get_or_create(None)
+        params = parse_assignments(pairs, _schema_for(computer.tool_infos(remove_meta=False), tool, tool_type))
+        kind: ToolType | None = tool_type  # type: ignore[assignment]
+        command = Command(tool_name=tool, parameters=params, tool_type=kind, timeout=timeout,
+                          approved_by=approved_by)
+        dispatcher = device.dispatcher(session_id=session_id)
+        dispatcher.emit = stream_output
+        [result] = await dispatcher.execute_commands([command], timeout=(timeout or 3600) + 5)
+        return result
+
+
+def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
+                 timeout: float | None, tool_type: str | None, server: str | None, token: str | None,
+                 ca_file: str | None) -> Result:
+    try:
+        with RemoteServer(server, token, ca_file=ca_file) as remote:
+            try:
+                params = parse_assignments(pairs, _schema_for(remote.tools(device), tool, tool_type))
+            except ValueError as exc:
+                fail(str(exc))
+            command = Command(tool_name=tool, parameters=params, tool_type=tool_type,  # type: ignore[arg-type]
+                              timeout=timeout, approved_by=approved_by)
+            _, [result] = remote.run(device, [command], timeout=(timeout or 60) + 5, session_id=session_id,
+                                     on_event=lambda e: stream_output(e.kind, e.data))
+            return result
+    except RemoteError as exc:
+        fail(str(exc))

@@ -1,0 +1,1 @@
+"""The agent server: AIP endpoint, device registry, dispatchers and the durable store (issue 3)."""

@@ -1,0 +1,273 @@
+"""The REST API beside the AIP endpoint: devices, their tools, running commands, tokens, audit.
+
+Bearer tokens in the `Authorization` header carry scopes: `read` (look), `execute` (run
+commands), `admin` (tokens and audit; implies the others). Every error body is
+`{"error": "<what is wrong>"}` so a script can show it as is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tether.protocol.messages import Event
+from tether.protocol.models import Command, Result, ToolInfo
+from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.server.hub import DeviceHub
+from tether.server.registry import DeviceRecord, NoDeviceError
+from tether.server.store import Store, TokenInfo
+
+router = APIRouter(prefix="/api/v1")
+
+SCOPES = ("read", "execute", "admin")
+
+
+class DeviceView(BaseModel):
+    name: str
+    status: str
+    platform: str | None = None
+    last_seen: float | None = None
+    load: int = 0
+    capabilities: list[str] = Field(default_factory=list)
+    tags: list[str] = Field(default_factory=list)
+    gpu: bool = False
+    address: str | None = None
+
+
+class DeviceDetail(DeviceView):
+    profile: DeviceProfile | None = None
+
+
+class CommandBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    commands: list[Command] = Field(..., min_length=1)
+    timeout: float = Field(60.0, gt=0, le=24 * 3600)
+    early_exit: bool = True
+    session_id: str | None = None
+    agent_name: str | None = None
+    process_name: str | None = None
+    root_name: str | None = None
+
+
+class SelectedBatch(CommandBatch):
+    requires: DeviceRequirements = Field(default_factory=DeviceRequirements)
+
+
+class BatchResults(BaseModel):
+    device: str
+    results: list[Result]
+
+
+class TokenRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["device", "api"]
+    name: str = Field(..., min_length=1, max_length=128)
+    scopes: list[str] = Field(default_factory=list)
+
+
+class TokenCreated(BaseModel):
+    token: str
+    info: dict[str, Any]
+
+
+def _hub(request: Request) -> DeviceHub:
+    return request.app.state.hub
+
+
+def _store(request: Request) -> Store:
+    return request.app.state.store
+
+
+def require(scope: str):
+    """A dependency that admits an API token holding `scope` (or `admin`)."""
+
+    async def check(request: Request, authorization: Annotated[str | None, Header()] = None) -> TokenInfo:
+        if not authorization or not authorization.lower().startswith("bearer "):
+            raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <api token>'",
+                                headers={"WWW-Authenticate": "Bearer"})
+        info = _store(request).verify_token(authorization[7:].strip())
+        if info is None:
+            raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
+        if info.kind != "api":
+            raise HTTPException(403, "a device token cannot use the API; create one with "
+                                     "'tether token create --api'")
+        if scope not in info.scopes and "admin" not in info.scopes:
+            raise HTTPException(403, f"token '{info.name}' lacks the '{scope}' scope (has {info.scopes})")
+        return info
+
+    return check
+
+
+def _view(record: DeviceRecord, detail: bool = False) -> DeviceView:
+    profile = record.profile
+    data: dict[str, Any] = {
+        "name": record.name, "status": record.status, "last_seen": record.last_seen, "load": record.load,
+        "platform": profile.os.platform if profile else None,
+        "capabilities": profile.capabilities if profile else [],
+        "tags": profile.tags if profile else [], "gpu": bool(profile and profile.gpu.available),
+        "address": getattr(record, "address", None),
+    }
+    return DeviceDetail(**data, profile=profile) if detail else DeviceView(**data)
+
+
+def _record(hub: DeviceHub, name: str) -> DeviceRecord:
+    record = hub.registry.get(name)
+    if record is None:
+        raise HTTPException(404, f"no device named '{name}'")
+    return record
+
+
+@router.get("/health")
+async def health(request: Request) -> dict[str, Any]:
+    hub = _hub(request)
+    online = [r.name for r in hub.registry.list() if r.status != "offline"]
+    return {"status": "ok", "devices_online": len(online)}
+
+
+@router.get("/devices", response_model=list[DeviceView])
+async def list_devices(request: Request, _: Annotated[TokenInfo, Depends(require("read"))]) -> list[DeviceView]:
+    return [_view(r) for r in sorted(_hub(request).registry.list(), key=lambda r: r.name)]
+
+
+@router.get("/devices/{name}", response_model=DeviceDetail)
+async def get_device(name: str, request: Request,
+                     _: Annotated[TokenInfo, Depends(require("read"))]) -> DeviceView:
+    return _view(_record(_hub(request), name), detail=True)
+
+
+@router.get("/devices/{name}/tools", response_model=list[ToolInfo])
+async def device_tools(name: str, request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
+                       live: bool = True) -> list[ToolInfo]:
+    """The device's tools: asked live when it is online (tools can change), else from its profile."""
+    hub = _hub(request)
+    record = _record(hub, name)
+    if live and record.status != "offline":
+        dispatcher = hub.dispatcher(name, requested_by=f"api:{who.name}")
+        [result] = await dispatcher.execute_commands([Command(tool_name="list_tools",
+                                                              tool_type="data_collection")], timeout=30)
+        if result.ok and isinstance(result.result, list):
+            return [ToolInfo.model_validate(t) for t in result.result]
+    if record.profile is None:
+        raise HTTPException(409, f"device '{name}' is offline and has never reported its tools")
+    return record.profile.tools
+
+
+def _select(hub: DeviceHub, requires: DeviceRequirements) -> str:
+    try:
+        return hub.registry.select(requires).name
+    except NoDeviceError as exc:
+        raise HTTPException(409, str(exc)) from None
+
+
+@router.post("/devices/{name}/commands", response_model=BatchResults,
+             responses={200: {"content": {"text/event-stream": {}}}})
+async def run_commands(name: str, batch: CommandBatch, request: Request,
+                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
+    """Run a batch on one device. With `Accept: text/event-stream` the progress events and then
+    the results stream as server-sent events; otherwise the call waits and returns the results."""
+    _record(_hub(request), name)
+    return await _run(request, name, batch, who)
+
+
+@router.post("/commands", response_model=BatchResults, responses={200: {"content": {"text/event-stream": {}}}})
+async def run_selected(batch: SelectedBatch, request: Request,
+                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
+    """Run a batch on the least-loaded online device that meets `requires`."""
+    name = _select(_hub(request), batch.requires)
+    return await _run(request, name, batch, who)
+
+
+async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo) -> Any:
+    hub = _hub(request)
+    stream = "text/event-stream" in request.headers.get("accept", "")
+    queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=10_000)
+
+    def on_event(event: Event) -> None:
+        if stream and not queue.full():
+            queue.put_nowait(event)
+
+    dispatcher = hub.dispatcher(name, session_id=batch.session_id, agent_name=batch.agent_name,
+                                process_name=batch.process_name, root_name=batch.root_name,
+                                on_event=on_event, requested_by=f"api:{who.name}")
+    run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit)
+    if not stream:
+        return BatchResults(device=name, results=await run)
+    return StreamingResponse(_sse(run, queue, name, dispatcher), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _sse_frame(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+
+
+async def _sse(run: Any, queue: asyncio.Queue[Event], device: str, dispatcher: Any) -> AsyncIterator[bytes]:
+    task = asyncio.ensure_future(run)
+    try:
+        yield _sse_frame("device", {"device": device})
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
+            if getter in done:
+                yield _sse_frame("event", getter.result().model_dump(mode="json"))
+                continue
+            getter.cancel()
+            while not queue.empty():
+                yield _sse_frame("event", queue.get_nowait().model_dump(mode="json"))
+            results = task.result()
+            yield _sse_frame("results", BatchResults(device=device, results=results).model_dump(mode="json"))
+            return
+    finally:
+        if not task.done():  # the caller went away: stop the batch on the device too
+            await dispatcher.cancel()
+            task.cancel()
+
+
+@router.delete("/batches/{response_id}")
+async def cancel_batch(response_id: str, request: Request,
+                       _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    cancelled = await _hub(request).cancel(response_id)
+    if not cancelled:
+        raise HTTPException(404, f"no batch '{response_id}' is running")
+    return {"cancelled": response_id}
+
+
+@router.get("/tokens")
+async def list_tokens(request: Request, _: Annotated[TokenInfo, Depends(require("admin"))]) -> list[dict[str, Any]]:
+    return [_token_dict(t) for t in _store(request).list_tokens()]
+
+
+@router.post("/tokens", response_model=TokenCreated, status_code=201)
+async def create_token(body: TokenRequest, request: Request,
+                       _: Annotated[TokenInfo, Depends(require("admin"))]) -> TokenCreated:
+    try:
+        info, secret = _store(request).create_token(body.kind, body.name, body.scopes)
+    except ValueError as exc:
+        raise HTTPException(400, str(exc)) from None
+    return TokenCreated(token=secret, info=_token_dict(info))
+
+
+@router.delete("/tokens/{token}")
+async def revoke_token(token: str, request: Request,
+                       _: Annotated[TokenInfo, Depends(require("admin"))]) -> dict[str, Any]:
+    count = _store(request).revoke_token(token)
+    if not count:
+        raise HTTPException(404, f"no active token '{token}'")
+    return {"revoked": count}
+
+
+@router.get("/audit")
+async def audit(request: Request, _: Annotated[TokenInfo, Depends(require("admin"))], limit: int = 100,
+                device: str | None = None) -> list[dict[str, Any]]:
+    return _store(request).audit_rows(limit=max(1, min(limit, 10_000)), device=device)
+
+
+def _token_dict(info: TokenInfo) -> dict[str, Any]:
+    return info.model_dump(mode="json") if hasattr(info, "model_dump") else dict(vars(info))

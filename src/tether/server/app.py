@@ -1,0 +1,51 @@
+"""The agent server as one ASGI app: the AIP WebSocket endpoint and the REST API, sharing a hub."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from tether import __version__
+from tether.server.api import router
+from tether.server.hub import DeviceHub, aip_route
+from tether.server.settings import ServerSettings
+from tether.server.store import Store
+
+
+def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
+    """Build the app; the hub starts and stops with the app's lifespan."""
+    store = store or Store(settings.db_path)
+    hub = DeviceHub(store, settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await hub.start()
+        try:
+            yield
+        finally:
+            await hub.aclose()
+            store.close()
+
+    app = FastAPI(title="tether agent server", version=__version__, lifespan=lifespan,
+                  description="Devices, their tools, and commands run on them. AIP devices connect "
+                              "to the WebSocket endpoint /aip.")
+    app.state.hub = hub
+    app.state.store = store
+    app.state.settings = settings
+    app.include_router(router)
+    app.router.routes.append(aip_route(hub))
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10])
+        return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
+
+    return app

@@ -1,0 +1,48 @@
+"""Run the agent server with uvicorn: loopback by default, TLS when given, tokens always."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from tether.server.app import create_app
+from tether.server.settings import ServerSettings, is_loopback
+from tether.server.store import Store
+
+logger = logging.getLogger(__name__)
+
+
+class UnsafeBinding(ValueError):
+    """Refused to listen off loopback without what keeps the server safe there."""
+
+
+def check_binding(settings: ServerSettings, store: Store, *, allow_insecure: bool = False) -> None:
+    """Off loopback the server needs tokens (so someone can authenticate) and TLS (so the tokens
+    do not cross the network in clear text) unless the operator says otherwise explicitly."""
+    if is_loopback(settings.host):
+        return
+    active = [t for t in store.list_tokens() if t.revoked_at is None]
+    if not active:
+        raise UnsafeBinding(f"refusing to listen on {settings.host}: no tokens exist, so nobody could "
+                            "authenticate; create them first with 'tether token create --device NAME' "
+                            "and 'tether token create --api'")
+    if not (settings.tls_cert and settings.tls_key) and not allow_insecure:
+        raise UnsafeBinding(f"refusing to listen on {settings.host} without TLS: tokens would travel in "
+                            "clear text; pass --tls-cert and --tls-key (or --allow-insecure on a trusted "
+                            "network)")
+
+
+def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info"
+                 ) -> uvicorn.Config:
+    store = Store(settings.db_path)
+    check_binding(settings, store, allow_insecure=allow_insecure)
+    app = create_app(settings, store)
+    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                          ws_max_size=settings.max_frame_bytes, ws_ping_interval=None,
+                          ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
+                          lifespan="on", timeout_graceful_shutdown=5)
+
+
+def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info") -> None:
+    uvicorn.Server(build_config(settings, allow_insecure=allow_insecure, log_level=log_level)).run()

@@ -1,0 +1,80 @@
+"""`ServerSettings`: where the agent server listens, how it judges liveness, and where it keeps state.
+
+Defaults are the safe ones: loopback only, an 8 MiB frame limit, heartbeats every 5 s with a
+15 s timeout (three missed beats before a device counts as gone) and a 10 s grace period in which
+a dropped device may reconnect and still deliver the results of the batch it was running.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+
+
+def default_state_dir() -> Path:
+    """$TETHER_STATE_DIR or $XDG_STATE_HOME/tether (~/.local/state/tether).
+
+    The same rule as the device's `tether.tools.context.default_state_dir`, repeated here because
+    the server must not import the tools layer (DESIGN.md: protocol ← server).
+    """
+    env = os.environ.get("TETHER_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "tether"
+
+
+def is_loopback(host: str) -> bool:
+    """True only for addresses that cannot be reached from another machine.
+
+    `0.0.0.0`, `::` and any name other than `localhost` count as exposed: a name may resolve to
+    anything, and the safe answer for "is this reachable from outside?" is yes.
+    """
+    host = host.strip().strip("[]")
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class ServerSettings(BaseModel):
+    """Everything the agent server needs to start; validated so a bad value fails at start-up."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    db_path: Path = Field(default_factory=lambda: default_state_dir() / "server.db")
+    heartbeat_interval: float = Field(5.0, gt=0, description="how often a device sends a heartbeat")
+    heartbeat_timeout: float = Field(15.0, gt=0, description="silence after which a device is offline")
+    grace_period: float = Field(10.0, ge=0, description="how long a dropped device's batches wait for it")
+    register_timeout: float = Field(10.0, gt=0, description="how long a new socket may take to register")
+    max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024)
+    default_command_timeout: float = Field(60.0, gt=0)
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ServerSettings:
+        if self.heartbeat_timeout <= self.heartbeat_interval:
+            raise ValueError(f"heartbeat_timeout ({self.heartbeat_timeout:g}s) must exceed heartbeat_interval "
+                             f"({self.heartbeat_interval:g}s), or every device would time out between beats")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key must be given together")
+        return self
+
+    @property
+    def loopback(self) -> bool:
+        """Whether the server only listens on this machine (then it may start with no tokens yet)."""
+        return is_loopback(self.host)
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None

@@ -1,0 +1,278 @@
+"""`Store`: the agent server's durable state in one SQLite file — tokens, known devices, the audit log.
+
+One connection in WAL mode, guarded by a lock so the few callers that move work to a thread stay
+safe; every call is a short statement, cheap enough to run on the event loop. The schema is
+versioned (`schema_version`) and grows by appending to `_MIGRATIONS`, so later issues add tables
+without touching existing rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+TokenKind = Literal["device", "api"]
+SCOPES = ("read", "execute", "admin")
+_PREFIX = {"device": "tdev_", "api": "tapi_"}
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+_MAX_ARGUMENTS_CHARS = 16_384
+_LAST_USED_EVERY = 60.0  # seconds: verifying a token per API request must not mean a write per request
+
+_MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE tokens (
+        id TEXT PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('device', 'api')),
+        name TEXT NOT NULL,
+        scopes TEXT NOT NULL DEFAULT '[]',
+        hash TEXT NOT NULL UNIQUE,
+        created_at REAL NOT NULL,
+        revoked_at REAL,
+        last_used_at REAL
+    );
+    CREATE INDEX tokens_name ON tokens (name);
+    CREATE TABLE devices (
+        name TEXT PRIMARY KEY,
+        profile TEXT,
+        first_seen REAL NOT NULL,
+        last_seen REAL NOT NULL
+    );
+    CREATE TABLE audit (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        at REAL NOT NULL,
+        requested_by TEXT NOT NULL,
+        device TEXT NOT NULL,
+        response_id TEXT,
+        call_id TEXT,
+        tool_name TEXT NOT NULL,
+        arguments TEXT NOT NULL,
+        status TEXT NOT NULL,
+        error TEXT
+    );
+    CREATE INDEX audit_device ON audit (device, id);
+    """,
+]
+
+
+class TokenInfo(BaseModel):
+    """A token's metadata, never its secret: the secret is shown once, at creation, and only its hash is kept."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    kind: TokenKind
+    name: str
+    scopes: list[str]
+    created_at: float
+    revoked_at: float | None = None
+    last_used_at: float | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.revoked_at is None
+
+    def allows(self, scope: str) -> bool:
+        """`admin` implies every scope and `execute` implies `read`."""
+        if self.kind != "api":
+            return False
+        held = set(self.scopes)
+        return scope in held or "admin" in held or (scope == "read" and "execute" in held)
+
+
+class StoredDevice(BaseModel):
+    name: str
+    profile: dict[str, Any] | None
+    first_seen: float
+    last_seen: float
+
+
+def hash_token(secret: str) -> str:
+    """sha256 hex of the secret.
+
+    A fast hash is the right tool here, unlike for passwords: tokens carry 256 random bits, so
+    there is nothing to brute-force, and verification runs on every connection and API request.
+    """
+    return hashlib.sha256(secret.encode("utf-8")).hexdigest()
+
+
+class Store:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if str(path) != ":memory:":
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        if str(path) != ":memory:":
+            self.path.chmod(0o600)
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            self._migrate()
+
+    def _migrate(self) -> None:
+        self._conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+        row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        current = row[0] or 0
+        if current > len(_MIGRATIONS):
+            raise RuntimeError(f"{self.path} has schema version {current}, newer than this tether "
+                               f"({len(_MIGRATIONS)}); upgrade tether or use another --db")
+        for version in range(current + 1, len(_MIGRATIONS) + 1):
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                for statement in _MIGRATIONS[version - 1].split(";"):
+                    if statement.strip():
+                        self._conn.execute(statement)
+                self._conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    @property
+    def schema_version(self) -> int:
+        with self._lock:
+            return self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- tokens ----------------------------------------------------------------------------------
+
+    def create_token(self, kind: TokenKind, name: str, scopes: list[str] | None = None) -> tuple[TokenInfo, str]:
+        """Create a token and return its info and the secret, which is not stored and never shown again.
+
+        A device token's name is the device's identity. Several active tokens per name are allowed
+        so a token can be rotated without downtime. An API token gets `read` when no scope is given.
+        """
+        if kind not in _PREFIX:
+            raise ValueError(f"token kind must be 'device' or 'api', not {kind!r}")
+        if not _NAME.match(name or ""):
+            raise ValueError(f"invalid token name {name!r}: use 1-128 letters, digits, '.', '_', '-' or '@', "
+                             "starting with a letter or digit")
+        wanted = sorted(set(scopes or []))
+        if kind == "device":
+            if wanted:
+                raise ValueError("device tokens have no scopes; scopes are for API tokens")
+        else:
+            unknown = [s for s in wanted if s not in SCOPES]
+            if unknown:
+                raise ValueError(f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(SCOPES)}")
+            wanted = wanted or ["read"]
+        secret = _PREFIX[kind] + secrets.token_urlsafe(32)
+        info = TokenInfo(id=secrets.token_hex(6), kind=kind, name=name, scopes=wanted, created_at=time.time())
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO tokens (id, kind, name, scopes, hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (info.id, kind, name, json.dumps(wanted), hash_token(secret), info.created_at))
+        return info, secret
+
+    def verify_token(self, secret: str) -> TokenInfo | None:
+        """The active token whose secret this is, or None (unknown, revoked, or not a token at all)."""
+        if not secret or len(secret) > 512:
+            return None
+        digest = hash_token(secret)
+        with self._lock:
+            row = self._conn.execute("SELECT * FROM tokens WHERE hash = ?", (digest,)).fetchone()
+            if row is None or not hmac.compare_digest(row["hash"], digest) or row["revoked_at"] is not None:
+                return None
+            now = time.time()
+            if row["last_used_at"] is None or now - row["last_used_at"] > _LAST_USED_EVERY:
+                self._conn.execute("UPDATE tokens SET last_used_at = ? WHERE id = ?", (now, row["id"]))
+                return _token(row, last_used_at=now)
+        return _token(row)
+
+    def list_tokens(self) -> list[TokenInfo]:
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM tokens ORDER BY created_at, id").fetchall()
+        return [_token(r) for r in rows]
+
+    def revoke_token(self, id_or_name: str) -> int:
+        """Revoke the active token with this id, or every active token of this name; returns how many."""
+        with self._lock:
+            cursor = self._conn.execute(
+                "UPDATE tokens SET revoked_at = ? WHERE revoked_at IS NULL AND (id = ? OR name = ?)",
+                (time.time(), id_or_name, id_or_name))
+            return cursor.rowcount
+
+    # -- devices ---------------------------------------------------------------------------------
+
+    def upsert_device(self, name: str, profile_json: str | None, last_seen: float) -> None:
+        """Remember a device; `profile_json=None` keeps the profile already stored."""
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO devices (name, profile, first_seen, last_seen) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (name) DO UPDATE SET profile = COALESCE(excluded.profile, devices.profile), "
+                "last_seen = excluded.last_seen",
+                (name, profile_json, last_seen, last_seen))
+
+    def list_devices(self) -> list[StoredDevice]:
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM devices ORDER BY name").fetchall()
+        return [StoredDevice(name=r["name"], profile=json.loads(r["profile"]) if r["profile"] else None,
+                             first_seen=r["first_seen"], last_seen=r["last_seen"]) for r in rows]
+
+    # -- audit -----------------------------------------------------------------------------------
+
+    def audit(self, requested_by: str, device: str, call_id: str | None, tool_name: str,
+              arguments: dict[str, Any] | None, status: str, error: str | None,
+              response_id: str | None = None) -> None:
+        self.audit_many([(requested_by, device, call_id, tool_name, arguments, status, error, response_id)])
+
+    def audit_many(self, rows: Iterable[tuple[str, str, str | None, str, dict[str, Any] | None, str,
+                                              str | None, str | None]]) -> None:
+        """Write several audit rows in one transaction (one per command of a batch).
+
+        Arguments are stored as JSON, cut at 16 KiB so a large file write cannot bloat the log.
+        """
+        now = time.time()
+        values = [(now, who, device, response_id, call_id, tool, _arguments(arguments), status, error)
+                  for who, device, call_id, tool, arguments, status, error, response_id in rows]
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany(
+                    "INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
+                    "status, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def audit_rows(self, limit: int = 100, device: str | None = None) -> list[dict[str, Any]]:
+        """The newest `limit` audit rows, newest first, as plain dicts (ready for JSON)."""
+        query = "SELECT * FROM audit"
+        params: tuple[Any, ...] = ()
+        if device is not None:
+            query += " WHERE device = ?"
+            params = (device,)
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY id DESC LIMIT ?", (*params, int(limit))).fetchall()
+        return [dict(r) for r in rows]
+
+
+def _token(row: sqlite3.Row, **override: Any) -> TokenInfo:
+    data = {k: row[k] for k in ("id", "kind", "name", "created_at", "revoked_at", "last_used_at")}
+    data["scopes"] = json.loads(row["scopes"])
+    data.update(override)
+    return TokenInfo(**data)
+
+
+def _arguments(arguments: dict[str, Any] | None) -> str:
+    text = json.dumps(arguments or {}, default=str, ensure_ascii=False)
+    if len(text) > _MAX_ARGUMENTS_CHARS:
+        text = text[:_MAX_ARGUMENTS_CHARS] + f"... [truncated, {len(text)} chars]"
+    return text
