@@ -39,7 +39,10 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
     check_binding(settings, store, allow_insecure=allow_insecure)
     app = create_app(settings, store)
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
-                          ws_max_size=settings.max_frame_bytes, ws_ping_interval=None,
+                          # headroom above the AIP limit so the hub, not the transport, answers an
+                          # oversized frame with an ERROR that says what the limit is
+                          ws_max_size=settings.max_frame_bytes * 2, ws_per_message_deflate=False,
+                          ws_ping_interval=None,
                           ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
                           lifespan="on", timeout_graceful_shutdown=5)
 

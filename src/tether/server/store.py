@@ -200,6 +200,12 @@ class Store:
             rows = self._conn.execute("SELECT * FROM tokens ORDER BY created_at, id").fetchall()
         return [_token(r) for r in rows]
 
+    def active_token_ids(self) -> set[str]:
+        """Ids of the tokens not revoked: one cheap query, so a running server can notice a revocation
+        made by another process (`tether token revoke`)."""
+        with self._lock:
+            return {r[0] for r in self._conn.execute("SELECT id FROM tokens WHERE revoked_at IS NULL")}
+
     def revoke_token(self, id_or_name: str) -> int:
         """Revoke the active token with this id, or every active token of this name; returns how many."""
         with self._lock:
@@ -241,12 +247,15 @@ class Store:
         now = time.time()
         values = [(now, who, device, response_id, call_id, tool, _arguments(arguments), status, error)
                   for who, device, call_id, tool, arguments, status, error, response_id in rows]
+        insert = ("INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
+                  "status, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
         with self._lock:
+            if len(values) == 1:  # one statement is its own transaction (the common one-command batch)
+                self._conn.execute(insert, values[0])
+                return
             self._conn.execute("BEGIN")
             try:
-                self._conn.executemany(
-                    "INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
-                    "status, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", values)
+                self._conn.executemany(insert, values)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._conn.execute("ROLLBACK")

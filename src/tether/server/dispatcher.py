@@ -1,0 +1,107 @@
+"""`WebSocketCommandDispatcher`: the seed-000 dispatcher for a device on the other end of AIP.
+
+To the agent it looks exactly like `LocalCommandDispatcher`: a list of commands in, one `Result`
+per command out, in the same order, with matching `call_id`s — whatever happens on the way. A
+timeout, a device that never comes back, a cancellation or an error on the device become failure
+results for exactly the commands that did not finish; nothing hangs and nothing raises. Every
+result is written to the audit log with who asked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tether.protocol.dispatcher import BasicCommandDispatcher
+from tether.protocol.messages import Event, ServerMessage, ServerMessageType
+from tether.protocol.models import Command, Result, new_call_id
+
+if TYPE_CHECKING:
+    from tether.server.hub import DeviceHub, PendingBatch
+
+logger = logging.getLogger(__name__)
+
+
+class WebSocketCommandDispatcher(BasicCommandDispatcher):
+    """Runs batches on one named device through a `DeviceHub`; build it with `hub.dispatcher(...)`."""
+
+    def __init__(self, hub: DeviceHub, device: str, *, session_id: str | None = None,
+                 agent_name: str | None = None, process_name: str | None = None, root_name: str | None = None,
+                 on_event: Callable[[Event], None] | None = None, requested_by: str = "unknown") -> None:
+        self.hub = hub
+        self.device = device
+        self.session_id = session_id
+        self.agent_name = agent_name
+        self.process_name = process_name
+        self.root_name = root_name
+        self.on_event = on_event
+        self.requested_by = requested_by
+        self._inflight: set[str] = set()
+
+    async def execute_commands(self, commands: list[Command], timeout: float | None = None,
+                               early_exit: bool = True) -> list[Result]:
+        """Send `commands` as one batch and wait at most `timeout` seconds (default: the server's
+        `default_command_timeout`), including any wait for a device that is reconnecting."""
+        if not commands:
+            return []
+        timeout = self.hub.settings.default_command_timeout if timeout is None else timeout
+        for command in commands:
+            if not command.call_id:
+                command.call_id = new_call_id()
+        response_id = uuid.uuid4().hex
+        repeated = [cid for cid, n in Counter(c.call_id for c in commands).items() if n > 1]
+        if repeated:
+            results = self.generate_error_results(commands, f"call_id(s) {', '.join(map(str, repeated))} "
+                                                            "appear more than once in the batch; nothing was sent")
+            self._audit(commands, results, response_id)
+            return results
+        message = ServerMessage(type=ServerMessageType.COMMAND, response_id=response_id, actions=list(commands),
+                                timeout=timeout, early_exit=early_exit, session_id=self.session_id,
+                                agent_name=self.agent_name, process_name=self.process_name,
+                                root_name=self.root_name)
+        batch: PendingBatch | None = None
+        self._inflight.add(response_id)
+        try:
+            async with asyncio.timeout(timeout):
+                batch = await self.hub.send_batch(self.device, message, on_event=self.on_event)
+                await batch.done.wait()
+        except TimeoutError:
+            await self.hub.cancel(response_id, f"timed out after {timeout:g}s")
+        except asyncio.CancelledError:  # our caller gave up: the device must stop too
+            await self.hub.cancel(response_id, "the caller cancelled the batch")
+            if batch is not None:
+                self._audit(commands, self._collect(commands, batch), response_id)
+            raise
+        finally:
+            self._inflight.discard(response_id)
+        results = self._collect(commands, batch) if batch is not None else \
+            self.generate_error_results(commands, f"timed out after {timeout:g}s before the batch was sent")
+        self._audit(commands, results, response_id)
+        return results
+
+    async def cancel(self) -> None:
+        """Cancel this dispatcher's in-flight batches; their callers get what finished plus failures."""
+        for response_id in list(self._inflight):
+            await self.hub.cancel(response_id, "cancelled")
+
+    def _collect(self, commands: list[Command], batch: PendingBatch) -> list[Result]:
+        """One result per command, in command order: the device's, or a failure saying why there is none."""
+        results = []
+        for command in commands:
+            result = batch.results.get(command.call_id or "")
+            if result is None:
+                [result] = self.generate_error_results([command], batch.error or "no result")
+            results.append(result)
+        return results
+
+    def _audit(self, commands: list[Command], results: list[Result], response_id: str) -> None:
+        try:
+            self.hub.store.audit_many(
+                (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, r.status.value, r.error,
+                 response_id) for c, r in zip(commands, results, strict=True))
+        except Exception:
+            logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)

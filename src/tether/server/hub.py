@@ -1,0 +1,589 @@
+"""`DeviceHub`: the server end of AIP — one WebSocket per device, the batches in flight, liveness.
+
+The hub is the only place where connections, pending batches and the registry meet, so every
+rule about whom to trust lives here: a device is who its token says; results count only when
+they come from the device the batch went to and answer a `call_id` still outstanding; a
+dropped device keeps its batches for `grace_period` so a reconnection loses nothing. It never
+raises for anything a device sends — a bad frame gets an ERROR reply and the loop goes on.
+
+The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
+`aip_route` adapts a Starlette WebSocket to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from tether.protocol.codec import FrameError, decode_client_message, encode
+from tether.protocol.messages import (
+    ClientMessage,
+    ClientMessageType,
+    Event,
+    RegisterAck,
+    Registration,
+    ServerMessage,
+    ServerMessageType,
+    TaskStatus,
+)
+from tether.protocol.models import Result
+from tether.protocol.profile import DeviceProfile
+from tether.server.dispatcher import WebSocketCommandDispatcher
+from tether.server.registry import DeviceRecord, DeviceRegistry
+from tether.server.settings import ServerSettings
+from tether.server.store import Store, TokenInfo
+
+logger = logging.getLogger(__name__)
+
+CLOSE_GOING_AWAY = 1001  # the server shuts down
+CLOSE_REPLACED = 4000  # a newer connection of the same device took over
+CLOSE_HEARTBEAT_TIMEOUT = 4001  # the device fell silent; it may reconnect
+CLOSE_BAD_REGISTRATION = 4400  # first frame not a valid REGISTER, wrong protocol version, no frame in time
+CLOSE_UNAUTHORIZED = 4401  # missing, unknown or revoked token, or not a device token
+CLOSE_WRONG_DEVICE = 4403  # the registration claims another device than the token's
+CLOSE_DUPLICATE = 4409  # another live process of this device is connected
+_FINISHED_MEMORY = 4096  # finished batches remembered so their late results are logged as late
+
+
+class SocketClosed(Exception):
+    def __init__(self, code: int = 1006, reason: str = "") -> None:
+        super().__init__(f"socket closed ({code}{': ' + reason if reason else ''})")
+        self.code = code
+        self.reason = reason
+
+
+class AIPSocket(Protocol):
+    """The three things the hub needs from a WebSocket; `receive_text` raises `SocketClosed`."""
+
+    async def send_text(self, data: str) -> None: ...
+    async def receive_text(self) -> str: ...
+    async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
+@dataclass(eq=False)
+class _Connection:
+    name: str
+    socket: AIPSocket
+    instance_id: str
+    token_id: str
+    record: DeviceRecord
+    last_seen: float  # monotonic: liveness must not jump with the wall clock
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one writer at a time per socket
+    ready: bool = False  # REGISTER_ACK sent: commands may follow
+    dropped: bool = False
+    closer: asyncio.Task[None] | None = None  # the hub's close of this socket, awaited before serve returns
+
+
+@dataclass(eq=False)
+class PendingBatch:
+    """A batch the hub waits on. `done` is set once: all results in, or `error` says why not."""
+
+    response_id: str
+    device: str
+    message: ServerMessage
+    on_event: Callable[[Event], None] | None = None
+    results: dict[str, Result] = field(default_factory=dict)
+    outstanding: set[str] = field(default_factory=set)
+    error: str | None = None
+    sent: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class DeviceHub:
+    def __init__(self, store: Store, settings: ServerSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.registry = DeviceRegistry()
+        self._conns: dict[str, _Connection] = {}
+        self._batches: dict[str, PendingBatch] = {}
+        self._finished: OrderedDict[str, str] = OrderedDict()  # response_id -> device
+        self._grace: dict[str, asyncio.TimerHandle] = {}
+        self._cancels: dict[str, list[str]] = {}  # CANCELs waiting for a disconnected device
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._liveness: asyncio.Task[None] | None = None
+        self._closed = False
+
+    # -- life ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load known devices (listed as offline until they connect) and start the liveness watch."""
+        for stored in self.store.list_devices():
+            record = self.registry.ensure(stored.name)
+            record.last_seen = record.last_seen or stored.last_seen
+            if record.profile is None and stored.profile is not None:
+                try:
+                    record.profile = DeviceProfile.model_validate(stored.profile)
+                except ValidationError:
+                    logger.warning("stored profile of device %s is unreadable; ignored", stored.name)
+        self._liveness = asyncio.create_task(self._watch_liveness(), name="tether-hub-liveness")
+
+    async def aclose(self) -> None:
+        """Fail what is pending, close every device socket (1001) and stop the timers."""
+        self._closed = True
+        if self._liveness is not None:
+            self._liveness.cancel()
+        for handle in self._grace.values():
+            handle.cancel()
+        self._grace.clear()
+        for batch in list(self._batches.values()):
+            self._finish(batch, "the server is shutting down")
+        for conn in list(self._conns.values()):
+            self._drop(conn, "server shutdown", grace=False)
+            self._close_conn(conn, CLOSE_GOING_AWAY, "server shutting down")
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def dispatcher(self, device: str, *, session_id: str | None = None, agent_name: str | None = None,
+                   process_name: str | None = None, root_name: str | None = None,
+                   on_event: Callable[[Event], None] | None = None,
+                   requested_by: str = "unknown") -> WebSocketCommandDispatcher:
+        return WebSocketCommandDispatcher(self, device, session_id=session_id, agent_name=agent_name,
+                                          process_name=process_name, root_name=root_name, on_event=on_event,
+                                          requested_by=requested_by)
+
+    def connected(self, device: str) -> bool:
+        return device in self._conns
+
+    def revoke_token(self, id_or_name: str) -> int:
+        """Revoke tokens (see `Store.revoke_token`) and disconnect their devices at once. Revocations
+        made elsewhere (`tether token revoke` on the same database) are found by the liveness watch."""
+        count = self.store.revoke_token(id_or_name)
+        if count:
+            self._enforce_revocations()
+        return count
+
+    def _enforce_revocations(self) -> None:
+        active = self.store.active_token_ids()
+        for conn in [c for c in self._conns.values() if c.token_id not in active]:
+            self._drop(conn, "its token was revoked", grace=False)
+            self._fail_device(conn.name, f"the token of device {conn.name} was revoked")
+            self._close_conn(conn, CLOSE_UNAUTHORIZED, "unauthorized: token revoked")
+
+    # -- one connection --------------------------------------------------------------------------
+
+    async def serve(self, socket: AIPSocket, authorization: str | None, peer: str | None = None) -> None:
+        """Run one device connection from registration to cleanup. Never raises for what a device does."""
+        conn: _Connection | None = None
+        if self._closed:
+            await self._close(socket, CLOSE_GOING_AWAY, "server shutting down")
+            return
+        try:
+            conn = await self._register(socket, authorization, peer)
+            if conn is not None:
+                await self._receive_loop(conn)
+        except Exception:
+            logger.exception("device connection from %s failed", peer)
+        finally:
+            if conn is not None:
+                self._drop(conn, "disconnected")
+                if conn.closer is not None:  # let the close code reach the device before the socket goes
+                    await asyncio.wait([conn.closer])
+
+    async def _register(self, socket: AIPSocket, authorization: str | None, peer: str | None) -> _Connection | None:
+        settings = self.settings
+        try:
+            async with asyncio.timeout(settings.register_timeout):
+                frame = await socket.receive_text()
+        except TimeoutError:
+            return await self._refuse(socket, CLOSE_BAD_REGISTRATION, peer,
+                                      f"no register frame within {settings.register_timeout:g}s")
+        except SocketClosed:
+            return None
+        token = self._authenticate(authorization)
+        if isinstance(token, str):
+            return await self._refuse(socket, CLOSE_UNAUTHORIZED, peer, token)
+        try:
+            msg = decode_client_message(frame, settings.max_frame_bytes)
+            if msg.type is not ClientMessageType.REGISTER:
+                raise FrameError("not_register", f"the first frame must be a register message, not {msg.type.value}")
+            reg = Registration.model_validate(msg.payload)
+        except FrameError as exc:
+            return await self._refuse(socket, CLOSE_BAD_REGISTRATION, peer, f"registration refused: {exc}")
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+            return await self._refuse(socket, CLOSE_BAD_REGISTRATION, peer, f"invalid registration: {problems}")
+        name = token.name
+        if reg.name is not None and reg.name != name:
+            return await self._refuse(socket, CLOSE_WRONG_DEVICE, peer, f"this token belongs to device '{name}' "
+                                      f"but the registration claims to be '{reg.name}'")
+        now = time.monotonic()
+        old = self._conns.get(name)
+        if old is not None and old.instance_id != reg.instance_id \
+                and now - old.last_seen < settings.heartbeat_timeout:
+            return await self._refuse(socket, CLOSE_DUPLICATE, peer, (
+                f"device '{name}' is already connected from {old.record.address or 'elsewhere'} (another process, "
+                f"heard from {now - old.last_seen:.1f}s ago); stop it or wait {settings.heartbeat_timeout:g}s"))
+        record = self.registry.ensure(name)
+        resumed = record.instance_id == reg.instance_id
+        if old is not None:  # same process reconnecting, or a stale one: the new connection wins
+            self._drop(old, "replaced", grace=False)
+            self._close_conn(old, CLOSE_REPLACED, "replaced by a new connection")
+        if record.instance_id is not None and not resumed:
+            self._cancels.pop(name, None)
+            self._fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
+        self._stop_grace(name)
+        conn = _Connection(name, socket, reg.instance_id, token.id, record, now)
+        self._conns[name] = conn
+        record.connected, record.profile, record.instance_id, record.address = True, reg.profile, reg.instance_id, peer
+        record.connected_at = record.last_seen = time.time()
+        record.running = 0
+        self._remember(name, reg.profile.model_dump_json(), record.last_seen)
+        self.registry.notify()
+        ack = RegisterAck(device=name, heartbeat_interval=settings.heartbeat_interval,
+                          heartbeat_timeout=settings.heartbeat_timeout, grace_period=settings.grace_period,
+                          max_frame_bytes=settings.max_frame_bytes, resumed=resumed)
+        await self._send(conn, ServerMessage(type=ServerMessageType.REGISTER_ACK, status=TaskStatus.OK,
+                                             payload=ack.model_dump()))
+        conn.ready = True
+        logger.info("device %s registered from %s (instance %s%s)", name, peer, reg.instance_id,
+                    ", resumed" if resumed else "")
+        await self._flush(conn)
+        return conn
+
+    def _authenticate(self, authorization: str | None) -> TokenInfo | str:
+        """The device token's info, or why the connection is unauthorized."""
+        if not authorization:
+            return "unauthorized: no token; send the header 'Authorization: Bearer <device token>'"
+        scheme, _, secret = authorization.strip().partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            return "unauthorized: the Authorization header must be 'Bearer <device token>'"
+        info = self.store.verify_token(secret.strip())
+        if info is None:
+            return "unauthorized: unknown or revoked device token"
+        if info.kind != "device":
+            return "unauthorized: an API token cannot register a device; use 'tether token create --device NAME'"
+        return info
+
+    async def _refuse(self, socket: AIPSocket, code: int, peer: str | None, error: str) -> None:
+        logger.warning("refused device connection from %s (%d): %s", peer, code, error)
+        try:
+            await socket.send_text(encode(ServerMessage(type=ServerMessageType.REGISTER_REFUSED,
+                                                        status=TaskStatus.ERROR, error=error)))
+        except SocketClosed:
+            pass
+        await self._close(socket, code, error)
+
+    async def _receive_loop(self, conn: _Connection) -> None:
+        while not conn.dropped:
+            try:
+                frame = await conn.socket.receive_text()
+            except SocketClosed:
+                return
+            if conn.dropped:
+                return
+            conn.last_seen = time.monotonic()
+            conn.record.last_seen = time.time()
+            try:
+                msg = decode_client_message(frame, self.settings.max_frame_bytes)
+            except FrameError as exc:
+                logger.warning("bad frame from device %s: %s", conn.name, exc)
+                await self._error(conn, str(exc), exc.reason)
+                continue
+            try:
+                await self._handle(conn, msg)
+            except Exception:
+                logger.exception("error handling a %s frame from device %s", msg.type.value, conn.name)
+                await self._error(conn, f"the server failed to handle this {msg.type.value} frame", "internal")
+
+    async def _handle(self, conn: _Connection, msg: ClientMessage) -> None:
+        kind = msg.type
+        if kind is ClientMessageType.COMMAND_RESULTS:
+            self._accept_results(conn, msg)
+        elif kind is ClientMessageType.HEARTBEAT:
+            running = (msg.payload or {}).get("running", 0)
+            if type(running) is int and running >= 0 and running != conn.record.running:
+                conn.record.running = running
+                self.registry.notify()
+            await self._send(conn, ServerMessage(type=ServerMessageType.HEARTBEAT, status=TaskStatus.OK))
+        elif kind is ClientMessageType.EVENT:
+            try:
+                event = Event.model_validate(msg.payload)
+            except ValidationError as exc:
+                await self._error(conn, f"invalid event payload: {exc.errors()[0]['msg']}", "invalid")
+                return
+            batch = self._batches.get(event.response_id or "")
+            if batch is None or batch.device != conn.name or not batch.sent:
+                logger.debug("dropped event %s from device %s for batch %s", event.kind, conn.name, event.response_id)
+            elif batch.on_event is not None:
+                try:
+                    batch.on_event(event)
+                except Exception:
+                    logger.exception("on_event callback of batch %s failed", batch.response_id)
+        elif kind is ClientMessageType.DEVICE_INFO:
+            try:
+                conn.record.profile = DeviceProfile.model_validate(msg.payload or {})
+            except ValidationError as exc:
+                await self._error(conn, f"invalid device_info payload: {exc.errors()[0]['msg']}", "invalid")
+                return
+            self._remember(conn.name, conn.record.profile.model_dump_json(), conn.record.last_seen)
+            self.registry.notify()
+        elif kind is ClientMessageType.ERROR:
+            batch = self._batches.get(msg.prev_response_id or "")
+            logger.warning("device %s reported an error%s: %s", conn.name,
+                           f" for batch {msg.prev_response_id}" if msg.prev_response_id else "", msg.error)
+            if batch is not None and batch.device == conn.name and batch.sent:
+                self._finish(batch, f"device {conn.name} reported: {msg.error or 'an error'}")
+        else:  # REGISTER again
+            await self._error(conn, f"already registered as {conn.name}; register only as the first frame",
+                              "unexpected")
+
+    def _accept_results(self, conn: _Connection, msg: ClientMessage) -> None:
+        rid = msg.prev_response_id or ""
+        batch = self._batches.get(rid)
+        results = msg.action_results or []
+        if batch is None or batch.device != conn.name or not batch.sent:
+            if self._finished.get(rid) == conn.name:
+                logger.warning("late results from device %s for finished batch %s ignored (call_ids %s)",
+                               conn.name, rid, [r.call_id for r in results])
+            else:
+                logger.warning("refused results from device %s for batch %s: no such batch was sent to it",
+                               conn.name, rid)
+            return
+        for result in results:
+            if result.call_id in batch.outstanding:
+                batch.outstanding.discard(result.call_id)
+                batch.results[result.call_id] = result
+            else:
+                logger.warning("ignored result from device %s for call_id %s of batch %s: not outstanding",
+                               conn.name, result.call_id, rid)
+        if not batch.outstanding:
+            self._finish(batch)
+        elif msg.status in (TaskStatus.FAILED, TaskStatus.ERROR):
+            self._finish(batch, f"device {conn.name} failed the batch: {msg.error or 'no reason given'}")
+        elif msg.status is TaskStatus.COMPLETED:
+            self._finish(batch, f"device {conn.name} completed the batch without a result for this command")
+
+    # -- batches ---------------------------------------------------------------------------------
+
+    async def send_batch(self, device: str, message: ServerMessage, *,
+                         on_event: Callable[[Event], None] | None = None) -> PendingBatch:
+        """Register a COMMAND batch and send it, or queue it while `device` is within its grace period.
+
+        Returns a batch already `done` (with `error`) when the device is offline or unknown.
+        """
+        call_ids = [c.call_id for c in message.actions or [] if c.call_id]
+        batch = PendingBatch(message.response_id, device, message, on_event, outstanding=set(call_ids))
+        conn = self._conns.get(device)
+        if self._closed:
+            batch.error = "the server is shutting down"
+        elif message.response_id in self._batches:
+            batch.error = f"response_id {message.response_id} is already in use"
+        elif conn is None and device not in self._grace:
+            batch.error = (f"device {device} is offline" if self.registry.get(device)
+                           else f"no device named {device} has registered")
+        if batch.error is not None:
+            batch.done.set()
+            return batch
+        self._batches[batch.response_id] = batch
+        self.registry.ensure(device).inflight += 1
+        self.registry.notify()
+        if conn is not None and conn.ready:
+            await self._send_command(conn, batch)
+        return batch
+
+    async def cancel(self, response_id: str, reason: str = "cancelled") -> bool:
+        """Finish the batch with `reason` for its unfinished commands and tell the device to stop it.
+
+        A device that is away gets the CANCEL when it comes back (same process, within grace)."""
+        batch = self._batches.get(response_id)
+        if batch is None:
+            return False
+        self._finish(batch, reason)
+        if batch.sent:
+            conn = self._conns.get(batch.device)
+            frame = ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK)
+            if conn is None or not conn.ready or not await self._send(conn, frame):
+                self._cancels.setdefault(batch.device, []).append(response_id)
+        return True
+
+    async def _send_command(self, conn: _Connection, batch: PendingBatch) -> None:
+        batch.sent = True  # before the await, so a concurrent flush does not send it twice
+        if not await self._send(conn, batch.message):
+            batch.sent = False  # it goes out again after the reconnection
+
+    async def _flush(self, conn: _Connection) -> None:
+        """After a (re)registration: send the batches queued while the device was away, then CANCELs."""
+        for batch in [b for b in self._batches.values() if b.device == conn.name and not b.sent]:
+            if not batch.done.is_set():
+                await self._send_command(conn, batch)
+        for response_id in self._cancels.pop(conn.name, []):
+            await self._send(conn, ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id,
+                                                 status=TaskStatus.OK))
+
+    def _finish(self, batch: PendingBatch, error: str | None = None) -> None:
+        if batch.done.is_set():
+            return
+        self._batches.pop(batch.response_id, None)
+        self._finished[batch.response_id] = batch.device
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+        if batch.outstanding:
+            batch.error = error or "the device sent no result for this command"
+        batch.done.set()
+        record = self.registry.get(batch.device)
+        if record is not None:
+            record.inflight = max(0, record.inflight - 1)
+            self.registry.notify()
+
+    def _fail_device(self, device: str, error: str, *, sent_only: bool = False) -> None:
+        for batch in [b for b in self._batches.values() if b.device == device and (b.sent or not sent_only)]:
+            self._finish(batch, error)
+
+    # -- liveness and disconnection --------------------------------------------------------------
+
+    def _drop(self, conn: _Connection, why: str, *, grace: bool = True) -> None:
+        """Forget a connection (idempotent); its device goes offline and its batches wait for grace."""
+        if conn.dropped:
+            return
+        conn.dropped, conn.ready = True, False
+        if self._conns.get(conn.name) is not conn:
+            return
+        del self._conns[conn.name]
+        record = conn.record
+        record.connected, record.running, record.last_seen = False, 0, time.time()
+        self._remember(conn.name, None, record.last_seen)
+        if grace and not self._closed:
+            self._stop_grace(conn.name)
+            if self.settings.grace_period > 0:
+                self._grace[conn.name] = asyncio.get_running_loop().call_later(
+                    self.settings.grace_period, self._grace_expired, conn.name)
+            else:
+                self._grace_expired(conn.name)
+        self.registry.notify()
+        logger.info("device %s offline: %s", conn.name, why)
+
+    def _grace_expired(self, device: str) -> None:
+        self._grace.pop(device, None)
+        if device in self._conns:
+            return
+        self._cancels.pop(device, None)
+        self._fail_device(device, f"device {device} disconnected and did not come back within the "
+                                  f"{self.settings.grace_period:g}s grace period")
+
+    def _stop_grace(self, device: str) -> None:
+        handle = self._grace.pop(device, None)
+        if handle is not None:
+            handle.cancel()
+
+    async def _watch_liveness(self) -> None:
+        settings = self.settings
+        every = max(0.01, min(settings.heartbeat_interval, settings.heartbeat_timeout / 4))
+        checked_tokens = time.monotonic()
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            if now - checked_tokens >= settings.heartbeat_interval and self._conns:
+                checked_tokens = now
+                try:
+                    self._enforce_revocations()
+                except Exception:
+                    logger.exception("checking for revoked device tokens failed")
+            for conn in list(self._conns.values()):
+                silent = now - conn.last_seen
+                if silent > settings.heartbeat_timeout:
+                    try:
+                        self._drop(conn, f"no frame for {silent:.1f}s (timeout {settings.heartbeat_timeout:g}s)")
+                        self._close_conn(conn, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
+                    except Exception:  # the watch must outlive any one device
+                        logger.exception("liveness check of device %s failed", conn.name)
+
+    # -- plumbing --------------------------------------------------------------------------------
+
+    async def _send(self, conn: _Connection, message: ServerMessage) -> bool:
+        text = encode(message)
+        try:
+            async with conn.lock:
+                await conn.socket.send_text(text)
+            return True
+        except SocketClosed:
+            return False
+        except Exception as exc:
+            logger.warning("sending to device %s failed: %s", conn.name, exc)
+            return False
+
+    async def _error(self, conn: _Connection, error: str, reason: str) -> None:
+        await self._send(conn, ServerMessage(type=ServerMessageType.ERROR, status=TaskStatus.ERROR, error=error,
+                                             payload={"reason": reason}))
+
+    async def _close(self, socket: AIPSocket, code: int, reason: str) -> None:
+        short = reason.encode("utf-8")[:120].decode("utf-8", "ignore")  # close reasons are ≤ 123 bytes
+        try:
+            async with asyncio.timeout(5):
+                await socket.close(code, short)
+        except (SocketClosed, TimeoutError):
+            pass
+        except Exception as exc:
+            logger.debug("closing a device socket failed: %s", exc)
+
+    def _remember(self, device: str, profile_json: str | None, last_seen: float) -> None:
+        try:
+            self.store.upsert_device(device, profile_json, last_seen)
+        except Exception:
+            logger.exception("could not store device %s", device)
+
+    def _close_conn(self, conn: _Connection, code: int, reason: str) -> None:
+        """Close a connection's socket now, from outside its receive loop (which may be blocked)."""
+        if conn.closer is None:
+            conn.closer = asyncio.ensure_future(self._close(conn.socket, code, reason))
+            self._tasks.add(conn.closer)
+            conn.closer.add_done_callback(self._tasks.discard)
+
+
+class StarletteSocket:
+    """`AIPSocket` over a Starlette WebSocket; every way the socket can be gone becomes `SocketClosed`."""
+
+    def __init__(self, websocket: WebSocket) -> None:
+        self.websocket = websocket
+        self.closed = False
+
+    async def send_text(self, data: str) -> None:
+        try:
+            await self.websocket.send_text(data)
+        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
+            raise SocketClosed(getattr(exc, "code", 1006)) from None
+
+    async def receive_text(self) -> str:
+        try:
+            message = await self.websocket.receive()
+        except (RuntimeError, OSError):
+            raise SocketClosed() from None
+        if message["type"] == "websocket.disconnect":
+            raise SocketClosed(message.get("code", 1005), message.get("reason") or "")
+        text = message.get("text")
+        if text is None:  # a binary frame: let the codec judge it like any other
+            return (message.get("bytes") or b"").decode("utf-8", "replace")
+        return text
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        if self.closed:  # the first close wins: its code is the one the device must see
+            return
+        self.closed = True
+        try:
+            await self.websocket.close(code, reason)
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            pass
+
+
+def aip_route(hub: DeviceHub, path: str = "/aip") -> WebSocketRoute:
+    """The AIP endpoint: accept, then let the hub run the connection for its whole life."""
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await websocket.accept()
+        client = websocket.client
+        peer = f"{client.host}:{client.port}" if client else None
+        socket = StarletteSocket(websocket)
+        try:
+            await hub.serve(socket, websocket.headers.get("authorization"), peer)
+        finally:
+            await socket.close(1000)
+
+    return WebSocketRoute(path, endpoint, name="aip")

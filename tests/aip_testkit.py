@@ -1,0 +1,179 @@
+"""A real agent server in-process (uvicorn on 127.0.0.1) and a scripted AIP device over raw `websockets`.
+
+The scripted device is deliberately not tether's device client: it sends exactly the frames a
+test says, so the tests pin down the server's side of the protocol and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+
+from tether.protocol.codec import decode_server_message, encode
+from tether.protocol.messages import (
+    ClientMessage,
+    ClientMessageType,
+    Registration,
+    ServerMessage,
+    ServerMessageType,
+    TaskStatus,
+)
+from tether.protocol.models import Command, Result, ResultStatus
+from tether.protocol.profile import DeviceProfile
+from tether.server.hub import DeviceHub, aip_route
+from tether.server.settings import ServerSettings
+from tether.server.store import Store
+
+WAIT = 5.0  # upper bound for anything that should happen "now"; never a sleep
+
+
+class Running:
+    def __init__(self, hub: DeviceHub, store: Store, server: uvicorn.Server, task: asyncio.Task, port: int) -> None:
+        self.hub, self.store, self.server, self.task, self.port = hub, store, server, task, port
+        self.url = f"ws://127.0.0.1:{port}/aip"
+
+    def token(self, name: str) -> str:
+        return self.store.create_token("device", name)[1]
+
+    def device(self, name: str, **kwargs: Any) -> FakeDevice:
+        return FakeDevice(self.url, self.token(name), name=name, **kwargs)
+
+    async def stop(self) -> None:
+        await self.hub.aclose()
+        self.server.should_exit = True
+        await asyncio.wait_for(self.task, 15)
+        self.store.close()
+
+
+class ServerFactory:
+    """Starts servers with test settings (short timers where a test needs them) and stops them all."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.running: list[Running] = []
+
+    async def start(self, ws_max_size: int = 1 << 20, **overrides: Any) -> Running:
+        values: dict[str, Any] = {"db_path": self.tmp_path / f"server{len(self.running)}.db",
+                                  "heartbeat_interval": 5.0, "heartbeat_timeout": 30.0, "grace_period": 5.0,
+                                  "register_timeout": 5.0, "max_frame_bytes": 4096}
+        settings = ServerSettings(**{**values, **overrides})
+        store = Store(settings.db_path)
+        hub = DeviceHub(store, settings)
+        await hub.start()
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))  # bound here: no race for a "free" port
+        port = sock.getsockname()[1]
+        config = uvicorn.Config(Starlette(routes=[aip_route(hub)]), lifespan="off", log_config=None,
+                                log_level="warning", ws_max_size=ws_max_size, ws_ping_interval=None)
+        server = uvicorn.Server(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        for _ in range(int(WAIT / 0.01)):  # uvicorn offers no event for "started"
+            if server.started or task.done():
+                break
+            await asyncio.sleep(0.01)
+        assert server.started, "uvicorn did not start"
+        running = Running(hub, store, server, task, port)
+        self.running.append(running)
+        return running
+
+    async def stop_all(self) -> None:
+        for running in self.running:
+            await running.stop()
+
+
+def ok(command: Command) -> Result:
+    return Result(status=ResultStatus.SUCCESS, result={"tool": command.tool_name, "args": command.parameters},
+                  call_id=command.call_id)
+
+
+class FakeDevice:
+    """One scripted device connection. Every wait is bounded by WAIT."""
+
+    def __init__(self, url: str, token: str | None, *, name: str | None = None, instance_id: str | None = None,
+                 profile: DeviceProfile | None = None) -> None:
+        self.url, self.token, self.name = url, token, name
+        self.instance_id = instance_id or uuid.uuid4().hex
+        self.profile = profile or DeviceProfile()
+        self.ws: ClientConnection | None = None
+
+    async def connect(self, authorization: str | None = None) -> None:
+        header = authorization if authorization is not None else (f"Bearer {self.token}" if self.token else None)
+        headers = {"Authorization": header} if header else {}
+        self.ws = await connect(self.url, additional_headers=headers, ping_interval=None, max_size=None,
+                                open_timeout=WAIT)
+
+    async def register(self, *, claim: str | None = "same", **frame: Any) -> ServerMessage:
+        """Connect and send REGISTER; returns the server's answer (ack or refusal)."""
+        if self.ws is None:
+            await self.connect()
+        reg = Registration(name=self.name if claim == "same" else claim, instance_id=self.instance_id,
+                           profile=self.profile)
+        await self.send(ClientMessage(type=ClientMessageType.REGISTER, payload=reg.model_dump(), **frame))
+        return await self.recv()
+
+    async def send(self, message: BaseModel | str | bytes) -> None:
+        assert self.ws is not None
+        await self.ws.send(encode(message) if isinstance(message, BaseModel) else message)
+
+    async def recv(self) -> ServerMessage:
+        assert self.ws is not None
+        return decode_server_message(await asyncio.wait_for(self.ws.recv(), WAIT), 1 << 30)
+
+    async def expect(self, kind: ServerMessageType) -> ServerMessage:
+        """The next frame of `kind`, skipping heartbeat replies."""
+        while True:
+            message = await self.recv()
+            if message.type is kind:
+                return message
+            assert message.type is ServerMessageType.HEARTBEAT, f"expected {kind.value}, got {message}"
+
+    async def close_code(self) -> tuple[int, str]:
+        """Wait for the server to close the socket; returns its close code and reason."""
+        assert self.ws is not None
+        try:
+            while True:
+                await asyncio.wait_for(self.ws.recv(), WAIT)
+        except ConnectionClosed as exc:
+            assert exc.rcvd is not None, f"closed without a close frame: {exc}"
+            return exc.rcvd.code, exc.rcvd.reason
+
+    async def sync(self, running: int = 0) -> None:
+        """A heartbeat round trip: once it returns, the server has handled every earlier frame."""
+        await self.send(ClientMessage(type=ClientMessageType.HEARTBEAT, payload={"running": running}))
+        await self.expect(ServerMessageType.HEARTBEAT)
+
+    async def results(self, response_id: str, results: list[Result],
+                      status: TaskStatus = TaskStatus.COMPLETED, **frame: Any) -> None:
+        await self.send(ClientMessage(type=ClientMessageType.COMMAND_RESULTS, prev_response_id=response_id,
+                                      action_results=results, status=status, **frame))
+
+    async def answer_one(self, answer: Callable[[Command], Result] = ok) -> ServerMessage:
+        command = await self.expect(ServerMessageType.COMMAND)
+        await self.results(command.response_id, [answer(c) for c in command.actions or []])
+        return command
+
+    def serve_forever(self, answer: Callable[[Command], Result] = ok) -> asyncio.Task:
+        async def loop() -> None:
+            while True:
+                await self.answer_one(answer)
+
+        return asyncio.create_task(loop())
+
+    async def close(self) -> None:
+        if self.ws is not None:
+            await self.ws.close()
+
+    def abort(self) -> None:
+        """Drop the TCP connection without a closing handshake, as a network failure would."""
+        assert self.ws is not None
+        self.ws.transport.abort()

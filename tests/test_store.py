@@ -1,0 +1,118 @@
+"""The server's SQLite store: hashed tokens, scopes, revocation, known devices, the audit log; settings."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+from pydantic import ValidationError
+
+from tether.server.settings import ServerSettings, is_loopback
+from tether.server.store import Store, hash_token
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = Store(tmp_path / "state" / "server.db")
+    yield s
+    s.close()
+
+
+def test_tokens_are_stored_hashed_never_in_clear(store, tmp_path):
+    info, secret = store.create_token("device", "laptop")
+    assert secret.startswith("tdev_") and len(secret) > 40 and info.kind == "device" and info.scopes == []
+    api_info, api_secret = store.create_token("api", "ops", ["execute", "read", "read"])
+    assert api_secret.startswith("tapi_") and api_info.scopes == ["execute", "read"]
+    raw = b"".join(p.read_bytes() for p in (tmp_path / "state").iterdir())
+    assert secret.encode() not in raw and api_secret.encode() not in raw
+    assert hash_token(secret).encode() in raw  # what is kept instead
+    assert (tmp_path / "state" / "server.db").stat().st_mode & 0o777 == 0o600
+
+
+def test_verify_and_revoke_by_id_or_name(store):
+    laptop, secret = store.create_token("device", "laptop")
+    _, rotated = store.create_token("device", "laptop")  # rotation: two live tokens for one device
+    other, other_secret = store.create_token("device", "box")
+    verified = store.verify_token(secret)
+    assert verified.id == laptop.id and verified.name == "laptop" and verified.last_used_at is not None
+    assert store.verify_token("tdev_wrong") is None and store.verify_token("") is None
+    assert store.revoke_token(laptop.id) == 1
+    assert store.verify_token(secret) is None and store.verify_token(rotated) is not None
+    assert store.revoke_token("laptop") == 1 and store.revoke_token("laptop") == 0
+    assert store.verify_token(rotated) is None and store.verify_token(other_secret).id == other.id
+    listed = {t.id: t for t in store.list_tokens()}
+    assert len(listed) == 3 and listed[laptop.id].revoked_at is not None and listed[other.id].active
+
+
+@pytest.mark.parametrize("kind, name, scopes, error", [
+    ("api", "ops", ["root"], "unknown scope(s) root"),
+    ("device", "laptop", ["read"], "device tokens have no scopes"),
+    ("device", "", [], "invalid token name"),
+    ("device", "../etc", [], "invalid token name"),
+    ("robot", "x", [], "token kind must be"),
+])
+def test_token_validation(store, kind, name, scopes, error):
+    with pytest.raises(ValueError, match=error.replace("(", r"\(").replace(")", r"\)")):
+        store.create_token(kind, name, scopes)
+
+
+def test_api_scopes_and_what_they_allow(store):
+    reader, _ = store.create_token("api", "viewer")
+    assert reader.scopes == ["read"] and reader.allows("read") and not reader.allows("execute")
+    runner, _ = store.create_token("api", "runner", ["execute"])
+    assert runner.allows("read") and runner.allows("execute") and not runner.allows("admin")
+    admin, _ = store.create_token("api", "root", ["admin"])
+    assert all(admin.allows(s) for s in ("read", "execute", "admin"))
+    device, _ = store.create_token("device", "laptop")
+    assert not device.allows("read")
+
+
+def test_devices_persist_and_keep_their_profile(store, tmp_path):
+    store.upsert_device("laptop", '{"os": {"platform": "linux"}}', 100.0)
+    store.upsert_device("laptop", None, 200.0)  # a disconnect: new last_seen, same profile
+    [device] = store.list_devices()
+    assert device.profile == {"os": {"platform": "linux"}} and device.last_seen == 200.0 and device.first_seen == 100.0
+    store.close()
+    reopened = Store(tmp_path / "state" / "server.db")
+    assert reopened.list_devices()[0].name == "laptop" and reopened.schema_version == 1
+    reopened.close()
+
+
+def test_audit_rows(store):
+    store.audit("api:ops", "laptop", "c1", "shell.run", {"argv": ["ls"]}, "success", None, "r1")
+    store.audit_many([("agent", "box", "c2", "files.write", {"content": "x" * 50_000}, "failure", "denied", "r2")])
+    newest, oldest = store.audit_rows()
+    assert (newest["device"], newest["status"], newest["error"]) == ("box", "failure", "denied")
+    assert "truncated" in newest["arguments"] and len(newest["arguments"]) < 17_000
+    assert (oldest["requested_by"], oldest["tool_name"], oldest["call_id"], oldest["response_id"]) == (
+        "api:ops", "shell.run", "c1", "r1")
+    assert [r["device"] for r in store.audit_rows(device="laptop")] == ["laptop"]
+    assert len(store.audit_rows(limit=1)) == 1
+
+
+def test_a_newer_schema_is_refused(tmp_path):
+    path = tmp_path / "future.db"
+    Store(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("INSERT INTO schema_version (version) VALUES (99)")
+    with pytest.raises(RuntimeError, match="schema version 99"):
+        Store(path)
+
+
+@pytest.mark.parametrize("host, loopback", [
+    ("127.0.0.1", True), ("127.8.0.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
+    ("0.0.0.0", False), ("::", False), ("192.168.1.5", False), ("example.com", False), ("", False),
+])
+def test_is_loopback(host, loopback):
+    assert is_loopback(host) is loopback
+
+
+def test_settings_defaults_and_checks(tmp_path, monkeypatch):
+    monkeypatch.setenv("TETHER_STATE_DIR", str(tmp_path))
+    settings = ServerSettings()
+    assert (settings.host, settings.port, settings.max_frame_bytes) == ("127.0.0.1", 8765, 8 * 1024 * 1024)
+    assert settings.db_path == tmp_path / "server.db" and settings.loopback and not settings.tls
+    with pytest.raises(ValidationError, match="must exceed heartbeat_interval"):
+        ServerSettings(heartbeat_interval=5, heartbeat_timeout=5)
+    with pytest.raises(ValidationError, match="together"):
+        ServerSettings(tls_cert="cert.pem")
