@@ -1,0 +1,268 @@
+"""`BatchRunner`: the device's side of a COMMAND — one batch at a time, in arrival order, exactly once.
+
+Seed 001 runs one task at a time under `task_lock`; here that is a queue and one task per batch,
+started in arrival order, so the connection's reader stays free to answer heartbeats and
+cancellations while a batch runs.
+Batches belong to the runner, not to a connection: a dropped socket does not cancel work, and
+the results land in the outbox to be delivered after the next registration.
+
+Each result goes out as soon as it exists (one frame per result, CONTINUE then a final COMPLETED;
+a one-command batch is a single COMPLETED frame). A batch's `timeout` and a server CANCEL cancel
+the running tool — tools kill their process groups on cancellation — and every command without a
+result gets a failure saying why. Commands that started are kept in the `FinishedRecord`; a
+`call_id` found there is answered from it and never run twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.device.client import DeviceClient
+from tether.device.outbox import FinishedRecord, Outbox, results_frame
+from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessage
+from tether.protocol.models import Command, Result, ResultStatus
+
+logger = logging.getLogger(__name__)
+
+CANCELLED_BY_SERVER = "cancelled by the server"
+SHUTTING_DOWN = "the device is shutting down"
+
+
+@dataclass(eq=False)
+class Batch:
+    """One COMMAND message and what is known of its results so far (`slots` by position)."""
+
+    msg: ServerMessage
+    slots: list[Result | None] = field(default_factory=list)
+    sent: int = 0  # slots[:sent] are in the outbox
+    current: int | None = None  # the position of the command that may be running now
+    cancel_reason: str | None = None
+    task: asyncio.Task[None] | None = None
+    done: bool = False
+
+    def __post_init__(self) -> None:
+        self.slots = [None] * len(self.msg.actions or ())
+
+    @property
+    def actions(self) -> list[Command]:
+        return self.msg.actions or []
+
+
+class BatchRunner:
+    """Accepts COMMAND messages, runs them on a `DeviceClient`, and puts results in the outbox.
+
+    There is no long-lived worker: the reader starts a batch's task itself when nothing runs (one
+    scheduling hop on the hot path), and a finishing batch starts the next queued one.
+    """
+
+    def __init__(self, client: DeviceClient, outbox: Outbox, record: FinishedRecord,
+                 client_id: str | None = None) -> None:
+        self.client = client
+        self.outbox = outbox
+        self.record = record
+        self.client_id = client_id
+        self.active: dict[str, Batch] = {}  # response_id → batch, queued or running
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self.executed = 0  # commands handed to the router (not replayed): tests count on it
+        self._queue: deque[Batch] = deque()
+        self._current: Batch | None = None
+
+    @property
+    def running(self) -> int:
+        """Batches accepted and not finished (queued or running): the heartbeat's load figure."""
+        return len(self.active)
+
+    # ------------------------------------------------------------------ accepting and cancelling
+
+    def submit(self, msg: ServerMessage) -> None:
+        """Queue a batch; a batch already queued or running is not queued twice, and one whose
+        calls all finished earlier is answered from the record at once."""
+        if msg.response_id in self.active:
+            logger.info("batch %s is already queued or running: duplicate ignored", msg.response_id)
+            return
+        batch = Batch(msg)
+        if all(c.call_id in self.record for c in batch.actions):
+            logger.info("batch %s was already executed: answering from the record", msg.response_id)
+            for i, command in enumerate(batch.actions):
+                self._deliver(batch, i, self._recorded(command))
+            return
+        self.active[msg.response_id] = batch
+        self.idle.clear()
+        self._queue.append(batch)
+        if self._current is None:
+            self._start_next()
+
+    def cancel(self, response_id: str, reason: str = CANCELLED_BY_SERVER) -> bool:
+        """Cancel a queued or running batch; its unfinished commands fail with `reason`."""
+        batch = self.active.get(response_id)
+        if batch is None or batch.cancel_reason is not None:
+            return False
+        batch.cancel_reason = reason
+        if batch.task is not None:
+            batch.task.cancel()
+        else:  # still queued: answer now; it is skipped when its turn comes
+            self._finish(batch, reason)
+        return True
+
+    async def abort_all(self, reason: str = SHUTTING_DOWN, timeout: float = 10.0) -> None:
+        """Cancel every batch and wait (bounded) until their failure results are in the outbox."""
+        for response_id in list(self.active):
+            self.cancel(response_id, reason)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self.idle.wait()
+
+    # ------------------------------------------------------------------ running
+
+    def _start_next(self) -> None:
+        self._current = None
+        while self._queue:
+            batch = self._queue.popleft()
+            if not batch.done:
+                self._current = batch
+                batch.task = asyncio.create_task(self._run_batch(batch), name=f"batch-{batch.msg.response_id}")
+                return
+
+    async def _run_batch(self, batch: Batch) -> None:
+        """Run one batch under its timeout; a cancel (ours) or a timeout fails what is left."""
+        timeout = batch.msg.timeout
+        reason: str | None = None
+        try:
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._run_commands(batch)
+            except TimeoutError:
+                reason = (f"timed out after {timeout:g}s (the batch's timeout); the running command was "
+                          f"cancelled and its processes killed")
+            except asyncio.CancelledError:
+                if batch.cancel_reason is None:  # not ours (the loop is shutting down): let it through
+                    self._finish(batch, "cancelled")
+                    raise
+                reason = batch.cancel_reason
+                task = asyncio.current_task()
+                if task is not None:
+                    task.uncancel()
+            except Exception as exc:
+                logger.exception("batch %s failed inside the device", batch.msg.response_id)
+                reason = f"device error while running the batch: {exc!r}"
+            self._finish(batch, reason)
+        finally:
+            self._start_next()
+
+    async def _run_commands(self, batch: Batch) -> None:
+        """Run the batch's commands in order: recorded ones are replayed, runs of new ones go to the
+        router in one call (the hot path: one call for the whole batch)."""
+        actions = batch.actions
+        seen: set[str | None] = set()
+        i = 0
+        while i < len(actions):
+            if batch.msg.early_exit and any(r is not None and r.status is ResultStatus.FAILURE
+                                            for r in batch.slots[:i]):
+                for j in range(i, len(actions)):
+                    recorded = self.record.get(actions[j].call_id)
+                    self._deliver(batch, j, recorded or Result.skipped(
+                        "skipped: an earlier command of this batch failed", actions[j].call_id))
+                return
+            if actions[i].call_id in self.record or actions[i].call_id in seen:
+                self._deliver(batch, i, self._recorded(actions[i]))
+                i += 1
+                continue
+            run: list[int] = []
+            while i < len(actions) and actions[i].call_id not in self.record and actions[i].call_id not in seen:
+                seen.add(actions[i].call_id)
+                run.append(i)
+                i += 1
+            await self._execute_run(batch, run)
+
+    async def _execute_run(self, batch: Batch, positions: list[int]) -> None:
+        msg = batch.msg
+        commands = [msg.actions[p] for p in positions]  # type: ignore[index]
+        done = 0
+
+        def on_result(result: Result) -> None:
+            nonlocal done
+            position = positions[done]
+            done += 1
+            batch.current = positions[done] if done < len(positions) else None
+            if result.status is not ResultStatus.SKIPPED:
+                self.record.add(msg.actions[position].call_id, result)  # type: ignore[index]
+            self._deliver(batch, position, result)
+
+        client = self.client
+        async with client.task_lock:
+            if msg.session_id is not None:
+                client.session_id = msg.session_id
+            client.agent_name = msg.agent_name
+            client.process_name = msg.process_name
+            client.root_name = msg.root_name
+            batch.current = positions[0]
+            self.executed += len(commands)
+            await client.execute_actions(commands, early_exit=msg.early_exit, emit=self.emitter(batch),
+                                         on_result=on_result)
+        batch.current = None
+
+    def _recorded(self, command: Command) -> Result:
+        result = self.record.get(command.call_id)
+        if result is None:  # a duplicate call_id inside one batch whose first copy never finished
+            return Result.failure(f"call_id {command.call_id} appears twice in the batch and did not finish",
+                                  command.call_id)
+        return result
+
+    def _finish(self, batch: Batch, reason: str | None) -> None:
+        """Fail every command without a result, remember the one that may have run, close the batch."""
+        if batch.done:
+            return
+        for i, slot in enumerate(batch.slots):
+            if slot is not None:
+                continue
+            call_id = batch.actions[i].call_id
+            result = Result.failure(reason or "the device finished the batch without a result", call_id)
+            if i == batch.current:
+                self.record.add(call_id, result)  # it may have had effects: never run it again
+            self._deliver(batch, i, result)
+        batch.done = True
+        self.active.pop(batch.msg.response_id, None)
+        if not self.active:
+            self.idle.set()
+
+    # ------------------------------------------------------------------ results and events
+
+    def _deliver(self, batch: Batch, position: int, result: Result) -> None:
+        """Fill a slot and put every result that is now next in line into the outbox, in order."""
+        if batch.slots[position] is not None:
+            return
+        batch.slots[position] = result
+        last = len(batch.slots) - 1
+        while batch.sent <= last and batch.slots[batch.sent] is not None:
+            ready = batch.slots[batch.sent]
+            assert ready is not None
+            text = results_frame(batch.msg, ready, last=batch.sent == last, client_id=self.client_id,
+                                 max_bytes=self.outbox.max_bytes)
+            self.outbox.put_result(text, ready.call_id)
+            batch.sent += 1
+
+    def emitter(self, batch: Batch) -> Callable[[str, dict[str, Any]], None]:
+        """The sync `emit` tools call: it only enqueues, never blocks the tool. Called from another
+        thread (a tool's worker thread), it hands the event to the loop instead of touching the queue."""
+        response_id = batch.msg.response_id
+        loop = asyncio.get_running_loop()
+        loop_thread = threading.get_ident()
+
+        def emit(kind: str, data: dict[str, Any]) -> None:
+            call_id = data.get("call_id") if isinstance(data, dict) else None
+            message = ClientMessage(type=ClientMessageType.EVENT, client_id=self.client_id, payload=Event(
+                kind=kind, response_id=response_id, call_id=call_id, data=data).model_dump())
+            if threading.get_ident() == loop_thread:
+                self.outbox.put_event(message)
+            else:
+                loop.call_soon_threadsafe(self.outbox.put_event, message)
+
+        return emit

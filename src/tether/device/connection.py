@@ -1,0 +1,402 @@
+"""`DeviceConnection`: a device's persistent AIP link to the agent server (seed 002).
+
+It connects to `ws(s)://host:port/aip` with the device token in the `Authorization` header, registers
+(profile, a random per-process `instance_id`, the call_ids waiting in the outbox), then serves:
+a reader that never waits for a tool (so heartbeats and cancellations are answered while a batch
+runs), a sender that drains the outbox, and a heartbeat that also notices a server gone silent.
+Batches run in a `BatchRunner` that outlives connections: a dropped link never cancels work, and
+results finished meanwhile are delivered first after the next registration.
+
+When the link drops it reconnects forever by default, with exponential backoff and full jitter
+under a cap (so a fleet of devices does not reconnect in lockstep after a server restart). A
+refusal that retrying cannot fix — bad token, name mismatch, unsupported version — stops `run()`
+with `RegistrationRefused` carrying the server's words; "that device is already connected"
+(4409) is retried, since the other connection may be this device's own dead one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import ssl
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Literal
+from urllib.parse import urlsplit
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.uri import parse_uri
+
+from tether.device.batches import BatchRunner
+from tether.device.client import DeviceClient
+from tether.device.outbox import FinishedRecord, Outbox
+from tether.protocol.codec import DEFAULT_MAX_FRAME_BYTES, FrameError, decode_server_message, encode
+from tether.protocol.messages import (
+    ClientMessage,
+    ClientMessageType,
+    RegisterAck,
+    Registration,
+    ServerMessage,
+    ServerMessageType,
+)
+from tether.protocol.profile import DeviceProfile
+
+logger = logging.getLogger(__name__)
+
+ConnectionState = Literal["idle", "connecting", "registered", "disconnected", "refused", "stopped"]
+StateHook = Callable[[ConnectionState, "DeviceConnection"], None]
+
+FATAL_CLOSE_CODES = {4400: "bad registration or protocol version", 4401: "unauthorized",
+                     4403: "name does not match the token"}
+DUPLICATE_CLOSE_CODE = 4409
+# The socket's own hard limit, only a guard against absurd frames: the protocol's limit (from the
+# ACK) is checked on each frame so that an oversized frame gets an ERROR reply, not a closed link.
+TRANSPORT_MAX_BYTES = 64 * 1024 * 1024
+KEEPALIVE_S = 20.0
+_RETRYABLE = (OSError, InvalidHandshake, ConnectionClosed, TimeoutError, ConnectionError, FrameError)
+
+
+class RegistrationRefused(Exception):
+    """The server refused this device; `fatal` refusals end `run()`, the others are retried."""
+
+    def __init__(self, error: str, code: int | None = None) -> None:
+        self.error = error
+        self.code = code
+        self.fatal = code in FATAL_CLOSE_CODES or code in (401, 403)
+        what = FATAL_CLOSE_CODES.get(code or 0) or ("duplicate device" if code == DUPLICATE_CLOSE_CODE else None)
+        super().__init__(f"registration refused ({code}{': ' + what if what else ''}): {error}"
+                         if code is not None else f"registration refused: {error}")
+
+
+class RetriesExhausted(ConnectionError):
+    """`max_attempts` connection attempts in a row failed."""
+
+
+class _LinkDead(ConnectionError):
+    pass
+
+
+def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0,
+                  rand: Callable[[], float] = random.random) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
+    if attempt < 0:
+        raise ValueError("attempt must be >= 0")
+    return rand() * min(cap, base * 2.0 ** min(attempt, 64))
+
+
+def make_ssl_context(url: str, ca_file: str | None = None) -> ssl.SSLContext | None:
+    """TLS settings for `url`: None for ws://; for wss:// the server's certificate and host name are
+    verified against the system's CAs, or against `ca_file` (e.g. a self-signed server's cert)."""
+    scheme = urlsplit(url).scheme
+    if scheme == "ws":
+        if ca_file:
+            raise ValueError(f"a CA file was given but {url} is not a wss:// URL: nothing would be verified")
+        return None
+    if scheme != "wss":
+        raise ValueError(f"{url}: the server URL must start with ws:// or wss://")
+    return ssl.create_default_context(cafile=ca_file)
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, InvalidStatus):
+        return f"the server answered HTTP {exc.response.status_code} instead of a WebSocket"
+    if isinstance(exc, ConnectionClosed):
+        frame = exc.rcvd
+        return (f"connection closed ({frame.code}{': ' + frame.reason if frame.reason else ''})"
+                if frame else "connection lost")
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class DeviceConnection:
+    """Keeps one device registered with the server and executes what it sends, until `stop()`."""
+
+    def __init__(self, client: DeviceClient, url: str, token: str | None, *, name: str | None = None,
+                 profile: Callable[[], Awaitable[DeviceProfile]] | None = None,
+                 ssl_context: ssl.SSLContext | None = None, backoff_base: float = 0.5, backoff_cap: float = 30.0,
+                 max_attempts: int | None = None, connect_timeout: float = 10.0, stable_after: float = 10.0,
+                 on_state: StateHook | None = None, max_queued_events: int = 1000,
+                 record_size: int = 10_000) -> None:
+        try:
+            parse_uri(url)
+        except (InvalidURI, ValueError) as exc:
+            raise ValueError(f"{url}: not a usable server URL ({exc}); it must look like ws(s)://host:port/aip") \
+                from None
+        self.client = client
+        self.url = url
+        self.name = name
+        self.instance_id = uuid.uuid4().hex
+        self._token = token
+        self._profile = profile
+        self._ssl = ssl_context if ssl_context is not None else make_ssl_context(url)
+        self.backoff_base = backoff_base
+        self.backoff_cap = backoff_cap
+        self.max_attempts = max_attempts
+        self.connect_timeout = connect_timeout
+        self.stable_after = stable_after
+        self.on_state = on_state
+        # observable state
+        self.state: ConnectionState = "idle"
+        self.connected = asyncio.Event()
+        self.registered_as: str | None = None
+        self.connections = 0
+        self.last_error: str | None = None
+        self.ack: RegisterAck | None = None
+        # what outlives a connection
+        self.outbox = Outbox(max_queued_events)
+        self.record = FinishedRecord(record_size)
+        self.batches = BatchRunner(client, self.outbox, self.record, client_id=name)
+        self._stop = asyncio.Event()
+        self._running = False
+        self._last_rx = 0.0
+        self._side_tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ public control
+
+    def stop(self) -> None:
+        """Ask `run()` to finish: running batches are cancelled, their failures sent if possible.
+        Safe to call before `run()` starts (it then returns at once); a stopped connection stays stopped."""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Connect, register and serve; reconnect on any loss until `stop()`.
+
+        Raises `RegistrationRefused` for a refusal retrying cannot fix, and `RetriesExhausted` after
+        `max_attempts` failed attempts in a row (never, by default).
+        """
+        if self._running:
+            raise RuntimeError("this DeviceConnection is already running")
+        self._running = True
+        if self._ssl is None and self._token and urlsplit(self.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+            logger.warning("connecting to %s without TLS: the device token travels in clear text", self.url)
+        attempt = failures = 0
+        try:
+            while not self._stop.is_set():
+                self._set_state("connecting")
+                try:
+                    uptime = await self._session()
+                except RegistrationRefused as exc:
+                    self.last_error = str(exc)
+                    if exc.fatal:
+                        logger.error("%s", exc)
+                        self._set_state("refused")
+                        raise
+                    logger.warning("%s; retrying", exc)
+                    uptime = None
+                except _RETRYABLE as exc:
+                    self.last_error = _describe(exc)
+                    logger.warning("cannot connect to %s: %s", self.url, self.last_error)
+                    uptime = None
+                except Exception as exc:  # a bug here must not take the device offline for good
+                    self.last_error = _describe(exc)
+                    logger.exception("unexpected error in the connection to %s", self.url)
+                    uptime = None
+                self._set_state("disconnected")
+                if self._stop.is_set():
+                    break
+                if uptime is None:
+                    failures += 1
+                    if self.max_attempts is not None and failures >= self.max_attempts:
+                        raise RetriesExhausted(f"gave up after {failures} failed attempt(s) to connect to "
+                                               f"{self.url}: {self.last_error}")
+                else:
+                    failures = 0
+                    if uptime >= self.stable_after:
+                        attempt = 0
+                delay = backoff_delay(attempt, self.backoff_base, self.backoff_cap)
+                attempt += 1
+                logger.info("reconnecting in %.2fs", delay)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(delay):
+                        await self._stop.wait()
+        finally:
+            await self.batches.abort_all()
+            self._running = False
+            if self.state != "refused":
+                self._set_state("stopped")
+
+    @property
+    def running_batches(self) -> int:
+        return self.batches.running
+
+    # ------------------------------------------------------------------ one connection
+
+    def _set_state(self, state: ConnectionState) -> None:
+        self.state = state
+        if self.on_state is not None:
+            try:
+                self.on_state(state, self)
+            except Exception:
+                logger.exception("connection state hook failed")
+
+    async def _collect_profile(self) -> DeviceProfile:
+        if self._profile is None:
+            return DeviceProfile()
+        try:
+            return await self._profile()
+        except Exception:  # a broken self-check must not keep the device offline
+            logger.exception("collecting the device profile failed; registering with an empty one")
+            return DeviceProfile()
+
+    async def _session(self) -> float | None:
+        """One connection: None if it never registered (errors raise), else how long it was up."""
+        profile = await self._collect_profile()
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        try:
+            ws = await connect(self.url, additional_headers=headers, ssl=self._ssl, open_timeout=self.connect_timeout,
+                               max_size=TRANSPORT_MAX_BYTES, ping_interval=KEEPALIVE_S, ping_timeout=KEEPALIVE_S,
+                               close_timeout=2.0, compression=None, user_agent_header="tether-device")
+        except InvalidStatus as exc:
+            if exc.response.status_code in (401, 403):
+                raise RegistrationRefused(_describe(exc), exc.response.status_code) from None
+            raise
+        try:
+            ack = await self._register(ws, profile)
+            return await self._serve(ws, ack)
+        finally:
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+    async def _register(self, ws: ClientConnection, profile: DeviceProfile) -> RegisterAck:
+        registration = Registration(name=self.name, instance_id=self.instance_id, profile=profile,
+                                    finished_call_ids=self.outbox.pending_call_ids())
+        await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, client_id=self.name,
+                                           payload=registration.model_dump(mode="json"))))
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                raw = await ws.recv()
+        except TimeoutError:
+            raise TimeoutError(f"no answer to the registration within {self.connect_timeout:g}s") from None
+        except ConnectionClosed as exc:
+            code = exc.rcvd.code if exc.rcvd else None
+            if code in FATAL_CLOSE_CODES or code == DUPLICATE_CLOSE_CODE:
+                raise RegistrationRefused(exc.rcvd.reason or "closed by the server", code) from None
+            raise
+        msg = decode_server_message(raw, DEFAULT_MAX_FRAME_BYTES)
+        if msg.type is ServerMessageType.REGISTER_REFUSED:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.connect_timeout):
+                    await ws.wait_closed()
+            raise RegistrationRefused(msg.error or "no reason given", ws.close_code)
+        if msg.type is not ServerMessageType.REGISTER_ACK:
+            raise ConnectionError(f"expected register_ack, the server sent {msg.type.value}")
+        try:
+            ack = RegisterAck.model_validate(msg.payload or {})
+        except ValueError as exc:
+            raise ConnectionError(f"the server's register_ack is invalid: {exc}") from None
+        self.ack = ack
+        self.registered_as = ack.device
+        self.connections += 1
+        logger.info("registered as %s (connection %d%s)", ack.device, self.connections,
+                    ", resumed" if ack.resumed else "")
+        return ack
+
+    async def _serve(self, ws: ClientConnection, ack: RegisterAck) -> float:
+        loop = asyncio.get_running_loop()
+        started = self._last_rx = loop.time()
+        self.outbox.open(ack.max_frame_bytes)
+        self.connected.set()
+        self._set_state("registered")
+        stopper = asyncio.create_task(self._stop.wait())
+        tasks = {asyncio.create_task(self._reader(ws, ack)), asyncio.create_task(self._sender(ws)),
+                 asyncio.create_task(self._heartbeat(ws, ack)), stopper}
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            if stopper in done:  # say goodbye properly: failures of cancelled batches first
+                await self.batches.abort_all()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(2.0):
+                        await self.outbox.idle.wait()
+                self.last_error = None
+            else:
+                failed = [t.exception() for t in done if t.exception() is not None]
+                self.last_error = (_describe(failed[0]) if failed else
+                                   f"the server closed the connection ({ws.close_code}"
+                                   f"{': ' + ws.close_reason if ws.close_reason else ''})")
+                logger.warning("connection to %s lost: %s", self.url, self.last_error)
+        finally:
+            self.connected.clear()
+            self.outbox.close()
+            for task in (*tasks, *self._side_tasks):
+                task.cancel()
+            await asyncio.gather(*tasks, *self._side_tasks, return_exceptions=True)
+            if ws.transport is not None and not ws.transport.is_closing() and self.last_error:
+                ws.transport.abort()  # a dead link would only make the closing handshake wait
+        return loop.time() - started
+
+    async def _reader(self, ws: ClientConnection, ack: RegisterAck) -> None:
+        loop = asyncio.get_running_loop()
+        async for raw in ws:
+            self._last_rx = loop.time()
+            try:
+                msg = decode_server_message(raw, ack.max_frame_bytes)
+            except FrameError as exc:
+                logger.warning("bad frame from the server (%s): %s", exc.reason, exc)
+                self._send_error(f"{exc.reason}: {exc}")
+                continue
+            self._dispatch(msg)
+
+    def _dispatch(self, msg: ServerMessage) -> None:
+        kind = msg.type
+        if kind is ServerMessageType.COMMAND:
+            self.batches.submit(msg)
+        elif kind is ServerMessageType.CANCEL:
+            if not self.batches.cancel(msg.response_id):
+                logger.info("cancel for %s: no such batch queued or running", msg.response_id)
+        elif kind is ServerMessageType.HEARTBEAT:
+            pass  # liveness was noted on arrival
+        elif kind is ServerMessageType.DEVICE_INFO_REQUEST:
+            task = asyncio.create_task(self._send_device_info(msg.response_id))
+            self._side_tasks.add(task)
+            task.add_done_callback(self._side_tasks.discard)
+        elif kind is ServerMessageType.ERROR:
+            logger.warning("the server reports an error: %s", msg.error)
+        else:
+            logger.info("ignoring an unexpected %s from the server", kind.value)
+
+    def _send_error(self, error: str) -> None:
+        self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.ERROR, client_id=self.name,
+                                                     error=error)))
+
+    async def _send_device_info(self, response_id: str) -> None:
+        profile = await self._collect_profile()
+        self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.DEVICE_INFO, client_id=self.name,
+                                                     prev_response_id=response_id,
+                                                     payload=profile.model_dump(mode="json"))))
+
+    async def _sender(self, ws: ClientConnection) -> None:
+        outbox = self.outbox
+        while True:
+            frame = outbox.pop()
+            if frame is None:
+                outbox.wait_state()
+                await outbox.ready.wait()
+                continue
+            try:
+                await ws.send(frame[1])
+            except BaseException:
+                # The frame may or may not have left: a result stays owed (at least once; the server
+                # ignores a second result for a call it already has), an event is let go.
+                outbox.push_back(frame)
+                raise
+
+    async def _heartbeat(self, ws: ClientConnection, ack: RegisterAck) -> None:
+        """Send heartbeats every `heartbeat_interval`; no frame at all for `heartbeat_timeout` means
+        the link is dead even if TCP has not noticed (a silent server, a vanished NAT entry)."""
+        loop = asyncio.get_running_loop()
+        interval = max(ack.heartbeat_interval, 0.01)  # a careless ACK must not make this spin
+        timeout = max(ack.heartbeat_timeout, interval)
+        tick = min(interval, timeout / 4)
+        next_beat = loop.time() + interval  # the outbox goes first after registering
+        while True:
+            now = loop.time()
+            if now - self._last_rx > timeout:
+                raise _LinkDead(f"nothing from the server for {now - self._last_rx:.1f}s "
+                                f"(heartbeat timeout {timeout:g}s)")
+            if now >= next_beat:
+                self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.HEARTBEAT, client_id=self.name,
+                                                             payload={"running": self.batches.running})))
+                next_beat = now + interval
+            await asyncio.sleep(min(tick, next_beat - now))

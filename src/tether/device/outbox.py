@@ -1,0 +1,200 @@
+"""What the device owes the server: frames waiting for the socket, and the record of finished calls.
+
+Results are the one thing a device must never lose, so they live in an ordered queue that survives
+a disconnect (the *outbox*) and is delivered first after the next registration. Events (streamed
+output, progress) are only useful while someone watches: their queue is bounded and drops its
+oldest entries when the link is slower than the tool, counting what it dropped and telling the
+server so once the queue has drained. Control frames (heartbeats, errors, device info) belong to
+one connection and are discarded with it.
+
+`FinishedRecord` makes execution exactly-once: a command whose `call_id` is in the record is
+answered from it instead of being run again (the server re-sends pending commands after a
+reconnect when it is unsure whether their results arrived).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections import OrderedDict, deque
+from typing import Literal
+
+from tether.protocol.codec import encode
+from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessage, TaskStatus
+from tether.protocol.models import Result
+
+logger = logging.getLogger(__name__)
+
+FrameKind = Literal["result", "event", "control"]
+Frame = tuple[FrameKind, str, str | None]  # kind, encoded text, call_id (results only)
+
+
+def frame_bytes(text: str) -> int:
+    """UTF-8 size of `text`, without encoding it when it is clearly small (the hot path)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def results_frame(msg: ServerMessage, result: Result, *, last: bool, client_id: str | None,
+                  max_bytes: int) -> str:
+    """One COMMAND_RESULTS frame for one result; a result too large for a frame becomes a failure
+    that says so (the server must learn the command ended, and why it cannot see the output)."""
+    status = TaskStatus.COMPLETED if last else TaskStatus.CONTINUE
+
+    def build(r: Result) -> str:
+        return encode(ClientMessage(type=ClientMessageType.COMMAND_RESULTS, client_id=client_id,
+                                    session_id=msg.session_id, prev_response_id=msg.response_id,
+                                    action_results=[r], status=status))
+
+    text = build(result)
+    size = frame_bytes(text)
+    if size <= max_bytes:
+        return text
+    logger.warning("result of %s is %d bytes, over the frame limit of %d: sent as a failure",
+                   result.call_id, size, max_bytes)
+    return build(Result.failure(
+        f"the result was too large to send ({size} bytes; the frame limit is {max_bytes} bytes): "
+        f"ask for less output (e.g. a narrower command, or write it to a file and read parts of it)",
+        result.call_id, result.namespace))
+
+
+class Outbox:
+    """Frames waiting for a socket, in the order they were produced (control frames go first).
+
+    `accepting_events` is on only while a connection is registered: output produced while
+    disconnected is stale by the time anyone could see it, whereas its result is not.
+    """
+
+    def __init__(self, max_events: int = 1000) -> None:
+        self.max_events = max_events
+        self._results: deque[tuple[int, str, str | None]] = deque()
+        self._events: deque[tuple[int, ClientMessage]] = deque()
+        self._control: deque[str] = deque()
+        self._seq = itertools.count()
+        self.accepting_events = False
+        self.dropped_events = 0
+        self._unreported_drops = 0
+        self.max_bytes = 8 * 1024 * 1024
+        self.ready = asyncio.Event()  # something to send
+        self.idle = asyncio.Event()  # nothing left to send and the last frame was written
+        self.idle.set()
+
+    def __len__(self) -> int:
+        return len(self._results) + len(self._events) + len(self._control)
+
+    @property
+    def pending_results(self) -> int:
+        return len(self._results)
+
+    def pending_call_ids(self) -> list[str]:
+        """The call_ids whose results wait here, in delivery order (a registration lists them)."""
+        return [call_id for _, _, call_id in self._results if call_id]
+
+    def _wake(self) -> None:
+        self.idle.clear()
+        self.ready.set()
+
+    def put_result(self, text: str, call_id: str | None) -> None:
+        self._results.append((next(self._seq), text, call_id))
+        self._wake()
+
+    def put_control(self, text: str) -> None:
+        if self.accepting_events:
+            self._control.append(text)
+            self._wake()
+
+    def put_event(self, event: ClientMessage) -> None:
+        """Queue an event (encoded only when sent); when full, the oldest event makes room."""
+        if not self.accepting_events:
+            self.dropped_events += 1
+            return
+        if len(self._events) >= self.max_events:
+            self._events.popleft()
+            self.dropped_events += 1
+            self._unreported_drops += 1
+        self._events.append((next(self._seq), event))
+        self._wake()
+
+    def pop(self) -> Frame | None:
+        """The next frame to write: control first, then results and events in production order."""
+        if self._control:
+            return "control", self._control.popleft(), None
+        while self._results or self._events:
+            if self._results and (not self._events or self._results[0][0] < self._events[0][0]):
+                _, text, call_id = self._results.popleft()
+                return "result", text, call_id
+            _, event = self._events.popleft()
+            text = self._encode_event(event)
+            if text is not None:
+                return "event", text, None
+        if self._unreported_drops and self.accepting_events:
+            count, self._unreported_drops = self._unreported_drops, 0
+            note = Event(kind="events_dropped", data={"count": count, "total": self.dropped_events})
+            return "event", encode(ClientMessage(type=ClientMessageType.EVENT, payload=note.model_dump())), None
+        return None
+
+    def _encode_event(self, event: ClientMessage) -> str | None:
+        try:
+            text = encode(event)
+        except (TypeError, ValueError) as exc:  # a tool emitted data that is not JSON
+            logger.warning("dropping an event that cannot be encoded: %s", exc)
+            return None
+        if frame_bytes(text) > self.max_bytes:
+            logger.warning("dropping an event of %d bytes (frame limit %d)", frame_bytes(text), self.max_bytes)
+            self.dropped_events += 1
+            return None
+        return text
+
+    def push_back(self, frame: Frame) -> None:
+        """A result the socket did not take goes back to the head of the outbox."""
+        kind, text, call_id = frame
+        if kind == "result":
+            self._results.appendleft((-1, text, call_id))
+            self._wake()
+
+    def wait_state(self) -> None:
+        """Nothing to send: the sender sleeps on `ready`, and `idle` tells a flush it is done."""
+        self.ready.clear()
+        self.idle.set()
+
+    def open(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.accepting_events = True
+        if self._results:
+            self._wake()
+
+    def close(self) -> None:
+        """The connection is gone: its events and control frames go with it, results stay."""
+        self.accepting_events = False
+        self.dropped_events += len(self._events)
+        self._events.clear()
+        self._control.clear()
+        self._unreported_drops = 0
+        if not self._results:
+            self.ready.clear()
+            self.idle.set()
+
+
+class FinishedRecord:
+    """The last `limit` finished call_ids and their results, oldest forgotten first."""
+
+    def __init__(self, limit: int = 10_000) -> None:
+        self.limit = limit
+        self._results: OrderedDict[str, Result] = OrderedDict()
+
+    def __contains__(self, call_id: object) -> bool:
+        return call_id in self._results
+
+    def __len__(self) -> int:
+        return len(self._results)
+
+    def get(self, call_id: str | None) -> Result | None:
+        return self._results.get(call_id) if call_id is not None else None
+
+    def add(self, call_id: str | None, result: Result) -> None:
+        if call_id is None:
+            return
+        self._results[call_id] = result
+        self._results.move_to_end(call_id)
+        while len(self._results) > self.limit:
+            self._results.popitem(last=False)
