@@ -30,7 +30,8 @@ from tether.protocol.messages import (
 )
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.protocol.profile import DeviceProfile
-from tether.server.hub import DeviceHub, aip_route
+from tether.server.aip_socket import aip_route
+from tether.server.hub import DeviceHub
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

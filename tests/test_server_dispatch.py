@@ -157,8 +157,15 @@ async def test_drop_mid_batch_and_reconnect_within_grace_delivers_exactly_once(s
     again = FakeDevice(srv.url, token, name="laptop", instance_id=dev.instance_id)
     ack = await again.register()
     assert ack.payload["resumed"] is True
-    queued_cmd = await again.expect(ServerMessageType.COMMAND)  # queued while away, sent after the ack
+    # after the ack: the batch in flight is sent again (the device dedups by call_id, so a result
+    # lost with the old link is recovered) and the one queued while the device was away goes out
+    first = await again.expect(ServerMessageType.COMMAND)
+    second = await again.expect(ServerMessageType.COMMAND)
+    assert {first.response_id, second.response_id} >= {sent.response_id}
+    queued_cmd = second if first.response_id == sent.response_id else first
     assert queued_cmd.actions[0].tool_name == "c"
+    resent = first if queued_cmd is second else second
+    assert [c.call_id for c in resent.actions] == [c.call_id for c in sent.actions]
     with caplog.at_level(logging.WARNING, logger="tether.server.hub"):
         for _ in range(2):  # the outbox delivers twice: only the first counts
             await again.results(sent.response_id, [ok(c) for c in sent.actions])

@@ -179,35 +179,30 @@ async def _device(server: str | None, token: str | None, name: str | None, confi
                   "server.token_file in the config ('tether token create --device NAME' makes one)")
         return 2
     all_tags = list(dict.fromkeys([*cfg.device.tags, *tags]))
+    def announce(state: str, conn: DeviceConnection) -> None:
+        if state == "registered":
+            again = " (reconnected)" if conn.connections > 1 else ""
+            out.print(f"[green]registered as {conn.registered_as}[/green]{again}; serving commands")
+        elif state == "disconnected":
+            out.print(f"[yellow]disconnected[/yellow]{': ' + str(conn.last_error) if conn.last_error else ''}; "
+                      "reconnecting")
+
     connection = DeviceConnection(device.client, url, secret, name=name or cfg.device.name,
-                                  profile=lambda: collect_profile(device, tags=all_tags), ssl_context=ssl_context)
+                                  profile=lambda: collect_profile(device, tags=all_tags), ssl_context=ssl_context,
+                                  on_state=announce)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, connection.stop)
     out.print(f"connecting to {url} …")
-    watcher = asyncio.create_task(_announce(connection, out))
     try:
         await connection.run()
     except RegistrationRefused as exc:
         out.print(f"[red]refused by the server:[/red] {exc}")
         return 3
     finally:
-        watcher.cancel()
         await device.aclose()
     out.print("device stopped")
     return 0
-
-
-async def _announce(connection, out) -> None:
-    seen = 0
-    while True:
-        await connection.connected.wait()
-        if connection.connections != seen:
-            seen = connection.connections
-            out.print(f"[green]registered as {connection.registered_as}[/green]"
-                      f"{' (reconnected)' if seen > 1 else ''}; serving commands")
-        while connection.connected.is_set():
-            await asyncio.sleep(0.5)  # poll interval for a status line, not a wait on work
 
 
 @app.command()

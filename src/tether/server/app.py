@@ -10,8 +10,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from tether import __version__
+from tether.server.aip_socket import aip_route
 from tether.server.api import router
-from tether.server.hub import DeviceHub, aip_route
+from tether.server.hub import DeviceHub
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

@@ -7,7 +7,7 @@ dropped device keeps its batches for `grace_period` so a reconnection loses noth
 raises for anything a device sends — a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
-`aip_route` adapts a Starlette WebSocket to it.
+`tether.server.aip_socket.aip_route` adapts a Starlette WebSocket to it.
 """
 
 from __future__ import annotations
@@ -18,11 +18,9 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import ValidationError
-from starlette.routing import WebSocketRoute
-from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from tether.protocol.codec import FrameError, decode_client_message, encode
 from tether.protocol.messages import (
@@ -37,6 +35,17 @@ from tether.protocol.messages import (
 )
 from tether.protocol.models import Result
 from tether.protocol.profile import DeviceProfile
+from tether.server.aip_socket import (
+    CLOSE_BAD_REGISTRATION,
+    CLOSE_DUPLICATE,
+    CLOSE_GOING_AWAY,
+    CLOSE_HEARTBEAT_TIMEOUT,
+    CLOSE_REPLACED,
+    CLOSE_UNAUTHORIZED,
+    CLOSE_WRONG_DEVICE,
+    AIPSocket,
+    SocketClosed,
+)
 from tether.server.dispatcher import WebSocketCommandDispatcher
 from tether.server.registry import DeviceRecord, DeviceRegistry
 from tether.server.settings import ServerSettings
@@ -44,29 +53,7 @@ from tether.server.store import Store, TokenInfo
 
 logger = logging.getLogger(__name__)
 
-CLOSE_GOING_AWAY = 1001  # the server shuts down
-CLOSE_REPLACED = 4000  # a newer connection of the same device took over
-CLOSE_HEARTBEAT_TIMEOUT = 4001  # the device fell silent; it may reconnect
-CLOSE_BAD_REGISTRATION = 4400  # first frame not a valid REGISTER, wrong protocol version, no frame in time
-CLOSE_UNAUTHORIZED = 4401  # missing, unknown or revoked token, or not a device token
-CLOSE_WRONG_DEVICE = 4403  # the registration claims another device than the token's
-CLOSE_DUPLICATE = 4409  # another live process of this device is connected
 _FINISHED_MEMORY = 4096  # finished batches remembered so their late results are logged as late
-
-
-class SocketClosed(Exception):
-    def __init__(self, code: int = 1006, reason: str = "") -> None:
-        super().__init__(f"socket closed ({code}{': ' + reason if reason else ''})")
-        self.code = code
-        self.reason = reason
-
-
-class AIPSocket(Protocol):
-    """The three things the hub needs from a WebSocket; `receive_text` raises `SocketClosed`."""
-
-    async def send_text(self, data: str) -> None: ...
-    async def receive_text(self) -> str: ...
-    async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
 
 @dataclass(eq=False)
@@ -246,7 +233,7 @@ class DeviceHub:
         conn.ready = True
         logger.info("device %s registered from %s (instance %s%s)", name, peer, reg.instance_id,
                     ", resumed" if resumed else "")
-        await self._flush(conn)
+        await self._flush(conn, resend=resumed)
         return conn
 
     def _authenticate(self, authorization: str | None) -> TokenInfo | str:
@@ -410,9 +397,14 @@ class DeviceHub:
         if not await self._send(conn, batch.message):
             batch.sent = False  # it goes out again after the reconnection
 
-    async def _flush(self, conn: _Connection) -> None:
-        """After a (re)registration: send the batches queued while the device was away, then CANCELs."""
-        for batch in [b for b in self._batches.values() if b.device == conn.name and not b.sent]:
+    async def _flush(self, conn: _Connection, *, resend: bool = False) -> None:
+        """After a (re)registration: send the batches queued while the device was away, then CANCELs.
+
+        With `resend` (the same device process came back) batches already sent go out again too: a
+        result written into a link that was already dead is lost, and the device answers a known
+        call_id from its record of finished calls without running it twice (at-least-once delivery,
+        exactly-once execution)."""
+        for batch in [b for b in self._batches.values() if b.device == conn.name and (resend or not b.sent)]:
             if not batch.done.is_set():
                 await self._send_command(conn, batch)
         for response_id in self._cancels.pop(conn.name, []):
@@ -536,54 +528,3 @@ class DeviceHub:
             conn.closer = asyncio.ensure_future(self._close(conn.socket, code, reason))
             self._tasks.add(conn.closer)
             conn.closer.add_done_callback(self._tasks.discard)
-
-
-class StarletteSocket:
-    """`AIPSocket` over a Starlette WebSocket; every way the socket can be gone becomes `SocketClosed`."""
-
-    def __init__(self, websocket: WebSocket) -> None:
-        self.websocket = websocket
-        self.closed = False
-
-    async def send_text(self, data: str) -> None:
-        try:
-            await self.websocket.send_text(data)
-        except (WebSocketDisconnect, RuntimeError, OSError) as exc:
-            raise SocketClosed(getattr(exc, "code", 1006)) from None
-
-    async def receive_text(self) -> str:
-        try:
-            message = await self.websocket.receive()
-        except (RuntimeError, OSError):
-            raise SocketClosed() from None
-        if message["type"] == "websocket.disconnect":
-            raise SocketClosed(message.get("code", 1005), message.get("reason") or "")
-        text = message.get("text")
-        if text is None:  # a binary frame: let the codec judge it like any other
-            return (message.get("bytes") or b"").decode("utf-8", "replace")
-        return text
-
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        if self.closed:  # the first close wins: its code is the one the device must see
-            return
-        self.closed = True
-        try:
-            await self.websocket.close(code, reason)
-        except (WebSocketDisconnect, RuntimeError, OSError):
-            pass
-
-
-def aip_route(hub: DeviceHub, path: str = "/aip") -> WebSocketRoute:
-    """The AIP endpoint: accept, then let the hub run the connection for its whole life."""
-
-    async def endpoint(websocket: WebSocket) -> None:
-        await websocket.accept()
-        client = websocket.client
-        peer = f"{client.host}:{client.port}" if client else None
-        socket = StarletteSocket(websocket)
-        try:
-            await hub.serve(socket, websocket.headers.get("authorization"), peer)
-        finally:
-            await socket.close(1000)
-
-    return WebSocketRoute(path, endpoint, name="aip")
