@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import ssl
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,7 +28,8 @@ class RemoteServer:
             self.base_url = "http" + self.base_url[2:].removesuffix("/aip")
         self.token = token or os.environ.get("TETHER_TOKEN")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-        verify: Any = ca_file or os.environ.get("TETHER_CA_FILE") or True
+        ca = ca_file or os.environ.get("TETHER_CA_FILE")
+        verify: Any = ssl.create_default_context(cafile=ca) if ca else True
         self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=headers, verify=verify,
                                   timeout=timeout)
 
