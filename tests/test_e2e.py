@@ -254,3 +254,20 @@ def test_remote_demo_runs_green(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert "demo finished" in out.stdout
     assert os.path.exists(tmp_path / "state" / "server.db")
+
+
+def test_device_from_a_config_file(cluster, tmp_path):
+    token_file = tmp_path / "alpha.token"
+    token_file.write_text(cluster.device_tokens["alpha"] + "\n")
+    config = tmp_path / "device.yaml"
+    config.write_text(
+        "server:\n"
+        f"  host: 127.0.0.1\n  port: {cluster.port}\n  protocol: ws\n  token_file: alpha.token\n"
+        "device:\n  name: alpha\n  tags: [lab, linux-box]\n")
+    proc = cluster.start(["device", "--config", str(config), "--state-dir", str(tmp_path / "dev")], "device-cfg")
+    cluster.wait_online("alpha", proc)
+    detail = cluster.remote.device("alpha")
+    assert set(detail["tags"]) == {"lab", "linux-box"}
+    device, [result] = cluster.remote.run(None, [Command(tool_name="get_system_info", parameters={"info_type": "os"})],
+                                          requires={"tags": ["lab"]}, timeout=30)
+    assert device == "alpha" and result.ok
