@@ -245,3 +245,22 @@ async def test_concurrent_get_or_create_builds_once(client):
     manager = client.computer_manager
     first, second = await asyncio.gather(manager.get_or_create(None), manager.get_or_create(None))
     assert first is second
+
+
+async def test_optional_tool_set_that_cannot_start_says_what_to_install(tmp_path, monkeypatch):
+    from tether.device.local import build_device
+
+    monkeypatch.delenv("DISPLAY", raising=False)  # no display: the desktop set cannot start
+    device = build_device(parse_device_config({"device": {"builtin": ["shell", "desktop"]}}),
+                          policy=Policy(), state_dir=tmp_path)
+    try:
+        computer = await device.computer_manager.get_or_create(None)
+        assert "desktop" in computer.startup_errors
+        assert not [i for i in computer.tool_infos() if i.namespace == "desktop"]
+        [result] = await device.client.execute_actions([Command(tool_name="ui.findAndClick",
+                                                                parameters={"label": "OK"})])
+        assert result.status is ResultStatus.FAILURE
+        assert "not available on this device" in result.error
+        assert "desktop" in result.error and ("pip install" in result.error or "DISPLAY" in result.error)
+    finally:
+        await device.aclose()

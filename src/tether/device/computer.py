@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tether.protocol.models import TOOL_TYPES, Command, Result, ToolInfo, ToolType
+from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
 from tether.tools.context import ToolContext
 from tether.tools.runtime import ToolSpec, build_spec, call_spec
 
@@ -114,8 +115,9 @@ class Computer:
         self.startup_errors = {ns: err for ns, err in (errors or {}).items()}
         for (tool_type, namespace), server in self._servers.items():
             if namespace in self.startup_errors:
-                logger.warning("computer %s: server %s did not start: %s", self._name, namespace,
-                               self.startup_errors[namespace])
+                level = logging.INFO if namespace in OPTIONAL_SETS else logging.WARNING
+                logger.log(level, "computer %s: server %s did not start: %s", self._name, namespace,
+                           self.startup_errors[namespace])
                 continue
             await self._register_server(namespace, server, tool_type)
         for tool_type in TOOL_TYPES:
@@ -175,15 +177,23 @@ class Computer:
                 other = "action" if tool_type == "data_collection" else "data_collection"
                 hint = (f"; it exists as a {other} tool"
                         if f"{other}::{name}" in self._tools_registry else "")
-                return f"unknown tool '{name}' ({tool_type}){hint}; call list_tools to see what exists"
+                return self._unavailable(name) or (
+                    f"unknown tool '{name}' ({tool_type}){hint}; call list_tools to see what exists")
             return key, entry
         found = [(f"{t}::{name}", self._tools_registry[f"{t}::{name}"])
                  for t in TOOL_TYPES if f"{t}::{name}" in self._tools_registry]
         if not found:
-            return f"unknown tool '{name}'; call list_tools to see what exists"
+            return self._unavailable(name) or f"unknown tool '{name}'; call list_tools to see what exists"
         if len(found) > 1 and not found[0][1].info.meta:
             return f"tool '{name}' exists as both data_collection and action: set tool_type"
         return found[0]
+
+    def _unavailable(self, name: str) -> str | None:
+        """For a tool of an optional set that could not start here: why, and what to install."""
+        for namespace, names in OPTIONAL_TOOLS.items():
+            if name in names and namespace in self.startup_errors:
+                return f"tool '{name}' is not available on this device: {self.startup_errors[namespace]}"
+        return None
 
     def command2tool(self, command: Command) -> MCPToolCall:
         """Resolve a command to a registered tool; ValueError (with a hint) when it cannot be."""

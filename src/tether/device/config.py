@@ -16,7 +16,7 @@ from tether.protocol.models import TOOL_TYPES, ToolType
 
 DEFAULT_AGENT = "default"
 DEFAULT_ROOT = "default"
-BUILTIN_SETS = ("shell", "files", "system")
+BUILTIN_SETS = ("shell", "files", "system", "desktop", "browser")
 
 
 class RootConfig(BaseModel):

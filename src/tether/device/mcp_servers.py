@@ -29,6 +29,7 @@ from tether.device.mcp_config import MCPServerConfig
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.mcp_export import call_result_to_result, is_result_wrapper
+from tether.tools.optional import MissingDependency
 from tether.tools.runtime import ToolSet
 
 logger = logging.getLogger(__name__)
@@ -112,6 +113,8 @@ class ToolSetServer(BaseMCPServer):
                                  f"'{self.config.toolset}' (known: {known})")
         try:
             toolset = self._factory()
+        except MissingDependency as exc:
+            raise MCPServerError(f"'{self.namespace}' tools are unavailable here: {exc}") from exc
         except Exception as exc:
             raise MCPServerError(f"server '{self.namespace}' ({self.describe()}) failed to start: "
                                  f"{type(exc).__name__}: {exc}") from exc

@@ -45,7 +45,7 @@ PROBE_TIMEOUT_S = 3.0
 KNOWN_PROGRAMS = ("git", "python3", "node", "npm", "docker", "podman", "kubectl", "java", "go", "cargo", "gcc",
                   "make", "cmake", "curl", "wget", "ffmpeg", "chromium", "chromium-browser", "google-chrome",
                   "firefox", "code", "libreoffice", "gimp", "xdotool", "Xvfb", "tesseract", "psql", "sqlite3")
-CAPABILITY_NAMESPACES = ("shell", "files", "system", "screen", "ui", "browser")
+CAPABILITY_NAMESPACES = ("shell", "files", "system", "desktop", "browser")
 # Display adapters of virtual machines and server management chips: a screen, not a GPU.
 _NOT_A_GPU = ("qemu", "bochs", "cirrus", "vmware svga", "virtualbox", "red hat", "virtio", "aspeed", "matrox",
               "hyper-v", "microsoft corporation basic")
