@@ -88,8 +88,11 @@ def test_register_run_and_skip(cluster, tmp_path):
     assert {"shell.run", "read_file"} <= {t.name for t in tools}
     cmds = [shell("echo", ["one"], tmp_path), Command(tool_name="read_file", parameters={"file_path": 7}),
             shell("echo", ["three"], tmp_path)]
-    device, results = cluster.remote.run("alpha", cmds, timeout=30)
+    events = []
+    device, results = cluster.remote.run("alpha", cmds, timeout=30, on_event=events.append)
     assert device == "alpha"
+    outputs = [e for e in events if e.kind == "output"]
+    assert outputs and outputs[0].call_id == cmds[0].call_id and "one" in outputs[0].data["data"]
     assert [r.status for r in results] == [ResultStatus.SUCCESS, ResultStatus.FAILURE, ResultStatus.SKIPPED]
     assert [r.call_id for r in results] == [c.call_id for c in cmds]
     assert results[0].result["stdout"] == "one\n"
