@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
@@ -197,6 +198,10 @@ async def test_close_takes_daemonised_helpers_of_its_session(launcher: Launcher)
     try:
         assert leader.stdout is not None
         orphan = int(leader.stdout.readline())
+        subshell = psutil.Process(orphan).parent()
+        if subshell is not None and subshell.pid != leader.pid and subshell.pid != 1:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                subshell.wait(timeout=10)  # the subshell exits right after the echo: wait for that event
         assert orphan not in [c.pid for c in psutil.Process(leader.pid).children(recursive=True)]
         res = ok(await call("close_application", launcher.ctx, pid=leader.pid))
         assert sorted(res["closed"]) == sorted([leader.pid, orphan])
