@@ -86,6 +86,7 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
     from tether.tools.context import ToolContext, default_state_dir
     from tether.tools.journal import UndoJournal
     from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
+    from tether.tools.optional import MissingDependency
     from tether.tools.policy import default_policy, load_policy
 
     factories = builtin_toolsets()
@@ -97,12 +98,26 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
         fail(str(exc))
     journal = UndoJournal(Path(state_dir or default_state_dir()))
     session = f"mcp-{uuid.uuid4().hex[:8]}"
-    server = toolset_to_mcp(factories[name](), lambda: ToolContext(policy=pol, journal=journal, session_id=session))
-    if http:
-        console(err=True).print(f"serving '{name}' over streamable HTTP on http://{host}:{port}/mcp")
-        asyncio.run(serve_http(server, host, port))
-    else:
-        asyncio.run(serve_stdio(server))
+    try:
+        toolset = factories[name]()
+    except MissingDependency as exc:
+        fail(str(exc))
+    server = toolset_to_mcp(toolset, lambda: ToolContext(policy=pol, journal=journal, session_id=session))
+
+    async def serve() -> None:
+        try:
+            if http:
+                console(err=True).print(f"serving '{name}' over streamable HTTP on http://{host}:{port}/mcp")
+                await serve_http(server, host, port)
+            else:
+                await serve_stdio(server)
+        finally:
+            await toolset.aclose()  # e.g. the browser set's Chromium
+
+    try:
+        asyncio.run(serve())
+    except ValueError as exc:
+        fail(str(exc))
 
 
 @app.command("exec")

@@ -119,10 +119,12 @@ class ToolSetServer(BaseMCPServer):
             raise MCPServerError(f"server '{self.namespace}' ({self.describe()}) failed to start: "
                                  f"{type(exc).__name__}: {exc}") from exc
         if toolset.namespace != self.namespace:  # the config's namespace is what planners see
-            toolset = ToolSet(self.namespace, [s.fn for s in toolset.specs.values()], toolset.description)
-        if self._toolset is not None:
+            toolset = ToolSet(self.namespace, [s.fn for s in toolset.specs.values()], toolset.description,
+                              on_close=toolset.on_close)
+        old, self._toolset, self._reset_pending = self._toolset, toolset, False
+        if old is not None:  # a reset: release what the previous instance held (e.g. its browser)
             self.restarts += 1
-        self._toolset, self._reset_pending = toolset, False
+            await old.aclose()
 
     async def list_tools(self, tool_type: ToolType) -> list[ToolInfo]:
         if self._toolset is None:
@@ -152,7 +154,9 @@ class ToolSetServer(BaseMCPServer):
 
     async def close(self) -> None:
         self._closed = True
-        self._toolset = None
+        toolset, self._toolset = self._toolset, None
+        if toolset is not None:
+            await toolset.aclose()
 
 
 class _OpenFailed(Exception):

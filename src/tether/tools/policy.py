@@ -78,6 +78,13 @@ class Policy(BaseModel):
     approval: ApprovalRules = Field(default_factory=ApprovalRules)
     max_output_bytes: int = Field(1024 * 1024, gt=0)
     default_timeout: float = Field(60.0, gt=0)
+    browser_allowed_origins: list[str] = Field(
+        default_factory=list, description="origins browser.act may open (https://example.com, http://127.0.0.1:8000, "
+                                          "https://*.example.com); empty: any origin of an allowed scheme")
+    browser_allowed_schemes: list[str] = Field(
+        default_factory=lambda: ["http", "https"],
+        description="URL schemes browser.act may open; about:blank is always allowed")
+    browser_allow_evaluate: bool = Field(False, description="whether browser.act may run the agent's JavaScript")
 
     @field_validator("commands")
     @classmethod

@@ -126,9 +126,11 @@ def _short(value: Any, limit: int = 60) -> str:
 class ToolSet:
     """A namespace of built-in tools, called in-process with validation and a timeout per call."""
 
-    def __init__(self, namespace: str, functions: Iterable[ToolFunction], description: str = "") -> None:
+    def __init__(self, namespace: str, functions: Iterable[ToolFunction], description: str = "",
+                 on_close: Callable[[], Awaitable[None]] | None = None) -> None:
         self.namespace = namespace
         self.description = description
+        self.on_close = on_close  # releases what the tools hold (e.g. a browser); called by `aclose`
         self.specs: dict[str, ToolSpec] = {}
         for fn in functions:
             spec = spec_of(fn)
@@ -138,6 +140,12 @@ class ToolSet:
 
     def infos(self) -> list[ToolInfo]:
         return [spec.info(self.namespace) for spec in self.specs.values()]
+
+    async def aclose(self) -> None:
+        """Release what the tool set holds (processes, browsers); safe to call more than once."""
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            await on_close()
 
     async def call(self, name: str, arguments: Mapping[str, Any] | None, ctx: ToolContext,
                    timeout: float | None = None) -> Result:

@@ -18,9 +18,10 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import psutil
+from pydantic import Field
 
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
@@ -181,8 +182,11 @@ async def list_processes(name: str | None = None, limit: int = 200) -> dict[str,
 
 @tool(tool_type="action")
 async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = [],  # noqa: B006
-                             cwd: str | None = None) -> dict[str, Any]:
-    """Start a program detached from this device (own session, no terminal) and return its pid.
+                             cwd: str | None = None,
+                             waitForWindowMs: Annotated[int, Field(ge=0, le=30_000)] = 0,
+                             ) -> dict[str, Any]:
+    """Start a program detached from this device (own session, no terminal) and return its pid;
+    with `waitForWindowMs` on an X display, also wait (at most that long) for its window and report it.
 
     The program and its arguments must pass the same command policy as the shell (and the shell's
     check of where the executable lives); it is run from an argv list, never through a shell.
@@ -201,6 +205,7 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
             workdir = check_cwd(ctx.policy, ctx.temp_dir)
     else:
         workdir = check_cwd(ctx.policy, cwd)
+    watcher = await _WindowWatch.start() if waitForWindowMs > 0 else None
     try:
         proc = await asyncio.create_subprocess_exec(
             app_name, *args, executable=executable, cwd=workdir, start_new_session=True,
@@ -209,8 +214,45 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
     except OSError as exc:
         raise ToolError(f"could not start {app_name!r}: {exc}") from None
     _reap_when_done(proc, app_name)
-    return {"pid": proc.pid, "app_name": app_name, "argv": [app_name, *args], "executable": executable,
-            "cwd": str(workdir)}
+    result: dict[str, Any] = {"pid": proc.pid, "app_name": app_name, "argv": [app_name, *args],
+                              "executable": executable, "cwd": str(workdir)}
+    if waitForWindowMs > 0:
+        result.update(await _WindowWatch.report(watcher, proc, waitForWindowMs))
+    return result
+
+
+class _WindowWatch:
+    """Waiting for a launched program's window (only when asked, and only on an X display).
+
+    The windows visible before the launch are noted, so a program that does not publish its pid
+    on its window (`_NET_WM_PID`; Tk does not) is still found as "the new window".
+    """
+
+    def __init__(self, x11: Any, known: set[int]) -> None:
+        self.x11, self.known = x11, known
+
+    @classmethod
+    async def start(cls) -> _WindowWatch | str:
+        from tether.tools.x11 import X11, display_problem
+
+        display = os.environ.get("DISPLAY")
+        problem = await asyncio.to_thread(display_problem, display)
+        if problem or display is None:
+            return problem or "no X display"
+        x11 = X11(display)
+        return cls(x11, await x11.visible_windows())
+
+    @staticmethod
+    async def report(watcher: _WindowWatch | str | None, proc: asyncio.subprocess.Process,
+                     wait_ms: int) -> dict[str, Any]:
+        if not isinstance(watcher, _WindowWatch):
+            return {"window": None, "window_note": f"not waiting for a window: {watcher}"}
+        win, how = await watcher.x11.wait_for_window(pid=proc.pid, timeout=wait_ms / 1000, known=watcher.known,
+                                                     alive=lambda: proc.returncode is None)
+        if win is None:
+            why = "the program exited" if how == "exited" else f"none appeared within {wait_ms} ms"
+            return {"window": None, "window_note": f"no window: {why}"}
+        return {"window": {**win.as_dict(), "matched_by": how}}
 
 
 def _reap_when_done(proc: asyncio.subprocess.Process, app_name: str) -> None:

@@ -1,0 +1,302 @@
+"""Command round trip server -> device -> built-in no-op tool -> server, against a raw `websockets` echo.
+
+    python -m bench.roundtrip [N]
+
+Anchor: a `websockets` echo server and client on 127.0.0.1 (compression off), N sequential round
+trips of a text frame the size of a real COMMAND frame. tether: the real server app, run by uvicorn
+as `build_config` configures it, and a real `DeviceConnection` in front of a device assembled like
+`build_device` with a `noop` tool set; N sequential `hub.dispatcher(...).execute_commands([noop])`.
+Budget (DESIGN.md): tether's p50 at most 3x the echo's p50. Also on record: the same command through
+the REST API (httpx, one keep-alive connection).
+
+Everything runs in ONE process on ONE asyncio event loop (no uvloop): echo server and client, uvicorn
+and the device share it, so each round trip is all the CPU work of both ends, with no cross-process
+wake-ups. Rounds of anchor, tether and REST are interleaved so machine noise hits them alike.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import cProfile
+import pstats
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+from starlette.applications import Starlette
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+
+from bench._stats import summary
+from tether.device.client import DeviceClient
+from tether.device.computer_manager import ComputerManager
+from tether.device.config import DeviceConfig, parse_device_config
+from tether.device.connection import TRANSPORT_MAX_BYTES, DeviceConnection
+from tether.device.local import LocalDevice, resolve_policy
+from tether.device.mcp_manager import MCPServerManager
+from tether.protocol.codec import encode
+from tether.protocol.messages import ServerMessage, ServerMessageType
+from tether.protocol.models import Command, ResultStatus
+from tether.server.hub import DeviceHub
+from tether.server.main import build_config
+from tether.server.settings import ServerSettings
+from tether.server.store import Store
+from tether.tools.builtin import builtin_toolsets
+from tether.tools.context import ToolContext
+from tether.tools.journal import UndoJournal
+from tether.tools.runtime import ToolSet, tool
+
+DEVICE = "bench"
+ROUNDS = 4
+BUDGET = 3.0
+
+
+@tool("noop", tool_type="action")
+async def noop() -> dict:
+    """Do nothing, so only the round trip is measured."""
+    return {}
+
+
+def bench_toolsets() -> dict[str, Callable[[], ToolSet]]:
+    return {**builtin_toolsets(), "bench": lambda: ToolSet("bench", [noop])}
+
+
+def bench_device(config: DeviceConfig, state_dir: Path, toolsets: dict[str, Callable[[], ToolSet]]) -> LocalDevice:
+    """`tether.device.local.build_device` line for line, with the `bench` tool set added to the
+    built-in ones (build_device cannot take extra tool sets)."""
+    policy = resolve_policy(config)
+    journal = UndoJournal(state_dir)
+    context = ToolContext(policy=policy, journal=journal)
+    servers = MCPServerManager(toolsets=toolsets)
+    computers = ComputerManager(config, servers, context=context)
+    client = DeviceClient(servers, computers, client_id=config.device.name or "local")
+    return LocalDevice(config, policy, state_dir, journal, context, servers, computers, client)
+
+
+def command_frame() -> str:
+    """A COMMAND frame as the hub sends it for one no-op command: the anchor echoes this text."""
+    return encode(ServerMessage(type=ServerMessageType.COMMAND, response_id="0" * 32,
+                                actions=[Command(tool_name="noop")], timeout=10, early_exit=True))
+
+
+# ---------------------------------------------------------------------------------------------- anchor
+
+async def echo(ws: ServerConnection) -> None:
+    async for message in ws:
+        await ws.send(message)
+
+
+async def anchor_round(ws: ClientConnection, frame: str, n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await ws.send(frame)
+        reply = await ws.recv()
+        samples.append(time.perf_counter() - t0)
+        assert len(reply) == len(frame)
+    return samples
+
+
+async def floor_round(websocket: WebSocket, frame: str, n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await websocket.send_text(frame)
+        reply = await websocket.receive_text()
+        samples.append(time.perf_counter() - t0)
+        assert len(reply) == len(frame)
+    return samples
+
+
+# ---------------------------------------------------------------------------------------------- tether
+
+async def tether_round(hub: DeviceHub, n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        commands = [Command(tool_name="noop")]  # built outside the clock, like the anchor's frame
+        t0 = time.perf_counter()
+        [result] = await hub.dispatcher(DEVICE).execute_commands(commands, timeout=10)
+        samples.append(time.perf_counter() - t0)
+        assert result.status is ResultStatus.SUCCESS, result.error
+    return samples
+
+
+async def rest_round(http: httpx.AsyncClient, n: int) -> list[float]:
+    samples = []
+    body = {"commands": [{"tool_name": "noop"}], "timeout": 10}
+    for _ in range(n):
+        t0 = time.perf_counter()
+        response = await http.post(f"/api/v1/devices/{DEVICE}/commands", json=body)
+        samples.append(time.perf_counter() - t0)
+        assert response.status_code == 200, response.text
+        assert response.json()["results"][0]["status"] == ResultStatus.SUCCESS.value, response.text
+    return samples
+
+
+@dataclass
+class Tether:
+    server: uvicorn.Server
+    hub: DeviceHub
+    port: int
+    api_token: str
+
+
+async def start_server(config: uvicorn.Config) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+    """uvicorn binding the socket itself, as `tether server` does (port 0: any free port).
+
+    Not a socket bound here and passed in: `socket.socket(AF_INET, SOCK_STREAM)` has proto 0, so
+    asyncio does not set TCP_NODELAY on the accepted connections, and h11 (headers and body written
+    separately) then waits ~40 ms for the client's delayed ACK on every HTTP response."""
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    for _ in range(1000):  # uvicorn offers no event for "started"
+        if server.started or task.done():
+            break
+        await asyncio.sleep(0.01)
+    assert server.started, "uvicorn did not start"
+    return server, task
+
+
+@asynccontextmanager
+async def running_tether() -> AsyncIterator[Tether]:
+    """Server (temp database with a device and an API token) and a registered device, until exit."""
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
+        root = Path(tmp)
+        settings = ServerSettings(db_path=root / "server.db", port=0)
+        store = Store(settings.db_path)  # as `tether token create` does, before the server starts
+        device_token = store.create_token("device", DEVICE)[1]
+        api_token = store.create_token("api", "bench-api", ["execute"])[1]
+        store.close()
+        # the real server config (ws implementation, ws_max_size, no deflate, lifespan); quiet logs so
+        # the REST rows print no access lines
+        server, server_task = await start_server(build_config(settings, log_level="warning"))
+        try:
+            port = server.servers[0].sockets[0].getsockname()[1]
+            toolsets = bench_toolsets()
+            config = parse_device_config({  # the always-available built-in sets beside the bench's
+                "device": {"name": DEVICE, "builtin": ["shell", "files", "system"]},
+                "mcp": {"default": {"default": {"action": [{"namespace": "bench", "toolset": "bench"}]}}}})
+            device = bench_device(config, root / "device-state", toolsets)
+            link = DeviceConnection(device.client, f"ws://127.0.0.1:{port}/aip", device_token, name=DEVICE)
+            link_task = asyncio.create_task(link.run())
+            try:
+                await asyncio.wait_for(link.connected.wait(), 10)
+                yield Tether(server, server.config.app.state.hub, port, api_token)  # type: ignore[union-attr]
+            finally:
+                link.stop()
+                await asyncio.wait_for(link_task, 10)
+                await device.aclose()
+        finally:
+            server.should_exit = True
+            await asyncio.wait_for(server_task, 15)
+
+
+@asynccontextmanager
+async def transport_floor(like: uvicorn.Config) -> AsyncIterator[WebSocket]:
+    """uvicorn with the tether server's transport settings serving a bare Starlette WebSocket route,
+    and a `websockets` client (as the device connects) that echoes every frame at once: the round
+    trip tether's hub and device would have if their own code cost nothing. Yields the server end."""
+    accepted: asyncio.Future[WebSocket] = asyncio.get_running_loop().create_future()
+    finished = asyncio.Event()
+
+    async def endpoint(websocket: WebSocket) -> None:
+        await websocket.accept()
+        accepted.set_result(websocket)
+        await finished.wait()
+
+    async def echo_back(ws: ClientConnection) -> None:
+        async for message in ws:
+            await ws.send(message)
+
+    transport = {k: getattr(like, k) for k in ("ws", "http", "ws_max_size", "ws_per_message_deflate",
+                                              "ws_ping_interval", "ws_ping_timeout", "h11_max_incomplete_event_size")}
+    config = uvicorn.Config(Starlette(routes=[WebSocketRoute("/aip", endpoint)]), host="127.0.0.1", port=0,
+                            log_level="warning", lifespan="off", **transport)
+    server, server_task = await start_server(config)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    try:
+        async with connect(f"ws://127.0.0.1:{port}/aip", compression=None, max_size=TRANSPORT_MAX_BYTES,
+                           ping_interval=None) as ws:
+            echo_task = asyncio.create_task(echo_back(ws))
+            try:
+                yield await asyncio.wait_for(accepted, 10)
+            finally:
+                finished.set()
+                echo_task.cancel()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(server_task, 15)
+
+
+@asynccontextmanager
+async def echo_connection() -> AsyncIterator[ClientConnection]:
+    async with serve(echo, "127.0.0.1", 0, compression=None, max_size=None, ping_interval=None) as server:
+        port = next(iter(server.sockets)).getsockname()[1]
+        async with connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None, ping_interval=None) as ws:
+            yield ws
+
+
+async def main(n: int, profile: bool = False) -> None:
+    per_round = max(1, n // ROUNDS)
+    warmup = max(200, n // 10)
+    frame = command_frame()
+    anchor: list[float] = []
+    floor: list[float] = []
+    ours: list[float] = []
+    rest: list[float] = []
+    async with running_tether() as tether, echo_connection() as ws, transport_floor(tether.server.config) as bare, \
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{tether.port}",
+                              headers={"Authorization": f"Bearer {tether.api_token}"}, timeout=30) as http:
+        await anchor_round(ws, frame, warmup)
+        await floor_round(bare, frame, warmup)
+        await tether_round(tether.hub, warmup)
+        await rest_round(http, max(50, warmup // 4))
+        if profile:
+            return await profile_tether(tether.hub, n)
+        for _ in range(ROUNDS):
+            anchor += await anchor_round(ws, frame, per_round)
+            floor += await floor_round(bare, frame, per_round)
+            ours += await tether_round(tether.hub, per_round)
+            rest += await rest_round(http, per_round)
+        protocols = (f"uvicorn ws={tether.server.config.ws_protocol_class.__name__}, "  # type: ignore[union-attr]
+                     f"http={tether.server.config.http_protocol_class.__name__}")  # type: ignore[union-attr]
+
+    print(f"command round trip, built-in no-op tool, {ROUNDS} interleaved rounds of {per_round} (+{warmup} "
+          f"warm-up); one process, one asyncio event loop for both ends; {protocols}; "
+          f"COMMAND frame {len(frame)} bytes")
+    base = summary("anchor: raw websockets echo round trip", anchor)
+    bare = summary("transport floor: uvicorn+Starlette <-> ws echo", floor)
+    row = summary("tether: dispatcher -> AIP -> device -> noop", ours)
+    api = summary("REST: POST /api/v1/devices/{name}/commands", rest)
+    ratio = row["p50_us"] / base["p50_us"]
+    print(f"ratio tether / echo p50: {ratio:.2f}x (budget {BUDGET:g}x: {'within' if ratio <= BUDGET else 'OVER'}); "
+          f"p99 ratio {row['p99_us'] / base['p99_us']:.2f}x")
+    print(f"on record: transport floor / echo p50 {bare['p50_us'] / base['p50_us']:.2f}x, tether's own code "
+          f"{row['p50_us'] - bare['p50_us']:.0f} us p50 above the floor; REST / echo p50 "
+          f"{api['p50_us'] / base['p50_us']:.1f}x, HTTP on top of the dispatcher "
+          f"{api['p50_us'] - row['p50_us']:.0f} us")
+
+
+async def profile_tether(hub: DeviceHub, n: int) -> None:
+    """`--profile`: cProfile over N tether round trips (both ends, same loop), top functions by own time."""
+    profiler = cProfile.Profile()
+    profiler.enable()
+    samples = await tether_round(hub, n)
+    profiler.disable()
+    summary("tether under cProfile (slower than real)", samples)
+    stats = pstats.Stats(profiler).strip_dirs().sort_stats("tottime")
+    stats.print_stats(40)
+    stats.sort_stats("cumtime").print_stats(60)
+
+
+if __name__ == "__main__":
+    args = [a for a in sys.argv[1:] if a != "--profile"]
+    asyncio.run(main(int(args[0]) if args else 4000, profile="--profile" in sys.argv[1:]))

@@ -1,0 +1,429 @@
+"""Desktop tools against a real X server (Xvfb, started here) and a real Tk program (tests/gui_app.py).
+
+The program writes every click, submit and focus change to a JSON-lines file; tests wait on those
+events (bounded polling of the file), never on fixed sleeps. Xvfb, xdotool and xdpyinfo are required:
+a machine without them fails with the command that installs them. The pure parts (the ui.typeText
+token parser, key names, fuzzy label matching) are tested as tables in test_desktop_text.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tether.protocol.models import Result
+from tether.tools.context import ToolContext
+from tether.tools.ocr import OcrEngine
+from tether.tools.optional import MissingDependency
+from tether.tools.policy import CommandRule, Policy
+from tether.tools.runtime import ToolSet
+from tether.tools.system import system_toolset
+
+GUI_APP = Path(__file__).resolve().parent / "gui_app.py"
+TITLE = "Tether Test App"
+SCREEN = (1280, 800)
+APT = {"Xvfb": "apt-get install xvfb", "xdotool": "apt-get install xdotool", "xdpyinfo": "apt-get install x11-utils"}
+
+
+# ------------------------------------------------------------------------------------------ X server and app
+
+
+def _require_programs() -> None:
+    for program, install in APT.items():
+        if shutil.which(program) is None:
+            pytest.fail(f"{program} is not installed; install it with: {install}")
+    for module in ("mss", "PIL", "rapidocr_onnxruntime"):
+        try:
+            __import__(module)
+        except ImportError:
+            pytest.fail(f"Python module {module} is missing; install it with: pip install -e '.[desktop]'")
+
+
+@pytest.fixture(scope="session")
+def xvfb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A private Xvfb 1280x800; it picks a free display itself (-displayfd) and reports it when ready."""
+    _require_programs()
+    log = tmp_path_factory.mktemp("xvfb") / "xvfb.log"
+    read_fd, write_fd = os.pipe()
+    with open(log, "wb") as err:
+        proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_fd), "-screen", "0", f"{SCREEN[0]}x{SCREEN[1]}x24",
+                                 "-nolisten", "tcp"], pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=err)
+    os.close(write_fd)
+    try:
+        number = b""
+        deadline = time.monotonic() + 20
+        while not number.endswith(b"\n"):
+            ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
+            chunk = os.read(read_fd, 64) if ready else b""
+            if not chunk:
+                pytest.fail(f"Xvfb did not report a display within 20 s: {log.read_text(errors='replace')}")
+            number += chunk
+        display = f":{int(number)}"
+        while subprocess.run(["xdpyinfo", "-display", display], capture_output=True, timeout=10).returncode != 0:
+            if time.monotonic() > deadline:
+                pytest.fail(f"Xvfb on {display} does not accept connections: {log.read_text(errors='replace')}")
+            time.sleep(0.05)
+        yield display
+    finally:
+        os.close(read_fd)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def ocr_engine() -> OcrEngine:
+    """One OCR engine for the whole run: loading the models once keeps the tests quick."""
+    _require_programs()
+    engine = OcrEngine()
+    engine.warm_up()
+    return engine
+
+
+@pytest.fixture
+def desktop(xvfb: str, ocr_engine: OcrEngine) -> ToolSet:
+    from tether.tools.desktop import desktop_toolset
+
+    return desktop_toolset(display=xvfb, ocr=ocr_engine)
+
+
+@pytest.fixture
+def ctx(tmp_path: Path) -> ToolContext:
+    return ToolContext(policy=Policy(read_roots=[str(tmp_path)], write_roots=[str(tmp_path)]),
+                       temp_dir=str(tmp_path))
+
+
+def _x(display: str, *args: str) -> str:
+    return subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": display}, capture_output=True,
+                          text=True, timeout=10).stdout
+
+
+async def _until(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
+    """Poll `check` until it returns something truthy; fail after `timeout` saying what never happened."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@dataclass
+class GuiApp:
+    """The running Tk program and its event log."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
+        if not self.log.exists():
+            return []
+        rows = [json.loads(line) for line in self.log.read_text().splitlines() if line.endswith("}")]
+        return [r for r in rows if kind is None or r["event"] == kind]
+
+    async def wait_event(self, kind: str, timeout: float = 15.0, **fields: Any) -> dict[str, Any]:
+        def find() -> dict[str, Any] | None:
+            return next((e for e in self.events(kind) if all(e.get(k) == v for k, v in fields.items())), None)
+
+        return await _until(f"event {kind} {fields or ''} (log: {self.events()})", find, timeout)
+
+
+async def _stop(proc: subprocess.Popen[bytes], display: str, title: str) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 10)
+    await _until(f"window {title!r} to disappear", lambda: not _x(display, "search", "--name", title).strip())
+
+
+@pytest.fixture
+async def app(xvfb: str, tmp_path: Path) -> AsyncIterator[GuiApp]:
+    log = tmp_path / "events.jsonl"
+    proc = subprocess.Popen([sys.executable, str(GUI_APP), str(log)], env={**os.environ, "DISPLAY": xvfb})
+    gui = GuiApp(proc, log)
+    try:
+        await gui.wait_event("ready")
+        yield gui
+    finally:
+        await _stop(proc, xvfb, TITLE)
+
+
+def ok(result: Result) -> dict[str, Any]:
+    assert result.ok, result.error
+    return result.result
+
+
+def failed(result: Result, *fragments: str) -> str:
+    assert not result.ok, result.result
+    assert result.error is not None
+    for fragment in fragments:
+        assert fragment in result.error, result.error
+    return result.error
+
+
+def _png(data: bytes) -> Any:
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(data))
+    img.load()
+    assert img.format == "PNG"
+    return img
+
+
+# ------------------------------------------------------------------------------------------ screen
+
+
+async def test_screenshot_full_region_scaled_and_to_a_file(desktop: ToolSet, ctx: ToolContext, app: GuiApp,
+                                                           tmp_path: Path) -> None:
+    full = ok(await desktop.call("screenshot", {}, ctx))
+    assert (full["width"], full["height"], full["scale"], full["format"]) == (*SCREEN, 1.0, "png")
+    assert _png(base64.b64decode(full["data"])).size == SCREEN
+    assert full["bytes"] == len(base64.b64decode(full["data"]))
+
+    part = ok(await desktop.call("screenshot", {"region": {"x": 10, "y": 20, "width": 300, "height": 200}}, ctx))
+    assert _png(base64.b64decode(part["data"])).size == (300, 200)
+    assert part["captured"] == {"x": 10, "y": 20, "width": 300, "height": 200}
+    clipped = ok(await desktop.call("screenshot", {"region": {"x": 1200, "y": 700, "width": 300, "height": 300}}, ctx))
+    assert clipped["captured"] == {"x": 1200, "y": 700, "width": 80, "height": 100}
+    failed(await desktop.call("screenshot", {"region": {"x": 5000, "y": 0, "width": 10, "height": 10}}, ctx),
+           "outside")
+    failed(await desktop.call("screenshot", {"region": {"x": 0, "y": 0, "width": 0, "height": 10}}, ctx), "width")
+
+    half = ok(await desktop.call("screenshot", {"scale": 0.5}, ctx))
+    assert (half["width"], half["height"]) == (640, 400)
+
+    win = ok(await desktop.call("screenshot", {"activeWindow": True}, ctx))
+    assert win["window"]["title"] == TITLE
+    assert (win["width"], win["height"]) == (win["window"]["width"], win["window"]["height"])
+
+    target = tmp_path / "shot.png"
+    saved = ok(await desktop.call("screenshot", {"path": str(target)}, ctx))
+    assert saved["path"] == str(target) and "data" not in saved
+    assert _png(target.read_bytes()).size == SCREEN and saved["bytes"] == target.stat().st_size
+    failed(await desktop.call("screenshot", {"path": str(target)}, ctx), "already exists")
+    failed(await desktop.call("screenshot", {"path": "/etc/tether-shot.png"}, ctx), "write_roots")
+
+
+# ------------------------------------------------------------------------------------------ UI tree
+
+
+async def test_ui_tree_finds_the_buttons_and_click_element_hits_the_right_one(desktop: ToolSet, ctx: ToolContext,
+                                                                            app: GuiApp) -> None:
+    tree = ok(await desktop.call("get_ui_tree", {}, ctx))
+    assert tree["window_title"] == TITLE
+    by_text = {e["text"]: e for e in tree["elements"]}
+    assert {"Submit", "Cancel", "Show Later"} <= set(by_text), tree["elements"]
+    win = tree["window"]
+    for name in ("Submit", "Cancel"):
+        box = by_text[name]["box"]
+        assert box["width"] > 20 and box["height"] > 10 and by_text[name]["confidence"] > 0.8
+        assert win["x"] <= box["x"] and box["x"] + box["width"] <= win["x"] + win["width"]
+    assert by_text["Submit"]["box"]["x"] < by_text["Cancel"]["box"]["x"]
+
+    clicked = ok(await desktop.call("click_element", {"control_id": by_text["Cancel"]["id"]}, ctx))
+    assert clicked["clicked"]["text"] == "Cancel"
+    await app.wait_event("cancel")
+    assert app.events("submit") == []
+
+    failed(await desktop.call("click_element", {"control_id": "t99_1"}, ctx), "valid ids", by_text["Submit"]["id"])
+    newer = ok(await desktop.call("get_ui_tree", {"activeWindow": True}, ctx))
+    assert newer["tree"] == tree["tree"] + 1 and newer["captured"]["width"] == win["width"]
+    failed(await desktop.call("click_element", {"control_id": by_text["Submit"]["id"]}, ctx),
+           f"from UI tree {tree['tree']}", "latest")
+    assert app.events("submit") == []
+
+
+async def test_click_element_needs_a_tree_first(desktop: ToolSet, ctx: ToolContext) -> None:
+    failed(await desktop.call("click_element", {"control_id": "t1_1"}, ctx), "call get_ui_tree first")
+
+
+# ------------------------------------------------------------------------------------------ ui.findAndClick
+
+
+async def test_find_and_click_clicks_the_label(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    res = ok(await desktop.call("ui.findAndClick", {"label": "Submit"}, ctx))
+    assert res["clicked"]["text"] == "Submit" and res["score"] == 1.0 and res["window_title"] == TITLE
+    box, centre = res["clicked"]["box"], res["clicked"]["center"]
+    assert box["x"] <= centre["x"] <= box["x"] + box["width"]
+    await app.wait_event("submit", via="button")
+
+
+async def test_find_and_click_fuzzy_and_inside_an_app(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    res = ok(await desktop.call("ui.findAndClick", {"label": "Submt", "confidence": 0.7}, ctx))
+    assert res["clicked"]["text"] == "Submit" and 0.7 <= res["score"] < 1
+    await app.wait_event("submit")
+    ok(await desktop.call("ui.findAndClick", {"label": "cancel", "app": "tether test"}, ctx))
+    await app.wait_event("cancel")
+    failed(await desktop.call("ui.findAndClick", {"label": "Cancel", "app": "No Such App", "timeoutMs": 0}, ctx),
+           "no visible window", TITLE)
+
+
+async def test_find_and_click_without_a_match_lists_candidates(desktop: ToolSet, ctx: ToolContext,
+                                                               app: GuiApp) -> None:
+    started = time.monotonic()
+    res = await desktop.call("ui.findAndClick", {"label": "Nonexistent", "timeoutMs": 1000}, ctx)
+    assert time.monotonic() - started >= 1.0
+    failed(res, "no text matching 'Nonexistent'", "closest", "'Submit'")
+    candidates = res.result["candidates"]
+    assert 3 <= len(candidates) <= 5 and {"Submit", "Cancel", "Show Later"} <= {c["text"] for c in candidates}
+    assert candidates == sorted(candidates, key=lambda c: -c["score"])
+    assert app.events("submit") == [] and app.events("cancel") == []
+
+
+# ------------------------------------------------------------------------------------------ typing
+
+
+async def test_type_text_with_tab_and_enter(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    await app.wait_event("focus", widget="entry")
+    res = ok(await desktop.call("ui.typeText", {"text": "hello{TAB}", "delayMs": 10}, ctx))
+    assert res["typed_chars"] == 5 and res["keys"] == ["Tab"]
+    await app.wait_event("focus", widget="submit")  # Tab moved the focus from the field to the button
+    ok(await desktop.call("ui.typeText", {"text": "{ENTER}"}, ctx))
+    assert (await app.wait_event("submit", via="key"))["text"] == "hello"
+    failed(await desktop.call("ui.typeText", {"text": "oops{NOPE}"}, ctx), "nothing was typed", "NOPE")
+
+
+async def test_type_text_literal_and_press_key(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    await app.wait_event("focus", widget="entry")
+    ok(await desktop.call("type_text", {"text": "{literal} -x"}, ctx))
+    ok(await desktop.call("press_key", {"key": "Enter"}, ctx))
+    assert (await app.wait_event("submit", via="key"))["text"] == "{literal} -x"
+    failed(await desktop.call("press_key", {"key": "NoSuchKey"}, ctx), "unknown key")
+
+
+async def test_click_and_scroll_check_the_screen(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    failed(await desktop.call("click", {"x": 5000, "y": 10}, ctx), "outside")
+    ok(await desktop.call("scroll", {"direction": "down", "amount": 2, "x": 300, "y": 300}, ctx))
+    failed(await desktop.call("scroll", {"direction": "down", "x": 300}, ctx), "both x and y")
+    tree = ok(await desktop.call("get_ui_tree", {}, ctx))
+    cancel = next(e for e in tree["elements"] if e["text"] == "Cancel")
+    cx, cy = cancel["box"]["x"] + cancel["box"]["width"] // 2, cancel["box"]["y"] + cancel["box"]["height"] // 2
+    ok(await desktop.call("click", {"x": cx, "y": cy}, ctx))
+    await app.wait_event("cancel")
+
+
+# ------------------------------------------------------------------------------------------ ui.waitFor
+
+
+async def test_wait_for_text_that_appears_later(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    ok(await desktop.call("ui.findAndClick", {"label": "Show Later"}, ctx))
+    res = ok(await desktop.call("ui.waitFor", {"condition": "textIncludes", "value": "Build succeeded",
+                                               "timeoutMs": 15000, "pollIntervalMs": 200}, ctx))
+    shown = app.events("shown")
+    assert shown, "waitFor reported the text before the program showed it"
+    assert res["met"] and res["seen"]["elements"][0]["text"] == "Build succeeded"
+    regex = ok(await desktop.call("ui.waitFor", {"condition": "textRegex", "value": r"Build \w+ed"}, ctx))
+    assert regex["seen"]["match"] == "Build succeeded"
+    failed(await desktop.call("ui.waitFor", {"condition": "textRegex", "value": "("}, ctx), "invalid regular")
+
+
+async def test_wait_for_timeout_says_what_it_saw(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    started = time.monotonic()
+    res = await desktop.call("ui.waitFor", {"condition": "textIncludes", "value": "Never There",
+                                            "timeoutMs": 1500, "pollIntervalMs": 300}, ctx)
+    assert time.monotonic() - started >= 1.5
+    failed(res, "not met within 1500 ms", "last saw", "Submit")
+    assert "Cancel" in res.result["last_seen"]["text"] and res.result["polls"] >= 1
+
+
+async def test_wait_for_window_conditions(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    active = ok(await desktop.call("ui.waitFor", {"condition": "appIsActive", "value": "TetherTestApp"}, ctx))
+    assert active["seen"]["title"] == TITLE
+    ok(await desktop.call("ui.waitFor", {"condition": "titleIncludes", "value": "test app"}, ctx))
+    ok(await desktop.call("ui.waitFor", {"condition": "urlIncludes", "value": "Tether Test"}, ctx))
+    failed(await desktop.call("ui.waitFor", {"condition": "titleIncludes", "value": "Other Program",
+                                             "timeoutMs": 300, "pollIntervalMs": 100}, ctx), "last saw", TITLE)
+    failed(await desktop.call("ui.waitFor", {"condition": "appIsActive", "value": ""}, ctx), "non-empty")
+
+
+async def test_wait_for_changed(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+    tree = ok(await desktop.call("get_ui_tree", {}, ctx))
+    later = next(e for e in tree["elements"] if e["text"] == "Show Later")
+    unchanged = await desktop.call("ui.waitFor", {"condition": "changed", "timeoutMs": 300, "pollIntervalMs": 100},
+                                   ctx)
+    failed(unchanged, "not met", "changed_fraction")
+    waiting = asyncio.create_task(desktop.call("ui.waitFor", {"condition": "changed", "timeoutMs": 15000,
+                                                              "pollIntervalMs": 100}, ctx))
+    ok(await desktop.call("click_element", {"control_id": later["id"]}, ctx))  # the label appears 1 s later
+    res = ok(await waiting)
+    assert res["seen"]["changed_fraction"] > 0.001
+    await app.wait_event("shown")
+
+
+# ------------------------------------------------------------------------------------------ windowed programs
+
+
+async def test_launch_reports_the_window_and_close_closes_it(xvfb: str, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DISPLAY", xvfb)  # launch_application's programs inherit the device's display
+    exe = Path(sys.executable)
+    policy = Policy(read_roots=[str(tmp_path), str(GUI_APP.parent)], write_roots=[str(tmp_path)],
+                    commands={exe.name: CommandRule()})
+    sctx = ToolContext(policy=policy, temp_dir=str(tmp_path))
+    system = system_toolset()
+    log = tmp_path / "launched.jsonl"
+    title = "Launched Tether App"
+    res = ok(await system.call("launch_application", {
+        "app_name": str(exe), "args": [str(GUI_APP), str(log), "--title", title, "--geometry", "500x300+700+450"],
+        "cwd": str(tmp_path), "waitForWindowMs": 15000}, sctx))
+    pid = res["pid"]
+    try:
+        window = res["window"]
+        assert window is not None, res
+        assert window["title"] == title and window["matched_by"] in ("pid", "new window")
+        assert (window["width"], window["height"]) == (500, 300)
+        closed = ok(await system.call("close_application", {"pid": pid}, sctx))
+        assert pid in closed["closed"]
+        await _until("the launched window to close", lambda: not _x(xvfb, "search", "--name", title).strip())
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+    quick = ok(await system.call("launch_application", {"app_name": "true", "waitForWindowMs": 5000},
+                                 ToolContext(policy=Policy(commands={"true": CommandRule()}))))
+    assert quick["window"] is None and "exited" in quick["window_note"]
+
+
+# ------------------------------------------------------------------------------------------ absent
+
+
+def test_without_a_display_the_tool_set_says_what_is_missing(xvfb: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tether.tools.builtin import builtin_toolsets
+    from tether.tools.desktop import desktop_toolset
+
+    with pytest.raises(MissingDependency, match="no X display: set DISPLAY or run under Xvfb"):
+        desktop_toolset(display="")
+    with pytest.raises(MissingDependency, match="cannot open X display ':4711'"):
+        desktop_toolset(display=":4711")
+    monkeypatch.delenv("DISPLAY", raising=False)
+    with pytest.raises(MissingDependency, match="set DISPLAY"):
+        builtin_toolsets()["desktop"]()
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(MissingDependency, match="apt-get install xdotool"):
+        desktop_toolset(display=xvfb)
+
+
+def test_tool_names_match_the_optional_listing(desktop: ToolSet) -> None:
+    from tether.tools.builtin import OPTIONAL_TOOLS
+
+    assert set(desktop.specs) == set(OPTIONAL_TOOLS["desktop"]) | {"screenshot"}
+    kinds = {name: spec.tool_type for name, spec in desktop.specs.items()}
+    assert {n for n, k in kinds.items() if k == "data_collection"} == {"screenshot", "get_ui_tree", "ui.waitFor"}
