@@ -1,28 +1,34 @@
 """Command round trip server -> device -> built-in no-op tool -> server, against a raw `websockets` echo.
 
-    python -m bench.roundtrip [N]
+    python -m bench.roundtrip [N] [--device-process] [--profile]
 
 Anchor: a `websockets` echo server and client on 127.0.0.1 (compression off), N sequential round
 trips of a text frame the size of a real COMMAND frame. tether: the real server app, run by uvicorn
 as `build_config` configures it, and a real `DeviceConnection` in front of a device assembled like
 `build_device` with a `noop` tool set; N sequential `hub.dispatcher(...).execute_commands([noop])`.
-Budget (DESIGN.md): tether's p50 at most 3x the echo's p50. Also on record: the same command through
-the REST API (httpx, one keep-alive connection).
+Budget (DESIGN.md): tether's p50 at most 3x the echo's p50.
 
-Everything runs in ONE process on ONE asyncio event loop (no uvloop): echo server and client, uvicorn
-and the device share it, so each round trip is all the CPU work of both ends, with no cross-process
-wake-ups. Rounds of anchor, tether and REST are interleaved so machine noise hits them alike.
+Also on record: the *transport floor* (uvicorn with the same settings serving a bare Starlette
+WebSocket route, and a `websockets` client echoing at once: tether's round trip if tether's own code
+cost nothing) and the same command through the REST API (httpx, one keep-alive connection).
+
+By default everything runs in ONE process on ONE asyncio event loop (no uvloop): echo server and
+client, uvicorn and the device share it, so a round trip costs the CPU work of both ends back to
+back. With --device-process the far ends (the echo server, the floor's echo client and the device)
+run in one child process, as a real device does. Rounds of all rows are interleaved so machine
+noise hits them alike. --profile: cProfile over N tether round trips instead of the table.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import cProfile
 import pstats
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,17 +71,16 @@ async def noop() -> dict:
     return {}
 
 
-def bench_toolsets() -> dict[str, Callable[[], ToolSet]]:
-    return {**builtin_toolsets(), "bench": lambda: ToolSet("bench", [noop])}
-
-
-def bench_device(config: DeviceConfig, state_dir: Path, toolsets: dict[str, Callable[[], ToolSet]]) -> LocalDevice:
-    """`tether.device.local.build_device` line for line, with the `bench` tool set added to the
-    built-in ones (build_device cannot take extra tool sets)."""
+def bench_device(state_dir: Path) -> LocalDevice:
+    """`tether.device.local.build_device` line for line, with a `bench` tool set (the `noop` tool) beside
+    the always-available built-in ones (build_device cannot take extra tool sets)."""
+    config: DeviceConfig = parse_device_config({
+        "device": {"name": DEVICE, "builtin": ["shell", "files", "system"]},
+        "mcp": {"default": {"default": {"action": [{"namespace": "bench", "toolset": "bench"}]}}}})
     policy = resolve_policy(config)
     journal = UndoJournal(state_dir)
     context = ToolContext(policy=policy, journal=journal)
-    servers = MCPServerManager(toolsets=toolsets)
+    servers = MCPServerManager(toolsets={**builtin_toolsets(), "bench": lambda: ToolSet("bench", [noop])})
     computers = ComputerManager(config, servers, context=context)
     client = DeviceClient(servers, computers, client_id=config.device.name or "local")
     return LocalDevice(config, policy, state_dir, journal, context, servers, computers, client)
@@ -87,12 +92,98 @@ def command_frame() -> str:
                                 actions=[Command(tool_name="noop")], timeout=10, early_exit=True))
 
 
-# ---------------------------------------------------------------------------------------------- anchor
+# ---------------------------------------------------------------------------------------------- far ends
+# Each runs until `stop` is set and calls `ready` once it is serving; in this process or in a child.
 
-async def echo(ws: ServerConnection) -> None:
+Ready = Callable[[str], None]
+
+
+async def echo_back(ws: ServerConnection | ClientConnection) -> None:
     async for message in ws:
         await ws.send(message)
 
+
+async def run_echo_server(stop: asyncio.Event, ready: Ready) -> None:
+    """The anchor's far end; `ready` gets its port."""
+    async with serve(echo_back, "127.0.0.1", 0, compression=None, max_size=None, ping_interval=None) as server:
+        ready(str(next(iter(server.sockets)).getsockname()[1]))
+        await stop.wait()
+
+
+async def run_echo_client(stop: asyncio.Event, ready: Ready, url: str) -> None:
+    """The transport floor's far end: connects as the device does and echoes every frame."""
+    async with connect(url, compression=None, max_size=TRANSPORT_MAX_BYTES, ping_interval=None) as ws:
+        echo = asyncio.create_task(echo_back(ws))
+        ready("")
+        await stop.wait()
+        echo.cancel()
+
+
+async def run_device(stop: asyncio.Event, ready: Ready, url: str, token: str, state_dir: str) -> None:
+    device = bench_device(Path(state_dir))
+    link = DeviceConnection(device.client, url, token, name=DEVICE)
+    task = asyncio.create_task(link.run())
+    try:
+        await asyncio.wait_for(link.connected.wait(), 10)
+        ready("")
+        await stop.wait()
+    finally:
+        link.stop()
+        await asyncio.wait_for(task, 10)
+        await device.aclose()
+
+
+PEERS: dict[str, Callable[..., Awaitable[None]]] = {"echo-server": run_echo_server, "echo-client": run_echo_client,
+                                                    "device": run_device}
+
+
+@asynccontextmanager
+async def far_end(child: bool, kind: str, *args: str) -> AsyncIterator[str]:
+    """Run a far end here (a task on this loop) or in a child process (`--peer KIND ARGS`); yields
+    what it passed to `ready`."""
+    if not child:
+        stop = asyncio.Event()
+        got: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(PEERS[kind](stop, got.set_result, *args))
+        try:
+            await asyncio.wait([got, task], timeout=20, return_when=asyncio.FIRST_COMPLETED)
+            if task.done():
+                task.result()  # raises what went wrong
+            yield got.result()
+        finally:
+            stop.set()
+            await asyncio.wait_for(task, 15)
+        return
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.roundtrip", "--peer", kind, *args,
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        line = await asyncio.wait_for(proc.stdout.readline(), 20)
+        assert line, f"the {kind} process exited before it was ready"
+        yield line.decode().strip()
+    finally:
+        proc.stdin.close()  # the child stops at end of input
+        try:
+            await asyncio.wait_for(proc.wait(), 15)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
+async def peer_main(kind: str, *args: str) -> None:
+    """`--peer KIND ARGS`: one far end in this child process, until its stdin closes."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    eof = loop.run_in_executor(None, sys.stdin.buffer.read)
+    eof.add_done_callback(lambda _: stop.set())
+
+    def ready(value: str) -> None:
+        print(value, flush=True)
+
+    await PEERS[kind](stop, ready, *args)
+
+
+# ---------------------------------------------------------------------------------------------- rows
 
 async def anchor_round(ws: ClientConnection, frame: str, n: int) -> list[float]:
     samples = []
@@ -115,8 +206,6 @@ async def floor_round(websocket: WebSocket, frame: str, n: int) -> list[float]:
         assert len(reply) == len(frame)
     return samples
 
-
-# ---------------------------------------------------------------------------------------------- tether
 
 async def tether_round(hub: DeviceHub, n: int) -> list[float]:
     samples = []
@@ -141,15 +230,9 @@ async def rest_round(http: httpx.AsyncClient, n: int) -> list[float]:
     return samples
 
 
-@dataclass
-class Tether:
-    server: uvicorn.Server
-    hub: DeviceHub
-    port: int
-    api_token: str
+# ---------------------------------------------------------------------------------------------- servers
 
-
-async def start_server(config: uvicorn.Config) -> tuple[uvicorn.Server, asyncio.Task[None]]:
+async def start_server(config: uvicorn.Config) -> tuple[uvicorn.Server, asyncio.Task[None], int]:
     """uvicorn binding the socket itself, as `tether server` does (port 0: any free port).
 
     Not a socket bound here and passed in: `socket.socket(AF_INET, SOCK_STREAM)` has proto 0, so
@@ -162,48 +245,45 @@ async def start_server(config: uvicorn.Config) -> tuple[uvicorn.Server, asyncio.
             break
         await asyncio.sleep(0.01)
     assert server.started, "uvicorn did not start"
-    return server, task
+    return server, task, server.servers[0].sockets[0].getsockname()[1]
+
+
+async def stop_server(server: uvicorn.Server, task: asyncio.Task[None]) -> None:
+    server.should_exit = True
+    await asyncio.wait_for(task, 15)
+
+
+@dataclass
+class Tether:
+    server: uvicorn.Server
+    hub: DeviceHub
+    port: int
+    api_token: str
 
 
 @asynccontextmanager
-async def running_tether() -> AsyncIterator[Tether]:
-    """Server (temp database with a device and an API token) and a registered device, until exit."""
+async def running_tether(child: bool) -> AsyncIterator[Tether]:
+    """The server (temp database with a device and an API token) and the registered device, until exit."""
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
-        root = Path(tmp)
-        settings = ServerSettings(db_path=root / "server.db", port=0)
+        settings = ServerSettings(db_path=Path(tmp) / "server.db", port=0)
         store = Store(settings.db_path)  # as `tether token create` does, before the server starts
         device_token = store.create_token("device", DEVICE)[1]
         api_token = store.create_token("api", "bench-api", ["execute"])[1]
         store.close()
         # the real server config (ws implementation, ws_max_size, no deflate, lifespan); quiet logs so
         # the REST rows print no access lines
-        server, server_task = await start_server(build_config(settings, log_level="warning"))
+        server, task, port = await start_server(build_config(settings, log_level="warning"))
         try:
-            port = server.servers[0].sockets[0].getsockname()[1]
-            toolsets = bench_toolsets()
-            config = parse_device_config({  # the always-available built-in sets beside the bench's
-                "device": {"name": DEVICE, "builtin": ["shell", "files", "system"]},
-                "mcp": {"default": {"default": {"action": [{"namespace": "bench", "toolset": "bench"}]}}}})
-            device = bench_device(config, root / "device-state", toolsets)
-            link = DeviceConnection(device.client, f"ws://127.0.0.1:{port}/aip", device_token, name=DEVICE)
-            link_task = asyncio.create_task(link.run())
-            try:
-                await asyncio.wait_for(link.connected.wait(), 10)
+            async with far_end(child, "device", f"ws://127.0.0.1:{port}/aip", device_token, str(Path(tmp) / "dev")):
                 yield Tether(server, server.config.app.state.hub, port, api_token)  # type: ignore[union-attr]
-            finally:
-                link.stop()
-                await asyncio.wait_for(link_task, 10)
-                await device.aclose()
         finally:
-            server.should_exit = True
-            await asyncio.wait_for(server_task, 15)
+            await stop_server(server, task)
 
 
 @asynccontextmanager
-async def transport_floor(like: uvicorn.Config) -> AsyncIterator[WebSocket]:
-    """uvicorn with the tether server's transport settings serving a bare Starlette WebSocket route,
-    and a `websockets` client (as the device connects) that echoes every frame at once: the round
-    trip tether's hub and device would have if their own code cost nothing. Yields the server end."""
+async def transport_floor(like: uvicorn.Config, child: bool) -> AsyncIterator[WebSocket]:
+    """uvicorn with the tether server's transport settings serving a bare Starlette WebSocket route, its
+    far end a client that echoes at once. Yields the server end of the socket."""
     accepted: asyncio.Future[WebSocket] = asyncio.get_running_loop().create_future()
     finished = asyncio.Event()
 
@@ -212,39 +292,31 @@ async def transport_floor(like: uvicorn.Config) -> AsyncIterator[WebSocket]:
         accepted.set_result(websocket)
         await finished.wait()
 
-    async def echo_back(ws: ClientConnection) -> None:
-        async for message in ws:
-            await ws.send(message)
-
     transport = {k: getattr(like, k) for k in ("ws", "http", "ws_max_size", "ws_per_message_deflate",
                                               "ws_ping_interval", "ws_ping_timeout", "h11_max_incomplete_event_size")}
     config = uvicorn.Config(Starlette(routes=[WebSocketRoute("/aip", endpoint)]), host="127.0.0.1", port=0,
                             log_level="warning", lifespan="off", **transport)
-    server, server_task = await start_server(config)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    server, task, port = await start_server(config)
     try:
-        async with connect(f"ws://127.0.0.1:{port}/aip", compression=None, max_size=TRANSPORT_MAX_BYTES,
-                           ping_interval=None) as ws:
-            echo_task = asyncio.create_task(echo_back(ws))
+        async with far_end(child, "echo-client", f"ws://127.0.0.1:{port}/aip"):
             try:
                 yield await asyncio.wait_for(accepted, 10)
             finally:
                 finished.set()
-                echo_task.cancel()
     finally:
-        server.should_exit = True
-        await asyncio.wait_for(server_task, 15)
+        await stop_server(server, task)
 
 
 @asynccontextmanager
-async def echo_connection() -> AsyncIterator[ClientConnection]:
-    async with serve(echo, "127.0.0.1", 0, compression=None, max_size=None, ping_interval=None) as server:
-        port = next(iter(server.sockets)).getsockname()[1]
-        async with connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None, ping_interval=None) as ws:
-            yield ws
+async def echo_connection(child: bool) -> AsyncIterator[ClientConnection]:
+    async with far_end(child, "echo-server") as port, \
+            connect(f"ws://127.0.0.1:{port}", compression=None, max_size=None, ping_interval=None) as ws:
+        yield ws
 
 
-async def main(n: int, profile: bool = False) -> None:
+# ---------------------------------------------------------------------------------------------- main
+
+async def main(n: int, *, child: bool = False, profile: bool = False) -> None:
     per_round = max(1, n // ROUNDS)
     warmup = max(200, n // 10)
     frame = command_frame()
@@ -252,7 +324,8 @@ async def main(n: int, profile: bool = False) -> None:
     floor: list[float] = []
     ours: list[float] = []
     rest: list[float] = []
-    async with running_tether() as tether, echo_connection() as ws, transport_floor(tether.server.config) as bare, \
+    async with running_tether(child) as tether, echo_connection(child) as ws, \
+            transport_floor(tether.server.config, child) as bare, \
             httpx.AsyncClient(base_url=f"http://127.0.0.1:{tether.port}",
                               headers={"Authorization": f"Bearer {tether.api_token}"}, timeout=30) as http:
         await anchor_round(ws, frame, warmup)
@@ -260,18 +333,20 @@ async def main(n: int, profile: bool = False) -> None:
         await tether_round(tether.hub, warmup)
         await rest_round(http, max(50, warmup // 4))
         if profile:
-            return await profile_tether(tether.hub, n)
+            return await profile_tether(tether.hub, n, child)
         for _ in range(ROUNDS):
             anchor += await anchor_round(ws, frame, per_round)
             floor += await floor_round(bare, frame, per_round)
             ours += await tether_round(tether.hub, per_round)
             rest += await rest_round(http, per_round)
-        protocols = (f"uvicorn ws={tether.server.config.ws_protocol_class.__name__}, "  # type: ignore[union-attr]
-                     f"http={tether.server.config.http_protocol_class.__name__}")  # type: ignore[union-attr]
+        config = tether.server.config
+        protocols = (f"uvicorn ws={config.ws_protocol_class.__name__}, "  # type: ignore[union-attr]
+                     f"http={config.http_protocol_class.__name__}")  # type: ignore[union-attr]
 
+    where = ("far ends (echo server, floor's echo client, device) in a child process" if child else
+             "one process, one asyncio event loop for both ends")
     print(f"command round trip, built-in no-op tool, {ROUNDS} interleaved rounds of {per_round} (+{warmup} "
-          f"warm-up); one process, one asyncio event loop for both ends; {protocols}; "
-          f"COMMAND frame {len(frame)} bytes")
+          f"warm-up); {where}; {protocols}; COMMAND frame {len(frame)} bytes")
     base = summary("anchor: raw websockets echo round trip", anchor)
     bare = summary("transport floor: uvicorn+Starlette <-> ws echo", floor)
     row = summary("tether: dispatcher -> AIP -> device -> noop", ours)
@@ -285,18 +360,28 @@ async def main(n: int, profile: bool = False) -> None:
           f"{api['p50_us'] - row['p50_us']:.0f} us")
 
 
-async def profile_tether(hub: DeviceHub, n: int) -> None:
-    """`--profile`: cProfile over N tether round trips (both ends, same loop), top functions by own time."""
+async def profile_tether(hub: DeviceHub, n: int, child: bool) -> None:
+    """cProfile over N tether round trips, top functions by own time, then by cumulative time."""
     profiler = cProfile.Profile()
     profiler.enable()
     samples = await tether_round(hub, n)
     profiler.disable()
-    summary("tether under cProfile (slower than real)", samples)
+    summary(f"tether under cProfile ({'server only' if child else 'both ends'}; slower than real)", samples)
     stats = pstats.Stats(profiler).strip_dirs().sort_stats("tottime")
     stats.print_stats(40)
     stats.sort_stats("cumtime").print_stats(60)
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--profile"]
-    asyncio.run(main(int(args[0]) if args else 4000, profile="--profile" in sys.argv[1:]))
+    if sys.argv[1:2] == ["--peer"]:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(peer_main(*sys.argv[2:]))
+        sys.exit(0)
+    flags = {a for a in sys.argv[1:] if a.startswith("--")}
+    unknown = flags - {"--device-process", "--profile"}
+    if unknown:
+        sys.exit(f"unknown option(s) {', '.join(sorted(unknown))}; usage: python -m bench.roundtrip [N] "
+                 "[--device-process] [--profile]")
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    asyncio.run(main(int(args[0]) if args else 4000, child="--device-process" in flags,
+                     profile="--profile" in flags))

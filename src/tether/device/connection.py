@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from tether.device.batches import BatchRunner
@@ -368,11 +369,25 @@ class DeviceConnection:
 
     async def _sender(self, ws: ClientConnection) -> None:
         outbox = self.outbox
+
+        def write_now(text: str) -> bool:
+            # what `ws.send` does for a text frame when nothing is buffered, without the await; a
+            # socket that is closing or has a backlog is left to the sender
+            if ws.state is not State.OPEN or ws.transport.get_write_buffer_size():
+                return False
+            ws.protocol.send_text(text.encode())
+            ws.send_data()
+            return True
+
         while True:
             frame = outbox.pop()
             if frame is None:
                 outbox.wait_state()
-                await outbox.ready.wait()
+                outbox.write_now = write_now
+                try:
+                    await outbox.ready.wait()
+                finally:
+                    outbox.write_now = None
                 continue
             try:
                 await ws.send(frame[1])

@@ -53,7 +53,8 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
             if not command.call_id:
                 command.call_id = new_call_id()
         response_id = uuid.uuid4().hex
-        repeated = [cid for cid, n in Counter(c.call_id for c in commands).items() if n > 1]
+        repeated = [cid for cid, n in Counter(c.call_id for c in commands).items() if n > 1] \
+            if len(commands) > 1 else []
         if repeated:
             results = self.generate_error_results(commands, f"call_id(s) {', '.join(map(str, repeated))} "
                                                             "appear more than once in the batch; nothing was sent")
@@ -100,7 +101,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
 
     def _audit(self, commands: list[Command], results: list[Result], response_id: str) -> None:
         try:
-            self.hub.store.audit_many(
+            self.hub.store.audit_soon(
                 (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, r.status.value, r.error,
                  response_id) for c, r in zip(commands, results, strict=True))
         except Exception:

@@ -8,9 +8,11 @@ without touching existing rows.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
+import logging
 import re
 import secrets
 import sqlite3
@@ -22,12 +24,16 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+logger = logging.getLogger(__name__)
+
 TokenKind = Literal["device", "api"]
 SCOPES = ("read", "execute", "admin")
 _PREFIX = {"device": "tdev_", "api": "tapi_"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 _MAX_ARGUMENTS_CHARS = 16_384
 _LAST_USED_EVERY = 60.0  # seconds: verifying a token per API request must not mean a write per request
+_AUDIT_FLUSH_S = 0.05  # deferred audit rows are written at most this late, in one transaction
+_AUDIT_FLUSH_ROWS = 64  # ... or as soon as this many are waiting
 
 _MIGRATIONS: list[str] = [
     """
@@ -114,6 +120,9 @@ class Store:
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._conn.row_factory = sqlite3.Row
+        self._audit_pending: list[tuple[str, str, str | None, str, dict[str, Any] | None, str, str | None,
+                                        str | None, float]] = []
+        self._audit_flush: asyncio.TimerHandle | None = None
         if str(path) != ":memory:":
             self.path.chmod(0o600)
         with self._lock:
@@ -147,6 +156,7 @@ class Store:
             return self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
 
     def close(self) -> None:
+        self.flush_audit()
         with self._lock:
             self._conn.close()
 
@@ -245,8 +255,42 @@ class Store:
         Arguments are stored as JSON, cut at 16 KiB so a large file write cannot bloat the log.
         """
         now = time.time()
-        values = [(now, who, device, response_id, call_id, tool, _arguments(arguments), status, error)
-                  for who, device, call_id, tool, arguments, status, error, response_id in rows]
+        self._write_audit([(*row, now) for row in rows])
+
+    def audit_soon(self, rows: Iterable[tuple[str, str, str | None, str, dict[str, Any] | None, str,
+                                              str | None, str | None]]) -> None:
+        """Like `audit_many`, but off the caller's path: on an event loop the rows are written within
+        `_AUDIT_FLUSH_S` (one transaction for all rows waiting; a commit costs far more than a row),
+        and every read of the log and `close()` write them first. Without a loop it writes at once."""
+        now = time.time()
+        self._audit_pending.extend((*row, now) for row in rows)
+        if len(self._audit_pending) >= _AUDIT_FLUSH_ROWS:
+            self.flush_audit()
+        elif self._audit_flush is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                self.flush_audit()
+                return
+            self._audit_flush = loop.call_later(_AUDIT_FLUSH_S, self.flush_audit)
+
+    def flush_audit(self) -> None:
+        """Write the rows `audit_soon` is holding back."""
+        if self._audit_flush is not None:
+            self._audit_flush.cancel()
+            self._audit_flush = None
+        with self._lock:
+            pending, self._audit_pending = self._audit_pending, []
+        if pending:
+            try:
+                self._write_audit(pending)
+            except Exception:  # from a timer there is no caller to tell
+                logger.exception("could not write %d audit row(s)", len(pending))
+
+    def _write_audit(self, rows: list[tuple[str, str, str | None, str, dict[str, Any] | None, str, str | None,
+                                            str | None, float]]) -> None:
+        values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error)
+                  for who, device, call_id, tool, arguments, status, error, response_id, at in rows]
         insert = ("INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
                   "status, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
         with self._lock:
@@ -263,6 +307,7 @@ class Store:
 
     def audit_rows(self, limit: int = 100, device: str | None = None) -> list[dict[str, Any]]:
         """The newest `limit` audit rows, newest first, as plain dicts (ready for JSON)."""
+        self.flush_audit()
         query = "SELECT * FROM audit"
         params: tuple[Any, ...] = ()
         if device is not None:
