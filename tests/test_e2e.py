@@ -10,61 +10,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from netutil import Proc, TcpProxy, free_port, tether_env, wait_for
+from netutil import Cluster, TcpProxy, tether_env, wait_for
 from tether.protocol.models import Command, ResultStatus
 from tether.remote import RemoteError, RemoteServer
 from tether.server.store import Store
-
-HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
-
-
-class Cluster:
-    """One server process plus whatever devices a test starts; everything stopped at the end."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
-        self.state = tmp / "state"
-        self.state.mkdir()
-        self.db = self.state / "server.db"
-        self.env = tether_env(self.state)
-        store = Store(str(self.db))
-        _, self.api_token = store.create_token("api", "tests", ["read", "execute", "admin"])
-        _, self.read_token = store.create_token("api", "reader", ["read"])
-        self.device_tokens = {name: store.create_token("device", name, [])[1] for name in ("alpha", "beta")}
-        store.close()
-        self.port = free_port()
-        self.procs: list[Proc] = []
-        self.server = self.start(["server", "--port", str(self.port), "--db", str(self.db), *HEARTBEAT,
-                                  "--log-level", "warning"], "server")
-        self.remote = RemoteServer(f"http://127.0.0.1:{self.port}", self.api_token)
-        wait_for(lambda: self.remote.health()["status"] == "ok", "server health", procs=(self.server.popen,))
-
-    def start(self, args: list[str], label: str) -> Proc:
-        proc = Proc(args, self.tmp / f"{label}-{len(self.procs)}.log", self.env)
-        self.procs.append(proc)
-        return proc
-
-    def device(self, name: str, token: str | None = None, port: int | None = None, extra: tuple[str, ...] = ()
-               ) -> Proc:
-        args = ["device", "--server", f"ws://127.0.0.1:{port or self.port}", "--name", name,
-                "--state-dir", str(self.state / f"dev-{name}"), *extra]
-        if token is not None or name in self.device_tokens:
-            args += ["--token", token if token is not None else self.device_tokens[name]]
-        return self.start(args, f"device-{name}")
-
-    def status(self, name: str) -> str | None:
-        for row in self.remote.devices():
-            if row["name"] == name:
-                return row["status"]
-        return None
-
-    def wait_online(self, name: str, proc: Proc, timeout: float = 60) -> None:
-        wait_for(lambda: self.status(name) in ("online", "busy"), f"{name} online", timeout, (proc.popen,))
-
-    def close(self) -> None:
-        for proc in reversed(self.procs):
-            proc.stop()
-        self.remote.close()
 
 
 @pytest.fixture
