@@ -11,22 +11,29 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
-import json
 import os
-import select
-import shutil
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from tether.protocol.models import Result
+from desktop_testkit import (
+    GUI_APP,
+    SCREEN,
+    TITLE,
+    GuiApp,
+    failed,
+    ok,
+    png,
+    require_programs,
+    running_xvfb,
+    stop,
+    until,
+    xdo,
+)
 from tether.tools.context import ToolContext
 from tether.tools.ocr import OcrEngine
 from tether.tools.optional import MissingDependency
@@ -34,65 +41,20 @@ from tether.tools.policy import CommandRule, Policy
 from tether.tools.runtime import ToolSet
 from tether.tools.system import system_toolset
 
-GUI_APP = Path(__file__).resolve().parent / "gui_app.py"
-TITLE = "Tether Test App"
-SCREEN = (1280, 800)
-APT = {"Xvfb": "apt-get install xvfb", "xdotool": "apt-get install xdotool", "xdpyinfo": "apt-get install x11-utils"}
-
-
 # ------------------------------------------------------------------------------------------ X server and app
-
-
-def _require_programs() -> None:
-    for program, install in APT.items():
-        if shutil.which(program) is None:
-            pytest.fail(f"{program} is not installed; install it with: {install}")
-    for module in ("mss", "PIL", "rapidocr_onnxruntime"):
-        try:
-            __import__(module)
-        except ImportError:
-            pytest.fail(f"Python module {module} is missing; install it with: pip install -e '.[desktop]'")
 
 
 @pytest.fixture(scope="session")
 def xvfb(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A private Xvfb 1280x800; it picks a free display itself (-displayfd) and reports it when ready."""
-    _require_programs()
-    log = tmp_path_factory.mktemp("xvfb") / "xvfb.log"
-    read_fd, write_fd = os.pipe()
-    with open(log, "wb") as err:
-        proc = subprocess.Popen(["Xvfb", "-displayfd", str(write_fd), "-screen", "0", f"{SCREEN[0]}x{SCREEN[1]}x24",
-                                 "-nolisten", "tcp"], pass_fds=(write_fd,), stdout=subprocess.DEVNULL, stderr=err)
-    os.close(write_fd)
-    try:
-        number = b""
-        deadline = time.monotonic() + 20
-        while not number.endswith(b"\n"):
-            ready, _, _ = select.select([read_fd], [], [], max(0.0, deadline - time.monotonic()))
-            chunk = os.read(read_fd, 64) if ready else b""
-            if not chunk:
-                pytest.fail(f"Xvfb did not report a display within 20 s: {log.read_text(errors='replace')}")
-            number += chunk
-        display = f":{int(number)}"
-        while subprocess.run(["xdpyinfo", "-display", display], capture_output=True, timeout=10).returncode != 0:
-            if time.monotonic() > deadline:
-                pytest.fail(f"Xvfb on {display} does not accept connections: {log.read_text(errors='replace')}")
-            time.sleep(0.05)
+    require_programs()
+    with running_xvfb(tmp_path_factory.mktemp("xvfb") / "xvfb.log") as display:
         yield display
-    finally:
-        os.close(read_fd)
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="session")
 def ocr_engine() -> OcrEngine:
     """One OCR engine for the whole run: loading the models once keeps the tests quick."""
-    _require_programs()
+    require_programs()
     engine = OcrEngine()
     engine.warm_up()
     return engine
@@ -111,50 +73,6 @@ def ctx(tmp_path: Path) -> ToolContext:
                        temp_dir=str(tmp_path))
 
 
-def _x(display: str, *args: str) -> str:
-    return subprocess.run(["xdotool", *args], env={**os.environ, "DISPLAY": display}, capture_output=True,
-                          text=True, timeout=10).stdout
-
-
-async def _until(what: str, check: Callable[[], Any], timeout: float = 15.0) -> Any:
-    """Poll `check` until it returns something truthy; fail after `timeout` saying what never happened."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout:g}s waiting for {what}")
-        await asyncio.sleep(0.02)
-
-
-@dataclass
-class GuiApp:
-    """The running Tk program and its event log."""
-
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        if not self.log.exists():
-            return []
-        rows = [json.loads(line) for line in self.log.read_text().splitlines() if line.endswith("}")]
-        return [r for r in rows if kind is None or r["event"] == kind]
-
-    async def wait_event(self, kind: str, timeout: float = 15.0, **fields: Any) -> dict[str, Any]:
-        def find() -> dict[str, Any] | None:
-            return next((e for e in self.events(kind) if all(e.get(k) == v for k, v in fields.items())), None)
-
-        return await _until(f"event {kind} {fields or ''} (log: {self.events()})", find, timeout)
-
-
-async def _stop(proc: subprocess.Popen[bytes], display: str, title: str) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        await asyncio.to_thread(proc.wait, 10)
-    await _until(f"window {title!r} to disappear", lambda: not _x(display, "search", "--name", title).strip())
-
-
 @pytest.fixture
 async def app(xvfb: str, tmp_path: Path) -> AsyncIterator[GuiApp]:
     log = tmp_path / "events.jsonl"
@@ -164,29 +82,7 @@ async def app(xvfb: str, tmp_path: Path) -> AsyncIterator[GuiApp]:
         await gui.wait_event("ready")
         yield gui
     finally:
-        await _stop(proc, xvfb, TITLE)
-
-
-def ok(result: Result) -> dict[str, Any]:
-    assert result.ok, result.error
-    return result.result
-
-
-def failed(result: Result, *fragments: str) -> str:
-    assert not result.ok, result.result
-    assert result.error is not None
-    for fragment in fragments:
-        assert fragment in result.error, result.error
-    return result.error
-
-
-def _png(data: bytes) -> Any:
-    from PIL import Image
-
-    img = Image.open(io.BytesIO(data))
-    img.load()
-    assert img.format == "PNG"
-    return img
+        await stop(proc, xvfb, TITLE)
 
 
 # ------------------------------------------------------------------------------------------ screen
@@ -196,11 +92,11 @@ async def test_screenshot_full_region_scaled_and_to_a_file(desktop: ToolSet, ctx
                                                            tmp_path: Path) -> None:
     full = ok(await desktop.call("screenshot", {}, ctx))
     assert (full["width"], full["height"], full["scale"], full["format"]) == (*SCREEN, 1.0, "png")
-    assert _png(base64.b64decode(full["data"])).size == SCREEN
+    assert png(base64.b64decode(full["data"])).size == SCREEN
     assert full["bytes"] == len(base64.b64decode(full["data"]))
 
     part = ok(await desktop.call("screenshot", {"region": {"x": 10, "y": 20, "width": 300, "height": 200}}, ctx))
-    assert _png(base64.b64decode(part["data"])).size == (300, 200)
+    assert png(base64.b64decode(part["data"])).size == (300, 200)
     assert part["captured"] == {"x": 10, "y": 20, "width": 300, "height": 200}
     clipped = ok(await desktop.call("screenshot", {"region": {"x": 1200, "y": 700, "width": 300, "height": 300}}, ctx))
     assert clipped["captured"] == {"x": 1200, "y": 700, "width": 80, "height": 100}
@@ -218,7 +114,7 @@ async def test_screenshot_full_region_scaled_and_to_a_file(desktop: ToolSet, ctx
     target = tmp_path / "shot.png"
     saved = ok(await desktop.call("screenshot", {"path": str(target)}, ctx))
     assert saved["path"] == str(target) and "data" not in saved
-    assert _png(target.read_bytes()).size == SCREEN and saved["bytes"] == target.stat().st_size
+    assert png(target.read_bytes()).size == SCREEN and saved["bytes"] == target.stat().st_size
     failed(await desktop.call("screenshot", {"path": str(target)}, ctx), "already exists")
     failed(await desktop.call("screenshot", {"path": "/etc/tether-shot.png"}, ctx), "write_roots")
 
@@ -250,6 +146,24 @@ async def test_ui_tree_finds_the_buttons_and_click_element_hits_the_right_one(de
     failed(await desktop.call("click_element", {"control_id": by_text["Submit"]["id"]}, ctx),
            f"from UI tree {tree['tree']}", "latest")
     assert app.events("submit") == []
+
+
+async def test_ocr_reuses_the_answer_for_an_unchanged_frame(xvfb: str, app: GuiApp) -> None:
+    from tether.tools.screen import grab_sync
+
+    engine = OcrEngine()
+    area = {"x": 0, "y": 120, "width": 700, "height": 100}  # the buttons, not the blinking caret
+    first = await asyncio.to_thread(engine.recognize, grab_sync(xvfb, area), "a")
+    again = await asyncio.to_thread(engine.recognize, grab_sync(xvfb, area), "b")
+    assert engine.reused == 1 and "Submit" in [e.text for e in first]
+    assert [(e.text, e.box) for e in again] == [(e.text, e.box) for e in first] and again[0].id == "b1"
+    other = {**area, "x": 1}
+    await asyncio.to_thread(engine.recognize, grab_sync(xvfb, other))
+    assert engine.reused == 1  # another region is never served from the cache
+    fresh = OcrEngine(reuse_unchanged=False)
+    for _ in range(2):
+        await asyncio.to_thread(fresh.recognize, grab_sync(xvfb, area))
+    assert fresh.reused == 0
 
 
 async def test_click_element_needs_a_tree_first(desktop: ToolSet, ctx: ToolContext) -> None:
@@ -393,7 +307,7 @@ async def test_launch_reports_the_window_and_close_closes_it(xvfb: str, tmp_path
         assert (window["width"], window["height"]) == (500, 300)
         closed = ok(await system.call("close_application", {"pid": pid}, sctx))
         assert pid in closed["closed"]
-        await _until("the launched window to close", lambda: not _x(xvfb, "search", "--name", title).strip())
+        await until("the launched window to close", lambda: not xdo(xvfb, "search", "--name", title).strip())
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
@@ -421,9 +335,13 @@ def test_without_a_display_the_tool_set_says_what_is_missing(xvfb: str, monkeypa
         desktop_toolset(display=xvfb)
 
 
-def test_tool_names_match_the_optional_listing(desktop: ToolSet) -> None:
+async def test_tool_names_and_closing(desktop: ToolSet, ocr_engine: OcrEngine, xvfb: str) -> None:
     from tether.tools.builtin import OPTIONAL_TOOLS
+    from tether.tools.desktop import desktop_toolset
 
     assert set(desktop.specs) == set(OPTIONAL_TOOLS["desktop"]) | {"screenshot"}
     kinds = {name: spec.tool_type for name, spec in desktop.specs.items()}
     assert {n for n, k in kinds.items() if k == "data_collection"} == {"screenshot", "get_ui_tree", "ui.waitFor"}
+    await desktop.aclose()
+    assert ocr_engine._engine is not None  # a shared engine belongs to whoever passed it in
+    await desktop_toolset(display=xvfb).aclose()

@@ -7,6 +7,7 @@ import sys
 from tether.device.config import parse_device_config
 from tether.device.local import build_device
 from tether.protocol.models import Command, ResultStatus
+from tether.tools.builtin import OPTIONAL_SETS
 from tether.tools.policy import Policy
 
 
@@ -20,7 +21,7 @@ async def test_time_and_filesystem_servers_through_the_router(node_mcp_bin, tmp_
     device = build_device(config, policy=Policy(), state_dir=tmp_path / "state")
     try:
         computer = await device.computer_manager.get_or_create(None)
-        assert computer.startup_errors == {}
+        assert set(computer.startup_errors) <= set(OPTIONAL_SETS)  # desktop needs a display
         infos = {(i.namespace, i.name, i.tool_type) for i in computer.tool_infos()}
         assert ("time", "get_current_time", "data_collection") in infos
         assert ("fs", "write_file", "action") in infos

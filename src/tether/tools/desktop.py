@@ -68,14 +68,17 @@ class Desktop:
         t2 = time.perf_counter()
         return capture, elements, {"screenshot": (t1 - t0) * 1e3, "ocr": (t2 - t1) * 1e3}
 
-    def remember(self, elements: list[TextElement], window: Window | None) -> UiTree:
-        """Store a new tree; its number must be the one its ids were made with (`next_tree_prefix`)."""
-        self.tree = UiTree(self._trees, {e.id: e for e in elements}, window, time.time())
-        return self.tree
-
-    def next_tree_prefix(self) -> str:
+    def new_tree_number(self) -> int:
+        """Numbered when the tree is started, so its ids are known before the OCR pass ends."""
         self._trees += 1
-        return f"t{self._trees}_"
+        return self._trees
+
+    def remember(self, number: int, elements: list[TextElement], window: Window | None) -> UiTree:
+        """Keep tree `number` for click_element, unless a later-started tree was kept already."""
+        tree = UiTree(number, {e.id: e for e in elements}, window, time.time())
+        if self.tree is None or self.tree.number < number:
+            self.tree = tree
+        return tree
 
     async def check_point(self, x: int, y: int) -> None:
         width, height = await self.x11.screen_size()
@@ -100,19 +103,15 @@ class Desktop:
         await self.x11.xdotool("type", "--delay", str(delay_ms), "--", text,
                                timeout=5.0 + len(text) * (delay_ms + 5) / 1000)
 
-    async def window_for(self, app: str | None, active: bool) -> Window | None:
-        """The window whose title or class contains `app` (brought forward), else the active one if asked."""
-        if app:
-            windows = await self.x11.find_windows(app)
-            if not windows:
-                names = sorted({w.title for w in await self._all_windows() if w.title})
-                raise ToolError(f"no visible window whose title or class contains {app!r}; open windows: {names}",
-                                {"open_windows": names})
-            await self.x11.activate(windows[0])
-            return await self.x11.window(windows[0].id)
-        if active:
-            return await self.x11.active_window()
-        return None
+    async def app_window(self, app: str) -> Window:
+        """The window whose title or class contains `app`, brought forward and given the keyboard."""
+        windows = await self.x11.find_windows(app)
+        if not windows:
+            names = sorted({w.title for w in await self._all_windows() if w.title})
+            raise ToolError(f"no visible window whose title or class contains {app!r}; open windows: {names}",
+                            {"open_windows": names})
+        await self.x11.activate(windows[0])
+        return await self.x11.window(windows[0].id)
 
     async def _all_windows(self) -> list[Window]:
         found = []
@@ -140,10 +139,10 @@ def desktop_tools(desk: Desktop) -> list[ToolFunction]:
         plus the active window's title. `click_element` takes an id from the latest tree."""
         window = await desk.x11.active_window()
         region = window.region if activeWindow and window is not None else None
-        prefix = desk.next_tree_prefix()
-        capture, elements, timings = await desk.read_screen(region, prefix)
+        number = desk.new_tree_number()
+        capture, elements, timings = await desk.read_screen(region, f"t{number}_")
         elements = [e for e in elements if e.confidence >= minConfidence]
-        tree = desk.remember(elements, window)
+        tree = desk.remember(number, elements, window)
         width, height = await desk.x11.screen_size()
         return {"tree": tree.number, "window_title": window.title if window else None,
                 "window": window.as_dict() if window else None, "elements": [e.as_dict() for e in elements],
@@ -238,5 +237,11 @@ def desktop_toolset(display: str | None = None, ocr: OcrEngine | None = None) ->
     from tether.tools.desktop_ui import ui_tools
 
     desk = Desktop(display, ocr)
+
+    async def release() -> None:
+        if ocr is None:  # an engine passed in belongs to the caller
+            desk.ocr.close()
+
     return ToolSet("desktop", [screenshot_tool(desk.x11), *desktop_tools(desk), *ui_tools(desk)],
-                   description="screen capture, OCR of on-screen text, mouse and keyboard on an X11 display")
+                   description="screen capture, OCR of on-screen text, mouse and keyboard on an X11 display",
+                   on_close=release)

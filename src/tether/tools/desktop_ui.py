@@ -66,6 +66,19 @@ def _window_names(win: Window | None) -> dict[str, Any]:
     return {"title": win.title, "wm_class": win.wm_class, "process": process, "pid": win.pid}
 
 
+def _contains(win: Window, x: int, y: int) -> bool:
+    return win.x <= x < win.x + win.width and win.y <= y < win.y + win.height
+
+
+async def _window_at_pointer(desk: Desktop) -> Window | None:
+    """Best effort: the click may well have closed the window it landed on."""
+    try:
+        wid = await desk.x11.window_at_pointer()
+        return await desk.x11.window(wid) if wid is not None else None
+    except ToolError:
+        return None
+
+
 def ui_tools(desk: Desktop) -> list[ToolFunction]:
     """`ui.findAndClick`, `ui.typeText` and `ui.waitFor` bound to one `Desktop`."""
 
@@ -86,7 +99,7 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
         while True:
             attempts += 1
             try:
-                window = await desk.window_for(app, active=False)
+                window = await desk.app_window(app) if app else None
             except ToolError:  # the app's window is not there (yet): keep looking until the deadline
                 if time.monotonic() >= deadline:
                     raise
@@ -105,6 +118,8 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
                 t0 = time.perf_counter()
                 await desk.click_at(x, y, button)
                 timings["click"] = (time.perf_counter() - t0) * 1e3
+                if window is None or not _contains(window, x, y):  # report the window that was clicked
+                    window = await _window_at_pointer(desk)
                 return {"clicked": {**best.as_dict(), "center": {"x": x, "y": y}}, "label": label,
                         "score": round(best.score, 3), "button": button,
                         "window_title": window.title if window else None,

@@ -4,6 +4,8 @@ The models ship inside the `rapidocr-onnxruntime` wheel, so nothing is downloade
 them takes most of a second, so an `OcrEngine` is created by the tool set that owns it and loads
 its model lazily, in a worker thread, on first use. Recognition is serialised per engine (a lock):
 ONNX Runtime already uses every core for one image, and RapidOCR keeps per-call settings on itself.
+Polling tools (ui.waitFor, ui.findAndClick) mostly look at an unchanged screen, so a frame that is
+byte for byte one of the last two gets their answer again instead of another OCR pass.
 
 Matching a label against OCR text (`match_score`), both casefolded and with whitespace collapsed:
 
@@ -26,11 +28,14 @@ from dataclasses import asdict, dataclass
 from difflib import SequenceMatcher
 from typing import TYPE_CHECKING, Any
 
+from tether.tools.errors import ToolError
+
 if TYPE_CHECKING:
     from tether.tools.screen import Capture
 
 CONTAINED_WEIGHT = 0.9
 DET_MAX_SIDE = 2000
+RECENT_FRAMES = 2
 MIN_TEXT_SCORE = 0.5  # RapidOCR's own default: below it recognitions are mostly noise
 
 
@@ -54,16 +59,23 @@ class TextElement:
 class OcrEngine:
     """A RapidOCR instance created on first use; one per tool set (never module state)."""
 
-    def __init__(self, min_score: float = MIN_TEXT_SCORE) -> None:
+    def __init__(self, min_score: float = MIN_TEXT_SCORE, reuse_unchanged: bool = True) -> None:
         self.min_score = min_score
+        self.reuse_unchanged = reuse_unchanged
         self._engine: Any = None
         self._lock = threading.Lock()
+        self._recent: list[tuple[tuple[int, int, int, int], bytes, list[tuple[dict[str, int], str, float]]]] = []
         self.load_seconds: float | None = None
+        self.reused = 0
 
     def _load(self) -> Any:
         if self._engine is None:
             started = time.perf_counter()
-            from rapidocr_onnxruntime import RapidOCR
+            try:
+                from rapidocr_onnxruntime import RapidOCR
+            except ImportError as exc:  # e.g. OpenCV without its system libraries
+                raise ToolError(f"the OCR engine cannot load: {exc} (pip install 'tether[desktop]'; OpenCV needs "
+                                "apt-get install libgl1 libglib2.0-0)") from None
 
             # The angle classifier is for photographed, rotated text: screen text is upright, and
             # skipping it saves a model pass per line. Detection runs at the image's own size (up to
@@ -74,6 +86,12 @@ class OcrEngine:
             self.load_seconds = time.perf_counter() - started
         return self._engine
 
+    def close(self) -> None:
+        """Drop the loaded models (~100 MB) and remembered frames; the next use loads them again."""
+        with self._lock:
+            self._engine = None
+            self._recent = []
+
     def warm_up(self) -> None:
         """Load the models now (blocking; call it in a thread)."""
         with self._lock:
@@ -82,22 +100,33 @@ class OcrEngine:
     def recognize(self, capture: Capture, id_prefix: str = "e") -> list[TextElement]:
         """The text lines in `capture`, top to bottom then left to right, boxes in screen pixels.
 
-        Blocking (hundreds of milliseconds for a full screen): call it in a worker thread.
+        Blocking (hundreds of milliseconds for a full screen): call it in a worker thread. When the
+        pixels are byte for byte those of one of the last two calls (polling an unchanged screen),
+        that answer is reused: OCR is deterministic, and comparing costs about a millisecond.
         """
-        pixels = capture.bgr()
+        where = (capture.x, capture.y, capture.width, capture.height)
         with self._lock:
-            engine = self._load()
-            found, _timings = engine(pixels, use_cls=False, text_score=self.min_score)
-        elements = []
-        for points, text, score in found or []:
-            xs = [p[0] for p in points]
-            ys = [p[1] for p in points]
-            x0, y0 = max(0, int(min(xs))), max(0, int(min(ys)))
-            box = {"x": capture.x + x0, "y": capture.y + y0,
-                   "width": max(1, round(max(xs)) - x0), "height": max(1, round(max(ys)) - y0)}
-            elements.append((box, str(text), float(score)))
-        return [TextElement(id=f"{id_prefix}{i}", text=text, box=box, confidence=round(score, 4))
-                for i, (box, text, score) in enumerate(reading_order(elements), 1)]
+            seen = next((r for r in self._recent if r[0] == where and r[1] == capture.bgra), None)
+            if seen is not None:
+                self.reused += 1
+                lines = seen[2]
+            else:
+                found, _timings = self._load()(capture.bgr(), use_cls=False, text_score=self.min_score)
+                lines = reading_order([_line(capture, points, text, score) for points, text, score in found or []])
+                if self.reuse_unchanged:  # two frames: a blinking caret alternates between two screens
+                    self._recent = [(where, capture.bgra, lines), *self._recent[:RECENT_FRAMES - 1]]
+        return [TextElement(id=f"{id_prefix}{i}", text=text, box=dict(box), confidence=round(score, 4))
+                for i, (box, text, score) in enumerate(lines, 1)]
+
+
+def _line(capture: Capture, points: list[list[float]], text: Any, score: Any) -> tuple[dict[str, int], str, float]:
+    """One RapidOCR result (a quadrilateral in capture pixels) as an upright box in screen pixels."""
+    xs = [p[0] for p in points]
+    ys = [p[1] for p in points]
+    x0, y0 = max(0, int(min(xs))), max(0, int(min(ys)))
+    box = {"x": capture.x + x0, "y": capture.y + y0,
+           "width": max(1, round(max(xs)) - x0), "height": max(1, round(max(ys)) - y0)}
+    return box, str(text), float(score)
 
 
 def reading_order(items: list[tuple[dict[str, int], str, float]]) -> list[tuple[dict[str, int], str, float]]:

@@ -27,7 +27,7 @@ from tether.tools.process import safe_environment
 
 XDOTOOL_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 3.0
-NO_DISPLAY_HINT = "no X display: set DISPLAY or run under Xvfb (e.g. `Xvfb :99 -screen 0 1280x800x24 &`)"
+NO_DISPLAY_HINT = "no X display: set DISPLAY or run under Xvfb (e.g. `Xvfb :99 -screen 0 1280x800x24 -noreset &`)"
 XDOTOOL_HINT = "xdotool is not installed: apt-get install xdotool"
 _POLL_S = 0.05
 
@@ -65,20 +65,25 @@ def display_problem(display: str | None) -> str | None:
     """Why the desktop tools cannot run on `display`, or None when it answers.
 
     Synchronous and bounded (a few seconds at most): it runs once, when the tool set is created.
+    A refused connection is tried again twice, 100 ms apart: an X server refuses connections while it
+    resets after its last client left (Xvfb without -noreset does that between programs).
     """
     if not display:
         return NO_DISPLAY_HINT
     if shutil.which("xdotool") is None:
         return XDOTOOL_HINT
-    try:
-        proc = subprocess.run(["xdotool", "getdisplaygeometry"], env=display_env(display), capture_output=True,
-                              timeout=PROBE_TIMEOUT_S, check=False)
-    except subprocess.TimeoutExpired:
-        return f"X display {display!r} did not answer within {PROBE_TIMEOUT_S:g}s; {NO_DISPLAY_HINT}"
-    if proc.returncode != 0:
-        err = proc.stderr.decode(errors="replace").strip().splitlines()
-        return f"cannot open X display {display!r} ({err[0] if err else 'xdotool failed'}); {NO_DISPLAY_HINT}"
-    return None
+    for attempt in range(3):
+        try:
+            proc = subprocess.run(["xdotool", "getdisplaygeometry"], env=display_env(display), capture_output=True,
+                                  timeout=PROBE_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return f"X display {display!r} did not answer within {PROBE_TIMEOUT_S:g}s; {NO_DISPLAY_HINT}"
+        if proc.returncode == 0:
+            return None
+        if attempt < 2:
+            time.sleep(0.1)
+    err = proc.stderr.decode(errors="replace").strip().splitlines()
+    return f"cannot open X display {display!r} ({err[0] if err else 'xdotool failed'}); {NO_DISPLAY_HINT}"
 
 
 def _parse_shell(text: str) -> dict[str, str]:
@@ -143,9 +148,9 @@ class X11:
     async def window(self, wid: int) -> Window:
         """Title, geometry and (when the program tells) pid and WM_CLASS of one window."""
         out = await self.xdotool("getwindowname", str(wid), "getwindowgeometry", "--shell", str(wid))
-        lines = out.splitlines()
-        title = lines[0] if lines and "=" not in lines[0] else ""
-        geo = _parse_shell(out)
+        name, sep, shell = out.rpartition("WINDOW=")  # the name comes first and may itself hold '='
+        title = name.removesuffix("\n") if sep else ""
+        geo = _parse_shell(sep + shell)
         pid, wm_class = await self._props(wid)
         return Window(id=wid, title=title, x=int(geo.get("X", 0)), y=int(geo.get("Y", 0)),
                       width=int(geo.get("WIDTH", 0)), height=int(geo.get("HEIGHT", 0)), pid=pid, wm_class=wm_class)
