@@ -81,7 +81,7 @@ def display_problem(display: str | None) -> str | None:
         if proc.returncode == 0:
             return None
         if attempt < 2:
-            time.sleep(0.1)
+            time.sleep(0.1)  # retry backoff: an X server that is (re)starting refuses for a moment
     err = proc.stderr.decode(errors="replace").strip().splitlines()
     return f"cannot open X display {display!r} ({err[0] if err else 'xdotool failed'}); {NO_DISPLAY_HINT}"
 
