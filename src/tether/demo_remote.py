@@ -45,7 +45,8 @@ def _show(console: Console, title: str, result: Result, expect_ok: bool) -> bool
     outcome = result.status.value if result.ok or not as_expected else f"{result.status.value}, as it should be"
     detail = ""
     if result.ok and isinstance(result.result, dict) and "stdout" in result.result:
-        detail = repr(result.result["stdout"].strip()[:80])
+        lines = result.result["stdout"].strip().splitlines()
+        detail = f"(stdout: {len(lines)} lines, streamed above)" if len(lines) > 1 else repr("".join(lines))
     console.print(f"{mark} {title}: [bold]{outcome}[/bold] {detail}")
     if result.error:
         console.print(f"    [dim]{result.error[:200]}[/dim]")
@@ -87,7 +88,8 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
 
         def stream(event: Event) -> None:
             if event.kind == "output":
-                console.print(f"    [dim]│ {str(event.data.get('data', '')).rstrip()}[/dim]")
+                for line in str(event.data.get("data", "")).rstrip("\n").splitlines():
+                    console.print(f"    │ {line}", style="dim", markup=False, highlight=False)
 
         target = work / "hello.txt"
         steps = [
