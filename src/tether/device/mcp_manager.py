@@ -36,6 +36,7 @@ from tether.device.mcp_servers import (
     describe_error,
     innermost_error,
 )
+from tether.tools.optional import MissingDependency
 from tether.tools.runtime import ToolSet
 
 __all__ = [
@@ -279,7 +280,9 @@ class MCPServerManager:
             try:
                 await server.start()
             except Exception as exc:
-                logger.warning("%s", exc)
+                # an optional tool set (desktop, browser) missing its extra is expected, not alarming
+                optional = isinstance(exc.__cause__, MissingDependency)
+                logger.log(logging.INFO if optional else logging.WARNING, "%s", exc)
                 return str(exc) if isinstance(exc, MCPServerError) else (
                     f"server '{server.namespace}' failed to start: {describe_error(exc)}")
             return None

@@ -1,0 +1,1 @@
+"""The reasoning loop: LLM client, planner, executor, recovery, answer (seed 004)."""
