@@ -1,0 +1,177 @@
+"""The plan: a list of skill calls, written by hand (`tether run --plan plan.yaml`) or by the planner.
+
+A skill is a tool name a device offers (`shell.run`, `browser.act`, `ui.findAndClick`, `read_file`, …);
+`args` are that tool's arguments; `device` names the device a step must run on (None: any device that
+has the skill). `validate_plan` checks a plan against the tools the devices offer.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tether.protocol.models import ToolInfo
+
+
+class PlanError(ValueError):
+    """A plan that cannot be read; the message names where (file, step index) and what is wrong."""
+
+
+class PlanStep(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    skill: str = Field(..., min_length=1, description="The tool to call, e.g. shell.run")
+    args: dict[str, Any] = Field(default_factory=dict, description="The tool's arguments")
+    description: str = Field(default="", description="What the step does, in a few words")
+    device: str | None = Field(default=None, description="The device to run on; None for any")
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    steps: list[PlanStep] = Field(default_factory=list)
+
+
+# The JSON schema the planner asks the LLM to answer under.
+PLAN_JSON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "steps": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "skill": {"type": "string"},
+                    "args": {"type": "object"},
+                    "description": {"type": "string"},
+                    "device": {"type": ["string", "null"]},
+                },
+                "required": ["skill", "args"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    "required": ["steps"],
+    "additionalProperties": False,
+}
+
+
+def _describe_validation_error(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"])
+        parts.append(f"{where}: {item['msg']}" if where else item["msg"])
+    return "; ".join(parts)
+
+
+def plan_from_data(data: Any, source: str = "plan") -> Plan:
+    """A plan from parsed JSON/YAML: a list of steps or `{"steps": [...]}`; errors name the step index."""
+    if isinstance(data, Mapping) and "steps" in data:
+        extra = sorted(set(data) - {"steps"})
+        if extra:
+            raise PlanError(f"{source}: unexpected top-level keys {extra}; expected only 'steps'")
+        data = data["steps"]
+    if data is None:
+        data = []
+    if not isinstance(data, list):
+        raise PlanError(f"{source}: a plan is a list of steps (or {{steps: [...]}}), not {type(data).__name__}")
+    steps: list[PlanStep] = []
+    for index, raw in enumerate(data):
+        if not isinstance(raw, Mapping):
+            raise PlanError(f"{source}: step {index}: a step is a mapping with skill and args, "
+                            f"not {type(raw).__name__}")
+        try:
+            steps.append(PlanStep.model_validate(dict(raw)))
+        except ValidationError as exc:
+            raise PlanError(f"{source}: step {index}: {_describe_validation_error(exc)}") from None
+    return Plan(steps=steps)
+
+
+def load_plan_file(path: str | Path) -> Plan:
+    """Read a plan written by hand (.yaml/.yml or .json; other suffixes are tried as YAML)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PlanError(f"{path}: cannot read the plan file: {exc.strerror or exc}") from None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{path}: not valid JSON: {exc}") from None
+    else:
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise PlanError(f"{path}: not valid YAML: {exc}") from None
+    return plan_from_data(data, str(path))
+
+
+def find_tool(tools: Iterable[ToolInfo], skill: str) -> ToolInfo | None:
+    for tool in tools:
+        if tool.name == skill:
+            return tool
+    return None
+
+
+def check_args(tool: ToolInfo, args: dict[str, Any]) -> list[str]:
+    """What is wrong with `args` for `tool`, per its input schema (empty when fine)."""
+    try:
+        validator_cls = jsonschema.validators.validator_for(tool.input_schema)
+        validator = validator_cls(tool.input_schema)
+        errors = sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))
+    except jsonschema.SchemaError as exc:
+        return [f"the tool {tool.name} has an invalid input schema: {exc.message}"]
+    out = []
+    for error in errors:
+        where = "/".join(str(p) for p in error.absolute_path)
+        out.append(f"{where}: {error.message}" if where else error.message)
+    return out
+
+
+def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]]) -> list[str]:
+    """The problems with `plan` given the tools each device offers (key None: the default device).
+
+    A step naming a device must use a skill that device has; a step without a device uses the
+    default device (key None) when there is one, otherwise any device that has the skill.
+    """
+    problems: list[str] = []
+    devices = sorted(name for name in tools if name is not None)
+    if not plan.steps:
+        problems.append("the plan has no steps")
+    for index, step in enumerate(plan.steps):
+        label = f"step {index} ({step.skill})"
+        if step.device is not None:
+            if step.device not in tools:
+                known = ", ".join(devices) or "none"
+                problems.append(f"{label}: unknown device {step.device!r} (known devices: {known})")
+                continue
+            candidates = [(step.device, tools[step.device])]
+        elif None in tools:
+            candidates = [(None, tools[None])]
+        else:
+            candidates = [(name, tools[name]) for name in devices]
+        found = [(name, tool) for name, device_tools in candidates
+                 if (tool := find_tool(device_tools, step.skill)) is not None]
+        if not found:
+            where = f"on device {step.device!r}" if step.device is not None else "on any device"
+            available = sorted({t.name for _, device_tools in candidates for t in device_tools})
+            problems.append(f"{label}: unknown skill {step.skill!r} {where}; "
+                            f"available skills: {', '.join(available) or 'none'}")
+            continue
+        arg_problems = check_args(found[0][1], step.args)
+        if arg_problems and len(found) > 1:
+            # several devices have the skill; the step is fine if one of them accepts the arguments
+            for _, tool in found[1:]:
+                if not check_args(tool, step.args):
+                    arg_problems = []
+                    break
+        problems.extend(f"{label}: bad args: {p}" for p in arg_problems)
+    return problems

@@ -1,0 +1,285 @@
+"""The planner (seed 004's planSkills): a request in plain words becomes a validated plan of skill calls.
+
+The prompt carries the request, the target devices' profiles and their tools' schemas (compact, each
+schema once), the policy constraints, the steps already run and any recovery context. The LLM answers
+JSON under `PLAN_JSON_SCHEMA`; the plan is validated against the devices' tools and, when it has
+problems, the LLM is asked once more with the problems listed. A second bad plan is a `PlanningError`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel
+
+from tether.agent.llm import LLMClient, Message
+from tether.agent.plan import PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
+from tether.protocol.models import ToolInfo
+from tether.protocol.profile import DeviceProfile
+
+MAX_ATTEMPTS = 2  # the first plan and one re-ask with its problems
+HISTORY_ITEM_CHARS = 600
+DEFAULT_POLICY_SUMMARY = (
+    "- Never use sudo, su, doas or passwd; never try to gain privileges.\n"
+    "- shell.run takes a program in `cmd` and its arguments as a list in `argv`; never a shell string, "
+    "no pipes, redirections, `;`, `&&` or `sh -c`.\n"
+    "- Every shell.run step sets `cwd` to an absolute directory inside the allowed roots.\n"
+    "- Prefer the file tools (write_file, read_file, list_dir, …) over shell commands for files."
+)
+
+
+class PlanningError(RuntimeError):
+    """The LLM did not produce a valid plan; `problems` lists what was wrong with the last one."""
+
+    def __init__(self, message: str, problems: list[str], raw: str = "", attempts: int = 0) -> None:
+        super().__init__(message)
+        self.problems = problems
+        self.raw = raw
+        self.attempts = attempts
+
+
+@dataclass
+class DeviceView:
+    """What the planner knows of one device: its profile (optional) and its tools."""
+
+    tools: list[ToolInfo] = field(default_factory=list)
+    profile: DeviceProfile | None = None
+
+
+DeviceLike = DeviceView | DeviceProfile | Sequence[ToolInfo] | Mapping[str, Any]
+
+
+@dataclass
+class PlanResult:
+    plan: Plan
+    llm_calls: int
+    prompt_tokens: int
+    attempts: int
+    raw: str
+    completion_tokens: int = 0
+    first_problems: list[str] = field(default_factory=list)
+
+
+def as_device_view(value: DeviceLike) -> DeviceView:
+    if isinstance(value, DeviceView):
+        return value
+    if isinstance(value, DeviceProfile):
+        return DeviceView(tools=list(value.tools), profile=value)
+    if isinstance(value, Mapping):
+        profile = value.get("profile")
+        if isinstance(profile, Mapping):
+            profile = DeviceProfile.model_validate(profile)
+        tools = value.get("tools")
+        if tools is None and profile is not None:
+            tools = profile.tools
+        return DeviceView(tools=[t if isinstance(t, ToolInfo) else ToolInfo.model_validate(t) for t in tools or []],
+                          profile=profile)
+    return DeviceView(tools=list(value))
+
+
+# -- the prompt ------------------------------------------------------------------------------------
+
+
+def profile_summary(profile: DeviceProfile | None) -> str:
+    if profile is None:
+        return "no profile"
+    parts: list[str] = []
+    os_bits = " ".join(b for b in (profile.os.platform, profile.os.release) if b)
+    if os_bits:
+        parts.append(f"os {os_bits}")
+    if profile.network.hostname:
+        parts.append(f"host {profile.network.hostname}")
+    if profile.cpu.cores:
+        parts.append(f"{profile.cpu.cores} cores")
+    if profile.memory.total_gb:
+        parts.append(f"{profile.memory.total_gb:g} GB RAM")
+    if profile.gpu.available:
+        parts.append(f"GPU {profile.gpu.model or 'yes'}")
+    if profile.tags:
+        parts.append(f"tags {', '.join(profile.tags)}")
+    if profile.capabilities:
+        parts.append(f"capabilities {', '.join(profile.capabilities)}")
+    if profile.installed_apps:
+        apps = profile.installed_apps[:12]
+        more = f" (+{len(profile.installed_apps) - len(apps)} more)" if len(profile.installed_apps) > len(apps) else ""
+        parts.append(f"apps {', '.join(apps)}{more}")
+    home = getattr(profile, "home", None) or getattr(profile.os, "home", None)
+    if home:
+        parts.append(f"home {home}")
+    return "; ".join(parts) or "no profile"
+
+
+def compact_schema(schema: Mapping[str, Any]) -> str:
+    """The tool's arguments in as few tokens as carry them: `name: type (default) *required`."""
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    if not props:
+        return "no arguments"
+    out = []
+    for name, spec in props.items():
+        text = f"{name}{'*' if name in required else ''}: {_type_of(spec)}"
+        if "default" in spec and spec["default"] not in (None, [], {}, ""):
+            text += f" = {json.dumps(spec['default'])}"
+        if spec.get("description"):
+            text += f" ({spec['description']})"
+        out.append(text)
+    return "; ".join(out)
+
+
+def _type_of(spec: Mapping[str, Any]) -> str:
+    if "enum" in spec:
+        return "|".join(json.dumps(v) for v in spec["enum"])
+    if "anyOf" in spec:
+        kinds = [_type_of(s) for s in spec["anyOf"] if s.get("type") != "null"]
+        return "|".join(kinds) + ("?" if any(s.get("type") == "null" for s in spec["anyOf"]) else "")
+    kind = spec.get("type", "any")
+    if isinstance(kind, list):
+        return "|".join(kind)
+    if kind == "array":
+        return f"{_type_of(spec.get('items') or {})}[]"
+    if kind == "object" and "additionalProperties" in spec and isinstance(spec["additionalProperties"], dict):
+        return f"map<{_type_of(spec['additionalProperties'])}>"
+    return str(kind)
+
+
+def _first_paragraph(text: str, limit: int = 240) -> str:
+    paragraph = " ".join((text or "").strip().split("\n\n", 1)[0].split())
+    return paragraph if len(paragraph) <= limit else paragraph[: limit - 1] + "…"
+
+
+def _history_line(index: int, item: Any) -> str:
+    if isinstance(item, BaseModel):
+        item = item.model_dump(mode="json", exclude_none=True)
+    text = item if isinstance(item, str) else json.dumps(item, default=str, separators=(",", ":"))
+    if len(text) > HISTORY_ITEM_CHARS:
+        text = text[:HISTORY_ITEM_CHARS] + "…"
+    return f"{index}. {text}"
+
+
+def build_messages(request: str, devices: Mapping[str, DeviceView], policy_summary: str,
+                   history: Sequence[Any] = (), recovery_context: str | None = None) -> list[Message]:
+    lines = [
+        "You are tether's automation planner. Turn the user's request into a plan: a short list of "
+        "skill calls that devices will run one at a time, in order. Use only the skills listed below, "
+        "with arguments that match their schemas (* marks a required argument).",
+        "",
+        "Policy (steps that break it are refused):",
+        policy_summary.strip(),
+        "",
+        "Devices:",
+    ]
+    schemas: dict[str, ToolInfo] = {}
+    for name, view in devices.items():
+        names = ", ".join(t.name for t in view.tools) or "none"
+        lines.append(f"- {name}: {profile_summary(view.profile)}; skills: {names}")
+        for tool in view.tools:
+            schemas.setdefault(tool.name, tool)
+    lines += ["", "Skills:"]
+    for tool in schemas.values():
+        description = _first_paragraph(tool.description)
+        lines.append(f"- {tool.name} [{tool.tool_type}]: {description}".rstrip(": "))
+        lines.append(f"  args: {compact_schema(tool.input_schema)}")
+    several = len(devices) > 1
+    lines += [
+        "",
+        'Answer with one JSON object only: {"steps": [{"skill": "...", "args": {...}, '
+        '"description": "what this step does", "device": ' + ('"device name"' if several else "null") + "}]}.",
+        "Set \"device\" on every step when more than one device is listed; otherwise leave it null."
+        if several else "Leave \"device\" null.",
+    ]
+    user = [f"Request: {request.strip()}"]
+    if history:
+        user += ["", "Steps already run (with their results):"]
+        user += [_history_line(i, item) for i, item in enumerate(history)]
+    if recovery_context:
+        user += ["", "Recovery context (plan again with this in mind; do not repeat what failed):",
+                 recovery_context.strip()]
+    return [{"role": "system", "content": "\n".join(lines)}, {"role": "user", "content": "\n".join(user)}]
+
+
+# -- parsing ---------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"```(?:json|JSON)?\s*\n?(.*?)```", re.DOTALL)
+
+
+def parse_plan_reply(text: str) -> Plan:
+    """A plan from the LLM's text: tolerates ``` fences, prose around the JSON and a bare list of steps."""
+    candidates: list[str] = [m.group(1) for m in _FENCE.finditer(text)]
+    candidates.append(text)
+    last_error = "the reply is empty"
+    for candidate in candidates:
+        data, error = _first_json(candidate.strip())
+        if error is not None:
+            last_error = error
+            continue
+        return plan_from_data(data, "the plan")
+    raise PlanError(f"the reply is not a JSON plan: {last_error}")
+
+
+def _first_json(text: str) -> tuple[Any, str | None]:
+    if not text:
+        return None, "the reply is empty"
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        error = str(exc)
+    decoder = json.JSONDecoder()
+    for match in re.finditer(r"[\[{]", text):
+        try:
+            value, _ = decoder.raw_decode(text, match.start())
+        except json.JSONDecodeError:
+            continue
+        if (isinstance(value, dict) and "steps" in value) or isinstance(value, list):
+            return value, None
+    return None, error
+
+
+# -- planning --------------------------------------------------------------------------------------
+
+
+async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, DeviceLike],
+                       policy_summary: str = DEFAULT_POLICY_SUMMARY, history: Sequence[Any] = (),
+                       recovery_context: str | None = None, stream: bool = False,
+                       on_token: Callable[[str], None] | None = None) -> PlanResult:
+    """Ask the LLM for a plan, validate it, re-ask once with its problems; `PlanningError` if still bad.
+
+    `LLMError` (the LLM unreachable or failing) propagates unchanged.
+    """
+    views = {name: as_device_view(value) for name, value in devices.items()}
+    tools = {name: view.tools for name, view in views.items()}
+    messages = build_messages(request, views, policy_summary, history, recovery_context)
+    calls = prompt_tokens = completion_tokens = 0
+    first_problems: list[str] = []
+    raw = ""
+    problems: list[str] = []
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        reply = await llm.complete(messages, json_schema=PLAN_JSON_SCHEMA, schema_name="plan",
+                                   stream=stream, on_token=on_token)
+        calls += reply.calls
+        prompt_tokens += reply.prompt_tokens
+        completion_tokens += reply.completion_tokens
+        raw = reply.text
+        try:
+            plan = parse_plan_reply(raw)
+        except PlanError as exc:
+            problems = [str(exc)]
+        else:
+            problems = validate_plan(plan, tools)
+            if not problems:
+                return PlanResult(plan=plan, llm_calls=calls, prompt_tokens=prompt_tokens, attempts=attempt,
+                                  raw=raw, completion_tokens=completion_tokens, first_problems=first_problems)
+        if attempt == 1:
+            first_problems = list(problems)
+        messages = [
+            *messages,
+            {"role": "assistant", "content": raw},
+            {"role": "user", "content": "That plan has problems:\n" + "\n".join(f"- {p}" for p in problems)
+             + "\nReply with the whole corrected plan as one JSON object."},
+        ]
+    listing = "\n".join(f"- {p}" for p in problems)
+    raise PlanningError(f"the LLM did not produce a valid plan after {MAX_ATTEMPTS} attempts:\n{listing}",
+                        problems, raw=raw, attempts=MAX_ATTEMPTS)
