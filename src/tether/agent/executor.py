@@ -1,0 +1,402 @@
+"""The executor (seed 004's executeCommand and the adaptive loop): plan, run one step per pass, recover.
+
+    runner = TaskRunner(lambda device: dispatcher, llm, tools={None: tools}, ask=ask_person)
+    task = await runner.run(Task(request="...", plan=plan))
+
+Each step goes through the dispatcher of its device (`dispatchers(step.device)`), local or remote,
+as `Command(tool_name=step.skill, parameters=step.args)`. A success advances the cursor; a failure
+goes to recovery (fast path, LLM, ASK_USER) and the decision is applied: AUTO_PATCH retries the step
+with the patched arguments, REPLAN plans the rest again from the cursor, ASK_USER waits for `ask` and
+maps the answer. Budgets (patches per step, re-plans per task, commands per task, wall time) end in
+ASK_USER or failure, never a loop. Everything that happens is a `TaskEvent` on the task and, when
+`on_event` is given, passed to it as it happens (streamed command output included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from tether.agent.answer import format_answer
+from tether.agent.llm import LLMClient, LLMError, how_to_configure
+from tether.agent.plan import Plan, validate_plan
+from tether.agent.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
+from tether.agent.recovery import (
+    OPTION_APPROVE,
+    OPTION_CANCEL,
+    OPTION_DENY,
+    OPTION_RETRY,
+    OPTION_SKIP,
+    AskUser,
+    AutoPatch,
+    RecoveryInput,
+    Replan,
+    apply_budgets,
+    fallback,
+    recover,
+    tool_for,
+)
+from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
+from tether.protocol.dispatcher import BasicCommandDispatcher
+from tether.protocol.models import Command, Result, ToolInfo
+
+DEFAULT_DEVICE_NAME = "local"
+Decision = AutoPatch | Replan | AskUser
+
+
+async def discover_tools(dispatcher: BasicCommandDispatcher) -> list[ToolInfo]:
+    """The tools a device offers, through its dispatcher's `list_tools` meta tool."""
+    [result] = await dispatcher.execute_commands([Command(tool_name="list_tools")])
+    if not result.ok or not isinstance(result.result, list):
+        raise RuntimeError(f"cannot list the device's tools: {result.error or 'no list returned'}")
+    return [ToolInfo.model_validate(item) for item in result.result]
+
+
+class _Stop(Exception):
+    """The task reached a terminal state; unwinds the loop."""
+
+
+class TaskRunner:
+    def __init__(self, dispatchers: Callable[[str | None], BasicCommandDispatcher], llm: LLMClient | None, *,
+                 tools: Mapping[str | None, list[ToolInfo]], ask: Callable[[AskUser], Awaitable[str]],
+                 on_event: Callable[[TaskEvent], None] | None = None, budgets: Budgets | None = None,
+                 policy_summary: str = DEFAULT_POLICY_SUMMARY, command_timeout: float = 600.0,
+                 stream_answer: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+        self.dispatchers = dispatchers
+        self.llm = llm
+        self.tools = dict(tools)
+        self.ask = ask
+        self.on_event = on_event
+        self.budgets = budgets or Budgets()
+        self.policy_summary = policy_summary
+        self.command_timeout = command_timeout
+        self.stream_answer = stream_answer
+        self.clock = clock
+        self._started = 0.0
+        self._elapsed_before = 0.0
+
+    # -- events and state ---------------------------------------------------------------------------
+
+    def _emit(self, task: Task, kind: str, data: dict[str, Any] | None = None) -> TaskEvent:
+        event = task.record(kind, data)
+        self._publish(event)
+        return event
+
+    def _publish(self, event: TaskEvent | None) -> None:
+        if event is not None and self.on_event is not None:
+            self.on_event(event)
+
+    def _to(self, task: Task, state: TaskState, **data: Any) -> None:
+        self._publish(task.transition(state, **data))
+
+    def _end(self, task: Task, state: TaskState, error: str | None = None) -> None:
+        task.error = error
+        self._to(task, state, **({"error": error} if error else {}))
+        raise _Stop
+
+    def _elapsed(self) -> float:
+        return self._elapsed_before + (self.clock() - self._started)
+
+    # -- the loop -------------------------------------------------------------------------------------
+
+    async def run(self, task: Task) -> Task:
+        """Run `task` until it is done, failed or cancelled (resuming where it stopped)."""
+        if task.state.terminal:
+            return task
+        self._started = self.clock()
+        self._elapsed_before = task.counters.elapsed_s
+        llm_before = self._llm_counts()
+        try:
+            await self._run(task)
+        except _Stop:
+            pass
+        except asyncio.CancelledError:
+            if not task.state.terminal:
+                task.error = "cancelled"
+                self._publish(task.transition(TaskState.CANCELLED, error="cancelled"))
+            raise
+        finally:
+            task.counters.elapsed_s = self._elapsed()
+            self._count_llm(task, llm_before)
+        return task
+
+    async def _run(self, task: Task) -> None:
+        if task.state is TaskState.CREATED:
+            if task.plan is None or not task.plan.steps:
+                if self.llm is None:
+                    self._end(task, TaskState.FAILED, how_to_configure())
+                await self._plan(task, recovery_context=None, replace_from=0)
+            else:
+                problems = validate_plan(task.plan, self.tools) if self.tools else []
+                if problems:
+                    self._end(task, TaskState.FAILED, "the plan has problems:\n"
+                              + "\n".join(f"- {p}" for p in problems))
+                self._emit(task, "plan", {"steps": [s.model_dump(mode="json") for s in task.plan.steps],
+                                          "source": "given"})
+            self._to(task, TaskState.RUNNING)
+        elif task.state is TaskState.PLANNING:
+            await self._plan(task, recovery_context=None, replace_from=task.cursor)
+            self._to(task, TaskState.RUNNING)
+        elif task.state is TaskState.WAITING_FOR_USER and task.pending_question is not None:
+            pending = task.pending_question
+            await self._resolve(task, AskUser(question=pending.question, options=pending.options,
+                                              kind="approval" if pending.kind == "approval" else "question",
+                                              source="user"), existing=pending)
+        elif task.state in (TaskState.RECOVERING, TaskState.WAITING_FOR_USER):
+            self._to(task, TaskState.RUNNING)
+        assert task.plan is not None
+        while task.cursor < len(task.plan.steps):
+            self._check_budgets(task)
+            result = await self._execute(task)
+            if result.ok:
+                task.cursor += 1
+                continue
+            self._to(task, TaskState.RECOVERING, step=task.cursor)
+            decision = await self._decide(task, result)
+            await self._resolve(task, decision)
+        await self._finish(task)
+
+    def _check_budgets(self, task: Task) -> None:
+        if task.counters.commands >= self.budgets.total_steps:
+            self._end(task, TaskState.FAILED, f"the task used its budget of {self.budgets.total_steps} commands "
+                                              f"before finishing (step {task.cursor + 1} was next)")
+        if self._elapsed() > self.budgets.wall_time_s:
+            self._end(task, TaskState.FAILED, f"the task ran out of its wall-time budget of "
+                                              f"{self.budgets.wall_time_s:g} s (step {task.cursor + 1} was next)")
+
+    async def _execute(self, task: Task) -> Result:
+        assert task.plan is not None
+        index = task.cursor
+        step = task.plan.steps[index]
+        approved = "user" if task.approved_step == index else None
+        task.approved_step = None
+        command = Command(tool_name=step.skill, parameters=dict(step.args), approved_by=approved)
+        attempt = len(task.records_for(index)) + 1
+        task.counters.commands += 1
+        task.counters.tried_args.setdefault(str(index), []).append(dict(step.args))
+        self._emit(task, "step_started", {"step": index, "attempt": attempt, "skill": step.skill,
+                                          "args": step.args, "device": step.device,
+                                          "description": step.description, "call_id": command.call_id,
+                                          "approved_by": approved})
+        started = datetime.now(UTC)
+        dispatcher = self.dispatchers(step.device)
+        restore = _NO_HOOK
+        if hasattr(dispatcher, "emit"):
+            restore = dispatcher.emit
+
+            def stream(kind: str, data: dict[str, Any]) -> None:
+                self._emit(task, kind, {"step": index, **data})
+
+            dispatcher.emit = stream
+        timeout = max(1.0, min(self.command_timeout, self.budgets.wall_time_s - self._elapsed()))
+        try:
+            results = await dispatcher.execute_commands([command], timeout=timeout)
+        except Exception as exc:  # a dispatcher should not raise, but a broken one must not kill the task
+            results = dispatcher.generate_error_results([command], exc)
+        finally:
+            if restore is not _NO_HOOK:
+                dispatcher.emit = restore
+        result = results[0] if results else Result.failure("the device returned no result", command.call_id)
+        task.steps.append(StepRecord(index=index, attempt=attempt, step=step, command=command, result=result,
+                                     started_at=started))
+        self._emit(task, "step_finished", {"step": index, "attempt": attempt, "status": result.status.value,
+                                           "error": result.error, "result": _short(result.result)})
+        return result
+
+    async def _decide(self, task: Task, result: Result) -> Decision:
+        assert task.plan is not None
+        index = task.cursor
+        step = task.plan.steps[index]
+        tried = task.counters.tried_args.get(str(index), [])
+        inp = RecoveryInput(request=task.request, step=step, index=index, result=result,
+                            tool=tool_for(step, self.tools), patches_used=task.counters.patches.get(str(index), 0),
+                            tried_args=tried[:-1], replans_used=task.counters.replans,
+                            history=[_history(r) for r in task.steps], can_replan=self.llm is not None)
+        decision = await recover(inp, self.llm, self.budgets)
+        task.steps[-1].decision = decision.model_dump(mode="json")
+        self._emit(task, "decision", {"step": index, **decision.model_dump(mode="json")})
+        return decision
+
+    async def _resolve(self, task: Task, decision: Decision, existing: Question | None = None) -> None:
+        """Apply decisions until one lets the loop go on (or the task ends)."""
+        current: Decision | None = decision
+        while current is not None:
+            if isinstance(current, AutoPatch):
+                self._apply_patch(task, current)
+                current = None
+            elif isinstance(current, Replan):
+                current = await self._apply_replan(task, current)
+            else:
+                current = await self._ask(task, current, existing)
+                existing = None
+
+    def _apply_patch(self, task: Task, patch: AutoPatch) -> None:
+        assert task.plan is not None
+        key = str(task.cursor)
+        task.counters.patches[key] = task.counters.patches.get(key, 0) + 1
+        step = task.plan.steps[task.cursor]
+        task.plan.steps[task.cursor] = step.model_copy(update={"args": dict(patch.patched_args)})
+        self._emit(task, "patched", {"step": task.cursor, "args": patch.patched_args, "note": patch.note})
+        self._to(task, TaskState.RUNNING)
+
+    async def _apply_replan(self, task: Task, replan: Replan) -> Decision | None:
+        inp = self._input_for(task)
+        checked = apply_budgets(replan, inp, self.budgets)
+        if not isinstance(checked, Replan):
+            return checked
+        context_lines = []
+        last = task.steps[-1] if task.steps else None
+        if last is not None and not last.result.ok:
+            context_lines.append(f"Step {last.index + 1} ({last.step.skill} {json.dumps(last.step.args, default=str)}) "
+                                 f"failed: {last.result.error}")
+        if replan.suggestion:
+            context_lines.append(f"Suggestion: {replan.suggestion}")
+        if replan.constraint:
+            context_lines.append(f"Constraint (from {'the user' if replan.source == 'user' else 'recovery'}): "
+                                 f"{replan.constraint}")
+        if replan.alternative_cwd:
+            context_lines.append(f"Use this working directory instead: {replan.alternative_cwd}")
+        context_lines.append("Plan only the remaining work; the steps listed as already run succeeded or failed "
+                             "as shown.")
+        task.counters.replans += 1
+        try:
+            await self._plan(task, recovery_context="\n".join(context_lines), replace_from=task.cursor)
+        except _PlanFailed as exc:
+            return fallback(inp, f"Re-planning failed ({exc}).")
+        self._to(task, TaskState.RUNNING)
+        return None
+
+    def _input_for(self, task: Task) -> RecoveryInput:
+        assert task.plan is not None
+        index = min(task.cursor, len(task.plan.steps) - 1)
+        step = task.plan.steps[index]
+        last = task.steps[-1].result if task.steps else Result.failure("no step has run yet")
+        return RecoveryInput(request=task.request, step=step, index=index, result=last,
+                             tool=tool_for(step, self.tools), patches_used=task.counters.patches.get(str(index), 0),
+                             tried_args=task.counters.tried_args.get(str(index), []),
+                             replans_used=task.counters.replans, can_replan=self.llm is not None)
+
+    async def _ask(self, task: Task, question: AskUser, existing: Question | None) -> Decision | None:
+        record = existing
+        if record is None:
+            record = Question(step=task.cursor, question=question.question, options=list(question.options),
+                              kind=question.kind)
+            task.questions.append(record)
+        self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
+        self._emit(task, "question", record.model_dump(mode="json"))
+        raw = await self.ask(question)
+        answer = (raw or "").strip()
+        record.answer = answer
+        record.answered_at = datetime.now(UTC)
+        self._emit(task, "user_answer", {"question": record.id, "answer": answer})
+        choice = _match_option(answer, question.options)
+        if choice == OPTION_APPROVE:
+            task.approved_step = task.cursor
+            self._to(task, TaskState.RUNNING, approved=True)
+            return None
+        if choice == OPTION_DENY:
+            self._end(task, TaskState.CANCELLED, f"step {task.cursor + 1} was not approved: {question.question}")
+        if choice == OPTION_CANCEL or (not answer and OPTION_CANCEL in question.options):
+            self._end(task, TaskState.CANCELLED, "cancelled by the user")
+        if choice == OPTION_RETRY:
+            self._to(task, TaskState.RUNNING)
+            return None
+        if choice == OPTION_SKIP:
+            self._emit(task, "skipped", {"step": task.cursor})
+            task.cursor += 1
+            self._to(task, TaskState.RUNNING)
+            return None
+        if not answer:
+            return AskUser(question=question.question, options=question.options, kind=question.kind,
+                           reason="the answer was empty", source="user")
+        return Replan(suggestion=answer, constraint=answer, source="user")
+
+    # -- planning -------------------------------------------------------------------------------------
+
+    def _devices(self) -> dict[str, DeviceView]:
+        return {DEFAULT_DEVICE_NAME if name is None else name: DeviceView(tools=list(tools))
+                for name, tools in self.tools.items()}
+
+    async def _plan(self, task: Task, *, recovery_context: str | None, replace_from: int) -> None:
+        if self.llm is None:
+            raise _PlanFailed("no LLM is configured")
+        self._to(task, TaskState.PLANNING)
+        self._emit(task, "planning", {"from_step": replace_from, "recovery_context": recovery_context})
+        try:
+            planned = await plan_request(self.llm, task.request, devices=self._devices(),
+                                         policy_summary=self.policy_summary,
+                                         history=[_history(r) for r in task.steps],
+                                         recovery_context=recovery_context)
+        except (PlanningError, LLMError) as exc:
+            if replace_from == 0 and task.plan is None:
+                self._end(task, TaskState.FAILED, f"planning failed: {exc}")
+            raise _PlanFailed(str(exc)) from None
+        steps = [self._own_device(s) for s in planned.plan.steps]
+        for counts in (task.counters.patches, task.counters.tried_args):
+            for key in [k for k in counts if int(k) >= replace_from]:
+                del counts[key]
+        kept = task.plan.steps[:replace_from] if task.plan is not None else []
+        task.plan = Plan(steps=[*kept, *steps])
+        self._emit(task, "plan", {"steps": [s.model_dump(mode="json") for s in steps], "from_step": replace_from,
+                                  "source": "llm" if not recovery_context else "replan"})
+
+    def _own_device(self, step: Any) -> Any:
+        if step.device == DEFAULT_DEVICE_NAME and None in self.tools and DEFAULT_DEVICE_NAME not in self.tools:
+            return step.model_copy(update={"device": None})
+        return step
+
+    # -- the end --------------------------------------------------------------------------------------
+
+    async def _finish(self, task: Task) -> None:
+        def token(piece: str) -> None:
+            self._emit(task, "token", {"text": piece})
+
+        task.answer = await format_answer(task, self.llm, on_token=token if self.stream_answer else None)
+        self._emit(task, "answer", {"text": task.answer})
+        self._to(task, TaskState.DONE)
+
+    def _llm_counts(self) -> tuple[int, int, int]:
+        if self.llm is None:
+            return (0, 0, 0)
+        return (self.llm.calls, self.llm.prompt_tokens, self.llm.completion_tokens)
+
+    def _count_llm(self, task: Task, before: tuple[int, int, int]) -> None:
+        after = self._llm_counts()
+        task.counters.llm_calls += after[0] - before[0]
+        task.counters.prompt_tokens += after[1] - before[1]
+        task.counters.completion_tokens += after[2] - before[2]
+
+
+class _PlanFailed(Exception):
+    pass
+
+
+_NO_HOOK = object()
+
+
+def _match_option(answer: str, options: list[str]) -> str | None:
+    text = answer.strip().lower()
+    if text.isdigit() and 1 <= int(text) <= len(options):
+        return options[int(text) - 1]
+    for option in options:
+        if text == option.lower():
+            return option
+    for word in (OPTION_APPROVE, OPTION_DENY, OPTION_CANCEL, OPTION_RETRY, OPTION_SKIP):
+        if text == word and word in options:
+            return word
+    return None
+
+
+def _short(value: Any, limit: int = 600) -> Any:
+    text = json.dumps(value, default=str)
+    return value if len(text) <= limit else text[:limit] + "…"
+
+
+def _history(record: StepRecord) -> dict[str, Any]:
+    return {"step": record.index + 1, "skill": record.step.skill, "args": record.step.args,
+            "status": record.result.status.value, "error": record.result.error,
+            "result": _short(record.result.result, 300)}

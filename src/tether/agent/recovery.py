@@ -1,0 +1,381 @@
+"""Recovery (seed 004's recoverSkill): what to do about a failed step, as a typed, validated decision.
+
+    AUTO_PATCH {patched_args, note}                      retry the same step with other arguments
+    REPLAN     {suggestion, constraint, alternative_cwd} plan the rest again with the failure in mind
+    ASK_USER   {question, options}                       a person decides
+
+Fast paths decide the common failures without the LLM: a timeout → a longer timeout; a missing parent
+directory → `create_parents` / `mkdir -p`; permission denied, command not found, a policy denial, an
+action that needs approval → ASK_USER with concrete options. Anything else goes to the LLM (JSON under
+`DECISION_JSON_SCHEMA`), and an LLM error or a reply that does not parse or validate becomes ASK_USER.
+Budgets are enforced here too: a patch already tried for this step, or one beyond the per-step budget,
+and a re-plan beyond the per-task budget, become ASK_USER — never a loop.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from tether.agent.llm import LLMClient, LLMError, Message
+from tether.agent.plan import PlanStep, check_args, find_tool
+from tether.agent.planner import compact_schema
+from tether.agent.task import Budgets
+from tether.protocol.models import Result, ToolInfo
+
+TIMEOUT_CAP_MS = 600_000
+DEFAULT_TIMEOUT_MS = 30_000
+
+OPTION_APPROVE = "approve"
+OPTION_DENY = "deny"
+OPTION_CANCEL = "cancel"
+OPTION_RETRY = "retry"
+OPTION_SKIP = "skip this step"
+OPTION_DESKTOP = "use ~/Desktop instead"
+OPTION_ELSEWHERE = "choose another location"
+OPTION_OTHER_WAY = "do it another way"
+
+Source = Literal["fast_path", "llm", "budget", "fallback", "user"]
+
+
+class AutoPatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["AUTO_PATCH"] = "AUTO_PATCH"
+    patched_args: dict[str, Any]
+    note: str = ""
+    source: Source = "llm"
+
+
+class Replan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["REPLAN"] = "REPLAN"
+    suggestion: str = ""
+    constraint: str | None = None
+    alternative_cwd: str | None = None
+    source: Source = "llm"
+
+
+class AskUser(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["ASK_USER"] = "ASK_USER"
+    question: str = Field(..., min_length=1)
+    options: list[str] = Field(..., min_length=1)
+    kind: Literal["question", "approval"] = "question"
+    reason: str = Field(default="", description="why the question is asked (budget, LLM error, ...)")
+    source: Source = "llm"
+
+
+RecoveryDecision = Annotated[AutoPatch | Replan | AskUser, Field(discriminator="decision")]
+DECISION_ADAPTER: TypeAdapter[AutoPatch | Replan | AskUser] = TypeAdapter(RecoveryDecision)
+
+# What the LLM answers under (the `source`, `kind` and `reason` fields are tether's own).
+DECISION_JSON_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "decision": {"type": "string", "enum": ["AUTO_PATCH", "REPLAN", "ASK_USER"]},
+        "patched_args": {"type": "object"},
+        "note": {"type": "string"},
+        "suggestion": {"type": "string"},
+        "constraint": {"type": ["string", "null"]},
+        "alternative_cwd": {"type": ["string", "null"]},
+        "question": {"type": "string"},
+        "options": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["decision"],
+    "additionalProperties": False,
+}
+
+_FIELDS = {
+    "AUTO_PATCH": {"decision", "patched_args", "note"},
+    "REPLAN": {"decision", "suggestion", "constraint", "alternative_cwd"},
+    "ASK_USER": {"decision", "question", "options"},
+}
+
+
+class DecisionError(ValueError):
+    """A decision that cannot be applied; the message lists why."""
+
+
+@dataclass
+class RecoveryInput:
+    """What recovery knows about the failure and the task so far."""
+
+    request: str
+    step: PlanStep
+    index: int
+    result: Result
+    tool: ToolInfo | None = None
+    patches_used: int = 0
+    tried_args: list[dict[str, Any]] = field(default_factory=list)
+    replans_used: int = 0
+    history: Sequence[Any] = ()
+    can_replan: bool = True
+
+
+# -- validation -------------------------------------------------------------------------------------
+
+
+def validate_decision(decision: AutoPatch | Replan | AskUser, tool: ToolInfo | None = None) -> list[str]:
+    """Problems that keep `decision` from being applied (empty when it is fine)."""
+    problems: list[str] = []
+    if isinstance(decision, AutoPatch):
+        if tool is not None:
+            problems += [f"patched_args: {p}" for p in check_args(tool, decision.patched_args)]
+    elif isinstance(decision, AskUser):
+        if not decision.question.strip():
+            problems.append("question is empty")
+        if not [o for o in decision.options if o.strip()]:
+            problems.append("options: at least one option is needed")
+    elif (isinstance(decision, Replan) and decision.alternative_cwd is not None
+          and not decision.alternative_cwd.startswith(("/", "~"))):
+        problems.append("alternative_cwd must be an absolute path")
+    return problems
+
+
+def parse_decision(text: str, tool: ToolInfo | None = None, *, source: Source = "llm") -> AutoPatch | Replan | AskUser:
+    """A decision from the LLM's text (``` fences and surrounding prose tolerated); `DecisionError` if bad."""
+    data = _first_object(text)
+    if not isinstance(data, dict):
+        raise DecisionError("the reply is not a JSON object")
+    kind = str(data.get("decision", "")).strip().upper().replace("-", "_").replace(" ", "_")
+    if kind not in _FIELDS:
+        raise DecisionError(f"decision must be AUTO_PATCH, REPLAN or ASK_USER, not {data.get('decision')!r}")
+    payload = {k: v for k, v in data.items() if k in _FIELDS[kind]}
+    payload["decision"] = kind
+    payload["source"] = source
+    try:
+        decision = DECISION_ADAPTER.validate_python(payload)
+    except ValidationError as exc:
+        details = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'reply'}: {e['msg']}" for e in exc.errors())
+        raise DecisionError(details) from None
+    problems = validate_decision(decision, tool)
+    if problems:
+        raise DecisionError("; ".join(problems))
+    return decision
+
+
+def _first_object(text: str) -> Any:
+    fenced = re.findall(r"```(?:json|JSON)?\s*\n?(.*?)```", text or "", re.DOTALL)
+    for candidate in [*fenced, text or ""]:
+        candidate = candidate.strip()
+        try:
+            return json.loads(candidate)
+        except json.JSONDecodeError:
+            pass
+        decoder = json.JSONDecoder()
+        for match in re.finditer(r"\{", candidate):
+            try:
+                value, _ = decoder.raw_decode(candidate, match.start())
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, dict):
+                return value
+    return None
+
+
+# -- fast paths -------------------------------------------------------------------------------------
+
+_TIMEOUT_KEYS = ("timeoutMs", "timeout_ms")
+_MISSING_PARENT = re.compile(r"parent directory does not exist|no such file or directory", re.I)
+_PERMISSION = re.compile(r"permission denied|operation not permitted|\beacces\b|\beperm\b", re.I)
+_NOT_FOUND = re.compile(r"command not found|could not start|no such program|not found in path|"
+                        r"executable file not found", re.I)
+_POLICY = re.compile(r"denied by policy rule '([^']+)'", re.I)
+
+
+def _payload(result: Result) -> dict[str, Any]:
+    return result.result if isinstance(result.result, dict) else {}
+
+
+def is_timeout(result: Result) -> bool:
+    return bool(_payload(result).get("timedOut")) or "timed out" in (result.error or "").lower()
+
+
+def needs_approval(result: Result) -> bool:
+    return bool(_payload(result).get("needs_approval")) or "needs approval" in (result.error or "").lower()
+
+
+def _argv(step: PlanStep) -> list[str]:
+    argv = step.args.get("argv")
+    return [str(a) for a in argv] if isinstance(argv, list) else []
+
+
+def _location_options(can_replan: bool) -> list[str]:
+    return [OPTION_DESKTOP, OPTION_ELSEWHERE, OPTION_CANCEL] if can_replan else [OPTION_RETRY, OPTION_SKIP,
+                                                                               OPTION_CANCEL]
+
+
+def _label(step: PlanStep) -> str:
+    return step.description or step.skill
+
+
+def fast_path(inp: RecoveryInput) -> AutoPatch | Replan | AskUser | None:
+    """A decision for a common failure without asking the LLM, or None."""
+    step, result = inp.step, inp.result
+    error = result.error or ""
+    details = f"{error}\n{_payload(result).get('stderr') or ''}"
+    if needs_approval(result):
+        rule = _payload(result).get("rule") or "approval"
+        return AskUser(question=f"Step {inp.index + 1} ({_label(step)}) needs your approval: {error}",
+                       options=[OPTION_APPROVE, OPTION_DENY], kind="approval", reason=str(rule), source="fast_path")
+    if is_timeout(result):
+        key = next((k for k in _TIMEOUT_KEYS if k in step.args), None)
+        if key is None and inp.tool is not None:
+            key = next((k for k in _TIMEOUT_KEYS if k in (inp.tool.input_schema.get("properties") or {})), None)
+        if key is not None:
+            old = step.args.get(key)
+            old_ms = int(old) if isinstance(old, int | float) and old > 0 else DEFAULT_TIMEOUT_MS
+            if old_ms < TIMEOUT_CAP_MS:
+                new_ms = min(old_ms * 2, TIMEOUT_CAP_MS)
+                return AutoPatch(patched_args={**step.args, key: new_ms},
+                                 note=f"timed out; retrying with {key}={new_ms}", source="fast_path")
+        return AskUser(question=f"Step {inp.index + 1} ({_label(step)}) timed out: {error}",
+                       options=[OPTION_RETRY, OPTION_SKIP, OPTION_CANCEL], reason="timeout", source="fast_path")
+    policy = _POLICY.search(error)
+    if policy:
+        rule = policy.group(1)
+        if rule in ("read_roots", "write_roots", "cwd.exists"):
+            options = _location_options(inp.can_replan)
+        else:
+            options = ([OPTION_OTHER_WAY] if inp.can_replan else [OPTION_SKIP]) + [OPTION_CANCEL]
+        return AskUser(question=f"The policy refused step {inp.index + 1} ({_label(step)}): {error}. "
+                                f"What should I do?", options=options, reason=f"policy:{rule}", source="fast_path")
+    if _MISSING_PARENT.search(details):
+        patch = _missing_parent_patch(step)
+        if patch is not None:
+            return patch
+    if _PERMISSION.search(details):
+        return AskUser(question=f"I don't have permission for step {inp.index + 1} ({_label(step)}): {error}. "
+                                f"Where should I do it instead?",
+                       options=_location_options(inp.can_replan), reason="permission", source="fast_path")
+    if _NOT_FOUND.search(details):
+        options = ([OPTION_OTHER_WAY] if inp.can_replan else [OPTION_SKIP]) + [OPTION_CANCEL]
+        return AskUser(question=f"Step {inp.index + 1} ({_label(step)}) uses a program this device does not "
+                                f"have: {error}", options=options, reason="not-found", source="fast_path")
+    return None
+
+
+def _missing_parent_patch(step: PlanStep) -> AutoPatch | None:
+    args = step.args
+    if step.skill == "write_file" or ("file_path" in args and "content" in args):
+        if not args.get("create_parents"):
+            return AutoPatch(patched_args={**args, "create_parents": True},
+                             note="the parent directory is missing; creating it", source="fast_path")
+        return None
+    if step.skill in ("shell.run",) and str(args.get("cmd", "")).rsplit("/", 1)[-1] == "mkdir":
+        argv = _argv(step)
+        if "-p" not in argv and "--parents" not in argv:
+            return AutoPatch(patched_args={**args, "argv": ["-p", *argv]},
+                             note="the parent directory is missing; mkdir -p creates it", source="fast_path")
+    if step.skill in ("shell_execute",) and str(args.get("command", "")).split()[:1] == ["mkdir"]:
+        command = str(args["command"])
+        if " -p" not in command:
+            return AutoPatch(patched_args={**args, "command": "mkdir -p" + command[len("mkdir"):]},
+                             note="the parent directory is missing; mkdir -p creates it", source="fast_path")
+    return None
+
+
+# -- the LLM ----------------------------------------------------------------------------------------
+
+RESULT_CHARS = 1200
+
+
+def build_recovery_messages(inp: RecoveryInput) -> list[Message]:
+    system = (
+        "You are tether's recovery planner. A step of an automation plan failed. Decide what to do, "
+        "answering one JSON object:\n"
+        '- {"decision":"AUTO_PATCH","patched_args":{...},"note":"..."} to retry the same skill with '
+        "corrected arguments (the whole argument object, valid for the skill's schema);\n"
+        '- {"decision":"REPLAN","suggestion":"...","constraint":"...","alternative_cwd":null} when the rest '
+        "of the plan must change;\n"
+        '- {"decision":"ASK_USER","question":"...","options":["...", "..."]} when only a person can decide '
+        "(give concrete options).\n"
+        "Never propose sudo or leaving the allowed roots; do not repeat arguments that already failed."
+    )
+    payload = inp.result.result
+    text = json.dumps(payload, default=str) if payload is not None else ""
+    if len(text) > RESULT_CHARS:
+        text = text[:RESULT_CHARS] + "…"
+    lines = [f"Request: {inp.request}",
+             f"Failed step {inp.index + 1}: skill {inp.step.skill}, args {json.dumps(inp.step.args, default=str)}",
+             f"Description: {inp.step.description or '-'}",
+             f"Error: {inp.result.error or '-'}"]
+    if text:
+        lines.append(f"Result: {text}")
+    if inp.tool is not None:
+        lines.append(f"Skill schema: {compact_schema(inp.tool.input_schema)}")
+    if inp.tried_args:
+        lines.append("Arguments already tried for this step: "
+                     + "; ".join(json.dumps(a, default=str) for a in inp.tried_args))
+    if not inp.can_replan:
+        lines.append("REPLAN is not available.")
+    return [{"role": "system", "content": system}, {"role": "user", "content": "\n".join(lines)}]
+
+
+def fallback(inp: RecoveryInput, reason: str, source: Source = "fallback") -> AskUser:
+    options = [OPTION_RETRY, *([OPTION_OTHER_WAY] if inp.can_replan else []), OPTION_SKIP, OPTION_CANCEL]
+    return AskUser(question=f"Step {inp.index + 1} ({_label(inp.step)}) failed: {inp.result.error or 'no error'}. "
+                            f"{reason} What should I do?", options=options, reason=reason, source=source)
+
+
+def apply_budgets(decision: AutoPatch | Replan | AskUser, inp: RecoveryInput,
+                  budgets: Budgets) -> AutoPatch | Replan | AskUser:
+    """The decision, or ASK_USER when it would repeat a patch or exceed a budget."""
+    if isinstance(decision, AutoPatch):
+        if decision.patched_args == inp.step.args or decision.patched_args in inp.tried_args:
+            return fallback(inp, "The same fix was proposed again, so I stopped retrying.", "budget")
+        if inp.patches_used >= budgets.patches_per_step:
+            return fallback(inp, f"I already patched this step {inp.patches_used} time(s) "
+                                 f"(the budget is {budgets.patches_per_step}).", "budget")
+    if isinstance(decision, Replan):
+        if not inp.can_replan:
+            return fallback(inp, "Re-planning needs an LLM and none is configured.", "budget")
+        if inp.replans_used >= budgets.replans_per_task:
+            return fallback(inp, f"I already re-planned {inp.replans_used} time(s) "
+                                 f"(the budget is {budgets.replans_per_task}).", "budget")
+    return decision
+
+
+async def recover(inp: RecoveryInput, llm: LLMClient | None,
+                  budgets: Budgets | None = None) -> AutoPatch | Replan | AskUser:
+    """The decision for a failed step: fast path, else the LLM, else ASK_USER; budgets always apply."""
+    budgets = budgets or Budgets()
+    decision = fast_path(inp)
+    if decision is None:
+        if llm is None:
+            decision = fallback(inp, "No LLM is configured to work out a fix.")
+        else:
+            try:
+                reply = await llm.complete(build_recovery_messages(inp), json_schema=DECISION_JSON_SCHEMA,
+                                           schema_name="recovery")
+            except LLMError as exc:
+                decision = fallback(inp, f"The LLM could not be asked ({exc}).")
+            else:
+                try:
+                    decision = parse_decision(reply.text, inp.tool)
+                except DecisionError as exc:
+                    decision = fallback(inp, f"The LLM's recovery reply was not usable ({exc}).")
+    return apply_budgets(decision, inp, budgets)
+
+
+def tool_for(step: PlanStep, tools: Mapping[str | None, list[ToolInfo]]) -> ToolInfo | None:
+    """The schema of the skill a step calls, on its device (or the default device, or any device)."""
+    order: list[list[ToolInfo]] = []
+    if step.device in tools:
+        order.append(tools[step.device])
+    if None in tools:
+        order.append(tools[None])
+    order += [v for k, v in tools.items() if k is not None and k != step.device]
+    for device_tools in order:
+        tool = find_tool(device_tools, step.skill)
+        if tool is not None:
+            return tool
+    return None

@@ -1,0 +1,183 @@
+"""A task: one request in plain words, its plan, its cursor, and everything that happened to it.
+
+Everything here is a plain pydantic model so a task serializes to JSON as it is (the durable store
+will keep exactly this). The state machine (seed 002's server-side FSM):
+
+    created → planning → running → (recovering | waiting_for_user) → done | failed | cancelled
+
+`Task.transition` refuses any move the table below does not list (`InvalidTransition`), and every
+move is recorded as a `state` event.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tether.agent.plan import Plan, PlanStep
+from tether.protocol.models import Command, Result
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class TaskState(str, Enum):
+    CREATED = "created"
+    PLANNING = "planning"
+    RUNNING = "running"
+    RECOVERING = "recovering"
+    WAITING_FOR_USER = "waiting_for_user"
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATES
+
+
+TERMINAL_STATES: frozenset[TaskState] = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED})
+_ENDINGS = {TaskState.FAILED, TaskState.CANCELLED}
+
+# Which state may follow which. Re-planning goes back through `planning`; every live state may fail
+# or be cancelled; only `running` (the last step succeeded) may end in `done`.
+TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
+    TaskState.CREATED: frozenset({TaskState.PLANNING, TaskState.RUNNING, *_ENDINGS}),
+    TaskState.PLANNING: frozenset({TaskState.RUNNING, TaskState.WAITING_FOR_USER, *_ENDINGS}),
+    TaskState.RUNNING: frozenset({TaskState.RECOVERING, TaskState.WAITING_FOR_USER, TaskState.PLANNING,
+                                  TaskState.DONE, *_ENDINGS}),
+    TaskState.RECOVERING: frozenset({TaskState.RUNNING, TaskState.PLANNING, TaskState.WAITING_FOR_USER,
+                                     *_ENDINGS}),
+    TaskState.WAITING_FOR_USER: frozenset({TaskState.RUNNING, TaskState.PLANNING, *_ENDINGS}),
+    TaskState.DONE: frozenset(),
+    TaskState.FAILED: frozenset(),
+    TaskState.CANCELLED: frozenset(),
+}
+
+
+class InvalidTransition(RuntimeError):
+    """A state change the task state machine does not allow."""
+
+    def __init__(self, current: TaskState, target: TaskState) -> None:
+        allowed = ", ".join(sorted(s.value for s in TRANSITIONS[current])) or "none (the task has ended)"
+        super().__init__(f"a task cannot go from {current.value} to {target.value} (allowed: {allowed})")
+        self.current = current
+        self.target = target
+
+
+class Budgets(BaseModel):
+    """Limits that end a task in ASK_USER or failure instead of a loop."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    patches_per_step: int = Field(2, ge=0)
+    replans_per_task: int = Field(2, ge=0)
+    total_steps: int = Field(50, ge=1, description="commands sent for the whole task, retries included")
+    wall_time_s: float = Field(600.0, gt=0)
+
+
+class TaskEvent(BaseModel):
+    """Something that happened to a task: a state change, a step, streamed output, a question, a token."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    seq: int = 0
+    kind: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    at: datetime = Field(default_factory=_now)
+
+
+class StepRecord(BaseModel):
+    """One command sent for one plan step, its result, and the recovery decision taken on a failure."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(..., description="the plan step (cursor) this attempt ran")
+    attempt: int = 1
+    step: PlanStep
+    command: Command
+    result: Result
+    decision: dict[str, Any] | None = Field(default=None, description="the recovery decision, if it failed")
+    started_at: datetime = Field(default_factory=_now)
+    finished_at: datetime = Field(default_factory=_now)
+
+
+class Question(BaseModel):
+    """An ASK_USER question (or an approval) and, once given, its answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex[:12])
+    step: int | None = None
+    question: str
+    options: list[str]
+    kind: str = "question"
+    answer: str | None = None
+    asked_at: datetime = Field(default_factory=_now)
+    answered_at: datetime | None = None
+
+
+class Counters(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    commands: int = 0
+    replans: int = 0
+    patches: dict[str, int] = Field(default_factory=dict, description="AUTO_PATCHes applied, by step index")
+    tried_args: dict[str, list[dict[str, Any]]] = Field(
+        default_factory=dict, description="the arguments each step has been run with, by step index")
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+
+
+class Task(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    request: str = ""
+    plan: Plan | None = None
+    cursor: int = 0
+    state: TaskState = TaskState.CREATED
+    steps: list[StepRecord] = Field(default_factory=list)
+    questions: list[Question] = Field(default_factory=list)
+    counters: Counters = Field(default_factory=Counters)
+    events: list[TaskEvent] = Field(default_factory=list)
+    approved_step: int | None = Field(default=None, description="the step the user approved, sent once approved")
+    answer: str | None = None
+    error: str | None = None
+    created_at: datetime = Field(default_factory=_now)
+    updated_at: datetime = Field(default_factory=_now)
+
+    def can_transition(self, target: TaskState) -> bool:
+        return target in TRANSITIONS[self.state]
+
+    def transition(self, target: TaskState, **data: Any) -> TaskEvent | None:
+        """Move to `target` (a no-op when already there); `InvalidTransition` when not allowed."""
+        if target is self.state:
+            return None
+        if target not in TRANSITIONS[self.state]:
+            raise InvalidTransition(self.state, target)
+        previous = self.state
+        self.state = target
+        return self.record("state", {"from": previous.value, "to": target.value, **data})
+
+    def record(self, kind: str, data: dict[str, Any] | None = None) -> TaskEvent:
+        event = TaskEvent(seq=len(self.events), kind=kind, data=data or {})
+        self.events.append(event)
+        self.updated_at = event.at
+        return event
+
+    @property
+    def pending_question(self) -> Question | None:
+        if self.questions and self.questions[-1].answer is None:
+            return self.questions[-1]
+        return None
+
+    def records_for(self, index: int) -> list[StepRecord]:
+        return [r for r in self.steps if r.index == index]
