@@ -29,6 +29,19 @@ def test_plan_file_runs_without_an_llm_and_recovers(tmp_path):
     assert (target / "hello-world.txt").read_text() == "hi"
     assert "recovery" in out.stdout and "done" in out.stdout
 
+    listed = subprocess.run([*CLI, "tasks", "--json"], capture_output=True, text=True, env=_env(tmp_path), timeout=60)
+    [row] = json.loads(listed.stdout)
+    assert row["state"] == "done"
+    log = subprocess.run([*CLI, "log", row["id"][:10]], capture_output=True, text=True, env=_env(tmp_path),
+                         timeout=60)
+    assert log.returncode == 0, log.stderr
+    assert "step 1 attempt 2" in log.stdout and "AUTO_PATCH" in log.stdout
+    full = json.loads(subprocess.run([*CLI, "log", row["id"], "--json"], capture_output=True, text=True,
+                                     env=_env(tmp_path), timeout=60).stdout)
+    assert [s["result"]["status"] for s in full["steps"]] == ["failure", "success", "success"]
+    missing = subprocess.run([*CLI, "log", "nope"], capture_output=True, text=True, env=_env(tmp_path), timeout=60)
+    assert missing.returncode == 1 and "no task 'nope'" in missing.stderr
+
 
 def test_no_llm_says_how_to_configure_one(tmp_path):
     out = subprocess.run([*CLI, "run", "make a folder"], capture_output=True, text=True, env=_env(tmp_path),

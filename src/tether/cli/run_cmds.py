@@ -13,7 +13,9 @@ from typing import Annotated, Any
 
 import typer
 
-from tether.cli.common import ConfigOpt, PolicyOpt, StateOpt, app, console, fail
+from tether.cli.common import ConfigOpt, JsonOpt, PolicyOpt, StateOpt, app, console, fail
+
+_SAVE_ON = frozenset({"plan", "step_finished", "decision", "question", "user_answer", "state", "answer"})
 
 
 @app.command()
@@ -49,12 +51,18 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     from tether.agent.llm import LLMClient
     from tether.agent.recovery import AskUser
     from tether.agent.task import Task, TaskEvent, TaskState
+    from tether.agent.task_store import TaskStore
     from tether.device.local import open_device
+    from tether.tools.context import default_state_dir
 
     out = console()
     llm = LLMClient(settings) if settings is not None else None
+    store = TaskStore(Path(state_dir or default_state_dir()) / "tasks.db")
+    task = Task(request=request, plan=plan)
 
     def show(event: TaskEvent) -> None:
+        if event.kind in _SAVE_ON:  # the log survives a crash of this process, step by step
+            store.save(task)
         d = event.data
         if event.kind == "plan":
             out.print(f"[bold]plan[/bold] ({d.get('source', 'llm')}):")
@@ -92,13 +100,14 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     try:
         async with open_device(config, policy_path=policy, state_dir=state_dir) as device:
             computer = await device.computer_manager.get_or_create(None)
-            task = Task(request=request, plan=plan)
             dispatcher = device.dispatcher(session_id=task.id)
             runner = TaskRunner(lambda _device: dispatcher, llm, tools={None: computer.tool_infos()},
                                 ask=ask, on_event=show)
             out.print(f"task {task.id}")
             await runner.run(task)
     finally:
+        store.save(task)
+        store.close()
         if llm is not None:
             await llm.close()
     streamed = any(e.kind == "token" for e in task.events)
@@ -110,3 +119,69 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     out.print(f"[dim]its file changes can be undone with: tether undo {task.id}"
               f"{' --state-dir ' + str(state_dir) if state_dir else ''}[/dim]")
     return 0 if task.state is TaskState.DONE else 1
+
+
+@app.command()
+def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
+          limit: Annotated[int, typer.Option(help="how many, newest first")] = 50) -> None:
+    """List the tasks run on this machine, newest first, with their state."""
+    import json
+
+    from rich.table import Table
+
+    from tether.agent.task_store import TaskStore
+    from tether.tools.context import default_state_dir
+
+    store = TaskStore(Path(state_dir or default_state_dir()) / "tasks.db")
+    try:
+        rows = store.list(limit)
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{len(rows)} tasks")
+    for col in ("id", "state", "request", "updated"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["id"][:12], r["state"], r["request"][:60], r["updated_at"][:19].replace("T", " "))
+    console().print(table)
+
+
+@app.command()
+def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")],
+        state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
+    """Show a task's plan, every step with its command and result, decisions, questions and answer."""
+    from tether.agent.task_store import TaskStore
+    from tether.tools.context import default_state_dir
+
+    store = TaskStore(Path(state_dir or default_state_dir()) / "tasks.db")
+    try:
+        task = store.get(task_id)
+    finally:
+        store.close()
+    if task is None:
+        fail(f"no task '{task_id}' (or the prefix matches several); 'tether tasks' lists them", code=1)
+    if as_json:
+        typer.echo(task.model_dump_json(indent=2))
+        return
+    out = console()
+    out.print(f"[bold]task {task.id}[/bold] — {task.state.value}: {task.request}")
+    if task.plan:
+        out.print("[bold]plan[/bold]")
+        for i, step in enumerate(task.plan.steps, 1):
+            out.print(f"  {i}. {step.skill} {step.args}" + (f" — {step.description}" if step.description else ""))
+    for record in task.steps:
+        style = "green" if record.result.ok else "red"
+        out.print(f"[cyan]step {record.index + 1} attempt {record.attempt}[/cyan] {record.command.tool_name} "
+                  f"{record.command.parameters} → [{style}]{record.result.status.value}[/{style}]"
+                  + (f": {record.result.error}" if record.result.error else ""))
+        if record.decision:
+            out.print(f"    decision: {record.decision.get('decision')} "
+                      f"{record.decision.get('note') or record.decision.get('suggestion') or ''}")
+    for q in task.questions:
+        out.print(f"[yellow]question:[/yellow] {q.question} {q.options} → {q.answer}")
+    if task.answer:
+        out.print(f"[bold]answer:[/bold] {task.answer}")
+    if task.error:
+        out.print(f"[red]error:[/red] {task.error}")

@@ -1,0 +1,65 @@
+"""Where tasks live between runs: one SQLite file, each task stored whole as its JSON.
+
+A task is small and always read whole (its log is its record), so a row per task with the
+serialized `Task` is simpler than a table per part and keeps every field the executor adds.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+from tether.agent.task import Task
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    id TEXT PRIMARY KEY,
+    request TEXT NOT NULL,
+    state TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    updated_at TEXT NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS tasks_updated ON tasks (updated_at);
+"""
+
+
+class TaskStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path).expanduser()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.executescript(_SCHEMA)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    def save(self, task: Task) -> None:
+        row = (task.id, task.request, task.state.value, task.created_at.isoformat(), task.updated_at.isoformat(),
+               task.model_dump_json())
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO tasks (id, request, state, created_at, updated_at, body) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT(id) DO UPDATE SET state=excluded.state, updated_at=excluded.updated_at, "
+                "body=excluded.body", row)
+
+    def get(self, task_id: str) -> Task | None:
+        """The task with this id, or with this unique id prefix (ids are long to type)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT body FROM tasks WHERE id = ? OR id LIKE ? LIMIT 2",
+                                      (task_id, task_id.replace("%", "") + "%")).fetchall()
+        if len(rows) != 1:
+            return None
+        return Task.model_validate_json(rows[0][0])
+
+    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute("SELECT id, request, state, created_at, updated_at FROM tasks "
+                                      "ORDER BY updated_at DESC LIMIT ?", (limit,)).fetchall()
+        keys = ("id", "request", "state", "created_at", "updated_at")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
