@@ -22,8 +22,6 @@ from typing import Any
 
 import pytest
 
-from tether.protocol.models import Result
-
 GUI_APP = Path(__file__).resolve().parent / "gui_app.py"
 TITLE = "Tether Test App"
 SCREEN = (1280, 800)
@@ -121,19 +119,6 @@ async def stop(proc: subprocess.Popen[bytes], display: str, title: str) -> None:
         proc.terminate()
         await asyncio.to_thread(proc.wait, 10)
     await until(f"window {title!r} to disappear", lambda: not xdo(display, "search", "--name", title).strip())
-
-
-def ok(result: Result) -> dict[str, Any]:
-    assert result.ok, result.error
-    return result.result
-
-
-def failed(result: Result, *fragments: str) -> str:
-    assert not result.ok, result.result
-    assert result.error is not None
-    for fragment in fragments:
-        assert fragment in result.error, result.error
-    return result.error
 
 
 def png(data: bytes) -> Any:

@@ -25,8 +25,6 @@ from desktop_testkit import (
     SCREEN,
     TITLE,
     GuiApp,
-    failed,
-    ok,
     png,
     require_programs,
     running_xvfb,
@@ -34,6 +32,7 @@ from desktop_testkit import (
     until,
     xdo,
 )
+from results import failed, ok
 from tether.tools.context import ToolContext
 from tether.tools.ocr import OcrEngine
 from tether.tools.optional import MissingDependency

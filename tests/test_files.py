@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from results import failed, ok
 from tether.protocol.models import Result
 from tether.tools.context import ToolContext
 from tether.tools.files import files_toolset
@@ -53,19 +54,6 @@ def env(tmp_path: Path) -> Env:
 
 def rand(n: int = 5000) -> bytes:
     return os.urandom(n) + b"\x00"
-
-
-def ok(result: Result) -> dict[str, Any]:
-    assert result.ok, result.error
-    return result.result
-
-
-def failed(result: Result, *fragments: str) -> str:
-    assert not result.ok, result.result
-    assert result.error is not None
-    for fragment in fragments:
-        assert fragment in result.error, result.error
-    return result.error
 
 
 # ------------------------------------------------------------------------------------------ reading

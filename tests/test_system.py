@@ -17,23 +17,11 @@ from typing import Any
 import psutil
 import pytest
 
+from results import failed, ok
 from tether.protocol.models import Result
 from tether.tools.context import ToolContext
 from tether.tools.policy import CommandRule, Policy
 from tether.tools.system import system_toolset
-
-
-def ok(result: Result) -> dict[str, Any]:
-    assert result.ok, result.error
-    return result.result
-
-
-def failed(result: Result, *fragments: str) -> str:
-    assert not result.ok, result.result
-    assert result.error is not None
-    for fragment in fragments:
-        assert fragment in result.error, result.error
-    return result.error
 
 
 async def call(tool_name: str, ctx: ToolContext | None = None, /, **args: Any) -> Result:
