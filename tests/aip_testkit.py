@@ -71,18 +71,17 @@ class ServerFactory:
         store = Store(settings.db_path)
         hub = DeviceHub(store, settings)
         await hub.start()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.bind(("127.0.0.1", 0))  # bound here: no race for a "free" port
+        # bound and listening here: no race for a "free" port, and a client that connects before
+        # uvicorn accepts waits in the backlog, so there is no "started" to wait for. IPPROTO_TCP so
+        # asyncio sets TCP_NODELAY on accepted sockets (with proto 0 it does not).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(128)
         port = sock.getsockname()[1]
         config = uvicorn.Config(Starlette(routes=[aip_route(hub)]), lifespan="off", log_config=None,
                                 log_level="warning", ws_max_size=ws_max_size, ws_ping_interval=None)
         server = uvicorn.Server(config)
         task = asyncio.create_task(server.serve(sockets=[sock]))
-        for _ in range(int(WAIT / 0.01)):  # uvicorn offers no event for "started"
-            if server.started or task.done():
-                break
-            await asyncio.sleep(0.01)
-        assert server.started, "uvicorn did not start"
         running = Running(hub, store, server, task, port)
         self.running.append(running)
         return running
