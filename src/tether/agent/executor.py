@@ -65,8 +65,13 @@ class TaskRunner:
                  tools: Mapping[str | None, list[ToolInfo]], ask: Callable[[AskUser], Awaitable[str]],
                  on_event: Callable[[TaskEvent], None] | None = None, budgets: Budgets | None = None,
                  policy_summary: str = DEFAULT_POLICY_SUMMARY, command_timeout: float = 600.0,
-                 stream_answer: bool = True, clock: Callable[[], float] = time.monotonic) -> None:
+                 stream_answer: bool = True, clock: Callable[[], float] = time.monotonic,
+                 default_device: str = DEFAULT_DEVICE_NAME) -> None:
         self.dispatchers = dispatchers
+        self.default_device = default_device
+        # Set by whoever stops the runner for a reason that is not the user's (a server shutting
+        # down): the task keeps its state, so it can be resumed, instead of becoming cancelled.
+        self.interrupted = False
         self.llm = llm
         self.tools = dict(tools)
         self.ask = ask
@@ -115,7 +120,9 @@ class TaskRunner:
         except _Stop:
             pass
         except asyncio.CancelledError:
-            if not task.state.terminal:
+            if self.interrupted:
+                self._emit(task, "interrupted", {"state": task.state.value, "step": task.cursor})
+            elif not task.state.terminal:
                 task.error = "cancelled"
                 self._publish(task.transition(TaskState.CANCELLED, error="cancelled"))
             raise
@@ -313,13 +320,19 @@ class TaskRunner:
         if not answer:
             return AskUser(question=question.question, options=question.options, kind=question.kind,
                            reason="the answer was empty", source="user")
-        return Replan(suggestion=answer, constraint=answer, source="user")
+        chosen = choice or answer  # "2" means the second option's words, which is what the planner needs
+        return Replan(suggestion=chosen, constraint=chosen, source="user")
 
     # -- planning -------------------------------------------------------------------------------------
 
     def _devices(self) -> dict[str, DeviceView]:
-        return {DEFAULT_DEVICE_NAME if name is None else name: DeviceView(tools=list(tools))
-                for name, tools in self.tools.items()}
+        """The devices the planner may use, by name; the default device (key None) under its own name."""
+        views: dict[str, DeviceView] = {}
+        for name, tools in self.tools.items():
+            if name is None and self.default_device in self.tools:
+                continue
+            views[self.default_device if name is None else name] = DeviceView(tools=list(tools))
+        return views
 
     async def _plan(self, task: Task, *, recovery_context: str | None, replace_from: int) -> None:
         if self.llm is None:
@@ -345,7 +358,7 @@ class TaskRunner:
                                   "source": "llm" if not recovery_context else "replan"})
 
     def _own_device(self, step: Any) -> Any:
-        if step.device == DEFAULT_DEVICE_NAME and None in self.tools and DEFAULT_DEVICE_NAME not in self.tools:
+        if step.device == self.default_device and None in self.tools:
             return step.model_copy(update={"device": None})
         return step
 
@@ -385,9 +398,9 @@ def _match_option(answer: str, options: list[str]) -> str | None:
     for option in options:
         if text == option.lower():
             return option
-    for word in (OPTION_APPROVE, OPTION_DENY, OPTION_CANCEL, OPTION_RETRY, OPTION_SKIP):
-        if text == word and word in options:
-            return word
+    starting = [option for option in options if text and option.lower().startswith(text)]
+    if len(starting) == 1:  # "skip" for "skip this step"
+        return starting[0]
     return None
 
 

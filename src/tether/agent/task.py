@@ -141,6 +141,9 @@ class Task(BaseModel):
 
     id: str = Field(default_factory=lambda: uuid.uuid4().hex)
     request: str = ""
+    device: str | None = Field(default=None, description="the device steps run on unless they name another")
+    devices: list[str] = Field(default_factory=list, description="other devices the task's steps may name")
+    requested_by: str | None = Field(default=None, description="who created the task (an API token's name)")
     plan: Plan | None = None
     cursor: int = 0
     state: TaskState = TaskState.CREATED
@@ -181,3 +184,17 @@ class Task(BaseModel):
 
     def records_for(self, index: int) -> list[StepRecord]:
         return [r for r in self.steps if r.index == index]
+
+    def devices_used(self) -> list[str]:
+        """The devices this task's commands were sent to, in first-use order (what an undo must visit)."""
+        names = [r.step.device or self.device for r in self.steps]
+        return list(dict.fromkeys(n for n in names if n))
+
+    def summary(self) -> dict[str, Any]:
+        """The short form lists show: no events, no step records."""
+        pending = self.pending_question
+        return {"id": self.id, "request": self.request, "state": self.state.value, "device": self.device,
+                "requested_by": self.requested_by, "cursor": self.cursor,
+                "steps": len(self.plan.steps) if self.plan else 0, "answer": self.answer, "error": self.error,
+                "question": pending.model_dump(mode="json") if pending else None,
+                "created_at": self.created_at.isoformat(), "updated_at": self.updated_at.isoformat()}

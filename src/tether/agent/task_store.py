@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tether.agent.task import Task
+from tether.agent.task import TERMINAL_STATES, Task
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -57,9 +57,19 @@ class TaskStore:
             return None
         return Task.model_validate_json(rows[0][0])
 
-    def list(self, limit: int = 50) -> list[dict[str, Any]]:
+    def list(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
+        """Newest first; each row is id, request, state, device, created_at, updated_at."""
         with self._lock:
-            rows = self._conn.execute("SELECT id, request, state, created_at, updated_at FROM tasks "
-                                      "ORDER BY updated_at DESC LIMIT ?", (limit,)).fetchall()
-        keys = ("id", "request", "state", "created_at", "updated_at")
+            rows = self._conn.execute(
+                "SELECT id, request, state, json_extract(body, '$.device'), created_at, updated_at FROM tasks "
+                "WHERE ?1 IS NULL OR state = ?1 ORDER BY updated_at DESC LIMIT ?2", (state, limit)).fetchall()
+        keys = ("id", "request", "state", "device", "created_at", "updated_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def unfinished(self) -> list[Task]:
+        """Tasks not done, failed or cancelled: what a restarted server must resume or settle."""
+        ended = tuple(s.value for s in TERMINAL_STATES)
+        with self._lock:
+            rows = self._conn.execute("SELECT body FROM tasks WHERE state NOT IN (?, ?, ?) ORDER BY created_at",
+                                      ended).fetchall()
+        return [Task.model_validate_json(row[0]) for row in rows]

@@ -53,6 +53,10 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
            allow_insecure: Annotated[bool, typer.Option(help="allow plain HTTP off loopback")] = False,
            log_level: Annotated[str, typer.Option()] = "info") -> None:
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
+    from functools import partial
+
+    from tether.agent.llm import LLMSettings
+    from tether.agent.server_app import create_agent_app
     from tether.server.main import UnsafeBinding, run_server
 
     if bool(tls_cert) != bool(tls_key):
@@ -61,7 +65,11 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
                          tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
                          heartbeat_timeout=heartbeat_timeout, grace_period=grace_period)
     try:
-        run_server(settings, allow_insecure=allow_insecure, log_level=log_level)
+        llm = LLMSettings.from_env()
+        console(err=True).print(f"planning with {llm.model} at {llm.base_url}" if llm else
+                                "no LLM configured (TETHER_LLM_BASE_URL, TETHER_LLM_MODEL): tasks need a plan")
+        run_server(settings, allow_insecure=allow_insecure, log_level=log_level,
+                   app_factory=partial(create_agent_app, llm_settings=llm))
     except UnsafeBinding as exc:
         fail(str(exc))
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tether.protocol.models import TOOL_TYPES, Command, Result, ToolInfo, ToolType
 from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
 from tether.tools.context import ToolContext
+from tether.tools.errors import NeedsApproval, ToolError
 from tether.tools.runtime import ToolSpec, build_spec, call_spec
 
 if TYPE_CHECKING:
@@ -83,7 +84,24 @@ class Computer:
     def _build_meta_tools(self) -> dict[str, ToolSpec]:
         spec = build_spec(self.list_tools, "list_tools", "data_collection", None,
                           "List the tools this device offers, optionally filtered by type or namespace.")
-        return {"list_tools": spec}
+        undo = build_spec(self.undo_session, "undo_session", "action", None,
+                          "Put back the files a session's commands changed (its undo journal), newest first. "
+                          "Needs an approval: it rewrites files.")
+        return {"list_tools": spec, "undo_session": undo}
+
+    async def undo_session(self, ctx: ToolContext, session_id: str) -> list[dict[str, Any]]:
+        """How a server undoes a task on this device (the task id is the session id of its commands).
+
+        It is a meta tool, so planners never see it, and it needs an approval so that a plan that
+        names it anyway cannot rewrite files behind the person's back."""
+        if ctx.journal is None:
+            raise ToolError("this device keeps no undo journal")
+        if not ctx.approved_by:
+            raise NeedsApproval("undo", f"undoing session {session_id} rewrites the files it changed")
+        try:
+            return await asyncio.to_thread(ctx.journal.restore, session_id)
+        except ValueError as exc:
+            raise ToolError(str(exc)) from None
 
     async def list_tools(self, tool_type: ToolType | None = None, namespace: str | None = None,
                          remove_meta: bool = True) -> list[dict[str, Any]]:

@@ -29,8 +29,12 @@ class CommandRouter:
         that gives up (a timeout) still keeps the results that were finished."""
         try:
             computer = await self.computer_manager.get_or_create(agent_name, process_name, root_name)
-        except ValueError as exc:
-            return [Result.failure(str(exc), c.call_id) for c in commands]
+        except ValueError as exc:  # e.g. an agent name the device's config does not know
+            failures = [Result.failure(str(exc), c.call_id) for c in commands]
+            for failure in failures:
+                if on_result is not None:
+                    on_result(failure)
+            return failures
         base = computer.context
         results: list[Result] = []
         failed: Command | None = None

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -16,9 +16,16 @@ from tether.server.hub import DeviceHub
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 
+Extension = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
-def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
-    """Build the app; the hub starts and stops with the app's lifespan."""
+
+def create_app(settings: ServerSettings, store: Store | None = None, extensions: Sequence[Extension] = ()) -> FastAPI:
+    """Build the app; the hub starts and stops with the app's lifespan.
+
+    An extension adds routes to the app when called and is then entered as a context inside the
+    lifespan, after the hub starts and before it stops. That is how layers above the server (the
+    agent's task API) plug in without the server importing them.
+    """
     store = store or Store(settings.db_path)
     hub = DeviceHub(store, settings)
 
@@ -26,7 +33,10 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await hub.start()
         try:
-            yield
+            async with AsyncExitStack() as stack:
+                for context in contexts:
+                    await stack.enter_async_context(context)
+                yield
         finally:
             await hub.aclose()
             store.close()
@@ -39,6 +49,7 @@ def create_app(settings: ServerSettings, store: Store | None = None) -> FastAPI:
     app.state.settings = settings
     app.include_router(router)
     app.router.routes.append(aip_route(hub))
+    contexts = [extension(app) for extension in extensions]
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import uvicorn
+from fastapi import FastAPI
 
 from tether.server.app import create_app
 from tether.server.settings import ServerSettings, is_loopback
@@ -33,11 +35,15 @@ def check_binding(settings: ServerSettings, store: Store, *, allow_insecure: boo
                             "network)")
 
 
-def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info"
-                 ) -> uvicorn.Config:
+AppFactory = Callable[[ServerSettings, Store], FastAPI]
+
+
+def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
+                 app_factory: AppFactory = create_app) -> uvicorn.Config:
+    """`app_factory` builds the app (the agent layer passes one that adds tasks)."""
     store = Store(settings.db_path)
     check_binding(settings, store, allow_insecure=allow_insecure)
-    app = create_app(settings, store)
+    app = app_factory(settings, store)
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                           # headroom above the AIP limit so the hub, not the transport, answers an
                           # oversized frame with an ERROR that says what the limit is
@@ -47,5 +53,7 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
                           lifespan="on", timeout_graceful_shutdown=5)
 
 
-def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info") -> None:
-    uvicorn.Server(build_config(settings, allow_insecure=allow_insecure, log_level=log_level)).run()
+def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
+               app_factory: AppFactory = create_app) -> None:
+    uvicorn.Server(build_config(settings, allow_insecure=allow_insecure, log_level=log_level,
+                                app_factory=app_factory)).run()

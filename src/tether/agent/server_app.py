@@ -1,0 +1,47 @@
+"""The agent server: the device server's app plus tasks (planning, running, recovering, the task API)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from fastapi import FastAPI
+
+from tether.agent.llm import LLMSettings
+from tether.agent.service import TaskService
+from tether.agent.task import Budgets
+from tether.agent.task_api import router
+from tether.agent.task_store import TaskStore
+from tether.server.app import Extension, create_app
+from tether.server.settings import ServerSettings
+from tether.server.store import Store
+
+
+def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = None) -> Extension:
+    """An app extension (see `create_app`) that runs tasks; they live in the server's database file."""
+
+    def extend(app: FastAPI) -> AbstractAsyncContextManager[None]:
+        app.include_router(router)
+
+        @asynccontextmanager
+        async def running() -> AsyncIterator[None]:
+            settings: ServerSettings = app.state.settings
+            store = TaskStore(settings.db_path)
+            service = TaskService(app.state.hub, store, llm_settings, budgets=budgets)
+            app.state.tasks = service
+            await service.start()
+            try:
+                yield
+            finally:
+                await service.aclose()
+                store.close()
+
+        return running()
+
+    return extend
+
+
+def create_agent_app(settings: ServerSettings, store: Store | None = None, *,
+                     llm_settings: LLMSettings | None = None, budgets: Budgets | None = None) -> FastAPI:
+    """The full agent server; `llm_settings` None means plans must be given (no planning)."""
+    return create_app(settings, store, extensions=[tasks_extension(llm_settings, budgets)])

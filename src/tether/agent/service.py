@@ -1,0 +1,346 @@
+"""`TaskService`: tasks on the agent server — run on the hub's devices, stored as they go, answerable.
+
+One `TaskRunner` per live task, each an asyncio task on the server's loop. The service is what the
+task API talks to: it creates tasks (choosing the device), feeds answers and approvals to the runner
+waiting on them, cancels, streams events to subscribers, and undoes a task on every device it
+touched. Every state change, step, decision, question and answer is saved before the next thing
+happens, so a server that dies loses at most the streamed output of the step that was running.
+
+After a restart (`start`), each unfinished task is settled, never forgotten:
+- waiting for a person: it keeps waiting; the answer resumes it where it stopped;
+- created, or planning: nothing has run on a device since, so it simply runs (plans) again;
+- running or recovering: the step that was in flight may or may not have finished on its device,
+  so the person is asked — retry the step, skip it, or cancel — unless the saved record shows it
+  finished, in which case the task goes on from the next step by itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from tether.agent.executor import TaskRunner, discover_tools
+from tether.agent.llm import LLMClient, LLMSettings
+from tether.agent.plan import Plan
+from tether.agent.recovery import OPTION_APPROVE, OPTION_CANCEL, OPTION_DENY, OPTION_RETRY, OPTION_SKIP, AskUser
+from tether.agent.task import Budgets, Question, Task, TaskEvent, TaskState
+from tether.agent.task_store import TaskStore
+from tether.protocol.dispatcher import BasicCommandDispatcher
+from tether.protocol.messages import Event
+from tether.protocol.models import Command, Result, ToolInfo
+from tether.protocol.profile import DeviceRequirements
+from tether.server.hub import DeviceHub
+from tether.server.registry import NoDeviceError
+
+logger = logging.getLogger(__name__)
+
+# Saved as they happen (streamed output and answer tokens are saved with the next of these).
+_SAVE_ON = frozenset({"plan", "step_started", "step_finished", "decision", "patched", "skipped", "question",
+                      "user_answer", "state", "answer", "interrupted", "server_restarted"})
+_SUBSCRIBER_QUEUE = 10_000
+
+
+class TaskError(Exception):
+    """A request the task API must refuse; `status` is the HTTP status that says why."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _HubDevice(BasicCommandDispatcher):
+    """A hub dispatcher with the `emit(kind, data)` hook the runner uses to stream a step's output."""
+
+    def __init__(self, hub: DeviceHub, device: str, **kwargs: Any) -> None:
+        self.emit: Callable[[str, dict[str, Any]], None] | None = None
+        self._inner = hub.dispatcher(device, on_event=self._forward, **kwargs)
+
+    def _forward(self, event: Event) -> None:
+        if self.emit is not None:
+            self.emit(event.kind, dict(event.data))
+
+    async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+        return await self._inner.execute_commands(commands, timeout=timeout)
+
+
+class TaskService:
+    def __init__(self, hub: DeviceHub, store: TaskStore, llm_settings: LLMSettings | None = None, *,
+                 budgets: Budgets | None = None, command_timeout: float = 600.0) -> None:
+        self.hub = hub
+        self.store = store
+        self.llm = LLMClient(llm_settings) if llm_settings is not None else None
+        self.budgets = budgets or Budgets()
+        self.command_timeout = command_timeout
+        self._live: dict[str, Task] = {}
+        self._runners: dict[str, tuple[TaskRunner, asyncio.Task[Any]]] = {}
+        self._waiting: dict[str, asyncio.Future[str]] = {}
+        self._answers: dict[str, str] = {}
+        self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
+        self._closing = False
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Settle the tasks a previous server left unfinished (see the module docstring)."""
+        for task in self.store.unfinished():
+            self._resume_after_restart(task)
+
+    async def aclose(self) -> None:
+        """Stop every runner without cancelling its task: the next start resumes or asks."""
+        self._closing = True
+        runners = list(self._runners.values())
+        for runner, job in runners:
+            runner.interrupted = True
+            job.cancel()
+        await asyncio.gather(*(job for _, job in runners), return_exceptions=True)
+        for task in self._live.values():
+            self.store.save(task)
+        for queues in self._subscribers.values():
+            for queue in queues:
+                queue.put_nowait(None)
+        if self.llm is not None:
+            await self.llm.close()
+
+    def _resume_after_restart(self, task: Task) -> None:
+        state = task.state
+        task.record("server_restarted", {"state": state.value, "step": task.cursor})
+        if state is TaskState.WAITING_FOR_USER and task.pending_question is not None:
+            self.store.save(task)
+            self._live[task.id] = task
+            return
+        if state in (TaskState.RUNNING, TaskState.RECOVERING) and task.plan is not None:
+            last = task.steps[-1] if task.steps else None
+            started = [e for e in task.events if e.kind == "step_started"]
+            in_flight = bool(started) and started[-1].data.get("call_id") not in {r.command.call_id
+                                                                                 for r in task.steps}
+            if in_flight or state is TaskState.RECOVERING:
+                step = task.plan.steps[min(task.cursor, len(task.plan.steps) - 1)]
+                what = "was running" if in_flight else "had failed and its recovery was being decided"
+                question = (f"The server restarted while step {task.cursor + 1} ({step.skill} {step.args}) {what}; "
+                            "whether it finished on the device is unknown. Retry the step, skip it, or cancel "
+                            "the task?")
+                record = Question(step=task.cursor, question=question, kind="restart",
+                                  options=[OPTION_RETRY, OPTION_SKIP, OPTION_CANCEL])
+                task.questions.append(record)
+                task.transition(TaskState.WAITING_FOR_USER, question=record.id)
+                task.record("question", record.model_dump(mode="json"))
+                self.store.save(task)
+                self._live[task.id] = task
+                return
+            if last is not None and last.index == task.cursor and last.result.ok:
+                task.cursor += 1  # it finished; the crash came before the cursor moved on
+        if state is TaskState.WAITING_FOR_USER:  # waiting with no question left: go on running
+            task.transition(TaskState.RUNNING, reason="server restarted")
+        self.store.save(task)
+        self._start(task)
+
+    # -- creating and reading -------------------------------------------------------------------------
+
+    async def create(self, request: str, *, plan: Plan | None = None, device: str | None = None,
+                     requires: DeviceRequirements | None = None, devices: list[str] | None = None,
+                     requested_by: str | None = None) -> Task:
+        """Create a task on `device` (or on the device `requires` selects) and start it."""
+        if self._closing:
+            raise TaskError(503, "the server is shutting down")
+        if not request and (plan is None or not plan.steps):
+            raise TaskError(422, "give a request in plain words, or a plan with at least one step")
+        if plan is None and self.llm is None:
+            raise TaskError(409, "this server has no LLM configured, so it cannot plan a request; give a plan "
+                                 "instead, or start the server with TETHER_LLM_BASE_URL and TETHER_LLM_MODEL set")
+        target = self._pick(device, requires)
+        extra = list(dict.fromkeys([*(devices or []), *(s.device for s in (plan.steps if plan else []) if s.device)]))
+        for name in extra:
+            if self.hub.registry.get(name) is None:
+                raise TaskError(404, f"the plan names device '{name}', which has never registered")
+        task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
+                    devices=[n for n in extra if n != target])
+        self.store.save(task)
+        self._start(task)
+        return task
+
+    def _pick(self, device: str | None, requires: DeviceRequirements | None) -> str:
+        if device is not None:
+            record = self.hub.registry.get(device)
+            if record is None:
+                raise TaskError(404, f"no device named '{device}'")
+            if record.status == "offline":
+                raise TaskError(409, f"device '{device}' is offline")
+            return device
+        try:
+            return self.hub.registry.select(requires or DeviceRequirements()).name
+        except NoDeviceError as exc:
+            raise TaskError(409, str(exc)) from None
+
+    def get(self, task_id: str) -> Task:
+        task = self._live.get(task_id) or next((t for i, t in self._live.items() if i.startswith(task_id)), None)
+        task = task or self.store.get(task_id)
+        if task is None:
+            raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
+        return task
+
+    def list(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
+        return self.store.list(limit, state)
+
+    # -- running ----------------------------------------------------------------------------------------
+
+    def _start(self, task: Task) -> None:
+        self._live[task.id] = task
+        runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
+                            on_event=lambda event: self._on_event(task, event), budgets=self.budgets,
+                            command_timeout=self.command_timeout, default_device=task.device or "device")
+        job = asyncio.create_task(self._drive(task, runner), name=f"task {task.id}")
+        self._runners[task.id] = (runner, job)
+
+    async def _drive(self, task: Task, runner: TaskRunner) -> None:
+        try:
+            runner.tools = await self._tools_for(task)
+            await runner.run(task)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # a bug or an unreachable device must end the task clearly, not silently
+            logger.exception("task %s stopped on an error", task.id)
+            if not task.state.terminal:
+                task.error = f"the task stopped on an error: {exc}"
+                self._on_event(task, task.transition(TaskState.FAILED, error=task.error))
+        finally:
+            self._runners.pop(task.id, None)
+            if not self._closing:
+                self.store.save(task)
+            if task.state.terminal:
+                self._live.pop(task.id, None)
+                for queue in self._subscribers.pop(task.id, set()):
+                    queue.put_nowait(None)
+
+    async def _tools_for(self, task: Task) -> dict[str | None, list[ToolInfo]]:
+        """Each device's tools, asked live (tools change), else from the profile it registered with."""
+        tools: dict[str | None, list[ToolInfo]] = {}
+        for name in dict.fromkeys(n for n in [task.device, *task.devices] if n):
+            tools[name] = await self._device_tools(name)
+        tools[None] = tools[task.device] if task.device else []
+        return tools
+
+    async def _device_tools(self, name: str) -> list[ToolInfo]:
+        record = self.hub.registry.get(name)
+        if record is not None and record.status != "offline":
+            try:
+                return await discover_tools(self.hub.dispatcher(name, requested_by="tether:tasks"))
+            except RuntimeError:
+                pass
+        if record is not None and record.profile is not None:
+            return list(record.profile.tools)
+        raise RuntimeError(f"device '{name}' is offline and has never reported its tools")
+
+    def _dispatcher(self, task: Task, name: str | None) -> BasicCommandDispatcher:
+        device = name or task.device
+        if device is None:
+            raise RuntimeError("the task has no device")
+        return _HubDevice(self.hub, device, session_id=task.id,
+                          requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")
+
+    def _asker(self, task: Task) -> Callable[[AskUser], Any]:
+        async def ask(question: AskUser) -> str:
+            if task.id in self._answers:  # answered while no runner was waiting (after a restart)
+                return self._answers.pop(task.id)
+            future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self._waiting[task.id] = future
+            try:
+                return await future
+            finally:
+                self._waiting.pop(task.id, None)
+
+        return ask
+
+    def _on_event(self, task: Task, event: TaskEvent | None) -> None:
+        if event is None:
+            return
+        if event.kind in _SAVE_ON:
+            self.store.save(task)
+        for queue in self._subscribers.get(task.id, ()):
+            if queue.qsize() < _SUBSCRIBER_QUEUE - 1:
+                queue.put_nowait(event)
+
+    # -- people -----------------------------------------------------------------------------------------
+
+    def answer(self, task_id: str, answer: str, question_id: str | None = None) -> Task:
+        """Answer the task's open question; the same task goes on from where it stopped."""
+        task = self.get(task_id)
+        pending = task.pending_question
+        if task.state is not TaskState.WAITING_FOR_USER or pending is None:
+            raise TaskError(409, f"task {task.id} has no open question (it is {task.state.value})")
+        if question_id is not None and question_id != pending.id:
+            raise TaskError(409, f"question {question_id} is not the open one (that is {pending.id})")
+        if not answer.strip():
+            raise TaskError(422, f"the answer is empty; the options are: {', '.join(pending.options)}")
+        waiting = self._waiting.get(task.id)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(answer)
+        elif task.id not in self._runners:
+            self._answers[task.id] = answer
+            self._start(task)
+        else:
+            raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
+        return task
+
+    def approve(self, task_id: str, approved: bool) -> Task:
+        task = self.get(task_id)
+        pending = task.pending_question
+        if pending is None or pending.kind != "approval" or task.state is not TaskState.WAITING_FOR_USER:
+            raise TaskError(409, f"task {task.id} has no action waiting for approval (it is {task.state.value}"
+                                 + (f", asking: {pending.question}" if pending else "") + ")")
+        return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id)
+
+    async def cancel(self, task_id: str) -> Task:
+        task = self.get(task_id)
+        if task.state.terminal:
+            raise TaskError(409, f"task {task.id} has already ended ({task.state.value})")
+        running = self._runners.get(task.id)
+        if running is not None:
+            running[1].cancel()
+            await asyncio.gather(running[1], return_exceptions=True)
+        if not task.state.terminal:  # not running (waiting after a restart): end it here
+            task.error = "cancelled"
+            self._on_event(task, task.transition(TaskState.CANCELLED, error="cancelled"))
+            self.store.save(task)
+            self._live.pop(task.id, None)
+            for queue in self._subscribers.pop(task.id, set()):
+                queue.put_nowait(None)
+        return task
+
+    # -- events -------------------------------------------------------------------------------------------
+
+    def subscribe(self, task_id: str, after: int = -1) -> tuple[Task, list[TaskEvent], asyncio.Queue[TaskEvent | None]
+                                                                | None]:
+        """The events so far (after `after`) and, for a task still going, a queue of what comes next
+        (None marks the end). Both come from one moment, so nothing is missed or seen twice."""
+        task = self.get(task_id)
+        past = [e for e in task.events if e.seq > after]
+        if task.state.terminal and task.id not in self._runners:
+            return task, past, None
+        queue: asyncio.Queue[TaskEvent | None] = asyncio.Queue()
+        self._subscribers.setdefault(task.id, set()).add(queue)
+        return task, past, queue
+
+    def unsubscribe(self, task_id: str, queue: asyncio.Queue[TaskEvent | None]) -> None:
+        queues = self._subscribers.get(task_id)
+        if queues is not None:
+            queues.discard(queue)
+
+    # -- undo -----------------------------------------------------------------------------------------------
+
+    async def undo(self, task_id: str, requested_by: str) -> dict[str, Any]:
+        """Put back the files the task changed, on every device its commands ran on."""
+        task = self.get(task_id)
+        if task.id in self._runners:
+            raise TaskError(409, f"task {task.id} is still running; cancel it first")
+        report: dict[str, Any] = {}
+        for name in task.devices_used():
+            dispatcher = self.hub.dispatcher(name, requested_by=f"undo:{task.id[:12]} by {requested_by}")
+            command = Command(tool_name="undo_session", parameters={"session_id": task.id},
+                              approved_by=requested_by)
+            [result] = await dispatcher.execute_commands([command], timeout=120)
+            report[name] = {"restored": result.result} if result.ok else {"error": result.error}
+        task.record("undone", {"devices": report})
+        self.store.save(task)
+        return report

@@ -1,0 +1,159 @@
+"""The task API under /api/v1/tasks: create, get, list, stream events, answer, approve, cancel, undo.
+
+Creating and steering a task needs the `execute` scope; reading needs `read`. A task's events stream
+as server-sent events (`event: task_event`, data a `TaskEvent`), starting after `?after=SEQ` so a
+client that lost the stream picks up where it stopped, and ending with `event: end` once the task
+has ended. Errors are `{"error": "..."}` like the rest of the API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tether.agent.plan import Plan, PlanStep
+from tether.agent.service import TaskError, TaskService
+from tether.agent.task import Task, TaskEvent
+from tether.protocol.profile import DeviceRequirements
+from tether.server.api import require
+from tether.server.store import TokenInfo
+
+router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
+_KEEPALIVE_S = 15.0
+
+
+class TaskRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    request: str = Field("", max_length=20_000, description="what to do, in plain words")
+    plan: list[PlanStep] | None = Field(None, description="a plan to run as given (no LLM needed)")
+    device: str | None = Field(None, description="the device to run on (else chosen by `requires`)")
+    requires: DeviceRequirements | None = None
+    devices: list[str] = Field(default_factory=list, description="other devices the planner may use")
+
+
+class Answer(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    answer: str = Field(..., max_length=10_000, description="an option (its text or number) or free words")
+    question_id: str | None = Field(None, description="the question answered; refused if it is not the open one")
+
+
+class Approval(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    approved: bool
+
+
+def _service(request: Request) -> TaskService:
+    return request.app.state.tasks
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except TaskError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+
+
+@router.post("", status_code=201)
+async def create_task(body: TaskRequest, request: Request,
+                      who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """Create a task and start it; follow it with GET /tasks/{id}/events."""
+    plan = Plan(steps=body.plan) if body.plan else None
+    try:
+        task = await _service(request).create(body.request, plan=plan, device=body.device, requires=body.requires,
+                                              devices=body.devices, requested_by=f"api:{who.name}")
+    except TaskError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    return task.summary()
+
+
+@router.get("")
+async def list_tasks(request: Request, _: Annotated[TokenInfo, Depends(require("read"))], limit: int = 50,
+                     state: str | None = None) -> list[dict[str, Any]]:
+    return _service(request).list(max(1, min(limit, 1000)), state)
+
+
+@router.get("/{task_id}")
+async def get_task(task_id: str, request: Request, _: Annotated[TokenInfo, Depends(require("read"))],
+                   events: bool = True) -> dict[str, Any]:
+    """The whole task: plan, every step with its command and result, decisions, questions, events."""
+    task: Task = _call(_service(request).get, task_id)
+    return task.model_dump(mode="json", exclude={"events"} if not events else None)
+
+
+@router.post("/{task_id}/answer")
+async def answer_task(task_id: str, body: Answer, request: Request,
+                      _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """Answer the open question; the same task resumes where it stopped."""
+    return _call(_service(request).answer, task_id, body.answer, body.question_id).summary()
+
+
+@router.post("/{task_id}/approval")
+async def approve_task(task_id: str, body: Approval, request: Request,
+                       _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """Approve or deny the action the task is waiting on (a denial cancels the task)."""
+    return _call(_service(request).approve, task_id, body.approved).summary()
+
+
+@router.post("/{task_id}/cancel")
+async def cancel_task(task_id: str, request: Request,
+                      _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    try:
+        task = await _service(request).cancel(task_id)
+    except TaskError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    return task.summary()
+
+
+@router.post("/{task_id}/undo")
+async def undo_task(task_id: str, request: Request,
+                    who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """Put back the files the task's commands changed, on each device they ran on."""
+    try:
+        devices = await _service(request).undo(task_id, f"api:{who.name}")
+    except TaskError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    return {"task": task_id, "devices": devices}
+
+
+@router.get("/{task_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+async def task_events(task_id: str, request: Request, _: Annotated[TokenInfo, Depends(require("read"))],
+                      after: int = -1) -> StreamingResponse:
+    service = _service(request)
+    task, past, queue = _call(service.subscribe, task_id, after)
+    return StreamingResponse(_stream(service, task, past, queue), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _frame(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+
+
+async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
+                  queue: asyncio.Queue[TaskEvent | None] | None) -> AsyncIterator[bytes]:
+    try:
+        for event in past:
+            yield _frame("task_event", event.model_dump(mode="json"))
+        while queue is not None:
+            try:
+                event = await asyncio.wait_for(queue.get(), _KEEPALIVE_S)
+            except TimeoutError:
+                yield b": keep-alive\n\n"  # proxies drop silent streams; a waiting task can be silent for long
+                continue
+            if event is None:
+                break
+            yield _frame("task_event", event.model_dump(mode="json"))
+        # `ended` is false when the server is shutting down under a task that is still going
+        yield _frame("end", {"id": task.id, "state": task.state.value, "ended": task.state.terminal,
+                             "answer": task.answer, "error": task.error})
+    finally:
+        if queue is not None:
+            service.unsubscribe(task.id, queue)

@@ -1,0 +1,239 @@
+"""Tasks on the agent server: the task API, real devices over AIP, a scripted LLM, restarts, undo."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent_fakes import FakeLLM
+from task_testkit import AgentServer
+from tether.tools.policy import Policy, default_policy
+
+
+@pytest.fixture
+def jailed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A policy per device that may write only in its own folder (so where a step ran is visible)."""
+    other_temp = tmp_path / "device-temp"
+    other_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(other_temp))
+
+    def make(name: str) -> tuple[Policy, Path]:
+        root = tmp_path / name
+        root.mkdir(exist_ok=True)
+        return default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]}), root
+
+    return make
+
+
+def write(path: Path, content: str, device: str | None = None) -> dict[str, Any]:
+    step: dict[str, Any] = {"skill": "write_file", "args": {"file_path": str(path), "content": content},
+                            "description": f"write {path.name}"}
+    if device:
+        step["device"] = device
+    return step
+
+
+def shell(cmd: str, argv: list[str], cwd: Path, **extra: Any) -> dict[str, Any]:
+    return {"skill": "shell.run", "args": {"cmd": cmd, "argv": argv, "cwd": str(cwd), **extra}}
+
+
+def reply(obj: Any) -> str:
+    return json.dumps(obj)
+
+
+def kinds(events: list[dict[str, Any]]) -> list[str]:
+    return [e["kind"] for e in events]
+
+
+async def test_plan_runs_on_the_device_with_streamed_events_and_audit(tmp_path: Path, jailed: Any) -> None:
+    policy, root = jailed("alpha")
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(request="make a demo folder", device="alpha",
+                                      plan=[shell("mkdir", [str(root / "demo")], root),
+                                            write(root / "demo" / "hello-world.txt", "hello"),
+                                            shell("echo", ["hi there"], root)])
+        assert created["state"] in ("created", "running") and created["device"] == "alpha"
+        events = await server.events_until(created["id"], lambda e: False)
+        task = (await server.api.get(f"/tasks/{created['id']}")).json()
+        listed = (await server.api.get("/tasks")).json()
+        audit = server.store.audit_rows(limit=10)
+    assert task["state"] == "done", task["error"]
+    assert (root / "demo" / "hello-world.txt").read_text() == "hello"
+    assert [e["seq"] for e in events[:-1]] == list(range(len(events) - 1))  # every event, in order, once
+    assert events[-1]["kind"] == "end" and events[-1]["data"]["state"] == "done"
+    assert any(e["kind"] == "output" and "hi there" in e["data"].get("data", "") for e in events)
+    assert [s["result"]["status"] for s in task["steps"]] == ["success"] * 3
+    assert listed[0]["id"] == task["id"] and listed[0]["device"] == "alpha" and listed[0]["state"] == "done"
+    ran = [r for r in audit if r["tool_name"] in ("shell.run", "write_file")]
+    assert len(ran) == 3 and all(r["requested_by"] == f"task:{task['id'][:12]} for api:tester-0" for r in ran)
+
+
+async def test_llm_plan_ask_user_answered_through_the_api(tmp_path: Path, jailed: Any) -> None:
+    policy, root = jailed("alpha")
+    (root / "b.txt").write_text("bee")
+    first = {"steps": [{"skill": "read_file", "args": {"file_path": str(root / "which.txt")}}]}
+    question = {"decision": "ASK_USER", "question": "Which file did you mean?", "options": ["a.txt", "b.txt"]}
+    second = {"steps": [{"skill": "read_file", "args": {"file_path": str(root / "b.txt")}}]}
+    async with FakeLLM([reply(first), reply(question), reply(second), "It says bee."]) as fake, \
+            AgentServer(tmp_path, llm=fake.settings()) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(request="read the file", device="alpha")
+        events = await server.events_until(created["id"], lambda e: e["kind"] == "question")
+        asked = events[-1]["data"]
+        assert asked["question"] == "Which file did you mean?"
+        waiting = (await server.api.get(f"/tasks/{created['id']}")).json()
+        assert waiting["state"] == "waiting_for_user"
+        wrong = await server.api.post(f"/tasks/{created['id']}/answer", json={"answer": "b.txt", "question_id": "x"})
+        assert wrong.status_code == 409 and "not the open one" in wrong.json()["error"]
+        answered = await server.api.post(f"/tasks/{created['id']}/answer",
+                                         json={"answer": "2", "question_id": asked["id"]})
+        assert answered.status_code == 200, answered.text
+        task = await server.finished(created["id"])
+        again = await server.api.post(f"/tasks/{created['id']}/answer", json={"answer": "b.txt"})
+    assert task["id"] == created["id"] and task["state"] == "done", task["error"]
+    assert task["questions"][0]["answer"] == "2" and task["answer"] == "It says bee."
+    assert task["steps"][-1]["result"]["result"]["content"] == "bee"
+    assert "b.txt" in fake.requests[2]["messages"][-1]["content"]  # the answer became the replan's constraint
+    assert again.status_code == 409 and "no open question" in again.json()["error"]
+
+
+@pytest.mark.parametrize("approved", [False, True])
+async def test_approval_through_the_api(tmp_path: Path, jailed: Any, approved: bool) -> None:
+    policy, root = jailed("alpha")
+    victim = root / "old"
+    victim.mkdir()
+    (victim / "f.txt").write_text("x")
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(request="remove old", device="alpha",
+                                      plan=[shell("rm", ["-r", str(victim)], root)])
+        events = await server.events_until(created["id"], lambda e: e["kind"] == "question")
+        assert events[-1]["data"]["kind"] == "approval"
+        wrong = await server.api.post(f"/tasks/{created['id']}/approval", json={"approved": "maybe"})
+        assert wrong.status_code == 422
+        response = await server.api.post(f"/tasks/{created['id']}/approval", json={"approved": approved})
+        assert response.status_code == 200, response.text
+        task = await server.finished(created["id"])
+    if approved:
+        assert task["state"] == "done" and not victim.exists()
+        assert [s["command"]["approved_by"] for s in task["steps"]] == [None, "user"]
+    else:
+        assert task["state"] == "cancelled" and "not approved" in task["error"] and victim.exists()
+
+
+async def test_two_device_plan_runs_each_step_on_its_device_and_undo_reaches_both(tmp_path: Path,
+                                                                                  jailed: Any) -> None:
+    policy_a, root_a = jailed("alpha")
+    policy_b, root_b = jailed("beta")
+    (root_b / "keep.txt").write_text("original")
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy_a, tmp_path / "state-alpha")
+        await server.add_device("beta", policy_b, tmp_path / "state-beta")
+        overwrite = write(root_b / "keep.txt", "changed on beta", device="beta")
+        overwrite["args"]["mode"] = "overwrite"  # changing an existing file needs an approval
+        created = await server.create(request="one file on each", device="alpha",
+                                      plan=[write(root_a / "a.txt", "on alpha"), overwrite,
+                                            write(root_a / "a2.txt", "alpha again", device="alpha")])
+        asked = await server.events_until(created["id"], lambda e: e["kind"] == "question")
+        assert asked[-1]["data"]["kind"] == "approval" and "keep.txt" in asked[-1]["data"]["question"]
+        approved = await server.api.post(f"/tasks/{created['id']}/approval", json={"approved": True})
+        assert approved.status_code == 200, approved.text
+        task = await server.finished(created["id"])
+        audit = server.store.audit_rows(limit=20)
+        assert (root_b / "keep.txt").read_text() == "changed on beta"
+        undone = await server.api.post(f"/tasks/{created['id']}/undo")
+    assert task["state"] == "done", task["error"]
+    # each device's policy only lets it write its own folder: a step on the wrong device would fail
+    writes = [(r["device"], r["arguments"]) for r in reversed(audit) if r["tool_name"] == "write_file"]
+    assert [d for d, _ in writes] == ["alpha", "beta", "beta", "alpha"]  # beta's second try was approved
+    assert undone.status_code == 200, undone.text
+    report = undone.json()["devices"]
+    assert set(report) == {"alpha", "beta"} and all("restored" in v for v in report.values()), report
+    assert not (root_a / "a.txt").exists() and not (root_a / "a2.txt").exists()
+    assert (root_b / "keep.txt").read_text() == "original"
+
+
+async def test_cancel_stops_the_running_command(tmp_path: Path, jailed: Any) -> None:
+    policy, root = jailed("alpha")
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(request="wait", device="alpha",
+                                      plan=[shell("sleep", ["60"], root), write(root / "never.txt", "x")])
+        await server.events_until(created["id"], lambda e: e["kind"] == "step_started")
+        response = await server.api.post(f"/tasks/{created['id']}/cancel")
+        assert response.status_code == 200, response.text
+        task = await server.finished(created["id"])
+        again = await server.api.post(f"/tasks/{created['id']}/cancel")
+    assert task["state"] == "cancelled" and not (root / "never.txt").exists()
+    assert again.status_code == 409 and "already ended" in again.json()["error"]
+
+
+async def test_bad_requests_get_clear_errors(tmp_path: Path, jailed: Any) -> None:
+    policy, root = jailed("alpha")
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        api = server.api
+        no_llm = await api.post("/tasks", json={"request": "do something", "device": "alpha"})
+        assert no_llm.status_code == 409 and "no LLM" in no_llm.json()["error"]
+        unknown = await api.post("/tasks", json={"plan": [write(root / "x", "x")], "device": "nope"})
+        assert unknown.status_code == 404 and "no device named 'nope'" in unknown.json()["error"]
+        other = await api.post("/tasks", json={"plan": [write(root / "x", "x", device="ghost")], "device": "alpha"})
+        assert other.status_code == 404 and "ghost" in other.json()["error"]
+        nothing = await api.post("/tasks", json={"device": "alpha"})
+        assert nothing.status_code == 422
+        extra = await api.post("/tasks", json={"plan": [], "device": "alpha", "colour": "red"})
+        assert extra.status_code == 422 and "colour" in extra.json()["error"]
+        gpu = await api.post("/tasks", json={"plan": [write(root / "x", "x")], "requires": {"gpu": True}})
+        assert gpu.status_code == 409
+        assert (await api.get("/tasks/0000")).status_code == 404
+        assert (await api.get("/tasks/0000/events")).status_code == 404
+        assert (await api.post("/tasks/0000/answer", json={"answer": "x"})).status_code == 404
+        noauth = await api.get("/tasks", headers={"Authorization": "Bearer wrong"})
+        assert noauth.status_code == 401
+        # a plan with an unknown skill and bad arguments fails clearly, before anything runs
+        created = await server.create(device="alpha", plan=[{"skill": "teleport", "args": {}},
+                                                            {"skill": "write_file", "args": {"content": 3}}])
+        task = await server.finished(created["id"])
+        assert task["state"] == "failed" and "unknown skill 'teleport'" in task["error"]
+        assert "file_path" in task["error"] and not task["steps"]
+
+
+async def test_restart_keeps_tasks_and_resumes_them(tmp_path: Path, jailed: Any) -> None:
+    policy, root = jailed("alpha")
+    db = tmp_path / "server.db"
+    async with AgentServer(tmp_path, db_path=db) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        (root / "old").mkdir()
+        (root / "old" / "f.txt").write_text("x")
+        asking = await server.create(request="remove old", device="alpha",
+                                     plan=[shell("rm", ["-r", str(root / "old")], root), write(root / "after", "1")])
+        asked = await server.events_until(asking["id"], lambda e: e["kind"] == "question")
+        assert asked[-1]["data"]["kind"] == "approval"
+        running = await server.create(request="slow", device="alpha",
+                                      plan=[shell("sleep", ["60"], root), write(root / "then.txt", "2")])
+        await server.events_until(running["id"], lambda e: e["kind"] == "step_started")
+    # the server stopped with one task waiting for approval and one in the middle of a command
+    async with AgentServer(tmp_path, db_path=db) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha-2")
+        listed = {t["id"]: t for t in (await server.api.get("/tasks")).json()}
+        assert listed[asking["id"]]["state"] == "waiting_for_user"
+        assert listed[running["id"]]["state"] == "waiting_for_user"
+        slow = (await server.api.get(f"/tasks/{running['id']}")).json()
+        assert slow["questions"][-1]["kind"] == "restart" and "sleep" in slow["questions"][-1]["question"]
+        assert slow["questions"][-1]["options"] == ["retry", "skip this step", "cancel"]
+        assert "server_restarted" in kinds(slow["events"])
+        # answers resume the same tasks where they stopped
+        assert (await server.api.post(f"/tasks/{asking['id']}/approval", json={"approved": True})).status_code == 200
+        assert (await server.api.post(f"/tasks/{running['id']}/answer", json={"answer": "skip"})).status_code == 200
+        first = await server.finished(asking["id"])
+        second = await server.finished(running["id"])
+    assert first["state"] == "done", first["error"]
+    assert not (root / "old").exists() and (root / "after").read_text() == "1"
+    assert second["state"] == "done", second["error"]
+    assert (root / "then.txt").read_text() == "2"
+    assert [s["step"]["skill"] for s in second["steps"]] == ["write_file"]  # the sleep was skipped, not re-run
