@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agent_fakes import FakeLLM, HTTPFailure, closed_port, prompt_tokens_of
-from tether.agent.llm import LLMClient, LLMError, LLMSettings, how_to_configure
+from tether.agent.llm import LLMClient, LLMError, LLMSettings, how_to_configure, resolve_llm_settings
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello to the world."}]
 SCHEMA = {"type": "object", "properties": {"greeting": {"type": "string"}}, "required": ["greeting"]}
@@ -120,3 +120,33 @@ def test_how_to_configure_names_everything() -> None:
     for needle in ("TETHER_LLM_BASE_URL=http://127.0.0.1:11434/v1", "TETHER_LLM_MODEL=llama3.1",
                    "TETHER_LLM_API_KEY", "OPENAI_API_KEY", "tether run --plan plan.yaml", "Ollama"):
         assert needle in text
+
+
+def test_settings_from_the_config_file_and_env_precedence(tmp_path) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text("llm:\n  base_url: http://127.0.0.1:9/v1\n  model: m1\n  api_key_env: MY_KEY\n")
+    env = {"TETHER_CONFIG": str(config), "MY_KEY": "k-123"}
+    settings = resolve_llm_settings(env=env)
+    assert settings is not None and (settings.base_url, settings.model, settings.api_key) == \
+        ("http://127.0.0.1:9/v1", "m1", "k-123")
+    # the environment wins over the file
+    env_wins = resolve_llm_settings(env={**env, "TETHER_LLM_BASE_URL": "http://h/v1", "TETHER_LLM_MODEL": "m2"})
+    assert env_wins is not None and env_wins.model == "m2"
+    # nothing configured anywhere: None, and the advice names the file
+    assert resolve_llm_settings(env={"TETHER_CONFIG": str(tmp_path / "absent.yaml")}) is None
+    assert "llm:" in how_to_configure()
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("llm:\n  model: m\n", "base_url"),
+    ("llm:\n  base_url: u\n  model: m\n  colour: red\n", "colour"),
+    ("llm:\n  base_url: u\n  model: m\n  api_key_env: UNSET_VAR_X\n", "UNSET_VAR_X"),
+    ("- a list\n", "mapping"),
+    ("llm: [unclosed\n", "cannot read"),
+])
+def test_broken_config_file_names_the_file_and_the_problem(tmp_path, text: str, needle: str) -> None:
+    config = tmp_path / "config.yaml"
+    config.write_text(text)
+    with pytest.raises(ValueError) as err:
+        resolve_llm_settings(env={"TETHER_CONFIG": str(config)})
+    assert str(config) in str(err.value) and needle in str(err.value)

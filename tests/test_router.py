@@ -96,6 +96,16 @@ async def test_round_trip_and_call_ids(client):
     assert result.call_id == cmd.call_id and cmd.call_id
 
 
+async def test_unknown_agent_fails_each_command_with_the_reason(client):
+    commands = [Command(tool_name="echo", parameters={"text": t}) for t in "ab"]
+    seen = []
+    results = await client.command_router.execute("no-such-agent", None, None, commands, on_result=seen.append)
+    assert [r.status for r in results] == [ResultStatus.FAILURE] * 2
+    assert all("unknown agent 'no-such-agent'" in (r.error or "") for r in results)
+    assert seen == results  # a connection relies on on_result to deliver them (not "no result")
+    assert [r.call_id for r in results] == [c.call_id for c in commands]
+
+
 async def test_unknown_tool_names_it(client):
     [result] = await run(client, Command(tool_name="nope"))
     assert result.status is ResultStatus.FAILURE

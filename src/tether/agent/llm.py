@@ -11,14 +11,17 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ENV_BASE_URL = "TETHER_LLM_BASE_URL"
 ENV_MODEL = "TETHER_LLM_MODEL"
 ENV_API_KEY = "TETHER_LLM_API_KEY"
 ENV_OPENAI_API_KEY = "OPENAI_API_KEY"
+ENV_CONFIG = "TETHER_CONFIG"
 
 # Local servers (Ollama, llama.cpp, vLLM) need no key, but the SDK insists on one.
 NO_API_KEY = "not-needed"
@@ -55,6 +58,62 @@ class LLMSettings(BaseModel):
         return cls(base_url=base_url, model=model, api_key=api_key)
 
 
+def default_config_path(env: Mapping[str, str] | None = None) -> Path:
+    """$TETHER_CONFIG, else $XDG_CONFIG_HOME/tether/config.yaml (~/.config/tether/config.yaml)."""
+    env = os.environ if env is None else env
+    if env.get(ENV_CONFIG):
+        return Path(env[ENV_CONFIG]).expanduser()
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "tether" / "config.yaml"
+
+
+class _LLMSection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    base_url: str = Field(..., min_length=1)
+    model: str = Field(..., min_length=1)
+    api_key: str | None = Field(default=None, description="better: api_key_env, so the key stays out of files")
+    api_key_env: str | None = Field(default=None, description="the environment variable holding the key")
+    timeout: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=1, ge=0)
+    temperature: float = Field(default=0.0, ge=0)
+
+
+def resolve_llm_settings(path: str | os.PathLike[str] | None = None,
+                         env: Mapping[str, str] | None = None) -> LLMSettings | None:
+    """The LLM to use: `TETHER_LLM_*` in the environment win, else the `llm:` section of the config
+    file (`path`, or `default_config_path()`), else None. A broken file is an error naming it."""
+    env = os.environ if env is None else env
+    from_env = LLMSettings.from_env(env)
+    if from_env is not None:
+        return from_env
+    file = Path(path).expanduser() if path is not None else default_config_path(env)
+    if not file.is_file():
+        if path is not None:
+            raise ValueError(f"config file {file} does not exist")
+        return None
+    try:
+        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ValueError(f"cannot read config file {file}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"config file {file} must be a mapping with an 'llm:' section")
+    if data.get("llm") is None:
+        return None
+    try:
+        section = _LLMSection.model_validate(data["llm"])
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'llm'}: {e['msg']}" for e in exc.errors())
+        raise ValueError(f"{file}: llm: {problems}") from None
+    key = section.api_key
+    if section.api_key_env:
+        key = env.get(section.api_key_env) or None
+        if key is None:
+            raise ValueError(f"{file}: llm.api_key_env names {section.api_key_env}, which is not set")
+    values = section.model_dump(exclude={"api_key", "api_key_env"})
+    return LLMSettings(**values, api_key=key or env.get(ENV_API_KEY) or env.get(ENV_OPENAI_API_KEY) or None)
+
+
 def how_to_configure() -> str:
     """What to tell a person who asked for planning with no LLM configured."""
     return (
@@ -73,6 +132,12 @@ def how_to_configure() -> str:
         f"  export {ENV_BASE_URL}=https://api.openai.com/v1\n"
         f"  export {ENV_MODEL}=gpt-4o-mini\n"
         f"  export {ENV_OPENAI_API_KEY}=sk-...\n"
+        "\n"
+        f"or the same in the config file ({default_config_path()} or ${ENV_CONFIG}):\n"
+        "  llm:\n"
+        "    base_url: http://127.0.0.1:11434/v1\n"
+        "    model: llama3.1\n"
+        "    api_key_env: OPENAI_API_KEY     # optional: the variable holding the key\n"
         "\n"
         "Without any LLM, `tether run --plan plan.yaml` runs a plan written by hand\n"
         "(a list of steps: skill, args, description, device) with the same execution and recovery."

@@ -32,6 +32,9 @@ class TaskStore:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
+        # WAL with synchronous=NORMAL survives a crash of the process (what a restarted server meets);
+        # only a power cut may lose the last saves. FULL costs an fsync per save, i.e. per step.
+        self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(_SCHEMA)
         self._lock = threading.Lock()
 

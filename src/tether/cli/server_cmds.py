@@ -55,7 +55,7 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
     from functools import partial
 
-    from tether.agent.llm import LLMSettings
+    from tether.agent.llm import resolve_llm_settings
     from tether.agent.server_app import create_agent_app
     from tether.server.main import UnsafeBinding, run_server
 
@@ -65,9 +65,13 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
                          tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
                          heartbeat_timeout=heartbeat_timeout, grace_period=grace_period)
     try:
-        llm = LLMSettings.from_env()
-        console(err=True).print(f"planning with {llm.model} at {llm.base_url}" if llm else
-                                "no LLM configured (TETHER_LLM_BASE_URL, TETHER_LLM_MODEL): tasks need a plan")
+        llm = resolve_llm_settings()
+    except ValueError as exc:
+        fail(str(exc))
+    console(err=True).print(f"planning with {llm.model} at {llm.base_url}" if llm else
+                            "no LLM configured (TETHER_LLM_BASE_URL, TETHER_LLM_MODEL or the config file's llm: "
+                            "section): tasks need a plan")
+    try:
         run_server(settings, allow_insecure=allow_insecure, log_level=log_level,
                    app_factory=partial(create_agent_app, llm_settings=llm))
     except UnsafeBinding as exc:
