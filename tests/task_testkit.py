@@ -27,6 +27,7 @@ from tether.agent.server_app import create_agent_app
 from tether.agent.task import Budgets
 from tether.device.connection import DeviceConnection
 from tether.device.local import LocalDevice, build_device
+from tether.device.profile import collect_profile
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.tools.policy import Policy
@@ -70,7 +71,8 @@ class AgentServer:
         """A real device (built-in tools, this policy) connected over AIP and registered."""
         device = build_device(policy=policy, state_dir=state_dir, client_id=name)
         token = self.store.create_token("device", name)[1]
-        link = DeviceConnection(device.client, f"ws://127.0.0.1:{self.port}/aip", token, name=name)
+        link = DeviceConnection(device.client, f"ws://127.0.0.1:{self.port}/aip", token, name=name,
+                                profile=lambda: collect_profile(device))
         job = asyncio.create_task(link.run())
         self.devices.append((device, link, job))
         await asyncio.wait_for(link.connected.wait(), WAIT)

@@ -99,6 +99,8 @@ async def test_llm_plan_ask_user_answered_through_the_api(tmp_path: Path, jailed
     assert task["questions"][0]["answer"] == "2" and task["answer"] == "It says bee."
     assert task["steps"][-1]["result"]["result"]["content"] == "bee"
     assert "b.txt" in fake.requests[2]["messages"][-1]["content"]  # the answer became the replan's constraint
+    planning = json.dumps(fake.requests[0]["messages"])
+    assert "alpha" in planning and "no profile" not in planning and "read_file" in planning  # profile and tools
     assert again.status_code == 409 and "no open question" in again.json()["error"]
 
 

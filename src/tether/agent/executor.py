@@ -43,6 +43,7 @@ from tether.agent.recovery import (
 from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, Result, ToolInfo
+from tether.protocol.profile import DeviceProfile
 
 DEFAULT_DEVICE_NAME = "local"
 Decision = AutoPatch | Replan | AskUser
@@ -66,9 +67,11 @@ class TaskRunner:
                  on_event: Callable[[TaskEvent], None] | None = None, budgets: Budgets | None = None,
                  policy_summary: str = DEFAULT_POLICY_SUMMARY, command_timeout: float = 600.0,
                  stream_answer: bool = True, clock: Callable[[], float] = time.monotonic,
-                 default_device: str = DEFAULT_DEVICE_NAME) -> None:
+                 default_device: str = DEFAULT_DEVICE_NAME, profiles: Mapping[str, DeviceProfile] | None = None
+                 ) -> None:
         self.dispatchers = dispatchers
         self.default_device = default_device
+        self.profiles = dict(profiles or {})  # by device name: what the planner tells the LLM about each
         # Set by whoever stops the runner for a reason that is not the user's (a server shutting
         # down): the task keeps its state, so it can be resumed, instead of becoming cancelled.
         self.interrupted = False
@@ -331,7 +334,8 @@ class TaskRunner:
         for name, tools in self.tools.items():
             if name is None and self.default_device in self.tools:
                 continue
-            views[self.default_device if name is None else name] = DeviceView(tools=list(tools))
+            label = self.default_device if name is None else name
+            views[label] = DeviceView(tools=list(tools), profile=self.profiles.get(label))
         return views
 
     async def _plan(self, task: Task, *, recovery_context: str | None, replace_from: int) -> None:

@@ -121,11 +121,17 @@ def find_tool(tools: Iterable[ToolInfo], skill: str) -> ToolInfo | None:
     return None
 
 
-def check_args(tool: ToolInfo, args: dict[str, Any]) -> list[str]:
-    """What is wrong with `args` for `tool`, per its input schema (empty when fine)."""
+def check_args(tool: ToolInfo, args: dict[str, Any], validators: dict[int, Any] | None = None) -> list[str]:
+    """What is wrong with `args` for `tool`, per its input schema (empty when fine).
+
+    `validators` is a cache the caller owns (one per plan check): building a validator costs far
+    more than using one, and a plan calls the same few tools again and again."""
     try:
-        validator_cls = jsonschema.validators.validator_for(tool.input_schema)
-        validator = validator_cls(tool.input_schema)
+        validator = validators.get(id(tool)) if validators is not None else None
+        if validator is None:
+            validator = jsonschema.validators.validator_for(tool.input_schema)(tool.input_schema)
+            if validators is not None:
+                validators[id(tool)] = validator
         errors = sorted(validator.iter_errors(args), key=lambda e: list(e.absolute_path))
     except jsonschema.SchemaError as exc:
         return [f"the tool {tool.name} has an invalid input schema: {exc.message}"]
@@ -143,6 +149,7 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]]) -> lis
     default device (key None) when there is one, otherwise any device that has the skill.
     """
     problems: list[str] = []
+    validators: dict[int, Any] = {}
     devices = sorted(name for name in tools if name is not None)
     if not plan.steps:
         problems.append("the plan has no steps")
@@ -166,11 +173,11 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]]) -> lis
             problems.append(f"{label}: unknown skill {step.skill!r} {where}; "
                             f"available skills: {', '.join(available) or 'none'}")
             continue
-        arg_problems = check_args(found[0][1], step.args)
+        arg_problems = check_args(found[0][1], step.args, validators)
         if arg_problems and len(found) > 1:
             # several devices have the skill; the step is fine if one of them accepts the arguments
             for _, tool in found[1:]:
-                if not check_args(tool, step.args):
+                if not check_args(tool, step.args, validators):
                     arg_problems = []
                     break
         problems.extend(f"{label}: bad args: {p}" for p in arg_problems)

@@ -196,6 +196,8 @@ class TaskService:
     async def _drive(self, task: Task, runner: TaskRunner) -> None:
         try:
             runner.tools = await self._tools_for(task)
+            runner.profiles = {name: record.profile for name in runner.tools if name is not None
+                               and (record := self.hub.registry.get(name)) is not None and record.profile is not None}
             await runner.run(task)
         except asyncio.CancelledError:
             pass
