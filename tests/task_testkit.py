@@ -78,6 +78,17 @@ class AgentServer:
         await asyncio.wait_for(link.connected.wait(), WAIT)
         return device
 
+    async def drop_device(self, name: str) -> None:
+        """Stop a device's connection (it stays registered, now offline)."""
+        for device, link, job in list(self.devices):
+            if link.name == name:
+                link.stop()
+                await asyncio.wait_for(job, WAIT)
+                await device.aclose()
+                self.devices.remove((device, link, job))
+        hub = self.app.state.hub
+        await hub.registry.wait_until(lambda: not hub.connected(name), WAIT)
+
     async def create(self, **body: Any) -> dict[str, Any]:
         response = await self.api.post("/tasks", json=body)
         assert response.status_code == 201, response.text

@@ -160,6 +160,23 @@ async def test_two_device_plan_runs_each_step_on_its_device_and_undo_reaches_bot
     assert (root_b / "keep.txt").read_text() == "original"
 
 
+async def test_a_step_waits_for_its_device_to_come_back(tmp_path: Path, jailed: Any) -> None:
+    policy_a, root_a = jailed("alpha")
+    policy_b, root_b = jailed("beta")
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy_a, tmp_path / "state-alpha")
+        await server.add_device("beta", policy_b, tmp_path / "state-beta")
+        await server.drop_device("beta")
+        created = await server.create(request="one on each", device="alpha",
+                                      plan=[write(root_a / "a.txt", "a"), write(root_b / "b.txt", "b", device="beta")])
+        waited = await server.events_until(created["id"], lambda e: e["kind"] == "waiting_for_device")
+        assert waited[-1]["data"]["device"] == "beta"
+        await server.add_device("beta", policy_b, tmp_path / "state-beta")
+        task = await server.finished(created["id"])
+    assert task["state"] == "done", task["error"]
+    assert (root_b / "b.txt").read_text() == "b" and len(task["steps"]) == 2
+
+
 async def test_cancel_stops_the_running_command(tmp_path: Path, jailed: Any) -> None:
     policy, root = jailed("alpha")
     async with AgentServer(tmp_path) as server:

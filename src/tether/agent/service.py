@@ -51,10 +51,15 @@ class TaskError(Exception):
 
 
 class _HubDevice(BasicCommandDispatcher):
-    """A hub dispatcher with the `emit(kind, data)` hook the runner uses to stream a step's output."""
+    """A hub dispatcher with the `emit(kind, data)` hook the runner uses to stream a step's output,
+    which also gives a device that is away (a dropped link, a restarted server) `device_wait`
+    seconds to come back before a step is sent to it and fails as offline."""
 
-    def __init__(self, hub: DeviceHub, device: str, **kwargs: Any) -> None:
+    def __init__(self, hub: DeviceHub, device: str, device_wait: float, **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
+        self.hub = hub
+        self.device = device
+        self.device_wait = device_wait
         self._inner = hub.dispatcher(device, on_event=self._forward, **kwargs)
 
     def _forward(self, event: Event) -> None:
@@ -62,13 +67,19 @@ class _HubDevice(BasicCommandDispatcher):
             self.emit(event.kind, dict(event.data))
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+        known = self.hub.registry.get(self.device) is not None
+        if known and not self.hub.connected(self.device) and self.device_wait > 0:
+            if self.emit is not None:
+                self.emit("waiting_for_device", {"device": self.device, "up_to_s": self.device_wait})
+            await self.hub.registry.wait_until(lambda: self.hub.connected(self.device), self.device_wait)
         return await self._inner.execute_commands(commands, timeout=timeout)
 
 
 class TaskService:
     def __init__(self, hub: DeviceHub, store: TaskStore, llm_settings: LLMSettings | None = None, *,
-                 budgets: Budgets | None = None, command_timeout: float = 600.0) -> None:
+                 budgets: Budgets | None = None, command_timeout: float = 600.0, device_wait: float = 30.0) -> None:
         self.hub = hub
+        self.device_wait = device_wait
         self.store = store
         self.llm = LLMClient(llm_settings) if llm_settings is not None else None
         self.budgets = budgets or Budgets()
@@ -238,7 +249,7 @@ class TaskService:
         device = name or task.device
         if device is None:
             raise RuntimeError("the task has no device")
-        return _HubDevice(self.hub, device, session_id=task.id,
+        return _HubDevice(self.hub, device, self.device_wait, session_id=task.id,
                           requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")
 
     def _asker(self, task: Task) -> Callable[[AskUser], Any]:
