@@ -55,8 +55,10 @@ class _HubDevice(BasicCommandDispatcher):
     which also gives a device that is away (a dropped link, a restarted server) `device_wait`
     seconds to come back before a step is sent to it and fails as offline."""
 
-    def __init__(self, hub: DeviceHub, device: str, device_wait: float, **kwargs: Any) -> None:
+    def __init__(self, hub: DeviceHub, device: str, device_wait: float, before_send: Callable[[], None],
+                 **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
+        self.before_send = before_send
         self.hub = hub
         self.device = device
         self.device_wait = device_wait
@@ -67,6 +69,7 @@ class _HubDevice(BasicCommandDispatcher):
             self.emit(event.kind, dict(event.data))
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
+        self.before_send()
         known = self.hub.registry.get(self.device) is not None
         if known and not self.hub.connected(self.device) and self.device_wait > 0:
             if self.emit is not None:
@@ -89,6 +92,7 @@ class TaskService:
         self._waiting: dict[str, asyncio.Future[str]] = {}
         self._answers: dict[str, str] = {}
         self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
+        self._dirty: dict[str, Task] = {}
         self._closing = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -106,6 +110,7 @@ class TaskService:
             runner.interrupted = True
             job.cancel()
         await asyncio.gather(*(job for _, job in runners), return_exceptions=True)
+        self._save_dirty()
         for task in self._live.values():
             self.store.save(task)
         for queues in self._subscribers.values():
@@ -191,6 +196,14 @@ class TaskService:
             raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
         return task
 
+    async def wait(self, task_id: str) -> Task:
+        """The task once its runner has stopped: it ended, or the server is closing under it."""
+        task = self.get(task_id)
+        running = self._runners.get(task.id)
+        if running is not None:
+            await asyncio.shield(running[1])
+        return task
+
     def list(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
         return self.store.list(limit, state)
 
@@ -249,7 +262,7 @@ class TaskService:
         device = name or task.device
         if device is None:
             raise RuntimeError("the task has no device")
-        return _HubDevice(self.hub, device, self.device_wait, session_id=task.id,
+        return _HubDevice(self.hub, device, self.device_wait, self._save_dirty, session_id=task.id,
                           requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")
 
     def _asker(self, task: Task) -> Callable[[AskUser], Any]:
@@ -269,10 +282,25 @@ class TaskService:
         if event is None:
             return
         if event.kind in _SAVE_ON:
-            self.store.save(task)
+            self._save_soon(task)
         for queue in self._subscribers.get(task.id, ()):
             if queue.qsize() < _SUBSCRIBER_QUEUE - 1:
                 queue.put_nowait(event)
+
+    def _save_soon(self, task: Task) -> None:
+        """Save once for everything that happens in one turn of the loop (a step's end, the cursor
+        moving on and the next step's start all happen between two awaits), not once per event."""
+        if not self._dirty:
+            asyncio.get_running_loop().call_soon(self._save_dirty)
+        self._dirty[task.id] = task
+
+    def _save_dirty(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for task in dirty.values():
+            try:
+                self.store.save(task)
+            except Exception:  # a full disk must not kill the loop; the next save tries again
+                logger.exception("could not save task %s", task.id)
 
     # -- people -----------------------------------------------------------------------------------------
 
