@@ -256,3 +256,23 @@ async def test_restart_keeps_tasks_and_resumes_them(tmp_path: Path, jailed: Any)
     assert second["state"] == "done", second["error"]
     assert (root / "then.txt").read_text() == "2"
     assert [s["step"]["skill"] for s in second["steps"]] == ["write_file"]  # the sleep was skipped, not re-run
+
+
+async def test_invalid_plan_then_valid_one_and_events_resume_after_a_seq(tmp_path: Path, jailed: Any) -> None:
+    policy, root = jailed("alpha")
+    invalid = {"steps": [{"skill": "teleport", "args": {}}]}
+    valid = {"steps": [write(root / "out.txt", "made")]}
+    async with FakeLLM([reply(invalid), reply(valid), "Wrote out.txt."]) as fake, \
+            AgentServer(tmp_path, llm=fake.settings()) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(request="write out.txt", device="alpha")
+        task = await server.finished(created["id"])
+        later = await server.events_until(created["id"], lambda e: False, after=task["events"][-3]["seq"])
+        done = (await server.api.get("/tasks", params={"state": "done"})).json()
+        failed = (await server.api.get("/tasks", params={"state": "failed"})).json()
+    assert task["state"] == "done", task["error"]
+    assert (root / "out.txt").read_text() == "made"
+    assert "teleport" in fake.requests[1]["messages"][-1]["content"]  # the re-ask names what was wrong
+    assert task["counters"]["llm_calls"] == 3
+    assert [e["seq"] for e in later[:-1]] == [e["seq"] for e in task["events"][-2:]] and later[-1]["kind"] == "end"
+    assert [t["id"] for t in done] == [task["id"]] and failed == []
