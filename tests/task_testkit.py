@@ -48,7 +48,11 @@ class AgentServer:
         settings = ServerSettings(db_path=self.db_path, heartbeat_interval=5.0, heartbeat_timeout=30.0,
                                   grace_period=5.0)
         self.store = Store(settings.db_path)
-        token = self.store.create_token("api", f"tester-{len(self.store.list_tokens())}", ["read", "execute"])[1]
+        token = self.store.create_token("api", f"tester-{len(self.store.list_tokens())}",
+                                        ["read", "execute", "approve"])[1]
+        # what an agent would hold: it may run tasks but not approve its own dangerous actions
+        self.agent_token = self.store.create_token("api", f"agent-{len(self.store.list_tokens())}",
+                                                   ["read", "execute"])[1]
         self.app = create_agent_app(settings, self.store, llm_settings=self.llm, budgets=self.budgets)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.bind(("127.0.0.1", 0))

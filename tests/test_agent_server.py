@@ -121,9 +121,12 @@ async def test_approval_through_the_api(tmp_path: Path, jailed: Any, approved: b
         response = await server.api.post(f"/tasks/{created['id']}/approval", json={"approved": approved})
         assert response.status_code == 200, response.text
         task = await server.finished(created["id"])
+        audit = [r for r in server.store.audit_rows(limit=10) if r["tool_name"] == "shell.run"]
+    assert [r["approved_by"] for r in reversed(audit)] == ([None, "api:tester-0"] if approved else [None])
+    assert task["questions"][0]["answered_by"] == "api:tester-0"
     if approved:
         assert task["state"] == "done" and not victim.exists()
-        assert [s["command"]["approved_by"] for s in task["steps"]] == [None, "user"]
+        assert [s["command"]["approved_by"] for s in task["steps"]] == [None, "api:tester-0"]
     else:
         assert task["state"] == "cancelled" and "not approved" in task["error"] and victim.exists()
 
@@ -276,3 +279,31 @@ async def test_invalid_plan_then_valid_one_and_events_resume_after_a_seq(tmp_pat
     assert task["counters"]["llm_calls"] == 3
     assert [e["seq"] for e in later[:-1]] == [e["seq"] for e in task["events"][-2:]] and later[-1]["kind"] == "end"
     assert [t["id"] for t in done] == [task["id"]] and failed == []
+
+
+async def test_approvals_need_the_approve_scope(tmp_path: Path, jailed: Any) -> None:
+    policy, root = jailed("alpha")
+    victim = root / "old"
+    victim.mkdir()
+    (victim / "f.txt").write_text("x")
+    rm = shell("rm", ["-r", str(victim)], root)
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        agent = {"Authorization": f"Bearer {server.agent_token}"}
+        created = (await server.api.post("/tasks", json={"device": "alpha", "plan": [rm]}, headers=agent)).json()
+        await server.events_until(created["id"], lambda e: e["kind"] == "question")
+        for path, body in (("approval", {"approved": True}), ("answer", {"answer": "approve"})):
+            refused = await server.api.post(f"/tasks/{created['id']}/{path}", json=body, headers=agent)
+            assert refused.status_code == 403 and "'approve' scope" in refused.json()["error"]
+        # nor can it send the command as approved straight to the device
+        command = {"tool_name": "shell.run", "parameters": rm["args"], "approved_by": "user"}
+        direct = await server.api.post("/devices/alpha/commands", json={"commands": [command]}, headers=agent)
+        assert direct.status_code == 403 and victim.exists()
+        # a person's token may; the audit log names the token, not what the caller wrote
+        ran = await server.api.post("/devices/alpha/commands", json={"commands": [command]})
+        assert ran.status_code == 200 and ran.json()["results"][0]["status"] == "success", ran.text
+        assert not victim.exists()
+        server.store.flush_audit()
+        [row] = [r for r in server.store.audit_rows(limit=50) if r["tool_name"] == "shell.run" and r["approved_by"]]
+        assert row["requested_by"] == "api:tester-0" and row["approved_by"] == "api:tester-0"
+        assert (await server.api.post(f"/tasks/{created['id']}/cancel", headers=agent)).status_code == 200

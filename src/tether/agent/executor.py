@@ -182,8 +182,8 @@ class TaskRunner:
         assert task.plan is not None
         index = task.cursor
         step = task.plan.steps[index]
-        approved = "user" if task.approved_step == index else None
-        task.approved_step = None
+        approved = (task.approved_by or "user") if task.approved_step == index else None
+        task.approved_step = task.approved_by = None
         command = Command(tool_name=step.skill, parameters=dict(step.args), approved_by=approved)
         attempt = len(task.records_for(index)) + 1
         task.counters.commands += 1
@@ -306,6 +306,7 @@ class TaskRunner:
         choice = _match_option(answer, question.options)
         if choice == OPTION_APPROVE:
             task.approved_step = task.cursor
+            task.approved_by = record.answered_by
             self._to(task, TaskState.RUNNING, approved=True)
             return None
         if choice == OPTION_DENY:

@@ -304,8 +304,9 @@ class TaskService:
 
     # -- people -----------------------------------------------------------------------------------------
 
-    def answer(self, task_id: str, answer: str, question_id: str | None = None) -> Task:
-        """Answer the task's open question; the same task goes on from where it stopped."""
+    def answer(self, task_id: str, answer: str, question_id: str | None = None, by: str | None = None) -> Task:
+        """Answer the task's open question; the same task goes on from where it stopped. `by` is who
+        answered (an approved command carries it as `approved_by`, so the audit log names them)."""
         task = self.get(task_id)
         pending = task.pending_question
         if task.state is not TaskState.WAITING_FOR_USER or pending is None:
@@ -314,6 +315,7 @@ class TaskService:
             raise TaskError(409, f"question {question_id} is not the open one (that is {pending.id})")
         if not answer.strip():
             raise TaskError(422, f"the answer is empty; the options are: {', '.join(pending.options)}")
+        pending.answered_by = by
         waiting = self._waiting.get(task.id)
         if waiting is not None and not waiting.done():
             waiting.set_result(answer)
@@ -324,13 +326,13 @@ class TaskService:
             raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
         return task
 
-    def approve(self, task_id: str, approved: bool) -> Task:
+    def approve(self, task_id: str, approved: bool, by: str | None = None) -> Task:
         task = self.get(task_id)
         pending = task.pending_question
         if pending is None or pending.kind != "approval" or task.state is not TaskState.WAITING_FOR_USER:
             raise TaskError(409, f"task {task.id} has no action waiting for approval (it is {task.state.value}"
                                  + (f", asking: {pending.question}" if pending else "") + ")")
-        return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id)
+        return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id, by)
 
     async def cancel(self, task_id: str) -> Task:
         task = self.get(task_id)

@@ -118,6 +118,7 @@ class Question(BaseModel):
     options: list[str]
     kind: str = "question"
     answer: str | None = None
+    answered_by: str | None = None
     asked_at: datetime = Field(default_factory=_now)
     answered_at: datetime | None = None
 
@@ -152,6 +153,7 @@ class Task(BaseModel):
     counters: Counters = Field(default_factory=Counters)
     events: list[TaskEvent] = Field(default_factory=list)
     approved_step: int | None = Field(default=None, description="the step the user approved, sent once approved")
+    approved_by: str | None = Field(default=None, description="who approved it (the command carries the name)")
     answer: str | None = None
     error: str | None = None
     created_at: datetime = Field(default_factory=_now)

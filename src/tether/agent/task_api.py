@@ -91,16 +91,29 @@ async def get_task(task_id: str, request: Request, _: Annotated[TokenInfo, Depen
 
 @router.post("/{task_id}/answer")
 async def answer_task(task_id: str, body: Answer, request: Request,
-                      _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
-    """Answer the open question; the same task resumes where it stopped."""
-    return _call(_service(request).answer, task_id, body.answer, body.question_id).summary()
+                      who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """Answer the open question; the same task resumes where it stopped. Answering an approval
+    question needs the `approve` scope, as /approval does."""
+    service = _service(request)
+    pending = _call(service.get, task_id).pending_question
+    if pending is not None and pending.kind == "approval":
+        _check_approver(who)
+    return _call(service.answer, task_id, body.answer, body.question_id, f"api:{who.name}").summary()
 
 
 @router.post("/{task_id}/approval")
 async def approve_task(task_id: str, body: Approval, request: Request,
-                       _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
-    """Approve or deny the action the task is waiting on (a denial cancels the task)."""
-    return _call(_service(request).approve, task_id, body.approved).summary()
+                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """Approve or deny the action the task is waiting on (a denial cancels the task). Needs the
+    `approve` scope: an agent holding an execute token must not approve its own actions."""
+    _check_approver(who)
+    return _call(_service(request).approve, task_id, body.approved, f"api:{who.name}").summary()
+
+
+def _check_approver(who: TokenInfo) -> None:
+    if not who.allows("approve"):
+        raise HTTPException(403, f"token '{who.name}' lacks the 'approve' scope needed to answer an approval; "
+                                 "create one with 'tether token create --api NAME --scope approve'")
 
 
 @router.post("/{task_id}/cancel")

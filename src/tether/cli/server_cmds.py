@@ -81,8 +81,9 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
 @token_app.command("create")
 def token_create(device: Annotated[str | None, typer.Option("--device", help="a device token for NAME")] = None,
                  api: Annotated[str | None, typer.Option("--api", help="an API token named NAME")] = None,
-                 scope: Annotated[list[str] | None, typer.Option("--scope", help="read, execute, admin "
-                                                                 "(repeat; default read+execute)")] = None,
+                 scope: Annotated[list[str] | None, typer.Option("--scope", help="read, execute, approve "
+                                                                 "(answer approvals), admin (repeat; default "
+                                                                 "read+execute)")] = None,
                  db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Create a token and print it once (only its hash is stored)."""
     from tether.server.store import Store

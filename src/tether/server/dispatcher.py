@@ -21,7 +21,8 @@ from tether.protocol.messages import Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, new_call_id
 
 if TYPE_CHECKING:
-    from tether.server.hub import DeviceHub, PendingBatch
+    from tether.server.batches import PendingBatch
+    from tether.server.hub import DeviceHub
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,6 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         try:
             self.hub.store.audit_soon(
                 (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, r.status.value, r.error,
-                 response_id) for c, r in zip(commands, results, strict=True))
+                 response_id, c.approved_by) for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)

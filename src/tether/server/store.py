@@ -27,13 +27,18 @@ from pydantic import BaseModel, ConfigDict
 logger = logging.getLogger(__name__)
 
 TokenKind = Literal["device", "api"]
-SCOPES = ("read", "execute", "admin")
+# `approve` is apart from `execute` so that an agent holding an execute token cannot approve its own
+# dangerous actions: approvals need a token a person holds.
+SCOPES = ("read", "execute", "approve", "admin")
 _PREFIX = {"device": "tdev_", "api": "tapi_"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 _MAX_ARGUMENTS_CHARS = 16_384
 _LAST_USED_EVERY = 60.0  # seconds: verifying a token per API request must not mean a write per request
 _AUDIT_FLUSH_S = 0.05  # deferred audit rows are written at most this late, in one transaction
 _AUDIT_FLUSH_ROWS = 64  # ... or as soon as this many are waiting
+
+# requested_by, device, call_id, tool_name, arguments, status, error, response_id[, approved_by]
+AuditRow = tuple[Any, ...]
 
 _MIGRATIONS: list[str] = [
     """
@@ -67,6 +72,10 @@ _MIGRATIONS: list[str] = [
         error TEXT
     );
     CREATE INDEX audit_device ON audit (device, id);
+    """,
+    # who approved a command the policy wanted a person for (the token, or the task's approver)
+    """
+    ALTER TABLE audit ADD COLUMN approved_by TEXT;
     """,
 ]
 
@@ -245,25 +254,24 @@ class Store:
 
     def audit(self, requested_by: str, device: str, call_id: str | None, tool_name: str,
               arguments: dict[str, Any] | None, status: str, error: str | None,
-              response_id: str | None = None) -> None:
-        self.audit_many([(requested_by, device, call_id, tool_name, arguments, status, error, response_id)])
+              response_id: str | None = None, approved_by: str | None = None) -> None:
+        self.audit_many([(requested_by, device, call_id, tool_name, arguments, status, error, response_id,
+                          approved_by)])
 
-    def audit_many(self, rows: Iterable[tuple[str, str, str | None, str, dict[str, Any] | None, str,
-                                              str | None, str | None]]) -> None:
+    def audit_many(self, rows: Iterable[AuditRow]) -> None:
         """Write several audit rows in one transaction (one per command of a batch).
 
         Arguments are stored as JSON, cut at 16 KiB so a large file write cannot bloat the log.
         """
         now = time.time()
-        self._write_audit([(*row, now) for row in rows])
+        self._write_audit([(*_full(row), now) for row in rows])
 
-    def audit_soon(self, rows: Iterable[tuple[str, str, str | None, str, dict[str, Any] | None, str,
-                                              str | None, str | None]]) -> None:
+    def audit_soon(self, rows: Iterable[AuditRow]) -> None:
         """Like `audit_many`, but off the caller's path: on an event loop the rows are written within
         `_AUDIT_FLUSH_S` (one transaction for all rows waiting; a commit costs far more than a row),
         and every read of the log and `close()` write them first. Without a loop it writes at once."""
         now = time.time()
-        self._audit_pending.extend((*row, now) for row in rows)
+        self._audit_pending.extend((*_full(row), now) for row in rows)
         if len(self._audit_pending) >= _AUDIT_FLUSH_ROWS:
             self.flush_audit()
         elif self._audit_flush is None:
@@ -287,12 +295,11 @@ class Store:
             except Exception:  # from a timer there is no caller to tell
                 logger.exception("could not write %d audit row(s)", len(pending))
 
-    def _write_audit(self, rows: list[tuple[str, str, str | None, str, dict[str, Any] | None, str, str | None,
-                                            str | None, float]]) -> None:
-        values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error)
-                  for who, device, call_id, tool, arguments, status, error, response_id, at in rows]
+    def _write_audit(self, rows: list[tuple[Any, ...]]) -> None:
+        values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error, approved_by)
+                  for who, device, call_id, tool, arguments, status, error, response_id, approved_by, at in rows]
         insert = ("INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
-                  "status, error) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                  "status, error, approved_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
         with self._lock:
             if len(values) == 1:  # one statement is its own transaction (the common one-command batch)
                 self._conn.execute(insert, values[0])
@@ -316,6 +323,11 @@ class Store:
         with self._lock:
             rows = self._conn.execute(query + " ORDER BY id DESC LIMIT ?", (*params, int(limit))).fetchall()
         return [dict(r) for r in rows]
+
+
+def _full(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An audit row with its optional trailing `approved_by` (older callers give 8 fields)."""
+    return row if len(row) == 9 else (*row, None)
 
 
 def _token(row: sqlite3.Row, **override: Any) -> TokenInfo:
