@@ -7,7 +7,9 @@ dropped device keeps its batches for `grace_period` so a reconnection loses noth
 raises for anything a device sends — a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
-`tether.server.aip_socket.aip_route` adapts a Starlette WebSocket to it.
+`tether.server.aip_socket.aip_route` adapts a Starlette WebSocket to it. The ledger of batches
+(`tether.server.batches`), the liveness timers (`tether.server.liveness`) and the writes to one
+socket (`tether.server.device_link`) each live in their own module; the hub is where they meet.
 """
 
 from __future__ import annotations
@@ -15,9 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -33,7 +33,6 @@ from tether.protocol.messages import (
     ServerMessageType,
     TaskStatus,
 )
-from tether.protocol.models import Result
 from tether.protocol.profile import DeviceProfile
 from tether.server.aip_socket import (
     CLOSE_BAD_REGISTRATION,
@@ -46,43 +45,15 @@ from tether.server.aip_socket import (
     AIPSocket,
     SocketClosed,
 )
+from tether.server.batches import BatchBook, PendingBatch
+from tether.server.device_link import DeviceLink, close_socket
 from tether.server.dispatcher import WebSocketCommandDispatcher
-from tether.server.registry import DeviceRecord, DeviceRegistry
+from tether.server.liveness import GracePeriods, watch_liveness
+from tether.server.registry import DeviceRegistry
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, TokenInfo
 
 logger = logging.getLogger(__name__)
-
-_FINISHED_MEMORY = 4096  # finished batches remembered so their late results are logged as late
-
-
-@dataclass(eq=False)
-class _Connection:
-    name: str
-    socket: AIPSocket
-    instance_id: str
-    token_id: str
-    record: DeviceRecord
-    last_seen: float  # monotonic: liveness must not jump with the wall clock
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one writer at a time per socket
-    ready: bool = False  # REGISTER_ACK sent: commands may follow
-    dropped: bool = False
-    closer: asyncio.Task[None] | None = None  # the hub's close of this socket, awaited before serve returns
-
-
-@dataclass(eq=False)
-class PendingBatch:
-    """A batch the hub waits on. `done` is set once: all results in, or `error` says why not."""
-
-    response_id: str
-    device: str
-    message: ServerMessage
-    on_event: Callable[[Event], None] | None = None
-    results: dict[str, Result] = field(default_factory=dict)
-    outstanding: set[str] = field(default_factory=set)
-    error: str | None = None
-    sent: bool = False
-    done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class DeviceHub:
@@ -90,11 +61,9 @@ class DeviceHub:
         self.store = store
         self.settings = settings
         self.registry = DeviceRegistry()
-        self._conns: dict[str, _Connection] = {}
-        self._batches: dict[str, PendingBatch] = {}
-        self._finished: OrderedDict[str, str] = OrderedDict()  # response_id -> device
-        self._grace: dict[str, asyncio.TimerHandle] = {}
-        self._cancels: dict[str, list[str]] = {}  # CANCELs waiting for a disconnected device
+        self._conns: dict[str, DeviceLink] = {}
+        self._batches = BatchBook(self.registry)
+        self._grace = GracePeriods(self._grace_expired)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._liveness: asyncio.Task[None] | None = None
         self._closed = False
@@ -111,18 +80,17 @@ class DeviceHub:
                     record.profile = DeviceProfile.model_validate(stored.profile)
                 except ValidationError:
                     logger.warning("stored profile of device %s is unreadable; ignored", stored.name)
-        self._liveness = asyncio.create_task(self._watch_liveness(), name="tether-hub-liveness")
+        self._liveness = asyncio.create_task(
+            watch_liveness(self.settings, self._conns, on_silent=self._silent, check_tokens=self._enforce_revocations),
+            name="tether-hub-liveness")
 
     async def aclose(self) -> None:
         """Fail what is pending, close every device socket (1001) and stop the timers."""
         self._closed = True
         if self._liveness is not None:
             self._liveness.cancel()
-        for handle in self._grace.values():
-            handle.cancel()
-        self._grace.clear()
-        for batch in list(self._batches.values()):
-            self._finish(batch, "the server is shutting down")
+        self._grace.cancel_all()
+        self._batches.finish_all("the server is shutting down")
         for conn in list(self._conns.values()):
             self._drop(conn, "server shutdown", grace=False)
             self._close_conn(conn, CLOSE_GOING_AWAY, "server shutting down")
@@ -152,16 +120,16 @@ class DeviceHub:
         active = self.store.active_token_ids()
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
             self._drop(conn, "its token was revoked", grace=False)
-            self._fail_device(conn.name, f"the token of device {conn.name} was revoked")
+            self._batches.fail_device(conn.name, f"the token of device {conn.name} was revoked")
             self._close_conn(conn, CLOSE_UNAUTHORIZED, "unauthorized: token revoked")
 
     # -- one connection --------------------------------------------------------------------------
 
     async def serve(self, socket: AIPSocket, authorization: str | None, peer: str | None = None) -> None:
         """Run one device connection from registration to cleanup. Never raises for what a device does."""
-        conn: _Connection | None = None
+        conn: DeviceLink | None = None
         if self._closed:
-            await self._close(socket, CLOSE_GOING_AWAY, "server shutting down")
+            await close_socket(socket, CLOSE_GOING_AWAY, "server shutting down")
             return
         try:
             conn = await self._register(socket, authorization, peer)
@@ -175,7 +143,7 @@ class DeviceHub:
                 if conn.closer is not None:  # let the close code reach the device before the socket goes
                     await asyncio.wait([conn.closer])
 
-    async def _register(self, socket: AIPSocket, authorization: str | None, peer: str | None) -> _Connection | None:
+    async def _register(self, socket: AIPSocket, authorization: str | None, peer: str | None) -> DeviceLink | None:
         settings = self.settings
         try:
             async with asyncio.timeout(settings.register_timeout):
@@ -215,10 +183,10 @@ class DeviceHub:
             self._drop(old, "replaced", grace=False)
             self._close_conn(old, CLOSE_REPLACED, "replaced by a new connection")
         if record.instance_id is not None and not resumed:
-            self._cancels.pop(name, None)
-            self._fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
-        self._stop_grace(name)
-        conn = _Connection(name, socket, reg.instance_id, token.id, record, now)
+            self._batches.forget_cancels(name)
+            self._batches.fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
+        self._grace.stop(name)
+        conn = DeviceLink(name, socket, reg.instance_id, token.id, record, now)
         self._conns[name] = conn
         record.connected, record.profile, record.instance_id, record.address = True, reg.profile, reg.instance_id, peer
         record.connected_at = record.last_seen = time.time()
@@ -228,8 +196,8 @@ class DeviceHub:
         ack = RegisterAck(device=name, heartbeat_interval=settings.heartbeat_interval,
                           heartbeat_timeout=settings.heartbeat_timeout, grace_period=settings.grace_period,
                           max_frame_bytes=settings.max_frame_bytes, resumed=resumed)
-        await self._send(conn, ServerMessage(type=ServerMessageType.REGISTER_ACK, status=TaskStatus.OK,
-                                             payload=ack.model_dump()))
+        await conn.send(ServerMessage(type=ServerMessageType.REGISTER_ACK, status=TaskStatus.OK,
+                                      payload=ack.model_dump()))
         conn.ready = True
         logger.info("device %s registered from %s (instance %s%s)", name, peer, reg.instance_id,
                     ", resumed" if resumed else "")
@@ -257,9 +225,9 @@ class DeviceHub:
                                                         status=TaskStatus.ERROR, error=error)))
         except SocketClosed:
             pass
-        await self._close(socket, code, error)
+        await close_socket(socket, code, error)
 
-    async def _receive_loop(self, conn: _Connection) -> None:
+    async def _receive_loop(self, conn: DeviceLink) -> None:
         while not conn.dropped:
             try:
                 frame = await conn.socket.receive_text()
@@ -273,31 +241,31 @@ class DeviceHub:
                 msg = decode_client_message(frame, self.settings.max_frame_bytes)
             except FrameError as exc:
                 logger.warning("bad frame from device %s: %s", conn.name, exc)
-                await self._error(conn, str(exc), exc.reason)
+                await conn.error(str(exc), exc.reason)
                 continue
             try:
                 await self._handle(conn, msg)
             except Exception:
                 logger.exception("error handling a %s frame from device %s", msg.type.value, conn.name)
-                await self._error(conn, f"the server failed to handle this {msg.type.value} frame", "internal")
+                await conn.error(f"the server failed to handle this {msg.type.value} frame", "internal")
 
-    async def _handle(self, conn: _Connection, msg: ClientMessage) -> None:
+    async def _handle(self, conn: DeviceLink, msg: ClientMessage) -> None:
         kind = msg.type
         if kind is ClientMessageType.COMMAND_RESULTS:
-            self._accept_results(conn, msg)
+            self._batches.accept(conn.name, msg)
         elif kind is ClientMessageType.HEARTBEAT:
             running = (msg.payload or {}).get("running", 0)
             if type(running) is int and running >= 0 and running != conn.record.running:
                 conn.record.running = running
                 self.registry.notify()
-            await self._send(conn, ServerMessage(type=ServerMessageType.HEARTBEAT, status=TaskStatus.OK))
+            await conn.send(ServerMessage(type=ServerMessageType.HEARTBEAT, status=TaskStatus.OK))
         elif kind is ClientMessageType.EVENT:
             try:
                 event = Event.model_validate(msg.payload)
             except ValidationError as exc:
-                await self._error(conn, f"invalid event payload: {exc.errors()[0]['msg']}", "invalid")
+                await conn.error(f"invalid event payload: {exc.errors()[0]['msg']}", "invalid")
                 return
-            batch = self._batches.get(event.response_id or "")
+            batch = self._batches.pending.get(event.response_id or "")
             if batch is None or batch.device != conn.name or not batch.sent:
                 logger.debug("dropped event %s from device %s for batch %s", event.kind, conn.name, event.response_id)
             elif batch.on_event is not None:
@@ -309,45 +277,18 @@ class DeviceHub:
             try:
                 conn.record.profile = DeviceProfile.model_validate(msg.payload or {})
             except ValidationError as exc:
-                await self._error(conn, f"invalid device_info payload: {exc.errors()[0]['msg']}", "invalid")
+                await conn.error(f"invalid device_info payload: {exc.errors()[0]['msg']}", "invalid")
                 return
             self._remember(conn.name, conn.record.profile.model_dump_json(), conn.record.last_seen)
             self.registry.notify()
         elif kind is ClientMessageType.ERROR:
-            batch = self._batches.get(msg.prev_response_id or "")
+            batch = self._batches.pending.get(msg.prev_response_id or "")
             logger.warning("device %s reported an error%s: %s", conn.name,
                            f" for batch {msg.prev_response_id}" if msg.prev_response_id else "", msg.error)
             if batch is not None and batch.device == conn.name and batch.sent:
-                self._finish(batch, f"device {conn.name} reported: {msg.error or 'an error'}")
+                self._batches.finish(batch, f"device {conn.name} reported: {msg.error or 'an error'}")
         else:  # REGISTER again
-            await self._error(conn, f"already registered as {conn.name}; register only as the first frame",
-                              "unexpected")
-
-    def _accept_results(self, conn: _Connection, msg: ClientMessage) -> None:
-        rid = msg.prev_response_id or ""
-        batch = self._batches.get(rid)
-        results = msg.action_results or []
-        if batch is None or batch.device != conn.name or not batch.sent:
-            if self._finished.get(rid) == conn.name:
-                logger.warning("late results from device %s for finished batch %s ignored (call_ids %s)",
-                               conn.name, rid, [r.call_id for r in results])
-            else:
-                logger.warning("refused results from device %s for batch %s: no such batch was sent to it",
-                               conn.name, rid)
-            return
-        for result in results:
-            if result.call_id in batch.outstanding:
-                batch.outstanding.discard(result.call_id)
-                batch.results[result.call_id] = result
-            else:
-                logger.warning("ignored result from device %s for call_id %s of batch %s: not outstanding",
-                               conn.name, result.call_id, rid)
-        if not batch.outstanding:
-            self._finish(batch)
-        elif msg.status in (TaskStatus.FAILED, TaskStatus.ERROR):
-            self._finish(batch, f"device {conn.name} failed the batch: {msg.error or 'no reason given'}")
-        elif msg.status is TaskStatus.COMPLETED:
-            self._finish(batch, f"device {conn.name} completed the batch without a result for this command")
+            await conn.error(f"already registered as {conn.name}; register only as the first frame", "unexpected")
 
     # -- batches ---------------------------------------------------------------------------------
 
@@ -362,7 +303,7 @@ class DeviceHub:
         conn = self._conns.get(device)
         if self._closed:
             batch.error = "the server is shutting down"
-        elif message.response_id in self._batches:
+        elif message.response_id in self._batches.pending:
             batch.error = f"response_id {message.response_id} is already in use"
         elif conn is None and device not in self._grace:
             batch.error = (f"device {device} is offline" if self.registry.get(device)
@@ -370,9 +311,7 @@ class DeviceHub:
         if batch.error is not None:
             batch.done.set()
             return batch
-        self._batches[batch.response_id] = batch
-        self.registry.ensure(device).inflight += 1
-        self.registry.notify()
+        self._batches.open(batch)
         if conn is not None and conn.ready:
             await self._send_command(conn, batch)
         return batch
@@ -381,58 +320,38 @@ class DeviceHub:
         """Finish the batch with `reason` for its unfinished commands and tell the device to stop it.
 
         A device that is away gets the CANCEL when it comes back (same process, within grace)."""
-        batch = self._batches.get(response_id)
+        batch = self._batches.pending.get(response_id)
         if batch is None:
             return False
-        self._finish(batch, reason)
+        self._batches.finish(batch, reason)
         if batch.sent:
             conn = self._conns.get(batch.device)
             frame = ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK)
-            if conn is None or not conn.ready or not await self._send(conn, frame):
-                self._cancels.setdefault(batch.device, []).append(response_id)
+            if conn is None or not conn.ready or not await conn.send(frame):
+                self._batches.queue_cancel(batch.device, response_id)
         return True
 
-    async def _send_command(self, conn: _Connection, batch: PendingBatch) -> None:
+    async def _send_command(self, conn: DeviceLink, batch: PendingBatch) -> None:
         batch.sent = True  # before the await, so a concurrent flush does not send it twice
-        if not await self._send(conn, batch.message):
+        if not await conn.send(batch.message):
             batch.sent = False  # it goes out again after the reconnection
 
-    async def _flush(self, conn: _Connection, *, resend: bool = False) -> None:
+    async def _flush(self, conn: DeviceLink, *, resend: bool = False) -> None:
         """After a (re)registration: send the batches queued while the device was away, then CANCELs.
 
         With `resend` (the same device process came back) batches already sent go out again too: a
         result written into a link that was already dead is lost, and the device answers a known
         call_id from its record of finished calls without running it twice (at-least-once delivery,
         exactly-once execution)."""
-        for batch in [b for b in self._batches.values() if b.device == conn.name and (resend or not b.sent)]:
+        for batch in self._batches.to_send(conn.name, resend=resend):
             if not batch.done.is_set():
                 await self._send_command(conn, batch)
-        for response_id in self._cancels.pop(conn.name, []):
-            await self._send(conn, ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id,
-                                                 status=TaskStatus.OK))
-
-    def _finish(self, batch: PendingBatch, error: str | None = None) -> None:
-        if batch.done.is_set():
-            return
-        self._batches.pop(batch.response_id, None)
-        self._finished[batch.response_id] = batch.device
-        while len(self._finished) > _FINISHED_MEMORY:
-            self._finished.popitem(last=False)
-        if batch.outstanding:
-            batch.error = error or "the device sent no result for this command"
-        batch.done.set()
-        record = self.registry.get(batch.device)
-        if record is not None:
-            record.inflight = max(0, record.inflight - 1)
-            self.registry.notify()
-
-    def _fail_device(self, device: str, error: str, *, sent_only: bool = False) -> None:
-        for batch in [b for b in self._batches.values() if b.device == device and (b.sent or not sent_only)]:
-            self._finish(batch, error)
+        for response_id in self._batches.take_cancels(conn.name):
+            await conn.send(ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK))
 
     # -- liveness and disconnection --------------------------------------------------------------
 
-    def _drop(self, conn: _Connection, why: str, *, grace: bool = True) -> None:
+    def _drop(self, conn: DeviceLink, why: str, *, grace: bool = True) -> None:
         """Forget a connection (idempotent); its device goes offline and its batches wait for grace."""
         if conn.dropped:
             return
@@ -444,77 +363,22 @@ class DeviceHub:
         record.connected, record.running, record.last_seen = False, 0, time.time()
         self._remember(conn.name, None, record.last_seen)
         if grace and not self._closed:
-            self._stop_grace(conn.name)
-            if self.settings.grace_period > 0:
-                self._grace[conn.name] = asyncio.get_running_loop().call_later(
-                    self.settings.grace_period, self._grace_expired, conn.name)
-            else:
-                self._grace_expired(conn.name)
+            self._grace.start(conn.name, self.settings.grace_period)
         self.registry.notify()
         logger.info("device %s offline: %s", conn.name, why)
 
     def _grace_expired(self, device: str) -> None:
-        self._grace.pop(device, None)
         if device in self._conns:
             return
-        self._cancels.pop(device, None)
-        self._fail_device(device, f"device {device} disconnected and did not come back within the "
-                                  f"{self.settings.grace_period:g}s grace period")
+        self._batches.forget_cancels(device)
+        self._batches.fail_device(device, f"device {device} disconnected and did not come back within the "
+                                          f"{self.settings.grace_period:g}s grace period")
 
-    def _stop_grace(self, device: str) -> None:
-        handle = self._grace.pop(device, None)
-        if handle is not None:
-            handle.cancel()
-
-    async def _watch_liveness(self) -> None:
-        settings = self.settings
-        every = max(0.01, min(settings.heartbeat_interval, settings.heartbeat_timeout / 4))
-        checked_tokens = time.monotonic()
-        while True:
-            await asyncio.sleep(every)
-            now = time.monotonic()
-            if now - checked_tokens >= settings.heartbeat_interval and self._conns:
-                checked_tokens = now
-                try:
-                    self._enforce_revocations()
-                except Exception:
-                    logger.exception("checking for revoked device tokens failed")
-            for conn in list(self._conns.values()):
-                silent = now - conn.last_seen
-                if silent > settings.heartbeat_timeout:
-                    try:
-                        self._drop(conn, f"no frame for {silent:.1f}s (timeout {settings.heartbeat_timeout:g}s)")
-                        self._close_conn(conn, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
-                    except Exception:  # the watch must outlive any one device
-                        logger.exception("liveness check of device %s failed", conn.name)
+    def _silent(self, conn: DeviceLink, silent: float) -> None:
+        self._drop(conn, f"no frame for {silent:.1f}s (timeout {self.settings.heartbeat_timeout:g}s)")
+        self._close_conn(conn, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
 
     # -- plumbing --------------------------------------------------------------------------------
-
-    async def _send(self, conn: _Connection, message: ServerMessage) -> bool:
-        text = encode(message)
-        try:
-            async with conn.lock:
-                await conn.socket.send_text(text)
-            return True
-        except SocketClosed:
-            return False
-        except Exception as exc:
-            logger.warning("sending to device %s failed: %s", conn.name, exc)
-            return False
-
-    async def _error(self, conn: _Connection, error: str, reason: str) -> None:
-        await self._send(conn, ServerMessage(type=ServerMessageType.ERROR, status=TaskStatus.ERROR, error=error,
-                                             payload={"reason": reason}))
-
-    async def _close(self, socket: AIPSocket, code: int, reason: str) -> None:
-        short = reason.encode("utf-8")[:120].decode("utf-8", "ignore")  # close reasons are ≤ 123 bytes
-        try:
-            async with asyncio.timeout(5):
-                await socket.close(code, short)
-        except (SocketClosed, TimeoutError):
-            pass
-        except Exception as exc:
-            logger.debug("closing a device socket failed: %s", exc)
 
     def _remember(self, device: str, profile_json: str | None, last_seen: float) -> None:
         try:
@@ -522,9 +386,9 @@ class DeviceHub:
         except Exception:
             logger.exception("could not store device %s", device)
 
-    def _close_conn(self, conn: _Connection, code: int, reason: str) -> None:
+    def _close_conn(self, conn: DeviceLink, code: int, reason: str) -> None:
         """Close a connection's socket now, from outside its receive loop (which may be blocked)."""
         if conn.closer is None:
-            conn.closer = asyncio.ensure_future(self._close(conn.socket, code, reason))
+            conn.closer = asyncio.ensure_future(close_socket(conn.socket, code, reason))
             self._tasks.add(conn.closer)
             conn.closer.add_done_callback(self._tasks.discard)

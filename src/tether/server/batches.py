@@ -1,0 +1,118 @@
+"""`PendingBatch` and `BatchBook`: the server's ledger of COMMAND batches in flight.
+
+Which device owes which `call_id`, what came back, which batches ended (so a late result is
+logged as late, not as forged) and which CANCELs wait for a device that is away: these rules
+decide what a caller finally gets, and they hold whatever the sockets do. Keeping them apart from
+the hub's connection handling lets them be read, and reasoned about, without any I/O: the book
+never sends a frame; the hub asks it what to send.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tether.protocol.messages import ClientMessage, Event, ServerMessage, TaskStatus
+from tether.protocol.models import Result
+from tether.server.registry import DeviceRegistry
+
+logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
+
+_FINISHED_MEMORY = 4096  # finished batches remembered so their late results are logged as late
+
+
+@dataclass(eq=False)
+class PendingBatch:
+    """A batch the hub waits on. `done` is set once: all results in, or `error` says why not."""
+
+    response_id: str
+    device: str
+    message: ServerMessage
+    on_event: Callable[[Event], None] | None = None
+    results: dict[str, Result] = field(default_factory=dict)
+    outstanding: set[str] = field(default_factory=set)
+    error: str | None = None
+    sent: bool = False
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class BatchBook:
+    """The batches in flight by `response_id`, and each device's in-flight count in the registry."""
+
+    def __init__(self, registry: DeviceRegistry) -> None:
+        self.registry = registry
+        self.pending: dict[str, PendingBatch] = {}
+        self._finished: OrderedDict[str, str] = OrderedDict()  # response_id -> device
+        self._cancels: dict[str, list[str]] = {}  # CANCELs waiting for a disconnected device
+
+    def open(self, batch: PendingBatch) -> None:
+        self.pending[batch.response_id] = batch
+        self.registry.ensure(batch.device).inflight += 1
+        self.registry.notify()
+
+    def accept(self, device: str, msg: ClientMessage) -> None:
+        """Take the results of a COMMAND_RESULTS frame from `device`: only for a batch sent to it, only
+        for call_ids still outstanding."""
+        rid = msg.prev_response_id or ""
+        batch = self.pending.get(rid)
+        results = msg.action_results or []
+        if batch is None or batch.device != device or not batch.sent:
+            if self._finished.get(rid) == device:
+                logger.warning("late results from device %s for finished batch %s ignored (call_ids %s)",
+                               device, rid, [r.call_id for r in results])
+            else:
+                logger.warning("refused results from device %s for batch %s: no such batch was sent to it",
+                               device, rid)
+            return
+        for result in results:
+            if result.call_id in batch.outstanding:
+                batch.outstanding.discard(result.call_id)
+                batch.results[result.call_id] = result
+            else:
+                logger.warning("ignored result from device %s for call_id %s of batch %s: not outstanding",
+                               device, result.call_id, rid)
+        if not batch.outstanding:
+            self.finish(batch)
+        elif msg.status in (TaskStatus.FAILED, TaskStatus.ERROR):
+            self.finish(batch, f"device {device} failed the batch: {msg.error or 'no reason given'}")
+        elif msg.status is TaskStatus.COMPLETED:
+            self.finish(batch, f"device {device} completed the batch without a result for this command")
+
+    def finish(self, batch: PendingBatch, error: str | None = None) -> None:
+        if batch.done.is_set():
+            return
+        self.pending.pop(batch.response_id, None)
+        self._finished[batch.response_id] = batch.device
+        while len(self._finished) > _FINISHED_MEMORY:
+            self._finished.popitem(last=False)
+        if batch.outstanding:
+            batch.error = error or "the device sent no result for this command"
+        batch.done.set()
+        record = self.registry.get(batch.device)
+        if record is not None:
+            record.inflight = max(0, record.inflight - 1)
+            self.registry.notify()
+
+    def fail_device(self, device: str, error: str, *, sent_only: bool = False) -> None:
+        for batch in [b for b in self.pending.values() if b.device == device and (b.sent or not sent_only)]:
+            self.finish(batch, error)
+
+    def finish_all(self, error: str) -> None:
+        for batch in list(self.pending.values()):
+            self.finish(batch, error)
+
+    def to_send(self, device: str, *, resend: bool) -> list[PendingBatch]:
+        """The batches for `device` that go out after its (re)registration; see `DeviceHub._flush`."""
+        return [b for b in self.pending.values() if b.device == device and (resend or not b.sent)]
+
+    def queue_cancel(self, device: str, response_id: str) -> None:
+        self._cancels.setdefault(device, []).append(response_id)
+
+    def take_cancels(self, device: str) -> list[str]:
+        return self._cancels.pop(device, [])
+
+    def forget_cancels(self, device: str) -> None:
+        self._cancels.pop(device, None)

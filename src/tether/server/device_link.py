@@ -1,0 +1,62 @@
+"""`DeviceLink` and `close_socket`: the hub's end of one device's socket.
+
+Several tasks write to a device at once (command batches, heartbeat replies, CANCELs, errors), a
+socket may die under any of them, and a close must neither hang the server nor send a reason
+longer than WebSocket allows. Those rules are the same for every frame, so they live here once:
+a write is serialized and answers True or False instead of raising, and a close is bounded.
+Which frames to send, and when to give up on a device, stays with the hub.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from tether.protocol.codec import encode
+from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
+from tether.server.aip_socket import AIPSocket, SocketClosed
+from tether.server.registry import DeviceRecord
+
+logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
+
+
+@dataclass(eq=False)
+class DeviceLink:
+    name: str
+    socket: AIPSocket
+    instance_id: str
+    token_id: str
+    record: DeviceRecord
+    last_seen: float  # monotonic: liveness must not jump with the wall clock
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # one writer at a time per socket
+    ready: bool = False  # REGISTER_ACK sent: commands may follow
+    dropped: bool = False
+    closer: asyncio.Task[None] | None = None  # the hub's close of this socket, awaited before serve returns
+
+    async def send(self, message: ServerMessage) -> bool:
+        text = encode(message)
+        try:
+            async with self.lock:
+                await self.socket.send_text(text)
+            return True
+        except SocketClosed:
+            return False
+        except Exception as exc:
+            logger.warning("sending to device %s failed: %s", self.name, exc)
+            return False
+
+    async def error(self, error: str, reason: str) -> None:
+        await self.send(ServerMessage(type=ServerMessageType.ERROR, status=TaskStatus.ERROR, error=error,
+                                      payload={"reason": reason}))
+
+
+async def close_socket(socket: AIPSocket, code: int, reason: str) -> None:
+    short = reason.encode("utf-8")[:120].decode("utf-8", "ignore")  # close reasons are ≤ 123 bytes
+    try:
+        async with asyncio.timeout(5):
+            await socket.close(code, short)
+    except (SocketClosed, TimeoutError):
+        pass
+    except Exception as exc:
+        logger.debug("closing a device socket failed: %s", exc)
