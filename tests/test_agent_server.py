@@ -101,6 +101,7 @@ async def test_llm_plan_ask_user_answered_through_the_api(tmp_path: Path, jailed
     assert "b.txt" in fake.requests[2]["messages"][-1]["content"]  # the answer became the replan's constraint
     planning = json.dumps(fake.requests[0]["messages"])
     assert "alpha" in planning and "no profile" not in planning and "read_file" in planning  # profile and tools
+    assert f"may write under {root}" in planning and "home " in planning  # real paths the plan may use
     assert again.status_code == 409 and "no open question" in again.json()["error"]
 
 

@@ -107,9 +107,14 @@ def profile_summary(profile: DeviceProfile | None) -> str:
         apps = profile.installed_apps[:12]
         more = f" (+{len(profile.installed_apps) - len(apps)} more)" if len(profile.installed_apps) > len(apps) else ""
         parts.append(f"apps {', '.join(apps)}{more}")
-    home = getattr(profile, "home", None) or getattr(profile.os, "home", None)
-    if home:
-        parts.append(f"home {home}")
+    if profile.user:
+        parts.append(f"user {profile.user}")
+    if profile.home:
+        parts.append(f"home {profile.home}")
+    if profile.write_roots:
+        parts.append(f"may write under {', '.join(profile.write_roots)}")
+    if profile.read_roots and profile.read_roots != profile.write_roots:
+        parts.append(f"may read under {', '.join(profile.read_roots)}")
     return "; ".join(parts) or "no profile"
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 import configparser
 import contextlib
+import getpass
 import ipaddress
 import logging
+import os
 import platform
 import shutil
 import socket
@@ -214,4 +216,11 @@ async def collect_profile(device: LocalDevice, *, tags: Sequence[str] = ()) -> D
     if gpu.available:
         capabilities.append("gpu")
     return DeviceProfile(**facts, gpu=gpu, mcp_servers=namespaces, tools=tools, tags=list(dict.fromkeys(tags)),
-                         capabilities=capabilities)
+                         capabilities=capabilities, **_user_facts(device.policy.write_roots, device.policy.read_roots))
+
+
+def _user_facts(write_roots: Sequence[str], read_roots: Sequence[str]) -> dict[str, Any]:
+    """Who the device acts as and where it may write: a planner needs real paths for "my home"."""
+    return {"home": os.path.expanduser("~"), "user": getpass.getuser(),
+            "write_roots": [os.path.expanduser(r) for r in write_roots],
+            "read_roots": [os.path.expanduser(r) for r in read_roots]}

@@ -61,6 +61,10 @@ class DeviceProfile(BaseModel):
     tools: list[ToolInfo] = Field(default_factory=list)
     tags: list[str] = Field(default_factory=list)
     capabilities: list[str] = Field(default_factory=list)
+    home: str | None = Field(None, description="the device user's home directory (plans need real paths)")
+    user: str | None = None
+    write_roots: list[str] = Field(default_factory=list, description="where the policy lets tools write")
+    read_roots: list[str] = Field(default_factory=list, description="where the policy lets tools read")
 
 
 class DeviceRequirements(BaseModel):
