@@ -6,12 +6,8 @@ waiting on them, cancels, streams events to subscribers, and undoes a task on ev
 touched. Every state change, step, decision, question and answer is saved before the next thing
 happens, so a server that dies loses at most the streamed output of the step that was running.
 
-After a restart (`start`), each unfinished task is settled, never forgotten:
-- waiting for a person: it keeps waiting; the answer resumes it where it stopped;
-- created, or planning: nothing has run on a device since, so it simply runs (plans) again;
-- running or recovering: the step that was in flight may or may not have finished on its device,
-  so the person is asked — retry the step, skip it, or cancel — unless the saved record shows it
-  finished, in which case the task goes on from the next step by itself.
+After a restart (`start`), each unfinished task is settled, never forgotten: resumed, or held with
+a question for the person when a command may or may not have run (see `tether.agent.restart`).
 """
 
 from __future__ import annotations
@@ -24,8 +20,9 @@ from typing import Any
 from tether.agent.executor import TaskRunner, discover_tools
 from tether.agent.llm import LLMClient, LLMSettings
 from tether.agent.plan import Plan
-from tether.agent.recovery import OPTION_APPROVE, OPTION_CANCEL, OPTION_DENY, OPTION_RETRY, OPTION_SKIP, AskUser
-from tether.agent.task import Budgets, Question, Task, TaskEvent, TaskState
+from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
+from tether.agent.restart import settle_after_restart
+from tether.agent.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.task_store import TaskStore
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
@@ -48,6 +45,10 @@ class TaskError(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class DeviceUnavailable(RuntimeError):
+    """A task's device cannot be reached and its tools are unknown, so nothing can be planned or run."""
 
 
 class _HubDevice(BasicCommandDispatcher):
@@ -120,37 +121,12 @@ class TaskService:
             await self.llm.close()
 
     def _resume_after_restart(self, task: Task) -> None:
-        state = task.state
-        task.record("server_restarted", {"state": state.value, "step": task.cursor})
-        if state is TaskState.WAITING_FOR_USER and task.pending_question is not None:
-            self.store.save(task)
-            self._live[task.id] = task
-            return
-        if state in (TaskState.RUNNING, TaskState.RECOVERING) and task.plan is not None:
-            last = task.steps[-1] if task.steps else None
-            started = [e for e in task.events if e.kind == "step_started"]
-            in_flight = bool(started) and started[-1].data.get("call_id") not in {r.command.call_id
-                                                                                 for r in task.steps}
-            if in_flight or state is TaskState.RECOVERING:
-                step = task.plan.steps[min(task.cursor, len(task.plan.steps) - 1)]
-                what = "was running" if in_flight else "had failed and its recovery was being decided"
-                question = (f"The server restarted while step {task.cursor + 1} ({step.skill} {step.args}) {what}; "
-                            "whether it finished on the device is unknown. Retry the step, skip it, or cancel "
-                            "the task?")
-                record = Question(step=task.cursor, question=question, kind="restart",
-                                  options=[OPTION_RETRY, OPTION_SKIP, OPTION_CANCEL])
-                task.questions.append(record)
-                task.transition(TaskState.WAITING_FOR_USER, question=record.id)
-                task.record("question", record.model_dump(mode="json"))
-                self.store.save(task)
-                self._live[task.id] = task
-                return
-            if last is not None and last.index == task.cursor and last.result.ok:
-                task.cursor += 1  # it finished; the crash came before the cursor moved on
-        if state is TaskState.WAITING_FOR_USER:  # waiting with no question left: go on running
-            task.transition(TaskState.RUNNING, reason="server restarted")
+        action = settle_after_restart(task)
         self.store.save(task)
-        self._start(task)
+        if action == "wait":
+            self._live[task.id] = task
+        else:
+            self._start(task)
 
     # -- creating and reading -------------------------------------------------------------------------
 
@@ -226,7 +202,8 @@ class TaskService:
         except asyncio.CancelledError:
             pass
         except Exception as exc:  # a bug or an unreachable device must end the task clearly, not silently
-            logger.exception("task %s stopped on an error", task.id)
+            if not isinstance(exc, DeviceUnavailable):
+                logger.exception("task %s stopped on an error", task.id)
             if not task.state.terminal:
                 task.error = f"the task stopped on an error: {exc}"
                 self._on_event(task, task.transition(TaskState.FAILED, error=task.error))
@@ -256,7 +233,7 @@ class TaskService:
                 pass
         if record is not None and record.profile is not None:
             return list(record.profile.tools)
-        raise RuntimeError(f"device '{name}' is offline and has never reported its tools")
+        raise DeviceUnavailable(f"device '{name}' is offline and has never reported its tools")
 
     def _dispatcher(self, task: Task, name: str | None) -> BasicCommandDispatcher:
         device = name or task.device
