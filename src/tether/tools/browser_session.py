@@ -19,9 +19,12 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
-from tether.tools.errors import PolicyDenied, ToolError
+from tether.tools.browser_keys import key_for_token as key_for_token  # re-exported: still importable from here
+from tether.tools.browser_keys import key_name as key_name
+from tether.tools.browser_keys import split_keys as split_keys
+from tether.tools.browser_urls import check_url, needs_route
+from tether.tools.errors import ToolError
 from tether.tools.optional import MissingDependency, require
 from tether.tools.policy import Policy
 
@@ -35,11 +38,6 @@ CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 LAUNCH_ARGS = ("--disable-gpu", "--disable-dev-shm-usage", "--no-first-run", "--disable-background-networking",
                "--disable-component-update", "--disable-sync")
 NEUTRAL_URLS = ("about:blank", "chrome-error://chromewebdata/")  # where a fresh or blocked tab sits
-# schemes that never carry "//" but are real schemes, so "javascript:x" is refused, not "not absolute"
-_KNOWN_SCHEMES = frozenset({"file", "javascript", "data", "chrome", "chrome-extension", "chrome-untrusted",
-                            "devtools", "about", "blob", "filesystem", "view-source", "ftp", "ws", "wss", "mailto",
-                            "tel", "intent", "vbscript", "http", "https"})
-_DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443, "ftp": 21}
 REF_PATTERN = re.compile(r"(?:f\d+)?e\d+")
 _SNAPSHOT_REF = re.compile(r"\[ref=((?:f\d+)?e\d+)\]")
 
@@ -60,133 +58,6 @@ def find_chromium() -> str:
     raise MissingDependency(f"the browser tools need a system Chromium ({', '.join(CHROMIUM_NAMES)} on PATH or "
                             f"$TETHER_CHROMIUM): apt-get install chromium; and Playwright: pip install "
                             "'tether[browser]'")
-
-
-# ---------------------------------------------------------------- URL policy
-
-
-def check_url(policy: Policy, url: str) -> str:
-    """`url` (stripped) if the policy lets the browser open it; else `PolicyDenied` naming the rule.
-
-    Control characters are refused outright: browsers silently drop tabs and newlines from URLs, so
-    `java\\tscript:` would otherwise pass a scheme check it should fail. A backslash in the authority is
-    refused too, because Chromium reads it as a slash and Python does not (a host-confusion trick).
-    """
-    if not isinstance(url, str) or not url.strip():
-        raise ToolError("url is required: give an absolute URL such as https://example.com")
-    url = url.strip()
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in url):
-        raise PolicyDenied("browser.url", f"{url!r} contains control characters")
-    if url == "about:blank":
-        return url
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    if not scheme or ("://" not in url and scheme not in _KNOWN_SCHEMES):
-        raise ToolError(f"{url!r} is not an absolute URL: give the scheme, e.g. https://{url}")
-    schemes = [s.lower().rstrip(":") for s in policy.browser_allowed_schemes]
-    if scheme not in schemes:
-        raise PolicyDenied("browser.scheme", f"{scheme}: URLs are not allowed (browser_allowed_schemes: "
-                                             f"{', '.join(schemes) or 'none'}; about:blank is always allowed)")
-    if "\\" in parts.netloc:
-        raise PolicyDenied("browser.url", f"{url!r} has a backslash in its host part")
-    if policy.browser_allowed_origins:
-        host = (parts.hostname or "").lower()
-        try:
-            port = parts.port or _DEFAULT_PORTS.get(scheme)
-        except ValueError:
-            raise PolicyDenied("browser.url", f"{url!r} has an invalid port") from None
-        if not any(_origin_matches(entry, scheme, host, port) for entry in policy.browser_allowed_origins):
-            origin = f"{scheme}://{host}" + (f":{port}" if port and port != _DEFAULT_PORTS.get(scheme) else "")
-            raise PolicyDenied("browser.origin", f"{origin} is not in browser_allowed_origins "
-                                                 f"({', '.join(policy.browser_allowed_origins)})")
-    return url
-
-
-def _origin_matches(entry: str, scheme: str, host: str, port: int | None) -> bool:
-    """Whether an allowlist entry covers an origin. Entries: `*`; an origin `https://example.com[:port]`
-    (the scheme's default port unless one is given); `https://*.example.com` (subdomains only); a bare host
-    `example.com` or `example.com:8080` (any allowed scheme, any port unless one is given)."""
-    entry = entry.strip().lower()
-    if entry == "*":
-        return True
-    want_scheme, rest = entry.split("://", 1) if "://" in entry else (None, entry)
-    if want_scheme is not None and want_scheme != scheme:
-        return False
-    parsed = urlsplit(f"{scheme}://{rest}")
-    want_host = (parsed.hostname or "").lower()
-    try:
-        want_port = parsed.port or (_DEFAULT_PORTS.get(scheme) if want_scheme else None)
-    except ValueError:
-        return False
-    if want_port is not None and want_port != port:
-        return False
-    if want_host.startswith("*."):
-        return host.endswith(want_host[1:]) and host != want_host[2:]
-    return host == want_host
-
-
-def needs_route(policy: Policy) -> bool:
-    """Whether page-started navigations must be intercepted (routing disables Chromium's HTTP cache,
-    so it is switched on only when the policy restricts what http(s) pages may open)."""
-    schemes = {s.lower() for s in policy.browser_allowed_schemes}
-    return bool(policy.browser_allowed_origins) or not {"http", "https"} <= schemes
-
-
-# ---------------------------------------------------------------- key tokens
-
-_KEYS = {"ENTER": "Enter", "RETURN": "Enter", "TAB": "Tab", "ESC": "Escape", "ESCAPE": "Escape",
-         "BACKSPACE": "Backspace", "DELETE": "Delete", "DEL": "Delete", "UP": "ArrowUp", "DOWN": "ArrowDown",
-         "LEFT": "ArrowLeft", "RIGHT": "ArrowRight", "HOME": "Home", "END": "End", "PAGEUP": "PageUp",
-         "PAGEDOWN": "PageDown", "SPACE": "Space", "INSERT": "Insert"} | {f"F{i}": f"F{i}" for i in range(1, 13)}
-_MODIFIERS = {"CMD": "Meta", "COMMAND": "Meta", "META": "Meta", "SUPER": "Meta", "WIN": "Meta", "CTRL": "Control",
-              "CONTROL": "Control", "ALT": "Alt", "OPTION": "Alt", "SHIFT": "Shift"}
-_TOKEN = re.compile(r"\{([A-Z][A-Z0-9]*(?:\+[A-Z0-9]+)*)\}")
-
-
-def key_for_token(token: str) -> str:
-    """Playwright's name for `ENTER`, `CMD+K`, `CTRL+SHIFT+TAB`... (CMD is Meta, CTRL is Control)."""
-    parts = token.upper().split("+")
-    *mods, last = parts
-    if any(m not in _MODIFIERS for m in mods):
-        bad = next(m for m in mods if m not in _MODIFIERS)
-        raise ToolError(f"unknown modifier {bad!r} in {{{token}}}; modifiers: {', '.join(sorted(_MODIFIERS))}")
-    if last in _KEYS:
-        key = _KEYS[last]
-    elif last in _MODIFIERS:
-        key = _MODIFIERS[last]
-    elif mods and len(last) == 1:
-        key = last.lower()
-    else:
-        raise ToolError(f"unknown key token {{{token}}}; keys: {', '.join(sorted(_KEYS))}, combos like {{CMD+K}}")
-    return "+".join([*(_MODIFIERS[m] for m in mods), key])
-
-
-def split_keys(text: str) -> list[tuple[bool, str]]:
-    """`text` as (is_key, value) steps: literal chunks to type and key presses for `{ENTER}`, `{CMD+K}`...
-
-    Only upper-case words in braces are tokens, so `{"a": 1}` or `{x}` in code are typed as written;
-    an unknown upper-case token (`{ENTR}`) is an error rather than silently typed text.
-    """
-    steps: list[tuple[bool, str]] = []
-    pos = 0
-    for match in _TOKEN.finditer(text):
-        if match.start() > pos:
-            steps.append((False, text[pos:match.start()]))
-        steps.append((True, key_for_token(match.group(1))))
-        pos = match.end()
-    if pos < len(text):
-        steps.append((False, text[pos:]))
-    return steps
-
-
-def key_name(key: str) -> str:
-    """A `press` key: a token (`{ENTER}`, `CMD+K`) in seed 004's spelling, else Playwright's name as given."""
-    inner = key[1:-1] if key.startswith("{") and key.endswith("}") else key
-    *mods, last = inner.split("+")
-    if _TOKEN.fullmatch("{" + inner + "}") and all(m in _MODIFIERS for m in mods) and (
-            last in _KEYS or last in _MODIFIERS or (mods and len(last) == 1)):
-        return key_for_token(inner)
-    return key
 
 
 # ---------------------------------------------------------------- sessions
