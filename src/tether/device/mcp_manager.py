@@ -32,10 +32,10 @@ from tether.device.mcp_servers import (
     BaseMCPServer,
     MCPServerError,
     SessionServer,
-    ToolSetServer,
     describe_error,
     innermost_error,
 )
+from tether.device.toolset_server import ToolSetServer
 from tether.tools.optional import MissingDependency
 from tether.tools.runtime import ToolSet
 

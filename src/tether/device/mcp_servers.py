@@ -1,8 +1,8 @@
 """The MCP servers a device calls tools on, each behind one `BaseMCPServer` interface.
 
-Built-in tool sets are called directly (no MCP session on the hot path). External servers —
-a Python module's `mcp` object in-process, a stdio process, a streamable-HTTP endpoint — get one
-persistent `mcp.Client` session each. anyio requires an `async with Client(...)` to be entered and
+Built-in tool sets are called directly (no MCP session on the hot path; see `toolset_server`).
+External servers — a Python module's `mcp` object in-process, a stdio process, a streamable-HTTP
+endpoint — get one persistent `mcp.Client` session each. anyio requires an `async with Client(...)` to be entered and
 exited by the same task, so every external server has a supervisor task that owns the session,
 notices when it ends (the process died, the HTTP transport failed) and opens a new one with
 exponential backoff. Calls from any task use the published session; none of them ever raises:
@@ -16,7 +16,6 @@ import contextlib
 import logging
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
 from typing import Any
 
 import anyio
@@ -29,8 +28,6 @@ from tether.device.mcp_config import MCPServerConfig
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.mcp_export import call_result_to_result, is_result_wrapper
-from tether.tools.optional import MissingDependency
-from tether.tools.runtime import ToolSet
 
 logger = logging.getLogger(__name__)
 
@@ -84,79 +81,6 @@ class BaseMCPServer(ABC):
 
     def _failure(self, error: str, ctx: ToolContext, result: Any = None) -> Result:
         return Result.failure(error, call_id=ctx.call_id, namespace=self.namespace, result=result)
-
-
-class ToolSetServer(BaseMCPServer):
-    """A built-in `ToolSet`, called directly: validation and timeout live in `ToolSet.call`."""
-
-    def __init__(self, config: MCPServerConfig, factory: Callable[[], ToolSet] | None,
-                 known: Iterable[str] = ()) -> None:
-        super().__init__(config)
-        self._factory = factory
-        self._known = sorted(known)
-        self._toolset: ToolSet | None = None
-        self._closed = False
-
-    @property
-    def healthy(self) -> bool:
-        return self._toolset is not None and not self._closed
-
-    def describe(self) -> str:
-        return f"built-in tool set '{self.config.toolset}'"
-
-    async def start(self) -> None:
-        if self._closed:
-            raise MCPServerError(f"server '{self.namespace}' is closed")
-        if self._factory is None:
-            known = ", ".join(self._known) or "none"
-            raise MCPServerError(f"server '{self.namespace}': unknown built-in tool set "
-                                 f"'{self.config.toolset}' (known: {known})")
-        try:
-            toolset = self._factory()
-        except MissingDependency as exc:
-            raise MCPServerError(f"'{self.namespace}' tools are unavailable here: {exc}") from exc
-        except Exception as exc:
-            raise MCPServerError(f"server '{self.namespace}' ({self.describe()}) failed to start: "
-                                 f"{type(exc).__name__}: {exc}") from exc
-        if toolset.namespace != self.namespace:  # the config's namespace is what planners see
-            toolset = ToolSet(self.namespace, [s.fn for s in toolset.specs.values()], toolset.description,
-                              on_close=toolset.on_close)
-        old, self._toolset, self._reset_pending = self._toolset, toolset, False
-        if old is not None:  # a reset: release what the previous instance held (e.g. its browser)
-            self.restarts += 1
-            await old.aclose()
-
-    async def list_tools(self, tool_type: ToolType) -> list[ToolInfo]:
-        if self._toolset is None:
-            await self.start()
-        assert self._toolset is not None
-        return self._toolset.infos()
-
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None, *, ctx: ToolContext,
-                        timeout: float | None) -> Result:
-        toolset = self._toolset
-        if toolset is None or self._reset_pending:
-            try:
-                await self.start()
-            except MCPServerError as exc:
-                return self._failure(str(exc), ctx)
-            toolset = self._toolset
-            assert toolset is not None
-        if timeout is None and self.config.timeout is not None:  # a tool's own timeout is more specific
-            spec = toolset.specs.get(name)
-            if spec is not None and spec.timeout is None:
-                timeout = self.config.timeout
-        try:
-            return await toolset.call(name, arguments, ctx, timeout)
-        except Exception as exc:  # ToolSet.call catches tool errors; this guards the contract
-            logger.exception("tool set %s failed on %s", self.namespace, name)
-            return self._failure(f"server '{self.namespace}' tool '{name}': internal error: {exc}", ctx)
-
-    async def close(self) -> None:
-        self._closed = True
-        toolset, self._toolset = self._toolset, None
-        if toolset is not None:
-            await toolset.aclose()
 
 
 class _OpenFailed(Exception):
