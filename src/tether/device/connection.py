@@ -11,7 +11,8 @@ When the link drops it reconnects forever by default, with exponential backoff a
 under a cap (so a fleet of devices does not reconnect in lockstep after a server restart). A
 refusal that retrying cannot fix — bad token, name mismatch, unsupported version — stops `run()`
 with `RegistrationRefused` carrying the server's words; "that device is already connected"
-(4409) is retried, since the other connection may be this device's own dead one.
+(4409) is retried, since the other connection may be this device's own dead one. That policy is
+in `tether.device.reconnect`.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable
@@ -27,13 +27,22 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
 from tether.device.batches import BatchRunner
 from tether.device.client import DeviceClient
 from tether.device.outbox import FinishedRecord, Outbox
+from tether.device.reconnect import (
+    DUPLICATE_CLOSE_CODE,
+    FATAL_CLOSE_CODES,
+    RETRYABLE,
+    RegistrationRefused,
+    RetriesExhausted,
+    backoff_delay,
+    describe_failure,
+)
 from tether.protocol.codec import DEFAULT_MAX_FRAME_BYTES, FrameError, decode_server_message, encode
 from tether.protocol.messages import (
     ClientMessage,
@@ -50,42 +59,14 @@ logger = logging.getLogger(__name__)
 ConnectionState = Literal["idle", "connecting", "registered", "disconnected", "refused", "stopped"]
 StateHook = Callable[[ConnectionState, "DeviceConnection"], None]
 
-FATAL_CLOSE_CODES = {4400: "bad registration or protocol version", 4401: "unauthorized",
-                     4403: "name does not match the token"}
-DUPLICATE_CLOSE_CODE = 4409
 # The socket's own hard limit, only a guard against absurd frames: the protocol's limit (from the
 # ACK) is checked on each frame so that an oversized frame gets an ERROR reply, not a closed link.
 TRANSPORT_MAX_BYTES = 64 * 1024 * 1024
 KEEPALIVE_S = 20.0
-_RETRYABLE = (OSError, InvalidHandshake, ConnectionClosed, TimeoutError, ConnectionError, FrameError)
-
-
-class RegistrationRefused(Exception):
-    """The server refused this device; `fatal` refusals end `run()`, the others are retried."""
-
-    def __init__(self, error: str, code: int | None = None) -> None:
-        self.error = error
-        self.code = code
-        self.fatal = code in FATAL_CLOSE_CODES or code in (401, 403)
-        what = FATAL_CLOSE_CODES.get(code or 0) or ("duplicate device" if code == DUPLICATE_CLOSE_CODE else None)
-        super().__init__(f"registration refused ({code}{': ' + what if what else ''}): {error}"
-                         if code is not None else f"registration refused: {error}")
-
-
-class RetriesExhausted(ConnectionError):
-    """`max_attempts` connection attempts in a row failed."""
 
 
 class _LinkDead(ConnectionError):
     pass
-
-
-def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0,
-                  rand: Callable[[], float] = random.random) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
-    if attempt < 0:
-        raise ValueError("attempt must be >= 0")
-    return rand() * min(cap, base * 2.0 ** min(attempt, 64))
 
 
 def make_ssl_context(url: str, ca_file: str | None = None) -> ssl.SSLContext | None:
@@ -99,16 +80,6 @@ def make_ssl_context(url: str, ca_file: str | None = None) -> ssl.SSLContext | N
     if scheme != "wss":
         raise ValueError(f"{url}: the server URL must start with ws:// or wss://")
     return ssl.create_default_context(cafile=ca_file)
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, InvalidStatus):
-        return f"the server answered HTTP {exc.response.status_code} instead of a WebSocket"
-    if isinstance(exc, ConnectionClosed):
-        frame = exc.rcvd
-        return (f"connection closed ({frame.code}{': ' + frame.reason if frame.reason else ''})"
-                if frame else "connection lost")
-    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 class DeviceConnection:
@@ -186,12 +157,12 @@ class DeviceConnection:
                         raise
                     logger.warning("%s; retrying", exc)
                     uptime = None
-                except _RETRYABLE as exc:
-                    self.last_error = _describe(exc)
+                except RETRYABLE as exc:
+                    self.last_error = describe_failure(exc)
                     logger.warning("cannot connect to %s: %s", self.url, self.last_error)
                     uptime = None
                 except Exception as exc:  # a bug here must not take the device offline for good
-                    self.last_error = _describe(exc)
+                    self.last_error = describe_failure(exc)
                     logger.exception("unexpected error in the connection to %s", self.url)
                     uptime = None
                 self._set_state("disconnected")
@@ -251,7 +222,7 @@ class DeviceConnection:
                                close_timeout=2.0, compression=None, user_agent_header="tether-device")
         except InvalidStatus as exc:
             if exc.response.status_code in (401, 403):
-                raise RegistrationRefused(_describe(exc), exc.response.status_code) from None
+                raise RegistrationRefused(describe_failure(exc), exc.response.status_code) from None
             raise
         try:
             ack = await self._register(ws, profile)
@@ -313,7 +284,7 @@ class DeviceConnection:
                 self.last_error = None
             else:
                 failed = [t.exception() for t in done if t.exception() is not None]
-                self.last_error = (_describe(failed[0]) if failed else
+                self.last_error = (describe_failure(failed[0]) if failed else
                                    f"the server closed the connection ({ws.close_code}"
                                    f"{': ' + ws.close_reason if ws.close_reason else ''})")
                 logger.warning("connection to %s lost: %s", self.url, self.last_error)
