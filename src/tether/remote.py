@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import ssl
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,7 +18,12 @@ DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
 class RemoteError(RuntimeError):
-    """The server said no (its `error` text), or could not be reached; the message says which."""
+    """The server said no (its `error` text), or could not be reached; the message says which.
+    `status` is the HTTP status of a refusal (None when the server was not reached)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class RemoteServer:
@@ -57,7 +63,8 @@ class RemoteServer:
             body = None
         if response.is_error:
             message = body.get("error") if isinstance(body, dict) else None
-            raise RemoteError(f"server answered {response.status_code}: {message or response.text[:300]}")
+            raise RemoteError(f"server answered {response.status_code}: {message or response.text[:300]}",
+                              response.status_code)
         return body
 
     def health(self) -> dict[str, Any]:
@@ -95,6 +102,88 @@ class RemoteServer:
         except httpx.HTTPError as exc:
             raise RemoteError(f"lost the connection to {self.base_url} while the batch ran: {exc}") from None
         raise RemoteError("the server closed the stream before sending results")
+
+
+    # -- tasks --------------------------------------------------------------------------------------
+
+    def create_task(self, request: str = "", *, plan: list[dict[str, Any]] | None = None, device: str | None = None,
+                    requires: dict[str, Any] | None = None, devices: list[str] | None = None) -> dict[str, Any]:
+        """Create a task (planned by the server's LLM, or `plan` as given) and start it; its summary."""
+        body = {"request": request, "plan": plan, "device": device, "requires": requires, "devices": devices or []}
+        return self._request("POST", "/tasks", json=body)
+
+    def tasks(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit}
+        if state:
+            params["state"] = state
+        return self._request("GET", "/tasks", params=params)
+
+    def task(self, task_id: str, *, events: bool = True) -> dict[str, Any]:
+        """The whole task (plan, steps, questions, events); an id prefix works."""
+        return self._request("GET", f"/tasks/{_quote(task_id)}", params={"events": str(events).lower()})
+
+    def answer(self, task_id: str, answer: str, question_id: str | None = None) -> dict[str, Any]:
+        return self._request("POST", f"/tasks/{_quote(task_id)}/answer",
+                             json={"answer": answer, "question_id": question_id})
+
+    def approve(self, task_id: str, approved: bool = True) -> dict[str, Any]:
+        return self._request("POST", f"/tasks/{_quote(task_id)}/approval", json={"approved": approved})
+
+    def cancel(self, task_id: str) -> dict[str, Any]:
+        return self._request("POST", f"/tasks/{_quote(task_id)}/cancel")
+
+    def undo_task(self, task_id: str) -> dict[str, Any]:
+        """Put back the files the task changed on every device it ran on: {task, devices: {name: report}}."""
+        return self._request("POST", f"/tasks/{_quote(task_id)}/undo", timeout=httpx.Timeout(300, connect=10))
+
+    def task_events(self, task_id: str, after: int = -1, *, retries: int = 5,
+                    backoff: float = 0.5) -> Iterator[tuple[str, dict[str, Any]]]:
+        """A task's events as ("task_event", TaskEvent JSON) pairs, then ("end", {id, state, ended, ...}).
+
+        The stream starts after event `after`. When it drops before the task has ended (a network
+        cut, or a server that stopped under the task: `end` with `ended` false), it is opened again
+        from the last event seen, up to `retries` times in a row with a growing pause; then
+        RemoteError. The final ("end", ...) is yielded once, for an ended task or after the retries.
+        """
+        last = after
+        failures = 0
+        while True:
+            problem = ""
+            try:
+                with self._http.stream("GET", f"/tasks/{_quote(task_id)}/events", params={"after": last},
+                                       headers={"Accept": "text/event-stream"},
+                                       timeout=httpx.Timeout(60, connect=10)) as response:
+                    if response.is_error:
+                        response.read()
+                        self._decode(response)
+                    for event, data in _sse_events(response.iter_lines()):
+                        if event == "task_event":
+                            if data.get("seq", -1) <= last:
+                                continue  # seen before the reconnection
+                            last = data["seq"]
+                            failures = 0
+                            yield event, data
+                        elif event == "end":
+                            if data.get("ended", True):
+                                yield event, data
+                                return
+                            problem = f"the server stopped while the task was {data.get('state')}"
+                            break
+                    else:
+                        problem = "the server closed the event stream"
+            except httpx.HTTPError as exc:
+                problem = f"lost the connection to {self.base_url}: {exc}"
+            failures += 1
+            if failures > retries:
+                raise RemoteError(f"{problem}; gave up following task {task_id} after {retries} reconnections "
+                                  "(the task goes on on the server)")
+            time.sleep(backoff * 2 ** (failures - 1))  # a pause before reconnecting, not a wait for an event
+
+
+def _quote(part: str) -> str:
+    from urllib.parse import quote
+
+    return quote(part, safe="")
 
 
 def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:

@@ -6,7 +6,7 @@ import logging
 
 
 def main() -> None:
-    from tether.cli import demo_cmds, journal_cmds, run_cmds, server_cmds, tools_cmds  # noqa: F401
+    from tether.cli import demo_cmds, journal_cmds, run_cmds, server_cmds, task_cmds, tools_cmds  # noqa: F401
     from tether.cli.common import app
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

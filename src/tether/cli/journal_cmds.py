@@ -9,13 +9,24 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tether.cli.common import JsonOpt, StateOpt, app, console, fail
+from tether.cli.common import CaOpt, JsonOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
 
 
 @app.command()
-def undo(session: Annotated[str, typer.Argument(help="the session whose file changes to put back")],
-         state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
-    """Put back the files that a session's commands changed."""
+def undo(session: Annotated[str, typer.Argument(help="the session (or task) whose file changes to put back")],
+         state_dir: StateOpt = None, as_json: JsonOpt = False,
+         server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+         local: Annotated[bool, typer.Option("--local", help="this machine's journal, even when TETHER_SERVER "
+                                                             "is set")] = False) -> None:
+    """Put back the files that a session's commands changed (a local task's id is its session).
+
+    With --server (or TETHER_SERVER): SESSION is a task on that server, undone on every device it ran on.
+    """
+    if server and not local:
+        from tether.cli.task_cmds import connect, remote_undo
+
+        with connect(server, token, ca_file) as remote:
+            raise typer.Exit(remote_undo(remote, session, as_json))
     from tether.tools.context import default_state_dir
     from tether.tools.journal import UndoJournal
 

@@ -1,7 +1,8 @@
 """`tether run`: plan a request with an LLM (or take a plan file), run it step by step, recover, answer.
 
-This release runs tasks in local mode, on this machine in one process; tasks on a server's
-devices (durable, resumable, answerable through the API) are the next step of issue 4.
+Locally (this machine, one process, tasks kept in the state directory's tasks.db), or on a server's
+device when a server, a device or requirements are given (see `task_cmds`). `tether tasks` and
+`tether log` read the same place: the server when one is given, else the local store.
 """
 
 from __future__ import annotations
@@ -13,35 +14,80 @@ from typing import Annotated, Any
 
 import typer
 
-from tether.cli.common import ConfigOpt, JsonOpt, PolicyOpt, StateOpt, app, console, fail
+from tether.cli.common import (
+    CaOpt,
+    ConfigOpt,
+    DeviceOpt,
+    JsonOpt,
+    PolicyOpt,
+    ServerOpt,
+    StateOpt,
+    TokenOpt,
+    app,
+    console,
+    fail,
+)
+from tether.cli.task_view import EventView, print_log, print_outcome
 
 _SAVE_ON = frozenset({"plan", "step_finished", "decision", "question", "user_answer", "state", "answer"})
+LocalOpt = Annotated[bool, typer.Option("--local", help="this machine, even when TETHER_SERVER is set")]
 
 
 @app.command()
 def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain words")] = None,
         plan: Annotated[Path | None, typer.Option("--plan", help="a plan file: [{skill, args, description}]")] = None,
-        config: ConfigOpt = None, policy: PolicyOpt = None, state_dir: StateOpt = None,
         answer: Annotated[list[str] | None, typer.Option("--answer", help="pre-answer questions in order "
                                                                           "(for scripts; else you are asked)")] = None,
+        device: DeviceOpt = None,
+        require: Annotated[list[str] | None, typer.Option("--require", metavar="KEY=VALUE",
+                                                          help="run on a device the server picks by: platform=linux, "
+                                                               "tag=NAME, tool=NAME (e.g. tool=browser.act), gpu, "
+                                                               "gpu=false; repeat to require several")] = None,
+        server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False,
+        config: ConfigOpt = None, policy: PolicyOpt = None, state_dir: StateOpt = None,
         ) -> None:
-    """Plan and run a task on this machine, with live progress; questions are asked in the terminal."""
+    """Plan and run a task with live progress; questions are asked in the terminal.
+
+    On this machine by default. With --server (or TETHER_SERVER), --device or
+    --require, the task runs on a server's device and is followed here. Ctrl-C
+    detaches: the task goes on (`tether log TASK --follow` follows it again).
+    A question with no terminal and no --answer left leaves the task waiting
+    for `tether answer TASK ANSWER` or `tether approve TASK` (exit code 3).
+    Exit code 0 when the task is done, 1 when it failed or was cancelled.
+    """
     from tether.agent.llm import LLMSettings, how_to_configure
     from tether.agent.plan import PlanError, load_plan_file
 
     if not request and not plan:
         fail("give a request in plain words, or --plan FILE")
+    remote = not local and bool(server or device or require)
+    if local and (device or require):
+        fail("--local runs on this machine; --device and --require choose a server's device")
+    if remote and (config or policy or state_dir):
+        fail("--config, --policy and --state-dir are for a task on this machine; on a server's device its own "
+             "`tether device` settings apply (or pass --local)")
     given = None
     if plan is not None:
         try:
             given = load_plan_file(plan)
         except PlanError as exc:
             fail(str(exc))
+    text = request or f"run the plan in {plan}"
+    if remote:
+        from tether.cli.task_cmds import connect, parse_requires, run_remote
+
+        try:
+            requires = parse_requires(list(require or [])) if require else None
+        except ValueError as exc:
+            fail(str(exc))
+        steps = [s.model_dump(mode="json") for s in given.steps] if given is not None else None
+        with connect(server, token, ca_file) as client:
+            code = run_remote(client, text, steps, device, requires, list(answer or []))
+        raise typer.Exit(code)
     settings = LLMSettings.from_env()
     if given is None and settings is None:
         fail("no LLM is configured, so a request cannot be planned.\n" + how_to_configure())
-    code = asyncio.run(_run(request or f"run the plan in {plan}", given, settings, config, policy, state_dir,
-                            list(answer or [])))
+    code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or [])))
     raise typer.Exit(code)
 
 
@@ -51,43 +97,21 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     from tether.agent.llm import LLMClient
     from tether.agent.recovery import AskUser
     from tether.agent.task import Task, TaskEvent, TaskState
-    from tether.agent.task_store import TaskStore
     from tether.device.local import open_device
-    from tether.tools.context import default_state_dir
 
     out = console()
     llm = LLMClient(settings) if settings is not None else None
-    store = TaskStore(Path(state_dir or default_state_dir()) / "tasks.db")
+    store = _local_store(state_dir)
     task = Task(request=request, plan=plan)
+
+    view = EventView(out)
 
     def show(event: TaskEvent) -> None:
         if event.kind in _SAVE_ON:  # the log survives a crash of this process, step by step
             store.save(task)
-        d = event.data
-        if event.kind == "plan":
-            out.print(f"[bold]plan[/bold] ({d.get('source', 'llm')}):")
-            for i, step in enumerate(d.get("steps", []), 1):
-                out.print(f"  {i}. {step['skill']} {step.get('description') or step.get('args')}")
-        elif event.kind == "step_started":
-            again = f" (attempt {d['attempt']})" if d.get("attempt", 1) > 1 else ""
-            out.print(f"[cyan]▶ step {d['step'] + 1}{again}:[/cyan] {d['skill']} {d.get('args')}")
-        elif event.kind == "output":
-            for line in str(d.get("data", "")).rstrip("\n").splitlines():
-                out.print(f"    │ {line}", style="dim", markup=False, highlight=False)
-        elif event.kind == "step_finished":
-            style = "green" if d["status"] == "success" else "red"
-            out.print(f"  [{style}]{d['status']}[/{style}]" + (f": {d['error']}" if d.get("error") else ""))
-        elif event.kind == "decision":
-            out.print(f"  [yellow]recovery:[/yellow] {d.get('decision')} "
-                      f"{d.get('note') or d.get('suggestion') or d.get('question') or ''}")
-        elif event.kind == "token":
-            sys.stdout.write(str(d.get("text", "")))
-            sys.stdout.flush()
+        view(event.kind, event.data)
 
-    async def ask(question: AskUser) -> str:
-        out.print(f"\n[bold yellow]?[/bold yellow] {question.question}")
-        for i, option in enumerate(question.options, 1):
-            out.print(f"  {i}. {option}")
+    async def ask(question: AskUser) -> str:  # the question itself was shown with its event
         if answers:
             reply = answers.pop(0)
             out.print(f"  → {reply} (from --answer)")
@@ -110,12 +134,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
         store.close()
         if llm is not None:
             await llm.close()
-    streamed = any(e.kind == "token" for e in task.events)
-    out.print()
-    if task.answer and not streamed:
-        out.print(f"[bold]answer:[/bold] {task.answer}")
-    style = {TaskState.DONE: "green", TaskState.CANCELLED: "yellow"}.get(task.state, "red")
-    out.print(f"[{style}]{task.state.value}[/{style}]" + (f": {task.error}" if task.error else ""))
+    print_outcome(out, task.state.value, task.answer, task.error, streamed=view.streamed)
     out.print(f"[dim]its file changes can be undone with: tether undo {task.id}"
               f"{' --state-dir ' + str(state_dir) if state_dir else ''}[/dim]")
     return 0 if task.state is TaskState.DONE else 1
@@ -123,39 +142,48 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
 
 @app.command()
 def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
-          limit: Annotated[int, typer.Option(help="how many, newest first")] = 50) -> None:
-    """List the tasks run on this machine, newest first, with their state."""
-    import json
+          limit: Annotated[int, typer.Option(help="how many, newest first")] = 50,
+          state: Annotated[str | None, typer.Option("--state", help="only tasks in this state "
+                                                                    "(e.g. waiting_for_user)")] = None,
+          server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False) -> None:
+    """List tasks newest first with their state: the server's with --server (or TETHER_SERVER), else this
+    machine's."""
+    from tether.cli.task_cmds import connect, print_tasks
+    from tether.remote import RemoteError
 
-    from rich.table import Table
-
-    from tether.agent.task_store import TaskStore
-    from tether.tools.context import default_state_dir
-
-    store = TaskStore(Path(state_dir or default_state_dir()) / "tasks.db")
+    if server and not local:
+        try:
+            with connect(server, token, ca_file) as remote:
+                rows = remote.tasks(limit, state)
+        except RemoteError as exc:
+            fail(str(exc), code=1)
+        print_tasks(rows, as_json, f" on {remote.base_url}")
+        return
+    store = _local_store(state_dir)
     try:
-        rows = store.list(limit)
+        rows = store.list(limit, state)
     finally:
         store.close()
-    if as_json:
-        typer.echo(json.dumps(rows, indent=2))
-        return
-    table = Table(title=f"{len(rows)} tasks")
-    for col in ("id", "state", "request", "updated"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["id"][:12], r["state"], r["request"][:60], r["updated_at"][:19].replace("T", " "))
-    console().print(table)
+    print_tasks(rows, as_json, "")
 
 
 @app.command()
 def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")],
-        state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
-    """Show a task's plan, every step with its command and result, decisions, questions and answer."""
-    from tether.agent.task_store import TaskStore
-    from tether.tools.context import default_state_dir
+        state_dir: StateOpt = None, as_json: JsonOpt = False,
+        follow: Annotated[bool, typer.Option("--follow", "-f", help="a server's task: print its events live "
+                                                                     "until it ends")] = False,
+        server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False) -> None:
+    """Show a task's plan, every step with its command and result, decisions, questions and answer: the
+    server's task with --server (or TETHER_SERVER), else this machine's."""
+    from tether.cli.task_cmds import connect, remote_log
 
-    store = TaskStore(Path(state_dir or default_state_dir()) / "tasks.db")
+    if server and not local:
+        with connect(server, token, ca_file) as remote:
+            raise typer.Exit(remote_log(remote, task_id, as_json, follow))
+    if follow:
+        fail("--follow follows a task on a server (give --server or set TETHER_SERVER); a task on this machine "
+             "runs in the terminal that started it")
+    store = _local_store(state_dir)
     try:
         task = store.get(task_id)
     finally:
@@ -165,23 +193,11 @@ def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique pref
     if as_json:
         typer.echo(task.model_dump_json(indent=2))
         return
-    out = console()
-    out.print(f"[bold]task {task.id}[/bold] — {task.state.value}: {task.request}")
-    if task.plan:
-        out.print("[bold]plan[/bold]")
-        for i, step in enumerate(task.plan.steps, 1):
-            out.print(f"  {i}. {step.skill} {step.args}" + (f" — {step.description}" if step.description else ""))
-    for record in task.steps:
-        style = "green" if record.result.ok else "red"
-        out.print(f"[cyan]step {record.index + 1} attempt {record.attempt}[/cyan] {record.command.tool_name} "
-                  f"{record.command.parameters} → [{style}]{record.result.status.value}[/{style}]"
-                  + (f": {record.result.error}" if record.result.error else ""))
-        if record.decision:
-            out.print(f"    decision: {record.decision.get('decision')} "
-                      f"{record.decision.get('note') or record.decision.get('suggestion') or ''}")
-    for q in task.questions:
-        out.print(f"[yellow]question:[/yellow] {q.question} {q.options} → {q.answer}")
-    if task.answer:
-        out.print(f"[bold]answer:[/bold] {task.answer}")
-    if task.error:
-        out.print(f"[red]error:[/red] {task.error}")
+    print_log(console(), task)
+
+
+def _local_store(state_dir: Path | None) -> Any:
+    from tether.agent.task_store import TaskStore
+    from tether.tools.context import default_state_dir
+
+    return TaskStore(Path(state_dir or default_state_dir()) / "tasks.db")

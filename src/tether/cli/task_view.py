@@ -1,0 +1,116 @@
+"""How a task looks in the terminal, the same whether it runs here or on a server's device.
+
+`EventView` prints a task's events as they come (`tether run`, `tether log --follow`), `print_log`
+prints a whole task afterwards (`tether log`), `print_outcome` prints how it ended.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from tether.agent.task import Task
+
+
+def print_question(out: Console, question: str, options: list[str]) -> None:
+    out.print(f"\n[bold yellow]?[/bold yellow] {question}")
+    for i, option in enumerate(options, 1):
+        out.print(f"  {i}. {option}")
+
+
+class EventView:
+    """Prints task events live. `echo_answers`: also print answers given elsewhere (a passive follower);
+    whoever answers in this terminal prints its own. `streamed` tells whether the answer came as tokens."""
+
+    def __init__(self, out: Console, *, echo_answers: bool = False) -> None:
+        self.out = out
+        self.echo_answers = echo_answers
+        self.streamed = False
+        self.questions: set[str] = set()
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        out, d = self.out, data
+        if kind == "question":  # a resumed task asks its open question again: show it once
+            if d.get("id") in self.questions:
+                return
+            self.questions.add(str(d.get("id")))
+        if kind == "plan":
+            start = int(d.get("from_step") or 0)
+            out.print(f"[bold]plan[/bold] ({d.get('source', 'llm')}):")
+            for i, step in enumerate(d.get("steps", []), start + 1):
+                where = f" [dim]on {step['device']}[/dim]" if step.get("device") else ""
+                out.print(f"  {i}. {step['skill']} {step.get('description') or step.get('args')}{where}")
+        elif kind == "planning" and d.get("recovery_context"):
+            out.print("  [yellow]re-planning the rest of the task[/yellow]")
+        elif kind == "step_started":
+            again = f" (attempt {d['attempt']})" if d.get("attempt", 1) > 1 else ""
+            where = f" on {d['device']}" if d.get("device") else ""
+            out.print(f"[cyan]▶ step {d['step'] + 1}{again}{where}:[/cyan] {d['skill']} {d.get('args')}")
+        elif kind == "output":
+            for line in str(d.get("data", "")).rstrip("\n").splitlines():
+                out.print(f"    │ {line}", style="dim", markup=False, highlight=False)
+        elif kind == "step_finished":
+            style = "green" if d["status"] == "success" else "red"
+            out.print(f"  [{style}]{d['status']}[/{style}]" + (f": {d['error']}" if d.get("error") else ""))
+        elif kind == "decision":
+            out.print(f"  [yellow]recovery:[/yellow] {d.get('decision')} "
+                      f"{d.get('note') or d.get('suggestion') or d.get('question') or ''}")
+        elif kind == "skipped":
+            out.print(f"  [yellow]step {d.get('step', 0) + 1} skipped[/yellow]")
+        elif kind == "question":
+            print_question(out, str(d.get("question", "")), list(d.get("options", [])))
+        elif kind == "user_answer" and self.echo_answers:
+            out.print(f"  → {d.get('answer')}")
+        elif kind == "token":
+            self.streamed = True
+            sys.stdout.write(str(d.get("text", "")))
+            sys.stdout.flush()
+        elif kind == "interrupted":
+            out.print("[yellow]the server stopped while the task was going; it is settled when the server "
+                      "starts again[/yellow]")
+        elif kind == "server_restarted":
+            out.print(f"[yellow]the server restarted (the task was {d.get('state')})[/yellow]")
+
+
+def print_outcome(out: Console, state: str, answer: str | None, error: str | None, *, streamed: bool) -> None:
+    out.print()
+    if answer and not streamed:
+        out.print(f"[bold]answer:[/bold] {answer}")
+    style = {"done": "green", "cancelled": "yellow"}.get(state, "red")
+    out.print(f"[{style}]{state}[/{style}]" + (f": {error}" if error else ""))
+
+
+def print_log(out: Console, task: Task) -> None:
+    """A task's plan, every step with its command and result, decisions, questions and answer."""
+    where = f" on {task.device}" if task.device else ""
+    out.print(f"[bold]task {task.id}[/bold]{where} — {task.state.value}: {task.request}")
+    if task.plan:
+        out.print("[bold]plan[/bold]")
+        for i, step in enumerate(task.plan.steps, 1):
+            out.print(f"  {i}. {step.skill} {step.args}" + (f" — {step.description}" if step.description else "")
+                      + (f" [dim](on {step.device})[/dim]" if step.device else ""))
+    for record in task.steps:
+        style = "green" if record.result.ok else "red"
+        out.print(f"[cyan]step {record.index + 1} attempt {record.attempt}[/cyan] {record.command.tool_name} "
+                  f"{record.command.parameters} → [{style}]{record.result.status.value}[/{style}]"
+                  + (f": {record.result.error}" if record.result.error else ""))
+        if record.decision:
+            out.print(f"    decision: {record.decision.get('decision')} "
+                      f"{record.decision.get('note') or record.decision.get('suggestion') or ''}")
+    for event in task.events:
+        if event.kind == "step_started" and not any(r.command.call_id == event.data.get("call_id")
+                                                    for r in task.steps):
+            out.print(f"[cyan]step {event.data.get('step', 0) + 1} attempt {event.data.get('attempt', 1)}[/cyan] "
+                      f"{event.data.get('skill')} {event.data.get('args')} → [yellow]no result recorded[/yellow]")
+        elif event.kind == "skipped":
+            out.print(f"[yellow]step {event.data.get('step', 0) + 1} skipped[/yellow]")
+    for q in task.questions:
+        kind = "" if q.kind == "question" else f" ({q.kind})"
+        out.print(f"[yellow]question{kind}:[/yellow] {q.question} {q.options} → "
+                  + (q.answer if q.answer is not None else "[bold]waiting for an answer[/bold]"))
+    if task.answer:
+        out.print(f"[bold]answer:[/bold] {task.answer}")
+    if task.error:
+        out.print(f"[red]error:[/red] {task.error}")
