@@ -62,3 +62,14 @@ def test_waiting_tasks_keep_waiting_and_a_stale_wait_runs() -> None:
     assert settle_after_restart(waiting) == "wait" and waiting.pending_question is not None
     stale = task_at(TaskState.WAITING_FOR_USER)  # its question was answered just before the stop
     assert settle_after_restart(stale) == "run" and stale.state is TaskState.RUNNING
+
+
+def test_events_after_a_restart_never_reuse_a_sequence_number() -> None:
+    task = task_at(TaskState.RUNNING, started=True)
+    last = task.events[-1].seq
+    settle_after_restart(task)
+    restarted = next(e for e in task.events if e.kind == "server_restarted")
+    assert restarted.seq == 1_000_000 and restarted.data["lost_after"] == last
+    seqs = [e.seq for e in task.events]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)
+    assert task.record("next").seq == task.events[-2].seq + 1

@@ -11,6 +11,7 @@ import pytest
 
 from agent_fakes import FakeLLM
 from task_testkit import AgentServer
+from tether.agent.service import TaskError
 from tether.tools.policy import Policy, default_policy
 
 
@@ -214,6 +215,9 @@ async def test_bad_requests_get_clear_errors(tmp_path: Path, jailed: Any) -> Non
         gpu = await api.post("/tasks", json={"plan": [write(root / "x", "x")], "requires": {"gpu": True}})
         assert gpu.status_code == 409
         assert (await api.get("/tasks/0000")).status_code == 404
+        with pytest.raises(TaskError) as ambiguous:  # two tasks exist now: an empty prefix names neither
+            server.tasks.get("")
+        assert ambiguous.value.status == 404
         assert (await api.get("/tasks/0000/events")).status_code == 404
         assert (await api.post("/tasks/0000/answer", json={"answer": "x"})).status_code == 404
         noauth = await api.get("/tasks", headers={"Authorization": "Bearer wrong"})
@@ -256,6 +260,7 @@ async def test_restart_keeps_tasks_and_resumes_them(tmp_path: Path, jailed: Any)
         first = await server.finished(asking["id"])
         second = await server.finished(running["id"])
     assert first["state"] == "done", first["error"]
+    assert kinds(first["events"]).count("question") == 1  # resumed with its answer, not asked again
     assert not (root / "old").exists() and (root / "after").read_text() == "1"
     assert second["state"] == "done", second["error"]
     assert (root / "then.txt").read_text() == "2"

@@ -276,6 +276,28 @@ async def test_a_dropped_link_does_not_stop_the_command_and_its_result_comes_aft
         assert (tmp_path / "runs").read_text() == "x" and conn.connections == 2
 
 
+async def test_work_no_server_waits_for_is_stopped_and_its_results_not_sent(tmp_path: Path, device: LocalDevice,
+                                                                              waiter: Command) -> None:
+    async with ScriptedServer() as server, connected(server, device) as conn:
+        await server.registrations.get()
+        msg = command(waiter)
+        await server.send(msg)
+        event = await server.output("started")
+        proc = psutil.Process(int(event.payload["data"]["data"].split()[1]))  # type: ignore[index]
+        server.drop()  # it comes back to a server that acks with resumed=False, as a restarted one does
+        await server.registrations.get()
+        async with asyncio.timeout(15):
+            await conn.batches.idle.wait()  # the device stopped the batch (this loop runs it: wait here)
+        _, alive = psutil.wait_procs([proc], timeout=10)
+        assert alive == [] and not (tmp_path / "runs").exists()
+        probe = command(run(tmp_path, "true"))  # the new session's work is not stuck behind the old
+        await server.send(probe)
+        [result] = results_of(await server.results(probe.response_id))
+        assert result.ok and conn.batches.running == 0
+        stale = [f for f in server.log if f.type is T.COMMAND_RESULTS and f.prev_response_id == msg.response_id]
+        assert stale == []
+
+
 async def test_a_resent_call_id_is_answered_from_the_record_not_run_again(tmp_path: Path, device: LocalDevice,
                                                                          waiter: Command) -> None:
     async with ScriptedServer() as server, connected(server, device) as conn:

@@ -297,7 +297,8 @@ class TaskRunner:
                               kind=question.kind)
             task.questions.append(record)
         self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
-        self._emit(task, "question", record.model_dump(mode="json"))
+        if existing is None:  # a resumed task asked it before: followers must not be asked twice
+            self._emit(task, "question", record.model_dump(mode="json"))
         raw = await self.ask(question)
         answer = (raw or "").strip()
         record.answer = answer

@@ -19,12 +19,18 @@ from tether.agent.recovery import OPTION_CANCEL, OPTION_RETRY, OPTION_SKIP
 from tether.agent.task import Question, Task, TaskState
 
 Settled = Literal["wait", "run"]
+SEQ_JUMP = 1_000_000
 
 
 def settle_after_restart(task: Task) -> Settled:
     """Bring an unfinished task into a state a new runner can take up; say whether to run it now."""
     state = task.state
-    task.record("server_restarted", {"state": state.value, "step": task.cursor})
+    # Streamed output and answer tokens are saved with the next step event, so a crash loses the
+    # last few, and a follower may have seen sequence numbers the saved task never reached. New
+    # events start at the next million so a follower resuming with `after=N` misses none of them.
+    last = task.events[-1].seq if task.events else -1
+    task.record("server_restarted", {"state": state.value, "step": task.cursor, "lost_after": last},
+                seq=(last // SEQ_JUMP + 1) * SEQ_JUMP)
     if state is TaskState.WAITING_FOR_USER and task.pending_question is not None:
         return "wait"
     if state in (TaskState.RUNNING, TaskState.RECOVERING) and task.plan is not None and task.plan.steps:

@@ -166,11 +166,14 @@ class TaskService:
             raise TaskError(409, str(exc)) from None
 
     def get(self, task_id: str) -> Task:
-        task = self._live.get(task_id) or next((t for i, t in self._live.items() if i.startswith(task_id)), None)
-        task = task or self.store.get(task_id)
-        if task is None:
+        """The task with this id or unique id prefix: the live object while it runs, else the stored one."""
+        task = self._live.get(task_id)
+        if task is not None:
+            return task
+        stored = self.store.get(task_id)  # every task is stored, so this also settles prefixes
+        if stored is None:
             raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
-        return task
+        return self._live.get(stored.id, stored)
 
     async def wait(self, task_id: str) -> Task:
         """The task once its runner has stopped: it ended, or the server is closing under it."""

@@ -172,8 +172,10 @@ class Task(BaseModel):
         self.state = target
         return self.record("state", {"from": previous.value, "to": target.value, **data})
 
-    def record(self, kind: str, data: dict[str, Any] | None = None) -> TaskEvent:
-        event = TaskEvent(seq=len(self.events), kind=kind, data=data or {})
+    def record(self, kind: str, data: dict[str, Any] | None = None, *, seq: int | None = None) -> TaskEvent:
+        """Append an event; `seq` only ever grows (a restart may move it on, see `tether.agent.restart`)."""
+        following = self.events[-1].seq + 1 if self.events else 0
+        event = TaskEvent(seq=following if seq is None else max(seq, following), kind=kind, data=data or {})
         self.events.append(event)
         self.updated_at = event.at
         return event

@@ -46,6 +46,7 @@ class Batch:
     cancel_reason: str | None = None
     task: asyncio.Task[None] | None = None
     done: bool = False
+    orphaned: bool = False  # no server waits for its results any more: they are recorded, not sent
 
     def __post_init__(self) -> None:
         self.slots = [None] * len(self.msg.actions or ())
@@ -111,6 +112,16 @@ class BatchRunner:
         else:  # still queued: answer now; it is skipped when its turn comes
             self._finish(batch, reason)
         return True
+
+    def orphan_all(self, reason: str) -> int:
+        """Stop every batch no server waits for any more (the server restarted, or gave up on this
+        device after its grace period): a command left running, say a long `sleep`, would otherwise
+        hold up the batches the new session sends. Their results are recorded, never sent."""
+        count = 0
+        for response_id, batch in list(self.active.items()):
+            batch.orphaned = True
+            count += self.cancel(response_id, reason)
+        return count
 
     async def abort_all(self, reason: str = SHUTTING_DOWN, timeout: float = 10.0) -> None:
         """Cancel every batch and wait (bounded) until their failure results are in the outbox."""
@@ -240,6 +251,8 @@ class BatchRunner:
         if batch.slots[position] is not None:
             return
         batch.slots[position] = result
+        if batch.orphaned:
+            return
         last = len(batch.slots) - 1
         while batch.sent <= last and batch.slots[batch.sent] is not None:
             ready = batch.slots[batch.sent]

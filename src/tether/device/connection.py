@@ -263,6 +263,10 @@ class DeviceConnection:
         self.connections += 1
         logger.info("registered as %s (connection %d%s)", ack.device, self.connections,
                     ", resumed" if ack.resumed else "")
+        if not ack.resumed and self.batches.running:
+            stopped = self.batches.orphan_all("the server no longer waits for this batch (it restarted, or gave "
+                                              "this device up after its grace period)")
+            logger.warning("stopped %d batch(es) from before the reconnection: no server waits for them", stopped)
         return ack
 
     async def _serve(self, ws: ClientConnection, ack: RegisterAck) -> float:
