@@ -205,6 +205,8 @@ def test_remote_demo_runs_green(tmp_path):
                          text=True, env=tether_env(tmp_path / "state"), timeout=240)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "demo finished" in out.stdout
+    assert "the task ran, its failed mkdir patched by recovery" in out.stdout
+    assert "the file it wrote is gone" in out.stdout
     assert os.path.exists(tmp_path / "state" / "server.db")
 
 

@@ -53,6 +53,40 @@ def _show(console: Console, title: str, result: Result, expect_ok: bool) -> bool
     return as_expected
 
 
+def _task(console: Console, remote: RemoteServer, work: Path) -> bool:
+    """A task from a hand-written plan (no LLM needed), followed live, then undone on its device.
+
+    Its first step fails on purpose (`mkdir` of a nested folder without -p): recovery's fast path
+    patches it and the task goes on."""
+    from tether.cli.task_cmds import follow
+
+    folder = work / "demo" / "nested"
+    hello = folder / "hello-world.txt"
+    plan = [
+        {"skill": "shell.run", "args": {"cmd": "mkdir", "argv": [str(folder)], "cwd": str(work)},
+         "description": "create demo/nested"},
+        {"skill": "write_file", "args": {"file_path": str(hello), "content": "hello from a tether task\n"},
+         "description": "write hello-world.txt"},
+        {"skill": "read_file", "args": {"file_path": str(hello)}, "description": "read it back"},
+    ]
+    console.print("\n[bold]a task[/bold] from a plan (no LLM): tether run --plan … --device demo-device")
+    summary = remote.create_task("create demo/nested/hello-world.txt", plan=plan, device="demo-device")
+    code = follow(remote, summary["id"], console, answers=[])
+    task = remote.task(summary["id"], events=False)
+    patched = any((r.get("decision") or {}).get("decision") == "AUTO_PATCH" for r in task["steps"])
+    ok = _check(console, "the task ran, its failed mkdir patched by recovery", code == 0 and patched
+                and hello.read_text() == "hello from a tether task\n")
+    undone = remote.undo_task(summary["id"])
+    restored = undone["devices"].get("demo-device", {}).get("restored")
+    return _check(console, f"tether undo {summary['id'][:12]}: the file it wrote is gone",
+                  bool(restored) and not hello.exists()) and ok
+
+
+def _check(console: Console, title: str, passed: bool) -> bool:
+    console.print(f"{'[green]✓[/green]' if passed else '[red]✗ unexpected:[/red]'} {title}")
+    return passed
+
+
 def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
     from tether.server.store import Store
 
@@ -109,6 +143,7 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
             for index, (result, expect_ok) in enumerate(zip(results, expected, strict=True)):
                 label = title if len(results) == 1 else f"{title} [{index + 1}/{len(results)}]"
                 ok = _show(console, label, result, expect_ok) and ok
+        ok = _task(console, remote, work) and ok
         rows = RemoteServer(f"http://127.0.0.1:{port}", api_token).devices()
         listing = ", ".join(f"{d['name']} ({d['status']})" for d in rows)
         console.print(f"\ndevices: {listing}")

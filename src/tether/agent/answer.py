@@ -25,6 +25,9 @@ def _outcome(record: StepRecord) -> str:
             if value.get(key):
                 value = value[key]
                 break
+        else:
+            if "exitCode" in value:  # a command that printed nothing: its exit code says it all
+                value = f"exit code {value['exitCode']}"
     text = value if isinstance(value, str) else json.dumps(value, default=str) if value is not None else ""
     text = " ".join(text.split())
     return text if len(text) <= RESULT_CHARS else text[: RESULT_CHARS - 1] + "…"
