@@ -66,4 +66,5 @@ async def test_a_request_is_planned_by_the_llm_and_answered(tmp_path):
     assert "The folder is ready." in text
     first = fake.requests[0]
     assert "create a folder made-by-llm" in json.dumps(first)
+    assert "home " in json.dumps(first) and "may write under" in json.dumps(first)  # this machine's profile
 

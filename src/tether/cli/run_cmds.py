@@ -55,7 +55,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     for `tether answer TASK ANSWER` or `tether approve TASK` (exit code 3).
     Exit code 0 when the task is done, 1 when it failed or was cancelled.
     """
-    from tether.agent.llm import LLMSettings, how_to_configure
+    from tether.agent.llm import how_to_configure, resolve_llm_settings
     from tether.agent.plan import PlanError, load_plan_file
 
     if not request and not plan:
@@ -84,7 +84,10 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
         with connect(server, token, ca_file) as client:
             code = run_remote(client, text, steps, device, requires, list(answer or []))
         raise typer.Exit(code)
-    settings = LLMSettings.from_env()
+    try:
+        settings = resolve_llm_settings()
+    except ValueError as exc:
+        fail(str(exc))
     if given is None and settings is None:
         fail("no LLM is configured, so a request cannot be planned.\n" + how_to_configure())
     code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or [])))
@@ -93,11 +96,12 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
 
 async def _run(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
                state_dir: Path | None, answers: list[str]) -> int:
-    from tether.agent.executor import TaskRunner
+    from tether.agent.executor import DEFAULT_DEVICE_NAME, TaskRunner
     from tether.agent.llm import LLMClient
     from tether.agent.recovery import AskUser
     from tether.agent.task import Task, TaskEvent, TaskState
     from tether.device.local import open_device
+    from tether.device.profile import collect_profile
 
     out = console()
     llm = LLMClient(settings) if settings is not None else None
@@ -125,8 +129,9 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
         async with open_device(config, policy_path=policy, state_dir=state_dir) as device:
             computer = await device.computer_manager.get_or_create(None)
             dispatcher = device.dispatcher(session_id=task.id)
+            profiles = {DEFAULT_DEVICE_NAME: await collect_profile(device)} if llm is not None else {}
             runner = TaskRunner(lambda _device: dispatcher, llm, tools={None: computer.tool_infos()},
-                                ask=ask, on_event=show)
+                                ask=ask, on_event=show, profiles=profiles)
             out.print(f"task {task.id}")
             await runner.run(task)
     finally:
