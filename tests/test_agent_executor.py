@@ -278,3 +278,22 @@ async def test_planning_failure_with_llm_fails_task(device: LocalDevice) -> None
         runner = await make_runner(device, llm, Asker())
         task = await runner.run(Task(request="x"))
     assert task.state is TaskState.FAILED and "planning failed" in (task.error or "")
+
+
+async def test_waiting_for_a_person_does_not_use_the_wall_time_budget(device: LocalDevice, work: Path) -> None:
+    victim = work / "old"
+    victim.mkdir()
+    (victim / "f.txt").write_text("x")
+    now = [0.0]
+
+    async def person_back_after_an_hour(question: AskUser) -> str:
+        now[0] += 3600.0
+        return "approve"
+
+    runner = await make_runner(device, None, person_back_after_an_hour,  # type: ignore[arg-type]
+                               clock=lambda: now[0], budgets=Budgets(wall_time_s=60))
+    plan = plan_of({"skill": "shell.run", "args": {"cmd": "rm", "argv": ["-r", str(victim)], "cwd": str(work)}},
+                   write(work / "after.txt", "x"))
+    task = await runner.run(Task(request="remove old", plan=plan))
+    assert task.state is TaskState.DONE, task.error
+    assert task.counters.elapsed_s < 60 and not victim.exists()

@@ -85,6 +85,7 @@ class TaskRunner:
         self.stream_answer = stream_answer
         self.clock = clock
         self._started = 0.0
+        self._waited = 0.0  # time spent waiting for a person does not count against the wall-time budget
         self._elapsed_before = 0.0
 
     # -- events and state ---------------------------------------------------------------------------
@@ -107,7 +108,7 @@ class TaskRunner:
         raise _Stop
 
     def _elapsed(self) -> float:
-        return self._elapsed_before + (self.clock() - self._started)
+        return self._elapsed_before + (self.clock() - self._started) - self._waited
 
     # -- the loop -------------------------------------------------------------------------------------
 
@@ -116,6 +117,7 @@ class TaskRunner:
         if task.state.terminal:
             return task
         self._started = self.clock()
+        self._waited = 0.0
         self._elapsed_before = task.counters.elapsed_s
         llm_before = self._llm_counts()
         try:
@@ -299,7 +301,11 @@ class TaskRunner:
         self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
         if existing is None:  # a resumed task asked it before: followers must not be asked twice
             self._emit(task, "question", record.model_dump(mode="json"))
-        raw = await self.ask(question)
+        asked = self.clock()
+        try:
+            raw = await self.ask(question)
+        finally:
+            self._waited += self.clock() - asked
         answer = (raw or "").strip()
         record.answer = answer
         record.answered_at = datetime.now(UTC)

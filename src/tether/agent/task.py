@@ -78,7 +78,7 @@ class Budgets(BaseModel):
     patches_per_step: int = Field(2, ge=0)
     replans_per_task: int = Field(2, ge=0)
     total_steps: int = Field(50, ge=1, description="commands sent for the whole task, retries included")
-    wall_time_s: float = Field(600.0, gt=0)
+    wall_time_s: float = Field(600.0, gt=0, description="working time; waiting for a person is not counted")
 
 
 class TaskEvent(BaseModel):
