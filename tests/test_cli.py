@@ -94,3 +94,5 @@ def test_local_demo_runs_green(state):
     out = tether("demo", "--local", "--state-dir", str(state), state=state, timeout=180)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "demo finished" in out.stdout
+    assert "the task ran, its failed mkdir patched by recovery" in out.stdout
+    assert "the file it wrote is gone" in out.stdout

@@ -7,6 +7,7 @@ import sys
 import tempfile
 import uuid
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -22,6 +23,52 @@ def _show(console: Console, title: str, result: Result, expect_ok: bool, detail:
     console.print(f"{mark} {title}: [bold]{outcome}[/bold] {detail}")
     if result.error:
         console.print(f"    [dim]{result.error}[/dim]")
+
+
+def demo_plan(work: Path) -> tuple[list[dict[str, Any]], Path]:
+    """The demo task's plan (no LLM needed) and the file it writes. Its first step fails on purpose
+    (`mkdir` of a nested folder without -p): recovery's fast path patches it and the task goes on."""
+    folder = work / "demo" / "nested"
+    hello = folder / "hello-world.txt"
+    return [
+        {"skill": "shell.run", "args": {"cmd": "mkdir", "argv": [str(folder)], "cwd": str(work)},
+         "description": "create demo/nested"},
+        {"skill": "write_file", "args": {"file_path": str(hello), "content": "hello from a tether task\n"},
+         "description": "write hello-world.txt"},
+        {"skill": "read_file", "args": {"file_path": str(hello)}, "description": "read it back"},
+    ], hello
+
+
+async def _task(console: Console, device: Any, work: Path) -> bool:
+    """The demo plan as a task in this process, shown as `tether run --plan` shows it."""
+    from tether.agent.executor import TaskRunner
+    from tether.agent.plan import Plan
+    from tether.agent.task import Task
+    from tether.cli.task_view import EventView, print_outcome
+
+    steps, hello = demo_plan(work)
+    task = Task(request="create demo/nested/hello-world.txt", plan=Plan.model_validate({"steps": steps}))
+    view = EventView(console)
+    dispatcher = device.dispatcher(session_id=task.id)
+    computer = await device.computer_manager.get_or_create(None)
+
+    async def nobody(question: Any) -> str:
+        return "cancel"  # the demo plan asks nothing; if it did, the demo would stop rather than hang
+
+    console.print("\n[bold]a task[/bold] from a plan (no LLM): tether run --plan …")
+    runner = TaskRunner(lambda _name: dispatcher, None, tools={None: computer.tool_infos()}, ask=nobody,
+                        on_event=lambda event: view(event.kind, event.data))
+    await runner.run(task)
+    print_outcome(console, task.state.value, task.answer, task.error, streamed=view.streamed)
+    patched = any((r.decision or {}).get("decision") == "AUTO_PATCH" for r in task.steps)
+    passed = task.state.value == "done" and patched and hello.read_text() == "hello from a tether task\n"
+    console.print(f"{'[green]✓[/green]' if passed else '[red]✗ unexpected:[/red]'} the task ran, its failed "
+                  f"mkdir patched by recovery ({task.state.value})")
+    device.journal.restore(task.id)
+    gone = not hello.exists()
+    console.print(f"{'[green]✓[/green]' if gone else '[red]✗ unexpected:[/red]'} tether undo {task.id[:12]}: "
+                  "the file it wrote is gone")
+    return passed and gone
 
 
 async def run_demo(console: Console, state_dir: Path | None = None) -> int:
@@ -73,5 +120,6 @@ async def run_demo(console: Console, state_dir: Path | None = None) -> int:
         console.print(f"\n[bold]undo[/bold] {session}: {len(report)} change(s) put back; "
                       f"{target.name} now reads {restored!r}")
         console.print(f"(from a shell: [bold]tether undo {session} --state-dir {state}[/bold])")
+        ok = await _task(console, device, work) and ok
     console.print("\n[green]demo finished[/green]" if ok else "\n[red]demo: a step misbehaved[/red]")
     return 0 if ok else 1

@@ -54,21 +54,11 @@ def _show(console: Console, title: str, result: Result, expect_ok: bool) -> bool
 
 
 def _task(console: Console, remote: RemoteServer, work: Path) -> bool:
-    """A task from a hand-written plan (no LLM needed), followed live, then undone on its device.
-
-    Its first step fails on purpose (`mkdir` of a nested folder without -p): recovery's fast path
-    patches it and the task goes on."""
+    """The demo task (see `demo_plan`), created on the server, followed live, then undone on its device."""
     from tether.cli.task_cmds import follow
+    from tether.demo_local import demo_plan
 
-    folder = work / "demo" / "nested"
-    hello = folder / "hello-world.txt"
-    plan = [
-        {"skill": "shell.run", "args": {"cmd": "mkdir", "argv": [str(folder)], "cwd": str(work)},
-         "description": "create demo/nested"},
-        {"skill": "write_file", "args": {"file_path": str(hello), "content": "hello from a tether task\n"},
-         "description": "write hello-world.txt"},
-        {"skill": "read_file", "args": {"file_path": str(hello)}, "description": "read it back"},
-    ]
+    plan, hello = demo_plan(work)
     console.print("\n[bold]a task[/bold] from a plan (no LLM): tether run --plan … --device demo-device")
     summary = remote.create_task("create demo/nested/hello-world.txt", plan=plan, device="demo-device")
     code = follow(remote, summary["id"], console, answers=[])
