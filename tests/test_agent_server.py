@@ -313,3 +313,20 @@ async def test_approvals_need_the_approve_scope(tmp_path: Path, jailed: Any) -> 
         [row] = [r for r in server.store.audit_rows(limit=50) if r["tool_name"] == "shell.run" and r["approved_by"]]
         assert row["requested_by"] == "api:tester-0" and row["approved_by"] == "api:tester-0"
         assert (await server.api.post(f"/tasks/{created['id']}/cancel", headers=agent)).status_code == 200
+
+
+async def test_llm_plans_across_two_devices_when_asked_to(tmp_path: Path, jailed: Any) -> None:
+    policy_a, root_a = jailed("alpha")
+    policy_b, root_b = jailed("beta")
+    plan = {"steps": [write(root_a / "from-alpha.txt", "a", device="alpha"),
+                      write(root_b / "from-beta.txt", "b", device="beta")]}
+    async with FakeLLM([reply(plan), "Both written."]) as fake, AgentServer(tmp_path, llm=fake.settings()) as server:
+        await server.add_device("alpha", policy_a, tmp_path / "state-alpha")
+        await server.add_device("beta", policy_b, tmp_path / "state-beta")
+        created = await server.create(request="a file on each machine", device="alpha", devices=["beta"])
+        task = await server.finished(created["id"])
+    assert task["state"] == "done", task["error"]
+    assert (root_a / "from-alpha.txt").read_text() == "a" and (root_b / "from-beta.txt").read_text() == "b"
+    prompt = json.dumps(fake.requests[0]["messages"])
+    assert f"may write under {root_a}" in prompt and f"may write under {root_b}" in prompt  # both profiles
+    assert task["devices"] == ["beta"]

@@ -156,6 +156,8 @@ def test_bad_input_gets_clear_errors(setup: Setup) -> None:
     assert local_follow.returncode == 2 and "server" in local_follow.stderr
     mixed = setup.tether("run", "--plan", plan, "--device", "alpha", "--state-dir", str(setup.root))
     assert mixed.returncode == 2 and "--state-dir" in mixed.stderr
+    ghost = setup.tether("run", "--plan", plan, "--device", "alpha", "--also", "ghost")
+    assert ghost.returncode == 2 and "ghost" in ghost.stderr and "never registered" in ghost.stderr
 
 
 def test_ctrl_c_detaches_and_the_task_goes_on_until_cancelled(setup: Setup) -> None:

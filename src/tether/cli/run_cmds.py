@@ -43,6 +43,9 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
                                                           help="run on a device the server picks by: platform=linux, "
                                                                "tag=NAME, tool=NAME (e.g. tool=browser.act), gpu, "
                                                                "gpu=false; repeat to require several")] = None,
+        also: Annotated[list[str] | None, typer.Option("--also", metavar="DEVICE",
+                                                       help="another device the plan may use (its steps name it); "
+                                                            "repeat for several")] = None,
         server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False,
         config: ConfigOpt = None, policy: PolicyOpt = None, state_dir: StateOpt = None,
         ) -> None:
@@ -60,9 +63,9 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
 
     if not request and not plan:
         fail("give a request in plain words, or --plan FILE")
-    remote = not local and bool(server or device or require)
-    if local and (device or require):
-        fail("--local runs on this machine; --device and --require choose a server's device")
+    remote = not local and bool(server or device or require or also)
+    if local and (device or require or also):
+        fail("--local runs on this machine; --device, --require and --also name a server's devices")
     if remote and (config or policy or state_dir):
         fail("--config, --policy and --state-dir are for a task on this machine; on a server's device its own "
              "`tether device` settings apply (or pass --local)")
@@ -82,7 +85,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
             fail(str(exc))
         steps = [s.model_dump(mode="json") for s in given.steps] if given is not None else None
         with connect(server, token, ca_file) as client:
-            code = run_remote(client, text, steps, device, requires, list(answer or []))
+            code = run_remote(client, text, steps, device, requires, list(answer or []), devices=list(also or []))
         raise typer.Exit(code)
     try:
         settings = resolve_llm_settings()
