@@ -50,7 +50,7 @@ from tether.agent.plan import Plan, PlanStep
 from tether.agent.planner import DEFAULT_POLICY_SUMMARY, compact_schema
 from tether.agent.recovery import AskUser
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
-from tether.agent.task_store import TaskStore
+from tether.agent.task_store import SaveSoon, TaskStore
 from tether.device.config import parse_device_config
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.dispatcher import BasicCommandDispatcher
@@ -449,16 +449,17 @@ async def direct_round(dispatcher: BasicCommandDispatcher, args: Json, k: int) -
 
 
 async def runner_round(dispatcher: BasicCommandDispatcher, tools: list[ToolInfo], plan: Plan,
-                       store: TaskStore | None, save_on: frozenset[str]) -> tuple[list[float], float]:
+                       store: TaskStore | None) -> tuple[list[float], float]:
     """One given-plan task through TaskRunner: the step-start-to-step-start times, and the whole task's time."""
     task = Task(request="read the file again and again", plan=plan.model_copy(deep=True))
     stamps: list[float] = []
+    saver = SaveSoon(store) if store is not None else None  # as `tether run` saves
 
     def on_event(event: TaskEvent) -> None:
         if event.kind == "step_started":
             stamps.append(time.perf_counter())
-        if store is not None and event.kind in save_on:
-            store.save(task)
+        if saver is not None:
+            saver.on_event(task, event)
 
     runner = TaskRunner(lambda _name: dispatcher, None, tools={None: tools}, ask=no_questions, on_event=on_event,
                         budgets=Budgets(total_steps=len(plan.steps)))
@@ -474,8 +475,6 @@ async def runner_round(dispatcher: BasicCommandDispatcher, tools: list[ToolInfo]
 
 async def measure_overhead(root: Path, n: int, k: int = STEPS_PER_TASK) -> Overhead:
     """N steps per row, in tasks of k read_file steps, interleaved with N direct calls."""
-    from tether.cli.run_cmds import _SAVE_ON  # the events `tether run` saves the task on
-
     target = root / "overhead" / "small.txt"
     target.parent.mkdir(parents=True, exist_ok=True)
     target.write_text("tiny")
@@ -499,8 +498,7 @@ async def measure_overhead(root: Path, n: int, k: int = STEPS_PER_TASK) -> Overh
                         out.direct += samples
                 else:
                     with_store = which == 2
-                    steps, per_step = await runner_round(dispatcher, tools, plan, store if with_store else None,
-                                                         _SAVE_ON)
+                    steps, per_step = await runner_round(dispatcher, tools, plan, store if with_store else None)
                     if keep:
                         (out.stored if with_store else out.runner).extend(steps)
                         (out.stored_task if with_store else out.runner_task).append(per_step)

@@ -23,7 +23,7 @@ from tether.agent.plan import Plan
 from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.restart import settle_after_restart
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
-from tether.agent.task_store import TaskStore
+from tether.agent.task_store import SaveSoon, TaskStore
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
@@ -33,9 +33,6 @@ from tether.server.registry import NoDeviceError
 
 logger = logging.getLogger(__name__)
 
-# Saved as they happen (streamed output and answer tokens are saved with the next of these).
-_SAVE_ON = frozenset({"plan", "step_started", "step_finished", "decision", "patched", "skipped", "question",
-                      "user_answer", "state", "answer", "interrupted", "server_restarted"})
 _SUBSCRIBER_QUEUE = 10_000
 
 
@@ -93,7 +90,7 @@ class TaskService:
         self._waiting: dict[str, asyncio.Future[str]] = {}
         self._answers: dict[str, str] = {}
         self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
-        self._dirty: dict[str, Task] = {}
+        self._saver = SaveSoon(store)
         self._closing = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -111,7 +108,7 @@ class TaskService:
             runner.interrupted = True
             job.cancel()
         await asyncio.gather(*(job for _, job in runners), return_exceptions=True)
-        self._save_dirty()
+        self._saver.flush()
         for task in self._live.values():
             self.store.save(task)
         for queues in self._subscribers.values():
@@ -242,7 +239,7 @@ class TaskService:
         device = name or task.device
         if device is None:
             raise RuntimeError("the task has no device")
-        return _HubDevice(self.hub, device, self.device_wait, self._save_dirty, session_id=task.id,
+        return _HubDevice(self.hub, device, self.device_wait, self._saver.flush, session_id=task.id,
                           requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")
 
     def _asker(self, task: Task) -> Callable[[AskUser], Any]:
@@ -261,26 +258,10 @@ class TaskService:
     def _on_event(self, task: Task, event: TaskEvent | None) -> None:
         if event is None:
             return
-        if event.kind in _SAVE_ON:
-            self._save_soon(task)
+        self._saver.on_event(task, event)
         for queue in self._subscribers.get(task.id, ()):
             if queue.qsize() < _SUBSCRIBER_QUEUE - 1:
                 queue.put_nowait(event)
-
-    def _save_soon(self, task: Task) -> None:
-        """Save once for everything that happens in one turn of the loop (a step's end, the cursor
-        moving on and the next step's start all happen between two awaits), not once per event."""
-        if not self._dirty:
-            asyncio.get_running_loop().call_soon(self._save_dirty)
-        self._dirty[task.id] = task
-
-    def _save_dirty(self) -> None:
-        dirty, self._dirty = self._dirty, {}
-        for task in dirty.values():
-            try:
-                self.store.save(task)
-            except Exception:  # a full disk must not kill the loop; the next save tries again
-                logger.exception("could not save task %s", task.id)
 
     # -- people -----------------------------------------------------------------------------------------
 

@@ -6,12 +6,21 @@ serialized `Task` is simpler than a table per part and keeps every field the exe
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import sqlite3
 import threading
 from pathlib import Path
 from typing import Any
 
-from tether.agent.task import TERMINAL_STATES, Task
+from tether.agent.task import TERMINAL_STATES, Task, TaskEvent
+
+logger = logging.getLogger(__name__)
+
+# The events after which a running task is saved; streamed output and answer tokens are saved
+# with the next of these (saving on each would rewrite the task per line of output).
+SAVE_ON = frozenset({"plan", "step_started", "step_finished", "decision", "patched", "skipped", "question",
+                     "user_answer", "state", "answer", "interrupted", "server_restarted", "waiting_for_device"})
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -76,3 +85,33 @@ class TaskStore:
             rows = self._conn.execute("SELECT body FROM tasks WHERE state NOT IN (?, ?, ?) ORDER BY created_at",
                                       ended).fetchall()
         return [Task.model_validate_json(row[0]) for row in rows]
+
+
+class SaveSoon:
+    """Saves running tasks once per turn of the event loop instead of once per event.
+
+    A step's end, the cursor moving on and the next step's start all happen between two awaits, so
+    they cost one write. `flush()` writes what is waiting at once: call it before anything leaves
+    the process that a restart must know about (a command about to be sent) and at the end.
+    """
+
+    def __init__(self, store: TaskStore) -> None:
+        self.store = store
+        self._dirty: dict[str, Task] = {}
+
+    def on_event(self, task: Task, event: TaskEvent | None) -> None:
+        if event is not None and event.kind in SAVE_ON:
+            self.mark(task)
+
+    def mark(self, task: Task) -> None:
+        if not self._dirty:
+            asyncio.get_running_loop().call_soon(self.flush)
+        self._dirty[task.id] = task
+
+    def flush(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for task in dirty.values():
+            try:
+                self.store.save(task)
+            except Exception:  # a full disk must not kill the loop; the next save tries again
+                logger.exception("could not save task %s", task.id)

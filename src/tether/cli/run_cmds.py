@@ -29,7 +29,6 @@ from tether.cli.common import (
 )
 from tether.cli.task_view import EventView, print_log, print_outcome
 
-_SAVE_ON = frozenset({"plan", "step_finished", "decision", "question", "user_answer", "state", "answer"})
 LocalOpt = Annotated[bool, typer.Option("--local", help="this machine, even when TETHER_SERVER is set")]
 
 
@@ -103,6 +102,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     from tether.agent.llm import LLMClient
     from tether.agent.recovery import AskUser
     from tether.agent.task import Task, TaskEvent, TaskState
+    from tether.agent.task_store import SaveSoon
     from tether.device.local import open_device
     from tether.device.profile import collect_profile
 
@@ -113,9 +113,10 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
 
     view = EventView(out)
 
+    saver = SaveSoon(store)  # the log survives a crash of this process, step by step
+
     def show(event: TaskEvent) -> None:
-        if event.kind in _SAVE_ON:  # the log survives a crash of this process, step by step
-            store.save(task)
+        saver.on_event(task, event)
         view(event.kind, event.data)
 
     async def ask(question: AskUser) -> str:  # the question itself was shown with its event
