@@ -122,6 +122,7 @@ async def test_approval_through_the_api(tmp_path: Path, jailed: Any, approved: b
         assert wrong.status_code == 422
         response = await server.api.post(f"/tasks/{created['id']}/approval", json={"approved": approved})
         assert response.status_code == 200, response.text
+        assert response.json()["state"] == ("running" if approved else "cancelled")  # current, not stale
         task = await server.finished(created["id"])
         audit = [r for r in server.store.audit_rows(limit=10) if r["tool_name"] == "shell.run"]
     assert [r["approved_by"] for r in reversed(audit)] == ([None, "api:tester-0"] if approved else [None])

@@ -98,7 +98,9 @@ async def answer_task(task_id: str, body: Answer, request: Request,
     pending = _call(service.get, task_id).pending_question
     if pending is not None and pending.kind == "approval":
         _check_approver(who)
-    return _call(service.answer, task_id, body.answer, body.question_id, f"api:{who.name}").summary()
+    task = _call(service.answer, task_id, body.answer, body.question_id, f"api:{who.name}")
+    await asyncio.sleep(0)  # one turn of the loop: the waiting runner takes the answer, so the reply is current
+    return task.summary()
 
 
 @router.post("/{task_id}/approval")
@@ -107,7 +109,9 @@ async def approve_task(task_id: str, body: Approval, request: Request,
     """Approve or deny the action the task is waiting on (a denial cancels the task). Needs the
     `approve` scope: an agent holding an execute token must not approve its own actions."""
     _check_approver(who)
-    return _call(_service(request).approve, task_id, body.approved, f"api:{who.name}").summary()
+    task = _call(_service(request).approve, task_id, body.approved, f"api:{who.name}")
+    await asyncio.sleep(0)  # as in answer_task
+    return task.summary()
 
 
 def _check_approver(who: TokenInfo) -> None:
