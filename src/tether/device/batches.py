@@ -19,8 +19,9 @@ import asyncio
 import contextlib
 import logging
 import threading
+import types
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,8 +60,9 @@ class Batch:
 class BatchRunner:
     """Accepts COMMAND messages, runs them on a `DeviceClient`, and puts results in the outbox.
 
-    There is no long-lived worker: the reader starts a batch's task itself when nothing runs (one
-    scheduling hop on the hot path), and a finishing batch starts the next queued one.
+    There is no long-lived worker: a finishing batch starts the next queued one in a task of its own,
+    and a batch that arrives when nothing runs is run by the connection's reader itself, in its own
+    task (see `submit(run_here=True)`): no task is created and no event-loop turn is spent for it.
     """
 
     def __init__(self, client: DeviceClient, outbox: Outbox, record: FinishedRecord,
@@ -83,9 +85,13 @@ class BatchRunner:
 
     # ------------------------------------------------------------------ accepting and cancelling
 
-    def submit(self, msg: ServerMessage) -> None:
+    def submit(self, msg: ServerMessage, *, run_here: bool = False) -> Coroutine[Any, Any, None] | None:
         """Queue a batch; a batch already queued or running is not queued twice, and one whose
-        calls all finished earlier is answered from the record at once."""
+        calls all finished earlier is answered from the record at once.
+
+        With `run_here`, a batch that can start at once gets no task: its coroutine is returned and
+        the caller must run it at once, in its own task, with `run_in_this_task` (that task is then the
+        batch's: its timeout and cancellation apply to it)."""
         if msg.response_id in self.active:
             logger.info("batch %s is already queued or running: duplicate ignored", msg.response_id)
             return
@@ -99,7 +105,8 @@ class BatchRunner:
         self.idle.clear()
         self._queue.append(batch)
         if self._current is None:
-            self._start_next()
+            return self._start_next(here=run_here)
+        return None
 
     def cancel(self, response_id: str, reason: str = CANCELLED_BY_SERVER) -> bool:
         """Cancel a queued or running batch; its unfinished commands fail with `reason`."""
@@ -133,17 +140,21 @@ class BatchRunner:
 
     # ------------------------------------------------------------------ running
 
-    def _start_next(self) -> None:
+    def _start_next(self, *, here: bool = False) -> Coroutine[Any, Any, None] | None:
         self._current = None
         while self._queue:
             batch = self._queue.popleft()
             if not batch.done:
                 self._current = batch
+                if here:
+                    return self._run_batch(batch)
                 batch.task = asyncio.create_task(self._run_batch(batch), name=f"batch-{batch.msg.response_id}")
-                return
+                return None
+        return None
 
     async def _run_batch(self, batch: Batch) -> None:
         """Run one batch under its timeout; a cancel (ours) or a timeout fails what is left."""
+        batch.task = asyncio.current_task()
         timeout = batch.msg.timeout
         reason: str | None = None
         try:
@@ -279,3 +290,38 @@ class BatchRunner:
                 loop.call_soon_threadsafe(self.outbox.put_event, message)
 
         return emit
+
+
+async def run_in_this_task(batch: Coroutine[Any, Any, None], on_wait: Callable[[], None]) -> bool:
+    """Run a batch from `BatchRunner.submit(run_here=True)` in the calling task. A batch that finishes
+    without waiting (built-in tools mostly do) just returns False. One that has to wait first calls
+    `on_wait` (the caller lets go of whatever else it was doing: the task is the batch's from now
+    on), is carried on to its end in this task, and True is returned."""
+    try:
+        waiting_on = batch.send(None)
+    except StopIteration:
+        return False
+    on_wait()
+    await _carry_on(batch, waiting_on)
+    return True
+
+
+@types.coroutine
+def _carry_on(coro: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[Any, Any, None]:
+    """`await coro` for a coroutine whose first step already ran and is waiting on `waiting_on`."""
+    while True:
+        try:
+            sent = yield waiting_on
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as exc:  # a cancellation of this task: the batch handles it
+            try:
+                waiting_on = coro.throw(exc)
+            except StopIteration:
+                return
+        else:
+            try:
+                waiting_on = coro.send(sent)
+            except StopIteration:
+                return

@@ -27,11 +27,11 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, InvalidStatus, InvalidURI
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus, InvalidURI
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from tether.device.batches import BatchRunner
+from tether.device.batches import BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
 from tether.device.outbox import FinishedRecord, Outbox
 from tether.device.reconnect import (
@@ -276,8 +276,34 @@ class DeviceConnection:
         self.connected.set()
         self._set_state("registered")
         stopper = asyncio.create_task(self._stop.wait())
-        tasks = {asyncio.create_task(self._reader(ws, ack)), asyncio.create_task(self._sender(ws)),
-                 asyncio.create_task(self._heartbeat(ws, ack)), stopper}
+        # The socket's reader may hand the socket over to a new reader and become a batch's task (see
+        # `_reader`): `reading` ends when the reader of the moment ends, however it ends.
+        reading: asyncio.Future[None] = loop.create_future()
+        readers: set[asyncio.Task[None]] = set()
+
+        def reader_done(task: asyncio.Task[None]) -> None:
+            if task not in readers or reading.done():  # one that handed over: a batch's task now
+                return
+            readers.discard(task)
+            if task.cancelled():
+                reading.cancel()
+            elif task.exception() is not None:
+                reading.set_exception(task.exception())  # type: ignore[arg-type]
+            else:
+                reading.set_result(None)
+
+        def start_reader() -> None:
+            task = asyncio.create_task(self._reader(ws, ack, hand_over))
+            readers.add(task)
+            task.add_done_callback(reader_done)
+
+        def hand_over() -> None:
+            readers.discard(asyncio.current_task())  # type: ignore[arg-type]
+            start_reader()
+
+        start_reader()
+        tasks = {reading, asyncio.create_task(self._sender(ws)), asyncio.create_task(self._heartbeat(ws, ack)),
+                 stopper}
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if stopper in done:  # say goodbye properly: failures of cancelled batches first
@@ -295,16 +321,24 @@ class DeviceConnection:
         finally:
             self.connected.clear()
             self.outbox.close()
-            for task in (*tasks, *self._side_tasks):
+            for task in (*tasks, *readers, *self._side_tasks):
                 task.cancel()
-            await asyncio.gather(*tasks, *self._side_tasks, return_exceptions=True)
+            await asyncio.gather(*tasks, *readers, *self._side_tasks, return_exceptions=True)
             if ws.transport is not None and not ws.transport.is_closing() and self.last_error:
                 ws.transport.abort()  # a dead link would only make the closing handshake wait
         return loop.time() - started
 
-    async def _reader(self, ws: ClientConnection, ack: RegisterAck) -> None:
+    async def _reader(self, ws: ClientConnection, ack: RegisterAck, hand_over: Callable[[], None]) -> None:
+        """Read and act on frames until the socket closes. A COMMAND that can start at once runs right
+        here, in this task (most finish without waiting: no task, no event-loop turn on the round
+        trip); if it has to wait, `hand_over` gives the socket to a new reader first, and this task
+        ends with the batch."""
         loop = asyncio.get_running_loop()
-        async for raw in ws:
+        while True:
+            try:
+                raw = await ws.recv()
+            except ConnectionClosedOK:
+                return
             self._last_rx = loop.time()
             try:
                 msg = decode_server_message(raw, ack.max_frame_bytes)
@@ -312,7 +346,12 @@ class DeviceConnection:
                 logger.warning("bad frame from the server (%s): %s", exc.reason, exc)
                 self._send_error(f"{exc.reason}: {exc}")
                 continue
-            self._dispatch(msg)
+            if msg.type is ServerMessageType.COMMAND:
+                batch = self.batches.submit(msg, run_here=True)
+                if batch is not None and await run_in_this_task(batch, hand_over):
+                    return
+            else:
+                self._dispatch(msg)
 
     def _dispatch(self, msg: ServerMessage) -> None:
         kind = msg.type
