@@ -46,6 +46,7 @@ class Batch:
     current: int | None = None  # the position of the command that may be running now
     cancel_reason: str | None = None
     task: asyncio.Task[None] | None = None
+    deadline: float | None = None  # the loop time at which its timeout fires
     done: bool = False
     orphaned: bool = False  # no server waits for its results any more: they are recorded, not sent
 
@@ -159,7 +160,8 @@ class BatchRunner:
         reason: str | None = None
         try:
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(timeout) as scope:
+                    batch.deadline = scope.when()
                     await self._run_commands(batch)
             except TimeoutError:
                 reason = (f"timed out after {timeout:g}s (the batch's timeout); the running command was "
@@ -228,7 +230,7 @@ class BatchRunner:
             batch.current = positions[0]
             self.executed += len(commands)
             await client.execute_actions(commands, early_exit=msg.early_exit, emit=self.emitter(batch),
-                                         on_result=on_result)
+                                         on_result=on_result, deadline=batch.deadline)
         batch.current = None
 
     def _recorded(self, command: Command) -> Result:

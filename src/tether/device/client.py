@@ -84,13 +84,14 @@ class DeviceClient:
 
     async def execute_actions(self, commands: Sequence[Command] | None, *, early_exit: bool = True,
                               emit: EventSink | None = None,
-                              on_result: Callable[[Result], None] | None = None) -> list[Result]:
+                              on_result: Callable[[Result], None] | None = None,
+                              deadline: float | None = None) -> list[Result]:
         if not commands:
             return []
         logger.info("executing %d action(s) for agent %s", len(commands), self._agent_name)
         return await self.command_router.execute(self._agent_name, self._process_name, self._root_name,
                                                  commands, early_exit, session_id=self._session_id, emit=emit,
-                                                 on_result=on_result)
+                                                 on_result=on_result, deadline=deadline)
 
     def reset(self) -> None:
         """Clear session state and cascade to the managers before the next task."""

@@ -33,9 +33,9 @@ class LocalCommandDispatcher(BasicCommandDispatcher):
             self.client.process_name = self.process_name
             self.client.root_name = self.root_name
             try:
-                async with asyncio.timeout(timeout):
+                async with asyncio.timeout(timeout) as scope:
                     return await self.client.execute_actions(commands, early_exit=early_exit, emit=self.emit,
-                                                             on_result=done.append)
+                                                             on_result=done.append, deadline=scope.when())
             except TimeoutError:
                 error: BaseException | str = f"timed out after {timeout:g}s"
             except Exception as exc:

@@ -24,9 +24,11 @@ class CommandRouter:
     async def execute(self, agent_name: str | None, process_name: str | None, root_name: str | None,
                       commands: Sequence[Command], early_exit: bool = True, *,
                       session_id: str | None = None, emit: EventSink | None = None,
-                      on_result: Callable[[Result], None] | None = None) -> list[Result]:
+                      on_result: Callable[[Result], None] | None = None,
+                      deadline: float | None = None) -> list[Result]:
         """Run `commands` in order; `on_result` sees each result as soon as it exists, so a caller
-        that gives up (a timeout) still keeps the results that were finished."""
+        that gives up (a timeout) still keeps the results that were finished. `deadline`: the loop
+        time at which the caller's own timeout stops the commands anyway (see `ToolContext.deadline`)."""
         try:
             computer = await self.computer_manager.get_or_create(agent_name, process_name, root_name)
         except ValueError as exc:  # e.g. an agent name the device's config does not know
@@ -52,7 +54,7 @@ class CommandRouter:
                 result = Result.failure(str(exc), command.call_id)
             else:
                 ctx = base.for_call(session_id=session_id or base.session_id, call_id=command.call_id,
-                                    approved_by=command.approved_by, emit=emit)
+                                    approved_by=command.approved_by, emit=emit, deadline=deadline)
                 result = await computer.run_action(call, ctx)
             results.append(result)
             if on_result is not None:

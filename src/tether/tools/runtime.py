@@ -167,8 +167,12 @@ async def call_spec(spec: ToolSpec, namespace: str, arguments: Mapping[str, Any]
                       namespace=namespace, call_id=call_id)
     limit = timeout or spec.timeout or ctx.policy.default_timeout
     try:
-        async with asyncio.timeout(limit):
+        if ctx.deadline is not None and asyncio.get_running_loop().time() + limit > ctx.deadline:
+            # the caller's timeout fires first and cancels the call, as this one would: no second timer
             value = await (spec.fn(ctx, **args) if spec.takes_ctx else spec.fn(**args))
+        else:
+            async with asyncio.timeout(limit):
+                value = await (spec.fn(ctx, **args) if spec.takes_ctx else spec.fn(**args))
     except TimeoutError:
         return Result(status=ResultStatus.FAILURE, namespace=namespace, call_id=call_id,
                       error=f"{spec.name}: timed out after {limit:g}s (everything it started was killed)",
