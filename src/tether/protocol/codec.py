@@ -31,7 +31,7 @@ def major(version: str) -> str:
 
 
 def _decode(model: type[M], frame: str | bytes, max_bytes: int) -> M:
-    size = len(frame) if isinstance(frame, bytes) else len(frame.encode("utf-8", "surrogatepass"))
+    size = len(frame) if isinstance(frame, bytes) or frame.isascii() else len(frame.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise FrameError("too_large", f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
     try:

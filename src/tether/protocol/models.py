@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import uuid
+import os
 from enum import Enum
 from typing import Any, Literal
 
@@ -13,7 +13,14 @@ TOOL_TYPES: tuple[ToolType, ...] = ("data_collection", "action")
 
 
 def new_call_id() -> str:
-    return uuid.uuid4().hex
+    """`uuid.uuid4().hex` (the same random version-4 UUID, as 32 hex digits) at a quarter of its cost:
+    the server makes one for every batch it sends."""
+    n = int.from_bytes(os.urandom(16), "big") & _UUID4_CLEAR | _UUID4_SET
+    return f"{n:032x}"
+
+
+_UUID4_CLEAR = ~((0xF000 << 64) | (0xC000 << 48))  # the version and variant bits, as uuid.UUID(version=4) sets them
+_UUID4_SET = (4 << 76) | (0x8000 << 48)
 
 
 class ResultStatus(str, Enum):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -53,7 +52,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         for command in commands:
             if not command.call_id:
                 command.call_id = new_call_id()
-        response_id = uuid.uuid4().hex
+        response_id = new_call_id()
         repeated = [cid for cid, n in Counter(c.call_id for c in commands).items() if n > 1] \
             if len(commands) > 1 else []
         if repeated:

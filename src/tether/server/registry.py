@@ -108,7 +108,7 @@ class DeviceRegistry:
 
     def __init__(self) -> None:
         self._records: dict[str, DeviceRecord] = {}
-        self._changed = asyncio.Event()
+        self._changed: asyncio.Event | None = None  # made by the first waiter, dropped by the next notify
 
     def list(self) -> list[DeviceRecord]:
         return sorted(self._records.values(), key=lambda r: r.name)
@@ -123,9 +123,11 @@ class DeviceRegistry:
         return record
 
     def notify(self) -> None:
-        """Wake everyone in `wait_until`; called by the hub after it changes a record."""
-        self._changed.set()
-        self._changed = asyncio.Event()
+        """Wake everyone in `wait_until`; called by the hub after it changes a record (twice per
+        command batch, so with nobody waiting it costs nothing)."""
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait until `predicate()` holds (re-checked on every change), at most `timeout` seconds."""
@@ -136,6 +138,8 @@ class DeviceRegistry:
                 return False
             try:
                 async with asyncio.timeout(remaining):
+                    if self._changed is None:
+                        self._changed = asyncio.Event()
                     await self._changed.wait()
             except TimeoutError:
                 return predicate()
