@@ -154,18 +154,20 @@ class BatchRunner:
         return None
 
     async def _run_batch(self, batch: Batch) -> None:
-        """Run one batch under its timeout; a cancel (ours) or a timeout fails what is left."""
+        """Run one batch under its timeout; a cancel (ours, or the timeout's) fails what is left."""
         batch.task = asyncio.current_task()
         timeout = batch.msg.timeout
+        timer: asyncio.TimerHandle | None = None
+        if timeout is not None:  # a plain timer, not asyncio.timeout: it ends the batch like a CANCEL does
+            loop = asyncio.get_running_loop()
+            batch.deadline = loop.time() + timeout
+            timer = loop.call_at(batch.deadline, self._expire, batch)
         reason: str | None = None
         try:
             try:
-                async with asyncio.timeout(timeout) as scope:
-                    batch.deadline = scope.when()
-                    await self._run_commands(batch)
+                await self._run_commands(batch)
             except TimeoutError:
-                reason = (f"timed out after {timeout:g}s (the batch's timeout); the running command was "
-                          f"cancelled and its processes killed")
+                reason = _timed_out(timeout)
             except asyncio.CancelledError:
                 if batch.cancel_reason is None:  # not ours (the loop is shutting down): let it through
                     self._finish(batch, "cancelled")
@@ -179,7 +181,15 @@ class BatchRunner:
                 reason = f"device error while running the batch: {exc!r}"
             self._finish(batch, reason)
         finally:
+            if timer is not None:
+                timer.cancel()
             self._start_next()
+
+    def _expire(self, batch: Batch) -> None:
+        """The batch's timeout fired: it is cancelled as a CANCEL from the server would, saying why."""
+        if batch.cancel_reason is None and not batch.done and batch.task is not None:
+            batch.cancel_reason = _timed_out(batch.msg.timeout)
+            batch.task.cancel()
 
     async def _run_commands(self, batch: Batch) -> None:
         """Run the batch's commands in order: recorded ones are replayed, runs of new ones go to the
@@ -188,8 +198,8 @@ class BatchRunner:
         seen: set[str | None] = set()
         i = 0
         while i < len(actions):
-            if batch.msg.early_exit and any(r is not None and r.status is ResultStatus.FAILURE
-                                            for r in batch.slots[:i]):
+            if i and batch.msg.early_exit and any(r is not None and r.status is ResultStatus.FAILURE
+                                                  for r in batch.slots[:i]):
                 for j in range(i, len(actions)):
                     recorded = self.record.get(actions[j].call_id)
                     self._deliver(batch, j, recorded or Result.skipped(
@@ -292,6 +302,11 @@ class BatchRunner:
                 loop.call_soon_threadsafe(self.outbox.put_event, message)
 
         return emit
+
+
+def _timed_out(timeout: float | None) -> str:
+    return f"timed out after {timeout:g}s (the batch's timeout); the running command was cancelled and its " \
+           "processes killed"
 
 
 async def run_in_this_task(batch: Coroutine[Any, Any, None], on_wait: Callable[[], None]) -> bool:
