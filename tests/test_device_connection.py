@@ -24,7 +24,7 @@ import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from tether.device.batches import Batch
+from tether.device.batches import Batch, BatchRunner
 from tether.device.connection import (
     DeviceConnection,
     RegistrationRefused,
@@ -535,3 +535,22 @@ def test_finished_record_forgets_the_oldest() -> None:
     for call_id in ("a", "b", "c"):
         record.add(call_id, Result(status=ResultStatus.SUCCESS, call_id=call_id))
     assert "a" not in record and "b" in record and record.get("c") is not None and len(record) == 2
+
+
+async def test_a_batch_cancelled_before_its_task_first_runs_is_answered_and_the_runner_goes_on(
+        tmp_path: Path, device: LocalDevice) -> None:
+    outbox = Outbox()
+    outbox.open(1 << 20)
+    runner = BatchRunner(device.client, outbox, FinishedRecord(), client_id="dev-1")
+    try:
+        first = command(run(tmp_path, "true", call_id="never-1"))
+        runner.submit(first)  # its task exists but has not taken a step yet
+        assert runner.cancel(first.response_id)  # in the same turn: the task is cancelled before it starts
+        second = command(run(tmp_path, "true", call_id="then-2"))
+        runner.submit(second)
+        async with asyncio.timeout(15):
+            await runner.idle.wait()
+        assert outbox.pending_call_ids() == ["never-1", "then-2"]
+        assert runner.record.get("then-2") is not None and runner.record.get("then-2").ok
+    finally:
+        await device.aclose()

@@ -150,8 +150,18 @@ class BatchRunner:
                 if here:
                     return self._run_batch(batch)
                 batch.task = asyncio.create_task(self._run_batch(batch), name=f"batch-{batch.msg.response_id}")
+                batch.task.add_done_callback(lambda _task, b=batch: self._task_ended(b))
                 return None
         return None
+
+    def _task_ended(self, batch: Batch) -> None:
+        """A batch's task cancelled before its first step never ran `_run_batch`, so nothing answered
+        its commands or started the next batch: do both here (a no-op for a batch that ran)."""
+        if batch.done:
+            return
+        self._finish(batch, batch.cancel_reason or "cancelled")
+        if self._current is batch:
+            self._start_next()
 
     async def _run_batch(self, batch: Batch) -> None:
         """Run one batch under its timeout; a cancel (ours, or the timeout's) fails what is left."""
