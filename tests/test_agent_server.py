@@ -331,3 +331,23 @@ async def test_llm_plans_across_two_devices_when_asked_to(tmp_path: Path, jailed
     prompt = json.dumps(fake.requests[0]["messages"])
     assert f"may write under {root_a}" in prompt and f"may write under {root_b}" in prompt  # both profiles
     assert task["devices"] == ["beta"]
+
+
+async def test_a_follower_too_far_behind_is_ended_not_fed_a_gap(tmp_path: Path, jailed: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import tether.agent.service as service_module
+
+    monkeypatch.setattr(service_module, "_SUBSCRIBER_QUEUE", 4)
+    policy, root = jailed("alpha")
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(device="alpha", plan=[write(root / f"{n}.txt", "x") for n in range(3)]
+                                      + [shell("sleep", ["60"], root)])
+        _, _, queue = server.tasks.subscribe(created["id"], after=10**9)  # a follower that never reads
+        assert queue is not None
+        await server.events_until(created["id"], lambda e: e["kind"] == "step_started" and e["data"]["step"] == 3)
+        got = [queue.get_nowait() for _ in range(queue.qsize())]  # while the task still runs
+        assert (await server.api.post(f"/tasks/{created['id']}/cancel")).status_code == 200
+    assert got[-1] is None and all(e is not None for e in got[:-1]) and len(got) <= 4
+    seqs = [e.seq for e in got[:-1]]
+    assert seqs == sorted(seqs)  # what it got has no hole; it resumes from the last one with ?after=

@@ -259,9 +259,12 @@ class TaskService:
         if event is None:
             return
         self._saver.on_event(task, event)
-        for queue in self._subscribers.get(task.id, ()):
+        for queue in list(self._subscribers.get(task.id, ())):
             if queue.qsize() < _SUBSCRIBER_QUEUE - 1:
                 queue.put_nowait(event)
+            else:  # a follower this far behind is ended, not fed a gap: it resumes with ?after=SEQ
+                self._subscribers[task.id].discard(queue)
+                queue.put_nowait(None)
 
     # -- people -----------------------------------------------------------------------------------------
 
