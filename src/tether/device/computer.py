@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tether.device.toolset_server import ToolSetServer
 from tether.protocol.models import TOOL_TYPES, Command, Result, ToolInfo, ToolType
 from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
 from tether.tools.context import ToolContext
@@ -35,6 +36,7 @@ class ToolEntry:
     info: ToolInfo
     server: BaseMCPServer | None = None
     meta: ToolSpec | None = None
+    direct: ToolSetServer | None = None  # `server`, when it is a built-in tool set `run_action` calls directly
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +154,8 @@ class Computer:
             logger.warning("computer %s: cannot list tools of %s: %s", self._name, namespace, exc)
             return
         for info in infos:
-            entry = ToolEntry(info=info, server=server)
+            entry = ToolEntry(info=info, server=server,
+                              direct=server if isinstance(server, ToolSetServer) else None)
             self._tools_registry[f"{info.tool_type}::{info.namespace}/{info.name}"] = entry
             holder = self._tools_registry.get(info.key)
             if holder is None:
@@ -198,13 +201,19 @@ class Computer:
                 return self._unavailable(name) or (
                     f"unknown tool '{name}' ({tool_type}){hint}; call list_tools to see what exists")
             return key, entry
-        found = [(f"{t}::{name}", self._tools_registry[f"{t}::{name}"])
-                 for t in TOOL_TYPES if f"{t}::{name}" in self._tools_registry]
-        if not found:
+        found: tuple[str, ToolEntry] | None = None
+        for t in TOOL_TYPES:  # the first type that has it; a second one is ambiguous unless the first is meta
+            key = f"{t}::{name}"
+            entry = self._tools_registry.get(key)
+            if entry is None:
+                continue
+            if found is None:
+                found = key, entry
+            elif not found[1].info.meta:
+                return f"tool '{name}' exists as both data_collection and action: set tool_type"
+        if found is None:
             return self._unavailable(name) or f"unknown tool '{name}'; call list_tools to see what exists"
-        if len(found) > 1 and not found[0][1].info.meta:
-            return f"tool '{name}' exists as both data_collection and action: set tool_type"
-        return found[0]
+        return found
 
     def _unavailable(self, name: str) -> str | None:
         """For a tool of an optional set that could not start here: why, and what to install."""
@@ -234,6 +243,19 @@ class Computer:
         timeout = call.timeout or self._tool_timeout
         if entry.meta is not None:
             return await call_spec(entry.meta, META_NAMESPACE, call.parameters, ctx, timeout)
+        direct = entry.direct
+        if direct is not None:
+            # a built-in tool set: its tool straight through `call_spec`, as `ToolSetServer.call_tool` does
+            # minus two nested calls on the hot path; a due start or reset still goes through `call_tool`
+            prepared = direct.direct(entry.info.name, timeout)
+            if prepared is not None:
+                try:
+                    result = await call_spec(prepared[0], direct.namespace, call.parameters, ctx, prepared[1])
+                except Exception as exc:  # call_spec catches tool errors; as call_tool guards the contract
+                    result = direct.internal_failure(entry.info.name, exc, ctx)
+                if result.call_id != call.call_id:
+                    result = result.model_copy(update={"call_id": call.call_id})
+                return result
         assert entry.server is not None
         try:
             result = await entry.server.call_tool(entry.info.name, call.parameters, ctx=ctx, timeout=timeout)

@@ -29,6 +29,17 @@ class ComputerManager:
     def key(agent_name: str, process_name: str | None, root_name: str) -> str:
         return f"{agent_name}::{process_name or ''}::{root_name}"
 
+    def get_existing(self, agent_name: str | None, process_name: str | None = None,
+                     root_name: str | None = None) -> Computer | None:
+        """The computer `get_or_create` would return at once, without awaiting it; None when it
+        does not exist yet (or the agent is unknown: `get_or_create` says why)."""
+        agent = agent_name or DEFAULT_AGENT
+        try:
+            resolved_root, _ = self.configs.root(agent, root_name)
+        except ValueError:
+            return None
+        return self.computers.get(self.key(agent, process_name, resolved_root))
+
     async def get_or_create(self, agent_name: str | None, process_name: str | None = None,
                             root_name: str | None = None) -> Computer:
         """The computer for this context; ValueError for an agent the config does not know."""

@@ -29,8 +29,11 @@ class CommandRouter:
         """Run `commands` in order; `on_result` sees each result as soon as it exists, so a caller
         that gives up (a timeout) still keeps the results that were finished. `deadline`: the loop
         time at which the caller's own timeout stops the commands anyway (see `ToolContext.deadline`)."""
+        # an existing computer without the await (the hot path); get_or_create builds one, or says why not
+        computer = self.computer_manager.get_existing(agent_name, process_name, root_name)
         try:
-            computer = await self.computer_manager.get_or_create(agent_name, process_name, root_name)
+            if computer is None:
+                computer = await self.computer_manager.get_or_create(agent_name, process_name, root_name)
         except ValueError as exc:  # e.g. an agent name the device's config does not know
             failures = [Result.failure(str(exc), c.call_id) for c in commands]
             for failure in failures:

@@ -18,7 +18,7 @@ from tether.device.mcp_servers import BaseMCPServer, MCPServerError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency
-from tether.tools.runtime import ToolSet
+from tether.tools.runtime import ToolSet, ToolSpec
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,26 @@ class ToolSetServer(BaseMCPServer):
         assert self._toolset is not None
         return self._toolset.infos()
 
+    def direct(self, name: str, timeout: float | None) -> tuple[ToolSpec, float | None] | None:
+        """The tool's spec and the timeout `call_tool` would give it, for a caller that runs it with
+        `call_spec` itself (the `Computer`, on the hot path): None when `call_tool` must do the call
+        (the tool set is not built, a reset is due, the server is closed, the tool is unknown).
+        Such a caller turns an exception out of `call_spec` into `internal_failure`, as `call_tool` does."""
+        toolset = self._toolset
+        if toolset is None or self._reset_pending:
+            return None
+        spec = toolset.specs.get(name)
+        if spec is None:
+            return None
+        if timeout is None and spec.timeout is None:  # a tool's own timeout is more specific
+            timeout = self.config.timeout
+        return spec, timeout
+
+    def internal_failure(self, name: str, exc: Exception, ctx: ToolContext) -> Result:
+        """An exception out of `ToolSet.call`/`call_spec` (they catch tool errors): logged, as a failure."""
+        logger.exception("tool set %s failed on %s", self.namespace, name)
+        return self._failure(f"server '{self.namespace}' tool '{name}': internal error: {exc}", ctx)
+
     async def call_tool(self, name: str, arguments: dict[str, Any] | None, *, ctx: ToolContext,
                         timeout: float | None) -> Result:
         toolset = self._toolset
@@ -86,8 +106,7 @@ class ToolSetServer(BaseMCPServer):
         try:
             return await toolset.call(name, arguments, ctx, timeout)
         except Exception as exc:  # ToolSet.call catches tool errors; this guards the contract
-            logger.exception("tool set %s failed on %s", self.namespace, name)
-            return self._failure(f"server '{self.namespace}' tool '{name}': internal error: {exc}", ctx)
+            return self.internal_failure(name, exc, ctx)
 
     async def close(self) -> None:
         self._closed = True
