@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from agent_fakes import FakeLLM
-from tether.agent.executor import TaskRunner, discover_tools
+from tether.agent.executor import TaskRunner
 from tether.agent.llm import LLMClient, how_to_configure
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.recovery import AskUser
+from tether.agent.steps import discover_tools
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.models import ToolInfo

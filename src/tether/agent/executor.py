@@ -40,6 +40,7 @@ from tether.agent.recovery import (
     recover,
     tool_for,
 )
+from tether.agent.steps import history_row, match_option, short
 from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, Result, ToolInfo
@@ -47,14 +48,6 @@ from tether.protocol.profile import DeviceProfile
 
 DEFAULT_DEVICE_NAME = "local"
 Decision = AutoPatch | Replan | AskUser
-
-
-async def discover_tools(dispatcher: BasicCommandDispatcher) -> list[ToolInfo]:
-    """The tools a device offers, through its dispatcher's `list_tools` meta tool."""
-    [result] = await dispatcher.execute_commands([Command(tool_name="list_tools")])
-    if not result.ok or not isinstance(result.result, list):
-        raise RuntimeError(f"cannot list the device's tools: {result.error or 'no list returned'}")
-    return [ToolInfo.model_validate(item) for item in result.result]
 
 
 class _Stop(Exception):
@@ -216,7 +209,7 @@ class TaskRunner:
         task.steps.append(StepRecord(index=index, attempt=attempt, step=step, command=command, result=result,
                                      started_at=started))
         self._emit(task, "step_finished", {"step": index, "attempt": attempt, "status": result.status.value,
-                                           "error": result.error, "result": _short(result.result)})
+                                           "error": result.error, "result": short(result.result)})
         return result
 
     async def _decide(self, task: Task, result: Result) -> Decision:
@@ -227,7 +220,7 @@ class TaskRunner:
         inp = RecoveryInput(request=task.request, step=step, index=index, result=result,
                             tool=tool_for(step, self.tools), patches_used=task.counters.patches.get(str(index), 0),
                             tried_args=tried[:-1], replans_used=task.counters.replans,
-                            history=[_history(r) for r in task.steps], can_replan=self.llm is not None)
+                            history=[history_row(r) for r in task.steps], can_replan=self.llm is not None)
         decision = await recover(inp, self.llm, self.budgets)
         task.steps[-1].decision = decision.model_dump(mode="json")
         self._emit(task, "decision", {"step": index, **decision.model_dump(mode="json")})
@@ -310,7 +303,7 @@ class TaskRunner:
         record.answer = answer
         record.answered_at = datetime.now(UTC)
         self._emit(task, "user_answer", {"question": record.id, "answer": answer})
-        choice = _match_option(answer, question.options)
+        choice = match_option(answer, question.options)
         if choice == OPTION_APPROVE:
             task.approved_step = task.cursor
             task.approved_by = record.answered_by
@@ -354,7 +347,7 @@ class TaskRunner:
         try:
             planned = await plan_request(self.llm, task.request, devices=self._devices(),
                                          policy_summary=self.policy_summary,
-                                         history=[_history(r) for r in task.steps],
+                                         history=[history_row(r) for r in task.steps],
                                          recovery_context=recovery_context)
         except (PlanningError, LLMError) as exc:
             if replace_from == 0 and task.plan is None:
@@ -401,27 +394,3 @@ class _PlanFailed(Exception):
 
 
 _NO_HOOK = object()
-
-
-def _match_option(answer: str, options: list[str]) -> str | None:
-    text = answer.strip().lower()
-    if text.isdigit() and 1 <= int(text) <= len(options):
-        return options[int(text) - 1]
-    for option in options:
-        if text == option.lower():
-            return option
-    starting = [option for option in options if text and option.lower().startswith(text)]
-    if len(starting) == 1:  # "skip" for "skip this step"
-        return starting[0]
-    return None
-
-
-def _short(value: Any, limit: int = 600) -> Any:
-    text = json.dumps(value, default=str)
-    return value if len(text) <= limit else text[:limit] + "…"
-
-
-def _history(record: StepRecord) -> dict[str, Any]:
-    return {"step": record.index + 1, "skill": record.step.skill, "args": record.step.args,
-            "status": record.result.status.value, "error": record.result.error,
-            "result": _short(record.result.result, 300)}

@@ -17,11 +17,12 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tether.agent.executor import TaskRunner, discover_tools
+from tether.agent.executor import TaskRunner
 from tether.agent.llm import LLMClient, LLMSettings
 from tether.agent.plan import Plan
 from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.restart import settle_after_restart
+from tether.agent.steps import discover_tools
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.task_store import SaveSoon, TaskStore
 from tether.protocol.dispatcher import BasicCommandDispatcher
