@@ -24,13 +24,14 @@ async def test_a_batch_that_does_not_wait_runs_to_its_end_in_the_callers_task() 
 async def test_a_batch_that_waits_hands_over_once_then_finishes_in_the_same_task() -> None:
     me = asyncio.current_task()
     events: list[object] = []
-    gate = asyncio.Event()
+    gate, again = asyncio.Event(), asyncio.Event()
 
     async def batch() -> None:
         events.append("start")
         await gate.wait()
         events.append(asyncio.current_task())
-        await asyncio.sleep(0)
+        asyncio.get_running_loop().call_soon(again.set)
+        await again.wait()  # a second suspension after the hand-over
         events.append("end")
 
     def on_wait() -> None:
@@ -43,25 +44,32 @@ async def test_a_batch_that_waits_hands_over_once_then_finishes_in_the_same_task
 
 async def test_a_timeout_and_a_cancel_reach_a_batch_after_the_hand_over() -> None:
     outcome: list[str] = []
+    scopes: list[asyncio.Timeout] = []
+    blocked = asyncio.Event()
 
     async def batch() -> None:
         try:
-            async with asyncio.timeout(0.05):  # entered in the first step, fires after the hand-over
-                await asyncio.sleep(10)
+            async with asyncio.timeout(None) as scope:  # entered in the first step, fires after the hand-over
+                scopes.append(scope)
+                await asyncio.Event().wait()
         except TimeoutError:
             outcome.append("timed out")
         try:
-            await asyncio.sleep(10)
+            blocked.set()
+            await asyncio.Event().wait()
         except asyncio.CancelledError:
             outcome.append("cancelled")
             raise
 
+    def expire_now() -> None:  # the hand-over happened: make the first step's timeout fire
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: scopes[0].reschedule(loop.time()))
+
     async def runner() -> bool:
-        return await run_in_this_task(batch(), lambda: None)
+        return await run_in_this_task(batch(), expire_now)
 
     task = asyncio.create_task(runner())
-    while not outcome:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(blocked.wait(), 10)
     task.cancel()
     try:
         await task
@@ -75,7 +83,9 @@ async def test_an_error_in_the_batch_reaches_the_caller() -> None:
         raise KeyError("now")
 
     async def fails_later() -> None:
-        await asyncio.sleep(0)
+        gate = asyncio.Event()
+        asyncio.get_running_loop().call_soon(gate.set)
+        await gate.wait()
         raise KeyError("later")
 
     for coro in (fails_at_once(), fails_later()):
