@@ -67,16 +67,11 @@ def default_config_path(env: Mapping[str, str] | None = None) -> Path:
     return Path(base) / "tether" / "config.yaml"
 
 
-class _LLMSection(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _LLMSection(LLMSettings):
+    """The config file's `llm:` section: the settings, plus the name of a variable holding the key
+    (better than the key itself in a file)."""
 
-    base_url: str = Field(..., min_length=1)
-    model: str = Field(..., min_length=1)
-    api_key: str | None = Field(default=None, description="better: api_key_env, so the key stays out of files")
-    api_key_env: str | None = Field(default=None, description="the environment variable holding the key")
-    timeout: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=1, ge=0)
-    temperature: float = Field(default=0.0, ge=0)
+    api_key_env: str | None = None
 
 
 def resolve_llm_settings(path: str | os.PathLike[str] | None = None,

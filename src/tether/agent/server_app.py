@@ -8,9 +8,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import FastAPI
 
 from tether.agent.llm import LLMSettings
-from tether.agent.service import TaskService
+from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Budgets
-from tether.agent.task_api import router
+from tether.agent.task_api import router, task_error
 from tether.agent.task_store import TaskStore
 from tether.server.app import Extension, create_app
 from tether.server.settings import ServerSettings
@@ -22,6 +22,7 @@ def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = 
 
     def extend(app: FastAPI) -> AbstractAsyncContextManager[None]:
         app.include_router(router)
+        app.add_exception_handler(TaskError, task_error)
 
         @asynccontextmanager
         async def running() -> AsyncIterator[None]:

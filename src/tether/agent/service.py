@@ -112,9 +112,8 @@ class TaskService:
         self._saver.flush()
         for task in self._live.values():
             self.store.save(task)
-        for queues in self._subscribers.values():
-            for queue in queues:
-                queue.put_nowait(None)
+        for task_id in list(self._subscribers):
+            self._end_followers(task_id)
         if self.llm is not None:
             await self.llm.close()
 
@@ -214,8 +213,7 @@ class TaskService:
                 self.store.save(task)
             if task.state.terminal:
                 self._live.pop(task.id, None)
-                for queue in self._subscribers.pop(task.id, set()):
-                    queue.put_nowait(None)
+                self._end_followers(task.id)
 
     async def _tools_for(self, task: Task) -> dict[str | None, list[ToolInfo]]:
         """Each device's tools, asked live (tools change), else from the profile it registered with."""
@@ -312,8 +310,7 @@ class TaskService:
             self._on_event(task, task.transition(TaskState.CANCELLED, error="cancelled"))
             self.store.save(task)
             self._live.pop(task.id, None)
-            for queue in self._subscribers.pop(task.id, set()):
-                queue.put_nowait(None)
+            self._end_followers(task.id)
         return task
 
     # -- events -------------------------------------------------------------------------------------------
@@ -329,6 +326,11 @@ class TaskService:
         queue: asyncio.Queue[TaskEvent | None] = asyncio.Queue()
         self._subscribers.setdefault(task.id, set()).add(queue)
         return task, past, queue
+
+    def _end_followers(self, task_id: str) -> None:
+        """Every follower's stream of this task ends (None): the task ended, or the server closes."""
+        for queue in self._subscribers.pop(task_id, set()):
+            queue.put_nowait(None)
 
     def unsubscribe(self, task_id: str, queue: asyncio.Queue[TaskEvent | None]) -> None:
         queues = self._subscribers.get(task_id)

@@ -13,15 +13,15 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
-from fastapi.responses import StreamingResponse
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Task, TaskEvent
 from tether.protocol.profile import DeviceRequirements
-from tether.server.api import require
+from tether.server.api import require, require_approver
 from tether.server.store import TokenInfo
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
@@ -55,11 +55,10 @@ def _service(request: Request) -> TaskService:
     return request.app.state.tasks
 
 
-def _call(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except TaskError as exc:
-        raise HTTPException(exc.status, str(exc)) from None
+async def task_error(request: Request, exc: Exception) -> JSONResponse:
+    """Every `TaskError` the service raises becomes the API's `{"error": ...}` with its status."""
+    assert isinstance(exc, TaskError)
+    return JSONResponse({"error": str(exc)}, status_code=exc.status)
 
 
 @router.post("", status_code=201)
@@ -67,11 +66,8 @@ async def create_task(body: TaskRequest, request: Request,
                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     """Create a task and start it; follow it with GET /tasks/{id}/events."""
     plan = Plan(steps=body.plan) if body.plan else None
-    try:
-        task = await _service(request).create(body.request, plan=plan, device=body.device, requires=body.requires,
-                                              devices=body.devices, requested_by=f"api:{who.name}")
-    except TaskError as exc:
-        raise HTTPException(exc.status, str(exc)) from None
+    task = await _service(request).create(body.request, plan=plan, device=body.device, requires=body.requires,
+                                          devices=body.devices, requested_by=f"api:{who.name}")
     return task.summary()
 
 
@@ -85,7 +81,7 @@ async def list_tasks(request: Request, _: Annotated[TokenInfo, Depends(require("
 async def get_task(task_id: str, request: Request, _: Annotated[TokenInfo, Depends(require("read"))],
                    events: bool = True) -> dict[str, Any]:
     """The whole task: plan, every step with its command and result, decisions, questions, events."""
-    task: Task = _call(_service(request).get, task_id)
+    task: Task = _service(request).get(task_id)
     return task.model_dump(mode="json", exclude={"events"} if not events else None)
 
 
@@ -95,10 +91,10 @@ async def answer_task(task_id: str, body: Answer, request: Request,
     """Answer the open question; the same task resumes where it stopped. Answering an approval
     question needs the `approve` scope, as /approval does."""
     service = _service(request)
-    pending = _call(service.get, task_id).pending_question
+    pending = service.get(task_id).pending_question
     if pending is not None and pending.kind == "approval":
-        _check_approver(who)
-    task = _call(service.answer, task_id, body.answer, body.question_id, f"api:{who.name}")
+        require_approver(who, "answer an approval")
+    task = service.answer(task_id, body.answer, body.question_id, f"api:{who.name}")
     await asyncio.sleep(0)  # one turn of the loop: the waiting runner takes the answer, so the reply is current
     return task.summary()
 
@@ -108,44 +104,30 @@ async def approve_task(task_id: str, body: Approval, request: Request,
                        who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     """Approve or deny the action the task is waiting on (a denial cancels the task). Needs the
     `approve` scope: an agent holding an execute token must not approve its own actions."""
-    _check_approver(who)
-    task = _call(_service(request).approve, task_id, body.approved, f"api:{who.name}")
+    require_approver(who, "answer an approval")
+    task = _service(request).approve(task_id, body.approved, f"api:{who.name}")
     await asyncio.sleep(0)  # as in answer_task
     return task.summary()
-
-
-def _check_approver(who: TokenInfo) -> None:
-    if not who.allows("approve"):
-        raise HTTPException(403, f"token '{who.name}' lacks the 'approve' scope needed to answer an approval; "
-                                 "create one with 'tether token create --api NAME --scope approve'")
 
 
 @router.post("/{task_id}/cancel")
 async def cancel_task(task_id: str, request: Request,
                       _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
-    try:
-        task = await _service(request).cancel(task_id)
-    except TaskError as exc:
-        raise HTTPException(exc.status, str(exc)) from None
-    return task.summary()
+    return (await _service(request).cancel(task_id)).summary()
 
 
 @router.post("/{task_id}/undo")
 async def undo_task(task_id: str, request: Request,
                     who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     """Put back the files the task's commands changed, on each device they ran on."""
-    try:
-        devices = await _service(request).undo(task_id, f"api:{who.name}")
-    except TaskError as exc:
-        raise HTTPException(exc.status, str(exc)) from None
-    return {"task": task_id, "devices": devices}
+    return {"task": task_id, "devices": await _service(request).undo(task_id, f"api:{who.name}")}
 
 
 @router.get("/{task_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
 async def task_events(task_id: str, request: Request, _: Annotated[TokenInfo, Depends(require("read"))],
                       after: int = -1) -> StreamingResponse:
     service = _service(request)
-    task, past, queue = _call(service.subscribe, task_id, after)
+    task, past, queue = service.subscribe(task_id, after)
     return StreamingResponse(_stream(service, task, past, queue), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 

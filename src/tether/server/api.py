@@ -184,14 +184,19 @@ async def run_selected(batch: SelectedBatch, request: Request,
     return await _run(request, name, batch, who)
 
 
+def require_approver(who: TokenInfo, what: str) -> None:
+    """403 unless the token holds `approve`: approvals are for people, not for an agent's execute token."""
+    if not who.allows("approve"):
+        raise HTTPException(403, f"token '{who.name}' lacks the 'approve' scope needed to {what}; create one with "
+                                 "'tether token create --api NAME --scope approve'")
+
+
 def stamp_approvals(commands: list[Command], who: TokenInfo) -> None:
     """A command sent as approved is approved by the caller, who must hold the `approve` scope; the
     audit log names the token, whatever name the caller wrote."""
     if not any(c.approved_by for c in commands):
         return
-    if not who.allows("approve"):
-        raise HTTPException(403, f"token '{who.name}' lacks the 'approve' scope, so it cannot send commands "
-                                 "marked approved; create one with 'tether token create --api NAME --scope approve'")
+    require_approver(who, "send commands marked approved")
     for command in commands:
         if command.approved_by:
             command.approved_by = f"api:{who.name}"
