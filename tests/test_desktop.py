@@ -1,9 +1,10 @@
 """Desktop tools against a real X server (Xvfb, started here) and a real Tk program (tests/gui_app.py).
 
-The program writes every click, submit and focus change to a JSON-lines file; tests wait on those
-events (bounded polling of the file), never on fixed sleeps. Xvfb, xdotool and xdpyinfo are required:
-a machine without them fails with the command that installs them. The pure parts (the ui.typeText
-token parser, key names, fuzzy label matching) are tested as tables in test_desktop_text.py.
+The program writes every click, submit and focus change as JSON lines to a FIFO the tests read as a
+stream; tests wait on those events (and on a window's DestroyNotify), never on fixed sleeps or polling.
+Xvfb, xdotool, xdpyinfo and xev are required: a machine without them fails with the command that installs
+them. The pure parts (the ui.typeText token parser, key names, fuzzy label matching) are tested as tables
+in test_desktop_text.py.
 """
 
 from __future__ import annotations
@@ -24,13 +25,13 @@ from desktop_testkit import (
     GUI_APP,
     SCREEN,
     TITLE,
+    EventLog,
     GuiApp,
     png,
     require_programs,
     running_xvfb,
     stop,
-    until,
-    xdo,
+    watch_window,
 )
 from results import failed, ok
 from tether.tools.context import ToolContext
@@ -74,7 +75,7 @@ def ctx(tmp_path: Path) -> ToolContext:
 
 @pytest.fixture
 async def app(xvfb: str, tmp_path: Path) -> AsyncIterator[GuiApp]:
-    log = tmp_path / "events.jsonl"
+    log = EventLog(tmp_path / "events.jsonl")
     proc = subprocess.Popen([sys.executable, str(GUI_APP), str(log)], env={**os.environ, "DISPLAY": xvfb})
     gui = GuiApp(proc, log)
     try:
@@ -304,9 +305,10 @@ async def test_launch_reports_the_window_and_close_closes_it(xvfb: str, tmp_path
         assert window is not None, res
         assert window["title"] == title and window["matched_by"] in ("pid", "new window")
         assert (window["width"], window["height"]) == (500, 300)
+        gone = await watch_window(xvfb, title)
         closed = ok(await system.call("close_application", {"pid": pid}, sctx))
         assert pid in closed["closed"]
-        await until("the launched window to close", lambda: not xdo(xvfb, "search", "--name", title).strip())
+        await gone.wait("the launched window to close")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)

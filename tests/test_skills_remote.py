@@ -11,7 +11,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from desktop_testkit import GUI_APP, TITLE, GuiApp, require_programs, running_xvfb, stop
+from desktop_testkit import GUI_APP, TITLE, EventLog, GuiApp, require_programs, running_xvfb, stop
 from netutil import Cluster
 from tether.protocol.models import Command, ResultStatus
 
@@ -80,7 +80,7 @@ def test_browser_act_over_the_websocket(cluster, page_url):
 
 
 def test_desktop_skills_over_the_websocket(cluster, display, tmp_path):
-    log = tmp_path / "events.jsonl"
+    log = EventLog(tmp_path / "events.jsonl")
     proc = subprocess.Popen([sys.executable, str(GUI_APP), str(log)], env={**os.environ, "DISPLAY": display})
     app = GuiApp(proc, log)
     try:
