@@ -1,0 +1,15 @@
+"""How a device starts processes confined, and how the changes they make are captured and applied.
+
+The operating system is the boundary, not the argument-level policy: every process a device starts
+runs under `bubblewrap` (user, mount, pid, ipc, uts and optionally network namespaces; a read-only
+view of the machine; the device's secrets hidden; a private `/proc`; killed with its device). Writes
+inside the write roots land in a private overlay layer per command, which is listed, held for
+approval when the policy reserves a change for a person, and applied (and journaled) afterwards.
+
+This package imports only `tether.protocol` and the standard library (DESIGN.md's layers).
+"""
+
+from tether.sandbox.detect import SandboxInfo, detect
+from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
+
+__all__ = ["SandboxInfo", "SandboxSpec", "SandboxUnavailable", "detect"]

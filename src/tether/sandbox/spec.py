@@ -1,0 +1,50 @@
+"""What a sandbox lets a process see and change: a pure description, built from the device's policy."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+
+class SandboxUnavailable(RuntimeError):
+    """No sandbox can be made here (no bwrap, no user namespaces...); the message says why and what to do."""
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(os.path.expanduser(path))
+
+
+def _outermost(paths: list[str]) -> tuple[str, ...]:
+    """Real paths with the ones inside another dropped: an overlay on `~` already covers `~/src`."""
+    real = sorted({_real(p) for p in paths}, key=len)
+    kept: list[str] = []
+    for p in real:
+        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+            kept.append(p)
+    return tuple(kept)
+
+
+@dataclass(frozen=True, slots=True)
+class SandboxSpec:
+    """The confinement of one device's processes.
+
+    `write_roots` are writable through a per-command overlay (changes captured); `live_write_roots`
+    are bound writable directly (changes happen at once and are not undoable); everything else is
+    read-only. `hidden` paths (the device's own state, token and config, key folders) are replaced
+    by an empty directory or an empty file. `network=False` gives a private network namespace with
+    only a loopback device.
+    """
+
+    write_roots: tuple[str, ...] = ()
+    live_write_roots: tuple[str, ...] = ()
+    hidden: tuple[str, ...] = ()
+    network: bool = True
+    layers_dir: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
+              network: bool = True, layers_dir: str = "") -> SandboxSpec:
+        live = _outermost(list(live_write_roots))
+        return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
+                   hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir)
