@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from tether.tools.policy import Policy, default_policy
 
 if TYPE_CHECKING:
+    from tether.sandbox.runner import Sandbox
     from tether.tools.journal import UndoJournal
 
 EventSink = Callable[[str, dict[str, Any]], None]
@@ -45,9 +46,11 @@ class ToolContext:
     # the event-loop time by which the caller stops this call anyway (its batch's timeout): a tool's
     # own time limit that would end later need not be armed (`tether.tools.runtime.call_spec`)
     deadline: float | None = None
+    # the device's OS sandbox (None: processes run unconfined, allowed only if the policy says so)
+    sandbox: Sandbox | None = None
 
     def for_call(self, *, session_id: str | None, call_id: str | None, approved_by: str | None,
                  emit: EventSink | None = None, deadline: float | None = None) -> ToolContext:
         # `replace` would do, at several times the cost, on every command
         return type(self)(self.policy, self.journal, session_id, call_id, approved_by, emit or self.emit,
-                          self.temp_dir, deadline)
+                          self.temp_dir, deadline, self.sandbox)

@@ -65,6 +65,13 @@ class ApprovalRules(BaseModel):
     overwrite_outside_temp: bool = True
 
 
+DEFAULT_HIDDEN: tuple[str, ...] = (
+    "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.config/gcloud", "~/.kube", "~/.docker", "~/.netrc",
+    "~/.git-credentials", "~/.config/gh", "~/.password-store", "~/.local/share/keyrings", "~/.config/tether",
+    "~/.local/state/tether", "~/.pgpass", "~/.npmrc", "~/.pypirc",
+)
+
+
 class Policy(BaseModel):
     """Loaded from YAML; every field has a safe default."""
 
@@ -85,6 +92,17 @@ class Policy(BaseModel):
         default_factory=lambda: ["http", "https"],
         description="URL schemes browser.act may open; about:blank is always allowed")
     browser_allow_evaluate: bool = Field(False, description="whether browser.act may run the agent's JavaScript")
+    # the OS sandbox around every process a device starts (tether.sandbox)
+    require_sandbox: bool | None = Field(
+        None, description="refuse to start processes when no sandbox can be made; unset: true for a device "
+                          "serving a server, false for local `tether exec` / `tether run` (with a warning)")
+    network: bool = Field(True, description="whether sandboxed processes reach the network (false: loopback only)")
+    hide_paths: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_HIDDEN),
+        description="paths sandboxed processes see as empty (the device's state, token and config are always added)")
+    live_write_roots: list[str] = Field(
+        default_factory=list, description="write roots bound directly into the sandbox: changes there happen at once "
+                                          "and are neither captured, held for approval nor undoable")
 
     @field_validator("commands")
     @classmethod
