@@ -206,8 +206,11 @@ async def detect_gpu() -> GPUInfo:
     return found or GPUInfo(available=False, model=None)
 
 
-async def collect_profile(device: LocalDevice, *, tags: Sequence[str] = ()) -> DeviceProfile:
-    """The profile this device registers with: hardware, OS, apps, and the default computer's tools."""
+async def collect_profile(device: LocalDevice, *, tags: Sequence[str] = (),
+                          sandbox: str | None = None) -> DeviceProfile:
+    """The profile this device registers with: hardware, OS, apps, the default computer's tools, and
+    `sandbox`, the kind `tether.sandbox.detect()` found when the device started (detected once, not per
+    registration: it costs a probe process)."""
     computer = await device.computer_manager.get_or_create(None)
     tools: list[ToolInfo] = computer.tool_infos()
     facts, gpu = await asyncio.gather(asyncio.to_thread(_host_facts), detect_gpu())
@@ -216,7 +219,8 @@ async def collect_profile(device: LocalDevice, *, tags: Sequence[str] = ()) -> D
     if gpu.available:
         capabilities.append("gpu")
     return DeviceProfile(**facts, gpu=gpu, mcp_servers=namespaces, tools=tools, tags=list(dict.fromkeys(tags)),
-                         capabilities=capabilities, **_user_facts(device.policy.write_roots, device.policy.read_roots))
+                         capabilities=capabilities, sandbox=sandbox,
+                         **_user_facts(device.policy.write_roots, device.policy.read_roots))
 
 
 def _user_facts(write_roots: Sequence[str], read_roots: Sequence[str]) -> dict[str, Any]:

@@ -65,6 +65,8 @@ class DeviceProfile(BaseModel):
     user: str | None = None
     write_roots: list[str] = Field(default_factory=list, description="where the policy lets tools write")
     read_roots: list[str] = Field(default_factory=list, description="where the policy lets tools read")
+    sandbox: str | None = Field(None, description="the OS sandbox around the processes the device starts "
+                                                  "('bwrap+overlay', …; 'none': unconfined; None: not reported)")
 
 
 class DeviceRequirements(BaseModel):
