@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
+import os
 import signal
+import stat
+import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
@@ -26,6 +31,9 @@ from tether.cli.common import (
     token_app,
 )
 from tether.remote import RemoteError, RemoteServer
+
+if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
 
 DbOpt = Annotated[Path | None, typer.Option("--db", help="server database (default: state dir/server.db)")]
 
@@ -129,6 +137,12 @@ def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     console().print(table)
 
 
+def _sandbox_cell(kind: str | None) -> str:
+    if kind is None:
+        return "-"  # not reported (offline before it registered, or an older device)
+    return "[yellow]none[/yellow]" if kind == "none" else kind
+
+
 @token_app.command("revoke")
 def token_revoke(token: Annotated[str, typer.Argument(help="token id, or a name (revokes all its tokens)")],
                  db: DbOpt = None) -> None:
@@ -153,44 +167,152 @@ def _when(stamp: float | str | None) -> str:
     return str(stamp)
 
 
+DEVICE_TOKEN_ENV = "TETHER_DEVICE_TOKEN"  # noqa: S105 (a variable name)
+REFUSED_ON_COMMAND_LINE = (
+    "--token is not accepted: a token on a command line is visible to every user of the machine "
+    "(ps, /proc/PID/cmdline); use --token-file PATH or the TETHER_DEVICE_TOKEN environment variable")
+
+
+def _scrub_initial_environ(name: str) -> bool:
+    """Overwrite the value of `name=…` in this process's environment strings, in place. True if done.
+
+    Removing a variable (os.environ.pop → unsetenv) only takes libc's *pointer* to the "NAME=value"
+    string out of the `environ` array; the bytes stay where the kernel put them at exec, in the
+    initial environment block on the stack, and /proc/PID/environ (readable by the same user, hence
+    by anything the device starts outside a sandbox) is read by the kernel from exactly that block.
+    So while `environ` still points at the string, zero its value bytes through ctypes; then unsetenv.
+    Linux (glibc or musl, which export `environ`) only; elsewhere there is no /proc/PID/environ.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+        environ = ctypes.POINTER(ctypes.c_void_p).in_dll(libc, "environ")
+    except (OSError, ValueError):
+        return False
+    libc.strncmp.argtypes = (ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t)
+    libc.strncmp.restype = ctypes.c_int
+    libc.strlen.argtypes = (ctypes.c_void_p,)
+    libc.strlen.restype = ctypes.c_size_t
+    prefix = name.encode() + b"="
+    done = False
+    index = 0
+    while (entry := environ[index]) is not None:  # NULL ends the array
+        if libc.strncmp(entry, prefix, len(prefix)) == 0:
+            length = libc.strlen(entry)
+            ctypes.memset(entry + len(prefix), 0, length - len(prefix))
+            done = True
+        index += 1
+    return done
+
+
+def take_device_token_from_env(name: str = DEVICE_TOKEN_ENV) -> str | None:
+    """The device token from the environment, which then holds no trace of it: not os.environ, not
+    libc's environ (so no child inherits it), not /proc/PID/environ (see _scrub_initial_environ)."""
+    value = os.environ.get(name)
+    if value is None:
+        return None
+    _scrub_initial_environ(name)
+    os.environ.pop(name, None)  # unsetenv as well
+    return value.strip() or None
+
+
+def read_token_file(path: Path, warn: Callable[[str], None]) -> str:
+    """The token in `path` (surrounding whitespace dropped); a file others may read gets a warning."""
+    try:
+        with path.open(encoding="utf-8") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            token = handle.read().strip()
+    except OSError as exc:
+        raise ValueError(f"cannot read token file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"token file {path} is not text: {exc.reason}") from exc
+    if not token:
+        raise ValueError(f"token file {path} is empty")
+    if mode & 0o077:
+        warn(f"token file {path} can be read by other users (mode {stat.S_IMODE(mode):04o}): chmod 600 {path}")
+    return token
+
+
 @app.command()
 def device(server: Annotated[str | None, typer.Option("--server", help="ws://HOST:PORT (or the config's)")] = None,
-           token: Annotated[str | None, typer.Option("--token", envvar="TETHER_DEVICE_TOKEN")] = None,
+           token_file: Annotated[Path | None, typer.Option(
+               "--token-file", help="file holding the device token (or set TETHER_DEVICE_TOKEN, which the device "
+                                    "clears; a token is never taken from the command line)")] = None,
+           token: Annotated[str | None, typer.Option("--token", hidden=True)] = None,
            name: Annotated[str | None, typer.Option("--name", help="must match the token's device")] = None,
            config: ConfigOpt = None, policy: PolicyOpt = None, state_dir: StateOpt = None, ca_file: CaOpt = None,
            tag: Annotated[list[str] | None, typer.Option("--tag", help="a tag for device selection")] = None,
            ) -> None:
     """Connect to a server, register this machine's profile, and serve commands until stopped."""
-    code = asyncio.run(_device(server, token, name, config, policy, state_dir, ca_file, tag or []))
+    env_token = take_device_token_from_env()  # first: gone from the environment whatever happens next
+    if token is not None:
+        _error(REFUSED_ON_COMMAND_LINE)
+        raise typer.Exit(2)
+    from tether.device.config import load_device_config
+
+    try:
+        cfg = load_device_config(config)
+        secret = _device_token(cfg, token_file, env_token)
+    except ValueError as exc:
+        _error(str(exc))
+        raise typer.Exit(2) from None
+    if not secret:
+        _error("no device token: pass --token-file PATH, set TETHER_DEVICE_TOKEN, or put server.token_file in "
+               "the config ('tether token create --device NAME' makes one)")
+        raise typer.Exit(2)
+    code = asyncio.run(_device(cfg, server, secret, name, policy, state_dir, ca_file, tag or []))
     raise typer.Exit(code)
 
 
-async def _device(server: str | None, token: str | None, name: str | None, config: Path | None,
-                  policy: Path | None, state_dir: Path | None, ca_file: str | None, tags: list[str]) -> int:
-    from tether.device.config import load_device_config
+def _device_token(cfg: DeviceConfig, token_file: Path | None, env_token: str | None) -> str | None:
+    """--token-file, else TETHER_DEVICE_TOKEN, else the config's server.token_file (or server.token)."""
+    if token_file is not None:
+        return read_token_file(token_file.expanduser(), _warn)
+    if env_token:
+        return env_token
+    if cfg.server.token_file:
+        path = Path(cfg.server.token_file).expanduser()
+        if not path.is_absolute() and cfg.source:
+            path = Path(cfg.source).parent / path
+        return read_token_file(path, _warn)
+    return cfg.server.token
+
+
+def _error(message: str) -> None:
+    console(err=True).print(f"[red]error:[/red] {message}", soft_wrap=True)  # one line, whatever the width
+
+
+def _warn(message: str) -> None:
+    console(err=True).print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)
+
+
+async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str | None, policy: Path | None,
+                  state_dir: Path | None, ca_file: str | None, tags: list[str]) -> int:
     from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
     from tether.device.local import build_device, resolve_policy
     from tether.device.profile import collect_profile
+    from tether.sandbox import detect
 
     out = console(err=True)
+    sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect))  # one probe process, while the rest loads
     try:
-        cfg = load_device_config(config)
-        base = Path(cfg.source).parent if cfg.source else None
         url = server or cfg.server.ws_url()
         if url.startswith(("http://", "https://")):
             url = "ws" + url[4:]
         if not url.rstrip("/").endswith("/aip"):
             url = url.rstrip("/") + "/aip"
-        secret = token or cfg.server.read_token(base)
         ssl_context = make_ssl_context(url, ca_file or cfg.server.ca_file)
         device = build_device(cfg, policy=resolve_policy(cfg, policy), state_dir=state_dir)
     except ValueError as exc:
-        out.print(f"[red]error:[/red] {exc}")
+        await sandbox_probe
+        _error(str(exc))
         return 2
-    if not secret:
-        out.print("[red]error:[/red] no device token: pass --token, set TETHER_DEVICE_TOKEN, or put "
-                  "server.token_file in the config ('tether token create --device NAME' makes one)")
-        return 2
+    sandbox = await sandbox_probe
+    if sandbox.available:
+        out.print(f"sandbox: {sandbox.kind} ({sandbox.detail})", soft_wrap=True)
+    else:
+        _warn(f"no sandbox: processes this device starts run unconfined; {sandbox.detail}")
     all_tags = list(dict.fromkeys([*cfg.device.tags, *tags]))
     def announce(state: str, conn: DeviceConnection) -> None:
         if state == "registered":
@@ -201,8 +323,8 @@ async def _device(server: str | None, token: str | None, name: str | None, confi
                       "reconnecting")
 
     connection = DeviceConnection(device.client, url, secret, name=name or cfg.device.name,
-                                  profile=lambda: collect_profile(device, tags=all_tags), ssl_context=ssl_context,
-                                  on_state=announce)
+                                  profile=lambda: collect_profile(device, tags=all_tags, sandbox=sandbox.kind),
+                                  ssl_context=ssl_context, on_state=announce)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, connection.stop)
@@ -220,7 +342,7 @@ async def _device(server: str | None, token: str | None, name: str | None, confi
 
 @app.command()
 def devices(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
-    """Show the server's devices: name, platform, status, last seen, load, capabilities."""
+    """Show the server's devices: name, platform, status, last seen, load, sandbox, capabilities."""
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             rows = remote.devices()
@@ -230,12 +352,19 @@ def devices(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = N
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title=f"{len(rows)} devices")
-    for col in ("name", "platform", "status", "last seen", "load", "capabilities"):
+    for col in ("name", "platform", "status", "last seen", "load", "sandbox", "capabilities"):
         table.add_column(col)
     now = time.time()
     for r in rows:
         seen = f"{now - r['last_seen']:.0f}s ago" if r.get("last_seen") else "-"
         style = {"online": "green", "busy": "yellow", "offline": "red"}.get(r["status"], "white")
         table.add_row(r["name"], r.get("platform") or "-", f"[{style}]{r['status']}[/{style}]", seen,
-                      str(r.get("load", 0)), ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else ""))
+                      str(r.get("load", 0)), _sandbox_cell(r.get("sandbox")),
+                      ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else ""))
     console().print(table)
+
+
+def _sandbox_cell(kind: str | None) -> str:
+    if kind is None:
+        return "-"  # not reported (offline before it registered, or an older device)
+    return "[yellow]none[/yellow]" if kind == "none" else kind

@@ -37,6 +37,7 @@ class DeviceView(BaseModel):
     tags: list[str] = Field(default_factory=list)
     gpu: bool = False
     address: str | None = None
+    sandbox: str | None = None
 
 
 class DeviceDetail(DeviceView):
@@ -112,7 +113,7 @@ def _view(record: DeviceRecord, detail: bool = False) -> DeviceView:
         "platform": profile.os.platform if profile else None,
         "capabilities": profile.capabilities if profile else [],
         "tags": profile.tags if profile else [], "gpu": bool(profile and profile.gpu.available),
-        "address": getattr(record, "address", None),
+        "address": getattr(record, "address", None), "sandbox": profile.sandbox if profile else None,
     }
     return DeviceDetail(**data, profile=profile) if detail else DeviceView(**data)
 
