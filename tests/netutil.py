@@ -157,11 +157,12 @@ class Cluster:
 
     def device(self, name: str, token: str | None = None, port: int | None = None, extra: tuple[str, ...] = (),
                env: dict[str, str] | None = None) -> Proc:
+        """A `tether device` process; its token travels in TETHER_DEVICE_TOKEN, never on its command line."""
         args = ["device", "--server", f"ws://127.0.0.1:{port or self.port}", "--name", name,
                 "--state-dir", str(self.state / f"dev-{name}"), *extra]
-        if token is not None or name in self.device_tokens:
-            args += ["--token", token if token is not None else self.device_tokens[name]]
-        return self.start(args, f"device-{name}", env)
+        secret = token if token is not None else self.device_tokens.get(name)
+        return self.start(args, f"device-{name}", {**({"TETHER_DEVICE_TOKEN": secret} if secret else {}),
+                                                   **(env or {})})
 
     def status(self, name: str) -> str | None:
         for row in self.remote.devices():

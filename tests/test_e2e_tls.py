@@ -44,15 +44,16 @@ def test_device_and_cli_over_tls(tmp_path, pki):
         with pytest.raises(RemoteError, match="cannot reach"):
             RemoteServer(f"https://127.0.0.1:{port}", api_token).health()  # not trusted without the CA
 
-        untrusting = Proc(["device", "--server", f"wss://127.0.0.1:{port}", "--token", device_token,
-                           "--state-dir", str(state / "d0")], tmp_path / "untrusting.log", env)
+        device_env = {**env, "TETHER_DEVICE_TOKEN": device_token}  # never on a command line
+        untrusting = Proc(["device", "--server", f"wss://127.0.0.1:{port}", "--state-dir", str(state / "d0")],
+                          tmp_path / "untrusting.log", device_env)
         procs.append(untrusting)
         wait_for(lambda: "certificate" in untrusting.output().lower(), "certificate refusal in the log", 60,
                  (untrusting.popen,))
         untrusting.stop()
 
-        device = Proc(["device", "--server", f"wss://127.0.0.1:{port}", "--token", device_token,
-                       "--ca-file", str(pki["ca"]), "--state-dir", str(state / "d1")], tmp_path / "device.log", env)
+        device = Proc(["device", "--server", f"wss://127.0.0.1:{port}", "--ca-file", str(pki["ca"]),
+                       "--state-dir", str(state / "d1")], tmp_path / "device.log", device_env)
         procs.append(device)
         wait_for(lambda: any(d["name"] == "secure" and d["status"] != "offline" for d in remote.devices()),
                  "device over wss", 60, (device.popen,))

@@ -100,9 +100,9 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
         remote = RemoteServer(f"http://127.0.0.1:{port}", api_token)
         _wait_until(lambda: remote.health()["status"] == "ok", "server", 30, procs)
         console.print(f"server up (pid {procs[0].pid})")
-        procs.append(subprocess.Popen([*cli, "device", "--server", f"ws://127.0.0.1:{port}", "--token",
-                                       device_token, "--name", "demo-device", "--state-dir", str(state)],
-                                      env=env, stderr=subprocess.DEVNULL))
+        procs.append(subprocess.Popen([*cli, "device", "--server", f"ws://127.0.0.1:{port}", "--name", "demo-device",
+                                       "--state-dir", str(state)],  # the token in its environment, which it clears
+                                      env={**env, "TETHER_DEVICE_TOKEN": device_token}, stderr=subprocess.DEVNULL))
         _wait_until(lambda: any(d["name"] == "demo-device" and d["status"] != "offline"
                                 for d in remote.devices()), "device registration", 60, procs)
         [info] = [d for d in remote.devices() if d["name"] == "demo-device"]
