@@ -21,6 +21,7 @@ from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import ToolContext, default_state_dir
 from tether.tools.journal import UndoJournal
 from tether.tools.policy import Policy, default_policy, load_policy, policy_from_mapping
+from tether.tools.sandboxing import make_sandbox
 
 
 @dataclass
@@ -40,7 +41,11 @@ class LocalDevice:
                                       root_name=root_name)
 
     async def aclose(self) -> None:
-        await self.mcp_server_manager.aclose()
+        try:
+            await self.mcp_server_manager.aclose()
+        finally:
+            if self.context.sandbox is not None:
+                await self.context.sandbox.aclose()
 
 
 def resolve_policy(config: DeviceConfig, policy_path: str | os.PathLike[str] | None = None) -> Policy:
@@ -57,13 +62,21 @@ def resolve_policy(config: DeviceConfig, policy_path: str | os.PathLike[str] | N
 
 
 def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = None,
-                 state_dir: str | os.PathLike[str] | None = None, client_id: str = "local") -> LocalDevice:
+                 state_dir: str | os.PathLike[str] | None = None, client_id: str = "local",
+                 serving: bool = False, sandbox: bool = True, secrets: list[str] | None = None) -> LocalDevice:
+    """`serving`: the device runs commands for a server, so a sandbox is required unless the policy says
+    otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path, `--no-sandbox`);
+    `secrets` are more paths the sandbox hides (the token file)."""
     config = config or load_device_config(None)
     policy = policy or resolve_policy(config)
+    if policy.require_sandbox is None:
+        policy = policy.model_copy(update={"require_sandbox": serving})
     root = Path(state_dir or config.device.state_dir or default_state_dir()).expanduser()
     journal = UndoJournal(root)
-    context = ToolContext(policy=policy, journal=journal)
-    servers = MCPServerManager(toolsets=builtin_toolsets())
+    hidden = [str(root), *(secrets or []), *([config.source] if config.source else [])]
+    confined = make_sandbox(policy, hidden=hidden) if sandbox else None
+    context = ToolContext(policy=policy, journal=journal, sandbox=confined)
+    servers = MCPServerManager(toolsets=builtin_toolsets(), context=context)  # its sandbox confines stdio servers
     computers = ComputerManager(config, servers, context=context)
     client = DeviceClient(servers, computers, client_id=config.device.name or client_id)
     return LocalDevice(config, policy, root, journal, context, servers, computers, client)

@@ -16,7 +16,11 @@ import signal
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tether.sandbox.runner import Sandbox
 
 KILL_GRACE_S = 2.0
 CHUNK_BYTES = 64 * 1024
@@ -120,7 +124,8 @@ async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
 async def run_process(argv: list[str], *, cwd: str, env: dict[str, str] | None, stdin: bytes | None,
                       max_output: int, on_output: OutputSink | None = None,
                       on_start: Callable[[int], None] | None = None,
-                      executable: str | None = None) -> ProcessResult:
+                      executable: str | None = None, sandbox: Sandbox | None = None,
+                      layer: Path | None = None) -> ProcessResult:
     """Run `argv` in `cwd` and return its outcome.
 
     `executable` is the file to run when the caller has resolved it (argv[0] stays what the program
@@ -128,14 +133,23 @@ async def run_process(argv: list[str], *, cwd: str, env: dict[str, str] | None, 
     `safe_environment()`. `on_output(stream, chunk)` sees output as it arrives (a sink that raises
     aborts the run); `on_start(pid)` lets a caller that may time out report which process it killed.
     Cancellation or any error kills the process group and re-raises.
+
+    With a `sandbox`, the process is started confined by it (`executable` is then required: the file
+    the policy checked is the one executed), its writes captured in `layer` if one is given, and a
+    kill takes its whole pid namespace.
     """
     if not argv:
         raise ValueError("argv is empty: nothing to run")
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv, executable=executable, cwd=cwd, env=safe_environment(env), start_new_session=True,
-        stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    proc: Any
+    if sandbox is not None:
+        proc = await sandbox.spawn(argv, executable=executable or argv[0], cwd=cwd, env=safe_environment(env),
+                                   stdin=stdin is not None, layer=layer)
+    else:
+        proc = await asyncio.create_subprocess_exec(
+            *argv, executable=executable, cwd=cwd, env=safe_environment(env), start_new_session=True,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     tasks: list[asyncio.Task[Any]] = []
     try:
         if on_start is not None:
@@ -152,9 +166,10 @@ async def run_process(argv: list[str], *, cwd: str, env: dict[str, str] | None, 
     except BaseException:
         for task in tasks:
             task.cancel()
-        await terminate_group(proc)
+        await (proc.terminate() if sandbox is not None else terminate_group(proc))
         raise
-    _signal_group(proc.pid, signal.SIGKILL)  # background stragglers that closed their pipes
+    if sandbox is None:
+        _signal_group(proc.pid, signal.SIGKILL)  # background stragglers that closed their pipes
     (stdout, stdout_cut), (stderr, stderr_cut) = out_task.result(), err_task.result()
     return ProcessResult(exit_code=exit_code, stdout=stdout, stderr=stderr, stdout_truncated=stdout_cut,
                          stderr_truncated=stderr_cut, duration_s=time.monotonic() - started, pid=proc.pid)

@@ -23,6 +23,8 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from tether.sandbox.layer import discard, scan
+from tether.tools import shell_capture
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, check_cwd, real, within
@@ -110,12 +112,18 @@ def split_command(line: str) -> tuple[str, list[str]]:
 
 
 def resolve_program(ctx: ToolContext, cmd: str) -> str:
-    """The executable `cmd` names, refusing ones the agent itself could have put in place.
+    """The file `cmd` names, resolved once here: what the sandbox executes is this file, opened here.
 
-    The policy judges `/some/dir/ls` as `ls`; that only holds if the file is the system's `ls`,
-    not a shell the agent copied or symlinked there. So an explicit path inside the writable roots
-    is refused (rule `escape.writable-executable`), and so is anything that really is `sudo` & co.
+    The policy judges `/some/dir/ls` as `ls`; that only holds if the file is the system's `ls`, not a
+    shell the agent copied or symlinked there. So a program that lies (or links) inside the writable
+    roots is refused (rule `escape.writable-executable`), however it was named (a path, or a PATH
+    lookup), and so is a path through /proc (its magic links resolve differently in every process)
+    and anything that really is `sudo` & co. The result is the real path, so a link swapped in later
+    cannot change which file runs.
     """
+    if cmd.startswith("/proc/") or "/proc/" in os.path.normpath(cmd):
+        raise PolicyDenied("cmd.invalid", f"{cmd} goes through /proc, whose links mean something else in every "
+                                          "process; call the program by name or by its real path")
     found = shutil.which(cmd)
     if found is None:
         raise ToolError(f"command not found: {cmd}" + ("" if "/" in cmd else " (not on PATH)"))
@@ -125,12 +133,19 @@ def resolve_program(ctx: ToolContext, cmd: str) -> str:
         raise PolicyDenied("always-denied", f"{cmd} is {target}, which is never allowed")
     placed = real(os.path.dirname(path)) / os.path.basename(path)
     roots = [real(r) for r in ctx.policy.write_roots]
-    if "/" in cmd and (within(placed, roots) or within(Path(target), roots)) \
-            and not lifted(ctx.policy, "escape.writable-executable"):
+    if (within(placed, roots) or within(Path(target), roots)) and not lifted(ctx.policy, "escape.writable-executable"):
         raise PolicyDenied("escape.writable-executable",
-                           f"{cmd} lies inside the writable roots, where anything could have been placed under "
-                           f"an allowed name; call the program by name")
-    return path
+                           f"{cmd} is {target}, inside the writable roots, where anything could have been placed "
+                           f"under an allowed name; install the program outside them or call the system's copy")
+    return target
+
+
+def require_sandbox(ctx: ToolContext, what: str) -> None:
+    """No sandbox here: refuse to start a process when the policy requires one (a device serving a server)."""
+    if ctx.sandbox is None and ctx.policy.require_sandbox:
+        raise PolicyDenied("sandbox.required", f"{what} would run unconfined: this device has no sandbox "
+                                               "(install bubblewrap and allow user namespaces), and its policy "
+                                               "requires one (require_sandbox: true)")
 
 
 def _operands(args: list[str]) -> list[str]:
@@ -174,7 +189,7 @@ def _exit_summary(code: int, stderr: str) -> str:
 
 async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | None, env: dict[str, str] | None,
                    stdin: str | None, timeout: float | None, dry_run: bool, read_only: bool,
-                   camel: bool) -> dict[str, Any]:
+                   camel: bool, preview: bool = False) -> dict[str, Any]:
     """The one path every shell tool takes: policy, cwd jail, program, approval, then the process."""
     decision = check_command(ctx.policy, cmd, args, stdin=stdin, read_only=read_only)
     if not decision.allowed:
@@ -184,13 +199,29 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
         raise PolicyDenied(verdict.rule, verdict.reason)
     workdir = check_cwd(ctx.policy, cwd)
     program = resolve_program(ctx, cmd)
-    approval = approval_rule(ctx, cmd, args, workdir)
-    preview = shlex.join([cmd, *args])
+    require_sandbox(ctx, f"`{shlex.join([cmd, *args])}`")
+    sandbox = ctx.sandbox
+    capture = sandbox is not None and not read_only and bool(sandbox.spec.write_roots)
+    # Confined, a command's changes are judged as they happen (see shell_capture); unconfined, the
+    # argument-level rules for rm/rmdir/mv are all there is.
+    approval = None if capture else approval_rule(ctx, cmd, args, workdir)
+    preview_text = shlex.join([cmd, *args])
     if dry_run:
-        return {"ok": True, "dryRun": True, "preview": preview, "cwd": str(workdir), "allowed": True,
-                "program": program, "rule": decision.rule, "needsApproval": approval}
+        return {"ok": True, "dryRun": True, "preview": preview_text, "cwd": str(workdir), "allowed": True,
+                "program": program, "rule": decision.rule, "needsApproval": approval,
+                "sandbox": sandbox.kind if sandbox else "none", "captured": capture}
     if approval and not ctx.approved_by:
-        raise NeedsApproval(approval, f"`{preview}` deletes or moves files outside the temp directory")
+        raise NeedsApproval(approval, f"`{preview_text}` deletes or moves files outside the temp directory")
+    key = shell_capture.fingerprint(ctx, cmd, args, str(workdir), env, stdin) if capture else ""
+    held = shell_capture.take_held(ctx, key) if capture else None
+    if held is not None:  # approved: apply what the command did when it ran, without running it again
+        body = dict(held.payload)
+        body["changes"] = shell_capture.apply_changes(ctx, held.layer, held.changes)
+        body["applied_after_approval"] = True
+        if body.get("exitCode", body.get("exit_code")) not in (0, None):
+            raise ToolError(_exit_summary(body.get("exitCode", body.get("exit_code")), body["stderr"]), body)
+        return body
+    layer = sandbox.new_layer() if capture and sandbox is not None else None
 
     kept: dict[str, bytearray] = {"stdout": bytearray(), "stderr": bytearray()}
     decoders = {name: codecs.getincrementaldecoder("utf-8")(errors="replace") for name in kept}
@@ -218,16 +249,33 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
         async with asyncio.timeout(timeout):
             result = await run_process([cmd, *args], executable=program, cwd=str(workdir), env=env,
                                        stdin=None if stdin is None else stdin.encode(), max_output=limit,
-                                       on_output=on_output, on_start=pids.append)
+                                       on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer)
     except TimeoutError:
+        if layer is not None:
+            discard(layer)
         out, err = bytes(kept["stdout"]), bytes(kept["stderr"])
         body = payload(None, out, err, (len(out) >= limit, len(err) >= limit), time.monotonic() - started)
         body["timedOut"] = True
-        raise ToolError(f"`{preview}` timed out after {timeout:g}s; its process group was killed", body) from None
+        note = "; nothing it wrote was applied" if layer is not None else ""
+        raise ToolError(f"`{preview_text}` timed out after {timeout:g}s; its process group was killed{note}",
+                        body) from None
     except OSError as exc:
+        if layer is not None:
+            discard(layer)
         raise ToolError(f"could not start {cmd}: {exc.strerror or exc}") from None
+    except BaseException:
+        if layer is not None:
+            discard(layer)
+        raise
     body = payload(result.exit_code, result.stdout, result.stderr,
                    (result.stdout_truncated, result.stderr_truncated), result.duration_s)
+    if sandbox is not None:
+        body["sandbox"] = sandbox.kind
+    if layer is not None:
+        changes = await asyncio.to_thread(scan, layer, sandbox.spec.write_roots)  # type: ignore[union-attr]
+        body["changes"] = shell_capture.settle(ctx, key, layer, changes, body, preview_text, hold_only=preview)
+        if preview:
+            body["preview"] = True
     if result.exit_code != 0:
         raise ToolError(_exit_summary(result.exit_code, body["stderr"]), body)
     return body
@@ -236,7 +284,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
 @tool("shell.run", tool_type="action")
 async def run(ctx: ToolContext, cmd: str, argv: list[str] = [],  # noqa: B006 (never mutated; the schema shows [])
               cwd: str | None = None, env: dict[str, str] | None = None, stdin: str | None = None,
-              timeoutMs: Annotated[int, Field(gt=0)] | None = None, dryRun: bool = False) -> dict[str, Any]:
+              timeoutMs: Annotated[int, Field(gt=0)] | None = None, dryRun: bool = False,
+              preview: bool = False) -> dict[str, Any]:
     """Run one program (a bare name like `git`, or an absolute path) with its arguments in argv, never
     through a shell, in cwd (required; it must lie inside the allowed roots). The program and its
     arguments must pass the command policy; dryRun checks everything and runs nothing. Returns
@@ -248,7 +297,7 @@ async def run(ctx: ToolContext, cmd: str, argv: list[str] = [],  # noqa: B006 (n
     """
     return await _execute(ctx, cmd, list(argv), cwd=cwd, env=env, stdin=stdin,
                           timeout=None if timeoutMs is None else timeoutMs / 1000, dry_run=dryRun,
-                          read_only=False, camel=True)
+                          read_only=False, camel=True, preview=preview)
 
 
 @tool(tool_type="action")

@@ -1,0 +1,64 @@
+"""The bubblewrap command lines tether runs: the warden's (a warm sandbox) and a plain one for live processes.
+
+Both share one base: a new user, pid, ipc, uts and cgroup namespace (network too when the policy
+turns it off), the whole machine read-only, a private `/proc` and `/dev`, a new session (no
+TIOCSTI into the device's terminal), and `--die-with-parent`, so nothing outlives the device.
+Hidden paths come last, so a hidden path inside a writable root stays hidden.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tether.sandbox.spec import SandboxSpec
+
+
+def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
+    args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+            "--die-with-parent", "--new-session", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
+    if not spec.network:
+        args.append("--unshare-net")
+    return args
+
+
+def hide_args(spec: SandboxSpec) -> list[str]:
+    """An empty read-only directory over each hidden directory, /dev/null over each hidden file."""
+    args: list[str] = []
+    for path in spec.hidden:
+        if os.path.isdir(path) and not os.path.islink(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.lexists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return args
+
+
+def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwrap: str = "bwrap") -> list[str]:
+    """A bwrap command running `argv` with the write roots bound writable directly (nothing captured).
+
+    For processes that outlive a call (a stdio MCP server, an application): their writes cannot wait
+    for the call to end, so they are not captured, approved or undoable; the rest still holds.
+    """
+    args = _base(bwrap, spec)
+    for root in (*spec.write_roots, *spec.live_write_roots):
+        if os.path.isdir(root):
+            args += ["--bind", root, root]
+    args += hide_args(spec)
+    if cwd:
+        args += ["--chdir", cwd]
+    return [*args, "--", *argv]
+
+
+def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "bwrap") -> list[str]:
+    """The warm sandbox: bwrap running tether's warden, which forks one confined process per command.
+
+    The warden keeps CAP_SYS_ADMIN and CAP_SETPCAP inside its own user namespace only, to mount each
+    command's overlay and to drop every capability before the command's program is executed.
+    """
+    args = [*_base(bwrap, spec), "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
+    for root in spec.live_write_roots:
+        if os.path.isdir(root):
+            args += ["--bind", root, root]
+    if spec.layers_dir:
+        args += ["--bind", spec.layers_dir, spec.layers_dir]
+    args += hide_args(spec)
+    return [*args, "--", python, "-I", "-m", "tether.sandbox.warden", str(sock_fd)]

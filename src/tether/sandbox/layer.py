@@ -1,0 +1,304 @@
+"""A command's overlay layer: what it changed (scan), putting that into the real tree (apply), discard.
+
+The overlay's upper directory holds exactly what the command wrote: new and modified files whole,
+a deletion as a whiteout (a character device 0/0), a directory whose old content was removed as an
+*opaque* directory. `scan` turns that into a list of `Change`s judged against the real tree, leaving
+out files copied up but left as they were. `apply` first checks that nothing it would touch changed
+in the real tree since the scan (else `ApplyConflict`, nothing applied), then, change by change,
+asks `record` to journal it (so undo can put it back) and makes it — through directory fds walked
+from the root without following any link, so a symlink planted in the real tree cannot redirect it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+Kind = Literal["created", "modified", "deleted", "renamed"]
+Record = Callable[[str, str, "str | None"], None]  # (journal action, path, dest) before each change
+_OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
+_CHUNK = 1 << 16
+
+
+class ApplyConflict(RuntimeError):
+    """The real tree changed under a captured change since the command ran; nothing was applied."""
+
+    def __init__(self, paths: list[str]) -> None:
+        listed = ", ".join(paths[:10]) + (" ..." if len(paths) > 10 else "")
+        super().__init__(f"changed since the command ran: {listed}")
+        self.paths = paths
+
+
+@dataclass(slots=True)
+class Change:
+    path: str
+    kind: Kind
+    bytes: int
+    node: Literal["file", "dir", "symlink"]
+    root: str
+    source: str | None = None  # the upper-layer entry with the new content
+    was: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of what the real tree held
+    moved_from: str | None = None
+    mode: int = 0o644
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def public(self) -> dict[str, object]:
+        out: dict[str, object] = {"path": self.path, "kind": self.kind, "bytes": self.bytes}
+        if self.node != "file":
+            out["type"] = self.node
+        if self.moved_from:
+            out["from"] = self.moved_from
+        return out
+
+
+def _sig(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _lstat(path: str) -> os.stat_result | None:
+    try:
+        return os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _node(st: os.stat_result) -> Literal["file", "dir", "symlink"]:
+    return "dir" if stat.S_ISDIR(st.st_mode) else "symlink" if stat.S_ISLNK(st.st_mode) else "file"
+
+
+def _opaque(path: str) -> bool:
+    for name in _OPAQUE:
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+    return False
+
+
+def _same_file(a: str, sa: os.stat_result, b: str, sb: os.stat_result) -> bool:
+    if stat.S_ISLNK(sa.st_mode) or stat.S_ISLNK(sb.st_mode):
+        return stat.S_ISLNK(sa.st_mode) and stat.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
+    if sa.st_size != sb.st_size or stat.S_IMODE(sa.st_mode) != stat.S_IMODE(sb.st_mode):
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            ca, cb = fa.read(_CHUNK), fb.read(_CHUNK)
+            if ca != cb:
+                return False
+            if not ca:
+                return True
+
+
+def _tree_bytes(path: str) -> int:
+    total = 0
+    for base, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(base, name)).st_size
+    return total
+
+
+class _Scan:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.out: list[Change] = []
+
+    def deleted(self, real: str, st: os.stat_result) -> None:
+        size = _tree_bytes(real) if stat.S_ISDIR(st.st_mode) else st.st_size
+        self.out.append(Change(real, "deleted", size, _node(st), self.root, was=_sig(st)))
+
+    def created(self, upper: str, real: str, st: os.stat_result) -> None:
+        self.out.append(Change(real, "created", 0 if stat.S_ISDIR(st.st_mode) else st.st_size, _node(st), self.root,
+                               source=upper, mode=stat.S_IMODE(st.st_mode)))
+        if stat.S_ISDIR(st.st_mode):
+            with os.scandir(upper) as entries:
+                for e in sorted(entries, key=lambda e: e.name):
+                    est = e.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode) or stat.S_ISLNK(est.st_mode):
+                        self.created(e.path, os.path.join(real, e.name), est)
+
+    def walk(self, upper: str, real: str) -> None:
+        with os.scandir(upper) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        if _opaque(upper) and os.path.isdir(real):
+            kept = {e.name for e in entries}
+            for name in sorted(os.listdir(real)):
+                st = _lstat(os.path.join(real, name))
+                if name not in kept and st is not None:
+                    self.deleted(os.path.join(real, name), st)
+        for e in entries:
+            self.entry(e.path, os.path.join(real, e.name), e.stat(follow_symlinks=False))
+
+    def entry(self, upper: str, real: str, st: os.stat_result) -> None:
+        lower = _lstat(real)
+        if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
+            if lower is not None:
+                self.deleted(real, lower)
+            return
+        if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            return  # fifos, sockets, device nodes: nothing a command should leave in a user's tree
+        if lower is not None and stat.S_ISDIR(st.st_mode) and stat.S_ISDIR(lower.st_mode):
+            self.walk(upper, real)
+            return
+        if lower is None:
+            self.created(upper, real, st)
+        elif stat.S_ISDIR(lower.st_mode) or stat.S_ISDIR(st.st_mode):
+            self.deleted(real, lower)
+            self.created(upper, real, st)
+        elif not _same_file(upper, st, real, lower):
+            self.out.append(Change(real, "modified", st.st_size, _node(st), self.root, source=upper, was=_sig(lower),
+                                   mode=stat.S_IMODE(st.st_mode)))
+
+
+def scan(layer: Path, roots: tuple[str, ...]) -> list[Change]:
+    """Every change the command made under `roots`, parents before children; renames paired up."""
+    changes: list[Change] = []
+    for i, root in enumerate(roots):
+        upper = layer / str(i) / "u"
+        if upper.is_dir():
+            s = _Scan(root)
+            s.walk(str(upper), root)
+            changes += s.out
+    return _pair_renames(changes)
+
+
+def _pair_renames(changes: list[Change]) -> list[Change]:
+    """A deleted file and a created one with the same bytes: a rename (`mv`), journaled as a move."""
+    gone = {}
+    for c in changes:
+        if c.kind == "deleted" and c.node == "file":
+            gone.setdefault(c.bytes, []).append(c)
+    if not gone:
+        return changes
+    out: list[Change] = []
+    used: set[int] = set()
+    for c in changes:
+        if c.kind == "created" and c.node == "file" and c.source and c.bytes in gone:
+            match = next((d for d in gone[c.bytes] if id(d) not in used
+                          and _same_file(c.source, os.lstat(c.source), d.path, os.lstat(d.path))), None)
+            if match is not None:
+                used.add(id(match))
+                c.kind, c.moved_from, c.was = "renamed", match.path, match.was
+        out.append(c)
+    return [c for c in out if id(c) not in used]
+
+
+# ---------------------------------------------------------------------------------------- applying
+
+
+def _parent_fd(root: str, path: str, *, create: bool) -> tuple[int, str]:
+    """An fd of `path`'s parent reached from `root` one component at a time, never through a link."""
+    rel = os.path.relpath(path, root)
+    parts = [] if rel == "." else rel.split(os.sep)
+    if not parts or ".." in parts:
+        raise PermissionError(f"{path} is not inside {root}")
+    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in parts[:-1]:
+            try:
+                nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                os.mkdir(part, 0o755, dir_fd=fd)
+                nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            except (NotADirectoryError, OSError) as exc:
+                if isinstance(exc, FileNotFoundError):
+                    raise
+                raise PermissionError(f"{os.path.join(root, *parts[:parts.index(part) + 1])} is not a plain "
+                                      "directory any more (a link?); refusing to write through it") from None
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, parts[-1]
+
+
+def _conflicts(changes: list[Change]) -> list[str]:
+    bad = []
+    for c in changes:
+        target = c.moved_from if c.kind == "renamed" else c.path
+        st = _lstat(target) if target else None
+        if c.was is not None and (st is None or _sig(st) != c.was):
+            bad.append(target or c.path)
+        if c.kind in ("created", "renamed") and _lstat(c.path) is not None \
+                and not any(d.kind == "deleted" and d.path == c.path for d in changes):
+            bad.append(c.path)
+    return bad
+
+
+def _order(changes: list[Change]) -> Iterator[Change]:
+    deletions = [c for c in changes if c.kind == "deleted"]
+    yield from sorted(deletions, key=lambda c: -c.path.count("/"))
+    yield from (c for c in changes if c.kind == "created" and c.node == "dir")
+    yield from (c for c in changes if c.kind == "renamed")
+    yield from (c for c in changes if c.kind in ("created", "modified") and c.node != "dir")
+
+
+def _place(c: Change, pfd: int, name: str) -> None:
+    assert c.source is not None
+    tmp = f".tether-apply-{os.urandom(6).hex()}"
+    if c.node == "symlink":
+        os.symlink(os.readlink(c.source), tmp, dir_fd=pfd)
+    else:
+        os.chmod(c.source, c.mode & 0o777)  # never a set-uid bit from a sandbox
+        try:
+            os.rename(c.source, tmp, dst_dir_fd=pfd)
+        except OSError:  # another filesystem: copy
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, c.mode & 0o777,
+                         dir_fd=pfd)
+            with open(c.source, "rb") as src, open(fd, "wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+    try:
+        os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=pfd)
+        raise
+
+
+def apply(changes: list[Change], record: Record) -> None:
+    """Journal and make each change; `ApplyConflict` (nothing done) if the real tree moved meanwhile."""
+    bad = _conflicts(changes)
+    if bad:
+        raise ApplyConflict(bad)
+    for c in _order(changes):
+        pfd, name = _parent_fd(c.root, c.path, create=c.kind != "deleted")
+        try:
+            if c.kind == "deleted":
+                record("delete", c.path, None)
+                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    shutil.rmtree(name, dir_fd=pfd)
+                else:
+                    os.unlink(name, dir_fd=pfd)
+            elif c.kind == "renamed":
+                assert c.moved_from is not None
+                record("move", c.moved_from, c.path)
+                sfd, sname = _parent_fd(c.root, c.moved_from, create=False)
+                try:
+                    os.rename(sname, name, src_dir_fd=sfd, dst_dir_fd=pfd)
+                finally:
+                    os.close(sfd)
+            elif c.node == "dir":
+                record("mkdir", c.path, None)
+                os.mkdir(name, c.mode & 0o777, dir_fd=pfd)
+            else:
+                record("write", c.path, None)
+                _place(c, pfd, name)
+        finally:
+            os.close(pfd)
+
+
+def discard(layer: Path) -> None:
+    """Remove a layer; the overlay's work directory is left mode 000, so open it up first."""
+    for work in layer.glob("*/w/work"):
+        with contextlib.suppress(OSError):
+            os.chmod(work, 0o700)
+    shutil.rmtree(layer, ignore_errors=True)

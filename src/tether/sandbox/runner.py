@@ -1,0 +1,277 @@
+"""The device's side of the sandbox: one warm warden, and a process handle per command.
+
+`Sandbox.spawn` sends the warden a `run` request with the program's open file (so what runs is the
+file the policy checked, whatever a path inside the sandbox would resolve to) and the command's
+stdio pipes; the returned `SandboxedProcess` looks like an asyncio subprocess to the code that
+streams output and enforces timeouts. The warden starts on first use and again if it dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import socket
+import stat
+import sys
+from pathlib import Path
+from typing import Any
+
+from tether.sandbox.bwrap import warden_argv
+from tether.sandbox.detect import SandboxInfo
+from tether.sandbox.held import HeldLayers
+from tether.sandbox.layer import discard
+from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
+
+logger = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 15.0
+MAX_REPLY = 1 << 16
+
+
+class SandboxedProcess:
+    """What `tether.tools.process` needs of a process: pid, pipes, wait() and kill()."""
+
+    def __init__(self, sandbox: Sandbox, request_id: int, pid: int, exited: asyncio.Future[int],
+                 stdin: asyncio.StreamWriter | None, stdout: asyncio.StreamReader,
+                 stderr: asyncio.StreamReader) -> None:
+        self._sandbox, self._id, self.pid, self._exited = sandbox, request_id, pid, exited
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.returncode: int | None = None
+
+    async def wait(self) -> int:
+        self.returncode = await asyncio.shield(self._exited)
+        return self.returncode
+
+    def kill(self) -> None:
+        """SIGKILL the command's pid namespace: the command and everything it started."""
+        if not self._exited.done():
+            self._sandbox._send({"op": "kill", "id": self._id})
+
+    async def terminate(self) -> None:
+        self.kill()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.wait(), START_TIMEOUT_S)
+
+
+class Sandbox:
+    """The device's sandbox: owns the warden process; closed with the device."""
+
+    def __init__(self, info: SandboxInfo, spec: SandboxSpec) -> None:
+        if not info.available or not info.bwrap:
+            raise SandboxUnavailable(info.detail)
+        if not spec.layers_dir:
+            raise SandboxUnavailable("the sandbox needs a layers directory outside the write roots")
+        self.info, self.spec = info, spec
+        self._proc: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._starting: asyncio.Lock | None = None
+        self._waiters: dict[int, tuple[asyncio.Future[int], asyncio.Future[int]]] = {}
+        self._ids = itertools.count(1)
+        self._layer_ids = itertools.count(1)
+        self._closed = False
+        self.held = HeldLayers()
+
+    @property
+    def kind(self) -> str:
+        return self.info.kind
+
+    # ----------------------------------------------------------------------------------- warden
+
+    async def _ensure(self) -> socket.socket:
+        if self._closed:
+            raise SandboxUnavailable("the sandbox is closed (the device is stopping)")
+        if self._sock is not None and self._proc is not None and self._proc.returncode is None:
+            return self._sock
+        if self._starting is None:
+            self._starting = asyncio.Lock()
+        async with self._starting:
+            if self._sock is None or self._proc is None or self._proc.returncode is not None:
+                await self._start()
+        assert self._sock is not None
+        return self._sock
+
+    async def _start(self) -> None:
+        self._drop_warden("the sandbox restarted")
+        os.makedirs(self.spec.layers_dir, mode=0o700, exist_ok=True)
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
+        argv = warden_argv(self.spec, sys.executable, theirs.fileno(), bwrap=self.info.bwrap or "bwrap")
+        try:
+            self._proc = await asyncio.create_subprocess_exec(
+                *argv, pass_fds=(theirs.fileno(),), env=env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            ours.close()
+            raise SandboxUnavailable(f"could not start bwrap: {exc}") from None
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                hello = await loop.sock_recv(ours, MAX_REPLY)
+        except TimeoutError:
+            hello = b""
+        if not hello:
+            ours.close()
+            err = b""
+            if self._proc.stderr is not None:
+                with contextlib.suppress(TimeoutError):
+                    err = await asyncio.wait_for(self._proc.stderr.read(4096), 1.0)
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.kill()
+            detail = err.decode("utf-8", "replace").strip() or "it exited without a word"
+            raise SandboxUnavailable(f"the sandbox could not start: {detail}")
+        self._sock = ours
+        loop.add_reader(ours.fileno(), self._on_readable)
+        asyncio.get_running_loop().create_task(self._log_stderr(self._proc))
+        logger.debug("sandbox warden started (%s)", json.loads(hello))
+
+    async def _log_stderr(self, proc: asyncio.subprocess.Process) -> None:
+        assert proc.stderr is not None
+        while line := await proc.stderr.readline():
+            logger.warning("sandbox: %s", line.decode("utf-8", "replace").rstrip())
+        await proc.wait()
+        if proc is self._proc:
+            self._drop_warden(f"the sandbox's warden exited (code {proc.returncode})")
+
+    def _drop_warden(self, why: str) -> None:
+        if self._sock is not None:
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+        for started, exited in self._waiters.values():
+            for fut in (started, exited):
+                if not fut.done():
+                    fut.set_exception(SandboxUnavailable(why))
+        self._waiters.clear()
+
+    def _on_readable(self) -> None:
+        sock = self._sock
+        if sock is None:
+            return
+        while True:
+            try:
+                data = sock.recv(MAX_REPLY)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                self._drop_warden("the sandbox's warden went away")
+                return
+            msg = json.loads(data)
+            waiter = self._waiters.get(msg.get("id", -1))
+            if waiter is None:
+                continue
+            started, exited = waiter
+            if msg["op"] == "started" and not started.done():
+                started.set_result(msg["pid"])
+            elif msg["op"] == "exit":
+                self._waiters.pop(msg["id"], None)
+                if "error" in msg:
+                    error = SandboxUnavailable(msg["error"])
+                    for fut in (started, exited):
+                        if not fut.done():
+                            fut.set_exception(error)
+                    continue
+                if not started.done():
+                    started.set_result(0)
+                if not exited.done():
+                    exited.set_result(msg["code"])
+
+    def _send(self, message: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
+        if self._sock is None:
+            raise SandboxUnavailable("the sandbox's warden is not running")
+        data = json.dumps(message).encode()
+        self._sock.setblocking(True)
+        try:
+            socket.send_fds(self._sock, [data], list(fds)) if fds else self._sock.send(data)
+        finally:
+            self._sock.setblocking(False)
+
+    # ----------------------------------------------------------------------------------- commands
+
+    def new_layer(self) -> Path:
+        """A fresh directory for one command's overlays: `<n>/u` and `<n>/w` per captured root."""
+        Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
+        base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
+        base.mkdir(mode=0o700)
+        for i in range(len(self.spec.write_roots)):
+            (base / str(i)).mkdir()
+            (base / str(i) / "u").mkdir()
+            (base / str(i) / "w").mkdir()
+        return base
+
+    async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
+                    stdin: bool, layer: Path | None) -> SandboxedProcess:
+        """Start `argv` (running the file `executable` names, opened here) confined; `layer` captures writes."""
+        await self._ensure()
+        loop = asyncio.get_running_loop()
+        exe = os.open(executable, os.O_PATH | os.O_CLOEXEC)
+        to_close = [exe]
+        try:
+            if not stat.S_ISREG(os.fstat(exe).st_mode):
+                raise OSError(f"{executable} is not a regular file")
+            in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            to_close += [in_r, out_w, err_w]
+            request_id = next(self._ids)
+            started: asyncio.Future[int] = loop.create_future()
+            exited: asyncio.Future[int] = loop.create_future()
+            self._waiters[request_id] = (started, exited)
+            hidden = [*self.spec.hidden]
+            message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
+                       "live": list(self.spec.live_write_roots), "layers_dir": self.spec.layers_dir,
+                       "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)}}
+            self._send(message, [exe, in_r, out_w, err_w])
+        finally:
+            for fd in to_close:
+                os.close(fd)
+        try:
+            pid = await asyncio.wait_for(asyncio.shield(started), START_TIMEOUT_S)
+        except BaseException:
+            for fd in (in_w, out_r, err_r):
+                if fd >= 0:
+                    os.close(fd)
+            raise
+        stdout = await _reader(loop, out_r)
+        stderr = await _reader(loop, err_r)
+        writer = await _writer(loop, in_w) if in_w >= 0 else None
+        return SandboxedProcess(self, request_id, pid, exited, writer, stdout, stderr)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        self.held.clear()
+        self._drop_warden("the sandbox is closed (the device is stopping)")
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(proc.wait(), START_TIMEOUT_S)
+        await asyncio.to_thread(self._discard_layers)
+
+    def _discard_layers(self) -> None:
+        """The layers this device left (held ones are gone with `held.clear()`, running ones are killed)."""
+        layers = Path(self.spec.layers_dir)
+        if layers.is_dir():
+            for layer in layers.glob(f"L{os.getpid()}-*"):
+                discard(layer)
+
+
+async def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:
+    reader = asyncio.StreamReader(limit=1 << 20)
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(fd, "rb", 0))
+    return reader
+
+
+async def _writer(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamWriter:
+    transport, protocol = await loop.connect_write_pipe(asyncio.streams.FlowControlMixin, os.fdopen(fd, "wb", 0))
+    return asyncio.StreamWriter(transport, protocol, None, loop)

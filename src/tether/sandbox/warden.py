@@ -1,0 +1,241 @@
+"""The warden: tether's process inside the sandbox, which starts each command in its own confinement.
+
+Started once per device by `Sandbox` (as `python -I -m tether.sandbox.warden FD` under bubblewrap),
+it answers requests on a SOCK_SEQPACKET socket: `run` (JSON plus the program's fd and the stdio fds
+as SCM_RIGHTS) and `kill`. Keeping it warm is what makes a sandboxed command cost a fork instead of
+a new sandbox and an interpreter. For each command it forks a *child* that takes a new mount and pid
+namespace, mounts an overlay on every captured write root (writes land in the command's own upper
+directory), hides the device's secrets again on top (an overlay shows its lower tree whole), and
+forks the command as pid 1 of the new pid namespace. That *command* process mounts its own `/proc`,
+drops every capability and executes the file the device resolved and opened, so no path trick
+inside the sandbox can change which program runs. Killing the child kills the command
+(PR_SET_PDEATHSIG) and with it its whole pid namespace.
+
+Standard library only: this runs in a fresh interpreter inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+from typing import Any
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+MAX_MESSAGE = 1 << 20
+EXEC_FAILED = 127
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+class _Libc:
+    """The few system calls Python 3.11 lacks, checked: a failure raises OSError naming the call."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL(None, use_errno=True)
+
+    def _check(self, result: int, what: str) -> int:
+        if result == -1:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+        return result
+
+    def unshare(self, flags: int) -> None:
+        self._check(self.lib.unshare(flags), "unshare")
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+        def enc(text: str | None) -> bytes | None:
+            return None if text is None else os.fsencode(text)
+
+        self._check(self.lib.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+                    f"mount {fstype or 'bind'} on {target}")
+
+    def prctl(self, option: int, arg: int = 0) -> int:
+        return self._check(self.lib.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
+
+    def drop_capabilities(self) -> None:
+        """Empty bounding, ambient, effective, permitted and inheritable sets: even uid 0 gets nothing back."""
+        for cap in range(64):
+            if self.lib.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) == -1:
+                if ctypes.get_errno() == 22:  # EINVAL: past the last capability this kernel knows
+                    break
+                self._check(-1, f"drop capability {cap}")
+        self.lib.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0)
+        header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+        data = (_CapData * 2)()
+        self._check(self.lib.capset(ctypes.byref(header), data), "capset")
+        self.prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def _mount_layers(libc: _Libc, req: dict[str, Any]) -> None:
+    """The command's view: an overlay per captured root, live roots re-bound on top, secrets hidden again."""
+    libc.mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    layer = req.get("layer")
+    if layer:
+        live = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in req.get("live", []) if os.path.isdir(p)]
+        lowers = [(root, os.open(root, os.O_PATH | os.O_DIRECTORY)) for root in layer["roots"]]
+        for i, (root, fd) in enumerate(lowers):
+            upper, work = f"{layer['dir']}/{i}/u", f"{layer['dir']}/{i}/w"
+            libc.mount("overlay", root, "overlay", 0,
+                       f"lowerdir=/proc/self/fd/{fd},upperdir={upper},workdir={work},userxattr")
+        for path, fd in live:
+            libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+        for _, fd in (*lowers, *live):
+            os.close(fd)
+    for path in req.get("hidden", []):
+        if os.path.isdir(path) and not os.path.islink(path):
+            libc.mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
+        elif os.path.lexists(path) and not os.path.islink(path):
+            libc.mount("/dev/null", path, None, MS_BIND, None)
+    if req.get("layers_dir"):
+        libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
+
+
+def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int], errpipe: int) -> None:
+    """pid 1 of the command's pid namespace: its own /proc, no capabilities, then the program itself."""
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    os.setsid()
+    for target, fd in enumerate(stdio):
+        os.dup2(fd, target)
+    keep = {0, 1, 2, exe, errpipe}
+    for name in os.listdir("/proc/self/fd"):
+        if int(name) not in keep:
+            try:
+                os.close(int(name))
+            except OSError:
+                pass
+    os.chdir(req["cwd"])
+    libc.drop_capabilities()
+    argv, env = req["argv"], req["env"]
+    try:
+        os.execve(exe, argv, env)  # noqa: S606 (an argv list, never a shell)
+    except FileNotFoundError:
+        # a script: its interpreter opens it as /dev/fd/N, which a close-on-exec descriptor would not survive
+        os.set_inheritable(exe, True)
+        os.execve(exe, argv, env)  # noqa: S606
+
+
+def _child(libc: _Libc, req: dict[str, Any], fds: list[int]) -> int:
+    """Set up the command's namespaces, fork it, wait, and exit the way it did."""
+    exe, *stdio = fds
+    libc.unshare(CLONE_NEWNS | CLONE_NEWPID)
+    _mount_layers(libc, req)
+    rpipe, wpipe = os.pipe2(os.O_CLOEXEC)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(rpipe)
+            _exec_command(libc, req, exe, stdio, wpipe)
+        except BaseException as exc:
+            os.write(wpipe, str(exc).encode("utf-8", "replace")[:4000])
+        os._exit(EXEC_FAILED)
+    os.close(wpipe)
+    failure = os.read(rpipe, 4096)
+    if failure:
+        os.write(stdio[2], b"tether sandbox: could not start " + os.fsencode(req["argv"][0]) + b": " + failure + b"\n")
+    for fd in fds:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+class Warden:
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.libc = _Libc()
+        self.selector = selectors.DefaultSelector()
+        self.children: dict[int, tuple[int, int]] = {}  # request id -> (pid, pidfd)
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.sock.send(json.dumps(message).encode())
+
+    def serve(self) -> None:
+        self.selector.register(self.sock, selectors.EVENT_READ, None)
+        self.send({"op": "ready", "pid": os.getpid()})
+        while True:
+            for key, _ in self.selector.select():
+                if key.data is None:
+                    if not self._request():
+                        return
+                else:
+                    self._reap(key.data)
+
+    def _request(self) -> bool:
+        data, fds, _, _ = socket.recv_fds(self.sock, MAX_MESSAGE, 8)
+        if not data:
+            return False
+        req = json.loads(data)
+        if req["op"] == "run":
+            self._run(req, fds)
+        elif req["op"] == "kill" and req["id"] in self.children:
+            try:
+                os.kill(self.children[req["id"]][0], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for fd in fds:
+            os.close(fd)
+        return True
+
+    def _run(self, req: dict[str, Any], fds: list[int]) -> None:
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            self.send({"op": "exit", "id": req["id"], "error": f"fork failed: {exc}"})
+            return
+        if pid == 0:
+            code = EXEC_FAILED
+            try:
+                self.selector.close()
+                self.sock.close()
+                code = _child(self.libc, req, fds)
+            except BaseException as exc:
+                try:
+                    os.write(fds[3], f"tether sandbox: {exc}\n".encode("utf-8", "replace"))
+                except (OSError, IndexError):
+                    pass
+            os._exit(code)
+        pidfd = os.pidfd_open(pid)
+        self.children[req["id"]] = (pid, pidfd)
+        self.selector.register(pidfd, selectors.EVENT_READ, req["id"])
+        self.send({"op": "started", "id": req["id"], "pid": pid})
+
+    def _reap(self, request_id: int) -> None:
+        pid, pidfd = self.children.pop(request_id)
+        self.selector.unregister(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        self.send({"op": "exit", "id": request_id, "code": os.waitstatus_to_exitcode(status)})
+
+
+def main(argv: list[str]) -> int:
+    sock = socket.socket(fileno=int(argv[1]))
+    try:
+        Warden(sock).serve()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

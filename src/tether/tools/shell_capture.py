@@ -1,0 +1,106 @@
+"""What a sandboxed command changed: listed, held for a person where the policy says so, applied, journaled.
+
+The rules are the file tools' own (`jail.approval_needed`): deleting, moving or overwriting outside
+the temp directory waits for approval, and so does changing a file that has another name (a hard
+link). A held layer is applied when the same command comes back approved, without running it again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from tether.sandbox.held import Held
+from tether.sandbox.layer import ApplyConflict, Change, apply, discard
+from tether.tools.context import ToolContext
+from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
+from tether.tools.jail import approval_needed, real, within
+
+_VERBS = {"deleted": "delete", "modified": "overwrite", "renamed": "move"}
+
+
+def fingerprint(ctx: ToolContext, cmd: str, args: list[str], cwd: str, env: dict[str, str] | None,
+                stdin: str | None) -> str:
+    """Which held layer an approved re-send of this command takes: the same session, the same command."""
+    text = json.dumps([ctx.session_id, cmd, args, cwd, sorted((env or {}).items()), stdin], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def change_rule(ctx: ToolContext, change: Change) -> str | None:
+    """The approval rule this change needs, or None."""
+    verb = _VERBS.get(change.kind)
+    if verb is None:
+        return None
+    target = Path(change.moved_from if change.kind == "renamed" else change.path)
+    if change.kind == "modified" and change.node == "file":
+        try:
+            if os.lstat(target).st_nlink > 1:
+                return "approval.hardlink"
+        except OSError:
+            pass
+    return approval_needed(ctx.policy, verb, target, ctx.temp_dir)  # type: ignore[arg-type]
+
+
+def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
+    if ctx.journal is None:
+        return
+    journal = real(ctx.journal.root)
+    for c in changes:
+        if within(Path(c.path), [journal]) or (c.kind == "deleted" and within(journal, [Path(c.path)])):
+            raise PolicyDenied("journal", f"the command changed {c.path}, inside the undo journal; nothing applied")
+
+
+def _record(ctx: ToolContext):  # type: ignore[no-untyped-def]
+    def record(action: str, path: str, dest: str | None) -> None:
+        if ctx.journal is not None:
+            ctx.journal.record(ctx.session_id or "default", action, path, dest)  # type: ignore[arg-type]
+    return record
+
+
+def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
+    """Journal and apply; the layer is removed whatever happens. Errors are tool errors, never half-said."""
+    try:
+        _guard_journal(ctx, changes)
+        apply(changes, _record(ctx))
+    except ApplyConflict as exc:
+        raise ToolError(f"nothing was applied: {exc}; run the command again", {"changes": _public(changes)}) from None
+    except (OSError, ValueError) as exc:
+        raise ToolError(f"applying the command's changes failed ({exc}); what was applied is journaled and "
+                        f"can be undone", {"changes": _public(changes)}) from None
+    finally:
+        discard(layer)
+    return _public(changes)
+
+
+def _public(changes: list[Change]) -> list[dict[str, Any]]:
+    return [c.public() for c in changes]
+
+
+def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body: dict[str, Any], preview: str,
+           *, hold_only: bool) -> list[dict[str, Any]]:
+    """Apply the changes, or hold them (and raise NeedsApproval) when one needs a person."""
+    sandbox = ctx.sandbox
+    assert sandbox is not None
+    if hold_only:
+        discard(layer)
+        return _public(changes)
+    needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c))]
+    if needs and not ctx.approved_by:
+        sandbox.held.put(key, Held(layer, changes, body))
+        listed = "; ".join(f"{rule}: {c.kind} {c.path}" for c, rule in needs[:20])
+        err = NeedsApproval(needs[0][1], f"`{preview}` ran in the sandbox and nothing was applied: {listed}. "
+                                         "Once approved, exactly these changes are applied and the command does "
+                                         "not run again")
+        err.result.update({**body, "changes": _public(changes),
+                           "needs_approval_for": [{**c.public(), "rule": rule} for c, rule in needs]})
+        raise err
+    return apply_changes(ctx, layer, changes)
+
+
+def take_held(ctx: ToolContext, key: str) -> Held | None:
+    if ctx.sandbox is None or not ctx.approved_by:
+        return None
+    return ctx.sandbox.held.take(key)
