@@ -25,6 +25,7 @@ async def test_time_and_filesystem_servers_through_the_router(node_mcp_bin, tmp_
         infos = {(i.namespace, i.name, i.tool_type) for i in computer.tool_infos()}
         assert ("time", "get_current_time", "data_collection") in infos
         assert ("fs", "write_file", "action") in infos
+        assert ("fs", "read_text_file", "data_collection") in infos  # annotated readOnlyHint: true
         # both the built-in files set and the Node server offer write_file/read_file: built-ins come
         # first in the config, so the plain name stays ours and the Node one is fs/write_file
         assert {"tool": "write_file", "tool_type": "action", "kept": "files", "shadowed": "fs",
@@ -34,9 +35,9 @@ async def test_time_and_filesystem_servers_through_the_router(node_mcp_bin, tmp_
         listed, time_now, wrote, read, bad_tz = await device.client.execute_actions([
             Command(tool_name="list_tools", parameters={"namespace": "fs"}),
             Command(tool_name="get_current_time", parameters={"timezone": "UTC"}),
-            Command(tool_name="fs/write_file", tool_type="action",
-                    parameters={"path": str(target), "content": "from node"}),
-            Command(tool_name="fs/read_text_file", tool_type="action", parameters={"path": str(target)}),
+            Command(tool_name="fs/write_file", tool_type="action",  # destructiveHint: true, so approved
+                    parameters={"path": str(target), "content": "from node"}, approved_by="tester"),
+            Command(tool_name="fs/read_text_file", tool_type="data_collection", parameters={"path": str(target)}),
             Command(tool_name="get_current_time", parameters={"timezone": "Mars/Olympus"}),
         ], early_exit=False)
         assert listed.status is ResultStatus.SUCCESS and any(t["name"] == "read_text_file" for t in listed.result)

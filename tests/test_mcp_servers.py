@@ -95,7 +95,11 @@ async def test_node_filesystem_server(manager: MCPServerManager, node_mcp_bin: P
     assert {"write_file", "read_text_file", "list_directory"} <= names
 
     target = root / "note.txt"
-    wrote = await call(server, "write_file", {"path": str(target), "content": "written through MCP"})
+    args = {"path": str(target), "content": "written through MCP"}
+    held = await call(server, "write_file", args)  # the server annotates it destructiveHint: true
+    assert held.result == {"needs_approval": True, "rule": "approval.mcp_destructive"} and not target.exists()
+    wrote = await server.call_tool("write_file", args, ctx=ToolContext(policy=Policy(), approved_by="tester"),
+                                   timeout=20)
     assert wrote.ok, wrote.error
     assert target.read_text() == "written through MCP"
     read = await call(server, "read_text_file", {"path": str(target)})

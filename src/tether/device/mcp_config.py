@@ -1,10 +1,21 @@
-"""How one MCP server is described in a device config (seed 003's `server_type` entries)."""
+"""How one MCP server is described in a device config (seed 003's `server_type` entries).
+
+Besides how to reach a server, an entry says which of its tools the device exposes and which need a
+person first (`allow_tools`, `deny_tools`, `approve_tools`, `autoApprove`, `approve_destructive`;
+enforced by `tether.device.mcp_policy`) and whether a stdio server runs inside the device's OS
+sandbox (`sandbox`). The tools belong to code nobody here wrote: their own annotations are only
+hints, so the config has the last word.
+"""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+
+# the keys that put an external server's tools under the device's policy (meaningless for built-in sets,
+# whose tools the policy already guards argument by argument)
+TOOL_POLICY_KEYS = ("allow_tools", "deny_tools", "approve_tools", "auto_approve", "approve_destructive")
 
 
 class MCPServerConfig(BaseModel):
@@ -26,6 +37,20 @@ class MCPServerConfig(BaseModel):
     reset: bool = Field(False, description="restart this server when the device is reset")
     timeout: float | None = Field(None, gt=0, description="default per-call timeout in seconds")
     startup_timeout: float = Field(30.0, gt=0)
+    allow_tools: list[str] | None = Field(
+        None, description="if set, the only tools of this server that are listed and callable")
+    deny_tools: list[str] = Field(default_factory=list, description="tools never listed nor callable")
+    approve_tools: list[str] = Field(
+        default_factory=list, description="tools that always need a person's approval, whatever their annotations")
+    auto_approve: list[str] = Field(
+        default_factory=list, validation_alias=AliasChoices("auto_approve", "autoApprove", "alwaysAllow"),
+        description="tools that never need approval, even when annotated destructive (desktop clients' "
+                    "`autoApprove`; Roo Code's `alwaysAllow`)")
+    approve_destructive: Literal["hinted", "strict"] = Field(
+        "hinted", description="hinted: a tool needs approval when it declares destructiveHint: true; strict: "
+                              "also when it declares nothing (MCP's own default), i.e. unless it declares "
+                              "readOnlyHint: true or destructiveHint: false")
+    sandbox: bool = Field(False, description="stdio: run the server inside the device's OS sandbox (bubblewrap)")
 
     @model_validator(mode="after")
     def _check_kind(self) -> MCPServerConfig:
@@ -35,6 +60,17 @@ class MCPServerConfig(BaseModel):
             raise ValueError(f"stdio server '{self.namespace}' needs a 'command'")
         if self.server_type == "http" and not self.url:
             raise ValueError(f"http server '{self.namespace}' needs a 'url'")
+        if self.sandbox and self.server_type != "stdio":
+            raise ValueError(f"server '{self.namespace}': 'sandbox' applies to stdio servers only (a device "
+                             f"starts no process for a {self.server_type} server)")
+        policy_keys = sorted(self.model_fields_set.intersection(TOOL_POLICY_KEYS))
+        if self.toolset and policy_keys:
+            raise ValueError(f"server '{self.namespace}': {', '.join(policy_keys)} apply to external servers "
+                             f"only; the policy guards built-in tool set '{self.toolset}' itself")
+        for first, second in (("allow_tools", "deny_tools"), ("approve_tools", "auto_approve")):
+            both = set(getattr(self, first) or ()) & set(getattr(self, second))
+            if both:
+                raise ValueError(f"server '{self.namespace}': {sorted(both)} in both '{first}' and '{second}'")
         return self
 
     def identity(self) -> str:

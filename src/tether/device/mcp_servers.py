@@ -7,6 +7,10 @@ exited by the same task, so every external server has a supervisor task that own
 notices when it ends (the process died, the HTTP transport failed) and opens a new one with
 exponential backoff. Calls from any task use the published session; none of them ever raises:
 every failure is a `Result(status=FAILURE)` naming the server and the tool.
+
+External servers' tools are under the device config's rules (`mcp_policy`): denied tools are
+never listed nor called, read-only ones are typed `data_collection`, and a tool that needs a
+person's approval fails with the same `needs_approval` result a built-in tool gives.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 
 from tether import __version__
 from tether.device.mcp_config import MCPServerConfig
+from tether.device.mcp_policy import MCPToolPolicy, annotated_type
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.mcp_export import call_result_to_result, is_result_wrapper
@@ -50,6 +55,7 @@ class BaseMCPServer(ABC):
         self.namespace = config.namespace
         self.restarts = 0
         self._reset_pending = False
+        self.tool_policy = MCPToolPolicy.from_config(config)
 
     @property
     @abstractmethod
@@ -79,6 +85,11 @@ class BaseMCPServer(ABC):
     def describe(self) -> str:
         return self.config.server_type
 
+    def refusal(self, name: str) -> str | None:
+        """Why a tool this server keeps unlisted may not be called (for "unknown tool" errors), or None."""
+        denied = self.tool_policy.refusal(name)
+        return None if denied is None else str(denied)
+
     def _failure(self, error: str, ctx: ToolContext, result: Any = None) -> Result:
         return Result.failure(error, call_id=ctx.call_id, namespace=self.namespace, result=result)
 
@@ -105,6 +116,8 @@ class SessionServer(BaseMCPServer):
         self._first: asyncio.Future[None] | None = None
         self._opened_once = False
         self._wrapped: set[str] = set()
+        # each tool's MCP annotations as last listed: they decide its type and whether it needs approval
+        self._annotations: dict[str, mcp_types.ToolAnnotations | None] = {}
 
     @property
     def healthy(self) -> bool:
@@ -181,7 +194,7 @@ class SessionServer(BaseMCPServer):
             try:
                 async with self._open(gen) as client:
                     # Listing proves the session works and primes the SDK's output-schema cache.
-                    self._note_wrapped((await client.list_tools()).tools)
+                    self._note_tools((await client.list_tools()).tools)
                     scope.deadline = math.inf
                     self._open_scope = None
                     opened_at = loop.time()
@@ -215,8 +228,9 @@ class SessionServer(BaseMCPServer):
         raise _OpenFailed(f"server '{self.namespace}' ({self.describe()}) failed to start: {reason}"
                           f"{await self._diagnostics(wait=True)}")
 
-    def _note_wrapped(self, tools: list[mcp_types.Tool]) -> None:
+    def _note_tools(self, tools: list[mcp_types.Tool]) -> None:
         self._wrapped.update(t.name for t in tools if is_result_wrapper(t.output_schema))
+        self._annotations.update((t.name, t.annotations) for t in tools)
 
     def _on_stream_closed(self, generation: int) -> None:
         if generation == self._generation and not self._closed.is_set():
@@ -261,6 +275,9 @@ class SessionServer(BaseMCPServer):
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None, *, ctx: ToolContext,
                         timeout: float | None) -> Result:
+        denied = self.tool_policy.refusal(name)  # before anything starts: a denied call never reaches it
+        if denied is not None:
+            return self._failure(f"{name}: {denied}", ctx, denied.result)
         limit = timeout or self.config.timeout or ctx.policy.default_timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
@@ -269,6 +286,10 @@ class SessionServer(BaseMCPServer):
             client, why = await self._await_client(deadline)
             if client is None:
                 return self._failure(f"{why}; call '{name}' not sent", ctx)
+        if not ctx.approved_by:  # annotations are known once a session is open (it lists tools first)
+            held = self.tool_policy.approval(name, self._annotations.get(name))
+            if held is not None:
+                return self._failure(f"{name}: {held}", ctx, held.result)
         gen = self._generation
         remaining = max(deadline - loop.time(), 0.001)
         timed_out = {"timed_out": True, "timeout": limit}
@@ -316,10 +337,15 @@ class SessionServer(BaseMCPServer):
                 self._mark_lost(gen)
             raise MCPServerError(f"server '{self.namespace}': listing tools failed: "
                                  f"{describe_error(exc)}") from exc
-        self._note_wrapped(tools)
-        return [ToolInfo(name=t.name, namespace=self.namespace, tool_type=tool_type,
+        self._note_tools(tools)
+        rules = self.tool_policy
+        unknown = sorted(rules.named - {t.name for t in tools})
+        if unknown:  # most likely a typo in the config, which would otherwise fail silently
+            logger.warning("server %s: the config names tools it does not offer: %s", self.namespace,
+                           ", ".join(unknown))
+        return [ToolInfo(name=t.name, namespace=self.namespace, tool_type=annotated_type(t.annotations, tool_type),
                          description=t.description or "", input_schema=dict(t.input_schema),
-                         output_schema=t.output_schema) for t in tools]
+                         output_schema=t.output_schema) for t in tools if rules.visible(t.name)]
 
     async def health_check(self, timeout: float = 5.0) -> bool:
         """`tools/list` rather than ping: ping fails against mcp>=2 servers on the modern protocol."""
