@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import cProfile
+import os
 import pstats
 import sys
 import tempfile
@@ -61,6 +62,7 @@ from tether.tools.journal import UndoJournal
 from tether.tools.runtime import ToolSet, tool
 
 DEVICE = "bench"
+SECRET_ENV = "TETHER_DEVICE_TOKEN"  # how a child device peer gets its token (never argv)
 ROUNDS = 4
 BUDGET = 3.0
 
@@ -119,7 +121,7 @@ async def run_echo_client(stop: asyncio.Event, ready: Ready, url: str) -> None:
         echo.cancel()
 
 
-async def run_device(stop: asyncio.Event, ready: Ready, url: str, token: str, state_dir: str) -> None:
+async def run_device(stop: asyncio.Event, ready: Ready, url: str, state_dir: str, token: str) -> None:
     device = bench_device(Path(state_dir))
     link = DeviceConnection(device.client, url, token, name=DEVICE)
     task = asyncio.create_task(link.run())
@@ -138,13 +140,15 @@ PEERS: dict[str, Callable[..., Awaitable[None]]] = {"echo-server": run_echo_serv
 
 
 @asynccontextmanager
-async def far_end(child: bool, kind: str, *args: str) -> AsyncIterator[str]:
+async def far_end(child: bool, kind: str, *args: str, secret: str | None = None) -> AsyncIterator[str]:
     """Run a far end here (a task on this loop) or in a child process (`--peer KIND ARGS`); yields
-    what it passed to `ready`."""
+    what it passed to `ready`. A `secret` (the device token) is its last argument, and reaches a child
+    in its environment (TETHER_DEVICE_TOKEN), never on its command line."""
+    extra = (secret,) if secret is not None else ()
     if not child:
         stop = asyncio.Event()
         got: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        task = asyncio.create_task(PEERS[kind](stop, got.set_result, *args))
+        task = asyncio.create_task(PEERS[kind](stop, got.set_result, *args, *extra))
         try:
             await asyncio.wait([got, task], timeout=20, return_when=asyncio.FIRST_COMPLETED)
             if task.done():
@@ -154,8 +158,9 @@ async def far_end(child: bool, kind: str, *args: str) -> AsyncIterator[str]:
             stop.set()
             await asyncio.wait_for(task, 15)
         return
+    env = {**os.environ, SECRET_ENV: secret} if secret is not None else None
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.roundtrip", "--peer", kind, *args,
-                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+                                                stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env)
     assert proc.stdin is not None and proc.stdout is not None
     try:
         line = await asyncio.wait_for(proc.stdout.readline(), 20)
@@ -180,7 +185,8 @@ async def peer_main(kind: str, *args: str) -> None:
     def ready(value: str) -> None:
         print(value, flush=True)
 
-    await PEERS[kind](stop, ready, *args)
+    secret = os.environ.pop(SECRET_ENV, None)
+    await PEERS[kind](stop, ready, *args, *((secret,) if secret is not None else ()))
 
 
 # ---------------------------------------------------------------------------------------------- rows
@@ -274,7 +280,8 @@ async def running_tether(child: bool) -> AsyncIterator[Tether]:
         # the REST rows print no access lines
         server, task, port = await start_server(build_config(settings, log_level="warning"))
         try:
-            async with far_end(child, "device", f"ws://127.0.0.1:{port}/aip", device_token, str(Path(tmp) / "dev")):
+            async with far_end(child, "device", f"ws://127.0.0.1:{port}/aip", str(Path(tmp) / "dev"),
+                               secret=device_token):
                 yield Tether(server, server.config.app.state.hub, port, api_token)  # type: ignore[union-attr]
         finally:
             await stop_server(server, task)
