@@ -85,10 +85,12 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
 @asynccontextmanager
 async def open_device(config: DeviceConfig | str | os.PathLike[str] | None = None, *,
                       policy_path: str | os.PathLike[str] | None = None,
-                      state_dir: str | os.PathLike[str] | None = None) -> AsyncIterator[LocalDevice]:
+                      state_dir: str | os.PathLike[str] | None = None, sandbox: bool = True,
+                      serving: bool = False) -> AsyncIterator[LocalDevice]:
     """A started device (its default computer's servers open) that is closed on exit."""
     cfg = config if isinstance(config, DeviceConfig) else load_device_config(config)
-    device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir)
+    device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir, sandbox=sandbox,
+                          serving=serving)
     try:
         await device.computer_manager.get_or_create(None)
         yield device

@@ -36,8 +36,8 @@ class SandboxedProcess:
     """What `tether.tools.process` needs of a process: pid, pipes, wait() and kill()."""
 
     def __init__(self, sandbox: Sandbox, request_id: int, pid: int, exited: asyncio.Future[int],
-                 stdin: asyncio.StreamWriter | None, stdout: asyncio.StreamReader,
-                 stderr: asyncio.StreamReader) -> None:
+                 stdin: asyncio.StreamWriter | None, stdout: asyncio.StreamReader | None,
+                 stderr: asyncio.StreamReader | None) -> None:
         self._sandbox, self._id, self.pid, self._exited = sandbox, request_id, pid, exited
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: int | None = None
@@ -209,8 +209,11 @@ class Sandbox:
         return base
 
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
-                    stdin: bool, layer: Path | None) -> SandboxedProcess:
-        """Start `argv` (running the file `executable` names, opened here) confined; `layer` captures writes."""
+                    stdin: bool, layer: Path | None, output: bool = True) -> SandboxedProcess:
+        """Start `argv` (running the file `executable` names, opened here) confined; `layer` captures writes.
+
+        `output=False` sends stdout and stderr to /dev/null (a detached application nobody reads).
+        """
         await self._ensure()
         loop = asyncio.get_running_loop()
         exe = os.open(executable, os.O_PATH | os.O_CLOEXEC)
@@ -219,8 +222,8 @@ class Sandbox:
             if not stat.S_ISREG(os.fstat(exe).st_mode):
                 raise OSError(f"{executable} is not a regular file")
             in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
-            out_r, out_w = os.pipe()
-            err_r, err_w = os.pipe()
+            out_r, out_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
+            err_r, err_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
             to_close += [in_r, out_w, err_w]
             request_id = next(self._ids)
             started: asyncio.Future[int] = loop.create_future()
@@ -241,8 +244,8 @@ class Sandbox:
                 if fd >= 0:
                     os.close(fd)
             raise
-        stdout = await _reader(loop, out_r)
-        stderr = await _reader(loop, err_r)
+        stdout = await _reader(loop, out_r) if out_r >= 0 else None
+        stderr = await _reader(loop, err_r) if err_r >= 0 else None
         writer = await _writer(loop, in_w) if in_w >= 0 else None
         return SandboxedProcess(self, request_id, pid, exited, writer, stdout, stderr)
 

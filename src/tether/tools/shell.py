@@ -124,20 +124,34 @@ def resolve_program(ctx: ToolContext, cmd: str) -> str:
     if cmd.startswith("/proc/") or "/proc/" in os.path.normpath(cmd):
         raise PolicyDenied("cmd.invalid", f"{cmd} goes through /proc, whose links mean something else in every "
                                           "process; call the program by name or by its real path")
-    found = shutil.which(cmd)
+    roots = [real(r) for r in ctx.policy.write_roots]
+    strict = not lifted(ctx.policy, "escape.writable-executable")
+    found = shutil.which(cmd, path=_search_path(roots) if strict and "/" not in cmd else None)
     if found is None:
+        elsewhere = shutil.which(cmd) if "/" not in cmd else None
+        if elsewhere:
+            raise PolicyDenied("escape.writable-executable",
+                               f"{cmd} is only found at {elsewhere}, inside the writable roots, where anything could "
+                               "have been placed under an allowed name; install it outside them")
         raise ToolError(f"command not found: {cmd}" + ("" if "/" in cmd else " (not on PATH)"))
     path = os.path.abspath(found)
     target = os.path.realpath(path)
     if Path(target).name.lower() in ALWAYS_DENIED:
         raise PolicyDenied("always-denied", f"{cmd} is {target}, which is never allowed")
     placed = real(os.path.dirname(path)) / os.path.basename(path)
-    roots = [real(r) for r in ctx.policy.write_roots]
-    if (within(placed, roots) or within(Path(target), roots)) and not lifted(ctx.policy, "escape.writable-executable"):
+    if (within(placed, roots) or within(Path(target), roots)) and strict:
         raise PolicyDenied("escape.writable-executable",
                            f"{cmd} is {target}, inside the writable roots, where anything could have been placed "
-                           f"under an allowed name; install the program outside them or call the system's copy")
+                           f"under an allowed name; call the program by name (PATH entries inside the roots are "
+                           f"skipped) or install it outside them")
     return target
+
+
+def _search_path(roots: list[Path]) -> str:
+    """PATH without its directories inside the writable roots (~/.local/bin, shims): a program found by
+    name is then always one the agent could not have put there."""
+    dirs = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    return os.pathsep.join(d for d in dirs if d and not within(real(d), roots))
 
 
 def require_sandbox(ctx: ToolContext, what: str) -> None:

@@ -23,12 +23,17 @@ from typing import Annotated, Any, Literal
 import psutil
 from pydantic import Field
 
+from tether.sandbox import SandboxUnavailable
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
 from tether.tools.jail import check_cwd
 from tether.tools.policy import check_command
+from tether.tools.process import safe_environment
 from tether.tools.runtime import ToolSet, tool
-from tether.tools.shell import resolve_program
+from tether.tools.shell import require_sandbox, resolve_program
+
+# what a graphical program needs to find its display; the rest of the device's environment stays out
+GUI_ENV_KEYS = ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "XDG_SESSION_TYPE")
 
 logger = logging.getLogger(__name__)
 
@@ -205,17 +210,25 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
             workdir = check_cwd(ctx.policy, ctx.temp_dir)
     else:
         workdir = check_cwd(ctx.policy, cwd)
+    require_sandbox(ctx, f"launching {app_name}")
     watcher = await _WindowWatch.start() if waitForWindowMs > 0 else None
+    env = safe_environment({k: os.environ[k] for k in GUI_ENV_KEYS if k in os.environ})
     try:
-        proc = await asyncio.create_subprocess_exec(
-            app_name, *args, executable=executable, cwd=workdir, start_new_session=True,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL)
-    except OSError as exc:
+        if ctx.sandbox is not None:
+            # no overlay: an application outlives the call, so it writes only to live_write_roots
+            proc: Any = await ctx.sandbox.spawn([app_name, *args], executable=executable, cwd=str(workdir), env=env,
+                                                stdin=False, layer=None, output=False)
+        else:
+            proc = await asyncio.create_subprocess_exec(
+                app_name, *args, executable=executable, cwd=workdir, env=env, start_new_session=True,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+                stderr=asyncio.subprocess.DEVNULL)
+    except (OSError, SandboxUnavailable) as exc:
         raise ToolError(f"could not start {app_name!r}: {exc}") from None
     _reap_when_done(proc, app_name)
     result: dict[str, Any] = {"pid": proc.pid, "app_name": app_name, "argv": [app_name, *args],
-                              "executable": executable, "cwd": str(workdir)}
+                              "executable": executable, "cwd": str(workdir),
+                              "sandbox": ctx.sandbox.kind if ctx.sandbox is not None else "none"}
     if waitForWindowMs > 0:
         result.update(await _WindowWatch.report(watcher, proc, waitForWindowMs))
     return result
