@@ -1,9 +1,11 @@
 """Built-in file tools: read, list, inspect, write, delete, move — jailed, approved and journaled.
 
-Every path goes through the realpath jail first. A change to an existing file outside the temp
-directory waits for a person's approval (policy `approval.*`), and whatever a tool is about to
-change is copied into the undo journal before it is changed. The mutating bodies run in a worker
-thread as one unit (journal, then change): copying a large original must not stall the event loop,
+Every path goes through the realpath jail first, and is then opened beneath the root it lies in
+with no symlink followed (`jail.open_in`), so a link swapped in after the check is refused. A
+change to an existing file outside the temp directory, or to a file with more than one hard link,
+waits for a person's approval (policy `approval.*`), and whatever a tool is about to change is
+copied into the undo journal before it is changed. The mutating bodies run in a worker thread as
+one unit (journal, then change): copying a large original must not stall the event loop,
 and a timeout can only lose the reply, never leave a change without its journal entry.
 """
 
@@ -13,19 +15,30 @@ import asyncio
 import base64
 import codecs
 import os
-import shutil
 import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
+from tether.sandbox.fs import EscapeError, move_entry, remove_entry
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
-from tether.tools.jail import approval_needed, real, resolve_path, within
+from tether.tools.jail import (
+    approval_needed,
+    escaped,
+    lstat_in,
+    open_at,
+    open_in,
+    parent_in,
+    real,
+    resolve_path,
+    within,
+)
 from tether.tools.runtime import ToolSet, tool
 
 _KIND = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not hang a tool; it is refused after fstat
 
 
 def _kind(mode: int) -> str:
@@ -77,6 +90,14 @@ def _require_approval(ctx: ToolContext, action: Literal["delete", "move", "overw
         raise NeedsApproval(rule, what)
 
 
+def _require_one_link(ctx: ToolContext, st: os.stat_result, path: Path) -> None:
+    """Writing into a file with other hard links changes it under every name, and one may lie outside
+    the roots (or be a file that needs approval): a person decides, even in the temp dir."""
+    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and not ctx.approved_by:
+        raise NeedsApproval("approval.hardlink", f"{str(path)!r} has {st.st_nlink} hard links: writing to it changes "
+                                                 "the same file under its other names, which may lie anywhere")
+
+
 def _journal(ctx: ToolContext, action: Literal["write", "delete", "move", "mkdir"], path: Path,
              dest: Path | None = None) -> bool:
     if ctx.journal is None:
@@ -89,17 +110,16 @@ def _journal(ctx: ToolContext, action: Literal["write", "delete", "move", "mkdir
     return True
 
 
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return path.lstat()
-    except (FileNotFoundError, NotADirectoryError):  # a missing or non-directory parent: not there
-        return None
+def _lstat(ctx: ToolContext, path: Path, *, write: bool) -> os.stat_result | None:
+    return lstat_in(ctx.policy, path, write=write)
 
 
 async def _apply(change: Callable[[], dict[str, Any]], what: str) -> dict[str, Any]:
     """Run journal-then-change in a worker thread; an OS refusal (permissions, full disk) is a tool error."""
     try:
         return await asyncio.to_thread(change)
+    except EscapeError as exc:
+        raise escaped(exc) from None
     except OSError as exc:
         raise ToolError(f"{what} failed: {exc.strerror or exc}"
                         f"{f' ({exc.filename})' if exc.filename else ''}") from None
@@ -122,21 +142,19 @@ async def read_file(ctx: ToolContext, file_path: str, encoding: str = "utf-8", m
     path = _resolve(ctx, file_path, write=False)
     limit = min(max_bytes, ctx.policy.max_output_bytes)
     try:
-        # O_NONBLOCK: opening a FIFO must not hang the tool; it is refused just below.
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        fd = open_in(ctx.policy, path, os.O_RDONLY | _NONBLOCK, write=False)
     except (FileNotFoundError, NotADirectoryError):
         raise ToolError(f"not found: {file_path}") from None
     except IsADirectoryError:
         raise ToolError(f"is a directory: {file_path} (use list_dir)") from None
     except PermissionError:
         raise ToolError(f"permission denied: {file_path}") from None
-    st = os.fstat(fd)
-    if not stat.S_ISREG(st.st_mode):
-        os.close(fd)
+    try:
+        st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
             raise ToolError(f"is a directory: {file_path} (use list_dir)")
-        raise ToolError(f"not a regular file: {file_path} ({_kind(st.st_mode)})")
-    try:
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolError(f"not a regular file: {file_path} ({_kind(st.st_mode)})")
         data = _pread(fd, limit + 1, offset)
     finally:
         os.close(fd)
@@ -193,43 +211,48 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
         raise ToolError("limit must be > 0")
     directory = _resolve(ctx, path, write=False)
     try:
-        names = sorted(os.listdir(directory))
+        fd = open_in(ctx.policy, directory, os.O_RDONLY | os.O_DIRECTORY, write=False)
     except FileNotFoundError:
         raise ToolError(f"not found: {path}") from None
     except NotADirectoryError:
         raise ToolError(f"not a directory: {path} (use read_file or file_info)") from None
     except PermissionError:
         raise ToolError(f"permission denied: {path}") from None
-    if not show_hidden:
-        names = [n for n in names if not n.startswith(".")]
-    entries = []
-    for name in names[:limit]:
-        st = _lstat(directory / name)
-        if st is None:  # removed while we listed
-            continue
+    try:
+        names = sorted(n for n in os.listdir(fd) if show_hidden or not n.startswith("."))
+        entries = [e for e in (_list_entry(fd, name) for name in names[:limit]) if e is not None]
+    finally:
+        os.close(fd)
+    return {"path": str(directory), "entries": entries, "count": len(entries), "total": len(names),
+            "truncated": len(names) > limit}
+
+
+def _list_entry(dir_fd: int, name: str) -> dict[str, Any] | None:
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         entry: dict[str, Any] = {"name": name, "type": _kind(st.st_mode), "size": st.st_size,
                                  "mtime": _iso(st.st_mtime)}
         if entry["type"] == "symlink":
-            entry["target"] = os.readlink(directory / name)
-        entries.append(entry)
-    return {"path": str(directory), "entries": entries, "count": len(entries), "total": len(names),
-            "truncated": len(names) > limit}
+            entry["target"] = os.readlink(name, dir_fd=dir_fd)
+    except OSError:  # removed (or replaced) while we listed
+        return None
+    return entry
 
 
 @tool(tool_type="data_collection")
 async def file_info(ctx: ToolContext, path: str) -> dict[str, Any]:
     """Describe a path without reading it; a missing path is an answer (`exists: false`), not an error."""
     entry = _entry_path(ctx, path, write=False)
-    link = _lstat(entry)
+    link = _lstat(ctx, entry, write=False)
     is_symlink = link is not None and stat.S_ISLNK(link.st_mode)
-    try:
-        st = entry.stat()
-    except (FileNotFoundError, NotADirectoryError):
-        st = None
-    info: dict[str, Any] = {"path": str(entry), "exists": st is not None, "is_symlink": is_symlink}
+    st = link
+    info: dict[str, Any] = {"path": str(entry), "is_symlink": is_symlink}
     if is_symlink:
-        info["target"] = os.readlink(entry)
-        info["resolved"] = str(real(entry))
+        info["target"] = _readlink(ctx, entry)
+        resolved = _resolve(ctx, str(entry), write=False)
+        info["resolved"] = str(resolved)
+        st = _lstat(ctx, resolved, write=False)  # resolved: no link left in it, so this is the target
+    info["exists"] = st is not None
     if st is None:
         info["type"] = "symlink" if is_symlink else None
         return info
@@ -237,6 +260,14 @@ async def file_info(ctx: ToolContext, path: str) -> dict[str, Any]:
                 permissions=stat.filemode(st.st_mode), mtime=_iso(st.st_mtime), owner_uid=st.st_uid,
                 group_gid=st.st_gid)
     return info
+
+
+def _readlink(ctx: ToolContext, entry: Path) -> str:
+    dir_fd, name = parent_in(ctx.policy, entry, write=False)
+    try:
+        return os.readlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
 
 
 # ------------------------------------------------------------------------------------------ changing
@@ -254,7 +285,7 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
     except UnicodeEncodeError as exc:
         raise ToolError(f"content cannot be encoded as {encoding}: {exc}") from None
     path = _resolve(ctx, file_path, write=True)
-    st = _lstat(path)
+    st = _lstat(ctx, path, write=True)
     if st is not None and stat.S_ISDIR(st.st_mode):
         raise ToolError(f"is a directory: {file_path}")
     if st is not None and not stat.S_ISREG(st.st_mode):
@@ -263,6 +294,7 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
         raise ToolError(f"already exists: {file_path} (use mode 'overwrite' or 'append' to change it)")
     if st is not None:
         _require_approval(ctx, "overwrite", path, f"{mode} of existing file {str(path)!r} outside the temp dir")
+        _require_one_link(ctx, st, path)
     missing_parents = _missing_parents(path)
     if missing_parents and not create_parents:
         raise ToolError(f"parent directory does not exist: {path.parent} (pass create_parents=true)")
@@ -271,22 +303,59 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
         journaled = True
         for parent in missing_parents:
             journaled = _journal(ctx, "mkdir", parent) and journaled
-            parent.mkdir(exist_ok=True)
-        journaled = _journal(ctx, "write", path) and journaled
-        flags = os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
-        flags |= {"create": os.O_EXCL, "overwrite": os.O_TRUNC, "append": os.O_APPEND}[mode]
         try:
-            fd = os.open(path, flags, 0o666)
-        except FileExistsError:
-            raise ToolError(f"already exists: {file_path}") from None
+            dir_fd, name = parent_in(ctx.policy, path, write=True, create=bool(missing_parents))
         except NotADirectoryError:
             raise ToolError(f"a parent of {file_path} is not a directory") from None
+        try:
+            if st is None:
+                journaled = _journal(ctx, "write", path) and journaled
+                fd = _create(dir_fd, name, path)
+            else:
+                fd = _open_existing(ctx, dir_fd, name, path, append=mode == "append")
+                journaled = _journal_open(ctx, fd, path, truncate=mode == "overwrite") and journaled
+        finally:
+            os.close(dir_fd)
         with open(fd, "wb") as fh:
             fh.write(data)
         return {"path": str(path), "bytes_written": len(data), "mode": mode, "created": st is None,
                 "journaled": journaled}
 
     return await _apply(apply, f"writing {file_path}")
+
+
+def _create(dir_fd: int, name: str, path: Path) -> int:
+    try:
+        return open_at(dir_fd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path, 0o666)
+    except FileExistsError:
+        raise ToolError(f"already exists: {path} (it appeared while this call ran; look at it and retry)") from None
+
+
+def _open_existing(ctx: ToolContext, dir_fd: int, name: str, path: Path, *, append: bool) -> int:
+    """The file to change, checked again on its fd: what is written is what was judged (no FIFO, no
+    new hard link since the check)."""
+    fd = open_at(dir_fd, name, os.O_WRONLY | _NONBLOCK | (os.O_APPEND if append else 0), path)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ToolError(f"not a regular file: {path} ({_kind(st.st_mode)}); it changed while this call ran")
+        _require_one_link(ctx, st, path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _journal_open(ctx: ToolContext, fd: int, path: Path, *, truncate: bool) -> bool:
+    """Journal the original, then truncate: the file is opened (and checked) before anything is saved."""
+    try:
+        journaled = _journal(ctx, "write", path)
+        if truncate:
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return journaled
 
 
 def _missing_parents(path: Path) -> list[Path]:
@@ -309,26 +378,35 @@ async def delete_file(ctx: ToolContext, path: str, recursive: bool = False) -> d
     journaled first.
     """
     target = _entry_path(ctx, path, write=True)
-    st = _lstat(target)
+    st = _lstat(ctx, target, write=True)
     if st is None:
         raise ToolError(f"not found: {path}")
     is_dir = stat.S_ISDIR(st.st_mode)
     _spare_journal(ctx, target)
     if is_dir and any(real(r) == target for r in ctx.policy.write_roots):
         raise PolicyDenied("write_roots", f"{str(target)!r} is an allowed root itself and cannot be deleted")
-    if is_dir and not recursive and any(target.iterdir()):
+    if is_dir and not recursive and _has_entries(ctx, target):
         raise ToolError(f"directory not empty: {path} (pass recursive=true to delete it and its contents)")
     _require_approval(ctx, "delete", target, f"delete of {str(target)!r} outside the temp dir")
 
     def apply() -> dict[str, Any]:
         journaled = _journal(ctx, "delete", target)
-        if is_dir:
-            shutil.rmtree(target)
-        else:
-            target.unlink()
+        dir_fd, name = parent_in(ctx.policy, target, write=True)
+        try:
+            remove_entry(dir_fd, name)  # by name in its directory: a link is removed, never followed
+        finally:
+            os.close(dir_fd)
         return {"path": str(target), "deleted": True, "type": _kind(st.st_mode), "journaled": journaled}
 
     return await _apply(apply, f"deleting {path}")
+
+
+def _has_entries(ctx: ToolContext, directory: Path) -> bool:
+    fd = open_in(ctx.policy, directory, os.O_RDONLY | os.O_DIRECTORY, write=True)
+    try:
+        return bool(os.listdir(fd))
+    finally:
+        os.close(fd)
 
 
 @tool(tool_type="action")
@@ -339,7 +417,7 @@ async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: 
     existing destination; a replaced destination is journaled first so undo brings it back too.
     """
     src = _entry_path(ctx, source, write=True)
-    src_st = _lstat(src)
+    src_st = _lstat(ctx, src, write=True)
     if src_st is None:
         raise ToolError(f"not found: {source}")
     _spare_journal(ctx, src)
@@ -350,7 +428,7 @@ async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: 
         raise ToolError(f"cannot move directory {src} into itself ({dst})")
     if not dst.parent.is_dir():
         raise ToolError(f"destination directory does not exist: {dst.parent}")
-    dst_st = _lstat(dst)
+    dst_st = _lstat(ctx, dst, write=True)
     if dst_st is not None:
         if not overwrite:
             raise ToolError(f"destination exists: {destination} (pass overwrite=true to replace it)")
@@ -368,13 +446,23 @@ async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: 
         if dst_st is not None:
             journaled = _journal(ctx, "delete", dst)
         journaled = _journal(ctx, "move", src, dst) and journaled
-        if dst_st is not None and stat.S_ISLNK(dst_st.st_mode):
-            dst.unlink()  # shutil.move onto a symlink would write through it
-        shutil.move(src, dst)
+        _move(ctx, src, dst)  # a rename replaces a symlink at dst; it never writes through it
         return {"source": str(src), "destination": str(dst), "replaced": dst_st is not None,
                 "type": _kind(src_st.st_mode), "journaled": journaled}
 
     return await _apply(apply, f"moving {source} to {destination}")
+
+
+def _move(ctx: ToolContext, src: Path, dst: Path) -> None:
+    src_fd, src_name = parent_in(ctx.policy, src, write=True)
+    try:
+        dst_fd, dst_name = parent_in(ctx.policy, dst, write=True)
+        try:
+            move_entry(src_fd, src_name, dst_fd, dst_name)
+        finally:
+            os.close(dst_fd)
+    finally:
+        os.close(src_fd)
 
 
 def files_toolset() -> ToolSet:

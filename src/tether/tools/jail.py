@@ -2,15 +2,19 @@
 
 Checking the resolved path, not the string, is what stops `root/../etc` and a symlink that points
 out of the allowed roots. A path that does not exist yet is resolved through its nearest existing
-parent, so a new file under a symlinked directory is judged by where it would really land.
+parent, so a new file under a symlinked directory is judged by where it would really land. The
+tools then open the checked path beneath its root (`open_in`, `parent_in`), so a symlink swapped in
+after the check is refused rather than followed.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from typing import Literal
 
+from tether.sandbox.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
 from tether.tools.policy import Policy
 
@@ -63,3 +67,74 @@ def approval_needed(policy: Policy, action: Literal["delete", "move", "overwrite
     if action == "overwrite" and rules.overwrite_outside_temp and not in_temp:
         return "approval.overwrite_outside_temp"
     return None
+
+
+# ---------------------------------------------------------------- the path checked is the path used
+#
+# `resolve_path` judges where a path leads *now*; whoever can write inside the roots can swap a
+# component for a symlink a moment later. So every tool opens what it checked beneath the root it
+# lies in, through `tether.sandbox.fs`: no component may then be a symlink, and one swapped in is
+# refused (`path.escape`) instead of being followed.
+
+
+def root_of(policy: Policy, path: Path, *, write: bool) -> Path:
+    """The outermost allowed root `path` lies in: opens start there, so every component below it is
+    walked without following links (the root's own ancestors lie outside what a tool may change)."""
+    roots = policy.write_roots if write else policy.read_roots
+    inside = [root for root in _roots(roots) if within(path, [root])]
+    if not inside:
+        rule = "write_roots" if write else "read_roots"
+        raise PolicyDenied(rule, f"{str(path)!r} lies outside the allowed roots {roots}")
+    return min(inside, key=lambda root: len(root.parts))
+
+
+def escaped(exc: EscapeError) -> PolicyDenied:
+    return PolicyDenied("path.escape", f"{exc}: the path changed after it was checked (a symlink put in its way?), "
+                                       "so nothing was done; look at what is there now and retry")
+
+
+def open_in(policy: Policy, path: Path, flags: int, *, write: bool, mode: int = 0o600) -> int:
+    """An fd for the checked `path`, opened beneath its root with no symlink followed; the caller closes it."""
+    try:
+        return open_beneath(str(root_of(policy, path, write=write)), str(path), flags, mode)
+    except EscapeError as exc:
+        raise escaped(exc) from None
+
+
+def parent_in(policy: Policy, path: Path, *, write: bool, create: bool = False) -> tuple[int, str]:
+    """(fd of `path`'s directory, its name) beneath its root, for `dir_fd=` calls; the caller closes the fd.
+
+    `create` makes missing directories on the way (never through a link), as `mkdir` would.
+    """
+    try:
+        return parent_beneath(str(root_of(policy, path, write=write)), str(path), create=create, mode=0o777)
+    except EscapeError as exc:
+        raise escaped(exc) from None
+
+
+def open_at(dir_fd: int, name: str, flags: int, shown: Path, mode: int = 0o600) -> int:
+    """`name` in a directory fd from `parent_in`, never through a symlink (one found is `path.escape`)."""
+    try:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EMLINK):
+            raise escaped(EscapeError(str(shown), "is now a symlink; refusing to follow it")) from None
+        raise
+
+
+def lstat_in(policy: Policy, path: Path, *, write: bool) -> os.stat_result | None:
+    """What stands at `path` now (a symlink itself, not its target), looked at through the jail; None if nothing."""
+    try:
+        if path == root_of(policy, path, write=write):
+            fd = open_in(policy, path, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY, write=write)
+            try:
+                return os.fstat(fd)
+            finally:
+                os.close(fd)
+        dir_fd, name = parent_in(policy, path, write=write)
+        try:
+            return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        finally:
+            os.close(dir_fd)
+    except (FileNotFoundError, NotADirectoryError):  # a missing or non-directory parent: not there
+        return None
