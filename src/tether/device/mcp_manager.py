@@ -4,6 +4,11 @@
 `create_or_get_server`), starts them in parallel, restarts the ones marked `reset` when the
 device is reset, and closes everything (killing stdio processes) on `aclose`. The server
 classes here are the external transports; the supervision they share is in `mcp_servers`.
+
+A stdio server configured with `sandbox: true` is started inside the device's OS sandbox
+(`ToolContext.sandbox`, through `tether.sandbox.bwrap.live_argv`): the machine read-only except the
+write roots, the device's secrets hidden, a private `/proc`, killed with the device. Its writes go
+straight to the write roots (a server outlives every call, so they cannot be captured per call).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import os
 import shlex
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import httpx2
@@ -36,8 +41,14 @@ from tether.device.mcp_servers import (
     innermost_error,
 )
 from tether.device.toolset_server import ToolSetServer
+from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency
 from tether.tools.runtime import ToolSet
+
+if TYPE_CHECKING:
+    from tether.sandbox.runner import Sandbox
+
+SandboxSource = Callable[[], "Sandbox | None"]
 
 __all__ = [
     "BaseMCPServer",
@@ -152,18 +163,46 @@ class _StderrTail(asyncio.Protocol):
         return text if len(text) <= max_chars else "..." + text[-max_chars:]
 
 
+def _no_sandbox() -> Sandbox | None:
+    return None
+
+
 class StdioServer(SessionServer):
-    """A command speaking MCP on stdin/stdout, run in its own process group (the SDK kills the tree)."""
+    """A command speaking MCP on stdin/stdout, run in its own process group (the SDK kills the tree);
+    inside the device's sandbox when its config says `sandbox: true`."""
 
     lost_words = "died"
 
-    def __init__(self, config: MCPServerConfig) -> None:
+    def __init__(self, config: MCPServerConfig, sandbox: SandboxSource = _no_sandbox) -> None:
         super().__init__(config)
+        self._sandbox = sandbox
         self._stderr: _StderrTail | None = None
         self._stderr_transport: asyncio.ReadTransport | None = None
 
     def describe(self) -> str:
-        return shlex.join([str(self.config.command), *self.config.args])
+        command = shlex.join([str(self.config.command), *self.config.args])
+        return f"{command}, sandboxed" if self.config.sandbox else command
+
+    def _argv(self) -> list[str]:
+        """The command line to start: the configured one, or bwrap running it when sandboxed.
+
+        Raises `MCPServerError` when the config asks for a sandbox and the device has none: the server
+        must not quietly run unconfined."""
+        argv = [str(self.config.command), *self.config.args]
+        if not self.config.sandbox:
+            return argv
+        sandbox = self._sandbox()
+        if sandbox is None:
+            raise MCPServerError(f"server '{self.namespace}' ({self.describe()}) failed to start: its config "
+                                 f"says 'sandbox: true' but this device has no sandbox (install bubblewrap and "
+                                 f"allow unprivileged user namespaces, or remove 'sandbox' to run it unconfined)")
+        from tether.sandbox.bwrap import live_argv  # only a sandboxed server needs it
+
+        return live_argv(sandbox.spec, argv, cwd=self.config.cwd, bwrap=sandbox.info.bwrap or "bwrap")
+
+    async def start(self) -> None:
+        self._argv()  # a missing sandbox is a clear start error, not a failed handshake
+        await super().start()
 
     def _explain(self, exc: BaseException | None) -> str:
         leaf = innermost_error(exc)
@@ -185,8 +224,8 @@ class StdioServer(SessionServer):
 
     @contextlib.asynccontextmanager
     async def _open(self, generation: int) -> AsyncIterator[Client]:
-        params = StdioServerParameters(command=str(self.config.command), args=list(self.config.args),
-                                       env=self.config.env, cwd=self.config.cwd)
+        command, *args = self._argv()
+        params = StdioServerParameters(command=command, args=args, env=self.config.env, cwd=self.config.cwd)
         if self._stderr_transport is not None:
             self._stderr_transport.close()
         read_fd, write_fd = os.pipe()
@@ -226,12 +265,12 @@ class HttpServer(SessionServer):
                 yield client
 
 
-def create_server(config: MCPServerConfig,
-                  toolsets: Mapping[str, Callable[[], ToolSet]] | None = None) -> BaseMCPServer:
+def create_server(config: MCPServerConfig, toolsets: Mapping[str, Callable[[], ToolSet]] | None = None,
+                  sandbox: SandboxSource = _no_sandbox) -> BaseMCPServer:
     """The server object for one config entry; nothing is started yet."""
     toolsets = toolsets or {}
     if config.server_type == "stdio":
-        return StdioServer(config)
+        return StdioServer(config, sandbox)
     if config.server_type == "http":
         return HttpServer(config)
     if config.toolset:
@@ -241,11 +280,18 @@ def create_server(config: MCPServerConfig,
 
 class MCPServerManager:
     """Every MCP server of one device. Entries with the same `identity()` share one server (and one
-    session); `reset=True` gives each `process_name` its own."""
+    session); `reset=True` gives each `process_name` its own. `context` is the device's tool context:
+    its `sandbox` confines the stdio servers configured with `sandbox: true`."""
 
-    def __init__(self, toolsets: Mapping[str, Callable[[], ToolSet]] | None = None) -> None:
+    def __init__(self, toolsets: Mapping[str, Callable[[], ToolSet]] | None = None, *,
+                 context: ToolContext | None = None) -> None:
         self._toolsets: dict[str, Callable[[], ToolSet]] = dict(toolsets or {})
         self._servers: dict[tuple[str, str | None], BaseMCPServer] = {}
+        self.context = context
+
+    def _sandbox(self) -> Sandbox | None:
+        # read when a server starts, not when the manager is made: the device may open its sandbox later
+        return self.context.sandbox if self.context is not None else None
 
     @property
     def servers(self) -> list[BaseMCPServer]:
@@ -258,7 +304,7 @@ class MCPServerManager:
         key = (config.identity(), process_name if reset else None)
         server = self._servers.get(key)
         if server is None:
-            server = self._servers[key] = create_server(config, self._toolsets)
+            server = self._servers[key] = create_server(config, self._toolsets, self._sandbox)
         return server
 
     async def start_servers(self, servers: Iterable[BaseMCPServer | MCPServerConfig | dict[str, Any]]
