@@ -177,14 +177,17 @@ class Computer:
 
     async def delete_server(self, namespace: str, tool_type: ToolType) -> None:
         """Detach a server and its tools; a plain name it shadowed falls back to the next holder."""
-        if self._servers.pop((tool_type, namespace), None) is None:
+        server = self._servers.pop((tool_type, namespace), None)
+        if server is None:
             raise ValueError(f"no {tool_type} server '{namespace}' on computer '{self._name}'")
+        # by server, not by type: a read-only tool of an action server is registered as data_collection
+        elsewhere = any(other is server for other in self._servers.values())
         removed = [k for k, e in self._tools_registry.items()
-                   if e.info.namespace == namespace and e.info.tool_type == tool_type]
+                   if e.server is server and (not elsewhere or e.info.tool_type == tool_type)]
         for key in removed:
             del self._tools_registry[key]
         for key, entry in list(self._tools_registry.items()):
-            if "/" not in key or entry.info.tool_type != tool_type:
+            if "/" not in key:
                 continue
             self._tools_registry.setdefault(entry.info.key, entry)
         self.collisions = [c for c in self.collisions
@@ -216,10 +219,17 @@ class Computer:
         return found
 
     def _unavailable(self, name: str) -> str | None:
-        """For a tool of an optional set that could not start here: why, and what to install."""
+        """For a tool of an optional set that could not start here: why, and what to install; for a tool
+        the device config keeps from agents (an external server's deny_tools/allow_tools): the rule."""
         for namespace, names in OPTIONAL_TOOLS.items():
             if name in names and namespace in self.startup_errors:
                 return f"tool '{name}' is not available on this device: {self.startup_errors[namespace]}"
+        namespace, _, plain = name.rpartition("/")
+        for (_, server_namespace), server in self._servers.items():
+            if not namespace or namespace == server_namespace:
+                why = server.refusal(plain)
+                if why is not None:
+                    return why
         return None
 
     def command2tool(self, command: Command) -> MCPToolCall:
