@@ -4,6 +4,11 @@ Layout: `state_dir/journal/<session_id>/entries.jsonl` (append-only; one JSON ob
 `blobs/` (the saved originals). An entry line describes one change; an `undone` line marks an entry
 as put back. Nothing is ever rewritten in place, so a crash leaves at worst a torn last line, which
 is skipped; and a restore that stops half way can simply be run again.
+
+A restore puts things back through the same jail as the file tools (`tether.sandbox.fs`): beneath
+the write root each path lies in, with no symlink followed on the way. Whoever could write inside
+the roots since the change may have planted a link in the path; that change is then reported as a
+conflict and left as is, never written through the link to somewhere outside the roots.
 """
 
 from __future__ import annotations
@@ -15,12 +20,13 @@ import os
 import re
 import shutil
 import stat
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
+
+from tether.sandbox.fs import EscapeError, copy_entry, move_entry, open_beneath, parent_beneath
 
 try:  # POSIX only; elsewhere concurrent restores of one session are not serialised.
     import fcntl
@@ -149,16 +155,21 @@ class UndoJournal:
 
     # ----------------------------------------------------------------------------------- restoring
 
-    def restore(self, session_id: str) -> list[dict[str, Any]]:
+    def restore(self, session_id: str, roots: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """Undo the session's changes newest first; one report row per change, in the order tried.
 
         Each undone change is marked in the index as soon as it is put back, so running this again
         touches nothing and reports every row as `already_restored`. A change that could not be put
         back (say, a conflict) stays pending and is retried next time.
+
+        `roots` (the policy's write roots): a change is put back only beneath the root its path lies
+        in; one outside every root is refused. None: beneath `/`. Either way no symlink is followed,
+        so a link planted in the path since the change makes it a conflict, not a write elsewhere.
         """
         session_dir = self._session_dir(session_id)
         if session_dir is None:
             return []
+        jails = _jails(roots)
         report: list[dict[str, Any]] = []
         with _locked(session_dir):
             for entry in reversed(self.entries(session_id)):
@@ -169,7 +180,9 @@ class UndoJournal:
                     report.append({**row, "outcome": "already_restored", "ok": True})
                     continue
                 try:
-                    outcome, ok = self._undo(session_dir, entry)
+                    outcome, ok = self._undo(session_dir, entry, jails)
+                except EscapeError as exc:
+                    outcome, ok = f"conflict: {exc}; left as is (the path changed after the write)", False
                 except OSError as exc:
                     outcome, ok = f"failed: {type(exc).__name__}: {exc}", False
                 if ok:
@@ -177,33 +190,27 @@ class UndoJournal:
                 report.append({**row, "outcome": outcome, "ok": ok})
         return report
 
-    def _undo(self, session_dir: Path, entry: dict[str, Any]) -> tuple[str, bool]:
-        path = Path(entry["path"])
+    def _undo(self, session_dir: Path, entry: dict[str, Any], jails: list[str]) -> tuple[str, bool]:
+        path = entry["path"]
+        root = _jail_of(path, jails)
+        if root is None:
+            return f"refused: {path} lies outside the write roots {jails}; left as is", False
         kind = entry.get("kind")
         if kind == "created":
-            return _remove_created(path)
+            return _remove_created(root, path)
         if kind == "moved":
-            return _move_back(path, Path(entry["dest"]))
+            dest_root = _jail_of(entry["dest"], jails)
+            if dest_root is None:
+                return f"refused: {entry['dest']} lies outside the write roots {jails}; left as is", False
+            return _move_back(root, path, dest_root, entry["dest"])
         if kind == "symlink":
-            if os.path.lexists(path) and not path.is_symlink() and path.is_dir():
-                return "conflict: a directory now stands where the symlink was", False
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.parent / f".tether-undo-{uuid.uuid4().hex}"
-            os.symlink(entry["link"], tmp)
-            os.replace(tmp, path)
-            return "restored", True
+            return _put_link_back(root, path, entry["link"])
         blob = session_dir / "blobs" / entry["blob"]
         if not os.path.lexists(blob):
             return f"failed: saved copy {blob} is missing", False
         if kind == "dir":
-            if os.path.lexists(path) and not (path.is_dir() and not path.is_symlink()):
-                return "conflict: something other than a directory now stands there", False
-            shutil.copytree(blob, path, symlinks=True, dirs_exist_ok=True)
-            os.chmod(path, entry["mode"])
-            return "restored", True
-        if path.is_dir() and not path.is_symlink():
-            return "conflict: a directory now stands where the file was", False
-        return _put_file_back(blob, path, entry)
+            return _put_dir_back(blob, root, path, entry["mode"])
+        return _put_file_back(blob, root, path, entry)
 
     # ----------------------------------------------------------------------------------- helpers
 
@@ -220,7 +227,8 @@ def _copy_synced(src: Path, dst: Path) -> tuple[str, int]:
     """Copy, hash and fsync in one pass: a journal entry must never point at a half-written copy."""
     digest = hashlib.sha256()
     size = 0
-    with open(src, "rb") as fin, open(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fout:
+    source = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # the file that was lstat'ed, not a link
+    with open(source, "rb") as fin, open(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fout:
         while chunk := fin.read(_CHUNK):
             digest.update(chunk)
             fout.write(chunk)
@@ -230,54 +238,134 @@ def _copy_synced(src: Path, dst: Path) -> tuple[str, int]:
     return digest.hexdigest(), size
 
 
-def _put_file_back(blob: Path, path: Path, entry: dict[str, Any]) -> tuple[str, bool]:
-    """Write the saved bytes beside the target and rename over it, so a reader never sees a mix."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=".tether-undo-", dir=path.parent)
-    tmp = Path(tmp_name)
+def _jails(roots: Sequence[str] | None) -> list[str]:
+    """The real paths of the roots, outermost first (a path is put back beneath the outermost one it is in)."""
+    if roots is None:
+        return ["/"]
+    return sorted({os.path.realpath(os.path.expanduser(r)) for r in roots}, key=len)
+
+
+def _jail_of(path: str, jails: list[str]) -> str | None:
+    return next((j for j in jails if path == j or path.startswith(j.rstrip("/") + "/")), None)
+
+
+@contextlib.contextmanager
+def _parent(root: str, path: str, *, create: bool = False) -> Iterator[tuple[int, str]]:
+    """`path`'s directory (an fd) and name, reached beneath `root` without following a link."""
+    fd, name = parent_beneath(root, path, create=create, mode=0o777)
     try:
-        digest = hashlib.sha256()
-        with open(blob, "rb") as fin, open(fd, "wb") as fout:
-            while chunk := fin.read(_CHUNK):
-                digest.update(chunk)
-                fout.write(chunk)
-            fout.flush()
-            os.fsync(fout.fileno())
-        if digest.hexdigest() != entry["sha256"]:
-            tmp.unlink()
-            return "failed: the saved copy is corrupt (checksum mismatch); file left as is", False
-        os.chmod(tmp, entry["mode"])
-        os.utime(tmp, ns=(entry["mtime_ns"], entry["mtime_ns"]))
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
-        raise
+        yield fd, name
+    finally:
+        os.close(fd)
+
+
+def _lstat_at(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _exists(root: str, path: str) -> bool:
+    try:
+        with _parent(root, path) as (fd, name):
+            return _lstat_at(fd, name) is not None
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+
+
+def _put_file_back(blob: Path, root: str, path: str, entry: dict[str, Any]) -> tuple[str, bool]:
+    """Write the saved bytes beside the target and rename over it, so a reader never sees a mix
+    (and a symlink that now stands there is replaced, not written through)."""
+    with _parent(root, path, create=True) as (dir_fd, name):
+        now = _lstat_at(dir_fd, name)
+        if now is not None and stat.S_ISDIR(now.st_mode):
+            return "conflict: a directory now stands where the file was", False
+        tmp = f".tether-undo-{uuid.uuid4().hex}"
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+        try:
+            if _copy_checked(blob, out, entry) != entry["sha256"]:
+                os.unlink(tmp, dir_fd=dir_fd)
+                return "failed: the saved copy is corrupt (checksum mismatch); file left as is", False
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=dir_fd)
+            raise
     return "restored", True
 
 
-def _remove_created(path: Path) -> tuple[str, bool]:
-    if not os.path.lexists(path):
-        return "already_absent", True
-    if path.is_dir() and not path.is_symlink():
+def _copy_checked(blob: Path, out: int, entry: dict[str, Any]) -> str:
+    """Copy the blob into the open fd `out` (closed here) with its mode and mtime; returns its sha256."""
+    digest = hashlib.sha256()
+    with open(blob, "rb") as fin, open(out, "wb") as fout:
+        while chunk := fin.read(_CHUNK):
+            digest.update(chunk)
+            fout.write(chunk)
+        fout.flush()
+        os.chmod(fout.fileno(), entry["mode"])
+        os.utime(fout.fileno(), ns=(entry["mtime_ns"], entry["mtime_ns"]))
+        os.fsync(fout.fileno())
+    return digest.hexdigest()
+
+
+def _put_link_back(root: str, path: str, link: str) -> tuple[str, bool]:
+    with _parent(root, path, create=True) as (dir_fd, name):
+        now = _lstat_at(dir_fd, name)
+        if now is not None and stat.S_ISDIR(now.st_mode):
+            return "conflict: a directory now stands where the symlink was", False
+        tmp = f".tether-undo-{uuid.uuid4().hex}"
+        os.symlink(link, tmp, dir_fd=dir_fd)
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    return "restored", True
+
+
+def _put_dir_back(blob: Path, root: str, path: str, mode: int) -> tuple[str, bool]:
+    """Copy the saved tree into place (merging into a directory that is there again), following no link."""
+    with _parent(root, path, create=True) as (dir_fd, name):
+        now = _lstat_at(dir_fd, name)
+        if now is not None and not stat.S_ISDIR(now.st_mode):
+            return "conflict: something other than a directory now stands there", False
+        blobs = os.open(blob.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            path.rmdir()
-        except OSError:
-            return "kept: the directory is not empty", False
-        return "removed", True
-    path.unlink()
-    return "removed", True
+            copy_entry(blobs, blob.name, dir_fd, name, merge=True)
+        finally:
+            os.close(blobs)
+    fd = open_beneath(root, path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.chmod(fd, mode)
+    finally:
+        os.close(fd)
+    return "restored", True
 
 
-def _move_back(source: Path, dest: Path) -> tuple[str, bool]:
-    if not os.path.lexists(dest):
-        if os.path.lexists(source):
+def _remove_created(root: str, path: str) -> tuple[str, bool]:
+    try:
+        with _parent(root, path) as (dir_fd, name):
+            now = _lstat_at(dir_fd, name)
+            if now is None:
+                return "already_absent", True
+            if not stat.S_ISDIR(now.st_mode):
+                os.unlink(name, dir_fd=dir_fd)
+                return "removed", True
+            try:
+                os.rmdir(name, dir_fd=dir_fd)
+            except OSError:
+                return "kept: the directory is not empty", False
+            return "removed", True
+    except (FileNotFoundError, NotADirectoryError):
+        return "already_absent", True
+
+
+def _move_back(root: str, source: str, dest_root: str, dest: str) -> tuple[str, bool]:
+    if not _exists(dest_root, dest):
+        if _exists(root, source):
             return "moved_back", True  # a previous restore got this far before stopping
         return f"failed: {dest} no longer exists", False
-    if os.path.lexists(source):
+    if _exists(root, source):
         return f"conflict: {source} exists again; {dest} left in place", False
-    source.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(dest, source)
+    with _parent(dest_root, dest) as (dest_fd, dest_name), _parent(root, source, create=True) as (src_fd, src_name):
+        move_entry(dest_fd, dest_name, src_fd, src_name)
     return "moved_back", True
 
 
