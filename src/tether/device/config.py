@@ -1,9 +1,18 @@
 """Device configuration: seed 003's YAML (`mcp: agent → root → data_collection/action`) and the
-`mcpServers` JSON that desktop MCP clients use, so people can reuse the configs they already have."""
+`mcpServers` JSON that desktop MCP clients use, so people can reuse the configs they already have.
+
+A desktop client's file (Claude Desktop, Cline, Roo Code, ...) is read as it is: its own top-level
+settings (`globalShortcut`, `preferences`, ...) are ignored with a log line, and an entry's
+`autoApprove` (Roo Code: `alwaysAllow`) becomes the server's `auto_approve`. tether's own keys for
+external servers (`allow_tools`, `deny_tools`, `approve_tools`, `approve_destructive`, `sandbox`)
+may be added to an entry too. A file that also has tether's own sections stays strict about
+unknown keys: there a typo must not silently drop a setting.
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -13,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether.device.mcp_config import MCPServerConfig
 from tether.protocol.models import TOOL_TYPES, ToolType
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_AGENT = "default"
 DEFAULT_ROOT = "default"
@@ -101,6 +112,11 @@ def _builtin_entries(names: list[str]) -> list[MCPServerConfig]:
     return [MCPServerConfig(namespace=n, server_type="local", toolset=n) for n in names]
 
 
+# an entry's keys that put its tools under the policy (`tether.device.mcp_policy`), as in MCPServerConfig
+_TOOL_RULE_KEYS = ("allow_tools", "deny_tools", "approve_tools", "approve_destructive", "sandbox")
+_AUTO_APPROVE_KEYS = ("autoApprove", "alwaysAllow", "auto_approve")  # Cline/Claude Code, Roo Code, tether
+
+
 def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], list[MCPServerConfig]]:
     """Translate `{"mcpServers": {name: {command, args, env} | {url, headers}}}` into server configs."""
     data: list[MCPServerConfig] = []
@@ -115,14 +131,23 @@ def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], l
         kind = spec.pop("type", None)
         if spec.pop("disabled", False):
             continue
+        rules = {key: spec.pop(key) for key in _TOOL_RULE_KEYS if key in spec}
+        auto: list[str] = []
+        for key in _AUTO_APPROVE_KEYS:
+            names = spec.pop(key, [])
+            if not isinstance(names, list):
+                raise ValueError(f"mcpServers.{name}.{key}: expected a list of tool names")
+            auto += names
+        if auto:
+            rules["auto_approve"] = auto
         if "url" in spec or kind in ("http", "streamable-http", "streamableHttp"):
             cfg = MCPServerConfig(namespace=name, server_type="http", url=spec.pop("url", None),
-                                  headers=spec.pop("headers", {}), timeout=spec.pop("timeout", None))
+                                  headers=spec.pop("headers", {}), timeout=spec.pop("timeout", None), **rules)
         else:
             cfg = MCPServerConfig(namespace=name, server_type="stdio", command=spec.pop("command", None),
                                   args=spec.pop("args", []), env=spec.pop("env", None),
-                                  cwd=spec.pop("cwd", None), timeout=spec.pop("timeout", None))
-        if spec:
+                                  cwd=spec.pop("cwd", None), timeout=spec.pop("timeout", None), **rules)
+        if spec:  # per server stays strict: an unknown key may be a rule that would silently not apply
             raise ValueError(f"mcpServers.{name}: unsupported key(s) {sorted(spec)}")
         (data if tool_type == "data_collection" else action).append(cfg)
     return data, action
@@ -133,6 +158,12 @@ def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -
     raw = dict(raw or {})
     mcp_servers = raw.pop("mcpServers", None)
     where = f" in {source}" if source else ""
+    own = set(DeviceConfig.model_fields) - {"source"}
+    if mcp_servers is not None and not own.intersection(raw):  # a desktop client's file, read as it is
+        ignored = sorted(raw)
+        if ignored:
+            logger.info("device config%s: ignoring the desktop client's own settings %s", where, ignored)
+        raw = {}
     try:
         config = DeviceConfig.model_validate(raw)
         builtin = _builtin_entries(config.device.builtin)
