@@ -64,7 +64,7 @@ async def _task(console: Console, device: Any, work: Path) -> bool:
     passed = task.state.value == "done" and patched and hello.read_text() == "hello from a tether task\n"
     console.print(f"{'[green]✓[/green]' if passed else '[red]✗ unexpected:[/red]'} the task ran, its failed "
                   f"mkdir patched by recovery ({task.state.value})")
-    device.journal.restore(task.id)
+    device.journal.restore(task.id, device.policy.write_roots)
     gone = not hello.exists()
     console.print(f"{'[green]✓[/green]' if gone else '[red]✗ unexpected:[/red]'} tether undo {task.id[:12]}: "
                   "the file it wrote is gone")
@@ -115,7 +115,7 @@ async def run_demo(console: Console, state_dir: Path | None = None) -> int:
                 detail = repr(result.result["stdout"].strip())
             _show(console, title, result, expect_ok, detail)
             ok = ok and result.ok == expect_ok
-        report = device.journal.restore(session)
+        report = device.journal.restore(session, device.policy.write_roots)
         restored = target.read_text() if target.exists() else "<gone>"
         console.print(f"\n[bold]undo[/bold] {session}: {len(report)} change(s) put back; "
                       f"{target.name} now reads {restored!r}")

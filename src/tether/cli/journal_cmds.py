@@ -9,18 +9,20 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from tether.cli.common import CaOpt, JsonOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
+from tether.cli.common import CaOpt, JsonOpt, PolicyOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
 
 
 @app.command()
 def undo(session: Annotated[str, typer.Argument(help="the session (or task) whose file changes to put back")],
-         state_dir: StateOpt = None, as_json: JsonOpt = False,
+         state_dir: StateOpt = None, as_json: JsonOpt = False, policy: PolicyOpt = None,
          server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
          local: Annotated[bool, typer.Option("--local", help="this machine's journal, even when TETHER_SERVER "
                                                              "is set")] = False) -> None:
     """Put back the files that a session's commands changed (a local task's id is its session).
 
     With --server (or TETHER_SERVER): SESSION is a task on that server, undone on every device it ran on.
+    Locally, files are put back only inside the write roots of --policy (or the default policy), and
+    never through a symlink planted since the change.
     """
     if server and not local:
         from tether.cli.task_cmds import connect, remote_undo
@@ -29,10 +31,11 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
             raise typer.Exit(remote_undo(remote, session, as_json))
     from tether.tools.context import default_state_dir
     from tether.tools.journal import UndoJournal
+    from tether.tools.policy import load_policy
 
     journal = UndoJournal(Path(state_dir or default_state_dir()))
     try:
-        report = journal.restore(session)
+        report = journal.restore(session, load_policy(policy).write_roots)
     except ValueError as exc:
         fail(str(exc))
     if as_json:

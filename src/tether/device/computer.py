@@ -101,7 +101,7 @@ class Computer:
         if not ctx.approved_by:
             raise NeedsApproval("undo", f"undoing session {session_id} rewrites the files it changed")
         try:
-            return await asyncio.to_thread(ctx.journal.restore, session_id)
+            return await asyncio.to_thread(ctx.journal.restore, session_id, ctx.policy.write_roots)
         except ValueError as exc:
             raise ToolError(str(exc)) from None
 

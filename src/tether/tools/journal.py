@@ -194,14 +194,14 @@ class UndoJournal:
         path = entry["path"]
         root = _jail_of(path, jails)
         if root is None:
-            return f"refused: {path} lies outside the write roots {jails}; left as is", False
+            return _outside(path, jails)
         kind = entry.get("kind")
         if kind == "created":
             return _remove_created(root, path)
         if kind == "moved":
             dest_root = _jail_of(entry["dest"], jails)
             if dest_root is None:
-                return f"refused: {entry['dest']} lies outside the write roots {jails}; left as is", False
+                return _outside(entry["dest"], jails)
             return _move_back(root, path, dest_root, entry["dest"])
         if kind == "symlink":
             return _put_link_back(root, path, entry["link"])
@@ -247,6 +247,11 @@ def _jails(roots: Sequence[str] | None) -> list[str]:
 
 def _jail_of(path: str, jails: list[str]) -> str | None:
     return next((j for j in jails if path == j or path.startswith(j.rstrip("/") + "/")), None)
+
+
+def _outside(path: str, jails: list[str]) -> tuple[str, bool]:
+    return (f"refused: {path} lies outside the write roots {jails}; left as is "
+            "(undo with the policy whose write roots allowed the change)"), False
 
 
 @contextlib.contextmanager
