@@ -257,3 +257,36 @@ async def test_sandbox_true_without_a_sandbox_refuses_to_start(tmp_path: Path) -
         assert result.status is ResultStatus.FAILURE and "no sandbox" in result.error
     finally:
         await mgr.aclose()
+
+
+async def test_sandboxed_server_through_the_device_hides_its_state(tmp_path: Path) -> None:
+    """With the device's own sandbox (from its policy): the device's state directory and the policy's
+    hidden paths are out of the server's sight, and only the write roots are writable."""
+    root, secret, state = tmp_path / "root", tmp_path / "secret", tmp_path / "state"
+    for d in (root, secret, state):
+        d.mkdir()
+    (secret / "key").write_text("k")
+    (state / "journal.txt").write_text("private")
+    config = parse_device_config({"mcpServers": {"boxed": {
+        "command": sys.executable, "args": [ANNOTATED], "sandbox": True, "autoApprove": ["write_text"]}}})
+    policy = Policy(write_roots=[str(root)], read_roots=[str(tmp_path)], hide_paths=[str(secret)])
+    device = build_device(config, policy=policy, state_dir=state)
+    if device.context.sandbox is None:
+        await device.aclose()
+        pytest.fail(f"no sandbox on this machine: {detect().detail}")
+    try:
+        computer = await device.computer_manager.get_or_create(None)
+        assert "boxed" not in computer.startup_errors, computer.startup_errors
+        state_read, secret_read, outside, inside = await device.client.execute_actions([
+            Command(tool_name="boxed/read_text", parameters={"path": str(state / "journal.txt")}),
+            Command(tool_name="boxed/read_text", parameters={"path": str(secret / "key")}),
+            Command(tool_name="write_text", parameters={"path": str(tmp_path / "x.txt"), "text": "x"}),
+            Command(tool_name="write_text", parameters={"path": str(root / "x.txt"), "text": "x"}),
+        ], early_exit=False)
+        assert state_read.status is ResultStatus.FAILURE and "No such file" in state_read.error, state_read
+        assert secret_read.status is ResultStatus.FAILURE and "No such file" in secret_read.error, secret_read
+        assert outside.status is ResultStatus.FAILURE and "Read-only file system" in outside.error, outside
+        assert inside.ok, inside.error
+        assert (root / "x.txt").read_text() == "x" and not (tmp_path / "x.txt").exists()
+    finally:
+        await device.aclose()
