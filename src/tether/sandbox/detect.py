@@ -18,6 +18,7 @@ class SandboxInfo:
     kind: str
     detail: str
     bwrap: str | None = None
+    landlock: int = 0  # the Landlock ABI laid under the namespaces (0: none)
 
     @property
     def available(self) -> bool:
@@ -45,5 +46,11 @@ def detect() -> SandboxInfo:
         why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
         return SandboxInfo("none", f"bwrap cannot make a user namespace here ({why[-1] if why else proc.returncode}): "
                                    f"{INSTALL_HINT}", bwrap)
-    return SandboxInfo("bwrap+overlay", "bubblewrap with user, mount, pid namespaces; writes captured in an overlay",
-                       bwrap)
+    from tether.sandbox.landlock import abi_version
+
+    abi = abi_version()
+    if abi:
+        return SandboxInfo("bwrap+landlock+overlay", f"bubblewrap with user, mount, pid namespaces, Landlock ABI {abi} "
+                           "under them; writes captured in an overlay", bwrap, abi)
+    return SandboxInfo("bwrap+overlay", "bubblewrap with user, mount, pid namespaces (no Landlock in this kernel); "
+                       "writes captured in an overlay", bwrap)

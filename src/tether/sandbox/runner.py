@@ -232,7 +232,10 @@ class Sandbox:
             hidden = [*self.spec.hidden]
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
                        "live": list(self.spec.live_write_roots), "layers_dir": self.spec.layers_dir,
-                       "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)}}
+                       "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
+                       "landlock": self.info.landlock,
+                       "writable": [*(self.spec.write_roots if layer is not None else ()),
+                                    *self.spec.live_write_roots, "/dev"]}
             self._send(message, [exe, in_r, out_w, err_w])
         finally:
             for fd in to_close:

@@ -123,6 +123,10 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int], 
                 pass
     os.chdir(req["cwd"])
     libc.drop_capabilities()
+    if req.get("landlock"):
+        from tether.sandbox.landlock import restrict_writes
+
+        restrict_writes(req["writable"], req["landlock"])
     argv, env = req["argv"], req["env"]
     try:
         os.execve(exe, argv, env)  # noqa: S606 (an argv list, never a shell)

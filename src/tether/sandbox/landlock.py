@@ -1,0 +1,74 @@
+"""Landlock: the kernel's own write barrier, laid under the mount namespace as a second wall.
+
+The namespaces already make everything outside the write roots read-only; Landlock says the same
+thing again in a different part of the kernel (an LSM that checks every open, rename and unlink
+against rules bound to this process and its children), so one bug in either does not open the
+machine. Rules only ever restrict, cannot be lifted by the confined program, and need no privilege.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+
+SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446  # same numbers on x86_64 and arm64
+CREATE_RULESET_VERSION = 1
+RULE_PATH_BENEATH = 1
+WRITE_FILE, REMOVE_DIR, REMOVE_FILE = 1 << 1, 1 << 4, 1 << 5
+MAKE_CHAR, MAKE_DIR, MAKE_REG, MAKE_SOCK, MAKE_FIFO, MAKE_BLOCK, MAKE_SYM = (1 << n for n in range(6, 13))
+REFER, TRUNCATE = 1 << 13, 1 << 14
+_WRITES = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO
+           | MAKE_BLOCK | MAKE_SYM)
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def abi_version() -> int:
+    """The Landlock ABI this kernel offers; 0 when it has none (or it is switched off)."""
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+        return 0
+    version = _libc().syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
+    return max(int(version), 0)
+
+
+def write_rights(abi: int) -> int:
+    return _WRITES | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
+
+
+def restrict_writes(writable: list[str], abi: int) -> None:
+    """Allow writes only beneath `writable` for this process and all it executes. Needs no_new_privs."""
+    libc = _libc()
+    rights = write_rights(abi)
+    attr = _RulesetAttr(rights)
+    ruleset = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
+                           ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    try:
+        for path in writable:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue
+            try:
+                rule = _PathBeneath(rights, fd)
+                if libc.syscall(SYS_ADD_RULE, ruleset, RULE_PATH_BENEATH, ctypes.byref(rule), ctypes.c_uint32(0)) < 0:
+                    raise OSError(ctypes.get_errno(), f"landlock_add_rule {path} failed")
+            finally:
+                os.close(fd)
+        if libc.syscall(SYS_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) < 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(ruleset)
