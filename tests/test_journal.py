@@ -198,3 +198,101 @@ def test_bad_records_are_refused(journal: UndoJournal, work: Path) -> None:
         journal.record("s1", "delete", work / "missing")
     with pytest.raises(ValueError, match="destination"):
         journal.record("s1", "move", work)
+
+
+# ------------------------------------------------------------------------------------------ the jail
+# An attacker who can write inside the roots plants a symlink after the change; the undo must not
+# follow it out of the roots (issue 9, part 3). `outside` is where the link leads.
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    path = tmp_path / "outside"
+    path.mkdir()
+    return path
+
+
+def plant_link(directory: Path, target: Path) -> Path:
+    """Move `directory` aside and leave a symlink to `target` in its place; returns where it went."""
+    aside = directory.with_name(directory.name + ".aside")
+    directory.rename(aside)
+    directory.symlink_to(target)
+    return aside
+
+
+@pytest.mark.parametrize("roots", [None, "work"])
+def test_created_file_under_a_planted_link_is_not_removed_outside(journal: UndoJournal, work: Path, outside: Path,
+                                                                  roots: str | None) -> None:
+    (work / "d").mkdir()
+    journal.record("s1", "write", work / "d" / "id_rsa")
+    (work / "d" / "id_rsa").write_text("made by the tool")
+    plant_link(work / "d", outside)
+    (outside / "id_rsa").write_text("the victim's key")
+    [row] = journal.restore("s1", [str(work)] if roots else None)
+    assert not row["ok"] and row["outcome"].startswith("conflict:") and "symlink" in row["outcome"]
+    assert (outside / "id_rsa").read_text() == "the victim's key"
+
+
+def test_a_link_planted_at_the_file_itself_is_replaced_not_written_through(journal: UndoJournal, work: Path,
+                                                                          outside: Path) -> None:
+    f = work / "f"
+    f.write_bytes(b"original")
+    journal.record("s1", "write", f)
+    f.unlink()
+    f.symlink_to(outside / "victim")
+    (outside / "victim").write_bytes(b"theirs")
+    [row] = journal.restore("s1", [str(work)])
+    assert row["outcome"] == "restored"
+    assert not f.is_symlink() and f.read_bytes() == b"original" and (outside / "victim").read_bytes() == b"theirs"
+
+
+def test_move_back_refuses_a_planted_link_on_either_side(journal: UndoJournal, work: Path, outside: Path) -> None:
+    (work / "a").mkdir()
+    (work / "b").mkdir()
+    src, dst = work / "a" / "f", work / "b" / "f"
+    src.write_text("mine")
+    journal.record("s1", "move", src, dst)
+    src.rename(dst)
+    (outside / "f").write_text("theirs")
+    aside = plant_link(work / "b", outside)  # the undo would move outside/f into the roots
+    [row] = journal.restore("s1", [str(work)])
+    assert not row["ok"] and "symlink" in row["outcome"]
+    assert (outside / "f").read_text() == "theirs" and not src.exists()
+    (work / "b").unlink()
+    aside.rename(work / "b")
+    plant_link(work / "a", outside / "sub")  # ... or move it back to somewhere outside
+    [row] = journal.restore("s1", [str(work)])
+    assert not row["ok"] and "symlink" in row["outcome"] and dst.read_text() == "mine"
+    assert sorted(p.name for p in outside.iterdir()) == ["f"]
+
+
+def test_deleted_tree_is_not_merged_into_a_planted_link(journal: UndoJournal, work: Path, outside: Path) -> None:
+    tree = work / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "f").write_text("mine")
+    journal.record("s1", "delete", tree)
+    shutil.rmtree(tree)
+    tree.symlink_to(outside)  # where the tree was
+    [row] = journal.restore("s1", [str(work)])
+    assert not row["ok"] and row["outcome"].startswith("conflict")
+    tree.unlink()
+    tree.mkdir()
+    (tree / "sub").symlink_to(outside)  # inside the tree that is merged into
+    [row] = journal.restore("s1", [str(work)])
+    assert not row["ok"] and "symlink" in row["outcome"]
+    assert list(outside.iterdir()) == []
+    (tree / "sub").unlink()
+    assert journal.restore("s1", [str(work)])[0]["outcome"] == "restored"
+    assert (tree / "sub" / "f").read_text() == "mine"
+
+
+def test_a_change_outside_the_given_roots_is_refused(journal: UndoJournal, work: Path, outside: Path) -> None:
+    f = outside / "f"
+    f.write_text("original")
+    journal.record("s1", "write", f)
+    f.write_text("changed")
+    [row] = journal.restore("s1", [str(work)])
+    assert not row["ok"] and row["outcome"].startswith("refused:") and "write roots" in row["outcome"]
+    assert f.read_text() == "changed"
+    assert journal.restore("s1", [str(work), str(outside)])[0]["outcome"] == "restored"
+    assert f.read_text() == "original"
