@@ -221,6 +221,7 @@ class Sandbox:
         try:
             if not stat.S_ISREG(os.fstat(exe).st_mode):
                 raise OSError(f"{executable} is not a regular file")
+            script = _is_script(executable)
             in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
             out_r, out_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
             err_r, err_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
@@ -234,6 +235,9 @@ class Sandbox:
                        "live": list(self.spec.live_write_roots), "layers_dir": self.spec.layers_dir,
                        "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
                        "landlock": self.info.landlock,
+                       # a script runs by its real path (outside the writable roots, resolved here), so
+                       # its interpreter and the script itself find what lies beside it (npm, shims...)
+                       "exec_path": os.path.realpath(executable) if script else None,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
                                     *self.spec.live_write_roots, "/dev"]}
             self._send(message, [exe, in_r, out_w, err_w])
@@ -270,6 +274,14 @@ class Sandbox:
         if layers.is_dir():
             for layer in layers.glob(f"L{os.getpid()}-*"):
                 discard(layer)
+
+
+def _is_script(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(2) == b"#!"
+    except OSError:
+        return False
 
 
 async def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:

@@ -128,12 +128,8 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int], 
 
         restrict_writes(req["writable"], req["landlock"])
     argv, env = req["argv"], req["env"]
-    try:
-        os.execve(exe, argv, env)  # noqa: S606 (an argv list, never a shell)
-    except FileNotFoundError:
-        # a script: its interpreter opens it as /dev/fd/N, which a close-on-exec descriptor would not survive
-        os.set_inheritable(exe, True)
-        os.execve(exe, argv, env)  # noqa: S606
+    # the open file the device checked; a script by its real path (see Sandbox.spawn)
+    os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
 
 
 def _child(libc: _Libc, req: dict[str, Any], fds: list[int]) -> int:

@@ -124,9 +124,9 @@ def resolve_program(ctx: ToolContext, cmd: str) -> str:
     if cmd.startswith("/proc/") or "/proc/" in os.path.normpath(cmd):
         raise PolicyDenied("cmd.invalid", f"{cmd} goes through /proc, whose links mean something else in every "
                                           "process; call the program by name or by its real path")
+    found = shutil.which(cmd, path=search_path(ctx) if "/" not in cmd else None)
     roots = [real(r) for r in ctx.policy.write_roots]
     strict = not lifted(ctx.policy, "escape.writable-executable")
-    found = shutil.which(cmd, path=_search_path(roots) if strict and "/" not in cmd else None)
     if found is None:
         elsewhere = shutil.which(cmd) if "/" not in cmd else None
         if elsewhere:
@@ -147,10 +147,14 @@ def resolve_program(ctx: ToolContext, cmd: str) -> str:
     return target
 
 
-def _search_path(roots: list[Path]) -> str:
+def search_path(ctx: ToolContext) -> str:
     """PATH without its directories inside the writable roots (~/.local/bin, shims): a program found by
-    name is then always one the agent could not have put there."""
+    name is then always one the agent could not have put there. The command gets the same PATH, so
+    what it runs by name (and what an interpreter finds from its own argv[0]) is judged the same way."""
     dirs = os.environ.get("PATH", os.defpath).split(os.pathsep)
+    if lifted(ctx.policy, "escape.writable-executable"):
+        return os.pathsep.join(dirs)
+    roots = [real(r) for r in ctx.policy.write_roots]
     return os.pathsep.join(d for d in dirs if d and not within(real(d), roots))
 
 
@@ -261,7 +265,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     limit = ctx.policy.max_output_bytes
     try:
         async with asyncio.timeout(timeout):
-            result = await run_process([cmd, *args], executable=program, cwd=str(workdir), env=env,
+            result = await run_process([cmd, *args], executable=program, cwd=str(workdir),
+                                       env={**(env or {}), "PATH": search_path(ctx)},
                                        stdin=None if stdin is None else stdin.encode(), max_output=limit,
                                        on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer)
     except TimeoutError:

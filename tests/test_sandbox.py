@@ -1,0 +1,206 @@
+"""The sandbox mechanism itself (tether.sandbox), with real bubblewrap: what a confined process sees,
+what its overlay layer records, and how a layer is applied. The attacks are in tests/attacks/."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from tether.sandbox import SandboxSpec, detect
+from tether.sandbox.layer import ApplyConflict, Change, apply, discard, scan
+from tether.sandbox.runner import Sandbox
+
+PY = os.path.realpath(sys.executable)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> dict[str, Path]:
+    root, live, layers, secret = (tmp_path / n for n in ("root", "live", "layers", "secret"))
+    for d in (root, live, layers):
+        d.mkdir()
+    secret.write_text("s3cret-token")
+    return {"root": root, "live": live, "layers": layers, "secret": secret, "tmp": tmp_path}
+
+
+@pytest.fixture
+async def sandbox(tree: dict[str, Path]) -> AsyncIterator[Sandbox]:
+    info = detect()
+    assert info.available, f"the sandbox tests need bubblewrap: {info.detail}"
+    spec = SandboxSpec.build(write_roots=[str(tree["root"])], live_write_roots=[str(tree["live"])],
+                             hidden=[str(tree["secret"])], layers_dir=str(tree["layers"]))
+    box = Sandbox(info, spec)
+    try:
+        yield box
+    finally:
+        await box.aclose()
+
+
+async def run(box: Sandbox, code: str, *, layer: Path | None = None, cwd: str = "/") -> tuple[int, str, str]:
+    proc = await box.spawn([PY, "-c", code], executable=PY, cwd=cwd, env={"PATH": "/usr/bin:/bin"},
+                           stdin=False, layer=layer)
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+    return await proc.wait(), out.decode(), err.decode()
+
+
+async def test_a_confined_process_sees_no_capabilities_no_device_and_no_secret(sandbox: Sandbox,
+                                                                             tree: dict[str, Path]) -> None:
+    code, out, err = await run(sandbox, f"""
+import os
+print(open('/proc/self/status').read().split('CapEff:')[1].split()[0])
+print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))
+print(repr(open({str(tree['secret'])!r}).read()))
+print({os.getpid()} in [int(p) for p in os.listdir('/proc') if p.isdigit()])
+""")
+    assert code == 0, err
+    caps, pids, secret, sees_us = out.splitlines()
+    assert int(caps, 16) == 0
+    assert pids == "[1]"  # its own pid namespace: nothing else, not the device
+    assert secret == "''" and sees_us == "False"
+
+
+async def test_writes_outside_the_roots_fail_and_inside_land_in_the_layer(sandbox: Sandbox,
+                                                                        tree: dict[str, Path]) -> None:
+    root = tree["root"]
+    (root / "keep.txt").write_text("old")
+    (root / "gone.txt").write_text("bye")
+    (root / "same.txt").write_text("same")
+    layer = sandbox.new_layer()
+    code, _, err = await run(sandbox, f"""
+import os
+open({str(root / 'keep.txt')!r}, 'w').write('new')
+open({str(root / 'made.txt')!r}, 'w').write('made')
+os.unlink({str(root / 'gone.txt')!r})
+open({str(root / 'same.txt')!r}, 'w').write('same')  # copied up, same bytes: no change
+os.makedirs({str(root / 'd' / 'e')!r})
+try:
+    open({str(tree['tmp'] / 'outside.txt')!r}, 'w')
+except OSError as exc:
+    print(exc.strerror)
+""", layer=layer)
+    assert code == 0, err
+    assert not (tree["tmp"] / "outside.txt").exists()
+    assert (root / "keep.txt").read_text() == "old" and not (root / "made.txt").exists()  # nothing applied yet
+    changes = {c.path: c for c in scan(layer, sandbox.spec.write_roots)}
+    assert {p: c.kind for p, c in changes.items()} == {
+        str(root / "keep.txt"): "modified", str(root / "made.txt"): "created", str(root / "gone.txt"): "deleted",
+        str(root / "d"): "created", str(root / "d" / "e"): "created"}
+    done: list[tuple[str, str, str | None]] = []
+    apply(list(changes.values()), lambda action, path, dest: done.append((action, path, dest)))
+    discard(layer)
+    assert (root / "keep.txt").read_text() == "new" and (root / "made.txt").read_text() == "made"
+    assert not (root / "gone.txt").exists() and (root / "d" / "e").is_dir()
+    assert ("delete", str(root / "gone.txt"), None) in done and ("write", str(root / "keep.txt"), None) in done
+    assert not layer.exists()
+
+
+async def test_a_rename_is_one_change_and_a_replaced_directory_is_seen_whole(sandbox: Sandbox,
+                                                                           tree: dict[str, Path]) -> None:
+    root = tree["root"]
+    (root / "a.txt").write_text("payload")
+    (root / "dir").mkdir()
+    (root / "dir" / "old1").write_text("1")
+    (root / "dir" / "old2").write_text("2")
+    layer = sandbox.new_layer()
+    code, _, err = await run(sandbox, f"""
+import os, shutil
+os.rename({str(root / 'a.txt')!r}, {str(root / 'b.txt')!r})
+shutil.rmtree({str(root / 'dir')!r}); os.mkdir({str(root / 'dir')!r})
+open({str(root / 'dir' / 'new')!r}, 'w').write('n')
+""", layer=layer)
+    assert code == 0, err
+    changes = scan(layer, sandbox.spec.write_roots)
+    kinds = sorted((c.kind, os.path.relpath(c.path, root)) for c in changes)
+    assert ("renamed", "b.txt") in kinds and ("deleted", "a.txt") not in kinds
+    assert {("deleted", "dir/old1"), ("deleted", "dir/old2"), ("created", "dir/new")} <= set(kinds)
+    apply(changes, lambda *_: None)
+    discard(layer)
+    assert (root / "b.txt").read_text() == "payload" and not (root / "a.txt").exists()
+    assert sorted(p.name for p in (root / "dir").iterdir()) == ["new"]
+
+
+async def test_apply_refuses_a_tree_that_changed_since_and_a_link_planted_in_the_path(sandbox: Sandbox,
+                                                                                     tree: dict[str, Path]) -> None:
+    root = tree["root"]
+    (root / "f.txt").write_text("v1")
+    (root / "sub").mkdir()
+    layer = sandbox.new_layer()
+    code, _, err = await run(sandbox, f"""
+open({str(root / 'f.txt')!r}, 'w').write('sandbox')
+open({str(root / 'sub' / 'new.txt')!r}, 'w').write('x')
+""", layer=layer)
+    assert code == 0, err
+    changes = scan(layer, sandbox.spec.write_roots)
+    (root / "f.txt").write_text("someone else, meanwhile")
+    with pytest.raises(ApplyConflict):
+        apply(changes, lambda *_: None)
+    assert (root / "f.txt").read_text() == "someone else, meanwhile" and not (root / "sub" / "new.txt").exists()
+    only_new = [c for c in changes if c.path.endswith("new.txt")]
+    outside = tree["tmp"] / "elsewhere"
+    outside.mkdir()
+    (root / "sub").rmdir()
+    (root / "sub").symlink_to(outside)  # planted after the scan: the write must not follow it
+    with pytest.raises(PermissionError):
+        apply(only_new, lambda *_: None)
+    assert list(outside.iterdir()) == []
+    discard(layer)
+
+
+async def test_live_roots_are_written_at_once_and_not_captured(sandbox: Sandbox, tree: dict[str, Path]) -> None:
+    layer = sandbox.new_layer()
+    code, _, err = await run(sandbox, f"open({str(tree['live'] / 'now.txt')!r}, 'w').write('live')", layer=layer)
+    assert code == 0, err
+    assert (tree["live"] / "now.txt").read_text() == "live"
+    assert scan(layer, sandbox.spec.write_roots) == []
+    discard(layer)
+
+
+async def test_a_kill_takes_the_whole_pid_namespace_and_the_warden_comes_back(sandbox: Sandbox,
+                                                                            tree: dict[str, Path]) -> None:
+    proc = await sandbox.spawn([PY, "-c", "import subprocess, sys; subprocess.Popen(['sleep', '999']); "
+                                "print('up', flush=True); sys.stdin.read()"], executable=PY, cwd="/",
+                               env={"PATH": "/usr/bin:/bin"}, stdin=True, layer=None)
+    assert proc.stdout is not None
+    assert (await proc.stdout.readline()).strip() == b"up"
+    proc.kill()
+    assert await asyncio.wait_for(proc.wait(), 30) == -9
+    assert await proc.stdout.read() == b""  # the sleep held stdout too: it is gone with the namespace
+    warden = sandbox._proc
+    assert warden is not None
+    warden.kill()
+    await warden.wait()
+    code, out, _ = await run(sandbox, "print('again')")
+    assert (code, out) == (0, "again\n") and sandbox._proc is not warden
+
+
+async def test_network_off_leaves_only_loopback_of_its_own(tree: dict[str, Path]) -> None:
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    spec = SandboxSpec.build(write_roots=[], network=False, layers_dir=str(tree["layers"]))
+    box = Sandbox(detect(), spec)
+    try:
+        code, out, err = await run(box, f"""
+import socket
+try:
+    socket.create_connection(('127.0.0.1', {port}), timeout=5); print('connected')
+except OSError as exc:
+    print('refused', exc.errno)
+""")
+    finally:
+        await box.aclose()
+        listener.close()
+    assert code == 0, err
+    assert out.startswith("refused")
+
+
+def test_changes_say_what_happened() -> None:
+    change = Change("/h/b.txt", "renamed", 3, "file", "/h", moved_from="/h/a.txt")
+    assert change.public() == {"path": "/h/b.txt", "kind": "renamed", "bytes": 3, "from": "/h/a.txt"}
