@@ -221,7 +221,7 @@ class Sandbox:
         try:
             if not stat.S_ISREG(os.fstat(exe).st_mode):
                 raise OSError(f"{executable} is not a regular file")
-            script = _is_script(executable)
+            exec_path = _script_path(exe, executable)
             in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
             out_r, out_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
             err_r, err_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
@@ -237,7 +237,7 @@ class Sandbox:
                        "landlock": self.info.landlock,
                        # a script runs by its real path (outside the writable roots, resolved here), so
                        # its interpreter and the script itself find what lies beside it (npm, shims...)
-                       "exec_path": os.path.realpath(executable) if script else None,
+                       "exec_path": exec_path,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
                                     *self.spec.live_write_roots, "/dev"]}
             self._send(message, [exe, in_r, out_w, err_w])
@@ -276,12 +276,16 @@ class Sandbox:
                 discard(layer)
 
 
-def _is_script(path: str) -> bool:
+def _script_path(fd: int, path: str) -> str | None:
+    """The real path of a `#!` script (read through the fd the device opened), None for a binary."""
     try:
-        with open(path, "rb") as f:
-            return f.read(2) == b"#!"
+        fd_read = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return False
+        return None
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}") if os.pread(fd_read, 2, 0) == b"#!" else None
+    finally:
+        os.close(fd_read)
 
 
 async def _reader(loop: asyncio.AbstractEventLoop, fd: int) -> asyncio.StreamReader:
