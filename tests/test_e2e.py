@@ -129,11 +129,17 @@ def _child_named(pid: int, name: str) -> bool:
 
 async def test_dropped_connection_delivers_result_exactly_once(cluster, tmp_path):
     proxy = await TcpProxy(cluster.port).start()
-    alpha = cluster.device("alpha", port=proxy.port)
+    live = tmp_path / "live"
+    live.mkdir()
+    # the sandbox captures writes until a command ends; the marks and the gate must be seen while it
+    # runs, which is what live_write_roots are for (bound into the sandbox as they are)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"live_write_roots: [{str(live)!r}]\n")
+    alpha = cluster.device("alpha", port=proxy.port, extra=("--policy", str(policy)))
     await asyncio.to_thread(cluster.wait_online, "alpha", alpha)
-    gate = tmp_path / "gate"
+    gate = live / "gate"
     os.mkfifo(gate)  # the script blocks reading it until the test opens the gate
-    marks = tmp_path / "marks.txt"
+    marks = live / "marks.txt"
     script = tmp_path / "wait_gate.py"
     script.write_text(
         "import pathlib\n"

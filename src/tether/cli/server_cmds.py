@@ -261,7 +261,8 @@ def device(server: Annotated[str | None, typer.Option("--server", help="ws://HOS
         _error("no device token: pass --token-file PATH, set TETHER_DEVICE_TOKEN, or put server.token_file in "
                "the config ('tether token create --device NAME' makes one)")
         raise typer.Exit(2)
-    code = asyncio.run(_device(cfg, server, secret, name, policy, state_dir, ca_file, tag or []))
+    secret_files = [str(p) for p in (token_file, cfg.server.token_file) if p]
+    code = asyncio.run(_device(cfg, server, secret, name, policy, state_dir, ca_file, tag or [], secret_files))
     raise typer.Exit(code)
 
 
@@ -288,7 +289,7 @@ def _warn(message: str) -> None:
 
 
 async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str | None, policy: Path | None,
-                  state_dir: Path | None, ca_file: str | None, tags: list[str]) -> int:
+                  state_dir: Path | None, ca_file: str | None, tags: list[str], secret_files: list[str]) -> int:
     from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
     from tether.device.local import build_device, resolve_policy
     from tether.device.profile import collect_profile
@@ -303,14 +304,19 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
         if not url.rstrip("/").endswith("/aip"):
             url = url.rstrip("/") + "/aip"
         ssl_context = make_ssl_context(url, ca_file or cfg.server.ca_file)
-        device = build_device(cfg, policy=resolve_policy(cfg, policy), state_dir=state_dir)
+        device_policy = resolve_policy(cfg, policy)
+        sandbox = await sandbox_probe
+        # serving a server: no process starts unconfined unless the policy says require_sandbox: false
+        device = build_device(cfg, policy=device_policy, state_dir=state_dir, serving=True, sandbox=sandbox,
+                              secrets=secret_files)
     except ValueError as exc:
-        await sandbox_probe
         _error(str(exc))
         return 2
-    sandbox = await sandbox_probe
     if sandbox.available:
         out.print(f"sandbox: {sandbox.kind} ({sandbox.detail})", soft_wrap=True)
+    elif device.policy.require_sandbox:
+        _warn(f"no sandbox: this device will refuse to start processes (the policy's require_sandbox; set it "
+              f"to false to run them unconfined); {sandbox.detail}")
     else:
         _warn(f"no sandbox: processes this device starts run unconfined; {sandbox.detail}")
     all_tags = list(dict.fromkeys([*cfg.device.tags, *tags]))

@@ -17,6 +17,7 @@ from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp_manager import MCPServerManager
+from tether.sandbox import SandboxInfo
 from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import ToolContext, default_state_dir
 from tether.tools.journal import UndoJournal
@@ -63,10 +64,11 @@ def resolve_policy(config: DeviceConfig, policy_path: str | os.PathLike[str] | N
 
 def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = None,
                  state_dir: str | os.PathLike[str] | None = None, client_id: str = "local",
-                 serving: bool = False, sandbox: bool = True, secrets: list[str] | None = None) -> LocalDevice:
+                 serving: bool = False, sandbox: bool | SandboxInfo = True,
+                 secrets: list[str] | None = None) -> LocalDevice:
     """`serving`: the device runs commands for a server, so a sandbox is required unless the policy says
-    otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path, `--no-sandbox`);
-    `secrets` are more paths the sandbox hides (the token file)."""
+    otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path), a `SandboxInfo`
+    is a probe already made; `secrets` are more paths the sandbox hides (the token file)."""
     config = config or load_device_config(None)
     policy = policy or resolve_policy(config)
     if policy.require_sandbox is None:
@@ -74,7 +76,8 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     root = Path(state_dir or config.device.state_dir or default_state_dir()).expanduser()
     journal = UndoJournal(root)
     hidden = [str(root), *(secrets or []), *([config.source] if config.source else [])]
-    confined = make_sandbox(policy, hidden=hidden) if sandbox else None
+    info = sandbox if isinstance(sandbox, SandboxInfo) else None
+    confined = make_sandbox(policy, hidden=hidden, info=info) if sandbox else None
     context = ToolContext(policy=policy, journal=journal, sandbox=confined)
     servers = MCPServerManager(toolsets=builtin_toolsets(), context=context)  # its sandbox confines stdio servers
     computers = ComputerManager(config, servers, context=context)
