@@ -312,13 +312,15 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     except ValueError as exc:
         _error(str(exc))
         return 2
-    if sandbox.available:
-        out.print(f"sandbox: {sandbox.kind} ({sandbox.detail})", soft_wrap=True)
+    confined = device.context.sandbox
+    why = sandbox.detail if not sandbox.available else "the policy turns it off (sandbox: false)"
+    if confined is not None:
+        out.print(f"sandbox: {confined.kind} ({sandbox.detail})", soft_wrap=True)
     elif device.policy.require_sandbox:
         _warn(f"no sandbox: this device will refuse to start processes (the policy's require_sandbox; set it "
-              f"to false to run them unconfined); {sandbox.detail}")
+              f"to false to run them unconfined); {why}")
     else:
-        _warn(f"no sandbox: processes this device starts run unconfined; {sandbox.detail}")
+        _warn(f"no sandbox: processes this device starts run unconfined; {why}")
     all_tags = list(dict.fromkeys([*cfg.device.tags, *tags]))
     def announce(state: str, conn: DeviceConnection) -> None:
         if state == "registered":
@@ -329,7 +331,8 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
                       "reconnecting")
 
     connection = DeviceConnection(device.client, url, secret, name=name or cfg.device.name,
-                                  profile=lambda: collect_profile(device, tags=all_tags, sandbox=sandbox.kind),
+                                  profile=lambda: collect_profile(device, tags=all_tags,
+                                                                 sandbox=confined.kind if confined else "none"),
                                   ssl_context=ssl_context, on_state=announce)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -77,7 +77,7 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     journal = UndoJournal(root)
     hidden = [str(root), *(secrets or []), *([config.source] if config.source else [])]
     info = sandbox if isinstance(sandbox, SandboxInfo) else None
-    confined = make_sandbox(policy, hidden=hidden, info=info) if sandbox else None
+    confined = make_sandbox(policy, hidden=hidden, info=info) if sandbox and policy.sandbox else None
     context = ToolContext(policy=policy, journal=journal, sandbox=confined)
     servers = MCPServerManager(toolsets=builtin_toolsets(), context=context)  # its sandbox confines stdio servers
     computers = ComputerManager(config, servers, context=context)

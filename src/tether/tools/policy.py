@@ -93,6 +93,8 @@ class Policy(BaseModel):
         description="URL schemes browser.act may open; about:blank is always allowed")
     browser_allow_evaluate: bool = Field(False, description="whether browser.act may run the agent's JavaScript")
     # the OS sandbox around every process a device starts (tether.sandbox)
+    sandbox: bool = Field(True, description="run every process the device starts in the OS sandbox; false: "
+                                            "unconfined (refused anyway where require_sandbox is true)")
     require_sandbox: bool | None = Field(
         None, description="refuse to start processes when no sandbox can be made; unset: true for a device "
                           "serving a server, false for local `tether exec` / `tether run` (with a warning)")
