@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from tether.sandbox.fs import parent_beneath
+
 Kind = Literal["created", "modified", "deleted", "renamed"]
 Record = Callable[[str, str, "str | None"], None]  # (journal action, path, dest) before each change
 _OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
@@ -191,35 +193,6 @@ def _pair_renames(changes: list[Change]) -> list[Change]:
 # ---------------------------------------------------------------------------------------- applying
 
 
-def _parent_fd(root: str, path: str, *, create: bool) -> tuple[int, str]:
-    """An fd of `path`'s parent reached from `root` one component at a time, never through a link."""
-    rel = os.path.relpath(path, root)
-    parts = [] if rel == "." else rel.split(os.sep)
-    if not parts or ".." in parts:
-        raise PermissionError(f"{path} is not inside {root}")
-    fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        for part in parts[:-1]:
-            try:
-                nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except FileNotFoundError:
-                if not create:
-                    raise
-                os.mkdir(part, 0o755, dir_fd=fd)
-                nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
-            except (NotADirectoryError, OSError) as exc:
-                if isinstance(exc, FileNotFoundError):
-                    raise
-                raise PermissionError(f"{os.path.join(root, *parts[:parts.index(part) + 1])} is not a plain "
-                                      "directory any more (a link?); refusing to write through it") from None
-            os.close(fd)
-            fd = nxt
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, parts[-1]
-
-
 def _conflicts(changes: list[Change]) -> list[str]:
     bad = []
     for c in changes:
@@ -269,7 +242,7 @@ def apply(changes: list[Change], record: Record) -> None:
     if bad:
         raise ApplyConflict(bad)
     for c in _order(changes):
-        pfd, name = _parent_fd(c.root, c.path, create=c.kind != "deleted")
+        pfd, name = parent_beneath(c.root, c.path, create=c.kind != "deleted")
         try:
             if c.kind == "deleted":
                 record("delete", c.path, None)
@@ -281,7 +254,7 @@ def apply(changes: list[Change], record: Record) -> None:
             elif c.kind == "renamed":
                 assert c.moved_from is not None
                 record("move", c.moved_from, c.path)
-                sfd, sname = _parent_fd(c.root, c.moved_from, create=False)
+                sfd, sname = parent_beneath(c.root, c.moved_from, create=False)
                 try:
                     os.rename(sname, name, src_dir_fd=sfd, dst_dir_fd=pfd)
                 finally:
