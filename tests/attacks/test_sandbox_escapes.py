@@ -421,6 +421,26 @@ async def test_hidden_key_folders_are_empty(attacker: Attacker) -> None:
     attacker.assert_no_secret(listed, read, state)
 
 
+async def test_key_folders_that_appear_after_the_device_started_are_hidden(attacker: Attacker) -> None:
+    """The device runs for days; ~/.ssh, ~/.netrc or ~/.pgpass may appear (or be linked in by a dotfiles
+    manager) long after its sandbox was made. They are hidden all the same."""
+    assert (await attacker.run("true")).ok  # the sandbox is warm before any key exists
+    home = attacker.home
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh" / "id_ed25519").write_text("late key dir " + attacker.secret)
+    (home / ".pgpass").write_text("late key file " + attacker.secret)
+    (home / "dotfiles").mkdir()
+    (home / "dotfiles" / "netrc").write_text("machine example.com password " + attacker.secret)
+    (home / ".netrc").symlink_to(home / "dotfiles" / "netrc")  # how stow & co. put dotfiles in place
+    leaks = []
+    for path in (home / ".ssh" / "id_ed25519", home / ".pgpass", home / ".netrc"):
+        result = await attacker.run("cat", str(path))
+        if attacker.secret in _text(result):
+            leaks.append(f"{path} (a {'symlink' if path.is_symlink() else 'file'} created after the device "
+                         f"started): {_stdout(result).strip()}")
+    assert not leaks, "hidden paths readable from the sandbox:\n" + "\n".join(leaks)
+
+
 # ------------------------------------------------------------------ 7. python -c with inline code allowed
 
 ESCAPES = r"""
