@@ -76,7 +76,9 @@ class Launcher:
 async def launcher(tmp_path: Path, unique_sleep: str) -> AsyncIterator[Launcher]:
     """A context allowed to launch `sleep`, `true` and the unique sleeper; kills whatever a test leaves."""
     rules = {"sleep": CommandRule(), "true": CommandRule(), unique_sleep: CommandRule()}
-    policy = Policy(read_roots=[str(tmp_path)], write_roots=[str(tmp_path)], commands=rules)
+    # the sleeper's bin directory lies outside the write roots: a program found inside them is refused
+    (tmp_path / "work").mkdir()
+    policy = Policy(read_roots=[str(tmp_path)], write_roots=[str(tmp_path / "work")], commands=rules)
     launcher = Launcher(ToolContext(policy=policy, session_id="s1", temp_dir=str(tmp_path)))
     yield launcher
     for pid, task in launcher.reapers.items():
@@ -257,8 +259,16 @@ async def test_launch_refusals(launcher: Launcher, unique_sleep: str) -> None:
     failed(await call("launch_application", ctx, app_name="sleep", args=[1]), "args")
     strict = ToolContext(policy=Policy(commands={}), temp_dir=ctx.temp_dir)
     failed(await call("launch_application", strict, app_name="sleep", args=["1"]), "denied by policy rule")
-    planted = shutil.which(unique_sleep)  # allowed by name, but it lives where tools can write
-    failed(await call("launch_application", ctx, app_name=str(planted), args=["1"]), "escape.writable-executable")
+    planted = ctx.policy.write_roots[0] + "/" + unique_sleep  # allowed by name, but it lives where tools can write
+    shutil.copy2(str(shutil.which(unique_sleep)), planted)
+    failed(await call("launch_application", ctx, app_name=planted, args=["1"]), "escape.writable-executable")
+    # found by name only inside the write roots: refused too, not run
+    bare = ToolContext(policy=Policy(read_roots=ctx.policy.read_roots, write_roots=[str(Path(planted).parent)],
+                                     commands={"planted-tether": CommandRule()}), temp_dir=ctx.temp_dir)
+    shutil.copy2(planted, Path(planted).parent / "planted-tether")
+    os.environ["PATH"] = f"{Path(planted).parent}{os.pathsep}{os.environ['PATH']}"
+    failed(await call("launch_application", bare, app_name="planted-tether"), "escape.writable-executable",
+           "only found")
     missing = ToolContext(policy=Policy(commands={"no-such-program-tether": CommandRule()}))
     failed(await call("launch_application", missing, app_name="no-such-program-tether"), "not on PATH")
 
