@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from task_testkit import AgentServer
 from tether.agent.executor import TaskRunner
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.recovery import AskUser
@@ -152,3 +153,54 @@ async def test_approved_command_does_not_run_again(device: LocalDevice, home: Ho
     assert home.bashrc.read_text() == stamp
     outputs = [e.data["data"] for e in events if e.kind == "output"]
     assert "".join(outputs) == stamp  # streamed once, by the one run
+
+
+# ------------------------------------------------------------------------------------------- a server's task
+
+
+async def test_server_task_approved_through_the_api_applies_the_held_layers_and_undo_restores(
+        home: Home, tmp_path: Path) -> None:
+    async with AgentServer(tmp_path) as server:
+        device = await server.add_device("alpha", default_policy(), tmp_path / "state-alpha")
+        assert device.context.sandbox is not None
+        created = await server.create(request="set up my shell", device="alpha",
+                                      plan=[cp_evil(home), uuid_into_bashrc(home)])
+        task_id = created["id"]
+
+        # step 1: cp evil.txt ~/.bashrc is held, and the question lists the change
+        seen = await server.events_until(task_id, lambda e: e["kind"] == "question")
+        asked = seen[-1]["data"]
+        assert asked["kind"] == "approval" and f"modified {home.bashrc}" in asked["question"], asked
+        assert home.bashrc.read_bytes() == ORIGINAL
+        waiting = (await server.api.get(f"/tasks/{task_id}")).json()
+        assert waiting["state"] == "waiting_for_user"
+        held = waiting["steps"][0]["result"]["result"]
+        assert held["needs_approval_for"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
+                                               "rule": "approval.overwrite_outside_temp"}]
+        approved = await server.api.post(f"/tasks/{task_id}/approval", json={"approved": True})
+        assert approved.status_code == 200, approved.text
+
+        # step 2: a command that prints a new uuid on every run and writes it over ~/.bashrc
+        seen = await server.events_until(task_id, lambda e: e["kind"] == "question", after=seen[-1]["seq"])
+        assert f"modified {home.bashrc}" in seen[-1]["data"]["question"]
+        assert home.bashrc.read_bytes() == EVIL  # step 1 applied, step 2 still held
+        approved = await server.api.post(f"/tasks/{task_id}/approval", json={"approved": True})
+        assert approved.status_code == 200, approved.text
+
+        task = await server.finished(task_id)
+        stamp = home.bashrc.read_text()
+        audit = [r for r in server.store.audit_rows(limit=20) if r["tool_name"] == "shell.run"]
+        undone = await server.api.post(f"/tasks/{task_id}/undo")
+        restored = home.bashrc.read_bytes()
+
+    assert task["state"] == "done", task["error"]
+    results = [s["result"]["result"] for s in task["steps"]]
+    assert [s["command"]["approved_by"] for s in task["steps"]] == [None, "api:tester-0"] * 2
+    assert [r.get("applied_after_approval", False) for r in results] == [False, True] * 2
+    assert [r["approved_by"] for r in reversed(audit)] == [None, "api:tester-0"] * 2
+    # one uuid: the approved re-send applied what the first run wrote, it did not run awk again
+    assert len(stamp.strip()) == 36 and results[2]["stdout"] == results[3]["stdout"] == stamp
+    assert undone.status_code == 200, undone.text
+    [report] = undone.json()["devices"].values()
+    assert [e["outcome"] for e in report["restored"]] == ["restored", "restored"], report
+    assert restored == ORIGINAL
