@@ -9,8 +9,8 @@ machine. Rules only ever restrict, cannot be lifted by the confined program, and
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-import platform
 
 SYS_CREATE_RULESET, SYS_ADD_RULE, SYS_RESTRICT_SELF = 444, 445, 446  # same numbers on x86_64 and arm64
 CREATE_RULESET_VERSION = 1
@@ -31,13 +31,14 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
 
 def abi_version() -> int:
     """The Landlock ABI this kernel offers; 0 when it has none (or it is switched off)."""
-    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "aarch64"):
+    if os.uname().sysname != "Linux" or os.uname().machine not in ("x86_64", "aarch64"):
         return 0
     version = _libc().syscall(SYS_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(CREATE_RULESET_VERSION))
     return max(int(version), 0)

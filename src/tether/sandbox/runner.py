@@ -29,6 +29,7 @@ from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
 logger = logging.getLogger(__name__)
 
 START_TIMEOUT_S = 15.0
+FREE_LAYERS = 8
 MAX_REPLY = 1 << 16
 
 
@@ -74,6 +75,8 @@ class Sandbox:
         self._layer_ids = itertools.count(1)
         self._closed = False
         self.held = HeldLayers()
+        self._free: list[Path] = []
+        self._removing: set[asyncio.Future[None]] = set()
 
     @property
     def kind(self) -> str:
@@ -198,7 +201,12 @@ class Sandbox:
     # ----------------------------------------------------------------------------------- commands
 
     def new_layer(self) -> Path:
-        """A fresh directory for one command's overlays: `<n>/u` and `<n>/w` per captured root."""
+        """A fresh directory for one command's overlays: `<n>/u` and `<n>/w` per captured root.
+
+        A layer a command left empty (most commands write nothing) is reused rather than made anew.
+        """
+        if self._free:
+            return self._free.pop()
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
         base.mkdir(mode=0o700)
@@ -207,6 +215,15 @@ class Sandbox:
             (base / str(i) / "u").mkdir()
             (base / str(i) / "w").mkdir()
         return base
+
+    def release(self, layer: Path) -> None:
+        """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
+        if len(self._free) < FREE_LAYERS and layer_empty(layer, len(self.spec.write_roots)):
+            self._free.append(layer)
+            return
+        future = asyncio.get_running_loop().run_in_executor(None, discard, layer)
+        self._removing.add(future)
+        future.add_done_callback(self._removing.discard)
 
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
                     stdin: bool, layer: Path | None, output: bool = True) -> SandboxedProcess:
@@ -266,6 +283,9 @@ class Sandbox:
                 proc.kill()
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(proc.wait(), START_TIMEOUT_S)
+        if self._removing:
+            await asyncio.gather(*self._removing, return_exceptions=True)
+        self._free.clear()
         await asyncio.to_thread(self._discard_layers)
 
     def _discard_layers(self) -> None:
@@ -274,6 +294,13 @@ class Sandbox:
         if layers.is_dir():
             for layer in layers.glob(f"L{os.getpid()}-*"):
                 discard(layer)
+
+
+def layer_empty(layer: Path, roots: int) -> bool:
+    try:
+        return all(not os.listdir(layer / str(i) / "u") for i in range(roots))
+    except OSError:
+        return False
 
 
 def _script_path(fd: int, path: str) -> str | None:

@@ -23,7 +23,8 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
-from tether.sandbox.layer import discard, scan
+from tether.sandbox.layer import scan
+from tether.sandbox.runner import layer_empty
 from tether.tools import shell_capture
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
@@ -271,7 +272,7 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
                                        on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer)
     except TimeoutError:
         if layer is not None:
-            discard(layer)
+            sandbox.release(layer)  # type: ignore[union-attr]
         out, err = bytes(kept["stdout"]), bytes(kept["stderr"])
         body = payload(None, out, err, (len(out) >= limit, len(err) >= limit), time.monotonic() - started)
         body["timedOut"] = True
@@ -280,18 +281,19 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
                         body) from None
     except OSError as exc:
         if layer is not None:
-            discard(layer)
+            sandbox.release(layer)  # type: ignore[union-attr]
         raise ToolError(f"could not start {cmd}: {exc.strerror or exc}") from None
     except BaseException:
         if layer is not None:
-            discard(layer)
+            sandbox.release(layer)  # type: ignore[union-attr]
         raise
     body = payload(result.exit_code, result.stdout, result.stderr,
                    (result.stdout_truncated, result.stderr_truncated), result.duration_s)
     if sandbox is not None:
         body["sandbox"] = sandbox.kind
     if layer is not None:
-        changes = await asyncio.to_thread(scan, layer, sandbox.spec.write_roots)  # type: ignore[union-attr]
+        roots = sandbox.spec.write_roots  # type: ignore[union-attr]
+        changes = await asyncio.to_thread(scan, layer, roots) if not layer_empty(layer, len(roots)) else []
         body["changes"] = shell_capture.settle(ctx, key, layer, changes, body, preview_text, hold_only=preview)
         if preview:
             body["preview"] = True

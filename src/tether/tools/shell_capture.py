@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.sandbox.held import Held
-from tether.sandbox.layer import ApplyConflict, Change, apply, discard
+from tether.sandbox.layer import ApplyConflict, Change, apply
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, real, within
@@ -71,7 +71,8 @@ def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[
         raise ToolError(f"applying the command's changes failed ({exc}); what was applied is journaled and "
                         f"can be undone", {"changes": _public(changes)}) from None
     finally:
-        discard(layer)
+        if ctx.sandbox is not None:
+            ctx.sandbox.release(layer)
     return _public(changes)
 
 
@@ -85,7 +86,7 @@ def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body:
     sandbox = ctx.sandbox
     assert sandbox is not None
     if hold_only:
-        discard(layer)
+        sandbox.release(layer)
         return _public(changes)
     needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c))]
     if needs and not ctx.approved_by:
