@@ -76,6 +76,7 @@ class Sandbox:
         self._closed = False
         self.held = HeldLayers()
         self._free: list[Path] = []
+        self._warden_host_pid: int | None = None
         self._removing: set[asyncio.Future[None]] = set()
 
     @property
@@ -132,7 +133,9 @@ class Sandbox:
         self._sock = ours
         loop.add_reader(ours.fileno(), self._on_readable)
         asyncio.get_running_loop().create_task(self._log_stderr(self._proc))
-        logger.debug("sandbox warden started (%s)", json.loads(hello))
+        # bwrap → bwrap's init in the new pid namespace → the warden
+        self._warden_host_pid = next(iter(_children(next(iter(_children(self._proc.pid)), 0))), None)
+        logger.debug("sandbox warden started (%s, pid %s here)", json.loads(hello), self._warden_host_pid)
 
     async def _log_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None
@@ -271,7 +274,26 @@ class Sandbox:
         stdout = await _reader(loop, out_r) if out_r >= 0 else None
         stderr = await _reader(loop, err_r) if err_r >= 0 else None
         writer = await _writer(loop, in_w) if in_w >= 0 else None
-        return SandboxedProcess(self, request_id, pid, exited, writer, stdout, stderr)
+        return SandboxedProcess(self, request_id, self._host_pid(pid), exited, writer, stdout, stderr)
+
+    def _host_pid(self, warden_pid: int) -> int:
+        """The pid this machine knows the command by (what `ps` and close_application see), found through
+        the warden's children's NSpid lines; 0 if it already exited."""
+        warden = self._warden_host_pid
+        if warden is None:
+            return 0
+        for child in _children(warden):
+            try:
+                with open(f"/proc/{child}/status", "rb") as status:
+                    for line in status:
+                        if line.startswith(b"NSpid:"):
+                            ids = line.split()[1:]
+                            if len(ids) >= 2 and int(ids[-2]) == warden_pid:
+                                return child
+                            break
+            except OSError:
+                continue
+        return 0
 
     async def aclose(self) -> None:
         self._closed = True
@@ -294,6 +316,14 @@ class Sandbox:
         if layers.is_dir():
             for layer in layers.glob(f"L{os.getpid()}-*"):
                 discard(layer)
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def layer_empty(layer: Path, roots: int) -> bool:
