@@ -21,15 +21,26 @@ def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
     return args
 
 
-def hide_args(spec: SandboxSpec) -> list[str]:
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+def hide_args(spec: SandboxSpec, *, skip_under: tuple[str, ...] = ()) -> list[str]:
     """An empty read-only directory over each hidden directory, /dev/null over each hidden file."""
     args: list[str] = []
     for path in spec.hidden:
+        if _under(path, skip_under):
+            continue
         if os.path.isdir(path) and not os.path.islink(path):
             args += ["--tmpfs", path, "--remount-ro", path]
         elif os.path.lexists(path):
             args += ["--ro-bind", "/dev/null", path]
     return args
+
+
+def live_source(spec: SandboxSpec, index: int) -> str:
+    """Where the warden sees live root `index`: inside the layers directory (see warden_argv)."""
+    return f"{spec.layers_dir}/.live/{index}"
 
 
 def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwrap: str = "bwrap") -> list[str]:
@@ -51,14 +62,19 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
 def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "bwrap") -> list[str]:
     """The warm sandbox: bwrap running tether's warden, which forks one confined process per command.
 
-    The warden keeps CAP_SYS_ADMIN and CAP_SETPCAP inside its own user namespace only, to mount each
-    command's overlay and to drop every capability before the command's program is executed.
+    The warden keeps CAP_SYS_ADMIN, CAP_DAC_OVERRIDE (an unprivileged user's overlay over a directory
+    it does not own, such as /tmp) and CAP_SETPCAP inside its own user namespace only — where they
+    reach no file whose owner is not mapped there, i.e. nobody else's — to mount each command's
+    overlay, and drops every capability before the command's program is executed.
     """
-    args = [*_base(bwrap, spec), "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_SETPCAP"]
-    for root in spec.live_write_roots:
+    args = [*_base(bwrap, spec), "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_DAC_OVERRIDE",
+            "--cap-add", "CAP_SETPCAP"]
+    # Nothing is mounted below a captured root here: the kernel will not lay an overlay over a tree
+    # with mounts in it that the command could not undo (an unprivileged user's bwrap mounts are such).
+    # The live roots are bound beside the layers; each command binds them (and hides secrets) itself.
+    args += ["--bind", spec.layers_dir, spec.layers_dir]
+    for i, root in enumerate(spec.live_write_roots):
         if os.path.isdir(root):
-            args += ["--bind", root, root]
-    if spec.layers_dir:
-        args += ["--bind", spec.layers_dir, spec.layers_dir]
-    args += hide_args(spec)
+            args += ["--bind", root, live_source(spec, i)]
+    args += hide_args(spec, skip_under=spec.write_roots + spec.live_write_roots)
     return [*args, "--", python, "-I", "-m", "tether.sandbox.warden", str(sock_fd)]

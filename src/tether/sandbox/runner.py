@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.bwrap import warden_argv
+from tether.sandbox.bwrap import live_source, warden_argv
 from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
@@ -252,7 +252,8 @@ class Sandbox:
             self._waiters[request_id] = (started, exited)
             hidden = [*self.spec.hidden]
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
-                       "live": list(self.spec.live_write_roots), "layers_dir": self.spec.layers_dir,
+                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
+                       "layers_dir": self.spec.layers_dir,
                        "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
                        "landlock": self.info.landlock,
                        # a script runs by its real path (outside the writable roots, resolved here), so

@@ -93,20 +93,25 @@ class _Libc:
 
 
 def _mount_layers(libc: _Libc, req: dict[str, Any]) -> None:
-    """The command's view: an overlay per captured root, live roots re-bound on top, secrets hidden again."""
+    """The command's view: an overlay per captured root, live roots bound on top, secrets hidden again.
+
+    Everything is opened before anything is mounted, so each overlay's lower layer is the real tree,
+    not another overlay. Live roots come from where bwrap bound them for the warden (inside the layers
+    directory, not at their own paths: a mount below a captured root would stop its overlay).
+    """
     libc.mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    live = [(target, os.open(source, os.O_PATH | os.O_DIRECTORY)) for source, target in req.get("live", [])]
     layer = req.get("layer")
-    if layer:
-        live = [(p, os.open(p, os.O_PATH | os.O_DIRECTORY)) for p in req.get("live", []) if os.path.isdir(p)]
-        lowers = [(root, os.open(root, os.O_PATH | os.O_DIRECTORY)) for root in layer["roots"]]
-        for i, (root, fd) in enumerate(lowers):
-            upper, work = f"{layer['dir']}/{i}/u", f"{layer['dir']}/{i}/w"
-            libc.mount("overlay", root, "overlay", 0,
-                       f"lowerdir=/proc/self/fd/{fd},upperdir={upper},workdir={work},userxattr")
-        for path, fd in live:
+    lowers = [(root, os.open(root, os.O_PATH | os.O_DIRECTORY)) for root in layer["roots"]] if layer else []
+    for i, (root, fd) in enumerate(lowers):
+        upper, work = f"{layer['dir']}/{i}/u", f"{layer['dir']}/{i}/w"  # type: ignore[index]
+        options = f"lowerdir=/proc/self/fd/{fd},upperdir={upper},workdir={work},userxattr"
+        libc.mount("overlay", root, "overlay", 0, options)
+    for path, fd in live:
+        if os.path.isdir(path):
             libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
-        for _, fd in (*lowers, *live):
-            os.close(fd)
+    for _, fd in (*lowers, *live):
+        os.close(fd)
     for path in req.get("hidden", []):
         if os.path.isdir(path) and not os.path.islink(path):
             libc.mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
