@@ -150,7 +150,7 @@ class TaskRunner:
             pending = task.pending_question
             await self._resolve(task, AskUser(question=pending.question, options=pending.options,
                                               kind="approval" if pending.kind == "approval" else "question",
-                                              source="user"), existing=pending)
+                                              changes=pending.changes, source="user"), existing=pending)
         elif task.state in (TaskState.RECOVERING, TaskState.WAITING_FOR_USER):
             self._to(task, TaskState.RUNNING)
         assert task.plan is not None
@@ -289,7 +289,7 @@ class TaskRunner:
         record = existing
         if record is None:
             record = Question(step=task.cursor, question=question.question, options=list(question.options),
-                              kind=question.kind)
+                              kind=question.kind, changes=list(question.changes))
             task.questions.append(record)
         self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
         if existing is None:  # a resumed task asked it before: followers must not be asked twice
@@ -311,7 +311,10 @@ class TaskRunner:
             return None
         if choice == OPTION_DENY:
             self._end(task, TaskState.CANCELLED, f"step {task.cursor + 1} was not approved: {question.question}")
-        if choice == OPTION_CANCEL or (not answer and OPTION_CANCEL in question.options):
+        # "cancel" ends the task whatever the options were (an approval offers approve/deny; a terminal that
+        # cannot be asked answers cancel): it must not become a re-plan constraint or a second question
+        if choice == OPTION_CANCEL or answer.lower() == OPTION_CANCEL or (not answer
+                                                                        and OPTION_CANCEL in question.options):
             self._end(task, TaskState.CANCELLED, "cancelled by the user")
         if choice == OPTION_RETRY:
             self._to(task, TaskState.RUNNING)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -70,6 +71,9 @@ class AskUser(BaseModel):
     options: list[str] = Field(..., min_length=1)
     kind: Literal["question", "approval"] = "question"
     reason: str = Field(default="", description="why the question is asked (budget, LLM error, ...)")
+    changes: list[dict[str, Any]] = Field(default_factory=list,
+                                          description="an approval of a command's held changes: exactly those "
+                                                      "changes, each {path, kind, bytes, rule}")
     source: Source = "llm"
 
 
@@ -224,8 +228,11 @@ def fast_path(inp: RecoveryInput) -> AutoPatch | Replan | AskUser | None:
     details = f"{error}\n{_payload(result).get('stderr') or ''}"
     if needs_approval(result):
         rule = _payload(result).get("rule") or "approval"
-        return AskUser(question=f"Step {inp.index + 1} ({_label(step)}) needs your approval: {error}",
-                       options=[OPTION_APPROVE, OPTION_DENY], kind="approval", reason=str(rule), source="fast_path")
+        held = _held_changes(result)
+        question = (_changes_question(inp, held) if held else
+                    f"Step {inp.index + 1} ({_label(step)}) needs your approval: {error}")
+        return AskUser(question=question, options=[OPTION_APPROVE, OPTION_DENY], kind="approval", reason=str(rule),
+                       changes=held, source="fast_path")
     if is_timeout(result):
         key = next((k for k in _TIMEOUT_KEYS if k in step.args), None)
         if key is None and inp.tool is not None:
@@ -261,6 +268,33 @@ def fast_path(inp: RecoveryInput) -> AutoPatch | Replan | AskUser | None:
         return AskUser(question=f"Step {inp.index + 1} ({_label(step)}) uses a program this device does not "
                                 f"have: {error}", options=options, reason="not-found", source="fast_path")
     return None
+
+
+SHOWN_CHANGES = 20
+
+
+def _held_changes(result: Result) -> list[dict[str, Any]]:
+    """The changes a sandboxed command made that wait for a person (its layer is held on the device)."""
+    listed = _payload(result).get("needs_approval_for")
+    return [c for c in listed if isinstance(c, dict) and c.get("path")] if isinstance(listed, list) else []
+
+
+def _changes_question(inp: RecoveryInput, held: list[dict[str, Any]]) -> str:
+    """The approval question for held changes: what would change, by which rule, and what approving does."""
+    step = inp.step
+    command = ""
+    if isinstance(step.args.get("cmd"), str):
+        command = f" (`{shlex.join([step.args['cmd'], *_argv(step)])}`)"
+    lines = []
+    for c in held[:SHOWN_CHANGES]:
+        moved = f" from {c['from']}" if c.get("from") else ""
+        lines.append(f"  - {c.get('kind')} {c['path']}{moved} ({c.get('rule') or 'approval'})")
+    if len(held) > SHOWN_CHANGES:
+        lines.append(f"  - and {len(held) - SHOWN_CHANGES} more (the step's result lists them all)")
+    return (f"Step {inp.index + 1} ({_label(step)}){command} needs your approval: it ran in the sandbox and "
+            f"these changes are held, nothing is applied yet:\n" + "\n".join(lines) + "\n"
+            "Approve applies exactly these changes without running the command again; deny leaves the files "
+            "as they are.")
 
 
 def _missing_parent_patch(step: PlanStep) -> AutoPatch | None:

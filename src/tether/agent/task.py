@@ -117,6 +117,8 @@ class Question(BaseModel):
     question: str
     options: list[str]
     kind: str = "question"
+    changes: list[dict[str, Any]] = Field(default_factory=list,
+                                          description="an approval of a command's held changes: exactly those")
     answer: str | None = None
     answered_by: str | None = None
     asked_at: datetime = Field(default_factory=_now)
