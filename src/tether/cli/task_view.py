@@ -54,9 +54,9 @@ class EventView:
         elif kind == "step_finished":
             style = "green" if d["status"] == "success" else "red"
             out.print(f"  [{style}]{d['status']}[/{style}]" + (f": {d['error']}" if d.get("error") else ""))
-        elif kind == "decision":
-            out.print(f"  [yellow]recovery:[/yellow] {d.get('decision')} "
-                      f"{d.get('note') or d.get('suggestion') or d.get('question') or ''}")
+        elif kind == "decision":  # an ASK_USER's question is printed by its own event, right after
+            detail = d.get("note") or d.get("suggestion") or (d.get("reason") if d.get("question") else "") or ""
+            out.print(f"  [yellow]recovery:[/yellow] {d.get('decision')} {detail}".rstrip())
         elif kind == "skipped":
             out.print(f"  [yellow]step {d.get('step', 0) + 1} skipped[/yellow]")
         elif kind == "question":
