@@ -9,6 +9,10 @@ sandbox (bubblewrap), real files, real `tether` processes; nothing waits by slee
 
 from __future__ import annotations
 
+import json
+import os
+import re
+import subprocess
 import tempfile
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from netutil import CLI
 from task_testkit import AgentServer
 from tether.agent.executor import TaskRunner
 from tether.agent.plan import Plan, PlanStep
@@ -115,15 +120,19 @@ async def test_local_task_asks_with_the_exact_change_and_applies_it_once_approve
     [question] = ask.questions
     assert question.kind == "approval" and question.options == ["approve", "deny"]
     # the question names the change: what kind, which path, and by which rule
-    assert f"modified {home.bashrc}" in question.question, question.question
-    assert "approval.overwrite_outside_temp" in question.question
+    change = {"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
+              "rule": "approval.overwrite_outside_temp"}
+    assert f"modified {home.bashrc} (approval.overwrite_outside_temp)" in question.question, question.question
+    assert f"`cp evil.txt {home.bashrc}`" in question.question
+    assert "without running the command again" in question.question
+    assert question.changes == [change]
     [asked] = [e for e in events if e.kind == "question"]
-    assert asked.data["kind"] == "approval" and f"modified {home.bashrc}" in asked.data["question"]
+    assert asked.data["kind"] == "approval" and asked.data["question"] == question.question
+    assert asked.data["changes"] == [change]
     # while the question was open, nothing had reached the real file
     first = task.steps[0].result
     assert not first.ok and first.result["needs_approval"] is True
-    assert first.result["needs_approval_for"] == [{"path": str(home.bashrc), "kind": "modified",
-                                                    "bytes": len(EVIL), "rule": "approval.overwrite_outside_temp"}]
+    assert first.result["needs_approval_for"] == [change]
     if answer == "deny":
         assert task.state is TaskState.CANCELLED and "not approved" in (task.error or "")
         assert len(task.steps) == 1 and home.bashrc.read_bytes() == ORIGINAL
@@ -171,6 +180,8 @@ async def test_server_task_approved_through_the_api_applies_the_held_layers_and_
         seen = await server.events_until(task_id, lambda e: e["kind"] == "question")
         asked = seen[-1]["data"]
         assert asked["kind"] == "approval" and f"modified {home.bashrc}" in asked["question"], asked
+        assert asked["changes"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
+                                     "rule": "approval.overwrite_outside_temp"}]
         assert home.bashrc.read_bytes() == ORIGINAL
         waiting = (await server.api.get(f"/tasks/{task_id}")).json()
         assert waiting["state"] == "waiting_for_user"
@@ -204,3 +215,122 @@ async def test_server_task_approved_through_the_api_applies_the_held_layers_and_
     [report] = undone.json()["devices"].values()
     assert [e["outcome"] for e in report["restored"]] == ["restored", "restored"], report
     assert restored == ORIGINAL
+
+
+# ------------------------------------------------------------------------------------------- the CLI
+
+
+def cli_env(tmp_path: Path, home: Home) -> dict[str, str]:
+    """The environment of a user whose home is `home` (tether's state and temp dir elsewhere)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_"))}
+    return {**env, "HOME": str(home.path), "TMPDIR": str(tmp_path / "device-temp"),
+            "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "400"}
+
+
+def tether(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def cp_args(home: Home) -> list[str]:
+    return ["shell.run", "cmd=cp", f"argv:={json.dumps(['evil.txt', str(home.bashrc)])}", f"cwd={home.path}"]
+
+
+def sessions(env: dict[str, str]) -> list[dict[str, Any]]:
+    listed = tether(env, "sessions", "--json")
+    assert listed.returncode == 0, listed.stderr
+    return json.loads(listed.stdout)
+
+
+def test_cli_exec_needs_approval_lists_the_change_and_applies_nothing(home: Home, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, home)
+    out = tether(env, "exec", *cp_args(home))
+    text = out.stdout + out.stderr
+    assert out.returncode == 1, text
+    assert "Traceback" not in text
+    assert "needs approval" in text and f"modified {home.bashrc}" in text, text
+    assert "approval.overwrite_outside_temp" in text
+    assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
+
+    as_json = tether(env, "exec", "--json", *cp_args(home))
+    result = json.loads(as_json.stdout)
+    assert as_json.returncode == 1 and result["status"] == "failure"
+    assert result["result"]["needs_approval_for"] == [{"path": str(home.bashrc), "kind": "modified",
+                                                        "bytes": len(EVIL),
+                                                        "rule": "approval.overwrite_outside_temp"}]
+    assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
+
+
+def test_cli_exec_preview_lists_the_changes_and_applies_nothing(home: Home, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, home)
+    out = tether(env, "exec", "--json", *cp_args(home), "preview=true")
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout)["result"]
+    assert result["preview"] is True
+    assert result["changes"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL)}]
+    plain = tether(env, "exec", *cp_args(home), "preview=true")
+    assert plain.returncode == 0 and str(home.bashrc) in plain.stdout and "Traceback" not in plain.stderr
+    assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
+
+
+def test_cli_exec_approved_applies_and_undo_restores_byte_for_byte(home: Home, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, home)
+    out = tether(env, "exec", "--approve", *cp_args(home))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert home.bashrc.read_bytes() == EVIL
+    shown = re.search(r"session=(\S+)", out.stdout)
+    assert shown, out.stdout
+    session = shown.group(1)
+    assert [s["session_id"] for s in sessions(env)] == [session]
+
+    undone = tether(env, "undo", session)
+    assert undone.returncode == 0, undone.stdout + undone.stderr
+    assert "restored" in undone.stdout and str(home.bashrc) in undone.stdout
+    assert home.bashrc.read_bytes() == ORIGINAL
+    again = tether(env, "undo", session)
+    assert again.returncode == 0 and "already_restored" in again.stdout
+    assert home.bashrc.read_bytes() == ORIGINAL
+
+
+def test_cli_run_plan_asks_applies_once_approved_and_undo_restores(home: Home, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, home)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([uuid_into_bashrc(home)]))
+    out = tether(env, "run", "--plan", str(plan), "--answer", "approve")
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text
+    assert "Traceback" not in text and f"modified {home.bashrc}" in text  # the question listed the change
+    stamp = home.bashrc.read_text()
+    assert len(stamp.strip()) == 36 and text.count(f"│ {stamp.strip()}") == 1  # its output streamed once: one run
+    assert "re-send the command" not in out.stdout.split("? Step 1", 1)[1]  # the question speaks to a person
+    shown = re.search(r"tether undo (\S+)", out.stdout)
+    assert shown, out.stdout
+    task = json.loads(tether(env, "log", shown.group(1), "--json").stdout)
+    held, applied = (s["result"]["result"] for s in task["steps"])
+    assert held["stdout"] == applied["stdout"] == stamp and applied["applied_after_approval"] is True
+
+    undone = tether(env, "undo", shown.group(1))
+    assert undone.returncode == 0 and "restored" in undone.stdout, undone.stdout + undone.stderr
+    assert home.bashrc.read_bytes() == ORIGINAL
+
+
+def test_cli_run_plan_denied_leaves_the_file(home: Home, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, home)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([cp_evil(home)]))
+    out = tether(env, "run", "--plan", str(plan), "--answer", "deny")
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text
+    assert "cancelled" in text and "not approved" in text
+    assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
+
+
+def test_cli_run_plan_without_a_terminal_cancels_at_the_approval(home: Home, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, home)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([cp_evil(home)]))
+    out = tether(env, "run", "--plan", str(plan))  # stdin is not a terminal, no --answer
+    text = out.stdout + out.stderr
+    assert out.returncode == 1 and "Traceback" not in text, text
+    assert text.count("\n? ") == 1 and "cancelled: cancelled by the user" in text  # asked once, then a clear end
+    assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
