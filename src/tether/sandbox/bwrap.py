@@ -31,10 +31,11 @@ def hide_args(spec: SandboxSpec, *, skip_under: tuple[str, ...] = ()) -> list[st
     for path in spec.hidden:
         if _under(path, skip_under):
             continue
-        if os.path.isdir(path) and not os.path.islink(path):
-            args += ["--tmpfs", path, "--remount-ro", path]
-        elif os.path.lexists(path):
-            args += ["--ro-bind", "/dev/null", path]
+        target = os.path.realpath(path)  # a hidden symlink hides what it points to
+        if os.path.isdir(target):
+            args += ["--tmpfs", target, "--remount-ro", target]
+        elif os.path.exists(target):
+            args += ["--ro-bind", "/dev/null", target]
     return args
 
 

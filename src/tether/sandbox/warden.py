@@ -113,9 +113,10 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> None:
     for _, fd in (*lowers, *live):
         os.close(fd)
     for path in req.get("hidden", []):
-        if os.path.isdir(path) and not os.path.islink(path):
+        # a hidden name that is a symlink (dotfile managers) hides what it points to: mount follows it
+        if os.path.isdir(path):
             libc.mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
-        elif os.path.lexists(path) and not os.path.islink(path):
+        elif os.path.exists(path):
             libc.mount("/dev/null", path, None, MS_BIND, None)
     if req.get("layers_dir"):
         libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")

@@ -126,7 +126,7 @@ def resolve_program(ctx: ToolContext, cmd: str) -> str:
         raise PolicyDenied("cmd.invalid", f"{cmd} goes through /proc, whose links mean something else in every "
                                           "process; call the program by name or by its real path")
     found = shutil.which(cmd, path=search_path(ctx) if "/" not in cmd else None)
-    roots = [real(r) for r in ctx.policy.write_roots]
+    roots = writable_roots(ctx)
     strict = not lifted(ctx.policy, "escape.writable-executable")
     if found is None:
         elsewhere = shutil.which(cmd) if "/" not in cmd else None
@@ -155,8 +155,13 @@ def search_path(ctx: ToolContext) -> str:
     dirs = os.environ.get("PATH", os.defpath).split(os.pathsep)
     if lifted(ctx.policy, "escape.writable-executable"):
         return os.pathsep.join(dirs)
-    roots = [real(r) for r in ctx.policy.write_roots]
+    roots = writable_roots(ctx)
     return os.pathsep.join(d for d in dirs if d and not within(real(d), roots))
+
+
+def writable_roots(ctx: ToolContext) -> list[Path]:
+    """Everywhere a command could have written: the write roots and the live ones."""
+    return [real(r) for r in (*ctx.policy.write_roots, *ctx.policy.live_write_roots)]
 
 
 def require_sandbox(ctx: ToolContext, what: str) -> None:
