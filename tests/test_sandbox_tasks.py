@@ -250,6 +250,7 @@ def test_cli_exec_needs_approval_lists_the_change_and_applies_nothing(home: Home
     assert "Traceback" not in text
     assert "needs approval" in text and f"modified {home.bashrc}" in text, text
     assert "approval.overwrite_outside_temp" in text
+    assert "again with --approve" in out.stdout  # and how to apply it from here
     assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
 
     as_json = tether(env, "exec", "--json", *cp_args(home))
