@@ -218,7 +218,33 @@ class Warden:
         self.send({"op": "exit", "id": request_id, "code": os.waitstatus_to_exitcode(status)})
 
 
+def probe(base: str) -> int:
+    """detect()'s check that this machine lets tether do what each command needs: clone into new
+    namespaces, mount an overlay, write through it, drop every capability. Exit 0, or 1 with why."""
+    libc = _Libc()
+    pid = libc.clone_namespaces()
+    if pid == 0:
+        code = 1
+        try:
+            req = {"layer": {"dir": base, "roots": [f"{base}/lower"]}, "hidden": [], "live": []}
+            _mount_layers(libc, req)
+            with open(f"{base}/lower/probe", "w") as f:
+                f.write("ok")
+            libc.drop_capabilities()
+            code = 0
+        except BaseException as exc:
+            sys.stderr.write(f"{exc}\n")
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    written = os.path.exists(f"{base}/0/u/probe")
+    if status == 0 and not written:
+        sys.stderr.write("the overlay took no write\n")
+    return 0 if status == 0 and written else 1
+
+
 def main(argv: list[str]) -> int:
+    if len(argv) == 3 and argv[1] == "--probe":
+        return probe(argv[2])
     sock = socket.socket(fileno=int(argv[1]))
     try:
         Warden(sock).serve()
