@@ -112,7 +112,7 @@ def split_command(line: str) -> tuple[str, list[str]]:
     return words[0], words[1:]
 
 
-def resolve_program(ctx: ToolContext, cmd: str) -> str:
+def resolve_program(ctx: ToolContext, cmd: str, search: str | None = None) -> str:
     """The file `cmd` names, resolved once here: what the sandbox executes is this file, opened here.
 
     The policy judges `/some/dir/ls` as `ls`; that only holds if the file is the system's `ls`, not a
@@ -125,7 +125,9 @@ def resolve_program(ctx: ToolContext, cmd: str) -> str:
     if cmd.startswith("/proc/") or "/proc/" in os.path.normpath(cmd):
         raise PolicyDenied("cmd.invalid", f"{cmd} goes through /proc, whose links mean something else in every "
                                           "process; call the program by name or by its real path")
-    found = shutil.which(cmd, path=search_path(ctx) if "/" not in cmd else None)
+    if "/" not in cmd and search is None:
+        search = search_path(ctx)
+    found = shutil.which(cmd, path=search if "/" not in cmd else None)
     roots = writable_roots(ctx)
     strict = not lifted(ctx.policy, "escape.writable-executable")
     if found is None:
@@ -155,8 +157,8 @@ def search_path(ctx: ToolContext) -> str:
     dirs = os.environ.get("PATH", os.defpath).split(os.pathsep)
     if lifted(ctx.policy, "escape.writable-executable"):
         return os.pathsep.join(dirs)
-    roots = writable_roots(ctx)
-    return os.pathsep.join(d for d in dirs if d and not within(real(d), roots))
+    roots = [str(r).rstrip("/") + "/" for r in writable_roots(ctx)]
+    return os.pathsep.join(d for d in dirs if d and not (os.path.realpath(d) + "/").startswith(tuple(roots)))
 
 
 def writable_roots(ctx: ToolContext) -> list[Path]:
@@ -222,7 +224,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     if not verdict.allowed:
         raise PolicyDenied(verdict.rule, verdict.reason)
     workdir = check_cwd(ctx.policy, cwd)
-    program = resolve_program(ctx, cmd)
+    search = search_path(ctx)
+    program = resolve_program(ctx, cmd, search)
     require_sandbox(ctx, f"`{shlex.join([cmd, *args])}`")
     sandbox = ctx.sandbox
     capture = sandbox is not None and not read_only and bool(sandbox.spec.write_roots)
@@ -272,7 +275,7 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     try:
         async with asyncio.timeout(timeout):
             result = await run_process([cmd, *args], executable=program, cwd=str(workdir),
-                                       env={**(env or {}), "PATH": search_path(ctx)},
+                                       env={**(env or {}), "PATH": search},
                                        stdin=None if stdin is None else stdin.encode(), max_output=limit,
                                        on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer)
     except TimeoutError:
