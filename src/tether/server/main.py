@@ -9,6 +9,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tether.server.app import create_app
+from tether.server.logsafe import server_log_config
 from tether.server.settings import ServerSettings, is_loopback
 from tether.server.store import Store
 
@@ -40,11 +41,15 @@ AppFactory = Callable[[ServerSettings, Store], FastAPI]
 
 def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
                  app_factory: AppFactory = create_app) -> uvicorn.Config:
-    """`app_factory` builds the app (the agent layer passes one that adds tasks)."""
+    """`app_factory` builds the app (the agent layer passes one that adds tasks).
+
+    Logging: uvicorn's handlers plus the server's own loggers, every line escaped and the access
+    log without query strings (`tether.server.logsafe`)."""
     store = Store(settings.db_path)
     check_binding(settings, store, allow_insecure=allow_insecure)
     app = app_factory(settings, store)
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                          log_config=server_log_config(log_level),
                           # headroom above the AIP limit so the hub, not the transport, answers an
                           # oversized frame with an ERROR that says what the limit is
                           ws_max_size=settings.max_frame_bytes * 2, ws_per_message_deflate=False,
