@@ -59,6 +59,12 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
            heartbeat_timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
            grace_period: Annotated[float | None, typer.Option(help="seconds a dropped device's batches wait")] = None,
            allow_insecure: Annotated[bool, typer.Option(help="allow plain HTTP off loopback")] = False,
+           allowed_host: Annotated[list[str] | None, typer.Option(
+               "--allowed-host", help="a host name clients may use (Host and Origin headers) besides localhost, "
+                                      "127.0.0.1, [::1] and the bind address; '*.example.com' for subdomains "
+                                      "(repeat)")] = None,
+           max_body_bytes: Annotated[int | None, typer.Option(
+               help="largest request body accepted with a valid API token (default 4 MiB)")] = None,
            log_level: Annotated[str, typer.Option()] = "info") -> None:
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
     from functools import partial
@@ -71,7 +77,8 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
         fail("--tls-cert and --tls-key go together")
     settings = _settings(host=host, port=port, db_path=db, tls_cert=str(tls_cert) if tls_cert else None,
                          tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
-                         heartbeat_timeout=heartbeat_timeout, grace_period=grace_period)
+                         heartbeat_timeout=heartbeat_timeout, grace_period=grace_period,
+                         allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes)
     try:
         llm = resolve_llm_settings()
     except ValueError as exc:

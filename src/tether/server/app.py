@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from tether import __version__
 from tether.server.aip_socket import aip_route
 from tether.server.api import router
+from tether.server.guard import RequestGuard
 from tether.server.hub import DeviceHub
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
@@ -51,9 +53,22 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.router.routes.append(aip_route(hub))
     contexts = [extension(app) for extension in extensions]
 
+    def api_token_ok(secret: str) -> bool:
+        info = store.verify_token(secret)
+        return info is not None and info.kind == "api"
+
+    # Host/Origin checks and body caps for every route, today's and the extensions' (guard.py)
+    app.add_middleware(RequestGuard, settings=settings, api_token_ok=api_token_ok)
+
+    # Starlette's HTTPException (FastAPI's subclasses it): the router's own 404 and 405 included
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        # the middleware that calls this re-raises, so uvicorn logs the traceback
+        return JSONResponse({"error": "internal server error; the server log has the details"}, status_code=500)
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

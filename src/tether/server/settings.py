@@ -2,7 +2,10 @@
 
 Defaults are the safe ones: loopback only, an 8 MiB frame limit, heartbeats every 5 s with a
 15 s timeout (three missed beats before a device counts as gone) and a 10 s grace period in which
-a dropped device may reconnect and still deliver the results of the batch it was running.
+a dropped device may reconnect and still deliver the results of the batch it was running. HTTP
+request bodies are capped (`max_body_bytes` once the API token is known, `ANONYMOUS_BODY_BYTES`
+before), and requests must name this server in `Host` (and `Origin`, when a browser sends one):
+the localhost names, the bind address and `allowed_hosts` (see `tether.server.guard`).
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ import ipaddress
 import os
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+ANONYMOUS_BODY_BYTES = 64 * 1024  # the body cap before (or without) a valid API token
 
 
 def default_state_dir() -> Path:
@@ -44,6 +49,41 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def normalize_host(value: str) -> str | None:
+    """The host part of a `Host` value or an allowed-host entry, lower case, without port, brackets
+    or a trailing dot; None when it is not a plausible host at all."""
+    value = value.strip().lower()
+    if not value:
+        return None
+    if value.startswith("["):  # [v6] or [v6]:port
+        end = value.find("]")
+        if end < 0 or (value[end + 1:] and not _is_port(value[end + 1:])):
+            return None
+        return value[1:end] or None
+    if value.count(":") == 1:  # name:port or v4:port
+        value, _, port = value.partition(":")
+        if not port.isdigit():
+            return None
+    elif value.count(":") > 1:  # a bare IPv6 address (allowed-host entries may be written so)
+        return value if is_ip(value) else None
+    value = value.rstrip(".")
+    if not value or any(c.isspace() or c in "/\\@?#%" for c in value):
+        return None
+    return value
+
+
+def _is_port(text: str) -> bool:
+    return text.startswith(":") and text[1:].isdigit()
+
+
+def is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
 class ServerSettings(BaseModel):
     """Everything the agent server needs to start; validated so a bad value fails at start-up."""
 
@@ -58,8 +98,22 @@ class ServerSettings(BaseModel):
     register_timeout: float = Field(10.0, gt=0, description="how long a new socket may take to register")
     max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024)
     default_command_timeout: float = Field(60.0, gt=0)
+    max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=ANONYMOUS_BODY_BYTES,
+                                description="largest HTTP request body accepted with a valid API token")
+    allowed_hosts: list[str] = Field(default_factory=list, description=(
+        "host names (or addresses) clients may use in Host and Origin besides localhost, 127.0.0.1, [::1] "
+        "and the bind address; '*.example.com' matches its subdomains, '*' turns the check off"))
     tls_cert: str | None = None
     tls_key: str | None = None
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _hosts(cls, hosts: list[str]) -> list[str]:
+        for entry in hosts:
+            text = entry.strip()
+            if text != "*" and normalize_host(text.removeprefix("*.")) is None:
+                raise ValueError(f"allowed host {entry!r} is not a host name or address (or '*.domain', or '*')")
+        return [h.strip().lower() for h in hosts]
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerSettings:

@@ -1,0 +1,250 @@
+"""`RequestGuard`: the rules every request meets before any route sees it, HTTP or WebSocket.
+
+One pure ASGI middleware, so whatever HTTP surface the server grows (REST, AIP, tasks, a
+dashboard, MCP over HTTP) gets the same rules without opting in:
+
+- **Host** must name this server: the localhost names, the bind address, or `allowed_hosts`.
+  A page on `evil.example` whose name an attacker re-points at 127.0.0.1 (DNS rebinding) sends
+  `Host: evil.example` and is refused with 403.
+- **Origin**, when a browser sends one, must name an allowed host too: a page on another site
+  cannot drive the REST API or open `/aip` from a victim's browser. `Origin: null` is refused.
+- **Bodies** are capped before anything parses them: a declared `Content-Length` over the cap is
+  answered 413 without reading a byte of the body, and a streamed body is counted chunk by chunk
+  and cut off at the cap. The cap is `ANONYMOUS_BODY_BYTES` (64 KiB) unless the request carries a
+  valid API token, then `max_body_bytes`; the token is only looked up for a body larger than the
+  small cap, so the common small request pays nothing here.
+
+Refusals are `{"error": "…"}` like every other error of the server; a refused WebSocket handshake
+gets the same JSON as an HTTP denial response where the ASGI server supports it (uvicorn does),
+else a plain 403.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import urlsplit
+
+from tether.server.logsafe import clean, mark_denied_handshake
+from tether.server.settings import ANONYMOUS_BODY_BYTES, ServerSettings, is_ip, normalize_host
+
+logger = logging.getLogger(__name__)
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+ASGIApp = Callable[..., Any]
+
+LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
+WILDCARDS = ("0.0.0.0", "::", "")  # noqa: S104 (names of the wildcard binds, not a bind)
+
+
+class HostRules:
+    """Which host names a request may use in `Host` and `Origin`."""
+
+    def __init__(self, bind_host: str, extra: Iterable[str] = ()) -> None:
+        self.any = False
+        self.names: set[str] = set(LOCAL_NAMES)
+        self.suffixes: list[str] = []
+        bind = bind_host.strip().strip("[]").lower()
+        # Bound to every interface, the server is reached by addresses and names it cannot list
+        # here. An IP literal cannot be re-pointed by DNS, so any address is accepted then; names
+        # still have to be allowed (the machine's own host name is).
+        self.any_ip = bind in WILDCARDS
+        if self.any_ip:
+            self.names.add(socket.gethostname().lower())
+        elif bind:
+            self.names.add(bind)
+        for entry in extra:
+            entry = entry.strip().lower()
+            if entry == "*":
+                self.any = True
+            elif entry.startswith("*."):
+                self.suffixes.append(entry[1:].rstrip("."))
+            elif (host := normalize_host(entry)) is not None:
+                self.names.add(host)
+
+    def allows(self, host: str | None) -> bool:
+        if self.any:
+            return True
+        if host is None:
+            return False
+        if host in self.names or any(host.endswith(s) for s in self.suffixes):
+            return True
+        return self.any_ip and is_ip(host)
+
+    def check(self, headers: dict[bytes, bytes], raw: Iterable[tuple[bytes, bytes]] = ()) -> str | None:
+        """Why these request headers are refused, or None. `raw` (all header pairs) is looked at for
+        repeated Host or Origin headers, which are refused: parts of a stack may read different ones."""
+        if self.any:
+            return None
+        names = [name for name, _ in raw if name in (b"host", b"origin")]
+        if names.count(b"host") > 1 or names.count(b"origin") > 1:
+            return "refused: the request repeats its Host or Origin header"
+        raw_host = headers.get(b"host")
+        if raw_host is None:
+            return "refused: the request has no Host header"
+        host = normalize_host(raw_host.decode("latin-1"))
+        if not self.allows(host):
+            return (f"refused: Host {clean(raw_host.decode('latin-1'))!r} is not an allowed name for this "
+                    "server (DNS rebinding?); an operator can allow it with 'tether server --allowed-host NAME' "
+                    "or the server setting allowed_hosts")
+        origin = headers.get(b"origin")
+        if origin is not None:
+            text = origin.decode("latin-1").strip()
+            try:
+                origin_host = urlsplit(text).hostname if text.lower() != "null" else None
+            except ValueError:
+                origin_host = None
+            if not self.allows(origin_host.rstrip(".") if origin_host else None):
+                return (f"refused: cross-site request from Origin {clean(text)!r}; only pages served by an "
+                        "allowed host may call this server")
+        return None
+
+
+TokenCheck = Callable[[str], bool]
+
+
+class RequestGuard:
+    """The ASGI middleware (see the module docstring). `api_token_ok(secret)` says whether a bearer
+    secret is a valid API token; it decides which body cap applies."""
+
+    def __init__(self, app: ASGIApp, *, settings: ServerSettings, api_token_ok: TokenCheck) -> None:
+        self.app = app
+        self.rules = HostRules(settings.host, settings.allowed_hosts)
+        self.max_body = settings.max_body_bytes
+        self.anonymous_body = min(ANONYMOUS_BODY_BYTES, settings.max_body_bytes)
+        self.api_token_ok = api_token_ok
+
+    async def __call__(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any]) -> None:
+        kind = scope["type"]
+        if kind not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        raw = scope.get("headers") or ()
+        headers = dict(raw)
+        refusal = self.rules.check(headers, raw)
+        if refusal is not None:
+            client = scope.get("client")
+            logger.warning("refused %s %s from %s: %s", "WebSocket" if kind == "websocket" else scope.get("method"),
+                           scope.get("path"), f"{client[0]}:{client[1]}" if client else None, refusal)
+            if kind == "websocket":
+                await deny_websocket(scope, send, 403, refusal)
+            else:
+                await send_error(send, 403, refusal)
+            return
+        if kind == "http":
+            await self._http(scope, receive, send, headers)
+        else:
+            await self.app(scope, receive, send)
+
+    # -- bodies ----------------------------------------------------------------------------------
+
+    def _cap(self, headers: dict[bytes, bytes]) -> int:
+        authorization = headers.get(b"authorization", b"").decode("latin-1")
+        scheme, _, secret = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and secret.strip() and self.api_token_ok(secret.strip()):
+            return self.max_body
+        return self.anonymous_body
+
+    def _too_large(self, size: int | None, cap: int) -> str:
+        what = f"{size} bytes" if size is not None else "the request body"
+        if cap < self.max_body:
+            return (f"{what} is more than the {_size(cap)} accepted without a valid API token "
+                    "('Authorization: Bearer <api token>')")
+        return f"{what} is more than the {_size(cap)} limit (server setting max_body_bytes)"
+
+    async def _http(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any],
+                    headers: dict[bytes, bytes]) -> None:
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            text = declared.decode("latin-1").strip()
+            if not text.isdigit():
+                await send_error(send, 400, "invalid Content-Length header")
+                return
+            size = int(text)
+            if size <= self.anonymous_body:  # the server reads exactly that much: nothing to count
+                await self.app(scope, receive, send)
+                return
+            cap = self._cap(headers)
+            if size > cap:
+                await send_error(send, 413, self._too_large(size, cap))
+                return
+            await self.app(scope, receive, send)
+            return
+        if b"transfer-encoding" not in headers:  # neither length nor chunks: no body at all
+            await self.app(scope, receive, send)
+            return
+        cap = self._cap(headers) if b"authorization" in headers else self.anonymous_body
+        await self._counted(scope, receive, send, cap)
+
+    async def _counted(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any],
+                       cap: int) -> None:
+        """A body without a declared length (chunked): count what arrives, stop at the cap."""
+        seen = 0
+        over = False
+        started = False
+
+        async def counted_receive() -> Message:
+            nonlocal seen, over
+            if over:
+                return {"type": "http.disconnect"}
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > cap:
+                    over = True
+                    raise BodyTooLarge(self._too_large(None, cap))
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            nonlocal started
+            if over:  # the app answered something else about the body it could not read: ours wins
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, guarded_send)
+        except BodyTooLarge:
+            pass
+        if over and not started:
+            await send_error(send, 413, self._too_large(None, cap))
+
+
+class BodyTooLarge(Exception):
+    """Raised into the app from `receive` when a streamed body passes the cap."""
+
+
+def _size(n: int) -> str:
+    if n % (1024 * 1024) == 0:
+        return f"{n // (1024 * 1024)} MiB"
+    if n % 1024 == 0:
+        return f"{n // 1024} KiB"
+    return f"{n} bytes"
+
+
+async def send_error(send: Callable[[Message], Any], status: int, error: str) -> None:
+    """A complete `{"error": …}` response; the connection is closed after it (the body, if any, is
+    not read, so the connection cannot carry another request)."""
+    body = json.dumps({"error": error}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def deny_websocket(scope: Scope, send: Callable[[Message], Any], status: int, error: str) -> None:
+    """Refuse a WebSocket handshake: an HTTP answer with `{"error": …}` where the server supports
+    denial responses, else the plain 403 a close before accept becomes."""
+    mark_denied_handshake()
+    if "websocket.http.response" in (scope.get("extensions") or {}):
+        body = json.dumps({"error": error}).encode()
+        await send({"type": "websocket.http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "websocket.http.response.body", "body": body})
+    else:
+        await send({"type": "websocket.close", "code": 1008, "reason": ""})
