@@ -11,6 +11,7 @@ import json
 import logging
 
 import pytest
+from websockets.exceptions import InvalidStatus
 
 from aip_testkit import WAIT, FakeDevice, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType
@@ -55,27 +56,30 @@ async def test_good_token_registers_with_an_ack_and_the_profile(servers):
     ("Bearer tdev_not-a-real-token", "unknown or revoked"),
     ("Basic dXNlcjpwdw==", "must be 'Bearer"),
 ])
-async def test_missing_or_bad_token_is_refused_with_4401(servers, authorization, why):
+async def test_missing_or_bad_token_is_refused_at_the_handshake(servers, authorization, why):
+    """Refused before the upgrade (401 with the reason): the server never reads a frame from it."""
     srv = await servers.start()
     dev = FakeDevice(srv.url, None, name="laptop")
-    await dev.connect(authorization=authorization)
-    answer = await dev.register()
-    assert answer.type is ServerMessageType.REGISTER_REFUSED and why in answer.error
-    assert (await dev.close_code())[0] == CLOSE_UNAUTHORIZED
+    assert await handshake_refusal(dev, authorization=authorization) == (401, why)
     assert srv.hub.registry.get("laptop") is None
+
+
+async def handshake_refusal(dev: FakeDevice, authorization: str | None = None) -> tuple[int, str]:
+    with pytest.raises(InvalidStatus) as refused:
+        await dev.connect(authorization=authorization)
+    response = refused.value.response
+    error = json.loads(response.body)["error"]
+    return response.status_code, next((w for w in ("no token", "unknown or revoked", "must be 'Bearer",
+                                                   "API token") if w in error), error)
 
 
 async def test_revoked_token_and_api_token_are_refused(servers):
     srv = await servers.start()
     token = srv.token("laptop")
     assert srv.store.revoke_token("laptop") == 1
-    dev = FakeDevice(srv.url, token, name="laptop")
-    answer = await dev.register()
-    assert "revoked" in answer.error and (await dev.close_code())[0] == CLOSE_UNAUTHORIZED
+    assert await handshake_refusal(FakeDevice(srv.url, token, name="laptop")) == (401, "unknown or revoked")
     _, api = srv.store.create_token("api", "laptop", ["admin"])
-    dev = FakeDevice(srv.url, api, name="laptop")
-    answer = await dev.register()
-    assert "API token" in answer.error and (await dev.close_code())[0] == CLOSE_UNAUTHORIZED
+    assert await handshake_refusal(FakeDevice(srv.url, api, name="laptop")) == (401, "API token")
 
 
 async def test_identity_comes_from_the_token_not_the_claim(servers):

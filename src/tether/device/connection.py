@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import ssl
 import uuid
@@ -67,6 +68,17 @@ KEEPALIVE_S = 20.0
 
 class _LinkDead(ConnectionError):
     pass
+
+
+def _refusal_reason(body: bytes | None) -> str | None:
+    """The `error` of a refused handshake's `{"error": …}` body, if it has one (shortened, one line)."""
+    try:
+        error = json.loads(body or b"").get("error")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(error, str) or not error:
+        return None
+    return " ".join(error.split())[:500]
 
 
 def make_ssl_context(url: str, ca_file: str | None = None) -> ssl.SSLContext | None:
@@ -215,6 +227,8 @@ class DeviceConnection:
     async def _session(self) -> float | None:
         """One connection: None if it never registered (errors raise), else how long it was up."""
         profile = await self._collect_profile()
+        # the token travels in the handshake's Authorization header (never the URL): the server checks
+        # it before upgrading the connection and answers 401 {"error": …} without reading a frame
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         try:
             ws = await connect(self.url, additional_headers=headers, ssl=self._ssl, open_timeout=self.connect_timeout,
@@ -222,7 +236,10 @@ class DeviceConnection:
                                close_timeout=2.0, compression=None, user_agent_header="tether-device")
         except InvalidStatus as exc:
             if exc.response.status_code in (401, 403):
-                raise RegistrationRefused(describe_failure(exc), exc.response.status_code) from None
+                reason = _refusal_reason(exc.response.body)
+                failure = describe_failure(exc)
+                raise RegistrationRefused(f"{failure}: {reason}" if reason else failure,
+                                          exc.response.status_code) from None
             raise
         try:
             ack = await self._register(ws, profile)

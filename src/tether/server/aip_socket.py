@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Protocol
 
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from tether.server.guard import deny_websocket
+
 if TYPE_CHECKING:
     from tether.server.hub import DeviceHub
+
+logger = logging.getLogger(__name__)
 
 CLOSE_GOING_AWAY = 1001  # the server shuts down
 CLOSE_REPLACED = 4000  # a newer connection of the same device took over
@@ -70,15 +75,27 @@ class StarletteSocket:
 
 
 def aip_route(hub: DeviceHub, path: str = "/aip") -> WebSocketRoute:
-    """The AIP endpoint: accept, then let the hub run the connection for its whole life."""
+    """The AIP endpoint: authenticate the handshake, accept, then let the hub run the connection.
+
+    The device token is checked on the handshake's `Authorization` header, before the upgrade: a
+    connection without a valid device token gets `401 {"error": …}` and the server never reads a
+    frame from it (so unauthenticated peers cannot make it buffer registration frames). The hub
+    checks the token again with the REGISTER frame: it may have been revoked in between.
+    """
 
     async def endpoint(websocket: WebSocket) -> None:
-        await websocket.accept()
         client = websocket.client
         peer = f"{client.host}:{client.port}" if client else None
+        authorization = websocket.headers.get("authorization")
+        verdict = hub._authenticate(authorization)  # the hub's rule, applied before any frame is read
+        if isinstance(verdict, str):
+            logger.warning("refused device connection from %s at the handshake: %s", peer, verdict)
+            await deny_websocket(websocket.scope, websocket.send, 401, verdict)
+            return
+        await websocket.accept()
         socket = StarletteSocket(websocket)
         try:
-            await hub.serve(socket, websocket.headers.get("authorization"), peer)
+            await hub.serve(socket, authorization, peer)
         finally:
             await socket.close(1000)
 
