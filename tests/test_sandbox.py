@@ -205,3 +205,23 @@ except OSError as exc:
 def test_changes_say_what_happened() -> None:
     change = Change("/h/b.txt", "renamed", 3, "file", "/h", moved_from="/h/a.txt")
     assert change.public() == {"path": "/h/b.txt", "kind": "renamed", "bytes": 3, "from": "/h/a.txt"}
+
+
+async def test_a_held_layer_is_taken_once_even_from_another_process(sandbox: Sandbox, tree: dict[str, Path]) -> None:
+    from tether.sandbox.held import Held, HeldLayers
+
+    root = tree["root"]
+    layer = sandbox.new_layer()
+    code, _, err = await run(sandbox, f"open({str(root / 'n.txt')!r}, 'w').write('held')", layer=layer)
+    assert code == 0, err
+    changes = scan(layer, sandbox.spec.write_roots)
+    HeldLayers(Path(sandbox.spec.layers_dir)).put("k1", Held(layer, changes, {"stdout": "once"}))
+    elsewhere = HeldLayers(Path(sandbox.spec.layers_dir))  # as a later `tether exec --approve` would
+    assert elsewhere.take("other-command") is None
+    held = elsewhere.take("k1")
+    assert held is not None and held.payload == {"stdout": "once"} and held.layer == layer
+    assert [c.public() for c in held.changes] == [c.public() for c in changes]
+    assert HeldLayers(Path(sandbox.spec.layers_dir)).take("k1") is None  # at most once
+    apply(held.changes, lambda *_: None)
+    assert (root / "n.txt").read_text() == "held"
+    discard(layer)

@@ -147,10 +147,10 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
     else:
         print_result(result, session_id, device)
         held = isinstance(result.result, dict) and result.result.get("needs_approval") and not approve
-        if held:  # the layer this process held is gone with it: say what approving from here means
-            console().print("nothing was applied. To apply it, run the same command again with --approve "
-                            "(it runs again in a fresh sandbox and what it changes is applied and journaled for "
-                            "`tether undo SESSION`); add preview=true to list the changes without applying them")
+        if held:  # the layer is kept on disk for an hour: the same command and session approved apply it
+            console().print(f"nothing was applied. To apply exactly these changes (the command does not run "
+                            f"again), repeat it with --approve --session {session_id}; add preview=true to list "
+                            "the changes without applying them", soft_wrap=True)
     if result.status is not ResultStatus.SUCCESS:
         raise typer.Exit(1)
 

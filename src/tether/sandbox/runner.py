@@ -74,7 +74,7 @@ class Sandbox:
         self._ids = itertools.count(1)
         self._layer_ids = itertools.count(1)
         self._closed = False
-        self.held = HeldLayers()
+        self.held = HeldLayers(Path(spec.layers_dir))
         self._free: list[Path] = []
         self._warden_host_pid: int | None = None
         self._removing: set[asyncio.Future[None]] = set()
@@ -312,11 +312,12 @@ class Sandbox:
         await asyncio.to_thread(self._discard_layers)
 
     def _discard_layers(self) -> None:
-        """The layers this device left (held ones are gone with `held.clear()`, running ones are killed)."""
+        """The layers this device left, but for those held for an approval (they expire on their own)."""
         layers = Path(self.spec.layers_dir)
         if layers.is_dir():
             for layer in layers.glob(f"L{os.getpid()}-*"):
-                discard(layer)
+                if not (layer / "held.json").exists():
+                    discard(layer)
 
 
 def _children(pid: int) -> list[int]:
