@@ -250,7 +250,7 @@ def test_cli_exec_needs_approval_lists_the_change_and_applies_nothing(home: Home
     assert "Traceback" not in text
     assert "needs approval" in text and f"modified {home.bashrc}" in text, text
     assert "approval.overwrite_outside_temp" in text
-    assert "again with --approve" in out.stdout  # and how to apply it from here
+    assert "repeat it with --approve --session cli-" in out.stdout  # and how to apply it from here
     assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
 
     as_json = tether(env, "exec", "--json", *cp_args(home))
@@ -291,6 +291,24 @@ def test_cli_exec_approved_applies_and_undo_restores_byte_for_byte(home: Home, t
     again = tether(env, "undo", session)
     assert again.returncode == 0 and "already_restored" in again.stdout
     assert home.bashrc.read_bytes() == ORIGINAL
+
+
+def test_cli_exec_approved_later_applies_the_held_layer_without_running_again(home: Home, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, home)
+    stamp = uuid_into_bashrc(home)["args"]
+    argv = ["shell.run", "cmd=awk", f"argv:={json.dumps(stamp['argv'])}", f"cwd={home.path}"]
+    held = tether(env, "exec", "--json", *argv)
+    first = json.loads(held.stdout)
+    assert held.returncode == 1 and first["result"]["needs_approval"], held.stdout
+    assert home.bashrc.read_bytes() == ORIGINAL
+    approved = tether(env, "exec", "--json", "--approve", "--session", first["session_id"], *argv)
+    second = json.loads(approved.stdout)
+    assert approved.returncode == 0 and second["result"]["applied_after_approval"], approved.stdout
+    uuid = first["result"]["stdout"]
+    assert second["result"]["stdout"] == uuid  # the same run's output: it did not run again
+    assert home.bashrc.read_text() == uuid
+    again = tether(env, "exec", "--json", "--approve", "--session", first["session_id"], *argv)
+    assert json.loads(again.stdout)["result"]["stdout"] != uuid  # taken once: this one ran anew
 
 
 def test_cli_run_plan_asks_applies_once_approved_and_undo_restores(home: Home, tmp_path: Path) -> None:
