@@ -93,7 +93,7 @@ except OSError as exc:
         str(root / "keep.txt"): "modified", str(root / "made.txt"): "created", str(root / "gone.txt"): "deleted",
         str(root / "d"): "created", str(root / "d" / "e"): "created"}
     done: list[tuple[str, str, str | None]] = []
-    apply(list(changes.values()), lambda action, path, dest: done.append((action, path, dest)))
+    apply(list(changes.values()), done.extend)
     discard(layer)
     assert (root / "keep.txt").read_text() == "new" and (root / "made.txt").read_text() == "made"
     assert not (root / "gone.txt").exists() and (root / "d" / "e").is_dir()

@@ -23,7 +23,8 @@ from typing import Literal
 from tether.sandbox.fs import parent_beneath
 
 Kind = Literal["created", "modified", "deleted", "renamed"]
-Record = Callable[[str, str, "str | None"], None]  # (journal action, path, dest) before each change
+# journals a batch of (action, path, dest) before any of it is made
+Record = Callable[[list[tuple[str, str, "str | None"]]], None]
 _OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
 _CHUNK = 1 << 16
 
@@ -236,16 +237,30 @@ def _place(c: Change, pfd: int, name: str) -> None:
         raise
 
 
+def _journal_entry(c: Change) -> tuple[str, str, str | None]:
+    if c.kind == "deleted":
+        return ("delete", c.path, None)
+    if c.kind == "renamed":
+        assert c.moved_from is not None
+        return ("move", c.moved_from, c.path)
+    return ("mkdir", c.path, None) if c.node == "dir" else ("write", c.path, None)
+
+
 def apply(changes: list[Change], record: Record) -> None:
-    """Journal and make each change; `ApplyConflict` (nothing done) if the real tree moved meanwhile."""
+    """Journal and make the changes; `ApplyConflict` (nothing done) if the real tree moved meanwhile.
+
+    The whole batch is journaled first (one fsync), then made in order: deletions deepest first,
+    new directories, renames, then files.
+    """
     bad = _conflicts(changes)
     if bad:
         raise ApplyConflict(bad)
-    for c in _order(changes):
+    ordered = list(_order(changes))
+    record([_journal_entry(c) for c in ordered])
+    for c in ordered:
         pfd, name = parent_beneath(c.root, c.path, create=c.kind != "deleted")
         try:
             if c.kind == "deleted":
-                record("delete", c.path, None)
                 st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
                     shutil.rmtree(name, dir_fd=pfd)
@@ -253,17 +268,14 @@ def apply(changes: list[Change], record: Record) -> None:
                     os.unlink(name, dir_fd=pfd)
             elif c.kind == "renamed":
                 assert c.moved_from is not None
-                record("move", c.moved_from, c.path)
                 sfd, sname = parent_beneath(c.root, c.moved_from, create=False)
                 try:
                     os.rename(sname, name, src_dir_fd=sfd, dst_dir_fd=pfd)
                 finally:
                     os.close(sfd)
             elif c.node == "dir":
-                record("mkdir", c.path, None)
                 os.mkdir(name, c.mode & 0o777, dir_fd=pfd)
             else:
-                record("write", c.path, None)
                 _place(c, pfd, name)
         finally:
             os.close(pfd)

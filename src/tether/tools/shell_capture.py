@@ -54,9 +54,9 @@ def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
 
 
 def _record(ctx: ToolContext):  # type: ignore[no-untyped-def]
-    def record(action: str, path: str, dest: str | None) -> None:
+    def record(batch: list[tuple[str, str, str | None]]) -> None:
         if ctx.journal is not None:
-            ctx.journal.record(ctx.session_id or "default", action, path, dest)  # type: ignore[arg-type]
+            ctx.journal.record_many(ctx.session_id or "default", batch)  # type: ignore[arg-type]
     return record
 
 
