@@ -12,6 +12,9 @@ from the root without following any link, so a symlink planted in the real tree 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import functools
 import os
 import shutil
 import stat
@@ -215,20 +218,51 @@ def _order(changes: list[Change]) -> Iterator[Change]:
     yield from (c for c in changes if c.kind in ("created", "modified") and c.node != "dir")
 
 
+AT_FDCWD, RENAME_NOREPLACE = -100, 1
+
+
+@functools.cache
+def _renameat2() -> Callable[..., int] | None:
+    fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    return fn  # type: ignore[no-any-return]
+
+
+def _rename_new(source: str, pfd: int, name: str) -> None:
+    """Move a created file into place in one rename that fails if the name appeared meanwhile."""
+    fn = _renameat2()
+    if fn is None:
+        if os.path.lexists(f"/proc/self/fd/{pfd}/{name}"):
+            raise FileExistsError(errno.EEXIST, f"{name} appeared since the command ran")
+        os.rename(source, name, dst_dir_fd=pfd)
+        return
+    if fn(AT_FDCWD, os.fsencode(source), pfd, os.fsencode(name), RENAME_NOREPLACE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), name)
+
+
 def _place(c: Change, pfd: int, name: str) -> None:
+    """The upper layer's entry becomes the real one: one rename on the same filesystem (no copy, no
+    temporary name: a rename is atomic), a copy beside it and a rename elsewhere."""
     assert c.source is not None
+    if c.node != "symlink":
+        os.chmod(c.source, c.mode & 0o777)  # never a set-uid bit from a sandbox
+        try:
+            if c.kind == "created":
+                _rename_new(c.source, pfd, name)
+            else:
+                os.replace(c.source, name, dst_dir_fd=pfd)
+            return
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
     tmp = f".tether-apply-{os.urandom(6).hex()}"
     if c.node == "symlink":
         os.symlink(os.readlink(c.source), tmp, dir_fd=pfd)
-    else:
-        os.chmod(c.source, c.mode & 0o777)  # never a set-uid bit from a sandbox
-        try:
-            os.rename(c.source, tmp, dst_dir_fd=pfd)
-        except OSError:  # another filesystem: copy
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, c.mode & 0o777,
-                         dir_fd=pfd)
-            with open(c.source, "rb") as src, open(fd, "wb") as dst:
-                shutil.copyfileobj(src, dst, _CHUNK)
+    else:  # another filesystem: copy
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, c.mode & 0o777,
+                     dir_fd=pfd)
+        with open(c.source, "rb") as src, open(fd, "wb") as dst:
+            shutil.copyfileobj(src, dst, _CHUNK)
     try:
         os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
     except BaseException:
@@ -257,27 +291,49 @@ def apply(changes: list[Change], record: Record) -> None:
         raise ApplyConflict(bad)
     ordered = list(_order(changes))
     record([_journal_entry(c) for c in ordered])
-    for c in ordered:
-        pfd, name = parent_beneath(c.root, c.path, create=c.kind != "deleted")
-        try:
-            if c.kind == "deleted":
-                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(name, dir_fd=pfd)
-                else:
-                    os.unlink(name, dir_fd=pfd)
-            elif c.kind == "renamed":
-                assert c.moved_from is not None
-                sfd, sname = parent_beneath(c.root, c.moved_from, create=False)
-                try:
-                    os.rename(sname, name, src_dir_fd=sfd, dst_dir_fd=pfd)
-                finally:
-                    os.close(sfd)
-            elif c.node == "dir":
-                os.mkdir(name, c.mode & 0o777, dir_fd=pfd)
+    parents: dict[str, int] = {}  # directory fds reused by their files (after the deletions)
+    try:
+        for c in ordered:
+            _apply_one(c, parents)
+    finally:
+        for fd in parents.values():
+            os.close(fd)
+
+
+def _parent(c: Change, parents: dict[str, int]) -> tuple[int, str, bool]:
+    """(fd of the change's directory, its name, whether the caller closes the fd)."""
+    if c.kind == "deleted":
+        pfd, name = parent_beneath(c.root, c.path)
+        return pfd, name, True
+    directory, name = os.path.split(c.path)
+    if directory not in parents:
+        pfd, _ = parent_beneath(c.root, c.path, create=True)
+        parents[directory] = pfd
+    return parents[directory], name, False
+
+
+def _apply_one(c: Change, parents: dict[str, int]) -> None:
+    pfd, name, own = _parent(c, parents)
+    try:
+        if c.kind == "deleted":
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                shutil.rmtree(name, dir_fd=pfd)
             else:
-                _place(c, pfd, name)
-        finally:
+                os.unlink(name, dir_fd=pfd)
+        elif c.kind == "renamed":
+            assert c.moved_from is not None
+            sfd, sname = parent_beneath(c.root, c.moved_from, create=False)
+            try:
+                os.rename(sname, name, src_dir_fd=sfd, dst_dir_fd=pfd)
+            finally:
+                os.close(sfd)
+        elif c.node == "dir":
+            os.mkdir(name, c.mode & 0o777, dir_fd=pfd)
+        else:
+            _place(c, pfd, name)
+    finally:
+        if own:
             os.close(pfd)
 
 
