@@ -245,7 +245,8 @@ def _place(c: Change, pfd: int, name: str) -> None:
     temporary name: a rename is atomic), a copy beside it and a rename elsewhere."""
     assert c.source is not None
     if c.node != "symlink":
-        os.chmod(c.source, c.mode & 0o777)  # never a set-uid bit from a sandbox
+        if c.mode & ~0o777:
+            os.chmod(c.source, c.mode & 0o777)  # never a set-uid bit from a sandbox
         try:
             if c.kind == "created":
                 _rename_new(c.source, pfd, name)
