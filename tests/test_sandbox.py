@@ -225,3 +225,47 @@ async def test_a_held_layer_is_taken_once_even_from_another_process(sandbox: San
     apply(held.changes, lambda *_: None)
     assert (root / "n.txt").read_text() == "held"
     discard(layer)
+
+
+async def test_without_a_sandbox_a_serving_device_refuses_and_a_local_one_warns(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    from tether.device.local import build_device
+    from tether.protocol.models import Command
+    from tether.sandbox import SandboxInfo
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    nothing = SandboxInfo("none", "bwrap is not installed: install bubblewrap")
+    command = Command(tool_name="shell.run", parameters={"cmd": "true", "argv": [], "cwd": str(tmp_path)})
+    serving = build_device(state_dir=tmp_path / "s1", serving=True, sandbox=nothing)
+    try:
+        [refused] = await serving.dispatcher(session_id="a").execute_commands([command])
+    finally:
+        await serving.aclose()
+    assert not refused.ok and "sandbox.required" in (refused.error or "")
+    assert "bubblewrap" in (refused.error or "")  # says what to do
+    assert "no sandbox: bwrap is not installed" in caplog.text  # said at start
+    local = build_device(state_dir=tmp_path / "s2", serving=False, sandbox=nothing)
+    try:
+        [ran] = await local.dispatcher(session_id="b").execute_commands([command])
+    finally:
+        await local.aclose()
+    assert ran.ok, ran.error
+    assert "sandbox" not in ran.result and "changes" not in ran.result  # unconfined: nothing captured
+
+
+async def test_the_policy_can_turn_the_sandbox_off_and_a_serving_device_then_refuses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tether.device.local import build_device
+    from tether.protocol.models import Command
+    from tether.tools.policy import policy_from_mapping
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    command = Command(tool_name="shell.run", parameters={"cmd": "true", "argv": [], "cwd": str(tmp_path)})
+    for settings, ok in (({"sandbox": False}, False), ({"sandbox": False, "require_sandbox": False}, True)):
+        device = build_device(policy=policy_from_mapping(settings), state_dir=tmp_path / str(ok), serving=True)
+        try:
+            [result] = await device.dispatcher(session_id="c").execute_commands([command])
+        finally:
+            await device.aclose()
+        assert result.ok is ok, result.error
+        assert device.context.sandbox is None
