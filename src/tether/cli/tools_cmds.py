@@ -88,6 +88,7 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
     from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
     from tether.tools.optional import MissingDependency
     from tether.tools.policy import default_policy, load_policy
+    from tether.tools.sandboxing import make_sandbox
 
     factories = builtin_toolsets()
     if name not in factories:
@@ -96,13 +97,17 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
         pol = load_policy(policy) if policy else default_policy()
     except ValueError as exc:
         fail(str(exc))
-    journal = UndoJournal(Path(state_dir or default_state_dir()))
+    state = Path(state_dir or default_state_dir())
+    journal = UndoJournal(state)
     session = f"mcp-{uuid.uuid4().hex[:8]}"
     try:
         toolset = factories[name]()
     except MissingDependency as exc:
         fail(str(exc))
-    server = toolset_to_mcp(toolset, lambda: ToolContext(policy=pol, journal=journal, session_id=session))
+    # the processes an MCP client's calls start are confined like a device's (a warning where they cannot be)
+    sandbox = make_sandbox(pol, hidden=[str(state)]) if pol.sandbox else None
+    server = toolset_to_mcp(toolset, lambda: ToolContext(policy=pol, journal=journal, session_id=session,
+                                                         sandbox=sandbox))
 
     async def serve() -> None:
         try:
@@ -113,6 +118,8 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
                 await serve_stdio(server)
         finally:
             await toolset.aclose()  # e.g. the browser set's Chromium
+            if sandbox is not None:
+                await sandbox.aclose()
 
     try:
         asyncio.run(serve())
