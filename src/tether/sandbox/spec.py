@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 class SandboxUnavailable(RuntimeError):
@@ -40,7 +40,6 @@ class SandboxSpec:
     hidden: tuple[str, ...] = ()
     network: bool = True
     layers_dir: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
