@@ -107,7 +107,7 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
                                 for d in remote.devices()), "device registration", 60, procs)
         [info] = [d for d in remote.devices() if d["name"] == "demo-device"]
         console.print(f"device registered (pid {procs[1].pid}): {info['platform']}, "
-                      f"capabilities {', '.join(info['capabilities'])}")
+                      f"capabilities {', '.join(info['capabilities'])}, sandbox {info.get('sandbox') or 'none'}")
         console.print(f"{len(remote.tools('demo-device'))} tools on demo-device\n")
 
         def stream(event: Event) -> None:
@@ -123,6 +123,10 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
             ("write then read a file", [
                 Command(tool_name="write_file", parameters={"file_path": str(target), "content": "hi\n"}),
                 Command(tool_name="read_file", parameters={"file_path": str(target)})], [True, True]),
+            ("the sandbox: a write outside the write roots fails", [Command(tool_name="shell.run", parameters={
+                "cmd": "touch", "argv": ["/etc/tether-demo"], "cwd": str(work)})], [False]),
+            ("the sandbox: ps sees only itself, not the device", [Command(tool_name="shell.run", parameters={
+                "cmd": "ps", "argv": ["-e", "-o", "pid,args"], "cwd": str(work)})], [True]),
             ("policy refuses sudo; the rest is skipped", [
                 Command(tool_name="shell.run", parameters={"cmd": "sudo", "argv": ["id"], "cwd": str(work)}),
                 Command(tool_name="shell.run", parameters={"cmd": "echo", "argv": ["never"], "cwd": str(work)})],
