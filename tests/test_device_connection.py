@@ -302,22 +302,35 @@ async def test_work_no_server_waits_for_is_stopped_and_its_results_not_sent(tmp_
         assert stale == []
 
 
-async def test_a_resent_call_id_is_answered_from_the_record_not_run_again(tmp_path: Path, device: LocalDevice,
-                                                                         waiter: Command) -> None:
+async def test_a_resent_batch_is_answered_from_the_record_not_run_again(tmp_path: Path, device: LocalDevice,
+                                                                       waiter: Command) -> None:
     async with ScriptedServer() as server, connected(server, device) as conn:
         original = command(waiter)
         await server.send(original)
         await server.output("started")
-        while_running = command(waiter)  # same call_id, another batch, while the first still runs
-        await server.send(while_running)
+        await server.send(original)  # the same batch again while it still runs (a resend after a reconnect)
         (tmp_path / "go").touch()
         [a] = results_of(await server.results(original.response_id))
-        [b] = results_of(await server.results(while_running.response_id))
-        resent = command(waiter)  # and once more after it finished
-        await server.send(resent)
-        [c] = results_of(await server.results(resent.response_id))
-        assert a.ok and a == b == c
+        await server.send(original)  # and once more after it finished: answered from the record
+        [b] = results_of(await server.results(original.response_id))
+        assert a.ok and a == b
         assert (tmp_path / "runs").read_text() == "x" and conn.batches.executed == 1
+
+
+async def test_a_call_id_reused_by_another_batch_is_a_new_call(tmp_path: Path, device: LocalDevice) -> None:
+    """The record is keyed by the server's response_id and the call_id: a caller's call_id is a label,
+    so another batch reusing it runs for real and never receives the first batch's result."""
+    (tmp_path / "private.txt").write_text("the first caller's secret")
+    async with ScriptedServer() as server, connected(server, device) as conn:
+        first = command(run(tmp_path, "cat", str(tmp_path / "private.txt"), call_id="nightly-report-1"))
+        await server.send(first)
+        [a] = results_of(await server.results(first.response_id))
+        second = command(run(tmp_path, "echo", "mine", call_id="nightly-report-1"))
+        await server.send(second)
+        [b] = results_of(await server.results(second.response_id))
+    assert a.ok and a.result["stdout"] == "the first caller's secret"
+    assert b.ok and b.result["stdout"] == "mine\n" and b.call_id == "nightly-report-1"
+    assert conn.batches.executed == 2
 
 
 async def test_cancel_kills_the_running_process_and_fails_the_rest(tmp_path: Path, device: LocalDevice,
@@ -497,7 +510,8 @@ async def test_stop_cancels_running_work_and_says_so(tmp_path: Path, device: Loc
         proc = psutil.Process(int(event.payload["data"]["data"].split()[1]))  # type: ignore[index]
         conn.stop()
         results = results_of(await server.results(msg.response_id))
-        assert [r.error for r in results] == ["the device is shutting down"] * 2
+        assert results[0].error.startswith("outcome unknown: the command was running when the device shut down")
+        assert results[1].error == "not run: the device is shutting down"
         await asyncio.wait_for(task, 15)
         _, alive = psutil.wait_procs([proc], timeout=10)
         assert alive == [] and conn.state == "stopped" and not conn.connected.is_set()
@@ -555,6 +569,7 @@ async def test_a_batch_cancelled_before_its_task_first_runs_is_answered_and_the_
         async with asyncio.timeout(15):
             await runner.idle.wait()
         assert outbox.pending_call_ids() == ["never-1", "then-2"]
-        assert runner.record.get("then-2") is not None and runner.record.get("then-2").ok
+        recorded = runner.record.get((second.response_id, "then-2"))
+        assert recorded is not None and recorded.ok and runner.record.get("then-2") is None
     finally:
         await device.aclose()

@@ -9,8 +9,10 @@ the results land in the outbox to be delivered after the next registration.
 Each result goes out as soon as it exists (one frame per result, CONTINUE then a final COMPLETED;
 a one-command batch is a single COMPLETED frame). A batch's `timeout` and a server CANCEL cancel
 the running tool — tools kill their process groups on cancellation — and every command without a
-result gets a failure saying why. Commands that started are kept in the `FinishedRecord`; a
-`call_id` found there is answered from it and never run twice.
+result gets a failure saying why. Commands that started are kept in the `FinishedRecord` under
+their batch's server-issued `response_id` and their `call_id`: the same batch sent again (after a
+reconnect) is answered from it and never run twice, while another batch that reuses a `call_id`
+(a caller's label) is a new call — it neither runs twice nor receives someone else's result.
 """
 
 from __future__ import annotations
@@ -26,14 +28,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.device.client import DeviceClient
-from tether.device.outbox import FinishedRecord, Outbox, results_frame
+from tether.device.outbox import FinishedRecord, Outbox, record_key, results_frame
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessage
 from tether.protocol.models import Command, Result, ResultStatus
 
 logger = logging.getLogger(__name__)
 
 CANCELLED_BY_SERVER = "cancelled by the server"
-SHUTTING_DOWN = "the device is shutting down"
+SHUTTING_DOWN = "not run: the device is shutting down"
+# the command that was running when the device stopped: it may have done some or all of its work
+SHUTDOWN_WHILE_RUNNING = ("outcome unknown: the command was running when the device shut down and was stopped; "
+                          "it may have made some or all of its changes")
 
 
 @dataclass(eq=False)
@@ -56,6 +61,10 @@ class Batch:
     @property
     def actions(self) -> list[Command]:
         return self.msg.actions or []
+
+    def key(self, position: int) -> tuple[str, str] | None:
+        """The `FinishedRecord` key of the command at `position`: this batch's response_id and its call_id."""
+        return record_key(self.msg.response_id, self.actions[position].call_id)
 
 
 class BatchRunner:
@@ -97,10 +106,10 @@ class BatchRunner:
             logger.info("batch %s is already queued or running: duplicate ignored", msg.response_id)
             return
         batch = Batch(msg)
-        if all(c.call_id in self.record for c in batch.actions):
+        if all(batch.key(i) in self.record for i in range(len(batch.actions))):
             logger.info("batch %s was already executed: answering from the record", msg.response_id)
-            for i, command in enumerate(batch.actions):
-                self._deliver(batch, i, self._recorded(command))
+            for i in range(len(batch.actions)):
+                self._deliver(batch, i, self._recorded(batch, i))
             return
         self.active[msg.response_id] = batch
         self.idle.clear()
@@ -211,16 +220,16 @@ class BatchRunner:
             if i and batch.msg.early_exit and any(r is not None and r.status is ResultStatus.FAILURE
                                                   for r in batch.slots[:i]):
                 for j in range(i, len(actions)):
-                    recorded = self.record.get(actions[j].call_id)
+                    recorded = self.record.get(batch.key(j))
                     self._deliver(batch, j, recorded or Result.skipped(
                         "skipped: an earlier command of this batch failed", actions[j].call_id))
                 return
-            if actions[i].call_id in self.record or actions[i].call_id in seen:
-                self._deliver(batch, i, self._recorded(actions[i]))
+            if batch.key(i) in self.record or actions[i].call_id in seen:
+                self._deliver(batch, i, self._recorded(batch, i))
                 i += 1
                 continue
             run: list[int] = []
-            while i < len(actions) and actions[i].call_id not in self.record and actions[i].call_id not in seen:
+            while i < len(actions) and batch.key(i) not in self.record and actions[i].call_id not in seen:
                 seen.add(actions[i].call_id)
                 run.append(i)
                 i += 1
@@ -237,7 +246,7 @@ class BatchRunner:
             done += 1
             batch.current = positions[done] if done < len(positions) else None
             if result.status is not ResultStatus.SKIPPED:
-                self.record.add(msg.actions[position].call_id, result)  # type: ignore[index]
+                self.record.add(batch.key(position), result)
             self._deliver(batch, position, result)
 
         client = self.client
@@ -253,11 +262,11 @@ class BatchRunner:
                                          on_result=on_result, deadline=batch.deadline)
         batch.current = None
 
-    def _recorded(self, command: Command) -> Result:
-        result = self.record.get(command.call_id)
+    def _recorded(self, batch: Batch, position: int) -> Result:
+        result = self.record.get(batch.key(position))
         if result is None:  # a duplicate call_id inside one batch whose first copy never finished
-            return Result.failure(f"call_id {command.call_id} appears twice in the batch and did not finish",
-                                  command.call_id)
+            call_id = batch.actions[position].call_id
+            return Result.failure(f"call_id {call_id} appears twice in the batch and did not finish", call_id)
         return result
 
     def _finish(self, batch: Batch, reason: str | None) -> None:
@@ -268,9 +277,12 @@ class BatchRunner:
             if slot is not None:
                 continue
             call_id = batch.actions[i].call_id
-            result = Result.failure(reason or "the device finished the batch without a result", call_id)
+            why = reason or "the device finished the batch without a result"
+            if i == batch.current and reason == SHUTTING_DOWN:  # it ran, and may have done its work
+                why = SHUTDOWN_WHILE_RUNNING
+            result = Result.failure(why, call_id)
             if i == batch.current:
-                self.record.add(call_id, result)  # it may have had effects: never run it again
+                self.record.add(batch.key(i), result)  # it may have had effects: never run it again
             self._deliver(batch, i, result)
         batch.done = True
         self.active.pop(batch.msg.response_id, None)

@@ -7,9 +7,12 @@ oldest entries when the link is slower than the tool, counting what it dropped a
 server so once the queue has drained. Control frames (heartbeats, errors, device info) belong to
 one connection and are discarded with it.
 
-`FinishedRecord` makes execution exactly-once: a command whose `call_id` is in the record is
-answered from it instead of being run again (the server re-sends pending commands after a
-reconnect when it is unsure whether their results arrived).
+`FinishedRecord` makes execution exactly-once: a command is answered from the record instead of
+being run again when the record holds its batch's `response_id` and its `call_id` (the server
+re-sends pending batches, under their own response_id, after a reconnect when it is unsure whether
+their results arrived). The `response_id` is the server's own: a fresh one for every batch, never
+chosen by whoever asked. A `call_id` may be (a REST caller's label, say `nightly-report-1`), so it
+is never an identity on its own: another batch reusing it is a new call, run and answered anew.
 """
 
 from __future__ import annotations
@@ -216,26 +219,36 @@ class Outbox:
             self.idle.set()
 
 
+RecordKey = tuple[str, str]  # (the batch's server-issued response_id, the call_id within it)
+
+
+def record_key(response_id: str | None, call_id: str | None) -> RecordKey | None:
+    """The record's key for one call of one batch; None (not recorded) when either id is missing."""
+    if not response_id or call_id is None:
+        return None
+    return response_id, call_id
+
+
 class FinishedRecord:
-    """The last `limit` finished call_ids and their results, oldest forgotten first."""
+    """The last `limit` finished calls and their results by `record_key`, oldest forgotten first."""
 
     def __init__(self, limit: int = 10_000) -> None:
         self.limit = limit
-        self._results: OrderedDict[str, Result] = OrderedDict()
+        self._results: OrderedDict[object, Result] = OrderedDict()
 
-    def __contains__(self, call_id: object) -> bool:
-        return call_id in self._results
+    def __contains__(self, key: object) -> bool:
+        return key is not None and key in self._results
 
     def __len__(self) -> int:
         return len(self._results)
 
-    def get(self, call_id: str | None) -> Result | None:
-        return self._results.get(call_id) if call_id is not None else None
+    def get(self, key: object) -> Result | None:
+        return self._results.get(key) if key is not None else None
 
-    def add(self, call_id: str | None, result: Result) -> None:
-        if call_id is None:
+    def add(self, key: object, result: Result) -> None:
+        if key is None:
             return
-        self._results[call_id] = result
-        self._results.move_to_end(call_id)
+        self._results[key] = result
+        self._results.move_to_end(key)
         while len(self._results) > self.limit:
             self._results.popitem(last=False)

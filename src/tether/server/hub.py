@@ -340,9 +340,10 @@ class DeviceHub:
         """After a (re)registration: send the batches queued while the device was away, then CANCELs.
 
         With `resend` (the same device process came back) batches already sent go out again too: a
-        result written into a link that was already dead is lost, and the device answers a known
-        call_id from its record of finished calls without running it twice (at-least-once delivery,
-        exactly-once execution)."""
+        result written into a link that was already dead is lost, and the device answers a call of a
+        batch it already ran (the same response_id, which only this server issues, and call_id) from
+        its record of finished calls without running it twice (at-least-once delivery, exactly-once
+        execution)."""
         for batch in self._batches.to_send(conn.name, resend=resend):
             if not batch.done.is_set():
                 await self._send_command(conn, batch)
