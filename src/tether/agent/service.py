@@ -31,6 +31,7 @@ from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
 from tether.server.hub import DeviceHub
 from tether.server.registry import NoDeviceError
+from tether.server.sessions import claim_task_sessions, task_owner
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,9 @@ class TaskService:
     # -- lifecycle ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Settle the tasks a previous server left unfinished (see the module docstring)."""
+        """Settle the tasks a previous server left unfinished (see the module docstring). Every task owns
+        its session (see `tether.server.sessions`), also those stored before owners were recorded."""
+        claim_task_sessions(self.hub.store, self.store.ids())
         for task in self.store.unfinished():
             self._resume_after_restart(task)
 
@@ -145,6 +148,8 @@ class TaskService:
                 raise TaskError(404, f"the plan names device '{name}', which has never registered")
         task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
                     devices=[n for n in extra if n != target])
+        if self.hub.store.claim_session(task.id, task_owner(task.id)) != task_owner(task.id):
+            raise TaskError(409, f"session {task.id} is already taken; create the task again")
         self.store.save(task)
         self._start(task)
         return task
@@ -346,7 +351,8 @@ class TaskService:
             raise TaskError(409, f"task {task.id} is still running; cancel it first")
         report: dict[str, Any] = {}
         for name in task.devices_used():
-            dispatcher = self.hub.dispatcher(name, requested_by=f"undo:{task.id[:12]} by {requested_by}")
+            dispatcher = self.hub.dispatcher(name, session_id=task.id,
+                                             requested_by=f"undo:{task.id[:12]} by {requested_by}")
             command = Command(tool_name="undo_session", parameters={"session_id": task.id},
                               approved_by=requested_by)
             [result] = await dispatcher.execute_commands([command], timeout=120)

@@ -1,6 +1,7 @@
 """The task API under /api/v1/tasks: create, get, list, stream events, answer, approve, cancel, undo.
 
-Creating and steering a task needs the `execute` scope; reading needs `read`. A task's events stream
+Creating and steering a task needs the `execute` scope; reading needs `read`; approving, answering
+an approval and undoing need `approve`. A task's events stream
 as server-sent events (`event: task_event`, data a `TaskEvent`), starting after `?after=SEQ` so a
 client that lost the stream picks up where it stopped, and ending with `event: end` once the task
 has ended. Errors are `{"error": "..."}` like the rest of the API.
@@ -119,7 +120,10 @@ async def cancel_task(task_id: str, request: Request,
 @router.post("/{task_id}/undo")
 async def undo_task(task_id: str, request: Request,
                     who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
-    """Put back the files the task's commands changed, on each device they ran on."""
+    """Put back the files the task's commands changed, on each device they ran on. Needs the `approve`
+    scope: the undo rewrites files as an approved action (the device refuses it otherwise), so an
+    agent's execute token must not be able to set it off."""
+    require_approver(who, "undo a task (it rewrites files as an approved action)")
     return {"task": task_id, "devices": await _service(request).undo(task_id, f"api:{who.name}")}
 
 

@@ -78,6 +78,11 @@ class TaskStore:
         keys = ("id", "request", "state", "device", "created_at", "updated_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
+    def ids(self) -> list[str]:
+        """Every task's id (each is the undo session of the task's commands)."""
+        with self._lock:
+            return [row[0] for row in self._conn.execute("SELECT id FROM tasks")]
+
     def unfinished(self) -> list[Task]:
         """Tasks not done, failed or cancelled: what a restarted server must resume or settle."""
         ended = tuple(s.value for s in TERMINAL_STATES)

@@ -21,6 +21,7 @@ from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRecord, NoDeviceError
+from tether.server.sessions import owned_session
 from tether.server.store import Store, TokenInfo
 
 router = APIRouter(prefix="/api/v1")
@@ -206,6 +207,7 @@ def stamp_approvals(commands: list[Command], who: TokenInfo) -> None:
 async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo) -> Any:
     stamp_approvals(batch.commands, who)
     hub = _hub(request)
+    session_id = owned_session(hub.store, name, batch.session_id, batch.commands, who)  # 403 if not the caller's
     stream = "text/event-stream" in request.headers.get("accept", "")
     queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=10_000)
 
@@ -213,7 +215,7 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
         if stream and not queue.full():
             queue.put_nowait(event)
 
-    dispatcher = hub.dispatcher(name, session_id=batch.session_id, agent_name=batch.agent_name,
+    dispatcher = hub.dispatcher(name, session_id=session_id, agent_name=batch.agent_name,
                                 process_name=batch.process_name, root_name=batch.root_name,
                                 on_event=on_event, requested_by=f"api:{who.name}")
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit)

@@ -18,6 +18,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Literal
@@ -77,7 +78,16 @@ _MIGRATIONS: list[str] = [
     """
     ALTER TABLE audit ADD COLUMN approved_by TEXT;
     """,
+    # who owns each undo session a command may journal into (see tether.server.sessions)
+    """
+    CREATE TABLE sessions (
+        id TEXT PRIMARY KEY,
+        owner TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    """,
 ]
+_SESSION_CACHE = 65_536  # session owners kept in memory (the table is the authority; owners never change)
 
 
 class TokenInfo(BaseModel):
@@ -132,6 +142,7 @@ class Store:
         self._audit_pending: list[tuple[str, str, str | None, str, dict[str, Any] | None, str, str | None,
                                         str | None, float]] = []
         self._audit_flush: asyncio.TimerHandle | None = None
+        self._session_owners: OrderedDict[str, str] = OrderedDict()
         if str(path) != ":memory:":
             self.path.chmod(0o600)
         with self._lock:
@@ -249,6 +260,42 @@ class Store:
             rows = self._conn.execute("SELECT * FROM devices ORDER BY name").fetchall()
         return [StoredDevice(name=r["name"], profile=json.loads(r["profile"]) if r["profile"] else None,
                              first_seen=r["first_seen"], last_seen=r["last_seen"]) for r in rows]
+
+    # -- sessions --------------------------------------------------------------------------------
+
+    def claim_session(self, session_id: str, owner: str) -> str:
+        """The owner of `session_id`: `owner` when the session was free (it is theirs from now on),
+        else whoever claimed it first. An owner never changes, so known ones are answered from memory."""
+        known = self._session_owners.get(session_id)
+        if known is not None:
+            return known
+        with self._lock:
+            self._conn.execute("INSERT OR IGNORE INTO sessions (id, owner, created_at) VALUES (?, ?, ?)",
+                               (session_id, owner, time.time()))
+            row = self._conn.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        self._remember_owner(session_id, row[0])
+        return row[0]
+
+    def claim_sessions(self, claims: Iterable[tuple[str, str]]) -> None:
+        """`claim_session` for many (session_id, owner) pairs in one transaction; taken ones stay as they are."""
+        now = time.time()
+        rows = [(session_id, owner, now) for session_id, owner in claims]
+        if not rows:
+            return
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany("INSERT OR IGNORE INTO sessions (id, owner, created_at) VALUES (?, ?, ?)",
+                                       rows)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+
+    def _remember_owner(self, session_id: str, owner: str) -> None:
+        self._session_owners[session_id] = owner
+        while len(self._session_owners) > _SESSION_CACHE:
+            self._session_owners.popitem(last=False)
 
     # -- audit -----------------------------------------------------------------------------------
 
