@@ -41,24 +41,59 @@ def final_records(task: Task) -> list[StepRecord]:
     return [last[i] for i in sorted(last)]
 
 
+def skipped_steps(task: Task) -> set[int]:
+    """The plan steps the person chose to skip ("skip this step"), whether or not they had run."""
+    return {e.data["step"] for e in task.events if e.kind == "skipped" and isinstance(e.data.get("step"), int)}
+
+
+def _step_lines(task: Task) -> list[tuple[int, str, StepRecord | None, bool]]:
+    """Every step of the plan (and any that ran beyond it), in order: (index, label, its last attempt
+    or None when it never ran, whether it was skipped)."""
+    last = {r.index: r for r in final_records(task)}
+    skipped = skipped_steps(task)
+    planned = task.plan.steps if task.plan else []
+    lines = []
+    for index in sorted(set(range(len(planned))) | set(last) | skipped):
+        record = last.get(index)
+        step = record.step if record is not None else planned[index] if index < len(planned) else None
+        label = (step.description or step.skill) if step is not None else f"step {index + 1}"
+        lines.append((index, label, record, index in skipped))
+    return lines
+
+
 def summarize(task: Task) -> str:
-    """The deterministic answer: one line per step with its outcome."""
-    records = final_records(task)
-    ok = sum(1 for r in records if r.result.ok)
-    lines = [f"Done: {ok} of {len(records)} step(s) succeeded for “{task.request.strip() or 'the plan'}”."]
-    for record in records:
-        mark = "✓" if record.result.ok else "✗"
-        label = record.step.description or record.step.skill
-        detail = _outcome(record) if record.result.ok else (record.result.error or "failed")
-        lines.append(f"{mark} {record.index + 1}. {label}" + (f" — {detail}" if detail else ""))
-    return "\n".join(lines)
+    """The deterministic answer: how many of the plan's steps succeeded (a skipped or unrun step counts
+    as a step that did not), then one line per step with its outcome."""
+    lines = _step_lines(task)
+    ok = sum(1 for _, _, record, skipped in lines if record is not None and record.result.ok and not skipped)
+    skipped_count = sum(1 for *_, skipped in lines if skipped)
+    also = f" ({skipped_count} skipped)" if skipped_count else ""
+    out = [f"Done: {ok} of {len(lines)} step(s) succeeded{also} for “{task.request.strip() or 'the plan'}”."]
+    for index, label, record, skipped in lines:
+        if record is None:
+            mark, detail = "-", "skipped, not run" if skipped else "not run"
+        elif skipped:
+            mark, detail = "-", f"skipped after it failed: {record.result.error or 'failed'}"
+        elif record.result.ok:
+            mark, detail = "✓", _outcome(record)
+        else:
+            mark, detail = "✗", record.result.error or "failed"
+        out.append(f"{mark} {index + 1}. {label}" + (f" — {detail}" if detail else ""))
+    return "\n".join(out)
 
 
 def build_answer_messages(task: Task) -> list[dict[str, Any]]:
-    lines = [f"Request: {task.request}", "Steps run:"]
-    for record in final_records(task):
+    lines = [f"Request: {task.request}", "Steps:"]
+    for index, _, record, skipped in _step_lines(task):
+        if record is None:
+            step = task.plan.steps[index] if task.plan and index < len(task.plan.steps) else None
+            what = f"{step.skill} {json.dumps(step.args, default=str)}" if step is not None else "a step"
+            lines.append(f"{index + 1}. {what} → {'skipped by the user, not run' if skipped else 'not run'}")
+            continue
         status = "ok" if record.result.ok else f"failed: {record.result.error}"
-        lines.append(f"{record.index + 1}. {record.step.skill} {json.dumps(record.step.args, default=str)} "
+        if skipped:
+            status += " (then skipped by the user)"
+        lines.append(f"{index + 1}. {record.step.skill} {json.dumps(record.step.args, default=str)} "
                      f"→ {status}; {_outcome(record)}")
     return [
         {"role": "system", "content": "You are tether. Tell the user, in two or three plain sentences, what was "
