@@ -353,3 +353,14 @@ def test_cli_run_plan_without_a_terminal_cancels_at_the_approval(home: Home, tmp
     assert out.returncode == 1 and "Traceback" not in text, text
     assert text.count("\n? ") == 1 and "cancelled: cancelled by the user" in text  # asked once, then a clear end
     assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
+
+
+def test_a_preview_never_applies_a_held_layer_even_when_approved(home: Home, tmp_path: Path) -> None:
+    env = cli_env(tmp_path, home)
+    held = json.loads(tether(env, "exec", "--json", *cp_args(home)).stdout)
+    assert held["result"]["needs_approval"]
+    looked = tether(env, "exec", "--json", "--approve", "--session", held["session_id"], *cp_args(home),
+                    "preview=true")
+    result = json.loads(looked.stdout)["result"]
+    assert looked.returncode == 0 and result["preview"] is True and "applied_after_approval" not in result
+    assert home.bashrc.read_bytes() == ORIGINAL

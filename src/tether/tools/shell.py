@@ -240,7 +240,7 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     if approval and not ctx.approved_by:
         raise NeedsApproval(approval, f"`{preview_text}` deletes or moves files outside the temp directory")
     key = shell_capture.fingerprint(ctx, cmd, args, str(workdir), env, stdin) if capture else ""
-    held = shell_capture.take_held(ctx, key) if capture else None
+    held = shell_capture.take_held(ctx, key) if capture and not preview else None
     if held is not None:  # approved: apply what the command did when it ran, without running it again
         body = dict(held.payload)
         body["changes"] = shell_capture.apply_changes(ctx, held.layer, held.changes)
