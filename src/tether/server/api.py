@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.messages import Event
-from tether.protocol.models import Command, Result, ToolInfo
+from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRecord, NoDeviceError
@@ -204,7 +204,14 @@ def stamp_approvals(commands: list[Command], who: TokenInfo) -> None:
             command.approved_by = f"api:{who.name}"
 
 
+BATCH_HEADER = "X-Tether-Batch"  # the batch's id, sent before any result: DELETE /api/v1/batches/{id}
+CALLER_GONE = "cancelled: the HTTP caller disconnected before the batch finished"
+
+
 async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo) -> Any:
+    """Start the batch and answer at once with its id (the `X-Tether-Batch` header, and the first SSE
+    event); the results follow as one JSON body or as SSE. A caller that goes away before the end
+    cancels the batch on the device, and the audit says so."""
     stamp_approvals(batch.commands, who)
     hub = _hub(request)
     session_id = owned_session(hub.store, name, batch.session_id, batch.commands, who)  # 403 if not the caller's
@@ -217,44 +224,71 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
 
     dispatcher = hub.dispatcher(name, session_id=session_id, agent_name=batch.agent_name,
                                 process_name=batch.process_name, root_name=batch.root_name,
-                                on_event=on_event, requested_by=f"api:{who.name}")
-    run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit)
+                                on_event=on_event if stream else None, requested_by=f"api:{who.name}")
+    response_id = new_call_id()
+    run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
+                                      response_id=response_id)
+    headers = {BATCH_HEADER: response_id, "Cache-Control": "no-cache"}
     if not stream:
-        return BatchResults(device=name, results=await run)
-    return StreamingResponse(_sse(run, queue, name, dispatcher), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        # headers now, the body when the batch ends: a streamed response, so that Starlette notices a
+        # caller that disconnects meanwhile (and cancels the generator, which cancels the batch)
+        return StreamingResponse(_json_body(run, name), media_type="application/json", headers=headers)
+    return StreamingResponse(_sse(run, queue, name, response_id), media_type="text/event-stream",
+                             headers={**headers, "X-Accel-Buffering": "no"})
+
+
+def _results_body(device: str, results: list[Result]) -> bytes:
+    return BatchResults(device=device, results=results).model_dump_json().encode()
+
+
+async def _json_body(run: Any, device: str) -> AsyncIterator[bytes]:
+    task = asyncio.ensure_future(run)
+    try:
+        results = await asyncio.shield(task)
+    finally:
+        _stop_if_running(task)
+    yield _results_body(device, results)
+
+
+def _stop_if_running(task: asyncio.Future[Any]) -> None:
+    """The caller went away: cancel the dispatcher's task, which cancels the batch on the device (with
+    `CALLER_GONE` as the reason its commands fail with) and writes the audit rows. The task does that
+    itself, outside the response's cancelled scope, where its awaits are not cancelled again."""
+    if not task.done():
+        task.cancel(CALLER_GONE)
 
 
 def _sse_frame(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
 
 
-async def _sse(run: Any, queue: asyncio.Queue[Event], device: str, dispatcher: Any) -> AsyncIterator[bytes]:
+async def _sse(run: Any, queue: asyncio.Queue[Event], device: str, response_id: str) -> AsyncIterator[bytes]:
     task = asyncio.ensure_future(run)
+    getter: asyncio.Future[Event] | None = None
     try:
-        yield _sse_frame("device", {"device": device})
+        yield _sse_frame("device", {"device": device, "batch": response_id})
         while True:
             getter = asyncio.ensure_future(queue.get())
             done, _ = await asyncio.wait({task, getter}, return_when=asyncio.FIRST_COMPLETED)
             if getter in done:
                 yield _sse_frame("event", getter.result().model_dump(mode="json"))
                 continue
-            getter.cancel()
             while not queue.empty():
                 yield _sse_frame("event", queue.get_nowait().model_dump(mode="json"))
             results = task.result()
-            yield _sse_frame("results", BatchResults(device=device, results=results).model_dump(mode="json"))
+            yield b"event: results\ndata: " + _results_body(device, results) + b"\n\n"
             return
     finally:
-        if not task.done():  # the caller went away: stop the batch on the device too
-            await dispatcher.cancel()
-            task.cancel()
+        if getter is not None:
+            getter.cancel()
+        _stop_if_running(task)
 
 
 @router.delete("/batches/{response_id}")
 async def cancel_batch(response_id: str, request: Request,
-                       _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
-    cancelled = await _hub(request).cancel(response_id)
+                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    cancelled = await _hub(request).cancel(response_id, f"cancelled by api:{who.name} "
+                                                        f"(DELETE /api/v1/batches/{response_id})")
     if not cancelled:
         raise HTTPException(404, f"no batch '{response_id}' is running")
     return {"cancelled": response_id}

@@ -43,16 +43,22 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         self._inflight: set[str] = set()
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None,
-                               early_exit: bool = True) -> list[Result]:
+                               early_exit: bool = True, *, response_id: str | None = None) -> list[Result]:
         """Send `commands` as one batch and wait at most `timeout` seconds (default: the server's
-        `default_command_timeout`), including any wait for a device that is reconnecting."""
+        `default_command_timeout`), including any wait for a device that is reconnecting.
+
+        `response_id` is the batch's id (`DELETE /api/v1/batches/{id}` names it); one is made when
+        not given. A caller that tells its callers the id before the batch ends makes it first with
+        `new_call_id()`. Cancelling the task that runs this cancels the batch on the device too; the
+        cancellation's message, when there is one, is the reason its commands fail with (and the
+        audit records)."""
         if not commands:
             return []
         timeout = self.hub.settings.default_command_timeout if timeout is None else timeout
         for command in commands:
             if not command.call_id:
                 command.call_id = new_call_id()
-        response_id = new_call_id()
+        response_id = response_id or new_call_id()
         repeated = [cid for cid, n in Counter(c.call_id for c in commands).items() if n > 1] \
             if len(commands) > 1 else []
         if repeated:
@@ -72,10 +78,11 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
                 await batch.done.wait()
         except TimeoutError:
             await self.hub.cancel(response_id, f"timed out after {timeout:g}s")
-        except asyncio.CancelledError:  # our caller gave up: the device must stop too
-            await self.hub.cancel(response_id, "the caller cancelled the batch")
-            if batch is not None:
-                self._audit(commands, self._collect(commands, batch), response_id)
+        except asyncio.CancelledError as exc:  # our caller gave up: the device must stop too
+            reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
+            await self.hub.cancel(response_id, reason)
+            self._audit(commands, self._collect(commands, batch) if batch is not None else
+                        self.generate_error_results(commands, reason), response_id)
             raise
         finally:
             self._inflight.discard(response_id)
