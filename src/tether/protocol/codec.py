@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import from_json
 
 from tether.protocol.messages import PROTOCOL_VERSION, ClientMessage, ServerMessage
 
@@ -34,6 +35,8 @@ def _decode(model: type[M], frame: str | bytes, max_bytes: int) -> M:
     size = len(frame) if isinstance(frame, bytes) or frame.isascii() else len(frame.encode("utf-8", "surrogatepass"))
     if size > max_bytes:
         raise FrameError("too_large", f"frame of {size} bytes exceeds the limit of {max_bytes} bytes")
+    if _non_json_numbers(frame):
+        raise FrameError("not_json", "frame is not valid JSON (NaN and Infinity are not JSON numbers)")
     try:
         message = model.model_validate_json(frame)
     except ValidationError as exc:
@@ -48,6 +51,23 @@ def _decode(model: type[M], frame: str | bytes, max_bytes: int) -> M:
         raise FrameError("version", f"protocol version {version} is not supported (this side speaks "
                                     f"{PROTOCOL_VERSION})")
     return message
+
+
+def _non_json_numbers(frame: str | bytes) -> bool:
+    """Whether the frame uses NaN or Infinity, which pydantic's parser takes in untyped fields (a payload,
+    a result) although they are not JSON: the value would silently become null when passed on. Only a
+    frame that has those words anywhere is parsed strictly, so the common frame pays two substring scans."""
+    if isinstance(frame, bytes):
+        suspicious = b"NaN" in frame or b"Infinity" in frame
+    else:
+        suspicious = "NaN" in frame or "Infinity" in frame
+    if not suspicious:
+        return False
+    try:
+        from_json(frame, allow_inf_nan=False)
+    except ValueError:
+        return True
+    return False
 
 
 def _check_version_of_raw(frame: str | bytes) -> None:
