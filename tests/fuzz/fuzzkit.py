@@ -19,6 +19,7 @@ import logging
 import os
 import socket
 import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -82,10 +83,11 @@ class LiveServer:
                                   "max_frame_bytes": 16 * 1024}
         self.settings = ServerSettings(**{**values, **overrides})
         self.store = Store(self.settings.db_path)
-        _, self.api_token = self.store.create_token("api", "fuzzer", ["read", "execute", "admin", "approve"])
-        _, self.read_token = self.store.create_token("api", "reader", ["read"])
+        scopes = ["read", "execute", "admin", "approve"]
+        _, self.api_token = self.store.create_token("api", f"fuzzer-{uuid.uuid4().hex}", scopes)
+        _, self.read_token = self.store.create_token("api", f"reader-{uuid.uuid4().hex}", ["read"])
         self.device_tokens = {name: self.store.create_token("device", name, [])[1]
-                              for name in ("fuzz-pre", "fuzz-post", "good")}
+                              for name in ("fuzz-pre", "fuzz-post", "good", "alpha")}
         self.errors = ErrorLog()
         for name in ("tether", "uvicorn.error", "uvicorn.asgi"):
             logging.getLogger(name).addHandler(self.errors)
@@ -103,6 +105,7 @@ class LiveServer:
                                 ws_ping_interval=None, timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_ready = threading.Event()
         self.crashed: BaseException | None = None
         self.thread = threading.Thread(target=self._run, args=(sock,), name="fuzz-server", daemon=True)
         self.thread.start()
@@ -110,6 +113,7 @@ class LiveServer:
     def _run(self, sock: socket.socket) -> None:
         async def main() -> None:
             self.loop = asyncio.get_running_loop()
+            self.loop_ready.set()
             await self.server.serve(sockets=[sock])
 
         try:
@@ -120,6 +124,18 @@ class LiveServer:
     @property
     def alive(self) -> bool:
         return self.thread.is_alive() and not self.server.should_exit and self.crashed is None
+
+    def call(self, coro: Any, timeout: float = WAIT) -> Any:
+        """Run a coroutine on the server's loop (e.g. a scripted device beside it) and wait for it."""
+        assert self.loop_ready.wait(WAIT), "the server's event loop did not start"
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def spawn(self, coro: Any) -> Any:
+        """Start a coroutine on the server's loop without waiting; returns its concurrent future."""
+        assert self.loop_ready.wait(WAIT), "the server's event loop did not start"
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def auth(self, token: str | None = None) -> dict[str, str]:
         return {"Authorization": f"Bearer {token or self.api_token}"}
