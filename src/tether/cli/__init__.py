@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 
 
 def main() -> None:
@@ -10,4 +11,13 @@ def main() -> None:
     from tether.cli.common import app
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    app()
+    try:
+        app()
+    except Exception as exc:
+        from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
+
+        if not isinstance(exc, StoreUnavailable):
+            raise
+        # a full or read-only disk under the state directory: one line, no traceback
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)

@@ -72,6 +72,7 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
     from tether.agent.llm import resolve_llm_settings
     from tether.agent.server_app import create_agent_app
     from tether.server.main import UnsafeBinding, run_server
+    from tether.server.store import check_state_dir
 
     if bool(tls_cert) != bool(tls_key):
         fail("--tls-cert and --tls-key go together")
@@ -79,6 +80,7 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
                          tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
                          heartbeat_timeout=heartbeat_timeout, grace_period=grace_period,
                          allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes)
+    check_state_dir(settings.db_path)  # a full or read-only state directory: one line (tether.cli.main), exit 2
     try:
         llm = resolve_llm_settings()
     except ValueError as exc:

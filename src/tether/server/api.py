@@ -140,7 +140,9 @@ def _record(hub: DeviceHub, name: str) -> DeviceRecord:
 async def health(request: Request) -> dict[str, Any]:
     hub = _hub(request)
     online = [r.name for r in hub.registry.list() if r.status != "offline"]
-    return {"status": "ok", "devices_online": len(online)}
+    writable = hub.store.audit_problem() is None  # commands are refused (503) while it is not
+    return {"status": "ok" if writable else "degraded", "devices_online": len(online), "audit_writable": writable,
+            "audit_held": hub.store.audit_held}
 
 
 @router.get("/devices", response_model=list[DeviceView])
@@ -218,12 +220,21 @@ BATCH_HEADER = "X-Tether-Batch"  # the batch's id, sent before any result: DELET
 CALLER_GONE = "cancelled: the HTTP caller disconnected before the batch finished"
 
 
+def refuse_unaudited(store: Store) -> None:
+    """503 `{"error": …}` before anything is sent while the audit log cannot be written (a full or
+    read-only disk): a command that cannot be audited is not run."""
+    problem = store.audit_problem()
+    if problem is not None:
+        raise HTTPException(503, f"refused, nothing was run: {problem}", headers={"Retry-After": "5"})
+
+
 async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo) -> Any:
     """Start the batch and answer at once with its id (the `X-Tether-Batch` header, and the first SSE
     event); the results follow as one JSON body or as SSE. A caller that goes away before the end
     cancels the batch on the device, and the audit says so."""
     stamp_approvals(batch.commands, who)
     hub = _hub(request)
+    refuse_unaudited(hub.store)
     session_id = owned_session(hub.store, name, batch.session_id, batch.commands, who)  # 403 if not the caller's
     stream = "text/event-stream" in request.headers.get("accept", "")
     queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=10_000)

@@ -16,7 +16,7 @@ from tether.server.api import router
 from tether.server.guard import RequestGuard
 from tether.server.hub import DeviceHub
 from tether.server.settings import ServerSettings
-from tether.server.store import Store
+from tether.server.store import Store, StoreUnavailable
 
 Extension = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -64,6 +64,12 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(StoreUnavailable)
+    async def store_unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        # a full or read-only disk: nothing was done, and saying so beats a bare 500
+        return JSONResponse({"error": f"the server cannot write its state: {exc}"}, status_code=503,
+                            headers={"Retry-After": "5"})
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:

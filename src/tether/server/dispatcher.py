@@ -59,6 +59,9 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
             if not command.call_id:
                 command.call_id = new_call_id()
         response_id = response_id or new_call_id()
+        unaudited = self.hub.store.audit_problem()
+        if unaudited is not None:  # a command that cannot be audited is not run
+            return self.generate_error_results(commands, f"not run: {unaudited}")
         repeated = [cid for cid, n in Counter(c.call_id for c in commands).items() if n > 1] \
             if len(commands) > 1 else []
         if repeated:

@@ -9,17 +9,20 @@ without touching existing rows.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import hashlib
 import hmac
 import json
 import logging
+import os
 import re
 import secrets
 import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +40,9 @@ _MAX_ARGUMENTS_CHARS = 16_384
 _LAST_USED_EVERY = 60.0  # seconds: verifying a token per API request must not mean a write per request
 _AUDIT_FLUSH_S = 0.05  # deferred audit rows are written at most this late, in one transaction
 _AUDIT_FLUSH_ROWS = 64  # ... or as soon as this many are waiting
+_AUDIT_HELD_MAX = 100_000  # rows kept in memory while the log cannot be written (then the oldest go, logged)
+_AUDIT_RETRY_S = 1.0  # while the log cannot be written, held rows are retried this often (and before each batch)
+MIN_FREE_BYTES = 1 << 20  # less free space than this in the state directory counts as a full disk
 
 # requested_by, device, call_id, tool_name, arguments, status, error, response_id[, approved_by]
 AuditRow = tuple[Any, ...]
@@ -122,6 +128,59 @@ class StoredDevice(BaseModel):
     last_seen: float
 
 
+class StoreUnavailable(RuntimeError):
+    """The server's state cannot be written (a full or read-only disk, an I/O error): the message is
+    one line saying so and where. The API answers it with 503 `{"error": …}`, the CLI with one line."""
+
+
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14
+
+
+def disk_problem(exc: BaseException, where: str | Path) -> str | None:
+    """One line saying why `exc` means the state at `where` cannot be written, or None when it is not
+    that kind of error (a bug, a constraint)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    number = exc.errno if isinstance(exc, OSError) else None
+    text = str(exc).replace("\n", " ")
+    if primary == _SQLITE_FULL or number in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text:
+        return f"disk full: cannot write {where} ({text})"
+    if primary == _SQLITE_READONLY or number == errno.EROFS or "readonly" in text or "read-only" in text:
+        return f"read-only disk: cannot write {where} ({text})"
+    if primary == _SQLITE_IOERR or number == errno.EIO:
+        # SQLite reports a full disk met while sizing its shared-memory file as an I/O error
+        full = free_space_problem(Path(where).parent)
+        return f"{full} ({text})" if full else f"disk I/O error: cannot write {where} ({text})"
+    if primary == _SQLITE_CANTOPEN or number in (errno.EACCES, errno.EPERM):
+        return f"cannot open {where} for writing ({text})"
+    return None
+
+
+def free_space_problem(directory: str | Path, minimum: int = MIN_FREE_BYTES) -> str | None:
+    """A full-disk message when `directory` has less than `minimum` bytes free (what this process may
+    use: root may use the blocks reserved for it), else None."""
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None  # a directory that cannot be examined is reported by the write that fails
+    blocks = stats.f_bfree if os.geteuid() == 0 else stats.f_bavail
+    free = blocks * stats.f_frsize
+    if free >= minimum:
+        return None
+    return f"disk full: {directory} has {free // 1024} KiB free (the server needs at least {minimum // 1024} KiB)"
+
+
+def check_state_dir(db_path: str | Path) -> None:
+    """Raise `StoreUnavailable` (one line) unless the server's database at `db_path` opens, can be
+    written and has room beside it: a server checks this before it starts."""
+    store = Store(db_path)
+    try:
+        store.check_writable()
+    finally:
+        with contextlib.suppress(sqlite3.Error):
+            store.close()
+
+
 def hash_token(secret: str) -> str:
     """sha256 hex of the secret.
 
@@ -133,23 +192,56 @@ def hash_token(secret: str) -> str:
 
 class Store:
     def __init__(self, path: str | Path) -> None:
+        """Open (or create) the database; `StoreUnavailable` says in one line when its directory cannot
+        be written (full, read-only, no permission)."""
         self.path = Path(path)
-        if str(path) != ":memory:":
-            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._lock = threading.Lock()
-        self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        self._conn.row_factory = sqlite3.Row
         self._audit_pending: list[tuple[str, str, str | None, str, dict[str, Any] | None, str, str | None,
                                         str | None, float]] = []
         self._audit_flush: asyncio.TimerHandle | None = None
+        self._audit_error: str | None = None  # why held rows could not be written; None while all is written
+        self._audit_dropped = 0
         self._session_owners: OrderedDict[str, str] = OrderedDict()
-        if str(path) != ":memory:":
-            self.path.chmod(0o600)
-        with self._lock:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.execute("PRAGMA foreign_keys=ON")
-            self._migrate()
+        self._memory = str(path) == ":memory:"
+        try:
+            if not self._memory:
+                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+            self._conn.row_factory = sqlite3.Row
+            if not self._memory:
+                self.path.chmod(0o600)
+            with self._lock:
+                self._conn.execute("PRAGMA journal_mode=WAL")
+                self._conn.execute("PRAGMA synchronous=NORMAL")
+                self._conn.execute("PRAGMA foreign_keys=ON")
+                self._migrate()
+        except (sqlite3.Error, OSError) as exc:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.path}: {exc}") from None
+
+    def check_writable(self) -> None:
+        """Raise `StoreUnavailable` (one line) unless the database can be written and its disk has room:
+        what a server checks before it starts."""
+        if self._memory:
+            return
+        problem = free_space_problem(self.path.parent)
+        if problem is not None:
+            raise StoreUnavailable(problem)
+        with self._writing(), self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute("ROLLBACK")
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[None]:
+        """A write whose failure for lack of a writable disk becomes `StoreUnavailable`."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            problem = disk_problem(exc, self.path)
+            if problem is None:
+                raise
+            raise StoreUnavailable(problem) from None
 
     def _migrate(self) -> None:
         self._conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
@@ -167,8 +259,14 @@ class Store:
                 self._conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
                 raise
+
+    def _rollback(self) -> None:
+        """Roll back the open transaction, if SQLite has not already (it does after a full disk)."""
+        if self._conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._conn.execute("ROLLBACK")
 
     @property
     def schema_version(self) -> int:
@@ -176,7 +274,12 @@ class Store:
             return self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0]
 
     def close(self) -> None:
-        self.flush_audit()
+        if not self.flush_audit():
+            if self._audit_flush is not None:
+                self._audit_flush.cancel()
+                self._audit_flush = None
+            logger.error("closing with %d audit row(s) that could not be written: %s", len(self._audit_pending),
+                         self._audit_error)
         with self._lock:
             self._conn.close()
 
@@ -204,7 +307,7 @@ class Store:
             wanted = wanted or ["read"]
         secret = _PREFIX[kind] + secrets.token_urlsafe(32)
         info = TokenInfo(id=secrets.token_hex(6), kind=kind, name=name, scopes=wanted, created_at=time.time())
-        with self._lock:
+        with self._writing(), self._lock:
             self._conn.execute(
                 "INSERT INTO tokens (id, kind, name, scopes, hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
                 (info.id, kind, name, json.dumps(wanted), hash_token(secret), info.created_at))
@@ -221,7 +324,11 @@ class Store:
                 return None
             now = time.time()
             if row["last_used_at"] is None or now - row["last_used_at"] > _LAST_USED_EVERY:
-                self._conn.execute("UPDATE tokens SET last_used_at = ? WHERE id = ?", (now, row["id"]))
+                try:
+                    self._conn.execute("UPDATE tokens SET last_used_at = ? WHERE id = ?", (now, row["id"]))
+                except sqlite3.OperationalError as exc:  # a full disk must not lock every caller out
+                    logger.debug("could not note the use of token %s: %s", row["id"], exc)
+                    return _token(row)
                 return _token(row, last_used_at=now)
         return _token(row)
 
@@ -238,7 +345,7 @@ class Store:
 
     def revoke_token(self, id_or_name: str) -> int:
         """Revoke the active token with this id, or every active token of this name; returns how many."""
-        with self._lock:
+        with self._writing(), self._lock:
             cursor = self._conn.execute(
                 "UPDATE tokens SET revoked_at = ? WHERE revoked_at IS NULL AND (id = ? OR name = ?)",
                 (time.time(), id_or_name, id_or_name))
@@ -248,7 +355,7 @@ class Store:
 
     def upsert_device(self, name: str, profile_json: str | None, last_seen: float) -> None:
         """Remember a device; `profile_json=None` keeps the profile already stored."""
-        with self._lock:
+        with self._writing(), self._lock:
             self._conn.execute(
                 "INSERT INTO devices (name, profile, first_seen, last_seen) VALUES (?, ?, ?, ?) "
                 "ON CONFLICT (name) DO UPDATE SET profile = COALESCE(excluded.profile, devices.profile), "
@@ -269,7 +376,7 @@ class Store:
         known = self._session_owners.get(session_id)
         if known is not None:
             return known
-        with self._lock:
+        with self._writing(), self._lock:
             self._conn.execute("INSERT OR IGNORE INTO sessions (id, owner, created_at) VALUES (?, ?, ?)",
                                (session_id, owner, time.time()))
             row = self._conn.execute("SELECT owner FROM sessions WHERE id = ?", (session_id,)).fetchone()
@@ -282,14 +389,14 @@ class Store:
         rows = [(session_id, owner, now) for session_id, owner in claims]
         if not rows:
             return
-        with self._lock:
+        with self._writing(), self._lock:
             self._conn.execute("BEGIN")
             try:
                 self._conn.executemany("INSERT OR IGNORE INTO sessions (id, owner, created_at) VALUES (?, ?, ?)",
                                        rows)
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
                 raise
 
     def _remember_owner(self, session_id: str, owner: str) -> None:
@@ -305,42 +412,94 @@ class Store:
         self.audit_many([(requested_by, device, call_id, tool_name, arguments, status, error, response_id,
                           approved_by)])
 
-    def audit_many(self, rows: Iterable[AuditRow]) -> None:
-        """Write several audit rows in one transaction (one per command of a batch).
+    def audit_many(self, rows: Iterable[AuditRow]) -> bool:
+        """Write several audit rows now, in one transaction (one per command of a batch); False when
+        they could not be written, in which case they are held and retried like `audit_soon`'s.
 
         Arguments are stored as JSON, cut at 16 KiB so a large file write cannot bloat the log.
         """
         now = time.time()
-        self._write_audit([(*_full(row), now) for row in rows])
+        self._audit_pending.extend((*_full(row), now) for row in rows)
+        return self.flush_audit()
 
     def audit_soon(self, rows: Iterable[AuditRow]) -> None:
         """Like `audit_many`, but off the caller's path: on an event loop the rows are written within
         `_AUDIT_FLUSH_S` (one transaction for all rows waiting; a commit costs far more than a row),
-        and every read of the log and `close()` write them first. Without a loop it writes at once."""
+        and every read of the log and `close()` write them first. Without a loop it writes at once.
+
+        Rows that cannot be written (a full or read-only disk) are held in memory, at most
+        `_AUDIT_HELD_MAX` of them, and retried every `_AUDIT_RETRY_S` and before each batch
+        (`audit_problem`) until they are written; meanwhile `audit_problem` says why."""
         now = time.time()
         self._audit_pending.extend((*_full(row), now) for row in rows)
-        if len(self._audit_pending) >= _AUDIT_FLUSH_ROWS:
+        if len(self._audit_pending) >= _AUDIT_FLUSH_ROWS and self._audit_error is None:
             self.flush_audit()
         elif self._audit_flush is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:
-                self.flush_audit()
-                return
-            self._audit_flush = loop.call_later(_AUDIT_FLUSH_S, self.flush_audit)
+            self._flush_later(_AUDIT_FLUSH_S)
 
-    def flush_audit(self) -> None:
-        """Write the rows `audit_soon` is holding back."""
+    def _flush_later(self, delay: float) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            if self._audit_error is None:  # no loop to retry from: a failing write waits for the next call
+                self.flush_audit()
+            return
+        self._audit_flush = loop.call_later(delay, self.flush_audit)
+
+    def flush_audit(self) -> bool:
+        """Write the rows `audit_soon` is holding back; False (and they stay held) when they cannot be."""
         if self._audit_flush is not None:
             self._audit_flush.cancel()
             self._audit_flush = None
         with self._lock:
             pending, self._audit_pending = self._audit_pending, []
-        if pending:
-            try:
-                self._write_audit(pending)
-            except Exception:  # from a timer there is no caller to tell
-                logger.exception("could not write %d audit row(s)", len(pending))
+        if not pending:
+            return True
+        try:
+            self._write_audit(pending)
+        except Exception as exc:  # from a timer there is no caller to tell: hold the rows, say why, retry
+            problem = disk_problem(exc, self.path) or f"cannot write the audit log {self.path}: {exc}"
+            with self._lock:
+                self._audit_pending[:0] = pending
+                excess = len(self._audit_pending) - _AUDIT_HELD_MAX
+                if excess > 0:
+                    del self._audit_pending[:excess]
+                    self._audit_dropped += excess
+            if excess > 0:
+                logger.error("audit log: %d held row(s) dropped, more than %d were waiting (%d dropped so far)",
+                             excess, _AUDIT_HELD_MAX, self._audit_dropped)
+            if self._audit_error is None:
+                if disk_problem(exc, self.path) is None:
+                    logger.exception("could not write %d audit row(s)", len(pending))
+                logger.error("the audit log cannot be written, so commands are refused until it can: %s "
+                             "(%d row(s) held, retried every %gs)", problem, len(self._audit_pending),
+                             _AUDIT_RETRY_S)
+            self._audit_error = problem
+            self._flush_later(_AUDIT_RETRY_S)
+            return False
+        if self._audit_error is not None:
+            logger.warning("the audit log can be written again: %d held row(s) written", len(pending))
+            self._audit_error = None
+        return True
+
+    def audit_problem(self) -> str | None:
+        """None when the audit log can take a batch's rows; else one line saying why not (the disk is
+        full or read-only, held rows cannot be written). The caller refuses the batch: a command that
+        cannot be audited is not run. Held rows are retried here first, so a freed disk is noticed
+        by the next batch."""
+        if self._memory:
+            return None
+        full = free_space_problem(self.path.parent)
+        if full is not None:
+            return f"the audit log cannot be written: {full}"
+        if self._audit_error is not None and not self.flush_audit():
+            return f"the audit log cannot be written: {self._audit_error}"
+        return None
+
+    @property
+    def audit_held(self) -> int:
+        """How many audit rows wait in memory (not yet written)."""
+        return len(self._audit_pending)
 
     def _write_audit(self, rows: list[tuple[Any, ...]]) -> None:
         values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error, approved_by)
@@ -356,7 +515,7 @@ class Store:
                 self._conn.executemany(insert, values)
                 self._conn.execute("COMMIT")
             except BaseException:
-                self._conn.execute("ROLLBACK")
+                self._rollback()
                 raise
 
     def audit_rows(self, limit: int = 100, device: str | None = None) -> list[dict[str, Any]]:
