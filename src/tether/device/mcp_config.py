@@ -16,6 +16,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 # the keys that put an external server's tools under the device's policy (meaningless for built-in sets,
 # whose tools the policy already guards argument by argument)
 TOOL_POLICY_KEYS = ("allow_tools", "deny_tools", "approve_tools", "auto_approve", "approve_destructive")
+DEFAULT_MAX_RESULT_BYTES = 4 * 1024 * 1024  # a larger tool result fails as too large (see `max_result_bytes`)
 
 
 class MCPServerConfig(BaseModel):
@@ -37,6 +38,10 @@ class MCPServerConfig(BaseModel):
     reset: bool = Field(False, description="restart this server when the device is reset")
     timeout: float | None = Field(None, gt=0, description="default per-call timeout in seconds")
     startup_timeout: float = Field(30.0, gt=0)
+    max_result_bytes: int = Field(
+        DEFAULT_MAX_RESULT_BYTES, ge=1024,
+        description="largest tool result (or MCP message) taken from this server; a larger one fails the call as "
+                    "too large, quickly, and the session stays usable")
     allow_tools: list[str] | None = Field(
         None, description="if set, the only tools of this server that are listed and callable")
     deny_tools: list[str] = Field(default_factory=list, description="tools never listed nor callable")

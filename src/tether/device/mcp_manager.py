@@ -26,7 +26,6 @@ import anyio
 import httpx2
 import mcp_types
 from mcp import Client, StdioServerParameters
-from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
@@ -39,7 +38,9 @@ from tether.device.mcp_servers import (
     SessionServer,
     describe_error,
     innermost_error,
+    message_limit,
 )
+from tether.device.mcp_stdio import bounded_stdio_client
 from tether.device.toolset_server import ToolSetServer
 from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency
@@ -234,7 +235,8 @@ class StdioServer(SessionServer):
         self._stderr_transport, _ = await loop.connect_read_pipe(lambda: tail, os.fdopen(read_fd, "rb", 0))
         errlog = os.fdopen(write_fd, "w")
         try:
-            transport = watch_transport(stdio_client(params, errlog=errlog),
+            limit = message_limit(self.config.max_result_bytes)
+            transport = watch_transport(bounded_stdio_client(params, errlog, limit),
                                         lambda: self._on_stream_closed(generation))
             async with Client(transport, **self._client_options()) as client:
                 errlog.close()  # the child has its own copy; ours would hold the pipe open forever

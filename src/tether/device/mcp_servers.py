@@ -26,10 +26,12 @@ import anyio
 import mcp_types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
+from pydantic_core import to_json
 
 from tether import __version__
 from tether.device.mcp_config import MCPServerConfig
 from tether.device.mcp_policy import MCPToolPolicy, annotated_type
+from tether.device.mcp_stdio import TOO_LARGE
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.mcp_export import call_result_to_result, is_result_wrapper
@@ -292,7 +294,6 @@ class SessionServer(BaseMCPServer):
                 return self._failure(f"{name}: {held}", ctx, held.result)
         gen = self._generation
         remaining = max(deadline - loop.time(), 0.001)
-        timed_out = {"timed_out": True, "timeout": limit}
         try:
             # The SDK's read timeout ends the request; the outer one only guards a wedged transport write.
             async with asyncio.timeout(remaining + 1.0):
@@ -303,18 +304,35 @@ class SessionServer(BaseMCPServer):
                 return self._failure(f"server '{self.namespace}' {self.lost_words} during call '{name}'"
                                      f"{await self._diagnostics(wait=True)}", ctx)
             if exc.code == mcp_types.REQUEST_TIMEOUT:
-                return self._failure(f"server '{self.namespace}': call '{name}' timed out after {limit:g}s",
-                                     ctx, timed_out)
+                return self._timed_out(name, limit, gen, ctx)
+            if exc.code == TOO_LARGE:
+                data = exc.data if isinstance(exc.data, dict) else {"too_large": True}
+                return self._failure(f"server '{self.namespace}': call '{name}' failed: {exc.message}", ctx, data)
             return self._failure(f"server '{self.namespace}': call '{name}' failed: {exc.message} "
                                  f"(MCP error {exc.code})", ctx)
         except TimeoutError:
-            return self._failure(f"server '{self.namespace}': call '{name}' timed out after {limit:g}s",
-                                 ctx, timed_out)
+            return self._timed_out(name, limit, gen, ctx)
         except Exception as exc:
             return self._failure(f"server '{self.namespace}': call '{name}' failed: "
                                  f"{describe_error(exc)}", ctx)
+        cap = self.config.max_result_bytes
+        size = result_size(result, cap)
+        if size > cap:  # an in-process or HTTP server: the transport did not bound it
+            return self._failure(f"server '{self.namespace}': call '{name}' failed: result too large: "
+                                 f"{size} bytes, over the limit of {cap} bytes (max_result_bytes); ask for less "
+                                 f"(a narrower query, a page, a file to read in parts)", ctx,
+                                 {"too_large": True, "bytes": size, "limit": cap, "complete": True})
         return call_result_to_result(result, server=self.namespace, tool=name, call_id=ctx.call_id,
                                      unwrap=name in self._wrapped)
+
+    def _timed_out(self, name: str, limit: float, generation: int, ctx: ToolContext) -> Result:
+        """A call that timed out may leave the session busy (a server still computing or still sending a
+        huge answer the next call would wait behind): the session is reset, so the next call gets a
+        fresh one."""
+        logger.info("server %s: call '%s' timed out after %gs; resetting its session", self.namespace, name, limit)
+        self._mark_lost(generation)
+        return self._failure(f"server '{self.namespace}': call '{name}' timed out after {limit:g}s (its session "
+                             f"was reset)", ctx, {"timed_out": True, "timeout": limit})
 
     async def list_tools(self, tool_type: ToolType) -> list[ToolInfo]:
         loop = asyncio.get_running_loop()
@@ -374,6 +392,33 @@ class SessionServer(BaseMCPServer):
 
     def _client_options(self) -> dict[str, Any]:
         return {"read_timeout_seconds": self._request_timeout, "client_info": _CLIENT_INFO}
+
+
+def message_limit(max_result_bytes: int) -> int:
+    """The largest MCP message a server may send: a result can come twice in one (as text and as
+    structured content, as the SDK's servers send a returned value), plus the envelope."""
+    return 2 * max_result_bytes + 64 * 1024
+
+
+def result_size(result: mcp_types.CallToolResult, limit: int) -> int:
+    """About how many bytes of a tool result reach the caller (its content's text and data, or its
+    structured content, whichever is larger); counting stops past `limit`."""
+    size = 0
+    for block in result.content:
+        for attr in ("text", "data"):
+            value = getattr(block, attr, None)
+            if isinstance(value, str):
+                size += len(value)
+        resource = getattr(block, "resource", None)
+        for attr in ("text", "blob"):
+            value = getattr(resource, attr, None)
+            if isinstance(value, str):
+                size += len(value)
+        if size > limit:
+            return size
+    if result.structured_content:
+        size = max(size, len(to_json(result.structured_content)))
+    return size
 
 
 def innermost_error(exc: BaseException | None) -> BaseException | None:
