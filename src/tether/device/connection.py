@@ -34,7 +34,7 @@ from websockets.uri import parse_uri
 
 from tether.device.batches import BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
-from tether.device.outbox import FinishedRecord, Outbox
+from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.reconnect import (
     DUPLICATE_CLOSE_CODE,
     FATAL_CLOSE_CODES,
@@ -102,7 +102,7 @@ class DeviceConnection:
                  ssl_context: ssl.SSLContext | None = None, backoff_base: float = 0.5, backoff_cap: float = 30.0,
                  max_attempts: int | None = None, connect_timeout: float = 10.0, stable_after: float = 10.0,
                  on_state: StateHook | None = None, max_queued_events: int = 1000,
-                 record_size: int = 10_000) -> None:
+                 record_size: int = 10_000, record_bytes: int = DEFAULT_RECORD_BYTES) -> None:
         try:
             parse_uri(url)
         except (InvalidURI, ValueError) as exc:
@@ -130,7 +130,7 @@ class DeviceConnection:
         self.ack: RegisterAck | None = None
         # what outlives a connection
         self.outbox = Outbox(max_queued_events)
-        self.record = FinishedRecord(record_size)
+        self.record = FinishedRecord(record_size, record_bytes)
         self.batches = BatchRunner(client, self.outbox, self.record, client_id=name)
         self._stop = asyncio.Event()
         self._running = False

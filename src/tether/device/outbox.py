@@ -229,12 +229,43 @@ def record_key(response_id: str | None, call_id: str | None) -> RecordKey | None
     return response_id, call_id
 
 
-class FinishedRecord:
-    """The last `limit` finished calls and their results by `record_key`, oldest forgotten first."""
+DEFAULT_RECORD_BYTES = 64 * 1024 * 1024
 
-    def __init__(self, limit: int = 10_000) -> None:
+
+def approx_bytes(value: object) -> int:
+    """About the JSON size of a result payload, without encoding it (strings by length, containers by
+    their parts): what the record holds on to."""
+    if isinstance(value, str | bytes | bytearray):
+        return len(value) + 2
+    if isinstance(value, dict):
+        return 2 + sum(approx_bytes(k) + approx_bytes(v) + 2 for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return 2 + sum(approx_bytes(v) + 1 for v in value)
+    if value is None or isinstance(value, bool | int | float):
+        return 8
+    return len(str(value))
+
+
+def result_bytes(result: Result) -> int:
+    return 64 + approx_bytes(result.result) + len(result.error or "")
+
+
+class FinishedRecord:
+    """The last `limit` finished calls by `record_key`, oldest forgotten first; their full results
+    within `max_bytes`.
+
+    Only a resend needs a result again, and the server resends only what it still waits for: the
+    latest batches. So when the results held pass `max_bytes`, the oldest lose their payload (never
+    their entry: a call stays answered, never run twice) and are answered with their status and an
+    error saying the result is no longer held. One result over the whole budget is kept until the
+    next one comes, so a resend of the latest batch always gets its results."""
+
+    def __init__(self, limit: int = 10_000, max_bytes: int = DEFAULT_RECORD_BYTES) -> None:
         self.limit = limit
+        self.max_bytes = max_bytes
+        self.bytes = 0  # the results held in full (stubs are small and counted by `limit`)
         self._results: OrderedDict[object, Result] = OrderedDict()
+        self._sizes: OrderedDict[object, int] = OrderedDict()  # the keys still held in full, oldest first
 
     def __contains__(self, key: object) -> bool:
         return key is not None and key in self._results
@@ -250,5 +281,24 @@ class FinishedRecord:
             return
         self._results[key] = result
         self._results.move_to_end(key)
+        size = result_bytes(result)
+        self.bytes += size - self._sizes.pop(key, 0)
+        self._sizes[key] = size
         while len(self._results) > self.limit:
-            self._results.popitem(last=False)
+            old, _ = self._results.popitem(last=False)
+            self.bytes -= self._sizes.pop(old, 0)
+        while self.bytes > self.max_bytes and len(self._sizes) > 1:
+            old, size = self._sizes.popitem(last=False)
+            self.bytes -= size
+            self._results[old] = _without_payload(self._results[old], size)
+
+    def held(self, key: object) -> bool:
+        """Whether the record still holds this call's full result (not only its outcome)."""
+        return key in self._sizes
+
+
+def _without_payload(result: Result, size: int) -> Result:
+    return Result(status=result.status, call_id=result.call_id, namespace=result.namespace,
+                  error=f"this command already ran ({result.status.value}); its result (about {size} bytes) is "
+                        f"no longer held by the device (it keeps only the latest results), so it is not run "
+                        f"again{': ' + result.error if result.error else ''}")
