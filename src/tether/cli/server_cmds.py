@@ -65,6 +65,9 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
                                       "(repeat)")] = None,
            max_body_bytes: Annotated[int | None, typer.Option(
                help="largest request body accepted with a valid API token (default 4 MiB)")] = None,
+           max_response_bytes: Annotated[int | None, typer.Option(
+               help="largest REST answer with a batch's results (default 32 MiB); past it the largest results "
+                    "become too-large failures")] = None,
            log_level: Annotated[str, typer.Option()] = "info") -> None:
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
     from functools import partial
@@ -79,7 +82,8 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
     settings = _settings(host=host, port=port, db_path=db, tls_cert=str(tls_cert) if tls_cert else None,
                          tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
                          heartbeat_timeout=heartbeat_timeout, grace_period=grace_period,
-                         allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes)
+                         allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes,
+                         max_response_bytes=max_response_bytes)
     check_state_dir(settings.db_path)  # a full or read-only state directory: one line (tether.cli.main), exit 2
     try:
         llm = resolve_llm_settings()

@@ -24,6 +24,7 @@ from tether.server.registry import DeviceRecord, NoDeviceError
 from tether.server.sessions import owned_session
 from tether.server.store import Store, TokenInfo
 
+
 class ErrorBody(BaseModel):
     """The body of every error answer: what is wrong, in words a script can show as is."""
 
@@ -250,25 +251,44 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
                                       response_id=response_id)
     headers = {BATCH_HEADER: response_id, "Cache-Control": "no-cache"}
+    limit = hub.settings.max_response_bytes
     if not stream:
         # headers now, the body when the batch ends: a streamed response, so that Starlette notices a
         # caller that disconnects meanwhile (and cancels the generator, which cancels the batch)
-        return StreamingResponse(_json_body(run, name), media_type="application/json", headers=headers)
-    return StreamingResponse(_sse(run, queue, name, response_id), media_type="text/event-stream",
+        return StreamingResponse(_json_body(run, name, limit), media_type="application/json", headers=headers)
+    return StreamingResponse(_sse(run, queue, name, response_id, limit), media_type="text/event-stream",
                              headers={**headers, "X-Accel-Buffering": "no"})
 
 
-def _results_body(device: str, results: list[Result]) -> bytes:
+def _results_body(device: str, results: list[Result], limit: int) -> bytes:
+    """The JSON of a batch's results, at most about `limit` bytes: past it, the largest results are
+    replaced by failures that say how large they were and how the command ended on the device."""
+    body = BatchResults(device=device, results=results).model_dump_json().encode()
+    if len(body) <= limit:
+        return body
+    results = list(results)
+    total = len(body)
+    sizes = sorted(((len(r.model_dump_json()), i) for i, r in enumerate(results)), reverse=True)
+    for size, i in sizes:
+        if total <= limit:
+            break
+        ran = results[i]
+        results[i] = Result.failure(
+            f"result too large for this response: {size} bytes, and the response limit is {limit} bytes "
+            f"(max_response_bytes); the command's own outcome on the device was '{ran.status.value}' "
+            f"(see the audit log); ask for less output, or fewer commands per batch", ran.call_id, ran.namespace,
+            {"too_large": True, "bytes": size, "limit": limit, "status": ran.status.value})
+        total -= size - len(results[i].model_dump_json())
     return BatchResults(device=device, results=results).model_dump_json().encode()
 
 
-async def _json_body(run: Any, device: str) -> AsyncIterator[bytes]:
+async def _json_body(run: Any, device: str, limit: int) -> AsyncIterator[bytes]:
     task = asyncio.ensure_future(run)
     try:
         results = await asyncio.shield(task)
     finally:
         _stop_if_running(task)
-    yield _results_body(device, results)
+    yield _results_body(device, results, limit)
 
 
 def _stop_if_running(task: asyncio.Future[Any]) -> None:
@@ -283,7 +303,8 @@ def _sse_frame(event: str, data: Any) -> bytes:
     return f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
 
 
-async def _sse(run: Any, queue: asyncio.Queue[Event], device: str, response_id: str) -> AsyncIterator[bytes]:
+async def _sse(run: Any, queue: asyncio.Queue[Event], device: str, response_id: str,
+               limit: int) -> AsyncIterator[bytes]:
     task = asyncio.ensure_future(run)
     getter: asyncio.Future[Event] | None = None
     try:
@@ -297,7 +318,7 @@ async def _sse(run: Any, queue: asyncio.Queue[Event], device: str, response_id: 
             while not queue.empty():
                 yield _sse_frame("event", queue.get_nowait().model_dump(mode="json"))
             results = task.result()
-            yield b"event: results\ndata: " + _results_body(device, results) + b"\n\n"
+            yield b"event: results\ndata: " + _results_body(device, results, limit) + b"\n\n"
             return
     finally:
         if getter is not None:

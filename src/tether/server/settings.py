@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 ANONYMOUS_BODY_BYTES = 64 * 1024  # the body cap before (or without) a valid API token
+DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024  # the largest batch of results one REST answer carries
 
 
 def default_state_dir() -> Path:
@@ -100,6 +101,9 @@ class ServerSettings(BaseModel):
     default_command_timeout: float = Field(60.0, gt=0)
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=ANONYMOUS_BODY_BYTES,
                                 description="largest HTTP request body accepted with a valid API token")
+    max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description=(
+        "largest REST answer with a batch's results; past it the largest results are replaced by too-large "
+        "failures (each result is already capped by the frame limit on its way from the device)"))
     allowed_hosts: list[str] = Field(default_factory=list, description=(
         "host names (or addresses) clients may use in Host and Origin besides localhost, 127.0.0.1, [::1] "
         "and the bind address; '*.example.com' matches its subdomains, '*' turns the check off"))
