@@ -70,7 +70,8 @@ def results_frame(msg: ServerMessage, result: Result, *, last: bool, client_id: 
     return build(Result.failure(
         f"the result was too large to send ({size} bytes; the frame limit is {max_bytes} bytes): "
         f"ask for less output (e.g. a narrower command, or write it to a file and read parts of it)",
-        result.call_id, result.namespace))
+        result.call_id, result.namespace,
+        {"too_large": True, "bytes": size, "limit": max_bytes, "status": result.status.value}))
 
 
 def _json_str(value: str) -> str:
