@@ -32,6 +32,7 @@ from tether.protocol.profile import DeviceRequirements
 from tether.server.hub import DeviceHub
 from tether.server.registry import NoDeviceError
 from tether.server.sessions import claim_task_sessions, task_owner
+from tether.server.store import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class _HubDevice(BasicCommandDispatcher):
     which also gives a device that is away (a dropped link, a restarted server) `device_wait`
     seconds to come back before a step is sent to it and fails as offline."""
 
-    def __init__(self, hub: DeviceHub, device: str, device_wait: float, before_send: Callable[[], None],
+    def __init__(self, hub: DeviceHub, device: str, device_wait: float, before_send: Callable[[], str | None],
                  **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
         self.before_send = before_send
@@ -69,7 +70,9 @@ class _HubDevice(BasicCommandDispatcher):
             self.emit(event.kind, dict(event.data))
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
-        self.before_send()
+        unsaved = self.before_send()  # the task is saved first, so a restart knows what may have run
+        if unsaved is not None:
+            return self.generate_error_results(commands, f"not run: the task could not be saved first ({unsaved})")
         known = self.hub.registry.get(self.device) is not None
         if known and not self.hub.connected(self.device) and self.device_wait > 0:
             if self.emit is not None:
@@ -100,7 +103,10 @@ class TaskService:
     async def start(self) -> None:
         """Settle the tasks a previous server left unfinished (see the module docstring). Every task owns
         its session (see `tether.server.sessions`), also those stored before owners were recorded."""
-        claim_task_sessions(self.hub.store, self.store.ids())
+        try:
+            claim_task_sessions(self.hub.store, self.store.ids())
+        except StoreUnavailable as exc:  # start-up checked the disk; it filled since: claims come with use
+            logger.error("could not record the tasks' session owners: %s", exc)
         for task in self.store.unfinished():
             self._resume_after_restart(task)
 
@@ -112,9 +118,11 @@ class TaskService:
             runner.interrupted = True
             job.cancel()
         await asyncio.gather(*(job for _, job in runners), return_exceptions=True)
-        self._saver.flush()
-        for task in self._live.values():
-            self.store.save(task)
+        problem = self._saver.save(*self._live.values())
+        self._saver.cancel()
+        if problem is not None:
+            logger.error("closing with %d task(s) whose last state could not be saved (%s): %s",
+                         len(self._saver.unsaved), ", ".join(self._saver.unsaved), problem)
         for task_id in list(self._subscribers):
             self._end_followers(task_id)
         if self.llm is not None:
@@ -122,7 +130,7 @@ class TaskService:
 
     def _resume_after_restart(self, task: Task) -> None:
         action = settle_after_restart(task)
-        self.store.save(task)
+        self._saver.save(task)
         if action == "wait":
             self._live[task.id] = task
         else:
@@ -148,9 +156,15 @@ class TaskService:
                 raise TaskError(404, f"the plan names device '{name}', which has never registered")
         task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
                     devices=[n for n in extra if n != target])
-        if self.hub.store.claim_session(task.id, task_owner(task.id)) != task_owner(task.id):
-            raise TaskError(409, f"session {task.id} is already taken; create the task again")
-        self.store.save(task)
+        unaudited = self.hub.store.audit_problem()
+        if unaudited is not None:  # its commands could not be audited, so they would not run
+            raise TaskError(503, f"no task was created: {unaudited}")
+        try:
+            if self.hub.store.claim_session(task.id, task_owner(task.id)) != task_owner(task.id):
+                raise TaskError(409, f"session {task.id} is already taken; create the task again")
+            self.store.save(task)
+        except StoreUnavailable as exc:
+            raise TaskError(503, f"no task was created: {exc}") from None
         self._start(task)
         return task
 
@@ -169,13 +183,13 @@ class TaskService:
 
     def get(self, task_id: str) -> Task:
         """The task with this id or unique id prefix: the live object while it runs, else the stored one."""
-        task = self._live.get(task_id)
+        task = self._live.get(task_id) or self._saver.unsaved.get(task_id)
         if task is not None:
             return task
         stored = self.store.get(task_id)  # every task is stored, so this also settles prefixes
         if stored is None:
             raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
-        return self._live.get(stored.id, stored)
+        return self._live.get(stored.id) or self._saver.unsaved.get(stored.id, stored)
 
     async def wait(self, task_id: str) -> Task:
         """The task once its runner has stopped: it ended, or the server is closing under it."""
@@ -186,7 +200,19 @@ class TaskService:
         return task
 
     def list(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
-        return self.store.list(limit, state)
+        """Newest first, as `get` shows them: a task in memory (running, or not yet saved because the disk
+        is full) is listed with its current state, not the one last stored."""
+        memory = {**self._live, **self._saver.unsaved}
+        if not memory:
+            return self.store.list(limit, state)
+        rows = {row["id"]: row for row in self.store.list(limit + len(memory), state)}
+        for task in memory.values():
+            rows[task.id] = {"id": task.id, "request": task.request, "state": task.state.value,
+                             "device": task.device, "created_at": task.created_at.isoformat(),
+                             "updated_at": task.updated_at.isoformat()}
+        shown = [row for row in rows.values() if state is None or row["state"] == state]
+        shown.sort(key=lambda row: row["updated_at"], reverse=True)
+        return shown[:limit]
 
     # -- running ----------------------------------------------------------------------------------------
 
@@ -214,8 +240,7 @@ class TaskService:
                 self._on_event(task, task.transition(TaskState.FAILED, error=task.error))
         finally:
             self._runners.pop(task.id, None)
-            if not self._closing:
-                self.store.save(task)
+            self._saver.save(task)  # never raises: unsaved, it is kept (get and list show it) and retried
             if task.state.terminal:
                 self._live.pop(task.id, None)
                 self._end_followers(task.id)
@@ -313,7 +338,7 @@ class TaskService:
         if not task.state.terminal:  # not running (waiting after a restart): end it here
             task.error = "cancelled"
             self._on_event(task, task.transition(TaskState.CANCELLED, error="cancelled"))
-            self.store.save(task)
+            self._saver.save(task)
             self._live.pop(task.id, None)
             self._end_followers(task.id)
         return task
@@ -358,5 +383,5 @@ class TaskService:
             [result] = await dispatcher.execute_commands([command], timeout=120)
             report[name] = {"restored": result.result} if result.ok else {"error": result.error}
         task.record("undone", {"devices": report})
-        self.store.save(task)
+        self._saver.save(task)
         return report

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from tether.agent.task import TERMINAL_STATES, Task, TaskEvent
+from tether.server.store import StoreUnavailable, disk_problem
 
 logger = logging.getLogger(__name__)
 
@@ -38,13 +39,16 @@ CREATE INDEX IF NOT EXISTS tasks_updated ON tasks (updated_at);
 class TaskStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path).expanduser()
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        # WAL with synchronous=NORMAL survives a crash of the process (what a restarted server meets);
-        # only a power cut may lose the last saves. FULL costs an fsync per save, i.e. per step.
-        self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(_SCHEMA)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            # WAL with synchronous=NORMAL survives a crash of the process (what a restarted server meets);
+            # only a power cut may lose the last saves. FULL costs an fsync per save, i.e. per step.
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.executescript(_SCHEMA)
+        except (sqlite3.Error, OSError) as exc:  # a full or read-only state directory: say so in one line
+            raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.path}: {exc}") from None
         self._lock = threading.Lock()
 
     def close(self) -> None:
@@ -52,13 +56,20 @@ class TaskStore:
             self._conn.close()
 
     def save(self, task: Task) -> None:
+        """Store the task whole; `StoreUnavailable` when the disk is full or read-only."""
         row = (task.id, task.request, task.state.value, task.created_at.isoformat(), task.updated_at.isoformat(),
                task.model_dump_json())
-        with self._lock:
-            self._conn.execute(
-                "INSERT INTO tasks (id, request, state, created_at, updated_at, body) VALUES (?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT(id) DO UPDATE SET state=excluded.state, updated_at=excluded.updated_at, "
-                "body=excluded.body", row)
+        try:
+            with self._lock:
+                self._conn.execute(
+                    "INSERT INTO tasks (id, request, state, created_at, updated_at, body) VALUES (?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT(id) DO UPDATE SET state=excluded.state, updated_at=excluded.updated_at, "
+                    "body=excluded.body", row)
+        except sqlite3.Error as exc:
+            problem = disk_problem(exc, self.path)
+            if problem is None:
+                raise
+            raise StoreUnavailable(problem) from None
 
     def get(self, task_id: str) -> Task | None:
         """The task with this id, or with this unique id prefix (ids are long to type)."""
@@ -98,11 +109,20 @@ class SaveSoon:
     A step's end, the cursor moving on and the next step's start all happen between two awaits, so
     they cost one write. `flush()` writes what is waiting at once: call it before anything leaves
     the process that a restart must know about (a command about to be sent) and at the end.
+
+    A save that fails (a full or read-only disk) never raises into the loop: the task is kept in
+    `unsaved` (the state readers must be shown, since the store is behind) and saved again every
+    `retry_s` seconds and at every flush until it is written.
     """
+
+    retry_s = 1.0
 
     def __init__(self, store: TaskStore) -> None:
         self.store = store
         self._dirty: dict[str, Task] = {}
+        self.unsaved: dict[str, Task] = {}
+        self.problem: str | None = None  # why the last save failed; None once everything is saved
+        self._retry: asyncio.TimerHandle | None = None
 
     def on_event(self, task: Task, event: TaskEvent | None) -> None:
         if event is not None and event.kind in SAVE_ON:
@@ -113,10 +133,46 @@ class SaveSoon:
             asyncio.get_running_loop().call_soon(self.flush)
         self._dirty[task.id] = task
 
-    def flush(self) -> None:
-        dirty, self._dirty = self._dirty, {}
+    def save(self, *tasks: Task) -> str | None:
+        """Save `tasks` now (and whatever waits); None when saved, else why not (they are kept and retried)."""
+        for task in tasks:
+            self._dirty[task.id] = task
+        return self.flush()
+
+    def flush(self) -> str | None:
+        """Write what is waiting and what failed before; None when all of it is saved, else why not."""
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
+        dirty, self._dirty = {**self.unsaved, **self._dirty}, {}
+        problem = None
         for task in dirty.values():
             try:
                 self.store.save(task)
-            except Exception:  # a full disk must not kill the loop; the next save tries again
-                logger.exception("could not save task %s", task.id)
+            except Exception as exc:  # a full disk must not kill the loop; the task is kept and retried
+                if self.problem is None:
+                    logger.error("could not save task %s (kept in memory, retried every %gs): %s", task.id,
+                                 self.retry_s, exc, exc_info=not isinstance(exc, StoreUnavailable))
+                problem = str(exc)
+                self.unsaved[task.id] = task
+            else:
+                self.unsaved.pop(task.id, None)
+        if problem is None and self.problem is not None:
+            logger.warning("tasks can be saved again")
+        self.problem = problem
+        if self.unsaved:
+            try:
+                self._retry = asyncio.get_running_loop().call_later(self.retry_s, self.flush)
+            except RuntimeError:
+                pass  # no loop (closing): the caller reports what stays unsaved
+        return problem
+
+    def forget(self, task_id: str) -> None:
+        """Drop a task that was never created (its first save failed and the caller was told)."""
+        self.unsaved.pop(task_id, None)
+        self._dirty.pop(task_id, None)
+
+    def cancel(self) -> None:
+        if self._retry is not None:
+            self._retry.cancel()
+            self._retry = None
