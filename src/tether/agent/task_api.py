@@ -22,18 +22,21 @@ from tether.agent.plan import Plan, PlanStep
 from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Task, TaskEvent
 from tether.protocol.profile import DeviceRequirements
-from tether.server.api import require, require_approver
+from tether.server.api import ERROR_RESPONSES, require, require_approver
 from tether.server.store import TokenInfo
 
-router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"])
+router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"], responses=ERROR_RESPONSES)
 _KEEPALIVE_S = 15.0
 
 
 class TaskRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # a request in words or a plan, at least one of them (the document says so for API clients)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["plan"], "properties": {"plan": {"type": "array"}}},
+        {"required": ["request"], "properties": {"request": {"minLength": 1}}}]})
 
     request: str = Field("", max_length=20_000, description="what to do, in plain words")
-    plan: list[PlanStep] | None = Field(None, description="a plan to run as given (no LLM needed)")
+    plan: list[PlanStep] | None = Field(None, min_length=1, description="a plan to run as given (no LLM needed)")
     device: str | None = Field(None, description="the device to run on (else chosen by `requires`)")
     requires: DeviceRequirements | None = None
     devices: list[str] = Field(default_factory=list, description="other devices the planner may use")

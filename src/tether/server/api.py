@@ -78,11 +78,13 @@ class BatchResults(BaseModel):
 
 
 class TokenRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # scopes are for API tokens; a device token has none (said in the document for API clients too)
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"properties": {"kind": {"const": "api"}}}, {"properties": {"scopes": {"maxItems": 0}}}]})
 
     kind: Literal["device", "api"]
-    name: str = Field(..., min_length=1, max_length=128)
-    scopes: list[str] = Field(default_factory=list)
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+    scopes: list[Literal["read", "execute", "approve", "admin"]] = Field(default_factory=list)
 
 
 class TokenCreated(BaseModel):

@@ -9,6 +9,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.routing import Match
 
 from tether import __version__
 from tether.server.aip_socket import aip_route
@@ -63,7 +64,10 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     # Starlette's HTTPException (FastAPI's subclasses it): the router's own 404 and 405 included
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every method the path answers, not only the first route's
+            headers["Allow"] = ", ".join(sorted(allowed_methods(request)))
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(StoreUnavailable)
     async def store_unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
@@ -82,3 +86,13 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
         return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
 
     return app
+
+
+def allowed_methods(request: Request) -> set[str]:
+    """The methods of every route whose path matches (GET and POST on one path are two routes)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        match, _ = route.matches(request.scope)
+        if match is not Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return methods
