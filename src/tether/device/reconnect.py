@@ -39,12 +39,38 @@ class RetriesExhausted(ConnectionError):
     """`max_attempts` connection attempts in a row failed."""
 
 
+# While the server keeps this device's batches for it (its grace period), no wait between attempts
+# is longer than this share of the grace left, nor shorter than GRACE_FLOOR_S: the attempts grow
+# denser as the window closes, so a server that becomes reachable again is found well inside it.
+GRACE_SHARE = 0.25
+GRACE_FLOOR_S = 0.05
+
+
 def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0,
-                  rand: Callable[[], float] = random.random) -> float:
-    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)]."""
+                  rand: Callable[[], float] = random.random, *, grace_left: float | None = None,
+                  grace_share: float = GRACE_SHARE, floor: float = GRACE_FLOOR_S) -> float:
+    """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
+
+    `grace_left`, when given and positive, is how much is left of the grace period the server keeps
+    this device's work for (the device owes it results): the upper bound is then also held to
+    `grace_share * grace_left` (never below `floor`), so that attempts keep coming inside the
+    window however many failed before. Once the window has closed (None, or <= 0) the plain capped
+    exponential backoff applies again."""
     if attempt < 0:
         raise ValueError("attempt must be >= 0")
-    return rand() * min(cap, base * 2.0 ** min(attempt, 64))
+    upper = min(cap, base * 2.0 ** min(attempt, 64))
+    if grace_left is not None and grace_left > 0:
+        upper = min(upper, max(floor, grace_share * grace_left))
+    return rand() * upper
+
+
+def attempt_timeout(connect_timeout: float, grace_left: float | None, minimum: float = 1.0) -> float:
+    """How long one connection attempt may take: `connect_timeout`, but inside a grace window no
+    more than half of what is left of it (and at least `minimum`), so that one attempt stuck on a
+    black-holed link does not use up the window."""
+    if grace_left is None or grace_left <= 0:
+        return connect_timeout
+    return min(connect_timeout, max(minimum, grace_left / 2))
 
 
 def describe_failure(exc: BaseException) -> str:
