@@ -12,7 +12,10 @@ under a cap (so a fleet of devices does not reconnect in lockstep after a server
 refusal that retrying cannot fix — bad token, name mismatch, unsupported version — stops `run()`
 with `RegistrationRefused` carrying the server's words; "that device is already connected"
 (4409) is retried, since the other connection may be this device's own dead one. That policy is
-in `tether.device.reconnect`.
+in `tether.device.reconnect`. While the device owes the server something (results in the outbox,
+batches queued or running), the waits are also held well inside the grace period the server's
+last RegisterAck promised (counted from the moment the link was lost), so a server that is
+reachable again gets the results before it gives the batches up.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from tether.device.reconnect import (
     RETRYABLE,
     RegistrationRefused,
     RetriesExhausted,
+    attempt_timeout,
     backoff_delay,
     describe_failure,
 )
@@ -135,6 +139,7 @@ class DeviceConnection:
         self._stop = asyncio.Event()
         self._running = False
         self._last_rx = 0.0
+        self._grace_until: float | None = None  # loop time the server's grace for our batches ends
         self._side_tasks: set[asyncio.Task[None]] = set()
 
     # ------------------------------------------------------------------ public control
@@ -189,9 +194,13 @@ class DeviceConnection:
                     failures = 0
                     if uptime >= self.stable_after:
                         attempt = 0
-                delay = backoff_delay(attempt, self.backoff_base, self.backoff_cap)
+                grace_left = self._grace_left()
+                delay = backoff_delay(attempt, self.backoff_base, self.backoff_cap, grace_left=grace_left)
                 attempt += 1
-                logger.info("reconnecting in %.2fs", delay)
+                if grace_left is None:
+                    logger.info("reconnecting in %.2fs", delay)
+                else:
+                    logger.info("reconnecting in %.2fs (%.1fs left of the server's grace period)", delay, grace_left)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._stop.wait()
@@ -204,6 +213,14 @@ class DeviceConnection:
     @property
     def running_batches(self) -> int:
         return self.batches.running
+
+    def _grace_left(self) -> float | None:
+        """Seconds left of the grace period in which the server keeps this device's batches, while the
+        device owes it something (results waiting, batches queued or running); None otherwise."""
+        if self._grace_until is None or not (self.outbox.pending_results or self.batches.running):
+            return None
+        left = self._grace_until - asyncio.get_running_loop().time()
+        return left if left > 0 else None
 
     # ------------------------------------------------------------------ one connection
 
@@ -230,8 +247,9 @@ class DeviceConnection:
         # the token travels in the handshake's Authorization header (never the URL): the server checks
         # it before upgrading the connection and answers 401 {"error": …} without reading a frame
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
+        timeout = attempt_timeout(self.connect_timeout, self._grace_left())
         try:
-            ws = await connect(self.url, additional_headers=headers, ssl=self._ssl, open_timeout=self.connect_timeout,
+            ws = await connect(self.url, additional_headers=headers, ssl=self._ssl, open_timeout=timeout,
                                max_size=TRANSPORT_MAX_BYTES, ping_interval=KEEPALIVE_S, ping_timeout=KEEPALIVE_S,
                                close_timeout=2.0, compression=None, user_agent_header="tether-device")
         except InvalidStatus as exc:
@@ -242,22 +260,22 @@ class DeviceConnection:
                                           exc.response.status_code) from None
             raise
         try:
-            ack = await self._register(ws, profile)
+            ack = await self._register(ws, profile, timeout)
             return await self._serve(ws, ack)
         finally:
             with contextlib.suppress(Exception):
                 await ws.close()
 
-    async def _register(self, ws: ClientConnection, profile: DeviceProfile) -> RegisterAck:
+    async def _register(self, ws: ClientConnection, profile: DeviceProfile, timeout: float) -> RegisterAck:
         registration = Registration(name=self.name, instance_id=self.instance_id, profile=profile,
                                     finished_call_ids=self.outbox.pending_call_ids())
         await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, client_id=self.name,
                                            payload=registration.model_dump(mode="json"))))
         try:
-            async with asyncio.timeout(self.connect_timeout):
+            async with asyncio.timeout(timeout):
                 raw = await ws.recv()
         except TimeoutError:
-            raise TimeoutError(f"no answer to the registration within {self.connect_timeout:g}s") from None
+            raise TimeoutError(f"no answer to the registration within {timeout:g}s") from None
         except ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd else None
             if code in FATAL_CLOSE_CODES or code == DUPLICATE_CLOSE_CODE:
@@ -336,6 +354,9 @@ class DeviceConnection:
                                    f"{': ' + ws.close_reason if ws.close_reason else ''})")
                 logger.warning("connection to %s lost: %s", self.url, self.last_error)
         finally:
+            # from now on the server keeps our batches for its grace period (it may have noticed the loss
+            # a little later than we did, never much earlier: heartbeats bound both sides alike)
+            self._grace_until = loop.time() + ack.grace_period
             self.connected.clear()
             self.outbox.close()
             for task in (*tasks, *readers, *self._side_tasks):
