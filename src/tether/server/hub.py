@@ -3,8 +3,10 @@
 The hub is the only place where connections, pending batches and the registry meet, so every
 rule about whom to trust lives here: a device is who its token says; results count only when
 they come from the device the batch went to and answer a `call_id` still outstanding; a
-dropped device keeps its batches for `grace_period` so a reconnection loses nothing. It never
-raises for anything a device sends — a bad frame gets an ERROR reply and the loop goes on.
+dropped device keeps its batches for `grace_period` so a reconnection loses nothing (a device
+whose registration is under way when that period ends counts as back in time; one that comes back
+later is told its batches are no longer awaited). It never raises for anything a device sends —
+a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
 `tether.server.aip_socket.aip_route` adapts a Starlette WebSocket to it. The ledger of batches
@@ -64,6 +66,8 @@ class DeviceHub:
         self._conns: dict[str, DeviceLink] = {}
         self._batches = BatchBook(self.registry)
         self._grace = GracePeriods(self._grace_expired)
+        self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
+        self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
         self._tasks: set[asyncio.Task[Any]] = set()
         self._liveness: asyncio.Task[None] | None = None
         self._closed = False
@@ -144,6 +148,25 @@ class DeviceHub:
                     await asyncio.wait([conn.closer])
 
     async def _register(self, socket: AIPSocket, authorization: str | None, peer: str | None) -> DeviceLink | None:
+        """Register a connection. A device whose grace period ends while its (authenticated) registration
+        is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
+        arriving = self._authenticate(authorization)
+        if isinstance(arriving, str):
+            return await self._refuse(socket, CLOSE_UNAUTHORIZED, peer, arriving)
+        name = arriving.name
+        self._arriving[name] = self._arriving.get(name, 0) + 1
+        try:
+            return await self._register_device(socket, authorization, peer)
+        finally:
+            self._arriving[name] -= 1
+            if not self._arriving[name]:
+                del self._arriving[name]
+                if name in self._expired_meanwhile:
+                    self._expired_meanwhile.discard(name)
+                    self._grace_expired(name)
+
+    async def _register_device(self, socket: AIPSocket, authorization: str | None,
+                               peer: str | None) -> DeviceLink | None:
         settings = self.settings
         try:
             async with asyncio.timeout(settings.register_timeout):
@@ -153,7 +176,7 @@ class DeviceHub:
                                       f"no register frame within {settings.register_timeout:g}s")
         except SocketClosed:
             return None
-        token = self._authenticate(authorization)
+        token = self._authenticate(authorization)  # again: it may have been revoked meanwhile
         if isinstance(token, str):
             return await self._refuse(socket, CLOSE_UNAUTHORIZED, peer, token)
         try:
@@ -371,6 +394,14 @@ class DeviceHub:
     def _grace_expired(self, device: str) -> None:
         if device in self._conns:
             return
+        if device in self._arriving:  # it is registering right now: decided when that ends
+            self._expired_meanwhile.add(device)
+            return
+        # given up: if this device process comes back after all, it is told its batches are no longer
+        # awaited (not resumed), so it stops running them instead of working for nobody
+        record = self.registry.get(device)
+        if record is not None:
+            record.instance_id = None
         self._batches.forget_cancels(device)
         self._batches.fail_device(device, f"device {device} disconnected and did not come back within the "
                                           f"{self.settings.grace_period:g}s grace period")
