@@ -269,3 +269,26 @@ async def test_the_policy_can_turn_the_sandbox_off_and_a_serving_device_then_ref
             await device.aclose()
         assert result.ok is ok, result.error
         assert device.context.sandbox is None
+
+
+async def test_a_root_with_a_mount_inside_stays_read_only_and_says_why(tree: dict[str, Path]) -> None:
+    import subprocess
+
+    if os.getuid() != 0:
+        pytest.fail("this test mounts a tmpfs inside a write root: run it as root (CI does)")
+    inner = tree["root"] / "usb"
+    inner.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(inner)], check=True)
+    box = Sandbox(detect(), SandboxSpec.build(write_roots=[str(tree["root"])], layers_dir=str(tree["layers"])))
+    try:
+        layer = box.new_layer()
+        proc = await box.spawn([PY, "-c", f"open({str(tree['root'] / 'x')!r}, 'w')"], executable=PY, cwd="/",
+                               env={}, stdin=False, layer=layer)
+        assert proc.stdout is not None and proc.stderr is not None
+        _, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+        assert await proc.wait() != 0 and b"Read-only file system" in err
+        assert len(proc.notes) == 1 and "read-only for this command" in proc.notes[0]
+        assert str(tree["root"]) in proc.notes[0] and not (tree["root"] / "x").exists()
+    finally:
+        await box.aclose()
+        subprocess.run(["umount", "-l", str(inner)], check=False)

@@ -42,9 +42,11 @@ class SandboxedProcess:
         self._sandbox, self._id, self.pid, self._exited = sandbox, request_id, pid, exited
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: int | None = None
+        self.notes: list[str] = []  # what the sandbox has to say about this command's confinement
 
     async def wait(self) -> int:
         self.returncode = await asyncio.shield(self._exited)
+        self.notes = self._sandbox._notes.pop(self._id, [])
         return self.returncode
 
     def kill(self) -> None:
@@ -77,6 +79,7 @@ class Sandbox:
         self.held = HeldLayers(Path(spec.layers_dir))
         self._free: list[Path] = []
         self._warden_host_pid: int | None = None
+        self._notes: dict[int, list[str]] = {}
         self._removing: set[asyncio.Future[None]] = set()
 
     @property
@@ -176,7 +179,9 @@ class Sandbox:
             if waiter is None:
                 continue
             started, exited = waiter
-            if msg["op"] == "started" and not started.done():
+            if msg["op"] == "note":
+                self._notes.setdefault(msg["id"], []).extend(str(n) for n in msg.get("notes", []))
+            elif msg["op"] == "started" and not started.done():
                 started.set_result(msg["pid"])
             elif msg["op"] == "exit":
                 self._waiters.pop(msg["id"], None)

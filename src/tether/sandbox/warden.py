@@ -17,6 +17,7 @@ Standard library only: this runs in a fresh interpreter inside the sandbox.
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import selectors
@@ -92,13 +93,16 @@ class _Libc:
         self.prctl(PR_SET_NO_NEW_PRIVS, 1)
 
 
-def _mount_layers(libc: _Libc, req: dict[str, Any]) -> None:
+def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
     """The command's view: an overlay per captured root, live roots bound on top, secrets hidden again.
 
     Everything is opened before anything is mounted, so each overlay's lower layer is the real tree,
     not another overlay. Live roots come from where bwrap bound them for the warden (inside the layers
     directory, not at their own paths: a mount below a captured root would stop its overlay).
+    A root with another filesystem mounted inside it on the machine cannot be overlaid (the kernel
+    will not hide mounts this namespace did not make): it stays read-only, and the returned note says so.
     """
+    notes: list[str] = []
     libc.mount(None, "/", None, MS_REC | MS_PRIVATE, None)
     live = [(target, os.open(source, os.O_PATH | os.O_DIRECTORY)) for source, target in req.get("live", [])]
     layer = req.get("layer")
@@ -106,7 +110,14 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> None:
     for i, (root, fd) in enumerate(lowers):
         upper, work = f"{layer['dir']}/{i}/u", f"{layer['dir']}/{i}/w"  # type: ignore[index]
         options = f"lowerdir=/proc/self/fd/{fd},upperdir={upper},workdir={work},userxattr"
-        libc.mount("overlay", root, "overlay", 0, options)
+        try:
+            libc.mount("overlay", root, "overlay", 0, options)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            notes.append(f"{root} is read-only for this command: a filesystem mounted inside it keeps tether from "
+                         "capturing changes there (unmount it, or list the root in live_write_roots to write to it "
+                         "directly, uncaptured)")
     for path, fd in live:
         if os.path.isdir(path):
             libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
@@ -120,6 +131,7 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> None:
             libc.mount("/dev/null", path, None, MS_BIND, None)
     if req.get("layers_dir"):
         libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
+    return notes
 
 
 def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) -> None:
@@ -145,11 +157,17 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
     os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
 
 
-def _command(libc: _Libc, req: dict[str, Any], fds: list[int]) -> None:
-    """The cloned command process: pid 1 of new pid and mount namespaces. Never returns."""
+def _command(libc: _Libc, req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
+    """The cloned command process: pid 1 of new pid and mount namespaces. Never returns.
+
+    Notes about its confinement go to the device on the warden's socket (one datagram, before the
+    warden's own `exit` for this command, which can only follow this process's end).
+    """
     exe, *stdio = fds
     try:
-        _mount_layers(libc, req)
+        notes = _mount_layers(libc, req)
+        if notes:
+            sock.send(json.dumps({"op": "note", "id": req["id"], "notes": notes}).encode())
         _exec_command(libc, req, exe, stdio)
     except BaseException as exc:
         message = f"tether sandbox: could not start {req['argv'][0]}: {exc}\n"
@@ -204,7 +222,7 @@ class Warden:
             self.send({"op": "exit", "id": req["id"], "error": f"could not make the command's namespaces: {exc}"})
             return
         if pid == 0:
-            _command(self.libc, req, fds)
+            _command(self.libc, req, fds, self.sock)
         pidfd = os.pidfd_open(pid)
         self.children[req["id"]] = (pid, pidfd)
         self.selector.register(pidfd, selectors.EVENT_READ, req["id"])

@@ -51,6 +51,7 @@ class ProcessResult:
     stderr_truncated: bool
     duration_s: float
     pid: int
+    notes: tuple[str, ...] = ()  # the sandbox's, about this command's confinement
 
 
 def safe_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -172,4 +173,5 @@ async def run_process(argv: list[str], *, cwd: str, env: dict[str, str] | None, 
         _signal_group(proc.pid, signal.SIGKILL)  # background stragglers that closed their pipes
     (stdout, stdout_cut), (stderr, stderr_cut) = out_task.result(), err_task.result()
     return ProcessResult(exit_code=exit_code, stdout=stdout, stderr=stderr, stdout_truncated=stdout_cut,
-                         stderr_truncated=stderr_cut, duration_s=time.monotonic() - started, pid=proc.pid)
+                         stderr_truncated=stderr_cut, duration_s=time.monotonic() - started, pid=proc.pid,
+                         notes=tuple(getattr(proc, "notes", ())))

@@ -299,6 +299,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
                    (result.stdout_truncated, result.stderr_truncated), result.duration_s)
     if sandbox is not None:
         body["sandbox"] = sandbox.kind
+    if result.notes:
+        body["notes"] = list(result.notes)
     if layer is not None:
         roots = sandbox.spec.write_roots  # type: ignore[union-attr]
         changes = await asyncio.to_thread(scan, layer, roots) if not layer_empty(layer, len(roots)) else []
