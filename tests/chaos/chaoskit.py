@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 import select
 import subprocess
 import time
@@ -36,16 +37,23 @@ TERMINAL = {"done", "failed", "cancelled"}
 WAIT = 30.0
 
 SCRIPT = """\
-import os, sys
+import os, select, sys
 label, gated = sys.argv[1], sys.argv[2] == "gated"
+if gated:  # open before announcing the start, so the test's open_gate always finds a reader
+    gate = os.open(os.path.join({gates!r}, label), os.O_RDONLY | os.O_NONBLOCK)
 with open({log!r}, "a") as f:
     f.write(label + "\\n")
 fd = os.open({started!r}, os.O_WRONLY)
 os.write(fd, (label + "\\n").encode())
 os.close(fd)
 if gated:
-    with open(os.path.join({gates!r}, label)) as gate:
-        gate.read()
+    while True:  # wait for the test's bytes (a FIFO no writer has opened yet is not readable)
+        select.select([gate], [], [])
+        try:
+            if os.read(gate, 64):
+                break
+        except BlockingIOError:
+            pass
 print("out:" + label)
 """
 
@@ -262,7 +270,8 @@ def check_invariants(cluster: ChaosCluster, runs: Runs, ledger: Ledger) -> None:
         if result.call_id != sent.command.call_id:
             problems.append(f"{sent.label}: got the result of call {result.call_id}")
         text = result.model_dump_json()
-        strangers = [other for other in labels if other != sent.label and f"out:{other}" in text]
+        strangers = [other for other in labels
+                     if other != sent.label and re.search(rf"out:{re.escape(other)}(?![\w-])", text)]
         if strangers:
             problems.append(f"{sent.label}: its result carries the output of {strangers}")
         if result.status is ResultStatus.SUCCESS:

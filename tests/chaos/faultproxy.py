@@ -64,11 +64,13 @@ class FaultProxy:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="faultproxy", daemon=True)
         self._server: asyncio.Server | None = None
+        self._handlers: set[asyncio.Task] = set()
 
     # -- life cycle ------------------------------------------------------------------------------
 
     def start(self) -> FaultProxy:
         self._thread.start()
+        self._closing = self._call(_new_event())
         self._server = self._call(asyncio.start_server(self._handle, "127.0.0.1", 0))
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -80,10 +82,12 @@ class FaultProxy:
         async def stop() -> None:
             assert self._server is not None
             self._server.close()
+            self._closing.set()
             for conn in list(self._conns):
                 conn.abort()
                 for task in conn.tasks:
                     task.cancel()
+            await asyncio.gather(*self._handlers, return_exceptions=True)
             await self._server.wait_closed()
 
         self._call(stop())
@@ -151,6 +155,7 @@ class FaultProxy:
         def change() -> None:
             self._down = False
             self._fault = Fault()
+            self._cut_new.clear()
             for conn in self._conns:
                 conn.fault.latency = conn.fault.rate = 0.0
         self._apply(change)
@@ -165,6 +170,10 @@ class FaultProxy:
     # -- forwarding ------------------------------------------------------------------------------
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        handler = asyncio.current_task()
+        assert handler is not None
+        self._handlers.add(handler)
+        handler.add_done_callback(self._handlers.discard)
         with self._changed:
             self.accepted += 1
             self._changed.notify_all()
@@ -183,6 +192,10 @@ class FaultProxy:
                       asyncio.ensure_future(self._pipe(conn, up_reader, writer, "down"))]
         try:
             await asyncio.gather(*conn.tasks, return_exceptions=True)
+            if conn.fault.black_hole:
+                # a black hole never tells anyone the link is gone: both ends stay open until the
+                # proxy closes (or the peer on that side gives up)
+                await self._closing.wait()
         finally:
             self._conns.discard(conn)
             for end in conn.writers:
@@ -235,10 +248,9 @@ class FaultProxy:
             pass
         finally:
             queue.put_nowait(None)
-            with contextlib.suppress(Exception, asyncio.CancelledError):
-                await deliverer
-            if conn.fault.black_hole:
-                # a black hole never tells anyone the link is gone: hold the other end open until
-                # the proxy is closed (or the peer on that side gives up)
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.Event().wait()
+            with contextlib.suppress(Exception):
+                await deliverer  # cancelled with this task when the proxy closes
+
+
+async def _new_event() -> asyncio.Event:
+    return asyncio.Event()
