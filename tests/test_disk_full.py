@@ -210,7 +210,7 @@ def test_full_disk_refuses_commands_holds_audit_rows_and_recovers(server: Server
     assert done.status_code == 200 and done.json()["results"][0]["result"]["stdout"] == "released\n", done.text
     health = wait_for(lambda: (h := server.http.get("/health").json())["audit_held"] >= 1 and h, "a held audit row")
     assert health["status"] == "degraded" and health["audit_writable"] is False
-    assert "inflight-1" not in server.audit_call_ids()  # not written: the disk is full
+    assert server.audit_call_ids()["inflight-1"] == "sent"  # written before it ran; its outcome is held
 
     # new commands: 503 {error} naming the full disk, and nothing reaches the device
     for n in range(3):

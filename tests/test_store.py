@@ -74,7 +74,7 @@ def test_devices_persist_and_keep_their_profile(store, tmp_path):
     assert device.profile == {"os": {"platform": "linux"}} and device.last_seen == 200.0 and device.first_seen == 100.0
     store.close()
     reopened = Store(tmp_path / "state" / "server.db")
-    assert reopened.list_devices()[0].name == "laptop" and reopened.schema_version == 3
+    assert reopened.list_devices()[0].name == "laptop" and reopened.schema_version == 4
     reopened.close()
 
 

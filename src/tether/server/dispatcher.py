@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, new_call_id
+from tether.server.store import SENT
 
 if TYPE_CHECKING:
     from tether.server.batches import PendingBatch
@@ -69,6 +70,11 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
                                                             "appear more than once in the batch; nothing was sent")
             self._audit(commands, results, response_id)
             return results
+        unsent = self.hub.store.audit_sent(
+            (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, SENT, None, response_id,
+             c.approved_by) for c in commands)
+        if unsent is not None:  # the row must exist before the command can run
+            return self.generate_error_results(commands, f"not run: {unsent}")
         message = ServerMessage(type=ServerMessageType.COMMAND, response_id=response_id, actions=list(commands),
                                 timeout=timeout, early_exit=early_exit, session_id=self.session_id,
                                 agent_name=self.agent_name, process_name=self.process_name,
@@ -84,14 +90,14 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         except asyncio.CancelledError as exc:  # our caller gave up: the device must stop too
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
             await self.hub.cancel(response_id, reason)
-            self._audit(commands, self._collect(commands, batch) if batch is not None else
-                        self.generate_error_results(commands, reason), response_id)
+            self._outcome(commands, self._collect(commands, batch) if batch is not None else
+                          self.generate_error_results(commands, reason), response_id)
             raise
         finally:
             self._inflight.discard(response_id)
         results = self._collect(commands, batch) if batch is not None else \
             self.generate_error_results(commands, f"timed out after {timeout:g}s before the batch was sent")
-        self._audit(commands, results, response_id)
+        self._outcome(commands, results, response_id)
         return results
 
     async def cancel(self) -> None:
@@ -108,6 +114,14 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
                 [result] = self.generate_error_results([command], batch.error or "no result")
             results.append(result)
         return results
+
+    def _outcome(self, commands: list[Command], results: list[Result], response_id: str) -> None:
+        """Write what became of a sent batch into its rows before anyone is told (`Store.audit_done`)."""
+        try:
+            self.hub.store.audit_done((response_id, c.call_id, r.status.value, r.error)
+                                      for c, r in zip(commands, results, strict=True))
+        except Exception:
+            logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
 
     def _audit(self, commands: list[Command], results: list[Result], response_id: str) -> None:
         try:

@@ -92,7 +92,13 @@ _MIGRATIONS: list[str] = [
         created_at REAL NOT NULL
     );
     """,
+    # a command's row is written as 'sent' before it goes and updated with its outcome (audit_sent/done)
+    """
+    CREATE INDEX audit_batch ON audit (response_id, call_id);
+    CREATE INDEX audit_sent ON audit (status) WHERE status = 'sent';
+    """,
 ]
+SENT, UNKNOWN = "sent", "unknown"
 _SESSION_CACHE = 65_536  # session owners kept in memory (the table is the authority; owners never change)
 
 
@@ -201,6 +207,7 @@ class Store:
         self._audit_flush: asyncio.TimerHandle | None = None
         self._audit_error: str | None = None  # why held rows could not be written; None while all is written
         self._audit_dropped = 0
+        self._audit_updates: list[tuple[str, str | None, str, str | None]] = []  # outcomes not yet written
         self._session_owners: OrderedDict[str, str] = OrderedDict()
         self._memory = str(path) == ":memory:"
         try:
@@ -215,6 +222,8 @@ class Store:
                 self._conn.execute("PRAGMA synchronous=NORMAL")
                 self._conn.execute("PRAGMA foreign_keys=ON")
                 self._migrate()
+                if not self._memory:
+                    self._settle_sent()
         except (sqlite3.Error, OSError) as exc:
             with contextlib.suppress(Exception):
                 self._conn.close()
@@ -422,6 +431,36 @@ class Store:
         self._audit_pending.extend((*_full(row), now) for row in rows)
         return self.flush_audit()
 
+    def audit_sent(self, rows: Iterable[AuditRow]) -> str | None:
+        """Write a batch's rows as `sent` now, before it goes to its device; None, or why they cannot be.
+
+        The row is the command's: it exists before anything runs, so a server killed mid-command still
+        has it (see `_settle_sent`). Nothing is held on failure: the caller does not send the batch.
+        """
+        now = time.time()
+        pending = [(*_full(row), now) for row in rows]
+        try:
+            with self._writing():
+                self._write_audit(pending)
+        except StoreUnavailable as exc:
+            return f"the audit log cannot be written: {exc}"
+        except sqlite3.Error as exc:
+            return f"the audit log cannot be written: {exc}"
+        return None
+
+    def audit_done(self, outcomes: Iterable[tuple[str, str | None, str, str | None]]) -> None:
+        """Write the outcome of `sent` rows — (response_id, call_id, status, error) — before the caller
+        learns it, so a delivered result is always in the log; held and retried if the disk refuses."""
+        with self._lock:
+            self._audit_updates.extend(outcomes)
+        self.flush_audit()
+
+    def _settle_sent(self) -> None:
+        """At start (under the lock): rows still `sent` belong to commands the previous server never
+        heard back from."""
+        self._conn.execute("UPDATE audit SET status = ?, error = ? WHERE status = ?",
+                           (UNKNOWN, "outcome unknown: the server stopped before the result came back", SENT))
+
     def audit_soon(self, rows: Iterable[AuditRow]) -> None:
         """Like `audit_many`, but off the caller's path: on an event loop the rows are written within
         `_AUDIT_FLUSH_S` (one transaction for all rows waiting; a commit costs far more than a row),
@@ -453,14 +492,18 @@ class Store:
             self._audit_flush = None
         with self._lock:
             pending, self._audit_pending = self._audit_pending, []
-        if not pending:
+            updates, self._audit_updates = self._audit_updates, []
+        if not pending and not updates:
             return True
         try:
             self._write_audit(pending)
+            pending = []
+            self._write_outcomes(updates)
         except Exception as exc:  # from a timer there is no caller to tell: hold the rows, say why, retry
             problem = disk_problem(exc, self.path) or f"cannot write the audit log {self.path}: {exc}"
             with self._lock:
                 self._audit_pending[:0] = pending
+                self._audit_updates[:0] = updates
                 excess = len(self._audit_pending) - _AUDIT_HELD_MAX
                 if excess > 0:
                     del self._audit_pending[:excess]
@@ -498,14 +541,16 @@ class Store:
 
     @property
     def audit_held(self) -> int:
-        """How many audit rows wait in memory (not yet written)."""
-        return len(self._audit_pending)
+        """How many audit rows (or outcomes of sent rows) wait in memory, not yet written."""
+        return len(self._audit_pending) + len(self._audit_updates)
 
     def _write_audit(self, rows: list[tuple[Any, ...]]) -> None:
         values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error, approved_by)
                   for who, device, call_id, tool, arguments, status, error, response_id, approved_by, at in rows]
         insert = ("INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
                   "status, error, approved_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        if not values:
+            return
         with self._lock:
             if len(values) == 1:  # one statement is its own transaction (the common one-command batch)
                 self._conn.execute(insert, values[0])
@@ -513,6 +558,19 @@ class Store:
             self._conn.execute("BEGIN")
             try:
                 self._conn.executemany(insert, values)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+
+    def _write_outcomes(self, updates: list[tuple[str, str | None, str, str | None]]) -> None:
+        if not updates:
+            return
+        with self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.executemany("UPDATE audit SET status = ?, error = ? WHERE response_id = ? AND call_id = ?",
+                                       [(status, error, rid, cid) for rid, cid, status, error in updates])
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._rollback()
