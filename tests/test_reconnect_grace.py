@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 import time
 
@@ -215,18 +216,19 @@ async def test_link_cut_while_commands_run_and_restored_inside_the_grace_loses_n
                for name in ("alpha", "beta")}
     for name, proc in devices.items():
         await asyncio.to_thread(cluster.wait_online, name, proc)
-    gate = live / "gate"
     script = tmp_path / "work.py"
-    script.write_text(  # marks its start and its end; holds until the test opens the gate
-        "import pathlib, sys, time\n"
+    script.write_text(  # marks its start and its end; holds until the test opens its gate (a FIFO)
+        "import pathlib, sys\n"
         f"live = pathlib.Path({str(live)!r})\n"
         "label = sys.argv[1]\n"
         "(live / (label + '.ran')).open('a').write('ran\\n')\n"
-        "while not (live / 'gate').exists():\n"
-        "    time.sleep(0.01)\n"
+        "(live / (label + '.gate')).read_text()\n"
         "(live / (label + '.done')).write_text('done')\n"
         "print('done', label)\n")
     labels = {"alpha": ["a1", "a2"], "beta": ["b1", "b2"]}  # two batches each: a device runs them in turn
+    for names in labels.values():
+        for label in names:
+            os.mkfifo(live / f"{label}.gate")
     commands = {label: Command(tool_name="shell.run", parameters={"cmd": "python3", "argv": [str(script), label],
                                                                   "cwd": str(tmp_path)})
                 for names in labels.values() for label in names}
@@ -241,7 +243,9 @@ async def test_link_cut_while_commands_run_and_restored_inside_the_grace_loses_n
     await asyncio.to_thread(wait_for, lambda: running("alpha") and running("beta"), "the first commands run", 30)
     cut_at = time.monotonic()
     proxy.down()  # the fault: the link is cut while commands run, and stays down for OUTAGE_S
-    gate.write_text("open")
+    # opening a gate for writing waits for its command to open it for reading: a2 and b2 start later
+    gates = [asyncio.ensure_future(asyncio.to_thread((live / f"{label}.gate").write_text, "open"))
+             for label in commands]
     await asyncio.to_thread(wait_for, lambda: all((live / f"{label}.done").exists() for label in commands),
                             "every command finished on its device while the link is down", 30)
     assert not any(call.done() for call in calls.values())
@@ -249,6 +253,7 @@ async def test_link_cut_while_commands_run_and_restored_inside_the_grace_loses_n
     assert proxy.refused >= 2, "the devices kept trying while the link was down"
     proxy.up()
     outcomes = {label: await call for label, call in calls.items()}
+    await asyncio.gather(*gates)
     await proxy.aclose()
     for label, (device, [result]) in outcomes.items():
         assert result.status is ResultStatus.SUCCESS, f"{label} on {device}: {result.error}"

@@ -26,9 +26,9 @@ from tether.server.store import Store
 from tether.tools.policy import default_policy
 
 WAITER = """
-import time
+import signal
 print("started", flush=True)
-time.sleep(600)  # until the device's shutdown kills it
+signal.pause()  # until the device's shutdown kills it
 """
 
 
