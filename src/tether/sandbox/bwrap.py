@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from tether.sandbox.spec import SandboxSpec
+from tether.sandbox.spec import SandboxSpec, under
 
 
 def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
@@ -21,15 +21,11 @@ def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
     return args
 
 
-def _under(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
-
-
 def hide_args(spec: SandboxSpec, *, skip_under: tuple[str, ...] = ()) -> list[str]:
     """An empty read-only directory over each hidden directory, /dev/null over each hidden file."""
     args: list[str] = []
     for path in spec.hidden:
-        if _under(path, skip_under):
+        if under(path, skip_under):
             continue
         target = os.path.realpath(path)  # a hidden symlink hides what it points to
         if os.path.isdir(target):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -14,12 +15,16 @@ def _real(path: str) -> str:
     return os.path.realpath(os.path.expanduser(path))
 
 
+def under(path: str, roots: Iterable[str]) -> bool:
+    """Whether `path` is one of `roots` or lies inside one (plain strings: both already real paths)."""
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 def _outermost(paths: list[str]) -> tuple[str, ...]:
     """Real paths with the ones inside another dropped: an overlay on `~` already covers `~/src`."""
-    real = sorted({_real(p) for p in paths}, key=len)
     kept: list[str] = []
-    for p in real:
-        if not any(p == k or p.startswith(k.rstrip("/") + "/") for k in kept):
+    for p in sorted({_real(p) for p in paths}, key=len):
+        if not under(p, kept):
             kept.append(p)
     return tuple(kept)
 

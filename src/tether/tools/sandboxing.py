@@ -14,14 +14,10 @@ from pathlib import Path
 
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
 from tether.sandbox.runner import Sandbox
+from tether.sandbox.spec import under
 from tether.tools.policy import Policy
 
 logger = logging.getLogger(__name__)
-
-
-def _inside(path: str, roots: Iterable[str]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") or r.startswith(path.rstrip("/") + "/")
-               for r in roots)
 
 
 def layers_dir(roots: Iterable[str]) -> str | None:
@@ -34,7 +30,8 @@ def layers_dir(roots: Iterable[str]) -> str | None:
     for base in filter(None, candidates):
         real = os.path.realpath(base)
         path = real if base == candidates[0] else os.path.join(real, f"tether-layers-{os.getuid()}")
-        if _inside(os.path.realpath(path), real_roots) or not os.access(real, os.W_OK):
+        place = os.path.realpath(path)
+        if under(place, real_roots) or any(under(r, [place]) for r in real_roots) or not os.access(real, os.W_OK):
             continue
         try:
             Path(path).mkdir(mode=0o700, exist_ok=True)
