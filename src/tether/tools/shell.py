@@ -23,6 +23,7 @@ from typing import Annotated, Any
 
 from pydantic import Field
 
+from tether.sandbox import SandboxUnavailable
 from tether.sandbox.layer import scan
 from tether.sandbox.runner import layer_empty
 from tether.tools import shell_capture
@@ -226,13 +227,13 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     workdir = check_cwd(ctx.policy, cwd)
     search = search_path(ctx)
     program = resolve_program(ctx, cmd, search)
-    require_sandbox(ctx, f"`{shlex.join([cmd, *args])}`")
+    preview_text = shlex.join([cmd, *args])
+    require_sandbox(ctx, f"`{preview_text}`")
     sandbox = ctx.sandbox
     capture = sandbox is not None and not read_only and bool(sandbox.spec.write_roots)
     # Confined, a command's changes are judged as they happen (see shell_capture); unconfined, the
     # argument-level rules for rm/rmdir/mv are all there is.
     approval = None if capture else approval_rule(ctx, cmd, args, workdir)
-    preview_text = shlex.join([cmd, *args])
     if dry_run:
         return {"ok": True, "dryRun": True, "preview": preview_text, "cwd": str(workdir), "allowed": True,
                 "program": program, "rule": decision.rule, "needsApproval": approval,
@@ -273,28 +274,25 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     started = time.monotonic()
     limit = ctx.policy.max_output_bytes
     try:
-        async with asyncio.timeout(timeout):
-            result = await run_process([cmd, *args], executable=program, cwd=str(workdir),
-                                       env={**(env or {}), "PATH": search},
-                                       stdin=None if stdin is None else stdin.encode(), max_output=limit,
-                                       on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer)
+        try:
+            async with asyncio.timeout(timeout):
+                result = await run_process([cmd, *args], executable=program, cwd=str(workdir),
+                                           env={**(env or {}), "PATH": search},
+                                           stdin=None if stdin is None else stdin.encode(), max_output=limit,
+                                           on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer)
+        except BaseException:
+            if layer is not None:  # a command that did not end by itself changes nothing
+                sandbox.release(layer)  # type: ignore[union-attr]
+            raise
     except TimeoutError:
-        if layer is not None:
-            sandbox.release(layer)  # type: ignore[union-attr]
         out, err = bytes(kept["stdout"]), bytes(kept["stderr"])
         body = payload(None, out, err, (len(out) >= limit, len(err) >= limit), time.monotonic() - started)
         body["timedOut"] = True
         note = "; nothing it wrote was applied" if layer is not None else ""
         raise ToolError(f"`{preview_text}` timed out after {timeout:g}s; its process group was killed{note}",
                         body) from None
-    except OSError as exc:
-        if layer is not None:
-            sandbox.release(layer)  # type: ignore[union-attr]
-        raise ToolError(f"could not start {cmd}: {exc.strerror or exc}") from None
-    except BaseException:
-        if layer is not None:
-            sandbox.release(layer)  # type: ignore[union-attr]
-        raise
+    except (OSError, SandboxUnavailable) as exc:
+        raise ToolError(f"could not start {cmd}: {getattr(exc, 'strerror', None) or exc}") from None
     body = payload(result.exit_code, result.stdout, result.stderr,
                    (result.stdout_truncated, result.stderr_truncated), result.duration_s)
     if sandbox is not None:
