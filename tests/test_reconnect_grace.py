@@ -222,7 +222,7 @@ async def test_link_cut_while_commands_run_and_restored_inside_the_grace_loses_n
         f"live = pathlib.Path({str(live)!r})\n"
         "label = sys.argv[1]\n"
         "(live / (label + '.ran')).open('a').write('ran\\n')\n"
-        "(live / (label + '.gate')).read_text()\n"
+        "(live / (label + '.gate')).open().readline()\n"
         "(live / (label + '.done')).write_text('done')\n"
         "print('done', label)\n")
     labels = {"alpha": ["a1", "a2"], "beta": ["b1", "b2"]}  # two batches each: a device runs them in turn
@@ -243,17 +243,21 @@ async def test_link_cut_while_commands_run_and_restored_inside_the_grace_loses_n
     await asyncio.to_thread(wait_for, lambda: running("alpha") and running("beta"), "the first commands run", 30)
     cut_at = time.monotonic()
     proxy.down()  # the fault: the link is cut while commands run, and stays down for OUTAGE_S
-    # opening a gate for writing waits for its command to open it for reading: a2 and b2 start later
-    gates = [asyncio.ensure_future(asyncio.to_thread((live / f"{label}.gate").write_text, "open"))
-             for label in commands]
+    # each gate is held open for reading and writing here (which never blocks), so the line waits in
+    # the FIFO for a command that opens it later (a2 and b2 start after a1 and b1)
+    gates = [os.open(live / f"{label}.gate", os.O_RDWR) for label in commands]
+    for fd in gates:
+        os.write(fd, b"open\n")
     await asyncio.to_thread(wait_for, lambda: all((live / f"{label}.done").exists() for label in commands),
                             "every command finished on its device while the link is down", 30)
-    assert not any(call.done() for call in calls.values())
+    early = {label: call.result() for label, call in calls.items() if call.done()}
+    assert not early, f"answered while the link was down: {early}"
     await asyncio.sleep(max(0.0, OUTAGE_S - (time.monotonic() - cut_at)))  # the rest of the outage
     assert proxy.refused >= 2, "the devices kept trying while the link was down"
     proxy.up()
     outcomes = {label: await call for label, call in calls.items()}
-    await asyncio.gather(*gates)
+    for fd in gates:
+        os.close(fd)
     await proxy.aclose()
     for label, (device, [result]) in outcomes.items():
         assert result.status is ResultStatus.SUCCESS, f"{label} on {device}: {result.error}"
