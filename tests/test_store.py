@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from tether.server.settings import ServerSettings, is_loopback
+from tether.server import store as store_module
 from tether.server.store import Store, hash_token
 
 
@@ -74,7 +75,7 @@ def test_devices_persist_and_keep_their_profile(store, tmp_path):
     assert device.profile == {"os": {"platform": "linux"}} and device.last_seen == 200.0 and device.first_seen == 100.0
     store.close()
     reopened = Store(tmp_path / "state" / "server.db")
-    assert reopened.list_devices()[0].name == "laptop" and reopened.schema_version == 4
+    assert reopened.list_devices()[0].name == "laptop" and reopened.schema_version == len(store_module._MIGRATIONS)
     reopened.close()
 
 

@@ -76,6 +76,15 @@ class RemoteServer:
     def device(self, name: str) -> dict[str, Any]:
         return self._request("GET", f"/devices/{name}")
 
+    def pairing_requests(self) -> list[dict[str, Any]]:
+        return self._request("GET", "/pairing")
+
+    def approve_pairing(self, code: str, name: str | None = None, tags: list[str] | None = None) -> dict[str, Any]:
+        return self._request("POST", f"/pairing/{code}/approve", json={"name": name, "tags": tags or []})
+
+    def refuse_pairing(self, code: str) -> dict[str, Any]:
+        return self._request("POST", f"/pairing/{code}/refuse")
+
     def tools(self, name: str) -> list[ToolInfo]:
         return [ToolInfo.model_validate(t) for t in self._request("GET", f"/devices/{name}/tools")]
 

@@ -7,7 +7,16 @@ import sys
 
 
 def main() -> None:
-    from tether.cli import demo_cmds, journal_cmds, run_cmds, server_cmds, task_cmds, tools_cmds  # noqa: F401
+    from tether.cli import (  # noqa: F401
+        demo_cmds,
+        journal_cmds,
+        pairing_cmds,
+        run_cmds,
+        server_cmds,
+        service_cmds,
+        task_cmds,
+        tools_cmds,
+    )
     from tether.cli.common import app
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

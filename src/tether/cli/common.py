@@ -18,7 +18,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="tether: safe, fast and auditable hands for language-model agents.")
 tools_app = typer.Typer(invoke_without_command=True, help="List tools, or serve a built-in tool set over MCP.")
 token_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke device and API tokens.")
-mcp_app = typer.Typer(no_args_is_help=True, help="MCP: plug a server's fleet into an MCP client, or serve this machine's tools.")
+mcp_app = typer.Typer(no_args_is_help=True,
+                      help="MCP: plug a server's fleet into an MCP client, or serve this machine's tools.")
 app.add_typer(tools_app, name="tools")
 app.add_typer(token_app, name="token")
 app.add_typer(mcp_app, name="mcp")

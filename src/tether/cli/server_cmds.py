@@ -37,6 +37,15 @@ if TYPE_CHECKING:
 
 DbOpt = Annotated[Path | None, typer.Option("--db", help="server database (default: state dir/server.db)")]
 
+# `tether server`, `tether device` and `tether devices` run (or list) by themselves and also have
+# sub-commands (install, uninstall, status; pending, approve, refuse) attached by other modules
+server_app = typer.Typer(help="Start the agent server, or install it as a service.")
+device_app = typer.Typer(help="Connect this machine to a server as a device, or install it as a service.")
+devices_app = typer.Typer(help="Show the server's devices, and let pairing devices in.")
+app.add_typer(server_app, name="server")
+app.add_typer(device_app, name="device")
+app.add_typer(devices_app, name="devices")
+
 
 def _settings(**overrides: object):
     from tether.server.settings import ServerSettings
@@ -50,8 +59,8 @@ def _settings(**overrides: object):
         fail(str(exc))
 
 
-@app.command()
-def server(host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+@server_app.callback(invoke_without_command=True)
+def server(ctx: typer.Context, host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
            port: Annotated[int, typer.Option(help="port")] = 8765, db: DbOpt = None,
            tls_cert: Annotated[Path | None, typer.Option("--tls-cert")] = None,
            tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
@@ -70,6 +79,8 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
                     "become too-large failures")] = None,
            log_level: Annotated[str, typer.Option()] = "info") -> None:
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
+    if ctx.invoked_subcommand:
+        return
     from functools import partial
 
     from tether.agent.llm import resolve_llm_settings
@@ -85,6 +96,8 @@ def server(host: Annotated[str, typer.Option(help="address to listen on")] = "12
                          allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes,
                          max_response_bytes=max_response_bytes)
     check_state_dir(settings.db_path)  # a full or read-only state directory: one line (tether.cli.main), exit 2
+    if tls_cert:
+        _print_cert_fingerprint(tls_cert)
     try:
         llm = resolve_llm_settings()
     except ValueError as exc:
@@ -247,8 +260,9 @@ def read_token_file(path: Path, warn: Callable[[str], None]) -> str:
     return token
 
 
-@app.command()
-def device(server: Annotated[str | None, typer.Option("--server", help="ws://HOST:PORT (or the config's)")] = None,
+@device_app.callback(invoke_without_command=True)
+def device(ctx: typer.Context,
+           server: Annotated[str | None, typer.Option("--server", help="ws://HOST:PORT (or the config's)")] = None,
            token_file: Annotated[Path | None, typer.Option(
                "--token-file", help="file holding the device token (or set TETHER_DEVICE_TOKEN, which the device "
                                     "clears; a token is never taken from the command line)")] = None,
@@ -256,9 +270,17 @@ def device(server: Annotated[str | None, typer.Option("--server", help="ws://HOS
            name: Annotated[str | None, typer.Option("--name", help="must match the token's device")] = None,
            config: ConfigOpt = None, policy: PolicyOpt = None, state_dir: StateOpt = None, ca_file: CaOpt = None,
            tag: Annotated[list[str] | None, typer.Option("--tag", help="a tag for device selection")] = None,
+           pair: Annotated[bool, typer.Option(
+               "--pair", help="no token yet: ask the server to pair, show a code for an admin to approve "
+                              "('tether devices approve CODE'), and keep the token it hands over")] = False,
+           tls_fingerprint: Annotated[str | None, typer.Option(
+               "--tls-fingerprint", help="trust exactly the server certificate with this SHA-256 fingerprint "
+                                         "(a self-signed server; see 'tether server' output)")] = None,
            ) -> None:
     """Connect to a server, register this machine's profile, and serve commands until stopped."""
     env_token = take_device_token_from_env()  # first: gone from the environment whatever happens next
+    if ctx.invoked_subcommand:
+        return
     if token is not None:
         _error(REFUSED_ON_COMMAND_LINE)
         raise typer.Exit(2)
@@ -270,12 +292,17 @@ def device(server: Annotated[str | None, typer.Option("--server", help="ws://HOS
     except ValueError as exc:
         _error(str(exc))
         raise typer.Exit(2) from None
+    from tether.cli.pairing_cmds import enrol
+
+    enrolment = None
     if not secret:
-        _error("no device token: pass --token-file PATH, set TETHER_DEVICE_TOKEN, or put server.token_file in "
-               "the config ('tether token create --device NAME' makes one)")
-        raise typer.Exit(2)
+        enrolment = enrol(cfg, server, state_dir, name, ca_file, tls_fingerprint, pair)
+        secret, name = enrolment.token, name or enrolment.name
+        tls_fingerprint = tls_fingerprint or enrolment.tls_fingerprint
     secret_files = [str(p) for p in (token_file, cfg.server.token_file) if p]
-    code = asyncio.run(_device(cfg, server, secret, name, policy, state_dir, ca_file, tag or [], secret_files))
+    tags = [*(enrolment.tags if enrolment else []), *(tag or [])]
+    code = asyncio.run(_device(cfg, server, secret, name, policy, state_dir, ca_file, tags, secret_files,
+                               tls_fingerprint))
     raise typer.Exit(code)
 
 
@@ -302,7 +329,8 @@ def _warn(message: str) -> None:
 
 
 async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str | None, policy: Path | None,
-                  state_dir: Path | None, ca_file: str | None, tags: list[str], secret_files: list[str]) -> int:
+                  state_dir: Path | None, ca_file: str | None, tags: list[str], secret_files: list[str],
+                  tls_fingerprint: str | None = None) -> int:
     from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
     from tether.device.local import build_device, resolve_policy
     from tether.device.profile import collect_profile
@@ -316,7 +344,7 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
             url = "ws" + url[4:]
         if not url.rstrip("/").endswith("/aip"):
             url = url.rstrip("/") + "/aip"
-        ssl_context = make_ssl_context(url, ca_file or cfg.server.ca_file)
+        ssl_context = None if tls_fingerprint else make_ssl_context(url, ca_file or cfg.server.ca_file)
         device_policy = resolve_policy(cfg, policy)
         sandbox = await sandbox_probe
         # serving a server: no process starts unconfined unless the policy says require_sandbox: false
@@ -346,7 +374,7 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     connection = DeviceConnection(device.client, url, secret, name=name or cfg.device.name,
                                   profile=lambda: collect_profile(device, tags=all_tags,
                                                                  sandbox=confined.kind if confined else "none"),
-                                  ssl_context=ssl_context, on_state=announce)
+                                  ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, connection.stop)
@@ -362,9 +390,12 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     return 0
 
 
-@app.command()
-def devices(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
+@devices_app.callback(invoke_without_command=True)
+def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+            as_json: JsonOpt = False) -> None:
     """Show the server's devices: name, platform, status, last seen, load, sandbox, capabilities."""
+    if ctx.invoked_subcommand:
+        return
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             rows = remote.devices()
@@ -390,3 +421,16 @@ def _sandbox_cell(kind: str | None) -> str:
     if kind is None:
         return "-"  # not reported (offline before it registered, or an older device)
     return "[yellow]none[/yellow]" if kind == "none" else kind
+
+
+def _print_cert_fingerprint(cert: Path) -> None:
+    """The certificate's SHA-256, for devices that pin it (--tls-fingerprint) or trust it on first use."""
+    import ssl
+
+    from tether.device.tls_pin import cert_fingerprint
+
+    try:
+        der = ssl.PEM_cert_to_DER_cert(cert.read_text(encoding="ascii"))
+    except (OSError, ValueError) as exc:
+        fail(f"cannot read the TLS certificate {cert}: {exc}")
+    console(err=True).print(f"TLS certificate SHA-256 fingerprint: {cert_fingerprint(der)}", soft_wrap=True)

@@ -41,6 +41,7 @@ from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.reconnect import (
     DUPLICATE_CLOSE_CODE,
     FATAL_CLOSE_CODES,
+    PIN_MISMATCH,
     RETRYABLE,
     RegistrationRefused,
     RetriesExhausted,
@@ -48,6 +49,7 @@ from tether.device.reconnect import (
     backoff_delay,
     describe_failure,
 )
+from tether.device.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
 from tether.protocol.codec import DEFAULT_MAX_FRAME_BYTES, FrameError, decode_server_message, encode
 from tether.protocol.messages import (
     ClientMessage,
@@ -103,7 +105,8 @@ class DeviceConnection:
 
     def __init__(self, client: DeviceClient, url: str, token: str | None, *, name: str | None = None,
                  profile: Callable[[], Awaitable[DeviceProfile]] | None = None,
-                 ssl_context: ssl.SSLContext | None = None, backoff_base: float = 0.5, backoff_cap: float = 30.0,
+                 ssl_context: ssl.SSLContext | None = None, tls_fingerprint: str | None = None,
+                 backoff_base: float = 0.5, backoff_cap: float = 30.0,
                  max_attempts: int | None = None, connect_timeout: float = 10.0, stable_after: float = 10.0,
                  on_state: StateHook | None = None, max_queued_events: int = 1000,
                  record_size: int = 10_000, record_bytes: int = DEFAULT_RECORD_BYTES) -> None:
@@ -118,7 +121,10 @@ class DeviceConnection:
         self.instance_id = uuid.uuid4().hex
         self._token = token
         self._profile = profile
-        self._ssl = ssl_context if ssl_context is not None else make_ssl_context(url)
+        self._pin = normalize_fingerprint(tls_fingerprint) if tls_fingerprint else None
+        if self._pin and urlsplit(url).scheme != "wss":
+            raise ValueError(f"a TLS fingerprint was given but {url} is not a wss:// URL: nothing would be pinned")
+        self._ssl = ssl_context if ssl_context is not None or self._pin else make_ssl_context(url)
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.max_attempts = max_attempts
@@ -158,7 +164,8 @@ class DeviceConnection:
         if self._running:
             raise RuntimeError("this DeviceConnection is already running")
         self._running = True
-        if self._ssl is None and self._token and urlsplit(self.url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        local = urlsplit(self.url).hostname in ("127.0.0.1", "localhost", "::1")
+        if self._ssl is None and not self._pin and self._token and not local:
             logger.warning("connecting to %s without TLS: the device token travels in clear text", self.url)
         attempt = failures = 0
         try:
@@ -248,6 +255,11 @@ class DeviceConnection:
         # it before upgrading the connection and answers 401 {"error": …} without reading a frame
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
         timeout = attempt_timeout(self.connect_timeout, self._grace_left())
+        if self._pin:  # each attempt: the certificate is checked before the token goes anywhere
+            try:
+                self._ssl = await pinned_context_for_async(self.url, self._pin, timeout)
+            except PinMismatch as exc:
+                raise RegistrationRefused(str(exc), PIN_MISMATCH) from None
         try:
             ws = await connect(self.url, additional_headers=headers, ssl=self._ssl, open_timeout=timeout,
                                max_size=TRANSPORT_MAX_BYTES, ping_interval=KEEPALIVE_S, ping_timeout=KEEPALIVE_S,

@@ -16,6 +16,8 @@ from tether.server.aip_socket import aip_route
 from tether.server.api import router
 from tether.server.guard import RequestGuard
 from tether.server.hub import DeviceHub
+from tether.server.pairing import PairingBook
+from tether.server.pairing_api import pairing_router
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
 
@@ -51,6 +53,9 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.store = store
     app.state.settings = settings
     app.include_router(router)
+    if settings.pairing:
+        app.state.pairing = PairingBook(store)
+        app.include_router(pairing_router)
     app.router.routes.append(aip_route(hub))
     contexts = [extension(app) for extension in extensions]
 

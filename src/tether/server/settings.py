@@ -109,6 +109,8 @@ class ServerSettings(BaseModel):
         "and the bind address; '*.example.com' matches its subdomains, '*' turns the check off"))
     tls_cert: str | None = None
     tls_key: str | None = None
+    pairing: bool = Field(True, description=(
+        "let devices without a token ask to pair (`tether device --pair`); an admin still approves each one"))
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -97,6 +97,25 @@ _MIGRATIONS: list[str] = [
     CREATE INDEX audit_batch ON audit (response_id, call_id);
     CREATE INDEX audit_sent ON audit (status) WHERE status = 'sent';
     """,
+    # pairing requests of devices that enrol without a token (see tether.server.pairing)
+    """
+    CREATE TABLE pairing (
+        code TEXT PRIMARY KEY,
+        fingerprint TEXT NOT NULL,
+        address TEXT NOT NULL,
+        requested_name TEXT,
+        platform TEXT,
+        created_at REAL NOT NULL,
+        expires_at REAL NOT NULL,
+        status TEXT NOT NULL,
+        device_name TEXT,
+        tags TEXT NOT NULL DEFAULT '[]',
+        token_id TEXT,
+        decided_by TEXT,
+        decided_at REAL
+    );
+    CREATE INDEX pairing_status ON pairing (status, expires_at);
+    """,
 ]
 SENT, UNKNOWN = "sent", "unknown"
 _SESSION_CACHE = 65_536  # session owners kept in memory (the table is the authority; owners never change)
@@ -359,6 +378,17 @@ class Store:
                 "UPDATE tokens SET revoked_at = ? WHERE revoked_at IS NULL AND (id = ? OR name = ?)",
                 (time.time(), id_or_name, id_or_name))
             return cursor.rowcount
+
+    # -- for the server's other modules (pairing, …): one statement, under the same lock ----------
+
+    def write(self, sql: str, params: Iterable[Any] = ()) -> int:
+        """Run one writing statement; the number of rows it changed."""
+        with self._writing(), self._lock:
+            return self._conn.execute(sql, tuple(params)).rowcount
+
+    def read(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, tuple(params)).fetchall()
 
     # -- devices ---------------------------------------------------------------------------------
 

@@ -1,0 +1,222 @@
+"""`PairingBook`: devices that enrol without a token, and the admin who lets them in.
+
+A device with no token asks to pair: it sends the SHA-256 fingerprint of a key it keeps (never the
+key) and gets a short code. It shows the code and the fingerprint; an admin sees both in `tether
+devices pending` and approves the code (naming the device, tagging it) or refuses it. The device
+then claims its token by presenting the key itself: the server hashes it and compares with the
+fingerprint, so a second device that read the code off a screen cannot take the token. Until
+then the device has no credential at all, so nothing can be run on it or by it.
+
+The token's secret exists only in this process's memory between the approval and the claim (the
+store keeps its hash, as for every token); if the server restarts in between, the approval is
+undone at start-up (its token revoked, the request pending again), so no secret ever sits on disk.
+Requests expire, are rate-limited per address and capped in number, and every decision is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import re
+import secrets
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tether.server.store import Store
+
+PENDING, APPROVED, PAIRED, REFUSED = "pending", "approved", "paired", "refused"
+_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford's base 32: no I, L, O, U to misread
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class PairingError(Exception):
+    """A refusal with the HTTP status the API answers it with."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PairingLimits:
+    ttl: float = 600.0  # a request not approved within this is gone
+    per_address: int = 5  # requests one address may make ...
+    per_address_window: float = 60.0  # ... in this many seconds
+    max_pending: int = 1000  # open requests from everyone together
+    max_wait: float = 30.0  # the longest one claim request waits for a decision
+
+
+@dataclass
+class _Waiters:
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    count: int = 0  # claims waiting now: the entry goes with the last of them
+
+
+def new_code() -> str:
+    raw = "".join(secrets.choice(_ALPHABET) for _ in range(8))
+    return f"{raw[:4]}-{raw[4:]}"
+
+
+def normalize_code(code: str) -> str:
+    """Codes are read aloud and typed: any case, with or without the dash, O/I/L read as 0/1/1."""
+    cleaned = code.strip().upper().replace("-", "").replace(" ", "")
+    cleaned = cleaned.translate(str.maketrans("OIL", "011"))
+    return f"{cleaned[:4]}-{cleaned[4:]}" if len(cleaned) == 8 else cleaned
+
+
+def key_fingerprint(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class PairingBook:
+    """Pairing requests, their decisions and the handing over of tokens (see the module's docstring)."""
+
+    def __init__(self, store: Store, limits: PairingLimits | None = None) -> None:
+        self.store = store
+        self.limits = limits or PairingLimits()
+        self._recent: dict[str, deque[float]] = {}  # address -> times of its recent requests
+        self._secrets: dict[str, tuple[str, str]] = {}  # code -> (token secret, token id), approved, not claimed
+        self._waiters: dict[str, _Waiters] = {}
+        self._undo_lost_approvals()
+
+    def _undo_lost_approvals(self) -> None:
+        for row in self.store.read("SELECT code, token_id FROM pairing WHERE status = ?", (APPROVED,)):
+            if row["token_id"]:
+                self.store.write("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
+                                 (time.time(), row["token_id"]))
+            self.store.write("UPDATE pairing SET status = ?, token_id = NULL, device_name = NULL WHERE code = ?",
+                             (PENDING, row["code"]))
+
+    # -- the device's side ------------------------------------------------------------------------
+
+    def request(self, fingerprint: str, address: str, name: str | None = None,
+                platform: str | None = None) -> dict[str, Any]:
+        fingerprint = fingerprint.strip().lower()
+        if not _HEX64.match(fingerprint):
+            raise PairingError(422, "fingerprint must be the 64 hex digits of the SHA-256 of the device's key")
+        now = time.time()
+        self._rate_limit(address, now)
+        self.store.write("DELETE FROM pairing WHERE status IN (?, ?) AND expires_at < ?", (PENDING, REFUSED, now))
+        pending = self.store.read("SELECT COUNT(*) FROM pairing WHERE status = ?", (PENDING,))[0][0]
+        if pending >= self.limits.max_pending:
+            raise PairingError(429, f"{pending} pairing requests are already waiting; try again later")
+        for row in self.store.read("SELECT code FROM pairing WHERE fingerprint = ? AND status = ?",
+                                   (fingerprint, PENDING)):
+            self.store.write("DELETE FROM pairing WHERE code = ?", (row["code"],))  # the same device asks again
+        code = new_code()
+        expires = now + self.limits.ttl
+        self.store.write(
+            "INSERT INTO pairing (code, fingerprint, address, requested_name, platform, created_at, expires_at, "
+            "status) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (code, fingerprint, address, (name or "")[:128] or None, (platform or "")[:64] or None, now, expires,
+             PENDING))
+        return {"code": code, "fingerprint": fingerprint, "expires_at": expires}
+
+    def _rate_limit(self, address: str, now: float) -> None:
+        window = self.limits.per_address_window
+        for other in [a for a, times in self._recent.items() if not times or times[-1] < now - window]:
+            del self._recent[other]  # forget quiet addresses: the dict stays as small as the recent traffic
+        times = self._recent.setdefault(address, deque())
+        while times and times[0] < now - window:
+            times.popleft()
+        if len(times) >= self.limits.per_address:
+            raise PairingError(429, f"too many pairing requests from {address}; wait {window:.0f} s")
+        times.append(now)
+
+    async def claim(self, code: str, key: str, wait: float) -> dict[str, Any]:
+        """The token once the code is approved; waits up to `wait` seconds for a decision first.
+        Answers {"status": "pending"} if none came, so the device asks again."""
+        code = normalize_code(code)
+        row = self._row(code)
+        if not hmac.compare_digest(key_fingerprint(key), row["fingerprint"]):
+            raise PairingError(403, "this pairing code belongs to another device")
+        if row["status"] == PENDING:
+            waiter = self._waiters.setdefault(code, _Waiters())
+            waiter.count += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, min(wait, self.limits.max_wait,
+                                                            row["expires_at"] - time.time()))):
+                        await waiter.event.wait()
+            finally:
+                waiter.count -= 1
+                if waiter.count == 0 and self._waiters.get(code) is waiter:
+                    del self._waiters[code]
+            row = self._row(code)
+        status = row["status"]
+        if status == PENDING:
+            if row["expires_at"] < time.time():
+                raise PairingError(410, "the pairing request expired; start pairing again")
+            return {"status": PENDING, "expires_at": row["expires_at"]}
+        if status == REFUSED:
+            raise PairingError(403, "an admin refused this device")
+        if status == PAIRED:
+            raise PairingError(409, "this code was already used to pair; start pairing again")
+        taken = self._secrets.pop(code, None)
+        if taken is None:  # approved by another server process sharing the file: the secret is not here
+            raise PairingError(409, "the approval was made elsewhere; ask the admin to approve again")
+        secret, _ = taken
+        self.store.write("UPDATE pairing SET status = ? WHERE code = ?", (PAIRED, code))
+        return {"status": PAIRED, "token": secret, "name": row["device_name"], "tags": json.loads(row["tags"])}
+
+    def _row(self, code: str) -> Any:
+        rows = self.store.read("SELECT * FROM pairing WHERE code = ?", (code,))
+        if not rows:
+            raise PairingError(404, f"no pairing request with code {code}")
+        row = rows[0]
+        if row["status"] == PENDING and row["expires_at"] < time.time():
+            raise PairingError(410, f"the pairing request {code} expired; start pairing again")
+        return row
+
+    # -- the admin's side -------------------------------------------------------------------------
+
+    def pending(self) -> list[dict[str, Any]]:
+        now = time.time()
+        rows = self.store.read("SELECT * FROM pairing WHERE status = ? AND expires_at >= ? ORDER BY created_at",
+                               (PENDING, now))
+        return [{"code": r["code"], "fingerprint": r["fingerprint"], "address": r["address"],
+                 "requested_name": r["requested_name"], "platform": r["platform"], "created_at": r["created_at"],
+                 "expires_at": r["expires_at"]} for r in rows]
+
+    def approve(self, code: str, name: str | None, tags: list[str], by: str) -> dict[str, Any]:
+        code = normalize_code(code)
+        row = self._row(code)
+        if row["status"] != PENDING:
+            raise PairingError(409, f"pairing request {code} is already {row['status']}")
+        device_name = name or row["requested_name"]
+        if not device_name:
+            raise PairingError(422, "the device asked for no name: give one (--name)")
+        try:
+            info, secret = self.store.create_token("device", device_name)
+        except ValueError as exc:
+            raise PairingError(422, str(exc)) from None
+        changed = self.store.write(
+            "UPDATE pairing SET status = ?, device_name = ?, tags = ?, token_id = ?, decided_by = ?, decided_at = ? "
+            "WHERE code = ? AND status = ?",
+            (APPROVED, device_name, json.dumps(tags), info.id, by, time.time(), code, PENDING))
+        if not changed:  # decided by someone else meanwhile
+            self.store.revoke_token(info.id)
+            raise PairingError(409, f"pairing request {code} was decided meanwhile")
+        self._secrets[code] = (secret, info.id)
+        self._wake(code)
+        return {"code": code, "name": device_name, "tags": tags, "token_id": info.id}
+
+    def refuse(self, code: str, by: str) -> dict[str, Any]:
+        code = normalize_code(code)
+        row = self._row(code)
+        if row["status"] != PENDING:
+            raise PairingError(409, f"pairing request {code} is already {row['status']}")
+        self.store.write("UPDATE pairing SET status = ?, decided_by = ?, decided_at = ? WHERE code = ?",
+                         (REFUSED, by, time.time(), code))
+        self._wake(code)
+        return {"code": code, "status": REFUSED}
+
+    def _wake(self, code: str) -> None:
+        waiter = self._waiters.pop(code, None)
+        if waiter is not None:
+            waiter.event.set()
