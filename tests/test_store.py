@@ -7,8 +7,8 @@ import sqlite3
 import pytest
 from pydantic import ValidationError
 
-from tether.server.settings import ServerSettings, is_loopback
 from tether.server import store as store_module
+from tether.server.settings import ServerSettings, is_loopback
 from tether.server.store import Store, hash_token
 
 
