@@ -280,6 +280,7 @@ def device(ctx: typer.Context,
     """Connect to a server, register this machine's profile, and serve commands until stopped."""
     env_token = take_device_token_from_env()  # first: gone from the environment whatever happens next
     if ctx.invoked_subcommand:
+        ctx.meta["tether.device_token_in_env"] = env_token is not None  # `install` refuses to lose it silently
         return
     if token is not None:
         _error(REFUSED_ON_COMMAND_LINE)
@@ -331,9 +332,12 @@ def _warn(message: str) -> None:
 async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str | None, policy: Path | None,
                   state_dir: Path | None, ca_file: str | None, tags: list[str], secret_files: list[str],
                   tls_fingerprint: str | None = None) -> int:
+    from rich.markup import escape
+
     from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
     from tether.device.local import build_device, resolve_policy
     from tether.device.profile import collect_profile
+    from tether.device.reconnect import PIN_MISMATCH
     from tether.sandbox import detect
 
     out = console(err=True)
@@ -382,7 +386,10 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     try:
         await connection.run()
     except RegistrationRefused as exc:
-        out.print(f"[red]refused by the server:[/red] {exc}")
+        if exc.code == PIN_MISMATCH:
+            out.print(f"[red]not connecting:[/red] {escape(exc.error)}", soft_wrap=True)
+        else:
+            out.print(f"[red]refused by the server:[/red] {escape(str(exc))}", soft_wrap=True)
         return 3
     finally:
         await device.aclose()

@@ -67,12 +67,12 @@ def render_unit(kind: Kind, args: list[str], system: bool) -> str:
     return "\n".join(lines)
 
 
-def _check_args(kind: Kind, args: list[str]) -> None:
+def _check_args(kind: Kind, args: list[str], token_in_env: bool) -> None:
     for arg in args:
         if arg == "--token" or arg.startswith("--token="):
             fail("a token never goes into a unit file (anyone can read it with 'systemctl cat'): use "
                  "--token-file PATH, or pair first (tether device --server URL --pair)")
-    if kind == "device" and os.environ.get("TETHER_DEVICE_TOKEN") and "--token-file" not in args:
+    if kind == "device" and token_in_env and "--token-file" not in args:
         fail("TETHER_DEVICE_TOKEN is set, but a service would not have it and a unit file must not hold it: "
              "put the token in a file (chmod 600) and pass --token-file PATH after '--'")
 
@@ -109,7 +109,7 @@ def _install(kind: Kind, ctx: typer.Context, user: bool, system: bool, print_onl
     if user and system:
         fail("choose --user or --system, not both")
     args = list(ctx.args)
-    _check_args(kind, args)
+    _check_args(kind, args, bool(ctx.meta.get("tether.device_token_in_env")))
     text = render_unit(kind, args, system)
     if print_only:
         typer.echo(text, nl=False)
