@@ -1,0 +1,49 @@
+"""Log output for the long-running commands (`tether device`, `tether server`) that services run.
+
+Plain lines (`LEVEL logger: message`, no timestamp: journald and `docker logs` add their own) or one
+JSON object per line for log shippers, with the fields a record carries beyond the message (a
+command's tool, caller, status and duration when the device logs one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+FORMATS = ("plain", "json")
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime", "taskName"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = value if isinstance(value, (str, int, float, bool, type(None))) else str(value)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def configure(level: str = "info", fmt: str = "plain") -> None:
+    """Replace the CLI's default (warnings, plain) with `level` and `fmt` for the whole process."""
+    if fmt not in FORMATS:
+        raise ValueError(f"--log-format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    numeric = logging.getLevelName(level.upper())
+    if not isinstance(numeric, int):
+        raise ValueError(f"--log-level must be debug, info, warning or error, not {level!r}")
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if fmt == "json" else
+                         logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(numeric)
+    for noisy in ("httpx", "httpcore", "websockets"):  # their info lines are per request: keep them quiet
+        logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))
