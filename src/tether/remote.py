@@ -85,8 +85,10 @@ class RemoteServer:
     def refuse_pairing(self, code: str) -> dict[str, Any]:
         return self._request("POST", f"/pairing/{code}/refuse")
 
-    def tools(self, name: str) -> list[ToolInfo]:
-        return [ToolInfo.model_validate(t) for t in self._request("GET", f"/devices/{name}/tools")]
+    def tools(self, name: str, *, timeout: float | None = None) -> list[ToolInfo]:
+        """The device's tools; `timeout` bounds this request (the client's default otherwise)."""
+        extra: dict[str, Any] = {"timeout": httpx.Timeout(timeout, connect=min(timeout, 10))} if timeout else {}
+        return [ToolInfo.model_validate(t) for t in self._request("GET", f"/devices/{name}/tools", **extra)]
 
     def run(self, device: str | None, commands: list[Command], *, timeout: float = 60.0, early_exit: bool = True,
             session_id: str | None = None, requires: dict[str, Any] | None = None,

@@ -378,7 +378,8 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     connection = DeviceConnection(device.client, url, secret, name=name or cfg.device.name,
                                   profile=lambda: collect_profile(device, tags=all_tags,
                                                                  sandbox=confined.kind if confined else "none"),
-                                  ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce)
+                                  ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
+                                  max_concurrent_sessions=device.policy.max_concurrent_sessions)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, connection.stop)
@@ -412,14 +413,15 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title=f"{len(rows)} devices")
-    for col in ("name", "platform", "status", "last seen", "load", "sandbox", "capabilities"):
+    for col in ("name", "platform", "status", "last seen", "load", "running", "queued", "sandbox", "capabilities"):
         table.add_column(col)
     now = time.time()
     for r in rows:
         seen = f"{now - r['last_seen']:.0f}s ago" if r.get("last_seen") else "-"
         style = {"online": "green", "busy": "yellow", "offline": "red"}.get(r["status"], "white")
         table.add_row(r["name"], r.get("platform") or "-", f"[{style}]{r['status']}[/{style}]", seen,
-                      str(r.get("load", 0)), _sandbox_cell(r.get("sandbox")),
+                      str(r.get("load", 0)), str(r.get("running", 0)), str(r.get("queued", 0)),
+                      _sandbox_cell(r.get("sandbox")),
                       ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else ""))
     console().print(table)
 

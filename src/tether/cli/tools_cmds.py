@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import getpass
 import json
+import time
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -188,15 +189,21 @@ async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: 
 def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
                  timeout: float | None, tool_type: str | None, server: str | None, token: str | None,
                  ca_file: str | None) -> Result:
+    # --timeout is the caller's wall time: the schema lookup spends from the same budget, and the
+    # command gets what is left (the batch one second more, so the tool's own timeout, which says
+    # what it killed, normally answers first)
+    end = time.monotonic() + (timeout or 60)
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             try:
-                params = parse_assignments(pairs, _schema_for(remote.tools(device), tool, tool_type))
+                infos = remote.tools(device, timeout=max(min(end - time.monotonic(), 30), 0.5))
+                params = parse_assignments(pairs, _schema_for(infos, tool, tool_type))
             except ValueError as exc:
                 fail(str(exc))
+            left = max(end - time.monotonic(), 0.1)
             command = Command(tool_name=tool, parameters=params, tool_type=tool_type,  # type: ignore[arg-type]
-                              timeout=timeout, approved_by=approved_by)
-            _, [result] = remote.run(device, [command], timeout=(timeout or 60) + 5, session_id=session_id,
+                              timeout=left if timeout else None, approved_by=approved_by)
+            _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5), session_id=session_id,
                                      on_event=lambda e: stream_output(e.kind, e.data))
             return result
     except RemoteError as exc:

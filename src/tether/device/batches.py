@@ -1,8 +1,14 @@
-"""`BatchRunner`: the device's side of a COMMAND — one batch at a time, in arrival order, exactly once.
+"""`BatchRunner`: the device's side of a COMMAND — in arrival order per session, exactly once.
 
-Seed 001 runs one task at a time under `task_lock`; here that is a queue and one task per batch,
-started in arrival order, so the connection's reader stays free to answer heartbeats and
-cancellations while a batch runs.
+Seed 001 runs one task at a time under `task_lock`; here that lock is per session: a session's
+batches run one at a time in arrival order, while batches of different sessions (a batch's
+`session_id`; batches without one form one session) run side by side, at most
+`max_concurrent_sessions` at once. A session beyond that waits for a slot, first come first
+served, and its waiting batch is told its place with a `queued` event (`data.position`, 1 = next)
+whenever the place changes. A batch that only lists tools waits for nothing: it answers from
+what the device already knows, so a listing never sits behind a running command.
+Each batch has a task of its own, so the connection's reader stays free to answer heartbeats and
+cancellations while batches run.
 Batches belong to the runner, not to a connection: a dropped socket does not cancel work, and
 the results land in the outbox to be delivered after the next registration.
 
@@ -35,6 +41,9 @@ from tether.protocol.models import Command, Result, ResultStatus
 logger = logging.getLogger(__name__)
 
 CANCELLED_BY_SERVER = "cancelled by the server"
+DEFAULT_MAX_CONCURRENT_SESSIONS = 4
+# meta tools that only read what the device knows: a batch of these alone never queues
+_IMMEDIATE_TOOLS = frozenset({"list_tools"})
 SHUTTING_DOWN = "not run: the device is shutting down"
 # the command that was running when the device stopped: it may have done some or all of its work
 SHUTDOWN_WHILE_RUNNING = ("outcome unknown: the command was running when the device shut down and was stopped; "
@@ -54,6 +63,7 @@ class Batch:
     deadline: float | None = None  # the loop time at which its timeout fires
     done: bool = False
     orphaned: bool = False  # no server waits for its results any more: they are recorded, not sent
+    position: int = 0  # its place in the queue for a session slot as last reported (0: not waiting)
 
     def __post_init__(self) -> None:
         self.slots = [None] * len(self.msg.actions or ())
@@ -61,6 +71,15 @@ class Batch:
     @property
     def actions(self) -> list[Command]:
         return self.msg.actions or []
+
+    @property
+    def session(self) -> str | None:
+        return self.msg.session_id
+
+    @property
+    def immediate(self) -> bool:
+        """Whether it may run at once whatever else runs (a tools listing)."""
+        return all(c.tool_name in _IMMEDIATE_TOOLS for c in self.actions)
 
     def key(self, position: int) -> tuple[str, str] | None:
         """The `FinishedRecord` key of the command at `position`: this batch's response_id and its call_id."""
@@ -70,13 +89,16 @@ class Batch:
 class BatchRunner:
     """Accepts COMMAND messages, runs them on a `DeviceClient`, and puts results in the outbox.
 
-    There is no long-lived worker: a finishing batch starts the next queued one in a task of its own,
-    and a batch that arrives when nothing runs is run by the connection's reader itself, in its own
-    task (see `submit(run_here=True)`): no task is created and no event-loop turn is spent for it.
+    There is no long-lived worker: a finishing batch starts the next one in a task of its own, and a
+    batch that can start when it arrives is run by the connection's reader itself, in its own task
+    (see `submit(run_here=True)`): no task is created and no event-loop turn is spent for it.
     """
 
     def __init__(self, client: DeviceClient, outbox: Outbox, record: FinishedRecord,
-                 client_id: str | None = None) -> None:
+                 client_id: str | None = None, *,
+                 max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS) -> None:
+        if max_concurrent_sessions < 1:
+            raise ValueError(f"max_concurrent_sessions must be at least 1, not {max_concurrent_sessions}")
         self.client = client
         self.outbox = outbox
         self.record = record
@@ -85,13 +107,26 @@ class BatchRunner:
         self.idle = asyncio.Event()
         self.idle.set()
         self.executed = 0  # commands handed to the router (not replayed): tests count on it
-        self._queue: deque[Batch] = deque()
-        self._current: Batch | None = None
+        self.max_concurrent_sessions = max_concurrent_sessions
+        self._queues: dict[str | None, deque[Batch]] = {}  # per session: its batches not started yet
+        self._running: dict[str | None, Batch] = {}  # per session: the batch holding its slot
+        self._waiting: deque[str | None] = deque()  # sessions with batches and no slot, in arrival order
+        self._immediate: set[Batch] = set()  # listings running outside the slots
 
     @property
     def running(self) -> int:
         """Batches accepted and not finished (queued or running): the heartbeat's load figure."""
         return len(self.active)
+
+    @property
+    def started(self) -> int:
+        """Batches running now (each session's current one, and listings)."""
+        return len(self._running) + len(self._immediate)
+
+    @property
+    def queued(self) -> int:
+        """Batches accepted and not started: behind their session's running batch, or waiting for a slot."""
+        return len(self.active) - self.started
 
     # ------------------------------------------------------------------ accepting and cancelling
 
@@ -113,10 +148,16 @@ class BatchRunner:
             return
         self.active[msg.response_id] = batch
         self.idle.clear()
-        self._queue.append(batch)
-        if self._current is None:
-            return self._start_next(here=run_here)
-        return None
+        if batch.immediate:
+            self._immediate.add(batch)
+            return self._start(batch, here=run_here)
+        key = batch.session
+        queue = self._queues.setdefault(key, deque())
+        queue.append(batch)
+        if key in self._running or key in self._waiting:
+            return None  # its session's earlier batches go first; it starts when they are done
+        self._waiting.append(key)
+        return self._pump(here=run_here)
 
     def cancel(self, response_id: str, reason: str = CANCELLED_BY_SERVER) -> bool:
         """Cancel a queued or running batch; its unfinished commands fail with `reason`."""
@@ -128,6 +169,7 @@ class BatchRunner:
             batch.task.cancel()
         else:  # still queued: answer now; it is skipped when its turn comes
             self._finish(batch, reason)
+            self._pump()  # the places of those behind it move up
         return True
 
     def orphan_all(self, reason: str) -> int:
@@ -150,18 +192,71 @@ class BatchRunner:
 
     # ------------------------------------------------------------------ running
 
-    def _start_next(self, *, here: bool = False) -> Coroutine[Any, Any, None] | None:
-        self._current = None
-        while self._queue:
-            batch = self._queue.popleft()
-            if not batch.done:
-                self._current = batch
-                if here:
-                    return self._run_batch(batch)
-                batch.task = asyncio.create_task(self._run_batch(batch), name=f"batch-{batch.msg.response_id}")
-                batch.task.add_done_callback(lambda _task, b=batch: self._task_ended(b))
-                return None
+    def _pump(self, *, here: bool = False) -> Coroutine[Any, Any, None] | None:
+        """Give free slots to waiting sessions in arrival order, then tell those still waiting their
+        place if it changed. With `here`, the first batch started is returned instead of given a task."""
+        returned: Coroutine[Any, Any, None] | None = None
+        while self._waiting and len(self._running) < self.max_concurrent_sessions:
+            key = self._waiting.popleft()
+            batch = self._next_of(key)
+            if batch is None:
+                continue
+            self._running[key] = batch
+            coro = self._start(batch, here=here and returned is None)
+            returned = returned or coro
+        for place, key in enumerate(self._waiting, 1):
+            head = self._head(key)
+            if head is not None and head.position != place:
+                head.position = place
+                self._queued_event(head, place)
+        return returned
+
+    def _head(self, key: str | None) -> Batch | None:
+        """The session's next batch not cancelled meanwhile (cancelled ones are dropped)."""
+        queue = self._queues.get(key)
+        while queue and queue[0].done:
+            queue.popleft()
+        if not queue:
+            self._queues.pop(key, None)
+            return None
+        return queue[0]
+
+    def _next_of(self, key: str | None) -> Batch | None:
+        batch = self._head(key)
+        if batch is not None:
+            self._queues[key].popleft()
+            if not self._queues[key]:
+                del self._queues[key]
+        return batch
+
+    def _start(self, batch: Batch, *, here: bool) -> Coroutine[Any, Any, None] | None:
+        batch.position = 0
+        if here:
+            return self._run_batch(batch)
+        batch.task = asyncio.create_task(self._run_batch(batch), name=f"batch-{batch.msg.response_id}")
+        batch.task.add_done_callback(lambda _task, b=batch: self._task_ended(b))
         return None
+
+    def _ended(self, batch: Batch) -> None:
+        """A batch is over: its slot goes to the next session in line; its own session, if it has more
+        batches, queues again behind those already waiting (no session keeps a slot for ever)."""
+        self._immediate.discard(batch)
+        key = batch.session
+        if self._running.get(key) is batch:
+            del self._running[key]
+            if self._head(key) is not None:
+                self._waiting.append(key)
+        self._pump()
+
+    def _queued_event(self, batch: Batch, place: int) -> None:
+        if batch.orphaned:
+            return
+        message = ClientMessage(type=ClientMessageType.EVENT, client_id=self.client_id, payload=Event(
+            kind="queued", response_id=batch.msg.response_id, data={
+                "position": place, "max_concurrent_sessions": self.max_concurrent_sessions,
+                "reason": f"the device runs {self.max_concurrent_sessions} sessions at once; this batch is "
+                          f"number {place} in line"}).model_dump())
+        self.outbox.put_event(message)
 
     def _task_ended(self, batch: Batch) -> None:
         """A batch's task cancelled before its first step never ran `_run_batch`, so nothing answered
@@ -169,8 +264,7 @@ class BatchRunner:
         if batch.done:
             return
         self._finish(batch, batch.cancel_reason or "cancelled")
-        if self._current is batch:
-            self._start_next()
+        self._ended(batch)
 
     async def _run_batch(self, batch: Batch) -> None:
         """Run one batch under its timeout; a cancel (ours, or the timeout's) fails what is left."""
@@ -202,7 +296,7 @@ class BatchRunner:
         finally:
             if timer is not None:
                 timer.cancel()
-            self._start_next()
+            self._ended(batch)
 
     def _expire(self, batch: Batch) -> None:
         """The batch's timeout fired: it is cancelled as a CANCEL from the server would, saying why."""
@@ -249,17 +343,13 @@ class BatchRunner:
                 self.record.add(batch.key(position), result)
             self._deliver(batch, position, result)
 
-        client = self.client
-        async with client.task_lock:
-            if msg.session_id is not None:
-                client.session_id = msg.session_id
-            client.agent_name = msg.agent_name
-            client.process_name = msg.process_name
-            client.root_name = msg.root_name
-            batch.current = positions[0]
-            self.executed += len(commands)
-            await client.execute_actions(commands, early_exit=msg.early_exit, emit=self.emitter(batch),
-                                         on_result=on_result, deadline=batch.deadline)
+        # the session's order is kept by the runner (one batch per session at a time), so sessions do
+        # not share the client's single task_lock nor its session fields: the context goes with the call
+        batch.current = positions[0]
+        self.executed += len(commands)
+        await self.client.command_router.execute(
+            msg.agent_name, msg.process_name, msg.root_name, commands, msg.early_exit,
+            session_id=msg.session_id, emit=self.emitter(batch), on_result=on_result, deadline=batch.deadline)
         batch.current = None
 
     def _recorded(self, batch: Batch, position: int) -> Result:

@@ -35,7 +35,7 @@ from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidS
 from websockets.protocol import State
 from websockets.uri import parse_uri
 
-from tether.device.batches import BatchRunner, run_in_this_task
+from tether.device.batches import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
 from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.reconnect import (
@@ -109,7 +109,8 @@ class DeviceConnection:
                  backoff_base: float = 0.5, backoff_cap: float = 30.0,
                  max_attempts: int | None = None, connect_timeout: float = 10.0, stable_after: float = 10.0,
                  on_state: StateHook | None = None, max_queued_events: int = 1000,
-                 record_size: int = 10_000, record_bytes: int = DEFAULT_RECORD_BYTES) -> None:
+                 record_size: int = 10_000, record_bytes: int = DEFAULT_RECORD_BYTES,
+                 max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS) -> None:
         try:
             parse_uri(url)
         except (InvalidURI, ValueError) as exc:
@@ -141,7 +142,8 @@ class DeviceConnection:
         # what outlives a connection
         self.outbox = Outbox(max_queued_events)
         self.record = FinishedRecord(record_size, record_bytes)
-        self.batches = BatchRunner(client, self.outbox, self.record, client_id=name)
+        self.batches = BatchRunner(client, self.outbox, self.record, client_id=name,
+                                   max_concurrent_sessions=max_concurrent_sessions)
         self._stop = asyncio.Event()
         self._running = False
         self._last_rx = 0.0
@@ -476,6 +478,7 @@ class DeviceConnection:
                                 f"(heartbeat timeout {timeout:g}s)")
             if now >= next_beat:
                 self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.HEARTBEAT, client_id=self.name,
-                                                             payload={"running": self.batches.running})))
+                                                             payload={"running": self.batches.running,
+                                                                      "queued": self.batches.queued})))
                 next_beat = now + interval
             await asyncio.sleep(min(tick, next_beat - now))

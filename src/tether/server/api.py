@@ -45,6 +45,8 @@ class DeviceView(BaseModel):
     platform: str | None = None
     last_seen: float | None = None
     load: int = 0
+    running: int = Field(0, description="batches running on the device (its last heartbeat)")
+    queued: int = Field(0, description="batches the device accepted and has not started (its last heartbeat)")
     capabilities: list[str] = Field(default_factory=list)
     tags: list[str] = Field(default_factory=list)
     gpu: bool = False
@@ -124,6 +126,7 @@ def _view(record: DeviceRecord, detail: bool = False) -> DeviceView:
     profile = record.profile
     data: dict[str, Any] = {
         "name": record.name, "status": record.status, "last_seen": record.last_seen, "load": record.load,
+        "running": max(record.running - record.queued, 0), "queued": record.queued,
         "platform": profile.os.platform if profile else None,
         "capabilities": profile.capabilities if profile else [],
         "tags": profile.tags if profile else [], "gpu": bool(profile and profile.gpu.available),

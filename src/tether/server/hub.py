@@ -213,7 +213,7 @@ class DeviceHub:
         self._conns[name] = conn
         record.connected, record.profile, record.instance_id, record.address = True, reg.profile, reg.instance_id, peer
         record.connected_at = record.last_seen = time.time()
-        record.running = 0
+        record.running = record.queued = 0
         self._remember(name, reg.profile.model_dump_json(), record.last_seen)
         self.registry.notify()
         ack = RegisterAck(device=name, heartbeat_interval=settings.heartbeat_interval,
@@ -278,8 +278,12 @@ class DeviceHub:
             self._batches.accept(conn.name, msg)
         elif kind is ClientMessageType.HEARTBEAT:
             running = (msg.payload or {}).get("running", 0)
-            if type(running) is int and running >= 0 and running != conn.record.running:
-                conn.record.running = running
+            queued = (msg.payload or {}).get("queued", 0)  # of `running`, those not started yet
+            if type(queued) is not int or not 0 <= queued <= (running if type(running) is int else 0):
+                queued = 0
+            if type(running) is int and running >= 0 and (running, queued) != (conn.record.running,
+                                                                                conn.record.queued):
+                conn.record.running, conn.record.queued = running, queued
                 self.registry.notify()
             await conn.send(ServerMessage(type=ServerMessageType.HEARTBEAT, status=TaskStatus.OK))
         elif kind is ClientMessageType.EVENT:
@@ -384,7 +388,7 @@ class DeviceHub:
             return
         del self._conns[conn.name]
         record = conn.record
-        record.connected, record.running, record.last_seen = False, 0, time.time()
+        record.connected, record.running, record.queued, record.last_seen = False, 0, 0, time.time()
         self._remember(conn.name, None, record.last_seen)
         if grace and not self._closed:
             self._grace.start(conn.name, self.settings.grace_period)

@@ -39,7 +39,8 @@ class DeviceRecord:
     instance_id: str | None = None
     address: str | None = None
     inflight: int = 0  # batches this server has out on the device (sent or waiting to be sent)
-    running: int = 0  # what the device reported in its last heartbeat
+    running: int = 0  # what the device reported in its last heartbeat: batches accepted, not finished
+    queued: int = 0  # of those, the ones not started (behind their session, or waiting for a session slot)
 
     @property
     def load(self) -> int:
@@ -62,6 +63,7 @@ class DeviceRecord:
         """A JSON-ready view for tables and APIs."""
         profile = self.profile
         return {"name": self.name, "status": self.status, "platform": self.platform, "load": self.load,
+                "running": max(self.running - self.queued, 0), "queued": self.queued,
                 "last_seen": self.last_seen, "connected_at": self.connected_at, "address": self.address,
                 "gpu": bool(profile and profile.gpu.available), "tags": list(profile.tags) if profile else [],
                 "capabilities": list(profile.capabilities) if profile else []}

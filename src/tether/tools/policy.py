@@ -105,6 +105,9 @@ class Policy(BaseModel):
     live_write_roots: list[str] = Field(
         default_factory=list, description="write roots bound directly into the sandbox: changes there happen at once "
                                           "and are neither captured, held for approval nor undoable")
+    max_concurrent_sessions: int = Field(
+        4, ge=1, le=256, description="sessions a device serving a server runs at once; the batches of further "
+                                     "sessions wait in line (told their place by a 'queued' event)")
 
     @field_validator("commands")
     @classmethod

@@ -1,0 +1,190 @@
+"""Several callers at once on one real device process (issue 14, section 3).
+
+Long commands are Python scripts that print `started LABEL` and then block on a FIFO gate the test
+opens; the test learns that a command runs from its streamed `output` event, never from a sleep.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netutil import CLI, Cluster, wait_for
+from tether.protocol.messages import Event
+from tether.protocol.models import Command, Result, ResultStatus
+from tether.remote import RemoteServer
+
+SCRIPT = (
+    "import pathlib, sys\n"
+    "gate = pathlib.Path(sys.argv[1])\n"
+    "print('started', gate.stem, flush=True)\n"
+    "gate.open().readline()\n"
+    "print('done', gate.stem)\n"
+)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+class Caller:
+    """One REST caller in a thread of its own (its own HTTP client), with its events seen as they come."""
+
+    def __init__(self, cluster: Cluster, session: str, command: Command, timeout: float = 60) -> None:
+        self.session = session
+        self.command = command
+        self.events: list[Event] = []
+        self.started = threading.Event()
+        self.queued = threading.Event()
+        self.result: Result | None = None
+        self.error: BaseException | None = None
+        self.finished = threading.Event()
+        self._args = (cluster, timeout)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _on_event(self, event: Event) -> None:
+        self.events.append(event)
+        if event.kind == "output" and "started" in str(event.data.get("data", "")):
+            self.started.set()
+        if event.kind == "queued":
+            self.queued.set()
+
+    def _run(self) -> None:
+        cluster, timeout = self._args
+        try:
+            with RemoteServer(f"http://127.0.0.1:{cluster.port}", cluster.api_token) as remote:
+                _, [self.result] = remote.run("alpha", [self.command], timeout=timeout, session_id=self.session,
+                                              on_event=self._on_event)
+        except BaseException as exc:  # reported by the test's assertions
+            self.error = exc
+        finally:
+            self.finished.set()
+
+    def outcome(self, timeout: float = 30) -> Result:
+        assert self.finished.wait(timeout), f"session {self.session}: no answer within {timeout}s"
+        assert self.error is None, f"session {self.session}: {self.error!r}"
+        assert self.result is not None
+        return self.result
+
+
+def _setup(cluster: Cluster, tmp_path: Path, max_sessions: int) -> tuple[Path, Path, Any]:
+    live = tmp_path / "live"
+    live.mkdir()
+    policy = tmp_path / "policy.yaml"  # the gates must be the test's own FIFOs: a live write root
+    policy.write_text(f"live_write_roots: [{str(live)!r}]\nmax_concurrent_sessions: {max_sessions}\n")
+    device = cluster.device("alpha", extra=("--policy", str(policy)))
+    cluster.wait_online("alpha", device)
+    script = tmp_path / "gated.py"
+    script.write_text(SCRIPT)
+    return live, script, device
+
+
+def _gated(live: Path, script: Path, label: str, tmp_path: Path) -> tuple[Command, Path]:
+    gate = live / f"{label}.gate"
+    os.mkfifo(gate)
+    return Command(tool_name="shell.run", parameters={"cmd": "python3", "argv": [str(script), str(gate)],
+                                                      "cwd": str(tmp_path)}), gate
+
+
+def _echo(text: str, tmp_path: Path) -> Command:
+    return Command(tool_name="shell.run", parameters={"cmd": "echo", "argv": [text], "cwd": str(tmp_path)})
+
+
+def _open(gate: Path) -> int:
+    """Hold the gate open for reading and writing (never blocks) and put the line its command waits for."""
+    fd = os.open(gate, os.O_RDWR)
+    os.write(fd, b"go\n")
+    return fd
+
+
+def test_sessions_run_side_by_side_in_order_each_and_wait_in_line_beyond_the_limit(cluster, tmp_path):
+    live, script, _ = _setup(cluster, tmp_path, max_sessions=3)
+    fds: list[int] = []
+    try:
+        (cmd1, gate1), (cmd2, gate2) = _gated(live, script, "s1", tmp_path), _gated(live, script, "s2", tmp_path)
+        one, two = Caller(cluster, "s1", cmd1), Caller(cluster, "s2", cmd2)
+        assert one.started.wait(30) and two.started.wait(30), "two long commands of two sessions run at once"
+        # within a session, order: s2's second batch waits for its first
+        two_later = Caller(cluster, "s2", _echo("after s2", tmp_path))
+        # a third session's quick command answers while both long ones hold their slots
+        quick = Caller(cluster, "s3", _echo("quick", tmp_path)).outcome()
+        assert quick.status is ResultStatus.SUCCESS and quick.result["stdout"] == "quick\n", quick.error
+        # a tools listing never waits, not even inside a session whose command is running
+        with RemoteServer(f"http://127.0.0.1:{cluster.port}", cluster.api_token) as remote:
+            _, [listing] = remote.run("alpha", [Command(tool_name="list_tools", tool_type="data_collection")],
+                                      timeout=10, session_id="s1")
+            assert listing.status is ResultStatus.SUCCESS, listing.error
+            assert any(t["name"] == "shell.run" or t.get("namespace") == "shell" for t in listing.result)
+        assert not two_later.finished.is_set(), "s2's second batch ran before its first finished"
+        # the third slot taken by s4: s5 waits in line and is told so
+        cmd4, gate4 = _gated(live, script, "s4", tmp_path)
+        four = Caller(cluster, "s4", cmd4)
+        assert four.started.wait(30)
+        five = Caller(cluster, "s5", _echo("fifth", tmp_path))
+        assert five.queued.wait(30), "a session beyond the limit is told it waits"
+        [queued] = [e for e in five.events if e.kind == "queued"]
+        assert queued.data["position"] == 1 and queued.data["max_concurrent_sessions"] == 3
+        assert not five.finished.is_set()
+
+        def counts() -> bool:  # the device reports them in its heartbeat; `tether devices` shows them
+            out = subprocess.run([*CLI, "devices", "--json"], capture_output=True, text=True, timeout=30,
+                                 env={**cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{cluster.port}",
+                                      "TETHER_TOKEN": cluster.api_token})
+            [row] = [r for r in json.loads(out.stdout) if r["name"] == "alpha"]
+            return row["running"] == 3 and row["queued"] == 2  # s2's second batch and s5
+
+        wait_for(counts, "running 3 / queued 2 in `tether devices`", 30)
+        fds.append(_open(gate1))  # s1 ends: its slot goes to s5
+        first = one.outcome()
+        assert first.status is ResultStatus.SUCCESS and first.result["stdout"] == "started s1\ndone s1\n"
+        assert five.outcome().result["stdout"] == "fifth\n"
+        assert not two_later.finished.is_set()
+        fds.append(_open(gate2))
+        assert two.outcome().result["stdout"] == "started s2\ndone s2\n"
+        assert two_later.outcome().result["stdout"] == "after s2\n"
+        fds.append(_open(gate4))
+        assert four.outcome().status is ResultStatus.SUCCESS
+    finally:
+        for gate in live.glob("*.gate"):  # nothing is left blocked whatever failed
+            fds.append(_open(gate))
+        for fd in fds:
+            os.close(fd)
+
+
+def test_exec_timeout_is_wall_time_even_when_the_device_is_busy(cluster, tmp_path):
+    """`tether exec --timeout 3` on a device already running another session's long command: the
+    tools lookup does not wait behind it, and the whole call ends within the caller's 3 s (+ slack)."""
+    live, script, _ = _setup(cluster, tmp_path, max_sessions=4)
+    cmd, gate = _gated(live, script, "busy", tmp_path)
+    busy = Caller(cluster, "other", cmd)
+    fd: int | None = None
+    try:
+        assert busy.started.wait(30)
+        env = {**cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{cluster.port}", "TETHER_TOKEN": cluster.api_token}
+        proc = subprocess.Popen([*CLI, "exec", "--device", "alpha", "--timeout", "3", "shell.run", "cmd=sleep",
+                                 'argv=["30"]', f"cwd={tmp_path}"], env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        try:
+            # an upper bound only: the CLI's 3 s (from its own start) and the batch's one second of margin
+            out, err = proc.communicate(timeout=3 + 2)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("tether exec --timeout 3 was still running after 5 s")
+        assert proc.returncode == 1, (out, err)
+        assert "timed out" in out + err and "Traceback" not in err
+        assert not busy.finished.is_set(), "the other session's command kept running"
+    finally:
+        fd = _open(gate)
+        busy.outcome()
+        os.close(fd)
