@@ -90,6 +90,16 @@ class RemoteServer:
         extra: dict[str, Any] = {"timeout": httpx.Timeout(timeout, connect=min(timeout, 10))} if timeout else {}
         return [ToolInfo.model_validate(t) for t in self._request("GET", f"/devices/{name}/tools", **extra)]
 
+    def policy(self, device: str) -> dict[str, Any]:
+        return self._request("GET", f"/devices/{_quote(device)}/policy")
+
+    def set_policy(self, device: str, policy: dict[str, Any], *, replace: bool = False) -> dict[str, Any]:
+        return self._request("PUT", f"/devices/{_quote(device)}/policy", json={"policy": policy, "replace": replace})
+
+    def policy_program(self, device: str, verb: str, program: str) -> dict[str, Any]:
+        """`verb`: allow, deny or approve."""
+        return self._request("POST", f"/devices/{_quote(device)}/policy/{verb}", json={"program": program})
+
     def run(self, device: str | None, commands: list[Command], *, timeout: float = 60.0, early_exit: bool = True,
             session_id: str | None = None, requires: dict[str, Any] | None = None,
             on_event: Callable[[Event], None] | None = None) -> tuple[str, list[Result]]:

@@ -11,6 +11,7 @@ def main() -> None:
         demo_cmds,
         journal_cmds,
         pairing_cmds,
+        policy_cmds,
         run_cmds,
         server_cmds,
         service_cmds,

@@ -367,6 +367,15 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     else:
         _warn(f"no sandbox: processes this device starts run unconfined; {why}")
     all_tags = list(dict.fromkeys([*cfg.device.tags, *tags]))
+    from tether.device.remote_policy import RemotePolicy
+
+    remote_policy = RemotePolicy(device.policy, device.state_dir)  # what the server set (tether policy)
+    try:
+        remote_policy.load()
+    except ValueError as exc:
+        _error(str(exc))
+        await device.aclose()
+        return 2
     def announce(state: str, conn: DeviceConnection) -> None:
         if state == "registered":
             again = " (reconnected)" if conn.connections > 1 else ""
@@ -379,7 +388,9 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
                                   profile=lambda: collect_profile(device, tags=all_tags,
                                                                  sandbox=confined.kind if confined else "none"),
                                   ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
-                                  max_concurrent_sessions=device.policy.max_concurrent_sessions)
+                                  max_concurrent_sessions=device.policy.max_concurrent_sessions,
+                                  remote_policy=remote_policy)
+    remote_policy.on_change = lambda p: connection.batches.set_limit(p.max_concurrent_sessions)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, connection.stop)

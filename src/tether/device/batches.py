@@ -118,6 +118,12 @@ class BatchRunner:
         """Batches accepted and not finished (queued or running): the heartbeat's load figure."""
         return len(self.active)
 
+    def set_limit(self, max_concurrent_sessions: int) -> None:
+        """A new `max_concurrent_sessions` (a policy change): more slots start waiting sessions at once;
+        fewer let the running ones finish."""
+        self.max_concurrent_sessions = max(1, max_concurrent_sessions)
+        self._pump()
+
     @property
     def started(self) -> int:
         """Batches running now (each session's current one, and listings)."""

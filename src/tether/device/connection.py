@@ -49,6 +49,7 @@ from tether.device.reconnect import (
     backoff_delay,
     describe_failure,
 )
+from tether.device.remote_policy import RemotePolicy
 from tether.device.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
 from tether.protocol.codec import DEFAULT_MAX_FRAME_BYTES, FrameError, decode_server_message, encode
 from tether.protocol.messages import (
@@ -58,6 +59,7 @@ from tether.protocol.messages import (
     Registration,
     ServerMessage,
     ServerMessageType,
+    TaskStatus,
 )
 from tether.protocol.profile import DeviceProfile
 
@@ -110,7 +112,8 @@ class DeviceConnection:
                  max_attempts: int | None = None, connect_timeout: float = 10.0, stable_after: float = 10.0,
                  on_state: StateHook | None = None, max_queued_events: int = 1000,
                  record_size: int = 10_000, record_bytes: int = DEFAULT_RECORD_BYTES,
-                 max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS) -> None:
+                 max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS,
+                 remote_policy: RemotePolicy | None = None) -> None:
         try:
             parse_uri(url)
         except (InvalidURI, ValueError) as exc:
@@ -144,6 +147,7 @@ class DeviceConnection:
         self.record = FinishedRecord(record_size, record_bytes)
         self.batches = BatchRunner(client, self.outbox, self.record, client_id=name,
                                    max_concurrent_sessions=max_concurrent_sessions)
+        self.remote_policy = remote_policy  # answers the server's POLICY_REQUEST / POLICY_SET
         self._stop = asyncio.Event()
         self._running = False
         self._last_rx = 0.0
@@ -414,6 +418,8 @@ class DeviceConnection:
                 logger.info("cancel for %s: no such batch queued or running", msg.response_id)
         elif kind is ServerMessageType.HEARTBEAT:
             pass  # liveness was noted on arrival
+        elif kind in (ServerMessageType.POLICY_REQUEST, ServerMessageType.POLICY_SET):
+            self._answer_policy(msg)
         elif kind is ServerMessageType.DEVICE_INFO_REQUEST:
             task = asyncio.create_task(self._send_device_info(msg.response_id))
             self._side_tasks.add(task)
@@ -426,6 +432,26 @@ class DeviceConnection:
     def _send_error(self, error: str) -> None:
         self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.ERROR, client_id=self.name,
                                                      error=error)))
+
+    def _answer_policy(self, msg: ServerMessage) -> None:
+        """Show or change the policy for the server (`tether policy`): one POLICY_REPORT either way; a
+        refused or invalid change is a FAILED report saying why, and changes nothing."""
+        reply = ClientMessage(type=ClientMessageType.POLICY_REPORT, client_id=self.name,
+                              prev_response_id=msg.response_id)
+        policy = self.remote_policy
+        try:
+            if policy is None:
+                raise ValueError("this device does not take policy requests from its server")
+            if msg.type is ServerMessageType.POLICY_SET:
+                payload = msg.payload or {}
+                reply.payload = policy.apply(payload.get("policy") or {}, replace=payload.get("replace") is True)
+            else:
+                reply.payload = policy.report()
+        except ValueError as exc:
+            reply.status, reply.error = TaskStatus.FAILED, str(exc)[:2000]
+        except OSError as exc:
+            reply.status, reply.error = TaskStatus.FAILED, f"the device could not save its policy: {exc}"
+        self.outbox.put_control(encode(reply))
 
     async def _send_device_info(self, response_id: str) -> None:
         profile = await self._collect_profile()

@@ -31,6 +31,8 @@ class ServerMessageType(str, Enum):
     COMMAND = "command"  # a batch: `actions`, `response_id`, `timeout`, `early_exit`
     CANCEL = "cancel"  # stop the batch `response_id` and kill what it started
     DEVICE_INFO_REQUEST = "device_info_request"  # ask for a fresh profile
+    POLICY_REQUEST = "policy_request"  # ask for the effective policy; answered by POLICY_REPORT
+    POLICY_SET = "policy_set"  # change the policy; payload: {"policy": {...}, "replace": bool}; POLICY_REPORT
     ERROR = "error"  # the device sent a frame the server could not accept
 
 
@@ -40,6 +42,8 @@ class ClientMessageType(str, Enum):
     COMMAND_RESULTS = "command_results"  # results for `prev_response_id`; status CONTINUE or COMPLETED
     EVENT = "event"  # progress / streamed output while a batch runs; payload: Event
     DEVICE_INFO = "device_info"  # a fresh profile; payload: DeviceProfile
+    POLICY_REPORT = "policy_report"  # answers `prev_response_id`: payload {version, policy, sources,
+    # remote_allowed}, or status FAILED with `error` (a refused or invalid change: nothing changed)
     ERROR = "error"  # the server sent a frame the device could not accept
 
 
@@ -115,6 +119,8 @@ class ServerMessage(_Envelope):
             raise ValueError("a command message needs a non-empty 'actions' list")
         if self.type is ServerMessageType.REGISTER_REFUSED and not self.error:
             raise ValueError("a register_refused message needs an 'error'")
+        if self.type is ServerMessageType.POLICY_SET and not isinstance((self.payload or {}).get("policy"), dict):
+            raise ValueError("a policy_set message needs a payload with a 'policy' mapping")
         return self
 
 
@@ -137,6 +143,8 @@ class ClientMessage(_Envelope):
                 raise ValueError("a command_results message needs 'prev_response_id'")
             if self.action_results is None:
                 raise ValueError("a command_results message needs 'action_results'")
+        if self.type is ClientMessageType.POLICY_REPORT and not self.prev_response_id:
+            raise ValueError("a policy_report message needs 'prev_response_id'")
         if self.type in (ClientMessageType.REGISTER, ClientMessageType.EVENT) and self.payload is None:
             raise ValueError(f"a {self.type.value} message needs a 'payload'")
         return self

@@ -18,6 +18,7 @@ from tether.server.guard import RequestGuard
 from tether.server.hub import DeviceHub
 from tether.server.pairing import PairingBook
 from tether.server.pairing_api import pairing_router
+from tether.server.policy_api import policy_router
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
 
@@ -53,6 +54,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.store = store
     app.state.settings = settings
     app.include_router(router)
+    app.include_router(policy_router)
     if settings.pairing:
         app.state.pairing = PairingBook(store)
         app.include_router(pairing_router)

@@ -69,6 +69,7 @@ class DeviceHub:
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
         self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
         self._tasks: set[asyncio.Task[Any]] = set()
+        self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         self._liveness: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -111,6 +112,24 @@ class DeviceHub:
 
     def connected(self, device: str) -> bool:
         return device in self._conns
+
+    async def request(self, device: str, message: ServerMessage, timeout: float) -> ClientMessage:
+        """Send a request frame (e.g. POLICY_SET) to a connected device and wait, at most `timeout`
+        seconds, for the frame that answers its `response_id` from that same device. LookupError when
+        the device is not connected, TimeoutError when no answer came."""
+        conn = self._conns.get(device)
+        if conn is None or not conn.ready:
+            raise LookupError(f"device {device} is offline" if self.registry.get(device)
+                              else f"no device named {device} has registered")
+        answer: asyncio.Future[ClientMessage] = asyncio.get_running_loop().create_future()
+        self._replies[message.response_id] = (device, answer)
+        try:
+            async with asyncio.timeout(timeout):
+                if not await conn.send(message):
+                    raise LookupError(f"device {device} went offline before the request reached it")
+                return await answer
+        finally:
+            self._replies.pop(message.response_id, None)
 
     def revoke_token(self, id_or_name: str) -> int:
         """Revoke tokens (see `Store.revoke_token`) and disconnect their devices at once. Revocations
@@ -300,6 +319,12 @@ class DeviceHub:
                     batch.on_event(event)
                 except Exception:
                     logger.exception("on_event callback of batch %s failed", batch.response_id)
+        elif kind is ClientMessageType.POLICY_REPORT:
+            device, answer = self._replies.get(msg.prev_response_id or "", (None, None))
+            if answer is None or device != conn.name or answer.done():
+                logger.info("dropped a policy report from device %s: nothing asked for it", conn.name)
+            else:
+                answer.set_result(msg)
         elif kind is ClientMessageType.DEVICE_INFO:
             try:
                 conn.record.profile = DeviceProfile.model_validate(msg.payload or {})

@@ -55,6 +55,7 @@ class CommandRule(BaseModel):
                                   description="arguments that make a read-only program write (sed -i, sort -o)")
     approval: Literal["delete", "move"] | None = Field(
         None, description="this command deletes or moves its path arguments: the approval rules apply")
+    approve: bool = Field(False, description="every run of this program needs a person's approval")
 
 
 class ApprovalRules(BaseModel):
@@ -105,6 +106,14 @@ class Policy(BaseModel):
     live_write_roots: list[str] = Field(
         default_factory=list, description="write roots bound directly into the sandbox: changes there happen at once "
                                           "and are neither captured, held for approval nor undoable")
+    ask: Literal["off", "on-miss", "always"] = Field(
+        "off", description="on-miss: a program outside the allowlist raises an approval instead of a refusal; "
+                           "always: every command needs one; off: the allowlist decides alone")
+    policy_remote: bool = Field(True, description="whether the server may change this policy (tether policy set); "
+                                                  "only the device's own file can change this setting")
+    mcp_sampling: Literal["off", "ask", "on"] = Field(
+        "off", description="whether an external MCP server may ask the device's LLM for a completion (sampling): "
+                           "off refuses, ask asks a person each time, on allows (budgeted per command, logged)")
     max_concurrent_sessions: int = Field(
         4, ge=1, le=256, description="sessions a device serving a server runs at once; the batches of further "
                                      "sessions wait in line (told their place by a 'queued' event)")
@@ -340,6 +349,18 @@ def _check_wrapped(policy: Policy, name: str, args: list[str], stdin: str | None
     return decision._replace(reason=f"{name} runs {inner[0]}: {decision.reason}")
 
 
+def approval_asked(policy: Policy, decision: Decision, cmd: str) -> str | None:
+    """The approval rule the policy's `ask` (or the program's `approve`) puts on a command, None when the
+    decision stands as it is. Only an allowlist miss can be turned into a question: a command refused
+    for any other reason (always denied, an escape, a denied argument) stays refused."""
+    if not decision.allowed:
+        return "ask.on-miss" if decision.rule == "not-allowed" and policy.ask != "off" else None
+    if policy.ask == "always":
+        return "ask.always"
+    rule = policy.commands.get(program_name(cmd) or "")
+    return "approve" if rule is not None and rule.approve else None
+
+
 # ---------------------------------------------------------------- environment
 
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -378,6 +399,7 @@ def check_env(policy: Policy, env: Mapping[str, str] | None) -> Decision:
 
 __all__ = [
     "ALWAYS_DENIED", "KNOWN_ESCAPES", "ApprovalRules", "CommandRule", "Decision", "NeedsApproval", "Policy",
-    "PolicyDenied", "arg_matches", "check_command", "check_env", "default_policy", "lifted", "load_policy",
+    "PolicyDenied", "approval_asked", "arg_matches",
+    "check_command", "check_env", "default_policy", "lifted", "load_policy",
     "policy_from_mapping", "program_name", "yaml",
 ]

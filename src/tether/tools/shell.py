@@ -30,7 +30,7 @@ from tether.tools import shell_capture
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, check_cwd, real, within
-from tether.tools.policy import ALWAYS_DENIED, check_command, check_env, lifted, program_name
+from tether.tools.policy import ALWAYS_DENIED, approval_asked, check_command, check_env, lifted, program_name
 from tether.tools.process import run_process
 from tether.tools.runtime import ToolSet, tool
 
@@ -219,7 +219,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
                    camel: bool, preview: bool = False) -> dict[str, Any]:
     """The one path every shell tool takes: policy, cwd jail, program, approval, then the process."""
     decision = check_command(ctx.policy, cmd, args, stdin=stdin, read_only=read_only)
-    if not decision.allowed:
+    asked = approval_asked(ctx.policy, decision, cmd)  # the policy's `ask`: a question instead of a refusal
+    if not decision.allowed and asked is None:
         raise PolicyDenied(decision.rule, decision.reason)
     verdict = check_env(ctx.policy, env)
     if not verdict.allowed:
@@ -236,8 +237,12 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     approval = None if capture else approval_rule(ctx, cmd, args, workdir)
     if dry_run:
         return {"ok": True, "dryRun": True, "preview": preview_text, "cwd": str(workdir), "allowed": True,
-                "program": program, "rule": decision.rule, "needsApproval": approval,
+                "program": program, "rule": decision.rule, "needsApproval": asked or approval,
                 "sandbox": sandbox.kind if sandbox else "none", "captured": capture}
+    if asked and not ctx.approved_by:
+        why = decision.reason if not decision.allowed else f"the policy asks before {cmd} runs ({asked})"
+        raise NeedsApproval(asked, f"`{preview_text}`: {why}. Approve it once, always (add {program_name(cmd)} to "
+                                   "this device's allowlist: tether policy allow), or deny it")
     if approval and not ctx.approved_by:
         raise NeedsApproval(approval, f"`{preview_text}` deletes or moves files outside the temp directory")
     key = shell_capture.fingerprint(ctx, cmd, args, str(workdir), env, stdin) if capture else ""

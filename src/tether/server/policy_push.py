@@ -1,0 +1,58 @@
+"""Showing and changing a device's policy from the server (`tether policy`): POLICY_REQUEST and
+POLICY_SET over AIP, answered by the device's POLICY_REPORT.
+
+Every change is audited (tool name `policy.set`, the change as its arguments, `success` with the
+device's new policy version or `failure` with its reason), whether the device took it or not. Whether a
+change is allowed is the device's to say (`policy_remote`), so a refusal comes back from it in words.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
+from tether.server.hub import DeviceHub
+
+POLICY_TIMEOUT_S = 15.0  # a device answers from memory and one small file write
+
+
+class PolicyRequestFailed(Exception):
+    """The device was not reachable (`status` 409/504) or refused the request (`status` 422)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+async def show(hub: DeviceHub, device: str, timeout: float = POLICY_TIMEOUT_S) -> dict[str, Any]:
+    """The device's effective policy, where each value comes from, and its policy version."""
+    return await _ask(hub, device, ServerMessage(type=ServerMessageType.POLICY_REQUEST), timeout)
+
+
+async def change(hub: DeviceHub, device: str, policy: dict[str, Any], *, replace: bool, requested_by: str,
+                 timeout: float = POLICY_TIMEOUT_S) -> dict[str, Any]:
+    """Push a change (an overlay: settings, and `commands` entries with null to remove a program) and
+    return the device's report of its new policy; audited either way."""
+    message = ServerMessage(type=ServerMessageType.POLICY_SET, payload={"policy": policy, "replace": replace})
+    arguments = {"policy": policy, "replace": replace}
+    try:
+        report = await _ask(hub, device, message, timeout)
+    except PolicyRequestFailed as exc:
+        hub.store.audit(requested_by, device, None, "policy.set", arguments, "failure", str(exc),
+                        response_id=message.response_id)
+        raise
+    hub.store.audit(requested_by, device, None, "policy.set", {**arguments, "version": report.get("version")},
+                    "success", None, response_id=message.response_id)
+    return report
+
+
+async def _ask(hub: DeviceHub, device: str, message: ServerMessage, timeout: float) -> dict[str, Any]:
+    try:
+        answer = await hub.request(device, message, timeout)
+    except LookupError as exc:
+        raise PolicyRequestFailed(str(exc), 409) from None
+    except TimeoutError:
+        raise PolicyRequestFailed(f"device {device} did not answer within {timeout:g}s", 504) from None
+    if answer.status is TaskStatus.FAILED or not isinstance(answer.payload, dict):
+        raise PolicyRequestFailed(f"device {device}: {answer.error or 'no policy in its answer'}", 422)
+    return answer.payload

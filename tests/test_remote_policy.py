@@ -1,0 +1,144 @@
+"""A device's policy governed from the server (issue 14, section 4): `tether policy` against a real
+server and real device processes; the change applied, persisted across a device restart, audited,
+and refused when the device forbids it or the change is not the server's to make."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netutil import CLI, Cluster
+from tether.remote import RemoteError, RemoteServer
+from tether.server.store import Store
+
+
+class Setup:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.cluster = Cluster(tmp)
+        self.env = {**self.cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{self.cluster.port}",
+                    "TETHER_TOKEN": self.cluster.api_token}
+        self.alpha = self.start("alpha")
+        closed = tmp / "closed.yaml"
+        closed.write_text("policy_remote: false\n")
+        self.beta = self.start("beta", closed)
+
+    def start(self, name: str, policy: Path | None = None) -> Any:
+        proc = self.cluster.device(name, extra=("--policy", str(policy)) if policy else ())
+        self.cluster.wait_online(name, proc)
+        return proc
+
+    def tether(self, *args: str, token: str | None = None) -> subprocess.CompletedProcess[str]:
+        env = {**self.env, **({"TETHER_TOKEN": token} if token else {})}
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120,
+                              stdin=subprocess.DEVNULL)
+
+    def show(self, device: str) -> dict[str, Any]:
+        out = self.tether("policy", "show", "--device", device, "--json")
+        assert out.returncode == 0, out.stdout + out.stderr
+        return json.loads(out.stdout)
+
+    def run(self, cmd: str, *argv: str) -> subprocess.CompletedProcess[str]:
+        return self.tether("exec", "--device", "alpha", "shell.run", f"cmd={cmd}", f"argv={json.dumps(list(argv))}",
+                           f"cwd={self.tmp}")
+
+
+@pytest.fixture
+def setup(tmp_path):
+    s = Setup(tmp_path)
+    yield s
+    s.cluster.close()
+
+
+def test_set_allow_deny_persist_across_restart_and_audit(setup: Setup) -> None:
+    before = setup.show("alpha")
+    assert before["version"] == 0 and before["remote_allowed"] is True
+    assert before["sources"]["commands"]["git"] == "default" and before["sources"]["max_output_bytes"] == "default"
+    refused = setup.run("nproc")
+    assert refused.returncode == 1 and "not-allowed" in refused.stdout + refused.stderr
+
+    allowed = setup.tether("policy", "allow", "--device", "alpha", "nproc")
+    assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+    assert "policy version 1" in allowed.stdout
+    ran = setup.run("nproc")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+
+    change = setup.tmp / "change.yaml"
+    change.write_text("max_output_bytes: 4096\ncommands:\n  echo: null\n")
+    applied = setup.tether("policy", "set", "--device", "alpha", "--file", str(change))
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    assert "policy version 2" in applied.stdout and "remote" in applied.stdout
+    gone = setup.run("echo", "hi")
+    assert gone.returncode == 1 and "not-allowed" in gone.stdout + gone.stderr
+
+    setup.alpha.stop()  # a restart: the change was kept in the device's state directory
+    setup.alpha = setup.start("alpha")
+    after = setup.show("alpha")
+    assert after["version"] == 2
+    assert after["policy"]["max_output_bytes"] == 4096 and after["sources"]["max_output_bytes"] == "remote"
+    assert after["sources"]["commands"]["nproc"] == "remote" and "nproc" in after["policy"]["commands"]
+    assert after["sources"]["commands"]["echo"] == "remote (removed)" and "echo" not in after["policy"]["commands"]
+    assert setup.run("nproc").returncode == 0
+    stored = setup.cluster.state / "dev-alpha" / "remote-policy.json"
+    assert stored.stat().st_mode & 0o777 == 0o600
+
+    denied = setup.tether("policy", "deny", "--device", "alpha", "nproc")
+    assert denied.returncode == 0 and "policy version 3" in denied.stdout
+    assert setup.run("nproc").returncode == 1
+
+    store = Store(str(setup.cluster.db))
+    try:
+        rows = [r for r in store.audit_rows(limit=100, device="alpha") if r["tool_name"] == "policy.set"]
+    finally:
+        store.close()
+    assert len(rows) == 3 and {r["status"] for r in rows} == {"success"}
+    assert all(r["requested_by"] == "api:tests" for r in rows)
+
+
+def test_refusals_change_nothing(setup: Setup) -> None:
+    # the device forbids remote changes: it says so, and the server passes that on
+    out = setup.tether("policy", "allow", "--device", "beta", "nproc")
+    assert out.returncode == 1 and "policy_remote: false" in out.stderr and "Traceback" not in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+    assert setup.show("beta")["remote_allowed"] is False and setup.show("beta")["version"] == 0
+
+    # settings that decide confinement are the device's own
+    unsafe = setup.tmp / "unsafe.yaml"
+    unsafe.write_text("sandbox: false\n")
+    out = setup.tether("policy", "set", "--device", "alpha", "--file", str(unsafe))
+    assert out.returncode == 1 and "can only be set in the device's own policy file" in out.stderr
+    bad = setup.tmp / "bad.yaml"
+    bad.write_text("commands:\n  sudo: {}\n")
+    out = setup.tether("policy", "set", "--device", "alpha", "--file", str(bad))
+    assert out.returncode == 1 and "always denied" in out.stderr
+    bad.write_text("- not\n- a mapping\n")
+    out = setup.tether("policy", "set", "--device", "alpha", "--file", str(bad))
+    assert out.returncode == 2 and "mapping" in out.stderr
+    out = setup.tether("policy", "set", "--device", "alpha", "--file", str(setup.tmp / "missing.yaml"))
+    assert out.returncode == 2 and "cannot read" in out.stderr
+    assert setup.show("alpha")["version"] == 0
+
+    # a token without admin cannot change a policy (it can look)
+    out = setup.tether("policy", "allow", "--device", "alpha", "nproc", token=setup.cluster.read_token)
+    assert out.returncode == 1 and "403" in out.stderr
+    assert setup.tether("policy", "show", "--device", "alpha", token=setup.cluster.read_token).returncode == 0
+    with RemoteServer(f"http://127.0.0.1:{setup.cluster.port}", setup.cluster.api_token) as remote:
+        with pytest.raises(RemoteError, match="no policy action") as err:
+            remote.policy_program("alpha", "explode", "nproc")
+        assert err.value.status == 404
+        with pytest.raises(RemoteError, match="no device named 'nobody'"):
+            remote.policy("nobody")
+    setup.beta.stop()
+    out = setup.tether("policy", "show", "--device", "beta")
+    assert out.returncode == 1 and "offline" in out.stderr
+
+    store = Store(str(setup.cluster.db))
+    try:
+        rows = [r for r in store.audit_rows(limit=100) if r["tool_name"] == "policy.set"]
+    finally:
+        store.close()
+    assert rows and {r["status"] for r in rows} == {"failure"}  # refused changes are audited too
