@@ -31,6 +31,7 @@ from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 
+from tether.device.mcp_client_caps import MCPClientHooks, ServerClientCaps
 from tether.device.mcp_config import MCPServerConfig
 from tether.device.mcp_servers import (
     BaseMCPServer,
@@ -286,10 +287,12 @@ class MCPServerManager:
     its `sandbox` confines the stdio servers configured with `sandbox: true`."""
 
     def __init__(self, toolsets: Mapping[str, Callable[[], ToolSet]] | None = None, *,
-                 context: ToolContext | None = None) -> None:
+                 context: ToolContext | None = None, hooks: MCPClientHooks | None = None) -> None:
         self._toolsets: dict[str, Callable[[], ToolSet]] = dict(toolsets or {})
         self._servers: dict[tuple[str, str | None], BaseMCPServer] = {}
         self.context = context
+        # who answers external servers' questions and sampling requests (`mcp_client_caps`)
+        self.hooks = hooks or MCPClientHooks()
 
     def _sandbox(self) -> Sandbox | None:
         # read when a server starts, not when the manager is made: the device may open its sandbox later
@@ -307,6 +310,8 @@ class MCPServerManager:
         server = self._servers.get(key)
         if server is None:
             server = self._servers[key] = create_server(config, self._toolsets, self._sandbox)
+            if isinstance(server, SessionServer):
+                server.caps = ServerClientCaps(server.namespace, self.hooks, lambda: self.context)
         return server
 
     async def start_servers(self, servers: Iterable[BaseMCPServer | MCPServerConfig | dict[str, Any]]
@@ -338,6 +343,13 @@ class MCPServerManager:
         errors = await asyncio.gather(*(start(s) for s in unique.values()))
         failed = {s.namespace: e for s, e in zip(unique.values(), errors, strict=True) if e is not None}
         return invalid | failed
+
+    async def roots_changed(self, context: ToolContext) -> None:
+        """A new policy (and so new roots): servers with an open session are told `roots/list_changed`."""
+        self.context = context
+        for server in self._servers.values():
+            if isinstance(server, SessionServer):
+                await server.notify_roots_changed()
 
     def reset(self) -> None:
         """Mark the servers configured with `reset: true` to restart before their next call."""

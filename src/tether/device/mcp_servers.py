@@ -29,6 +29,7 @@ from mcp.shared.exceptions import MCPError
 from pydantic_core import to_json
 
 from tether import __version__
+from tether.device.mcp_client_caps import MCPClientHooks, ServerClientCaps
 from tether.device.mcp_config import MCPServerConfig
 from tether.device.mcp_policy import MCPToolPolicy, annotated_type
 from tether.device.mcp_stdio import TOO_LARGE
@@ -120,6 +121,9 @@ class SessionServer(BaseMCPServer):
         self._wrapped: set[str] = set()
         # each tool's MCP annotations as last listed: they decide its type and whether it needs approval
         self._annotations: dict[str, mcp_types.ToolAnnotations | None] = {}
+        # progress, questions, sampling, roots and logs of this server (`mcp_client_caps`); the manager
+        # gives it the device's hooks and context
+        self.caps = ServerClientCaps(self.namespace, MCPClientHooks(), lambda: None)
 
     @property
     def healthy(self) -> bool:
@@ -297,7 +301,9 @@ class SessionServer(BaseMCPServer):
         try:
             # The SDK's read timeout ends the request; the outer one only guards a wedged transport write.
             async with asyncio.timeout(remaining + 1.0):
-                result = await client.call_tool(name, arguments, read_timeout_seconds=remaining)
+                with self.caps.tracking(ctx):
+                    result = await client.call_tool(name, arguments, read_timeout_seconds=remaining,
+                                                    progress_callback=self.caps.progress_callback(ctx, name))
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 self._mark_lost(gen)
@@ -379,6 +385,17 @@ class SessionServer(BaseMCPServer):
             return False
         return True
 
+    async def notify_roots_changed(self) -> None:
+        """Tell an open session its roots changed; a server not running reads them when it starts."""
+        client = self._client
+        if client is None or not self.healthy:
+            return
+        try:
+            async with asyncio.timeout(self._request_timeout):
+                await client.send_roots_list_changed()
+        except Exception as exc:
+            logger.info("server %s: roots/list_changed not sent: %s", self.namespace, describe_error(exc))
+
     async def close(self) -> None:
         self._closed.set()
         self._ready.clear()
@@ -391,7 +408,8 @@ class SessionServer(BaseMCPServer):
                 await task
 
     def _client_options(self) -> dict[str, Any]:
-        return {"read_timeout_seconds": self._request_timeout, "client_info": _CLIENT_INFO}
+        return {"read_timeout_seconds": self._request_timeout, "client_info": _CLIENT_INFO,
+                **self.caps.client_options()}
 
 
 def message_limit(max_result_bytes: int) -> int:
