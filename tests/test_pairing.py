@@ -178,3 +178,20 @@ def test_an_approval_lost_in_a_restart_is_undone(tmp_path):
     restarted.approve(code, None, [], "admin")
     assert asyncio.run(restarted.claim(code, "c" * 40, wait=0))["status"] == "paired"
     store.close()
+
+
+def test_pairing_can_be_switched_off(tmp_path):
+    from netutil import Proc, free_port, tether_env
+
+    state = tmp_path / "state"
+    state.mkdir()
+    port = free_port()
+    server = Proc(["server", "--port", str(port), "--db", str(state / "server.db"), "--no-pairing",
+                   "--log-level", "warning"], tmp_path / "server.log", tether_env(state))
+    try:
+        base = f"http://127.0.0.1:{port}/api/v1"
+        wait_for(lambda: httpx.get(f"{base}/health").status_code == 200, "health", procs=(server.popen,))
+        answer = httpx.post(f"{base}/pairing", json={"fingerprint": "a" * 64})
+        assert answer.status_code == 404 and "error" in answer.json()
+    finally:
+        server.stop()

@@ -99,3 +99,26 @@ def test_a_device_restarted_like_its_unit_reconnects(tmp_path):
             second.wait(timeout=30)
     finally:
         cluster.close()
+
+
+def test_device_logs_json_lines_for_log_shippers(tmp_path):
+    import json
+
+    cluster = Cluster(tmp_path)
+    try:
+        device = cluster.device("alpha", extra=("--log-format", "json"))
+        cluster.wait_online("alpha", device)
+        def registered() -> dict | None:
+            for line in device.output().splitlines():
+                if line.startswith("{"):
+                    entry = json.loads(line)  # every log line is one JSON object
+                    if entry["message"].startswith("registered as alpha"):
+                        return entry
+            return None
+        entry = wait_for(registered, "a JSON 'registered' line", 60, (device.popen,))
+        assert entry["level"] == "info" and entry["logger"] == "tether.device.connection" and entry["ts"].endswith("Z")
+        bad = subprocess.run([*CLI, "device", "--log-format", "xml"], capture_output=True, text=True, timeout=60,
+                             env=cluster.env)
+        assert bad.returncode == 2 and "--log-format must be one of plain, json" in bad.stderr
+    finally:
+        cluster.close()

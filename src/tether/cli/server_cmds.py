@@ -77,6 +77,9 @@ def server(ctx: typer.Context, host: Annotated[str, typer.Option(help="address t
            max_response_bytes: Annotated[int | None, typer.Option(
                help="largest REST answer with a batch's results (default 32 MiB); past it the largest results "
                     "become too-large failures")] = None,
+           pairing: Annotated[bool, typer.Option(
+               "--pairing/--no-pairing", help="let devices without a token ask to pair (an admin approves each)")
+           ] = True,
            log_level: Annotated[str, typer.Option()] = "info") -> None:
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
     if ctx.invoked_subcommand:
@@ -94,7 +97,7 @@ def server(ctx: typer.Context, host: Annotated[str, typer.Option(help="address t
                          tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
                          heartbeat_timeout=heartbeat_timeout, grace_period=grace_period,
                          allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes,
-                         max_response_bytes=max_response_bytes)
+                         max_response_bytes=max_response_bytes, pairing=pairing)
     check_state_dir(settings.db_path)  # a full or read-only state directory: one line (tether.cli.main), exit 2
     if tls_cert:
         _print_cert_fingerprint(tls_cert)
@@ -276,6 +279,10 @@ def device(ctx: typer.Context,
            tls_fingerprint: Annotated[str | None, typer.Option(
                "--tls-fingerprint", help="trust exactly the server certificate with this SHA-256 fingerprint "
                                          "(a self-signed server; see 'tether server' output)")] = None,
+           log_level: Annotated[str, typer.Option(
+               "--log-level", help="debug, info (connection changes and each command), warning or error")] = "info",
+           log_format: Annotated[str, typer.Option(
+               "--log-format", help="plain lines, or json: one object per line for log shippers")] = "plain",
            ) -> None:
     """Connect to a server, register this machine's profile, and serve commands until stopped."""
     env_token = take_device_token_from_env()  # first: gone from the environment whatever happens next
@@ -293,7 +300,14 @@ def device(ctx: typer.Context,
     except ValueError as exc:
         _error(str(exc))
         raise typer.Exit(2) from None
+    from tether.cli.logs import configure
     from tether.cli.pairing_cmds import enrol
+
+    try:
+        configure(log_level, log_format)
+    except ValueError as exc:
+        _error(str(exc))
+        raise typer.Exit(2) from None
 
     enrolment = None
     if not secret:
