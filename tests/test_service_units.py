@@ -117,6 +117,18 @@ def test_device_logs_json_lines_for_log_shippers(tmp_path):
             return None
         entry = wait_for(registered, "a JSON 'registered' line", 60, (device.popen,))
         assert entry["level"] == "info" and entry["logger"] == "tether.device.connection" and entry["ts"].endswith("Z")
+        from tether.protocol.models import Command
+
+        cluster.remote.run("alpha", [Command(tool_name="get_system_info", parameters={}),
+                                     Command(tool_name="no_such_tool", parameters={})], timeout=30, early_exit=False)
+
+        def command_lines() -> list[dict]:
+            lines = [json.loads(x) for x in device.output().splitlines() if x.startswith("{")]
+            return [x for x in lines if x.get("tool") in ("get_system_info", "no_such_tool")]
+        ran = wait_for(lambda: len(command_lines()) == 2 and command_lines(), "one line per command", 60,
+                       (device.popen,))
+        assert [(x["tool"], x["status"]) for x in ran] == [("get_system_info", "success"), ("no_such_tool", "failure")]
+        assert all(x["level"] == "info" and x["duration_ms"] >= 0 and x["call_id"] for x in ran)
         bad = subprocess.run([*CLI, "device", "--log-format", "xml"], capture_output=True, text=True, timeout=60,
                              env=cluster.env)
         assert bad.returncode == 2 and "--log-format must be one of plain, json" in bad.stderr

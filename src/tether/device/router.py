@@ -8,6 +8,7 @@ as a failure `Result` for exactly that command; nothing is raised out of `execut
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 
 from tether.device.computer_manager import ComputerManager
@@ -51,6 +52,7 @@ class CommandRouter:
                 if on_result is not None:
                     on_result(skipped)
                 continue
+            started = time.monotonic()
             try:
                 call = computer.command2tool(command)
             except ValueError as exc:
@@ -59,9 +61,18 @@ class CommandRouter:
                 ctx = base.for_call(session_id=session_id or base.session_id, call_id=command.call_id,
                                     approved_by=command.approved_by, emit=emit, deadline=deadline)
                 result = await computer.run_action(call, ctx)
+            if logger.isEnabledFor(logging.INFO):  # a service's log: one line per command (cheap when off)
+                _log_command(command, result, agent_name, session_id, time.monotonic() - started)
             results.append(result)
             if on_result is not None:
                 on_result(result)
             if early_exit and result.status is ResultStatus.FAILURE:
                 failed = command
         return results
+
+
+def _log_command(command: Command, result: Result, caller: str | None, session: str | None, took: float) -> None:
+    ms = round(took * 1000, 1)
+    logger.info("command %s by %s: %s in %.0f ms", command.tool_name, caller or "-", result.status.value, ms,
+                extra={"tool": command.tool_name, "caller": caller, "session": session,
+                       "status": result.status.value, "duration_ms": ms, "call_id": command.call_id})
