@@ -369,10 +369,10 @@ async def test_batches_run_one_at_a_time_in_order_while_heartbeats_flow(tmp_path
         for msg in (first, second, third):
             await server.send(msg)
         await server.output("started")
-        while (await server.next(T.HEARTBEAT)).payload != {"running": 3}:
+        while (await server.next(T.HEARTBEAT)).payload != {"running": 3, "queued": 2}:
             pass  # older heartbeats, from before the batches arrived
         beat = await server.next(T.HEARTBEAT)  # and they keep coming while the batch runs
-        assert beat.payload == {"running": 3}
+        assert beat.payload == {"running": 3, "queued": 2}  # one session (none given): one runs, two wait
         await server.send(ServerMessage(type=ServerMessageType.DEVICE_INFO_REQUEST))
         info = await server.next(T.DEVICE_INFO)
         assert info.payload is not None and not (tmp_path / "second").exists()
