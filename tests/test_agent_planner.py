@@ -117,7 +117,7 @@ def test_parse_tolerates_fences_prose_and_bare_lists() -> None:
     assert len(parse_plan_reply("Here is the plan:\n```json\n" + json.dumps(GOOD_PLAN) + "\n```").steps) == 2
     assert len(parse_plan_reply("Sure! " + json.dumps(GOOD_PLAN) + " Done.").steps) == 2
     assert len(parse_plan_reply(json.dumps(steps)).steps) == 2
-    with pytest.raises(PlanError, match="step 0"):
+    with pytest.raises(PlanError, match="step 1"):
         parse_plan_reply(json.dumps([{"args": {}}]))
 
 
@@ -132,9 +132,9 @@ def test_validate_plan_devices() -> None:
     ])
     problems = validate_plan(plan, tools_by_device)
     assert len(problems) == 4
-    assert problems[0].startswith("step 1 (write_file): unknown skill 'write_file' on device 'a'")
+    assert problems[0].startswith("step 2 (write_file): unknown skill 'write_file' on device 'a'")
     assert "unknown device 'c'" in problems[1] and "known devices: a, b" in problems[1]
-    assert all(p.startswith("step 3 (read_file): bad args") for p in problems[2:])
+    assert all(p.startswith("step 4 (read_file): bad args") for p in problems[2:])
     assert any("'file_path' is a required property" in p for p in problems[2:])
     assert any("'path' was unexpected" in p for p in problems[2:])
     assert validate_plan(Plan(steps=[]), tools_by_device) == ["the plan has no steps"]
@@ -174,9 +174,9 @@ def test_load_json_plan(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("name, text, expected", [
-    ("bad.yaml", "- skill: shell.run\n  args: {cmd: ls}\n- args: {cmd: ls}\n", "step 1: skill: Field required"),
-    ("bad.json", json.dumps([{"skill": "a"}, {"skill": "b"}, {"skill": "c", "arg": {}}]), "step 2: arg"),
-    ("bad2.yaml", "- skill: shell.run\n- just a string\n", "step 1: a step is a mapping"),
+    ("bad.yaml", "- skill: shell.run\n  args: {cmd: ls}\n- args: {cmd: ls}\n", "step 2: skill: Field required"),
+    ("bad.json", json.dumps([{"skill": "a"}, {"skill": "b"}, {"skill": "c", "arg": {}}]), "step 3: arg"),
+    ("bad2.yaml", "- skill: shell.run\n- just a string\n", "step 2: a step is a mapping"),
     ("bad3.yaml", "skill: shell.run\n", "a plan is a list of steps"),
     ("broken.json", "[{", "not valid JSON"),
     ("broken.yaml", "- [unclosed\n", "not valid YAML"),

@@ -23,7 +23,8 @@ from typing import Any
 
 from tether.agent.answer import format_answer
 from tether.agent.llm import LLMClient, LLMError, how_to_configure
-from tether.agent.plan import Plan, validate_plan
+from tether.agent.observe import observation_context, step_results
+from tether.agent.plan import OBSERVE, Plan, validate_plan
 from tether.agent.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
 from tether.agent.recovery import (
     OPTION_APPROVE,
@@ -40,6 +41,8 @@ from tether.agent.recovery import (
     recover,
     tool_for,
 )
+from tether.agent.refs import ERROR_CODE as REF_ERROR_CODE
+from tether.agent.refs import RefError, has_refs, resolve
 from tether.agent.steps import history_row, match_option, short
 from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
 from tether.protocol.dispatcher import BasicCommandDispatcher
@@ -47,6 +50,7 @@ from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceProfile
 
 DEFAULT_DEVICE_NAME = "local"
+PLANNING_PROGRESS_EVERY = 16  # streamed planner tokens per planning_progress event
 Decision = AutoPatch | Replan | AskUser
 
 
@@ -59,7 +63,7 @@ class TaskRunner:
                  tools: Mapping[str | None, list[ToolInfo]], ask: Callable[[AskUser], Awaitable[str]],
                  on_event: Callable[[TaskEvent], None] | None = None, budgets: Budgets | None = None,
                  policy_summary: str = DEFAULT_POLICY_SUMMARY, command_timeout: float = 600.0,
-                 stream_answer: bool = True, clock: Callable[[], float] = time.monotonic,
+                 stream_answer: bool = True, stream_planning: bool = False, clock: Callable[[], float] = time.monotonic,
                  default_device: str = DEFAULT_DEVICE_NAME, profiles: Mapping[str, DeviceProfile] | None = None
                  ) -> None:
         self.dispatchers = dispatchers
@@ -76,6 +80,7 @@ class TaskRunner:
         self.policy_summary = policy_summary
         self.command_timeout = command_timeout
         self.stream_answer = stream_answer
+        self.stream_planning = stream_planning  # stream the planner's reply to count its tokens for a display
         self.clock = clock
         self._started = 0.0
         self._waited = 0.0  # time spent waiting for a person does not count against the wall-time budget
@@ -156,6 +161,9 @@ class TaskRunner:
         assert task.plan is not None
         while task.cursor < len(task.plan.steps):
             self._check_budgets(task)
+            if task.plan.steps[task.cursor].skill == OBSERVE:
+                await self._observe(task)
+                continue
             result = await self._execute(task)
             if result.ok:
                 task.cursor += 1
@@ -179,15 +187,26 @@ class TaskRunner:
         step = task.plan.steps[index]
         approved = (task.approved_by or "user") if task.approved_step == index else None
         task.approved_step = task.approved_by = None
-        command = Command(tool_name=step.skill, parameters=dict(step.args), approved_by=approved)
+        unresolved: str | None = None
+        params = dict(step.args)
+        if has_refs(step.args):
+            try:
+                params = resolve(step.args, step_results(task))
+            except RefError as exc:
+                unresolved = str(exc)
+        command = Command(tool_name=step.skill, parameters=params, approved_by=approved)
         attempt = len(task.records_for(index)) + 1
-        task.counters.commands += 1
         task.counters.tried_args.setdefault(str(index), []).append(dict(step.args))
         self._emit(task, "step_started", {"step": index, "attempt": attempt, "skill": step.skill,
                                           "args": step.args, "device": step.device,
                                           "description": step.description, "call_id": command.call_id,
                                           "approved_by": approved})
         started = datetime.now(UTC)
+        if unresolved is not None:  # nothing is sent: recovery re-plans from what the steps really returned
+            result = Result.failure(unresolved, command.call_id,
+                                    result={"error_code": REF_ERROR_CODE})
+            return self._record(task, index, attempt, step, command, result, started)
+        task.counters.commands += 1
         dispatcher = self.dispatchers(step.device)
         restore = _NO_HOOK
         if hasattr(dispatcher, "emit"):
@@ -206,11 +225,36 @@ class TaskRunner:
             if restore is not _NO_HOOK:
                 dispatcher.emit = restore
         result = results[0] if results else Result.failure("the device returned no result", command.call_id)
+        return self._record(task, index, attempt, step, command, result, started)
+
+    def _record(self, task: Task, index: int, attempt: int, step: Any, command: Command, result: Result,
+                started: datetime) -> Result:
         task.steps.append(StepRecord(index=index, attempt=attempt, step=step, command=command, result=result,
                                      started_at=started))
         self._emit(task, "step_finished", {"step": index, "attempt": attempt, "status": result.status.value,
                                            "error": result.error, "result": short(result.result)})
         return result
+
+    async def _observe(self, task: Task) -> None:
+        """An observation point: show the LLM what the steps so far returned and let it plan the rest."""
+        assert task.plan is not None
+        index = task.cursor
+        note = str(task.plan.steps[index].args.get("note") or "")
+        if task.counters.observe_rounds >= self.budgets.observe_rounds_per_task:
+            self._end(task, TaskState.FAILED,
+                      f"the task used its budget of {self.budgets.observe_rounds_per_task} observation rounds "
+                      f"before finishing (step {index + 1} was another)")
+        if self.llm is None:
+            self._end(task, TaskState.FAILED, "the plan stops to observe at step "
+                                              f"{index + 1}, which needs an LLM: " + how_to_configure())
+        task.counters.observe_rounds += 1
+        self._emit(task, "observe", {"step": index, "round": task.counters.observe_rounds, "note": note})
+        context = observation_context(task, index, note)
+        try:
+            await self._plan(task, recovery_context=context, replace_from=index, observing=True)
+        except _PlanFailed as exc:
+            self._end(task, TaskState.FAILED, f"planning after the observation at step {index + 1} failed: {exc}")
+        self._to(task, TaskState.RUNNING)
 
     async def _decide(self, task: Task, result: Result) -> Decision:
         assert task.plan is not None
@@ -342,16 +386,22 @@ class TaskRunner:
             views[label] = DeviceView(tools=list(tools), profile=self.profiles.get(label))
         return views
 
-    async def _plan(self, task: Task, *, recovery_context: str | None, replace_from: int) -> None:
+    async def _plan(self, task: Task, *, recovery_context: str | None, replace_from: int,
+                    observing: bool = False) -> None:
         if self.llm is None:
             raise _PlanFailed("no LLM is configured")
         self._to(task, TaskState.PLANNING)
-        self._emit(task, "planning", {"from_step": replace_from, "recovery_context": recovery_context})
+        self._emit(task, "planning", {"from_step": replace_from, "recovery_context": recovery_context,
+                                      **({"observing": True} if observing else {})})
+        earlier = [tool_for(s, self.tools) if s.skill != OBSERVE else None
+                   for s in (task.plan.steps[:replace_from] if task.plan is not None else [])]
         try:
             planned = await plan_request(self.llm, task.request, devices=self._devices(),
                                          policy_summary=self.policy_summary,
-                                         history=[history_row(r) for r in task.steps],
-                                         recovery_context=recovery_context)
+                                         history=[] if observing else [history_row(r) for r in task.steps],
+                                         recovery_context=recovery_context, earlier=earlier,
+                                         allow_empty=observing, stream=self.stream_planning,
+                                         on_token=self._planning_token(task) if self.stream_planning else None)
         except (PlanningError, LLMError) as exc:
             if replace_from == 0 and task.plan is None:
                 self._end(task, TaskState.FAILED, f"planning failed: {exc}")
@@ -362,8 +412,22 @@ class TaskRunner:
                 del counts[key]
         kept = task.plan.steps[:replace_from] if task.plan is not None else []
         task.plan = Plan(steps=[*kept, *steps])
+        source = "observe" if observing else "llm" if not recovery_context else "replan"
         self._emit(task, "plan", {"steps": [s.model_dump(mode="json") for s in steps], "from_step": replace_from,
-                                  "source": "llm" if not recovery_context else "replan"})
+                                  "source": source})
+
+    def _planning_token(self, task: Task) -> Callable[[str], None]:
+        """Counts the planner's streamed tokens into sparse `planning_progress` events (a display's spinner
+        shows them; one event per token would flood the task's log)."""
+        count = 0
+
+        def on_token(piece: str) -> None:
+            nonlocal count
+            count += 1
+            if count % PLANNING_PROGRESS_EVERY == 0:
+                self._emit(task, "planning_progress", {"tokens": count})
+
+        return on_token
 
     def _own_device(self, step: Any) -> Any:
         if step.device == self.default_device and None in self.tools:

@@ -15,7 +15,10 @@ from typing import Any
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tether.agent.refs import iter_refs, ref_problems
 from tether.protocol.models import ToolInfo
+
+OBSERVE = "observe"  # the pseudo-skill that ends a plan at an observation point
 
 
 class PlanError(ValueError):
@@ -83,12 +86,12 @@ def plan_from_data(data: Any, source: str = "plan") -> Plan:
     steps: list[PlanStep] = []
     for index, raw in enumerate(data):
         if not isinstance(raw, Mapping):
-            raise PlanError(f"{source}: step {index}: a step is a mapping with skill and args, "
+            raise PlanError(f"{source}: step {index + 1}: a step is a mapping with skill and args, "
                             f"not {type(raw).__name__}")
         try:
             steps.append(PlanStep.model_validate(dict(raw)))
         except ValidationError as exc:
-            raise PlanError(f"{source}: step {index}: {_describe_validation_error(exc)}") from None
+            raise PlanError(f"{source}: step {index + 1}: {_describe_validation_error(exc)}") from None
     return Plan(steps=steps)
 
 
@@ -125,7 +128,10 @@ def check_args(tool: ToolInfo, args: dict[str, Any], validators: dict[int, Any] 
     """What is wrong with `args` for `tool`, per its input schema (empty when fine).
 
     `validators` is a cache the caller owns (one per plan check): building a validator costs far
-    more than using one, and a plan calls the same few tools again and again."""
+    more than using one, and a plan calls the same few tools again and again. A value that is a
+    reference to an earlier step (`{"$ref": ...}`) is only known at run time: errors at it are not
+    counted here (the resolved arguments are checked by the tool itself)."""
+    refs = {where for where, _ in iter_refs(args)}
     try:
         validator = validators.get(id(tool)) if validators is not None else None
         if validator is None:
@@ -138,23 +144,43 @@ def check_args(tool: ToolInfo, args: dict[str, Any], validators: dict[int, Any] 
     out = []
     for error in errors:
         where = "/".join(str(p) for p in error.absolute_path)
+        if any(where == r or where.startswith(r + "/") for r in refs):
+            continue
         out.append(f"{where}: {error.message}" if where else error.message)
     return out
 
 
-def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]]) -> list[str]:
+def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, allow_empty: bool = False,
+                  first: int = 0, earlier: list[ToolInfo | None] | None = None) -> list[str]:
     """The problems with `plan` given the tools each device offers (key None: the default device).
 
     A step naming a device must use a skill that device has; a step without a device uses the
-    default device (key None) when there is one, otherwise any device that has the skill.
+    default device (key None) when there is one, otherwise any device that has the skill. `observe`
+    may only be the last step. References (`{"$ref": "steps.N.result..."}`) must name an earlier
+    step and fit its tool's output schema. When the plan continues one already run (`first` steps
+    before it, running `earlier` tools), step numbers in messages and references count those too.
     """
     problems: list[str] = []
     validators: dict[int, Any] = {}
     devices = sorted(name for name in tools if name is not None)
-    if not plan.steps:
+    ran: list[ToolInfo | None] = list(earlier or [None] * first)
+    observe_at: set[int] = set()
+    if not plan.steps and not allow_empty:
         problems.append("the plan has no steps")
-    for index, step in enumerate(plan.steps):
-        label = f"step {index} ({step.skill})"
+    for offset, step in enumerate(plan.steps):
+        index = first + offset
+        label = f"step {index + 1} ({step.skill})"
+        if step.skill == OBSERVE:
+            if offset != len(plan.steps) - 1:
+                problems.append(f"{label}: observe ends a plan; it must be the last step")
+            elif offset == 0:
+                problems.append(f"{label}: observe needs steps before it whose results to look at")
+            if step.args and set(step.args) - {"note"}:
+                problems.append(f"{label}: observe takes only an optional 'note'")
+            observe_at.add(index)
+            ran.append(None)
+            continue
+        problems.extend(f"{label}: bad reference at {p}" for p in ref_problems(step.args, index, ran, observe_at))
         if step.device is not None:
             if step.device not in tools:
                 known = ", ".join(devices) or "none"
@@ -172,7 +198,9 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]]) -> lis
             available = sorted({t.name for _, device_tools in candidates for t in device_tools})
             problems.append(f"{label}: unknown skill {step.skill!r} {where}; "
                             f"available skills: {', '.join(available) or 'none'}")
+            ran.append(None)
             continue
+        ran.append(found[0][1])
         arg_problems = check_args(found[0][1], step.args, validators)
         if arg_problems and len(found) > 1:
             # several devices have the skill; the step is fine if one of them accepts the arguments

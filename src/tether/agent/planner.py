@@ -195,6 +195,16 @@ def build_messages(request: str, devices: Mapping[str, DeviceView], policy_summa
         '"description": "what this step does", "device": ' + ('"device name"' if several else "null") + "}]}.",
         "Set \"device\" on every step when more than one device is listed; otherwise leave it null."
         if several else "Leave \"device\" null.",
+        "",
+        "Using what an earlier step found: an argument may be {\"$ref\": \"steps.N.result.KEY\"}, the value at "
+        "KEY in the result of step N (steps count from 1; keys and list indices separated by dots, e.g. "
+        "steps.2.result.entries.0.name; steps.N.result alone is the whole result). The whole argument is "
+        "replaced; text templates such as {{...}} inside strings are never filled in.",
+        "Looking before acting: when the next steps depend on what is found (which file is largest, what a "
+        "page or screen shows), plan the steps that look and end the plan with {\"skill\": \"observe\", "
+        "\"args\": {\"note\": \"what to look at\"}}; you will be shown their results and plan the rest. "
+        "GUI tasks work in such rounds: screenshot, get_ui_tree or browser.act snapshot, then observe, then act "
+        "on the labels you saw. Do not observe when the plan can be made now.",
     ]
     user = [f"Request: {request.strip()}"]
     if history:
@@ -249,10 +259,13 @@ def _first_json(text: str) -> tuple[Any, str | None]:
 async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, DeviceLike],
                        policy_summary: str = DEFAULT_POLICY_SUMMARY, history: Sequence[Any] = (),
                        recovery_context: str | None = None, stream: bool = False,
-                       on_token: Callable[[str], None] | None = None) -> PlanResult:
+                       on_token: Callable[[str], None] | None = None,
+                       earlier: Sequence[ToolInfo | None] = (), allow_empty: bool = False) -> PlanResult:
     """Ask the LLM for a plan, validate it, re-ask once with its problems; `PlanningError` if still bad.
 
-    `LLMError` (the LLM unreachable or failing) propagates unchanged.
+    When the plan continues one partly run, `earlier` holds the tools of the steps kept before it (so
+    references to them are checked and numbers count on); `allow_empty` accepts "nothing left to do"
+    (after an observation). `LLMError` (the LLM unreachable or failing) propagates unchanged.
     """
     views = {name: as_device_view(value) for name, value in devices.items()}
     tools = {name: view.tools for name, view in views.items()}
@@ -273,7 +286,8 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
         except PlanError as exc:
             problems = [str(exc)]
         else:
-            problems = validate_plan(plan, tools)
+            problems = validate_plan(plan, tools, allow_empty=allow_empty, first=len(earlier),
+                                     earlier=list(earlier))
             if not problems:
                 return PlanResult(plan=plan, llm_calls=calls, prompt_tokens=prompt_tokens, attempts=attempt,
                                   raw=raw, completion_tokens=completion_tokens, first_problems=first_problems)

@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from tether.agent.llm import LLMClient, LLMError, Message
 from tether.agent.plan import PlanStep, check_args, find_tool
 from tether.agent.planner import compact_schema
+from tether.agent.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.task import Budgets
 from tether.protocol.models import Result, ToolInfo
 
@@ -226,6 +227,14 @@ def fast_path(inp: RecoveryInput) -> AutoPatch | Replan | AskUser | None:
     step, result = inp.step, inp.result
     error = result.error or ""
     details = f"{error}\n{_payload(result).get('stderr') or ''}"
+    if _payload(result).get("error_code") == REF_ERROR_CODE:
+        # the step never ran: an earlier result does not hold what the plan expected of it, so the
+        # rest of the plan is wrong, not this step's arguments (a patch would guess the value)
+        if inp.can_replan:
+            return Replan(suggestion=f"{error}; use what the earlier steps really returned (see their results)",
+                          source="fast_path")
+        return AskUser(question=f"Step {inp.index + 1} ({_label(step)}) cannot run: {error}",
+                       options=[OPTION_SKIP, OPTION_CANCEL], reason="unresolved-ref", source="fast_path")
     if needs_approval(result):
         rule = _payload(result).get("rule") or "approval"
         held = _held_changes(result)

@@ -79,6 +79,7 @@ class Budgets(BaseModel):
     replans_per_task: int = Field(2, ge=0)
     total_steps: int = Field(50, ge=1, description="commands sent for the whole task, retries included")
     wall_time_s: float = Field(600.0, gt=0, description="working time; waiting for a person is not counted")
+    observe_rounds_per_task: int = Field(8, ge=0, description="times a plan may stop at `observe` to plan on")
 
 
 class TaskEvent(BaseModel):
@@ -130,6 +131,7 @@ class Counters(BaseModel):
 
     commands: int = 0
     replans: int = 0
+    observe_rounds: int = 0
     patches: dict[str, int] = Field(default_factory=dict, description="AUTO_PATCHes applied, by step index")
     tried_args: dict[str, list[dict[str, Any]]] = Field(
         default_factory=dict, description="the arguments each step has been run with, by step index")
