@@ -243,7 +243,7 @@ class TaskRunner:
         if task.counters.observe_rounds >= self.budgets.observe_rounds_per_task:
             self._end(task, TaskState.FAILED,
                       f"the task used its budget of {self.budgets.observe_rounds_per_task} observation rounds "
-                      f"before finishing (step {index + 1} was another)")
+                      f"before finishing (step {index + 1} asked for another)")
         if self.llm is None:
             self._end(task, TaskState.FAILED, "the plan stops to observe at step "
                                               f"{index + 1}, which needs an LLM: " + how_to_configure())

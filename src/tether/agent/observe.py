@@ -20,7 +20,16 @@ TEXT_CHARS = 1500  # per string value
 LIST_ITEMS = 40  # per list
 RESULT_CHARS = 4000  # per step, after the cuts above
 MAX_DEPTH = 8
-_BASE64 = re.compile(r"^[A-Za-z0-9+/=\s]+$")
+_BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
+
+
+def _looks_binary(text: str) -> bool:
+    """Base64 of binary data (a screenshot's PNG): no spaces, and the mixed letters and digits that a
+    long run of a single word or a hex digest does not have."""
+    head = text[:4096].replace("\n", "")
+    return (bool(_BASE64.match(head if len(text) <= 4096 else head.rstrip("=")))
+            and any(c.isdigit() for c in head) and any(c.isupper() for c in head)
+            and any(c.islower() for c in head))
 
 
 def compact(value: Any, depth: int = 0) -> Any:
@@ -28,9 +37,9 @@ def compact(value: Any, depth: int = 0) -> Any:
     if depth > MAX_DEPTH:
         return "…"
     if isinstance(value, str):
-        if len(value) > 256 and _BASE64.match(value[:4096]):
-            return f"[binary data, {len(value) * 3 // 4} bytes, not shown; read a screen with get_ui_tree or " \
-                   "browser.act snapshot]"
+        if len(value) > 256 and _looks_binary(value):
+            size = len(value.rstrip("=")) * 3 // 4
+            return f"[binary data, {size} bytes, not shown; read a screen with get_ui_tree or browser.act snapshot]"
         if len(value) > TEXT_CHARS:
             return value[:TEXT_CHARS] + f"… [{len(value) - TEXT_CHARS} more characters of {len(value)}]"
         return value
