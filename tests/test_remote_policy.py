@@ -127,9 +127,9 @@ def test_refusals_change_nothing(setup: Setup) -> None:
     assert out.returncode == 1 and "403" in out.stderr
     assert setup.tether("policy", "show", "--device", "alpha", token=setup.cluster.read_token).returncode == 0
     with RemoteServer(f"http://127.0.0.1:{setup.cluster.port}", setup.cluster.api_token) as remote:
-        with pytest.raises(RemoteError, match="no policy action") as err:
+        with pytest.raises(RemoteError, match="allow") as err:
             remote.policy_program("alpha", "explode", "nproc")
-        assert err.value.status == 404
+        assert err.value.status == 422
         with pytest.raises(RemoteError, match="no device named 'nobody'"):
             remote.policy("nobody")
     setup.beta.stop()

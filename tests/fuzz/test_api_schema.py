@@ -52,6 +52,10 @@ async def scripted_device(server: LiveServer, registered: asyncio.Event) -> None
                     status=TaskStatus.COMPLETED, action_results=[
                         Result(status=ResultStatus.SUCCESS, result={"tool": c.tool_name}, call_id=c.call_id)
                         for c in msg.actions or []])))
+            elif msg.type in (ServerMessageType.POLICY_REQUEST, ServerMessageType.POLICY_SET):
+                await ws.send(encode(ClientMessage(
+                    type=ClientMessageType.POLICY_REPORT, prev_response_id=msg.response_id,
+                    payload={"version": 0, "policy": {}, "sources": {}, "remote_allowed": True})))
 
 
 @pytest.fixture(scope="module")

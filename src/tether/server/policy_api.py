@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,7 +34,6 @@ class ProgramChange(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     program: str = Field(pattern=_PROGRAM, description="a program's basename, e.g. git")
-    rule: dict[str, Any] | None = Field(None, description="allow only: the program's rule (deny_args, ...)")
 
 
 async def _call(coro: Any) -> PolicyReport:
@@ -60,15 +59,11 @@ async def put_policy(name: str, body: PolicyChange, request: Request,
 
 
 @policy_router.post("/devices/{name}/policy/{verb}", response_model=PolicyReport)
-async def program_policy(name: str, verb: str, body: ProgramChange, request: Request,
-                         who: Annotated[TokenInfo, Depends(require("admin"))]) -> PolicyReport:
-    """`allow` adds the program to the allowlist (with `rule`), `deny` removes it, `approve` allows it
-    with a person's approval needed on every run."""
-    if verb not in ("allow", "deny", "approve"):
-        raise HTTPException(404, f"no policy action '{verb}': use allow, deny or approve")
-    if body.rule is not None and verb != "allow":
-        raise HTTPException(422, "a rule goes with allow only")
-    rule: dict[str, Any] | None = {"allow": body.rule or {}, "deny": None, "approve": {"approve": True}}[verb]
+async def program_policy(name: str, verb: Literal["allow", "deny", "approve"], body: ProgramChange,
+                         request: Request, who: Annotated[TokenInfo, Depends(require("admin"))]) -> PolicyReport:
+    """`allow` adds the program to the allowlist (no argument rules: give those with PUT), `deny`
+    removes it, `approve` allows it with a person's approval needed on every run (keeping its rules)."""
+    rule: dict[str, Any] | None = {"allow": {}, "deny": None, "approve": {"approve": True}}[verb]
     _record(_hub(request), name)
     return await _call(change(_hub(request), name, {"commands": {body.program: rule}}, replace=False,
                               requested_by=f"api:{who.name}"))

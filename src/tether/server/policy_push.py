@@ -17,7 +17,8 @@ POLICY_TIMEOUT_S = 15.0  # a device answers from memory and one small file write
 
 
 class PolicyRequestFailed(Exception):
-    """The device was not reachable (`status` 409/504) or refused the request (`status` 422)."""
+    """The device was not reachable or did not answer (`status` 409: the device's state, not the
+    server's fault) or refused the request (`status` 422)."""
 
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
@@ -52,7 +53,7 @@ async def _ask(hub: DeviceHub, device: str, message: ServerMessage, timeout: flo
     except LookupError as exc:
         raise PolicyRequestFailed(str(exc), 409) from None
     except TimeoutError:
-        raise PolicyRequestFailed(f"device {device} did not answer within {timeout:g}s", 504) from None
+        raise PolicyRequestFailed(f"device {device} did not answer within {timeout:g}s", 409) from None
     if answer.status is TaskStatus.FAILED or not isinstance(answer.payload, dict):
         raise PolicyRequestFailed(f"device {device}: {answer.error or 'no policy in its answer'}", 422)
     return answer.payload
