@@ -147,6 +147,12 @@ class RemoteServer:
         return self._request("POST", f"/tasks/{_quote(task_id)}/answer",
                              json={"answer": answer, "question_id": question_id})
 
+    def answer_question(self, device: str, question: str, action: str,
+                        content: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Answer the question an external MCP server of `device` asked during a command."""
+        return self._request("POST", f"/devices/{_quote(device)}/questions/{_quote(question)}",
+                             json={"action": action, "content": content})
+
     def approve(self, task_id: str, approved: bool = True) -> dict[str, Any]:
         return self._request("POST", f"/tasks/{_quote(task_id)}/approval", json={"approved": approved})
 

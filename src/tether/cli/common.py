@@ -117,6 +117,18 @@ def stream_output(kind: str, data: dict[str, Any]) -> None:
     if kind == "output" and sys.stderr.isatty():
         sys.stderr.write(str(data.get("data", "")))
         sys.stderr.flush()
+    elif kind == "progress":  # an external MCP tool's progress: not in the result, so always shown
+        sys.stderr.write(progress_line(data) + "\n")
+        sys.stderr.flush()
+
+
+def progress_line(data: dict[str, Any]) -> str:
+    """`progress server.tool: 2/3 step 2 of 3` (plain text: a server's message is never markup)."""
+    done, total = data.get("progress"), data.get("total")
+    amount = f"{done:g}/{total:g}" if isinstance(done, int | float) and isinstance(total, int | float) else (
+        f"{done:g}" if isinstance(done, int | float) else "")
+    message = str(data.get("message") or "").replace("\n", " ")[:300]
+    return f"progress {data.get('server', '?')}.{data.get('tool', '?')}: {amount} {message}".rstrip()
 
 
 def print_result(result: Result, session_id: str | None, device: str | None = None) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tether.device.mcp_client_caps import (
@@ -23,6 +24,8 @@ from tether.device.mcp_client_caps import (
 
 if TYPE_CHECKING:
     from tether.agent.llm import LLMClient
+    from tether.protocol.messages import Event
+    from tether.remote import RemoteServer
 
 
 def llm_sampler(llm: LLMClient) -> Sampler:
@@ -39,9 +42,18 @@ def llm_sampler(llm: LLMClient) -> Sampler:
     return sample
 
 
+def _read(prompt: str) -> str:
+    """One line from the terminal, the prompt on stderr (stdout stays the result's); EOFError at the end."""
+    sys.stderr.write(prompt)
+    sys.stderr.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError
+    return line.rstrip("\r\n")
+
+
 def _prompt_sync(request: ElicitationRequest) -> ElicitationAnswer:
-    """Ask at the terminal (stderr, so a piped stdout stays the result's); empty answer to a yes/no
-    question declines, end of input cancels."""
+    """Ask at the terminal; an empty answer declines, end of input or a bad value cancels."""
     from rich.console import Console
 
     out = Console(stderr=True)
@@ -50,14 +62,14 @@ def _prompt_sync(request: ElicitationRequest) -> ElicitationAnswer:
     props: dict[str, Any] = request.schema.get("properties") or {}
     try:
         if not props:
-            reply = input("  accept? [y/N] ").strip().lower()
-            return ElicitationAnswer("accept" if reply in ("y", "yes") else "decline", {} if reply else None)
+            reply = _read("  accept? [y/N] ").strip().lower()
+            return ElicitationAnswer("accept", {}) if reply in ("y", "yes") else ElicitationAnswer("decline")
         content: dict[str, Any] = {}
         for key, prop in props.items():
             choices = prop.get("enum")
             hint = f" ({'/'.join(map(str, choices))})" if choices else f" [{prop.get('type', 'string')}]"
             label = prop.get("title") or prop.get("description") or key
-            text = input(f"  {label}{hint} (empty: decline): ")
+            text = _read(f"  {label}{hint} (empty: decline): ")
             if not text:
                 return ElicitationAnswer("decline")
             content[key] = coerce_answer(request.schema, key, text)
@@ -78,3 +90,51 @@ def cli_hooks(llm: LLMClient | None, *, interactive: bool | None = None) -> MCPC
         interactive = sys.stdin.isatty()
     return MCPClientHooks(elicit=terminal_elicitor if interactive else None,
                           sample=llm_sampler(llm) if llm is not None else None)
+
+
+def configured_llm() -> LLMClient | None:
+    """The LLM of `TETHER_LLM_*` or the config file, or None (also when its config is unusable: a
+    device command does not fail for want of an LLM it may never need)."""
+    from tether.agent.llm import LLMClient, resolve_llm_settings
+
+    try:
+        settings = resolve_llm_settings()
+    except (ValueError, OSError):
+        return None
+    return LLMClient(settings) if settings is not None else None
+
+
+def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | None = None
+                     ) -> Callable[[Event], None]:
+    """For `tether exec --device`: the events of the command's stream as the CLI shows them, with an
+    MCP server's question asked at this terminal and the answer posted to the server (which needs a
+    token with the `approve` scope); without a terminal, the question and how to answer it."""
+    from rich.console import Console
+
+    from tether.cli.common import stream_output
+    from tether.remote import RemoteError
+
+    ask = sys.stdin.isatty() if interactive is None else interactive
+    err = Console(stderr=True)
+
+    def on_event(event: Event) -> None:
+        data = event.data
+        if event.kind != "elicitation" or "id" not in data:
+            stream_output(event.kind, data)
+            return
+        request = ElicitationRequest(id=str(data["id"]), server=str(data.get("server", "?")),
+                                     call_id=event.call_id, session_id=None, message=str(data.get("message", "")),
+                                     schema=data.get("schema") if isinstance(data.get("schema"), dict) else {})
+        if not ask:
+            err.print(f"MCP server {request.server} asks (question {request.id}): ", end="", markup=False)
+            err.print(request.message, markup=False, highlight=False)
+            err.print(f"  answer with POST /api/v1/devices/{device}/questions/{request.id} "
+                      '{"action": "accept", "content": {...}} (a token with the approve scope)', markup=False)
+            return
+        answer = _prompt_sync(request)
+        try:
+            remote.answer_question(device, request.id, answer.action, answer.content)
+        except RemoteError as exc:
+            err.print(f"error: the answer was not taken: {exc}", markup=False, highlight=False)
+
+    return on_event

@@ -130,7 +130,11 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
         return (await asyncio.to_thread(input, "answer (number or text): ")).strip()
 
     try:
-        async with open_device(config, policy_path=policy, state_dir=state_dir) as device:
+        from tether.cli.mcp_hooks import cli_hooks
+
+        # an external MCP server's question is asked at this terminal, its sampling uses this LLM
+        async with open_device(config, policy_path=policy, state_dir=state_dir,
+                               mcp_hooks=cli_hooks(llm)) as device:
             computer = await device.computer_manager.get_or_create(None)
             dispatcher = device.dispatcher(session_id=task.id)
             profiles = {DEFAULT_DEVICE_NAME: await collect_profile(device)} if llm is not None else {}

@@ -12,7 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -404,7 +404,20 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
                                   ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
                                   max_concurrent_sessions=device.policy.max_concurrent_sessions,
                                   remote_policy=remote_policy)
-    remote_policy.on_change = lambda p: connection.batches.set_limit(p.max_concurrent_sessions)
+    from tether.device.mcp_elicit import RemoteQuestions
+
+    # an external MCP server's question is an event of the command; the answer comes back over AIP
+    connection.questions = RemoteQuestions()
+    device.mcp_server_manager.hooks.elicit = connection.questions.elicit
+    roots_notices: set[asyncio.Task[None]] = set()
+
+    def policy_changed(p: Any) -> None:
+        connection.batches.set_limit(p.max_concurrent_sessions)
+        notice = asyncio.ensure_future(device.mcp_server_manager.roots_changed(device.context))  # new roots
+        roots_notices.add(notice)
+        notice.add_done_callback(roots_notices.discard)
+
+    remote_policy.on_change = policy_changed
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, connection.stop)

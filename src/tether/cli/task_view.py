@@ -12,6 +12,7 @@ from typing import Any
 from rich.console import Console
 
 from tether.agent.task import Task
+from tether.cli.common import progress_line
 
 
 def print_question(out: Console, question: str, options: list[str]) -> None:
@@ -51,6 +52,10 @@ class EventView:
         elif kind == "output":
             for line in str(d.get("data", "")).rstrip("\n").splitlines():
                 out.print(f"    │ {line}", style="dim", markup=False, highlight=False)
+        elif kind == "progress":
+            out.print(f"    │ {progress_line(d)}", style="dim", markup=False, highlight=False)
+        elif kind == "elicitation" and d.get("message"):
+            out.print(f"    ? MCP server {d.get('server')} asks: {d.get('message')}", markup=False, highlight=False)
         elif kind == "step_finished":
             style = "green" if d["status"] == "success" else "red"
             out.print(f"  [{style}]{d['status']}[/{style}]" + (f": {d['error']}" if d.get("error") else ""))

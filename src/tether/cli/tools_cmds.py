@@ -8,7 +8,7 @@ import json
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -34,6 +34,9 @@ from tether.cli.common import (
 )
 from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, ToolType
 from tether.remote import RemoteError, RemoteServer
+
+if TYPE_CHECKING:
+    from tether.device.local import LocalDevice
 
 
 @tools_app.callback()
@@ -172,18 +175,30 @@ def _schema_for(infos: list[ToolInfo], tool: str, tool_type: str | None) -> dict
 async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: Path | None, session_id: str,
                       approved_by: str | None, timeout: float | None, tool_type: str | None,
                       state_dir: Path | None) -> Result:
+    from tether.cli.mcp_hooks import cli_hooks, configured_llm
     from tether.device.local import open_device
 
-    async with open_device(config, policy_path=policy, state_dir=state_dir) as device:
-        computer = await device.computer_manager.get_or_create(None)
-        params = parse_assignments(pairs, _schema_for(computer.tool_infos(remove_meta=False), tool, tool_type))
-        kind: ToolType | None = tool_type  # type: ignore[assignment]
-        command = Command(tool_name=tool, parameters=params, tool_type=kind, timeout=timeout,
-                          approved_by=approved_by)
-        dispatcher = device.dispatcher(session_id=session_id)
-        dispatcher.emit = stream_output
-        [result] = await dispatcher.execute_commands([command], timeout=(timeout or 3600) + 5)
-        return result
+    llm = configured_llm()  # sampling is declared to external MCP servers only when there is an LLM
+    try:
+        async with open_device(config, policy_path=policy, state_dir=state_dir,
+                               mcp_hooks=cli_hooks(llm)) as device:
+            return await _exec_on(device, tool, pairs, session_id, approved_by, timeout, tool_type)
+    finally:
+        if llm is not None:
+            await llm.close()
+
+
+async def _exec_on(device: LocalDevice, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
+                   timeout: float | None, tool_type: str | None) -> Result:
+    computer = await device.computer_manager.get_or_create(None)
+    params = parse_assignments(pairs, _schema_for(computer.tool_infos(remove_meta=False), tool, tool_type))
+    kind: ToolType | None = tool_type  # type: ignore[assignment]
+    command = Command(tool_name=tool, parameters=params, tool_type=kind, timeout=timeout,
+                      approved_by=approved_by)
+    dispatcher = device.dispatcher(session_id=session_id)
+    dispatcher.emit = stream_output
+    [result] = await dispatcher.execute_commands([command], timeout=(timeout or 3600) + 5)
+    return result
 
 
 def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
@@ -192,6 +207,8 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
     # --timeout is the caller's wall time: the schema lookup spends from the same budget, and the
     # command gets what is left (the batch one second more, so the tool's own timeout, which says
     # what it killed, normally answers first)
+    from tether.cli.mcp_hooks import remote_questions
+
     end = time.monotonic() + (timeout or 60)
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:
@@ -204,7 +221,7 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
             command = Command(tool_name=tool, parameters=params, tool_type=tool_type,  # type: ignore[arg-type]
                               timeout=left if timeout else None, approved_by=approved_by)
             _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5), session_id=session_id,
-                                     on_event=lambda e: stream_output(e.kind, e.data))
+                                     on_event=remote_questions(remote, device))
             return result
     except RemoteError as exc:
         fail(str(exc))

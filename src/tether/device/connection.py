@@ -37,6 +37,7 @@ from websockets.uri import parse_uri
 
 from tether.device.batches import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
+from tether.device.mcp_elicit import RemoteQuestions
 from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.reconnect import (
     DUPLICATE_CLOSE_CODE,
@@ -148,6 +149,8 @@ class DeviceConnection:
         self.batches = BatchRunner(client, self.outbox, self.record, client_id=name,
                                    max_concurrent_sessions=max_concurrent_sessions)
         self.remote_policy = remote_policy  # answers the server's POLICY_REQUEST / POLICY_SET
+        # external MCP servers' questions waiting for an answer through the server (`mcp_elicit`)
+        self.questions: RemoteQuestions | None = None
         self._stop = asyncio.Event()
         self._running = False
         self._last_rx = 0.0
@@ -424,6 +427,9 @@ class DeviceConnection:
             task = asyncio.create_task(self._send_device_info(msg.response_id))
             self._side_tasks.add(task)
             task.add_done_callback(self._side_tasks.discard)
+        elif kind is ServerMessageType.ELICITATION_ANSWER:
+            if self.questions is not None:
+                self.questions.answer(msg.payload)
         elif kind is ServerMessageType.ERROR:
             logger.warning("the server reports an error: %s", msg.error)
         else:

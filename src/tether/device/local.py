@@ -16,6 +16,7 @@ from tether.device.client import DeviceClient
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
+from tether.device.mcp_client_caps import MCPClientHooks
 from tether.device.mcp_manager import MCPServerManager
 from tether.sandbox import SandboxInfo
 from tether.tools.builtin import builtin_toolsets
@@ -65,10 +66,11 @@ def resolve_policy(config: DeviceConfig, policy_path: str | os.PathLike[str] | N
 def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = None,
                  state_dir: str | os.PathLike[str] | None = None, client_id: str = "local",
                  serving: bool = False, sandbox: bool | SandboxInfo = True,
-                 secrets: list[str] | None = None) -> LocalDevice:
+                 secrets: list[str] | None = None, mcp_hooks: MCPClientHooks | None = None) -> LocalDevice:
     """`serving`: the device runs commands for a server, so a sandbox is required unless the policy says
     otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path), a `SandboxInfo`
-    is a probe already made; `secrets` are more paths the sandbox hides (the token file)."""
+    is a probe already made; `secrets` are more paths the sandbox hides (the token file); `mcp_hooks` answer
+    external MCP servers' questions and sampling requests (`mcp_client_caps`)."""
     config = config or load_device_config(None)
     policy = policy or resolve_policy(config)
     if policy.require_sandbox is None:
@@ -79,7 +81,8 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     info = sandbox if isinstance(sandbox, SandboxInfo) else None
     confined = make_sandbox(policy, hidden=hidden, info=info) if sandbox and policy.sandbox else None
     context = ToolContext(policy=policy, journal=journal, sandbox=confined)
-    servers = MCPServerManager(toolsets=builtin_toolsets(), context=context)  # its sandbox confines stdio servers
+    # its sandbox confines stdio servers; the hooks answer their questions and sampling requests
+    servers = MCPServerManager(toolsets=builtin_toolsets(), context=context, hooks=mcp_hooks)
     computers = ComputerManager(config, servers, context=context)
     client = DeviceClient(servers, computers, client_id=config.device.name or client_id)
     return LocalDevice(config, policy, root, journal, context, servers, computers, client)
@@ -89,11 +92,11 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
 async def open_device(config: DeviceConfig | str | os.PathLike[str] | None = None, *,
                       policy_path: str | os.PathLike[str] | None = None,
                       state_dir: str | os.PathLike[str] | None = None, sandbox: bool = True,
-                      serving: bool = False) -> AsyncIterator[LocalDevice]:
+                      serving: bool = False, mcp_hooks: MCPClientHooks | None = None) -> AsyncIterator[LocalDevice]:
     """A started device (its default computer's servers open) that is closed on exit."""
     cfg = config if isinstance(config, DeviceConfig) else load_device_config(config)
     device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir, sandbox=sandbox,
-                          serving=serving)
+                          serving=serving, mcp_hooks=mcp_hooks)
     try:
         await device.computer_manager.get_or_create(None)
         yield device

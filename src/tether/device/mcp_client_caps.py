@@ -22,8 +22,9 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -99,10 +100,10 @@ class MCPClientHooks:
     sample: Sampler | None = None
     elicit_timeout: float = DEFAULT_ELICIT_TIMEOUT
     sample_timeout: float = DEFAULT_SAMPLE_TIMEOUT
-    _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
 
     def next_id(self) -> str:
-        return f"q{next(self._ids)}"
+        """Unguessable: an answer is taken for whoever holds the id (and the approve scope)."""
+        return "q" + uuid.uuid4().hex[:16]
 
 
 def file_roots(ctx: ToolContext) -> list[mcp_types.Root]:

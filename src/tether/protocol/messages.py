@@ -33,6 +33,9 @@ class ServerMessageType(str, Enum):
     DEVICE_INFO_REQUEST = "device_info_request"  # ask for a fresh profile
     POLICY_REQUEST = "policy_request"  # ask for the effective policy; answered by POLICY_REPORT
     POLICY_SET = "policy_set"  # change the policy; payload: {"policy": {...}, "replace": bool}; POLICY_REPORT
+    # a person's answer to the question an external MCP server asked during the batch `response_id` (the
+    # device's `elicitation` event); payload: {"id": question id, "action": accept|decline|cancel, "content": {...}}
+    ELICITATION_ANSWER = "elicitation_answer"
     ERROR = "error"  # the device sent a frame the server could not accept
 
 

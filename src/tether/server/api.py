@@ -341,6 +341,33 @@ async def cancel_batch(response_id: str, request: Request,
     return {"cancelled": response_id}
 
 
+class QuestionAnswer(BaseModel):
+    """A person's answer to the question an external MCP server asked while a command ran (an
+    `elicitation` event of the command's stream, whose `id` names it)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    action: Literal["accept", "decline", "cancel"]
+    content: dict[str, str | int | float | bool | list[str] | None] | None = Field(None, max_length=100)
+
+
+@router.post("/devices/{name}/questions/{question}")
+async def answer_question(name: str, question: str, body: QuestionAnswer, request: Request,
+                          who: Annotated[TokenInfo, Depends(require("approve"))]) -> dict[str, Any]:
+    """Answer an MCP server's question. The `approve` scope, not `execute`: an answer lets a tool go on
+    in a way a person chose (often a yes to something it is about to do), as an approval does, so a
+    token that may only run commands (an agent's) cannot answer the questions meant for a person."""
+    hub = _hub(request)
+    _record(hub, name)
+    try:
+        sent = await hub.answer_question(name, question[:64], body.action, body.content, by=f"api:{who.name}")
+    except LookupError as exc:
+        raise HTTPException(409, str(exc)) from None
+    if not sent:
+        raise HTTPException(404, f"no question '{question}' of device '{name}' is waiting for an answer")
+    return {"answered": question, "action": body.action}
+
+
 @router.get("/tokens")
 async def list_tokens(request: Request, _: Annotated[TokenInfo, Depends(require("admin"))]) -> list[dict[str, Any]]:
     return [_token_dict(t) for t in _store(request).list_tokens()]

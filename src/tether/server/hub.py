@@ -55,6 +55,8 @@ from tether.server.registry import DeviceRegistry
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, TokenInfo
 
+MAX_OPEN_QUESTIONS = 1024  # elicitation questions remembered for answers, over all devices
+
 logger = logging.getLogger(__name__)
 
 
@@ -70,6 +72,8 @@ class DeviceHub:
         self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
         self._tasks: set[asyncio.Task[Any]] = set()
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
+        # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
+        self._questions: dict[tuple[str, str], str] = {}
         self._liveness: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -130,6 +134,36 @@ class DeviceHub:
                 return await answer
         finally:
             self._replies.pop(message.response_id, None)
+
+    def _note_question(self, device: str, event: Event) -> None:
+        question = str(event.data.get("id", ""))[:64]
+        if event.kind == "elicitation" and question and "declined" not in event.data:
+            if len(self._questions) >= MAX_OPEN_QUESTIONS:  # answered or not, the oldest go first
+                del self._questions[next(iter(self._questions))]
+            self._questions[(device, question)] = event.response_id or ""
+        elif event.kind == "elicitation_answered":
+            self._questions.pop((device, question), None)
+
+    async def answer_question(self, device: str, question: str, action: str,
+                              content: dict[str, Any] | None, *, by: str) -> bool:
+        """Send a person's answer to the question an external MCP server of `device` asked; False when
+        no running batch of that device waits for it (answered, timed out, finished, never asked)."""
+        response_id = self._questions.get((device, question))
+        batch = self._batches.pending.get(response_id or "")
+        conn = self._conns.get(device)
+        if response_id is None or batch is None or batch.device != device:
+            self._questions.pop((device, question), None)
+            return False
+        if conn is None or not conn.ready:
+            raise LookupError(f"device {device} is offline")
+        frame = ServerMessage(type=ServerMessageType.ELICITATION_ANSWER, response_id=response_id,
+                              status=TaskStatus.OK, payload={"id": question, "action": action, "content": content})
+        if not await conn.send(frame):
+            raise LookupError(f"device {device} went offline before the answer reached it")
+        self._questions.pop((device, question), None)
+        logger.info("question %s of device %s (batch %s) answered by %s: %s", question, device, response_id, by,
+                    action)
+        return True
 
     def revoke_token(self, id_or_name: str) -> int:
         """Revoke tokens (see `Store.revoke_token`) and disconnect their devices at once. Revocations
@@ -314,7 +348,10 @@ class DeviceHub:
             batch = self._batches.pending.get(event.response_id or "")
             if batch is None or batch.device != conn.name or not batch.sent:
                 logger.debug("dropped event %s from device %s for batch %s", event.kind, conn.name, event.response_id)
-            elif batch.on_event is not None:
+                return
+            if event.kind.startswith("elicitation"):
+                self._note_question(conn.name, event)
+            if batch.on_event is not None:
                 try:
                     batch.on_event(event)
                 except Exception:
