@@ -6,6 +6,7 @@ opens; the test learns that a command runs from its streamed `output` event, nev
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -188,3 +189,80 @@ def test_exec_timeout_is_wall_time_even_when_the_device_is_busy(cluster, tmp_pat
         fd = _open(gate)
         busy.outcome()
         os.close(fd)
+
+
+async def test_the_line_moves_up_when_a_waiting_batch_is_cancelled_and_when_the_limit_grows(tmp_path):
+    """`BatchRunner` alone, on a real device (unsandboxed: only the scheduling is under test): one slot,
+    session a holds it on a gate; b and c wait at places 1 and 2; b is cancelled, so c is told it is
+    now 1; a larger limit (a policy change) starts c at once while a still runs."""
+    from tether.device.batches import BatchRunner
+    from tether.device.local import build_device
+    from tether.device.outbox import FinishedRecord, Outbox
+    from tether.protocol.codec import decode_client_message
+    from tether.protocol.messages import ClientMessageType, ServerMessage, ServerMessageType
+    from tether.tools.policy import default_policy
+
+    roots = [str(tmp_path)]
+    device = build_device(policy=default_policy().model_copy(update={"read_roots": roots, "write_roots": roots}),
+                          state_dir=tmp_path / "state", sandbox=False)
+    outbox = Outbox()
+    outbox.open(1 << 20)
+    outbox.accepting_events = True
+    runner = BatchRunner(device.client, outbox, FinishedRecord(), client_id="dev", max_concurrent_sessions=1)
+    script = tmp_path / "gated.py"
+    script.write_text(SCRIPT)
+    cmd, gate = _gated(tmp_path, script, "a", tmp_path)
+    seen: list[Any] = []
+
+    async def until(check: Any) -> Any:
+        """The first frame from the outbox that passes `check`, waiting on the outbox's own event."""
+        async with asyncio.timeout(30):
+            while True:
+                while (frame := outbox.pop()) is not None:
+                    msg = decode_client_message(frame[1], 1 << 30)
+                    seen.append(msg)
+                    if check(msg):
+                        return msg
+                outbox.ready.clear()
+                await outbox.ready.wait()
+
+    def batch(session: str, command: Command) -> ServerMessage:
+        return ServerMessage(type=ServerMessageType.COMMAND, actions=[command], session_id=session, timeout=60)
+
+    def event(kind: str, response_id: str, text: str = "") -> Any:
+        return lambda m: (m.type is ClientMessageType.EVENT and m.payload["kind"] == kind
+                          and m.payload["response_id"] == response_id and text in str(m.payload["data"]))
+
+    def results(response_id: str) -> Any:
+        return lambda m: m.type is ClientMessageType.COMMAND_RESULTS and m.prev_response_id == response_id
+
+    a, b, c = batch("a", cmd), batch("b", _echo("b", tmp_path)), batch("c", _echo("c", tmp_path))
+    fd: int | None = None
+    try:
+        runner.submit(a)
+        await until(event("output", a.response_id, "started"))
+        runner.submit(b)
+        runner.submit(c)
+        assert (await until(event("queued", b.response_id))).payload["data"]["position"] == 1
+        assert (await until(event("queued", c.response_id))).payload["data"]["position"] == 2
+        assert (runner.started, runner.queued) == (1, 2)
+        assert runner.cancel(b.response_id)
+        [cancelled] = (await until(results(b.response_id))).action_results
+        assert cancelled.status is ResultStatus.FAILURE and "cancelled" in cancelled.error
+        assert (await until(event("queued", c.response_id))).payload["data"]["position"] == 1
+        runner.set_limit(2)
+        [quick] = (await until(results(c.response_id))).action_results
+        assert quick.status is ResultStatus.SUCCESS and quick.result["stdout"] == "c\n"
+        assert runner.started == 1 and not any(m.type is ClientMessageType.COMMAND_RESULTS
+                                               and m.prev_response_id == a.response_id for m in seen)
+        fd = _open(gate)
+        [long] = (await until(results(a.response_id))).action_results
+        assert long.status is ResultStatus.SUCCESS and long.result["stdout"] == "started a\ndone a\n"
+        await asyncio.wait_for(runner.idle.wait(), 30)
+        assert runner.executed == 2  # b never ran
+    finally:
+        if fd is None:
+            fd = _open(gate)
+        await runner.abort_all(timeout=10)
+        os.close(fd)
+        await device.aclose()

@@ -210,6 +210,8 @@ class BatchRunner:
             self._running[key] = batch
             coro = self._start(batch, here=here and returned is None)
             returned = returned or coro
+        # sessions whose every waiting batch was cancelled leave the line before places are counted
+        self._waiting = deque(key for key in self._waiting if self._head(key) is not None)
         for place, key in enumerate(self._waiting, 1):
             head = self._head(key)
             if head is not None and head.position != place:

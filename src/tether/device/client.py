@@ -1,7 +1,10 @@
 """`DeviceClient`: executes what the server sends, nothing more (seed 001).
 
 It keeps only session metadata (validated on assignment), runs one batch at a time under
-`task_lock`, and delegates every command to the `CommandRouter`. It never plans or interprets.
+`task_lock` when used directly (local mode), and delegates every command to the `CommandRouter`.
+It never plans or interprets. A device serving a server runs batches through `BatchRunner`, which
+keeps that order per session and passes each batch's context to the router itself, so sessions
+can run side by side.
 """
 
 from __future__ import annotations
