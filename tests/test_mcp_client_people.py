@@ -1,0 +1,164 @@
+"""An external MCP server's progress and questions reach people: `tether exec` on this machine (a
+real terminal through a pty, or none), and a real server and device process, through REST SSE and
+the question endpoint. The server is tests/servers/interactive.py, a real stdio MCP server."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from netutil import CLI, Cluster, tether_env
+
+INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
+
+
+def mcp_config(tmp_path: Path) -> Path:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"interactive": {"command": sys.executable, "args": [INTERACTIVE]}}}))
+    return path
+
+
+def exec_local(tmp_path: Path, *args: str, stdin: Any = subprocess.DEVNULL) -> subprocess.CompletedProcess[str]:
+    state = tmp_path / "state"
+    return subprocess.run([*CLI, "exec", "--config", str(mcp_config(tmp_path)), "--state-dir", str(state), *args],
+                          stdin=stdin, capture_output=True, text=True, env=tether_env(state), timeout=120)
+
+
+def test_progress_is_shown_by_tether_exec(tmp_path: Path) -> None:
+    ran = exec_local(tmp_path, "count", "steps=3")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "counted 3" in ran.stdout
+    lines = [line for line in ran.stderr.splitlines() if line.startswith("progress ")]
+    assert lines == ["progress interactive.count: 1/3 step 1 of 3", "progress interactive.count: 2/3 step 2 of 3",
+                     "progress interactive.count: 3/3 step 3 of 3"]
+
+
+def test_a_question_is_asked_at_the_terminal(tmp_path: Path) -> None:
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"blue\n")  # typed ahead: it waits in the terminal until the question reads it
+        ran = exec_local(tmp_path, "ask", "question=Which [b]colour[/b]?", stdin=slave)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert '"accept: blue"' in ran.stdout
+    assert "MCP server interactive asks: Which [b]colour[/b]?" in ran.stderr  # never read as markup
+    assert "Traceback" not in ran.stderr
+
+
+def test_without_a_terminal_the_question_is_declined(tmp_path: Path) -> None:
+    ran = exec_local(tmp_path, "ask", "question=Which colour?")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert '"decline"' in ran.stdout
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
+    """(event, data) pairs of a server-sent event stream."""
+    name = ""
+    for line in lines:
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            yield name, json.loads(line.removeprefix("data: "))
+
+
+def run_streamed(cluster: Cluster, tool: str, params: dict[str, Any], http: httpx.Client
+                 ) -> Iterator[tuple[str, Any]]:
+    body = {"commands": [{"tool_name": tool, "parameters": params}], "timeout": 60}
+    headers = {"Authorization": f"Bearer {cluster.api_token}", "Accept": "text/event-stream"}
+    with http.stream("POST", "/api/v1/devices/alpha/commands", json=body, headers=headers) as response:
+        assert response.status_code == 200
+        yield from sse(response.iter_lines())
+
+
+@pytest.fixture
+def alpha(cluster: Cluster, tmp_path: Path) -> Cluster:
+    proc = cluster.device("alpha", extra=("--config", str(mcp_config(tmp_path))))
+    cluster.wait_online("alpha", proc)
+    return cluster
+
+
+def test_progress_reaches_the_rest_stream(alpha: Cluster) -> None:
+    with httpx.Client(base_url=f"http://127.0.0.1:{alpha.port}", timeout=60) as http:
+        seen = list(run_streamed(alpha, "count", {"steps": 2}, http))
+    progress = [d["data"] for name, d in seen if name == "event" and d["kind"] == "progress"]
+    assert [(p["progress"], p["total"], p["message"], p["server"]) for p in progress] == [
+        (1, 2, "step 1 of 2", "interactive"), (2, 2, "step 2 of 2", "interactive")]
+    [results] = [d for name, d in seen if name == "results"]
+    assert results["results"][0]["status"] == "success"
+
+
+def test_a_question_is_answered_through_the_server(alpha: Cluster) -> None:
+    base = f"http://127.0.0.1:{alpha.port}"
+    admin = {"Authorization": f"Bearer {alpha.api_token}"}
+    with httpx.Client(base_url=base, timeout=60) as http:
+        made = http.post("/api/v1/tokens", json={"kind": "api", "name": "runner", "scopes": ["execute"]},
+                         headers=admin)
+        assert made.status_code == 201, made.text
+        runner = {"Authorization": f"Bearer {made.json()['token']}"}
+        missing = http.post("/api/v1/devices/alpha/questions/qnothing", json={"action": "accept"}, headers=admin)
+        assert missing.status_code == 404 and "error" in missing.json()
+        answered: list[dict[str, Any]] = []
+        stream = run_streamed(alpha, "ask", {"question": "Which colour?"}, http)
+        for name, data in stream:
+            if name == "event" and data["kind"] == "elicitation":
+                question = data["data"]
+                assert question["message"] == "Which colour?" and "colour" in question["schema"]["properties"]
+                url = f"/api/v1/devices/alpha/questions/{question['id']}"
+                refused = http.post(url, json={"action": "accept", "content": {"colour": "red"}}, headers=runner)
+                assert refused.status_code == 403 and "approve" in refused.json()["error"]
+                bad = http.post(url, json={"action": "maybe"}, headers=admin)
+                assert bad.status_code == 422 and "error" in bad.json()
+                ok = http.post(url, json={"action": "accept", "content": {"colour": "green"}}, headers=admin)
+                assert ok.status_code == 200, ok.text
+                again = http.post(url, json={"action": "accept", "content": {"colour": "green"}}, headers=admin)
+                assert again.status_code == 404  # answered once
+            elif name == "event" and data["kind"] == "elicitation_answered":
+                answered.append(data["data"])
+            elif name == "results":
+                [result] = data["results"]
+                break
+    assert result["status"] == "success", result
+    assert "accept: green" in json.dumps(result["result"])
+    assert [a["action"] for a in answered] == ["accept"]
+
+
+def test_remote_exec_asks_at_the_terminal_and_posts_the_answer(alpha: Cluster) -> None:
+    env = {**alpha.env, "TETHER_SERVER": f"http://127.0.0.1:{alpha.port}", "TETHER_TOKEN": alpha.api_token}
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"purple\n")
+        ran = subprocess.run([*CLI, "exec", "--device", "alpha", "ask", "question=Which colour?", "--json"],
+                             stdin=slave, capture_output=True, text=True, env=env, timeout=120)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "accept: purple" in ran.stdout
+    assert "MCP server interactive asks: Which colour?" in ran.stderr
+
+
+def test_remote_exec_without_a_terminal_says_how_to_answer(alpha: Cluster) -> None:
+    env = {**alpha.env, "TETHER_SERVER": f"http://127.0.0.1:{alpha.port}", "TETHER_TOKEN": alpha.api_token}
+    ran = subprocess.run([*CLI, "exec", "--device", "alpha", "ask", "question=Which colour?", "--timeout", "3"],
+                         stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=120)
+    assert "MCP server interactive asks (question q" in ran.stderr
+    assert "/api/v1/devices/alpha/questions/q" in ran.stderr
+    assert "Traceback" not in ran.stderr
