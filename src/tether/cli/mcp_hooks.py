@@ -37,7 +37,10 @@ def llm_sampler(llm: LLMClient) -> Sampler:
             messages.append({"role": "system", "content": request.system_prompt})
         messages.extend(request.messages)
         reply = await llm.complete(messages)
-        return SamplingReply(text=reply.text, model=llm.settings.model)
+        text = reply.text
+        if reply.completion_tokens > request.max_tokens:  # the client cannot pass max_tokens on: cut the reply
+            text = text[:request.max_tokens * 4]
+        return SamplingReply(text=text, model=llm.settings.model)
 
     return sample
 

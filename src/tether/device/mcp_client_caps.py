@@ -39,6 +39,7 @@ DEFAULT_SAMPLE_TIMEOUT = 120.0
 MAX_QUESTION_CHARS = 4000
 MAX_SAMPLING_CALLS = 5  # per command: a server in a loop must not spend the whole LLM budget
 MAX_SAMPLING_TOKENS = 4000  # per request, whatever the server asks for
+MAX_SAMPLING_PROMPT_CHARS = 64_000  # what a server may send the LLM in one request
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "notice": logging.INFO, "warning": logging.WARNING,
            "error": logging.ERROR, "critical": logging.CRITICAL, "alert": logging.CRITICAL,
            "emergency": logging.CRITICAL}
@@ -233,12 +234,15 @@ class ServerClientCaps:
             logger.info("server %s asked for an LLM completion: refused (policy mcp_sampling: %s)",
                         self.namespace, mode)
             return _sampling_error("sampling refused by this device's policy (mcp_sampling)")
+        messages = [_text_message(m) for m in params.messages]
+        if sum(len(m["content"]) for m in messages) + len(params.system_prompt or "") > MAX_SAMPLING_PROMPT_CHARS:
+            return _sampling_error(f"sampling refused: the messages are over {MAX_SAMPLING_PROMPT_CHARS} characters")
         used = self._sampled.get(ctx.call_id, 0)
         if used >= MAX_SAMPLING_CALLS:
             return _sampling_error(f"sampling budget spent: {MAX_SAMPLING_CALLS} requests per command")
         self._sampled[ctx.call_id] = used + 1
         request = SamplingRequest(server=self.namespace, call_id=ctx.call_id,
-                                  messages=[_text_message(m) for m in params.messages],
+                                  messages=messages,
                                   system_prompt=params.system_prompt,
                                   max_tokens=max(1, min(params.max_tokens, MAX_SAMPLING_TOKENS)),
                                   temperature=params.temperature)
