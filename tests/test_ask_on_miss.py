@@ -96,3 +96,27 @@ def test_ask_always_and_approve_per_program_come_from_the_server(setup: Setup) -
     change.write_text("ask: on-miss\n")
     assert setup.tether("policy", "set", "--device", "alpha", "--file", str(change)).returncode == 0
     assert _result(setup.run("echo", "hi"))["status"] == "success"
+
+
+def test_always_from_exec_adds_the_program_or_only_its_first_argument(setup: Setup) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return setup.tether("exec", "--device", "alpha", "shell.run", *args, f"cwd={setup.tmp}", "--json")
+
+    pattern = run("cmd=factor", 'argv=["12"]', "--always", "subcommand")
+    assert pattern.returncode == 0, pattern.stdout + pattern.stderr
+    assert "factor 12 allowed from now on" in pattern.stderr and _result(pattern)["result"]["stdout"] == "12: 2 2 3\n"
+    assert _result(run("cmd=factor", 'argv=["12"]'))["status"] == "success"
+    other = _result(run("cmd=factor", 'argv=["15"]'))
+    assert other["status"] == "failure" and other["result"].get("rule") == "subcommand", other
+
+    program = run("cmd=expr", 'argv=["1", "+", "1"]', "--always", "program")
+    assert program.returncode == 0 and _result(program)["result"]["stdout"] == "2\n"
+    assert _result(run("cmd=expr", 'argv=["2", "+", "2"]'))["result"]["stdout"] == "4\n"
+
+    for bad, why in ((("cmd=expr", "--always", "forever"), "program or subcommand"),
+                     (("cmd=expr", 'argv=["-1"]', "--always", "subcommand"), "first argument"),
+                     (("cmd=sudo", 'argv=["x"]', "--always", "program"), "always denied")):
+        out = run(*bad)
+        assert out.returncode != 0 and why in out.stderr and "Traceback" not in out.stderr, out.stderr
+    local = setup.tether("exec", "shell.run", "cmd=expr", "--always", "program")
+    assert local.returncode == 2 and "give --device" in local.stderr

@@ -138,12 +138,22 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
           session: Annotated[str | None, typer.Option("--session", help="session id (for undo)")] = None,
           approve: Annotated[bool, typer.Option("--approve", help="approve an action the policy "
                                                                   "reserves for a person")] = False,
+          always: Annotated[str | None, typer.Option(
+              "--always", help="with --device, for a shell command the policy asks about: 'program' adds the "
+                               "program to the device's allowlist for good, 'subcommand' only the program with "
+                               "this first argument (e.g. git status); then runs it (needs the admin scope)")] = None,
           timeout: Annotated[float | None, typer.Option("--timeout", help="seconds")] = None,
           tool_type: Annotated[str | None, typer.Option("--type")] = None, state_dir: StateOpt = None,
           device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
           ) -> None:
     """Run one tool and print its structured result; exit code 1 when the result is a failure."""
     check_tool_type(tool_type)
+    if always is not None:
+        if always not in ("program", "subcommand"):
+            fail("--always takes program or subcommand")
+        if not device:
+            fail("--always changes a device's policy through its server: give --device")
+        _allow_always(device, tool, args or [], always, server, token, ca_file)
     session_id = session or f"cli-{uuid.uuid4().hex[:12]}"
     approved_by = f"cli:{getpass.getuser()}" if approve else None
     if device:
@@ -199,6 +209,33 @@ async def _exec_on(device: LocalDevice, tool: str, pairs: list[str], session_id:
     dispatcher.emit = stream_output
     [result] = await dispatcher.execute_commands([command], timeout=(timeout or 3600) + 5)
     return result
+
+
+def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: str | None, token: str | None,
+                  ca_file: str | None) -> None:
+    """The 'always' answer to an approval: the program (or the program with this first argument as its
+    only subcommand) goes into the device's allowlist as a remote policy change, before the command runs."""
+    from tether.tools.policy import program_name
+
+    if not tool.startswith(("shell.", "shell_")):
+        fail("--always is for shell commands (shell.run, shell_execute)")
+    params = parse_assignments(pairs, {})
+    name = program_name(params.get("cmd"))
+    if name is None:
+        fail("--always needs the command's program: cmd=NAME")
+    argv = params.get("argv", params.get("args")) or []
+    first = next((a for a in argv if isinstance(a, str) and not a.startswith("-")), None)
+    if what == "subcommand" and first is None:
+        fail("--always subcommand needs a first argument that is not an option (e.g. git status)")
+    rule: dict[str, Any] = {"subcommands": [first]} if what == "subcommand" else {}
+    try:
+        with RemoteServer(server, token, ca_file=ca_file) as remote:
+            report = remote.set_policy(device, {"commands": {name: rule}})
+    except RemoteError as exc:
+        fail(str(exc), 1)
+    scope = f"{name} {first}" if what == "subcommand" else name
+    console(err=True).print(f"{device}: {scope} allowed from now on (policy version {report['version']})",
+                            soft_wrap=True)
 
 
 def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
