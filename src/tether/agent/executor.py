@@ -22,6 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tether.agent.answer import format_answer
+from tether.agent.confirm import CONFIRMATION, OPTION_RUN, confirmation_answer, needs_confirmation, plan_text
+from tether.agent.confirm import OPTION_CANCEL as CONFIRM_CANCEL
 from tether.agent.llm import LLMClient, LLMError, how_to_configure
 from tether.agent.observe import observation_context, step_results
 from tether.agent.plan import OBSERVE, Plan, validate_plan
@@ -50,6 +52,7 @@ from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceProfile
 
 DEFAULT_DEVICE_NAME = "local"
+CONFIRM_TRIES = 5  # answers that are neither run nor cancel before a confirmation gives up
 PLANNING_PROGRESS_EVERY = 16  # streamed planner tokens per planning_progress event
 Decision = AutoPatch | Replan | AskUser
 
@@ -134,6 +137,21 @@ class TaskRunner:
             self._count_llm(task, llm_before)
         return task
 
+    async def dry_run(self, task: Task) -> list[str]:
+        """Plan the task (or check its given plan) and stop: nothing runs, nothing is asked. The plan is
+        left on the task; the problems that would stop it are returned (empty when it would run)."""
+        if task.plan is not None and task.plan.steps:
+            return validate_plan(task.plan, self.tools) if self.tools else []
+        if self.llm is None:
+            return [how_to_configure()]
+        try:
+            planned = await plan_request(self.llm, task.request, devices=self._devices(),
+                                         policy_summary=self.policy_summary)
+        except (PlanningError, LLMError) as exc:
+            return [f"planning failed: {exc}"]
+        task.plan = Plan(steps=[self._own_device(s) for s in planned.plan.steps])
+        return []
+
     async def _run(self, task: Task) -> None:
         if task.state is TaskState.CREATED:
             if task.plan is None or not task.plan.steps:
@@ -147,9 +165,14 @@ class TaskRunner:
                               + "\n".join(f"- {p}" for p in problems))
                 self._emit(task, "plan", {"steps": [s.model_dump(mode="json") for s in task.plan.steps],
                                           "source": "given"})
+                await self._confirm(task, 0)
             self._to(task, TaskState.RUNNING)
         elif task.state is TaskState.PLANNING:
             await self._plan(task, recovery_context=None, replace_from=task.cursor)
+            self._to(task, TaskState.RUNNING)
+        elif (task.state is TaskState.WAITING_FOR_USER and task.pending_question is not None
+              and task.pending_question.kind == CONFIRMATION):
+            await self._confirm(task, task.pending_question.step or 0, existing=task.pending_question)
             self._to(task, TaskState.RUNNING)
         elif task.state is TaskState.WAITING_FOR_USER and task.pending_question is not None:
             pending = task.pending_question
@@ -415,6 +438,41 @@ class TaskRunner:
         source = "observe" if observing else "llm" if not recovery_context else "replan"
         self._emit(task, "plan", {"steps": [s.model_dump(mode="json") for s in steps], "from_step": replace_from,
                                   "source": source})
+        await self._confirm(task, replace_from)
+
+    async def _confirm(self, task: Task, first: int, existing: Question | None = None) -> None:
+        """Ask a person to confirm the plan's steps from `first` on, when the task's mode says so."""
+        assert task.plan is not None
+        steps = task.plan.steps[first:]
+        if existing is None and not needs_confirmation(task.confirm, steps, self.tools):
+            return
+        record = existing or Question(step=first, question="Run this plan?\n" + plan_text(steps, first),
+                                      options=[OPTION_RUN, CONFIRM_CANCEL], kind=CONFIRMATION)
+        if existing is None:
+            task.questions.append(record)
+            self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
+            self._emit(task, "question", record.model_dump(mode="json"))
+        for _ in range(CONFIRM_TRIES):
+            asked = self.clock()
+            try:
+                raw = await self.ask(AskUser(question=record.question, options=record.options,
+                                             reason=CONFIRMATION, source="user"))
+            finally:
+                self._waited += self.clock() - asked
+            answer = (raw or "").strip()
+            decided = confirmation_answer(answer)
+            if decided is None and answer:  # free words: neither run nor cancel
+                self._emit(task, "user_answer", {"question": record.id, "answer": answer, "ignored": True})
+            if decided is None:
+                continue
+            record.answer = answer
+            record.answered_at = datetime.now(UTC)
+            self._emit(task, "user_answer", {"question": record.id, "answer": answer})
+            if not decided:
+                self._end(task, TaskState.CANCELLED, "the plan was not confirmed")
+            return
+        self._end(task, TaskState.CANCELLED, f"the plan was not confirmed: {CONFIRM_TRIES} answers were neither "
+                                             f"{OPTION_RUN} nor {CONFIRM_CANCEL}")
 
     def _planning_token(self, task: Task) -> Callable[[str], None]:
         """Counts the planner's streamed tokens into sparse `planning_progress` events (a display's spinner

@@ -140,8 +140,9 @@ class TaskService:
 
     async def create(self, request: str, *, plan: Plan | None = None, device: str | None = None,
                      requires: DeviceRequirements | None = None, devices: list[str] | None = None,
-                     requested_by: str | None = None) -> Task:
-        """Create a task on `device` (or on the device `requires` selects) and start it."""
+                     requested_by: str | None = None, confirm: str = "never") -> Task:
+        """Create a task on `device` (or on the device `requires` selects) and start it. `confirm`
+        (never|destructive|always, the creating token's setting) makes it wait for its plan's confirmation."""
         if self._closing:
             raise TaskError(503, "the server is shutting down")
         if not request and (plan is None or not plan.steps):
@@ -155,7 +156,7 @@ class TaskService:
             if self.hub.registry.get(name) is None:
                 raise TaskError(404, f"the plan names device '{name}', which has never registered")
         task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
-                    devices=[n for n in extra if n != target])
+                    devices=[n for n in extra if n != target], confirm=confirm)
         unaudited = self.hub.store.audit_problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
@@ -322,6 +323,8 @@ class TaskService:
     def approve(self, task_id: str, approved: bool, by: str | None = None) -> Task:
         task = self.get(task_id)
         pending = task.pending_question
+        if pending is not None and pending.kind == "confirmation" and task.state is TaskState.WAITING_FOR_USER:
+            return self.answer(task.id, "run" if approved else "cancel", pending.id, by)  # a plan to confirm
         if pending is None or pending.kind != "approval" or task.state is not TaskState.WAITING_FOR_USER:
             raise TaskError(409, f"task {task.id} has no action waiting for approval (it is {task.state.value}"
                                  + (f", asking: {pending.question}" if pending else "") + ")")

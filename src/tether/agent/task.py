@@ -47,7 +47,7 @@ _ENDINGS = {TaskState.FAILED, TaskState.CANCELLED}
 # Which state may follow which. Re-planning goes back through `planning`; every live state may fail
 # or be cancelled; only `running` (the last step succeeded) may end in `done`.
 TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
-    TaskState.CREATED: frozenset({TaskState.PLANNING, TaskState.RUNNING, *_ENDINGS}),
+    TaskState.CREATED: frozenset({TaskState.PLANNING, TaskState.RUNNING, TaskState.WAITING_FOR_USER, *_ENDINGS}),
     TaskState.PLANNING: frozenset({TaskState.RUNNING, TaskState.WAITING_FOR_USER, *_ENDINGS}),
     TaskState.RUNNING: frozenset({TaskState.RECOVERING, TaskState.WAITING_FOR_USER, TaskState.PLANNING,
                                   TaskState.DONE, *_ENDINGS}),
@@ -149,6 +149,8 @@ class Task(BaseModel):
     device: str | None = Field(default=None, description="the device steps run on unless they name another")
     devices: list[str] = Field(default_factory=list, description="other devices the task's steps may name")
     requested_by: str | None = Field(default=None, description="who created the task (an API token's name)")
+    confirm: str = Field(default="never", description="never|destructive|always: which plans a person confirms "
+                                                      "before they run")
     plan: Plan | None = None
     cursor: int = 0
     state: TaskState = TaskState.CREATED

@@ -47,6 +47,9 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
                                                             "repeat for several")] = None,
         server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False,
         config: ConfigOpt = None, policy: PolicyOpt = None, state_dir: StateOpt = None,
+        confirm: Annotated[bool, typer.Option("--confirm", help="show each plan and ask before it runs")] = False,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="plan (or check --plan), show the plan and "
+                                                                "run nothing; exit 1 if it has problems")] = False,
         ) -> None:
     """Plan and run a task with live progress; questions are asked in the terminal.
 
@@ -68,6 +71,8 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     if remote and (config or policy or state_dir):
         fail("--config, --policy and --state-dir are for a task on this machine; on a server's device its own "
              "`tether device` settings apply (or pass --local)")
+    if remote and (dry_run or confirm):
+        fail("--dry-run and --confirm work for a task on this machine only so far (pass --local)")
     given = None
     if plan is not None:
         try:
@@ -92,12 +97,17 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
         fail(str(exc))
     if given is None and settings is None:
         fail("no LLM is configured, so a request cannot be planned.\n" + how_to_configure())
-    code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or [])))
+    if dry_run:  # --- tether run --dry-run (engineer C): nothing runs, nothing is stored
+        from tether.cli.plan_preview import dry_run_local
+
+        raise typer.Exit(asyncio.run(dry_run_local(text, given, settings, config, policy, state_dir)))
+    code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or []),
+                            confirm="always" if confirm else "never"))
     raise typer.Exit(code)
 
 
 async def _run(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
-               state_dir: Path | None, answers: list[str]) -> int:
+               state_dir: Path | None, answers: list[str], confirm: str = "never") -> int:
     from tether.agent.executor import DEFAULT_DEVICE_NAME, TaskRunner
     from tether.agent.llm import LLMClient
     from tether.agent.recovery import AskUser
@@ -109,7 +119,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     out = console()
     llm = LLMClient(settings) if settings is not None else None
     store = _local_store(state_dir)
-    task = Task(request=request, plan=plan)
+    task = Task(request=request, plan=plan, confirm=confirm)
 
     view = EventView(out)
 

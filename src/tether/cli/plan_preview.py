@@ -1,0 +1,47 @@
+"""`tether run --dry-run`: plan a request (or check a plan file) against this machine's tools and show
+the plan, running nothing and storing nothing, so a plan can be read before it is trusted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tether.cli.common import console
+
+
+async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
+                        state_dir: Path | None) -> int:
+    """0 with the plan shown when it would run; 1 with its problems listed."""
+    from tether.agent.confirm import plan_text
+    from tether.agent.executor import DEFAULT_DEVICE_NAME, TaskRunner
+    from tether.agent.llm import LLMClient
+    from tether.agent.task import Task
+    from tether.device.local import open_device
+    from tether.device.profile import collect_profile
+
+    out = console()
+    llm = LLMClient(settings) if settings is not None else None
+
+    async def never_asked(question: Any) -> str:  # a dry run asks nothing
+        raise AssertionError("a dry run asked a question")
+
+    try:
+        async with open_device(config, policy_path=policy, state_dir=state_dir) as device:
+            computer = await device.computer_manager.get_or_create(None)
+            dispatcher = device.dispatcher(session_id="dry-run")
+            profiles = {DEFAULT_DEVICE_NAME: await collect_profile(device)} if llm is not None else {}
+            runner = TaskRunner(lambda _device: dispatcher, llm, tools={None: computer.tool_infos()},
+                                ask=never_asked, profiles=profiles)
+            task = Task(request=request, plan=plan)
+            problems = await runner.dry_run(task)
+    finally:
+        if llm is not None:
+            await llm.close()
+    if task.plan is not None and task.plan.steps:
+        out.print("plan (dry run, nothing ran):", highlight=False)
+        out.print(plan_text(task.plan.steps), highlight=False, markup=False)
+    if problems:
+        console(err=True).print("error: the plan has problems:\n" + "\n".join(f"- {p}" for p in problems),
+                                markup=False)
+        return 1
+    return 0

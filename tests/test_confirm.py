@@ -1,0 +1,142 @@
+"""Confirmation and dry runs: a plan is shown and waits for "run" before any step runs (every part of it:
+the first plan and what is planned after an observation); `tether run --dry-run` plans or checks and runs
+nothing. Real local device and files, the scripted LLM server, the real CLI in a subprocess."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from agent_fakes import FakeLLM
+from netutil import CLI
+from test_agent_executor import Asker, device, make_runner, plan_of, reply, work, write  # noqa: F401  (fixtures)
+from tether.agent.confirm import confirmation_answer
+from tether.agent.llm import LLMClient
+from tether.agent.task import Task, TaskState
+from tether.device.local import LocalDevice
+
+
+async def test_always_shows_the_plan_and_runs_on_run(device: LocalDevice, work: Path) -> None:  # noqa: F811
+    ask = Asker("what is this?", "run")
+    runner = await make_runner(device, None, ask)
+    task = await runner.run(Task(request="write", plan=plan_of(write(work / "a.txt", "A")), confirm="always"))
+    assert task.state is TaskState.DONE, task.error
+    assert (work / "a.txt").read_text() == "A"
+    assert len(ask.questions) == 2  # free words are neither run nor cancel: asked again
+    shown = ask.questions[0].question
+    assert shown.startswith("Run this plan?\n1. write_file ") and str(work / "a.txt") in shown
+    assert ask.questions[0].options == ["run", "cancel"]
+    [question] = task.questions
+    assert question.kind == "confirmation" and question.answer == "run"
+    states = [e.data["to"] for e in task.events if e.kind == "state"]
+    assert states == ["waiting_for_user", "running", "done"]
+
+
+async def test_cancel_runs_nothing(device: LocalDevice, work: Path) -> None:  # noqa: F811
+    runner = await make_runner(device, None, Asker("cancel"))
+    task = await runner.run(Task(request="write", plan=plan_of(write(work / "a.txt", "A")), confirm="always"))
+    assert task.state is TaskState.CANCELLED and task.error == "the plan was not confirmed"
+    assert not (work / "a.txt").exists() and not task.steps
+
+
+async def test_destructive_asks_only_for_plans_that_change_things(device: LocalDevice, work: Path) -> None:  # noqa: F811
+    reader = await make_runner(device, None, Asker())  # asks nothing: a question would fail the test
+    looked = await reader.run(Task(request="look", plan=plan_of({"skill": "list_dir", "args": {"path": str(work)}}),
+                                   confirm="destructive"))
+    assert looked.state is TaskState.DONE and not looked.questions
+    ask = Asker("no")
+    writer = await make_runner(device, None, ask)
+    task = await writer.run(Task(request="w", plan=plan_of({"skill": "list_dir", "args": {"path": str(work)}},
+                                                          write(work / "b.txt", "B")), confirm="destructive"))
+    assert task.state is TaskState.CANCELLED and len(ask.questions) == 1 and not (work / "b.txt").exists()
+
+
+async def test_each_part_after_an_observation_is_confirmed(device: LocalDevice, work: Path) -> None:  # noqa: F811
+    first = {"steps": [{"skill": "list_dir", "args": {"path": str(work)}}, {"skill": "observe"}]}
+    second = {"steps": [write(work / "seen.txt", "seen")]}
+    async with FakeLLM([reply(first), reply(second), "Done."]) as fake, LLMClient(fake.settings()) as llm:
+        ask = Asker("run", "run")
+        runner = await make_runner(device, llm, ask)
+        task = await runner.run(Task(request="look, then write", confirm="always"))
+    assert task.state is TaskState.DONE, task.error
+    assert (work / "seen.txt").read_text() == "seen"
+    assert ask.questions[0].question.startswith("Run this plan?\n1. list_dir")
+    assert ask.questions[1].question.startswith("Run this plan?\n2. write_file")  # numbering goes on
+
+
+def test_answer_words() -> None:
+    assert [confirmation_answer(a) for a in ("run", " Yes ", "1", "approve", "cancel", "n", "2", "", "maybe")] == [
+        True, True, True, True, False, False, False, None, None]
+
+
+# -- the CLI ----------------------------------------------------------------------------------------------
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_LLM_", "OPENAI_", "TETHER_SERVER"))}
+    return {**env, "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "200", **extra}
+
+
+def _cli(tmp_path: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=_env(tmp_path, **env), timeout=120,
+                          stdin=subprocess.DEVNULL)
+
+
+def _plan_file(tmp_path: Path, target: Path) -> Path:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"- skill: write_file\n  args: {{file_path: '{target}', content: hi}}\n  description: say hi\n")
+    return plan
+
+
+def test_dry_run_of_a_plan_file_shows_it_and_runs_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "hi.txt"
+    out = _cli(tmp_path, "run", "--dry-run", "--plan", str(_plan_file(tmp_path, target)))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "plan (dry run, nothing ran):" in out.stdout and f"1. write_file {{\"file_path\": \"{target}\"" in out.stdout
+    assert "say hi" in out.stdout and "Traceback" not in out.stderr
+    assert not target.exists()
+    listed = _cli(tmp_path, "tasks", "--json")
+    assert json.loads(listed.stdout) == []  # nothing stored either
+
+
+def test_dry_run_of_a_bad_plan_lists_its_problems(tmp_path: Path) -> None:
+    plan = tmp_path / "bad.yaml"
+    plan.write_text("- skill: no.such.tool\n  args: {}\n- skill: write_file\n"
+                    "  args: {file_path: /tmp/x, content: {$ref: steps.5.result}}\n")
+    out = _cli(tmp_path, "run", "--dry-run", "--plan", str(plan))
+    assert out.returncode == 1
+    assert "error: the plan has problems:" in out.stderr and "unknown skill 'no.such.tool'" in out.stderr
+    assert "names step 5, but a step can only use steps before it" in out.stderr and "Traceback" not in out.stderr
+
+
+async def test_dry_run_of_a_request_plans_with_the_llm_and_runs_nothing(tmp_path: Path) -> None:
+    target = tmp_path / "planned.txt"
+    plan = {"steps": [{"skill": "write_file", "args": {"file_path": str(target), "content": "x"}}]}
+    async with FakeLLM([reply(plan)]) as fake:
+        proc = await asyncio.create_subprocess_exec(
+            *CLI, "run", "--dry-run", "write planned.txt", stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, stdin=asyncio.subprocess.DEVNULL,
+            env=_env(tmp_path, TETHER_LLM_BASE_URL=fake.base_url, TETHER_LLM_MODEL="scripted"))
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 0, stdout.decode() + stderr.decode()
+    assert "1. write_file" in stdout.decode() and not target.exists()
+    assert len(fake.requests) == 1  # the plan only: no answer was written, nothing ran
+
+
+def test_confirm_without_a_terminal_runs_nothing_and_with_an_answer_runs(tmp_path: Path) -> None:
+    target = tmp_path / "hi.txt"
+    plan = str(_plan_file(tmp_path, target))
+    refused = _cli(tmp_path, "run", "--confirm", "--plan", plan)
+    assert refused.returncode == 1 and not target.exists()
+    assert "Run this plan?" in refused.stdout and "Traceback" not in refused.stderr
+    ran = _cli(tmp_path, "run", "--confirm", "--answer", "run", "--plan", plan)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert target.read_text() == "hi"
+
+
+def test_remote_dry_run_is_refused_clearly(tmp_path: Path) -> None:
+    out = _cli(tmp_path, "run", "--dry-run", "--server", "http://127.0.0.1:9", "x")
+    assert out.returncode == 2 and "--local" in out.stderr and "Traceback" not in out.stderr
