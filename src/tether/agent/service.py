@@ -13,6 +13,7 @@ a question for the person when a command may or may not have run (see `tether.ag
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -67,7 +68,10 @@ class _HubDevice(BasicCommandDispatcher):
 
     def _forward(self, event: Event) -> None:
         if self.emit is not None:
-            self.emit(event.kind, dict(event.data))
+            data = dict(event.data)
+            if event.kind == "elicitation":  # answered through the hub, which needs the device's name
+                data["device"] = self.device
+            self.emit(event.kind, data)
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
         unsaved = self.before_send()  # the task is saved first, so a restart knows what may have run
@@ -94,6 +98,7 @@ class TaskService:
         self._runners: dict[str, tuple[TaskRunner, asyncio.Task[Any]]] = {}
         self._waiting: dict[str, asyncio.Future[str]] = {}
         self._answers: dict[str, str] = {}
+        self._mcp_questions: dict[str, dict[str, Any]] = {}  # task id → an MCP server's open question
         self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
         self._saver = SaveSoon(store)
         self._closing = False
@@ -289,6 +294,10 @@ class TaskService:
         if event is None:
             return
         self._saver.on_event(task, event)
+        if event.kind == "elicitation" and "id" in event.data and "declined" not in event.data:
+            self._mcp_questions[task.id] = dict(event.data)
+        elif event.kind in ("elicitation_answered", "step_finished"):
+            self._mcp_questions.pop(task.id, None)
         for queue in list(self._subscribers.get(task.id, ())):
             if queue.qsize() < _SUBSCRIBER_QUEUE - 1:
                 queue.put_nowait(event)
@@ -319,6 +328,28 @@ class TaskService:
         else:
             raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
         return task
+
+    def mcp_question(self, task_id: str) -> dict[str, Any] | None:
+        """The question an external MCP server asks during the task's running step, if one is open."""
+        return self._mcp_questions.get(self.get(task_id).id)
+
+    async def answer_mcp_question(self, task_id: str, answer: str, by: str) -> bool:
+        """Answer it (`tether answer` works for it as for the task's own questions): decline/cancel/no,
+        else the value of its only field, or a JSON object of its fields; False when none is open."""
+        task = self.get(task_id)
+        question = self._mcp_questions.get(task.id)
+        if question is None:
+            return False
+        action, content = mcp_answer(question.get("schema") or {}, answer)
+        try:
+            sent = await self.hub.answer_question(str(question.get("device")), str(question["id"]), action, content,
+                                                  by=by)
+        except LookupError as exc:
+            raise TaskError(409, str(exc)) from None
+        self._mcp_questions.pop(task.id, None)
+        if not sent:
+            raise TaskError(409, f"the MCP server's question {question['id']} is no longer waiting for an answer")
+        return True
 
     def approve(self, task_id: str, approved: bool, by: str | None = None) -> Task:
         task = self.get(task_id)
@@ -388,3 +419,31 @@ class TaskService:
         task.record("undone", {"devices": report})
         self._saver.save(task)
         return report
+
+
+def mcp_answer(schema: dict[str, Any], answer: str) -> tuple[str, dict[str, Any] | None]:
+    """A person's words as an MCP elicitation result: (action, content); TaskError when they do not fit."""
+    text = answer.strip()
+    if text.lower() in ("decline", "no", "cancel"):
+        return ("cancel" if text.lower() == "cancel" else "decline"), None
+    props: dict[str, Any] = schema.get("properties") or {}
+    if not props:
+        return "accept", {}
+    if text.startswith("{"):
+        try:
+            content = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TaskError(422, f"the answer is not a JSON object: {exc.msg}") from None
+        if isinstance(content, dict):
+            return "accept", content
+    if len(props) != 1:
+        raise TaskError(422, f"the question has several fields ({', '.join(props)}): answer with a JSON object")
+    [(key, prop)] = props.items()
+    kind = prop.get("type")
+    try:
+        value: Any = {"integer": int, "number": float}.get(str(kind), str)(text)
+    except ValueError:
+        raise TaskError(422, f"{key}: expected {kind}") from None
+    if kind == "boolean":
+        value = text.lower() in ("y", "yes", "true", "1")
+    return "accept", {key: value}

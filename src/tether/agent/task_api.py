@@ -96,6 +96,10 @@ async def answer_task(task_id: str, body: Answer, request: Request,
     question needs the `approve` scope, as /approval does."""
     service = _service(request)
     pending = service.get(task_id).pending_question
+    if pending is None and service.mcp_question(task_id) is not None:  # an MCP server asks, mid-step
+        require_approver(who, "answer an MCP server's question")  # as POST /devices/{name}/questions/{id}
+        await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}")
+        return service.get(task_id).summary()
     if pending is not None and pending.kind == "approval":
         require_approver(who, "answer an approval")
     task = service.answer(task_id, body.answer, body.question_id, f"api:{who.name}")
