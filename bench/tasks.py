@@ -17,6 +17,8 @@ that the loop takes the same actions. Both count through `LLMClient` (the FakeLL
 len(text)//4 of the messages as prompt tokens, so the count is the same for both); every scripted
 reply must be used up, every task must end done, and the files each task makes are checked.
 
+Part 3, tasks that need a look (bench/look_tasks.py): plan + observe rounds against the same loop.
+
 Part 2, time tether adds per step. Given plans (no LLM, `llm=None`, as `tether run --plan`) of
 STEPS_PER_TASK `read_file` steps on a tiny file (the cheapest built-in plan skill) through TaskRunner,
 against the anchor: the same commands sent straight through the same dispatcher
@@ -534,6 +536,10 @@ async def main(n: int) -> None:
         print()
         overhead = await measure_overhead(root / "steps", n)
         print_overhead(overhead, STEPS_PER_TASK)
+        print()
+        from bench.look_tasks import measure_look_tasks, print_look_tasks  # part 3: tasks that need a look
+
+        print_look_tasks(await measure_look_tasks(root / "look"))
 
 
 if __name__ == "__main__":

@@ -50,3 +50,20 @@ async def test_time_per_step(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert (tmp_path / "state" / "tasks.db").exists()
     print_overhead(overhead, k)
     assert "tether adds p50" in capsys.readouterr().out
+
+
+async def test_tasks_that_need_a_look(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.look_tasks import LOOK_SCENARIOS, measure_look_tasks, print_look_tasks
+
+    rows = await measure_look_tasks(tmp_path)
+    assert len(rows) == len(LOOK_SCENARIOS) == 3
+    for row in rows:  # both succeed: the files each task must leave are there
+        assert row.tether_ok and row.loop_ok, row.name
+        assert row.tether.kind_calls == {"plan": 2, "answer": 1}, row.name  # plan, one observe round, answer
+        assert row.loop.kind_calls == {"action": row.loop.calls}, row.name
+    by_name = {row.name: row for row in rows}
+    assert by_name["back up ~/notes to the nas"].loop.calls == 8  # list, 3 x (read, write), done
+    assert by_name["back up ~/notes to the nas"].tether.commands == 7  # list, 3 reads, 3 writes by $ref
+    print_look_tasks(rows)
+    out = capsys.readouterr().out
+    assert "success: tether 3/3, loop 3/3" in out
