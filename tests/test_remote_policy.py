@@ -142,3 +142,17 @@ def test_refusals_change_nothing(setup: Setup) -> None:
     finally:
         store.close()
     assert rows and {r["status"] for r in rows} == {"failure"}  # refused changes are audited too
+
+
+def test_a_damaged_stored_policy_stops_the_device_with_one_line(setup: Setup) -> None:
+    assert setup.tether("policy", "allow", "--device", "alpha", "nproc").returncode == 0
+    setup.alpha.stop()
+    stored = setup.cluster.state / "dev-alpha" / "remote-policy.json"
+    stored.write_text('{"version": 1, "overlay": {"sandbox": false}}')  # not the server's to set
+    proc = setup.cluster.device("alpha")
+    assert proc.popen.wait(timeout=60) == 2
+    out = proc.output()
+    assert "not a usable remote policy" in out and "remove it" in out and "Traceback" not in out
+    stored.unlink()  # as the message says: the device starts again from its own policy
+    setup.alpha = setup.start("alpha")
+    assert setup.show("alpha")["version"] == 0 and "nproc" not in setup.show("alpha")["policy"]["commands"]
