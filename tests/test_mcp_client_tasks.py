@@ -8,29 +8,34 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from agent_fakes import FakeLLM
 from task_testkit import WAIT, AgentServer
 from tether.device.config import parse_device_config
 from tether.device.connection import DeviceConnection
 from tether.device.local import build_device
-from tether.device.mcp_elicit import RemoteQuestions
+from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 from tether.device.profile import collect_profile
 from tether.tools.policy import Policy
 
 INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
 
 
-async def add_interactive_device(server: AgentServer, name: str, tmp_path: Path) -> None:
+async def add_interactive_device(server: AgentServer, name: str, tmp_path: Path, policy: Policy | None = None
+                                 ) -> None:
     """A device hosting the interactive MCP server, answering its questions through the server as
     `tether device` does."""
     config = parse_device_config({"mcpServers": {"interactive": {"command": sys.executable,
                                                                  "args": [INTERACTIVE]}}})
-    device = build_device(config, policy=Policy(), state_dir=tmp_path / f"state-{name}", client_id=name,
-                          sandbox=False)
+    device = build_device(config, policy=policy or Policy(), state_dir=tmp_path / f"state-{name}",
+                          client_id=name, sandbox=False)
     token = server.store.create_token("device", name)[1]
     link = DeviceConnection(device.client, f"ws://127.0.0.1:{server.port}/aip", token, name=name,
                             profile=lambda: collect_profile(device))
     link.questions = RemoteQuestions()
     device.mcp_server_manager.hooks.elicit = link.questions.elicit
+    if device.policy.mcp_sampling != "off":
+        link.sampler = RemoteSampler(link.outbox.put_control, name)
+        device.mcp_server_manager.hooks.sample = link.sampler.sample
     job = asyncio.create_task(link.run())
     server.devices.append((device, link, job))
     await asyncio.wait_for(link.connected.wait(), WAIT)
@@ -72,3 +77,26 @@ async def test_a_question_in_a_task_can_be_declined(tmp_path: Path) -> None:
         again = await server.api.post(f"/tasks/{created['id']}/answer", json={"answer": "teal"})
     assert "decline" in str(task["steps"][0]["result"]["result"])
     assert again.status_code == 409 and "error" in again.json()
+
+
+async def test_sampling_uses_the_servers_llm_when_the_device_policy_allows_it(tmp_path: Path) -> None:
+    async with FakeLLM(["a deep blue", "done", "done"]) as fake, \
+            AgentServer(tmp_path, llm=fake.settings()) as server:
+        await add_interactive_device(server, "alpha", tmp_path, Policy(mcp_sampling="on"))
+        created = await server.create(request="sample", device="alpha",
+                                      plan=[step("sample", prompt="name a colour")])
+        task = await server.finished(created["id"])
+    assert task["steps"][0]["result"]["status"] == "success", task["steps"][0]["result"]
+    assert "a deep blue" in str(task["steps"][0]["result"]["result"])
+    assert fake.requests[0]["messages"][-1]["content"] == "name a colour"
+
+
+async def test_sampling_is_refused_without_an_llm_on_the_server(tmp_path: Path) -> None:
+    async with AgentServer(tmp_path) as server:
+        await add_interactive_device(server, "alpha", tmp_path, Policy(mcp_sampling="on"))
+        created = await server.create(request="sample", device="alpha",
+                                      plan=[step("sample", prompt="name a colour")])
+        events = await server.events_until(created["id"], lambda e: e["kind"] == "step_finished")
+        await server.api.post(f"/tasks/{created['id']}/cancel")  # without an LLM, recovery would ask a person
+    finished = events[-1]["data"]
+    assert finished["status"] == "failure" and "this server has no LLM configured" in finished["error"]

@@ -48,6 +48,8 @@ class TaskError(Exception):
         self.status = status
 
 
+MAX_SAMPLING_CHARS = 64_000  # what a device may send this server's LLM in one sampling request
+
 class DeviceUnavailable(RuntimeError):
     """A task's device cannot be reached and its tools are unknown, so nothing can be planned or run."""
 
@@ -328,6 +330,28 @@ class TaskService:
         else:
             raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
         return task
+
+    async def sample_for_device(self, device: str, request: dict[str, Any]) -> tuple[str, str]:
+        """A device's sampling request (an external MCP server of its, allowed by its policy) answered by
+        this server's LLM: (text, model). The device budgets the requests per command; this bounds each."""
+        if self.llm is None:
+            raise RuntimeError("this server has no LLM configured")
+        messages: list[dict[str, Any]] = []
+        if isinstance(request.get("system_prompt"), str) and request["system_prompt"]:
+            messages.append({"role": "system", "content": request["system_prompt"]})
+        for message in request.get("messages") or []:
+            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant") \
+                    or not isinstance(message.get("content"), str):
+                raise ValueError("a sampling message must be {role: user|assistant, content: text}")
+            messages.append({"role": message["role"], "content": message["content"]})
+        if sum(len(m["content"]) for m in messages) > MAX_SAMPLING_CHARS:
+            raise ValueError(f"the messages are over {MAX_SAMPLING_CHARS} characters")
+        max_tokens = request.get("max_tokens")
+        limit = max_tokens if type(max_tokens) is int and 0 < max_tokens <= 4000 else 4000
+        reply = await self.llm.complete(messages)
+        logger.info("sampling for device %s (MCP server %s): %d prompt, %d completion tokens", device,
+                    str(request.get("server"))[:64], reply.prompt_tokens, reply.completion_tokens)
+        return reply.text[:limit * 4], self.llm.settings.model
 
     def mcp_question(self, task_id: str) -> dict[str, Any] | None:
         """The question an external MCP server asks during the task's running step, if one is open."""

@@ -404,11 +404,14 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
                                   ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
                                   max_concurrent_sessions=device.policy.max_concurrent_sessions,
                                   remote_policy=remote_policy)
-    from tether.device.mcp_elicit import RemoteQuestions
+    from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 
     # an external MCP server's question is an event of the command; the answer comes back over AIP
     connection.questions = RemoteQuestions()
     device.mcp_server_manager.hooks.elicit = connection.questions.elicit
+    if device.policy.mcp_sampling != "off":  # declared only when the policy may allow it: the server's LLM
+        connection.sampler = RemoteSampler(connection.outbox.put_control, connection.name)
+        device.mcp_server_manager.hooks.sample = connection.sampler.sample
     roots_notices: set[asyncio.Task[None]] = set()
 
     def policy_changed(p: Any) -> None:

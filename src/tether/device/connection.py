@@ -37,7 +37,7 @@ from websockets.uri import parse_uri
 
 from tether.device.batches import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
-from tether.device.mcp_elicit import RemoteQuestions
+from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.reconnect import (
     DUPLICATE_CLOSE_CODE,
@@ -151,6 +151,7 @@ class DeviceConnection:
         self.remote_policy = remote_policy  # answers the server's POLICY_REQUEST / POLICY_SET
         # external MCP servers' questions waiting for an answer through the server (`mcp_elicit`)
         self.questions: RemoteQuestions | None = None
+        self.sampler: RemoteSampler | None = None  # and their sampling requests (the server's LLM)
         self._stop = asyncio.Event()
         self._running = False
         self._last_rx = 0.0
@@ -430,6 +431,9 @@ class DeviceConnection:
         elif kind is ServerMessageType.ELICITATION_ANSWER:
             if self.questions is not None:
                 self.questions.answer(msg.payload)
+        elif kind is ServerMessageType.SAMPLING_REPLY:
+            if self.sampler is not None:
+                self.sampler.reply(msg)
         elif kind is ServerMessageType.ERROR:
             logger.warning("the server reports an error: %s", msg.error)
         else:

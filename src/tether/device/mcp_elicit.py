@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
+from collections.abc import Callable
 from typing import Any
 
-from tether.device.mcp_client_caps import ElicitationAnswer, ElicitationRequest
+from tether.device.mcp_client_caps import ElicitationAnswer, ElicitationRequest, SamplingReply, SamplingRequest
+from tether.protocol.codec import encode
+from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessage, TaskStatus
 
 logger = logging.getLogger(__name__)
 
@@ -55,4 +59,43 @@ class RemoteQuestions:
             waiter.set_result(ElicitationAnswer("cancel"))
             return False
         waiter.set_result(ElicitationAnswer(action, content if action == "accept" else None))
+        return True
+
+
+class RemoteSampler:
+    """Sampling requests of external MCP servers, sent to the device's server (its LLM) as
+    SAMPLING_REQUEST frames and answered by SAMPLING_REPLY; `send` queues a frame for the server."""
+
+    def __init__(self, send: Callable[[str], None], client_id: str | None = None) -> None:
+        self._send = send
+        self._client_id = client_id
+        self._open: dict[str, asyncio.Future[SamplingReply]] = {}
+
+    async def sample(self, request: SamplingRequest) -> SamplingReply:
+        """Ask and wait; the caller (`ServerClientCaps`) bounds the wait and turns errors into a refusal."""
+        if len(self._open) >= MAX_OPEN_QUESTIONS:
+            raise RuntimeError("too many sampling requests waiting for the server")
+        ident = uuid.uuid4().hex
+        reply: asyncio.Future[SamplingReply] = asyncio.get_running_loop().create_future()
+        self._open[ident] = reply
+        try:
+            self._send(encode(ClientMessage(
+                type=ClientMessageType.SAMPLING_REQUEST, client_id=self._client_id, prev_response_id=ident,
+                payload={"server": request.server, "call_id": request.call_id, "messages": request.messages,
+                         "system_prompt": request.system_prompt, "max_tokens": request.max_tokens,
+                         "temperature": request.temperature})))
+            return await reply
+        finally:
+            self._open.pop(ident, None)
+
+    def reply(self, msg: ServerMessage) -> bool:
+        waiter = self._open.get(msg.response_id)
+        if waiter is None or waiter.done():
+            logger.info("a sampling reply arrived but nobody waits for it")
+            return False
+        payload = msg.payload or {}
+        if msg.status is TaskStatus.FAILED or not isinstance(payload.get("text"), str):
+            waiter.set_exception(RuntimeError(msg.error or "the server sent no completion"))
+        else:
+            waiter.set_result(SamplingReply(text=payload["text"], model=str(payload.get("model", "?"))))
         return True

@@ -36,6 +36,9 @@ class ServerMessageType(str, Enum):
     # a person's answer to the question an external MCP server asked during the batch `response_id` (the
     # device's `elicitation` event); payload: {"id": question id, "action": accept|decline|cancel, "content": {...}}
     ELICITATION_ANSWER = "elicitation_answer"
+    # answers a device's SAMPLING_REQUEST (`prev_response_id` there is `response_id` here): payload
+    # {"text": …, "model": …}, or status FAILED with `error` (no LLM, refused, failed)
+    SAMPLING_REPLY = "sampling_reply"
     ERROR = "error"  # the device sent a frame the server could not accept
 
 
@@ -47,6 +50,9 @@ class ClientMessageType(str, Enum):
     DEVICE_INFO = "device_info"  # a fresh profile; payload: DeviceProfile
     POLICY_REPORT = "policy_report"  # answers `prev_response_id`: payload {version, policy, sources,
     # remote_allowed}, or status FAILED with `error` (a refused or invalid change: nothing changed)
+    # an external MCP server asks for an LLM completion during a command (its policy allows it): payload
+    # {"server", "call_id", "messages": [{role, content}], "system_prompt", "max_tokens", "temperature"}
+    SAMPLING_REQUEST = "sampling_request"
     ERROR = "error"  # the server sent a frame the device could not accept
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic import ValidationError
@@ -56,6 +56,7 @@ from tether.server.settings import ServerSettings
 from tether.server.store import Store, TokenInfo
 
 MAX_OPEN_QUESTIONS = 1024  # elicitation questions remembered for answers, over all devices
+SAMPLING_TIMEOUT = 120.0  # a device's sampling request to the server's LLM
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,9 @@ class DeviceHub:
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions: dict[tuple[str, str], str] = {}
+        # answers devices' sampling requests with the server's LLM: (device, request payload) → (text, model);
+        # set by the extension that has an LLM (the agent's), else such requests are refused
+        self.sampler: Callable[[str, dict[str, Any]], Awaitable[tuple[str, str]]] | None = None
         self._liveness: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -134,6 +138,25 @@ class DeviceHub:
                 return await answer
         finally:
             self._replies.pop(message.response_id, None)
+
+    async def _sample(self, conn: DeviceLink, msg: ClientMessage) -> None:
+        """One sampling request of an external MCP server on `conn`'s device, answered by the LLM."""
+        payload = msg.payload or {}
+        reply = ServerMessage(type=ServerMessageType.SAMPLING_REPLY, response_id=msg.prev_response_id or "-",
+                              status=TaskStatus.OK)
+        if self.sampler is None:
+            reply.status, reply.error = TaskStatus.FAILED, "this server has no LLM configured"
+        else:
+            try:
+                async with asyncio.timeout(SAMPLING_TIMEOUT):
+                    text, model = await self.sampler(conn.name, payload)
+            except Exception as exc:
+                reply.status, reply.error = TaskStatus.FAILED, f"the server's LLM failed: {exc}"[:1000]
+            else:
+                reply.payload = {"text": text, "model": model}
+        logger.info("sampling for MCP server %s on device %s (call %s): %s", str(payload.get("server"))[:64],
+                    conn.name, str(payload.get("call_id"))[:64], reply.error or "answered")
+        await conn.send(reply)
 
     def _note_question(self, device: str, event: Event) -> None:
         question = str(event.data.get("id", ""))[:64]
@@ -370,6 +393,10 @@ class DeviceHub:
                 return
             self._remember(conn.name, conn.record.profile.model_dump_json(), conn.record.last_seen)
             self.registry.notify()
+        elif kind is ClientMessageType.SAMPLING_REQUEST:
+            job = asyncio.create_task(self._sample(conn, msg))
+            self._tasks.add(job)
+            job.add_done_callback(self._tasks.discard)
         elif kind is ClientMessageType.ERROR:
             batch = self._batches.pending.get(msg.prev_response_id or "")
             logger.warning("device %s reported an error%s: %s", conn.name,
