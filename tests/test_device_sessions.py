@@ -266,3 +266,33 @@ async def test_the_line_moves_up_when_a_waiting_batch_is_cancelled_and_when_the_
         await runner.abort_all(timeout=10)
         os.close(fd)
         await device.aclose()
+
+
+def test_exec_says_it_waits_in_line_then_runs(cluster, tmp_path):
+    live, script, _ = _setup(cluster, tmp_path, max_sessions=1)
+    cmd, gate = _gated(live, script, "hold", tmp_path)
+    holder = Caller(cluster, "holder", cmd)
+    fd: int | None = None
+    try:
+        assert holder.started.wait(30)
+        env = {**cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{cluster.port}", "TETHER_TOKEN": cluster.api_token}
+        proc = subprocess.Popen([*CLI, "exec", "--device", "alpha", "shell.run", "cmd=echo", 'argv=["queued"]',
+                                 f"cwd={tmp_path}"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        try:
+            assert proc.stderr is not None
+            line = proc.stderr.readline()  # the event itself, streamed while the command waits
+            assert line == "waiting: the device is busy; number 1 in line\n", line
+            assert proc.poll() is None
+            fd = _open(gate)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 0 and "queued" in out, out + err
+    finally:
+        if fd is None:
+            fd = _open(gate)
+        holder.outcome()
+        os.close(fd)

@@ -117,6 +117,9 @@ def stream_output(kind: str, data: dict[str, Any]) -> None:
     if kind == "output" and sys.stderr.isatty():
         sys.stderr.write(str(data.get("data", "")))
         sys.stderr.flush()
+    elif kind == "queued":  # the device runs as many sessions as it may: this one waits in line
+        sys.stderr.write(f"waiting: the device is busy; number {data.get('position')} in line\n")
+        sys.stderr.flush()
     elif kind == "progress":  # an external MCP tool's progress: not in the result, so always shown
         sys.stderr.write(progress_line(data) + "\n")
         sys.stderr.flush()
