@@ -6,7 +6,8 @@ Each task can only be done after seeing what is there: the largest log, the repo
 note to back up. The scripted LLM (tests/agent_fakes.FakeLLM, a real Chat Completions server) answers the
 calls after a look with functions that read the prompt they are sent, so a task only succeeds if what
 was seen really reached the LLM: tether's planner gets the observation (compacted results) and plans the
-next part, using `{"$ref": ...}` to pass contents between steps; the loop gets each result in the next
+next part, using `{"$ref": ...}` to pass contents between steps and, when it knows the reply before the
+steps run, the plan's `answer` (no answer call); the loop gets each result in the next
 call and answers one action per call, as bench/tasks.py's anchor loop does (same system prompt style,
 same history cut, same device, same client). Counted: LLM calls, prompt tokens (len(text)//4 of the
 messages, for both), commands, and success (the files each task must leave, checked).
@@ -52,6 +53,11 @@ def ref(text: str) -> Json:
     return {"$ref": text}
 
 
+def answered(answer: str, *steps: Json) -> str:
+    """A plan whose reply to the user is known when it is made (no answer call after it)."""
+    return json.dumps({"steps": list(steps), "answer": answer})
+
+
 def last_user(body: Json) -> str:
     return str(body["messages"][-1]["content"])
 
@@ -89,9 +95,8 @@ def largest_log(w: Path) -> LookScenario:
     read = lambda b: step("read_file", {"file_path": largest(b), "max_bytes": 64})  # noqa: E731
     tether: list[Reply] = [
         plan_reply(step("list_dir", {"path": str(logs)}), step("observe", {"note": "which log is largest"})),
-        lambda b: plan_reply(read(b), step("write_file", {"file_path": str(report),
-                                                          "content": ref("steps.2.result.content")})),
-        "db.log is the largest; its start is in report.txt."]
+        lambda b: answered(f"{Path(largest(b)).name} is the largest; its start is in report.txt.", read(b),
+                           step("write_file", {"file_path": str(report), "content": ref("steps.2.result.content")}))]
     loop: list[Reply] = [
         act(step("list_dir", {"path": str(logs)})),
         lambda b: act(read(b)),
@@ -131,7 +136,7 @@ def backup_notes(w: Path) -> LookScenario:
         reads = [step("read_file", {"file_path": str(notes / n)}) for n in names]
         writes = [step("write_file", {"file_path": str(nas / n), "content": ref(f"steps.{2 + i}.result.content"),
                                       "create_parents": True}) for i, n in enumerate(names)]
-        return plan_reply(*reads, *writes)
+        return answered(f"Backed up {len(names)} notes to the nas.", *reads, *writes)
 
     def loop_next(body: Json) -> str:
         """Copy the files one by one: read the next, write what was just read."""
@@ -150,8 +155,7 @@ def backup_notes(w: Path) -> LookScenario:
             return done("Backed up 3 notes to the nas.")
         return act(step("read_file", {"file_path": str(notes / rest[0])}))
 
-    tether: list[Reply] = [plan_reply(step("list_dir", {"path": str(notes)}), step("observe", {})), copy_plan,
-                           "Backed up 3 notes to the nas."]
+    tether: list[Reply] = [plan_reply(step("list_dir", {"path": str(notes)}), step("observe", {})), copy_plan]
     loop: list[Reply] = [act(step("list_dir", {"path": str(notes)})), *([loop_next] * 7)]
     return LookScenario("back up ~/notes to the nas", f"back up {notes} to {nas}", tether, loop,
                         before={f"notes/{n}": c for n, c in files.items()},
@@ -250,7 +254,8 @@ def print_look_tasks(rows: list[LookRow]) -> None:
           f"{total_t.prompt_tokens:>7} | {total_l.calls:>10} {total_l.prompt_tokens:>7} | "
           f"{total_t.calls / total_l.calls:>5.2f}x {total_t.prompt_tokens / total_l.prompt_tokens:>6.2f}x")
     print(f"success: tether {ok_t}/{len(rows)}, loop {ok_l}/{len(rows)}; calls and tokens: tether / loop (anchor); "
-          f"tether's calls by kind: {total_t.kinds()} (p plan incl. observe rounds, a answer)")
+          f"tether's calls by kind: {total_t.kinds()} (p plan incl. observe rounds, a answer: none when "
+          "the last plan carried it)")
 
 
 async def main() -> None:

@@ -163,3 +163,26 @@ def test_prompt_teaches_references_and_observation() -> None:
     text = system["content"]
     assert "steps count from 1" in text and "never filled in" in text
     assert "get_ui_tree" in text and "browser.act snapshot" in text
+
+
+async def test_a_plan_that_knows_its_answer_saves_the_answer_call(device: LocalDevice, work: Path) -> None:  # noqa: F811
+    notes, nas = work / "notes", work / "nas"
+    notes.mkdir()
+    nas.mkdir()
+    (notes / "todo.txt").write_text("milk")
+    plan = {"steps": backup_steps(notes, nas), "answer": "Your notes are on the nas."}
+    async with FakeLLM([reply(plan)]) as fake, LLMClient(fake.settings()) as llm:
+        runner = await make_runner(device, llm, Asker())
+        task = await runner.run(Task(request="back up my notes"))
+    assert task.state is TaskState.DONE and task.answer == "Your notes are on the nas."
+    assert len(fake.requests) == 1 and (nas / "todo.txt").read_text() == "milk"
+    # a step that failed on the way: the planned reply may be wrong, so the LLM writes the answer
+    (nas / "todo.txt").unlink()
+    missing = {"steps": [{"skill": "read_file", "args": {"file_path": str(notes / "gone.txt")}}], "answer": "Read."}
+    decision = {"decision": "REPLAN", "suggestion": "read todo.txt", "constraint": None, "alternative_cwd": None}
+    again = {"steps": [{"skill": "read_file", "args": {"file_path": str(notes / "todo.txt")}}], "answer": "Read."}
+    async with FakeLLM([reply(missing), reply(decision), reply(again), "It says milk."]) as fake, \
+            LLMClient(fake.settings()) as llm:
+        runner = await make_runner(device, llm, Asker())
+        task = await runner.run(Task(request="read my note"))
+    assert task.state is TaskState.DONE and task.answer == "It says milk.", task.error

@@ -434,7 +434,7 @@ class TaskRunner:
             for key in [k for k in counts if int(k) >= replace_from]:
                 del counts[key]
         kept = task.plan.steps[:replace_from] if task.plan is not None else []
-        task.plan = Plan(steps=[*kept, *steps])
+        task.plan = Plan(steps=[*kept, *steps], answer=planned.plan.answer)
         source = "observe" if observing else "llm" if not recovery_context else "replan"
         self._emit(task, "plan", {"steps": [s.model_dump(mode="json") for s in steps], "from_step": replace_from,
                                   "source": source})
@@ -498,7 +498,14 @@ class TaskRunner:
         def token(piece: str) -> None:
             self._emit(task, "token", {"text": piece})
 
-        task.answer = await format_answer(task, self.llm, on_token=token if self.stream_answer else None)
+        planned = task.plan.answer if task.plan is not None else None
+        if planned and not task.questions and all(r.result.ok for r in task.steps):
+            # the planner said what to reply once every step succeeds, and every step did at once
+            if self.stream_answer:
+                token(planned)
+            task.answer = planned
+        else:
+            task.answer = await format_answer(task, self.llm, on_token=token if self.stream_answer else None)
         self._emit(task, "answer", {"text": task.answer})
         self._to(task, TaskState.DONE)
 

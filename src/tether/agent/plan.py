@@ -38,6 +38,9 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     steps: list[PlanStep] = Field(default_factory=list)
+    answer: str | None = Field(default=None, max_length=4000,
+                               description="the reply to the user once every step succeeded, when the planner "
+                                           "knows it already (it saves the answer's LLM call)")
 
 
 # The JSON schema the planner asks the LLM to answer under.
@@ -58,6 +61,7 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
                 "additionalProperties": False,
             },
         },
+        "answer": {"type": ["string", "null"]},
     },
     "required": ["steps"],
     "additionalProperties": False,
@@ -74,10 +78,14 @@ def _describe_validation_error(error: ValidationError) -> str:
 
 def plan_from_data(data: Any, source: str = "plan") -> Plan:
     """A plan from parsed JSON/YAML: a list of steps or `{"steps": [...]}`; errors name the step index."""
+    answer = None
     if isinstance(data, Mapping) and "steps" in data:
-        extra = sorted(set(data) - {"steps"})
+        extra = sorted(set(data) - {"steps", "answer"})
         if extra:
-            raise PlanError(f"{source}: unexpected top-level keys {extra}; expected only 'steps'")
+            raise PlanError(f"{source}: unexpected top-level keys {extra}; expected only 'steps' (and 'answer')")
+        answer = data.get("answer")
+        if answer is not None and not isinstance(answer, str):
+            raise PlanError(f"{source}: answer: a plan's answer is text, not {type(answer).__name__}")
         data = data["steps"]
     if data is None:
         data = []
@@ -92,7 +100,7 @@ def plan_from_data(data: Any, source: str = "plan") -> Plan:
             steps.append(PlanStep.model_validate(dict(raw)))
         except ValidationError as exc:
             raise PlanError(f"{source}: step {index + 1}: {_describe_validation_error(exc)}") from None
-    return Plan(steps=steps)
+    return Plan(steps=steps, answer=answer or None)
 
 
 def load_plan_file(path: str | Path) -> Plan:

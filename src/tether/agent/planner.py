@@ -205,6 +205,8 @@ def build_messages(request: str, devices: Mapping[str, DeviceView], policy_summa
         "\"args\": {\"note\": \"what to look at\"}}; you will be shown their results and plan the rest. "
         "GUI tasks work in such rounds: screenshot, get_ui_tree or browser.act snapshot, then observe, then act "
         "on the labels you saw. Do not observe when the plan can be made now.",
+        "When you already know what to tell the user once every step has succeeded (it does not depend on "
+        "results you have not seen), add it as \"answer\" beside \"steps\"; otherwise leave it out.",
     ]
     user = [f"Request: {request.strip()}"]
     if history:
