@@ -208,3 +208,48 @@ async def test_sampling_is_not_declared_without_an_llm(manager: MCPServerManager
     result = await server.call_tool("sample", {"prompt": "hi"}, ctx=ctx_for(Events(), Policy(mcp_sampling="on")),
                                     timeout=20)
     assert result.status == ResultStatus.FAILURE
+
+
+async def test_sampling_in_ask_mode_asks_a_person_first(manager: MCPServerManager) -> None:
+    answers = ["decline", "accept"]
+    asked: list[str] = []
+
+    async def person(request: ElicitationRequest) -> ElicitationAnswer:
+        asked.append(request.message)
+        return ElicitationAnswer(answers.pop(0), {} if not answers else None)  # type: ignore[arg-type]
+
+    async with FakeLLM(["sure"]) as fake, LLMClient(fake.settings()) as llm:
+        from tether.cli.mcp_hooks import llm_sampler
+
+        manager.hooks.sample = llm_sampler(llm)
+        manager.hooks.elicit = person
+        server = await started(manager)
+        policy = Policy(mcp_sampling="ask")
+        refused = await server.call_tool("sample", {"prompt": "hi"}, ctx=ctx_for(Events(), policy), timeout=20)
+        assert refused.status == ResultStatus.FAILURE and "declined by the person" in str(refused.error)
+        assert fake.requests == []
+        allowed = await server.call_tool("sample", {"prompt": "hi"}, ctx=ctx_for(Events(), policy), timeout=20)
+        assert allowed.status == ResultStatus.SUCCESS, allowed.error
+        assert "sure" in str(allowed.result)
+    assert len(asked) == 2 and "asks to send 1 message(s) to the LLM" in asked[0]
+
+
+async def test_sampling_is_budgeted_per_command(manager: MCPServerManager) -> None:
+    from tether.device.mcp_client_caps import MAX_SAMPLING_CALLS, SamplingReply, SamplingRequest
+
+    calls: list[SamplingRequest] = []
+
+    async def count(request: SamplingRequest) -> SamplingReply:
+        calls.append(request)
+        return SamplingReply(text="ok", model="counter")
+
+    manager.hooks.sample = count
+    server = await started(manager)
+    ctx = ctx_for(Events(), Policy(mcp_sampling="on"))
+    caps = server.caps  # type: ignore[attr-defined]
+    with caps.tracking(ctx):  # one command whose calls all count against one budget
+        results = [await server.call_tool("sample", {"prompt": "hi"}, ctx=ctx, timeout=20)
+                   for _ in range(MAX_SAMPLING_CALLS + 1)]
+    assert [r.status for r in results[:MAX_SAMPLING_CALLS]] == [ResultStatus.SUCCESS] * MAX_SAMPLING_CALLS
+    assert results[-1].status == ResultStatus.FAILURE and "budget spent" in str(results[-1].error)
+    assert len(calls) == MAX_SAMPLING_CALLS

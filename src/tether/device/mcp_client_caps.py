@@ -165,8 +165,8 @@ class ServerClientCaps:
         return options
 
     def _only_call(self) -> ToolContext | None:
-        calls = list(self._calls.values())
-        return calls[0] if len(calls) == 1 else None
+        calls = {ctx.call_id: ctx for ctx in self._calls.values()}  # one command may be tracked twice
+        return next(iter(calls.values())) if len(calls) == 1 else None
 
     async def _on_log(self, params: mcp_types.LoggingMessageNotificationParams) -> None:
         data = params.data if isinstance(params.data, str) else repr(params.data)
