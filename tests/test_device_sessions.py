@@ -255,6 +255,14 @@ async def test_the_line_moves_up_when_a_waiting_batch_is_cancelled_and_when_the_
         assert quick.status is ResultStatus.SUCCESS and quick.result["stdout"] == "c\n"
         assert runner.started == 1 and not any(m.type is ClientMessageType.COMMAND_RESULTS
                                                and m.prev_response_id == a.response_id for m in seen)
+        # a batch whose timeout runs out while it waits in line ends then, and nothing of it runs
+        runner.set_limit(1)
+        late = ServerMessage(type=ServerMessageType.COMMAND, actions=[_echo("late", tmp_path)], session_id="d",
+                             timeout=0.2)
+        runner.submit(late)
+        [expired] = (await until(results(late.response_id))).action_results
+        assert expired.status is ResultStatus.FAILURE and "waiting in line" in expired.error, expired.error
+        assert runner.queued == 0
         fd = _open(gate)
         [long] = (await until(results(a.response_id))).action_results
         assert long.status is ResultStatus.SUCCESS and long.result["stdout"] == "started a\ndone a\n"

@@ -60,7 +60,8 @@ class Batch:
     current: int | None = None  # the position of the command that may be running now
     cancel_reason: str | None = None
     task: asyncio.Task[None] | None = None
-    deadline: float | None = None  # the loop time at which its timeout fires
+    deadline: float | None = None  # the loop time at which its timeout fires (counted from its arrival)
+    timer: asyncio.TimerHandle | None = None  # fires at `deadline`, queued or running
     done: bool = False
     orphaned: bool = False  # no server waits for its results any more: they are recorded, not sent
     position: int = 0  # its place in the queue for a session slot as last reported (0: not waiting)
@@ -147,6 +148,8 @@ class BatchRunner:
             logger.info("batch %s is already queued or running: duplicate ignored", msg.response_id)
             return
         batch = Batch(msg)
+        if msg.timeout is not None:  # from its arrival: time spent waiting in line counts
+            batch.deadline = asyncio.get_running_loop().time() + msg.timeout
         if all(batch.key(i) in self.record for i in range(len(batch.actions))):
             logger.info("batch %s was already executed: answering from the record", msg.response_id)
             for i in range(len(batch.actions)):
@@ -154,6 +157,8 @@ class BatchRunner:
             return
         self.active[msg.response_id] = batch
         self.idle.clear()
+        if batch.deadline is not None:  # a plain timer, not asyncio.timeout: it ends the batch like a CANCEL does
+            batch.timer = asyncio.get_running_loop().call_at(batch.deadline, self._expire, batch)
         if batch.immediate:
             self._immediate.add(batch)
             return self._start(batch, here=run_here)
@@ -278,15 +283,13 @@ class BatchRunner:
         """Run one batch under its timeout; a cancel (ours, or the timeout's) fails what is left."""
         batch.task = asyncio.current_task()
         timeout = batch.msg.timeout
-        timer: asyncio.TimerHandle | None = None
-        if timeout is not None:  # a plain timer, not asyncio.timeout: it ends the batch like a CANCEL does
-            loop = asyncio.get_running_loop()
-            batch.deadline = loop.time() + timeout
-            timer = loop.call_at(batch.deadline, self._expire, batch)
         reason: str | None = None
         try:
             try:
-                await self._run_commands(batch)
+                if batch.deadline is not None and asyncio.get_running_loop().time() >= batch.deadline:
+                    reason = _timed_out_waiting(timeout)  # its time went waiting in line: nothing of it runs
+                else:
+                    await self._run_commands(batch)
             except TimeoutError:
                 reason = _timed_out(timeout)
             except asyncio.CancelledError:
@@ -302,13 +305,13 @@ class BatchRunner:
                 reason = f"device error while running the batch: {exc!r}"
             self._finish(batch, reason)
         finally:
-            if timer is not None:
-                timer.cancel()
             self._ended(batch)
 
     def _expire(self, batch: Batch) -> None:
         """The batch's timeout fired: it is cancelled as a CANCEL from the server would, saying why."""
-        if batch.cancel_reason is None and not batch.done and batch.task is not None:
+        if batch.cancel_reason is None and not batch.done and batch.task is None:  # still waiting in line
+            self.cancel(batch.msg.response_id, _timed_out_waiting(batch.msg.timeout))
+        elif batch.cancel_reason is None and not batch.done and batch.task is not None:
             batch.cancel_reason = _timed_out(batch.msg.timeout)
             batch.task.cancel()
 
@@ -383,6 +386,8 @@ class BatchRunner:
                 self.record.add(batch.key(i), result)  # it may have had effects: never run it again
             self._deliver(batch, i, result)
         batch.done = True
+        if batch.timer is not None:
+            batch.timer.cancel()
         self.active.pop(batch.msg.response_id, None)
         if not self.active:
             self.idle.set()
@@ -427,6 +432,11 @@ class BatchRunner:
 def _timed_out(timeout: float | None) -> str:
     return f"timed out after {timeout:g}s (the batch's timeout); the running command was cancelled and its " \
            "processes killed"
+
+
+def _timed_out_waiting(timeout: float | None) -> str:
+    return f"timed out after {timeout:g}s (the batch's timeout) waiting in line for the device, which was running " \
+           "as many sessions as it may; nothing of the batch ran"
 
 
 async def run_in_this_task(batch: Coroutine[Any, Any, None], on_wait: Callable[[], None]) -> bool:
