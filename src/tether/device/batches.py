@@ -28,13 +28,13 @@ import contextlib
 import logging
 import threading
 import types
-from collections import deque
 from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
 from tether.device.client import DeviceClient
 from tether.device.outbox import FinishedRecord, Outbox, record_key, results_frame
+from tether.device.session_line import SessionLine
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessage
 from tether.protocol.models import Command, Result, ResultStatus
 
@@ -98,8 +98,6 @@ class BatchRunner:
     def __init__(self, client: DeviceClient, outbox: Outbox, record: FinishedRecord,
                  client_id: str | None = None, *,
                  max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS) -> None:
-        if max_concurrent_sessions < 1:
-            raise ValueError(f"max_concurrent_sessions must be at least 1, not {max_concurrent_sessions}")
         self.client = client
         self.outbox = outbox
         self.record = record
@@ -108,11 +106,7 @@ class BatchRunner:
         self.idle = asyncio.Event()
         self.idle.set()
         self.executed = 0  # commands handed to the router (not replayed): tests count on it
-        self.max_concurrent_sessions = max_concurrent_sessions
-        self._queues: dict[str | None, deque[Batch]] = {}  # per session: its batches not started yet
-        self._running: dict[str | None, Batch] = {}  # per session: the batch holding its slot
-        self._waiting: deque[str | None] = deque()  # sessions with batches and no slot, in arrival order
-        self._immediate: set[Batch] = set()  # listings running outside the slots
+        self.line: SessionLine[Batch] = SessionLine(max_concurrent_sessions)  # who runs next
 
     @property
     def running(self) -> int:
@@ -122,13 +116,17 @@ class BatchRunner:
     def set_limit(self, max_concurrent_sessions: int) -> None:
         """A new `max_concurrent_sessions` (a policy change): more slots start waiting sessions at once;
         fewer let the running ones finish."""
-        self.max_concurrent_sessions = max(1, max_concurrent_sessions)
+        self.line.limit = max(1, max_concurrent_sessions)
         self._pump()
+
+    @property
+    def max_concurrent_sessions(self) -> int:
+        return self.line.limit
 
     @property
     def started(self) -> int:
         """Batches running now (each session's current one, and listings)."""
-        return len(self._running) + len(self._immediate)
+        return self.line.started
 
     @property
     def queued(self) -> int:
@@ -160,14 +158,9 @@ class BatchRunner:
         if batch.deadline is not None:  # a plain timer, not asyncio.timeout: it ends the batch like a CANCEL does
             batch.timer = asyncio.get_running_loop().call_at(batch.deadline, self._expire, batch)
         if batch.immediate:
-            self._immediate.add(batch)
+            self.line.immediate.add(batch)
             return self._start(batch, here=run_here)
-        key = batch.session
-        queue = self._queues.setdefault(key, deque())
-        queue.append(batch)
-        if key in self._running or key in self._waiting:
-            return None  # its session's earlier batches go first; it starts when they are done
-        self._waiting.append(key)
+        self.line.add(batch)  # behind its session's earlier batches, and in line for a slot
         return self._pump(here=run_here)
 
     def cancel(self, response_id: str, reason: str = CANCELLED_BY_SERVER) -> bool:
@@ -204,43 +197,15 @@ class BatchRunner:
     # ------------------------------------------------------------------ running
 
     def _pump(self, *, here: bool = False) -> Coroutine[Any, Any, None] | None:
-        """Give free slots to waiting sessions in arrival order, then tell those still waiting their
-        place if it changed. With `here`, the first batch started is returned instead of given a task."""
+        """Start what the line lets start, then tell those still waiting their place if it changed.
+        With `here`, the first batch started is returned instead of given a task."""
         returned: Coroutine[Any, Any, None] | None = None
-        while self._waiting and len(self._running) < self.max_concurrent_sessions:
-            key = self._waiting.popleft()
-            batch = self._next_of(key)
-            if batch is None:
-                continue
-            self._running[key] = batch
+        for batch in self.line.take():
             coro = self._start(batch, here=here and returned is None)
             returned = returned or coro
-        # sessions whose every waiting batch was cancelled leave the line before places are counted
-        self._waiting = deque(key for key in self._waiting if self._head(key) is not None)
-        for place, key in enumerate(self._waiting, 1):
-            head = self._head(key)
-            if head is not None and head.position != place:
-                head.position = place
-                self._queued_event(head, place)
+        for batch, place in self.line.moved():
+            self._queued_event(batch, place)
         return returned
-
-    def _head(self, key: str | None) -> Batch | None:
-        """The session's next batch not cancelled meanwhile (cancelled ones are dropped)."""
-        queue = self._queues.get(key)
-        while queue and queue[0].done:
-            queue.popleft()
-        if not queue:
-            self._queues.pop(key, None)
-            return None
-        return queue[0]
-
-    def _next_of(self, key: str | None) -> Batch | None:
-        batch = self._head(key)
-        if batch is not None:
-            self._queues[key].popleft()
-            if not self._queues[key]:
-                del self._queues[key]
-        return batch
 
     def _start(self, batch: Batch, *, here: bool) -> Coroutine[Any, Any, None] | None:
         batch.position = 0
@@ -251,14 +216,8 @@ class BatchRunner:
         return None
 
     def _ended(self, batch: Batch) -> None:
-        """A batch is over: its slot goes to the next session in line; its own session, if it has more
-        batches, queues again behind those already waiting (no session keeps a slot for ever)."""
-        self._immediate.discard(batch)
-        key = batch.session
-        if self._running.get(key) is batch:
-            del self._running[key]
-            if self._head(key) is not None:
-                self._waiting.append(key)
+        """A batch is over: its slot goes to the next session in line."""
+        self.line.ended(batch)
         self._pump()
 
     def _queued_event(self, batch: Batch, place: int) -> None:
