@@ -304,3 +304,38 @@ def test_exec_says_it_waits_in_line_then_runs(cluster, tmp_path):
             fd = _open(gate)
         holder.outcome()
         os.close(fd)
+
+
+def test_the_line_takes_turns_between_sessions():
+    """`SessionLine` alone: a session with many batches does not keep its slot while another waits."""
+    from dataclasses import dataclass
+
+    from tether.device.session_line import SessionLine
+
+    @dataclass(eq=False)
+    class B:
+        name: str
+        session: str
+        done: bool = False
+        position: int = 0
+
+    line: SessionLine[B] = SessionLine(1)
+    a1, a2, a3, b1, c1 = B("a1", "a"), B("a2", "a"), B("a3", "a"), B("b1", "b"), B("c1", "c")
+    for batch in (a1, a2, a3, b1, c1):
+        line.add(batch)
+    assert line.take() == [a1] and line.take() == []
+    assert [(b.name, p) for b, p in line.moved()] == [("b1", 1), ("c1", 2)]
+    assert line.moved() == []  # told once per change
+    c1.done = True  # cancelled while it waits
+    line.ended(a1)
+    assert line.take() == [b1]  # b waited longer than a's next batch
+    assert [(b.name, p) for b, p in line.moved()] == [("a2", 1)]
+    line.ended(b1)
+    assert line.take() == [a2] and line.moved() == []
+    line.limit = 2
+    line.ended(a2)
+    assert line.take() == [a3] and line.started == 1
+    line.ended(a3)
+    assert line.take() == [] and line.started == 0
+    with pytest.raises(ValueError, match="at least 1"):
+        SessionLine(0)
