@@ -68,13 +68,16 @@ def _prompt_sync(request: ElicitationRequest) -> ElicitationAnswer:
             reply = _read("  accept? [y/N] ").strip().lower()
             return ElicitationAnswer("accept", {}) if reply in ("y", "yes") else ElicitationAnswer("decline")
         content: dict[str, Any] = {}
+        required = set(request.schema.get("required") or [])
         for key, prop in props.items():
             choices = prop.get("enum")
             hint = f" ({'/'.join(map(str, choices))})" if choices else f" [{prop.get('type', 'string')}]"
-            label = prop.get("title") or prop.get("description") or key
-            text = _read(f"  {label}{hint} (empty: decline): ")
+            label = prop.get("description") or prop.get("title") or key
+            text = _read(f"  {label}{hint} ({'empty: decline' if key in required else 'empty: skip'}): ")
             if not text:
-                return ElicitationAnswer("decline")
+                if key in required:
+                    return ElicitationAnswer("decline")
+                continue
             content[key] = coerce_answer(request.schema, key, text)
         return ElicitationAnswer("accept", content)
     except (EOFError, KeyboardInterrupt, ValueError):
