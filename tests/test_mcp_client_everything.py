@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from agent_fakes import FakeLLM
 
+from agent_fakes import FakeLLM
 from tether.agent.llm import LLMClient
 from tether.cli.mcp_hooks import llm_sampler
 from tether.device.mcp_client_caps import ElicitationAnswer, ElicitationRequest
