@@ -90,12 +90,19 @@ def test_set_allow_deny_persist_across_restart_and_audit(setup: Setup) -> None:
     assert denied.returncode == 0 and "policy version 3" in denied.stdout
     assert setup.run("nproc").returncode == 1
 
+    empty = setup.tmp / "empty.yaml"  # --replace: every earlier remote change goes
+    empty.write_text("")
+    assert setup.tether("policy", "set", "--device", "alpha", "--file", str(empty), "--replace").returncode == 0
+    reset = setup.show("alpha")
+    assert reset["version"] == 4 and reset["sources"]["max_output_bytes"] == "default"
+    assert reset["sources"]["commands"]["echo"] == "default" and "nproc" not in reset["sources"]["commands"]
+
     store = Store(str(setup.cluster.db))
     try:
         rows = [r for r in store.audit_rows(limit=100, device="alpha") if r["tool_name"] == "policy.set"]
     finally:
         store.close()
-    assert len(rows) == 3 and {r["status"] for r in rows} == {"success"}
+    assert len(rows) == 4 and {r["status"] for r in rows} == {"success"}
     assert all(r["requested_by"] == "api:tests" for r in rows)
 
 
