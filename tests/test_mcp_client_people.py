@@ -162,3 +162,12 @@ def test_remote_exec_without_a_terminal_says_how_to_answer(alpha: Cluster) -> No
     assert "MCP server interactive asks (question q" in ran.stderr
     assert "/api/v1/devices/alpha/questions/q" in ran.stderr
     assert "Traceback" not in ran.stderr
+
+
+def test_remote_exec_shows_progress(alpha: Cluster) -> None:
+    env = {**alpha.env, "TETHER_SERVER": f"http://127.0.0.1:{alpha.port}", "TETHER_TOKEN": alpha.api_token}
+    ran = subprocess.run([*CLI, "exec", "--device", "alpha", "count", "steps=2"], stdin=subprocess.DEVNULL,
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert [line for line in ran.stderr.splitlines() if line.startswith("progress ")] == [
+        "progress interactive.count: 1/2 step 1 of 2", "progress interactive.count: 2/2 step 2 of 2"]
