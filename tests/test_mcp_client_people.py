@@ -115,6 +115,8 @@ def test_a_question_is_answered_through_the_server(alpha: Cluster) -> None:
         runner = {"Authorization": f"Bearer {made.json()['token']}"}
         missing = http.post("/api/v1/devices/alpha/questions/qnothing", json={"action": "accept"}, headers=admin)
         assert missing.status_code == 404 and "error" in missing.json()
+        nobody = http.post("/api/v1/devices/nobody/questions/q1", json={"action": "accept"}, headers=admin)
+        assert nobody.status_code == 404 and "nobody" in nobody.json()["error"]
         answered: list[dict[str, Any]] = []
         stream = run_streamed(alpha, "ask", {"question": "Which colour?"}, http)
         for name, data in stream:

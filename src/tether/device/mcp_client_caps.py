@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_ELICIT_TIMEOUT = 300.0  # a person at a prompt; after that the server hears "cancel"
 DEFAULT_SAMPLE_TIMEOUT = 120.0
 MAX_QUESTION_CHARS = 4000
+MAX_SCHEMA_CHARS = 16_000
 MAX_SAMPLING_CALLS = 5  # per command: a server in a loop must not spend the whole LLM budget
 MAX_SAMPLING_TOKENS = 4000  # per request, whatever the server asks for
 MAX_SAMPLING_PROMPT_CHARS = 64_000  # what a server may send the LLM in one request
@@ -191,6 +193,10 @@ class ServerClientCaps:
             return mcp_types.ElicitResult(action="decline")
         schema = params.requested_schema
         schema = schema if isinstance(schema, dict) else schema.model_dump(by_alias=True, exclude_none=True)
+        if len(json.dumps(schema, default=str)) > MAX_SCHEMA_CHARS:  # it travels in an event frame
+            logger.warning("server %s asked a question with a schema over %d characters: declined", self.namespace,
+                           MAX_SCHEMA_CHARS)
+            return mcp_types.ElicitResult(action="decline")
         request = ElicitationRequest(id=self.hooks.next_id(), server=self.namespace, call_id=ctx.call_id,
                                      session_id=ctx.session_id, message=str(params.message)[:MAX_QUESTION_CHARS],
                                      schema=schema)
