@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from netutil import CLI, Cluster, tether_env
+from tether.protocol.models import Command, ResultStatus
 
 INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
 
@@ -173,3 +174,26 @@ def test_remote_exec_shows_progress(alpha: Cluster) -> None:
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert [line for line in ran.stderr.splitlines() if line.startswith("progress ")] == [
         "progress interactive.count: 1/2 step 1 of 2", "progress interactive.count: 2/2 step 2 of 2"]
+
+
+def test_an_unanswered_question_ends_with_its_command(alpha: Cluster) -> None:
+    """Nobody answers: the command's own timeout ends it (the call is cancelled on the device), and the
+    question can no longer be answered."""
+    base = f"http://127.0.0.1:{alpha.port}"
+    with httpx.Client(base_url=base, timeout=60) as http:
+        body = {"commands": [{"tool_name": "ask", "parameters": {"question": "Anyone?"}}], "timeout": 2}
+        headers = {"Authorization": f"Bearer {alpha.api_token}", "Accept": "text/event-stream"}
+        question_id = None
+        with http.stream("POST", "/api/v1/devices/alpha/commands", json=body, headers=headers) as response:
+            for name, data in sse(response.iter_lines()):
+                if name == "event" and data["kind"] == "elicitation":
+                    question_id = data["data"]["id"]
+                elif name == "results":
+                    [result] = data["results"]
+        late = http.post(f"/api/v1/devices/alpha/questions/{question_id}", json={"action": "decline"},
+                         headers={"Authorization": f"Bearer {alpha.api_token}"})
+    assert question_id is not None
+    assert result["status"] == "failure" and "timed out" in result["error"]
+    assert late.status_code == 404
+    _, [again] = alpha.remote.run("alpha", [Command(tool_name="count", parameters={"steps": 1})], timeout=30)
+    assert again.status is ResultStatus.SUCCESS, again.error  # the device and its server stay usable
