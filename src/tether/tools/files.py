@@ -50,18 +50,23 @@ def _iso(ts: float) -> str:
 
 
 def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
-    """`jail.resolve_path`, and the undo journal is off limits: a tool that could edit the journal
-    could make a later undo write anything anywhere, bypassing both the jail and approvals."""
+    """`jail.resolve_path`, and the device's state directory is off limits, to read as to write: it
+    holds the undo journal (a tool that could edit it could make a later undo write anything
+    anywhere), the device token and pairing key (a tool that could read them would hand the
+    device's identity to whoever asked), and the server's policy changes (editing them would grant
+    the next start whatever the file says). The sandbox hides the same directory from processes."""
     resolved = resolve_path(ctx.policy, path, write=write)
-    if ctx.journal is not None and within(resolved, [real(ctx.journal.root)]):
-        raise PolicyDenied("journal", f"{path!r} lies inside the undo journal ({ctx.journal.root})")
+    if ctx.journal is not None and within(resolved, [real(ctx.journal.root.parent)]):
+        raise PolicyDenied("journal", f"{path!r} lies inside the device's state directory "
+                                      f"({ctx.journal.root.parent}: its undo journal, token and policy)")
     return resolved
 
 
 def _spare_journal(ctx: ToolContext, target: Path) -> None:
-    """Deleting or moving a directory that holds the journal would take every undo with it."""
-    if ctx.journal is not None and within(real(ctx.journal.root), [target]):
-        raise PolicyDenied("journal", f"{str(target)!r} contains the undo journal ({ctx.journal.root})")
+    """Deleting or moving a directory that holds the state directory would take every undo with it."""
+    if ctx.journal is not None and within(real(ctx.journal.root.parent), [target]):
+        raise PolicyDenied("journal", f"{str(target)!r} contains the device's state directory "
+                                      f"({ctx.journal.root.parent})")
 
 
 def _entry_path(ctx: ToolContext, path: str, *, write: bool) -> Path:

@@ -47,10 +47,11 @@ def change_rule(ctx: ToolContext, change: Change) -> str | None:
 def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
     if ctx.journal is None:
         return
-    journal = real(ctx.journal.root)
+    state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see files._resolve
     for c in changes:
-        if within(Path(c.path), [journal]) or (c.kind == "deleted" and within(journal, [Path(c.path)])):
-            raise PolicyDenied("journal", f"the command changed {c.path}, inside the undo journal; nothing applied")
+        if within(Path(c.path), [state]) or (c.kind == "deleted" and within(state, [Path(c.path)])):
+            raise PolicyDenied("journal", f"the command changed {c.path}, inside the device's state directory; "
+                                          "nothing applied")
 
 
 def _record(ctx: ToolContext):  # type: ignore[no-untyped-def]
