@@ -100,3 +100,21 @@ async def test_sampling_is_refused_without_an_llm_on_the_server(tmp_path: Path) 
         await server.api.post(f"/tasks/{created['id']}/cancel")  # without an LLM, recovery would ask a person
     finished = events[-1]["data"]
     assert finished["status"] == "failure" and "this server has no LLM configured" in finished["error"]
+
+
+async def test_tether_answer_answers_an_mcp_servers_question(tmp_path: Path) -> None:
+    from netutil import CLI, tether_env
+
+    async with AgentServer(tmp_path) as server:
+        await add_interactive_device(server, "alpha", tmp_path)
+        created = await server.create(request="ask", device="alpha", plan=[step("ask", question="Which colour?")])
+        await server.events_until(created["id"], lambda e: e["kind"] == "elicitation")
+        env = {**tether_env(tmp_path / "cli"), "TETHER_SERVER": f"http://127.0.0.1:{server.port}",
+               "TETHER_TOKEN": server.token}
+        proc = await asyncio.create_subprocess_exec(*CLI, "answer", created["id"], "amber", env=env,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+        assert proc.returncode == 0, (out + err).decode()
+        task = await server.finished(created["id"])
+    assert task["state"] == "done", task["error"]
+    assert "accept: amber" in str(task["steps"][0]["result"]["result"])
