@@ -19,7 +19,7 @@ pairing_router = APIRouter(prefix="/api/v1/pairing", responses=ERROR_RESPONSES, 
 class PairingRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    fingerprint: str = Field(..., max_length=80, description="SHA-256 (hex) of the key the device keeps")
+    fingerprint: str = Field(..., pattern="^[0-9a-fA-F]{64}$", description="SHA-256 (hex) of the key the device keeps")
     name: str | None = Field(None, max_length=128, description="the name the device would like")
     platform: str | None = Field(None, max_length=64)
 
@@ -34,7 +34,8 @@ class PairingClaim(BaseModel):
 class PairingDecision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, max_length=128, description="the device's name (default: the one it asked for)")
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$",
+                             description="the device's name (default: the one it asked for)")
     tags: list[str] = Field(default_factory=list, max_length=32)
 
 
