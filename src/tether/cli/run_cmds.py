@@ -121,7 +121,10 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     store = _local_store(state_dir)
     task = Task(request=request, plan=plan, confirm=confirm)
 
-    view = EventView(out)
+    from tether.cli.spinner import Spinner
+
+    spinner = Spinner()  # a status line while the LLM plans or a step runs, on a terminal only
+    view = EventView(out, spinner=spinner)
 
     saver = SaveSoon(store)  # the log survives a crash of this process, step by step
 
@@ -149,10 +152,11 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
             dispatcher = device.dispatcher(session_id=task.id)
             profiles = {DEFAULT_DEVICE_NAME: await collect_profile(device)} if llm is not None else {}
             runner = TaskRunner(lambda _device: dispatcher, llm, tools={None: computer.tool_infos()},
-                                ask=ask, on_event=show, profiles=profiles)
+                                ask=ask, on_event=show, profiles=profiles, stream_planning=spinner.enabled)
             out.print(f"task {task.id}")
             await runner.run(task)
     finally:
+        await spinner.aclose()
         store.save(task)
         store.close()
         if llm is not None:

@@ -13,6 +13,7 @@ from rich.console import Console
 
 from tether.agent.task import Task
 from tether.cli.common import progress_line
+from tether.cli.spinner import Spinner
 
 
 def print_question(out: Console, question: str, options: list[str]) -> None:
@@ -25,13 +26,24 @@ class EventView:
     """Prints task events live. `echo_answers`: also print answers given elsewhere (a passive follower);
     whoever answers in this terminal prints its own. `streamed` tells whether the answer came as tokens."""
 
-    def __init__(self, out: Console, *, echo_answers: bool = False) -> None:
+    def __init__(self, out: Console, *, echo_answers: bool = False, spinner: Spinner | None = None) -> None:
         self.out = out
         self.echo_answers = echo_answers
         self.streamed = False
         self.questions: set[str] = set()
+        self.spinner = spinner  # the status line while the LLM plans or a step runs (a terminal only)
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        if self.spinner is not None:
+            if kind == "planning_progress":
+                self.spinner.count(int(data.get("tokens") or 0))
+                return
+            self.spinner.erase()
+        self._print(kind, data)
+        if self.spinner is not None:
+            status_after(self.spinner, kind, data)
+
+    def _print(self, kind: str, data: dict[str, Any]) -> None:
         out, d = self.out, data
         if kind == "question":  # a resumed task asks its open question again: show it once
             if d.get("id") in self.questions:
@@ -77,6 +89,20 @@ class EventView:
                       "starts again[/yellow]")
         elif kind == "server_restarted":
             out.print(f"[yellow]the server restarted (the task was {d.get('state')})[/yellow]")
+
+
+_STATUS_ENDS = {"plan", "step_finished", "question", "token", "answer", "interrupted", "decision"}
+
+
+def status_after(spinner: Spinner, kind: str, d: dict[str, Any]) -> None:
+    """What the status line says after an event: planning, a step running, or nothing."""
+    if kind == "planning":
+        spinner.set("planning the next part from what was seen" if d.get("observing") else
+                    "re-planning" if d.get("recovery_context") else "planning")
+    elif kind == "step_started":
+        spinner.set(f"step {int(d.get('step', 0)) + 1}: {d.get('skill')}")
+    elif kind in _STATUS_ENDS or (kind == "state" and d.get("to") not in ("planning", "running")):
+        spinner.stop()
 
 
 def print_outcome(out: Console, state: str, answer: str | None, error: str | None, *, streamed: bool) -> None:
