@@ -106,6 +106,9 @@ def require(scope: str):
     """A dependency that admits an API token holding `scope` (or `admin`)."""
 
     async def check(request: Request, authorization: Annotated[str | None, Header()] = None) -> TokenInfo:
+        sessions = getattr(request.app.state, "web_sessions", None)  # the dashboard's cookie (server/web)
+        if not authorization and sessions is not None and (secret := sessions.bearer_for(request)):
+            authorization = f"Bearer {secret}"  # CSRF already checked; the token is checked as any other
         if not authorization or not authorization.lower().startswith("bearer "):
             raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <api token>'",
                                 headers={"WWW-Authenticate": "Bearer"})

@@ -21,6 +21,7 @@ from tether.server.pairing_api import pairing_router
 from tether.server.policy_api import policy_router
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
+from tether.server.web import mount_web
 
 Extension = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
@@ -47,7 +48,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
             await hub.aclose()
             store.close()
 
-    app = FastAPI(title="tether agent server", version=__version__, lifespan=lifespan,
+    app = FastAPI(title="tether agent server", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Devices, their tools, and commands run on them. AIP devices connect "
                               "to the WebSocket endpoint /aip.")
     app.state.hub = hub
@@ -59,6 +60,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
         app.state.pairing = PairingBook(store)
         app.include_router(pairing_router)
     app.router.routes.append(aip_route(hub))
+    mount_web(app)  # the dashboard at /, and /docs + /redoc from packaged assets
     contexts = [extension(app) for extension in extensions]
 
     def api_token_ok(secret: str) -> bool:

@@ -1,0 +1,209 @@
+"""The dashboard's HTTP surface: the page, its assets, login/logout, the fleet stream, the API docs.
+
+The stack is one static page with a small hand-written script (static/app.js) that calls the REST
+API the CLI uses, with the session cookie instead of a bearer header. Why: no build step anywhere
+(the file that runs is the file in git), nothing fetched at run time, no framework to keep up with,
+and the server stays the only place rules live: the page shows what the session's scopes allow and
+the API enforces them again. Live views use server-sent events: the task API's event stream (with
+`?after=` to resume) and the fleet stream below, which sends a device row when it changes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tether.server.api import _view, require
+from tether.server.store import TokenInfo
+from tether.server.web.sessions import COOKIE, WebSessions
+
+STATIC = Path(__file__).parent / "static"
+KEEPALIVE_S = 15.0
+PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; "
+                               "form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+# Swagger UI and ReDoc inject styles and (ReDoc) a worker from a blob: a looser policy for those two pages
+DOCS_HEADERS = {**PAGE_HEADERS, "Content-Security-Policy": "default-src 'self'; style-src 'self' 'unsafe-inline'; "
+                "img-src 'self' data:; worker-src 'self' blob:; frame-ancestors 'none'"}
+
+web_router = APIRouter(include_in_schema=False)
+
+
+class Login(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    token: str = Field(..., min_length=1, max_length=512)
+
+
+class PlanText(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = Field(..., min_length=1, max_length=200_000)
+
+
+def _sessions(request: Request) -> WebSessions:
+    return request.app.state.web_sessions
+
+
+def _me(info: TokenInfo, csrf: str) -> dict[str, Any]:
+    return {"name": info.name, "scopes": sorted(info.scopes), "csrf": csrf}
+
+
+@web_router.get("/")
+async def page() -> FileResponse:
+    return FileResponse(STATIC / "index.html", headers=PAGE_HEADERS)
+
+
+@web_router.get("/web/static/{path:path}")
+async def asset(path: str) -> FileResponse:
+    """Packaged files only: the resolved path must stay inside static/ (no `..`, no symlinks out)."""
+    target = (STATIC / path).resolve()
+    if not target.is_relative_to(STATIC.resolve()) or not target.is_file():
+        raise HTTPException(404, f"no asset '{path[:200]}'")
+    return FileResponse(target, headers={"Cache-Control": "public, max-age=300", "X-Content-Type-Options": "nosniff"})
+
+
+@web_router.post("/web/login")
+async def login(body: Login, request: Request) -> JSONResponse:
+    """Exchange an API token for a session cookie. JSON only: a cross-site HTML form cannot send it
+    without a preflight, and the request guard refuses foreign origins anyway."""
+    secret = body.token.strip()
+    info = request.app.state.store.verify_token(secret)
+    if info is None or info.kind != "api":
+        raise HTTPException(401, "unknown, revoked or non-API token")
+    sid, session = _sessions(request).open(secret)
+    response = JSONResponse(_me(info, session.csrf))
+    response.set_cookie(COOKIE, sid, httponly=True, samesite="strict", path="/",
+                        secure=request.url.scheme == "https", max_age=int(_sessions(request).ttl))
+    return response
+
+
+@web_router.get("/web/session")
+async def session_info(request: Request) -> dict[str, Any]:
+    session = _sessions(request).get(request.cookies.get(COOKIE))
+    info = request.app.state.store.verify_token(session.secret) if session else None
+    if session is None or info is None:  # a 200: the page asks this on every load, and a 401 is a console error
+        return {"name": None, "scopes": [], "csrf": None}
+    return _me(info, session.csrf)
+
+
+@web_router.post("/web/logout")
+async def logout(request: Request, _: Annotated[TokenInfo, Depends(require("read"))]) -> JSONResponse:
+    _sessions(request).close(request.cookies.get(COOKIE))
+    response = JSONResponse({"logged_out": True})
+    response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
+    return response
+
+
+@web_router.post("/web/plan")
+async def parse_plan(body: PlanText, _: Annotated[TokenInfo, Depends(require("read"))]) -> dict[str, Any]:
+    """A plan pasted as YAML or JSON (YAML is a superset), as the steps list the task API takes: the
+    page ships no YAML parser. Either a list of steps or `{steps: [...]}`."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(body.text)
+    except yaml.YAMLError as exc:
+        raise HTTPException(400, f"the plan is neither YAML nor JSON: {str(exc).splitlines()[0]}") from None
+    steps = data.get("steps") if isinstance(data, dict) else data
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
+        raise HTTPException(400, "a plan is a list of steps (each {skill, args}) or {steps: [...]}")
+    return {"plan": steps}
+
+
+@web_router.get("/web/fleet")
+async def fleet(request: Request, _: Annotated[TokenInfo, Depends(require("read"))]) -> StreamingResponse:
+    """Server-sent events: `devices` (every row) first, then `device` with each row that changed,
+    woken by the registry's change signal (no polling)."""
+    return StreamingResponse(_fleet_stream(request), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _rows(request: Request) -> dict[str, dict[str, Any]]:
+    return {r.name: _view(r).model_dump(mode="json") for r in request.app.state.hub.registry.list()}
+
+
+async def _fleet_stream(request: Request) -> AsyncIterator[bytes]:
+    registry = request.app.state.hub.registry
+    shown = _rows(request)
+    yield _frame("devices", list(shown.values()))
+    while True:
+        woken = False
+
+        def changed() -> bool:
+            nonlocal woken  # the first check is before any wait: say no, so the call waits for a change
+            first, woken = not woken, True
+            return not first
+
+        await registry.wait_until(changed, KEEPALIVE_S)
+        rows = _rows(request)
+        sent = False
+        for name, row in rows.items():
+            if shown.get(name) != row:
+                yield _frame("device", row)
+                sent = True
+        shown = rows
+        if not sent:
+            yield b": keep-alive\n\n"
+        await asyncio.sleep(0)
+
+
+def _frame(event: str, data: Any) -> bytes:
+    return f"event: {event}\ndata: {json.dumps(data, default=str)}\n\n".encode()
+
+
+_DOCS_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">{head}</head>
+<body><div id="ui"></div>{body}</body></html>"""
+
+
+@web_router.get("/docs")
+async def swagger_docs() -> HTMLResponse:
+    return HTMLResponse(_DOCS_PAGE.format(
+        title="tether API", head='<link rel="stylesheet" href="/web/static/vendor/swagger-ui/swagger-ui.css">',
+        body='<script src="/web/static/vendor/swagger-ui/swagger-ui-bundle.js"></script>'
+             '<script src="/web/static/docs.js"></script>'), headers=DOCS_HEADERS)
+
+
+@web_router.get("/redoc")
+async def redoc_docs() -> HTMLResponse:
+    return HTMLResponse(_DOCS_PAGE.format(
+        title="tether API", head="",
+        body='<script src="/web/static/vendor/redoc/redoc.standalone.js"></script>'
+             '<script src="/web/static/redoc.js"></script>'), headers=DOCS_HEADERS)
+
+
+def _declare_bearer(app: FastAPI) -> None:
+    """The OpenAPI document declares the bearer scheme, so the docs' "Authorize" button works."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {"type": "http", "scheme": "bearer",
+                           "description": "an API token (tether token create --api)"}}
+            schema["security"] = [{"bearer": []}]
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def mount_web(app: FastAPI) -> None:
+    """Add the dashboard to an app built with `docs_url=None, redoc_url=None`; the REST auth
+    dependency finds the sessions on `app.state.web_sessions`."""
+    app.state.web_sessions = WebSessions()
+    app.include_router(web_router)
+    _declare_bearer(app)

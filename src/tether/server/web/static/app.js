@@ -1,0 +1,290 @@
+// The tether dashboard: one page, no build step, no framework. It calls the REST API with the session
+// cookie (and the CSRF token on every state-changing request); live views read server-sent events.
+"use strict";
+const S = {me: null, streams: [], fleet: {}};
+const $ = (sel) => document.querySelector(sel);
+
+function h(tag, attrs, ...kids) {  // DOM built from data, never from HTML strings
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k.startsWith("on")) el.addEventListener(k.slice(2), v); else el.setAttribute(k, v === true ? "" : v);
+  }
+  for (const kid of kids.flat()) if (kid !== null && kid !== undefined) el.append(kid.nodeType ? kid : String(kid));
+  return el;
+}
+const status = (s) => h("span", {class: `status s-${s}`}, String(s).replaceAll("_", " "));
+const can = (scope) => !!S.me && (S.me.scopes.includes(scope) || S.me.scopes.includes("admin"));
+const when = (t) => t ? new Date(typeof t === "number" ? t * 1000 : t).toLocaleString() : "—";
+function toast(text) { $("#toast").textContent = text; }
+
+async function api(path, opts = {}) {
+  const headers = {...(opts.headers || {})};
+  const method = opts.method || "GET";
+  if (method !== "GET") headers["X-CSRF-Token"] = S.me ? S.me.csrf : "";
+  if (opts.body !== undefined) headers["Content-Type"] = "application/json";
+  const r = await fetch(path, {method, headers, credentials: "same-origin",
+    body: opts.body === undefined ? undefined : JSON.stringify(opts.body)});
+  if (opts.raw) return r;
+  const data = await r.json().catch(() => ({error: `HTTP ${r.status}`}));
+  if (!r.ok) { if (r.status === 401 && path !== "/web/login") { S.me = null; route(); } throw new Error(data.error || `HTTP ${r.status}`); }
+  return data;
+}
+
+function stopStreams() { for (const s of S.streams) s.close(); S.streams = []; }
+function view(...kids) { stopStreams(); const m = $("#main"); m.replaceChildren(...kids); return m; }
+function fail(err) { toast(`error: ${err.message}`); }
+
+// -- login --------------------------------------------------------------------------------------
+function loginView() {
+  $("#nav").hidden = true;
+  const err = h("p", {class: "error", role: "alert"});
+  const form = h("form", {class: "card", onsubmit: async (e) => {
+    e.preventDefault();
+    try { S.me = await api("/web/login", {method: "POST", body: {token: form.token.value}}); form.reset(); location.hash = "#/devices"; route(); }
+    catch (x) { err.textContent = x.message; }
+  }}, h("h1", {}, "Log in"), h("label", {for: "token"}, "API token"),
+    h("input", {id: "token", name: "token", type: "password", autocomplete: "off", required: true}),
+    h("button", {type: "submit"}, "Log in"), err,
+    h("p", {class: "muted"}, "Create one with: tether token create --api NAME --scope read"));
+  view(form); form.token.focus();
+}
+
+// -- devices ------------------------------------------------------------------------------------
+function deviceRow(d) {
+  return h("tr", {"data-device": d.name},
+    h("td", {}, h("a", {href: `#/devices/${encodeURIComponent(d.name)}`}, d.name)), h("td", {"data-col": "status"}, status(d.status)),
+    h("td", {}, d.platform || "—"), h("td", {class: "hide-sm"}, (d.tags || []).join(", ") || "—"),
+    h("td", {class: "hide-sm"}, d.sandbox || "—"), h("td", {}, `${d.load} / ${d.running}`), h("td", {class: "hide-sm"}, when(d.last_seen)));
+}
+function devicesView() {
+  const body = h("tbody", {});
+  const table = h("div", {class: "scroll"}, h("table", {"aria-label": "devices"}, h("thead", {}, h("tr", {},
+    ["Device", "Status", "Platform", "Tags", "Sandbox", "Load / running", "Last seen"].map((t, i) => h("th", {scope: "col", class: i === 3 || i === 4 || i === 6 ? "hide-sm" : null}, t)))), body));
+  view(h("h1", {}, "Devices"), table);
+  const es = new EventSource("/web/fleet");
+  S.streams.push(es);
+  const put = (d) => { const old = body.querySelector(`tr[data-device="${CSS.escape(d.name)}"]`); const row = deviceRow(d); old ? old.replaceWith(row) : body.append(row); };
+  es.addEventListener("devices", (e) => { body.replaceChildren(); JSON.parse(e.data).forEach(put); });
+  es.addEventListener("device", (e) => put(JSON.parse(e.data)));
+}
+
+function fieldFor(name, schema, required) {
+  const id = `arg-${name}`;
+  const pickType = (t) => Array.isArray(t) ? t.find((x) => x !== "null") : t;  // optional fields: [T, "null"] or anyOf
+  const type = pickType(schema.type) || pickType(((schema.anyOf || []).find((x) => x.type && x.type !== "null") || {}).type);
+  const hint = schema.description ? h("span", {class: "muted"}, ` — ${schema.description}`) : null;
+  let input;
+  if (type === "boolean") input = h("input", {id, name, type: "checkbox", "data-type": "boolean"});
+  else if (Array.isArray(schema.enum)) input = h("select", {id, name, "data-type": "string"}, schema.enum.map((v) => h("option", {}, v)));
+  else if (type === "integer" || type === "number") input = h("input", {id, name, type: "number", step: type === "integer" ? "1" : "any", "data-type": type, required});
+  else if (type === "string") input = h("input", {id, name, "data-type": "string", required});
+  else input = h("textarea", {id, name, "data-type": "json", required, placeholder: "JSON"});
+  return h("div", {}, h("label", {for: id}, name, required ? " *" : "", hint), input);
+}
+function readArgs(form) {
+  const args = {};
+  for (const el of form.querySelectorAll("[data-type]")) {
+    const t = el.dataset.type;
+    if (t === "boolean") { if (el.checked) args[el.name] = true; continue; }
+    if (el.value === "") continue;
+    args[el.name] = t === "integer" ? parseInt(el.value, 10) : t === "number" ? Number(el.value) : t === "json" ? JSON.parse(el.value) : el.value;
+  }
+  return args;
+}
+async function readSSE(response, onFrame) {  // a streamed POST cannot use EventSource
+  const reader = response.body.getReader(); const dec = new TextDecoder(); let buf = "";
+  for (;;) {
+    const {value, done} = await reader.read(); if (done) break;
+    buf += dec.decode(value, {stream: true});
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const frame = buf.slice(0, cut); buf = buf.slice(cut + 2);
+      let ev = "message", data = "";
+      for (const line of frame.split("\n")) { if (line.startsWith("event: ")) ev = line.slice(7); else if (line.startsWith("data: ")) data += line.slice(6); }
+      if (data) onFrame(ev, JSON.parse(data));
+    }
+  }
+}
+async function deviceView(name) {
+  const d = await api(`/api/v1/devices/${encodeURIComponent(name)}`);
+  const tools = await api(`/api/v1/devices/${encodeURIComponent(name)}/tools`).catch(() => (d.profile ? d.profile.tools : []));
+  const main = view(h("h1", {}, `Device ${d.name} `, status(d.status)),
+    h("div", {class: "card"}, h("p", {}, `Platform: ${d.platform || "—"} · tags: ${(d.tags || []).join(", ") || "—"} · sandbox: ${d.sandbox || "—"} · load ${d.load}`),
+      h("details", {}, h("summary", {}, "Full profile"), h("pre", {}, JSON.stringify(d.profile, null, 2)))));
+  if (can("execute")) {
+    const fields = h("div", {});
+    const out = h("pre", {id: "tool-output", "aria-live": "polite"});
+    const pick = h("select", {id: "tool", name: "tool", onchange: () => showFields()}, tools.map((t) => h("option", {value: t.name}, t.name)));
+    const showFields = () => {
+      const t = tools.find((x) => x.name === pick.value); const schema = (t && t.input_schema) || {};
+      const req = schema.required || [];
+      fields.replaceChildren(...Object.entries(schema.properties || {}).map(([k, s]) => fieldFor(k, s, req.includes(k))));
+    };
+    const form = h("form", {class: "card", id: "run-tool", onsubmit: async (e) => {
+      e.preventDefault(); out.textContent = "";
+      let args; try { args = readArgs(form); } catch (x) { out.textContent = `error: ${x.message}`; return; }
+      const r = await api(`/api/v1/devices/${encodeURIComponent(name)}/commands`, {method: "POST", raw: true, headers: {Accept: "text/event-stream"},
+        body: {commands: [{tool_name: pick.value, parameters: args}], timeout: 120}});
+      if (!r.ok) { const e2 = await r.json().catch(() => ({})); out.textContent = `error: ${e2.error || r.status}`; return; }
+      await readSSE(r, (ev, data) => {
+        if (ev === "event" && data.data && typeof data.data.data === "string") out.append(data.data.data);
+        else if (ev === "results") for (const res of data.results) out.append(`\n[${res.status}] ${res.error || (typeof res.result === "string" ? res.result : JSON.stringify(res.result, null, 2))}\n`);
+      });
+    }}, h("h2", {}, "Run a tool"), h("label", {for: "tool"}, "Tool"), pick, fields, h("button", {type: "submit"}, "Run"), out);
+    main.append(form); showFields();
+  }
+  main.append(h("h2", {}, `Tools (${tools.length})`), ...tools.map((t) => h("details", {class: "card"},
+    h("summary", {}, h("strong", {}, t.name), " ", h("span", {class: "muted"}, t.description || "")), h("pre", {}, JSON.stringify(t.input_schema, null, 2)))));
+}
+
+// -- tasks --------------------------------------------------------------------------------------
+const STATES = ["", "created", "planning", "running", "recovering", "waiting_for_user", "done", "failed", "cancelled"];
+async function tasksView(params) {
+  const state = params.get("state") || "";
+  const tasks = await api(`/api/v1/tasks?limit=100${state ? `&state=${encodeURIComponent(state)}` : ""}`);
+  const filter = h("select", {id: "state-filter", onchange: () => { location.hash = `#/tasks${filter.value ? `?state=${filter.value}` : ""}`; }},
+    STATES.map((s) => h("option", {value: s, selected: s === state}, s ? s.replaceAll("_", " ") : "any state")));
+  const main = view(h("h1", {}, "Tasks"), h("label", {for: "state-filter"}, "State"), filter);
+  if (can("execute")) main.append(await newTaskForm());
+  main.append(h("div", {class: "scroll"}, h("table", {"aria-label": "tasks"}, h("thead", {}, h("tr", {}, ["Task", "State", "Request", "Device", "Created"].map((t) => h("th", {scope: "col"}, t)))),
+    h("tbody", {}, tasks.map((t) => h("tr", {}, h("td", {}, h("a", {href: `#/tasks/${t.id}`}, t.id.slice(0, 12))), h("td", {}, status(t.state)),
+      h("td", {}, t.request || "(plan)"), h("td", {}, t.device || "—"), h("td", {}, when(t.created_at))))))));
+}
+async function newTaskForm() {
+  const devices = await api("/api/v1/devices");
+  const err = h("p", {class: "error", role: "alert"});
+  const form = h("form", {class: "card", id: "new-task", onsubmit: async (e) => {
+    e.preventDefault(); err.textContent = "";
+    try {
+      const body = {request: form.request.value.trim()};
+      if (form.plan.value.trim()) body.plan = (await api("/web/plan", {method: "POST", body: {text: form.plan.value}})).plan;
+      if (form.device.value) body.device = form.device.value;
+      else if (form.tags.value.trim()) body.requires = {tags: form.tags.value.split(",").map((s) => s.trim()).filter(Boolean)};
+      const t = await api("/api/v1/tasks", {method: "POST", body});
+      location.hash = `#/tasks/${t.id}`;
+    } catch (x) { err.textContent = x.message; }
+  }}, h("h2", {}, "Start a task"), h("label", {for: "request"}, "Request, in plain words"), h("input", {id: "request", name: "request"}),
+    h("label", {for: "plan"}, "…or a plan (YAML or JSON list of {skill, args})"), h("textarea", {id: "plan", name: "plan"}),
+    h("div", {class: "row"}, h("div", {}, h("label", {for: "device"}, "Device"), h("select", {id: "device", name: "device"},
+      h("option", {value: ""}, "any that meets the requirements"), devices.map((d) => h("option", {value: d.name}, `${d.name} (${d.status})`)))),
+      h("div", {}, h("label", {for: "tags"}, "Required tags (comma-separated)"), h("input", {id: "tags", name: "tags"}))),
+    h("button", {type: "submit"}, "Start"), err);
+  return form;
+}
+function eventLine(e) {
+  const d = e.data || {};
+  const text = e.kind === "output" ? d.data : d.question || d.state || d.error || d.answer || d.description || (Object.keys(d).length ? JSON.stringify(d) : "");
+  return h("li", {"data-seq": e.seq}, h("span", {class: "muted"}, `#${e.seq} `), h("strong", {}, e.kind), " ", String(text || "").slice(0, 2000));
+}
+async function taskView(id) {
+  const header = h("div", {}); const steps = h("div", {}); const ask = h("div", {}); const log = h("ol", {class: "events", "aria-label": "events", start: "0"});
+  view(header, ask, h("h2", {}, "Steps"), steps, h("h2", {}, "Events"), log);
+  let last = -1; let refreshing = null;
+  const refresh = async () => {
+    const t = await api(`/api/v1/tasks/${encodeURIComponent(id)}?events=false`);
+    const buttons = [];
+    if (!["done", "failed", "cancelled"].includes(t.state) && can("execute")) buttons.push(h("button", {class: "danger", id: "cancel", type: "button", onclick: () => api(`/api/v1/tasks/${id}/cancel`, {method: "POST"}).then(refresh, fail)}, "Cancel task"));
+    if (can("approve")) buttons.push(h("button", {class: "secondary", id: "undo", type: "button", onclick: () => api(`/api/v1/tasks/${id}/undo`, {method: "POST"}).then(() => toast("undone"), fail)}, "Undo"));
+    header.replaceChildren(h("h1", {}, `Task ${t.id.slice(0, 12)} `, status(t.state)), h("div", {class: "card"},
+      h("p", {}, h("strong", {}, "Request: "), t.request || "(a plan)"), h("p", {}, `Device: ${t.device || "—"} · by ${t.requested_by || "—"}`),
+      t.answer ? h("p", {id: "answer"}, h("strong", {}, "Answer: "), t.answer) : null, t.error ? h("p", {class: "error"}, t.error) : null, buttons));
+    steps.replaceChildren(...(t.plan ? t.plan.steps : []).map((s, i) => {
+      const runs = (t.steps || []).filter((r) => r.index === i);
+      return h("div", {class: "card", "data-step": i}, h("p", {}, h("strong", {}, `${i + 1}. ${s.skill}`), " ", s.description || ""),
+        h("pre", {}, JSON.stringify(s.args)), runs.map((r) => h("div", {}, status(r.result.status === "success" ? "done" : r.result.status === "failure" ? "failed" : r.result.status),
+          r.result.error ? h("span", {class: "error"}, ` ${r.result.error}`) : null,
+          r.decision ? h("p", {}, `Recovery: ${r.decision.decision || JSON.stringify(r.decision)}`) : null)));
+    }));
+    const q = (t.questions || []).filter((x) => !x.answer).pop();
+    ask.replaceChildren();
+    if (q && !q.answer && t.state === "waiting_for_user") {
+      const mayAnswer = q.kind === "approval" ? can("approve") : can("execute");
+      ask.append(h("div", {class: "card", id: "question", role: "region", "aria-label": "question"}, h("h2", {}, q.kind === "approval" ? "Approval needed" : "Question"),
+        h("p", {}, q.question), (q.changes || []).length ? h("pre", {}, JSON.stringify(q.changes, null, 2)) : null,
+        mayAnswer ? q.options.map((o) => h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/answer`, {method: "POST", body: {answer: o, question_id: q.id}}).then(refresh, fail)}, o)) : h("p", {class: "muted"}, "Your token may not answer this.")));
+    }
+  };
+  const later = () => { if (!refreshing) refreshing = refresh().catch(fail).finally(() => { refreshing = null; }); };
+  await refresh();
+  const open = () => {  // resumes after the last event seen: nothing lost, nothing repeated
+    const es = new EventSource(`/api/v1/tasks/${encodeURIComponent(id)}/events?after=${last}`);
+    S.streams.push(es);
+    es.addEventListener("task_event", (m) => { const e = JSON.parse(m.data); if (e.seq <= last) return; last = e.seq; log.append(eventLine(e)); later(); });
+    es.addEventListener("end", () => { es.close(); later(); badge(); });
+    es.onerror = () => { es.close(); S.streams = S.streams.filter((x) => x !== es); if (location.hash.startsWith(`#/tasks/${id}`)) setTimeout(open, 1000); };
+  };
+  open();
+}
+
+// -- audit and tokens ---------------------------------------------------------------------------
+async function auditView(params) {
+  const q = new URLSearchParams();
+  for (const k of ["device", "task", "token", "since", "until", "before"]) if (params.get(k)) q.set(k, params.get(k));
+  q.set("limit", "100");
+  const data = await api(`/api/v1/audit?${q}`);
+  const rows = Array.isArray(data) ? data : data.rows; const next = Array.isArray(data) ? null : data.next;
+  const form = h("form", {class: "card row", id: "audit-filter", onsubmit: (e) => {
+    e.preventDefault(); const p = new URLSearchParams();
+    for (const k of ["device", "task", "token"]) if (form[k].value.trim()) p.set(k, form[k].value.trim());
+    for (const k of ["since", "until"]) if (form[k].value) p.set(k, String(Math.floor(new Date(form[k].value).getTime() / 1000)));
+    location.hash = `#/audit?${p}`;
+  }}, ["device", "task", "token"].map((k) => h("div", {}, h("label", {for: `f-${k}`}, k), h("input", {id: `f-${k}`, name: k, value: params.get(k) || ""}))),
+    ["since", "until"].map((k) => h("div", {}, h("label", {for: `f-${k}`}, k), h("input", {id: `f-${k}`, name: k, type: "datetime-local"}))), h("div", {}, h("button", {type: "submit"}, "Filter")));
+  const cols = rows.length ? Object.keys(rows[0]) : [];
+  const main = view(h("h1", {}, "Audit log"), form, h("div", {class: "scroll"}, h("table", {"aria-label": "audit"}, h("thead", {}, h("tr", {}, cols.map((c) => h("th", {scope: "col"}, c)))),
+    h("tbody", {}, rows.map((r) => h("tr", {}, cols.map((c) => h("td", {}, typeof r[c] === "object" && r[c] !== null ? JSON.stringify(r[c]) : String(r[c] ?? "—")))))))));
+  if (next !== null && next !== undefined) { const p = new URLSearchParams(params); p.set("before", next); main.append(h("a", {href: `#/audit?${p}`}, "Older entries →")); }
+}
+async function tokensView() {
+  const tokens = await api("/api/v1/tokens");
+  const shown = h("div", {"aria-live": "polite"});
+  const form = h("form", {class: "card", id: "new-token", onsubmit: async (e) => {
+    e.preventDefault();
+    try {
+      const scopes = [...form.querySelectorAll("input[name=scope]:checked")].map((x) => x.value);
+      const made = await api("/api/v1/tokens", {method: "POST", body: {kind: form.kind.value, name: form.tname.value, scopes: form.kind.value === "api" ? scopes : []}});
+      shown.replaceChildren(h("p", {}, "Copy it now; it is not shown again:"), h("pre", {id: "new-secret"}, made.token));
+      tokensView().then(() => $("#main").prepend(shown));
+    } catch (x) { toast(`error: ${x.message}`); }
+  }}, h("h2", {}, "Create a token"), h("label", {for: "tname"}, "Name"), h("input", {id: "tname", name: "tname", required: true}),
+    h("label", {for: "kind"}, "Kind"), h("select", {id: "kind", name: "kind"}, h("option", {value: "api"}, "api"), h("option", {value: "device"}, "device")),
+    h("fieldset", {}, h("legend", {}, "Scopes"), ["read", "execute", "approve", "admin"].map((s) => h("label", {}, h("input", {type: "checkbox", name: "scope", value: s}), ` ${s}`))),
+    h("button", {type: "submit"}, "Create"));
+  view(h("h1", {}, "Tokens"), shown, form, h("div", {class: "scroll"}, h("table", {"aria-label": "tokens"}, h("thead", {}, h("tr", {}, ["Name", "Kind", "Scopes", "Status", ""].map((t) => h("th", {scope: "col"}, t)))),
+    h("tbody", {}, tokens.map((t) => h("tr", {}, h("td", {}, t.name), h("td", {}, t.kind), h("td", {}, (t.scopes || []).join(", ")), h("td", {}, t.revoked_at ? "revoked" : "active"),
+      h("td", {}, t.revoked_at ? "" : h("button", {type: "button", class: "danger", onclick: () => api(`/api/v1/tokens/${encodeURIComponent(t.id || t.name)}`, {method: "DELETE"}).then(tokensView, fail)}, "Revoke"))))))));
+}
+
+// -- shell --------------------------------------------------------------------------------------
+async function badge() {
+  if (!S.me) return;
+  try {
+    const waiting = await api("/api/v1/tasks?state=waiting_for_user&limit=1000");
+    const b = $("#badge"); b.hidden = !waiting.length; b.textContent = String(waiting.length);
+    b.setAttribute("aria-label", `${waiting.length} tasks waiting for you`);
+  } catch (x) { /* the next page load says what is wrong */ }
+}
+async function route() {
+  if (!S.me) { try { S.me = await api("/web/session"); if (!S.me.name) S.me = null; } catch (x) { S.me = null; } }
+  if (!S.me) { stopStreams(); loginView(); return; }
+  $("#nav").hidden = false; $("#who").textContent = `${S.me.name} (${S.me.scopes.join(", ")})`;
+  for (const a of document.querySelectorAll("[data-scope]")) a.hidden = !can(a.dataset.scope);
+  const [path, query] = (location.hash.slice(1) || "/devices").split("?");
+  const params = new URLSearchParams(query || ""); const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  badge();
+  try {
+    if (parts[0] === "devices" && parts[1]) await deviceView(parts[1]);
+    else if (parts[0] === "tasks" && parts[1]) await taskView(parts[1]);
+    else if (parts[0] === "tasks") await tasksView(params);
+    else if (parts[0] === "audit") await auditView(params);
+    else if (parts[0] === "tokens") await tokensView();
+    else devicesView();
+  } catch (x) { view(h("p", {class: "error", role: "alert"}, x.message)); }
+}
+window.addEventListener("hashchange", route);
+window.addEventListener("DOMContentLoaded", () => {
+  $("#logout").addEventListener("click", async () => { try { await api("/web/logout", {method: "POST"}); } catch (x) { /* gone already */ } S.me = null; route(); });
+  route();
+  setInterval(badge, 5000);
+});

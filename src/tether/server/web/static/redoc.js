@@ -1,0 +1,2 @@
+// ReDoc from packaged files.
+window.addEventListener("load", () => { Redoc.init("/openapi.json", {}, document.getElementById("ui")); });

@@ -1,0 +1,229 @@
+"""The dashboard in the system Chromium (Playwright) against a real `tether server` and real `tether
+device` processes: log in, watch devices live, run a tool, follow a task to its question and answer
+it, cancel one, scopes and CSRF. Every main view is saved as a screenshot (artifacts), and any
+JavaScript error or console error on the dashboard fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from netutil import Cluster, free_port
+from tether.tools.browser_session import find_chromium
+
+ARTIFACTS = Path(os.environ.get("TETHER_TEST_ARTIFACTS", Path(__file__).parent / "artifacts"))
+WAIT_MS = 30_000
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    c = Cluster(tmp_path_factory.mktemp("dash"))
+    alpha = c.device("alpha")
+    c.wait_online("alpha", alpha)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=WAIT_MS)  # an upper bound for failure; expectations end on the event
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=find_chromium(), args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+class Dash:
+    """One browser context logged in with a token; console errors collected for the end of the test."""
+
+    def __init__(self, browser: object, cluster: Cluster, token: str) -> None:
+        self.base = f"http://127.0.0.1:{cluster.port}"
+        self.context = browser.new_context(viewport={"width": 1280, "height": 800})  # type: ignore[attr-defined]
+        self.context.set_default_timeout(WAIT_MS)
+        self.page = self.context.new_page()
+        self.errors: list[str] = []
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.goto(self.base + "/")
+        self.page.get_by_label("API token").fill(token)
+        self.page.get_by_role("button", name="Log in").click()
+        self.page.get_by_role("heading", name="Devices").wait_for()
+
+    def shot(self, name: str) -> None:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        self.page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+    def csrf(self) -> str:
+        return self.context.request.get(self.base + "/web/session").json()["csrf"]
+
+    def close(self) -> None:
+        self.context.close()
+        assert not self.errors, f"JavaScript errors on the dashboard: {self.errors}"
+
+
+@pytest.fixture
+def admin(browser: object, cluster: Cluster) -> Iterator[Dash]:
+    dash = Dash(browser, cluster, cluster.api_token)
+    yield dash
+    dash.close()
+
+
+def row(dash: Dash, device: str) -> Any:
+    return dash.page.locator(f'tr[data-device="{device}"]')
+
+
+def test_login_shows_devices_live_and_offline_when_killed(admin: Dash, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    expect(row(admin, "alpha")).to_contain_text("online")
+    beta = cluster.device("beta")  # appears without a reload, from the fleet stream
+    expect(row(admin, "beta")).to_contain_text("online")
+    admin.shot("devices")
+    beta.kill()
+    expect(row(admin, "beta")).to_contain_text("offline")
+
+
+def test_run_a_tool_from_its_schema_and_watch_the_output(admin: Dash, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    admin.page.get_by_role("link", name="alpha").click()
+    admin.page.get_by_label("Tool").select_option("shell.run")
+    admin.page.locator("#arg-cmd").fill("echo")
+    admin.page.locator("#arg-argv").fill(json.dumps(["streamed-hello"]))
+    admin.page.locator("#arg-cwd").fill(str(cluster.tmp))
+    admin.page.get_by_role("button", name="Run").click()
+    output = admin.page.locator("#tool-output")
+    expect(output).to_contain_text("streamed-hello")
+    expect(output).to_contain_text("[success]")
+    expect(admin.page.get_by_text("Full profile")).to_be_visible()
+    admin.shot("device")
+
+
+def start_plan(dash: Dash, plan: str) -> None:
+    dash.page.get_by_role("link", name="Tasks").click()
+    dash.page.get_by_label("…or a plan").fill(plan)
+    dash.page.get_by_label("Device", exact=True).select_option("alpha")
+    dash.page.get_by_role("button", name="Start").click()
+    dash.page.locator("#question, [data-step]").first.wait_for()
+
+
+def test_task_steps_arrive_its_question_is_answered_and_it_finishes(admin: Dash, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    plan = (f"- skill: shell.run\n  args: {{cmd: echo, argv: [first-step-ran], cwd: '{cluster.tmp}'}}\n"
+            f"- skill: shell.run\n  args: {{cmd: ls, argv: ['{cluster.tmp}/no-such-file'], cwd: '{cluster.tmp}'}}\n")
+    start_plan(admin, plan)
+    events = admin.page.get_by_role("list", name="events")
+    expect(events).to_contain_text("first-step-ran")
+    question = admin.page.locator("#question")
+    expect(question).to_contain_text("failed")
+    expect(admin.page.locator("#badge")).to_have_text("1")
+    admin.shot("task-question")
+    question.get_by_role("button", name="skip this step").click()
+    expect(admin.page.locator("h1 .status")).to_have_text("done")
+    expect(admin.page.locator("#question")).to_have_count(0)
+    admin.shot("task-done")
+    admin.page.get_by_role("link", name="Tasks").click()
+    admin.page.get_by_label("State").select_option("done")
+    expect(admin.page.get_by_role("table", name="tasks")).to_contain_text("done")
+    admin.shot("tasks")
+
+
+def test_cancel_a_running_task(admin: Dash, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    start_plan(admin, f'[{{"skill": "shell.run", "args": {{"cmd": "sleep", "argv": ["60"], "cwd": "{cluster.tmp}"}}}}]')
+    expect(admin.page.get_by_role("list", name="events")).to_contain_text("step_started")
+    admin.page.get_by_role("button", name="Cancel task").click()
+    expect(admin.page.locator("h1 .status")).to_have_text("cancelled")
+
+
+def test_audit_and_tokens_views(admin: Dash) -> None:
+    from playwright.sync_api import expect
+
+    admin.page.get_by_role("link", name="Audit").click()
+    expect(admin.page.get_by_role("table", name="audit")).to_contain_text("alpha")
+    admin.page.get_by_label("device").fill("alpha")
+    admin.page.get_by_role("button", name="Filter").click()
+    expect(admin.page.get_by_role("table", name="audit")).to_contain_text("alpha")
+    admin.shot("audit")
+    admin.page.get_by_role("link", name="Tokens").click()
+    admin.page.get_by_label("Name").fill("made-in-browser")
+    admin.page.get_by_role("checkbox", name="read").check()
+    admin.page.get_by_role("button", name="Create").click()
+    expect(admin.page.locator("#new-secret")).to_contain_text("tapi_")
+    expect(admin.page.get_by_role("table", name="tokens")).to_contain_text("made-in-browser")
+    admin.shot("tokens")
+
+
+def test_read_only_token_sees_no_controls_and_the_server_refuses_anyway(browser: object, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    reader = Dash(browser, cluster, cluster.read_token)
+    try:
+        expect(row(reader, "alpha")).to_be_visible()
+        expect(reader.page.get_by_role("link", name="Audit")).to_be_hidden()
+        reader.page.get_by_role("link", name="alpha").click()
+        expect(reader.page.get_by_text("Full profile")).to_be_visible()
+        expect(reader.page.get_by_role("button", name="Run")).to_have_count(0)
+        reader.page.get_by_role("link", name="Tasks").click()
+        expect(reader.page.get_by_role("table", name="tasks")).to_be_visible()
+        expect(reader.page.locator("#new-task")).to_have_count(0)
+        reader.shot("read-only")
+        refused = reader.context.request.post(
+            f"{reader.base}/api/v1/devices/alpha/commands", headers={"X-CSRF-Token": reader.csrf()},
+            data={"commands": [{"tool_name": "get_system_info", "parameters": {"info_type": "os"}}]})
+        assert refused.status == 403 and "execute" in refused.json()["error"]
+    finally:
+        reader.close()
+
+
+def test_a_cross_site_form_post_is_refused(admin: Dash, cluster: Cluster) -> None:
+    """A page on another origin of the same host (the same *site*: the browser sends the cookie)
+    posts a form at the cancel endpoint; without the CSRF header it is refused and nothing changes."""
+    from playwright.sync_api import expect
+
+    start_plan(admin, f'[{{"skill": "shell.run", "args": {{"cmd": "sleep", "argv": ["60"], "cwd": "{cluster.tmp}"}}}}]')
+    expect(admin.page.get_by_role("list", name="events")).to_contain_text("step_started")
+    task_id = admin.page.url.rsplit("/", 1)[1]
+    evil = f"http://127.0.0.1:{free_port()}/evil"
+    page = admin.context.new_page()  # its console is not the dashboard's: not collected
+    page.route(evil, lambda route: route.fulfill(content_type="text/html", body=(
+        f'<form id=f method=post action="{admin.base}/api/v1/tasks/{task_id}/cancel"></form>'
+        "<script>document.getElementById('f').submit()</script>")))
+    with page.expect_navigation(url=f"{admin.base}/api/v1/tasks/{task_id}/cancel"):
+        page.goto(evil)
+    assert "CSRF" in page.content()
+    page.close()
+    state = httpx.get(f"{admin.base}/api/v1/tasks/{task_id}", headers={"Authorization": f"Bearer {cluster.api_token}"},
+                      timeout=30).json()["state"]
+    assert state == "running"
+    admin.page.get_by_role("button", name="Cancel task").click()
+    expect(admin.page.locator("h1 .status")).to_have_text("cancelled")
+
+
+def test_docs_and_redoc_come_from_packaged_assets(browser: object, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    context = browser.new_context()  # type: ignore[attr-defined]
+    page = context.new_page()
+    outside: list[str] = []
+    # ReDoc's footer asks for a logo on its CDN; the page's Content-Security-Policy blocks it, so no
+    # answer from outside may ever arrive (a fetch that succeeded would show here as a response)
+    page.on("response", lambda r: outside.append(r.url) if not r.url.startswith(
+        (f"http://127.0.0.1:{cluster.port}/", "data:", "blob:")) else None)
+    page.goto(f"http://127.0.0.1:{cluster.port}/docs")
+    expect(page.get_by_role("button", name="Authorize")).to_be_visible(timeout=WAIT_MS)
+    answer = page.goto(f"http://127.0.0.1:{cluster.port}/redoc")
+    assert answer is not None and "img-src 'self' data:" in answer.headers["content-security-policy"]
+    expect(page.get_by_text("tether agent server").first).to_be_visible(timeout=WAIT_MS)
+    context.close()
+    assert not outside, f"fetched from outside the server: {outside}"
