@@ -140,3 +140,63 @@ def test_confirm_without_a_terminal_runs_nothing_and_with_an_answer_runs(tmp_pat
 def test_remote_dry_run_is_refused_clearly(tmp_path: Path) -> None:
     out = _cli(tmp_path, "run", "--dry-run", "--server", "http://127.0.0.1:9", "x")
     assert out.returncode == 2 and "--local" in out.stderr and "Traceback" not in out.stderr
+
+
+# -- a server: tasks created by a token whose plans must be confirmed ----------------------------------------
+
+
+async def test_a_token_with_confirm_destructive_holds_plans_that_change_things(tmp_path: Path) -> None:
+    from task_testkit import AgentServer
+    from tether.tools.policy import default_policy
+
+    root = tmp_path / "alpha"
+    root.mkdir()
+    policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
+    async with AgentServer(tmp_path) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        info, secret = server.store.create_token("api", "careful", ["read", "execute", "approve"],
+                                                 confirm="destructive")
+        assert info.confirm == "destructive"
+        assert [t.confirm for t in server.store.list_tokens() if t.name == "careful"] == ["destructive"]
+        careful = {"Authorization": f"Bearer {secret}"}
+        looking = (await server.api.post("/tasks", json={"device": "alpha", "plan": [
+            {"skill": "list_dir", "args": {"path": str(root)}}]}, headers=careful)).json()
+        assert (await server.finished(looking["id"]))["state"] == "done"  # read-only: not held
+        results = {}
+        for approved in (False, True):
+            target = root / f"{approved}.txt"
+            created = (await server.api.post("/tasks", json={"device": "alpha", "plan": [
+                {"skill": "write_file", "args": {"file_path": str(target), "content": "x"}}]},
+                headers=careful)).json()
+            events = await server.events_until(created["id"], lambda e: e["kind"] == "question")
+            asked = events[-1]["data"]
+            assert asked["kind"] == "confirmation" and asked["question"].startswith("Run this plan?\n1. write_file")
+            waiting = (await server.api.get(f"/tasks/{created['id']}")).json()
+            assert waiting["state"] == "waiting_for_user" and not waiting["steps"] and not target.exists()
+            response = await server.api.post(f"/tasks/{created['id']}/approval", json={"approved": approved},
+                                             headers=careful)
+            assert response.status_code == 200, response.text
+            results[approved] = (await server.finished(created["id"]), target)
+        # the default token (confirm never) is not held
+        plain = await server.create(request="w", device="alpha", plan=[
+            {"skill": "write_file", "args": {"file_path": str(root / "plain.txt"), "content": "p"}}])
+        assert (await server.finished(plain["id"]))["state"] == "done"
+    denied, denied_file = results[False]
+    assert denied["state"] == "cancelled" and denied["error"] == "the plan was not confirmed"
+    assert not denied_file.exists()
+    ran, ran_file = results[True]
+    assert ran["state"] == "done" and ran_file.read_text() == "x"
+    assert ran["questions"][0]["answered_by"] == "api:careful"
+
+
+def test_token_create_confirm_is_checked(tmp_path: Path) -> None:
+    db = str(tmp_path / "server.db")
+    bad = _cli(tmp_path, "token", "create", "--api", "x", "--confirm", "sometimes", "--db", db)
+    assert bad.returncode != 0 and "confirm must be never, destructive or always" in bad.stderr
+    assert "Traceback" not in bad.stderr
+    for_device = _cli(tmp_path, "token", "create", "--device", "d", "--confirm", "always", "--db", db)
+    assert for_device.returncode != 0 and "confirm is for API tokens" in for_device.stderr
+    good = _cli(tmp_path, "token", "create", "--api", "x", "--confirm", "always", "--db", db, "--json")
+    assert good.returncode == 0 and json.loads(good.stdout)["confirm"] == "always"
+    listed = _cli(tmp_path, "token", "list", "--json", "--db", db)
+    assert [t["confirm"] for t in json.loads(listed.stdout)] == ["always"]

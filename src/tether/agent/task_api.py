@@ -71,7 +71,7 @@ async def create_task(body: TaskRequest, request: Request,
     """Create a task and start it; follow it with GET /tasks/{id}/events."""
     plan = Plan(steps=body.plan) if body.plan else None
     task = await _service(request).create(body.request, plan=plan, device=body.device, requires=body.requires,
-                                          devices=body.devices, requested_by=f"api:{who.name}")
+                                          devices=body.devices, requested_by=f"api:{who.name}", confirm=who.confirm)
     return task.summary()
 
 

@@ -121,6 +121,11 @@ def token_create(device: Annotated[str | None, typer.Option("--device", help="a 
                  scope: Annotated[list[str] | None, typer.Option("--scope", help="read, execute, approve "
                                                                  "(answer approvals), admin (repeat; default "
                                                                  "read+execute)")] = None,
+                 confirm: Annotated[str, typer.Option("--confirm", metavar="never|destructive|always",
+                                                      help="an API token: which plans of the tasks it creates "
+                                                           "wait for 'tether approve TASK' before they run "
+                                                           "(destructive: plans with a step that changes "
+                                                           "something)")] = "never",
                  db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Create a token and print it once (only its hash is stored)."""
     from tether.server.store import Store
@@ -131,14 +136,14 @@ def token_create(device: Annotated[str | None, typer.Option("--device", help="a 
     try:
         kind = "device" if device else "api"
         scopes = [] if device else list(scope or ["read", "execute"])
-        info, secret = store.create_token(kind, device or api, scopes)  # type: ignore[arg-type]
+        info, secret = store.create_token(kind, device or api, scopes, confirm)  # type: ignore[arg-type]
     except ValueError as exc:
         fail(str(exc))
     finally:
         store.close()
     if as_json:
         typer.echo(json.dumps({"token": secret, "id": info.id, "kind": info.kind, "name": info.name,
-                               "scopes": info.scopes}))
+                               "scopes": info.scopes, "confirm": info.confirm}))
         return
     console(err=True).print(f"{kind} token for '{info.name}' (id {info.id}"
                             f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}); it is shown only once:")

@@ -116,6 +116,10 @@ _MIGRATIONS: list[str] = [
     );
     CREATE INDEX pairing_status ON pairing (status, expires_at);
     """,
+    # which plans of the tasks an API token creates wait for a person's confirmation (tether.agent.confirm)
+    """
+    ALTER TABLE tokens ADD COLUMN confirm TEXT NOT NULL DEFAULT 'never';
+    """,
 ]
 SENT, UNKNOWN = "sent", "unknown"
 _SESSION_CACHE = 65_536  # session owners kept in memory (the table is the authority; owners never change)
@@ -133,6 +137,7 @@ class TokenInfo(BaseModel):
     created_at: float
     revoked_at: float | None = None
     last_used_at: float | None = None
+    confirm: str = "never"  # never|destructive|always: plans of the tasks it creates that wait for a person
 
     @property
     def active(self) -> bool:
@@ -313,7 +318,8 @@ class Store:
 
     # -- tokens ----------------------------------------------------------------------------------
 
-    def create_token(self, kind: TokenKind, name: str, scopes: list[str] | None = None) -> tuple[TokenInfo, str]:
+    def create_token(self, kind: TokenKind, name: str, scopes: list[str] | None = None,
+                     confirm: str = "never") -> tuple[TokenInfo, str]:
         """Create a token and return its info and the secret, which is not stored and never shown again.
 
         A device token's name is the device's identity. Several active tokens per name are allowed
@@ -333,12 +339,17 @@ class Store:
             if unknown:
                 raise ValueError(f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(SCOPES)}")
             wanted = wanted or ["read"]
+        if confirm not in ("never", "destructive", "always"):
+            raise ValueError(f"confirm must be never, destructive or always, not {confirm!r}")
+        if kind == "device" and confirm != "never":
+            raise ValueError("confirm is for API tokens (the tasks they create); a device token creates none")
         secret = _PREFIX[kind] + secrets.token_urlsafe(32)
-        info = TokenInfo(id=secrets.token_hex(6), kind=kind, name=name, scopes=wanted, created_at=time.time())
+        info = TokenInfo(id=secrets.token_hex(6), kind=kind, name=name, scopes=wanted, created_at=time.time(),
+                         confirm=confirm)
         with self._writing(), self._lock:
             self._conn.execute(
-                "INSERT INTO tokens (id, kind, name, scopes, hash, created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                (info.id, kind, name, json.dumps(wanted), hash_token(secret), info.created_at))
+                "INSERT INTO tokens (id, kind, name, scopes, hash, created_at, confirm) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (info.id, kind, name, json.dumps(wanted), hash_token(secret), info.created_at, confirm))
         return info, secret
 
     def verify_token(self, secret: str) -> TokenInfo | None:
@@ -625,7 +636,7 @@ def _full(row: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _token(row: sqlite3.Row, **override: Any) -> TokenInfo:
-    data = {k: row[k] for k in ("id", "kind", "name", "created_at", "revoked_at", "last_used_at")}
+    data = {k: row[k] for k in ("id", "kind", "name", "created_at", "revoked_at", "last_used_at", "confirm")}
     data["scopes"] = json.loads(row["scopes"])
     data.update(override)
     return TokenInfo(**data)
