@@ -35,6 +35,9 @@ class TaskState(str, Enum):
     DONE = "done"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    # a local task whose tether process stopped mid-way (killed, the machine went down): found so at the
+    # next start, it can only be cancelled or failed, never resumed (its questions had nobody to answer)
+    INTERRUPTED = "interrupted"
 
     @property
     def terminal(self) -> bool:
@@ -42,7 +45,7 @@ class TaskState(str, Enum):
 
 
 TERMINAL_STATES: frozenset[TaskState] = frozenset({TaskState.DONE, TaskState.FAILED, TaskState.CANCELLED})
-_ENDINGS = {TaskState.FAILED, TaskState.CANCELLED}
+_ENDINGS = {TaskState.FAILED, TaskState.CANCELLED, TaskState.INTERRUPTED}
 
 # Which state may follow which. Re-planning goes back through `planning`; every live state may fail
 # or be cancelled; only `running` (the last step succeeded) may end in `done`.
@@ -57,6 +60,7 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
     TaskState.DONE: frozenset(),
     TaskState.FAILED: frozenset(),
     TaskState.CANCELLED: frozenset(),
+    TaskState.INTERRUPTED: frozenset({TaskState.FAILED, TaskState.CANCELLED}),
 }
 
 

@@ -7,13 +7,17 @@ serialized `Task` is simpler than a table per part and keeps every field the exe
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import sqlite3
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tether.agent.task import TERMINAL_STATES, Task, TaskEvent
+from tether.agent.task import TERMINAL_STATES, Task, TaskEvent, TaskState
 from tether.server.store import StoreUnavailable, disk_problem
 
 logger = logging.getLogger(__name__)
@@ -41,6 +45,12 @@ class TaskStore:
         self.path = Path(path).expanduser()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            # tasks hold file contents and command output: only their owner reads them (as server.db)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            os.close(fd)
+            for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
+                if name.exists() and name.stat().st_mode & 0o077:
+                    name.chmod(0o600)
             self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
             self._conn.execute("PRAGMA journal_mode=WAL")
             # WAL with synchronous=NORMAL survives a crash of the process (what a restarted server meets);
@@ -73,12 +83,39 @@ class TaskStore:
 
     def get(self, task_id: str) -> Task | None:
         """The task with this id, or with this unique id prefix (ids are long to type)."""
-        with self._lock:
-            rows = self._conn.execute("SELECT body FROM tasks WHERE id = ? OR id LIKE ? LIMIT 2",
-                                      (task_id, task_id.replace("%", "") + "%")).fetchall()
-        if len(rows) != 1:
+        try:
+            return self.find(task_id)
+        except LookupError:
             return None
+
+    def find(self, task_id: str) -> Task:
+        """The task with this id or unique id prefix; `LookupError` saying which of none/several."""
+        prefix = task_id.replace("%", "").replace("_", "")
+        with self._lock:
+            exact = self._conn.execute("SELECT body FROM tasks WHERE id = ?", (task_id,)).fetchone()
+            rows = [exact] if exact else self._conn.execute(
+                "SELECT body FROM tasks WHERE id LIKE ? LIMIT 2", (prefix + "%",)).fetchall() if prefix else []
+        if not rows:
+            raise LookupError(f"no task '{task_id}' on this machine; 'tether tasks' lists them")
+        if len(rows) > 1:
+            raise LookupError(f"'{task_id}' is the start of several tasks' ids; give more of it")
         return Task.model_validate_json(rows[0][0])
+
+    def mark_interrupted(self, locks: RunLocks) -> list[str]:
+        """Tasks left unfinished by a tether process that is gone (its run lock is free) become
+        `interrupted`, so `tether tasks` never shows a dead task as running; their ids."""
+        marked = []
+        for stale in self.unfinished():
+            with locks.held(stale.id, wait=False) as mine:
+                task = self.get(stale.id) if mine else None  # read again: it may have ended meanwhile
+                if task is None or task.state.terminal or task.state is TaskState.INTERRUPTED:
+                    continue  # its process still runs it, or ended it just now
+                event = task.transition(TaskState.INTERRUPTED, error="the tether process running it stopped")
+                task.error = "interrupted: the tether process running it stopped before it ended"
+                if event is not None:
+                    self.save(task)
+                    marked.append(task.id)
+        return marked
 
     def list(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
         """Newest first; each row is id, request, state, device, created_at, updated_at."""
@@ -96,11 +133,40 @@ class TaskStore:
 
     def unfinished(self) -> list[Task]:
         """Tasks not done, failed or cancelled: what a restarted server must resume or settle."""
-        ended = tuple(s.value for s in TERMINAL_STATES)
+        ended = (*(s.value for s in TERMINAL_STATES), TaskState.INTERRUPTED.value)
         with self._lock:
-            rows = self._conn.execute("SELECT body FROM tasks WHERE state NOT IN (?, ?, ?) ORDER BY created_at",
+            rows = self._conn.execute("SELECT body FROM tasks WHERE state NOT IN (?, ?, ?, ?) ORDER BY created_at",
                                       ended).fetchall()
         return [Task.model_validate_json(row[0]) for row in rows]
+
+
+class RunLocks:
+    """Which local tasks a live tether process is running: each holds an flock on its task's file in
+    `directory` for as long as it runs. The kernel drops the lock when the process dies however it
+    dies (SIGKILL too), so a free lock on an unfinished task means nobody runs it any more."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    @contextlib.contextmanager
+    def held(self, task_id: str, *, wait: bool = True) -> Iterator[bool]:
+        """Hold the task's lock; yields False (without it) when `wait` is off and another process has it."""
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.directory / f"{task_id}.lock"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            except BlockingIOError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+        finally:
+            os.close(fd)
 
 
 class SaveSoon:

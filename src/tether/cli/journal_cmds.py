@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.table import Table
 
 from tether.cli.common import CaOpt, JsonOpt, PolicyOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
+
+if TYPE_CHECKING:
+    from tether.tools.journal import UndoJournal
 
 
 @app.command()
@@ -34,6 +37,7 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
     from tether.tools.policy import load_policy
 
     journal = UndoJournal(Path(state_dir or default_state_dir()))
+    session = _session_named(journal, session, state_dir)
     try:
         report = journal.restore(session, load_policy(policy).write_roots)
     except ValueError as exc:
@@ -50,6 +54,31 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
     for entry in report:
         table.add_row(str(entry.get("action")), str(entry.get("path")), str(entry.get("outcome")))
     console().print(table)
+
+
+def _session_named(journal: UndoJournal, given: str, state_dir: Path | None) -> str:
+    """The journaled session `given` names, whole or by a unique prefix (as `tether tasks` ids are
+    copied); an error exit when it names none or several, so a typo never reads as 'nothing to undo'."""
+    known = [row["session_id"] for row in journal.sessions()]
+    if given in known:
+        return given
+    matching = [name for name in known if name.startswith(given)]
+    if len(matching) == 1:
+        return matching[0]
+    if matching:
+        fail(f"'{given}' is the start of several sessions ({', '.join(matching[:5])}); give more of it", code=1)
+    from tether.cli.local_tasks import open_local_store
+
+    store = open_local_store(state_dir)
+    try:
+        task = store.get(given)
+    finally:
+        store.close()
+    if task is not None:  # a task that changed no files: there is truly nothing to put back
+        console().print(f"nothing to undo: task {task.id} changed no files")
+        raise typer.Exit(0)
+    fail(f"nothing to undo: no session or task '{given}' on this machine ('tether sessions' lists what can "
+         "be undone, 'tether tasks' the tasks)", code=1)
 
 
 @app.command()

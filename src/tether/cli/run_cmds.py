@@ -8,7 +8,6 @@ device when a server, a device or requirements are given (see `task_cmds`). `tet
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -79,6 +78,8 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
             given = load_plan_file(plan)
         except PlanError as exc:
             fail(str(exc))
+        if not given.steps:  # never sent to an LLM as "run the plan in FILE"
+            fail(f"{plan}: the plan has no steps")
     text = request or f"run the plan in {plan}"
     if remote:
         from tether.cli.task_cmds import connect, parse_requires, run_remote
@@ -108,11 +109,12 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
 
 async def _run(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
                state_dir: Path | None, answers: list[str], confirm: str = "never") -> int:
+    from tether.agent.answers import Unanswered
     from tether.agent.executor import DEFAULT_DEVICE_NAME, TaskRunner
     from tether.agent.llm import LLMClient
-    from tether.agent.recovery import AskUser
     from tether.agent.task import Task, TaskEvent, TaskState
     from tether.agent.task_store import SaveSoon
+    from tether.cli.local_tasks import run_locks, terminal_ask
     from tether.device.local import open_device
     from tether.device.profile import collect_profile
 
@@ -132,16 +134,10 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
         saver.on_event(task, event)
         view(event.kind, event.data)
 
-    async def ask(question: AskUser) -> str:  # the question itself was shown with its event
-        if answers:
-            reply = answers.pop(0)
-            out.print(f"  → {reply} (from --answer)")
-            return reply
-        if not sys.stdin.isatty():
-            out.print("  → cancel (no terminal to ask; pass --answer to answer in advance)")
-            return "cancel"
-        return (await asyncio.to_thread(input, "answer (number or text): ")).strip()
-
+    ask = terminal_ask(out, answers)  # the question itself was shown with its event
+    problem = None
+    run_lock = run_locks(state_dir).held(task.id)
+    run_lock.__enter__()  # held while this process runs the task: if it dies, the next start says so
     try:
         from tether.cli.mcp_hooks import cli_hooks
 
@@ -155,10 +151,19 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
                                 ask=ask, on_event=show, profiles=profiles, stream_planning=spinner.enabled)
             out.print(f"task {task.id}")
             await runner.run(task)
+    except Unanswered:
+        task.error = "the question was left unanswered (no terminal to ask and no --answer left)"
+    except Exception as exc:
+        problem = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
+        task.error = task.error or problem
     finally:
         await spinner.aclose()
+        if not task.state.terminal:  # whatever stopped it, the task does not stay 'running'
+            task.transition(TaskState.CANCELLED if problem is None and task.error else TaskState.FAILED,
+                            error=task.error or "stopped")
         store.save(task)
         store.close()
+        run_lock.__exit__(None, None, None)
         if llm is not None:
             await llm.close()
     print_outcome(out, task.state.value, task.answer, task.error, streamed=view.streamed)
@@ -224,7 +229,6 @@ def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique pref
 
 
 def _local_store(state_dir: Path | None) -> Any:
-    from tether.agent.task_store import TaskStore
-    from tether.tools.context import default_state_dir
+    from tether.cli.local_tasks import open_local_store
 
-    return TaskStore(Path(state_dir or default_state_dir()) / "tasks.db")
+    return open_local_store(state_dir)

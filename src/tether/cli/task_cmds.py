@@ -15,7 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from tether.cli.common import CaOpt, JsonOpt, ServerOpt, TokenOpt, app, console, fail
+from tether.agent.answers import AnswerError, parse_answer
+from tether.cli.common import CaOpt, JsonOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
 from tether.cli.task_view import EventView, print_log, print_outcome
 from tether.remote import RemoteError, RemoteServer
 
@@ -106,6 +107,11 @@ def _answer(remote: RemoteServer, task_id: str, question: dict[str, Any], answer
         reply = _reply(task_id, question, answers, out)
         if reply is None:
             return False
+        try:  # the parser a local task uses: empty or out-of-range answers are asked again
+            reply = parse_answer(reply, options, str(question.get("kind") or "question"))
+        except AnswerError as exc:
+            out.print(f"[yellow]{exc}[/yellow]")
+            continue
         chosen = options[int(reply) - 1] if reply.isdigit() and 1 <= int(reply) <= len(options) else reply
         try:
             if question.get("kind") == "approval" and chosen.lower() in _APPROVE | _DENY:
@@ -252,6 +258,21 @@ def deny(task_id: TaskArg, server: ServerOpt = None, token: TokenOpt = None, ca_
 
 @app.command()
 def cancel(task_id: TaskArg, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
-           as_json: JsonOpt = False) -> None:
-    """Cancel a task on the server (the command it is running is stopped on its device)."""
-    _steer(server, token, ca_file, lambda r: r.cancel(task_id), "cancelled", as_json)
+           as_json: JsonOpt = False, state_dir: StateOpt = None,
+           local: Annotated[bool, typer.Option("--local", help="this machine's task, even when TETHER_SERVER "
+                                                               "is set")] = False) -> None:
+    """Cancel a task: on the server with --server (or TETHER_SERVER; the command it is running is stopped
+    on its device), else this machine's (an interrupted one, or one no tether process runs any more)."""
+    if server and not local:
+        _steer(server, token, ca_file, lambda r: r.cancel(task_id), "cancelled", as_json)
+        return
+    from tether.cli.local_tasks import cancel_local
+
+    try:
+        found, state = cancel_local(task_id, state_dir)
+    except (LookupError, ValueError) as exc:
+        fail(str(exc).strip("'\""), code=1)
+    if as_json:
+        typer.echo(json.dumps({"id": found, "state": state}, indent=2))
+        return
+    console().print(f"cancelled; task {found} is {state}")
