@@ -22,10 +22,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tether.agent.answer import format_answer
-from tether.agent.confirm import CONFIRMATION, OPTION_RUN, confirmation_answer, needs_confirmation, plan_text
-from tether.agent.confirm import OPTION_CANCEL as CONFIRM_CANCEL
+from tether.agent.confirm import CONFIRMATION
 from tether.agent.llm import LLMClient, LLMError, how_to_configure
-from tether.agent.observe import observation_context, step_results
+from tether.agent.observe import step_results
 from tether.agent.plan import OBSERVE, Plan, validate_plan
 from tether.agent.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
 from tether.agent.recovery import (
@@ -45,6 +44,7 @@ from tether.agent.recovery import (
 )
 from tether.agent.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.refs import RefError, has_refs, resolve
+from tether.agent.rounds import Rounds, _PlanFailed
 from tether.agent.steps import history_row, match_option, short
 from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
 from tether.protocol.dispatcher import BasicCommandDispatcher
@@ -52,8 +52,6 @@ from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceProfile
 
 DEFAULT_DEVICE_NAME = "local"
-CONFIRM_TRIES = 5  # answers that are neither run nor cancel before a confirmation gives up
-PLANNING_PROGRESS_EVERY = 16  # streamed planner tokens per planning_progress event
 Decision = AutoPatch | Replan | AskUser
 
 
@@ -61,7 +59,7 @@ class _Stop(Exception):
     """The task reached a terminal state; unwinds the loop."""
 
 
-class TaskRunner:
+class TaskRunner(Rounds):
     def __init__(self, dispatchers: Callable[[str | None], BasicCommandDispatcher], llm: LLMClient | None, *,
                  tools: Mapping[str | None, list[ToolInfo]], ask: Callable[[AskUser], Awaitable[str]],
                  on_event: Callable[[TaskEvent], None] | None = None, budgets: Budgets | None = None,
@@ -136,21 +134,6 @@ class TaskRunner:
             task.counters.elapsed_s = self._elapsed()
             self._count_llm(task, llm_before)
         return task
-
-    async def dry_run(self, task: Task) -> list[str]:
-        """Plan the task (or check its given plan) and stop: nothing runs, nothing is asked. The plan is
-        left on the task; the problems that would stop it are returned (empty when it would run)."""
-        if task.plan is not None and task.plan.steps:
-            return validate_plan(task.plan, self.tools) if self.tools else []
-        if self.llm is None:
-            return [how_to_configure()]
-        try:
-            planned = await plan_request(self.llm, task.request, devices=self._devices(),
-                                         policy_summary=self.policy_summary)
-        except (PlanningError, LLMError) as exc:
-            return [f"planning failed: {exc}"]
-        task.plan = Plan(steps=[self._own_device(s) for s in planned.plan.steps])
-        return []
 
     async def _run(self, task: Task) -> None:
         if task.state is TaskState.CREATED:
@@ -257,27 +240,6 @@ class TaskRunner:
         self._emit(task, "step_finished", {"step": index, "attempt": attempt, "status": result.status.value,
                                            "error": result.error, "result": short(result.result)})
         return result
-
-    async def _observe(self, task: Task) -> None:
-        """An observation point: show the LLM what the steps so far returned and let it plan the rest."""
-        assert task.plan is not None
-        index = task.cursor
-        note = str(task.plan.steps[index].args.get("note") or "")
-        if task.counters.observe_rounds >= self.budgets.observe_rounds_per_task:
-            self._end(task, TaskState.FAILED,
-                      f"the task used its budget of {self.budgets.observe_rounds_per_task} observation rounds "
-                      f"before finishing (step {index + 1} asked for another)")
-        if self.llm is None:
-            self._end(task, TaskState.FAILED, "the plan stops to observe at step "
-                                              f"{index + 1}, which needs an LLM: " + how_to_configure())
-        task.counters.observe_rounds += 1
-        self._emit(task, "observe", {"step": index, "round": task.counters.observe_rounds, "note": note})
-        context = observation_context(task, index, note)
-        try:
-            await self._plan(task, recovery_context=context, replace_from=index, observing=True)
-        except _PlanFailed as exc:
-            self._end(task, TaskState.FAILED, f"planning after the observation at step {index + 1} failed: {exc}")
-        self._to(task, TaskState.RUNNING)
 
     async def _decide(self, task: Task, result: Result) -> Decision:
         assert task.plan is not None
@@ -440,53 +402,6 @@ class TaskRunner:
                                   "source": source})
         await self._confirm(task, replace_from)
 
-    async def _confirm(self, task: Task, first: int, existing: Question | None = None) -> None:
-        """Ask a person to confirm the plan's steps from `first` on, when the task's mode says so."""
-        assert task.plan is not None
-        steps = task.plan.steps[first:]
-        if existing is None and not needs_confirmation(task.confirm, steps, self.tools):
-            return
-        record = existing or Question(step=first, question="Run this plan?\n" + plan_text(steps, first),
-                                      options=[OPTION_RUN, CONFIRM_CANCEL], kind=CONFIRMATION)
-        if existing is None:
-            task.questions.append(record)
-            self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
-            self._emit(task, "question", record.model_dump(mode="json"))
-        for _ in range(CONFIRM_TRIES):
-            asked = self.clock()
-            try:
-                raw = await self.ask(AskUser(question=record.question, options=record.options,
-                                             reason=CONFIRMATION, source="user"))
-            finally:
-                self._waited += self.clock() - asked
-            answer = (raw or "").strip()
-            decided = confirmation_answer(answer)
-            if decided is None and answer:  # free words: neither run nor cancel
-                self._emit(task, "user_answer", {"question": record.id, "answer": answer, "ignored": True})
-            if decided is None:
-                continue
-            record.answer = answer
-            record.answered_at = datetime.now(UTC)
-            self._emit(task, "user_answer", {"question": record.id, "answer": answer})
-            if not decided:
-                self._end(task, TaskState.CANCELLED, "the plan was not confirmed")
-            return
-        self._end(task, TaskState.CANCELLED, f"the plan was not confirmed: {CONFIRM_TRIES} answers were neither "
-                                             f"{OPTION_RUN} nor {CONFIRM_CANCEL}")
-
-    def _planning_token(self, task: Task) -> Callable[[str], None]:
-        """Counts the planner's streamed tokens into sparse `planning_progress` events (a display's spinner
-        shows them; one event per token would flood the task's log)."""
-        count = 0
-
-        def on_token(piece: str) -> None:
-            nonlocal count
-            count += 1
-            if count % PLANNING_PROGRESS_EVERY == 0:
-                self._emit(task, "planning_progress", {"tokens": count})
-
-        return on_token
-
     def _own_device(self, step: Any) -> Any:
         if step.device == self.default_device and None in self.tools:
             return step.model_copy(update={"device": None})
@@ -519,10 +434,6 @@ class TaskRunner:
         task.counters.llm_calls += after[0] - before[0]
         task.counters.prompt_tokens += after[1] - before[1]
         task.counters.completion_tokens += after[2] - before[2]
-
-
-class _PlanFailed(Exception):
-    pass
 
 
 _NO_HOOK = object()
