@@ -200,3 +200,46 @@ def test_token_create_confirm_is_checked(tmp_path: Path) -> None:
     assert good.returncode == 0 and json.loads(good.stdout)["confirm"] == "always"
     listed = _cli(tmp_path, "token", "list", "--json", "--db", db)
     assert [t["confirm"] for t in json.loads(listed.stdout)] == ["always"]
+
+
+def test_run_confirm_through_a_server(tmp_path: Path) -> None:
+    """`tether run --confirm` on a server's device: the task waits with its plan (no terminal: exit 3, left
+    waiting for `tether approve`); with `--answer run` it runs."""
+    import re
+
+    from netutil import Cluster
+
+    root = tmp_path / "root"
+    root.mkdir()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"read_roots: [{json.dumps(str(root))}]\nwrite_roots: [{json.dumps(str(root))}]\n")
+    (tmp_path / "cluster").mkdir()
+    cluster = Cluster(tmp_path / "cluster")
+    try:
+        alpha = cluster.device("alpha", extra=("--policy", str(policy)))
+        cluster.wait_online("alpha", alpha)
+        env = {k: v for k, v in cluster.env.items() if not k.startswith(("TETHER_LLM_", "OPENAI_"))}
+        env.update(TETHER_SERVER=f"http://127.0.0.1:{cluster.port}", TETHER_TOKEN=cluster.api_token, NO_COLOR="1")
+
+        def tether(*args: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120,
+                                  stdin=subprocess.DEVNULL)
+
+        held, ran = root / "held.txt", root / "ran.txt"
+        for target in (held, ran):
+            (tmp_path / f"{target.stem}.json").write_text(json.dumps(
+                [{"skill": "write_file", "args": {"file_path": str(target), "content": "x"}}]))
+        waiting = tether("run", "--confirm", "--device", "alpha", "--plan", str(tmp_path / "held.json"))
+        assert waiting.returncode == 3, waiting.stdout + waiting.stderr
+        assert "Run this plan?" in waiting.stdout and not held.exists()
+        task = re.search(r"^task ([0-9a-f]{32}) on ", waiting.stdout, re.M)
+        assert task, waiting.stdout
+        approved = tether("approve", task.group(1))
+        assert approved.returncode == 0, approved.stdout + approved.stderr
+        followed = tether("log", task.group(1), "--follow")
+        assert held.read_text() == "x", followed.stdout + followed.stderr
+        answered = tether("run", "--confirm", "--answer", "run", "--device", "alpha", "--plan",
+                          str(tmp_path / "ran.json"))
+        assert answered.returncode == 0 and ran.read_text() == "x", answered.stdout + answered.stderr
+    finally:
+        cluster.close()

@@ -128,9 +128,12 @@ class RemoteServer:
     # -- tasks --------------------------------------------------------------------------------------
 
     def create_task(self, request: str = "", *, plan: list[dict[str, Any]] | None = None, device: str | None = None,
-                    requires: dict[str, Any] | None = None, devices: list[str] | None = None) -> dict[str, Any]:
+                    requires: dict[str, Any] | None = None, devices: list[str] | None = None,
+                    confirm: str | None = None) -> dict[str, Any]:
         """Create a task (planned by the server's LLM, or `plan` as given) and start it; its summary."""
         body = {"request": request, "plan": plan, "device": device, "requires": requires, "devices": devices or []}
+        if confirm is not None:  # which plans wait for a person's confirmation (the token may be stricter)
+            body["confirm"] = confirm
         return self._request("POST", "/tasks", json=body)
 
     def tasks(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -40,6 +40,9 @@ class TaskRequest(BaseModel):
     device: str | None = Field(None, description="the device to run on (else chosen by `requires`)")
     requires: DeviceRequirements | None = None
     devices: list[str] = Field(default_factory=list, description="other devices the planner may use")
+    confirm: Literal["never", "destructive", "always"] | None = Field(
+        None, description="which plans wait for a person's confirmation; the token's own setting is kept "
+                          "when it is stricter")
 
 
 class Answer(BaseModel):
@@ -53,6 +56,15 @@ class Approval(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     approved: bool
+
+
+_CONFIRM_ORDER = ("never", "destructive", "always")
+
+
+def _stricter(token: str, asked: str | None) -> str:
+    """The stricter of a token's confirmation setting and the one a request asks for."""
+    levels = [c for c in (token, asked) if c in _CONFIRM_ORDER]
+    return max(levels, key=_CONFIRM_ORDER.index) if levels else "never"
 
 
 def _service(request: Request) -> TaskService:
@@ -71,7 +83,8 @@ async def create_task(body: TaskRequest, request: Request,
     """Create a task and start it; follow it with GET /tasks/{id}/events."""
     plan = Plan(steps=body.plan) if body.plan else None
     task = await _service(request).create(body.request, plan=plan, device=body.device, requires=body.requires,
-                                          devices=body.devices, requested_by=f"api:{who.name}", confirm=who.confirm)
+                                          devices=body.devices, requested_by=f"api:{who.name}",
+                                          confirm=_stricter(who.confirm, body.confirm))
     return task.summary()
 
 

@@ -70,8 +70,8 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     if remote and (config or policy or state_dir):
         fail("--config, --policy and --state-dir are for a task on this machine; on a server's device its own "
              "`tether device` settings apply (or pass --local)")
-    if remote and (dry_run or confirm):
-        fail("--dry-run and --confirm work for a task on this machine only so far (pass --local)")
+    if remote and dry_run:
+        fail("--dry-run works for a task on this machine only so far (pass --local)")
     given = None
     if plan is not None:
         try:
@@ -90,7 +90,8 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
             fail(str(exc))
         steps = [s.model_dump(mode="json") for s in given.steps] if given is not None else None
         with connect(server, token, ca_file) as client:
-            code = run_remote(client, text, steps, device, requires, list(answer or []), devices=list(also or []))
+            code = run_remote(client, text, steps, device, requires, list(answer or []), devices=list(also or []),
+                              confirm="always" if confirm else None)
         raise typer.Exit(code)
     try:
         settings = resolve_llm_settings()

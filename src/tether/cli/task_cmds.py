@@ -53,11 +53,13 @@ def connect(server: str | None, token: str | None, ca_file: str | None) -> Remot
 
 
 def run_remote(remote: RemoteServer, request: str, plan: list[dict[str, Any]] | None, device: str | None,
-               requires: dict[str, Any] | None, answers: list[str], devices: list[str] | None = None) -> int:
+               requires: dict[str, Any] | None, answers: list[str], devices: list[str] | None = None,
+               confirm: str | None = None) -> int:
     """Create the task on the server and follow it here, answering its questions; the exit code."""
     out = console()
     try:
-        summary = remote.create_task(request, plan=plan, device=device, requires=requires, devices=devices)
+        summary = remote.create_task(request, plan=plan, device=device, requires=requires, devices=devices,
+                                     confirm=confirm)
     except RemoteError as exc:
         fail(str(exc))
     out.print(f"task {summary['id']} on {summary['device']} ({remote.base_url})")
