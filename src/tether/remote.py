@@ -136,6 +136,13 @@ class RemoteServer:
             body["confirm"] = confirm
         return self._request("POST", "/tasks", json=body)
 
+    def dry_run_task(self, request: str = "", *, plan: list[dict[str, Any]] | None = None,
+                     device: str | None = None, requires: dict[str, Any] | None = None,
+                     devices: list[str] | None = None) -> dict[str, Any]:
+        """The plan the server would run (planned, or `plan` checked), its device and problems; nothing runs."""
+        body = {"request": request, "plan": plan, "device": device, "requires": requires, "devices": devices or []}
+        return self._request("POST", "/tasks/dry-run", json=body)
+
     def tasks(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit}
         if state:

@@ -5,16 +5,19 @@ JavaScript error or console error on the dashboard fails the test."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from netutil import Cluster, free_port
+from netutil import Cluster, TcpProxy, free_port
 from tether.tools.browser_session import find_chromium
 
 ARTIFACTS = Path(os.environ.get("TETHER_TEST_ARTIFACTS", Path(__file__).parent / "artifacts"))
@@ -107,6 +110,22 @@ def test_run_a_tool_from_its_schema_and_watch_the_output(admin: Dash, cluster: C
     admin.shot("device")
 
 
+@contextmanager
+def threaded_proxy(port: int) -> Iterator[tuple[int, Callable[[], None]]]:
+    """netutil's TcpProxy on its own loop in a thread (these tests drive Playwright synchronously)."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    proxy = asyncio.run_coroutine_threadsafe(TcpProxy(port).start(), loop).result(WAIT_MS / 1000)
+    try:
+        yield proxy.port, lambda: loop.call_soon_threadsafe(proxy.cut)
+    finally:
+        asyncio.run_coroutine_threadsafe(proxy.aclose(), loop).result(WAIT_MS / 1000)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(WAIT_MS / 1000)
+        loop.close()
+
+
 def start_plan(dash: Dash, plan: str) -> None:
     dash.page.get_by_role("link", name="Tasks").click()
     dash.page.get_by_label("…or a plan").fill(plan)
@@ -127,8 +146,29 @@ def test_task_steps_arrive_its_question_is_answered_and_it_finishes(admin: Dash,
     expect(question).to_contain_text("failed")
     expect(admin.page.locator("#badge")).to_have_text("1")
     admin.shot("task-question")
-    question.get_by_role("button", name="skip this step").click()
-    expect(admin.page.locator("h1 .status")).to_have_text("done")
+    # a second view of the task, through a proxy that drops its stream: it reconnects and resumes
+    # after the last event it saw, so at the end every event is there once, in order
+    task_id = admin.page.url.rsplit("/", 1)[1]
+    with threaded_proxy(cluster.port) as (proxy, cut):
+        other = admin.context.new_page()
+        other_errors: list[str] = []
+        other.on("pageerror", lambda e: other_errors.append(str(e)))
+        other.goto(f"http://127.0.0.1:{proxy}/#/tasks/{task_id}")
+        other_events = other.get_by_role("list", name="events")
+        expect(other_events).to_have_attribute("data-connects", "1")
+        expect(other_events).to_contain_text("question")
+        cut()  # the task goes on while that view is cut off: the events it misses come on its reconnect
+        question.get_by_role("button", name="skip this step").click()
+        expect(other_events).to_have_attribute("data-connects", "2")
+        expect(admin.page.locator("h1 .status")).to_have_text("done")
+        expect(events).to_contain_text("finished")
+        seqs = [int(s) for s in admin.page.locator("ul.events li").evaluate_all("els => els.map(e => e.dataset.seq)")]
+        assert seqs == list(range(len(seqs))), seqs
+        expect(other.locator("h1 .status")).to_have_text("done")
+        expect(other.locator("ul.events li")).to_have_count(len(seqs))
+        resumed = [int(s) for s in other.locator("ul.events li").evaluate_all("els => els.map(e => e.dataset.seq)")]
+        assert resumed == seqs and not other_errors, (resumed, other_errors)
+        other.close()
     expect(admin.page.locator("#question")).to_have_count(0)
     admin.shot("task-done")
     admin.page.get_by_role("link", name="Tasks").click()
@@ -178,10 +218,17 @@ def test_read_only_token_sees_no_controls_and_the_server_refuses_anyway(browser:
         expect(reader.page.get_by_role("table", name="tasks")).to_be_visible()
         expect(reader.page.locator("#new-task")).to_have_count(0)
         reader.shot("read-only")
+        reader.page.set_viewport_size({"width": 390, "height": 844})  # a phone
+        reader.page.get_by_role("link", name="Devices").click()
+        expect(row(reader, "alpha")).to_be_visible()
+        reader.shot("devices-phone")
         refused = reader.context.request.post(
             f"{reader.base}/api/v1/devices/alpha/commands", headers={"X-CSRF-Token": reader.csrf()},
             data={"commands": [{"tool_name": "get_system_info", "parameters": {"info_type": "os"}}]})
         assert refused.status == 403 and "execute" in refused.json()["error"]
+        reader.page.get_by_role("button", name="Log out").click()
+        expect(reader.page.get_by_label("API token")).to_be_visible()
+        assert reader.context.request.get(f"{reader.base}/api/v1/devices").status == 401  # the cookie is dead
     finally:
         reader.close()
 

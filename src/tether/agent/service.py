@@ -20,7 +20,7 @@ from typing import Any
 
 from tether.agent.executor import TaskRunner
 from tether.agent.llm import LLMClient, LLMSettings
-from tether.agent.plan import Plan
+from tether.agent.plan import Plan, PlanStep
 from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.restart import settle_after_restart
 from tether.agent.steps import discover_tools
@@ -175,6 +175,27 @@ class TaskService:
             raise TaskError(503, f"no task was created: {exc}") from None
         self._start(task)
         return task
+
+    async def dry_run(self, request: str, *, plan: Plan | None = None, device: str | None = None,
+                      requires: DeviceRequirements | None = None, devices: list[str] | None = None
+                      ) -> tuple[str, list[PlanStep], list[str]]:
+        """(the device, the plan, its problems) for a task that is planned or checked and never run."""
+        if not request and (plan is None or not plan.steps):
+            raise TaskError(422, "give a request in plain words, or a plan with at least one step")
+        if plan is None and self.llm is None:
+            raise TaskError(409, "this server has no LLM configured, so it cannot plan a request; give a plan")
+        target = self._pick(device, requires)
+        task = Task(request=request or "run the given plan", plan=plan, device=target, devices=list(devices or []))
+        runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
+                            budgets=self.budgets, default_device=target)
+        try:
+            runner.tools = await self._tools_for(task)
+        except DeviceUnavailable as exc:
+            raise TaskError(409, str(exc)) from None
+        runner.profiles = {name: record.profile for name in runner.tools if name is not None
+                           and (record := self.hub.registry.get(name)) is not None and record.profile is not None}
+        problems = await runner.dry_run(task)
+        return target, list(task.plan.steps) if task.plan is not None else [], problems
 
     def _pick(self, device: str | None, requires: DeviceRequirements | None) -> str:
         if device is not None:

@@ -88,6 +88,17 @@ async def create_task(body: TaskRequest, request: Request,
     return task.summary()
 
 
+@router.post("/dry-run")
+async def dry_run_task(body: TaskRequest, request: Request,
+                       _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """Plan the request (or check the plan) for the device it would run on, and run nothing: the plan, the
+    device and the problems that would stop it (none when it would run). Nothing is stored."""
+    plan = Plan(steps=body.plan) if body.plan else None
+    device, planned, problems = await _service(request).dry_run(body.request, plan=plan, device=body.device,
+                                                                requires=body.requires, devices=body.devices)
+    return {"device": device, "plan": [s.model_dump(mode="json") for s in planned], "problems": problems}
+
+
 @router.get("")
 async def list_tasks(request: Request, _: Annotated[TokenInfo, Depends(require("read"))], limit: int = 50,
                      state: str | None = None) -> list[dict[str, Any]]:

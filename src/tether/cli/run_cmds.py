@@ -70,8 +70,6 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     if remote and (config or policy or state_dir):
         fail("--config, --policy and --state-dir are for a task on this machine; on a server's device its own "
              "`tether device` settings apply (or pass --local)")
-    if remote and dry_run:
-        fail("--dry-run works for a task on this machine only so far (pass --local)")
     given = None
     if plan is not None:
         try:
@@ -89,6 +87,11 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
         except ValueError as exc:
             fail(str(exc))
         steps = [s.model_dump(mode="json") for s in given.steps] if given is not None else None
+        if dry_run:  # --- tether run --dry-run on a server (engineer C): nothing runs, nothing is stored
+            from tether.cli.plan_preview import dry_run_remote
+
+            with connect(server, token, ca_file) as client:
+                raise typer.Exit(dry_run_remote(client, text, steps, device, requires, list(also or [])))
         with connect(server, token, ca_file) as client:
             code = run_remote(client, text, steps, device, requires, list(answer or []), devices=list(also or []),
                               confirm="always" if confirm else None)

@@ -178,7 +178,7 @@ function eventLine(e) {
   return h("li", {"data-seq": e.seq}, h("span", {class: "muted"}, `#${e.seq} `), h("strong", {}, e.kind), " ", String(text || "").slice(0, 2000));
 }
 async function taskView(id) {
-  const header = h("div", {}); const steps = h("div", {}); const ask = h("div", {}); const log = h("ol", {class: "events", "aria-label": "events", start: "0"});
+  const header = h("div", {}); const steps = h("div", {}); const ask = h("div", {}); const log = h("ul", {class: "events", "aria-label": "events"});
   view(header, ask, h("h2", {}, "Steps"), steps, h("h2", {}, "Events"), log);
   let last = -1; let refreshing = null;
   const refresh = async () => {
@@ -209,6 +209,7 @@ async function taskView(id) {
   await refresh();
   const open = () => {  // resumes after the last event seen: nothing lost, nothing repeated
     const es = new EventSource(`/api/v1/tasks/${encodeURIComponent(id)}/events?after=${last}`);
+    es.onopen = () => { log.dataset.connects = String(Number(log.dataset.connects || 0) + 1); };
     S.streams.push(es);
     es.addEventListener("task_event", (m) => { const e = JSON.parse(m.data); if (e.seq <= last) return; last = e.seq; log.append(eventLine(e)); later(); });
     es.addEventListener("end", () => { es.close(); later(); badge(); });

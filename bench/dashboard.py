@@ -1,0 +1,189 @@
+"""The dashboard: how soon a device's state change reaches it, with many devices connected, and how
+much its first load weighs.
+
+    python -m bench.dashboard [--devices N] [--rounds R]
+
+A real `tether server` process (SQLite in a temp directory) with N devices connected (default 1,000,
+as bench/load.py): raw AIP WebSocket clients in this process, each registered with its own device
+token. A session logs in at /web/login as the page does and reads the fleet stream (/web/fleet, SSE)
+as the page's EventSource does. Each round one device reports itself busy (a heartbeat with
+running=1), then idle again: the subject is the time from sending that heartbeat to the stream's
+`device` frame showing the new state.
+
+Anchor, in the same round from the same send: the server's heartbeat reply on the device's own socket
+(one hop in, one out, no dashboard at all), so the ratio is what the fleet stream adds.
+
+First-load size: the bytes of `/` plus the scripts and styles it loads (uncompressed), against the
+issue's goal of 200 KB; anchor: the same for `/docs` (Swagger UI).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import httpx
+from websockets.asyncio.client import ClientConnection, connect
+
+from bench._stats import pct
+from bench.load import free_port, raise_fd_limit
+from tether.protocol.codec import decode_server_message, encode
+from tether.protocol.messages import ClientMessage, ClientMessageType, Registration, ServerMessageType
+from tether.protocol.profile import DeviceProfile
+from tether.server.store import Store
+
+WAIT_S = 60.0
+
+
+@asynccontextmanager
+async def server_process(tmp: Path, port: int) -> AsyncIterator[None]:
+    env = {**os.environ, "TETHER_STATE_DIR": str(tmp / "state"), "NO_COLOR": "1"}
+    env.pop("TETHER_LLM_BASE_URL", None)
+    with (tmp / "server.log").open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tether.cli", "server", "--port", str(port), "--db", str(tmp / "server.db"),
+            "--heartbeat-interval", "5", "--heartbeat-timeout", "3600", "--log-level", "warning",
+            stdout=log, stderr=log, env=env)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
+                for _ in range(600):  # uvicorn offers no event for "started" across processes
+                    if proc.returncode is not None:
+                        raise RuntimeError(f"the server exited: {(tmp / 'server.log').read_text()[-2000:]}")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await http.get("/api/v1/health")).status_code == 200:
+                            break
+                    await asyncio.sleep(0.05)
+                else:
+                    raise RuntimeError("the server did not answer /api/v1/health within 30 s")
+            yield
+        finally:
+            if proc.returncode is None:
+                proc.terminate()
+                try:
+                    await asyncio.wait_for(proc.wait(), 30)
+                except TimeoutError:
+                    proc.kill()
+                    await proc.wait()
+
+
+async def register(url: str, name: str, token: str) -> ClientConnection:
+    ws = await connect(url, additional_headers={"Authorization": f"Bearer {token}"}, ping_interval=None,
+                       max_size=None, open_timeout=WAIT_S)
+    reg = Registration(name=name, instance_id=uuid.uuid4().hex, profile=DeviceProfile())
+    await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, payload=reg.model_dump())))
+    answer = decode_server_message(await asyncio.wait_for(ws.recv(), WAIT_S), 1 << 30)
+    if answer.type is not ServerMessageType.REGISTER_ACK:
+        raise RuntimeError(f"{name} was not registered: {answer}")
+    return ws
+
+
+class Fleet:
+    """The fleet stream as the page reads it: frames parsed, each `device` row handed to a waiter."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.first: asyncio.Future[list[dict]] = asyncio.get_running_loop().create_future()
+        self.waiting: dict[tuple[str, int], asyncio.Future[float]] = {}
+
+    async def read(self) -> None:
+        event = ""
+        async for line in self.response.aiter_lines():
+            if line.startswith("event: "):
+                event = line[7:]
+            elif line.startswith("data: "):
+                data = json.loads(line[6:])
+                now = time.perf_counter()
+                if event == "devices" and not self.first.done():
+                    self.first.set_result(data)
+                elif event == "device":
+                    waiter = self.waiting.pop((data["name"], data["running"]), None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(now)
+
+
+async def first_load(http: httpx.AsyncClient, page: str) -> int:
+    """Bytes of the page and every script and stylesheet it names."""
+    import re
+
+    html = (await http.get(page)).content
+    total = len(html)
+    for ref in re.findall(rb'(?:src|href)="(/web/static/[^"]+\.(?:js|css))"', html):
+        total += len((await http.get(ref.decode())).content)
+    return total
+
+
+async def main(n_devices: int, rounds: int) -> int:
+    raise_fd_limit()
+    with tempfile.TemporaryDirectory(prefix="tether-bench-dash-") as tmp_name:
+        tmp = Path(tmp_name)
+        (tmp / "state").mkdir()
+        store = Store(str(tmp / "server.db"))
+        tokens = {f"dash-{i:04d}": store.create_token("device", f"dash-{i:04d}", [])[1] for i in range(n_devices)}
+        _, api_token = store.create_token("api", "bench", ["read"])
+        store.close()
+        port = free_port()
+        url = f"ws://127.0.0.1:{port}/aip"
+        async with server_process(tmp, port), httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+                                                                timeout=WAIT_S) as http:
+            started = time.perf_counter()
+            sockets: list[ClientConnection] = []
+            names = list(tokens)
+            for i in range(0, n_devices, 100):  # in waves, so the server's accept queue is not the subject
+                sockets += await asyncio.gather(*(register(url, n, tokens[n]) for n in names[i:i + 100]))
+            print(f"{n_devices} devices connected in {time.perf_counter() - started:.1f} s")
+            login = await http.post("/web/login", json={"token": api_token})
+            login.raise_for_status()
+            async with http.stream("GET", "/web/fleet", cookies=login.cookies) as response:
+                fleet = Fleet(response)
+                reader = asyncio.create_task(fleet.read())
+                rows = await asyncio.wait_for(fleet.first, WAIT_S)
+                print(f"fleet stream's first frame: {len(rows)} rows")
+                subject: list[float] = []
+                anchor: list[float] = []
+                probe, name = sockets[n_devices // 2], names[n_devices // 2]
+                for r in range(rounds):
+                    running = 1 - r % 2  # busy, idle, busy, ...
+                    shown = fleet.waiting[(name, running)] = asyncio.get_running_loop().create_future()
+                    sent = time.perf_counter()
+                    await probe.send(encode(ClientMessage(type=ClientMessageType.HEARTBEAT,
+                                                          payload={"running": running})))
+                    while True:  # the heartbeat reply on the device's socket
+                        reply = decode_server_message(await asyncio.wait_for(probe.recv(), WAIT_S), 1 << 30)
+                        if reply.type is ServerMessageType.HEARTBEAT:
+                            anchor.append(time.perf_counter() - sent)
+                            break
+                    subject.append(await asyncio.wait_for(shown, WAIT_S) - sent)
+                reader.cancel()
+            for ws in sockets:
+                await ws.close()
+            dash = await first_load(http, "/")
+            docs = await first_load(http, "/docs")
+    ms = 1000.0
+    print(f"\nstate change -> dashboard (fleet SSE frame), {n_devices} devices, {rounds} rounds")
+    print(f"  subject  p50 {pct(subject, 50) * ms:7.2f} ms  p99 {pct(subject, 99) * ms:7.2f} ms  "
+          f"spread (IQR) {(pct(subject, 75) - pct(subject, 25)) * ms:.2f} ms   goal p99 <= 500 ms")
+    print(f"  anchor   p50 {pct(anchor, 50) * ms:7.2f} ms  p99 {pct(anchor, 99) * ms:7.2f} ms  "
+          "(the heartbeat's own reply on the device socket)")
+    print(f"  ratio of medians {statistics.median(subject) / statistics.median(anchor):.1f}x")
+    print(f"\nfirst load: dashboard {dash / 1024:.1f} KB (goal <= 200 KB); anchor /docs {docs / 1024:.1f} KB "
+          f"({dash / docs:.3f}x)")
+    return 0 if pct(subject, 99) <= 0.5 and dash <= 200 * 1024 else 1
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=200)
+    args = parser.parse_args()
+    raise SystemExit(asyncio.run(main(args.devices, args.rounds)))
