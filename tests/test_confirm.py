@@ -137,9 +137,9 @@ def test_confirm_without_a_terminal_runs_nothing_and_with_an_answer_runs(tmp_pat
     assert target.read_text() == "hi"
 
 
-def test_remote_dry_run_is_refused_clearly(tmp_path: Path) -> None:
-    out = _cli(tmp_path, "run", "--dry-run", "--server", "http://127.0.0.1:9", "x")
-    assert out.returncode == 2 and "--local" in out.stderr and "Traceback" not in out.stderr
+def test_remote_dry_run_to_an_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
+    out = _cli(tmp_path, "run", "--dry-run", "--server", "http://127.0.0.1:9", "--token", "tapi_x", "x")
+    assert out.returncode != 0 and "cannot reach the tether server" in out.stderr and "Traceback" not in out.stderr
 
 
 # -- a server: tasks created by a token whose plans must be confirmed ----------------------------------------
@@ -241,5 +241,18 @@ def test_run_confirm_through_a_server(tmp_path: Path) -> None:
         answered = tether("run", "--confirm", "--answer", "run", "--device", "alpha", "--plan",
                           str(tmp_path / "ran.json"))
         assert answered.returncode == 0 and ran.read_text() == "x", answered.stdout + answered.stderr
+        # a dry run on the server: the plan checked against alpha's tools and shown, nothing run or stored
+        dry, bad = tmp_path / "dry.txt", tmp_path / "bad.json"
+        (tmp_path / "dry.json").write_text(json.dumps(
+            [{"skill": "write_file", "args": {"file_path": str(root / "dry.txt"), "content": "x"}}]))
+        bad.write_text(json.dumps([{"skill": "no.such.tool", "args": {}}]))
+        before = len(json.loads(tether("tasks", "--json").stdout))
+        shown = tether("run", "--dry-run", "--device", "alpha", "--plan", str(tmp_path / "dry.json"))
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert "plan for alpha (dry run, nothing ran):" in shown.stdout and "1. write_file" in shown.stdout
+        assert not (root / "dry.txt").exists() and not dry.exists()
+        refused = tether("run", "--dry-run", "--device", "alpha", "--plan", str(bad))
+        assert refused.returncode == 1 and "unknown skill 'no.such.tool'" in refused.stderr, refused.stderr
+        assert len(json.loads(tether("tasks", "--json").stdout)) == before
     finally:
         cluster.close()

@@ -45,3 +45,28 @@ async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | N
                                 markup=False)
         return 1
     return 0
+
+
+def dry_run_remote(client: Any, request: str, steps: list[dict[str, Any]] | None, device: str | None,
+                   requires: dict[str, Any] | None, also: list[str]) -> int:
+    """The server's dry run (POST /tasks/dry-run): 0 with the plan shown, 1 with its problems listed."""
+    from tether.agent.confirm import plan_text
+    from tether.agent.plan import PlanStep
+    from tether.cli.common import fail
+    from tether.remote import RemoteError
+
+    try:
+        found = client.dry_run_task(request, plan=steps, device=device, requires=requires, devices=also)
+    except RemoteError as exc:
+        fail(str(exc))
+    planned = [PlanStep.model_validate(s) for s in found.get("plan") or []]
+    out = console()
+    if planned:
+        out.print(f"plan for {found.get('device')} (dry run, nothing ran):", highlight=False, markup=False)
+        out.print(plan_text(planned), highlight=False, markup=False)
+    problems = list(found.get("problems") or [])
+    if problems:
+        console(err=True).print("error: the plan has problems:\n" + "\n".join(f"- {p}" for p in problems),
+                                markup=False)
+        return 1
+    return 0
