@@ -213,3 +213,17 @@ def test_tasks_db_is_only_its_owners(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     for name in (fresh / "state").glob("tasks.db*"):
         assert stat.S_IMODE(name.stat().st_mode) == 0o600, name
+
+
+def test_log_shows_each_steps_result_and_what_a_question_got(tmp_path: Path) -> None:
+    plan = tmp_path / "say.yaml"
+    plan.write_text(f"- skill: read_file\n  args: {{file_path: '{tmp_path}/missing.txt'}}\n"
+                    "- skill: shell.run\n"
+                    f"  args: {{cmd: printf, argv: ['first line\\nsecond\\n'], cwd: '{tmp_path}'}}\n")
+    ran = _cli(tmp_path, "run", "--plan", str(plan), "--answer", "2")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    log = _cli(tmp_path, "log", _tasks(tmp_path)[0]["id"][:12])
+    assert log.returncode == 0, log.stderr
+    assert "result: exit 0, stdout: first line (+1 lines)" in log.stdout, log.stdout
+    assert 'decision: ASK_USER: asked "Step 1 (read_file) failed' in log.stdout
+    assert "What should I do?\" → answered: 2 (skip this step)" in log.stdout

@@ -6,6 +6,7 @@ prints a whole task afterwards (`tether log`), `print_outcome` prints how it end
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Any
 
@@ -127,9 +128,12 @@ def print_log(out: Console, task: Task) -> None:
         out.print(f"[cyan]step {record.index + 1} attempt {record.attempt}[/cyan] {record.command.tool_name} "
                   f"{record.command.parameters} → [{style}]{record.result.status.value}[/{style}]"
                   + (f": {record.result.error}" if record.result.error else ""))
+        head = result_head(record.result.result)
+        if head:
+            out.print(f"    result: {head}", markup=False, highlight=False, soft_wrap=True)
         if record.decision:
-            out.print(f"    decision: {record.decision.get('decision')} "
-                      f"{record.decision.get('note') or record.decision.get('suggestion') or ''}")
+            out.print(f"    decision: {decision_line(task, record.index, record.decision)}", markup=False,
+                      highlight=False, soft_wrap=True)
     for event in task.events:
         if event.kind == "step_started" and not any(r.command.call_id == event.data.get("call_id")
                                                     for r in task.steps):
@@ -145,3 +149,40 @@ def print_log(out: Console, task: Task) -> None:
         out.print(f"[bold]answer:[/bold] {task.answer}")
     if task.error:
         out.print(f"[red]error:[/red] {task.error}")
+
+
+def result_head(value: Any, limit: int = 160) -> str:
+    """A step's result in one line: a command's exit code and first output line, a tool's value cut
+    short. The whole result stays in `tether log --json`."""
+    if value is None or value == "" or value == {}:
+        return ""
+    if isinstance(value, dict) and "stdout" in value:
+        code = value.get("exitCode", value.get("exit_code"))
+        parts = [f"exit {code}"] if code is not None else []
+        for stream in ("stdout", "stderr"):
+            lines = [ln for ln in str(value.get(stream) or "").splitlines() if ln.strip()]
+            if lines:
+                more = f" (+{len(lines) - 1} lines)" if len(lines) > 1 else ""
+                parts.append(f"{stream}: {_cut(lines[0], limit)}{more}")
+        return ", ".join(parts)
+    text = value if isinstance(value, str) else json.dumps(value, default=str, ensure_ascii=False)
+    return _cut(" ".join(text.split()), limit)
+
+
+def decision_line(task: Task, index: int, decision: dict[str, Any]) -> str:
+    """A recovery decision, and for ASK_USER the question it asked and the answer it got."""
+    kind = str(decision.get("decision"))
+    detail = str(decision.get("note") or decision.get("suggestion") or "")
+    if kind != "ASK_USER":
+        return f"{kind} {detail}".rstrip()
+    asked = next((q for q in task.questions if q.step == index and q.question == decision.get("question")),
+                 None) or next((q for q in task.questions if q.step == index), None)
+    question = asked.question if asked is not None else str(decision.get("question") or "")
+    answer = "no answer yet" if asked is None or asked.answer is None else f"answered: {asked.answer}"
+    if asked is not None and asked.answer and asked.answer.isdigit() and 1 <= int(asked.answer) <= len(asked.options):
+        answer += f" ({asked.options[int(asked.answer) - 1]})"
+    return f"{kind}: asked \"{question}\" → {answer}"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[:limit - 1] + "…"
