@@ -120,3 +120,39 @@ def test_always_from_exec_adds_the_program_or_only_its_first_argument(setup: Set
         assert out.returncode != 0 and why in out.stderr and "Traceback" not in out.stderr, out.stderr
     local = setup.tether("exec", "shell.run", "cmd=expr", "--always", "program")
     assert local.returncode == 2 and "give --device" in local.stderr
+
+
+def test_always_answers_a_task_approval(setup: Setup) -> None:
+    from tether.server.store import Store
+
+    plan = setup.tmp / "getconf.json"
+    plan.write_text(json.dumps([{"skill": "shell.run", "args": {"cmd": "getconf", "argv": ["PAGE_SIZE"],
+                                                                "cwd": str(setup.tmp)}}]))
+    waiting = setup.tether("run", "--plan", str(plan), "--device", "alpha")
+    assert waiting.returncode == 3, waiting.stdout + waiting.stderr  # nobody here to answer: it waits
+    [task] = [t for t in json.loads(setup.tether("tasks", "--json").stdout) if t["state"] == "waiting_for_user"]
+
+    store = Store(setup.cluster.db)
+    _, approver = store.create_token("api", "approver", ["read", "execute", "approve"])
+    store.close()
+    env_token = setup.env["TETHER_TOKEN"]
+    setup.env["TETHER_TOKEN"] = approver
+    try:
+        refused = setup.tether("approve", task["id"], "--always", "program")
+        assert refused.returncode != 0 and "admin" in refused.stderr and "Traceback" not in refused.stderr
+    finally:
+        setup.env["TETHER_TOKEN"] = env_token
+    bad = setup.tether("approve", task["id"], "--always", "forever")
+    assert bad.returncode == 2 and "program or subcommand" in bad.stderr
+
+    done = setup.tether("approve", task["id"], "--always", "program")
+    assert done.returncode == 0, done.stdout + done.stderr
+    from netutil import wait_for
+
+    ended = wait_for(lambda: (t := setup.cluster.remote.task(task["id"], events=False))["state"] in
+                     ("done", "failed", "cancelled") and t, "the task to end", 60)
+    assert ended["state"] == "done", ended
+    # from now on the program needs no approval on that device, and the change is in its policy
+    assert _result(setup.run("getconf", "PAGE_SIZE"))["status"] == "success"
+    shown = json.loads(setup.tether("policy", "show", "--device", "alpha", "--json").stdout)
+    assert "getconf" in shown["policy"]["commands"]

@@ -163,8 +163,9 @@ class RemoteServer:
         return self._request("POST", f"/devices/{_quote(device)}/questions/{_quote(question)}",
                              json={"action": action, "content": content})
 
-    def approve(self, task_id: str, approved: bool = True) -> dict[str, Any]:
-        return self._request("POST", f"/tasks/{_quote(task_id)}/approval", json={"approved": approved})
+    def approve(self, task_id: str, approved: bool = True, always: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"approved": approved, **({"always": always} if always else {})}
+        return self._request("POST", f"/tasks/{_quote(task_id)}/approval", json=body)
 
     def cancel(self, task_id: str) -> dict[str, Any]:
         return self._request("POST", f"/tasks/{_quote(task_id)}/cancel")

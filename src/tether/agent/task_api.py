@@ -14,7 +14,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -56,6 +56,10 @@ class Approval(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     approved: bool
+    always: Literal["program", "subcommand"] | None = Field(None, description=(
+        "with approved: the 'always' answer to a shell command the device's policy asks about: the program "
+        "(or the program with this first argument as its only subcommand) joins the device's allowlist for "
+        "good, as an audited policy change (needs the admin scope), then the command runs"))
 
 
 _CONFIRM_ORDER = ("never", "destructive", "always")
@@ -137,6 +141,8 @@ async def approve_task(task_id: str, body: Approval, request: Request,
     """Approve or deny the action the task is waiting on (a denial cancels the task). Needs the
     `approve` scope: an agent holding an execute token must not approve its own actions."""
     require_approver(who, "answer an approval")
+    if body.always is not None:
+        await _allow_always(request, task_id, body, who)
     task = _service(request).approve(task_id, body.approved, f"api:{who.name}")
     await asyncio.sleep(0)  # as in answer_task
     return task.summary()
@@ -191,3 +197,43 @@ async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
     finally:
         if queue is not None:
             service.unsubscribe(task.id, queue)
+
+
+async def _allow_always(request: Request, task_id: str, body: Approval, who: TokenInfo) -> None:
+    """Add the waiting shell command's program (or program + first argument) to its device's allowlist."""
+    from tether.server import policy_push
+
+    if not body.approved:
+        raise HTTPException(422, "'always' goes with an approval, not a denial")
+    if not who.allows("admin"):
+        raise HTTPException(403, f"token '{who.name}' lacks the 'admin' scope an 'always' answer needs (it "
+                                 "changes the device's policy); approve once, or ask an admin")
+    service = _service(request)
+    try:
+        task = service.get(task_id)
+    except TaskError as exc:
+        raise HTTPException(exc.status, str(exc)) from None
+    pending = task.pending_question
+    record = next((r for r in reversed(task.steps) if pending is not None and r.index == pending.step), None)
+    if pending is None or pending.kind != "approval" or record is None:
+        raise HTTPException(409, f"task {task.id} has no command waiting for approval")
+    command = record.command
+    if command.tool_name not in ("shell.run", "shell_execute", "shell_execute_read"):
+        raise HTTPException(422, f"'always' is for shell commands; this approval is for {command.tool_name}")
+    params = command.parameters or {}
+    program = str(params.get("cmd") or "").rsplit("/", 1)[-1]
+    argv = params.get("argv") or params.get("args") or []
+    first = next((a for a in argv if isinstance(a, str) and not a.startswith("-")), None)
+    if not program:
+        raise HTTPException(422, "the waiting command names no program (cmd)")
+    if body.always == "subcommand" and first is None:
+        raise HTTPException(422, "'always subcommand' needs a first argument that is not an option")
+    device = record.step.device or task.device
+    if device is None:
+        raise HTTPException(409, "the waiting command's device is not known")
+    rule: dict[str, Any] = {"subcommands": [first]} if body.always == "subcommand" else {}
+    try:
+        await policy_push.change(service.hub, device, {"commands": {program: rule}}, replace=False,
+                                 requested_by=f"api:{who.name}")
+    except policy_push.PolicyRequestFailed as exc:
+        raise HTTPException(exc.status, f"the device's policy was not changed, nothing approved: {exc}") from None

@@ -245,9 +245,15 @@ def answer(task_id: TaskArg, text: Annotated[str, typer.Argument(metavar="ANSWER
 
 @app.command()
 def approve(task_id: TaskArg, deny: Annotated[bool, typer.Option("--deny", help="deny instead")] = False,
+            always: Annotated[str | None, typer.Option(
+                "--always", help="for a shell command the device's policy asks about: 'program' allows the program "
+                                 "on that device for good, 'subcommand' only the program with this first argument "
+                                 "(an audited policy change; admin scope)")] = None,
             server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
     """Approve the action a task on the server waits on (with --deny: deny it, which cancels the task)."""
-    _steer(server, token, ca_file, lambda r: r.approve(task_id, not deny), "denied" if deny else "approved",
+    if always is not None and (deny or always not in ("program", "subcommand")):
+        fail("--always takes program or subcommand, and goes with an approval")
+    _steer(server, token, ca_file, lambda r: r.approve(task_id, not deny, always), "denied" if deny else "approved",
            as_json)
 
 
