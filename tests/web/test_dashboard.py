@@ -274,3 +274,8 @@ def test_docs_and_redoc_come_from_packaged_assets(browser: object, cluster: Clus
     expect(page.get_by_text("tether agent server").first).to_be_visible(timeout=WAIT_MS)
     context.close()
     assert not outside, f"fetched from outside the server: {outside}"
+    document = httpx.get(f"http://127.0.0.1:{cluster.port}/openapi.json", timeout=30).json()
+    assert document["components"]["securitySchemes"]["bearer"] == {
+        "type": "http", "scheme": "bearer", "description": "an API token (tether token create --api)"}
+    assert document["paths"]["/api/v1/devices"]["get"]["security"] == [{"bearer": []}]
+    assert "security" not in document["paths"]["/api/v1/health"]["get"]  # open to anyone

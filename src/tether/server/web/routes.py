@@ -194,7 +194,11 @@ def _declare_bearer(app: FastAPI) -> None:
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearer": {"type": "http", "scheme": "bearer",
                            "description": "an API token (tether token create --api)"}}
-            schema["security"] = [{"bearer": []}]
+            for operations in schema.get("paths", {}).values():  # those that take a token (not /health)
+                for operation in operations.values():
+                    if any(p.get("in") == "header" and p.get("name", "").lower() == "authorization"
+                           for p in operation.get("parameters", [])):
+                        operation["security"] = [{"bearer": []}]
             app.openapi_schema = schema
         return app.openapi_schema
 
