@@ -256,3 +256,33 @@ def test_run_confirm_through_a_server(tmp_path: Path) -> None:
         assert len(json.loads(tether("tasks", "--json").stdout)) == before
     finally:
         cluster.close()
+
+
+async def test_a_plan_waiting_for_confirmation_survives_a_server_restart(tmp_path: Path) -> None:
+    from task_testkit import AgentServer
+    from tether.tools.policy import default_policy
+
+    root = tmp_path / "alpha"
+    root.mkdir()
+    policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
+    db = tmp_path / "server.db"
+    target = root / "later.txt"
+    async with AgentServer(tmp_path, db_path=db) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        _, secret = server.store.create_token("api", "careful", ["read", "execute", "approve"], confirm="always")
+        careful = {"Authorization": f"Bearer {secret}"}
+        created = (await server.api.post("/tasks", json={"device": "alpha", "plan": [
+            {"skill": "write_file", "args": {"file_path": str(target), "content": "later"}}]},
+            headers=careful)).json()
+        asked = await server.events_until(created["id"], lambda e: e["kind"] == "question")
+        assert asked[-1]["data"]["kind"] == "confirmation"
+    async with AgentServer(tmp_path, db_path=db) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha-2")
+        waiting = (await server.api.get(f"/tasks/{created['id']}")).json()
+        assert waiting["state"] == "waiting_for_user" and not target.exists()
+        answered = await server.api.post(f"/tasks/{created['id']}/answer", json={"answer": "run"})
+        assert answered.status_code == 200, answered.text
+        done = await server.finished(created["id"])
+    assert done["state"] == "done", done["error"]
+    assert target.read_text() == "later"
+    assert [e["kind"] for e in done["events"]].count("question") == 1  # resumed with its answer, not asked again
