@@ -279,3 +279,37 @@ def test_docs_and_redoc_come_from_packaged_assets(browser: object, cluster: Clus
         "type": "http", "scheme": "bearer", "description": "an API token (tether token create --api)"}
     assert document["paths"]["/api/v1/devices"]["get"]["security"] == [{"bearer": []}]
     assert "security" not in document["paths"]["/api/v1/health"]["get"]  # open to anyone
+
+
+def test_login_csrf_plan_and_asset_errors_are_clear(cluster: Cluster) -> None:
+    base = f"http://127.0.0.1:{cluster.port}"
+    with httpx.Client(base_url=base, timeout=30) as http:
+        for bad in ("nope", cluster.device_tokens["alpha"]):  # unknown, and a device token
+            refused = http.post("/web/login", json={"token": bad})
+            assert refused.status_code == 401 and "error" in refused.json() and "tether_session" not in refused.cookies
+        assert http.post("/web/login", json={}).status_code == 422
+        assert http.get("/web/session").json()["name"] is None
+        login = http.post("/web/login", json={"token": cluster.api_token})
+        cookie = login.headers["set-cookie"].lower()
+        assert login.status_code == 200 and "httponly" in cookie and "samesite=strict" in cookie
+        csrf = login.json()["csrf"]
+        assert cluster.api_token not in login.text  # the page never sees the token again
+        assert http.get("/api/v1/devices").status_code == 200  # the cookie alone reads
+        no_header = http.post("/web/plan", json={"text": "- skill: x"})
+        assert no_header.status_code == 403 and "CSRF" in no_header.json()["error"]
+        wrong = http.post("/web/plan", json={"text": "- skill: x"}, headers={"X-CSRF-Token": "guess"})
+        assert wrong.status_code == 403
+        ok = http.post("/web/plan", json={"text": "steps:\n  - skill: read_file\n    args: {file_path: /x}"},
+                       headers={"X-CSRF-Token": csrf})
+        assert ok.json() == {"plan": [{"skill": "read_file", "args": {"file_path": "/x"}}]}
+        for text in ("- [unclosed", "just words", "[]"):
+            bad_plan = http.post("/web/plan", json={"text": text}, headers={"X-CSRF-Token": csrf})
+            assert bad_plan.status_code == 400 and bad_plan.json()["error"], text
+        for path in ("/web/static/../routes.py", "/web/static/%2e%2e/routes.py", "/web/static/nothing.js"):
+            assert http.get(path).status_code == 404, path
+        foreign = http.post("/web/login", json={"token": cluster.api_token}, headers={"Origin": "http://evil.example"})
+        assert foreign.status_code == 403 and "cross-site" in foreign.json()["error"]
+        sid = login.cookies["tether_session"]
+        assert http.post("/web/logout", headers={"X-CSRF-Token": csrf}).status_code == 200
+    with httpx.Client(base_url=base, timeout=30, cookies={"tether_session": sid}) as replay:
+        assert replay.get("/api/v1/devices").status_code == 401  # the old cookie is dead on the server
