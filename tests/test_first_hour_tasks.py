@@ -18,6 +18,7 @@ import pytest
 from agent_fakes import FakeLLM
 from netutil import CLI, free_port
 from tether.agent.answers import AnswerError, parse_answer
+from tether.cli.terminal_output import TerminalLines
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -227,3 +228,36 @@ def test_log_shows_each_steps_result_and_what_a_question_got(tmp_path: Path) -> 
     assert "result: exit 0, stdout: first line (+1 lines)" in log.stdout, log.stdout
     assert 'decision: ASK_USER: asked "Step 1 (read_file) failed' in log.stdout
     assert "What should I do?\" → answered: 2 (skip this step)" in log.stdout
+
+
+def test_terminal_lines_join_chunks_and_rewrite_on_carriage_return() -> None:
+    shown: list[tuple[str, str]] = []
+    lines = TerminalLines(lambda stream, line: shown.append((stream, line)))
+    for chunk in ("downloading:", "   0%", "\rdownloading:  25%", "\rdownloading: 100%\nhalf a", " line\r\n"):
+        lines.feed("call-1", "stdout", chunk)
+    lines.feed("call-1", "stderr", "warn")
+    lines.feed("call-1", "stdout", "no end")
+    assert shown == [("stdout", "downloading: 100%"), ("stdout", "half a line")]
+    lines.feed("call-1", "stdout", "\rNO")  # overwrites the start only, as a terminal does
+    lines.flush("call-2")
+    assert len(shown) == 2
+    lines.flush()
+    assert shown[2:] == [("stdout", "NO end"), ("stderr", "warn")]
+
+
+def test_run_shows_a_progress_bar_and_partial_writes_as_a_terminal_would(tmp_path: Path) -> None:
+    script = ("import sys\n"
+              "w = sys.stdout\n"
+              "w.write('downloading:'); w.flush()\n"
+              "for p in (0, 25, 100):\n"
+              "    w.write(f'\\rdownloading: {p:3d}%'); w.flush()\n"
+              "w.write('\\nhalf a'); w.flush()\n"
+              "w.write(' line\\n'); w.flush()\n")
+    (tmp_path / "bar.py").write_text(script)
+    plan = tmp_path / "bar.json"
+    plan.write_text(json.dumps([{"skill": "shell.run", "args": {"cmd": "python3", "argv": [str(tmp_path / "bar.py")],
+                                                                "cwd": str(tmp_path)}}]))
+    out = _cli(tmp_path, "run", "--plan", str(plan))
+    assert out.returncode == 0, out.stdout + out.stderr
+    shown = [line.strip() for line in out.stdout.splitlines() if line.strip().startswith("│")]
+    assert shown == ["│ downloading: 100%", "│ half a line"], out.stdout

@@ -15,6 +15,7 @@ from rich.console import Console
 from tether.agent.task import Task
 from tether.cli.common import progress_line
 from tether.cli.spinner import Spinner
+from tether.cli.terminal_output import TerminalLines
 
 
 def print_question(out: Console, question: str, options: list[str]) -> None:
@@ -33,6 +34,7 @@ class EventView:
         self.streamed = False
         self.questions: set[str] = set()
         self.spinner = spinner  # the status line while the LLM plans or a step runs (a terminal only)
+        self.lines = TerminalLines(self._output_line)  # chunks joined into lines, \r rewriting, per stream
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         if self.spinner is not None:
@@ -44,8 +46,16 @@ class EventView:
         if self.spinner is not None:
             status_after(self.spinner, kind, data)
 
+    def _output_line(self, stream: str, line: str) -> None:
+        self.out.print(f"    │ {line}", style="dim", markup=False, highlight=False, soft_wrap=True)
+
     def _print(self, kind: str, data: dict[str, Any]) -> None:
         out, d = self.out, data
+        if kind == "output":
+            self.lines.feed(str(d.get("call_id") or d.get("step") or ""), str(d.get("stream") or "stdout"),
+                            str(d.get("data", "")))
+            return
+        self.lines.flush()  # anything else (a step's end first) shows a command's unended last line
         if kind == "question":  # a resumed task asks its open question again: show it once
             if d.get("id") in self.questions:
                 return
@@ -62,9 +72,6 @@ class EventView:
             again = f" (attempt {d['attempt']})" if d.get("attempt", 1) > 1 else ""
             where = f" on {d['device']}" if d.get("device") else ""
             out.print(f"[cyan]▶ step {d['step'] + 1}{again}{where}:[/cyan] {d['skill']} {d.get('args')}")
-        elif kind == "output":
-            for line in str(d.get("data", "")).rstrip("\n").splitlines():
-                out.print(f"    │ {line}", style="dim", markup=False, highlight=False)
         elif kind == "progress":
             out.print(f"    │ {progress_line(d)}", style="dim", markup=False, highlight=False)
         elif kind == "elicitation" and d.get("message"):
