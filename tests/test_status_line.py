@@ -116,3 +116,21 @@ async def test_real_terminal_shows_planning_tokens_and_the_running_step(tmp_path
     assert "planning \u2026" in text and "16 tokens" in text, text
     assert "step 1: shell.run \u2026" in text and "It said hello." in text, text
     assert fake.requests[0].get("stream") is True  # the plan was streamed to count its tokens
+
+
+async def test_a_server_task_reports_its_planning_tokens_to_followers(tmp_path: Path) -> None:
+    from task_testkit import AgentServer
+    from tether.tools.policy import default_policy
+
+    root = tmp_path / "alpha"
+    root.mkdir()
+    policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
+    plan = {"steps": [{"skill": "list_dir", "args": {"path": str(root)},
+                       "description": "list the folder, described at length so that the plan streams in many chunks"}]}
+    async with FakeLLM([json.dumps(plan), "Listed."]) as fake, AgentServer(tmp_path, llm=fake.settings()) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(request="list the folder", device="alpha")
+        events = await server.events_until(created["id"], lambda e: False)
+    progress = [e["data"]["tokens"] for e in events if e["kind"] == "planning_progress"]
+    assert progress and progress == sorted(progress) and progress[0] == 16
+    assert fake.requests[0].get("stream") is True

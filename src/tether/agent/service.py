@@ -249,7 +249,8 @@ class TaskService:
         self._live[task.id] = task
         runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
                             on_event=lambda event: self._on_event(task, event), budgets=self.budgets,
-                            command_timeout=self.command_timeout, default_device=task.device or "device")
+                            command_timeout=self.command_timeout, default_device=task.device or "device",
+                            stream_planning=True)  # planning_progress events: followers show the token count
         job = asyncio.create_task(self._drive(task, runner), name=f"task {task.id}")
         self._runners[task.id] = (runner, job)
 

@@ -73,11 +73,15 @@ def run_remote(remote: RemoteServer, request: str, plan: list[dict[str, Any]] | 
 def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[str] | None) -> int:
     """Print a task's events until it ends; with `answers` (a list, maybe empty) also answer its questions,
     from the list first, then in the terminal. 0 done, 1 failed or cancelled, 3 left waiting, 130 detached."""
-    view = EventView(out, echo_answers=answers is None)
+    from tether.cli.spinner import Spinner
+
+    spinner = Spinner()  # the status line, redrawn at each event here (a terminal only)
+    view = EventView(out, echo_answers=answers is None, spinner=spinner)
     waiting_on: dict[str, Any] | None = None
     try:
         for name, data in remote.task_events(task_id):
             if name == "end":
+                spinner.stop()
                 print_outcome(out, data["state"], data.get("answer"), data.get("error"), streamed=view.streamed)
                 return 0 if data["state"] == "done" else 1
             kind, body = data["kind"], data.get("data", {})
@@ -91,6 +95,7 @@ def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[st
             elif kind == "user_answer":
                 waiting_on = None
     except KeyboardInterrupt:
+        spinner.stop()
         out.print(f"\n[yellow]detached: task {task_id} goes on on the server.[/yellow]")
         if waiting_on is not None:
             _how_to_answer(out, task_id, waiting_on)
