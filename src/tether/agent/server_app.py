@@ -30,6 +30,7 @@ def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = 
             store = TaskStore(settings.db_path)
             service = TaskService(app.state.hub, store, llm_settings, budgets=budgets)
             app.state.tasks = service
+            app.state.on_stopping = [*getattr(app.state, "on_stopping", []), service.release_followers]
             if service.llm is not None:  # devices' external MCP servers may sample it, as their policies allow
                 app.state.hub.sampler = service.sample_for_device
             await service.start()

@@ -437,6 +437,12 @@ class TaskService:
         self._subscribers.setdefault(task.id, set()).add(queue)
         return task, past, queue
 
+    def release_followers(self) -> None:
+        """The server is stopping: every follower's stream ends now (its `end` says the task is still
+        going), before the web server waits on open connections and would cancel them mid-frame."""
+        for task_id in list(self._subscribers):
+            self._end_followers(task_id)
+
     def _end_followers(self, task_id: str) -> None:
         """Every follower's stream of this task ends (None): the task ended, or the server closes."""
         for queue in self._subscribers.pop(task_id, set()):

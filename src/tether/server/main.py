@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Callable
 
 import uvicorn
@@ -59,7 +60,20 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
                           lifespan="on", timeout_graceful_shutdown=5)
 
 
+class _Server(uvicorn.Server):
+    """Calls the app's `state.on_stopping` hooks as the shutdown begins: long-lived responses (a task's
+    event stream) end then, instead of being cancelled with a traceback once the grace period is over."""
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        for hook in getattr(getattr(self.config.app, "state", None), "on_stopping", []):
+            try:
+                hook()
+            except Exception:
+                logger.exception("a shutdown hook failed; stopping anyway")
+        await super().shutdown(sockets)
+
+
 def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
                app_factory: AppFactory = create_app) -> None:
-    uvicorn.Server(build_config(settings, allow_insecure=allow_insecure, log_level=log_level,
+    _Server(build_config(settings, allow_insecure=allow_insecure, log_level=log_level,
                                 app_factory=app_factory)).run()
