@@ -180,6 +180,27 @@ def test_task_steps_arrive_its_question_is_answered_and_it_finishes(admin: Dash,
     admin.shot("tasks")
 
 
+def test_an_approval_shows_what_would_change_and_approving_finishes_it(admin: Dash, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    doomed = cluster.tmp / "doomed"
+    doomed.mkdir()
+    (doomed / "notes.txt").write_text("x")
+    made = httpx.post(f"{admin.base}/api/v1/devices/alpha/policy/approve", json={"program": "rm"}, timeout=30,
+                      headers={"Authorization": f"Bearer {cluster.api_token}"})  # rm needs a person's yes now
+    assert made.status_code == 200, made.text
+    start_plan(admin, f"- skill: shell.run\n  args: {{cmd: rm, argv: ['-r', '{doomed}'], cwd: '{cluster.tmp}'}}\n")
+    question = admin.page.locator("#question")
+    expect(question).to_contain_text("Approval needed")
+    expect(question).to_contain_text("rm")
+    expect(admin.page.locator("#badge")).to_have_text("1")  # the badge follows the task's events
+    admin.shot("task-approval")
+    assert doomed.exists()  # nothing happened before the approval
+    question.get_by_role("button", name="approve").click()
+    expect(admin.page.locator("h1 .status")).to_have_text("done")
+    assert not doomed.exists()
+
+
 def test_cancel_a_running_task_started_by_requirements(admin: Dash, cluster: Cluster) -> None:
     from playwright.sync_api import expect
 
