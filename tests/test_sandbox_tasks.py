@@ -351,7 +351,7 @@ def test_cli_run_plan_without_a_terminal_cancels_at_the_approval(home: Home, tmp
     out = tether(env, "run", "--plan", str(plan))  # stdin is not a terminal, no --answer
     text = out.stdout + out.stderr
     assert out.returncode == 1 and "Traceback" not in text, text
-    assert text.count("\n? ") == 1 and "cancelled: cancelled by the user" in text  # asked once, then a clear end
+    assert text.count("\n? ") == 1 and "cancelled: the question was left unanswered" in text  # asked once, a clear end
     assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
 
 
