@@ -343,6 +343,7 @@ def test_login_csrf_plan_and_asset_errors_are_clear(cluster: Cluster) -> None:
         foreign = http.post("/web/login", json={"token": cluster.api_token}, headers={"Origin": "http://evil.example"})
         assert foreign.status_code == 403 and "cross-site" in foreign.json()["error"]
         sid = login.cookies["tether_session"]
+        assert http.post("/web/logout").status_code == 403  # no CSRF token: a foreign page cannot log you out
         assert http.post("/web/logout", headers={"X-CSRF-Token": csrf}).status_code == 200
     with httpx.Client(base_url=base, timeout=30, cookies={"tether_session": sid}) as replay:
         assert replay.get("/api/v1/devices").status_code == 401  # the old cookie is dead on the server

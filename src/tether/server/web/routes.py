@@ -99,7 +99,10 @@ async def session_info(request: Request) -> dict[str, Any]:
 
 
 @web_router.post("/web/logout")
-async def logout(request: Request, _: Annotated[TokenInfo, Depends(require("read"))]) -> JSONResponse:
+async def logout(request: Request) -> JSONResponse:
+    """Whatever the token's scopes; the CSRF token is still required (a foreign page must not log you out)."""
+    if _sessions(request).bearer_for(request) is None:
+        raise HTTPException(401, "not logged in")
     _sessions(request).close(request.cookies.get(COOKIE))
     response = JSONResponse({"logged_out": True})
     response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
