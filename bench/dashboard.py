@@ -10,6 +10,8 @@ as the page's EventSource does. Each round one device reports itself busy (a hea
 running=1), then idle again: the subject is the time from sending that heartbeat to the stream's
 `device` frame showing the new state.
 
+Then the same in the dashboard itself (Chromium, the devices table), R rounds more.
+
 Anchor, in the same round from the same send: the server's heartbeat reply on the device's own socket
 (one hop in, one out, no dashboard at all), so the ratio is what the fleet stream adds.
 
@@ -112,6 +114,53 @@ class Fleet:
                         waiter.set_result(now)
 
 
+# resolves once the row's "load / running" cell ends with the wanted count; woken by DOM mutations
+SHOWN_JS = """([sel, want]) => new Promise((done) => {
+  const shown = () => {
+    const r = document.querySelector(sel);
+    return r && r.cells[5].textContent.endsWith(' / ' + want);
+  };
+  if (shown()) return done();
+  new MutationObserver((_, watch) => { if (shown()) { watch.disconnect(); done(); } })
+    .observe(document.querySelector('tbody'), {childList: true, subtree: true, characterData: true});
+})"""
+
+
+async def browser_rounds(port: int, token: str, probe: ClientConnection, name: str, rounds: int) -> list[float]:
+    """The dashboard itself, in the system Chromium: from the heartbeat's send to the device's row in the
+    page's table showing the new load (waited for on DOM mutations, not by polling)."""
+    from playwright.async_api import async_playwright
+
+    from tether.tools.browser_session import find_chromium
+
+    samples: list[float] = []
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=find_chromium(), args=["--no-sandbox"])
+        try:
+            page = await browser.new_page()
+            await page.goto(f"http://127.0.0.1:{port}/")
+            await page.get_by_label("API token").fill(token)
+            await page.get_by_role("button", name="Log in").click()
+            row = f'tr[data-device="{name}"]'
+            await page.wait_for_selector(row, timeout=WAIT_S * 1000)
+            for r in range(rounds):
+                running = 1 - r % 2
+                shows = asyncio.ensure_future(page.evaluate(SHOWN_JS, [row, running]))
+                await asyncio.sleep(0)  # let the wait be sent to the page first
+                sent = time.perf_counter()
+                await probe.send(encode(ClientMessage(type=ClientMessageType.HEARTBEAT,
+                                                      payload={"running": running})))
+                await shows
+                samples.append(time.perf_counter() - sent)
+                while True:  # its heartbeat reply, so the next round starts clean
+                    reply = decode_server_message(await asyncio.wait_for(probe.recv(), WAIT_S), 1 << 30)
+                    if reply.type is ServerMessageType.HEARTBEAT:
+                        break
+        finally:
+            await browser.close()
+    return samples
+
+
 async def first_load(http: httpx.AsyncClient, page: str) -> int:
     """Bytes of the page and every script and stylesheet it names."""
     import re
@@ -165,6 +214,7 @@ async def main(n_devices: int, rounds: int) -> int:
                             break
                     subject.append(await asyncio.wait_for(shown, WAIT_S) - sent)
                 reader.cancel()
+            shown_in_page = await browser_rounds(port, api_token, sockets[0], names[0], rounds)
             for ws in sockets:
                 await ws.close()
             dash = await first_load(http, "/")
@@ -176,9 +226,11 @@ async def main(n_devices: int, rounds: int) -> int:
     print(f"  anchor   p50 {pct(anchor, 50) * ms:7.2f} ms  p99 {pct(anchor, 99) * ms:7.2f} ms  "
           "(the heartbeat's own reply on the device socket)")
     print(f"  ratio of medians {statistics.median(subject) / statistics.median(anchor):.1f}x")
+    print(f"  page     p50 {pct(shown_in_page, 50) * ms:7.2f} ms  p99 {pct(shown_in_page, 99) * ms:7.2f} ms  "
+          "(the same change seen in the dashboard's table in Chromium, a MutationObserver wait)")
     print(f"\nfirst load: dashboard {dash / 1024:.1f} KB (goal <= 200 KB); anchor /docs {docs / 1024:.1f} KB "
           f"({dash / docs:.3f}x)")
-    return 0 if pct(subject, 99) <= 0.5 and dash <= 200 * 1024 else 1
+    return 0 if max(pct(subject, 99), pct(shown_in_page, 99)) <= 0.5 and dash <= 200 * 1024 else 1
 
 
 if __name__ == "__main__":

@@ -18,4 +18,4 @@ async def test_dashboard_bench_small(capsys: pytest.CaptureFixture[str]) -> None
     assert await main(20, 6) == 0
     out = capsys.readouterr().out
     assert "20 devices connected" in out and "fleet stream's first frame: 20 rows" in out
-    assert "ratio of medians" in out and "first load: dashboard" in out
+    assert "ratio of medians" in out and "seen in the dashboard" in out and "first load: dashboard" in out
