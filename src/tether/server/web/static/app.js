@@ -205,7 +205,11 @@ async function taskView(id) {
         mayAnswer ? q.options.map((o) => h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/answer`, {method: "POST", body: {answer: o, question_id: q.id}}).then(refresh, fail)}, o)) : h("p", {class: "muted"}, "Your token may not answer this.")));
     }
   };
-  const later = () => { if (!refreshing) refreshing = refresh().then(badge).catch(fail).finally(() => { refreshing = null; }); };
+  let again = false;  // an event during a refresh: refresh once more after it, or the view keeps the older state
+  const later = () => {
+    if (refreshing) { again = true; return; }
+    refreshing = refresh().then(badge).catch(fail).finally(() => { refreshing = null; if (again) { again = false; later(); } });
+  };
   await refresh();
   const open = () => {  // resumes after the last event seen: nothing lost, nothing repeated
     const es = new EventSource(`/api/v1/tasks/${encodeURIComponent(id)}/events?after=${last}`);
