@@ -51,7 +51,7 @@ def _post(cluster: Cluster, command: Command, timeout: float = 120) -> http.clie
 
 def _audit_row(cluster: Cluster, call_id: str) -> dict:
     def row():
-        return next((r for r in cluster.remote._request("GET", "/audit", params={"limit": 1000})
+        return next((r for r in cluster.remote._request("GET", "/audit", params={"limit": 500})["rows"]
                      if r["call_id"] == call_id), None)
     return wait_for(row, f"the audit row of {call_id}", 30)  # type: ignore[return-value]
 

@@ -128,7 +128,7 @@ class Server:
                               headers=headers)
 
     def audit_call_ids(self) -> dict[str, str]:
-        return {row["call_id"]: row["status"] for row in self.http.get("/audit", params={"limit": 1000}).json()}
+        return {row["call_id"]: row["status"] for row in self.http.get("/audit", params={"limit": 500}).json()["rows"]}
 
     def cli(self, *args: str) -> subprocess.CompletedProcess:
         env = {**self.env, "TETHER_SERVER": f"http://127.0.0.1:{self.port}", "TETHER_TOKEN": self.token}

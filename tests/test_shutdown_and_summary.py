@@ -98,7 +98,7 @@ def test_a_command_cut_off_by_a_device_shutdown_reports_its_outcome_as_unknown(s
     assert first.status.value == "failure" and first.error.startswith(
         "outcome unknown: the command was running when the device shut down"), first.error
     assert second.status.value == "failure" and second.error == "not run: the device is shutting down"
-    audit = {r["call_id"]: r for r in server.remote._request("GET", "/audit", params={"limit": 20})}
+    audit = {r["call_id"]: r for r in server.remote._request("GET", "/audit", params={"limit": 20})["rows"]}
     assert audit[running.call_id]["error"] == first.error and audit[queued.call_id]["error"] == second.error
     wait_for(lambda: "device alpha offline" in server.proc.output(), "the offline line", 30)
     log = server.proc.output()

@@ -66,9 +66,9 @@ def api(target: Target, secret: str) -> httpx.AsyncClient:
 
 
 def audit(target: Target, device: str) -> list[dict[str, Any]]:
-    answer = target.http.get("/api/v1/audit", params={"device": device, "limit": 1000}, headers=target.auth)
+    answer = target.http.get("/api/v1/audit", params={"device": device, "limit": 500}, headers=target.auth)
     assert answer.status_code == 200, answer.text
-    return answer.json()
+    return answer.json()["rows"]
 
 
 def log_lines(target: Target, *words: str) -> list[str]:

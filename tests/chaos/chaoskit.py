@@ -241,7 +241,7 @@ class ChaosCluster:
         return results
 
     def audit(self) -> list[dict[str, Any]]:
-        return self.remote._request("GET", "/audit", params={"limit": 10_000})
+        return self.remote._request("GET", "/audit", params={"limit": 500})["rows"]
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.url + "/api/v1", headers={"Authorization": f"Bearer {self.api_token}"},

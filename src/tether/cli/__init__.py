@@ -8,6 +8,7 @@ import sys
 
 def main() -> None:
     from tether.cli import (  # noqa: F401
+        audit_cmds,
         demo_cmds,
         journal_cmds,
         pairing_cmds,

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from tether.protocol.models import Result, ToolInfo
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+app = typer.Typer(no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                   help="tether: safe, fast and auditable hands for language-model agents.")
 tools_app = typer.Typer(invoke_without_command=True, help="List tools, or serve a built-in tool set over MCP.")
 token_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke device and API tokens.")
@@ -23,6 +23,21 @@ mcp_app = typer.Typer(no_args_is_help=True,
 app.add_typer(tools_app, name="tools")
 app.add_typer(token_app, name="token")
 app.add_typer(mcp_app, name="mcp")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"tether {version('tether')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(show_version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                     help="print tether's version and exit")] = False) -> None:
+    """tether: safe, fast and auditable hands for language-model agents."""
+
 
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="device config (YAML, or mcpServers JSON)")]
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="policy file (YAML)")]

@@ -397,8 +397,17 @@ async def revoke_token(token: str, request: Request,
 
 @router.get("/audit")
 async def audit(request: Request, _: Annotated[TokenInfo, Depends(require("admin"))], limit: int = 100,
-                device: str | None = None) -> list[dict[str, Any]]:
-    return _store(request).audit_rows(limit=max(1, min(limit, 10_000)), device=device)
+                device: str | None = None, task: str | None = None, token: str | None = None,
+                since: float | None = None, until: float | None = None,
+                before: int | None = None) -> dict[str, Any]:
+    """Audit rows newest first, filtered server-side; `next` is the `before` of the following page
+    (null on the last one). `token` is an API token's name, `task` an id or prefix, times unix seconds."""
+    limit = max(1, min(limit, 500))
+    rows = _store(request).audit_rows(limit=limit + 1, device=device, task=task, token=token, since=since,
+                                      until=until, before=before)
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return {"rows": rows, "next": rows[-1]["id"] if more else None}
 
 
 def _token_dict(info: TokenInfo) -> dict[str, Any]:

@@ -617,17 +617,42 @@ class Store:
                 self._rollback()
                 raise
 
-    def audit_rows(self, limit: int = 100, device: str | None = None) -> list[dict[str, Any]]:
-        """The newest `limit` audit rows, newest first, as plain dicts (ready for JSON)."""
+    def audit_rows(self, limit: int = 100, device: str | None = None, *, task: str | None = None,
+                   token: str | None = None, since: float | None = None, until: float | None = None,
+                   before: int | None = None) -> list[dict[str, Any]]:
+        """The newest `limit` audit rows matching every filter given, newest first, as plain dicts.
+
+        `token` is an API token's name: its own commands and those of the tasks and undos it started
+        (`requested_by` records them as `api:NAME`, `task:ID for api:NAME`, `undo:ID by api:NAME`).
+        `task` is a task id or a prefix of it; `before` is a row id, the cursor of the next page."""
         self.flush_audit()
-        query = "SELECT * FROM audit"
-        params: tuple[Any, ...] = ()
+        where: list[str] = []
+        params: list[Any] = []
         if device is not None:
-            query += " WHERE device = ?"
-            params = (device,)
+            where.append("device = ?")
+            params.append(device)
+        if token is not None:
+            where.append("(requested_by = ? OR requested_by LIKE ? ESCAPE '\\' OR requested_by LIKE ? ESCAPE '\\')")
+            name = _like(f"api:{token}")
+            params += [f"api:{token}", f"% for {name}", f"% by {name}"]
+        if task is not None:
+            where.append("(requested_by LIKE ? ESCAPE '\\' OR requested_by LIKE ? ESCAPE '\\')")
+            prefix = _like(task[:12])
+            params += [f"task:{prefix}%", f"undo:{prefix}%"]
+        for column, op, value in (("at", ">=", since), ("at", "<", until), ("id", "<", before)):
+            if value is not None:
+                where.append(f"{column} {op} ?")
+                params.append(value)
+        # only constant fragments are joined; every value is a bound parameter
+        query = "SELECT * FROM audit" + (" WHERE " + " AND ".join(where) if where else "")  # noqa: S608
         with self._lock:
             rows = self._conn.execute(query + " ORDER BY id DESC LIMIT ?", (*params, int(limit))).fetchall()
         return [dict(r) for r in rows]
+
+
+def _like(text: str) -> str:
+    """`text` with LIKE's wildcards escaped, so a name is matched as written."""
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _full(row: tuple[Any, ...]) -> tuple[Any, ...]:
