@@ -147,3 +147,32 @@ def test_license_matches_pyproject() -> None:
     license_field = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["license"]["text"]
     text = (ROOT / "LICENSE").read_text()
     assert license_field == "MIT" and text.startswith("MIT License")
+
+
+def test_readme_python_blocks_compile() -> None:
+    """A top-level `async with` is a SyntaxError in a script: the README's snippets must run as written."""
+    text = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert blocks
+    for block in blocks:
+        compile(block, "README.md", "exec")
+
+
+def test_devices_shows_tags_and_sandbox(server: AuditServer, tmp_path: Path) -> None:
+    store = Store(server.db)
+    _, device_token = store.create_token("device", "tagged", [])
+    store.close()
+    device = Proc(["device", "--server", f"ws://127.0.0.1:{server.port}", "--name", "tagged", "--tag", "lab",
+                   "--tag", "gpu-box", "--state-dir", str(tmp_path / "dev")], tmp_path / "device.log",
+                  {**server.env, "TETHER_DEVICE_TOKEN": device_token})
+    try:
+        wait_for(lambda: server.http.get("/devices/tagged").json()["status"] == "online", "device online",
+                 procs=(device.popen,))
+        table = server.cli("devices")
+        assert table.returncode == 0, table.stderr
+        header = next(line for line in table.stdout.splitlines() if "name" in line and "sandbox" in line)
+        assert "tags" in header
+        row = next(line for line in table.stdout.splitlines() if "tagged" in line)
+        assert "lab, gpu-box" in row
+    finally:
+        device.stop()

@@ -450,6 +450,8 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
     """Show the server's devices: name, platform, status, last seen, load, sandbox, capabilities."""
     if ctx.invoked_subcommand:
         return
+    from rich.markup import escape
+
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             rows = remote.devices()
@@ -459,7 +461,8 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title=f"{len(rows)} devices")
-    for col in ("name", "platform", "status", "last seen", "load", "running", "queued", "sandbox", "capabilities"):
+    for col in ("name", "platform", "status", "last seen", "load", "running", "queued", "sandbox", "tags",
+                "capabilities"):
         table.add_column(col)
     now = time.time()
     for r in rows:
@@ -467,7 +470,7 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
         style = {"online": "green", "busy": "yellow", "offline": "red"}.get(r["status"], "white")
         table.add_row(r["name"], r.get("platform") or "-", f"[{style}]{r['status']}[/{style}]", seen,
                       str(r.get("load", 0)), str(r.get("running", 0)), str(r.get("queued", 0)),
-                      _sandbox_cell(r.get("sandbox")),
+                      _sandbox_cell(r.get("sandbox")), escape(", ".join(r.get("tags") or [])) or "-",
                       ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else ""))
     console().print(table)
 
