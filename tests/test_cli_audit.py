@@ -176,3 +176,24 @@ def test_devices_shows_tags_and_sandbox(server: AuditServer, tmp_path: Path) -> 
         assert "lab, gpu-box" in row
     finally:
         device.stop()
+
+
+def test_readme_exec_examples_run_as_written(tmp_path: Path) -> None:
+    """The README's write-then-read pair runs as written under the default policy (it read /etc/hostname,
+    outside the default read roots, and was denied); the write is undone afterwards."""
+    import shlex
+
+    lines = [line.split("#", 1)[0] for line in (ROOT / "README.md").read_text().splitlines()]
+    write = next(line for line in lines if line.startswith("tether exec write_file file_path=/tmp/x.txt content=hello"))
+    read = next(line for line in lines if line.startswith("tether exec read_file"))
+    session = f"readme-{tmp_path.name}"
+    argv = [a if a != "s1" else session for a in shlex.split(write)[1:]]
+    Path("/tmp/x.txt").unlink(missing_ok=True)
+    try:
+        done = run_cli(*argv, tmp=tmp_path)
+        assert done.returncode == 0, done.stdout + done.stderr
+        shown = run_cli(*shlex.split(read)[1:], tmp=tmp_path)
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        assert json.loads(shown.stdout)["status"] == "success" and "hello" in shown.stdout
+    finally:
+        run_cli("undo", session, tmp=tmp_path)
