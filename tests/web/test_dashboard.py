@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from netutil import Cluster, TcpProxy, free_port
+from tether.protocol.models import Command
 from tether.tools.browser_session import find_chromium
 
 ARTIFACTS = Path(os.environ.get("TETHER_TEST_ARTIFACTS", Path(__file__).parent / "artifacts"))
@@ -219,9 +220,17 @@ def test_cancel_a_running_task_started_by_requirements(admin: Dash, cluster: Clu
     expect(admin.page.locator("h1 .status")).to_have_text("cancelled")
 
 
-def test_audit_and_tokens_views(admin: Dash) -> None:
+def test_audit_and_tokens_views(admin: Dash, cluster: Cluster) -> None:
     from playwright.sync_api import expect
 
+    for info in ("os", "cpu"):  # two audited commands of its own, whatever ran before
+        cluster.remote.run("alpha", [Command(tool_name="get_system_info", parameters={"info_type": info})], timeout=30)
+    admin.page.goto(f"{admin.base}/#/audit?limit=1")  # one row a page: the newest, then older ones
+    table = admin.page.get_by_role("table", name="audit")
+    expect(table).to_contain_text("cpu")
+    admin.page.get_by_role("link", name="Older entries").click()
+    expect(table).to_contain_text("os")
+    expect(table).not_to_contain_text("cpu")
     admin.page.get_by_role("link", name="Audit").click()
     expect(admin.page.get_by_role("table", name="audit")).to_contain_text("alpha")
     admin.page.get_by_label("device").fill("alpha")

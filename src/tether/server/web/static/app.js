@@ -226,13 +226,14 @@ async function taskView(id) {
 async function auditView(params) {
   const q = new URLSearchParams();
   for (const k of ["device", "task", "token", "since", "until", "before"]) if (params.get(k)) q.set(k, params.get(k));
-  q.set("limit", "100");
+  q.set("limit", params.get("limit") || "100");
   const data = await api(`/api/v1/audit?${q}`);
   const rows = Array.isArray(data) ? data : data.rows; const next = Array.isArray(data) ? null : data.next;
   const form = h("form", {class: "card row", id: "audit-filter", onsubmit: (e) => {
     e.preventDefault(); const p = new URLSearchParams();
     for (const k of ["device", "task", "token"]) if (form[k].value.trim()) p.set(k, form[k].value.trim());
     for (const k of ["since", "until"]) if (form[k].value) p.set(k, String(Math.floor(new Date(form[k].value).getTime() / 1000)));
+    if (params.get("limit")) p.set("limit", params.get("limit"));
     location.hash = `#/audit?${p}`;
   }}, ["device", "task", "token"].map((k) => h("div", {}, h("label", {for: `f-${k}`}, k), h("input", {id: `f-${k}`, name: k, value: params.get(k) || ""}))),
     ["since", "until"].map((k) => h("div", {}, h("label", {for: `f-${k}`}, k), h("input", {id: `f-${k}`, name: k, type: "datetime-local"}))), h("div", {}, h("button", {type: "submit"}, "Filter")));
