@@ -57,7 +57,7 @@ def test_processes_cannot_see_or_change_it(device):
     cluster, state = device
     seen = run(cluster, "shell.run", cmd="cat", argv=[str(state / "device.token")], cwd=str(cluster.tmp))
     assert "tdev_paired_secret" not in json.dumps(seen.model_dump())
-    copied = run(cluster, "shell.run", cmd="cp", argv=["-r", str(state), str(cluster.tmp / "loot")],
+    run(cluster, "shell.run", cmd="cp", argv=["-r", str(state), str(cluster.tmp / "loot")],
                  cwd=str(cluster.tmp))
     assert not (cluster.tmp / "loot" / "device.token").exists() or \
         "tdev_paired_secret" not in (cluster.tmp / "loot" / "device.token").read_text()
