@@ -141,7 +141,7 @@ async def approve_task(task_id: str, body: Approval, request: Request,
     """Approve or deny the action the task is waiting on (a denial cancels the task). Needs the
     `approve` scope: an agent holding an execute token must not approve its own actions."""
     require_approver(who, "answer an approval")
-    if body.always is not None:
+    if body.always is not None and body.approved:  # a denial is a denial, whatever else it says
         await _allow_always(request, task_id, body, who)
     task = _service(request).approve(task_id, body.approved, f"api:{who.name}")
     await asyncio.sleep(0)  # as in answer_task
@@ -203,8 +203,6 @@ async def _allow_always(request: Request, task_id: str, body: Approval, who: Tok
     """Add the waiting shell command's program (or program + first argument) to its device's allowlist."""
     from tether.server import policy_push
 
-    if not body.approved:
-        raise HTTPException(422, "'always' goes with an approval, not a denial")
     if not who.allows("admin"):
         raise HTTPException(403, f"token '{who.name}' lacks the 'admin' scope an 'always' answer needs (it "
                                  "changes the device's policy); approve once, or ask an admin")
