@@ -317,7 +317,9 @@ def device(ctx: typer.Context,
     enrolment = None
     if not secret:
         enrolment = enrol(cfg, server, state_dir, name, ca_file, tls_fingerprint, pair)
-        secret, name = enrolment.token, name or enrolment.name
+        if name and enrolment.name and name != enrolment.name:  # the admin named it when approving
+            _warn(f"paired as {enrolment.name}: --name {name} is not used (the token is {enrolment.name}'s)")
+        secret, name = enrolment.token, enrolment.name or name
         tls_fingerprint = tls_fingerprint or enrolment.tls_fingerprint
     secret_files = [str(p) for p in (token_file, cfg.server.token_file) if p]
     tags = [*(enrolment.tags if enrolment else []), *(tag or [])]

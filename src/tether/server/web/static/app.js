@@ -61,12 +61,35 @@ function devicesView() {
   const body = h("tbody", {});
   const table = h("div", {class: "scroll"}, h("table", {"aria-label": "devices"}, h("thead", {}, h("tr", {},
     ["Device", "Status", "Platform", "Tags", "Sandbox", "Load / running", "Last seen"].map((t, i) => h("th", {scope: "col", class: i === 3 || i === 4 || i === 6 ? "hide-sm" : null}, t)))), body));
-  view(h("h1", {}, "Devices"), table);
+  const pending = h("section", {id: "pairing", "aria-live": "polite"});
+  view(h("h1", {}, "Devices"), pending, table);
+  if (can("admin")) pairingPanel(pending);
   const es = new EventSource("/web/fleet");
   S.streams.push(es);
   const put = (d) => { const old = body.querySelector(`tr[data-device="${CSS.escape(d.name)}"]`); const row = deviceRow(d); old ? old.replaceWith(row) : body.append(row); };
   es.addEventListener("devices", (e) => { body.replaceChildren(); JSON.parse(e.data).forEach(put); });
   es.addEventListener("device", (e) => put(JSON.parse(e.data)));
+}
+
+// devices asking to pair (tether device --pair): an admin compares the code and fingerprint the device
+// shows, then lets it in under a name and tags, or refuses it
+async function pairingPanel(into) {
+  let waiting;
+  try { waiting = await api("/api/v1/pairing"); } catch (x) { return; }  // pairing switched off
+  if (!waiting.length) { into.replaceChildren(); return; }
+  const decide = (code, verb, body) => api(`/api/v1/pairing/${encodeURIComponent(code)}/${verb}`, {method: "POST", body})
+    .then(() => { toast(`${verb === "approve" ? "approved" : "refused"} ${code}`); pairingPanel(into); }, fail);
+  into.replaceChildren(h("h2", {}, `Waiting to pair (${waiting.length})`), h("div", {class: "scroll"}, h("table", {"aria-label": "pairing requests"},
+    h("thead", {}, h("tr", {}, ["Code", "Fingerprint", "Name", "Tags", "From", ""].map((t) => h("th", {scope: "col"}, t)))),
+    h("tbody", {}, waiting.map((r) => {
+      const name = h("input", {"aria-label": `name for ${r.code}`, value: r.requested_name || "", required: true, size: 12});
+      const tags = h("input", {"aria-label": `tags for ${r.code}`, placeholder: "lab, gpu", size: 10});
+      return h("tr", {"data-pairing": r.code}, h("td", {}, h("code", {}, r.code)), h("td", {}, h("code", {}, r.fingerprint.slice(0, 16))),
+        h("td", {}, name), h("td", {}, tags), h("td", {}, r.address),
+        h("td", {}, h("button", {type: "button", onclick: () => decide(r.code, "approve",
+          {name: name.value || null, tags: tags.value.split(",").map((t) => t.trim()).filter(Boolean)})}, "Approve"),
+          " ", h("button", {type: "button", class: "danger", onclick: () => decide(r.code, "refuse")}, "Refuse")));
+    })))));
 }
 
 function fieldFor(name, schema, required) {

@@ -1,0 +1,49 @@
+"""Pairing from the dashboard: a device asking to pair shows up for an admin with its code and
+fingerprint, is approved under a name and a tag, and registers; a reader sees no pairing panel."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import pytest
+from test_dashboard import Dash, browser, row  # noqa: F401 (browser is a fixture)
+
+from netutil import Cluster, wait_for
+
+CODE = re.compile(r"pairing code: ([0-9A-Z]{4}-[0-9A-Z]{4})\s+device fingerprint: ([0-9a-f]{16})")
+
+
+@pytest.fixture
+def cluster(tmp_path) -> Iterator[Cluster]:
+    c = Cluster(tmp_path)
+    yield c
+    c.close()
+
+
+def test_approve_a_pairing_device_from_the_dashboard(browser: object, cluster: Cluster) -> None:  # noqa: F811
+    from playwright.sync_api import expect
+
+    device = cluster.start(["device", "--server", f"ws://127.0.0.1:{cluster.port}", "--pair", "--name", "kiosk",
+                            "--state-dir", str(cluster.state / "kiosk")], "kiosk")
+    code, fingerprint = wait_for(lambda: CODE.search(device.output()), "pairing code", 60, (device.popen,)).groups()
+    admin = Dash(browser, cluster, cluster.api_token)
+    try:
+        request = admin.page.locator(f'tr[data-pairing="{code}"]')
+        expect(request).to_contain_text(fingerprint)
+        request.get_by_label(f"name for {code}").fill("kiosk-1")
+        request.get_by_label(f"tags for {code}").fill("lobby, lab")
+        admin.shot("pairing")
+        request.get_by_role("button", name="Approve").click()
+        expect(row(admin, "kiosk-1")).to_contain_text("online")
+        expect(row(admin, "kiosk-1")).to_contain_text("lobby, lab")
+        expect(admin.page.locator("#pairing")).not_to_contain_text(code)
+    finally:
+        admin.close()
+
+    reader = Dash(browser, cluster, cluster.read_token)
+    try:
+        expect(row(reader, "kiosk-1")).to_be_visible()
+        expect(reader.page.locator("#pairing table")).to_have_count(0)
+    finally:
+        reader.close()
