@@ -124,7 +124,7 @@ def test_tether_audit_errors_are_one_line(server: AuditServer, tmp_path: Path) -
     assert anonymous.returncode != 0 and anonymous.stderr.startswith("error:") and "Traceback" not in anonymous.stderr
     gone = subprocess.run([*CLI, "audit", "--server", f"http://127.0.0.1:{free_port()}", "--token", "x"],
                           env=tether_env(tmp_path), capture_output=True, text=True, timeout=60)
-    assert gone.returncode == 2 and gone.stderr.startswith("error: cannot reach the tether server")
+    assert gone.returncode == 4 and gone.stderr.startswith("error: cannot reach the tether server")  # ExitCode
 
 
 def run_cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:

@@ -25,8 +25,15 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
+        from tether.remote import RemoteError
         from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
 
+        if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
+            from tether.cli.common import ExitCode, remote_message
+
+            print(f"error: {remote_message(exc)}", file=sys.stderr)
+            sys.exit(ExitCode.UNREACHABLE if exc.status is None else ExitCode.USAGE if exc.status == 401
+                     else ExitCode.FAILED)
         if not isinstance(exc, StoreUnavailable):
             raise
         # a full or read-only disk under the state directory: one line, no traceback

@@ -11,7 +11,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tether.cli.common import CaOpt, JsonOpt, ServerOpt, TokenOpt, app, console, fail
+from tether.cli.common import CaOpt, ExitCode, JsonOpt, ServerOpt, TokenOpt, app, console, fail, fail_remote
 
 _PAGE = 500  # the endpoint's largest page
 
@@ -60,7 +60,7 @@ def audit(device: Annotated[str | None, typer.Option("--device", "-d", help="onl
                 if before is None:
                     break
     except RemoteError as exc:
-        fail(str(exc))
+        fail_remote(exc, ExitCode.USAGE)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

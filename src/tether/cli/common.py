@@ -5,16 +5,108 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from enum import IntEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.table import Table
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from tether.protocol.models import Result, ToolInfo
 
-app = typer.Typer(no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
+if TYPE_CHECKING:
+    from tether.remote import RemoteError  # httpx: imported by the commands that talk to a server
+
+
+class ExitCode(IntEnum):
+    """tether's exit codes, the same in every command (README, "Exit codes")."""
+
+    OK = 0
+    FAILED = 1  # the task, command or request failed, or the server refused it
+    USAGE = 2  # bad arguments, or a bad config, policy or plan file (click's usage errors are 2 as well)
+    WAITING = 3  # a person must act: a question left unanswered, an approval pending
+    UNREACHABLE = 4  # the server could not be reached, or the connection to it was lost
+
+
+# Top-level commands by topic, in the order `tether --help` lists them: what a newcomer runs first, first.
+COMMAND_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Run things", ("run", "exec", "demo")),
+    ("Tasks", ("tasks", "log", "answer", "approve", "deny", "cancel", "undo", "sessions")),
+    ("Fleet", ("devices", "policy", "audit", "tools")),
+    ("Set-up", ("server", "device", "token", "mcp")),
+)
+
+
+class _Option(TyperOption):
+    """Labels a value by what to type (TEXT, PATH, N), a flag by nothing: typer 0.29's default labels
+    (`<bool>`, `<list[str]>`) are Python annotations that read as argument names."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        if self.metavar is not None:
+            return self.metavar
+        if self.is_flag:
+            return None
+        return _type_label(self.type_descriptor)
+
+
+class _Argument(TyperArgument):
+    """An argument is shown by its name (REQUEST, TASK); a type label beside it only repeats it."""
+
+    def display_type_rich(self, ctx: Any) -> str | None:
+        return None
+
+
+def _type_label(desc: Any) -> str:
+    if desc.is_choice:
+        return "|".join(str(getattr(c, "value", c)) for c in desc.choices or ())
+    if desc.is_path:
+        return "PATH"
+    annotation = desc.annotation
+    if desc.is_list:
+        args = getattr(annotation, "__args__", ()) or (str,)
+        annotation = args[0]
+    return {int: "N", float: "NUMBER", bool: "BOOL"}.get(annotation, "TEXT")
+
+
+def _label(params: list[Any]) -> list[Any]:
+    for param in params:
+        if type(param) is TyperOption:
+            param.__class__ = _Option  # same fields, only the help label differs
+        elif type(param) is TyperArgument:
+            param.__class__ = _Argument
+            param.metavar = param.metavar or str(param.name).upper()
+    return params
+
+
+def _tidy(command: Any) -> None:
+    """Label the parameters of `command` and its sub-commands for people (see `_Option`). Through
+    `get_params`, because click adds `--help` (and typer the completion options) only there."""
+    original = command.get_params
+    command.get_params = lambda ctx: _label(original(ctx))
+    _label(command.params)
+    for sub in getattr(command, "commands", {}).values():
+        _tidy(sub)
+
+
+class TetherGroup(TyperGroup):
+    """The root group: commands in topic panels and a useful order, parameters labelled for people."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        _tidy(self)
+        for panel, names in COMMAND_PANELS:
+            for name in names:
+                if name in self.commands:
+                    self.commands[name].rich_help_panel = panel  # type: ignore[attr-defined]
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        ordered = [name for _, names in COMMAND_PANELS for name in names if name in self.commands]
+        return ordered + [name for name in self.commands if name not in ordered]
+
+
+app = typer.Typer(cls=TetherGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                   help="tether: safe, fast and auditable hands for language-model agents.")
 tools_app = typer.Typer(invoke_without_command=True, help="List tools, or serve a built-in tool set over MCP.")
 token_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke device and API tokens.")
@@ -42,12 +134,14 @@ def _root(show_version: Annotated[bool, typer.Option("--version", callback=_vers
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="device config (YAML, or mcpServers JSON)")]
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="policy file (YAML)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
-StateOpt = Annotated[Path | None, typer.Option("--state-dir", help="where the undo journal lives")]
-DeviceOpt = Annotated[str | None, typer.Option("--device", "-d", help="run on this device through the server")]
-ServerOpt = Annotated[str | None, typer.Option("--server", envvar="TETHER_SERVER",
+StateOpt = Annotated[Path | None, typer.Option("--state-dir", metavar="DIR", help="where the undo journal lives")]
+DeviceOpt = Annotated[str | None, typer.Option("--device", "-d", metavar="DEVICE",
+                                               help="run on this device through the server")]
+ServerOpt = Annotated[str | None, typer.Option("--server", envvar="TETHER_SERVER", metavar="URL",
                                                help="agent server URL (default http://127.0.0.1:8765)")]
-TokenOpt = Annotated[str | None, typer.Option("--token", envvar="TETHER_TOKEN", help="API token")]
-CaOpt = Annotated[str | None, typer.Option("--ca-file", envvar="TETHER_CA_FILE",
+TokenOpt = Annotated[str | None, typer.Option("--token", envvar="TETHER_TOKEN", metavar="TOKEN",
+                                              help="API token (better in TETHER_TOKEN: a flag shows in ps)")]
+CaOpt = Annotated[str | None, typer.Option("--ca-file", envvar="TETHER_CA_FILE", metavar="FILE",
                                            help="CA certificate to verify a self-signed server")]
 
 
@@ -58,6 +152,28 @@ def console(err: bool = False) -> Console:
 def fail(message: str, code: int = 2) -> NoReturn:
     console(err=True).print(f"[red]error:[/red] {message}")
     raise typer.Exit(code)
+
+
+def remote_message(exc: RemoteError) -> str:
+    """The server's refusal in CLI terms: what to set or pass, not which HTTP header to send."""
+    text = str(exc)
+    if exc.status == 401 and "missing bearer token" in text:
+        return ("no API token: set TETHER_TOKEN or pass --token (on the server's machine, "
+                "'tether token create --api NAME' makes one)")
+    if exc.status == 401 and "unknown or revoked token" in text:
+        return "the API token (TETHER_TOKEN or --token) is unknown or revoked: 'tether token list' shows the live ones"
+    if exc.status is None and "cannot reach" in text:
+        return f"{text}\n  is it running ('tether server')? --server or TETHER_SERVER say where it is"
+    return text.replace("('Authorization: Bearer <api token>')", "(set TETHER_TOKEN or pass --token)")
+
+
+def fail_remote(exc: RemoteError, code: int = ExitCode.FAILED, hint: str = "") -> NoReturn:
+    """One place that turns a server's no into an exit: unreachable is always `ExitCode.UNREACHABLE`."""
+    if exc.status is None:
+        code = ExitCode.UNREACHABLE
+    elif exc.status == 401:  # no token or a dead one: set-up, whatever the command
+        code = ExitCode.USAGE
+    fail(remote_message(exc) + hint, code)
 
 
 def run_async(coro: Any) -> Any:

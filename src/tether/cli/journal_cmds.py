@@ -93,8 +93,9 @@ def sessions(state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
         return
     table = Table(title="journaled sessions")
     keys = list(rows[0]) if rows else ["session_id"]
-    for key in keys:
-        table.add_column(key)
+    for key in keys:  # the id is what `tether undo` takes: whole, never cut or wrapped on a narrow terminal
+        table.add_column(key, no_wrap=key == "session_id",
+                         min_width=max((len(str(r[key])) for r in rows), default=0) if key == "session_id" else None)
     for row in rows:
         table.add_row(*(str(row.get(k)) for k in keys))
     console().print(table)

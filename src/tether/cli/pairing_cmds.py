@@ -12,7 +12,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tether.cli.common import CaOpt, JsonOpt, ServerOpt, TokenOpt, console, fail
+from tether.cli.common import CaOpt, ExitCode, JsonOpt, ServerOpt, TokenOpt, console, fail, fail_remote
 from tether.cli.server_cmds import devices_app
 from tether.remote import RemoteError, RemoteServer
 
@@ -90,7 +90,7 @@ def pending(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = N
         with _remote(server, token, ca_file) as remote:
             rows = remote.pairing_requests()
     except RemoteError as exc:
-        fail(str(exc))
+        fail_remote(exc, ExitCode.USAGE)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
@@ -115,7 +115,7 @@ def approve(code: Annotated[str, typer.Argument(help="the code the device shows"
         with _remote(server, token, ca_file) as remote:
             done = remote.approve_pairing(code, name, tag or [])
     except RemoteError as exc:
-        fail(str(exc))
+        fail_remote(exc, ExitCode.USAGE)
     console().print(f"approved {done['code']}: the device joins as {escape(done['name'])}"
                     + (f" with tags {', '.join(done['tags'])}" if done.get("tags") else ""), soft_wrap=True)
 
@@ -128,5 +128,5 @@ def refuse(code: Annotated[str, typer.Argument(help="the code the device shows")
         with _remote(server, token, ca_file) as remote:
             remote.refuse_pairing(code)
     except RemoteError as exc:
-        fail(str(exc))
+        fail_remote(exc, ExitCode.USAGE)
     console().print(f"refused {code}")

@@ -52,13 +52,13 @@ def dry_run_remote(client: Any, request: str, steps: list[dict[str, Any]] | None
     """The server's dry run (POST /tasks/dry-run): 0 with the plan shown, 1 with its problems listed."""
     from tether.agent.confirm import plan_text
     from tether.agent.plan import PlanStep
-    from tether.cli.common import fail
+    from tether.cli.common import ExitCode, fail_remote
     from tether.remote import RemoteError
 
     try:
         found = client.dry_run_task(request, plan=steps, device=device, requires=requires, devices=also)
     except RemoteError as exc:
-        fail(str(exc))
+        fail_remote(exc, ExitCode.USAGE)
     planned = [PlanStep.model_validate(s) for s in found.get("plan") or []]
     out = console()
     if planned:

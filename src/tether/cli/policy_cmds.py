@@ -12,7 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
-from tether.cli.common import CaOpt, JsonOpt, ServerOpt, TokenOpt, app, console, fail
+from tether.cli.common import CaOpt, ExitCode, JsonOpt, ServerOpt, TokenOpt, app, console, fail, fail_remote
 
 policy_app = typer.Typer(no_args_is_help=True, help="Show or change a device's policy through the server.")
 app.add_typer(policy_app, name="policy")
@@ -29,7 +29,7 @@ def _remote(server: str | None, token: str | None, ca_file: str | None, call: An
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             return call(remote)
     except RemoteError as exc:
-        fail(str(exc), 1)
+        fail_remote(exc, ExitCode.FAILED)
 
 
 def _print(report: dict[str, Any], as_json: bool, title: str) -> None:

@@ -17,6 +17,7 @@ from tether.cli.common import (
     CaOpt,
     ConfigOpt,
     DeviceOpt,
+    ExitCode,
     JsonOpt,
     PolicyOpt,
     ServerOpt,
@@ -25,6 +26,7 @@ from tether.cli.common import (
     app,
     console,
     fail,
+    fail_remote,
 )
 from tether.cli.task_view import EventView, print_log, print_outcome
 
@@ -192,7 +194,7 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
             with connect(server, token, ca_file) as remote:
                 rows = remote.tasks(limit, state)
         except RemoteError as exc:
-            fail(str(exc), code=1)
+            fail_remote(exc, ExitCode.FAILED)
         print_tasks(rows, as_json, f" on {remote.base_url}")
         return
     store = _local_store(state_dir)

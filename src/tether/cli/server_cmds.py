@@ -20,6 +20,7 @@ from rich.table import Table
 from tether.cli.common import (
     CaOpt,
     ConfigOpt,
+    ExitCode,
     JsonOpt,
     PolicyOpt,
     ServerOpt,
@@ -28,6 +29,7 @@ from tether.cli.common import (
     app,
     console,
     fail,
+    fail_remote,
     token_app,
 )
 from tether.remote import RemoteError, RemoteServer
@@ -62,8 +64,9 @@ def _settings(**overrides: object):
 @server_app.callback(invoke_without_command=True)
 def server(ctx: typer.Context, host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
            port: Annotated[int, typer.Option(help="port")] = 8765, db: DbOpt = None,
-           tls_cert: Annotated[Path | None, typer.Option("--tls-cert")] = None,
-           tls_key: Annotated[Path | None, typer.Option("--tls-key")] = None,
+           tls_cert: Annotated[Path | None, typer.Option(
+               "--tls-cert", help="PEM certificate (chain): serve HTTPS and wss")] = None,
+           tls_key: Annotated[Path | None, typer.Option("--tls-key", help="PEM private key of --tls-cert")] = None,
            heartbeat_interval: Annotated[float | None, typer.Option(help="seconds")] = None,
            heartbeat_timeout: Annotated[float | None, typer.Option(help="seconds")] = None,
            grace_period: Annotated[float | None, typer.Option(help="seconds a dropped device's batches wait")] = None,
@@ -80,7 +83,8 @@ def server(ctx: typer.Context, host: Annotated[str, typer.Option(help="address t
            pairing: Annotated[bool, typer.Option(
                "--pairing/--no-pairing", help="let devices without a token ask to pair (an admin approves each)")
            ] = True,
-           log_level: Annotated[str, typer.Option()] = "info") -> None:
+           log_level: Annotated[str, typer.Option(metavar="debug|info|warning|error",
+                                                  help="server log detail")] = "info") -> None:
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
     if ctx.invoked_subcommand:
         return
@@ -274,7 +278,9 @@ def device(ctx: typer.Context,
            token_file: Annotated[Path | None, typer.Option(
                "--token-file", help="file holding the device token (or set TETHER_DEVICE_TOKEN, which the device "
                                     "clears; a token is never taken from the command line)")] = None,
-           token: Annotated[str | None, typer.Option("--token", hidden=True)] = None,
+           token: Annotated[str | None, typer.Option(
+               "--token", hidden=True, help="refused: a command line shows in ps; use --token-file or "
+                                            "TETHER_DEVICE_TOKEN")] = None,
            name: Annotated[str | None, typer.Option("--name", help="must match the token's device")] = None,
            config: ConfigOpt = None, policy: PolicyOpt = None, state_dir: StateOpt = None, ca_file: CaOpt = None,
            tag: Annotated[list[str] | None, typer.Option("--tag", help="a tag for device selection")] = None,
@@ -458,7 +464,7 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             rows = remote.devices()
     except RemoteError as exc:
-        fail(str(exc))
+        fail_remote(exc, ExitCode.USAGE)
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return

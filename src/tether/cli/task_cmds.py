@@ -16,7 +16,18 @@ from rich.console import Console
 from rich.table import Table
 
 from tether.agent.answers import AnswerError, parse_answer
-from tether.cli.common import CaOpt, JsonOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
+from tether.cli.common import (
+    CaOpt,
+    ExitCode,
+    JsonOpt,
+    ServerOpt,
+    StateOpt,
+    TokenOpt,
+    app,
+    console,
+    fail,
+    fail_remote,
+)
 from tether.cli.task_view import EventView, print_log, print_outcome
 from tether.remote import RemoteError, RemoteServer
 
@@ -61,7 +72,7 @@ def run_remote(remote: RemoteServer, request: str, plan: list[dict[str, Any]] | 
         summary = remote.create_task(request, plan=plan, device=device, requires=requires, devices=devices,
                                      confirm=confirm)
     except RemoteError as exc:
-        fail(str(exc))
+        fail_remote(exc, ExitCode.USAGE)
     out.print(f"task {summary['id']} on {summary['device']} ({remote.base_url})")
     code = follow(remote, summary["id"], out, answers=answers)
     if code in (0, 1):
@@ -102,7 +113,7 @@ def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[st
         out.print(f"  follow it: tether log {task_id} --follow\n  cancel it: tether cancel {task_id}")
         return EXIT_DETACHED
     except RemoteError as exc:
-        fail(f"{exc}\n  follow it again: tether log {task_id} --follow", code=1)
+        fail_remote(exc, ExitCode.FAILED, f"\n  follow it again: tether log {task_id} --follow")
     fail(f"the event stream of task {task_id} ended without saying how the task ended", code=1)
 
 
@@ -164,7 +175,8 @@ def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str) -> None:
         return
     table = Table(title=f"{len(rows)} tasks{where}")
     for col in ("id", "state", "device", "request", "updated"):
-        table.add_column(col)
+        # an id is copied: never cut, even on a narrow terminal
+        table.add_column(col, no_wrap=col == "id", min_width=12 if col == "id" else None)
     for r in rows:
         table.add_row(r["id"][:12], r["state"], r.get("device") or "-", r["request"][:60],
                       r["updated_at"][:19].replace("T", " "))
@@ -180,7 +192,7 @@ def remote_log(remote: RemoteServer, task_id: str, as_json: bool, follow_it: boo
             return follow(remote, remote.task(task_id, events=False)["id"], out, answers=None)
         data = remote.task(task_id)
     except RemoteError as exc:
-        fail(str(exc), code=1)
+        fail_remote(exc, ExitCode.FAILED)
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
@@ -192,7 +204,7 @@ def remote_undo(remote: RemoteServer, task_id: str, as_json: bool) -> int:
     try:
         report = remote.undo_task(task_id)
     except RemoteError as exc:
-        fail(str(exc), code=1)
+        fail_remote(exc, ExitCode.FAILED)
     if as_json:
         typer.echo(json.dumps(report, indent=2, default=str))
     devices: dict[str, dict[str, Any]] = report.get("devices", {})
@@ -226,7 +238,7 @@ def _steer(server: str | None, token: str | None, ca_file: str | None, act: Any,
         with connect(server, token, ca_file) as remote:
             summary = act(remote)
     except RemoteError as exc:
-        fail(str(exc), code=1)
+        fail_remote(exc, ExitCode.FAILED)
     if as_json:
         typer.echo(json.dumps(summary, indent=2))
         return

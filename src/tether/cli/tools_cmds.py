@@ -16,6 +16,7 @@ from tether.cli.common import (
     CaOpt,
     ConfigOpt,
     DeviceOpt,
+    ExitCode,
     JsonOpt,
     PolicyOpt,
     ServerOpt,
@@ -25,6 +26,7 @@ from tether.cli.common import (
     check_tool_type,
     console,
     fail,
+    fail_remote,
     parse_assignments,
     print_result,
     print_tools,
@@ -42,7 +44,8 @@ if TYPE_CHECKING:
 @tools_app.callback()
 def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None, as_json: JsonOpt = False,
           tool_type: Annotated[str | None, typer.Option("--type", help="data_collection or action")] = None,
-          namespace: Annotated[str | None, typer.Option("--namespace", "-n")] = None,
+          namespace: Annotated[str | None, typer.Option("--namespace", "-n",
+                                                                 help="only this namespace's tools")] = None,
           device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None
           ) -> None:
     """List every tool with its namespace, type and parameters (--json for full schemas)."""
@@ -54,7 +57,7 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
             with RemoteServer(server, token, ca_file=ca_file) as remote:
                 infos = remote.tools(device)
         except RemoteError as exc:
-            fail(str(exc))
+            fail_remote(exc, ExitCode.USAGE)
         infos = [i for i in infos if (not tool_type or i.tool_type == tool_type)
                  and (not namespace or i.namespace == namespace)]
         print_tools(infos, as_json, f" on {device}")
@@ -83,7 +86,8 @@ async def _list_tools(config: Path | None, policy: Path | None, tool_type: str |
 @tools_app.command("serve")
 def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: shell, files or system")],
                 http: Annotated[bool, typer.Option("--http", help="streamable HTTP instead of stdio")] = False,
-                host: str = "127.0.0.1", port: int = 8766, policy: PolicyOpt = None,
+                host: Annotated[str, typer.Option(help="with --http: address to listen on")] = "127.0.0.1",
+                port: Annotated[int, typer.Option(help="with --http: port")] = 8766, policy: PolicyOpt = None,
                 state_dir: StateOpt = None) -> None:
     """Serve a built-in tool set as a real MCP server, for any MCP client."""
     from tether.tools.builtin import builtin_toolsets
@@ -143,7 +147,9 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
                                "program to the device's allowlist for good, 'subcommand' only the program with "
                                "this first argument (e.g. git status); then runs it (needs the admin scope)")] = None,
           timeout: Annotated[float | None, typer.Option("--timeout", help="seconds")] = None,
-          tool_type: Annotated[str | None, typer.Option("--type")] = None, state_dir: StateOpt = None,
+          tool_type: Annotated[str | None, typer.Option("--type", metavar="data_collection|action",
+                                                          help="the tool of this type, where a name has both")] = None,
+          state_dir: StateOpt = None,
           device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
           ) -> None:
     """Run one tool and print its structured result; exit code 1 when the result is a failure."""
@@ -232,7 +238,7 @@ def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: s
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             report = remote.set_policy(device, {"commands": {name: rule}})
     except RemoteError as exc:
-        fail(str(exc), 1)
+        fail_remote(exc, ExitCode.FAILED)
     scope = f"{name} {first}" if what == "subcommand" else name
     console(err=True).print(f"{device}: {scope} allowed from now on (policy version {report['version']})",
                             soft_wrap=True)
@@ -261,4 +267,4 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
                                      on_event=remote_questions(remote, device))
             return result
     except RemoteError as exc:
-        fail(str(exc))
+        fail_remote(exc, ExitCode.USAGE)
