@@ -5,23 +5,11 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-import trustme
 
 from netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.protocol.models import Command
 from tether.remote import RemoteError, RemoteServer
 from tether.server.store import Store
-
-
-@pytest.fixture
-def pki(tmp_path):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem", "key": tmp_path / "key.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
-    return paths
 
 
 def test_device_and_cli_over_tls(tmp_path, pki):

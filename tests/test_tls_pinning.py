@@ -8,7 +8,6 @@ import re
 import subprocess
 
 import pytest
-import trustme
 
 from netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.device.tls_pin import cert_fingerprint, normalize_fingerprint, show_fingerprint
@@ -17,13 +16,8 @@ from tether.server.store import Store
 
 
 @pytest.fixture
-def tls_server(tmp_path):
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    paths = {"ca": tmp_path / "ca.pem", "cert": tmp_path / "cert.pem", "key": tmp_path / "key.pem"}
-    ca.cert_pem.write_to_path(str(paths["ca"]))
-    cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
-    cert.private_key_pem.write_to_path(str(paths["key"]))
+def tls_server(tmp_path, pki):
+    paths = pki
     import ssl
 
     fingerprint = cert_fingerprint(ssl.PEM_cert_to_DER_cert(paths["cert"].read_text()))
