@@ -85,6 +85,8 @@ def test_root_help_groups_commands_in_topic_panels_in_order(tmp_path: Path) -> N
     assert listed == [name for _, names in COMMAND_PANELS for name in names]
     top = set(_root_command().commands)
     assert top == set(listed), top ^ set(listed)
+    words = " ".join(re.sub(r"[│╭╰─╮╯]", " ", out.stdout).split())
+    assert "Exit codes: 0 done, 1 failed or refused, 2 bad usage" in words and "4 server unreachable" in words
 
 
 def test_an_unreachable_server_is_exit_4_in_every_command(tmp_path: Path) -> None:

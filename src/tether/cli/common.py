@@ -107,7 +107,9 @@ class TetherGroup(TyperGroup):
 
 
 app = typer.Typer(cls=TetherGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
-                  help="tether: safe, fast and auditable hands for language-model agents.")
+                  help="tether: safe, fast and auditable hands for language-model agents.",
+                  epilog="Exit codes: 0 done, 1 failed or refused, 2 bad usage, configuration or token, "
+                         "3 waiting for a person, 4 server unreachable.")
 tools_app = typer.Typer(invoke_without_command=True, help="List tools, or serve a built-in tool set over MCP.")
 token_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke device and API tokens.")
 mcp_app = typer.Typer(no_args_is_help=True,

@@ -117,7 +117,7 @@ def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | N
     token with the `approve` scope); without a terminal, the question and how to answer it."""
     from rich.console import Console
 
-    from tether.cli.common import stream_output
+    from tether.cli.common import remote_message, stream_output
     from tether.remote import RemoteError
 
     ask = sys.stdin.isatty() if interactive is None else interactive
@@ -141,6 +141,6 @@ def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | N
         try:
             remote.answer_question(device, request.id, answer.action, answer.content)
         except RemoteError as exc:
-            err.print(f"error: the answer was not taken: {exc}", markup=False, highlight=False)
+            err.print(f"error: the answer was not taken: {remote_message(exc)}", markup=False, highlight=False)
 
     return on_event

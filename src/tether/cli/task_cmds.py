@@ -27,6 +27,7 @@ from tether.cli.common import (
     console,
     fail,
     fail_remote,
+    remote_message,
 )
 from tether.cli.task_view import EventView, print_log, print_outcome
 from tether.remote import RemoteError, RemoteServer
@@ -138,7 +139,7 @@ def _answer(remote: RemoteServer, task_id: str, question: dict[str, Any], answer
                 remote.answer(task_id, reply, question.get("id"))
             return True
         except RemoteError as exc:
-            out.print(f"[red]the answer was not taken:[/red] {exc}")
+            out.print(f"[red]the answer was not taken:[/red] {remote_message(exc)}")
             if exc.status == 409:  # answered meanwhile from elsewhere, or the task moved on: follow it
                 return True
 
