@@ -45,7 +45,7 @@ def test_stopping_the_server_under_a_follower_ends_both_cleanly(tmp_path: Path) 
         server_log = cluster.server.log.read_text(errors="replace")
         assert "Traceback" not in server_log and "CancelledError" not in server_log, server_log
         assert "Traceback" not in rest + err and "CancelledError" not in rest + err, rest + err
-        assert follower.returncode == 1, rest + err
+        assert follower.returncode == 4, rest + err  # ExitCode.UNREACHABLE: the connection was lost
         assert "error:" in err and "server" in err and f"tether log {created['id']} --follow" in err, err
     finally:
         cluster.close()
