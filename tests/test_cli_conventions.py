@@ -111,6 +111,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str, dict[str, str]]]:
     db = tmp_path / "server.db"
     store = Store(db)
     _, secret = store.create_token("api", "admin", ["read", "execute", "approve", "admin"])
+    _, reader = store.create_token("api", "reader", ["read"])
     store.close()
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -120,7 +121,7 @@ def server(tmp_path: Path) -> Iterator[tuple[str, str, dict[str, str]]]:
     try:
         wait_for(lambda: httpx.get(f"{base}/api/v1/health", timeout=5).json()["status"] == "ok", "server health",
                  procs=(proc.popen,))
-        yield base, secret, {**env, "TETHER_SERVER": base}
+        yield base, secret, {**env, "TETHER_SERVER": base, "READER": reader}
     finally:
         proc.stop()
 
@@ -139,6 +140,9 @@ def test_a_refusal_says_what_to_do_in_cli_terms(server: tuple[str, str, dict[str
     assert "TETHER_TOKEN" in wrong.stderr and "Authorization" not in wrong.stderr
     ok = _cli("devices", env={**env, "TETHER_TOKEN": secret})
     assert ok.returncode == 0, ok.stderr
+    scoped = _cli("cancel", "abc123", env={**env, "TETHER_TOKEN": env["READER"]})
+    assert scoped.returncode == ExitCode.FAILED and "lacks the 'execute' scope" in scoped.stderr, scoped.stderr
+    assert "tether token create --api NAME --scope execute" in " ".join(scoped.stderr.split())
 
 
 def test_session_and_task_ids_are_whole_on_a_narrow_terminal(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import sys
 from enum import IntEnum
 from pathlib import Path
@@ -164,6 +165,9 @@ def remote_message(exc: RemoteError) -> str:
                 "'tether token create --api NAME' makes one)")
     if exc.status == 401 and "unknown or revoked token" in text:
         return "the API token (TETHER_TOKEN or --token) is unknown or revoked: 'tether token list' shows the live ones"
+    if exc.status == 403 and (scope := re.search(r"lacks the '(\w+)' scope", text)):
+        return (f"{text.removeprefix('server answered 403: ')}: use a token that has it "
+                f"('tether token create --api NAME --scope {scope.group(1)}' on the server's machine)")
     if exc.status is None and "cannot reach" in text:
         return f"{text}\n  is it running ('tether server')? --server or TETHER_SERVER say where it is"
     return text.replace("('Authorization: Bearer <api token>')", "(set TETHER_TOKEN or pass --token)")
