@@ -33,7 +33,7 @@ from tether.cli.task_view import EventView, print_log, print_outcome
 from tether.remote import RemoteError, RemoteServer
 
 TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")]
-EXIT_WAITING = 3  # the task waits on the server for an answer nobody here could give
+EXIT_WAITING = ExitCode.WAITING  # the task waits on the server for an answer nobody here could give
 EXIT_DETACHED = 130
 
 _APPROVE = {"approve", "approved", "yes", "y"}
