@@ -120,9 +120,12 @@ def server(ctx: typer.Context, host: Annotated[str, typer.Option(help="address t
 
 
 @token_app.command("create")
-def token_create(device: Annotated[str | None, typer.Option("--device", help="a device token for NAME")] = None,
-                 api: Annotated[str | None, typer.Option("--api", help="an API token named NAME")] = None,
-                 scope: Annotated[list[str] | None, typer.Option("--scope", help="read, execute, approve "
+def token_create(device: Annotated[str | None, typer.Option(
+                     "--device", metavar="NAME", help="a device token for NAME")] = None,
+                 api: Annotated[str | None, typer.Option(
+                     "--api", metavar="NAME", help="an API token named NAME")] = None,
+                 scope: Annotated[list[str] | None, typer.Option("--scope", metavar="SCOPE",
+                                                                 help="read, execute, approve "
                                                                  "(answer approvals), admin (repeat; default "
                                                                  "read+execute)")] = None,
                  confirm: Annotated[str, typer.Option("--confirm", metavar="never|destructive|always",
