@@ -55,7 +55,7 @@ class Setup:
         return who.post("/devices/alpha/commands", json=body)
 
     def audit(self, **match: Any) -> list[dict[str, Any]]:
-        rows = self.admin.get("/audit", params={"limit": 500}).json()
+        rows = self.admin.get("/audit", params={"limit": 500}).json()["rows"]
         return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
 
     def finished(self, who: httpx.Client, task_id: str) -> dict[str, Any]:
