@@ -155,8 +155,12 @@ def test_requests_expire_and_waiting_claims_are_woken(tmp_path):
     async def claim_while_approving() -> dict:
         code = book.request(_fp("b" * 40), "10.0.0.2", "new")["code"]
         waiting = asyncio.ensure_future(book.claim(code, "b" * 40, wait=60))
-        await asyncio.sleep(0)  # let the claim start waiting
-        book.approve(code, None, ["x"], "admin")
+        # callbacks run in the order they were scheduled: the claim's first step (up to its wait) goes first
+        def approve_while_it_waits() -> None:
+            assert code in book._waiters  # the claim is waiting: the approval must wake it
+            book.approve(code, None, ["x"], "admin")
+
+        asyncio.get_running_loop().call_soon(approve_while_it_waits)
         return await asyncio.wait_for(waiting, 10)
 
     got = asyncio.run(claim_while_approving())
