@@ -197,3 +197,22 @@ def test_an_unanswered_question_ends_with_its_command(alpha: Cluster) -> None:
     assert late.status_code == 404
     _, [again] = alpha.remote.run("alpha", [Command(tool_name="count", parameters={"steps": 1})], timeout=30)
     assert again.status is ResultStatus.SUCCESS, again.error  # the device and its server stay usable
+
+
+def test_a_local_run_asks_an_mcp_question_once(tmp_path: Path) -> None:
+    """`tether run` prompts an external server's question in the terminal; the task's own display
+    does not print it a second time."""
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"skill": "ask", "args": {"question": "Which colour?"}}]))
+    state = tmp_path / "state"
+    master, slave = pty.openpty()
+    try:
+        os.write(master, b"blue\n")
+        ran = subprocess.run([*CLI, "run", "--plan", str(plan), "--config", str(mcp_config(tmp_path)),
+                              "--state-dir", str(state)], stdin=slave, capture_output=True, text=True,
+                             env=tether_env(state), timeout=120)
+    finally:
+        os.close(master)
+        os.close(slave)
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert (ran.stdout + ran.stderr).count("asks: Which colour?") == 1, ran.stdout + ran.stderr

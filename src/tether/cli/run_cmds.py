@@ -8,6 +8,7 @@ device when a server, a device or requirements are given (see `task_cmds`). `tet
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -132,7 +133,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     from tether.cli.spinner import Spinner
 
     spinner = Spinner()  # a status line while the LLM plans or a step runs, on a terminal only
-    view = EventView(out, spinner=spinner)
+    view = EventView(out, spinner=spinner, mcp_questions_asked_here=sys.stdin.isatty())  # as cli_hooks decides
 
     saver = SaveSoon(store)  # the log survives a crash of this process, step by step
 

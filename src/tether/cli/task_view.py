@@ -28,8 +28,11 @@ class EventView:
     """Prints task events live. `echo_answers`: also print answers given elsewhere (a passive follower);
     whoever answers in this terminal prints its own. `streamed` tells whether the answer came as tokens."""
 
-    def __init__(self, out: Console, *, echo_answers: bool = False, spinner: Spinner | None = None) -> None:
+    def __init__(self, out: Console, *, echo_answers: bool = False, spinner: Spinner | None = None,
+                 mcp_questions_asked_here: bool = False) -> None:
         self.out = out
+        # a local run whose MCP servers' questions are prompted in this terminal (cli_hooks) prints them there
+        self.mcp_questions_asked_here = mcp_questions_asked_here
         self.echo_answers = echo_answers
         self.streamed = False
         self.questions: set[str] = set()
@@ -74,7 +77,7 @@ class EventView:
             out.print(f"[cyan]▶ step {d['step'] + 1}{again}{where}:[/cyan] {d['skill']} {d.get('args')}")
         elif kind == "progress":
             out.print(f"    │ {progress_line(d)}", style="dim", markup=False, highlight=False)
-        elif kind == "elicitation" and d.get("message"):
+        elif kind == "elicitation" and d.get("message") and not self.mcp_questions_asked_here:
             out.print(f"    ? MCP server {d.get('server')} asks: {d.get('message')}", markup=False, highlight=False)
         elif kind == "step_finished":
             style = "green" if d["status"] == "success" else "red"
