@@ -133,7 +133,10 @@ def test_settings_from_the_config_file_and_env_precedence(tmp_path) -> None:
     env_wins = resolve_llm_settings(env={**env, "TETHER_LLM_BASE_URL": "http://h/v1", "TETHER_LLM_MODEL": "m2"})
     assert env_wins is not None and env_wins.model == "m2"
     # nothing configured anywhere: None, and the advice names the file
-    assert resolve_llm_settings(env={"TETHER_CONFIG": str(tmp_path / "absent.yaml")}) is None
+    assert resolve_llm_settings(env={"XDG_CONFIG_HOME": str(tmp_path / "empty")}) is None
+    # but a file named on purpose that does not exist is an error, never silently ignored (issue 12)
+    with pytest.raises(ValueError, match="TETHER_CONFIG names .*absent.yaml"):
+        resolve_llm_settings(env={"TETHER_CONFIG": str(tmp_path / "absent.yaml")})
     assert "llm:" in how_to_configure()
 
 

@@ -86,6 +86,8 @@ def resolve_llm_settings(path: str | os.PathLike[str] | None = None,
     if not file.is_file():
         if path is not None:
             raise ValueError(f"config file {file} does not exist")
+        if env.get(ENV_CONFIG):  # named on purpose: never silently ignored
+            raise ValueError(f"{ENV_CONFIG} names {file}, which does not exist (unset it to use no config file)")
         return None
     try:
         data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}

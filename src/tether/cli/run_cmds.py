@@ -100,7 +100,11 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
                               confirm="always" if confirm else None)
         raise typer.Exit(code)
     try:
-        settings = resolve_llm_settings()
+        settings = resolve_llm_settings(config)  # the same file's llm: section (the environment wins)
+        if config is None:
+            from tether.device.config import config_file
+
+            config_file(None)  # $TETHER_CONFIG naming a missing file is an error, with or without an LLM
     except ValueError as exc:
         fail(str(exc))
     if given is None and settings is None:

@@ -62,7 +62,11 @@ def _settings(**overrides: object):
 
 
 @server_app.callback(invoke_without_command=True)
-def server(ctx: typer.Context, host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
+def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
+               "--config", "-c", metavar="FILE", help="the config file whose llm: section plans tasks "
+                                                       "(default $TETHER_CONFIG or ~/.config/tether/config.yaml)")
+           ] = None,
+           host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
            port: Annotated[int, typer.Option(help="port")] = 8765, db: DbOpt = None,
            tls_cert: Annotated[Path | None, typer.Option(
                "--tls-cert", help="PEM certificate (chain): serve HTTPS and wss")] = None,
@@ -106,7 +110,7 @@ def server(ctx: typer.Context, host: Annotated[str, typer.Option(help="address t
     if tls_cert:
         _print_cert_fingerprint(tls_cert)
     try:
-        llm = resolve_llm_settings()
+        llm = resolve_llm_settings(config)
     except ValueError as exc:
         fail(str(exc))
     console(err=True).print(f"planning with {llm.model} at {llm.base_url}" if llm else

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -153,17 +154,34 @@ def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], l
     return data, action
 
 
+SECTIONS = ("llm", "device", "server", "policy", "mcp", "mcpServers")  # the one config file's top level
+
+
 def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -> DeviceConfig:
-    """Build a config from either shape (or both in one file); built-in sets join every default root."""
+    """Build a config from the one config file (sections `llm:`, `device:`, `server:`, `policy:`, `mcp:`,
+    `mcpServers:`) or a desktop client's mcpServers file; built-in sets join every default root.
+    `llm:` is the planner's (`tether.agent.llm.resolve_llm_settings` reads it from the same file);
+    `policy:` is the device's policy, inline, as `device.policy` may also be."""
     raw = dict(raw or {})
     mcp_servers = raw.pop("mcpServers", None)
     where = f" in {source}" if source else ""
     own = set(DeviceConfig.model_fields) - {"source"}
-    if mcp_servers is not None and not own.intersection(raw):  # a desktop client's file, read as it is
-        ignored = sorted(raw)
+    if mcp_servers is not None and not own.intersection(raw) and not {"llm", "policy"} & set(raw):
+        ignored = sorted(raw)  # a desktop client's file, read as it is
         if ignored:
             logger.info("device config%s: ignoring the desktop client's own settings %s", where, ignored)
         raw = {}
+    raw.pop("llm", None)
+    policy = raw.pop("policy", None)
+    unknown = sorted(set(raw) - own)
+    if unknown:
+        raise ValueError(f"config file{where}: unknown section(s) {', '.join(unknown)}; the sections are "
+                         f"{', '.join(SECTIONS)}")
+    if policy is not None:
+        device = dict(raw.get("device") or {})
+        if device.get("policy") is not None:
+            raise ValueError(f"config file{where}: the policy is given twice (policy: and device.policy:); keep one")
+        raw["device"] = {**device, "policy": policy}
     try:
         config = DeviceConfig.model_validate(raw)
         builtin = _builtin_entries(config.device.builtin)
@@ -182,10 +200,36 @@ def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -
     return config
 
 
+ENV_CONFIG = "TETHER_CONFIG"
+
+
+def config_file(path: str | os.PathLike[str] | None = None,
+                env: Mapping[str, str] | None = None) -> Path | None:
+    """The config file to read: `path` (--config), else $TETHER_CONFIG, else ~/.config/tether/config.yaml
+    ($XDG_CONFIG_HOME) if it exists. A file named on purpose (the flag or the variable) must exist."""
+    env = os.environ if env is None else env
+    if path is not None:
+        named, why = Path(path).expanduser(), "the config file"
+    elif env.get(ENV_CONFIG):
+        named, why = Path(env[ENV_CONFIG]).expanduser(), f"{ENV_CONFIG}"
+    else:
+        base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+        default = Path(base) / "tether" / "config.yaml"
+        return default if default.is_file() else None
+    if not named.is_file():
+        raise ValueError(f"{why} {named} does not exist" if why != ENV_CONFIG else
+                         f"{ENV_CONFIG} names {named}, which does not exist (unset it to use no config file)")
+    return named
+
+
 def load_device_config(path: str | os.PathLike[str] | None) -> DeviceConfig:
-    """Read a YAML or JSON file (or nothing: the defaults). Errors name the file and what is wrong."""
+    """Read a YAML or JSON file (None: $TETHER_CONFIG or the default file, if any; else the defaults).
+    Errors name the file and what is wrong."""
     if path is None:
-        return parse_device_config({})
+        found = config_file(None)
+        if found is None:
+            return parse_device_config({})
+        path = found
     p = Path(path).expanduser()
     try:
         text = p.read_text(encoding="utf-8")
