@@ -135,7 +135,7 @@ def test_settings_from_the_config_file_and_env_precedence(tmp_path) -> None:
     # nothing configured anywhere: None, and the advice names the file
     assert resolve_llm_settings(env={"XDG_CONFIG_HOME": str(tmp_path / "empty")}) is None
     # but a file named on purpose that does not exist is an error, never silently ignored (issue 12)
-    with pytest.raises(ValueError, match="TETHER_CONFIG names .*absent.yaml"):
+    with pytest.raises(ValueError, match=r"TETHER_CONFIG names .*absent\.yaml"):
         resolve_llm_settings(env={"TETHER_CONFIG": str(tmp_path / "absent.yaml")})
     assert "llm:" in how_to_configure()
 
