@@ -225,7 +225,12 @@ async function taskView(id) {
       const mayAnswer = q.kind === "approval" ? can("approve") : can("execute");
       ask.append(h("div", {class: "card", id: "question", role: "region", "aria-label": "question"}, h("h2", {}, q.kind === "approval" ? "Approval needed" : "Question"),
         h("p", {}, q.question), (q.changes || []).length ? h("pre", {}, JSON.stringify(q.changes, null, 2)) : null,
-        mayAnswer ? q.options.map((o) => h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/answer`, {method: "POST", body: {answer: o, question_id: q.id}}).then(refresh, fail)}, o)) : h("p", {class: "muted"}, "Your token may not answer this.")));
+        mayAnswer ? q.options.map((o) => h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/answer`, {method: "POST", body: {answer: o, question_id: q.id}}).then(refresh, fail)}, o)) : h("p", {class: "muted"}, "Your token may not answer this."),
+        // a program outside the device's allowlist (ask on miss): an admin may allow it for good, then it runs
+        q.kind === "approval" && /ask\.on-miss/.test(q.question) && can("admin") && can("approve")
+          ? [["program", "Always allow the program"], ["subcommand", "Always allow this subcommand"]].map(([what, label]) =>
+            h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/approval`, {method: "POST", body: {approved: true, always: what}}).then(refresh, fail)}, label))
+          : null));
     }
   };
   let again = false;  // an event during a refresh: refresh once more after it, or the view keeps the older state
