@@ -57,7 +57,8 @@ class SandboxedProcess:
     async def terminate(self) -> None:
         self.kill()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.wait(), START_TIMEOUT_S)
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await self.wait()
 
 
 class Sandbox:
@@ -271,8 +272,13 @@ class Sandbox:
             for fd in to_close:
                 os.close(fd)
         try:
-            pid = await asyncio.wait_for(asyncio.shield(started), START_TIMEOUT_S)
+            # not wait_for: on 3.11 it can swallow a cancellation that arrives as `started` resolves, and the
+            # caller's timeout (a 50 ms timeoutMs) would then be lost and the command run to its end
+            async with asyncio.timeout(START_TIMEOUT_S):
+                pid = await asyncio.shield(started)
         except BaseException:
+            with contextlib.suppress(Exception):  # the warden handles the run first: it cannot outlive us
+                self._send({"op": "kill", "id": request_id})
             for fd in (in_w, out_r, err_r):
                 if fd >= 0:
                     os.close(fd)
