@@ -134,7 +134,9 @@ def _root(show_version: Annotated[bool, typer.Option("--version", callback=_vers
     """tether: safe, fast and auditable hands for language-model agents."""
 
 
-ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="device config (YAML, or mcpServers JSON)")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--config", "-c", help="the config file: sections llm, device, server, policy, mcp, mcpServers (YAML, or a "
+                           "desktop client's mcpServers JSON); default $TETHER_CONFIG or ~/.config/tether/config.yaml")]
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="policy file (YAML)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 StateOpt = Annotated[Path | None, typer.Option("--state-dir", metavar="DIR", help="where the undo journal lives")]
