@@ -1,24 +1,15 @@
-"""The `tether` command. Sub-commands live in modules by topic; importing them attaches them."""
+"""The `tether` command. Sub-commands live in modules by topic; importing one attaches its commands.
+A module is imported only when its command runs or shows its help: `tether.cli.lazy.COMMANDS` names
+every top-level command, the modules it needs and its help line (add a new command module there)."""
 
 from __future__ import annotations
 
-import logging
 import sys
 
 
 def main() -> None:
-    from tether.cli import (  # noqa: F401
-        audit_cmds,
-        demo_cmds,
-        journal_cmds,
-        pairing_cmds,
-        policy_cmds,
-        run_cmds,
-        server_cmds,
-        service_cmds,
-        task_cmds,
-        tools_cmds,
-    )
+    import logging
+
     from tether.cli.common import app
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import sys
@@ -13,11 +12,12 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from rich.console import Console
 from rich.table import Table
-from typer.core import TyperArgument, TyperGroup, TyperOption
+from typer.core import TyperArgument, TyperOption
 
-from tether.protocol.models import Result, ToolInfo
+from tether.cli.lazy import LazyGroup
 
 if TYPE_CHECKING:
+    from tether.protocol.models import Result, ToolInfo  # pydantic: not for `tether --help`
     from tether.remote import RemoteError  # httpx: imported by the commands that talk to a server
 
 
@@ -91,8 +91,9 @@ def _tidy(command: Any) -> None:
         _tidy(sub)
 
 
-class TetherGroup(TyperGroup):
-    """The root group: commands in topic panels and a useful order, parameters labelled for people."""
+class TetherGroup(LazyGroup):
+    """The root group: commands in topic panels and a useful order, parameters labelled for people;
+    each command's module imported when it is used (`LazyGroup`)."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
@@ -103,8 +104,9 @@ class TetherGroup(TyperGroup):
                     self.commands[name].rich_help_panel = panel  # type: ignore[attr-defined]
 
     def list_commands(self, ctx: Any) -> list[str]:
-        ordered = [name for _, names in COMMAND_PANELS for name in names if name in self.commands]
-        return ordered + [name for name in self.commands if name not in ordered]
+        known = super().list_commands(ctx)  # those attached and those not imported yet
+        ordered = [name for _, names in COMMAND_PANELS for name in names if name in known]
+        return ordered + [name for name in known if name not in ordered]
 
 
 app = typer.Typer(cls=TetherGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
@@ -185,6 +187,8 @@ def fail_remote(exc: RemoteError, code: int = ExitCode.FAILED, hint: str = "") -
 
 
 def run_async(coro: Any) -> Any:
+    import asyncio
+
     try:
         return asyncio.run(coro)
     except ValueError as exc:  # configuration and policy files: say what is wrong, no traceback

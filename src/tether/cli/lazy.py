@@ -1,0 +1,124 @@
+"""The root command's sub-commands, each loaded when it runs: `tether --help` lists them all from the
+table below without importing one command module, so it costs typer and rich, not the server, the
+agent or pydantic (issue 13: 0.56 s before, most of it importing modules whose commands never ran).
+
+A command module attaches its commands to the typer apps in `tether.cli.common` when it is imported,
+as before; what changed is *when*: `LazyGroup.get_command` imports the modules named for a command
+the first time the command is resolved to run or to show its own help, then builds it with typer.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, NamedTuple
+
+from typer.core import TyperCommand, TyperGroup
+
+
+class Lazy(NamedTuple):
+    """Where a top-level command comes from, and its one line in `tether --help`."""
+
+    modules: tuple[str, ...]  # tether.cli modules that attach the command or its sub-commands
+    help: str
+
+
+# Every top-level command. A new command module adds its command here (tests/test_startup.py checks the
+# table against what the modules attach: names, the modules a command needs, and its help line).
+COMMANDS: dict[str, Lazy] = {
+    "run": Lazy(("run_cmds",),
+                "Plan and run a task with live progress; questions are asked in the terminal."),
+    "exec": Lazy(("tools_cmds",),
+                 "Run one tool and print its structured result; exit code 1 when the result is a failure."),
+    "demo": Lazy(("demo_cmds",),
+                 "Run a short demo that needs no LLM key: a server, a device, and commands through them."),
+    "tasks": Lazy(("run_cmds",),
+                  "List tasks newest first with their state: the server's with --server (or TETHER_SERVER), "
+                  "else this machine's."),
+    "log": Lazy(("run_cmds",),
+                "Show a task's plan, every step with its command and result, decisions, questions and answer: "
+                "the server's task with --server (or TETHER_SERVER), else this machine's."),
+    "answer": Lazy(("task_cmds",),
+                   "Answer the open question of a task on the server; the task resumes where it stopped."),
+    "approve": Lazy(("task_cmds",),
+                    "Approve the action a task on the server waits on (with --deny: deny it, which cancels "
+                    "the task)."),
+    "deny": Lazy(("task_cmds",), "Deny the action a task on the server waits on; the task is cancelled."),
+    "cancel": Lazy(("task_cmds",),
+                   "Cancel a task: on the server with --server (or TETHER_SERVER; the command it is running is "
+                   "stopped on its device), else this machine's (an interrupted one, or one no tether process "
+                   "runs any more)."),
+    "undo": Lazy(("journal_cmds",),
+                 "Put back the files that a session's commands changed (a local task's id is its session)."),
+    "sessions": Lazy(("journal_cmds",),
+                     "List the sessions that have journaled file changes (what `undo` can put back)."),
+    "devices": Lazy(("server_cmds", "pairing_cmds"),
+                    "Show the server's devices, and let pairing devices in."),
+    "policy": Lazy(("policy_cmds",), "Show or change a device's policy through the server."),
+    "audit": Lazy(("audit_cmds",),
+                  "Show the server's audit log, newest first: every command sent to a device, who asked, "
+                  "its outcome."),
+    "tools": Lazy(("tools_cmds",), "List tools, or serve a built-in tool set over MCP."),
+    "server": Lazy(("server_cmds", "service_cmds"), "Start the agent server, or install it as a service."),
+    "device": Lazy(("server_cmds", "service_cmds"),
+                   "Connect this machine to a server as a device, or install it as a service."),
+    "token": Lazy(("server_cmds",), "Create, list and revoke device and API tokens."),
+    "mcp": Lazy((), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),
+}
+
+_LISTING = "tether.cli.lazy.listing"  # ctx.meta key: set while the root's help lists its commands
+
+
+def all_modules() -> tuple[str, ...]:
+    """Every module named in the table, once each, in table order."""
+    return tuple(dict.fromkeys(m for lazy in COMMANDS.values() for m in lazy.modules))
+
+
+class LazyGroup(TyperGroup):
+    """A group whose commands named in `COMMANDS` are imported on first use and shown in its help
+    from the table (a placeholder with the declared help line, never the module)."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self._loaded: set[str] = set()  # names whose modules this group has imported and built
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return list(dict.fromkeys([*COMMANDS, *self.commands]))
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        lazy = COMMANDS.get(cmd_name)
+        if lazy is None or cmd_name in self._loaded:
+            return self.commands.get(cmd_name)
+        if ctx.meta.get(_LISTING):
+            return self._placeholder(cmd_name, lazy)
+        return self._load(cmd_name, lazy)
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        ctx.meta[_LISTING] = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            ctx.meta.pop(_LISTING, None)
+
+    def _placeholder(self, name: str, lazy: Lazy) -> Any:
+        command = TyperCommand(name=name, help=lazy.help, short_help=lazy.help)
+        command.rich_help_panel = self._panel(name)
+        return command
+
+    def _panel(self, name: str) -> str | None:
+        from tether.cli.common import COMMAND_PANELS
+
+        return next((panel for panel, names in COMMAND_PANELS if name in names), None)
+
+    def _load(self, name: str, lazy: Lazy) -> Any:
+        import typer
+
+        from tether.cli.common import app
+
+        for module in lazy.modules:
+            importlib.import_module(f"tether.cli.{module}")
+        built = typer.main.get_command(app)  # a fresh root of what is attached now: labelled, panelled
+        command = getattr(built, "commands", {}).get(name)
+        if command is not None:
+            self.commands[name] = command
+            self._loaded.add(name)
+        return command

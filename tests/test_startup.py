@@ -1,0 +1,113 @@
+"""issue 13, fast start-up: what a command imports, checked by looking at `sys.modules` in a real `tether`
+process (never by timing). `tether --help` lists every command without importing a command module;
+a command imports its own module and not the server, the agent, `mcp` or a browser it does not use."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+
+import tether.cli
+from netutil import tether_env
+from tether.cli.common import app
+from tether.cli.lazy import COMMANDS, all_modules
+
+HEAVY = ("mcp", "fastapi", "openai", "playwright", "uvicorn", "starlette")
+
+# Runs `tether ARGS` in this interpreter and writes, at exit, the names of every module it imported.
+_HARNESS = """
+import atexit, json, sys
+out = sys.argv[1]
+atexit.register(lambda: open(out, "w").write(json.dumps(sorted(sys.modules))))
+sys.argv = ["tether", *sys.argv[2:]]
+from tether.cli import main
+main()
+"""
+
+
+def _imported(tmp_path: Path, *args: str) -> tuple[set[str], subprocess.CompletedProcess]:
+    out = tmp_path / "modules.json"
+    out.unlink(missing_ok=True)
+    proc = subprocess.run([sys.executable, "-c", _HARNESS, str(out), *args], env=tether_env(tmp_path),
+                          capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return set(json.loads(out.read_text())), proc
+
+
+def _top(modules: set[str]) -> set[str]:
+    return {name.split(".")[0] for name in modules}
+
+
+def _full_root() -> Any:
+    for module in pkgutil.iter_modules(tether.cli.__path__):  # every module: each attaches its commands
+        if module.name != "__main__":
+            importlib.import_module(f"tether.cli.{module.name}")
+    return typer.main.get_command(app)
+
+
+def _tree(command: Any) -> dict[str, Any]:
+    return {name: _tree(sub) for name, sub in sorted(getattr(command, "commands", {}).items())}
+
+
+def test_the_table_names_every_command_with_its_own_help_line() -> None:
+    root = _full_root()
+    assert set(root.commands) == set(COMMANDS), set(root.commands) ^ set(COMMANDS)
+    wrong = {name: (COMMANDS[name].help, command.get_short_help_str(limit=1000))
+             for name, command in root.commands.items()
+             if COMMANDS[name].help != command.get_short_help_str(limit=1000)}
+    assert not wrong, f"tether.cli.lazy.COMMANDS says another help line than the command: {wrong}"
+    for module in all_modules():
+        assert importlib.util.find_spec(f"tether.cli.{module}") is not None, module
+
+
+def test_a_command_loaded_alone_is_the_whole_command(tmp_path: Path) -> None:
+    """Each command built from only the modules the table names for it has every sub-command it has
+    when all modules are imported: a module missing from the table would lose one."""
+    full = _tree(_full_root())
+    script = ("import json, sys, typer\nfrom tether.cli.common import app\n"
+              "root = typer.main.get_command(app)\nctx = typer.Context(root)\n"
+              "def tree(c):\n    return {n: tree(s) for n, s in sorted(getattr(c, 'commands', {}).items())}\n"
+              "print(json.dumps(tree(root.get_command(ctx, sys.argv[1]))))\n")
+    for name in COMMANDS:
+        proc = subprocess.run([sys.executable, "-c", script, name], env=tether_env(tmp_path),
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == full[name], name
+
+
+def test_root_help_lists_every_command_and_imports_no_command_module(tmp_path: Path) -> None:
+    modules, proc = _imported(tmp_path, "--help")
+    assert proc.returncode == 0
+    for name, lazy in COMMANDS.items():
+        assert f"│ {name} " in proc.stdout, name
+        assert lazy.help.split()[0] in proc.stdout
+    loaded = {m.removeprefix("tether.cli.") for m in modules if m.startswith("tether.cli.")}
+    assert loaded <= {"common", "lazy"}, loaded
+    assert not _top(modules) & {*HEAVY, "pydantic", "httpx"}, sorted(_top(modules) & {*HEAVY, "pydantic", "httpx"})
+    assert "tether.protocol" not in modules and "asyncio" not in modules
+
+
+@pytest.mark.parametrize("args", [("device", "--help"), ("server", "--help"), ("exec", "--help"),
+                                  ("tools", "serve", "--help"), ("run", "--help"), ("devices", "--help"),
+                                  ("mcp", "--help"), ("token", "--help"), ("policy", "--help")])
+def test_a_commands_help_imports_none_of_the_heavy_libraries(tmp_path: Path, args: tuple[str, ...]) -> None:
+    modules, proc = _imported(tmp_path, *args)
+    assert proc.returncode == 0, proc.stderr
+    assert "Usage: tether" in proc.stdout
+    assert not _top(modules) & set(HEAVY), sorted(_top(modules) & set(HEAVY))
+
+
+def test_an_unknown_command_is_a_usage_error_that_loads_nothing(tmp_path: Path) -> None:
+    modules, proc = _imported(tmp_path, "no-such-command")
+    assert proc.returncode == 2
+    assert "No such command 'no-such-command'" in proc.stderr
+    assert not {m for m in modules if m.startswith("tether.cli.")} - {"tether.cli.common", "tether.cli.lazy"}
