@@ -16,6 +16,7 @@ from tether.server.aip_socket import aip_route
 from tether.server.api import router
 from tether.server.guard import RequestGuard
 from tether.server.hub import DeviceHub
+from tether.server.mcp import mount_gateway
 from tether.server.pairing import PairingBook
 from tether.server.pairing_api import pairing_router
 from tether.server.policy_api import policy_router
@@ -61,7 +62,8 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
         app.include_router(pairing_router)
     app.router.routes.append(aip_route(hub))
     mount_web(app)  # the dashboard at /, and /docs + /redoc from packaged assets
-    contexts = [extension(app) for extension in extensions]
+    gateway = mount_gateway(app)  # the fleet as an MCP server at /mcp (server/mcp)
+    contexts = [gateway, *(extension(app) for extension in extensions)]
 
     def api_token_ok(secret: str) -> bool:
         info = store.verify_token(secret)

@@ -80,6 +80,9 @@ class DeviceHub:
         self.sampler: Callable[[str, dict[str, Any]], Awaitable[tuple[str, str]]] | None = None
         self._liveness: asyncio.Task[None] | None = None
         self._closed = False
+        # told the device's name when one registers, leaves or reports new tools (the MCP gateway's
+        # tools/list_changed); not on load changes, which happen twice per batch
+        self._fleet_listeners: dict[object, Callable[[str], None]] = {}
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -120,6 +123,24 @@ class DeviceHub:
 
     def connected(self, device: str) -> bool:
         return device in self._conns
+
+    def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(device)` whenever a device registers, goes offline or reports a new profile
+        (its tools may have changed); returns the callable that removes it. Listeners must not block."""
+        key = object()
+        self._fleet_listeners[key] = listener
+
+        def remove() -> None:
+            self._fleet_listeners.pop(key, None)
+
+        return remove
+
+    def _fleet_changed(self, device: str) -> None:
+        for listener in list(self._fleet_listeners.values()):
+            try:
+                listener(device)
+            except Exception:
+                logger.exception("fleet listener failed for device %s", device)
 
     async def request(self, device: str, message: ServerMessage, timeout: float) -> ClientMessage:
         """Send a request frame (e.g. POLICY_SET) to a connected device and wait, at most `timeout`
@@ -292,6 +313,7 @@ class DeviceHub:
         record.running = record.queued = 0
         self._remember(name, reg.profile.model_dump_json(), record.last_seen)
         self.registry.notify()
+        self._fleet_changed(name)
         ack = RegisterAck(device=name, heartbeat_interval=settings.heartbeat_interval,
                           heartbeat_timeout=settings.heartbeat_timeout, grace_period=settings.grace_period,
                           max_frame_bytes=settings.max_frame_bytes, resumed=resumed)
@@ -393,6 +415,7 @@ class DeviceHub:
                 return
             self._remember(conn.name, conn.record.profile.model_dump_json(), conn.record.last_seen)
             self.registry.notify()
+            self._fleet_changed(conn.name)
         elif kind is ClientMessageType.SAMPLING_REQUEST:
             job = asyncio.create_task(self._sample(conn, msg))
             self._tasks.add(job)
@@ -482,6 +505,7 @@ class DeviceHub:
         if grace and not self._closed:
             self._grace.start(conn.name, self.settings.grace_period)
         self.registry.notify()
+        self._fleet_changed(conn.name)
         logger.info("device %s offline: %s", conn.name, why)
 
     def _grace_expired(self, device: str) -> None:

@@ -3,3 +3,23 @@
 The app factory mounts it; it imports nothing from `server/web`, `server/cluster` or `tether.agent`.
 Layers above the server (the agent's task tools) add their tools through `contributed.py`.
 """
+
+from __future__ import annotations
+
+from contextlib import AbstractAsyncContextManager
+
+from starlette.applications import Starlette
+
+
+def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
+    """Add `/mcp` to `app` (which has `state.hub`, `state.store`, `state.settings`) and return the context
+    the app's lifespan enters: the SDK's session manager runs inside it. The `mcp` SDK is imported here,
+    not when the server package is."""
+    from starlette.routing import Route
+
+    from tether.server.mcp.gateway import Gateway
+
+    gateway = Gateway(app)
+    app.state.gateway = gateway
+    app.router.routes.append(Route("/mcp", endpoint=gateway))
+    return gateway.run()

@@ -1,0 +1,209 @@
+"""One device tool call through the gateway: the REST path's dispatcher, policy, approvals and audit.
+
+The command goes out through `hub.dispatcher(...)` exactly as `POST /api/v1/devices/{name}/commands` sends
+it; the audit row's `requested_by` is `mcp:CLIENT/VERSION by api:TOKEN`, so the audit's token filter finds
+it with the token's REST commands. While it runs, each event of the batch (streamed output, an external MCP
+server's progress) becomes a progress notification when the client gave a progress token. The client's
+`notifications/cancelled` cancels the handler; the batch then runs on in its own task only long enough to
+be cancelled on the device (its processes killed) and audited, as when an HTTP caller goes away.
+
+A command the device's policy holds for a person (`needs_approval`) is asked of the client through
+elicitation when it declared that capability and the token holds `approve`; otherwise the call returns at
+once with a tool error that names the question and how a person can answer it. Nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from tether.protocol.messages import Event
+from tether.protocol.models import Command, Result, new_call_id
+from tether.server.hub import DeviceHub
+from tether.server.mcp.contributed import Elicit, Progress
+from tether.server.mcp.fleet import DeviceTool
+from tether.server.store import TokenInfo
+
+logger = logging.getLogger(__name__)
+
+MAX_EVENTS = 10_000  # queued for the client while it reads; past it, events are dropped (the result is not)
+MAX_PROGRESS_TEXT = 4000
+CANCEL_GRACE = 15.0  # how long a cancelled call waits for its batch to be cancelled on the device and audited
+APPROVE, DENY = "approve once", "deny"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What becomes the CallToolResult: `payload` as structured content when it is an object."""
+
+    text: str
+    payload: Any = None
+    is_error: bool = False
+
+
+@dataclass(frozen=True)
+class Caller:
+    token: TokenInfo
+    client: str  # "name/version" from the client's initialize
+
+    @property
+    def requested_by(self) -> str:
+        return f"mcp:{self.client} by api:{self.token.name}"
+
+
+async def call_device_tool(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
+                           progress: Progress, elicit: Elicit | None) -> Reply:
+    if not caller.token.allows("execute"):
+        return Reply(f"token '{caller.token.name}' lacks the 'execute' scope needed to call device tools; create "
+                     "one with 'tether token create --api NAME --scope execute'", is_error=True)
+    result = await _run(hub, tool, arguments, caller, progress, elicit, approved_by=None)
+    if _needs_approval(result):
+        result = await _approval(hub, tool, arguments, caller, progress, elicit, result)
+        if isinstance(result, Reply):
+            return result
+    return result_reply(result)
+
+
+async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
+                    progress: Progress, elicit: Elicit | None, held: Result) -> Result | Reply:
+    question = held.error or "this command needs a person's approval"
+    how = (f"a person can run it with `tether exec --device {tool.device} {tool.info.name} ... --approve` or "
+           f"allow it in the device's policy (`tether policy allow --device {tool.device} PROGRAM`)")
+    if elicit is None:
+        return Reply(f"{question}\nThis MCP client cannot be asked (it did not declare the elicitation "
+                     f"capability), so nothing was run: {how}.", held.result, is_error=True)
+    if not caller.token.allows("approve"):
+        return Reply(f"{question}\nNothing was run: token '{caller.token.name}' lacks the 'approve' scope, so "
+                     f"its client may not approve; {how}.", held.result, is_error=True)
+    schema = {"type": "object", "required": ["decision"], "properties": {"decision": {
+        "type": "string", "title": "Decision", "enum": [APPROVE, DENY],
+        "description": f"{tool.info.name} on device {tool.device}"}}}
+    try:
+        answer = await elicit(f"Device {tool.device}: {question}", schema)
+    except Exception as exc:  # the client failed to answer: the command stays unrun
+        logger.warning("MCP gateway: elicitation for %s on %s failed: %s", tool.info.name, tool.device, exc)
+        return Reply(f"{question}\nThe client could not be asked ({exc}); nothing was run: {how}.", held.result,
+                     is_error=True)
+    decision = (answer.get("content") or {}).get("decision")
+    if answer.get("action") != "accept" or decision != APPROVE:
+        return Reply(f"not run: the approval was {'denied' if decision == DENY else answer.get('action')} "
+                     f"({question})", {"denied": True, **(held.result if isinstance(held.result, dict) else {})},
+                     is_error=True)
+    return await _run(hub, tool, arguments, caller, progress, elicit, approved_by=caller.requested_by)
+
+
+def _needs_approval(result: Result) -> bool:
+    return not result.ok and isinstance(result.result, dict) and result.result.get("needs_approval") is True
+
+
+async def _run(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller, progress: Progress,
+               elicit: Elicit | None, approved_by: str | None) -> Result:
+    """One batch of one command; its events forwarded while it runs; cancelled on the device if we are."""
+    events: asyncio.Queue[Event] = asyncio.Queue(maxsize=MAX_EVENTS)
+
+    def on_event(event: Event) -> None:
+        if not events.full():
+            events.put_nowait(event)
+
+    command = Command(tool_name=tool.info.name, tool_type=tool.info.tool_type, parameters=arguments,
+                      approved_by=approved_by)
+    dispatcher = hub.dispatcher(tool.device, on_event=on_event, requested_by=caller.requested_by)
+    run = asyncio.ensure_future(dispatcher.execute_commands([command], response_id=new_call_id()))
+    forward = _Forwarder(hub, tool.device, caller, progress, elicit)
+    try:
+        while True:
+            getter = asyncio.ensure_future(events.get())
+            try:
+                done, _ = await asyncio.wait({run, getter}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                getter.cancel()
+            if getter in done and not getter.cancelled():
+                await forward(getter.result())
+                continue
+            while not events.empty():
+                await forward(events.get_nowait())
+            [result] = run.result()
+            return result
+    except asyncio.CancelledError:
+        if not run.done():  # the client cancelled: the device must stop, and the audit say why
+            run.cancel(f"cancelled by the MCP client ({caller.requested_by})")
+            await _settle(run)
+        raise
+    finally:
+        for question in list(forward.questions):  # the command ended: its questions are moot
+            question.cancel()
+
+
+async def _settle(run: asyncio.Future[Any]) -> None:
+    """Wait (bounded, and shielded from the cancellation being delivered) for a cancelled batch to end."""
+    import anyio
+
+    with anyio.CancelScope(shield=True):
+        await asyncio.wait({run}, timeout=CANCEL_GRACE)
+
+
+class _Forwarder:
+    """Turns a batch's events into progress notifications, and an external MCP server's question into an
+    elicitation of this client (when it can be asked and the token may answer)."""
+
+    def __init__(self, hub: DeviceHub, device: str, caller: Caller, progress: Progress,
+                 elicit: Elicit | None) -> None:
+        self.hub, self.device, self.caller, self.progress, self.elicit = hub, device, caller, progress, elicit
+        self.count = 0
+        self.questions: set[asyncio.Task[None]] = set()
+
+    async def __call__(self, event: Event) -> None:
+        if event.kind == "elicitation" and self.elicit is not None and self.caller.token.allows("approve") \
+                and "declined" not in event.data:
+            task = asyncio.ensure_future(self._ask(event.data))
+            self.questions.add(task)  # asked beside the stream, so output keeps flowing while a person thinks
+            task.add_done_callback(self.questions.discard)
+        self.count += 1
+        total: float | None = None
+        if event.kind == "progress" and isinstance(event.data.get("progress"), int | float):
+            message = _progress_text(event.data)
+        elif event.kind == "output":
+            message = str(event.data.get("data", ""))
+        else:
+            message = f"{event.kind}: {json.dumps(event.data, default=str)}"
+        try:
+            await self.progress(float(self.count), total, message[:MAX_PROGRESS_TEXT])
+        except Exception as exc:  # a client that stopped reading must not stop the command
+            logger.debug("MCP gateway: progress notification dropped: %s", exc)
+
+    async def _ask(self, data: dict[str, Any]) -> None:
+        assert self.elicit is not None
+        question = str(data.get("id", ""))[:64]
+        schema = data.get("schema") if isinstance(data.get("schema"), dict) else {"type": "object", "properties": {}}
+        message = f"{data.get('server', 'an MCP server')} on device {self.device} asks: {data.get('message', '')}"
+        try:
+            answer = await self.elicit(message, schema)
+            await self.hub.answer_question(self.device, question, str(answer.get("action", "cancel")),
+                                           answer.get("content"), by=self.caller.requested_by)
+        except Exception as exc:
+            logger.info("MCP gateway: question %s of device %s not answered through the client: %s", question,
+                        self.device, exc)
+
+
+def _progress_text(data: dict[str, Any]) -> str:
+    total = data.get("total")
+    done = f"{data['progress']:g}" + (f"/{total:g}" if isinstance(total, int | float) else "")
+    where = f"{data.get('server', '')}.{data.get('tool', '')}".strip(".")
+    return f"{where} {done}" + (f": {data['message']}" if data.get("message") else "")
+
+
+def result_reply(result: Result) -> Reply:
+    """A device's `Result` as what the client reads: its text (output as text, objects as JSON) and the
+    object itself as structured content."""
+    payload = result.result
+    if not result.ok:
+        return Reply(result.error or f"failed ({result.status.value})", payload, is_error=True)
+    if isinstance(payload, str):
+        return Reply(payload, payload)
+    if payload is None:
+        return Reply("", None)
+    return Reply(json.dumps(payload, ensure_ascii=False, default=str), payload)
+

@@ -1,0 +1,325 @@
+"""`Gateway`: the fleet as an MCP server, streamable HTTP at `/mcp` on the agent server's port.
+
+Built on the official SDK's low-level `Server` (its tool list is computed per request, which the fleet
+needs: devices come and go) and `StreamableHTTPSessionManager`. In front of the SDK sits an ASGI check of
+the API token (`Authorization: Bearer`; 401 `{"error": …}` with `WWW-Authenticate: Bearer` without a valid
+one, 403 for a device token or a token without `read`), repeated on every request so a revoked token stops
+at once; an MCP session stays bound to the token that opened it. The app's `RequestGuard` (Host/Origin,
+body caps) runs before all of this, as for every route.
+
+Scopes: `read` lists (every request needs it), `execute` calls device tools, `approve` answers approvals
+and questions; a contributed tool names its own. A call a token may not make is a tool error saying which
+scope is missing, never a silent refusal.
+
+Clients of the handshake era (protocol 2025-xx, what today's desktop and IDE clients speak) are told
+`notifications/tools/list_changed` on their session's stream when a device they list registers, leaves or
+reports new tools; clients of the 2026-07-28 era get the same through `subscriptions/listen`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import mcp_types as types
+from mcp.server import Server
+from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+from mcp.server.auth.provider import AccessToken
+from mcp.server.connection import Connection
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.lowlevel.server import NotificationOptions
+from mcp.server.models import InitializationOptions
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from starlette.applications import Starlette
+
+from tether import __version__
+from tether.server.hub import DeviceHub
+from tether.server.mcp.calls import Caller, Reply, call_device_tool
+from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
+from tether.server.mcp.fleet import (
+    LIST_DEVICES_INPUT,
+    LIST_DEVICES_OUTPUT,
+    BadFilter,
+    DeviceFilter,
+    DeviceTool,
+    FleetIndex,
+    list_devices,
+    tool_annotations,
+)
+from tether.server.store import Store, TokenInfo
+
+logger = logging.getLogger(__name__)
+
+SCOPE_KEY = "tether.mcp.caller"  # the ASGI scope entry where the checked token and filter ride to handlers
+ELICIT_TIMEOUT = 600.0  # a person answering a question through the client
+MAX_WATCHED_SESSIONS = 10_000
+_CLIENT_PART = re.compile(r"[^A-Za-z0-9._+-]")
+INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online device's tools are listed as "
+                "DEVICE__TOOL (e.g. laptop__shell.run). Calls go through each device's policy and approvals.")
+
+
+class _FleetServer(Server[Any]):
+    """The low-level server, saying in its handshake that its tool list changes."""
+
+    def create_initialization_options(self, notification_options: NotificationOptions | None = None,
+                                      experimental_capabilities: dict[str, dict[str, Any]] | None = None,
+                                      extensions: dict[str, dict[str, Any]] | None = None) -> InitializationOptions:
+        return super().create_initialization_options(notification_options or NotificationOptions(tools_changed=True),
+                                                     experimental_capabilities, extensions)
+
+
+@dataclass
+class _Watcher:
+    """A handshake-era session to tell about tool-list changes, with its device filter."""
+
+    connection: Connection
+    keep: DeviceFilter
+    pending: bool = False
+
+
+@dataclass(frozen=True)
+class _Admitted:
+    token: TokenInfo
+    keep: DeviceFilter
+
+
+class Gateway:
+    """The ASGI app mounted at `/mcp`; `run()` is entered in the server app's lifespan."""
+
+    def __init__(self, app: Starlette) -> None:
+        self.app = app
+        self.hub: DeviceHub = app.state.hub
+        self.store: Store = app.state.store
+        self.index = FleetIndex(self.hub.registry)
+        self.bus = InMemorySubscriptionBus()
+        self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
+                                   on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+                                   on_subscriptions_listen=ListenHandler(self.bus))
+        self.server.middleware = [self._watch]  # (no OpenTelemetry span per message: nothing exports them)
+        self.manager = StreamableHTTPSessionManager(
+            app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
+            max_request_body_size=app.state.settings.max_body_bytes)
+        self._watchers: dict[int, _Watcher] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @asynccontextmanager
+    async def run(self) -> AsyncIterator[None]:
+        remove = self.hub.on_fleet_change(self._fleet_changed)
+        try:
+            async with self.manager.run():
+                yield
+        finally:
+            remove()
+            for task in list(self._tasks):
+                task.cancel()
+            self._watchers.clear()
+
+    # -- HTTP: who may come in ------------------------------------------------------------------
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":  # a WebSocket to /mcp: MCP has none
+            await send({"type": "websocket.close", "code": 1008, "reason": "MCP is served over HTTP POST/GET"})
+            return
+        headers = dict(scope.get("headers") or ())
+        authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
+        scheme, _, secret = authorization.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            await _deny(send, 401, "missing bearer token: send 'Authorization: Bearer <api token>'")
+            return
+        token = self.store.verify_token(secret.strip())
+        if token is None:
+            await _deny(send, 401, "unknown or revoked token")
+            return
+        if token.kind != "api":
+            await _deny(send, 403, "a device token cannot use the MCP gateway; create one with "
+                                   "'tether token create --api NAME --scope read --scope execute'")
+            return
+        if not token.allows("read"):
+            await _deny(send, 403, f"token '{token.name}' lacks the 'read' scope (has {token.scopes})")
+            return
+        try:
+            keep = DeviceFilter.parse(_query_value(scope, "devices"))
+        except BadFilter as exc:
+            await _deny(send, 400, str(exc))
+            return
+        scope[SCOPE_KEY] = _Admitted(token, keep)
+        # binds each MCP session to the token that opened it (the SDK answers 404 to any other)
+        scope["user"] = AuthenticatedUser(AccessToken(token=token.id, client_id=token.id, scopes=token.scopes))
+        await self.manager.handle_request(scope, receive, send)
+
+    # -- tool list ------------------------------------------------------------------------------
+
+    async def _list_tools(self, ctx: ServerRequestContext[Any],
+                          params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        admitted = _admitted(ctx)
+        tools = [types.Tool(name="list_devices", description="The fleet's devices: status, platform, tags, how "
+                            "many tools, sandbox, running and queued work.", input_schema=LIST_DEVICES_INPUT,
+                            output_schema=LIST_DEVICES_OUTPUT,
+                            annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False))]
+        tools += [_contributed_tool(t) for t in contributed(self.app).values()]
+        tools += [_device_tool(t) for t in self.index.listed(admitted.keep)]
+        return types.ListToolsResult(tools=tools)
+
+    # -- calls ----------------------------------------------------------------------------------
+
+    async def _call_tool(self, ctx: ServerRequestContext[Any],
+                         params: types.CallToolRequestParams) -> types.CallToolResult:
+        admitted = _admitted(ctx)
+        arguments = dict(params.arguments or {})
+        caller = Caller(admitted.token, _client(ctx))
+        name = params.name
+        if name == "list_devices":
+            try:
+                return _result(Reply("", list_devices(self.hub.registry, arguments)), as_json=True)
+            except ValueError as exc:
+                return _result(Reply(f"list_devices: {exc}", is_error=True))
+        extra = contributed(self.app).get(name)
+        if extra is not None:
+            return await self._call_contributed(ctx, extra, arguments, caller)
+        tool = self.index.tools().get(name)
+        if tool is None:
+            return _result(Reply(f"no tool named {name!r}: the device may have gone offline or dropped the tool; "
+                                 "list the tools again", is_error=True))
+        reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), _elicit(ctx))
+        return _result(reply)
+
+    async def _call_contributed(self, ctx: ServerRequestContext[Any], tool: GatewayTool, arguments: dict[str, Any],
+                                caller: Caller) -> types.CallToolResult:
+        if not caller.token.allows(tool.scope):
+            return _result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
+                                 f"{tool.name}; create one with 'tether token create --api NAME --scope "
+                                 f"{tool.scope}'", is_error=True))
+        call = GatewayCall(token=caller.token, client=caller.client, progress=_progress(ctx), elicit=_elicit(ctx))
+        try:
+            reply = await tool.handler(arguments, call)
+        except Exception:
+            logger.exception("MCP gateway: tool %s failed", tool.name)
+            return _result(Reply(f"{tool.name} failed inside the server; the server log has the details",
+                                 is_error=True))
+        return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
+                                    structured_content=reply.structured, is_error=reply.is_error)
+
+    # -- tools/list_changed -----------------------------------------------------------------------
+
+    async def _watch(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        """Remember each handshake-era session (once initialized) to tell it about tool-list changes."""
+        result = await call_next(ctx)
+        if ctx.method == "notifications/initialized" and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            self._remember(ctx)
+        return result
+
+    def _remember(self, ctx: ServerRequestContext[Any]) -> None:
+        # the SDK hands handlers a per-request session; the per-connection state (its standalone stream and
+        # the teardown stack run when the session ends) is the Connection it wraps
+        connection: Connection | None = getattr(ctx.session, "_connection", None)
+        request = ctx.request
+        admitted = request.scope.get(SCOPE_KEY) if request is not None else None
+        if connection is None or admitted is None or len(self._watchers) >= MAX_WATCHED_SESSIONS:
+            logger.warning("MCP gateway: session not watched for tool-list changes")
+            return
+        key = id(connection)
+        self._watchers[key] = _Watcher(connection, admitted.keep)
+        connection.exit_stack.callback(self._watchers.pop, key, None)
+
+    def _fleet_changed(self, device: str) -> None:
+        self.index.invalidate()
+        for watcher in list(self._watchers.values()):
+            if watcher.keep.admits(device) and not watcher.pending:
+                watcher.pending = True
+                self._spawn(self._tell(watcher))
+        self._spawn(self.bus.publish(ToolsListChanged()))
+
+    async def _tell(self, watcher: _Watcher) -> None:
+        watcher.pending = False
+        await watcher.connection.send_tool_list_changed()  # best effort: never raises
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _admitted(ctx: ServerRequestContext[Any]) -> _Admitted:
+    request = ctx.request
+    admitted = request.scope.get(SCOPE_KEY) if request is not None else None
+    if not isinstance(admitted, _Admitted):  # only reachable if the SDK stopped passing the HTTP request
+        raise RuntimeError("MCP gateway: request without its checked token")
+    return admitted
+
+
+def _client(ctx: ServerRequestContext[Any]) -> str:
+    """The client's `name/version` from its initialize, cut to characters safe in the audit."""
+    params = ctx.session.client_params
+    if params is None:
+        return "unknown"
+    info = params.client_info
+    return f"{_CLIENT_PART.sub('_', info.name)[:64] or 'unknown'}/{_CLIENT_PART.sub('_', info.version)[:32]}"
+
+
+def _progress(ctx: ServerRequestContext[Any]) -> Any:
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        await ctx.session.report_progress(done, total, message)  # a no-op without the client's progressToken
+
+    return progress
+
+
+def _elicit(ctx: ServerRequestContext[Any]) -> Any:
+    capabilities = ctx.session.client_capabilities
+    if capabilities is None or capabilities.elicitation is None or not ctx.session.can_send_request:
+        return None
+
+    async def elicit(message: str, schema: dict[str, Any]) -> dict[str, Any]:
+        async with asyncio.timeout(ELICIT_TIMEOUT):
+            answer = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
+        return {"action": answer.action, "content": answer.content}
+
+    return elicit
+
+
+def _device_tool(tool: DeviceTool) -> types.Tool:
+    info = tool.info
+    hints = tool_annotations(info)
+    return types.Tool(name=tool.name, description=f"[device {tool.device}] {info.description}".strip(),
+                      input_schema=info.input_schema, output_schema=info.output_schema,
+                      annotations=types.ToolAnnotations(read_only_hint=hints["readOnlyHint"],
+                                                        destructive_hint=hints["destructiveHint"],
+                                                        open_world_hint=hints["openWorldHint"]))
+
+
+def _contributed_tool(tool: GatewayTool) -> types.Tool:
+    annotations = types.ToolAnnotations.model_validate({"readOnlyHint": tool.read_only,
+                                                        "destructiveHint": tool.destructive, **tool.annotations})
+    return types.Tool(name=tool.name, description=tool.description, input_schema=tool.input_schema,
+                      output_schema=tool.output_schema, annotations=annotations)
+
+
+def _result(reply: Reply, *, as_json: bool = False) -> types.CallToolResult:
+    structured = reply.payload if isinstance(reply.payload, dict) else None
+    text = json.dumps(reply.payload, ensure_ascii=False, default=str) if as_json else reply.text
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)] if text else []
+    return types.CallToolResult(content=content, structured_content=structured, is_error=reply.is_error)
+
+
+def _query_value(scope: dict[str, Any], name: str) -> str | None:
+    from urllib.parse import parse_qs
+
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).get(name)
+    return values[-1] if values else None
+
+
+async def _deny(send: Any, status: int, error: str) -> None:
+    body = json.dumps({"error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]  # the body was not read
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
