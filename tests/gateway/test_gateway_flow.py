@@ -1,0 +1,139 @@
+"""Progress, cancellation and contributed tools through the gateway, with a scripted device that sends exactly
+the frames a test says (the real device's side is in test_gateway_device.py)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import mcp_types as types
+import pytest
+from fastapi import FastAPI
+from gatewaykit import GatewayServer, mcp_client, register
+
+from aip_testkit import WAIT
+from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessageType
+from tether.protocol.models import Result, ResultStatus
+from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, contribute
+
+
+def ask_and_report(app: FastAPI) -> AbstractAsyncContextManager[None]:
+    """An extension as the agent's is: it contributes tools when the app is built."""
+
+    async def ask(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        await call.progress(1, 2, "thinking")
+        if call.elicit is None:
+            return GatewayReply(f"{call.client} cannot be asked; answer with answer_task", is_error=True)
+        answer = await call.elicit("Which colour?", {"type": "object", "properties": {
+            "colour": {"type": "string", "enum": ["red", "blue"]}}, "required": ["colour"]})
+        await call.progress(2, 2, "done")
+        return GatewayReply(f"{call.token.name} chose {answer['content']['colour']}",
+                            {"colour": answer["content"]["colour"]})
+
+    async def boom(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        raise RuntimeError("a bug")
+
+    contribute(app, [
+        GatewayTool("ask_colour", "Ask a person for a colour", {"type": "object", "properties": {}}, "execute", ask,
+                    output_schema={"type": "object", "properties": {"colour": {"type": "string"}}}),
+        GatewayTool("answer_it", "Needs approve", {"type": "object", "properties": {}}, "approve", ask),
+        GatewayTool("boom", "Fails", {"type": "object", "properties": {}}, "read", boom, read_only=True)])
+
+    @asynccontextmanager
+    async def running() -> AsyncIterator[None]:
+        yield
+
+    return running()
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[GatewayServer]:
+    running = await GatewayServer(tmp_path, extensions=[ask_and_report]).start()
+    yield running
+    await running.stop()
+
+
+class Progress:
+    def __init__(self, until: int) -> None:
+        self.seen: list[tuple[float, float | None, str | None]] = []
+        self.until, self.enough = until, asyncio.Event()
+
+    async def __call__(self, progress: float, total: float | None, message: str | None) -> None:
+        self.seen.append((progress, total, message))
+        if len(self.seen) >= self.until:
+            self.enough.set()
+
+
+def colour(answer: str) -> Callable[..., Any]:
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        assert params.message == "Which colour?"
+        return types.ElicitResult(action="accept", content={"colour": answer})
+
+    return elicitation
+
+
+async def test_contributed_tools_are_listed_and_called_with_progress_and_elicitation(server: GatewayServer) -> None:
+    async with mcp_client(server.mcp_url, server.token("agent", "execute"), elicitation_callback=colour("blue"),
+                          client_info=types.Implementation(name="ide", version="2.1")) as client:
+        listed = {t.name: t for t in (await client.list_tools()).tools}
+        assert {"ask_colour", "answer_it", "boom", "list_devices"} <= set(listed)
+        assert listed["boom"].annotations is not None and listed["boom"].annotations.read_only_hint is True
+        progress = Progress(2)
+        result = await client.call_tool("ask_colour", {}, progress_callback=progress)
+        assert not result.is_error and result.structured_content == {"colour": "blue"}
+        assert result.content[0].text == "agent chose blue"
+        assert progress.seen == [(1, 2, "thinking"), (2, 2, "done")]
+        refused = await client.call_tool("answer_it", {})
+        assert refused.is_error and "lacks the 'approve' scope" in refused.content[0].text
+        failed = await client.call_tool("boom", {})
+        assert failed.is_error and "server log" in failed.content[0].text
+
+
+async def test_a_client_without_elicitation_is_told_at_once(server: GatewayServer) -> None:
+    async with mcp_client(server.mcp_url, server.token("agent", "execute"),
+                          client_info=types.Implementation(name="cli", version="1")) as client:
+        result = await client.call_tool("ask_colour", {})
+        assert result.is_error and result.content[0].text == "cli/1 cannot be asked; answer with answer_task"
+
+
+async def test_streamed_output_and_mcp_progress_reach_the_client(server: GatewayServer) -> None:
+    laptop = await register(server, "laptop")
+
+    async def device_side() -> None:
+        command = await laptop.expect(ServerMessageType.COMMAND)
+        [call] = command.actions or []
+        for kind, data in (("output", {"stream": "stdout", "data": "line 1\nline 2\n"}),
+                           ("progress", {"server": "everything", "tool": "longRunningOperation", "progress": 3,
+                                         "total": 10, "message": "step 3"})):
+            event = Event(kind=kind, response_id=command.response_id, call_id=call.call_id, data=data)
+            await laptop.send(ClientMessage(type=ClientMessageType.EVENT, payload=event.model_dump()))
+        await laptop.results(command.response_id, [Result(status=ResultStatus.SUCCESS, call_id=call.call_id,
+                                                          result="line 1\nline 2\n")])
+
+    async with mcp_client(server.mcp_url, server.token("agent", "execute")) as client:
+        device = asyncio.create_task(device_side())
+        progress = Progress(2)
+        result = await client.call_tool("laptop__files.read", {"path": "x"}, progress_callback=progress)
+        await asyncio.wait_for(device, WAIT)
+        assert not result.is_error and result.content[0].text == "line 1\nline 2\n"
+        assert progress.seen == [(1.0, None, "line 1\nline 2\n"), (2.0, None, "everything.longRunningOperation 3/10: "
+                                                                           "step 3")]
+    await laptop.close()
+
+
+async def test_the_clients_cancellation_cancels_the_batch_on_the_device(server: GatewayServer) -> None:
+    laptop = await register(server, "laptop")
+    async with mcp_client(server.mcp_url, server.token("agent", "execute")) as client:
+        async with anyio.create_task_group() as group:
+            group.start_soon(client.call_tool, "laptop__shell.run", {"cmd": "sleep"})
+            command = await laptop.expect(ServerMessageType.COMMAND)
+            group.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the abandoned request
+        cancel = await laptop.expect(ServerMessageType.CANCEL)
+        assert cancel.response_id == command.response_id
+    [row] = server.store.audit_rows(device="laptop")
+    assert row["status"] == "failure" and "cancelled by the MCP client" in row["error"]
+    await laptop.close()
