@@ -27,11 +27,15 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
-
-import mcp_types
+from typing import TYPE_CHECKING, Any, Literal
 
 from tether.tools.context import ToolContext
+
+if TYPE_CHECKING:
+    import mcp_types
+
+# `mcp_types` is imported where a server's request is answered, never at import: this module's
+# `MCPClientHooks` is on every device's start-up path, external servers or not (~0.4 s, issue 13).
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +115,8 @@ class MCPClientHooks:
 
 def file_roots(ctx: ToolContext) -> list[mcp_types.Root]:
     """The policy's write and read roots as `file://` roots (write roots first; each path once)."""
+    import mcp_types
+
     seen: set[str] = set()
     roots: list[mcp_types.Root] = []
     for kind, paths in (("write", ctx.policy.write_roots), ("read", ctx.policy.read_roots)):
@@ -176,10 +182,14 @@ class ServerClientCaps:
         self.server_log.log(_LEVELS.get(str(params.level), logging.INFO), "%s%s", where, data[:MAX_QUESTION_CHARS])
 
     async def _on_roots(self, context: Any) -> mcp_types.ListRootsResult:
+        import mcp_types
+
         ctx = self._only_call() or self._context()
         return mcp_types.ListRootsResult(roots=file_roots(ctx) if ctx is not None else [])
 
     async def _on_elicit(self, context: Any, params: Any) -> mcp_types.ElicitResult:
+        import mcp_types
+
         ctx = self._only_call()
         if ctx is None:
             why = "no call of this server is running" if not self._calls else "several calls are running"
@@ -230,6 +240,8 @@ class ServerClientCaps:
         return answer
 
     async def _on_sample(self, context: Any, params: mcp_types.CreateMessageRequestParams) -> Any:
+        import mcp_types
+
         ctx = self._only_call()
         if ctx is None:
             return _sampling_error("no single call of this server is running to charge the request to")
@@ -281,6 +293,8 @@ def _text_message(message: mcp_types.SamplingMessage) -> dict[str, str]:
 
 
 def _sampling_error(message: str) -> mcp_types.ErrorData:
+    import mcp_types
+
     return mcp_types.ErrorData(code=-1, message=message)
 
 

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import math
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from typing import Any
 
 import anyio
@@ -29,9 +29,10 @@ from mcp.shared.exceptions import MCPError
 from pydantic_core import to_json
 
 from tether import __version__
+from tether.device.mcp_base import BaseMCPServer, MCPServerError
 from tether.device.mcp_client_caps import MCPClientHooks, ServerClientCaps
 from tether.device.mcp_config import MCPServerConfig
-from tether.device.mcp_policy import MCPToolPolicy, annotated_type
+from tether.device.mcp_policy import annotated_type
 from tether.device.mcp_stdio import TOO_LARGE
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
@@ -44,57 +45,6 @@ BACKOFF_BASE = 0.2
 BACKOFF_CAP = 30.0
 MIN_UPTIME = 1.0  # a session that dies sooner counts as a failed start (crash loops back off)
 _CLIENT_INFO = mcp_types.Implementation(name="tether", version=__version__)
-
-
-class MCPServerError(RuntimeError):
-    """A server could not be started or listed; the message names the server and the reason."""
-
-
-class BaseMCPServer(ABC):
-    """One namespace of tools on a device, however it is reached."""
-
-    def __init__(self, config: MCPServerConfig) -> None:
-        self.config = config
-        self.namespace = config.namespace
-        self.restarts = 0
-        self._reset_pending = False
-        self.tool_policy = MCPToolPolicy.from_config(config)
-
-    @property
-    @abstractmethod
-    def healthy(self) -> bool: ...
-
-    @abstractmethod
-    async def start(self) -> None:
-        """Make the server usable; raises `MCPServerError` with a clear reason when it cannot be."""
-
-    @abstractmethod
-    async def list_tools(self, tool_type: ToolType) -> list[ToolInfo]: ...
-
-    @abstractmethod
-    async def call_tool(self, name: str, arguments: dict[str, Any] | None, *, ctx: ToolContext,
-                        timeout: float | None) -> Result: ...
-
-    @abstractmethod
-    async def close(self) -> None: ...
-
-    def request_reset(self) -> None:
-        """Restart before the next call (a device reset); cheap and synchronous."""
-        self._reset_pending = True
-
-    async def health_check(self, timeout: float = 5.0) -> bool:
-        return self.healthy
-
-    def describe(self) -> str:
-        return self.config.server_type
-
-    def refusal(self, name: str) -> str | None:
-        """Why a tool this server keeps unlisted may not be called (for "unknown tool" errors), or None."""
-        denied = self.tool_policy.refusal(name)
-        return None if denied is None else str(denied)
-
-    def _failure(self, error: str, ctx: ToolContext, result: Any = None) -> Result:
-        return Result.failure(error, call_id=ctx.call_id, namespace=self.namespace, result=result)
 
 
 class _OpenFailed(Exception):

@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from tether.device.mcp_base import BaseMCPServer, MCPServerError
 from tether.device.mcp_config import MCPServerConfig
-from tether.device.mcp_servers import BaseMCPServer, MCPServerError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency
