@@ -145,3 +145,22 @@ async def test_clients_are_told_when_a_device_connects_and_leaves(server: Gatewa
         desk = await register(server, "desk", profile())
         await asyncio.wait_for(filtered.list_changed.wait(), WAIT)
         await desk.close()
+
+
+async def test_a_client_of_the_2026_protocol_lists_and_calls_too(server: GatewayServer) -> None:
+    from mcp.client.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    laptop = await register(server, "laptop")
+    answered = laptop.serve_forever()
+    headers = {"Authorization": f"Bearer {server.token('agent', 'execute')}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=WAIT * 6) as http, \
+            Client(streamable_http_client(server.mcp_url, http_client=http)) as client:
+        assert client.session.protocol_version not in ("2025-11-25", "2025-06-18"), "negotiated the 2026 era"
+        names = {t.name for t in (await client.list_tools()).tools}
+        assert {"list_devices", "laptop__files.read"} <= names
+        result = await client.call_tool("laptop__files.read", {"path": "/etc/hostname"})
+        assert not result.is_error and result.structured_content == {"tool": "files.read",
+                                                                     "args": {"path": "/etc/hostname"}}
+    answered.cancel()
+    await laptop.close()

@@ -60,11 +60,12 @@ async def test_cancelling_the_call_kills_the_process_on_the_device(cluster: Clus
         assert echo.structured_content["stdout"] == "next\n"
 
 
-def answer(decision: str, asked: list[str]) -> Any:
+def answer(decision: str, asked: list[str], offered: list[list[str]] | None = None) -> Any:
     async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
         asked.append(params.message)
         schema = params.requested_schema  # type: ignore[union-attr]
-        assert schema["properties"]["decision"]["enum"] == ["approve once", "deny"]
+        if offered is not None:
+            offered.append(schema["properties"]["decision"]["enum"])
         return types.ElicitResult(action="accept", content={"decision": decision})
 
     return elicitation
@@ -73,10 +74,13 @@ def answer(decision: str, asked: list[str]) -> Any:
 async def test_an_approval_is_asked_through_elicitation(cluster: Cluster, tmp_path: Path) -> None:
     args = {"cmd": "nproc", "argv": ["--all"], "cwd": str(tmp_path)}
     asked: list[str] = []
-    async with mcp_client(url(cluster), cluster.api_token, elicitation_callback=answer("approve once", asked),
+    offered: list[list[str]] = []
+    async with mcp_client(url(cluster), cluster.api_token, elicitation_callback=answer("approve once", asked, offered),
                           client_info=types.Implementation(name="desk", version="3")) as client:
         approved = await client.call_tool("alpha__shell.run", args)
     assert not approved.is_error, approved.content
+    # an admin token may also allow it from now on, as `tether exec --always` can
+    assert offered == [["approve once", "always allow nproc", "deny"]]
     assert approved.structured_content is not None and approved.structured_content["exitCode"] == 0
     [question] = asked
     assert "Device alpha" in question and "`nproc --all`" in question
@@ -105,3 +109,22 @@ async def test_a_client_that_cannot_be_asked_is_answered_at_once(cluster: Cluste
     async with mcp_client(url(cluster), executor, elicitation_callback=answer("approve once", asked)) as client:
         refused = await client.call_tool("alpha__shell.run", args)
     assert refused.is_error and "lacks the 'approve' scope" in refused.content[0].text and asked == []
+
+
+async def test_always_allow_adds_the_program_to_the_devices_allowlist(cluster: Cluster, tmp_path: Path) -> None:
+    asked: list[str] = []
+    offered: list[list[str]] = []
+    args = {"cmd": "expr", "argv": ["1", "+", "1"], "cwd": str(tmp_path)}
+    async with mcp_client(url(cluster), cluster.api_token,
+                          elicitation_callback=answer("always allow expr 1", asked, offered)) as client:
+        first = await client.call_tool("alpha__shell.run", args)
+        assert not first.is_error and first.structured_content["stdout"] == "2\n"  # type: ignore[index]
+        assert offered == [["approve once", "always allow expr", "always allow expr 1", "deny"]]
+        again = await client.call_tool("alpha__shell.run", args)  # allowed now: nobody is asked
+        assert not again.is_error and len(asked) == 1
+        other = await client.call_tool("alpha__shell.run", {**args, "argv": ["2", "+", "2"]})
+        assert other.is_error and other.structured_content == {"denied": True, "rule": "subcommand"}, other
+        assert len(asked) == 1, "only the subcommand '1' was allowed: 'expr 2' is refused, not asked"
+    rows = cluster.remote._request("GET", "/audit", params={"device": "alpha", "limit": 20})["rows"]
+    change = next(r for r in rows if r["tool_name"] == "policy.set")
+    assert change["status"] == "success" and change["requested_by"] == "mcp:mcp/0.1.0 by api:tests"

@@ -17,11 +17,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
+from tether.server import policy_push
 from tether.server.hub import DeviceHub
 from tether.server.mcp.contributed import Elicit, Progress
 from tether.server.mcp.fleet import DeviceTool
@@ -78,8 +80,9 @@ async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any],
     if not caller.token.allows("approve"):
         return Reply(f"{question}\nNothing was run: token '{caller.token.name}' lacks the 'approve' scope, so "
                      f"its client may not approve; {how}.", held.result, is_error=True)
+    always = _always_options(tool, arguments, held) if caller.token.allows("admin") else {}
     schema = {"type": "object", "required": ["decision"], "properties": {"decision": {
-        "type": "string", "title": "Decision", "enum": [APPROVE, DENY],
+        "type": "string", "title": "Decision", "enum": [APPROVE, *always, DENY],
         "description": f"{tool.info.name} on device {tool.device}"}}}
     try:
         answer = await elicit(f"Device {tool.device}: {question}", schema)
@@ -88,11 +91,36 @@ async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any],
         return Reply(f"{question}\nThe client could not be asked ({exc}); nothing was run: {how}.", held.result,
                      is_error=True)
     decision = (answer.get("content") or {}).get("decision")
-    if answer.get("action") != "accept" or decision != APPROVE:
+    if answer.get("action") != "accept" or (decision != APPROVE and decision not in always):
         return Reply(f"not run: the approval was {'denied' if decision == DENY else answer.get('action')} "
                      f"({question})", {"denied": True, **(held.result if isinstance(held.result, dict) else {})},
                      is_error=True)
+    if decision in always:  # the program (or program + subcommand) joins the device's allowlist first
+        try:
+            await policy_push.change(hub, tool.device, {"commands": always[decision]}, replace=False,
+                                     requested_by=caller.requested_by)
+        except policy_push.PolicyRequestFailed as exc:
+            return Reply(f"not run: the device's policy could not be changed ({exc})", held.result, is_error=True)
     return await _run(hub, tool, arguments, caller, progress, elicit, approved_by=caller.requested_by)
+
+
+def _always_options(tool: DeviceTool, arguments: dict[str, Any], held: Result) -> dict[str, dict[str, Any]]:
+    """For a shell command outside the allowlist (ask on miss), the answers that allow it from now on, as
+    `tether exec --always` and the dashboard offer them: the program, or the program with this subcommand."""
+    rule = held.result.get("rule") if isinstance(held.result, dict) else None
+    cmd = arguments.get("cmd")
+    if rule != "ask.on-miss" or not tool.info.name.startswith(("shell.", "shell_")) or not isinstance(cmd, str):
+        return {}
+    program = posixpath.basename(cmd.strip())
+    if not program or any(c.isspace() for c in program):
+        return {}
+    options: dict[str, dict[str, Any]] = {f"always allow {program}": {program: {}}}
+    argv = arguments.get("argv", arguments.get("args")) or []
+    first = next((a for a in argv if isinstance(a, str) and a and not a.startswith("-")), None) \
+        if isinstance(argv, list) else None
+    if first is not None and len(first) <= 100:
+        options[f"always allow {program} {first}"] = {program: {"subcommands": [first]}}
+    return options
 
 
 def _needs_approval(result: Result) -> bool:
