@@ -10,10 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx2
 import mcp_types as types
 import pytest
 from fastapi import FastAPI
 from gatewaykit import GatewayServer, mcp_client, register
+from mcp.shared.exceptions import MCPError
 
 from aip_testkit import WAIT
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessageType
@@ -137,3 +139,59 @@ async def test_the_clients_cancellation_cancels_the_batch_on_the_device(server: 
     [row] = server.store.audit_rows(device="laptop")
     assert row["status"] == "failure" and "cancelled by the MCP client" in row["error"]
     await laptop.close()
+
+
+async def test_an_external_servers_question_is_asked_of_the_client(server: GatewayServer) -> None:
+    laptop = await register(server, "laptop")
+
+    async def device_side() -> Any:
+        command = await laptop.expect(ServerMessageType.COMMAND)
+        [call] = command.actions or []
+        question = Event(kind="elicitation", response_id=command.response_id, call_id=call.call_id, data={
+            "id": "q1", "server": "everything", "call_id": call.call_id, "message": "Which colour?",
+            "schema": {"type": "object", "properties": {"colour": {"type": "string"}}}})
+        await laptop.send(ClientMessage(type=ClientMessageType.EVENT, payload=question.model_dump()))
+        answer = await laptop.expect(ServerMessageType.ELICITATION_ANSWER)
+        await laptop.results(command.response_id, [Result(status=ResultStatus.SUCCESS, call_id=call.call_id,
+                                                          result={"picked": answer.payload["content"]["colour"]})])
+        return answer
+
+    asked: list[str] = []
+
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"colour": "red"})
+
+    async with mcp_client(server.mcp_url, server.token("person", "execute", "approve"),
+                          elicitation_callback=elicitation) as client:
+        device = asyncio.create_task(device_side())
+        result = await client.call_tool("laptop__files.read", {"path": "x"})
+        answer = await asyncio.wait_for(device, WAIT)
+    assert not result.is_error and result.structured_content == {"picked": "red"}
+    assert asked == ["everything on device laptop asks: Which colour?"]
+    assert answer.payload == {"id": "q1", "action": "accept", "content": {"colour": "red"}}
+    await laptop.close()
+
+
+async def test_a_revoked_token_is_refused_on_its_next_request(server: GatewayServer) -> None:
+    token = server.token("soon-gone", "read")
+    async with mcp_client(server.mcp_url, token) as client:
+        assert "list_devices" in {t.name for t in (await client.list_tools()).tools}
+        server.store.revoke_token("soon-gone")
+        with pytest.raises(MCPError):  # the SDK reports the HTTP error without its status
+            await client.list_tools()
+    async with httpx2.AsyncClient(timeout=WAIT) as http:
+        refused = await http.post(server.mcp_url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                                  headers={"Authorization": f"Bearer {token}"})
+    assert refused.status_code == 401 and refused.json() == {"error": "unknown or revoked token"}
+
+
+def test_tool_names_keep_legal_characters_and_escape_the_rest() -> None:
+    from tether.server.mcp.fleet import DeviceFilter, mcp_name
+
+    assert mcp_name("laptop", "shell.run") == "laptop__shell.run"
+    assert mcp_name("lab-1", "git_status") == "lab-1__git_status"
+    assert mcp_name("me@laptop", "tool é") == "me-40laptop__tool-20-C3-A9"
+    keep = DeviceFilter.parse("laptop, lab-*")
+    assert keep.admits("lab-7") and keep.admits("laptop") and not keep.admits("desk")
+    assert DeviceFilter.parse(None).admits("anything") and not DeviceFilter.parse("none").admits("laptop")
