@@ -32,7 +32,6 @@ from tether.cli.common import (
     fail_remote,
     token_app,
 )
-from tether.remote import RemoteError, RemoteServer
 
 if TYPE_CHECKING:
     from tether.device.config import DeviceConfig
@@ -319,7 +318,6 @@ def device(ctx: typer.Context,
         _error(str(exc))
         raise typer.Exit(2) from None
     from tether.cli.logs import configure
-    from tether.cli.pairing_cmds import enrol
 
     try:
         configure(log_level, log_format)
@@ -329,6 +327,8 @@ def device(ctx: typer.Context,
 
     enrolment = None
     if not secret:
+        from tether.cli.pairing_cmds import enrol  # httpx and the admin commands: only without a token
+
         enrolment = enrol(cfg, server, state_dir, name, ca_file, tls_fingerprint, pair)
         if name and enrolment.name and name != enrolment.name:  # the admin named it when approving
             _warn(f"paired as {enrolment.name}: --name {name} is not used (the token is {enrolment.name}'s)")
@@ -466,6 +466,8 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
     if ctx.invoked_subcommand:
         return
     from rich.markup import escape
+
+    from tether.remote import RemoteError, RemoteServer  # httpx: not for `tether device` or `tether server`
 
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:
