@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import os
 import pkgutil
 import subprocess
 import sys
@@ -111,3 +112,39 @@ def test_an_unknown_command_is_a_usage_error_that_loads_nothing(tmp_path: Path) 
     assert proc.returncode == 2
     assert "No such command 'no-such-command'" in proc.stderr
     assert not {m for m in modules if m.startswith("tether.cli.")} - {"tether.cli.common", "tether.cli.lazy"}
+
+
+def test_a_working_sandbox_probe_is_remembered_for_this_boot(tmp_path: Path) -> None:
+    from tether.sandbox.detect import CACHE_FILE, detect
+
+    first = detect(tmp_path)
+    assert first.available, f"this test needs a working bubblewrap (apt-get install bubblewrap): {first.detail}"
+    cache = tmp_path / CACHE_FILE
+    data = json.loads(cache.read_text())
+    assert data["info"]["kind"] == first.kind and cache.stat().st_mode & 0o077 == 0
+    data["info"]["detail"] = "what the file says"  # read back without a probe: the file's words come back
+    cache.write_text(json.dumps(data))
+    assert detect(tmp_path).detail == "what the file says"
+    assert detect().detail == first.detail  # no cache directory: always the probe
+    data["key"]["boot"] = "another boot"  # another boot (kernel, bwrap, sysctls, ...): probed again
+    cache.write_text(json.dumps(data))
+    assert detect(tmp_path) == first
+    assert json.loads(cache.read_text())["key"]["boot"] != "another boot"
+    cache.write_text('{"key": ')  # a torn or foreign file: probed again, no error
+    assert detect(tmp_path) == first
+
+
+def test_a_failed_sandbox_probe_is_not_remembered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tether.sandbox.detect import CACHE_FILE, detect
+
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: no user namespaces here' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    state = tmp_path / "state"
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")  # a real bwrap that cannot confine
+    info = detect(state)
+    assert not info.available and "no user namespaces here" in info.detail
+    assert not (state / CACHE_FILE).exists()  # a machine that gets fixed is seen fixed at its next start
+    monkeypatch.undo()
+    assert detect(state).available and (state / CACHE_FILE).exists()

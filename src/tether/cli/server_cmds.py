@@ -369,13 +369,14 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     from rich.markup import escape
 
     from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
-    from tether.device.local import build_device, resolve_policy
+    from tether.device.local import build_device, device_state_dir, resolve_policy
     from tether.device.profile import collect_profile
     from tether.device.reconnect import PIN_MISMATCH
     from tether.sandbox import detect
 
     out = console(err=True)
-    sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect))  # one probe process, while the rest loads
+    # one probe process while the rest loads, or its answer kept in the state directory for this boot
+    sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir)))
     try:
         url = server or cfg.server.ws_url()
         if url.startswith(("http://", "https://")):

@@ -18,7 +18,7 @@ from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp_client_caps import MCPClientHooks
 from tether.device.mcp_manager import MCPServerManager
-from tether.sandbox import SandboxInfo
+from tether.sandbox import SandboxInfo, detect
 from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import ToolContext, default_state_dir
 from tether.tools.journal import UndoJournal
@@ -63,6 +63,11 @@ def resolve_policy(config: DeviceConfig, policy_path: str | os.PathLike[str] | N
     return load_policy(base / Path(source).expanduser())
 
 
+def device_state_dir(config: DeviceConfig, state_dir: str | os.PathLike[str] | None = None) -> Path:
+    """`--state-dir`, else the config's `device.state_dir`, else $TETHER_STATE_DIR or ~/.local/state/tether."""
+    return Path(state_dir or config.device.state_dir or default_state_dir()).expanduser()
+
+
 def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = None,
                  state_dir: str | os.PathLike[str] | None = None, client_id: str = "local",
                  serving: bool = False, sandbox: bool | SandboxInfo = True,
@@ -75,10 +80,12 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     policy = policy or resolve_policy(config)
     if policy.require_sandbox is None:
         policy = policy.model_copy(update={"require_sandbox": serving})
-    root = Path(state_dir or config.device.state_dir or default_state_dir()).expanduser()
+    root = device_state_dir(config, state_dir)
     journal = UndoJournal(root)
     hidden = [str(root), *(secrets or []), *([config.source] if config.source else [])]
-    info = sandbox if isinstance(sandbox, SandboxInfo) else None
+    # the probe's answer is kept in the state directory (hidden from sandboxed commands) for this boot
+    info = sandbox if isinstance(sandbox, SandboxInfo) else (
+        detect(root) if sandbox and policy.sandbox else None)
     confined = make_sandbox(policy, hidden=hidden, info=info) if sandbox and policy.sandbox else None
     context = ToolContext(policy=policy, journal=journal, sandbox=confined)
     # its sandbox confines stdio servers; the hooks answer their questions and sampling requests

@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 PROBE_TIMEOUT_S = 10.0
+CACHE_FILE = "sandbox-probe.json"
+_CACHE_MAX_BYTES = 64 * 1024
+# What decides whether an unprivileged user may make namespaces, besides the kernel and bwrap themselves.
+_USERNS_KNOBS = ("/proc/sys/kernel/unprivileged_userns_clone", "/proc/sys/user/max_user_namespaces",
+                 "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+                 "/proc/sys/kernel/unprivileged_userns_apparmor_policy")
 INSTALL_HINT = "install bubblewrap (sudo apt-get install -y bubblewrap) and allow unprivileged user namespaces"
 
 
@@ -55,14 +64,31 @@ def _probe(bwrap: str) -> str | None:
     return None
 
 
-def detect() -> SandboxInfo:
-    """Try the sandbox once. Costs one short sandbox with an interpreter (tens of milliseconds): call it
-    at device start (in a thread), not per command."""
+def detect(cache_dir: str | os.PathLike[str] | None = None) -> SandboxInfo:
+    """Try the sandbox once. Costs one short sandbox with an interpreter (~70 ms, a process on the start-up
+    path of every `tether device` and `tether exec`): call it at start (in a thread), not per command.
+
+    With `cache_dir` (the device's state directory, which sandboxed commands never see), a sandbox that
+    worked is remembered for this boot, kernel, bwrap binary, interpreter, probe code, user and the
+    user-namespace sysctls: the probe runs again when any of them changes. A failed probe is never
+    remembered, so a machine that gets fixed is seen fixed at its next start."""
     if not sys.platform.startswith("linux"):
         return SandboxInfo("none", f"no sandbox on {sys.platform}: tether confines processes on Linux only")
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return SandboxInfo("none", f"bwrap is not installed: {INSTALL_HINT}")
+    key = _cache_key(bwrap) if cache_dir is not None else None
+    if key is not None and cache_dir is not None:
+        cached = _read_cache(Path(cache_dir) / CACHE_FILE, key)
+        if cached is not None:
+            return cached
+    info = _detect(bwrap)
+    if key is not None and cache_dir is not None and info.available:
+        _write_cache(Path(cache_dir) / CACHE_FILE, key, info)
+    return info
+
+
+def _detect(bwrap: str) -> SandboxInfo:
     problem = _probe(bwrap)
     if problem is not None:
         return SandboxInfo("none", f"bwrap cannot confine commands here ({problem}): {INSTALL_HINT}", bwrap)
@@ -74,3 +100,55 @@ def detect() -> SandboxInfo:
                            "under them; writes captured in an overlay", bwrap, abi)
     return SandboxInfo("bwrap+overlay", "bubblewrap with user, mount, pid namespaces (no Landlock in this kernel); "
                        "writes captured in an overlay", bwrap)
+
+
+def _stat(path: str) -> list[Any]:
+    st = os.stat(path)
+    return [os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+def _cache_key(bwrap: str) -> dict[str, Any] | None:
+    """Everything the probe's answer depends on; None (no caching) when any of it cannot be read."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        here = os.path.dirname(os.path.abspath(__file__))
+        knobs = {}
+        for knob in _USERNS_KNOBS:
+            with contextlib.suppress(FileNotFoundError):
+                knobs[knob] = Path(knob).read_text().strip()
+        return {"boot": boot, "kernel": os.uname().release, "uid": os.getuid(), "bwrap": _stat(bwrap),
+                "python": [sys.executable, sys.version],
+                "probe": [_stat(os.path.join(here, name)) for name in ("detect.py", "bwrap.py", "warden.py")],
+                "knobs": knobs}
+    except OSError:
+        return None
+
+
+def _read_cache(path: Path, key: dict[str, Any]) -> SandboxInfo | None:
+    try:
+        with path.open("rb") as fh:
+            data = json.loads(fh.read(_CACHE_MAX_BYTES))
+        if not isinstance(data, dict) or data.get("key") != json.loads(json.dumps(key)):
+            return None
+        info = SandboxInfo(**data["info"])
+    except (OSError, ValueError, TypeError, KeyError):
+        return None  # missing, unreadable, from another version: probe again
+    if not (info.available and isinstance(info.kind, str) and isinstance(info.detail, str)
+            and isinstance(info.bwrap, str) and isinstance(info.landlock, int)):
+        return None
+    return info
+
+
+def _write_cache(path: Path, key: dict[str, Any], info: SandboxInfo) -> None:
+    """Written whole or not at all (a temporary file renamed); a state directory that cannot be written
+    only means the next start probes again."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump({"key": key, "info": asdict(info)}, fh)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
