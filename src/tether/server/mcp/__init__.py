@@ -21,5 +21,7 @@ def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
 
     gateway = Gateway(app)
     app.state.gateway = gateway
-    app.router.routes.append(Route("/mcp", endpoint=gateway))
+    # first in the list: every MCP message is a request to this one path, and matching it against the
+    # REST routes first cost about 0.1 ms per call (bench/gateway.py)
+    app.router.routes.insert(0, Route("/mcp", endpoint=gateway))
     return gateway.run()

@@ -129,40 +129,27 @@ def _needs_approval(result: Result) -> bool:
 
 async def _run(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller, progress: Progress,
                elicit: Elicit | None, approved_by: str | None) -> Result:
-    """One batch of one command; its events forwarded while it runs; cancelled on the device if we are."""
-    events: asyncio.Queue[Event] = asyncio.Queue(maxsize=MAX_EVENTS)
+    """One batch of one command; its events forwarded while it runs; cancelled on the device if we are.
 
-    def on_event(event: Event) -> None:
-        if not events.full():
-            events.put_nowait(event)
-
+    The batch runs in its own task: when the client cancels, this handler's awaits are cancelled again and
+    again by the SDK's cancel scope, while the batch's task can still tell the device and write the audit.
+    Events go to a forwarding task made at the first one, so a command without events costs no more."""
+    forward = _Forwarder(hub, tool.device, caller, progress, elicit)
     command = Command(tool_name=tool.info.name, tool_type=tool.info.tool_type, parameters=arguments,
                       approved_by=approved_by)
-    dispatcher = hub.dispatcher(tool.device, on_event=on_event, requested_by=caller.requested_by)
+    dispatcher = hub.dispatcher(tool.device, on_event=forward.put, requested_by=caller.requested_by)
     run = asyncio.ensure_future(dispatcher.execute_commands([command], response_id=new_call_id()))
-    forward = _Forwarder(hub, tool.device, caller, progress, elicit)
     try:
-        while True:
-            getter = asyncio.ensure_future(events.get())
-            try:
-                done, _ = await asyncio.wait({run, getter}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                getter.cancel()
-            if getter in done and not getter.cancelled():
-                await forward(getter.result())
-                continue
-            while not events.empty():
-                await forward(events.get_nowait())
-            [result] = run.result()
-            return result
+        [result] = await asyncio.shield(run)
+        await forward.drain()  # every notification before the answer
+        return result
     except asyncio.CancelledError:
         if not run.done():  # the client cancelled: the device must stop, and the audit say why
             run.cancel(f"cancelled by the MCP client ({caller.requested_by})")
             await _settle(run)
         raise
     finally:
-        for question in list(forward.questions):  # the command ended: its questions are moot
-            question.cancel()
+        forward.close()
 
 
 async def _settle(run: asyncio.Future[Any]) -> None:
@@ -181,16 +168,40 @@ class _Forwarder:
                  elicit: Elicit | None) -> None:
         self.hub, self.device, self.caller, self.progress, self.elicit = hub, device, caller, progress, elicit
         self.count = 0
+        self.events: asyncio.Queue[Event | None] | None = None
+        self.sender: asyncio.Task[None] | None = None
         self.questions: set[asyncio.Task[None]] = set()
 
-    async def __call__(self, event: Event) -> None:
+    def put(self, event: Event) -> None:
+        """The batch's `on_event` (called from the hub's receive loop: it must not block)."""
+        if self.events is None:
+            self.events = asyncio.Queue(maxsize=MAX_EVENTS)
+            self.sender = asyncio.ensure_future(self._send_all(self.events))
+        if self.events.qsize() < MAX_EVENTS - 1:  # one place kept for the end
+            self.events.put_nowait(event)
+
+    async def drain(self) -> None:
+        if self.events is not None and self.sender is not None:
+            self.events.put_nowait(None)
+            await asyncio.wait({self.sender}, timeout=CANCEL_GRACE)
+
+    def close(self) -> None:
+        if self.sender is not None:
+            self.sender.cancel()
+        for question in list(self.questions):  # the command ended: its questions are moot
+            question.cancel()
+
+    async def _send_all(self, events: asyncio.Queue[Event | None]) -> None:
+        while (event := await events.get()) is not None:
+            await self._send(event)
+
+    async def _send(self, event: Event) -> None:
         if event.kind == "elicitation" and self.elicit is not None and self.caller.token.allows("approve") \
                 and "declined" not in event.data:
             task = asyncio.ensure_future(self._ask(event.data))
             self.questions.add(task)  # asked beside the stream, so output keeps flowing while a person thinks
             task.add_done_callback(self.questions.discard)
         self.count += 1
-        total: float | None = None
         if event.kind == "progress" and isinstance(event.data.get("progress"), int | float):
             message = _progress_text(event.data)
         elif event.kind == "output":
@@ -198,7 +209,7 @@ class _Forwarder:
         else:
             message = f"{event.kind}: {json.dumps(event.data, default=str)}"
         try:
-            await self.progress(float(self.count), total, message[:MAX_PROGRESS_TEXT])
+            await self.progress(float(self.count), None, message[:MAX_PROGRESS_TEXT])
         except Exception as exc:  # a client that stopped reading must not stop the command
             logger.debug("MCP gateway: progress notification dropped: %s", exc)
 

@@ -1,0 +1,165 @@
+"""A device tool call through the MCP gateway (`/mcp`), against the same command through REST and through
+tether's own dispatcher, and against a bare `mcp` SDK streamable-HTTP server with a no-op tool.
+
+    python -m bench.gateway [N]
+
+Rows, all in one run with their rounds interleaved (ROUNDS rounds of N/ROUNDS sequential calls each):
+- command: `hub.dispatcher(...).execute_commands([noop])`, tether's own round trip server -> device -> server
+  (bench.roundtrip's device, a real `DeviceConnection` with a `noop` tool);
+- REST: `POST /api/v1/devices/bench/commands` (httpx, one keep-alive connection);
+- gateway: the official SDK `ClientSession.call_tool("bench__noop")` on one MCP session (2025 handshake,
+  streamable HTTP, SSE answers), through the real server app's `/mcp`;
+- bare SDK: the same client against a low-level `mcp` `Server` whose only tool returns at once, served by
+  the SDK's own `streamable_http_app()` under uvicorn (no tether code at all).
+Goal (issue 11): what the gateway adds on top of the command round trip, gateway p50 - command p50, is at
+most 1.2x the bare SDK server's round trip p50.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import httpx2
+import mcp_types as types
+import uvicorn
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.server import Server
+from mcp.server.context import ServerRequestContext
+
+from bench._stats import pct, spread
+from bench.roundtrip import DEVICE, Tether, bench_device, rest_round, start_server, stop_server, tether_round
+from tether.device.connection import DeviceConnection
+from tether.device.profile import collect_profile
+from tether.server.main import build_config
+from tether.server.settings import ServerSettings
+from tether.server.store import Store
+
+ROUNDS = 5
+GOAL = 1.2
+
+
+@contextlib.asynccontextmanager
+async def running_tether() -> AsyncIterator[Tether]:
+    """bench.roundtrip's server and in-process device, the device registering with its real profile (its
+    tools, which the gateway lists) as `tether device` does."""
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
+        settings = ServerSettings(db_path=Path(tmp) / "server.db", port=0)
+        store = Store(settings.db_path)
+        device_token = store.create_token("device", DEVICE)[1]
+        api_token = store.create_token("api", "bench-api", ["execute"])[1]
+        store.close()
+        server, task, port = await start_server(build_config(settings, log_level="warning"))
+        device = bench_device(Path(tmp) / "dev")
+        link = DeviceConnection(device.client, f"ws://127.0.0.1:{port}/aip", device_token, name=DEVICE,
+                                profile=lambda: collect_profile(device))
+        running = asyncio.create_task(link.run())
+        try:
+            await asyncio.wait_for(link.connected.wait(), 20)
+            yield Tether(server, server.config.app.state.hub, port, api_token)  # type: ignore[union-attr]
+        finally:
+            link.stop()
+            await asyncio.wait_for(running, 10)
+            await device.aclose()
+            await stop_server(server, task)
+
+
+@contextlib.asynccontextmanager
+async def mcp_session(url: str, token: str | None = None) -> AsyncIterator[ClientSession]:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=300.0)) as http, \
+            streamable_http_client(url, http_client=http) as (read, write), \
+            ClientSession(read, write, read_timeout_seconds=30) as session:
+        await session.initialize()
+        yield session
+
+
+def bare_server() -> Server[Any]:
+    tool = types.Tool(name="noop", input_schema={"type": "object", "properties": {}})
+
+    async def list_tools(ctx: ServerRequestContext[Any], params: Any) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=[tool])
+
+    async def call_tool(ctx: ServerRequestContext[Any], params: types.CallToolRequestParams) -> types.CallToolResult:
+        return types.CallToolResult(content=[], structured_content={})
+
+    return Server("bare", on_list_tools=list_tools, on_call_tool=call_tool)
+
+
+async def mcp_round(session: ClientSession, name: str, n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        result = await session.call_tool(name, {})
+        samples.append(time.perf_counter() - t0)
+        assert not result.is_error, result.content
+    return samples
+
+
+async def measure(n: int, *, rounds: int = ROUNDS) -> dict[str, Any]:
+    """Per row: every sample, and the p50 of each round (for the spread). Prints nothing."""
+    per_round = max(1, n // rounds)
+    rows: dict[str, list[float]] = {"command": [], "REST": [], "gateway": [], "bare SDK": []}
+    medians: dict[str, list[float]] = {k: [] for k in rows}
+    bare = bare_server()
+    config = uvicorn.Config(bare.streamable_http_app(), host="127.0.0.1", port=0, log_level="warning",
+                            lifespan="on")
+    bare_uvicorn, bare_task, bare_port = await start_server(config)
+    try:
+        async with running_tether() as tether, \
+                httpx.AsyncClient(base_url=f"http://127.0.0.1:{tether.port}",
+                                  headers={"Authorization": f"Bearer {tether.api_token}"}, timeout=30) as http, \
+                mcp_session(f"http://127.0.0.1:{tether.port}/mcp", tether.api_token) as gateway, \
+                mcp_session(f"http://127.0.0.1:{bare_port}/mcp") as sdk:
+            listed = {t.name for t in (await gateway.list_tools()).tools}
+            assert f"{DEVICE}__noop" in listed, sorted(listed)
+            await sdk.list_tools()
+            runs = {"command": lambda k: tether_round(tether.hub, k), "REST": lambda k: rest_round(http, k),
+                    "gateway": lambda k: mcp_round(gateway, f"{DEVICE}__noop", k),
+                    "bare SDK": lambda k: mcp_round(sdk, "noop", k)}
+            for run in runs.values():  # warm up every path once
+                await run(max(2, per_round // 10))
+            for _ in range(rounds):
+                for name, run in runs.items():
+                    samples = await run(per_round)
+                    rows[name] += samples
+                    medians[name].append(statistics.median(samples))
+    finally:
+        await stop_server(bare_uvicorn, bare_task)
+    return {"rows": rows, "medians": medians, "per_round": per_round, "rounds": rounds}
+
+
+def report(measured: dict[str, Any]) -> dict[str, float]:
+    rows, medians = measured["rows"], measured["medians"]
+    p50 = {name: pct(samples, 50) * 1e6 for name, samples in rows.items()}
+    print(f"{measured['rounds']} interleaved rounds of {measured['per_round']} sequential calls per row")
+    for name, samples in rows.items():
+        us = [s * 1e6 for s in samples]
+        print(f"{name:<10} p50 {p50[name]:9.1f} us   p99 {pct(us, 99):9.1f} us   "
+              f"round medians {spread([m * 1e6 for m in medians[name]])} us   n={len(us)}")
+    added = p50["gateway"] - p50["command"]
+    ratio = added / p50["bare SDK"]
+    print(f"REST / command p50: {p50['REST'] / p50['command']:.2f}x   gateway / REST p50: "
+          f"{p50['gateway'] / p50['REST']:.2f}x")
+    print(f"gateway adds {added:.1f} us over the command round trip = {ratio:.2f}x the bare SDK server's round "
+          f"trip ({p50['bare SDK']:.1f} us); goal <= {GOAL}x: {'met' if ratio <= GOAL else 'NOT met'}")
+    return {**p50, "added": added, "ratio": ratio}
+
+
+def main() -> None:
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    n = int(args[0]) if args else 1000
+    report(asyncio.run(measure(n)))
+
+
+if __name__ == "__main__":
+    main()
