@@ -195,3 +195,33 @@ def test_tool_names_keep_legal_characters_and_escape_the_rest() -> None:
     keep = DeviceFilter.parse("laptop, lab-*")
     assert keep.admits("lab-7") and keep.admits("laptop") and not keep.admits("desk")
     assert DeviceFilter.parse(None).admits("anything") and not DeviceFilter.parse("none").admits("laptop")
+
+
+async def test_new_tools_reported_by_a_device_are_listed_and_announced(server: GatewayServer) -> None:
+    from gatewaykit import READ_FILE, SHELL_RUN, Seen, profile
+
+    from tether.protocol.models import ToolInfo
+
+    laptop = await register(server, "laptop", profile(SHELL_RUN))
+    seen = Seen()
+    async with mcp_client(server.mcp_url, server.token("reader", "read"), message_handler=seen) as client:
+        assert "laptop__files.read" not in {t.name for t in (await client.list_tools()).tools}
+        git = ToolInfo(name="git_status", namespace="git", tool_type="data_collection")
+        await laptop.send(ClientMessage(type=ClientMessageType.DEVICE_INFO,
+                                        payload=profile(SHELL_RUN, READ_FILE, git).model_dump(mode="json")))
+        await asyncio.wait_for(seen.list_changed.wait(), WAIT)
+        assert {"laptop__files.read", "laptop__git_status"} <= {t.name for t in (await client.list_tools()).tools}
+    await laptop.close()
+
+
+async def test_a_result_past_the_answer_limit_is_replaced_by_a_clear_failure(tmp_path: Path) -> None:
+    server = await GatewayServer(tmp_path, max_response_bytes=2048).start()
+    laptop = await register(server, "laptop")
+    answered = laptop.serve_forever(lambda c: Result(status=ResultStatus.SUCCESS, call_id=c.call_id,
+                                                     result="x" * 5000))
+    async with mcp_client(server.mcp_url, server.token("agent", "execute")) as client:
+        big = await client.call_tool("laptop__files.read", {"path": "big"})
+    assert big.is_error and "result too large" in big.content[0].text and "2048" in big.content[0].text
+    answered.cancel()
+    await laptop.close()
+    await server.stop()

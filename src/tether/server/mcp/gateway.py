@@ -189,7 +189,7 @@ class Gateway:
             return _result(Reply(f"no tool named {name!r}: the device may have gone offline or dropped the tool; "
                                  "list the tools again", is_error=True))
         reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), _elicit(ctx))
-        return _result(reply)
+        return _result(_capped(reply, self.app.state.settings.max_response_bytes))
 
     async def _call_contributed(self, ctx: ServerRequestContext[Any], tool: GatewayTool, arguments: dict[str, Any],
                                 caller: Caller) -> types.CallToolResult:
@@ -306,6 +306,17 @@ def _result(reply: Reply, *, as_json: bool = False) -> types.CallToolResult:
     text = json.dumps(reply.payload, ensure_ascii=False, default=str) if as_json else reply.text
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)] if text else []
     return types.CallToolResult(content=content, structured_content=structured, is_error=reply.is_error)
+
+
+def _capped(reply: Reply, limit: int) -> Reply:
+    """The REST API's answer size limit (`max_response_bytes`) for one result, text and structured twin."""
+    size = len(reply.text.encode()) * (2 if isinstance(reply.payload, dict) else 1)
+    if size <= limit:
+        return reply
+    return Reply(f"result too large for this answer: about {size} bytes, and the limit is {limit} bytes "
+                 f"(max_response_bytes); the command itself {'failed' if reply.is_error else 'succeeded'} on the "
+                 "device (see the audit log); ask for less output", {"too_large": True, "bytes": size,
+                                                                     "limit": limit}, is_error=True)
 
 
 def _query_value(scope: dict[str, Any], name: str) -> str | None:
