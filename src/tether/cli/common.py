@@ -263,6 +263,10 @@ def stream_output(kind: str, data: dict[str, Any]) -> None:
     elif kind == "queued":  # the device runs as many sessions as it may: this one waits in line
         sys.stderr.write(f"waiting: the device is busy; number {data.get('position')} in line\n")
         sys.stderr.flush()
+    elif kind == "starting":  # the tool may be an external MCP server's that the device is still starting
+        servers = ", ".join(map(str, data.get("servers") or []))
+        sys.stderr.write(f"waiting: MCP server(s) still starting on the device: {servers}\n")
+        sys.stderr.flush()
     elif kind == "progress":  # an external MCP tool's progress: not in the result, so always shown
         sys.stderr.write(progress_line(data) + "\n")
         sys.stderr.flush()

@@ -387,8 +387,9 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
         device_policy = resolve_policy(cfg, policy)
         sandbox = await sandbox_probe
         # serving a server: no process starts unconfined unless the policy says require_sandbox: false
+        # registers with its built-in tools; each external MCP server joins when started (a DEVICE_INFO)
         device = build_device(cfg, policy=device_policy, state_dir=state_dir, serving=True, sandbox=sandbox,
-                              secrets=secret_files)
+                              secrets=secret_files, join_external=True)
     except ValueError as exc:
         _error(str(exc))
         return 2
@@ -425,6 +426,7 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
                                   ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
                                   max_concurrent_sessions=device.policy.max_concurrent_sessions,
                                   remote_policy=remote_policy)
+    device.computer_manager.on_tools_changed = lambda computer: connection.profile_changed()
     from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 
     # an external MCP server's question is an event of the command; the answer comes back over AIP

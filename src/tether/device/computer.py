@@ -5,13 +5,20 @@ the one registered first (built-in tool sets, then the config's order) keeps the
 the rest stay reachable by their qualified name `namespace/tool_name`; every such collision is
 recorded in `collisions` and logged, so the resolution is deterministic and visible rather than
 whichever server answered first.
+
+A device serving a server registers as soon as its built-in tools are ready: with `join_external`,
+each external MCP server joins the registry when it has started (the registry is rebuilt in config
+order, so collisions resolve the same whatever the order servers become ready in), `on_tools_changed`
+tells the device to send its new profile, and a command naming a tool that is not there yet waits
+for the servers still starting, within its own deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +36,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 META_NAMESPACE = "meta"
+JOIN_WAIT_S = 60.0  # longest a command without a deadline waits for external servers still starting
+
+ServerKey = tuple[ToolType, str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +77,12 @@ class Computer:
         )
         # built-in sets first, then the config's own order: that order decides name collisions
         self._configs = sorted(configs, key=lambda item: item[1].toolset is None)
-        self._servers: dict[tuple[ToolType, str], BaseMCPServer] = {}
+        self._servers: dict[ServerKey, BaseMCPServer] = {}
+        self._order: list[ServerKey] = []  # registration order: the config's (built-ins first), then add_server's
+        self._listed: dict[ServerKey, list[ToolInfo]] = {}  # each server's tools as it listed them
+        self._joining: asyncio.Task[None] | None = None  # external servers starting after async_init
+        self.still_starting: list[str] = []  # their namespaces, until each has joined or failed
+        self.on_tools_changed: Callable[[Computer], None] | None = None
         self._tools_registry: dict[str, ToolEntry] = {}
         self._context = context or ToolContext()
         self._tool_timeout = tool_timeout
@@ -125,73 +140,148 @@ class Computer:
                 out.append(info)
         return out
 
-    async def async_init(self) -> None:
-        """Open every configured server in parallel, then register tools in config order."""
+    async def async_init(self, *, join_external: bool = False) -> None:
+        """Open every configured server in parallel, then register tools in config order. With
+        `join_external`, only the built-in tool sets are waited for; the external servers are started
+        in the background and join one by one (`still_starting`, `wait_for_joins`, `on_tools_changed`)."""
+        self._order = [(tool_type, cfg.namespace) for tool_type, cfg in self._configs]
+        later: dict[ServerKey, MCPServerConfig] = {}
         for tool_type, cfg in self._configs:
+            if join_external and cfg.toolset is None:  # created in the background: they import `mcp`
+                later[(tool_type, cfg.namespace)] = cfg
+                continue
             server = self._mcp_server_manager.create_or_get_server(cfg, reset=cfg.reset,
                                                                    process_name=self._process_name)
             self._servers[(tool_type, cfg.namespace)] = server
         errors = await self._mcp_server_manager.start_servers(list(dict.fromkeys(self._servers.values())))
         self.startup_errors = {ns: err for ns, err in (errors or {}).items()}
-        for (tool_type, namespace), server in self._servers.items():
-            if namespace in self.startup_errors:
-                level = logging.INFO if namespace in OPTIONAL_SETS else logging.WARNING
-                logger.log(level, "computer %s: server %s did not start: %s", self._name, namespace,
-                           self.startup_errors[namespace])
-                continue
-            await self._register_server(namespace, server, tool_type)
+        for key, server in self._servers.items():
+            await self._list(key, server)
+        self._rebuild()
+        if later:
+            self.still_starting = list(dict.fromkeys(ns for _, ns in later))
+            self._joining = asyncio.create_task(self._join_external(later), name=f"join {self._name}")
+
+    async def _list(self, key: ServerKey, server: BaseMCPServer) -> None:
+        tool_type, namespace = key
+        if namespace in self.startup_errors:
+            level = logging.INFO if namespace in OPTIONAL_SETS else logging.WARNING
+            logger.log(level, "computer %s: server %s did not start: %s", self._name, namespace,
+                       self.startup_errors[namespace])
+            return
+        try:
+            self._listed[key] = await server.list_tools(tool_type)
+        except Exception as exc:
+            self.startup_errors[namespace] = f"list_tools failed: {exc}"
+            logger.warning("computer %s: cannot list tools of %s: %s", self._name, namespace, exc)
+
+    def _rebuild(self) -> None:
+        """The registry from every listed server in registration order, swapped in whole (a reader never
+        sees half of it); then the meta tools, which keep their names."""
+        registry: dict[str, ToolEntry] = {}
+        collisions: list[dict[str, Any]] = []
+        for key in self._order:
+            server = self._servers.get(key)
+            for info in self._listed.get(key, ()) if server is not None else ():
+                entry = ToolEntry(info=info, server=server,
+                                  direct=server if isinstance(server, ToolSetServer) else None)
+                registry[f"{info.tool_type}::{info.namespace}/{info.name}"] = entry
+                holder = registry.get(info.key)
+                if holder is None:
+                    registry[info.key] = entry
+                    continue
+                collisions.append({"tool": info.name, "tool_type": info.tool_type, "kept": holder.info.namespace,
+                                   "shadowed": info.namespace, "use": f"{info.namespace}/{info.name}"})
+        for collision in collisions:
+            if collision not in self.collisions:
+                logger.info("tool name collision: %(tool)s (%(tool_type)s) kept from %(kept)s; "
+                            "%(shadowed)s's is reachable as %(use)s", collision)
         for tool_type in TOOL_TYPES:
             for spec in self._meta_tools.values():
                 info = ToolInfo(name=spec.name, namespace=META_NAMESPACE, tool_type=tool_type,
                                 description=spec.description, input_schema=spec.input_schema, meta=True)
-                self._tools_registry[info.key] = ToolEntry(info=info, meta=spec)
+                registry[info.key] = ToolEntry(info=info, meta=spec)
+        self._tools_registry, self.collisions = registry, collisions
 
-    async def _register_server(self, namespace: str, server: BaseMCPServer, tool_type: ToolType) -> None:
+    async def _join_external(self, configs: dict[ServerKey, MCPServerConfig]) -> None:
+        # the SDK's import (~0.5 s of CPU) in a thread: the device registers and serves meanwhile
+        await asyncio.to_thread(importlib.import_module, "tether.device.mcp_external")
+        by_server: dict[BaseMCPServer, list[ServerKey]] = {}
+        for key, cfg in configs.items():
+            server = self._mcp_server_manager.create_or_get_server(cfg, reset=cfg.reset,
+                                                                   process_name=self._process_name)
+            self._servers[key] = server
+            by_server.setdefault(server, []).append(key)
+        await asyncio.gather(*(self._join(server, keys) for server, keys in by_server.items()))
+
+    async def _join(self, server: BaseMCPServer, keys: list[ServerKey]) -> None:
+        errors = await self._mcp_server_manager.start_servers([server])
+        self.startup_errors.update(errors)
+        for key in keys:
+            if self._servers.get(key) is server:  # not deleted meanwhile
+                await self._list(key, server)
+        self.still_starting = [ns for ns in self.still_starting if ns != server.namespace]
+        self._rebuild()
+        if server.namespace not in self.startup_errors:
+            logger.info("computer %s: server %s joined with %d tool(s)", self._name, server.namespace,
+                        sum(len(self._listed.get(key, ())) for key in keys))
+        if any(self._listed.get(key) for key in keys) and self.on_tools_changed is not None:
+            try:
+                self.on_tools_changed(self)
+            except Exception:
+                logger.exception("computer %s: on_tools_changed failed", self._name)
+
+    async def wait_for_joins(self, deadline: float | None = None) -> bool:
+        """Wait for the external servers still starting, until the loop time `deadline` at most (at most
+        `JOIN_WAIT_S` without one); True when none is left starting."""
+        joining = self._joining
+        if joining is None or joining.done():
+            return True
+        loop = asyncio.get_running_loop()
+        end = min(deadline, loop.time() + JOIN_WAIT_S) if deadline is not None else loop.time() + JOIN_WAIT_S
+        await asyncio.wait([joining], timeout=max(0.0, end - loop.time()))
+        return joining.done()
+
+    async def command2tool_when_joined(self, command: Command, deadline: float | None = None) -> MCPToolCall:
+        """`command2tool` for a command it refused while external servers are still starting: once they
+        have joined (or the deadline passed), resolved again; the error names those still starting."""
+        if self.still_starting:
+            await self.wait_for_joins(deadline)
         try:
-            infos = await server.list_tools(tool_type)
-        except Exception as exc:
-            self.startup_errors[namespace] = f"list_tools failed: {exc}"
-            logger.warning("computer %s: cannot list tools of %s: %s", self._name, namespace, exc)
-            return
-        for info in infos:
-            entry = ToolEntry(info=info, server=server,
-                              direct=server if isinstance(server, ToolSetServer) else None)
-            self._tools_registry[f"{info.tool_type}::{info.namespace}/{info.name}"] = entry
-            holder = self._tools_registry.get(info.key)
-            if holder is None:
-                self._tools_registry[info.key] = entry
-                continue
-            collision = {"tool": info.name, "tool_type": info.tool_type, "kept": holder.info.namespace,
-                         "shadowed": info.namespace, "use": f"{info.namespace}/{info.name}"}
-            self.collisions.append(collision)
-            logger.info("tool name collision: %(tool)s (%(tool_type)s) kept from %(kept)s; "
-                           "%(shadowed)s's is reachable as %(use)s", collision)
+            return self.command2tool(command)
+        except ValueError as exc:
+            if self.still_starting:
+                raise ValueError(f"{exc} (MCP servers still starting: {', '.join(self.still_starting)})") from None
+            raise
+
+    async def aclose(self) -> None:
+        """Stop joining external servers (the manager closes the servers themselves)."""
+        joining, self._joining = self._joining, None
+        if joining is not None and not joining.done():
+            joining.cancel()
+            await asyncio.gather(joining, return_exceptions=True)
 
     async def add_server(self, namespace: str, mcp_server: BaseMCPServer, tool_type: ToolType) -> None:
         """Attach a server at run time; it is started if needed and its tools registered."""
         errors = await self._mcp_server_manager.start_servers([mcp_server])
         if errors:
             raise RuntimeError(f"server '{namespace}' did not start: {errors.get(namespace, errors)}")
-        self._servers[(tool_type, namespace)] = mcp_server
-        await self._register_server(namespace, mcp_server, tool_type)
+        key = (tool_type, namespace)
+        self._servers[key] = mcp_server
+        if key not in self._order:
+            self._order.append(key)
+        await self._list(key, mcp_server)
+        self._rebuild()
 
     async def delete_server(self, namespace: str, tool_type: ToolType) -> None:
         """Detach a server and its tools; a plain name it shadowed falls back to the next holder."""
-        server = self._servers.pop((tool_type, namespace), None)
+        key = (tool_type, namespace)
+        server = self._servers.pop(key, None)
         if server is None:
             raise ValueError(f"no {tool_type} server '{namespace}' on computer '{self._name}'")
-        # by server, not by type: a read-only tool of an action server is registered as data_collection
-        elsewhere = any(other is server for other in self._servers.values())
-        removed = [k for k, e in self._tools_registry.items()
-                   if e.server is server and (not elsewhere or e.info.tool_type == tool_type)]
-        for key in removed:
-            del self._tools_registry[key]
-        for key, entry in list(self._tools_registry.items()):
-            if "/" not in key:
-                continue
-            self._tools_registry.setdefault(entry.info.key, entry)
-        self.collisions = [c for c in self.collisions
-                           if not (c["tool_type"] == tool_type and namespace in (c["kept"], c["shadowed"]))]
+        self._listed.pop(key, None)
+        self._order = [k for k in self._order if k != key]
+        self._rebuild()
 
     def _lookup(self, name: str, tool_type: ToolType | None) -> tuple[str, ToolEntry] | str:
         if tool_type is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from tether.device.computer import Computer
 from tether.device.config import DEFAULT_AGENT, DeviceConfig
@@ -17,11 +18,16 @@ class ComputerManager:
     """Caches computers by key; a root that is not configured falls back to the agent's `default`."""
 
     def __init__(self, configs: DeviceConfig, mcp_server_manager: MCPServerManager, *,
-                 context: ToolContext | None = None, tool_timeout: float | None = None) -> None:
+                 context: ToolContext | None = None, tool_timeout: float | None = None,
+                 join_external: bool = False) -> None:
         self.configs = configs
         self.mcp_server_manager = mcp_server_manager
         self.context = context or ToolContext()
         self.tool_timeout = tool_timeout
+        # a device serving a server: computers are ready with their built-in tools, external servers join
+        # later (`Computer.async_init`), and `on_tools_changed` hears of each (the device sends its profile)
+        self.join_external = join_external
+        self.on_tools_changed: Callable[[Computer], None] | None = None
         self.computers: dict[str, Computer] = {}
         self._creating: dict[str, asyncio.Future[Computer]] = {}
 
@@ -57,7 +63,8 @@ class ComputerManager:
         try:
             computer = Computer(key, process_name, self.mcp_server_manager, root.data_collection, root.action,
                                 context=self.context, tool_timeout=self.tool_timeout)
-            await computer.async_init()
+            computer.on_tools_changed = self._tools_changed
+            await computer.async_init(join_external=self.join_external)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # mark retrieved: waiters re-raise it themselves
@@ -68,6 +75,15 @@ class ComputerManager:
         future.set_result(computer)
         return computer
 
+    def _tools_changed(self, computer: Computer) -> None:
+        if self.on_tools_changed is not None and self.computers.get(computer.name) is computer:
+            self.on_tools_changed(computer)
+
     def reset(self) -> None:
         """Forget computers so the next task rebuilds its registry (servers themselves stay up)."""
         self.computers.clear()
+
+    async def aclose(self) -> None:
+        """Stop the computers' external servers from joining (before the servers are closed)."""
+        computers, self.computers = list(self.computers.values()), {}
+        await asyncio.gather(*(c.aclose() for c in computers))

@@ -157,8 +157,34 @@ class DeviceConnection:
         self._last_rx = 0.0
         self._grace_until: float | None = None  # loop time the server's grace for our batches ends
         self._side_tasks: set[asyncio.Task[None]] = set()
+        # the profile changes when an external MCP server joins after registration: counted, so a change
+        # while the profile of a registration was being collected is sent once registered
+        self._profile_version = 0
+        self._registered_version = 0
+        self._pushing: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------ public control
+
+    def profile_changed(self) -> None:
+        """The device's tools changed (an external MCP server has joined): the server gets the new
+        profile now in an unasked DEVICE_INFO, or with the next registration if not registered."""
+        self._profile_version += 1
+        if self.state == "registered":
+            self._push_profile()
+
+    def _push_profile(self) -> None:
+        if self._pushing is not None and not self._pushing.done():
+            return  # the running push sends again if the version moved meanwhile
+        self._pushing = asyncio.create_task(self._push_profile_until_current())
+        self._side_tasks.add(self._pushing)
+        self._pushing.add_done_callback(self._side_tasks.discard)
+
+    async def _push_profile_until_current(self) -> None:
+        while True:
+            version = self._profile_version
+            await self._send_device_info(None)
+            if self._profile_version == version:
+                return
 
     def stop(self) -> None:
         """Ask `run()` to finish: running batches are cancelled, their failures sent if possible.
@@ -260,6 +286,7 @@ class DeviceConnection:
 
     async def _session(self) -> float | None:
         """One connection: None if it never registered (errors raise), else how long it was up."""
+        self._registered_version = self._profile_version
         profile = await self._collect_profile()
         # the token travels in the handshake's Authorization header (never the URL): the server checks
         # it before upgrading the connection and answers 401 {"error": …} without reading a frame
@@ -332,6 +359,8 @@ class DeviceConnection:
         self.outbox.open(ack.max_frame_bytes)
         self.connected.set()
         self._set_state("registered")
+        if self._profile_version != self._registered_version:  # a server joined while we registered
+            self._push_profile()
         stopper = asyncio.create_task(self._stop.wait())
         # The socket's reader may hand the socket over to a new reader and become a batch's task (see
         # `_reader`): `reading` ends when the reader of the moment ends, however it ends.
@@ -463,7 +492,7 @@ class DeviceConnection:
             reply.status, reply.error = TaskStatus.FAILED, f"the device could not save its policy: {exc}"
         self.outbox.put_control(encode(reply))
 
-    async def _send_device_info(self, response_id: str) -> None:
+    async def _send_device_info(self, response_id: str | None) -> None:
         profile = await self._collect_profile()
         self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.DEVICE_INFO, client_id=self.name,
                                                      prev_response_id=response_id,

@@ -44,6 +44,7 @@ class LocalDevice:
 
     async def aclose(self) -> None:
         try:
+            await self.computer_manager.aclose()
             await self.mcp_server_manager.aclose()
         finally:
             if self.context.sandbox is not None:
@@ -71,11 +72,14 @@ def device_state_dir(config: DeviceConfig, state_dir: str | os.PathLike[str] | N
 def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = None,
                  state_dir: str | os.PathLike[str] | None = None, client_id: str = "local",
                  serving: bool = False, sandbox: bool | SandboxInfo = True,
-                 secrets: list[str] | None = None, mcp_hooks: MCPClientHooks | None = None) -> LocalDevice:
+                 secrets: list[str] | None = None, mcp_hooks: MCPClientHooks | None = None,
+                 join_external: bool = False) -> LocalDevice:
     """`serving`: the device runs commands for a server, so a sandbox is required unless the policy says
     otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path), a `SandboxInfo`
     is a probe already made; `secrets` are more paths the sandbox hides (the token file); `mcp_hooks` answer
-    external MCP servers' questions and sampling requests (`mcp_client_caps`)."""
+    external MCP servers' questions and sampling requests (`mcp_client_caps`); `join_external`: the device
+    is ready with its built-in tools and external MCP servers join when they have started (`tether device`
+    registers without waiting for them)."""
     config = config or load_device_config(None)
     policy = policy or resolve_policy(config)
     if policy.require_sandbox is None:
@@ -90,7 +94,7 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     context = ToolContext(policy=policy, journal=journal, sandbox=confined)
     # its sandbox confines stdio servers; the hooks answer their questions and sampling requests
     servers = MCPServerManager(toolsets=builtin_toolsets(), context=context, hooks=mcp_hooks)
-    computers = ComputerManager(config, servers, context=context)
+    computers = ComputerManager(config, servers, context=context, join_external=join_external)
     client = DeviceClient(servers, computers, client_id=config.device.name or client_id)
     return LocalDevice(config, policy, root, journal, context, servers, computers, client)
 

@@ -54,7 +54,14 @@ class CommandRouter:
                 continue
             started = time.monotonic()
             try:
-                call = computer.command2tool(command)
+                try:
+                    call = computer.command2tool(command)
+                except ValueError:
+                    if not computer.still_starting:
+                        raise
+                    if emit is not None:  # an external server's tool, maybe: said, then waited for
+                        emit("starting", {"call_id": command.call_id, "servers": list(computer.still_starting)})
+                    call = await computer.command2tool_when_joined(command, deadline)
             except ValueError as exc:
                 result = Result.failure(str(exc), command.call_id)
             else:
