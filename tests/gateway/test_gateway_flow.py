@@ -131,8 +131,9 @@ async def test_the_clients_cancellation_cancels_the_batch_on_the_device(server: 
     laptop = await register(server, "laptop")
     async with mcp_client(server.mcp_url, server.token("agent", "execute")) as client:
         async with anyio.create_task_group() as group:
-            group.start_soon(client.call_tool, "laptop__shell.run", {"cmd": "sleep"})
+            group.start_soon(client.call_tool, "laptop__shell.run", {"cmd": "sleep", "timeoutMs": 120_000})
             command = await laptop.expect(ServerMessageType.COMMAND)
+            assert command.timeout == 121, "the batch waits a second longer than the tool's own timeout"
             group.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the abandoned request
         cancel = await laptop.expect(ServerMessageType.CANCEL)
         assert cancel.response_id == command.response_id

@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 MAX_EVENTS = 10_000  # queued for the client while it reads; past it, events are dropped (the result is not)
 MAX_PROGRESS_TEXT = 4000
 CANCEL_GRACE = 15.0  # how long a cancelled call waits for its batch to be cancelled on the device and audited
+MAX_BATCH_SECONDS = 24 * 3600  # the REST API's limit for one batch
 APPROVE, DENY = "approve once", "deny"
 
 
@@ -138,7 +139,8 @@ async def _run(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], call
     command = Command(tool_name=tool.info.name, tool_type=tool.info.tool_type, parameters=arguments,
                       approved_by=approved_by)
     dispatcher = hub.dispatcher(tool.device, on_event=forward.put, requested_by=caller.requested_by)
-    run = asyncio.ensure_future(dispatcher.execute_commands([command], response_id=new_call_id()))
+    run = asyncio.ensure_future(dispatcher.execute_commands([command], timeout=_batch_timeout(hub, arguments),
+                                                            response_id=new_call_id()))
     try:
         [result] = await asyncio.shield(run)
         await forward.drain()  # every notification before the answer
@@ -150,6 +152,16 @@ async def _run(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], call
         raise
     finally:
         forward.close()
+
+
+def _batch_timeout(hub: DeviceHub, arguments: dict[str, Any]) -> float:
+    """The server's default, or longer when the call asks its tool for more (`timeoutMs`, as shell.run takes
+    it): one second more than the tool's own, so the tool, which says what it killed, answers first."""
+    timeout = hub.settings.default_command_timeout
+    wanted = arguments.get("timeoutMs")
+    if isinstance(wanted, int | float) and not isinstance(wanted, bool) and wanted > 0:
+        timeout = max(timeout, min(wanted / 1000 + 1, MAX_BATCH_SECONDS))
+    return timeout
 
 
 async def _settle(run: asyncio.Future[Any]) -> None:
