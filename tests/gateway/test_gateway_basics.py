@@ -162,5 +162,11 @@ async def test_a_client_of_the_2026_protocol_lists_and_calls_too(server: Gateway
         result = await client.call_tool("laptop__files.read", {"path": "/etc/hostname"})
         assert not result.is_error and result.structured_content == {"tool": "files.read",
                                                                      "args": {"path": "/etc/hostname"}}
+        async with client.listen(tools_list_changed=True) as changes:  # the 2026 way to hear of changes
+            desk = await register(server, "desk")
+            event = await asyncio.wait_for(changes.__anext__(), WAIT)
+            assert type(event).__name__ == "ToolsListChanged"
+            assert "desk__shell.run" in {t.name for t in (await client.list_tools()).tools}
     answered.cancel()
     await laptop.close()
+    await desk.close()
