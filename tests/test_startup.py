@@ -4,6 +4,8 @@ a command imports its own module and not the server, the agent, `mcp` or a brows
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -148,3 +150,137 @@ def test_a_failed_sandbox_probe_is_not_remembered(tmp_path: Path, monkeypatch: p
     assert not (state / CACHE_FILE).exists()  # a machine that gets fixed is seen fixed at its next start
     monkeypatch.undo()
     assert detect(state).available and (state / CACHE_FILE).exists()
+
+
+# ---------------------------------------------------------------- a device registers before its MCP servers
+
+GATED = Path(__file__).resolve().parent / "servers" / "gated.py"
+
+
+def _gated_servers(gate: Path) -> dict[str, Any]:
+    return {"gated": {"command": sys.executable, "args": [str(GATED), "--gate", str(gate)],
+                      "toolType": "data_collection"}}
+
+
+def _open_gate(gate: Path) -> None:
+    with open(gate, "w") as fifo:  # returns once the server has opened it to read (it waits for this)
+        fifo.write("go\n")
+
+
+def _release(gate: Path) -> None:
+    """Whatever happened, nobody stays blocked on the FIFO: a server waiting to read it gets end-of-file."""
+    with contextlib.suppress(OSError):
+        os.close(os.open(gate, os.O_WRONLY | os.O_NONBLOCK))
+    with contextlib.suppress(OSError):
+        os.close(os.open(gate, os.O_RDONLY | os.O_NONBLOCK))
+
+
+async def test_external_servers_join_a_ready_computer_as_a_waiting_one_has_them(tmp_path: Path) -> None:
+    from tether.device.config import parse_device_config
+    from tether.device.local import build_device
+    from tether.protocol.models import Command
+    from tether.tools.policy import Policy
+
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    config = parse_device_config({"mcpServers": _gated_servers(gate)})
+    device = build_device(config, policy=Policy(), state_dir=tmp_path / "state", sandbox=False, join_external=True)
+    changed: list[Any] = []
+    device.computer_manager.on_tools_changed = changed.append
+    loop = asyncio.get_running_loop()
+    try:
+        computer = await device.computer_manager.get_or_create(None)  # returns while gated waits on its gate
+        names = {(i.namespace, i.name) for i in computer.tool_infos()}
+        assert ("shell", "shell.run") in names and not {ns for ns, _ in names} & {"gated"}
+        assert computer.still_starting == ["gated"] and changed == []
+        with pytest.raises(ValueError, match="still starting: gated"):  # its deadline has passed: no wait
+            await computer.command2tool_when_joined(Command(tool_name="echo"), loop.time())
+        await asyncio.wait_for(asyncio.to_thread(_open_gate, gate), 60)
+        assert await computer.wait_for_joins(loop.time() + 60)
+        assert changed == [computer] and computer.still_starting == [] and "gated" not in computer.startup_errors
+        assert ("gated", "echo") in {(i.namespace, i.name) for i in computer.tool_infos()}
+        # the built-in set keeps the plain name, as when the device waits for every server
+        shadowed = {"tool": "read_file", "tool_type": "data_collection", "kept": "files", "shadowed": "gated",
+                    "use": "gated/read_file"}
+        assert computer.collisions == [shadowed]
+        [echo, read] = await device.dispatcher().execute_commands(
+            [Command(tool_name="echo", parameters={"text": "hi"}),
+             Command(tool_name="gated/read_file", parameters={"file_path": "/x"})], timeout=60)
+        assert echo.ok and "hi" in json.dumps(echo.result), echo.error
+        assert read.ok and "gated would read /x" in json.dumps(read.result), read.error
+    finally:
+        _release(gate)
+        await device.aclose()
+
+
+def _stored_tools(cluster: Any, name: str) -> set[str]:
+    """The device's tools as its last profile says (not asked live): what DEVICE_INFO brought."""
+    import httpx
+
+    response = httpx.get(f"http://127.0.0.1:{cluster.port}/api/v1/devices/{name}/tools", params={"live": "false"},
+                         headers={"Authorization": f"Bearer {cluster.api_token}"}, timeout=10)
+    response.raise_for_status()
+    return {tool["name"] for tool in response.json()}
+
+
+def test_tether_device_registers_first_and_its_external_server_joins_later(tmp_path: Path) -> None:
+    from netutil import Cluster, wait_for
+    from tether.protocol.models import Command, ResultStatus
+
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    config = tmp_path / "device.yaml"
+    config.write_text(json.dumps({"mcpServers": {**_gated_servers(gate),
+                                                 "broken": {"command": str(tmp_path / "no-such-server")}}}))
+    cluster = Cluster(tmp_path)
+    try:
+        device = cluster.device("alpha", extra=("--config", str(config)))
+        cluster.wait_online("alpha", device)  # registered while gated cannot have answered a single frame
+        assert "shell.run" in _stored_tools(cluster, "alpha") and "echo" not in _stored_tools(cluster, "alpha")
+        events: list[str] = []
+
+        def on_event(event: Any) -> None:  # the device waits for gated: now it may start
+            events.append(event.kind)
+            if event.kind == "starting":
+                assert event.data["servers"] == ["gated"] or set(event.data["servers"]) == {"gated", "broken"}
+                _open_gate(gate)
+
+        _, [echo] = cluster.remote.run("alpha", [Command(tool_name="echo", parameters={"text": "hi"})], timeout=60,
+                                       on_event=on_event)
+        assert "starting" in events
+        assert echo.status is ResultStatus.SUCCESS and "hi" in json.dumps(echo.result), echo.error
+        wait_for(lambda: "echo" in _stored_tools(cluster, "alpha"), "the profile with gated's tools",
+                 procs=(device.popen,))
+        _, [bad] = cluster.remote.run("alpha", [Command(tool_name="nothing_here")], timeout=30)
+        assert bad.status is ResultStatus.FAILURE and "unknown tool 'nothing_here'" in (bad.error or "")
+        assert "still starting" not in (bad.error or "")  # broken failed to start: nothing is left starting
+        assert cluster.status("alpha") in ("online", "busy")
+    finally:
+        _release(gate)
+        cluster.close()
+
+
+def test_a_device_with_only_built_in_tools_never_imports_the_mcp_sdk(tmp_path: Path) -> None:
+    from netutil import Cluster, wait_for
+    from tether.protocol.models import Command
+
+    cluster = Cluster(tmp_path)
+    out = tmp_path / "modules.json"
+    log = (tmp_path / "device.log").open("wb")
+    proc = subprocess.Popen([sys.executable, "-c", _HARNESS, str(out), "device", "--server",
+                             f"ws://127.0.0.1:{cluster.port}", "--name", "alpha", "--state-dir",
+                             str(tmp_path / "dev")], stdout=log, stderr=subprocess.STDOUT,
+                            env={**cluster.env, "TETHER_DEVICE_TOKEN": cluster.device_tokens["alpha"]})
+    try:
+        wait_for(lambda: cluster.status("alpha") in ("online", "busy"), "alpha online", 60, (proc,))
+        [result] = cluster.remote.run("alpha", [Command(tool_name="get_system_info",
+                                                        parameters={"info_type": "os"})], timeout=30)[1]
+        assert result.ok, result.error
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        log.close()
+        cluster.close()
+    assert proc.returncode == 0, (tmp_path / "device.log").read_text()
+    modules = set(json.loads(out.read_text()))
+    assert not _top(modules) & {*HEAVY, "mcp_types", "httpx"}, sorted(_top(modules) & {*HEAVY, "mcp_types", "httpx"})
