@@ -93,7 +93,9 @@ async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any],
                      is_error=True)
     decision = (answer.get("content") or {}).get("decision")
     if answer.get("action") != "accept" or (decision != APPROVE and decision not in always):
-        return Reply(f"not run: the approval was {'denied' if decision == DENY else answer.get('action')} "
+        outcome = "denied" if decision == DENY else {"decline": "declined", "cancel": "cancelled"}.get(
+            str(answer.get("action")), "not given")
+        return Reply(f"not run: the approval was {outcome} "
                      f"({question})", {"denied": True, **(held.result if isinstance(held.result, dict) else {})},
                      is_error=True)
     if decision in always:  # the program (or program + subcommand) joins the device's allowlist first
