@@ -47,7 +47,9 @@ class ClientMessageType(str, Enum):
     HEARTBEAT = "heartbeat"  # liveness + load; payload: {"running": n}
     COMMAND_RESULTS = "command_results"  # results for `prev_response_id`; status CONTINUE or COMPLETED
     EVENT = "event"  # progress / streamed output while a batch runs; payload: Event
-    DEVICE_INFO = "device_info"  # a fresh profile; payload: DeviceProfile
+    # a fresh profile; payload: DeviceProfile. Asked for (`prev_response_id`), or sent unasked when the device's
+    # tools change (an external MCP server has joined after registration): the server replaces the profile
+    DEVICE_INFO = "device_info"
     POLICY_REPORT = "policy_report"  # answers `prev_response_id`: payload {version, policy, sources,
     # remote_allowed}, or status FAILED with `error` (a refused or invalid change: nothing changed)
     # an external MCP server asks for an LLM completion during a command (its policy allows it): payload
