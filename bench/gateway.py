@@ -9,6 +9,7 @@ Rows, all in one run with their rounds interleaved (ROUNDS rounds of N/ROUNDS se
 - REST: `POST /api/v1/devices/bench/commands` (httpx, one keep-alive connection);
 - gateway: the official SDK `ClientSession.call_tool("bench__noop")` on one MCP session (2025 handshake,
   streamable HTTP, SSE answers), through the real server app's `/mcp`;
+- list_devices: the gateway's own fleet tool (no device involved): the HTTP, token and SDK session part;
 - bare SDK: the same client against a low-level `mcp` `Server` whose only tool returns at once, served by
   the SDK's own `streamable_http_app()` under uvicorn (no tether code at all).
 Goal (issue 11): what the gateway adds on top of the command round trip, gateway p50 - command p50, is at
@@ -95,11 +96,11 @@ def bare_server() -> Server[Any]:
     return Server("bare", on_list_tools=list_tools, on_call_tool=call_tool)
 
 
-async def mcp_round(session: ClientSession, name: str, n: int) -> list[float]:
+async def mcp_round(session: ClientSession, name: str, n: int, arguments: dict[str, Any] | None = None) -> list[float]:
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
-        result = await session.call_tool(name, {})
+        result = await session.call_tool(name, arguments or {})
         samples.append(time.perf_counter() - t0)
         assert not result.is_error, result.content
     return samples
@@ -108,7 +109,7 @@ async def mcp_round(session: ClientSession, name: str, n: int) -> list[float]:
 async def measure(n: int, *, rounds: int = ROUNDS) -> dict[str, Any]:
     """Per row: every sample, and the p50 of each round (for the spread). Prints nothing."""
     per_round = max(1, n // rounds)
-    rows: dict[str, list[float]] = {"command": [], "REST": [], "gateway": [], "bare SDK": []}
+    rows: dict[str, list[float]] = {"command": [], "REST": [], "gateway": [], "list_devices": [], "bare SDK": []}
     medians: dict[str, list[float]] = {k: [] for k in rows}
     bare = bare_server()
     config = uvicorn.Config(bare.streamable_http_app(), host="127.0.0.1", port=0, log_level="warning",
@@ -125,6 +126,7 @@ async def measure(n: int, *, rounds: int = ROUNDS) -> dict[str, Any]:
             await sdk.list_tools()
             runs = {"command": lambda k: tether_round(tether.hub, k), "REST": lambda k: rest_round(http, k),
                     "gateway": lambda k: mcp_round(gateway, f"{DEVICE}__noop", k),
+                    "list_devices": lambda k: mcp_round(gateway, "list_devices", k, {"name": "nothing"}),
                     "bare SDK": lambda k: mcp_round(sdk, "noop", k)}
             for run in runs.values():  # warm up every path once
                 await run(max(2, per_round // 10))
@@ -144,12 +146,13 @@ def report(measured: dict[str, Any]) -> dict[str, float]:
     print(f"{measured['rounds']} interleaved rounds of {measured['per_round']} sequential calls per row")
     for name, samples in rows.items():
         us = [s * 1e6 for s in samples]
-        print(f"{name:<10} p50 {p50[name]:9.1f} us   p99 {pct(us, 99):9.1f} us   "
+        print(f"{name:<12} p50 {p50[name]:9.1f} us   p99 {pct(us, 99):9.1f} us   "
               f"round medians {spread([m * 1e6 for m in medians[name]])} us   n={len(us)}")
     added = p50["gateway"] - p50["command"]
     ratio = added / p50["bare SDK"]
     print(f"REST / command p50: {p50['REST'] / p50['command']:.2f}x   gateway / REST p50: "
-          f"{p50['gateway'] / p50['REST']:.2f}x")
+          f"{p50['gateway'] / p50['REST']:.2f}x   list_devices / bare SDK p50: "
+          f"{p50['list_devices'] / p50['bare SDK']:.2f}x")
     print(f"gateway adds {added:.1f} us over the command round trip = {ratio:.2f}x the bare SDK server's round "
           f"trip ({p50['bare SDK']:.1f} us); goal <= {GOAL}x: {'met' if ratio <= GOAL else 'NOT met'}")
     return {**p50, "added": added, "ratio": ratio}
