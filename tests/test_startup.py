@@ -63,7 +63,8 @@ def _tree(command: Any) -> dict[str, Any]:
 
 def test_the_table_names_every_command_with_its_own_help_line() -> None:
     root = _full_root()
-    assert set(root.commands) == set(COMMANDS), set(root.commands) ^ set(COMMANDS)
+    assert set(root.commands) == set(COMMANDS), (
+        f"tether.cli.lazy.COMMANDS must list every top-level command: {set(root.commands) ^ set(COMMANDS)}")
     wrong = {name: (COMMANDS[name].help, command.get_short_help_str(limit=1000))
              for name, command in root.commands.items()
              if COMMANDS[name].help != command.get_short_help_str(limit=1000)}
@@ -84,7 +85,8 @@ def test_a_command_loaded_alone_is_the_whole_command(tmp_path: Path) -> None:
         proc = subprocess.run([sys.executable, "-c", script, name], env=tether_env(tmp_path),
                               capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr
-        assert json.loads(proc.stdout) == full[name], name
+        assert json.loads(proc.stdout) == full[name], (
+            f"tether {name}: add the module that attaches its sub-commands to tether.cli.lazy.COMMANDS[{name!r}]")
 
 
 def test_root_help_lists_every_command_and_imports_no_command_module(tmp_path: Path) -> None:
