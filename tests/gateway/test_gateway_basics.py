@@ -8,6 +8,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx2
 import pytest
@@ -170,3 +171,40 @@ async def test_a_client_of_the_2026_protocol_lists_and_calls_too(server: Gateway
     answered.cancel()
     await laptop.close()
     await desk.close()
+
+
+async def test_a_2026_client_approves_through_the_input_required_retry(server: GatewayServer) -> None:
+    import mcp_types as types
+    from mcp.client.client import Client
+    from mcp.client.streamable_http import streamable_http_client
+
+    laptop = await register(server, "laptop")
+
+    def held_until_approved(c: Any) -> Result:
+        if c.approved_by:
+            return Result(status=ResultStatus.SUCCESS, call_id=c.call_id, result={"exitCode": 0, "by": c.approved_by})
+        return Result.failure("needs approval (policy rule 'ask.on-miss'): `nproc`", c.call_id, "shell",
+                              {"needs_approval": True, "rule": "ask.on-miss"})
+
+    answered = laptop.serve_forever(held_until_approved)
+    asked: list[str] = []
+
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"decision": "approve once"})
+
+    headers = {"Authorization": f"Bearer {server.token('person', 'execute', 'approve')}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=WAIT * 6) as http, \
+            Client(streamable_http_client(server.mcp_url, http_client=http), elicitation_callback=elicitation,
+                   client_info=types.Implementation(name="sdk", version="26")) as client:
+        result = await client.call_tool("laptop__shell.run", {"cmd": "nproc"})
+        assert not result.is_error, result.content
+        assert result.structured_content == {"exitCode": 0, "by": "mcp:sdk/26 by api:person"}
+        assert asked == ["Device laptop: needs approval (policy rule 'ask.on-miss'): `nproc`"]
+        forged = await client.session.call_tool(
+            "laptop__shell.run", {"cmd": "nproc"}, request_state="made-up", allow_input_required=True,
+            input_responses={"approval": types.ElicitResult(action="accept", content={"decision": "approve once"})})
+        assert isinstance(forged, types.CallToolResult) and forged.is_error
+        assert "belongs to no question" in forged.content[0].text
+    answered.cancel()
+    await laptop.close()

@@ -57,12 +57,24 @@ class Caller:
         return f"mcp:{self.client} by api:{self.token.name}"
 
 
+class AskLater(Exception):
+    """Raised by the `elicit` of a client that answers questions by retrying its call (the 2026-07-28
+    protocol's input-required result) instead of being asked while the call waits; `held` is the result
+    the question is about, so the retry goes straight to the answer."""
+
+    def __init__(self, message: str, schema: dict[str, Any]) -> None:
+        super().__init__(message)
+        self.message, self.schema = message, schema
+        self.held: Result | None = None
+
+
 async def call_device_tool(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
-                           progress: Progress, elicit: Elicit | None) -> Reply:
+                           progress: Progress, elicit: Elicit | None, *, held: Result | None = None) -> Reply:
+    """Run the call; `held` (the retry of a call asked about with `AskLater`) skips to its approval."""
     if not caller.token.allows("execute"):
         return Reply(f"token '{caller.token.name}' lacks the 'execute' scope needed to call device tools; create "
                      "one with 'tether token create --api NAME --scope execute'", is_error=True)
-    result = await _run(hub, tool, arguments, caller, progress, elicit, approved_by=None)
+    result = held or await _run(hub, tool, arguments, caller, progress, elicit, approved_by=None)
     if _needs_approval(result):
         result = await _approval(hub, tool, arguments, caller, progress, elicit, result)
         if isinstance(result, Reply):
@@ -87,6 +99,9 @@ async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any],
         "description": f"{tool.info.name} on device {tool.device}"}}}
     try:
         answer = await elicit(f"Device {tool.device}: {question}", schema)
+    except AskLater as later:
+        later.held = held
+        raise
     except Exception as exc:  # the client failed to answer: the command stays unrun
         logger.warning("MCP gateway: elicitation for %s on %s failed: %s", tool.info.name, tool.device, exc)
         return Reply(f"{question}\nThe client could not be asked ({exc}); nothing was run: {how}.", held.result,

@@ -22,6 +22,8 @@ import asyncio
 import json
 import logging
 import re
+import secrets
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -41,8 +43,9 @@ from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
 from tether import __version__
+from tether.protocol.models import Result
 from tether.server.hub import DeviceHub
-from tether.server.mcp.calls import Caller, Reply, call_device_tool
+from tether.server.mcp.calls import AskLater, Caller, Reply, call_device_tool
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
 from tether.server.mcp.fleet import (
     LIST_DEVICES_INPUT,
@@ -61,6 +64,8 @@ logger = logging.getLogger(__name__)
 SCOPE_KEY = "tether.mcp.caller"  # the ASGI scope entry where the checked token and filter ride to handlers
 ELICIT_TIMEOUT = 600.0  # a person answering a question through the client
 MAX_WATCHED_SESSIONS = 10_000
+MAX_DEFERRED = 1024  # questions to 2026-07-28 clients awaiting their retry
+QUESTION_KEY = "approval"
 _CLIENT_PART = re.compile(r"[^A-Za-z0-9._+-]")
 INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online device's tools are listed as "
                 "DEVICE__TOOL (e.g. laptop__shell.run). Calls go through each device's policy and approvals.")
@@ -86,6 +91,17 @@ class _Watcher:
 
 
 @dataclass(frozen=True)
+class _Deferred:
+    """A question put to a 2026-07-28 client, waiting for the retry of the same call by the same token."""
+
+    token_id: str
+    tool: str
+    arguments: str
+    held: Result
+    expires: float
+
+
+@dataclass(frozen=True)
 class _Admitted:
     token: TokenInfo
     keep: DeviceFilter
@@ -108,6 +124,7 @@ class Gateway:
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
         self._watchers: dict[int, _Watcher] = {}
+        self._deferred: dict[str, _Deferred] = {}  # by request_state
         self._tasks: set[asyncio.Task[None]] = set()
 
     @asynccontextmanager
@@ -171,7 +188,7 @@ class Gateway:
     # -- calls ----------------------------------------------------------------------------------
 
     async def _call_tool(self, ctx: ServerRequestContext[Any],
-                         params: types.CallToolRequestParams) -> types.CallToolResult:
+                         params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
         admitted = _admitted(ctx)
         arguments = dict(params.arguments or {})
         caller = Caller(admitted.token, _client(ctx))
@@ -188,8 +205,52 @@ class Gateway:
         if tool is None:
             return _result(Reply(f"no tool named {name!r}: the device may have gone offline or dropped the tool; "
                                  "list the tools again", is_error=True))
-        reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), _elicit(ctx))
+        held: Result | None = None
+        elicit = _elicit(ctx)
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # questions ride the input-required retry
+            elicit = _ask_later if _declared_elicitation(ctx) else None
+            if params.request_state is not None:
+                retry = self._retry(params, admitted.token, name, arguments)
+                if isinstance(retry, str):
+                    return _result(Reply(retry, is_error=True))
+                held, elicit = retry
+        try:
+            reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), elicit, held=held)
+        except AskLater as later:
+            return self._defer(later, admitted.token, name, arguments)
         return _result(_capped(reply, self.app.state.settings.max_response_bytes))
+
+    # -- questions of 2026-07-28 clients: an input-required result, answered by retrying the call --------
+
+    def _defer(self, later: AskLater, token: TokenInfo, name: str, arguments: dict[str, Any]
+               ) -> types.InputRequiredResult | types.CallToolResult:
+        if later.held is None:
+            return _result(Reply(later.message, is_error=True))
+        while len(self._deferred) >= MAX_DEFERRED:  # the oldest unanswered questions go first
+            del self._deferred[next(iter(self._deferred))]
+        state = secrets.token_urlsafe(18)
+        self._deferred[state] = _Deferred(token.id, name, _fingerprint(arguments), later.held,
+                                          time.monotonic() + ELICIT_TIMEOUT)
+        ask = types.ElicitRequest(params=types.ElicitRequestFormParams(message=later.message,
+                                                                       requested_schema=later.schema))
+        return types.InputRequiredResult(input_requests={QUESTION_KEY: ask}, request_state=state)
+
+    def _retry(self, params: types.CallToolRequestParams, token: TokenInfo, name: str,
+               arguments: dict[str, Any]) -> tuple[Result, Any] | str:
+        """The held result and the client's answer of a retried call, or why the retry cannot be used."""
+        deferred = self._deferred.pop(params.request_state or "", None)
+        answer = (params.input_responses or {}).get(QUESTION_KEY)
+        if deferred is None or deferred.expires < time.monotonic() or deferred.token_id != token.id \
+                or deferred.tool != name or deferred.arguments != _fingerprint(arguments):
+            return "this answer belongs to no question waiting here (expired, answered, or another call's); call again"
+        if answer is None or not hasattr(answer, "action"):
+            return "the retried call carries no answer to the question it was asked; call again"
+        reply = {"action": answer.action, "content": getattr(answer, "content", None)}
+
+        async def answered(message: str, schema: dict[str, Any]) -> dict[str, Any]:
+            return reply
+
+        return deferred.held, answered
 
     async def _call_contributed(self, ctx: ServerRequestContext[Any], tool: GatewayTool, arguments: dict[str, Any],
                                 caller: Caller) -> types.CallToolResult:
@@ -271,9 +332,21 @@ def _progress(ctx: ServerRequestContext[Any]) -> Any:
     return progress
 
 
-def _elicit(ctx: ServerRequestContext[Any]) -> Any:
+def _declared_elicitation(ctx: ServerRequestContext[Any]) -> bool:
     capabilities = ctx.session.client_capabilities
-    if capabilities is None or capabilities.elicitation is None or not ctx.session.can_send_request:
+    return capabilities is not None and capabilities.elicitation is not None
+
+
+async def _ask_later(message: str, schema: dict[str, Any]) -> dict[str, Any]:
+    raise AskLater(message, schema)
+
+
+def _fingerprint(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, default=str)
+
+
+def _elicit(ctx: ServerRequestContext[Any]) -> Any:
+    if not _declared_elicitation(ctx) or not ctx.session.can_send_request:
         return None
 
     async def elicit(message: str, schema: dict[str, Any]) -> dict[str, Any]:
