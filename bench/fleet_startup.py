@@ -6,9 +6,11 @@ Rows (issue 13's table):
 - `tether --help` against `python -c pass`;
 - `tether exec get_system_info info_type=os` (local mode: no server) against `python -c pass`;
 - `tether device` launch -> registered, against a Python process that imports `websockets` and does one
-  echo round trip with a `websockets` echo server on 127.0.0.1. The device talks to a real `tether server`
-  started once on a free port; its time is from spawn to the "registered as" line on its stderr (printed
-  when the server's register-ack arrives), then it is stopped with SIGTERM and reaped before the next run.
+  echo round trip with a `websockets` echo server on 127.0.0.1; and the same device with one external stdio
+  MCP server configured (bench/echo_server.py), which joins after registration. The device talks to a
+  real `tether server` started once on a free port; its time is from spawn to the "registered as" line on
+  its stderr (printed when the server's register-ack arrives), then it is stopped with SIGTERM and reaped
+  before the next run.
 
 Each repetition runs anchor and subject back to back (interleaved), the order alternating; every figure is
 the median of REPEATS with the spread (min..max) beside it. Wall-clock of whole processes, with
@@ -18,6 +20,7 @@ bytecode cached (a warm-up run of each fills a private PYTHONPYCACHEPREFIX), as 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import statistics
@@ -113,12 +116,13 @@ class _Server:
         while await self.proc.stderr.read(65536):
             pass
 
-    async def device(self, n: int) -> float:
-        """Seconds from spawning `tether device` to its "registered as" line."""
+    async def device(self, config: Path | None = None) -> float:
+        """Seconds from spawning `tether device` (with this config file) to its "registered as" line."""
         env = {**_env(self.tmp), "TETHER_DEVICE_TOKEN": self.secret}
+        extra = ["--config", str(config)] if config else []
         start = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(
-            *TETHER, "device", "--server", f"ws://127.0.0.1:{self.port}", "--name", "bench",
+            *TETHER, "device", "--server", f"ws://127.0.0.1:{self.port}", "--name", "bench", *extra,
             "--state-dir", str(self.tmp / "device"), env=env, stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
         try:
@@ -184,18 +188,27 @@ async def measure_async(repeats: int) -> list[dict[str, object]]:
             async def ws_echo() -> float:
                 return await _run([PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], env)
 
+            # one external stdio MCP server (bench/echo_server.py): it starts after the device has registered
+            config = tmp / "device-mcp.yaml"
+            config.write_text(json.dumps({"mcpServers": {"echo": {
+                "command": PY, "args": [str(Path(__file__).resolve().parent / "echo_server.py")]}}}))
             try:
                 await server.start()
-                count = iter(range(10**9))
 
                 async def device() -> float:
-                    return await server.device(next(count))
+                    return await server.device()
+
+                async def device_mcp() -> float:
+                    return await server.device(config)
 
                 anchors, subjects = await _pairs(repeats, ws_echo, device)
+                mcp_anchors, mcp_subjects = await _pairs(repeats, ws_echo, device_mcp)
             finally:
                 await server.aclose()
         rows.append(_row("tether device launch -> registered", subjects, "python websockets + 1 echo",
                          anchors, "<= 0.4 s"))
+        rows.append(_row("  the same, one external stdio MCP server", mcp_subjects, "python websockets + 1 echo",
+                         mcp_anchors, "<= 0.4 s"))
     return rows
 
 

@@ -412,7 +412,12 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
         _error(str(exc))
         await device.aclose()
         return 2
+    registered_once = asyncio.Event()  # external MCP servers start then, not while the device registers
+    device.computer_manager.join_after = registered_once
+
     def announce(state: str, conn: DeviceConnection) -> None:
+        if state in ("registered", "disconnected"):  # registered, or cannot be yet: start them anyway
+            registered_once.set()
         if state == "registered":
             again = " (reconnected)" if conn.connections > 1 else ""
             out.print(f"[green]registered as {conn.registered_as}[/green]{again}; serving commands")

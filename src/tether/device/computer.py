@@ -140,10 +140,12 @@ class Computer:
                 out.append(info)
         return out
 
-    async def async_init(self, *, join_external: bool = False) -> None:
+    async def async_init(self, *, join_external: bool = False, join_after: asyncio.Event | None = None) -> None:
         """Open every configured server in parallel, then register tools in config order. With
         `join_external`, only the built-in tool sets are waited for; the external servers are started
-        in the background and join one by one (`still_starting`, `wait_for_joins`, `on_tools_changed`)."""
+        in the background (once `join_after` is set, e.g. when the device has registered: importing the
+        SDK competes for the interpreter) and join one by one (`still_starting`, `wait_for_joins`,
+        `on_tools_changed`)."""
         self._order = [(tool_type, cfg.namespace) for tool_type, cfg in self._configs]
         later: dict[ServerKey, MCPServerConfig] = {}
         for tool_type, cfg in self._configs:
@@ -160,7 +162,7 @@ class Computer:
         self._rebuild()
         if later:
             self.still_starting = list(dict.fromkeys(ns for _, ns in later))
-            self._joining = asyncio.create_task(self._join_external(later), name=f"join {self._name}")
+            self._joining = asyncio.create_task(self._join_external(later, join_after), name=f"join {self._name}")
 
     async def _list(self, key: ServerKey, server: BaseMCPServer) -> None:
         tool_type, namespace = key
@@ -203,8 +205,10 @@ class Computer:
                 registry[info.key] = ToolEntry(info=info, meta=spec)
         self._tools_registry, self.collisions = registry, collisions
 
-    async def _join_external(self, configs: dict[ServerKey, MCPServerConfig]) -> None:
-        # the SDK's import (~0.5 s of CPU) in a thread: the device registers and serves meanwhile
+    async def _join_external(self, configs: dict[ServerKey, MCPServerConfig], after: asyncio.Event | None) -> None:
+        if after is not None:
+            await after.wait()
+        # the SDK's import (~0.5 s of CPU) in a thread: the device serves meanwhile
         await asyncio.to_thread(importlib.import_module, "tether.device.mcp_external")
         by_server: dict[BaseMCPServer, list[ServerKey]] = {}
         for key, cfg in configs.items():

@@ -27,6 +27,7 @@ class ComputerManager:
         # a device serving a server: computers are ready with their built-in tools, external servers join
         # later (`Computer.async_init`), and `on_tools_changed` hears of each (the device sends its profile)
         self.join_external = join_external
+        self.join_after: asyncio.Event | None = None  # set: external servers may start (see Computer)
         self.on_tools_changed: Callable[[Computer], None] | None = None
         self.computers: dict[str, Computer] = {}
         self._creating: dict[str, asyncio.Future[Computer]] = {}
@@ -64,7 +65,7 @@ class ComputerManager:
             computer = Computer(key, process_name, self.mcp_server_manager, root.data_collection, root.action,
                                 context=self.context, tool_timeout=self.tool_timeout)
             computer.on_tools_changed = self._tools_changed
-            await computer.async_init(join_external=self.join_external)
+            await computer.async_init(join_external=self.join_external, join_after=self.join_after)
         except BaseException as exc:
             future.set_exception(exc)
             future.exception()  # mark retrieved: waiters re-raise it themselves
