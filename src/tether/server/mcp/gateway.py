@@ -52,11 +52,10 @@ from tether.server.mcp.fleet import (
     LIST_DEVICES_OUTPUT,
     BadFilter,
     DeviceFilter,
-    DeviceTool,
     FleetIndex,
     list_devices,
-    tool_annotations,
 )
+from tether.server.mcp.wire import call_result, capped, contributed_tool, deny, device_tool, query_value
 from tether.server.store import Store, TokenInfo
 
 logger = logging.getLogger(__name__)
@@ -149,23 +148,23 @@ class Gateway:
         authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
         scheme, _, secret = authorization.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
-            await _deny(send, 401, "missing bearer token: send 'Authorization: Bearer <api token>'")
+            await deny(send, 401, "missing bearer token: send 'Authorization: Bearer <api token>'")
             return
         token = self.store.verify_token(secret.strip())
         if token is None:
-            await _deny(send, 401, "unknown or revoked token")
+            await deny(send, 401, "unknown or revoked token")
             return
         if token.kind != "api":
-            await _deny(send, 403, "a device token cannot use the MCP gateway; create one with "
+            await deny(send, 403, "a device token cannot use the MCP gateway; create one with "
                                    "'tether token create --api NAME --scope read --scope execute'")
             return
         if not token.allows("read"):
-            await _deny(send, 403, f"token '{token.name}' lacks the 'read' scope (has {token.scopes})")
+            await deny(send, 403, f"token '{token.name}' lacks the 'read' scope (has {token.scopes})")
             return
         try:
-            keep = DeviceFilter.parse(_query_value(scope, "devices"))
+            keep = DeviceFilter.parse(query_value(scope, "devices"))
         except BadFilter as exc:
-            await _deny(send, 400, str(exc))
+            await deny(send, 400, str(exc))
             return
         scope[SCOPE_KEY] = _Admitted(token, keep)
         # binds each MCP session to the token that opened it (the SDK answers 404 to any other)
@@ -181,8 +180,8 @@ class Gateway:
                             "many tools, sandbox, running and queued work.", input_schema=LIST_DEVICES_INPUT,
                             output_schema=LIST_DEVICES_OUTPUT,
                             annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False))]
-        tools += [_contributed_tool(t) for t in contributed(self.app).values()]
-        tools += [_device_tool(t) for t in self.index.listed(admitted.keep)]
+        tools += [contributed_tool(t) for t in contributed(self.app).values()]
+        tools += [device_tool(t) for t in self.index.listed(admitted.keep)]
         return types.ListToolsResult(tools=tools)
 
     # -- calls ----------------------------------------------------------------------------------
@@ -195,15 +194,15 @@ class Gateway:
         name = params.name
         if name == "list_devices":
             try:
-                return _result(Reply("", list_devices(self.hub.registry, arguments)), as_json=True)
+                return call_result(Reply("", list_devices(self.hub.registry, arguments)), as_json=True)
             except ValueError as exc:
-                return _result(Reply(f"list_devices: {exc}", is_error=True))
+                return call_result(Reply(f"list_devices: {exc}", is_error=True))
         extra = contributed(self.app).get(name)
         if extra is not None:
             return await self._call_contributed(ctx, extra, arguments, caller)
         tool = self.index.tools().get(name)
         if tool is None:
-            return _result(Reply(f"no tool named {name!r}: the device may have gone offline or dropped the tool; "
+            return call_result(Reply(f"no tool named {name!r}: the device may have gone offline or dropped the tool; "
                                  "list the tools again", is_error=True))
         held: Result | None = None
         elicit = _elicit(ctx)
@@ -212,20 +211,20 @@ class Gateway:
             if params.request_state is not None:
                 retry = self._retry(params, admitted.token, name, arguments)
                 if isinstance(retry, str):
-                    return _result(Reply(retry, is_error=True))
+                    return call_result(Reply(retry, is_error=True))
                 held, elicit = retry
         try:
             reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), elicit, held=held)
         except AskLater as later:
             return self._defer(later, admitted.token, name, arguments)
-        return _result(_capped(reply, self.app.state.settings.max_response_bytes))
+        return call_result(capped(reply, self.app.state.settings.max_response_bytes))
 
     # -- questions of 2026-07-28 clients: an input-required result, answered by retrying the call --------
 
     def _defer(self, later: AskLater, token: TokenInfo, name: str, arguments: dict[str, Any]
                ) -> types.InputRequiredResult | types.CallToolResult:
         if later.held is None:
-            return _result(Reply(later.message, is_error=True))
+            return call_result(Reply(later.message, is_error=True))
         while len(self._deferred) >= MAX_DEFERRED:  # the oldest unanswered questions go first
             del self._deferred[next(iter(self._deferred))]
         state = secrets.token_urlsafe(18)
@@ -255,7 +254,7 @@ class Gateway:
     async def _call_contributed(self, ctx: ServerRequestContext[Any], tool: GatewayTool, arguments: dict[str, Any],
                                 caller: Caller) -> types.CallToolResult:
         if not caller.token.allows(tool.scope):
-            return _result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
+            return call_result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
                                  f"{tool.name}; create one with 'tether token create --api NAME --scope "
                                  f"{tool.scope}'", is_error=True))
         call = GatewayCall(token=caller.token, client=caller.client, progress=_progress(ctx), elicit=_elicit(ctx))
@@ -263,7 +262,7 @@ class Gateway:
             reply = await tool.handler(arguments, call)
         except Exception:
             logger.exception("MCP gateway: tool %s failed", tool.name)
-            return _result(Reply(f"{tool.name} failed inside the server; the server log has the details",
+            return call_result(Reply(f"{tool.name} failed inside the server; the server log has the details",
                                  is_error=True))
         return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
                                     structured_content=reply.structured, is_error=reply.is_error)
@@ -355,55 +354,3 @@ def _elicit(ctx: ServerRequestContext[Any]) -> Any:
         return {"action": answer.action, "content": answer.content}
 
     return elicit
-
-
-def _device_tool(tool: DeviceTool) -> types.Tool:
-    info = tool.info
-    hints = tool_annotations(info)
-    return types.Tool(name=tool.name, description=f"[device {tool.device}] {info.description}".strip(),
-                      input_schema=info.input_schema, output_schema=info.output_schema,
-                      annotations=types.ToolAnnotations(read_only_hint=hints["readOnlyHint"],
-                                                        destructive_hint=hints["destructiveHint"],
-                                                        open_world_hint=hints["openWorldHint"]))
-
-
-def _contributed_tool(tool: GatewayTool) -> types.Tool:
-    annotations = types.ToolAnnotations.model_validate({"readOnlyHint": tool.read_only,
-                                                        "destructiveHint": tool.destructive, **tool.annotations})
-    return types.Tool(name=tool.name, description=tool.description, input_schema=tool.input_schema,
-                      output_schema=tool.output_schema, annotations=annotations)
-
-
-def _result(reply: Reply, *, as_json: bool = False) -> types.CallToolResult:
-    structured = reply.payload if isinstance(reply.payload, dict) else None
-    text = json.dumps(reply.payload, ensure_ascii=False, default=str) if as_json else reply.text
-    content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)] if text else []
-    return types.CallToolResult(content=content, structured_content=structured, is_error=reply.is_error)
-
-
-def _capped(reply: Reply, limit: int) -> Reply:
-    """The REST API's answer size limit (`max_response_bytes`) for one result, text and structured twin."""
-    size = len(reply.text.encode()) * (2 if isinstance(reply.payload, dict) else 1)
-    if size <= limit:
-        return reply
-    return Reply(f"result too large for this answer: about {size} bytes, and the limit is {limit} bytes "
-                 f"(max_response_bytes); the command itself {'failed' if reply.is_error else 'succeeded'} on the "
-                 "device (see the audit log); ask for less output", {"too_large": True, "bytes": size,
-                                                                     "limit": limit}, is_error=True)
-
-
-def _query_value(scope: dict[str, Any], name: str) -> str | None:
-    from urllib.parse import parse_qs
-
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).get(name)
-    return values[-1] if values else None
-
-
-async def _deny(send: Any, status: int, error: str) -> None:
-    body = json.dumps({"error": error}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]  # the body was not read
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

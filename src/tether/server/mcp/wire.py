@@ -1,0 +1,63 @@
+"""The gateway's translations to the wire: tether's tools and replies as MCP types, and its HTTP refusals."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qs
+
+import mcp_types as types
+
+from tether.server.mcp.calls import Reply
+from tether.server.mcp.contributed import GatewayTool
+from tether.server.mcp.fleet import DeviceTool, tool_annotations
+
+
+def device_tool(tool: DeviceTool) -> types.Tool:
+    info = tool.info
+    hints = tool_annotations(info)
+    return types.Tool(name=tool.name, description=f"[device {tool.device}] {info.description}".strip(),
+                      input_schema=info.input_schema, output_schema=info.output_schema,
+                      annotations=types.ToolAnnotations(read_only_hint=hints["readOnlyHint"],
+                                                        destructive_hint=hints["destructiveHint"],
+                                                        open_world_hint=hints["openWorldHint"]))
+
+
+def contributed_tool(tool: GatewayTool) -> types.Tool:
+    annotations = types.ToolAnnotations.model_validate({"readOnlyHint": tool.read_only,
+                                                        "destructiveHint": tool.destructive, **tool.annotations})
+    return types.Tool(name=tool.name, description=tool.description, input_schema=tool.input_schema,
+                      output_schema=tool.output_schema, annotations=annotations)
+
+
+def call_result(reply: Reply, *, as_json: bool = False) -> types.CallToolResult:
+    structured = reply.payload if isinstance(reply.payload, dict) else None
+    text = json.dumps(reply.payload, ensure_ascii=False, default=str) if as_json else reply.text
+    content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)] if text else []
+    return types.CallToolResult(content=content, structured_content=structured, is_error=reply.is_error)
+
+
+def capped(reply: Reply, limit: int) -> Reply:
+    """The REST API's answer size limit (`max_response_bytes`) for one result, text and structured twin."""
+    size = len(reply.text.encode()) * (2 if isinstance(reply.payload, dict) else 1)
+    if size <= limit:
+        return reply
+    return Reply(f"result too large for this answer: about {size} bytes, and the limit is {limit} bytes "
+                 f"(max_response_bytes); the command itself {'failed' if reply.is_error else 'succeeded'} on the "
+                 "device (see the audit log); ask for less output", {"too_large": True, "bytes": size,
+                                                                     "limit": limit}, is_error=True)
+
+
+def query_value(scope: dict[str, Any], name: str) -> str | None:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).get(name)
+    return values[-1] if values else None
+
+
+async def deny(send: Any, status: int, error: str) -> None:
+    body = json.dumps({"error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]  # the body was not read
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
