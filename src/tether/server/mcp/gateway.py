@@ -203,7 +203,7 @@ class Gateway:
         tool = self.index.tools().get(name)
         if tool is None:
             return call_result(Reply(f"no tool named {name!r}: the device may have gone offline or dropped the tool; "
-                                 "list the tools again", is_error=True))
+                                     "list the tools again", is_error=True))
         held: Result | None = None
         elicit = _elicit(ctx)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # questions ride the input-required retry
@@ -255,15 +255,15 @@ class Gateway:
                                 caller: Caller) -> types.CallToolResult:
         if not caller.token.allows(tool.scope):
             return call_result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
-                                 f"{tool.name}; create one with 'tether token create --api NAME --scope "
-                                 f"{tool.scope}'", is_error=True))
+                                     f"{tool.name}; create one with 'tether token create --api NAME --scope "
+                                     f"{tool.scope}'", is_error=True))
         call = GatewayCall(token=caller.token, client=caller.client, progress=_progress(ctx), elicit=_elicit(ctx))
         try:
             reply = await tool.handler(arguments, call)
         except Exception:
             logger.exception("MCP gateway: tool %s failed", tool.name)
             return call_result(Reply(f"{tool.name} failed inside the server; the server log has the details",
-                                 is_error=True))
+                                     is_error=True))
         return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
                                     structured_content=reply.structured, is_error=reply.is_error)
 
