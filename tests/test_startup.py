@@ -111,6 +111,13 @@ def test_a_commands_help_imports_none_of_the_heavy_libraries(tmp_path: Path, arg
     assert not _top(modules) & set(HEAVY), sorted(_top(modules) & set(HEAVY))
 
 
+def test_a_local_built_in_tool_call_imports_no_sdk_server_or_http_client(tmp_path: Path) -> None:
+    modules, proc = _imported(tmp_path, "exec", "get_system_info", "info_type=os", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == "success"
+    assert not _top(modules) & {*HEAVY, "mcp_types", "httpx"}, sorted(_top(modules) & {*HEAVY, "mcp_types", "httpx"})
+
+
 def test_an_unknown_command_is_a_usage_error_that_loads_nothing(tmp_path: Path) -> None:
     modules, proc = _imported(tmp_path, "no-such-command")
     assert proc.returncode == 2
