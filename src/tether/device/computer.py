@@ -208,14 +208,21 @@ class Computer:
     async def _join_external(self, configs: dict[ServerKey, MCPServerConfig], after: asyncio.Event | None) -> None:
         if after is not None:
             await after.wait()
-        # the SDK's import (~0.5 s of CPU) in a thread: the device serves meanwhile
-        await asyncio.to_thread(importlib.import_module, "tether.device.mcp_external")
-        by_server: dict[BaseMCPServer, list[ServerKey]] = {}
-        for key, cfg in configs.items():
-            server = self._mcp_server_manager.create_or_get_server(cfg, reset=cfg.reset,
-                                                                   process_name=self._process_name)
-            self._servers[key] = server
-            by_server.setdefault(server, []).append(key)
+        try:
+            # the SDK's import (~0.5 s of CPU) in a thread: the device serves meanwhile
+            await asyncio.to_thread(importlib.import_module, "tether.device.mcp_external")
+            by_server: dict[BaseMCPServer, list[ServerKey]] = {}
+            for key, cfg in configs.items():
+                server = self._mcp_server_manager.create_or_get_server(cfg, reset=cfg.reset,
+                                                                       process_name=self._process_name)
+                self._servers[key] = server
+                by_server.setdefault(server, []).append(key)
+        except Exception as exc:  # e.g. the SDK cannot be imported: those servers fail, the device serves on
+            logger.exception("computer %s: external MCP servers cannot start", self._name)
+            for namespace in self.still_starting:
+                self.startup_errors[namespace] = f"server '{namespace}' failed to start: {exc}"
+            self.still_starting = []
+            return
         await asyncio.gather(*(self._join(server, keys) for server, keys in by_server.items()))
 
     async def _join(self, server: BaseMCPServer, keys: list[ServerKey]) -> None:
