@@ -22,7 +22,7 @@ import typer
 import tether.cli
 from netutil import tether_env
 from tether.cli.common import app
-from tether.cli.lazy import COMMANDS, all_modules
+from tether.cli.lazy import COMMANDS, all_modules, expand
 
 HEAVY = ("mcp", "fastapi", "openai", "playwright", "uvicorn", "starlette")
 
@@ -69,8 +69,12 @@ def test_the_table_names_every_command_with_its_own_help_line() -> None:
              for name, command in root.commands.items()
              if COMMANDS[name].help != command.get_short_help_str(limit=1000)}
     assert not wrong, f"tether.cli.lazy.COMMANDS says another help line than the command: {wrong}"
-    for module in all_modules():
+    for module in expand(all_modules()):
         assert importlib.util.find_spec(f"tether.cli.{module}") is not None, module
+    # a pattern stands for the modules it matches: `tether mcp`'s sub-command modules are found by name
+    assert {"tools_cmds", "server_cmds"} <= set(expand(("*_cmds",))) and "common" not in expand(("*_cmds",))
+    assert expand(("mcp_*_cmds",)) == sorted(m.name for m in pkgutil.iter_modules(tether.cli.__path__)
+                                             if m.name.startswith("mcp_") and m.name.endswith("_cmds"))
 
 
 def test_a_command_loaded_alone_is_the_whole_command(tmp_path: Path) -> None:

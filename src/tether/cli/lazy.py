@@ -9,7 +9,9 @@ the first time the command is resolved to run or to show its own help, then buil
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
+import pkgutil
 from typing import Any, NamedTuple
 
 from typer.core import TyperCommand, TyperGroup
@@ -18,7 +20,7 @@ from typer.core import TyperCommand, TyperGroup
 class Lazy(NamedTuple):
     """Where a top-level command comes from, and its one line in `tether --help`."""
 
-    modules: tuple[str, ...]  # tether.cli modules that attach the command or its sub-commands
+    modules: tuple[str, ...]  # tether.cli modules that attach the command or its sub-commands (or a pattern)
     help: str
 
 
@@ -62,15 +64,30 @@ COMMANDS: dict[str, Lazy] = {
     "device": Lazy(("server_cmds", "service_cmds"),
                    "Connect this machine to a server as a device, or install it as a service."),
     "token": Lazy(("server_cmds",), "Create, list and revoke device and API tokens."),
-    "mcp": Lazy((), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),
+    "mcp": Lazy(("mcp_*_cmds",), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),
 }
 
 _LISTING = "tether.cli.lazy.listing"  # ctx.meta key: set while the root's help lists its commands
 
 
 def all_modules() -> tuple[str, ...]:
-    """Every module named in the table, once each, in table order."""
+    """Every module named in the table, once each, in table order (patterns as they are written)."""
     return tuple(dict.fromkeys(m for lazy in COMMANDS.values() for m in lazy.modules))
+
+
+def expand(names: tuple[str, ...]) -> list[str]:
+    """The modules `names` stand for: a name as it is, a pattern (`mcp_*_cmds`) every tether.cli module
+    it matches, so a new `tether mcp` sub-command module is found without an edit here."""
+    import tether.cli
+
+    out: list[str] = []
+    for name in names:
+        if "*" not in name:
+            out.append(name)
+            continue
+        found = sorted(m.name for m in pkgutil.iter_modules(tether.cli.__path__) if fnmatch.fnmatchcase(m.name, name))
+        out.extend(found)
+    return out
 
 
 class LazyGroup(TyperGroup):
@@ -114,7 +131,7 @@ class LazyGroup(TyperGroup):
 
         from tether.cli.common import app
 
-        for module in lazy.modules:
+        for module in expand(lazy.modules):
             importlib.import_module(f"tether.cli.{module}")
         built = typer.main.get_command(app)  # a fresh root of what is attached now: labelled, panelled
         command = getattr(built, "commands", {}).get(name)
