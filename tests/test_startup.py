@@ -297,3 +297,30 @@ def test_a_device_with_only_built_in_tools_never_imports_the_mcp_sdk(tmp_path: P
     assert proc.returncode == 0, (tmp_path / "device.log").read_text()
     modules = set(json.loads(out.read_text()))
     assert not _top(modules) & {*HEAVY, "mcp_types", "httpx"}, sorted(_top(modules) & {*HEAVY, "mcp_types", "httpx"})
+
+
+async def test_a_command_waits_only_for_the_server_that_has_its_tool(tmp_path: Path) -> None:
+    from tether.device.config import parse_device_config
+    from tether.device.local import build_device
+    from tether.protocol.models import Command
+    from tether.tools.policy import Policy
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    os.mkfifo(first)
+    os.mkfifo(second)
+    servers = {**_gated_servers(first), "later": {**_gated_servers(second)["gated"]}}
+    device = build_device(parse_device_config({"mcpServers": servers}), policy=Policy(),
+                          state_dir=tmp_path / "state", sandbox=False, join_external=True)
+    loop = asyncio.get_running_loop()
+    try:
+        computer = await device.computer_manager.get_or_create(None)
+        assert computer.still_starting == ["gated", "later"]
+        opened = asyncio.ensure_future(asyncio.to_thread(_open_gate, second))  # only the second one starts
+        call = await computer.command2tool_when_joined(Command(tool_name="later/echo"), loop.time() + 60)
+        assert call.tool_key == "data_collection::later/echo" and computer.still_starting == ["gated"]
+        await asyncio.wait_for(opened, 60)
+    finally:
+        _release(first)
+        _release(second)
+        await device.aclose()
+    assert computer.still_starting == []

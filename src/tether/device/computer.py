@@ -16,6 +16,7 @@ for the servers still starting, within its own deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
 from collections.abc import Callable, Sequence
@@ -82,6 +83,7 @@ class Computer:
         self._listed: dict[ServerKey, list[ToolInfo]] = {}  # each server's tools as it listed them
         self._joining: asyncio.Task[None] | None = None  # external servers starting after async_init
         self.still_starting: list[str] = []  # their namespaces, until each has joined or failed
+        self._joined = asyncio.Event()  # set (and replaced) each time one of them has joined or failed
         self.on_tools_changed: Callable[[Computer], None] | None = None
         self._tools_registry: dict[str, ToolEntry] = {}
         self._context = context or ToolContext()
@@ -222,6 +224,7 @@ class Computer:
             for namespace in self.still_starting:
                 self.startup_errors[namespace] = f"server '{namespace}' failed to start: {exc}"
             self.still_starting = []
+            self._signal_joined()
             return
         await asyncio.gather(*(self._join(server, keys) for server, keys in by_server.items()))
 
@@ -233,6 +236,7 @@ class Computer:
                 await self._list(key, server)
         self.still_starting = [ns for ns in self.still_starting if ns != server.namespace]
         self._rebuild()
+        self._signal_joined()
         if server.namespace not in self.startup_errors:
             logger.info("computer %s: server %s joined with %d tool(s)", self._name, server.namespace,
                         sum(len(self._listed.get(key, ())) for key in keys))
@@ -253,11 +257,24 @@ class Computer:
         await asyncio.wait([joining], timeout=max(0.0, end - loop.time()))
         return joining.done()
 
+    def _signal_joined(self) -> None:
+        joined, self._joined = self._joined, asyncio.Event()
+        joined.set()
+
     async def command2tool_when_joined(self, command: Command, deadline: float | None = None) -> MCPToolCall:
-        """`command2tool` for a command it refused while external servers are still starting: once they
-        have joined (or the deadline passed), resolved again; the error names those still starting."""
-        if self.still_starting:
-            await self.wait_for_joins(deadline)
+        """`command2tool` for a command it refused while external servers are still starting: resolved
+        again each time one joins, until it resolves, none is left starting or the deadline (at most
+        `JOIN_WAIT_S` away) has passed; the error then names those still starting."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + JOIN_WAIT_S if deadline is None else min(deadline, loop.time() + JOIN_WAIT_S)
+        while self.still_starting:
+            with contextlib.suppress(ValueError):
+                return self.command2tool(command)
+            try:
+                async with asyncio.timeout_at(end):
+                    await self._joined.wait()
+            except TimeoutError:
+                break
         try:
             return self.command2tool(command)
         except ValueError as exc:
@@ -271,6 +288,8 @@ class Computer:
         if joining is not None and not joining.done():
             joining.cancel()
             await asyncio.gather(joining, return_exceptions=True)
+        self.still_starting = []
+        self._signal_joined()  # a command still waiting for one resolves (or fails) now
 
     async def add_server(self, namespace: str, mcp_server: BaseMCPServer, tool_type: ToolType) -> None:
         """Attach a server at run time; it is started if needed and its tools registered."""
