@@ -324,3 +324,41 @@ async def test_a_command_waits_only_for_the_server_that_has_its_tool(tmp_path: P
         _release(second)
         await device.aclose()
     assert computer.still_starting == []
+
+
+async def test_a_profile_change_while_registering_is_sent_once_registered(tmp_path: Path) -> None:
+    from test_device_connection import TOKEN, ScriptedServer
+    from tether.device.connection import DeviceConnection
+    from tether.device.local import build_device
+    from tether.protocol.messages import ClientMessageType
+    from tether.protocol.profile import DeviceProfile
+    from tether.tools.policy import Policy
+
+    device = build_device(policy=Policy(), state_dir=tmp_path / "state", sandbox=False)
+    collected: list[int] = []
+    connections: list[DeviceConnection] = []
+
+    async def profile() -> DeviceProfile:
+        collected.append(len(collected) + 1)
+        if len(collected) == 1:  # an external server joins while the registration's profile is collected
+            connections[0].profile_changed()
+        return DeviceProfile(tags=[f"v{len(collected)}"])
+
+    async with ScriptedServer() as server:
+        conn = DeviceConnection(device.client, server.url, TOKEN, name="dev-1", profile=profile)
+        connections.append(conn)
+        task = asyncio.create_task(conn.run())
+        try:
+            async with asyncio.timeout(15):
+                registration = await server.registrations.get()
+            assert registration.profile.tags == ["v1"]
+            info = await server.next(ClientMessageType.DEVICE_INFO)  # unasked: the change was not in v1
+            assert info.prev_response_id is None and (info.payload or {})["tags"] == ["v2"]
+            conn.profile_changed()  # registered: sent at once
+            info = await server.next(ClientMessageType.DEVICE_INFO)
+            assert (info.payload or {})["tags"] == ["v3"] and collected == [1, 2, 3]
+        finally:
+            conn.stop()
+            async with asyncio.timeout(15):
+                await asyncio.gather(task, return_exceptions=True)
+            await device.aclose()
