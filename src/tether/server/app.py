@@ -13,7 +13,7 @@ from starlette.routing import Match
 
 from tether import __version__
 from tether.server.aip_socket import aip_route
-from tether.server.api import router
+from tether.server.api import command_routes, router
 from tether.server.guard import RequestGuard
 from tether.server.hub import DeviceHub
 from tether.server.mcp import mount_gateway
@@ -55,6 +55,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.hub = hub
     app.state.store = store
     app.state.settings = settings
+    app.router.routes[:0] = command_routes()  # matched before the documented FastAPI routes (api.py)
     app.include_router(router)
     app.include_router(policy_router)
     if settings.pairing:
