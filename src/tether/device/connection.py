@@ -43,12 +43,14 @@ from tether.device.reconnect import (
     DUPLICATE_CLOSE_CODE,
     FATAL_CLOSE_CODES,
     PIN_MISMATCH,
+    RESTART_SPREAD_S,
     RETRYABLE,
     RegistrationRefused,
     RetriesExhausted,
     attempt_timeout,
     backoff_delay,
     describe_failure,
+    retry_after_of,
 )
 from tether.device.remote_policy import RemotePolicy
 from tether.device.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
@@ -132,6 +134,7 @@ class DeviceConnection:
         self._ssl = ssl_context if ssl_context is not None or self._pin else make_ssl_context(url)
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
+        self.restart_spread = RESTART_SPREAD_S  # the first attempt after a link that was up (reconnect.py)
         self.max_attempts = max_attempts
         self.connect_timeout = connect_timeout
         self.stable_after = stable_after
@@ -207,6 +210,7 @@ class DeviceConnection:
         try:
             while not self._stop.is_set():
                 self._set_state("connecting")
+                retry_after: float | None = None
                 try:
                     uptime = await self._session()
                 except RegistrationRefused as exc:
@@ -219,6 +223,7 @@ class DeviceConnection:
                     uptime = None
                 except RETRYABLE as exc:
                     self.last_error = describe_failure(exc)
+                    retry_after = retry_after_of(exc)  # a busy server (admission control) said when
                     logger.warning("cannot connect to %s: %s", self.url, self.last_error)
                     uptime = None
                 except Exception as exc:  # a bug here must not take the device offline for good
@@ -238,7 +243,9 @@ class DeviceConnection:
                     if uptime >= self.stable_after:
                         attempt = 0
                 grace_left = self._grace_left()
-                delay = backoff_delay(attempt, self.backoff_base, self.backoff_cap, grace_left=grace_left)
+                delay = backoff_delay(attempt, self.backoff_base, self.backoff_cap, grace_left=grace_left,
+                                      spread=self.restart_spread if uptime is not None else 0.0,
+                                      retry_after=retry_after)
                 attempt += 1
                 if grace_left is None:
                     logger.info("reconnecting in %.2fs", delay)

@@ -48,10 +48,23 @@ GRACE_SHARE = 0.25
 GRACE_FLOOR_S = 0.05
 
 
+# The first attempt after a connection that was up ends is spread over this many seconds (full jitter):
+# after a server restart the whole fleet lost its link in the same instant, and a spread of 0.5 s (the
+# plain first backoff) sends 10,000 handshakes at 20,000/s into a server still starting.
+RESTART_SPREAD_S = 2.0
+RETRY_AFTER_MAX_S = 60.0
+
+
 def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0,
                   rand: Callable[[], float] = random.random, *, grace_left: float | None = None,
-                  grace_share: float = GRACE_SHARE, floor: float = GRACE_FLOOR_S) -> float:
+                  grace_share: float = GRACE_SHARE, floor: float = GRACE_FLOOR_S, spread: float = 0.0,
+                  retry_after: float | None = None) -> float:
     """Full-jitter exponential backoff: uniform in [0, min(cap, base * 2**attempt)].
+
+    `spread` widens the first attempt's window (attempt 0) to [0, min(cap, spread)]: a fleet that lost
+    the server at once comes back spread out (`RESTART_SPREAD_S`). `retry_after` is what a busy server
+    asked for (HTTP 503 `Retry-After`, see `retry_after_of`): the jittered delay comes on top of it,
+    so the refused devices do not all return in the same second either.
 
     `grace_left`, when given and positive, is how much is left of the grace period the server keeps
     this device's work for (the device owes it results): the upper bound is then also held to
@@ -61,9 +74,25 @@ def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0,
     if attempt < 0:
         raise ValueError("attempt must be >= 0")
     upper = min(cap, base * 2.0 ** min(attempt, 64))
+    if attempt == 0 and spread > upper:
+        upper = min(cap, spread)
     if grace_left is not None and grace_left > 0:
         upper = min(upper, max(floor, grace_share * grace_left))
+    if retry_after is not None and retry_after > 0:
+        return min(retry_after, RETRY_AFTER_MAX_S) + rand() * max(upper, min(retry_after, RETRY_AFTER_MAX_S))
     return rand() * upper
+
+
+def retry_after_of(exc: BaseException) -> float | None:
+    """The seconds a server refusing the handshake as busy (HTTP 503/429 with `Retry-After`) asked for."""
+    if not isinstance(exc, InvalidStatus) or exc.response.status_code not in (429, 503):
+        return None
+    value = exc.response.headers.get("Retry-After")
+    try:
+        seconds = float(value) if value is not None else None
+    except ValueError:
+        return None
+    return seconds if seconds is not None and 0 <= seconds < 86_400 else None
 
 
 def attempt_timeout(connect_timeout: float, grace_left: float | None, minimum: float = 1.0) -> float:

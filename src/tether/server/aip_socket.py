@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import logging
+import math
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from starlette.routing import WebSocketRoute
@@ -39,14 +42,62 @@ class AIPSocket(Protocol):
     async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
 
-class StarletteSocket:
-    """`AIPSocket` over a Starlette WebSocket; every way the socket can be gone becomes `SocketClosed`."""
+ADMISSION_STATUS = 503  # the handshake's HTTP answer when too many sockets are registering: retry after Retry-After
+ADMISSION_RETRY_MAX_S = 10
 
-    def __init__(self, websocket: WebSocket) -> None:
+
+class Admission:
+    """Admission control for reconnect storms: at most `limit` sockets between their handshake and their
+    registration (the register-ack, or their close). One over the limit is refused before the upgrade
+    with HTTP 503, `Retry-After` and `{"error": …}` — cheap for the server, and retried by the device
+    after that long plus its own jittered backoff — so the registrations under way finish well inside
+    their deadline, and /health and the registered devices' commands keep the event loop to themselves
+    for the rest. `Retry-After` grows with the refusals of the current second (how many are waiting)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = max(1, limit)
+        self.admitting = 0
+        self.refused = 0  # in all, for the log and the benchmarks
+        self._second = 0
+        self._refused_this_second = 0
+
+    def enter(self) -> bool:
+        if self.admitting >= self.limit:
+            self.refused += 1
+            now = int(time.monotonic())
+            if now != self._second:
+                self._second, self._refused_this_second = now, 0
+            self._refused_this_second += 1
+            return False
+        self.admitting += 1
+        return True
+
+    def leave(self) -> None:
+        self.admitting -= 1
+
+    def retry_after(self) -> int:
+        """Seconds a refused device should wait: 1, more the more were refused this second."""
+        return max(1, min(ADMISSION_RETRY_MAX_S, math.ceil(self._refused_this_second / (4 * self.limit))))
+
+
+class StarletteSocket:
+    """`AIPSocket` over a Starlette WebSocket; every way the socket can be gone becomes `SocketClosed`.
+
+    `on_settled`, when given, is called once: at the first frame sent (the register-ack, or the error
+    before a refusal) or at the close, whichever comes first — the end of its admission."""
+
+    def __init__(self, websocket: WebSocket, on_settled: Callable[[], None] | None = None) -> None:
         self.websocket = websocket
         self.closed = False
+        self._on_settled = on_settled
+
+    def _settled(self) -> None:
+        if self._on_settled is not None:
+            settled, self._on_settled = self._on_settled, None
+            settled()
 
     async def send_text(self, data: str) -> None:
+        self._settled()
         try:
             await self.websocket.send_text(data)
         except (WebSocketDisconnect, RuntimeError, OSError) as exc:
@@ -65,6 +116,7 @@ class StarletteSocket:
         return text
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
+        self._settled()
         if self.closed:  # the first close wins: its code is the one the device must see
             return
         self.closed = True
@@ -74,14 +126,16 @@ class StarletteSocket:
             pass
 
 
-def aip_route(hub: DeviceHub, path: str = "/aip") -> WebSocketRoute:
+def aip_route(hub: DeviceHub, path: str = "/aip", admission: Admission | None = None) -> WebSocketRoute:
     """The AIP endpoint: authenticate the handshake, accept, then let the hub run the connection.
 
     The device token is checked on the handshake's `Authorization` header, before the upgrade: a
     connection without a valid device token gets `401 {"error": …}` and the server never reads a
     frame from it (so unauthenticated peers cannot make it buffer registration frames). The hub
-    checks the token again with the REGISTER frame: it may have been revoked in between.
+    checks the token again with the REGISTER frame: it may have been revoked in between. Then
+    `admission` (by default `Admission(settings.max_admitting)`) bounds the registrations under way.
     """
+    gate = admission or Admission(getattr(hub.settings, "max_admitting", 256))
 
     async def endpoint(websocket: WebSocket) -> None:
         client = websocket.client
@@ -92,8 +146,19 @@ def aip_route(hub: DeviceHub, path: str = "/aip") -> WebSocketRoute:
             logger.warning("refused device connection from %s at the handshake: %s", peer, verdict)
             await deny_websocket(websocket.scope, websocket.send, 401, verdict)
             return
-        await websocket.accept()
-        socket = StarletteSocket(websocket)
+        if not gate.enter():
+            wait = gate.retry_after()
+            logger.debug("refused device connection from %s: %d registering (the limit)", peer, gate.admitting)
+            await deny_websocket(websocket.scope, websocket.send, ADMISSION_STATUS,
+                                 f"server busy: {gate.admitting} devices are registering; retry after {wait} s",
+                                 headers=[(b"retry-after", str(wait).encode())])
+            return
+        try:
+            await websocket.accept()
+        except BaseException:
+            gate.leave()
+            raise
+        socket = StarletteSocket(websocket, on_settled=gate.leave)
         try:
             await hub.serve(socket, authorization, peer)
         finally:

@@ -97,7 +97,11 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
             self._inflight.discard(response_id)
         results = self._collect(commands, batch) if batch is not None else \
             self.generate_error_results(commands, f"timed out after {timeout:g}s before the batch was sent")
-        self._outcome(commands, results, response_id)
+        try:  # grouped with the other batches ending now: one commit for all (Store.audit_done_grouped)
+            await self.hub.store.audit_done_grouped((response_id, c.call_id, r.status.value, r.error)
+                                                    for c, r in zip(commands, results, strict=True))
+        except Exception:
+            logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
         return results
 
     async def cancel(self) -> None:

@@ -237,14 +237,16 @@ async def send_error(send: Callable[[Message], Any], status: int, error: str) ->
     await send({"type": "http.response.body", "body": body})
 
 
-async def deny_websocket(scope: Scope, send: Callable[[Message], Any], status: int, error: str) -> None:
-    """Refuse a WebSocket handshake: an HTTP answer with `{"error": …}` where the server supports
-    denial responses, else the plain 403 a close before accept becomes."""
+async def deny_websocket(scope: Scope, send: Callable[[Message], Any], status: int, error: str,
+                         headers: list[tuple[bytes, bytes]] | None = None) -> None:
+    """Refuse a WebSocket handshake: an HTTP answer with `{"error": …}` (and `headers`, e.g. Retry-After)
+    where the server supports denial responses, else the plain 403 a close before accept becomes."""
     mark_denied_handshake()
     if "websocket.http.response" in (scope.get("extensions") or {}):
         body = json.dumps({"error": error}).encode()
         await send({"type": "websocket.http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *(headers or [])]})
         await send({"type": "websocket.http.response.body", "body": body})
     else:
         await send({"type": "websocket.close", "code": 1008, "reason": ""})

@@ -97,6 +97,9 @@ class ServerSettings(BaseModel):
     heartbeat_timeout: float = Field(15.0, gt=0, description="silence after which a device is offline")
     grace_period: float = Field(10.0, ge=0, description="how long a dropped device's batches wait for it")
     register_timeout: float = Field(10.0, gt=0, description="how long a new socket may take to register")
+    max_admitting: int = Field(256, ge=1, description=(
+        "device sockets that may be registering at once; more are refused with HTTP 503 and Retry-After "
+        "(a reconnect storm is admitted at the pace the server registers)"))
     max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024)
     default_command_timeout: float = Field(60.0, gt=0)
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=ANONYMOUS_BODY_BYTES,
