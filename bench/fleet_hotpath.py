@@ -114,6 +114,46 @@ def bare_main(port: int) -> None:
     server.run(sockets=[sock])
 
 
+def server_main(db: str, port: int, loop: str, http: str) -> None:
+    """`--peer server DB PORT LOOP HTTP`: `tether server` as `run_server` builds it, with uvicorn's event loop
+    and HTTP parser chosen (`auto` picks uvloop and httptools when installed; `asyncio`/`h11` are the
+    pure-Python ones), to measure what the speed-ups give."""
+    from tether.server.main import _Server, build_config
+    from tether.server.settings import ServerSettings
+
+    config = build_config(ServerSettings(db_path=Path(db), port=port), log_level="warning")
+    config.loop, config.http = loop, http  # type: ignore[assignment]
+    _Server(config).run()
+
+
+@asynccontextmanager
+async def stack_server(tmp: Path, port: int, loop: str, http: str) -> AsyncIterator[psutil.Process]:
+    """The server with a chosen loop/parser; yields once /api/v1/health answers."""
+    import httpx
+
+    with (tmp / f"server-{loop}.log").open("wb") as log:
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.fleet_hotpath", "--peer", "server",
+                                                    str(tmp / "server.db"), str(port), loop, http,
+                                                    stdout=log, stderr=log)
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+                for _ in range(600):  # uvicorn offers no event for "started" across processes
+                    if proc.returncode is not None:
+                        raise RuntimeError(f"the server exited: {(tmp / f'server-{loop}.log').read_text()[-2000:]}")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if (await client.get("/api/v1/health")).status_code == 200:
+                            break
+                    await asyncio.sleep(0.05)
+            yield psutil.Process(proc.pid)
+        finally:
+            proc.terminate()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 30)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
 @asynccontextmanager
 async def bare_process(port: int) -> AsyncIterator[psutil.Process]:
     proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.fleet_hotpath", "--peer", "bare",
@@ -144,13 +184,15 @@ async def echo_rate(ws: object, frame: str, seconds: float) -> float:
 
 # ---------------------------------------------------------------------------------------------- measure
 
-async def _measure(devices: int, callers: int, seconds: float, repeats: int) -> list[dict[str, object]]:
+async def _measure(devices: int, callers: int, seconds: float, repeats: int,
+                   stack: str = "auto") -> list[dict[str, object]]:
     from websockets.asyncio.client import connect
 
     from bench.roundtrip import command_frame, far_end
     from tether.server.store import Store
 
     raise_fd_limit()
+    stack_choice = stack
     with tempfile.TemporaryDirectory(prefix="tether-hotpath-") as tmp_name:
         tmp = Path(tmp_name)
         store = Store(str(tmp / "server.db"))
@@ -161,7 +203,11 @@ async def _measure(devices: int, callers: int, seconds: float, repeats: int) -> 
         port, bare_port = free_port(), free_port()
         errors: list[str] = []
         async with contextlib.AsyncExitStack() as stack:
-            server = await stack.enter_async_context(server_process(tmp, port))
+            if stack_choice == "auto":
+                server = await stack.enter_async_context(server_process(tmp, port))
+            else:
+                loop, http = stack_choice.split(",")
+                server = await stack.enter_async_context(stack_server(tmp, port, loop, http))
             await stack.enter_async_context(device_process(f"ws://127.0.0.1:{port}/aip", tmp / "devices", tokens,
                                                            tmp / "devices.log"))
             bare = await stack.enter_async_context(bare_process(bare_port))
@@ -186,7 +232,7 @@ async def _measure(devices: int, callers: int, seconds: float, repeats: int) -> 
                 echoes.append(await echo_rate(ws, frame, seconds))
     if errors:
         raise RuntimeError(f"{len(errors)} failed commands, e.g. {errors[:3]}")
-    note = f"{devices} devices, {callers} callers, {repeats}x{seconds:g}s"
+    note = f"{devices} devices, {callers} callers, {repeats}x{seconds:g}s, server loop/http {stack_choice}"
     rate, cpu = statistics.median(rates), statistics.median(cpus) * 1e3
     return [
         fleet_row("REST commands/s, closed loop", rate, "/s", "websockets echo /s",
@@ -209,7 +255,10 @@ def measure(devices: int = 10, callers: int = 16, seconds: float = 3.0, repeats:
 
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--peer":
-        bare_main(int(sys.argv[3]))
+        if sys.argv[2] == "server":
+            server_main(sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6])
+        else:
+            bare_main(int(sys.argv[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=10)
@@ -217,8 +266,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--stack", default="auto", help="the server's uvicorn loop,http: auto (uvloop and "
+                                                         "httptools when installed) or e.g. asyncio,h11")
     args = parser.parse_args()
-    measure(args.devices, args.callers, args.seconds, args.repeats, args.quick)
+    if args.quick:
+        measure(args.devices, quick=True)
+        return
+    asyncio.run(_measure(min(args.devices, 10), args.callers, args.seconds, args.repeats, args.stack))
 
 
 if __name__ == "__main__":
