@@ -14,6 +14,7 @@ from starlette.routing import Match
 from tether import __version__
 from tether.server.aip_socket import aip_route
 from tether.server.api import command_routes, router
+from tether.server.fleet_api import mount_fleet
 from tether.server.guard import RequestGuard
 from tether.server.hub import DeviceHub
 from tether.server.mcp import mount_gateway
@@ -58,6 +59,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.router.routes[:0] = command_routes()  # matched before the documented FastAPI routes (api.py)
     app.include_router(router)
     app.include_router(policy_router)
+    mount_fleet(app)  # POST /api/v1/fleet/commands: one batch to every matching device
     if settings.pairing:
         app.state.pairing = PairingBook(store)
         app.include_router(pairing_router)

@@ -1,0 +1,223 @@
+"""Fan-out: one command batch to every device that meets some requirements, results as they arrive.
+
+A `FanOut` selects the known devices that fit a `DeviceRequirements` (connected or not: a matching
+device that is offline is part of the answer, reported `offline`, so a summary says what the fleet
+is), then runs the batch on each through the hub's own dispatcher — the same audit rows, policy and
+cancellation path as `POST /api/v1/devices/{name}/commands` — with at most `max_concurrency` batches
+in flight. Each device ends in exactly one outcome:
+
+- `ok`: every command succeeded; `failed`: at least one did not (the device's results say which);
+- `offline`: not connected when its turn came, or its link dropped while its batch ran (the batch is
+  cancelled, and the device is told so when it comes back within its grace period);
+- `timed_out`: the fan-out's overall `timeout` ended first (cancelled on the device, or never sent);
+- `cancelled`: the fan-out was cancelled (`cancel()`, or the HTTP caller went away).
+
+Workers pull device names from one iterator, so 10,000 devices cost `max_concurrency` tasks, not
+10,000; a device's outcome is queued the moment it is known and `outcomes()` yields them in that order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from tether.protocol.models import Command, Result, ResultStatus, new_call_id
+from tether.protocol.profile import DeviceRequirements
+from tether.server.registry import describe, rejection
+
+if TYPE_CHECKING:
+    from tether.server.hub import DeviceHub
+
+FanOutStatus = Literal["ok", "failed", "offline", "timed_out", "cancelled"]
+STATUSES: tuple[FanOutStatus, ...] = ("ok", "failed", "offline", "timed_out", "cancelled")
+DEFAULT_CONCURRENCY = 64
+MAX_CONCURRENCY = 1024  # batches in flight at once: beyond it the server's own loop is the bottleneck
+MAX_DEVICES = 100_000  # devices in one fan-out
+
+
+class FanOutError(ValueError):
+    """A fan-out that cannot start; `status` is the HTTP status that says why (404 none match, 413 too many)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass
+class DeviceOutcome:
+    """What became of the batch on one device."""
+
+    device: str
+    status: FanOutStatus
+    results: list[Result] = field(default_factory=list)
+    error: str | None = None
+    duration: float = 0.0
+
+    def line(self) -> dict[str, Any]:
+        """The JSON line of the stream: results when the batch ran, else the error."""
+        out: dict[str, Any] = {"device": self.device, "status": self.status, "duration": round(self.duration, 6)}
+        if self.results:
+            out["results"] = [r.model_dump(mode="json") for r in self.results]
+        if self.error is not None:
+            out["error"] = self.error
+        return out
+
+
+def select_devices(hub: DeviceHub, requires: DeviceRequirements) -> list[str]:
+    """The names of every known device meeting `requires` apart from being connected (sorted);
+    `FanOutError` 404 naming the requirements when none does, 413 past `MAX_DEVICES`."""
+    chosen: list[str] = []
+    known = 0
+    for record in hub.registry.list():
+        if requires.name is not None and record.name != requires.name:
+            continue
+        known += 1
+        probe = record if record.connected else replace(record, connected=True)
+        if rejection(probe, requires) is None:
+            chosen.append(record.name)
+    if not chosen:
+        why = "no device has registered" if not known else f"none of the {known} known device(s) fits"
+        raise FanOutError(404, f"no device fits {describe(requires)}: {why}")
+    if len(chosen) > MAX_DEVICES:
+        raise FanOutError(413, f"{len(chosen)} devices fit {describe(requires)}; one fan-out reaches at most "
+                               f"{MAX_DEVICES}: narrow the requirements (tags, platform, tools)")
+    return chosen
+
+
+class FanOut:
+    """One fan-out: build it (devices are selected at once), then iterate `outcomes()` exactly once."""
+
+    def __init__(self, hub: DeviceHub, requires: DeviceRequirements, commands: list[Command], *,
+                 max_concurrency: int = DEFAULT_CONCURRENCY, timeout: float = 60.0, early_exit: bool = True,
+                 requested_by: str = "unknown", fanout_id: str | None = None) -> None:
+        if not commands:
+            raise FanOutError(422, "a fan-out needs at least one command")
+        self.hub = hub
+        self.requires = requires
+        self.commands = commands
+        self.max_concurrency = max(1, min(max_concurrency, MAX_CONCURRENCY))
+        self.timeout = timeout
+        self.early_exit = early_exit
+        self.requested_by = requested_by
+        self.id = fanout_id or new_call_id()
+        self.devices = select_devices(hub, requires)
+        self.counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._queue: asyncio.Queue[DeviceOutcome] = asyncio.Queue()
+        self._running: dict[str, asyncio.Task[list[Result]]] = {}  # device → its dispatcher task
+        self._left: dict[str, str] = {}  # device → why it went offline while its batch ran
+        self._ended: tuple[FanOutStatus, str] | None = None  # set once: cancelled / timed out
+        self._started = 0.0
+        self._deadline = 0.0
+
+    # -- control ------------------------------------------------------------------------------------
+
+    def cancel(self, reason: str = "cancelled: the fan-out was cancelled") -> None:
+        """End the fan-out: batches in flight are cancelled on their devices, the rest never sent."""
+        self._end("cancelled", reason)
+
+    def _end(self, status: FanOutStatus, reason: str) -> None:
+        if self._ended is not None:
+            return
+        self._ended = (status, reason)
+        for task in self._running.values():
+            task.cancel(reason)
+
+    def _fleet_changed(self, device: str) -> None:
+        task = self._running.get(device)
+        if task is not None and not self.hub.connected(device):
+            why = f"device {device} went offline while its batch ran; the batch was cancelled"
+            self._left[device] = why
+            task.cancel(why)
+
+    # -- running ------------------------------------------------------------------------------------
+
+    async def outcomes(self) -> AsyncIterator[DeviceOutcome]:
+        """Each device's outcome as soon as it is known; closing the iterator early cancels the rest."""
+        self._started = time.monotonic()
+        self._deadline = self._started + self.timeout
+        names = iter(self.devices)
+        remove = self.hub.on_fleet_change(self._fleet_changed)
+        workers = [asyncio.ensure_future(self._worker(names)) for _ in range(min(self.max_concurrency,
+                                                                                len(self.devices)))]
+        clock = asyncio.get_running_loop().call_at(asyncio.get_running_loop().time() + self.timeout, self._end,
+                                                   "timed_out", f"timed out: the fan-out's timeout of "
+                                                                f"{self.timeout:g}s ended first")
+        try:
+            for _ in range(len(self.devices)):
+                outcome = await self._queue.get()
+                self.counts[outcome.status] += 1
+                yield outcome
+        finally:
+            clock.cancel()
+            remove()
+            if any(not w.done() for w in workers):  # the caller stopped listening: stop the devices too
+                self.cancel("cancelled: the caller of the fan-out went away")
+                for worker in workers:
+                    worker.cancel()
+
+    def summary(self) -> dict[str, Any]:
+        return {**self.counts, "total": len(self.devices), "duration": round(time.monotonic() - self._started, 6)}
+
+    async def _worker(self, names: Iterator[str]) -> None:
+        for name in names:
+            try:
+                outcome = await self._one(name)
+            except Exception as exc:  # a bug must cost one device's line, never hang the whole fan-out
+                outcome = DeviceOutcome(name, "failed", error=f"internal error: {type(exc).__name__}: {exc}")
+            self._queue.put_nowait(outcome)
+
+    async def _one(self, name: str) -> DeviceOutcome:
+        started = time.monotonic()
+        if self._ended is not None:
+            status, reason = self._ended
+            never = "timed out before its turn came" if status == "timed_out" else reason
+            return DeviceOutcome(name, status, error=f"not sent: {never}")
+        if not self.hub.connected(name):
+            return DeviceOutcome(name, "offline", error=f"device {name} is offline; not sent")
+        dispatcher = self.hub.dispatcher(name, requested_by=self.requested_by)
+        commands = [c.model_copy(deep=True) for c in self.commands]  # the dispatcher stamps call_ids
+        remaining = max(self._deadline - time.monotonic(), 0.001)
+        task = asyncio.ensure_future(dispatcher.execute_commands(
+            commands, timeout=remaining + 1.0, early_exit=self.early_exit))  # our clock ends it first
+        self._running[name] = task
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.wait({task})
+        finally:
+            self.in_flight -= 1
+            self._running.pop(name, None)
+            if not task.done():  # this worker was cancelled: the batch goes too
+                task.cancel(self._ended[1] if self._ended else "cancelled: the fan-out was cancelled")
+        duration = time.monotonic() - started
+        if task.cancelled():
+            if name in self._left:
+                return DeviceOutcome(name, "offline", error=self._left[name], duration=duration)
+            status, reason = self._ended or ("cancelled", "cancelled")
+            return DeviceOutcome(name, status, error=reason, duration=duration)
+        results = task.result()
+        failed = [r for r in results if r.status is not ResultStatus.SUCCESS]
+        if not failed:
+            return DeviceOutcome(name, "ok", results, duration=duration)
+        if name in self._left:
+            return DeviceOutcome(name, "offline", results, self._left[name], duration)
+        return DeviceOutcome(name, "failed", results, failed[0].error or failed[0].status.value, duration)
+
+
+async def run_fan_out(hub: DeviceHub, requires: DeviceRequirements, commands: list[Command], *,
+                      on_outcome: Callable[[DeviceOutcome], None] | None = None,
+                      **options: Any) -> dict[str, Any]:
+    """Run a fan-out to the end: `{"devices": [lines…], "summary": {…}}` (for callers that need no stream,
+    such as a task step); `on_outcome` is told each device's outcome as it arrives."""
+    fan = FanOut(hub, requires, commands, **options)
+    lines = []
+    async for outcome in fan.outcomes():
+        if on_outcome is not None:
+            on_outcome(outcome)
+        lines.append(outcome.line())
+    return {"devices": lines, "summary": fan.summary()}
