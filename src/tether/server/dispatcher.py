@@ -70,9 +70,16 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
                                                             "appear more than once in the batch; nothing was sent")
             self._audit(commands, results, response_id)
             return results
-        unsent = self.hub.store.audit_sent(
+        written = self.hub.store.audit_sent_grouped(  # one commit with the other batches starting now
             (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, SENT, None, response_id,
              c.approved_by) for c in commands)
+        try:
+            unsent = await asyncio.shield(written)
+        except asyncio.CancelledError as exc:  # the rows are written anyway: say what became of them
+            reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
+            self.hub.store.audit_done_queued((response_id, c.call_id, "failure", f"not sent: {reason}")
+                                             for c in commands)
+            raise
         if unsent is not None:  # the row must exist before the command can run
             return self.generate_error_results(commands, f"not run: {unsent}")
         message = ServerMessage(type=ServerMessageType.COMMAND, response_id=response_id, actions=list(commands),
