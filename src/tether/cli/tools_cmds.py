@@ -152,9 +152,21 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
                                                           help="the tool of this type, where a name has both")] = None,
           state_dir: StateOpt = None,
           device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+          all_devices: Annotated[bool, typer.Option(
+              "--all", help="run on every device of the server that meets --require, with a live progress bar "
+                            "and a summary; exit code 1 when any device did not succeed")] = False,
+          require: Annotated[list[str] | None, typer.Option(
+              "--require", metavar="KEY=VALUE", help="with --all: platform=linux, tag=NAME, tool=NAME, gpu, "
+                                                     "gpu=false; repeat to require several")] = None,
+          max_concurrency: Annotated[int | None, typer.Option(
+              "--max-concurrency", min=1, help="with --all: devices running the command at once (default 64)")] = None,
           ) -> None:
     """Run one tool and print its structured result; exit code 1 when the result is a failure."""
     check_tool_type(tool_type)
+    if all_devices or require:
+        _exec_all(tool, args or [], all_devices, device, always, approve, require or [], timeout, tool_type,
+                  max_concurrency, as_json, server, token, ca_file)
+        return
     if always is not None:
         if always not in ("program", "subcommand"):
             fail("--always takes program or subcommand")
@@ -181,6 +193,27 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
                             "the changes without applying them", soft_wrap=True)
     if result.status is not ResultStatus.SUCCESS:
         raise typer.Exit(1)
+
+
+def _exec_all(tool: str, pairs: list[str], all_devices: bool, device: str | None, always: str | None,
+              approve: bool, require: list[str], timeout: float | None, tool_type: str | None,
+              max_concurrency: int | None, as_json: bool, server: str | None, token: str | None,
+              ca_file: str | None) -> None:
+    """`--all`: the command on every matching device (cli/fanout_view.py); values are strings unless
+    written key:=json, since no one device's schema speaks for the fleet."""
+    from tether.cli.fanout_view import exec_all
+
+    if not all_devices:
+        fail("--require picks the devices of --all: add --all")
+    if device or always or approve:
+        fail("--all runs on every matching device: it does not take --device, --always or --approve")
+    try:
+        params = parse_assignments(pairs, {})
+    except ValueError as exc:
+        fail(str(exc))
+    command = Command(tool_name=tool, parameters=params, tool_type=tool_type)  # type: ignore[arg-type]
+    exec_all(command, require, timeout=timeout, max_concurrency=max_concurrency, as_json=as_json, server=server,
+             token=token, ca_file=ca_file)
 
 
 def _schema_for(infos: list[ToolInfo], tool: str, tool_type: str | None) -> dict[str, Any]:
