@@ -51,7 +51,7 @@ from tether.server.batches import BatchBook, PendingBatch
 from tether.server.device_link import DeviceLink, close_socket
 from tether.server.dispatcher import WebSocketCommandDispatcher
 from tether.server.liveness import GracePeriods, watch_liveness
-from tether.server.registry import DeviceRegistry
+from tether.server.registry import DeviceRecord, DeviceRegistry
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, TokenInfo
 
@@ -87,15 +87,12 @@ class DeviceHub:
     # -- life ------------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Load known devices (listed as offline until they connect) and start the liveness watch."""
-        for stored in self.store.list_devices():
-            record = self.registry.ensure(stored.name)
-            record.last_seen = record.last_seen or stored.last_seen
-            if record.profile is None and stored.profile is not None:
-                try:
-                    record.profile = DeviceProfile.model_validate(stored.profile)
-                except ValidationError:
-                    logger.warning("stored profile of device %s is unreadable; ignored", stored.name)
+        """Load known devices (listed as offline until they connect) and start the liveness watch.
+        Only their names, platforms and tags are read now; a profile is read when first asked for
+        (10,000 known devices: 10.6 s to /health when every profile was validated here)."""
+        self.registry.profile_loader = self.store.device_profile
+        for name, last_seen, platform, tags, stored in self.store.device_heads():
+            self.registry.known(name, last_seen, platform, tags, stored)
         self._liveness = asyncio.create_task(
             watch_liveness(self.settings, self._conns, on_silent=self._silent, check_tokens=self._enforce_revocations),
             name="tether-hub-liveness")
@@ -311,7 +308,7 @@ class DeviceHub:
         record.connected, record.profile, record.instance_id, record.address = True, reg.profile, reg.instance_id, peer
         record.connected_at = record.last_seen = time.time()
         record.running = record.queued = 0
-        self._remember(name, reg.profile.model_dump_json(), record.last_seen)
+        self._remember(name, record, record.last_seen)
         self.registry.notify()
         self._fleet_changed(name)
         ack = RegisterAck(device=name, heartbeat_interval=settings.heartbeat_interval,
@@ -383,7 +380,7 @@ class DeviceHub:
                                                                                 conn.record.queued):
                 conn.record.running, conn.record.queued = running, queued
                 self.registry.notify()
-            await conn.send(ServerMessage(type=ServerMessageType.HEARTBEAT, status=TaskStatus.OK))
+            await conn.heartbeat()
         elif kind is ClientMessageType.EVENT:
             try:
                 event = Event.model_validate(msg.payload)
@@ -413,7 +410,7 @@ class DeviceHub:
             except ValidationError as exc:
                 await conn.error(f"invalid device_info payload: {exc.errors()[0]['msg']}", "invalid")
                 return
-            self._remember(conn.name, conn.record.profile.model_dump_json(), conn.record.last_seen)
+            self._remember(conn.name, conn.record, conn.record.last_seen)
             self.registry.notify()
             self._fleet_changed(conn.name)
         elif kind is ClientMessageType.SAMPLING_REQUEST:
@@ -529,9 +526,15 @@ class DeviceHub:
 
     # -- plumbing --------------------------------------------------------------------------------
 
-    def _remember(self, device: str, profile_json: str | None, last_seen: float) -> None:
+    def _remember(self, device: str, record: DeviceRecord | None, last_seen: float) -> None:
+        """Store a device's last_seen, and with `record` its profile (the tool list once per digest)."""
         try:
-            self.store.upsert_device(device, profile_json, last_seen)
+            profile = record.profile if record is not None else None
+            if record is None or profile is None or record.tools_digest is None:
+                self.store.upsert_device(device, profile.model_dump_json() if profile else None, last_seen)
+            else:
+                self.store.upsert_device(device, profile.model_dump_json(exclude={"tools"}), last_seen,
+                                         tools=(record.tools_digest, self.registry.tools.dump(profile.tools)))
         except Exception:
             logger.exception("could not store device %s", device)
 

@@ -9,14 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Sequence
+from fnmatch import fnmatchcase
 from typing import Any, Literal
 
+from pydantic import ValidationError
+
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.server.schemas import ToolPool
 
 DeviceStatus = Literal["online", "busy", "offline"]
+STATUSES: tuple[DeviceStatus, ...] = ("online", "busy", "offline")
+
+logger = logging.getLogger(__name__)
 
 
 class NoDeviceError(LookupError):
@@ -27,20 +35,75 @@ class NoDeviceError(LookupError):
         self.reasons = reasons or {}
 
 
-@dataclass
 class DeviceRecord:
-    """One device as the server sees it. Times are epoch seconds, for people and the store."""
+    """One device as the server sees it. Times are epoch seconds, for people and the store.
 
-    name: str
-    profile: DeviceProfile | None = None
-    connected: bool = False
-    last_seen: float | None = None
-    connected_at: float | None = None
-    instance_id: str | None = None
-    address: str | None = None
-    inflight: int = 0  # batches this server has out on the device (sent or waiting to be sent)
-    running: int = 0  # what the device reported in its last heartbeat: batches accepted, not finished
-    queued: int = 0  # of those, the ones not started (behind their session, or waiting for a session slot)
+    Slotted, and its profile's tool list shared through the registry's `ToolPool`: a fleet holds
+    thousands of these. A device known only from the store (not connected since the server started)
+    carries its name, platform and tags for listing, and reads its full profile on first use.
+    """
+
+    __slots__ = ("_connected", "_digest", "_lazy", "_platform", "_profile", "_registry", "_tags", "address",
+                 "connected_at", "inflight", "instance_id", "last_seen", "name", "queued", "running")
+
+    def __init__(self, name: str, profile: DeviceProfile | None = None, connected: bool = False,
+                 last_seen: float | None = None, connected_at: float | None = None,
+                 instance_id: str | None = None, address: str | None = None) -> None:
+        self.name = name
+        self._registry: DeviceRegistry | None = None
+        self._profile: DeviceProfile | None = None
+        self._connected = False
+        self._digest: str | None = None  # the ToolPool digest of the profile's tools
+        self._platform: str | None = None
+        self._tags: tuple[str, ...] = ()
+        self._lazy = False  # a stored profile not read yet
+        self.last_seen, self.connected_at = last_seen, connected_at
+        self.instance_id, self.address = instance_id, address
+        self.inflight = 0  # batches this server has out on the device (sent or waiting to be sent)
+        self.running = 0  # what the device reported in its last heartbeat: batches accepted, not finished
+        self.queued = 0  # of those, the ones not started (behind their session, or waiting for a session slot)
+        if profile is not None:
+            self.profile = profile
+        self.connected = connected
+
+    def __repr__(self) -> str:
+        return f"DeviceRecord({self.name!r}, status={self.status!r}, platform={self._platform!r})"
+
+    @property
+    def profile(self) -> DeviceProfile | None:
+        if self._lazy and self._registry is not None:
+            self._registry._load(self)
+        return self._profile
+
+    @profile.setter
+    def profile(self, profile: DeviceProfile | None) -> None:
+        if self._registry is not None:
+            self._registry._set_profile(self, profile)
+        else:
+            self._profile, self._lazy = profile, False
+            self._platform = profile.os.platform if profile else None
+            self._tags = tuple(profile.tags) if profile else ()
+
+    @property
+    def connected(self) -> bool:
+        return self._connected
+
+    @connected.setter
+    def connected(self, connected: bool) -> None:
+        if self._registry is not None and connected != self._connected:
+            self._registry._set_connected(self, connected)
+        self._connected = connected
+
+    @property
+    def tools_digest(self) -> str | None:
+        """The content digest of the profile's tool list (None without a profile)."""
+        if self._lazy:
+            _ = self.profile
+        return self._digest
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        return self._tags
 
     @property
     def load(self) -> int:
@@ -51,13 +114,13 @@ class DeviceRecord:
 
     @property
     def status(self) -> DeviceStatus:
-        if not self.connected:
+        if not self._connected:
             return "offline"
         return "busy" if self.load > 0 else "online"
 
     @property
     def platform(self) -> str | None:
-        return self.profile.os.platform if self.profile else None
+        return self._platform
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready view for tables and APIs."""
@@ -65,7 +128,7 @@ class DeviceRecord:
         return {"name": self.name, "status": self.status, "platform": self.platform, "load": self.load,
                 "running": max(self.running - self.queued, 0), "queued": self.queued,
                 "last_seen": self.last_seen, "connected_at": self.connected_at, "address": self.address,
-                "gpu": bool(profile and profile.gpu.available), "tags": list(profile.tags) if profile else [],
+                "gpu": bool(profile and profile.gpu.available), "tags": list(self._tags),
                 "capabilities": list(profile.capabilities) if profile else []}
 
 
@@ -105,15 +168,57 @@ def rejection(record: DeviceRecord, req: DeviceRequirements) -> str | None:
     return None
 
 
-class DeviceRegistry:
-    """Records by device name, plus a change signal so waiters need no polling."""
+# what the store hands back for a device's full profile: (profile JSON without tools, tools digest, tools JSON)
+StoredProfile = tuple[str, str | None, str | bytes | None]
 
-    def __init__(self) -> None:
+
+def _insert(names: list[str], name: str) -> None:
+    at = bisect_left(names, name)
+    if at == len(names) or names[at] != name:
+        names.insert(at, name)
+
+
+def _remove(names: list[str], name: str) -> None:
+    at = bisect_left(names, name)
+    if at < len(names) and names[at] == name:
+        del names[at]
+
+
+def _literal_prefix(glob: str) -> str:
+    """What every name matching `glob` starts with: the part before its first wildcard."""
+    for at, char in enumerate(glob):
+        if char in "*?[":
+            return glob[:at]
+    return glob
+
+
+class DeviceRegistry:
+    """Records by device name, plus a change signal so waiters need no polling.
+
+    Besides the records it keeps sorted name lists per status, platform and tag, so a page of the
+    device list with a filter walks the smallest matching list from the cursor on — O(page), not
+    O(fleet) — and the lists stay in step with every profile and connection change (the records'
+    `profile` and `connected` setters report here).
+    """
+
+    def __init__(self, tools: ToolPool | None = None) -> None:
         self._records: dict[str, DeviceRecord] = {}
         self._changed: asyncio.Event | None = None  # made by the first waiter, dropped by the next notify
+        self.tools = tools or ToolPool()
+        # reads a device's stored profile when a record known only from the store is first asked for it
+        self.profile_loader: Callable[[str], StoredProfile | None] | None = None
+        self._names: list[str] = []
+        self._online: list[str] = []  # connected (online or busy)
+        self._offline: list[str] = []
+        self._by_platform: dict[str, list[str]] = {}  # lower-cased platform → names
+        self._by_tag: dict[str, list[str]] = {}
+
+    def __len__(self) -> int:
+        return len(self._records)
 
     def list(self) -> list[DeviceRecord]:
-        return sorted(self._records.values(), key=lambda r: r.name)
+        records = self._records
+        return [records[name] for name in self._names]
 
     def get(self, name: str) -> DeviceRecord | None:
         return self._records.get(name)
@@ -122,7 +227,132 @@ class DeviceRegistry:
         record = self._records.get(name)
         if record is None:
             record = self._records[name] = DeviceRecord(name=name)
+            record._registry = self
+            _insert(self._names, name)
+            _insert(self._offline, name)
         return record
+
+    def known(self, name: str, last_seen: float | None, platform: str | None, tags: list[str] | tuple[str, ...],
+              stored: bool) -> DeviceRecord:
+        """A device remembered by the store: listed (offline) at once, its profile read when first used."""
+        record = self.ensure(name)
+        record.last_seen = record.last_seen or last_seen
+        if record._profile is None and not record._lazy and stored:
+            self._index(record, platform, tuple(tags))
+            record._lazy = True
+        return record
+
+    def forget(self, name: str) -> None:
+        """Drop a device's record (and its hold on an interned tool list)."""
+        record = self._records.pop(name, None)
+        if record is None:
+            return
+        record._lazy = False
+        self._set_profile(record, None)
+        for names in (self._names, self._online, self._offline):
+            _remove(names, name)
+        record._registry = None
+
+    # -- indexes ---------------------------------------------------------------------------------
+
+    def _index(self, record: DeviceRecord, platform: str | None, tags: tuple[str, ...]) -> None:
+        name = record.name
+        if record._platform != platform:
+            if record._platform is not None:
+                key = record._platform.lower()
+                _remove(self._by_platform.get(key, []), name)
+                if not self._by_platform.get(key, True):
+                    del self._by_platform[key]
+            if platform is not None:
+                _insert(self._by_platform.setdefault(platform.lower(), []), name)
+            record._platform = platform
+        if record._tags != tags:
+            for tag in set(record._tags) - set(tags):
+                _remove(self._by_tag.get(tag, []), name)
+                if not self._by_tag.get(tag, True):
+                    del self._by_tag[tag]
+            for tag in set(tags) - set(record._tags):
+                _insert(self._by_tag.setdefault(tag, []), name)
+            record._tags = tags
+
+    def _set_connected(self, record: DeviceRecord, connected: bool) -> None:
+        if record._registry is not self:
+            return
+        _remove(self._offline if connected else self._online, record.name)
+        _insert(self._online if connected else self._offline, record.name)
+
+    def _set_profile(self, record: DeviceRecord, profile: DeviceProfile | None, digest: str | None = None) -> None:
+        """Give `record` its profile, the tool list swapped for the pool's shared copy of it."""
+        old = record._digest
+        if profile is None:
+            record._digest = None
+        elif digest is not None:  # its tools are the pool's list for `digest` already
+            record._digest = digest
+        else:
+            record._digest, profile.tools = self.tools.intern(profile.tools)
+        if old is not None:
+            self.tools.release(old)
+        record._profile, record._lazy = profile, False
+        self._index(record, profile.os.platform if profile else None, tuple(profile.tags) if profile else ())
+
+    def _load(self, record: DeviceRecord) -> None:
+        """Read a record's stored profile (once: a failure leaves it without one, logged)."""
+        record._lazy = False
+        stored = self.profile_loader(record.name) if self.profile_loader is not None else None
+        if stored is None:
+            return
+        profile_json, digest, tools_json = stored
+        try:
+            profile = DeviceProfile.model_validate_json(profile_json)
+            if digest is not None and self.tools.get(digest) is not None:
+                profile.tools = self.tools.acquire(digest)
+            elif digest is not None and tools_json is not None:
+                profile.tools = self.tools.acquire(digest, self.tools.codec.validate_json(tools_json))
+            else:
+                digest = None
+        except ValidationError:
+            logger.warning("stored profile of device %s is unreadable; ignored", record.name)
+            return
+        self._set_profile(record, profile, digest)
+
+    # -- the device list -------------------------------------------------------------------------
+
+    def page(self, *, status: DeviceStatus | None = None, platform: str | None = None, tags: Sequence[str] = (),
+             name: str | None = None, after: str | None = None, limit: int | None = None
+             ) -> tuple[list[DeviceRecord], str | None]:
+        """Records matching every filter, by name, after the name `after`, at most `limit` of them, and
+        the cursor of the next page (None on the last). `name` is a glob (`lab-*`); platform is compared
+        without case. Devices that join or leave between pages neither repeat nor hide the others."""
+        lists: list[list[str]] = [self._online if status in ("online", "busy") else
+                                  self._offline if status == "offline" else self._names]
+        if platform is not None:
+            lists.append(self._by_platform.get(platform.lower(), []))
+        lists.extend(self._by_tag.get(tag, []) for tag in tags)
+        names = min(lists, key=len)
+        prefix = _literal_prefix(name) if name is not None else ""
+        start = max(after or "", prefix)
+        first = bisect_right(names, start) if after is not None and start == after else bisect_left(names, start)
+        wanted = set(tags)
+        platform_key = platform.lower() if platform is not None else None
+        found: list[DeviceRecord] = []
+        records = self._records
+        for at in range(first, len(names)):
+            key = names[at]
+            if prefix and not key.startswith(prefix):
+                break
+            record = records[key]
+            if status is not None and record.status != status:
+                continue
+            if platform_key is not None and (record._platform or "").lower() != platform_key:
+                continue
+            if wanted and not wanted.issubset(record._tags):
+                continue
+            if name is not None and not fnmatchcase(key, name):
+                continue
+            if limit is not None and len(found) == limit:
+                return found, found[-1].name
+            found.append(record)
+        return found, None
 
     def notify(self) -> None:
         """Wake everyone in `wait_until`; called by the hub after it changes a record (twice per

@@ -120,6 +120,16 @@ _MIGRATIONS: list[str] = [
     """
     ALTER TABLE tokens ADD COLUMN confirm TEXT NOT NULL DEFAULT 'never';
     """,
+    # known devices read at start-up without their profiles (issue 13): a device's tool list is kept once
+    # per distinct content, and its platform and tags beside the name so listing needs no profile
+    """
+    CREATE TABLE device_tools (digest TEXT PRIMARY KEY, tools TEXT NOT NULL);
+    ALTER TABLE devices ADD COLUMN tools_digest TEXT;
+    ALTER TABLE devices ADD COLUMN platform TEXT;
+    ALTER TABLE devices ADD COLUMN tags TEXT;
+    UPDATE devices SET platform = json_extract(profile, '$.os.platform'), tags = json_extract(profile, '$.tags')
+        WHERE profile IS NOT NULL AND json_valid(profile);
+    """,
 ]
 SENT, UNKNOWN = "sent", "unknown"
 _TOKEN_CACHE = 65_536  # verified tokens kept in memory (cleared whole when full: it refills from the table)
@@ -434,20 +444,67 @@ class Store:
 
     # -- devices ---------------------------------------------------------------------------------
 
-    def upsert_device(self, name: str, profile_json: str | None, last_seen: float) -> None:
-        """Remember a device; `profile_json=None` keeps the profile already stored."""
+    def upsert_device(self, name: str, profile_json: str | None, last_seen: float, *,
+                      tools: tuple[str, str | bytes] | None = None) -> None:
+        """Remember a device; `profile_json=None` keeps the profile already stored. `tools` is (digest,
+        JSON) of a tool list kept apart from `profile_json` (which then holds no `tools`), once per digest."""
         with self._writing(), self._lock:
+            if tools is not None:
+                self._conn.execute("INSERT OR IGNORE INTO device_tools (digest, tools) VALUES (?, ?)",
+                                   (tools[0], tools[1].decode() if isinstance(tools[1], bytes) else tools[1]))
             self._conn.execute(
-                "INSERT INTO devices (name, profile, first_seen, last_seen) VALUES (?, ?, ?, ?) "
+                "INSERT INTO devices (name, profile, first_seen, last_seen, tools_digest, platform, tags) "
+                "VALUES (:name, :profile, :seen, :seen, :digest, json_extract(:profile, '$.os.platform'), "
+                "json_extract(:profile, '$.tags')) "
                 "ON CONFLICT (name) DO UPDATE SET profile = COALESCE(excluded.profile, devices.profile), "
+                "tools_digest = CASE WHEN excluded.profile IS NULL THEN devices.tools_digest "
+                "ELSE excluded.tools_digest END, "
+                "platform = CASE WHEN excluded.profile IS NULL THEN devices.platform ELSE excluded.platform END, "
+                "tags = CASE WHEN excluded.profile IS NULL THEN devices.tags ELSE excluded.tags END, "
                 "last_seen = excluded.last_seen",
-                (name, profile_json, last_seen, last_seen))
+                {"name": name, "profile": profile_json, "seen": last_seen, "digest": tools[0] if tools else None})
 
     def list_devices(self) -> list[StoredDevice]:
+        """Every known device with its whole profile (tools put back): for tools and tests, not start-up."""
         with self._lock:
-            rows = self._conn.execute("SELECT * FROM devices ORDER BY name").fetchall()
-        return [StoredDevice(name=r["name"], profile=json.loads(r["profile"]) if r["profile"] else None,
-                             first_seen=r["first_seen"], last_seen=r["last_seen"]) for r in rows]
+            rows = self._conn.execute("SELECT d.*, t.tools AS tool_list FROM devices d LEFT JOIN device_tools t "
+                                      "ON t.digest = d.tools_digest ORDER BY d.name").fetchall()
+        devices = []
+        for r in rows:
+            profile = json.loads(r["profile"]) if r["profile"] else None
+            if profile is not None and r["tool_list"] is not None:
+                profile["tools"] = json.loads(r["tool_list"])
+            devices.append(StoredDevice(name=r["name"], profile=profile, first_seen=r["first_seen"],
+                                        last_seen=r["last_seen"]))
+        return devices
+
+    def device_heads(self) -> list[tuple[str, float, str | None, list[str], bool]]:
+        """(name, last_seen, platform, tags, has a profile) of every known device: what start-up lists
+        without reading a single profile."""
+        with self._lock:
+            rows = self._conn.execute("SELECT name, last_seen, platform, tags, profile IS NOT NULL "
+                                      "FROM devices ORDER BY name").fetchall()
+        heads = []
+        for name, last_seen, platform, tags, stored in rows:
+            try:
+                tag_list = json.loads(tags) if tags else []
+            except ValueError:
+                tag_list = []
+            if not isinstance(tag_list, list):
+                tag_list = []
+            heads.append((name, last_seen, platform if isinstance(platform, str) else None,
+                          [t for t in tag_list if isinstance(t, str)], bool(stored)))
+        return heads
+
+    def device_profile(self, name: str) -> tuple[str, str | None, str | None] | None:
+        """A device's stored profile as (profile JSON, tools digest, tools JSON), or None."""
+        with self._lock:
+            row = self._conn.execute("SELECT d.profile, d.tools_digest, t.tools FROM devices d LEFT JOIN "
+                                     "device_tools t ON t.digest = d.tools_digest WHERE d.name = ?",
+                                     (name,)).fetchone()
+        if row is None or row[0] is None:
+            return None
+        return row[0], row[1] if row[2] is not None else None, row[2]
 
     # -- sessions --------------------------------------------------------------------------------
 
