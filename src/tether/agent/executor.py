@@ -45,7 +45,7 @@ from tether.agent.recovery import (
 from tether.agent.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.refs import RefError, has_refs, resolve
 from tether.agent.rounds import Rounds, _PlanFailed
-from tether.agent.steps import history_row, match_option, short
+from tether.agent.steps import fan_out_step, history_row, match_option, short
 from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, Result, ToolInfo
@@ -224,7 +224,10 @@ class TaskRunner(Rounds):
             dispatcher.emit = stream
         timeout = max(1.0, min(self.command_timeout, self.budgets.wall_time_s - self._elapsed()))
         try:
-            results = await dispatcher.execute_commands([command], timeout=timeout)
+            if step.on == "all":
+                results = [await fan_out_step(dispatcher, command, step.requires, timeout)]
+            else:
+                results = await dispatcher.execute_commands([command], timeout=timeout)
         except Exception as exc:  # a dispatcher should not raise, but a broken one must not kill the task
             results = dispatcher.generate_error_results([command], exc)
         finally:

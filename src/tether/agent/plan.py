@@ -10,13 +10,14 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether.agent.refs import iter_refs, ref_problems
 from tether.protocol.models import ToolInfo
+from tether.protocol.profile import DeviceRequirements
 
 OBSERVE = "observe"  # the pseudo-skill that ends a plan at an observation point
 
@@ -32,6 +33,10 @@ class PlanStep(BaseModel):
     args: dict[str, Any] = Field(default_factory=dict, description="The tool's arguments")
     description: str = Field(default="", description="What the step does, in a few words")
     device: str | None = Field(default=None, description="The device to run on; None for any")
+    on: Literal["all"] | None = Field(default=None, description=(
+        "'all': the step runs on every device meeting `requires` at once (a fan-out), and its result is "
+        "each device's result plus a summary"))
+    requires: DeviceRequirements | None = Field(default=None, description="with on: all, which devices")
 
 
 class Plan(BaseModel):
@@ -56,6 +61,8 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
                     "args": {"type": "object"},
                     "description": {"type": "string"},
                     "device": {"type": ["string", "null"]},
+                    "on": {"enum": ["all", None]},
+                    "requires": {"type": ["object", "null"]},
                 },
                 "required": ["skill", "args"],
                 "additionalProperties": False,
@@ -189,6 +196,14 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, all
             ran.append(None)
             continue
         problems.extend(f"{label}: bad reference at {p}" for p in ref_problems(step.args, index, ran, observe_at))
+        if step.on == "all" or step.requires is not None:
+            # the fleet's devices are not among the task's: each device checks the call itself
+            if step.on != "all":
+                problems.append(f"{label}: requires picks the devices of on: all; add on: all")
+            elif step.device is not None:
+                problems.append(f"{label}: on: all runs on every matching device; it does not take device")
+            ran.append(None)
+            continue
         if step.device is not None:
             if step.device not in tools:
                 known = ", ".join(devices) or "none"

@@ -86,6 +86,21 @@ class _HubDevice(BasicCommandDispatcher):
             await self.hub.registry.wait_until(lambda: self.hub.connected(self.device), self.device_wait)
         return await self._inner.execute_commands(commands, timeout=timeout)
 
+    async def fan_out(self, command: Command, requires: DeviceRequirements, timeout: float) -> dict[str, Any]:
+        """A step `on: all` (agent/steps.py): the command on every matching device through the hub, each
+        device's outcome a `fanout_device` event of the step as it arrives."""
+        unsaved = self.before_send()
+        if unsaved is not None:
+            raise ValueError(f"not run: the task could not be saved first ({unsaved})")
+
+        def told(outcome: Any) -> None:
+            if self.emit is not None:
+                self.emit("fanout_device", {"device": outcome.device, "status": outcome.status,
+                                            "error": outcome.error, "duration": round(outcome.duration, 3)})
+
+        return await self.hub.fan_out(requires, [command], on_outcome=told, timeout=timeout,
+                                      requested_by=self._inner.requested_by)
+
 
 class TaskService:
     def __init__(self, hub: DeviceHub, store: TaskStore, llm_settings: LLMSettings | None = None, *,

@@ -21,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
 from tether.protocol.models import Command, Result, ResultStatus, new_call_id
@@ -75,7 +76,9 @@ def select_devices(hub: DeviceHub, requires: DeviceRequirements) -> list[str]:
         if requires.name is not None and record.name != requires.name:
             continue
         known += 1
-        probe = record if record.connected else replace(record, connected=True)
+        # an offline device is judged on what it is, as if connected: it is reported offline, not left out
+        probe: Any = record if record.connected else SimpleNamespace(name=record.name, connected=True,
+                                                                      profile=record.profile)
         if rejection(probe, requires) is None:
             chosen.append(record.name)
     if not chosen:

@@ -20,7 +20,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -54,6 +54,11 @@ from tether.server.liveness import GracePeriods, watch_liveness
 from tether.server.registry import DeviceRecord, DeviceRegistry
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, TokenInfo
+
+if TYPE_CHECKING:
+    from tether.protocol.models import Command
+    from tether.protocol.profile import DeviceRequirements
+    from tether.server.fleet import DeviceOutcome
 
 MAX_OPEN_QUESTIONS = 1024  # elicitation questions remembered for answers, over all devices
 SAMPLING_TIMEOUT = 120.0  # a device's sampling request to the server's LLM
@@ -120,6 +125,15 @@ class DeviceHub:
 
     def connected(self, device: str) -> bool:
         return device in self._conns
+
+    async def fan_out(self, requires: DeviceRequirements, commands: list[Command], *,
+                      on_outcome: Callable[[DeviceOutcome], None] | None = None, **options: Any) -> dict[str, Any]:
+        """Run `commands` on every device meeting `requires` (server/fleet.py) and return
+        `{"devices": [lines…], "summary": {…}}`: how a layer above (a task step `on: all`) fans out
+        without importing the server's modules. `FanOutError` (a ValueError) when it cannot start."""
+        from tether.server.fleet import run_fan_out
+
+        return await run_fan_out(self, requires, commands, on_outcome=on_outcome, **options)
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call `listener(device)` whenever a device registers, goes offline or reports a new profile
