@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tether.device.mcp_resources import MCPResourceTools
 from tether.device.toolset_server import ToolSetServer
 from tether.protocol.models import TOOL_TYPES, Command, Result, ToolInfo, ToolType
 from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
@@ -106,7 +107,12 @@ class Computer:
         undo = build_spec(self.undo_session, "undo_session", "action", None,
                           "Put back the files a session's commands changed (its undo journal), newest first. "
                           "Needs an approval: it rewrites files.")
-        return {"list_tools": spec, "undo_session": undo}
+        resources = MCPResourceTools(self._external_servers, self.wait_for_joins)
+        return {"list_tools": spec, "undo_session": undo, **resources.specs()}
+
+    def _external_servers(self) -> list[BaseMCPServer]:
+        """The servers with an MCP session of their own (resources and prompts), not the built-in sets."""
+        return list(dict.fromkeys(s for s in self._servers.values() if not isinstance(s, ToolSetServer)))
 
     async def undo_session(self, ctx: ToolContext, session_id: str) -> list[dict[str, Any]]:
         """How a server undoes a task on this device (the task id is the session id of its commands).

@@ -8,12 +8,16 @@ all built in never imports the `mcp` SDK: `toolset_server` and the manager need 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from tether.device.mcp_config import MCPServerConfig
 from tether.device.mcp_policy import MCPToolPolicy
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
+from tether.tools.errors import ToolError
+
+T = TypeVar("T")
 
 
 class MCPServerError(RuntimeError):
@@ -57,6 +61,11 @@ class BaseMCPServer(ABC):
 
     def describe(self) -> str:
         return self.config.server_type
+
+    async def session_request(self, what: str, request: Callable[[Any], Awaitable[T]], timeout: float) -> T:
+        """A request other than a tool call (resources, prompts: `mcp_resources`) on this server's MCP
+        session; `ToolError` naming the server when it cannot be made. Only external servers have one."""
+        raise ToolError(f"server '{self.namespace}' is a built-in tool set: it has no MCP resources or prompts")
 
     def refusal(self, name: str) -> str | None:
         """Why a tool this server keeps unlisted may not be called (for "unknown tool" errors), or None."""

@@ -20,7 +20,8 @@ import contextlib
 import logging
 import math
 from abc import abstractmethod
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import anyio
 import mcp_types
@@ -36,6 +37,7 @@ from tether.device.mcp_policy import annotated_type
 from tether.device.mcp_stdio import TOO_LARGE
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
+from tether.tools.errors import ToolError
 from tether.tools.mcp_export import call_result_to_result, is_result_wrapper
 
 logger = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ BACKOFF_BASE = 0.2
 BACKOFF_CAP = 30.0
 MIN_UPTIME = 1.0  # a session that dies sooner counts as a failed start (crash loops back off)
 _CLIENT_INFO = mcp_types.Implementation(name="tether", version=__version__)
+T = TypeVar("T")
 
 
 class _OpenFailed(Exception):
@@ -280,6 +283,23 @@ class SessionServer(BaseMCPServer):
                                  {"too_large": True, "bytes": size, "limit": cap, "complete": True})
         return call_result_to_result(result, server=self.namespace, tool=name, call_id=ctx.call_id,
                                      unwrap=name in self._wrapped)
+
+    async def session_request(self, what: str, request: Callable[[Client], Awaitable[T]], timeout: float) -> T:
+        client, why = await self._await_client(asyncio.get_running_loop().time() + timeout)
+        if client is None:
+            raise ToolError(f"{why}; {what} not sent")
+        gen = self._generation
+        try:
+            async with asyncio.timeout(timeout):
+                return await request(client)
+        except TimeoutError:
+            self._mark_lost(gen)  # as a timed-out call: the session may be busy behind it
+            raise ToolError(f"server '{self.namespace}': {what} timed out after {timeout:g}s (its session "
+                            "was reset)") from None
+        except Exception as exc:
+            if isinstance(exc, MCPError) and exc.code == mcp_types.CONNECTION_CLOSED:
+                self._mark_lost(gen)
+            raise ToolError(f"server '{self.namespace}': {what} failed: {describe_error(exc)}") from None
 
     def _timed_out(self, name: str, limit: float, generation: int, ctx: ToolContext) -> Result:
         """A call that timed out may leave the session busy (a server still computing or still sending a
