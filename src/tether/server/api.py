@@ -398,8 +398,7 @@ class BatchResponse(Response):
                 return  # the caller went away: `finally` cancels the batch
             gone.cancel()
             body = _results_body(self._device, task.result(), self._limit)
-            await send({"type": "http.response.body", "body": body, "more_body": True})
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            await send({"type": "http.response.body", "body": body, "more_body": False})  # one write, last chunk too
         finally:
             if gone is not None:
                 gone.cancel()
