@@ -9,7 +9,9 @@ same port and database. Measured from the restart's spawn:
 - the time until /api/v1/health answers (anchor: the same server's first start, devices not yet there);
 - the time until all N are registered again (`devices_online` of /api/v1/health, probed every 50 ms);
 - the /health probes' latency during the storm, p50 and p99 (anchor: the same probes with N idle
-  devices before the kill), and how many probes got no answer within 5 s.
+  devices before the kill), and how many probes got no answer within 5 s;
+- a cheap REST command to one device, repeated whenever it is registered, during the storm (p50 and
+  p99; anchor: the same with N idle devices); any failed command fails the run.
 The server's admission control (`max_admitting`, HTTP 503 + Retry-After) and the devices' spread first
 attempt and full-jitter backoff are what this measures.
 """
@@ -30,7 +32,7 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, pct
-from bench.load import device_process, free_port, raise_fd_limit
+from bench.load import CHEAP, device_process, free_port, raise_fd_limit
 
 PROBE_EVERY_S = 0.05
 PROBE_TIMEOUT_S = 5.0
@@ -80,6 +82,28 @@ async def probe(http: httpx.AsyncClient, n: int, limit_s: float) -> tuple[float 
     return None, latencies, missed
 
 
+async def commands(http: httpx.AsyncClient, name: str, done: asyncio.Event) -> tuple[list[float], list[str]]:
+    """Until `done`: a cheap command to `name` whenever it is registered (the commands of a registered device
+    must be answered during the storm): (latencies, failures)."""
+    latencies: list[float] = []
+    failures: list[str] = []
+    body = {"commands": [CHEAP], "timeout": 30}
+    while not done.is_set():
+        try:
+            record = await http.get(f"/api/v1/devices/{name}", timeout=PROBE_TIMEOUT_S)
+            if record.status_code == 200 and record.json()["status"] != "offline":
+                t0 = time.perf_counter()
+                answer = await http.post(f"/api/v1/devices/{name}/commands", json=body, timeout=30)
+                if answer.status_code == 200 and answer.json()["results"][0]["status"] == "success":
+                    latencies.append(time.perf_counter() - t0)
+                else:
+                    failures.append(f"{answer.status_code} {answer.text[:200]}")
+        except httpx.HTTPError as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+        await asyncio.sleep(PROBE_EVERY_S)
+    return latencies, failures
+
+
 async def _measure(devices: int, per_process: int, limit_s: float) -> list[dict[str, object]]:
     from tether.server.store import Store
 
@@ -92,26 +116,35 @@ async def _measure(devices: int, per_process: int, limit_s: float) -> list[dict[
         store = Store(str(tmp / "server.db"))
         names = [f"storm-{i:05d}" for i in range(devices)]
         tokens = {n: store.create_token("device", n)[1] for n in names}
+        api = store.create_token("api", "storm", ["read", "execute"])[1]
         store.close()
         port = free_port()
         url = f"ws://127.0.0.1:{port}/aip"
         servers: list[asyncio.subprocess.Process] = []
         try:
             async with contextlib.AsyncExitStack() as stack, httpx.AsyncClient(
-                    base_url=f"http://127.0.0.1:{port}") as http:
+                    base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {api}"}) as http:
                 servers.append(await start_server(tmp, port, "first"))
                 first_start = await until_health(http, servers[0], tmp)
                 groups = [names[i:i + per_process] for i in range(0, len(names), per_process)]
                 await asyncio.gather(*(stack.enter_async_context(
                     device_process(url, tmp / "devices", {n: tokens[n] for n in group}, tmp / f"devices-{i}.log"))
                     for i, group in enumerate(groups)))
+                idle_done = asyncio.Event()
+                idle_commands = asyncio.create_task(commands(http, names[0], idle_done))
                 _, idle, _ = await probe(http, devices + 1, 40 * PROBE_EVERY_S)  # N idle devices: the anchor
+                idle_done.set()
+                idle_cmd, idle_failed = await idle_commands
                 servers[0].send_signal(signal.SIGKILL)
                 await servers[0].wait()
                 t0 = time.perf_counter()
                 servers.append(await start_server(tmp, port, "restart"))
                 restart_health = await until_health(http, servers[1], tmp)
+                storm_done = asyncio.Event()
+                storm_commands = asyncio.create_task(commands(http, names[0], storm_done))
                 back, storm, missed = await probe(http, devices, limit_s)
+                storm_done.set()
+                storm_cmd, storm_failed = await storm_commands
                 back_s = (time.perf_counter() - t0) if back is not None else float("nan")
         finally:
             for proc in servers:
@@ -123,6 +156,10 @@ async def _measure(devices: int, per_process: int, limit_s: float) -> list[dict[
                         proc.kill()
                         await proc.wait()
     note = f"{devices} devices, {per_process} per process"
+    if idle_failed or storm_failed:
+        raise RuntimeError(f"commands failed: {(idle_failed + storm_failed)[:3]}")
+    cmd_ms = [s * 1e3 for s in storm_cmd] or [float("nan")]
+    idle_cmd_ms = [s * 1e3 for s in idle_cmd] or [float("nan")]
     ms = [s * 1e3 for s in storm] or [float("nan")]
     idle_ms = [s * 1e3 for s in idle] or [float("nan")]
     return [
@@ -134,6 +171,9 @@ async def _measure(devices: int, per_process: int, limit_s: float) -> list[dict[
         fleet_row("/health p99 during the storm", pct(ms, 99), "ms", "p99 with idle devices", pct(idle_ms, 99),
                   "answered throughout", f"p50 {statistics.median(ms):.3g} ms, {len(storm)} probes, "
                                          f"{missed} unanswered within {PROBE_TIMEOUT_S:g}s"),
+        fleet_row("a registered device's command p99 during the storm", pct(cmd_ms, 99), "ms",
+                  "p99 with idle devices", pct(idle_cmd_ms, 99), "answered throughout",
+                  f"p50 {statistics.median(cmd_ms):.3g} ms, {len(storm_cmd)} commands, 0 failed"),
     ]
 
 

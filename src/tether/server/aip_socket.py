@@ -137,21 +137,27 @@ def aip_route(hub: DeviceHub, path: str = "/aip", admission: Admission | None = 
     """
     gate = admission or Admission(getattr(hub.settings, "max_admitting", 256))
 
+    async def busy(websocket: WebSocket) -> None:
+        wait = gate.retry_after()
+        await deny_websocket(websocket.scope, websocket.send, ADMISSION_STATUS,
+                             f"server busy: {gate.admitting} devices are registering; retry after {wait} s",
+                             headers=[(b"retry-after", str(wait).encode())])
+
     async def endpoint(websocket: WebSocket) -> None:
         client = websocket.client
         peer = f"{client.host}:{client.port}" if client else None
         authorization = websocket.headers.get("authorization")
+        if gate.admitting >= gate.limit:  # full: refused before even the token is looked at (cheapest)
+            gate.enter()  # counts the refusal
+            await busy(websocket)
+            return
         verdict = hub._authenticate(authorization)  # the hub's rule, applied before any frame is read
         if isinstance(verdict, str):
             logger.warning("refused device connection from %s at the handshake: %s", peer, verdict)
             await deny_websocket(websocket.scope, websocket.send, 401, verdict)
             return
-        if not gate.enter():
-            wait = gate.retry_after()
-            logger.debug("refused device connection from %s: %d registering (the limit)", peer, gate.admitting)
-            await deny_websocket(websocket.scope, websocket.send, ADMISSION_STATUS,
-                                 f"server busy: {gate.admitting} devices are registering; retry after {wait} s",
-                                 headers=[(b"retry-after", str(wait).encode())])
+        if not gate.enter():  # filled up while the token was checked (it does not await: not today)
+            await busy(websocket)
             return
         try:
             await websocket.accept()
