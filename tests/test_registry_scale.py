@@ -381,3 +381,25 @@ def test_stored_profile_json_is_compact(tmp_path):
             assert "tools" not in json.loads(text)
     finally:
         store.close()
+
+
+# -- the benchmark at its smallest ----------------------------------------------------------------
+
+
+async def test_bench_fleet_devices_rows_have_their_anchors(capsys: pytest.CaptureFixture[str]) -> None:
+    import sys
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    if repo not in sys.path:  # `bench` lives at the repo root, beside tests/
+        sys.path.insert(0, repo)
+    from bench import fleet_devices
+
+    rows = await fleet_devices.measure(devices=120, connected=12, per_process=6, repeats=1)
+    assert [row["figure"] for row in rows] == [
+        "server start with 120 known devices: /health", "server memory per idle device (12 registered)",
+        "GET /api/v1/devices?limit=100, 120 devices", "GET /api/v1/devices (no limit), 120 devices"]
+    for row in rows:  # memory is an RSS difference: at 12 devices its sign is noise, so only times must be > 0
+        assert isinstance(row["measured"], float) and (row["unit"] == "KiB" or row["measured"] > 0), row
+        anchor = row["anchor"]
+        assert isinstance(anchor, float) and (not anchor or row["ratio"] == row["measured"] / anchor), row
+    assert "tools" in capsys.readouterr().out
