@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from typer.core import TyperArgument, TyperOption
 
 from tether.cli.lazy import LazyGroup
@@ -157,8 +159,21 @@ def console(err: bool = False) -> Console:
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
-    console(err=True).print(f"[red]error:[/red] {message}")
+    """`message` is plain text, never markup: it often quotes a tool, a server or pydantic, whose
+    `[type=missing …]` or a path like `[/x]` rich would eat or choke on."""
+    say(f"error: {message}", err=True)
     raise typer.Exit(code)
+
+
+def say(text: str, style: str = "", err: bool = False, **kwargs: Any) -> None:
+    """Print text that is not ours (a tool's error, a server's message, a person's request) as it is:
+    its `[...]` is never read as rich markup. The leading `error:` / `warning:` word is coloured."""
+    head, sep, rest = text.partition(" ")
+    colour = {"error:": "red", "warning:": "yellow"}.get(head)
+    line = Text.assemble((head, colour), sep, rest) if colour else Text(text)
+    if style:
+        line.stylize(style)
+    console(err=err).print(line, **kwargs)
 
 
 def remote_message(exc: RemoteError) -> str:
@@ -218,7 +233,7 @@ def print_tools(infos: list[ToolInfo], as_json: bool, title: str = "") -> None:
     for col in ("tool", "namespace", "type", "parameters"):
         table.add_column(col)
     for info in infos:
-        table.add_row(info.name, info.namespace, info.tool_type, params_summary(info))
+        table.add_row(*(Text(cell) for cell in (info.name, info.namespace, info.tool_type, params_summary(info))))
     console().print(table)
 
 
@@ -284,11 +299,11 @@ def progress_line(data: dict[str, Any]) -> str:
 def print_result(result: Result, session_id: str | None, device: str | None = None) -> None:
     out = console()
     style = {"success": "green", "failure": "red", "skipped": "yellow"}.get(result.status.value, "white")
-    where = f"  device={device}" if device else ""
-    out.print(f"[{style}]{result.status.value}[/{style}]{where}  namespace={result.namespace}  "
+    where = f"  device={escape(device)}" if device else ""
+    out.print(f"[{style}]{result.status.value}[/{style}]{where}  namespace={escape(str(result.namespace))}  "
               f"call_id={result.call_id}  session={session_id}")
     if result.error:
-        out.print(f"[red]error:[/red] {result.error}")
+        say(f"error: {result.error}")
     payload = result.result
     if isinstance(payload, dict) and ("stdout" in payload or "stderr" in payload):
         for stream in ("stdout", "stderr"):

@@ -36,7 +36,7 @@ def exec_all(command: Command, requires: list[str], *, timeout: float | None, ma
     try:
         req = parse_requires(requires)
     except ValueError as exc:
-        fail(escape(str(exc)))
+        fail(str(exc))  # plain text: fail() never reads markup
     body: dict[str, Any] = {"requires": req, "commands": [command.model_dump(exclude_none=True)],
                             "timeout": timeout or 60.0}
     if max_concurrency is not None:
@@ -46,7 +46,7 @@ def exec_all(command: Command, requires: list[str], *, timeout: float | None, ma
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             summary = _follow(remote, body, as_json)
     except RemoteError as exc:  # the server's words may carry device names: printed, never read as markup
-        fail_remote(RemoteError(escape(str(exc)), exc.status), ExitCode.FAILED)
+        fail_remote(exc, ExitCode.FAILED)
     except KeyboardInterrupt:
         fail("interrupted: the fan-out was cancelled, with the commands still running on its devices",
              ExitCode.FAILED)

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from tether.cli.common import CaOpt, JsonOpt, PolicyOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
@@ -52,7 +53,7 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
     for col in ("action", "path", "outcome"):
         table.add_column(col)
     for entry in report:
-        table.add_row(str(entry.get("action")), str(entry.get("path")), str(entry.get("outcome")))
+        table.add_row(*(escape(str(entry.get(k))) for k in ("action", "path", "outcome")))
     console().print(table)
 
 
@@ -97,5 +98,5 @@ def sessions(state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
         table.add_column(key, no_wrap=key == "session_id",
                          min_width=max((len(str(r[key])) for r in rows), default=0) if key == "session_id" else None)
     for row in rows:
-        table.add_row(*(str(row.get(k)) for k in keys))
+        table.add_row(*(escape(str(row.get(k))) for k in keys))
     console().print(table)

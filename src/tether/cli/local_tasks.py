@@ -51,9 +51,9 @@ def terminal_ask(out: Console, answers: list[str]) -> Callable[[Any], Awaitable[
             try:
                 parsed = parse_answer(reply, options, kind)
             except AnswerError as exc:
-                out.print(f"[red]--answer {reply}:[/red] {exc}")
+                out.print(f"--answer {reply}: {exc}", style="red", markup=False)
                 continue
-            out.print(f"  → {reply} (from --answer)")
+            out.print(f"  → {reply} (from --answer)", markup=False)
             return parsed
         if not sys.stdin.isatty():
             raise Unanswered(question.question)
@@ -65,7 +65,7 @@ def terminal_ask(out: Console, answers: list[str]) -> Callable[[Any], Awaitable[
             try:
                 return parse_answer(reply, options, kind)
             except AnswerError as exc:
-                out.print(f"[yellow]{exc}[/yellow]")
+                out.print(str(exc), style="yellow", markup=False)
 
     return ask
 

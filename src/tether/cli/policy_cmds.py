@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from tether.cli.common import CaOpt, ExitCode, JsonOpt, ServerOpt, TokenOpt, app, console, fail, fail_remote
 
@@ -47,7 +48,7 @@ def _print(report: dict[str, Any], as_json: bool, title: str) -> None:
         table.add_column(col)
     for key, value in policy.items():
         if key != "commands":
-            table.add_row(key, json.dumps(value), sources.get(key, "-"))
+            table.add_row(key, escape(json.dumps(value)), escape(str(sources.get(key, "-"))))
     out.print(table)
     rules = Table(show_header=True, title="commands (the allowlist)")
     for col in ("program", "rule", "from"):
@@ -55,7 +56,7 @@ def _print(report: dict[str, Any], as_json: bool, title: str) -> None:
     for name, origin in sources.get("commands", {}).items():
         rule = policy["commands"].get(name)
         shown = "removed" if rule is None else json.dumps({k: v for k, v in rule.items() if v not in (None, False, [])})
-        rules.add_row(name, shown, origin)
+        rules.add_row(escape(name), escape(shown), escape(str(origin)))
     out.print(rules)
 
 

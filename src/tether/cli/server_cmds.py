@@ -30,6 +30,7 @@ from tether.cli.common import (
     console,
     fail,
     fail_remote,
+    say,
     token_app,
 )
 
@@ -356,11 +357,11 @@ def _device_token(cfg: DeviceConfig, token_file: Path | None, env_token: str | N
 
 
 def _error(message: str) -> None:
-    console(err=True).print(f"[red]error:[/red] {message}", soft_wrap=True)  # one line, whatever the width
+    say(f"error: {message}", err=True, soft_wrap=True)  # one line, whatever the width; never markup
 
 
 def _warn(message: str) -> None:
-    console(err=True).print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)
+    say(f"warning: {message}", err=True, soft_wrap=True)
 
 
 async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str | None, policy: Path | None,

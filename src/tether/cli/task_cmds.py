@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from tether.agent.answers import AnswerError, parse_answer
@@ -129,7 +130,7 @@ def _answer(remote: RemoteServer, task_id: str, question: dict[str, Any], answer
         try:  # the parser a local task uses: empty or out-of-range answers are asked again
             reply = parse_answer(reply, options, str(question.get("kind") or "question"))
         except AnswerError as exc:
-            out.print(f"[yellow]{exc}[/yellow]")
+            out.print(str(exc), style="yellow", markup=False)
             continue
         chosen = options[int(reply) - 1] if reply.isdigit() and 1 <= int(reply) <= len(options) else reply
         try:
@@ -139,7 +140,7 @@ def _answer(remote: RemoteServer, task_id: str, question: dict[str, Any], answer
                 remote.answer(task_id, reply, question.get("id"))
             return True
         except RemoteError as exc:
-            out.print(f"[red]the answer was not taken:[/red] {remote_message(exc)}")
+            out.print(f"the answer was not taken: {remote_message(exc)}", style="red", markup=False)
             if exc.status == 409:  # answered meanwhile from elsewhere, or the task moved on: follow it
                 return True
 
@@ -147,7 +148,7 @@ def _answer(remote: RemoteServer, task_id: str, question: dict[str, Any], answer
 def _reply(task_id: str, question: dict[str, Any], answers: list[str], out: Console) -> str | None:
     if answers:
         reply = answers.pop(0)
-        out.print(f"  → {reply} (from --answer)")
+        out.print(f"  → {reply} (from --answer)", markup=False)
         return reply
     if sys.stdin.isatty():
         try:
@@ -179,7 +180,7 @@ def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str) -> None:
         # an id is copied: never cut, even on a narrow terminal
         table.add_column(col, no_wrap=col == "id", min_width=12 if col == "id" else None)
     for r in rows:
-        table.add_row(r["id"][:12], r["state"], r.get("device") or "-", r["request"][:60],
+        table.add_row(r["id"][:12], r["state"], escape(r.get("device") or "-"), escape(r["request"][:60]),
                       r["updated_at"][:19].replace("T", " "))
     console().print(table)
 
@@ -221,15 +222,15 @@ def remote_undo(remote: RemoteServer, task_id: str, as_json: bool) -> int:
         table.add_column(col)
     for name, r in devices.items():
         if "error" in r:
-            table.add_row(name, "-", "-", f"[red]error: {r['error']}[/red]")
+            table.add_row(escape(name), "-", "-", f"[red]error: {escape(str(r['error']))}[/red]")
             continue
         restored = r.get("restored") or []
         if not restored:
             table.add_row(name, "-", "-", "nothing to undo")
         for entry in restored if isinstance(restored, list) else [restored]:
             entry = entry if isinstance(entry, dict) else {"outcome": entry}
-            table.add_row(name, str(entry.get("action", "-")), str(entry.get("path", "-")),
-                          str(entry.get("outcome", "-")))
+            table.add_row(escape(name), escape(str(entry.get("action", "-"))), escape(str(entry.get("path", "-"))),
+                          escape(str(entry.get("outcome", "-"))))
     out.print(table)
     return 1 if failed else 0
 

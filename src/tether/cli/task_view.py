@@ -11,6 +11,7 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 
 from tether.agent.task import Task
 from tether.cli.common import progress_line
@@ -19,9 +20,14 @@ from tether.cli.terminal_output import TerminalLines
 
 
 def print_question(out: Console, question: str, options: list[str]) -> None:
-    out.print(f"\n[bold yellow]?[/bold yellow] {question}")
+    out.print(f"\n[bold yellow]?[/bold yellow] {_e(question)}")
     for i, option in enumerate(options, 1):
-        out.print(f"  {i}. {option}")
+        out.print(f"  {i}. {option}", markup=False, highlight=False)
+
+
+def _e(value: Any) -> str:
+    """A task's, a tool's or a person's words inside our markup: their `[...]` stays text."""
+    return escape(str(value))
 
 
 class EventView:
@@ -67,30 +73,30 @@ class EventView:
             start = int(d.get("from_step") or 0)
             out.print(f"[bold]plan[/bold] ({d.get('source', 'llm')}):")
             for i, step in enumerate(d.get("steps", []), start + 1):
-                where = f" [dim]on {step['device']}[/dim]" if step.get("device") else ""
-                out.print(f"  {i}. {step['skill']} {step.get('description') or step.get('args')}{where}")
+                where = f" [dim]on {_e(step['device'])}[/dim]" if step.get("device") else ""
+                out.print(f"  {i}. {_e(step['skill'])} {_e(step.get('description') or step.get('args'))}{where}")
         elif kind == "planning" and d.get("recovery_context"):
             out.print("  [yellow]re-planning the rest of the task[/yellow]")
         elif kind == "step_started":
             again = f" (attempt {d['attempt']})" if d.get("attempt", 1) > 1 else ""
-            where = f" on {d['device']}" if d.get("device") else ""
-            out.print(f"[cyan]▶ step {d['step'] + 1}{again}{where}:[/cyan] {d['skill']} {d.get('args')}")
+            where = f" on {_e(d['device'])}" if d.get("device") else ""
+            out.print(f"[cyan]▶ step {d['step'] + 1}{again}{where}:[/cyan] {_e(d['skill'])} {_e(d.get('args'))}")
         elif kind == "progress":
             out.print(f"    │ {progress_line(d)}", style="dim", markup=False, highlight=False)
         elif kind == "elicitation" and d.get("message") and not self.mcp_questions_asked_here:
             out.print(f"    ? MCP server {d.get('server')} asks: {d.get('message')}", markup=False, highlight=False)
         elif kind == "step_finished":
             style = "green" if d["status"] == "success" else "red"
-            out.print(f"  [{style}]{d['status']}[/{style}]" + (f": {d['error']}" if d.get("error") else ""))
+            out.print(f"  [{style}]{d['status']}[/{style}]" + (f": {_e(d['error'])}" if d.get("error") else ""))
         elif kind == "decision":  # an ASK_USER's question is printed by its own event, right after
             detail = d.get("note") or d.get("suggestion") or (d.get("reason") if d.get("question") else "") or ""
-            out.print(f"  [yellow]recovery:[/yellow] {d.get('decision')} {detail}".rstrip())
+            out.print(f"  [yellow]recovery:[/yellow] {_e(d.get('decision'))} {_e(detail)}".rstrip())
         elif kind == "skipped":
             out.print(f"  [yellow]step {d.get('step', 0) + 1} skipped[/yellow]")
         elif kind == "question":
             print_question(out, str(d.get("question", "")), list(d.get("options", [])))
         elif kind == "user_answer" and self.echo_answers:
-            out.print(f"  → {d.get('answer')}")
+            out.print(f"  → {d.get('answer')}", markup=False, highlight=False)
         elif kind == "token":
             self.streamed = True
             sys.stdout.write(str(d.get("text", "")))
@@ -99,7 +105,7 @@ class EventView:
             out.print("[yellow]the server stopped while the task was going; it is settled when the server "
                       "starts again[/yellow]")
         elif kind == "server_restarted":
-            out.print(f"[yellow]the server restarted (the task was {d.get('state')})[/yellow]")
+            out.print(f"[yellow]the server restarted (the task was {_e(d.get('state'))})[/yellow]")
 
 
 _STATUS_ENDS = {"plan", "step_finished", "question", "token", "answer", "interrupted", "decision"}
@@ -119,25 +125,26 @@ def status_after(spinner: Spinner, kind: str, d: dict[str, Any]) -> None:
 def print_outcome(out: Console, state: str, answer: str | None, error: str | None, *, streamed: bool) -> None:
     out.print()
     if answer and not streamed:
-        out.print(f"[bold]answer:[/bold] {answer}")
+        out.print(f"[bold]answer:[/bold] {_e(answer)}")
     style = {"done": "green", "cancelled": "yellow"}.get(state, "red")
-    out.print(f"[{style}]{state}[/{style}]" + (f": {error}" if error else ""))
+    out.print(f"[{style}]{state}[/{style}]" + (f": {_e(error)}" if error else ""))
 
 
 def print_log(out: Console, task: Task) -> None:
     """A task's plan, every step with its command and result, decisions, questions and answer."""
-    where = f" on {task.device}" if task.device else ""
-    out.print(f"[bold]task {task.id}[/bold]{where} — {task.state.value}: {task.request}")
+    where = f" on {_e(task.device)}" if task.device else ""
+    out.print(f"[bold]task {task.id}[/bold]{where} — {task.state.value}: {_e(task.request)}")
     if task.plan:
         out.print("[bold]plan[/bold]")
         for i, step in enumerate(task.plan.steps, 1):
-            out.print(f"  {i}. {step.skill} {step.args}" + (f" — {step.description}" if step.description else "")
-                      + (f" [dim](on {step.device})[/dim]" if step.device else ""))
+            out.print(f"  {i}. {_e(step.skill)} {_e(step.args)}" + (f" — {_e(step.description)}" if step.description
+                                                                     else "")
+                      + (f" [dim](on {_e(step.device)})[/dim]" if step.device else ""))
     for record in task.steps:
         style = "green" if record.result.ok else "red"
-        out.print(f"[cyan]step {record.index + 1} attempt {record.attempt}[/cyan] {record.command.tool_name} "
-                  f"{record.command.parameters} → [{style}]{record.result.status.value}[/{style}]"
-                  + (f": {record.result.error}" if record.result.error else ""))
+        out.print(f"[cyan]step {record.index + 1} attempt {record.attempt}[/cyan] {_e(record.command.tool_name)} "
+                  f"{_e(record.command.parameters)} → [{style}]{record.result.status.value}[/{style}]"
+                  + (f": {_e(record.result.error)}" if record.result.error else ""))
         head = result_head(record.result.result)
         if head:
             out.print(f"    result: {head}", markup=False, highlight=False, soft_wrap=True)
@@ -148,17 +155,18 @@ def print_log(out: Console, task: Task) -> None:
         if event.kind == "step_started" and not any(r.command.call_id == event.data.get("call_id")
                                                     for r in task.steps):
             out.print(f"[cyan]step {event.data.get('step', 0) + 1} attempt {event.data.get('attempt', 1)}[/cyan] "
-                      f"{event.data.get('skill')} {event.data.get('args')} → [yellow]no result recorded[/yellow]")
+                      f"{_e(event.data.get('skill'))} {_e(event.data.get('args'))} → "
+                      "[yellow]no result recorded[/yellow]")
         elif event.kind == "skipped":
             out.print(f"[yellow]step {event.data.get('step', 0) + 1} skipped[/yellow]")
     for q in task.questions:
         kind = "" if q.kind == "question" else f" ({q.kind})"
-        out.print(f"[yellow]question{kind}:[/yellow] {q.question} {q.options} → "
-                  + (q.answer if q.answer is not None else "[bold]waiting for an answer[/bold]"))
+        out.print(f"[yellow]question{kind}:[/yellow] {_e(q.question)} {_e(q.options)} → "
+                  + (_e(q.answer) if q.answer is not None else "[bold]waiting for an answer[/bold]"))
     if task.answer:
-        out.print(f"[bold]answer:[/bold] {task.answer}")
+        out.print(f"[bold]answer:[/bold] {_e(task.answer)}")
     if task.error:
-        out.print(f"[red]error:[/red] {task.error}")
+        out.print(f"[red]error:[/red] {_e(task.error)}")
 
 
 def result_head(value: Any, limit: int = 160) -> str:

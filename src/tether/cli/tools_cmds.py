@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 
 from tether.cli.common import (
     CaOpt,
@@ -69,9 +70,10 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
         return
     out = console()
     for namespace_name, error in problems.items():
-        out.print(f"[yellow]server {namespace_name} is unavailable:[/yellow] {error}")
+        out.print(f"[yellow]server {escape(namespace_name)} is unavailable:[/yellow] {escape(str(error))}")
     for c in collisions:
-        out.print(f"[dim]{c['tool']} ({c['tool_type']}) is {c['kept']}'s; {c['shadowed']}'s is {c['use']}[/dim]")
+        out.print(f"{c['tool']} ({c['tool_type']}) is {c['kept']}'s; {c['shadowed']}'s is {c['use']}", style="dim",
+                  markup=False)
 
 
 async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None, namespace: str | None
