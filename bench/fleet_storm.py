@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -104,7 +105,8 @@ async def commands(http: httpx.AsyncClient, name: str, done: asyncio.Event) -> t
     return latencies, failures
 
 
-async def _measure(devices: int, per_process: int, limit_s: float) -> list[dict[str, object]]:
+async def _measure(devices: int, per_process: int, limit_s: float,
+                   keep_logs: Path | None = None) -> list[dict[str, object]]:
     from tether.server.store import Store
 
     have = raise_fd_limit()
@@ -155,6 +157,10 @@ async def _measure(devices: int, per_process: int, limit_s: float) -> list[dict[
                     except TimeoutError:
                         proc.kill()
                         await proc.wait()
+            if keep_logs is not None:
+                keep_logs.mkdir(parents=True, exist_ok=True)
+                for log in tmp.glob("*.log"):
+                    shutil.copy(log, keep_logs / log.name)
     note = f"{devices} devices, {per_process} per process"
     if idle_failed or storm_failed:
         raise RuntimeError(f"commands failed: {(idle_failed + storm_failed)[:3]}")
@@ -191,8 +197,12 @@ def main() -> None:
     parser.add_argument("--per-process", type=int, default=250)
     parser.add_argument("--limit", type=float, default=300.0, help="give up waiting for all after this many s")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--logs", type=Path, help="copy the server's and the devices' logs here")
     args = parser.parse_args()
-    measure(args.devices, args.per_process, args.limit, args.quick)
+    if args.quick:
+        measure(args.devices, quick=True)
+        return
+    asyncio.run(_measure(args.devices, min(args.per_process, args.devices), args.limit, args.logs))
 
 
 if __name__ == "__main__":

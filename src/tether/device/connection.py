@@ -246,7 +246,8 @@ class DeviceConnection:
                 delay = backoff_delay(attempt, self.backoff_base, self.backoff_cap, grace_left=grace_left,
                                       spread=self.restart_spread if uptime is not None else 0.0,
                                       retry_after=retry_after)
-                attempt += 1
+                if retry_after is None:  # refused as busy: the server's pace, not a failure to back off from
+                    attempt += 1
                 if grace_left is None:
                     logger.info("reconnecting in %.2fs", delay)
                 else:

@@ -63,8 +63,10 @@ def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0,
 
     `spread` widens the first attempt's window (attempt 0) to [0, min(cap, spread)]: a fleet that lost
     the server at once comes back spread out (`RESTART_SPREAD_S`). `retry_after` is what a busy server
-    asked for (HTTP 503 `Retry-After`, see `retry_after_of`): the jittered delay comes on top of it,
-    so the refused devices do not all return in the same second either.
+    asked for (HTTP 503 `Retry-After`, see `retry_after_of`): then the delay is uniform in
+    [retry_after, 2 * retry_after] whatever the attempt — the server sets the pace (its Retry-After grows
+    with the crowd), and a device refused as busy several times does not drift to the 30 s cap — and
+    the refused devices do not all return in the same second either.
 
     `grace_left`, when given and positive, is how much is left of the grace period the server keeps
     this device's work for (the device owes it results): the upper bound is then also held to
@@ -78,8 +80,9 @@ def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0,
         upper = min(cap, spread)
     if grace_left is not None and grace_left > 0:
         upper = min(upper, max(floor, grace_share * grace_left))
-    if retry_after is not None and retry_after > 0:
-        return min(retry_after, RETRY_AFTER_MAX_S) + rand() * max(upper, min(retry_after, RETRY_AFTER_MAX_S))
+    if retry_after is not None and retry_after > 0:  # the server paces: its wait, jittered over as long again
+        wait = min(retry_after, RETRY_AFTER_MAX_S)
+        return wait + rand() * wait
     return rand() * upper
 
 
