@@ -46,6 +46,7 @@ from bench.load import free_port, raise_fd_limit
 
 PAGE = 100
 PAGES = 20  # pages walked per filter and repeat
+HEARTBEAT_S = 5.0  # the server's default heartbeat_interval
 
 
 def device_name(i: int) -> str:
@@ -327,6 +328,9 @@ async def _measure(devices: int, connected: int, per_process: int, repeats: int,
             online = (await timed_get(http, "/api/v1/health"))[1].json()["devices_online"]
             if online != connected:
                 raise RuntimeError(f"{online} devices online, expected {connected}")
+            # idle means past registration: uvicorn keeps a socket's last message (the ~8 KB register
+            # frame) until the next one, so wait until every device has sent a heartbeat since
+            await asyncio.sleep(HEARTBEAT_S + 1)
             per_device = (rss(pid) - before) / connected
             anchors.append(await echo_per_connection(tmp, connected))
             anchor = statistics.fmean(anchors)

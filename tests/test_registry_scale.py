@@ -147,6 +147,9 @@ def test_equal_tool_lists_are_one_shared_list_freed_with_its_last_holder():
     a.profile, b.profile = profile(tool_list=tools("x", "y")), profile(tool_list=tools("x", "y"))
     c.profile = profile(tool_list=tools("x", "z"))
     assert a.profile.tools is b.profile.tools and a.tools_digest == b.tools_digest
+    assert a.profile.os is b.profile.os is c.profile.os and a.profile.cpu is c.profile.cpu  # equal sections shared
+    a.profile = profile("darwin", tool_list=tools("x", "y"))
+    assert a.profile.os.platform == "darwin" and b.profile.os.platform == "linux" and a.profile.os is not b.profile.os
     assert [t.model_dump() for t in a.profile.tools] == tools("x", "y")  # equal to what each device sent
     assert c.profile.tools is not a.profile.tools and len(registry.tools) == 2
     assert registry.tools.holders(a.tools_digest) == 2
@@ -259,7 +262,7 @@ async def test_a_known_device_reconnecting_gets_its_new_profile(servers):
     assert "known-00004" not in [r.name for r in srv.hub.registry.page(platform="linux", limit=100)[0]]
 
 
-def test_an_older_database_gets_platforms_and_tags_from_its_stored_profiles(tmp_path):
+async def test_an_older_database_gets_platforms_and_tags_from_its_stored_profiles(tmp_path):
     mine = next(i for i, m in enumerate(store_module._MIGRATIONS) if "device_tools" in m)
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)
@@ -281,6 +284,8 @@ def test_an_older_database_gets_platforms_and_tags_from_its_stored_profiles(tmp_
         registry.profile_loader = store.device_profile
         for head in store.device_heads():
             registry.known(*head)
+        assert await registry.preload() == 1  # "old"; "bare" has no stored profile to read
+        assert await registry.preload() == 0
         assert [t.name for t in registry.get("old").profile.tools] == ["a", "b"]
         assert registry.get("bare").profile is None
     finally:

@@ -84,6 +84,7 @@ class DeviceHub:
         # set by the extension that has an LLM (the agent's), else such requests are refused
         self.sampler: Callable[[str, dict[str, Any]], Awaitable[tuple[str, str]]] | None = None
         self._liveness: asyncio.Task[None] | None = None
+        self._preload: asyncio.Task[int] | None = None  # reads known devices' stored profiles after start
         self._closed = False
         # told the device's name when one registers, leaves or reports new tools (the MCP gateway's
         # tools/list_changed); not on load changes, which happen twice per batch
@@ -98,6 +99,7 @@ class DeviceHub:
         self.registry.profile_loader = self.store.device_profile
         for name, last_seen, platform, tags, stored in self.store.device_heads():
             self.registry.known(name, last_seen, platform, tags, stored)
+        self._preload = asyncio.create_task(self.registry.preload(), name="tether-hub-preload")
         self._liveness = asyncio.create_task(
             watch_liveness(self.settings, self._conns, on_silent=self._silent, check_tokens=self._enforce_revocations),
             name="tether-hub-liveness")
@@ -107,6 +109,8 @@ class DeviceHub:
         self._closed = True
         if self._liveness is not None:
             self._liveness.cancel()
+        if self._preload is not None:
+            self._preload.cancel()
         self._grace.cancel_all()
         self._batches.finish_all("the server is shutting down")
         for conn in list(self._conns.values()):

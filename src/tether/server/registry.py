@@ -11,18 +11,21 @@ import asyncio
 import json
 import logging
 import time
+import weakref
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Literal
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.schemas import ToolPool
 
 DeviceStatus = Literal["online", "busy", "offline"]
 STATUSES: tuple[DeviceStatus, ...] = ("online", "busy", "offline")
+
+_SHARED_PARTS = ("cpu", "memory", "disk", "gpu", "os")  # profile sections equal across a fleet's builds
 
 logger = logging.getLogger(__name__)
 
@@ -212,6 +215,7 @@ class DeviceRegistry:
         self._offline: list[str] = []
         self._by_platform: dict[str, list[str]] = {}  # lower-cased platform → names
         self._by_tag: dict[str, list[str]] = {}
+        self._parts: weakref.WeakValueDictionary[str, BaseModel] = weakref.WeakValueDictionary()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -241,6 +245,20 @@ class DeviceRegistry:
             self._index(record, platform, tuple(tags))
             record._lazy = True
         return record
+
+    async def preload(self, chunk: int = 64) -> int:
+        """Read every stored profile not read yet, `chunk` per loop turn: the first dashboard or
+        unpaged list over 10,000 known devices must not stall the loop for seconds reading them all at
+        once. Returns how many were read."""
+        read = 0
+        for at in range(0, len(self._names), chunk):
+            for name in self._names[at:at + chunk]:
+                record = self._records.get(name)
+                if record is not None and record._lazy:
+                    self._load(record)
+                    read += 1
+            await asyncio.sleep(0)
+        return read
 
     def forget(self, name: str) -> None:
         """Drop a device's record (and its hold on an interned tool list)."""
@@ -290,15 +308,34 @@ class DeviceRegistry:
             record._digest = digest
         else:
             record._digest, profile.tools = self.tools.intern(profile.tools)
+        if profile is not None:
+            self._share_parts(profile)
         if old is not None:
             self.tools.release(old)
         record._profile, record._lazy = profile, False
         self._index(record, profile.os.platform if profile else None, tuple(profile.tags) if profile else ())
 
+    def _share_parts(self, profile: DeviceProfile) -> None:
+        """Swap the profile's hardware and OS sections for an equal one another device already holds:
+        each is a model of its own (~0.7 KiB with pydantic's bookkeeping) and a fleet is mostly a few
+        builds. Held weakly: a section goes with the last profile using it."""
+        for part in _SHARED_PARTS:
+            value = getattr(profile, part)
+            key = f"{part}:{value.model_dump_json()}"
+            shared = self._parts.get(key)
+            if shared is None:
+                self._parts[key] = value
+            elif shared is not value:
+                setattr(profile, part, shared)
+
     def _load(self, record: DeviceRecord) -> None:
         """Read a record's stored profile (once: a failure leaves it without one, logged)."""
         record._lazy = False
-        stored = self.profile_loader(record.name) if self.profile_loader is not None else None
+        try:
+            stored = self.profile_loader(record.name) if self.profile_loader is not None else None
+        except Exception:
+            logger.exception("could not read the stored profile of device %s", record.name)
+            return
         if stored is None:
             return
         profile_json, digest, tools_json = stored
