@@ -116,6 +116,9 @@ def _builtin_entries(names: list[str]) -> list[MCPServerConfig]:
 # an entry's keys that put its tools under the policy (`tether.device.mcp_policy`), as in MCPServerConfig
 _TOOL_RULE_KEYS = ("allow_tools", "deny_tools", "approve_tools", "approve_destructive", "sandbox")
 _AUTO_APPROVE_KEYS = ("autoApprove", "alwaysAllow", "auto_approve")  # Cline/Claude Code, Roo Code, tether
+# an entry's `type` (Claude Code, VS Code, Cursor; Cline's `transport`) as tether's server_type; None: by its keys
+_KINDS: dict[str | None, str | None] = {None: None, "stdio": "stdio", "http": "http", "streamable-http": "http",
+                                        "streamableHttp": "http", "sse": "sse"}
 
 
 def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], list[MCPServerConfig]]:
@@ -129,9 +132,12 @@ def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], l
         tool_type = spec.pop("toolType", spec.pop("tool_type", "action"))
         if tool_type not in TOOL_TYPES:
             raise ValueError(f"mcpServers.{name}.toolType must be one of {TOOL_TYPES}")
-        kind = spec.pop("type", None)
+        kind = spec.pop("type", spec.pop("transport", None))
         if spec.pop("disabled", False):
+            logger.info("mcpServers.%s is disabled: not started", name)
             continue
+        if not isinstance(kind, str | None) or kind not in _KINDS:
+            raise ValueError(f"mcpServers.{name}.type {kind!r} is not one of stdio, http, sse")
         rules = {key: spec.pop(key) for key in _TOOL_RULE_KEYS if key in spec}
         auto: list[str] = []
         for key in _AUTO_APPROVE_KEYS:
@@ -141,8 +147,8 @@ def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], l
             auto += names
         if auto:
             rules["auto_approve"] = auto
-        if "url" in spec or kind in ("http", "streamable-http", "streamableHttp"):
-            cfg = MCPServerConfig(namespace=name, server_type="http", url=spec.pop("url", None),
+        if _KINDS[kind] in ("http", "sse") or (kind is None and "url" in spec):
+            cfg = MCPServerConfig(namespace=name, server_type=_KINDS[kind] or "http", url=spec.pop("url", None),
                                   headers=spec.pop("headers", {}), timeout=spec.pop("timeout", None), **rules)
         else:
             cfg = MCPServerConfig(namespace=name, server_type="stdio", command=spec.pop("command", None),

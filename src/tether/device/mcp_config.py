@@ -21,20 +21,22 @@ DEFAULT_MAX_RESULT_BYTES = 4 * 1024 * 1024  # a larger tool result fails as too 
 
 class MCPServerConfig(BaseModel):
     """`local` (a built-in tool set, or a Python module exposing an `mcp` server object),
-    `stdio` (a command speaking MCP on stdin/stdout) or `http` (a streamable-HTTP URL)."""
+    `stdio` (a command speaking MCP on stdin/stdout), `http` (a streamable-HTTP URL) or `sse` (the older
+    HTTP+SSE transport's URL, which desktop clients still list as `type: sse`)."""
 
     model_config = ConfigDict(extra="forbid")
 
     namespace: str = Field(..., min_length=1)
-    server_type: Literal["local", "stdio", "http"] = "local"
+    server_type: Literal["local", "stdio", "http", "sse"] = "local"
     toolset: str | None = Field(None, description="local: name of a built-in tool set (shell, files, system)")
     module: str | None = Field(None, description="local: importable module with an `mcp` server object")
     command: str | None = Field(None, description="stdio: the executable")
     args: list[str] = Field(default_factory=list)
     env: dict[str, str] | None = None
     cwd: str | None = None
-    url: str | None = Field(None, description="http: the streamable-HTTP endpoint")
-    headers: dict[str, str] = Field(default_factory=dict)
+    url: str | None = Field(None, description="http: the streamable-HTTP endpoint; sse: the SSE endpoint")
+    headers: dict[str, str] = Field(default_factory=dict, description="http/sse: sent on every request (may "
+                                                                      "carry a token: never logged)")
     reset: bool = Field(False, description="restart this server when the device is reset")
     timeout: float | None = Field(None, gt=0, description="default per-call timeout in seconds")
     startup_timeout: float = Field(30.0, gt=0)
@@ -63,8 +65,8 @@ class MCPServerConfig(BaseModel):
             raise ValueError(f"local server '{self.namespace}' needs exactly one of 'toolset' or 'module'")
         if self.server_type == "stdio" and not self.command:
             raise ValueError(f"stdio server '{self.namespace}' needs a 'command'")
-        if self.server_type == "http" and not self.url:
-            raise ValueError(f"http server '{self.namespace}' needs a 'url'")
+        if self.server_type in ("http", "sse") and not self.url:
+            raise ValueError(f"{self.server_type} server '{self.namespace}' needs a 'url'")
         if self.sandbox and self.server_type != "stdio":
             raise ValueError(f"server '{self.namespace}': 'sandbox' applies to stdio servers only (a device "
                              f"starts no process for a {self.server_type} server)")

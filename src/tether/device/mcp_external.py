@@ -1,6 +1,6 @@
 """The external MCP servers a device reaches: a Python module's `mcp` object in-process, a stdio
-process, a streamable-HTTP endpoint. Each is a `SessionServer` (`mcp_servers`: one persistent session,
-supervised and restarted).
+process, a streamable-HTTP endpoint, an (older) HTTP+SSE endpoint. Each is a `SessionServer`
+(`mcp_servers`: one persistent session, supervised and restarted).
 
 Apart from `mcp_manager` because these need the `mcp` SDK and the manager does not: a device whose
 tools are all built in never imports this module (`create_server` does, for the first external entry).
@@ -26,6 +26,7 @@ import anyio
 import httpx2
 import mcp_types
 from mcp import Client, StdioServerParameters
+from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
@@ -237,15 +238,47 @@ class StdioServer(SessionServer):
 class HttpServer(SessionServer):
     """A streamable-HTTP endpoint; `headers` go on every request (e.g. Authorization)."""
 
+    def __init__(self, config: MCPServerConfig) -> None:
+        super().__init__(config)
+        self._refused: int | None = None  # the last HTTP error status: the SDK only says "an error response"
+
     def describe(self) -> str:
         return str(self.config.url)
+
+    def _explain(self, exc: BaseException | None) -> str:
+        why = describe_error(exc)
+        if self._refused in (401, 403):
+            return f"{why}: the server answered HTTP {self._refused} (check the entry's 'headers')"
+        return f"{why}: the server answered HTTP {self._refused}" if self._refused else why
+
+    async def _note_status(self, response: httpx2.Response) -> None:
+        self._refused = response.status_code if response.status_code >= 400 else self._refused
 
     @contextlib.asynccontextmanager
     async def _open(self, generation: int) -> AsyncIterator[Client]:
         # The SDK's own defaults: 30 s to connect/write, 300 s to read (SSE streams stay open).
         timeout = httpx2.Timeout(30.0, read=300.0)
-        async with httpx2.AsyncClient(headers=self.config.headers, timeout=timeout) as http:
+        self._refused = None
+        async with httpx2.AsyncClient(headers=self.config.headers, timeout=timeout,
+                                      event_hooks={"response": [self._note_status]}) as http:
             transport = watch_transport(streamable_http_client(str(self.config.url), http_client=http),
                                         lambda: self._on_stream_closed(generation))
             async with Client(transport, **self._client_options()) as client:
                 yield client
+
+
+class SseServer(SessionServer):
+    """The HTTP+SSE transport (MCP 2024-11-05) that desktop configs still name `type: sse`; `headers` go on
+    the event stream and on every POST."""
+
+    def describe(self) -> str:
+        return str(self.config.url)
+
+    @contextlib.asynccontextmanager
+    async def _open(self, generation: int) -> AsyncIterator[Client]:
+        # as HttpServer: 30 s to connect/write, 300 s between events on the open stream
+        transport = watch_transport(sse_client(str(self.config.url), headers=dict(self.config.headers),
+                                               timeout=30.0, sse_read_timeout=300.0),
+                                    lambda: self._on_stream_closed(generation))
+        async with Client(transport, **self._client_options()) as client:
+            yield client

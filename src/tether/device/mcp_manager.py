@@ -34,7 +34,7 @@ __all__ = ["BaseMCPServer", "MCPServerError", "MCPServerManager", "ToolSetServer
 
 logger = logging.getLogger(__name__)
 
-_EXTERNAL = ("HttpServer", "ModuleServer", "StdioServer", "watch_transport")
+_EXTERNAL = ("HttpServer", "ModuleServer", "SseServer", "StdioServer", "watch_transport")
 
 
 def __getattr__(name: str) -> Any:
@@ -58,7 +58,7 @@ def create_server(config: MCPServerConfig, toolsets: Mapping[str, Callable[[], T
                   sandbox: SandboxSource = _no_sandbox) -> BaseMCPServer:
     """The server object for one config entry; nothing is started yet."""
     toolsets = toolsets or {}
-    if config.server_type not in ("stdio", "http") and config.toolset:
+    if config.server_type not in ("stdio", "http", "sse") and config.toolset:
         return ToolSetServer(config, toolsets.get(config.toolset), known=toolsets)
     from tether.device import mcp_external  # the first external server: now the `mcp` SDK is needed
 
@@ -66,6 +66,8 @@ def create_server(config: MCPServerConfig, toolsets: Mapping[str, Callable[[], T
         return mcp_external.StdioServer(config, sandbox)
     if config.server_type == "http":
         return mcp_external.HttpServer(config)
+    if config.server_type == "sse":
+        return mcp_external.SseServer(config)
     return mcp_external.ModuleServer(config)
 
 

@@ -332,6 +332,7 @@ class SessionServer(BaseMCPServer):
             raise MCPServerError(f"server '{self.namespace}': listing tools failed: "
                                  f"{describe_error(exc)}") from exc
         self._note_tools(tools)
+        tools = self._without_task_only(tools)
         rules = self.tool_policy
         unknown = sorted(rules.named - {t.name for t in tools})
         if unknown:  # most likely a typo in the config, which would otherwise fail silently
@@ -340,6 +341,15 @@ class SessionServer(BaseMCPServer):
         return [ToolInfo(name=t.name, namespace=self.namespace, tool_type=annotated_type(t.annotations, tool_type),
                          description=t.description or "", input_schema=dict(t.input_schema),
                          output_schema=t.output_schema) for t in tools if rules.visible(t.name)]
+
+    def _without_task_only(self, tools: list[mcp_types.Tool]) -> list[mcp_types.Tool]:
+        """A tool whose `execution.taskSupport` is "required" answers only task-augmented calls, which
+        tether does not make: listing it would offer a tool that always fails."""
+        dropped = {t.name for t in tools if t.execution is not None and t.execution.task_support == "required"}
+        if dropped:
+            logger.info("server %s: not listing %s: they require task-augmented calls (execution.taskSupport "
+                        "'required'), which tether does not make", self.namespace, ", ".join(sorted(dropped)))
+        return [t for t in tools if t.name not in dropped]
 
     async def health_check(self, timeout: float = 5.0) -> bool:
         """`tools/list` rather than ping: ping fails against mcp>=2 servers on the modern protocol."""
