@@ -88,17 +88,17 @@ async def test_destructive_tool_needs_approval_then_runs(manager: MCPServerManag
 
     # destructiveHint: false, no annotations (the default "hinted" rule) and read-only run at once
     assert (await call(server, "append", {"path": str(target), "text": "!"})).ok
-    assert (await call(server, "plain", {"text": "x"})).result == "X"
-    assert (await call(server, "read_text", {"path": str(target)})).result == "after!"
+    assert (await call(server, "plain", {"text": "x"})).result["structured"] == "X"
+    assert (await call(server, "read_text", {"path": str(target)})).result["structured"] == "after!"
     assert (await call(server, "contradictory")).ok  # readOnlyHint wins over destructiveHint
 
 
 async def test_strict_mode_holds_tools_that_declare_nothing(manager: MCPServerManager, tmp_path: Path) -> None:
     server = await started(manager, annotated(approve_destructive="strict"))
     assert (await call(server, "plain", {"text": "x"})).result == NEEDS_APPROVAL
-    assert (await call(server, "plain", {"text": "x"}, approved_by="alice")).result == "X"
+    assert (await call(server, "plain", {"text": "x"}, approved_by="alice")).result["structured"] == "X"
     assert (await call(server, "append", {"path": str(tmp_path / "a"), "text": "x"})).ok  # destructiveHint: false
-    assert (await call(server, "read_text", {"path": str(tmp_path / "a")})).result == "x"
+    assert (await call(server, "read_text", {"path": str(tmp_path / "a")})).result["structured"] == "x"
     assert (await call(server, "delete", {"path": str(tmp_path / "a")})).result == NEEDS_APPROVAL
 
 
@@ -124,7 +124,8 @@ async def test_allow_deny_approve_and_auto_approve(manager: MCPServerManager, tm
     approve = await started(manager, annotated("approve", approve_tools=["read_text"]))
     held = await call(approve, "read_text", {"path": str(victim)})  # read-only, yet the config says ask
     assert held.result == {"needs_approval": True, "rule": "approval.mcp_approve_tools"}
-    assert (await call(approve, "read_text", {"path": str(victim)}, approved_by="alice")).result == "keep me"
+    read = await call(approve, "read_text", {"path": str(victim)}, approved_by="alice")
+    assert read.result["structured"] == "keep me"
 
     auto = await started(manager, annotated("auto", autoApprove=["delete"]))
     assert (await call(auto, "write_text", {"path": str(victim), "text": "x"})).result == NEEDS_APPROVAL
@@ -228,7 +229,7 @@ async def test_sandboxed_server_sees_no_secrets_and_writes_only_its_roots(tmp_pa
         hidden = await call(server, "read_text", {"path": str(secret / "token")})
         assert hidden.status is ResultStatus.FAILURE and "No such file" in hidden.error, hidden
         readable = await call(server, "read_text", {"path": str(outside / "existing.txt")})
-        assert readable.result == "untouched"  # the machine is readable, just not writable
+        assert readable.result["structured"] == "untouched"  # the machine is readable, just not writable
 
         blocked = await call(server, "write_text", {"path": str(outside / "existing.txt"), "text": "pwned"})
         assert blocked.status is ResultStatus.FAILURE and "Read-only file system" in blocked.error, blocked
@@ -240,7 +241,7 @@ async def test_sandboxed_server_sees_no_secrets_and_writes_only_its_roots(tmp_pa
         assert inside.ok, inside.error
         assert (root / "out.txt").read_text() == "ok"  # a live bind: the write is real at once
 
-        seen = (await call(server, "whoami")).result
+        seen = (await call(server, "whoami")).result["structured"]
         assert seen["processes"] <= 3 and seen["pid"] != os.getpid(), seen  # a private /proc: no device in sight
     finally:
         await mgr.aclose()

@@ -79,7 +79,7 @@ async def test_mcp_server_time_from_pypi(manager: MCPServerManager) -> None:
 
     ok = await call(server, "get_current_time", {"timezone": "UTC"})
     assert ok.status is ResultStatus.SUCCESS, ok.error
-    assert ok.result["timezone"] == "UTC" and "datetime" in ok.result
+    assert ok.result["structured"]["timezone"] == "UTC" and "datetime" in ok.result["structured"]
     assert ok.call_id == "test-call" and ok.namespace == "time"
 
     bad = await call(server, "get_current_time", {"timezone": "Not/AZone"})
@@ -103,7 +103,7 @@ async def test_node_filesystem_server(manager: MCPServerManager, node_mcp_bin: P
     assert wrote.ok, wrote.error
     assert target.read_text() == "written through MCP"
     read = await call(server, "read_text_file", {"path": str(target)})
-    assert read.ok and read.result == {"content": "written through MCP"}
+    assert read.ok and read.result["structured"] == {"content": "written through MCP"}
 
     outside = await call(server, "read_text_file", {"path": "/etc/hostname"})
     assert outside.status is ResultStatus.FAILURE and "denied" in outside.error.lower()
@@ -113,7 +113,7 @@ async def test_node_filesystem_server(manager: MCPServerManager, node_mcp_bin: P
 
 async def test_crash_during_call_fails_fast_and_restarts(manager: MCPServerManager) -> None:
     server = await started(manager, crashy_config())
-    first_pid = (await call(server, "pid")).result
+    first_pid = (await call(server, "pid")).result["structured"]
 
     began = time.monotonic()
     crashed = await call(server, "crash", timeout=30)
@@ -124,9 +124,9 @@ async def test_crash_during_call_fails_fast_and_restarts(manager: MCPServerManag
 
     after = await call(server, "echo", {"text": "back"}, timeout=30)
     assert after.ok, after.error
-    assert after.result == "back"
+    assert after.result["structured"] == "back"
     assert server.restarts == 1 and server.healthy
-    assert (await call(server, "pid")).result != first_pid
+    assert (await call(server, "pid")).result["structured"] != first_pid
 
 
 async def test_results_is_error_structured_text_image(manager: MCPServerManager) -> None:
@@ -135,16 +135,17 @@ async def test_results_is_error_structured_text_image(manager: MCPServerManager)
     assert failed.status is ResultStatus.FAILURE
     assert "crashy" in failed.error and "fail" in failed.error and "this tool always fails" in failed.error
 
-    assert (await call(server, "add", {"a": 2, "b": 3})).result == {"total": 5}
-    assert (await call(server, "both")).result == {"machine": True}  # structured beats text
-    assert (await call(server, "echo", {"text": "plain words"})).result == "plain words"
+    assert (await call(server, "add", {"a": 2, "b": 3})).result["structured"] == {"total": 5}
+    assert (await call(server, "both")).result["structured"] == {"machine": True}  # structured beats text
+    assert (await call(server, "echo", {"text": "plain words"})).result["structured"] == "plain words"
     # {"result": x} from a non-object return is unwrapped; a JSON string stays a string
-    assert (await call(server, "echo", {"text": '{"a": [1, 2]}'})).result == '{"a": [1, 2]}'
-    assert isinstance((await call(server, "pid")).result, int)
-    # without structured content, a single JSON text is parsed and other text kept as is
-    assert (await call(server, "text_only", {"text": '{"a": [1, 2]}'})).result == {"a": [1, 2]}
-    assert (await call(server, "text_only", {"text": "just words"})).result == "just words"
-    img = (await call(server, "image")).result
+    assert (await call(server, "echo", {"text": '{"a": [1, 2]}'})).result["structured"] == '{"a": [1, 2]}'
+    assert isinstance((await call(server, "pid")).result["structured"], int)
+    # without structured content, the text stays text (JSON or not): one shape, structured None
+    assert (await call(server, "text_only", {"text": '{"a": [1, 2]}'})).result == {
+        "text": '{"a": [1, 2]}', "content": [{"type": "text", "text": '{"a": [1, 2]}'}], "structured": None}
+    assert (await call(server, "text_only", {"text": "just words"})).result["text"] == "just words"
+    img = (await call(server, "image")).result["content"][0]
     assert img["type"] == "image" and img["mimeType"] == "image/png" and img["data"]
 
     bad_args = await call(server, "add", {"a": "two", "b": 3})
@@ -161,7 +162,7 @@ async def test_call_timeout_then_server_still_works(manager: MCPServerManager) -
     assert "timed out" in slow.error and "slow" in slow.error
     assert slow.result == {"timed_out": True, "timeout": 0.5}
     assert time.monotonic() - began < 3
-    assert (await call(server, "echo", {"text": "still here"})).result == "still here"
+    assert (await call(server, "echo", {"text": "still here"})).result["structured"] == "still here"
     assert server.restarts == 1, "a session whose call timed out is reset: the next call must not queue behind it"
 
 
@@ -180,7 +181,7 @@ async def test_bad_commands_fail_clearly_while_others_start(manager: MCPServerMa
     assert "command not found" in errors["missing"] and "tether-no-such-server" in errors["missing"]
     assert "exited before completing the MCP handshake" in errors["exits"]
     assert "boom: bad configuration" in errors["exits"]
-    assert good.healthy and (await call(good, "echo", {"text": "ok"})).result == "ok"
+    assert good.healthy and (await call(good, "echo", {"text": "ok"})).result["structured"] == "ok"
     not_started = await call(missing, "anything", timeout=5)
     assert not_started.status is ResultStatus.FAILURE and "command not found" in not_started.error
     with pytest.raises(MCPServerError, match="missing"):
@@ -200,17 +201,17 @@ async def test_startup_timeout(manager: MCPServerManager) -> None:
 async def test_reset_restarts_marked_servers_before_next_call(manager: MCPServerManager) -> None:
     resettable = await started(manager, crashy_config("resettable", reset=True))
     kept = await started(manager, crashy_config("kept"))
-    pids = {s: (await call(s, "pid")).result for s in (resettable, kept)}
+    pids = {s: (await call(s, "pid")).result["structured"] for s in (resettable, kept)}
     manager.reset()
-    assert (await call(resettable, "pid")).result != pids[resettable]
-    assert (await call(kept, "pid")).result == pids[kept]
+    assert (await call(resettable, "pid")).result["structured"] != pids[resettable]
+    assert (await call(kept, "pid")).result["structured"] == pids[kept]
     assert resettable.restarts == 1 and kept.restarts == 0
 
 
 async def test_close_kills_the_process_and_fails_later_calls() -> None:
     mgr = MCPServerManager()
     server = await started(mgr, crashy_config())
-    pid = (await call(server, "pid")).result
+    pid = (await call(server, "pid")).result["structured"]
     assert await mgr.check_health() == {"crashy": True}
     await mgr.aclose()
     with pytest.raises(ProcessLookupError):
@@ -221,12 +222,12 @@ async def test_close_kills_the_process_and_fails_later_calls() -> None:
 
 async def test_server_killed_while_idle_is_restarted(manager: MCPServerManager) -> None:
     server = await started(manager, crashy_config())
-    pid = (await call(server, "pid")).result
+    pid = (await call(server, "pid")).result["structured"]
     os.kill(pid, 9)
     assert await server.health_check() is False  # tools/list, not ping; either way it notices
     back = await call(server, "pid", timeout=30)
     assert back.ok, back.error
-    assert back.result != pid and server.restarts == 1
+    assert back.result["structured"] != pid and server.restarts == 1
 
 
 async def test_close_while_starting_ends_the_start(manager: MCPServerManager, tmp_path: Path) -> None:
@@ -296,8 +297,8 @@ async def test_http_server_with_headers(manager: MCPServerManager, http_server: 
                                      "headers": {"X-Tether-Test": "sent-by-tether"}})
     assert isinstance(server, HttpServer)
     assert "add" in {t.name for t in await server.list_tools("action")}
-    assert (await call(server, "header", {"name": "X-Tether-Test"})).result == "sent-by-tether"
-    assert (await call(server, "add", {"a": 40, "b": 2})).result == {"total": 42}
+    assert (await call(server, "header", {"name": "X-Tether-Test"})).result["structured"] == "sent-by-tether"
+    assert (await call(server, "add", {"a": 40, "b": 2})).result["structured"] == {"total": 42}
     assert (await call(server, "fail")).status is ResultStatus.FAILURE
 
 
@@ -315,8 +316,9 @@ async def test_module_server_in_process(manager: MCPServerManager, monkeypatch: 
     tools = await server.list_tools("data_collection")
     assert {t.name for t in tools} == {"greet", "count"}
     assert all(t.tool_type == "data_collection" for t in tools)
-    assert (await call(server, "greet", {"name": "tether"})).result == "hello, tether"
-    first, second = (await call(server, "count")).result, (await call(server, "count")).result
+    assert (await call(server, "greet", {"name": "tether"})).result["structured"] == "hello, tether"
+    first = (await call(server, "count")).result["structured"]
+    second = (await call(server, "count")).result["structured"]
     assert second == first + 1
 
 
@@ -389,7 +391,7 @@ async def test_toolset_exported_as_mcp_server() -> None:
 async def test_exported_toolset_over_stdio(manager: MCPServerManager) -> None:
     server = await started(manager, {"namespace": "math", "server_type": "stdio", "command": sys.executable,
                                      "args": [str(SERVERS / "exported.py")]})
-    assert (await call(server, "multiply", {"a": 6, "b": 7})).result == {"product": 42}
+    assert (await call(server, "multiply", {"a": 6, "b": 7})).result["structured"] == {"product": 42}
     refused = await call(server, "refuse", {"reason": "not today"})
     assert refused.status is ResultStatus.FAILURE and "not today" in refused.error
     assert refused.result == {"refused": True}
@@ -400,5 +402,5 @@ async def test_exported_toolset_over_stdio(manager: MCPServerManager) -> None:
 async def test_concurrent_calls_share_one_session(manager: MCPServerManager) -> None:
     server = await started(manager, crashy_config())
     results = await asyncio.gather(*(call(server, "add", {"a": i, "b": i}) for i in range(20)))
-    assert [r.result["total"] for r in results] == [2 * i for i in range(20)]
-    assert len({(await call(server, "pid")).result for _ in range(3)}) == 1
+    assert [r.result["structured"]["total"] for r in results] == [2 * i for i in range(20)]
+    assert len({(await call(server, "pid")).result["structured"] for _ in range(3)}) == 1

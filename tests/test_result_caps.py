@@ -65,7 +65,7 @@ async def test_a_50_mb_mcp_result_fails_fast_as_too_large_while_other_tools_answ
     while not call.done():
         t0 = time.monotonic()
         echoed = await other.call_tool("echo", {"text": "still here"}, ctx=CTX, timeout=20)
-        assert echoed.ok and echoed.result == "still here"
+        assert echoed.ok and echoed.result["structured"] == "still here"
         meanwhile.append(time.monotonic() - t0)
     failed = call.result()
     elapsed = time.monotonic() - began
@@ -75,7 +75,7 @@ async def test_a_50_mb_mcp_result_fails_fast_as_too_large_while_other_tools_answ
     assert meanwhile and max(meanwhile) < 2, f"another tool waited {max(meanwhile):.2f}s"
     began = time.monotonic()
     again = await big.call_tool("echo", {"text": "next"}, ctx=CTX, timeout=20)
-    assert again.ok and again.result == "next", again.error
+    assert again.ok and again.result["structured"] == "next", again.error
     assert time.monotonic() - began < 5
     assert (await big.call_tool("pid", None, ctx=CTX, timeout=20)).result == pid, "the session stayed up"
     assert big.restarts == 0
@@ -84,12 +84,12 @@ async def test_a_50_mb_mcp_result_fails_fast_as_too_large_while_other_tools_answ
 async def test_the_cap_is_configurable_and_results_under_it_pass(manager) -> None:
     [server] = await started(manager, bulky(max_result_bytes=100_000))
     small = await server.call_tool("big", {"megabytes": 0.05}, ctx=CTX, timeout=20)
-    assert small.ok and small.result == "x" * 50_000
+    assert small.ok and small.result["text"] == "x" * 50_000
     for tool in ("big", "big_structured"):
         over = await server.call_tool(tool, {"megabytes": 0.5}, ctx=CTX, timeout=20)
         assert over.status is ResultStatus.FAILURE and "too large" in over.error, (tool, over)
         assert over.result["too_large"] is True
-    assert (await server.call_tool("echo", {"text": "ok"}, ctx=CTX, timeout=20)).result == "ok"
+    assert (await server.call_tool("echo", {"text": "ok"}, ctx=CTX, timeout=20)).result["structured"] == "ok"
 
 
 async def test_an_in_process_server_result_is_measured_too(manager, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -98,7 +98,7 @@ async def test_an_in_process_server_result_is_measured_too(manager, monkeypatch:
     over = await server.call_tool("big", {"megabytes": 0.5}, ctx=CTX, timeout=20)
     assert over.status is ResultStatus.FAILURE and "too large" in over.error
     assert over.result == {"too_large": True, "bytes": 500_000, "limit": 100_000, "complete": True}
-    assert (await server.call_tool("echo", {"text": "ok"}, ctx=CTX, timeout=20)).result == "ok"
+    assert (await server.call_tool("echo", {"text": "ok"}, ctx=CTX, timeout=20)).result["structured"] == "ok"
 
 
 def test_the_line_splitter_is_linear_bounded_and_finds_the_request_id() -> None:

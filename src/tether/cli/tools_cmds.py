@@ -162,6 +162,9 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
                                                      "gpu=false; repeat to require several")] = None,
           max_concurrency: Annotated[int | None, typer.Option(
               "--max-concurrency", min=1, help="with --all: devices running the command at once (default 64)")] = None,
+          save_dir: Annotated[Path | None, typer.Option(
+              "--save-dir", help="where images and blobs of an MCP tool's result are saved (default: a new "
+                                 "temporary directory)")] = None,
           ) -> None:
     """Run one tool and print its structured result; exit code 1 when the result is a failure."""
     check_tool_type(tool_type)
@@ -187,7 +190,13 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
         typer.echo(json.dumps({"session_id": session_id, "device": device, **result.model_dump(mode="json")},
                               indent=2))
     else:
-        print_result(result, session_id, device)
+        from tether.cli.mcp_content import is_mcp_shape, print_mcp_content
+
+        if result.status is ResultStatus.SUCCESS and is_mcp_shape(result.result):
+            print_result(result.model_copy(update={"result": None}), session_id, device)
+            print_mcp_content(result.result, save_dir)
+        else:
+            print_result(result, session_id, device)
         held = isinstance(result.result, dict) and result.result.get("needs_approval") and not approve
         if held:  # the layer is kept on disk for an hour: the same command and session approved apply it
             console().print(f"nothing was applied. To apply exactly these changes (the command does not run "

@@ -38,7 +38,7 @@ from tether.device.mcp_stdio import TOO_LARGE
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
-from tether.tools.mcp_export import call_result_to_result, is_result_wrapper
+from tether.tools.mcp_export import call_result_to_result, is_result_wrapper, result_shape_schema
 
 logger = logging.getLogger(__name__)
 
@@ -340,7 +340,8 @@ class SessionServer(BaseMCPServer):
                            ", ".join(unknown))
         return [ToolInfo(name=t.name, namespace=self.namespace, tool_type=annotated_type(t.annotations, tool_type),
                          description=t.description or "", input_schema=dict(t.input_schema),
-                         output_schema=t.output_schema) for t in tools if rules.visible(t.name)]
+                         output_schema=result_shape_schema(t.output_schema, t.name in self._wrapped))
+                for t in tools if rules.visible(t.name)]
 
     def _without_task_only(self, tools: list[mcp_types.Tool]) -> list[mcp_types.Tool]:
         """A tool whose `execution.taskSupport` is "required" answers only task-augmented calls, which

@@ -30,8 +30,8 @@ from tether.tools.context import ToolContext
 from tether.tools.runtime import ToolSet
 
 __all__ = [
-    "call_result_to_result", "content_payload", "is_result_wrapper", "result_to_call_result", "serve_http",
-    "serve_stdio", "toolset_to_mcp",
+    "call_result_to_result", "content_payload", "is_result_wrapper", "result_shape_schema", "result_to_call_result",
+    "serve_http", "serve_stdio", "toolset_to_mcp",
 ]
 
 
@@ -130,33 +130,42 @@ def is_result_wrapper(schema: dict[str, Any] | None) -> bool:
 
 def call_result_to_result(res: mcp_types.CallToolResult, *, server: str, tool: str,
                           call_id: str | None, unwrap: bool = False) -> Result:
-    """`is_error` is a failure carrying the text; otherwise structured content wins over text."""
+    """`is_error` is a failure carrying the text; otherwise one shape whatever the number of content
+    items (`result_shape`), so a plan's `$ref` and a person's screen never depend on how many a
+    server happened to send."""
     if res.is_error:
         text = "; ".join(b.text for b in res.content if isinstance(b, mcp_types.TextContent))
         return Result(status=ResultStatus.FAILURE, namespace=server, call_id=call_id,
                       error=f"server '{server}' tool '{tool}': {text or 'the tool reported an error'}",
                       result=res.structured_content)
-    payload = res.structured_content if res.structured_content is not None else content_payload(res.content)
-    if unwrap and isinstance(payload, dict) and payload.keys() == {"result"}:
-        payload = payload["result"]
-    return Result(status=ResultStatus.SUCCESS, result=payload, namespace=server, call_id=call_id)
+    structured = res.structured_content
+    if unwrap and isinstance(structured, dict) and structured.keys() == {"result"}:
+        structured = structured["result"]
+    return Result(status=ResultStatus.SUCCESS, result=content_payload(res.content, structured, server),
+                  namespace=server, call_id=call_id)
 
 
-def content_payload(blocks: list[Any]) -> Any:
-    """A single JSON text becomes its value (servers without structured output send JSON as text)."""
-    if not blocks:
-        return None
-    if len(blocks) == 1 and isinstance(blocks[0], mcp_types.TextContent):
-        try:
-            return json.loads(blocks[0].text)
-        except ValueError:
-            return blocks[0].text
-    return [_block(b) for b in blocks] if len(blocks) > 1 else _block(blocks[0])
+def content_payload(blocks: list[Any], structured: Any = None, server: str | None = None) -> dict[str, Any]:
+    """`{text, content, structured}`: `text` the text items joined by newlines (a structured result's
+    text twin stays there), `content` every item as MCP content dicts (images, audio and blobs base64
+    with their mimeType; a `resource_link` or embedded resource names its `server`, for
+    `mcp.read_resource`), `structured` the structuredContent or None. Sizes are capped by the caller
+    (`max_result_bytes`)."""
+    text = "\n".join(b.text for b in blocks if isinstance(b, mcp_types.TextContent))
+    return {"text": text, "content": [_block(b, server) for b in blocks], "structured": structured}
 
 
-def _block(block: Any) -> Any:
-    if isinstance(block, mcp_types.TextContent):
-        return block.text
-    if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
-        return {"type": block.type, "mimeType": block.mime_type, "data": block.data}
-    return block.model_dump(mode="json", by_alias=True, exclude_none=True)
+def result_shape_schema(structured: dict[str, Any] | None, unwrap: bool = False) -> dict[str, Any]:
+    """The output schema of `content_payload`'s shape around a tool's own (structured) output schema."""
+    if unwrap and structured is not None and is_result_wrapper(structured):
+        structured = structured["properties"]["result"]
+    return {"type": "object", "required": ["text", "content", "structured"],
+            "properties": {"text": {"type": "string"}, "content": {"type": "array", "items": {"type": "object"}},
+                           "structured": structured if structured is not None else {}}}
+
+
+def _block(block: Any, server: str | None = None) -> dict[str, Any]:
+    item: dict[str, Any] = block.model_dump(mode="json", by_alias=True, exclude_none=True)
+    if server is not None and isinstance(block, mcp_types.ResourceLink | mcp_types.EmbeddedResource):
+        item["server"] = server
+    return item
