@@ -237,6 +237,29 @@ def fill(db: Path, known: int, connected: int, profile: Any) -> tuple[dict[str, 
         store.close()
 
 
+async def fill_with(src: Path, db: Path, connected: int) -> tuple[dict[str, str], str]:
+    env = {**os.environ, "PYTHONPATH": f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.fleet_devices", "--peer", "fill",
+                                                str(db), str(connected), stdout=asyncio.subprocess.PIPE, env=env)
+    out, _ = await asyncio.wait_for(proc.communicate(), 300)
+    if proc.returncode != 0:
+        raise RuntimeError(f"filling {db} with {src}'s store failed")
+    answer = json.loads(out)
+    return answer["tokens"], answer["reader"]
+
+
+def fill_tokens(db: Path, connected: int) -> None:
+    """`--peer fill DB N`: device tokens and a reader token, made by whichever tether is importable."""
+    from tether.server.store import Store
+
+    store = Store(db)
+    try:
+        tokens = {device_name(i): store.create_token("device", device_name(i))[1] for i in range(connected)}
+        print(json.dumps({"tokens": tokens, "reader": store.create_token("api", "bench-reader", ["read"])[1]}))
+    finally:
+        store.close()
+
+
 def rss(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
@@ -317,12 +340,17 @@ async def _measure(devices: int, connected: int, per_process: int, repeats: int,
 
         # -- memory per idle device, and the list, on one server with `devices` known, `connected` up
         db = tmp / "fleet.db"
-        tokens, reader = fill(db, known, connected, profile)
+        if src is None:
+            tokens, reader = fill(db, known, connected, profile)
+        else:  # the older server's own store makes the database (a newer schema would be refused)
+            tokens, reader = await fill_with(src, db, connected)
         anchors = [await echo_per_connection(tmp, connected)]
         async with server(tmp, db, "fleet", src) as (port, _, pid), contextlib.AsyncExitStack() as stack, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60,
                                   headers={"Authorization": f"Bearer {reader}"}) as http:
-            await timed_get(http, "/api/v1/devices?limit=1")  # the route's first-call costs, not the fleet's
+            # every known device's stored profile read (the server does so in the background after start)
+            # and the route warm, so that what follows is what the connected devices add
+            await timed_get(http, "/api/v1/devices")
             before = rss(pid)
             tool_count = await devices_up(tmp, f"ws://127.0.0.1:{port}/aip", tokens, per_process, stack)
             online = (await timed_get(http, "/api/v1/health"))[1].json()["devices_online"]
@@ -364,6 +392,8 @@ def main() -> None:
             asyncio.run(devices_main(rest[0], rest[1]))
         elif kind == "echo-server":
             asyncio.run(echo_server_main())
+        elif kind == "fill":
+            fill_tokens(Path(rest[0]), int(rest[1]))
         elif kind == "echo-clients":
             asyncio.run(echo_clients_main(int(rest[0]), int(rest[1])))
         return

@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 
 MAX_OPEN_QUESTIONS = 1024  # elicitation questions remembered for answers, over all devices
 SAMPLING_TIMEOUT = 120.0  # a device's sampling request to the server's LLM
+PRELOAD_AFTER_S = 2.0  # known devices' stored profiles are read this long after start, in the background
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,8 @@ class DeviceHub:
         self.registry.profile_loader = self.store.device_profile
         for name, last_seen, platform, tags, stored in self.store.device_heads():
             self.registry.known(name, last_seen, platform, tags, stored)
-        self._preload = asyncio.create_task(self.registry.preload(), name="tether-hub-preload")
+        self._preload = asyncio.create_task(self.registry.preload(start_after=PRELOAD_AFTER_S),
+                                            name="tether-hub-preload")
         self._liveness = asyncio.create_task(
             watch_liveness(self.settings, self._conns, on_silent=self._silent, check_tokens=self._enforce_revocations),
             name="tether-hub-liveness")

@@ -12,7 +12,6 @@ import json
 import logging
 import time
 import weakref
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 from typing import Any, Literal
@@ -20,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.server.device_index import NameIndex, literal_prefix
 from tether.server.schemas import ToolPool
 
 DeviceStatus = Literal["online", "busy", "offline"]
@@ -175,26 +175,6 @@ def rejection(record: DeviceRecord, req: DeviceRequirements) -> str | None:
 StoredProfile = tuple[str, str | None, str | bytes | None]
 
 
-def _insert(names: list[str], name: str) -> None:
-    at = bisect_left(names, name)
-    if at == len(names) or names[at] != name:
-        names.insert(at, name)
-
-
-def _remove(names: list[str], name: str) -> None:
-    at = bisect_left(names, name)
-    if at < len(names) and names[at] == name:
-        del names[at]
-
-
-def _literal_prefix(glob: str) -> str:
-    """What every name matching `glob` starts with: the part before its first wildcard."""
-    for at, char in enumerate(glob):
-        if char in "*?[":
-            return glob[:at]
-    return glob
-
-
 class DeviceRegistry:
     """Records by device name, plus a change signal so waiters need no polling.
 
@@ -210,11 +190,7 @@ class DeviceRegistry:
         self.tools = tools or ToolPool()
         # reads a device's stored profile when a record known only from the store is first asked for it
         self.profile_loader: Callable[[str], StoredProfile | None] | None = None
-        self._names: list[str] = []
-        self._online: list[str] = []  # connected (online or busy)
-        self._offline: list[str] = []
-        self._by_platform: dict[str, list[str]] = {}  # lower-cased platform → names
-        self._by_tag: dict[str, list[str]] = {}
+        self._index = NameIndex()
         self._parts: weakref.WeakValueDictionary[str, BaseModel] = weakref.WeakValueDictionary()
 
     def __len__(self) -> int:
@@ -222,7 +198,7 @@ class DeviceRegistry:
 
     def list(self) -> list[DeviceRecord]:
         records = self._records
-        return [records[name] for name in self._names]
+        return [records[name] for name in self._index.names]
 
     def get(self, name: str) -> DeviceRecord | None:
         return self._records.get(name)
@@ -232,8 +208,7 @@ class DeviceRegistry:
         if record is None:
             record = self._records[name] = DeviceRecord(name=name)
             record._registry = self
-            _insert(self._names, name)
-            _insert(self._offline, name)
+            self._index.add(name)
         return record
 
     def known(self, name: str, last_seen: float | None, platform: str | None, tags: list[str] | tuple[str, ...],
@@ -242,17 +217,21 @@ class DeviceRegistry:
         record = self.ensure(name)
         record.last_seen = record.last_seen or last_seen
         if record._profile is None and not record._lazy and stored:
-            self._index(record, platform, tuple(tags))
+            self._reindex(record, platform, tuple(tags))
             record._lazy = True
         return record
 
-    async def preload(self, chunk: int = 64) -> int:
+    async def preload(self, chunk: int = 64, start_after: float = 0.0) -> int:
         """Read every stored profile not read yet, `chunk` per loop turn: the first dashboard or
         unpaged list over 10,000 known devices must not stall the loop for seconds reading them all at
-        once. Returns how many were read."""
+        once. `start_after` seconds leave the server's own start (and /health) the loop first. Returns
+        how many were read."""
+        if start_after > 0:
+            await asyncio.sleep(start_after)
         read = 0
-        for at in range(0, len(self._names), chunk):
-            for name in self._names[at:at + chunk]:
+        names = list(self._index.names)
+        for at in range(0, len(names), chunk):
+            for name in names[at:at + chunk]:
                 record = self._records.get(name)
                 if record is not None and record._lazy:
                     self._load(record)
@@ -267,37 +246,23 @@ class DeviceRegistry:
             return
         record._lazy = False
         self._set_profile(record, None)
-        for names in (self._names, self._online, self._offline):
-            _remove(names, name)
+        self._index.drop(name)
         record._registry = None
 
     # -- indexes ---------------------------------------------------------------------------------
 
-    def _index(self, record: DeviceRecord, platform: str | None, tags: tuple[str, ...]) -> None:
-        name = record.name
+    def _reindex(self, record: DeviceRecord, platform: str | None, tags: tuple[str, ...]) -> None:
         if record._platform != platform:
-            if record._platform is not None:
-                key = record._platform.lower()
-                _remove(self._by_platform.get(key, []), name)
-                if not self._by_platform.get(key, True):
-                    del self._by_platform[key]
-            if platform is not None:
-                _insert(self._by_platform.setdefault(platform.lower(), []), name)
+            self._index.platform(record.name, record._platform, platform)
             record._platform = platform
         if record._tags != tags:
-            for tag in set(record._tags) - set(tags):
-                _remove(self._by_tag.get(tag, []), name)
-                if not self._by_tag.get(tag, True):
-                    del self._by_tag[tag]
-            for tag in set(tags) - set(record._tags):
-                _insert(self._by_tag.setdefault(tag, []), name)
+            self._index.tags(record.name, record._tags, tags)
             record._tags = tags
 
     def _set_connected(self, record: DeviceRecord, connected: bool) -> None:
         if record._registry is not self:
             return
-        _remove(self._offline if connected else self._online, record.name)
-        _insert(self._online if connected else self._offline, record.name)
+        self._index.connected(record.name, connected)
 
     def _set_profile(self, record: DeviceRecord, profile: DeviceProfile | None, digest: str | None = None) -> None:
         """Give `record` its profile, the tool list swapped for the pool's shared copy of it."""
@@ -313,7 +278,7 @@ class DeviceRegistry:
         if old is not None:
             self.tools.release(old)
         record._profile, record._lazy = profile, False
-        self._index(record, profile.os.platform if profile else None, tuple(profile.tags) if profile else ())
+        self._reindex(record, profile.os.platform if profile else None, tuple(profile.tags) if profile else ())
 
     def _share_parts(self, profile: DeviceProfile) -> None:
         """Swap the profile's hardware and OS sections for an equal one another device already holds:
@@ -360,15 +325,9 @@ class DeviceRegistry:
         """Records matching every filter, by name, after the name `after`, at most `limit` of them, and
         the cursor of the next page (None on the last). `name` is a glob (`lab-*`); platform is compared
         without case. Devices that join or leave between pages neither repeat nor hide the others."""
-        lists: list[list[str]] = [self._online if status in ("online", "busy") else
-                                  self._offline if status == "offline" else self._names]
-        if platform is not None:
-            lists.append(self._by_platform.get(platform.lower(), []))
-        lists.extend(self._by_tag.get(tag, []) for tag in tags)
-        names = min(lists, key=len)
-        prefix = _literal_prefix(name) if name is not None else ""
-        start = max(after or "", prefix)
-        first = bisect_right(names, start) if after is not None and start == after else bisect_left(names, start)
+        names = self._index.candidates(status, platform, tags)
+        prefix = literal_prefix(name) if name is not None else ""
+        first = NameIndex.start(names, after, prefix)
         wanted = set(tags)
         platform_key = platform.lower() if platform is not None else None
         found: list[DeviceRecord] = []
