@@ -183,7 +183,7 @@ class FanOut:
         if not self.hub.connected(name):
             return DeviceOutcome(name, "offline", error=f"device {name} is offline; not sent")
         dispatcher = self.hub.dispatcher(name, requested_by=self.requested_by)
-        commands = [c.model_copy(deep=True) for c in self.commands]  # the dispatcher stamps call_ids
+        commands = [c.model_copy() for c in self.commands]  # the dispatcher stamps call_ids (only those)
         remaining = max(self._deadline - time.monotonic(), 0.001)
         task = asyncio.ensure_future(dispatcher.execute_commands(
             commands, timeout=remaining + 1.0, early_exit=self.early_exit))  # our clock ends it first
