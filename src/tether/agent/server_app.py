@@ -8,11 +8,13 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from fastapi import FastAPI
 
 from tether.agent.llm import LLMSettings
+from tether.agent.mcp_tools import task_tools
 from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Budgets
 from tether.agent.task_api import router, task_error
 from tether.agent.task_store import TaskStore
 from tether.server.app import Extension, create_app
+from tether.server.mcp.contributed import contribute
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 
@@ -23,6 +25,7 @@ def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = 
     def extend(app: FastAPI) -> AbstractAsyncContextManager[None]:
         app.include_router(router)
         app.add_exception_handler(TaskError, task_error)
+        contribute(app, task_tools(app))  # run_task, get_task, … on the MCP gateway at /mcp
 
         @asynccontextmanager
         async def running() -> AsyncIterator[None]:

@@ -1,0 +1,371 @@
+"""The task tools of the MCP gateway: `run_task`, `get_task`, `answer_task`, `cancel_task`, `undo_task`.
+
+They are the task API (agent/task_api.py) spoken as MCP tools, on the same TaskService and with the same
+scopes, so a desktop or IDE agent reaches tasks with nothing but its MCP client. `run_task` follows the
+task the way the REST event stream does and turns each step and its output into a progress notification.
+A question or approval is asked through the client's elicitation when it can answer (and the token may);
+otherwise the call returns at once with the question and how to answer it: a tool call must never hang on
+a person nobody is going to ask.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+
+from tether.agent.plan import Plan
+from tether.agent.service import TaskError, TaskService
+from tether.agent.task import Task, TaskEvent
+from tether.agent.task_api import Answer, TaskRequest, _stricter
+from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
+
+logger = logging.getLogger(__name__)
+
+MAX_PROGRESS_TEXT = 2_000  # one progress message: a line of output, not a whole log
+MAX_STEP_TEXT = 500  # a step's error in the summary
+
+_TASK_ID = {"type": "string", "minLength": 1, "maxLength": 64, "description": "the task's id (or a unique prefix)"}
+
+SUMMARY_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task_id": {"type": "string"},
+        "status": {"type": "string", "description": "created|planning|running|recovering|waiting_for_user|"
+                                                    "done|failed|cancelled|interrupted"},
+        "device": {"type": ["string", "null"]},
+        "steps": {"type": "array", "items": {"type": "object", "properties": {
+            "index": {"type": "integer"}, "skill": {"type": "string"}, "description": {"type": "string"},
+            "device": {"type": ["string", "null"]}, "status": {"type": "string"},
+            "error": {"type": ["string", "null"]}}}},
+        "answer": {"type": ["string", "null"]},
+        "error": {"type": ["string", "null"]},
+        "question": {"type": ["object", "null"], "description": "the open question or approval, if any",
+                     "properties": {"id": {"type": "string"}, "question": {"type": "string"},
+                                    "options": {"type": "array", "items": {"type": "string"}},
+                                    "kind": {"type": "string"}}},
+        "how_to_answer": {"type": ["string", "null"]},
+    },
+    "required": ["task_id", "status", "steps", "answer"],
+}
+
+UNDO_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"task_id": {"type": "string"},
+                   "devices": {"type": "object", "description": "per device: what was restored, or the error"}},
+    "required": ["task_id", "devices"],
+}
+
+
+def _run_input() -> dict[str, Any]:
+    schema = TaskRequest.model_json_schema()
+    schema.pop("title", None)
+    return schema
+
+
+ANSWER_INPUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "task_id": _TASK_ID,
+        "answer": {"type": "string", "maxLength": 10_000,
+                   "description": "an option (its text or number) or free words"},
+        "approved": {"type": "boolean", "description": "for an approval: true approves, false denies (and "
+                                                      "cancels the task)"},
+        "question_id": {"type": "string", "description": "the question answered; refused if not the open one"},
+        "wait": {"type": "boolean", "default": True,
+                 "description": "follow the task after answering, as run_task does, until it ends or asks again"},
+    },
+    "required": ["task_id"],
+    "additionalProperties": False,
+}
+
+_ID_ONLY: dict[str, Any] = {"type": "object", "properties": {"task_id": _TASK_ID}, "required": ["task_id"],
+                            "additionalProperties": False}
+
+
+def task_tools(app: Starlette) -> list[GatewayTool]:
+    """The task tools for `app`'s gateway; each looks the TaskService up when called (it starts later)."""
+
+    def service() -> TaskService:
+        tasks: TaskService | None = getattr(app.state, "tasks", None)
+        if tasks is None:
+            raise TaskError(503, "tasks are not running on this server yet")
+        return tasks
+
+    async def run_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        try:
+            body = TaskRequest.model_validate(arguments)
+        except ValidationError as exc:
+            return _refused("run_task", exc)
+        tasks = service()
+        task = await tasks.create(body.request, plan=Plan(steps=body.plan) if body.plan else None,
+                                  device=body.device, requires=body.requires, devices=body.devices,
+                                  requested_by=_who(call), confirm=_stricter(call.token.confirm, body.confirm))
+        return await _follow(tasks, task.id, call)
+
+    async def get_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        task = service().get(_task_id(arguments))
+        return _reply(task)
+
+    async def answer_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        unknown = set(arguments) - set(ANSWER_INPUT["properties"])
+        if unknown:
+            return GatewayReply(f"answer_task: unknown argument(s) {', '.join(sorted(unknown))}", is_error=True)
+        tasks = service()
+        task_id = tasks.get(_task_id(arguments)).id
+        asked = tasks.get(task_id).pending_question
+        approved = arguments.get("approved")
+        if approved is not None and not isinstance(approved, bool):
+            return GatewayReply("answer_task: 'approved' must be true or false", is_error=True)
+        if approved is None:
+            try:
+                body = Answer.model_validate({k: arguments[k] for k in ("answer", "question_id") if k in arguments})
+            except ValidationError as exc:
+                return _refused("answer_task", exc, hint="give 'answer' (an option or words) or 'approved'")
+            await _answer(tasks, task_id, body.answer, body.question_id, call)
+        else:
+            _need_approve(call, "answer an approval")
+            tasks.approve(task_id, approved, _who(call))
+        await asyncio.sleep(0)  # as the REST answer: the waiting runner takes the answer first
+        if arguments.get("wait", True) is False:
+            return _reply(tasks.get(task_id))
+        return await _follow(tasks, task_id, call, answered=asked.id if asked is not None else None)
+
+    async def cancel_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        return _reply(await service().cancel(_task_id(arguments)))
+
+    async def undo_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        _need_approve(call, "undo a task (it rewrites files as an approved action)")
+        tasks = service()
+        task = tasks.get(_task_id(arguments))
+        report = await tasks.undo(task.id, _who(call))
+        lines = [f"{name}: " + (f"restored {info['restored']}" if "restored" in info else f"error: {info['error']}")
+                 for name, info in report.items()] or ["the task changed nothing on any device"]
+        failed = any("error" in info for info in report.values())
+        return GatewayReply(f"undo of task {task.id}:\n" + "\n".join(lines),
+                            {"task_id": task.id, "devices": report}, is_error=failed)
+
+    def guarded(handler: Any) -> Any:
+        async def run(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+            try:
+                return await handler(arguments, call)
+            except TaskError as exc:  # the REST API's {"error"} as a tool error, same words
+                return GatewayReply(str(exc), is_error=True)
+
+        return run
+
+    return [
+        GatewayTool("run_task", "Run a task on the fleet: a request in plain words (planned by the server's LLM) "
+                    "or a plan of steps, on a device or one meeting `requires`. Reports each step and its output "
+                    "as progress; asks questions and approvals through the client when it can, otherwise returns "
+                    "the question at once (answer it with answer_task). Returns the answer and a summary.",
+                    _run_input(), "execute", guarded(run_task), SUMMARY_SCHEMA, destructive=True),
+        GatewayTool("get_task", "A task's status, its steps and the question it is waiting on, if any.",
+                    _ID_ONLY, "read", guarded(get_task), SUMMARY_SCHEMA, read_only=True),
+        GatewayTool("answer_task", "Answer the question a task is waiting on (an option or words), or approve/deny "
+                    "its action (`approved`, needs the approve scope); then follow it like run_task.",
+                    ANSWER_INPUT, "execute", guarded(answer_task), SUMMARY_SCHEMA),
+        GatewayTool("cancel_task", "Cancel a task: its running command is stopped on the device.",
+                    _ID_ONLY, "execute", guarded(cancel_task), SUMMARY_SCHEMA, destructive=True),
+        GatewayTool("undo_task", "Put back the files a finished task changed, on every device it ran on (needs "
+                    "the approve scope).", _ID_ONLY, "execute", guarded(undo_task), UNDO_SCHEMA, destructive=True),
+    ]
+
+
+# -- following a task ---------------------------------------------------------------------------------
+
+
+async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered: str | None = None) -> GatewayReply:
+    """Follow the task from now on until it ends, or asks something this client cannot answer here.
+    `answered` is the question just answered (its runner may not have taken the answer yet)."""
+    task, _, queue = tasks.subscribe(task_id)  # what happened before is in get_task; from now on here
+    sent = 0
+    try:
+        pending = task.pending_question  # asked before we subscribed and still open
+        if pending is not None and pending.id != answered and queue is not None \
+                and not await _ask(tasks, task, pending.model_dump(mode="json"), call):
+            return _reply(task)
+        while queue is not None:
+            event = await queue.get()
+            if event is None:
+                break
+            message = _progress_text(task, event)
+            if message is not None:
+                sent += 1
+                await _progress(call, sent, message)
+            if event.kind == "question" and not await _ask(tasks, task, event.data, call):
+                return _reply(task)
+            if event.kind == "elicitation" and "id" in event.data and "declined" not in event.data \
+                    and not await _ask_for_server(tasks, task, event.data, call):
+                return _reply(task)
+    except asyncio.CancelledError:
+        # the client cancelled its call: the task stops too (its command killed on the device), as a
+        # cancelled REST command does; an ended task is left as it is
+        if not task.state.terminal:
+            await asyncio.shield(_cancel_quietly(tasks, task.id))
+        raise
+    finally:
+        if queue is not None:
+            tasks.unsubscribe(task.id, queue)
+    return _reply(task)
+
+
+async def _cancel_quietly(tasks: TaskService, task_id: str) -> None:
+    try:
+        await tasks.cancel(task_id)
+    except TaskError as exc:
+        logger.info("MCP gateway: task %s not cancelled with its call: %s", task_id, exc)
+
+
+async def _progress(call: GatewayCall, sent: int, message: str) -> None:
+    try:
+        await call.progress(float(sent), None, message[:MAX_PROGRESS_TEXT])
+    except Exception as exc:  # a client gone mid-task loses its notifications, not the task
+        logger.debug("MCP gateway: task progress not sent: %s", exc)
+
+
+def _progress_text(task: Task, event: TaskEvent) -> str | None:
+    data = event.data
+    total = len(task.plan.steps) if task.plan is not None else 0
+    step = f"step {int(data.get('step', 0)) + 1}" + (f"/{total}" if total else "")
+    if event.kind == "step_started":
+        what = data.get("description") or data.get("skill")
+        return f"{step} started: {what}" + (f" on {data['device']}" if data.get("device") else "")
+    if event.kind == "step_finished":
+        return f"{step} {data.get('status')}" + (f": {data['error']}" if data.get("error") else "")
+    if event.kind == "output" and isinstance(data.get("data"), str):
+        return f"{step} output: {data['data']}"
+    if event.kind == "question":
+        return f"waiting for an answer: {data.get('question')}"
+    if event.kind == "state":
+        return f"task {data.get('to')}"
+    return None
+
+
+async def _ask(tasks: TaskService, task: Task, question: dict[str, Any], call: GatewayCall) -> bool:
+    """Ask the task's question through the client; False when it cannot be asked or was not answered,
+    and the call should return with the question open."""
+    approval = question.get("kind") == "approval"
+    if call.elicit is None or (approval and not call.token.allows("approve")):
+        return False
+    options = [str(o) for o in question.get("options") or []]
+    prop: dict[str, Any] = {"type": "string", "title": "answer"}
+    if options:
+        prop["enum"] = options
+    schema = {"type": "object", "properties": {"answer": prop}, "required": ["answer"]}
+    try:
+        reply = await call.elicit(f"Task {task.id[:12]} on {task.device}: {question.get('question')}", schema)
+    except Exception as exc:  # a client that fails or takes too long to answer leaves the question open
+        logger.info("MCP gateway: task %s question not asked through the client: %s", task.id, exc)
+        return False
+    action = reply.get("action")
+    content = reply.get("content") or {}
+    try:
+        if action == "accept" and isinstance(content.get("answer"), str) and content["answer"].strip():
+            tasks.answer(task.id, content["answer"], question.get("id"), _who(call))
+        elif action == "decline" and approval:  # a person said no: a denial, as through the API
+            tasks.approve(task.id, False, _who(call))
+        else:
+            return False
+    except TaskError as exc:
+        logger.info("MCP gateway: task %s answer not taken: %s", task.id, exc)
+        return False
+    return True
+
+
+async def _ask_for_server(tasks: TaskService, task: Task, question: dict[str, Any], call: GatewayCall) -> bool:
+    """An external MCP server's question during a step, asked through this client with its own schema."""
+    if call.elicit is None or not call.token.allows("approve"):
+        return False
+    schema = question.get("schema") if isinstance(question.get("schema"), dict) else {"type": "object",
+                                                                                       "properties": {}}
+    try:
+        reply = await call.elicit(str(question.get("message") or "An MCP server asks"), schema)
+        action = reply.get("action")
+        content = reply.get("content") or {}
+        text = json.dumps(content) if action == "accept" else str(action or "cancel")
+        return await tasks.answer_mcp_question(task.id, text, _who(call))
+    except Exception as exc:
+        logger.info("MCP gateway: task %s server question not asked through the client: %s", task.id, exc)
+        return False
+
+
+async def _answer(tasks: TaskService, task_id: str, answer: str, question_id: str | None, call: GatewayCall) -> None:
+    """As POST /tasks/{id}/answer: an MCP server's open question, else the task's own question."""
+    pending = tasks.get(task_id).pending_question
+    if pending is None and tasks.mcp_question(task_id) is not None:
+        _need_approve(call, "answer an MCP server's question")
+        await tasks.answer_mcp_question(task_id, answer, _who(call))
+        return
+    if pending is not None and pending.kind == "approval":
+        _need_approve(call, "answer an approval")
+    tasks.answer(task_id, answer, question_id, _who(call))
+
+
+# -- replies --------------------------------------------------------------------------------------------
+
+
+def summary(task: Task) -> dict[str, Any]:
+    """The structured summary every task tool returns (SUMMARY_SCHEMA)."""
+    steps: list[dict[str, Any]] = []
+    for index, step in enumerate(task.plan.steps if task.plan is not None else []):
+        records = task.records_for(index)
+        last = records[-1] if records else None
+        status = last.result.status.value if last is not None else ("running" if index == task.cursor
+                                                                     and not task.state.terminal else "pending")
+        error = last.result.error if last is not None and last.result.error else None
+        steps.append({"index": index, "skill": step.skill, "description": step.description,
+                      "device": step.device or task.device, "status": status,
+                      "error": error[:MAX_STEP_TEXT] if error else None})
+    pending = task.pending_question
+    question = None if pending is None else {"id": pending.id, "question": pending.question,
+                                             "options": list(pending.options), "kind": pending.kind}
+    how = None
+    if pending is not None:
+        how = (f"call answer_task with task_id {task.id!r} and " + ("approved: true or false (needs the approve "
+               "scope)" if pending.kind == "approval" else f"answer: one of {pending.options}" if pending.options
+               else "answer: your words"))
+    return {"task_id": task.id, "status": task.state.value, "device": task.device, "steps": steps,
+            "answer": task.answer, "error": task.error, "question": question, "how_to_answer": how}
+
+
+def _reply(task: Task) -> GatewayReply:
+    data = summary(task)
+    if data["question"] is not None:
+        text = (f"Task {task.id} is waiting for an answer: {data['question']['question']}\n"
+                + (f"Options: {', '.join(data['question']['options'])}\n" if data["question"]["options"] else "")
+                + f"To answer, {data['how_to_answer']}.")
+    elif task.state.value == "done":
+        text = task.answer or f"Task {task.id} is done."
+    elif task.state.terminal:
+        text = f"Task {task.id} {task.state.value}" + (f": {task.error}" if task.error else "")
+    else:
+        text = f"Task {task.id} is {task.state.value}; follow it with get_task."
+    return GatewayReply(text, data, is_error=task.state.value == "failed")
+
+
+def _task_id(arguments: dict[str, Any]) -> str:
+    value = arguments.get("task_id")
+    if not isinstance(value, str) or not value.strip() or len(value) > 64:
+        raise TaskError(422, "task_id: give the task's id (or a unique prefix of it)")
+    return value.strip()
+
+
+def _need_approve(call: GatewayCall, what: str) -> None:
+    if not call.token.allows("approve"):
+        raise TaskError(403, f"token '{call.token.name}' lacks the 'approve' scope needed to {what}; create one "
+                             "with 'tether token create --api NAME --scope approve'")
+
+
+def _who(call: GatewayCall) -> str:
+    """As the gateway's device calls name their caller in the audit: the MCP client and the token."""
+    return f"mcp:{call.client} by api:{call.token.name}"
+
+
+def _refused(tool: str, exc: ValidationError, hint: str | None = None) -> GatewayReply:
+    problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'arguments'}: {e['msg']}" for e in exc.errors())
+    return GatewayReply(f"{tool}: {problems}" + (f" ({hint})" if hint else ""), is_error=True)
