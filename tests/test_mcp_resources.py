@@ -113,6 +113,14 @@ def test_errors_are_clear(tmp_path: Path, everything_bin: Path) -> None:
     rc, builtin, _ = exec_json(tmp_path, cfg, "mcp.list_resources", "server=shell")
     assert rc == 1 and "unknown MCP server 'shell'" in builtin["error"]
 
+    small = tmp_path / "small.yaml"  # seed 003's shape: a server's max_result_bytes caps what is read too
+    small.write_text(json.dumps({"mcp": {"default": {"default": {"data_collection": [{
+        "namespace": "everything", "server_type": "stdio", "command": str(everything_bin), "args": ["stdio"],
+        "max_result_bytes": 1024}]}}}}))
+    rc, big, _ = exec_json(tmp_path, small, "mcp.read_resource", "uri=demo://resource/static/document/features.md")
+    assert rc == 1 and "too large" in big["error"] and "max_result_bytes" in big["error"]
+    assert big["result"]["too_large"] is True and big["result"]["limit"] == 1024
+
 
 @pytest.fixture
 def alpha(tmp_path: Path, everything_bin: Path) -> Iterator[Cluster]:

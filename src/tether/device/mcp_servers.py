@@ -299,7 +299,8 @@ class SessionServer(BaseMCPServer):
         except Exception as exc:
             if isinstance(exc, MCPError) and exc.code == mcp_types.CONNECTION_CLOSED:
                 self._mark_lost(gen)
-            raise ToolError(f"server '{self.namespace}': {what} failed: {describe_error(exc)}") from None
+            why = exc.message if isinstance(exc, MCPError) and str(exc.code) in exc.message else describe_error(exc)
+            raise ToolError(f"server '{self.namespace}': {what} failed: {why}") from None
 
     def _timed_out(self, name: str, limit: float, generation: int, ctx: ToolContext) -> Result:
         """A call that timed out may leave the session busy (a server still computing or still sending a
