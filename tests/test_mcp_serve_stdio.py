@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import mcp_types
 from mcp import Client, StdioServerParameters
@@ -91,3 +92,29 @@ async def test_serve_without_a_transport_is_a_usage_error(tmp_path):
     assert b"Traceback" not in out + err
 
 
+
+
+def _answering(decision: str, asked: list[str]) -> Any:
+    async def answer(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        asked.append(params.message)
+        assert params.requested_schema["properties"]["decision"]["enum"] == ["approve once", "deny"]
+        return mcp_types.ElicitResult(action="accept", content={"decision": decision})
+
+    return answer
+
+
+async def test_a_held_call_is_asked_through_elicitation(tmp_path):
+    kept, gone = tmp_path / "kept.txt", tmp_path / "gone.txt"
+    kept.write_text("keep me")
+    gone.write_text("delete me")
+    params = _params(_client_config(tmp_path))
+    asked: list[str] = []
+    async with Client(params, read_timeout_seconds=TIMEOUT, elicitation_callback=_answering("deny", asked)) as client:
+        denied = await client.call_tool("delete", {"path": str(kept)}, read_timeout_seconds=TIMEOUT)
+    assert denied.is_error and "not run: the approval was denied" in _text(denied), denied
+    assert kept.exists() and len(asked) == 1 and "delete" in asked[0]
+    async with Client(params, read_timeout_seconds=TIMEOUT,
+                      elicitation_callback=_answering("approve once", asked)) as client:
+        approved = await client.call_tool("delete", {"path": str(gone)}, read_timeout_seconds=TIMEOUT)
+    assert not approved.is_error and "deleted" in _text(approved), approved
+    assert not gone.exists() and len(asked) == 2

@@ -18,12 +18,15 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import shlex
+import time
 from typing import TYPE_CHECKING, Any
 
 import mcp_types
 from mcp.server import Server
 from mcp.server.context import ServerRequestContext
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tether import __version__
 from tether.protocol.models import Command, Result, ToolInfo
@@ -37,6 +40,12 @@ logger = logging.getLogger(__name__)
 MAX_QUEUED_EVENTS = 10_000  # progress waiting for a slow client; past it events are dropped (the result is not)
 MAX_PROGRESS_TEXT = 4000
 DEFAULT_CALL_TIMEOUT = 3600.0  # a call the client gave no deadline (MCP has none): the device's own cap
+ELICIT_TIMEOUT = 300.0  # how long an approval question waits for the client's answer
+MAX_DEFERRED = 100  # approval questions waiting for a retry; the oldest go first
+QUESTION_KEY = "approval"
+APPROVE, DENY = "approve once", "deny"
+_DECISION: dict[str, Any] = {"type": "object", "required": ["decision"], "properties": {"decision": {
+    "type": "string", "title": "Decision", "enum": [APPROVE, DENY]}}}
 
 
 def mcp_names(infos: list[ToolInfo]) -> dict[str, ToolInfo]:
@@ -74,6 +83,8 @@ class DeviceMCPServer:
         self.device = device
         self.session_id = session_id
         self._names: dict[str, ToolInfo] = {}
+        # approvals asked of 2026-07-28 clients, by request_state: (tool, arguments, expiry)
+        self._deferred: dict[str, tuple[str, str, float]] = {}
 
     async def tools(self) -> dict[str, ToolInfo]:
         computer = await self.device.computer_manager.get_or_create(None)
@@ -90,13 +101,68 @@ class DeviceMCPServer:
                           params: mcp_types.PaginatedRequestParams | None) -> mcp_types.ListToolsResult:
         return mcp_types.ListToolsResult(tools=[mcp_tool(name, info) for name, info in (await self.tools()).items()])
 
-    async def _call_tool(self, ctx: ServerRequestContext[Any],
-                         params: mcp_types.CallToolRequestParams) -> mcp_types.CallToolResult:
+    async def _call_tool(self, ctx: ServerRequestContext[Any], params: mcp_types.CallToolRequestParams
+                         ) -> mcp_types.CallToolResult | mcp_types.InputRequiredResult:
         info = self._names.get(params.name) or (await self.tools()).get(params.name)
         if info is None:
             return _error(f"no tool named {params.name!r} on this device; list the tools again")
+        arguments = dict(params.arguments or {})
+        approved_by: str | None = None
+        if params.request_state is not None:  # a 2026-07-28 client retrying with the approval's answer
+            answer = self._answer(ctx, params, arguments)
+            if isinstance(answer, mcp_types.CallToolResult):
+                return answer
+            approved_by = answer
         # the MCP name is what the device resolves: the plain name, or namespace/name for a shadowed one
-        command = Command(tool_name=params.name, parameters=dict(params.arguments or {}), tool_type=info.tool_type)
+        command = Command(tool_name=params.name, parameters=arguments, tool_type=info.tool_type,
+                          approved_by=approved_by)
+        result = await self._run(ctx, command)
+        if not _needs_approval(result) or approved_by is not None:
+            return result_to_call_result(result)
+        if not _declared_elicitation(ctx):
+            return _held(params.name, arguments, result)
+        question = f"{result.error or 'this call needs approval'}\nRun {params.name} on this machine?"
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # questions ride the input-required retry
+            return self._ask_later(params.name, arguments, question)
+        try:
+            async with asyncio.timeout(ELICIT_TIMEOUT):
+                reply = await ctx.session.elicit_form(question, _DECISION, related_request_id=ctx.request_id)
+        except Exception as exc:  # the client could not answer: nothing runs
+            logger.info("mcp serve: approval of %s not asked: %s", params.name, exc)
+            return _held(params.name, arguments, result)
+        if reply.action != "accept" or (reply.content or {}).get("decision") != APPROVE:
+            return _error(f"not run: the approval was {'denied' if reply.action == 'accept' else reply.action + 'd'}"
+                          f" ({result.error})")
+        command = Command(tool_name=params.name, parameters=arguments, tool_type=info.tool_type,
+                          approved_by=_client(ctx))
+        return result_to_call_result(await self._run(ctx, command))
+
+    def _ask_later(self, name: str, arguments: dict[str, Any], question: str) -> mcp_types.InputRequiredResult:
+        while len(self._deferred) >= MAX_DEFERRED:  # the oldest unanswered questions go first
+            del self._deferred[next(iter(self._deferred))]
+        state = secrets.token_urlsafe(18)
+        self._deferred[state] = (name, _fingerprint(arguments), time.monotonic() + ELICIT_TIMEOUT)
+        ask = mcp_types.ElicitRequest(params=mcp_types.ElicitRequestFormParams(message=question,
+                                                                               requested_schema=_DECISION))
+        return mcp_types.InputRequiredResult(input_requests={QUESTION_KEY: ask}, request_state=state)
+
+    def _answer(self, ctx: ServerRequestContext[Any], params: mcp_types.CallToolRequestParams,
+                arguments: dict[str, Any]) -> str | mcp_types.CallToolResult:
+        """Who approved (for the audit), or the tool error that ends the call: the retry must carry the answer
+        to a question this server asked about this very call, in time."""
+        deferred = self._deferred.pop(params.request_state or "", None)
+        answer = (params.input_responses or {}).get(QUESTION_KEY)
+        if deferred is None or deferred[2] < time.monotonic() or deferred[:2] != (params.name,
+                                                                                  _fingerprint(arguments)):
+            return _error("this answer belongs to no question waiting here (expired, answered, or another "
+                          "call's); call again")
+        action = getattr(answer, "action", None)
+        decision = (getattr(answer, "content", None) or {}).get("decision")
+        if action != "accept" or decision != APPROVE:
+            return _error(f"not run: the approval was {'denied' if action == 'accept' else f'{action}d'}")
+        return _client(ctx)
+
+    async def _run(self, ctx: ServerRequestContext[Any], command: Command) -> Result:
         dispatcher = self.device.dispatcher(session_id=self.session_id)
         events: asyncio.Queue[tuple[str, dict[str, Any]] | None] = asyncio.Queue(MAX_QUEUED_EVENTS)
 
@@ -115,9 +181,7 @@ class DeviceMCPServer:
                 async with asyncio.timeout(5):
                     await asyncio.shield(sender)
             sender.cancel()
-        if _needs_approval(result):
-            return _held(params.name, dict(params.arguments or {}), result)
-        return result_to_call_result(result)
+        return result
 
 
 async def serve_device_stdio(device: LocalDevice, session_id: str) -> None:
@@ -156,6 +220,22 @@ def _event_text(kind: str, data: dict[str, Any]) -> str | None:
     if kind in ("queued", "starting"):
         return f"waiting: {kind}"
     return None
+
+
+def _declared_elicitation(ctx: ServerRequestContext[Any]) -> bool:
+    capabilities = ctx.session.client_capabilities
+    return capabilities is not None and capabilities.elicitation is not None
+
+
+def _client(ctx: ServerRequestContext[Any]) -> str:
+    """Who approved, for the audit and the journal: the MCP client's name from its handshake."""
+    params = ctx.session.client_params
+    name = params.client_info.name if params is not None else "unknown"
+    return f"mcp:{''.join(c if c.isalnum() or c in '-_.' else '_' for c in name)[:64]}"
+
+
+def _fingerprint(arguments: dict[str, Any]) -> str:
+    return json.dumps(arguments, sort_keys=True, default=str)
 
 
 def _needs_approval(result: Result) -> bool:
