@@ -4,8 +4,10 @@ Names. MCP allows `A-Z a-z 0-9 _ . -` in a tool name (SEP-986, `mcp.shared.tool_
 `laptop` + `shell.run` is listed as `laptop__shell.run` unchanged. Any other character of a device or tool
 name (a device may be called `me@laptop`) is written as `-XX`, the hex of each of its UTF-8 bytes. A call is
 resolved through the listing itself, never by parsing the name back, so the name a client calls always
-reaches the tool that was listed under it; should two tools ever map to one name, the first device (by
-name) keeps it and the other is left out with a log line.
+reaches the tool that was listed under it. The mapping is not one-to-one: a device registered as
+`me-40laptop`, or a device `a` offering a tool `b__shell.run` beside a device `a__b`, maps to the same
+name as another device's tool. Such a name is listed for NONE of them and a call of it is refused (with a
+log line): letting the first one keep it would let one device take calls meant for another.
 
 The device filter (`/mcp?devices=laptop,lab-*`, or `devices=none`) chooses whose tools a client sees, so a
 fleet of 1,000 devices does not hand a client 30,000 tools; the fleet tools are listed whatever it says.
@@ -94,9 +96,15 @@ class FleetIndex:
     def __init__(self, registry: DeviceRegistry) -> None:
         self.registry = registry
         self._tools: dict[str, DeviceTool] | None = None
+        self._ambiguous: frozenset[str] = frozenset()
 
     def invalidate(self) -> None:
         self._tools = None
+
+    def is_ambiguous(self, name: str) -> bool:
+        """Whether `name` maps to tools of several devices (and so is listed for none)."""
+        self.tools()
+        return name in self._ambiguous
 
     def tools(self) -> dict[str, DeviceTool]:
         if self._tools is None:
@@ -108,6 +116,7 @@ class FleetIndex:
 
     def _build(self) -> dict[str, DeviceTool]:
         tools: dict[str, DeviceTool] = {}
+        ambiguous: set[str] = set()
         for record in self.registry.list():
             if not record.connected or record.profile is None:
                 continue
@@ -115,11 +124,16 @@ class FleetIndex:
                 if info.meta:  # list_tools and the like: the listing already is that
                     continue
                 name = mcp_name(record.name, info.name)
+                if name in ambiguous:
+                    continue
                 if name in tools:
-                    logger.warning("MCP gateway: tool %s of device %s maps to %s, already listed for device %s; "
-                                   "left out", info.name, record.name, name, tools[name].device)
+                    logger.warning("MCP gateway: tool %s of device %s maps to %s, as a tool of device %s does; "
+                                   "neither is listed", info.name, record.name, name, tools[name].device)
+                    ambiguous.add(name)
+                    del tools[name]
                     continue
                 tools[name] = DeviceTool(name, record.name, info)
+        self._ambiguous = frozenset(ambiguous)
         return tools
 
 

@@ -64,6 +64,10 @@ SCOPE_KEY = "tether.mcp.caller"  # the ASGI scope entry where the checked token 
 ELICIT_TIMEOUT = 600.0  # a person answering a question through the client
 MAX_WATCHED_SESSIONS = 10_000
 MAX_DEFERRED = 1024  # questions to 2026-07-28 clients awaiting their retry
+# sessions one token may hold open at once: the SDK's own cap (10,000) is for the whole server, so without
+# this one token (a read-only one too) could open them all and lock every other client out
+MAX_SESSIONS_PER_TOKEN = 64
+MAX_NAME_ECHO = 120  # how much of an unknown tool name an error repeats
 QUESTION_KEY = "approval"
 _CLIENT_PART = re.compile(r"[^A-Za-z0-9._+-]")
 INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online device's tools are listed as "
@@ -166,10 +170,21 @@ class Gateway:
         except BadFilter as exc:
             await deny(send, 400, str(exc))
             return
+        if b"mcp-session-id" not in headers and scope.get("method") == "POST" \
+                and self._sessions_of(token.id) >= MAX_SESSIONS_PER_TOKEN:
+            await deny(send, 429, f"token '{token.name}' already holds {MAX_SESSIONS_PER_TOKEN} open MCP sessions "
+                                  "(the most one token may): end some (HTTP DELETE /mcp) or wait for them to expire")
+            return
         scope[SCOPE_KEY] = _Admitted(token, keep)
         # binds each MCP session to the token that opened it (the SDK answers 404 to any other)
         scope["user"] = AuthenticatedUser(AccessToken(token=token.id, client_id=token.id, scopes=token.scopes))
         await self.manager.handle_request(scope, receive, send)
+
+    def _sessions_of(self, token_id: str) -> int:
+        """Open sessions opened by this token: the SDK keeps each session's owner (`client_id` is the token's id,
+        see `__call__`), and forgets it when the session ends or expires."""
+        owners: dict[str, Any] = getattr(self.manager, "_session_owners", {})
+        return sum(1 for owner in owners.values() if owner.get("client_id") == token_id)
 
     # -- tool list ------------------------------------------------------------------------------
 
@@ -201,9 +216,17 @@ class Gateway:
         if extra is not None:
             return await self._call_contributed(ctx, extra, arguments, caller)
         tool = self.index.tools().get(name)
+        shown = repr(name[:MAX_NAME_ECHO]) + ("..." if len(name) > MAX_NAME_ECHO else "")
         if tool is None:
-            return call_result(Reply(f"no tool named {name!r}: the device may have gone offline or dropped the tool; "
-                                     "list the tools again", is_error=True))
+            why = (f"{shown} names tools of more than one device (their names escape to the same MCP name), so it "
+                   "is listed for none and called on none; call the device through the REST API"
+                   if self.index.is_ambiguous(name) else
+                   f"no tool named {shown}: the device may have gone offline or dropped the tool; list the tools again")
+            return call_result(Reply(why, is_error=True))
+        if not admitted.keep.admits(tool.device):  # the filter narrows what this client may call, not only see
+            return call_result(Reply(f"{shown} is on device {tool.device}, outside this connection's devices= "
+                                     "filter; connect without the filter (or with one naming it) to call it",
+                                     is_error=True))
         held: Result | None = None
         elicit = _elicit(ctx)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # questions ride the input-required retry
