@@ -118,3 +118,47 @@ async def test_a_held_call_is_asked_through_elicitation(tmp_path):
         approved = await client.call_tool("delete", {"path": str(gone)}, read_timeout_seconds=TIMEOUT)
     assert not approved.is_error and "deleted" in _text(approved), approved
     assert not gone.exists() and len(asked) == 2
+
+
+def _running(marker: str) -> list[int]:
+    """Processes (not zombies) whose command line names `marker`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker.encode() in cmdline and state != "Z":
+            found.append(int(pid))
+    return found
+
+
+async def test_a_cancelled_call_kills_its_process(tmp_path):
+    import anyio
+
+    follow = tmp_path / "follow-me-7c1e.txt"
+    follow.write_text("started-marker\n")
+    started = anyio.Event()
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        if "started-marker" in (message or ""):
+            started.set()
+
+    async with Client(_params(_client_config(tmp_path)), read_timeout_seconds=TIMEOUT) as client:
+        async with anyio.create_task_group() as tg:
+            async def call() -> None:
+                await client.call_tool("shell.run", {"cmd": "tail", "argv": ["-f", str(follow)],
+                                                     "cwd": str(tmp_path)},
+                                       read_timeout_seconds=TIMEOUT, progress_callback=progress)
+
+            tg.start_soon(call)
+            with anyio.fail_after(TIMEOUT):
+                await started.wait()  # tail runs and has printed the file
+            assert _running(follow.name)
+            tg.cancel_scope.cancel()  # the SDK sends notifications/cancelled
+        # calls run one at a time on the device: this one starts once the cancelled one was torn down
+        after = await client.call_tool("shell.run", {"cmd": "true", "cwd": str(tmp_path)},
+                                       read_timeout_seconds=TIMEOUT)
+        assert not after.is_error, after
+        assert _running(follow.name) == []
