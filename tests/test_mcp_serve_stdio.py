@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import mcp_types
+import pytest
 from mcp import Client, StdioServerParameters
 
 ANNOTATED = Path(__file__).parent / "servers" / "annotated.py"
@@ -103,18 +104,20 @@ def _answering(decision: str, asked: list[str]) -> Any:
     return answer
 
 
-async def test_a_held_call_is_asked_through_elicitation(tmp_path):
+@pytest.mark.parametrize("mode", ["auto", "legacy"])  # 2026-07-28 input-required retry; handshake-era elicitation
+async def test_a_held_call_is_asked_through_elicitation(tmp_path, mode):
     kept, gone = tmp_path / "kept.txt", tmp_path / "gone.txt"
     kept.write_text("keep me")
     gone.write_text("delete me")
     params = _params(_client_config(tmp_path))
     asked: list[str] = []
-    async with Client(params, read_timeout_seconds=TIMEOUT, elicitation_callback=_answering("deny", asked)) as client:
+    async with Client(params, read_timeout_seconds=TIMEOUT, elicitation_callback=_answering("deny", asked),
+                      mode=mode) as client:
         denied = await client.call_tool("delete", {"path": str(kept)}, read_timeout_seconds=TIMEOUT)
     assert denied.is_error and "not run: the approval was denied" in _text(denied), denied
     assert kept.exists() and len(asked) == 1 and "delete" in asked[0]
-    async with Client(params, read_timeout_seconds=TIMEOUT,
-                      elicitation_callback=_answering("approve once", asked)) as client:
+    async with Client(params, read_timeout_seconds=TIMEOUT, elicitation_callback=_answering("approve once", asked),
+                      mode=mode) as client:
         approved = await client.call_tool("delete", {"path": str(gone)}, read_timeout_seconds=TIMEOUT)
     assert not approved.is_error and "deleted" in _text(approved), approved
     assert not gone.exists() and len(asked) == 2
