@@ -97,7 +97,8 @@ def _program(verb: str, device: str, program: str, server: str | None, token: st
     if as_json:
         typer.echo(json.dumps(report, indent=2))
     else:
-        console().print(f"{device}: {verb} {program}: applied, policy version {report['version']}", soft_wrap=True)
+        console().print(f"{device}: {verb} {program}: applied, policy version {report['version']}", soft_wrap=True,
+                        markup=False)
 
 
 @policy_app.command("allow")

@@ -115,7 +115,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         fail(str(exc))
     console(err=True).print(f"planning with {llm.model} at {llm.base_url}" if llm else
                             "no LLM configured (TETHER_LLM_BASE_URL, TETHER_LLM_MODEL or the config file's llm: "
-                            "section): tasks need a plan")
+                            "section): tasks need a plan", markup=False)
     try:
         run_server(settings, allow_insecure=allow_insecure, log_level=log_level,
                    app_factory=partial(create_agent_app, llm_settings=llm))
@@ -397,7 +397,7 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     confined = device.context.sandbox
     why = sandbox.detail if not sandbox.available else "the policy turns it off (sandbox: false)"
     if confined is not None:
-        out.print(f"sandbox: {confined.kind} ({sandbox.detail})", soft_wrap=True)
+        out.print(f"sandbox: {confined.kind} ({sandbox.detail})", soft_wrap=True, markup=False)
     elif device.policy.require_sandbox:
         _warn(f"no sandbox: this device will refuse to start processes (the policy's require_sandbox; set it "
               f"to false to run them unconfined); {why}")
@@ -421,9 +421,9 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
             registered_once.set()
         if state == "registered":
             again = " (reconnected)" if conn.connections > 1 else ""
-            out.print(f"[green]registered as {conn.registered_as}[/green]{again}; serving commands")
+            out.print(f"[green]registered as {escape(str(conn.registered_as))}[/green]{again}; serving commands")
         elif state == "disconnected":
-            out.print(f"[yellow]disconnected[/yellow]{': ' + str(conn.last_error) if conn.last_error else ''}; "
+            out.print(f"[yellow]disconnected[/yellow]{': ' + escape(str(conn.last_error)) if conn.last_error else ''}; "
                       "reconnecting")
 
     connection = DeviceConnection(device.client, url, secret, name=name or cfg.device.name,

@@ -75,7 +75,7 @@ def run_remote(remote: RemoteServer, request: str, plan: list[dict[str, Any]] | 
                                      confirm=confirm)
     except RemoteError as exc:
         fail_remote(exc, ExitCode.USAGE)
-    out.print(f"task {summary['id']} on {summary['device']} ({remote.base_url})")
+    out.print(f"task {summary['id']} on {summary['device']} ({remote.base_url})", markup=False)
     code = follow(remote, summary["id"], out, answers=answers)
     if code in (0, 1):
         out.print(f"[dim]its file changes can be undone with: tether undo {summary['id']} --server "
