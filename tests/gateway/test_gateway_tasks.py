@@ -4,6 +4,7 @@ agent server (tasks extension, /mcp) and a real device (built-in tools, a real p
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -14,6 +15,7 @@ import mcp_types as types
 import pytest
 from gatewaykit import mcp_client
 
+from agent_fakes import FakeLLM
 from task_testkit import WAIT, AgentServer
 from tether.agent.task import TaskState
 from tether.tools.policy import default_policy
@@ -196,3 +198,33 @@ async def test_the_clients_cancellation_cancels_the_task_and_its_command(server:
         [listed] = agent.tasks.list(1)
         task = await asyncio.wait_for(agent.tasks.wait(listed["id"]), WAIT)
     assert task.state is TaskState.CANCELLED
+
+
+async def test_a_request_in_words_is_planned_and_its_question_asked_with_the_options_as_an_enum(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other_temp = tmp_path / "device-temp"
+    other_temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(other_temp))
+    root = tmp_path / "alpha"
+    root.mkdir()
+    (root / "b.txt").write_text("bee")
+    policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
+    first = {"steps": [{"skill": "read_file", "args": {"file_path": str(root / "which.txt")}}]}
+    question = {"decision": "ASK_USER", "question": "Which file did you mean?", "options": ["a.txt", "b.txt"]}
+    second = {"steps": [{"skill": "read_file", "args": {"file_path": str(root / "b.txt")}}]}
+    asked: list[types.ElicitRequestParams] = []
+    async with FakeLLM([json.dumps(first), json.dumps(question), json.dumps(second), "It says bee."]) as fake, \
+            AgentServer(tmp_path, llm=fake.settings()) as agent:
+        await agent.add_device("alpha", policy, tmp_path / "state-alpha")
+        async with mcp_client(url(agent), token(agent, "ide", "execute"),
+                              elicitation_callback=answering("b.txt", asked)) as client:
+            progress = Progress()
+            result = await client.call_tool("run_task", {"request": "read the file", "device": "alpha"},
+                                            progress_callback=progress)
+    assert not result.is_error, result.content
+    assert result.content[0].text == "It says bee."
+    assert result.structured_content is not None and result.structured_content["answer"] == "It says bee."
+    [params] = asked
+    assert "Which file did you mean?" in params.message
+    assert params.requested_schema["properties"]["answer"]["enum"] == ["a.txt", "b.txt"]
+    assert "waiting for an answer: Which file did you mean?" in progress.messages()
