@@ -11,7 +11,7 @@ same port and database. Measured from the restart's spawn:
 - the /health probes' latency during the storm, p50 and p99 (anchor: the same probes with N idle
   devices before the kill), and how many probes got no answer within 5 s;
 - a cheap REST command to one device, repeated whenever it is registered, during the storm (p50 and
-  p99; anchor: the same with N idle devices); any failed command fails the run.
+  p99; anchor: the same with N idle devices) and how many failed (a timeout of 5 s counts as failed).
 The server's admission control (`max_admitting`, HTTP 503 + Retry-After) and the devices' spread first
 attempt and full-jitter backoff are what this measures.
 """
@@ -110,8 +110,8 @@ async def _measure(devices: int, per_process: int, limit_s: float,
     from tether.server.store import Store
 
     have = raise_fd_limit()
-    if have < devices * 2 + 200:
-        raise RuntimeError(f"RLIMIT_NOFILE is {have}, below the ~{devices * 2 + 200} descriptors this run needs")
+    if have < devices + 500:  # the server holds one per device (each device process holds its own share)
+        raise RuntimeError(f"RLIMIT_NOFILE is {have}, below the ~{devices + 500} descriptors the server needs")
     with tempfile.TemporaryDirectory(prefix="tether-storm-") as tmp_name:
         tmp = Path(tmp_name)
         (tmp / "state").mkdir()
@@ -162,8 +162,9 @@ async def _measure(devices: int, per_process: int, limit_s: float,
                 for log in tmp.glob("*.log"):
                     shutil.copy(log, keep_logs / log.name)
     note = f"{devices} devices, {per_process} per process"
-    if idle_failed or storm_failed:
-        raise RuntimeError(f"commands failed: {(idle_failed + storm_failed)[:3]}")
+    if idle_failed or storm_failed:  # reported in the table (the goal is not met), the other rows still shown
+        print(f"commands failed: {len(idle_failed)} idle, {len(storm_failed)} during the storm, e.g. "
+              f"{(idle_failed + storm_failed)[:3]}", file=sys.stderr)
     cmd_ms = [s * 1e3 for s in storm_cmd] or [float("nan")]
     idle_cmd_ms = [s * 1e3 for s in idle_cmd] or [float("nan")]
     ms = [s * 1e3 for s in storm] or [float("nan")]
@@ -179,7 +180,8 @@ async def _measure(devices: int, per_process: int, limit_s: float,
                                          f"{missed} unanswered within {PROBE_TIMEOUT_S:g}s"),
         fleet_row("a registered device's command p99 during the storm", pct(cmd_ms, 99), "ms",
                   "p99 with idle devices", pct(idle_cmd_ms, 99), "answered throughout",
-                  f"p50 {statistics.median(cmd_ms):.3g} ms, {len(storm_cmd)} commands, 0 failed"),
+                  f"p50 {statistics.median(cmd_ms):.3g} ms, {len(storm_cmd)} commands, {len(storm_failed)} failed "
+                  f"({len(idle_failed)} while idle)"),
     ]
 
 

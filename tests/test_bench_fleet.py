@@ -35,7 +35,7 @@ def test_storm_brings_every_device_back_and_health_answered_throughout() -> None
     rows = fleet_storm.measure(devices=20, per_process=10)
     check(rows, ["restart under 20 devices: /health answers", "restart under 20 devices: all registered again",
                  "/health p99 during the storm", "a registered device's command p99 during the storm"])
-    assert "0 unanswered" in str(rows[2]["note"])
+    assert "0 unanswered" in str(rows[2]["note"]) and "0 failed (0 while idle)" in str(rows[3]["note"])
 
 
 def test_fleet_runs_every_fleet_module_and_prints_one_table(capsys: pytest.CaptureFixture[str]) -> None:
