@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 
 MAX_PROGRESS_TEXT = 2_000  # one progress message: a line of output, not a whole log
 MAX_STEP_TEXT = 500  # a step's error in the summary
+MAX_ANSWER_TEXT = 100_000  # the answer in a reply (text and structured): a client's context is not a log
 
 _TASK_ID = {"type": "string", "minLength": 1, "maxLength": 64, "description": "the task's id (or a unique prefix)"}
 
@@ -329,8 +330,10 @@ def summary(task: Task) -> dict[str, Any]:
         how = (f"call answer_task with task_id {task.id!r} and " + ("approved: true or false (needs the approve "
                "scope)" if pending.kind == "approval" else f"answer: one of {pending.options}" if pending.options
                else "answer: your words"))
+    answer = task.answer[:MAX_ANSWER_TEXT] if task.answer else task.answer
+    error = task.error[:MAX_ANSWER_TEXT] if task.error else task.error
     return {"task_id": task.id, "status": task.state.value, "device": task.device, "steps": steps,
-            "answer": task.answer, "error": task.error, "question": question, "how_to_answer": how}
+            "answer": answer, "error": error, "question": question, "how_to_answer": how}
 
 
 def _reply(task: Task) -> GatewayReply:
@@ -340,9 +343,9 @@ def _reply(task: Task) -> GatewayReply:
                 + (f"Options: {', '.join(data['question']['options'])}\n" if data["question"]["options"] else "")
                 + f"To answer, {data['how_to_answer']}.")
     elif task.state.value == "done":
-        text = task.answer or f"Task {task.id} is done."
+        text = data["answer"] or f"Task {task.id} is done."
     elif task.state.terminal:
-        text = f"Task {task.id} {task.state.value}" + (f": {task.error}" if task.error else "")
+        text = f"Task {task.id} {task.state.value}" + (f": {data['error']}" if data["error"] else "")
     else:
         text = f"Task {task.id} is {task.state.value}; follow it with get_task."
     return GatewayReply(text, data, is_error=task.state.value == "failed")
