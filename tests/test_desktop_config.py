@@ -70,7 +70,7 @@ async def test_desktop_file_with_http_and_sse_servers(tmp_path, servers, caplog)
                                      "env": {"DESKTOP_CONFIG_MARK": "from-env"}, "cwd": str(tmp_path)})
     config = load_device_config(path)
     assert "ignoring the desktop client's own settings ['globalShortcut', 'preferences']" in caplog.text
-    assert "mcpServers.off is disabled: not started" in caplog.text
+    assert "mcpServers.off is disabled: not started" in caplog.text and config.disabled_servers == ["off"]
     async with open_device(config, state_dir=tmp_path / "state", sandbox=False) as device:
         computer = await device.computer_manager.get_or_create(None)
         infos = {(i.namespace, i.name) for i in computer.tool_infos()}
@@ -100,6 +100,11 @@ def test_desktop_file_through_the_cli(tmp_path, servers):
                          timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert "through the cli" in out.stdout and TOKEN not in out.stdout + out.stderr
+    listed = subprocess.run([sys.executable, "-m", "tether.cli", "tools", "--config", str(path)], capture_output=True,
+                            text=True, env=env, timeout=120)
+    assert listed.returncode == 0, listed.stdout + listed.stderr
+    assert "server off is disabled in the config (disabled: true): not started" in listed.stdout
+    assert "whisper" in listed.stdout and TOKEN not in listed.stdout + listed.stderr
 
 
 def test_entry_type_is_checked():

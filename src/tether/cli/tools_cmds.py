@@ -64,26 +64,28 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
                  and (not namespace or i.namespace == namespace)]
         print_tools(infos, as_json, f" on {device}")
         return
-    infos, problems, collisions = run_async(_list_tools(config, policy, tool_type, namespace))
+    infos, problems, collisions, disabled = run_async(_list_tools(config, policy, tool_type, namespace))
     print_tools(infos, as_json)
     if as_json:
         return
     out = console()
     for namespace_name, error in problems.items():
         out.print(f"[yellow]server {escape(namespace_name)} is unavailable:[/yellow] {escape(str(error))}")
+    for name in disabled:
+        out.print(f"server {name} is disabled in the config (disabled: true): not started", style="dim", markup=False)
     for c in collisions:
         out.print(f"{c['tool']} ({c['tool_type']}) is {c['kept']}'s; {c['shadowed']}'s is {c['use']}", style="dim",
                   markup=False)
 
 
 async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None, namespace: str | None
-                      ) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]]]:
+                      ) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]], list[str]]:
     from tether.device.local import open_device
 
     async with open_device(config, policy_path=policy) as device:
         computer = await device.computer_manager.get_or_create(None)
         infos = computer.tool_infos(tool_type, namespace)  # type: ignore[arg-type]
-        return infos, dict(computer.startup_errors), list(computer.collisions)
+        return infos, dict(computer.startup_errors), list(computer.collisions), list(device.config.disabled_servers)
 
 
 @tools_app.command("serve")

@@ -94,6 +94,7 @@ class DeviceConfig(BaseModel):
     server: ServerEndpoint = Field(default_factory=ServerEndpoint)
     mcp: dict[str, dict[str, RootConfig]] = Field(default_factory=dict)
     source: str | None = Field(None, exclude=True)
+    disabled_servers: list[str] = Field(default_factory=list, exclude=True)  # mcpServers entries with disabled: true
 
     def root(self, agent_name: str, root_name: str | None) -> tuple[str, RootConfig]:
         agent = self.mcp.get(agent_name)
@@ -121,10 +122,13 @@ _KINDS: dict[str | None, str | None] = {None: None, "stdio": "stdio", "http": "h
                                         "streamableHttp": "http", "sse": "sse"}
 
 
-def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], list[MCPServerConfig]]:
-    """Translate `{"mcpServers": {name: {command, args, env} | {url, headers}}}` into server configs."""
+def _from_mcp_servers(entries: dict[str, Any], disabled: list[str] | None = None
+                      ) -> tuple[list[MCPServerConfig], list[MCPServerConfig]]:
+    """Translate `{"mcpServers": {name: {command, args, env} | {url, headers}}}` into server configs; the
+    names of entries that are `disabled` go to `disabled`."""
     data: list[MCPServerConfig] = []
     action: list[MCPServerConfig] = []
+    disabled = [] if disabled is None else disabled
     for name, spec in entries.items():
         if not isinstance(spec, dict):
             raise ValueError(f"mcpServers.{name}: expected an object, got {type(spec).__name__}")
@@ -135,6 +139,7 @@ def _from_mcp_servers(entries: dict[str, Any]) -> tuple[list[MCPServerConfig], l
         kind = spec.pop("type", spec.pop("transport", None))
         if spec.pop("disabled", False):
             logger.info("mcpServers.%s is disabled: not started", name)
+            disabled.append(name)
             continue
         if not isinstance(kind, str | None) or kind not in _KINDS:
             raise ValueError(f"mcpServers.{name}.type {kind!r} is not one of stdio, http, sse")
@@ -171,7 +176,7 @@ def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -
     raw = dict(raw or {})
     mcp_servers = raw.pop("mcpServers", None)
     where = f" in {source}" if source else ""
-    own = set(DeviceConfig.model_fields) - {"source"}
+    own = set(DeviceConfig.model_fields) - {"source", "disabled_servers"}
     if mcp_servers is not None and not own.intersection(raw) and not {"llm", "policy"} & set(raw):
         ignored = sorted(raw)  # a desktop client's file, read as it is
         if ignored:
@@ -191,7 +196,7 @@ def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -
     try:
         config = DeviceConfig.model_validate(raw)
         builtin = _builtin_entries(config.device.builtin)
-        extra_data, extra_action = _from_mcp_servers(mcp_servers or {})
+        extra_data, extra_action = _from_mcp_servers(mcp_servers or {}, config.disabled_servers)
     except (ValidationError, ValueError) as exc:
         raise ValueError(f"invalid device config{where}: {exc}") from exc
     if not config.mcp:
