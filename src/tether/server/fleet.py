@@ -158,7 +158,7 @@ class FanOut:
         finally:
             clock.cancel()
             remove()
-            if any(not w.done() for w in workers):  # the caller stopped listening: stop the devices too
+            if sum(self.counts.values()) < len(self.devices):  # the caller stopped listening: stop the devices too
                 self.cancel("cancelled: the caller of the fan-out went away")
                 for worker in workers:
                     worker.cancel()
