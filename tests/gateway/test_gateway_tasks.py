@@ -12,10 +12,12 @@ from typing import Any
 
 import anyio
 import mcp_types as types
+import psutil
 import pytest
 from gatewaykit import mcp_client
 
 from agent_fakes import FakeLLM
+from netutil import wait_for
 from task_testkit import WAIT, AgentServer
 from tether.agent.task import TaskState
 from tether.tools.policy import default_policy
@@ -194,10 +196,21 @@ async def test_the_clients_cancellation_cancels_the_task_and_its_command(server:
         async with anyio.create_task_group() as group:
             group.start_soon(run)
             await asyncio.wait_for(progress.started.wait(), WAIT)
+            # the device runs in this process; its command's process is a child: netutil's poll, in a thread
+            process = await anyio.to_thread.run_sync(wait_for, sleeper, "sleep 300 started on the device", WAIT)
+            assert isinstance(process, psutil.Process)
             group.cancel_scope.cancel()  # the SDK sends notifications/cancelled
         [listed] = agent.tasks.list(1)
         task = await asyncio.wait_for(agent.tasks.wait(listed["id"]), WAIT)
+        # psutil.TimeoutExpired if the command was left running
+        await anyio.to_thread.run_sync(lambda: process.wait(timeout=WAIT))
     assert task.state is TaskState.CANCELLED
+    assert not process.is_running()
+
+
+def sleeper() -> psutil.Process | None:
+    return next((p for p in psutil.Process().children(recursive=True)
+                 if p.name() == "sleep" and "300" in p.cmdline()), None)
 
 
 async def test_a_request_in_words_is_planned_and_its_question_asked_with_the_options_as_an_enum(
