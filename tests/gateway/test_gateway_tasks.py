@@ -241,3 +241,25 @@ async def test_a_request_in_words_is_planned_and_its_question_asked_with_the_opt
     assert "Which file did you mean?" in params.message
     assert params.requested_schema["properties"]["answer"]["enum"] == ["a.txt", "b.txt"]
     assert "waiting for an answer: Which file did you mean?" in progress.messages()
+
+
+@pytest.mark.parametrize("action", ["decline", "cancel"])
+async def test_a_declined_approval_denies_and_a_dismissed_one_stays_open(server: tuple[AgentServer, Path],
+                                                                         action: str) -> None:
+    agent, root = server
+    victim = root / "old"
+    victim.mkdir()
+
+    async def dismiss(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        return types.ElicitResult(action=action)  # type: ignore[arg-type]
+
+    async with mcp_client(url(agent), token(agent, "person", "execute", "approve"),
+                          elicitation_callback=dismiss) as client:
+        result = await client.call_tool("run_task", {"plan": [shell("rm", ["-r", str(victim)], root)],
+                                                     "device": "alpha"})
+    summary = result.structured_content
+    assert summary is not None and victim.exists()
+    if action == "decline":  # a person said no: the task is cancelled, as a denial through the API
+        assert summary["status"] == "cancelled" and "not approved" in summary["error"]
+    else:  # nobody answered: the question stays open, with how to answer it
+        assert summary["status"] == "waiting_for_user" and "answer_task" in summary["how_to_answer"]
