@@ -27,13 +27,13 @@ import anyio
 import mcp_types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from pydantic_core import to_json
 
 from tether import __version__
 from tether.device.mcp_base import BaseMCPServer, MCPServerError
 from tether.device.mcp_client_caps import MCPClientHooks, ServerClientCaps
 from tether.device.mcp_config import MCPServerConfig
 from tether.device.mcp_policy import annotated_type
+from tether.device.mcp_session_util import describe_error, innermost_error, message_limit, result_size
 from tether.device.mcp_stdio import TOO_LARGE
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
@@ -48,6 +48,7 @@ BACKOFF_CAP = 30.0
 MIN_UPTIME = 1.0  # a session that dies sooner counts as a failed start (crash loops back off)
 _CLIENT_INFO = mcp_types.Implementation(name="tether", version=__version__)
 T = TypeVar("T")
+__all__ = ["SessionServer", "describe_error", "innermost_error", "message_limit", "result_size"]  # re-exported
 
 
 class _OpenFailed(Exception):
@@ -393,46 +394,3 @@ class SessionServer(BaseMCPServer):
         return {"read_timeout_seconds": self._request_timeout, "client_info": _CLIENT_INFO,
                 **self.caps.client_options()}
 
-
-def message_limit(max_result_bytes: int) -> int:
-    """The largest MCP message a server may send: a result can come twice in one (as text and as
-    structured content, as the SDK's servers send a returned value), plus the envelope."""
-    return 2 * max_result_bytes + 64 * 1024
-
-
-def result_size(result: mcp_types.CallToolResult, limit: int) -> int:
-    """About how many bytes of a tool result reach the caller (its content's text and data, or its
-    structured content, whichever is larger); counting stops past `limit`."""
-    size = 0
-    for block in result.content:
-        for attr in ("text", "data"):
-            value = getattr(block, attr, None)
-            if isinstance(value, str):
-                size += len(value)
-        resource = getattr(block, "resource", None)
-        for attr in ("text", "blob"):
-            value = getattr(resource, attr, None)
-            if isinstance(value, str):
-                size += len(value)
-        if size > limit:
-            return size
-    if result.structured_content:
-        size = max(size, len(to_json(result.structured_content)))
-    return size
-
-
-def innermost_error(exc: BaseException | None) -> BaseException | None:
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return exc
-
-
-def describe_error(exc: BaseException | None) -> str:
-    """The innermost message: anyio wraps transport failures in (nested) ExceptionGroups."""
-    leaf = innermost_error(exc)
-    if leaf is None:
-        return "unknown error"
-    if isinstance(leaf, MCPError):
-        return f"{leaf.message} (MCP error {leaf.code})"
-    text = str(leaf)
-    return f"{type(leaf).__name__}: {text}" if text else type(leaf).__name__
