@@ -144,6 +144,28 @@ async def test_a_revoked_token_is_refused_on_its_next_request_even_inside_its_se
     target.untouched()
 
 
+async def test_a_revoked_tokens_open_stream_is_closed_not_told_about_the_fleet(target: Target) -> None:
+    """A standing GET stream is no request: revoking its token must still end it (at the next fleet change at
+    the latest, `tether token revoke` being another process), and it must not hear of the change."""
+    token = target.server.token("listener", "read")
+    session = await open_session(target, token)
+    received: list[str] = []
+    async with httpx2.AsyncClient(timeout=httpx2.Timeout(WAIT * 4, read=WAIT * 4)) as http, \
+            http.stream("GET", target.server.mcp_url,
+                        headers={**HEADERS, **bearer(token), "Mcp-Session-Id": session}) as stream:
+        assert stream.status_code == 200
+        target.server.store.revoke_token("listener")
+        newcomer = target.server.device("desk")
+        assert (await newcomer.register()).status.value == "ok"  # a fleet change the stream would be told of
+        async for line in stream.aiter_lines():  # ends when the server closes the stream (ReadTimeout if not)
+            received.append(line)
+        await newcomer.close()
+    assert not any("list_changed" in line for line in received), received
+    refused = await post(target, RUN, {**bearer(target.executor), "Mcp-Session-Id": session})
+    assert refused.status_code == 404, "the session itself is gone"
+    target.untouched()
+
+
 async def test_a_session_opened_by_one_token_cannot_be_used_with_another(target: Target) -> None:
     victim = await open_session(target, target.executor)
     other = target.server.token("other", "read", "execute")
@@ -311,6 +333,71 @@ async def test_unasked_answers_and_forged_request_state_are_refused(target: Targ
     # but a forged state must never stand for an approval: nothing is run as approved
     assert all(c.approved_by is None for c in target.ran), target.ran
     assert "result" in reply or "error" in reply
+
+
+def held_until_approved(ran: list[Command]) -> Any:
+    """A device whose policy holds `touch` for a person (ask on miss) and runs it only when approved."""
+
+    def answer(command: Command) -> Result:
+        ran.append(command)
+        if command.approved_by is None and command.tool_name == "shell.run":
+            return Result(call_id=command.call_id, status=ResultStatus.FAILURE, error="`touch` needs approval",
+                          result={"needs_approval": True, "rule": "ask.on-miss"})
+        return Result(call_id=command.call_id, status=ResultStatus.SUCCESS, result={"exitCode": 0})
+
+    return answer
+
+
+async def test_another_session_cannot_answer_a_question_it_was_not_asked(tmp_path: Path) -> None:
+    """Session A is asked to approve (elicitation); session B, of another token with every scope, posts
+    answers to every request id A's question could have: none may approve A's command, and a non-admin
+    answering "always allow" (not offered to it) changes no policy and runs nothing."""
+    import mcp_types as types
+
+    server = await GatewayServer(tmp_path).start()
+    ran: list[Command] = []
+    device = server.device("laptop")
+    assert (await device.register()).status.value == "ok"
+    serving = device.serve_forever(held_until_approved(ran))
+    try:
+        asked = asyncio.Event()
+        release = asyncio.Event()
+        offered: list[list[str]] = []
+
+        async def slow_person(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            offered.append(params.requested_schema["properties"]["decision"]["enum"])  # type: ignore[union-attr]
+            asked.set()
+            await asyncio.wait_for(release.wait(), WAIT * 4)
+            return types.ElicitResult(action="accept", content={"decision": "deny"})
+
+        victim = server.token("victim", "read", "execute", "approve")
+        thief = server.token("thief", "read", "execute", "approve", "admin")
+        t = Target(server, device, ran)
+        async with mcp_client(server.mcp_url, victim, elicitation_callback=slow_person) as client:
+            call_task = asyncio.ensure_future(client.call_tool("laptop__shell.run", {"cmd": "touch", "argv": ["x"]}))
+            await asyncio.wait_for(asked.wait(), WAIT * 4)
+            own = await open_session(t, thief)
+            for ident in range(0, 8):
+                await post(t, {"jsonrpc": "2.0", "id": ident, "result": {
+                    "action": "accept", "content": {"decision": "approve once"}}},
+                    {**bearer(thief), "Mcp-Session-Id": own})
+            release.set()
+            denied = await asyncio.wait_for(call_task, WAIT * 4)
+        assert denied.is_error and "denied" in denied.content[0].text, denied.content
+        assert offered == [["approve once", "deny"]], "a non-admin token is not offered always-allow"
+        assert [c.approved_by for c in ran] == [None], ran
+
+        async def greedy(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+            return types.ElicitResult(action="accept", content={"decision": "always allow touch"})
+
+        async with mcp_client(server.mcp_url, victim, elicitation_callback=greedy) as client:
+            greedy_reply = await client.call_tool("laptop__shell.run", {"cmd": "touch", "argv": ["x"]})
+        assert greedy_reply.is_error and "not run" in greedy_reply.content[0].text
+        assert [(c.tool_name, c.approved_by) for c in ran] == [("shell.run", None)] * 2, "no policy.set, no run"
+    finally:
+        serving.cancel()
+        await device.close()
+        await server.stop()
 
 
 async def test_modern_clients_cannot_forge_or_replay_request_state(tmp_path: Path) -> None:

@@ -90,6 +90,7 @@ class _Watcher:
 
     connection: Connection
     keep: DeviceFilter
+    token_id: str
     pending: bool = False
 
 
@@ -309,16 +310,36 @@ class Gateway:
             logger.warning("MCP gateway: session not watched for tool-list changes")
             return
         key = id(connection)
-        self._watchers[key] = _Watcher(connection, admitted.keep)
+        self._watchers[key] = _Watcher(connection, admitted.keep, admitted.token.id)
         connection.exit_stack.callback(self._watchers.pop, key, None)
 
     def _fleet_changed(self, device: str) -> None:
         self.index.invalidate()
+        revoked = self._end_revoked()
         for watcher in list(self._watchers.values()):
-            if watcher.keep.admits(device) and not watcher.pending:
+            if watcher.keep.admits(device) and not watcher.pending and watcher.token_id not in revoked:
                 watcher.pending = True
                 self._spawn(self._tell(watcher))
         self._spawn(self.bus.publish(ToolsListChanged()))
+
+    def _end_revoked(self) -> set[str]:
+        """End the sessions of tokens revoked since they were opened (here or by `tether token revoke` in
+        another process), so a standing GET stream does not outlive its token; returns those tokens' ids.
+
+        Every request is checked anyway; this closes what no request reaches. Uses the SDK manager's session
+        bookkeeping (`_session_owners`, `_server_instances`, `_discard_session`: mcp 2.3)."""
+        owners: dict[str, Any] = getattr(self.manager, "_session_owners", {})
+        if not owners:
+            return set()
+        active = self.store.active_token_ids()
+        revoked = {owner.get("client_id") for owner in owners.values()} - active
+        instances: dict[str, Any] = getattr(self.manager, "_server_instances", {})
+        for session_id, owner in list(owners.items()):
+            transport = instances.get(session_id)
+            if owner.get("client_id") in revoked and transport is not None:
+                logger.info("MCP gateway: session of revoked token %s ended", owner.get("client_id"))
+                self._spawn(self.manager._discard_session(session_id, transport))
+        return {r for r in revoked if isinstance(r, str)}
 
     async def _tell(self, watcher: _Watcher) -> None:
         watcher.pending = False
