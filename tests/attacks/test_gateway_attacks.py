@@ -478,3 +478,43 @@ async def test_a_client_that_never_reads_does_not_stop_the_server(target: Target
         assert stream.status_code == 200  # opened and never read
         async with mcp_client(target.server.mcp_url, target.reader) as client:
             assert (await client.call_tool("list_devices", {})).structured_content is not None
+
+
+# -- the device's own policy, through the gateway (a real `tether device` process) -------------------------
+
+async def test_the_devices_policy_refuses_through_the_gateway_and_the_refusal_is_audited(tmp_path: Path) -> None:
+    """An execute token through /mcp gets no more than REST: a program outside the device's allowlist and a
+    write outside its write roots come back as tool errors, nothing is created, and both are audited."""
+    import anyio
+
+    from netutil import Cluster
+
+    only = tmp_path / "only"
+    only.mkdir()
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(f"commands: {{echo: {{}}}}\nwrite_roots: ['{only}']\n")
+    (tmp_path / "cluster").mkdir()
+    cluster = await anyio.to_thread.run_sync(Cluster, tmp_path / "cluster")
+    try:
+        proc = cluster.device("alpha", extra=("--policy", str(policy)))
+        await anyio.to_thread.run_sync(cluster.wait_online, "alpha", proc)
+        url = f"http://127.0.0.1:{cluster.port}/mcp"
+        import mcp_types as types
+
+        async with mcp_client(url, cluster.api_token, client_info=types.Implementation(name="evil", version="6")
+                              ) as client:
+            tools = {t.name for t in (await client.list_tools()).tools}
+            writer = next(n for n in ("alpha__write_file", "alpha__files.write") if n in tools)
+            denied = await client.call_tool("alpha__shell.run", {"cmd": "nproc", "cwd": str(only)})
+            outside = await client.call_tool(writer, {"file_path": str(tmp_path / "escaped.txt"), "content": "x"})
+            inside = await client.call_tool(writer, {"file_path": str(only / "fine.txt"), "content": "x"})
+        assert denied.is_error and "not in the policy's allowlist" in denied.content[0].text, denied.content
+        assert outside.is_error and "write_roots" in outside.content[0].text, outside.content
+        assert not inside.is_error, inside.content  # the same tool inside its root: the policy, not a broken call
+        assert not (tmp_path / "escaped.txt").exists()
+        rows = await anyio.to_thread.run_sync(
+            lambda: cluster.remote._request("GET", "/audit", params={"device": "alpha", "limit": 20})["rows"])
+        mine = [r for r in rows if r["requested_by"] == "mcp:evil/6 by api:tests"]
+        assert sorted(r["status"] for r in mine) == ["failure", "failure", "success"], mine
+    finally:
+        await anyio.to_thread.run_sync(cluster.close)
