@@ -126,9 +126,14 @@ async def test_tokens_outside_the_authorization_header_are_never_accepted(target
     device_secret = target.server.store.create_token("device", "laptop")[1]
     as_device = await post(target, RUN, bearer(device_secret))
     assert as_device.status_code == 403 and set(as_device.json()) == {"error"}
-    # a cookie or a second header carrying the token does not count either
+    # a cookie carrying the token does not count either, nor does any other verb without the header
     cookie = await post(target, INIT, {"Cookie": f"token={target.executor}"})
     assert cookie.status_code == 401
+    async with httpx2.AsyncClient(timeout=WAIT * 4) as http:
+        for method in ("GET", "DELETE", "PUT", "OPTIONS"):
+            bare = await http.request(method, target.server.mcp_url + f"?token={target.executor}",
+                                      headers={"Accept": "text/event-stream", "Mcp-Session-Id": "0" * 32})
+            assert bare.status_code == 401 and set(bare.json()) == {"error"}, (method, bare.text)
     target.untouched()
 
 
