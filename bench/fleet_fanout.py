@@ -41,6 +41,7 @@ async def fan_out_once(http: httpx.AsyncClient, n: int, concurrency: int) -> flo
     body = {"commands": [CHEAP], "timeout": 300, "max_concurrency": concurrency}
     t0 = time.perf_counter()
     summary = None
+    not_ok: list[str] = []
     async with http.stream("POST", "/api/v1/fleet/commands", json=body,
                            headers={"Accept": "application/x-ndjson"}) as answer:
         if answer.status_code != 200:
@@ -48,10 +49,23 @@ async def fan_out_once(http: httpx.AsyncClient, n: int, concurrency: int) -> flo
         async for line in answer.aiter_lines():
             if line.startswith('{"summary"'):
                 summary = json.loads(line)["summary"]
+            elif '"status":"ok"' not in line and len(not_ok) < 3:
+                not_ok.append(line[:300])
     elapsed = time.perf_counter() - t0
     if summary is None or summary["ok"] != n:
-        raise RuntimeError(f"fan-out to {n} devices did not end all ok: {summary}")
+        raise RuntimeError(f"fan-out to {n} devices did not end all ok: {summary}; e.g. {not_ok}")
     return elapsed
+
+
+async def all_online(http: httpx.AsyncClient, n: int, within: float = 120.0) -> int:
+    """How many devices /health counts online, once it is all n (or `within` seconds have passed):
+    devices a loaded machine dropped and that are coming back are waited for, not measured as offline."""
+    end = time.monotonic() + within
+    while True:
+        online = (await http.get("/api/v1/health")).json()["devices_online"]
+        if online >= n or time.monotonic() > end:
+            return online
+        await asyncio.sleep(0.5)  # the bench's own pacing: no event crosses into the server process
 
 
 async def rest_loop_once(clients: list[httpx.AsyncClient], n: int) -> float:
@@ -105,8 +119,9 @@ async def measure(devices: int, repeats: int = 5, per_process: int = 250,
             clients = [await stack.enter_async_context(httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{port}", headers=headers, timeout=60,
                 limits=httpx.Limits(max_connections=1))) for _ in range(min(ANCHOR_CALLERS, devices))]
-            print(f"{devices} devices registered in {connect_s:.1f} s ({len(groups)} client processes); "
-                  f"{repeats} interleaved runs, fan-out max_concurrency {concurrency}")
+            online = await all_online(http, devices)
+            print(f"{devices} devices registered in {connect_s:.1f} s, {online} online by /health "
+                  f"({len(groups)} client processes); {repeats} interleaved runs, max_concurrency {concurrency}")
             await fan_out_once(http, devices, concurrency)  # warm-up: connections, caches, first-call paths
             await rest_loop_once(clients, devices)
             subject: list[float] = []
