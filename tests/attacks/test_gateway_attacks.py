@@ -523,3 +523,30 @@ async def test_the_devices_policy_refuses_through_the_gateway_and_the_refusal_is
         assert sorted(r["status"] for r in mine) == ["failure", "failure", "success"], mine
     finally:
         await anyio.to_thread.run_sync(cluster.close)
+
+
+async def test_a_client_that_never_reads_progress_holds_a_bounded_amount(tmp_path: Path) -> None:
+    """A command printing megabytes to a client that never reads its progress: the server keeps at most
+    MAX_EVENTS events for it, each cut to what a notification carries, instead of every chunk whole."""
+    from tether.protocol.messages import Event
+    from tether.server.mcp import calls
+
+    server = await GatewayServer(tmp_path).start()
+    stuck = asyncio.Event()
+    try:
+        async def never_read(done: float, total: float | None, message: str | None) -> None:
+            await stuck.wait()  # the client's stream is full: the send never completes
+
+        token = server.store.verify_token(server.token("slow", "read", "execute"))
+        assert token is not None
+        forward = calls._Forwarder(server.app.state.hub, "laptop", calls.Caller(token, "slow/1"), never_read, None)
+        chunk = "x" * 1_000_000  # one string shared by every event: the test itself stays small either way
+        for _ in range(calls.MAX_EVENTS * 2):
+            forward.put(Event(kind="output", data={"stream": "stdout", "data": chunk}))
+        assert forward.events is not None and forward.events.qsize() <= calls.MAX_EVENTS - 1
+        held = sum(len(e.data["data"]) for e in forward.events._queue if e is not None)  # type: ignore[attr-defined]
+        assert held <= calls.MAX_EVENTS * calls.MAX_PROGRESS_TEXT, f"{held} characters held for one slow client"
+        forward.close()
+    finally:
+        stuck.set()
+        await server.stop()

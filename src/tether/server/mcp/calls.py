@@ -207,6 +207,11 @@ class _Forwarder:
             self.events = asyncio.Queue(maxsize=MAX_EVENTS)
             self.sender = asyncio.ensure_future(self._send_all(self.events))
         if self.events.qsize() < MAX_EVENTS - 1:  # one place kept for the end
+            chunk = event.data.get("data") if event.kind == "output" else None
+            if isinstance(chunk, str) and len(chunk) > MAX_PROGRESS_TEXT:
+                # only this much of it is ever sent: a client that does not read must not make the server
+                # hold MAX_EVENTS whole output chunks (a command printing MBs a second fills them in moments)
+                event = event.model_copy(update={"data": {**event.data, "data": chunk[:MAX_PROGRESS_TEXT]}})
             self.events.put_nowait(event)
 
     async def drain(self) -> None:
