@@ -180,6 +180,10 @@ def test_an_unanswered_question_ends_with_its_command(alpha: Cluster) -> None:
     """Nobody answers: the command's own timeout ends it (the call is cancelled on the device), and the
     question can no longer be answered."""
     base = f"http://127.0.0.1:{alpha.port}"
+    # the device registers before its external server has joined: a first call waits for it, so the
+    # 2 s below measure the unanswered question, not the server's start on a loaded machine
+    _, [joined] = alpha.remote.run("alpha", [Command(tool_name="count", parameters={"steps": 1})], timeout=60)
+    assert joined.status is ResultStatus.SUCCESS, joined.error
     with httpx.Client(base_url=base, timeout=60) as http:
         body = {"commands": [{"tool_name": "ask", "parameters": {"question": "Anyone?"}}], "timeout": 2}
         headers = {"Authorization": f"Bearer {alpha.api_token}", "Accept": "text/event-stream"}
