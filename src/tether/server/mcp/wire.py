@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 from urllib.parse import parse_qs
@@ -32,9 +33,36 @@ def contributed_tool(tool: GatewayTool) -> types.Tool:
 
 def call_result(reply: Reply, *, as_json: bool = False) -> types.CallToolResult:
     structured = reply.payload if isinstance(reply.payload, dict) else None
+    forwarded = external_content(reply.payload)
+    if forwarded is not None:  # an external MCP server's own items (images, audio, links) reach the client as is
+        return types.CallToolResult(content=forwarded, structured_content=structured, is_error=reply.is_error)
     text = json.dumps(reply.payload, ensure_ascii=False, default=str) if as_json else reply.text
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)] if text else []
     return types.CallToolResult(content=content, structured_content=structured, is_error=reply.is_error)
+
+
+@functools.cache
+def _content_adapter() -> Any:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(types.ContentBlock)
+
+
+EXTERNAL_SHAPE = frozenset({"text", "content", "structured"})
+
+
+def external_content(payload: Any) -> list[types.ContentBlock] | None:
+    """The content items of an external MCP tool's result (`{text, content, structured}`, the shape a
+    device gives every external result), or None for anything else or an item MCP would not accept."""
+    if not (isinstance(payload, dict) and payload.keys() == EXTERNAL_SHAPE and isinstance(payload["content"], list)
+            and payload["content"]):
+        return None
+    from pydantic import ValidationError
+
+    try:
+        return [_content_adapter().validate_python(item) for item in payload["content"]]
+    except ValidationError:
+        return None
 
 
 def capped(reply: Reply, limit: int) -> Reply:
