@@ -17,8 +17,11 @@ def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
     not when the server package is."""
     from starlette.routing import Route
 
+    from tether.server.mcp.contributed import contribute
+    from tether.server.mcp.fanout_tool import fan_out_tool
     from tether.server.mcp.gateway import Gateway
 
+    contribute(app, [fan_out_tool(app.state.hub)])  # the fleet's own fan-out, beside the agent's task tools
     gateway = Gateway(app)
     app.state.gateway = gateway
     # first in the list: every MCP message is a request to this one path. The SDK is imported while the app
