@@ -124,7 +124,7 @@ async def test_the_device_filter_lists_only_chosen_devices(server: GatewayServer
     assert await names("?devices=laptop,lab-*") == {"laptop", "lab-1", "lab-2"}
     assert await names("?devices=none") == set()
     async with mcp_client(server.mcp_url + "?devices=none", token) as client:
-        assert [t.name for t in (await client.list_tools()).tools] == ["list_devices"]
+        assert [t.name for t in (await client.list_tools()).tools] == ["list_devices", "run_on_fleet"]
     for device in devices:
         await device.close()
 
