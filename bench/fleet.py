@@ -37,6 +37,9 @@ def call_measure(measure: Any, devices: int | None, quick: bool) -> list[dict[st
     offered: dict[str, Any] = {"quick": quick, "repeats": 1 if quick else 5}
     if devices is not None:
         offered["devices"] = devices
+    elif "devices" in inspect.signature(measure).parameters and \
+            inspect.signature(measure).parameters["devices"].default is inspect.Parameter.empty:
+        offered["devices"] = 50 if quick else 1000  # a module with no size of its own (fleet_fanout)
     kwargs: dict[str, Any] = {}
     for name, param in inspect.signature(measure).parameters.items():
         if name in offered:
@@ -44,6 +47,10 @@ def call_measure(measure: Any, devices: int | None, quick: bool) -> list[dict[st
         elif param.default is inspect.Parameter.empty and param.kind in (param.POSITIONAL_OR_KEYWORD,
                                                                          param.KEYWORD_ONLY):
             raise TypeError(f"measure() needs '{name}', which bench/fleet.py does not know how to give")
+    if inspect.iscoroutinefunction(measure):  # fleet_fanout's and fleet_devices' run their own sockets
+        import asyncio
+
+        return list(asyncio.run(measure(**kwargs)))
     return list(measure(**kwargs))
 
 

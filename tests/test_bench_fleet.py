@@ -62,3 +62,14 @@ def test_fleet_reports_a_measure_it_cannot_call() -> None:
 
     fleet.call_measure(takes, 7, True)
     assert seen == {"devices": 7, "repeats": 1, "quick": True}
+
+
+def test_fleet_runs_an_async_measure_and_sizes_one_without_a_default() -> None:
+    seen: dict[str, object] = {}
+
+    async def sized(devices: int, repeats: int = 5) -> list[dict[str, object]]:
+        seen.update(devices=devices, repeats=repeats)
+        return [{"figure": "x"}]
+
+    assert fleet.call_measure(sized, None, True) == [{"figure": "x"}]
+    assert seen == {"devices": 50, "repeats": 1}
