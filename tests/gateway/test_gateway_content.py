@@ -6,28 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from gatewaykit import Seen, mcp_client
 
 from netutil import Cluster
-from test_mcp_resources import config, everything_bin  # noqa: F401 (a fixture)
+from test_mcp_resources import alpha, config, everything_bin  # noqa: F401 (fixtures)
 
 
-@pytest.fixture
-def alpha(tmp_path: Path, everything_bin: Path) -> Iterator[Cluster]:  # noqa: F811
-    cluster = Cluster(tmp_path)
-    try:
-        proc = cluster.device("alpha", extra=("--config", str(config(tmp_path, everything_bin))))
-        cluster.wait_online("alpha", proc)
-        yield cluster
-    finally:
-        cluster.close()
-
-
-async def test_an_image_reaches_the_client_as_an_image(alpha: Cluster) -> None:
+async def test_an_image_reaches_the_client_as_an_image(alpha: Cluster) -> None:  # noqa: F811
     seen = Seen()
     async with mcp_client(f"http://127.0.0.1:{alpha.port}/mcp", alpha.api_token, message_handler=seen) as client:
         # the device registers before its external server has started; its tools join later, announced
