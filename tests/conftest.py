@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,3 +45,19 @@ def pki(tmp_path: Path) -> dict[str, Path]:
     cert.cert_chain_pems[0].write_to_path(str(paths["cert"]))
     cert.private_key_pem.write_to_path(str(paths["key"]))
     return paths
+
+
+@pytest.fixture(autouse=True)
+def _tether_logging_restored() -> Iterator[None]:
+    """Every test leaves the `tether` logger as it found it. A bench smoke test that builds `tether
+    server`'s uvicorn config in this process (bench/gateway.py, bench/sessions.py through roundtrip)
+    applies the server's logging set-up: the `tether` logger at WARNING and not propagating, after which
+    every later test reading logs through caplog saw nothing (test_desktop_config failed in full runs)."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("tether", "uvicorn", "uvicorn.error", "uvicorn.access")]
+    saved = [(lg, lg.level, lg.propagate, lg.disabled, list(lg.handlers)) for lg in loggers]
+    yield
+    for lg, level, propagate, disabled, handlers in saved:
+        lg.setLevel(level)
+        lg.propagate, lg.disabled, lg.handlers[:] = propagate, disabled, handlers

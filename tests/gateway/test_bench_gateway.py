@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import logging
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,20 +14,6 @@ if str(REPO) not in sys.path:  # `bench` lives at the repo root, beside tests/
 from bench.gateway import measure, report  # noqa: E402
 
 
-@pytest.fixture
-def logging_restored() -> Iterator[None]:
-    """The bench builds the server's uvicorn config in this process, and that applies `tether server`'s
-    logging set-up (the `tether` logger at WARNING, not propagating): put the loggers back afterwards,
-    or every later test reading its logs through caplog sees nothing."""
-    loggers = [logging.getLogger(name) for name in ("tether", "uvicorn", "uvicorn.error", "uvicorn.access")]
-    saved = [(lg, lg.level, lg.propagate, lg.disabled, list(lg.handlers)) for lg in loggers]
-    yield
-    for lg, level, propagate, disabled, handlers in saved:
-        lg.setLevel(level)
-        lg.propagate, lg.disabled, lg.handlers[:] = propagate, disabled, handlers
-
-
-@pytest.mark.usefixtures("logging_restored")
 async def test_the_gateway_benchmark_runs(capsys: pytest.CaptureFixture[str]) -> None:
     measured = await measure(6, rounds=2)
     assert set(measured["rows"]) == {"command", "REST", "gateway", "list_devices", "bare SDK"}
