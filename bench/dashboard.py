@@ -39,7 +39,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench._stats import pct
-from bench.load import free_port, raise_fd_limit
+from bench.load import free_port, raise_fd_limit, stop_process
 from tether.protocol.codec import decode_server_message, encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, Registration, ServerMessageType
 from tether.protocol.profile import DeviceProfile
@@ -70,13 +70,7 @@ async def server_process(tmp: Path, port: int) -> AsyncIterator[None]:
                     raise RuntimeError("the server did not answer /api/v1/health within 30 s")
             yield
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 30)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await stop_process(proc)
 
 
 async def register(url: str, name: str, token: str) -> ClientConnection:

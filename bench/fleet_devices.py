@@ -48,7 +48,7 @@ import httpx
 import psutil
 
 from bench._stats import fleet_row, spread
-from bench.load import free_port, raise_fd_limit
+from bench.load import free_port, raise_fd_limit, stop_process
 
 PAGE = 100
 PAGES = 20  # pages walked per filter and repeat
@@ -207,13 +207,7 @@ async def server(tmp: Path, db: Path, label: str, src: Path | None = None) -> As
                 await asyncio.sleep(0.005)
         yield port, time.perf_counter() - started, proc.pid
     finally:
-        if proc.returncode is None:
-            proc.terminate()
-            try:
-                await asyncio.wait_for(proc.wait(), 30)
-            except TimeoutError:
-                proc.kill()
-                await proc.wait()
+        await stop_process(proc)
 
 
 def fill(db: Path, known: int, connected: int, profile: Any) -> tuple[dict[str, str], str]:

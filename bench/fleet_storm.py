@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, pct
-from bench.load import CHEAP, device_process, free_port, raise_fd_limit
+from bench.load import CHEAP, device_process, free_port, raise_fd_limit, stop_process
 
 PROBE_EVERY_S = 0.05
 PROBE_TIMEOUT_S = 5.0
@@ -150,13 +150,7 @@ async def _measure(devices: int, per_process: int, limit_s: float,
                 back_s = (time.perf_counter() - t0) if back is not None else float("nan")
         finally:
             for proc in servers:
-                if proc.returncode is None:
-                    proc.terminate()
-                    try:
-                        await asyncio.wait_for(proc.wait(), 30)
-                    except TimeoutError:
-                        proc.kill()
-                        await proc.wait()
+                await stop_process(proc)
             if keep_logs is not None:
                 keep_logs.mkdir(parents=True, exist_ok=True)
                 for log in tmp.glob("*.log"):

@@ -56,6 +56,17 @@ ROUNDS = 4  # free, stuck, free, stuck
 ECHO_N = 2000
 
 
+async def stop_process(proc: asyncio.subprocess.Process, grace: float = 30.0) -> None:
+    """Terminate a process the bench started, and kill it if it has not ended within `grace` seconds."""
+    if proc.returncode is None:
+        proc.terminate()
+        try:
+            await asyncio.wait_for(proc.wait(), grace)
+        except TimeoutError:
+            proc.kill()
+            await proc.wait()
+
+
 def device_name(i: int) -> str:
     return f"load-{i:04d}"
 
@@ -159,13 +170,7 @@ async def server_process(tmp: Path, port: int) -> AsyncIterator[psutil.Process]:
                     raise RuntimeError("the server did not answer /api/v1/health within 30 s")
             yield psutil.Process(proc.pid)
         finally:
-            if proc.returncode is None:
-                proc.terminate()
-                try:
-                    await asyncio.wait_for(proc.wait(), 30)
-                except TimeoutError:
-                    proc.kill()
-                    await proc.wait()
+            await stop_process(proc)
 
 
 def free_port() -> int:
