@@ -164,8 +164,11 @@ def test_ctrl_c_detaches_and_the_task_goes_on_until_cancelled(setup: Setup) -> N
     plan = setup.plan("slow.json", [shell("sleep", ["60"], setup.root)])
     log = setup.root.parent / "detach.log"
     with log.open("w") as sink:
+        # a shell starts background jobs with SIGINT ignored and the child would inherit that: give it the
+        # disposition a terminal user's `tether run` has, whatever started pytest
         proc = subprocess.Popen([*CLI, "run", "--plan", plan, "-d", "alpha"], stdout=sink, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, env=setup.env)
+                                stdin=subprocess.DEVNULL, env=setup.env,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         try:
             wait_for(lambda: "▶ step 1" in log.read_text(), "the step started", procs=(proc,))
             proc.send_signal(signal.SIGINT)
