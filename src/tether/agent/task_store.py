@@ -46,8 +46,12 @@ class TaskStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             # tasks hold file contents and command output: only their owner reads them (as server.db)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-            os.close(fd)
+            # created 0600 only when missing: closing a descriptor of a database this process already has
+            # open (the server's Store, same file) drops every POSIX lock the process holds on it, and then
+            # another process's SQLite deletes the WAL the server still writes to (committed rows lost)
+            if not self.path.exists():
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+                os.close(fd)
             for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
                 if name.exists() and name.stat().st_mode & 0o077:
                     name.chmod(0o600)

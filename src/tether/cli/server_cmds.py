@@ -281,7 +281,9 @@ def read_token_file(path: Path, warn: Callable[[str], None]) -> str:
 
 @device_app.callback(invoke_without_command=True)
 def device(ctx: typer.Context,
-           server: Annotated[str | None, typer.Option("--server", help="ws://HOST:PORT (or the config's)")] = None,
+           server: Annotated[list[str] | None, typer.Option(
+               "--server", help="ws://HOST:PORT (or the config's); repeat it, or give a comma list, for a cluster's "
+                                "nodes: the device moves to the next when it loses one")] = None,
            token_file: Annotated[Path | None, typer.Option(
                "--token-file", help="file holding the device token (or set TETHER_DEVICE_TOKEN, which the device "
                                     "clears; a token is never taken from the command line)")] = None,
@@ -312,6 +314,7 @@ def device(ctx: typer.Context,
         raise typer.Exit(2)
     from tether.device.config import load_device_config
 
+    servers = [url.strip() for each in server or () for url in each.split(",") if url.strip()]
     try:
         cfg = load_device_config(config)
         secret = _device_token(cfg, token_file, env_token)
@@ -330,14 +333,14 @@ def device(ctx: typer.Context,
     if not secret:
         from tether.cli.pairing_cmds import enrol  # httpx and the admin commands: only without a token
 
-        enrolment = enrol(cfg, server, state_dir, name, ca_file, tls_fingerprint, pair)
+        enrolment = enrol(cfg, servers[0] if servers else None, state_dir, name, ca_file, tls_fingerprint, pair)
         if name and enrolment.name and name != enrolment.name:  # the admin named it when approving
             _warn(f"paired as {enrolment.name}: --name {name} is not used (the token is {enrolment.name}'s)")
         secret, name = enrolment.token, enrolment.name or name
         tls_fingerprint = tls_fingerprint or enrolment.tls_fingerprint
     secret_files = [str(p) for p in (token_file, cfg.server.token_file) if p]
     tags = [*(enrolment.tags if enrolment else []), *(tag or [])]
-    code = asyncio.run(_device(cfg, server, secret, name, policy, state_dir, ca_file, tags, secret_files,
+    code = asyncio.run(_device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files,
                                tls_fingerprint))
     raise typer.Exit(code)
 
@@ -364,11 +367,12 @@ def _warn(message: str) -> None:
     say(f"warning: {message}", err=True, soft_wrap=True)
 
 
-async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str | None, policy: Path | None,
+async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str | None, policy: Path | None,
                   state_dir: Path | None, ca_file: str | None, tags: list[str], secret_files: list[str],
                   tls_fingerprint: str | None = None) -> int:
     from rich.markup import escape
 
+    from tether.device.config import aip_url
     from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
     from tether.device.local import build_device, device_state_dir, resolve_policy
     from tether.device.profile import collect_profile
@@ -379,12 +383,10 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     # one probe process while the rest loads, or its answer kept in the state directory for this boot
     sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir)))
     try:
-        url = server or cfg.server.ws_url()
-        if url.startswith(("http://", "https://")):
-            url = "ws" + url[4:]
-        if not url.rstrip("/").endswith("/aip"):
-            url = url.rstrip("/") + "/aip"
-        ssl_context = None if tls_fingerprint else make_ssl_context(url, ca_file or cfg.server.ca_file)
+        urls = [aip_url(each) for each in servers] if servers else cfg.server.ws_urls()
+        contexts = [None if tls_fingerprint else make_ssl_context(each, ca_file or cfg.server.ca_file)
+                    for each in urls]  # each URL checked; one context serves them all (hosts are checked per link)
+        ssl_context = contexts[0]
         device_policy = resolve_policy(cfg, policy)
         sandbox = await sandbox_probe
         # serving a server: no process starts unconfined unless the policy says require_sandbox: false
@@ -421,17 +423,24 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
             registered_once.set()
         if state == "registered":
             again = " (reconnected)" if conn.connections > 1 else ""
-            out.print(f"[green]registered as {escape(str(conn.registered_as))}[/green]{again}; serving commands")
+            via = f" via {escape(conn.url)}" if len(urls) > 1 else ""  # which node of a cluster
+            out.print(f"[green]registered as {escape(str(conn.registered_as))}[/green]{via}{again}; serving commands",
+                      soft_wrap=True)
         elif state == "disconnected":
             out.print(f"[yellow]disconnected[/yellow]{': ' + escape(str(conn.last_error)) if conn.last_error else ''}; "
                       "reconnecting")
 
-    connection = DeviceConnection(device.client, url, secret, name=name or cfg.device.name,
-                                  profile=lambda: collect_profile(device, tags=all_tags,
-                                                                 sandbox=confined.kind if confined else "none"),
-                                  ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
-                                  max_concurrent_sessions=device.policy.max_concurrent_sessions,
-                                  remote_policy=remote_policy)
+    try:
+        connection = DeviceConnection(device.client, urls, secret, name=name or cfg.device.name,
+                                      profile=lambda: collect_profile(device, tags=all_tags,
+                                                                     sandbox=confined.kind if confined else "none"),
+                                      ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
+                                      max_concurrent_sessions=device.policy.max_concurrent_sessions,
+                                      remote_policy=remote_policy)
+    except ValueError as exc:  # a URL it cannot use (mixed ws:// and wss://, a pin without TLS)
+        _error(str(exc))
+        await device.aclose()
+        return 2
     device.computer_manager.on_tools_changed = lambda computer: connection.profile_changed()
     from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 
@@ -453,7 +462,7 @@ async def _device(cfg: DeviceConfig, server: str | None, secret: str, name: str 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, connection.stop)
-    out.print(f"connecting to {url} …")
+    out.print(f"connecting to {', '.join(urls)} …", soft_wrap=True, markup=False)
     try:
         await connection.run()
     except RegistrationRefused as exc:

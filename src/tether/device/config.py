@@ -41,18 +41,35 @@ class RootConfig(BaseModel):
         return [("data_collection", c) for c in self.data_collection] + [("action", c) for c in self.action]
 
 
+def aip_url(url: str) -> str:
+    """A server URL as the device connects to it: http(s):// becomes ws(s)://, and the path ends in /aip."""
+    url = url.strip()
+    if url.startswith(("http://", "https://")):
+        url = "ws" + url[4:]
+    return url if url.rstrip("/").endswith("/aip") else url.rstrip("/") + "/aip"
+
+
 class ServerEndpoint(BaseModel):
     """Where `tether device` connects (seed 002's client config): a URL, or host/port/protocol."""
 
     model_config = ConfigDict(extra="forbid")
 
     url: str | None = None
+    urls: list[str] = Field(default_factory=list, description=(
+        "several servers' AIP URLs (a cluster's nodes): the device uses one and moves to the next when it is "
+        "lost; instead of url"))
     host: str = "127.0.0.1"
     port: int = 8765
     protocol: str = Field("ws", pattern="^wss?$")
     token: str | None = None
     token_file: str | None = None
     ca_file: str | None = None
+
+    def ws_urls(self) -> list[str]:
+        """Every URL the device may use, in order: `urls` when given, else the one `ws_url()`."""
+        if self.urls and self.url:
+            raise ValueError("the config's server: section has both url and urls: give one")
+        return [aip_url(u) for u in self.urls] if self.urls else [self.ws_url()]
 
     def ws_url(self) -> str:
         if self.url:

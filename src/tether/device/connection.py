@@ -26,7 +26,7 @@ import json
 import logging
 import ssl
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Literal
 from urllib.parse import urlsplit
 
@@ -47,6 +47,7 @@ from tether.device.reconnect import (
     RETRYABLE,
     RegistrationRefused,
     RetriesExhausted,
+    ServerURLs,
     attempt_timeout,
     backoff_delay,
     describe_failure,
@@ -108,7 +109,7 @@ def make_ssl_context(url: str, ca_file: str | None = None) -> ssl.SSLContext | N
 class DeviceConnection:
     """Keeps one device registered with the server and executes what it sends, until `stop()`."""
 
-    def __init__(self, client: DeviceClient, url: str, token: str | None, *, name: str | None = None,
+    def __init__(self, client: DeviceClient, url: str | Sequence[str], token: str | None, *, name: str | None = None,
                  profile: Callable[[], Awaitable[DeviceProfile]] | None = None,
                  ssl_context: ssl.SSLContext | None = None, tls_fingerprint: str | None = None,
                  backoff_base: float = 0.5, backoff_cap: float = 30.0,
@@ -117,13 +118,17 @@ class DeviceConnection:
                  record_size: int = 10_000, record_bytes: int = DEFAULT_RECORD_BYTES,
                  max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS,
                  remote_policy: RemotePolicy | None = None) -> None:
-        try:
-            parse_uri(url)
-        except (InvalidURI, ValueError) as exc:
-            raise ValueError(f"{url}: not a usable server URL ({exc}); it must look like ws(s)://host:port/aip") \
-                from None
+        # several URLs: a cluster's nodes, tried in turn when the one in use is lost (reconnect.ServerURLs)
+        self.servers = ServerURLs([url] if isinstance(url, str) else list(url))
+        for each in self.servers.urls:
+            try:
+                parse_uri(each)
+            except (InvalidURI, ValueError) as exc:
+                raise ValueError(f"{each}: not a usable server URL ({exc}); it must look like ws(s)://host:port/aip") \
+                    from None
+        if len({urlsplit(each).scheme for each in self.servers.urls}) > 1:
+            raise ValueError("the server URLs mix ws:// and wss://: give every node the same scheme")
         self.client = client
-        self.url = url
         self.name = name
         self.instance_id = uuid.uuid4().hex
         self._token = token
@@ -131,7 +136,7 @@ class DeviceConnection:
         self._pin = normalize_fingerprint(tls_fingerprint) if tls_fingerprint else None
         if self._pin and urlsplit(url).scheme != "wss":
             raise ValueError(f"a TLS fingerprint was given but {url} is not a wss:// URL: nothing would be pinned")
-        self._ssl = ssl_context if ssl_context is not None or self._pin else make_ssl_context(url)
+        self._ssl = ssl_context if ssl_context is not None or self._pin else make_ssl_context(self.url)
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.restart_spread = RESTART_SPREAD_S  # the first attempt after a link that was up (reconnect.py)
@@ -168,6 +173,11 @@ class DeviceConnection:
 
     # ------------------------------------------------------------------ public control
 
+    @property
+    def url(self) -> str:
+        """The server URL in use (or tried next)."""
+        return self.servers.current
+
     def profile_changed(self) -> None:
         """The device's tools changed (an external MCP server has joined): the server gets the new
         profile now in an unasked DEVICE_INFO, or with the next registration if not registered."""
@@ -203,9 +213,10 @@ class DeviceConnection:
         if self._running:
             raise RuntimeError("this DeviceConnection is already running")
         self._running = True
-        local = urlsplit(self.url).hostname in ("127.0.0.1", "localhost", "::1")
-        if self._ssl is None and not self._pin and self._token and not local:
-            logger.warning("connecting to %s without TLS: the device token travels in clear text", self.url)
+        for url in self.servers.urls:
+            local = urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
+            if self._ssl is None and not self._pin and self._token and not local:
+                logger.warning("connecting to %s without TLS: the device token travels in clear text", url)
         attempt = failures = 0
         try:
             while not self._stop.is_set():
@@ -246,12 +257,16 @@ class DeviceConnection:
                 delay = backoff_delay(attempt, self.backoff_base, self.backoff_cap, grace_left=grace_left,
                                       spread=self.restart_spread if uptime is not None else 0.0,
                                       retry_after=retry_after)
-                if retry_after is None:  # refused as busy: the server's pace, not a failure to back off from
+                # the next node; the wait grows once per round of them (refused as busy: the server's pace,
+                # not a failure to back off from)
+                if self.servers.advance() and retry_after is None:
                     attempt += 1
+                target = f" to {self.url}" if len(self.servers.urls) > 1 else ""
                 if grace_left is None:
-                    logger.info("reconnecting in %.2fs", delay)
+                    logger.info("reconnecting%s in %.2fs", target, delay)
                 else:
-                    logger.info("reconnecting in %.2fs (%.1fs left of the server's grace period)", delay, grace_left)
+                    logger.info("reconnecting%s in %.2fs (%.1fs left of the server's grace period)", target, delay,
+                                grace_left)
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(delay):
                         await self._stop.wait()
@@ -353,6 +368,7 @@ class DeviceConnection:
         self.ack = ack
         self.registered_as = ack.device
         self.connections += 1
+        self.servers.registered()
         logger.info("registered as %s (connection %d%s)", ack.device, self.connections,
                     ", resumed" if ack.resumed else "")
         if not ack.resumed and self.batches.running:

@@ -116,3 +116,34 @@ def describe_failure(exc: BaseException) -> str:
         return (f"connection closed ({frame.code}{': ' + frame.reason if frame.reason else ''})"
                 if frame else "connection lost")
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class ServerURLs:
+    """The server URLs a device may use (a cluster's nodes, or one server), tried in turn.
+
+    The device stays on the URL that works; when an attempt fails or a connection that was up is lost
+    it moves to the next one, since the node it was on may be the one that died. The backoff is for the
+    service as a whole, not for each node: `advance()` says when a whole round of URLs has been tried,
+    and only then does the device's attempt count (and so its full-jitter wait) grow — a dead node
+    costs the device one short wait before the next node, not a growing one. With one URL every
+    failure ends a round, which is the single-server schedule unchanged."""
+
+    def __init__(self, urls: list[str]) -> None:
+        if not urls:
+            raise ValueError("at least one server URL is needed")
+        self.urls = list(dict.fromkeys(urls))  # the same node twice would only double its share
+        self.index = 0
+        self._since_up = 0  # URLs moved past since the last registration
+
+    @property
+    def current(self) -> str:
+        return self.urls[self.index]
+
+    def registered(self) -> None:
+        self._since_up = 0
+
+    def advance(self) -> bool:
+        """Move to the next URL; True when that completes a round of every URL since the last registration."""
+        self.index = (self.index + 1) % len(self.urls)
+        self._since_up += 1
+        return self._since_up % len(self.urls) == 0
