@@ -1,0 +1,521 @@
+"""Several agent servers as one (issue 16): cross-node round trip, 1 vs 3 nodes, and fail-over time.
+
+    python -m bench.cluster [--devices N] [--rounds R] [--seconds S] [--callers C] [--quick] [--db URL]
+
+Everything is real and on this machine: a private `redis-server` on a free port, `tether server`
+processes (`--cluster redis://…`, one database shared by the nodes: a SQLite file in a temp directory,
+or `--db postgresql://…`), and tether's own `DeviceConnection`s, up to 250 per client process, each
+registered with its own device token and given its node's URL first and the other nodes' after it.
+The command is bench.load's CHEAP one (`list_tools` of a namespace no tool has: no thread, no I/O).
+
+Rows, each with its anchor measured in the same run, rounds interleaved, medians and spread:
+1. what a device's lease costs Redis, with the nodes' own `Directory` on 10,000 leases (`--leases`):
+   memory per lease (anchor: the same key without expiry) and one heartbeat's renewal of them all
+   (anchor: a bare MGET of the same keys) — the measured base of docs/scaling.md's arithmetic.
+2. command round trip, p50 — the caller asks the node that holds the device (anchor) or another node
+   (the batch crosses the Redis backplane both ways). Goal: cross-node <= 1.5x same-node.
+3. commands/s, C closed-loop REST callers for S seconds a round — N devices on one node that is not
+   clustered (anchor), against the same N spread over 3 clustered nodes, each caller asking a random
+   node for a random device (so two calls in three cross nodes). Both set-ups run side by side, their
+   rounds alternate. On a 2-core machine the 3 nodes share the cores the 1 node has to itself: the
+   figure is the backplane's cost, not a scaling figure.
+4. kill -9 of one node of 3 -> every device it held registered on another node again (each device
+   prints its registrations with a timestamp; no polling). Anchor: the heartbeat timeout + grace
+   period the servers run with (the issue's goal is to be inside it).
+Big sizes: run niced (`nice -n 10 python -m bench.cluster --devices 1000`) and briefly; the machine
+is shared. A heartbeat of 5 s / timeout 15 s / grace 10 s (the server's defaults) is used throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from bench._stats import fleet_row, pct, spread
+from bench.load import CHEAP, free_port, raise_fd_limit, stop_process
+
+WAIT = 120.0
+HEARTBEAT = {"interval": 5.0, "timeout": 15.0, "grace": 10.0}  # the server's defaults
+PER_PROCESS = 250
+BODY = {"commands": [CHEAP], "timeout": 30}
+
+
+# ---------------------------------------------------------------------------------------------- processes
+
+class Child:
+    """A child process whose output lines are read as they come (and copied to a log file)."""
+
+    def __init__(self, label: str, log: Path) -> None:
+        self.label = label
+        self.log = log
+        self.proc: asyncio.subprocess.Process | None = None
+        self.lines: asyncio.Queue[str | None] = asyncio.Queue()  # None: the process's output ended
+        self._reader: asyncio.Task[None] | None = None
+        self.stdin_data: bytes | None = None
+
+    async def start(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | None = None) -> Child:
+        self.proc = await asyncio.create_subprocess_exec(
+            *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env, limit=1 << 20,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL)
+        if stdin is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(stdin)
+            await self.proc.stdin.drain()  # stdin stays open: its end tells a device process to stop
+        self._reader = asyncio.create_task(self._read())
+        return self
+
+    async def _read(self) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with self.log.open("a", encoding="utf-8") as out:
+            while raw := await self.proc.stdout.readline():
+                line = raw.decode(errors="replace").rstrip("\n")
+                out.write(line + "\n")
+                self.lines.put_nowait(line)
+        self.lines.put_nowait(None)
+
+    async def until(self, pattern: str, timeout: float = WAIT) -> re.Match[str]:
+        regex = re.compile(pattern)
+        async with asyncio.timeout(timeout):
+            while True:
+                line = await self.lines.get()
+                if line is None:
+                    raise RuntimeError(f"{self.label} exited before /{pattern}/; see {self.log}")
+                if match := regex.search(line):
+                    return match
+
+    async def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.stdin is not None:
+            with contextlib.suppress(Exception):
+                self.proc.stdin.close()
+        await stop_process(self.proc)
+        if self._reader is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._reader, 10)
+
+
+@asynccontextmanager
+async def redis_server(tmp: Path) -> AsyncIterator[int]:
+    """A private redis-server on a free port (no persistence); yields its port."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed; install it with: apt-get install -y redis-server")
+    port = free_port()
+    child = Child("redis-server", tmp / "redis.log")
+    await child.start([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                       "--dir", str(tmp)], dict(os.environ))
+    try:
+        await child.until("Ready to accept connections", 30)
+        yield port
+    finally:
+        await child.stop()
+
+
+def _env(state: Path) -> dict[str, str]:
+    env = {**os.environ, "TETHER_STATE_DIR": str(state), "NO_COLOR": "1"}
+    for name in ("TETHER_LLM_BASE_URL", "TETHER_LLM_MODEL", "TETHER_CLUSTER", "TETHER_DB_URL", "TETHER_DEVICE_TOKEN"):
+        env.pop(name, None)
+    return env
+
+
+async def admin_token(tmp: Path, db: str) -> str:
+    """An API token made with `tether token create` in the (shared) database before any node starts."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tether.cli", "token", "create", "--api", "bench", "--scope", "read", "--scope",
+        "execute", "--scope", "admin", "--db", db, "--json", stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE, env=_env(tmp))
+    out, err = await asyncio.wait_for(proc.communicate(), WAIT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"tether token create failed: {err.decode(errors='replace')}")
+    return json.loads(out)["token"]
+
+
+@dataclass
+class Node:
+    name: str
+    port: int
+    child: Child
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/aip"
+
+
+@dataclass
+class Setup:
+    """Nodes sharing one database (and Redis, when clustered), their device processes and HTTP clients."""
+
+    tmp: Path
+    db: str
+    redis_port: int | None
+    token: str = ""
+    nodes: list[Node] = field(default_factory=list)
+    peers: list[Child] = field(default_factory=list)
+    http: dict[str, httpx.AsyncClient] = field(default_factory=dict)
+    holder: dict[str, str] = field(default_factory=dict)  # device -> ws URL it registered at last
+    registered_at: dict[str, float] = field(default_factory=dict)  # device -> time.time() of that
+    watchers: list[asyncio.Task[None]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def start_node(self, name: str) -> Node:
+        port = free_port()
+        state = self.tmp / f"state-{name}"
+        state.mkdir(parents=True, exist_ok=True)
+        hb = HEARTBEAT
+        argv = [sys.executable, "-m", "tether.cli", "server", "--port", str(port), "--db", self.db, "--log-level",
+                "info", "--heartbeat-interval", str(hb["interval"]), "--heartbeat-timeout", str(hb["timeout"]),
+                "--grace-period", str(hb["grace"])]
+        if self.redis_port is not None:
+            argv += ["--cluster", f"redis://127.0.0.1:{self.redis_port}/0", "--node-id", name]
+        child = await Child(f"node {name}", self.tmp / f"node-{name}.log").start(argv, _env(state))
+        await child.until("Uvicorn running on")
+        node = Node(name, port, child)
+        self.nodes.append(node)
+        self.http[name] = httpx.AsyncClient(base_url=f"{node.url}/api/v1", timeout=httpx.Timeout(60, connect=10),
+                                            headers={"Authorization": f"Bearer {self.token}"},
+                                            limits=httpx.Limits(max_connections=256, max_keepalive_connections=256))
+        asyncio.create_task(self._drain(child))  # noqa: RUF006 - ends with the process; keeps its pipe empty
+        return node
+
+    @staticmethod
+    async def _drain(child: Child) -> None:
+        while await child.lines.get() is not None:
+            pass
+
+    async def device_tokens(self, names: list[str]) -> dict[str, str]:
+        http = self.http[self.nodes[0].name]
+        tokens: dict[str, str] = {}
+        for start in range(0, len(names), 64):
+            chunk = names[start:start + 64]
+            answers = await asyncio.gather(*(http.post("/tokens", json={"kind": "device", "name": n})
+                                             for n in chunk))
+            for name, answer in zip(chunk, answers, strict=True):
+                if answer.status_code != 201:
+                    raise RuntimeError(f"token for {name}: {answer.status_code} {answer.text}")
+                tokens[name] = answer.json()["token"]
+        return tokens
+
+    async def start_devices(self, names: list[str], *, spread_over: list[Node]) -> None:
+        """Device i is given node i mod len(spread_over) first, then the others in turn."""
+        tokens = await self.device_tokens(names)
+        n = len(spread_over)
+        plan = {name: [tokens[name], [spread_over[(i + k) % n].ws_url for k in range(n)]]
+                for i, name in enumerate(names)}
+        groups = [names[i:i + PER_PROCESS] for i in range(0, len(names), PER_PROCESS)]
+        for index, group in enumerate(groups):
+            child = Child(f"devices {index}", self.tmp / f"devices-{len(self.peers)}.log")
+            await child.start([sys.executable, "-m", "bench.cluster", "--peer", str(self.tmp / "devices")],
+                              _env(self.tmp), stdin=json.dumps({n: plan[n] for n in group}).encode() + b"\n")
+            self.peers.append(child)
+            await self._until_ready(child, len(group))
+            self.watchers.append(asyncio.create_task(self._watch(child)))
+
+    async def _until_ready(self, child: Child, count: int) -> None:
+        async with asyncio.timeout(WAIT * 3):
+            while True:
+                line = await child.lines.get()
+                if line is None:
+                    raise RuntimeError(f"a device process exited early; see {child.log}")
+                self._note(line)
+                if line == f"ready {count}":
+                    return
+
+    def _note(self, line: str) -> None:
+        if line.startswith("reg "):
+            _, name, url, at = line.split(" ")
+            self.holder[name], self.registered_at[name] = url, float(at)
+            self.changed.set()
+
+    async def _watch(self, child: Child) -> None:
+        while (line := await child.lines.get()) is not None:
+            self._note(line)
+
+    async def aclose(self) -> None:
+        for task in self.watchers:
+            task.cancel()
+        for child in self.peers:
+            await child.stop()
+        for client in self.http.values():
+            await client.aclose()
+        await asyncio.gather(*(node.child.stop() for node in self.nodes))
+
+
+# ---------------------------------------------------------------------------------------------- device peer
+
+async def peer_main(state_root: str) -> None:
+    """`--peer STATE`: the devices of one JSON line on stdin ({name: [token, [urls]]}) until stdin ends.
+    Prints `reg NAME URL UNIXTIME` at each registration, and `ready N` once all N are registered."""
+    import logging
+
+    from tether.device.config import parse_device_config
+    from tether.device.connection import DeviceConnection
+    from tether.device.local import build_device
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    loop = asyncio.get_running_loop()
+    plan: dict[str, list] = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
+    stop = asyncio.Event()
+    eof = loop.run_in_executor(None, sys.stdin.buffer.read)
+    eof.add_done_callback(lambda _: loop.call_soon_threadsafe(stop.set))
+
+    def said(state: str, conn: DeviceConnection) -> None:
+        if state == "registered":
+            print(f"reg {conn.name} {conn.url} {time.time():.6f}", flush=True)
+
+    devices, links, tasks = [], [], []
+    try:
+        names = sorted(plan)
+        for start in range(0, len(names), 50):  # in waves, so the servers' accept queues stay short
+            wave = []
+            for name in names[start:start + 50]:
+                token, urls = plan[name]
+                config = parse_device_config({"device": {"name": name, "builtin": ["system"]}})
+                device = build_device(config, state_dir=Path(state_root) / name, client_id=name, sandbox=False)
+                link = DeviceConnection(device.client, urls, token, name=name, connect_timeout=60, on_state=said)
+                devices.append(device)
+                links.append(link)
+                tasks.append(asyncio.create_task(link.run()))
+                wave.append(link)
+            await asyncio.wait_for(asyncio.gather(*(link.connected.wait() for link in wave)), WAIT * 2)
+        print(f"ready {len(links)}", flush=True)
+        await stop.wait()
+    finally:
+        for link in links:
+            link.stop()
+        await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 30)
+        for device in devices:
+            await device.aclose()
+
+
+# ---------------------------------------------------------------------------------------------- Redis per device
+
+async def redis_costs(redis_port: int, devices: int, repeats: int = 5) -> list[dict[str, object]]:
+    """What one node's device leases cost Redis, with tether's own `Directory` (the code a node runs):
+    memory per lease (anchor: the same key and value without an expiry) and one heartbeat's renewal
+    of all of them (anchor: one bare MGET of the same keys, the floor of any renewal that reads them)."""
+    import redis.asyncio as aioredis
+
+    from tether.server.cluster.directory import Directory
+
+    client = aioredis.from_url(f"redis://127.0.0.1:{redis_port}/1", socket_timeout=30)
+    try:
+        await client.flushdb()
+        names = [f"dev-{i:06d}" for i in range(devices)]
+        directory = Directory(client, "node-a", lease_s=30)
+        await directory.join()
+        base = (await client.info("memory"))["used_memory"]
+        for start in range(0, devices, 100):
+            await asyncio.gather(*(directory.claim(name) for name in names[start:start + 100]))
+        await client.connection_pool.disconnect()  # the claims' connections' buffers are not the leases'
+        leased = (await client.info("memory"))["used_memory"] - base
+        await client.flushdb()
+        base = (await client.info("memory"))["used_memory"]
+        for start in range(0, devices, 1000):
+            async with client.pipeline(transaction=False) as pipe:
+                for name in names[start:start + 1000]:
+                    pipe.set(Directory.device_key(name), "node-a")
+                await pipe.execute()
+        plain = (await client.info("memory"))["used_memory"] - base
+        await client.flushdb()
+        for start in range(0, devices, 100):
+            await asyncio.gather(*(directory.claim(name) for name in names[start:start + 100]))
+        await directory.join()
+        renew: list[float] = []
+        mget: list[float] = []
+        keys = [Directory.device_key(n) for n in names]
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            lost = await directory.renew()
+            renew.append(time.perf_counter() - t0)
+            assert not lost, lost
+            t0 = time.perf_counter()
+            for start in range(0, devices, 500):
+                await client.mget(keys[start:start + 500])
+            mget.append(time.perf_counter() - t0)
+        commands = 2 + 2 * -(-devices // 500)  # node PEXPIRE script + per 500 devices one MGET and one script
+        return [
+            fleet_row("Redis memory per device lease", leased / devices, "B", "same key, no expiry",
+                      plain / devices, "report", f"{devices} leases: {leased / 2**20:.1f} MiB"),
+            fleet_row(f"one heartbeat's renewal of {devices} leases", statistics.median(renew) * 1e3, "ms",
+                      "bare MGET of them", statistics.median(mget) * 1e3, "report",
+                      f"{commands} Redis commands; rounds {spread([r * 1e3 for r in renew])} ms"),
+        ]
+    finally:
+        await client.flushdb()
+        await client.aclose()
+
+
+# ---------------------------------------------------------------------------------------------- measurements
+
+async def round_trips(http: httpx.AsyncClient, device: str, n: int) -> list[float]:
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        answer = await http.post(f"/devices/{device}/commands", json=BODY)
+        samples.append(time.perf_counter() - t0)
+        if answer.status_code != 200 or answer.json()["results"][0]["status"] != "success":
+            raise RuntimeError(f"a command to {device} failed: {answer.status_code} {answer.text[:300]}")
+    return samples
+
+
+async def closed_loop(setup: Setup, devices: list[str], callers: int, seconds: float) -> tuple[float, int]:
+    """C callers, each sending the next command as soon as the last is answered, to a random node of
+    `setup` for a random device: (commands/s, failures)."""
+    done = 0
+    failed = 0
+    end = time.perf_counter() + seconds
+    clients = list(setup.http.values())
+
+    async def caller(seed: int) -> None:
+        nonlocal done, failed
+        rng = random.Random(seed)
+        while time.perf_counter() < end:
+            http = rng.choice(clients)
+            try:
+                answer = await http.post(f"/devices/{rng.choice(devices)}/commands", json=BODY)
+                ok = answer.status_code == 200 and answer.json()["results"][0]["status"] == "success"
+            except httpx.HTTPError:
+                ok = False
+            done += ok
+            failed += not ok
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(caller(i) for i in range(callers)))
+    return done / (time.perf_counter() - t0), failed
+
+
+async def failover(setup: Setup, victim: Node) -> tuple[float, int]:
+    """kill -9 `victim`; seconds until every device it held has registered at another node."""
+    held = [name for name, url in setup.holder.items() if url == victim.ws_url]
+    if not held:
+        raise RuntimeError(f"no device is on {victim.name}")
+    assert victim.child.proc is not None
+    killed = time.time()
+    victim.child.proc.send_signal(signal.SIGKILL)
+    async with asyncio.timeout(HEARTBEAT["timeout"] + HEARTBEAT["grace"] + WAIT):
+        while True:
+            setup.changed.clear()
+            back = [n for n in held if setup.holder[n] != victim.ws_url and setup.registered_at[n] > killed]
+            if len(back) == len(held):
+                return max(setup.registered_at[n] for n in held) - killed, len(held)
+            await setup.changed.wait()
+
+
+async def measure(devices: int = 30, rounds: int = 4, seconds: float = 3.0, callers: int = 8, n_rt: int = 200,
+                  quick: bool = False, db: str | None = None, leases: int = 10_000) -> list[dict[str, object]]:
+    if quick:
+        devices, rounds, seconds, callers, n_rt, leases = min(devices, 6), 2, 1.0, 4, 20, 1000
+    have = raise_fd_limit()
+    if have < 2 * devices + 500:
+        raise RuntimeError(f"RLIMIT_NOFILE is {have}, below the ~{2 * devices + 500} descriptors needed")
+    rows: list[dict[str, object]] = []
+    with tempfile.TemporaryDirectory(prefix="tether-cluster-bench-") as name:
+        tmp = Path(name)
+        async with redis_server(tmp) as redis_port:
+            rows += await redis_costs(redis_port, leases)  # its own Redis database (1); the nodes use 0
+            single = Setup(tmp / "single", str(tmp / "single" / "server.db"), None)
+            multi = Setup(tmp / "multi", db or str(tmp / "multi" / "server.db"), redis_port)
+            for setup in (single, multi):
+                setup.tmp.mkdir()
+                setup.token = await admin_token(setup.tmp, setup.db)
+            try:
+                await single.start_node("solo")
+                for label in ("n1", "n2", "n3"):
+                    await multi.start_node(label)
+                names = [f"c-{i:05d}" for i in range(devices)]
+                await single.start_devices([f"s-{i:05d}" for i in range(devices)], spread_over=single.nodes)
+                await multi.start_devices(names, spread_over=multi.nodes)
+                a, b = multi.nodes[0], multi.nodes[1]
+                on_a = next(n for n in names if multi.holder[n] == a.ws_url)
+                # 1. the round trip, same node and cross node, interleaved (warm-up first)
+                await round_trips(multi.http[a.name], on_a, 10)
+                await round_trips(multi.http[b.name], on_a, 10)
+                same: list[float] = []
+                cross: list[float] = []
+                same_p50: list[float] = []
+                cross_p50: list[float] = []
+                for r in range(rounds):
+                    order = [(a, same, same_p50), (b, cross, cross_p50)]
+                    for node, into, medians in order if r % 2 == 0 else order[::-1]:
+                        got = await round_trips(multi.http[node.name], on_a, n_rt)
+                        into += got
+                        medians.append(statistics.median(got) * 1e3)
+                rows.append(fleet_row("command round trip, caller's node holds the device, p50",
+                                      pct(same, 50) * 1e3, "ms", "-", None, "anchor",
+                                      f"rounds {spread(same_p50)} ms; p99 {pct(same, 99) * 1e3:.2f} ms"))
+                rows.append(fleet_row("command round trip, another node holds it, p50", pct(cross, 50) * 1e3, "ms",
+                                      "same node", pct(same, 50) * 1e3, "<= 1.5x",
+                                      f"rounds {spread(cross_p50)} ms; p99 {pct(cross, 99) * 1e3:.2f} ms"))
+                # 2. commands/s: one plain node vs three clustered nodes, the same number of devices
+                single_names = [f"s-{i:05d}" for i in range(devices)]
+                await closed_loop(single, single_names, callers, min(seconds, 1.0))  # warm-up
+                await closed_loop(multi, names, callers, min(seconds, 1.0))
+                one: list[float] = []
+                three: list[float] = []
+                failures = 0
+                for r in range(rounds):
+                    order2 = [(single, single_names, one), (multi, names, three)]
+                    for setup, who, into in order2 if r % 2 == 0 else order2[::-1]:
+                        rate, failed = await closed_loop(setup, who, callers, seconds)
+                        into.append(rate)
+                        failures += failed
+                rows.append(fleet_row(f"commands/s, {devices} devices on 3 clustered nodes",
+                                      statistics.median(three), "/s", "1 node", statistics.median(one),
+                                      "report (2 cores shared)",
+                                      f"3 nodes {spread(three)}, 1 node {spread(one)}; {callers} callers; "
+                                      f"{failures} failed"))
+                # 3. fail-over: kill -9 the node holding the most devices
+                victim = max(multi.nodes, key=lambda n: sum(u == n.ws_url for u in multi.holder.values()))
+                took, moved = await failover(multi, victim)
+                budget = HEARTBEAT["timeout"] + HEARTBEAT["grace"]
+                rows.append(fleet_row(f"kill -9 a node: its {moved} devices registered elsewhere", took, "s",
+                                      "heartbeat timeout + grace", budget, "<= 1x"))
+            finally:
+                await multi.aclose()
+                await single.aclose()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--peer", help=argparse.SUPPRESS)
+    parser.add_argument("--devices", type=int, default=30, help="devices per set-up (the issue: 1000)")
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=3.0, help="closed-loop seconds per round")
+    parser.add_argument("--callers", type=int, default=8)
+    parser.add_argument("--round-trips", type=int, default=200, help="sequential round trips per round")
+    parser.add_argument("--leases", type=int, default=10_000, help="device leases for the Redis cost rows")
+    parser.add_argument("--db", help="the clustered nodes' database (e.g. postgresql://…); default a SQLite file")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    if args.peer:
+        asyncio.run(peer_main(args.peer))
+        return
+    asyncio.run(measure(args.devices, args.rounds, args.seconds, args.callers, args.round_trips, args.quick, args.db,
+                        args.leases))
+
+
+if __name__ == "__main__":
+    main()

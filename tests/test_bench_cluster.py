@@ -1,0 +1,30 @@
+"""bench/cluster.py at its smallest: every row has its anchor measured in the same run (issue 16)."""
+
+from __future__ import annotations
+
+import math
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # `bench` lives at the repo root, beside tests/
+    sys.path.insert(0, str(REPO))
+
+from bench import cluster  # noqa: E402
+
+
+def check(rows: list[dict[str, object]], figures: list[str]) -> None:
+    assert [row["figure"] for row in rows] == figures
+    for row in rows:
+        assert isinstance(row["measured"], float) and row["measured"] > 0 and not math.isnan(row["measured"]), row
+        assert isinstance(row["anchor"], float) and row["anchor"] > 0, row
+        assert row["ratio"] == row["measured"] / row["anchor"] and row["goal"], row
+
+
+async def test_redis_cost_rows_measure_the_nodes_own_leases() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        async with cluster.redis_server(Path(tmp)) as port:
+            rows = await cluster.redis_costs(port, 200, repeats=2)
+    check(rows, ["Redis memory per device lease", "one heartbeat's renewal of 200 leases"])
+    assert "4 Redis commands" in str(rows[1]["note"])
