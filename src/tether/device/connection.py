@@ -134,8 +134,9 @@ class DeviceConnection:
         self._token = token
         self._profile = profile
         self._pin = normalize_fingerprint(tls_fingerprint) if tls_fingerprint else None
-        if self._pin and urlsplit(url).scheme != "wss":
-            raise ValueError(f"a TLS fingerprint was given but {url} is not a wss:// URL: nothing would be pinned")
+        if self._pin and urlsplit(self.url).scheme != "wss":
+            raise ValueError(f"a TLS fingerprint was given but {self.url} is not a wss:// URL: nothing would be "
+                             "pinned")
         self._ssl = ssl_context if ssl_context is not None or self._pin else make_ssl_context(self.url)
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
