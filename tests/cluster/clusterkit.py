@@ -63,7 +63,7 @@ class Process:
     async def start(self, argv: Sequence[str], env: dict[str, str]) -> Process:
         self.proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
                                                          stderr=asyncio.subprocess.STDOUT, env=env,
-                                                         stdin=asyncio.subprocess.DEVNULL)
+                                                         stdin=asyncio.subprocess.DEVNULL, limit=1 << 20)
         self._reader = asyncio.create_task(self._read(), name=f"read-{self.label}")
         return self
 
