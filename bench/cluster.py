@@ -423,74 +423,94 @@ async def failover(setup: Setup, victim: Node) -> tuple[float, int]:
             await setup.changed.wait()
 
 
+def has_cluster_option() -> bool:
+    """Whether this tether's server takes --cluster (the node rows need it)."""
+    import subprocess
+
+    done = subprocess.run([sys.executable, "-m", "tether.cli", "server", "--help"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    return "--cluster" in done.stdout
+
+
+async def cross_node_round_trip(multi: Setup, names: list[str], rounds: int, n: int) -> dict[str, object]:
+    a, b = multi.nodes[0], multi.nodes[1]
+    on_a = next(name for name in names if multi.holder[name] == a.ws_url)
+    await round_trips(multi.http[a.name], on_a, 10)  # warm-up, both paths
+    await round_trips(multi.http[b.name], on_a, 10)
+    same: list[float] = []
+    cross: list[float] = []
+    same_p50: list[float] = []
+    cross_p50: list[float] = []
+    for r in range(rounds):
+        order = [(a, same, same_p50), (b, cross, cross_p50)]
+        for node, into, medians in order if r % 2 == 0 else order[::-1]:
+            got = await round_trips(multi.http[node.name], on_a, n)
+            into += got
+            medians.append(statistics.median(got) * 1e3)
+    return fleet_row("command round trip, another node holds the device, p50", pct(cross, 50) * 1e3, "ms",
+                     "the caller's node holds it", pct(same, 50) * 1e3, "<= 1.5x",
+                     f"rounds {spread(cross_p50)} vs {spread(same_p50)} ms; p99 {pct(cross, 99) * 1e3:.2f} vs "
+                     f"{pct(same, 99) * 1e3:.2f} ms")
+
+
+async def one_vs_three(single: Setup, multi: Setup, devices: int, rounds: int, seconds: float,
+                       callers: int) -> dict[str, object]:
+    single_names, names = sorted(single.holder), sorted(multi.holder)
+    await closed_loop(single, single_names, callers, min(seconds, 1.0))  # warm-up
+    await closed_loop(multi, names, callers, min(seconds, 1.0))
+    one: list[float] = []
+    three: list[float] = []
+    failures = 0
+    for r in range(rounds):
+        order = [(single, single_names, one), (multi, names, three)]
+        for setup, who, into in order if r % 2 == 0 else order[::-1]:
+            rate, failed = await closed_loop(setup, who, callers, seconds)
+            into.append(rate)
+            failures += failed
+    return fleet_row(f"commands/s, {devices} devices on 3 clustered nodes", statistics.median(three), "/s",
+                     "1 node", statistics.median(one), "report (2 cores shared)",
+                     f"3 nodes {spread(three)}, 1 node {spread(one)}; {callers} callers; {failures} failed")
+
+
 async def measure(devices: int = 30, rounds: int = 4, seconds: float = 3.0, callers: int = 8, n_rt: int = 200,
                   quick: bool = False, db: str | None = None, leases: int = 10_000) -> list[dict[str, object]]:
+    """The rows above. Without --cluster in this tether (issue 16 in progress) the nodes run plain and
+    only the Redis rows and the fail-over row (devices moving to the next URL) are measured; the
+    others are named as not measured."""
     if quick:
         devices, rounds, seconds, callers, n_rt, leases = min(devices, 6), 2, 1.0, 4, 20, 1000
     have = raise_fd_limit()
     if have < 2 * devices + 500:
         raise RuntimeError(f"RLIMIT_NOFILE is {have}, below the ~{2 * devices + 500} descriptors needed")
+    clustered = has_cluster_option()
     rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory(prefix="tether-cluster-bench-") as name:
         tmp = Path(name)
         async with redis_server(tmp) as redis_port:
             rows += await redis_costs(redis_port, leases)  # its own Redis database (1); the nodes use 0
             single = Setup(tmp / "single", str(tmp / "single" / "server.db"), None)
-            multi = Setup(tmp / "multi", db or str(tmp / "multi" / "server.db"), redis_port)
-            for setup in (single, multi):
-                setup.tmp.mkdir()
-                setup.token = await admin_token(setup.tmp, setup.db)
+            multi = Setup(tmp / "multi", db or str(tmp / "multi" / "server.db"), redis_port if clustered else None)
             try:
-                await single.start_node("solo")
+                for setup in (single, multi) if clustered else (multi,):
+                    setup.tmp.mkdir()
+                    setup.token = await admin_token(setup.tmp, setup.db)
                 for label in ("n1", "n2", "n3"):
                     await multi.start_node(label)
-                names = [f"c-{i:05d}" for i in range(devices)]
-                await single.start_devices([f"s-{i:05d}" for i in range(devices)], spread_over=single.nodes)
-                await multi.start_devices(names, spread_over=multi.nodes)
-                a, b = multi.nodes[0], multi.nodes[1]
-                on_a = next(n for n in names if multi.holder[n] == a.ws_url)
-                # 1. the round trip, same node and cross node, interleaved (warm-up first)
-                await round_trips(multi.http[a.name], on_a, 10)
-                await round_trips(multi.http[b.name], on_a, 10)
-                same: list[float] = []
-                cross: list[float] = []
-                same_p50: list[float] = []
-                cross_p50: list[float] = []
-                for r in range(rounds):
-                    order = [(a, same, same_p50), (b, cross, cross_p50)]
-                    for node, into, medians in order if r % 2 == 0 else order[::-1]:
-                        got = await round_trips(multi.http[node.name], on_a, n_rt)
-                        into += got
-                        medians.append(statistics.median(got) * 1e3)
-                rows.append(fleet_row("command round trip, caller's node holds the device, p50",
-                                      pct(same, 50) * 1e3, "ms", "-", None, "anchor",
-                                      f"rounds {spread(same_p50)} ms; p99 {pct(same, 99) * 1e3:.2f} ms"))
-                rows.append(fleet_row("command round trip, another node holds it, p50", pct(cross, 50) * 1e3, "ms",
-                                      "same node", pct(same, 50) * 1e3, "<= 1.5x",
-                                      f"rounds {spread(cross_p50)} ms; p99 {pct(cross, 99) * 1e3:.2f} ms"))
-                # 2. commands/s: one plain node vs three clustered nodes, the same number of devices
-                single_names = [f"s-{i:05d}" for i in range(devices)]
-                await closed_loop(single, single_names, callers, min(seconds, 1.0))  # warm-up
-                await closed_loop(multi, names, callers, min(seconds, 1.0))
-                one: list[float] = []
-                three: list[float] = []
-                failures = 0
-                for r in range(rounds):
-                    order2 = [(single, single_names, one), (multi, names, three)]
-                    for setup, who, into in order2 if r % 2 == 0 else order2[::-1]:
-                        rate, failed = await closed_loop(setup, who, callers, seconds)
-                        into.append(rate)
-                        failures += failed
-                rows.append(fleet_row(f"commands/s, {devices} devices on 3 clustered nodes",
-                                      statistics.median(three), "/s", "1 node", statistics.median(one),
-                                      "report (2 cores shared)",
-                                      f"3 nodes {spread(three)}, 1 node {spread(one)}; {callers} callers; "
-                                      f"{failures} failed"))
-                # 3. fail-over: kill -9 the node holding the most devices
+                await multi.start_devices([f"c-{i:05d}" for i in range(devices)], spread_over=multi.nodes)
+                if clustered:
+                    await single.start_node("solo")
+                    await single.start_devices([f"s-{i:05d}" for i in range(devices)], spread_over=single.nodes)
+                    rows.append(await cross_node_round_trip(multi, sorted(multi.holder), rounds, n_rt))
+                    rows.append(await one_vs_three(single, multi, devices, rounds, seconds, callers))
+                else:
+                    print("not measured: the cross-node round trip and 1 vs 3 nodes (this tether server has no "
+                          "--cluster); the nodes below run plain, sharing one database", flush=True)
+                # kill -9 the node holding the most devices
                 victim = max(multi.nodes, key=lambda n: sum(u == n.ws_url for u in multi.holder.values()))
                 took, moved = await failover(multi, victim)
                 budget = HEARTBEAT["timeout"] + HEARTBEAT["grace"]
-                rows.append(fleet_row(f"kill -9 a node: its {moved} devices registered elsewhere", took, "s",
+                kind = "" if clustered else " (plain nodes)"
+                rows.append(fleet_row(f"kill -9 a node{kind}: its {moved} devices registered elsewhere", took, "s",
                                       "heartbeat timeout + grace", budget, "<= 1x"))
             finally:
                 await multi.aclose()

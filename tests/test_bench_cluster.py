@@ -28,3 +28,16 @@ async def test_redis_cost_rows_measure_the_nodes_own_leases() -> None:
             rows = await cluster.redis_costs(port, 200, repeats=2)
     check(rows, ["Redis memory per device lease", "one heartbeat's renewal of 200 leases"])
     assert "4 Redis commands" in str(rows[1]["note"])
+
+
+async def test_the_whole_bench_at_its_smallest_measures_fail_over_against_its_budget() -> None:
+    rows = await cluster.measure(quick=True)
+    clustered = cluster.has_cluster_option()
+    figures = [str(row["figure"]) for row in rows]
+    assert figures[:2] == ["Redis memory per device lease", "one heartbeat's renewal of 1000 leases"]
+    if clustered:  # the node rows of a tether whose server takes --cluster
+        assert figures[2].startswith("command round trip, another node holds the device")
+        assert figures[3] == "commands/s, 6 devices on 3 clustered nodes" and "0 failed" in str(rows[3]["note"])
+    assert figures[-1].startswith("kill -9 a node") and len(rows) == (5 if clustered else 3)
+    check(rows, figures)
+    assert rows[-1]["anchor"] == cluster.HEARTBEAT["timeout"] + cluster.HEARTBEAT["grace"]
