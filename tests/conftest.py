@@ -61,3 +61,51 @@ def _tether_logging_restored() -> Iterator[None]:
     for lg, level, propagate, disabled, handlers in saved:
         lg.setLevel(level)
         lg.propagate, lg.disabled, lg.handlers[:] = propagate, disabled, handlers
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only(reason): cannot run against PostgreSQL, for the stated reason")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """TETHER_TEST_DB=postgres runs the server-side suite: the tests that keep server state through
+    tests/dbkit.py (directly or through a testkit); the others are deselected, a `sqlite_only` test is
+    skipped with its reason shown."""
+    import dbkit  # here, not at the top: this module's own globals must not make every test server-side
+
+    if dbkit.backend() != "postgres":
+        return
+    seen: dict[str, bool] = {}
+    keep, drop = [], []
+    for item in items:
+        (keep if dbkit.starts_servers(item, seen) else drop).append(item)
+        marker = item.get_closest_marker("sqlite_only")
+        if marker is not None:
+            reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+            if not reason:
+                raise pytest.UsageError(f"{item.nodeid}: sqlite_only needs a reason")
+            item.add_marker(pytest.mark.skip(reason=f"SQLite only: {reason}"))
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture(scope="session")
+def _postgres_admin() -> Iterator[str]:
+    """The session's private PostgreSQL (TETHER_TEST_DB=postgres only); its maintenance URL."""
+    import dbkit
+
+    with dbkit.postgres_session() as admin:
+        yield admin
+
+
+@pytest.fixture(autouse=True)
+def _test_database(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With TETHER_TEST_DB=postgres: a fresh database for each server state the test keeps, dropped after."""
+    import dbkit
+
+    if dbkit.backend() != "postgres":
+        yield
+        return
+    with dbkit.per_test_databases(request.getfixturevalue("_postgres_admin")):
+        yield

@@ -1,0 +1,210 @@
+"""Where a test's server keeps its state: the SQLite file it always had, or (TETHER_TEST_DB=postgres) a fresh
+database of a private PostgreSQL started once per pytest session (issue 16: "the whole existing server suite
+also passes against PostgreSQL").
+
+Every testkit that starts a real server asks this module, never decides itself:
+- `server_db(path)`: what to give the server (`--db`, settings, Store) for the state a test would keep at
+  `path`; in PostgreSQL mode each distinct `path` of a test is its own database, created on first use from a
+  template that already has the migrations, so a test that restarts a server on the same path finds its state
+  and two servers of one test stay apart, exactly as with two files;
+- `server_db_args(path)`: the `--db …` argv for a `tether server` process;
+- `create_tokens(target, specs)`: tokens written into that state before a server process starts.
+
+The per-test databases are dropped when the test ends (conftest's `_test_database` fixture). The
+session's engine and the current test's name prefix travel in environment variables the fixture sets with
+monkeypatch, so a testkit needs no fixture argument and a child process inherits nothing it would use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import hashlib
+import importlib.util
+import inspect
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Coroutine, Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal, TypeVar
+
+from engines import _postgres_bin, postgres_server
+
+MODE_ENV = "TETHER_TEST_DB"
+ADMIN_ENV = "TETHER_TEST_PG_ADMIN"  # the session engine's maintenance URL (database "postgres")
+PREFIX_ENV = "TETHER_TEST_PG_PREFIX"  # the current test's database name prefix
+USED_ENV = "TETHER_TEST_PG_USED"  # set once a test created a database, so teardown drops only then
+TEMPLATE = "tether_template"
+TESTS_DIR = str(Path(__file__).resolve().parent)
+PSQL_TIMEOUT_S = 60.0
+
+Backend = Literal["sqlite", "postgres"]
+T = TypeVar("T")
+
+
+def backend() -> Backend:
+    """The database the server suite runs against; a misspelt value is an error, not a silent SQLite run."""
+    value = os.environ.get(MODE_ENV, "sqlite").strip().lower() or "sqlite"
+    if value not in ("sqlite", "postgres"):
+        raise RuntimeError(f"{MODE_ENV}={value!r}: expected 'sqlite' or 'postgres'")
+    return value  # type: ignore[return-value]
+
+
+def store_speaks_postgres() -> bool:
+    """True once the server's Store has its engine layer (issue 16, S1); until then PostgreSQL mode refuses."""
+    try:
+        return importlib.util.find_spec("tether.server.store.engine") is not None
+    except ModuleNotFoundError:  # tether.server.store is still a module, not a package
+        return False
+
+
+def psql(admin_url: str, sql: str) -> str:
+    """One statement through psql (argv, no shell): the admin work is a handful of DDL statements per test."""
+    done = subprocess.run([_postgres_bin("psql"), admin_url, "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+                           "-c", sql], capture_output=True, text=True, timeout=PSQL_TIMEOUT_S)
+    if done.returncode != 0:
+        raise RuntimeError(f"psql failed: {sql!r}: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout
+
+
+def database_url(admin_url: str, name: str) -> str:
+    return admin_url.rsplit("/", 1)[0] + "/" + name
+
+
+async def _migrate(url: str) -> None:
+    from tether.server.store import Store
+
+    store = await Store.open(url)  # type: ignore[attr-defined]
+    await store.aclose()
+
+
+@contextlib.contextmanager
+def postgres_session(*, migrate: bool = True) -> Iterator[str]:
+    """A private PostgreSQL for the session and the template every test database is copied from (with the
+    server's migrations applied once when `migrate`); yields the engine's maintenance URL."""
+    if migrate and not store_speaks_postgres():
+        raise RuntimeError(f"{MODE_ENV}=postgres: this tether's Store has no PostgreSQL backend yet "
+                           "(tether.server.store.engine, issue 16)")
+    with postgres_server() as engine:
+        admin = engine.url
+        psql(admin, f"CREATE DATABASE {TEMPLATE}")
+        if migrate:
+            # the migrations once; every test's database is then a file copy (CREATE DATABASE … TEMPLATE)
+            _run(_migrate(database_url(admin, TEMPLATE)))
+        yield admin
+
+
+def _run(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion from synchronous testkit code, also when called inside a test's loop
+    (a sync helper called from an async test): then on a helper thread with its own loop."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
+@contextlib.contextmanager
+def per_test_databases(admin_url: str) -> Iterator[str]:
+    """The environment for one test's databases; drops whatever the test created. Yields the name prefix."""
+    prefix = "t_" + uuid.uuid4().hex[:16]
+    saved = {key: os.environ.get(key) for key in (ADMIN_ENV, PREFIX_ENV, USED_ENV)}
+    os.environ.update({ADMIN_ENV: admin_url, PREFIX_ENV: prefix, USED_ENV: ""})
+    try:
+        yield prefix
+    finally:
+        used = os.environ.get(USED_ENV)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if used:
+            names = psql(admin_url, f"SELECT datname FROM pg_database WHERE datname LIKE '{prefix}%'").split()
+            for name in names:
+                # FORCE: a server a failed test left running must not keep its database alive
+                psql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+def server_db(path: Path | str) -> Path | str:
+    """The state a server keeps at `path`: that path with SQLite, a database URL of its own with PostgreSQL."""
+    if backend() == "sqlite":
+        return Path(path)
+    admin, prefix = os.environ.get(ADMIN_ENV), os.environ.get(PREFIX_ENV)
+    if not admin or not prefix:
+        raise RuntimeError(f"{MODE_ENV}=postgres outside a test: conftest's _test_database fixture sets up "
+                           "the session's PostgreSQL")
+    name = f"{prefix}_{hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:10]}"
+    exists = psql(admin, f"SELECT 1 FROM pg_database WHERE datname = '{name}'").strip()
+    if not exists:
+        os.environ[USED_ENV] = "1"
+        psql(admin, f'CREATE DATABASE "{name}" TEMPLATE {TEMPLATE}')
+    return database_url(admin, name)
+
+
+def server_db_args(path: Path | str) -> list[str]:
+    """`--db …` for a `tether server` process keeping its state at `path` (or in its PostgreSQL database)."""
+    return ["--db", str(server_db(path))]
+
+
+def create_tokens(target: Path | str, specs: Sequence[tuple[str, str, Sequence[str]]]) -> list[str]:
+    """Create (kind, name, scopes) tokens in the state at `target` before a server process starts; the secrets.
+
+    Synchronous for the testkits that build a server process's state before starting it; works with the
+    Store as it is (synchronous, SQLite) and as issue 16 makes it (`await Store.open(target)`, async methods).
+    """
+    from tether.server.store import Store
+
+    if inspect.iscoroutinefunction(getattr(Store, "create_token", None)):
+        async def create() -> list[str]:
+            store = await Store.open(str(target))  # type: ignore[attr-defined]
+            try:
+                return [(await store.create_token(kind, name, list(scopes)))[1] for kind, name, scopes in specs]
+            finally:
+                await store.aclose()
+
+        return _run(create())
+    store = Store(str(target))
+    try:
+        return [store.create_token(kind, name, list(scopes))[1] for kind, name, scopes in specs]
+    finally:
+        store.close()
+
+
+def _imports_dbkit(module: ModuleType, seen: dict[str, bool]) -> bool:
+    """Whether a test module reaches this module: directly, or through a testkit (its imported modules and
+    the modules of the classes and functions it imported), recursively within the tests directory."""
+    name = module.__name__
+    if name in seen:
+        return seen[name]
+    seen[name] = False  # cycles end here
+    found = False
+    for value in vars(module).values():
+        target = value if isinstance(value, ModuleType) else sys.modules.get(getattr(value, "__module__", "") or "")
+        if target is None or not isinstance(target, ModuleType):
+            continue
+        if target.__name__ == __name__:
+            found = True
+            break
+        origin = getattr(target, "__file__", None) or ""
+        if origin.startswith(TESTS_DIR) and _imports_dbkit(target, seen):
+            found = True
+            break
+    seen[name] = found
+    return found
+
+
+def starts_servers(item: Any, seen: dict[str, bool]) -> bool:
+    """A collected test that keeps server state through this module: its own module or a module defining
+    one of its fixtures reaches dbkit. This is the PostgreSQL pass's selection, so it cannot rot: a test that
+    starts a server through any testkit is in it; one that starts a server by hand is not (and should not)."""
+    modules = [getattr(item, "module", None)]
+    fixtureinfo = getattr(item, "_fixtureinfo", None)
+    for defs in (fixtureinfo.name2fixturedefs.values() if fixtureinfo else ()):
+        modules.extend(sys.modules.get(getattr(d.func, "__module__", "") or "") for d in defs)
+    return any(isinstance(m, ModuleType) and _imports_dbkit(m, seen) for m in modules)
