@@ -36,6 +36,8 @@ from typing import Any
 
 import httpx
 
+from dbkit import keeps_server_state, server_db
+
 WAIT = 60.0  # the upper bound of any wait here: a loaded 2-core machine starts a node in seconds
 HEARTBEAT = {"interval": 0.3, "timeout": 2.0, "grace": 3.0}
 NODE_READY = "Uvicorn running on"
@@ -271,10 +273,12 @@ class Device:
         return next((n for n in self.nodes if url and url.startswith(n.ws_url)), None)
 
 
+@keeps_server_state
 class ClusterKit:
     """N nodes sharing one database and one Redis, the devices a test starts, and an admin API token.
 
-    `db`: a SQLite path or a `postgresql://` URL (default: a SQLite file in `tmp`). `redis`: a running
+    `db`: a SQLite path or a `postgresql://` URL (default: tests/dbkit.py's choice for `tmp`/cluster.db, a
+    SQLite file, or a database of the session's PostgreSQL with TETHER_TEST_DB=postgres). `redis`: a running
     engine from tests/engines.py, or None for nodes without --cluster. `heartbeat`: the nodes' heartbeat
     interval, heartbeat timeout and grace period in seconds (short, so fail-over fits in a test)."""
 
@@ -283,7 +287,7 @@ class ClusterKit:
                  env: dict[str, str] | None = None, log_level: str = "info") -> None:
         self.tmp = tmp
         self.redis = redis
-        self.db = db or str(tmp / "cluster.db")
+        self.db = db or str(server_db(tmp / "cluster.db"))
         self.heartbeat = {**HEARTBEAT, **(heartbeat or {})}
         self.node_args = list(node_args)
         self.log_level = log_level

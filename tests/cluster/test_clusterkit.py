@@ -57,6 +57,7 @@ def test_the_device_stays_on_a_working_url_and_backs_off_once_per_round() -> Non
         ServerURLs([])
 
 
+@pytest.mark.sqlite_only(reason="POSIX locks on a SQLite file shared by processes")
 def test_nodes_sharing_one_sqlite_file_see_each_others_writes(tmp_path: Path) -> None:
     """A server process opens the database twice (its Store, then the agent's TaskStore). The TaskStore
     used to open and close a plain descriptor of the file, which drops every POSIX lock the process
@@ -66,23 +67,24 @@ def test_nodes_sharing_one_sqlite_file_see_each_others_writes(tmp_path: Path) ->
     import sqlite3
 
     from tether.agent.task_store import TaskStore
-    from tether.server.store import Store
 
     db = tmp_path / "shared.db"
-    store = Store(db)
+    server = sqlite3.connect(db, isolation_level=None)  # the server's own connection, as its Store opens it
+    server.execute("PRAGMA journal_mode=WAL")
+    server.execute("CREATE TABLE tokens (name TEXT)")
     tasks = TaskStore(db)
     try:
-        store.create_token("device", "before", [])
+        server.execute("INSERT INTO tokens VALUES ('before')")
         other_node = f"import sqlite3; sqlite3.connect({str(db)!r}).execute('SELECT count(*) FROM tokens').fetchall()"
         subprocess.run([sys.executable, "-c", other_node], check=True, timeout=60)  # another node comes and goes
         assert Path(f"{db}-wal").exists(), "the running server's WAL was deleted under it"
-        store.create_token("device", "after", [])
+        server.execute("INSERT INTO tokens VALUES ('after')")
         other = sqlite3.connect(db)
         assert {r[0] for r in other.execute("SELECT name FROM tokens")} == {"before", "after"}
         other.close()
     finally:
         tasks.close()
-        store.close()
+        server.close()
 
 
 async def test_a_connection_checks_every_url_it_is_given(tmp_path: Path) -> None:
