@@ -19,6 +19,7 @@ from starlette.applications import Starlette
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
+import dbkit
 from tether.protocol.codec import decode_server_message, encode
 from tether.protocol.messages import (
     ClientMessage,
@@ -56,6 +57,7 @@ class Running:
         self.store.close()
 
 
+@dbkit.keeps_server_state
 class ServerFactory:
     """Starts servers with test settings (short timers where a test needs them) and stops them all."""
 
@@ -64,7 +66,7 @@ class ServerFactory:
         self.running: list[Running] = []
 
     async def start(self, ws_max_size: int = 1 << 20, **overrides: Any) -> Running:
-        values: dict[str, Any] = {"db_path": self.tmp_path / f"server{len(self.running)}.db",
+        values: dict[str, Any] = {**dbkit.settings_db(self.tmp_path / f"server{len(self.running)}.db"),
                                   "heartbeat_interval": 5.0, "heartbeat_timeout": 30.0, "grace_period": 5.0,
                                   "register_timeout": 5.0, "max_frame_bytes": 4096}
         settings = ServerSettings(**{**values, **overrides})

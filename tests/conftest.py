@@ -68,17 +68,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """TETHER_TEST_DB=postgres runs the server-side suite: the tests that keep server state through
-    tests/dbkit.py (directly or through a testkit); the others are deselected, a `sqlite_only` test is
-    skipped with its reason shown."""
-    import dbkit  # here, not at the top: this module's own globals must not make every test server-side
+    """TETHER_TEST_DB=postgres runs the server-side suite: the tests that start a server through a
+    testkit (dbkit.keeps_server_state); the others are deselected, a `sqlite_only` test is skipped with
+    its reason shown."""
+    import dbkit
 
     if dbkit.backend() != "postgres":
         return
-    seen: dict[str, bool] = {}
     keep, drop = [], []
     for item in items:
-        (keep if dbkit.starts_servers(item, seen) else drop).append(item)
+        (keep if dbkit.starts_servers(item) else drop).append(item)
         marker = item.get_closest_marker("sqlite_only")
         if marker is not None:
             reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")

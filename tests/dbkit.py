@@ -25,7 +25,6 @@ import importlib.util
 import inspect
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
@@ -39,7 +38,6 @@ ADMIN_ENV = "TETHER_TEST_PG_ADMIN"  # the session engine's maintenance URL (data
 PREFIX_ENV = "TETHER_TEST_PG_PREFIX"  # the current test's database name prefix
 USED_ENV = "TETHER_TEST_PG_USED"  # set once a test created a database, so teardown drops only then
 TEMPLATE = "tether_template"
-TESTS_DIR = str(Path(__file__).resolve().parent)
 PSQL_TIMEOUT_S = 60.0
 
 Backend = Literal["sqlite", "postgres"]
@@ -147,6 +145,13 @@ def server_db(path: Path | str) -> Path | str:
     return database_url(admin, name)
 
 
+def settings_db(path: Path | str) -> dict[str, Any]:
+    """ServerSettings values for an in-process server keeping its state at `path`: `db_path`, and with
+    PostgreSQL the `db_url` of its database (the server then opens `settings.db_url or settings.db_path`)."""
+    target = server_db(path)
+    return {"db_path": Path(path)} if isinstance(target, Path) else {"db_path": Path(path), "db_url": target}
+
+
 def server_db_args(path: Path | str) -> list[str]:
     """`--db …` for a `tether server` process keeping its state at `path` (or in its PostgreSQL database)."""
     return ["--db", str(server_db(path))]
@@ -176,35 +181,34 @@ def create_tokens(target: Path | str, specs: Sequence[tuple[str, str, Sequence[s
         store.close()
 
 
-def _imports_dbkit(module: ModuleType, seen: dict[str, bool]) -> bool:
-    """Whether a test module reaches this module: directly, or through a testkit (its imported modules and
-    the modules of the classes and functions it imported), recursively within the tests directory."""
-    name = module.__name__
-    if name in seen:
-        return seen[name]
-    seen[name] = False  # cycles end here
-    found = False
-    for value in vars(module).values():
-        target = value if isinstance(value, ModuleType) else sys.modules.get(getattr(value, "__module__", "") or "")
-        if target is None or not isinstance(target, ModuleType):
-            continue
-        if target.__name__ == __name__:
-            found = True
-            break
-        origin = getattr(target, "__file__", None) or ""
-        if origin.startswith(TESTS_DIR) and _imports_dbkit(target, seen):
-            found = True
-            break
-    seen[name] = found
-    return found
+
+MARK = "__keeps_server_state__"
+K = TypeVar("K")
 
 
-def starts_servers(item: Any, seen: dict[str, bool]) -> bool:
-    """A collected test that keeps server state through this module: its own module or a module defining
-    one of its fixtures reaches dbkit. This is the PostgreSQL pass's selection, so it cannot rot: a test that
-    starts a server through any testkit is in it; one that starts a server by hand is not (and should not)."""
-    modules = [getattr(item, "module", None)]
+def keeps_server_state(obj: K) -> K:
+    """Mark a testkit's entry point (a class or function that starts a server whose state goes through
+    this module): a test reaching one is in the PostgreSQL pass."""
+    setattr(obj, MARK, True)
+    return obj
+
+
+def _marked(value: object) -> bool:
+    try:
+        return getattr(value, MARK, False) is True
+    except Exception:  # an object whose attribute access raises (a lazy proxy) is not a testkit
+        return False
+
+
+def starts_servers(item: Any) -> bool:
+    """A collected test that starts a server through a testkit: its module, or a module defining one of its
+    fixtures, holds a `keeps_server_state` entry point. This is the PostgreSQL pass's selection, so it
+    cannot rot into a hand list: a new test using any testkit is in it."""
+    module = getattr(item, "module", None)
+    namespaces = [vars(module)] if isinstance(module, ModuleType) else []
     fixtureinfo = getattr(item, "_fixtureinfo", None)
     for defs in (fixtureinfo.name2fixturedefs.values() if fixtureinfo else ()):
-        modules.extend(sys.modules.get(getattr(d.func, "__module__", "") or "") for d in defs)
-    return any(isinstance(m, ModuleType) and _imports_dbkit(m, seen) for m in modules)
+        # the defining module through the function's globals: every conftest.py is module "conftest",
+        # so sys.modules by name would give another directory's conftest
+        namespaces.extend(getattr(inspect.unwrap(d.func), "__globals__", {}) for d in defs)
+    return any(_marked(value) for namespace in namespaces for value in namespace.values())

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+import dbkit
 from aip_testkit import WAIT, FakeDevice
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.profile import DeviceProfile
@@ -42,10 +43,12 @@ class App:
         return dev
 
 
+@dbkit.keeps_server_state
 @asynccontextmanager
 async def running_app(tmp_path: Path) -> AsyncIterator[App]:
     db = tmp_path / "server.db"
-    settings = ServerSettings(db_path=db, heartbeat_interval=5.0, heartbeat_timeout=30.0, grace_period=30.0)
+    settings = ServerSettings(**dbkit.settings_db(db), heartbeat_interval=5.0, heartbeat_timeout=30.0,
+                              grace_period=30.0)
     store = Store(db)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))

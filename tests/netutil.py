@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import dbkit
 from tether.remote import RemoteServer
-from tether.server.store import Store
 
 CLI = [sys.executable, "-m", "tether.cli"]
 
@@ -129,6 +129,7 @@ class TcpProxy:
 HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
 
 
+@dbkit.keeps_server_state
 class Cluster:
     """One server process plus whatever devices a test starts; everything stopped at the end."""
 
@@ -138,14 +139,13 @@ class Cluster:
         self.state.mkdir()
         self.db = self.state / "server.db"
         self.env = tether_env(self.state)
-        store = Store(str(self.db))
-        _, self.api_token = store.create_token("api", "tests", ["read", "execute", "admin"])
-        _, self.read_token = store.create_token("api", "reader", ["read"])
-        self.device_tokens = {name: store.create_token("device", name, [])[1] for name in ("alpha", "beta")}
-        store.close()
+        self.api_token, self.read_token, *devices = dbkit.create_tokens(dbkit.server_db(self.db), [
+            ("api", "tests", ["read", "execute", "admin"]), ("api", "reader", ["read"]),
+            ("device", "alpha", []), ("device", "beta", [])])
+        self.device_tokens = dict(zip(("alpha", "beta"), devices, strict=True))
         self.port = free_port()
         self.procs: list[Proc] = []
-        self.server = self.start(["server", "--port", str(self.port), "--db", str(self.db), *HEARTBEAT,
+        self.server = self.start(["server", "--port", str(self.port), *dbkit.server_db_args(self.db), *HEARTBEAT,
                                   "--log-level", "warning"], "server")
         self.remote = RemoteServer(f"http://127.0.0.1:{self.port}", self.api_token)
         wait_for(lambda: self.remote.health()["status"] == "ok", "server health", procs=(self.server.popen,))

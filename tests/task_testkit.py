@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import uvicorn
 
+import dbkit
 from tether.agent.llm import LLMSettings
 from tether.agent.server_app import create_agent_app
 from tether.agent.task import Budgets
@@ -35,6 +36,7 @@ from tether.tools.policy import Policy
 WAIT = 30.0
 
 
+@dbkit.keeps_server_state
 class AgentServer:
     def __init__(self, tmp: Path, *, llm: LLMSettings | None = None, budgets: Budgets | None = None,
                  db_path: Path | None = None) -> None:
@@ -45,7 +47,7 @@ class AgentServer:
         self.devices: list[tuple[LocalDevice, DeviceConnection, asyncio.Task[None]]] = []
 
     async def __aenter__(self) -> AgentServer:
-        settings = ServerSettings(db_path=self.db_path, heartbeat_interval=5.0, heartbeat_timeout=30.0,
+        settings = ServerSettings(**dbkit.settings_db(self.db_path), heartbeat_interval=5.0, heartbeat_timeout=30.0,
                                   grace_period=5.0)
         self.store = Store(settings.db_path)
         token = self.store.create_token("api", f"tester-{len(self.store.list_tokens())}",

@@ -90,30 +90,21 @@ def test_a_server_left_connected_does_not_keep_its_database(admin: str, tmp_path
         holder.wait(timeout=30)
 
 
-def test_the_postgres_pass_selects_the_tests_that_keep_server_state() -> None:
-    import sys
+def test_the_postgres_pass_selects_the_tests_that_start_servers_through_a_testkit() -> None:
     import types
-
-    seen: dict[str, bool] = {}
 
     class Item:
         def __init__(self, module: types.ModuleType) -> None:
             self.module = module
             self._fixtureinfo = None
 
-    kit = types.ModuleType("fake_kit")
-    kit.__file__ = dbkit.TESTS_DIR + "/fake_kit.py"
-    kit.dbkit = dbkit  # type: ignore[attr-defined]
-    sys.modules["fake_kit"] = kit
-    try:
-        def start() -> None: ...
+    @dbkit.keeps_server_state
+    class Server: ...
 
-        start.__module__ = "fake_kit"
-        server_side = types.ModuleType("test_server_side")
-        server_side.start = start  # type: ignore[attr-defined]
-        unrelated = types.ModuleType("test_unrelated")
-        unrelated.path = Path  # type: ignore[attr-defined]
-        assert dbkit.starts_servers(Item(server_side), seen)
-        assert not dbkit.starts_servers(Item(unrelated), seen)
-    finally:
-        del sys.modules["fake_kit"]
+    def helper() -> None: ...
+
+    server_side, unrelated = types.ModuleType("test_server_side"), types.ModuleType("test_unrelated")
+    server_side.Server = Server  # type: ignore[attr-defined]
+    unrelated.helper, unrelated.dbkit = helper, dbkit  # type: ignore[attr-defined]
+    assert dbkit.starts_servers(Item(server_side))
+    assert not dbkit.starts_servers(Item(unrelated))

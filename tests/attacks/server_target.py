@@ -15,23 +15,22 @@ from pathlib import Path
 import httpx
 import psutil
 
+import dbkit
 from netutil import Proc, free_port, tether_env, wait_for
-from tether.server.store import Store
 
 
+@dbkit.keeps_server_state
 class Target:
     def __init__(self, tmp: Path, *args: str) -> None:
         self.state = tmp / "state"
         self.state.mkdir()
         db = self.state / "server.db"
-        store = Store(str(db))
-        _, self.api_token = store.create_token("api", "admin", ["read", "execute", "admin"])
-        _, self.device_token = store.create_token("device", "alpha", [])
-        store.close()
+        self.api_token, self.device_token = dbkit.create_tokens(dbkit.server_db(db), [
+            ("api", "admin", ["read", "execute", "admin"]), ("device", "alpha", [])])
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.aip = f"ws://127.0.0.1:{self.port}/aip"
-        self.proc = Proc(["server", "--port", str(self.port), "--db", str(db), "--log-level", "info", *args],
+        self.proc = Proc(["server", "--port", str(self.port), *dbkit.server_db_args(db), "--log-level", "info", *args],
                          tmp / "server.log", tether_env(self.state))
         self.http = httpx.Client(base_url=self.base, timeout=30)
         wait_for(lambda: self.http.get("/api/v1/health").status_code == 200, "server health",

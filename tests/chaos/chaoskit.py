@@ -26,10 +26,10 @@ from typing import Any
 
 import httpx
 
+import dbkit
 from netutil import Proc, free_port, tether_env, wait_for
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.remote import RemoteError, RemoteServer
-from tether.server.store import Store
 
 # heartbeats every 0.3 s, a link silent for 2 s is dead, a dropped device's batches wait 3 s for it
 SERVER_TIMING = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
@@ -158,6 +158,7 @@ class Ledger:
             self.sent.append(Sent(label, cmd, by_call.get(cmd.call_id), error))
 
 
+@dbkit.keeps_server_state
 class ChaosCluster:
     """A `tether server` process (killable, restartable on the same port and database) and devices.
 
@@ -170,11 +171,10 @@ class ChaosCluster:
         self.state.mkdir(exist_ok=True)
         self.db = self.state / "server.db"
         self.env = tether_env(self.state)
-        store = Store(str(self.db))
-        _, self.api_token = store.create_token("api", "chaos", ["read", "execute", "approve", "admin"])
-        _, self.other_token = store.create_token("api", "other", ["read", "execute"])
-        self.device_tokens = {name: store.create_token("device", name, [])[1] for name in ("alpha", "beta")}
-        store.close()
+        self.api_token, self.other_token, *devices = dbkit.create_tokens(dbkit.server_db(self.db), [
+            ("api", "chaos", ["read", "execute", "approve", "admin"]), ("api", "other", ["read", "execute"]),
+            ("device", "alpha", []), ("device", "beta", [])])
+        self.device_tokens = dict(zip(("alpha", "beta"), devices, strict=True))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.procs: list[Proc] = []
@@ -190,7 +190,7 @@ class ChaosCluster:
         return proc
 
     def start_server(self) -> Proc:
-        server = self._start(["server", "--port", str(self.port), "--db", str(self.db), *SERVER_TIMING,
+        server = self._start(["server", "--port", str(self.port), *dbkit.server_db_args(self.db), *SERVER_TIMING,
                               "--log-level", "warning"], "server")
         wait_for(lambda: self.remote.health()["status"] in ("ok", "degraded"), "server health", WAIT,
                  (server.popen,))

@@ -17,6 +17,9 @@ from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants, fill, m
 
 from tether.remote import RemoteError
 
+# the disk that fills is the server's SQLite file's; a PostgreSQL server keeps its state elsewhere
+pytestmark = pytest.mark.sqlite_only(reason="fills the disk under the server's SQLite file")
+
 
 @pytest.fixture
 def disk() -> Iterator[Path]:

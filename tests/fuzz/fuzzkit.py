@@ -26,6 +26,7 @@ from typing import Any
 import uvicorn
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 
+import dbkit
 from tether.agent.server_app import create_agent_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
@@ -74,11 +75,12 @@ class ErrorLog(logging.Handler):
         return out
 
 
+@dbkit.keeps_server_state
 class LiveServer:
     """A real agent server on 127.0.0.1 in its own thread (see the module docstring)."""
 
     def __init__(self, tmp: Path, **overrides: Any) -> None:
-        values: dict[str, Any] = {"db_path": tmp / "server.db", "heartbeat_interval": 5.0,
+        values: dict[str, Any] = {**dbkit.settings_db(tmp / "server.db"), "heartbeat_interval": 5.0,
                                   "heartbeat_timeout": 30.0, "grace_period": 2.0, "register_timeout": 5.0,
                                   "max_frame_bytes": 16 * 1024}
         self.settings = ServerSettings(**{**values, **overrides})

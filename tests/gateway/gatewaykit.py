@@ -16,6 +16,7 @@ import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+import dbkit
 from aip_testkit import WAIT, FakeDevice
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
@@ -35,12 +36,13 @@ def profile(*tools: ToolInfo, sandbox: str | None = "bubblewrap") -> DeviceProfi
     return DeviceProfile(tools=list(tools) or [SHELL_RUN, READ_FILE, LIST_TOOLS], sandbox=sandbox, tags=["lab"])
 
 
+@dbkit.keeps_server_state
 class GatewayServer:
     """An agent server (REST, AIP, /mcp) on a free loopback port; tokens made in its store."""
 
     def __init__(self, tmp: Path, extensions: Sequence[Extension] = (), **settings: Any) -> None:
-        values: dict[str, Any] = {"db_path": tmp / "server.db", "heartbeat_interval": 5.0, "heartbeat_timeout": 30.0,
-                                  "grace_period": 0.5, "register_timeout": 5.0}
+        values: dict[str, Any] = {**dbkit.settings_db(tmp / "server.db"), "heartbeat_interval": 5.0,
+                                  "heartbeat_timeout": 30.0, "grace_period": 0.5, "register_timeout": 5.0}
         self.settings = ServerSettings(**{**values, **settings})
         self.store = Store(self.settings.db_path)
         self.app = create_app(self.settings, self.store, extensions)
