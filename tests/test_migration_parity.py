@@ -109,7 +109,7 @@ def test_the_schema_readers_agree_on_the_same_ddl(admin: str, tmp_path: Path) ->
 
 
 @pytest.mark.xfail(not dbkit.store_speaks_postgres(), strict=True,
-                   reason="the Store has no PostgreSQL backend yet (issue 16, tether.server.store.engine)")
+                   reason="the Store has no PostgreSQL backend yet (issue 16: store.engine and async Store.open)")
 def test_both_dialects_end_with_the_same_schema(admin: str, tmp_path: Path) -> None:
     dbkit.psql(admin, "CREATE DATABASE parity")
     url = dbkit.database_url(admin, "parity")
