@@ -25,6 +25,7 @@ import importlib.util
 import inspect
 import os
 import subprocess
+import sys
 import uuid
 from collections.abc import Coroutine, Iterator, Sequence
 from pathlib import Path
@@ -60,9 +61,10 @@ def store_speaks_postgres() -> bool:
             return False
     except ModuleNotFoundError:  # tether.server.store is still a module, not a package
         return False
-    from tether.server.store import Store
+    from tether.server.store import engine
 
-    return inspect.iscoroutinefunction(getattr(Store, "open", None))
+    # the engine layer opens postgresql:// URLs (the Store itself may be synchronous or async)
+    return hasattr(engine, "open_postgres") or hasattr(engine, "open_engine")
 
 
 def psql(admin_url: str, sql: str) -> str:
@@ -81,6 +83,9 @@ def database_url(admin_url: str, name: str) -> str:
 async def _migrate(url: str) -> None:
     from tether.server.store import Store
 
+    if not hasattr(Store, "open"):  # the Store as it is: synchronous, over psycopg for PostgreSQL
+        Store(url).close()
+        return
     store = await Store.open(url)  # type: ignore[attr-defined]
     await store.aclose()
 
@@ -204,10 +209,13 @@ def _marked(value: object) -> bool:
         return False
 
 
+_SELF = sys.modules[__name__]
+
+
 def starts_servers(item: Any) -> bool:
     """A collected test that starts a server through a testkit: its module, or a module defining one of its
-    fixtures, holds a `keeps_server_state` entry point. This is the PostgreSQL pass's selection, so it
-    cannot rot into a hand list: a new test using any testkit is in it."""
+    fixtures, holds a `keeps_server_state` entry point or this module itself. This is the PostgreSQL pass's
+    selection, so it cannot rot into a hand list: a new test using any testkit is in it."""
     module = getattr(item, "module", None)
     namespaces = [vars(module)] if isinstance(module, ModuleType) else []
     fixtureinfo = getattr(item, "_fixtureinfo", None)
@@ -215,4 +223,5 @@ def starts_servers(item: Any) -> bool:
         # the defining module through the function's globals: every conftest.py is module "conftest",
         # so sys.modules by name would give another directory's conftest
         namespaces.extend(getattr(inspect.unwrap(d.func), "__globals__", {}) for d in defs)
-    return any(_marked(value) for namespace in namespaces for value in namespace.values())
+    # a test module importing this module keeps a server's state through it by hand
+    return any(_marked(value) or value is _SELF for namespace in namespaces for value in namespace.values())

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import typer
 
+import dbkit
 import tether.cli
 from netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.cli.common import COMMAND_PANELS, ExitCode, app
-from tether.server.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
 # typer's own labels: Python annotations in angle brackets, which read as argument names
@@ -109,15 +109,13 @@ def test_an_unreachable_server_is_exit_4_in_every_command(tmp_path: Path) -> Non
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[tuple[str, str, dict[str, str]]]:
     db = tmp_path / "server.db"
-    store = Store(db)
-    _, secret = store.create_token("api", "admin", ["read", "execute", "approve", "admin"])
-    _, reader = store.create_token("api", "reader", ["read"])
-    store.close()
+    secret, reader = dbkit.create_tokens(dbkit.server_db(db), [
+        ("api", "admin", ["read", "execute", "approve", "admin"]), ("api", "reader", ["read"])])
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     env = tether_env(tmp_path / "state")
-    proc = Proc(["server", "--port", str(port), "--db", str(db), "--log-level", "warning"], tmp_path / "server.log",
-                env)
+    proc = Proc(["server", "--port", str(port), *dbkit.server_db_args(db), "--log-level", "warning"],
+                tmp_path / "server.log", env)
     try:
         wait_for(lambda: httpx.get(f"{base}/api/v1/health", timeout=5).json()["status"] == "ok", "server health",
                  procs=(proc.popen,))

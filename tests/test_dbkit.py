@@ -103,8 +103,11 @@ def test_the_postgres_pass_selects_the_tests_that_start_servers_through_a_testki
 
     def helper() -> None: ...
 
-    server_side, unrelated = types.ModuleType("test_server_side"), types.ModuleType("test_unrelated")
+    server_side, by_hand = types.ModuleType("test_server_side"), types.ModuleType("test_by_hand")
+    unrelated = types.ModuleType("test_unrelated")
     server_side.Server = Server  # type: ignore[attr-defined]
-    unrelated.helper, unrelated.dbkit = helper, dbkit  # type: ignore[attr-defined]
+    by_hand.dbkit = dbkit  # type: ignore[attr-defined]  # starts `tether server` with dbkit.server_db_args
+    unrelated.helper, unrelated.Path = helper, Path  # type: ignore[attr-defined]
     assert dbkit.starts_servers(Item(server_side))
+    assert dbkit.starts_servers(Item(by_hand))
     assert not dbkit.starts_servers(Item(unrelated))

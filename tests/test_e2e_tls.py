@@ -6,25 +6,23 @@ import subprocess
 
 import pytest
 
+import dbkit
 from netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.protocol.models import Command
 from tether.remote import RemoteError, RemoteServer
-from tether.server.store import Store
 
 
 def test_device_and_cli_over_tls(tmp_path, pki):
     state = tmp_path / "state"
     state.mkdir()
     db = state / "server.db"
-    store = Store(str(db))
-    _, device_token = store.create_token("device", "secure", [])
-    _, api_token = store.create_token("api", "ops", ["read", "execute"])
-    store.close()
+    device_token, api_token = dbkit.create_tokens(dbkit.server_db(db), [
+        ("device", "secure", []), ("api", "ops", ["read", "execute"])])
     env = tether_env(state)
     port = free_port()
     procs = []
     try:
-        server = Proc(["server", "--port", str(port), "--db", str(db), "--tls-cert", str(pki["cert"]),
+        server = Proc(["server", "--port", str(port), *dbkit.server_db_args(db), "--tls-cert", str(pki["cert"]),
                        "--tls-key", str(pki["key"]), "--log-level", "warning"], tmp_path / "server.log", env)
         procs.append(server)
         remote = RemoteServer(f"https://127.0.0.1:{port}", api_token, ca_file=str(pki["ca"]))
@@ -62,12 +60,10 @@ def test_off_loopback_needs_tokens_and_tls(tmp_path):
     state.mkdir()
     db = state / "server.db"
     env = tether_env(state)
-    out = subprocess.run([*CLI, "server", "--host", "0.0.0.0", "--port", str(free_port()), "--db", str(db)],
+    out = subprocess.run([*CLI, "server", "--host", "0.0.0.0", "--port", str(free_port()), *dbkit.server_db_args(db)],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 2 and "no tokens exist" in out.stderr
-    store = Store(str(db))
-    store.create_token("device", "d1", [])
-    store.close()
-    out = subprocess.run([*CLI, "server", "--host", "0.0.0.0", "--port", str(free_port()), "--db", str(db)],
+    dbkit.create_tokens(dbkit.server_db(db), [("device", "d1", [])])
+    out = subprocess.run([*CLI, "server", "--host", "0.0.0.0", "--port", str(free_port()), *dbkit.server_db_args(db)],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 2 and "without TLS" in out.stderr

@@ -9,10 +9,10 @@ import subprocess
 
 import pytest
 
+import dbkit
 from netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.device.tls_pin import cert_fingerprint, normalize_fingerprint, show_fingerprint
 from tether.remote import RemoteServer
-from tether.server.store import Store
 
 
 @pytest.fixture
@@ -24,13 +24,11 @@ def tls_server(tmp_path, pki):
     state = tmp_path / "state"
     state.mkdir()
     db = state / "server.db"
-    store = Store(str(db))
-    _, device_token = store.create_token("device", "pinned", [])
-    _, api_token = store.create_token("api", "ops", ["read", "execute", "admin"])
-    store.close()
+    device_token, api_token = dbkit.create_tokens(dbkit.server_db(db), [
+        ("device", "pinned", []), ("api", "ops", ["read", "execute", "admin"])])
     env = tether_env(state)
     port = free_port()
-    server = Proc(["server", "--port", str(port), "--db", str(db), "--tls-cert", str(paths["cert"]),
+    server = Proc(["server", "--port", str(port), *dbkit.server_db_args(db), "--tls-cert", str(paths["cert"]),
                    "--tls-key", str(paths["key"]), "--log-level", "warning"], tmp_path / "server.log", env)
     remote = RemoteServer(f"https://127.0.0.1:{port}", api_token, ca_file=str(paths["ca"]))
     wait_for(lambda: remote.health()["status"] == "ok", "https health", procs=(server.popen,))
