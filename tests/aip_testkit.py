@@ -66,11 +66,12 @@ class ServerFactory:
         self.running: list[Running] = []
 
     async def start(self, ws_max_size: int = 1 << 20, **overrides: Any) -> Running:
-        values: dict[str, Any] = {**dbkit.settings_db(self.tmp_path / f"server{len(self.running)}.db"),
+        path = overrides.pop("db_path", self.tmp_path / f"server{len(self.running)}.db")
+        values: dict[str, Any] = {**dbkit.settings_db(path),
                                   "heartbeat_interval": 5.0, "heartbeat_timeout": 30.0, "grace_period": 5.0,
                                   "register_timeout": 5.0, "max_frame_bytes": 4096}
         settings = ServerSettings(**{**values, **overrides})
-        store = Store(settings.db_path)
+        store = Store(dbkit.server_db(settings.db_path))
         hub = DeviceHub(store, settings)
         await hub.start()
         # bound and listening here: no race for a "free" port, and a client that connects before

@@ -54,8 +54,8 @@ def backend() -> Backend:
 
 
 def store_speaks_postgres() -> bool:
-    """True once the server's Store has its engine layer and its async `Store.open` (issue 16, S1); until
-    then PostgreSQL mode refuses."""
+    """True once the server's Store has its engine layer (issue 16, S1) and so opens a `postgresql://`
+    URL where it opened a path; until then PostgreSQL mode refuses."""
     try:
         if importlib.util.find_spec("tether.server.store.engine") is None:
             return False
@@ -80,14 +80,20 @@ def database_url(admin_url: str, name: str) -> str:
     return admin_url.rsplit("/", 1)[0] + "/" + name
 
 
-async def _migrate(url: str) -> None:
+def migrate(target: Path | str) -> None:
+    """Apply the server's migrations to `target` (a path or a URL) the way a server does: by opening its
+    Store, synchronous as it is today or async (`await Store.open`) as the storage contract has it."""
     from tether.server.store import Store
 
     if not hasattr(Store, "open"):  # the Store as it is: synchronous, over psycopg for PostgreSQL
-        Store(url).close()
+        Store(str(target)).close()
         return
-    store = await Store.open(url)  # type: ignore[attr-defined]
-    await store.aclose()
+
+    async def opened() -> None:
+        store = await Store.open(str(target))  # type: ignore[attr-defined]
+        await store.aclose()
+
+    _run(opened())
 
 
 @contextlib.contextmanager
@@ -102,7 +108,7 @@ def postgres_session(*, migrate: bool = True) -> Iterator[str]:
         psql(admin, f"CREATE DATABASE {TEMPLATE}")
         if migrate:
             # the migrations once; every test's database is then a file copy (CREATE DATABASE … TEMPLATE)
-            _run(_migrate(database_url(admin, TEMPLATE)))
+            migrate(database_url(admin, TEMPLATE))
         yield admin
 
 

@@ -49,7 +49,7 @@ async def running_app(tmp_path: Path) -> AsyncIterator[App]:
     db = tmp_path / "server.db"
     settings = ServerSettings(**dbkit.settings_db(db), heartbeat_interval=5.0, heartbeat_timeout=30.0,
                               grace_period=30.0)
-    store = Store(db)
+    store = Store(dbkit.server_db(db))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)

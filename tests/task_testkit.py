@@ -49,7 +49,7 @@ class AgentServer:
     async def __aenter__(self) -> AgentServer:
         settings = ServerSettings(**dbkit.settings_db(self.db_path), heartbeat_interval=5.0, heartbeat_timeout=30.0,
                                   grace_period=5.0)
-        self.store = Store(settings.db_path)
+        self.store = Store(dbkit.server_db(settings.db_path))
         token = self.store.create_token("api", f"tester-{len(self.store.list_tokens())}",
                                         ["read", "execute", "approve"])[1]
         # what an agent would hold: it may run tasks but not approve its own dangerous actions

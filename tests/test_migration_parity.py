@@ -1,11 +1,10 @@
 """One migration path, two dialects (issue 16): a fresh SQLite file and a fresh PostgreSQL database end with
 the same tables, the same columns, the same primary and unique keys and the same indexes (names, columns,
 uniqueness). Column types are not compared: they differ on purpose (REAL vs DOUBLE PRECISION, AUTOINCREMENT
-vs IDENTITY). Both sides are migrated the way a server does, through `Store.open`."""
+vs IDENTITY). Both sides are migrated the way a server does, by opening its Store."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,13 +68,6 @@ def postgres_schema(url: str) -> Schema:
     return schema
 
 
-async def migrate(target: str) -> None:
-    from tether.server.store import Store
-
-    store = await Store.open(target)  # type: ignore[attr-defined]
-    await store.aclose()
-
-
 @pytest.fixture(scope="module")
 def admin() -> Iterator[str]:
     with dbkit.postgres_session(migrate=False) as url:
@@ -109,13 +101,13 @@ def test_the_schema_readers_agree_on_the_same_ddl(admin: str, tmp_path: Path) ->
 
 
 @pytest.mark.xfail(not dbkit.store_speaks_postgres(), strict=True,
-                   reason="the Store has no PostgreSQL backend yet (issue 16: store.engine and async Store.open)")
+                   reason="the Store has no PostgreSQL backend yet (issue 16: tether.server.store.engine)")
 def test_both_dialects_end_with_the_same_schema(admin: str, tmp_path: Path) -> None:
     dbkit.psql(admin, "CREATE DATABASE parity")
     url = dbkit.database_url(admin, "parity")
     try:
-        asyncio.run(migrate(str(tmp_path / "server.db")))
-        asyncio.run(migrate(url))
+        dbkit.migrate(tmp_path / "server.db")
+        dbkit.migrate(url)
         on_sqlite, on_postgres = sqlite_schema(tmp_path / "server.db"), postgres_schema(url)
         assert on_sqlite["tables"], "the migrations made no table"
         for part in ("tables", "columns", "keys", "indexes"):

@@ -84,7 +84,7 @@ class LiveServer:
                                   "heartbeat_timeout": 30.0, "grace_period": 2.0, "register_timeout": 5.0,
                                   "max_frame_bytes": 16 * 1024}
         self.settings = ServerSettings(**{**values, **overrides})
-        self.store = Store(self.settings.db_path)
+        self.store = Store(dbkit.server_db(self.settings.db_path))
         scopes = ["read", "execute", "admin", "approve"]
         _, self.api_token = self.store.create_token("api", f"fuzzer-{uuid.uuid4().hex}", scopes)
         _, self.read_token = self.store.create_token("api", f"reader-{uuid.uuid4().hex}", ["read"])

@@ -44,7 +44,7 @@ class GatewayServer:
         values: dict[str, Any] = {**dbkit.settings_db(tmp / "server.db"), "heartbeat_interval": 5.0,
                                   "heartbeat_timeout": 30.0, "grace_period": 0.5, "register_timeout": 5.0}
         self.settings = ServerSettings(**{**values, **settings})
-        self.store = Store(self.settings.db_path)
+        self.store = Store(dbkit.server_db(self.settings.db_path))
         self.app = create_app(self.settings, self.store, extensions)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
