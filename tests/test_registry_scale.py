@@ -32,6 +32,7 @@ from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRegistry
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
+from tether.server.store.engine import pick
 
 PLATFORMS = ("linux", "Windows", "darwin", None)
 TAGS = ("lab", "gpu", "office", "edge", "eu")
@@ -263,11 +264,12 @@ async def test_a_known_device_reconnecting_gets_its_new_profile(servers):
 
 
 async def test_an_older_database_gets_platforms_and_tags_from_its_stored_profiles(tmp_path):
-    mine = next(i for i, m in enumerate(store_module._MIGRATIONS) if "device_tools" in m)
+    sqlite_texts = [pick(m, "sqlite") for m in store_module._MIGRATIONS]
+    mine = next(i for i, m in enumerate(sqlite_texts) if "device_tools" in m)
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)
     conn.execute("CREATE TABLE schema_version (version INTEGER NOT NULL)")
-    for version, migration in enumerate(store_module._MIGRATIONS[:mine], start=1):
+    for version, migration in enumerate(sqlite_texts[:mine], start=1):
         for statement in migration.split(";"):
             if statement.strip():
                 conn.execute(statement)

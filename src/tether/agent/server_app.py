@@ -30,7 +30,7 @@ def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = 
         @asynccontextmanager
         async def running() -> AsyncIterator[None]:
             settings: ServerSettings = app.state.settings
-            store = TaskStore(settings.db_path)
+            store = TaskStore(settings.db_target)
             service = TaskService(app.state.hub, store, llm_settings, budgets=budgets)
             app.state.tasks = service
             app.state.on_stopping = [*getattr(app.state, "on_stopping", []), service.release_followers]

@@ -19,6 +19,7 @@ from typing import Any
 
 from tether.agent.task import TERMINAL_STATES, Task, TaskEvent, TaskState
 from tether.server.store import StoreUnavailable, disk_problem
+from tether.server.store.engine import describe, is_url, open_postgres
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,15 @@ CREATE INDEX IF NOT EXISTS tasks_updated ON tasks (updated_at);
 
 class TaskStore:
     def __init__(self, path: str | Path) -> None:
+        """A SQLite file, or the server's PostgreSQL database (a `postgresql://` URL)."""
+        self.where = describe(path)
+        self._lock = threading.Lock()
+        if is_url(path):
+            self.path = Path(self.where)
+            self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached
+            for statement in (s for s in _SCHEMA.split(";") if s.strip()):
+                self._conn.execute(statement)
+            return
         self.path = Path(path).expanduser()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +73,6 @@ class TaskStore:
             self._conn.executescript(_SCHEMA)
         except (sqlite3.Error, OSError) as exc:  # a full or read-only state directory: say so in one line
             raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.path}: {exc}") from None
-        self._lock = threading.Lock()
 
     def close(self) -> None:
         with self._lock:
@@ -126,7 +135,8 @@ class TaskStore:
         with self._lock:
             rows = self._conn.execute(
                 "SELECT id, request, state, json_extract(body, '$.device'), created_at, updated_at FROM tasks "
-                "WHERE ?1 IS NULL OR state = ?1 ORDER BY updated_at DESC LIMIT ?2", (state, limit)).fetchall()
+                "WHERE CAST(? AS TEXT) IS NULL OR state = ? ORDER BY updated_at DESC LIMIT ?",
+                (state, state, limit)).fetchall()
         keys = ("id", "request", "state", "device", "created_at", "updated_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 

@@ -37,7 +37,10 @@ from tether.cli.common import (
 if TYPE_CHECKING:
     from tether.device.config import DeviceConfig
 
-DbOpt = Annotated[Path | None, typer.Option("--db", help="server database (default: state dir/server.db)")]
+DbOpt = Annotated[str | None, typer.Option(
+    "--db", metavar="PATH|URL", help="server database: a SQLite file (default: state dir/server.db) or a "
+                                     "postgresql://USER@HOST:PORT/DB URL shared by several servers "
+                                     "(default $TETHER_DB_URL; a password goes in ~/.pgpass or PGPASSWORD)")]
 
 # `tether server`, `tether device` and `tether devices` run (or list) by themselves and also have
 # sub-commands (install, uninstall, status; pending, approve, refuse) attached by other modules
@@ -51,10 +54,16 @@ app.add_typer(devices_app, name="devices")
 
 def _settings(**overrides: object):
     from tether.server.settings import ServerSettings
+    from tether.server.store.engine import is_url
 
     clean = {k: v for k, v in overrides.items() if v is not None}
+    if "db_path" not in clean and os.environ.get("TETHER_DB_URL") and "db_path" in overrides:
+        clean["db_path"] = os.environ["TETHER_DB_URL"]
     if "db_path" in clean:
-        clean["db_path"] = str(Path(str(clean["db_path"])).expanduser())
+        if is_url(str(clean["db_path"])):
+            clean["db_url"] = str(clean.pop("db_path"))
+        else:
+            clean["db_path"] = str(Path(str(clean["db_path"])).expanduser())
     try:
         return ServerSettings(**clean)
     except ValueError as exc:
@@ -106,7 +115,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
                          heartbeat_timeout=heartbeat_timeout, grace_period=grace_period,
                          allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes,
                          max_response_bytes=max_response_bytes, pairing=pairing)
-    check_state_dir(settings.db_path)  # a full or read-only state directory: one line (tether.cli.main), exit 2
+    check_state_dir(settings.db_target)  # a full or read-only state directory: one line (tether.cli.main), exit 2
     if tls_cert:
         _print_cert_fingerprint(tls_cert)
     try:
@@ -143,7 +152,7 @@ def token_create(device: Annotated[str | None, typer.Option(
 
     if bool(device) == bool(api):
         fail("give exactly one of --device NAME or --api NAME")
-    store = Store(_settings(db_path=db).db_path)
+    store = Store(_settings(db_path=db).db_target)
     try:
         kind = "device" if device else "api"
         scopes = [] if device else list(scope or ["read", "execute"])
@@ -166,7 +175,7 @@ def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """List tokens (never their secrets)."""
     from tether.server.store import Store
 
-    store = Store(_settings(db_path=db).db_path)
+    store = Store(_settings(db_path=db).db_target)
     try:
         rows = store.list_tokens()
     finally:
@@ -194,7 +203,7 @@ def token_revoke(token: Annotated[str, typer.Argument(help="token id, or a name 
     """Revoke a token; a connected device using it is refused at its next registration."""
     from tether.server.store import Store
 
-    store = Store(_settings(db_path=db).db_path)
+    store = Store(_settings(db_path=db).db_target)
     try:
         count = store.revoke_token(token)
     finally:

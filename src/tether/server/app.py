@@ -35,7 +35,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     lifespan, after the hub starts and before it stops. That is how layers above the server (the
     agent's task API) plug in without the server importing them.
     """
-    store = store or Store(settings.db_path)
+    store = store or Store(settings.db_target)
     hub = DeviceHub(store, settings)
 
     @asynccontextmanager

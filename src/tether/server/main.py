@@ -46,7 +46,7 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
 
     Logging: uvicorn's handlers plus the server's own loggers, every line escaped and the access
     log without query strings (`tether.server.logsafe`)."""
-    store = Store(settings.db_path)
+    store = Store(settings.db_target)
     store.check_writable()  # a full or read-only state directory: StoreUnavailable, one line
     check_binding(settings, store, allow_insecure=allow_insecure)
     app = app_factory(settings, store)

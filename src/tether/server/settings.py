@@ -93,6 +93,8 @@ class ServerSettings(BaseModel):
     host: str = "127.0.0.1"
     port: int = Field(8765, ge=0, le=65535)
     db_path: Path = Field(default_factory=lambda: default_state_dir() / "server.db")
+    db_url: str | None = Field(None, description=(
+        "a postgresql:// URL: the server's state in PostgreSQL instead of db_path (several servers share it)"))
     heartbeat_interval: float = Field(5.0, gt=0, description="how often a device sends a heartbeat")
     heartbeat_timeout: float = Field(15.0, gt=0, description="silence after which a device is offline")
     grace_period: float = Field(10.0, ge=0, description="how long a dropped device's batches wait for it")
@@ -132,6 +134,18 @@ class ServerSettings(BaseModel):
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key must be given together")
         return self
+
+    @field_validator("db_url")
+    @classmethod
+    def _db_url(cls, url: str | None) -> str | None:
+        if url is not None and url.split(":", 1)[0].lower() not in ("postgresql", "postgres"):
+            raise ValueError(f"db_url must be a postgresql:// URL, not {url.split(':', 1)[0]}:…")
+        return url
+
+    @property
+    def db_target(self) -> str | Path:
+        """What the stores open: the PostgreSQL URL when there is one, else the SQLite file."""
+        return self.db_url or self.db_path
 
     @property
     def loopback(self) -> bool:

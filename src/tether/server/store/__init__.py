@@ -28,6 +28,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from tether.server.store.engine import (
+    TOKENS_CHANNEL,
+    StoreUnavailable,
+    describe,
+    dialect_of,
+    is_url,
+    open_postgres,
+    pick,
+    split_script,
+)
+
 logger = logging.getLogger(__name__)
 
 TokenKind = Literal["device", "api"]
@@ -47,7 +58,9 @@ MIN_FREE_BYTES = 1 << 20  # less free space than this in the state directory cou
 # requested_by, device, call_id, tool_name, arguments, status, error, response_id[, approved_by]
 AuditRow = tuple[Any, ...]
 
-_MIGRATIONS: list[str] = [
+# One migration path for both databases: a text both read (the engine rewrites SQLite's few spellings for
+# PostgreSQL: REAL, AUTOINCREMENT, `?`), or {"sqlite": …, "postgres": …} where they must differ.
+_MIGRATIONS: list[str | dict[str, str]] = [
     """
     CREATE TABLE tokens (
         id TEXT PRIMARY KEY,
@@ -122,14 +135,19 @@ _MIGRATIONS: list[str] = [
     """,
     # known devices read at start-up without their profiles (issue 13): a device's tool list is kept once
     # per distinct content, and its platform and tags beside the name so listing needs no profile
-    """
+    {"sqlite": """
     CREATE TABLE device_tools (digest TEXT PRIMARY KEY, tools TEXT NOT NULL);
     ALTER TABLE devices ADD COLUMN tools_digest TEXT;
     ALTER TABLE devices ADD COLUMN platform TEXT;
     ALTER TABLE devices ADD COLUMN tags TEXT;
     UPDATE devices SET platform = json_extract(profile, '$.os.platform'), tags = json_extract(profile, '$.tags')
         WHERE profile IS NOT NULL AND json_valid(profile);
-    """,
+    """, "postgres": """
+    CREATE TABLE device_tools (digest TEXT PRIMARY KEY, tools TEXT NOT NULL);
+    ALTER TABLE devices ADD COLUMN tools_digest TEXT;
+    ALTER TABLE devices ADD COLUMN platform TEXT;
+    ALTER TABLE devices ADD COLUMN tags TEXT
+    """},
 ]
 SENT, UNKNOWN = "sent", "unknown"
 _TOKEN_CACHE = 65_536  # verified tokens kept in memory (cleared whole when full: it refills from the table)
@@ -167,11 +185,6 @@ class StoredDevice(BaseModel):
     profile: dict[str, Any] | None
     first_seen: float
     last_seen: float
-
-
-class StoreUnavailable(RuntimeError):
-    """The server's state cannot be written (a full or read-only disk, an I/O error): the message is
-    one line saying so and where. The API answers it with 503 `{"error": …}`, the CLI with one line."""
 
 
 _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14
@@ -235,7 +248,8 @@ class Store:
     def __init__(self, path: str | Path) -> None:
         """Open (or create) the database; `StoreUnavailable` says in one line when its directory cannot
         be written (full, read-only, no permission)."""
-        self.path = Path(path)
+        self.where = describe(path)  # for messages: a URL's password masked
+        self.path = Path(self.where)
         self._lock = threading.Lock()
         self._audit_pending: list[tuple[str, str, str | None, str, dict[str, Any] | None, str, str | None,
                                         str | None, float]] = []
@@ -252,30 +266,41 @@ class Store:
         # every other connection's commit) and this connection's token writes leave them so
         self._token_cache: dict[str, TokenInfo] = {}
         self._token_cache_version = -1
-        self._memory = str(path) == ":memory:"
+        # nothing on this machine's disk to check for a database elsewhere (PostgreSQL) or in memory
+        self._memory = str(path) == ":memory:" or is_url(path)
+        self._conn: Any
         try:
-            if not self._memory:
-                self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-            self._conn.row_factory = sqlite3.Row
-            if not self._memory:
-                self.path.chmod(0o600)
+            if is_url(path):
+                self._conn = open_postgres(str(path))
+            else:
+                if not self._memory:
+                    self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self._conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+                self._conn.row_factory = sqlite3.Row
+                if not self._memory:
+                    self.path.chmod(0o600)
+            self.dialect = dialect_of(self._conn)
             with self._lock:
-                self._conn.execute("PRAGMA journal_mode=WAL")
-                self._conn.execute("PRAGMA synchronous=NORMAL")
-                self._conn.execute("PRAGMA foreign_keys=ON")
+                if self.dialect == "sqlite":
+                    self._conn.execute("PRAGMA journal_mode=WAL")
+                    self._conn.execute("PRAGMA synchronous=NORMAL")
+                    self._conn.execute("PRAGMA foreign_keys=ON")
                 self._migrate()
                 if not self._memory:
                     self._settle_sent()
         except (sqlite3.Error, OSError) as exc:
             with contextlib.suppress(Exception):
                 self._conn.close()
-            raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.path}: {exc}") from None
+            raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.where}: {exc}") from None
 
     def check_writable(self) -> None:
         """Raise `StoreUnavailable` (one line) unless the database can be written and its disk has room:
         what a server checks before it starts."""
         if self._memory:
+            if self.dialect == "postgres":  # reachable and writable: one empty transaction
+                with self._writing(), self._lock:
+                    self._conn.execute("BEGIN")
+                    self._conn.execute("ROLLBACK")
             return
         problem = free_space_problem(self.path.parent)
         if problem is not None:
@@ -300,14 +325,13 @@ class Store:
         row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
         current = row[0] or 0
         if current > len(_MIGRATIONS):
-            raise RuntimeError(f"{self.path} has schema version {current}, newer than this tether "
+            raise RuntimeError(f"{self.where} has schema version {current}, newer than this tether "
                                f"({len(_MIGRATIONS)}); upgrade tether or use another --db")
         for version in range(current + 1, len(_MIGRATIONS) + 1):
             self._conn.execute("BEGIN IMMEDIATE")
             try:
-                for statement in _MIGRATIONS[version - 1].split(";"):
-                    if statement.strip():
-                        self._conn.execute(statement)
+                for statement in split_script(pick(_MIGRATIONS[version - 1], self.dialect)):
+                    self._conn.execute(statement)
                 self._conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
                 self._conn.execute("COMMIT")
             except BaseException:
@@ -381,7 +405,8 @@ class Store:
             # when another connection (`tether token revoke`, another process) commits, and this
             # connection's own token writes clear the cache (`_tokens_changed`), so a revocation is
             # honoured on the very next request. A hit costs one pragma instead of a query and a model.
-            version = self._conn.execute("PRAGMA data_version").fetchone()[0]
+            version = (self._conn.data_version() if self.dialect == "postgres"
+                       else self._conn.execute("PRAGMA data_version").fetchone()[0])
             if version != self._token_cache_version:
                 self._token_cache.clear()
                 self._token_cache_version = version
@@ -407,8 +432,11 @@ class Store:
         return info
 
     def _tokens_changed(self) -> None:
-        """This connection wrote to the tokens table (its commits do not move `data_version`)."""
+        """This connection wrote to the tokens table (its commits do not move `data_version`); with
+        PostgreSQL every other server process is told, at this transaction's commit."""
         self._token_cache.clear()
+        if self.dialect == "postgres":
+            self._conn.execute(f"NOTIFY {TOKENS_CHANNEL}")
 
     def list_tokens(self) -> list[TokenInfo]:
         with self._lock:
@@ -694,7 +722,7 @@ class Store:
             pending = []
             self._write_outcomes(updates)
         except Exception as exc:  # from a timer there is no caller to tell: hold the rows, say why, retry
-            problem = disk_problem(exc, self.path) or f"cannot write the audit log {self.path}: {exc}"
+            problem = disk_problem(exc, self.path) or f"cannot write the audit log {self.where}: {exc}"
             with self._lock:
                 self._audit_pending[:0] = pending
                 self._audit_updates[:0] = updates
