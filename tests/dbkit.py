@@ -97,16 +97,16 @@ def migrate(target: Path | str) -> None:
 
 
 @contextlib.contextmanager
-def postgres_session(*, migrate: bool = True) -> Iterator[str]:
+def postgres_session(*, migrated: bool = True) -> Iterator[str]:
     """A private PostgreSQL for the session and the template every test database is copied from (with the
-    server's migrations applied once when `migrate`); yields the engine's maintenance URL."""
-    if migrate and not store_speaks_postgres():
+    server's migrations applied once when `migrated`); yields the engine's maintenance URL."""
+    if migrated and not store_speaks_postgres():
         raise RuntimeError(f"{MODE_ENV}=postgres: this tether's Store has no PostgreSQL backend yet "
                            "(tether.server.store.engine, issue 16)")
     with postgres_server() as engine:
         admin = engine.url
         psql(admin, f"CREATE DATABASE {TEMPLATE}")
-        if migrate:
+        if migrated:
             # the migrations once; every test's database is then a file copy (CREATE DATABASE … TEMPLATE)
             migrate(database_url(admin, TEMPLATE))
         yield admin

@@ -15,7 +15,7 @@ import dbkit
 @pytest.fixture(scope="module")
 def admin() -> Iterator[str]:
     # the template without the server's migrations: this tests the kit, not the Store
-    with dbkit.postgres_session(migrate=False) as url:
+    with dbkit.postgres_session(migrated=False) as url:
         yield url
 
 

@@ -70,7 +70,7 @@ def postgres_schema(url: str) -> Schema:
 
 @pytest.fixture(scope="module")
 def admin() -> Iterator[str]:
-    with dbkit.postgres_session(migrate=False) as url:
+    with dbkit.postgres_session(migrated=False) as url:
         yield url
 
 

@@ -13,6 +13,7 @@ import logging
 import pytest
 from websockets.exceptions import InvalidStatus
 
+import dbkit
 from aip_testkit import WAIT, FakeDevice, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType
 from tether.protocol.models import Command, ResultStatus
@@ -250,7 +251,7 @@ async def test_a_revocation_by_another_process_is_noticed_by_the_liveness_watch(
     srv = await servers.start(heartbeat_interval=0.05, heartbeat_timeout=5.0)
     dev = srv.device("laptop")
     await dev.register()
-    other_process = Store(srv.hub.settings.db_path)  # as `tether token revoke laptop` would
+    other_process = Store(dbkit.server_db(srv.hub.settings.db_path))  # as `tether token revoke laptop` would
     assert other_process.revoke_token("laptop") == 1
     other_process.close()
     assert await dev.close_code() == (CLOSE_UNAUTHORIZED, "unauthorized: token revoked")
