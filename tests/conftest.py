@@ -89,12 +89,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = keep
 
 
-@pytest.fixture(scope="session")
-def _postgres_admin() -> Iterator[str]:
-    """The session's private PostgreSQL (TETHER_TEST_DB=postgres only); its maintenance URL."""
+@pytest.fixture(scope="session", autouse=True)
+def _postgres_admin() -> Iterator[str | None]:
+    """With TETHER_TEST_DB=postgres: the session's private PostgreSQL, its maintenance URL, and the
+    session's database scope (set up before any module-scoped fixture starts a server). None otherwise."""
     import dbkit
 
-    with dbkit.postgres_session() as admin:
+    if dbkit.backend() != "postgres":
+        yield None
+        return
+    with dbkit.postgres_session() as admin, dbkit.per_test_databases(admin, "s"):
         yield admin
 
 
@@ -106,5 +110,7 @@ def _test_database(request: pytest.FixtureRequest) -> Iterator[None]:
     if dbkit.backend() != "postgres":
         yield
         return
-    with dbkit.per_test_databases(request.getfixturevalue("_postgres_admin")):
+    admin = request.getfixturevalue("_postgres_admin")
+    assert admin is not None
+    with dbkit.per_test_databases(admin):
         yield

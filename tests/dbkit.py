@@ -124,21 +124,26 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 @contextlib.contextmanager
-def per_test_databases(admin_url: str) -> Iterator[str]:
-    """The environment for one test's databases; drops whatever the test created. Yields the name prefix."""
-    prefix = "t_" + uuid.uuid4().hex[:16]
-    saved = {key: os.environ.get(key) for key in (ADMIN_ENV, PREFIX_ENV, USED_ENV)}
-    os.environ.update({ADMIN_ENV: admin_url, PREFIX_ENV: prefix, USED_ENV: ""})
+def per_test_databases(admin_url: str, prefix: str = "t") -> Iterator[str]:
+    """The scope of a test's (or, with prefix "s", the session's) databases: those created inside it are
+    dropped when it ends. Nested: a module- or session-scoped fixture's server, set up before any test's
+    scope opens, gets a database of the session's scope and keeps it for all the tests that share it.
+    Yields the name prefix."""
+    prefix = f"{prefix}_{uuid.uuid4().hex[:16]}"
+    saved = {key: os.environ.get(key) for key in (ADMIN_ENV, PREFIX_ENV)}
+    os.environ.update({ADMIN_ENV: admin_url, PREFIX_ENV: prefix})
     try:
         yield prefix
     finally:
-        used = os.environ.get(USED_ENV, "").split()
+        created = os.environ.get(USED_ENV, "").split()
+        mine = [name for name in created if name.startswith(prefix + "_")]
+        os.environ[USED_ENV] = " ".join(name for name in created if name not in mine)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
-        for name in used:
+        for name in mine:
             # FORCE: a server a failed test left running must not keep its database alive
             psql(admin_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
@@ -149,14 +154,18 @@ def server_db(path: Path | str) -> Path | str:
         return Path(path)
     admin, prefix = os.environ.get(ADMIN_ENV), os.environ.get(PREFIX_ENV)
     if not admin or not prefix:
-        raise RuntimeError(f"{MODE_ENV}=postgres outside a test: conftest's _test_database fixture sets up "
-                           "the session's PostgreSQL")
-    name = f"{prefix}_{hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:10]}"
+        raise RuntimeError(f"{MODE_ENV}=postgres outside a test session: conftest's _postgres_admin fixture "
+                           "sets up the session's PostgreSQL")
+    digest = hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:10]
     created = os.environ.get(USED_ENV, "").split()
-    if name not in created:
-        # FILE_COPY: a small template copies faster than through the WAL (32 vs 40 ms here)
-        psql(admin, f'CREATE DATABASE "{name}" TEMPLATE {TEMPLATE} STRATEGY FILE_COPY')
-        os.environ[USED_ENV] = " ".join([*created, name])
+    # the same path in any open scope is the same database: a test restarting a module fixture's server
+    known = [name for name in created if name.endswith("_" + digest)]
+    if known:
+        return database_url(admin, known[0])
+    name = f"{prefix}_{digest}"
+    # FILE_COPY: a small template copies faster than through the WAL (32 vs 40 ms here)
+    psql(admin, f'CREATE DATABASE "{name}" TEMPLATE {TEMPLATE} STRATEGY FILE_COPY')
+    os.environ[USED_ENV] = " ".join([*created, name])
     return database_url(admin, name)
 
 

@@ -45,9 +45,15 @@ def test_a_misspelt_mode_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
         dbkit.backend()
 
 
-def test_each_state_path_is_its_own_database_dropped_after(admin: str, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def outside(monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL mode with no scope open (also when this file runs in the PostgreSQL pass itself)."""
     monkeypatch.setenv(dbkit.MODE_ENV, "postgres")
+    for key in (dbkit.ADMIN_ENV, dbkit.PREFIX_ENV, dbkit.USED_ENV):
+        monkeypatch.delenv(key, raising=False)
+
+
+def test_each_state_path_is_its_own_database_dropped_after(admin: str, tmp_path: Path, outside: None) -> None:
     before = databases(admin)
     with dbkit.per_test_databases(admin) as prefix:
         first = dbkit.server_db(tmp_path / "server0.db")
@@ -62,17 +68,31 @@ def test_each_state_path_is_its_own_database_dropped_after(admin: str, tmp_path:
         made = databases(admin) - before
         assert len(made) == 2 and all(name.startswith(prefix) for name in made)
     assert databases(admin) == before
-    with pytest.raises(RuntimeError, match="outside a test"):
+    with pytest.raises(RuntimeError, match="outside a test session"):
         dbkit.server_db(tmp_path / "server0.db")
 
 
-def test_a_server_left_connected_does_not_keep_its_database(admin: str, tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_module_fixtures_database_lives_through_the_tests_that_share_it(admin: str, tmp_path: Path,
+                                                                          outside: None) -> None:
+    before = databases(admin)
+    with dbkit.per_test_databases(admin, "s") as session:
+        shared = dbkit.server_db(tmp_path / "module.db")  # a module-scoped server, before any test's scope
+        for _ in range(2):
+            with dbkit.per_test_databases(admin) as test:
+                assert dbkit.server_db(tmp_path / "module.db") == shared  # restarting it finds its state
+                own = str(dbkit.server_db(tmp_path / "own.db"))
+                assert own.rsplit("/", 1)[1].startswith(test)
+            assert own.rsplit("/", 1)[1] not in databases(admin)
+        assert str(shared).rsplit("/", 1)[1].startswith(session) and databases(admin) - before == {
+            str(shared).rsplit("/", 1)[1]}
+    assert databases(admin) == before
+
+
+def test_a_server_left_connected_does_not_keep_its_database(admin: str, tmp_path: Path, outside: None) -> None:
     import subprocess
 
     from engines import _postgres_bin
 
-    monkeypatch.setenv(dbkit.MODE_ENV, "postgres")
     before = databases(admin)
     with dbkit.per_test_databases(admin):
         url = str(dbkit.server_db(tmp_path / "server.db"))
