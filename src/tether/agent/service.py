@@ -20,6 +20,7 @@ from typing import Any
 
 from tether.agent.executor import TaskRunner
 from tether.agent.llm import LLMClient, LLMSettings
+from tether.agent.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.restart import settle_after_restart
@@ -119,6 +120,9 @@ class TaskService:
         self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
         self._saver = SaveSoon(store)
         self._closing = False
+        self._leases: TaskLeases | None = None  # made at start: which node runs each task (agent/ownership.py)
+        self._keeper: asyncio.Task[None] | None = None
+        self._given_up: set[str] = set()  # tasks another server took over while they ran here
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -129,12 +133,22 @@ class TaskService:
             claim_task_sessions(self.hub.store, self.store.ids())
         except StoreUnavailable as exc:  # start-up checked the disk; it filled since: claims come with use
             logger.error("could not record the tasks' session owners: %s", exc)
+        settings = self.hub.settings
+        self._leases = TaskLeases(self.store, node_id(settings), settings.heartbeat_timeout + settings.grace_period)
         for task in self.store.unfinished():
-            self._resume_after_restart(task)
+            if self._leases.claim(task.id):
+                self._resume_after_restart(task)
+            else:  # another live server sharing this database runs it
+                logger.info("task %s is run by %s", task.id, self._leases.holder(task.id))
+        self._keeper = asyncio.create_task(keep_leases(self._leases, lambda: list(self._live), self._take_over,
+                                                       self._lost), name="task leases")
 
     async def aclose(self) -> None:
         """Stop every runner without cancelling its task: the next start resumes or asks."""
         self._closing = True
+        if self._keeper is not None:
+            self._keeper.cancel()
+            await asyncio.gather(self._keeper, return_exceptions=True)
         runners = list(self._runners.values())
         for runner, job in runners:
             runner.interrupted = True
@@ -147,8 +161,43 @@ class TaskService:
                          len(self._saver.unsaved), ", ".join(self._saver.unsaved), problem)
         for task_id in list(self._subscribers):
             self._end_followers(task_id)
+        if self._leases is not None and problem is None:  # saved: another server may take them over at once
+            for task_id in list(self._live):
+                self._release(task_id)
         if self.llm is not None:
             await self.llm.close()
+
+    def _take_over(self, task_id: str) -> None:
+        """A task whose server stopped renewing its lease: claim it and settle it as a restart does."""
+        task = self.store.get(task_id)
+        if task is None or task.state.terminal or task.id in self._live or self._closing:
+            return
+        if self._leases is not None and self._leases.claim(task.id):
+            logger.warning("task %s: its server stopped; taken over by %s", task.id, self._leases.node)
+            seen = task.events[-1].seq if task.events else -1
+            self._resume_after_restart(task)
+            for event in [e for e in task.events if e.seq > seen]:  # followers here already: what the settling said
+                self._on_event(task, event)
+
+    def _lost(self, task_id: str) -> None:
+        """Another server took this task over (this one could not renew its lease in time): stop running it
+        here without saving, since the other server owns its record now."""
+        logger.error("task %s was taken over by %s; stopping it here", task_id,
+                     self._leases.holder(task_id) if self._leases is not None else "another server")
+        running = self._runners.pop(task_id, None)
+        if running is not None:
+            self._given_up.add(task_id)
+            running[0].interrupted = True
+            running[1].cancel()
+        self._live.pop(task_id, None)
+        self._end_followers(task_id)
+
+    def _release(self, task_id: str) -> None:
+        if self._leases is not None:
+            try:
+                self._leases.release(task_id)
+            except StoreUnavailable as exc:  # the lease runs out by itself
+                logger.warning("could not release the lease of task %s: %s", task_id, exc)
 
     def _resume_after_restart(self, task: Task) -> None:
         action = settle_after_restart(task)
@@ -261,6 +310,8 @@ class TaskService:
     # -- running ----------------------------------------------------------------------------------------
 
     def _start(self, task: Task) -> None:
+        if self._leases is not None:
+            self._leases.claim(task.id)  # a new task, or one this server just claimed: it holds the lease
         self._live[task.id] = task
         runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
                             on_event=lambda event: self._on_event(task, event), budgets=self.budgets,
@@ -285,10 +336,14 @@ class TaskService:
                 self._on_event(task, task.transition(TaskState.FAILED, error=task.error))
         finally:
             self._runners.pop(task.id, None)
-            self._saver.save(task)  # never raises: unsaved, it is kept (get and list show it) and retried
-            if task.state.terminal:
+            if task.id in self._given_up:  # its record is the other server's now: nothing saved from here
+                self._given_up.discard(task.id)
+            else:
+                self._saver.save(task)  # never raises: unsaved, it is kept (get and list show it) and retried
+            if task.state.terminal and self._live.get(task.id) is task:
                 self._live.pop(task.id, None)
                 self._end_followers(task.id)
+                self._release(task.id)
 
     async def _tools_for(self, task: Task) -> dict[str | None, list[ToolInfo]]:
         """Each device's tools, asked live (tools change), else from the profile it registered with."""
@@ -436,6 +491,7 @@ class TaskService:
             self._saver.save(task)
             self._live.pop(task.id, None)
             self._end_followers(task.id)
+            self._release(task.id)
         return task
 
     # -- events -------------------------------------------------------------------------------------------

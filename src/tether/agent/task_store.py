@@ -74,6 +74,27 @@ class TaskStore:
         except (sqlite3.Error, OSError) as exc:  # a full or read-only state directory: say so in one line
             raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.path}: {exc}") from None
 
+    def execute_schema(self, schema: str) -> None:
+        """Create a table of another agent module (task leases) on this store's connection."""
+        with self._lock:
+            for statement in (s for s in schema.split(";") if s.strip()):
+                self._conn.execute(statement)
+
+    def write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
+        """One writing statement; the rows it changed. `StoreUnavailable` when the disk or database is gone."""
+        try:
+            with self._lock:
+                return self._conn.execute(sql, params).rowcount
+        except sqlite3.Error as exc:
+            problem = disk_problem(exc, self.path)
+            if problem is None:
+                raise
+            raise StoreUnavailable(problem) from None
+
+    def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
     def close(self) -> None:
         with self._lock:
             self._conn.close()

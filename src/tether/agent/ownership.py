@@ -1,0 +1,117 @@
+"""Which server runs each unfinished task, when several servers share one database (issue 16).
+
+A server that starts resumes the unfinished tasks it finds in the store. With one server that is a
+restart; with several servers on one PostgreSQL database (or one SQLite file) a server starting
+beside a live one would resume that one's running tasks too, and run their steps twice. So each
+running task is leased, in the same database as the task, by the node running it:
+
+- `claim` takes a task whose lease is free, expired or already this node's, in one statement that
+  only one node can win (an upsert whose update is conditional on the old lease);
+- the node renews its leases while it runs (`TaskService`'s keeper, every third of the lease);
+- a node that dies stops renewing: when its leases expire, another node's keeper finds the task
+  (`orphaned`), claims it and settles it exactly as a restart does — a step that was running asks
+  retry / skip / cancel, so nothing is run twice without a person choosing it.
+
+The lease lives with the task rather than in Redis so that the store that says a task is running
+is the one that says who runs it: no split brain between two systems, and it works without a
+backplane. Leases compare wall clocks of the nodes (time.time()): keep the nodes' clocks in sync (NTP)
+well within the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tether.agent.task import TERMINAL_STATES, TaskState
+
+logger = logging.getLogger(__name__)
+
+LEASE_SCHEMA = """
+CREATE TABLE IF NOT EXISTS task_leases (
+    task_id TEXT PRIMARY KEY,
+    node TEXT NOT NULL,
+    expires_at REAL NOT NULL
+)
+"""
+_ENDED = (*(s.value for s in TERMINAL_STATES), TaskState.INTERRUPTED.value)
+_ORPHANED = ("SELECT t.id FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.id WHERE t.state NOT IN (?, ?, ?, ?) "
+             "AND (l.task_id IS NULL OR l.expires_at < ?) ORDER BY t.created_at")
+
+
+def node_id(settings: Any) -> str:
+    """This server's name in the leases: `settings.node_id` when set (a cluster node's id), else one
+    stable across restarts of the same server (host, state directory and database), so a restarted server
+    takes its own tasks back at once instead of waiting for their leases to run out."""
+    explicit = getattr(settings, "node_id", None)
+    if explicit:
+        return str(explicit)
+    state = os.environ.get("TETHER_STATE_DIR") or os.environ.get("XDG_STATE_HOME") or str(Path.home())
+    where = f"{state}|{Path(settings.db_path).expanduser().resolve()}"
+    return f"{socket.gethostname()}:{hashlib.sha256(where.encode()).hexdigest()[:12]}"
+
+
+class TaskLeases:
+    """The lease statements, on the TaskStore's connection (SQLite or PostgreSQL)."""
+
+    def __init__(self, store: Any, node: str, lease_s: float) -> None:
+        self.store, self.node, self.lease_s = store, node, lease_s
+        store.execute_schema(LEASE_SCHEMA)
+
+    def claim(self, task_id: str) -> bool:
+        """Take the task for this node unless another live node holds it; True when this node holds it now."""
+        now = time.time()
+        changed = self.store.write(
+            "INSERT INTO task_leases (task_id, node, expires_at) VALUES (?, ?, ?) "
+            "ON CONFLICT (task_id) DO UPDATE SET node = excluded.node, expires_at = excluded.expires_at "
+            "WHERE task_leases.node = excluded.node OR task_leases.expires_at < ?",
+            (task_id, self.node, now + self.lease_s, now))
+        return changed > 0
+
+    def holder(self, task_id: str) -> str | None:
+        rows = self.store.read("SELECT node, expires_at FROM task_leases WHERE task_id = ?", (task_id,))
+        return rows[0][0] if rows and rows[0][1] >= time.time() else None
+
+    def renew(self, task_ids: list[str]) -> set[str]:
+        """Extend this node's leases of these tasks; the ids it no longer holds (taken over meanwhile)."""
+        lost = set()
+        until = time.time() + self.lease_s
+        for task_id in task_ids:
+            if self.store.write("UPDATE task_leases SET expires_at = ? WHERE task_id = ? AND node = ?",
+                                (until, task_id, self.node)) == 0 and not self.claim(task_id):
+                lost.add(task_id)
+        return lost
+
+    def release(self, task_id: str) -> None:
+        self.store.write("DELETE FROM task_leases WHERE task_id = ? AND node = ?", (task_id, self.node))
+
+    def orphaned(self) -> list[str]:
+        """Unfinished tasks nobody holds (never leased, or their node stopped renewing): oldest first."""
+        rows = self.store.read(_ORPHANED, (*_ENDED, time.time()))
+        return [row[0] for row in rows]
+
+
+async def keep_leases(leases: TaskLeases, live: Callable[[], list[str]], take_over: Callable[[str], None],
+                      lost: Callable[[str], None]) -> None:
+    """Renew this node's leases every third of the lease, and take over the tasks whose node stopped
+    renewing. A database that cannot be reached is logged and tried again on the next round (the leases then
+    run out, and another node — or this one, when the database is back — takes the tasks over)."""
+    every = max(leases.lease_s / 3, 0.05)
+    while True:
+        await asyncio.sleep(every)  # the keeper's period, not a wait for an event: leases are time-based
+        try:
+            for task_id in leases.renew(live()):
+                lost(task_id)
+            mine = set(live())
+            for task_id in leases.orphaned():
+                if task_id not in mine:
+                    take_over(task_id)
+        except Exception as exc:  # a database away for a while must not end the keeper
+            logger.warning("task leases (node %s): %s", leases.node, exc)
