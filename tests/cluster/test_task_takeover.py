@@ -81,6 +81,9 @@ async def test_a_killed_servers_task_is_taken_over_and_asked_about_never_rerun(k
     b = await kit.start_node("b")
     seen_by_b = (await kit.http(b).get(f"/tasks/{task_id}")).json()
     assert seen_by_b["state"] == "running" and "server_restarted" not in [e["kind"] for e in seen_by_b["events"]]
+    refused = await kit.http(b).post(f"/tasks/{task_id}/cancel")  # b cannot steer a's task: said, nothing lost
+    assert refused.status_code == 409 and "is run by server" in refused.json()["error"], refused.text
+    assert (await kit.http(a).get(f"/tasks/{task_id}")).json()["state"] == "running"
 
     on_b = _events(kit, b, task_id)
     await kit.kill_node(a)

@@ -192,6 +192,17 @@ class TaskService:
         self._live.pop(task_id, None)
         self._end_followers(task_id)
 
+    def _steerable(self, task_id: str) -> Task:
+        """The task, when this server may steer it: not while another live server sharing the database
+        runs it (its answer or cancel would be lost in the other server's next save)."""
+        task = self.get(task_id)
+        if task.id not in self._live and not task.state.terminal and self._leases is not None:
+            holder = self._leases.holder(task.id)
+            if holder is not None and holder != self._leases.node:
+                raise TaskError(409, f"task {task.id} is run by server {holder}, which shares this server's "
+                                     "database: send this to that server")
+        return task
+
     def _release(self, task_id: str) -> None:
         if self._leases is not None:
             try:
@@ -404,7 +415,7 @@ class TaskService:
     def answer(self, task_id: str, answer: str, question_id: str | None = None, by: str | None = None) -> Task:
         """Answer the task's open question; the same task goes on from where it stopped. `by` is who
         answered (an approved command carries it as `approved_by`, so the audit log names them)."""
-        task = self.get(task_id)
+        task = self._steerable(task_id)
         pending = task.pending_question
         if task.state is not TaskState.WAITING_FOR_USER or pending is None:
             raise TaskError(409, f"task {task.id} has no open question (it is {task.state.value})")
@@ -452,7 +463,7 @@ class TaskService:
     async def answer_mcp_question(self, task_id: str, answer: str, by: str) -> bool:
         """Answer it (`tether answer` works for it as for the task's own questions): decline/cancel/no,
         else the value of its only field, or a JSON object of its fields; False when none is open."""
-        task = self.get(task_id)
+        task = self._steerable(task_id)
         question = self._mcp_questions.get(task.id)
         if question is None:
             return False
@@ -468,7 +479,7 @@ class TaskService:
         return True
 
     def approve(self, task_id: str, approved: bool, by: str | None = None) -> Task:
-        task = self.get(task_id)
+        task = self._steerable(task_id)
         pending = task.pending_question
         if pending is not None and pending.kind == "confirmation" and task.state is TaskState.WAITING_FOR_USER:
             return self.answer(task.id, "run" if approved else "cancel", pending.id, by)  # a plan to confirm
@@ -478,7 +489,7 @@ class TaskService:
         return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id, by)
 
     async def cancel(self, task_id: str) -> Task:
-        task = self.get(task_id)
+        task = self._steerable(task_id)
         if task.state.terminal:
             raise TaskError(409, f"task {task.id} has already ended ({task.state.value})")
         running = self._runners.get(task.id)
