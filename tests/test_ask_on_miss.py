@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import dbkit
 from netutil import CLI, Cluster
 
 
@@ -132,7 +133,7 @@ def test_always_answers_a_task_approval(setup: Setup) -> None:
     assert waiting.returncode == 3, waiting.stdout + waiting.stderr  # nobody here to answer: it waits
     [task] = [t for t in json.loads(setup.tether("tasks", "--json").stdout) if t["state"] == "waiting_for_user"]
 
-    store = Store(setup.cluster.db)
+    store = Store(dbkit.server_db(setup.cluster.db))
     _, approver = store.create_token("api", "approver", ["read", "execute", "approve"])
     store.close()
     env_token = setup.env["TETHER_TOKEN"]

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import dbkit
 from netutil import CLI, HEARTBEAT, Cluster, wait_for
 from tether.cli.task_cmds import parse_requires
 
@@ -210,8 +211,8 @@ def test_a_killed_server_keeps_the_task_and_asks_what_to_do(tmp_path: Path) -> N
         wait_for(lambda: any(e["kind"] == "step_started" for e in cluster.remote.task(tid)["events"]),
                  "the sleep step started", procs=(cluster.server.popen,))
         cluster.server.kill()
-        cluster.server = cluster.start(["server", "--port", str(cluster.port), "--db", str(cluster.db), *HEARTBEAT,
-                                        "--log-level", "warning"], "server-again")
+        cluster.server = cluster.start(["server", "--port", str(cluster.port), *dbkit.server_db_args(cluster.db),
+                                        *HEARTBEAT, "--log-level", "warning"], "server-again")
         wait_for(lambda: cluster.remote.health()["status"] == "ok", "the new server's health",
                  procs=(cluster.server.popen,))
         cluster.wait_online("alpha", s.alpha)

@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+import dbkit
 from netutil import Cluster, TcpProxy, tether_env, wait_for
 from tether.protocol.models import Command, ResultStatus
 from tether.remote import RemoteError, RemoteServer
@@ -59,7 +60,7 @@ def test_bad_no_revoked_and_mismatched_tokens_are_refused(cluster):
     posing = cluster.device("beta", token=cluster.device_tokens["alpha"])
     assert posing.popen.wait(timeout=60) == 3
     assert "alpha" in posing.output() and "beta" in posing.output()
-    store = Store(str(cluster.db))
+    store = Store(str(dbkit.server_db(cluster.db)))
     assert store.revoke_token("beta") == 1
     store.close()
     revoked = cluster.device("beta")

@@ -18,6 +18,7 @@ import time
 
 import pytest
 
+import dbkit
 from aip_testkit import WAIT, FakeDevice, ServerFactory, ok
 from netutil import Cluster, TcpProxy, wait_for
 from tether.device.reconnect import GRACE_FLOOR_S, GRACE_SHARE, attempt_timeout, backoff_delay
@@ -272,7 +273,7 @@ async def test_link_cut_while_commands_run_and_restored_inside_the_grace_loses_n
     for line in log.splitlines():
         if "late results" in line:
             assert any(call_id in line for call_id in delivered), line
-    store = Store(str(cluster.db))
+    store = Store(str(dbkit.server_db(cluster.db)))
 
     def audited() -> list[dict]:  # the server writes its audit rows soon after answering, not before
         rows = [r for r in store.audit_rows(limit=1000) if r["tool_name"] == "shell.run"]

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import dbkit
 from netutil import CLI, Cluster
 from tether.remote import RemoteError, RemoteServer
 from tether.server.store import Store
@@ -97,7 +98,7 @@ def test_set_allow_deny_persist_across_restart_and_audit(setup: Setup) -> None:
     assert reset["version"] == 4 and reset["sources"]["max_output_bytes"] == "default"
     assert reset["sources"]["commands"]["echo"] == "default" and "nproc" not in reset["sources"]["commands"]
 
-    store = Store(str(setup.cluster.db))
+    store = Store(str(dbkit.server_db(setup.cluster.db)))
     try:
         rows = [r for r in store.audit_rows(limit=100, device="alpha") if r["tool_name"] == "policy.set"]
     finally:
@@ -143,7 +144,7 @@ def test_refusals_change_nothing(setup: Setup) -> None:
     out = setup.tether("policy", "show", "--device", "beta")
     assert out.returncode == 1 and "offline" in out.stderr
 
-    store = Store(str(setup.cluster.db))
+    store = Store(str(dbkit.server_db(setup.cluster.db)))
     try:
         rows = [r for r in store.audit_rows(limit=100) if r["tool_name"] == "policy.set"]
     finally:

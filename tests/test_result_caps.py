@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+import dbkit
 from netutil import Cluster, wait_for
 from tether.device.batches import BatchRunner
 from tether.device.local import build_device
@@ -175,7 +176,7 @@ async def test_the_record_stays_within_its_byte_budget_and_a_resend_still_gets_i
 def cluster(tmp_path):
     c = Cluster(tmp_path)
     c.server.stop()  # the same server, with a small response cap
-    c.server = c.start(["server", "--port", str(c.port), "--db", str(c.db), "--heartbeat-interval", "0.3",
+    c.server = c.start(["server", "--port", str(c.port), *dbkit.server_db_args(c.db), "--heartbeat-interval", "0.3",
                         "--heartbeat-timeout", "2", "--grace-period", "3", "--log-level", "warning",
                         "--max-response-bytes", "300000"], "server-capped")
     wait_for(lambda: c.remote.health()["status"] == "ok", "server health", procs=(c.server.popen,))
