@@ -43,7 +43,8 @@ SECTIONS: tuple[Section, ...] = (
             "A policy file (`--policy FILE`), the device config's `device.policy` (a path or inline), or a "
             "server's push (`tether policy set`). Every key has a safe default; a key not listed is an error."),
     Section("The agent server (`tether server`)", "tether.server.settings:ServerSettings", "",
-            "Set by `tether server`'s options of the same name (`--db` for `db_path`, `--tls-cert`, "
+            "Set by `tether server`'s options of the same name (`--db` for `db_path`, or `db_url` when it is a "
+            "`postgresql://` URL; `--tls-cert`, "
             "`--tls-key`)."),
 )
 
