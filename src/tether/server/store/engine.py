@@ -186,6 +186,7 @@ class PostgresConnection:
         import psycopg
 
         text = to_postgres(sql)
+        params = [_no_nul(row) for row in params] if many else _no_nul(params)
         with self._lock:
             if self._conn.closed or self._conn.broken:
                 self._conn = self._connect()
@@ -229,6 +230,17 @@ class PostgresConnection:
                 self._listener = None
                 self._version += 1
             return self._version
+
+
+def _no_nul(params: Any) -> Any:
+    """PostgreSQL's text cannot hold NUL, which SQLite's can: a NUL in a value (a session name an attacker
+    chose, a command's argument in the audit log) becomes U+FFFD instead of failing the statement — a
+    failing audit row is held and retried, and while it is held no command runs."""
+    if isinstance(params, Mapping):
+        return {k: v.replace("\x00", "\ufffd") if isinstance(v, str) else v for k, v in params.items()}
+    if isinstance(params, (tuple, list)):
+        return [v.replace("\x00", "\ufffd") if isinstance(v, str) else v for v in params]
+    return params
 
 
 def _first_line(exc: BaseException) -> str:
