@@ -49,8 +49,7 @@ class TaskStore:
         if is_url(path):
             self.path = Path(self.where)
             self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached
-            for statement in (s for s in _SCHEMA.split(";") if s.strip()):
-                self._conn.execute(statement)
+            self._conn.executescript(_SCHEMA)
             return
         self.path = Path(path).expanduser()
         try:
@@ -77,8 +76,7 @@ class TaskStore:
     def execute_schema(self, schema: str) -> None:
         """Create a table of another agent module (task leases) on this store's connection."""
         with self._lock:
-            for statement in (s for s in schema.split(";") if s.strip()):
-                self._conn.execute(statement)
+            self._conn.executescript(schema)
 
     def write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         """One writing statement; the rows it changed. `StoreUnavailable` when the disk or database is gone."""
