@@ -21,13 +21,9 @@ well within the lease.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import os
-import socket
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from tether.agent.task import TERMINAL_STATES, TaskState
@@ -47,15 +43,9 @@ _ORPHANED = ("SELECT t.id FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.
 
 
 def node_id(settings: Any) -> str:
-    """This server's name in the leases: `settings.node_id` when set (a cluster node's id), else one
-    stable across restarts of the same server (host, state directory and database), so a restarted server
-    takes its own tasks back at once instead of waiting for their leases to run out."""
-    explicit = getattr(settings, "node_id", None)
-    if explicit:
-        return str(explicit)
-    state = os.environ.get("TETHER_STATE_DIR") or os.environ.get("XDG_STATE_HOME") or str(Path.home())
-    where = f"{state}|{Path(settings.db_path).expanduser().resolve()}"
-    return f"{socket.gethostname()}:{hashlib.sha256(where.encode()).hexdigest()[:12]}"
+    """This server's name in the leases: the cluster node's name (`ServerSettings.node`), so a task's
+    lease and its devices' leases name the same node."""
+    return str(settings.node)
 
 
 class TaskLeases:

@@ -96,6 +96,13 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
            pairing: Annotated[bool, typer.Option(
                "--pairing/--no-pairing", help="let devices without a token ask to pair (an admin approves each)")
            ] = True,
+           cluster: Annotated[str | None, typer.Option(
+               "--cluster", metavar="REDIS_URL", envvar="TETHER_CLUSTER",
+               help="run as one node of a cluster on this Redis (redis://HOST:PORT/DB), sharing --db (a "
+                    "postgresql:// URL) with the other nodes; see docs/scaling.md")] = None,
+           node_id: Annotated[str | None, typer.Option(
+               "--node-id", metavar="NAME", help="this node's name in the cluster (default: host name and a "
+                                                 "digest of the state directory and database)")] = None,
            log_level: Annotated[str, typer.Option(metavar="debug|info|warning|error",
                                                   help="server log detail")] = "info") -> None:
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
@@ -114,7 +121,13 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
                          tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
                          heartbeat_timeout=heartbeat_timeout, grace_period=grace_period,
                          allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes,
-                         max_response_bytes=max_response_bytes, pairing=pairing)
+                         max_response_bytes=max_response_bytes, pairing=pairing, cluster_url=cluster,
+                         node_id=node_id)
+    if settings.cluster_url:
+        try:
+            import redis  # noqa: F401 - only to say clearly that it is missing
+        except ImportError:
+            fail("--cluster needs the redis package: pip install 'tether[cluster]'")
     check_state_dir(settings.db_target)  # a full or read-only state directory: one line (tether.cli.main), exit 2
     if tls_cert:
         _print_cert_fingerprint(tls_cert)

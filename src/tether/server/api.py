@@ -21,6 +21,7 @@ from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRecord, NoDeviceError
+from tether.server.remote import BackplaneUnavailable
 from tether.server.sessions import owned_session
 from tether.server.store import Store, TokenInfo
 
@@ -52,6 +53,7 @@ class DeviceView(BaseModel):
     gpu: bool = False
     address: str | None = None
     sandbox: str | None = None
+    node: str | None = Field(None, description="in a cluster: the node holding the device's socket")
 
 
 class DeviceDetail(DeviceView):
@@ -139,6 +141,7 @@ def _view(record: DeviceRecord, detail: bool = False) -> DeviceView:
         "capabilities": profile.capabilities if profile else [],
         "tags": profile.tags if profile else [], "gpu": bool(profile and profile.gpu.available),
         "address": getattr(record, "address", None), "sandbox": profile.sandbox if profile else None,
+        "node": record.node,
     }
     return DeviceDetail(**data, profile=profile) if detail else DeviceView(**data)
 
@@ -150,13 +153,42 @@ def _record(hub: DeviceHub, name: str) -> DeviceRecord:
     return record
 
 
+async def _reachable(hub: DeviceHub, name: str) -> None:
+    """404 for a device no node knows; in a cluster, 503 while the backplane is away for a device whose
+    socket is not here (where it is cannot be known, and guessing would diverge)."""
+    if hub.remote is None or hub.holds(name):
+        _record(hub, name)
+        return
+    problem = hub.remote.problem()
+    if problem is not None:
+        raise HTTPException(503, f"{problem}; device '{name}' is not connected to this node, so nothing was sent",
+                            headers={"Retry-After": "5"})
+    if hub.registry.get(name) is None:  # registered on another node a moment ago, before its broadcast
+        try:
+            holder = await hub.remote.holder(name)
+        except BackplaneUnavailable as exc:
+            raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
+        if holder is None:
+            raise HTTPException(404, f"no device named '{name}'")
+        hub.registry.held_elsewhere(name, holder)
+
+
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     hub = _hub(request)
     online = [r.name for r in hub.registry.list() if r.status != "offline"]
     writable = hub.store.audit_problem() is None  # commands are refused (503) while it is not
-    return {"status": "ok" if writable else "degraded", "devices_online": len(online), "audit_writable": writable,
-            "audit_held": hub.store.audit_held}
+    body: dict[str, Any] = {"status": "ok" if writable else "degraded", "devices_online": len(online),
+                            "audit_writable": writable, "audit_held": hub.store.audit_held}
+    cluster = getattr(request.app.state, "cluster", None)
+    if cluster is not None:  # tether server --cluster: this node, its peers and the backplane
+        info = cluster.health()
+        body["node"] = info["node"]
+        body["devices_here"] = len(hub.local_devices())
+        body["cluster"] = {"nodes": info["nodes"], "backplane": info["backplane"]}
+        if info["backplane"] != "ok":
+            body["status"] = "degraded"
+    return body
 
 
 MAX_DEVICE_PAGE = 1000
@@ -170,7 +202,7 @@ def _row(record: DeviceRecord) -> dict[str, Any]:
             "running": max(record.running - record.queued, 0), "queued": record.queued,
             "capabilities": list(profile.capabilities) if profile else [], "tags": list(record.tags),
             "gpu": bool(profile and profile.gpu.available), "address": record.address,
-            "sandbox": profile.sandbox if profile else None}
+            "sandbox": profile.sandbox if profile else None, "node": record.node}
 
 
 @router.get("/devices", response_model=list[DeviceView], responses={200: {"headers": {"Link": {
@@ -236,7 +268,7 @@ async def run_commands(name: str, batch: CommandBatch, request: Request,
                        who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
     """Run a batch on one device. With `Accept: text/event-stream` the progress events and then
     the results stream as server-sent events; otherwise the call waits and returns the results."""
-    _record(_hub(request), name)
+    await _reachable(_hub(request), name)
     return await _run(request, name, batch, who)
 
 
@@ -270,7 +302,7 @@ async def fast_run_commands(request: Request) -> Any:
     who = authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(CommandBatch, body)
     name = request.path_params["name"]
-    _record(_hub(request), name)
+    await _reachable(_hub(request), name)
     return await _run(request, name, batch, who)
 
 
@@ -450,8 +482,11 @@ async def _sse(run: Any, queue: asyncio.Queue[Event], device: str, response_id: 
 @router.delete("/batches/{response_id}")
 async def cancel_batch(response_id: str, request: Request,
                        who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
-    cancelled = await _hub(request).cancel(response_id, f"cancelled by api:{who.name} "
-                                                        f"(DELETE /api/v1/batches/{response_id})")
+    hub = _hub(request)
+    reason = f"cancelled by api:{who.name} (DELETE /api/v1/batches/{response_id})"
+    cancelled = await hub.cancel(response_id, reason)
+    if not cancelled and hub.remote is not None:  # a batch another node of the cluster started
+        cancelled = await hub.remote.cancel(response_id, reason)
     if not cancelled:
         raise HTTPException(404, f"no batch '{response_id}' is running")
     return {"cancelled": response_id}

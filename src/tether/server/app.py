@@ -41,12 +41,20 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await hub.start()
+        node = None
         try:
+            if settings.cluster_url:  # one node of several (server/cluster): devices held elsewhere reachable
+                from tether.server.cluster.node import ClusterNode
+
+                node = app.state.cluster = ClusterNode(hub, settings)
+                await node.start()
             async with AsyncExitStack() as stack:
                 for context in contexts:
                     await stack.enter_async_context(context)
                 yield
         finally:
+            if node is not None:
+                await node.aclose()
             await hub.aclose()
             store.close()
 

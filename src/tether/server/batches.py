@@ -37,6 +37,8 @@ class PendingBatch:
     error: str | None = None
     sent: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    # set while another node of the cluster runs it (server/remote.py): finishing the batch here stops that
+    remote: asyncio.Task[None] | None = None
 
 
 class BatchBook:
@@ -91,13 +93,17 @@ class BatchBook:
         if batch.outstanding:
             batch.error = error or "the device sent no result for this command"
         batch.done.set()
+        if batch.remote is not None and batch.remote is not asyncio.current_task():
+            batch.remote.cancel()  # a cancel or timeout here: the holding node stops it on the device too
         record = self.registry.get(batch.device)
         if record is not None:
             record.inflight = max(0, record.inflight - 1)
             self.registry.notify()
 
     def fail_device(self, device: str, error: str, *, sent_only: bool = False) -> None:
-        for batch in [b for b in self.pending.values() if b.device == device and (b.sent or not sent_only)]:
+        """Fail the batches this node sent `device` itself (those another node runs end there)."""
+        for batch in [b for b in self.pending.values()
+                      if b.device == device and b.remote is None and (b.sent or not sent_only)]:
             self.finish(batch, error)
 
     def finish_all(self, error: str) -> None:
@@ -106,7 +112,10 @@ class BatchBook:
 
     def to_send(self, device: str, *, resend: bool) -> list[PendingBatch]:
         """The batches for `device` that go out after its (re)registration; see `DeviceHub._flush`."""
-        return [b for b in self.pending.values() if b.device == device and (resend or not b.sent)]
+        return [b for b in self.pending.values() if b.device == device and b.remote is None and (resend or not b.sent)]
+
+    def of_device(self, device: str) -> list[PendingBatch]:
+        return [b for b in self.pending.values() if b.device == device]
 
     def queue_cancel(self, device: str, response_id: str) -> None:
         self._cancels.setdefault(device, []).append(response_id)

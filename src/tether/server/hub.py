@@ -52,6 +52,7 @@ from tether.server.device_link import DeviceLink, close_socket
 from tether.server.dispatcher import WebSocketCommandDispatcher
 from tether.server.liveness import GracePeriods, watch_liveness
 from tether.server.registry import DeviceRecord, DeviceRegistry
+from tether.server.remote import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, TokenInfo
 
@@ -90,6 +91,9 @@ class DeviceHub:
         # told the device's name when one registers, leaves or reports new tools (the MCP gateway's
         # tools/list_changed); not on load changes, which happen twice per batch
         self._fleet_listeners: dict[object, Callable[[str], None]] = {}
+        # the other nodes of a cluster (server/remote.py), set by the app when clustered: batches for a
+        # device held by another node go there; None on a single server
+        self.remote: RemoteDevices | None = None
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -130,7 +134,29 @@ class DeviceHub:
                                           requested_by=requested_by)
 
     def connected(self, device: str) -> bool:
+        """Whether a batch for `device` can go out now: its socket is here, or another node holds it."""
+        if device in self._conns:
+            return True
+        record = self.registry.get(device) if self.remote is not None else None
+        return record is not None and record.node is not None and record.connected
+
+    def local(self, device: str) -> bool:
+        """Whether `device`'s socket is connected to this node."""
         return device in self._conns
+
+    def local_devices(self) -> list[str]:
+        return list(self._conns)
+
+    def pending(self, response_id: str) -> PendingBatch | None:
+        return self._batches.pending.get(response_id)
+
+    def fleet_changed(self, device: str) -> None:
+        """Tell the fleet listeners (the MCP gateway's tools/list_changed) that `device` changed elsewhere."""
+        self._fleet_changed(device)
+
+    def holds(self, device: str) -> bool:
+        """Whether this node holds `device`'s socket (or keeps its batches through its grace period)."""
+        return device in self._conns or device in self._grace
 
     async def fan_out(self, requires: DeviceRequirements, commands: list[Command], *,
                       on_outcome: Callable[[DeviceOutcome], None] | None = None, **options: Any) -> dict[str, Any]:
@@ -196,6 +222,11 @@ class DeviceHub:
                     conn.name, str(payload.get("call_id"))[:64], reply.error or "answered")
         await conn.send(reply)
 
+    def note_event(self, device: str, event: Event) -> None:
+        """An event of a batch another node runs for this node (its questions are answered through here)."""
+        if event.kind.startswith("elicitation"):
+            self._note_question(device, event)
+
     def _note_question(self, device: str, event: Event) -> None:
         question = str(event.data.get("id", ""))[:64]
         if event.kind == "elicitation" and question and "declined" not in event.data:
@@ -215,6 +246,10 @@ class DeviceHub:
         if response_id is None or batch is None or batch.device != device:
             self._questions.pop((device, question), None)
             return False
+        if batch.remote is not None and self.remote is not None:  # asked on the node holding the device
+            answered = await self.remote.answer_question(device, question, action, content, by)
+            self._questions.pop((device, question), None)
+            return answered
         if conn is None or not conn.ready:
             raise LookupError(f"device {device} is offline")
         frame = ServerMessage(type=ServerMessageType.ELICITATION_ANSWER, response_id=response_id,
@@ -325,6 +360,7 @@ class DeviceHub:
         self._grace.stop(name)
         conn = DeviceLink(name, socket, reg.instance_id, token.id, record, now)
         self._conns[name] = conn
+        record.node = None  # held here now, whichever node held it before
         record.connected, record.profile, record.instance_id, record.address = True, reg.profile, reg.instance_id, peer
         record.connected_at = record.last_seen = time.time()
         record.running = record.queued = 0
@@ -449,8 +485,9 @@ class DeviceHub:
     # -- batches ---------------------------------------------------------------------------------
 
     async def send_batch(self, device: str, message: ServerMessage, *,
-                         on_event: Callable[[Event], None] | None = None) -> PendingBatch:
-        """Register a COMMAND batch and send it, or queue it while `device` is within its grace period.
+                         on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
+        """Register a COMMAND batch and send it, or queue it while `device` is within its grace period,
+        or (in a cluster, unless `here_only`) hand it to the node that holds the device.
 
         Returns a batch already `done` (with `error`) when the device is offline or unknown.
         """
@@ -462,6 +499,8 @@ class DeviceHub:
         elif message.response_id in self._batches.pending:
             batch.error = f"response_id {message.response_id} is already in use"
         elif conn is None and device not in self._grace:
+            if self.remote is not None and not here_only and await self._send_remote(batch):
+                return batch
             batch.error = (f"device {device} is offline" if self.registry.get(device)
                            else f"no device named {device} has registered")
         if batch.error is not None:
@@ -472,6 +511,62 @@ class DeviceHub:
             await self._send_command(conn, batch)
         return batch
 
+    async def _send_remote(self, batch: PendingBatch) -> bool:
+        """Hand `batch` to the node holding its device; False when no node does (it is offline)."""
+        assert self.remote is not None
+        try:
+            holder = await self.remote.holder(batch.device)
+        except BackplaneUnavailable as exc:
+            batch.error = f"not sent: {exc}"
+            batch.done.set()
+            return True
+        if holder is None or holder == self.remote.node or self._closed:
+            return False
+        self.route(batch, holder)
+        return True
+
+    def route(self, batch: PendingBatch, holder: str) -> None:
+        """Let the node `holder` run `batch` (it holds the device's socket); the batch finishes here."""
+        assert self.remote is not None
+        if batch.response_id not in self._batches.pending:
+            self._batches.open(batch)
+        batch.sent = True
+        batch.remote = asyncio.create_task(self.remote.run_batch(batch, holder), name=f"remote-{batch.response_id}")
+        self._tasks.add(batch.remote)
+        batch.remote.add_done_callback(self._tasks.discard)
+
+    async def adopt(self, batch: PendingBatch) -> None:
+        """A batch another node was running came back with its device, now connected here: send it (the
+        same ids, so the device answers a call it already ran from its record instead of running it)."""
+        batch.remote = None
+        batch.sent = False
+        conn = self._conns.get(batch.device)
+        if batch.done.is_set() or batch.response_id not in self._batches.pending:
+            return
+        if conn is not None and conn.ready:
+            await self._send_command(conn, batch)
+        elif batch.device not in self._grace:
+            self._batches.finish(batch, f"device {batch.device} is offline")
+
+    def moved(self, device: str, holder: str) -> None:
+        """Another node took `device`'s socket: what this node sent it and still waits for goes there
+        (with the same ids) instead of waiting out the grace period for a socket that will not return."""
+        if self.remote is None or device in self._conns:
+            return
+        self._grace.stop(device)
+        self._batches.forget_cancels(device)
+        for batch in self._batches.of_device(device):
+            if batch.remote is None:
+                self.route(batch, holder)
+
+    def finish_remote(self, batch: PendingBatch, results: list[Any], error: str | None) -> None:
+        """The holding node's answer for `batch`: its results, then `error` for any call without one."""
+        for result in results:
+            if result.call_id in batch.outstanding:
+                batch.outstanding.discard(result.call_id)
+                batch.results[result.call_id] = result
+        self._batches.finish(batch, error)
+
     async def cancel(self, response_id: str, reason: str = "cancelled") -> bool:
         """Finish the batch with `reason` for its unfinished commands and tell the device to stop it.
 
@@ -479,8 +574,9 @@ class DeviceHub:
         batch = self._batches.pending.get(response_id)
         if batch is None:
             return False
-        self._batches.finish(batch, reason)
-        if batch.sent:
+        routed = batch.remote is not None
+        self._batches.finish(batch, reason)  # a batch another node runs: stops it there (BatchBook.finish)
+        if batch.sent and not routed:
             conn = self._conns.get(batch.device)
             frame = ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK)
             if conn is None or not conn.ready or not await conn.send(frame):

@@ -47,7 +47,7 @@ class DeviceRecord:
     """
 
     __slots__ = ("_connected", "_digest", "_lazy", "_platform", "_profile", "_registry", "_tags", "address",
-                 "connected_at", "inflight", "instance_id", "last_seen", "name", "queued", "running")
+                 "connected_at", "inflight", "instance_id", "last_seen", "name", "node", "queued", "running")
 
     def __init__(self, name: str, profile: DeviceProfile | None = None, connected: bool = False,
                  last_seen: float | None = None, connected_at: float | None = None,
@@ -65,6 +65,7 @@ class DeviceRecord:
         self.inflight = 0  # batches this server has out on the device (sent or waiting to be sent)
         self.running = 0  # what the device reported in its last heartbeat: batches accepted, not finished
         self.queued = 0  # of those, the ones not started (behind their session, or waiting for a session slot)
+        self.node: str | None = None  # in a cluster: the other node holding the device's socket
         if profile is not None:
             self.profile = profile
         self.connected = connected
@@ -131,6 +132,7 @@ class DeviceRecord:
         return {"name": self.name, "status": self.status, "platform": self.platform, "load": self.load,
                 "running": max(self.running - self.queued, 0), "queued": self.queued,
                 "last_seen": self.last_seen, "connected_at": self.connected_at, "address": self.address,
+                "node": self.node,
                 "gpu": bool(profile and profile.gpu.available), "tags": list(self._tags),
                 "capabilities": list(profile.capabilities) if profile else []}
 
@@ -238,6 +240,20 @@ class DeviceRegistry:
                     read += 1
             await asyncio.sleep(0)
         return read
+
+    def held_elsewhere(self, name: str, node: str | None) -> DeviceRecord:
+        """In a cluster: `name`'s socket is held by the node `node` (None: by no node). Its profile is
+        read again from the shared store when next used, since it registered there with what it has now."""
+        record = self.ensure(name)
+        record.node = node
+        record.running = record.queued = 0
+        if node is not None:
+            record.last_seen = time.time()
+            if self.profile_loader is not None:
+                record._lazy = True
+        record.connected = node is not None
+        self.notify()
+        return record
 
     def forget(self, name: str) -> None:
         """Drop a device's record (and its hold on an interned tool list)."""

@@ -10,8 +10,10 @@ the localhost names, the bind address and `allowed_hosts` (see `tether.server.gu
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
+import socket
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -95,6 +97,12 @@ class ServerSettings(BaseModel):
     db_path: Path = Field(default_factory=lambda: default_state_dir() / "server.db")
     db_url: str | None = Field(None, description=(
         "a postgresql:// URL: the server's state in PostgreSQL instead of db_path (several servers share it)"))
+    cluster_url: str | None = Field(None, description=(
+        "a redis:// (or rediss://) URL: this server is one node of a cluster sharing that Redis and one database "
+        "(db_url); devices connected to any node take commands from every node"))
+    node_id: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", description=(
+        "this node's name in the cluster and in task leases (default: the host name and a digest of the state "
+        "directory and database, stable across restarts)"))
     heartbeat_interval: float = Field(5.0, gt=0, description="how often a device sends a heartbeat")
     heartbeat_timeout: float = Field(15.0, gt=0, description="silence after which a device is offline")
     grace_period: float = Field(10.0, ge=0, description="how long a dropped device's batches wait for it")
@@ -141,6 +149,30 @@ class ServerSettings(BaseModel):
         if url is not None and url.split(":", 1)[0].lower() not in ("postgresql", "postgres"):
             raise ValueError(f"db_url must be a postgresql:// URL, not {url.split(':', 1)[0]}:…")
         return url
+
+    @field_validator("cluster_url")
+    @classmethod
+    def _cluster_url(cls, url: str | None) -> str | None:
+        if url is not None and url.split(":", 1)[0].lower() not in ("redis", "rediss", "unix"):
+            raise ValueError(f"cluster_url must be a redis:// URL, not {url.split(':', 1)[0]}:…")
+        return url
+
+    @property
+    def node(self) -> str:
+        """This server's name among its peers: `node_id` when set, else one stable across restarts of the
+        same server (host, state directory and database), so a restarted server is the same node and
+        takes its own tasks back at once instead of waiting for their leases to run out."""
+        if self.node_id:
+            return self.node_id
+        state = os.environ.get("TETHER_STATE_DIR") or os.environ.get("XDG_STATE_HOME") or str(Path.home())
+        where = f"{state}|{self.db_url or Path(self.db_path).expanduser().resolve()}"
+        return f"{socket.gethostname()}:{hashlib.sha256(where.encode()).hexdigest()[:12]}"
+
+    @property
+    def lease_s(self) -> float:
+        """How long a node's claims (its devices, its tasks) outlive its last renewal: a device that lost
+        its node has reconnected elsewhere by then (heartbeat timeout, then its backoff within grace)."""
+        return self.heartbeat_timeout + self.grace_period
 
     @property
     def db_target(self) -> str | Path:

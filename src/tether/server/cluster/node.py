@@ -1,0 +1,338 @@
+"""`ClusterNode`: one `tether server --cluster redis://…` process as a node of the cluster.
+
+It keeps three things true while the server runs:
+- the directory says which devices this node holds: a device is claimed when it registers here
+  (in one pipeline with the broadcast that tells the other nodes) and released when it is gone
+  for good (its grace period over), and every claim is renewed by one heartbeat loop;
+- this node's registry lists the devices the other nodes hold (`DeviceRecord.node`), from the
+  `fleet` broadcasts and, after every (re)join, from the directory itself (a broadcast missed
+  while Redis was away is never relied on);
+- the hub hands it batches for devices held elsewhere (`RemoteDevices`, server/remote.py), which
+  the `Router` runs on the holding node.
+
+When Redis cannot be reached the node says so (`problem()`, `/api/v1/health`) and refuses work for
+other nodes' devices with a clear 503 instead of guessing where they are; its own devices keep
+working. When Redis is back it joins again, claims its devices again and re-reads the directory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+from tether.server.cluster.bus import Bus
+from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
+from tether.server.cluster.routing import Router
+from tether.server.remote import BackplaneUnavailable
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from tether.server.batches import PendingBatch
+    from tether.server.hub import DeviceHub
+    from tether.server.settings import ServerSettings
+
+log = logging.getLogger("tether.cluster")
+
+FLEET_CHANNEL = f"{PREFIX}:events:fleet"
+MAX_BEAT_S = 5.0  # the heartbeat's longest period: how soon a lost or returned backplane is noticed
+SCAN_CHUNK = 1000
+
+
+class ClusterUnavailable(RuntimeError):
+    """The cluster option cannot work here (the redis package is missing)."""
+
+
+def _redis_client(url: str, read_timeout: float) -> Redis:
+    try:
+        import redis.asyncio as aioredis
+    except ImportError:
+        raise ClusterUnavailable("--cluster needs the redis package: pip install 'tether[cluster]'") from None
+    return aioredis.from_url(url, socket_timeout=read_timeout, socket_connect_timeout=REDIS_TIMEOUT_S,
+                             health_check_interval=0)
+
+
+def _safe(url: str) -> str:
+    from tether.server.store.engine import safe_url
+
+    return safe_url(url)
+
+
+class ClusterNode:
+    """This server as a node; `start()` in the app's lifespan after the hub, `aclose()` before it."""
+
+    def __init__(self, hub: DeviceHub, settings: ServerSettings) -> None:
+        assert settings.cluster_url is not None
+        self.hub = hub
+        self.settings = settings
+        self.node = settings.node
+        self.url = settings.cluster_url
+        self.redis = _redis_client(self.url, REDIS_TIMEOUT_S)
+        # the bus's blocking XREAD and the broadcast subscription each hold a connection of their own
+        self.reader = _redis_client(self.url, REDIS_TIMEOUT_S + 3)
+        self.subscriber = _redis_client(self.url, REDIS_TIMEOUT_S)
+        self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s,
+                                   info={"pid": os.getpid(), "port": settings.port})
+        self.bus = Bus(self.redis, self.reader, self.node, {})
+        self.router = Router(hub, self.bus, self.node, self.holder)
+        self.bus.handlers.update(batch=self.router.serve_batch, cancel=self.router.serve_cancel,
+                                 answer=self.router.serve_answer)
+        self._problem: str | None = "joining the cluster"
+        self._alive: set[str] = set()
+        self._dirty: set[str] = set()
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._remove_listener: Any = None
+
+    # -- life --------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Join (or, with Redis away, start degraded and keep trying: a node must come up while Redis
+        restarts), start the bus, the heartbeat, the claims and the subscription."""
+        try:
+            await self._join()
+        except Exception as exc:
+            self._fail(exc)
+        await self.bus.start()
+        self.hub.remote = self
+        self._remove_listener = self.hub.on_fleet_change(self._fleet_change)
+        self._tasks = [asyncio.create_task(self._heartbeat(), name="cluster-heartbeat"),
+                       asyncio.create_task(self._claims(), name="cluster-claims"),
+                       asyncio.create_task(self._listen(), name="cluster-listen")]
+        log.info("cluster node %s on %s%s", self.node, _safe(self.url),
+                 f" (degraded: {self._problem})" if self._problem else "")
+
+    async def aclose(self) -> None:
+        """A clean stop: this node's devices are free at once instead of when their leases run out."""
+        self.hub.remote = None
+        if self._remove_listener is not None:
+            self._remove_listener()
+        for task in self._tasks:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self.subscriber.connection_pool.disconnect()
+        if self._problem is None:
+            with contextlib.suppress(Exception):
+                await self.directory.leave()
+        await self.bus.aclose()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                async with asyncio.timeout(REDIS_TIMEOUT_S):
+                    await task
+        for client in (self.redis, self.reader, self.subscriber):
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    # -- what the hub and the API ask (RemoteDevices) ----------------------------------------------
+
+    def problem(self) -> str | None:
+        return None if self._problem is None else f"cluster backplane unavailable: {self._problem}"
+
+    async def holder(self, device: str) -> str | None:
+        """The live node holding `device` now (the directory, read each time: never a stale guess)."""
+        if self._problem is not None:
+            raise BackplaneUnavailable(self.problem())
+        try:
+            node = await self.directory.holder(device)
+            if node is not None and node != self.node and node not in self._alive:
+                async with asyncio.timeout(REDIS_TIMEOUT_S):  # a node that joined since the last beat?
+                    if not await self.redis.exists(Directory.node_key(node)):
+                        return None  # a dead node's lease not expired yet: nobody holds it
+                self._alive.add(node)
+        except Exception as exc:
+            self._fail(exc)
+            raise BackplaneUnavailable(self.problem()) from None
+        return node
+
+    async def run_batch(self, batch: PendingBatch, holder: str) -> None:
+        await self.router.run_batch(batch, holder)
+
+    async def cancel(self, response_id: str, reason: str) -> bool:
+        if self._problem is not None:
+            return False
+        return await self.router.cancel(sorted(self._alive), response_id, reason)
+
+    async def answer_question(self, device: str, question: str, action: str, content: dict[str, Any] | None,
+                              by: str) -> bool:
+        holder = await self.holder(device)
+        if holder is None or holder == self.node:
+            return False
+        return await self.router.answer(holder, {"device": device, "question": question, "action": action,
+                                                 "content": content, "by": by})
+
+    def health(self) -> dict[str, Any]:
+        """The cluster part of /api/v1/health."""
+        return {"node": self.node, "backplane": "ok" if self._problem is None else self.problem(),
+                "nodes": sorted(self._alive | {self.node})}
+
+    # -- claims: this node's devices in the directory ---------------------------------------------
+
+    def _fleet_change(self, device: str) -> None:
+        """The hub's listener (synchronous): a device registered, left or changed its profile here."""
+        self._dirty.add(device)
+        self._wake.set()
+
+    async def _claims(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._problem is not None:
+                continue  # claimed again, all at once, when the backplane is back (_rejoin)
+            devices, self._dirty = self._dirty, set()
+            try:
+                await self._claim([d for d in devices if self.hub.local(d)])
+                for device in devices:
+                    if not self.hub.holds(device) and device in self.directory._held:
+                        await self._release(device)
+            except Exception as exc:
+                self._dirty |= devices
+                self._fail(exc)
+
+    async def _claim(self, devices: list[str]) -> None:
+        """Claim `devices` for this node and tell the other nodes, in one pipeline (a registration storm
+        of 1,000 devices is a few round trips, not 2,000)."""
+        if not devices:
+            return
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for device in devices:
+                    pipe.set(Directory.device_key(device), self.node, px=self.directory.lease_ms)
+                    pipe.publish(FLEET_CHANNEL, json.dumps({"device": device, "node": self.node}))
+                await pipe.execute()
+        self.directory._held.update(devices)
+        for device in devices:
+            self.router.device_seen(device, self.node)
+
+    async def _release(self, device: str) -> None:
+        if await self.directory.release(device):
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                await self.redis.publish(FLEET_CHANNEL, json.dumps({"device": device, "node": None}))
+
+    # -- the heartbeat -----------------------------------------------------------------------------
+
+    async def _heartbeat(self) -> None:
+        period = min(self.settings.lease_s / 3, MAX_BEAT_S)
+        while True:
+            await asyncio.sleep(period)  # a timer, not a wait for an event: the lease is renewed on time
+            try:
+                if self._problem is not None:
+                    await self._rejoin()
+                    continue
+                lost = await self.directory.renew()
+                for device in lost:
+                    log.info("device %s is held by another node now", device)
+                for device in [d for d in list(self.directory._held) if not self.hub.holds(d)]:
+                    await self._release(device)  # its grace period ended here
+                await self._see_nodes()
+            except Exception as exc:
+                self._fail(exc)
+
+    async def _see_nodes(self) -> None:
+        alive = {n["node"] for n in await self.directory.nodes()}
+        for gone in self._alive - alive - {self.node}:
+            log.warning("cluster node %s is gone (its lease ran out)", gone)
+            self.router.node_gone(gone)
+            for record in self.hub.registry.list():
+                if record.node == gone:
+                    self._seen(record.name, None)
+        self._alive = alive - {self.node}
+
+    async def _join(self) -> None:
+        await self.directory.join()
+        await self._claim(self.hub.local_devices())
+        await self._resync()
+        await self._see_nodes()
+        self._problem = None
+
+    async def _rejoin(self) -> None:
+        await self._join()
+        log.warning("cluster backplane %s is back: node %s joined again", _safe(self.url), self.node)
+        with contextlib.suppress(Exception):  # the subscription re-subscribes on a fresh connection
+            await self.subscriber.connection_pool.disconnect()
+        self._wake.set()
+
+    def _fail(self, exc: BaseException) -> None:
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if self._problem is None or self._problem == "joining the cluster":
+            log.warning("cluster backplane %s unavailable (%s): work for other nodes' devices is refused until "
+                        "it is back", _safe(self.url), why)
+        self._problem = why
+
+    # -- the other nodes' devices in this registry --------------------------------------------------
+
+    async def _resync(self) -> None:
+        """Read the whole directory (SCAN, never KEYS): what this node missed while it was away."""
+        held: dict[str, str] = {}
+        prefix = len(Directory.device_key(""))
+        async with asyncio.timeout(REDIS_TIMEOUT_S * 6):
+            keys = [key async for key in self.redis.scan_iter(match=Directory.device_key("*"), count=SCAN_CHUNK)]
+            for at in range(0, len(keys), SCAN_CHUNK):
+                chunk = keys[at:at + SCAN_CHUNK]
+                for key, value in zip(chunk, await self.redis.mget(chunk), strict=True):
+                    if value is not None:
+                        name = (key.decode() if isinstance(key, bytes) else key)[prefix:]
+                        held[name] = value.decode() if isinstance(value, bytes) else value
+        for name, node in held.items():
+            if node != self.node:
+                self._seen(name, node)
+        for record in self.hub.registry.list():
+            if record.node is not None and record.name not in held:
+                self._seen(record.name, None)
+
+    def _seen(self, device: str, node: str | None) -> None:
+        """`device` is held by `node` (None: by no node), as another node or the directory says."""
+        if node == self.node or self.hub.local(device):
+            return  # this node's own socket is the truth about it
+        record = self.hub.registry.get(device)
+        if record is not None and record.node == node and (node is None) != record.connected:
+            return
+        if node is not None:
+            self.hub.moved(device, node)  # what this node still waited for in the device's grace goes there
+        self.hub.registry.held_elsewhere(device, node)
+        self.router.device_seen(device, node)
+        self.hub.fleet_changed(device)
+
+    async def _listen(self) -> None:
+        """The `fleet` broadcasts, for as long as the node runs; re-subscribed (and the directory re-read)
+        after any connection loss."""
+        backoff = 0.1
+        while True:
+            pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(FLEET_CHANNEL)
+                if self._problem is None:
+                    await self._resync()
+                backoff = 0.1
+                while True:
+                    message = await pubsub.get_message(timeout=None)
+                    if message is not None:
+                        await self._on_broadcast(message.get("data"))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.debug("cluster subscription lost (%s); again in %.1f s", exc, backoff)
+                await asyncio.sleep(backoff)  # backoff between reconnection attempts
+                backoff = min(backoff * 2, MAX_BEAT_S)
+            finally:
+                with contextlib.suppress(Exception):
+                    await pubsub.aclose()
+
+    async def _on_broadcast(self, data: Any) -> None:
+        try:
+            event = json.loads(data)
+            device, node = str(event["device"]), event.get("node")
+        except (TypeError, ValueError, KeyError):
+            return
+        if node is None:  # released: but a claim elsewhere may have overtaken the release on the way
+            try:
+                node = await self.directory.holder(device)
+            except Exception as exc:
+                self._fail(exc)
+                return
+        self._seen(device, None if node is None else str(node))
+        if node is not None and node != self.node:
+            self._alive.add(str(node))

@@ -1,0 +1,252 @@
+"""Batches across nodes: the asking node's side (`Router.run_batch`) and the holding node's (`serve_*`).
+
+A batch for a device whose socket another node holds is sent to that node over the bus with its
+ids unchanged; that node runs it through its own hub (`here_only`: it never forwards again, so a
+stale directory cannot make two nodes bounce a batch between them) and streams the device's events
+back as partial replies, then the results. What stays on the asking node: the caller, its timeout,
+its cancellation and the audit rows — one row per command, written where the caller asked.
+
+When the device moves meanwhile (its node died, or the device reconnected elsewhere), the batch is
+sent again, with the same `response_id` and `call_id`s, to the node holding it now: the device runs
+a call once and answers a repeat from its record of finished calls, exactly as it does when it
+reconnects to a single server (at-least-once delivery, exactly-once execution). A device that is
+held by no node for longer than the grace period fails the batch, as on a single server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from tether.protocol.messages import Event, ServerMessage, ServerMessageType
+from tether.protocol.models import Result
+from tether.server.cluster.bus import Bus, BusError
+
+if TYPE_CHECKING:
+    from tether.server.batches import PendingBatch
+    from tether.server.hub import DeviceHub
+
+log = logging.getLogger("tether.cluster")
+
+NOT_HERE = "not held here"  # the holding node's refusal when the device left it: the asker looks again
+ANSWER_TIMEOUT_S = 10.0  # a cancel or an answer crossing to another node
+MAX_REROUTES = 16  # a device bouncing between nodes faster than batches reach it: give up clearly
+
+
+@dataclass(eq=False)
+class Route:
+    """One batch on its way to `holder`; `moved` is set when the device is seen on another node."""
+
+    device: str
+    holder: str
+    moved: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Router:
+    """Runs batches on other nodes for this node's hub, and other nodes' batches on this node's hub."""
+
+    def __init__(self, hub: DeviceHub, bus: Bus, node: str,
+                 holder: Callable[[str], Awaitable[str | None]]) -> None:
+        self.hub = hub
+        self.bus = bus
+        self.node = node
+        self._holder = holder  # ClusterNode.holder: the directory's answer, dead nodes left out
+        self._routes: dict[str, set[Route]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # -- the asking node ---------------------------------------------------------------------------
+
+    def device_seen(self, device: str, holder: str | None) -> None:
+        """The directory says `device` is held by `holder` now: batches sent elsewhere follow it."""
+        for route in self._routes.get(device, ()):
+            if route.holder != holder:
+                route.moved.set()
+
+    def node_gone(self, node: str) -> None:
+        for routes in self._routes.values():
+            for route in routes:
+                if route.holder == node:
+                    route.moved.set()
+
+    async def run_batch(self, batch: PendingBatch, holder: str) -> None:
+        hub = self.hub
+        grace = hub.settings.grace_period
+        for _ in range(MAX_REROUTES):
+            route = Route(batch.device, holder)
+            self._routes.setdefault(batch.device, set()).add(route)
+            try:
+                moved = await self._run_on(batch, route)
+            finally:
+                routes = self._routes.get(batch.device)
+                if routes is not None:
+                    routes.discard(route)
+                    if not routes:
+                        del self._routes[batch.device]
+            if not moved:
+                return
+            log.info("batch %s follows device %s away from node %s", batch.response_id, batch.device, holder)
+            try:
+                found = await self._wait_holder(batch.device, exclude=holder, timeout=grace)
+            except Exception as exc:
+                hub.finish_remote(batch, [], f"device {batch.device} left node {holder} and the cluster backplane "
+                                             f"cannot say where it went: {exc}")
+                return
+            if found is None:
+                hub.finish_remote(batch, [], f"device {batch.device} left node {holder} and did not come back "
+                                             f"within the {grace:g}s grace period")
+                return
+            if found == self.node:
+                await hub.adopt(batch)
+                return
+            holder = found
+        hub.finish_remote(batch, [], f"device {batch.device} moved between nodes {MAX_REROUTES} times while "
+                                     "its batch was on the way; not sent again")
+
+    async def _wait_holder(self, device: str, exclude: str, timeout: float) -> str | None:
+        """The node holding `device` other than `exclude` (which it left), waiting at most `timeout`
+        seconds for one; this node when the device came here."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            if self.hub.local(device):
+                return self.node
+            found = await self._holder(device)
+            if found is not None and found != exclude:
+                return found
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return None
+            # woken by the registry (this node, or the cluster's view of another), bounded by the grace period
+            await self.hub.registry.wait_until(lambda: self._arrived(device, exclude), min(remaining, 1.0))
+
+    def _arrived(self, device: str, exclude: str) -> bool:
+        record = self.hub.registry.get(device)
+        return self.hub.local(device) or (record is not None and record.node not in (None, exclude))
+
+    async def _run_on(self, batch: PendingBatch, route: Route) -> bool:
+        """Run `batch` on `route.holder`; True when the device moved away first (send it again)."""
+        hub = self.hub
+        message = batch.message
+        limit = (message.timeout or hub.settings.default_command_timeout) + hub.settings.lease_s + 10
+        body = {"device": batch.device, "message": message.model_dump(mode="json", exclude_none=True)}
+
+        async def consume() -> dict[str, Any]:
+            final: dict[str, Any] = {}
+            async for part in self.bus.request(route.holder, "batch", body, limit):
+                if "event" in part:
+                    try:
+                        event = Event.model_validate(part["event"])
+                    except ValueError:
+                        continue
+                    hub.note_event(batch.device, event)
+                    if batch.on_event is not None:
+                        try:
+                            batch.on_event(event)
+                        except Exception:
+                            log.exception("on_event callback of batch %s failed", batch.response_id)
+                else:
+                    final = part
+            return final
+
+        consumer = asyncio.create_task(consume(), name=f"route-{batch.response_id}")
+        self._keep(consumer)
+        mover = asyncio.create_task(route.moved.wait())
+        try:
+            await asyncio.wait({consumer, mover}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            mover.cancel()
+            if not consumer.done():
+                consumer.cancel()  # leaving the request tells the holder to stop the batch (Bus.request)
+        if not consumer.done() or consumer.cancelled():
+            return True
+        try:
+            final = consumer.result()
+        except BusError as exc:
+            if NOT_HERE in str(exc):
+                return True
+            hub.finish_remote(batch, [], f"node {route.holder} holding device {batch.device} failed the batch: "
+                                         f"{exc}")
+            return False
+        results = []
+        for raw in final.get("results") or []:
+            with contextlib.suppress(ValueError):
+                results.append(Result.model_validate(raw))
+        hub.finish_remote(batch, results, final.get("error"))
+        return False
+
+    async def cancel(self, nodes: list[str], response_id: str, reason: str) -> bool:
+        """Ask each of `nodes` to cancel the batch `response_id`; True when one had it."""
+        async def ask(node: str) -> bool:
+            try:
+                reply = await self.bus.call(node, "cancel", {"response_id": response_id, "reason": reason},
+                                            ANSWER_TIMEOUT_S)
+            except BusError:
+                return False
+            return bool(reply.get("cancelled"))
+
+        return any(await asyncio.gather(*(ask(n) for n in nodes if n != self.node)))
+
+    async def answer(self, holder: str, body: dict[str, Any]) -> bool:
+        reply = await self.bus.call(holder, "answer", body, ANSWER_TIMEOUT_S)
+        return bool(reply.get("answered"))
+
+    def _keep(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- the holding node --------------------------------------------------------------------------
+
+    async def serve_batch(self, body: dict[str, Any], send: Callable[[dict[str, Any]], Awaitable[None]]
+                          ) -> dict[str, Any]:
+        """Another node's batch for a device held here: run it through this hub (never onwards)."""
+        hub = self.hub
+        device = str(body.get("device", ""))
+        message = ServerMessage.model_validate(body.get("message") or {})
+        if message.type is not ServerMessageType.COMMAND:
+            raise BusError(f"node {self.node} runs command batches only, not {message.type.value}")
+        if not hub.holds(device):
+            raise BusError(f"{NOT_HERE}: device {device} is not connected to node {self.node}")
+        events: asyncio.Queue[Event | None] = asyncio.Queue()
+        batch = hub.pending(message.response_id)
+        if batch is not None and batch.device == device:  # sent here again (the device moved back and forth)
+            batch.on_event = events.put_nowait
+        else:
+            batch = await hub.send_batch(device, message, on_event=events.put_nowait, here_only=True)
+
+        async def pump() -> None:
+            while (event := await events.get()) is not None:
+                await send({"event": event.model_dump(mode="json", exclude_none=True)})
+
+        pumper = asyncio.create_task(pump())
+        self._keep(pumper)
+        limit = (message.timeout or hub.settings.default_command_timeout) + hub.settings.grace_period + 5
+        try:
+            async with asyncio.timeout(limit):
+                await batch.done.wait()
+        except TimeoutError:
+            await hub.cancel(message.response_id, f"node {self.node} timed out after {limit:g}s")
+        except asyncio.CancelledError:  # the asking node gave up (its caller's timeout or cancel)
+            pumper.cancel()
+            await hub.cancel(message.response_id, "cancelled by the node that sent the batch")
+            raise
+        events.put_nowait(None)  # the events first, then the results, in the order the device sent them
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                await pumper
+        return {"results": [r.model_dump(mode="json") for r in batch.results.values()], "error": batch.error}
+
+    async def serve_cancel(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
+        cancelled = await self.hub.cancel(str(body.get("response_id", "")), str(body.get("reason") or "cancelled"))
+        return {"cancelled": cancelled}
+
+    async def serve_answer(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
+        content = body.get("content")
+        answered = await self.hub.answer_question(str(body.get("device", "")), str(body.get("question", "")),
+                                                  str(body.get("action", "")),
+                                                  content if isinstance(content, dict) else None,
+                                                  by=str(body.get("by") or "another node"))
+        return {"answered": answered}

@@ -1,0 +1,40 @@
+"""`RemoteDevices`: what the hub asks of a cluster for devices whose sockets another node holds.
+
+The hub stays one node's hub: it knows its own sockets and nothing of Redis. When it is given a
+`remote` (a `tether.server.cluster.node.ClusterNode`), a batch for a device that is neither
+connected here nor in its grace period here is handed to it, and it runs the batch on the node
+holding the device and fills the same `PendingBatch` the caller waits on. The caller's timeouts,
+cancellation and audit stay where they were: on the node the caller asked.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from tether.server.batches import PendingBatch
+
+
+class BackplaneUnavailable(Exception):
+    """The cluster's backplane (Redis) cannot be reached: work for devices on other nodes is refused."""
+
+
+class RemoteDevices(Protocol):
+    node: str
+
+    def problem(self) -> str | None:
+        """Why work for other nodes' devices is refused now (the backplane is unreachable), or None."""
+
+    async def holder(self, device: str) -> str | None:
+        """The node holding `device`'s socket now, or None; raises `BackplaneUnavailable`."""
+
+    async def run_batch(self, batch: PendingBatch, holder: str) -> None:
+        """Run `batch` on `holder` and finish it (results, or an error saying why not). Re-routes it when
+        the device moves to another node meanwhile, with the same ids, so the device runs it once."""
+
+    async def cancel(self, response_id: str, reason: str) -> bool:
+        """Cancel a batch another node of the cluster started; False when no node has it."""
+
+    async def answer_question(self, device: str, question: str, action: str, content: dict[str, Any] | None,
+                              by: str) -> bool:
+        """Send an answer to a question an external MCP server of `device` asked, on the node holding it."""

@@ -1,0 +1,142 @@
+"""Commands across the nodes of a cluster (issue 16): `tether server --cluster redis://… --node-id NAME`.
+
+Real nodes (`tether server` processes) sharing one database and one real redis-server, real devices.
+A device connected to node a takes commands sent to node b or c: they run on the device once, their
+output and events come back through the node that was asked, and that node writes the one audit row.
+Node b lists the device with the node holding it; /api/v1/health names the nodes and the backplane.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import httpx
+from clusterkit import WAIT, ClusterKit, Device, Node
+
+from engines import Engine
+
+
+def echo(kit: ClusterKit, text: str) -> list[dict[str, Any]]:
+    return [{"tool_name": "shell.run", "parameters": {"cmd": "echo", "argv": [text], "cwd": str(kit.tmp)}}]
+
+
+def ok(response: httpx.Response) -> Any:
+    assert response.status_code == 200, response.text
+    [result] = response.json()["results"]
+    assert result["status"] == "success", result
+    return result["result"]
+
+
+async def device_on(kit: ClusterKit, name: str, first: Node, nodes: list[Node], extra: list[str] = ()) -> Device:
+    """A device given `first`'s URL first (and the others after it), registered on `first`."""
+    device = await kit.start_device(name, [first, *[n for n in nodes if n is not first]], extra=list(extra))
+    assert await device.registered() is first
+    return device
+
+
+async def until_listed(kit: ClusterKit, node: Node, device: str, where: str) -> dict[str, Any]:
+    """`node`'s row for `device` once it says `where` holds it (the broadcast crosses from another
+    process: probed, bounded)."""
+    last: Any = None
+    async with asyncio.timeout(WAIT):
+        while True:
+            response = await kit.http(node).get(f"/devices/{device}")
+            last = response.json()
+            if response.status_code == 200 and last.get("node") == where and last["status"] != "offline":
+                return last
+            await asyncio.sleep(0.05)
+
+
+async def audit(kit: ClusterKit, node: Node, device: str) -> list[dict[str, Any]]:
+    response = await kit.http(node).get("/audit", params={"limit": 200, "device": device})
+    assert response.status_code == 200, response.text
+    return response.json()["rows"]
+
+
+async def test_a_command_sent_to_any_node_runs_on_the_device_another_node_holds(
+        tmp_path: Path, redis_engine: Engine) -> None:
+    async with ClusterKit(tmp_path, redis=redis_engine) as kit:
+        a, b, c = [await kit.start_node(name) for name in ("a", "b", "c")]
+        await device_on(kit, "laptop", a, [a, b, c])
+        for node in (b, c, a):  # from the two nodes that do not hold it, and from the one that does
+            out = ok(await kit.run(node, "laptop", echo(kit, f"via-{node.name}")))
+            assert f"via-{node.name}" in json.dumps(out)
+        rows = [r for r in await audit(kit, b, "laptop") if r.get("tool_name") == "shell.run"]
+        assert len(rows) == 3, rows  # one row per command, written by the node that was asked
+        assert {r["status"] for r in rows} == {"success"}, rows
+        assert sorted(r["requested_by"] for r in rows) == ["api:cluster-kit"] * 3
+        # b and c list it online, held by a; a lists it as its own
+        assert (await until_listed(kit, b, "laptop", "a"))["status"] in ("online", "busy")
+        await until_listed(kit, c, "laptop", "a")
+        assert (await kit.http(a).get("/devices/laptop")).json()["node"] is None
+        health = await kit.health(b)
+        assert health["status"] == "ok", health
+        assert health["node"] == "b" and health["cluster"]["backplane"] == "ok"
+        assert health["cluster"]["nodes"] == ["a", "b", "c"], health
+
+
+async def test_events_stream_back_and_the_tools_list_crosses_nodes(tmp_path: Path, redis_engine: Engine) -> None:
+    async with ClusterKit(tmp_path, redis=redis_engine) as kit:
+        a, b = await kit.start_node("a"), await kit.start_node("b")
+        await device_on(kit, "laptop", a, [a, b])
+        talk = kit.tmp / "talk.py"
+        talk.write_text("print('one', flush=True)\nprint('two', flush=True)\n")
+        command = [{"tool_name": "shell.run", "parameters": {"cmd": "python3", "argv": [str(talk)],
+                                                             "cwd": str(kit.tmp)}}]
+        body = {"commands": command, "timeout": 30}
+        kinds: list[str] = []
+        outputs: list[str] = []
+        async with kit.http(b).stream("POST", "/devices/laptop/commands", json=body,
+                                      headers={"Accept": "text/event-stream"}) as response:
+            assert response.status_code == 200
+            kind = None
+            async for line in response.aiter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                    kinds.append(kind)
+                elif line.startswith("data: ") and kind == "event":
+                    outputs.append(line)
+        assert kinds[-1] == "results", kinds
+        assert "event" in kinds, kinds  # the device's output events came through node b
+        assert any("one" in line for line in outputs), outputs
+        tools = await kit.http(b).get("/devices/laptop/tools")
+        assert tools.status_code == 200, tools.text
+        assert "shell.run" in {t["name"] for t in tools.json()} | {f"{t['namespace']}.{t['name']}"
+                                                                   for t in tools.json()}
+
+
+async def test_unknown_devices_and_a_batch_cancelled_from_a_third_node(tmp_path: Path, redis_engine: Engine) -> None:
+    async with ClusterKit(tmp_path, redis=redis_engine) as kit:
+        a, b, c = [await kit.start_node(name) for name in ("a", "b", "c")]
+        await device_on(kit, "laptop", a, [a, b, c])
+        missing = await kit.run(b, "nobody", echo(kit, "x"))
+        assert missing.status_code == 404 and "nobody" in missing.json()["error"], missing.text
+        gate = kit.tmp / "gate"
+        os.mkfifo(gate)
+        hold = kit.tmp / "hold.py"
+        hold.write_text(f"print('started', flush=True)\nopen({str(gate)!r}).readline()\n")
+        wait = [{"tool_name": "shell.run", "parameters": {"cmd": "python3", "argv": [str(hold)],
+                                                          "cwd": str(kit.tmp)}}]
+        body = {"commands": wait, "timeout": 60}
+        async with kit.http(b).stream("POST", "/devices/laptop/commands", json=body,
+                                      headers={"Accept": "text/event-stream"}) as response:
+            batch = response.headers["X-Tether-Batch"]
+            lines = response.aiter_lines()
+            seen = []
+            async for line in lines:  # the command runs on the device (its first output came back)
+                seen.append(line)
+                if '"stream"' in line and "started" in line:
+                    break
+            # c neither started it (b did) nor holds the device (a does): it asks the other nodes
+            cancel = await kit.http(c).delete(f"/batches/{batch}")
+            assert cancel.status_code == 200, (cancel.text, seen)
+            rest = [line async for line in lines]
+        results = json.loads(rest[rest.index("event: results") + 1].removeprefix("data: "))
+        [result] = results["results"]
+        assert result["status"] != "success" and "cancelled" in result["error"], result
+        again = await kit.run(b, "laptop", echo(kit, "after"))
+        assert "after" in json.dumps(ok(again))
