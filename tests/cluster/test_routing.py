@@ -51,6 +51,18 @@ async def until_listed(kit: ClusterKit, node: Node, device: str, where: str) -> 
             await asyncio.sleep(0.05)
 
 
+async def until_health(kit: ClusterKit, node: Node, check: Any) -> dict[str, Any]:
+    """`node`'s /health once `check` holds (what it reports comes from other processes: probed, bounded)."""
+    last: Any = None
+    try:
+        async with asyncio.timeout(WAIT):
+            while not check(last := await kit.health(node)):
+                await asyncio.sleep(0.05)
+    except TimeoutError:
+        raise AssertionError(f"/health of {node.name} never got there; last: {last}") from None
+    return last
+
+
 async def audit(kit: ClusterKit, node: Node, device: str) -> list[dict[str, Any]]:
     response = await kit.http(node).get("/audit", params={"limit": 200, "device": device})
     assert response.status_code == 200, response.text
@@ -73,10 +85,10 @@ async def test_a_command_sent_to_any_node_runs_on_the_device_another_node_holds(
         assert (await until_listed(kit, b, "laptop", "a"))["status"] in ("online", "busy")
         await until_listed(kit, c, "laptop", "a")
         assert (await kit.http(a).get("/devices/laptop")).json()["node"] is None
-        health = await kit.health(b)
+        health = await until_health(kit, b, lambda h: h["cluster"]["nodes"] == ["a", "b", "c"])
         assert health["status"] == "ok", health
         assert health["node"] == "b" and health["cluster"]["backplane"] == "ok"
-        assert health["cluster"]["nodes"] == ["a", "b", "c"], health
+        assert health["devices_here"] == 0 and (await kit.health(a))["devices_here"] == 1
 
 
 async def test_events_stream_back_and_the_tools_list_crosses_nodes(tmp_path: Path, redis_engine: Engine) -> None:

@@ -118,6 +118,8 @@ class ClusterNode:
         if self._problem is None:
             with contextlib.suppress(Exception):
                 await self.directory.leave()
+                async with asyncio.timeout(REDIS_TIMEOUT_S):
+                    await self.redis.publish(FLEET_CHANNEL, json.dumps({"left": self.node}))
         await self.bus.aclose()
         for task in self._tasks:
             with contextlib.suppress(BaseException):
@@ -200,8 +202,11 @@ class ClusterNode:
         async with asyncio.timeout(REDIS_TIMEOUT_S):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for device in devices:
+                    record = self.hub.registry.get(device)
                     pipe.set(Directory.device_key(device), self.node, px=self.directory.lease_ms)
-                    pipe.publish(FLEET_CHANNEL, json.dumps({"device": device, "node": self.node}))
+                    # the device process's instance: the node it reconnects to next resumes its batches
+                    pipe.publish(FLEET_CHANNEL, json.dumps({"device": device, "node": self.node,
+                                                            "instance": record and record.instance_id}))
                 await pipe.execute()
         self.directory._held.update(devices)
         for device in devices:
@@ -243,6 +248,8 @@ class ClusterNode:
 
     async def _join(self) -> None:
         await self.directory.join()
+        async with asyncio.timeout(REDIS_TIMEOUT_S):  # the others list this node now, not at their next beat
+            await self.redis.publish(FLEET_CHANNEL, json.dumps({"joined": self.node}))
         await self._claim(self.hub.local_devices())
         await self._resync()
         await self._see_nodes()
@@ -283,16 +290,21 @@ class ClusterNode:
             if record.node is not None and record.name not in held:
                 self._seen(record.name, None)
 
-    def _seen(self, device: str, node: str | None) -> None:
-        """`device` is held by `node` (None: by no node), as another node or the directory says."""
+    def _seen(self, device: str, node: str | None, instance: str | None = None) -> None:
+        """`device` is held by `node` (None: by no node), as another node or the directory says; with the
+        device process's `instance`, a reconnection of that process here resumes (its batches go on)."""
         if node == self.node or self.hub.local(device):
             return  # this node's own socket is the truth about it
         record = self.hub.registry.get(device)
+        if instance is not None and record is not None:
+            record.instance_id = instance
         if record is not None and record.node == node and (node is None) != record.connected:
             return
         if node is not None:
             self.hub.moved(device, node)  # what this node still waited for in the device's grace goes there
-        self.hub.registry.held_elsewhere(device, node)
+        record = self.hub.registry.held_elsewhere(device, node)
+        if instance is not None:
+            record.instance_id = instance
         self.router.device_seen(device, node)
         self.hub.fleet_changed(device)
 
@@ -321,10 +333,21 @@ class ClusterNode:
                 with contextlib.suppress(Exception):
                     await pubsub.aclose()
 
+    def _node_news(self, joined: str, left: str) -> None:
+        if joined and joined != self.node:
+            self._alive.add(joined)
+        if left and left != self.node:
+            self._alive.discard(left)
+            self.router.node_gone(left)
+
     async def _on_broadcast(self, data: Any) -> None:
         try:
             event = json.loads(data)
+            if "joined" in event or "left" in event:
+                self._node_news(str(event.get("joined") or ""), str(event.get("left") or ""))
+                return
             device, node = str(event["device"]), event.get("node")
+            instance = event.get("instance")
         except (TypeError, ValueError, KeyError):
             return
         if node is None:  # released: but a claim elsewhere may have overtaken the release on the way
@@ -333,6 +356,6 @@ class ClusterNode:
             except Exception as exc:
                 self._fail(exc)
                 return
-        self._seen(device, None if node is None else str(node))
+        self._seen(device, None if node is None else str(node), instance if isinstance(instance, str) else None)
         if node is not None and node != self.node:
             self._alive.add(str(node))
