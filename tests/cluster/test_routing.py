@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
 import httpx
-from clusterkit import WAIT, ClusterKit, Device, Node
+from clusterkit import CLI, WAIT, ClusterKit, Device, Node
 
 from engines import Engine
 
@@ -84,7 +85,12 @@ async def test_a_command_sent_to_any_node_runs_on_the_device_another_node_holds(
         # b and c list it online, held by a; a lists it as its own
         assert (await until_listed(kit, b, "laptop", "a"))["status"] in ("online", "busy")
         await until_listed(kit, c, "laptop", "a")
-        assert (await kit.http(a).get("/devices/laptop")).json()["node"] is None
+        assert (await kit.http(a).get("/devices/laptop")).json()["node"] == "a"
+        table = await asyncio.to_thread(subprocess.run, [*CLI, "devices", "--server", b.url], capture_output=True,
+                                        text=True, timeout=WAIT, env={**kit.env, "TETHER_TOKEN": kit.admin_token})
+        assert table.returncode == 0, table.stderr
+        row = next(line for line in table.stdout.splitlines() if "laptop" in line)
+        assert [cell.strip() for cell in row.split("│")][1:5] == ["laptop", "linux", "online", "a"], table.stdout
         health = await until_health(kit, b, lambda h: h["cluster"]["nodes"] == ["a", "b", "c"])
         assert health["status"] == "ok", health
         assert health["node"] == "b" and health["cluster"]["backplane"] == "ok"

@@ -502,7 +502,8 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
 @devices_app.callback(invoke_without_command=True)
 def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
             as_json: JsonOpt = False) -> None:
-    """Show the server's devices: name, platform, status, last seen, load, sandbox, capabilities."""
+    """Show the server's devices: name, platform, status, (in a cluster) the node holding it, last seen, load,
+    sandbox, capabilities."""
     if ctx.invoked_subcommand:
         return
     from rich.markup import escape
@@ -518,14 +519,16 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title=f"{len(rows)} devices")
-    for col in ("name", "platform", "status", "last seen", "load", "running", "queued", "sandbox", "tags",
-                "capabilities"):
+    clustered = any(r.get("node") for r in rows)  # a cluster's node: which one holds each device's socket
+    for col in ("name", "platform", "status", *(("node",) if clustered else ()), "last seen", "load", "running",
+                "queued", "sandbox", "tags", "capabilities"):
         table.add_column(col)
     now = time.time()
     for r in rows:
         seen = f"{now - r['last_seen']:.0f}s ago" if r.get("last_seen") else "-"
         style = {"online": "green", "busy": "yellow", "offline": "red"}.get(r["status"], "white")
-        table.add_row(r["name"], r.get("platform") or "-", f"[{style}]{r['status']}[/{style}]", seen,
+        node = (escape(r.get("node") or "-"),) if clustered else ()
+        table.add_row(r["name"], r.get("platform") or "-", f"[{style}]{r['status']}[/{style}]", *node, seen,
                       str(r.get("load", 0)), str(r.get("running", 0)), str(r.get("queued", 0)),
                       _sandbox_cell(r.get("sandbox")), escape(", ".join(r.get("tags") or [])) or "-",
                       ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else ""))

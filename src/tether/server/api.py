@@ -132,7 +132,7 @@ def authorize(request: Request, authorization: str | None, scope: str) -> TokenI
     return info
 
 
-def _view(record: DeviceRecord, detail: bool = False) -> DeviceView:
+def _view(record: DeviceRecord, detail: bool = False, here: str | None = None) -> DeviceView:
     profile = record.profile
     data: dict[str, Any] = {
         "name": record.name, "status": record.status, "last_seen": record.last_seen, "load": record.load,
@@ -141,7 +141,7 @@ def _view(record: DeviceRecord, detail: bool = False) -> DeviceView:
         "capabilities": profile.capabilities if profile else [],
         "tags": profile.tags if profile else [], "gpu": bool(profile and profile.gpu.available),
         "address": getattr(record, "address", None), "sandbox": profile.sandbox if profile else None,
-        "node": record.node,
+        "node": record.node or (here if record.connected else None),
     }
     return DeviceDetail(**data, profile=profile) if detail else DeviceView(**data)
 
@@ -194,7 +194,12 @@ async def health(request: Request) -> dict[str, Any]:
 MAX_DEVICE_PAGE = 1000
 
 
-def _row(record: DeviceRecord) -> dict[str, Any]:
+def _here(hub: DeviceHub) -> str | None:
+    """This node's name in a cluster (the `node` of the devices it holds), else None."""
+    return hub.remote.node if hub.remote is not None else None
+
+
+def _row(record: DeviceRecord, here: str | None = None) -> dict[str, Any]:
     """A `DeviceView` as a plain dict: a page is built without a model per device."""
     profile = record.profile
     return {"name": record.name, "status": record.status, "platform": record.platform,
@@ -202,7 +207,8 @@ def _row(record: DeviceRecord) -> dict[str, Any]:
             "running": max(record.running - record.queued, 0), "queued": record.queued,
             "capabilities": list(profile.capabilities) if profile else [], "tags": list(record.tags),
             "gpu": bool(profile and profile.gpu.available), "address": record.address,
-            "sandbox": profile.sandbox if profile else None, "node": record.node}
+            "sandbox": profile.sandbox if profile else None,
+            "node": record.node or (here if record.connected else None)}
 
 
 @router.get("/devices", response_model=list[DeviceView], responses={200: {"headers": {"Link": {
@@ -228,14 +234,16 @@ async def list_devices(
     if after is not None:
         following = request.url.include_query_params(cursor=after)
         headers["Link"] = f'<{following.path}?{following.query}>; rel="next"'
-    return Response(json.dumps([_row(r) for r in records], separators=(",", ":")),
+    here = _here(_hub(request))
+    return Response(json.dumps([_row(r, here) for r in records], separators=(",", ":")),
                     media_type="application/json", headers=headers)
 
 
 @router.get("/devices/{name}", response_model=DeviceDetail)
 async def get_device(name: str, request: Request,
                      _: Annotated[TokenInfo, Depends(require("read"))]) -> DeviceView:
-    return _view(_record(_hub(request), name), detail=True)
+    hub = _hub(request)
+    return _view(_record(hub, name), detail=True, here=_here(hub))
 
 
 @router.get("/devices/{name}/tools", response_model=list[ToolInfo])
