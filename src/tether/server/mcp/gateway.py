@@ -37,7 +37,6 @@ from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
@@ -55,6 +54,7 @@ from tether.server.mcp.fleet import (
     FleetIndex,
     list_devices,
 )
+from tether.server.mcp.transport import ReplyingSessionManager
 from tether.server.mcp.wire import call_result, capped, contributed_tool, deny, device_tool, query_value
 from tether.server.store import Store, TokenInfo
 
@@ -124,7 +124,7 @@ class Gateway:
                                    on_list_tools=self._list_tools, on_call_tool=self._call_tool,
                                    on_subscriptions_listen=ListenHandler(self.bus))
         self.server.middleware = [self._watch]  # (no OpenTelemetry span per message: nothing exports them)
-        self.manager = StreamableHTTPSessionManager(
+        self.manager = ReplyingSessionManager(  # answers in JSON unless a call has something to stream
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
         self._watchers: dict[int, _Watcher] = {}

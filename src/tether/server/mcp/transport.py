@@ -1,0 +1,180 @@
+"""The SDK's streamable-HTTP transport, answering a request with one JSON body unless it has to stream.
+
+The SDK chooses per server: every POST is answered with an SSE stream (what progress, elicitation and the
+request's notifications need), or every POST with a JSON body (then none of those can reach the client).
+Most gateway calls have nothing to say before their result, and the SSE answer costs both sides a stream
+(here: a task group, two memory streams and a writer task; in the client: an event parser) that a JSON
+body does not: measured in bench/gateway.py, the bare SDK server's no-op call is ~1.6x slower with SSE.
+
+So the gateway decides per request, late: the request is handed to the session and the transport waits
+for the first message the session sends on that request's stream. The response itself goes back as a JSON
+body; anything else (a progress notification, an elicitation request, a log message) opens the SSE stream,
+that message first, and the rest follows as the SDK streams it. A call that has sent nothing for
+`STREAM_AFTER` seconds opens the SSE stream too, so its keep-alive pings hold the client's read timeout off
+as before. The client offered both (its `Accept` header) as the spec requires, so it reads either.
+
+Everything else (initialize, notifications, GET and DELETE, malformed requests, an event store) takes the
+SDK's own path unchanged. Written against mcp 2.3's transport (`_request_streams`, `_run_sse_writer`,
+`_create_session_message`, the manager's `_admit_session`); tests/gateway/test_gateway_replies.py fails if
+they change shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from functools import partial
+from typing import Any
+from uuid import uuid4
+
+import anyio
+import pydantic_core
+from anyio.streams.memory import MemoryObjectSendStream
+from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
+from mcp.server.streamable_http import (
+    CONTENT_TYPE_SSE,
+    MCP_SESSION_ID_HEADER,
+    REQUEST_CANCELLED,
+    REQUEST_STREAM_BUFFER_SIZE,
+    EventMessage,
+    StreamableHTTPServerTransport,
+    check_accept_headers,
+)
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER
+from mcp_types import (
+    DEFAULT_NEGOTIATED_VERSION,
+    JSONRPCError,
+    JSONRPCRequest,
+    JSONRPCResponse,
+    jsonrpc_message_adapter,
+)
+from pydantic import ValidationError
+from sse_starlette import EventSourceResponse
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+STREAM_AFTER = 5.0  # seconds a call may stay silent before its answer becomes an SSE stream (with pings)
+
+
+class _FirstSignal:
+    """The send end of one request's stream, noting that a first message arrived without receiving it: a
+    receive cancelled by a timeout could lose the message it was being handed (anyio 4's memory streams)."""
+
+    def __init__(self, inner: MemoryObjectSendStream[EventMessage]) -> None:
+        self.inner = inner
+        self.arrived = asyncio.Event()
+
+    async def send(self, item: EventMessage) -> None:
+        await self.inner.send(item)
+        self.arrived.set()
+
+    def close(self) -> None:
+        self.inner.close()
+        self.arrived.set()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+        self.arrived.set()
+
+
+class ReplyingTransport(StreamableHTTPServerTransport):
+    """A session's transport: a request's answer is a JSON body unless something must be streamed first."""
+
+    stream_after: float = STREAM_AFTER
+
+    async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
+        message = await self._plain_request(request)
+        writer = self._read_stream_writer
+        if message is None or writer is None:
+            await super()._handle_post_request(scope, request, receive, send)
+            return
+        if not await self._validate_request_headers(request, send):
+            return
+        request_id = str(message.id)
+        outbox, reader = anyio.create_memory_object_stream[EventMessage](REQUEST_STREAM_BUFFER_SIZE)
+        signal = _FirstSignal(outbox)
+        self._request_streams[request_id] = (signal, reader)  # type: ignore[assignment]  # (send/close/aclose)
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER, DEFAULT_NEGOTIATED_VERSION)
+        first: EventMessage | None = None
+        try:
+            await writer.send(self._create_session_message(message, request, request_id, version))
+            async with asyncio.timeout(self.stream_after):
+                await signal.arrived.wait()
+            first = reader.receive_nowait()
+        except TimeoutError:
+            pass
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.WouldBlock):
+            await self._clean_up_memory_streams(request_id)  # the session ended: the stream below ends at once
+        except BaseException:
+            await self._clean_up_memory_streams(request_id)
+            raise
+        if first is not None and _is_result(first.message):
+            await self._clean_up_memory_streams(request_id)
+            await self._create_json_response(first.message)(scope, receive, send)
+            return
+        await self._stream(request_id, first, reader, scope, receive, send)
+
+    async def _plain_request(self, request: Request) -> JSONRPCRequest | None:
+        """The POST's JSON-RPC request when this transport answers it itself; None leaves it to the SDK."""
+        if self.is_json_response_enabled or self._event_store is not None or not self._check_content_type(request):
+            return None
+        has_json, has_sse = check_accept_headers(request)
+        if not (has_json and has_sse):  # the SDK refuses it (406)
+            return None
+        body = await request.body()  # Starlette keeps it, so the SDK's path reads the same bytes again
+        try:
+            message = jsonrpc_message_adapter.validate_python(pydantic_core.from_json(body), by_name=False)
+        except (ValueError, ValidationError):
+            return None
+        if not isinstance(message, JSONRPCRequest) or message.method == "initialize":
+            return None
+        return message
+
+    async def _stream(self, request_id: str, first: EventMessage | None, reader: Any,
+                      scope: Scope, receive: Receive, send: Send) -> None:
+        """The SDK's SSE answer for a request already handed to the session, `first` (taken off its stream
+        to decide) sent before the rest: `_run_sse_writer` sends its `priming_event` first."""
+        sse_writer, sse_reader = anyio.create_memory_object_stream[dict[str, Any]](0)
+        self._sse_stream_writers[request_id] = sse_writer
+        headers = {"Cache-Control": "no-cache, no-transform", "Connection": "keep-alive",
+                   "Content-Type": CONTENT_TYPE_SSE,
+                   **({MCP_SESSION_ID_HEADER: self.mcp_session_id} if self.mcp_session_id else {})}
+        opening = self._create_event_data(first) if first is not None else None
+        response = EventSourceResponse(content=sse_reader, headers=headers, data_sender_callable=partial(
+            self._run_sse_writer, request_id, sse_writer, reader, opening))
+        try:
+            await response(scope, receive, send)
+        finally:
+            await sse_writer.aclose()
+            await sse_reader.aclose()
+
+
+def _is_result(message: Any) -> bool:
+    """A request's own answer, to go back as JSON. Not the SDK's REQUEST_CANCELLED error, nor the end of a
+    session: those go on an SSE stream as the SDK sends them, because mcp 2.3's client fails (an exception
+    out of its task group) on a JSON answer that arrives after its session closed, and drops a late SSE one
+    quietly; a client that gives up a call cancels it and often closes its session right after."""
+    if isinstance(message, JSONRPCResponse):
+        return True
+    return isinstance(message, JSONRPCError) and message.error.code != REQUEST_CANCELLED
+
+
+class ReplyingSessionManager(StreamableHTTPSessionManager):
+    """The SDK's session manager, its sessions served by `ReplyingTransport`."""
+
+    stream_after: float = STREAM_AFTER  # given to each new session's transport
+
+    def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
+        # mcp 2.3's `_admit_session`, constructing the transport above
+        if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
+            return None
+        transport = ReplyingTransport(mcp_session_id=uuid4().hex, is_json_response_enabled=self.json_response,
+                                      event_store=self.event_store, security_settings=self.security_settings,
+                                      retry_interval=self.retry_interval, idle_timeout=self.session_idle_timeout)
+        transport.stream_after = self.stream_after
+        session_id = transport.mcp_session_id
+        assert session_id is not None
+        if requestor is not None:
+            self._session_owners[session_id] = requestor
+        self._server_instances[session_id] = transport
+        return transport
