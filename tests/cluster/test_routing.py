@@ -158,3 +158,62 @@ async def test_unknown_devices_and_a_batch_cancelled_from_a_third_node(tmp_path:
         assert result["status"] != "success" and "cancelled" in result["error"], result
         again = await kit.run(b, "laptop", echo(kit, "after"))
         assert "after" in json.dumps(ok(again))
+
+
+async def _task_stream(kit: ClusterKit, node: Node, task_id: str, into: list[tuple[str, dict[str, Any]]]) -> None:
+    """Every frame of `node`'s event stream of the task, until its `end` frame."""
+    async with httpx.AsyncClient(base_url=f"{node.url}/api/v1", timeout=httpx.Timeout(WAIT, read=None),
+                                 headers={"Authorization": f"Bearer {kit.admin_token}"}) as http, \
+            http.stream("GET", f"/tasks/{task_id}/events") as response:
+        assert response.status_code == 200, await response.aread()
+        kind = None
+        async for line in response.aiter_lines():
+            if line.startswith("event: "):
+                kind = line[7:]
+            elif line.startswith("data: ") and kind is not None:
+                into.append((kind, json.loads(line[6:])))
+                if kind == "end":
+                    return
+
+
+async def test_a_task_on_one_node_runs_steps_on_a_device_another_node_holds_and_a_third_follows_it(
+        tmp_path: Path, redis_engine: Engine) -> None:
+    async with ClusterKit(tmp_path, redis=redis_engine) as kit:
+        a, b, c = [await kit.start_node(name) for name in ("a", "b", "c")]
+        live = kit.tmp / "live"  # a live root: the step's process opens the test's FIFO itself, not a copy
+        live.mkdir()
+        policy = kit.tmp / "policy.yaml"
+        policy.write_text(f"live_write_roots: [{str(live)!r}]\n")
+        await device_on(kit, "laptop", a, [a, b, c], ["--policy", str(policy)])
+        gate = live / "task-gate"
+        os.mkfifo(gate)
+        hold = kit.tmp / "hold.py"
+        hold.write_text(f"print('waiting', flush=True)\nopen({str(gate)!r}).readline()\nprint('released')\n")
+        await until_listed(kit, b, "laptop", "a")
+        created = await kit.http(b).post("/tasks", json={"request": "two steps", "device": "laptop", "plan": [
+            {"skill": "shell.run", "args": {"cmd": "python3", "argv": [str(hold)], "cwd": str(kit.tmp)}},
+            {"skill": "shell.run", "args": {"cmd": "echo", "argv": ["second"], "cwd": str(kit.tmp)}}]})
+        assert created.status_code == 201, created.text
+        task_id = created.json()["id"]
+        seen_on_c: list[tuple[str, dict[str, Any]]] = []
+        follower = asyncio.create_task(_task_stream(kit, c, task_id, seen_on_c))  # c neither runs it nor holds
+        async with asyncio.timeout(WAIT):  # the first step runs on the device (a), started by b
+            while not any(kind == "task_event" and data["kind"] == "step_started" for kind, data in seen_on_c):
+                await asyncio.sleep(0.05)
+        fd = os.open(gate, os.O_RDWR)  # never blocks this loop (it carries the nodes' Redis links)
+        try:
+            os.write(fd, b"go\n")
+            async with asyncio.timeout(WAIT):
+                await follower
+        finally:
+            os.close(fd)
+        kinds = [data["kind"] for kind, data in seen_on_c if kind == "task_event"]
+        assert kinds.count("step_finished") == 2, kinds  # c saw both steps end, live
+        seqs = [data["seq"] for kind, data in seen_on_c if kind == "task_event"]
+        assert seqs == sorted(set(seqs)), seqs  # each once, in order (stored ones, then relayed ones)
+        end = seen_on_c[-1][1]
+        assert end["state"] == "done" and end["ended"] is True, end
+        task = (await kit.http(c).get(f"/tasks/{task_id}")).json()
+        assert task["state"] == "done", task
+        outputs = json.dumps(task["steps"])
+        assert "released" in outputs and "second" in outputs, outputs

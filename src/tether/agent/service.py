@@ -118,6 +118,7 @@ class TaskService:
         self._answers: dict[str, str] = {}
         self._mcp_questions: dict[str, dict[str, Any]] = {}  # task id → an MCP server's open question
         self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
+        self._unrelay: Callable[[], None] | None = None
         self._saver = SaveSoon(store)
         self._closing = False
         self._leases: TaskLeases | None = None  # made at start: which node runs each task (agent/ownership.py)
@@ -142,10 +143,14 @@ class TaskService:
                 logger.info("task %s is run by %s", task.id, self._leases.holder(task.id))
         self._keeper = asyncio.create_task(keep_leases(self._leases, lambda: list(self._live), self._take_over,
                                                        self._lost), name="task leases")
+        if self.hub.remote is not None:  # a cluster node: followers here of tasks other nodes run
+            self._unrelay = self.hub.remote.on_relay("task", self._relayed_event)
 
     async def aclose(self) -> None:
         """Stop every runner without cancelling its task: the next start resumes or asks."""
         self._closing = True
+        if self._unrelay is not None:
+            self._unrelay()
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
@@ -354,6 +359,8 @@ class TaskService:
             if task.state.terminal and self._live.get(task.id) is task:
                 self._live.pop(task.id, None)
                 self._end_followers(task.id)
+                if self.hub.remote is not None:
+                    self.hub.remote.relay("task", {"task": task.id, "ended": True})
                 self._release(task.id)
 
     async def _tools_for(self, task: Task) -> dict[str | None, list[ToolInfo]]:
@@ -403,11 +410,30 @@ class TaskService:
             self._mcp_questions[task.id] = dict(event.data)
         elif event.kind in ("elicitation_answered", "step_finished"):
             self._mcp_questions.pop(task.id, None)
-        for queue in list(self._subscribers.get(task.id, ())):
+        if self.hub.remote is not None:  # followers on the other nodes of a cluster
+            self.hub.remote.relay("task", {"task": task.id, "event": event.model_dump(mode="json")})
+        self._feed(task.id, event)
+
+    def _relayed_event(self, data: dict[str, Any]) -> None:
+        """An event of a task another node runs, for the followers this node has of it."""
+        task_id = str(data.get("task", ""))
+        if task_id in self._live or task_id not in self._subscribers:
+            return
+        if data.get("ended"):  # saved by its node before this was sent: the followers' `end` reads it
+            self._end_followers(task_id)
+            return
+        try:
+            event = TaskEvent.model_validate(data.get("event"))
+        except ValueError:
+            return
+        self._feed(task_id, event)
+
+    def _feed(self, task_id: str, event: TaskEvent) -> None:
+        for queue in list(self._subscribers.get(task_id, ())):
             if queue.qsize() < _SUBSCRIBER_QUEUE - 1:
                 queue.put_nowait(event)
             else:  # a follower this far behind is ended, not fed a gap: it resumes with ?after=SEQ
-                self._subscribers[task.id].discard(queue)
+                self._subscribers[task_id].discard(queue)
                 queue.put_nowait(None)
 
     # -- people -----------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ has ended. Errors are `{"error": "..."}` like the rest of the API.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
@@ -180,7 +181,9 @@ def _frame(event: str, data: Any) -> bytes:
 async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
                   queue: asyncio.Queue[TaskEvent | None] | None) -> AsyncIterator[bytes]:
     try:
+        last = -1
         for event in past:
+            last = event.seq
             yield _frame("task_event", event.model_dump(mode="json"))
         while queue is not None:
             try:
@@ -190,8 +193,14 @@ async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
                 continue
             if event is None:
                 break
+            if event.seq <= last:  # in a cluster, relayed while the stored ones were read: sent already
+                continue
+            last = event.seq
             yield _frame("task_event", event.model_dump(mode="json"))
         # `ended` is false when the server is shutting down under a task that is still going
+        if not task.state.terminal:  # a task another node of a cluster ran: its stored end
+            with contextlib.suppress(TaskError):
+                task = service.get(task.id)
         yield _frame("end", {"id": task.id, "state": task.state.value, "ended": task.state.terminal,
                              "answer": task.answer, "error": task.error})
     finally:

@@ -9,6 +9,7 @@ cancellation and audit stay where they were: on the node the caller asked.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -38,3 +39,10 @@ class RemoteDevices(Protocol):
     async def answer_question(self, device: str, question: str, action: str, content: dict[str, Any] | None,
                               by: str) -> bool:
         """Send an answer to a question an external MCP server of `device` asked, on the node holding it."""
+
+    def relay(self, topic: str, data: dict[str, Any]) -> None:
+        """Tell every other node's `on_relay(topic)` listeners `data` (in order, without waiting): how a
+        task's events reach its followers on the nodes that do not run it."""
+
+    def on_relay(self, topic: str, listener: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Call `listener(data)` for each `relay(topic, data)` of another node; returns its remover."""

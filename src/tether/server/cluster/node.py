@@ -39,6 +39,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("tether.cluster")
 
 FLEET_CHANNEL = f"{PREFIX}:events:fleet"
+RELAY_CHANNEL = f"{PREFIX}:events:relay"
+RELAY_QUEUE = 10_000  # events waiting for Redis; past it they are dropped (and followers re-read the store)
 MAX_BEAT_S = 5.0  # the heartbeat's longest period: how soon a lost or returned backplane is noticed
 SCAN_CHUNK = 1000
 
@@ -87,6 +89,8 @@ class ClusterNode:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._remove_listener: Any = None
+        self._relayed: asyncio.Queue[str] = asyncio.Queue(maxsize=RELAY_QUEUE)
+        self._relay_listeners: dict[str, dict[object, Any]] = {}
 
     # -- life --------------------------------------------------------------------------------------
 
@@ -102,7 +106,8 @@ class ClusterNode:
         self._remove_listener = self.hub.on_fleet_change(self._fleet_change)
         self._tasks = [asyncio.create_task(self._heartbeat(), name="cluster-heartbeat"),
                        asyncio.create_task(self._claims(), name="cluster-claims"),
-                       asyncio.create_task(self._listen(), name="cluster-listen")]
+                       asyncio.create_task(self._listen(), name="cluster-listen"),
+                       asyncio.create_task(self._relay_pump(), name="cluster-relay")]
         log.info("cluster node %s on %s%s", self.node, _safe(self.url),
                  f" (degraded: {self._problem})" if self._problem else "")
 
@@ -170,6 +175,38 @@ class ClusterNode:
         """The cluster part of /api/v1/health."""
         return {"node": self.node, "backplane": "ok" if self._problem is None else self.problem(),
                 "nodes": sorted(self._alive | {self.node})}
+
+    # -- events for followers on other nodes -------------------------------------------------------
+
+    def relay(self, topic: str, data: dict[str, Any]) -> None:
+        try:
+            self._relayed.put_nowait(json.dumps({"relay": topic, "from": self.node, "data": data}, default=str))
+        except asyncio.QueueFull:
+            log.warning("cluster relay: %d events waiting for Redis; a %s event was dropped", RELAY_QUEUE, topic)
+
+    def on_relay(self, topic: str, listener: Any) -> Any:
+        key = object()
+        self._relay_listeners.setdefault(topic, {})[key] = listener
+        return lambda: self._relay_listeners.get(topic, {}).pop(key, None)
+
+    async def _relay_pump(self) -> None:
+        """One publisher for every relayed event: they reach the other nodes in the order they happened."""
+        while True:
+            text = await self._relayed.get()
+            try:
+                async with asyncio.timeout(REDIS_TIMEOUT_S):
+                    await self.redis.publish(RELAY_CHANNEL, text)
+            except Exception as exc:
+                self._fail(exc)
+
+    def _on_relay(self, event: dict[str, Any]) -> None:
+        if event.get("from") == self.node or not isinstance(event.get("data"), dict):
+            return
+        for listener in list(self._relay_listeners.get(str(event.get("relay")), {}).values()):
+            try:
+                listener(event["data"])
+            except Exception:
+                log.exception("cluster relay listener for %s failed", event.get("relay"))
 
     # -- claims: this node's devices in the directory ---------------------------------------------
 
@@ -315,7 +352,7 @@ class ClusterNode:
         while True:
             pubsub = self.subscriber.pubsub(ignore_subscribe_messages=True)
             try:
-                await pubsub.subscribe(FLEET_CHANNEL)
+                await pubsub.subscribe(FLEET_CHANNEL, RELAY_CHANNEL)
                 if self._problem is None:
                     await self._resync()
                 backoff = 0.1
@@ -343,6 +380,9 @@ class ClusterNode:
     async def _on_broadcast(self, data: Any) -> None:
         try:
             event = json.loads(data)
+            if "relay" in event:
+                self._on_relay(event)
+                return
             if "joined" in event or "left" in event:
                 self._node_news(str(event.get("joined") or ""), str(event.get("left") or ""))
                 return
