@@ -217,3 +217,36 @@ async def test_a_task_on_one_node_runs_steps_on_a_device_another_node_holds_and_
         assert task["state"] == "done", task
         outputs = json.dumps(task["steps"])
         assert "released" in outputs and "second" in outputs, outputs
+
+
+async def test_a_task_is_approved_and_cancelled_through_any_node(tmp_path: Path, redis_engine: Engine) -> None:
+    """Node b runs the tasks (their leases); c forwards an approval and a cancel to b instead of refusing."""
+    async with ClusterKit(tmp_path, redis=redis_engine) as kit:
+        a, b, c = [await kit.start_node(name) for name in ("a", "b", "c")]
+        await device_on(kit, "laptop", a, [a, b, c])
+        await until_listed(kit, b, "laptop", "a")
+        plan = [{"skill": "shell.run", "args": {"cmd": "echo", "argv": ["approved"], "cwd": str(kit.tmp)}}]
+        first = await kit.http(b).post("/tasks", json={"request": "echo", "device": "laptop", "plan": plan,
+                                                       "confirm": "always"})
+        second = await kit.http(b).post("/tasks", json={"request": "echo", "device": "laptop", "plan": plan,
+                                                        "confirm": "always"})
+        assert first.status_code == 201 and second.status_code == 201, (first.text, second.text)
+        first_id, second_id = first.json()["id"], second.json()["id"]
+        for task_id in (first_id, second_id):
+            async with asyncio.timeout(WAIT):  # b saved the question (the plan waits for a person)
+                while (await kit.http(c).get(f"/tasks/{task_id}")).json()["state"] != "waiting_for_user":
+                    await asyncio.sleep(0.05)
+        frames: list[tuple[str, dict[str, Any]]] = []
+        follower = asyncio.create_task(_task_stream(kit, c, first_id, frames))
+        approved = await kit.http(c).post(f"/tasks/{first_id}/approval", json={"approved": True})
+        assert approved.status_code == 200, approved.text  # b took it: no "is run by server" 409
+        async with asyncio.timeout(WAIT):
+            await follower
+        assert frames[-1][1]["state"] == "done", frames[-1]
+        task = (await kit.http(c).get(f"/tasks/{first_id}")).json()
+        assert "approved" in json.dumps(task["steps"]), task
+        cancelled = await kit.http(c).post(f"/tasks/{second_id}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["state"] == "cancelled", cancelled.text
+        assert (await kit.http(b).get(f"/tasks/{second_id}")).json()["state"] == "cancelled"
+        again = await kit.http(c).post(f"/tasks/{second_id}/cancel")  # the owner's own answer, passed back
+        assert again.status_code in (200, 409), again.text

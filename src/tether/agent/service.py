@@ -21,11 +21,13 @@ from typing import Any
 from tether.agent.executor import TaskRunner
 from tether.agent.llm import LLMClient, LLMSettings
 from tether.agent.ownership import TaskLeases, keep_leases, node_id
+from tether.agent.peers import TaskPeers
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.restart import settle_after_restart
 from tether.agent.steps import discover_tools
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
+from tether.agent.task_error import TaskError
 from tether.agent.task_store import SaveSoon, TaskStore
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
@@ -39,14 +41,6 @@ from tether.server.store import StoreUnavailable
 logger = logging.getLogger(__name__)
 
 _SUBSCRIBER_QUEUE = 10_000
-
-
-class TaskError(Exception):
-    """A request the task API must refuse; `status` is the HTTP status that says why."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 MAX_SAMPLING_CHARS = 64_000  # what a device may send this server's LLM in one sampling request
@@ -118,7 +112,7 @@ class TaskService:
         self._answers: dict[str, str] = {}
         self._mcp_questions: dict[str, dict[str, Any]] = {}  # task id → an MCP server's open question
         self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
-        self._unrelay: Callable[[], None] | None = None
+        self._peers: TaskPeers | None = None  # the other nodes of a cluster (agent/peers.py)
         self._saver = SaveSoon(store)
         self._closing = False
         self._leases: TaskLeases | None = None  # made at start: which node runs each task (agent/ownership.py)
@@ -143,14 +137,14 @@ class TaskService:
                 logger.info("task %s is run by %s", task.id, self._leases.holder(task.id))
         self._keeper = asyncio.create_task(keep_leases(self._leases, lambda: list(self._live), self._take_over,
                                                        self._lost), name="task leases")
-        if self.hub.remote is not None:  # a cluster node: followers here of tasks other nodes run
-            self._unrelay = self.hub.remote.on_relay("task", self._relayed_event)
+        if self.hub.remote is not None:  # a cluster node: its tasks' followers and steering on every node
+            self._peers = TaskPeers(self, self.hub.remote)
 
     async def aclose(self) -> None:
         """Stop every runner without cancelling its task: the next start resumes or asks."""
         self._closing = True
-        if self._unrelay is not None:
-            self._unrelay()
+        if self._peers is not None:
+            self._peers.close()
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
@@ -205,7 +199,7 @@ class TaskService:
             holder = self._leases.holder(task.id)
             if holder is not None and holder != self._leases.node:
                 raise TaskError(409, f"task {task.id} is run by server {holder}, which shares this server's "
-                                     "database: send this to that server")
+                                     "database: send this to that server", holder=holder)
         return task
 
     def _release(self, task_id: str) -> None:
@@ -359,8 +353,8 @@ class TaskService:
             if task.state.terminal and self._live.get(task.id) is task:
                 self._live.pop(task.id, None)
                 self._end_followers(task.id)
-                if self.hub.remote is not None:
-                    self.hub.remote.relay("task", {"task": task.id, "ended": True})
+                if self._peers is not None:
+                    self._peers.ended(task.id)
                 self._release(task.id)
 
     async def _tools_for(self, task: Task) -> dict[str | None, list[ToolInfo]]:
@@ -410,25 +404,40 @@ class TaskService:
             self._mcp_questions[task.id] = dict(event.data)
         elif event.kind in ("elicitation_answered", "step_finished"):
             self._mcp_questions.pop(task.id, None)
-        if self.hub.remote is not None:  # followers on the other nodes of a cluster
-            self.hub.remote.relay("task", {"task": task.id, "event": event.model_dump(mode="json")})
-        self._feed(task.id, event)
+        if self._peers is not None:  # followers on the other nodes of a cluster
+            self._peers.event(task.id, event)
+        self.feed(task.id, event)
 
-    def _relayed_event(self, data: dict[str, Any]) -> None:
-        """An event of a task another node runs, for the followers this node has of it."""
-        task_id = str(data.get("task", ""))
-        if task_id in self._live or task_id not in self._subscribers:
-            return
-        if data.get("ended"):  # saved by its node before this was sent: the followers' `end` reads it
-            self._end_followers(task_id)
-            return
+    async def steer(self, task_id: str, action: str, by: str, **args: Any) -> Task | dict[str, Any]:
+        """Answer, approve or cancel a task: here, or in a cluster on the node that runs it (its summary
+        then). The caller checked the token's scopes; the node that runs the task checks the rest."""
         try:
-            event = TaskEvent.model_validate(data.get("event"))
-        except ValueError:
-            return
-        self._feed(task_id, event)
+            return await self.steer_here(task_id, action, by, args)
+        except TaskError as exc:
+            if exc.holder is None or self._peers is None:
+                raise
+            return await self._peers.steer(exc.holder, task_id, action, by, args)
 
-    def _feed(self, task_id: str, event: TaskEvent) -> None:
+    async def steer_here(self, task_id: str, action: str, by: str, args: dict[str, Any]) -> Task:
+        if action == "answer":
+            task = self.answer(task_id, str(args.get("answer", "")), args.get("question_id"), by)
+        elif action == "approve":
+            task = self.approve(task_id, bool(args.get("approved")), by)
+        elif action == "cancel":
+            return await self.cancel(task_id)
+        else:
+            raise TaskError(400, f"unknown action {action!r}")
+        await asyncio.sleep(0)  # one turn of the loop: the waiting runner takes the answer, so the reply is current
+        return task
+
+    def is_running_here(self, task_id: str) -> bool:
+        return task_id in self._live
+
+    def has_followers(self, task_id: str) -> bool:
+        return task_id in self._subscribers
+
+    def feed(self, task_id: str, event: TaskEvent) -> None:
+        """Give the followers of the task here its next event."""
         for queue in list(self._subscribers.get(task_id, ())):
             if queue.qsize() < _SUBSCRIBER_QUEUE - 1:
                 queue.put_nowait(event)
@@ -550,6 +559,9 @@ class TaskService:
         going), before the web server waits on open connections and would cancel them mid-frame."""
         for task_id in list(self._subscribers):
             self._end_followers(task_id)
+
+    def end_followers(self, task_id: str) -> None:
+        self._end_followers(task_id)
 
     def _end_followers(self, task_id: str) -> None:
         """Every follower's stream of this task ends (None): the task ended, or the server closes."""

@@ -131,9 +131,8 @@ async def answer_task(task_id: str, body: Answer, request: Request,
         return service.get(task_id).summary()
     if pending is not None and pending.kind == "approval":
         require_approver(who, "answer an approval")
-    task = service.answer(task_id, body.answer, body.question_id, f"api:{who.name}")
-    await asyncio.sleep(0)  # one turn of the loop: the waiting runner takes the answer, so the reply is current
-    return task.summary()
+    return _summary(await service.steer(task_id, "answer", f"api:{who.name}", answer=body.answer,
+                                        question_id=body.question_id))
 
 
 @router.post("/{task_id}/approval")
@@ -144,15 +143,18 @@ async def approve_task(task_id: str, body: Approval, request: Request,
     require_approver(who, "answer an approval")
     if body.always is not None and body.approved:  # a denial is a denial, whatever else it says
         await _allow_always(request, task_id, body, who)
-    task = _service(request).approve(task_id, body.approved, f"api:{who.name}")
-    await asyncio.sleep(0)  # as in answer_task
-    return task.summary()
+    return _summary(await _service(request).steer(task_id, "approve", f"api:{who.name}", approved=body.approved))
 
 
 @router.post("/{task_id}/cancel")
 async def cancel_task(task_id: str, request: Request,
-                      _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
-    return (await _service(request).cancel(task_id)).summary()
+                      who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    return _summary(await _service(request).steer(task_id, "cancel", f"api:{who.name}"))
+
+
+def _summary(task: Task | dict[str, Any]) -> dict[str, Any]:
+    """A task's summary: made here, or by the node of the cluster that runs the task."""
+    return task if isinstance(task, dict) else task.summary()
 
 
 @router.post("/{task_id}/undo")

@@ -9,7 +9,7 @@ cancellation and audit stay where they were: on the node the caller asked.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -46,3 +46,9 @@ class RemoteDevices(Protocol):
 
     def on_relay(self, topic: str, listener: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
         """Call `listener(data)` for each `relay(topic, data)` of another node; returns its remover."""
+
+    async def call(self, node: str, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        """Ask the node `node` with a request its `handle(kind)` answers; raises on no answer in time."""
+
+    def handle(self, kind: str, handler: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]) -> None:
+        """Answer other nodes' `call(…, kind, …)` with `handler(body)` (a layer above plugs in its own)."""

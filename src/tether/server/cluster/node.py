@@ -171,6 +171,17 @@ class ClusterNode:
         return await self.router.answer(holder, {"device": device, "question": question, "action": action,
                                                  "content": content, "by": by})
 
+    async def call(self, node: str, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+        if self._problem is not None:
+            raise BackplaneUnavailable(self.problem())
+        return await self.bus.call(node, kind, body, timeout)
+
+    def handle(self, kind: str, handler: Any) -> None:
+        async def answer(body: dict[str, Any], send: Any) -> dict[str, Any]:
+            return await handler(body)
+
+        self.bus.handlers[kind] = answer
+
     def health(self) -> dict[str, Any]:
         """The cluster part of /api/v1/health."""
         return {"node": self.node, "backplane": "ok" if self._problem is None else self.problem(),

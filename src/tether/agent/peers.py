@@ -1,0 +1,79 @@
+"""`TaskPeers`: a node's tasks as the other nodes of a cluster see and steer them (issue 16).
+
+Each task runs on one node, the one holding its lease (`tether.agent.ownership`). Two things must
+still work from every node:
+- following it: the node running it relays each event (and, once it saved the task, its end) over
+  the cluster's relay; the other nodes feed their own followers of that task, whose streams began
+  with the stored events (duplicates are skipped by sequence number in the stream);
+- steering it: an answer, approval or cancel sent to another node is forwarded to the running node
+  (`task.steer` on the bus), which applies it as if asked itself and sends back the summary or its
+  refusal, with the HTTP status it would have answered.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tether.agent.task import TaskEvent
+from tether.agent.task_error import TaskError
+
+if TYPE_CHECKING:
+    from tether.agent.service import TaskService
+    from tether.server.remote import RemoteDevices
+
+STEER_TIMEOUT_S = 30.0  # an answer or cancel forwarded to the node running the task
+
+
+class TaskPeers:
+    def __init__(self, service: TaskService, remote: RemoteDevices) -> None:
+        self.service = service
+        self.remote = remote
+        self._unrelay = remote.on_relay("task", self._relayed)
+        remote.handle("task.steer", self._steer_here)
+
+    def close(self) -> None:
+        self._unrelay()
+
+    # -- following ---------------------------------------------------------------------------------
+
+    def event(self, task_id: str, event: TaskEvent) -> None:
+        self.remote.relay("task", {"task": task_id, "event": event.model_dump(mode="json")})
+
+    def ended(self, task_id: str) -> None:
+        """Sent after the task's final save: the other nodes' followers end with the stored state."""
+        self.remote.relay("task", {"task": task_id, "ended": True})
+
+    def _relayed(self, data: dict[str, Any]) -> None:
+        service = self.service
+        task_id = str(data.get("task", ""))
+        if service.is_running_here(task_id) or not service.has_followers(task_id):
+            return
+        if data.get("ended"):
+            service.end_followers(task_id)
+            return
+        try:
+            event = TaskEvent.model_validate(data.get("event"))
+        except ValueError:
+            return
+        service.feed(task_id, event)
+
+    # -- steering ----------------------------------------------------------------------------------
+
+    async def steer(self, holder: str, task_id: str, action: str, by: str, args: dict[str, Any]) -> dict[str, Any]:
+        body = {"task": task_id, "action": action, "by": by, "args": args}
+        try:
+            reply = await self.remote.call(holder, "task.steer", body, STEER_TIMEOUT_S)
+        except Exception as exc:
+            raise TaskError(503, f"task {task_id} is run by node {holder}, which did not answer: {exc}") from None
+        if "error" in reply:
+            raise TaskError(int(reply.get("status") or 409), str(reply["error"]))
+        return dict(reply["task"])
+
+    async def _steer_here(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Another node's steering of a task this node runs (never forwarded again)."""
+        try:
+            task = await self.service.steer_here(str(body.get("task", "")), str(body.get("action", "")),
+                                                 str(body.get("by") or "another node"), dict(body.get("args") or {}))
+        except TaskError as exc:
+            return {"error": str(exc), "status": exc.status}
+        return {"task": task.summary()}
