@@ -130,14 +130,17 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
             await _answer(tasks, task_id, body.answer, body.question_id, call)
         else:
             _need_approve(call, "answer an approval")
-            tasks.approve(task_id, approved, _who(call))
+            await tasks.steer(task_id, "approve", _who(call), approved=approved)  # (on the node running it)
         await asyncio.sleep(0)  # as the REST answer: the waiting runner takes the answer first
         if arguments.get("wait", True) is False:
             return _reply(tasks.get(task_id))
         return await _follow(tasks, task_id, call, answered=asked.id if asked is not None else None)
 
     async def cancel_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
-        return _reply(await service().cancel(_task_id(arguments)))
+        tasks = service()
+        task_id = tasks.get(_task_id(arguments)).id
+        await tasks.steer(task_id, "cancel", _who(call))  # here, or on the node of the cluster running it
+        return _reply(tasks.get(task_id))
 
     async def undo_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         _need_approve(call, "undo a task (it rewrites files as an approved action)")
@@ -304,7 +307,7 @@ async def _answer(tasks: TaskService, task_id: str, answer: str, question_id: st
         return
     if pending is not None and pending.kind == "approval":
         _need_approve(call, "answer an approval")
-    tasks.answer(task_id, answer, question_id, _who(call))
+    await tasks.steer(task_id, "answer", _who(call), answer=answer, question_id=question_id)
 
 
 # -- replies --------------------------------------------------------------------------------------------
