@@ -250,3 +250,28 @@ async def test_a_task_is_approved_and_cancelled_through_any_node(tmp_path: Path,
         assert (await kit.http(b).get(f"/tasks/{second_id}")).json()["state"] == "cancelled"
         again = await kit.http(c).post(f"/tasks/{second_id}/cancel")  # the owner's own answer, passed back
         assert again.status_code in (200, 409), again.text
+
+
+async def test_an_mcp_client_of_any_node_sees_and_calls_every_nodes_devices(tmp_path: Path,
+                                                                           redis_engine: Engine) -> None:
+    import httpx2
+    from mcp.client.session import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    async with ClusterKit(tmp_path, redis=redis_engine) as kit:
+        a, b = await kit.start_node("a"), await kit.start_node("b")
+        await device_on(kit, "laptop", a, [a, b])
+        await until_listed(kit, b, "laptop", "a")
+        headers = {"Authorization": f"Bearer {kit.admin_token}"}
+        async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(WAIT, read=WAIT)) as http, \
+                streamable_http_client(f"{b.url}/mcp", http_client=http) as (read, write), \
+                ClientSession(read, write, read_timeout_seconds=WAIT) as client:
+            await client.initialize()
+            names = {tool.name for tool in (await client.list_tools()).tools}
+            assert "laptop__shell.run" in names, sorted(names)[:20]
+            reply = await client.call_tool("laptop__shell.run", {"cmd": "echo", "argv": ["through-b"],
+                                                                 "cwd": str(kit.tmp)})
+            assert not reply.is_error, reply.content
+            assert "through-b" in json.dumps([c.model_dump(mode="json") for c in reply.content]), reply.content
+        rows = [r for r in await audit(kit, a, "laptop") if r.get("tool_name") == "shell.run"]
+        assert len(rows) == 1 and rows[0]["status"] == "success", rows  # audited once, by b, seen from a
