@@ -64,8 +64,13 @@ def _settings(**overrides: object):
             clean["db_url"] = str(clean.pop("db_path"))
         else:
             clean["db_path"] = str(Path(str(clean["db_path"])).expanduser())
+    from pydantic import ValidationError
+
     try:
         return ServerSettings(**clean)
+    except ValidationError as exc:  # one line per problem, named by its option, not pydantic's report
+        fail("; ".join(f"{'.'.join(map(str, e['loc'])) or 'server settings'}: "
+                       f"{e['msg'].removeprefix('Value error, ')}" for e in exc.errors()))
     except ValueError as exc:
         fail(str(exc))
 

@@ -39,6 +39,7 @@ class PendingBatch:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     # set while another node of the cluster runs it (server/remote.py): finishing the batch here stops that
     remote: asyncio.Task[None] | None = None
+    origin: str | None = None  # the node this one runs it for (its caller, timeout and audit are there)
 
 
 class BatchBook:

@@ -556,7 +556,9 @@ class DeviceHub:
         self._grace.stop(device)
         self._batches.forget_cancels(device)
         for batch in self._batches.of_device(device):
-            if batch.remote is None:
+            if batch.origin is not None:  # run here for another node: that node sends it on itself
+                self._batches.finish(batch, f"not held here: device {device} moved to node {holder}")
+            elif batch.remote is None:
                 self.route(batch, holder)
 
     def finish_remote(self, batch: PendingBatch, results: list[Any], error: str | None) -> None:

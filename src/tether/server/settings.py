@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import re
 import socket
 from pathlib import Path
 
@@ -100,7 +101,7 @@ class ServerSettings(BaseModel):
     cluster_url: str | None = Field(None, description=(
         "a redis:// (or rediss://) URL: this server is one node of a cluster sharing that Redis and one database "
         "(db_url); devices connected to any node take commands from every node"))
-    node_id: str | None = Field(None, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:-]*$", description=(
+    node_id: str | None = Field(None, max_length=128, description=(
         "this node's name in the cluster and in task leases (default: the host name and a digest of the state "
         "directory and database, stable across restarts)"))
     heartbeat_interval: float = Field(5.0, gt=0, description="how often a device sends a heartbeat")
@@ -156,6 +157,14 @@ class ServerSettings(BaseModel):
         if url is not None and url.split(":", 1)[0].lower() not in ("redis", "rediss", "unix"):
             raise ValueError(f"cluster_url must be a redis:// URL, not {url.split(':', 1)[0]}:…")
         return url
+
+    @field_validator("node_id")
+    @classmethod
+    def _node_id(cls, name: str | None) -> str | None:
+        if name is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]*", name):
+            raise ValueError(f"{name!r} is not a node name: letters, digits, '.', '_', ':' and '-', starting with a "
+                             "letter or digit")
+        return name
 
     @property
     def node(self) -> str:

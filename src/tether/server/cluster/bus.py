@@ -160,14 +160,16 @@ class Bus:
             try:
                 batches = await self.reader.xread({self.inbox(self.node): self._last_id}, block=READ_BLOCK_MS,
                                                   count=500)
+                if backoff > 0.1:
+                    log.warning("cluster bus: reading %s again", self.inbox(self.node))
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis restarting or unreachable: keep trying, say so once per try
+            except Exception as exc:  # Redis restarting or unreachable: keep trying; said once, not per try
                 if self._stopping:
                     return
-                log.warning("cluster bus: reading %s failed (%s); retrying in %.1f s", self.inbox(self.node), exc,
-                            backoff)
+                (log.warning if backoff == 0.1 else log.debug)(
+                    "cluster bus: reading %s failed (%s); retrying with backoff", self.inbox(self.node), exc)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue

@@ -139,10 +139,16 @@ class ClusterNode:
     def problem(self) -> str | None:
         return None if self._problem is None else f"cluster backplane unavailable: {self._problem}"
 
-    async def holder(self, device: str) -> str | None:
-        """The live node holding `device` now (the directory, read each time: never a stale guess)."""
+    async def holder(self, device: str, *, fresh: bool = False) -> str | None:
+        """The live node holding `device` now: as the broadcasts told this node, or (`fresh`, or when they
+        did not) as the directory says."""
         if self._problem is not None:
             raise BackplaneUnavailable(self.problem())
+        record = None if fresh else self.hub.registry.get(device)
+        if record is not None and record.connected and record.node in self._alive:
+            # what the broadcasts said: no Redis round trip per command. A stale answer costs one retry:
+            # that node answers "not held here" and the Router asks the directory (Router._wait_holder)
+            return record.node
         try:
             node = await self.directory.holder(device)
             if node is not None and node != self.node and node not in self._alive:

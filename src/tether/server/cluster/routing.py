@@ -50,11 +50,11 @@ class Router:
     """Runs batches on other nodes for this node's hub, and other nodes' batches on this node's hub."""
 
     def __init__(self, hub: DeviceHub, bus: Bus, node: str,
-                 holder: Callable[[str], Awaitable[str | None]]) -> None:
+                 holder: Callable[..., Awaitable[str | None]]) -> None:
         self.hub = hub
         self.bus = bus
         self.node = node
-        self._holder = holder  # ClusterNode.holder: the directory's answer, dead nodes left out
+        self._holder = holder  # ClusterNode.holder(device, fresh=True): the directory's answer, dead nodes left out
         self._routes: dict[str, set[Route]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -114,7 +114,7 @@ class Router:
         while True:
             if self.hub.local(device):
                 return self.node
-            found = await self._holder(device)
+            found = await self._holder(device, fresh=True)
             if found is not None and found != exclude:
                 return found
             remaining = deadline - loop.time()
@@ -132,7 +132,8 @@ class Router:
         hub = self.hub
         message = batch.message
         limit = (message.timeout or hub.settings.default_command_timeout) + hub.settings.lease_s + 10
-        body = {"device": batch.device, "message": message.model_dump(mode="json", exclude_none=True)}
+        body = {"device": batch.device, "from": self.node,
+                "message": message.model_dump(mode="json", exclude_none=True)}
 
         async def consume() -> dict[str, Any]:
             final: dict[str, Any] = {}
@@ -171,6 +172,8 @@ class Router:
             hub.finish_remote(batch, [], f"node {route.holder} holding device {batch.device} failed the batch: "
                                          f"{exc}")
             return False
+        if NOT_HERE in str(final.get("error") or "") and not final.get("results"):
+            return True  # the device left that node while the batch waited there for it
         results = []
         for raw in final.get("results") or []:
             with contextlib.suppress(ValueError):
@@ -216,6 +219,7 @@ class Router:
             batch.on_event = events.put_nowait
         else:
             batch = await hub.send_batch(device, message, on_event=events.put_nowait, here_only=True)
+            batch.origin = str(body.get("from") or "another node")
 
         async def pump() -> None:
             while (event := await events.get()) is not None:
@@ -231,7 +235,10 @@ class Router:
             await hub.cancel(message.response_id, f"node {self.node} timed out after {limit:g}s")
         except asyncio.CancelledError:  # the asking node gave up (its caller's timeout or cancel)
             pumper.cancel()
-            await hub.cancel(message.response_id, "cancelled by the node that sent the batch")
+            if hub.holds(device):  # else the device is another node's now, and so is the batch: no CANCEL
+                await hub.cancel(message.response_id, "cancelled by the node that sent the batch")
+            else:
+                hub.finish_remote(batch, [], "cancelled by the node that sent the batch")
             raise
         events.put_nowait(None)  # the events first, then the results, in the order the device sent them
         with contextlib.suppress(Exception):
