@@ -8,10 +8,18 @@ Rows, all in one run with their rounds interleaved (ROUNDS rounds of N/ROUNDS se
   (bench.roundtrip's device, a real `DeviceConnection` with a `noop` tool);
 - REST: `POST /api/v1/devices/bench/commands` (httpx, one keep-alive connection);
 - gateway: the official SDK `ClientSession.call_tool("bench__noop")` on one MCP session (2025 handshake,
-  streamable HTTP, SSE answers), through the real server app's `/mcp`;
+  streamable HTTP), through the real server app's `/mcp` (answered with one JSON body, as a call that
+  streams nothing is: server/mcp/transport.py);
 - list_devices: the gateway's own fleet tool (no device involved): the HTTP, token and SDK session part;
 - bare SDK: the same client against a low-level `mcp` `Server` whose only tool returns at once, served by
-  the SDK's own `streamable_http_app()` under uvicorn (no tether code at all).
+  the SDK's own `streamable_http_app()` under uvicorn (no tether code at all), as the SDK serves by
+  default: every answer an SSE stream. The anchor of the goal;
+- bare SDK JSON: the same bare server with the SDK's `json_response=True` (every answer a JSON body, so no
+  progress or questions ever), to show how much of the gap the gateway's JSON answers close;
+- gateway vs list_devices + command (interleaved pairs): the gateway's device call and, right after it,
+  one list_devices call plus one command: in a call, the command runs with the caches the HTTP path left
+  cold, so it costs more than the `command` row's tight loop, and this pair shows whether the gateway's
+  device call costs more than its parts.
 Goal (issue 11): what the gateway adds on top of the command round trip, gateway p50 - command p50, is at
 most 1.2x the bare SDK server's round trip p50.
 """
@@ -47,6 +55,8 @@ from tether.server.store import Store
 
 ROUNDS = 5
 GOAL = 1.2
+PAIR = "gateway - (list_devices + command)"
+ROWS = ("command", "REST", "gateway", "list_devices", "bare SDK", "bare SDK JSON", PAIR)
 
 
 @contextlib.asynccontextmanager
@@ -106,28 +116,46 @@ async def mcp_round(session: ClientSession, name: str, n: int, arguments: dict[s
     return samples
 
 
+async def pair_round(gateway: ClientSession, tether: Tether, n: int) -> list[float]:
+    """Per sample: a gateway device call minus the list_devices call and the command that follow it (so they
+    run with the caches a gateway call leaves); a p50 near 0 says the device call costs what its parts do."""
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        await mcp_round(gateway, f"{DEVICE}__noop", 1)
+        t1 = time.perf_counter()
+        await mcp_round(gateway, "list_devices", 1, {"name": "nothing"})
+        await tether_round(tether.hub, 1)
+        samples.append((t1 - t0) - (time.perf_counter() - t1))
+    return samples
+
+
 async def measure(n: int, *, rounds: int = ROUNDS) -> dict[str, Any]:
     """Per row: every sample, and the p50 of each round (for the spread). Prints nothing."""
     per_round = max(1, n // rounds)
-    rows: dict[str, list[float]] = {"command": [], "REST": [], "gateway": [], "list_devices": [], "bare SDK": []}
+    rows: dict[str, list[float]] = {name: [] for name in ROWS}
     medians: dict[str, list[float]] = {k: [] for k in rows}
-    bare = bare_server()
-    config = uvicorn.Config(bare.streamable_http_app(), host="127.0.0.1", port=0, log_level="warning",
-                            lifespan="on")
-    bare_uvicorn, bare_task, bare_port = await start_server(config)
+    bare_uvicorn, bare_task, bare_port = await start_server(uvicorn.Config(
+        bare_server().streamable_http_app(), host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+    json_uvicorn, json_task, json_port = await start_server(uvicorn.Config(
+        bare_server().streamable_http_app(json_response=True), host="127.0.0.1", port=0, log_level="warning",
+        lifespan="on"))
     try:
         async with running_tether() as tether, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{tether.port}",
                                   headers={"Authorization": f"Bearer {tether.api_token}"}, timeout=30) as http, \
                 mcp_session(f"http://127.0.0.1:{tether.port}/mcp", tether.api_token) as gateway, \
-                mcp_session(f"http://127.0.0.1:{bare_port}/mcp") as sdk:
+                mcp_session(f"http://127.0.0.1:{bare_port}/mcp") as sdk, \
+                mcp_session(f"http://127.0.0.1:{json_port}/mcp") as sdk_json:
             listed = {t.name for t in (await gateway.list_tools()).tools}
             assert f"{DEVICE}__noop" in listed, sorted(listed)
             await sdk.list_tools()
             runs = {"command": lambda k: tether_round(tether.hub, k), "REST": lambda k: rest_round(http, k),
                     "gateway": lambda k: mcp_round(gateway, f"{DEVICE}__noop", k),
                     "list_devices": lambda k: mcp_round(gateway, "list_devices", k, {"name": "nothing"}),
-                    "bare SDK": lambda k: mcp_round(sdk, "noop", k)}
+                    "bare SDK": lambda k: mcp_round(sdk, "noop", k),
+                    "bare SDK JSON": lambda k: mcp_round(sdk_json, "noop", k),
+                    PAIR: lambda k: pair_round(gateway, tether, k)}
             for run in runs.values():  # warm up every path once
                 await run(max(2, per_round // 10))
             for _ in range(rounds):
@@ -136,6 +164,7 @@ async def measure(n: int, *, rounds: int = ROUNDS) -> dict[str, Any]:
                     rows[name] += samples
                     medians[name].append(statistics.median(samples))
     finally:
+        await stop_server(json_uvicorn, json_task)
         await stop_server(bare_uvicorn, bare_task)
     return {"rows": rows, "medians": medians, "per_round": per_round, "rounds": rounds}
 
@@ -146,7 +175,7 @@ def report(measured: dict[str, Any]) -> dict[str, float]:
     print(f"{measured['rounds']} interleaved rounds of {measured['per_round']} sequential calls per row")
     for name, samples in rows.items():
         us = [s * 1e6 for s in samples]
-        print(f"{name:<12} p50 {p50[name]:9.1f} us   p99 {pct(us, 99):9.1f} us   "
+        print(f"{name:<34} p50 {p50[name]:9.1f} us   p99 {pct(us, 99):9.1f} us   "
               f"round medians {spread([m * 1e6 for m in medians[name]])} us   n={len(us)}")
     added = p50["gateway"] - p50["command"]
     ratio = added / p50["bare SDK"]
@@ -155,7 +184,11 @@ def report(measured: dict[str, Any]) -> dict[str, float]:
           f"{p50['list_devices'] / p50['bare SDK']:.2f}x")
     print(f"gateway adds {added:.1f} us over the command round trip = {ratio:.2f}x the bare SDK server's round "
           f"trip ({p50['bare SDK']:.1f} us); goal <= {GOAL}x: {'met' if ratio <= GOAL else 'NOT met'}")
-    return {**p50, "added": added, "ratio": ratio}
+    json_ratio = added / p50["bare SDK JSON"]
+    print(f"against the SDK's JSON mode ({p50['bare SDK JSON']:.1f} us, no progress or questions possible): "
+          f"{json_ratio:.2f}x; list_devices / bare SDK JSON p50: {p50['list_devices'] / p50['bare SDK JSON']:.2f}x; "
+          f"the device call costs {p50[PAIR]:+.1f} us beyond list_devices + a command run right after it")
+    return {**p50, "added": added, "ratio": ratio, "json_ratio": json_ratio}
 
 
 def main() -> None:
