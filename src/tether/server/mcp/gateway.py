@@ -38,7 +38,7 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
-from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
 from tether import __version__
@@ -55,7 +55,15 @@ from tether.server.mcp.fleet import (
     list_devices,
 )
 from tether.server.mcp.transport import ReplyingSessionManager
-from tether.server.mcp.wire import call_result, capped, contributed_tool, deny, device_tool, query_value
+from tether.server.mcp.wire import (
+    call_result,
+    capped,
+    contributed_tool,
+    deny,
+    device_tool,
+    plain_errors,
+    query_value,
+)
 from tether.server.store import Store, TokenInfo
 
 logger = logging.getLogger(__name__)
@@ -179,7 +187,13 @@ class Gateway:
         scope[SCOPE_KEY] = _Admitted(token, keep)
         # binds each MCP session to the token that opened it (the SDK answers 404 to any other)
         scope["user"] = AuthenticatedUser(AccessToken(token=token.id, client_id=token.id, scopes=token.scopes))
-        await self.manager.handle_request(scope, receive, send)
+        version = headers.get(b"mcp-protocol-version")
+        if version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS:
+            # the 2026-07-28 era and unknown versions: the SDK's structured rejections (supported versions in
+            # the error's data) are what such a client negotiates with, so its errors stay JSON-RPC
+            await self.manager.handle_request(scope, receive, send)
+            return
+        await self.manager.handle_request(scope, receive, plain_errors(send))
 
     def _sessions_of(self, token_id: str) -> int:
         """Open sessions opened by this token: the SDK keeps each session's owner (`client_id` is the token's id,

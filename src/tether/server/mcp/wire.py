@@ -81,6 +81,55 @@ def query_value(scope: dict[str, Any], name: str) -> str | None:
     return values[-1] if values else None
 
 
+MAX_ERROR_BODY = 64 * 1024  # an SDK error body larger than this is passed on as it is
+
+
+def plain_errors(send: Any) -> Any:
+    """`send` with the SDK's own HTTP errors (unknown session 404, server full 503, missing session id 400,
+    406, 413, ...) answered as every other HTTP error of the server is, `{"error": MESSAGE}`, instead of a
+    JSON-RPC error object without an id. Status and headers are kept (MCP clients act on the status: a 404
+    means start a new session); the SDK's client reads such a body by its status as before. Anything that is
+    not a JSON body of a JSON-RPC error passes unchanged."""
+    held: dict[str, Any] | None = None  # an error's response start, until its body is known
+    parts: list[bytes] = []
+
+    async def relay(message: dict[str, Any]) -> None:
+        nonlocal held
+        if held is None:
+            if message["type"] == "http.response.start" and message["status"] >= 400 and not parts \
+                    and (b"content-type", b"application/json") in message.get("headers", ()):
+                held = message
+                return
+            await send(message)
+            return
+        parts.append(message.get("body", b""))
+        more = bool(message.get("more_body"))
+        if more and sum(map(len, parts)) <= MAX_ERROR_BODY:
+            return
+        start, body, held = held, b"".join(parts), None
+        plain = None if more else _plain_error(body)
+        if plain is None:  # not one to rewrite: what the SDK sent, as it sent it (the rest follows unheld)
+            await send(start)
+            await send({"type": "http.response.body", "body": body, "more_body": more})
+            return
+        headers = [(k, v) for k, v in start.get("headers", ()) if k != b"content-length"]
+        await send({**start, "headers": [*headers, (b"content-length", str(len(plain)).encode())]})
+        await send({"type": "http.response.body", "body": plain})
+
+    return relay
+
+
+def _plain_error(body: bytes) -> bytes | None:
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return None
+    error = parsed.get("error") if isinstance(parsed, dict) and parsed.get("jsonrpc") == "2.0" else None
+    if not isinstance(error, dict) or not isinstance(error.get("message"), str):
+        return None
+    return json.dumps({"error": error["message"]}).encode()
+
+
 async def deny(send: Any, status: int, error: str) -> None:
     body = json.dumps({"error": error}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
