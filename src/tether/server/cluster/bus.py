@@ -43,6 +43,10 @@ class BusError(Exception):
     """The other node answered with an error, or did not answer in time."""
 
 
+class BusInterrupted(BusError):
+    """This node gave up waiting on a request (`Bus.interrupt`): the answer is wanted elsewhere now."""
+
+
 @dataclass
 class _Waiting:
     queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
@@ -100,12 +104,13 @@ class Bus:
             waiting.queue.put_nowait({"t": "done", "error": "this node is stopping"})
 
     async def request(self, node: str, kind: str, body: dict[str, Any],
-                      timeout: float) -> AsyncIterator[dict[str, Any]]:
+                      timeout: float, *, rid: str | None = None) -> AsyncIterator[dict[str, Any]]:
         """Ask `node`; yields each partial reply's body, then the final body. Raises BusError on an
         error reply or when `timeout` passes with no final reply; leaving early cancels the request
         on the other node. The deadline covers only the waits, never the caller's work between
-        yields (a timeout scope must not span a yield)."""
-        rid = secrets.token_hex(8)
+        yields (a timeout scope must not span a yield). `rid` (default: a new one) names it for
+        `interrupt`."""
+        rid = rid or secrets.token_hex(8)
         waiting = self._waiting[rid] = _Waiting(node=node)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -121,6 +126,8 @@ class Bus:
                 if message["t"] == "part":
                     yield message["body"]
                     continue
+                if message["t"] == "interrupt":
+                    raise BusInterrupted(f"the request to node {node} was given up")
                 finished = True
                 if "error" in message:
                     raise BusError(message["error"])
@@ -131,6 +138,13 @@ class Bus:
             if not finished:  # the asker gave up or timed out: stop the work on the other node
                 with contextlib.suppress(Exception):
                     await self._send(node, {"t": "cancel", "rid": rid, "from": self.node})
+
+    def interrupt(self, rid: str) -> None:
+        """Stop waiting on the request `rid` (it raises `BusInterrupted`, and the other node is told to
+        stop): cheaper than racing every request against a second waiter."""
+        waiting = self._waiting.get(rid)
+        if waiting is not None:
+            waiting.queue.put_nowait({"t": "interrupt"})
 
     async def call(self, node: str, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         """A request whose partial replies are not wanted: the final body."""

@@ -18,13 +18,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Result
-from tether.server.cluster.bus import Bus, BusError
+from tether.server.cluster.bus import Bus, BusError, BusInterrupted
 
 if TYPE_CHECKING:
     from tether.server.batches import PendingBatch
@@ -39,11 +40,13 @@ MAX_REROUTES = 16  # a device bouncing between nodes faster than batches reach i
 
 @dataclass(eq=False)
 class Route:
-    """One batch on its way to `holder`; `moved` is set when the device is seen on another node."""
+    """One batch on its way to `holder`, as the bus request `rid`; `moved` once the device is seen on
+    another node (the request is interrupted then)."""
 
     device: str
     holder: str
-    moved: asyncio.Event = field(default_factory=asyncio.Event)
+    rid: str = field(default_factory=lambda: secrets.token_hex(8))
+    moved: bool = False
 
 
 class Router:
@@ -64,13 +67,17 @@ class Router:
         """The directory says `device` is held by `holder` now: batches sent elsewhere follow it."""
         for route in self._routes.get(device, ()):
             if route.holder != holder:
-                route.moved.set()
+                self._moved(route)
 
     def node_gone(self, node: str) -> None:
         for routes in self._routes.values():
             for route in routes:
                 if route.holder == node:
-                    route.moved.set()
+                    self._moved(route)
+
+    def _moved(self, route: Route) -> None:
+        route.moved = True
+        self.bus.interrupt(route.rid)
 
     async def run_batch(self, batch: PendingBatch, holder: str) -> None:
         hub = self.hub
@@ -135,37 +142,26 @@ class Router:
         body = {"device": batch.device, "from": self.node,
                 "message": message.model_dump(mode="json", exclude_none=True)}
 
-        async def consume() -> dict[str, Any]:
-            final: dict[str, Any] = {}
-            async for part in self.bus.request(route.holder, "batch", body, limit):
-                if "event" in part:
-                    try:
-                        event = Event.model_validate(part["event"])
-                    except ValueError:
-                        continue
-                    hub.note_event(batch.device, event)
-                    if batch.on_event is not None:
-                        try:
-                            batch.on_event(event)
-                        except Exception:
-                            log.exception("on_event callback of batch %s failed", batch.response_id)
-                else:
-                    final = part
-            return final
-
-        consumer = asyncio.create_task(consume(), name=f"route-{batch.response_id}")
-        self._keep(consumer)
-        mover = asyncio.create_task(route.moved.wait())
-        try:
-            await asyncio.wait({consumer, mover}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            mover.cancel()
-            if not consumer.done():
-                consumer.cancel()  # leaving the request tells the holder to stop the batch (Bus.request)
-        if not consumer.done() or consumer.cancelled():
+        final: dict[str, Any] = {}
+        if route.moved:  # seen elsewhere before the request went: nothing to interrupt yet
             return True
-        try:
-            final = consumer.result()
+        try:  # no task of its own: the request runs in the batch's task, interrupted by _moved
+            async for part in self.bus.request(route.holder, "batch", body, limit, rid=route.rid):
+                if "event" not in part:
+                    final = part
+                    continue
+                try:
+                    event = Event.model_validate(part["event"])
+                except ValueError:
+                    continue
+                hub.note_event(batch.device, event)
+                if batch.on_event is not None:
+                    try:
+                        batch.on_event(event)
+                    except Exception:
+                        log.exception("on_event callback of batch %s failed", batch.response_id)
+        except BusInterrupted:
+            return True
         except BusError as exc:
             if NOT_HERE in str(exc):
                 return True
@@ -214,19 +210,25 @@ class Router:
         if not hub.holds(device):
             raise BusError(f"{NOT_HERE}: device {device} is not connected to node {self.node}")
         events: asyncio.Queue[Event | None] = asyncio.Queue()
-        batch = hub.pending(message.response_id)
-        if batch is not None and batch.device == device:  # sent here again (the device moved back and forth)
-            batch.on_event = events.put_nowait
-        else:
-            batch = await hub.send_batch(device, message, on_event=events.put_nowait, here_only=True)
-            batch.origin = str(body.get("from") or "another node")
+        pumper: asyncio.Task[None] | None = None
 
         async def pump() -> None:
             while (event := await events.get()) is not None:
                 await send({"event": event.model_dump(mode="json", exclude_none=True)})
 
-        pumper = asyncio.create_task(pump())
-        self._keep(pumper)
+        def on_event(event: Event) -> None:  # the pump starts with the first event: most batches have none
+            nonlocal pumper
+            events.put_nowait(event)
+            if pumper is None:
+                pumper = asyncio.create_task(pump())
+                self._keep(pumper)
+
+        batch = hub.pending(message.response_id)
+        if batch is not None and batch.device == device:  # sent here again (the device moved back and forth)
+            batch.on_event = on_event
+        else:
+            batch = await hub.send_batch(device, message, on_event=on_event, here_only=True)
+            batch.origin = str(body.get("from") or "another node")
         limit = (message.timeout or hub.settings.default_command_timeout) + hub.settings.grace_period + 5
         try:
             async with asyncio.timeout(limit):
@@ -234,16 +236,18 @@ class Router:
         except TimeoutError:
             await hub.cancel(message.response_id, f"node {self.node} timed out after {limit:g}s")
         except asyncio.CancelledError:  # the asking node gave up (its caller's timeout or cancel)
-            pumper.cancel()
+            if pumper is not None:
+                pumper.cancel()
             if hub.holds(device):  # else the device is another node's now, and so is the batch: no CANCEL
                 await hub.cancel(message.response_id, "cancelled by the node that sent the batch")
             else:
                 hub.finish_remote(batch, [], "cancelled by the node that sent the batch")
             raise
-        events.put_nowait(None)  # the events first, then the results, in the order the device sent them
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(ANSWER_TIMEOUT_S):
-                await pumper
+        if pumper is not None:  # the events first, then the results, in the order the device sent them
+            events.put_nowait(None)
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                    await pumper
         return {"results": [r.model_dump(mode="json") for r in batch.results.values()], "error": batch.error}
 
     async def serve_cancel(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
