@@ -105,6 +105,8 @@ def test_desktop_file_through_the_cli(tmp_path, servers):
     assert listed.returncode == 0, listed.stdout + listed.stderr
     assert "server off is disabled in the config (disabled: true): not started" in listed.stdout
     assert "whisper" in listed.stdout and TOKEN not in listed.stdout + listed.stderr
+    # the note is shown at the CLI's default level (warnings), not only with --log-level info
+    assert "ignoring the desktop client's own settings ['globalShortcut', 'preferences']" in listed.stderr
 
 
 def test_entry_type_is_checked():

@@ -197,7 +197,8 @@ def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -
     if mcp_servers is not None and not own.intersection(raw) and not {"llm", "policy"} & set(raw):
         ignored = sorted(raw)  # a desktop client's file, read as it is
         if ignored:
-            logger.info("device config%s: ignoring the desktop client's own settings %s", where, ignored)
+            # a warning, so the CLI's default level shows it: a setting someone expected to act is not read
+            logger.warning("device config%s: ignoring the desktop client's own settings %s", where, ignored)
         raw = {}
     raw.pop("llm", None)
     policy = raw.pop("policy", None)
