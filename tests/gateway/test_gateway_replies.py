@@ -165,3 +165,39 @@ async def test_a_call_silent_past_stream_after_is_answered_on_a_stream(server: G
         assert not result.is_error and result.structured_content == {"exitCode": 0}
     assert answers.of("tools/call") == [SSE]
     await laptop.close()
+
+
+async def test_concurrent_calls_on_one_session_each_get_their_own_answer(server: GatewayServer) -> None:
+    """Five calls at once, one of them streaming output: the device answers them in reverse order, and each
+    call gets its own result, the streaming one on a stream and the others as JSON bodies."""
+    laptop = await register(server, "laptop")
+
+    async def device_side() -> None:
+        commands = [await laptop.expect(ServerMessageType.COMMAND) for _ in range(5)]
+        for command in reversed(commands):
+            [call] = command.actions or []
+            path = call.parameters["path"]
+            if path == "streamed":
+                event = Event(kind="output", response_id=command.response_id, call_id=call.call_id,
+                              data={"stream": "stdout", "data": "some output\n"})
+                await laptop.send(ClientMessage(type=ClientMessageType.EVENT, payload=event.model_dump()))
+            await laptop.results(command.response_id, [Result(status=ResultStatus.SUCCESS, call_id=call.call_id,
+                                                              result=f"read {path}")])
+
+    seen: list[str | None] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        seen.append(message)
+
+    answers = Answers()
+    async with client(server, answers) as session:
+        device = asyncio.create_task(device_side())
+        paths = ["a", "b", "streamed", "c", "d"]
+        results = await asyncio.gather(*(
+            session.call_tool("laptop__files.read", {"path": path},
+                              progress_callback=progress if path == "streamed" else None) for path in paths))
+        await asyncio.wait_for(device, WAIT)
+    assert [r.content[0].text for r in results] == [f"read {path}" for path in paths]
+    assert seen == ["some output\n"]
+    assert sorted(answers.of("tools/call")) == [JSON, JSON, JSON, JSON, SSE]
+    await laptop.close()
