@@ -13,7 +13,8 @@ scope is missing, never a silent refusal.
 
 Clients of the handshake era (protocol 2025-xx, what today's desktop and IDE clients speak) are told
 `notifications/tools/list_changed` on their session's stream when a device they list registers, leaves or
-reports new tools; clients of the 2026-07-28 era get the same through `subscriptions/listen`.
+reports new tools; clients of the 2026-07-28 era get the same through `subscriptions/listen` (watch.py).
+Each request is answered with one JSON body unless its call streams something first (transport.py).
 """
 
 from __future__ import annotations
@@ -33,11 +34,10 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
-from mcp.server.connection import Connection
-from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler, ToolsListChanged
+from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
@@ -55,6 +55,7 @@ from tether.server.mcp.fleet import (
     list_devices,
 )
 from tether.server.mcp.transport import ReplyingSessionManager
+from tether.server.mcp.watch import ListChangedWatch
 from tether.server.mcp.wire import (
     call_result,
     capped,
@@ -70,7 +71,6 @@ logger = logging.getLogger(__name__)
 
 SCOPE_KEY = "tether.mcp.caller"  # the ASGI scope entry where the checked token and filter ride to handlers
 ELICIT_TIMEOUT = 600.0  # a person answering a question through the client
-MAX_WATCHED_SESSIONS = 10_000
 MAX_DEFERRED = 1024  # questions to 2026-07-28 clients awaiting their retry
 # sessions one token may hold open at once: the SDK's own cap (10,000) is for the whole server, so without
 # this one token (a read-only one too) could open them all and lock every other client out
@@ -90,16 +90,6 @@ class _FleetServer(Server[Any]):
                                       extensions: dict[str, dict[str, Any]] | None = None) -> InitializationOptions:
         return super().create_initialization_options(notification_options or NotificationOptions(tools_changed=True),
                                                      experimental_capabilities, extensions)
-
-
-@dataclass
-class _Watcher:
-    """A handshake-era session to tell about tool-list changes, with its device filter."""
-
-    connection: Connection
-    keep: DeviceFilter
-    token_id: str
-    pending: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,25 +121,22 @@ class Gateway:
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
                                    on_list_tools=self._list_tools, on_call_tool=self._call_tool,
                                    on_subscriptions_listen=ListenHandler(self.bus))
-        self.server.middleware = [self._watch]  # (no OpenTelemetry span per message: nothing exports them)
         self.manager = ReplyingSessionManager(  # answers in JSON unless a call has something to stream
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
-        self._watchers: dict[int, _Watcher] = {}
+        self.watch = ListChangedWatch(self.manager, self.store, self.index, self.bus, _who)
+        self.server.middleware = [self.watch.middleware]  # (no OpenTelemetry span per message: nothing exports them)
         self._deferred: dict[str, _Deferred] = {}  # by request_state
-        self._tasks: set[asyncio.Task[None]] = set()
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
-        remove = self.hub.on_fleet_change(self._fleet_changed)
+        remove = self.hub.on_fleet_change(self.watch.fleet_changed)
         try:
             async with self.manager.run():
                 yield
         finally:
             remove()
-            for task in list(self._tasks):
-                task.cancel()
-            self._watchers.clear()
+            self.watch.close()
 
     # -- HTTP: who may come in ------------------------------------------------------------------
 
@@ -305,64 +292,11 @@ class Gateway:
         return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
                                     structured_content=reply.structured, is_error=reply.is_error)
 
-    # -- tools/list_changed -----------------------------------------------------------------------
-
-    async def _watch(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
-        """Remember each handshake-era session (once initialized) to tell it about tool-list changes."""
-        result = await call_next(ctx)
-        if ctx.method == "notifications/initialized" and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
-            self._remember(ctx)
-        return result
-
-    def _remember(self, ctx: ServerRequestContext[Any]) -> None:
-        # the SDK hands handlers a per-request session; the per-connection state (its standalone stream and
-        # the teardown stack run when the session ends) is the Connection it wraps
-        connection: Connection | None = getattr(ctx.session, "_connection", None)
-        request = ctx.request
-        admitted = request.scope.get(SCOPE_KEY) if request is not None else None
-        if connection is None or admitted is None or len(self._watchers) >= MAX_WATCHED_SESSIONS:
-            logger.warning("MCP gateway: session not watched for tool-list changes")
-            return
-        key = id(connection)
-        self._watchers[key] = _Watcher(connection, admitted.keep, admitted.token.id)
-        connection.exit_stack.callback(self._watchers.pop, key, None)
-
-    def _fleet_changed(self, device: str) -> None:
-        self.index.invalidate()
-        revoked = self._end_revoked()
-        for watcher in list(self._watchers.values()):
-            if watcher.keep.admits(device) and not watcher.pending and watcher.token_id not in revoked:
-                watcher.pending = True
-                self._spawn(self._tell(watcher))
-        self._spawn(self.bus.publish(ToolsListChanged()))
-
-    def _end_revoked(self) -> set[str]:
-        """End the sessions of tokens revoked since they were opened (here or by `tether token revoke` in
-        another process), so a standing GET stream does not outlive its token; returns those tokens' ids.
-
-        Every request is checked anyway; this closes what no request reaches. Uses the SDK manager's session
-        bookkeeping (`_session_owners`, `_server_instances`, `_discard_session`: mcp 2.3)."""
-        owners: dict[str, Any] = getattr(self.manager, "_session_owners", {})
-        if not owners:
-            return set()
-        active = self.store.active_token_ids()
-        revoked = {owner.get("client_id") for owner in owners.values()} - active
-        instances: dict[str, Any] = getattr(self.manager, "_server_instances", {})
-        for session_id, owner in list(owners.items()):
-            transport = instances.get(session_id)
-            if owner.get("client_id") in revoked and transport is not None:
-                logger.info("MCP gateway: session of revoked token %s ended", owner.get("client_id"))
-                self._spawn(self.manager._discard_session(session_id, transport))
-        return {r for r in revoked if isinstance(r, str)}
-
-    async def _tell(self, watcher: _Watcher) -> None:
-        watcher.pending = False
-        await watcher.connection.send_tool_list_changed()  # best effort: never raises
-
-    def _spawn(self, work: Any) -> None:
-        task = asyncio.ensure_future(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+def _who(ctx: ServerRequestContext[Any]) -> tuple[DeviceFilter, str] | None:
+    """The device filter and token id a request was admitted with (see `Gateway.__call__`)."""
+    request = ctx.request
+    admitted = request.scope.get(SCOPE_KEY) if request is not None else None
+    return (admitted.keep, admitted.token.id) if isinstance(admitted, _Admitted) else None
 
 
 def _admitted(ctx: ServerRequestContext[Any]) -> _Admitted:

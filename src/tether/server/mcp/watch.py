@@ -1,0 +1,111 @@
+"""Telling the gateway's clients that the tool list changed, and ending the sessions of revoked tokens.
+
+Clients of the handshake era (protocol 2025-xx) are sent `notifications/tools/list_changed` on their session's
+standalone stream when a device they list registers, leaves or reports new tools; clients of the 2026-07-28
+era hear of it through `subscriptions/listen` (the bus). A fleet change is also when a standing GET stream
+of a token revoked meanwhile is ended: no request of its own would reach the check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from mcp.server.connection import Connection
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
+from mcp_types.version import MODERN_PROTOCOL_VERSIONS
+
+from tether.server.mcp.fleet import DeviceFilter, FleetIndex
+from tether.server.store import Store
+
+logger = logging.getLogger(__name__)
+
+MAX_WATCHED_SESSIONS = 10_000
+
+Who = Callable[[ServerRequestContext[Any]], "tuple[DeviceFilter, str] | None"]  # a request's filter and token id
+
+
+@dataclass
+class _Watcher:
+    """A handshake-era session to tell about tool-list changes, with its device filter."""
+
+    connection: Connection
+    keep: DeviceFilter
+    token_id: str
+    pending: bool = False
+
+
+class ListChangedWatch:
+    """The sessions to tell, remembered by `middleware` once initialized; `fleet_changed` is the hub's hook."""
+
+    def __init__(self, manager: StreamableHTTPSessionManager, store: Store, index: FleetIndex,
+                 bus: InMemorySubscriptionBus, who: Who) -> None:
+        self.manager, self.store, self.index, self.bus, self.who = manager, store, index, bus, who
+        self._watchers: dict[int, _Watcher] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def middleware(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        """Remember each handshake-era session (once initialized) to tell it about tool-list changes."""
+        result = await call_next(ctx)
+        if ctx.method == "notifications/initialized" and ctx.protocol_version not in MODERN_PROTOCOL_VERSIONS:
+            self._remember(ctx)
+        return result
+
+    def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        self._watchers.clear()
+
+    def _remember(self, ctx: ServerRequestContext[Any]) -> None:
+        # the SDK hands handlers a per-request session; the per-connection state (its standalone stream and
+        # the teardown stack run when the session ends) is the Connection it wraps
+        connection: Connection | None = getattr(ctx.session, "_connection", None)
+        admitted = self.who(ctx)
+        if connection is None or admitted is None or len(self._watchers) >= MAX_WATCHED_SESSIONS:
+            logger.warning("MCP gateway: session not watched for tool-list changes")
+            return
+        key = id(connection)
+        self._watchers[key] = _Watcher(connection, *admitted)
+        connection.exit_stack.callback(self._watchers.pop, key, None)
+
+    def fleet_changed(self, device: str) -> None:
+        self.index.invalidate()
+        revoked = self._end_revoked()
+        for watcher in list(self._watchers.values()):
+            if watcher.keep.admits(device) and not watcher.pending and watcher.token_id not in revoked:
+                watcher.pending = True
+                self._spawn(self._tell(watcher))
+        self._spawn(self.bus.publish(ToolsListChanged()))
+
+    def _end_revoked(self) -> set[str]:
+        """End the sessions of tokens revoked since they were opened (here or by `tether token revoke` in
+        another process), so a standing GET stream does not outlive its token; returns those tokens' ids.
+
+        Every request is checked anyway; this closes what no request reaches. Uses the SDK manager's session
+        bookkeeping (`_session_owners`, `_server_instances`, `_discard_session`: mcp 2.3)."""
+        owners: dict[str, Any] = getattr(self.manager, "_session_owners", {})
+        if not owners:
+            return set()
+        active = self.store.active_token_ids()
+        revoked = {owner.get("client_id") for owner in owners.values()} - active
+        instances: dict[str, Any] = getattr(self.manager, "_server_instances", {})
+        for session_id, owner in list(owners.items()):
+            transport = instances.get(session_id)
+            if owner.get("client_id") in revoked and transport is not None:
+                logger.info("MCP gateway: session of revoked token %s ended", owner.get("client_id"))
+                self._spawn(self.manager._discard_session(session_id, transport))
+        return {r for r in revoked if isinstance(r, str)}
+
+    async def _tell(self, watcher: _Watcher) -> None:
+        watcher.pending = False
+        await watcher.connection.send_tool_list_changed()  # best effort: never raises
+
+    def _spawn(self, work: Any) -> None:
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
