@@ -406,21 +406,67 @@ async def closed_loop(setup: Setup, devices: list[str], callers: int, seconds: f
     return done / (time.perf_counter() - t0), failed
 
 
-async def failover(setup: Setup, victim: Node) -> tuple[float, int]:
-    """kill -9 `victim`; seconds until every device it held has registered at another node."""
+async def failover(setup: Setup, victim: Node, tasks: int = 0) -> tuple[float, int, float | None]:
+    """kill -9 `victim`; seconds until every device it held has registered at another node, how many, and
+    (with `tasks`: that many tasks waiting on a person, started on the victim) seconds until another node
+    holds every one of their leases (None without tasks)."""
     held = [name for name, url in setup.holder.items() if url == victim.ws_url]
     if not held:
         raise RuntimeError(f"no device is on {victim.name}")
+    task_ids = []
+    plan = [{"skill": "get_system_info", "args": {}}]  # a tool the bench's devices have; it never runs
+    for _ in range(tasks):  # each waits for a confirmation: leased by the victim, idle
+        created = await setup.http[victim.name].post("/tasks", json={"request": "wait", "device": held[0],
+                                                                     "plan": plan, "confirm": "always"})
+        if created.status_code != 201:
+            raise RuntimeError(f"creating a task failed: {created.status_code} {created.text[:300]}")
+        task_ids.append(created.json()["id"])
+    async with asyncio.timeout(WAIT):
+        while tasks and _leases(setup.db, task_ids, victim.name)[0] < len(task_ids):
+            await asyncio.sleep(0.05)  # until the victim's leases are in the database
+            for task_id in task_ids:
+                task = (await setup.http[victim.name].get(f"/tasks/{task_id}", params={"events": False})).json()
+                if task.get("state") not in ("created", "planning", "running", "waiting_for_user"):
+                    raise RuntimeError(f"a task meant to wait ended {task.get('state')}: {task.get('error')}")
     assert victim.child.proc is not None
     killed = time.time()
     victim.child.proc.send_signal(signal.SIGKILL)
+    owned: float | None = None
+
+    async def taken_over() -> None:
+        nonlocal owned
+        while _leases(setup.db, task_ids, victim.name)[1] < len(task_ids):
+            await asyncio.sleep(0.05)  # another process's database rows: polled here, in a benchmark only
+        owned = time.time() - killed
+
+    taker = asyncio.create_task(taken_over()) if task_ids else None
     async with asyncio.timeout(HEARTBEAT["timeout"] + HEARTBEAT["grace"] + WAIT):
         while True:
             setup.changed.clear()
             back = [n for n in held if setup.holder[n] != victim.ws_url and setup.registered_at[n] > killed]
             if len(back) == len(held):
-                return max(setup.registered_at[n] for n in held) - killed, len(held)
+                break
             await setup.changed.wait()
+        if taker is not None:
+            await taker
+    return max(setup.registered_at[n] for n in held) - killed, len(held), owned
+
+
+def _leases(db: str, task_ids: list[str], node: str) -> tuple[int, int]:
+    """Of `task_ids`: how many are leased at all, and how many by another node than `node`."""
+    marks = ",".join("?" * len(task_ids))
+    query = f"SELECT node FROM task_leases WHERE task_id IN ({marks})"
+    if db.startswith(("postgresql:", "postgres:")):
+        import psycopg
+
+        with psycopg.connect(db) as conn:
+            rows = conn.execute(query.replace("?", "%s"), task_ids).fetchall()
+    else:
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(db, timeout=10)) as conn:
+            rows = conn.execute(query, task_ids).fetchall()
+    return len(rows), sum(r[0] != node for r in rows)
 
 
 def has_cluster_option() -> bool:
@@ -507,11 +553,16 @@ async def measure(devices: int = 30, rounds: int = 4, seconds: float = 3.0, call
                           "--cluster); the nodes below run plain, sharing one database", flush=True)
                 # kill -9 the node holding the most devices
                 victim = max(multi.nodes, key=lambda n: sum(u == n.ws_url for u in multi.holder.values()))
-                took, moved = await failover(multi, victim)
+                took, moved, owned = await failover(multi, victim, tasks=5)
                 budget = HEARTBEAT["timeout"] + HEARTBEAT["grace"]
                 kind = "" if clustered else " (plain nodes)"
                 rows.append(fleet_row(f"kill -9 a node{kind}: its {moved} devices registered elsewhere", took, "s",
                                       "heartbeat timeout + grace", budget, "<= 1x"))
+                if owned is not None:
+                    rows.append(fleet_row(f"kill -9 a node{kind}: its 5 waiting tasks owned by another node", owned,
+                                          "s", "heartbeat timeout + grace", budget, "<= 1x",
+                                          f"task lease = heartbeat timeout ({HEARTBEAT['timeout']:g} s), renewed "
+                                          "every third of it"))
             finally:
                 await multi.aclose()
                 await single.aclose()

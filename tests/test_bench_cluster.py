@@ -38,6 +38,8 @@ async def test_the_whole_bench_at_its_smallest_measures_fail_over_against_its_bu
     if clustered:  # the node rows of a tether whose server takes --cluster
         assert figures[2].startswith("command round trip, another node holds the device")
         assert figures[3] == "commands/s, 6 devices on 3 clustered nodes" and "0 failed" in str(rows[3]["note"])
-    assert figures[-1].startswith("kill -9 a node") and len(rows) == (5 if clustered else 3)
+    assert figures[-2].startswith("kill -9 a node") and "devices registered elsewhere" in figures[-2]
+    assert figures[-1].endswith("its 5 waiting tasks owned by another node"), figures
+    assert len(rows) == (6 if clustered else 4)
     check(rows, figures)
-    assert rows[-1]["anchor"] == cluster.HEARTBEAT["timeout"] + cluster.HEARTBEAT["grace"]
+    assert rows[-1]["anchor"] == rows[-2]["anchor"] == cluster.HEARTBEAT["timeout"] + cluster.HEARTBEAT["grace"]

@@ -129,7 +129,7 @@ class TaskService:
         except StoreUnavailable as exc:  # start-up checked the disk; it filled since: claims come with use
             logger.error("could not record the tasks' session owners: %s", exc)
         settings = self.hub.settings
-        self._leases = TaskLeases(self.store, node_id(settings), settings.heartbeat_timeout + settings.grace_period)
+        self._leases = TaskLeases(self.store, node_id(settings), settings.lease_s)
         for task in self.store.unfinished():
             if self._leases.claim(task.id):
                 self._resume_after_restart(task)

@@ -179,9 +179,11 @@ class ServerSettings(BaseModel):
 
     @property
     def lease_s(self) -> float:
-        """How long a node's claims (its devices, its tasks) outlive its last renewal: a device that lost
-        its node has reconnected elsewhere by then (heartbeat timeout, then its backoff within grace)."""
-        return self.heartbeat_timeout + self.grace_period
+        """How long a node's claims (its devices in Redis, its tasks in the database) outlive its last
+        renewal. Renewed every third of it, so a node must stall two thirds of it to lose them; and short
+        enough that another node owns a dead node's tasks within the heartbeat timeout + grace period
+        (expiry plus one renewal period of the taker: 4/3 of the heartbeat timeout at worst)."""
+        return self.heartbeat_timeout
 
     @property
     def db_target(self) -> str | Path:
