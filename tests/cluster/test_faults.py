@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from clusterkit import WAIT, ClusterKit, Device, Node
 
 from engines import Engine
@@ -99,8 +101,11 @@ async def audit_rows(kit: ClusterKit, node: Node, device: str) -> list[dict[str,
 # ------------------------------------------------------------------ kill -9 of a node
 
 
-async def test_kill_9_of_the_holding_node_mid_command_gives_the_caller_one_clear_answer(
-        tmp_path: Path, redis_engine: Engine) -> None:
+@pytest.mark.parametrize("how", ["kill -9", "clean stop"])
+async def test_the_holding_node_going_away_mid_command_gives_the_caller_the_result(
+        tmp_path: Path, redis_engine: Engine, how: str) -> None:
+    """kill -9, or a clean stop (SIGTERM: a rolling restart): the device keeps running the command, moves
+    on, and the node the caller asked sends the batch again to its new node."""
     async with ClusterKit(tmp_path, redis=redis_engine) as kit:
         a, b, c = await three_nodes(kit)
         laptop = await device_on(kit, "laptop", a, [a, b, c], policy_args(kit))
@@ -108,7 +113,10 @@ async def test_kill_9_of_the_holding_node_mid_command_gives_the_caller_one_clear
         call = asyncio.create_task(kit.run(b, "laptop", [command], timeout=60))  # b forwards it to a
         await until_file(mark, "the command runs on laptop")
         since = len(laptop.process.lines)
-        await kit.kill_node(a)
+        if how == "kill -9":
+            await kit.kill_node(a)
+        else:
+            assert await kit.stop_node(a) in (0, -signal.SIGTERM)  # uvicorn re-raises the signal it handled
         moved_to = await laptop.registered(since)
         assert moved_to in (b, c)
         fd = os.open(gate, os.O_RDWR)  # let the command end, now that its node is gone

@@ -68,6 +68,11 @@ class Bus:
         self._last_id = "$"
         self._stopping = False
 
+    @property
+    def stopping(self) -> bool:
+        """This node is stopping (its handlers are being cancelled for that, not by their askers)."""
+        return self._stopping
+
     @staticmethod
     def inbox(node: str) -> str:
         return f"{PREFIX}:inbox:{node}"
@@ -196,6 +201,8 @@ class Bus:
                         log.warning("cluster bus: unreadable message %s dropped (%s)", self._last_id, exc)
                         continue
                     self._dispatch(message)
+            if batches:  # let the woken askers and new handlers run before this task sends the next XREAD
+                await asyncio.sleep(0)
 
     def _dispatch(self, message: dict[str, Any]) -> None:
         kind = message.get("t")
