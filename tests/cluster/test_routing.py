@@ -275,3 +275,19 @@ async def test_an_mcp_client_of_any_node_sees_and_calls_every_nodes_devices(tmp_
             assert "through-b" in json.dumps([c.model_dump(mode="json") for c in reply.content]), reply.content
         rows = [r for r in await audit(kit, a, "laptop") if r.get("tool_name") == "shell.run"]
         assert len(rows) == 1 and rows[0]["status"] == "success", rows  # audited once, by b, seen from a
+
+
+async def test_a_devices_policy_is_read_and_changed_through_another_node(tmp_path: Path, redis_engine: Engine) -> None:
+    async with ClusterKit(tmp_path, redis=redis_engine) as kit:
+        a, b = await kit.start_node("a"), await kit.start_node("b")
+        await device_on(kit, "laptop", a, [a, b])
+        await until_listed(kit, b, "laptop", "a")
+        before = await kit.http(b).get("/devices/laptop/policy")
+        assert before.status_code == 200 and before.json()["remote_allowed"], before.text  # the default
+        changed = await kit.http(b).post("/devices/laptop/policy/allow", json={"program": "sh"})
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["version"] == before.json()["version"] + 1
+        seen_on_a = (await kit.http(a).get("/devices/laptop/policy")).json()
+        assert seen_on_a["version"] == changed.json()["version"], seen_on_a
+        rows = [r for r in await audit(kit, a, "laptop") if r.get("tool_name") == "policy.set"]
+        assert len(rows) == 1 and rows[0]["status"] == "success", rows  # audited once, by b

@@ -185,11 +185,20 @@ class DeviceHub:
             except Exception:
                 logger.exception("fleet listener failed for device %s", device)
 
-    async def request(self, device: str, message: ServerMessage, timeout: float) -> ClientMessage:
+    async def request(self, device: str, message: ServerMessage, timeout: float, *,
+                      here_only: bool = False) -> ClientMessage:
         """Send a request frame (e.g. POLICY_SET) to a connected device and wait, at most `timeout`
-        seconds, for the frame that answers its `response_id` from that same device. LookupError when
-        the device is not connected, TimeoutError when no answer came."""
+        seconds, for the frame that answers its `response_id` from that same device (in a cluster,
+        through the node holding it, unless `here_only`). LookupError when the device is not
+        connected, TimeoutError when no answer came."""
         conn = self._conns.get(device)
+        if (conn is None or not conn.ready) and self.remote is not None and not here_only:
+            try:
+                holder = await self.remote.holder(device)
+            except BackplaneUnavailable as exc:
+                raise LookupError(str(exc)) from None
+            if holder is not None and holder != self.remote.node:
+                return await self.remote.request(holder, device, message, timeout)
         if conn is None or not conn.ready:
             raise LookupError(f"device {device} is offline" if self.registry.get(device)
                               else f"no device named {device} has registered")

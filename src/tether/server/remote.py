@@ -13,6 +13,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from tether.protocol.messages import ClientMessage, ServerMessage
     from tether.server.batches import PendingBatch
 
 
@@ -32,6 +33,10 @@ class RemoteDevices(Protocol):
     async def run_batch(self, batch: PendingBatch, holder: str) -> None:
         """Run `batch` on `holder` and finish it (results, or an error saying why not). Re-routes it when
         the device moves to another node meanwhile, with the same ids, so the device runs it once."""
+
+    async def request(self, holder: str, device: str, message: ServerMessage, timeout: float) -> ClientMessage:
+        """`DeviceHub.request` on the node `holder` (a policy request): its answer, or the LookupError or
+        TimeoutError that node raised."""
 
     async def cancel(self, response_id: str, reason: str) -> bool:
         """Cancel a batch another node of the cluster started; False when no node has it."""

@@ -32,6 +32,7 @@ from tether.server.remote import BackplaneUnavailable
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
+    from tether.protocol.messages import ClientMessage, ServerMessage
     from tether.server.batches import PendingBatch
     from tether.server.hub import DeviceHub
     from tether.server.settings import ServerSettings
@@ -82,7 +83,7 @@ class ClusterNode:
         self.bus = Bus(self.redis, self.reader, self.node, {})
         self.router = Router(hub, self.bus, self.node, self.holder)
         self.bus.handlers.update(batch=self.router.serve_batch, cancel=self.router.serve_cancel,
-                                 answer=self.router.serve_answer)
+                                 answer=self.router.serve_answer, request=self.router.serve_request)
         self._problem: str | None = "joining the cluster"
         self._alive: set[str] = set()
         self._dirty: set[str] = set()
@@ -163,6 +164,9 @@ class ClusterNode:
 
     async def run_batch(self, batch: PendingBatch, holder: str) -> None:
         await self.router.run_batch(batch, holder)
+
+    async def request(self, holder: str, device: str, message: ServerMessage, timeout: float) -> ClientMessage:
+        return await self.router.request(holder, device, message, timeout)
 
     async def cancel(self, response_id: str, reason: str) -> bool:
         if self._problem is not None:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
 
-from tether.protocol.messages import Event, ServerMessage, ServerMessageType
+from tether.protocol.messages import ClientMessage, Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Result
 from tether.server.cluster.bus import Bus, BusError, BusInterrupted
 
@@ -192,6 +192,32 @@ class Router:
             return bool(reply.get("cancelled"))
 
         return any(await asyncio.gather(*(ask(n) for n in nodes if n != self.node)))
+
+    async def request(self, holder: str, device: str, message: ServerMessage, timeout: float) -> ClientMessage:
+        """A request frame (a policy request) for `device`, sent by the node `holder` that holds it."""
+        body = {"device": device, "message": message.model_dump_json(exclude_none=True), "timeout": timeout}
+        try:
+            reply = await self.bus.call(holder, "request", body, timeout + ANSWER_TIMEOUT_S)
+        except BusError as exc:
+            raise LookupError(f"device {device} is on node {holder}, which did not answer: {exc}") from None
+        if reply.get("timeout"):
+            raise TimeoutError(str(reply.get("error") or "no answer"))
+        if "error" in reply:
+            raise LookupError(str(reply["error"]))
+        return ClientMessage.model_validate_json(str(reply.get("answer") or "{}"))
+
+    async def serve_request(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
+        message = ServerMessage.model_validate_json(str(body.get("message") or "{}"))
+        if message.type not in (ServerMessageType.POLICY_REQUEST, ServerMessageType.POLICY_SET):
+            raise BusError(f"node {self.node} forwards policy requests only, not {message.type.value}")
+        timeout = min(float(body.get("timeout") or 30.0), 300.0)
+        try:
+            answer = await self.hub.request(str(body.get("device", "")), message, timeout, here_only=True)
+        except LookupError as exc:
+            return {"error": str(exc)}
+        except TimeoutError:
+            return {"error": f"device {body.get('device')} did not answer within {timeout:g}s", "timeout": True}
+        return {"answer": answer.model_dump_json()}
 
     async def answer(self, holder: str, body: dict[str, Any]) -> bool:
         reply = await self.bus.call(holder, "answer", body, ANSWER_TIMEOUT_S)
