@@ -34,6 +34,7 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 INBOX_MAXLEN = 100_000
 READ_BLOCK_MS = 2_000
 REDIS_TIMEOUT_S = 5.0
+STOP_TIMEOUT_S = 2.0  # how long a stopping node waits for its reader before cancelling it
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Handler = Callable[[dict[str, Any], Send], Awaitable[dict[str, Any]]]
@@ -101,7 +102,7 @@ class Bus:
             await self.reader.connection_pool.disconnect()
         if self._reader_task is not None:
             try:
-                async with asyncio.timeout(READ_BLOCK_MS / 1000 + REDIS_TIMEOUT_S):
+                async with asyncio.timeout(STOP_TIMEOUT_S):  # a read ends at once; a backoff sleep is cut
                     await self._reader_task
             except (TimeoutError, asyncio.CancelledError, Exception):
                 self._reader_task.cancel()

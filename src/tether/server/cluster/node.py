@@ -44,6 +44,7 @@ RELAY_CHANNEL = f"{PREFIX}:events:relay"
 RELAY_QUEUE = 10_000  # events waiting for Redis; past it they are dropped (and followers re-read the store)
 MAX_BEAT_S = 5.0  # the heartbeat's longest period: how soon a lost or returned backplane is noticed
 SCAN_CHUNK = 1000
+STOP_TIMEOUT_S = 2.0  # a stopping node's goodbye to Redis, and its loops' ends
 
 
 class ClusterUnavailable(RuntimeError):
@@ -113,7 +114,8 @@ class ClusterNode:
                  f" (degraded: {self._problem})" if self._problem else "")
 
     async def aclose(self) -> None:
-        """A clean stop: this node's devices are free at once instead of when their leases run out."""
+        """A clean stop: this node's devices are free at once instead of when their leases run out. Bounded
+        (STOP_TIMEOUT_S for the goodbye, the same for the loops): with Redis away a node still stops."""
         self.hub.remote = None
         if self._remove_listener is not None:
             self._remove_listener()
@@ -123,14 +125,12 @@ class ClusterNode:
             await self.subscriber.connection_pool.disconnect()
         if self._problem is None:
             with contextlib.suppress(Exception):
-                await self.directory.leave()
-                async with asyncio.timeout(REDIS_TIMEOUT_S):
+                async with asyncio.timeout(STOP_TIMEOUT_S):
+                    await self.directory.leave()
                     await self.redis.publish(FLEET_CHANNEL, json.dumps({"left": self.node}))
         await self.bus.aclose()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                async with asyncio.timeout(REDIS_TIMEOUT_S):
-                    await task
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=STOP_TIMEOUT_S)
         for client in (self.redis, self.reader, self.subscriber):
             with contextlib.suppress(Exception):
                 await client.aclose()
