@@ -211,6 +211,12 @@ async def test_a_node_partitioned_from_redis_refuses_new_work_clearly_and_resume
         refused = await kit.run(a, "laptop", echo(kit, "during"))
         assert refused.status_code == 503, refused.text
         assert "backplane" in refused.json()["error"]
+        selected = await kit.http(a).post("/commands", json={"commands": echo(kit, "during"),
+                                                             "requires": {"name": "laptop"}})
+        assert selected.status_code == 503 and "backplane" in selected.json()["error"], selected.text
+        task = await kit.http(a).post("/tasks", json={"request": "echo", "device": "laptop", "plan": [
+            {"skill": "shell.run", "args": echo(kit, "during")[0]["parameters"]}]})
+        assert task.status_code == 503 and "backplane" in task.json()["error"], task.text
         # b is not partitioned: it keeps working for its own device
         answer = await kit.run(b, "laptop", echo(kit, "during"))
         assert answer.status_code == 200 and answer.json()["results"][0]["status"] == "success", answer.text

@@ -241,6 +241,10 @@ class TaskService:
         unaudited = self.hub.store.audit_problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
+        remote = self.hub.remote
+        away = [n for n in (target, *task.devices) if not self.hub.holds(n)] if remote is not None else []
+        if away and (problem := remote.problem()) is not None:  # a cluster node cut off from its backplane
+            raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
             if self.hub.store.claim_session(task.id, task_owner(task.id)) != task_owner(task.id):
                 raise TaskError(409, f"session {task.id} is already taken; create the task again")

@@ -368,6 +368,9 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     stamp_approvals(batch.commands, who)
     hub = _hub(request)
     refuse_unaudited(hub.store)
+    if hub.remote is not None and not hub.holds(name) and (problem := hub.remote.problem()) is not None:
+        raise HTTPException(503, f"{problem}; device '{name}' is not connected to this node, so nothing was sent",
+                            headers={"Retry-After": "5"})
     session_id = owned_session(hub.store, name, batch.session_id, batch.commands, who)  # 403 if not the caller's
     stream = "text/event-stream" in request.headers.get("accept", "")
     queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=10_000)

@@ -376,6 +376,8 @@ class DeviceHub:
         self._remember(name, record, record.last_seen)
         self.registry.notify()
         self._fleet_changed(name)
+        if self.remote is not None:  # registered means reachable from every node: in the directory first
+            await self.remote.claimed(name)
         ack = RegisterAck(device=name, heartbeat_interval=settings.heartbeat_interval,
                           heartbeat_timeout=settings.heartbeat_timeout, grace_period=settings.grace_period,
                           max_frame_bytes=settings.max_frame_bytes, resumed=resumed)
@@ -552,8 +554,9 @@ class DeviceHub:
         conn = self._conns.get(batch.device)
         if batch.done.is_set() or batch.response_id not in self._batches.pending:
             return
-        if conn is not None and conn.ready:
-            await self._send_command(conn, batch)
+        if conn is not None:
+            if conn.ready:  # else it is registering: `_flush` sends it right after the REGISTER_ACK
+                await self._send_command(conn, batch)
         elif batch.device not in self._grace:
             self._batches.finish(batch, f"device {batch.device} is offline")
 

@@ -27,6 +27,9 @@ class RemoteDevices(Protocol):
     def problem(self) -> str | None:
         """Why work for other nodes' devices is refused now (the backplane is unreachable), or None."""
 
+    async def claimed(self, device: str) -> None:
+        """Return once the cluster knows `device` (registering here) is held by this node (bounded)."""
+
     async def holder(self, device: str) -> str | None:
         """The node holding `device`'s socket now, or None; raises `BackplaneUnavailable`."""
 

@@ -91,6 +91,7 @@ class ClusterNode:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._remove_listener: Any = None
+        self._claim_waiters: dict[str, list[asyncio.Future[None]]] = {}
         self._relayed: asyncio.Queue[str] = asyncio.Queue(maxsize=RELAY_QUEUE)
         self._relay_listeners: dict[str, dict[object, Any]] = {}
 
@@ -231,6 +232,19 @@ class ClusterNode:
 
     # -- claims: this node's devices in the directory ---------------------------------------------
 
+    async def claimed(self, device: str) -> None:
+        """Return once `device` (registering here) is in the directory, so that when it is told it is
+        registered every node can reach it; at once while the backplane is away, and never longer than
+        REDIS_TIMEOUT_S (the claim is retried by the heartbeat)."""
+        if self._problem is not None:
+            return
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._claim_waiters.setdefault(device, []).append(done)
+        self._fleet_change(device)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(REDIS_TIMEOUT_S):
+                await done
+
     def _fleet_change(self, device: str) -> None:
         """The hub's listener (synchronous): a device registered, left or changed its profile here."""
         self._dirty.add(device)
@@ -251,6 +265,11 @@ class ClusterNode:
             except Exception as exc:
                 self._dirty |= devices
                 self._fail(exc)
+            finally:
+                for device in devices:
+                    for done in self._claim_waiters.pop(device, ()):
+                        if not done.done():
+                            done.set_result(None)
 
     async def _claim(self, devices: list[str]) -> None:
         """Claim `devices` for this node and tell the other nodes, in one pipeline (a registration storm
