@@ -355,7 +355,7 @@ async def test_restart_with_many_known_devices_answers_health_and_pages_through_
         assert len(plain) == 2000 and "link" not in (await http.get("/api/v1/devices?limit=2000")).headers
         assert plain[5] == {"name": "known-00005", "status": "offline", "platform": "darwin", "last_seen": 1005.0,
                             "load": 0, "running": 0, "queued": 0, "capabilities": [], "tags": ["lab"],
-                            "gpu": False, "address": None, "sandbox": None}
+                            "gpu": False, "address": None, "sandbox": None, "node": None}
         tools_now = (await http.get("/api/v1/devices/known-01999/tools")).json()
         assert [t["name"] for t in tools_now] == ["r", "w"] and tools_now[0]["description"] == "r 3"
 
