@@ -30,7 +30,7 @@ import re
 import signal
 import socket
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -392,6 +392,20 @@ class ClusterKit:
         response = await self.http(node).get("/health")
         response.raise_for_status()
         return response.json()
+
+    async def task_frames(self, node: Node, task_id: str) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Each frame of `node`'s event stream of a task, as (event name, data): stored events first,
+        then live ones, then `end`."""
+        async with httpx.AsyncClient(base_url=f"{node.url}/api/v1", timeout=httpx.Timeout(WAIT, read=None),
+                                     headers={"Authorization": f"Bearer {self.admin_token}"}) as http, \
+                http.stream("GET", f"/tasks/{task_id}/events") as response:
+            assert response.status_code == 200, await response.aread()
+            kind = None
+            async for line in response.aiter_lines():
+                if line.startswith("event: "):
+                    kind = line[7:]
+                elif line.startswith("data: ") and kind is not None:
+                    yield kind, json.loads(line[6:])
 
     async def run(self, node: Node, device: str, commands: list[dict[str, Any]], *, timeout: float = 30.0,
                   early_exit: bool = True) -> httpx.Response:

@@ -162,18 +162,10 @@ async def test_unknown_devices_and_a_batch_cancelled_from_a_third_node(tmp_path:
 
 async def _task_stream(kit: ClusterKit, node: Node, task_id: str, into: list[tuple[str, dict[str, Any]]]) -> None:
     """Every frame of `node`'s event stream of the task, until its `end` frame."""
-    async with httpx.AsyncClient(base_url=f"{node.url}/api/v1", timeout=httpx.Timeout(WAIT, read=None),
-                                 headers={"Authorization": f"Bearer {kit.admin_token}"}) as http, \
-            http.stream("GET", f"/tasks/{task_id}/events") as response:
-        assert response.status_code == 200, await response.aread()
-        kind = None
-        async for line in response.aiter_lines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: ") and kind is not None:
-                into.append((kind, json.loads(line[6:])))
-                if kind == "end":
-                    return
+    async for frame in kit.task_frames(node, task_id):
+        into.append(frame)
+        if frame[0] == "end":
+            return
 
 
 async def test_a_task_on_one_node_runs_steps_on_a_device_another_node_holds_and_a_third_follows_it(

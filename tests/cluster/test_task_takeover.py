@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 from clusterkit import WAIT, ClusterKit, Node
 
@@ -32,16 +31,9 @@ async def kit(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[C
 
 async def _events(kit: ClusterKit, node: Node, task_id: str) -> AsyncIterator[dict[str, Any]]:
     """The task's events as `node` streams them (past ones first)."""
-    async with httpx.AsyncClient(base_url=f"{node.url}/api/v1", timeout=httpx.Timeout(WAIT, read=None),
-                                 headers={"Authorization": f"Bearer {kit.admin_token}"}) as http, \
-            http.stream("GET", f"/tasks/{task_id}/events") as response:
-        assert response.status_code == 200, await response.aread()
-        kind = None
-        async for line in response.aiter_lines():
-            if line.startswith("event: "):
-                kind = line[7:]
-            elif line.startswith("data: ") and kind == "task_event":
-                yield json.loads(line[6:])
+    async for kind, data in kit.task_frames(node, task_id):
+        if kind == "task_event":
+            yield data
 
 
 async def _until(stream: AsyncIterator[dict[str, Any]], kind: str) -> dict[str, Any]:

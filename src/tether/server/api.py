@@ -159,11 +159,8 @@ async def _reachable(hub: DeviceHub, name: str) -> None:
     if hub.remote is None or hub.holds(name):
         _record(hub, name)
         return
-    problem = hub.remote.problem()
-    if problem is not None:
-        raise HTTPException(503, f"{problem}; device '{name}' is not connected to this node, so nothing was sent",
-                            headers={"Retry-After": "5"})
-    if hub.registry.get(name) is None:  # registered on another node a moment ago, before its broadcast
+    # unknown here: registered on another node a moment ago (a known one with the backplane away: `_run` 503s)
+    if hub.registry.get(name) is None:
         try:
             holder = await hub.remote.holder(name)
         except BackplaneUnavailable as exc:

@@ -231,10 +231,16 @@ class DeviceHub:
                     conn.name, str(payload.get("call_id"))[:64], reply.error or "answered")
         await conn.send(reply)
 
-    def note_event(self, device: str, event: Event) -> None:
-        """An event of a batch another node runs for this node (its questions are answered through here)."""
+    def deliver_event(self, batch: PendingBatch, event: Event) -> None:
+        """An event of `batch` from its device (here, or through the node holding it): its questions are
+        remembered for answers, and the batch's caller gets it."""
         if event.kind.startswith("elicitation"):
-            self._note_question(device, event)
+            self._note_question(batch.device, event)
+        if batch.on_event is not None:
+            try:
+                batch.on_event(event)
+            except Exception:
+                logger.exception("on_event callback of batch %s failed", batch.response_id)
 
     def _note_question(self, device: str, event: Event) -> None:
         question = str(event.data.get("id", ""))[:64]
@@ -458,13 +464,7 @@ class DeviceHub:
             if batch is None or batch.device != conn.name or not batch.sent:
                 logger.debug("dropped event %s from device %s for batch %s", event.kind, conn.name, event.response_id)
                 return
-            if event.kind.startswith("elicitation"):
-                self._note_question(conn.name, event)
-            if batch.on_event is not None:
-                try:
-                    batch.on_event(event)
-                except Exception:
-                    logger.exception("on_event callback of batch %s failed", batch.response_id)
+            self.deliver_event(batch, event)
         elif kind is ClientMessageType.POLICY_REPORT:
             device, answer = self._replies.get(msg.prev_response_id or "", (None, None))
             if answer is None or device != conn.name or answer.done():

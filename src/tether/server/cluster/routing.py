@@ -157,12 +157,7 @@ class Router:
                     event = Event.model_validate(part["event"])
                 except ValueError:
                     continue
-                hub.note_event(batch.device, event)
-                if batch.on_event is not None:
-                    try:
-                        batch.on_event(event)
-                    except Exception:
-                        log.exception("on_event callback of batch %s failed", batch.response_id)
+                hub.deliver_event(batch, event)
         except BusInterrupted:
             return True
         except BusError as exc:
