@@ -412,7 +412,7 @@ async def test_modern_clients_cannot_forge_or_replay_request_state(tmp_path: Pat
 
     server = await GatewayServer(tmp_path).start()
     try:
-        gateway = server.app.state.gateway
+        gateway = await server.app.state.gateway.ready()  # built on first use (server/mcp/lazy.py)
         token = server.store.verify_token(server.token("modern", "read", "execute", "approve"))
         other = server.store.verify_token(server.token("modern2", "read", "execute", "approve"))
         assert token is not None and other is not None

@@ -60,7 +60,7 @@ async def test_the_sdks_refusals_have_error_bodies(server: GatewayServer) -> Non
 
 
 async def test_a_full_server_says_so_in_an_error_body(server: GatewayServer) -> None:
-    server.app.state.gateway.manager.max_sessions = 1
+    (await server.app.state.gateway.ready()).manager.max_sessions = 1
     first = await post(server, server.token("one", "read"), INIT)
     assert first.status_code == 200, first.text
     assert plain(await post(server, server.token("two", "read"), INIT), 503) == "Too many open sessions"
@@ -70,7 +70,7 @@ async def test_the_official_client_still_acts_on_the_status(server: GatewayServe
     token = server.token("agent", "read")
     async with mcp_client(server.mcp_url, token) as client:
         assert (await client.list_tools()).tools
-        manager = server.app.state.gateway.manager
+        manager = (await server.app.state.gateway.ready()).manager
         [(session, transport)] = list(manager._server_instances.items())
         await manager._discard_session(session, transport)  # the server ends the session (as an expiry does)
         with pytest.raises(MCPError, match="Session terminated"):

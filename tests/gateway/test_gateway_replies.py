@@ -147,7 +147,7 @@ async def test_an_approval_asked_through_elicitation_streams_the_question(server
 async def test_a_call_silent_past_stream_after_is_answered_on_a_stream(server: GatewayServer) -> None:
     """The answer's headers must reach the client while the device still holds the result: the device answers
     only once the client has seen the SSE answer start (no timing involved beyond the 0 s limit)."""
-    server.app.state.gateway.manager.stream_after = 0.0
+    (await server.app.state.gateway.ready()).manager.stream_after = 0.0
     laptop = await register(server, "laptop")
     answers = Answers()
 

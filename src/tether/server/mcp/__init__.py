@@ -7,25 +7,33 @@ Layers above the server (the agent's task tools) add their tools through `contri
 from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING
 
 from starlette.applications import Starlette
+
+if TYPE_CHECKING:
+    from tether.server.mcp.gateway import Gateway
 
 
 def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
     """Add `/mcp` to `app` (which has `state.hub`, `state.store`, `state.settings`) and return the context
-    the app's lifespan enters: the SDK's session manager runs inside it. The `mcp` SDK is imported here,
-    not when the server package is."""
+    the app's lifespan enters. The `mcp` SDK is imported, and the gateway built, on the first request to
+    `/mcp` that carries a valid token (lazy.py), not when the app is: `app.state.gateway` is that
+    `LazyGateway`, whose `ready()` gives the running `Gateway`."""
     from starlette.routing import Route
 
     from tether.server.mcp.contributed import contribute
     from tether.server.mcp.fanout_tool import fan_out_tool
-    from tether.server.mcp.gateway import Gateway
+    from tether.server.mcp.lazy import LazyGateway
 
     contribute(app, [fan_out_tool(app.state.hub)])  # the fleet's own fan-out, beside the agent's task tools
-    gateway = Gateway(app)
-    app.state.gateway = gateway
-    # first in the list: every MCP message is a request to this one path. The SDK is imported while the app
-    # is built (about 0.5 s of server start): importing it in a worker thread meanwhile raced the main
-    # thread's compiling on Python 3.11 ("SystemError: AST constructor recursion depth mismatch")
-    app.router.routes.insert(0, Route("/mcp", endpoint=gateway))
-    return gateway.run()
+    lazy = LazyGateway(app, _build)
+    app.state.gateway = lazy
+    app.router.routes.insert(0, Route("/mcp", endpoint=lazy))  # first: every MCP message is a request to it
+    return lazy.run()
+
+
+def _build(app: Starlette) -> Gateway:
+    from tether.server.mcp.gateway import Gateway  # the SDK, about 0.5 s
+
+    return Gateway(app)

@@ -44,12 +44,12 @@ from starlette.applications import Starlette
 from tether import __version__
 from tether.protocol.models import Result
 from tether.server.hub import DeviceHub
+from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.calls import AskLater, Caller, Reply, call_device_tool
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
 from tether.server.mcp.fleet import (
     LIST_DEVICES_INPUT,
     LIST_DEVICES_OUTPUT,
-    BadFilter,
     DeviceFilter,
     FleetIndex,
     list_devices,
@@ -60,10 +60,8 @@ from tether.server.mcp.wire import (
     call_result,
     capped,
     contributed_tool,
-    deny,
     device_tool,
     plain_errors,
-    query_value,
 )
 from tether.server.store import Store, TokenInfo
 
@@ -103,14 +101,8 @@ class _Deferred:
     expires: float
 
 
-@dataclass(frozen=True)
-class _Admitted:
-    token: TokenInfo
-    keep: DeviceFilter
-
-
 class Gateway:
-    """The ASGI app mounted at `/mcp`; `run()` is entered in the server app's lifespan."""
+    """The ASGI app behind `/mcp`, built on the first request (`LazyGateway`), which then enters `run()`."""
 
     def __init__(self, app: Starlette) -> None:
         self.app = app
@@ -144,34 +136,18 @@ class Gateway:
         if scope["type"] != "http":  # a WebSocket to /mcp: MCP has none
             await send({"type": "websocket.close", "code": 1008, "reason": "MCP is served over HTTP POST/GET"})
             return
+        admitted = admit(self.store, scope)
+        if isinstance(admitted, Refused):
+            await deny(send, admitted.status, admitted.error)
+            return
+        token = admitted.token
         headers = dict(scope.get("headers") or ())
-        authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
-        scheme, _, secret = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            await deny(send, 401, "missing bearer token: send 'Authorization: Bearer <api token>'")
-            return
-        token = self.store.verify_token(secret.strip())
-        if token is None:
-            await deny(send, 401, "unknown or revoked token")
-            return
-        if token.kind != "api":
-            await deny(send, 403, "a device token cannot use the MCP gateway; create one with "
-                                   "'tether token create --api NAME --scope read --scope execute'")
-            return
-        if not token.allows("read"):
-            await deny(send, 403, f"token '{token.name}' lacks the 'read' scope (has {token.scopes})")
-            return
-        try:
-            keep = DeviceFilter.parse(query_value(scope, "devices"))
-        except BadFilter as exc:
-            await deny(send, 400, str(exc))
-            return
         if b"mcp-session-id" not in headers and scope.get("method") == "POST" \
                 and self._sessions_of(token.id) >= MAX_SESSIONS_PER_TOKEN:
             await deny(send, 429, f"token '{token.name}' already holds {MAX_SESSIONS_PER_TOKEN} open MCP sessions "
                                   "(the most one token may): end some (HTTP DELETE /mcp) or wait for them to expire")
             return
-        scope[SCOPE_KEY] = _Admitted(token, keep)
+        scope[SCOPE_KEY] = admitted
         # binds each MCP session to the token that opened it (the SDK answers 404 to any other)
         scope["user"] = AuthenticatedUser(AccessToken(token=token.id, client_id=token.id, scopes=token.scopes))
         version = headers.get(b"mcp-protocol-version")
@@ -296,13 +272,13 @@ def _who(ctx: ServerRequestContext[Any]) -> tuple[DeviceFilter, str] | None:
     """The device filter and token id a request was admitted with (see `Gateway.__call__`)."""
     request = ctx.request
     admitted = request.scope.get(SCOPE_KEY) if request is not None else None
-    return (admitted.keep, admitted.token.id) if isinstance(admitted, _Admitted) else None
+    return (admitted.keep, admitted.token.id) if isinstance(admitted, Admitted) else None
 
 
-def _admitted(ctx: ServerRequestContext[Any]) -> _Admitted:
+def _admitted(ctx: ServerRequestContext[Any]) -> Admitted:
     request = ctx.request
     admitted = request.scope.get(SCOPE_KEY) if request is not None else None
-    if not isinstance(admitted, _Admitted):  # only reachable if the SDK stopped passing the HTTP request
+    if not isinstance(admitted, Admitted):  # only reachable if the SDK stopped passing the HTTP request
         raise RuntimeError("MCP gateway: request without its checked token")
     return admitted
 

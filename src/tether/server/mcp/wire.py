@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 from typing import Any
-from urllib.parse import parse_qs
 
 import mcp_types as types
 
@@ -76,11 +75,6 @@ def capped(reply: Reply, limit: int) -> Reply:
                                                                      "limit": limit}, is_error=True)
 
 
-def query_value(scope: dict[str, Any], name: str) -> str | None:
-    values = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).get(name)
-    return values[-1] if values else None
-
-
 MAX_ERROR_BODY = 64 * 1024  # an SDK error body larger than this is passed on as it is
 
 
@@ -128,13 +122,3 @@ def _plain_error(body: bytes) -> bytes | None:
     if not isinstance(error, dict) or not isinstance(error.get("message"), str):
         return None
     return json.dumps({"error": error["message"]}).encode()
-
-
-async def deny(send: Any, status: int, error: str) -> None:
-    body = json.dumps({"error": error}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]  # the body was not read
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

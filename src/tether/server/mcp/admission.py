@@ -1,0 +1,70 @@
+"""Who may use `/mcp`: the API token and device-filter checks, written without the `mcp` SDK.
+
+The SDK is imported on the first request to `/mcp` that passes these checks (`LazyGateway` in
+`__init__.py`): a request without a valid token is refused exactly as before, and costs the server no
+import. `Gateway.__call__` runs the same checks on every request once it is built, so a revoked token
+stops at once.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import parse_qs
+
+from tether.server.mcp.fleet import BadFilter, DeviceFilter
+from tether.server.store import Store, TokenInfo
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """A request's checked token and the device filter its `?devices=` asked for."""
+
+    token: TokenInfo
+    keep: DeviceFilter
+
+
+@dataclass(frozen=True)
+class Refused:
+    status: int
+    error: str
+
+
+def admit(store: Store, scope: dict[str, Any]) -> Admitted | Refused:
+    """Check an HTTP request's `Authorization: Bearer` API token (scope `read`) and its `devices=` filter."""
+    headers = dict(scope.get("headers") or ())
+    authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
+    scheme, _, secret = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        return Refused(401, "missing bearer token: send 'Authorization: Bearer <api token>'")
+    token = store.verify_token(secret.strip())
+    if token is None:
+        return Refused(401, "unknown or revoked token")
+    if token.kind != "api":
+        return Refused(403, "a device token cannot use the MCP gateway; create one with "
+                            "'tether token create --api NAME --scope read --scope execute'")
+    if not token.allows("read"):
+        return Refused(403, f"token '{token.name}' lacks the 'read' scope (has {token.scopes})")
+    try:
+        keep = DeviceFilter.parse(query_value(scope, "devices"))
+    except BadFilter as exc:
+        return Refused(400, str(exc))
+    return Admitted(token, keep)
+
+
+def query_value(scope: dict[str, Any], name: str) -> str | None:
+    """The last value of one query parameter (`?devices=`), or None."""
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).get(name)
+    return values[-1] if values else None
+
+
+async def deny(send: Any, status: int, error: str) -> None:
+    """Answer a request with `{"error": …}` before its body is read (401s say `WWW-Authenticate: Bearer`)."""
+    body = json.dumps({"error": error}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]  # the body was not read
+    if status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
