@@ -13,8 +13,9 @@ from starlette.routing import Match
 
 from tether import __version__
 from tether.server.aip_socket import aip_route
-from tether.server.api import command_routes, router
+from tether.server.api import command_routes, fast_run_commands, fast_run_selected, router
 from tether.server.fleet_api import mount_fleet
+from tether.server.front import FastRoutes, ServerApp, error_response
 from tether.server.guard import RequestGuard
 from tether.server.hub import DeviceHub
 from tether.server.mcp import mount_gateway
@@ -58,7 +59,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
             await hub.aclose()
             store.close()
 
-    app = FastAPI(title="tether agent server", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
+    app = ServerApp(title="tether agent server", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                   description="Devices, their tools, and commands run on them. AIP devices connect "
                               "to the WebSocket endpoint /aip.")
     app.state.hub = hub
@@ -71,7 +72,8 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     if settings.pairing:
         app.state.pairing = PairingBook(store)
         app.include_router(pairing_router)
-    app.router.routes.append(aip_route(hub))
+    aip = aip_route(hub)
+    app.router.routes.append(aip)
     mount_web(app)  # the dashboard at /, and /docs + /redoc from packaged assets
     gateway = mount_gateway(app)  # the fleet as an MCP server at /mcp (server/mcp)
     contexts = [gateway, *(extension(app) for extension in extensions)]
@@ -82,25 +84,25 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
 
     # Host/Origin checks and body caps for every route, today's and the extensions' (guard.py)
     app.add_middleware(RequestGuard, settings=settings, api_token_ok=api_token_ok)
+    # ...and the hot routes answered before FastAPI's stack, behind the same guard (front.py)
+    app.fast = FastRoutes(lambda route: RequestGuard(route, settings=settings, api_token_ok=api_token_ok),
+                          fast_run_commands, fast_run_selected, aip.endpoint)
 
     # Starlette's HTTPException (FastAPI's subclasses it): the router's own 404 and 405 included
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
-        headers = dict(exc.headers or {})
+        response = error_response(exc)
         if exc.status_code == 405:  # every method the path answers, not only the first route's
-            headers["Allow"] = ", ".join(sorted(allowed_methods(request)))
-        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=headers)
+            response.headers["Allow"] = ", ".join(sorted(allowed_methods(request)))
+        return response
 
     @app.exception_handler(StoreUnavailable)
     async def store_unavailable(request: Request, exc: StoreUnavailable) -> JSONResponse:
-        # a full or read-only disk: nothing was done, and saying so beats a bare 500
-        return JSONResponse({"error": f"the server cannot write its state: {exc}"}, status_code=503,
-                            headers={"Retry-After": "5"})
+        return error_response(exc)  # a full or read-only disk: nothing was done, and saying so beats a bare 500
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        # the middleware that calls this re-raises, so uvicorn logs the traceback
-        return JSONResponse({"error": "internal server error; the server log has the details"}, status_code=500)
+        return error_response(exc)  # the middleware that calls this re-raises, so uvicorn logs the traceback
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -250,6 +250,7 @@ class Store:
         be written (full, read-only, no permission)."""
         self.where = describe(path)  # for messages: a URL's password masked
         self.path = Path(self.where)
+        self._directory = str(self.path.parent)
         self._lock = threading.Lock()
         self._audit_pending: list[tuple[str, str, str | None, str, dict[str, Any] | None, str, str | None,
                                         str | None, float]] = []
@@ -659,6 +660,11 @@ class Store:
         sent_waiters, self._sent_waiters = self._sent_waiters, []
         waiters, self._audit_waiters = self._audit_waiters, []
         problem: str | None = None
+        if self._audit_error is None and self._commit_group(sent):  # the common case: one transaction
+            for future in (*sent_waiters, *waiters):
+                if not future.done():
+                    future.set_result(None)
+            return
         try:
             if sent:
                 try:
@@ -676,6 +682,29 @@ class Store:
             for waiter in waiters:
                 if not waiter.done():
                     waiter.set_result(None)
+
+    def _commit_group(self, sent: list[tuple[Any, ...]]) -> bool:
+        """The group's `sent` rows, the rows `audit_soon` holds and the outcomes waiting, in ONE transaction:
+        a commit (its WAL pages and locks) costs more than its rows, and the insert and the outcome
+        updates touch the same pages. False, with nothing written and everything where it was, when
+        it fails: `_group_commit` then writes each part on its own, with each part's own error rules."""
+        with self._lock:
+            pending, updates = self._audit_pending, self._audit_updates
+            if not sent and not pending and not updates:
+                return True
+            try:
+                self._conn.execute("BEGIN")
+                self._insert_audit([*sent, *pending])
+                self._update_outcomes(updates)
+                self._conn.execute("COMMIT")
+            except Exception:  # retried part by part, where each failure is reported
+                self._rollback()
+                return False
+            self._audit_pending, self._audit_updates = [], []
+        if pending and self._audit_flush is not None:
+            self._audit_flush.cancel()
+            self._audit_flush = None
+        return True
 
     def _settle_sent(self) -> None:
         """At start (under the lock): rows still `sent` belong to commands the previous server never
@@ -754,7 +783,7 @@ class Store:
         by the next batch."""
         if self._memory:
             return None
-        full = free_space_problem(self.path.parent)
+        full = free_space_problem(self._directory)  # a str: `Path.parent` per call cost more than the statvfs
         if full is not None:
             return f"the audit log cannot be written: {full}"
         if self._audit_error is not None and not self.flush_audit():
@@ -766,20 +795,34 @@ class Store:
         """How many audit rows (or outcomes of sent rows) wait in memory, not yet written."""
         return len(self._audit_pending) + len(self._audit_updates)
 
-    def _write_audit(self, rows: list[tuple[Any, ...]]) -> None:
+    def _insert_audit(self, rows: list[tuple[Any, ...]]) -> None:
+        """INSERT the rows, inside the caller's transaction (or as one autocommit statement for one row)."""
+        if not rows:
+            return
         values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error, approved_by)
                   for who, device, call_id, tool, arguments, status, error, response_id, approved_by, at in rows]
         insert = ("INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
                   "status, error, approved_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-        if not values:
+        if len(values) == 1:
+            self._conn.execute(insert, values[0])
+        else:
+            self._conn.executemany(insert, values)
+
+    def _update_outcomes(self, updates: list[tuple[str, str | None, str, str | None]]) -> None:
+        if updates:
+            self._conn.executemany("UPDATE audit SET status = ?, error = ? WHERE response_id = ? AND call_id = ?",
+                                   [(status, error, rid, cid) for rid, cid, status, error in updates])
+
+    def _write_audit(self, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:
             return
         with self._lock:
-            if len(values) == 1:  # one statement is its own transaction (the common one-command batch)
-                self._conn.execute(insert, values[0])
+            if len(rows) == 1:  # one statement is its own transaction (the common one-command batch)
+                self._insert_audit(rows)
                 return
             self._conn.execute("BEGIN")
             try:
-                self._conn.executemany(insert, values)
+                self._insert_audit(rows)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._rollback()
@@ -791,8 +834,7 @@ class Store:
         with self._lock:
             self._conn.execute("BEGIN")
             try:
-                self._conn.executemany("UPDATE audit SET status = ?, error = ? WHERE response_id = ? AND call_id = ?",
-                                       [(status, error, rid, cid) for rid, cid, status, error in updates])
+                self._update_outcomes(updates)
                 self._conn.execute("COMMIT")
             except BaseException:
                 self._rollback()

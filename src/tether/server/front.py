@@ -1,0 +1,118 @@
+"""`ServerApp`: the agent server's ASGI app, with its hot routes served ahead of FastAPI's middleware stack.
+
+Two routes carry nearly all of a fleet's traffic: the AIP WebSocket (one long-lived socket per device)
+and the command POSTs (one request per batch). Through FastAPI each passed about ten ASGI layers —
+Starlette's error and exception middlewares, FastAPI's telemetry, body-limit and exit-stack middlewares,
+two routers, the endpoint wrappers — and each wraps `send` in a closure of its own. Measured with
+`bench/fleet_hotpath.py` and py-spy, those layers were ~20% of the server's CPU per command, and for
+a device socket their frames and closures live as long as the socket (`bench/fleet_devices.py`'s
+memory per idle device).
+
+So `ServerApp.__call__` looks at the scope first: `POST /api/v1/devices/{name}/commands`,
+`POST /api/v1/commands` and the `/aip` WebSocket go to their endpoints through `RequestGuard` alone —
+the same Host/Origin rules and body caps as every other route (guard.py) — and everything else,
+lifespan included, to FastAPI as before. The documented FastAPI routes for the same paths stay in the
+app for the OpenAPI document; errors are the same `{"error": …}` bodies (`error_response`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.websockets import WebSocket
+
+from tether.server.guard import ASGIApp, Message, RequestGuard, Scope
+from tether.server.store import StoreUnavailable
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Request], Awaitable[Response]]
+SocketEndpoint = Callable[[WebSocket], Awaitable[None]]
+
+DEVICES_PREFIX = "/api/v1/devices/"
+COMMANDS_SUFFIX = "/commands"
+SELECTED_PATH = "/api/v1/commands"
+
+
+def error_response(exc: Exception) -> JSONResponse:
+    """The `{"error": …}` answer for an exception a route raised: an `HTTPException` as itself, a store
+    that cannot write as 503 (nothing was done), anything else as a 500 whose details stay in the log."""
+    if isinstance(exc, HTTPException):
+        return JSONResponse({"error": exc.detail}, status_code=exc.status_code, headers=dict(exc.headers or {}))
+    if isinstance(exc, StoreUnavailable):  # a full or read-only disk
+        return JSONResponse({"error": f"the server cannot write its state: {exc}"}, status_code=503,
+                            headers={"Retry-After": "5"})
+    return JSONResponse({"error": "internal server error; the server log has the details"}, status_code=500)
+
+
+def http_endpoint(handler: Handler) -> ASGIApp:
+    """`handler` as an ASGI app: a Starlette `Request` in, its `Response` sent; what it raises answered
+    by `error_response` (and logged when unexpected)."""
+
+    async def app(scope: Scope, receive: Callable[[], Awaitable[Message]],
+                  send: Callable[[Message], Awaitable[None]]) -> None:
+        try:
+            response = await handler(Request(scope, receive, send))
+        except Exception as exc:  # every error is an answer; the unexpected ones are logged
+            if not isinstance(exc, HTTPException | StoreUnavailable):
+                logger.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            response = error_response(exc)
+        await response(scope, receive, send)
+
+    return app
+
+
+def socket_endpoint(endpoint: SocketEndpoint) -> ASGIApp:
+    async def app(scope: Scope, receive: Callable[[], Awaitable[Message]],
+                  send: Callable[[Message], Awaitable[None]]) -> None:
+        await endpoint(WebSocket(scope, receive, send))
+
+    return app
+
+
+class FastRoutes:
+    """The hot routes, each behind its own `RequestGuard`; `match(scope)` picks one or None."""
+
+    def __init__(self, guard: Callable[[ASGIApp], RequestGuard], run_commands: Handler, run_selected: Handler,
+                 aip: SocketEndpoint, aip_path: str = "/aip") -> None:
+        self.run_commands = guard(http_endpoint(run_commands))
+        self.run_selected = guard(http_endpoint(run_selected))
+        self.aip = guard(socket_endpoint(aip))
+        self.aip_path = aip_path
+
+    def match(self, scope: Scope) -> RequestGuard | None:
+        if scope.get("root_path"):  # behind a path prefix: let Starlette's routing do what it does
+            return None
+        path: str = scope["path"]
+        if scope["type"] == "websocket":
+            return self.aip if path == self.aip_path else None
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return None
+        if path == SELECTED_PATH:
+            return self.run_selected
+        if path.startswith(DEVICES_PREFIX) and path.endswith(COMMANDS_SUFFIX):
+            name = path[len(DEVICES_PREFIX):-len(COMMANDS_SUFFIX)]
+            if name and "/" not in name:  # Starlette's `{name}`: one non-empty segment
+                scope["path_params"] = {"name": name}
+                return self.run_commands
+        return None
+
+
+class ServerApp(FastAPI):
+    """FastAPI, with `fast` routes (when set) answered before its middleware stack is entered."""
+
+    fast: FastRoutes | None = None
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        route = self.fast.match(scope) if self.fast is not None and scope["type"] != "lifespan" else None
+        if route is None:
+            await super().__call__(scope, receive, send)
+            return
+        scope["app"] = self  # what `request.app` reads, as Starlette sets it
+        await route(scope, receive, send)
