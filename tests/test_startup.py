@@ -100,7 +100,9 @@ def test_root_help_lists_every_command_and_imports_no_command_module(tmp_path: P
         assert f"│ {name} " in proc.stdout, name
         assert lazy.help.split()[0] in proc.stdout
     loaded = {m.removeprefix("tether.cli.") for m in modules if m.startswith("tether.cli.")}
-    assert loaded <= {"common", "lazy"}, loaded
+    assert loaded <= {"common", "lazy", "rich_help"}, loaded
+    # typer's help panels without rich's Markdown and traceback modules (tether.cli.rich_help)
+    assert "typer.rich_utils" in modules and not modules & {"rich.markdown", "rich.traceback", "rich.syntax"}
     assert not _top(modules) & {*HEAVY, "pydantic", "httpx"}, sorted(_top(modules) & {*HEAVY, "pydantic", "httpx"})
     assert "tether.protocol" not in modules and "asyncio" not in modules
 
@@ -126,7 +128,36 @@ def test_an_unknown_command_is_a_usage_error_that_loads_nothing(tmp_path: Path) 
     modules, proc = _imported(tmp_path, "no-such-command")
     assert proc.returncode == 2
     assert "No such command 'no-such-command'" in proc.stderr
-    assert not {m for m in modules if m.startswith("tether.cli.")} - {"tether.cli.common", "tether.cli.lazy"}
+    assert not {m for m in modules if m.startswith("tether.cli.")} - {"tether.cli.common", "tether.cli.lazy",
+                                                                      "tether.cli.rich_help"}
+    assert not modules & {"rich.markdown", "rich.traceback"}, "the error panel needs neither"
+
+
+# In a fresh interpreter: typer.rich_utils imported through the stand-ins, then each one used as typer uses it.
+_STAND_INS = """
+import json, sys
+from tether.cli.rich_help import load_rich_utils
+load_rich_utils()
+before = sorted(m for m in ("rich.markdown", "rich.traceback") if m in sys.modules)
+from typer import rich_utils
+from typer.models import DeveloperExceptionConfig
+markdown = rich_utils.Markdown("**bold**", style="dim")  # what typer makes of help in markdown mode
+try:
+    raise ValueError("boom")
+except ValueError as exc:
+    traceback = rich_utils.get_traceback(exc, DeveloperExceptionConfig(), [])
+import rich.markdown, rich.traceback
+print(json.dumps({"before": before, "markdown": type(markdown) is rich.markdown.Markdown,
+                  "traceback": type(traceback) is rich.traceback.Traceback,
+                  "real_modules": hasattr(rich.markdown, "MarkdownIt") and hasattr(rich.traceback, "install")}))
+"""
+
+
+def test_the_stand_ins_for_markdown_and_traceback_become_the_real_classes_when_used(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-c", _STAND_INS], env=tether_env(tmp_path), capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"before": [], "markdown": True, "traceback": True, "real_modules": True}
 
 
 def test_a_working_sandbox_probe_is_remembered_for_this_boot(tmp_path: Path) -> None:

@@ -11,7 +11,9 @@ def main() -> None:
     import logging
 
     from tether.cli.common import app
+    from tether.cli.rich_help import load_rich_utils
 
+    load_rich_utils()  # typer's help and error panels, without rich's Markdown and tracebacks (~70 ms)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
