@@ -12,7 +12,6 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether.agent.refs import iter_refs, ref_problems
@@ -146,6 +145,8 @@ def check_args(tool: ToolInfo, args: dict[str, Any], validators: dict[int, Any] 
     more than using one, and a plan calls the same few tools again and again. A value that is a
     reference to an earlier step (`{"$ref": ...}`) is only known at run time: errors at it are not
     counted here (the resolved arguments are checked by the tool itself)."""
+    import jsonschema  # here, not at the top: ~50 ms the server's start (and its /health) does not need
+
     refs = {where for where, _ in iter_refs(args)}
     try:
         validator = validators.get(id(tool)) if validators is not None else None
