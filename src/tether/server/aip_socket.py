@@ -156,6 +156,7 @@ def aip_route(hub: DeviceHub, path: str = "/aip", admission: Admission | None = 
             logger.warning("refused device connection from %s at the handshake: %s", peer, verdict)
             await deny_websocket(websocket.scope, websocket.send, 401, verdict)
             return
+        del verdict  # the hub checks the token again; this frame lives as long as the socket
         if not gate.enter():  # filled up while the token was checked (it does not await: not today)
             await busy(websocket)
             return

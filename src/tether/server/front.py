@@ -68,14 +68,6 @@ def http_endpoint(handler: Handler) -> ASGIApp:
     return app
 
 
-def socket_endpoint(endpoint: SocketEndpoint) -> ASGIApp:
-    async def app(scope: Scope, receive: Callable[[], Awaitable[Message]],
-                  send: Callable[[Message], Awaitable[None]]) -> None:
-        await endpoint(WebSocket(scope, receive, send))
-
-    return app
-
-
 class FastRoutes:
     """The hot routes, each behind its own `RequestGuard`; `match(scope)` picks one or None."""
 
@@ -83,10 +75,22 @@ class FastRoutes:
                  aip: SocketEndpoint, aip_path: str = "/aip") -> None:
         self.run_commands = guard(http_endpoint(run_commands))
         self.run_selected = guard(http_endpoint(run_selected))
-        self.aip = guard(socket_endpoint(aip))
+        self.aip_guard = guard(self._no_app)
+        self.aip_endpoint = aip
         self.aip_path = aip_path
 
-    def match(self, scope: Scope) -> RequestGuard | None:
+    @staticmethod
+    async def _no_app(scope: Scope, receive: Any, send: Any) -> None:
+        raise RuntimeError("the AIP guard only judges the handshake (FastRoutes.aip)")
+
+    async def aip(self, scope: Scope, receive: Any, send: Any) -> None:
+        """The AIP socket: the guard's Host/Origin rules on the handshake, then the endpoint — called from
+        here, so that no guard or wrapper frame stays on the stack for the socket's life (each is a few
+        hundred bytes per idle device)."""
+        if not await self.aip_guard.refused(scope, send):
+            await self.aip_endpoint(WebSocket(scope, receive, send))
+
+    def match(self, scope: Scope) -> ASGIApp | None:
         if scope.get("root_path"):  # behind a path prefix: let Starlette's routing do what it does
             return None
         path: str = scope["path"]

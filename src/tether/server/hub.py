@@ -439,6 +439,7 @@ class DeviceHub:
             except Exception:
                 logger.exception("error handling a %s frame from device %s", msg.type.value, conn.name)
                 await conn.error(f"the server failed to handle this {msg.type.value} frame", "internal")
+            del frame, msg  # not kept while the socket idles until its next frame (~1 KiB per device)
 
     async def _handle(self, conn: DeviceLink, msg: ClientMessage) -> None:
         kind = msg.type

@@ -26,6 +26,25 @@ DeviceStatus = Literal["online", "busy", "offline"]
 STATUSES: tuple[DeviceStatus, ...] = ("online", "busy", "offline")
 
 _SHARED_PARTS = ("cpu", "memory", "disk", "gpu", "os")  # profile sections equal across a fleet's builds
+# lists of names equal across a fleet's builds (and its groups, for tags)
+_SHARED_LISTS = ("installed_apps", "mcp_servers", "tags", "capabilities", "write_roots", "read_roots")
+
+
+class SharedNames(list[str]):
+    """A profile's list of names, one object for every profile listing the same names: a parsed list
+    of twenty app names is ~1.5 KiB per device otherwise. Weakly held by the registry (a plain list
+    cannot be); nothing in the server changes a profile's lists in place (a device's new profile
+    replaces its old one whole)."""
+
+    __slots__ = ("__weakref__",)
+
+
+class SharedFieldsSet(set[str]):
+    """A profile's `model_fields_set` (~0.7 KiB for a full profile), one set for all profiles whose set
+    fields are the same, weakly held. Adding a field to it is a no-op when it is already set, and
+    the server never assigns a field a profile was registered without."""
+
+    __slots__ = ()  # a set can be weakly referenced already
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +213,9 @@ class DeviceRegistry:
         self.profile_loader: Callable[[str], StoredProfile | None] | None = None
         self._index = NameIndex()
         self._parts: weakref.WeakValueDictionary[str, BaseModel] = weakref.WeakValueDictionary()
+        self._lists: weakref.WeakValueDictionary[tuple[str, ...], SharedNames] = weakref.WeakValueDictionary()
+        self._fields_sets: weakref.WeakValueDictionary[frozenset[str], SharedFieldsSet] = \
+            weakref.WeakValueDictionary()
 
     def __len__(self) -> int:
         return len(self._records)
@@ -297,9 +319,9 @@ class DeviceRegistry:
         self._reindex(record, profile.os.platform if profile else None, tuple(profile.tags) if profile else ())
 
     def _share_parts(self, profile: DeviceProfile) -> None:
-        """Swap the profile's hardware and OS sections for an equal one another device already holds:
-        each is a model of its own (~0.7 KiB with pydantic's bookkeeping) and a fleet is mostly a few
-        builds. Held weakly: a section goes with the last profile using it."""
+        """Swap the profile's hardware and OS sections, and its lists of names, for equal ones another device
+        already holds: each section is a model of its own (~0.7 KiB with pydantic's bookkeeping), and a
+        fleet is mostly a few builds. Held weakly: a section goes with the last profile using it."""
         for part in _SHARED_PARTS:
             value = getattr(profile, part)
             key = f"{part}:{value.model_dump_json()}"
@@ -308,6 +330,21 @@ class DeviceRegistry:
                 self._parts[key] = value
             elif shared is not value:
                 setattr(profile, part, shared)
+        for field in _SHARED_LISTS:
+            names = getattr(profile, field)
+            if isinstance(names, SharedNames):
+                continue
+            key = (field, *names)
+            shared_names = self._lists.get(key)
+            if shared_names is None:
+                shared_names = self._lists[key] = SharedNames(names)
+            setattr(profile, field, shared_names)
+        fields = profile.__pydantic_fields_set__
+        if not isinstance(fields, SharedFieldsSet):
+            shared_fields = self._fields_sets.get(frozenset(fields))
+            if shared_fields is None:
+                shared_fields = self._fields_sets[frozenset(fields)] = SharedFieldsSet(fields)
+            object.__setattr__(profile, "__pydantic_fields_set__", shared_fields)
 
     def _load(self, record: DeviceRecord) -> None:
         """Read a record's stored profile (once: a failure leaves it without one, logged)."""

@@ -427,6 +427,8 @@ class Store:
                     logger.debug("could not note the use of token %s: %s", row["id"], exc)
                     return info
                 info = _token(row, last_used_at=now)
+            if info.kind != "api":  # a device token is checked once per connection: not worth ~1 KiB per device
+                return info
             if len(self._token_cache) >= _TOKEN_CACHE:
                 self._token_cache.clear()
             self._token_cache[digest] = info
