@@ -9,6 +9,7 @@ devices from aip_testkit) against a real SQLite store.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import socket
@@ -163,6 +164,32 @@ def test_equal_tool_lists_are_one_shared_list_freed_with_its_last_holder():
     assert registry.tools.get(shared) is None and len(registry.tools) == 1
     c.profile = profile(tool_list=tools("x", "z"))  # same content again: still one list, same holders
     assert len(registry.tools) == 1 and registry.tools.holders(c.tools_digest) == 2
+
+
+def test_equal_lists_of_names_and_fields_sets_are_shared_and_stay_each_devices_own():
+    registry = DeviceRegistry()
+    apps = ["git", "python3", "chromium"]
+    a, b, c = (registry.ensure(n) for n in ("a", "b", "c"))
+    a.profile = profile(tags=("lab", "eu"), installed_apps=list(apps), home="/home/u")
+    b.profile = profile(tags=("lab", "eu"), installed_apps=list(apps), home="/home/u")
+    c.profile = profile(tags=("lab",), installed_apps=[*apps, "docker"])
+    assert a.profile.installed_apps is b.profile.installed_apps and a.profile.tags is b.profile.tags
+    assert a.profile.model_fields_set is b.profile.model_fields_set
+    assert c.profile.tags == ["lab"] and c.profile.installed_apps == [*apps, "docker"]
+    assert c.profile.installed_apps is not a.profile.installed_apps
+    assert c.profile.model_fields_set != a.profile.model_fields_set  # c has no home: its own set
+    # what each device sent, dumped and indexed as before
+    assert a.profile.model_dump()["installed_apps"] == apps and "home" not in c.profile.model_dump(exclude_unset=True)
+    assert sorted(r.name for r in registry.page(tags=("eu",))[0]) == ["a", "b"]
+    # a device's new profile replaces its lists; the others keep theirs
+    a.profile = profile(tags=("office",), installed_apps=["vim"])
+    assert a.profile.tags == ["office"] and b.profile.tags == ["lab", "eu"] and b.profile.installed_apps == apps
+    assert [r.name for r in registry.page(tags=("office",))[0]] == ["a"]
+    # held weakly: gone with the last profile holding them
+    registry.forget("b")
+    registry.forget("c")
+    gc.collect()
+    assert ("tags", "lab", "eu") not in registry._lists and ("installed_apps", *apps) not in registry._lists
 
 
 # -- the real server -------------------------------------------------------------------------------

@@ -310,7 +310,8 @@ class DeviceRegistry:
         elif digest is not None:  # its tools are the pool's list for `digest` already
             record._digest = digest
         else:
-            record._digest, profile.tools = self.tools.intern(profile.tools)
+            record._digest, tools = self.tools.intern(profile.tools)
+            profile.__dict__["tools"] = tools  # not setattr: its fields set may be a shared one (_share_parts)
         if profile is not None:
             self._share_parts(profile)
         if old is not None:
@@ -322,6 +323,7 @@ class DeviceRegistry:
         """Swap the profile's hardware and OS sections, and its lists of names, for equal ones another device
         already holds: each section is a model of its own (~0.7 KiB with pydantic's bookkeeping), and a
         fleet is mostly a few builds. Held weakly: a section goes with the last profile using it."""
+        values = profile.__dict__  # swapped in place: setattr would mark the field as set by the device
         for part in _SHARED_PARTS:
             value = getattr(profile, part)
             key = f"{part}:{value.model_dump_json()}"
@@ -329,7 +331,7 @@ class DeviceRegistry:
             if shared is None:
                 self._parts[key] = value
             elif shared is not value:
-                setattr(profile, part, shared)
+                values[part] = shared
         for field in _SHARED_LISTS:
             names = getattr(profile, field)
             if isinstance(names, SharedNames):
@@ -338,7 +340,7 @@ class DeviceRegistry:
             shared_names = self._lists.get(key)
             if shared_names is None:
                 shared_names = self._lists[key] = SharedNames(names)
-            setattr(profile, field, shared_names)
+            values[field] = shared_names
         fields = profile.__pydantic_fields_set__
         if not isinstance(fields, SharedFieldsSet):
             shared_fields = self._fields_sets.get(frozenset(fields))
