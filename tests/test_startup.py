@@ -393,3 +393,29 @@ async def test_a_profile_change_while_registering_is_sent_once_registered(tmp_pa
             async with asyncio.timeout(15):
                 await asyncio.gather(task, return_exceptions=True)
             await device.aclose()
+
+
+# What `tether server` imports before it serves: the agent app built, as `tether server` builds it.
+_SERVER_APP = """
+import json, sys
+from tether.agent.llm import resolve_llm_settings
+from tether.agent.server_app import create_agent_app
+from tether.server.main import run_server
+from tether.server.settings import ServerSettings
+create_agent_app(ServerSettings(db_path=sys.argv[1]), llm_settings=resolve_llm_settings())
+print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+def test_the_server_app_is_built_without_the_mcp_sdk_jsonschema_or_yaml(tmp_path: Path) -> None:
+    """/mcp is built on its first request (server/mcp/lazy.py); plans' argument checks import jsonschema and a
+    config file yaml when they are used: none of them is needed to answer /health."""
+    env = {key: value for key, value in tether_env(tmp_path).items()
+           if not key.startswith("TETHER_LLM_") and key != "TETHER_CONFIG"}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "no-config")
+    proc = subprocess.run([sys.executable, "-c", _SERVER_APP, str(tmp_path / "server.db")], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert "fastapi" in loaded, "the harness built the app"
+    assert not loaded & {"mcp", "mcp_types", "jsonschema", "yaml", "openai", "playwright"}, sorted(loaded)

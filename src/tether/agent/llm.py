@@ -14,7 +14,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ENV_BASE_URL = "TETHER_LLM_BASE_URL"
@@ -89,6 +88,8 @@ def resolve_llm_settings(path: str | os.PathLike[str] | None = None,
         if env.get(ENV_CONFIG):  # named on purpose: never silently ignored
             raise ValueError(f"{ENV_CONFIG} names {file}, which does not exist (unset it to use no config file)")
         return None
+    import yaml  # only with a config file: a server without one starts ~10 ms sooner
+
     try:
         data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
