@@ -50,6 +50,7 @@ from tether.server.aip_socket import (
 from tether.server.batches import BatchBook, PendingBatch
 from tether.server.device_link import DeviceLink, close_socket
 from tether.server.dispatcher import WebSocketCommandDispatcher
+from tether.server.gc_keeper import keep_gc_lean
 from tether.server.liveness import GracePeriods, watch_liveness
 from tether.server.registry import DeviceRecord, DeviceRegistry
 from tether.server.remote import BackplaneUnavailable, RemoteDevices
@@ -87,6 +88,7 @@ class DeviceHub:
         self.sampler: Callable[[str, dict[str, Any]], Awaitable[tuple[str, str]]] | None = None
         self._liveness: asyncio.Task[None] | None = None
         self._preload: asyncio.Task[int] | None = None  # reads known devices' stored profiles after start
+        self._gc: asyncio.Task[None] | None = None  # keeps a large fleet's connections out of full collections
         self._closed = False
         # told the device's name when one registers, leaves or reports new tools (the MCP gateway's
         # tools/list_changed); not on load changes, which happen twice per batch
@@ -109,6 +111,7 @@ class DeviceHub:
         self._liveness = asyncio.create_task(
             watch_liveness(self.settings, self._conns, on_silent=self._silent, check_tokens=self._enforce_revocations),
             name="tether-hub-liveness")
+        self._gc = asyncio.create_task(keep_gc_lean(lambda: len(self._conns)), name="tether-hub-gc")
 
     async def aclose(self) -> None:
         """Fail what is pending, close every device socket (1001) and stop the timers."""
@@ -117,6 +120,8 @@ class DeviceHub:
             self._liveness.cancel()
         if self._preload is not None:
             self._preload.cancel()
+        if self._gc is not None:
+            self._gc.cancel()
         self._grace.cancel_all()
         self._batches.finish_all("the server is shutting down")
         for conn in list(self._conns.values()):
