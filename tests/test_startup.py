@@ -115,11 +115,13 @@ def test_a_commands_help_imports_none_of_the_heavy_libraries(tmp_path: Path, arg
     assert proc.returncode == 0, proc.stderr
     assert "Usage: tether" in proc.stdout
     assert not _top(modules) & set(HEAVY), sorted(_top(modules) & set(HEAVY))
+    assert not modules & {"rich.markdown", "rich.traceback"}, "help panels need neither (tether.cli.rich_help)"
 
 
 def test_a_local_built_in_tool_call_imports_no_sdk_server_or_http_client(tmp_path: Path) -> None:
     modules, proc = _imported(tmp_path, "exec", "get_system_info", "info_type=os", "--json")
     assert proc.returncode == 0, proc.stderr
+    assert "typer.rich_utils" not in modules, "a command that runs draws no help panel"
     assert json.loads(proc.stdout)["status"] == "success"
     assert not _top(modules) & {*HEAVY, "mcp_types", "httpx"}, sorted(_top(modules) & {*HEAVY, "mcp_types", "httpx"})
 
@@ -130,7 +132,6 @@ def test_an_unknown_command_is_a_usage_error_that_loads_nothing(tmp_path: Path) 
     assert "No such command 'no-such-command'" in proc.stderr
     assert not {m for m in modules if m.startswith("tether.cli.")} - {"tether.cli.common", "tether.cli.lazy",
                                                                       "tether.cli.rich_help"}
-    assert not modules & {"rich.markdown", "rich.traceback"}, "the error panel needs neither"
 
 
 # In a fresh interpreter: typer.rich_utils imported through the stand-ins, then each one used as typer uses it.
