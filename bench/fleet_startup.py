@@ -5,6 +5,9 @@
 Rows (issue 13's table):
 - `tether --help` against `python -c pass`;
 - `tether exec get_system_info info_type=os` (local mode: no server) against `python -c pass`;
+- `tether server` (an existing empty database, no LLM) spawn -> the first 200 of `/api/v1/health`, against
+  the same for a bare uvicorn + FastAPI app with that one route: the framework's own start-up floor.
+  Across processes there is no "started" event, so both are probed every 5 ms;
 - `tether device` launch -> registered, against a Python process that imports `websockets` and does one
   echo round trip with a `websockets` echo server on 127.0.0.1; and the same device with one external stdio
   MCP server configured (bench/echo_server.py), which joins after registration. The device talks to a
@@ -35,6 +38,10 @@ from bench._stats import fleet_row, spread
 PY = sys.executable
 TETHER = [PY, "-m", "tether.cli"]
 WAIT = 60.0  # upper bound on any one process; a run that takes longer is a failure, not a figure
+HEALTH = "/api/v1/health"
+BARE_SERVER = ("import sys\nimport uvicorn\nfrom fastapi import FastAPI\napp = FastAPI()\n"
+               f"@app.get({HEALTH!r})\nasync def health() -> dict:\n    return {{'status': 'ok'}}\n"
+               "uvicorn.run(app, host='127.0.0.1', port=int(sys.argv[1]), log_level='warning')\n")
 ECHO_CLIENT = ("import sys\nfrom websockets.sync.client import connect\n"
                "with connect(sys.argv[1], compression=None) as ws:\n"
                "    ws.send('ping')\n    assert ws.recv() == 'ping'\n")
@@ -59,6 +66,48 @@ async def _run(argv: list[str], env: dict[str, str]) -> float:
     if proc.returncode != 0:
         raise RuntimeError(f"{argv[2:]} exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
     return elapsed
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _health_ok(port: int) -> bool:
+    """One GET of /api/v1/health: True on a 200, False while nothing listens yet."""
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    try:
+        writer.write(f"GET {HEALTH} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        status = await asyncio.wait_for(reader.readline(), WAIT)
+        return status.split(b" ")[1:2] == [b"200"]
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+
+
+async def _to_health(argv: list[str], port: int, env: dict[str, str]) -> float:
+    """Seconds from spawning a server to its first 200 on /api/v1/health; then it is stopped and reaped."""
+    start = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        while not await _health_ok(port):  # no "started" event across processes: probed, bounded by WAIT
+            if proc.returncode is not None or time.perf_counter() - start > WAIT:
+                err = await proc.stderr.read() if proc.stderr is not None and proc.returncode is not None else b""
+                raise RuntimeError(f"{argv[2:4]} did not answer {HEALTH}: {err.decode(errors='replace')[-500:]}")
+            await asyncio.sleep(0.005)
+        return time.perf_counter() - start
+    finally:
+        await _stop(proc)
+        if proc.stderr is not None:
+            await proc.stderr.read()
 
 
 async def _until_line(proc: asyncio.subprocess.Process, marker: bytes) -> None:
@@ -176,6 +225,21 @@ async def measure_async(repeats: int) -> list[dict[str, object]]:
 
         anchors, subjects = await _pairs(repeats, python_pass, exec_)
         rows.append(_row("tether exec get_system_info (local)", subjects, "python -c pass", anchors, "<= 0.5 s"))
+
+        db = tmp / "start.db"  # made by the warm-up run, empty after it: each timed start opens it
+
+        async def bare_server() -> float:
+            port = _free_port()
+            return await _to_health([PY, "-c", BARE_SERVER, str(port)], port, env)
+
+        async def tether_server() -> float:
+            port = _free_port()
+            return await _to_health([*TETHER, "server", "--port", str(port), "--db", str(db), "--log-level",
+                                     "warning"], port, env)
+
+        anchors, subjects = await _pairs(repeats, bare_server, tether_server)
+        rows.append(_row("tether server start -> /health (empty db)", subjects, "bare uvicorn+FastAPI",
+                         anchors, "<= 1 s"))
 
         async def echo(ws: object) -> None:
             async for message in ws:  # type: ignore[attr-defined]

@@ -17,6 +17,7 @@ from bench.fleet_startup import measure  # noqa: E402
 def test_every_start_up_row_has_its_anchor(capsys: pytest.CaptureFixture[str]) -> None:
     rows = measure(1)
     assert [row["figure"] for row in rows] == ["tether --help", "tether exec get_system_info (local)",
+                                               "tether server start -> /health (empty db)",
                                                "tether device launch -> registered",
                                                "  the same, one external stdio MCP server"]
     for row in rows:
@@ -24,4 +25,4 @@ def test_every_start_up_row_has_its_anchor(capsys: pytest.CaptureFixture[str]) -
         assert isinstance(row["anchor"], float) and row["anchor"] > 0, row
         assert row["ratio"] == row["measured"] / row["anchor"] and row["unit"] == "s" and row["goal"], row
     out = capsys.readouterr().out
-    assert out.count("goal <=") == 4 and "python websockets + 1 echo" in out
+    assert out.count("goal <=") == 5 and "python websockets + 1 echo" in out and "bare uvicorn+FastAPI" in out
