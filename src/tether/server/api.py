@@ -414,8 +414,12 @@ def _results_body(device: str, results: list[Result], limit: int) -> bytes:
     return BatchResults(device=device, results=results).model_dump_json().encode()
 
 
+HEADERS_AFTER_S = 0.05  # a batch still running after this gets its headers (X-Tether-Batch) before its results
+
+
 class BatchResponse(Response):
-    """A batch's JSON results: the headers (with `X-Tether-Batch`) at once, the body when the batch ends.
+    """A batch's JSON results: the headers (with `X-Tether-Batch`) within `HEADERS_AFTER_S`, the body when
+    the batch ends — both at once when it ends sooner.
 
     What `StreamingResponse(_json_body(...))` did, without its anyio task group per request (~8% of the
     server's CPU per command, bench/fleet_hotpath.py): the batch and a wait for the caller's
@@ -431,19 +435,25 @@ class BatchResponse(Response):
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         task = asyncio.ensure_future(self._run)
-        gone: asyncio.Future[None] | None = None
+        gone = asyncio.ensure_future(_disconnected(receive))
+        started = False
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            gone = asyncio.ensure_future(_disconnected(receive))
-            await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+            # a batch that ends within HEADERS_AFTER_S is answered whole (Content-Length): with the server's
+            # coalescing transport that is one write; a longer one gets its headers (and its id) then
+            await asyncio.wait({task, gone}, timeout=HEADERS_AFTER_S, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done() and not gone.done():
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+                started = True
+                await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
             if not task.done():
                 return  # the caller went away: `finally` cancels the batch
-            gone.cancel()
             body = _results_body(self._device, task.result(), self._limit)
+            if not started:
+                self.headers["content-length"] = str(len(body))
+                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             await send({"type": "http.response.body", "body": body, "more_body": False})  # one write, last chunk too
         finally:
-            if gone is not None:
-                gone.cancel()
+            gone.cancel()
             _stop_if_running(task)
 
 

@@ -10,6 +10,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tether.server.app import create_app
+from tether.server.coalesce import coalescing_http_protocol
 from tether.server.logsafe import server_log_config
 from tether.server.settings import ServerSettings, is_loopback
 from tether.server.store import Store
@@ -57,7 +58,8 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
                           ws_max_size=settings.max_frame_bytes * 2, ws_per_message_deflate=False,
                           ws_ping_interval=None,
                           ssl_certfile=settings.tls_cert, ssl_keyfile=settings.tls_key,
-                          lifespan="on", timeout_graceful_shutdown=5)
+                          lifespan="on", timeout_graceful_shutdown=5,
+                          http=coalescing_http_protocol())  # one write per response sent whole (coalesce.py)
 
 
 class _Server(uvicorn.Server):

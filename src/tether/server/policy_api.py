@@ -13,7 +13,9 @@ from tether.server.store import TokenInfo
 
 policy_router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
 
-_PROGRAM = r"^[^/\s\x00]{1,200}$"
+# `\s` differs between Python (adds \x1c-\x1f and \x85) and JSON Schema's ECMA regexes (adds \ufeff): both
+# named, so the document's pattern and the server's check refuse the same programs (tests/fuzz found \x85)
+_PROGRAM = r"^[^/\s\x00\x1c-\x1f\x85\ufeff]{1,200}$"
 
 
 class PolicyReport(BaseModel):
