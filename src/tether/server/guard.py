@@ -14,6 +14,9 @@ dashboard, MCP over HTTP) gets the same rules without opting in:
   valid API token, then `max_body_bytes`; the token is only looked up for a body larger than the
   small cap, so the common small request pays nothing here.
 
+The hot routes (the command POSTs and `/aip`), which `front.ServerApp` answers ahead of FastAPI's
+stack, go through an instance of the same class with the same settings: no route is unguarded.
+
 Refusals are `{"error": "…"}` like every other error of the server; a refused WebSocket handshake
 gets the same JSON as an HTTP denial response where the ASGI server supports it (uvicorn does),
 else a plain 403.
