@@ -30,10 +30,9 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, spread
-from bench.load import CHEAP, device_name, device_process, free_port, raise_fd_limit, server_process
+from bench.load import CHEAP, device_name, free_port, raise_fd_limit, server_process, start_fleet
 
 ANCHOR_CALLERS = 64
-START_AT_ONCE = 4  # device processes started together
 
 
 async def fan_out_once(http: httpx.AsyncClient, n: int, concurrency: int) -> float:
@@ -105,13 +104,8 @@ async def measure(devices: int, repeats: int = 5, per_process: int = 250,
         port = free_port()
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(server_process(tmp, port))
-            names = sorted(tokens)
-            groups = [names[i:i + per_process] for i in range(0, len(names), per_process)]
             t0 = time.perf_counter()
-            for first in range(0, len(groups), START_AT_ONCE):  # 40 processes importing at once starve 2 cores
-                await asyncio.gather(*(stack.enter_async_context(device_process(
-                    f"ws://127.0.0.1:{port}/aip", tmp / "devices", {n: tokens[n] for n in group},
-                    tmp / f"devices-{first + i}.log")) for i, group in enumerate(groups[first:first + START_AT_ONCE])))
+            pids = await start_fleet(stack, f"ws://127.0.0.1:{port}/aip", tmp / "devices", tokens, per_process, tmp)
             connect_s = time.perf_counter() - t0
             headers = {"Authorization": f"Bearer {api_token}"}
             http = await stack.enter_async_context(httpx.AsyncClient(
@@ -121,7 +115,7 @@ async def measure(devices: int, repeats: int = 5, per_process: int = 250,
                 limits=httpx.Limits(max_connections=1))) for _ in range(min(ANCHOR_CALLERS, devices))]
             online = await all_online(http, devices)
             print(f"{devices} devices registered in {connect_s:.1f} s, {online} online by /health "
-                  f"({len(groups)} client processes); {repeats} interleaved runs, max_concurrency {concurrency}")
+                  f"({len(pids)} client processes); {repeats} interleaved runs, max_concurrency {concurrency}")
             await fan_out_once(http, devices, concurrency)  # warm-up: connections, caches, first-call paths
             await rest_loop_once(clients, devices)
             subject: list[float] = []

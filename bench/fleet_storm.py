@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, pct
-from bench.load import CHEAP, device_process, free_port, raise_fd_limit, stop_process
+from bench.load import CHEAP, free_port, raise_fd_limit, start_fleet, stop_process
 
 PROBE_EVERY_S = 0.05
 PROBE_TIMEOUT_S = 5.0
@@ -128,10 +128,11 @@ async def _measure(devices: int, per_process: int, limit_s: float,
                     base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {api}"}) as http:
                 servers.append(await start_server(tmp, port, "first"))
                 first_start = await until_health(http, servers[0], tmp)
-                groups = [names[i:i + per_process] for i in range(0, len(names), per_process)]
-                await asyncio.gather(*(stack.enter_async_context(
-                    device_process(url, tmp / "devices", {n: tokens[n] for n in group}, tmp / f"devices-{i}.log"))
-                    for i, group in enumerate(groups)))
+                t_connect = time.perf_counter()
+                await start_fleet(stack, url, tmp / "devices", tokens, per_process, tmp)
+                connect_s = time.perf_counter() - t_connect
+                print(f"{devices} devices registered in {connect_s:.1f} s ({per_process} per client process)",
+                      flush=True)
                 idle_done = asyncio.Event()
                 idle_commands = asyncio.create_task(commands(http, names[0], idle_done))
                 _, idle, _ = await probe(http, devices + 1, 40 * PROBE_EVERY_S)  # N idle devices: the anchor

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -86,6 +87,7 @@ async def devices_main(url: str, state_root: str) -> None:
     from tether.device.config import parse_device_config
     from tether.device.connection import DeviceConnection
     from tether.device.local import build_device
+    from tether.protocol.models import Command
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     loop = asyncio.get_running_loop()
@@ -104,12 +106,16 @@ async def devices_main(url: str, state_root: str) -> None:
                                                          "builtin": ["shell", "system"] if stuck else ["system"]}})
                 device = build_device(config, state_dir=Path(state_root) / name, client_id=name,
                                       serving=stuck, sandbox=stuck)
+                # its first call builds the device's meta tools (~6 ms of pydantic models): paid here, paced by
+                # the waves, not by 250 devices at once in the first fan-out while their heartbeats wait
+                await device.client.execute_actions([Command.model_validate(CHEAP)])
                 link = DeviceConnection(device.client, url, tokens[name], name=name, connect_timeout=60)
                 devices.append(device)
                 links.append(link)
                 tasks.append(asyncio.create_task(link.run()))
                 wave.append(link)
             await asyncio.wait_for(asyncio.gather(*(link.connected.wait() for link in wave)), 120)
+        gc.freeze()  # hundreds of idle connections: keep them out of this process's full collections too
         print(f"ready {len(links)}", flush=True)
         await stop.wait()
     finally:
@@ -143,6 +149,26 @@ async def device_process(url: str, state_root: Path, tokens: dict[str, str], log
             except TimeoutError:
                 proc.kill()
                 await proc.wait()
+
+
+START_AT_ONCE = 4  # device processes starting at once: 40 importing tether together starve 2 cores
+
+
+async def start_fleet(stack: contextlib.AsyncExitStack, url: str, state_root: Path, tokens: dict[str, str],
+                      per_process: int, logs: Path, at_once: int = START_AT_ONCE) -> list[int]:
+    """Every device of `tokens`, `per_process` to a client process, registered; returns the processes' pids.
+    At most `at_once` processes are starting (importing, building and registering their devices) at any
+    time, and the next one starts as soon as one is ready: a pipeline, not rounds waiting for the slowest."""
+    names = sorted(tokens)
+    groups = [names[i:i + per_process] for i in range(0, len(names), per_process)]
+    gate = asyncio.Semaphore(at_once)
+
+    async def one(i: int, group: list[str]) -> int:
+        async with gate:
+            return await stack.enter_async_context(device_process(url, state_root, {n: tokens[n] for n in group},
+                                                                  logs / f"devices-{i}.log"))
+
+    return list(await asyncio.gather(*(one(i, group) for i, group in enumerate(groups))))
 
 
 # ---------------------------------------------------------------------------------------------- the server
