@@ -122,7 +122,9 @@ def server_main(db: str, port: int, loop: str, http: str) -> None:
     from tether.server.settings import ServerSettings
 
     config = build_config(ServerSettings(db_path=Path(db), port=port), log_level="warning")
-    config.loop, config.http = loop, http  # type: ignore[assignment]
+    config.loop = loop  # type: ignore[assignment]
+    if http != "auto":  # "auto" keeps what `tether server` runs: httptools behind the coalescing transport
+        config.http = http  # type: ignore[assignment]
     _Server(config).run()
 
 

@@ -2,7 +2,7 @@
 
 - `CoalescingTransport` over a real socket pair: the writes of one loop turn reach the peer as one
   write, in order; `close` sends what is pending first, `abort` drops it; the WebSocket upgrade's
-  `set_protocol` flushes before the new protocol takes over.
+  `set_protocol` flushes before the new protocol takes over, and hands it the real transport.
 - The whole app under uvicorn with the coalescing protocol and a scripted device: a batch that ends at
   once is answered with `Content-Length` (not chunked); one the device holds gets its headers, with
   `X-Tether-Batch`, while it still runs — the caller can cancel it by that id — and the results after.
@@ -94,6 +94,23 @@ async def test_set_protocol_flushes_before_the_new_protocol_takes_over():
     assert log.calls == [b"HTTP/1.1 101 Switching Protocols\r\n\r\n"]  # already written, not at the turn's end
     assert await asyncio.wait_for(reader.readexactly(36), WAIT) == b"HTTP/1.1 101 Switching Protocols\r\n\r\n"
     wrapped.close()
+
+
+async def test_the_websocket_protocol_is_handed_the_real_transport_at_the_upgrade():
+    """uvicorn's WebSocket protocol got the wrapper in `connection_made`; after `set_protocol` its frames
+    go straight to the socket (nothing to join there), in order after what was pending."""
+    transport, reader, _peer = await socket_pair()
+    log = WriteLog(transport)
+    wrapped = CoalescingTransport(transport, asyncio.get_running_loop())
+    upgraded = Counting()
+    upgraded.transport = wrapped  # as uvicorn's WebSocketsSansIOProtocol.connection_made keeps it
+    wrapped.write(b"pending")
+    wrapped.set_protocol(upgraded)
+    assert upgraded.transport is transport
+    upgraded.transport.write(b"frame")
+    assert log.calls == [b"pending", b"frame"]
+    assert await asyncio.wait_for(reader.readexactly(12), WAIT) == b"pendingframe"
+    transport.close()
 
 
 # -- the app under uvicorn with the coalescing protocol ----------------------------------------------
