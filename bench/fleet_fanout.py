@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, spread
-from bench.load import CHEAP, device_name, free_port, raise_fd_limit, server_process, start_fleet
+from bench.load import CHEAP, DEVICE_NICE, device_name, free_port, raise_fd_limit, server_process, start_fleet
 
 ANCHOR_CALLERS = 64
 
@@ -88,7 +88,7 @@ async def rest_loop_once(clients: list[httpx.AsyncClient], n: int) -> float:
 
 
 async def measure(devices: int, repeats: int = 5, per_process: int = 250,
-                  concurrency: int = 1024) -> list[dict[str, object]]:
+                  concurrency: int = 1024, nice: int = DEVICE_NICE) -> list[dict[str, object]]:
     """The fan-out rows for bench/fleet.py: N devices, `repeats` interleaved runs of anchor and subject."""
     limit = raise_fd_limit()
     if limit < devices + ANCHOR_CALLERS + 200:  # the server holds one per device; each process has its own
@@ -105,7 +105,8 @@ async def measure(devices: int, repeats: int = 5, per_process: int = 250,
         async with contextlib.AsyncExitStack() as stack:
             await stack.enter_async_context(server_process(tmp, port))
             t0 = time.perf_counter()
-            pids = await start_fleet(stack, f"ws://127.0.0.1:{port}/aip", tmp / "devices", tokens, per_process, tmp)
+            pids = await start_fleet(stack, f"ws://127.0.0.1:{port}/aip", tmp / "devices", tokens, per_process, tmp,
+                                     nice=nice)
             connect_s = time.perf_counter() - t0
             headers = {"Authorization": f"Bearer {api_token}"}
             http = await stack.enter_async_context(httpx.AsyncClient(
@@ -115,7 +116,8 @@ async def measure(devices: int, repeats: int = 5, per_process: int = 250,
                 limits=httpx.Limits(max_connections=1))) for _ in range(min(ANCHOR_CALLERS, devices))]
             online = await all_online(http, devices)
             print(f"{devices} devices registered in {connect_s:.1f} s, {online} online by /health "
-                  f"({len(pids)} client processes); {repeats} interleaved runs, max_concurrency {concurrency}")
+                  f"({len(pids)} client processes at nice {nice}); {repeats} interleaved runs, "
+                  f"max_concurrency {concurrency}")
             await fan_out_once(http, devices, concurrency)  # warm-up: connections, caches, first-call paths
             await rest_loop_once(clients, devices)
             subject: list[float] = []
@@ -139,11 +141,13 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--per-process", type=int, default=250, help="devices per client process")
     parser.add_argument("--concurrency", type=int, default=1024, help="the fan-out's max_concurrency (1..1024)")
+    parser.add_argument("--nice", type=int, default=DEVICE_NICE, choices=range(20), metavar="0..19",
+                        help=f"the device processes' niceness (default {DEVICE_NICE}; see bench/load.py DEVICE_NICE)")
     args = parser.parse_args()
     if args.devices < 1 or args.repeats < 1 or args.per_process < 1 or not 1 <= args.concurrency <= 1024:
         parser.error("--devices, --repeats, --per-process >= 1; --concurrency 1..1024")
     try:
-        asyncio.run(measure(args.devices, args.repeats, args.per_process, args.concurrency))
+        asyncio.run(measure(args.devices, args.repeats, args.per_process, args.concurrency, args.nice))
     except (RuntimeError, TimeoutError) as exc:
         sys.exit(f"error: {exc or 'a device process did not register its devices within 300 s'}")
 

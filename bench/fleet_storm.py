@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, pct
-from bench.load import CHEAP, free_port, raise_fd_limit, start_fleet, stop_process
+from bench.load import CHEAP, DEVICE_NICE, free_port, raise_fd_limit, start_fleet, stop_process
 
 PROBE_EVERY_S = 0.05
 PROBE_TIMEOUT_S = 5.0
@@ -106,7 +106,7 @@ async def commands(http: httpx.AsyncClient, name: str, done: asyncio.Event) -> t
 
 
 async def _measure(devices: int, per_process: int, limit_s: float,
-                   keep_logs: Path | None = None) -> list[dict[str, object]]:
+                   keep_logs: Path | None = None, nice: int = DEVICE_NICE) -> list[dict[str, object]]:
     from tether.server.store import Store
 
     have = raise_fd_limit()
@@ -129,7 +129,7 @@ async def _measure(devices: int, per_process: int, limit_s: float,
                 servers.append(await start_server(tmp, port, "first"))
                 first_start = await until_health(http, servers[0], tmp)
                 t_connect = time.perf_counter()
-                await start_fleet(stack, url, tmp / "devices", tokens, per_process, tmp)
+                await start_fleet(stack, url, tmp / "devices", tokens, per_process, tmp, nice=nice)
                 connect_s = time.perf_counter() - t_connect
                 print(f"{devices} devices registered in {connect_s:.1f} s ({per_process} per client process)",
                       flush=True)
@@ -156,7 +156,7 @@ async def _measure(devices: int, per_process: int, limit_s: float,
                 keep_logs.mkdir(parents=True, exist_ok=True)
                 for log in tmp.glob("*.log"):
                     shutil.copy(log, keep_logs / log.name)
-    note = f"{devices} devices, {per_process} per process"
+    note = f"{devices} devices, {per_process} per process at nice {nice}"
     if idle_failed or storm_failed:  # reported in the table (the goal is not met), the other rows still shown
         print(f"commands failed: {len(idle_failed)} idle, {len(storm_failed)} during the storm, e.g. "
               f"{(idle_failed + storm_failed)[:3]}", file=sys.stderr)
@@ -195,11 +195,13 @@ def main() -> None:
     parser.add_argument("--limit", type=float, default=300.0, help="give up waiting for all after this many s")
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--logs", type=Path, help="copy the server's and the devices' logs here")
+    parser.add_argument("--nice", type=int, default=DEVICE_NICE, choices=range(20), metavar="0..19",
+                        help=f"the device processes' niceness (default {DEVICE_NICE}; see bench/load.py DEVICE_NICE)")
     args = parser.parse_args()
     if args.quick:
         measure(args.devices, quick=True)
         return
-    asyncio.run(_measure(args.devices, min(args.per_process, args.devices), args.limit, args.logs))
+    asyncio.run(_measure(args.devices, min(args.per_process, args.devices), args.limit, args.logs, args.nice))
 
 
 if __name__ == "__main__":
