@@ -421,9 +421,11 @@ class BatchResponse(Response):
     """A batch's JSON results: the headers (with `X-Tether-Batch`) within `HEADERS_AFTER_S`, the body when
     the batch ends — both at once when it ends sooner.
 
-    What `StreamingResponse(_json_body(...))` did, without its anyio task group per request (~8% of the
-    server's CPU per command, bench/fleet_hotpath.py): the batch and a wait for the caller's
-    disconnect race on the event loop directly; a caller that goes away cancels the batch."""
+    The batch runs in the request's own task; a timer sends the headers of a batch still running at
+    `HEADERS_AFTER_S`, and one task waits for the caller's disconnect, which cancels the batch (with
+    `CALLER_GONE` as the reason, on the device and in the audit). What `StreamingResponse` did with an
+    anyio task group per request (~8% of the server's CPU per command), and then a task for the batch
+    and an `asyncio.wait` per request (~4%, bench/fleet_hotpath.py with py-spy), is one timer here."""
 
     media_type = "application/json"
 
@@ -434,27 +436,47 @@ class BatchResponse(Response):
         self._run, self._device, self._limit = run, device, limit
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        task = asyncio.ensure_future(self._run)
-        gone = asyncio.ensure_future(_disconnected(receive))
-        started = False
+        loop = asyncio.get_running_loop()
+        me = asyncio.current_task()
+        assert me is not None
+        early: asyncio.Task[None] | None = None  # the headers, sent while the batch still runs
+        running, gone = True, False
+
+        def headers_now() -> None:
+            nonlocal early
+            early = loop.create_task(send({"type": "http.response.start", "status": self.status_code,
+                                           "headers": self.raw_headers}))
+
+        def caller_left(watch: asyncio.Task[None]) -> None:
+            nonlocal gone
+            if watch.cancelled() or watch.exception() is not None or not running:
+                return
+            gone = True
+            me.cancel(CALLER_GONE)  # the dispatcher cancels the batch on the device and audits why
+
+        timer = loop.call_later(HEADERS_AFTER_S, headers_now)
+        watch = loop.create_task(_disconnected(receive))
+        watch.add_done_callback(caller_left)
         try:
-            # a batch that ends within HEADERS_AFTER_S is answered whole (Content-Length): with the server's
-            # coalescing transport that is one write; a longer one gets its headers (and its id) then
-            await asyncio.wait({task, gone}, timeout=HEADERS_AFTER_S, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done() and not gone.done():
-                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-                started = True
-                await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not task.done():
-                return  # the caller went away: `finally` cancels the batch
-            body = _results_body(self._device, task.result(), self._limit)
-            if not started:
-                self.headers["content-length"] = str(len(body))
-                await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-            await send({"type": "http.response.body", "body": body, "more_body": False})  # one write, last chunk too
+            results = await self._run
+        except asyncio.CancelledError:
+            if not gone:
+                raise
+            me.uncancel()  # our own cancellation, for the batch: the caller is gone, nobody to answer
+            if early is not None:
+                early.cancel()
+            return
         finally:
-            gone.cancel()
-            _stop_if_running(task)
+            running = False
+            timer.cancel()
+            watch.cancel()
+        body = _results_body(self._device, results, self._limit)
+        if early is not None:
+            await early
+        else:  # answered whole (Content-Length): with the coalescing transport, one write
+            self.headers["content-length"] = str(len(body))
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
 async def _disconnected(receive: Any) -> None:
