@@ -66,10 +66,11 @@ class ScriptedServer:
     """Acks registrations (or refuses them as told), answers heartbeats, records frames by type."""
 
     def __init__(self, *, heartbeat_interval: float = 0.2, heartbeat_timeout: float = 5.0,
-                 max_frame_bytes: int = 1 << 20, ssl_context: ssl.SSLContext | None = None) -> None:
+                 max_frame_bytes: int = 1 << 20, ssl_context: ssl.SSLContext | None = None, port: int = 0) -> None:
         self.ack = RegisterAck(device="dev-1", heartbeat_interval=heartbeat_interval,
                                heartbeat_timeout=heartbeat_timeout, grace_period=5, max_frame_bytes=max_frame_bytes)
         self.ssl_context = ssl_context
+        self.port = port  # 0: any free one
         self.frames: defaultdict[ClientMessageType, asyncio.Queue[ClientMessage]] = defaultdict(asyncio.Queue)
         self.log: list[ClientMessage] = []
         self.starts: list[int] = []  # where each registered connection's frames begin in `log`
@@ -82,7 +83,8 @@ class ScriptedServer:
         self.url = ""
 
     async def __aenter__(self) -> ScriptedServer:
-        self.server = await serve(self._handler, "127.0.0.1", 0, process_request=self._gate, ssl=self.ssl_context)
+        self.server = await serve(self._handler, "127.0.0.1", self.port, process_request=self._gate,
+                                  ssl=self.ssl_context)
         port = self.server.sockets[0].getsockname()[1]
         self.url = f"{'wss' if self.ssl_context else 'ws'}://127.0.0.1:{port}/aip"
         return self

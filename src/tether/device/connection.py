@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus, InvalidURI
 from websockets.protocol import State
+from websockets.proxy import get_proxy
 from websockets.uri import parse_uri
 
 from tether.device.batches import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
@@ -45,6 +46,7 @@ from tether.device.reconnect import (
     PIN_MISMATCH,
     RESTART_SPREAD_S,
     RETRYABLE,
+    FailureLog,
     RegistrationRefused,
     RetriesExhausted,
     ServerURLs,
@@ -55,7 +57,14 @@ from tether.device.reconnect import (
 )
 from tether.device.remote_policy import RemotePolicy
 from tether.device.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
-from tether.protocol.codec import DEFAULT_MAX_FRAME_BYTES, FrameError, decode_server_message, encode
+from tether.protocol.codec import (
+    DEFAULT_MAX_FRAME_BYTES,
+    FrameError,
+    HeartbeatFrame,
+    decode_server_message,
+    encode,
+    is_server_heartbeat,
+)
 from tether.protocol.messages import (
     ClientMessage,
     ClientMessageType,
@@ -76,6 +85,11 @@ StateHook = Callable[[ConnectionState, "DeviceConnection"], None]
 # ACK) is checked on each frame so that an oversized frame gets an ERROR reply, not a closed link.
 TRANSPORT_MAX_BYTES = 64 * 1024 * 1024
 KEEPALIVE_S = 20.0
+# A profile collected for an attempt that never registered serves the next attempts for this long: a
+# device retrying a server that is down does not run its self-checks (a thread, nvidia-smi, lspci) per
+# attempt, and the profile is collected before connecting, so a socket admitted by a busy server does
+# not sit on its admission slot while the device probes its hardware.
+PROFILE_REUSE_S = 60.0
 
 
 class _LinkDead(ConnectionError):
@@ -91,6 +105,11 @@ def _refusal_reason(body: bytes | None) -> str | None:
     if not isinstance(error, str) or not error:
         return None
     return " ".join(error.split())[:500]
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def make_ssl_context(url: str, ca_file: str | None = None) -> ssl.SSLContext | None:
@@ -120,9 +139,12 @@ class DeviceConnection:
                  remote_policy: RemotePolicy | None = None) -> None:
         # several URLs: a cluster's nodes, tried in turn when the one in use is lost (reconnect.ServerURLs)
         self.servers = ServerURLs([url] if isinstance(url, str) else list(url))
+        # each URL's proxy (HTTPS_PROXY, NO_PROXY, …) decided once, as websockets' `connect(proxy=True)` would
+        # decide it on every attempt (a scan of the environment: ~4% of a retrying fleet's CPU)
+        self._proxies: dict[str, str | None] = {}
         for each in self.servers.urls:
             try:
-                parse_uri(each)
+                self._proxies[each] = get_proxy(parse_uri(each))
             except (InvalidURI, ValueError) as exc:
                 raise ValueError(f"{each}: not a usable server URL ({exc}); it must look like ws(s)://host:port/aip") \
                     from None
@@ -152,6 +174,8 @@ class DeviceConnection:
         self.connections = 0
         self.last_error: str | None = None
         self.ack: RegisterAck | None = None
+        self._failures = FailureLog(logger)  # thins the log of a long outage (reconnect.py)
+        self._heartbeat_frame = HeartbeatFrame(name)
         # what outlives a connection
         self.outbox = Outbox(max_queued_events)
         self.record = FinishedRecord(record_size, record_bytes)
@@ -162,6 +186,8 @@ class DeviceConnection:
         self.questions: RemoteQuestions | None = None
         self.sampler: RemoteSampler | None = None  # and their sampling requests (the server's LLM)
         self._stop = asyncio.Event()
+        self._pausing: asyncio.Future[None] | None = None  # the wait between attempts, ended early by stop()
+        self._spare_profile: tuple[float, int, DeviceProfile] | None = None  # (loop time, version, profile)
         self._running = False
         self._last_rx = 0.0
         self._grace_until: float | None = None  # loop time the server's grace for our batches ends
@@ -204,6 +230,8 @@ class DeviceConnection:
         """Ask `run()` to finish: running batches are cancelled, their failures sent if possible.
         Safe to call before `run()` starts (it then returns at once); a stopped connection stays stopped."""
         self._stop.set()
+        if self._pausing is not None and not self._pausing.done():
+            self._pausing.set_result(None)
 
     async def run(self) -> None:
         """Connect, register and serve; reconnect on any loss until `stop()`.
@@ -231,12 +259,12 @@ class DeviceConnection:
                         logger.error("%s", exc)
                         self._set_state("refused")
                         raise
-                    logger.warning("%s; retrying", exc)
+                    self._failures.failed(self.url, str(exc), "%s: %s; retrying")
                     uptime = None
                 except RETRYABLE as exc:
                     self.last_error = describe_failure(exc)
                     retry_after = retry_after_of(exc)  # a busy server (admission control) said when
-                    logger.warning("cannot connect to %s: %s", self.url, self.last_error)
+                    self._failures.failed(self.url, self.last_error)
                     uptime = None
                 except Exception as exc:  # a bug here must not take the device offline for good
                     self.last_error = describe_failure(exc)
@@ -268,14 +296,26 @@ class DeviceConnection:
                 else:
                     logger.info("reconnecting%s in %.2fs (%.1fs left of the server's grace period)", target, delay,
                                 grace_left)
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(delay):
-                        await self._stop.wait()
+                await self._pause(delay)
         finally:
             await self.batches.abort_all()
             self._running = False
             if self.state != "refused":
                 self._set_state("stopped")
+
+    async def _pause(self, delay: float) -> None:
+        """Wait `delay` seconds, or less if `stop()` is called: one future and one timer (an asyncio.timeout
+        around `_stop.wait()` costs a task cancellation and two exceptions, per attempt of a retrying fleet)."""
+        if self._stop.is_set():
+            return
+        loop = asyncio.get_running_loop()
+        self._pausing = wake = loop.create_future()
+        timer = loop.call_later(delay, _resolve, wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._pausing = None
 
     @property
     def running_batches(self) -> int:
@@ -300,18 +340,35 @@ class DeviceConnection:
                 logger.exception("connection state hook failed")
 
     async def _collect_profile(self) -> DeviceProfile:
+        return await self._try_profile() or DeviceProfile()
+
+    async def _try_profile(self) -> DeviceProfile | None:
         if self._profile is None:
             return DeviceProfile()
         try:
             return await self._profile()
         except Exception:  # a broken self-check must not keep the device offline
             logger.exception("collecting the device profile failed; registering with an empty one")
+            return None
+
+    async def _profile_for_attempt(self) -> DeviceProfile:
+        """The profile to register with: the one the previous attempt collected if that attempt never
+        registered, is younger than PROFILE_REUSE_S and the tools have not changed since; else a new one."""
+        now = asyncio.get_running_loop().time()
+        spare = self._spare_profile
+        if spare is not None and spare[1] == self._profile_version and now - spare[0] < PROFILE_REUSE_S:
+            return spare[2]
+        version = self._profile_version
+        profile = await self._try_profile()
+        if profile is None:
             return DeviceProfile()
+        self._spare_profile = (now, version, profile)
+        return profile
 
     async def _session(self) -> float | None:
         """One connection: None if it never registered (errors raise), else how long it was up."""
         self._registered_version = self._profile_version
-        profile = await self._collect_profile()
+        profile = await self._profile_for_attempt()
         # the token travels in the handshake's Authorization header (never the URL): the server checks
         # it before upgrading the connection and answers 401 {"error": …} without reading a frame
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
@@ -323,6 +380,7 @@ class DeviceConnection:
                 raise RegistrationRefused(str(exc), PIN_MISMATCH) from None
         try:
             ws = await connect(self.url, additional_headers=headers, ssl=self._ssl, open_timeout=timeout,
+                               proxy=self._proxies[self.url],
                                max_size=TRANSPORT_MAX_BYTES, ping_interval=KEEPALIVE_S, ping_timeout=KEEPALIVE_S,
                                close_timeout=2.0, compression=None, user_agent_header="tether-device")
         except InvalidStatus as exc:
@@ -370,6 +428,8 @@ class DeviceConnection:
         self.registered_as = ack.device
         self.connections += 1
         self.servers.registered()
+        self._spare_profile = None  # the next registration, after this link, gets a fresh one
+        self._failures.succeeded(self.url)
         logger.info("registered as %s (connection %d%s)", ack.device, self.connections,
                     ", resumed" if ack.resumed else "")
         if not ack.resumed and self.batches.running:
@@ -454,6 +514,8 @@ class DeviceConnection:
             except ConnectionClosedOK:
                 return
             self._last_rx = loop.time()
+            if is_server_heartbeat(raw, ack.max_frame_bytes):
+                continue  # its arrival was all it had to say
             try:
                 msg = decode_server_message(raw, ack.max_frame_bytes)
             except FrameError as exc:
@@ -559,7 +621,7 @@ class DeviceConnection:
         loop = asyncio.get_running_loop()
         interval = max(ack.heartbeat_interval, 0.01)  # a careless ACK must not make this spin
         timeout = max(ack.heartbeat_timeout, interval)
-        tick = min(interval, timeout / 4)
+        beat, batches, outbox = self._heartbeat_frame, self.batches, self.outbox
         next_beat = loop.time() + interval  # the outbox goes first after registering
         while True:
             now = loop.time()
@@ -567,8 +629,9 @@ class DeviceConnection:
                 raise _LinkDead(f"nothing from the server for {now - self._last_rx:.1f}s "
                                 f"(heartbeat timeout {timeout:g}s)")
             if now >= next_beat:
-                self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.HEARTBEAT, client_id=self.name,
-                                                             payload={"running": self.batches.running,
-                                                                      "queued": self.batches.queued})))
+                outbox.put_control(beat(batches.running, batches.queued))
                 next_beat = now + interval
-            await asyncio.sleep(min(tick, next_beat - now))
+            # asleep until the next beat or the moment the silence would pass the timeout, whichever is
+            # first (a frame arriving meanwhile moves that moment on: checked again on waking)
+            wake = min(next_beat, self._last_rx + timeout)
+            await asyncio.sleep(max(wake - now, 0.0) + 0.001)

@@ -145,6 +145,11 @@ class Outbox:
 
     def put_control(self, text: str) -> None:
         if self.accepting_events:
+            # as for a result: nothing waiting and the sender asleep (an idle device's heartbeat), written
+            # from here without waking the sender
+            if self.write_now is not None and not (self._results or self._events or self._control) \
+                    and self.write_now(text):
+                return
             self._control.append(text)
             self._wake()
 

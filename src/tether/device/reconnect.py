@@ -10,7 +10,9 @@ read and tested without a server.
 
 from __future__ import annotations
 
+import logging
 import random
+import time
 from collections.abc import Callable
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
@@ -147,3 +149,54 @@ class ServerURLs:
         self.index = (self.index + 1) % len(self.urls)
         self._since_up += 1
         return self._since_up % len(self.urls) == 0
+
+
+class FailureLog:
+    """What the log says about failed attempts in a row: a fleet whose server is down retries for minutes,
+    and a WARNING (a formatted, written line) per attempt per device was a good share of its CPU.
+
+    The first failure of a kind (the URL and the failure's words) is a WARNING, as is every new kind;
+    the same failure again is DEBUG, and at most once every `every` seconds a WARNING says it still goes
+    on (how many attempts, for how long). A success after failures says so at once. Only the log is
+    thinned: `last_error` and the state hooks see every attempt."""
+
+    def __init__(self, log: logging.Logger, every: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.log = log
+        self.every = every
+        self.clock = clock
+        self.attempts = 0  # failed attempts since the last success
+        self._since = 0.0
+        self._last_warning = 0.0
+        self._seen: set[tuple[str, str]] = set()
+
+    def failed(self, url: str, error: str, template: str = "cannot connect to %s: %s") -> None:
+        """One failed attempt; `template` takes the URL and the failure (the WARNING's words)."""
+        now = self.clock()
+        self.attempts += 1
+        if self.attempts == 1:
+            self._since = now
+        kind = (url, error)
+        # (a failure whose words change each time counts as new only until _KINDS_MAX kinds were seen)
+        if kind not in self._seen and len(self._seen) < _KINDS_MAX:
+            self._seen.add(kind)
+            self.log.warning(template, url, error)
+            self._last_warning = now
+            return
+        if now - self._last_warning >= self.every:
+            self.log.warning("still cannot connect to %s after %d attempts in %.0fs: %s", url, self.attempts,
+                             now - self._since, error)
+            self._last_warning = now
+        elif self.log.isEnabledFor(logging.DEBUG):
+            self.log.debug(template, url, error)
+
+    def succeeded(self, url: str) -> None:
+        """Registered: the failures before it, if any, end here."""
+        if self.attempts:
+            self.log.warning("reconnected to %s after %d failed attempt(s) in %.1fs", url, self.attempts,
+                             self.clock() - self._since)
+        self.attempts = 0
+        self._seen.clear()
+
+
+_KINDS_MAX = 16

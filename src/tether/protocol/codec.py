@@ -7,12 +7,14 @@ refused the same way on both sides, with an error a person can act on.
 
 from __future__ import annotations
 
+import re
+import uuid
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
-from tether.protocol.messages import PROTOCOL_VERSION, ClientMessage, ServerMessage
+from tether.protocol.messages import PROTOCOL_VERSION, ClientMessage, ClientMessageType, ServerMessage, utc_now
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 
@@ -93,3 +95,50 @@ def decode_server_message(frame: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME
 
 def encode(message: BaseModel) -> str:
     return message.model_dump_json(exclude_none=True)
+
+
+# The server's heartbeat reply, exactly as the server writes it (server/device_link.py `_HEARTBEAT`): a
+# device gets one per heartbeat and does nothing with it but note that the link lives, so it need not
+# build a model for it. Strings without escapes or control characters only (the template's are a
+# timestamp and a hex id): whatever matches is valid JSON and a valid ServerMessage of this protocol
+# version, which the full decoder would accept too. Anything else goes through the full decoder.
+_JSON_PLAIN = r'[^"\\\x00-\x1f]*'  # a JSON string's characters, no escapes
+_SERVER_HEARTBEAT = re.compile(r'\{"protocol_version":"' + re.escape(PROTOCOL_VERSION) + '","timestamp":"' + _JSON_PLAIN
+                               + '","type":"heartbeat","status":"ok","response_id":"' + _JSON_PLAIN
+                               + r'","early_exit":true\}')
+_SERVER_HEARTBEAT_MAX = 512  # the template's frames are ~150 bytes
+
+
+def is_server_heartbeat(frame: str | bytes, max_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bool:
+    """Whether `frame` is the server's plain heartbeat reply (no model built); False means: decode it."""
+    return (isinstance(frame, str) and len(frame) <= min(max_bytes, _SERVER_HEARTBEAT_MAX) and frame.isascii()
+            and _SERVER_HEARTBEAT.fullmatch(frame) is not None)
+
+
+class HeartbeatFrame:
+    """A device's HEARTBEAT frame for one client_id, written from a template: the text `encode` gives for
+    `ClientMessage(type=HEARTBEAT, client_id=…, payload={"running": r, "queued": q})` with a fresh
+    timestamp, without a model per beat. The template is cut from the encoder's own output once (so the
+    client_id is escaped exactly as `encode` escapes it); should that ever fail, every beat is encoded."""
+
+    def __init__(self, client_id: str | None) -> None:
+        self.client_id = client_id
+        mark = uuid.uuid4().hex
+        stamp, running, queued = f"T{mark}", 7_000_000_000_000_000_001, 7_000_000_000_000_000_002
+        probe = encode(ClientMessage(type=ClientMessageType.HEARTBEAT, client_id=client_id, timestamp=stamp,
+                                     payload={"running": running, "queued": queued}))
+        self._parts: tuple[str, str, str, str] | None = None
+        head, *rest = probe.split(stamp)
+        if len(rest) == 1:
+            middle, *rest = rest[0].split(str(running))
+            if len(rest) == 1:
+                middle2, *rest = rest[0].split(str(queued))
+                if len(rest) == 1:
+                    self._parts = head, middle, middle2, rest[0]
+
+    def __call__(self, running: int, queued: int) -> str:
+        parts = self._parts
+        if parts is None:
+            return encode(ClientMessage(type=ClientMessageType.HEARTBEAT, client_id=self.client_id,
+                                        payload={"running": running, "queued": queued}))
+        return f"{parts[0]}{utc_now()}{parts[1]}{running}{parts[2]}{queued}{parts[3]}"
