@@ -23,6 +23,7 @@ import psutil
 import pytest
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import Frame, Opcode
 
 from tether.device.batches import Batch, BatchRunner
 from tether.device.connection import (
@@ -78,13 +79,23 @@ class ScriptedServer:
         self.refusals: list[tuple[int, str]] = []  # for the next registrations, in order
         self.http_status: HTTPStatus | None = None  # refuse the WebSocket handshake itself
         self.answer_heartbeats = True
+        self.pings: asyncio.Queue[int] = asyncio.Queue()  # a WebSocket ping arrived: the connection's number
         self.ws: ServerConnection | None = None
         self.server: Server | None = None
         self.url = ""
 
     async def __aenter__(self) -> ScriptedServer:
+        pings = self.pings
+        starts = self.starts
+
+        class Connection(ServerConnection):
+            def process_event(self, event: Any) -> None:
+                if isinstance(event, Frame) and event.opcode is Opcode.PING:
+                    pings.put_nowait(len(starts))
+                super().process_event(event)
+
         self.server = await serve(self._handler, "127.0.0.1", self.port, process_request=self._gate,
-                                  ssl=self.ssl_context)
+                                  ssl=self.ssl_context, create_connection=Connection)
         port = self.server.sockets[0].getsockname()[1]
         self.url = f"{'wss' if self.ssl_context else 'ws'}://127.0.0.1:{port}/aip"
         return self

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from aip_testkit import WAIT, ServerFactory
 from test_device_connection import TOKEN, ScriptedServer
+from tether.device import connection
 from tether.device.connection import DeviceConnection, RetriesExhausted
 from tether.device.local import LocalDevice, build_device
 from tether.device.reconnect import FailureLog
@@ -361,4 +362,39 @@ async def test_a_retrying_device_collects_its_profile_once_and_afresh_after_a_li
     finally:
         conn.stop()
         await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), WAIT)
+        await device.aclose()
+
+
+# ------------------------------------------------------------------ the socket's own keepalive
+
+
+async def test_keepalive_pings_flow_only_when_the_heartbeat_would_notice_silence_later(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    device = _device(tmp_path)
+    try:
+        monkeypatch.setattr(connection, "KEEPALIVE_S", 0.05)
+        # a heartbeat timeout longer than a ping and its pong's wait: the socket's pings go on
+        async with ScriptedServer(heartbeat_interval=1.0, heartbeat_timeout=5.0) as server:
+            conn = DeviceConnection(device.client, server.url, TOKEN, name="dev-1")
+            task = asyncio.create_task(conn.run())
+            try:
+                for _ in range(3):
+                    assert await asyncio.wait_for(server.pings.get(), WAIT) == 1
+            finally:
+                conn.stop()
+                await asyncio.wait_for(task, WAIT)
+        monkeypatch.setattr(connection, "KEEPALIVE_S", 0.25)
+        # within it: the heartbeat notices a silent server first, and the socket sends no pings
+        async with ScriptedServer(heartbeat_interval=0.02, heartbeat_timeout=0.5) as server:
+            conn = DeviceConnection(device.client, server.url, TOKEN, name="dev-1")
+            task = asyncio.create_task(conn.run())
+            try:
+                for _ in range(60):  # 60 heartbeats 20 ms apart: about 5 keepalive intervals
+                    await server.next(ClientMessageType.HEARTBEAT)
+                assert conn.connections == 1
+                assert server.pings.qsize() <= 1  # one sent before the ACK could be cancelled, at most
+            finally:
+                conn.stop()
+                await asyncio.wait_for(task, WAIT)
+    finally:
         await device.aclose()

@@ -441,6 +441,10 @@ class DeviceConnection:
     async def _serve(self, ws: ClientConnection, ack: RegisterAck) -> float:
         loop = asyncio.get_running_loop()
         started = self._last_rx = loop.time()
+        if max(ack.heartbeat_timeout, ack.heartbeat_interval) <= 2 * KEEPALIVE_S and ws.keepalive_task is not None:
+            # the heartbeat notices a silent server before the socket's keepalive could (a ping every
+            # KEEPALIVE_S, a pong awaited as long): its pings would only cost both sides a frame and a timer
+            ws.keepalive_task.cancel()
         self.outbox.open(ack.max_frame_bytes)
         self.connected.set()
         self._set_state("registered")
