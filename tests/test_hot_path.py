@@ -184,3 +184,31 @@ async def test_the_plain_command_routes_answer_errors_as_before(app: App) -> Non
         wrong = await runner.get("/api/v1/commands")
         assert wrong.status_code == 405 and "POST" in wrong.headers["allow"]
         assert (await admin.get("/api/v1/health")).json()["status"] == "ok"
+
+
+async def test_behind_a_path_prefix_the_fast_routes_still_answer(tmp_path: Path) -> None:
+    """uvicorn's `root_path` (a proxy serving tether under /tether) puts the prefix in front of every path;
+    the hot routes — a command POST and the AIP socket — are matched on what follows it, as Starlette's
+    routing matches the others."""
+    db = tmp_path / "server.db"
+    store = Store(db)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(ServerSettings(db_path=db), store), lifespan="on",
+                                           log_config=None, log_level="warning", ws_ping_interval=None,
+                                           root_path="/tether"))
+    task = asyncio.create_task(server.serve(sockets=[sock]))
+    running = App(store, server, task, port, db)
+    try:
+        dev, serving = await running.device("alpha")  # the AIP socket, reached through the prefix
+        async with running.http(running.runner) as runner:
+            answer = await run(runner, "alpha")
+            assert answer.status_code == 200 and answer.json()["results"][0]["status"] == "success"
+            assert (await run(runner, "nobody")).json() == {"error": "no device named 'nobody'"}
+            assert (await runner.get("/api/v1/health")).status_code == 200
+        serving.cancel()
+        await dev.close()
+    finally:
+        await running.stop()

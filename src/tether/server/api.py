@@ -285,9 +285,9 @@ async def run_selected(batch: SelectedBatch, request: Request,
     return await _run(request, name, batch, who)
 
 
-# -- the command path as plain Starlette routes ------------------------------------------------------
-# The two routes above stay as they are for the OpenAPI document (and its fuzzing); the app matches
-# these first (`command_routes`), which do the same checks in the same order without FastAPI's
+# -- the command path without FastAPI ---------------------------------------------------------------
+# The two routes above stay as they are for the OpenAPI document (and its fuzzing); the app answers
+# their paths with these (front.py `FastRoutes`), which do the same checks in the same order without FastAPI's
 # dependency and body machinery: that machinery cost ~20% of the server's CPU per command
 # (bench/fleet_hotpath.py, py-spy: solve_dependencies 15%, _get_model_type 5%).
 
@@ -318,14 +318,6 @@ async def fast_run_selected(request: Request) -> Any:
     batch = await _fast_batch(SelectedBatch, body)
     assert isinstance(batch, SelectedBatch)
     return await _run(request, _select(_hub(request), batch.requires), batch, who)
-
-
-def command_routes() -> list[Any]:
-    """The command path's plain routes, for the app to match before the documented FastAPI ones."""
-    from starlette.routing import Route
-
-    return [Route("/api/v1/devices/{name}/commands", fast_run_commands, methods=["POST"], include_in_schema=False),
-            Route("/api/v1/commands", fast_run_selected, methods=["POST"], include_in_schema=False)]
 
 
 def require_approver(who: TokenInfo, what: str) -> None:

@@ -13,7 +13,7 @@ from starlette.routing import Match
 
 from tether import __version__
 from tether.server.aip_socket import aip_route
-from tether.server.api import command_routes, fast_run_commands, fast_run_selected, router
+from tether.server.api import fast_run_commands, fast_run_selected, router
 from tether.server.fleet_api import mount_fleet
 from tether.server.front import FastRoutes, ServerApp, error_response
 from tether.server.guard import RequestGuard
@@ -65,7 +65,6 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.hub = hub
     app.state.store = store
     app.state.settings = settings
-    app.router.routes[:0] = command_routes()  # matched before the documented FastAPI routes (api.py)
     app.include_router(router)
     app.include_router(policy_router)
     mount_fleet(app)  # POST /api/v1/fleet/commands: one batch to every matching device
@@ -92,8 +91,9 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         response = error_response(exc)
-        if exc.status_code == 405:  # every method the path answers, not only the first route's
-            response.headers["Allow"] = ", ".join(sorted(allowed_methods(request)))
+        methods = allowed_methods(request) if exc.status_code == 405 else None
+        if methods:  # every method the path answers, not only the first route's (else the router's Allow)
+            response.headers["Allow"] = ", ".join(sorted(methods))
         return response
 
     @app.exception_handler(StoreUnavailable)

@@ -68,6 +68,16 @@ def http_endpoint(handler: Handler) -> ASGIApp:
     return app
 
 
+def route_path(scope: Scope) -> str:
+    """The path the app's routes are matched on: behind a proxy's path prefix (uvicorn's `root_path`, which
+    it puts in front of `path` as the ASGI spec says) the part after the prefix, as Starlette's routing does."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root) and path[len(root):len(root) + 1] == "/":
+        return path[len(root):]
+    return path
+
+
 class FastRoutes:
     """The hot routes, each behind its own `RequestGuard`; `match(scope)` picks one or None."""
 
@@ -91,9 +101,7 @@ class FastRoutes:
             await self.aip_endpoint(WebSocket(scope, receive, send))
 
     def match(self, scope: Scope) -> ASGIApp | None:
-        if scope.get("root_path"):  # behind a path prefix: let Starlette's routing do what it does
-            return None
-        path: str = scope["path"]
+        path = route_path(scope)
         if scope["type"] == "websocket":
             return self.aip if path == self.aip_path else None
         if scope["type"] != "http" or scope["method"] != "POST":
