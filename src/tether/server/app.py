@@ -91,9 +91,8 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         response = error_response(exc)
-        methods = allowed_methods(request) if exc.status_code == 405 else None
-        if methods:  # every method the path answers, not only the first route's (else the router's Allow)
-            response.headers["Allow"] = ", ".join(sorted(methods))
+        if exc.status_code == 405:  # every method the path answers, not only the first route's
+            response.headers["Allow"] = ", ".join(sorted(allowed_methods(request)))
         return response
 
     @app.exception_handler(StoreUnavailable)
@@ -113,10 +112,14 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
 
 
 def allowed_methods(request: Request) -> set[str]:
-    """The methods of every route whose path matches (GET and POST on one path are two routes)."""
+    """The methods of every route whose path matches (GET and POST on one path are two routes), the hot
+    routes front.py answers included (they answer POST only)."""
     methods: set[str] = set()
     for route in request.app.router.routes:
         match, _ = route.matches(request.scope)
         if match is not Match.NONE:
             methods |= set(getattr(route, "methods", None) or ())
+    fast = getattr(request.app, "fast", None)
+    if fast is not None and fast.match({**request.scope, "method": "POST"}) is not None:
+        methods.add("POST")
     return methods

@@ -85,19 +85,15 @@ class FastRoutes:
                  aip: SocketEndpoint, aip_path: str = "/aip") -> None:
         self.run_commands = guard(http_endpoint(run_commands))
         self.run_selected = guard(http_endpoint(run_selected))
-        self.aip_guard = guard(self._no_app)
+        self.aip_rules = self.run_commands.rules  # a handshake has no body: the Host/Origin rules are its guard
         self.aip_endpoint = aip
         self.aip_path = aip_path
-
-    @staticmethod
-    async def _no_app(scope: Scope, receive: Any, send: Any) -> None:
-        raise RuntimeError("the AIP guard only judges the handshake (FastRoutes.aip)")
 
     async def aip(self, scope: Scope, receive: Any, send: Any) -> None:
         """The AIP socket: the guard's Host/Origin rules on the handshake, then the endpoint — called from
         here, so that no guard or wrapper frame stays on the stack for the socket's life (each is a few
         hundred bytes per idle device)."""
-        if not await self.aip_guard.refused(scope, send):
+        if not await self.aip_rules.refused(scope, send):
             await self.aip_endpoint(WebSocket(scope, receive, send))
 
     def match(self, scope: Scope) -> ASGIApp | None:

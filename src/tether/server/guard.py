@@ -106,6 +106,25 @@ class HostRules:
                         "allowed host may call this server")
         return None
 
+    async def refused(self, scope: Scope, send: Callable[[Message], Any], headers: dict[bytes, bytes] | None = None
+                      ) -> bool:
+        """True when these rules refuse the request, answered (403 `{"error": …}`) and logged. For the AIP
+        WebSocket this is the whole guard: front.py then runs the socket with no guard frame around it
+        for the socket's life."""
+        raw = scope.get("headers") or ()
+        refusal = self.check(dict(raw) if headers is None else headers, raw)
+        if refusal is None:
+            return False
+        kind = scope["type"]
+        client = scope.get("client")
+        logger.warning("refused %s %s from %s: %s", "WebSocket" if kind == "websocket" else scope.get("method"),
+                       scope.get("path"), f"{client[0]}:{client[1]}" if client else None, refusal)
+        if kind == "websocket":
+            await deny_websocket(scope, send, 403, refusal)
+        else:
+            await send_error(send, 403, refusal)
+        return True
+
 
 TokenCheck = Callable[[str], bool]
 
@@ -128,31 +147,12 @@ class RequestGuard:
             return
         raw = scope.get("headers") or ()
         headers = dict(raw)
-        if await self.refused(scope, send, headers):
+        if await self.rules.refused(scope, send, headers):
             return
         if kind == "http":
             await self._http(scope, receive, send, headers)
         else:
             await self.app(scope, receive, send)
-
-    async def refused(self, scope: Scope, send: Callable[[Message], Any], headers: dict[bytes, bytes] | None = None
-                      ) -> bool:
-        """True when the Host/Origin rules refuse the request, answered (403 `{"error": …}`) and logged. For
-        a WebSocket this is all the guard does: the caller then runs the socket without this frame
-        around it for the socket's life (front.py)."""
-        raw = scope.get("headers") or ()
-        refusal = self.rules.check(dict(raw) if headers is None else headers, raw)
-        if refusal is None:
-            return False
-        kind = scope["type"]
-        client = scope.get("client")
-        logger.warning("refused %s %s from %s: %s", "WebSocket" if kind == "websocket" else scope.get("method"),
-                       scope.get("path"), f"{client[0]}:{client[1]}" if client else None, refusal)
-        if kind == "websocket":
-            await deny_websocket(scope, send, 403, refusal)
-        else:
-            await send_error(send, 403, refusal)
-        return True
 
     # -- bodies ----------------------------------------------------------------------------------
 
