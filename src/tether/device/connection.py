@@ -441,10 +441,11 @@ class DeviceConnection:
     async def _serve(self, ws: ClientConnection, ack: RegisterAck) -> float:
         loop = asyncio.get_running_loop()
         started = self._last_rx = loop.time()
-        if max(ack.heartbeat_timeout, ack.heartbeat_interval) <= 2 * KEEPALIVE_S and ws.keepalive_task is not None:
+        keepalive = getattr(ws, "keepalive_task", None)
+        if max(ack.heartbeat_timeout, ack.heartbeat_interval) <= 2 * KEEPALIVE_S and keepalive is not None:
             # the heartbeat notices a silent server before the socket's keepalive could (a ping every
             # KEEPALIVE_S, a pong awaited as long): its pings would only cost both sides a frame and a timer
-            ws.keepalive_task.cancel()
+            keepalive.cancel()
         self.outbox.open(ack.max_frame_bytes)
         self.connected.set()
         self._set_state("registered")
@@ -625,6 +626,8 @@ class DeviceConnection:
         loop = asyncio.get_running_loop()
         interval = max(ack.heartbeat_interval, 0.01)  # a careless ACK must not make this spin
         timeout = max(ack.heartbeat_timeout, interval)
+        if self._heartbeat_frame.client_id != self.name:  # renamed since: the template follows
+            self._heartbeat_frame = HeartbeatFrame(self.name)
         beat, batches, outbox = self._heartbeat_frame, self.batches, self.outbox
         next_beat = loop.time() + interval  # the outbox goes first after registering
         while True:
