@@ -15,7 +15,13 @@ with `RegistrationRefused` carrying the server's words; "that device is already 
 in `tether.device.reconnect`. While the device owes the server something (results in the outbox,
 batches queued or running), the waits are also held well inside the grace period the server's
 last RegisterAck promised (counted from the moment the link was lost), so a server that is
-reachable again gets the results before it gives the batches up.
+reachable again gets the results before it gives the batches up. A long outage is logged once
+per kind of failure, then once a minute, then its end (`reconnect.FailureLog`).
+
+An idle link costs one heartbeat frame each way per interval and nothing else: the heartbeat is
+written from a template, the server's reply recognised by its shape (`codec.HeartbeatFrame`,
+`codec.is_server_heartbeat`), and the socket's own keepalive pings are stopped when the heartbeat
+would notice a silent server first.
 """
 
 from __future__ import annotations
