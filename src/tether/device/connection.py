@@ -236,8 +236,8 @@ class DeviceConnection:
         """Ask `run()` to finish: running batches are cancelled, their failures sent if possible.
         Safe to call before `run()` starts (it then returns at once); a stopped connection stays stopped."""
         self._stop.set()
-        if self._pausing is not None and not self._pausing.done():
-            self._pausing.set_result(None)
+        if self._pausing is not None:
+            _resolve(self._pausing)
 
     async def run(self) -> None:
         """Connect, register and serve; reconnect on any loss until `stop()`.

@@ -127,14 +127,15 @@ class HeartbeatFrame:
         stamp, running, queued = f"T{mark}", 7_000_000_000_000_000_001, 7_000_000_000_000_000_002
         probe = encode(ClientMessage(type=ClientMessageType.HEARTBEAT, client_id=client_id, timestamp=stamp,
                                      payload={"running": running, "queued": queued}))
-        self._parts: tuple[str, str, str, str] | None = None
-        head, *rest = probe.split(stamp)
-        if len(rest) == 1:
-            middle, *rest = rest[0].split(str(running))
-            if len(rest) == 1:
-                middle2, *rest = rest[0].split(str(queued))
-                if len(rest) == 1:
-                    self._parts = head, middle, middle2, rest[0]
+        self._parts: tuple[str, ...] | None = None
+        parts, rest = [], probe
+        for mark in (stamp, str(running), str(queued)):  # each exactly once, in this order
+            before, *after = rest.split(mark)
+            if len(after) != 1:
+                return
+            parts.append(before)
+            rest = after[0]
+        self._parts = (*parts, rest)
 
     def __call__(self, running: int, queued: int) -> str:
         parts = self._parts

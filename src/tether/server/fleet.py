@@ -202,7 +202,7 @@ class FanOut:
             results = await dispatcher.execute_commands(commands, timeout=remaining + 1.0,
                                                         early_exit=self.early_exit)  # our clock ends it first
         except asyncio.CancelledError:
-            ours = self._cancels.pop(name, 0)
+            ours = self._cancels.get(name, 0)
             for _ in range(ours):
                 worker.uncancel()
             if not ours or worker.cancelling():  # cancelled from outside too: the worker ends
@@ -215,7 +215,7 @@ class FanOut:
         finally:
             self.in_flight -= 1
             self._running.pop(name, None)
-        self._cancels.pop(name, None)
+            self._cancels.pop(name, None)
         duration = time.monotonic() - started
         failed = [r for r in results if r.status is not ResultStatus.SUCCESS]
         if not failed:
