@@ -191,7 +191,7 @@ async def test_bad_commands_fail_clearly_while_others_start(manager: MCPServerMa
 async def test_startup_timeout(manager: MCPServerManager) -> None:
     server = manager.create_or_get_server({
         "namespace": "mute", "server_type": "stdio", "command": sys.executable,
-        "args": ["-c", "import time; time.sleep(60)"], "startup_timeout": 1})
+        "args": ["-c", "import sys; sys.stdin.read()"], "startup_timeout": 1})  # reads, never answers
     began = time.monotonic()
     errors = await manager.start_servers([server])
     assert "no MCP handshake within 1s" in errors["mute"]
