@@ -68,6 +68,21 @@ def test_a_foreign_origin_is_refused(target, origin):
     assert "csrf" not in json.dumps(target.http.get("/api/v1/tokens", headers=target.auth).json())
 
 
+def test_a_refused_post_is_answered_on_a_connection_that_stays_open(target):
+    """A refused request's small body is read before the 403: closing the socket over unread bytes would
+    send a TCP reset that can reach the client before the answer. A body over the anonymous cap is not
+    read for a refused request; its connection is closed instead."""
+    headers = {**target.auth, "Origin": "http://evil.example"}
+    for _ in range(5):
+        answer = target.http.post("/api/v1/tokens", headers=headers, json={"kind": "api", "pad": "x" * 40_000})
+        assert answer.status_code == 403 and "connection" not in answer.headers, answer.headers
+    with connect_raw(target.port) as sock:
+        sock.sendall(f"POST /api/v1/tokens HTTP/1.1\r\nHost: evil.example\r\nContent-Length: {10 ** 9}\r\n\r\n"
+                     .encode())
+        status, head, body = read_response(sock)
+    assert status == 403 and head.get("connection") == "close" and "Host" in error_of(body), (status, head, body)
+
+
 def test_a_same_site_origin_passes(target):
     for origin in (f"http://127.0.0.1:{target.port}", f"http://localhost:{target.port}", "https://tether.example"):
         answer = target.http.get("/api/v1/devices", headers={**target.auth, "Origin": origin})

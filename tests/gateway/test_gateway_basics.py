@@ -16,6 +16,7 @@ from gatewaykit import GatewayServer, Seen, mcp_client, profile, register
 
 from aip_testkit import WAIT
 from tether.protocol.models import Result, ResultStatus
+from tether.server import guard
 
 
 @pytest.fixture
@@ -46,6 +47,30 @@ async def test_refused_without_a_valid_api_token(server: GatewayServer) -> None:
     assert device.status_code == 403 and "device token" in device.json()["error"]
     bad_filter = await post(server, {"Authorization": f"Bearer {server.token('r', 'read')}"}, "?devices=a;rm")
     assert bad_filter.status_code == 400 and "not a device name or glob" in bad_filter.json()["error"]
+
+
+async def test_a_refusal_reads_the_body_so_the_answer_is_not_lost_to_a_reset(
+        server: GatewayServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The body of a refused request is read before the answer: a socket closed with unread bytes sends a
+    TCP reset that can overtake the 401 (a CI run lost one that way). The connection then stays usable."""
+    big = {**INIT, "params": {**INIT["params"], "pad": "x" * 60_000}}  # under the 64 KiB anonymous cap
+    async with httpx2.AsyncClient(timeout=WAIT, limits=httpx2.Limits(max_connections=1)) as http:
+        for _ in range(5):
+            refused = await http.post(server.mcp_url, json=big, headers=MCP_HEADERS)
+            assert refused.status_code == 401 and "connection" not in refused.headers, refused.headers
+            assert "Authorization: Bearer" in refused.json()["error"]
+        assert (await http.get(f"{server.base}/api/v1/health")).status_code == 200
+    # a client that stops mid-body is not waited on forever: the gateway answers once the drain times out
+    monkeypatch.setattr(guard, "DRAIN_TIMEOUT", 0.2)
+    reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+    try:
+        writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 1000\r\n\r\n{\"jsonrpc\"")
+        await writer.drain()
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+        assert head.startswith(b"HTTP/1.1 401") and b"connection: close" in head.lower(), head
+    finally:
+        writer.close()
 
 
 async def test_a_foreign_origin_is_refused_by_the_request_guard(server: GatewayServer) -> None:

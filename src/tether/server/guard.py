@@ -24,6 +24,7 @@ else a plain 403.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import socket
@@ -106,13 +107,14 @@ class HostRules:
                         "allowed host may call this server")
         return None
 
-    async def refused(self, scope: Scope, send: Callable[[Message], Any], headers: dict[bytes, bytes] | None = None
-                      ) -> bool:
+    async def refused(self, scope: Scope, send: Callable[[Message], Any], headers: dict[bytes, bytes] | None = None,
+                      receive: Callable[[], Any] | None = None) -> bool:
         """True when these rules refuse the request, answered (403 `{"error": …}`) and logged. For the AIP
         WebSocket this is the whole guard: front.py then runs the socket with no guard frame around it
         for the socket's life."""
         raw = scope.get("headers") or ()
-        refusal = self.check(dict(raw) if headers is None else headers, raw)
+        headers = dict(raw) if headers is None else headers
+        refusal = self.check(headers, raw)
         if refusal is None:
             return False
         kind = scope["type"]
@@ -122,7 +124,7 @@ class HostRules:
         if kind == "websocket":
             await deny_websocket(scope, send, 403, refusal)
         else:
-            await send_error(send, 403, refusal)
+            await send_error(send, 403, refusal, receive=receive, headers=headers)
         return True
 
 
@@ -147,7 +149,7 @@ class RequestGuard:
             return
         raw = scope.get("headers") or ()
         headers = dict(raw)
-        if await self.rules.refused(scope, send, headers):
+        if await self.rules.refused(scope, send, headers, receive):
             return
         if kind == "http":
             await self._http(scope, receive, send, headers)
@@ -241,14 +243,50 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-async def send_error(send: Callable[[Message], Any], status: int, error: str) -> None:
-    """A complete `{"error": …}` response; the connection is closed after it (the body, if any, is
-    not read, so the connection cannot carry another request)."""
+async def send_error(send: Callable[[Message], Any], status: int, error: str, *,
+                     receive: Callable[[], Any] | None = None, headers: dict[bytes, bytes] | None = None,
+                     extra: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """A complete `{"error": …}` response.
+
+    Given the request's `receive` and `headers`, a small body (see `drain`) is read and dropped first and
+    the connection stays open. Otherwise the connection is closed after the answer: the body was not
+    read, so the connection cannot carry another request — and the client may lose the answer to the
+    TCP reset that closing a socket with unread bytes sends, a cost only a body too large to read pays.
+    """
+    kept = receive is not None and headers is not None and await drain(receive, headers)
     body = json.dumps({"error": error}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
+    start = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra]
+    if not kept:
+        start.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": start})
     await send({"type": "http.response.body", "body": body})
+
+
+DRAIN_TIMEOUT = 5.0
+
+
+async def drain(receive: Callable[[], Any], headers: dict[bytes, bytes]) -> bool:
+    """Read and drop a request body of at most `ANONYMOUS_BODY_BYTES` declared in Content-Length (or no
+    body at all); True when it ended within `DRAIN_TIMEOUT`. A larger or chunked body is not read
+    (False): a refused request does not get to make the server read megabytes."""
+    declared = headers.get(b"content-length")
+    if declared is None:
+        if b"transfer-encoding" in headers:
+            return False
+    else:
+        text = declared.decode("latin-1").strip()
+        if not text.isdigit() or int(text) > ANONYMOUS_BODY_BYTES:
+            return False
+    try:
+        async with asyncio.timeout(DRAIN_TIMEOUT):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":
+                    return False  # the client left
+                if not message.get("more_body", False):
+                    return True
+    except TimeoutError:
+        return False
 
 
 async def deny_websocket(scope: Scope, send: Callable[[Message], Any], status: int, error: str,

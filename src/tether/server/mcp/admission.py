@@ -8,11 +8,11 @@ stops at once.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
+from tether.server.guard import send_error
 from tether.server.mcp.fleet import BadFilter, DeviceFilter
 from tether.server.store import Store, TokenInfo
 
@@ -59,12 +59,8 @@ def query_value(scope: dict[str, Any], name: str) -> str | None:
     return values[-1] if values else None
 
 
-async def deny(send: Any, status: int, error: str) -> None:
-    """Answer a request with `{"error": …}` before its body is read (401s say `WWW-Authenticate: Bearer`)."""
-    body = json.dumps({"error": error}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]  # the body was not read
-    if status == 401:
-        headers.append((b"www-authenticate", b"Bearer"))
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+async def deny(scope: dict[str, Any], receive: Any, send: Any, status: int, error: str) -> None:
+    """Answer a request with `{"error": …}` (401s say `WWW-Authenticate: Bearer`), its body read and
+    dropped first (`guard.drain`) so the answer is not lost to a TCP reset and the connection stays open."""
+    extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
+    await send_error(send, status, error, receive=receive, headers=dict(scope.get("headers") or ()), extra=extra)

@@ -138,14 +138,15 @@ class Gateway:
             return
         admitted = admit(self.store, scope)
         if isinstance(admitted, Refused):
-            await deny(send, admitted.status, admitted.error)
+            await deny(scope, receive, send, admitted.status, admitted.error)
             return
         token = admitted.token
         headers = dict(scope.get("headers") or ())
         if b"mcp-session-id" not in headers and scope.get("method") == "POST" \
                 and self._sessions_of(token.id) >= MAX_SESSIONS_PER_TOKEN:
-            await deny(send, 429, f"token '{token.name}' already holds {MAX_SESSIONS_PER_TOKEN} open MCP sessions "
-                                  "(the most one token may): end some (HTTP DELETE /mcp) or wait for them to expire")
+            await deny(scope, receive, send, 429,
+                       f"token '{token.name}' already holds {MAX_SESSIONS_PER_TOKEN} open MCP sessions "
+                       "(the most one token may): end some (HTTP DELETE /mcp) or wait for them to expire")
             return
         scope[SCOPE_KEY] = admitted
         # binds each MCP session to the token that opened it (the SDK answers 404 to any other)

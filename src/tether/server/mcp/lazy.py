@@ -60,12 +60,12 @@ class LazyGateway:
                 return
             checked = admit(self.app.state.store, scope)  # the gateway checks again, as on every request
             if isinstance(checked, Refused):  # no SDK import for a request the gateway would refuse
-                await deny(send, checked.status, checked.error)
+                await deny(scope, receive, send, checked.status, checked.error)
                 return
             try:
                 gateway = await self.ready()
             except GatewayUnavailable as exc:
-                await deny(send, 503, str(exc))
+                await deny(scope, receive, send, 503, str(exc))
                 return
         await gateway(scope, receive, send)
 
