@@ -362,10 +362,10 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
                             headers={"Retry-After": "5"})
     session_id = owned_session(hub.store, name, batch.session_id, batch.commands, who)  # 403 if not the caller's
     stream = "text/event-stream" in request.headers.get("accept", "")
-    queue: asyncio.Queue[Event] = asyncio.Queue(maxsize=10_000)
+    queue: asyncio.Queue[Event] | None = asyncio.Queue(maxsize=10_000) if stream else None
 
     def on_event(event: Event) -> None:
-        if stream and not queue.full():
+        if queue is not None and not queue.full():
             queue.put_nowait(event)
 
     dispatcher = hub.dispatcher(name, session_id=session_id, agent_name=batch.agent_name,
@@ -374,14 +374,14 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     response_id = new_call_id()
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
                                       response_id=response_id)
-    headers = {BATCH_HEADER: response_id, "Cache-Control": "no-cache"}
     limit = hub.settings.max_response_bytes
-    if not stream:
+    if queue is None:
         # headers now, the body when the batch ends: a streamed response, so that Starlette notices a
         # caller that disconnects meanwhile (and cancels the generator, which cancels the batch)
-        return BatchResponse(run, name, limit, headers)
+        return BatchResponse(run, name, limit, response_id)
     return StreamingResponse(_sse(run, queue, name, response_id, limit), media_type="text/event-stream",
-                             headers={**headers, "X-Accel-Buffering": "no"})
+                             headers={BATCH_HEADER: response_id, "Cache-Control": "no-cache",
+                                      "X-Accel-Buffering": "no"})
 
 
 def _results_body(device: str, results: list[Result], limit: int) -> bytes:
@@ -421,10 +421,12 @@ class BatchResponse(Response):
 
     media_type = "application/json"
 
-    def __init__(self, run: Any, device: str, limit: int, headers: dict[str, str]) -> None:
+    def __init__(self, run: Any, device: str, limit: int, response_id: str) -> None:
         self.status_code = 200
         self.background = None
-        self.init_headers(headers)
+        # built as bytes directly: Starlette's `init_headers` (a dict, encoded pair by pair) cost more
+        self.raw_headers = [(b"content-type", b"application/json"), (b"x-tether-batch", response_id.encode()),
+                            (b"cache-control", b"no-cache")]
         self._run, self._device, self._limit = run, device, limit
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
@@ -466,7 +468,7 @@ class BatchResponse(Response):
         if early is not None:
             await early
         else:  # answered whole (Content-Length): with the coalescing transport, one write
-            self.headers["content-length"] = str(len(body))
+            self.raw_headers.append((b"content-length", str(len(body)).encode()))
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
 

@@ -910,8 +910,13 @@ def _token(row: sqlite3.Row, **override: Any) -> TokenInfo:
     return TokenInfo(**data)
 
 
+_ARGUMENTS_JSON = json.JSONEncoder(default=str, ensure_ascii=False)  # json.dumps built one per call with these
+
+
 def _arguments(arguments: dict[str, Any] | None) -> str:
-    text = json.dumps(arguments or {}, default=str, ensure_ascii=False)
+    if not arguments:
+        return "{}"
+    text = _ARGUMENTS_JSON.encode(arguments)
     if len(text) > _MAX_ARGUMENTS_CHARS:
         text = text[:_MAX_ARGUMENTS_CHARS] + f"... [truncated, {len(text)} chars]"
     return text
