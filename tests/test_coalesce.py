@@ -137,16 +137,19 @@ async def read_head(reader: asyncio.StreamReader) -> dict[str, str]:
     return {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
 
 
-@pytest.fixture
-async def running(tmp_path: Path) -> AsyncIterator[Running]:
+@pytest.fixture(params=["coalescing", "plain"])
+async def running(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Running]:
+    """The app under uvicorn with tether's HTTP protocol, and (`plain`) with uvicorn's own, as under
+    another ASGI server: what the protocol adds (one write, the disconnect hook) has a fallback."""
     db = tmp_path / "server.db"
     store = Store(db)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     sock.listen(128)
+    http = coalescing_http_protocol() if request.param == "coalescing" else "auto"
     server = uvicorn.Server(uvicorn.Config(create_app(ServerSettings(db_path=db), store), lifespan="on",
                                            log_config=None, log_level="warning", ws_ping_interval=None,
-                                           http=coalescing_http_protocol()))
+                                           http=http))
     task = asyncio.create_task(server.serve(sockets=[sock]))
     yield Running(store, sock.getsockname()[1])
     server.should_exit = True
@@ -188,3 +191,42 @@ async def test_a_held_batch_gets_its_headers_first_and_can_be_cancelled_by_their
     for w in (writer, cancel_writer):
         w.close()
     await device.close()
+
+
+async def test_a_caller_that_disconnects_cancels_its_batch_on_the_device(running: Running):
+    """The caller of a held batch goes away: the device gets a CANCEL saying so and the audit row records
+    it — told by the protocol's disconnect hook (coalescing) or by the fallback task reading `receive`."""
+    device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.create_token("device", "alpha")[1],
+                        name="alpha")
+    await device.register()
+    reader, writer = await running.request("POST", "/api/v1/devices/alpha/commands", BODY)
+    held = await device.expect(ServerMessageType.COMMAND)
+    await read_head(reader)
+    writer.close()
+    cancel = await device.expect(ServerMessageType.CANCEL)
+    assert cancel.response_id == held.response_id
+    # the server wrote the outcome in the same step that sent the CANCEL (one loop, no await between)
+    [row] = running.store.audit_rows(device="alpha")
+    assert row["status"] == "failure" and "disconnected" in row["error"], row
+    await device.close()
+
+
+async def test_the_disconnect_hook_fires_at_once_for_a_connection_already_lost():
+    """`ON_DISCONNECT` asked after the connection is gone: the callback still runs (on the next turn)."""
+    protocol_class = coalescing_http_protocol()
+    transport, _reader, _peer = await socket_pair()
+    fired = asyncio.Event()
+
+    class App:
+        async def __call__(self, scope, receive, send):  # never reached: no request is parsed
+            raise AssertionError
+
+    config = uvicorn.Config(App(), log_config=None)
+    config.load()
+    from uvicorn.server import ServerState
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    protocol.connection_made(transport)
+    protocol.connection_lost(None)
+    unwatch = protocol._watch(fired.set)
+    await asyncio.wait_for(fired.wait(), WAIT)
+    unwatch()

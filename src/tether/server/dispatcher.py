@@ -73,8 +73,8 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         written = self.hub.store.audit_sent_grouped(  # one commit with the other batches starting now
             (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, SENT, None, response_id,
              c.approved_by) for c in commands)
-        try:
-            unsent = await asyncio.shield(written)
+        try:  # cancelling this wait leaves the rows queued: the group commit writes them all the same
+            unsent = await written
         except asyncio.CancelledError as exc:  # the rows are written anyway: say what became of them
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
             self.hub.store.audit_done_queued((response_id, c.call_id, "failure", f"not sent: {reason}")
