@@ -91,6 +91,35 @@ def test_audit_rows(store):
     assert len(store.audit_rows(limit=1)) == 1
 
 
+def test_outcomes_find_their_sent_rows_through_the_index_of_rows_in_flight(tmp_path):
+    """A command's row is written `sent`, then its outcome: the outcome's UPDATE and the start-up's settling
+    of rows left `sent` read only the small index of rows in flight (not a scan, not an index of the whole
+    log), a row leaves that index with its outcome, and an outcome is written once."""
+    db = tmp_path / "server.db"
+    store = Store(db)
+    rows = [("api:ops", "laptop", f"c{i}", "shell.run", {"cmd": "ls"}, "sent", None, f"r{i}", None) for i in range(3)]
+    assert store.audit_sent(rows) is None
+    store.audit_done([("r0", "c0", "success", None), ("r1", "c1", "failure", "boom")])
+    store.audit_done([("r0", "c0", "failure", "a second outcome for the same call")])  # ignored: written once
+    by_call = {r["call_id"]: r for r in store.audit_rows(device="laptop")}
+    assert (by_call["c0"]["status"], by_call["c0"]["error"]) == ("success", None)
+    assert (by_call["c1"]["status"], by_call["c2"]["status"]) == ("failure", "sent")
+    conn = sqlite3.connect(db)
+    in_flight = conn.execute("SELECT call_id FROM audit INDEXED BY audit_inflight WHERE status = 'sent'").fetchall()
+    assert in_flight == [("c2",)]
+    update = "UPDATE audit SET status = ?, error = ? WHERE response_id = ? AND call_id = ? AND status = 'sent'"
+    plan = " ".join(str(r) for r in conn.execute("EXPLAIN QUERY PLAN " + update, ("x", None, "r", "c")))
+    settle = " ".join(str(r) for r in conn.execute("EXPLAIN QUERY PLAN UPDATE audit SET status = 'unknown' "
+                                                   "WHERE status = 'sent'"))
+    assert "audit_inflight" in plan and "audit_inflight" in settle, (plan, settle)
+    conn.close()
+    store.close()
+    again = Store(db)  # the next start settles the row the previous server never heard back about
+    left = {r["call_id"]: r for r in again.audit_rows(device="laptop")}["c2"]
+    assert left["status"] == "unknown" and "server stopped" in left["error"], left
+    again.close()
+
+
 def test_a_newer_schema_is_refused(tmp_path):
     path = tmp_path / "future.db"
     Store(path).close()

@@ -62,6 +62,7 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
                           # no access log where its level would drop every line: uvicorn formats each
                           # request's line whenever the logger has a handler (~1% of the CPU per command)
                           access_log=log_level.lower() in ("trace", "debug", "info"),
+                          server_header=False,  # no "server: uvicorn" on every answer: a fingerprint, and bytes
                           http=coalescing_http_protocol())  # one write per response sent whole (coalesce.py)
 
 
