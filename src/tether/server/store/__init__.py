@@ -641,19 +641,21 @@ class Store:
         self._schedule_group(loop)
         return waiter
 
-    async def audit_done_grouped(self, outcomes: Iterable[tuple[str, str | None, str, str | None]]) -> None:
+    def audit_done_grouped(self, outcomes: Iterable[tuple[str, str | None, str, str | None]]
+                           ) -> asyncio.Future[None]:
         """`audit_done` by group commit: the outcomes of every batch that ends in the same turn of the
         event loop are written in one transaction, and each caller goes on once it is written (or held,
         as `audit_done`'s are), so the caller still learns a result only after the log has it — also
         for a reader in another process. One UPDATE commit per command cost ~5% of the server's CPU
-        on the command path (bench/fleet_hotpath.py)."""
+        on the command path (bench/fleet_hotpath.py). The caller awaits the future it returns (a plain
+        function: no coroutine per command)."""
         loop = asyncio.get_running_loop()
         with self._lock:
             self._audit_updates.extend(outcomes)
         waiter: asyncio.Future[None] = loop.create_future()
         self._audit_waiters.append(waiter)
         self._schedule_group(loop)
-        await waiter
+        return waiter
 
     def audit_done_queued(self, outcomes: Iterable[tuple[str, str | None, str, str | None]]) -> None:
         """`audit_done` for a caller that cannot wait (it is being cancelled): written with the next group
