@@ -21,6 +21,7 @@ from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.coalesce import ON_DISCONNECT
+from tether.server.guard import receive_body
 from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRecord, NoDeviceError
 from tether.server.remote import BackplaneUnavailable
@@ -306,15 +307,9 @@ async def _fast_batch(model: type[CommandBatch], body: bytes) -> CommandBatch:
 async def read_body(request: Request) -> bytes:
     """The request body, read straight off `receive` (and kept where `Request.body()` finds it): Starlette's
     `body()` runs an async generator per request, with the loop's hooks for it."""
-    chunks = []
-    while True:
-        message = await request.receive()
-        if message["type"] != "http.request":
-            raise ClientDisconnect()
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body", False):
-            break
-    body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+    body = await receive_body(request.receive)
+    if body is None:
+        raise ClientDisconnect()
     request._body = body
     return body
 

@@ -122,8 +122,8 @@ class HostRules:
                         "allowed host may call this server")
         return None
 
-    async def refused(self, scope: Scope, send: Callable[[Message], Any], headers: dict[bytes, bytes] | None = None,
-                      receive: Callable[[], Any] | None = None) -> bool:
+    async def refused(self, scope: Scope, send: Callable[[Message], Any],
+                      headers: dict[bytes, bytes] | None = None) -> bool:
         """True when these rules refuse the request, answered (403 `{"error": …}`) and logged. For the AIP
         WebSocket this is the whole guard: front.py then runs the socket with no guard frame around it
         for the socket's life."""
@@ -132,7 +132,7 @@ class HostRules:
         refusal = self.check(headers, raw)
         if refusal is None:
             return False
-        await self.refuse(scope, send, refusal, headers, receive)
+        await self.refuse(scope, send, refusal, headers)
         return True
 
     async def refuse(self, scope: Scope, send: Callable[[Message], Any], refusal: str,
@@ -296,14 +296,21 @@ async def drain(receive: Callable[[], Any], headers: dict[bytes, bytes]) -> bool
             return False
     try:
         async with asyncio.timeout(DRAIN_TIMEOUT):
-            while True:
-                message = await receive()
-                if message["type"] != "http.request":
-                    return False  # the client left
-                if not message.get("more_body", False):
-                    return True
+            return await receive_body(receive) is not None
     except TimeoutError:
         return False
+
+
+async def receive_body(receive: Callable[[], Any]) -> bytes | None:
+    """The whole request body off ASGI `receive`, or None when the client left first."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
 async def deny_websocket(scope: Scope, send: Callable[[Message], Any], status: int, error: str,
