@@ -231,16 +231,26 @@ async def test_server_killed_while_idle_is_restarted(manager: MCPServerManager) 
 
 
 async def test_close_while_starting_ends_the_start(manager: MCPServerManager, tmp_path: Path) -> None:
-    marker = tmp_path / "spawned"
+    # the server says it is up through a FIFO (the test waits on that, not on time), then never answers
+    # the handshake: it reads its stdin until the pipe closes
+    spawned = tmp_path / "spawned"
+    os.mkfifo(spawned)
+    read_end = os.open(spawned, os.O_RDONLY | os.O_NONBLOCK)
+    keep_open = os.open(spawned, os.O_WRONLY)  # so the read end sees no end-of-file before the server writes
+    up = asyncio.StreamReader()
+    loop = asyncio.get_running_loop()
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(up), os.fdopen(read_end, "rb"))
     server = manager.create_or_get_server({
         "namespace": "slowstart", "server_type": "stdio", "command": sys.executable,
-        "args": ["-c", f"import time; open({str(marker)!r}, 'w').close(); time.sleep(60)"],
+        "args": ["-c", f"import sys; open({str(spawned)!r}, 'wb').write(b'up'); sys.stdin.buffer.read()"],
         "startup_timeout": 60})
     starting = asyncio.create_task(server.start())
-    deadline = time.monotonic() + 20
-    while not marker.exists():  # the process is up and the handshake is pending
-        assert time.monotonic() < deadline and not starting.done()
-        await asyncio.sleep(0.02)
+    try:  # the process is up and the handshake is pending
+        assert await asyncio.wait_for(up.readexactly(2), 20) == b"up"
+    finally:
+        transport.close()
+        os.close(keep_open)
+    assert not starting.done()
     began = time.monotonic()
     await server.close()
     with pytest.raises(MCPServerError, match="closed while starting"):
