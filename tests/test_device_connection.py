@@ -25,6 +25,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
+from tether.device import connection as connection_module
 from tether.device.batches import Batch, BatchRunner
 from tether.device.connection import (
     DeviceConnection,
@@ -33,6 +34,7 @@ from tether.device.connection import (
     backoff_delay,
     make_ssl_context,
 )
+from tether.device.keepalive import beat_due
 from tether.device.local import LocalDevice, build_device
 from tether.device.outbox import FinishedRecord, Outbox
 from tether.device.profile import collect_profile
@@ -393,6 +395,45 @@ async def test_batches_run_one_at_a_time_in_order_while_heartbeats_flow(tmp_path
         (tmp_path / "go").touch()
         order = [(await server.next(T.COMMAND_RESULTS)).prev_response_id for _ in range(3)]
         assert order == [first.response_id, second.response_id, third.response_id]
+
+
+@pytest.mark.parametrize(("sent", "heard_ago", "news", "said", "due"), [
+    (False, 0.1, (0, 0), (0, 0), True),  # the device said nothing since the last beat: the server needs one
+    (True, 1.0, (0, 0), (0, 0), True),  # the server said nothing for an interval: its answer proves it alive
+    (True, 0.1, (1, 0), (0, 0), True),  # the load changed: the server picks devices by it
+    (True, 0.1, (0, 0), None, True),  # no beat yet
+    (True, 0.1, (2, 1), (2, 1), False),  # frames both ways, the same load: a beat would say nothing new
+])
+def test_a_beat_is_sent_when_it_says_something(sent: bool, heard_ago: float, news: tuple[int, int],
+                                                said: tuple[int, int] | None, due: bool) -> None:
+    assert beat_due(sent, heard_ago, 1.0, news, said) is due
+
+
+async def test_a_link_busy_both_ways_skips_its_beats_and_an_idle_one_beats_again(
+        device: LocalDevice, monkeypatch: pytest.MonkeyPatch) -> None:
+    decisions: asyncio.Queue[tuple[tuple[Any, ...], bool]] = asyncio.Queue()
+
+    def spy(*args: Any) -> bool:
+        due = beat_due(*args)
+        decisions.put_nowait((args, due))
+        return due
+
+    monkeypatch.setattr(connection_module, "beat_due", spy)
+    async with ScriptedServer(heartbeat_interval=0.5, heartbeat_timeout=30) as server, connected(server, device):
+        (sent, _, _, _, said), due = await decisions.get()
+        assert due and not sent and said is None  # idle since registering: the first beat goes
+        assert (await server.next(T.HEARTBEAT)).payload == {"running": 0, "queued": 0}
+        msg = command(Command(tool_name="list_tools", parameters={"namespace": "none"}))
+        await server.send(msg)  # a command in, its result out: the link is busy both ways this interval
+        await server.results(msg.response_id)
+        (sent, heard_ago, interval, news, said), due = await decisions.get()
+        assert sent and news == said == (0, 0)  # the result counted as sent, the load as already told
+        assert due is (heard_ago >= interval)  # skipped, unless this machine stalled the command an interval
+        if not due:
+            assert server.frames[T.HEARTBEAT].empty()
+            (sent, _, _, _, _), due = await decisions.get()  # a quiet interval: beating again
+            assert due and not sent
+        assert (await server.next(T.HEARTBEAT)).payload == {"running": 0, "queued": 0}
 
 
 async def test_a_silent_server_is_noticed_and_the_device_reconnects(device: LocalDevice) -> None:

@@ -44,6 +44,7 @@ from websockets.uri import parse_uri
 
 from tether.device.batches import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
+from tether.device.keepalive import beat_due
 from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.reconnect import (
@@ -628,7 +629,10 @@ class DeviceConnection:
 
     async def _heartbeat(self, ws: ClientConnection, ack: RegisterAck) -> None:
         """Send heartbeats every `heartbeat_interval`; no frame at all for `heartbeat_timeout` means
-        the link is dead even if TCP has not noticed (a silent server, a vanished NAT entry)."""
+        the link is dead even if TCP has not noticed (a silent server, a vanished NAT entry).
+
+        A beat is skipped when frames went both ways since the last one and the load it would report
+        is what the last beat said (`keepalive.beat_due`)."""
         loop = asyncio.get_running_loop()
         interval = max(ack.heartbeat_interval, 0.01)  # a careless ACK must not make this spin
         timeout = max(ack.heartbeat_timeout, interval)
@@ -636,13 +640,19 @@ class DeviceConnection:
             self._heartbeat_frame = HeartbeatFrame(self.name)
         beat, batches, outbox = self._heartbeat_frame, self.batches, self.outbox
         next_beat = loop.time() + interval  # the outbox goes first after registering
+        said: tuple[int, int] | None = None  # (running, queued) as the last beat told them
+        puts = outbox.puts
         while True:
             now = loop.time()
             if now - self._last_rx > timeout:
                 raise _LinkDead(f"nothing from the server for {now - self._last_rx:.1f}s "
                                 f"(heartbeat timeout {timeout:g}s)")
             if now >= next_beat:
-                outbox.put_control(beat(batches.running, batches.queued))
+                news = (batches.running, batches.queued)
+                if beat_due(outbox.puts != puts, now - self._last_rx, interval, news, said):
+                    outbox.put_control(beat(*news))
+                    said = news
+                puts = outbox.puts
                 next_beat = now + interval
             # asleep until the next beat or the moment the silence would pass the timeout, whichever is
             # first (a frame arriving meanwhile moves that moment on: checked again on waking)

@@ -118,6 +118,7 @@ class Outbox:
         # set by the connection while its sender sleeps: writes a frame to the socket at once and
         # returns True, or False when it cannot (the frame is then queued as usual)
         self.write_now: Callable[[str], bool] | None = None
+        self.puts = 0  # frames put for sending, ever: the heartbeat asks whether any went since its last beat
 
     def __len__(self) -> int:
         return len(self._results) + len(self._events) + len(self._control)
@@ -137,6 +138,7 @@ class Outbox:
     def put_result(self, text: str, call_id: str | None) -> None:
         # the hot path: nothing waiting and the sender asleep, so the frame goes out from here,
         # without waking the sender task (one event-loop hop per result)
+        self.puts += 1
         if self.write_now is not None and not (self._results or self._events or self._control) \
                 and self.write_now(text):
             return
@@ -145,6 +147,7 @@ class Outbox:
 
     def put_control(self, text: str) -> None:
         if self.accepting_events:
+            self.puts += 1
             # as for a result: nothing waiting and the sender asleep (an idle device's heartbeat), written
             # from here without waking the sender
             if self.write_now is not None and not (self._results or self._events or self._control) \
@@ -163,6 +166,7 @@ class Outbox:
             self.dropped_events += 1
             self._unreported_drops += 1
         self._events.append((next(self._seq), event))
+        self.puts += 1
         self._wake()
 
     def pop(self) -> Frame | None:
