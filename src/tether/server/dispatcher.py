@@ -44,7 +44,8 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         self._inflight: set[str] = set()
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None,
-                               early_exit: bool = True, *, response_id: str | None = None) -> list[Result]:
+                               early_exit: bool = True, *, response_id: str | None = None,
+                               own_timer: bool = True) -> list[Result]:
         """Send `commands` as one batch and wait at most `timeout` seconds (default: the server's
         `default_command_timeout`), including any wait for a device that is reconnecting.
 
@@ -52,7 +53,11 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         not given. A caller that tells its callers the id before the batch ends makes it first with
         `new_call_id()`. Cancelling the task that runs this cancels the batch on the device too; the
         cancellation's message, when there is one, is the reason its commands fail with (and the
-        audit records)."""
+        audit records).
+
+        `own_timer=False` is for a caller that ends the wait itself, by cancelling, no later than
+        `timeout` (a fan-out's one clock): the device is still told `timeout`, but no timer per batch is
+        armed here (arming and disarming one was ~6% of the server's CPU in a fan-out to 10,000 devices)."""
         if not commands:
             return []
         timeout = self.hub.settings.default_command_timeout if timeout is None else timeout
@@ -89,7 +94,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         batch: PendingBatch | None = None
         self._inflight.add(response_id)
         try:
-            async with asyncio.timeout(timeout):
+            async with asyncio.timeout(timeout if own_timer else None):
                 batch = await self.hub.send_batch(self.device, message, on_event=self.on_event)
                 await batch.done.wait()
         except TimeoutError:

@@ -199,8 +199,8 @@ class FanOut:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
-            results = await dispatcher.execute_commands(commands, timeout=remaining + 1.0,
-                                                        early_exit=self.early_exit)  # our clock ends it first
+            results = await dispatcher.execute_commands(commands, timeout=remaining + 1.0, early_exit=self.early_exit,
+                                                        own_timer=False)  # our clock (`_end`) ends it
         except asyncio.CancelledError:
             ours = self._cancels.get(name, 0)
             for _ in range(ours):
