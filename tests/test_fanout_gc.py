@@ -11,14 +11,32 @@ from collections.abc import Iterator
 
 import pytest
 
-from tether.server.gc_keeper import GcKeeper, keep_gc_lean
+from tether.server.gc_keeper import GcKeeper, keep_gc_lean, young_threshold
 
 
 @pytest.fixture(autouse=True)
 def unfrozen() -> Iterator[None]:
+    thresholds = gc.get_threshold()
     gc.unfreeze()
     yield
     gc.unfreeze()
+    gc.set_threshold(*thresholds)
+
+
+def test_a_frozen_fleet_collects_its_young_generation_less_often_and_a_thaw_restores_the_default() -> None:
+    default = gc.get_threshold()
+    keeper = GcKeeper(from_devices=10, refresh_s=1e9)
+    assert keeper.tick(2_000, 0.0) == "freeze"
+    assert gc.get_threshold() == (young_threshold(2_000, default[0]), *default[1:]) == (20_000, *default[1:])
+    assert keeper.tick(1_000, 1.0) == "unfreeze"
+    assert gc.get_threshold() == default  # the full collection the thaw waits for comes as soon as before
+    gc.collect()
+    assert keeper.tick(1_000, 2.0) == "freeze" and gc.get_threshold()[0] == 10_000
+
+
+def test_the_young_threshold_is_bounded_both_ways() -> None:
+    assert young_threshold(10, 700) == 700  # never below what the collector had
+    assert young_threshold(10**6, 700) == 100_000  # nor holding more than that much cyclic garbage back
 
 
 def test_a_small_fleet_is_left_to_the_collector() -> None:
@@ -62,10 +80,10 @@ async def test_the_loop_freezes_a_large_fleet_and_unfreezes_when_cancelled() -> 
         return done
 
     keeper.tick = tick  # type: ignore[method-assign]
-    task = asyncio.create_task(keep_gc_lean(lambda: 3, keeper, every=0.001))
+    task = asyncio.create_task(keep_gc_lean(lambda: 1_000, keeper, every=0.001))
     await asyncio.wait_for(froze.wait(), 10)
-    assert gc.get_freeze_count() > 0
+    assert gc.get_freeze_count() > 0 and gc.get_threshold() != keeper.thresholds
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert gc.get_freeze_count() == 0
+    assert gc.get_freeze_count() == 0 and gc.get_threshold() == keeper.thresholds

@@ -13,6 +13,14 @@ The price of freezing is that garbage cycles frozen with the rest are reclaimed 
 unfrozen (for one full collection, then frozen again) when it shrank by a tenth or every
 `refresh_s` — what departed devices left behind is collected then. Small fleets (below `from_devices`)
 are left to the collector's defaults.
+
+While frozen, the young generation's threshold grows with the fleet (`YOUNG_PER_DEVICE` allocations per
+device, at most `YOUNG_MAX`): the default of 700 had the collector run every few batches of a fan-out to
+10,000 devices, each time walking the batches in flight and promoting them to older generations to be
+walked again. Measured with the server's gc callbacks: 2.6 s of collections in 4 fan-outs (40% of the
+server's CPU); at 100,000 none ran during a fan-out, and a fan-out took 1.52 s instead of 1.88 s. Most
+objects die by reference counting; what the larger threshold holds back is cyclic garbage, at most that
+many objects (a few MB) more. Thawing restores the default, so the full collection it waits for comes soon.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import asyncio
 import gc
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 logger = logging.getLogger("tether.server.hub")
 
@@ -30,6 +38,13 @@ CHECK_EVERY_S = 5.0
 REFRESH_S = 600.0
 GROWTH = 1.1  # freeze again when the fleet is this much larger than at the last freeze
 SHRINK = 0.9  # ... unfreeze when it is this much smaller
+YOUNG_PER_DEVICE = 10  # the young generation's threshold while frozen, per device (CPython's default: 700)
+YOUNG_MAX = 100_000
+
+
+def young_threshold(devices: int, default: int) -> int:
+    """The young generation's threshold for a frozen fleet of `devices`: never below `default`."""
+    return max(default, min(devices * YOUNG_PER_DEVICE, YOUNG_MAX))
 
 
 @dataclass
@@ -42,6 +57,7 @@ class GcKeeper:
     frozen_since: float = 0.0
     thawed_collections: int | None = None  # full collections counted when we unfroze; None: not thawing
     freezes: int = 0
+    thresholds: tuple[int, int, int] = field(default_factory=gc.get_threshold)  # as found: restored on thaw
 
     def tick(self, devices: int, now: float) -> str | None:
         """Act on the fleet's size now; returns what was done ('freeze', 'unfreeze') or None."""
@@ -53,6 +69,7 @@ class GcKeeper:
         if self.frozen_at_devices:
             if devices < self.frozen_at_devices * SHRINK or now - self.frozen_since >= self.refresh_s:
                 gc.unfreeze()
+                gc.set_threshold(*self.thresholds)
                 self.frozen_at_devices, self.thawed_collections = 0, full
                 return "unfreeze"
             if devices < self.frozen_at_devices * GROWTH:
@@ -60,6 +77,7 @@ class GcKeeper:
         elif devices < self.from_devices:
             return None
         gc.freeze()
+        gc.set_threshold(young_threshold(devices, self.thresholds[0]), *self.thresholds[1:])
         if not self.frozen_at_devices:
             self.frozen_since = now
         self.frozen_at_devices = max(devices, 1)
@@ -83,3 +101,4 @@ async def keep_gc_lean(devices: Callable[[], int], keeper: GcKeeper | None = Non
     finally:
         if keeper.frozen_at_devices:
             gc.unfreeze()
+            gc.set_threshold(*keeper.thresholds)
