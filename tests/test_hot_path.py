@@ -212,3 +212,12 @@ async def test_behind_a_path_prefix_the_fast_routes_still_answer(tmp_path: Path)
         await dev.close()
     finally:
         await running.stop()
+
+
+def test_the_listen_queue_is_deep_enough_for_a_reconnect_storm(tmp_path: Path) -> None:
+    """uvicorn's default backlog (2048) filled in a 10,000-device storm: a dropped handshake is retried by
+    the client after 1, 2, 4 s, and a command's connection timed out (bench/fleet_storm.py)."""
+    from tether.server.main import build_config
+
+    assert build_config(ServerSettings(db_path=tmp_path / "a.db")).backlog == 4096
+    assert build_config(ServerSettings(db_path=tmp_path / "b.db", listen_backlog=100)).backlog == 100

@@ -52,6 +52,7 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
     check_binding(settings, store, allow_insecure=allow_insecure)
     app = app_factory(settings, store)
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+                          backlog=settings.listen_backlog,
                           log_config=server_log_config(log_level),
                           # headroom above the AIP limit so the hub, not the transport, answers an
                           # oversized frame with an ERROR that says what the limit is

@@ -111,6 +111,10 @@ class ServerSettings(BaseModel):
     max_admitting: int = Field(256, ge=1, description=(
         "device sockets that may be registering at once; more are refused with HTTP 503 and Retry-After "
         "(a reconnect storm is admitted at the pace the server registers)"))
+    listen_backlog: int = Field(4096, ge=1, le=65535, description=(
+        "connections the kernel completes and holds until the server accepts them (capped by "
+        "net.core.somaxconn): in a reconnect storm a full queue drops new connections' handshakes, and a "
+        "client's retry waits 1, then 2, then 4 s"))
     max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024)
     default_command_timeout: float = Field(60.0, gt=0)
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=ANONYMOUS_BODY_BYTES,
