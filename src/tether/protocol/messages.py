@@ -44,7 +44,7 @@ class ServerMessageType(str, Enum):
 
 class ClientMessageType(str, Enum):
     REGISTER = "register"  # first frame: payload is a Registration
-    HEARTBEAT = "heartbeat"  # liveness + load; payload: {"running": n}
+    HEARTBEAT = "heartbeat"  # liveness + load {running, queued}; skipped while frames flow both ways, load unchanged
     COMMAND_RESULTS = "command_results"  # results for `prev_response_id`; status CONTINUE or COMPLETED
     EVENT = "event"  # progress / streamed output while a batch runs; payload: Event
     # a fresh profile; payload: DeviceProfile. Asked for (`prev_response_id`), or sent unasked when the device's
