@@ -12,6 +12,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from tether.server.guard import deny_websocket
+from tether.server.store import TokenInfo
 
 if TYPE_CHECKING:
     from tether.server.hub import DeviceHub
@@ -160,10 +161,10 @@ def aip_route(hub: DeviceHub, path: str = "/aip", admission: Admission | None = 
             gate.enter()  # counts the refusal
             await busy(websocket)
             return
-        verdict = hub._authenticate(authorization)  # the hub's rule, applied before any frame is read
-        if isinstance(verdict, str):
-            logger.warning("refused device connection from %s at the handshake: %s", peer, verdict)
-            await deny_websocket(websocket.scope, websocket.send, 401, verdict)
+        verdict = hub.authenticate(authorization)  # the hub's rule, applied before any frame is read
+        if not isinstance(verdict, TokenInfo):
+            logger.warning("refused device connection from %s at the handshake: %s", peer, verdict.error)
+            await deny_websocket(websocket.scope, websocket.send, 401, verdict.error)
             return
         del verdict  # the hub checks the token again; this frame lives as long as the socket
         if not gate.enter():  # filled up while the token was checked (it does not await: not today)

@@ -10,8 +10,10 @@ a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
 `tether.server.aip_socket.aip_route` adapts a Starlette WebSocket to it. The ledger of batches
-(`tether.server.batches`), the liveness timers (`tether.server.liveness`) and the writes to one
-socket (`tether.server.device_link`) each live in their own module; the hub is where they meet.
+(`tether.server.batches`), the liveness timers (`tether.server.liveness`), the writes to one
+socket (`tether.server.device_link`), the judgement of a registration (`tether.server.registration`)
+and what external MCP servers ask through a device (`tether.server.questions`) each live in their
+own module; the hub is where they meet.
 """
 
 from __future__ import annotations
@@ -19,18 +21,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
-from tether.protocol.codec import FrameError, decode_client_message, encode
+from tether.protocol.codec import FrameError, decode_client_message
 from tether.protocol.messages import (
     ClientMessage,
     ClientMessageType,
     Event,
     RegisterAck,
-    Registration,
     ServerMessage,
     ServerMessageType,
     TaskStatus,
@@ -43,7 +44,6 @@ from tether.server.aip_socket import (
     CLOSE_HEARTBEAT_TIMEOUT,
     CLOSE_REPLACED,
     CLOSE_UNAUTHORIZED,
-    CLOSE_WRONG_DEVICE,
     AIPSocket,
     SocketClosed,
 )
@@ -52,6 +52,8 @@ from tether.server.device_link import DeviceLink, close_socket
 from tether.server.dispatcher import WebSocketCommandDispatcher
 from tether.server.gc_keeper import keep_gc_lean
 from tether.server.liveness import GracePeriods, watch_liveness
+from tether.server.questions import OpenQuestions, Sampler, answer_sampling
+from tether.server.registration import Refusal, authenticate, read_registration, refuse
 from tether.server.registry import DeviceRecord, DeviceRegistry
 from tether.server.remote import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
@@ -62,8 +64,6 @@ if TYPE_CHECKING:
     from tether.protocol.profile import DeviceRequirements
     from tether.server.fleet import DeviceOutcome
 
-MAX_OPEN_QUESTIONS = 1024  # elicitation questions remembered for answers, over all devices
-SAMPLING_TIMEOUT = 120.0  # a device's sampling request to the server's LLM
 PRELOAD_AFTER_S = 2.0  # known devices' stored profiles are read this long after start, in the background
 
 logger = logging.getLogger(__name__)
@@ -82,10 +82,10 @@ class DeviceHub:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
-        self._questions: dict[tuple[str, str], str] = {}
+        self._questions = OpenQuestions()
         # answers devices' sampling requests with the server's LLM: (device, request payload) → (text, model);
         # set by the extension that has an LLM (the agent's), else such requests are refused
-        self.sampler: Callable[[str, dict[str, Any]], Awaitable[tuple[str, str]]] | None = None
+        self.sampler: Sampler | None = None
         self._liveness: asyncio.Task[None] | None = None
         self._preload: asyncio.Task[int] | None = None  # reads known devices' stored profiles after start
         self._gc: asyncio.Task[None] | None = None  # keeps a large fleet's connections out of full collections
@@ -217,58 +217,30 @@ class DeviceHub:
         finally:
             self._replies.pop(message.response_id, None)
 
-    async def _sample(self, conn: DeviceLink, msg: ClientMessage) -> None:
-        """One sampling request of an external MCP server on `conn`'s device, answered by the LLM."""
-        payload = msg.payload or {}
-        reply = ServerMessage(type=ServerMessageType.SAMPLING_REPLY, response_id=msg.prev_response_id or "-",
-                              status=TaskStatus.OK)
-        if self.sampler is None:
-            reply.status, reply.error = TaskStatus.FAILED, "this server has no LLM configured"
-        else:
-            try:
-                async with asyncio.timeout(SAMPLING_TIMEOUT):
-                    text, model = await self.sampler(conn.name, payload)
-            except Exception as exc:
-                reply.status, reply.error = TaskStatus.FAILED, f"the server's LLM failed: {exc}"[:1000]
-            else:
-                reply.payload = {"text": text, "model": model}
-        logger.info("sampling for MCP server %s on device %s (call %s): %s", str(payload.get("server"))[:64],
-                    conn.name, str(payload.get("call_id"))[:64], reply.error or "answered")
-        await conn.send(reply)
-
     def deliver_event(self, batch: PendingBatch, event: Event) -> None:
         """An event of `batch` from its device (here, or through the node holding it): its questions are
         remembered for answers, and the batch's caller gets it."""
         if event.kind.startswith("elicitation"):
-            self._note_question(batch.device, event)
+            self._questions.note(batch.device, event)
         if batch.on_event is not None:
             try:
                 batch.on_event(event)
             except Exception:
                 logger.exception("on_event callback of batch %s failed", batch.response_id)
 
-    def _note_question(self, device: str, event: Event) -> None:
-        question = str(event.data.get("id", ""))[:64]
-        if event.kind == "elicitation" and question and "declined" not in event.data:
-            if len(self._questions) >= MAX_OPEN_QUESTIONS:  # answered or not, the oldest go first
-                del self._questions[next(iter(self._questions))]
-            self._questions[(device, question)] = event.response_id or ""
-        elif event.kind == "elicitation_answered":
-            self._questions.pop((device, question), None)
-
     async def answer_question(self, device: str, question: str, action: str,
                               content: dict[str, Any] | None, *, by: str) -> bool:
         """Send a person's answer to the question an external MCP server of `device` asked; False when
         no running batch of that device waits for it (answered, timed out, finished, never asked)."""
-        response_id = self._questions.get((device, question))
+        response_id = self._questions.batch_of(device, question)
         batch = self._batches.pending.get(response_id or "")
         conn = self._conns.get(device)
         if response_id is None or batch is None or batch.device != device:
-            self._questions.pop((device, question), None)
+            self._questions.forget(device, question)
             return False
         if batch.remote is not None and self.remote is not None:  # asked on the node holding the device
             answered = await self.remote.answer_question(device, question, action, content, by)
-            self._questions.pop((device, question), None)
+            self._questions.forget(device, question)
             return answered
         if conn is None or not conn.ready:
             raise LookupError(f"device {device} is offline")
@@ -276,7 +248,7 @@ class DeviceHub:
                               status=TaskStatus.OK, payload={"id": question, "action": action, "content": content})
         if not await conn.send(frame):
             raise LookupError(f"device {device} went offline before the answer reached it")
-        self._questions.pop((device, question), None)
+        self._questions.forget(device, question)
         logger.info("question %s of device %s (batch %s) answered by %s: %s", question, device, response_id, by,
                     action)
         return True
@@ -319,9 +291,9 @@ class DeviceHub:
     async def _register(self, socket: AIPSocket, authorization: str | None, peer: str | None) -> DeviceLink | None:
         """Register a connection. A device whose grace period ends while its (authenticated) registration
         is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
-        arriving = self._authenticate(authorization)
-        if isinstance(arriving, str):
-            return await self._refuse(socket, CLOSE_UNAUTHORIZED, peer, arriving)
+        arriving = self.authenticate(authorization)
+        if isinstance(arriving, Refusal):
+            return await refuse(socket, arriving, peer)
         name = arriving.name
         self._arriving[name] = self._arriving.get(name, 0) + 1
         try:
@@ -341,34 +313,24 @@ class DeviceHub:
             async with asyncio.timeout(settings.register_timeout):
                 frame = await socket.receive_text()
         except TimeoutError:
-            return await self._refuse(socket, CLOSE_BAD_REGISTRATION, peer,
-                                      f"no register frame within {settings.register_timeout:g}s")
+            return await refuse(socket, Refusal(CLOSE_BAD_REGISTRATION,
+                                                f"no register frame within {settings.register_timeout:g}s"), peer)
         except SocketClosed:
             return None
-        token = self._authenticate(authorization)  # again: it may have been revoked meanwhile
-        if isinstance(token, str):
-            return await self._refuse(socket, CLOSE_UNAUTHORIZED, peer, token)
-        try:
-            msg = decode_client_message(frame, settings.max_frame_bytes)
-            if msg.type is not ClientMessageType.REGISTER:
-                raise FrameError("not_register", f"the first frame must be a register message, not {msg.type.value}")
-            reg = Registration.model_validate(msg.payload)
-        except FrameError as exc:
-            return await self._refuse(socket, CLOSE_BAD_REGISTRATION, peer, f"registration refused: {exc}")
-        except ValidationError as exc:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-            return await self._refuse(socket, CLOSE_BAD_REGISTRATION, peer, f"invalid registration: {problems}")
+        token = self.authenticate(authorization)  # again: it may have been revoked meanwhile
+        if isinstance(token, Refusal):
+            return await refuse(socket, token, peer)
         name = token.name
-        if reg.name is not None and reg.name != name:
-            return await self._refuse(socket, CLOSE_WRONG_DEVICE, peer, f"this token belongs to device '{name}' "
-                                      f"but the registration claims to be '{reg.name}'")
+        reg = read_registration(frame, name, settings.max_frame_bytes)
+        if isinstance(reg, Refusal):
+            return await refuse(socket, reg, peer)
         now = time.monotonic()
         old = self._conns.get(name)
         if old is not None and old.instance_id != reg.instance_id \
                 and now - old.last_seen < settings.heartbeat_timeout:
-            return await self._refuse(socket, CLOSE_DUPLICATE, peer, (
+            return await refuse(socket, Refusal(CLOSE_DUPLICATE, (
                 f"device '{name}' is already connected from {old.record.address or 'elsewhere'} (another process, "
-                f"heard from {now - old.last_seen:.1f}s ago); stop it or wait {settings.heartbeat_timeout:g}s"))
+                f"heard from {now - old.last_seen:.1f}s ago); stop it or wait {settings.heartbeat_timeout:g}s")), peer)
         record = self.registry.ensure(name)
         resumed = record.instance_id == reg.instance_id
         if old is not None:  # same process reconnecting, or a stale one: the new connection wins
@@ -400,28 +362,10 @@ class DeviceHub:
         await self._flush(conn, resend=resumed)
         return conn
 
-    def _authenticate(self, authorization: str | None) -> TokenInfo | str:
-        """The device token's info, or why the connection is unauthorized."""
-        if not authorization:
-            return "unauthorized: no token; send the header 'Authorization: Bearer <device token>'"
-        scheme, _, secret = authorization.strip().partition(" ")
-        if scheme.lower() != "bearer" or not secret.strip():
-            return "unauthorized: the Authorization header must be 'Bearer <device token>'"
-        info = self.store.verify_token(secret.strip())
-        if info is None:
-            return "unauthorized: unknown or revoked device token"
-        if info.kind != "device":
-            return "unauthorized: an API token cannot register a device; use 'tether token create --device NAME'"
-        return info
-
-    async def _refuse(self, socket: AIPSocket, code: int, peer: str | None, error: str) -> None:
-        logger.warning("refused device connection from %s (%d): %s", peer, code, error)
-        try:
-            await socket.send_text(encode(ServerMessage(type=ServerMessageType.REGISTER_REFUSED,
-                                                        status=TaskStatus.ERROR, error=error)))
-        except SocketClosed:
-            pass
-        await close_socket(socket, code, error)
+    def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
+        """The device token's info, or the refusal saying why the connection is unauthorized
+        (`registration.authenticate`; the AIP endpoint applies it before the upgrade too)."""
+        return authenticate(self.store, authorization)
 
     async def _receive_loop(self, conn: DeviceLink) -> None:
         while not conn.dropped:
@@ -487,7 +431,7 @@ class DeviceHub:
             self.registry.notify()
             self._fleet_changed(conn.name)
         elif kind is ClientMessageType.SAMPLING_REQUEST:
-            job = asyncio.create_task(self._sample(conn, msg))
+            job = asyncio.create_task(answer_sampling(self.sampler, conn, msg))
             self._tasks.add(job)
             job.add_done_callback(self._tasks.discard)
         elif kind is ClientMessageType.ERROR:

@@ -1,0 +1,82 @@
+"""The rules of a device's admission, apart from the hub's state: whose token this is, whether the first
+frame is a registration of that device, and how a refusal is said.
+
+Each is a judgement on what the device sent, so each answers a verdict instead of raising: a `TokenInfo`
+or a `Registration`, else a `Refusal` with the close code and the reason the device is shown. The hub
+(`server/hub.py`) applies them, and decides what registering changes: the connection it replaces, the
+batches it resumes or fails.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from tether.protocol.codec import FrameError, decode_client_message, encode
+from tether.protocol.messages import ClientMessageType, Registration, ServerMessage, ServerMessageType, TaskStatus
+from tether.server.aip_socket import (
+    CLOSE_BAD_REGISTRATION,
+    CLOSE_UNAUTHORIZED,
+    CLOSE_WRONG_DEVICE,
+    AIPSocket,
+    SocketClosed,
+)
+from tether.server.device_link import close_socket
+from tether.server.store import Store, TokenInfo
+
+logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
+
+
+@dataclass(frozen=True)
+class Refusal:
+    code: int  # the WebSocket close code (aip_socket.CLOSE_*)
+    error: str
+
+
+def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal:
+    """The device token's info, or why the connection is unauthorized."""
+    def refused(error: str) -> Refusal:
+        return Refusal(CLOSE_UNAUTHORIZED, error)
+
+    if not authorization:
+        return refused("unauthorized: no token; send the header 'Authorization: Bearer <device token>'")
+    scheme, _, secret = authorization.strip().partition(" ")
+    if scheme.lower() != "bearer" or not secret.strip():
+        return refused("unauthorized: the Authorization header must be 'Bearer <device token>'")
+    info = store.verify_token(secret.strip())
+    if info is None:
+        return refused("unauthorized: unknown or revoked device token")
+    if info.kind != "device":
+        return refused("unauthorized: an API token cannot register a device; use 'tether token create --device NAME'")
+    return info
+
+
+def read_registration(frame: str, device: str, max_frame_bytes: int) -> Registration | Refusal:
+    """The REGISTER of the device whose token is `device`, from the connection's first frame."""
+    try:
+        msg = decode_client_message(frame, max_frame_bytes)
+        if msg.type is not ClientMessageType.REGISTER:
+            raise FrameError("not_register", f"the first frame must be a register message, not {msg.type.value}")
+        reg = Registration.model_validate(msg.payload)
+    except FrameError as exc:
+        return Refusal(CLOSE_BAD_REGISTRATION, f"registration refused: {exc}")
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        return Refusal(CLOSE_BAD_REGISTRATION, f"invalid registration: {problems}")
+    if reg.name is not None and reg.name != device:
+        return Refusal(CLOSE_WRONG_DEVICE, f"this token belongs to device '{device}' "
+                                           f"but the registration claims to be '{reg.name}'")
+    return reg
+
+
+async def refuse(socket: AIPSocket, refusal: Refusal, peer: str | None) -> None:
+    """Tell the device why (a REGISTER_REFUSED frame), then close with the refusal's code."""
+    logger.warning("refused device connection from %s (%d): %s", peer, refusal.code, refusal.error)
+    try:
+        await socket.send_text(encode(ServerMessage(type=ServerMessageType.REGISTER_REFUSED,
+                                                    status=TaskStatus.ERROR, error=refusal.error)))
+    except SocketClosed:
+        pass
+    await close_socket(socket, refusal.code, refusal.error)
