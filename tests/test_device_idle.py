@@ -291,10 +291,9 @@ async def test_the_proxy_environment_is_obeyed_as_before(tmp_path: Path, free_po
 
 
 WAITER = """
-import pathlib, sys, time
-d = pathlib.Path(sys.argv[1])
-while not (d / "go").exists():
-    time.sleep(0.005)
+import pathlib, sys
+with open(pathlib.Path(sys.argv[1]) / "go", "rb") as go:  # a FIFO: blocks until the test writes to it
+    go.read(2)
 print("done", flush=True)
 """
 
@@ -311,13 +310,18 @@ async def test_the_real_server_takes_the_load_from_template_heartbeats_and_keeps
             await asyncio.wait_for(conn.connected.wait(), WAIT)
             record = srv.hub.registry.get("beta")
             (tmp_path / "waiter.py").write_text(WAITER)
+            os.mkfifo(tmp_path / "go")
+            # held open for reading and writing: the waiter's open never blocks, and what is written stays in
+            # the pipe until it reads it, whenever it gets there
+            go = os.open(tmp_path / "go", os.O_RDWR)
             waiter = Command(tool_name="shell.run", parameters={"cmd": "python3", "cwd": str(tmp_path),
                                                                 "argv": [str(tmp_path / "waiter.py"), str(tmp_path)]})
             batch = asyncio.create_task(srv.hub.dispatcher("beta").execute_commands([waiter], 30))
             # only the device's heartbeats tell the server how many batches it runs
             assert await srv.hub.registry.wait_until(lambda: record.running == 1, WAIT)
-            (tmp_path / "go").touch()
+            os.write(go, b"go")
             [result] = await asyncio.wait_for(batch, WAIT)
+            os.close(go)
             assert result.status.value == "success", result
             assert await srv.hub.registry.wait_until(lambda: record.running == 0, WAIT)
         assert conn.connections == 1 and conn.state == "registered" and srv.hub.connected("beta")
