@@ -273,26 +273,19 @@ def test_create_or_get_server_shares_by_identity() -> None:
 
 # --- streamable HTTP ----------------------------------------------------------------------------
 
-def wait_for_port(port: int, proc: subprocess.Popen[bytes], deadline_s: float = 20) -> None:
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"HTTP server exited with {proc.returncode}: {proc.stderr.read().decode()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"nothing accepted connections on port {port} within {deadline_s}s")
-
-
 @pytest.fixture
-def http_server(free_port: int) -> Any:
-    proc = subprocess.Popen([sys.executable, CRASHY, "--http", str(free_port)], stderr=subprocess.PIPE)
+def http_server() -> Any:
+    # the socket listens before the server starts: a client's connection waits in its backlog until the
+    # server accepts it, so nothing has to wait for the server to be up
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    proc = subprocess.Popen([sys.executable, CRASHY, "--http-fd", str(sock.fileno())], stderr=subprocess.PIPE,
+                            pass_fds=[sock.fileno()])
     try:
-        wait_for_port(free_port, proc)
-        yield f"http://127.0.0.1:{free_port}/mcp"
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
     finally:
+        sock.close()
         proc.terminate()
         try:
             proc.wait(timeout=10)

@@ -1,4 +1,4 @@
-"""A deliberately fragile MCP server for the MCP server tests (stdio by default, `--http PORT`).
+"""A deliberately fragile MCP server for the MCP server tests (stdio by default, `--http-fd FD`: HTTP on that socket).
 
 Each tool exercises one path of the device's MCP client: plain text, structured output, a tool
 error, a process that dies mid-call, a call that outlives its timeout, and request headers.
@@ -87,9 +87,12 @@ def pid() -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+    if len(sys.argv) == 3 and sys.argv[1] == "--http-fd":  # a listening socket the parent made and passed
+        import functools
+        import socket
+
         from tether.tools.mcp_export import serve_http
 
-        anyio.run(serve_http, mcp, "127.0.0.1", int(sys.argv[2]))
+        anyio.run(functools.partial(serve_http, mcp, sock=socket.socket(fileno=int(sys.argv[2]))))
     else:
         mcp.run()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import ipaddress
 import json
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -96,12 +97,17 @@ async def serve_stdio(server: Server[Any] | MCPServer) -> None:
 
 
 async def serve_http(server: Server[Any] | MCPServer, host: str = "127.0.0.1", port: int = 8765, *,
-                     path: str = "/mcp", allow_remote: bool = False, log_level: str = "warning") -> None:
-    """Serve streamable HTTP with uvicorn until cancelled.
+                     path: str = "/mcp", allow_remote: bool = False, log_level: str = "warning",
+                     sock: socket.socket | None = None) -> None:
+    """Serve streamable HTTP with uvicorn until cancelled; on `sock` when given, a socket already bound and
+    listening (socket activation, or a parent that connects before this server has started: connections
+    wait in its backlog), else on `host`:`port`.
 
     There is no authentication on this endpoint and the tools act on this machine, so binding
     anything but loopback needs `allow_remote=True` (put an authenticating proxy in front).
     """
+    if sock is not None:
+        host = sock.getsockname()[0]
     if not allow_remote and not _is_loopback(host):
         raise ValueError(f"refusing to serve tools on {host}: not a loopback address and this endpoint has "
                          "no authentication (pass allow_remote=True behind an authenticating proxy)")
@@ -109,7 +115,7 @@ async def serve_http(server: Server[Any] | MCPServer, host: str = "127.0.0.1", p
 
     app = server.streamable_http_app(streamable_http_path=path, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
-    await uvicorn.Server(config).serve()
+    await uvicorn.Server(config).serve(sockets=[sock] if sock is not None else None)
 
 
 def _is_loopback(host: str) -> bool:
