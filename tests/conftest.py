@@ -69,21 +69,18 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """TETHER_TEST_DB=postgres runs the server-side suite: the tests that start a server through a
-    testkit (dbkit.keeps_server_state); the others are deselected, a `sqlite_only` test is skipped with
-    its reason shown."""
+    testkit (dbkit.keeps_server_state); the others are deselected, and so is a `sqlite_only` one (it must
+    give its reason): each runs in the SQLite pass of the same `.ci/run`, nothing is skipped."""
     import dbkit
 
     if dbkit.backend() != "postgres":
         return
     keep, drop = [], []
     for item in items:
-        (keep if dbkit.starts_servers(item) else drop).append(item)
         marker = item.get_closest_marker("sqlite_only")
-        if marker is not None:
-            reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
-            if not reason:
-                raise pytest.UsageError(f"{item.nodeid}: sqlite_only needs a reason")
-            item.add_marker(pytest.mark.skip(reason=f"SQLite only: {reason}"))
+        if marker is not None and not (marker.kwargs.get("reason") or marker.args):
+            raise pytest.UsageError(f"{item.nodeid}: sqlite_only needs a reason")
+        (keep if marker is None and dbkit.starts_servers(item) else drop).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)
         items[:] = keep
