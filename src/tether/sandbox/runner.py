@@ -17,20 +17,26 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from tether.sandbox.bwrap import live_source, warden_argv
 from tether.sandbox.detect import SandboxInfo
+from tether.sandbox.egress import AskFn, EgressProxy, EgressRecord
+from tether.sandbox.egress_rules import EgressRules
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
 from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
 
 logger = logging.getLogger(__name__)
+egress_log = logging.getLogger("tether.sandbox.egress")
 
 START_TIMEOUT_S = 15.0
 FREE_LAYERS = 8
 MAX_REPLY = 1 << 16
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
 
 
 class SandboxedProcess:
@@ -47,6 +53,7 @@ class SandboxedProcess:
     async def wait(self) -> int:
         self.returncode = await asyncio.shield(self._exited)
         self.notes = self._sandbox._notes.pop(self._id, [])
+        self.notes += [r.describe() for r in self._sandbox._connections.pop(self._id, [])]
         return self.returncode
 
     def kill(self) -> None:
@@ -64,7 +71,14 @@ class SandboxedProcess:
 class Sandbox:
     """The device's sandbox: owns the warden process; closed with the device."""
 
-    def __init__(self, info: SandboxInfo, spec: SandboxSpec) -> None:
+    def __init__(self, info: SandboxInfo, spec: SandboxSpec, *, egress: EgressRules | None = None,
+                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None) -> None:
+        """`egress`: the host rules of a policy that lists hosts; the spec must then have no network
+        (`network=False`), and every command's only way out is the egress proxy, which asks `ask` about
+        unlisted hosts (`ask: on-miss`) and reports every connection to `audit` as well as to the log
+        and to the command's notes."""
+        if egress is not None and spec.network:
+            raise ValueError("an egress proxy needs a sandbox without direct network (network=False)")
         if not info.available or not info.bwrap:
             raise SandboxUnavailable(info.detail)
         if not spec.layers_dir:
@@ -82,6 +96,13 @@ class Sandbox:
         self._warden_host_pid: int | None = None
         self._notes: dict[int, list[str]] = {}
         self._removing: set[asyncio.Future[None]] = set()
+        self._audit = audit
+        self.egress = None if egress is None else EgressProxy(egress, audit=self._on_connection,
+                                                               owner=self._owner_of, ask=ask)
+        self._proxy_port: int | None = None
+        self._proxy_task: asyncio.Task[None] | None = None
+        self._connections: dict[int, list[EgressRecord]] = {}  # request id -> its connections, for its notes
+        self._warden_pids: dict[int, int] = {}  # the warden's pid of a running command -> its request id
 
     @property
     def kind(self) -> str:
@@ -134,12 +155,83 @@ class Sandbox:
                 self._proc.kill()
             detail = err.decode("utf-8", "replace").strip() or "it exited without a word"
             raise SandboxUnavailable(f"the sandbox could not start: {detail}")
+        if self.egress is not None:
+            try:
+                await self._listen(ours)
+            except BaseException:
+                ours.close()
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.kill()
+                raise
         self._sock = ours
         loop.add_reader(ours.fileno(), self._on_readable)
         asyncio.get_running_loop().create_task(self._log_stderr(self._proc))
         # bwrap → bwrap's init in the new pid namespace → the warden
         self._warden_host_pid = next(iter(_children(next(iter(_children(self._proc.pid)), 0))), None)
         logger.debug("sandbox warden started (%s, pid %s here)", json.loads(hello), self._warden_host_pid)
+
+    async def _listen(self, sock: socket.socket) -> None:
+        """Have the warden open the proxy's port on the sandbox's loopback and serve it with the egress proxy."""
+        assert self.egress is not None
+        loop = asyncio.get_running_loop()
+        sock.setblocking(True)
+        try:
+            sock.send(json.dumps({"op": "listen"}).encode())
+        finally:
+            sock.setblocking(False)
+        readable: asyncio.Future[None] = loop.create_future()
+        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+        try:
+            async with asyncio.timeout(START_TIMEOUT_S):
+                await readable
+        except TimeoutError:
+            raise SandboxUnavailable("the sandbox's warden did not open the egress proxy's port") from None
+        finally:
+            loop.remove_reader(sock.fileno())
+        data, fds, _, _ = socket.recv_fds(sock, MAX_REPLY, 1)
+        reply = json.loads(data) if data else {"error": "the warden went away"}
+        if reply.get("op") != "listening" or len(fds) != 1 or "error" in reply:
+            for fd in fds:
+                os.close(fd)
+            raise SandboxUnavailable(f"no egress proxy: {reply.get('error', 'unexpected reply from the warden')}")
+        self._proxy_port = int(reply["port"])
+        self._proxy_task = self.egress.serve(socket.socket(fileno=fds[0]))
+
+    def proxy_env(self) -> dict[str, str]:
+        """What a command's environment gets so that its HTTP and SOCKS clients use the egress proxy."""
+        if self._proxy_port is None:
+            return {}
+        http = f"http://127.0.0.1:{self._proxy_port}"
+        return {**{k: http for k in PROXY_ENV if "all" not in k.lower()},
+                "ALL_PROXY": f"socks5h://127.0.0.1:{self._proxy_port}",
+                "all_proxy": f"socks5h://127.0.0.1:{self._proxy_port}"}
+
+    def _on_connection(self, record: EgressRecord, event: str) -> None:
+        """The audit of one proxied connection: the device's log, the command's notes, the `audit` hook."""
+        if event == "open":
+            if record.owner is not None and record.owner in self._waiters:
+                self._connections.setdefault(record.owner, []).append(record)
+            if not record.allowed:
+                egress_log.warning("%s", record.describe())
+        elif record.allowed:
+            egress_log.info("%s", record.describe())
+        if self._audit is not None:
+            self._audit(record, event)
+
+    def _owner_of(self, peer: tuple[str, int]) -> int | None:
+        """The request id of the command holding the client end `peer` of a proxied connection: its socket's
+        inode from the warden's /proc/net/tcp, then the fds of each running command and its descendants."""
+        warden = self._warden_host_pid
+        if warden is None or not self._warden_pids:
+            return None
+        inode = _tcp_inode(warden, peer)
+        if inode is None:
+            return None
+        target = f"socket:[{inode}]"
+        for command in _children(warden):  # each is pid 1 of one command's pid namespace
+            if any(_holds(proc, target) for proc in _descendants(command)):
+                return self._warden_pids.get(_nspid(command, -2) or 0)
+        return None
 
     async def _log_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None
@@ -150,6 +242,10 @@ class Sandbox:
             self._drop_warden(f"the sandbox's warden exited (code {proc.returncode})")
 
     def _drop_warden(self, why: str) -> None:
+        if self._proxy_task is not None:
+            self._proxy_task.cancel()
+            self._proxy_task = None
+            self._proxy_port = None
         if self._sock is not None:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_reader(self._sock.fileno())
@@ -184,8 +280,10 @@ class Sandbox:
                 self._notes.setdefault(msg["id"], []).extend(str(n) for n in msg.get("notes", []))
             elif msg["op"] == "started" and not started.done():
                 started.set_result(msg["pid"])
+                self._warden_pids[msg["pid"]] = msg["id"]
             elif msg["op"] == "exit":
                 self._waiters.pop(msg["id"], None)
+                self._warden_pids = {p: i for p, i in self._warden_pids.items() if i != msg["id"]}
                 if "error" in msg:
                     error = SandboxUnavailable(msg["error"])
                     for fut in (started, exited):
@@ -267,6 +365,9 @@ class Sandbox:
                        "exec_path": exec_path,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
                                     *self.spec.live_write_roots, "/dev"]}
+            if self.egress is not None:
+                env = {k: v for k, v in env.items() if k not in NO_PROXY_ENV} | self.proxy_env()
+                message["env"] = env
             self._send(message, [exe, in_r, out_w, err_w])
         finally:
             for fd in to_close:
@@ -311,6 +412,8 @@ class Sandbox:
         self._closed = True
         self.held.clear()
         self._drop_warden("the sandbox is closed (the device is stopping)")
+        if self.egress is not None:
+            await self.egress.aclose()
         proc, self._proc = self._proc, None
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
@@ -337,6 +440,59 @@ def _children(pid: int) -> list[int]:
             return [int(p) for p in f.read().split()]
     except (OSError, ValueError):
         return []
+
+
+def _descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo and len(out) < 4096:
+        current = todo.pop()
+        out.append(current)
+        todo += _children(current)
+    return out
+
+
+def _holds(pid: int, target: str) -> bool:
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
+                return True
+    return False
+
+
+def _nspid(pid: int, index: int) -> int | None:
+    """One of the pids `pid` has in its pid namespaces (NSpid: outermost first), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"NSpid:"):
+                    ids = line.split()[1:]
+                    return int(ids[index]) if len(ids) >= abs(index) else None
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def _tcp_inode(pid: int, peer: tuple[str, int]) -> int | None:
+    """The inode of the IPv4 TCP socket bound to `peer` in the network namespace of process `pid`."""
+    try:
+        packed = socket.inet_aton(peer[0])
+    except OSError:
+        return None
+    local = f"{int.from_bytes(packed, 'little'):08X}:{peer[1]:04X}"
+    try:
+        with open(f"/proc/{pid}/net/tcp") as table:
+            next(table, None)
+            for line in table:
+                fields = line.split()
+                if len(fields) > 9 and fields[1] == local:
+                    return int(fields[9])
+    except (OSError, ValueError):
+        return None
+    return None
 
 
 def layer_empty(layer: Path, roots: int) -> bool:

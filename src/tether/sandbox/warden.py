@@ -206,6 +206,8 @@ class Warden:
         req = json.loads(data)
         if req["op"] == "run":
             self._run(req, fds)
+        elif req["op"] == "listen":
+            self._listen()
         elif req["op"] == "kill" and req["id"] in self.children:
             try:
                 os.kill(self.children[req["id"]][0], signal.SIGKILL)
@@ -214,6 +216,23 @@ class Warden:
         for fd in fds:
             os.close(fd)
         return True
+
+    def _listen(self) -> None:
+        """A listening TCP socket on this network namespace's loopback, handed to the device (SCM_RIGHTS).
+
+        The egress proxy (tether.sandbox.egress) accepts from it on the device: the sandbox's only way
+        out when its policy lists hosts. The warden keeps no copy, so it stays out of the data path.
+        """
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen(socket.SOMAXCONN)
+            port = listener.getsockname()[1]
+            socket.send_fds(self.sock, [json.dumps({"op": "listening", "port": port}).encode()], [listener.fileno()])
+        except OSError as exc:
+            self.send({"op": "listening", "error": f"could not listen on the sandbox's loopback: {exc}"})
+        finally:
+            listener.close()
 
     def _run(self, req: dict[str, Any], fds: list[int]) -> None:
         try:

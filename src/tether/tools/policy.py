@@ -23,6 +23,7 @@ from typing import Any, Literal, NamedTuple
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tether.sandbox.egress_rules import check_entries
 from tether.tools import shell_rules
 from tether.tools.errors import NeedsApproval, PolicyDenied
 from tether.tools.shell_code import is_long, letters
@@ -73,6 +74,27 @@ DEFAULT_HIDDEN: tuple[str, ...] = (
 )
 
 
+class NetworkRules(BaseModel):
+    """`network: {allow, deny, ask}`: sandboxed commands reach only the listed hosts, through the egress proxy.
+
+    Entries are `host`, `*.domain`, `*`, an address or a network (`10.0.0.0/8`), each with an optional
+    `:port`; deny wins over allow; loopback, private and link-local addresses are refused unless an
+    entry names the address, its network or the exact host name (tether.sandbox.egress_rules).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow: list[str] = Field(default_factory=list, description="hosts commands may reach")
+    deny: list[str] = Field(default_factory=list, description="hosts commands may never reach (wins over allow)")
+    ask: Literal["off", "on-miss"] = Field("off", description="on-miss: an unlisted host asks a person "
+                                                              "(once / always / deny) instead of being refused")
+
+    @field_validator("allow", "deny")
+    @classmethod
+    def _entries_parse(cls, entries: list[str]) -> list[str]:
+        return check_entries(entries)
+
+
 class Policy(BaseModel):
     """Loaded from YAML; every field has a safe default."""
 
@@ -99,7 +121,11 @@ class Policy(BaseModel):
     require_sandbox: bool | None = Field(
         None, description="refuse to start processes when no sandbox can be made; unset: true for a device "
                           "serving a server, false for local `tether exec` / `tether run` (with a warning)")
-    network: bool = Field(True, description="whether sandboxed processes reach the network (false: loopback only)")
+    network: bool | NetworkRules = Field(
+        True, description="sandboxed processes' network: on (true), off (false: loopback only), or "
+                          "{allow: [host[:port], *.domain, address, network/bits], deny: [...], ask: off|on-miss}: "
+                          "no direct network, only the device's egress proxy to the hosts the lists open "
+                          "(docs/security/network.md)")
     hide_paths: list[str] = Field(
         default_factory=lambda: list(DEFAULT_HIDDEN),
         description="paths sandboxed processes see as empty (the device's state, token and config are always added)")
@@ -127,6 +153,21 @@ class Policy(BaseModel):
             if name.lower() in ALWAYS_DENIED:
                 raise ValueError(f"{name!r} is always denied and no policy can allow it")
         return commands
+
+    @field_validator("network", mode="before")
+    @classmethod
+    def _network_shape(cls, value: Any) -> Any:
+        """on/off (true/false) or a mapping of rules, with one clear message when it is neither."""
+        if isinstance(value, str) and value.strip().lower() in ("on", "off", "true", "false"):
+            return value.strip().lower() in ("on", "true")
+        if isinstance(value, bool | NetworkRules):
+            return value
+        if isinstance(value, Mapping):
+            try:
+                return NetworkRules.model_validate(value)
+            except ValidationError as exc:
+                raise ValueError("; ".join(_explain(err) for err in exc.errors(include_url=False))) from None
+        raise ValueError(f"{value!r}: network is on, off, or {{allow: [hosts], deny: [hosts], ask: off|on-miss}}")
 
     @field_validator("allow_escapes")
     @classmethod
@@ -398,7 +439,8 @@ def check_env(policy: Policy, env: Mapping[str, str] | None) -> Decision:
 
 
 __all__ = [
-    "ALWAYS_DENIED", "KNOWN_ESCAPES", "ApprovalRules", "CommandRule", "Decision", "NeedsApproval", "Policy",
+    "ALWAYS_DENIED", "KNOWN_ESCAPES", "ApprovalRules", "CommandRule", "Decision", "NeedsApproval", "NetworkRules",
+    "Policy",
     "PolicyDenied", "approval_asked", "arg_matches",
     "check_command", "check_env", "default_policy", "lifted", "load_policy",
     "policy_from_mapping", "program_name", "yaml",

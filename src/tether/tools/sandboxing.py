@@ -9,13 +9,15 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
+from tether.sandbox.egress import AskFn, EgressRecord
+from tether.sandbox.egress_rules import EgressRules
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
-from tether.tools.policy import Policy
+from tether.tools.policy import NetworkRules, Policy
 
 logger = logging.getLogger(__name__)
 
@@ -50,11 +52,24 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
     captured = [r for r in policy.write_roots if os.path.realpath(os.path.expanduser(r)) not in live_real]
     return SandboxSpec.build(write_roots=[r for r in captured if os.path.isdir(os.path.expanduser(r))],
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
-                             hidden=[*policy.hide_paths, *hidden], network=policy.network, layers_dir=layers)
+                             hidden=[*policy.hide_paths, *hidden], network=policy.network is True,
+                             layers_dir=layers)
 
 
-def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInfo | None = None) -> Sandbox | None:
-    """The device's sandbox, or None (with the reason logged) where none can be made here."""
+def egress_rules(policy: Policy) -> EgressRules | None:
+    """The egress proxy's rules when the policy lists hosts (`network: {allow: ...}`), else None."""
+    network = policy.network
+    if isinstance(network, NetworkRules):
+        return EgressRules.build(allow=network.allow, deny=network.deny, ask=network.ask)
+    return None
+
+
+def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInfo | None = None,
+                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None) -> Sandbox | None:
+    """The device's sandbox, or None (with the reason logged) where none can be made here.
+
+    A policy that lists hosts gets the egress proxy: `ask` answers `ask: on-miss` (without it an
+    unlisted host is refused), `audit` sees every connection (see `Sandbox`)."""
     info = info or detect()
     if not info.available:
         logger.warning("no sandbox: %s", info.detail)
@@ -64,4 +79,5 @@ def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInf
         logger.warning("no sandbox: no writable directory outside the write roots for its layers "
                        "(set TETHER_SANDBOX_LAYERS)")
         return None
-    return Sandbox(info, sandbox_spec(policy, hidden=hidden, layers=layers))
+    return Sandbox(info, sandbox_spec(policy, hidden=hidden, layers=layers), egress=egress_rules(policy), ask=ask,
+                   audit=audit)

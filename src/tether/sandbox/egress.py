@@ -1,0 +1,535 @@
+"""The egress proxy: the only way out for a sandbox whose policy lists hosts (`network: {allow: [...]}`).
+
+The sandbox has its own network namespace with nothing but loopback in it; the warden listens on a
+port of that loopback and hands the listening socket to the device, where `EgressProxy.serve`
+accepts from it. Every connection speaks one of three dialects, told apart by its first byte:
+HTTP `CONNECT host:port` (tunnels: TLS), a plain HTTP forward-proxy request (`GET http://host/...`)
+or SOCKS5 (CONNECT only, names resolved here: `socks5h`). For each one the proxy
+
+1. judges the requested name against the rules (`EgressRules.judge_name`: deny, then allow);
+2. resolves it itself and judges every address (`judge_address`: no loopback, private, link-local or
+   other special address unless the rules name it), then connects to an address it judged, never
+   to the name (no second resolution that could answer differently);
+3. relays bytes both ways, counting them, until either side closes or the connection is idle.
+
+A refusal reaches the command: an HTTP 403 with a JSON body `{"error", "rule"}` and an
+`X-Tether-Rule` header, or a SOCKS5 reply code 2 ("not allowed by ruleset"). Every connection,
+allowed or not, is reported to `audit` when it is judged and again when it ends (with its bytes).
+
+Every wait is bounded: the request head (`Limits.head_timeout_s`, at most `Limits.max_head_bytes`),
+resolution, connecting, a person's answer, and an idle relay. Standard library only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import json
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tether.sandbox.egress_rules import EgressRules, IPAddress, Verdict, normalize_host, parse_address
+
+Answer = Literal["once", "always", "deny"]
+AskFn = Callable[[str, int, int | None], Awaitable[Answer]]
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Time limits and size caps on everything the proxy waits for."""
+
+    head_timeout_s: float = 10.0  # the request head (HTTP headers, SOCKS handshake), in all
+    max_head_bytes: int = 32 * 1024
+    resolve_timeout_s: float = 5.0
+    connect_timeout_s: float = 10.0
+    idle_timeout_s: float = 300.0  # no byte either way for this long ends a tunnel
+    ask_timeout_s: float = 300.0  # a person's answer to `ask: on-miss`
+    max_connections: int = 256  # open at once; more are refused
+    chunk_bytes: int = 256 * 1024
+
+
+@dataclass(slots=True)
+class EgressRecord:
+    """The audit record of one connection: what was asked, the verdict and its rule, the bytes moved.
+
+    `up` counts bytes from the command to the host, `down` from the host to the command; both grow
+    while the connection is open. `owner` is the sandbox's request id of the command that opened it,
+    when it could be told.
+    """
+
+    protocol: str
+    host: str
+    port: int
+    allowed: bool = False
+    rule: str = ""
+    reason: str = ""
+    address: str | None = None
+    owner: int | None = None
+    up: int = 0
+    down: int = 0
+    started: float = field(default_factory=time.time)
+    ended: float | None = None
+
+    def describe(self) -> str:
+        """One line for a log or a command's notes."""
+        where = f"{self.host}:{self.port}" + (f" ({self.address})" if self.address and self.address != self.host
+                                               else "")
+        if not self.allowed:
+            return f"network: {where} refused by {self.rule}: {self.reason}"
+        return f"network: {where} allowed by {self.rule}, {self.up} bytes up, {self.down} down ({self.protocol})"
+
+    def as_dict(self) -> dict[str, object]:
+        return {"protocol": self.protocol, "host": self.host, "port": self.port, "address": self.address,
+                "allowed": self.allowed, "rule": self.rule, "reason": self.reason, "bytes_up": self.up,
+                "bytes_down": self.down, "owner": self.owner, "started": self.started, "ended": self.ended}
+
+
+class Refused(Exception):
+    """The connection is not made; `code` is the HTTP status, `socks` the SOCKS5 reply code."""
+
+    def __init__(self, rule: str, reason: str, *, code: int = 403, socks: int = 2) -> None:
+        super().__init__(reason)
+        self.rule, self.reason, self.code, self.socks = rule, reason, code, socks
+
+
+class _Head:
+    """Reads a connection's first bytes off its raw socket, within one deadline and one size cap."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, limits: Limits) -> None:
+        self.loop, self.sock, self.limits = loop, sock, limits
+        self.buf = bytearray()
+        self.deadline = loop.time() + limits.head_timeout_s
+
+    async def _more(self) -> None:
+        if len(self.buf) >= self.limits.max_head_bytes:
+            raise Refused("network.request-too-large", f"the request head is over {self.limits.max_head_bytes} "
+                                                       "bytes", code=431, socks=1)
+        remaining = self.deadline - self.loop.time()
+        try:
+            async with asyncio.timeout(max(remaining, 0.0)):
+                data = await self.loop.sock_recv(self.sock, self.limits.max_head_bytes - len(self.buf))
+        except TimeoutError:
+            raise Refused("network.request-timeout", f"no complete request within {self.limits.head_timeout_s:g}s",
+                          code=408, socks=1) from None
+        if not data:
+            raise ConnectionResetError("the client closed the connection")
+        self.buf += data
+
+    async def exactly(self, n: int) -> bytes:
+        while len(self.buf) < n:
+            await self._more()
+        out = bytes(self.buf[:n])
+        del self.buf[:n]
+        return out
+
+    async def until(self, marker: bytes) -> bytes:
+        while (end := self.buf.find(marker)) < 0:
+            await self._more()
+        out = bytes(self.buf[:end + len(marker)])
+        del self.buf[:end + len(marker)]
+        return out
+
+
+class _Pipe(asyncio.Protocol):
+    """One side of a tunnel: what it receives is written to the other side's transport."""
+
+    def __init__(self, tunnel: _Tunnel, downstream: bool) -> None:
+        self.tunnel, self.downstream = tunnel, downstream
+        self.transport: asyncio.Transport | None = None
+        self.early: list[bytes] = []  # received before the other side was connected
+        self.eof = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        tunnel = self.tunnel
+        tunnel.last = tunnel.loop.time()
+        if self.downstream:
+            tunnel.record.down += len(data)
+        else:
+            tunnel.record.up += len(data)
+        other = tunnel.other(self)
+        if other is None or other.transport is None:
+            self.early.append(data)
+        else:
+            other.transport.write(data)
+
+    def eof_received(self) -> bool:
+        self.eof = True
+        other = self.tunnel.other(self)
+        if other is not None and other.transport is not None and other.transport.can_write_eof() \
+                and not other.transport.is_closing():
+            other.transport.write_eof()
+        if other is not None and other.eof:
+            self.tunnel.close()
+        return True  # keep the other direction open until it ends too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.tunnel.close()
+
+    # the other side's write buffer fills: stop reading here, so memory stays bounded
+    def pause_writing(self) -> None:
+        other = self.tunnel.other(self)
+        if other is not None and other.transport is not None:
+            other.transport.pause_reading()
+
+    def resume_writing(self) -> None:
+        other = self.tunnel.other(self)
+        if other is not None and other.transport is not None and not other.transport.is_closing():
+            other.transport.resume_reading()
+
+
+class _Tunnel:
+    """A client and an upstream transport joined, with an idle timer; `done` resolves when both are closed."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, record: EgressRecord, limits: Limits) -> None:
+        self.loop, self.record, self.limits = loop, record, limits
+        self.client = _Pipe(self, downstream=False)
+        self.upstream = _Pipe(self, downstream=True)
+        self.last = loop.time()
+        self.done: asyncio.Future[None] = loop.create_future()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def other(self, pipe: _Pipe) -> _Pipe | None:
+        return self.upstream if pipe is self.client else self.client
+
+    def start(self) -> None:
+        """Both sides are connected: flush what arrived early and start the idle timer."""
+        for pipe in (self.client, self.upstream):
+            other = self.other(pipe)
+            assert other is not None and other.transport is not None
+            for data in pipe.early:
+                other.transport.write(data)
+            pipe.early.clear()
+        assert self.upstream.transport is not None
+        self.upstream.transport.resume_reading()
+        self._timer = self.loop.call_later(self.limits.idle_timeout_s, self._check_idle)
+
+    def _check_idle(self) -> None:
+        idle = self.loop.time() - self.last
+        if idle >= self.limits.idle_timeout_s:
+            self.close()
+        else:
+            self._timer = self.loop.call_later(self.limits.idle_timeout_s - idle, self._check_idle)
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for pipe in (self.client, self.upstream):
+            if pipe.transport is not None and not pipe.transport.is_closing():
+                pipe.transport.close()
+        if not self.done.done():
+            self.done.set_result(None)
+
+
+class EgressProxy:
+    """Serves the connections a sandbox makes, under `rules`.
+
+    `audit(record, event)` is called with event "open" once a connection is judged (allowed or not)
+    and "close" when it ends. `owner(peer)` names the command (its request id) that holds the client
+    end `peer` (an (address, port) pair on the sandbox's loopback), or None. `ask(host, port, owner)`
+    asks a person about an unlisted host when the rules say `ask: on-miss`; without it such a host is
+    refused. An "always" answer is kept for this proxy's life (`rules` grows an exact entry).
+    """
+
+    def __init__(self, rules: EgressRules, *, audit: Callable[[EgressRecord, str], None] | None = None,
+                 owner: Callable[[tuple[str, int]], int | None] | None = None, ask: AskFn | None = None,
+                 limits: Limits | None = None) -> None:
+        self.rules = rules
+        self.audit, self.owner, self.ask = audit, owner, ask
+        self.limits = limits or Limits()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._servers: list[asyncio.Task[None]] = []
+        self._peers: dict[int, tuple[str, int]] = {}  # id(record) -> its client's address, until it closes
+
+    # ------------------------------------------------------------------ accepting
+
+    def serve(self, listener: socket.socket) -> asyncio.Task[None]:
+        """Accept from `listener` (a listening TCP socket, the proxy now owns it) until `aclose`, or until
+        the returned task is cancelled (a sandbox that restarted gets a new listener)."""
+        listener.setblocking(False)
+        task = asyncio.get_running_loop().create_task(self._accept_loop(listener))
+        self._servers.append(task)
+        task.add_done_callback(lambda t: t in self._servers and self._servers.remove(t))
+        return task
+
+    async def _accept_loop(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                client, peer = await loop.sock_accept(listener)
+                if len(self._tasks) >= self.limits.max_connections:
+                    client.close()
+                    self._report(EgressRecord("tcp", "?", 0, rule="network.max-connections",
+                                              reason=f"more than {self.limits.max_connections} open connections"),
+                                 "open")
+                    continue
+                task = loop.create_task(self.handle(client, (str(peer[0]), int(peer[1]))))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+        finally:
+            listener.close()
+
+    async def aclose(self) -> None:
+        """Stop accepting and end every open connection."""
+        for task in (*self._servers, *self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._servers, *self._tasks, return_exceptions=True)
+        self._servers.clear()
+
+    def _report(self, record: EgressRecord, event: str) -> None:
+        if event == "open" and record.owner is None:  # late: the command may connect before its start is known
+            peer = self._peers.get(id(record))
+            record.owner = None if peer is None else self._owner(peer)
+        if self.audit is not None:
+            try:
+                self.audit(record, event)
+            except Exception:  # an audit sink's bug must not take the connection's task down
+                pass
+
+    # ------------------------------------------------------------------ one connection
+
+    async def handle(self, client: socket.socket, peer: tuple[str, int]) -> None:
+        """Serve one accepted connection to its end (the proxy owns and closes `client`)."""
+        loop = asyncio.get_running_loop()
+        client.setblocking(False)
+        with contextlib.suppress(OSError):
+            client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        head = _Head(loop, client, self.limits)
+        record = EgressRecord("tcp", "?", 0)
+        self._peers[id(record)] = peer
+        tunnel: _Tunnel | None = None
+        opened = False
+        try:
+            first = await head.exactly(1)
+            socks = first == b"\x05"
+            head.buf[:0] = first
+            try:
+                if socks:
+                    record.protocol = "socks5"
+                    await self._socks_request(head, record)
+                    tunnel = await self._open(record)
+                    opened = True
+                    await self._send(loop, client, _socks_reply(0))
+                else:
+                    upstream_head = await self._http_request(head, record)
+                    tunnel = await self._open(record)
+                    opened = True
+                    if upstream_head is None:
+                        await self._send(loop, client, b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    else:
+                        tunnel.client.early.append(upstream_head)
+                        record.up += len(upstream_head)
+            except Refused as refusal:
+                record.allowed, record.rule, record.reason = False, refusal.rule, refusal.reason
+                if not opened:
+                    opened = True
+                    self._report(record, "open")
+                reply = _socks_reply(refusal.socks) if socks else _http_refusal(refusal)
+                with contextlib.suppress(OSError, TimeoutError):
+                    await self._send(loop, client, reply)
+                return
+            if head.buf:
+                tunnel.client.early.append(bytes(head.buf))
+                record.up += len(head.buf)
+                head.buf.clear()
+            await loop.connect_accepted_socket(lambda: tunnel.client, client)  # type: ignore[union-attr]
+            tunnel.start()
+            await tunnel.done
+        except (ConnectionError, OSError, Refused, ValueError):
+            pass  # the client went away, or spoke nonsense before a verdict: nothing was opened
+        finally:
+            if tunnel is not None:
+                tunnel.close()
+            client.close()
+            if opened:
+                record.ended = time.time()
+                self._report(record, "close")
+            self._peers.pop(id(record), None)
+
+    def _owner(self, peer: tuple[str, int]) -> int | None:
+        if self.owner is None:
+            return None
+        try:
+            return self.owner(peer)
+        except Exception:
+            return None
+
+    async def _send(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes) -> None:
+        async with asyncio.timeout(self.limits.head_timeout_s):
+            await loop.sock_sendall(sock, data)
+
+    # ------------------------------------------------------------------ dialects
+
+    async def _socks_request(self, head: _Head, record: EgressRecord) -> None:
+        _, count = await head.exactly(2)
+        methods = await head.exactly(count)
+        if 0 not in methods:
+            await self._send(head.loop, head.sock, b"\x05\xff")
+            raise ConnectionResetError("the SOCKS client offers no method without authentication")
+        await self._send(head.loop, head.sock, b"\x05\x00")
+        version, command, _, atyp = await head.exactly(4)
+        if atyp == 1:
+            host = str(ipaddress.IPv4Address(await head.exactly(4)))
+        elif atyp == 4:
+            host = str(ipaddress.IPv6Address(await head.exactly(16)))
+        elif atyp == 3:
+            (length,) = await head.exactly(1)
+            try:
+                host = (await head.exactly(length)).decode("ascii")
+            except UnicodeDecodeError:
+                raise Refused("network.bad-request", "a SOCKS host name must be ASCII (IDNA-encoded)",
+                              code=400, socks=1) from None
+        else:
+            raise Refused("network.socks", f"SOCKS address type {atyp} is not supported", code=400, socks=8)
+        port = int.from_bytes(await head.exactly(2), "big")
+        record.host, record.port = normalize_host(host), port
+        if version != 5 or command != 1:
+            raise Refused("network.socks", "only SOCKS5 CONNECT is supported (no BIND, no UDP)", code=400, socks=7)
+
+    async def _http_request(self, head: _Head, record: EgressRecord) -> bytes | None:
+        """Parse a request head; None for CONNECT, else the head to send upstream (origin-form)."""
+        raw = await head.until(b"\r\n\r\n")
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            raise Refused("network.bad-request", "not an HTTP proxy request", code=400)
+        method, target, version = parts
+        if method == "CONNECT":
+            record.protocol = "connect"
+            record.host, record.port = _host_port(target, None)
+            return None
+        record.protocol = "http"
+        if not target.lower().startswith("http://"):
+            raise Refused("network.bad-request", "a forward-proxy request needs an absolute http:// URL (use CONNECT "
+                                                 "for https)", code=400)
+        rest = target[len("http://"):]
+        slash = rest.find("/")
+        authority, path = (rest, "/") if slash < 0 else (rest[:slash], rest[slash:])
+        if "@" in authority:
+            raise Refused("network.bad-request", "credentials in a proxied URL are not forwarded", code=400)
+        record.host, record.port = _host_port(authority, 80)
+        headers = [line for line in lines[1:] if line and not line.lower().startswith(
+            ("proxy-connection:", "proxy-authorization:", "connection:", "keep-alive:"))]
+        # one request per upstream connection: a client reusing it for another host would otherwise reach
+        # this host with that request
+        out = "\r\n".join([f"{method} {path} {version}", *headers, "Connection: close", "", ""])
+        return out.encode("latin-1")
+
+    # ------------------------------------------------------------------ verdicts and connecting
+
+    async def _judge(self, record: EgressRecord) -> Verdict:
+        verdict = self.rules.judge_name(record.host, record.port)
+        if verdict.allowed or not verdict.ask or self.ask is None:
+            return verdict
+        try:
+            async with asyncio.timeout(self.limits.ask_timeout_s):
+                answer = await self.ask(record.host, record.port, record.owner)
+        except TimeoutError:
+            return Verdict(False, "network.ask", f"nobody answered within {self.limits.ask_timeout_s:g}s")
+        if answer == "always":
+            self.rules = self.rules.with_allowed(record.host, record.port)
+        if answer in ("once", "always"):
+            return Verdict(True, f"network.ask: {answer}", "a person allowed it")
+        return Verdict(False, "network.ask: deny", "a person refused it")
+
+    async def _resolve(self, host: str, port: int) -> list[IPAddress]:
+        literal = parse_address(host)
+        if literal is not None:
+            return [literal]
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.limits.resolve_timeout_s):
+                infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+        except TimeoutError:
+            raise Refused("network.resolve", f"{host} did not resolve within {self.limits.resolve_timeout_s:g}s",
+                          code=504, socks=4) from None
+        except OSError as exc:
+            raise Refused("network.resolve", f"{host} does not resolve: {exc}", code=502, socks=4) from None
+        out: list[IPAddress] = []
+        for info in infos:
+            address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
+            if address not in out:
+                out.append(address)
+        return out
+
+    async def _open(self, record: EgressRecord) -> _Tunnel:
+        """Judge, resolve and connect; reports the verdict ("open"). Refused when it may not, or cannot."""
+        if not record.host or not 0 < record.port < 65536:
+            raise Refused("network.bad-request", "no host or port to connect to", code=400, socks=1)
+        verdict = await self._judge(record)
+        if not verdict.allowed:
+            raise Refused(verdict.rule, verdict.reason)
+        name_rule = verdict.rule
+        refusal: Verdict | None = None
+        checked: list[tuple[IPAddress, Verdict]] = []
+        for address in await self._resolve(record.host, record.port):
+            on_address = self.rules.judge_address(record.host, address, record.port)
+            if on_address.allowed:
+                checked.append((address, on_address))
+            elif refusal is None:
+                refusal = on_address
+        if not checked:
+            assert refusal is not None
+            raise Refused(refusal.rule, refusal.reason)
+        loop = asyncio.get_running_loop()
+        tunnel = _Tunnel(loop, record, self.limits)
+        failure = ""
+        for address, on_address in checked:  # connect to what was judged, never to the name again
+            try:
+                async with asyncio.timeout(self.limits.connect_timeout_s):
+                    await loop.create_connection(lambda: tunnel.upstream, host=str(address), port=record.port)
+            except TimeoutError:
+                failure = f"{address}:{record.port} did not answer within {self.limits.connect_timeout_s:g}s"
+                continue
+            except OSError as exc:
+                failure = f"{address}:{record.port}: {exc.strerror or exc}"
+                continue
+            assert tunnel.upstream.transport is not None
+            tunnel.upstream.transport.pause_reading()  # until the client side is joined (start)
+            record.address = str(address)
+            record.allowed = True
+            record.rule = name_rule if on_address.rule == "network.public-address" else on_address.rule
+            record.reason = verdict.reason
+            self._report(record, "open")
+            return tunnel
+        raise Refused("network.connect", f"could not connect: {failure}", code=502, socks=5)
+
+
+def _host_port(authority: str, default: int | None) -> tuple[str, int]:
+    if authority.startswith("["):
+        close = authority.find("]")
+        host, rest = authority[1:close], authority[close + 1:]
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif authority.count(":") == 1:
+        host, port_text = authority.split(":")
+    else:
+        host, port_text = authority, ""
+    if not port_text:
+        if default is None:
+            raise Refused("network.bad-request", f"{authority!r} has no port", code=400)
+        return normalize_host(host), default
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise Refused("network.bad-request", f"{authority!r} has no valid port", code=400)
+    return normalize_host(host), int(port_text)
+
+
+_STATUS = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 431: "Request Header Fields Too Large",
+           502: "Bad Gateway", 504: "Gateway Timeout"}
+
+
+def _http_refusal(refusal: Refused) -> bytes:
+    body = json.dumps({"error": f"tether egress proxy: {refusal.reason}", "rule": refusal.rule}).encode()
+    rule = refusal.rule.encode("ascii", "replace").replace(b"\r", b" ").replace(b"\n", b" ")
+    return (f"HTTP/1.1 {refusal.code} {_STATUS.get(refusal.code, 'Error')}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode() + b"X-Tether-Rule: " + rule + \
+        b"\r\n\r\n" + body
+
+
+def _socks_reply(code: int) -> bytes:
+    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
