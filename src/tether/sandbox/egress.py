@@ -333,6 +333,7 @@ class EgressProxy:
                 reply = _socks_reply(refusal.socks) if socks else _http_refusal(refusal)
                 with contextlib.suppress(OSError, TimeoutError):
                     await self._send(loop, client, reply)
+                    await self._linger(loop, client)
                 return
             if head.buf:
                 tunnel.client.early.append(bytes(head.buf))
@@ -359,6 +360,15 @@ class EgressProxy:
             return self.owner(peer)
         except Exception:
             return None
+
+    async def _linger(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        """After a refusal: end our side and read (and drop) what the client still sends, briefly, so that
+        closing with unread bytes does not reset the connection before the client has read the reply."""
+        sock.shutdown(socket.SHUT_WR)
+        budget = self.limits.max_head_bytes
+        async with asyncio.timeout(min(1.0, self.limits.head_timeout_s)):
+            while budget > 0 and (data := await loop.sock_recv(sock, budget)):
+                budget -= len(data)
 
     async def _send(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes) -> None:
         async with asyncio.timeout(self.limits.head_timeout_s):
