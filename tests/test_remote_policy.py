@@ -164,3 +164,21 @@ def test_a_damaged_stored_policy_stops_the_device_with_one_line(setup: Setup) ->
     stored.unlink()  # as the message says: the device starts again from its own policy
     setup.alpha = setup.start("alpha")
     assert setup.show("alpha")["version"] == 0 and "nproc" not in setup.show("alpha")["policy"]["commands"]
+
+
+def test_a_network_host_list_round_trips_through_the_overlay_and_stays_the_devices_own() -> None:
+    """`network: {allow, deny, ask}` survives the dump-and-validate of an effective policy, is reported as the
+    device file's, and a server may not set it (it decides confinement, like `sandbox`)."""
+    from tether.tools.policy import NetworkRules, policy_from_mapping
+    from tether.tools.policy_remote import check_overlay, effective, sources
+
+    rules = {"allow": ["pypi.org:443", "*.githubusercontent.com", "10.0.0.0/8"], "deny": ["evil.test"],
+             "ask": "on-miss"}
+    base = policy_from_mapping({"network": rules})
+    after = effective(base, {"max_output_bytes": 4096, "commands": {"nproc": {}}})
+    assert after.network == NetworkRules(**rules) and after.max_output_bytes == 4096
+    assert json.loads(after.model_dump_json())["network"] == rules
+    assert sources(base, {})["network"] == "file"
+    assert effective(policy_from_mapping({"network": "off"}), {}).network is False
+    with pytest.raises(ValueError, match="can only be set in the device's own policy file"):
+        check_overlay({"network": {"allow": ["*"]}})
