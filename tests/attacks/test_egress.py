@@ -367,3 +367,39 @@ async def test_a_device_runs_curl_through_the_proxy_and_its_result_carries_the_n
     assert "allowed by network.allow" in allowed.result["notes"][0]
     assert refused.result["notes"][0].startswith("network: 127.0.0.1:22 refused by network.not-allowed")
     assert '"rule": "network.not-allowed"' in refused.result["stdout"]
+
+
+async def test_each_connection_is_told_to_the_command_that_made_it_while_several_run(
+        box: tuple[Sandbox, list[tuple[str, EgressRecord]]], upstream: Upstream) -> None:
+    """Two commands alive at once, each fetching through the proxy: each one's notes hold its own connection."""
+    sandbox, audited = box
+    python = os.path.realpath(sys.executable)
+    code = """
+import sys, urllib.request, urllib.error
+sys.stdin.readline()
+try:
+    print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode().strip(), flush=True)
+except urllib.error.HTTPError as exc:
+    print(exc.code, exc.headers["X-Tether-Rule"], flush=True)
+sys.stdin.read()
+"""
+    env = {"PATH": "/usr/bin:/bin"}
+    procs = [await sandbox.spawn([python, "-c", code, url], executable=python, cwd="/", env=env, stdin=True,
+                                 layer=None)
+             for url in (f"http://localhost:{upstream.port}/", "http://www.evil.test/")]
+    lines = []
+    async with asyncio.timeout(30):
+        for proc in procs:  # one at a time, while both are running
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+            lines.append((await proc.stdout.readline()).decode().strip())
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            assert await proc.wait() == 0
+    assert lines == [BODY.decode().strip(), "403 network.deny: *.evil.test"]
+    first, second = (proc.notes for proc in procs)
+    assert len(first) == 1 and first[0].startswith(f"network: localhost:{upstream.port} (127.0.0.1) allowed")
+    assert len(second) == 1 and second[0].startswith("network: www.evil.test:80 refused by network.deny")
+    assert len({r.owner for e, r in audited if e == "open"}) == 2

@@ -238,14 +238,13 @@ class EgressProxy:
     """
 
     def __init__(self, rules: EgressRules, *, audit: Callable[[EgressRecord, str], None] | None = None,
-                 owner: Callable[[tuple[str, int]], int | None] | None = None, ask: AskFn | None = None,
+                 owner: Callable[[tuple[str, int]], Awaitable[int | None]] | None = None, ask: AskFn | None = None,
                  limits: Limits | None = None) -> None:
         self.rules = rules
         self.audit, self.owner, self.ask = audit, owner, ask
         self.limits = limits or Limits()
         self._tasks: set[asyncio.Task[None]] = set()
         self._servers: list[asyncio.Task[None]] = []
-        self._peers: dict[int, tuple[str, int]] = {}  # id(record) -> its client's address, until it closes
 
     # ------------------------------------------------------------------ accepting
 
@@ -283,9 +282,6 @@ class EgressProxy:
         self._servers.clear()
 
     def _report(self, record: EgressRecord, event: str) -> None:
-        if event == "open" and record.owner is None:  # late: the command may connect before its start is known
-            peer = self._peers.get(id(record))
-            record.owner = None if peer is None else self._owner(peer)
         if self.audit is not None:
             try:
                 self.audit(record, event)
@@ -302,11 +298,11 @@ class EgressProxy:
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         head = _Head(loop, client, self.limits)
         record = EgressRecord("tcp", "?", 0)
-        self._peers[id(record)] = peer
         tunnel: _Tunnel | None = None
         opened = False
         try:
             first = await head.exactly(1)
+            record.owner = await self._owner(peer)  # after a first byte: the command's start is known by now
             socks = first == b"\x05"
             head.buf[:0] = first
             try:
@@ -351,13 +347,13 @@ class EgressProxy:
             if opened:
                 record.ended = time.time()
                 self._report(record, "close")
-            self._peers.pop(id(record), None)
 
-    def _owner(self, peer: tuple[str, int]) -> int | None:
+    async def _owner(self, peer: tuple[str, int]) -> int | None:
         if self.owner is None:
             return None
         try:
-            return self.owner(peer)
+            async with asyncio.timeout(self.limits.head_timeout_s):
+                return await self.owner(peer)
         except Exception:
             return None
 

@@ -218,9 +218,19 @@ class Sandbox:
         if self._audit is not None:
             self._audit(record, event)
 
-    def _owner_of(self, peer: tuple[str, int]) -> int | None:
-        """The request id of the command holding the client end `peer` of a proxied connection: its socket's
-        inode from the warden's /proc/net/tcp, then the fds of each running command and its descendants."""
+    async def _owner_of(self, peer: tuple[str, int]) -> int | None:
+        """The request id of the command holding the client end `peer` of a proxied connection.
+
+        With one command running it is that one (no other process is left in the sandbox: a command's
+        whole pid namespace ends with it). Otherwise its socket's inode is looked up in the warden's
+        /proc/net/tcp, and the fds of each command and its descendants — off the event loop, since the
+        kernel walks its whole TCP table for that file (about 2 ms)."""
+        running = set(self._warden_pids.values())
+        if len(running) <= 1:
+            return next(iter(running), None)
+        return await asyncio.get_running_loop().run_in_executor(None, self._scan_owner, peer)
+
+    def _scan_owner(self, peer: tuple[str, int]) -> int | None:
         warden = self._warden_host_pid
         if warden is None or not self._warden_pids:
             return None
