@@ -10,7 +10,8 @@ or SOCKS5 (CONNECT only, names resolved here: `socks5h`). For each one the proxy
 2. resolves it itself and judges every address (`judge_address`: no loopback, private, link-local or
    other special address unless the rules name it), then connects to an address it judged, never
    to the name (no second resolution that could answer differently);
-3. relays bytes both ways, counting them, until either side closes or the connection is idle.
+3. relays bytes both ways (`egress_relay`: splice, no copy), counting them, until both sides have
+   ended, either fails, or the connection is idle.
 
 A refusal reaches the command: an HTTP 403 with a JSON body `{"error", "rule"}` and an
 `X-Tether-Rule` header, or a SOCKS5 reply code 2 ("not allowed by ruleset"). Every connection,
@@ -32,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from tether.sandbox.egress_relay import Relay
 from tether.sandbox.egress_rules import EgressRules, IPAddress, Verdict, normalize_host, parse_address
 
 Answer = Literal["once", "always", "deny"]
@@ -134,99 +136,6 @@ class _Head:
         return out
 
 
-class _Pipe(asyncio.Protocol):
-    """One side of a tunnel: what it receives is written to the other side's transport."""
-
-    def __init__(self, tunnel: _Tunnel, downstream: bool) -> None:
-        self.tunnel, self.downstream = tunnel, downstream
-        self.transport: asyncio.Transport | None = None
-        self.early: list[bytes] = []  # received before the other side was connected
-        self.eof = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def data_received(self, data: bytes) -> None:
-        tunnel = self.tunnel
-        tunnel.last = tunnel.loop.time()
-        if self.downstream:
-            tunnel.record.down += len(data)
-        else:
-            tunnel.record.up += len(data)
-        other = tunnel.other(self)
-        if other is None or other.transport is None:
-            self.early.append(data)
-        else:
-            other.transport.write(data)
-
-    def eof_received(self) -> bool:
-        self.eof = True
-        other = self.tunnel.other(self)
-        if other is not None and other.transport is not None and other.transport.can_write_eof() \
-                and not other.transport.is_closing():
-            other.transport.write_eof()
-        if other is not None and other.eof:
-            self.tunnel.close()
-        return True  # keep the other direction open until it ends too
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.tunnel.close()
-
-    # the other side's write buffer fills: stop reading here, so memory stays bounded
-    def pause_writing(self) -> None:
-        other = self.tunnel.other(self)
-        if other is not None and other.transport is not None:
-            other.transport.pause_reading()
-
-    def resume_writing(self) -> None:
-        other = self.tunnel.other(self)
-        if other is not None and other.transport is not None and not other.transport.is_closing():
-            other.transport.resume_reading()
-
-
-class _Tunnel:
-    """A client and an upstream transport joined, with an idle timer; `done` resolves when both are closed."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, record: EgressRecord, limits: Limits) -> None:
-        self.loop, self.record, self.limits = loop, record, limits
-        self.client = _Pipe(self, downstream=False)
-        self.upstream = _Pipe(self, downstream=True)
-        self.last = loop.time()
-        self.done: asyncio.Future[None] = loop.create_future()
-        self._timer: asyncio.TimerHandle | None = None
-
-    def other(self, pipe: _Pipe) -> _Pipe | None:
-        return self.upstream if pipe is self.client else self.client
-
-    def start(self) -> None:
-        """Both sides are connected: flush what arrived early and start the idle timer."""
-        for pipe in (self.client, self.upstream):
-            other = self.other(pipe)
-            assert other is not None and other.transport is not None
-            for data in pipe.early:
-                other.transport.write(data)
-            pipe.early.clear()
-        assert self.upstream.transport is not None
-        self.upstream.transport.resume_reading()
-        self._timer = self.loop.call_later(self.limits.idle_timeout_s, self._check_idle)
-
-    def _check_idle(self) -> None:
-        idle = self.loop.time() - self.last
-        if idle >= self.limits.idle_timeout_s:
-            self.close()
-        else:
-            self._timer = self.loop.call_later(self.limits.idle_timeout_s - idle, self._check_idle)
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        for pipe in (self.client, self.upstream):
-            if pipe.transport is not None and not pipe.transport.is_closing():
-                pipe.transport.close()
-        if not self.done.done():
-            self.done.set_result(None)
-
-
 class EgressProxy:
     """Serves the connections a sandbox makes, under `rules`.
 
@@ -298,7 +207,7 @@ class EgressProxy:
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         head = _Head(loop, client, self.limits)
         record = EgressRecord("tcp", "?", 0)
-        tunnel: _Tunnel | None = None
+        upstream: socket.socket | None = None
         opened = False
         try:
             first = await head.exactly(1)
@@ -309,18 +218,17 @@ class EgressProxy:
                 if socks:
                     record.protocol = "socks5"
                     await self._socks_request(head, record)
-                    tunnel = await self._open(record)
+                    upstream = await self._open(record)
                     opened = True
                     await self._send(loop, client, _socks_reply(0))
+                    early = b""
                 else:
                     upstream_head = await self._http_request(head, record)
-                    tunnel = await self._open(record)
+                    upstream = await self._open(record)
                     opened = True
                     if upstream_head is None:
                         await self._send(loop, client, b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    else:
-                        tunnel.client.early.append(upstream_head)
-                        record.up += len(upstream_head)
+                    early = upstream_head or b""
             except Refused as refusal:
                 record.allowed, record.rule, record.reason = False, refusal.rule, refusal.reason
                 if not opened:
@@ -331,18 +239,24 @@ class EgressProxy:
                     await self._send(loop, client, reply)
                     await self._linger(loop, client)
                 return
-            if head.buf:
-                tunnel.client.early.append(bytes(head.buf))
-                record.up += len(head.buf)
-                head.buf.clear()
-            await loop.connect_accepted_socket(lambda: tunnel.client, client)  # type: ignore[union-attr]
-            tunnel.start()
-            await tunnel.done
+            early += head.buf  # what the client sent after its request head (a body, a TLS hello)
+            if early:
+                await self._send(loop, upstream, early)
+                record.up += len(early)
+
+            def up(n: int) -> None:
+                record.up += n
+
+            def down(n: int) -> None:
+                record.down += n
+
+            await Relay(client, upstream, up=up, down=down, idle_timeout_s=self.limits.idle_timeout_s,
+                        chunk=self.limits.chunk_bytes).run()
         except (ConnectionError, OSError, Refused, ValueError):
             pass  # the client went away, or spoke nonsense before a verdict: nothing was opened
         finally:
-            if tunnel is not None:
-                tunnel.close()
+            if upstream is not None:
+                upstream.close()
             client.close()
             if opened:
                 record.ended = time.time()
@@ -464,7 +378,7 @@ class EgressProxy:
                 out.append(address)
         return out
 
-    async def _open(self, record: EgressRecord) -> _Tunnel:
+    async def _open(self, record: EgressRecord) -> socket.socket:
         """Judge, resolve and connect; reports the verdict ("open"). Refused when it may not, or cannot."""
         if not record.host or not 0 < record.port < 65536:
             raise Refused("network.bad-request", "no host or port to connect to", code=400, socks=1)
@@ -484,26 +398,32 @@ class EgressProxy:
             assert refusal is not None
             raise Refused(refusal.rule, refusal.reason)
         loop = asyncio.get_running_loop()
-        tunnel = _Tunnel(loop, record, self.limits)
         failure = ""
         for address, on_address in checked:  # connect to what was judged, never to the name again
+            family = socket.AF_INET6 if address.version == 6 else socket.AF_INET
+            upstream = socket.socket(family, socket.SOCK_STREAM)
+            upstream.setblocking(False)
             try:
+                upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 async with asyncio.timeout(self.limits.connect_timeout_s):
-                    await loop.create_connection(lambda: tunnel.upstream, host=str(address), port=record.port)
+                    await loop.sock_connect(upstream, (str(address), record.port))
             except TimeoutError:
+                upstream.close()
                 failure = f"{address}:{record.port} did not answer within {self.limits.connect_timeout_s:g}s"
                 continue
             except OSError as exc:
+                upstream.close()
                 failure = f"{address}:{record.port}: {exc.strerror or exc}"
                 continue
-            assert tunnel.upstream.transport is not None
-            tunnel.upstream.transport.pause_reading()  # until the client side is joined (start)
+            except BaseException:
+                upstream.close()
+                raise
             record.address = str(address)
             record.allowed = True
             record.rule = name_rule if on_address.rule == "network.public-address" else on_address.rule
             record.reason = verdict.reason
             self._report(record, "open")
-            return tunnel
+            return upstream
         raise Refused("network.connect", f"could not connect: {failure}", code=502, socks=5)
 
 
