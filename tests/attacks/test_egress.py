@@ -403,3 +403,35 @@ sys.stdin.read()
     assert len(first) == 1 and first[0].startswith(f"network: localhost:{upstream.port} (127.0.0.1) allowed")
     assert len(second) == 1 and second[0].startswith("network: www.evil.test:80 refused by network.deny")
     assert len({r.owner for e, r in audited if e == "open"}) == 2
+
+
+async def test_ask_on_miss_asks_about_an_unlisted_host_once_always_or_deny(upstream: Upstream) -> None:
+    """The proxy's hook for `ask: on-miss`: a person's "once" opens one connection, "always" opens the host for
+    good, "deny" refuses; a listed-but-denied host is never asked about."""
+    answers: list[str] = ["once", "deny", "always"]
+    asked: list[tuple[str, int]] = []
+
+    async def ask(host: str, port: int, owner: int | None) -> Any:
+        asked.append((host, port))
+        return answers.pop(0)
+
+    rules = EgressRules.build(allow=["127.0.0.0/8"], deny=["127.0.0.2"], ask="on-miss")
+    records: list[EgressRecord] = []
+    proxy = EgressProxy(rules, audit=lambda r, e: e == "close" and records.append(r), ask=ask)
+    listener = socket.create_server(("127.0.0.1", 0))
+    proxy.serve(listener)
+    port = listener.getsockname()[1]
+    target = f"localhost:{upstream.port}"  # unlisted by name (its addresses are listed, the name is not)
+    once = await _connect_tunnel(port, target)
+    denied = _refusal((await _connect_tunnel(port, target))[0])
+    always = await _connect_tunnel(port, target)
+    again = await _connect_tunnel(port, target)  # not asked again
+    never = _refusal((await _connect_tunnel(port, "127.0.0.2:80"))[0])
+    await proxy.aclose()
+    assert once[1].endswith(BODY) and always[1].endswith(BODY) and again[1].endswith(BODY)
+    assert denied[:2] == (403, "network.ask: deny") and never[:2] == (403, "network.deny: 127.0.0.2")
+    assert asked == [("localhost", upstream.port)] * 3
+    address = "network.allow: 127.0.0.0/8"  # what opened the loopback address the name resolved to
+    assert [r.rule for r in records] == [
+        f"network.ask: once; {address}", "network.ask: deny", f"network.ask: always; {address}",
+        f"network.allow: localhost:{upstream.port}; {address}", "network.deny: 127.0.0.2"]

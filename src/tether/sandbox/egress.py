@@ -420,7 +420,9 @@ class EgressProxy:
                 raise
             record.address = str(address)
             record.allowed = True
-            record.rule = name_rule if on_address.rule == "network.public-address" else on_address.rule
+            # the rule that let the name through, and the one that opened a special address if another did
+            record.rule = name_rule if on_address.rule in ("network.public-address", name_rule) \
+                else f"{name_rule}; {on_address.rule}"
             record.reason = verdict.reason
             self._report(record, "open")
             return upstream
