@@ -53,7 +53,10 @@ class Upstream:
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             async with asyncio.timeout(IO_TIMEOUT_S):
-                head = await reader.readuntil(b"\r\n\r\n")
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return  # a tunnel closed without a request
                 self.hits.append(head.split(b"\r\n", 1)[0].decode())
                 self.heads.append(head.decode())
                 writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
@@ -435,3 +438,35 @@ async def test_ask_on_miss_asks_about_an_unlisted_host_once_always_or_deny(upstr
     assert [r.rule for r in records] == [
         f"network.ask: once; {address}", "network.ask: deny", f"network.ask: always; {address}",
         f"network.allow: localhost:{upstream.port}; {address}", "network.deny: 127.0.0.2"]
+
+
+async def _hold_tunnel(port: int, target: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"CONNECT {target} HTTP/1.1\r\n\r\n".encode())
+    assert b" 200 " in await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), IO_TIMEOUT_S)
+    return reader, writer
+
+
+async def test_connection_floods_and_odd_names_are_bounded(upstream: Upstream) -> None:
+    """One command cannot hold more than its share of tunnels; past the global cap connections wait for a slot;
+    names that are not names are refused before any resolver sees them."""
+    target = f"127.0.0.1:{upstream.port}"
+    per_command = Proxy(EgressRules.build(allow=[target]), Limits(max_per_command=2))
+    held = [await _hold_tunnel(per_command.port, target) for _ in range(2)]
+    status, rule, _ = _refusal((await _connect_tunnel(per_command.port, target))[0])
+    assert (status, rule) == (429, "network.max-connections")
+    for bad in ("a..b:80", "x" * 300 + ":80", "bad_host\x00.test:80", "exa mple.com:80"):
+        status, rule, _ = _refusal((await _connect_tunnel(per_command.port, bad))[0])
+        assert (status, rule) == (400, "network.bad-request"), bad
+    # the global cap: with two open, a third is accepted only when one ends
+    overall = Proxy(EgressRules.build(allow=[target]), Limits(max_connections=2))
+    held += [await _hold_tunnel(overall.port, target) for _ in range(2)]
+    waiting = asyncio.ensure_future(_exchange(overall.port, f"GET http://{target}/ HTTP/1.1\r\n\r\n".encode()))
+    done, _ = await asyncio.wait([waiting], timeout=0.2)
+    assert not done  # in the listen backlog, not served
+    held[-1][1].close()
+    assert (await asyncio.wait_for(waiting, IO_TIMEOUT_S)).endswith(BODY)
+    for _, writer in held:
+        writer.close()
+    for proxy in (per_command, overall):
+        await proxy.proxy.aclose()

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import ipaddress
 import json
+import logging
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -34,7 +35,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tether.sandbox.egress_relay import Relay
-from tether.sandbox.egress_rules import EgressRules, IPAddress, Verdict, normalize_host, parse_address
+from tether.sandbox.egress_rules import EgressRules, IPAddress, Verdict, normalize_host, parse_address, valid_host
+
+logger = logging.getLogger(__name__)
+ACCEPT_RETRY_S = 1.0
+_UNCOUNTED = object()
 
 Answer = Literal["once", "always", "deny"]
 AskFn = Callable[[str, int, int | None], Awaitable[Answer]]
@@ -50,7 +55,8 @@ class Limits:
     connect_timeout_s: float = 10.0
     idle_timeout_s: float = 300.0  # no byte either way for this long ends a tunnel
     ask_timeout_s: float = 300.0  # a person's answer to `ask: on-miss`
-    max_connections: int = 256  # open at once; more are refused
+    max_connections: int = 96  # open at once, all commands together; more wait to be accepted
+    max_per_command: int = 32  # open at once by one command; more are refused
     chunk_bytes: int = 256 * 1024
 
 
@@ -154,6 +160,8 @@ class EgressProxy:
         self.limits = limits or Limits()
         self._tasks: set[asyncio.Task[None]] = set()
         self._servers: list[asyncio.Task[None]] = []
+        self._slot = asyncio.Event()  # set when a connection ends
+        self._per_owner: dict[int | None, int] = {}  # open connections per command
 
     # ------------------------------------------------------------------ accepting
 
@@ -170,18 +178,31 @@ class EgressProxy:
         loop = asyncio.get_running_loop()
         try:
             while True:
-                client, peer = await loop.sock_accept(listener)
                 if len(self._tasks) >= self.limits.max_connections:
-                    client.close()
-                    self._report(EgressRecord("tcp", "?", 0, rule="network.max-connections",
-                                              reason=f"more than {self.limits.max_connections} open connections"),
-                                 "open")
+                    await self._wait_for_a_slot()  # the rest wait in the listen backlog
+                    continue
+                try:
+                    client, peer = await loop.sock_accept(listener)
+                except OSError as exc:  # out of file descriptors, say: wait until a connection ends
+                    logger.warning("egress proxy: cannot accept a connection: %s", exc)
+                    await self._wait_for_a_slot()
                     continue
                 task = loop.create_task(self.handle(client, (str(peer[0]), int(peer[1]))))
                 self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                task.add_done_callback(self._ended)
         finally:
             listener.close()
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slot.set()
+
+    async def _wait_for_a_slot(self) -> None:
+        """Until one of the open connections ends (at most ACCEPT_RETRY_S when none is open to end)."""
+        self._slot.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(None if self._tasks else ACCEPT_RETRY_S):
+                await self._slot.wait()
 
     async def aclose(self) -> None:
         """Stop accepting and end every open connection."""
@@ -209,9 +230,12 @@ class EgressProxy:
         record = EgressRecord("tcp", "?", 0)
         upstream: socket.socket | None = None
         opened = False
+        counted: object = _UNCOUNTED
         try:
             first = await head.exactly(1)
             record.owner = await self._owner(peer)  # after a first byte: the command's start is known by now
+            counted = record.owner
+            self._per_owner[counted] = self._per_owner.get(counted, 0) + 1
             socks = first == b"\x05"
             head.buf[:0] = first
             try:
@@ -258,6 +282,10 @@ class EgressProxy:
             if upstream is not None:
                 upstream.close()
             client.close()
+            if counted is not _UNCOUNTED:
+                left = self._per_owner.pop(counted, 1) - 1  # type: ignore[arg-type]
+                if left:
+                    self._per_owner[counted] = left  # type: ignore[index]
             if opened:
                 record.ended = time.time()
                 self._report(record, "close")
@@ -380,8 +408,12 @@ class EgressProxy:
 
     async def _open(self, record: EgressRecord) -> socket.socket:
         """Judge, resolve and connect; reports the verdict ("open"). Refused when it may not, or cannot."""
-        if not record.host or not 0 < record.port < 65536:
-            raise Refused("network.bad-request", "no host or port to connect to", code=400, socks=1)
+        if not valid_host(record.host) or not 0 < record.port < 65536:
+            raise Refused("network.bad-request", f"{record.host[:100]!r}:{record.port} is not a host and port to "
+                                                 "connect to", code=400, socks=1)
+        if self._per_owner.get(record.owner, 0) > self.limits.max_per_command:
+            raise Refused("network.max-connections", f"the command has more than {self.limits.max_per_command} "
+                                                     "connections open", code=429, socks=1)
         verdict = await self._judge(record)
         if not verdict.allowed:
             raise Refused(verdict.rule, verdict.reason)
@@ -447,8 +479,8 @@ def _host_port(authority: str, default: int | None) -> tuple[str, int]:
     return normalize_host(host), int(port_text)
 
 
-_STATUS = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 431: "Request Header Fields Too Large",
-           502: "Bad Gateway", 504: "Gateway Timeout"}
+_STATUS = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 429: "Too Many Requests",
+           431: "Request Header Fields Too Large", 502: "Bad Gateway", 504: "Gateway Timeout"}
 
 
 def _http_refusal(refusal: Refused) -> bytes:

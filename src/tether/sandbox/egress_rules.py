@@ -71,6 +71,13 @@ def parse_address(host: str) -> IPAddress | None:
         return None
 
 
+def valid_host(host: str) -> bool:
+    """Whether `host` (normalized) is an address or a host name the proxy may resolve: ASCII labels only."""
+    if parse_address(host) is not None:
+        return True
+    return 0 < len(host) <= 253 and all(_LABEL.fullmatch(label) for label in host.split("."))
+
+
 def _split_port(text: str) -> tuple[str, int | None]:
     if text.startswith("["):
         close = text.find("]")
