@@ -16,7 +16,9 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -470,3 +472,76 @@ async def test_connection_floods_and_odd_names_are_bounded(upstream: Upstream) -
         writer.close()
     for proxy in (per_command, overall):
         await proxy.proxy.aclose()
+
+
+UNPRIVILEGED = r'''
+import asyncio, json, os, sys, tempfile
+from tether.sandbox import SandboxSpec, detect
+from tether.sandbox.egress_rules import EgressRules
+from tether.sandbox.runner import Sandbox
+
+async def serve(reader, writer):
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+    await writer.drain()
+    writer.close()
+
+async def main():
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    work = tempfile.mkdtemp(dir=os.environ["HOME"])
+    os.mkdir(work + "/root")
+    audited = []
+    box = Sandbox(detect(), SandboxSpec.build(write_roots=[work + "/root"], network=False,
+                                              layers_dir=work + "/layers"),
+                  egress=EgressRules.build(allow=[f"localhost:{port}"]), audit=lambda r, e: audited.append(e))
+    report = {"uid": os.getuid()}
+    try:
+        for name, url in (("allowed", f"http://localhost:{port}/"), ("refused", f"http://127.0.0.1:{port}/")):
+            proc = await box.spawn([sys.argv[1], "-sS", url], executable=sys.argv[1], cwd="/",
+                                   env={"PATH": "/usr/bin:/bin"}, stdin=False, layer=None)
+            out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            report[name] = {"code": await proc.wait(), "out": out.decode(), "err": err.decode(), "notes": proc.notes}
+    finally:
+        await box.aclose()
+        server.close()
+    report["audited"] = audited
+    print("REPORT " + json.dumps(report))
+
+asyncio.run(main())
+'''
+
+
+def test_the_proxy_holds_for_an_unprivileged_user(tmp_path: Path) -> None:
+    """The same promises when the device is an ordinary user (CI runs as root): the helpers that make the user
+    and an interpreter it can run are the unprivileged sandbox test's."""
+    import test_sandbox_unprivileged as unprivileged  # tests/attacks/, beside this file
+
+    curl = _require("curl", "apt-get install -y curl")
+    where = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-egress-run-"))
+    try:
+        where.chmod(0o755)
+        script = where / "egress.py"
+        script.write_text(UNPRIVILEGED)
+        script.chmod(0o644)
+        if os.geteuid() == 0:
+            user = unprivileged._ensure_user()
+            unprivileged._check_readable(user.pw_name)
+            python = unprivileged._python_for(user.pw_name, where)
+            env = {"HOME": user.pw_dir, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+            argv = ["runuser", "-u", user.pw_name, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
+                    python, str(script), curl]
+        else:
+            argv = [sys.executable, str(script), curl]
+        done = subprocess.run(argv, capture_output=True, text=True, cwd=where, timeout=120, check=False)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")), None)
+    assert line, f"the script failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr}"
+    report = json.loads(line.removeprefix("REPORT "))
+    assert report["uid"] != 0 or os.geteuid() != 0
+    allowed, refused = report["allowed"], report["refused"]
+    assert (allowed["code"], allowed["out"]) == (0, "ok\n"), allowed
+    assert "allowed by network.allow" in allowed["notes"][0]
+    assert '"rule": "network.not-allowed"' in refused["out"] and "refused by network.not-allowed" in refused["notes"][0]
+    assert report["audited"] == ["open", "close", "open", "close"]
