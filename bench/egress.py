@@ -8,7 +8,8 @@ range of those medians):
 
 - a client in its own process (blocking sockets, timing itself from connect to the last byte): the
   file fetched directly, and through the proxy with HTTP CONNECT, a plain forward-proxy GET and
-  SOCKS5 (remote name). This isolates the proxy's own cost;
+  SOCKS5 (remote name), and CONNECT again with the relay copying through a buffer instead of
+  splice(2). This isolates the proxy's own cost;
 - curl inside a real sandbox, as a command would fetch it: with `network: on` (straight to the
   server) and with `network: {allow: [...]}` (no network of its own: the proxy, through the port the
   warden opened and handed to the device). Each row includes curl's start and the sandbox's fork.
@@ -104,7 +105,7 @@ for line in sys.stdin:
 
 async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]:
     from tether.sandbox import SandboxSpec, detect
-    from tether.sandbox.egress import EgressProxy
+    from tether.sandbox.egress import EgressProxy, Limits
     from tether.sandbox.egress_rules import EgressRules
     from tether.sandbox.runner import Sandbox
 
@@ -122,10 +123,13 @@ async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]
                                                   stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
     assert client.stdin is not None and client.stdout is not None
     rules = EgressRules.build(allow=[f"127.0.0.1:{port}"])
-    proxy = EgressProxy(rules)
+    proxy, copying = EgressProxy(rules), EgressProxy(rules, limits=Limits(splice=False))
     listener = socket.create_server(("127.0.0.1", 0), backlog=128)
     proxy_port = listener.getsockname()[1]
     proxy.serve(listener)
+    copy_listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    copy_port = copy_listener.getsockname()[1]
+    copying.serve(copy_listener)
     work = Path(tempfile.mkdtemp(prefix="tether-bench-egress-"))
     boxes: list[Sandbox] = []
     for network in (True, False):
@@ -134,8 +138,8 @@ async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]
         boxes.append(Sandbox(info, spec, egress=None if network else rules))
     direct_box, proxied_box = boxes
 
-    async def fetch(mode: str) -> float:
-        client.stdin.write(f"{mode} {proxy_port}\n".encode())  # type: ignore[union-attr]
+    async def fetch(mode: str, through: int = proxy_port) -> float:
+        client.stdin.write(f"{mode} {through}\n".encode())  # type: ignore[union-attr]
         async with asyncio.timeout(30):
             line = await client.stdout.readline()  # type: ignore[union-attr]
         if not line:
@@ -158,6 +162,7 @@ async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]
     rows: dict[str, Callable[[], Awaitable[float]]] = {
         "client process, direct": lambda: fetch("direct"),
         "client process, proxy CONNECT": lambda: fetch("connect"),
+        "client process, proxy CONNECT, copying relay": lambda: fetch("connect", copy_port),
         "client process, proxy HTTP forward": lambda: fetch("http"),
         "client process, proxy SOCKS5": lambda: fetch("socks"),
         "curl in the sandbox, network: on (direct)": lambda: sandboxed(direct_box),
@@ -180,6 +185,7 @@ async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]
         server.kill()
         server.wait()
         await proxy.aclose()
+        await copying.aclose()
         for box in boxes:
             await box.aclose()
         shutil.rmtree(work, ignore_errors=True)
@@ -194,6 +200,7 @@ async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]
     pairs = (("client process, direct", "client process, proxy CONNECT"),
              ("client process, direct", "client process, proxy HTTP forward"),
              ("client process, direct", "client process, proxy SOCKS5"),
+             ("client process, direct", "client process, proxy CONNECT, copying relay"),
              ("curl in the sandbox, network: on (direct)", "curl in the sandbox, network: {allow} (proxy)"))
     for direct, through in pairs:
         ratio = result[through] / result[direct]

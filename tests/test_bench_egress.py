@@ -18,4 +18,4 @@ async def test_egress_bench_runs_every_row(capsys: pytest.CaptureFixture[str]) -
     result = await main(2, 1)
     assert all(value > 0 for value in result.values())
     out = capsys.readouterr().out
-    assert "curl in the sandbox, network: {allow} (proxy)" in out and out.count("goal <= 1.2x") == 4
+    assert "curl in the sandbox, network: {allow} (proxy)" in out and out.count("goal <= 1.2x") == 5

@@ -58,6 +58,7 @@ class Limits:
     max_connections: int = 96  # open at once, all commands together; more wait to be accepted
     max_per_command: int = 32  # open at once by one command; more are refused
     chunk_bytes: int = 256 * 1024
+    splice: bool = True  # move bytes with splice(2); False: recv_into/send through a buffer
 
 
 @dataclass(slots=True)
@@ -275,7 +276,7 @@ class EgressProxy:
                 record.down += n
 
             await Relay(client, upstream, up=up, down=down, idle_timeout_s=self.limits.idle_timeout_s,
-                        chunk=self.limits.chunk_bytes).run()
+                        chunk=self.limits.chunk_bytes, splice=self.limits.splice).run()
         except (ConnectionError, OSError, Refused, ValueError):
             pass  # the client went away, or spoke nonsense before a verdict: nothing was opened
         finally:

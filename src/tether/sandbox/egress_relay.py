@@ -26,13 +26,19 @@ class _Direction:
     """Bytes from `src` to `dst` through one pipe; `count` is told how many moved."""
 
     def __init__(self, relay: Relay, src: socket.socket, dst: socket.socket, count: Callable[[int], None],
-                 chunk: int) -> None:
+                 chunk: int, splice: bool) -> None:
         self.relay, self.src, self.dst, self.count = relay, src, dst, count
-        self.read_end, self.write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        with contextlib.suppress(OSError):  # a bigger pipe where allowed: fewer wake-ups per megabyte
-            fcntl.fcntl(self.write_end, F_SETPIPE_SZ, chunk)
+        self.read_end = self.write_end = -1
+        self.buffer: memoryview | None = None
+        if splice:
+            self.read_end, self.write_end = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            with contextlib.suppress(OSError):  # a bigger pipe where allowed: fewer wake-ups per megabyte
+                fcntl.fcntl(self.write_end, F_SETPIPE_SZ, chunk)
+        else:
+            self.buffer = memoryview(bytearray(chunk))
         self.chunk = chunk
-        self.pending = 0  # bytes in the pipe, not yet in dst
+        self.start_at = 0  # copying: where the unsent bytes start in the buffer
+        self.pending = 0  # bytes in the pipe (or buffer), not yet in dst
         self.eof = False
         self.done = False
 
@@ -41,7 +47,11 @@ class _Direction:
 
     def _readable(self) -> None:
         try:
-            moved = os.splice(self.src.fileno(), self.write_end, self.chunk, flags=SPLICE_FLAGS)
+            if self.buffer is None:
+                moved = os.splice(self.src.fileno(), self.write_end, self.chunk, flags=SPLICE_FLAGS)
+            else:
+                moved = self.src.recv_into(self.buffer)
+                self.start_at = 0
         except BlockingIOError:
             return
         except OSError as exc:
@@ -60,7 +70,11 @@ class _Direction:
     def _flush(self) -> None:
         while self.pending:
             try:
-                sent = os.splice(self.read_end, self.dst.fileno(), self.pending, flags=SPLICE_FLAGS)
+                if self.buffer is None:
+                    sent = os.splice(self.read_end, self.dst.fileno(), self.pending, flags=SPLICE_FLAGS)
+                else:
+                    sent = self.dst.send(self.buffer[self.start_at:self.start_at + self.pending])
+                    self.start_at += sent
             except BlockingIOError:
                 # dst is full: stop reading src until it drains
                 self.relay.loop.remove_reader(self.src.fileno())
@@ -96,16 +110,22 @@ class _Direction:
                 loop.remove_reader(fd)
                 loop.remove_writer(fd)
         for fd in (self.read_end, self.write_end):
-            with contextlib.suppress(OSError):
-                os.close(fd)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        if self.buffer is not None:
+            self.buffer.release()
 
 
 class Relay:
     """Joins `client` and `upstream` (connected, non-blocking TCP sockets) until both directions have ended,
-    either side fails, or no byte moved for `idle_timeout_s`. `up(n)` / `down(n)` count the bytes."""
+    either side fails, or no byte moved for `idle_timeout_s`. `up(n)` / `down(n)` count the bytes.
+
+    `splice=False` copies through one buffer per direction instead (recv_into / send), for comparison
+    and for sockets splice(2) does not take."""
 
     def __init__(self, client: socket.socket, upstream: socket.socket, *, up: Callable[[int], None],
-                 down: Callable[[int], None], idle_timeout_s: float, chunk: int) -> None:
+                 down: Callable[[int], None], idle_timeout_s: float, chunk: int, splice: bool = True) -> None:
         self.loop = asyncio.get_running_loop()
         self.idle_timeout_s = idle_timeout_s
         self.last = self.loop.time()
@@ -113,8 +133,8 @@ class Relay:
         self.error: OSError | None = None
         self._ended = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._directions = (_Direction(self, client, upstream, up, chunk),
-                            _Direction(self, upstream, client, down, chunk))
+        self._directions = (_Direction(self, client, upstream, up, chunk, splice),
+                            _Direction(self, upstream, client, down, chunk, splice))
 
     def touch(self) -> None:
         self.last = self.loop.time()
