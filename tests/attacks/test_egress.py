@@ -545,3 +545,33 @@ def test_the_proxy_holds_for_an_unprivileged_user(tmp_path: Path) -> None:
     assert "allowed by network.allow" in allowed["notes"][0]
     assert '"rule": "network.not-allowed"' in refused["out"] and "refused by network.not-allowed" in refused["notes"][0]
     assert report["audited"] == ["open", "close", "open", "close"]
+
+
+async def test_a_commands_own_asker_answers_for_its_unlisted_hosts(tmp_path: Path, upstream: Upstream) -> None:
+    """`ask: on-miss` in a real sandbox: the asker given to spawn() is asked about that command's connection
+    (with its request id); a command spawned without one keeps the plain refusal."""
+    curl = _require("curl", "apt-get install -y curl")
+    spec = SandboxSpec.build(write_roots=[], network=False, layers_dir=str(tmp_path / "layers"))
+    box = Sandbox(detect(), spec, egress=EgressRules.build(allow=["127.0.0.0/8"], ask="on-miss"))
+    asked: list[tuple[str, int, int | None]] = []
+
+    async def ask(host: str, port: int, owner: int | None) -> Any:
+        asked.append((host, port, owner))
+        return "once"
+
+    url = f"http://localhost:{upstream.port}/"
+    try:
+        results = []
+        for asker in (ask, None):
+            proc = await box.spawn([curl, "-sS", url], executable=curl, cwd="/", env={"PATH": "/usr/bin:/bin"},
+                                   stdin=False, layer=None, ask=asker)
+            assert proc.stdout is not None
+            async with asyncio.timeout(30):
+                out = await proc.stdout.read()
+                await proc.wait()
+            results.append((out.decode(), proc.notes))
+    finally:
+        await box.aclose()
+    assert results[0][0] == BODY.decode() and "allowed by network.ask: once" in results[0][1][0]
+    assert '"rule": "network.not-allowed"' in results[1][0]
+    assert len(asked) == 1 and asked[0][:2] == ("localhost", upstream.port) and asked[0][2] is not None

@@ -42,7 +42,7 @@ ACCEPT_RETRY_S = 1.0
 _UNCOUNTED = object()
 
 Answer = Literal["once", "always", "deny"]
-AskFn = Callable[[str, int, int | None], Awaitable[Answer]]
+AskFn = Callable[[str, int, int | None], Awaitable[Answer | None]]  # None: nobody can answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,6 +381,10 @@ class EgressProxy:
                 answer = await self.ask(record.host, record.port, record.owner)
         except TimeoutError:
             return Verdict(False, "network.ask", f"nobody answered within {self.limits.ask_timeout_s:g}s")
+        except Exception as exc:  # a broken asker refuses; it does not take the connection's task down
+            return Verdict(False, "network.ask", f"the question could not be asked: {exc}")
+        if answer is None:
+            return verdict
         if answer == "always":
             self.rules = self.rules.with_allowed(record.host, record.port)
         if answer in ("once", "always"):

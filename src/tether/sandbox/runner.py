@@ -23,7 +23,7 @@ from typing import Any
 
 from tether.sandbox.bwrap import live_source, warden_argv
 from tether.sandbox.detect import SandboxInfo
-from tether.sandbox.egress import AskFn, EgressProxy, EgressRecord
+from tether.sandbox.egress import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress_rules import EgressRules
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
@@ -97,8 +97,10 @@ class Sandbox:
         self._notes: dict[int, list[str]] = {}
         self._removing: set[asyncio.Future[None]] = set()
         self._audit = audit
+        self._ask = ask
+        self._askers: dict[int, AskFn] = {}  # request id -> who answers for that command (spawn's `ask`)
         self.egress = None if egress is None else EgressProxy(egress, audit=self._on_connection,
-                                                               owner=self._owner_of, ask=ask)
+                                                               owner=self._owner_of, ask=self._ask_for)
         self._proxy_port: int | None = None
         self._proxy_task: asyncio.Task[None] | None = None
         self._connections: dict[int, list[EgressRecord]] = {}  # request id -> its connections, for its notes
@@ -206,6 +208,12 @@ class Sandbox:
                 "ALL_PROXY": f"socks5h://127.0.0.1:{self._proxy_port}",
                 "all_proxy": f"socks5h://127.0.0.1:{self._proxy_port}"}
 
+    async def _ask_for(self, host: str, port: int, owner: int | None) -> Answer | None:
+        """`ask: on-miss`: the command's own asker (spawn's `ask`), else the sandbox's; None: nobody to ask."""
+        ask = self._askers.get(owner) if owner is not None else None
+        ask = ask or self._ask
+        return None if ask is None else await ask(host, port, owner)
+
     def _on_connection(self, record: EgressRecord, event: str) -> None:
         """The audit of one proxied connection: the device's log, the command's notes, the `audit` hook."""
         if event == "open":
@@ -266,6 +274,7 @@ class Sandbox:
                 if not fut.done():
                     fut.set_exception(SandboxUnavailable(why))
         self._waiters.clear()
+        self._askers.clear()
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -293,6 +302,7 @@ class Sandbox:
                 self._warden_pids[msg["pid"]] = msg["id"]
             elif msg["op"] == "exit":
                 self._waiters.pop(msg["id"], None)
+                self._askers.pop(msg["id"], None)
                 self._warden_pids = {p: i for p, i in self._warden_pids.items() if i != msg["id"]}
                 if "error" in msg:
                     error = SandboxUnavailable(msg["error"])
@@ -343,10 +353,13 @@ class Sandbox:
         future.add_done_callback(self._removing.discard)
 
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
-                    stdin: bool, layer: Path | None, output: bool = True) -> SandboxedProcess:
+                    stdin: bool, layer: Path | None, output: bool = True,
+                    ask: AskFn | None = None) -> SandboxedProcess:
         """Start `argv` (running the file `executable` names, opened here) confined; `layer` captures writes.
 
         `output=False` sends stdout and stderr to /dev/null (a detached application nobody reads).
+        `ask` answers the egress proxy's questions about this command's connections to unlisted hosts
+        (`ask: on-miss`), instead of the sandbox's own `ask`.
         """
         await self._ensure()
         loop = asyncio.get_running_loop()
@@ -364,6 +377,8 @@ class Sandbox:
             started: asyncio.Future[int] = loop.create_future()
             exited: asyncio.Future[int] = loop.create_future()
             self._waiters[request_id] = (started, exited)
+            if ask is not None:
+                self._askers[request_id] = ask
             hidden = [*self.spec.hidden]
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
                        "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
