@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -575,3 +576,20 @@ async def test_a_commands_own_asker_answers_for_its_unlisted_hosts(tmp_path: Pat
     assert results[0][0] == BODY.decode() and "allowed by network.ask: once" in results[0][1][0]
     assert '"rule": "network.not-allowed"' in results[1][0]
     assert len(asked) == 1 and asked[0][:2] == ("localhost", upstream.port) and asked[0][2] is not None
+
+
+async def test_a_restarted_warden_gets_a_new_proxy_listener_and_the_old_one_is_dropped(
+        box: tuple[Sandbox, list[tuple[str, EgressRecord]]], upstream: Upstream) -> None:
+    sandbox, _ = box
+    curl = _require("curl", "apt-get install -y curl")
+    url = f"http://localhost:{upstream.port}/"
+    assert (await _run(sandbox, [curl, "-sS", url]))[:2] == (0, BODY.decode())
+    proc, warden = sandbox._proc, sandbox._warden_host_pid
+    assert proc is not None and warden is not None
+    os.kill(warden, signal.SIGKILL)
+    await asyncio.wait_for(proc.wait(), IO_TIMEOUT_S)
+    code, out, err, notes = await _run(sandbox, [curl, "-sS", url])
+    assert (code, out) == (0, BODY.decode()), err
+    assert sandbox.proxy_env() and "allowed by" in notes[0]
+    # the old listener's accept loop ended with its warden: one listener is served, the new one
+    assert sandbox._proxy_task is not None and len(sandbox.egress._servers) == 1  # type: ignore[union-attr]
