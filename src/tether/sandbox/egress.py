@@ -4,7 +4,8 @@ The sandbox has its own network namespace with nothing but loopback in it; the w
 port of that loopback and hands the listening socket to the device, where `EgressProxy.serve`
 accepts from it. Every connection speaks one of three dialects, told apart by its first byte:
 HTTP `CONNECT host:port` (tunnels: TLS), a plain HTTP forward-proxy request (`GET http://host/...`)
-or SOCKS5 (CONNECT only, names resolved here: `socks5h`). For each one the proxy
+or SOCKS5 (CONNECT only, names resolved here: `socks5h`); `egress_wire` reads them. For each one the
+proxy
 
 1. judges the requested name against the rules (`EgressRules.judge_name`: deny, then allow);
 2. resolves it itself and judges every address (`judge_address`: no loopback, private, link-local or
@@ -26,7 +27,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
-import json
 import logging
 import socket
 import time
@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tether.sandbox.egress_relay import Relay
-from tether.sandbox.egress_rules import EgressRules, IPAddress, Verdict, normalize_host, parse_address, valid_host
+from tether.sandbox.egress_rules import EgressRules, IPAddress, Verdict, parse_address, valid_host
+from tether.sandbox.egress_wire import Head, Refused, Request, http_refusal, http_request, socks_reply, socks_request
 
 logger = logging.getLogger(__name__)
 ACCEPT_RETRY_S = 1.0
@@ -95,52 +96,6 @@ class EgressRecord:
         return {"protocol": self.protocol, "host": self.host, "port": self.port, "address": self.address,
                 "allowed": self.allowed, "rule": self.rule, "reason": self.reason, "bytes_up": self.up,
                 "bytes_down": self.down, "owner": self.owner, "started": self.started, "ended": self.ended}
-
-
-class Refused(Exception):
-    """The connection is not made; `code` is the HTTP status, `socks` the SOCKS5 reply code."""
-
-    def __init__(self, rule: str, reason: str, *, code: int = 403, socks: int = 2) -> None:
-        super().__init__(reason)
-        self.rule, self.reason, self.code, self.socks = rule, reason, code, socks
-
-
-class _Head:
-    """Reads a connection's first bytes off its raw socket, within one deadline and one size cap."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, limits: Limits) -> None:
-        self.loop, self.sock, self.limits = loop, sock, limits
-        self.buf = bytearray()
-        self.deadline = loop.time() + limits.head_timeout_s
-
-    async def _more(self) -> None:
-        if len(self.buf) >= self.limits.max_head_bytes:
-            raise Refused("network.request-too-large", f"the request head is over {self.limits.max_head_bytes} "
-                                                       "bytes", code=431, socks=1)
-        remaining = self.deadline - self.loop.time()
-        try:
-            async with asyncio.timeout(max(remaining, 0.0)):
-                data = await self.loop.sock_recv(self.sock, self.limits.max_head_bytes - len(self.buf))
-        except TimeoutError:
-            raise Refused("network.request-timeout", f"no complete request within {self.limits.head_timeout_s:g}s",
-                          code=408, socks=1) from None
-        if not data:
-            raise ConnectionResetError("the client closed the connection")
-        self.buf += data
-
-    async def exactly(self, n: int) -> bytes:
-        while len(self.buf) < n:
-            await self._more()
-        out = bytes(self.buf[:n])
-        del self.buf[:n]
-        return out
-
-    async def until(self, marker: bytes) -> bytes:
-        while (end := self.buf.find(marker)) < 0:
-            await self._more()
-        out = bytes(self.buf[:end + len(marker)])
-        del self.buf[:end + len(marker)]
-        return out
 
 
 class EgressProxy:
@@ -227,7 +182,8 @@ class EgressProxy:
         client.setblocking(False)
         with contextlib.suppress(OSError):
             client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        head = _Head(loop, client, self.limits)
+        head = Head(loop, client, timeout_s=self.limits.head_timeout_s, max_bytes=self.limits.max_head_bytes)
+        request = Request()
         record = EgressRecord("tcp", "?", 0)
         upstream: socket.socket | None = None
         opened = False
@@ -241,25 +197,25 @@ class EgressProxy:
             head.buf[:0] = first
             try:
                 if socks:
-                    record.protocol = "socks5"
-                    await self._socks_request(head, record)
-                    upstream = await self._open(record)
-                    opened = True
-                    await self._send(loop, client, _socks_reply(0))
-                    early = b""
+                    request.protocol = "socks5"
+                    await socks_request(head, request, lambda data: self._send(loop, client, data))
                 else:
-                    upstream_head = await self._http_request(head, record)
-                    upstream = await self._open(record)
-                    opened = True
-                    if upstream_head is None:
-                        await self._send(loop, client, b"HTTP/1.1 200 Connection established\r\n\r\n")
-                    early = upstream_head or b""
+                    await http_request(head, request)
+                record.protocol, record.host, record.port = request.protocol, request.host, request.port
+                upstream = await self._open(record)
+                opened = True
+                if socks:
+                    await self._send(loop, client, socks_reply(0))
+                elif request.upstream_head is None:
+                    await self._send(loop, client, b"HTTP/1.1 200 Connection established\r\n\r\n")
+                early = request.upstream_head or b""
             except Refused as refusal:
+                record.protocol, record.host, record.port = request.protocol, request.host, request.port
                 record.allowed, record.rule, record.reason = False, refusal.rule, refusal.reason
                 if not opened:
                     opened = True
                     self._report(record, "open")
-                reply = _socks_reply(refusal.socks) if socks else _http_refusal(refusal)
+                reply = socks_reply(refusal.socks) if socks else http_refusal(refusal)
                 with contextlib.suppress(OSError, TimeoutError):
                     await self._send(loop, client, reply)
                     await self._linger(loop, client)
@@ -312,63 +268,6 @@ class EgressProxy:
     async def _send(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, data: bytes) -> None:
         async with asyncio.timeout(self.limits.head_timeout_s):
             await loop.sock_sendall(sock, data)
-
-    # ------------------------------------------------------------------ dialects
-
-    async def _socks_request(self, head: _Head, record: EgressRecord) -> None:
-        _, count = await head.exactly(2)
-        methods = await head.exactly(count)
-        if 0 not in methods:
-            await self._send(head.loop, head.sock, b"\x05\xff")
-            raise ConnectionResetError("the SOCKS client offers no method without authentication")
-        await self._send(head.loop, head.sock, b"\x05\x00")
-        version, command, _, atyp = await head.exactly(4)
-        if atyp == 1:
-            host = str(ipaddress.IPv4Address(await head.exactly(4)))
-        elif atyp == 4:
-            host = str(ipaddress.IPv6Address(await head.exactly(16)))
-        elif atyp == 3:
-            (length,) = await head.exactly(1)
-            try:
-                host = (await head.exactly(length)).decode("ascii")
-            except UnicodeDecodeError:
-                raise Refused("network.bad-request", "a SOCKS host name must be ASCII (IDNA-encoded)",
-                              code=400, socks=1) from None
-        else:
-            raise Refused("network.socks", f"SOCKS address type {atyp} is not supported", code=400, socks=8)
-        port = int.from_bytes(await head.exactly(2), "big")
-        record.host, record.port = normalize_host(host), port
-        if version != 5 or command != 1:
-            raise Refused("network.socks", "only SOCKS5 CONNECT is supported (no BIND, no UDP)", code=400, socks=7)
-
-    async def _http_request(self, head: _Head, record: EgressRecord) -> bytes | None:
-        """Parse a request head; None for CONNECT, else the head to send upstream (origin-form)."""
-        raw = await head.until(b"\r\n\r\n")
-        lines = raw.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
-            raise Refused("network.bad-request", "not an HTTP proxy request", code=400)
-        method, target, version = parts
-        if method == "CONNECT":
-            record.protocol = "connect"
-            record.host, record.port = _host_port(target, None)
-            return None
-        record.protocol = "http"
-        if not target.lower().startswith("http://"):
-            raise Refused("network.bad-request", "a forward-proxy request needs an absolute http:// URL (use CONNECT "
-                                                 "for https)", code=400)
-        rest = target[len("http://"):]
-        slash = rest.find("/")
-        authority, path = (rest, "/") if slash < 0 else (rest[:slash], rest[slash:])
-        if "@" in authority:
-            raise Refused("network.bad-request", "credentials in a proxied URL are not forwarded", code=400)
-        record.host, record.port = _host_port(authority, 80)
-        headers = [line for line in lines[1:] if line and not line.lower().startswith(
-            ("proxy-connection:", "proxy-authorization:", "connection:", "keep-alive:"))]
-        # one request per upstream connection: a client reusing it for another host would otherwise reach
-        # this host with that request
-        out = "\r\n".join([f"{method} {path} {version}", *headers, "Connection: close", "", ""])
-        return out.encode("latin-1")
 
     # ------------------------------------------------------------------ verdicts and connecting
 
@@ -464,37 +363,3 @@ class EgressProxy:
             self._report(record, "open")
             return upstream
         raise Refused("network.connect", f"could not connect: {failure}", code=502, socks=5)
-
-
-def _host_port(authority: str, default: int | None) -> tuple[str, int]:
-    if authority.startswith("["):
-        close = authority.find("]")
-        host, rest = authority[1:close], authority[close + 1:]
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif authority.count(":") == 1:
-        host, port_text = authority.split(":")
-    else:
-        host, port_text = authority, ""
-    if not port_text:
-        if default is None:
-            raise Refused("network.bad-request", f"{authority!r} has no port", code=400)
-        return normalize_host(host), default
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise Refused("network.bad-request", f"{authority!r} has no valid port", code=400)
-    return normalize_host(host), int(port_text)
-
-
-_STATUS = {400: "Bad Request", 403: "Forbidden", 408: "Request Timeout", 429: "Too Many Requests",
-           431: "Request Header Fields Too Large", 502: "Bad Gateway", 504: "Gateway Timeout"}
-
-
-def _http_refusal(refusal: Refused) -> bytes:
-    body = json.dumps({"error": f"tether egress proxy: {refusal.reason}", "rule": refusal.rule}).encode()
-    rule = refusal.rule.encode("ascii", "replace").replace(b"\r", b" ").replace(b"\n", b" ")
-    return (f"HTTP/1.1 {refusal.code} {_STATUS.get(refusal.code, 'Error')}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\nConnection: close\r\n").encode() + b"X-Tether-Rule: " + rule + \
-        b"\r\n\r\n" + body
-
-
-def _socks_reply(code: int) -> bytes:
-    return bytes([5, code, 0, 1, 0, 0, 0, 0, 0, 0])
