@@ -24,6 +24,7 @@ from typing import Any
 from tether.sandbox.bwrap import live_source, warden_argv
 from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.egress import Answer, AskFn, EgressProxy, EgressRecord
+from tether.sandbox.egress_owner import command_holding
 from tether.sandbox.egress_rules import EgressRules
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
@@ -242,14 +243,8 @@ class Sandbox:
         warden = self._warden_host_pid
         if warden is None or not self._warden_pids:
             return None
-        inode = _tcp_inode(warden, peer)
-        if inode is None:
-            return None
-        target = f"socket:[{inode}]"
-        for command in _children(warden):  # each is pid 1 of one command's pid namespace
-            if any(_holds(proc, target) for proc in _descendants(command)):
-                return self._warden_pids.get(_nspid(command, -2) or 0)
-        return None
+        holder = command_holding(warden, peer)
+        return None if holder is None else self._warden_pids.get(holder)
 
     async def _log_stderr(self, proc: asyncio.subprocess.Process) -> None:
         assert proc.stderr is not None
@@ -465,59 +460,6 @@ def _children(pid: int) -> list[int]:
             return [int(p) for p in f.read().split()]
     except (OSError, ValueError):
         return []
-
-
-def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo and len(out) < 4096:
-        current = todo.pop()
-        out.append(current)
-        todo += _children(current)
-    return out
-
-
-def _holds(pid: int, target: str) -> bool:
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return False
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            if os.readlink(f"/proc/{pid}/fd/{fd}") == target:
-                return True
-    return False
-
-
-def _nspid(pid: int, index: int) -> int | None:
-    """One of the pids `pid` has in its pid namespaces (NSpid: outermost first), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"NSpid:"):
-                    ids = line.split()[1:]
-                    return int(ids[index]) if len(ids) >= abs(index) else None
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def _tcp_inode(pid: int, peer: tuple[str, int]) -> int | None:
-    """The inode of the IPv4 TCP socket bound to `peer` in the network namespace of process `pid`."""
-    try:
-        packed = socket.inet_aton(peer[0])
-    except OSError:
-        return None
-    local = f"{int.from_bytes(packed, 'little'):08X}:{peer[1]:04X}"
-    try:
-        with open(f"/proc/{pid}/net/tcp") as table:
-            next(table, None)
-            for line in table:
-                fields = line.split()
-                if len(fields) > 9 and fields[1] == local:
-                    return int(fields[9])
-    except (OSError, ValueError):
-        return None
-    return None
 
 
 def layer_empty(layer: Path, roots: int) -> bool:
