@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import mcp_types as types
 import pytest
 
 from gateway.gatewaykit import mcp_client  # tests/gateway's kit
+from netutil import CLI
 from task_testkit import WAIT, AgentServer
 from tether.device.config import load_device_config
 from tether.device.connection import DeviceConnection
@@ -44,7 +46,7 @@ class Fleet:
         self.agent = agent
         store = agent.store
         self.admin = store.create_token("api", "root", ALL)[1]
-        self.scoped = store.create_token("api", "mcp-claude-code", ALL, devices=["dev1"])[1]
+        self.scoped = store.create_token("api", "attacker", ALL, devices=["dev1"])[1]
         self.base = f"http://127.0.0.1:{agent.port}"
 
     def http(self, token: str) -> httpx.AsyncClient:
@@ -135,6 +137,7 @@ async def test_device_list_detail_tools_policy_and_tokens(fleet: Fleet) -> None:
         refused(made, 403)
         refused(await http.get("/tokens"), 403)
         refused(await http.delete("/tokens/root"), 403)
+        refused(await http.get("/pairing"), 403)  # nor approve a new device into the fleet
     async with fleet.http(fleet.admin) as admin:
         assert sorted(d["name"] for d in (await admin.get("/devices")).json()) == ["dev1", "dev2"]
 
@@ -219,7 +222,7 @@ async def test_the_mcp_gateway_lists_and_calls_dev1_only(fleet: Fleet) -> None:
             assert url.endswith("dev2") or any(n.startswith("dev1__") for n in names), names
     async with mcp_client(f"{fleet.base}/mcp", fleet.scoped) as client:
         called = await client.call_tool(victim, {})
-        assert called.is_error and "scope of token 'mcp-claude-code'" in text(called), text(called)
+        assert called.is_error and "scope of token 'attacker'" in text(called), text(called)
         mine = await client.call_tool(victim.replace("dev2__", "dev1__", 1), {})
         assert not mine.is_error, text(mine)
         devices = await client.call_tool("list_devices", {})
@@ -263,3 +266,22 @@ async def test_only_a_token_reaching_dev2_answers_its_question(fleet: Fleet) -> 
                 [result] = json.loads(line[6:])["results"]
                 break
     assert result["status"] == "success" and "accept: green" in json.dumps(result["result"]), result
+
+
+async def test_the_token_mcp_config_device_makes_reaches_that_device_only(fleet: Fleet) -> None:
+    """The attack as found: take the token `tether mcp config --device dev1` prints, drop the URL's filter."""
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "200", "TETHER_SERVER": fleet.base, "TETHER_TOKEN": fleet.admin}
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, "mcp", "config", "--client", "claude-code", "--device", "dev1", env=env,
+        stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), WAIT)
+    assert proc.returncode == 0, err.decode()
+    assert "reaching devices dev1" in err.decode()
+    entry = json.loads(out)["mcpServers"]["tether"]
+    secret = entry["headers"]["Authorization"].removeprefix("Bearer ")
+    async with mcp_client(f"{fleet.base}/mcp", secret) as client:  # no ?devices= this time
+        names = [t.name for t in (await client.list_tools()).tools]
+        assert "dev1__get_system_info" in names and not any(n.startswith("dev2__") for n in names), names
+    async with fleet.http(secret) as http:
+        refused = await http.post("/devices/dev2/commands", json={"commands": [LIST_TOOLS]})
+        assert refused.status_code == 404 and "scope of token 'mcp-claude-code'" in refused.json()["error"]

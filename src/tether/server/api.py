@@ -86,9 +86,10 @@ class BatchResults(BaseModel):
 
 
 class TokenRequest(BaseModel):
-    # scopes are for API tokens; a device token has none (said in the document for API clients too)
+    # scopes (and device/tag scopes) are for API tokens; a device token has none (said in the document too)
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"properties": {"kind": {"const": "api"}}}, {"properties": {"scopes": {"maxItems": 0}}}]})
+        {"properties": {"kind": {"const": "api"}}},
+        {"properties": {"scopes": {"maxItems": 0}, "devices": {"maxItems": 0}, "tags": {"maxItems": 0}}}]})
 
     kind: Literal["device", "api"]
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
