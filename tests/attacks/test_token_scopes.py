@@ -32,6 +32,7 @@ from tether.device.local import build_device
 from tether.device.mcp_elicit import RemoteQuestions
 from tether.device.profile import collect_profile
 from tether.device.remote_policy import RemotePolicy
+from tether.protocol.models import Command
 from tether.tools.policy import default_policy
 
 INTERACTIVE = str(Path(__file__).parent.parent / "servers" / "interactive.py")
@@ -188,6 +189,11 @@ async def test_tasks_stay_in_scope(fleet: Fleet, tmp_path: Path) -> None:
     assert done["state"] == "done", done
     [record] = done["steps"]
     assert [d["device"] for d in record["result"]["result"]["devices"]] == ["dev1"]
+    # a step the planner (an LLM) puts on dev2 later: the task's dispatcher refuses it, nothing is sent
+    tasks = fleet.agent.tasks
+    [result] = await tasks._dispatcher(tasks.get(mine), "dev2").execute_commands([Command(**LIST_TOOLS)])
+    assert not result.ok and "outside the scope of the token that created the task" in (result.error or "")
+    assert not [r for r in fleet.agent.store.audit_rows(device="dev2") if r["requested_by"].startswith("task:")]
     # the admin's task on dev2: not there for the scoped token, whatever it asks
     async with fleet.http(fleet.admin) as admin:
         made = await admin.post("/tasks", json={"plan": [step], "device": "dev2"})

@@ -133,7 +133,11 @@ class FleetIndex:
         return self._tools
 
     def listed(self, keep: DeviceFilter) -> list[DeviceTool]:
-        return [t for t in self.tools().values() if keep.admits(t.device)]
+        admitted: dict[str, bool] = {}  # judged once per device, not per tool (a scope check looks the device up)
+        for tool in self.tools().values():
+            if tool.device not in admitted:
+                admitted[tool.device] = keep.admits(tool.device)
+        return [t for t in self.tools().values() if admitted[t.device]]
 
     def _build(self) -> dict[str, DeviceTool]:
         tools: dict[str, DeviceTool] = {}
