@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -291,3 +292,24 @@ async def test_the_token_mcp_config_device_makes_reaches_that_device_only(fleet:
     async with fleet.http(secret) as http:
         refused = await http.post("/devices/dev2/commands", json={"commands": [LIST_TOOLS]})
         assert refused.status_code == 404 and "scope of token 'mcp-claude-code'" in refused.json()["error"]
+
+
+def test_token_create_scopes_an_api_token_to_devices_and_tags(tmp_path: Path) -> None:
+    db = str(tmp_path / "server.db")
+    env = {**os.environ, "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "200"}
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, "token", *args, "--db", db], capture_output=True, text=True, env=env,
+                              timeout=WAIT, stdin=subprocess.DEVNULL)
+
+    made = cli("create", "--api", "ci", "--device", "dev1", "--device", "lab-*", "--tag", "gpu", "--json")
+    assert made.returncode == 0, made.stderr
+    assert (json.loads(made.stdout)["devices"], json.loads(made.stdout)["tags"]) == (["dev1", "lab-*"], ["gpu"])
+    device = cli("create", "--device", "dev9", "--json")  # without --api, --device still names a device token
+    assert device.returncode == 0 and json.loads(device.stdout)["kind"] == "device", device.stderr
+    for bad in (("create", "--device", "a", "--device", "b"), ("create", "--device", "a", "--tag", "t"),
+                ("create", "--api", "x", "--device", "bad name")):
+        refused = cli(*bad)
+        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    listed = cli("list")
+    assert listed.returncode == 0 and "devices dev1, lab-*; tags gpu" in listed.stdout, listed.stdout

@@ -239,7 +239,7 @@ class TaskService:
         target = self._pick(device, requires, token)
         extra = list(dict.fromkeys([*(devices or []), *(s.device for s in (plan.steps if plan else []) if s.device)]))
         for name in extra:
-            self._in_scope(token, name, "the plan names")
+            self._in_scope(token, name, "a device the task names")
             if self.hub.registry.get(name) is None:
                 raise TaskError(404, f"the plan names device '{name}', which has never registered")
         task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
@@ -272,7 +272,7 @@ class TaskService:
             raise TaskError(409, "this server has no LLM configured, so it cannot plan a request; give a plan")
         target = self._pick(device, requires, token)
         for name in [*(devices or []), *(s.device for s in (plan.steps if plan else []) if s.device)]:
-            self._in_scope(token, name, "the plan names")
+            self._in_scope(token, name, "a device the task names")
         task = Task(request=request or "run the given plan", plan=plan, device=target, devices=list(devices or []),
                     scope_devices=list(token.devices) if token is not None else [],
                     scope_tags=list(token.tags) if token is not None else [])
@@ -292,7 +292,7 @@ class TaskService:
         if token is not None and token.scoped:
             record = self.hub.registry.get(name)
             if not token.reaches(name, record.tags if record is not None else ()):
-                raise TaskError(404, f"{what} {unknown_device(token, name)}")
+                raise TaskError(404, f"{what}: {unknown_device(token, name)}")
 
     def reaches(self, task: Task, name: str) -> bool:
         """Whether the task's scope (its creator's, when scoped) reaches the device `name`."""
@@ -313,7 +313,7 @@ class TaskService:
 
     def _pick(self, device: str | None, requires: DeviceRequirements | None, token: TokenInfo | None = None) -> str:
         if device is not None:
-            self._in_scope(token, device, "the task asks for")
+            self._in_scope(token, device, "the task's device")
             record = self.hub.registry.get(device)
             if record is None:
                 raise TaskError(404, f"no device named '{device}'")

@@ -27,7 +27,7 @@ from tether.server.registry import DeviceRecord, NoDeviceError
 from tether.server.remote import BackplaneUnavailable
 from tether.server.scopes import beyond, reached_names, reaches, unknown_device, within
 from tether.server.sessions import owned_session
-from tether.server.store import Store, TokenInfo
+from tether.server.store import SCOPE_DEVICE, SCOPE_TAG, Store, TokenInfo
 
 
 class ErrorBody(BaseModel):
@@ -94,10 +94,12 @@ class TokenRequest(BaseModel):
     kind: Literal["device", "api"]
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
     scopes: list[Literal["read", "execute", "approve", "admin"]] = Field(default_factory=list)
-    devices: list[str] = Field(default_factory=list, max_length=100,
-                               description="an API token: the devices it reaches (names or globs); none = all")
-    tags: list[str] = Field(default_factory=list, max_length=100,
-                            description="an API token: it also reaches the devices with one of these tags")
+    devices: list[Annotated[str, Field(pattern=SCOPE_DEVICE.pattern)]] = Field(
+        default_factory=list, max_length=100, description="an API token: the devices it reaches (names or globs); "
+                                                          "none = all")
+    tags: list[Annotated[str, Field(pattern=SCOPE_TAG.pattern)]] = Field(
+        default_factory=list, max_length=100, description="an API token: it also reaches the devices with one of "
+                                                          "these tags")
 
 
 class TokenCreated(BaseModel):

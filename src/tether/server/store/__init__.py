@@ -48,8 +48,8 @@ TokenKind = Literal["device", "api"]
 SCOPES = ("read", "execute", "approve", "admin")
 _PREFIX = {"device": "tdev_", "api": "tapi_"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
-_DEVICE_PATTERN = re.compile(r"^[A-Za-z0-9._@*?\[\]!-]{1,128}$")  # a device name or glob (a token's scope)
-_TAG = re.compile(r"^[A-Za-z0-9._@:=/+-]{1,128}$")
+SCOPE_DEVICE = re.compile(r"^[A-Za-z0-9._@*?\[\]!-]{1,128}$")  # a device name or glob (a token's scope)
+SCOPE_TAG = re.compile(r"^[A-Za-z0-9._@:=/+-]{1,128}$")
 _MAX_SCOPE_ITEMS = 100
 _MAX_ARGUMENTS_CHARS = 16_384
 _LAST_USED_EVERY = 60.0  # seconds: verifying a token per API request must not mean a write per request
@@ -441,7 +441,7 @@ class Store:
             raise ValueError(f"confirm must be never, destructive or always, not {confirm!r}")
         if kind == "device" and confirm != "never":
             raise ValueError("confirm is for API tokens (the tasks they create); a device token creates none")
-        reach, labels = _scope_list(devices, _DEVICE_PATTERN, "device"), _scope_list(tags, _TAG, "tag")
+        reach, labels = _scope_list(devices, SCOPE_DEVICE, "device"), _scope_list(tags, SCOPE_TAG, "tag")
         if kind == "device" and (reach or labels):
             raise ValueError("device tokens have no device or tag scope; those are for API tokens")
         secret = _PREFIX[kind] + secrets.token_urlsafe(32)
