@@ -74,15 +74,27 @@ async def add_device(agent: AgentServer, name: str, state: Path, tag: str, confi
     await asyncio.wait_for(link.connected.wait(), WAIT)
 
 
-@pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    config = tmp_path / "mcp.json"
-    config.write_text(json.dumps({"mcpServers": {"interactive": {"command": sys.executable, "args": [INTERACTIVE]}}}))
+async def start(tmp_path: Path, dev2_config: Path | None = None) -> AsyncIterator[Fleet]:
     async with AgentServer(tmp_path) as agent:
-        for name, tag, extra in (("dev1", "blue", None), ("dev2", "red", config)):
+        for name, tag, extra in (("dev1", "blue", None), ("dev2", "red", dev2_config)):
             (tmp_path / name).mkdir()
             await add_device(agent, name, tmp_path / name, tag, extra)
         yield Fleet(agent)
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    async for running in start(tmp_path):
+        yield running
+
+
+@pytest.fixture
+async def asking_fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
+    """The fleet with a real stdio MCP server on dev2 that asks questions (tests/servers/interactive.py)."""
+    config = tmp_path / "mcp.json"
+    config.write_text(json.dumps({"mcpServers": {"interactive": {"command": sys.executable, "args": [INTERACTIVE]}}}))
+    async for running in start(tmp_path, config):
+        yield running
 
 
 def refused(response: httpx.Response, status: int = 404) -> str:
@@ -220,7 +232,7 @@ async def test_the_mcp_gateway_lists_and_calls_dev1_only(fleet: Fleet) -> None:
     async with mcp_client(f"{fleet.base}/mcp", fleet.admin) as client:
         everything = [t.name for t in (await client.list_tools()).tools]
     victim = "dev2__get_system_info"
-    assert victim in everything and "dev2__ask" in everything, everything
+    assert victim in everything, everything
     # asking for dev2's tools with the filter does not widen the scope
     for url in (f"{fleet.base}/mcp", f"{fleet.base}/mcp?devices=dev2", f"{fleet.base}/mcp?devices=*"):
         async with mcp_client(url, fleet.scoped) as client:
@@ -249,7 +261,8 @@ def text(result: types.CallToolResult) -> str:
     return " ".join(c.text for c in result.content if isinstance(c, types.TextContent))
 
 
-async def test_only_a_token_reaching_dev2_answers_its_question(fleet: Fleet) -> None:
+async def test_only_a_token_reaching_dev2_answers_its_question(asking_fleet: Fleet) -> None:
+    fleet = asking_fleet
     body = {"commands": [{"tool_name": "ask", "parameters": {"question": "Which colour?"}}], "timeout": 60}
     async with fleet.http(fleet.admin) as admin, fleet.http(fleet.scoped) as attacker, \
             admin.stream("POST", "/devices/dev2/commands", json=body,
@@ -305,11 +318,8 @@ def test_token_create_scopes_an_api_token_to_devices_and_tags(tmp_path: Path) ->
     made = cli("create", "--api", "ci", "--device", "dev1", "--device", "lab-*", "--tag", "gpu", "--json")
     assert made.returncode == 0, made.stderr
     assert (json.loads(made.stdout)["devices"], json.loads(made.stdout)["tags"]) == (["dev1", "lab-*"], ["gpu"])
-    device = cli("create", "--device", "dev9", "--json")  # without --api, --device still names a device token
-    assert device.returncode == 0 and json.loads(device.stdout)["kind"] == "device", device.stderr
-    for bad in (("create", "--device", "a", "--device", "b"), ("create", "--device", "a", "--tag", "t"),
-                ("create", "--api", "x", "--device", "bad name")):
-        refused = cli(*bad)
-        assert refused.returncode != 0 and "Traceback" not in refused.stderr, refused.stderr
+    # without --api, --device names a device token: one, and no tags (tests/test_confirm.py makes one)
+    refused = cli("create", "--device", "a", "--device", "b")
+    assert refused.returncode != 0 and "--api NAME" in refused.stderr and "Traceback" not in refused.stderr
     listed = cli("list")
     assert listed.returncode == 0 and "devices dev1, lab-*; tags gpu" in listed.stdout, listed.stdout
