@@ -21,7 +21,7 @@ from starlette.applications import Starlette
 from tether.agent.plan import Plan
 from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Task, TaskEvent
-from tether.agent.task_api import Answer, TaskRequest, _stricter
+from tether.agent.task_api import Answer, TaskRequest, _stricter, visible_task
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
 
 logger = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
         tasks = service()
         task = await tasks.create(body.request, plan=Plan(steps=body.plan) if body.plan else None,
                                   device=body.device, requires=body.requires, devices=body.devices,
-                                  requested_by=_who(call), confirm=_stricter(call.token.confirm, body.confirm))
+                                  requested_by=_who(call), confirm=_stricter(call.token.confirm, body.confirm),
+                                  token=call.token)
         return await _follow(tasks, task.id, call)
 
     async def get_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
@@ -156,6 +157,8 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
     def guarded(handler: Any) -> Any:
         async def run(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
             try:
+                if "task_id" in arguments and call.token.scoped:  # another scope's task is not there for it
+                    visible_task(service(), _task_id(arguments), call.token)
                 return await handler(arguments, call)
             except TaskError as exc:  # the REST API's {"error"} as a tool error, same words
                 return GatewayReply(str(exc), is_error=True)

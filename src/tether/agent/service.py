@@ -35,8 +35,10 @@ from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
 from tether.server.hub import DeviceHub
 from tether.server.registry import NoDeviceError
+from tether.server.scopes import beyond, unknown_device
+from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
-from tether.server.store import StoreUnavailable
+from tether.server.store import StoreUnavailable, TokenInfo, scope_reaches
 
 logger = logging.getLogger(__name__)
 
@@ -55,9 +57,10 @@ class _HubDevice(BasicCommandDispatcher):
     seconds to come back before a step is sent to it and fails as offline."""
 
     def __init__(self, hub: DeviceHub, device: str, device_wait: float, before_send: Callable[[], str | None],
-                 **kwargs: Any) -> None:
+                 within: Callable[[Any], bool] | None = None, **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
         self.before_send = before_send
+        self.within = within  # the task's device scope, for a step `on: all` (None: every device)
         self.hub = hub
         self.device = device
         self.device_wait = device_wait
@@ -94,7 +97,7 @@ class _HubDevice(BasicCommandDispatcher):
                                             "error": outcome.error, "duration": round(outcome.duration, 3)})
 
         return await self.hub.fan_out(requires, [command], on_outcome=told, timeout=timeout,
-                                      requested_by=self._inner.requested_by)
+                                      requested_by=self._inner.requested_by, within=self.within)
 
 
 class TaskService:
@@ -221,9 +224,11 @@ class TaskService:
 
     async def create(self, request: str, *, plan: Plan | None = None, device: str | None = None,
                      requires: DeviceRequirements | None = None, devices: list[str] | None = None,
-                     requested_by: str | None = None, confirm: str = "never") -> Task:
+                     requested_by: str | None = None, confirm: str = "never", token: TokenInfo | None = None) -> Task:
         """Create a task on `device` (or on the device `requires` selects) and start it. `confirm`
-        (never|destructive|always, the creating token's setting) makes it wait for its plan's confirmation."""
+        (never|destructive|always, the creating token's setting) makes it wait for its plan's confirmation.
+        `token` (the creator's): a scoped one's task reaches only the devices in its scope, now and at every
+        step (the device chosen, the devices named, a step `on: all`), and it keeps that scope after a restart."""
         if self._closing:
             raise TaskError(503, "the server is shutting down")
         if not request and (plan is None or not plan.steps):
@@ -231,13 +236,16 @@ class TaskService:
         if plan is None and self.llm is None:
             raise TaskError(409, "this server has no LLM configured, so it cannot plan a request; give a plan "
                                  "instead, or start the server with TETHER_LLM_BASE_URL and TETHER_LLM_MODEL set")
-        target = self._pick(device, requires)
+        target = self._pick(device, requires, token)
         extra = list(dict.fromkeys([*(devices or []), *(s.device for s in (plan.steps if plan else []) if s.device)]))
         for name in extra:
+            self._in_scope(token, name, "a device the task names")
             if self.hub.registry.get(name) is None:
                 raise TaskError(404, f"the plan names device '{name}', which has never registered")
         task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
-                    devices=[n for n in extra if n != target], confirm=confirm)
+                    devices=[n for n in extra if n != target], confirm=confirm,
+                    scope_devices=list(token.devices) if token is not None else [],
+                    scope_tags=list(token.tags) if token is not None else [])
         unaudited = self.hub.store.audit_problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
@@ -255,15 +263,19 @@ class TaskService:
         return task
 
     async def dry_run(self, request: str, *, plan: Plan | None = None, device: str | None = None,
-                      requires: DeviceRequirements | None = None, devices: list[str] | None = None
-                      ) -> tuple[str, list[PlanStep], list[str]]:
+                      requires: DeviceRequirements | None = None, devices: list[str] | None = None,
+                      token: TokenInfo | None = None) -> tuple[str, list[PlanStep], list[str]]:
         """(the device, the plan, its problems) for a task that is planned or checked and never run."""
         if not request and (plan is None or not plan.steps):
             raise TaskError(422, "give a request in plain words, or a plan with at least one step")
         if plan is None and self.llm is None:
             raise TaskError(409, "this server has no LLM configured, so it cannot plan a request; give a plan")
-        target = self._pick(device, requires)
-        task = Task(request=request or "run the given plan", plan=plan, device=target, devices=list(devices or []))
+        target = self._pick(device, requires, token)
+        for name in [*(devices or []), *(s.device for s in (plan.steps if plan else []) if s.device)]:
+            self._in_scope(token, name, "a device the task names")
+        task = Task(request=request or "run the given plan", plan=plan, device=target, devices=list(devices or []),
+                    scope_devices=list(token.devices) if token is not None else [],
+                    scope_tags=list(token.tags) if token is not None else [])
         runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
                             budgets=self.budgets, default_device=target)
         try:
@@ -275,8 +287,33 @@ class TaskService:
         problems = await runner.dry_run(task)
         return target, list(task.plan.steps) if task.plan is not None else [], problems
 
-    def _pick(self, device: str | None, requires: DeviceRequirements | None) -> str:
+    def _in_scope(self, token: TokenInfo | None, name: str, what: str) -> None:
+        """404 (as for a device that never registered) when a scoped token does not reach `name`."""
+        if token is not None and token.scoped:
+            record = self.hub.registry.get(name)
+            if not token.reaches(name, record.tags if record is not None else ()):
+                raise TaskError(404, f"{what}: {unknown_device(token, name)}")
+
+    def reaches(self, task: Task, name: str) -> bool:
+        """Whether the task's scope (its creator's, when scoped) reaches the device `name`."""
+        record = self.hub.registry.get(name)
+        return scope_reaches(task.scope_devices, task.scope_tags, name, record.tags if record is not None else ())
+
+    def visible(self, task: Task, token: TokenInfo) -> bool:
+        """Whether `token` may see and steer the task: an unscoped token every task, a scoped one the tasks
+        whose devices (chosen, named, used) it all reaches, and that were made within a scope it covers."""
+        if not token.scoped:
+            return True
+        names = [n for n in (task.device, *task.devices, *task.devices_used()) if n]
+        fans = task.plan is not None and any(s.on == "all" for s in task.plan.steps)
+        same = (sorted(task.scope_devices), sorted(task.scope_tags)) == (sorted(token.devices), sorted(token.tags))
+        if fans and not same:
+            return False  # its steps `on: all` reached the devices of another scope than this token's
+        return all(token.reaches(n, r.tags if (r := self.hub.registry.get(n)) is not None else ()) for n in names)
+
+    def _pick(self, device: str | None, requires: DeviceRequirements | None, token: TokenInfo | None = None) -> str:
         if device is not None:
+            self._in_scope(token, device, "the task's device")
             record = self.hub.registry.get(device)
             if record is None:
                 raise TaskError(404, f"no device named '{device}'")
@@ -284,9 +321,10 @@ class TaskService:
                 raise TaskError(409, f"device '{device}' is offline")
             return device
         try:
-            return self.hub.registry.select(requires or DeviceRequirements()).name
+            return self.hub.registry.select(requires or DeviceRequirements(),
+                                            scope_within(token) if token is not None else None).name
         except NoDeviceError as exc:
-            raise TaskError(409, str(exc)) from None
+            raise TaskError(409, str(exc) + (beyond(token) if token is not None else "")) from None
 
     def get(self, task_id: str) -> Task:
         """The task with this id or unique id prefix: the live object while it runs, else the stored one."""
@@ -384,8 +422,16 @@ class TaskService:
         device = name or task.device
         if device is None:
             raise RuntimeError("the task has no device")
-        return _HubDevice(self.hub, device, self.device_wait, self._saver.flush, session_id=task.id,
-                          requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")
+        before_send = self._saver.flush
+        if not self.reaches(task, device):  # a step (planned by the LLM, or given) naming a device beyond it
+            def before_send() -> str | None:
+                return (f"device '{device}' is outside the scope of the token that created the task "
+                        f"(devices {', '.join(task.scope_devices) or '-'}; tags {', '.join(task.scope_tags) or '-'})")
+        scoped = bool(task.scope_devices or task.scope_tags)
+        return _HubDevice(self.hub, device, self.device_wait, before_send,
+                          within=(lambda r: scope_reaches(task.scope_devices, task.scope_tags, r.name, r.tags))
+                          if scoped else None,
+                          session_id=task.id, requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")
 
     def _asker(self, task: Task) -> Callable[[AskUser], Any]:
         async def ask(question: AskUser) -> str:

@@ -153,6 +153,10 @@ class Task(BaseModel):
     device: str | None = Field(default=None, description="the device steps run on unless they name another")
     devices: list[str] = Field(default_factory=list, description="other devices the task's steps may name")
     requested_by: str | None = Field(default=None, description="who created the task (an API token's name)")
+    scope_devices: list[str] = Field(default_factory=list, description="the creating token's device scope (names "
+                                     "or globs): the only devices the task's commands may reach; with scope_tags "
+                                     "empty too, every device")
+    scope_tags: list[str] = Field(default_factory=list, description="... and the devices with one of these tags")
     confirm: str = Field(default="never", description="never|destructive|always: which plans a person confirms "
                                                       "before they run")
     plan: Plan | None = None

@@ -76,6 +76,16 @@ def _service(request: Request) -> TaskService:
     return request.app.state.tasks
 
 
+def visible_task(service: TaskService, task_id: str, who: TokenInfo) -> Task:
+    """The task, when `who` may see it (`TaskService.visible`); else the 404 a task that does not exist gets,
+    naming the token's scope: a scoped token cannot read, follow, answer or steer another scope's task."""
+    task = service.get(task_id)
+    if not service.visible(task, who):
+        raise TaskError(404, f"no task '{task_id[:64]}' on the devices in the scope of token '{who.name}' "
+                             f"({who.scope_text()})")
+    return task
+
+
 async def task_error(request: Request, exc: Exception) -> JSONResponse:
     """Every `TaskError` the service raises becomes the API's `{"error": ...}` with its status."""
     assert isinstance(exc, TaskError)
@@ -89,32 +99,43 @@ async def create_task(body: TaskRequest, request: Request,
     plan = Plan(steps=body.plan) if body.plan else None
     task = await _service(request).create(body.request, plan=plan, device=body.device, requires=body.requires,
                                           devices=body.devices, requested_by=f"api:{who.name}",
-                                          confirm=_stricter(who.confirm, body.confirm))
+                                          confirm=_stricter(who.confirm, body.confirm), token=who)
     return task.summary()
 
 
 @router.post("/dry-run")
 async def dry_run_task(body: TaskRequest, request: Request,
-                       _: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     """Plan the request (or check the plan) for the device it would run on, and run nothing: the plan, the
     device and the problems that would stop it (none when it would run). Nothing is stored."""
     plan = Plan(steps=body.plan) if body.plan else None
     device, planned, problems = await _service(request).dry_run(body.request, plan=plan, device=body.device,
-                                                                requires=body.requires, devices=body.devices)
+                                                                requires=body.requires, devices=body.devices,
+                                                                token=who)
     return {"device": device, "plan": [s.model_dump(mode="json") for s in planned], "problems": problems}
 
 
 @router.get("")
-async def list_tasks(request: Request, _: Annotated[TokenInfo, Depends(require("read"))], limit: int = 50,
+async def list_tasks(request: Request, who: Annotated[TokenInfo, Depends(require("read"))], limit: int = 50,
                      state: str | None = None) -> list[dict[str, Any]]:
-    return _service(request).list(max(1, min(limit, 1000)), state)
+    """Newest first; a scoped token sees the tasks of its devices only (a page may come out short)."""
+    service = _service(request)
+    rows = service.list(max(1, min(limit, 1000)), state)
+    if not who.scoped:
+        return rows
+    kept = []
+    for row in rows:
+        with contextlib.suppress(TaskError):
+            if service.visible(service.get(row["id"]), who):
+                kept.append(row)
+    return kept
 
 
 @router.get("/{task_id}")
-async def get_task(task_id: str, request: Request, _: Annotated[TokenInfo, Depends(require("read"))],
+async def get_task(task_id: str, request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
                    events: bool = True) -> dict[str, Any]:
     """The whole task: plan, every step with its command and result, decisions, questions, events."""
-    task: Task = _service(request).get(task_id)
+    task: Task = visible_task(_service(request), task_id, who)
     return task.model_dump(mode="json", exclude={"events"} if not events else None)
 
 
@@ -124,7 +145,7 @@ async def answer_task(task_id: str, body: Answer, request: Request,
     """Answer the open question; the same task resumes where it stopped. Answering an approval
     question needs the `approve` scope, as /approval does."""
     service = _service(request)
-    pending = service.get(task_id).pending_question
+    pending = visible_task(service, task_id, who).pending_question
     if pending is None and service.mcp_question(task_id) is not None:  # an MCP server asks, mid-step
         require_approver(who, "answer an MCP server's question")  # as POST /devices/{name}/questions/{id}
         await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}")
@@ -141,6 +162,7 @@ async def approve_task(task_id: str, body: Approval, request: Request,
     """Approve or deny the action the task is waiting on (a denial cancels the task). Needs the
     `approve` scope: an agent holding an execute token must not approve its own actions."""
     require_approver(who, "answer an approval")
+    visible_task(_service(request), task_id, who)
     if body.always is not None and body.approved:  # a denial is a denial, whatever else it says
         await _allow_always(request, task_id, body, who)
     return _summary(await _service(request).steer(task_id, "approve", f"api:{who.name}", approved=body.approved))
@@ -149,6 +171,7 @@ async def approve_task(task_id: str, body: Approval, request: Request,
 @router.post("/{task_id}/cancel")
 async def cancel_task(task_id: str, request: Request,
                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    visible_task(_service(request), task_id, who)
     return _summary(await _service(request).steer(task_id, "cancel", f"api:{who.name}"))
 
 
@@ -164,13 +187,15 @@ async def undo_task(task_id: str, request: Request,
     scope: the undo rewrites files as an approved action (the device refuses it otherwise), so an
     agent's execute token must not be able to set it off."""
     require_approver(who, "undo a task (it rewrites files as an approved action)")
+    visible_task(_service(request), task_id, who)
     return {"task": task_id, "devices": await _service(request).undo(task_id, f"api:{who.name}")}
 
 
 @router.get("/{task_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
-async def task_events(task_id: str, request: Request, _: Annotated[TokenInfo, Depends(require("read"))],
+async def task_events(task_id: str, request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
                       after: int = -1) -> StreamingResponse:
     service = _service(request)
+    visible_task(service, task_id, who)
     task, past, queue = service.subscribe(task_id, after)
     return StreamingResponse(_stream(service, task, past, queue), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

@@ -41,8 +41,11 @@ _WHERE = {"claude": "claude_desktop_config.json (Settings > Developer > Edit Con
 def mcp_config(client: Annotated[str, typer.Option("--client", metavar="|".join(CLIENTS),
                                                    help="the MCP client to configure")] = "claude",
                device: Annotated[list[str] | None, typer.Option(
-                   "--device", metavar="NAME", help="list only this device's tools (a name or glob; repeat); the "
-                                                    "fleet and task tools are always listed")] = None,
+                   "--device", metavar="NAME", help="the devices the client reaches (a name or glob; repeat): the "
+                                                    "token made for it is scoped to them, and only their tools "
+                                                    "are listed; the fleet and task tools are always listed")] = None,
+               tag: Annotated[list[str] | None, typer.Option(
+                   "--tag", metavar="TAG", help="the client also reaches the devices with this tag (repeat)")] = None,
                token_name: Annotated[str | None, typer.Option(
                    "--token-name", metavar="NAME", help="name of the API token created for the client "
                                                         "(default mcp-CLIENT)")] = None,
@@ -74,7 +77,9 @@ def mcp_config(client: Annotated[str, typer.Option("--client", metavar="|".join(
     with RemoteServer(server, token, ca_file=ca_file) as remote:
         url = remote.base_url + "/mcp" + (f"?devices={quote(','.join(devices), safe=',*?@')}" if devices else "")
         try:
-            created = remote._request("POST", "/tokens", json={"kind": "api", "name": label, "scopes": scopes})
+            # scoped to the devices named: --device limits what the client reaches, not only what it lists
+            created = remote._request("POST", "/tokens", json={"kind": "api", "name": label, "scopes": scopes,
+                                                               "devices": devices, "tags": list(tag or [])})
         except RemoteError as exc:
             fail_remote(exc, ExitCode.FAILED, hint=" (creating the client's token needs the admin scope)"
                         if exc.status == 403 else "")
@@ -82,8 +87,10 @@ def mcp_config(client: Annotated[str, typer.Option("--client", metavar="|".join(
     if not isinstance(secret, str) or not secret:
         fail("the server did not return the new token", ExitCode.FAILED)
     typer.echo(snippet(client, name, url, secret))
-    console(err=True).print(f"API token '{label}' created for it (scopes {', '.join(scopes)}); paste the above into "
-                            f"{_WHERE[client]}. 'tether token revoke {label}' unplugs it.", markup=False)
+    reach = f", reaching devices {', '.join(devices)}" if devices else ""
+    reach += f"{', reaching' if not devices else ' and'} tags {', '.join(tag)}" if tag else ""
+    console(err=True).print(f"API token '{label}' created for it (scopes {', '.join(scopes)}{reach}); paste the "
+                            f"above into {_WHERE[client]}. 'tether token revoke {label}' unplugs it.", markup=False)
 
 
 def snippet(client: str, name: str, url: str, secret: str) -> str:

@@ -151,8 +151,13 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
 
 
 @token_app.command("create")
-def token_create(device: Annotated[str | None, typer.Option(
-                     "--device", metavar="NAME", help="a device token for NAME")] = None,
+def token_create(device: Annotated[list[str] | None, typer.Option(
+                     "--device", metavar="NAME", help="a device token for NAME; with --api, a device (name or "
+                                                      "glob) the API token reaches (repeat; default every device)")
+                 ] = None,
+                 tag: Annotated[list[str] | None, typer.Option(
+                     "--tag", metavar="TAG", help="with --api: the token also reaches the devices with this tag "
+                                                  "(repeat)")] = None,
                  api: Annotated[str | None, typer.Option(
                      "--api", metavar="NAME", help="an API token named NAME")] = None,
                  scope: Annotated[list[str] | None, typer.Option("--scope", metavar="SCOPE",
@@ -168,23 +173,27 @@ def token_create(device: Annotated[str | None, typer.Option(
     """Create a token and print it once (only its hash is stored)."""
     from tether.server.store import Store
 
-    if bool(device) == bool(api):
-        fail("give exactly one of --device NAME or --api NAME")
+    if not api and (len(device or []) != 1 or tag):
+        fail("give --device NAME (a device token) or --api NAME (an API token, which --device and --tag scope)")
     store = Store(_settings(db_path=db).db_target)
     try:
-        kind = "device" if device else "api"
-        scopes = [] if device else list(scope or ["read", "execute"])
-        info, secret = store.create_token(kind, device or api, scopes, confirm)  # type: ignore[arg-type]
+        kind = "api" if api else "device"
+        scopes = list(scope or ["read", "execute"]) if api else []
+        info, secret = store.create_token(kind, api or (device or [""])[0], scopes, confirm,  # type: ignore[arg-type]
+                                          devices=list(device or []) if api else [], tags=list(tag or []))
     except ValueError as exc:
         fail(str(exc))
     finally:
         store.close()
     if as_json:
         typer.echo(json.dumps({"token": secret, "id": info.id, "kind": info.kind, "name": info.name,
-                               "scopes": info.scopes, "confirm": info.confirm}))
+                               "scopes": info.scopes, "confirm": info.confirm, "devices": info.devices,
+                               "tags": info.tags}))
         return
+    reach = f", reaching {info.scope_text()}" if info.scoped else ""
     console(err=True).print(f"{kind} token for '{info.name}' (id {info.id}"
-                            f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}); it is shown only once:")
+                            f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}{reach}); "
+                            "it is shown only once:", markup=False)
     typer.echo(secret)
 
 
@@ -201,11 +210,15 @@ def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
         return
+    from rich.markup import escape
+
     table = Table(title="tokens")
-    for col in ("id", "kind", "name", "scopes", "created", "revoked"):
+    for col in ("id", "kind", "name", "scopes", "reaches", "created", "revoked"):
         table.add_column(col)
     for r in rows:
-        table.add_row(str(r.id), r.kind, r.name, ",".join(r.scopes), _when(r.created_at), _when(r.revoked_at))
+        reach = r.scope_text() if r.scoped else ("every device" if r.kind == "api" else "-")
+        table.add_row(str(r.id), r.kind, r.name, ",".join(r.scopes), escape(reach), _when(r.created_at),
+                      _when(r.revoked_at))
     console().print(table)
 
 

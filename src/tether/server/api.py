@@ -25,8 +25,9 @@ from tether.server.guard import receive_body
 from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRecord, NoDeviceError
 from tether.server.remote import BackplaneUnavailable
+from tether.server.scopes import beyond, reached_names, reaches, unknown_device, within
 from tether.server.sessions import owned_session
-from tether.server.store import Store, TokenInfo
+from tether.server.store import SCOPE_DEVICE, SCOPE_TAG, Store, TokenInfo
 
 
 class ErrorBody(BaseModel):
@@ -85,13 +86,20 @@ class BatchResults(BaseModel):
 
 
 class TokenRequest(BaseModel):
-    # scopes are for API tokens; a device token has none (said in the document for API clients too)
+    # scopes (and device/tag scopes) are for API tokens; a device token has none (said in the document too)
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"properties": {"kind": {"const": "api"}}}, {"properties": {"scopes": {"maxItems": 0}}}]})
+        {"properties": {"kind": {"const": "api"}}},
+        {"properties": {"scopes": {"maxItems": 0}, "devices": {"maxItems": 0}, "tags": {"maxItems": 0}}}]})
 
     kind: Literal["device", "api"]
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
     scopes: list[Literal["read", "execute", "approve", "admin"]] = Field(default_factory=list)
+    devices: list[Annotated[str, Field(pattern=SCOPE_DEVICE.pattern)]] = Field(
+        default_factory=list, max_length=100, description="an API token: the devices it reaches (names or globs); "
+                                                          "none = all")
+    tags: list[Annotated[str, Field(pattern=SCOPE_TAG.pattern)]] = Field(
+        default_factory=list, max_length=100, description="an API token: it also reaches the devices with one of "
+                                                          "these tags")
 
 
 class TokenCreated(BaseModel):
@@ -149,16 +157,27 @@ def _view(record: DeviceRecord, detail: bool = False, here: str | None = None) -
     return DeviceDetail(**data, profile=profile) if detail else DeviceView(**data)
 
 
-def _record(hub: DeviceHub, name: str) -> DeviceRecord:
+def _record(hub: DeviceHub, name: str, who: TokenInfo | None = None) -> DeviceRecord:
+    """The device's record; 404 when none registered, or when `who` is a token whose scope leaves it out."""
     record = hub.registry.get(name)
+    if who is not None and who.scoped and (record is None or not who.reaches(name, record.tags)):
+        raise HTTPException(404, unknown_device(who, name))
     if record is None:
         raise HTTPException(404, f"no device named '{name}'")
     return record
 
 
-async def _reachable(hub: DeviceHub, name: str) -> None:
-    """404 for a device no node knows; in a cluster, 503 while the backplane is away for a device whose
-    socket is not here (where it is cannot be known, and guessing would diverge)."""
+def in_scope(hub: DeviceHub, who: TokenInfo, name: str) -> None:
+    """404 `{"error"}` naming the scope unless `who` reaches the device (known or not yet known here)."""
+    if not reaches(who, hub.registry, name):
+        raise HTTPException(404, unknown_device(who, name))
+
+
+async def _reachable(hub: DeviceHub, name: str, who: TokenInfo | None = None) -> None:
+    """404 for a device no node knows (or outside `who`'s scope); in a cluster, 503 while the backplane is
+    away for a device whose socket is not here (where it is cannot be known, and guessing would diverge)."""
+    if who is not None:
+        in_scope(hub, who, name)
     if hub.remote is None or hub.holds(name):
         _record(hub, name)
         return
@@ -215,7 +234,7 @@ def _row(record: DeviceRecord, here: str | None = None) -> dict[str, Any]:
     "description": 'with `limit`, when more devices follow: `<same query, cursor=…>; rel="next"`',
     "schema": {"type": "string"}}}}})
 async def list_devices(
-        request: Request, _: Annotated[TokenInfo, Depends(require("read"))],
+        request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
         status: Annotated[Literal["online", "busy", "offline"] | None, Query(description="only these")] = None,
         platform: Annotated[str | None, Query(max_length=128, description="without case")] = None,
         tag: Annotated[list[str] | None, Query(description="every one of these tags (repeatable)")] = None,
@@ -230,6 +249,8 @@ async def list_devices(
         raise HTTPException(422, "at most 32 tag filters")
     records, after = _hub(request).registry.page(status=status, platform=platform, tags=tag or (), name=name,
                                                  after=cursor, limit=limit)
+    if who.scoped:  # the devices outside the token's scope are not there for it (a page may come out short)
+        records = [r for r in records if who.reaches(r.name, r.tags)]
     headers = {}
     if after is not None:
         following = request.url.include_query_params(cursor=after)
@@ -241,9 +262,9 @@ async def list_devices(
 
 @router.get("/devices/{name}", response_model=DeviceDetail)
 async def get_device(name: str, request: Request,
-                     _: Annotated[TokenInfo, Depends(require("read"))]) -> DeviceView:
+                     who: Annotated[TokenInfo, Depends(require("read"))]) -> DeviceView:
     hub = _hub(request)
-    return _view(_record(hub, name), detail=True, here=_here(hub))
+    return _view(_record(hub, name, who), detail=True, here=_here(hub))
 
 
 @router.get("/devices/{name}/tools", response_model=list[ToolInfo])
@@ -251,7 +272,7 @@ async def device_tools(name: str, request: Request, who: Annotated[TokenInfo, De
                        live: bool = True) -> list[ToolInfo]:
     """The device's tools: asked live when it is online (tools can change), else from its profile."""
     hub = _hub(request)
-    record = _record(hub, name)
+    record = _record(hub, name, who)
     if live and record.status != "offline":
         dispatcher = hub.dispatcher(name, requested_by=f"api:{who.name}")
         [result] = await dispatcher.execute_commands([Command(tool_name="list_tools",
@@ -263,11 +284,12 @@ async def device_tools(name: str, request: Request, who: Annotated[TokenInfo, De
     return record.profile.tools
 
 
-def _select(hub: DeviceHub, requires: DeviceRequirements) -> str:
+def _select(hub: DeviceHub, requires: DeviceRequirements, who: TokenInfo | None = None) -> str:
+    """The device a batch with `requires` goes to, chosen among those `who` reaches; 409 when none fits."""
     try:
-        return hub.registry.select(requires).name
+        return hub.registry.select(requires, within(who) if who is not None else None).name
     except NoDeviceError as exc:
-        raise HTTPException(409, str(exc)) from None
+        raise HTTPException(409, str(exc) + (beyond(who) if who is not None else "")) from None
 
 
 @router.post("/devices/{name}/commands", response_model=BatchResults,
@@ -276,7 +298,7 @@ async def run_commands(name: str, batch: CommandBatch, request: Request,
                        who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
     """Run a batch on one device. With `Accept: text/event-stream` the progress events and then
     the results stream as server-sent events; otherwise the call waits and returns the results."""
-    await _reachable(_hub(request), name)
+    await _reachable(_hub(request), name, who)
     return await _run(request, name, batch, who)
 
 
@@ -284,7 +306,7 @@ async def run_commands(name: str, batch: CommandBatch, request: Request,
 async def run_selected(batch: SelectedBatch, request: Request,
                        who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
     """Run a batch on the least-loaded online device that meets `requires`."""
-    name = _select(_hub(request), batch.requires)
+    name = _select(_hub(request), batch.requires, who)
     return await _run(request, name, batch, who)
 
 
@@ -320,7 +342,7 @@ async def fast_run_commands(request: Request) -> Any:
     who = authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(CommandBatch, body)
     name = request.path_params["name"]
-    await _reachable(_hub(request), name)
+    await _reachable(_hub(request), name, who)
     return await _run(request, name, batch, who)
 
 
@@ -330,7 +352,7 @@ async def fast_run_selected(request: Request) -> Any:
     who = authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(SelectedBatch, body)
     assert isinstance(batch, SelectedBatch)
-    return await _run(request, _select(_hub(request), batch.requires), batch, who)
+    return await _run(request, _select(_hub(request), batch.requires, who), batch, who)
 
 
 def require_approver(who: TokenInfo, what: str) -> None:
@@ -541,8 +563,13 @@ async def cancel_batch(response_id: str, request: Request,
                        who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     hub = _hub(request)
     reason = f"cancelled by api:{who.name} (DELETE /api/v1/batches/{response_id})"
+    if who.scoped:  # only a batch of a device it reaches, and one it can see here (not another node's)
+        device = hub.batch_device(response_id)
+        if device is None or not reaches(who, hub.registry, device):
+            raise HTTPException(404, f"no batch '{response_id}' is running on a device in the scope of token "
+                                     f"'{who.name}' ({who.scope_text()})")
     cancelled = await hub.cancel(response_id, reason)
-    if not cancelled and hub.remote is not None:  # a batch another node of the cluster started
+    if not cancelled and hub.remote is not None and not who.scoped:  # a batch another node started
         cancelled = await hub.remote.cancel(response_id, reason)
     if not cancelled:
         raise HTTPException(404, f"no batch '{response_id}' is running")
@@ -566,7 +593,7 @@ async def answer_question(name: str, question: str, body: QuestionAnswer, reques
     in a way a person chose (often a yes to something it is about to do), as an approval does, so a
     token that may only run commands (an agent's) cannot answer the questions meant for a person."""
     hub = _hub(request)
-    _record(hub, name)
+    _record(hub, name, who)  # a question of a device outside the token's scope is not there for it
     try:
         sent = await hub.answer_question(name, question[:64], body.action, body.content, by=f"api:{who.name}")
     except LookupError as exc:
@@ -576,16 +603,33 @@ async def answer_question(name: str, question: str, body: QuestionAnswer, reques
     return {"answered": question, "action": body.action}
 
 
+def require_fleet(scope: str):
+    """A dependency that admits an API token holding `scope` and reaching every device: what acts on the
+    whole fleet's keys (tokens) must not be open to a token scoped to some devices, which could otherwise
+    make itself an unscoped one."""
+
+    async def check(request: Request, authorization: Annotated[str | None, Header()] = None) -> TokenInfo:
+        who = authorize(request, authorization, scope)
+        if who.scoped:
+            raise HTTPException(403, f"token '{who.name}' is scoped to some devices ({who.scope_text()}); "
+                                     "this needs a token that reaches every device")
+        return who
+
+    return check
+
+
 @router.get("/tokens")
-async def list_tokens(request: Request, _: Annotated[TokenInfo, Depends(require("admin"))]) -> list[dict[str, Any]]:
+async def list_tokens(request: Request,
+                      _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> list[dict[str, Any]]:
     return [_token_dict(t) for t in _store(request).list_tokens()]
 
 
 @router.post("/tokens", response_model=TokenCreated, status_code=201)
 async def create_token(body: TokenRequest, request: Request,
-                       _: Annotated[TokenInfo, Depends(require("admin"))]) -> TokenCreated:
+                       _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> TokenCreated:
     try:
-        info, secret = _store(request).create_token(body.kind, body.name, body.scopes)
+        info, secret = _store(request).create_token(body.kind, body.name, body.scopes, devices=body.devices,
+                                                    tags=body.tags)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     return TokenCreated(token=secret, info=_token_dict(info))
@@ -593,7 +637,7 @@ async def create_token(body: TokenRequest, request: Request,
 
 @router.delete("/tokens/{token}")
 async def revoke_token(token: str, request: Request,
-                       _: Annotated[TokenInfo, Depends(require("admin"))]) -> dict[str, Any]:
+                       _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
     count = _hub(request).revoke_token(token)  # also drops a connected device at once
     if not count:
         raise HTTPException(404, f"no active token '{token}'")
@@ -601,15 +645,20 @@ async def revoke_token(token: str, request: Request,
 
 
 @router.get("/audit")
-async def audit(request: Request, _: Annotated[TokenInfo, Depends(require("admin"))], limit: int = 100,
+async def audit(request: Request, who: Annotated[TokenInfo, Depends(require("admin"))], limit: int = 100,
                 device: str | None = None, task: str | None = None, token: str | None = None,
                 since: float | None = None, until: float | None = None,
                 before: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None) -> dict[str, Any]:
     """Audit rows newest first, filtered server-side; `next` is the `before` of the following page
     (null on the last one). `token` is an API token's name, `task` an id or prefix, times unix seconds."""
     limit = max(1, min(limit, 500))
+    devices = None
+    if who.scoped:  # a scoped admin reads the rows of the devices it reaches, and no others
+        if device is not None:
+            in_scope(_hub(request), who, device)
+        devices = reached_names(who, _hub(request).registry) or []
     rows = _store(request).audit_rows(limit=limit + 1, device=device, task=task, token=token, since=since,
-                                      until=until, before=before)
+                                      until=until, before=before, devices=devices)
     more = len(rows) > limit
     rows = rows[:limit]
     return {"rows": rows, "next": rows[-1]["id"] if more else None}

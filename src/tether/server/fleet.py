@@ -31,6 +31,7 @@ from tether.server.registry import describe, rejection
 
 if TYPE_CHECKING:
     from tether.server.hub import DeviceHub
+    from tether.server.registry import DeviceRecord
 
 FanOutStatus = Literal["ok", "failed", "offline", "timed_out", "cancelled"]
 STATUSES: tuple[FanOutStatus, ...] = ("ok", "failed", "offline", "timed_out", "cancelled")
@@ -67,13 +68,17 @@ class DeviceOutcome:
         return out
 
 
-def select_devices(hub: DeviceHub, requires: DeviceRequirements) -> list[str]:
-    """The names of every known device meeting `requires` apart from being connected (sorted);
-    `FanOutError` 404 naming the requirements when none does, 413 past `MAX_DEVICES`."""
+def select_devices(hub: DeviceHub, requires: DeviceRequirements,
+                   within: Callable[[DeviceRecord], bool] | None = None) -> list[str]:
+    """The names of every known device meeting `requires` apart from being connected (sorted), and
+    admitted by `within` (a token's device scope: the others are not seen); `FanOutError` 404 naming
+    the requirements when none does, 413 past `MAX_DEVICES`."""
     chosen: list[str] = []
     known = 0
     for record in hub.registry.list():
         if requires.name is not None and record.name != requires.name:
+            continue
+        if within is not None and not within(record):
             continue
         known += 1
         # an offline device is judged on what it is, as if connected: it is reported offline, not left out
@@ -95,7 +100,8 @@ class FanOut:
 
     def __init__(self, hub: DeviceHub, requires: DeviceRequirements, commands: list[Command], *,
                  max_concurrency: int = DEFAULT_CONCURRENCY, timeout: float = 60.0, early_exit: bool = True,
-                 requested_by: str = "unknown", fanout_id: str | None = None) -> None:
+                 requested_by: str = "unknown", fanout_id: str | None = None,
+                 within: Callable[[DeviceRecord], bool] | None = None) -> None:
         if not commands:
             raise FanOutError(422, "a fan-out needs at least one command")
         self.hub = hub
@@ -106,7 +112,7 @@ class FanOut:
         self.early_exit = early_exit
         self.requested_by = requested_by
         self.id = fanout_id or new_call_id()
-        self.devices = select_devices(hub, requires)
+        self.devices = select_devices(hub, requires, within)
         self.counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
         self.in_flight = 0
         self.max_in_flight = 0

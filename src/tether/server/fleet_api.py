@@ -21,6 +21,7 @@ from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
 from tether.server.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.fleet import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError
+from tether.server.scopes import beyond, reaches, within
 from tether.server.store import TokenInfo
 
 FANOUT_HEADER = "X-Tether-Fanout"
@@ -68,15 +69,17 @@ async def fleet_commands(batch: FleetBatch, request: Request,
                          who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
     """Run the batch on every device meeting `requires`, at most `max_concurrency` at once. Each
     device's line is `{device, status: ok|failed|offline|timed_out|cancelled, results|error, duration}`;
-    the last is `{summary: {ok, failed, offline, timed_out, cancelled, total, duration}}`."""
+    the last is `{summary: {ok, failed, offline, timed_out, cancelled, total, duration}}`. A token scoped
+    to some devices reaches only those: the others are not selected, whatever `requires` says."""
     stamp_approvals(batch.commands, who)
     hub = request.app.state.hub
     refuse_unaudited(hub.store)
     try:
         fan = FanOut(hub, batch.requires, batch.commands, max_concurrency=batch.max_concurrency,
-                     timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}")
+                     timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}",
+                     within=within(who))
     except FanOutError as exc:
-        raise HTTPException(exc.status, str(exc)) from None
+        raise HTTPException(exc.status, str(exc) + (beyond(who) if exc.status == 404 else "")) from None
     accept = request.headers.get("accept", "")
     kind = SSE if SSE in accept else NDJSON if NDJSON in accept else "application/json"
     headers = {FANOUT_HEADER: fan.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -113,7 +116,9 @@ async def cancel_fleet_commands(fanout_id: str, request: Request,
     """Cancel a running fan-out: batches in flight are cancelled on their devices (`cancelled`), the
     devices not reached yet are never sent the batch (`cancelled` too); the stream ends with its summary."""
     fan = _fanouts(request).get(fanout_id)
-    if fan is None:
-        raise HTTPException(404, f"no fan-out '{fanout_id}' is running")
+    hub = request.app.state.hub
+    if fan is None or (who.scoped and not all(reaches(who, hub.registry, d) for d in fan.devices)):
+        raise HTTPException(404, f"no fan-out '{fanout_id}' is running" + (
+            f" on devices in the scope of token '{who.name}' ({who.scope_text()})" if who.scoped else ""))
     fan.cancel(f"cancelled by api:{who.name} (DELETE /api/v1/fleet/commands/{fanout_id})")
     return {"cancelled": fanout_id}

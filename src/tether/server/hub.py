@@ -531,6 +531,11 @@ class DeviceHub:
                 batch.results[result.call_id] = result
         self._batches.finish(batch, error)
 
+    def batch_device(self, response_id: str) -> str | None:
+        """The device of a batch in flight started or held here, or None (a scoped token's cancel is checked)."""
+        batch = self._batches.pending.get(response_id)
+        return batch.device if batch is not None else None
+
     async def cancel(self, response_id: str, reason: str = "cancelled") -> bool:
         """Finish the batch with `reason` for its unfinished commands and tell the device to stop it.
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.server.api import ERROR_RESPONSES, require
+from tether.server.api import ERROR_RESPONSES, require_fleet
 from tether.server.pairing import PairingBook, PairingError
 from tether.server.store import TokenInfo
 
@@ -71,17 +71,17 @@ async def claim_pairing(code: str, body: PairingClaim, request: Request) -> dict
 
 @pairing_router.get("")
 async def pending_pairings(request: Request,
-                           _: Annotated[TokenInfo, Depends(require("admin"))]) -> list[dict[str, Any]]:
+                           _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> list[dict[str, Any]]:
     return _book(request).pending()
 
 
 @pairing_router.post("/{code}/approve")
 async def approve_pairing(code: str, body: PairingDecision, request: Request,
-                          who: Annotated[TokenInfo, Depends(require("admin"))]) -> dict[str, Any]:
+                          who: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
     return _call(_book(request).approve, code, body.name, body.tags, who.name)
 
 
 @pairing_router.post("/{code}/refuse")
 async def refuse_pairing(code: str, request: Request,
-                         who: Annotated[TokenInfo, Depends(require("admin"))]) -> dict[str, Any]:
+                         who: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
     return _call(_book(request).refuse, code, who.name)

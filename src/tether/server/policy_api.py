@@ -46,9 +46,10 @@ async def _call(coro: Any) -> PolicyReport:
 
 
 @policy_router.get("/devices/{name}/policy", response_model=PolicyReport)
-async def get_policy(name: str, request: Request, _: Annotated[TokenInfo, Depends(require("read"))]) -> PolicyReport:
+async def get_policy(name: str, request: Request,
+                     who: Annotated[TokenInfo, Depends(require("read"))]) -> PolicyReport:
     """The device's effective policy, asked live, with where each value comes from."""
-    _record(_hub(request), name)
+    _record(_hub(request), name, who)
     return await _call(show(_hub(request), name))
 
 
@@ -56,7 +57,7 @@ async def get_policy(name: str, request: Request, _: Annotated[TokenInfo, Depend
 async def put_policy(name: str, body: PolicyChange, request: Request,
                      who: Annotated[TokenInfo, Depends(require("admin"))]) -> PolicyReport:
     """Change the device's policy; the device applies and persists it, and answers its new version."""
-    _record(_hub(request), name)
+    _record(_hub(request), name, who)
     return await _call(change(_hub(request), name, body.policy, replace=body.replace, requested_by=f"api:{who.name}"))
 
 
@@ -66,6 +67,6 @@ async def program_policy(name: str, verb: Literal["allow", "deny", "approve"], b
     """`allow` adds the program to the allowlist (no argument rules: give those with PUT), `deny`
     removes it, `approve` allows it with a person's approval needed on every run (keeping its rules)."""
     rule: dict[str, Any] | None = {"allow": {}, "deny": None, "approve": {"approve": True}}[verb]
-    _record(_hub(request), name)
+    _record(_hub(request), name, who)
     return await _call(change(_hub(request), name, {"commands": {body.program: rule}}, replace=False,
                               requested_by=f"api:{who.name}"))

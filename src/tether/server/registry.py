@@ -428,15 +428,19 @@ class DeviceRegistry:
                 return predicate()
         return True
 
-    def select(self, req: DeviceRequirements | None = None) -> DeviceRecord:
-        """The least-loaded connected device meeting `req` (ties by name), else `NoDeviceError`."""
+    def select(self, req: DeviceRequirements | None = None,
+               within: Callable[[DeviceRecord], bool] | None = None) -> DeviceRecord:
+        """The least-loaded connected device meeting `req` (ties by name), else `NoDeviceError`; with
+        `within` (a token's device scope), only among the devices it admits (the others are not seen)."""
         req = req or DeviceRequirements()
         if req.name is not None:
             candidates = [self._records[req.name]] if req.name in self._records else []
+            if within is not None:
+                candidates = [r for r in candidates if within(r)]
             if not candidates:
                 raise NoDeviceError(f"no device fits {describe(req)}: no device named {req.name} has registered")
         else:
-            candidates = self.list()
+            candidates = self.list() if within is None else [r for r in self.list() if within(r)]
         if not candidates:
             raise NoDeviceError(f"no device fits {describe(req)}: no device has registered")
         reasons: dict[str, str] = {}

@@ -19,6 +19,7 @@ from tether.protocol.profile import DeviceRequirements
 from tether.server.fleet import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError
 from tether.server.hub import DeviceHub
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
+from tether.server.scopes import beyond, within
 
 MAX_TIMEOUT_S = 24 * 3600.0
 
@@ -64,10 +65,12 @@ def fan_out_tool(hub: DeviceHub) -> GatewayTool:
                 raise ValueError("give a tool, and a timeout between 0 and 86400 seconds")
             fan = FanOut(hub, requires, [command], max_concurrency=int(arguments.get("max_concurrency",
                                                                                      DEFAULT_CONCURRENCY)),
-                         timeout=timeout, requested_by=f"mcp:{call.client} by api:{call.token.name}")
+                         timeout=timeout, requested_by=f"mcp:{call.client} by api:{call.token.name}",
+                         within=within(call.token))  # a scoped token's fan-out reaches its devices only
         except (ValidationError, ValueError, TypeError) as exc:
             status = exc.status if isinstance(exc, FanOutError) else 422
-            return GatewayReply(f"run_on_fleet: {exc if status != 422 else _short(exc)}", is_error=True)
+            scope = beyond(call.token) if status == 404 else ""
+            return GatewayReply(f"run_on_fleet: {exc if status != 422 else _short(exc)}{scope}", is_error=True)
         lines: list[dict[str, Any]] = []
         total = len(fan.devices)
         async for outcome in fan.outcomes():  # leaving early (the client cancelled) cancels the rest

@@ -23,6 +23,8 @@ from typing import Any
 
 from tether.protocol.models import ToolInfo
 from tether.server.registry import DeviceRecord, DeviceRegistry
+from tether.server.scopes import reaches
+from tether.server.store import TokenInfo
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +77,25 @@ class DeviceFilter:
 
 
 @dataclass(frozen=True)
+class ScopedFilter(DeviceFilter):
+    """A `DeviceFilter` that also leaves out the devices outside the token's scope: what a scoped token's
+    client lists, calls and is told about (tools/list_changed) is within its devices, whatever `?devices=` says."""
+
+    token: TokenInfo | None = None
+    registry: DeviceRegistry | None = None
+
+    @classmethod
+    def of(cls, keep: DeviceFilter, token: TokenInfo, registry: DeviceRegistry) -> DeviceFilter:
+        """`keep` itself for an unscoped token (nothing more to check), else `keep` within the token's scope."""
+        return cls(keep.patterns, token, registry) if token.scoped else keep
+
+    def admits(self, device: str) -> bool:
+        if not super().admits(device):
+            return False
+        return self.token is None or self.registry is None or reaches(self.token, self.registry, device)
+
+
+@dataclass(frozen=True)
 class DeviceTool:
     """One listed device tool: the MCP name it goes by and what it is on its device."""
 
@@ -112,7 +133,11 @@ class FleetIndex:
         return self._tools
 
     def listed(self, keep: DeviceFilter) -> list[DeviceTool]:
-        return [t for t in self.tools().values() if keep.admits(t.device)]
+        admitted: dict[str, bool] = {}  # judged once per device, not per tool (a scope check looks the device up)
+        for tool in self.tools().values():
+            if tool.device not in admitted:
+                admitted[tool.device] = keep.admits(tool.device)
+        return [t for t in self.tools().values() if admitted[t.device]]
 
     def _build(self) -> dict[str, DeviceTool]:
         tools: dict[str, DeviceTool] = {}
@@ -174,8 +199,9 @@ def device_row(record: DeviceRecord) -> dict[str, Any]:
             "running": max(record.running - record.queued, 0), "queued": record.queued}
 
 
-def list_devices(registry: DeviceRegistry, arguments: dict[str, Any]) -> dict[str, Any]:
-    """The `list_devices` answer; bad arguments raise ValueError with the reason."""
+def list_devices(registry: DeviceRegistry, arguments: dict[str, Any],
+                 token: TokenInfo | None = None) -> dict[str, Any]:
+    """The `list_devices` answer (only the devices `token` reaches); bad arguments raise ValueError."""
     name = arguments.get("name")
     online_only = arguments.get("online_only", False)
     unknown = set(arguments) - {"name", "online_only"}
@@ -186,5 +212,6 @@ def list_devices(registry: DeviceRegistry, arguments: dict[str, Any]) -> dict[st
     if not isinstance(online_only, bool):
         raise ValueError("online_only must be true or false")
     rows = [device_row(r) for r in registry.list()
-            if (name is None or fnmatch.fnmatchcase(r.name, name)) and not (online_only and not r.connected)]
+            if (name is None or fnmatch.fnmatchcase(r.name, name)) and not (online_only and not r.connected)
+            and (token is None or token.reaches(r.name, r.tags))]
     return {"devices": rows}

@@ -52,6 +52,7 @@ from tether.server.mcp.fleet import (
     LIST_DEVICES_OUTPUT,
     DeviceFilter,
     FleetIndex,
+    ScopedFilter,
     list_devices,
 )
 from tether.server.mcp.transport import ReplyingSessionManager
@@ -63,6 +64,7 @@ from tether.server.mcp.wire import (
     device_tool,
     plain_errors,
 )
+from tether.server.scopes import reaches
 from tether.server.store import Store, TokenInfo
 
 logger = logging.getLogger(__name__)
@@ -148,6 +150,8 @@ class Gateway:
                        f"token '{token.name}' already holds {MAX_SESSIONS_PER_TOKEN} open MCP sessions "
                        "(the most one token may): end some (HTTP DELETE /mcp) or wait for them to expire")
             return
+        # a scoped token's client lists, calls and hears of only the devices in its scope (docs/security/scopes.md)
+        admitted = Admitted(token, ScopedFilter.of(admitted.keep, token, self.hub.registry))
         scope[SCOPE_KEY] = admitted
         # binds each MCP session to the token that opened it (the SDK answers 404 to any other)
         scope["user"] = AuthenticatedUser(AccessToken(token=token.id, client_id=token.id, scopes=token.scopes))
@@ -188,7 +192,7 @@ class Gateway:
         name = params.name
         if name == "list_devices":
             try:
-                return call_result(Reply("", list_devices(self.hub.registry, arguments)), as_json=True)
+                return call_result(Reply("", list_devices(self.hub.registry, arguments, admitted.token)), as_json=True)
             except ValueError as exc:
                 return call_result(Reply(f"list_devices: {exc}", is_error=True))
         extra = contributed(self.app).get(name)
@@ -196,6 +200,11 @@ class Gateway:
             return await self._call_contributed(ctx, extra, arguments, caller)
         tool = self.index.tools().get(name)
         shown = repr(name[:MAX_NAME_ECHO]) + ("..." if len(name) > MAX_NAME_ECHO else "")
+        token = admitted.token
+        if token.scoped and (tool is None or not reaches(token, self.hub.registry, tool.device)):
+            # outside the scope and never listed are told alike: the answer does not say what exists
+            return call_result(Reply(f"no tool named {shown} on the devices in the scope of token '{token.name}' "
+                                     f"({token.scope_text()}); list the tools again", is_error=True))
         if tool is None:
             why = (f"{shown} names tools of more than one device (their names escape to the same MCP name), so it "
                    "is listed for none and called on none; call the device through the REST API"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fnmatch
 import hashlib
 import hmac
 import json
@@ -47,6 +48,9 @@ TokenKind = Literal["device", "api"]
 SCOPES = ("read", "execute", "approve", "admin")
 _PREFIX = {"device": "tdev_", "api": "tapi_"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
+SCOPE_DEVICE = re.compile(r"^[A-Za-z0-9._@*?\[\]!-]{1,128}$")  # a device name or glob (a token's scope)
+SCOPE_TAG = re.compile(r"^[A-Za-z0-9._@:=/+-]{1,128}$")
+_MAX_SCOPE_ITEMS = 100
 _MAX_ARGUMENTS_CHARS = 16_384
 _LAST_USED_EVERY = 60.0  # seconds: verifying a token per API request must not mean a write per request
 _AUDIT_FLUSH_S = 0.05  # deferred audit rows are written at most this late, in one transaction
@@ -159,6 +163,12 @@ _MIGRATIONS: list[str | dict[str, str]] = [
     DROP INDEX audit_sent;
     CREATE INDEX audit_inflight ON audit (response_id, call_id) WHERE status = 'sent';
     """,
+    # which devices an API token reaches (issue 27, docs/security/scopes.md): device names or globs and
+    # device tags, JSON lists; both empty = every device, as before
+    """
+    ALTER TABLE tokens ADD COLUMN scope_devices TEXT NOT NULL DEFAULT '[]';
+    ALTER TABLE tokens ADD COLUMN scope_tags TEXT NOT NULL DEFAULT '[]';
+    """,
 ]
 SENT, UNKNOWN = "sent", "unknown"
 _TOKEN_CACHE = 65_536  # verified tokens kept in memory (cleared whole when full: it refills from the table)
@@ -178,10 +188,29 @@ class TokenInfo(BaseModel):
     revoked_at: float | None = None
     last_used_at: float | None = None
     confirm: str = "never"  # never|destructive|always: plans of the tasks it creates that wait for a person
+    # the devices an API token reaches: names or globs, and tags; both empty = every device (docs/security/scopes.md)
+    devices: list[str] = []
+    tags: list[str] = []
 
     @property
     def active(self) -> bool:
         return self.revoked_at is None
+
+    @property
+    def scoped(self) -> bool:
+        """Whether the token reaches only some devices (`devices`/`tags`), not the whole fleet."""
+        return bool(self.devices or self.tags)
+
+    def reaches(self, device: str, tags: Iterable[str] = ()) -> bool:
+        """Whether a device of this name and these tags is in the token's scope: an unscoped token reaches
+        every device; a scoped one those matching one of its names (or globs) or carrying one of its tags."""
+        return scope_reaches(self.devices, self.tags, device, tags)
+
+    def scope_text(self) -> str:
+        """The scope in words, for refusals: "devices dev1, lab-*; tags gpu" or "every device"."""
+        parts = [f"devices {', '.join(self.devices)}"] if self.devices else []
+        parts += [f"tags {', '.join(self.tags)}"] if self.tags else []
+        return "; ".join(parts) or "every device"
 
     def allows(self, scope: str) -> bool:
         """`admin` implies every scope and `execute` implies `read`."""
@@ -189,6 +218,17 @@ class TokenInfo(BaseModel):
             return False
         held = set(self.scopes)
         return scope in held or "admin" in held or (scope == "read" and "execute" in held)
+
+
+def scope_reaches(devices: Iterable[str], tags: Iterable[str], device: str, device_tags: Iterable[str] = ()) -> bool:
+    """Whether a device scope (names or globs, and tags; both empty = every device) reaches a device of
+    this name and these tags: the rule `TokenInfo.reaches` applies, for those that keep a token's scope."""
+    devices, tags = list(devices), list(tags)
+    if not devices and not tags:
+        return True
+    if any(fnmatch.fnmatchcase(device, p) for p in devices):
+        return True
+    return bool(tags) and not set(tags).isdisjoint(device_tags)
 
 
 class StoredDevice(BaseModel):
@@ -375,11 +415,13 @@ class Store:
     # -- tokens ----------------------------------------------------------------------------------
 
     def create_token(self, kind: TokenKind, name: str, scopes: list[str] | None = None,
-                     confirm: str = "never") -> tuple[TokenInfo, str]:
+                     confirm: str = "never", *, devices: list[str] | None = None,
+                     tags: list[str] | None = None) -> tuple[TokenInfo, str]:
         """Create a token and return its info and the secret, which is not stored and never shown again.
 
         A device token's name is the device's identity. Several active tokens per name are allowed
         so a token can be rotated without downtime. An API token gets `read` when no scope is given.
+        `devices` (names or globs) and `tags` limit the devices an API token reaches; none = all.
         """
         if kind not in _PREFIX:
             raise ValueError(f"token kind must be 'device' or 'api', not {kind!r}")
@@ -399,13 +441,18 @@ class Store:
             raise ValueError(f"confirm must be never, destructive or always, not {confirm!r}")
         if kind == "device" and confirm != "never":
             raise ValueError("confirm is for API tokens (the tasks they create); a device token creates none")
+        reach, labels = _scope_list(devices, SCOPE_DEVICE, "device"), _scope_list(tags, SCOPE_TAG, "tag")
+        if kind == "device" and (reach or labels):
+            raise ValueError("device tokens have no device or tag scope; those are for API tokens")
         secret = _PREFIX[kind] + secrets.token_urlsafe(32)
         info = TokenInfo(id=secrets.token_hex(6), kind=kind, name=name, scopes=wanted, created_at=time.time(),
-                         confirm=confirm)
+                         confirm=confirm, devices=reach, tags=labels)
         with self._writing(), self._lock:
             self._conn.execute(
-                "INSERT INTO tokens (id, kind, name, scopes, hash, created_at, confirm) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                (info.id, kind, name, json.dumps(wanted), hash_token(secret), info.created_at, confirm))
+                "INSERT INTO tokens (id, kind, name, scopes, hash, created_at, confirm, scope_devices, scope_tags) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (info.id, kind, name, json.dumps(wanted), hash_token(secret), info.created_at, confirm,
+                 json.dumps(reach), json.dumps(labels)))
         return info, secret
 
     def verify_token(self, secret: str) -> TokenInfo | None:
@@ -878,15 +925,19 @@ class Store:
 
     def audit_rows(self, limit: int = 100, device: str | None = None, *, task: str | None = None,
                    token: str | None = None, since: float | None = None, until: float | None = None,
-                   before: int | None = None) -> list[dict[str, Any]]:
+                   before: int | None = None, devices: list[str] | None = None) -> list[dict[str, Any]]:
         """The newest `limit` audit rows matching every filter given, newest first, as plain dicts.
 
         `token` is an API token's name: its own commands and those of the tasks and undos it started
         (`requested_by` records them as `api:NAME`, `task:ID for api:NAME`, `undo:ID by api:NAME`).
-        `task` is a task id or a prefix of it; `before` is a row id, the cursor of the next page."""
+        `task` is a task id or a prefix of it; `before` is a row id, the cursor of the next page.
+        `devices` (a scoped token's devices) keeps only their rows; an empty list keeps none."""
         self.flush_audit()
         where: list[str] = []
         params: list[Any] = []
+        if devices is not None:
+            where.append(f"device IN ({', '.join('?' * len(devices))})" if devices else "1 = 0")
+            params += devices
         if device is not None:
             where.append("device = ?")
             params.append(device)
@@ -919,9 +970,23 @@ def _full(row: tuple[Any, ...]) -> tuple[Any, ...]:
     return row if len(row) == 9 else (*row, None)
 
 
+def _scope_list(values: list[str] | None, pattern: re.Pattern[str], what: str) -> list[str]:
+    """A token's device or tag scope, checked and deduplicated (order kept); ValueError names a bad one."""
+    kept = list(dict.fromkeys(v.strip() for v in values or [] if v.strip()))
+    if len(kept) > _MAX_SCOPE_ITEMS:
+        raise ValueError(f"at most {_MAX_SCOPE_ITEMS} {what} scopes per token, not {len(kept)}")
+    for value in kept:
+        if not pattern.match(value):
+            raise ValueError(f"invalid {what} scope {value[:80]!r}: use letters, digits, '.', '_', '@', '-'"
+                             + (" and the wildcards '*', '?', '[...]'" if what == "device" else ""))
+    return kept
+
+
 def _token(row: sqlite3.Row, **override: Any) -> TokenInfo:
     data = {k: row[k] for k in ("id", "kind", "name", "created_at", "revoked_at", "last_used_at", "confirm")}
     data["scopes"] = json.loads(row["scopes"])
+    data["devices"] = json.loads(row["scope_devices"] or "[]")
+    data["tags"] = json.loads(row["scope_tags"] or "[]")
     data.update(override)
     return TokenInfo(**data)
 

@@ -125,10 +125,10 @@ async def parse_plan(body: PlanText, _: Annotated[TokenInfo, Depends(require("re
 
 
 @web_router.get("/web/fleet")
-async def fleet(request: Request, _: Annotated[TokenInfo, Depends(require("read"))]) -> StreamingResponse:
+async def fleet(request: Request, who: Annotated[TokenInfo, Depends(require("read"))]) -> StreamingResponse:
     """Server-sent events: `devices` (every row) first, then `device` with each row that changed,
-    woken by the registry's change signal (no polling)."""
-    return StreamingResponse(_fleet_stream(request), media_type="text/event-stream",
+    woken by the registry's change signal (no polling); only the devices the token reaches."""
+    return StreamingResponse(_fleet_stream(request, who), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -138,9 +138,9 @@ def _key(record: Any) -> tuple[Any, ...]:
             getattr(record, "address", None))
 
 
-async def _fleet_stream(request: Request) -> AsyncIterator[bytes]:
+async def _fleet_stream(request: Request, who: TokenInfo) -> AsyncIterator[bytes]:
     registry = request.app.state.hub.registry
-    records = registry.list()
+    records = [r for r in registry.list() if who.reaches(r.name, r.tags)]
     shown = {r.name: _key(r) for r in records}
     yield _frame("devices", [_view(r).model_dump(mode="json") for r in records])
     while True:
@@ -154,6 +154,8 @@ async def _fleet_stream(request: Request) -> AsyncIterator[bytes]:
         await registry.wait_until(changed, KEEPALIVE_S)
         sent = False
         for record in registry.list():
+            if not who.reaches(record.name, record.tags):
+                continue
             key = _key(record)
             if shown.get(record.name) != key:
                 shown[record.name] = key
