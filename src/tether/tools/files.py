@@ -38,9 +38,9 @@ from tether.tools.jail import (
     within,
 )
 from tether.tools.path_rules import (
+    HiddenSet,
     check_hidden,
     check_hidden_inode,
-    hidden_by,
     hidden_inside,
     protected_matcher,
     require_person,
@@ -240,8 +240,9 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
     except PermissionError:
         raise ToolError(f"permission denied: {path}") from None
     try:
+        hidden = HiddenSet.of(ctx.policy, ctx.secrets)
         names = sorted(n for n in os.listdir(fd) if (show_hidden or not n.startswith("."))
-                       and not _conceals(ctx, fd, directory, n))
+                       and not _conceals(hidden, fd, directory, n))
         entries = [e for e in (_list_entry(fd, name) for name in names[:limit]) if e is not None]
     finally:
         os.close(fd)
@@ -249,16 +250,16 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
             "truncated": len(names) > limit}
 
 
-def _conceals(ctx: ToolContext, dir_fd: int, directory: Path, name: str) -> bool:
+def _conceals(hidden: HiddenSet, dir_fd: int, directory: Path, name: str) -> bool:
     """A hidden path is left out of its parent's listing, and so is a symlink that leads into one."""
-    if hidden_by(ctx.policy, directory / name, ctx.secrets) is not None:
+    if hidden.by(directory / name) is not None:
         return True
     try:
         if not stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
             return False
     except OSError:
         return False
-    return hidden_by(ctx.policy, real(directory / name), ctx.secrets) is not None
+    return hidden.by(real(directory / name)) is not None
 
 
 def _protect(ctx: ToolContext, what: str, *paths: Path) -> None:

@@ -216,16 +216,35 @@ def _under(path: str, root: str) -> bool:
     return p == r or p.startswith(r.rstrip("/") + "/")
 
 
+@dataclass(frozen=True, slots=True)
+class HiddenSet:
+    """The hidden paths resolved once, for judging many paths (a listing, a command's change list)."""
+
+    entries: tuple[tuple[str, str], ...]
+
+    @classmethod
+    def of(cls, policy: Policy, extra: Iterable[str] = ()) -> HiddenSet:
+        return cls(tuple(hidden_entries(policy, extra)))
+
+    def by(self, path: str | os.PathLike[str]) -> str | None:
+        """The hidden entry that covers the real path `path` (or None)."""
+        text = os.fspath(path)
+        return next((entry for entry, form in self.entries if _under(text, form)), None)
+
+    def inside(self, path: str | os.PathLike[str]) -> str | None:
+        """A hidden entry lying inside the directory `path` (deleting or moving it would take that along)."""
+        text = os.fspath(path)
+        return next((entry for entry, form in self.entries if _under(form, text)), None)
+
+
 def hidden_by(policy: Policy, path: str | os.PathLike[str], extra: Iterable[str] = ()) -> str | None:
     """The hidden entry that covers the real path `path` (or None)."""
-    text = os.fspath(path)
-    return next((entry for entry, form in hidden_entries(policy, extra) if _under(text, form)), None)
+    return HiddenSet.of(policy, extra).by(path)
 
 
 def hidden_inside(policy: Policy, path: str | os.PathLike[str], extra: Iterable[str] = ()) -> str | None:
     """A hidden entry lying inside the directory `path` (deleting or moving it would take that along)."""
-    text = os.fspath(path)
-    return next((entry for entry, form in hidden_entries(policy, extra) if _under(form, text)), None)
+    return HiddenSet.of(policy, extra).inside(path)
 
 
 def _denied(entry: str, path: str | os.PathLike[str], shown: str | None = None) -> PolicyDenied:
@@ -286,7 +305,7 @@ def tree_paths(root: Path, limit: int = MAX_INODE_SCAN) -> Iterator[Path] | None
 
 
 __all__ = [
-    "DEFAULT_PROTECTED", "Matcher", "anchored", "check_hidden", "check_hidden_inode", "hidden_by",
+    "DEFAULT_PROTECTED", "HiddenSet", "Matcher", "anchored", "check_hidden", "check_hidden_inode", "hidden_by",
     "hidden_entries", "hidden_inside", "protected_matcher", "protected_patterns", "protected_rule",
     "require_person", "tree_paths",
 ]
