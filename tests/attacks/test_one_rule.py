@@ -386,3 +386,10 @@ async def test_a_live_write_root_keeps_hidden_and_protected_paths_uncreatable(
     assert (home / ".bashrc").read_text() == "# mine\n" and not (home / ".profile").exists()
     made = await attacker.run("tee", str(home / "proj/live.txt"), stdin="live\n")
     assert made.ok and (home / "proj/live.txt").read_text() == "live\n", _text(made)
+
+
+async def test_no_command_or_application_runs_inside_a_hidden_place(attacker_factory: Callable[..., Any]) -> None:
+    attacker = await attacker_factory(**NO_INTERPRETERS)
+    for where in (attacker.home / ".ssh", attacker.device.state_dir, attacker.home / ".aws/../.ssh"):
+        _refused(await attacker.run("ls", "-a", cwd=where))
+        _refused(await attacker.call("launch_application", app_name="ls", args=["-a"], cwd=str(where)))
