@@ -200,14 +200,17 @@ def _norm(path: str) -> str:
 
 
 def hidden_entries(policy: Policy, extra: Iterable[str] = ()) -> list[tuple[str, str]]:
-    """(entry as written, absolute form) for each hidden path, expanded and again made real."""
+    """(entry as written, absolute form) for each hidden path, expanded and again made real; the
+    device's own (`extra`) say so in their label."""
     out: list[tuple[str, str]] = []
-    for entry in [*policy.hide_paths, *extra]:
+    named = [(e, e) for e in policy.hide_paths] + [(e, f"{e}, the device's own state directory, token or config")
+                                                   for e in extra]
+    for entry, label in named:
         if not entry:
             continue
         expanded = os.path.abspath(os.path.expanduser(entry))
         for form in dict.fromkeys((expanded, os.path.realpath(expanded))):
-            out.append((entry, _norm(form)))
+            out.append((label, _norm(form)))
     return out
 
 
