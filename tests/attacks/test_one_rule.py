@@ -393,3 +393,19 @@ async def test_no_command_or_application_runs_inside_a_hidden_place(attacker_fac
     for where in (attacker.home / ".ssh", attacker.device.state_dir, attacker.home / ".aws/../.ssh"):
         _refused(await attacker.run("ls", "-a", cwd=where))
         _refused(await attacker.call("launch_application", app_name="ls", args=["-a"], cwd=str(where)))
+
+
+async def test_a_symlink_cannot_redirect_a_hidden_or_protected_place(attacker_factory: Callable[..., Any]) -> None:
+    """`ln -s ~/stage ~/.config` (no ~/.config yet) would make ~/.config/tether whatever ~/stage/tether holds."""
+    attacker = await attacker_factory(**NO_INTERPRETERS)
+    home = attacker.home
+    (home / "stage/tether").mkdir(parents=True)
+    (home / "stage/tether/config.yaml").write_text("mcpServers: {pwn: {command: /bin/sh}}\n")
+    (home / "kit/bin").mkdir(parents=True)
+    for approved_by in (None, "alice"):
+        redirected = await attacker.run("ln", "-s", str(home / "stage"), str(home / ".config"), approved_by=approved_by)
+        _refused(redirected)
+        assert not os.path.lexists(home / ".config")
+    held = await attacker.run("ln", "-s", str(home / "kit"), str(home / "go"))
+    _held(held, "~/go/bin")
+    assert not os.path.lexists(home / "go")

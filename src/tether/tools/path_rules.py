@@ -169,6 +169,32 @@ def protected_patterns(policy: Policy) -> list[str]:
     return [p for p in DEFAULT_PROTECTED if p not in dropped] + list(getattr(policy, "protected_paths", ()))
 
 
+def anchored_places(policy: Policy) -> list[tuple[str, str]]:
+    """(pattern, place) for each anchored protected pattern: its glob-free leading part, expanded and
+    again made real (`~/.config/autostart`; `~/.cargo/config*` gives `~/.cargo`). These are what a
+    live process is kept from writing, and what a new symlink must not redirect."""
+    out: list[tuple[str, str]] = []
+    for pattern in protected_patterns(policy):
+        if not anchored(pattern):
+            continue
+        for form in anchor_forms(pattern):
+            parts = form.split("/")
+            cut = next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))
+            place = "/".join(parts[:cut])
+            if place and place != "/":
+                out.append((pattern, _norm(place)))
+    return out
+
+
+def protected_inside(policy: Policy, path: str | os.PathLike[str],
+                     places: list[tuple[str, str]] | None = None) -> str | None:
+    """`protected-path: <pattern>` when an anchored protected place lies inside `path` (a symlink put
+    there, or a directory deleted there, would change what is found at that place)."""
+    text = os.fspath(path)
+    return next((f"protected-path: {pattern}" for pattern, place in (places or anchored_places(policy))
+                 if place != _norm(text) and _under(place, text)), None)
+
+
 def protected_matcher(policy: Policy) -> Matcher:
     return Matcher.of(protected_patterns(policy))
 
@@ -308,7 +334,7 @@ def tree_paths(root: Path, limit: int = MAX_INODE_SCAN) -> Iterator[Path] | None
 
 
 __all__ = [
-    "DEFAULT_PROTECTED", "HiddenSet", "Matcher", "anchored", "check_hidden", "check_hidden_inode", "hidden_by",
+    "DEFAULT_PROTECTED", "HiddenSet", "Matcher", "anchored", "anchored_places", "protected_inside", "check_hidden", "check_hidden_inode", "hidden_by",
     "hidden_entries", "hidden_inside", "protected_matcher", "protected_patterns", "protected_rule",
     "require_person", "tree_paths",
 ]

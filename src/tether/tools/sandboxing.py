@@ -15,7 +15,7 @@ from pathlib import Path
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
-from tether.tools.path_rules import anchor_forms, anchored, protected_patterns
+from tether.tools.path_rules import anchored_places
 from tether.tools.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -59,17 +59,7 @@ def live_protected(policy: Policy) -> list[str]:
     """The protected paths a live process is kept from writing: each anchored pattern's glob-free
     leading part (`~/.config/autostart`; `~/.cargo/config*` guards `~/.cargo`). A pattern that
     matches at any depth (`.git/hooks`, `*.pth`) has no place to bind; see docs/security/protected-paths.md."""
-    out: list[str] = []
-    for pattern in protected_patterns(policy):
-        if not anchored(pattern):
-            continue
-        for form in anchor_forms(pattern):
-            parts = form.split("/")
-            cut = next((i for i, p in enumerate(parts) if any(c in p for c in "*?[")), len(parts))
-            literal = "/".join(parts[:cut])
-            if literal and literal != "/":
-                out.append(literal)
-    return out
+    return [place for _, place in anchored_places(policy)]
 
 
 def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInfo | None = None) -> Sandbox | None:

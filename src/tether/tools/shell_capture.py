@@ -21,7 +21,14 @@ from tether.sandbox.layer import ApplyConflict, Change, apply
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, real, within
-from tether.tools.path_rules import HiddenSet, Matcher, protected_matcher, protected_rule
+from tether.tools.path_rules import (
+    HiddenSet,
+    Matcher,
+    anchored_places,
+    protected_inside,
+    protected_matcher,
+    protected_rule,
+)
 
 _VERBS = {"deleted": "delete", "modified": "overwrite", "renamed": "move"}
 
@@ -33,11 +40,16 @@ def fingerprint(ctx: ToolContext, cmd: str, args: list[str], cwd: str, env: dict
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None) -> str | None:
-    """The approval rule this change needs, or None: a protected path first (created ones too)."""
+def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None,
+                places: list[tuple[str, str]] | None = None) -> str | None:
+    """The approval rule this change needs, or None: a protected path first (created ones too, and a
+    symlink or a deleted directory that would change what is found at a protected place below it)."""
     matcher = matcher or protected_matcher(ctx.policy)
     for touched in (change.path, change.moved_from):
         rule = protected_rule(ctx.policy, touched, matcher) if touched else None
+        if rule is None and touched and (change.node == "symlink" or change.kind == "deleted"):
+            rule = protected_inside(ctx.policy, touched, places if places is not None else
+                                    anchored_places(ctx.policy))
         if rule is not None:
             return rule
     verb = _VERBS.get(change.kind)
@@ -63,7 +75,7 @@ def _guard_hidden(ctx: ToolContext, changes: list[Change]) -> None:
                 continue
             entry = hidden.by(touched)
             removed = c.kind == "deleted" or touched == c.moved_from  # its whole tree goes with it
-            if entry is None and removed:
+            if entry is None and (removed or c.node == "symlink"):  # a link would redirect what lies below
                 entry = hidden.inside(touched)
             if entry is not None:
                 err = PolicyDenied("hide_paths", f"the command {c.kind} {touched}, which lies in (or holds) the "
@@ -123,8 +135,8 @@ def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body:
     except PolicyDenied:
         sandbox.release(layer)
         raise
-    matcher = protected_matcher(ctx.policy)
-    needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher))]
+    matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)
+    needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
     if needs and not ctx.approved_by:
         sandbox.held.put(key, Held(layer, changes, body))
         listed = "; ".join(f"{rule}: {c.kind} {c.path}" for c, rule in needs[:20])
