@@ -409,3 +409,18 @@ async def test_a_symlink_cannot_redirect_a_hidden_or_protected_place(attacker_fa
     held = await attacker.run("ln", "-s", str(home / "kit"), str(home / "go"))
     _held(held, "~/go/bin")
     assert not os.path.lexists(home / "go")
+
+
+async def test_moving_a_tree_or_a_link_above_a_hidden_place_is_refused(attacker: Attacker) -> None:
+    home = attacker.home
+    (home / "kit/tether").mkdir(parents=True)
+    (home / "kit/tether/config.yaml").write_text("mcpServers: {pwn: {command: /bin/sh}}\n")
+    (home / "link").symlink_to(home / "kit")
+    for source in ("kit", "link"):
+        moved = await attacker.call("move_file", source=str(home / source), destination=str(home / ".config"),
+                                    approved_by="alice")
+        _refused(moved)
+        assert not os.path.lexists(home / ".config")
+    (home / "bins/bin").mkdir(parents=True)
+    (home / "binlink").symlink_to(home / "bins")
+    _held(await attacker.call("move_file", source=str(home / "binlink"), destination=str(home / "go")), "~/go/bin")

@@ -42,6 +42,7 @@ from tether.tools.path_rules import (
     check_hidden,
     check_hidden_inode,
     hidden_inside,
+    protected_inside,
     protected_matcher,
     require_person,
     tree_paths,
@@ -289,6 +290,22 @@ def _protect_tree(ctx: ToolContext, what: str, src: Path, dst: Path | None = Non
         require_person(ctx.policy, [inner] if moved is None else [inner, moved], what, None, matcher)
 
 
+def _arrive(ctx: ToolContext, src: Path, dst: Path, *, is_dir: bool) -> None:
+    """A directory or symlink moved to `dst` decides what is found below `dst`: never a hidden path
+    (`mv ~/kit ~/.config` would put `kit/tether` at `~/.config/tether`), and a protected place below
+    it, or a protected entry in the moved tree, waits for a person."""
+    entry = HiddenSet.of(ctx.policy, ctx.secrets).inside(dst)
+    if entry is not None:
+        raise PolicyDenied("hide_paths", f"moving {str(src)!r} to {str(dst)!r} would decide what lies at the hidden "
+                                         f"path {entry!r}: no tool may create anything there")
+    what = f"move of {str(src)!r} to {str(dst)!r}"
+    rule = None if ctx.approved_by else protected_inside(ctx.policy, dst)
+    if rule is not None:
+        raise NeedsApproval(rule, f"{what}: a protected place lies below {str(dst)!r}")
+    if is_dir:
+        _protect_tree(ctx, what, src, dst)
+
+
 def _list_entry(dir_fd: int, name: str) -> dict[str, Any] | None:
     try:
         st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
@@ -499,8 +516,8 @@ async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: 
         raise ToolError(f"destination directory does not exist: {dst.parent}")
     _spare_hidden(ctx, src)
     _protect(ctx, f"move of {str(src)!r} to {str(dst)!r}", src, dst)
-    if stat.S_ISDIR(src_st.st_mode):
-        _protect_tree(ctx, f"move of {str(src)!r} to {str(dst)!r}", src, dst)
+    if stat.S_ISDIR(src_st.st_mode) or stat.S_ISLNK(src_st.st_mode):
+        _arrive(ctx, src, dst, is_dir=stat.S_ISDIR(src_st.st_mode))
     dst_st = _lstat(ctx, dst, write=True)
     if dst_st is not None:
         if not overwrite:

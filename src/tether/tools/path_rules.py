@@ -334,7 +334,7 @@ def tree_paths(root: Path, limit: int = MAX_INODE_SCAN) -> Iterator[Path] | None
 
 
 __all__ = [
-    "DEFAULT_PROTECTED", "HiddenSet", "Matcher", "anchored", "anchored_places", "protected_inside", "check_hidden", "check_hidden_inode", "hidden_by",
-    "hidden_entries", "hidden_inside", "protected_matcher", "protected_patterns", "protected_rule",
-    "require_person", "tree_paths",
+    "DEFAULT_PROTECTED", "HiddenSet", "Matcher", "anchored", "anchored_places", "check_hidden", "check_hidden_inode",
+    "hidden_by", "hidden_entries", "hidden_inside", "protected_inside", "protected_matcher", "protected_patterns",
+    "protected_rule", "require_person", "tree_paths",
 ]
