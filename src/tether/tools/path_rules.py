@@ -27,7 +27,7 @@ import os
 import re
 import stat
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -134,33 +134,107 @@ def anchor_forms(pattern: str) -> list[str]:
     return forms
 
 
-def _regex(pattern: str) -> str:
-    if anchored(pattern):
-        return "|".join("^" + _body([p for p in form.split("/") if p]).join(["/", ""]) + "(?:/|$)"
-                        for form in anchor_forms(pattern))
-    return "(?:^|/)" + _body([p for p in pattern.split("/") if p]) + "(?:/|$)"
+def _anchored_regex(pattern: str) -> str:
+    return "|".join("^/" + _body([p for p in form.split("/") if p]) + "(?:/|$)" for form in anchor_forms(pattern))
+
+
+def _split_floating(pattern: str) -> tuple[str, str]:
+    """A pattern that matches at any depth: (its first component, a regex for the whole of it that
+    matches from the start of the component where it begins)."""
+    parts = [p for p in pattern.split("/") if p]
+    while parts and parts[0] == "**":
+        parts = parts[1:]  # any depth is already implied
+    return (parts[0] if parts else ""), _body(parts) + "(?:/|$)"
 
 
 @dataclass(frozen=True, slots=True)
 class Matcher:
-    """Compiled patterns: `match(path)` is the first pattern that covers a real, absolute path."""
+    """Compiled patterns: `match(path)` is the first pattern that covers a real, absolute path.
 
-    patterns: tuple[str, ...]
-    combined: re.Pattern[str] | None
-    each: tuple[re.Pattern[str], ...]
+    Fast on long change lists (a command's 100,000 new files): a plain anchored pattern is a dict entry
+    looked up for each leading part of the path; a pattern that matches at any depth is looked up by
+    its first component (a dict for plain names, a short list for globs) and only then matched from
+    that component on; only anchored globs are tried one by one.
+    """
+
+    places: dict[str, str]
+    anchored: tuple[tuple[str, re.Pattern[str]], ...]
+    by_name: dict[str, tuple[tuple[str, re.Pattern[str]], ...]]
+    by_glob: tuple[tuple[re.Pattern[str], str, re.Pattern[str]], ...]
+    seen: dict[str, tuple[str | None, tuple[tuple[int, str, re.Pattern[str]], ...]]] = field(default_factory=dict)
 
     @classmethod
     def of(cls, patterns: Iterable[str]) -> Matcher:
-        pats = tuple(dict.fromkeys(p for p in patterns if p and p.strip("/")))
-        each = tuple(re.compile(_regex(p), re.IGNORECASE) for p in pats)
-        combined = re.compile("|".join(f"(?:{e.pattern})" for e in each), re.IGNORECASE) if each else None
-        return cls(pats, combined, each)
+        pats = list(dict.fromkeys(p for p in patterns if p and p.strip("/")))
+        places: dict[str, str] = {}
+        for p in pats:
+            if anchored(p) and not _GLOB.search(p):
+                for form in anchor_forms(p):
+                    places.setdefault(_norm(os.path.normpath(form)).casefold(), p)
+        fixed = tuple((p, re.compile(_anchored_regex(p), re.IGNORECASE)) for p in pats
+                      if anchored(p) and _GLOB.search(p))
+        by_name: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+        by_glob: list[tuple[re.Pattern[str], str, re.Pattern[str]]] = []
+        for p in pats:
+            if anchored(p):
+                continue
+            first, body = _split_floating(p)
+            if not first:
+                continue
+            compiled = re.compile(body, re.IGNORECASE)
+            if _GLOB.search(first):
+                by_glob.append((re.compile(_component(first) + r"\Z", re.IGNORECASE), p, compiled))
+            else:
+                by_name.setdefault(first.casefold(), []).append((p, compiled))
+        return cls(places, fixed, {k: tuple(v) for k, v in by_name.items()}, tuple(by_glob))
 
     def match(self, path: str | os.PathLike[str]) -> str | None:
         text = os.fspath(path)
-        if self.combined is None or not self.combined.search(text):
+        for p, e in self.anchored:
+            if e.match(text):
+                return p
+        directory, _, base = text.rpartition("/")
+        hit, starts = self._directory(directory)
+        if hit is not None:
+            return hit
+        for offset, p, body in starts:
+            if body.match(text, offset):
+                return p
+        if not base:
             return None
-        return next(p for p, e in zip(self.patterns, self.each, strict=True) if e.search(text))
+        hit = self.places.get(text.casefold())
+        if hit is not None:
+            return hit
+        for offset, p, body in self._starts(base, len(directory) + 1):
+            if body.match(text, offset):
+                return p
+        return None
+
+    def _starts(self, component: str, offset: int) -> list[tuple[int, str, re.Pattern[str]]]:
+        found = [(offset, p, body) for p, body in self.by_name.get(component.casefold(), ())]
+        found += [(offset, p, body) for head, p, body in self.by_glob if head.match(component)]
+        return found
+
+    def _directory(self, directory: str) -> tuple[str | None, tuple[tuple[int, str, re.Pattern[str]], ...]]:
+        """For a directory: the anchored place it lies in (or None), and where a floating pattern may
+        start in it; kept per directory, since a change list holds many entries of the same one."""
+        known = self.seen.get(directory)
+        if known is not None:
+            return known
+        folded = directory.casefold()
+        hit: str | None = None
+        starts: list[tuple[int, str, re.Pattern[str]]] = []
+        offset = 0
+        for component in directory.split("/"):
+            if component:
+                end = offset + len(component)
+                hit = self.places.get(folded[:end]) if hit is None else hit
+                starts += self._starts(component, offset)
+            offset += len(component) + 1
+        if len(self.seen) >= 65536:
+            self.seen.clear()
+        self.seen[directory] = (hit, tuple(starts))
+        return hit, tuple(starts)
 
 
 def protected_patterns(policy: Policy) -> list[str]:
@@ -253,16 +327,18 @@ class HiddenSet:
 
     @classmethod
     def of(cls, policy: Policy, extra: Iterable[str] = ()) -> HiddenSet:
-        return cls(tuple(hidden_entries(policy, extra)))
+        return cls(tuple((entry, form.casefold()) for entry, form in hidden_entries(policy, extra)))
 
     def by(self, path: str | os.PathLike[str]) -> str | None:
         """The hidden entry that covers the real path `path` (or None)."""
-        text = os.fspath(path)
-        return next((entry for entry, form in self.entries if _under(text, form)), None)
+        text = os.fspath(path).casefold()
+        return next((entry for entry, form in self.entries
+                     if text.startswith(form) and (len(text) == len(form) or text[len(form)] == "/" or form == "/")),
+                    None)
 
     def inside(self, path: str | os.PathLike[str]) -> str | None:
         """A hidden entry lying inside the directory `path` (deleting or moving it would take that along)."""
-        text = os.fspath(path)
+        text = os.fspath(path).casefold()
         return next((entry for entry, form in self.entries if _under(form, text)), None)
 
 
