@@ -17,7 +17,7 @@ from typing import Literal
 
 from tether.sandbox.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
-from tether.tools.path_rules import check_hidden, protected_rule
+from tether.tools.path_rules import Matcher, check_hidden, protected_rule
 from tether.tools.policy import Policy
 
 
@@ -64,10 +64,10 @@ def check_cwd(policy: Policy, cwd: str | None, hidden: Iterable[str] = ()) -> Pa
 
 
 def approval_needed(policy: Policy, action: Literal["delete", "move", "overwrite"], path: Path,
-                    temp_dir: str) -> str | None:
+                    temp_dir: str, matcher: Matcher | None = None) -> str | None:
     """The rule that makes this action wait for a person, or None when it may go ahead: a protected path
     (`protected-path: <pattern>`) always, then the policy's `approval` rules."""
-    protected = protected_rule(policy, path)
+    protected = protected_rule(policy, path, matcher)
     if protected is not None:  # always a person, whatever `approval` says (see tether.tools.path_rules)
         return protected
     rules = policy.approval

@@ -324,17 +324,29 @@ class HiddenSet:
     """The hidden paths resolved once, for judging many paths (a listing, a command's change list)."""
 
     entries: tuple[tuple[str, str], ...]
+    exact: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, str | None] = field(default_factory=dict)
 
     @classmethod
     def of(cls, policy: Policy, extra: Iterable[str] = ()) -> HiddenSet:
-        return cls(tuple((entry, form.casefold()) for entry, form in hidden_entries(policy, extra)))
+        entries = tuple((entry, form.casefold()) for entry, form in hidden_entries(policy, extra))
+        return cls(entries, {form: entry for entry, form in reversed(entries)})
 
-    def by(self, path: str | os.PathLike[str]) -> str | None:
-        """The hidden entry that covers the real path `path` (or None)."""
-        text = os.fspath(path).casefold()
+    def _scan(self, text: str) -> str | None:
         return next((entry for entry, form in self.entries
                      if text.startswith(form) and (len(text) == len(form) or text[len(form)] == "/" or form == "/")),
                     None)
+
+    def by(self, path: str | os.PathLike[str]) -> str | None:
+        """The hidden entry that covers the real path `path` (or None). A path is covered when its
+        directory is, or when it is an entry itself; directories are remembered (long change lists)."""
+        text = os.fspath(path).casefold()
+        directory = text.rpartition("/")[0] or "/"
+        if directory not in self.seen:
+            if len(self.seen) >= 65536:
+                self.seen.clear()
+            self.seen[directory] = self._scan(directory)
+        return self.seen[directory] or self.exact.get(text.rstrip("/") or "/")
 
     def inside(self, path: str | os.PathLike[str]) -> str | None:
         """A hidden entry lying inside the directory `path` (deleting or moving it would take that along)."""

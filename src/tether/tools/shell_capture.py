@@ -62,7 +62,7 @@ def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None
                 return "approval.hardlink"
         except OSError:
             pass
-    return approval_needed(ctx.policy, verb, target, ctx.temp_dir)  # type: ignore[arg-type]
+    return approval_needed(ctx.policy, verb, target, ctx.temp_dir, matcher)  # type: ignore[arg-type]
 
 
 def _guard_hidden(ctx: ToolContext, changes: list[Change]) -> None:
