@@ -467,12 +467,12 @@ async def delete_file(ctx: ToolContext, path: str, recursive: bool = False) -> d
     _spare_journal(ctx, target)
     _spare_hidden(ctx, target)
     _protect(ctx, f"delete of {str(target)!r}", target)
-    if is_dir:
-        _protect_tree(ctx, f"delete of {str(target)!r}", target)
     if is_dir and any(real(r) == target for r in ctx.policy.write_roots):
         raise PolicyDenied("write_roots", f"{str(target)!r} is an allowed root itself and cannot be deleted")
     if is_dir and not recursive and _has_entries(ctx, target):
         raise ToolError(f"directory not empty: {path} (pass recursive=true to delete it and its contents)")
+    if is_dir:
+        await asyncio.to_thread(_protect_tree, ctx, f"delete of {str(target)!r}", target)  # a walk: off the loop
     _require_approval(ctx, "delete", target, f"delete of {str(target)!r} outside the temp dir")
 
     def apply() -> dict[str, Any]:
@@ -517,7 +517,7 @@ async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: 
     _spare_hidden(ctx, src)
     _protect(ctx, f"move of {str(src)!r} to {str(dst)!r}", src, dst)
     if stat.S_ISDIR(src_st.st_mode) or stat.S_ISLNK(src_st.st_mode):
-        _arrive(ctx, src, dst, is_dir=stat.S_ISDIR(src_st.st_mode))
+        await asyncio.to_thread(_arrive, ctx, src, dst, is_dir=stat.S_ISDIR(src_st.st_mode))  # a walk: off the loop
     dst_st = _lstat(ctx, dst, write=True)
     if dst_st is not None:
         if not overwrite:
