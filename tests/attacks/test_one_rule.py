@@ -325,6 +325,9 @@ ANNOTATED = str(Path(__file__).resolve().parent.parent / "servers" / "annotated.
 
 
 def _live_home(home: Path) -> None:
+    (home / "repo/.git/hooks").mkdir(parents=True)
+    (home / "repo/.git/config").write_text("[core]\n")
+    (home / "repo/.git/HEAD").write_text("ref: refs/heads/main\n")
     (home / ".bashrc").write_text("# mine\n")
     (home / ".config").mkdir(exist_ok=True)
     (home / "proj").mkdir()
@@ -352,6 +355,9 @@ async def test_a_sandboxed_mcp_server_cannot_create_hidden_or_protected_paths(ho
             "~/.bash_profile (protected, missing)": ("write_text", home / ".bash_profile"),
             "~/.bashrc (protected, existing)": ("write_text", home / ".bashrc"),
             "~/.config/mimeapps.list (protected, missing)": ("write_text", home / ".config/mimeapps.list"),
+            "repo/.git/config (protected, existing)": ("write_text", home / "repo/.git/config"),
+            "repo/.git/hooks/pre-commit (protected, under an existing one)": (
+                "write_text", home / "repo/.git/hooks/pre-commit"),
         }
         for what, (tool, path) in attempts.items():
             [result] = await device.client.execute_actions([Command(
@@ -360,8 +366,11 @@ async def test_a_sandboxed_mcp_server_cannot_create_hidden_or_protected_paths(ho
             assert "Read-only file system" in (result.error or ""), f"{what}: {_text(result)}"
         assert not (home / ".netrc").exists() and not (home / ".bash_profile").exists()
         assert (home / ".bashrc").read_text() == "# mine\n" and not (home / ".config/mimeapps.list").exists()
-        # everything else under the root is still written live
+        assert (home / "repo/.git/config").read_text() == "[core]\n"
+        assert not (home / "repo/.git/hooks/pre-commit").exists()
+        # everything else under the root is still written live (git's own files too)
         ok = await device.client.execute_actions([
+            Command(tool_name="boxed/write_text", parameters={"path": str(home / "repo/.git/HEAD"), "text": "x"}),
             Command(tool_name="boxed/write_text", parameters={"path": str(home / "proj/out.txt"), "text": "x"}),
             Command(tool_name="boxed/append", parameters={"path": str(home / "notes.txt"), "text": "more\n"}),
         ], early_exit=False)
@@ -379,11 +388,13 @@ async def test_a_live_write_root_keeps_hidden_and_protected_paths_uncreatable(
     for cmd, argv, params in (("mkdir", ("-p", str(home / ".config/tether")), {}),
                               ("tee", ("-a", str(home / ".bashrc")), {"stdin": "evil\n"}),
                               ("mkdir", ("-p", str(home / ".config/autostart")), {}),
-                              ("tee", (str(home / ".profile"),), {"stdin": "evil\n"})):
+                              ("tee", (str(home / ".profile"),), {"stdin": "evil\n"}),
+                              ("tee", ("-a", str(home / "repo/.git/config")), {"stdin": "[core]\nfsmonitor = x\n"})):
         result = await attacker.run(cmd, *argv, approved_by="alice", **params)
         assert result.status is ResultStatus.FAILURE and "Read-only file system" in _text(result), _text(result)
     assert not (home / ".config/tether").exists() and not (home / ".config/autostart").exists()
     assert (home / ".bashrc").read_text() == "# mine\n" and not (home / ".profile").exists()
+    assert (home / "repo/.git/config").read_text() == "[core]\n"
     made = await attacker.run("tee", str(home / "proj/live.txt"), stdin="live\n")
     assert made.ok and (home / "proj/live.txt").read_text() == "live\n", _text(made)
 

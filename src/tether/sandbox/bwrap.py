@@ -53,7 +53,7 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
     for root in writable:
         args += ["--bind", root, root]
     # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.guard)
-    args += live_plan(writable, spec.hidden, spec.protected).bwrap_args()
+    args += live_plan(writable, spec.hidden, spec.protected, spec.protected_names, depth=2).bwrap_args()
     args += hide_args(spec)
     if cwd:
         args += ["--chdir", cwd]

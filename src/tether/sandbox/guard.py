@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from tether.sandbox.spec import under
 
 MAX_CHILDREN = 512
+MAX_SCAN = 2000
 MountCall = Callable[[str | None, str, str | None, int, str | None], object]
 
 
@@ -83,14 +84,47 @@ def _children(directory: str, skip: set[str]) -> tuple[str, ...] | None:
     return tuple(kept)
 
 
-def live_plan(writable: Iterable[str], hidden: Iterable[str], protected: Iterable[str]) -> LivePlan:
+def _floating(roots: list[str], names: Iterable[str], depth: int, skip: set[str]) -> set[str]:
+    """Existing `names` (relative paths such as `.git/config`) in each root and the directories up to
+    `depth` levels below it (no links followed, at most `MAX_SCAN` directories looked at)."""
+    wanted: dict[str, list[str]] = {}
+    for name in names:
+        wanted.setdefault(name.split("/", 1)[0], []).append(name)
+    found: set[str] = set()
+    todo = [(r, 0) for r in roots]
+    looked = 0
+    while todo and looked < MAX_SCAN:
+        directory, level = todo.pop()
+        looked += 1
+        try:
+            with os.scandir(directory) as entries:
+                listed = [(e.name, e.is_dir(follow_symlinks=False)) for e in entries]
+        except OSError:
+            continue
+        for name, is_dir in listed:
+            path = os.path.join(directory, name)
+            if path in skip:
+                continue
+            for rel in wanted.get(name, ()):
+                target = os.path.join(directory, rel)
+                if os.path.lexists(target) and not os.path.islink(target):
+                    found.add(target)
+            if is_dir and level < depth:
+                todo.append((path, level + 1))
+    return found
+
+
+def live_plan(writable: Iterable[str], hidden: Iterable[str], protected: Iterable[str],
+              floating: Iterable[str] = (), depth: int = 0) -> LivePlan:
     """What to bind so that, under the `writable` roots (real paths), no hidden or protected path can be
     created or changed. `hidden` and `protected` are real absolute paths; existing hidden paths are
-    left to the masks."""
+    left to the masks. `floating` are protected names that may lie at any depth (`.git/config`): the
+    existing ones in each root and up to `depth` levels below it are bound read-only (a missing one
+    has no place to guard: see docs/security/protected-paths.md)."""
     roots = [r for r in writable if os.path.isdir(r)]
     hidden_set = {h for h in hidden if under(h, roots)}
     protected_set = {p for p in protected if under(p, roots)}
-    readonly: set[str] = set()
+    readonly: set[str] = _floating(roots, floating, depth, hidden_set) if floating else set()
     frozen: set[str] = set()
     for target in sorted(hidden_set | protected_set):
         if os.path.lexists(target):

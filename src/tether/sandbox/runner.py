@@ -259,7 +259,8 @@ class Sandbox:
             self._waiters[request_id] = (started, exited)
             hidden = [*self.spec.hidden]
             # live roots are written directly: hidden and protected paths there stay uncreatable
-            guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected)
+            guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
+                              self.spec.protected_names, depth=1)
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
                        "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
                        "layers_dir": self.spec.layers_dir,

@@ -15,7 +15,7 @@ from pathlib import Path
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
-from tether.tools.path_rules import anchored_places
+from tether.tools.path_rules import anchored, anchored_places, protected_patterns
 from tether.tools.policy import Policy
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,14 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
     return SandboxSpec.build(write_roots=[r for r in captured if os.path.isdir(os.path.expanduser(r))],
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
                              hidden=[*policy.hide_paths, *hidden], network=policy.network, layers_dir=layers,
-                             protected=live_protected(policy))
+                             protected=live_protected(policy), protected_names=floating_protected(policy))
+
+
+def floating_protected(policy: Policy) -> list[str]:
+    """Protected patterns that match at any depth and hold no glob (`.git/config`, `.mcp.json`): a live
+    process finds the existing ones near its roots' top read-only."""
+    return [p for p in protected_patterns(policy)
+            if not anchored(p) and not any(c in p for c in "*?[") and not p.startswith("/")]
 
 
 def live_protected(policy: Policy) -> list[str]:
