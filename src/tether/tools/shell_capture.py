@@ -68,6 +68,8 @@ def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None
 def _guard_hidden(ctx: ToolContext, changes: list[Change]) -> None:
     """A change under a hidden path (which the command could only have made by creating the path, e.g.
     `mkdir -p ~/.config/tether`), or a deleted directory holding one: refused, nothing applied."""
+    if not changes:
+        return  # most commands change nothing: no rule to build
     hidden = HiddenSet.of(ctx.policy, ctx.secrets)
     for c in changes:
         for touched in (c.path, c.moved_from):
@@ -135,8 +137,10 @@ def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body:
     except PolicyDenied:
         sandbox.release(layer)
         raise
-    matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)
-    needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
+    needs: list[tuple[Change, str]] = []
+    if changes:
+        matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)
+        needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
     if needs and not ctx.approved_by:
         sandbox.held.put(key, Held(layer, changes, body))
         listed = "; ".join(f"{rule}: {c.kind} {c.path}" for c, rule in needs[:20])
