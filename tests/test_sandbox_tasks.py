@@ -121,8 +121,8 @@ async def test_local_task_asks_with_the_exact_change_and_applies_it_once_approve
     assert question.kind == "approval" and question.options == ["approve", "deny"]
     # the question names the change: what kind, which path, and by which rule
     change = {"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
-              "rule": "approval.overwrite_outside_temp"}
-    assert f"modified {home.bashrc} (approval.overwrite_outside_temp)" in question.question, question.question
+              "rule": "protected-path: ~/.bashrc"}
+    assert f"modified {home.bashrc} (protected-path: ~/.bashrc)" in question.question, question.question
     assert f"`cp evil.txt {home.bashrc}`" in question.question
     assert "without running the command again" in question.question
     assert question.changes == [change]
@@ -181,13 +181,13 @@ async def test_server_task_approved_through_the_api_applies_the_held_layers_and_
         asked = seen[-1]["data"]
         assert asked["kind"] == "approval" and f"modified {home.bashrc}" in asked["question"], asked
         assert asked["changes"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
-                                     "rule": "approval.overwrite_outside_temp"}]
+                                     "rule": "protected-path: ~/.bashrc"}]
         assert home.bashrc.read_bytes() == ORIGINAL
         waiting = (await server.api.get(f"/tasks/{task_id}")).json()
         assert waiting["state"] == "waiting_for_user"
         held = waiting["steps"][0]["result"]["result"]
         assert held["needs_approval_for"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
-                                               "rule": "approval.overwrite_outside_temp"}]
+                                               "rule": "protected-path: ~/.bashrc"}]
         approved = await server.api.post(f"/tasks/{task_id}/approval", json={"approved": True})
         assert approved.status_code == 200, approved.text
 
@@ -249,7 +249,7 @@ def test_cli_exec_needs_approval_lists_the_change_and_applies_nothing(home: Home
     assert out.returncode == 1, text
     assert "Traceback" not in text
     assert "needs approval" in text and f"modified {home.bashrc}" in text, text
-    assert "approval.overwrite_outside_temp" in text
+    assert "protected-path: ~/.bashrc" in text
     assert "repeat it with --approve --session cli-" in out.stdout  # and how to apply it from here
     assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
 
@@ -258,7 +258,7 @@ def test_cli_exec_needs_approval_lists_the_change_and_applies_nothing(home: Home
     assert as_json.returncode == 1 and result["status"] == "failure"
     assert result["result"]["needs_approval_for"] == [{"path": str(home.bashrc), "kind": "modified",
                                                         "bytes": len(EVIL),
-                                                        "rule": "approval.overwrite_outside_temp"}]
+                                                        "rule": "protected-path: ~/.bashrc"}]
     assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
 
 

@@ -168,10 +168,13 @@ async def test_copied_shell_outside_the_write_roots_cannot_be_made(attacker: Att
 
 async def test_copied_shell_inside_the_write_roots_is_refused(attacker: Attacker) -> None:
     home = attacker.home
-    assert (await attacker.run("mkdir", "-p", str(home / "bin"))).ok
-    copied = await attacker.run("cp", "/bin/sh", str(home / "bin" / "ls"))
+    # ~/bin is a protected path (issue 26): each step waits for a person, who says yes here
+    made = await attacker.run("mkdir", "-p", str(home / "bin"))
+    assert made.result.get("rule") == "protected-path: ~/bin", _text(made)
+    assert (await attacker.run("mkdir", "-p", str(home / "bin"), approved_by="alice")).ok
+    copied = await attacker.run("cp", "/bin/sh", str(home / "bin" / "ls"), approved_by="alice")
     assert copied.ok and (home / "bin" / "ls").exists(), _text(copied)  # created: captured and applied
-    linked = await attacker.run("ln", "-s", "/bin/sh", str(home / "bin" / "cat"))
+    linked = await attacker.run("ln", "-s", "/bin/sh", str(home / "bin" / "cat"), approved_by="alice")
     assert linked.ok and (home / "bin" / "cat").is_symlink(), _text(linked)
     for planted in (home / "bin" / "ls", home / "bin" / "cat"):
         ran = await attacker.run(str(planted), "-c", "echo pwned-by-planted-shell")
@@ -240,6 +243,9 @@ async def test_git_fsmonitor_from_the_repository_config_stays_confined(attacker:
     config = (repo / ".git/config").read_text() + f'[core]\n\tfsmonitor = "{hook}"\n'
     written = await attacker.call("write_file", file_path=str(repo / ".git/config"), content=config,
                                   mode="overwrite")
+    assert written.result.get("rule") == "protected-path: .git/config", _text(written)  # issue 26: a person
+    written = await attacker.call("write_file", file_path=str(repo / ".git/config"), content=config,
+                                  mode="overwrite", approved_by="alice")
     assert written.ok, _text(written)
     status = await attacker.run("git", "status", "--porcelain", cwd=repo)
     assert_sandboxed(status)
@@ -344,7 +350,7 @@ async def test_destructive_command_needs_approval_then_applies_then_undoes(attac
     held = await attacker.run(attack.cmd, *attack.argv, cwd=cwd, **params)
     assert held.status is ResultStatus.FAILURE, f"{attack.name} went through without approval: {_text(held)}"
     assert held.result.get("needs_approval") is True, _text(held)
-    assert held.result["rule"].startswith("approval."), _text(held)
+    assert held.result["rule"].startswith(("approval.", "protected-path: ")), _text(held)
     assert held.result["needs_approval_for"] and held.result["changes"], _text(held)
     assert "needs approval" in (held.error or "") and "nothing was applied" in (held.error or "")
     assert _snapshot(home, state) == before, f"{attack.name} changed the real tree before approval"

@@ -120,7 +120,7 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
     # the processes an MCP client's calls start are confined like a device's (a warning where they cannot be)
     sandbox = make_sandbox(pol, hidden=[str(state)]) if pol.sandbox else None
     server = toolset_to_mcp(toolset, lambda: ToolContext(policy=pol, journal=journal, session_id=session,
-                                                         sandbox=sandbox))
+                                                         sandbox=sandbox, secrets=(str(state),)))
 
     async def serve() -> None:
         try:

@@ -91,7 +91,7 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     info = sandbox if isinstance(sandbox, SandboxInfo) else (
         detect(root) if sandbox and policy.sandbox else None)
     confined = make_sandbox(policy, hidden=hidden, info=info) if sandbox and policy.sandbox else None
-    context = ToolContext(policy=policy, journal=journal, sandbox=confined)
+    context = ToolContext(policy=policy, journal=journal, sandbox=confined, secrets=tuple(hidden))
     # its sandbox confines stdio servers; the hooks answer their questions and sampling requests
     servers = MCPServerManager(toolsets=builtin_toolsets(), context=context, hooks=mcp_hooks)
     computers = ComputerManager(config, servers, context=context, join_external=join_external)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from tether.sandbox.guard import live_plan
 from tether.sandbox.spec import SandboxSpec, under
 
 
@@ -44,12 +45,15 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
     """A bwrap command running `argv` with the write roots bound writable directly (nothing captured).
 
     For processes that outlive a call (a stdio MCP server, an application): their writes cannot wait
-    for the call to end, so they are not captured, approved or undoable; the rest still holds.
+    for the call to end, so they are not captured, approved or undoable; the rest still holds, and a
+    hidden or protected path cannot be created or changed there (`tether.sandbox.guard`).
     """
     args = _base(bwrap, spec)
-    for root in (*spec.write_roots, *spec.live_write_roots):
-        if os.path.isdir(root):
-            args += ["--bind", root, root]
+    writable = [root for root in (*spec.write_roots, *spec.live_write_roots) if os.path.isdir(root)]
+    for root in writable:
+        args += ["--bind", root, root]
+    # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.guard)
+    args += live_plan(writable, spec.hidden, spec.protected, spec.protected_names, depth=2).bwrap_args()
     args += hide_args(spec)
     if cwd:
         args += ["--chdir", cwd]

@@ -26,6 +26,7 @@ from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.egress import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress_owner import command_holding
 from tether.sandbox.egress_rules import EgressRules
+from tether.sandbox.guard import live_plan
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
 from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
@@ -375,9 +376,13 @@ class Sandbox:
             if ask is not None:
                 self._askers[request_id] = ask
             hidden = [*self.spec.hidden]
+            # live roots are written directly: hidden and protected paths there stay uncreatable
+            guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
+                              self.spec.protected_names, depth=1)
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
                        "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
                        "layers_dir": self.spec.layers_dir,
+                       "freeze": guard.freeze, "readonly": guard.readonly,
                        "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
                        "landlock": self.info.landlock,
                        # a script runs by its real path (outside the writable roots, resolved here), so

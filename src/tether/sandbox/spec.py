@@ -45,10 +45,19 @@ class SandboxSpec:
     hidden: tuple[str, ...] = ()
     network: bool = True
     layers_dir: str = ""
+    # places whose content another program later runs (real paths): never written by a live process
+    # (see tether.sandbox.guard); a captured command's changes there are held at apply time instead
+    protected: tuple[str, ...] = ()
+    # protected names that match at any depth (`.git/config`): bound read-only where they exist near a
+    # live root's top (tether.sandbox.guard)
+    protected_names: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
-              network: bool = True, layers_dir: str = "") -> SandboxSpec:
+              network: bool = True, layers_dir: str = "", protected: Iterable[str] = (),
+              protected_names: Iterable[str] = ()) -> SandboxSpec:
         live = _outermost(list(live_write_roots))
         return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
-                   hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir)
+                   hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir,
+                   protected=tuple(sorted({_real(p) for p in protected})),
+                   protected_names=tuple(sorted(set(protected_names))))

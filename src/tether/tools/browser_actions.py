@@ -232,7 +232,7 @@ async def _screenshot(ctx: ToolContext, s: Session, a: Args) -> dict[str, Any]:
     width, height = struct.unpack(">II", png[16:24])
     out: dict[str, Any] = {"width": width, "height": height, "bytes": len(png)}
     if a.path:
-        target = resolve_path(ctx.policy, a.path, write=True)
+        target = resolve_path(ctx.policy, a.path, write=True, hidden=ctx.secrets)
         if target.exists():
             rule = approval_needed(ctx.policy, "overwrite", target, ctx.temp_dir)
             if rule and not ctx.approved_by:

@@ -48,9 +48,12 @@ class ToolContext:
     deadline: float | None = None
     # the device's OS sandbox (None: processes run unconfined, allowed only if the policy says so)
     sandbox: Sandbox | None = None
+    # the device's own hidden paths (state directory, token file, config): hidden from every tool like
+    # the policy's hide_paths, whether or not the device has a sandbox
+    secrets: tuple[str, ...] = ()
 
     def for_call(self, *, session_id: str | None, call_id: str | None, approved_by: str | None,
                  emit: EventSink | None = None, deadline: float | None = None) -> ToolContext:
         # `replace` would do, at several times the cost, on every command
         return type(self)(self.policy, self.journal, session_id, call_id, approved_by, emit or self.emit,
-                          self.temp_dir, deadline, self.sandbox)
+                          self.temp_dir, deadline, self.sandbox, self.secrets)

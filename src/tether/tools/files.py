@@ -1,9 +1,11 @@
 """Built-in file tools: read, list, inspect, write, delete, move — jailed, approved and journaled.
 
-Every path goes through the realpath jail first, and is then opened beneath the root it lies in
+Every path goes through the realpath jail first (hidden paths refused there, existing or not, and
+left out of listings), and is then opened beneath the root it lies in
 with no symlink followed (`jail.open_in`), so a link swapped in after the check is refused. A
 change to an existing file outside the temp directory, or to a file with more than one hard link,
-waits for a person's approval (policy `approval.*`), and whatever a tool is about to change is
+waits for a person's approval (policy `approval.*`), creating or changing a protected path always
+does (`tether.tools.path_rules`), and whatever a tool is about to change is
 copied into the undo journal before it is changed. The mutating bodies run in a worker thread as
 one unit (journal, then change): copying a large original must not stall the event loop,
 and a timeout can only lose the reply, never leave a change without its journal entry.
@@ -35,6 +37,16 @@ from tether.tools.jail import (
     resolve_path,
     within,
 )
+from tether.tools.path_rules import (
+    HiddenSet,
+    check_hidden,
+    check_hidden_inode,
+    hidden_inside,
+    protected_inside,
+    protected_matcher,
+    require_person,
+    tree_paths,
+)
 from tether.tools.runtime import ToolSet, tool
 
 _KIND = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
@@ -54,8 +66,11 @@ def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
     holds the undo journal (a tool that could edit it could make a later undo write anything
     anywhere), the device token and pairing key (a tool that could read them would hand the
     device's identity to whoever asked), and the server's policy changes (editing them would grant
-    the next start whatever the file says). The sandbox hides the same directory from processes."""
-    resolved = resolve_path(ctx.policy, path, write=write)
+    the next start whatever the file says). The sandbox hides the same directory from processes.
+
+    The policy's hidden paths and the device's own secrets (`ctx.secrets`) are refused here too (rule
+    `hide_paths`), existing or not: no file tool reads, lists or creates anything there."""
+    resolved = resolve_path(ctx.policy, path, write=write, hidden=ctx.secrets)
     if ctx.journal is not None and within(resolved, [real(ctx.journal.root.parent)]):
         raise PolicyDenied("journal", f"{path!r} lies inside the device's state directory "
                                       f"({ctx.journal.root.parent}: its undo journal, token and policy)")
@@ -79,6 +94,7 @@ def _entry_path(ctx: ToolContext, path: str, *, write: bool) -> Path:
     if raw.name in ("", ".", ".."):
         return resolved
     candidate = real(raw.parent) / raw.name
+    check_hidden(ctx.policy, candidate, ctx.secrets, shown=path)
     if not candidate.is_symlink():
         return resolved
     try:
@@ -160,6 +176,7 @@ async def read_file(ctx: ToolContext, file_path: str, encoding: str = "utf-8", m
             raise ToolError(f"is a directory: {file_path} (use list_dir)")
         if not stat.S_ISREG(st.st_mode):
             raise ToolError(f"not a regular file: {file_path} ({_kind(st.st_mode)})")
+        check_hidden_inode(ctx.policy, st, path, ctx.secrets)
         data = _pread(fd, limit + 1, offset)
     finally:
         os.close(fd)
@@ -224,12 +241,69 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
     except PermissionError:
         raise ToolError(f"permission denied: {path}") from None
     try:
-        names = sorted(n for n in os.listdir(fd) if show_hidden or not n.startswith("."))
+        hidden = HiddenSet.of(ctx.policy, ctx.secrets)
+        names = sorted(n for n in os.listdir(fd) if (show_hidden or not n.startswith("."))
+                       and not _conceals(hidden, fd, directory, n))
         entries = [e for e in (_list_entry(fd, name) for name in names[:limit]) if e is not None]
     finally:
         os.close(fd)
     return {"path": str(directory), "entries": entries, "count": len(entries), "total": len(names),
             "truncated": len(names) > limit}
+
+
+def _conceals(hidden: HiddenSet, dir_fd: int, directory: Path, name: str) -> bool:
+    """A hidden path is left out of its parent's listing, and so is a symlink that leads into one."""
+    if hidden.by(directory / name) is not None:
+        return True
+    try:
+        if not stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
+            return False
+    except OSError:
+        return False
+    return hidden.by(real(directory / name)) is not None
+
+
+def _protect(ctx: ToolContext, what: str, *paths: Path) -> None:
+    """A protected path among `paths` waits for a person (rule `protected-path: <pattern>`)."""
+    require_person(ctx.policy, paths, what, ctx.approved_by)
+
+
+def _spare_hidden(ctx: ToolContext, target: Path) -> None:
+    """Deleting or moving a directory takes everything in it along: never a hidden path."""
+    entry = hidden_inside(ctx.policy, target, ctx.secrets)
+    if entry is not None:
+        raise PolicyDenied("hide_paths", f"{str(target)!r} contains the hidden path {entry!r}: no tool may change "
+                                         "anything there")
+
+
+def _protect_tree(ctx: ToolContext, what: str, src: Path, dst: Path | None = None) -> None:
+    """Every entry of a directory being deleted (or moved to `dst`): a protected one asks a person."""
+    if ctx.approved_by:
+        return
+    found = tree_paths(src)
+    if found is None:
+        raise NeedsApproval("protected-path: (too many entries to check)",
+                            f"{what}: {str(src)!r} holds too many entries to check each for a protected path")
+    matcher = protected_matcher(ctx.policy)
+    for inner in found:
+        moved = dst / inner.relative_to(src) if dst is not None else None
+        require_person(ctx.policy, [inner] if moved is None else [inner, moved], what, None, matcher)
+
+
+def _arrive(ctx: ToolContext, src: Path, dst: Path, *, is_dir: bool) -> None:
+    """A directory or symlink moved to `dst` decides what is found below `dst`: never a hidden path
+    (`mv ~/kit ~/.config` would put `kit/tether` at `~/.config/tether`), and a protected place below
+    it, or a protected entry in the moved tree, waits for a person."""
+    entry = HiddenSet.of(ctx.policy, ctx.secrets).inside(dst)
+    if entry is not None:
+        raise PolicyDenied("hide_paths", f"moving {str(src)!r} to {str(dst)!r} would decide what lies at the hidden "
+                                         f"path {entry!r}: no tool may create anything there")
+    what = f"move of {str(src)!r} to {str(dst)!r}"
+    rule = None if ctx.approved_by else protected_inside(ctx.policy, dst)
+    if rule is not None:
+        raise NeedsApproval(rule, f"{what}: a protected place lies below {str(dst)!r}")
+    if is_dir:
+        _protect_tree(ctx, what, src, dst)
 
 
 def _list_entry(dir_fd: int, name: str) -> dict[str, Any] | None:
@@ -297,10 +371,12 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
         raise ToolError(f"not a regular file: {file_path} ({_kind(st.st_mode)})")
     if st is not None and mode == "create":
         raise ToolError(f"already exists: {file_path} (use mode 'overwrite' or 'append' to change it)")
+    missing_parents = _missing_parents(path)
+    _protect(ctx, f"{mode} of {str(path)!r}", path, *missing_parents)
     if st is not None:
+        check_hidden_inode(ctx.policy, st, path, ctx.secrets)
         _require_approval(ctx, "overwrite", path, f"{mode} of existing file {str(path)!r} outside the temp dir")
         _require_one_link(ctx, st, path)
-    missing_parents = _missing_parents(path)
     if missing_parents and not create_parents:
         raise ToolError(f"parent directory does not exist: {path.parent} (pass create_parents=true)")
 
@@ -345,6 +421,7 @@ def _open_existing(ctx: ToolContext, dir_fd: int, name: str, path: Path, *, appe
         if not stat.S_ISREG(st.st_mode):
             raise ToolError(f"not a regular file: {path} ({_kind(st.st_mode)}); it changed while this call ran")
         _require_one_link(ctx, st, path)
+        check_hidden_inode(ctx.policy, st, path, ctx.secrets)
     except BaseException:
         os.close(fd)
         raise
@@ -388,10 +465,14 @@ async def delete_file(ctx: ToolContext, path: str, recursive: bool = False) -> d
         raise ToolError(f"not found: {path}")
     is_dir = stat.S_ISDIR(st.st_mode)
     _spare_journal(ctx, target)
+    _spare_hidden(ctx, target)
+    _protect(ctx, f"delete of {str(target)!r}", target)
     if is_dir and any(real(r) == target for r in ctx.policy.write_roots):
         raise PolicyDenied("write_roots", f"{str(target)!r} is an allowed root itself and cannot be deleted")
     if is_dir and not recursive and _has_entries(ctx, target):
         raise ToolError(f"directory not empty: {path} (pass recursive=true to delete it and its contents)")
+    if is_dir:
+        await asyncio.to_thread(_protect_tree, ctx, f"delete of {str(target)!r}", target)  # a walk: off the loop
     _require_approval(ctx, "delete", target, f"delete of {str(target)!r} outside the temp dir")
 
     def apply() -> dict[str, Any]:
@@ -433,6 +514,10 @@ async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: 
         raise ToolError(f"cannot move directory {src} into itself ({dst})")
     if not dst.parent.is_dir():
         raise ToolError(f"destination directory does not exist: {dst.parent}")
+    _spare_hidden(ctx, src)
+    _protect(ctx, f"move of {str(src)!r} to {str(dst)!r}", src, dst)
+    if stat.S_ISDIR(src_st.st_mode) or stat.S_ISLNK(src_st.st_mode):
+        await asyncio.to_thread(_arrive, ctx, src, dst, is_dir=stat.S_ISDIR(src_st.st_mode))  # a walk: off the loop
     dst_st = _lstat(ctx, dst, write=True)
     if dst_st is not None:
         if not overwrite:

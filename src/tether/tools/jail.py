@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
 from tether.sandbox.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
+from tether.tools.path_rules import Matcher, check_hidden, protected_rule
 from tether.tools.policy import Policy
 
 
@@ -34,30 +36,40 @@ def within(path: Path, roots: list[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
-def resolve_path(policy: Policy, path: str, *, write: bool, cwd: str | None = None) -> Path:
-    """The real path of `path` if the policy lets a tool read (or write) it; else `PolicyDenied`."""
+def resolve_path(policy: Policy, path: str, *, write: bool, cwd: str | None = None,
+                 hidden: Iterable[str] = ()) -> Path:
+    """The real path of `path` if the policy lets a tool read (or write) it; else `PolicyDenied`.
+
+    A path inside a hidden path (the policy's `hide_paths` and `hidden`, the device's own secrets) is
+    refused (rule `hide_paths`) whether or not it exists, after symlinks and `..` are resolved.
+    """
     if not isinstance(path, str) or not path or "\x00" in path:
         raise PolicyDenied("path.invalid", f"not a usable path: {path!r}")
     resolved = real(path, cwd)
+    check_hidden(policy, resolved, hidden, shown=path)
     rule, roots = ("write_roots", policy.write_roots) if write else ("read_roots", policy.read_roots)
     if not within(resolved, _roots(roots)):
         raise PolicyDenied(rule, f"{path!r} resolves to {str(resolved)!r}, outside the allowed roots {roots}")
     return resolved
 
 
-def check_cwd(policy: Policy, cwd: str | None) -> Path:
+def check_cwd(policy: Policy, cwd: str | None, hidden: Iterable[str] = ()) -> Path:
     """`shell.run` must say where it runs, and that place must lie inside the roots (seed 004)."""
     if not cwd:
         raise PolicyDenied("cwd.required", "cwd is required: give an absolute directory inside the allowed roots")
-    resolved = resolve_path(policy, cwd, write=False)
+    resolved = resolve_path(policy, cwd, write=False, hidden=hidden)
     if not resolved.is_dir():
         raise PolicyDenied("cwd.exists", f"cwd {cwd!r} is not an existing directory")
     return resolved
 
 
 def approval_needed(policy: Policy, action: Literal["delete", "move", "overwrite"], path: Path,
-                    temp_dir: str) -> str | None:
-    """The rule that makes this action wait for a person, or None when it may go ahead."""
+                    temp_dir: str, matcher: Matcher | None = None) -> str | None:
+    """The rule that makes this action wait for a person, or None when it may go ahead: a protected path
+    (`protected-path: <pattern>`) always, then the policy's `approval` rules."""
+    protected = protected_rule(policy, path, matcher)
+    if protected is not None:  # always a person, whatever `approval` says (see tether.tools.path_rules)
+        return protected
     rules = policy.approval
     in_temp = within(path, [real(temp_dir)])
     if action == "delete" and rules.delete and not in_temp:

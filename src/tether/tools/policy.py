@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tether.sandbox.egress_rules import check_entries
 from tether.tools import shell_rules
 from tether.tools.errors import NeedsApproval, PolicyDenied
+from tether.tools.path_rules import DEFAULT_PROTECTED
 from tether.tools.shell_code import is_long, letters
 from tether.tools.shell_rules import ALWAYS_DENIED
 
@@ -129,6 +130,14 @@ class Policy(BaseModel):
     hide_paths: list[str] = Field(
         default_factory=lambda: list(DEFAULT_HIDDEN),
         description="paths sandboxed processes see as empty (the device's state, token and config are always added)")
+    protected_paths: list[str] = Field(
+        default_factory=list, description="more places whose content another program later runs or loads, added to "
+                                          "the default list (glob patterns: ~/x or /x anchored, a bare name matches at "
+                                          "any depth); creating or changing one is always held for a person "
+                                          "(docs/security/protected-paths.md)")
+    unprotect_paths: list[str] = Field(
+        default_factory=list, description="default protected entries to drop, each named exactly as in the default "
+                                          "list (e.g. '.git/config'); anything else is an error")
     live_write_roots: list[str] = Field(
         default_factory=list, description="write roots bound directly into the sandbox: changes there happen at once "
                                           "and are neither captured, held for approval nor undoable")
@@ -168,6 +177,15 @@ class Policy(BaseModel):
             except ValidationError as exc:
                 raise ValueError("; ".join(_explain(err) for err in exc.errors(include_url=False))) from None
         raise ValueError(f"{value!r}: network is on, off, or {{allow: [hosts], deny: [hosts], ask: off|on-miss}}")
+
+    @field_validator("unprotect_paths")
+    @classmethod
+    def _unprotect_defaults_only(cls, names: list[str]) -> list[str]:
+        for name in names:
+            if name not in DEFAULT_PROTECTED:
+                raise ValueError(f"{name!r} is not a default protected path; unprotect_paths names default entries "
+                                 "exactly as listed in docs/security/protected-paths.md")
+        return names
 
     @field_validator("allow_escapes")
     @classmethod

@@ -17,6 +17,7 @@ from tether.sandbox.egress import AskFn, EgressRecord
 from tether.sandbox.egress_rules import EgressRules
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
+from tether.tools.path_rules import anchored, anchored_places, protected_patterns
 from tether.tools.policy import NetworkRules, Policy
 
 logger = logging.getLogger(__name__)
@@ -53,7 +54,22 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
     return SandboxSpec.build(write_roots=[r for r in captured if os.path.isdir(os.path.expanduser(r))],
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
                              hidden=[*policy.hide_paths, *hidden], network=policy.network is True,
-                             layers_dir=layers)
+                             layers_dir=layers, protected=live_protected(policy),
+                             protected_names=floating_protected(policy))
+
+
+def floating_protected(policy: Policy) -> list[str]:
+    """Protected patterns that match at any depth and hold no glob (`.git/config`, `.mcp.json`): a live
+    process finds the existing ones near its roots' top read-only."""
+    return [p for p in protected_patterns(policy)
+            if not anchored(p) and not any(c in p for c in "*?[") and not p.startswith("/")]
+
+
+def live_protected(policy: Policy) -> list[str]:
+    """The protected paths a live process is kept from writing: each anchored pattern's glob-free
+    leading part (`~/.config/autostart`; `~/.cargo/config*` guards `~/.cargo`). A pattern that
+    matches at any depth (`.git/hooks`, `*.pth`) has no place to bind; see docs/security/protected-paths.md."""
+    return [place for _, place in anchored_places(policy)]
 
 
 def egress_rules(policy: Policy) -> EgressRules | None:

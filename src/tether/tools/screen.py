@@ -124,7 +124,7 @@ def encode_png(capture: Capture, scale: float) -> tuple[bytes, int, int]:
 def _write_new(ctx: ToolContext, path: str, data: bytes) -> Path:
     """Write `data` to a new file inside the write roots (never over an existing one), journaled so
     an undo removes it. Refusing to overwrite keeps a data-collection tool from destroying files."""
-    target = resolve_path(ctx.policy, path, write=True)
+    target = resolve_path(ctx.policy, path, write=True, hidden=ctx.secrets)
     if ctx.journal is not None and within(target, [real(ctx.journal.root)]):
         raise PolicyDenied("journal", f"{path!r} lies inside the undo journal ({ctx.journal.root})")
     if os.path.lexists(target):

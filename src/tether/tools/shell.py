@@ -225,7 +225,7 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     verdict = check_env(ctx.policy, env)
     if not verdict.allowed:
         raise PolicyDenied(verdict.rule, verdict.reason)
-    workdir = check_cwd(ctx.policy, cwd)
+    workdir = check_cwd(ctx.policy, cwd, ctx.secrets)
     search = search_path(ctx)
     program = resolve_program(ctx, cmd, search)
     preview_text = shlex.join([cmd, *args])

@@ -1,8 +1,11 @@
 """What a sandboxed command changed: listed, held for a person where the policy says so, applied, journaled.
 
-The rules are the file tools' own (`jail.approval_needed`): deleting, moving or overwriting outside
-the temp directory waits for approval, and so does changing a file that has another name (a hard
-link). A held layer is applied when the same command comes back approved, without running it again.
+The rules are the file tools' own (`jail.approval_needed`, `tether.tools.path_rules`): deleting,
+moving or overwriting outside the temp directory waits for approval, and so does changing a file that
+has another name (a hard link); creating or changing a protected path always does (`protected-path:
+<pattern>`), and a change under a hidden path — one the command made by creating it, since an existing
+one is masked — is refused and nothing is applied. A held layer is applied when the same command comes
+back approved, without running it again, and is judged again then.
 """
 
 from __future__ import annotations
@@ -18,6 +21,14 @@ from tether.sandbox.layer import ApplyConflict, Change, apply
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, real, within
+from tether.tools.path_rules import (
+    HiddenSet,
+    Matcher,
+    anchored_places,
+    protected_inside,
+    protected_matcher,
+    protected_rule,
+)
 
 _VERBS = {"deleted": "delete", "modified": "overwrite", "renamed": "move"}
 
@@ -29,8 +40,18 @@ def fingerprint(ctx: ToolContext, cmd: str, args: list[str], cwd: str, env: dict
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def change_rule(ctx: ToolContext, change: Change) -> str | None:
-    """The approval rule this change needs, or None."""
+def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None,
+                places: list[tuple[str, str]] | None = None) -> str | None:
+    """The approval rule this change needs, or None: a protected path first (created ones too, and a
+    symlink or a deleted directory that would change what is found at a protected place below it)."""
+    matcher = matcher or protected_matcher(ctx.policy)
+    for touched in (change.path, change.moved_from):
+        rule = protected_rule(ctx.policy, touched, matcher) if touched else None
+        if rule is None and touched and (change.node == "symlink" or change.kind == "deleted"):
+            rule = protected_inside(ctx.policy, touched, places if places is not None else
+                                    anchored_places(ctx.policy))
+        if rule is not None:
+            return rule
     verb = _VERBS.get(change.kind)
     if verb is None:
         return None
@@ -41,10 +62,32 @@ def change_rule(ctx: ToolContext, change: Change) -> str | None:
                 return "approval.hardlink"
         except OSError:
             pass
-    return approval_needed(ctx.policy, verb, target, ctx.temp_dir)  # type: ignore[arg-type]
+    return approval_needed(ctx.policy, verb, target, ctx.temp_dir, matcher)  # type: ignore[arg-type]
+
+
+def _guard_hidden(ctx: ToolContext, changes: list[Change]) -> None:
+    """A change under a hidden path (which the command could only have made by creating the path, e.g.
+    `mkdir -p ~/.config/tether`), or a deleted directory holding one: refused, nothing applied."""
+    if not changes:
+        return  # most commands change nothing: no rule to build
+    hidden = HiddenSet.of(ctx.policy, ctx.secrets)
+    for c in changes:
+        for touched in (c.path, c.moved_from):
+            if not touched:
+                continue
+            entry = hidden.by(touched)
+            removed = c.kind == "deleted" or touched == c.moved_from  # its whole tree goes with it
+            if entry is None and (removed or c.node == "symlink"):  # a link would redirect what lies below
+                entry = hidden.inside(touched)
+            if entry is not None:
+                err = PolicyDenied("hide_paths", f"the command {c.kind} {touched}, which lies in (or holds) the "
+                                                 f"hidden path {entry!r}; nothing was applied")
+                err.result["changes"] = _public(changes)
+                raise err
 
 
 def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
+    _guard_hidden(ctx, changes)
     if ctx.journal is None:
         return
     state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see files._resolve
@@ -89,7 +132,15 @@ def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body:
     if hold_only:
         sandbox.release(layer)
         return _public(changes)
-    needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c))]
+    try:
+        _guard_hidden(ctx, changes)
+    except PolicyDenied:
+        sandbox.release(layer)
+        raise
+    needs: list[tuple[Change, str]] = []
+    if changes:
+        matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)
+        needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
     if needs and not ctx.approved_by:
         sandbox.held.put(key, Held(layer, changes, body))
         listed = "; ".join(f"{rule}: {c.kind} {c.path}" for c, rule in needs[:20])

@@ -205,11 +205,11 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
     if cwd is None:
         home = str(Path.home())
         try:
-            workdir = check_cwd(ctx.policy, home)
+            workdir = check_cwd(ctx.policy, home, ctx.secrets)
         except PolicyDenied:
-            workdir = check_cwd(ctx.policy, ctx.temp_dir)
+            workdir = check_cwd(ctx.policy, ctx.temp_dir, ctx.secrets)
     else:
-        workdir = check_cwd(ctx.policy, cwd)
+        workdir = check_cwd(ctx.policy, cwd, ctx.secrets)
     require_sandbox(ctx, f"launching {app_name}")
     watcher = await _WindowWatch.start() if waitForWindowMs > 0 else None
     env = safe_environment({k: os.environ[k] for k in GUI_ENV_KEYS if k in os.environ})

@@ -1,0 +1,428 @@
+"""One rule for every tool: hidden paths and protected paths, judged on the real path.
+
+*Hidden* paths (the policy's `hide_paths`, plus the device's own state directory, token file and
+config, which the device always adds) are unreadable, unlistable and uncreatable by every tool:
+a file tool refuses them (rule `hide_paths`), a listing of their parent leaves them out, a command's
+captured change under one is refused at apply time, and a live sandboxed process sees them masked.
+
+*Protected* paths are places whose content another program later runs or loads (shell start-up
+files, autostart entries, user units, `.git/hooks`, `.pth` files, MCP clients' configs...). Creating
+or changing one, by a file tool or captured from a command, always waits for a person
+(`NeedsApproval` with rule `protected-path: <pattern>`), whatever the policy's other approval rules
+say. `DEFAULT_PROTECTED` is the list; a policy adds entries with `protected_paths` and drops a
+default only by naming it exactly in `unprotect_paths`.
+
+Patterns: one starting with `~` or `/` is anchored there (`~` is the device user's home); any other
+matches at any depth (`.git/hooks` is `**/.git/hooks`). `*` and `?` stay within one path component,
+`**` spans components, `[...]` is a character class. A pattern matches its path and everything
+beneath it. Matching ignores case (a case-insensitive filesystem would let `~/.BASHRC` be
+`~/.bashrc`), and an anchored pattern also matches where its directory really lies (a `~/.config`
+that is a symlink to a dotfiles checkout). Paths are judged after `realpath`: symlinks, `..` and `~`
+are resolved first, so no spelling reaches a hidden or protected place under another name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tether.tools.errors import NeedsApproval, PolicyDenied
+
+if TYPE_CHECKING:
+    from tether.tools.policy import Policy
+
+# Grouped by class; docs/security/protected-paths.md explains each.
+SHELL_STARTUP: tuple[str, ...] = (
+    "~/.profile", "~/.bashrc", "~/.bash_profile", "~/.bash_login", "~/.bash_logout", "~/.bash_aliases",
+    "~/.bash_completion", "~/.local/share/bash-completion", "~/.zshrc", "~/.zshenv", "~/.zprofile", "~/.zlogin",
+    "~/.zlogout", "~/.config/zsh", "~/.oh-my-zsh", "~/.config/fish", "~/.config/nushell", "~/.cshrc", "~/.tcshrc",
+    "~/.login", "~/.kshrc", "~/.mkshrc", "~/.inputrc", "~/.pam_environment", "~/.config/environment.d",
+    "~/.xprofile", "~/.xinitrc", "~/.xsession", "~/.xsessionrc", "~/.tmux.conf", "~/.config/tmux", "~/.screenrc",
+)
+AUTOSTART: tuple[str, ...] = (
+    "~/.config/tether", "~/.config/autostart", "~/.config/systemd/user", "~/.local/share/systemd/user",
+    "~/.config/upstart", "~/.local/share/dbus-1/services", "~/.local/share/applications", "~/.config/mimeapps.list",
+    "~/.mailcap", "~/.config/plasma-workspace", "~/.config/i3", "~/.config/sway", "~/.config/hypr",
+    "~/.config/openbox", "~/.config/lxsession", "~/Library/LaunchAgents",
+    "/var/spool/cron", "/var/spool/anacron", "/etc/crontab", "/etc/cron.d", "/etc/anacrontab",
+)
+PROGRAMS: tuple[str, ...] = (
+    "~/.ssh", "~/.local/bin", "~/bin", "~/.cargo/bin", "~/go/bin", "~/.deno/bin", "~/.bun/bin", "~/.volta/bin",
+    "~/.npm-global/bin", "~/.pyenv/shims", "~/.rbenv/shims",
+)
+LOADED_CODE: tuple[str, ...] = (
+    "*.pth", "sitecustomize.py", "usercustomize.py", "~/.ipython", "~/.config/ipython",
+    "~/.vimrc", "~/.gvimrc", "~/.vim", "~/.config/nvim", "~/.emacs", "~/.emacs.d", "~/.config/emacs",
+    ".exrc", ".nvimrc", ".nvim.lua",
+)
+GIT: tuple[str, ...] = (
+    ".git/hooks", ".git/config", ".git/config.worktree", ".git/worktrees/*/config.worktree",
+    "~/.gitconfig", "~/.config/git",
+)
+PACKAGE_MANAGERS: tuple[str, ...] = (
+    ".npmrc", ".yarnrc", ".yarnrc.yml", ".pnpmfile.cjs", "pip.conf", "pip.ini", ".pypirc", "~/.config/pip",
+    "~/.pip", "~/.pydistutils.cfg", "~/.config/uv", ".cargo/config", ".cargo/config.toml", "~/.gemrc",
+    ".bundle/config", "~/.m2/settings.xml", "~/.gradle/init.d", "~/.gradle/init.gradle", "~/.condarc",
+)
+AGENT_CONFIGS: tuple[str, ...] = (
+    "claude_desktop_config.json", ".mcp.json", ".cursor/mcp.json", ".vscode/mcp.json", ".vscode/tasks.json",
+    ".vscode/settings.json", ".claude/settings.json", ".claude/settings.local.json", "~/.claude.json",
+    "~/.claude", "~/.codex", "~/.cursor", "~/.gemini", ".gemini/settings.json", "~/.continue",
+    "~/.codeium", "~/.config/Code/User", "~/.config/zed",
+)
+DIRENV: tuple[str, ...] = (".envrc", ".direnv", "~/.config/direnv")
+
+DEFAULT_PROTECTED: tuple[str, ...] = (
+    *SHELL_STARTUP, *AUTOSTART, *PROGRAMS, *LOADED_CODE, *GIT, *PACKAGE_MANAGERS, *AGENT_CONFIGS, *DIRENV,
+)
+
+_GLOB = re.compile(r"[*?\[]")
+# hard links to a hidden file are looked for in at most this many entries of the hidden trees
+MAX_INODE_SCAN = 20_000
+
+
+def _component(text: str) -> str:
+    """One path component of a pattern as a regex: `*` and `?` never cross a `/`."""
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c == "*":
+            out.append("[^/]*")
+        elif c == "?":
+            out.append("[^/]")
+        elif c == "[" and (end := text.find("]", i + 2)) != -1:
+            body = text[i + 1:end]
+            out.append("[" + ("^" + body[1:] if body.startswith("!") else body).replace("\\", "\\\\") + "]")
+            i = end
+        else:
+            out.append(re.escape(c))
+        i += 1
+    return "".join(out)
+
+
+def _body(parts: list[str]) -> str:
+    while parts and parts[-1] == "**":
+        parts = parts[:-1]  # "beneath" is implied
+    out = ""
+    for i, part in enumerate(parts):
+        if part == "**":
+            out += "(?:[^/]+/)*"
+        else:
+            out += _component(part) + ("/" if i < len(parts) - 1 else "")
+    return out
+
+
+def anchored(pattern: str) -> bool:
+    return pattern.startswith(("/", "~"))
+
+
+def anchor_forms(pattern: str) -> list[str]:
+    """An anchored pattern with `~` expanded, and again with its glob-free leading part made real."""
+    expanded = os.path.expanduser(pattern)
+    parts = expanded.split("/")
+    cut = next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))
+    literal = "/".join(parts[:cut]) or "/"
+    real = os.path.realpath(literal)
+    forms = [expanded]
+    if real != literal:
+        forms.append("/".join([real.rstrip("/") or "", *parts[cut:]]) if cut < len(parts) else real)
+    return forms
+
+
+def _anchored_regex(pattern: str) -> str:
+    return "|".join("^/" + _body([p for p in form.split("/") if p]) + "(?:/|$)" for form in anchor_forms(pattern))
+
+
+def _split_floating(pattern: str) -> tuple[str, str]:
+    """A pattern that matches at any depth: (its first component, a regex for the whole of it that
+    matches from the start of the component where it begins)."""
+    parts = [p for p in pattern.split("/") if p]
+    while parts and parts[0] == "**":
+        parts = parts[1:]  # any depth is already implied
+    return (parts[0] if parts else ""), _body(parts) + "(?:/|$)"
+
+
+@dataclass(frozen=True, slots=True)
+class Matcher:
+    """Compiled patterns: `match(path)` is the first pattern that covers a real, absolute path.
+
+    Fast on long change lists (a command's 100,000 new files): a plain anchored pattern is a dict entry
+    looked up for each leading part of the path; a pattern that matches at any depth is looked up by
+    its first component (a dict for plain names, a short list for globs) and only then matched from
+    that component on; only anchored globs are tried one by one.
+    """
+
+    places: dict[str, str]
+    anchored: tuple[tuple[str, re.Pattern[str]], ...]
+    by_name: dict[str, tuple[tuple[str, re.Pattern[str]], ...]]
+    by_glob: tuple[tuple[re.Pattern[str], str, re.Pattern[str]], ...]
+    seen: dict[str, tuple[str | None, tuple[tuple[int, str, re.Pattern[str]], ...]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, patterns: Iterable[str]) -> Matcher:
+        pats = list(dict.fromkeys(p for p in patterns if p and p.strip("/")))
+        places: dict[str, str] = {}
+        for p in pats:
+            if anchored(p) and not _GLOB.search(p):
+                for form in anchor_forms(p):
+                    places.setdefault(_norm(os.path.normpath(form)).casefold(), p)
+        fixed = tuple((p, re.compile(_anchored_regex(p), re.IGNORECASE)) for p in pats
+                      if anchored(p) and _GLOB.search(p))
+        by_name: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
+        by_glob: list[tuple[re.Pattern[str], str, re.Pattern[str]]] = []
+        for p in pats:
+            if anchored(p):
+                continue
+            first, body = _split_floating(p)
+            if not first:
+                continue
+            compiled = re.compile(body, re.IGNORECASE)
+            if _GLOB.search(first):
+                by_glob.append((re.compile(_component(first) + r"\Z", re.IGNORECASE), p, compiled))
+            else:
+                by_name.setdefault(first.casefold(), []).append((p, compiled))
+        return cls(places, fixed, {k: tuple(v) for k, v in by_name.items()}, tuple(by_glob))
+
+    def match(self, path: str | os.PathLike[str]) -> str | None:
+        text = os.fspath(path)
+        for p, e in self.anchored:
+            if e.match(text):
+                return p
+        directory, _, base = text.rpartition("/")
+        hit, starts = self._directory(directory)
+        if hit is not None:
+            return hit
+        for offset, p, body in starts:
+            if body.match(text, offset):
+                return p
+        if not base:
+            return None
+        hit = self.places.get(text.casefold())
+        if hit is not None:
+            return hit
+        for offset, p, body in self._starts(base, len(directory) + 1):
+            if body.match(text, offset):
+                return p
+        return None
+
+    def _starts(self, component: str, offset: int) -> list[tuple[int, str, re.Pattern[str]]]:
+        found = [(offset, p, body) for p, body in self.by_name.get(component.casefold(), ())]
+        found += [(offset, p, body) for head, p, body in self.by_glob if head.match(component)]
+        return found
+
+    def _directory(self, directory: str) -> tuple[str | None, tuple[tuple[int, str, re.Pattern[str]], ...]]:
+        """For a directory: the anchored place it lies in (or None), and where a floating pattern may
+        start in it; kept per directory, since a change list holds many entries of the same one."""
+        known = self.seen.get(directory)
+        if known is not None:
+            return known
+        folded = directory.casefold()
+        hit: str | None = None
+        starts: list[tuple[int, str, re.Pattern[str]]] = []
+        offset = 0
+        for component in directory.split("/"):
+            if component:
+                end = offset + len(component)
+                hit = self.places.get(folded[:end]) if hit is None else hit
+                starts += self._starts(component, offset)
+            offset += len(component) + 1
+        if len(self.seen) >= 65536:
+            self.seen.clear()
+        self.seen[directory] = (hit, tuple(starts))
+        return hit, tuple(starts)
+
+
+def protected_patterns(policy: Policy) -> list[str]:
+    """The defaults (less `unprotect_paths`) and the policy's own `protected_paths`."""
+    dropped = set(getattr(policy, "unprotect_paths", ()))
+    return [p for p in DEFAULT_PROTECTED if p not in dropped] + list(getattr(policy, "protected_paths", ()))
+
+
+def anchored_places(policy: Policy) -> list[tuple[str, str]]:
+    """(pattern, place) for each anchored protected pattern: its glob-free leading part, expanded and
+    again made real (`~/.config/autostart`; `~/.cargo/config*` gives `~/.cargo`). These are what a
+    live process is kept from writing, and what a new symlink must not redirect."""
+    out: list[tuple[str, str]] = []
+    for pattern in protected_patterns(policy):
+        if not anchored(pattern):
+            continue
+        for form in anchor_forms(pattern):
+            parts = form.split("/")
+            cut = next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))
+            place = "/".join(parts[:cut])
+            if place and place != "/":
+                out.append((pattern, _norm(place)))
+    return out
+
+
+def protected_inside(policy: Policy, path: str | os.PathLike[str],
+                     places: list[tuple[str, str]] | None = None) -> str | None:
+    """`protected-path: <pattern>` when an anchored protected place lies inside `path` (a symlink put
+    there, or a directory deleted there, would change what is found at that place)."""
+    text = os.fspath(path)
+    return next((f"protected-path: {pattern}" for pattern, place in (places or anchored_places(policy))
+                 if place != _norm(text) and _under(place, text)), None)
+
+
+def protected_matcher(policy: Policy) -> Matcher:
+    return Matcher.of(protected_patterns(policy))
+
+
+def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matcher | None = None) -> str | None:
+    """`protected-path: <pattern>` when `path` (real, absolute) is protected, else None."""
+    pattern = (matcher or protected_matcher(policy)).match(path)
+    return f"protected-path: {pattern}" if pattern is not None else None
+
+
+def require_person(policy: Policy, paths: Iterable[str | os.PathLike[str]], what: str, approved_by: str | None,
+                   matcher: Matcher | None = None) -> None:
+    """NeedsApproval naming the protected rule when any of `paths` is protected and nobody approved."""
+    if approved_by:
+        return
+    matcher = matcher or protected_matcher(policy)
+    for path in paths:
+        rule = protected_rule(policy, path, matcher)
+        if rule is not None:
+            raise NeedsApproval(rule, f"{what}: {str(path)!r} is a protected path (another program later runs or "
+                                      "loads what is there), so a person decides, whatever the other rules say")
+
+
+# ------------------------------------------------------------------------------------------ hidden
+
+
+def _norm(path: str) -> str:
+    return path.rstrip("/") or "/"
+
+
+def hidden_entries(policy: Policy, extra: Iterable[str] = ()) -> list[tuple[str, str]]:
+    """(entry as written, absolute form) for each hidden path, expanded and again made real; the
+    device's own (`extra`) say so in their label."""
+    out: list[tuple[str, str]] = []
+    named = [(e, e) for e in policy.hide_paths] + [(e, f"{e}, the device's own state directory, token or config")
+                                                   for e in extra]
+    for entry, label in named:
+        if not entry:
+            continue
+        expanded = os.path.abspath(os.path.expanduser(entry))
+        for form in dict.fromkeys((expanded, os.path.realpath(expanded))):
+            out.append((label, _norm(form)))
+    return out
+
+
+def _under(path: str, root: str) -> bool:
+    p, r = path.casefold(), root.casefold()
+    return p == r or p.startswith(r.rstrip("/") + "/")
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenSet:
+    """The hidden paths resolved once, for judging many paths (a listing, a command's change list)."""
+
+    entries: tuple[tuple[str, str], ...]
+    exact: dict[str, str] = field(default_factory=dict)
+    seen: dict[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, policy: Policy, extra: Iterable[str] = ()) -> HiddenSet:
+        entries = tuple((entry, form.casefold()) for entry, form in hidden_entries(policy, extra))
+        return cls(entries, {form: entry for entry, form in reversed(entries)})
+
+    def _scan(self, text: str) -> str | None:
+        return next((entry for entry, form in self.entries
+                     if text.startswith(form) and (len(text) == len(form) or text[len(form)] == "/" or form == "/")),
+                    None)
+
+    def by(self, path: str | os.PathLike[str]) -> str | None:
+        """The hidden entry that covers the real path `path` (or None). A path is covered when its
+        directory is, or when it is an entry itself; directories are remembered (long change lists)."""
+        text = os.fspath(path).casefold()
+        directory = text.rpartition("/")[0] or "/"
+        if directory not in self.seen:
+            if len(self.seen) >= 65536:
+                self.seen.clear()
+            self.seen[directory] = self._scan(directory)
+        return self.seen[directory] or self.exact.get(text.rstrip("/") or "/")
+
+    def inside(self, path: str | os.PathLike[str]) -> str | None:
+        """A hidden entry lying inside the directory `path` (deleting or moving it would take that along)."""
+        text = os.fspath(path).casefold()
+        return next((entry for entry, form in self.entries if _under(form, text)), None)
+
+
+def hidden_by(policy: Policy, path: str | os.PathLike[str], extra: Iterable[str] = ()) -> str | None:
+    """The hidden entry that covers the real path `path` (or None)."""
+    return HiddenSet.of(policy, extra).by(path)
+
+
+def hidden_inside(policy: Policy, path: str | os.PathLike[str], extra: Iterable[str] = ()) -> str | None:
+    """A hidden entry lying inside the directory `path` (deleting or moving it would take that along)."""
+    return HiddenSet.of(policy, extra).inside(path)
+
+
+def _denied(entry: str, path: str | os.PathLike[str], shown: str | None = None) -> PolicyDenied:
+    where = f"{shown!r} resolves to {os.fspath(path)!r}, which" if shown and shown != os.fspath(path) else \
+        f"{os.fspath(path)!r}"
+    return PolicyDenied("hide_paths", f"{where} lies in the hidden path {entry!r}: no tool may read, list or "
+                                      "create anything there")
+
+
+def check_hidden(policy: Policy, path: str | os.PathLike[str], extra: Iterable[str] = (),
+                 shown: str | None = None) -> None:
+    """PolicyDenied (rule `hide_paths`) when the real path `path` lies in a hidden path, existing or not."""
+    entry = hidden_by(policy, path, extra)
+    if entry is not None:
+        raise _denied(entry, path, shown)
+
+
+def _hidden_files(policy: Policy, extra: Iterable[str]) -> Iterator[tuple[str, os.stat_result]]:
+    seen = 0
+    for entry, form in hidden_entries(policy, extra):
+        if not os.path.isdir(form):
+            try:
+                yield entry, os.stat(form)
+            except OSError:
+                pass
+            continue
+        for base, _dirs, files in os.walk(form):
+            for name in files:
+                seen += 1
+                if seen > MAX_INODE_SCAN:
+                    return
+                try:
+                    yield entry, os.lstat(os.path.join(base, name))
+                except OSError:
+                    continue
+
+
+def check_hidden_inode(policy: Policy, st: os.stat_result, path: str | os.PathLike[str],
+                       extra: Iterable[str] = ()) -> None:
+    """A file with more than one name may be a hard link to a hidden file: refused if it is one."""
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink < 2:
+        return
+    for entry, other in _hidden_files(policy, extra):
+        if (other.st_dev, other.st_ino) == (st.st_dev, st.st_ino):
+            raise PolicyDenied("hide_paths", f"{os.fspath(path)!r} is a hard link to a file in the hidden path "
+                                             f"{entry!r}: no tool may read or change it")
+
+
+def tree_paths(root: Path, limit: int = MAX_INODE_SCAN) -> Iterator[Path] | None:
+    """Every path inside the directory `root` (not following links), or None when there are more than `limit`."""
+    found: list[Path] = []
+    for base, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            found.append(Path(base) / name)
+            if len(found) > limit:
+                return None
+    return iter(found)
+
+
+__all__ = [
+    "DEFAULT_PROTECTED", "HiddenSet", "Matcher", "anchored", "anchored_places", "check_hidden", "check_hidden_inode",
+    "hidden_by", "hidden_entries", "hidden_inside", "protected_inside", "protected_matcher", "protected_patterns",
+    "protected_rule", "require_person", "tree_paths",
+]
