@@ -24,6 +24,7 @@ from tether.sandbox.bwrap import live_source, warden_argv
 from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
+from tether.sandbox.limits import shm_options
 from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
 
 logger = logging.getLogger(__name__)
@@ -43,10 +44,12 @@ class SandboxedProcess:
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: int | None = None
         self.notes: list[str] = []  # what the sandbox has to say about this command's confinement
+        self.cpu_s: float | None = None  # CPU seconds the command (and the children it waited for) used
 
     async def wait(self) -> int:
         self.returncode = await asyncio.shield(self._exited)
         self.notes = self._sandbox._notes.pop(self._id, [])
+        self.cpu_s = self._sandbox._cpu.pop(self._id, None)
         return self.returncode
 
     def kill(self) -> None:
@@ -81,6 +84,7 @@ class Sandbox:
         self._free: list[Path] = []
         self._warden_host_pid: int | None = None
         self._notes: dict[int, list[str]] = {}
+        self._cpu: dict[int, float] = {}
         self._removing: set[asyncio.Future[None]] = set()
 
     @property
@@ -195,6 +199,8 @@ class Sandbox:
                 if not started.done():
                     started.set_result(0)
                 if not exited.done():
+                    if msg.get("cpu") is not None:
+                        self._cpu[msg["id"]] = float(msg["cpu"])
                     exited.set_result(msg["code"])
 
     def _send(self, message: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
@@ -266,7 +272,8 @@ class Sandbox:
                        # its interpreter and the script itself find what lies beside it (npm, shims...)
                        "exec_path": exec_path,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
-                                    *self.spec.live_write_roots, "/dev"]}
+                                    *self.spec.live_write_roots, "/dev"],
+                       **self._ipc_and_limits()}
             self._send(message, [exe, in_r, out_w, err_w])
         finally:
             for fd in to_close:
@@ -287,6 +294,16 @@ class Sandbox:
         stderr = await _reader(loop, err_r) if err_r >= 0 else None
         writer = await _writer(loop, in_w) if in_w >= 0 else None
         return SandboxedProcess(self, request_id, self._host_pid(pid), exited, writer, stdout, stderr)
+
+    def _ipc_and_limits(self) -> dict[str, Any]:
+        """What the warden needs to close IPC and cap resources for one command (see seccomp, limits)."""
+        allowed = self.spec.allow_sockets
+        any_socket = ANY_SOCKET in allowed
+        masks: list[str] = []
+        if allowed and not any_socket:
+            masks = [p for p in unix_socket_paths() if os.path.realpath(p) not in allowed]
+        return {"allow_unix": bool(allowed), "any_socket": any_socket, "mask_sockets": masks,
+                "limits": self.spec.limits.to_request(), "shm": shm_options(self.spec.limits)}
 
     def _host_pid(self, warden_pid: int) -> int:
         """The pid this machine knows the command by (what `ps` and close_application see), found through
@@ -329,6 +346,20 @@ class Sandbox:
             for layer in layers.glob(f"L{os.getpid()}-*"):
                 if not (layer / "held.json").exists():
                     discard(layer)
+
+
+ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
+
+
+def unix_socket_paths(table: str = "/proc/net/unix") -> list[str]:
+    """The paths of the unix sockets bound on this machine (its network namespace), as the kernel lists them."""
+    try:
+        with open(table, encoding="utf-8", errors="surrogateescape") as f:
+            next(f, None)
+            rows = [line.rstrip("\n").split(None, 7) for line in f]
+    except OSError:
+        return []
+    return sorted({row[7] for row in rows if len(row) == 8 and row[7].startswith("/")})
 
 
 def _children(pid: int) -> list[int]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tether.sandbox.limits import Limits
 
 
 class SandboxUnavailable(RuntimeError):
@@ -37,7 +39,8 @@ class SandboxSpec:
     are bound writable directly (changes happen at once and are not undoable); everything else is
     read-only. `hidden` paths (the device's own state, token and config, key folders) are replaced
     by an empty directory or an empty file. `network=False` gives a private network namespace with
-    only a loopback device.
+    only a loopback device. `allow_sockets` are the unix sockets outside the sandbox a process may
+    connect to (none: no unix socket can be made at all); `limits` caps each command's resources.
     """
 
     write_roots: tuple[str, ...] = ()
@@ -45,10 +48,15 @@ class SandboxSpec:
     hidden: tuple[str, ...] = ()
     network: bool = True
     layers_dir: str = ""
+    allow_sockets: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
-              network: bool = True, layers_dir: str = "") -> SandboxSpec:
+              network: bool = True, layers_dir: str = "", allow_sockets: list[str] = (),  # type: ignore[assignment]
+              limits: Limits | None = None) -> SandboxSpec:
         live = _outermost(list(live_write_roots))
         return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
-                   hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir)
+                   hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir,
+                   allow_sockets=tuple(sorted({s if s == "*" else _real(s) for s in allow_sockets})),
+                   limits=limits or Limits())

@@ -26,7 +26,9 @@ import socket
 import sys
 from typing import Any
 
-from tether.sandbox.landlock import restrict_writes
+from tether.sandbox import seccomp
+from tether.sandbox.landlock import restrict_writes, scopes
+from tether.sandbox.limits import Limits, apply_in_command
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -131,13 +133,27 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
             libc.mount("/dev/null", path, None, MS_BIND, None)
     if req.get("layers_dir"):
         libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
+    _mask_sockets(libc, req)
     return notes
+
+
+def _mask_sockets(libc: _Libc, req: dict[str, Any]) -> None:
+    """The machine's unix sockets the policy did not name, each made /dev/null (a connect is refused),
+    and a private, size-capped /dev/shm: nothing one command leaves there is seen by another."""
+    for path in req.get("mask_sockets", []):
+        try:
+            libc.mount("/dev/null", path, None, MS_BIND, None)
+        except OSError:
+            pass  # gone since the device listed it, or not visible from here (hidden, another mount)
+    if req.get("shm") and os.path.isdir("/dev/shm"):
+        libc.mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, req["shm"])
 
 
 def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) -> None:
     """pid 1 of the command's pid namespace: its own /proc, no capabilities, then the program itself."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    apply_in_command(Limits.from_request(req.get("limits")))  # pid_max needs this namespace's /proc
     os.setsid()
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
@@ -150,8 +166,11 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
                 pass
     os.chdir(req["cwd"])
     libc.drop_capabilities()
+    any_socket = bool(req.get("any_socket"))
     if req.get("landlock"):
-        restrict_writes(req["writable"], req["landlock"])
+        # abstract unix sockets and signals scoped to the command (Landlock ABI 6+); ignored before that
+        restrict_writes(req["writable"], req["landlock"], scoped=scopes(req["landlock"], abstract=not any_socket))
+    seccomp.install(allow_unix=bool(req.get("allow_unix")) or any_socket)  # last: nothing after it needs a socket
     argv, env = req["argv"], req["env"]
     # the open file the device checked; a script by its real path (see Sandbox.spawn)
     os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
@@ -171,10 +190,12 @@ def _command(libc: _Libc, req: dict[str, Any], fds: list[int], sock: socket.sock
         _exec_command(libc, req, exe, stdio)
     except BaseException as exc:
         message = f"tether sandbox: could not start {req['argv'][0]}: {exc}\n"
-        try:
-            os.write(stdio[2], message.encode("utf-8", "replace"))
-        except OSError:
-            pass
+        for fd in (stdio[2], 2):  # stdio[2] is closed once it became fd 2
+            try:
+                os.write(fd, message.encode("utf-8", "replace"))
+                break
+            except OSError:
+                pass
     os._exit(EXEC_FAILED)
 
 
@@ -232,8 +253,9 @@ class Warden:
         pid, pidfd = self.children.pop(request_id)
         self.selector.unregister(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
-        self.send({"op": "exit", "id": request_id, "code": os.waitstatus_to_exitcode(status)})
+        _, status, usage = os.wait4(pid, 0)
+        self.send({"op": "exit", "id": request_id, "code": os.waitstatus_to_exitcode(status),
+                   "cpu": round(usage.ru_utime + usage.ru_stime, 3)})
 
 
 def probe(base: str) -> int:

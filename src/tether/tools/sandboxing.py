@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
+from tether.sandbox.limits import Limits
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
 from tether.tools.policy import Policy
@@ -50,7 +51,8 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
     captured = [r for r in policy.write_roots if os.path.realpath(os.path.expanduser(r)) not in live_real]
     return SandboxSpec.build(write_roots=[r for r in captured if os.path.isdir(os.path.expanduser(r))],
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
-                             hidden=[*policy.hide_paths, *hidden], network=policy.network, layers_dir=layers)
+                             hidden=[*policy.hide_paths, *hidden], network=policy.network, layers_dir=layers,
+                             allow_sockets=list(policy.allow_sockets), limits=Limits(**policy.limits.model_dump()))
 
 
 def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInfo | None = None) -> Sandbox | None:
