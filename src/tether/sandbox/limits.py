@@ -8,7 +8,8 @@ a CI runner), the kernel's per-process limits and the command's own namespaces a
 - `processes`: the `pid_max` of the command's own pid namespace (Linux 6.14+): processes and threads
   of the whole command together, whatever the user — root included, whom RLIMIT_NPROC exempts. The
   kernel's floor is 300. On older kernels RLIMIT_NPROC is set instead (per user, not per command).
-- `cpu_seconds`: RLIMIT_CPU of each process: SIGXCPU at the limit, SIGKILL a few seconds later.
+- `cpu_seconds`: RLIMIT_CPU of each process: SIGXCPU at the limit, SIGKILL a second later (the
+  command's first process, pid 1 of its namespace, is deaf to SIGXCPU: the SIGKILL is what stops it).
 - `file_size_mb`: RLIMIT_FSIZE: no file written larger (SIGXFSZ, or EFBIG where that is ignored).
 - `open_files`: RLIMIT_NOFILE of each process.
 - `shm_mb`: the size of the command's private `/dev/shm` (a tmpfs made for the command, gone with it).
@@ -26,7 +27,7 @@ from typing import Any
 
 MIB = 1 << 20
 PID_MAX_FLOOR = 301  # the kernel refuses a smaller pid_max (RESERVED_PIDS + 1)
-CPU_KILL_GRACE_S = 5  # from SIGXCPU (soft) to SIGKILL (hard)
+CPU_KILL_GRACE_S = 1  # from SIGXCPU (soft) to SIGKILL (hard)
 
 
 @dataclass(frozen=True, slots=True)
