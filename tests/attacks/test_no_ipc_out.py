@@ -211,3 +211,38 @@ async def test_a_named_session_bus_answers(attacker_factory, session_bus: str) -
 
 def test_python_is_the_system_one() -> None:
     assert os.access(SYSTEM_PYTHON, os.X_OK), f"{SYSTEM_PYTHON} is missing; install it with: apt-get install -y python3"
+
+
+# ------------------------------------------------------------------------------------ live processes
+
+
+async def test_a_live_process_gets_the_same_filter(tmp_path: Path, http_socket: Path) -> None:
+    """A stdio MCP server or launched application runs under bwrap directly (no warden): the same filter,
+    and with a socket named, the machine's others masked."""
+    from tether.sandbox import SandboxSpec, detect
+    from tether.sandbox.bwrap import live_argv
+
+    info = detect()
+    assert info.available and info.bwrap, info.detail
+    other = tmp_path / "other.sock"
+    server = await asyncio.start_unix_server(_answer, path=str(other))
+    code = f"""
+import errno, socket
+for path in ({str(http_socket)!r}, {str(other)!r}):
+    try:
+        socket.socket(socket.AF_UNIX).connect(path)
+        print('reached', end=' ')
+    except OSError as e:
+        print(errno.errorcode[e.errno], end=' ')
+"""
+    try:
+        for allowed, expected in (((), "EPERM EPERM"), ((str(http_socket),), "reached ECONNREFUSED")):
+            spec = SandboxSpec.build(write_roots=[str(tmp_path)], layers_dir=str(tmp_path / "layers"),
+                                     allow_sockets=list(allowed))
+            argv = live_argv(spec, [SYSTEM_PYTHON, "-c", code], bwrap=info.bwrap)
+            proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert out.decode().strip() == expected, (allowed, out, err)
+    finally:
+        server.close()

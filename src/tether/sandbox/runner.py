@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.bwrap import live_source, warden_argv
+from tether.sandbox.bwrap import ANY_SOCKET, live_source, unix_socket_paths, warden_argv
 from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
@@ -86,6 +86,9 @@ class Sandbox:
         self._notes: dict[int, list[str]] = {}
         self._cpu: dict[int, float] = {}
         self._removing: set[asyncio.Future[None]] = set()
+        # the IPC filters and resource limits (seccomp, Landlock scopes, socket masks, rlimits, /dev/shm):
+        # always on for a device; bench.sandbox_filters turns them off to measure what they cost
+        self.filters = True
 
     @property
     def kind(self) -> str:
@@ -297,6 +300,8 @@ class Sandbox:
 
     def _ipc_and_limits(self) -> dict[str, Any]:
         """What the warden needs to close IPC and cap resources for one command (see seccomp, limits)."""
+        if not self.filters:
+            return {"filters": False}
         allowed = self.spec.allow_sockets
         any_socket = ANY_SOCKET in allowed
         masks: list[str] = []
@@ -346,20 +351,6 @@ class Sandbox:
             for layer in layers.glob(f"L{os.getpid()}-*"):
                 if not (layer / "held.json").exists():
                     discard(layer)
-
-
-ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
-
-
-def unix_socket_paths(table: str = "/proc/net/unix") -> list[str]:
-    """The paths of the unix sockets bound on this machine (its network namespace), as the kernel lists them."""
-    try:
-        with open(table, encoding="utf-8", errors="surrogateescape") as f:
-            next(f, None)
-            rows = [line.rstrip("\n").split(None, 7) for line in f]
-    except OSError:
-        return []
-    return sorted({row[7] for row in rows if len(row) == 8 and row[7].startswith("/")})
 
 
 def _children(pid: int) -> list[int]:

@@ -28,6 +28,8 @@ import os
 import struct
 import sys
 
+from tether.sandbox.landlock import abi_version, restrict_scopes
+
 AUDIT_ARCH_X86_64, AUDIT_ARCH_I386, AUDIT_ARCH_AARCH64 = 0xC000003E, 0x40000003, 0xC00000B7
 X32_SYSCALL_BIT = 0x40000000
 AF_UNIX, AF_INET, AF_NETLINK, AF_INET6 = 1, 2, 16, 10
@@ -138,6 +140,11 @@ def program(machine: str, allow_unix: bool) -> bytes:
     return p.assemble()
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
 class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
 
@@ -147,25 +154,27 @@ def install(allow_unix: bool = False) -> None:
     code = program(os.uname().machine, allow_unix)
     buf = ctypes.create_string_buffer(code, len(code))
     prog = _SockFprog(len(code) // 8, ctypes.cast(buf, ctypes.c_void_p))
-    libc = ctypes.CDLL(None, use_errno=True)
+    libc = _libc()
     if libc.prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(err, f"seccomp filter: {os.strerror(err)}")
 
 
 def main(argv: list[str]) -> int:
-    """`python -I -m tether.sandbox.seccomp [--allow-unix] [--landlock ABI] -- PROGRAM ARG...`: confine, exec.
+    """`python -I -m tether.sandbox.seccomp [--allow-unix | --any-socket] -- PROGRAM ARG...`: confine, exec.
 
-    For processes bwrap starts directly (live ones, see `bwrap.live_argv`): the same filter and
-    Landlock scopes as a warden's command, then the program in place of this interpreter.
+    For processes bwrap starts directly (live ones, see `bwrap.confine_argv`): the same filter and
+    Landlock scopes as a warden's command, then the program (found on PATH) in place of this interpreter.
+    `--allow-unix`: unix sockets may be made (the policy names some; abstract ones stay scoped away);
+    `--any-socket`: any, abstract ones too.
     """
     args = argv[1:]
-    allow_unix, abi = False, 0
+    allow_unix = any_socket = False
     while args and args[0] != "--":
         if args[0] == "--allow-unix":
             allow_unix, args = True, args[1:]
-        elif args[0] == "--landlock" and len(args) > 1:
-            abi, args = int(args[1]), args[2:]
+        elif args[0] == "--any-socket":
+            any_socket, args = True, args[1:]
         else:
             sys.stderr.write(f"tether sandbox: unknown option {args[0]}\n")
             return 2
@@ -174,13 +183,10 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("tether sandbox: no program to run\n")
         return 2
     try:
-        from tether.sandbox.landlock import restrict_scopes
-
-        libc = ctypes.CDLL(None, use_errno=True)
+        libc = _libc()
         libc.prctl(38, ctypes.c_ulong(1), 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (bwrap has set it already)
-        if abi:
-            restrict_scopes(abi, signals=True)
-        install(allow_unix)
+        restrict_scopes(abi_version(), abstract=not any_socket)
+        install(allow_unix or any_socket)
         os.execvp(program_argv[0], program_argv)  # noqa: S606 (an argv list, never a shell)
     except OSError as exc:
         sys.stderr.write(f"tether sandbox: could not start {program_argv[0]}: {exc}\n")

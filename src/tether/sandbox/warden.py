@@ -140,6 +140,8 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
 def _mask_sockets(libc: _Libc, req: dict[str, Any]) -> None:
     """The machine's unix sockets the policy did not name, each made /dev/null (a connect is refused),
     and a private, size-capped /dev/shm: nothing one command leaves there is seen by another."""
+    if req.get("filters") is False:  # bench.sandbox_filters' baseline only
+        return
     for path in req.get("mask_sockets", []):
         try:
             libc.mount("/dev/null", path, None, MS_BIND, None)
@@ -153,7 +155,9 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
     """pid 1 of the command's pid namespace: its own /proc, no capabilities, then the program itself."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
-    apply_in_command(Limits.from_request(req.get("limits")))  # pid_max needs this namespace's /proc
+    filters = req.get("filters") is not False  # false: bench.sandbox_filters' baseline, never the device's
+    if filters:
+        apply_in_command(Limits.from_request(req.get("limits")))  # pid_max needs this namespace's /proc
     os.setsid()
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
@@ -169,8 +173,10 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
     any_socket = bool(req.get("any_socket"))
     if req.get("landlock"):
         # abstract unix sockets and signals scoped to the command (Landlock ABI 6+); ignored before that
-        restrict_writes(req["writable"], req["landlock"], scoped=scopes(req["landlock"], abstract=not any_socket))
-    seccomp.install(allow_unix=bool(req.get("allow_unix")) or any_socket)  # last: nothing after it needs a socket
+        scoped = scopes(req["landlock"], abstract=not any_socket) if filters else 0
+        restrict_writes(req["writable"], req["landlock"], scoped=scoped)
+    if filters:
+        seccomp.install(allow_unix=bool(req.get("allow_unix")) or any_socket)  # last: nothing after needs a socket
     argv, env = req["argv"], req["env"]
     # the open file the device checked; a script by its real path (see Sandbox.spawn)
     os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
