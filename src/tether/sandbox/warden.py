@@ -28,7 +28,7 @@ from typing import Any
 
 from tether.sandbox import seccomp
 from tether.sandbox.landlock import restrict_writes, scopes
-from tether.sandbox.limits import Limits, apply_in_command
+from tether.sandbox.limits import apply_in_command
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -157,7 +157,7 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
     libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
     filters = req.get("filters") is not False  # false: bench.sandbox_filters' baseline, never the device's
     if filters:
-        apply_in_command(Limits.from_request(req.get("limits")))  # pid_max needs this namespace's /proc
+        apply_in_command(req.get("limits") or {})  # pid_max needs this namespace's /proc
     os.setsid()
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
@@ -176,10 +176,14 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
         scoped = scopes(req["landlock"], abstract=not any_socket) if filters else 0
         restrict_writes(req["writable"], req["landlock"], scoped=scoped)
     if filters:
-        seccomp.install(allow_unix=bool(req.get("allow_unix")) or any_socket)  # last: nothing after needs a socket
+        seccomp.prepared(_allows_unix(req)).install()  # last: nothing after it needs a socket
     argv, env = req["argv"], req["env"]
     # the open file the device checked; a script by its real path (see Sandbox.spawn)
     os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
+
+
+def _allows_unix(req: dict[str, Any]) -> bool:
+    return bool(req.get("allow_unix") or req.get("any_socket"))
 
 
 def _command(libc: _Libc, req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
@@ -243,6 +247,7 @@ class Warden:
         return True
 
     def _run(self, req: dict[str, Any], fds: list[int]) -> None:
+        seccomp.prepared(_allows_unix(req))  # made here once, so each command only installs it
         try:
             pid = self.libc.clone_namespaces()
         except OSError as exc:
