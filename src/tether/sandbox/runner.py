@@ -89,6 +89,7 @@ class Sandbox:
         # the IPC filters and resource limits (seccomp, Landlock scopes, socket masks, rlimits, /dev/shm):
         # always on for a device; bench.sandbox_filters turns them off to measure what they cost
         self.filters = True
+        self._limits = {"limits": spec.limits.to_request(), "shm": shm_options(spec.limits)}  # the same each time
 
     @property
     def kind(self) -> str:
@@ -307,8 +308,7 @@ class Sandbox:
         masks: list[str] = []
         if allowed and not any_socket:
             masks = [p for p in unix_socket_paths() if os.path.realpath(p) not in allowed]
-        return {"allow_unix": bool(allowed), "any_socket": any_socket, "mask_sockets": masks,
-                "limits": self.spec.limits.to_request(), "shm": shm_options(self.spec.limits)}
+        return {"allow_unix": bool(allowed), "any_socket": any_socket, "mask_sockets": masks, **self._limits}
 
     def _host_pid(self, warden_pid: int) -> int:
         """The pid this machine knows the command by (what `ps` and close_application see), found through

@@ -6,7 +6,8 @@ as SCM_RIGHTS) and `kill`. Keeping it warm is what makes a sandboxed command cos
 a new sandbox and an interpreter. For each command it clones a process into a new mount and pid
 namespace — as pid 1 of that namespace — which mounts an overlay on every captured write root
 (writes land in the command's own upper directory), hides the device's secrets again on top (an
-overlay shows its lower tree whole), mounts its own `/proc`, drops every capability, and executes
+overlay shows its lower tree whole), mounts its own `/proc` and `/dev/shm`, sets the command's resource
+limits (`limits`), drops every capability, shuts IPC out (Landlock scopes, the `seccomp` filter), and executes
 the file the device resolved and opened, so no path trick inside the sandbox can change which
 program runs. Killing it (SIGKILL from the warden, or PR_SET_PDEATHSIG when the warden dies) takes
 its whole pid namespace: nothing it started outlives it.
@@ -271,7 +272,8 @@ class Warden:
 
 def probe(base: str) -> int:
     """detect()'s check that this machine lets tether do what each command needs: clone into new
-    namespaces, mount an overlay, write through it, drop every capability. Exit 0, or 1 with why."""
+    namespaces, mount an overlay, write through it, drop every capability, install the seccomp filter.
+    Exit 0, or 1 with why."""
     libc = _Libc()
     pid = libc.clone_namespaces()
     if pid == 0:
@@ -282,6 +284,7 @@ def probe(base: str) -> int:
             with open(f"{base}/lower/probe", "w") as f:
                 f.write("ok")
             libc.drop_capabilities()
+            seccomp.install()  # a kernel without seccomp filters says so here, not at every command
             code = 0
         except BaseException as exc:
             sys.stderr.write(f"{exc}\n")
