@@ -4,7 +4,12 @@ shared by the containment attacks (IPC out of the sandbox, resource limits)."""
 from __future__ import annotations
 
 import json
+import os
+import pwd
 import shutil
+import subprocess
+import sys
+import sysconfig
 import tempfile
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -85,3 +90,74 @@ async def attacker_factory(home: Path) -> AsyncIterator[Callable[..., Any]]:
     yield make
     for device in devices:
         await device.aclose()
+
+
+# ------------------------------------------------------------------------------------ as an ordinary user
+
+UNPRIVILEGED_USER = "tether-sbx"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _quiet(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
+
+
+def _user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(UNPRIVILEGED_USER)
+    except KeyError:
+        pass
+    require("useradd", "passwd")
+    made = _quiet(["useradd", "-m", "-s", "/bin/sh", UNPRIVILEGED_USER])
+    assert made.returncode == 0, f"useradd -m {UNPRIVILEGED_USER} failed: {made.stderr}"
+    return pwd.getpwnam(UNPRIVILEGED_USER)
+
+
+def _python_for(user: str, where: Path) -> str:
+    """An interpreter `user` can run that imports tether: this one, or a venv of the system Python of the
+    same version pointing (.pth) at this checkout and this venv's packages (nothing copied)."""
+    if _quiet(["runuser", "-u", user, "--", "test", "-x", sys.executable]).returncode == 0:
+        return sys.executable
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in ("/usr/bin/python3", "/usr/local/bin/python3"):
+        if not os.access(candidate, os.X_OK) or _quiet(
+                [candidate, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"]).stdout.strip() != version:
+            continue
+        venv = where / "venv"
+        made = _quiet([candidate, "-m", "venv", "--without-pip", str(venv)])
+        assert made.returncode == 0, f"{candidate} -m venv failed: {made.stderr}"
+        site = Path(_quiet([str(venv / "bin/python"), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"])
+                    .stdout.strip())
+        ours = sysconfig.get_path("purelib")
+        (site / "tether_checkout.pth").write_text(f"{REPO / 'src'}\nimport site; site.addsitedir({ours!r})\n")
+        return str(venv / "bin/python")
+    pytest.fail(f"{user} cannot run {sys.executable} and no system Python {version} was found; install it with: "
+                f"apt-get install -y python{version} python{version}-venv")
+
+
+def run_unprivileged(script: str, timeout: float = 240) -> dict[str, Any]:
+    """Run `script` (Python that prints one `REPORT {json}` line) as an ordinary user: `tether-sbx`, created
+    if missing, when the tests run as root; the current user otherwise. Returns the report."""
+    where = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-sbx-run-"))
+    try:
+        where.chmod(0o755)
+        path = where / "device.py"
+        path.write_text(script)
+        path.chmod(0o644)
+        if os.geteuid() == 0:
+            require("runuser", "util-linux")
+            user = _user()
+            python = _python_for(user.pw_name, where)
+            env = {"HOME": user.pw_dir, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+            argv = ["runuser", "-u", user.pw_name, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],
+                    python, str(path)]
+        else:
+            argv = [sys.executable, str(path)]
+        done = _quiet(argv, cwd=where, timeout=timeout)
+    finally:
+        shutil.rmtree(where, ignore_errors=True)
+    line = next((ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")), None)
+    assert line, f"the device script failed (exit {done.returncode}):\n{done.stdout}\n{done.stderr[-4000:]}"
+    report: dict[str, Any] = json.loads(line.removeprefix("REPORT "))
+    assert report["uid"] != 0, "the unprivileged run ran as root"
+    return report

@@ -12,7 +12,15 @@ import secrets
 import time
 from pathlib import Path
 
-from confined_device import Attacker, attacker_factory, home, outside, stdout, text  # noqa: F401 (fixtures)
+from confined_device import (  # noqa: F401 (fixtures)
+    Attacker,
+    attacker_factory,
+    home,
+    outside,
+    run_unprivileged,
+    stdout,
+    text,
+)
 
 from tether.protocol.models import ResultStatus
 
@@ -92,3 +100,77 @@ print(sorted(os.listdir('/dev/shm')), os.statvfs('/dev/shm').f_blocks * os.statv
         assert seen.ok and stdout(seen) == "[]\n", text(seen)
     full = await attacker.python("for i in range(16): open(f'/dev/shm/fill{i}', 'wb').write(b'x' * (512 << 10))")
     assert full.status is ResultStatus.FAILURE and "No space left on device" in text(full), text(full)
+
+
+UNPRIVILEGED = r'''
+import asyncio, json, os, shutil, tempfile
+from pathlib import Path
+
+from tether.device.local import build_device
+from tether.protocol.models import Command
+from tether.tools.policy import policy_from_mapping
+
+home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-sbx-home-"))
+os.environ["HOME"] = str(home)
+report = {"uid": os.getuid()}
+BOMB = """
+import os, signal
+while True:
+    pid = os.fork()
+    if pid == 0:
+        continue
+    if os.getpid() != 1:
+        signal.pause()
+"""
+UNIX = """
+import errno, socket
+try:
+    socket.socket(socket.AF_UNIX).connect(%r)
+    print("reached")
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""
+
+
+async def main():
+    sock = home / "api.sock"
+    server = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(sock))
+    policy = policy_from_mapping({"allow_inline_code": True, "limits": LIMITS})
+    device = build_device(policy=policy, state_dir=home / ".state", sandbox=True)
+    try:
+        await device.computer_manager.get_or_create(None)
+        d = device.dispatcher(session_id="sbx")
+
+        async def py(code):
+            [r] = await d.execute_commands([Command(tool_name="shell.run", parameters={
+                "cmd": "/usr/bin/python3", "argv": ["-c", code], "cwd": str(home)})])
+            return {"ok": r.ok, "error": r.error or "", "stdout": (r.result or {}).get("stdout", ""),
+                    "limit": (r.result or {}).get("limit")}
+
+        report["sandbox"] = device.context.sandbox.kind if device.context.sandbox else None
+        report["unix"] = await py(UNIX % str(sock))
+        report["bomb"] = await py(BOMB)
+        report["hog"] = await py("hog = [bytearray(16 << 20) for _ in range(64)]")
+        report["shm_write"] = await py("open('/dev/shm/left', 'w').write('x')")
+        report["shm_next"] = await py("import os; print(os.listdir('/dev/shm'))")
+    finally:
+        await device.aclose()
+        server.close()
+
+try:
+    asyncio.run(main())
+finally:
+    shutil.rmtree(home, ignore_errors=True)
+print("REPORT " + json.dumps(report))
+'''
+
+
+def test_the_limits_and_the_ipc_wall_hold_for_an_ordinary_user() -> None:
+    """The same attacks from a device run by an ordinary user (not root: no RLIMIT_NPROC exemption to
+    lean on, an unprivileged user namespace): refused, with the limit named."""
+    report = run_unprivileged(UNPRIVILEGED.replace("LIMITS", repr(SMALL)))
+    assert report["sandbox"] and report["sandbox"].startswith("bwrap"), report
+    assert report["unix"]["stdout"] == "EPERM\n", report["unix"]
+    assert not report["bomb"]["ok"] and report["bomb"]["limit"] == "processes", report["bomb"]
+    assert not report["hog"]["ok"] and report["hog"]["limit"] == "memory_mb", report["hog"]
+    assert report["shm_write"]["ok"] and report["shm_next"]["stdout"] == "[]\n", report
