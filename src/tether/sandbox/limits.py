@@ -101,8 +101,11 @@ def apply_in_command(limits: dict[str, int]) -> None:
 _SAYS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("memory_mb", re.compile(r"MemoryError|Cannot allocate memory|out of memory|bad_alloc|memory exhausted|"
                              r"Allocation failed|ENOMEM", re.IGNORECASE)),
-    ("processes", re.compile(r"Resource temporarily unavailable|fork: retry|EAGAIN|can't fork|cannot fork|"
-                             r"BlockingIOError", re.IGNORECASE)),
+    # EAGAIN alone is also a non-blocking read's: only with a process or thread being made
+    ("processes", re.compile(r"fork: retry|can't fork|cannot fork|"
+                             r"(fork|thread|clone|spawn)[^\n]*(\n[^\n]*){0,2}?(Resource temporarily unavailable|EAGAIN|"
+                             r"BlockingIOError)|(Resource temporarily unavailable|EAGAIN)[^\n]*(fork|thread|clone)",
+                             re.IGNORECASE)),
     ("open_files", re.compile(r"Too many open files|EMFILE", re.IGNORECASE)),
     ("file_size_mb", re.compile(r"File too large|File size limit exceeded|EFBIG", re.IGNORECASE)),
     ("cpu_seconds", re.compile(r"CPU time limit exceeded", re.IGNORECASE)),
