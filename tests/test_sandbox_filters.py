@@ -70,6 +70,9 @@ def test_the_policy_feeds_the_sandbox_and_only_the_device_sets_it() -> None:
     assert spec.limits.memory_mb == 100 and spec.limits.processes == 1024  # the rest keep their defaults
     default = sandbox_spec(policy_from_mapping({}), layers="/var/tmp/x")
     assert default.allow_sockets == () and default.limits.shm_mb == 512
+    assert sandbox_spec(policy_from_mapping({"allow_sockets": ["sandbox"]}), layers="/x").allow_sockets == ("sandbox",)
+    with pytest.raises(ValueError, match=r"'docker\.sock' is not a socket path"):
+        policy_from_mapping({"allow_sockets": ["docker.sock"]})
     with pytest.raises(ValueError, match=r"unknown key 'limits\.memory'"):
         policy_from_mapping({"limits": {"memory": 1}})
     for setting in ({"allow_sockets": ["*"]}, {"limits": {"memory_mb": 0}}):

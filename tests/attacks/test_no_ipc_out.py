@@ -193,6 +193,33 @@ async def test_a_named_socket_is_reachable_and_the_others_stay_closed(
     assert abstract.status is ResultStatus.FAILURE and "you reached" not in stdout(abstract), text(abstract)
 
 
+async def test_sandbox_allows_a_program_s_own_sockets_and_none_of_the_machine_s(
+        attacker_factory, http_socket: Path, abstract_socket: str) -> None:  # noqa: F811
+    """`allow_sockets: [sandbox]`: a program that talks to itself over a unix socket it binds (Python's
+    multiprocessing managers, build daemons) works; the machine's sockets stay closed."""
+    attacker: Attacker = await attacker_factory(allow_inline_code=True, allow_sockets=["sandbox"])
+    result = await attacker.python(f"""
+import errno, os, socket, tempfile
+own = os.path.join(tempfile.mkdtemp(), "own.sock")
+server = socket.socket(socket.AF_UNIX)
+server.bind(own)
+server.listen()
+client = socket.socket(socket.AF_UNIX)
+client.connect(own)
+conn, _ = server.accept()
+client.send(b"hi")
+print("own", conn.recv(2).decode())
+for name, address in (("machine", {str(http_socket)!r}), ("abstract", "\\0" + {abstract_socket!r})):
+    try:
+        socket.socket(socket.AF_UNIX).connect(address)
+        print(name, "reached")
+    except OSError as e:
+        print(name, errno.errorcode[e.errno])
+""")
+    assert result.ok, text(result)
+    assert stdout(result).split("\n")[:3] == ["own hi", "machine ECONNREFUSED", "abstract EPERM"], text(result)
+
+
 async def test_a_named_tmux_socket_works_as_asked(attacker_factory, tmux_server: Path) -> None:  # noqa: F811
     attacker: Attacker = await attacker_factory(commands={"tmux": {}}, allow_escapes=["interactive"],
                                                 allow_sockets=[str(tmux_server)])

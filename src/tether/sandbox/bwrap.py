@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tether.sandbox.spec import SandboxSpec, under
+from tether.sandbox.spec import ANY_SOCKET, SandboxSpec, under
 
 
 def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
@@ -36,7 +36,6 @@ def hide_args(spec: SandboxSpec, *, skip_under: tuple[str, ...] = ()) -> list[st
     return args
 
 
-ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
 
 
 def unix_socket_paths(table: str = "/proc/net/unix") -> list[str]:

@@ -20,12 +20,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.bwrap import ANY_SOCKET, live_source, unix_socket_paths, warden_argv
+from tether.sandbox.bwrap import live_source, unix_socket_paths, warden_argv
 from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
 from tether.sandbox.limits import shm_options
-from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
+from tether.sandbox.spec import ANY_SOCKET, SandboxSpec, SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 

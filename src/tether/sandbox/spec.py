@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 
 from tether.sandbox.limits import Limits
 
+ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
+OWN_SOCKETS = "sandbox"  # allow_sockets entry: unix sockets the sandbox binds itself; none of the machine's
+SOCKET_WORDS = (ANY_SOCKET, OWN_SOCKETS)
+
 
 class SandboxUnavailable(RuntimeError):
     """No sandbox can be made here (no bwrap, no user namespaces...); the message says why and what to do."""
@@ -40,7 +44,8 @@ class SandboxSpec:
     read-only. `hidden` paths (the device's own state, token and config, key folders) are replaced
     by an empty directory or an empty file. `network=False` gives a private network namespace with
     only a loopback device. `allow_sockets` are the unix sockets outside the sandbox a process may
-    connect to (none: no unix socket can be made at all); `limits` caps each command's resources.
+    connect to (none: no unix socket can be made at all; `OWN_SOCKETS`: only those it binds itself;
+    `ANY_SOCKET`: all); `limits` caps each command's resources.
     """
 
     write_roots: tuple[str, ...] = ()
@@ -58,5 +63,5 @@ class SandboxSpec:
         live = _outermost(list(live_write_roots))
         return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
                    hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir,
-                   allow_sockets=tuple(sorted({s if s == "*" else _real(s) for s in allow_sockets})),
+                   allow_sockets=tuple(sorted({s if s in SOCKET_WORDS else _real(s) for s in allow_sockets})),
                    limits=limits or Limits())

@@ -122,7 +122,8 @@ class Policy(BaseModel):
                                           "and are neither captured, held for approval nor undoable")
     allow_sockets: list[str] = Field(
         default_factory=list, description="unix sockets outside the sandbox that sandboxed processes may connect to "
-                                          "(paths; '*': any, abstract ones too); empty: no unix socket at all")
+                                          "(absolute paths; 'sandbox': only sockets they bind themselves; '*': any, "
+                                          "abstract ones too); empty: no unix socket at all")
     limits: ResourceLimits = Field(default_factory=ResourceLimits,
                                    description="each sandboxed command's memory, processes, CPU, file size, files")
     ask: Literal["off", "on-miss", "always"] = Field(
@@ -146,6 +147,14 @@ class Policy(BaseModel):
             if name.lower() in ALWAYS_DENIED:
                 raise ValueError(f"{name!r} is always denied and no policy can allow it")
         return commands
+
+    @field_validator("allow_sockets")
+    @classmethod
+    def _sockets_are_paths(cls, sockets: list[str]) -> list[str]:
+        for entry in sockets:
+            if entry not in ("*", "sandbox") and not os.path.isabs(os.path.expanduser(entry)):
+                raise ValueError(f"{entry!r} is not a socket path: give an absolute path (or ~/...), 'sandbox' or '*'")
+        return sockets
 
     @field_validator("allow_escapes")
     @classmethod
