@@ -36,8 +36,6 @@ def hide_args(spec: SandboxSpec, *, skip_under: tuple[str, ...] = ()) -> list[st
     return args
 
 
-
-
 def unix_socket_paths(table: str = "/proc/net/unix") -> list[str]:
     """The paths of the unix sockets bound on this machine (its network namespace), as the kernel lists them."""
     try:
