@@ -33,7 +33,8 @@ FORK_TRACEBACK = ("Traceback (most recent call last):\n  File \"<string>\", line
     (128, "bash: fork: retry: Resource temporarily unavailable", None, "processes"),
     (128, "fatal: unable to create thread: Resource temporarily unavailable", None, "processes"),
     (1, "read: Resource temporarily unavailable", None, None),  # a non-blocking read's EAGAIN is not a limit
-    (1, "x = sock.recv(1)\nBlockingIOError: [Errno 11] Resource temporarily unavailable", None, None),
+    (1, "Traceback ...\n  File \"<string>\", line 5, in <module>\nBlockingIOError: [Errno 11] Resource "
+        "temporarily unavailable\n", None, "processes"),  # python -c shows no source line: the exception says it
     (1, "node: EMFILE: too many open files, open 'x'", None, "open_files"),
     (2, "ls: cannot access 'nope': No such file or directory", None, None),
 ])

@@ -101,8 +101,9 @@ def apply_in_command(limits: dict[str, int]) -> None:
 _SAYS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("memory_mb", re.compile(r"MemoryError|Cannot allocate memory|out of memory|bad_alloc|memory exhausted|"
                              r"Allocation failed|ENOMEM", re.IGNORECASE)),
-    # EAGAIN alone is also a non-blocking read's: only with a process or thread being made
-    ("processes", re.compile(r"fork: retry|can't fork|cannot fork|"
+    # EAGAIN alone is also a non-blocking read's: only with a process or thread being made, or as
+    # Python's BlockingIOError (what an uncaught failed fork raises; an uncaught non-blocking read rarely is)
+    ("processes", re.compile(r"fork: retry|can't fork|cannot fork|BlockingIOError: \[Errno 11\]|"
                              r"(fork|thread|clone|spawn)[^\n]*(\n[^\n]*){0,2}?(Resource temporarily unavailable|EAGAIN|"
                              r"BlockingIOError)|(Resource temporarily unavailable|EAGAIN)[^\n]*(fork|thread|clone)",
                              re.IGNORECASE)),
