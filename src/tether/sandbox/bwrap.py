@@ -9,9 +9,10 @@ Hidden paths come last, so a hidden path inside a writable root stays hidden.
 from __future__ import annotations
 
 import os
+import sys
 
 from tether.sandbox.guard import live_plan
-from tether.sandbox.spec import SandboxSpec, under
+from tether.sandbox.spec import ANY_SOCKET, SandboxSpec, under
 
 
 def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
@@ -36,6 +37,28 @@ def hide_args(spec: SandboxSpec, *, skip_under: tuple[str, ...] = ()) -> list[st
     return args
 
 
+def unix_socket_paths(table: str = "/proc/net/unix") -> list[str]:
+    """The paths of the unix sockets bound on this machine (its network namespace), as the kernel lists them."""
+    try:
+        with open(table, encoding="utf-8", errors="surrogateescape") as f:
+            next(f, None)
+            rows = [line.rstrip("\n").split(None, 7) for line in f]
+    except OSError:
+        return []
+    return sorted({row[7] for row in rows if len(row) == 8 and row[7].startswith("/")})
+
+
+def mask_args(spec: SandboxSpec) -> list[str]:
+    """/dev/null over each of the machine's unix sockets the policy does not name (when it names some)."""
+    if not spec.allow_sockets or ANY_SOCKET in spec.allow_sockets:
+        return []
+    args: list[str] = []
+    for path in unix_socket_paths():
+        if os.path.realpath(path) not in spec.allow_sockets and os.path.exists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    return args
+
+
 def live_source(spec: SandboxSpec, index: int) -> str:
     """Where the warden sees live root `index`: inside the layers directory (see warden_argv)."""
     return f"{spec.layers_dir}/.live/{index}"
@@ -54,10 +77,22 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
         args += ["--bind", root, root]
     # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.guard)
     args += live_plan(writable, spec.hidden, spec.protected, spec.protected_names, depth=2).bwrap_args()
-    args += hide_args(spec)
+    args += hide_args(spec) + mask_args(spec)
     if cwd:
         args += ["--chdir", cwd]
-    return [*args, "--", *argv]
+    return [*args, "--", *confine_argv(spec), *argv]
+
+
+def confine_argv(spec: SandboxSpec) -> list[str]:
+    """The shim in front of a live process: the warden's seccomp filter and Landlock IPC scopes, then exec.
+
+    A live process has no warden to confine it, so the same interpreter runs `tether.sandbox.seccomp`
+    inside bwrap first (one interpreter start per process: tens of milliseconds, paid once by a
+    server or application that then runs for long). Its resource limits are not set: such a process
+    is meant to outlive any one command's CPU or memory budget.
+    """
+    named = ["--any-socket"] if ANY_SOCKET in spec.allow_sockets else ["--allow-unix"] if spec.allow_sockets else []
+    return [sys.executable, "-I", "-m", "tether.sandbox.seccomp", *named, "--"]
 
 
 def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "bwrap") -> list[str]:

@@ -4,6 +4,9 @@ The namespaces already make everything outside the write roots read-only; Landlo
 thing again in a different part of the kernel (an LSM that checks every open, rename and unlink
 against rules bound to this process and its children), so one bug in either does not open the
 machine. Rules only ever restrict, cannot be lifted by the confined program, and need no privilege.
+
+From ABI 6 the same ruleset also scopes IPC: a confined process cannot connect to an abstract unix
+socket, nor send a signal to a process, outside its own Landlock domain (`SCOPES`).
 """
 
 from __future__ import annotations
@@ -22,8 +25,13 @@ _WRITES = (WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_R
            | MAKE_BLOCK | MAKE_SYM)
 
 
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1
+SCOPES_ABI = 6  # the first ABI with scopes
+
+
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64)]
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -48,13 +56,47 @@ def write_rights(abi: int) -> int:
     return _WRITES | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
 
 
-def restrict_writes(writable: list[str], abi: int) -> None:
-    """Allow writes only beneath `writable` for this process and all it executes. Needs no_new_privs."""
+def scopes(abi: int, *, abstract: bool = True, signals: bool = True) -> int:
+    """The IPC scopes this ABI offers (0 before ABI 6): connecting to abstract unix sockets and sending
+    signals outside the domain, each unless switched off here."""
+    if abi < SCOPES_ABI:
+        return 0
+    return (SCOPE_ABSTRACT_UNIX_SOCKET if abstract else 0) | (SCOPE_SIGNAL if signals else 0)
+
+
+def _attr(fs_rights: int, scoped: int) -> tuple[_RulesetAttr, int]:
+    """The ruleset attribute, and the size to pass: the old one-field size when nothing is scoped
+    (an ABI < 4 kernel refuses a bigger struct with non-zero fields it does not know)."""
+    attr = _RulesetAttr(fs_rights, 0, scoped)
+    return attr, (ctypes.sizeof(attr) if scoped else ctypes.sizeof(ctypes.c_uint64))
+
+
+def restrict_scopes(abi: int, *, abstract: bool = True, signals: bool = True) -> None:
+    """Only the IPC scopes (no file rule): for a process whose writes the mounts already decide."""
+    scoped = scopes(abi, abstract=abstract, signals=signals)
+    if not scoped:
+        return
+    libc = _libc()
+    attr, size = _attr(0, scoped)
+    ruleset = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
+    try:
+        if libc.syscall(SYS_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) < 0:
+            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
+    finally:
+        os.close(ruleset)
+
+
+def restrict_writes(writable: list[str], abi: int, *, scoped: int = 0) -> None:
+    """Allow writes only beneath `writable` for this process and all it executes. Needs no_new_privs.
+
+    `scoped` (see `scopes()`) adds IPC scopes to the same ruleset: one Landlock layer, not two.
+    """
     libc = _libc()
     rights = write_rights(abi)
-    attr = _RulesetAttr(rights)
-    ruleset = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)),
-                           ctypes.c_uint32(0))
+    attr, size = _attr(rights, scoped)
+    ruleset = libc.syscall(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:
         raise OSError(ctypes.get_errno(), "landlock_create_ruleset failed")
     try:

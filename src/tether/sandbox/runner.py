@@ -21,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.bwrap import live_source, warden_argv
+from tether.sandbox.bwrap import live_source, unix_socket_paths, warden_argv
 from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.egress import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress_owner import command_holding
@@ -29,7 +29,8 @@ from tether.sandbox.egress_rules import EgressRules
 from tether.sandbox.guard import live_plan
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
-from tether.sandbox.spec import SandboxSpec, SandboxUnavailable
+from tether.sandbox.limits import shm_options
+from tether.sandbox.spec import ANY_SOCKET, SandboxSpec, SandboxUnavailable
 
 logger = logging.getLogger(__name__)
 egress_log = logging.getLogger("tether.sandbox.egress")
@@ -51,11 +52,13 @@ class SandboxedProcess:
         self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
         self.returncode: int | None = None
         self.notes: list[str] = []  # what the sandbox has to say about this command's confinement
+        self.cpu_s: float | None = None  # CPU seconds the command (and the children it waited for) used
 
     async def wait(self) -> int:
         self.returncode = await asyncio.shield(self._exited)
         self.notes = self._sandbox._notes.pop(self._id, [])
         self.notes += [r.describe() for r in self._sandbox._connections.pop(self._id, [])]
+        self.cpu_s = self._sandbox._cpu.pop(self._id, None)
         return self.returncode
 
     def kill(self) -> None:
@@ -97,6 +100,7 @@ class Sandbox:
         self._free: list[Path] = []
         self._warden_host_pid: int | None = None
         self._notes: dict[int, list[str]] = {}
+        self._cpu: dict[int, float] = {}
         self._removing: set[asyncio.Future[None]] = set()
         self._audit = audit
         self._ask = ask
@@ -107,6 +111,10 @@ class Sandbox:
         self._proxy_task: asyncio.Task[None] | None = None
         self._connections: dict[int, list[EgressRecord]] = {}  # request id -> its connections, for its notes
         self._warden_pids: dict[int, int] = {}  # the warden's pid of a running command -> its request id
+        # the IPC filters and resource limits (seccomp, Landlock scopes, socket masks, rlimits, /dev/shm):
+        # always on for a device; bench.sandbox_filters turns them off to measure what they cost
+        self.filters = True
+        self._limits = {"limits": spec.limits.to_request(), "shm": shm_options(spec.limits)}  # the same each time
 
     @property
     def kind(self) -> str:
@@ -309,6 +317,8 @@ class Sandbox:
                 if not started.done():
                     started.set_result(0)
                 if not exited.done():
+                    if msg.get("cpu") is not None:
+                        self._cpu[msg["id"]] = float(msg["cpu"])
                     exited.set_result(msg["code"])
 
     def _send(self, message: dict[str, Any], fds: list[int] = ()) -> None:  # type: ignore[assignment]
@@ -389,7 +399,8 @@ class Sandbox:
                        # its interpreter and the script itself find what lies beside it (npm, shims...)
                        "exec_path": exec_path,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
-                                    *self.spec.live_write_roots, "/dev"]}
+                                    *self.spec.live_write_roots, "/dev"],
+                       **self._ipc_and_limits()}
             if self.egress is not None:
                 env = {k: v for k, v in env.items() if k not in NO_PROXY_ENV} | self.proxy_env()
                 message["env"] = env
@@ -413,6 +424,17 @@ class Sandbox:
         stderr = await _reader(loop, err_r) if err_r >= 0 else None
         writer = await _writer(loop, in_w) if in_w >= 0 else None
         return SandboxedProcess(self, request_id, self._host_pid(pid), exited, writer, stdout, stderr)
+
+    def _ipc_and_limits(self) -> dict[str, Any]:
+        """What the warden needs to close IPC and cap resources for one command (see seccomp, limits)."""
+        if not self.filters:
+            return {"filters": False}
+        allowed = self.spec.allow_sockets
+        any_socket = ANY_SOCKET in allowed
+        masks: list[str] = []
+        if allowed and not any_socket:
+            masks = [p for p in unix_socket_paths() if os.path.realpath(p) not in allowed]
+        return {"allow_unix": bool(allowed), "any_socket": any_socket, "mask_sockets": masks, **self._limits}
 
     def _host_pid(self, warden_pid: int) -> int:
         """The pid this machine knows the command by (what `ps` and close_application see), found through

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from tether.sandbox.limits import Limits
+
+ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
+OWN_SOCKETS = "sandbox"  # allow_sockets entry: unix sockets the sandbox binds itself; none of the machine's
+SOCKET_WORDS = (ANY_SOCKET, OWN_SOCKETS)
 
 
 class SandboxUnavailable(RuntimeError):
@@ -37,7 +43,9 @@ class SandboxSpec:
     are bound writable directly (changes happen at once and are not undoable); everything else is
     read-only. `hidden` paths (the device's own state, token and config, key folders) are replaced
     by an empty directory or an empty file. `network=False` gives a private network namespace with
-    only a loopback device.
+    only a loopback device. `allow_sockets` are the unix sockets outside the sandbox a process may
+    connect to (none: no unix socket can be made at all; `OWN_SOCKETS`: only those it binds itself;
+    `ANY_SOCKET`: all); `limits` caps each command's resources.
     """
 
     write_roots: tuple[str, ...] = ()
@@ -51,13 +59,18 @@ class SandboxSpec:
     # protected names that match at any depth (`.git/config`): bound read-only where they exist near a
     # live root's top (tether.sandbox.guard)
     protected_names: tuple[str, ...] = ()
+    allow_sockets: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
 
     @classmethod
     def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
               network: bool = True, layers_dir: str = "", protected: Iterable[str] = (),
-              protected_names: Iterable[str] = ()) -> SandboxSpec:
+              protected_names: Iterable[str] = (), allow_sockets: list[str] = (),  # type: ignore[assignment]
+              limits: Limits | None = None) -> SandboxSpec:
         live = _outermost(list(live_write_roots))
         return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
                    hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir,
                    protected=tuple(sorted({_real(p) for p in protected})),
-                   protected_names=tuple(sorted(set(protected_names))))
+                   protected_names=tuple(sorted(set(protected_names))),
+                   allow_sockets=tuple(sorted({s if s in SOCKET_WORDS else _real(s) for s in allow_sockets})),
+                   limits=limits or Limits())

@@ -6,7 +6,8 @@ as SCM_RIGHTS) and `kill`. Keeping it warm is what makes a sandboxed command cos
 a new sandbox and an interpreter. For each command it clones a process into a new mount and pid
 namespace — as pid 1 of that namespace — which mounts an overlay on every captured write root
 (writes land in the command's own upper directory), hides the device's secrets again on top (an
-overlay shows its lower tree whole), mounts its own `/proc`, drops every capability, and executes
+overlay shows its lower tree whole), mounts its own `/proc` and `/dev/shm`, sets the command's resource
+limits (`limits`), drops every capability, shuts IPC out (Landlock scopes, the `seccomp` filter), and executes
 the file the device resolved and opened, so no path trick inside the sandbox can change which
 program runs. Killing it (SIGKILL from the warden, or PR_SET_PDEATHSIG when the warden dies) takes
 its whole pid namespace: nothing it started outlives it.
@@ -26,8 +27,10 @@ import socket
 import sys
 from typing import Any
 
+from tether.sandbox import seccomp
 from tether.sandbox.guard import mount_plan
-from tether.sandbox.landlock import restrict_writes
+from tether.sandbox.landlock import restrict_writes, scopes
+from tether.sandbox.limits import apply_in_command
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -133,13 +136,31 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
             libc.mount("/dev/null", path, None, MS_BIND, None)
     if req.get("layers_dir"):
         libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
+    _mask_sockets(libc, req)
     return notes
+
+
+def _mask_sockets(libc: _Libc, req: dict[str, Any]) -> None:
+    """The machine's unix sockets the policy did not name, each made /dev/null (a connect is refused),
+    and a private, size-capped /dev/shm: nothing one command leaves there is seen by another."""
+    if req.get("filters") is False:  # bench.sandbox_filters' baseline only
+        return
+    for path in req.get("mask_sockets", []):
+        try:
+            libc.mount("/dev/null", path, None, MS_BIND, None)
+        except OSError:
+            pass  # gone since the device listed it, or not visible from here (hidden, another mount)
+    if req.get("shm") and os.path.isdir("/dev/shm"):
+        libc.mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, req["shm"])
 
 
 def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) -> None:
     """pid 1 of the command's pid namespace: its own /proc, no capabilities, then the program itself."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+    filters = req.get("filters") is not False  # false: bench.sandbox_filters' baseline, never the device's
+    if filters:
+        apply_in_command(req.get("limits") or {})  # pid_max needs this namespace's /proc
     os.setsid()
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
@@ -152,11 +173,20 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
                 pass
     os.chdir(req["cwd"])
     libc.drop_capabilities()
+    any_socket = bool(req.get("any_socket"))
     if req.get("landlock"):
-        restrict_writes(req["writable"], req["landlock"])
+        # abstract unix sockets and signals scoped to the command (Landlock ABI 6+); ignored before that
+        scoped = scopes(req["landlock"], abstract=not any_socket) if filters else 0
+        restrict_writes(req["writable"], req["landlock"], scoped=scoped)
+    if filters:
+        seccomp.prepared(_allows_unix(req)).install()  # last: nothing after it needs a socket
     argv, env = req["argv"], req["env"]
     # the open file the device checked; a script by its real path (see Sandbox.spawn)
     os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
+
+
+def _allows_unix(req: dict[str, Any]) -> bool:
+    return bool(req.get("allow_unix") or req.get("any_socket"))
 
 
 def _command(libc: _Libc, req: dict[str, Any], fds: list[int], sock: socket.socket) -> None:
@@ -173,10 +203,12 @@ def _command(libc: _Libc, req: dict[str, Any], fds: list[int], sock: socket.sock
         _exec_command(libc, req, exe, stdio)
     except BaseException as exc:
         message = f"tether sandbox: could not start {req['argv'][0]}: {exc}\n"
-        try:
-            os.write(stdio[2], message.encode("utf-8", "replace"))
-        except OSError:
-            pass
+        for fd in (stdio[2], 2):  # stdio[2] is closed once it became fd 2
+            try:
+                os.write(fd, message.encode("utf-8", "replace"))
+                break
+            except OSError:
+                pass
     os._exit(EXEC_FAILED)
 
 
@@ -237,6 +269,7 @@ class Warden:
             listener.close()
 
     def _run(self, req: dict[str, Any], fds: list[int]) -> None:
+        seccomp.prepared(_allows_unix(req))  # made here once, so each command only installs it
         try:
             pid = self.libc.clone_namespaces()
         except OSError as exc:
@@ -253,13 +286,15 @@ class Warden:
         pid, pidfd = self.children.pop(request_id)
         self.selector.unregister(pidfd)
         os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
-        self.send({"op": "exit", "id": request_id, "code": os.waitstatus_to_exitcode(status)})
+        _, status, usage = os.wait4(pid, 0)
+        self.send({"op": "exit", "id": request_id, "code": os.waitstatus_to_exitcode(status),
+                   "cpu": round(usage.ru_utime + usage.ru_stime, 3)})
 
 
 def probe(base: str) -> int:
     """detect()'s check that this machine lets tether do what each command needs: clone into new
-    namespaces, mount an overlay, write through it, drop every capability. Exit 0, or 1 with why."""
+    namespaces, mount an overlay, write through it, drop every capability, install the seccomp filter.
+    Exit 0, or 1 with why."""
     libc = _Libc()
     pid = libc.clone_namespaces()
     if pid == 0:
@@ -270,6 +305,7 @@ def probe(base: str) -> int:
             with open(f"{base}/lower/probe", "w") as f:
                 f.write("ok")
             libc.drop_capabilities()
+            seccomp.install()  # a kernel without seccomp filters says so here, not at every command
             code = 0
         except BaseException as exc:
             sys.stderr.write(f"{exc}\n")

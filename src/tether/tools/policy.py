@@ -68,6 +68,20 @@ class ApprovalRules(BaseModel):
     overwrite_outside_temp: bool = True
 
 
+class ResourceLimits(BaseModel):
+    """Caps on each sandboxed command's resources (tether.sandbox.limits); 0 turns one off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    memory_mb: int = Field(8192, ge=0, description="private writable memory of each process, MiB (RLIMIT_DATA)")
+    processes: int = Field(1024, ge=0, description="processes and threads of one command together (its pid "
+                                                   "namespace's pid_max; the kernel's floor is 300)")
+    cpu_seconds: int = Field(3600, ge=0, description="CPU time of each process, seconds (RLIMIT_CPU)")
+    file_size_mb: int = Field(8192, ge=0, description="largest file a command may write, MiB (RLIMIT_FSIZE)")
+    open_files: int = Field(8192, ge=0, description="open files of each process (RLIMIT_NOFILE)")
+    shm_mb: int = Field(512, ge=0, description="size of the command's private /dev/shm, MiB (0: half the memory)")
+
+
 DEFAULT_HIDDEN: tuple[str, ...] = (
     "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.config/gcloud", "~/.kube", "~/.docker", "~/.netrc",
     "~/.git-credentials", "~/.config/gh", "~/.password-store", "~/.local/share/keyrings", "~/.config/tether",
@@ -141,6 +155,12 @@ class Policy(BaseModel):
     live_write_roots: list[str] = Field(
         default_factory=list, description="write roots bound directly into the sandbox: changes there happen at once "
                                           "and are neither captured, held for approval nor undoable")
+    allow_sockets: list[str] = Field(
+        default_factory=list, description="unix sockets outside the sandbox that sandboxed processes may connect to "
+                                          "(absolute paths; 'sandbox': only sockets they bind themselves; '*': any, "
+                                          "abstract ones too); empty: no unix socket at all")
+    limits: ResourceLimits = Field(default_factory=ResourceLimits,
+                                   description="each sandboxed command's memory, processes, CPU, file size, files")
     ask: Literal["off", "on-miss", "always"] = Field(
         "off", description="on-miss: a program outside the allowlist raises an approval instead of a refusal; "
                            "always: every command needs one; off: the allowlist decides alone")
@@ -186,6 +206,14 @@ class Policy(BaseModel):
                 raise ValueError(f"{name!r} is not a default protected path; unprotect_paths names default entries "
                                  "exactly as listed in docs/security/protected-paths.md")
         return names
+
+    @field_validator("allow_sockets")
+    @classmethod
+    def _sockets_are_paths(cls, sockets: list[str]) -> list[str]:
+        for entry in sockets:
+            if entry not in ("*", "sandbox") and not os.path.isabs(os.path.expanduser(entry)):
+                raise ValueError(f"{entry!r} is not a socket path: give an absolute path (or ~/...), 'sandbox' or '*'")
+        return sockets
 
     @field_validator("allow_escapes")
     @classmethod
@@ -458,8 +486,7 @@ def check_env(policy: Policy, env: Mapping[str, str] | None) -> Decision:
 
 __all__ = [
     "ALWAYS_DENIED", "KNOWN_ESCAPES", "ApprovalRules", "CommandRule", "Decision", "NeedsApproval", "NetworkRules",
-    "Policy",
-    "PolicyDenied", "approval_asked", "arg_matches",
+    "Policy", "PolicyDenied", "ResourceLimits", "approval_asked", "arg_matches",
     "check_command", "check_env", "default_policy", "lifted", "load_policy",
     "policy_from_mapping", "program_name", "yaml",
 ]

@@ -16,7 +16,7 @@ from tether.tools.policy import Policy, default_policy, policy_from_mapping
 
 DEVICE_ONLY: frozenset[str] = frozenset({
     "policy_remote", "sandbox", "require_sandbox", "network", "hide_paths", "live_write_roots",
-    "protected_paths", "unprotect_paths",
+    "protected_paths", "unprotect_paths", "allow_sockets", "limits",
 })
 MAX_OVERLAY_PROGRAMS = 1000
 

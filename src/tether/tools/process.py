@@ -52,6 +52,7 @@ class ProcessResult:
     duration_s: float
     pid: int
     notes: tuple[str, ...] = ()  # the sandbox's, about this command's confinement
+    cpu_s: float | None = None  # CPU seconds used (sandboxed commands: the sandbox measures it)
 
 
 def safe_environment(extra: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -174,4 +175,4 @@ async def run_process(argv: list[str], *, cwd: str, env: dict[str, str] | None, 
     (stdout, stdout_cut), (stderr, stderr_cut) = out_task.result(), err_task.result()
     return ProcessResult(exit_code=exit_code, stdout=stdout, stderr=stderr, stdout_truncated=stdout_cut,
                          stderr_truncated=stderr_cut, duration_s=time.monotonic() - started, pid=proc.pid,
-                         notes=tuple(getattr(proc, "notes", ())))
+                         notes=tuple(getattr(proc, "notes", ())), cpu_s=getattr(proc, "cpu_s", None))

@@ -15,6 +15,7 @@ from pathlib import Path
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
 from tether.sandbox.egress import AskFn, EgressRecord
 from tether.sandbox.egress_rules import EgressRules
+from tether.sandbox.limits import Limits
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
 from tether.tools.path_rules import anchored, anchored_places, protected_patterns
@@ -55,7 +56,8 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
                              hidden=[*policy.hide_paths, *hidden], network=policy.network is True,
                              layers_dir=layers, protected=live_protected(policy),
-                             protected_names=floating_protected(policy))
+                             protected_names=floating_protected(policy), allow_sockets=list(policy.allow_sockets),
+                             limits=Limits(**policy.limits.model_dump()))
 
 
 def floating_protected(policy: Policy) -> list[str]:

@@ -25,6 +25,7 @@ from pydantic import Field
 
 from tether.sandbox import SandboxUnavailable
 from tether.sandbox.layer import scan
+from tether.sandbox.limits import describe, exceeded
 from tether.sandbox.runner import layer_empty
 from tether.tools import shell_capture
 from tether.tools.context import ToolContext
@@ -304,6 +305,14 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
         body["sandbox"] = sandbox.kind
     if result.notes:
         body["notes"] = list(result.notes)
+    if sandbox is not None and (over := exceeded(sandbox.spec.limits, result.exit_code, body["stderr"],
+                                                 result.cpu_s)):
+        if layer is not None:  # a command stopped by a limit did not finish its work: none of it is applied
+            sandbox.release(layer)
+        body["limit"] = over
+        applied = "; nothing it wrote was applied" if layer is not None else ""
+        raise ToolError(f"`{preview_text}` ran into the sandbox's limit {describe(sandbox.spec.limits, over)}"
+                        f"{applied} ({_exit_summary(result.exit_code, body['stderr'])})", body)
     if layer is not None:
         roots = sandbox.spec.write_roots  # type: ignore[union-attr]
         changes = await asyncio.to_thread(scan, layer, roots) if not layer_empty(layer, len(roots)) else []

@@ -1,0 +1,155 @@
+"""What the IPC filters and resource limits cost a sandboxed command (issue 26, items 3 and 5).
+
+    python -m bench.sandbox_filters [N] [REPEATS]
+
+In one run, interleaved round by round so machine noise hits every row alike, REPEATS times over:
+- anchor: a bare `bwrap --ro-bind / / --proc /proc --dev /dev --unshare-pid true`, spawned with asyncio;
+- `true` through the device's warm warden (`Sandbox.spawn`, with a capture layer as shell.run uses)
+  without the filters (`Sandbox.filters = False`: no seccomp, no Landlock scopes, no limits, no private
+  /dev/shm), with them (the default policy: no unix socket, the default limits), and with them plus one
+  named socket (`allow_sockets`: the machine's other unix sockets are listed and masked per command);
+- `shell.run true` through a device's dispatcher, sandboxed (filters on) and unconfined.
+
+Each row prints its median over the repeats and their spread (min..max of the per-repeat medians), and its
+ratio to the bare bwrap anchor of the same run; the filters' cost is the median of the per-round
+differences (on - off, measured back to back), which cancels the drift of a busy machine.
+Goals: the filters add <= 0.3 ms (with - without); sandboxed `shell.run true` <= bare bwrap + 1 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from bench._stats import spread
+
+ROUNDS = 200
+REPEATS = 3
+WARMUP = 5
+BARE_BWRAP = ["--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev", "--unshare-pid", "true"]
+SESSION = "bench-filters"
+
+
+async def _spawn(argv: list[str]) -> None:
+    proc = await asyncio.create_subprocess_exec(*argv, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+    if await proc.wait() != 0:
+        raise RuntimeError(f"{argv} exited with {proc.returncode}")
+
+
+async def main(n: int, repeats: int) -> None:
+    home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-bench-home-")).resolve()
+    os.environ["HOME"] = str(home)  # before any device is built: its write roots are this HOME and /tmp
+    from tether.device.local import build_device
+    from tether.protocol.models import Command
+    from tether.sandbox.runner import Sandbox
+    from tether.tools.policy import policy_from_mapping
+    from tether.tools.sandboxing import make_sandbox
+
+    bwrap, true = shutil.which("bwrap"), shutil.which("true")
+    if bwrap is None or true is None:
+        sys.exit("bwrap is not installed: apt-get install -y bubblewrap")
+    named = home / "named.sock"
+    listener = await asyncio.start_unix_server(lambda r, w: w.close(), path=str(named))
+    state = home / ".local" / "state" / "tether"
+    policy = policy_from_mapping({"require_sandbox": False})
+    boxes: dict[str, Sandbox] = {}
+    for name, pol in (("off", policy), ("on", policy),
+                      ("named", policy.model_copy(update={"allow_sockets": [str(named)]}))):
+        box = make_sandbox(pol, hidden=[str(state)])
+        if box is None:
+            sys.exit("no sandbox could be made here (see the warning above)")
+        box.filters = name != "off"
+        boxes[name] = box
+    boxed = build_device(policy=policy, state_dir=state, sandbox=True)
+    plain = build_device(policy=policy, state_dir=state, sandbox=False)
+    for device in (boxed, plain):
+        await device.computer_manager.get_or_create(None)
+
+    def spawn_true(box: Sandbox) -> Callable[[], Awaitable[None]]:
+        async def call() -> None:
+            layer = box.new_layer()
+            proc = await box.spawn(["true"], executable=true, cwd=str(home), env={"PATH": "/usr/bin:/bin"},
+                                   stdin=False, layer=layer)
+            assert proc.stdout is not None and proc.stderr is not None
+            await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            code = await proc.wait()
+            box.release(layer)
+            if code != 0:
+                raise RuntimeError(f"sandboxed true exited with {code}")
+        return call
+
+    def shell(device, cmd: str) -> Callable[[], Awaitable[None]]:  # type: ignore[no-untyped-def]
+        dispatcher = device.dispatcher(session_id=SESSION)
+
+        async def call() -> None:
+            params = {"cmd": cmd, "argv": [], "cwd": str(home)}
+            [result] = await dispatcher.execute_commands([Command(tool_name="shell.run", parameters=params)])
+            if not result.ok:
+                raise RuntimeError(f"shell.run {cmd} failed: {result.error}")
+        return call
+
+    anchor = "bare bwrap --unshare-pid true (anchor)"
+    rows: dict[str, Callable[[], Awaitable[None]]] = {
+        anchor: lambda: _spawn([bwrap, *BARE_BWRAP]),
+        "warden true, filters off": spawn_true(boxes["off"]),
+        "warden true, filters on": spawn_true(boxes["on"]),
+        "warden true, filters on + 1 allowed socket": spawn_true(boxes["named"]),
+        "shell.run true, sandboxed (filters on)": shell(boxed, "true"),
+        "shell.run true, unconfined": shell(plain, "true"),
+    }
+    medians: dict[str, list[float]] = {name: [] for name in rows}
+    paired: list[float] = []  # per repeat: the median of (filters on - filters off) within each round
+    paired_named: list[float] = []  # the same for filters on with a named socket
+    try:
+        for _ in range(repeats):
+            samples: dict[str, list[float]] = {name: [] for name in rows}
+            for i in range(-WARMUP, n):
+                for name, run in rows.items():
+                    started = time.perf_counter()
+                    await run()
+                    if i >= 0:
+                        samples[name].append(time.perf_counter() - started)
+            for name, s in samples.items():
+                medians[name].append(statistics.median(s) * 1000)
+            off_samples = samples["warden true, filters off"]
+            for into, row in ((paired, "warden true, filters on"),
+                              (paired_named, "warden true, filters on + 1 allowed socket")):
+                diffs = [on - off for on, off in zip(samples[row], off_samples, strict=True)]
+                into.append(statistics.median(diffs) * 1000)
+    finally:
+        for device in (boxed, plain):
+            await device.aclose()
+        for box in boxes.values():
+            await box.aclose()
+        listener.close()
+        shutil.rmtree(home, ignore_errors=True)
+
+    print(f"IPC filters and limits, {repeats} repeats of {n} interleaved rounds (+{WARMUP} warm-up each), "
+          f"{os.cpu_count()} CPUs, {'root' if os.geteuid() == 0 else 'uid ' + str(os.getuid())}")
+    ms = {name: statistics.median(m) for name, m in medians.items()}
+    for name, m in medians.items():
+        print(f"{name:<46} p50 {ms[name]:7.3f} ms   spread {spread(m):<16} "
+              f"ratio to anchor {ms[name] / ms[anchor]:5.2f}x")
+    print()
+    cost = statistics.median(paired)
+    of_medians = ms["warden true, filters on"] - ms["warden true, filters off"]
+    print(f"goal: the filters add <= 0.3 ms: {cost:+.3f} ms (median of the per-round differences; per repeat "
+          f"{spread(paired)} ms; difference of the medians {of_medians:+.3f} ms), "
+          f"{'within' if cost <= 0.3 else 'OVER'}")
+    print(f"with a named socket (the machine's unix sockets listed and masked per command): "
+          f"{statistics.median(paired_named):+.3f} ms (per repeat {spread(paired_named)} ms)")
+    extra = ms["shell.run true, sandboxed (filters on)"] - ms[anchor]
+    print(f"goal: sandboxed shell.run true <= bare bwrap + 1 ms: {extra:+.3f} ms, {'within' if extra <= 1 else 'OVER'}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main(int(sys.argv[1]) if len(sys.argv) > 1 else ROUNDS,
+                     int(sys.argv[2]) if len(sys.argv) > 2 else REPEATS))
