@@ -9,13 +9,19 @@ own requests from 127.0.0.1.
 
 from __future__ import annotations
 
+import json
+import os
 import resource
 import socket
+import subprocess
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 from server_target import Target, connect_raw, error_of, read_response, upgrade_request
+
+from netutil import CLI, Cluster, wait_for
 
 
 def connect_from(source: str, port: int, timeout: float = 30.0) -> socket.socket:
@@ -234,3 +240,90 @@ def test_an_allowed_origin_passes_on_its_own_port_only(tmp_path):
             assert answer.status_code == status, (origin, answer.text)
     finally:
         server.close()
+
+
+# -- what a terminal shows -----------------------------------------------------------------------
+
+# an ESC sequence that clears the screen, one that sets the window title, a carriage return that would
+# overwrite the line, a C1 CSI, and a right-to-left override that shows "exe.txt" for "txt.exe"
+HOSTILE = "ok\x1b[2J\x1b]0;owned\x07\r\x9b31m\u202etxt.exe"
+SHOWN = ("\\x1b[2J", "\\x1b]0;owned\\x07", "\\r", "\\x9b31m", "\\u202etxt.exe")
+
+
+def tether_cli(*args: str, target: Target | None = None, state: Path | None = None) -> str:
+    env = {**os.environ, "NO_COLOR": "1", "COLUMNS": "400", "TETHER_STATE_DIR": str(state or target.state)}
+    if target is not None:
+        env |= {"TETHER_SERVER": target.base, "TETHER_TOKEN": target.api_token}
+    done = subprocess.run([*CLI, *args], capture_output=True, env=env, timeout=120)
+    return (done.stdout + done.stderr).decode("utf-8", "replace")  # bytes: a text pipe would turn \r into \n
+
+
+def assert_shown_escaped(output: str) -> None:
+    raw = [c for c in ("\x1b", "\x07", "\r", "\x9b", "\u202e") if c in output]
+    assert not raw, f"raw control characters {raw!r} reached the terminal: {output!r}"
+    for text in SHOWN:
+        assert text in output, (text, output)
+
+
+def test_a_pairing_request_s_escapes_are_shown_not_obeyed_in_devices_pending(target):
+    asked = target.http.post("/api/v1/pairing", json={"fingerprint": "cd" * 32, "name": HOSTILE,
+                                                      "platform": "linux\x1b[8m"})
+    assert asked.status_code == 201, asked.text
+    output = tether_cli("devices", "pending", target=target)
+    assert asked.json()["code"] in output
+    assert_shown_escaped(output)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """A server with a real device, `alpha`, connected."""
+    cluster = Cluster(tmp_path_factory.mktemp("edge-fleet"))
+    try:
+        cluster.wait_online("alpha", cluster.device("alpha"))
+        yield cluster
+    finally:
+        cluster.close()
+
+
+def fleet_cli(fleet: Cluster, *args: str) -> str:
+    env = {**fleet.env, "NO_COLOR": "1", "COLUMNS": "400", "TETHER_SERVER": f"http://127.0.0.1:{fleet.port}",
+           "TETHER_TOKEN": fleet.api_token}
+    done = subprocess.run([*CLI, *args], capture_output=True, env=env, timeout=120)
+    return (done.stdout + done.stderr).decode("utf-8", "replace")
+
+
+def test_a_plan_s_and_a_device_s_escapes_are_shown_not_obeyed_in_tasks_log_audit_and_exec(fleet):
+    """The request and the plan come from a requester, the output from the device: `tether tasks`,
+    `tether log`, `tether audit` and `tether exec --device` show each escape, and obey none."""
+    with httpx.Client(base_url=f"http://127.0.0.1:{fleet.port}", timeout=30,
+                      headers={"Authorization": f"Bearer {fleet.api_token}"}) as http:
+        made = http.post("/api/v1/tasks", json={"request": HOSTILE, "device": "alpha", "plan": [
+            {"skill": "shell.run", "args": {"cmd": "printf", "argv": ["%s", HOSTILE], "cwd": "~"},
+             "description": HOSTILE}]})
+        assert made.status_code in (200, 201, 202), made.text
+        task_id = made.json()["id"]
+        ended = ("done", "failed", "waiting_for_user")
+        wait_for(lambda: http.get(f"/api/v1/tasks/{task_id}").json()["state"] in ended, "the task to end")
+    listing = fleet_cli(fleet, "tasks")
+    assert task_id[:12] in listing
+    assert_shown_escaped(listing)
+    log = fleet_cli(fleet, "log", task_id)
+    assert "shell.run" in log
+    assert_shown_escaped(log)
+    audit = fleet_cli(fleet, "audit")  # the arguments are stored as JSON: escaped as \u001b, not \x1b
+    assert "shell.run" in audit and "owned" in audit
+    assert not [c for c in ("\x1b", "\x07", "\r", "\x9b", "\u202e") if c in audit], audit
+    output = fleet_cli(fleet, "exec", "shell.run", "cmd=printf", "argv=" + json.dumps(["%s", HOSTILE]), "cwd=~",
+                       "--device", "alpha")
+    assert "success" in output
+    assert_shown_escaped(output)
+
+
+def test_a_command_s_output_is_shown_escaped_by_tether_exec_and_as_it_is_with_raw(tmp_path):
+    args = ("exec", "shell.run", "cmd=printf", "argv=[" + json.dumps("%s\n\tnext") + ", " + json.dumps(HOSTILE) + "]",
+            "cwd=~")
+    output = tether_cli(*args, state=tmp_path / "state")
+    assert "success" in output and "next" in output, output
+    assert_shown_escaped(output)
+    raw = tether_cli(*args, "--raw", state=tmp_path / "state")
+    assert HOSTILE in raw and "\n\tnext" in raw, raw
