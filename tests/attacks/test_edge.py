@@ -53,11 +53,16 @@ def impatient(tmp_path_factory):
 
 
 def test_2000_half_open_connections_under_a_1024_file_limit_do_not_stop_the_server(tmp_path):
-    # the idle timeout would close the held ones too (5 s): here it waits, so that the cap alone is measured
-    server = Target(tmp_path, "--set", "idle_timeout=120")
+    # the server started as `ulimit -n 1024` would start it: the limit is inherited; and the idle timeout
+    # (5 s) would close the held connections too: here it waits, so that the caps alone are measured
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1024, hard))
     try:
-        # the server's process under the common limit, as `ulimit -n 1024` would start it
-        resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE, (1024, 1024))
+        server = Target(tmp_path, "--set", "idle_timeout=120")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    try:
+        assert resource.prlimit(server.proc.pid, resource.RLIMIT_NOFILE)[0] == 1024
         held: list[socket.socket] = []
         try:
             started = time.monotonic()
@@ -81,8 +86,9 @@ def test_2000_half_open_connections_under_a_1024_file_limit_do_not_stop_the_serv
                     seen["reset"] += 1  # aborted as it was accepted
             print(seen)
             still_open = seen["open"]
-            # the loopback cap (max_connections_per_loopback, 512 by default): the rest closed on arrival
-            assert still_open <= 512, still_open
+            # the loopback cap (max_connections_per_loopback: by default a quarter of the 1,024 files): the
+            # rest were closed as they arrived
+            assert still_open <= 256, still_open
             assert still_open >= 100, f"only {still_open} of the first connections were kept: a cap far too low?"
         finally:
             for sock in held:

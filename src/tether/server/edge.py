@@ -6,7 +6,8 @@ with uvicorn's defaults about 1,010 such connections held a server's every file 
 common 1,024 limit. The caps and timers therefore live in the protocol classes uvicorn runs:
 
 - `ConnectionCaps` counts, per client address, the HTTP connections (`max_connections_per_address`,
-  `max_connections_per_loopback` for 127.0.0.0/8 and ::1) and, separately, the WebSockets
+  `max_connections_per_loopback` for 127.0.0.0/8 and ::1, by default a quarter of the open-file limit;
+  and `max_connections` for all addresses together, by default half of it) and, separately, the WebSockets
   (`max_sockets_per_address`, `max_sockets_per_loopback`: a fleet behind one NAT address, or the
   benches' 10,000 local devices, holds many). A connection over its address's HTTP cap is aborted as
   it is accepted (its descriptor freed at once, nothing read); a WebSocket upgrade over the socket cap
@@ -56,11 +57,14 @@ def is_loopback_address(address: str) -> bool:
 class ConnectionCaps:
     """Open HTTP connections and WebSockets per client address (see the module docstring)."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, open_files: int | None = None) -> None:
+        files = open_file_limit() if open_files is None else open_files
         self.http_cap = settings.max_connections_per_address
-        self.http_cap_loopback = settings.max_connections_per_loopback
+        self.http_cap_loopback = settings.max_connections_per_loopback or min(8192, max(16, files // 4))
+        self.total_cap = settings.max_connections or max(32, files // 2)
         self.socket_cap = settings.max_sockets_per_address
         self.socket_cap_loopback = settings.max_sockets_per_loopback
+        self.total = 0
         self.http: dict[str, int] = {}
         self.sockets: dict[str, int] = {}
         self._warned: set[str] = set()  # addresses whose refusals were logged: one line per episode
@@ -75,10 +79,16 @@ class ConnectionCaps:
             self._warn(address, f"{held} HTTP connections open from {address}, its cap (server setting {setting}); "
                                 "closing more as they come")
             return False
+        if self.total >= self.total_cap:
+            self._warn("", f"{self.total} HTTP connections open, the server's cap (server setting max_connections, "
+                           "by default half the open-file limit); closing more as they come")
+            return False
         self.http[address] = held + 1
+        self.total += 1
         return True
 
     def release_http(self, address: str) -> None:
+        self.total -= 1
         self._release(self.http, address)
 
     def admit_socket(self, address: str) -> bool:
@@ -104,11 +114,23 @@ class ConnectionCaps:
         else:
             table.pop(address, None)
             self._warned.discard(address)
+        if self.total < self.total_cap:
+            self._warned.discard("")
 
     def _warn(self, address: str, line: str) -> None:
         if address not in self._warned:
             self._warned.add(address)
             logger.warning("%s", line)
+
+
+def open_file_limit() -> int:
+    """This process's open-file limit (the soft one, `ulimit -n`); 1,024 where it cannot be read."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return 1024
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
 
 
 def raw_error(status: int, error: str, headers: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
