@@ -278,6 +278,7 @@ def test_a_pairing_request_s_escapes_are_shown_not_obeyed_in_devices_pending(tar
     output = tether_cli("devices", "pending", target=target)
     assert asked.json()["code"] in output
     assert_shown_escaped(output)
+    assert "\x1b" not in target.log() and "\u202e" not in target.log()  # nor in a line of the server's log
 
 
 @pytest.fixture(scope="module")
