@@ -4,9 +4,9 @@ Device names, ERROR frame texts, tool names, client ids, paths and headers all c
 other end of a socket. Written into a log as they are, a `\\n` in one of them starts a line the
 reader takes for the server's own ("device … registered"), and an ESC sequence rewrites the
 terminal it is shown in. `clean` escapes every control character (C0, DEL, C1, the Unicode
-line and paragraph separators, and the bidi overrides and marks) so one log call stays one line; `EscapeControlChars` applies it to
-every record a handler of the server's logging writes — the message and each of its arguments —
-so no call site can forget it. Tracebacks keep their lines.
+line and paragraph separators, and the bidi overrides and marks) so one log call stays one line;
+`EscapeControlChars` applies it to every record a handler of the server's logging writes — the
+message and each of its arguments — so no call site can forget it. Tracebacks keep their lines.
 
 uvicorn logs the request target with its query string (`GET /api/v1/devices?token=…`); a token
 put there by mistake would land in the log. The same filter cuts the query string off uvicorn's
