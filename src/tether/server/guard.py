@@ -18,7 +18,7 @@ dashboard, MCP over HTTP) gets the same rules without opting in:
   small cap, so the common small request pays nothing here.
 
 **Throttles** (ratelimit.py, one per app, read off `scope["app"].throttles`): a request carrying
-credentials (`Authorization`, a cookie, a dashboard login) from an address with too many failed
+credentials (`Authorization`, a dashboard login) from an address with too many failed
 checks is answered 429 with `Retry-After` before anything checks it, and each 401 answered to such a
 request is counted; a pairing claim spends a claim of its address and its code, 429 when either has
 none left.
@@ -305,10 +305,10 @@ def client_address(scope: Scope) -> str:
 
 
 def presents_credentials(scope: Scope, headers: dict[bytes, bytes]) -> bool:
-    """Whether the request carries something a failed check of which counts: a bearer token, a cookie
-    (the dashboard's session), or a dashboard login."""
-    return (b"authorization" in headers or b"cookie" in headers
-            or (scope.get("method") == "POST" and scope["path"].endswith(LOGIN_SUFFIX)))
+    """Whether the request carries something a failed check of which counts: an `Authorization` header or
+    a dashboard login. (Not a cookie: a dashboard session id is not guessable, and a browser holding a
+    stale one would throttle its own next login.)"""
+    return b"authorization" in headers or (scope.get("method") == "POST" and scope["path"].endswith(LOGIN_SUFFIX))
 
 
 def throttled_by(throttles: Throttles, scope: Scope, headers: dict[bytes, bytes]) -> Throttled | None:

@@ -11,7 +11,7 @@ try again early).
 `Throttles` is what the request guard (guard.py) consults:
 
 - **failed credential checks** per client address: every answer 401 to a request that carried a
-  credential (a bearer token, a session cookie, a dashboard login) takes a token; while the address
+  credential (an `Authorization` header, a dashboard login) takes a token; while the address
   has none, its requests carrying credentials are answered 429 without being checked, so a correct
   guess cannot be told from a wrong one;
 - **pairing claims** per client address and per code: every claim takes a token of both.
