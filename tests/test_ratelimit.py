@@ -60,7 +60,7 @@ def test_origins_are_parsed_with_default_ports_filled_in(text: str, parsed: tupl
 
 def test_caps_count_per_address_and_all_together() -> None:
     caps = ConnectionCaps(ServerSettings(max_connections_per_address=2, max_connections=3), open_files=1024)
-    assert caps.http_cap_loopback == 256 and is_loopback_address("127.0.0.9") and is_loopback_address("::1")
+    assert caps.http_cap_loopback == 512 and is_loopback_address("127.0.0.9") and is_loopback_address("::1")
     assert [caps.admit_http("10.0.0.1") for _ in range(3)] == [True, True, False]
     assert caps.admit_http("10.0.0.2") and not caps.admit_http("10.0.0.3")  # all together: 3
     caps.release_http("10.0.0.1")

@@ -100,8 +100,8 @@ DEFAULTS: dict[str, str] = {
     "Policy.read_roots": "`~` and the temp directory",
     "Policy.write_roots": "`~` and the temp directory",
     "ServerSettings.db_path": "`server.db` in the state directory (`~/.local/state/tether`)",
-    "ServerSettings.max_connections_per_loopback": "a quarter of the open-file limit, at most 8,192",
-    "ServerSettings.max_connections": "half the open-file limit",
+    "ServerSettings.max_connections_per_loopback": "half the open-file limit, at most 8,192",
+    "ServerSettings.max_connections": "three quarters of the open-file limit",
 }
 
 

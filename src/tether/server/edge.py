@@ -6,8 +6,8 @@ with uvicorn's defaults about 1,010 such connections held a server's every file 
 common 1,024 limit. The caps and timers therefore live in the protocol classes uvicorn runs:
 
 - `ConnectionCaps` counts, per client address, the HTTP connections (`max_connections_per_address`,
-  `max_connections_per_loopback` for 127.0.0.0/8 and ::1, by default a quarter of the open-file limit;
-  and `max_connections` for all addresses together, by default half of it) and, separately, the WebSockets
+  `max_connections_per_loopback` for 127.0.0.0/8 and ::1, by default half the open-file limit;
+  and `max_connections` for all addresses together, by default three quarters of it) and, separately, the WebSockets
   (`max_sockets_per_address`, `max_sockets_per_loopback`: a fleet behind one NAT address, or the
   benches' 10,000 local devices, holds many). A connection over its address's HTTP cap is aborted as
   it is accepted (its descriptor freed at once, nothing read); a WebSocket upgrade over the socket cap
@@ -60,8 +60,8 @@ class ConnectionCaps:
     def __init__(self, settings: ServerSettings, open_files: int | None = None) -> None:
         files = open_file_limit() if open_files is None else open_files
         self.http_cap = settings.max_connections_per_address
-        self.http_cap_loopback = settings.max_connections_per_loopback or min(8192, max(16, files // 4))
-        self.total_cap = settings.max_connections or max(32, files // 2)
+        self.http_cap_loopback = settings.max_connections_per_loopback or min(8192, max(16, files // 2))
+        self.total_cap = settings.max_connections or max(32, files * 3 // 4)
         self.socket_cap = settings.max_sockets_per_address
         self.socket_cap_loopback = settings.max_sockets_per_loopback
         self.total = 0
@@ -81,7 +81,7 @@ class ConnectionCaps:
             return False
         if self.total >= self.total_cap:
             self._warn("", f"{self.total} HTTP connections open, the server's cap (server setting max_connections, "
-                           "by default half the open-file limit); closing more as they come")
+                           "by default 3/4 of the open-file limit); closing more as they come")
             return False
         self.http[address] = held + 1
         self.total += 1

@@ -188,10 +188,10 @@ class ServerSettings(BaseModel):
         "accepted"))
     max_connections_per_loopback: int | None = Field(None, ge=1, description=(
         "the same cap for a loopback address (127.0.0.0/8, ::1), where local tools and fleets open more; "
-        "default: a quarter of the server's open-file limit, at most 8,192"))
+        "default: half the server's open-file limit, at most 8,192"))
     max_connections: int | None = Field(None, ge=1, description=(
-        "HTTP connections (not yet a WebSocket) from all addresses together; default: half the server's "
-        "open-file limit (`ulimit -n`), so that many addresses together cannot take every descriptor either"))
+        "HTTP connections (not yet a WebSocket) from all addresses together; default: three quarters of "
+        "the server's open-file limit (`ulimit -n`), so that many addresses together cannot take every descriptor"))
     max_sockets_per_address: int = Field(1024, ge=1, description=(
         "WebSockets (device connections, mostly) one client address may hold: a fleet behind one NAT address "
         "needs this raised; more are answered 503 at the upgrade"))
