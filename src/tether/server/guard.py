@@ -200,6 +200,7 @@ class RequestGuard:
         self.max_body = settings.max_body_bytes
         self.anonymous_body = min(ANONYMOUS_BODY_BYTES, settings.max_body_bytes)
         self.api_token_ok = api_token_ok
+        self._throttles: Throttles | None = None
 
     def __call__(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any]) -> Awaitable[None]:
         """The awaitable that answers the request: the app's own coroutine when the request passes, so that
@@ -213,13 +214,23 @@ class RequestGuard:
         refusal = self.rules.check(headers, raw, scope.get("scheme", "http"))
         if refusal is not None:
             return self.rules.refuse(scope, send, refusal, headers, receive)
-        throttles: Throttles | None = getattr(scope.get("app"), "throttles", None)
+        throttles = self._throttles
+        if throttles is None:  # the app's (front.ServerApp.throttles), found on the first request
+            throttles = self._throttles = getattr(scope.get("app"), "throttles", None)
         if throttles is not None:
-            throttled = throttled_by(throttles, scope, headers)
-            if throttled is not None:
-                return answer_throttled(scope, receive, send, headers, throttled)
-            if kind == "http" and presents_credentials(scope, headers):
+            path: str = scope["path"]
+            if kind == "http" and scope["method"] == "POST" and ("/pairing/" in path or path.endswith(LOGIN_SUFFIX)):
+                throttled = throttled_by(throttles, scope, headers)  # a pairing claim, a dashboard login
+                if throttled is not None:
+                    return answer_throttled(scope, receive, send, headers, throttled)
                 send = counting_failures(send, throttles, client_address(scope))
+            elif b"authorization" in headers:  # the common case, kept short: it is every API request
+                client = scope.get("client")
+                address = str(client[0]) if client else ""
+                if address in throttles.auth_failures and (throttled := throttles.credentials_blocked(address)):
+                    return answer_throttled(scope, receive, send, headers, throttled)
+                if kind == "http":
+                    send = counting_failures(send, throttles, address)
         if kind == "http":
             return self._http(scope, receive, send, headers)
         return self.app(scope, receive, send)

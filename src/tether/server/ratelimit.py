@@ -87,6 +87,10 @@ class TokenBuckets:
     def __len__(self) -> int:
         return len(self._buckets)
 
+    def __contains__(self, key: object) -> bool:
+        """Whether `key` has spent anything not yet given back (a key not in it may certainly go on)."""
+        return key in self._buckets
+
 
 def retry_after(seconds: float) -> str:
     """A `Retry-After` value: whole seconds, at least 1."""
