@@ -1,6 +1,8 @@
 """Issue 27, item 5 as an attacker tries it against a real `tether server` on 127.0.0.1: hold every file
 descriptor with half-open connections, sit on a connection saying nothing, guess pairing codes and bearer
-tokens as fast as the server answers, call it from a page on another port of the same host.
+tokens as fast as the server answers, call it from a page on another port of the same host, and put
+terminal escapes where a person will read them: a pairing request, a task's request and plan, a device's
+output (`tether devices pending`, `tasks`, `log`, `audit`, `exec`).
 
 Each attacker speaks from its own loopback address (127.0.0.2, .3, …: Linux routes all of 127.0.0.0/8 to
 lo), as another machine would, so the server's per-address caps and throttles meet it and not the test's
