@@ -26,12 +26,15 @@ def main() -> None:
 
         if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
             from tether.cli.common import ExitCode, remote_message
+            from tether.cli.safe_text import visible
 
-            print(f"error: {remote_message(exc)}", file=sys.stderr)
+            print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
             sys.exit(ExitCode.UNREACHABLE if exc.status is None else ExitCode.USAGE if exc.status == 401
                      else ExitCode.FAILED)
         if not isinstance(exc, StoreUnavailable):
             raise
         # a full or read-only disk under the state directory: one line, no traceback
-        print(f"error: {exc}", file=sys.stderr)
+        from tether.cli.safe_text import visible
+
+        print(f"error: {visible(exc)}", file=sys.stderr)
         sys.exit(2)

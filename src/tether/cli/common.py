@@ -17,6 +17,7 @@ from rich.text import Text
 from typer.core import TyperArgument, TyperOption
 
 from tether.cli.lazy import LazyGroup
+from tether.cli.safe_text import SafeConsole, visible
 
 if TYPE_CHECKING:
     from tether.protocol.models import Result, ToolInfo  # pydantic: not for `tether --help`
@@ -155,7 +156,9 @@ CaOpt = Annotated[str | None, typer.Option("--ca-file", envvar="TETHER_CA_FILE",
 
 
 def console(err: bool = False) -> Console:
-    return Console(stderr=err, highlight=False)
+    """The console every view prints through: terminal control characters in what it prints are shown as
+    escapes (`cli.safe_text.SafeConsole`), whoever supplied the text."""
+    return SafeConsole(stderr=err, highlight=False)
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -270,16 +273,18 @@ def _wants_string(prop: dict[str, Any]) -> bool:
     return types == {"string"}
 
 
-def stream_output(kind: str, data: dict[str, Any]) -> None:
-    """Live stdout/stderr of a running command, on the terminal only (results carry it anyway)."""
+def stream_output(kind: str, data: dict[str, Any], raw: bool = False) -> None:
+    """Live stdout/stderr of a running command, on the terminal only (results carry it anyway); its control
+    characters shown as escapes but `\n` and `\t` (`safe_text.visible`) unless `raw`."""
     if kind == "output" and sys.stderr.isatty():
-        sys.stderr.write(str(data.get("data", "")))
+        data_text = str(data.get("data", ""))
+        sys.stderr.write(data_text if raw else visible(data_text))
         sys.stderr.flush()
     elif kind == "queued":  # the device runs as many sessions as it may: this one waits in line
         sys.stderr.write(f"waiting: the device is busy; number {data.get('position')} in line\n")
         sys.stderr.flush()
     elif kind == "starting":  # the tool may be an external MCP server's that the device is still starting
-        servers = ", ".join(map(str, data.get("servers") or []))
+        servers = visible(", ".join(map(str, data.get("servers") or [])), one_line=True)
         sys.stderr.write(f"waiting: MCP server(s) still starting on the device: {servers}\n")
         sys.stderr.flush()
     elif kind == "progress":  # an external MCP tool's progress: not in the result, so always shown
@@ -293,10 +298,13 @@ def progress_line(data: dict[str, Any]) -> str:
     amount = f"{done:g}/{total:g}" if isinstance(done, int | float) and isinstance(total, int | float) else (
         f"{done:g}" if isinstance(done, int | float) else "")
     message = str(data.get("message") or "").replace("\n", " ")[:300]
-    return f"progress {data.get('server', '?')}.{data.get('tool', '?')}: {amount} {message}".rstrip()
+    return visible(f"progress {data.get('server', '?')}.{data.get('tool', '?')}: {amount} {message}".rstrip(),
+                   one_line=True)
 
 
-def print_result(result: Result, session_id: str | None, device: str | None = None) -> None:
+def print_result(result: Result, session_id: str | None, device: str | None = None, raw: bool = False) -> None:
+    """A tool's result. Its stdout and stderr are shown with control characters as escapes (but `\n` and
+    `\t`) unless `raw`, which writes them as the command wrote them."""
     out = console()
     style = {"success": "green", "failure": "red", "skipped": "yellow"}.get(result.status.value, "white")
     where = f"  device={escape(device)}" if device else ""
@@ -309,7 +317,12 @@ def print_result(result: Result, session_id: str | None, device: str | None = No
         for stream in ("stdout", "stderr"):
             if payload.get(stream):
                 out.print(f"[bold]{stream}:[/bold]")
-                out.out(payload[stream], end="" if str(payload[stream]).endswith("\n") else "\n")
+                body = str(payload[stream])
+                if raw:
+                    sys.stdout.write(body if body.endswith("\n") else body + "\n")
+                    sys.stdout.flush()
+                else:
+                    out.out(body, end="" if body.endswith("\n") else "\n")
         rest = {k: v for k, v in payload.items() if k not in ("stdout", "stderr")}
         out.print_json(json.dumps(rest, default=str))
     elif payload is not None:

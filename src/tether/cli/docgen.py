@@ -45,7 +45,8 @@ SECTIONS: tuple[Section, ...] = (
     Section("The agent server (`tether server`)", "tether.server.settings:ServerSettings", "",
             "Set by `tether server`'s options of the same name (`--db` for `db_path`, or `db_url` when it is a "
             "`postgresql://` URL; `--tls-cert`, "
-            "`--tls-key`)."),
+            "`--tls-key`), any other with `--set KEY=VALUE`; the edge's settings are explained in "
+            "[security/edge.md](security/edge.md)."),
 )
 
 # Fields whose model has no description: their line, keyed "Class.field".
@@ -99,6 +100,8 @@ DEFAULTS: dict[str, str] = {
     "Policy.read_roots": "`~` and the temp directory",
     "Policy.write_roots": "`~` and the temp directory",
     "ServerSettings.db_path": "`server.db` in the state directory (`~/.local/state/tether`)",
+    "ServerSettings.max_connections_per_loopback": "half the open-file limit, at most 8,192",
+    "ServerSettings.max_connections": "three quarters of the open-file limit",
 }
 
 

@@ -47,7 +47,9 @@ def llm_sampler(llm: LLMClient) -> Sampler:
 
 def _read(prompt: str) -> str:
     """One line from the terminal, the prompt on stderr (stdout stays the result's); EOFError at the end."""
-    sys.stderr.write(prompt)
+    from tether.cli.safe_text import visible
+
+    sys.stderr.write(visible(prompt))  # field names and choices come from an external MCP server
     sys.stderr.flush()
     line = sys.stdin.readline()
     if not line:
@@ -57,10 +59,12 @@ def _read(prompt: str) -> str:
 
 def _prompt_sync(request: ElicitationRequest) -> ElicitationAnswer:
     """Ask at the terminal; an empty answer declines, end of input or a bad value cancels."""
-    from rich.console import Console
+    from rich.markup import escape
 
-    out = Console(stderr=True)
-    out.print(f"[bold yellow]? MCP server {request.server} asks:[/bold yellow] ", end="")
+    from tether.cli.common import console
+
+    out = console(err=True)
+    out.print(f"[bold yellow]? MCP server {escape(request.server)} asks:[/bold yellow] ", end="")
     out.print(request.message, markup=False, highlight=False)
     props: dict[str, Any] = request.schema.get("properties") or {}
     try:
@@ -110,23 +114,21 @@ def configured_llm() -> LLMClient | None:
     return LLMClient(settings) if settings is not None else None
 
 
-def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | None = None
+def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | None = None, raw: bool = False
                      ) -> Callable[[Event], None]:
     """For `tether exec --device`: the events of the command's stream as the CLI shows them, with an
     MCP server's question asked at this terminal and the answer posted to the server (which needs a
     token with the `approve` scope); without a terminal, the question and how to answer it."""
-    from rich.console import Console
-
-    from tether.cli.common import remote_message, stream_output
+    from tether.cli.common import console, remote_message, stream_output
     from tether.remote import RemoteError
 
     ask = sys.stdin.isatty() if interactive is None else interactive
-    err = Console(stderr=True)
+    err = console(err=True)
 
     def on_event(event: Event) -> None:
         data = event.data
         if event.kind != "elicitation" or "id" not in data:
-            stream_output(event.kind, data)
+            stream_output(event.kind, data, raw)
             return
         request = ElicitationRequest(id=str(data["id"]), server=str(data.get("server", "?")),
                                      call_id=event.call_id, session_id=None, message=str(data.get("message", "")),

@@ -75,6 +75,17 @@ def _settings(**overrides: object):
         fail(str(exc))
 
 
+def _set_options(pairs: list[str]) -> dict[str, str]:
+    """`--set KEY=VALUE` options as settings (validated with the rest by `ServerSettings`)."""
+    values: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            fail(f"--set {pair!r}: write it KEY=VALUE, e.g. --set idle_timeout=5")
+        values[key.strip()] = value.strip()
+    return values
+
+
 @server_app.callback(invoke_without_command=True)
 def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
                "--config", "-c", metavar="FILE", help="the config file whose llm: section plans tasks "
@@ -108,6 +119,13 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
            node_id: Annotated[str | None, typer.Option(
                "--node-id", metavar="NAME", help="this node's name in the cluster (default: host name and a "
                                                  "digest of the state directory and database)")] = None,
+           allowed_origin: Annotated[list[str] | None, typer.Option(
+               "--allowed-origin", metavar="URL", help="a browser origin (scheme://host[:port]) allowed to call "
+                                                       "the server besides its own (repeat)")] = None,
+           setting: Annotated[list[str] | None, typer.Option(
+               "--set", metavar="KEY=VALUE", help="any other server setting, e.g. idle_timeout=5, "
+                                                  "max_sockets_per_address=5000 (repeat; docs/security/edge.md)")
+           ] = None,
            log_level: Annotated[str, typer.Option(metavar="debug|info|warning|error",
                                                   help="server log detail")] = "info") -> None:
     """Start the agent server (AIP WebSocket endpoint /aip and the REST API under /api/v1)."""
@@ -122,12 +140,17 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
 
     if bool(tls_cert) != bool(tls_key):
         fail("--tls-cert and --tls-key go together")
-    settings = _settings(host=host, port=port, db_path=db, tls_cert=str(tls_cert) if tls_cert else None,
-                         tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
-                         heartbeat_timeout=heartbeat_timeout, grace_period=grace_period,
-                         allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes,
-                         max_response_bytes=max_response_bytes, pairing=pairing, cluster_url=cluster,
-                         node_id=node_id)
+    named: dict[str, object] = dict(
+        host=host, port=port, db_path=db, tls_cert=str(tls_cert) if tls_cert else None,
+        tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
+        heartbeat_timeout=heartbeat_timeout, grace_period=grace_period, allowed_hosts=allowed_host or None,
+        max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes, pairing=pairing, cluster_url=cluster,
+        node_id=node_id, allowed_origins=allowed_origin or None)
+    for key, value in _set_options(setting or []).items():
+        if named.get(key) is not None:
+            fail(f"--set {key}: give it with its own option (tether server --help)")
+        named[key] = value
+    settings = _settings(**named)
     if settings.cluster_url:
         try:
             import redis  # noqa: F401 - only to say clearly that it is missing

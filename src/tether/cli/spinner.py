@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from tether.cli.safe_text import visible
+
 FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 TICK_S = 0.1  # redraw rate of the line (a display refresh, not a wait for anything)
 WIDTH = 100
@@ -60,7 +62,8 @@ class Spinner:
     def text(self) -> str:
         elapsed = self.clock() - self.started
         tokens = f", {self.tokens} tokens" if self.tokens else ""
-        return f"{FRAMES[self.frame % len(FRAMES)]} {self.label} … {elapsed:.1f} s{tokens}"[:WIDTH]
+        label = visible(self.label, one_line=True)  # a step's tool name comes from a plan
+        return f"{FRAMES[self.frame % len(FRAMES)]} {label} … {elapsed:.1f} s{tokens}"[:WIDTH]
 
     def draw(self) -> None:
         if not self.enabled or self.label is None:

@@ -15,6 +15,7 @@ from rich.markup import escape
 
 from tether.agent.task import Task
 from tether.cli.common import progress_line
+from tether.cli.safe_text import visible
 from tether.cli.spinner import Spinner
 from tether.cli.terminal_output import TerminalLines
 
@@ -99,7 +100,7 @@ class EventView:
             out.print(f"  → {d.get('answer')}", markup=False, highlight=False)
         elif kind == "token":
             self.streamed = True
-            sys.stdout.write(str(d.get("text", "")))
+            sys.stdout.write(visible(d.get("text", "")))  # a model's words: shown, not obeyed
             sys.stdout.flush()
         elif kind == "interrupted":
             out.print("[yellow]the server stopped while the task was going; it is settled when the server "

@@ -167,6 +167,9 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
           save_dir: Annotated[Path | None, typer.Option(
               "--save-dir", help="where images and blobs of an MCP tool's result are saved (default: a new "
                                  "temporary directory)")] = None,
+          raw: Annotated[bool, typer.Option(
+              "--raw", help="write the command's output as it is, terminal control sequences included (by "
+                            "default they are shown as escapes such as \\x1b)")] = False,
           ) -> None:
     """Run one tool and print its structured result; exit code 1 when the result is a failure."""
     check_tool_type(tool_type)
@@ -184,7 +187,7 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
     approved_by = f"cli:{getpass.getuser()}" if approve else None
     if device:
         result = _exec_remote(device, tool, args or [], session_id, approved_by, timeout, tool_type,
-                              server, token, ca_file)
+                              server, token, ca_file, raw)
     else:
         result = run_async(_exec_local(tool, args or [], config, policy, session_id, approved_by, timeout,
                                        tool_type, state_dir))
@@ -198,7 +201,7 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
             print_result(result.model_copy(update={"result": None}), session_id, device)
             print_mcp_content(result.result, save_dir)
         else:
-            print_result(result, session_id, device)
+            print_result(result, session_id, device, raw=raw)
         held = isinstance(result.result, dict) and result.result.get("needs_approval") and not approve
         if held:  # the layer is kept on disk for an hour: the same command and session approved apply it
             console().print(f"nothing was applied. To apply exactly these changes (the command does not run "
@@ -294,7 +297,7 @@ def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: s
 
 def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
                  timeout: float | None, tool_type: str | None, server: str | None, token: str | None,
-                 ca_file: str | None) -> Result:
+                 ca_file: str | None, raw: bool = False) -> Result:
     # --timeout is the caller's wall time: the schema lookup spends from the same budget, and the
     # command gets what is left (the batch one second more, so the tool's own timeout, which says
     # what it killed, normally answers first)
@@ -313,7 +316,7 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
             command = Command(tool_name=tool, parameters=params, tool_type=tool_type,  # type: ignore[arg-type]
                               timeout=left if timeout else None, approved_by=approved_by)
             _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5), session_id=session_id,
-                                     on_event=remote_questions(remote, device))
+                                     on_event=remote_questions(remote, device, raw=raw))
             return result
     except RemoteError as exc:
         fail_remote(exc, ExitCode.USAGE)

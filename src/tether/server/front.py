@@ -27,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
 
-from tether.server.guard import ASGIApp, Message, RequestGuard, Scope
+from tether.server.guard import ASGIApp, Message, RequestGuard, Scope, throttled_handshake
+from tether.server.ratelimit import Throttles
 from tether.server.store import StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,10 @@ class FastRoutes:
         """The AIP socket: the guard's Host/Origin rules on the handshake, then the endpoint — called from
         here, so that no guard or wrapper frame stays on the stack for the socket's life (each is a few
         hundred bytes per idle device)."""
-        if not await self.aip_rules.refused(scope, send):
-            await self.aip_endpoint(WebSocket(scope, receive, send))
+        headers = dict(scope.get("headers") or ())
+        if await self.aip_rules.refused(scope, send, headers) or await throttled_handshake(scope, send, headers):
+            return
+        await self.aip_endpoint(WebSocket(scope, receive, send))
 
     def match(self, scope: Scope) -> ASGIApp | None:
         path = route_path(scope)
@@ -116,6 +119,18 @@ class ServerApp(FastAPI):
     """FastAPI, with `fast` routes (when set) answered before its middleware stack is entered."""
 
     fast: FastRoutes | None = None
+    _throttles: Throttles | None = None
+
+    @property
+    def throttles(self) -> Throttles | None:
+        """The app's rate limits (ratelimit.py), made from `state.settings` on first use; None before the
+        app has settings. The request guard reads them off `scope["app"]`."""
+        if self._throttles is None:
+            settings = getattr(self.state, "settings", None)
+            if settings is None:
+                return None
+            self._throttles = Throttles(settings)
+        return self._throttles
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         route = self.fast.match(scope) if self.fast is not None and scope["type"] != "lifespan" else None

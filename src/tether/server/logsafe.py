@@ -3,10 +3,10 @@
 Device names, ERROR frame texts, tool names, client ids, paths and headers all come from the
 other end of a socket. Written into a log as they are, a `\\n` in one of them starts a line the
 reader takes for the server's own ("device … registered"), and an ESC sequence rewrites the
-terminal it is shown in. `clean` escapes every control character (C0, DEL, C1 and the Unicode
-line and paragraph separators) so one log call stays one line; `EscapeControlChars` applies it to
-every record a handler of the server's logging writes — the message and each of its arguments —
-so no call site can forget it. Tracebacks keep their lines.
+terminal it is shown in. `clean` escapes every control character (C0, DEL, C1, the Unicode
+line and paragraph separators, and the bidi overrides and marks) so one log call stays one line;
+`EscapeControlChars` applies it to every record a handler of the server's logging writes — the
+message and each of its arguments — so no call site can forget it. Tracebacks keep their lines.
 
 uvicorn logs the request target with its query string (`GET /api/v1/devices?token=…`); a token
 put there by mistake would land in the log. The same filter cuts the query string off uvicorn's
@@ -38,7 +38,9 @@ def mark_denied_handshake() -> None:
     """Note that this task's WebSocket handshake was refused on purpose (see the module docstring)."""
     _denied_handshake.set(True)
 
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# C0, DEL, C1, the line and paragraph separators, and the bidi marks, embeddings, overrides and isolates
+# (U+202E shows "exe.txt" for "txt.exe" in a log viewer)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -133,4 +135,7 @@ def server_log_config(log_level: str = "info") -> dict[str, Any]:
     level = log_level.lower()
     config["loggers"]["tether"] = {"handlers": ["tether"], "propagate": False,
                                    "level": level.upper() if level in _LEVELS else "DEBUG"}
+    # every other library's lines (asyncio, websockets, httpx…) through the same filter, not Python's
+    # unfiltered last-resort handler (or the CLI's basicConfig one, which this replaces)
+    config["root"] = {"handlers": ["tether"], "level": "WARNING"}
     return config

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from tether.server.app import create_app
 from tether.server.coalesce import coalescing_http_protocol
+from tether.server.edge import edge_protocols
 from tether.server.logsafe import server_log_config
 from tether.server.settings import ServerSettings, is_loopback
 from tether.server.store import Store
@@ -51,6 +52,8 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
     store.check_writable()  # a full or read-only state directory: StoreUnavailable, one line
     check_binding(settings, store, allow_insecure=allow_insecure)
     app = app_factory(settings, store)
+    # connection caps per client address and the header/body/idle timeouts, at the transport (edge.py)
+    http, ws, _ = edge_protocols(settings, coalescing_http_protocol())  # one write per response sent whole
     return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                           backlog=settings.listen_backlog,
                           log_config=server_log_config(log_level),
@@ -64,7 +67,8 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
                           # request's line whenever the logger has a handler (~1% of the CPU per command)
                           access_log=log_level.lower() in ("trace", "debug", "info"),
                           server_header=False,  # no "server: uvicorn" on every answer: a fingerprint, and bytes
-                          http=coalescing_http_protocol())  # one write per response sent whole (coalesce.py)
+                          timeout_keep_alive=settings.idle_timeout,  # type: ignore[arg-type]
+                          http=http, ws=ws)
 
 
 class _Server(uvicorn.Server):

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.server.api import ERROR_RESPONSES, require_fleet
 from tether.server.pairing import PairingBook, PairingError
+from tether.server.ratelimit import claim_refusal
 from tether.server.store import TokenInfo
 
 pairing_router = APIRouter(prefix="/api/v1/pairing", responses=ERROR_RESPONSES, tags=["pairing"])
@@ -66,7 +67,8 @@ async def claim_pairing(code: str, body: PairingClaim, request: Request) -> dict
     try:
         return await _book(request).claim(code, body.key, body.wait)
     except PairingError as exc:
-        raise HTTPException(exc.status, str(exc)) from None
+        status, error = claim_refusal(exc.status, str(exc))  # an unknown code and a wrong key: one answer
+        raise HTTPException(status, error) from None
 
 
 @pairing_router.get("")

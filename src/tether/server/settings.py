@@ -76,6 +76,52 @@ def normalize_host(value: str) -> str | None:
     return value
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443, "ws": 80, "wss": 443}
+Origin = tuple[str, str, int]  # (scheme, host, port), the scheme http or https, the port explicit
+
+
+def parse_origin(text: str) -> Origin | None:
+    """A browser `Origin` (or an `allowed_origins` entry) as (scheme, host, port): lower case, default
+    ports filled in (http 80, https 443; ws and wss count as http and https); None when it is not one
+    (`null`, another scheme, a path, user info, a bad port)."""
+    text = text.strip()
+    if "://" not in text:
+        return None
+    scheme, _, rest = text.partition("://")
+    scheme = scheme.lower()
+    if scheme not in DEFAULT_PORTS:
+        return None
+    rest = rest[:-1] if rest.endswith("/") else rest
+    if not rest or any(c in rest for c in "/?#@\\") or any(c.isspace() for c in rest):
+        return None
+    if rest.startswith("["):
+        end = rest.find("]")
+        if end < 0:
+            return None
+        host, port_text = rest[1:end], rest[end + 1:]
+        if port_text and not _is_port(port_text):
+            return None
+        port_text = port_text[1:]
+    else:
+        host, sep, port_text = rest.rpartition(":") if rest.count(":") == 1 else (rest, "", "")
+        if sep and not port_text.isdigit():
+            return None
+    host = host.lower().rstrip(".")
+    if not host:
+        return None
+    port = int(port_text) if port_text else DEFAULT_PORTS[scheme]
+    if not 0 < port <= 65535:
+        return None
+    return ("https" if scheme in ("https", "wss") else "http", host, port)
+
+
+def format_origin(origin: Origin) -> str:
+    """`origin` as text, the default port left out."""
+    scheme, host, port = origin
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}" if port == DEFAULT_PORTS[scheme] else f"{scheme}://{shown}:{port}"
+
+
 def _is_port(text: str) -> bool:
     return text.startswith(":") and text[1:].isdigit()
 
@@ -129,6 +175,40 @@ class ServerSettings(BaseModel):
     tls_key: str | None = None
     pairing: bool = Field(True, description=(
         "let devices without a token ask to pair (`tether device --pair`); an admin still approves each one"))
+    # -- the edge (docs/security/edge.md) --------------------------------------------------------------
+    idle_timeout: float = Field(5.0, gt=0, description=(
+        "seconds an HTTP connection may stay open with no request under way (just connected and silent, or "
+        "between two requests) before the server closes it"))
+    header_timeout: float = Field(10.0, gt=0, description=(
+        "seconds from a request's first byte to the end of its headers; slower is answered 408 and closed"))
+    body_timeout: float = Field(60.0, gt=0, description=(
+        "seconds from the end of a request's headers to the end of its body; slower is answered 408 and closed"))
+    max_connections_per_address: int = Field(64, ge=1, description=(
+        "HTTP connections (not yet a WebSocket) one client address may hold open; more are closed as they are "
+        "accepted"))
+    max_connections_per_loopback: int | None = Field(None, ge=1, description=(
+        "the same cap for a loopback address (127.0.0.0/8, ::1), where local tools and fleets open more; "
+        "default: half the server's open-file limit, at most 8,192"))
+    max_connections: int | None = Field(None, ge=1, description=(
+        "HTTP connections (not yet a WebSocket) from all addresses together; default: three quarters of "
+        "the server's open-file limit (`ulimit -n`), so that many addresses together cannot take every descriptor"))
+    max_sockets_per_address: int = Field(1024, ge=1, description=(
+        "WebSockets (device connections, mostly) one client address may hold: a fleet behind one NAT address "
+        "needs this raised; more are answered 503 at the upgrade"))
+    max_sockets_per_loopback: int = Field(16384, ge=1, description=(
+        "the same cap for a loopback address (a local fleet, the benches' 10,000 devices)"))
+    auth_failure_burst: int = Field(30, ge=1, description=(
+        "failed credential checks (a wrong bearer token, a failed dashboard login) one client address may make "
+        "at once before its requests carrying credentials are answered 429"))
+    auth_failures_per_minute: float = Field(30.0, gt=0, description=(
+        "how fast that allowance comes back (failed checks per minute, sustained)"))
+    pairing_claim_burst: int = Field(20, ge=1, description=(
+        "pairing claims one client address may make at once (a waiting device makes about 2 a minute)"))
+    pairing_claims_per_minute: float = Field(12.0, gt=0, description=(
+        "how fast that allowance comes back (claims per minute, per address; a third of it per code)"))
+    allowed_origins: list[str] = Field(default_factory=list, description=(
+        "browser origins (scheme://host[:port]) allowed besides the server's own; a page's Origin must match "
+        "the server's scheme, host and port otherwise"))
 
     @field_validator("allowed_hosts")
     @classmethod
@@ -138,6 +218,17 @@ class ServerSettings(BaseModel):
             if text != "*" and normalize_host(text.removeprefix("*.")) is None:
                 raise ValueError(f"allowed host {entry!r} is not a host name or address (or '*.domain', or '*')")
         return [h.strip().lower() for h in hosts]
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        out = []
+        for entry in origins:
+            parsed = parse_origin(entry)
+            if parsed is None:
+                raise ValueError(f"allowed origin {entry!r} is not scheme://host[:port] (http or https)")
+            out.append(format_origin(parsed))
+        return out
 
     @model_validator(mode="after")
     def _consistent(self) -> ServerSettings:
