@@ -101,6 +101,9 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
            pairing: Annotated[bool, typer.Option(
                "--pairing/--no-pairing", help="let devices without a token ask to pair (an admin approves each)")
            ] = True,
+           four_eyes: Annotated[bool, typer.Option(
+               "--four-eyes", help="approvals need a second person: the token that asked for an action may not "
+                                   "approve it (docs/security/approvals.md)")] = False,
            cluster: Annotated[str | None, typer.Option(
                "--cluster", metavar="REDIS_URL", envvar="TETHER_CLUSTER",
                help="run as one node of a cluster on this Redis (redis://HOST:PORT/DB), sharing --db (a "
@@ -127,7 +130,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
                          heartbeat_timeout=heartbeat_timeout, grace_period=grace_period,
                          allowed_hosts=allowed_host or None, max_body_bytes=max_body_bytes,
                          max_response_bytes=max_response_bytes, pairing=pairing, cluster_url=cluster,
-                         node_id=node_id)
+                         node_id=node_id, four_eyes=four_eyes)
     if settings.cluster_url:
         try:
             import redis  # noqa: F401 - only to say clearly that it is missing
@@ -164,8 +167,12 @@ def token_create(device: Annotated[str | None, typer.Option(
                                                            "wait for 'tether approve TASK' before they run "
                                                            "(destructive: plans with a step that changes "
                                                            "something)")] = "never",
+                 agent: Annotated[bool, typer.Option(
+                     "--agent", help="an API token an agent (an MCP client, a script an LLM drives) holds: it may "
+                                     "read and run, never approve (no approve or admin scope)")] = False,
                  db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Create a token and print it once (only its hash is stored)."""
+    """Create a token and print it once (only its hash is stored). An API token is a person's unless
+    --agent says it is an agent's; only a person's token approves."""
     from tether.server.store import Store
 
     if bool(device) == bool(api):
@@ -174,16 +181,19 @@ def token_create(device: Annotated[str | None, typer.Option(
     try:
         kind = "device" if device else "api"
         scopes = [] if device else list(scope or ["read", "execute"])
-        info, secret = store.create_token(kind, device or api, scopes, confirm)  # type: ignore[arg-type]
+        if agent and device:
+            fail("--agent goes with --api: a device token is a device's, not an agent's")
+        info, secret = store.create_token(kind, device or api, scopes, confirm, agent=agent)  # type: ignore[arg-type]
     except ValueError as exc:
         fail(str(exc))
     finally:
         store.close()
     if as_json:
         typer.echo(json.dumps({"token": secret, "id": info.id, "kind": info.kind, "name": info.name,
-                               "scopes": info.scopes, "confirm": info.confirm}))
+                               "scopes": info.scopes, "confirm": info.confirm, "agent": info.agent}))
         return
-    console(err=True).print(f"{kind} token for '{info.name}' (id {info.id}"
+    whose = " (an agent's: it never approves)" if info.agent else ""
+    console(err=True).print(f"{kind} token{whose} for '{info.name}' (id {info.id}"
                             f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}); it is shown only once:")
     typer.echo(secret)
 
@@ -202,10 +212,11 @@ def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
         typer.echo(json.dumps([r.model_dump(mode="json") for r in rows], indent=2))
         return
     table = Table(title="tokens")
-    for col in ("id", "kind", "name", "scopes", "created", "revoked"):
+    for col in ("id", "kind", "holder", "name", "scopes", "created", "revoked"):
         table.add_column(col)
     for r in rows:
-        table.add_row(str(r.id), r.kind, r.name, ",".join(r.scopes), _when(r.created_at), _when(r.revoked_at))
+        holder = "device" if r.kind == "device" else "agent" if r.agent else "person"
+        table.add_row(str(r.id), r.kind, holder, r.name, ",".join(r.scopes), _when(r.created_at), _when(r.revoked_at))
     console().print(table)
 
 

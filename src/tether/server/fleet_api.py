@@ -69,7 +69,7 @@ async def fleet_commands(batch: FleetBatch, request: Request,
     """Run the batch on every device meeting `requires`, at most `max_concurrency` at once. Each
     device's line is `{device, status: ok|failed|offline|timed_out|cancelled, results|error, duration}`;
     the last is `{summary: {ok, failed, offline, timed_out, cancelled, total, duration}}`."""
-    stamp_approvals(batch.commands, who)
+    stamp_approvals(batch.commands, who, request)
     hub = request.app.state.hub
     refuse_unaudited(hub.store)
     try:

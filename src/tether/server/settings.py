@@ -129,6 +129,9 @@ class ServerSettings(BaseModel):
     tls_key: str | None = None
     pairing: bool = Field(True, description=(
         "let devices without a token ask to pair (`tether device --pair`); an admin still approves each one"))
+    four_eyes: bool = Field(False, description=(
+        "approvals need a second person: the token that asked for an action (created the task, sent the "
+        "command) may not approve it; see docs/security/approvals.md"))
 
     @field_validator("allowed_hosts")
     @classmethod
