@@ -12,6 +12,7 @@ from tether.tools.policy import Policy, default_policy
 
 if TYPE_CHECKING:
     from tether.sandbox.runner import Sandbox
+    from tether.tools.approval import ApprovalClaim
     from tether.tools.journal import UndoJournal
 
 EventSink = Callable[[str, dict[str, Any]], None]
@@ -48,6 +49,8 @@ class ToolContext:
     deadline: float | None = None
     # the device's OS sandbox (None: processes run unconfined, allowed only if the policy says so)
     sandbox: Sandbox | None = None
+    # an approval whose digest was not the command's alone: maybe for changes it held (tools/approval.py)
+    approval: ApprovalClaim | None = None
 
     def for_call(self, *, session_id: str | None, call_id: str | None, approved_by: str | None,
                  emit: EventSink | None = None, deadline: float | None = None) -> ToolContext:
