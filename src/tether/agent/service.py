@@ -315,7 +315,8 @@ class TaskService:
         rows = {row["id"]: row for row in self.store.list(limit + len(memory), state)}
         for task in memory.values():
             rows[task.id] = {"id": task.id, "request": task.request, "state": task.state.value,
-                             "device": task.device, "created_at": task.created_at.isoformat(),
+                             "device": task.device, "requested_by": task.requested_by,
+                             "created_at": task.created_at.isoformat(),
                              "updated_at": task.updated_at.isoformat()}
         shown = [row for row in rows.values() if state is None or row["state"] == state]
         shown.sort(key=lambda row: row["updated_at"], reverse=True)
