@@ -26,10 +26,10 @@ from typing import Any
 import httpx
 import mcp_types as types
 import pytest
+from server_target import error_of
 
 from gateway.gatewaykit import mcp_client
 from netutil import CLI
-from server_target import error_of
 from task_testkit import WAIT, AgentServer
 from tether.device.local import build_device
 from tether.protocol.models import Command
@@ -137,7 +137,8 @@ async def test_an_agent_approving_through_rest_is_refused_and_the_file_stays(fle
         task_id = created.json()["id"]
         asked = await fleet.question(task_id)
         assert asked["kind"] == "approval" and asked["digest"].startswith("sha256:")
-        for route, body in (("approval", {"approved": True}), ("approval", {"approved": True, "digest": asked["digest"]}),
+        for route, body in (("approval", {"approved": True}),
+                            ("approval", {"approved": True, "digest": asked["digest"]}),
                             ("answer", {"answer": "approve"}), ("answer", {"answer": "1"}),
                             ("answer", {"answer": "yes", "question_id": asked["id"], "digest": asked["digest"]})):
             refused_for_an_agent(await api.post(f"/tasks/{task_id}/{route}", json=body), task_id)
