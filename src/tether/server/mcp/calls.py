@@ -240,8 +240,10 @@ class _Forwarder:
             await self._send(event)
 
     async def _send(self, event: Event) -> None:
+        # an answer is a person's (as POST /devices/{name}/questions/{id}): never an agent's client, nor under
+        # four-eyes the caller's own (it asked for the command)
         if event.kind == "elicitation" and self.elicit is not None and self.caller.token.allows("approve") \
-                and "declined" not in event.data:
+                and not getattr(self.hub.settings, "four_eyes", False) and "declined" not in event.data:
             task = asyncio.ensure_future(self._ask(event.data))
             self.questions.add(task)  # asked beside the stream, so output keeps flowing while a person thinks
             task.add_done_callback(self.questions.discard)

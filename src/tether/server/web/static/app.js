@@ -282,16 +282,17 @@ async function tokensView() {
     e.preventDefault();
     try {
       const scopes = [...form.querySelectorAll("input[name=scope]:checked")].map((x) => x.value);
-      const made = await api("/api/v1/tokens", {method: "POST", body: {kind: form.kind.value, name: form.tname.value, scopes: form.kind.value === "api" ? scopes : []}});
+      const made = await api("/api/v1/tokens", {method: "POST", body: {kind: form.kind.value, name: form.tname.value, scopes: form.kind.value === "api" ? scopes : [], agent: form.kind.value === "api" && form.agent.checked}});
       shown.replaceChildren(h("p", {}, "Copy it now; it is not shown again:"), h("pre", {id: "new-secret"}, made.token));
       tokensView().then(() => $("#main").prepend(shown));
     } catch (x) { toast(`error: ${x.message}`); }
   }}, h("h2", {}, "Create a token"), h("label", {for: "tname"}, "Name"), h("input", {id: "tname", name: "tname", required: true}),
     h("label", {for: "kind"}, "Kind"), h("select", {id: "kind", name: "kind"}, h("option", {value: "api"}, "api"), h("option", {value: "device"}, "device")),
     h("fieldset", {}, h("legend", {}, "Scopes"), ["read", "execute", "approve", "admin"].map((s) => h("label", {}, h("input", {type: "checkbox", name: "scope", value: s}), ` ${s}`))),
+    h("label", {}, h("input", {type: "checkbox", name: "agent", id: "agent"}), " an agent's token (it never approves: no approve or admin)"),
     h("button", {type: "submit"}, "Create"));
-  view(h("h1", {}, "Tokens"), shown, form, h("div", {class: "scroll"}, h("table", {"aria-label": "tokens"}, h("thead", {}, h("tr", {}, ["Name", "Kind", "Scopes", "Status", ""].map((t) => h("th", {scope: "col"}, t)))),
-    h("tbody", {}, tokens.map((t) => h("tr", {}, h("td", {}, t.name), h("td", {}, t.kind), h("td", {}, (t.scopes || []).join(", ")), h("td", {}, t.revoked_at ? "revoked" : "active"),
+  view(h("h1", {}, "Tokens"), shown, form, h("div", {class: "scroll"}, h("table", {"aria-label": "tokens"}, h("thead", {}, h("tr", {}, ["Name", "Kind", "Holder", "Scopes", "Status", ""].map((t) => h("th", {scope: "col"}, t)))),
+    h("tbody", {}, tokens.map((t) => h("tr", {}, h("td", {}, t.name), h("td", {}, t.kind), h("td", {}, t.kind === "device" ? "device" : t.agent ? "agent" : "person"), h("td", {}, (t.scopes || []).join(", ")), h("td", {}, t.revoked_at ? "revoked" : "active"),
       h("td", {}, t.revoked_at ? "" : h("button", {type: "button", class: "danger", onclick: () => api(`/api/v1/tokens/${encodeURIComponent(t.id || t.name)}`, {method: "DELETE"}).then(tokensView, fail)}, "Revoke"))))))));
 }
 
