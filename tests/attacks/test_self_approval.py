@@ -16,6 +16,7 @@ AIP with the real sandbox (bubblewrap), the real `tether` CLI as a process, the 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import tempfile
@@ -28,6 +29,7 @@ import mcp_types as types
 import pytest
 from server_target import error_of
 
+import dbkit
 from gateway.gatewaykit import mcp_client
 from netutil import CLI
 from task_testkit import WAIT, AgentServer
@@ -125,6 +127,17 @@ async def test_the_mcp_config_token_is_an_agents_and_cannot_be_made_to_approve(f
     async with fleet.client(agent) as api:  # nor can it make itself a person's token
         made = await api.post("/tokens", json={"kind": "api", "name": "me-too", "scopes": ["approve"]})
         assert made.status_code == 403
+    # `tether token create --agent`: an agent's, refused a person's scopes; `tether token list` says whose
+    db = dbkit.server_db_args(fleet.server.db_path)
+    code, _, err = await fleet.tether("token", "create", "--api", "bot", "--agent", "--scope", "approve", *db,
+                                      token="")
+    assert code != 0 and "agent's token cannot have the approve scope" in err and "Traceback" not in err
+    code, out, err = await fleet.tether("token", "create", "--api", "bot", "--agent", "--json", *db, token="")
+    assert code == 0, err
+    made_json = json.loads(out)
+    assert made_json["agent"] is True and made_json["scopes"] == ["execute", "read"]
+    code, out, _ = await fleet.tether("token", "list", *db, token="")
+    assert code == 0 and re.search(r"\bbot\b", out) and "agent" in out and "person" in out, out
 
 
 async def test_an_agent_approving_through_rest_is_refused_and_the_file_stays(fleet: Fleet) -> None:
