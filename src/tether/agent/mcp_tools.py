@@ -159,7 +159,7 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
     async def undo_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         tasks = service()
         task = tasks.get(_task_id(arguments))
-        _need_approve(call, "undo a task (it rewrites files as an approved action)", task, None)
+        _need_approve(call, "undo a task (it rewrites files as an approved action)", task, settings(), undo=True)
         report = await tasks.undo(task.id, _who(call))
         lines = [f"{name}: " + (f"restored {info['restored']}" if "restored" in info else f"error: {info['error']}")
                  for name, info in report.items()] or ["the task changed nothing on any device"]
@@ -393,11 +393,12 @@ def _task_id(arguments: dict[str, Any]) -> str:
 
 
 
-def _need_approve(call: GatewayCall, what: str, task: Task | None, settings: Any, question: str | None = None) -> None:
+def _need_approve(call: GatewayCall, what: str, task: Task | None, settings: Any, question: str | None = None,
+                  undo: bool = False) -> None:
     """TaskError 403 unless this caller may give the approval: a person's token with `approve` and, with
     four-eyes on, not the token that created the task; the error says how a person approves."""
     how = how_a_person_approves(server_url(settings), task_id=task.id if task is not None else None,
-                                question=question)
+                                question=question, undo=undo)
     try:
         check_approver(call.token, what, how)
         if task is not None:

@@ -88,9 +88,6 @@ def _settings(request: Request) -> Any:
     return getattr(request.app.state, "settings", None)
 
 
-
-
-
 async def task_error(request: Request, exc: Exception) -> JSONResponse:
     """Every `TaskError` the service raises becomes the API's `{"error": ...}` with its status."""
     assert isinstance(exc, TaskError)
@@ -187,9 +184,8 @@ async def undo_task(task_id: str, request: Request,
     """Put back the files the task's commands changed, on each device they ran on. Needs the `approve`
     scope: the undo rewrites files as an approved action (the device refuses it otherwise), so an
     agent's execute token must not be able to set it off."""
-    require_approver(who, "undo a task (it rewrites files as an approved action)", how_a_person_approves(
-        str(request.base_url), task_id=task_id).replace("approves", "undoes").replace(
-        f"`tether approve {task_id}` (or `tether deny {task_id}`)", f"`tether undo {task_id}`"))
+    require_approver(who, "undo a task (it rewrites files as an approved action)",
+                     how_a_person_approves(str(request.base_url), task_id=task_id, undo=True))
     return {"task": task_id, "devices": await _service(request).undo(task_id, f"api:{who.name}")}
 
 

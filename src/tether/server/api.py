@@ -351,7 +351,8 @@ def require_approver(who: TokenInfo, what: str, how: str | None = None, *, reque
         raise HTTPException(exc.status, str(exc)) from None
 
 
-def stamp_approvals(commands: list[Command], who: TokenInfo, request: Request | None = None) -> None:
+def stamp_approvals(commands: list[Command], who: TokenInfo, request: Request | None = None,
+                    device: str | None = None) -> None:
     """A command sent as approved is approved by the caller, who must be a person holding the `approve`
     scope (with four-eyes on, never: the sender asked for it); the audit log names the token, whatever
     name the caller wrote. Its `approval_digest` (what the person was shown) goes on to the device."""
@@ -361,7 +362,7 @@ def stamp_approvals(commands: list[Command], who: TokenInfo, request: Request | 
     base = str(request.base_url) if request is not None else None
     settings = getattr(request.app.state, "settings", None) if request is not None else None
     require_approver(who, "send commands marked approved",
-                     how_a_person_approves(base, device=None, tool=first.tool_name),
+                     how_a_person_approves(base, device=device, tool=first.tool_name),
                      requested_by=f"api:{who.name}", settings=settings)
     for command in commands:
         if command.approved_by:
@@ -384,7 +385,7 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     """Start the batch and answer at once with its id (the `X-Tether-Batch` header, and the first SSE
     event); the results follow as one JSON body or as SSE. A caller that goes away before the end
     cancels the batch on the device, and the audit says so."""
-    stamp_approvals(batch.commands, who, request)
+    stamp_approvals(batch.commands, who, request, name)
     hub = _hub(request)
     refuse_unaudited(hub.store)
     if hub.remote is not None and not hub.holds(name) and (problem := hub.remote.problem()) is not None:

@@ -37,8 +37,12 @@ def dashboard_url(base_url: str | None, task_id: str | None = None) -> str:
 
 
 def how_a_person_approves(base_url: str | None, *, task_id: str | None = None, device: str | None = None,
-                          tool: str | None = None, question: str | None = None) -> str:
-    """One sentence naming the ways a person gives this approval, with a person's token."""
+                          tool: str | None = None, question: str | None = None, undo: bool = False) -> str:
+    """One sentence naming the ways a person gives this approval (or, `undo`, undoes the task), with a
+    person's token."""
+    if undo and task_id is not None:
+        return (f"a person undoes it in the dashboard ({dashboard_url(base_url, task_id)}) or with "
+                f"`tether undo {task_id}`, using a person's token (one made without --agent)")
     if task_id is not None and question is not None:
         cli = f"`tether answer {task_id} ANSWER`"
     elif task_id is not None:
