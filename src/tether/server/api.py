@@ -133,9 +133,12 @@ def authorize(request: Request, authorization: str | None, scope: str) -> TokenI
     if info.kind != "api":
         raise HTTPException(403, "a device token cannot use the API; create one with "
                                  "'tether token create --api'")
-    if info.agent and scope in AGENT_NEVER:  # approving is a person's: say how a person does it
+    if info.agent and scope == "approve":  # approving is a person's: say how a person does it
         raise HTTPException(403, f"token '{info.name}' is an agent's token, and an agent never approves or answers "
                                  f"a person's question: {how_a_person_approves(str(request.base_url))}")
+    if info.agent and scope in AGENT_NEVER:
+        raise HTTPException(403, f"token '{info.name}' is an agent's token, which never holds the '{scope}' scope "
+                                 "(an admin could make itself a person's token); ask a person with an admin token")
     if not info.allows(scope):
         raise HTTPException(403, f"token '{info.name}' lacks the '{scope}' scope (has {info.scopes})")
     return info
