@@ -87,8 +87,12 @@ class BatchResults(BaseModel):
 
 class TokenRequest(BaseModel):
     # scopes are for API tokens; a device token has none (said in the document for API clients too)
+    # and only an API token is an agent's, which holds neither approve nor admin (docs/security/approvals.md)
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
-        {"properties": {"kind": {"const": "api"}}}, {"properties": {"scopes": {"maxItems": 0}}}]})
+        {"properties": {"kind": {"const": "api"}}}, {"properties": {"scopes": {"maxItems": 0}}}], "allOf": [
+        {"anyOf": [{"properties": {"kind": {"const": "api"}}}, {"properties": {"agent": {"const": False}}}]},
+        {"anyOf": [{"properties": {"agent": {"const": False}}},
+                   {"properties": {"scopes": {"items": {"enum": ["read", "execute"]}}}}]}]})
 
     kind: Literal["device", "api"]
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
