@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 PREFIX = "sha256:"
 MAX_HASHED_BYTES = 64 << 20  # a file larger than this is named by (size, mtime, inode), not read whole
+MAX_DIGEST_BYTES = 128 << 20  # all the files one digest reads, at most (then the rest are named as above)
 MAX_NAMED_FILES = 64  # arguments looked at as file names, at most (argv of a huge glob)
 _PATH_KEYS = ("path", "source", "destination", "src", "dst", "dest", "target", "file", "script")
 _CHUNK = 1 << 20
@@ -50,9 +51,23 @@ class ApprovalClaim:
         return combine(self.facts, changes_digest) == self.digest
 
 
-def file_identity(path: str) -> dict[str, Any] | None:
+class _Budget:
+    """The bytes one digest may still read (MAX_DIGEST_BYTES in all): the files past it are named by their
+    size, mtime and inode, so a command naming many large files cannot make the device read gigabytes."""
+
+    def __init__(self, left: int = 0) -> None:
+        self.left = left or MAX_DIGEST_BYTES
+
+    def take(self, size: int) -> bool:
+        if size > MAX_HASHED_BYTES or size > self.left:
+            return False
+        self.left -= size
+        return True
+
+
+def file_identity(path: str, budget: _Budget | None = None) -> dict[str, Any] | None:
     """What a file is now: its real path and the sha256 of its bytes (or its size, mtime and inode past
-    MAX_HASHED_BYTES); None when nothing regular is there."""
+    MAX_HASHED_BYTES, or past what the digest's `budget` may still read); None when nothing regular is there."""
     try:
         real = os.path.realpath(path)
         st = os.stat(real)
@@ -62,7 +77,7 @@ def file_identity(path: str) -> dict[str, Any] | None:
         return None
     if real.startswith(_PSEUDO):  # a kernel's file: new bytes at every read (a uuid), named by its path only
         return {"path": real}
-    if st.st_size > MAX_HASHED_BYTES:
+    if not (budget or _Budget()).take(st.st_size):
         return {"path": real, "size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino}
     digest = hashlib.sha256()
     try:
@@ -74,15 +89,15 @@ def file_identity(path: str) -> dict[str, Any] | None:
     return {"path": real, "sha256": digest.hexdigest()}
 
 
-def _program(cmd: str, cwd: str | None) -> dict[str, Any] | None:
+def _program(cmd: str, cwd: str | None, budget: _Budget) -> dict[str, Any] | None:
     if "/" in cmd:
         found: str | None = cmd if os.path.isabs(cmd) or not cwd else os.path.join(cwd, cmd)
     else:
         found = shutil.which(cmd)
-    return file_identity(found) if found else None
+    return file_identity(found, budget) if found else None
 
 
-def _named_files(params: dict[str, Any], cwd: str | None) -> dict[str, Any]:
+def _named_files(params: dict[str, Any], cwd: str | None, budget: _Budget) -> dict[str, Any]:
     """Each argument that names an existing regular file (relative ones from `cwd`): its identity."""
     names: list[str] = [params[k] for k in _PATH_KEYS if isinstance(params.get(k), str)]
     argv = params.get("argv", params.get("args"))
@@ -93,7 +108,7 @@ def _named_files(params: dict[str, Any], cwd: str | None) -> dict[str, Any]:
         if len(name) > 4096 or "\0" in name:
             continue
         where = name if os.path.isabs(name) or not cwd else os.path.join(cwd, name)
-        identity = file_identity(os.path.expanduser(where))
+        identity = file_identity(os.path.expanduser(where), budget)
         if identity is not None:
             seen[name] = identity
     return seen
@@ -103,9 +118,11 @@ def command_facts(tool_name: str, params: dict[str, Any] | None) -> str:
     """The digest of everything about a command that an approval of it stands for (see the module)."""
     params = params or {}
     cwd = params.get("cwd") if isinstance(params.get("cwd"), str) else None
-    facts: dict[str, Any] = {"tool": tool_name, "params": params, "files": _named_files(params, cwd)}
-    if isinstance(params.get("cmd"), str) and params["cmd"]:
-        facts["program"] = _program(params["cmd"], cwd)
+    budget = _Budget()
+    facts: dict[str, Any] = {"tool": tool_name, "params": params}
+    if isinstance(params.get("cmd"), str) and params["cmd"]:  # the program first: it runs, whatever else
+        facts["program"] = _program(params["cmd"], cwd, budget)
+    facts["files"] = _named_files(params, cwd, budget)
     if cwd:
         facts["cwd"] = os.path.realpath(os.path.expanduser(cwd))
     return _hash(facts)
@@ -115,6 +132,7 @@ def changes_digest(changes: Iterable[Any]) -> str:
     """The digest of a held change list: each change's path, kind, type, origin, mode, what the real
     tree held, and the sha256 of its new content (a file's bytes, a link's target)."""
     listed = []
+    budget = _Budget()
     for c in changes:
         content: Any = None
         if c.source and c.kind != "deleted":
@@ -124,8 +142,9 @@ def changes_digest(changes: Iterable[Any]) -> str:
                 except OSError:
                     content = None
             elif c.node == "file":
-                identity = file_identity(c.source)
-                content = identity.get("sha256") or identity.get("size") if identity else None
+                identity = file_identity(c.source, budget)
+                if identity is not None:  # past the budget: size, mtime and inode (another layer's differ)
+                    content = identity.get("sha256") or [identity.get(k) for k in ("size", "mtime_ns", "inode")]
         listed.append([c.path, c.kind, c.node, c.moved_from, c.mode, list(c.was) if c.was else None, content])
     return _hash(listed)
 
