@@ -39,8 +39,9 @@ WAIT = 30.0
 @dbkit.keeps_server_state
 class AgentServer:
     def __init__(self, tmp: Path, *, llm: LLMSettings | None = None, budgets: Budgets | None = None,
-                 db_path: Path | None = None) -> None:
+                 db_path: Path | None = None, **settings: Any) -> None:
         self.tmp = tmp
+        self.settings_extra = settings  # more ServerSettings (e.g. four_eyes=True)
         self.llm = llm
         self.budgets = budgets
         self.db_path = db_path or tmp / "server.db"
@@ -48,7 +49,7 @@ class AgentServer:
 
     async def __aenter__(self) -> AgentServer:
         settings = ServerSettings(**dbkit.settings_db(self.db_path), heartbeat_interval=5.0, heartbeat_timeout=30.0,
-                                  grace_period=5.0)
+                                  grace_period=5.0, **self.settings_extra)
         self.store = Store(dbkit.server_db(settings.db_path))
         token = self.store.create_token("api", f"tester-{len(self.store.list_tokens())}",
                                         ["read", "execute", "approve"])[1]

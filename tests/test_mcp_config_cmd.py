@@ -85,7 +85,9 @@ async def test_each_clients_snippet_connects_with_a_new_token(agent: AgentServer
     tools = await tools_seen(url, header)
     assert {"run_task", "list_devices", "alpha__shell.run", "beta__shell.run"} <= tools
     made = [t for t in agent.store.list_tokens() if t.name == f"mcp-{client}"]
-    assert len(made) == 1 and sorted(made[0].scopes) == ["approve", "execute", "read"]
+    # an agent's token (issue 27): it runs and reads, and never approves
+    assert len(made) == 1 and sorted(made[0].scopes) == ["execute", "read"] and made[0].agent
+    assert not made[0].allows("approve") and "never approves" in err
     assert f"mcp-{client}" in err and header.removeprefix("Bearer ") not in err  # the secret only in the snippet
 
 
@@ -110,14 +112,16 @@ async def test_refusals_are_one_line_and_create_nothing(agent: AgentServer) -> N
         "bad token": await tether(server=base(agent), token="nope"),
         "bad client": await tether("--client", "emacs", server=base(agent), token=root),
         "bad scope": await tether("--scope", "root", server=base(agent), token=root),
+        "a person's scope": await tether("--scope", "approve", server=base(agent), token=root),
         "bad device": await tether("--device", "a b", server=base(agent), token=root),
         "unreachable": await tether(server=f"http://127.0.0.1:{free_port()}", token="x"),
     }
     codes = {what: code for what, (code, _, _) in results.items()}
-    assert codes == {"not admin": 1, "bad token": 2, "bad client": 2, "bad scope": 2, "bad device": 2,
-                     "unreachable": 4}
+    assert codes == {"not admin": 1, "bad token": 2, "bad client": 2, "bad scope": 2, "a person's scope": 2,
+                     "bad device": 2, "unreachable": 4}
     for what, (_, out, err) in results.items():
         assert out == "" and err.startswith("error: ") and "Traceback" not in err, (what, err)
     assert "admin" in results["not admin"][2] and "emacs" in results["bad client"][2]
+    assert "never approves" in results["a person's scope"][2]
     assert len(agent.store.list_tokens()) == before
 

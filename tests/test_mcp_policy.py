@@ -188,8 +188,11 @@ async def test_desktop_client_config_file_through_the_device(tmp_path: Path) -> 
         assert listed.ok and "whoami" not in {t["name"] for t in listed.result}
         assert wrote.ok, wrote.error
         assert note.read_text() == "auto"
+        # through the router, a question carries the digest its approval is bound to (tools/approval.py)
+        assert deleted.result.pop("approval_digest").startswith("sha256:")
         assert deleted.result == NEEDS_APPROVAL  # the approved one after it deleted the file
         assert approved_delete.ok and not victim.exists()
+        assert plain.result.pop("approval_digest").startswith("sha256:")
         assert plain.result == {"needs_approval": True, "rule": "approval.mcp_approve_tools"}
         for refused in (denied, denied_qualified):
             assert refused.status is ResultStatus.FAILURE

@@ -153,9 +153,11 @@ class RemoteServer:
         """The whole task (plan, steps, questions, events); an id prefix works."""
         return self._request("GET", f"/tasks/{_quote(task_id)}", params={"events": str(events).lower()})
 
-    def answer(self, task_id: str, answer: str, question_id: str | None = None) -> dict[str, Any]:
-        return self._request("POST", f"/tasks/{_quote(task_id)}/answer",
-                             json={"answer": answer, "question_id": question_id})
+    def answer(self, task_id: str, answer: str, question_id: str | None = None,
+               digest: str | None = None) -> dict[str, Any]:
+        """Answer the task's open question; `digest` (the question's, as shown) binds the answer to it."""
+        body: dict[str, Any] = {"answer": answer, "question_id": question_id, **({"digest": digest} if digest else {})}
+        return self._request("POST", f"/tasks/{_quote(task_id)}/answer", json=body)
 
     def answer_question(self, device: str, question: str, action: str,
                         content: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -163,8 +165,12 @@ class RemoteServer:
         return self._request("POST", f"/devices/{_quote(device)}/questions/{_quote(question)}",
                              json={"action": action, "content": content})
 
-    def approve(self, task_id: str, approved: bool = True, always: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"approved": approved, **({"always": always} if always else {})}
+    def approve(self, task_id: str, approved: bool = True, always: str | None = None,
+                digest: str | None = None) -> dict[str, Any]:
+        """Approve (or deny) what the task waits on; `digest` (the question's, as shown) binds the approval
+        to it: refused (409) when the task now waits on something else."""
+        body: dict[str, Any] = {"approved": approved, **({"always": always} if always else {}),
+                                **({"digest": digest} if digest else {})}
         return self._request("POST", f"/tasks/{_quote(task_id)}/approval", json=body)
 
     def cancel(self, task_id: str) -> dict[str, Any]:

@@ -9,6 +9,17 @@ from __future__ import annotations
 
 APPROVE_WORDS = frozenset({"approve", "approved", "yes", "y"})
 DENY_WORDS = frozenset({"deny", "denied", "no", "n"})
+# the question kinds only a person answers yes to: an action to approve, a plan to confirm (agent/confirm.py)
+APPROVAL_KINDS = ("approval", "confirmation")
+
+
+def says_no(answer: str, options: list[str]) -> bool:
+    """Whether this answer to an approval or a confirmation refuses it (deny, no, cancel, or the number of
+    such an option): anyone who may steer the task may say no; only a person may say yes."""
+    text = answer.strip().lower()
+    if text.isdigit() and 1 <= int(text) <= len(options):
+        text = options[int(text) - 1].lower()
+    return text in DENY_WORDS or text == "cancel"
 
 
 class AnswerError(ValueError):

@@ -5,10 +5,15 @@ is `always`, or `destructive` when a plan has a step that changes something (a t
 as opposed to `data_collection`, or one whose type is unknown). Each part of a plan is confirmed when it
 is made: the first plan, and the parts planned after an observation or a re-plan. The question has the
 kind `confirmation`, so `tether approve` (run) and `tether answer` (run/cancel) both answer it.
+
+A confirmation is bound to the plan it showed (`plan_digest`): the steps, their devices and arguments in
+full. The runner recomputes it when the answer comes; a plan that differs by then is asked about again.
+Only a person confirms: an agent's token is refused (server/approvals.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Literal
@@ -55,6 +60,15 @@ def plan_text(steps: Sequence[PlanStep], first: int = 0) -> str:
         what = f" — {step.description}" if step.description else ""
         lines.append(f"{first + offset + 1}. {step.skill}{where} {args}{what}")
     return "\n".join(lines)
+
+
+def plan_digest(steps: Sequence[PlanStep], first: int = 0) -> str:
+    """`sha256:` over exactly what a confirmation shows, in full (not the shortened text): each step's
+    number, skill, device, arguments and description. Equal digests mean the same plan part."""
+    shown = [[first + i, s.skill, s.device, s.on, s.requires.model_dump(mode="json") if s.requires else None,
+              s.args, s.description] for i, s in enumerate(steps)]
+    text = json.dumps(shown, sort_keys=True, separators=(",", ":"), default=str, ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
 
 
 def confirmation_answer(answer: str) -> bool | None:

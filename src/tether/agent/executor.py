@@ -161,7 +161,8 @@ class TaskRunner(Rounds):
             pending = task.pending_question
             await self._resolve(task, AskUser(question=pending.question, options=pending.options,
                                               kind="approval" if pending.kind == "approval" else "question",
-                                              changes=pending.changes, source="user"), existing=pending)
+                                              changes=pending.changes, digest=pending.digest, source="user"),
+                                existing=pending)
         elif task.state in (TaskState.RECOVERING, TaskState.WAITING_FOR_USER):
             self._to(task, TaskState.RUNNING)
         assert task.plan is not None
@@ -192,7 +193,8 @@ class TaskRunner(Rounds):
         index = task.cursor
         step = task.plan.steps[index]
         approved = (task.approved_by or "user") if task.approved_step == index else None
-        task.approved_step = task.approved_by = None
+        digest = task.approved_digest if approved else None
+        task.approved_step = task.approved_by = task.approved_digest = None
         unresolved: str | None = None
         params = dict(step.args)
         if has_refs(step.args):
@@ -200,7 +202,7 @@ class TaskRunner(Rounds):
                 params = resolve(step.args, step_results(task))
             except RefError as exc:
                 unresolved = str(exc)
-        command = Command(tool_name=step.skill, parameters=params, approved_by=approved)
+        command = Command(tool_name=step.skill, parameters=params, approved_by=approved, approval_digest=digest)
         attempt = len(task.records_for(index)) + 1
         task.counters.tried_args.setdefault(str(index), []).append(dict(step.args))
         self._emit(task, "step_started", {"step": index, "attempt": attempt, "skill": step.skill,
@@ -321,7 +323,7 @@ class TaskRunner(Rounds):
         record = existing
         if record is None:
             record = Question(step=task.cursor, question=question.question, options=list(question.options),
-                              kind=question.kind, changes=list(question.changes))
+                              kind=question.kind, changes=list(question.changes), digest=question.digest)
             task.questions.append(record)
         self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
         if existing is None:  # a resumed task asked it before: followers must not be asked twice
@@ -339,6 +341,7 @@ class TaskRunner(Rounds):
         if choice == OPTION_APPROVE:
             task.approved_step = task.cursor
             task.approved_by = record.answered_by
+            task.approved_digest = record.digest  # the device runs it only if it still shows this
             self._to(task, TaskState.RUNNING, approved=True)
             return None
         if choice == OPTION_DENY:
@@ -358,7 +361,8 @@ class TaskRunner(Rounds):
             return None
         if not answer:
             return AskUser(question=question.question, options=question.options, kind=question.kind,
-                           reason="the answer was empty", source="user")
+                           changes=question.changes, digest=question.digest, reason="the answer was empty",
+                           source="user")
         chosen = choice or answer  # "2" means the second option's words, which is what the planner needs
         return Replan(suggestion=chosen, constraint=chosen, source="user")
 

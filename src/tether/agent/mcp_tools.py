@@ -3,9 +3,12 @@
 They are the task API (agent/task_api.py) spoken as MCP tools, on the same TaskService and with the same
 scopes, so a desktop or IDE agent reaches tasks with nothing but its MCP client. `run_task` follows the
 task the way the REST event stream does and turns each step and its output into a progress notification.
-A question or approval is asked through the client's elicitation when it can answer (and the token may);
-otherwise the call returns at once with the question and how to answer it: a tool call must never hang on
-a person nobody is going to ask.
+A question is asked through the client's elicitation when it can answer; an approval (an action to approve,
+a plan to confirm, an external MCP server's question) only when the token is a person's holding `approve`:
+an agent's token never approves, through answer_task or through elicitation (its client answering would be
+the agent approving itself). Otherwise the call returns at once with the question and how a person answers
+it (the dashboard, the CLI): a tool call must never hang on a person nobody is going to ask.
+See docs/security/approvals.md.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.applications import Starlette
 
+from tether.agent.answers import APPROVAL_KINDS, says_no
 from tether.agent.plan import Plan
 from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Task, TaskEvent
 from tether.agent.task_api import Answer, TaskRequest, _stricter, visible_task
+from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves, server_url
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
 
 logger = logging.getLogger(__name__)
@@ -77,6 +82,8 @@ ANSWER_INPUT: dict[str, Any] = {
         "approved": {"type": "boolean", "description": "for an approval: true approves, false denies (and "
                                                       "cancels the task)"},
         "question_id": {"type": "string", "description": "the question answered; refused if not the open one"},
+        "digest": {"type": "string", "maxLength": 100, "description": "the question's digest as it was shown; "
+                                                                      "refused if what waits is no longer that"},
         "wait": {"type": "boolean", "default": True,
                  "description": "follow the task after answering, as run_task does, until it ends or asks again"},
     },
@@ -90,6 +97,9 @@ _ID_ONLY: dict[str, Any] = {"type": "object", "properties": {"task_id": _TASK_ID
 
 def task_tools(app: Starlette) -> list[GatewayTool]:
     """The task tools for `app`'s gateway; each looks the TaskService up when called (it starts later)."""
+
+    def settings() -> Any:
+        return getattr(app.state, "settings", None)
 
     def service() -> TaskService:
         tasks: TaskService | None = getattr(app.state, "tasks", None)
@@ -107,11 +117,11 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
                                   device=body.device, requires=body.requires, devices=body.devices,
                                   requested_by=_who(call), confirm=_stricter(call.token.confirm, body.confirm),
                                   token=call.token)
-        return await _follow(tasks, task.id, call)
+        return await _follow(tasks, task.id, call, settings=settings())
 
     async def get_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         task = service().get(_task_id(arguments))
-        return _reply(task)
+        return _reply(task, call, settings())
 
     async def answer_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         unknown = set(arguments) - set(ANSWER_INPUT["properties"])
@@ -128,25 +138,29 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
                 body = Answer.model_validate({k: arguments[k] for k in ("answer", "question_id") if k in arguments})
             except ValidationError as exc:
                 return _refused("answer_task", exc, hint="give 'answer' (an option or words) or 'approved'")
-            await _answer(tasks, task_id, body.answer, body.question_id, call)
+            body.digest = arguments.get("digest") if isinstance(arguments.get("digest"), str) else None
+            await _answer(tasks, task_id, body, call, settings())
         else:
-            _need_approve(call, "answer an approval")
-            await tasks.steer(task_id, "approve", _who(call), approved=approved)  # (on the node running it)
+            if approved:  # a denial stops the action: an agent may always say no
+                _need_approve(call, f"approve task {task_id[:12]}'s action", tasks.get(task_id), settings())
+            await tasks.steer(task_id, "approve", _who(call), approved=approved,  # (on the node running it)
+                              digest=arguments.get("digest") if isinstance(arguments.get("digest"), str) else None)
         await asyncio.sleep(0)  # as the REST answer: the waiting runner takes the answer first
         if arguments.get("wait", True) is False:
-            return _reply(tasks.get(task_id))
-        return await _follow(tasks, task_id, call, answered=asked.id if asked is not None else None)
+            return _reply(tasks.get(task_id), call, settings())
+        return await _follow(tasks, task_id, call, answered=asked.id if asked is not None else None,
+                             settings=settings())
 
     async def cancel_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         tasks = service()
         task_id = tasks.get(_task_id(arguments)).id
         await tasks.steer(task_id, "cancel", _who(call))  # here, or on the node of the cluster running it
-        return _reply(tasks.get(task_id))
+        return _reply(tasks.get(task_id), call, settings())
 
     async def undo_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
-        _need_approve(call, "undo a task (it rewrites files as an approved action)")
         tasks = service()
         task = tasks.get(_task_id(arguments))
+        _need_approve(call, "undo a task (it rewrites files as an approved action)", task, settings(), undo=True)
         report = await tasks.undo(task.id, _who(call))
         lines = [f"{name}: " + (f"restored {info['restored']}" if "restored" in info else f"error: {info['error']}")
                  for name, info in report.items()] or ["the task changed nothing on any device"]
@@ -173,8 +187,10 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
                     _run_input(), "execute", guarded(run_task), SUMMARY_SCHEMA, destructive=True),
         GatewayTool("get_task", "A task's status, its steps and the question it is waiting on, if any.",
                     _ID_ONLY, "read", guarded(get_task), SUMMARY_SCHEMA, read_only=True),
-        GatewayTool("answer_task", "Answer the question a task is waiting on (an option or words), or approve/deny "
-                    "its action (`approved`, needs the approve scope); then follow it like run_task.",
+        GatewayTool("answer_task", "Answer the question a task is waiting on (an option or words), or deny its "
+                    "action (`approved: false`). Approving (an action, a plan to run, an MCP server's question) is "
+                    "a person's: an agent's token is refused and told how a person approves. Then follows the task "
+                    "like run_task.",
                     ANSWER_INPUT, "execute", guarded(answer_task), SUMMARY_SCHEMA),
         GatewayTool("cancel_task", "Cancel a task: its running command is stopped on the device.",
                     _ID_ONLY, "execute", guarded(cancel_task), SUMMARY_SCHEMA, destructive=True),
@@ -186,7 +202,8 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
 # -- following a task ---------------------------------------------------------------------------------
 
 
-async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered: str | None = None) -> GatewayReply:
+async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered: str | None = None,
+                  settings: Any = None) -> GatewayReply:
     """Follow the task from now on until it ends, or asks something this client cannot answer here.
     `answered` is the question just answered (its runner may not have taken the answer yet)."""
     task, _, queue = tasks.subscribe(task_id)  # what happened before is in get_task; from now on here
@@ -194,8 +211,8 @@ async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered:
     try:
         pending = task.pending_question  # asked before we subscribed and still open
         if pending is not None and pending.id != answered and queue is not None \
-                and not await _ask(tasks, task, pending.model_dump(mode="json"), call):
-            return _reply(task)
+                and not await _ask(tasks, task, pending.model_dump(mode="json"), call, settings):
+            return _reply(task, call, settings)
         while queue is not None:
             event = await queue.get()
             if event is None:
@@ -204,11 +221,11 @@ async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered:
             if message is not None:
                 sent += 1
                 await _progress(call, sent, message)
-            if event.kind == "question" and not await _ask(tasks, task, event.data, call):
-                return _reply(task)
+            if event.kind == "question" and not await _ask(tasks, task, event.data, call, settings):
+                return _reply(task, call, settings)
             if event.kind == "elicitation" and "id" in event.data and "declined" not in event.data \
-                    and not await _ask_for_server(tasks, task, event.data, call):
-                return _reply(task)
+                    and not await _ask_for_server(tasks, task, event.data, call, settings):
+                return _reply(task, call, settings)
     except asyncio.CancelledError:
         # the client cancelled its call: the task stops too (its command killed on the device), as a
         # cancelled REST command does; an ended task is left as it is
@@ -218,7 +235,7 @@ async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered:
     finally:
         if queue is not None:
             tasks.unsubscribe(task.id, queue)
-    return _reply(task)
+    return _reply(task, call, settings)
 
 
 async def _cancel_quietly(tasks: TaskService, task_id: str) -> None:
@@ -253,11 +270,13 @@ def _progress_text(task: Task, event: TaskEvent) -> str | None:
     return None
 
 
-async def _ask(tasks: TaskService, task: Task, question: dict[str, Any], call: GatewayCall) -> bool:
+async def _ask(tasks: TaskService, task: Task, question: dict[str, Any], call: GatewayCall,
+               settings: Any = None) -> bool:
     """Ask the task's question through the client; False when it cannot be asked or was not answered,
-    and the call should return with the question open."""
-    approval = question.get("kind") == "approval"
-    if call.elicit is None or (approval and not call.token.allows("approve")):
+    and the call should return with the question open. An approval (or a plan to confirm) is asked only
+    of a person's token that may give it: an agent's client answering would be the agent approving itself."""
+    approval = question.get("kind") in APPROVAL_KINDS
+    if call.elicit is None or (approval and _may_not_approve(call, task, settings)):
         return False
     options = [str(o) for o in question.get("options") or []]
     prop: dict[str, Any] = {"type": "string", "title": "answer"}
@@ -273,7 +292,8 @@ async def _ask(tasks: TaskService, task: Task, question: dict[str, Any], call: G
     content = reply.get("content") or {}
     try:
         if action == "accept" and isinstance(content.get("answer"), str) and content["answer"].strip():
-            tasks.answer(task.id, content["answer"], question.get("id"), _who(call))
+            tasks.answer(task.id, content["answer"], question.get("id"), _who(call),
+                         digest=question.get("digest") if approval else None)
         elif action == "decline" and approval:  # a person said no: a denial, as through the API
             tasks.approve(task.id, False, _who(call))
         else:
@@ -284,9 +304,11 @@ async def _ask(tasks: TaskService, task: Task, question: dict[str, Any], call: G
     return True
 
 
-async def _ask_for_server(tasks: TaskService, task: Task, question: dict[str, Any], call: GatewayCall) -> bool:
-    """An external MCP server's question during a step, asked through this client with its own schema."""
-    if call.elicit is None or not call.token.allows("approve"):
+async def _ask_for_server(tasks: TaskService, task: Task, question: dict[str, Any], call: GatewayCall,
+                          settings: Any = None) -> bool:
+    """An external MCP server's question during a step, asked through this client with its own schema; as
+    POST /devices/{name}/questions/{id}, only of a person's token that may answer it."""
+    if call.elicit is None or _may_not_approve(call, task, settings):
         return False
     schema = question.get("schema") if isinstance(question.get("schema"), dict) else {"type": "object",
                                                                                        "properties": {}}
@@ -301,23 +323,26 @@ async def _ask_for_server(tasks: TaskService, task: Task, question: dict[str, An
         return False
 
 
-async def _answer(tasks: TaskService, task_id: str, answer: str, question_id: str | None, call: GatewayCall) -> None:
+async def _answer(tasks: TaskService, task_id: str, body: Answer, call: GatewayCall, settings: Any) -> None:
     """As POST /tasks/{id}/answer: an MCP server's open question, else the task's own question."""
-    pending = tasks.get(task_id).pending_question
+    task = tasks.get(task_id)
+    pending = task.pending_question
     if pending is None and tasks.mcp_question(task_id) is not None:
-        _need_approve(call, "answer an MCP server's question")
-        await tasks.answer_mcp_question(task_id, answer, _who(call))
+        _need_approve(call, "answer an MCP server's question", task, settings, question="mcp")
+        await tasks.answer_mcp_question(task_id, body.answer, _who(call))
         return
-    if pending is not None and pending.kind == "approval":
-        _need_approve(call, "answer an approval")
-    await tasks.steer(task_id, "answer", _who(call), answer=answer, question_id=question_id)
+    if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
+        _need_approve(call, f"answer task {task_id[:12]}'s {pending.kind}", task, settings)
+    await tasks.steer(task_id, "answer", _who(call), answer=body.answer, question_id=body.question_id,
+                      digest=body.digest)
 
 
 # -- replies --------------------------------------------------------------------------------------------
 
 
-def summary(task: Task) -> dict[str, Any]:
-    """The structured summary every task tool returns (SUMMARY_SCHEMA)."""
+def summary(task: Task, call: GatewayCall | None = None, settings: Any = None) -> dict[str, Any]:
+    """The structured summary every task tool returns (SUMMARY_SCHEMA); for a caller that may not approve,
+    an approval's `how_to_answer` says how a person approves."""
     steps: list[dict[str, Any]] = []
     for index, step in enumerate(task.plan.steps if task.plan is not None else []):
         records = task.records_for(index)
@@ -332,21 +357,26 @@ def summary(task: Task) -> dict[str, Any]:
     question = None if pending is None else {"id": pending.id, "question": pending.question,
                                              "options": list(pending.options), "kind": pending.kind}
     how = None
-    if pending is not None:
-        how = (f"call answer_task with task_id {task.id!r} and " + ("approved: true or false (needs the approve "
-               "scope)" if pending.kind == "approval" else f"answer: one of {pending.options}" if pending.options
-               else "answer: your words"))
+    if pending is not None and pending.kind in APPROVAL_KINDS and call is not None and _may_not_approve(call, task,
+                                                                                                     settings):
+        how = (f"{how_a_person_approves(server_url(settings), task_id=task.id)}; this token may only deny it "
+               f"(answer_task with task_id {task.id!r} and approved: false) or cancel the task (cancel_task)")
+    elif pending is not None:
+        how = (f"call answer_task with task_id {task.id!r} and " + ("approved: true or false (a person's token "
+               "with the approve scope)" if pending.kind == "approval" else f"answer: one of {pending.options}"
+               if pending.options else "answer: your words"))
     answer = task.answer[:MAX_ANSWER_TEXT] if task.answer else task.answer
     error = task.error[:MAX_ANSWER_TEXT] if task.error else task.error
     return {"task_id": task.id, "status": task.state.value, "device": task.device, "steps": steps,
             "answer": answer, "error": error, "question": question, "how_to_answer": how}
 
 
-def _reply(task: Task) -> GatewayReply:
-    data = summary(task)
+def _reply(task: Task, call: GatewayCall | None = None, settings: Any = None) -> GatewayReply:
+    data = summary(task, call, settings)
     if data["question"] is not None:
         text = (f"Task {task.id} is waiting for an answer: {data['question']['question']}\n"
                 + (f"Options: {', '.join(data['question']['options'])}\n" if data["question"]["options"] else "")
+                + (f"Who asked: {task.requested_by}\n" if task.requested_by else "")
                 + f"To answer, {data['how_to_answer']}.")
     elif task.state.value == "done":
         text = data["answer"] or f"Task {task.id} is done."
@@ -364,10 +394,29 @@ def _task_id(arguments: dict[str, Any]) -> str:
     return value.strip()
 
 
-def _need_approve(call: GatewayCall, what: str) -> None:
-    if not call.token.allows("approve"):
-        raise TaskError(403, f"token '{call.token.name}' lacks the 'approve' scope needed to {what}; create one "
-                             "with 'tether token create --api NAME --scope approve'")
+
+
+def _need_approve(call: GatewayCall, what: str, task: Task | None, settings: Any, question: str | None = None,
+                  undo: bool = False) -> None:
+    """TaskError 403 unless this caller may give the approval: a person's token with `approve` and, with
+    four-eyes on, not the token that created the task; the error says how a person approves."""
+    how = how_a_person_approves(server_url(settings), task_id=task.id if task is not None else None,
+                                question=question, undo=undo)
+    try:
+        check_approver(call.token, what, how)
+        if task is not None and not undo:  # four-eyes is about approving what was asked (REST's undo: the same)
+            check_four_eyes(bool(getattr(settings, "four_eyes", False)), task.requested_by, _who(call), what)
+    except ApprovalRefused as exc:
+        raise TaskError(403, str(exc)) from None
+
+
+def _may_not_approve(call: GatewayCall, task: Task, settings: Any) -> bool:
+    try:
+        _need_approve(call, "approve", task, settings)
+    except TaskError:
+        return True
+    return False
+
 
 
 def _who(call: GatewayCall) -> str:

@@ -75,6 +75,8 @@ class AskUser(BaseModel):
     changes: list[dict[str, Any]] = Field(default_factory=list,
                                           description="an approval of a command's held changes: exactly those "
                                                       "changes, each {path, kind, bytes, rule}")
+    digest: str | None = Field(default=None, description="an approval: the device's digest of what it asks "
+                                                         "about (the approved command carries it back)")
     source: Source = "llm"
 
 
@@ -240,8 +242,9 @@ def fast_path(inp: RecoveryInput) -> AutoPatch | Replan | AskUser | None:
         held = _held_changes(result)
         question = (_changes_question(inp, held) if held else
                     f"Step {inp.index + 1} ({_label(step)}) needs your approval: {error}")
+        digest = _payload(result).get("approval_digest")
         return AskUser(question=question, options=[OPTION_APPROVE, OPTION_DENY], kind="approval", reason=str(rule),
-                       changes=held, source="fast_path")
+                       changes=held, digest=digest if isinstance(digest, str) else None, source="fast_path")
     if is_timeout(result):
         key = next((k for k in _TIMEOUT_KEYS if k in step.args), None)
         if key is None and inp.tool is not None:

@@ -11,7 +11,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.agent.confirm import CONFIRMATION, OPTION_RUN, confirmation_answer, needs_confirmation, plan_text
+from tether.agent.confirm import (
+    CONFIRMATION,
+    OPTION_RUN,
+    confirmation_answer,
+    needs_confirmation,
+    plan_digest,
+    plan_text,
+)
 from tether.agent.confirm import OPTION_CANCEL as CONFIRM_CANCEL
 from tether.agent.llm import LLMError, how_to_configure
 from tether.agent.observe import observation_context
@@ -82,14 +89,17 @@ class Rounds:
             self._end(task, TaskState.FAILED, f"planning after the observation at step {index + 1} failed: {exc}")
         self._to(task, TaskState.RUNNING)
 
-    async def _confirm(self, task: Task, first: int, existing: Question | None = None) -> None:
-        """Ask a person to confirm the plan's steps from `first` on, when the task's mode says so."""
+    async def _confirm(self, task: Task, first: int, existing: Question | None = None, *,
+                       force: bool = False) -> None:
+        """Ask a person to confirm the plan's steps from `first` on, when the task's mode says so (`force`:
+        again, the plan having changed since it was confirmed)."""
         assert task.plan is not None
         steps = task.plan.steps[first:]
-        if existing is None and not needs_confirmation(task.confirm, steps, self.tools):
+        if existing is None and not force and not needs_confirmation(task.confirm, steps, self.tools):
             return
         record = existing or Question(step=first, question="Run this plan?\n" + plan_text(steps, first),
-                                      options=[OPTION_RUN, CONFIRM_CANCEL], kind=CONFIRMATION)
+                                      options=[OPTION_RUN, CONFIRM_CANCEL], kind=CONFIRMATION,
+                                      digest=plan_digest(steps, first))
         if existing is None:
             task.questions.append(record)
             self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
@@ -112,6 +122,11 @@ class Rounds:
             self._emit(task, "user_answer", {"question": record.id, "answer": answer})
             if not decided:
                 self._end(task, TaskState.CANCELLED, "the plan was not confirmed")
+            now = plan_digest(task.plan.steps[first:], first)
+            if record.digest is not None and now != record.digest:  # not what was confirmed: ask again
+                self._emit(task, "confirmation_void", {"question": record.id, "confirmed": record.digest,
+                                                       "now": now})
+                await self._confirm(task, first, None, force=True)
             return
         self._end(task, TaskState.CANCELLED, f"the plan was not confirmed: {CONFIRM_TRIES} answers were neither "
                                              f"{OPTION_RUN} nor {CONFIRM_CANCEL}")

@@ -353,7 +353,8 @@ class TaskService:
         rows = {row["id"]: row for row in self.store.list(limit + len(memory), state)}
         for task in memory.values():
             rows[task.id] = {"id": task.id, "request": task.request, "state": task.state.value,
-                             "device": task.device, "created_at": task.created_at.isoformat(),
+                             "device": task.device, "requested_by": task.requested_by,
+                             "created_at": task.created_at.isoformat(),
                              "updated_at": task.updated_at.isoformat()}
         shown = [row for row in rows.values() if state is None or row["state"] == state]
         shown.sort(key=lambda row: row["updated_at"], reverse=True)
@@ -470,9 +471,10 @@ class TaskService:
 
     async def steer_here(self, task_id: str, action: str, by: str, args: dict[str, Any]) -> Task:
         if action == "answer":
-            task = self.answer(task_id, str(args.get("answer", "")), args.get("question_id"), by)
+            task = self.answer(task_id, str(args.get("answer", "")), args.get("question_id"), by,
+                               digest=args.get("digest"))
         elif action == "approve":
-            task = self.approve(task_id, bool(args.get("approved")), by)
+            task = self.approve(task_id, bool(args.get("approved")), by, digest=args.get("digest"))
         elif action == "cancel":
             return await self.cancel(task_id)
         else:
@@ -497,15 +499,22 @@ class TaskService:
 
     # -- people -----------------------------------------------------------------------------------------
 
-    def answer(self, task_id: str, answer: str, question_id: str | None = None, by: str | None = None) -> Task:
+    def answer(self, task_id: str, answer: str, question_id: str | None = None, by: str | None = None, *,
+               digest: str | None = None) -> Task:
         """Answer the task's open question; the same task goes on from where it stopped. `by` is who
-        answered (an approved command carries it as `approved_by`, so the audit log names them)."""
+        answered (an approved command carries it as `approved_by`, so the audit log names them).
+        `digest`, when given, is the question's `digest` as the answerer was shown it: refused (409) when
+        the open question shows something else now."""
         task = self._steerable(task_id)
         pending = task.pending_question
         if task.state is not TaskState.WAITING_FOR_USER or pending is None:
             raise TaskError(409, f"task {task.id} has no open question (it is {task.state.value})")
         if question_id is not None and question_id != pending.id:
             raise TaskError(409, f"question {question_id} is not the open one (that is {pending.id})")
+        if digest is not None and digest != pending.digest:
+            raise TaskError(409, f"what you were shown (digest {digest[:24]}) is not what waits now (question "
+                                 f"{pending.id}, digest {(pending.digest or 'none')[:24]}): look at it again, nothing "
+                                 "was approved")
         if not answer.strip():
             raise TaskError(422, f"the answer is empty; the options are: {', '.join(pending.options)}")
         pending.answered_by = by
@@ -563,15 +572,16 @@ class TaskService:
             raise TaskError(409, f"the MCP server's question {question['id']} is no longer waiting for an answer")
         return True
 
-    def approve(self, task_id: str, approved: bool, by: str | None = None) -> Task:
+    def approve(self, task_id: str, approved: bool, by: str | None = None, *, digest: str | None = None) -> Task:
         task = self._steerable(task_id)
         pending = task.pending_question
         if pending is not None and pending.kind == "confirmation" and task.state is TaskState.WAITING_FOR_USER:
-            return self.answer(task.id, "run" if approved else "cancel", pending.id, by)  # a plan to confirm
+            return self.answer(task.id, "run" if approved else "cancel", pending.id, by,  # a plan to confirm
+                               digest=digest)
         if pending is None or pending.kind != "approval" or task.state is not TaskState.WAITING_FOR_USER:
             raise TaskError(409, f"task {task.id} has no action waiting for approval (it is {task.state.value}"
                                  + (f", asking: {pending.question}" if pending else "") + ")")
-        return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id, by)
+        return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id, by, digest=digest)
 
     async def cancel(self, task_id: str) -> Task:
         task = self._steerable(task_id)

@@ -124,6 +124,9 @@ class Question(BaseModel):
     kind: str = "question"
     changes: list[dict[str, Any]] = Field(default_factory=list,
                                           description="an approval of a command's held changes: exactly those")
+    digest: str | None = Field(default=None, description=(
+        "an approval or a plan to confirm: the digest of what it shows (the device's for a command: argv, cwd, "
+        "env, program and script hashes, held changes); the approval is bound to it"))
     answer: str | None = None
     answered_by: str | None = None
     asked_at: datetime = Field(default_factory=_now)
@@ -168,6 +171,8 @@ class Task(BaseModel):
     events: list[TaskEvent] = Field(default_factory=list)
     approved_step: int | None = Field(default=None, description="the step the user approved, sent once approved")
     approved_by: str | None = Field(default=None, description="who approved it (the command carries the name)")
+    approved_digest: str | None = Field(default=None, description="the digest of what they approved (the command "
+                                                                  "carries it; the device compares)")
     answer: str | None = None
     error: str | None = None
     created_at: datetime = Field(default_factory=_now)

@@ -19,11 +19,13 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from tether.agent.answers import APPROVAL_KINDS, says_no
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Task, TaskEvent
 from tether.protocol.profile import DeviceRequirements
 from tether.server.api import ERROR_RESPONSES, require, require_approver
+from tether.server.approvals import how_a_person_approves
 from tether.server.store import TokenInfo
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"], responses=ERROR_RESPONSES)
@@ -51,12 +53,18 @@ class Answer(BaseModel):
 
     answer: str = Field(..., max_length=10_000, description="an option (its text or number) or free words")
     question_id: str | None = Field(None, description="the question answered; refused if it is not the open one")
+    digest: str | None = Field(None, max_length=100, description=(
+        "the `digest` of the question as you were shown it; refused (409) when what waits for the answer is no "
+        "longer that (docs/security/approvals.md)"))
 
 
 class Approval(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     approved: bool
+    digest: str | None = Field(None, max_length=100, description=(
+        "the `digest` of the approval question as you were shown it; refused (409) when what waits for approval "
+        "is no longer that"))
     always: Literal["program", "subcommand"] | None = Field(None, description=(
         "with approved: the 'always' answer to a shell command the device's policy asks about: the program "
         "(or the program with this first argument as its only subcommand) joins the device's allowlist for "
@@ -84,6 +92,8 @@ def visible_task(service: TaskService, task_id: str, who: TokenInfo) -> Task:
         raise TaskError(404, f"no task '{task_id[:64]}' on the devices in the scope of token '{who.name}' "
                              f"({who.scope_text()})")
     return task
+def _settings(request: Request) -> Any:
+    return getattr(request.app.state, "settings", None)
 
 
 async def task_error(request: Request, exc: Exception) -> JSONResponse:
@@ -145,15 +155,20 @@ async def answer_task(task_id: str, body: Answer, request: Request,
     """Answer the open question; the same task resumes where it stopped. Answering an approval
     question needs the `approve` scope, as /approval does."""
     service = _service(request)
-    pending = visible_task(service, task_id, who).pending_question
+    task = visible_task(service, task_id, who)
+    pending = task.pending_question
+    base = str(request.base_url)
     if pending is None and service.mcp_question(task_id) is not None:  # an MCP server asks, mid-step
-        require_approver(who, "answer an MCP server's question")  # as POST /devices/{name}/questions/{id}
+        # as POST /devices/{name}/questions/{id}: an answer lets a tool go on as a person chose
+        require_approver(who, "answer an MCP server's question", how_a_person_approves(
+            base, task_id=task.id, question="mcp"), requested_by=task.requested_by, settings=_settings(request))
         await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}")
         return service.get(task_id).summary()
-    if pending is not None and pending.kind == "approval":
-        require_approver(who, "answer an approval")
+    if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
+        require_approver(who, f"answer task {task.id[:12]}'s {pending.kind}", how_a_person_approves(
+            base, task_id=task.id), requested_by=task.requested_by, settings=_settings(request))
     return _summary(await service.steer(task_id, "answer", f"api:{who.name}", answer=body.answer,
-                                        question_id=body.question_id))
+                                        question_id=body.question_id, digest=body.digest))
 
 
 @router.post("/{task_id}/approval")
@@ -161,11 +176,14 @@ async def approve_task(task_id: str, body: Approval, request: Request,
                        who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     """Approve or deny the action the task is waiting on (a denial cancels the task). Needs the
     `approve` scope: an agent holding an execute token must not approve its own actions."""
-    require_approver(who, "answer an approval")
-    visible_task(_service(request), task_id, who)
+    task = visible_task(_service(request), task_id, who)
+    if body.approved:  # a denial stops the action: an agent may always say no (as it may cancel)
+        require_approver(who, f"approve task {task.id[:12]}'s action", how_a_person_approves(
+            str(request.base_url), task_id=task.id), requested_by=task.requested_by, settings=_settings(request))
     if body.always is not None and body.approved:  # a denial is a denial, whatever else it says
         await _allow_always(request, task_id, body, who)
-    return _summary(await _service(request).steer(task_id, "approve", f"api:{who.name}", approved=body.approved))
+    return _summary(await _service(request).steer(task_id, "approve", f"api:{who.name}", approved=body.approved,
+                                                  digest=body.digest))
 
 
 @router.post("/{task_id}/cancel")
@@ -186,8 +204,9 @@ async def undo_task(task_id: str, request: Request,
     """Put back the files the task's commands changed, on each device they ran on. Needs the `approve`
     scope: the undo rewrites files as an approved action (the device refuses it otherwise), so an
     agent's execute token must not be able to set it off."""
-    require_approver(who, "undo a task (it rewrites files as an approved action)")
     visible_task(_service(request), task_id, who)
+    require_approver(who, "undo a task (it rewrites files as an approved action)",
+                     how_a_person_approves(str(request.base_url), task_id=task_id, undo=True))
     return {"task": task_id, "devices": await _service(request).undo(task_id, f"api:{who.name}")}
 
 

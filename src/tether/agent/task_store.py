@@ -150,13 +150,15 @@ class TaskStore:
         return marked
 
     def list(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
-        """Newest first; each row is id, request, state, device, created_at, updated_at."""
+        """Newest first; each row is id, request, state, device, requested_by (who asked: what a person
+        approving sees), created_at, updated_at."""
         with self._lock:
             rows = self._conn.execute(
-                "SELECT id, request, state, json_extract(body, '$.device'), created_at, updated_at FROM tasks "
+                "SELECT id, request, state, json_extract(body, '$.device'), json_extract(body, '$.requested_by'), "
+                "created_at, updated_at FROM tasks "
                 "WHERE CAST(? AS TEXT) IS NULL OR state = ? ORDER BY updated_at DESC LIMIT ?",
                 (state, state, limit)).fetchall()
-        keys = ("id", "request", "state", "device", "created_at", "updated_at")
+        keys = ("id", "request", "state", "device", "requested_by", "created_at", "updated_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
     def ids(self) -> list[str]:

@@ -26,7 +26,7 @@ import typer
 from tether.cli.common import CaOpt, ExitCode, ServerOpt, TokenOpt, console, fail, fail_remote, mcp_app
 
 CLIENTS = ("claude", "claude-code", "cursor", "vscode", "codex")
-SCOPES = ("read", "execute", "approve", "admin")
+SCOPES = ("read", "execute")  # the token is an agent's: never approve or admin (docs/security/approvals.md)
 CODEX_ENV = "TETHER_MCP_TOKEN"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 _DEVICE = re.compile(r"^[A-Za-z0-9._@*?\[\]-]{1,128}$")
@@ -50,8 +50,8 @@ def mcp_config(client: Annotated[str, typer.Option("--client", metavar="|".join(
                    "--token-name", metavar="NAME", help="name of the API token created for the client "
                                                         "(default mcp-CLIENT)")] = None,
                scope: Annotated[list[str] | None, typer.Option(
-                   "--scope", metavar="SCOPE", help="the new token's scopes (repeat; default read, execute, "
-                                                    "approve)")] = None,
+                   "--scope", metavar="SCOPE", help="the new token's scopes (repeat; read, execute; default both): "
+                                                    "it is an agent's token, which never approves")] = None,
                name: Annotated[str, typer.Option("--name", metavar="NAME",
                                                  help="the server's name in the client's configuration")] = "tether",
                server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None) -> None:
@@ -61,10 +61,13 @@ def mcp_config(client: Annotated[str, typer.Option("--client", metavar="|".join(
 
     if client not in CLIENTS:
         fail(f"--client: {client!r} is not one of {', '.join(CLIENTS)}")
-    scopes = list(dict.fromkeys(scope or ["read", "execute", "approve"]))
+    scopes = list(dict.fromkeys(scope or ["read", "execute"]))
+    if people := [s for s in scopes if s in ("approve", "admin")]:
+        fail(f"--scope: {', '.join(people)} is a person's: the token an MCP client holds is an agent's, and an agent "
+             "never approves; a person approves in the dashboard or with 'tether approve TASK'")
     bad = [s for s in scopes if s not in SCOPES]
     if bad:
-        fail(f"--scope: {', '.join(map(repr, bad))} is not a scope (read, execute, approve, admin)")
+        fail(f"--scope: {', '.join(map(repr, bad))} is not a scope (read, execute)")
     label = token_name or f"mcp-{client}"
     if not _NAME.match(label):
         fail(f"--token-name: {label[:80]!r} is not a token name (letters, digits, '.', '_', '@', '-'; at most 128)")
@@ -79,7 +82,8 @@ def mcp_config(client: Annotated[str, typer.Option("--client", metavar="|".join(
         try:
             # scoped to the devices named: --device limits what the client reaches, not only what it lists
             created = remote._request("POST", "/tokens", json={"kind": "api", "name": label, "scopes": scopes,
-                                                               "devices": devices, "tags": list(tag or [])})
+                                                               "devices": devices, "tags": list(tag or []),
+                                                               "agent": True})
         except RemoteError as exc:
             fail_remote(exc, ExitCode.FAILED, hint=" (creating the client's token needs the admin scope)"
                         if exc.status == 403 else "")
@@ -89,8 +93,9 @@ def mcp_config(client: Annotated[str, typer.Option("--client", metavar="|".join(
     typer.echo(snippet(client, name, url, secret))
     reach = f", reaching devices {', '.join(devices)}" if devices else ""
     reach += f"{', reaching' if not devices else ' and'} tags {', '.join(tag)}" if tag else ""
-    console(err=True).print(f"API token '{label}' created for it (scopes {', '.join(scopes)}{reach}); paste the "
-                            f"above into {_WHERE[client]}. 'tether token revoke {label}' unplugs it.", markup=False)
+    console(err=True).print(f"API token '{label}' created for it (an agent's: scopes {', '.join(scopes)}{reach}; it "
+                            "never approves: a person approves in the dashboard or with 'tether approve TASK'); paste "
+                            f"the above into {_WHERE[client]}. 'tether token revoke {label}' unplugs it.", markup=False)
 
 
 def snippet(client: str, name: str, url: str, secret: str) -> str:

@@ -112,6 +112,9 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
            pairing: Annotated[bool, typer.Option(
                "--pairing/--no-pairing", help="let devices without a token ask to pair (an admin approves each)")
            ] = True,
+           four_eyes: Annotated[bool, typer.Option(
+               "--four-eyes", help="approvals need a second person: the token that asked for an action may not "
+                                   "approve it (docs/security/approvals.md)")] = False,
            cluster: Annotated[str | None, typer.Option(
                "--cluster", metavar="REDIS_URL", envvar="TETHER_CLUSTER",
                help="run as one node of a cluster on this Redis (redis://HOST:PORT/DB), sharing --db (a "
@@ -145,7 +148,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         tls_key=str(tls_key) if tls_key else None, heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout, grace_period=grace_period, allowed_hosts=allowed_host or None,
         max_body_bytes=max_body_bytes, max_response_bytes=max_response_bytes, pairing=pairing, cluster_url=cluster,
-        node_id=node_id, allowed_origins=allowed_origin or None)
+        node_id=node_id, allowed_origins=allowed_origin or None, four_eyes=four_eyes or None)
     for key, value in _set_options(setting or []).items():
         if named.get(key) is not None:
             fail(f"--set {key}: give it with its own option (tether server --help)")
@@ -192,8 +195,12 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
                                                            "wait for 'tether approve TASK' before they run "
                                                            "(destructive: plans with a step that changes "
                                                            "something)")] = "never",
+                 agent: Annotated[bool, typer.Option(
+                     "--agent", help="an API token an agent (an MCP client, a script an LLM drives) holds: it may "
+                                     "read and run, never approve (no approve or admin scope)")] = False,
                  db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Create a token and print it once (only its hash is stored)."""
+    """Create a token and print it once (only its hash is stored). An API token is a person's unless
+    --agent says it is an agent's; only a person's token approves."""
     from tether.server.store import Store
 
     if not api and (len(device or []) != 1 or tag):
@@ -202,8 +209,11 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
     try:
         kind = "api" if api else "device"
         scopes = list(scope or ["read", "execute"]) if api else []
+        if agent and not api:
+            fail("--agent goes with --api: a device token is a device's, not an agent's")
         info, secret = store.create_token(kind, api or (device or [""])[0], scopes, confirm,  # type: ignore[arg-type]
-                                          devices=list(device or []) if api else [], tags=list(tag or []))
+                                          devices=list(device or []) if api else [], tags=list(tag or []),
+                                          agent=agent)
     except ValueError as exc:
         fail(str(exc))
     finally:
@@ -211,10 +221,11 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
     if as_json:
         typer.echo(json.dumps({"token": secret, "id": info.id, "kind": info.kind, "name": info.name,
                                "scopes": info.scopes, "confirm": info.confirm, "devices": info.devices,
-                               "tags": info.tags}))
+                               "tags": info.tags, "agent": info.agent}))
         return
     reach = f", reaching {info.scope_text()}" if info.scoped else ""
-    console(err=True).print(f"{kind} token for '{info.name}' (id {info.id}"
+    whose = " (an agent's: it never approves)" if info.agent else ""
+    console(err=True).print(f"{kind} token{whose} for '{info.name}' (id {info.id}"
                             f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}{reach}); "
                             "it is shown only once:", markup=False)
     typer.echo(secret)
@@ -236,11 +247,12 @@ def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
     from rich.markup import escape
 
     table = Table(title="tokens")
-    for col in ("id", "kind", "name", "scopes", "reaches", "created", "revoked"):
+    for col in ("id", "kind", "holder", "name", "scopes", "reaches", "created", "revoked"):
         table.add_column(col)
     for r in rows:
+        holder = "device" if r.kind == "device" else "agent" if r.agent else "person"
         reach = r.scope_text() if r.scoped else ("every device" if r.kind == "api" else "-")
-        table.add_row(str(r.id), r.kind, r.name, ",".join(r.scopes), escape(reach), _when(r.created_at),
+        table.add_row(str(r.id), r.kind, holder, r.name, ",".join(r.scopes), escape(reach), _when(r.created_at),
                       _when(r.revoked_at))
     console().print(table)
 

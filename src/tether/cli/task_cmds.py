@@ -134,10 +134,11 @@ def _answer(remote: RemoteServer, task_id: str, question: dict[str, Any], answer
             continue
         chosen = options[int(reply) - 1] if reply.isdigit() and 1 <= int(reply) <= len(options) else reply
         try:
+            digest = question.get("digest")  # the approval is bound to what was printed above
             if question.get("kind") == "approval" and chosen.lower() in _APPROVE | _DENY:
-                remote.approve(task_id, chosen.lower() in _APPROVE)
+                remote.approve(task_id, chosen.lower() in _APPROVE, digest=digest)
             else:
-                remote.answer(task_id, reply, question.get("id"))
+                remote.answer(task_id, reply, question.get("id"), digest=digest)
             return True
         except RemoteError as exc:
             out.print(f"the answer was not taken: {remote_message(exc)}", style="red", markup=False)
@@ -176,12 +177,12 @@ def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str) -> None:
         typer.echo(json.dumps(rows, indent=2))
         return
     table = Table(title=f"{len(rows)} tasks{where}")
-    for col in ("id", "state", "device", "request", "updated"):
+    for col in ("id", "state", "device", "by", "request", "updated"):
         # an id is copied: never cut, even on a narrow terminal
         table.add_column(col, no_wrap=col == "id", min_width=12 if col == "id" else None)
-    for r in rows:
-        table.add_row(r["id"][:12], r["state"], escape(r.get("device") or "-"), escape(r["request"][:60]),
-                      r["updated_at"][:19].replace("T", " "))
+    for r in rows:  # `by`: who asked (the token that created the task), what a person approving must see
+        table.add_row(r["id"][:12], r["state"], escape(r.get("device") or "-"), escape(r.get("requested_by") or "-"),
+                      escape(r["request"][:60]), r["updated_at"][:19].replace("T", " "))
     console().print(table)
 
 
@@ -272,8 +273,25 @@ def approve(task_id: TaskArg, deny: Annotated[bool, typer.Option("--deny", help=
     """Approve the action a task on the server waits on (with --deny: deny it, which cancels the task)."""
     if always is not None and (deny or always not in ("program", "subcommand")):
         fail("--always takes program or subcommand, and goes with an approval")
-    _steer(server, token, ca_file, lambda r: r.approve(task_id, not deny, always), "denied" if deny else "approved",
-           as_json)
+    _steer(server, token, ca_file, lambda r: r.approve(task_id, not deny, always, digest=_shown(r, task_id)),
+           "denied" if deny else "approved", as_json)
+
+
+def _shown(remote: RemoteServer, task_id: str) -> str | None:
+    """Print what the task waits on and who asked for it (on stderr), and return its digest: the approval
+    sent next is bound to exactly this, and refused if the task waits on anything else by then."""
+    task = remote.task(task_id, events=False)
+    pending = next((q for q in reversed(task.get("questions") or []) if q.get("answer") is None), None)
+    if pending is None:
+        return None
+    err = console(err=True)
+    err.print(f"task {escape(task['id'][:12])}, asked by {escape(task.get('requested_by') or 'unknown')}:",
+              highlight=False)
+    err.print(escape(str(pending.get("question") or "")), highlight=False)
+    digest = pending.get("digest")
+    if digest:
+        err.print(f"[dim]digest {escape(str(digest))}[/dim]", highlight=False)
+    return digest if isinstance(digest, str) else None
 
 
 @app.command()

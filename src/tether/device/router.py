@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 
 from tether.device.computer_manager import ComputerManager
 from tether.protocol.models import Command, Result, ResultStatus
+from tether.tools import approval
 from tether.tools.context import EventSink
 
 logger = logging.getLogger(__name__)
@@ -67,7 +68,11 @@ class CommandRouter:
             else:
                 ctx = base.for_call(session_id=session_id or base.session_id, call_id=command.call_id,
                                     approved_by=command.approved_by, emit=emit, deadline=deadline)
+                if command.approval_digest:  # approved for what the person saw: is it still that?
+                    ctx = approval.bind(ctx, command)
                 result = await computer.run_action(call, ctx)
+                if not result.ok and isinstance(result.result, dict) and result.result.get("needs_approval"):
+                    result = approval.mark(result, command)  # the digest of what the person is asked about
             if logger.isEnabledFor(logging.INFO):  # a service's log: one line per command (cheap when off)
                 _log_command(command, result, agent_name, session_id, time.monotonic() - started)
             results.append(result)

@@ -48,6 +48,10 @@ class Command(BaseModel):
     call_id: str | None = Field(default=None, description="Unique identifier for this command call")
     timeout: float | None = Field(default=None, gt=0, description="Per-command timeout in seconds")
     approved_by: str | None = Field(default=None, description="Who approved this action, if it needed it")
+    approval_digest: str | None = Field(default=None, description=(
+        "with approved_by: the digest of what the person approved (the `approval_digest` of the needs-approval "
+        "result they were shown); the device recomputes it before it runs or applies anything, and asks again "
+        "when it differs"))
 
     @model_validator(mode="after")
     def _assign_call_id(self) -> Command:

@@ -59,6 +59,21 @@ class HeldLayers:
             return held
         return self._take_from_disk(key)
 
+    def peek(self, key: str) -> Held | None:
+        """The layer held under `key`, left held (in memory, else its note on disk): what an approval is
+        checked against before anything is taken."""
+        self._expire()
+        held = self._held.get(key)
+        if held is not None:
+            return held
+        if self.root is None or not self.root.is_dir():
+            return None
+        for note in self.root.glob(f"L*/{NOTE}"):
+            data = _read_note(note, self.hold_s)
+            if data is not None and data.get("key") == key:
+                return _from_note(note, data)
+        return None
+
     def _take_from_disk(self, key: str) -> Held | None:
         if self.root is None or not self.root.is_dir():
             return None
@@ -104,3 +119,19 @@ def _write_note(key: str, held: Held) -> None:
         os.replace(tmp, held.layer / NOTE)
     except (OSError, TypeError, ValueError):
         pass  # held in memory only: an approval from this process still applies it
+
+
+def _read_note(note: Path, hold_s: float) -> dict[str, Any] | None:
+    """A note of this user's, not expired, as written; None otherwise (nothing is removed here)."""
+    try:
+        if os.lstat(note).st_uid != os.getuid():
+            return None
+        data = json.loads(note.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) and time.time() - data.get("since", 0) <= hold_s else None
+
+
+def _from_note(note: Path, data: dict[str, Any]) -> Held:
+    changes = [Change(**{**c, "was": tuple(c["was"]) if c.get("was") else None}) for c in data["changes"]]
+    return Held(note.parent, changes, data["payload"], data["since"])

@@ -20,6 +20,7 @@ from starlette.requests import ClientDisconnect
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
 from tether.server.coalesce import ON_DISCONNECT
 from tether.server.guard import receive_body
 from tether.server.hub import DeviceHub
@@ -27,7 +28,7 @@ from tether.server.registry import DeviceRecord, NoDeviceError
 from tether.server.remote import BackplaneUnavailable
 from tether.server.scopes import beyond, reached_names, reaches, unknown_device, within
 from tether.server.sessions import owned_session
-from tether.server.store import SCOPE_DEVICE, SCOPE_TAG, Store, TokenInfo
+from tether.server.store import AGENT_NEVER, SCOPE_DEVICE, SCOPE_TAG, Store, TokenInfo
 
 
 class ErrorBody(BaseModel):
@@ -87,9 +88,13 @@ class BatchResults(BaseModel):
 
 class TokenRequest(BaseModel):
     # scopes (and device/tag scopes) are for API tokens; a device token has none (said in the document too)
+    # and only an API token is an agent's, which holds neither approve nor admin (docs/security/approvals.md)
     model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
         {"properties": {"kind": {"const": "api"}}},
-        {"properties": {"scopes": {"maxItems": 0}, "devices": {"maxItems": 0}, "tags": {"maxItems": 0}}}]})
+        {"properties": {"scopes": {"maxItems": 0}, "devices": {"maxItems": 0}, "tags": {"maxItems": 0}}}], "allOf": [
+        {"anyOf": [{"properties": {"kind": {"const": "api"}}}, {"properties": {"agent": {"const": False}}}]},
+        {"anyOf": [{"properties": {"agent": {"const": False}}},
+                   {"properties": {"scopes": {"items": {"enum": ["read", "execute"]}}}}]}]})
 
     kind: Literal["device", "api"]
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
@@ -100,6 +105,8 @@ class TokenRequest(BaseModel):
     tags: list[Annotated[str, Field(pattern=SCOPE_TAG.pattern)]] = Field(
         default_factory=list, max_length=100, description="an API token: it also reaches the devices with one of "
                                                           "these tags")
+    agent: bool = Field(False, description="an agent's API token: it may read and run, never approve (no approve "
+                                           "or admin scope); `tether mcp config` makes these")
 
 
 class TokenCreated(BaseModel):
@@ -138,6 +145,12 @@ def authorize(request: Request, authorization: str | None, scope: str) -> TokenI
     if info.kind != "api":
         raise HTTPException(403, "a device token cannot use the API; create one with "
                                  "'tether token create --api'")
+    if info.agent and scope == "approve":  # approving is a person's: say how a person does it
+        raise HTTPException(403, f"token '{info.name}' is an agent's token, and an agent never approves or answers "
+                                 f"a person's question: {how_a_person_approves(str(request.base_url))}")
+    if info.agent and scope in AGENT_NEVER:
+        raise HTTPException(403, f"token '{info.name}' is an agent's token, which never holds the '{scope}' scope "
+                                 "(an admin could make itself a person's token); ask a person with an admin token")
     if not info.allows(scope):
         raise HTTPException(403, f"token '{info.name}' lacks the '{scope}' scope (has {info.scopes})")
     return info
@@ -355,19 +368,31 @@ async def fast_run_selected(request: Request) -> Any:
     return await _run(request, _select(_hub(request), batch.requires, who), batch, who)
 
 
-def require_approver(who: TokenInfo, what: str) -> None:
-    """403 unless the token holds `approve`: approvals are for people, not for an agent's execute token."""
-    if not who.allows("approve"):
-        raise HTTPException(403, f"token '{who.name}' lacks the 'approve' scope needed to {what}; create one with "
-                                 "'tether token create --api NAME --scope approve'")
+def require_approver(who: TokenInfo, what: str, how: str | None = None, *, requested_by: str | None = None,
+                     settings: Any = None) -> None:
+    """403 `{"error"}` unless `who` may approve: a person's token (never an agent's) holding `approve`, and,
+    with the server's `four_eyes` on (`settings`), not the token that asked (`requested_by`). `how` says how
+    a person approves instead (`approvals.how_a_person_approves`)."""
+    try:
+        check_approver(who, what, how or how_a_person_approves(None))
+        check_four_eyes(bool(getattr(settings, "four_eyes", False)), requested_by, f"api:{who.name}", what)
+    except ApprovalRefused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
 
 
-def stamp_approvals(commands: list[Command], who: TokenInfo) -> None:
-    """A command sent as approved is approved by the caller, who must hold the `approve` scope; the
-    audit log names the token, whatever name the caller wrote."""
+def stamp_approvals(commands: list[Command], who: TokenInfo, request: Request | None = None,
+                    device: str | None = None) -> None:
+    """A command sent as approved is approved by the caller, who must be a person holding the `approve`
+    scope (with four-eyes on, never: the sender asked for it); the audit log names the token, whatever
+    name the caller wrote. Its `approval_digest` (what the person was shown) goes on to the device."""
     if not any(c.approved_by for c in commands):
         return
-    require_approver(who, "send commands marked approved")
+    first = next(c for c in commands if c.approved_by)
+    base = str(request.base_url) if request is not None else None
+    settings = getattr(request.app.state, "settings", None) if request is not None else None
+    require_approver(who, "send commands marked approved",
+                     how_a_person_approves(base, device=device, tool=first.tool_name),
+                     requested_by=f"api:{who.name}", settings=settings)
     for command in commands:
         if command.approved_by:
             command.approved_by = f"api:{who.name}"
@@ -389,7 +414,7 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     """Start the batch and answer at once with its id (the `X-Tether-Batch` header, and the first SSE
     event); the results follow as one JSON body or as SSE. A caller that goes away before the end
     cancels the batch on the device, and the audit says so."""
-    stamp_approvals(batch.commands, who)
+    stamp_approvals(batch.commands, who, request, name)
     hub = _hub(request)
     refuse_unaudited(hub.store)
     if hub.remote is not None and not hub.holds(name) and (problem := hub.remote.problem()) is not None:
@@ -594,8 +619,11 @@ async def answer_question(name: str, question: str, body: QuestionAnswer, reques
     token that may only run commands (an agent's) cannot answer the questions meant for a person."""
     hub = _hub(request)
     _record(hub, name, who)  # a question of a device outside the token's scope is not there for it
+    question = question[:64]
+    require_approver(who, f"answer question '{question}' of device '{name}'",
+                     how_a_person_approves(str(request.base_url), device=name, question=question))
     try:
-        sent = await hub.answer_question(name, question[:64], body.action, body.content, by=f"api:{who.name}")
+        sent = await hub.answer_question(name, question, body.action, body.content, by=f"api:{who.name}")
     except LookupError as exc:
         raise HTTPException(409, str(exc)) from None
     if not sent:
@@ -629,7 +657,7 @@ async def create_token(body: TokenRequest, request: Request,
                        _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> TokenCreated:
     try:
         info, secret = _store(request).create_token(body.kind, body.name, body.scopes, devices=body.devices,
-                                                    tags=body.tags)
+                                                    tags=body.tags, agent=body.agent)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
     return TokenCreated(token=secret, info=_token_dict(info))

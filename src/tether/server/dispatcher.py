@@ -77,7 +77,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
             return results
         written = self.hub.store.audit_sent_grouped(  # one commit with the other batches starting now
             (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, SENT, None, response_id,
-             c.approved_by) for c in commands)
+             c.approved_by, c.approval_digest) for c in commands)
         try:  # cancelling this wait leaves the rows queued: the group commit writes them all the same
             unsent = await written
         except asyncio.CancelledError as exc:  # the rows are written anyway: say what became of them
@@ -143,6 +143,6 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         try:
             self.hub.store.audit_soon(
                 (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, r.status.value, r.error,
-                 response_id, c.approved_by) for c, r in zip(commands, results, strict=True))
+                 response_id, c.approved_by, c.approval_digest) for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)

@@ -71,7 +71,7 @@ async def fleet_commands(batch: FleetBatch, request: Request,
     device's line is `{device, status: ok|failed|offline|timed_out|cancelled, results|error, duration}`;
     the last is `{summary: {ok, failed, offline, timed_out, cancelled, total, duration}}`. A token scoped
     to some devices reaches only those: the others are not selected, whatever `requires` says."""
-    stamp_approvals(batch.commands, who)
+    stamp_approvals(batch.commands, who, request)
     hub = request.app.state.hub
     refuse_unaudited(hub.store)
     try:

@@ -12,6 +12,7 @@ from tether.tools.policy import Policy, default_policy
 
 if TYPE_CHECKING:
     from tether.sandbox.runner import Sandbox
+    from tether.tools.approval import ApprovalClaim
     from tether.tools.journal import UndoJournal
 
 EventSink = Callable[[str, dict[str, Any]], None]
@@ -51,6 +52,8 @@ class ToolContext:
     # the device's own hidden paths (state directory, token file, config): hidden from every tool like
     # the policy's hide_paths, whether or not the device has a sandbox
     secrets: tuple[str, ...] = ()
+    # an approval whose digest was not the command's alone: maybe for changes it held (tools/approval.py)
+    approval: ApprovalClaim | None = None
 
     def for_call(self, *, session_id: str | None, call_id: str | None, approved_by: str | None,
                  emit: EventSink | None = None, deadline: float | None = None) -> ToolContext:

@@ -236,6 +236,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     # Confined, a command's changes are judged as they happen (see shell_capture); unconfined, the
     # argument-level rules for rm/rmdir/mv are all there is.
     approval = None if capture else approval_rule(ctx, cmd, args, workdir)
+    if ctx.approval is not None and capture and not preview:  # approved for held changes: are they the same?
+        ctx = shell_capture.claim_held(ctx, shell_capture.fingerprint(ctx, cmd, args, str(workdir), env, stdin))
     if dry_run:
         return {"ok": True, "dryRun": True, "preview": preview_text, "cwd": str(workdir), "allowed": True,
                 "program": program, "rule": decision.rule, "needsApproval": asked or approval,

@@ -10,6 +10,7 @@ back approved, without running it again, and is judged again then.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ from typing import Any
 
 from tether.sandbox.held import Held
 from tether.sandbox.layer import ApplyConflict, Change, apply
+from tether.tools import approval
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, real, within
@@ -143,17 +145,45 @@ def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body:
         needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
     if needs and not ctx.approved_by:
         sandbox.held.put(key, Held(layer, changes, body))
-        listed = "; ".join(f"{rule}: {c.kind} {c.path}" for c, rule in needs[:20])
-        err = NeedsApproval(needs[0][1], f"`{preview}` ran in the sandbox and nothing was applied: {listed}. "
-                                         "Once approved, exactly these changes are applied and the command does "
-                                         "not run again")
-        err.result.update({**body, "changes": _public(changes),
-                           "needs_approval_for": [{**c.public(), "rule": rule} for c, rule in needs]})
-        raise err
+        raise _held_question(ctx, f"`{preview}` ran in the sandbox", changes, body)
     return apply_changes(ctx, layer, changes)
+
+
+def _held_question(ctx: ToolContext, what: str, changes: list[Change], body: dict[str, Any]) -> NeedsApproval:
+    """The question about held changes; `changes_digest` binds its approval to exactly these (with their
+    new contents: tools/approval.py), so other changes held later under the same command are asked again."""
+    needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c))] or [(c, "approval") for c in changes]
+    listed = "; ".join(f"{rule}: {c.kind} {c.path}" for c, rule in needs[:20])
+    err = NeedsApproval(needs[0][1], f"{what} and nothing was applied: {listed}. Once approved, exactly these "
+                                     "changes are applied and the command does not run again")
+    err.result.update({**body, "changes": _public(changes), "changes_digest": approval.changes_digest(changes),
+                       "needs_approval_for": [{**c.public(), "rule": rule} for c, rule in needs]})
+    return err
+
+
+def claim_held(ctx: ToolContext, key: str) -> ToolContext:
+    """For an approval that was not of the command alone (`ctx.approval`): approved when the layer held
+    under `key` is the one it approved (the same changes, the same contents); when another is held
+    there now, `NeedsApproval` about it (nothing runs or is applied; asked again); else not approved."""
+    claim = ctx.approval
+    if claim is None or ctx.sandbox is None:
+        return ctx
+    held = ctx.sandbox.held.peek(key)
+    if held is None:
+        return ctx
+    if claim.matches(approval.changes_digest(held.changes)):
+        return dataclasses.replace(ctx, approved_by=claim.by)
+    raise _held_question(ctx, "the changes held now are not the ones approved; the command ran in the sandbox",
+                         held.changes, held.payload)
 
 
 def take_held(ctx: ToolContext, key: str) -> Held | None:
     if ctx.sandbox is None or not ctx.approved_by:
         return None
-    return ctx.sandbox.held.take(key)
+    held = ctx.sandbox.held.take(key)
+    claim = ctx.approval
+    if held is not None and claim is not None and not claim.matches(approval.changes_digest(held.changes)):
+        ctx.sandbox.held.put(key, held)  # swapped since `claim_held` looked: asked again, nothing applied
+        raise _held_question(ctx, "the changes held now are not the ones approved; the command ran in the sandbox",
+                             held.changes, held.payload)
+    return held

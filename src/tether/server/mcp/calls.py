@@ -8,8 +8,11 @@ server's progress) becomes a progress notification when the client gave a progre
 be cancelled on the device (its processes killed) and audited, as when an HTTP caller goes away.
 
 A command the device's policy holds for a person (`needs_approval`) is asked of the client through
-elicitation when it declared that capability and the token holds `approve`; otherwise the call returns at
-once with a tool error that names the question and how a person can answer it. Nothing waits forever.
+elicitation when it declared that capability and the token is a person's holding `approve` (an agent's
+token never approves: its client answering would be the agent approving itself); otherwise the call
+returns at once with a tool error that names the question and how a person can answer it. The approved
+re-run carries the digest of what was asked about, so the device runs it only if nothing changed since.
+Nothing waits forever.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
 from tether.server import policy_push
+from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves, server_url
 from tether.server.hub import DeviceHub
 from tether.server.mcp.contributed import Elicit, Progress
 from tether.server.mcp.fleet import DeviceTool
@@ -90,9 +94,13 @@ async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any],
     if elicit is None:
         return Reply(f"{question}\nThis MCP client cannot be asked (it did not declare the elicitation "
                      f"capability), so nothing was run: {how}.", held.result, is_error=True)
-    if not caller.token.allows("approve"):
-        return Reply(f"{question}\nNothing was run: token '{caller.token.name}' lacks the 'approve' scope, so "
-                     f"its client may not approve; {how}.", held.result, is_error=True)
+    try:  # the client's answer is its token's: an agent's never approves (nor, with four-eyes, the asker's)
+        check_approver(caller.token, f"approve {tool.info.name} on device {tool.device}",
+                       how_a_person_approves(server_url(hub.settings), device=tool.device, tool=tool.info.name))
+        check_four_eyes(bool(getattr(hub.settings, "four_eyes", False)), caller.requested_by, caller.requested_by,
+                        f"approve {tool.info.name} on device {tool.device}")
+    except ApprovalRefused as exc:
+        return Reply(f"{question}\nNothing was run: {exc}.", held.result, is_error=True)
     always = _always_options(tool, arguments, held) if caller.token.allows("admin") else {}
     schema = {"type": "object", "required": ["decision"], "properties": {"decision": {
         "type": "string", "title": "Decision", "enum": [APPROVE, *always, DENY],
@@ -119,7 +127,9 @@ async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any],
                                      requested_by=caller.requested_by)
         except policy_push.PolicyRequestFailed as exc:
             return Reply(f"not run: the device's policy could not be changed ({exc})", held.result, is_error=True)
-    return await _run(hub, tool, arguments, caller, progress, elicit, approved_by=caller.requested_by)
+    digest = held.result.get("approval_digest") if isinstance(held.result, dict) else None
+    return await _run(hub, tool, arguments, caller, progress, elicit, approved_by=caller.requested_by,
+                      approval_digest=digest if isinstance(digest, str) else None)
 
 
 def _always_options(tool: DeviceTool, arguments: dict[str, Any], held: Result) -> dict[str, dict[str, Any]]:
@@ -146,7 +156,7 @@ def _needs_approval(result: Result) -> bool:
 
 
 async def _run(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller, progress: Progress,
-               elicit: Elicit | None, approved_by: str | None) -> Result:
+               elicit: Elicit | None, approved_by: str | None, approval_digest: str | None = None) -> Result:
     """One batch of one command; its events forwarded while it runs; cancelled on the device if we are.
 
     The batch runs in its own task: when the client cancels, this handler's awaits are cancelled again and
@@ -154,7 +164,7 @@ async def _run(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], call
     Events go to a forwarding task made at the first one, so a command without events costs no more."""
     forward = _Forwarder(hub, tool.device, caller, progress, elicit)
     command = Command(tool_name=tool.info.name, tool_type=tool.info.tool_type, parameters=arguments,
-                      approved_by=approved_by)
+                      approved_by=approved_by, approval_digest=approval_digest)
     dispatcher = hub.dispatcher(tool.device, on_event=forward.put, requested_by=caller.requested_by)
     run = asyncio.ensure_future(dispatcher.execute_commands([command], timeout=_batch_timeout(hub, arguments),
                                                             response_id=new_call_id()))
@@ -230,8 +240,10 @@ class _Forwarder:
             await self._send(event)
 
     async def _send(self, event: Event) -> None:
+        # an answer is a person's (as POST /devices/{name}/questions/{id}): never an agent's client, nor under
+        # four-eyes the caller's own (it asked for the command)
         if event.kind == "elicitation" and self.elicit is not None and self.caller.token.allows("approve") \
-                and "declined" not in event.data:
+                and not getattr(self.hub.settings, "four_eyes", False) and "declined" not in event.data:
             task = asyncio.ensure_future(self._ask(event.data))
             self.questions.add(task)  # asked beside the stream, so output keeps flowing while a person thinks
             task.add_done_callback(self.questions.discard)

@@ -8,7 +8,8 @@ at once; an MCP session stays bound to the token that opened it. The app's `Requ
 body caps) runs before all of this, as for every route.
 
 Scopes: `read` lists (every request needs it), `execute` calls device tools, `approve` answers approvals
-and questions; a contributed tool names its own. A call a token may not make is a tool error saying which
+and questions (a person's token only: an agent's never approves, docs/security/approvals.md); a
+contributed tool names its own. A call a token may not make is a tool error saying which
 scope is missing, never a silent refusal.
 
 Clients of the handshake era (protocol 2025-xx, what today's desktop and IDE clients speak) are told
@@ -43,6 +44,7 @@ from starlette.applications import Starlette
 
 from tether import __version__
 from tether.protocol.models import Result
+from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.hub import DeviceHub
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.calls import AskLater, Caller, Reply, call_device_tool
@@ -264,6 +266,10 @@ class Gateway:
 
     async def _call_contributed(self, ctx: ServerRequestContext[Any], tool: GatewayTool, arguments: dict[str, Any],
                                 caller: Caller) -> types.CallToolResult:
+        if caller.token.agent and tool.scope == "approve":  # approving is a person's, whatever the scopes
+            return call_result(Reply(f"token '{caller.token.name}' is an agent's token, and an agent never approves: "
+                                     f"{tool.name} needs a person's token ("
+                                     f"{how_a_person_approves(server_url(self.app.state.settings))})", is_error=True))
         if not caller.token.allows(tool.scope):
             return call_result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
                                      f"{tool.name}; create one with 'tether token create --api NAME --scope "

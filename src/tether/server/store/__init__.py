@@ -46,6 +46,7 @@ TokenKind = Literal["device", "api"]
 # `approve` is apart from `execute` so that an agent holding an execute token cannot approve its own
 # dangerous actions: approvals need a token a person holds.
 SCOPES = ("read", "execute", "approve", "admin")
+AGENT_NEVER = ("approve", "admin")  # scopes an agent's token is never given nor granted
 _PREFIX = {"device": "tdev_", "api": "tapi_"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
 SCOPE_DEVICE = re.compile(r"^[A-Za-z0-9._@*?\[\]!-]{1,128}$")  # a device name or glob (a token's scope)
@@ -59,7 +60,7 @@ _AUDIT_HELD_MAX = 100_000  # rows kept in memory while the log cannot be written
 _AUDIT_RETRY_S = 1.0  # while the log cannot be written, held rows are retried this often (and before each batch)
 MIN_FREE_BYTES = 1 << 20  # less free space than this in the state directory counts as a full disk
 
-# requested_by, device, call_id, tool_name, arguments, status, error, response_id[, approved_by]
+# requested_by, device, call_id, tool_name, arguments, status, error, response_id[, approved_by[, approval_digest]]
 AuditRow = tuple[Any, ...]
 
 # One migration path for both databases: a text both read (the engine rewrites SQLite's few spellings for
@@ -169,6 +170,12 @@ _MIGRATIONS: list[str | dict[str, str]] = [
     ALTER TABLE tokens ADD COLUMN scope_devices TEXT NOT NULL DEFAULT '[]';
     ALTER TABLE tokens ADD COLUMN scope_tags TEXT NOT NULL DEFAULT '[]';
     """,
+    # whose a token is (issue 27): a person's (agent = 0, what every token made before is) or an agent's (1),
+    # which never approves; and the digest of what the person who approved a command was shown
+    """
+    ALTER TABLE tokens ADD COLUMN agent INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE audit ADD COLUMN approval_digest TEXT;
+    """,
 ]
 SENT, UNKNOWN = "sent", "unknown"
 _TOKEN_CACHE = 65_536  # verified tokens kept in memory (cleared whole when full: it refills from the table)
@@ -191,6 +198,9 @@ class TokenInfo(BaseModel):
     # the devices an API token reaches: names or globs, and tags; both empty = every device (docs/security/scopes.md)
     devices: list[str] = []
     tags: list[str] = []
+    # an agent's token (`tether token create --agent`, `tether mcp config`): it may read and run, never
+    # approve or answer an approval question, whatever scopes its row holds (docs/security/approvals.md)
+    agent: bool = False
 
     @property
     def active(self) -> bool:
@@ -213,8 +223,11 @@ class TokenInfo(BaseModel):
         return "; ".join(parts) or "every device"
 
     def allows(self, scope: str) -> bool:
-        """`admin` implies every scope and `execute` implies `read`."""
+        """`admin` implies every scope and `execute` implies `read`; an agent's token never holds
+        `approve` or `admin` (an admin token could make itself a person's token)."""
         if self.kind != "api":
+            return False
+        if self.agent and scope in AGENT_NEVER:
             return False
         held = set(self.scopes)
         return scope in held or "admin" in held or (scope == "read" and "execute" in held)
@@ -416,12 +429,13 @@ class Store:
 
     def create_token(self, kind: TokenKind, name: str, scopes: list[str] | None = None,
                      confirm: str = "never", *, devices: list[str] | None = None,
-                     tags: list[str] | None = None) -> tuple[TokenInfo, str]:
+                     tags: list[str] | None = None, agent: bool = False) -> tuple[TokenInfo, str]:
         """Create a token and return its info and the secret, which is not stored and never shown again.
 
         A device token's name is the device's identity. Several active tokens per name are allowed
         so a token can be rotated without downtime. An API token gets `read` when no scope is given.
         `devices` (names or globs) and `tags` limit the devices an API token reaches; none = all.
+        `agent` makes an API token an agent's: `approve` and `admin` are refused for it (ValueError).
         """
         if kind not in _PREFIX:
             raise ValueError(f"token kind must be 'device' or 'api', not {kind!r}")
@@ -437,6 +451,11 @@ class Store:
             if unknown:
                 raise ValueError(f"unknown scope(s) {', '.join(unknown)}; choose from {', '.join(SCOPES)}")
             wanted = wanted or ["read"]
+            if agent and (held := [s for s in wanted if s in AGENT_NEVER]):
+                raise ValueError(f"an agent's token cannot have the {', '.join(held)} scope: approving is a "
+                                 "person's (give the agent read and execute; a person approves with their own token)")
+        if agent and kind != "api":
+            raise ValueError("only an API token can be an agent's; a device token is a device's")
         if confirm not in ("never", "destructive", "always"):
             raise ValueError(f"confirm must be never, destructive or always, not {confirm!r}")
         if kind == "device" and confirm != "never":
@@ -446,13 +465,13 @@ class Store:
             raise ValueError("device tokens have no device or tag scope; those are for API tokens")
         secret = _PREFIX[kind] + secrets.token_urlsafe(32)
         info = TokenInfo(id=secrets.token_hex(6), kind=kind, name=name, scopes=wanted, created_at=time.time(),
-                         confirm=confirm, devices=reach, tags=labels)
+                         confirm=confirm, devices=reach, tags=labels, agent=agent)
         with self._writing(), self._lock:
             self._conn.execute(
-                "INSERT INTO tokens (id, kind, name, scopes, hash, created_at, confirm, scope_devices, scope_tags) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO tokens (id, kind, name, scopes, hash, created_at, confirm, scope_devices, scope_tags, "
+                "agent) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (info.id, kind, name, json.dumps(wanted), hash_token(secret), info.created_at, confirm,
-                 json.dumps(reach), json.dumps(labels)))
+                 json.dumps(reach), json.dumps(labels), int(agent)))
         return info, secret
 
     def verify_token(self, secret: str) -> TokenInfo | None:
@@ -636,9 +655,10 @@ class Store:
 
     def audit(self, requested_by: str, device: str, call_id: str | None, tool_name: str,
               arguments: dict[str, Any] | None, status: str, error: str | None,
-              response_id: str | None = None, approved_by: str | None = None) -> None:
+              response_id: str | None = None, approved_by: str | None = None,
+              approval_digest: str | None = None) -> None:
         self.audit_many([(requested_by, device, call_id, tool_name, arguments, status, error, response_id,
-                          approved_by)])
+                          approved_by, approval_digest)])
 
     def audit_many(self, rows: Iterable[AuditRow]) -> bool:
         """Write several audit rows now, in one transaction (one per command of a batch); False when
@@ -880,10 +900,12 @@ class Store:
         """INSERT the rows, inside the caller's transaction (or as one autocommit statement for one row)."""
         if not rows:
             return
-        values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error, approved_by)
-                  for who, device, call_id, tool, arguments, status, error, response_id, approved_by, at in rows]
+        values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error, approved_by,
+                   digest)
+                  for who, device, call_id, tool, arguments, status, error, response_id, approved_by, digest, at
+                  in rows]
         insert = ("INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
-                  "status, error, approved_by) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                  "status, error, approved_by, approval_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
         if len(values) == 1:
             self._conn.execute(insert, values[0])
         else:
@@ -966,8 +988,9 @@ def _like(text: str) -> str:
 
 
 def _full(row: tuple[Any, ...]) -> tuple[Any, ...]:
-    """An audit row with its optional trailing `approved_by` (older callers give 8 fields)."""
-    return row if len(row) == 9 else (*row, None)
+    """An audit row with its optional trailing `approved_by` and `approval_digest` (older callers give 8 or
+    9 fields): the person who approved the command and the digest of what they were shown."""
+    return row if len(row) == 10 else (*row, *(None,) * (10 - len(row)))
 
 
 def _scope_list(values: list[str] | None, pattern: re.Pattern[str], what: str) -> list[str]:
@@ -987,6 +1010,7 @@ def _token(row: sqlite3.Row, **override: Any) -> TokenInfo:
     data["scopes"] = json.loads(row["scopes"])
     data["devices"] = json.loads(row["scope_devices"] or "[]")
     data["tags"] = json.loads(row["scope_tags"] or "[]")
+    data["agent"] = bool(row["agent"])
     data.update(override)
     return TokenInfo(**data)
 

@@ -56,7 +56,9 @@ def _sessions(request: Request) -> WebSessions:
 
 
 def _me(info: TokenInfo, csrf: str) -> dict[str, Any]:
-    return {"name": info.name, "scopes": sorted(info.scopes), "csrf": csrf}
+    # an agent's token holds no scope a person's approval needs, whatever its row says (store.AGENT_NEVER)
+    return {"name": info.name, "scopes": sorted(s for s in info.scopes if info.allows(s)), "csrf": csrf,
+            "agent": info.agent}
 
 
 @web_router.get("/")

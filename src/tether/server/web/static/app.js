@@ -170,9 +170,9 @@ async function tasksView(params) {
     STATES.map((s) => h("option", {value: s, selected: s === state}, s ? s.replaceAll("_", " ") : "any state")));
   const main = view(h("h1", {}, "Tasks"), h("label", {for: "state-filter"}, "State"), filter);
   if (can("execute")) main.append(await newTaskForm());
-  main.append(h("div", {class: "scroll"}, h("table", {"aria-label": "tasks"}, h("thead", {}, h("tr", {}, ["Task", "State", "Request", "Device", "Created"].map((t) => h("th", {scope: "col"}, t)))),
+  main.append(h("div", {class: "scroll"}, h("table", {"aria-label": "tasks"}, h("thead", {}, h("tr", {}, ["Task", "State", "Request", "Device", "Asked by", "Created"].map((t) => h("th", {scope: "col"}, t)))),
     h("tbody", {}, tasks.map((t) => h("tr", {}, h("td", {}, h("a", {href: `#/tasks/${t.id}`}, t.id.slice(0, 12))), h("td", {}, status(t.state)),
-      h("td", {}, t.request || "(plan)"), h("td", {}, t.device || "—"), h("td", {}, when(t.created_at))))))));
+      h("td", {}, t.request || "(plan)"), h("td", {}, t.device || "—"), h("td", {}, t.requested_by || "—"), h("td", {}, when(t.created_at))))))));
 }
 async function newTaskForm() {
   const devices = await api("/api/v1/devices");
@@ -222,14 +222,19 @@ async function taskView(id) {
     const q = (t.questions || []).filter((x) => !x.answer).pop();
     ask.replaceChildren();
     if (q && !q.answer && t.state === "waiting_for_user") {
-      const mayAnswer = q.kind === "approval" ? can("approve") : can("execute");
-      ask.append(h("div", {class: "card", id: "question", role: "region", "aria-label": "question"}, h("h2", {}, q.kind === "approval" ? "Approval needed" : "Question"),
+      // approving (an action, a plan to run) is a person's: an agent's token may not (docs/security/approvals.md)
+      const approval = q.kind === "approval" || q.kind === "confirmation";
+      const mayAnswer = approval ? can("approve") && !(S.me && S.me.agent) : can("execute");
+      ask.append(h("div", {class: "card", id: "question", role: "region", "aria-label": "question"}, h("h2", {}, approval ? "Approval needed" : "Question"),
+        h("p", {}, `Asked by ${t.requested_by || "—"}`),
         h("p", {}, q.question), (q.changes || []).length ? h("pre", {}, JSON.stringify(q.changes, null, 2)) : null,
-        mayAnswer ? q.options.map((o) => h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/answer`, {method: "POST", body: {answer: o, question_id: q.id}}).then(refresh, fail)}, o)) : h("p", {class: "muted"}, "Your token may not answer this."),
+        q.digest ? h("p", {class: "muted"}, `digest ${q.digest}`) : null,
+        // the answer carries the digest of what is shown here: refused if the task now waits on something else
+        mayAnswer ? q.options.map((o) => h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/answer`, {method: "POST", body: {answer: o, question_id: q.id, digest: q.digest || undefined}}).then(refresh, fail)}, o)) : h("p", {class: "muted"}, "Your token may not answer this: a person approves."),
         // a program outside the device's allowlist (ask on miss): an admin may allow it for good, then it runs
         q.kind === "approval" && /ask\.on-miss/.test(q.question) && can("admin") && can("approve")
           ? [["program", "Always allow the program"], ["subcommand", "Always allow this subcommand"]].map(([what, label]) =>
-            h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/approval`, {method: "POST", body: {approved: true, always: what}}).then(refresh, fail)}, label))
+            h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/approval`, {method: "POST", body: {approved: true, always: what, digest: q.digest || undefined}}).then(refresh, fail)}, label))
           : null));
     }
   };
@@ -277,16 +282,17 @@ async function tokensView() {
     e.preventDefault();
     try {
       const scopes = [...form.querySelectorAll("input[name=scope]:checked")].map((x) => x.value);
-      const made = await api("/api/v1/tokens", {method: "POST", body: {kind: form.kind.value, name: form.tname.value, scopes: form.kind.value === "api" ? scopes : []}});
+      const made = await api("/api/v1/tokens", {method: "POST", body: {kind: form.kind.value, name: form.tname.value, scopes: form.kind.value === "api" ? scopes : [], agent: form.kind.value === "api" && form.agent.checked}});
       shown.replaceChildren(h("p", {}, "Copy it now; it is not shown again:"), h("pre", {id: "new-secret"}, made.token));
       tokensView().then(() => $("#main").prepend(shown));
     } catch (x) { toast(`error: ${x.message}`); }
   }}, h("h2", {}, "Create a token"), h("label", {for: "tname"}, "Name"), h("input", {id: "tname", name: "tname", required: true}),
     h("label", {for: "kind"}, "Kind"), h("select", {id: "kind", name: "kind"}, h("option", {value: "api"}, "api"), h("option", {value: "device"}, "device")),
     h("fieldset", {}, h("legend", {}, "Scopes"), ["read", "execute", "approve", "admin"].map((s) => h("label", {}, h("input", {type: "checkbox", name: "scope", value: s}), ` ${s}`))),
+    h("label", {}, h("input", {type: "checkbox", name: "agent", id: "agent"}), " an agent's token (it never approves: no approve or admin)"),
     h("button", {type: "submit"}, "Create"));
-  view(h("h1", {}, "Tokens"), shown, form, h("div", {class: "scroll"}, h("table", {"aria-label": "tokens"}, h("thead", {}, h("tr", {}, ["Name", "Kind", "Scopes", "Status", ""].map((t) => h("th", {scope: "col"}, t)))),
-    h("tbody", {}, tokens.map((t) => h("tr", {}, h("td", {}, t.name), h("td", {}, t.kind), h("td", {}, (t.scopes || []).join(", ")), h("td", {}, t.revoked_at ? "revoked" : "active"),
+  view(h("h1", {}, "Tokens"), shown, form, h("div", {class: "scroll"}, h("table", {"aria-label": "tokens"}, h("thead", {}, h("tr", {}, ["Name", "Kind", "Holder", "Scopes", "Status", ""].map((t) => h("th", {scope: "col"}, t)))),
+    h("tbody", {}, tokens.map((t) => h("tr", {}, h("td", {}, t.name), h("td", {}, t.kind), h("td", {}, t.kind === "device" ? "device" : t.agent ? "agent" : "person"), h("td", {}, (t.scopes || []).join(", ")), h("td", {}, t.revoked_at ? "revoked" : "active"),
       h("td", {}, t.revoked_at ? "" : h("button", {type: "button", class: "danger", onclick: () => api(`/api/v1/tokens/${encodeURIComponent(t.id || t.name)}`, {method: "DELETE"}).then(tokensView, fail)}, "Revoke"))))))));
 }
 
