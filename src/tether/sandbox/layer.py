@@ -3,10 +3,20 @@
 The overlay's upper directory holds exactly what the command wrote: new and modified files whole,
 a deletion as a whiteout (a character device 0/0), a directory whose old content was removed as an
 *opaque* directory. `scan` turns that into a list of `Change`s judged against the real tree, leaving
-out files copied up but left as they were. `apply` first checks that nothing it would touch changed
-in the real tree since the scan (else `ApplyConflict`, nothing applied), then, change by change,
-asks `record` to journal it (so undo can put it back) and makes it — through directory fds walked
-from the root without following any link, so a symlink planted in the real tree cannot redirect it.
+out files copied up but left as they were, and stops with `LayerLimit` once the layer holds more
+changes or bytes than allowed. `apply` first checks that nothing it would touch changed in the real
+tree since the command started (`conflicts`: else `ApplyConflict`, nothing applied), then, change
+by change, asks `record` to journal it (so undo can put it back) and makes it — through directory
+fds walked from the root without following any link, so a symlink planted in the real tree cannot
+redirect it.
+
+"Since the command started" is told by the real entry's ctime, which no program can set back: a
+path another session created, changed or renamed in after the command's start (`Change.since_ns`)
+is a conflict, as is one that changed between the scan and the apply (`Change.was`, its identity
+then). Paths are `str` with undecodable bytes kept as lone surrogates (`os.fsdecode`), so every
+name round-trips to the same bytes; `Change.public` shows them escaped (`fs.shown`).
+
+Everything here blocks on the filesystem: callers run it on a worker thread, never an event loop.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from tether.sandbox.fs import parent_beneath
+from tether.sandbox.fs import copy_data, data_segments, parent_beneath, shown
 
 Kind = Literal["created", "modified", "deleted", "renamed"]
 # journals a batch of (action, path, dest) before any of it is made
@@ -33,12 +43,29 @@ _CHUNK = 1 << 16
 
 
 class ApplyConflict(RuntimeError):
-    """The real tree changed under a captured change since the command ran; nothing was applied."""
+    """The real tree changed under a captured change since the command started; nothing was applied."""
 
     def __init__(self, paths: list[str]) -> None:
-        listed = ", ".join(paths[:10]) + (" ..." if len(paths) > 10 else "")
-        super().__init__(f"changed since the command ran: {listed}")
+        listed = ", ".join(shown(p) for p in paths[:10]) + (f" ... ({len(paths)} in all)" if len(paths) > 10 else "")
+        super().__init__(f"changed by someone else since the command started: {listed}")
         self.paths = paths
+
+
+class LayerLimit(RuntimeError):
+    """A command's layer holds more than `rule` allows (`limits.layer_files` or `limits.layer_bytes`)."""
+
+    def __init__(self, rule: str, detail: str) -> None:
+        super().__init__(detail)
+        self.rule = rule
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The most one command's layer may hold: changes (files, directories, links, deletions) and bytes
+    (allocated on disk, so a sparse file counts what it really uses). 0: no limit."""
+
+    files: int = 0
+    bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -49,22 +76,27 @@ class Change:
     node: Literal["file", "dir", "symlink"]
     root: str
     source: str | None = None  # the upper-layer entry with the new content
-    was: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of what the real tree held
+    was: tuple[int, ...] | None = None  # (inode, size, mtime_ns, ctime_ns) of what the real tree held at the scan
     moved_from: str | None = None
     mode: int = 0o644
     extra: dict[str, str] = field(default_factory=dict)
+    since_ns: int = 0  # when the command started (wall clock, ns): a real entry changed later is a conflict
 
     def public(self) -> dict[str, object]:
-        out: dict[str, object] = {"path": self.path, "kind": self.kind, "bytes": self.bytes}
+        """What a caller is shown; a name that is not UTF-8 is escaped (`\\xNN`) and flagged `escaped`."""
+        path = shown(self.path)
+        out: dict[str, object] = {"path": path, "kind": self.kind, "bytes": self.bytes}
         if self.node != "file":
             out["type"] = self.node
         if self.moved_from:
-            out["from"] = self.moved_from
+            out["from"] = shown(self.moved_from)
+        if path != self.path or (self.moved_from and out["from"] != self.moved_from):
+            out["escaped"] = True
         return out
 
 
-def _sig(st: os.stat_result) -> tuple[int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+def _sig(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _lstat(path: str) -> os.stat_result | None:
@@ -92,12 +124,20 @@ def _same_file(a: str, sa: os.stat_result, b: str, sb: os.stat_result) -> bool:
     if sa.st_size != sb.st_size or stat.S_IMODE(sa.st_mode) != stat.S_IMODE(sb.st_mode):
         return False
     with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            ca, cb = fa.read(_CHUNK), fb.read(_CHUNK)
-            if ca != cb:
-                return False
-            if not ca:
-                return True
+        ra, rb = fa.fileno(), fb.fileno()
+        segments = list(data_segments(ra, sa.st_size))
+        if segments != list(data_segments(rb, sb.st_size)):
+            segments = [(0, sa.st_size)]  # the holes differ: compare it all (a hole reads as zeros)
+        for start, length in segments:  # both have holes in the same places: compare only the data
+            for pos in range(start, start + length, _CHUNK):
+                n = min(_CHUNK, start + length - pos)
+                if os.pread(ra, n, pos) != os.pread(rb, n, pos):
+                    return False
+        return True
+
+
+def _allocated(st: os.stat_result) -> int:
+    return st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
 
 
 def _tree_bytes(path: str) -> int:
@@ -110,17 +150,32 @@ def _tree_bytes(path: str) -> int:
 
 
 class _Scan:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: str, since_ns: int, limits: Limits, counted: list[int]) -> None:
+        self.root, self.since_ns, self.limits = root, since_ns, limits
+        self.counted = counted  # [changes, bytes] over every root of the layer
         self.out: list[Change] = []
+
+    def add(self, change: Change, st: os.stat_result | None = None) -> None:
+        change.since_ns = self.since_ns
+        self.out.append(change)
+        self.counted[0] += 1
+        if st is not None and change.kind != "deleted" and stat.S_ISREG(st.st_mode):
+            self.counted[1] += _allocated(st)
+        files, size = self.limits.files, self.limits.bytes
+        if files and self.counted[0] > files:
+            raise LayerLimit("limits.layer_files", f"the command changed more than {files} files and directories "
+                                                   "(limits.layer_files); nothing was applied")
+        if size and self.counted[1] > size:
+            raise LayerLimit("limits.layer_bytes", f"the command wrote more than {size} bytes "
+                                                   "(limits.layer_bytes); nothing was applied")
 
     def deleted(self, real: str, st: os.stat_result) -> None:
         size = _tree_bytes(real) if stat.S_ISDIR(st.st_mode) else st.st_size
-        self.out.append(Change(real, "deleted", size, _node(st), self.root, was=_sig(st)))
+        self.add(Change(real, "deleted", size, _node(st), self.root, was=_sig(st)))
 
     def created(self, upper: str, real: str, st: os.stat_result) -> None:
-        self.out.append(Change(real, "created", 0 if stat.S_ISDIR(st.st_mode) else st.st_size, _node(st), self.root,
-                               source=upper, mode=stat.S_IMODE(st.st_mode)))
+        self.add(Change(real, "created", 0 if stat.S_ISDIR(st.st_mode) else st.st_size, _node(st), self.root,
+                        source=upper, mode=stat.S_IMODE(st.st_mode)), st)
         if stat.S_ISDIR(st.st_mode):
             with os.scandir(upper) as entries:
                 for e in sorted(entries, key=lambda e: e.name):
@@ -157,17 +212,22 @@ class _Scan:
             self.deleted(real, lower)
             self.created(upper, real, st)
         elif not _same_file(upper, st, real, lower):
-            self.out.append(Change(real, "modified", st.st_size, _node(st), self.root, source=upper, was=_sig(lower),
-                                   mode=stat.S_IMODE(st.st_mode)))
+            self.add(Change(real, "modified", st.st_size, _node(st), self.root, source=upper, was=_sig(lower),
+                            mode=stat.S_IMODE(st.st_mode)), st)
 
 
-def scan(layer: Path, roots: tuple[str, ...]) -> list[Change]:
-    """Every change the command made under `roots`, parents before children; renames paired up."""
+def scan(layer: Path, roots: tuple[str, ...], *, since_ns: int = 0, limits: Limits = Limits()) -> list[Change]:
+    """Every change the command made under `roots`, parents before children; renames paired up.
+
+    `since_ns`: when the command started (`time.time_ns()` before it ran), kept in each change for
+    `conflicts`. Over `limits`, `LayerLimit` at once (the scan stops there; nothing is applied).
+    """
     changes: list[Change] = []
+    counted = [0, 0]
     for i, root in enumerate(roots):
         upper = layer / str(i) / "u"
         if upper.is_dir():
-            s = _Scan(root)
+            s = _Scan(root, since_ns, limits, counted)
             s.walk(str(upper), root)
             changes += s.out
     return _pair_renames(changes)
@@ -197,16 +257,41 @@ def _pair_renames(changes: list[Change]) -> list[Change]:
 # ---------------------------------------------------------------------------------------- applying
 
 
-def _conflicts(changes: list[Change]) -> list[str]:
-    bad = []
+def _newer_inside(path: str, since_ns: int) -> str | None:
+    """A path under the directory `path` changed after `since_ns` (ctime), or None."""
+    for base, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            full = os.path.join(base, name)
+            st = _lstat(full)
+            if st is not None and st.st_ctime_ns > since_ns:
+                return full
+    return None
+
+
+def _was_matches(was: tuple[int, ...], st: os.stat_result) -> bool:
+    now = _sig(st)
+    return now[:len(was)] == was  # a note held by an older version has no ctime
+
+
+def conflicts(changes: list[Change]) -> list[str]:
+    """The paths another writer changed since the command started (or since the scan): applying the
+    changes would undo theirs. Empty: the real tree is as the command saw it."""
+    bad: list[str] = []
+    deleted_here = {c.path for c in changes if c.kind == "deleted"}
     for c in changes:
         target = c.moved_from if c.kind == "renamed" else c.path
         st = _lstat(target) if target else None
-        if c.was is not None and (st is None or _sig(st) != c.was):
+        if c.was is not None and (st is None or not _was_matches(c.was, st)):
             bad.append(target or c.path)
-        if c.kind in ("created", "renamed") and _lstat(c.path) is not None \
-                and not any(d.kind == "deleted" and d.path == c.path for d in changes):
-            bad.append(c.path)
+        elif c.since_ns and st is not None and c.kind != "created":
+            if st.st_ctime_ns > c.since_ns:  # created, changed or renamed in by someone while the command ran
+                bad.append(target or c.path)
+            elif c.kind == "deleted" and stat.S_ISDIR(st.st_mode) and target:
+                newer = _newer_inside(target, c.since_ns)
+                if newer is not None:
+                    bad.append(newer)
+        if c.kind in ("created", "renamed") and c.path not in deleted_here and _lstat(c.path) is not None:
+            bad.append(c.path)  # someone made this name while the command ran
     return bad
 
 
@@ -262,8 +347,14 @@ def _place(c: Change, pfd: int, name: str) -> None:
     else:  # another filesystem: copy
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, c.mode & 0o777,
                      dir_fd=pfd)
-        with open(c.source, "rb") as src, open(fd, "wb") as dst:
-            shutil.copyfileobj(src, dst, _CHUNK)
+        try:
+            src = os.open(c.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                copy_data(src, fd)  # holes stay holes
+            finally:
+                os.close(src)
+        finally:
+            os.close(fd)
     try:
         os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
     except BaseException:
@@ -287,7 +378,7 @@ def apply(changes: list[Change], record: Record) -> None:
     The whole batch is journaled first (one fsync), then made in order: deletions deepest first,
     new directories, renames, then files.
     """
-    bad = _conflicts(changes)
+    bad = conflicts(changes)
     if bad:
         raise ApplyConflict(bad)
     ordered = list(_order(changes))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -17,8 +18,11 @@ import os
 import socket
 import stat
 import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.sandbox.bwrap import live_source, warden_argv
 from tether.sandbox.detect import SandboxInfo
@@ -31,6 +35,10 @@ logger = logging.getLogger(__name__)
 START_TIMEOUT_S = 15.0
 FREE_LAYERS = 8
 MAX_REPLY = 1 << 16
+# threads that scan, apply and remove layers: a command that made 100,000 files takes one of them, never
+# the event loop every other session is served from; more at once wait their turn
+CAPTURE_WORKERS = 2
+T = TypeVar("T")
 
 
 class SandboxedProcess:
@@ -82,6 +90,8 @@ class Sandbox:
         self._warden_host_pid: int | None = None
         self._notes: dict[int, list[str]] = {}
         self._removing: set[asyncio.Future[None]] = set()
+        self._pool = ThreadPoolExecutor(max_workers=CAPTURE_WORKERS, thread_name_prefix="tether-capture")
+        self._since: dict[Path, int] = {}
 
     @property
     def kind(self) -> str:
@@ -213,9 +223,12 @@ class Sandbox:
         """A fresh directory for one command's overlays: `<n>/u` and `<n>/w` per captured root.
 
         A layer a command left empty (most commands write nothing) is reused rather than made anew.
+        The time it is handed out is the command's start for `layer_since` (what apply compares with).
         """
         if self._free:
-            return self._free.pop()
+            layer = self._free.pop()
+            self._since[layer] = time.time_ns()
+            return layer
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
         base.mkdir(mode=0o700)
@@ -223,14 +236,27 @@ class Sandbox:
             (base / str(i)).mkdir()
             (base / str(i) / "u").mkdir()
             (base / str(i) / "w").mkdir()
+        self._since[base] = time.time_ns()
         return base
+
+    def layer_since(self, layer: Path) -> int:
+        """When the command writing into `layer` started (wall clock, ns); 0 if unknown."""
+        return self._since.get(layer, 0)
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run blocking filesystem work (scan, apply, journal) on the sandbox's bounded worker pool."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
 
     def release(self, layer: Path) -> None:
         """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
+        self._since.pop(layer, None)
         if len(self._free) < FREE_LAYERS and layer_empty(layer, len(self.spec.write_roots)):
             self._free.append(layer)
             return
-        future = asyncio.get_running_loop().run_in_executor(None, discard, layer)
+        if self._closed:
+            discard(layer)  # the device is stopping: nothing else to serve
+            return
+        future = asyncio.get_running_loop().run_in_executor(self._pool, discard, layer)
         self._removing.add(future)
         future.add_done_callback(self._removing.discard)
 
@@ -320,7 +346,9 @@ class Sandbox:
         if self._removing:
             await asyncio.gather(*self._removing, return_exceptions=True)
         self._free.clear()
-        await asyncio.to_thread(self._discard_layers)
+        with contextlib.suppress(RuntimeError):  # closed twice: the pool is already shut down
+            await self.offload(self._discard_layers)
+        self._pool.shutdown(wait=False)
 
     def _discard_layers(self) -> None:
         """The layers this device left, but for those held for an approval (they expire on their own)."""

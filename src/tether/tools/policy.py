@@ -66,6 +66,19 @@ class ApprovalRules(BaseModel):
     overwrite_outside_temp: bool = True
 
 
+class Limits(BaseModel):
+    """Resource limits per command (issue 26). Only the capture keys are here; 0 turns a limit off."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    layer_files: int = Field(
+        250_000, ge=0, description="files, directories, links and deletions one sandboxed command may leave in its"
+                                   " layer; over it the command fails, naming this limit, and applies nothing (0: off)")
+    layer_bytes: int = Field(
+        8 << 30, ge=0, description="bytes (allocated on disk: holes are free) one sandboxed command may leave in its"
+                                   " layer; over it the command fails, naming this limit, and applies nothing (0: off)")
+
+
 DEFAULT_HIDDEN: tuple[str, ...] = (
     "~/.ssh", "~/.gnupg", "~/.aws", "~/.azure", "~/.config/gcloud", "~/.kube", "~/.docker", "~/.netrc",
     "~/.git-credentials", "~/.config/gh", "~/.password-store", "~/.local/share/keyrings", "~/.config/tether",
@@ -114,6 +127,7 @@ class Policy(BaseModel):
     mcp_sampling: Literal["off", "ask", "on"] = Field(
         "off", description="whether an external MCP server may ask the device's LLM for a completion (sampling): "
                            "off refuses, ask asks a person each time, on allows (budgeted per command, logged)")
+    limits: Limits = Field(default_factory=Limits, description="resource limits per sandboxed command")
     max_concurrent_sessions: int = Field(
         4, ge=1, le=256, description="sessions a device serving a server runs at once; the batches of further "
                                      "sessions wait in line (told their place by a 'queued' event)")

@@ -24,8 +24,6 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from tether.sandbox import SandboxUnavailable
-from tether.sandbox.layer import scan
-from tether.sandbox.runner import layer_empty
 from tether.tools import shell_capture
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
@@ -246,10 +244,10 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     if approval and not ctx.approved_by:
         raise NeedsApproval(approval, f"`{preview_text}` deletes or moves files outside the temp directory")
     key = shell_capture.fingerprint(ctx, cmd, args, str(workdir), env, stdin) if capture else ""
-    held = shell_capture.take_held(ctx, key) if capture and not preview else None
+    held = await shell_capture.take_held(ctx, key) if capture and not preview else None
     if held is not None:  # approved: apply what the command did when it ran, without running it again
         body = dict(held.payload)
-        body["changes"] = shell_capture.apply_changes(ctx, held.layer, held.changes)
+        body["changes"] = await shell_capture.apply_changes(ctx, held.layer, held.changes)
         body["applied_after_approval"] = True
         if body.get("exitCode", body.get("exit_code")) not in (0, None):
             raise ToolError(_exit_summary(body.get("exitCode", body.get("exit_code")), body["stderr"]), body)
@@ -305,9 +303,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     if result.notes:
         body["notes"] = list(result.notes)
     if layer is not None:
-        roots = sandbox.spec.write_roots  # type: ignore[union-attr]
-        changes = await asyncio.to_thread(scan, layer, roots) if not layer_empty(layer, len(roots)) else []
-        body["changes"] = shell_capture.settle(ctx, key, layer, changes, body, preview_text, hold_only=preview)
+        changes = await shell_capture.capture(ctx, layer, body)  # off the event loop, within the policy's limits
+        body["changes"] = await shell_capture.settle(ctx, key, layer, changes, body, preview_text, hold_only=preview)
         if preview:
             body["preview"] = True
     if result.exit_code != 0:

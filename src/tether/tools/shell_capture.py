@@ -3,6 +3,11 @@
 The rules are the file tools' own (`jail.approval_needed`): deleting, moving or overwriting outside
 the temp directory waits for approval, and so does changing a file that has another name (a hard
 link). A held layer is applied when the same command comes back approved, without running it again.
+
+All the filesystem work (the scan, the conflict check, the journal, the apply, the held note) runs on
+the sandbox's bounded worker pool (`Sandbox.offload`), never on the event loop: a command that made
+100,000 files does not stall the other sessions. Paths are shown escaped where they are not UTF-8, so
+every reply encodes. Only the first `MAX_LISTED` changes are listed in a reply; all are applied.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ import os
 from pathlib import Path
 from typing import Any
 
+from tether.sandbox.fs import shown
 from tether.sandbox.held import Held
-from tether.sandbox.layer import ApplyConflict, Change, apply
+from tether.sandbox.layer import ApplyConflict, Change, LayerLimit, Limits, apply, conflicts, scan
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, real, within
 
 _VERBS = {"deleted": "delete", "modified": "overwrite", "renamed": "move"}
+MAX_LISTED = 1000  # changes listed in a reply (a reply with 100,000 of them would be megabytes)
 
 
 def fingerprint(ctx: ToolContext, cmd: str, args: list[str], cwd: str, env: dict[str, str] | None,
@@ -50,8 +57,8 @@ def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
     state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see files._resolve
     for c in changes:
         if within(Path(c.path), [state]) or (c.kind == "deleted" and within(state, [Path(c.path)])):
-            raise PolicyDenied("journal", f"the command changed {c.path}, inside the device's state directory; "
-                                          "nothing applied")
+            raise PolicyDenied("journal", f"the command changed {shown(c.path)}, inside the device's state "
+                                          "directory; nothing applied")
 
 
 def _record(ctx: ToolContext):  # type: ignore[no-untyped-def]
@@ -61,48 +68,100 @@ def _record(ctx: ToolContext):  # type: ignore[no-untyped-def]
     return record
 
 
-def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
-    """Journal and apply; the layer is removed whatever happens. Errors are tool errors, never half-said."""
+async def capture(ctx: ToolContext, layer: Path, body: dict[str, Any]) -> list[Change]:
+    """The changes the command left in `layer`, scanned on the worker pool. Over the policy's
+    `limits`, the layer is dropped and the call fails naming the limit: nothing is applied."""
+    sandbox = ctx.sandbox
+    assert sandbox is not None
+    roots = sandbox.spec.write_roots
+    limits = getattr(ctx.policy, "limits", None)
+    bounds = Limits(getattr(limits, "layer_files", 0), getattr(limits, "layer_bytes", 0))
     try:
-        _guard_journal(ctx, changes)
-        apply(changes, _record(ctx))
+        return await sandbox.offload(_scan, layer, roots, sandbox.layer_since(layer), bounds)
+    except LayerLimit as exc:
+        sandbox.release(layer)
+        raise ToolError(f"denied by limit '{exc.rule}': {exc}", {**body, "limit": exc.rule, "applied": False}) from None
+
+
+def _scan(layer: Path, roots: tuple[str, ...], since_ns: int, limits: Limits) -> list[Change]:
+    from tether.sandbox.runner import layer_empty
+
+    return [] if layer_empty(layer, len(roots)) else scan(layer, roots, since_ns=since_ns, limits=limits)
+
+
+def _apply(ctx: ToolContext, changes: list[Change]) -> None:
+    _guard_journal(ctx, changes)
+    apply(changes, _record(ctx))
+
+
+async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
+    """Journal and apply on the worker pool; the layer is removed whatever happens. A conflict with
+    another session's change applies nothing and names the paths. Errors are tool errors, never half-said."""
+    assert ctx.sandbox is not None
+    try:
+        await ctx.sandbox.offload(_apply, ctx, changes)
     except ApplyConflict as exc:
-        raise ToolError(f"nothing was applied: {exc}; run the command again", {"changes": _public(changes)}) from None
+        raise ToolError(f"nothing was applied: {exc}; run the command again",
+                        {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
+                         "applied": False}) from None
     except (OSError, ValueError) as exc:
-        raise ToolError(f"applying the command's changes failed ({exc}); what was applied is journaled and "
+        raise ToolError(f"applying the command's changes failed ({_said(exc)}); what was applied is journaled and "
                         f"can be undone", {"changes": _public(changes)}) from None
     finally:
-        if ctx.sandbox is not None:
-            ctx.sandbox.release(layer)
+        ctx.sandbox.release(layer)
     return _public(changes)
 
 
+def _said(exc: BaseException) -> str:
+    return str(exc).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _public(changes: list[Change]) -> list[dict[str, Any]]:
-    return [c.public() for c in changes]
+    listed = [c.public() for c in changes[:MAX_LISTED]]
+    if len(changes) > MAX_LISTED:
+        listed.append({"omitted": len(changes) - MAX_LISTED, "total": len(changes)})
+    return listed
 
 
-def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body: dict[str, Any], preview: str,
-           *, hold_only: bool) -> list[dict[str, Any]]:
-    """Apply the changes, or hold them (and raise NeedsApproval) when one needs a person."""
+def _judge(ctx: ToolContext, changes: list[Change]) -> tuple[list[str], list[tuple[Change, str]]]:
+    return conflicts(changes), [(c, rule) for c in changes if (rule := change_rule(ctx, c))]
+
+
+async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body: dict[str, Any], preview: str,
+                 *, hold_only: bool) -> list[dict[str, Any]]:
+    """Apply the changes, or hold them (and raise NeedsApproval) when one needs a person.
+
+    A change another session made meanwhile to a path this command changed is a conflict: nothing is
+    applied (nor held), and the error names the paths.
+    """
     sandbox = ctx.sandbox
     assert sandbox is not None
     if hold_only:
         sandbox.release(layer)
         return _public(changes)
-    needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c))]
+    if not changes:
+        sandbox.release(layer)
+        return []
+    clashes, needs = await sandbox.offload(_judge, ctx, changes)
+    if clashes:
+        sandbox.release(layer)
+        raise ToolError(f"`{preview}` ran in the sandbox and nothing was applied: {ApplyConflict(clashes)}; run "
+                        "the command again", {**body, "changes": _public(changes), "applied": False,
+                                              "conflicts": [shown(p) for p in clashes[:MAX_LISTED]]})
     if needs and not ctx.approved_by:
-        sandbox.held.put(key, Held(layer, changes, body))
-        listed = "; ".join(f"{rule}: {c.kind} {c.path}" for c, rule in needs[:20])
+        await sandbox.offload(sandbox.held.put, key, Held(layer, changes, body))
+        listed = "; ".join(f"{rule}: {c.kind} {shown(c.path)}" for c, rule in needs[:20])
         err = NeedsApproval(needs[0][1], f"`{preview}` ran in the sandbox and nothing was applied: {listed}. "
                                          "Once approved, exactly these changes are applied and the command does "
                                          "not run again")
         err.result.update({**body, "changes": _public(changes),
-                           "needs_approval_for": [{**c.public(), "rule": rule} for c, rule in needs]})
+                           "needs_approval_for": [{**c.public(), "rule": rule} for c, rule in needs[:MAX_LISTED]]})
         raise err
-    return apply_changes(ctx, layer, changes)
+    return await apply_changes(ctx, layer, changes)
 
 
-def take_held(ctx: ToolContext, key: str) -> Held | None:
+async def take_held(ctx: ToolContext, key: str) -> Held | None:
+    """The layer held for this approved command, if any (looked up on the worker pool: it may read notes)."""
     if ctx.sandbox is None or not ctx.approved_by:
         return None
-    return ctx.sandbox.held.take(key)
+    return await ctx.sandbox.offload(ctx.sandbox.held.take, key)
