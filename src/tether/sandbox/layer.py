@@ -39,6 +39,7 @@ Kind = Literal["created", "modified", "deleted", "renamed"]
 # journals a batch of (action, path, dest) before any of it is made
 Record = Callable[[list[tuple[str, str, "str | None"]]], None]
 _OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
+_ORIGIN = ("user.overlay.origin", "trusted.overlay.origin")  # set on an entry copied up from the real tree
 _CHUNK = 1 << 16
 
 
@@ -81,6 +82,7 @@ class Change:
     mode: int = 0o644
     extra: dict[str, str] = field(default_factory=dict)
     since_ns: int = 0  # when the command started (wall clock, ns): a real entry changed later is a conflict
+    copied: bool = False  # the command changed an entry the real tree had (copied up): it must still be there
 
     def public(self) -> dict[str, object]:
         """What a caller is shown; a name that is not UTF-8 is escaped (`\\xNN`) and flagged `escaped`."""
@@ -115,6 +117,14 @@ def _opaque(path: str) -> bool:
         with contextlib.suppress(OSError):
             if os.getxattr(path, name, follow_symlinks=False) == b"y":
                 return True
+    return False
+
+
+def _copied_up(path: str) -> bool:
+    for name in _ORIGIN:
+        with contextlib.suppress(OSError):
+            os.getxattr(path, name, follow_symlinks=False)
+            return True
     return False
 
 
@@ -173,9 +183,9 @@ class _Scan:
         size = _tree_bytes(real) if stat.S_ISDIR(st.st_mode) else st.st_size
         self.add(Change(real, "deleted", size, _node(st), self.root, was=_sig(st)))
 
-    def created(self, upper: str, real: str, st: os.stat_result) -> None:
+    def created(self, upper: str, real: str, st: os.stat_result, copied: bool = False) -> None:
         self.add(Change(real, "created", 0 if stat.S_ISDIR(st.st_mode) else st.st_size, _node(st), self.root,
-                        source=upper, mode=stat.S_IMODE(st.st_mode)), st)
+                        source=upper, mode=stat.S_IMODE(st.st_mode), copied=copied), st)
         if stat.S_ISDIR(st.st_mode):
             with os.scandir(upper) as entries:
                 for e in sorted(entries, key=lambda e: e.name):
@@ -206,8 +216,8 @@ class _Scan:
         if lower is not None and stat.S_ISDIR(st.st_mode) and stat.S_ISDIR(lower.st_mode):
             self.walk(upper, real)
             return
-        if lower is None:
-            self.created(upper, real, st)
+        if lower is None:  # copied up: it was there when the command ran, and someone removed it since
+            self.created(upper, real, st, copied=_copied_up(upper))
         elif stat.S_ISDIR(lower.st_mode) or stat.S_ISDIR(st.st_mode):
             self.deleted(real, lower)
             self.created(upper, real, st)
@@ -278,6 +288,8 @@ def conflicts(changes: list[Change]) -> list[str]:
     changes would undo theirs. Empty: the real tree is as the command saw it."""
     bad: list[str] = []
     deleted_here = {c.path for c in changes if c.kind == "deleted"}
+    # a name the command moved is copied up too: with a deletion of that kind in the batch, it may be one
+    moved_kinds = {c.node for c in changes if c.kind == "deleted"}
     for c in changes:
         target = c.moved_from if c.kind == "renamed" else c.path
         st = _lstat(target) if target else None
@@ -292,6 +304,8 @@ def conflicts(changes: list[Change]) -> list[str]:
                     bad.append(newer)
         if c.kind in ("created", "renamed") and c.path not in deleted_here and _lstat(c.path) is not None:
             bad.append(c.path)  # someone made this name while the command ran
+        elif c.copied and c.since_ns and c.kind == "created" and c.node not in moved_kinds:
+            bad.append(c.path)  # the command changed what was there; someone removed it while it ran
     return bad
 
 
