@@ -267,15 +267,18 @@ def _pair_renames(changes: list[Change]) -> list[Change]:
 # ---------------------------------------------------------------------------------------- applying
 
 
-def _newer_inside(path: str, since_ns: int) -> str | None:
-    """A path under the directory `path` changed after `since_ns` (ctime), or None."""
+def _newer_inside(path: str, since_ns: int, most: int = 100) -> list[str]:
+    """Paths under the directory `path` changed after `since_ns` (ctime), the first `most` of them."""
+    found: list[str] = []
     for base, dirs, files in os.walk(path):
         for name in (*dirs, *files):
             full = os.path.join(base, name)
             st = _lstat(full)
             if st is not None and st.st_ctime_ns > since_ns:
-                return full
-    return None
+                found.append(full)
+                if len(found) >= most:
+                    return found
+    return found
 
 
 def _was_matches(was: tuple[int, ...], st: os.stat_result) -> bool:
@@ -291,17 +294,18 @@ def conflicts(changes: list[Change]) -> list[str]:
     # a name the command moved is copied up too: with a deletion of that kind in the batch, it may be one
     moved_kinds = {c.node for c in changes if c.kind == "deleted"}
     for c in changes:
-        target = c.moved_from if c.kind == "renamed" else c.path
-        st = _lstat(target) if target else None
-        if c.was is not None and (st is None or not _was_matches(c.was, st)):
-            bad.append(target or c.path)
-        elif c.since_ns and st is not None and c.kind != "created":
-            if st.st_ctime_ns > c.since_ns:  # created, changed or renamed in by someone while the command ran
-                bad.append(target or c.path)
-            elif c.kind == "deleted" and stat.S_ISDIR(st.st_mode) and target:
-                newer = _newer_inside(target, c.since_ns)
-                if newer is not None:
-                    bad.append(newer)
+        target = (c.moved_from if c.kind == "renamed" else c.path) or c.path
+        st = _lstat(target)
+        changed = c.was is not None and (st is None or not _was_matches(c.was, st))
+        # created, changed or renamed in by someone while the command ran
+        changed = changed or bool(c.since_ns and st is not None and c.kind != "created"
+                                  and st.st_ctime_ns > c.since_ns)
+        if c.kind == "deleted" and st is not None and stat.S_ISDIR(st.st_mode):
+            # what someone put inside meanwhile: named, since that is what the deletion would take
+            inside = _newer_inside(target, c.since_ns) if c.since_ns else []
+            bad += inside or ([target] if changed else [])
+        elif changed:
+            bad.append(target)
         if c.kind in ("created", "renamed") and c.path not in deleted_here and _lstat(c.path) is not None:
             bad.append(c.path)  # someone made this name while the command ran
         elif c.copied and c.since_ns and c.kind == "created" and c.node not in moved_kinds:
