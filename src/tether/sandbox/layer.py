@@ -25,9 +25,11 @@ import contextlib
 import ctypes
 import errno
 import functools
+import itertools
 import os
 import shutil
 import stat
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +43,8 @@ Record = Callable[[list[tuple[str, str, "str | None"]]], None]
 _OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
 _ORIGIN = ("user.overlay.origin", "trusted.overlay.origin")  # set on an entry copied up from the real tree
 _CHUNK = 1 << 16
+_CANDIDATES = 8  # deleted files a created one is compared with, looking for a rename
+_PAIR_BYTES = 1 << 30  # content compared in all, looking for renames
 
 
 class ApplyConflict(RuntimeError):
@@ -244,24 +248,42 @@ def scan(layer: Path, roots: tuple[str, ...], *, since_ns: int = 0, limits: Limi
 
 
 def _pair_renames(changes: list[Change]) -> list[Change]:
-    """A deleted file and a created one with the same bytes: a rename (`mv`), journaled as a move."""
-    gone = {}
+    """A deleted file and a created one with the same bytes: a rename (`mv`), journaled as a move.
+
+    Bounded: a created file is compared with at most `_CANDIDATES` deleted ones of its size (one of
+    the same name first), and the whole pairing with at most `_PAIR_BYTES` of content, so a command
+    that moved 100,000 alike files costs a bounded scan; a move left unpaired is applied (and undone)
+    as a deletion and a creation, which ends the same.
+    """
+    gone: dict[int, deque[Change]] = {}
+    named: dict[tuple[int, str], deque[Change]] = {}
     for c in changes:
         if c.kind == "deleted" and c.node == "file":
-            gone.setdefault(c.bytes, []).append(c)
+            gone.setdefault(c.bytes, deque()).append(c)
+            named.setdefault((c.bytes, os.path.basename(c.path)), deque()).append(c)
     if not gone:
         return changes
-    out: list[Change] = []
     used: set[int] = set()
+    budget = _PAIR_BYTES
     for c in changes:
-        if c.kind == "created" and c.node == "file" and c.source and c.bytes in gone:
-            match = next((d for d in gone[c.bytes] if id(d) not in used
-                          and _same_file(c.source, os.lstat(c.source), d.path, os.lstat(d.path))), None)
-            if match is not None:
-                used.add(id(match))
-                c.kind, c.moved_from, c.was = "renamed", match.path, match.was
-        out.append(c)
-    return [c for c in out if id(c) not in used]
+        if budget <= 0:
+            break
+        pool = gone.get(c.bytes)
+        if not (c.kind == "created" and c.node == "file" and c.source and pool):
+            continue
+        alike = named.get((c.bytes, os.path.basename(c.path)), deque())
+        for line in (pool, alike):  # the heads already paired go: each is looked at once
+            while line and id(line[0]) in used:
+                line.popleft()
+        for d in [*itertools.islice(alike, 1), *itertools.islice(pool, _CANDIDATES)]:
+            if id(d) in used:
+                continue
+            budget -= max(c.bytes, 1)
+            if _same_file(c.source, os.lstat(c.source), d.path, os.lstat(d.path)):
+                used.add(id(d))
+                c.kind, c.moved_from, c.was = "renamed", d.path, d.was
+                break
+    return [c for c in changes if id(c) not in used]
 
 
 # ---------------------------------------------------------------------------------------- applying
