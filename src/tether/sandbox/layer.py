@@ -31,7 +31,7 @@ import shutil
 import stat
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -84,7 +84,7 @@ class Change:
     was: tuple[int, ...] | None = None  # (inode, size, mtime_ns, ctime_ns) of what the real tree held at the scan
     moved_from: str | None = None
     mode: int = 0o644
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, str] | None = None
     since_ns: int = 0  # when the command started (wall clock, ns): a real entry changed later is a conflict
     copied: bool = False  # the command changed an entry the real tree had (copied up): it must still be there
 
@@ -191,23 +191,25 @@ class _Scan:
         self.add(Change(real, "created", 0 if stat.S_ISDIR(st.st_mode) else st.st_size, _node(st), self.root,
                         source=upper, mode=stat.S_IMODE(st.st_mode), copied=copied), st)
         if stat.S_ISDIR(st.st_mode):
-            with os.scandir(upper) as entries:
-                for e in sorted(entries, key=lambda e: e.name):
-                    est = e.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode) or stat.S_ISLNK(est.st_mode):
-                        self.created(e.path, os.path.join(real, e.name), est)
+            # names, not DirEntry objects: a directory of 100,000 files keeps no 100,000 objects the
+            # garbage collector must walk (its full passes stall every thread, the event loop's too)
+            for name in sorted(os.listdir(upper)):
+                path = os.path.join(upper, name)
+                est = os.lstat(path)
+                if stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode) or stat.S_ISLNK(est.st_mode):
+                    self.created(path, os.path.join(real, name), est)
 
     def walk(self, upper: str, real: str) -> None:
-        with os.scandir(upper) as it:
-            entries = sorted(it, key=lambda e: e.name)
+        names = sorted(os.listdir(upper))
         if _opaque(upper) and os.path.isdir(real):
-            kept = {e.name for e in entries}
+            kept = set(names)
             for name in sorted(os.listdir(real)):
                 st = _lstat(os.path.join(real, name))
                 if name not in kept and st is not None:
                     self.deleted(os.path.join(real, name), st)
-        for e in entries:
-            self.entry(e.path, os.path.join(real, e.name), e.stat(follow_symlinks=False))
+        for name in names:
+            path = os.path.join(upper, name)
+            self.entry(path, os.path.join(real, name), os.lstat(path))
 
     def entry(self, upper: str, real: str, st: os.stat_result) -> None:
         lower = _lstat(real)

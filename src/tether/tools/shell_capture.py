@@ -55,8 +55,10 @@ def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
     if ctx.journal is None:
         return
     state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see files._resolve
-    for c in changes:
-        if within(Path(c.path), [state]) or (c.kind == "deleted" and within(state, [Path(c.path)])):
+    inside = str(state).rstrip("/") + "/"
+    for c in changes:  # string prefixes on normalized absolute paths: 100,000 changes cost milliseconds
+        if c.path == str(state) or c.path.startswith(inside) or (
+                c.kind == "deleted" and within(state, [Path(c.path)])):
             raise PolicyDenied("journal", f"the command changed {shown(c.path)}, inside the device's state "
                                           "directory; nothing applied")
 
