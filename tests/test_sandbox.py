@@ -292,3 +292,32 @@ async def test_a_root_with_a_mount_inside_stays_read_only_and_says_why(tree: dic
     finally:
         await box.aclose()
         subprocess.run(["umount", "-l", str(inner)], check=False)
+
+
+async def test_another_apply_of_this_device_is_a_conflict_even_where_ctime_cannot_tell(sandbox: Sandbox,
+                                                                                       tree: dict[str, Path]) -> None:
+    """The coarse clock can stamp a change made just after the command started with a ctime before it:
+    what this device's own applies made meanwhile (`Sandbox.applied_since`) is compared path by path."""
+    import time
+
+    from tether.sandbox.layer import conflicts
+
+    root = tree["root"]
+    (root / "dir").mkdir()
+    (root / "dir" / "old.txt").write_text("old")
+    layer = sandbox.new_layer()
+    code, _, err = await run(sandbox, f"import shutil; shutil.rmtree({str(root / 'dir')!r})", layer=layer)
+    assert code == 0, err
+    (root / "dir" / "new.txt").write_text("another session's")  # applied by another session meanwhile
+    sandbox.note_applied([str(root / "dir" / "new.txt")], [])
+    late = time.time_ns() + 10**12  # as if every stamp lagged: ctime alone sees nothing newer
+    changes = scan(layer, sandbox.spec.write_roots, since_ns=late)
+    assert conflicts(changes) == []
+    others = sandbox.applied_since(layer)
+    assert others is not None and conflicts(changes, others) == [str(root / "dir" / "new.txt")]
+    with pytest.raises(ApplyConflict):
+        apply(changes, lambda *_: None, others)
+    assert (root / "dir" / "new.txt").exists() and (root / "dir" / "old.txt").exists()
+    # an apply of this device made before the command started is not its business
+    assert sandbox.applied_since(sandbox.new_layer()) == []
+    discard(layer)

@@ -310,10 +310,50 @@ def _was_matches(was: tuple[int, ...], st: os.stat_result) -> bool:
     return now[:len(was)] == was  # a note held by an older version has no ctime
 
 
-def conflicts(changes: list[Change]) -> list[str]:
-    """The paths another writer changed since the command started (or since the scan): applying the
-    changes would undo theirs. Empty: the real tree is as the command saw it."""
+Applied = list[tuple[frozenset[str], frozenset[str]]]  # (paths, deleted paths) of each apply made meanwhile
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    while True:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        yield parent
+        path = parent
+
+
+def _clashes(changes: list[Change], others: Applied) -> list[str]:
+    """Where `changes` meet what other applies made since the command started: the same path, a path
+    inside what they deleted, or what they made inside a directory these changes delete."""
+    if not others:
+        return []
+    theirs: set[str] = set().union(*(paths for paths, _ in others))
+    their_deleted: set[str] = set().union(*(deleted for _, deleted in others))
+    ours_deleted = {c.path for c in changes if c.kind == "deleted" and c.node == "dir"}
     bad: list[str] = []
+    for c in changes:
+        for path in (c.path, c.moved_from):
+            if path and (path in theirs or any(a in their_deleted for a in _ancestors(path))):
+                bad.append(path)
+    if ours_deleted:
+        bad += [p for p in theirs if any(a in ours_deleted for a in _ancestors(p))]
+    return bad
+
+
+def applied_paths(changes: list[Change]) -> tuple[list[str], list[str]]:
+    """(every path the changes touch, the ones they delete), for `Sandbox.note_applied`."""
+    paths = [c.path for c in changes] + [c.moved_from for c in changes if c.moved_from]
+    deleted = [c.path for c in changes if c.kind == "deleted"] + [c.moved_from for c in changes if c.moved_from]
+    return paths, deleted
+
+
+def conflicts(changes: list[Change], others: Applied | None = None) -> list[str]:
+    """The paths another writer changed since the command started (or since the scan): applying the
+    changes would undo theirs. Empty: the real tree is as the command saw it.
+
+    `others`: what this device's other applies made since the command started (exact, where the
+    ctime of a change made within a clock tick of the start could be missed)."""
+    bad: list[str] = _clashes(changes, others or [])
     deleted_here = {c.path for c in changes if c.kind == "deleted"}
     # a name the command moved is copied up too: with a deletion of that kind in the batch, it may be one
     moved_kinds = {c.node for c in changes if c.kind == "deleted"}
@@ -414,13 +454,14 @@ def _journal_entry(c: Change) -> tuple[str, str, str | None]:
     return ("mkdir", c.path, None) if c.node == "dir" else ("write", c.path, None)
 
 
-def apply(changes: list[Change], record: Record) -> None:
-    """Journal and make the changes; `ApplyConflict` (nothing done) if the real tree moved meanwhile.
+def apply(changes: list[Change], record: Record, others: Applied | None = None) -> None:
+    """Journal and make the changes; `ApplyConflict` (nothing done) if the real tree moved meanwhile
+    (`conflicts`, with `others` as there).
 
     The whole batch is journaled first (one fsync), then made in order: deletions deepest first,
     new directories, renames, then files.
     """
-    bad = conflicts(changes)
+    bad = conflicts(changes, others)
     if bad:
         raise ApplyConflict(bad)
     ordered = list(_order(changes))

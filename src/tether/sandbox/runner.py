@@ -19,7 +19,8 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
@@ -38,6 +39,9 @@ MAX_REPLY = 1 << 16
 # threads that scan, apply and remove layers: a command that made 100,000 files takes one of them, never
 # the event loop every other session is served from; more at once wait their turn
 CAPTURE_WORKERS = 2
+# paths remembered from this device's recent applies, so a conflict between two of its sessions is told
+# exactly (not only by ctime, whose coarse clock can lag a change by a tick); older ones are forgotten
+APPLIED_LOG_PATHS = 200_000
 T = TypeVar("T")
 
 
@@ -91,7 +95,11 @@ class Sandbox:
         self._notes: dict[int, list[str]] = {}
         self._removing: set[asyncio.Future[None]] = set()
         self._pool = ThreadPoolExecutor(max_workers=CAPTURE_WORKERS, thread_name_prefix="tether-capture")
-        self._since: dict[Path, int] = {}
+        self._since: dict[Path, tuple[int, int]] = {}  # layer -> (wall clock ns, apply seq) at its command's start
+        self._applied: deque[tuple[int, frozenset[str], frozenset[str]]] = deque()
+        self._applied_paths = 0
+        self._apply_seq = 0
+        self._forgotten = 0  # the newest apply dropped from the log
 
     @property
     def kind(self) -> str:
@@ -227,7 +235,7 @@ class Sandbox:
         """
         if self._free:
             layer = self._free.pop()
-            self._since[layer] = time.time_ns()
+            self._since[layer] = (time.time_ns(), self._apply_seq)
             return layer
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
@@ -236,12 +244,32 @@ class Sandbox:
             (base / str(i)).mkdir()
             (base / str(i) / "u").mkdir()
             (base / str(i) / "w").mkdir()
-        self._since[base] = time.time_ns()
+        self._since[base] = (time.time_ns(), self._apply_seq)
         return base
 
     def layer_since(self, layer: Path) -> int:
         """When the command writing into `layer` started (wall clock, ns); 0 if unknown."""
-        return self._since.get(layer, 0)
+        return self._since.get(layer, (0, 0))[0]
+
+    def note_applied(self, paths: Iterable[str], deleted: Iterable[str]) -> None:
+        """An apply of this device made changes at `paths` (`deleted`: the ones it removed, trees included).
+        Call on the event loop."""
+        self._apply_seq += 1
+        entry = (self._apply_seq, frozenset(paths), frozenset(deleted))
+        self._applied.append(entry)
+        self._applied_paths += len(entry[1])
+        while self._applied_paths > APPLIED_LOG_PATHS and self._applied:
+            seq, old, _ = self._applied.popleft()
+            self._applied_paths -= len(old)
+            self._forgotten = seq
+
+    def applied_since(self, layer: Path) -> list[tuple[frozenset[str], frozenset[str]]] | None:
+        """(paths, deleted) of each apply of this device made after `layer`'s command started; None
+        when that is unknown or partly forgotten (ctime alone then tells). Call on the event loop."""
+        started = self._since.get(layer)
+        if started is None or started[1] < self._forgotten:
+            return None
+        return [(paths, deleted) for seq, paths, deleted in self._applied if seq > started[1]]
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking filesystem work (scan, apply, journal) on the sandbox's bounded worker pool."""

@@ -20,7 +20,17 @@ from typing import Any
 
 from tether.sandbox.fs import shown
 from tether.sandbox.held import Held
-from tether.sandbox.layer import ApplyConflict, Change, LayerLimit, Limits, apply, conflicts, scan
+from tether.sandbox.layer import (
+    Applied,
+    ApplyConflict,
+    Change,
+    LayerLimit,
+    Limits,
+    applied_paths,
+    apply,
+    conflicts,
+    scan,
+)
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, real, within
@@ -91,17 +101,20 @@ def _scan(layer: Path, roots: tuple[str, ...], since_ns: int, limits: Limits) ->
     return [] if layer_empty(layer, len(roots)) else scan(layer, roots, since_ns=since_ns, limits=limits)
 
 
-def _apply(ctx: ToolContext, changes: list[Change]) -> None:
+def _apply(ctx: ToolContext, changes: list[Change], others: Applied | None) -> tuple[list[str], list[str]]:
     _guard_journal(ctx, changes)
-    apply(changes, _record(ctx))
+    apply(changes, _record(ctx), others)
+    return applied_paths(changes)
 
 
 async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
     """Journal and apply on the worker pool; the layer is removed whatever happens. A conflict with
     another session's change applies nothing and names the paths. Errors are tool errors, never half-said."""
-    assert ctx.sandbox is not None
+    sandbox = ctx.sandbox
+    assert sandbox is not None
     try:
-        await ctx.sandbox.offload(_apply, ctx, changes)
+        touched = await sandbox.offload(_apply, ctx, changes, sandbox.applied_since(layer))
+        sandbox.note_applied(*touched)
     except ApplyConflict as exc:
         raise ToolError(f"nothing was applied: {exc}; run the command again",
                         {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
@@ -110,7 +123,7 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) ->
         raise ToolError(f"applying the command's changes failed ({_said(exc)}); what was applied is journaled and "
                         f"can be undone", {"changes": _public(changes)}) from None
     finally:
-        ctx.sandbox.release(layer)
+        sandbox.release(layer)
     return _public(changes)
 
 
@@ -125,8 +138,9 @@ def _public(changes: list[Change]) -> list[dict[str, Any]]:
     return listed
 
 
-def _judge(ctx: ToolContext, changes: list[Change]) -> tuple[list[str], list[tuple[Change, str]]]:
-    return conflicts(changes), [(c, rule) for c in changes if (rule := change_rule(ctx, c))]
+def _judge(ctx: ToolContext, changes: list[Change], others: Applied | None
+           ) -> tuple[list[str], list[tuple[Change, str]]]:
+    return conflicts(changes, others), [(c, rule) for c in changes if (rule := change_rule(ctx, c))]
 
 
 async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body: dict[str, Any], preview: str,
@@ -144,7 +158,7 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
     if not changes:
         sandbox.release(layer)
         return []
-    clashes, needs = await sandbox.offload(_judge, ctx, changes)
+    clashes, needs = await sandbox.offload(_judge, ctx, changes, sandbox.applied_since(layer))
     if clashes:
         sandbox.release(layer)
         raise ToolError(f"`{preview}` ran in the sandbox and nothing was applied: {ApplyConflict(clashes)}; run "
