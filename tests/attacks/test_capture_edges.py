@@ -132,11 +132,14 @@ class Box:
             self.outbox.ready.clear()
             await self.outbox.ready.wait()
 
-    async def call(self, session: str, command: Command) -> Result:
+    def start(self, session: str, command: Command) -> tuple[str, asyncio.Future[Result]]:
         msg = ServerMessage(type=ServerMessageType.COMMAND, actions=[command], session_id=session, timeout=120)
         self.waiting[msg.response_id] = asyncio.get_running_loop().create_future()
         self.runner.submit(msg)
-        return await asyncio.wait_for(self.waiting[msg.response_id], 150)
+        return msg.response_id, self.waiting[msg.response_id]
+
+    async def call(self, session: str, command: Command) -> Result:
+        return await asyncio.wait_for(self.start(session, command)[1], 150)
 
     async def aclose(self) -> None:
         await self.runner.abort_all(timeout=10)
@@ -191,7 +194,8 @@ def _text(result: Result) -> str:
     return (result.error or "") + "\n" + json.dumps(result.result)[:3000]
 
 
-def _gate(monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[threading.Event, threading.Event]:
+def _gate(monkeypatch: pytest.MonkeyPatch, name: str, finished: threading.Event | None = None
+          ) -> tuple[threading.Event, threading.Event]:
     """Wrap the real `shell_capture.<name>` so its first call says it started and then waits until the
     test lets it go. Run on the event loop, it would block the loop and the other session could never
     answer: the wait fails after GATE_S instead of hanging."""
@@ -205,7 +209,11 @@ def _gate(monkeypatch: pytest.MonkeyPatch, name: str) -> tuple[threading.Event, 
             started.set()
             if not release.wait(GATE_S):
                 raise AssertionError(f"{name} waited {GATE_S:g}s for another session: the event loop was blocked")
-        return real(*args, **kwargs)
+        try:
+            return real(*args, **kwargs)
+        finally:
+            if finished is not None:
+                finished.set()
 
     monkeypatch.setattr(shell_capture, name, gated)
     return started, release
@@ -245,6 +253,30 @@ async def test_a_command_making_many_files_does_not_stall_another_session(
     assert len(listed) == shell_capture.MAX_LISTED + 1 and listed[-1] == {
         "omitted": MANY + 1 - shell_capture.MAX_LISTED, "total": MANY + 1}, listed[-1]
     assert len(box.journal("big")) == MANY + 1  # the directory and every file, all undoable
+
+
+async def test_a_caller_that_goes_away_mid_apply_never_leaves_half_an_apply(
+        box: Box, scratch: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The batch is cancelled while its apply runs on a worker: the apply still ends whole (every file,
+    every journal entry), and only then is its layer released."""
+    finished = threading.Event()
+    applying, go = _gate(monkeypatch, "apply", finished)
+    target = scratch / "some"
+    script = box.script("make", MAKE_FILES)
+    response_id, result = box.start("gone", Command(tool_name="shell.run", parameters={
+        "cmd": SYSTEM_PYTHON, "argv": [script, str(target), "50"], "cwd": str(box.home)}))
+    try:
+        await _wait(applying, "the apply")
+        assert box.runner.cancel(response_id)
+        cancelled = await asyncio.wait_for(result, 60)
+        assert cancelled.status is ResultStatus.FAILURE and "cancel" in (cancelled.error or ""), _text(cancelled)
+    finally:
+        go.set()
+    await _wait(finished, "the apply's end")
+    assert len(os.listdir(target)) == 50
+    assert len(box.journal("gone")) == 51
+    again = await box.py("gone", MAKE_FILES, str(scratch / "after"), "3")  # the sandbox carries on
+    assert again.ok and len(os.listdir(scratch / "after")) == 3, _text(again)
 
 
 # ------------------------------------------------------------------ sparse stays sparse

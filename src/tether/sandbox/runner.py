@@ -271,9 +271,13 @@ class Sandbox:
             return None
         return [(paths, deleted) for seq, paths, deleted in self._applied if seq > started[1]]
 
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Start blocking filesystem work (scan, apply, journal) on the sandbox's bounded worker pool."""
+        return asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run blocking filesystem work (scan, apply, journal) on the sandbox's bounded worker pool."""
-        return await asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+        """`submit` and wait for it."""
+        return await self.submit(fn, *args)
 
     def release(self, layer: Path) -> None:
         """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""

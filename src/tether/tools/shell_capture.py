@@ -12,11 +12,13 @@ every reply encodes. Only the first `MAX_LISTED` changes are listed in a reply; 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from tether.sandbox.fs import shown
 from tether.sandbox.held import Held
@@ -35,6 +37,10 @@ from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.jail import approval_needed, real, within
 
+if TYPE_CHECKING:
+    from tether.sandbox.runner import Sandbox
+
+T = TypeVar("T")
 _VERBS = {"deleted": "delete", "modified": "overwrite", "renamed": "move"}
 MAX_LISTED = 1000  # changes listed in a reply (a reply with 100,000 of them would be megabytes)
 
@@ -89,10 +95,27 @@ async def capture(ctx: ToolContext, layer: Path, body: dict[str, Any]) -> list[C
     limits = getattr(ctx.policy, "limits", None)
     bounds = Limits(getattr(limits, "layer_files", 0), getattr(limits, "layer_bytes", 0))
     try:
-        return await sandbox.offload(_scan, layer, roots, sandbox.layer_since(layer), bounds)
+        return await _on_pool(sandbox, layer, _scan, layer, roots, sandbox.layer_since(layer), bounds)
     except LayerLimit as exc:
         sandbox.release(layer)
         raise ToolError(f"denied by limit '{exc.rule}': {exc}", {**body, "limit": exc.rule, "applied": False}) from None
+    except (OSError, ValueError) as exc:
+        sandbox.release(layer)
+        raise ToolError(f"reading the command's changes failed ({_said(exc)}); nothing was applied",
+                        {**body, "applied": False}) from None
+
+
+async def _on_pool(sandbox: Sandbox, layer: Path, fn: Callable[..., T], *args: Any,
+                   settled: Callable[[asyncio.Future[T]], None] | None = None) -> T:
+    """`fn` on the worker pool. If the caller is cancelled meanwhile (its timeout, a CANCEL), the work
+    still runs to its end — an apply is never cut half way — and then `settled` (by default: release
+    the layer) runs, so a layer is never removed under a worker still reading it."""
+    future = sandbox.submit(fn, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(settled or (lambda _: sandbox.release(layer)))
+        raise
 
 
 def _scan(layer: Path, roots: tuple[str, ...], since_ns: int, limits: Limits) -> list[Change]:
@@ -112,18 +135,30 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) ->
     another session's change applies nothing and names the paths. Errors are tool errors, never half-said."""
     sandbox = ctx.sandbox
     assert sandbox is not None
+
+    def settled(future: asyncio.Future[tuple[list[str], list[str]]]) -> None:  # the caller went away meanwhile
+        if not future.cancelled() and future.exception() is None:
+            sandbox.note_applied(*future.result())
+        sandbox.release(layer)
+
     try:
-        touched = await sandbox.offload(_apply, ctx, changes, sandbox.applied_since(layer))
-        sandbox.note_applied(*touched)
+        touched = await _on_pool(sandbox, layer, _apply, ctx, changes, sandbox.applied_since(layer), settled=settled)
+    except asyncio.CancelledError:
+        raise
     except ApplyConflict as exc:
+        sandbox.release(layer)
         raise ToolError(f"nothing was applied: {exc}; run the command again",
                         {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
                          "applied": False}) from None
     except (OSError, ValueError) as exc:
+        sandbox.release(layer)
         raise ToolError(f"applying the command's changes failed ({_said(exc)}); what was applied is journaled and "
                         f"can be undone", {"changes": _public(changes)}) from None
-    finally:
+    except BaseException:
         sandbox.release(layer)
+        raise
+    sandbox.note_applied(*touched)
+    sandbox.release(layer)
     return _public(changes)
 
 
@@ -158,14 +193,20 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
     if not changes:
         sandbox.release(layer)
         return []
-    clashes, needs = await sandbox.offload(_judge, ctx, changes, sandbox.applied_since(layer))
+    try:
+        clashes, needs = await _on_pool(sandbox, layer, _judge, ctx, changes, sandbox.applied_since(layer))
+    except (OSError, ValueError) as exc:
+        sandbox.release(layer)
+        raise ToolError(f"checking the command's changes failed ({_said(exc)}); nothing was applied",
+                        {**body, "changes": _public(changes), "applied": False}) from None
     if clashes:
         sandbox.release(layer)
         raise ToolError(f"`{preview}` ran in the sandbox and nothing was applied: {ApplyConflict(clashes)}; run "
                         "the command again", {**body, "changes": _public(changes), "applied": False,
                                               "conflicts": [shown(p) for p in clashes[:MAX_LISTED]]})
     if needs and not ctx.approved_by:
-        await sandbox.offload(sandbox.held.put, key, Held(layer, changes, body))
+        # a cancelled caller leaves it held (it expires); never released under the worker writing its note
+        await _on_pool(sandbox, layer, sandbox.held.put, key, Held(layer, changes, body), settled=lambda _: None)
         listed = "; ".join(f"{rule}: {c.kind} {shown(c.path)}" for c, rule in needs[:20])
         err = NeedsApproval(needs[0][1], f"`{preview}` ran in the sandbox and nothing was applied: {listed}. "
                                          "Once approved, exactly these changes are applied and the command does "
