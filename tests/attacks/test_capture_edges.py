@@ -59,6 +59,12 @@ import sys
 with open(sys.argv[1], "ab") as f:
     f.write(b"Z")
 """
+POKE = """
+import sys
+with open(sys.argv[1], "r+b") as f:
+    f.seek(int(sys.argv[2]))
+    f.write(b"P")
+"""
 NON_UTF8 = """
 import os, sys
 d = os.fsencode(sys.argv[1])
@@ -282,36 +288,72 @@ async def test_a_caller_that_goes_away_mid_apply_never_leaves_half_an_apply(
 # ------------------------------------------------------------------ sparse stays sparse
 
 
-async def test_a_one_byte_append_to_a_2gib_sparse_file_stays_sparse_everywhere(box: Box, scratch: Path) -> None:
+async def test_a_one_byte_change_to_a_2gib_sparse_file_stays_sparse_everywhere(box: Box, scratch: Path) -> None:
     big = scratch / "sparse.img"
     size = 2 << 30
     with open(big, "wb") as f:
         f.write(b"head")
         f.truncate(size)
-    before = os.stat(big)
-    assert before.st_blocks * 512 < SMALL, "this filesystem does not make sparse files"
+    assert os.stat(big).st_blocks * 512 < SMALL, "this filesystem does not make sparse files"
 
-    result = await box.py("sparse", APPEND, str(big))
-    assert result.ok, _text(result)
-    assert result.result["changes"] == [{"path": str(big), "kind": "modified", "bytes": size + 1}]
-    after = os.stat(big)
-    assert after.st_size == size + 1 and after.st_blocks * 512 < SMALL, f"applied dense: {after.st_blocks} blocks"
+    def assert_sparse(path: Path, length: int, what: str) -> None:
+        st = os.stat(path)
+        assert st.st_size == length and st.st_blocks * 512 < SMALL, f"{what} dense: {st.st_blocks} blocks"
+
+    # an append: applied sparse; journaled as the old size alone (no copy at all); undone sparse
+    appended = await box.py("sparse", APPEND, str(big))
+    assert appended.ok, _text(appended)
+    assert appended.result["changes"] == [{"path": str(big), "kind": "modified", "bytes": size + 1}]
+    assert_sparse(big, size + 1, "applied")
     with open(big, "rb") as f:
         assert f.read(4) == b"head"
         f.seek(size)
         assert f.read() == b"Z"
-
     [entry] = box.journal("sparse")
-    blob = box.device.state_dir / "journal" / "sparse" / "blobs" / entry["blob"]
-    saved = os.stat(blob)
-    assert saved.st_size == size and saved.st_blocks * 512 < SMALL, f"journal copy dense: {saved.st_blocks} blocks"
-
+    assert entry["kind"] == "grown" and entry["size"] == size, entry
     [row] = box.restore("sparse")
     assert row["ok"] and row["outcome"] == "restored", row
-    undone = os.stat(big)
-    assert undone.st_size == size and undone.st_blocks * 512 < SMALL, f"undo dense: {undone.st_blocks} blocks"
+    assert_sparse(big, size, "undone")
+
+    # a byte written in the middle: the journal keeps a copy, and the copy is sparse too
+    poked = await box.py("poke", POKE, str(big), str(1 << 30))
+    assert poked.ok, _text(poked)
+    assert_sparse(big, size, "applied")
+    [entry] = box.journal("poke")
+    assert_sparse(box.device.state_dir / "journal" / "poke" / "blobs" / entry["blob"], size, "journal copy")
+    [row] = box.restore("poke")
+    assert row["ok"] and row["outcome"] == "restored", row
+    assert_sparse(big, size, "undone")
     with open(big, "rb") as f:
         assert f.read(4) == b"head"
+        f.seek(1 << 30)
+        assert f.read(1) == b"\0"
+
+
+async def test_an_append_to_a_big_dense_file_journals_only_its_old_size(box: Box, scratch: Path) -> None:
+    """No copy of the old 8 MiB: the journal keeps the old size and a checksum of the added bytes; undo
+    cuts the file back, and refuses (leaving it as is) once someone changed the added part."""
+    log = scratch / "app.log"
+    original = os.urandom(8 << 20)
+    log.write_bytes(original)
+    result = await box.py("append", APPEND, str(log))
+    assert result.ok, _text(result)
+    assert log.read_bytes() == original + b"Z"
+    [entry] = box.journal("append")
+    assert entry["kind"] == "grown" and entry["size"] == len(original) and "blob" not in entry, entry
+    assert not (box.device.state_dir / "journal" / "append" / "blobs").exists()
+    [row] = box.restore("append")
+    assert row["ok"] and row["outcome"] == "restored", row
+    assert log.read_bytes() == original
+
+    again = await box.py("append2", APPEND, str(log))
+    assert again.ok, _text(again)
+    with open(log, "r+b") as f:  # someone rewrites the appended byte after the apply
+        f.seek(len(original))
+        f.write(b"Q")
+    [refused] = box.restore("append2")
+    assert not refused["ok"] and refused["outcome"].startswith("conflict"), refused
+    assert log.read_bytes() == original + b"Q"
 
 
 # ------------------------------------------------------------------ names that are not UTF-8

@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tether.sandbox.fs import copy_data, data_segments, parent_beneath, shown
+from tether.sandbox.fs import copy_data, parent_beneath, same_data, shown
 
 Kind = Literal["created", "modified", "deleted", "renamed"]
-# journals a batch of (action, path, dest) before any of it is made
-Record = Callable[[list[tuple[str, str, "str | None"]]], None]
+# journals a batch of (action, path, dest, new content) before any of it is made; the last is the layer's
+# file that will replace `path` (for "write"), so the journal can keep only the old size of an append
+Record = Callable[[list[tuple[str, str, "str | None", "str | None"]]], None]
 _OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
 _ORIGIN = ("user.overlay.origin", "trusted.overlay.origin")  # set on an entry copied up from the real tree
 _CHUNK = 1 << 16
@@ -138,16 +139,7 @@ def _same_file(a: str, sa: os.stat_result, b: str, sb: os.stat_result) -> bool:
     if sa.st_size != sb.st_size or stat.S_IMODE(sa.st_mode) != stat.S_IMODE(sb.st_mode):
         return False
     with open(a, "rb") as fa, open(b, "rb") as fb:
-        ra, rb = fa.fileno(), fb.fileno()
-        segments = list(data_segments(ra, sa.st_size))
-        if segments != list(data_segments(rb, sb.st_size)):
-            segments = [(0, sa.st_size)]  # the holes differ: compare it all (a hole reads as zeros)
-        for start, length in segments:  # both have holes in the same places: compare only the data
-            for pos in range(start, start + length, _CHUNK):
-                n = min(_CHUNK, start + length - pos)
-                if os.pread(ra, n, pos) != os.pread(rb, n, pos):
-                    return False
-        return True
+        return same_data(fa.fileno(), fb.fileno(), sa.st_size, _CHUNK)  # holes alike: only the data is read
 
 
 def _allocated(st: os.stat_result) -> int:
@@ -445,13 +437,15 @@ def _place(c: Change, pfd: int, name: str) -> None:
         raise
 
 
-def _journal_entry(c: Change) -> tuple[str, str, str | None]:
+def _journal_entry(c: Change) -> tuple[str, str, str | None, str | None]:
     if c.kind == "deleted":
-        return ("delete", c.path, None)
+        return ("delete", c.path, None, None)
     if c.kind == "renamed":
         assert c.moved_from is not None
-        return ("move", c.moved_from, c.path)
-    return ("mkdir", c.path, None) if c.node == "dir" else ("write", c.path, None)
+        return ("move", c.moved_from, c.path, None)
+    if c.node == "dir":
+        return ("mkdir", c.path, None, None)
+    return ("write", c.path, None, c.source if c.kind == "modified" and c.node == "file" else None)
 
 
 def apply(changes: list[Change], record: Record, others: Applied | None = None) -> None:

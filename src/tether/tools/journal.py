@@ -13,7 +13,10 @@ conflict and left as is, never written through the link to somewhere outside the
 Saved copies keep holes as holes (`fs.copy_data`: a reflink where the filesystem has them, else only
 the stretches that hold data), so journaling a 1-byte append to a 2 GiB sparse file costs a block,
 not 2 GiB; their checksum (`digest`, "zsha256:...") is taken over the non-zero 4 KiB blocks and
-their offsets, so it costs what the data costs, not what the size says. Paths not UTF-8 are kept as
+their offsets, so it costs what the data costs, not what the size says. An append to a file of at
+least `GROWN_MIN` bytes (the new content given to `record_many` starts with the whole old content)
+keeps no copy at all: a "grown" entry with the old size and a checksum of the added bytes, undone by
+cutting the file back once those bytes are found still there. Paths not UTF-8 are kept as
 `os.fsdecode` gives them (the index's JSON escapes them) and shown escaped in a restore's report.
 """
 
@@ -39,6 +42,7 @@ from tether.sandbox.fs import (
     move_entry,
     open_beneath,
     parent_beneath,
+    same_data,
     shown,
 )
 
@@ -53,6 +57,7 @@ _SESSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,127}")
 _INDEX = "entries.jsonl"
 _CHUNK = 1 << 20
 _BLOCK = 4096
+GROWN_MIN = 1 << 20  # an append to a file at least this big keeps only its old size (a smaller one is copied)
 _ZEROS = bytes(_CHUNK)
 
 
@@ -86,9 +91,11 @@ class UndoJournal:
         self._append(session_dir, entry)
         return entry
 
-    def record_many(self, session_id: str, changes: list[tuple[Action, Path | str, Path | str | None]]) -> int:
+    def record_many(self, session_id: str, changes: list[tuple[Any, ...]]) -> int:
         """`record` for a whole batch before any of it is made, with one index write and one fsync;
-        returns how many entries were written.
+        returns how many entries were written. Each change is (action, path, dest) or (action, path,
+        dest, new): `new`, for a "write", names the file that will replace `path`, so an append is
+        journaled as the old size only.
 
         A sandboxed command that created a thousand files would otherwise pay a thousand fsyncs. An
         entry journaled for a change that a crash then kept from happening undoes to the same state
@@ -99,11 +106,12 @@ class UndoJournal:
         if not changes:
             return 0
         session_dir = self._session_dir(session_id, create=True)
-        lines = [_line(self._entry(session_dir, action, path, dest)) for action, path, dest in changes]
+        lines = [_line(self._entry(session_dir, *change)) for change in changes]
         self._write_lines(session_dir, "".join(lines).encode())
         return len(lines)
 
-    def _entry(self, session_dir: Path, action: Action, path: Path | str, dest: Path | str | None) -> dict[str, Any]:
+    def _entry(self, session_dir: Path, action: Action, path: Path | str, dest: Path | str | None,
+               new: str | None = None) -> dict[str, Any]:
         if action not in _ACTIONS:
             raise ValueError(f"unknown journal action {action!r}: expected one of {sorted(_ACTIONS)}")
         target = os.path.abspath(path)
@@ -120,7 +128,8 @@ class UndoJournal:
                 raise FileNotFoundError(f"cannot journal a delete of {target}: it does not exist")
             entry["kind"] = "created"
         else:
-            entry.update(self._save(session_dir, entry["id"], Path(target), action))
+            grown = _grown(target, new) if action == "write" and new else None
+            entry.update(grown or self._save(session_dir, entry["id"], Path(target), action))
         return entry
 
     def _save(self, session_dir: Path, entry_id: str, target: Path, action: str) -> dict[str, Any]:
@@ -244,6 +253,8 @@ class UndoJournal:
             return _move_back(root, path, dest_root, entry["dest"])
         if kind == "symlink":
             return _put_link_back(root, path, entry["link"])
+        if kind == "grown":
+            return _cut_back(root, path, entry)
         blob = session_dir / "blobs" / entry["blob"]
         if not os.path.lexists(blob):
             return f"failed: saved copy {blob} is missing", False
@@ -285,14 +296,18 @@ def _copy_synced(src: Path, dst: Path) -> tuple[str, int]:
         os.close(source)
 
 
-def _digest(fd: int) -> str:
+def _digest(fd: int, begin: int = 0, size: int | None = None) -> str:
     """sha256 over (offset, bytes) of each 4 KiB block of `fd` that is not all zeros, and the size: the
-    same for the same content however its holes lie, and read only where there is data."""
-    size = os.fstat(fd).st_size
-    digest = hashlib.sha256(b"zsha256\0%d\0" % size)
-    done = 0  # blocks before this offset are hashed (two stretches may share a block)
+    same for the same content however its holes lie, and read only where there is data. `begin`,
+    `size`: only the bytes from `begin` up to `size` (blocks then counted from `begin`)."""
+    if size is None:
+        size = os.fstat(fd).st_size
+    digest = hashlib.sha256(b"zsha256\0%d\0" % size + (b"from\0%d\0" % begin if begin else b""))
+    done = begin  # blocks before this offset are hashed (two stretches may share a block)
     for start, length in data_segments(fd, size):
-        pos = max(start - start % _BLOCK, done)
+        if start + length <= begin:
+            continue
+        pos = max(begin + max(0, start - begin) // _BLOCK * _BLOCK, done)  # blocks counted from `begin`
         end = start + length
         while pos < end:
             chunk = os.pread(fd, min(_CHUNK, end - pos + (-(end - pos)) % _BLOCK), pos)
@@ -307,6 +322,55 @@ def _digest(fd: int) -> str:
             pos += len(chunk)
         done = max(done, pos)
     return "zsha256:" + digest.hexdigest()
+
+
+def _grown(target: str, new: str) -> dict[str, Any] | None:
+    """The entry for an append: `new` (the file that will replace `target`) is `target` with bytes added
+    at its end, and `target` is big enough for that to be worth a comparison. None: save a copy."""
+    try:
+        old = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(old)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < GROWN_MIN:
+            return None
+        try:
+            added = os.open(new, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            now = os.fstat(added)
+            if now.st_size <= st.st_size or not same_data(old, added, st.st_size, _CHUNK):
+                return None
+            tail = _digest(added, st.st_size, now.st_size)
+        finally:
+            os.close(added)
+    finally:
+        os.close(old)
+    return {"mode": stat.S_IMODE(st.st_mode), "mtime_ns": st.st_mtime_ns, "kind": "grown", "size": st.st_size,
+            "new_size": now.st_size, "tail": tail}
+
+
+def _cut_back(root: str, path: str, entry: dict[str, Any]) -> tuple[str, bool]:
+    """Undo an append: the file is cut back to its old size, once the added bytes are found still there."""
+    fd = open_beneath(root, path, os.O_RDWR)  # no symlink followed, the last component included
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "conflict: something other than a file now stands there; left as is", False
+        if st.st_size == entry["size"]:
+            return "restored (already at its old size)", True  # a restore that stopped before marking it
+        if st.st_size != entry["new_size"] or _digest(fd, entry["size"], st.st_size) != entry["tail"]:
+            return (f"conflict: the file changed after the append ({st.st_size} bytes, expected "
+                    f"{entry['new_size']}); left as is"), False
+        os.ftruncate(fd, entry["size"])
+        os.chmod(fd, entry["mode"])
+        os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return "restored", True
 
 
 def _copy_tree(target: Path, blobs: Path, name: str) -> None:
