@@ -322,3 +322,33 @@ async def test_another_apply_of_this_device_is_a_conflict_even_where_ctime_canno
     # an apply of this device made before the command started is not its business
     assert sandbox.applied_since(sandbox.new_layer()) == []
     discard(layer)
+
+
+async def test_what_appears_in_a_tree_between_the_check_and_its_removal_is_kept(sandbox: Sandbox,
+                                                                                 tree: dict[str, Path]) -> None:
+    """The last window: another session writes into a directory this apply deletes after the conflict
+    check passed (here: while the batch is journaled). Its file is kept and the apply stops, saying so."""
+    import time
+
+    from tether.sandbox.layer import LateConflict
+
+    root = tree["root"]
+    (root / "dir" / "sub").mkdir(parents=True)
+    (root / "dir" / "sub" / "old.txt").write_text("old")
+    (root / "dir" / "top.txt").write_text("top")
+    layer = sandbox.new_layer()
+    started = time.time_ns()
+    code, _, err = await run(sandbox, f"import shutil; shutil.rmtree({str(root / 'dir')!r})", layer=layer)
+    assert code == 0, err
+    changes = scan(layer, sandbox.spec.write_roots, since_ns=started)
+
+    def meanwhile(_batch: object) -> None:
+        (root / "dir" / "sub" / "theirs.txt").write_text("another session's")
+
+    with pytest.raises(LateConflict) as caught:
+        apply(changes, meanwhile)
+    # the directory it landed in changed after the command started: kept whole, with what is in it
+    assert caught.value.paths == [str(root / "dir" / "sub")]
+    assert (root / "dir" / "sub" / "theirs.txt").read_text() == "another session's"
+    assert not (root / "dir" / "top.txt").exists()
+    discard(layer)

@@ -57,6 +57,16 @@ class ApplyConflict(RuntimeError):
         self.paths = paths
 
 
+class LateConflict(ApplyConflict):
+    """Something was put inside a directory the apply was removing, after the check and before the
+    removal reached it: that is kept, the apply stops there, and what it did is journaled."""
+
+    def __init__(self, paths: list[str]) -> None:
+        RuntimeError.__init__(self, "changed by someone else while the apply ran: "
+                                    + ", ".join(shown(p) for p in paths[:10]))
+        self.paths = paths
+
+
 class LayerLimit(RuntimeError):
     """A command's layer holds more than `rule` allows (`limits.layer_files` or `limits.layer_bytes`)."""
 
@@ -481,13 +491,41 @@ def _parent(c: Change, parents: dict[str, int]) -> tuple[int, str, bool]:
     return parents[directory], name, False
 
 
+def _remove_tree(parent_fd: int, name: str, path: str, since_ns: int) -> list[str]:
+    """Remove the directory `name` with what is in it, following no link, but keep anything whose ctime
+    is later than `since_ns` (someone else's, made or changed since the command started: a directory
+    whole, since what moved into it keeps its old ctime); returns what was kept."""
+    if not since_ns:
+        shutil.rmtree(name, dir_fd=parent_fd)
+        return []
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    kept: list[str] = []
+    try:
+        for child in os.listdir(fd):
+            st = os.stat(child, dir_fd=fd, follow_symlinks=False)
+            full = os.path.join(path, child)
+            if st.st_ctime_ns > since_ns:
+                kept.append(full)
+            elif stat.S_ISDIR(st.st_mode):
+                kept += _remove_tree(fd, child, full, since_ns)
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not kept:
+        os.rmdir(name, dir_fd=parent_fd)
+    return kept
+
+
 def _apply_one(c: Change, parents: dict[str, int]) -> None:
     pfd, name, own = _parent(c, parents)
     try:
         if c.kind == "deleted":
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(name, dir_fd=pfd)
+                kept = _remove_tree(pfd, name, c.path, c.since_ns)
+                if kept:
+                    raise LateConflict(kept)
             else:
                 os.unlink(name, dir_fd=pfd)
         elif c.kind == "renamed":

@@ -26,6 +26,7 @@ from tether.sandbox.layer import (
     Applied,
     ApplyConflict,
     Change,
+    LateConflict,
     LayerLimit,
     Limits,
     applied_paths,
@@ -145,6 +146,12 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) ->
         touched = await _on_pool(sandbox, layer, _apply, ctx, changes, sandbox.applied_since(layer), settled=settled)
     except asyncio.CancelledError:
         raise
+    except LateConflict as exc:
+        sandbox.release(layer)
+        raise ToolError(f"applying the command's changes stopped: {exc}; that was kept, and what was applied "
+                        "is journaled and can be undone",
+                        {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
+                         "applied": "partly"}) from None
     except ApplyConflict as exc:
         sandbox.release(layer)
         raise ToolError(f"nothing was applied: {exc}; run the command again",
