@@ -42,6 +42,7 @@ CAPTURE_WORKERS = 2
 # paths remembered from this device's recent applies, so a conflict between two of its sessions is told
 # exactly (not only by ctime, whose coarse clock can lag a change by a tick); older ones are forgotten
 APPLIED_LOG_PATHS = 200_000
+MAX_HELD_SINCE = 256  # start times kept for layers not yet released, before those of vanished layers are pruned
 T = TypeVar("T")
 
 
@@ -245,6 +246,9 @@ class Sandbox:
             (base / str(i) / "u").mkdir()
             (base / str(i) / "w").mkdir()
         self._since[base] = (time.time_ns(), self._apply_seq)
+        if len(self._since) > 4 * MAX_HELD_SINCE:  # held layers that expired were never released: forget them
+            for gone in [known for known in self._since if not known.exists()]:
+                del self._since[gone]
         return base
 
     def layer_since(self, layer: Path) -> int:
