@@ -92,12 +92,13 @@ except OSError as exc:
     assert {p: c.kind for p, c in changes.items()} == {
         str(root / "keep.txt"): "modified", str(root / "made.txt"): "created", str(root / "gone.txt"): "deleted",
         str(root / "d"): "created", str(root / "d" / "e"): "created"}
-    done: list[tuple[str, str, str | None]] = []
+    done: list[tuple[str, str, str | None, str | None]] = []  # (action, path, dest, the layer's new content)
     apply(list(changes.values()), done.extend)
     discard(layer)
     assert (root / "keep.txt").read_text() == "new" and (root / "made.txt").read_text() == "made"
     assert not (root / "gone.txt").exists() and (root / "d" / "e").is_dir()
-    assert ("delete", str(root / "gone.txt"), None) in done and ("write", str(root / "keep.txt"), None) in done
+    recorded = [d[:3] for d in done]
+    assert ("delete", str(root / "gone.txt"), None) in recorded and ("write", str(root / "keep.txt"), None) in recorded
     assert not layer.exists()
 
 
@@ -292,3 +293,62 @@ async def test_a_root_with_a_mount_inside_stays_read_only_and_says_why(tree: dic
     finally:
         await box.aclose()
         subprocess.run(["umount", "-l", str(inner)], check=False)
+
+
+async def test_another_apply_of_this_device_is_a_conflict_even_where_ctime_cannot_tell(sandbox: Sandbox,
+                                                                                       tree: dict[str, Path]) -> None:
+    """The coarse clock can stamp a change made just after the command started with a ctime before it:
+    what this device's own applies made meanwhile (`Sandbox.applied_since`) is compared path by path."""
+    import time
+
+    from tether.sandbox.layer import conflicts
+
+    root = tree["root"]
+    (root / "dir").mkdir()
+    (root / "dir" / "old.txt").write_text("old")
+    layer = sandbox.new_layer()
+    code, _, err = await run(sandbox, f"import shutil; shutil.rmtree({str(root / 'dir')!r})", layer=layer)
+    assert code == 0, err
+    (root / "dir" / "new.txt").write_text("another session's")  # applied by another session meanwhile
+    sandbox.note_applied([str(root / "dir" / "new.txt")], [])
+    late = time.time_ns() + 10**12  # as if every stamp lagged: ctime alone sees nothing newer
+    changes = scan(layer, sandbox.spec.write_roots, since_ns=late)
+    assert conflicts(changes) == []
+    others = sandbox.applied_since(layer)
+    assert others is not None and conflicts(changes, others) == [str(root / "dir" / "new.txt")]
+    with pytest.raises(ApplyConflict):
+        apply(changes, lambda *_: None, others)
+    assert (root / "dir" / "new.txt").exists() and (root / "dir" / "old.txt").exists()
+    # an apply of this device made before the command started is not its business
+    assert sandbox.applied_since(sandbox.new_layer()) == []
+    discard(layer)
+
+
+async def test_what_appears_in_a_tree_between_the_check_and_its_removal_is_kept(sandbox: Sandbox,
+                                                                                 tree: dict[str, Path]) -> None:
+    """The last window: another session writes into a directory this apply deletes after the conflict
+    check passed (here: while the batch is journaled). Its file is kept and the apply stops, saying so."""
+    import time
+
+    from tether.sandbox.layer import LateConflict
+
+    root = tree["root"]
+    (root / "dir" / "sub").mkdir(parents=True)
+    (root / "dir" / "sub" / "old.txt").write_text("old")
+    (root / "dir" / "top.txt").write_text("top")
+    layer = sandbox.new_layer()
+    started = time.time_ns()
+    code, _, err = await run(sandbox, f"import shutil; shutil.rmtree({str(root / 'dir')!r})", layer=layer)
+    assert code == 0, err
+    changes = scan(layer, sandbox.spec.write_roots, since_ns=started)
+
+    def meanwhile(_batch: object) -> None:
+        (root / "dir" / "sub" / "theirs.txt").write_text("another session's")
+
+    with pytest.raises(LateConflict) as caught:
+        apply(changes, meanwhile)
+    # the directory it landed in changed after the command started: kept whole, with what is in it
+    assert caught.value.paths == [str(root / "dir" / "sub")]
+    assert (root / "dir" / "sub" / "theirs.txt").read_text() == "another session's"
+    assert not (root / "dir" / "top.txt").exists()
+    discard(layer)

@@ -24,7 +24,7 @@ from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Literal
 
-from pydantic_core import to_json
+from pydantic_core import PydanticSerializationError, to_json
 
 from tether.protocol.codec import encode
 from tether.protocol.messages import (
@@ -61,7 +61,16 @@ def results_frame(msg: ServerMessage, result: Result, *, last: bool, client_id: 
                                     action_results=[r], status=status))
 
     # an empty response_id makes the message invalid: the model says so
-    text = _results_text(msg, result, status, client_id) if msg.response_id else build(result)
+    try:
+        text = _results_text(msg, result, status, client_id) if msg.response_id else build(result)
+    except PydanticSerializationError as exc:
+        # a value JSON cannot carry (text holding bytes that are not UTF-8): say so at once, or the caller
+        # waits for a result that never comes and sees only its own timeout
+        why = str(exc).encode("ascii", "backslashreplace").decode("ascii")
+        logger.warning("result of %s could not be encoded: %s", result.call_id, why)
+        return build(Result.failure(f"the tool ran but its result could not be encoded as JSON ({why[:300]})",
+                                    result.call_id, result.namespace,
+                                    {"unencodable": True, "status": result.status.value}))
     size = frame_bytes(text)
     if size <= max_bytes:
         return text

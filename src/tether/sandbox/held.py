@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,13 +35,21 @@ class Held:
 
 
 class HeldLayers:
-    """Keyed by the command's fingerprint (session, program, arguments, cwd, env, stdin); oldest dropped."""
+    """Keyed by the command's fingerprint (session, program, arguments, cwd, env, stdin); oldest dropped.
+
+    Safe to call from several threads (the sandbox's workers put and take off the event loop).
+    """
 
     def __init__(self, root: Path | None = None, hold_s: float = HOLD_S, limit: int = MAX_HELD) -> None:
         self.root, self.hold_s, self.limit = root, hold_s, limit
         self._held: dict[str, Held] = {}
+        self._lock = threading.RLock()
 
     def put(self, key: str, held: Held) -> None:
+        with self._lock:
+            self._put(key, held)
+
+    def _put(self, key: str, held: Held) -> None:
         self._expire()
         old = self._held.pop(key, None)
         if old is not None:
@@ -51,6 +60,10 @@ class HeldLayers:
         _write_note(key, held)
 
     def take(self, key: str) -> Held | None:
+        with self._lock:
+            return self._take(key)
+
+    def _take(self, key: str) -> Held | None:
         self._expire()
         held = self._held.pop(key, None)
         if held is not None:
@@ -62,6 +75,10 @@ class HeldLayers:
     def peek(self, key: str) -> Held | None:
         """The layer held under `key`, left held (in memory, else its note on disk): what an approval is
         checked against before anything is taken."""
+        with self._lock:
+            return self._peek(key)
+
+    def _peek(self, key: str) -> Held | None:
         self._expire()
         held = self._held.get(key)
         if held is not None:
@@ -105,7 +122,8 @@ class HeldLayers:
 
     def clear(self) -> None:
         """Forget what this process holds; the layers stay on disk (with their notes) for a later approval."""
-        self._held.clear()
+        with self._lock:
+            self._held.clear()
 
 
 def _write_note(key: str, held: Held) -> None:

@@ -3,10 +3,20 @@
 The overlay's upper directory holds exactly what the command wrote: new and modified files whole,
 a deletion as a whiteout (a character device 0/0), a directory whose old content was removed as an
 *opaque* directory. `scan` turns that into a list of `Change`s judged against the real tree, leaving
-out files copied up but left as they were. `apply` first checks that nothing it would touch changed
-in the real tree since the scan (else `ApplyConflict`, nothing applied), then, change by change,
-asks `record` to journal it (so undo can put it back) and makes it — through directory fds walked
-from the root without following any link, so a symlink planted in the real tree cannot redirect it.
+out files copied up but left as they were, and stops with `LayerLimit` once the layer holds more
+changes or bytes than allowed. `apply` first checks that nothing it would touch changed in the real
+tree since the command started (`conflicts`: else `ApplyConflict`, nothing applied), then, change
+by change, asks `record` to journal it (so undo can put it back) and makes it — through directory
+fds walked from the root without following any link, so a symlink planted in the real tree cannot
+redirect it.
+
+"Since the command started" is told by the real entry's ctime, which no program can set back: a
+path another session created, changed or renamed in after the command's start (`Change.since_ns`)
+is a conflict, as is one that changed between the scan and the apply (`Change.was`, its identity
+then). Paths are `str` with undecodable bytes kept as lone surrogates (`os.fsdecode`), so every
+name round-trips to the same bytes; `Change.public` shows them escaped (`fs.shown`).
+
+Everything here blocks on the filesystem: callers run it on a worker thread, never an event loop.
 """
 
 from __future__ import annotations
@@ -15,30 +25,63 @@ import contextlib
 import ctypes
 import errno
 import functools
+import itertools
 import os
 import shutil
 import stat
+from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from tether.sandbox.fs import parent_beneath
+from tether.sandbox.fs import copy_data, parent_beneath, same_data, shown
 
 Kind = Literal["created", "modified", "deleted", "renamed"]
-# journals a batch of (action, path, dest) before any of it is made
-Record = Callable[[list[tuple[str, str, "str | None"]]], None]
+# journals a batch of (action, path, dest, new content) before any of it is made; the last is the layer's
+# file that will replace `path` (for "write"), so the journal can keep only the old size of an append
+Record = Callable[[list[tuple[str, str, "str | None", "str | None"]]], None]
 _OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")
+_ORIGIN = ("user.overlay.origin", "trusted.overlay.origin")  # set on an entry copied up from the real tree
 _CHUNK = 1 << 16
+_CANDIDATES = 8  # deleted files a created one is compared with, looking for a rename
+_PAIR_BYTES = 1 << 30  # content compared in all, looking for renames
 
 
 class ApplyConflict(RuntimeError):
-    """The real tree changed under a captured change since the command ran; nothing was applied."""
+    """The real tree changed under a captured change since the command started; nothing was applied."""
 
     def __init__(self, paths: list[str]) -> None:
-        listed = ", ".join(paths[:10]) + (" ..." if len(paths) > 10 else "")
-        super().__init__(f"changed since the command ran: {listed}")
+        listed = ", ".join(shown(p) for p in paths[:10]) + (f" ... ({len(paths)} in all)" if len(paths) > 10 else "")
+        super().__init__(f"changed by someone else since the command started: {listed}")
         self.paths = paths
+
+
+class LateConflict(ApplyConflict):
+    """Something was put inside a directory the apply was removing, after the check and before the
+    removal reached it: that is kept, the apply stops there, and what it did is journaled."""
+
+    def __init__(self, paths: list[str]) -> None:
+        RuntimeError.__init__(self, "changed by someone else while the apply ran: "
+                                    + ", ".join(shown(p) for p in paths[:10]))
+        self.paths = paths
+
+
+class LayerLimit(RuntimeError):
+    """A command's layer holds more than `rule` allows (`limits.layer_files` or `limits.layer_bytes`)."""
+
+    def __init__(self, rule: str, detail: str) -> None:
+        super().__init__(detail)
+        self.rule = rule
+
+
+@dataclass(frozen=True, slots=True)
+class LayerLimits:
+    """The most one command's layer may hold: changes (files, directories, links, deletions) and bytes
+    (allocated on disk, so a sparse file counts what it really uses). 0: no limit."""
+
+    files: int = 0
+    bytes: int = 0
 
 
 @dataclass(slots=True)
@@ -49,22 +92,28 @@ class Change:
     node: Literal["file", "dir", "symlink"]
     root: str
     source: str | None = None  # the upper-layer entry with the new content
-    was: tuple[int, int, int] | None = None  # (inode, size, mtime_ns) of what the real tree held
+    was: tuple[int, ...] | None = None  # (inode, size, mtime_ns, ctime_ns) of what the real tree held at the scan
     moved_from: str | None = None
     mode: int = 0o644
-    extra: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, str] | None = None
+    since_ns: int = 0  # when the command started (wall clock, ns): a real entry changed later is a conflict
+    copied: bool = False  # the command changed an entry the real tree had (copied up): it must still be there
 
     def public(self) -> dict[str, object]:
-        out: dict[str, object] = {"path": self.path, "kind": self.kind, "bytes": self.bytes}
+        """What a caller is shown; a name that is not UTF-8 is escaped (`\\xNN`) and flagged `escaped`."""
+        path = shown(self.path)
+        out: dict[str, object] = {"path": path, "kind": self.kind, "bytes": self.bytes}
         if self.node != "file":
             out["type"] = self.node
         if self.moved_from:
-            out["from"] = self.moved_from
+            out["from"] = shown(self.moved_from)
+        if path != self.path or (self.moved_from and out["from"] != self.moved_from):
+            out["escaped"] = True
         return out
 
 
-def _sig(st: os.stat_result) -> tuple[int, int, int]:
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+def _sig(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _lstat(path: str) -> os.stat_result | None:
@@ -86,18 +135,25 @@ def _opaque(path: str) -> bool:
     return False
 
 
+def _copied_up(path: str) -> bool:
+    for name in _ORIGIN:
+        with contextlib.suppress(OSError):
+            os.getxattr(path, name, follow_symlinks=False)
+            return True
+    return False
+
+
 def _same_file(a: str, sa: os.stat_result, b: str, sb: os.stat_result) -> bool:
     if stat.S_ISLNK(sa.st_mode) or stat.S_ISLNK(sb.st_mode):
         return stat.S_ISLNK(sa.st_mode) and stat.S_ISLNK(sb.st_mode) and os.readlink(a) == os.readlink(b)
     if sa.st_size != sb.st_size or stat.S_IMODE(sa.st_mode) != stat.S_IMODE(sb.st_mode):
         return False
     with open(a, "rb") as fa, open(b, "rb") as fb:
-        while True:
-            ca, cb = fa.read(_CHUNK), fb.read(_CHUNK)
-            if ca != cb:
-                return False
-            if not ca:
-                return True
+        return same_data(fa.fileno(), fb.fileno(), sa.st_size, _CHUNK)  # holes alike: only the data is read
+
+
+def _allocated(st: os.stat_result) -> int:
+    return st.st_blocks * 512 if hasattr(st, "st_blocks") else st.st_size
 
 
 def _tree_bytes(path: str) -> int:
@@ -110,35 +166,52 @@ def _tree_bytes(path: str) -> int:
 
 
 class _Scan:
-    def __init__(self, root: str) -> None:
-        self.root = root
+    def __init__(self, root: str, since_ns: int, limits: LayerLimits, counted: list[int]) -> None:
+        self.root, self.since_ns, self.limits = root, since_ns, limits
+        self.counted = counted  # [changes, bytes] over every root of the layer
         self.out: list[Change] = []
+
+    def add(self, change: Change, st: os.stat_result | None = None) -> None:
+        change.since_ns = self.since_ns
+        self.out.append(change)
+        self.counted[0] += 1
+        if st is not None and change.kind != "deleted" and stat.S_ISREG(st.st_mode):
+            self.counted[1] += _allocated(st)
+        files, size = self.limits.files, self.limits.bytes
+        if files and self.counted[0] > files:
+            raise LayerLimit("limits.layer_files", f"the command changed more than {files} files and directories "
+                                                   "(limits.layer_files); nothing was applied")
+        if size and self.counted[1] > size:
+            raise LayerLimit("limits.layer_bytes", f"the command wrote more than {size} bytes "
+                                                   "(limits.layer_bytes); nothing was applied")
 
     def deleted(self, real: str, st: os.stat_result) -> None:
         size = _tree_bytes(real) if stat.S_ISDIR(st.st_mode) else st.st_size
-        self.out.append(Change(real, "deleted", size, _node(st), self.root, was=_sig(st)))
+        self.add(Change(real, "deleted", size, _node(st), self.root, was=_sig(st)))
 
-    def created(self, upper: str, real: str, st: os.stat_result) -> None:
-        self.out.append(Change(real, "created", 0 if stat.S_ISDIR(st.st_mode) else st.st_size, _node(st), self.root,
-                               source=upper, mode=stat.S_IMODE(st.st_mode)))
+    def created(self, upper: str, real: str, st: os.stat_result, copied: bool = False) -> None:
+        self.add(Change(real, "created", 0 if stat.S_ISDIR(st.st_mode) else st.st_size, _node(st), self.root,
+                        source=upper, mode=stat.S_IMODE(st.st_mode), copied=copied), st)
         if stat.S_ISDIR(st.st_mode):
-            with os.scandir(upper) as entries:
-                for e in sorted(entries, key=lambda e: e.name):
-                    est = e.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode) or stat.S_ISLNK(est.st_mode):
-                        self.created(e.path, os.path.join(real, e.name), est)
+            # names, not DirEntry objects: a directory of 100,000 files keeps no 100,000 objects the
+            # garbage collector must walk (its full passes stall every thread, the event loop's too)
+            for name in sorted(os.listdir(upper)):
+                path = os.path.join(upper, name)
+                est = os.lstat(path)
+                if stat.S_ISDIR(est.st_mode) or stat.S_ISREG(est.st_mode) or stat.S_ISLNK(est.st_mode):
+                    self.created(path, os.path.join(real, name), est)
 
     def walk(self, upper: str, real: str) -> None:
-        with os.scandir(upper) as it:
-            entries = sorted(it, key=lambda e: e.name)
+        names = sorted(os.listdir(upper))
         if _opaque(upper) and os.path.isdir(real):
-            kept = {e.name for e in entries}
+            kept = set(names)
             for name in sorted(os.listdir(real)):
                 st = _lstat(os.path.join(real, name))
                 if name not in kept and st is not None:
                     self.deleted(os.path.join(real, name), st)
-        for e in entries:
-            self.entry(e.path, os.path.join(real, e.name), e.stat(follow_symlinks=False))
+        for name in names:
+            path = os.path.join(upper, name)
+            self.entry(path, os.path.join(real, name), os.lstat(path))
 
     def entry(self, upper: str, real: str, st: os.stat_result) -> None:
         lower = _lstat(real)
@@ -151,62 +224,159 @@ class _Scan:
         if lower is not None and stat.S_ISDIR(st.st_mode) and stat.S_ISDIR(lower.st_mode):
             self.walk(upper, real)
             return
-        if lower is None:
-            self.created(upper, real, st)
+        if lower is None:  # copied up: it was there when the command ran, and someone removed it since
+            self.created(upper, real, st, copied=_copied_up(upper))
         elif stat.S_ISDIR(lower.st_mode) or stat.S_ISDIR(st.st_mode):
             self.deleted(real, lower)
             self.created(upper, real, st)
         elif not _same_file(upper, st, real, lower):
-            self.out.append(Change(real, "modified", st.st_size, _node(st), self.root, source=upper, was=_sig(lower),
-                                   mode=stat.S_IMODE(st.st_mode)))
+            self.add(Change(real, "modified", st.st_size, _node(st), self.root, source=upper, was=_sig(lower),
+                            mode=stat.S_IMODE(st.st_mode)), st)
 
 
-def scan(layer: Path, roots: tuple[str, ...]) -> list[Change]:
-    """Every change the command made under `roots`, parents before children; renames paired up."""
+def scan(layer: Path, roots: tuple[str, ...], *, since_ns: int = 0,
+         limits: LayerLimits = LayerLimits()) -> list[Change]:
+    """Every change the command made under `roots`, parents before children; renames paired up.
+
+    `since_ns`: when the command started (`time.time_ns()` before it ran), kept in each change for
+    `conflicts`. Over `limits`, `LayerLimit` at once (the scan stops there; nothing is applied).
+    """
     changes: list[Change] = []
+    counted = [0, 0]
     for i, root in enumerate(roots):
         upper = layer / str(i) / "u"
         if upper.is_dir():
-            s = _Scan(root)
+            s = _Scan(root, since_ns, limits, counted)
             s.walk(str(upper), root)
             changes += s.out
     return _pair_renames(changes)
 
 
 def _pair_renames(changes: list[Change]) -> list[Change]:
-    """A deleted file and a created one with the same bytes: a rename (`mv`), journaled as a move."""
-    gone = {}
+    """A deleted file and a created one with the same bytes: a rename (`mv`), journaled as a move.
+
+    Bounded: a created file is compared with at most `_CANDIDATES` deleted ones of its size (one of
+    the same name first), and the whole pairing with at most `_PAIR_BYTES` of content, so a command
+    that moved 100,000 alike files costs a bounded scan; a move left unpaired is applied (and undone)
+    as a deletion and a creation, which ends the same.
+    """
+    gone: dict[int, deque[Change]] = {}
+    named: dict[tuple[int, str], deque[Change]] = {}
     for c in changes:
         if c.kind == "deleted" and c.node == "file":
-            gone.setdefault(c.bytes, []).append(c)
+            gone.setdefault(c.bytes, deque()).append(c)
+            named.setdefault((c.bytes, os.path.basename(c.path)), deque()).append(c)
     if not gone:
         return changes
-    out: list[Change] = []
     used: set[int] = set()
+    budget = _PAIR_BYTES
     for c in changes:
-        if c.kind == "created" and c.node == "file" and c.source and c.bytes in gone:
-            match = next((d for d in gone[c.bytes] if id(d) not in used
-                          and _same_file(c.source, os.lstat(c.source), d.path, os.lstat(d.path))), None)
-            if match is not None:
-                used.add(id(match))
-                c.kind, c.moved_from, c.was = "renamed", match.path, match.was
-        out.append(c)
-    return [c for c in out if id(c) not in used]
+        if budget <= 0:
+            break
+        pool = gone.get(c.bytes)
+        if not (c.kind == "created" and c.node == "file" and c.source and pool):
+            continue
+        alike = named.get((c.bytes, os.path.basename(c.path)), deque())
+        for line in (pool, alike):  # the heads already paired go: each is looked at once
+            while line and id(line[0]) in used:
+                line.popleft()
+        for d in [*itertools.islice(alike, 1), *itertools.islice(pool, _CANDIDATES)]:
+            if id(d) in used:
+                continue
+            budget -= max(c.bytes, 1)
+            if _same_file(c.source, os.lstat(c.source), d.path, os.lstat(d.path)):
+                used.add(id(d))
+                c.kind, c.moved_from, c.was = "renamed", d.path, d.was
+                break
+    return [c for c in changes if id(c) not in used]
 
 
 # ---------------------------------------------------------------------------------------- applying
 
 
-def _conflicts(changes: list[Change]) -> list[str]:
-    bad = []
+def _newer_inside(path: str, since_ns: int, most: int = 100) -> list[str]:
+    """Paths under the directory `path` changed after `since_ns` (ctime), the first `most` of them."""
+    found: list[str] = []
+    for base, dirs, files in os.walk(path):
+        for name in (*dirs, *files):
+            full = os.path.join(base, name)
+            st = _lstat(full)
+            if st is not None and st.st_ctime_ns > since_ns:
+                found.append(full)
+                if len(found) >= most:
+                    return found
+    return found
+
+
+def _was_matches(was: tuple[int, ...], st: os.stat_result) -> bool:
+    now = _sig(st)
+    return now[:len(was)] == was  # a note held by an older version has no ctime
+
+
+Applied = list[tuple[frozenset[str], frozenset[str]]]  # (paths, deleted paths) of each apply made meanwhile
+
+
+def _ancestors(path: str) -> Iterator[str]:
+    while True:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        yield parent
+        path = parent
+
+
+def _clashes(changes: list[Change], others: Applied) -> list[str]:
+    """Where `changes` meet what other applies made since the command started: the same path, a path
+    inside what they deleted, or what they made inside a directory these changes delete."""
+    if not others:
+        return []
+    theirs: set[str] = set().union(*(paths for paths, _ in others))
+    their_deleted: set[str] = set().union(*(deleted for _, deleted in others))
+    ours_deleted = {c.path for c in changes if c.kind == "deleted" and c.node == "dir"}
+    bad: list[str] = []
     for c in changes:
-        target = c.moved_from if c.kind == "renamed" else c.path
-        st = _lstat(target) if target else None
-        if c.was is not None and (st is None or _sig(st) != c.was):
-            bad.append(target or c.path)
-        if c.kind in ("created", "renamed") and _lstat(c.path) is not None \
-                and not any(d.kind == "deleted" and d.path == c.path for d in changes):
-            bad.append(c.path)
+        for path in (c.path, c.moved_from):
+            if path and (path in theirs or any(a in their_deleted for a in _ancestors(path))):
+                bad.append(path)
+    if ours_deleted:
+        bad += [p for p in theirs if any(a in ours_deleted for a in _ancestors(p))]
+    return bad
+
+
+def applied_paths(changes: list[Change]) -> tuple[list[str], list[str]]:
+    """(every path the changes touch, the ones they delete), for `Sandbox.note_applied`."""
+    paths = [c.path for c in changes] + [c.moved_from for c in changes if c.moved_from]
+    deleted = [c.path for c in changes if c.kind == "deleted"] + [c.moved_from for c in changes if c.moved_from]
+    return paths, deleted
+
+
+def conflicts(changes: list[Change], others: Applied | None = None) -> list[str]:
+    """The paths another writer changed since the command started (or since the scan): applying the
+    changes would undo theirs. Empty: the real tree is as the command saw it.
+
+    `others`: what this device's other applies made since the command started (exact, where the
+    ctime of a change made within a clock tick of the start could be missed)."""
+    bad: list[str] = _clashes(changes, others or [])
+    deleted_here = {c.path for c in changes if c.kind == "deleted"}
+    # a name the command moved is copied up too: with a deletion of that kind in the batch, it may be one
+    moved_kinds = {c.node for c in changes if c.kind == "deleted"}
+    for c in changes:
+        target = (c.moved_from if c.kind == "renamed" else c.path) or c.path
+        st = _lstat(target)
+        changed = c.was is not None and (st is None or not _was_matches(c.was, st))
+        # created, changed or renamed in by someone while the command ran
+        changed = changed or bool(c.since_ns and st is not None and c.kind != "created"
+                                  and st.st_ctime_ns > c.since_ns)
+        if c.kind == "deleted" and st is not None and stat.S_ISDIR(st.st_mode):
+            # what someone put inside meanwhile: named, since that is what the deletion would take
+            inside = _newer_inside(target, c.since_ns) if c.since_ns else []
+            bad += inside or ([target] if changed else [])
+        elif changed:
+            bad.append(target)
+        if c.kind in ("created", "renamed") and c.path not in deleted_here and _lstat(c.path) is not None:
+            bad.append(c.path)  # someone made this name while the command ran
+        elif c.copied and c.since_ns and c.kind == "created" and c.node not in moved_kinds:
+            bad.append(c.path)  # the command changed what was there; someone removed it while it ran
     return bad
 
 
@@ -262,8 +432,14 @@ def _place(c: Change, pfd: int, name: str) -> None:
     else:  # another filesystem: copy
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, c.mode & 0o777,
                      dir_fd=pfd)
-        with open(c.source, "rb") as src, open(fd, "wb") as dst:
-            shutil.copyfileobj(src, dst, _CHUNK)
+        try:
+            src = os.open(c.source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                copy_data(src, fd)  # holes stay holes
+            finally:
+                os.close(src)
+        finally:
+            os.close(fd)
     try:
         os.replace(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
     except BaseException:
@@ -272,22 +448,25 @@ def _place(c: Change, pfd: int, name: str) -> None:
         raise
 
 
-def _journal_entry(c: Change) -> tuple[str, str, str | None]:
+def _journal_entry(c: Change) -> tuple[str, str, str | None, str | None]:
     if c.kind == "deleted":
-        return ("delete", c.path, None)
+        return ("delete", c.path, None, None)
     if c.kind == "renamed":
         assert c.moved_from is not None
-        return ("move", c.moved_from, c.path)
-    return ("mkdir", c.path, None) if c.node == "dir" else ("write", c.path, None)
+        return ("move", c.moved_from, c.path, None)
+    if c.node == "dir":
+        return ("mkdir", c.path, None, None)
+    return ("write", c.path, None, c.source if c.kind == "modified" and c.node == "file" else None)
 
 
-def apply(changes: list[Change], record: Record) -> None:
-    """Journal and make the changes; `ApplyConflict` (nothing done) if the real tree moved meanwhile.
+def apply(changes: list[Change], record: Record, others: Applied | None = None) -> None:
+    """Journal and make the changes; `ApplyConflict` (nothing done) if the real tree moved meanwhile
+    (`conflicts`, with `others` as there).
 
     The whole batch is journaled first (one fsync), then made in order: deletions deepest first,
     new directories, renames, then files.
     """
-    bad = _conflicts(changes)
+    bad = conflicts(changes, others)
     if bad:
         raise ApplyConflict(bad)
     ordered = list(_order(changes))
@@ -313,13 +492,41 @@ def _parent(c: Change, parents: dict[str, int]) -> tuple[int, str, bool]:
     return parents[directory], name, False
 
 
+def _remove_tree(parent_fd: int, name: str, path: str, since_ns: int) -> list[str]:
+    """Remove the directory `name` with what is in it, following no link, but keep anything whose ctime
+    is later than `since_ns` (someone else's, made or changed since the command started: a directory
+    whole, since what moved into it keeps its old ctime); returns what was kept."""
+    if not since_ns:
+        shutil.rmtree(name, dir_fd=parent_fd)
+        return []
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd)
+    kept: list[str] = []
+    try:
+        for child in os.listdir(fd):
+            st = os.stat(child, dir_fd=fd, follow_symlinks=False)
+            full = os.path.join(path, child)
+            if st.st_ctime_ns > since_ns:
+                kept.append(full)
+            elif stat.S_ISDIR(st.st_mode):
+                kept += _remove_tree(fd, child, full, since_ns)
+            else:
+                os.unlink(child, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not kept:
+        os.rmdir(name, dir_fd=parent_fd)
+    return kept
+
+
 def _apply_one(c: Change, parents: dict[str, int]) -> None:
     pfd, name, own = _parent(c, parents)
     try:
         if c.kind == "deleted":
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(name, dir_fd=pfd)
+                kept = _remove_tree(pfd, name, c.path, c.since_ns)
+                if kept:
+                    raise LateConflict(kept)
             else:
                 os.unlink(name, dir_fd=pfd)
         elif c.kind == "renamed":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import json
 import logging
@@ -17,9 +18,12 @@ import os
 import socket
 import stat
 import sys
-from collections.abc import Callable
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.sandbox.bwrap import live_source, unix_socket_paths, warden_argv
 from tether.sandbox.detect import SandboxInfo
@@ -40,6 +44,14 @@ FREE_LAYERS = 8
 MAX_REPLY = 1 << 16
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
+# threads that scan, apply and remove layers: a command that made 100,000 files takes one of them, never
+# the event loop every other session is served from; more at once wait their turn
+CAPTURE_WORKERS = 2
+# paths remembered from this device's recent applies, so a conflict between two of its sessions is told
+# exactly (not only by ctime, whose coarse clock can lag a change by a tick); older ones are forgotten
+APPLIED_LOG_PATHS = 200_000
+MAX_HELD_SINCE = 256  # start times kept for layers not yet released, before those of vanished layers are pruned
+T = TypeVar("T")
 
 
 class SandboxedProcess:
@@ -115,6 +127,12 @@ class Sandbox:
         # always on for a device; bench.sandbox_filters turns them off to measure what they cost
         self.filters = True
         self._limits = {"limits": spec.limits.to_request(), "shm": shm_options(spec.limits)}  # the same each time
+        self._pool = ThreadPoolExecutor(max_workers=CAPTURE_WORKERS, thread_name_prefix="tether-capture")
+        self._since: dict[Path, tuple[int, int]] = {}  # layer -> (wall clock ns, apply seq) at its command's start
+        self._applied: deque[tuple[int, frozenset[str], frozenset[str]]] = deque()
+        self._applied_paths = 0
+        self._apply_seq = 0
+        self._forgotten = 0  # the newest apply dropped from the log
 
     @property
     def kind(self) -> str:
@@ -337,9 +355,12 @@ class Sandbox:
         """A fresh directory for one command's overlays: `<n>/u` and `<n>/w` per captured root.
 
         A layer a command left empty (most commands write nothing) is reused rather than made anew.
+        The time it is handed out is the command's start for `layer_since` (what apply compares with).
         """
         if self._free:
-            return self._free.pop()
+            layer = self._free.pop()
+            self._since[layer] = (time.time_ns(), self._apply_seq)
+            return layer
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
         base.mkdir(mode=0o700)
@@ -347,14 +368,54 @@ class Sandbox:
             (base / str(i)).mkdir()
             (base / str(i) / "u").mkdir()
             (base / str(i) / "w").mkdir()
+        self._since[base] = (time.time_ns(), self._apply_seq)
+        if len(self._since) > 4 * MAX_HELD_SINCE:  # held layers that expired were never released: forget them
+            for gone in [known for known in self._since if not known.exists()]:
+                del self._since[gone]
         return base
+
+    def layer_since(self, layer: Path) -> int:
+        """When the command writing into `layer` started (wall clock, ns); 0 if unknown."""
+        return self._since.get(layer, (0, 0))[0]
+
+    def note_applied(self, paths: Iterable[str], deleted: Iterable[str]) -> None:
+        """An apply of this device made changes at `paths` (`deleted`: the ones it removed, trees included).
+        Call on the event loop."""
+        self._apply_seq += 1
+        entry = (self._apply_seq, frozenset(paths), frozenset(deleted))
+        self._applied.append(entry)
+        self._applied_paths += len(entry[1])
+        while self._applied_paths > APPLIED_LOG_PATHS and self._applied:
+            seq, old, _ = self._applied.popleft()
+            self._applied_paths -= len(old)
+            self._forgotten = seq
+
+    def applied_since(self, layer: Path) -> list[tuple[frozenset[str], frozenset[str]]] | None:
+        """(paths, deleted) of each apply of this device made after `layer`'s command started; None
+        when that is unknown or partly forgotten (ctime alone then tells). Call on the event loop."""
+        started = self._since.get(layer)
+        if started is None or started[1] < self._forgotten:
+            return None
+        return [(paths, deleted) for seq, paths, deleted in self._applied if seq > started[1]]
+
+    def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """Start blocking filesystem work (scan, apply, journal) on the sandbox's bounded worker pool."""
+        return asyncio.get_running_loop().run_in_executor(self._pool, functools.partial(fn, *args))
+
+    async def offload(self, fn: Callable[..., T], *args: Any) -> T:
+        """`submit` and wait for it."""
+        return await self.submit(fn, *args)
 
     def release(self, layer: Path) -> None:
         """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
+        self._since.pop(layer, None)
         if len(self._free) < FREE_LAYERS and layer_empty(layer, len(self.spec.write_roots)):
             self._free.append(layer)
             return
-        future = asyncio.get_running_loop().run_in_executor(None, discard, layer)
+        if self._closed:
+            discard(layer)  # the device is stopping: nothing else to serve
+            return
+        future = asyncio.get_running_loop().run_in_executor(self._pool, discard, layer)
         self._removing.add(future)
         future.add_done_callback(self._removing.discard)
 
@@ -470,7 +531,9 @@ class Sandbox:
         if self._removing:
             await asyncio.gather(*self._removing, return_exceptions=True)
         self._free.clear()
-        await asyncio.to_thread(self._discard_layers)
+        with contextlib.suppress(RuntimeError):  # closed twice: the pool is already shut down
+            await self.offload(self._discard_layers)
+        self._pool.shutdown(wait=False)
 
     def _discard_layers(self) -> None:
         """The layers this device left, but for those held for an approval (they expire on their own)."""

@@ -9,6 +9,15 @@ A restore puts things back through the same jail as the file tools (`tether.sand
 the write root each path lies in, with no symlink followed on the way. Whoever could write inside
 the roots since the change may have planted a link in the path; that change is then reported as a
 conflict and left as is, never written through the link to somewhere outside the roots.
+
+Saved copies keep holes as holes (`fs.copy_data`: a reflink where the filesystem has them, else only
+the stretches that hold data), so journaling a 1-byte append to a 2 GiB sparse file costs a block,
+not 2 GiB; their checksum (`digest`, "zsha256:...") is taken over the non-zero 4 KiB blocks and
+their offsets, so it costs what the data costs, not what the size says. An append to a file of at
+least `GROWN_MIN` bytes (the new content given to `record_many` starts with the whole old content)
+keeps no copy at all: a "grown" entry with the old size and a checksum of the added bytes, undone by
+cutting the file back once those bytes are found still there. Paths not UTF-8 are kept as
+`os.fsdecode` gives them (the index's JSON escapes them) and shown escaped in a restore's report.
 """
 
 from __future__ import annotations
@@ -18,7 +27,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import stat
 import time
 import uuid
@@ -26,7 +34,17 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from tether.sandbox.fs import EscapeError, copy_entry, move_entry, open_beneath, parent_beneath
+from tether.sandbox.fs import (
+    EscapeError,
+    copy_data,
+    copy_entry,
+    data_segments,
+    move_entry,
+    open_beneath,
+    parent_beneath,
+    same_data,
+    shown,
+)
 
 try:  # POSIX only; elsewhere concurrent restores of one session are not serialised.
     import fcntl
@@ -38,6 +56,9 @@ _ACTIONS: frozenset[str] = frozenset({"write", "delete", "move", "mkdir"})
 _SESSION_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]{0,127}")
 _INDEX = "entries.jsonl"
 _CHUNK = 1 << 20
+_BLOCK = 4096
+GROWN_MIN = 1 << 20  # an append to a file at least this big keeps only its old size (a smaller one is copied)
+_ZEROS = bytes(_CHUNK)
 
 
 def validate_session_id(session_id: str) -> str:
@@ -70,23 +91,27 @@ class UndoJournal:
         self._append(session_dir, entry)
         return entry
 
-    def record_many(self, session_id: str, changes: list[tuple[Action, Path | str, Path | str | None]]
-                    ) -> list[dict[str, Any]]:
-        """`record` for a whole batch before any of it is made, with one index write and one fsync.
+    def record_many(self, session_id: str, changes: list[tuple[Any, ...]]) -> int:
+        """`record` for a whole batch before any of it is made, with one index write and one fsync;
+        returns how many entries were written. Each change is (action, path, dest) or (action, path,
+        dest, new): `new`, for a "write", names the file that will replace `path`, so an append is
+        journaled as the old size only.
 
         A sandboxed command that created a thousand files would otherwise pay a thousand fsyncs. An
         entry journaled for a change that a crash then kept from happening undoes to the same state
         (a "created" path that is absent, an original put back over itself), so writing them all first
-        is as safe as one at a time.
+        is as safe as one at a time. Each entry becomes its line at once (no 100,000 dicts kept alive
+        for the garbage collector to walk while the batch is written).
         """
         if not changes:
-            return []
+            return 0
         session_dir = self._session_dir(session_id, create=True)
-        entries = [self._entry(session_dir, action, path, dest) for action, path, dest in changes]
-        self._append(session_dir, *entries)
-        return entries
+        lines = [_line(self._entry(session_dir, *change)) for change in changes]
+        self._write_lines(session_dir, "".join(lines).encode())
+        return len(lines)
 
-    def _entry(self, session_dir: Path, action: Action, path: Path | str, dest: Path | str | None) -> dict[str, Any]:
+    def _entry(self, session_dir: Path, action: Action, path: Path | str, dest: Path | str | None,
+               new: str | None = None) -> dict[str, Any]:
         if action not in _ACTIONS:
             raise ValueError(f"unknown journal action {action!r}: expected one of {sorted(_ACTIONS)}")
         target = os.path.abspath(path)
@@ -103,7 +128,8 @@ class UndoJournal:
                 raise FileNotFoundError(f"cannot journal a delete of {target}: it does not exist")
             entry["kind"] = "created"
         else:
-            entry.update(self._save(session_dir, entry["id"], Path(target), action))
+            grown = _grown(target, new) if action == "write" and new else None
+            entry.update(grown or self._save(session_dir, entry["id"], Path(target), action))
         return entry
 
     def _save(self, session_dir: Path, entry_id: str, target: Path, action: str) -> dict[str, Any]:
@@ -116,12 +142,12 @@ class UndoJournal:
         if stat.S_ISDIR(st.st_mode):
             if action != "delete":
                 raise IsADirectoryError(f"cannot journal a {action} of directory {target}")
-            shutil.copytree(target, blobs / entry_id, symlinks=True)
+            _copy_tree(target, blobs, entry_id)  # no link followed, holes kept
             return {**meta, "kind": "dir", "blob": entry_id}
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"cannot journal {target}: not a regular file, directory or symlink")
+            raise ValueError(f"cannot journal {shown(str(target))}: not a regular file, directory or symlink")
         digest, size = _copy_synced(target, blobs / entry_id)
-        return {**meta, "kind": "file", "blob": entry_id, "size": size, "sha256": digest}
+        return {**meta, "kind": "file", "blob": entry_id, "size": size, "digest": digest}
 
     def _append(self, session_dir: Path, *records: dict[str, Any]) -> None:
         """One `write` of whole lines with O_APPEND, then fsync: a reader sees each whole line or none.
@@ -129,7 +155,9 @@ class UndoJournal:
         After a torn last line (a crash mid-append) a newline is written first, so the new record
         is not glued onto the fragment and lost with it.
         """
-        line = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        self._write_lines(session_dir, "".join(_line(r) for r in records).encode())
+
+    def _write_lines(self, session_dir: Path, line: bytes) -> None:
         fd = os.open(session_dir / _INDEX, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o600)
         try:
             size = os.fstat(fd).st_size
@@ -193,18 +221,18 @@ class UndoJournal:
         report: list[dict[str, Any]] = []
         with _locked(session_dir):
             for entry in reversed(self.entries(session_id)):
-                row = {"id": entry["id"], "action": entry["action"], "path": entry["path"]}
+                row = {"id": entry["id"], "action": entry["action"], "path": shown(entry["path"])}
                 if entry.get("dest"):
-                    row["dest"] = entry["dest"]
+                    row["dest"] = shown(entry["dest"])
                 if entry["undone"] is not None:
                     report.append({**row, "outcome": "already_restored", "ok": True})
                     continue
                 try:
                     outcome, ok = self._undo(session_dir, entry, jails)
                 except EscapeError as exc:
-                    outcome, ok = f"conflict: {exc}; left as is (the path changed after the write)", False
+                    outcome, ok = f"conflict: {_said(exc)}; left as is (the path changed after the write)", False
                 except OSError as exc:
-                    outcome, ok = f"failed: {type(exc).__name__}: {exc}", False
+                    outcome, ok = f"failed: {type(exc).__name__}: {_said(exc)}", False
                 if ok:
                     self._append(session_dir, {"undone": entry["id"], "ts": time.time(), "outcome": outcome})
                 report.append({**row, "outcome": outcome, "ok": ok})
@@ -225,6 +253,8 @@ class UndoJournal:
             return _move_back(root, path, dest_root, entry["dest"])
         if kind == "symlink":
             return _put_link_back(root, path, entry["link"])
+        if kind == "grown":
+            return _cut_back(root, path, entry)
         blob = session_dir / "blobs" / entry["blob"]
         if not os.path.lexists(blob):
             return f"failed: saved copy {blob} is missing", False
@@ -243,19 +273,116 @@ class UndoJournal:
         return path if path.is_dir() else None
 
 
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":")) + "\n"
+
+
+def _said(exc: BaseException) -> str:
+    return shown(str(exc).encode("utf-8", "surrogateescape"))
+
+
 def _copy_synced(src: Path, dst: Path) -> tuple[str, int]:
-    """Copy, hash and fsync in one pass: a journal entry must never point at a half-written copy."""
-    digest = hashlib.sha256()
-    size = 0
+    """Copy (holes kept), hash and fsync: a journal entry must never point at a half-written copy."""
     source = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)  # the file that was lstat'ed, not a link
-    with open(source, "rb") as fin, open(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fout:
-        while chunk := fin.read(_CHUNK):
-            digest.update(chunk)
-            fout.write(chunk)
-            size += len(chunk)
-        fout.flush()
-        os.fsync(fout.fileno())
-    return digest.hexdigest(), size
+    try:
+        out = os.open(dst, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        try:
+            size = copy_data(source, out)
+            os.fsync(out)
+            return _digest(out), size
+        finally:
+            os.close(out)
+    finally:
+        os.close(source)
+
+
+def _digest(fd: int, begin: int = 0, size: int | None = None) -> str:
+    """sha256 over (offset, bytes) of each 4 KiB block of `fd` that is not all zeros, and the size: the
+    same for the same content however its holes lie, and read only where there is data. `begin`,
+    `size`: only the bytes from `begin` up to `size` (blocks then counted from `begin`)."""
+    if size is None:
+        size = os.fstat(fd).st_size
+    digest = hashlib.sha256(b"zsha256\0%d\0" % size + (b"from\0%d\0" % begin if begin else b""))
+    done = begin  # blocks before this offset are hashed (two stretches may share a block)
+    for start, length in data_segments(fd, size):
+        if start + length <= begin:
+            continue
+        pos = max(begin + max(0, start - begin) // _BLOCK * _BLOCK, done)  # blocks counted from `begin`
+        end = start + length
+        while pos < end:
+            chunk = os.pread(fd, min(_CHUNK, end - pos + (-(end - pos)) % _BLOCK), pos)
+            if not chunk:
+                break
+            if chunk != _ZEROS[:len(chunk)]:
+                for i in range(0, len(chunk), _BLOCK):
+                    block = chunk[i:i + _BLOCK]
+                    if block.count(0) != len(block):
+                        digest.update(b"%d\0" % (pos + i))
+                        digest.update(block)
+            pos += len(chunk)
+        done = max(done, pos)
+    return "zsha256:" + digest.hexdigest()
+
+
+def _grown(target: str, new: str) -> dict[str, Any] | None:
+    """The entry for an append: `new` (the file that will replace `target`) is `target` with bytes added
+    at its end, and `target` is big enough for that to be worth a comparison. None: save a copy."""
+    try:
+        old = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(old)
+        if not stat.S_ISREG(st.st_mode) or st.st_size < GROWN_MIN:
+            return None
+        try:
+            added = os.open(new, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            now = os.fstat(added)
+            if now.st_size <= st.st_size or not same_data(old, added, st.st_size, _CHUNK):
+                return None
+            tail = _digest(added, st.st_size, now.st_size)
+        finally:
+            os.close(added)
+    finally:
+        os.close(old)
+    return {"mode": stat.S_IMODE(st.st_mode), "mtime_ns": st.st_mtime_ns, "kind": "grown", "size": st.st_size,
+            "new_size": now.st_size, "tail": tail}
+
+
+def _cut_back(root: str, path: str, entry: dict[str, Any]) -> tuple[str, bool]:
+    """Undo an append: the file is cut back to its old size, once the added bytes are found still there."""
+    fd = open_beneath(root, path, os.O_RDWR)  # no symlink followed, the last component included
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return "conflict: something other than a file now stands there; left as is", False
+        if st.st_size == entry["size"]:
+            return "restored (already at its old size)", True  # a restore that stopped before marking it
+        if st.st_size != entry["new_size"] or _digest(fd, entry["size"], st.st_size) != entry["tail"]:
+            return (f"conflict: the file changed after the append ({st.st_size} bytes, expected "
+                    f"{entry['new_size']}); left as is"), False
+        os.ftruncate(fd, entry["size"])
+        os.chmod(fd, entry["mode"])
+        os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return "restored", True
+
+
+def _copy_tree(target: Path, blobs: Path, name: str) -> None:
+    parent = os.open(target.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        into = os.open(blobs, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            copy_entry(parent, target.name, into, name)
+        finally:
+            os.close(into)
+    finally:
+        os.close(parent)
 
 
 def _jails(roots: Sequence[str] | None) -> list[str]:
@@ -309,7 +436,7 @@ def _put_file_back(blob: Path, root: str, path: str, entry: dict[str, Any]) -> t
         tmp = f".tether-undo-{uuid.uuid4().hex}"
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
         try:
-            if _copy_checked(blob, out, entry) != entry["sha256"]:
+            if _copy_checked(blob, out, entry) != entry.get("digest", entry.get("sha256")):
                 os.unlink(tmp, dir_fd=dir_fd)
                 return "failed: the saved copy is corrupt (checksum mismatch); file left as is", False
             os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -321,17 +448,27 @@ def _put_file_back(blob: Path, root: str, path: str, entry: dict[str, Any]) -> t
 
 
 def _copy_checked(blob: Path, out: int, entry: dict[str, Any]) -> str:
-    """Copy the blob into the open fd `out` (closed here) with its mode and mtime; returns its sha256."""
-    digest = hashlib.sha256()
-    with open(blob, "rb") as fin, open(out, "wb") as fout:
-        while chunk := fin.read(_CHUNK):
-            digest.update(chunk)
-            fout.write(chunk)
-        fout.flush()
-        os.chmod(fout.fileno(), entry["mode"])
-        os.utime(fout.fileno(), ns=(entry["mtime_ns"], entry["mtime_ns"]))
-        os.fsync(fout.fileno())
-    return digest.hexdigest()
+    """Copy the blob into the open fd `out` (closed here) with its mode and mtime, holes kept; returns
+    the blob's checksum in the form the entry has (`digest`, or a whole-file sha256 from older entries)."""
+    try:
+        source = os.open(blob, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            if "digest" in entry:
+                digest = _digest(source)
+            else:
+                whole = hashlib.sha256()
+                while chunk := os.read(source, _CHUNK):
+                    whole.update(chunk)
+                digest = whole.hexdigest()
+            copy_data(source, out)
+        finally:
+            os.close(source)
+        os.chmod(out, entry["mode"])
+        os.utime(out, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+        os.fsync(out)
+    finally:
+        os.close(out)
+    return digest
 
 
 def _put_link_back(root: str, path: str, link: str) -> tuple[str, bool]:

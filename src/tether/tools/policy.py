@@ -69,7 +69,9 @@ class ApprovalRules(BaseModel):
 
 
 class ResourceLimits(BaseModel):
-    """Caps on each sandboxed command's resources (tether.sandbox.limits); 0 turns one off."""
+    """Caps on each sandboxed command's resources; 0 turns one off. The warden sets the process caps
+    (tether.sandbox.limits); `layer_files`/`layer_bytes` bound the layer a command leaves, checked by the
+    capture (tether.sandbox.layer.LayerLimits)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -80,6 +82,12 @@ class ResourceLimits(BaseModel):
     file_size_mb: int = Field(8192, ge=0, description="largest file a command may write, MiB (RLIMIT_FSIZE)")
     open_files: int = Field(8192, ge=0, description="open files of each process (RLIMIT_NOFILE)")
     shm_mb: int = Field(512, ge=0, description="size of the command's private /dev/shm, MiB (0: half the memory)")
+    layer_files: int = Field(
+        250_000, ge=0, description="files, directories, links and deletions one sandboxed command may leave in its"
+                                   " layer; over it the command fails, naming this limit, and applies nothing (0: off)")
+    layer_bytes: int = Field(
+        8 << 30, ge=0, description="bytes (allocated on disk: holes are free) one sandboxed command may leave in its"
+                                   " layer; over it the command fails, naming this limit, and applies nothing (0: off)")
 
 
 DEFAULT_HIDDEN: tuple[str, ...] = (
@@ -160,7 +168,8 @@ class Policy(BaseModel):
                                           "(absolute paths; 'sandbox': only sockets they bind themselves; '*': any, "
                                           "abstract ones too); empty: no unix socket at all")
     limits: ResourceLimits = Field(default_factory=ResourceLimits,
-                                   description="each sandboxed command's memory, processes, CPU, file size, files")
+                                   description="each sandboxed command's memory, processes, CPU, file size, files, "
+                                               "and the size of the layer it leaves")
     ask: Literal["off", "on-miss", "always"] = Field(
         "off", description="on-miss: a program outside the allowlist raises an approval instead of a refusal; "
                            "always: every command needs one; off: the allowlist decides alone")

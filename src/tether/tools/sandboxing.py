@@ -57,7 +57,8 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
                              hidden=[*policy.hide_paths, *hidden], network=policy.network is True,
                              layers_dir=layers, protected=live_protected(policy),
                              protected_names=floating_protected(policy), allow_sockets=list(policy.allow_sockets),
-                             limits=Limits(**policy.limits.model_dump()))
+                             # from_request keeps the warden's keys: layer_files/layer_bytes are the capture's
+                             limits=Limits.from_request(policy.limits.model_dump()))
 
 
 def floating_protected(policy: Policy) -> list[str]:

@@ -24,9 +24,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from tether.sandbox import SandboxUnavailable
-from tether.sandbox.layer import scan
 from tether.sandbox.limits import describe, exceeded
-from tether.sandbox.runner import layer_empty
 from tether.tools import shell_capture
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
@@ -237,7 +235,7 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     # argument-level rules for rm/rmdir/mv are all there is.
     approval = None if capture else approval_rule(ctx, cmd, args, workdir)
     if ctx.approval is not None and capture and not preview:  # approved for held changes: are they the same?
-        ctx = shell_capture.claim_held(ctx, shell_capture.fingerprint(ctx, cmd, args, str(workdir), env, stdin))
+        ctx = await shell_capture.claim_held(ctx, shell_capture.fingerprint(ctx, cmd, args, str(workdir), env, stdin))
     if dry_run:
         return {"ok": True, "dryRun": True, "preview": preview_text, "cwd": str(workdir), "allowed": True,
                 "program": program, "rule": decision.rule, "needsApproval": asked or approval,
@@ -249,10 +247,10 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     if approval and not ctx.approved_by:
         raise NeedsApproval(approval, f"`{preview_text}` deletes or moves files outside the temp directory")
     key = shell_capture.fingerprint(ctx, cmd, args, str(workdir), env, stdin) if capture else ""
-    held = shell_capture.take_held(ctx, key) if capture and not preview else None
+    held = await shell_capture.take_held(ctx, key) if capture and not preview else None
     if held is not None:  # approved: apply what the command did when it ran, without running it again
         body = dict(held.payload)
-        body["changes"] = shell_capture.apply_changes(ctx, held.layer, held.changes)
+        body["changes"] = await shell_capture.apply_changes(ctx, held.layer, held.changes)
         body["applied_after_approval"] = True
         if body.get("exitCode", body.get("exit_code")) not in (0, None):
             raise ToolError(_exit_summary(body.get("exitCode", body.get("exit_code")), body["stderr"]), body)
@@ -316,9 +314,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
         raise ToolError(f"`{preview_text}` ran into the sandbox's limit {describe(sandbox.spec.limits, over)}"
                         f"{applied} ({_exit_summary(result.exit_code, body['stderr'])})", body)
     if layer is not None:
-        roots = sandbox.spec.write_roots  # type: ignore[union-attr]
-        changes = await asyncio.to_thread(scan, layer, roots) if not layer_empty(layer, len(roots)) else []
-        body["changes"] = shell_capture.settle(ctx, key, layer, changes, body, preview_text, hold_only=preview)
+        changes = await shell_capture.capture(ctx, layer, body)  # off the event loop, within the policy's limits
+        body["changes"] = await shell_capture.settle(ctx, key, layer, changes, body, preview_text, hold_only=preview)
         if preview:
             body["preview"] = True
     if result.exit_code != 0:

@@ -5,20 +5,41 @@ moving or overwriting outside the temp directory waits for approval, and so does
 has another name (a hard link); creating or changing a protected path always does (`protected-path:
 <pattern>`), and a change under a hidden path — one the command made by creating it, since an existing
 one is masked — is refused and nothing is applied. A held layer is applied when the same command comes
-back approved, without running it again, and is judged again then.
+back approved, without running it again, and is judged again then; the approval is bound to exactly the
+changes held (`changes_digest`, tools/approval.py).
+
+All the filesystem work (the scan, the hidden and protected rules, the conflict check, the digest, the
+journal, the apply, the held note) runs on the sandbox's bounded worker pool (`Sandbox.offload`), never
+on the event loop: a command that made 100,000 files does not stall the other sessions. Paths are shown
+escaped where they are not UTF-8, so every reply encodes. Only the first `MAX_LISTED` changes are listed
+in a reply; all are applied.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+from tether.sandbox.fs import shown
 from tether.sandbox.held import Held
-from tether.sandbox.layer import ApplyConflict, Change, apply
+from tether.sandbox.layer import (
+    Applied,
+    ApplyConflict,
+    Change,
+    LateConflict,
+    LayerLimit,
+    LayerLimits,
+    applied_paths,
+    apply,
+    conflicts,
+    scan,
+)
 from tether.tools import approval
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
@@ -32,7 +53,12 @@ from tether.tools.path_rules import (
     protected_rule,
 )
 
+if TYPE_CHECKING:
+    from tether.sandbox.runner import Sandbox
+
+T = TypeVar("T")
 _VERBS = {"deleted": "delete", "modified": "overwrite", "renamed": "move"}
+MAX_LISTED = 1000  # changes listed in a reply (a reply with 100,000 of them would be megabytes)
 
 
 def fingerprint(ctx: ToolContext, cmd: str, args: list[str], cwd: str, env: dict[str, str] | None,
@@ -82,7 +108,7 @@ def _guard_hidden(ctx: ToolContext, changes: list[Change]) -> None:
             if entry is None and (removed or c.node == "symlink"):  # a link would redirect what lies below
                 entry = hidden.inside(touched)
             if entry is not None:
-                err = PolicyDenied("hide_paths", f"the command {c.kind} {touched}, which lies in (or holds) the "
+                err = PolicyDenied("hide_paths", f"the command {c.kind} {shown(touched)}, which lies in (or holds) the "
                                                  f"hidden path {entry!r}; nothing was applied")
                 err.result["changes"] = _public(changes)
                 raise err
@@ -93,10 +119,12 @@ def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
     if ctx.journal is None:
         return
     state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see files._resolve
-    for c in changes:
-        if within(Path(c.path), [state]) or (c.kind == "deleted" and within(state, [Path(c.path)])):
-            raise PolicyDenied("journal", f"the command changed {c.path}, inside the device's state directory; "
-                                          "nothing applied")
+    inside = str(state).rstrip("/") + "/"
+    for c in changes:  # string prefixes on normalized absolute paths: 100,000 changes cost milliseconds
+        if c.path == str(state) or c.path.startswith(inside) or (
+                c.kind == "deleted" and within(state, [Path(c.path)])):
+            raise PolicyDenied("journal", f"the command changed {shown(c.path)}, inside the device's state "
+                                          "directory; nothing applied")
 
 
 def _record(ctx: ToolContext):  # type: ignore[no-untyped-def]
@@ -106,84 +134,220 @@ def _record(ctx: ToolContext):  # type: ignore[no-untyped-def]
     return record
 
 
-def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
-    """Journal and apply; the layer is removed whatever happens. Errors are tool errors, never half-said."""
+async def capture(ctx: ToolContext, layer: Path, body: dict[str, Any]) -> list[Change]:
+    """The changes the command left in `layer`, scanned on the worker pool. Over the policy's
+    `limits`, the layer is dropped and the call fails naming the limit: nothing is applied."""
+    sandbox = ctx.sandbox
+    assert sandbox is not None
+    roots = sandbox.spec.write_roots
+    limits = getattr(ctx.policy, "limits", None)
+    bounds = LayerLimits(getattr(limits, "layer_files", 0), getattr(limits, "layer_bytes", 0))
     try:
-        _guard_journal(ctx, changes)
-        apply(changes, _record(ctx))
-    except ApplyConflict as exc:
-        raise ToolError(f"nothing was applied: {exc}; run the command again", {"changes": _public(changes)}) from None
+        return await _on_pool(sandbox, layer, _scan, layer, roots, sandbox.layer_since(layer), bounds)
+    except LayerLimit as exc:
+        sandbox.release(layer)
+        raise ToolError(f"denied by limit '{exc.rule}': {exc}", {**body, "limit": exc.rule, "applied": False}) from None
     except (OSError, ValueError) as exc:
-        raise ToolError(f"applying the command's changes failed ({exc}); what was applied is journaled and "
+        sandbox.release(layer)
+        raise ToolError(f"reading the command's changes failed ({_said(exc)}); nothing was applied",
+                        {**body, "applied": False}) from None
+
+
+async def _on_pool(sandbox: Sandbox, layer: Path, fn: Callable[..., T], *args: Any,
+                   settled: Callable[[asyncio.Future[T]], None] | None = None) -> T:
+    """`fn` on the worker pool. If the caller is cancelled meanwhile (its timeout, a CANCEL), the work
+    still runs to its end — an apply is never cut half way — and then `settled` (by default: release
+    the layer) runs, so a layer is never removed under a worker still reading it."""
+    future = sandbox.submit(fn, *args)
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        future.add_done_callback(settled or (lambda _: sandbox.release(layer)))
+        raise
+
+
+def _scan(layer: Path, roots: tuple[str, ...], since_ns: int, limits: LayerLimits) -> list[Change]:
+    from tether.sandbox.runner import layer_empty
+
+    return [] if layer_empty(layer, len(roots)) else scan(layer, roots, since_ns=since_ns, limits=limits)
+
+
+def _apply(ctx: ToolContext, changes: list[Change], others: Applied | None) -> tuple[list[str], list[str]]:
+    _guard_journal(ctx, changes)
+    apply(changes, _record(ctx), others)
+    return applied_paths(changes)
+
+
+async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
+    """Journal and apply on the worker pool; the layer is removed whatever happens. A conflict with
+    another session's change applies nothing and names the paths. Errors are tool errors, never half-said."""
+    sandbox = ctx.sandbox
+    assert sandbox is not None
+
+    def settled(future: asyncio.Future[tuple[list[str], list[str]]]) -> None:  # the caller went away meanwhile
+        if not future.cancelled() and future.exception() is None:
+            sandbox.note_applied(*future.result())
+        sandbox.release(layer)
+
+    try:
+        touched = await _on_pool(sandbox, layer, _apply, ctx, changes, sandbox.applied_since(layer), settled=settled)
+    except asyncio.CancelledError:
+        raise
+    except LateConflict as exc:
+        sandbox.release(layer)
+        raise ToolError(f"applying the command's changes stopped: {exc}; that was kept, and what was applied "
+                        "is journaled and can be undone",
+                        {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
+                         "applied": "partly"}) from None
+    except ApplyConflict as exc:
+        sandbox.release(layer)
+        raise ToolError(f"nothing was applied: {exc}; run the command again",
+                        {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
+                         "applied": False}) from None
+    except (OSError, ValueError) as exc:
+        sandbox.release(layer)
+        raise ToolError(f"applying the command's changes failed ({_said(exc)}); what was applied is journaled and "
                         f"can be undone", {"changes": _public(changes)}) from None
-    finally:
-        if ctx.sandbox is not None:
-            ctx.sandbox.release(layer)
+    except BaseException:
+        sandbox.release(layer)
+        raise
+    sandbox.note_applied(*touched)
+    sandbox.release(layer)
     return _public(changes)
 
 
+def _said(exc: BaseException) -> str:
+    return str(exc).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _public(changes: list[Change]) -> list[dict[str, Any]]:
-    return [c.public() for c in changes]
+    listed = [c.public() for c in changes[:MAX_LISTED]]
+    if len(changes) > MAX_LISTED:
+        listed.append({"omitted": len(changes) - MAX_LISTED, "total": len(changes)})
+    return listed
 
 
-def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body: dict[str, Any], preview: str,
-           *, hold_only: bool) -> list[dict[str, Any]]:
-    """Apply the changes, or hold them (and raise NeedsApproval) when one needs a person."""
+def _judge(ctx: ToolContext, changes: list[Change], others: Applied | None
+           ) -> tuple[list[str], list[tuple[Change, str]]]:
+    """On the worker pool: a change under a hidden path refused (PolicyDenied), then the conflicts with
+    changes made meanwhile, then the rule each change needs (one compiled protected matcher for all)."""
+    _guard_hidden(ctx, changes)
+    clashes = conflicts(changes, others)
+    if clashes:
+        return clashes, []
+    matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)
+    return clashes, [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
+
+
+async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body: dict[str, Any], preview: str,
+                 *, hold_only: bool) -> list[dict[str, Any]]:
+    """Apply the changes, or hold them (and raise NeedsApproval) when one needs a person.
+
+    A change another session made meanwhile to a path this command changed is a conflict: nothing is
+    applied (nor held), and the error names the paths.
+    """
     sandbox = ctx.sandbox
     assert sandbox is not None
     if hold_only:
         sandbox.release(layer)
         return _public(changes)
+    if not changes:
+        sandbox.release(layer)
+        return []
     try:
-        _guard_hidden(ctx, changes)
-    except PolicyDenied:
+        clashes, needs = await _on_pool(sandbox, layer, _judge, ctx, changes, sandbox.applied_since(layer))
+    except PolicyDenied:  # a change under a hidden path: refused, nothing applied
         sandbox.release(layer)
         raise
-    needs: list[tuple[Change, str]] = []
-    if changes:
+    except (OSError, ValueError) as exc:
+        sandbox.release(layer)
+        raise ToolError(f"checking the command's changes failed ({_said(exc)}); nothing was applied",
+                        {**body, "changes": _public(changes), "applied": False}) from None
+    if clashes:
+        sandbox.release(layer)
+        raise ToolError(f"`{preview}` ran in the sandbox and nothing was applied: {ApplyConflict(clashes)}; run "
+                        "the command again", {**body, "changes": _public(changes), "applied": False,
+                                              "conflicts": [shown(p) for p in clashes[:MAX_LISTED]]})
+    if needs and not ctx.approved_by:
+        def settled(future: asyncio.Future[NeedsApproval]) -> None:  # the caller went away meanwhile
+            if future.cancelled() or future.exception() is not None:
+                sandbox.release(layer)  # not held: nothing to expire it
+            # else a cancelled caller leaves it held (it expires); never released under the worker writing its note
+
+        try:
+            question = await _on_pool(sandbox, layer, _hold, ctx, key, Held(layer, changes, body),
+                                      f"`{preview}` ran in the sandbox", needs, settled=settled)
+        except (OSError, ValueError) as exc:
+            sandbox.release(layer)
+            raise ToolError(f"holding the command's changes failed ({_said(exc)}); nothing was applied",
+                            {**body, "changes": _public(changes), "applied": False}) from None
+        raise question
+    return await apply_changes(ctx, layer, changes)
+
+
+def _hold(ctx: ToolContext, key: str, held: Held, what: str, needs: list[tuple[Change, str]]) -> NeedsApproval:
+    """On the worker pool: the question (its digest reads the new contents), then the layer held."""
+    question = _held_question(ctx, what, held.changes, held.payload, needs)
+    assert ctx.sandbox is not None
+    ctx.sandbox.held.put(key, held)
+    return question
+
+
+def _held_question(ctx: ToolContext, what: str, changes: list[Change], body: dict[str, Any],
+                   needs: list[tuple[Change, str]] | None = None) -> NeedsApproval:
+    """The question about held changes; `changes_digest` binds its approval to exactly these (with their
+    new contents: tools/approval.py), so other changes held later under the same command are asked again.
+    Reads files: call it on the worker pool. `needs`: the rules already judged (else judged here)."""
+    if needs is None:
         matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)
         needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
-    if needs and not ctx.approved_by:
-        sandbox.held.put(key, Held(layer, changes, body))
-        raise _held_question(ctx, f"`{preview}` ran in the sandbox", changes, body)
-    return apply_changes(ctx, layer, changes)
-
-
-def _held_question(ctx: ToolContext, what: str, changes: list[Change], body: dict[str, Any]) -> NeedsApproval:
-    """The question about held changes; `changes_digest` binds its approval to exactly these (with their
-    new contents: tools/approval.py), so other changes held later under the same command are asked again."""
-    needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c))] or [(c, "approval") for c in changes]
-    listed = "; ".join(f"{rule}: {c.kind} {c.path}" for c, rule in needs[:20])
+    needs = needs or [(c, "approval") for c in changes]
+    listed = "; ".join(f"{rule}: {c.kind} {shown(c.path)}" for c, rule in needs[:20])
     err = NeedsApproval(needs[0][1], f"{what} and nothing was applied: {listed}. Once approved, exactly these "
                                      "changes are applied and the command does not run again")
     err.result.update({**body, "changes": _public(changes), "changes_digest": approval.changes_digest(changes),
-                       "needs_approval_for": [{**c.public(), "rule": rule} for c, rule in needs]})
+                       "needs_approval_for": [{**c.public(), "rule": rule} for c, rule in needs[:MAX_LISTED]]})
     return err
 
 
-def claim_held(ctx: ToolContext, key: str) -> ToolContext:
+_SWAPPED = "the changes held now are not the ones approved; the command ran in the sandbox"
+
+
+async def claim_held(ctx: ToolContext, key: str) -> ToolContext:
     """For an approval that was not of the command alone (`ctx.approval`): approved when the layer held
     under `key` is the one it approved (the same changes, the same contents); when another is held
-    there now, `NeedsApproval` about it (nothing runs or is applied; asked again); else not approved."""
-    claim = ctx.approval
-    if claim is None or ctx.sandbox is None:
+    there now, `NeedsApproval` about it (nothing runs or is applied; asked again); else not approved.
+    Looked up on the worker pool (it may read notes and the held contents)."""
+    if ctx.approval is None or ctx.sandbox is None:
         return ctx
-    held = ctx.sandbox.held.peek(key)
+    return await ctx.sandbox.offload(_claim, ctx, key)
+
+
+def _claim(ctx: ToolContext, key: str) -> ToolContext:
+    claim, sandbox = ctx.approval, ctx.sandbox
+    assert claim is not None and sandbox is not None
+    held = sandbox.held.peek(key)
     if held is None:
         return ctx
     if claim.matches(approval.changes_digest(held.changes)):
         return dataclasses.replace(ctx, approved_by=claim.by)
-    raise _held_question(ctx, "the changes held now are not the ones approved; the command ran in the sandbox",
-                         held.changes, held.payload)
+    raise _held_question(ctx, _SWAPPED, held.changes, held.payload)
 
 
-def take_held(ctx: ToolContext, key: str) -> Held | None:
+async def take_held(ctx: ToolContext, key: str) -> Held | None:
+    """The layer held for this approved command, if any, taken on the worker pool (it may read notes);
+    when an approval's claim no longer matches what is held (swapped since `claim_held` looked), it is
+    left held and `NeedsApproval` asks again, nothing applied."""
     if ctx.sandbox is None or not ctx.approved_by:
         return None
-    held = ctx.sandbox.held.take(key)
-    claim = ctx.approval
+    return await ctx.sandbox.offload(_take, ctx, key)
+
+
+def _take(ctx: ToolContext, key: str) -> Held | None:
+    sandbox, claim = ctx.sandbox, ctx.approval
+    assert sandbox is not None
+    held = sandbox.held.take(key)
     if held is not None and claim is not None and not claim.matches(approval.changes_digest(held.changes)):
-        ctx.sandbox.held.put(key, held)  # swapped since `claim_held` looked: asked again, nothing applied
-        raise _held_question(ctx, "the changes held now are not the ones approved; the command ran in the sandbox",
-                             held.changes, held.payload)
+        sandbox.held.put(key, held)  # swapped since `claim_held` looked: asked again, nothing applied
+        raise _held_question(ctx, _SWAPPED, held.changes, held.payload)
     return held
