@@ -22,8 +22,8 @@ from websockets.exceptions import ConnectionClosed
 
 import dbkit
 from tether.device.identity import DeviceKey
-from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.codec import decode_server_message, encode
+from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.messages import (
     ClientMessage,
     ClientMessageType,

@@ -150,6 +150,11 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         fail(str(exc))
 
 
+KeyOpt = Annotated[str | None, typer.Option(
+    "--key", metavar="PUBLIC_KEY", help="a device's public key, as 'tether device key' prints it on the device: "
+                                        "only that key can use the token")]
+
+
 @token_app.command("create")
 def token_create(device: Annotated[str | None, typer.Option(
                      "--device", metavar="NAME", help="a device token for NAME")] = None,
@@ -164,27 +169,107 @@ def token_create(device: Annotated[str | None, typer.Option(
                                                            "wait for 'tether approve TASK' before they run "
                                                            "(destructive: plans with a step that changes "
                                                            "something)")] = "never",
-                 db: DbOpt = None, as_json: JsonOpt = False) -> None:
-    """Create a token and print it once (only its hash is stored)."""
+                 key: KeyOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Create a token and print it once (only its hash is stored).
+
+    A device token works only with the device's key: the key given with --key, the key the device
+    already has (pairing, an earlier token), or else the key its first registration proves."""
+    from tether.server.device_keys import device_key, set_device_key
     from tether.server.store import Store
 
     if bool(device) == bool(api):
         fail("give exactly one of --device NAME or --api NAME")
+    if key and not device:
+        fail("--key is a device's public key: give it with --device NAME")
     store = Store(_settings(db_path=db).db_target)
     try:
         kind = "device" if device else "api"
+        enrolled = device_key(store, device) if device else None
+        if key and enrolled is not None and enrolled.public_key != _public_key(key):
+            fail(f"device '{device}' has another key (enrolled by {enrolled.enrolled_by}); to give it a new key "
+                 f"use: tether token rotate --device {device} --key PUBLIC_KEY")
         scopes = [] if device else list(scope or ["read", "execute"])
         info, secret = store.create_token(kind, device or api, scopes, confirm)  # type: ignore[arg-type]
+        if key and device and enrolled is None:
+            set_device_key(store, device, _public_key(key), "admin")
+            enrolled = device_key(store, device)
     except ValueError as exc:
         fail(str(exc))
     finally:
         store.close()
     if as_json:
         typer.echo(json.dumps({"token": secret, "id": info.id, "kind": info.kind, "name": info.name,
-                               "scopes": info.scopes, "confirm": info.confirm}))
+                               "scopes": info.scopes, "confirm": info.confirm,
+                               **({"key_fingerprint": _key_print(enrolled)} if device else {})}))
         return
     console(err=True).print(f"{kind} token for '{info.name}' (id {info.id}"
                             f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}); it is shown only once:")
+    if device:
+        console(err=True).print(_key_note(device, enrolled), soft_wrap=True, markup=False)
+    typer.echo(secret)
+
+
+def _public_key(text: str) -> str:
+    """A public key as given on the command line, checked (ValueError says what is wrong)."""
+    from tether.protocol.identity import valid_public_key
+
+    key = text.strip()
+    if not valid_public_key(key) or len(key) != 43:
+        raise ValueError(f"{key[:60]!r} is not a device public key (43 characters of unpadded base64url, as "
+                         "'tether device key' prints it)")
+    return key
+
+
+def _key_print(enrolled: Any) -> str | None:
+    from tether.protocol.identity import fingerprint
+
+    return fingerprint(enrolled.public_key) if enrolled is not None else None
+
+
+def _key_note(device: str, enrolled: Any) -> str:
+    if enrolled is None:
+        return (f"no key is enrolled for '{device}': the first registration with this token enrols the key it "
+                "proves, and only that key can use it afterwards")
+    return (f"only the key {(_key_print(enrolled) or '')[:16]} (enrolled by {enrolled.enrolled_by}) can use it; "
+            f"for another machine: tether token rotate --device {device} --key PUBLIC_KEY (or --reset-key)")
+
+
+@token_app.command("rotate")
+def token_rotate(device: Annotated[str, typer.Option("--device", metavar="NAME", help="the device")],
+                 key: KeyOpt = None,
+                 reset_key: Annotated[bool, typer.Option(
+                     "--reset-key", help="forget the device's key: the first registration with the new token enrols "
+                                         "the key it proves (a device that made a new key, or a new machine)")] = False,
+                 db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Give a device a new token (and with --key or --reset-key a new key): its old tokens stop working
+    at once, and a connected device using one is disconnected at the server's next token check."""
+    from tether.server.device_keys import device_exists, device_key, revoke_device_tokens, set_device_key
+    from tether.server.store import Store
+
+    if key and reset_key:
+        fail("give --key PUBLIC_KEY or --reset-key, not both")
+    store = Store(_settings(db_path=db).db_target)
+    try:
+        if not device_exists(store, device):
+            fail(f"no device '{device}' (no token, key or registration): create one with "
+                 f"tether token create --device {device}", code=1)
+        new_key = _public_key(key) if key else None
+        revoked = revoke_device_tokens(store, device)
+        info, secret = store.create_token("device", device)
+        if new_key or reset_key:
+            set_device_key(store, device, new_key, "admin (rotate)")
+        enrolled = device_key(store, device)
+    except ValueError as exc:
+        fail(str(exc))
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps({"token": secret, "id": info.id, "name": device, "revoked": revoked,
+                               "key_fingerprint": _key_print(enrolled)}))
+        return
+    console(err=True).print(f"device token for '{device}' (id {info.id}); {revoked} old token(s) revoked; it is shown "
+                            "only once:", soft_wrap=True, markup=False)
+    console(err=True).print(_key_note(device, enrolled), soft_wrap=True, markup=False)
     typer.echo(secret)
 
 
@@ -372,6 +457,32 @@ def device(ctx: typer.Context,
     raise typer.Exit(code)
 
 
+@device_app.command("key")
+def device_key_cmd(config: ConfigOpt = None, state_dir: StateOpt = None,
+                   new: Annotated[bool, typer.Option(
+                       "--new", help="make a new key in place of the old one (the server must then be told: "
+                                     "tether token rotate --device NAME --key PUBLIC_KEY)")] = False,
+                   as_json: JsonOpt = False) -> None:
+    """Show this device's public key and its fingerprint (the key is made on first use; the private
+    half never leaves the state directory, which the sandbox hides)."""
+    from tether.device.config import load_device_config
+    from tether.device.identity import load_device_key, new_device_key
+    from tether.device.local import device_state_dir
+
+    try:
+        cfg = load_device_config(config)
+        path = cfg.server.key_path(device_state_dir(cfg, state_dir), Path(cfg.source).parent if cfg.source else None)
+        key = new_device_key(path) if new else load_device_key(path)
+    except ValueError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps({"public_key": key.public_key, "fingerprint": key.fingerprint, "path": str(path)}))
+        return
+    console(err=True).print(f"device key {path} (fingerprint {key.fingerprint[:16]}); its public key:",
+                            soft_wrap=True, markup=False)
+    typer.echo(key.public_key)
+
+
 def _device_token(cfg: DeviceConfig, token_file: Path | None, env_token: str | None) -> str | None:
     """--token-file, else TETHER_DEVICE_TOKEN, else the config's server.token_file (or server.token)."""
     if token_file is not None:
@@ -401,12 +512,21 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
 
     from tether.device.config import aip_url
     from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
+    from tether.device.identity import load_device_key
     from tether.device.local import build_device, device_state_dir, resolve_policy
     from tether.device.profile import collect_profile
     from tether.device.reconnect import PIN_MISMATCH
     from tether.sandbox import detect
 
     out = console(err=True)
+    # the device's key: every registration proves it (tether.protocol.identity); hidden from the sandbox
+    key_path = cfg.server.key_path(device_state_dir(cfg, state_dir), Path(cfg.source).parent if cfg.source else None)
+    try:
+        device_key = load_device_key(key_path)
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    secret_files = [*secret_files, str(key_path)]
     # one probe process while the rest loads, or its answer kept in the state directory for this boot
     sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir)))
     try:
@@ -463,7 +583,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
                                                                      sandbox=confined.kind if confined else "none"),
                                       ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
                                       max_concurrent_sessions=device.policy.max_concurrent_sessions,
-                                      remote_policy=remote_policy)
+                                      remote_policy=remote_policy, key=device_key)
     except ValueError as exc:  # a URL it cannot use (mixed ws:// and wss://, a pin without TLS)
         _error(str(exc))
         await device.aclose()

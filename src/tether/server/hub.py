@@ -261,6 +261,11 @@ class DeviceHub:
             self._enforce_revocations()
         return count
 
+    def enforce_revocations(self) -> None:
+        """Disconnect now the devices whose token was revoked (by a pairing that replaced them, or
+        elsewhere) instead of at the liveness watch's next look."""
+        self._enforce_revocations()
+
     def _enforce_revocations(self) -> None:
         active = self.store.active_token_ids()
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
