@@ -50,6 +50,15 @@ def key_for(seed: str) -> DeviceKey:
     return DeviceKey(Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"tether-test-key:{seed}".encode()).digest()))
 
 
+def registration(ws: ClientConnection, name: str | None, instance_id: str, *, key: DeviceKey | None = None,
+                 profile: DeviceProfile | None = None) -> Registration:
+    """A REGISTER payload for a raw socket `ws`, proving `key` (default `key_for(name)`) for the challenge its
+    upgrade carried."""
+    challenge = ws.response.headers.get(CHALLENGE_HEADER) if ws.response is not None else None
+    proof = (key or key_for(name or "")).register_proof(challenge, name, instance_id) if challenge else None
+    return Registration(name=name, instance_id=instance_id, profile=profile or DeviceProfile(), proof=proof)
+
+
 class Running:
     def __init__(self, hub: DeviceHub, store: Store, server: uvicorn.Server, task: asyncio.Task, port: int) -> None:
         self.hub, self.store, self.server, self.task, self.port = hub, store, server, task, port

@@ -143,9 +143,11 @@ async def pair(url: str, state_dir: Path, *, name: str | None, ssl_context: ssl.
     base = http_base(url) + "/api/v1/pairing"
     verify: Any = ssl_context if ssl_context is not None else True
     async with httpx.AsyncClient(verify=verify, timeout=httpx.Timeout(timeout, read=_CLAIM_WAIT + timeout)) as http:
-        body = _answer(await http.post(base, json={"public_key": key.public_key, "fingerprint": fingerprint,
-                                                   "name": name, "platform": platform.system().lower()}))
+        body = _answer(await http.post(base, json={"public_key": key.public_key, "name": name,
+                                                   "platform": platform.system().lower()}))
         code = body["code"]
+        if body.get("fingerprint") != fingerprint:  # what the admin sees must be this key
+            raise PairingFailed(f"the server took another key for this device ({body.get('fingerprint')!r})")
         show_code(code, fingerprint)
         signature = key.sign(claim_statement(code, fingerprint))
         while True:

@@ -98,14 +98,11 @@ class PairingBook:
     # -- the device's side ------------------------------------------------------------------------
 
     def request(self, public_key: str, address: str, name: str | None = None,
-                platform: str | None = None, claimed_fingerprint: str | None = None) -> dict[str, Any]:
-        """A new request of the device whose Ed25519 public key is `public_key` (unpadded base64url);
-        `claimed_fingerprint`, when the device sends what it shows, must be that key's."""
+                platform: str | None = None) -> dict[str, Any]:
+        """A new request of the device whose Ed25519 public key is `public_key` (unpadded base64url)."""
         if not valid_public_key(public_key):
             raise PairingError(422, "public_key must be an Ed25519 public key: 32 bytes, unpadded base64url")
         key_print = fingerprint(public_key)
-        if claimed_fingerprint is not None and claimed_fingerprint.strip().lower() != key_print:
-            raise PairingError(422, "fingerprint is not the SHA-256 of public_key")
         now = time.time()
         self._rate_limit(address, now)
         self.store.write("DELETE FROM pairing WHERE status IN (?, ?) AND expires_at < ?", (PENDING, REFUSED, now))

@@ -23,8 +23,6 @@ class PairingRequest(BaseModel):
     public_key: str = Field(..., min_length=PUBLIC_KEY_CHARS, max_length=PUBLIC_KEY_CHARS, pattern="^[A-Za-z0-9_-]+$",
                             description="the device's Ed25519 public key (32 bytes, unpadded base64url): approving the "
                                         "request enrols it as the device")
-    fingerprint: str | None = Field(None, pattern="^[0-9a-fA-F]{64}$",
-                                    description="SHA-256 (hex) of the public key, as the device shows it (checked)")
     name: str | None = Field(None, max_length=128, description="the name the device would like")
     platform: str | None = Field(None, max_length=64)
 
@@ -64,9 +62,10 @@ def _call(fn: Any, *args: Any) -> Any:
 
 @pairing_router.post("", status_code=201)
 async def request_pairing(body: PairingRequest, request: Request) -> dict[str, Any]:
-    """A device without a token asks to be let in; it gets a code to show."""
+    """A device without a token asks to be let in; it gets a code to show, and its key's fingerprint
+    (SHA-256 of the public key), which the device shows too and the admin compares."""
     address = request.client.host if request.client else "unknown"
-    return _call(_book(request).request, body.public_key, address, body.name, body.platform, body.fingerprint)
+    return _call(_book(request).request, body.public_key, address, body.name, body.platform)
 
 
 @pairing_router.post("/{code}/claim")
