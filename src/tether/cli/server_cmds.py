@@ -526,7 +526,8 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
     except ValueError as exc:
         _error(str(exc))
         return 2
-    secret_files = [*secret_files, str(key_path)]
+    if not key_path.resolve().is_relative_to(device_state_dir(cfg, state_dir).resolve()):
+        secret_files = [*secret_files, str(key_path)]  # the state directory is hidden whole; a key elsewhere too
     # one probe process while the rest loads, or its answer kept in the state directory for this boot
     sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir)))
     try:
