@@ -1,7 +1,8 @@
 """`DeviceHub`: the server end of AIP — one WebSocket per device, the batches in flight, liveness.
 
 The hub is the only place where connections, pending batches and the registry meet, so every
-rule about whom to trust lives here: a device is who its token says; results count only when
+rule about whom to trust lives here: a device is who its token says, proved by its key (the token's
+device's enrolled key signs this connection's challenge, `registration.prove_key`); results count only when
 they come from the device the batch went to and answer a `call_id` still outstanding; a
 dropped device keeps its batches for `grace_period` so a reconnection loses nothing (a device
 whose registration is under way when that period ends counts as back in time; one that comes back

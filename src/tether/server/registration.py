@@ -1,5 +1,6 @@
 """The rules of a device's admission, apart from the hub's state: whose token this is, whether the first
-frame is a registration of that device, and how a refusal is said.
+frame is a registration of that device, whether it proves that device's key (`prove_key`: a token alone
+is a bearer secret, the key is the device), and how a refusal is said.
 
 Each is a judgement on what the device sent, so each answers a verdict instead of raising: a `TokenInfo`
 or a `Registration`, else a `Refusal` with the close code and the reason the device is shown. The hub
