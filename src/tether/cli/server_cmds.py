@@ -521,15 +521,12 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
     out = console(err=True)
     # the device's key: every registration proves it (tether.protocol.identity); hidden from the sandbox
     key_path = cfg.server.key_path(device_state_dir(cfg, state_dir), Path(cfg.source).parent if cfg.source else None)
-    try:
-        device_key = load_device_key(key_path)
-    except ValueError as exc:
-        _error(str(exc))
-        return 2
     if not key_path.resolve().is_relative_to(device_state_dir(cfg, state_dir).resolve()):
         secret_files = [*secret_files, str(key_path)]  # the state directory is hidden whole; a key elsewhere too
     # one probe process while the rest loads, or its answer kept in the state directory for this boot
     sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir)))
+    # and the key (importing `cryptography` is ~15 ms) while the probe runs
+    key_loading = asyncio.ensure_future(asyncio.to_thread(load_device_key, key_path))
     try:
         urls = [aip_url(each) for each in servers] if servers else cfg.server.ws_urls()
         contexts = [None if tls_fingerprint else make_ssl_context(each, ca_file or cfg.server.ca_file)
@@ -537,6 +534,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
         ssl_context = contexts[0]
         device_policy = resolve_policy(cfg, policy)
         sandbox = await sandbox_probe
+        device_key = await key_loading
         # serving a server: no process starts unconfined unless the policy says require_sandbox: false
         # registers with its built-in tools; each external MCP server joins when started (a DEVICE_INFO)
         device = build_device(cfg, policy=device_policy, state_dir=state_dir, serving=True, sandbox=sandbox,
