@@ -40,7 +40,9 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from bench._stats import pct
 from bench.load import free_port, raise_fd_limit, stop_process
+from tether.device.identity import DeviceKey
 from tether.protocol.codec import decode_server_message, encode
+from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.messages import ClientMessage, ClientMessageType, Registration, ServerMessageType
 from tether.protocol.profile import DeviceProfile
 from tether.server.store import Store
@@ -76,8 +78,12 @@ async def server_process(tmp: Path, port: int) -> AsyncIterator[None]:
 async def register(url: str, name: str, token: str) -> ClientConnection:
     ws = await connect(url, additional_headers={"Authorization": f"Bearer {token}"}, ping_interval=None,
                        max_size=None, open_timeout=WAIT_S)
-    reg = Registration(name=name, instance_id=uuid.uuid4().hex, profile=DeviceProfile())
-    await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, payload=reg.model_dump())))
+    instance = uuid.uuid4().hex
+    challenge = ws.response.headers.get(CHALLENGE_HEADER)  # signed with a key of its own: enrolled on first use
+    proof = DeviceKey.generate().register_proof(challenge, name, instance) if challenge else None
+    reg = Registration(name=name, instance_id=instance, profile=DeviceProfile(), proof=proof)
+    await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, payload=reg.model_dump(
+        exclude={"proof"} if proof is None else None))))
     answer = decode_server_message(await asyncio.wait_for(ws.recv(), WAIT_S), 1 << 30)
     if answer.type is not ServerMessageType.REGISTER_ACK:
         raise RuntimeError(f"{name} was not registered: {answer}")

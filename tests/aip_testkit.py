@@ -7,6 +7,7 @@ test says, so the tests pin down the server's side of the protocol and nothing e
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import socket
 import uuid
 from collections.abc import Callable
@@ -20,7 +21,9 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 import dbkit
+from tether.device.identity import DeviceKey
 from tether.protocol.codec import decode_server_message, encode
+from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.messages import (
     ClientMessage,
     ClientMessageType,
@@ -37,6 +40,23 @@ from tether.server.settings import ServerSettings
 from tether.server.store import Store
 
 WAIT = 5.0  # upper bound for anything that should happen "now"; never a sleep
+
+
+def key_for(seed: str) -> DeviceKey:
+    """The key a test device named `seed` proves, the same for every process of it: derived from the name
+    (never do this outside tests), so two connections of one device need not share an object."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    return DeviceKey(Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"tether-test-key:{seed}".encode()).digest()))
+
+
+def registration(ws: ClientConnection, name: str | None, instance_id: str, *, key: DeviceKey | None = None,
+                 profile: DeviceProfile | None = None) -> Registration:
+    """A REGISTER payload for a raw socket `ws`, proving `key` (default `key_for(name)`) for the challenge its
+    upgrade carried."""
+    challenge = ws.response.headers.get(CHALLENGE_HEADER) if ws.response is not None else None
+    proof = (key or key_for(name or "")).register_proof(challenge, name, instance_id) if challenge else None
+    return Registration(name=name, instance_id=instance_id, profile=profile or DeviceProfile(), proof=proof)
 
 
 class Running:
@@ -100,13 +120,19 @@ def ok(command: Command) -> Result:
 
 
 class FakeDevice:
-    """One scripted device connection. Every wait is bounded by WAIT."""
+    """One scripted device connection. Every wait is bounded by WAIT.
+
+    It proves `key` at registration (by default `key_for` of its name, else of its token); `prove=False`
+    sends a registration without a proof, as a device that holds only a token would."""
 
     def __init__(self, url: str, token: str | None, *, name: str | None = None, instance_id: str | None = None,
-                 profile: DeviceProfile | None = None) -> None:
+                 profile: DeviceProfile | None = None, key: DeviceKey | None = None, prove: bool = True) -> None:
         self.url, self.token, self.name = url, token, name
         self.instance_id = instance_id or uuid.uuid4().hex
         self.profile = profile or DeviceProfile()
+        self.key = key or key_for(name or token or "")
+        self.prove = prove
+        self.challenge: str | None = None  # the one the server gave this connection
         self.ws: ClientConnection | None = None
 
     async def connect(self, authorization: str | None = None) -> None:
@@ -114,13 +140,16 @@ class FakeDevice:
         headers = {"Authorization": header} if header else {}
         self.ws = await connect(self.url, additional_headers=headers, ping_interval=None, max_size=None,
                                 open_timeout=WAIT)
+        self.challenge = self.ws.response.headers.get(CHALLENGE_HEADER)
 
     async def register(self, *, claim: str | None = "same", **frame: Any) -> ServerMessage:
         """Connect and send REGISTER; returns the server's answer (ack or refusal)."""
         if self.ws is None:
             await self.connect()
-        reg = Registration(name=self.name if claim == "same" else claim, instance_id=self.instance_id,
-                           profile=self.profile)
+        claimed = self.name if claim == "same" else claim
+        proof = (self.key.register_proof(self.challenge, claimed, self.instance_id)
+                 if self.prove and self.challenge else None)
+        reg = Registration(name=claimed, instance_id=self.instance_id, profile=self.profile, proof=proof)
         await self.send(ClientMessage(type=ClientMessageType.REGISTER, payload=reg.model_dump(), **frame))
         return await self.recv()
 

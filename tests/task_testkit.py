@@ -23,6 +23,7 @@ import httpx
 import uvicorn
 
 import dbkit
+from aip_testkit import key_for
 from tether.agent.llm import LLMSettings
 from tether.agent.server_app import create_agent_app
 from tether.agent.task import Budgets
@@ -79,7 +80,7 @@ class AgentServer:
         device = build_device(policy=policy, state_dir=state_dir, client_id=name)
         token = self.store.create_token("device", name)[1]
         link = DeviceConnection(device.client, f"ws://127.0.0.1:{self.port}/aip", token, name=name,
-                                profile=lambda: collect_profile(device))
+                                profile=lambda: collect_profile(device), key=key_for(name))  # one key per name
         job = asyncio.create_task(link.run())
         self.devices.append((device, link, job))
         await asyncio.wait_for(link.connected.wait(), WAIT)

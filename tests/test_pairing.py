@@ -4,7 +4,6 @@ then does it get a token and run anything. Real server and device processes."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import re
 import stat
@@ -14,6 +13,8 @@ import httpx
 import pytest
 
 from netutil import CLI, Cluster, wait_for
+from tether.device.identity import DeviceKey
+from tether.protocol.identity import claim_statement
 from tether.protocol.models import Command
 from tether.server.pairing import PairingBook, PairingError, PairingLimits
 from tether.server.store import Store
@@ -102,49 +103,51 @@ def test_only_an_admin_decides(cluster):
     assert proc.popen.poll() is None  # still waiting, undecided
 
 
+def _claim(key: DeviceKey, code: str, wait: float = 0) -> dict:
+    return {"signature": key.sign(claim_statement(code, key.fingerprint)), "wait": wait}
+
+
 def test_a_second_device_with_the_same_code_is_refused(cluster):
     base = f"http://127.0.0.1:{cluster.port}/api/v1/pairing"
-    key, thief = "k" * 43, "t" * 43
+    key, thief = DeviceKey.generate(), DeviceKey.generate()
     with httpx.Client(timeout=30) as http:
-        asked = http.post(base, json={"fingerprint": hashlib.sha256(key.encode()).hexdigest(), "name": "one"})
+        asked = http.post(base, json={"public_key": key.public_key, "name": "one"})
         assert asked.status_code == 201
         code = asked.json()["code"]
         # the code alone (read off a screen) is not enough, before or after the approval
         # (answered as an unknown code is: a claim cannot tell whether a code exists, issue 27)
-        stolen = http.post(f"{base}/{code}/claim", json={"key": thief, "wait": 0})
+        stolen = http.post(f"{base}/{code}/claim", json=_claim(thief, code))
         assert stolen.status_code == 404 and "no pairing request" in stolen.json()["error"]
         assert cli(cluster, "devices", "approve", code).returncode == 0
-        stolen = http.post(f"{base}/{code}/claim", json={"key": thief, "wait": 0})
+        stolen = http.post(f"{base}/{code}/claim", json=_claim(thief, code))
         assert stolen.status_code == 404
-        mine = http.post(f"{base}/{code}/claim", json={"key": key, "wait": 0})
+        mine = http.post(f"{base}/{code}/claim", json=_claim(key, code))
         assert mine.status_code == 200 and mine.json()["token"].startswith("tdev_")
-        twice = http.post(f"{base}/{code}/claim", json={"key": key, "wait": 0})
+        twice = http.post(f"{base}/{code}/claim", json=_claim(key, code))
         assert twice.status_code == 409 and "error" in twice.json()
-        unknown = http.post(f"{base}/ZZZZ-ZZZZ/claim", json={"key": key, "wait": 0})
+        unknown = http.post(f"{base}/ZZZZ-ZZZZ/claim", json=_claim(key, "ZZZZ-ZZZZ"))
         assert unknown.status_code == 404 and "error" in unknown.json()
-        bad = http.post(base, json={"fingerprint": "not hex"})
+        bad = http.post(base, json={"public_key": "not a key"})
         assert bad.status_code == 422 and "error" in bad.json()
+        assert asked.json()["fingerprint"] == key.fingerprint
 
 
 def test_pairing_requests_are_rate_limited_per_address(cluster):
     base = f"http://127.0.0.1:{cluster.port}/api/v1/pairing"
     with httpx.Client(timeout=30) as http:
-        answers = [http.post(base, json={"fingerprint": hashlib.sha256(str(i).encode()).hexdigest()})
-                   for i in range(PairingLimits().per_address + 1)]
+        answers = [http.post(base, json={"public_key": DeviceKey.generate().public_key})
+                   for _ in range(PairingLimits().per_address + 1)]
     assert [a.status_code for a in answers[:-1]] == [201] * PairingLimits().per_address
     assert answers[-1].status_code == 429 and "too many" in answers[-1].json()["error"]
-
-
-def _fp(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def test_requests_expire_and_waiting_claims_are_woken(tmp_path):
     store = Store(tmp_path / "s.db")
     expired = PairingBook(store, PairingLimits(ttl=0.0))
-    code = expired.request(_fp("a" * 40), "10.0.0.1", "old")["code"]
+    a, b = DeviceKey.generate(), DeviceKey.generate()
+    code = expired.request(a.public_key, "10.0.0.1", "old")["code"]
     with pytest.raises(PairingError) as err:
-        asyncio.run(expired.claim(code, "a" * 40, wait=5))
+        asyncio.run(expired.claim(code, _claim(a, code)["signature"], wait=5))
     assert err.value.status == 410
     assert expired.pending() == []
     with pytest.raises(PairingError) as err:
@@ -154,8 +157,8 @@ def test_requests_expire_and_waiting_claims_are_woken(tmp_path):
     book = PairingBook(store)
 
     async def claim_while_approving() -> dict:
-        code = book.request(_fp("b" * 40), "10.0.0.2", "new")["code"]
-        waiting = asyncio.ensure_future(book.claim(code, "b" * 40, wait=60))
+        code = book.request(b.public_key, "10.0.0.2", "new")["code"]
+        waiting = asyncio.ensure_future(book.claim(code, _claim(b, code)["signature"], wait=60))
         # callbacks run in the order they were scheduled: the claim's first step (up to its wait) goes first
         def approve_while_it_waits() -> None:
             assert code in book._waiters  # the claim is waiting: the approval must wake it
@@ -167,6 +170,7 @@ def test_requests_expire_and_waiting_claims_are_woken(tmp_path):
     got = asyncio.run(claim_while_approving())
     assert got["status"] == "paired" and got["name"] == "new" and got["tags"] == ["x"]
     assert store.verify_token(got["token"]).name == "new"
+
     store.close()
 
 
@@ -175,13 +179,15 @@ def test_an_approval_lost_in_a_restart_is_undone(tmp_path):
     (its token revoked), and the request waits for a new decision."""
     store = Store(tmp_path / "s.db")
     book = PairingBook(store)
-    code = book.request(_fp("c" * 40), "10.0.0.3", "lost")["code"]
+    key = DeviceKey.generate()
+    code = book.request(key.public_key, "10.0.0.3", "lost")["code"]
     token_id = book.approve(code, None, [], "admin")["token_id"]
     restarted = PairingBook(store)
     assert [r["code"] for r in restarted.pending()] == [code]
+    assert [r["collision"] for r in restarted.pending()] == [None]  # the undone approval's key went with it
     assert token_id not in store.active_token_ids()
     restarted.approve(code, None, [], "admin")
-    assert asyncio.run(restarted.claim(code, "c" * 40, wait=0))["status"] == "paired"
+    assert asyncio.run(restarted.claim(code, _claim(key, code)["signature"], wait=0))["status"] == "paired"
     store.close()
 
 
@@ -196,7 +202,7 @@ def test_pairing_can_be_switched_off(tmp_path):
     try:
         base = f"http://127.0.0.1:{port}/api/v1"
         wait_for(lambda: httpx.get(f"{base}/health").status_code == 200, "health", procs=(server.popen,))
-        answer = httpx.post(f"{base}/pairing", json={"fingerprint": "a" * 64})
+        answer = httpx.post(f"{base}/pairing", json={"public_key": DeviceKey.generate().public_key})
         assert answer.status_code == 404 and "error" in answer.json()
     finally:
         server.stop()

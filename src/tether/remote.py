@@ -79,8 +79,10 @@ class RemoteServer:
     def pairing_requests(self) -> list[dict[str, Any]]:
         return self._request("GET", "/pairing")
 
-    def approve_pairing(self, code: str, name: str | None = None, tags: list[str] | None = None) -> dict[str, Any]:
-        return self._request("POST", f"/pairing/{code}/approve", json={"name": name, "tags": tags or []})
+    def approve_pairing(self, code: str, name: str | None = None, tags: list[str] | None = None,
+                        replace: bool = False) -> dict[str, Any]:
+        return self._request("POST", f"/pairing/{code}/approve",
+                             json={"name": name, "tags": tags or [], "replace": replace})
 
     def refuse_pairing(self, code: str) -> dict[str, Any]:
         return self._request("POST", f"/pairing/{code}/refuse")

@@ -24,6 +24,8 @@ import pytest
 from server_target import Target, connect_raw, error_of, read_response, upgrade_request
 
 from netutil import CLI, Cluster, wait_for
+from tether.device.identity import DeviceKey
+from tether.protocol.identity import claim_statement
 
 
 def connect_from(source: str, port: int, timeout: float = 30.0) -> socket.socket:
@@ -158,12 +160,16 @@ def test_websockets_from_one_address_are_capped_separately(tmp_path):
 # -- throttles -----------------------------------------------------------------------------------
 
 
-def _claim(http: httpx.Client, code: str, key: str = "k" * 40) -> httpx.Response:
-    return http.post(f"/api/v1/pairing/{code}/claim", json={"key": key, "wait": 0})
+def _claim(http: httpx.Client, code: str, key: DeviceKey | None = None) -> httpx.Response:
+    """A claim signed by `key` (a stranger's by default: not the key that asked for the code)."""
+    key = key or DeviceKey.generate()
+    return http.post(f"/api/v1/pairing/{code}/claim",
+                     json={"signature": key.sign(claim_statement(code, key.fingerprint)), "wait": 0})
 
 
 def test_an_unknown_code_and_a_wrong_key_get_the_same_answer(target):
-    real = target.http.post("/api/v1/pairing", json={"fingerprint": "ab" * 32, "name": "edge-probe"})
+    asker = DeviceKey.generate()
+    real = target.http.post("/api/v1/pairing", json={"public_key": asker.public_key, "name": "edge-probe"})
     assert real.status_code == 201, real.text
     code = real.json()["code"]
     with client_from(target, "127.0.0.3") as http:
@@ -274,7 +280,7 @@ def assert_shown_escaped(output: str) -> None:
 
 
 def test_a_pairing_request_s_escapes_are_shown_not_obeyed_in_devices_pending(target):
-    asked = target.http.post("/api/v1/pairing", json={"fingerprint": "cd" * 32, "name": HOSTILE,
+    asked = target.http.post("/api/v1/pairing", json={"public_key": DeviceKey.generate().public_key, "name": HOSTILE,
                                                       "platform": "linux\x1b[8m"})
     assert asked.status_code == 201, asked.text
     output = tether_cli("devices", "pending", target=target)

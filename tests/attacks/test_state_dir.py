@@ -57,6 +57,9 @@ def test_processes_cannot_see_or_change_it(device):
     cluster, state = device
     seen = run(cluster, "shell.run", cmd="cat", argv=[str(state / "device.token")], cwd=str(cluster.tmp))
     assert "tdev_paired_secret" not in json.dumps(seen.model_dump())
+    assert "PRIVATE KEY" in (state / "device.key").read_text()  # the device's key (issue 27) ...
+    seen = run(cluster, "shell.run", cmd="cat", argv=[str(state / "device.key")], cwd=str(cluster.tmp))
+    assert "PRIVATE KEY" not in json.dumps(seen.model_dump())  # ... which nothing it runs can read
     run(cluster, "shell.run", cmd="cp", argv=["-r", str(state), str(cluster.tmp / "loot")],
                  cwd=str(cluster.tmp))
     assert not (cluster.tmp / "loot" / "device.token").exists() or \

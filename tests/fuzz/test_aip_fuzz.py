@@ -40,6 +40,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
+from aip_testkit import registration as proven_registration
 from tether.device.connection import DeviceConnection
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.codec import FrameError, decode_client_message, decode_server_message, encode
@@ -56,7 +57,12 @@ from tether.protocol.messages import (
 )
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip_socket import CLOSE_BAD_REGISTRATION, CLOSE_DUPLICATE, CLOSE_WRONG_DEVICE
+from tether.server.aip_socket import (
+    CLOSE_BAD_REGISTRATION,
+    CLOSE_DUPLICATE,
+    CLOSE_KEY_REFUSED,
+    CLOSE_WRONG_DEVICE,
+)
 from tether.tools.policy import default_policy
 
 LIMIT = 16 * 1024  # the server's max_frame_bytes here (LiveServer) and the scripted server's ACK
@@ -204,7 +210,7 @@ async def close_code(ws: ClientConnection) -> int:
 
 
 async def register(ws: ClientConnection, name: str, instance_id: str = "fuzz-instance") -> ServerMessage:
-    reg = Registration(name=name, instance_id=instance_id)
+    reg = proven_registration(ws, name, instance_id)
     await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, payload=reg.model_dump())))
     return await next_frame(ws)
 
@@ -256,7 +262,9 @@ def first_frame_verdict(frame: Frame) -> tuple[str, int | None]:
         return "refused", CLOSE_BAD_REGISTRATION
     if reg.name is not None and reg.name != "fuzz-pre":
         return "refused", CLOSE_WRONG_DEVICE
-    return ("ack", None) if reg.instance_id == "fuzz-instance" else ("ack-or-duplicate", None)
+    # a well-formed registration still has to sign this connection's challenge with the device's key, which
+    # no generated frame can (issue 27): a device token alone registers nothing
+    return "refused", CLOSE_KEY_REFUSED
 
 
 @given(frame=client_frames)

@@ -24,9 +24,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 
+from aip_testkit import registration
 from tether.agent.server_app import create_agent_app
 from tether.protocol.codec import decode_server_message, encode
-from tether.protocol.messages import ClientMessage, ClientMessageType, Registration, ServerMessageType, TaskStatus
+from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType, TaskStatus
 from tether.protocol.models import Result, ResultStatus
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
@@ -39,8 +40,8 @@ async def scripted_device(server: LiveServer, registered: asyncio.Event) -> None
     a success that echoes it. Runs on the server's loop until cancelled."""
     headers = server.auth(server.device_tokens[DEVICE])
     async with connect(server.aip, additional_headers=headers, ping_interval=None, max_size=None) as ws:
-        await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, payload=Registration(
-            name=DEVICE, instance_id="schema-fuzz").model_dump())))
+        await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, payload=registration(
+            ws, DEVICE, "schema-fuzz").model_dump())))
         ack = decode_server_message(await ws.recv(), 1 << 30)
         assert ack.type is ServerMessageType.REGISTER_ACK, ack
         registered.set()

@@ -68,6 +68,8 @@ NOTES: dict[str, str] = {
     "ServerEndpoint.token": "the device token inline (better: token_file)",
     "ServerEndpoint.token_file": "a file holding the device token (relative to the config file)",
     "ServerEndpoint.ca_file": "a CA certificate to verify a self-signed server",
+    "ServerEndpoint.key_file": "the device's private key (default: device.key in the state directory); hidden "
+                               "from the sandbox",
     "MCPServerConfig.namespace": "the namespace its tools are listed and called under",
     "MCPServerConfig.server_type": "local (in-process), stdio (a process) or http (streamable HTTP)",
     "MCPServerConfig.args": "stdio: the arguments",

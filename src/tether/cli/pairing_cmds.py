@@ -28,6 +28,7 @@ NO_CREDENTIAL = ("no device token: pass --token-file PATH, set TETHER_DEVICE_TOK
 def enrol(cfg: DeviceConfig, server: str | None, state_dir: Path | None, name: str | None, ca_file: str | None,
           tls_fingerprint: str | None, pair: bool) -> Enrolment:
     """The token a past pairing left in the state directory, else (with --pair) a new pairing."""
+    from tether.device.identity import load_device_key
     from tether.device.pairing import PairingFailed, load_enrolment, save_enrolment
     from tether.device.tls_pin import normalize_fingerprint
     from tether.tools.context import default_state_dir
@@ -59,7 +60,8 @@ def enrol(cfg: DeviceConfig, server: str | None, state_dir: Path | None, name: s
 
         context, pinned = await tls_for_pairing(url, ca_file or cfg.server.ca_file, pin,
                                                 lambda text: out.print(f"note: {escape(text)}", soft_wrap=True))
-        got = await ask(url, root, name=name or cfg.device.name, ssl_context=context, show_code=show_code)
+        key = load_device_key(cfg.server.key_path(root, Path(cfg.source).parent if cfg.source else None))
+        got = await ask(url, root, name=name or cfg.device.name, ssl_context=context, show_code=show_code, key=key)
         got.server, got.tls_fingerprint = url, pinned
         return got
 
@@ -85,7 +87,8 @@ def _remote(server: str | None, token: str | None, ca_file: str | None) -> Remot
 
 @devices_app.command("pending")
 def pending(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
-    """Devices waiting to pair: their code, fingerprint, address and the name they asked for."""
+    """Devices waiting to pair: their code, fingerprint, address and the name they asked for (marked TAKEN
+    when another device holds it: approving under it needs --replace)."""
     try:
         with _remote(server, token, ca_file) as remote:
             rows = remote.pairing_requests()
@@ -99,9 +102,15 @@ def pending(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = N
         table.add_column(col, overflow="fold")
     now = time.time()
     for r in rows:
-        table.add_row(r["code"], r["fingerprint"][:16], escape(r.get("requested_name") or "-"),
+        asked = escape(r.get("requested_name") or "-")
+        if r.get("collision"):
+            asked += " [bold red](TAKEN: another device has this name; --name or --replace)[/bold red]"
+        table.add_row(r["code"], r["fingerprint"][:16], asked,
                       escape(r.get("platform") or "-"), r["address"], f"{max(0, r['expires_at'] - now):.0f}s")
     console().print(table)
+    for r in rows:
+        if r.get("collision"):
+            console(err=True).print(f"warning: {escape(r['code'])}: {escape(r['collision'])}", soft_wrap=True)
 
 
 @devices_app.command("approve")
@@ -109,15 +118,20 @@ def approve(code: Annotated[str, typer.Argument(help="the code the device shows"
             name: Annotated[str | None, typer.Option(
                 "--name", help="the device's name (default: what it asked)")] = None,
             tag: Annotated[list[str] | None, typer.Option("--tag", help="a tag for the device (repeat)")] = None,
+            replace: Annotated[bool, typer.Option(
+                "--replace", help="the name belongs to an existing device: replace it (its tokens are revoked and "
+                                  "its key is replaced by this device's); without it a taken name is refused")] = False,
             server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None) -> None:
-    """Let a pairing device in: it receives a device token and registers (admin scope)."""
+    """Let a pairing device in: its key becomes the device, it receives a device token and registers (admin scope)."""
     try:
         with _remote(server, token, ca_file) as remote:
-            done = remote.approve_pairing(code, name, tag or [])
+            done = remote.approve_pairing(code, name, tag or [], replace=replace)
     except RemoteError as exc:
         fail_remote(exc, ExitCode.USAGE)
-    console().print(f"approved {done['code']}: the device joins as {escape(done['name'])}"
-                    + (f" with tags {', '.join(done['tags'])}" if done.get("tags") else ""), soft_wrap=True)
+    console().print(f"approved {escape(done['code'])}: the device joins as {escape(done['name'])}"
+                    + (f" with tags {escape(', '.join(done['tags']))}" if done.get("tags") else "")
+                    + (f"; it replaces the previous {escape(done['name'])} ({done.get('revoked_tokens', 0)} token(s) "
+                       "revoked)" if done.get("replaced") else ""), soft_wrap=True)
 
 
 @devices_app.command("refuse")

@@ -176,6 +176,11 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         fail(str(exc))
 
 
+KeyOpt = Annotated[str | None, typer.Option(
+    "--key", metavar="PUBLIC_KEY", help="a device's public key, as 'tether device key' prints it on the device: "
+                                        "only that key can use the token")]
+
+
 @token_app.command("create")
 def token_create(device: Annotated[list[str] | None, typer.Option(
                      "--device", metavar="NAME", help="a device token for NAME; with --api, a device (name or "
@@ -198,22 +203,36 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
                  agent: Annotated[bool, typer.Option(
                      "--agent", help="an API token an agent (an MCP client, a script an LLM drives) holds: it may "
                                      "read and run, never approve (no approve or admin scope)")] = False,
-                 db: DbOpt = None, as_json: JsonOpt = False) -> None:
+                 key: KeyOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Create a token and print it once (only its hash is stored). An API token is a person's unless
-    --agent says it is an agent's; only a person's token approves."""
+    --agent says it is an agent's; only a person's token approves.
+
+    A device token works only with the device's key: the key given with --key, the key the device
+    already has (pairing, an earlier token), or else the key its first registration proves."""
+    from tether.server.device_keys import device_key, set_device_key
     from tether.server.store import Store
 
     if not api and (len(device or []) != 1 or tag):
         fail("give --device NAME (a device token) or --api NAME (an API token, which --device and --tag scope)")
+    if key and api:
+        fail("--key is a device's public key: give it with --device NAME and no --api")
+    if agent and not api:
+        fail("--agent goes with --api: a device token is a device's, not an agent's")
     store = Store(_settings(db_path=db).db_target)
     try:
         kind = "api" if api else "device"
+        name = api or (device or [""])[0]
+        enrolled = device_key(store, name) if kind == "device" else None
+        if key and enrolled is not None and enrolled.public_key != _public_key(key):
+            fail(f"device '{name}' has another key (enrolled by {enrolled.enrolled_by}); to give it a new key "
+                 f"use: tether token rotate --device {name} --key PUBLIC_KEY")
         scopes = list(scope or ["read", "execute"]) if api else []
-        if agent and not api:
-            fail("--agent goes with --api: a device token is a device's, not an agent's")
-        info, secret = store.create_token(kind, api or (device or [""])[0], scopes, confirm,  # type: ignore[arg-type]
+        info, secret = store.create_token(kind, name, scopes, confirm,  # type: ignore[arg-type]
                                           devices=list(device or []) if api else [], tags=list(tag or []),
                                           agent=agent)
+        if key and kind == "device" and enrolled is None:
+            set_device_key(store, name, _public_key(key), "admin")
+            enrolled = device_key(store, name)
     except ValueError as exc:
         fail(str(exc))
     finally:
@@ -221,13 +240,80 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
     if as_json:
         typer.echo(json.dumps({"token": secret, "id": info.id, "kind": info.kind, "name": info.name,
                                "scopes": info.scopes, "confirm": info.confirm, "devices": info.devices,
-                               "tags": info.tags, "agent": info.agent}))
+                               "tags": info.tags, "agent": info.agent,
+                               **({"key_fingerprint": _key_print(enrolled)} if kind == "device" else {})}))
         return
     reach = f", reaching {info.scope_text()}" if info.scoped else ""
     whose = " (an agent's: it never approves)" if info.agent else ""
     console(err=True).print(f"{kind} token{whose} for '{info.name}' (id {info.id}"
                             f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}{reach}); "
                             "it is shown only once:", markup=False)
+    if kind == "device":
+        console(err=True).print(_key_note(info.name, enrolled), soft_wrap=True, markup=False)
+    typer.echo(secret)
+
+
+def _public_key(text: str) -> str:
+    """A public key as given on the command line, checked (ValueError says what is wrong)."""
+    from tether.protocol.identity import valid_public_key
+
+    key = text.strip()
+    if not valid_public_key(key) or len(key) != 43:
+        raise ValueError(f"{key[:60]!r} is not a device public key (43 characters of unpadded base64url, as "
+                         "'tether device key' prints it)")
+    return key
+
+
+def _key_print(enrolled: Any) -> str | None:
+    from tether.protocol.identity import fingerprint
+
+    return fingerprint(enrolled.public_key) if enrolled is not None else None
+
+
+def _key_note(device: str, enrolled: Any) -> str:
+    if enrolled is None:
+        return (f"no key is enrolled for '{device}': the first registration with this token enrols the key it "
+                "proves, and only that key can use it afterwards")
+    return (f"only the key {(_key_print(enrolled) or '')[:16]} (enrolled by {enrolled.enrolled_by}) can use it; "
+            f"for another machine: tether token rotate --device {device} --key PUBLIC_KEY (or --reset-key)")
+
+
+@token_app.command("rotate")
+def token_rotate(device: Annotated[str, typer.Option("--device", metavar="NAME", help="the device")],
+                 key: KeyOpt = None,
+                 reset_key: Annotated[bool, typer.Option(
+                     "--reset-key", help="forget the device's key: the first registration with the new token enrols "
+                                         "the key it proves (a device that made a new key, or a new machine)")] = False,
+                 db: DbOpt = None, as_json: JsonOpt = False) -> None:
+    """Give a device a new token (and with --key or --reset-key a new key): its old tokens stop working
+    at once, and a connected device using one is disconnected at the server's next token check."""
+    from tether.server.device_keys import device_exists, device_key, revoke_device_tokens, set_device_key
+    from tether.server.store import Store
+
+    if key and reset_key:
+        fail("give --key PUBLIC_KEY or --reset-key, not both")
+    store = Store(_settings(db_path=db).db_target)
+    try:
+        if not device_exists(store, device):
+            fail(f"no device '{device}' (no token, key or registration): create one with "
+                 f"tether token create --device {device}", code=1)
+        new_key = _public_key(key) if key else None
+        revoked = revoke_device_tokens(store, device)
+        info, secret = store.create_token("device", device)
+        if new_key or reset_key:
+            set_device_key(store, device, new_key, "admin (rotate)")
+        enrolled = device_key(store, device)
+    except ValueError as exc:
+        fail(str(exc))
+    finally:
+        store.close()
+    if as_json:
+        typer.echo(json.dumps({"token": secret, "id": info.id, "name": device, "revoked": revoked,
+                               "key_fingerprint": _key_print(enrolled)}))
+        return
+    console(err=True).print(f"device token for '{device}' (id {info.id}); {revoked} old token(s) revoked; it is shown "
+                            "only once:", soft_wrap=True, markup=False)
+    console(err=True).print(_key_note(device, enrolled), soft_wrap=True, markup=False)
     typer.echo(secret)
 
 
@@ -420,6 +506,32 @@ def device(ctx: typer.Context,
     raise typer.Exit(code)
 
 
+@device_app.command("key")
+def device_key_cmd(config: ConfigOpt = None, state_dir: StateOpt = None,
+                   new: Annotated[bool, typer.Option(
+                       "--new", help="make a new key in place of the old one (the server must then be told: "
+                                     "tether token rotate --device NAME --key PUBLIC_KEY)")] = False,
+                   as_json: JsonOpt = False) -> None:
+    """Show this device's public key and its fingerprint (the key is made on first use; the private
+    half never leaves the state directory, which the sandbox hides)."""
+    from tether.device.config import load_device_config
+    from tether.device.identity import load_device_key, new_device_key
+    from tether.device.local import device_state_dir
+
+    try:
+        cfg = load_device_config(config)
+        path = cfg.server.key_path(device_state_dir(cfg, state_dir), Path(cfg.source).parent if cfg.source else None)
+        key = new_device_key(path) if new else load_device_key(path)
+    except ValueError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps({"public_key": key.public_key, "fingerprint": key.fingerprint, "path": str(path)}))
+        return
+    console(err=True).print(f"device key {path} (fingerprint {key.fingerprint[:16]}); its public key:",
+                            soft_wrap=True, markup=False)
+    typer.echo(key.public_key)
+
+
 def _device_token(cfg: DeviceConfig, token_file: Path | None, env_token: str | None) -> str | None:
     """--token-file, else TETHER_DEVICE_TOKEN, else the config's server.token_file (or server.token)."""
     if token_file is not None:
@@ -449,14 +561,21 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
 
     from tether.device.config import aip_url
     from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
+    from tether.device.identity import load_device_key
     from tether.device.local import build_device, device_state_dir, resolve_policy
     from tether.device.profile import collect_profile
     from tether.device.reconnect import PIN_MISMATCH
     from tether.sandbox import detect
 
     out = console(err=True)
+    # the device's key: every registration proves it (tether.protocol.identity); hidden from the sandbox
+    key_path = cfg.server.key_path(device_state_dir(cfg, state_dir), Path(cfg.source).parent if cfg.source else None)
+    if not key_path.resolve().is_relative_to(device_state_dir(cfg, state_dir).resolve()):
+        secret_files = [*secret_files, str(key_path)]  # the state directory is hidden whole; a key elsewhere too
     # one probe process while the rest loads, or its answer kept in the state directory for this boot
     sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir)))
+    # and the key (importing `cryptography` is ~15 ms) while the probe runs
+    key_loading = asyncio.ensure_future(asyncio.to_thread(load_device_key, key_path))
     try:
         urls = [aip_url(each) for each in servers] if servers else cfg.server.ws_urls()
         contexts = [None if tls_fingerprint else make_ssl_context(each, ca_file or cfg.server.ca_file)
@@ -464,6 +583,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
         ssl_context = contexts[0]
         device_policy = resolve_policy(cfg, policy)
         sandbox = await sandbox_probe
+        device_key = await key_loading
         # serving a server: no process starts unconfined unless the policy says require_sandbox: false
         # registers with its built-in tools; each external MCP server joins when started (a DEVICE_INFO)
         device = build_device(cfg, policy=device_policy, state_dir=state_dir, serving=True, sandbox=sandbox,
@@ -511,7 +631,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
                                                                      sandbox=confined.kind if confined else "none"),
                                       ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
                                       max_concurrent_sessions=device.policy.max_concurrent_sessions,
-                                      remote_policy=remote_policy)
+                                      remote_policy=remote_policy, key=device_key)
     except ValueError as exc:  # a URL it cannot use (mixed ws:// and wss://, a pin without TLS)
         _error(str(exc))
         await device.aclose()

@@ -64,6 +64,9 @@ class ServerEndpoint(BaseModel):
     token: str | None = None
     token_file: str | None = None
     ca_file: str | None = None
+    key_file: str | None = Field(None, description=(
+        "the device's Ed25519 private key (made on first use, 0600), relative to the config file; default "
+        "device.key in the state directory. The sandbox hides it from every tool, like the token"))
 
     def ws_urls(self) -> list[str]:
         """Every URL the device may use, in order: `urls` when given, else the one `ws_url()`."""
@@ -75,6 +78,14 @@ class ServerEndpoint(BaseModel):
         if self.url:
             return self.url if self.url.rstrip("/").endswith("/aip") else self.url.rstrip("/") + "/aip"
         return f"{self.protocol}://{self.host}:{self.port}/aip"
+
+    def key_path(self, state_dir: Path, base: Path | None = None) -> Path:
+        """Where the device's key is kept: `key_file` (relative to `base`, the config's directory), else
+        `device.key` in `state_dir`."""
+        if not self.key_file:
+            return state_dir / "device.key"
+        path = Path(self.key_file).expanduser()
+        return base / path if not path.is_absolute() and base is not None else path
 
     def read_token(self, base: Path | None = None) -> str | None:
         if self.token:

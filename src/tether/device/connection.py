@@ -44,6 +44,7 @@ from websockets.uri import parse_uri
 
 from tether.device.batches import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
+from tether.device.identity import DeviceKey
 from tether.device.keepalive import beat_due
 from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
@@ -72,6 +73,7 @@ from tether.protocol.codec import (
     encode,
     is_server_heartbeat,
 )
+from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.messages import (
     ClientMessage,
     ClientMessageType,
@@ -143,7 +145,7 @@ class DeviceConnection:
                  on_state: StateHook | None = None, max_queued_events: int = 1000,
                  record_size: int = 10_000, record_bytes: int = DEFAULT_RECORD_BYTES,
                  max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS,
-                 remote_policy: RemotePolicy | None = None) -> None:
+                 remote_policy: RemotePolicy | None = None, key: DeviceKey | None = None) -> None:
         # several URLs: a cluster's nodes, tried in turn when the one in use is lost (reconnect.ServerURLs)
         self.servers = ServerURLs([url] if isinstance(url, str) else list(url))
         # each URL's proxy (HTTPS_PROXY, NO_PROXY, …) decided once, as websockets' `connect(proxy=True)` would
@@ -161,6 +163,11 @@ class DeviceConnection:
         self.name = name
         self.instance_id = uuid.uuid4().hex
         self._token = token
+        # the device's key: every registration signs the server's challenge with it (protocol.identity). A
+        # device that runs for long passes the one in its state directory (identity.load_device_key); without
+        # one, a key made for this connection (in memory only: enrolled by the first registration of a token
+        # made without a key, and not this device's any more once the process is gone)
+        self.key = key if key is not None else DeviceKey.generate()
         self._profile = profile
         self._pin = normalize_fingerprint(tls_fingerprint) if tls_fingerprint else None
         if self._pin and urlsplit(self.url).scheme != "wss":
@@ -398,17 +405,22 @@ class DeviceConnection:
                                           exc.response.status_code) from None
             raise
         try:
-            ack = await self._register(ws, profile, timeout)
+            ack = await self._register(ws, profile, timeout, ws.response.headers.get(CHALLENGE_HEADER))
             return await self._serve(ws, ack)
         finally:
             with contextlib.suppress(Exception):
                 await ws.close()
 
-    async def _register(self, ws: ClientConnection, profile: DeviceProfile, timeout: float) -> RegisterAck:
+    async def _register(self, ws: ClientConnection, profile: DeviceProfile, timeout: float,
+                        challenge: str | None = None) -> RegisterAck:
+        # the proof of the device's key, for the challenge the server gave this connection (a server that
+        # gives none, an older one, is sent none: its registration model knows no proof)
+        proof = self.key.register_proof(challenge, self.name, self.instance_id) if challenge else None
         registration = Registration(name=self.name, instance_id=self.instance_id, profile=profile,
-                                    finished_call_ids=self.outbox.pending_call_ids())
+                                    finished_call_ids=self.outbox.pending_call_ids(), proof=proof)
         await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, client_id=self.name,
-                                           payload=registration.model_dump(mode="json"))))
+                                           payload=registration.model_dump(
+                                               mode="json", exclude={"proof"} if proof is None else None))))
         try:
             async with asyncio.timeout(timeout):
                 raw = await ws.recv()

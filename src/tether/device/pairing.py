@@ -1,20 +1,21 @@
 """Enrolment from the device's side: ask to pair, show the code, wait for an admin, keep the token.
 
 What pairing leaves in the device's state directory (all 0600, the directory 0700):
-`device.key` (the secret whose SHA-256 the server shows the admin as this device's fingerprint),
-`device.token` (the device token the server handed over), and `pairing.json` (the server, the
-name and tags the admin gave, and the server certificate's fingerprint when it was trusted on
-first use). The next `tether device --server URL` finds the token there and needs no flag.
+`device.key` (the device's Ed25519 private key, `tether.device.identity`: the request carries its
+public half, whose SHA-256 the admin sees as this device's fingerprint, and the claim is signed with
+it; the server enrols that public key as the device at approval, so the token it hands over is worth
+nothing without this file), `device.token` (the device token the server handed over), and
+`pairing.json` (the server, the name and tags the admin gave, and the server certificate's
+fingerprint when it was trusted on first use). The next `tether device --server URL` finds the token
+there and needs no flag.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import platform
-import secrets
 import ssl
 import time
 from collections.abc import Callable
@@ -23,9 +24,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from tether.device.identity import KEY_FILE, DeviceKey, load_device_key
 from tether.device.tls_pin import cert_fingerprint, fetch_certificate_async, pinned_context, pinned_context_for_async
 
-KEY_FILE, TOKEN_FILE, STATE_FILE = "device.key", "device.token", "pairing.json"
+TOKEN_FILE, STATE_FILE = "device.token", "pairing.json"
 _CLAIM_WAIT = 25.0  # seconds the server holds one claim before answering "pending"
 
 
@@ -62,18 +64,9 @@ def _write_private(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def device_key(state_dir: Path) -> str:
-    """This device's pairing key, made on first use."""
-    path = state_dir / KEY_FILE
-    try:
-        key = path.read_text(encoding="utf-8").strip()
-        if len(key) >= 32:
-            return key
-    except FileNotFoundError:
-        pass
-    key = secrets.token_urlsafe(32)
-    _write_private(path, key + "\n")
-    return key
+def device_key(state_dir: Path) -> DeviceKey:
+    """This device's key (`device.key` in `state_dir`), made on first use."""
+    return load_device_key(state_dir / KEY_FILE)
 
 
 def load_enrolment(state_dir: Path) -> Enrolment | None:
@@ -134,25 +127,32 @@ async def tls_for_pairing(url: str, ca_file: str | None, pin: str | None,
 
 
 async def pair(url: str, state_dir: Path, *, name: str | None, ssl_context: ssl.SSLContext | None,
-               show_code: Callable[[str, str], None], timeout: float = 30.0) -> Enrolment:
+               show_code: Callable[[str, str], None], timeout: float = 30.0, key: DeviceKey | None = None) -> Enrolment:
     """Ask the server at `url` to pair, call `show_code(code, fingerprint)`, and wait for the admin.
 
-    Returns the enrolment (not yet saved); raises PairingFailed when refused or expired, and lets
-    connection errors through for the caller to report.
+    The request carries `key`'s public half (by default the key in `state_dir`), the claim a signature
+    with it. Returns the enrolment (not yet saved); raises PairingFailed when refused or expired, and
+    lets connection errors through for the caller to report.
     """
     import httpx
 
-    key = device_key(state_dir)
-    fingerprint = hashlib.sha256(key.encode("utf-8")).hexdigest()  # what the server shows the admin
+    from tether.protocol.identity import claim_statement
+
+    key = key or device_key(state_dir)
+    fingerprint = key.fingerprint  # what the server shows the admin
     base = http_base(url) + "/api/v1/pairing"
     verify: Any = ssl_context if ssl_context is not None else True
     async with httpx.AsyncClient(verify=verify, timeout=httpx.Timeout(timeout, read=_CLAIM_WAIT + timeout)) as http:
-        body = _answer(await http.post(base, json={"fingerprint": fingerprint, "name": name,
+        body = _answer(await http.post(base, json={"public_key": key.public_key, "name": name,
                                                    "platform": platform.system().lower()}))
         code = body["code"]
+        if body.get("fingerprint") != fingerprint:  # what the admin sees must be this key
+            raise PairingFailed(f"the server took another key for this device ({body.get('fingerprint')!r})")
         show_code(code, fingerprint)
+        signature = key.sign(claim_statement(code, fingerprint))
         while True:
-            answer = _answer(await http.post(f"{base}/{code}/claim", json={"key": key, "wait": _CLAIM_WAIT}))
+            answer = _answer(await http.post(f"{base}/{code}/claim", json={"signature": signature,
+                                                                          "wait": _CLAIM_WAIT}))
             if answer.get("status") == "paired":
                 return Enrolment(token=answer["token"], name=answer.get("name"), tags=list(answer.get("tags") or []))
 

@@ -20,6 +20,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidSta
 from tether.protocol.codec import FrameError
 
 FATAL_CLOSE_CODES = {4400: "bad registration or protocol version", 4401: "unauthorized",
+                     4402: "the device's key is not the one enrolled for it",
                      4403: "name does not match the token",
                      495: "the server's TLS certificate is not the pinned one"}
 PIN_MISMATCH = 495  # nginx's "SSL Certificate Error": the device itself refuses to go on

@@ -2,6 +2,7 @@
 
 from tether.protocol.codec import FrameError, decode_client_message, decode_server_message, encode
 from tether.protocol.dispatcher import BasicCommandDispatcher
+from tether.protocol.identity import CHALLENGE_HEADER, KeyProof
 from tether.protocol.messages import (
     PROTOCOL_VERSION,
     ClientMessage,
@@ -17,6 +18,7 @@ from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, Tool
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 
 __all__ = [
+    "CHALLENGE_HEADER",
     "PROTOCOL_VERSION",
     "BasicCommandDispatcher",
     "ClientMessage",
@@ -26,6 +28,7 @@ __all__ = [
     "DeviceRequirements",
     "Event",
     "FrameError",
+    "KeyProof",
     "RegisterAck",
     "Registration",
     "Result",

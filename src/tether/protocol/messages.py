@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tether.protocol.identity import KeyProof
 from tether.protocol.models import Command, Result
 from tether.protocol.profile import DeviceProfile
 
@@ -76,6 +77,9 @@ class Registration(BaseModel):
                              "reconnect of this process from a second process with the same token")
     profile: DeviceProfile = Field(default_factory=DeviceProfile)
     finished_call_ids: list[str] = Field(default_factory=list, description="results waiting in the outbox")
+    proof: KeyProof | None = Field(None, description="the device's public key and its signature of "
+                                   "identity.register_statement for the challenge this connection was given; "
+                                   "a server that sent a challenge refuses a registration without it")
 
 
 class RegisterAck(BaseModel):

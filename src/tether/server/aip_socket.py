@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from tether.protocol.identity import CHALLENGE_HEADER, new_challenge
 from tether.server.guard import deny_websocket
 from tether.server.store import TokenInfo
 
@@ -24,6 +25,7 @@ CLOSE_REPLACED = 4000  # a newer connection of the same device took over
 CLOSE_HEARTBEAT_TIMEOUT = 4001  # the device fell silent; it may reconnect
 CLOSE_BAD_REGISTRATION = 4400  # first frame not a valid REGISTER, wrong protocol version, no frame in time
 CLOSE_UNAUTHORIZED = 4401  # missing, unknown or revoked token, or not a device token
+CLOSE_KEY_REFUSED = 4402  # no proof of the device's key, or a key other than the one enrolled for it
 CLOSE_WRONG_DEVICE = 4403  # the registration claims another device than the token's
 CLOSE_DUPLICATE = 4409  # another live process of this device is connected
 
@@ -43,6 +45,7 @@ class AIPSocket(Protocol):
     async def close(self, code: int = 1000, reason: str = "") -> None: ...
 
 
+_CHALLENGE_HEADER = CHALLENGE_HEADER.lower().encode("ascii")
 ADMISSION_STATUS = 503  # the handshake's HTTP answer when too many sockets are registering: retry after Retry-After
 ADMISSION_RETRY_MAX_S = 10
 
@@ -144,6 +147,8 @@ def aip_route(hub: DeviceHub, path: str = "/aip", admission: Admission | None = 
     frame from it (so unauthenticated peers cannot make it buffer registration frames). The hub
     checks the token again with the REGISTER frame: it may have been revoked in between. Then
     `admission` (by default `Admission(settings.max_admitting)`) bounds the registrations under way.
+    The upgrade's answer carries a fresh challenge (`X-Tether-Challenge`), which the REGISTER must sign
+    with the device's key (`registration.prove_key`): a token alone registers nothing.
     """
     gate = admission or Admission(getattr(hub.settings, "max_admitting", 256))
 
@@ -170,14 +175,15 @@ def aip_route(hub: DeviceHub, path: str = "/aip", admission: Admission | None = 
         if not gate.enter():  # filled up while the token was checked (it does not await: not today)
             await busy(websocket)
             return
+        challenge = new_challenge()  # the registration signs it with the device's key (protocol.identity)
         try:
-            await websocket.accept()
+            await websocket.accept(headers=[(_CHALLENGE_HEADER, challenge.encode("ascii"))])
         except BaseException:
             gate.leave()
             raise
         socket = StarletteSocket(websocket, on_settled=gate.leave)
         try:
-            await hub.serve(socket, authorization, peer)
+            await hub.serve(socket, authorization, peer, challenge)
         finally:
             await socket.close(1000)
 

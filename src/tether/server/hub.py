@@ -1,7 +1,8 @@
 """`DeviceHub`: the server end of AIP — one WebSocket per device, the batches in flight, liveness.
 
 The hub is the only place where connections, pending batches and the registry meet, so every
-rule about whom to trust lives here: a device is who its token says; results count only when
+rule about whom to trust lives here: a device is who its token says, proved by its key (the token's
+device's enrolled key signs this connection's challenge, `registration.prove_key`); results count only when
 they come from the device the batch went to and answer a `call_id` still outstanding; a
 dropped device keeps its batches for `grace_period` so a reconnection loses nothing (a device
 whose registration is under way when that period ends counts as back in time; one that comes back
@@ -53,7 +54,7 @@ from tether.server.dispatcher import WebSocketCommandDispatcher
 from tether.server.gc_keeper import keep_gc_lean
 from tether.server.liveness import GracePeriods, watch_liveness
 from tether.server.questions import OpenQuestions, Sampler, answer_sampling
-from tether.server.registration import Refusal, authenticate, read_registration, refuse
+from tether.server.registration import Refusal, authenticate, prove_key, read_registration, refuse
 from tether.server.registry import DeviceRecord, DeviceRegistry
 from tether.server.remote import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
@@ -261,6 +262,11 @@ class DeviceHub:
             self._enforce_revocations()
         return count
 
+    def enforce_revocations(self) -> None:
+        """Disconnect now the devices whose token was revoked (by a pairing that replaced them, or
+        elsewhere) instead of at the liveness watch's next look."""
+        self._enforce_revocations()
+
     def _enforce_revocations(self) -> None:
         active = self.store.active_token_ids()
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
@@ -270,14 +276,17 @@ class DeviceHub:
 
     # -- one connection --------------------------------------------------------------------------
 
-    async def serve(self, socket: AIPSocket, authorization: str | None, peer: str | None = None) -> None:
-        """Run one device connection from registration to cleanup. Never raises for what a device does."""
+    async def serve(self, socket: AIPSocket, authorization: str | None, peer: str | None = None,
+                    challenge: str | None = None) -> None:
+        """Run one device connection from registration to cleanup. Never raises for what a device does.
+        `challenge` is the one this connection was given (`protocol.identity`): the registration must
+        prove the device's key with it (`registration.prove_key`)."""
         conn: DeviceLink | None = None
         if self._closed:
             await close_socket(socket, CLOSE_GOING_AWAY, "server shutting down")
             return
         try:
-            conn = await self._register(socket, authorization, peer)
+            conn = await self._register(socket, authorization, peer, challenge)
             if conn is not None:
                 await self._receive_loop(conn)
         except Exception:
@@ -288,7 +297,8 @@ class DeviceHub:
                 if conn.closer is not None:  # let the close code reach the device before the socket goes
                     await asyncio.wait([conn.closer])
 
-    async def _register(self, socket: AIPSocket, authorization: str | None, peer: str | None) -> DeviceLink | None:
+    async def _register(self, socket: AIPSocket, authorization: str | None, peer: str | None,
+                        challenge: str | None = None) -> DeviceLink | None:
         """Register a connection. A device whose grace period ends while its (authenticated) registration
         is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
         arriving = self.authenticate(authorization)
@@ -297,7 +307,7 @@ class DeviceHub:
         name = arriving.name
         self._arriving[name] = self._arriving.get(name, 0) + 1
         try:
-            return await self._register_device(socket, authorization, peer)
+            return await self._register_device(socket, authorization, peer, challenge)
         finally:
             self._arriving[name] -= 1
             if not self._arriving[name]:
@@ -307,7 +317,7 @@ class DeviceHub:
                     self._grace_expired(name)
 
     async def _register_device(self, socket: AIPSocket, authorization: str | None,
-                               peer: str | None) -> DeviceLink | None:
+                               peer: str | None, challenge: str | None = None) -> DeviceLink | None:
         settings = self.settings
         try:
             async with asyncio.timeout(settings.register_timeout):
@@ -324,6 +334,9 @@ class DeviceHub:
         reg = read_registration(frame, name, settings.max_frame_bytes)
         if isinstance(reg, Refusal):
             return await refuse(socket, reg, peer)
+        unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
+        if unproven is not None:
+            return await refuse(socket, unproven, peer)
         now = time.monotonic()
         old = self._conns.get(name)
         if old is not None and old.instance_id != reg.instance_id \

@@ -1,11 +1,17 @@
 """`PairingBook`: devices that enrol without a token, and the admin who lets them in.
 
-A device with no token asks to pair: it sends the SHA-256 fingerprint of a key it keeps (never the
-key) and gets a short code. It shows the code and the fingerprint; an admin sees both in `tether
-devices pending` and approves the code (naming the device, tagging it) or refuses it. The device
-then claims its token by presenting the key itself: the server hashes it and compares with the
-fingerprint, so a second device that read the code off a screen cannot take the token. Until
-then the device has no credential at all, so nothing can be run on it or by it.
+A device with no token asks to pair: it sends the public half of its Ed25519 key (never the private
+key) and gets a short code. It shows the code and the key's fingerprint (SHA-256 of the public key);
+an admin sees both in `tether devices pending` and approves the code (naming the device, tagging it)
+or refuses it. Approving enrols that public key as the device (`tether.server.device_keys`): every
+registration of the device must prove it, so the token is worth nothing without the key. The device
+then claims its token with a signature of the code (`identity.claim_statement`), so a second device
+that read the code off a screen cannot take the token. Until then the device has no credential at
+all, so nothing can be run on it or by it.
+
+A request never takes an existing device's name silently: `pending()` marks a request whose name is
+taken by another identity (`collision`), and approving it under that name is refused unless the admin
+chooses `replace`, which revokes the old device's tokens and enrols the new key in place of its own.
 
 The token's secret exists only in this process's memory between the approval and the claim (the
 store keeps its hash, as for every token); if the server restarts in between, the approval is
@@ -17,21 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import hmac
 import json
-import re
 import secrets
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.protocol.identity import claim_statement, fingerprint, valid_public_key, verify
+from tether.server.device_keys import collision, revoke_device_tokens, set_device_key
 from tether.server.store import Store
 
 PENDING, APPROVED, PAIRED, REFUSED = "pending", "approved", "paired", "refused"
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford's base 32: no I, L, O, U to misread
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class PairingError(Exception):
@@ -69,10 +73,6 @@ def normalize_code(code: str) -> str:
     return f"{cleaned[:4]}-{cleaned[4:]}" if len(cleaned) == 8 else cleaned
 
 
-def key_fingerprint(key: str) -> str:
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
-
-
 class PairingBook:
     """Pairing requests, their decisions and the handing over of tokens (see the module's docstring)."""
 
@@ -85,20 +85,24 @@ class PairingBook:
         self._undo_lost_approvals()
 
     def _undo_lost_approvals(self) -> None:
-        for row in self.store.read("SELECT code, token_id FROM pairing WHERE status = ?", (APPROVED,)):
+        for row in self.store.read("SELECT code, token_id, device_name FROM pairing WHERE status = ?", (APPROVED,)):
             if row["token_id"]:
                 self.store.write("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
                                  (time.time(), row["token_id"]))
+            if row["device_name"]:  # the key that approval enrolled goes with it (a replaced device's is gone)
+                self.store.write("DELETE FROM device_keys WHERE name = ? AND enrolled_by LIKE ?",
+                                 (row["device_name"], f"pairing {row['code']} %"))
             self.store.write("UPDATE pairing SET status = ?, token_id = NULL, device_name = NULL WHERE code = ?",
                              (PENDING, row["code"]))
 
     # -- the device's side ------------------------------------------------------------------------
 
-    def request(self, fingerprint: str, address: str, name: str | None = None,
+    def request(self, public_key: str, address: str, name: str | None = None,
                 platform: str | None = None) -> dict[str, Any]:
-        fingerprint = fingerprint.strip().lower()
-        if not _HEX64.match(fingerprint):
-            raise PairingError(422, "fingerprint must be the 64 hex digits of the SHA-256 of the device's key")
+        """A new request of the device whose Ed25519 public key is `public_key` (unpadded base64url)."""
+        if not valid_public_key(public_key):
+            raise PairingError(422, "public_key must be an Ed25519 public key: 32 bytes, unpadded base64url")
+        key_print = fingerprint(public_key)
         now = time.time()
         self._rate_limit(address, now)
         self.store.write("DELETE FROM pairing WHERE status IN (?, ?) AND expires_at < ?", (PENDING, REFUSED, now))
@@ -106,16 +110,16 @@ class PairingBook:
         if pending >= self.limits.max_pending:
             raise PairingError(429, f"{pending} pairing requests are already waiting; try again later")
         for row in self.store.read("SELECT code FROM pairing WHERE fingerprint = ? AND status = ?",
-                                   (fingerprint, PENDING)):
+                                   (key_print, PENDING)):
             self.store.write("DELETE FROM pairing WHERE code = ?", (row["code"],))  # the same device asks again
         code = new_code()
         expires = now + self.limits.ttl
         self.store.write(
-            "INSERT INTO pairing (code, fingerprint, address, requested_name, platform, created_at, expires_at, "
-            "status) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (code, fingerprint, address, (name or "")[:128] or None, (platform or "")[:64] or None, now, expires,
-             PENDING))
-        return {"code": code, "fingerprint": fingerprint, "expires_at": expires}
+            "INSERT INTO pairing (code, fingerprint, public_key, address, requested_name, platform, created_at, "
+            "expires_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (code, key_print, public_key, address, (name or "")[:128] or None, (platform or "")[:64] or None, now,
+             expires, PENDING))
+        return {"code": code, "fingerprint": key_print, "expires_at": expires}
 
     def _rate_limit(self, address: str, now: float) -> None:
         window = self.limits.per_address_window
@@ -128,12 +132,14 @@ class PairingBook:
             raise PairingError(429, f"too many pairing requests from {address}; wait {window:.0f} s")
         times.append(now)
 
-    async def claim(self, code: str, key: str, wait: float) -> dict[str, Any]:
+    async def claim(self, code: str, signature: str, wait: float) -> dict[str, Any]:
         """The token once the code is approved; waits up to `wait` seconds for a decision first.
-        Answers {"status": "pending"} if none came, so the device asks again."""
+        Answers {"status": "pending"} if none came, so the device asks again. `signature` is the
+        requesting key's signature of `identity.claim_statement(code, fingerprint)`."""
         code = normalize_code(code)
         row = self._row(code)
-        if not hmac.compare_digest(key_fingerprint(key), row["fingerprint"]):
+        if not row["public_key"] or not verify(row["public_key"], signature,
+                                               claim_statement(code, row["fingerprint"])):
             raise PairingError(403, "this pairing code belongs to another device")
         if row["status"] == PENDING:
             waiter = self._waiters.setdefault(code, _Waiters())
@@ -181,9 +187,13 @@ class PairingBook:
                                (PENDING, now))
         return [{"code": r["code"], "fingerprint": r["fingerprint"], "address": r["address"],
                  "requested_name": r["requested_name"], "platform": r["platform"], "created_at": r["created_at"],
-                 "expires_at": r["expires_at"]} for r in rows]
+                 "expires_at": r["expires_at"],
+                 "collision": collision(self.store, r["requested_name"], r["public_key"])} for r in rows]
 
-    def approve(self, code: str, name: str | None, tags: list[str], by: str) -> dict[str, Any]:
+    def approve(self, code: str, name: str | None, tags: list[str], by: str, replace: bool = False) -> dict[str, Any]:
+        """Let the request in as device `name` (default: the name it asked for): its key is enrolled as
+        that device and a token is made for the claim. A name another identity holds is refused (409)
+        unless `replace`: then that device's tokens are revoked and its key replaced by this one."""
         code = normalize_code(code)
         row = self._row(code)
         if row["status"] != PENDING:
@@ -191,6 +201,13 @@ class PairingBook:
         device_name = name or row["requested_name"]
         if not device_name:
             raise PairingError(422, "the device asked for no name: give one (--name)")
+        if not row["public_key"]:
+            raise PairingError(409, f"pairing request {code} carries no device key; the device must ask again")
+        taken = collision(self.store, device_name, row["public_key"])
+        if taken is not None and not replace:
+            raise PairingError(409, f"{taken}: approving this request would take its name. Approve it under another "
+                                    "name, or replace that device (its tokens and key stop working)")
+        replaced = revoke_device_tokens(self.store, device_name) if taken is not None else 0
         try:
             info, secret = self.store.create_token("device", device_name)
         except ValueError as exc:
@@ -202,9 +219,11 @@ class PairingBook:
         if not changed:  # decided by someone else meanwhile
             self.store.revoke_token(info.id)
             raise PairingError(409, f"pairing request {code} was decided meanwhile")
+        set_device_key(self.store, device_name, row["public_key"], f"pairing {code} by {by}")
         self._secrets[code] = (secret, info.id)
         self._wake(code)
-        return {"code": code, "name": device_name, "tags": tags, "token_id": info.id}
+        return {"code": code, "name": device_name, "tags": tags, "token_id": info.id, "fingerprint": row["fingerprint"],
+                "replaced": taken is not None, "revoked_tokens": replaced}
 
     def refuse(self, code: str, by: str) -> dict[str, Any]:
         code = normalize_code(code)

@@ -1,5 +1,6 @@
 """The rules of a device's admission, apart from the hub's state: whose token this is, whether the first
-frame is a registration of that device, and how a refusal is said.
+frame is a registration of that device, whether it proves that device's key (`prove_key`: a token alone
+is a bearer secret, the key is the device), and how a refusal is said.
 
 Each is a judgement on what the device sent, so each answers a verdict instead of raising: a `TokenInfo`
 or a `Registration`, else a `Refusal` with the close code and the reason the device is shown. The hub
@@ -15,14 +16,17 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from tether.protocol.codec import FrameError, decode_client_message, encode
+from tether.protocol.identity import fingerprint, register_statement, verify
 from tether.protocol.messages import ClientMessageType, Registration, ServerMessage, ServerMessageType, TaskStatus
 from tether.server.aip_socket import (
     CLOSE_BAD_REGISTRATION,
+    CLOSE_KEY_REFUSED,
     CLOSE_UNAUTHORIZED,
     CLOSE_WRONG_DEVICE,
     AIPSocket,
     SocketClosed,
 )
+from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
 from tether.server.device_link import close_socket
 from tether.server.store import Store, TokenInfo
 
@@ -69,6 +73,38 @@ def read_registration(frame: str, device: str, max_frame_bytes: int) -> Registra
         return Refusal(CLOSE_WRONG_DEVICE, f"this token belongs to device '{device}' "
                                            f"but the registration claims to be '{reg.name}'")
     return reg
+
+
+def prove_key(store: Store, device: str, reg: Registration, challenge: str | None) -> Refusal | None:
+    """None when the registration proves the key enrolled for `device` (the token's), else the refusal.
+
+    The proof is a signature of `identity.register_statement` for this connection's `challenge`, so it
+    fits no other connection. A device with no key enrolled yet (its token was made without one) enrols
+    the key it proves now, once: from then on that key is the device. A token alone is never enough.
+    """
+    def refused(error: str) -> Refusal:
+        return Refusal(CLOSE_KEY_REFUSED, error)
+
+    proof = reg.proof
+    if challenge is None:
+        return refused("unauthorized: this connection was given no key challenge; connect through the /aip endpoint")
+    if proof is None:
+        return refused(f"unauthorized: device '{device}' did not prove its key: a device token alone is not "
+                       "the device (upgrade the device; it signs the server's challenge with the key in its "
+                       "state directory)")
+    enrolled = device_key(store, device)
+    if enrolled is not None and enrolled.public_key != proof.public_key:
+        return refused(f"unauthorized: device '{device}' is enrolled with the key "
+                       f"{fingerprint(enrolled.public_key)[:16]}, not {fingerprint(proof.public_key)[:16]}: "
+                       "this token is being used by another machine, or "
+                       f"the device's key changed (an admin can re-enrol it: tether token rotate --device {device} "
+                       "--key PUBLIC_KEY)")
+    if not verify(proof.public_key, proof.signature, register_statement(challenge, reg.name, reg.instance_id)):
+        return refused(f"unauthorized: the key proof of device '{device}' does not verify (a signature for "
+                       "another challenge, name or instance)")
+    if enrolled is None and enroll_first(store, device, proof.public_key, FIRST_REGISTRATION) != proof.public_key:
+        return refused(f"unauthorized: another key was enrolled for device '{device}' meanwhile")
+    return None
 
 
 async def refuse(socket: AIPSocket, refusal: Refusal, peer: str | None) -> None:

@@ -176,6 +176,17 @@ _MIGRATIONS: list[str | dict[str, str]] = [
     ALTER TABLE tokens ADD COLUMN agent INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE audit ADD COLUMN approval_digest TEXT;
     """,
+    # a device is its key (issue 27): each device's Ed25519 public key, proved at every registration
+    # (tether.server.device_keys); a pairing request carries the key that asks
+    """
+    CREATE TABLE device_keys (
+        name TEXT PRIMARY KEY,
+        public_key TEXT NOT NULL,
+        enrolled_at REAL NOT NULL,
+        enrolled_by TEXT NOT NULL
+    );
+    ALTER TABLE pairing ADD COLUMN public_key TEXT;
+    """,
 ]
 SENT, UNKNOWN = "sent", "unknown"
 _TOKEN_CACHE = 65_536  # verified tokens kept in memory (cleared whole when full: it refills from the table)

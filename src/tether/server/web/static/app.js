@@ -84,10 +84,16 @@ async function pairingPanel(into) {
     h("tbody", {}, waiting.map((r) => {
       const name = h("input", {"aria-label": `name for ${r.code}`, value: r.requested_name || "", required: true, size: 12});
       const tags = h("input", {"aria-label": `tags for ${r.code}`, placeholder: "lab, gpu", size: 10});
+      // a name another device holds (r.collision says why) is taken only when the admin ticks "replace",
+      // which revokes that device's tokens and key; otherwise the server refuses the approval
+      const replace = h("input", {type: "checkbox", "aria-label": `replace the existing device for ${r.code}`});
+      const taken = r.collision ? h("div", {class: "collision", "data-collision": r.code}, `taken: ${r.collision} `,
+        h("label", {}, replace, " replace it")) : null;
       return h("tr", {"data-pairing": r.code}, h("td", {}, h("code", {}, r.code)), h("td", {}, h("code", {}, r.fingerprint.slice(0, 16))),
-        h("td", {}, name), h("td", {}, tags), h("td", {}, r.address),
+        h("td", {}, name, taken), h("td", {}, tags), h("td", {}, r.address),
         h("td", {}, h("button", {type: "button", onclick: () => decide(r.code, "approve",
-          {name: name.value || null, tags: tags.value.split(",").map((t) => t.trim()).filter(Boolean)})}, "Approve"),
+          {name: name.value || null, tags: tags.value.split(",").map((t) => t.trim()).filter(Boolean),
+           replace: replace.checked})}, "Approve"),
           " ", h("button", {type: "button", class: "danger", onclick: () => decide(r.code, "refuse")}, "Refuse")));
     })))));
 }
