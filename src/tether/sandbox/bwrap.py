@@ -15,7 +15,10 @@ from tether.sandbox.spec import SandboxSpec, under
 
 
 def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
-    args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+    # a root device starts bwrap as its run_as user (tether.sandbox.identity): then the sandbox's user
+    # namespace maps that user, not root, and root-only files stay unreadable
+    prefix = spec.run_as.argv_prefix() if spec.run_as is not None else []
+    args = [*prefix, bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
     if not spec.network:
         args.append("--unshare-net")

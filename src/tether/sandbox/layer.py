@@ -313,8 +313,18 @@ def _parent(c: Change, parents: dict[str, int]) -> tuple[int, str, bool]:
     return parents[directory], name, False
 
 
+def _owner(c: Change, pfd: int, name: str) -> tuple[int, int] | None:
+    """Who an entry a root device applies belongs to (issue 26, docs/security/root.md): what it replaces,
+    else the directory it lands in — never the sandbox's run_as user by default, never root by accident."""
+    if os.geteuid() != 0 or c.kind not in ("created", "modified"):
+        return None
+    st = os.stat(name, dir_fd=pfd, follow_symlinks=False) if c.kind == "modified" else os.fstat(pfd)
+    return st.st_uid, st.st_gid
+
+
 def _apply_one(c: Change, parents: dict[str, int]) -> None:
     pfd, name, own = _parent(c, parents)
+    owner = _owner(c, pfd, name)
     try:
         if c.kind == "deleted":
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
@@ -333,6 +343,8 @@ def _apply_one(c: Change, parents: dict[str, int]) -> None:
             os.mkdir(name, c.mode & 0o777, dir_fd=pfd)
         else:
             _place(c, pfd, name)
+        if owner is not None:
+            os.chown(name, *owner, dir_fd=pfd, follow_symlinks=False)
     finally:
         if own:
             os.close(pfd)

@@ -130,6 +130,7 @@ class Sandbox:
     async def _start(self) -> None:
         self._drop_warden("the sandbox restarted")
         os.makedirs(self.spec.layers_dir, mode=0o700, exist_ok=True)
+        self._own(Path(self.spec.layers_dir))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
         argv = warden_argv(self.spec, sys.executable, theirs.fileno(), bwrap=self.info.bwrap or "bwrap")
@@ -333,11 +334,19 @@ class Sandbox:
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
         base.mkdir(mode=0o700)
+        self._own(base)
         for i in range(len(self.spec.write_roots)):
-            (base / str(i)).mkdir()
-            (base / str(i) / "u").mkdir()
-            (base / str(i) / "w").mkdir()
+            for sub in (base / str(i), base / str(i) / "u", base / str(i) / "w"):
+                sub.mkdir()
+                self._own(sub)
         return base
+
+    def _own(self, path: Path) -> None:
+        """A root device's layers belong to its run_as user, whose warden mounts overlays on them (a user
+        namespace's capabilities reach only files whose owner it maps); see docs/security/root.md."""
+        run_as = self.spec.run_as
+        if run_as is not None:
+            os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
 
     def release(self, layer: Path) -> None:
         """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""

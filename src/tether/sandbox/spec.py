@@ -6,6 +6,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tether.sandbox.identity import RunAs
+
 
 class SandboxUnavailable(RuntimeError):
     """No sandbox can be made here (no bwrap, no user namespaces...); the message says why and what to do."""
@@ -51,13 +53,15 @@ class SandboxSpec:
     # protected names that match at any depth (`.git/config`): bound read-only where they exist near a
     # live root's top (tether.sandbox.guard)
     protected_names: tuple[str, ...] = ()
+    # issue 26 (root): the unprivileged user a root device starts bwrap as; None: as the device itself
+    run_as: RunAs | None = None
 
     @classmethod
     def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
               network: bool = True, layers_dir: str = "", protected: Iterable[str] = (),
-              protected_names: Iterable[str] = ()) -> SandboxSpec:
+              protected_names: Iterable[str] = (), run_as: RunAs | None = None) -> SandboxSpec:
         live = _outermost(list(live_write_roots))
         return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
                    hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir,
                    protected=tuple(sorted({_real(p) for p in protected})),
-                   protected_names=tuple(sorted(set(protected_names))))
+                   protected_names=tuple(sorted(set(protected_names))), run_as=run_as)

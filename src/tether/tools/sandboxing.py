@@ -15,6 +15,7 @@ from pathlib import Path
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
 from tether.sandbox.egress import AskFn, EgressRecord
 from tether.sandbox.egress_rules import EgressRules
+from tether.sandbox.identity import RunAs
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
 from tether.tools.path_rules import anchored, anchored_places, protected_patterns
@@ -23,23 +24,28 @@ from tether.tools.policy import NetworkRules, Policy
 logger = logging.getLogger(__name__)
 
 
-def layers_dir(roots: Iterable[str]) -> str | None:
+def layers_dir(roots: Iterable[str], run_as: RunAs | None = None) -> str | None:
     """A private directory for overlay layers, outside every root (an overlay may not contain its own layer).
 
     $TETHER_SANDBOX_LAYERS, else /var/tmp, else /dev/shm (memory), whichever lies outside the roots.
+    With `run_as` (a root device's sandbox user) it is that user's, mode 0700: its warden mounts there.
     """
     real_roots = [os.path.realpath(os.path.expanduser(r)) for r in roots]
     candidates = [os.environ.get("TETHER_SANDBOX_LAYERS", ""), "/var/tmp", "/dev/shm", tempfile.gettempdir()]
     for base in filter(None, candidates):
         real = os.path.realpath(base)
-        path = real if base == candidates[0] else os.path.join(real, f"tether-layers-{os.getuid()}")
+        name = f"tether-layers-{os.getuid()}" + (f"-as-{run_as.uid}" if run_as is not None else "")
+        path = real if base == candidates[0] else os.path.join(real, name)
         place = os.path.realpath(path)
         if under(place, real_roots) or any(under(r, [place]) for r in real_roots) or not os.access(real, os.W_OK):
             continue
         try:
             Path(path).mkdir(mode=0o700, exist_ok=True)
-            if os.lstat(path).st_uid != os.getuid() or os.path.islink(path):
+            owner = os.getuid() if run_as is None else run_as.uid
+            if os.lstat(path).st_uid not in (os.getuid(), owner) or os.path.islink(path):
                 continue
+            if run_as is not None:
+                os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
             os.chmod(path, 0o700)
         except OSError:
             continue
@@ -47,7 +53,8 @@ def layers_dir(roots: Iterable[str]) -> str | None:
     return None
 
 
-def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = "") -> SandboxSpec:
+def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = "",
+                 run_as: RunAs | None = None) -> SandboxSpec:
     live = list(policy.live_write_roots)
     live_real = [os.path.realpath(os.path.expanduser(p)) for p in live]
     captured = [r for r in policy.write_roots if os.path.realpath(os.path.expanduser(r)) not in live_real]
@@ -55,7 +62,7 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
                              hidden=[*policy.hide_paths, *hidden], network=policy.network is True,
                              layers_dir=layers, protected=live_protected(policy),
-                             protected_names=floating_protected(policy))
+                             protected_names=floating_protected(policy), run_as=run_as)
 
 
 def floating_protected(policy: Policy) -> list[str]:
@@ -81,19 +88,23 @@ def egress_rules(policy: Policy) -> EgressRules | None:
 
 
 def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInfo | None = None,
-                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None) -> Sandbox | None:
+                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None,
+                 run_as: RunAs | None = None) -> Sandbox | None:
     """The device's sandbox, or None (with the reason logged) where none can be made here.
+
+    `run_as`: the unprivileged user a root device starts its sandboxes as (docs/security/root.md); `info`
+    must then be a probe made as that user.
 
     A policy that lists hosts gets the egress proxy: `ask` answers `ask: on-miss` (without it an
     unlisted host is refused), `audit` sees every connection (see `Sandbox`)."""
-    info = info or detect()
+    info = info or detect(run_as=run_as)
     if not info.available:
         logger.warning("no sandbox: %s", info.detail)
         return None
-    layers = layers_dir(policy.write_roots)
+    layers = layers_dir(policy.write_roots, run_as)
     if layers is None:
         logger.warning("no sandbox: no writable directory outside the write roots for its layers "
                        "(set TETHER_SANDBOX_LAYERS)")
         return None
-    return Sandbox(info, sandbox_spec(policy, hidden=hidden, layers=layers), egress=egress_rules(policy), ask=ask,
-                   audit=audit)
+    return Sandbox(info, sandbox_spec(policy, hidden=hidden, layers=layers, run_as=run_as),
+                   egress=egress_rules(policy), ask=ask, audit=audit)
