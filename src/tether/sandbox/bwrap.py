@@ -32,6 +32,8 @@ def hide_args(spec: SandboxSpec, *, skip_under: tuple[str, ...] = ()) -> list[st
         if under(path, skip_under):
             continue
         target = os.path.realpath(path)  # a hidden symlink hides what it points to
+        if spec.run_as is not None and not spec.run_as.reaches(target):
+            continue  # the run_as user cannot reach it (under /root): nothing to hide, nowhere bwrap could mount
         if os.path.isdir(target):
             args += ["--tmpfs", target, "--remount-ro", target]
         elif os.path.exists(target):
@@ -52,7 +54,8 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
     hidden or protected path cannot be created or changed there (`tether.sandbox.guard`).
     """
     args = _base(bwrap, spec)
-    writable = [root for root in (*spec.write_roots, *spec.live_write_roots) if os.path.isdir(root)]
+    writable = [root for root in (*spec.write_roots, *spec.live_write_roots) if os.path.isdir(root)
+                and (spec.run_as is None or spec.run_as.reaches(root))]  # one run_as cannot reach: not bound
     for root in writable:
         args += ["--bind", root, root]
     # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.guard)
@@ -78,7 +81,7 @@ def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "b
     # The live roots are bound beside the layers; each command binds them (and hides secrets) itself.
     args += ["--bind", spec.layers_dir, spec.layers_dir]
     for i, root in enumerate(spec.live_write_roots):
-        if os.path.isdir(root):
+        if os.path.isdir(root) and (spec.run_as is None or spec.run_as.reaches(root)):
             args += ["--bind", root, live_source(spec, i)]
     args += hide_args(spec, skip_under=spec.write_roots + spec.live_write_roots)
     return [*args, "--", python, "-I", "-m", "tether.sandbox.warden", str(sock_fd)]

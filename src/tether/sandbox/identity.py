@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import stat
 from dataclasses import dataclass
 
 DEDICATED_USER = "tether"  # `useradd --system tether`: a user nothing else runs as
@@ -25,6 +26,23 @@ class RunAs:
     name: str
     uid: int
     gid: int
+
+    def reaches(self, path: str) -> bool:
+        """Whether this user can look up `path`: every directory above it searchable by its uid or its one
+        group (it has no other), by the mode bits. bwrap, started as this user, can mount nothing on a path
+        it cannot reach, and a command of it cannot read there either: such a path needs no mask."""
+        parent = os.path.dirname(os.path.abspath(path))
+        while True:
+            try:
+                st = os.stat(parent)
+            except OSError:
+                return False
+            bit = stat.S_IXUSR if st.st_uid == self.uid else stat.S_IXGRP if st.st_gid == self.gid else stat.S_IXOTH
+            if not st.st_mode & bit:
+                return False
+            if parent == "/":
+                return True
+            parent = os.path.dirname(parent)
 
     def argv_prefix(self) -> list[str]:
         """What goes before `bwrap` so that it starts as this user, its group, and no supplementary groups."""

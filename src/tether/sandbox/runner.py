@@ -389,7 +389,8 @@ class Sandbox:
             guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
                               self.spec.protected_names, depth=1)
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
-                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
+                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
+                                if self.spec.run_as is None or self.spec.run_as.reaches(root)],
                        "layers_dir": self.spec.layers_dir,
                        "freeze": guard.freeze, "readonly": guard.readonly,
                        "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
