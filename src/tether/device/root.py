@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from pathlib import Path
 
 from tether.device.config import DeviceConfig
 from tether.sandbox.identity import RunAs, resolve_run_as
@@ -61,3 +62,25 @@ def root_check(config: DeviceConfig, flag: bool, command: str, env: Mapping[str,
 
 class RootRefused(RuntimeError):
     """The process runs as root and was not told it may."""
+
+
+def demo_run_as(work: Path) -> tuple[str | None, str]:
+    """For `tether demo` (CI and a fresh machine run it as root): the run_as its device should use, and a
+    line saying so. Not root: (None, ""). Root: the default unprivileged user when its sandbox works here —
+    `work` is then handed to it, so its commands can write there — else `root`, with the reason (that user
+    cannot run this interpreter, e.g. one under /root)."""
+    if os.geteuid() != 0:
+        return None, ""
+    if os.environ.get(RUN_AS_ENV):  # said explicitly: as it is
+        return os.environ[RUN_AS_ENV], ""
+    from tether.sandbox.detect import detect
+
+    run_as = resolve_run_as(None)
+    if run_as is None:
+        return None, ""
+    info = detect(run_as=run_as)
+    if info.available:
+        os.chown(work, run_as.uid, run_as.gid)
+        return run_as.name, f"running as root: the demo's commands run as user {run_as.name}, who owns {work}"
+    return "root", (f"running as root: the demo's commands run as root, because user {run_as.name} cannot run "
+                    f"them here ({info.detail}); see docs/security/root.md")
