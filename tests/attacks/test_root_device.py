@@ -35,7 +35,7 @@ SCRIPT = r'''
 import asyncio, json, os, sys
 from pathlib import Path
 
-work, state, other_token, db = (Path(p) for p in sys.argv[1:5])
+work, state, other_token, db, private = (Path(p) for p in sys.argv[1:6])
 from tether.device.config import parse_device_config
 from tether.device.local import build_device
 from tether.protocol.models import Command
@@ -45,7 +45,7 @@ report = {}
 
 async def main():
     policy = policy_from_mapping({"read_roots": [str(work), "/etc", str(other_token.parent), str(db.parent)],
-                                  "write_roots": [str(work)], "commands": {"install": {}}})
+                                  "write_roots": [str(work), str(private)], "commands": {"install": {}}})
     device = build_device(parse_device_config({}), policy=policy, state_dir=state, serving=True)
     sandbox = device.context.sandbox
     report["sandbox"] = None if sandbox is None else sandbox.kind
@@ -163,7 +163,11 @@ def test_commands_of_a_root_device_cannot_read_root_only_files(python: str) -> N
         db.chmod(0o600)
         script = base / "device.py"
         script.write_text(SCRIPT)
-        done = subprocess.run([python, str(script), str(work), str(base / "state"), str(token), str(db)],
+        private = base / "root-only" / "project"  # a write root the run_as user cannot reach: left out
+        private.mkdir(parents=True)
+        private.parent.chmod(0o700)
+        done = subprocess.run([python, str(script), str(work), str(base / "state"), str(token), str(db),
+                               str(private)],
                               capture_output=True, text=True, timeout=180, check=False,
                               env=_clean_env(TETHER_RUN_AS="nobody"), cwd=base)
         line = next((ln for ln in done.stdout.splitlines() if ln.startswith("REPORT ")), None)
@@ -171,6 +175,7 @@ def test_commands_of_a_root_device_cannot_read_root_only_files(python: str) -> N
         report = json.loads(line.removeprefix("REPORT "))
         assert report["sandbox"] and report["sandbox"].startswith("bwrap"), done.stderr
         assert report["run_as"] == run_as.pw_uid
+        assert f"write roots {private} are out of reach of the sandbox's user nobody" in done.stderr, done.stderr
         assert report["id"]["status"] == "success", report["id"]
         assert report["id"]["result"]["stdout"].strip() == str(run_as.pw_uid), report["id"]
         for what in ("shadow", "token", "db"):

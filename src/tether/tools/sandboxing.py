@@ -58,6 +58,13 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
     live = list(policy.live_write_roots)
     live_real = [os.path.realpath(os.path.expanduser(p)) for p in live]
     captured = [r for r in policy.write_roots if os.path.realpath(os.path.expanduser(r)) not in live_real]
+    if run_as is not None:  # a root device's sandbox user: a root it cannot even reach (under /root) stays out
+        unreachable = [r for r in [*captured, *live] if not run_as.reaches(os.path.realpath(os.path.expanduser(r)))]
+        if unreachable:
+            logger.warning("write roots %s are out of reach of the sandbox's user %s (docs/security/root.md): "
+                           "commands cannot write there", ", ".join(unreachable), run_as.name)
+        captured = [r for r in captured if r not in unreachable]
+        live = [r for r in live if r not in unreachable]
     return SandboxSpec.build(write_roots=[r for r in captured if os.path.isdir(os.path.expanduser(r))],
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
                              hidden=[*policy.hide_paths, *hidden], network=policy.network is True,
