@@ -210,3 +210,18 @@ def test_an_unprivileged_user_needs_no_leave(python: str) -> None:
         assert "connecting to" in seen and "root" not in seen, seen
     finally:
         shutil.rmtree(state, ignore_errors=True)
+
+
+def test_a_live_process_of_a_root_device_runs_unprivileged(tmp_path: Path) -> None:
+    """A sandboxed stdio MCP server (tether.sandbox.bwrap.live_argv) starts as the run_as user too."""
+    from tether.sandbox.bwrap import live_argv
+    from tether.sandbox.identity import resolve_run_as
+    from tether.sandbox.spec import SandboxSpec
+
+    run_as = resolve_run_as("nobody")
+    assert run_as is not None
+    spec = SandboxSpec.build(write_roots=[], hidden=["/root", str(tmp_path)], layers_dir=str(tmp_path), run_as=run_as)
+    done = subprocess.run(live_argv(spec, ["sh", "-c", "id -u; id -G; cat /etc/shadow"], cwd="/"),
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.split() == [str(run_as.uid), str(run_as.gid)], done
+    assert "Permission denied" in done.stderr and done.returncode != 0, done
