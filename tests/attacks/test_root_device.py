@@ -20,6 +20,7 @@ import selectors
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -101,7 +102,7 @@ def _closed_port() -> int:
 
 
 def test_a_root_device_without_leave_is_refused_in_one_line(tmp_path: Path) -> None:
-    done = subprocess.run([str(REPO / ".venv/bin/python"), "-m", "tether.cli", "device", "--server",
+    done = subprocess.run([sys.executable, "-m", "tether.cli", "device", "--server",
                            f"ws://127.0.0.1:{_closed_port()}", "--state-dir", str(tmp_path)],
                           capture_output=True, text=True, timeout=60, env=_clean_env(COLUMNS="60"), check=False)
     assert done.returncode == 2, done

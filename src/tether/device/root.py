@@ -56,8 +56,9 @@ def root_check(config: DeviceConfig, flag: bool, command: str, env: Mapping[str,
     if run_as is None:
         return (f"running as root with run_as: root: sandboxed commands run as root and can read every root-only "
                 f"file (set {RUN_AS_ENV} or device.run_as to an unprivileged user)")
+    shared = "; nobody is shared with other daemons: better useradd --system tether" if run_as.name == "nobody" else ""
     return (f"running as root: sandboxed commands run as user {run_as.name} (uid {run_as.uid}), who must own or be "
-            f"able to write the write roots for commands to change them (docs/security/root.md)")
+            f"able to write the write roots for commands to change them{shared} (docs/security/root.md)")
 
 
 class RootRefused(RuntimeError):
