@@ -226,3 +226,33 @@ def test_a_live_process_of_a_root_device_runs_unprivileged(tmp_path: Path) -> No
                           capture_output=True, text=True, timeout=60, check=False)
     assert done.stdout.split() == [str(run_as.uid), str(run_as.gid)], done
     assert "Permission denied" in done.stderr and done.returncode != 0, done
+
+
+def test_leave_to_run_as_root_comes_from_the_flag_the_environment_or_the_config() -> None:
+    from tether.device.config import parse_device_config
+    from tether.device.root import RootRefused, root_check
+
+    plain, allowed = parse_device_config({}), parse_device_config({"device": {"allow_root": True}})
+    with pytest.raises(RootRefused, match="--allow-root"):
+        root_check(plain, False, "tether device", env={})
+    assert "run as user nobody" in root_check(plain, True, "tether device", env={"TETHER_RUN_AS": "nobody"})
+    env = {"TETHER_ALLOW_ROOT": "1", "TETHER_RUN_AS": "nobody"}
+    assert "run as user nobody" in root_check(plain, False, "x", env=env)
+    assert "run as user nobody" in root_check(allowed, False, "x", env={"TETHER_RUN_AS": "nobody"})
+    config_user = parse_device_config({"device": {"allow_root": True, "run_as": "nobody"}})
+    assert "run as user nobody" in root_check(config_user, False, "x", env={})
+    as_root = root_check(allowed, False, "x", env={"TETHER_RUN_AS": "root"})
+    assert "run as root and can read every root-only file" in as_root
+    with pytest.raises(ValueError, match="no user 'tether-no-such-user'"):
+        root_check(allowed, False, "x", env={"TETHER_RUN_AS": "tether-no-such-user"})
+
+
+def test_local_exec_and_run_as_root_are_refused_in_one_line(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("- skill: shell.run\n  args: {cmd: id}\n")
+    for args in (["exec", "shell.run", "cmd=id"], ["run", "--plan", str(plan)]):
+        done = subprocess.run([sys.executable, "-m", "tether.cli", *args], capture_output=True, text=True, timeout=60,
+                              env=_clean_env(COLUMNS="60", TETHER_STATE_DIR=str(tmp_path / "state")), check=False)
+        lines = done.stderr.strip().splitlines()
+        assert done.returncode == 2 and len(lines) == 1, (args, done)
+        assert lines[0].startswith(f"error: tether {args[0]} refuses to run as root"), (args, done.stderr)
