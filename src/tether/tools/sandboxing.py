@@ -44,7 +44,9 @@ def layers_dir(roots: Iterable[str], run_as: RunAs | None = None) -> str | None:
             owner = os.getuid() if run_as is None else run_as.uid
             if os.lstat(path).st_uid not in (os.getuid(), owner) or os.path.islink(path):
                 continue
-            if run_as is not None:
+            if run_as is not None and os.lstat(path).st_uid != run_as.uid:
+                if os.listdir(path):  # never hand over a directory that holds someone's files already
+                    continue
                 os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
             os.chmod(path, 0o700)
         except OSError:
