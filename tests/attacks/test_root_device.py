@@ -142,6 +142,9 @@ def test_allow_root_starts_a_device_whose_sandbox_runs_unprivileged(python: str,
         proc.wait(timeout=30)
     assert "warning: running as root: sandboxed commands run as user nobody" in seen, seen
     assert "sandbox: bwrap" in seen, seen
+    nobody = pwd.getpwnam("nobody")  # the probe ran as that user, and its remembered answer says so
+    cached = json.loads((tmp_path / "sandbox-probe.json").read_text())
+    assert cached["key"]["run_as"] == [nobody.pw_uid, nobody.pw_gid] and cached["key"]["uid"] == 0, cached
 
 
 def test_commands_of_a_root_device_cannot_read_root_only_files(python: str) -> None:
