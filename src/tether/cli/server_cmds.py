@@ -378,6 +378,10 @@ def device(ctx: typer.Context,
                "--log-level", help="debug, info (connection changes and each command), warning or error")] = "info",
            log_format: Annotated[str, typer.Option(
                "--log-format", help="plain lines, or json: one object per line for log shippers")] = "plain",
+           allow_root: Annotated[bool, typer.Option(
+               "--allow-root", help="run as root (refused otherwise; or TETHER_ALLOW_ROOT=1): sandboxed commands "
+                                    "then run as the config's device.run_as user (default tether, else nobody)")
+           ] = False,
            ) -> None:
     """Connect to a server, register this machine's profile, and serve commands until stopped."""
     env_token = take_device_token_from_env()  # first: gone from the environment whatever happens next
@@ -390,12 +394,17 @@ def device(ctx: typer.Context,
     from tether.device.config import load_device_config
 
     servers = [url.strip() for each in server or () for url in each.split(",") if url.strip()]
+    from tether.device.root import RootRefused, root_check
+
     try:
         cfg = load_device_config(config)
+        root_warning = root_check(cfg, allow_root, "tether device")  # before a token is read or a pairing asked
         secret = _device_token(cfg, token_file, env_token)
-    except ValueError as exc:
+    except (ValueError, RootRefused) as exc:
         _error(str(exc))
         raise typer.Exit(2) from None
+    if root_warning:
+        _warn(root_warning)
     from tether.cli.logs import configure
 
     try:
@@ -452,11 +461,17 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
     from tether.device.local import build_device, device_state_dir, resolve_policy
     from tether.device.profile import collect_profile
     from tether.device.reconnect import PIN_MISMATCH
+    from tether.device.root import run_as_for
     from tether.sandbox import detect
 
     out = console(err=True)
     # one probe process while the rest loads, or its answer kept in the state directory for this boot
-    sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir)))
+    try:  # a root device probes as its run_as user (tether.device.root)
+        run_as = run_as_for(cfg)
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir), run_as=run_as))
     try:
         urls = [aip_url(each) for each in servers] if servers else cfg.server.ws_urls()
         contexts = [None if tls_fingerprint else make_ssl_context(each, ca_file or cfg.server.ca_file)

@@ -518,8 +518,18 @@ def _remove_tree(parent_fd: int, name: str, path: str, since_ns: int) -> list[st
     return kept
 
 
+def _owner(c: Change, pfd: int, name: str) -> tuple[int, int] | None:
+    """Who an entry a root device applies belongs to (issue 26, docs/security/root.md): what it replaces,
+    else the directory it lands in — never the sandbox's run_as user by default, never root by accident."""
+    if os.geteuid() != 0 or c.kind not in ("created", "modified"):
+        return None
+    st = os.stat(name, dir_fd=pfd, follow_symlinks=False) if c.kind == "modified" else os.fstat(pfd)
+    return st.st_uid, st.st_gid
+
+
 def _apply_one(c: Change, parents: dict[str, int]) -> None:
     pfd, name, own = _parent(c, parents)
+    owner = _owner(c, pfd, name)
     try:
         if c.kind == "deleted":
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
@@ -540,6 +550,8 @@ def _apply_one(c: Change, parents: dict[str, int]) -> None:
             os.mkdir(name, c.mode & 0o777, dir_fd=pfd)
         else:
             _place(c, pfd, name)
+        if owner is not None:
+            os.chown(name, *owner, dir_fd=pfd, follow_symlinks=False)
     finally:
         if own:
             os.close(pfd)

@@ -156,6 +156,7 @@ class Sandbox:
     async def _start(self) -> None:
         self._drop_warden("the sandbox restarted")
         os.makedirs(self.spec.layers_dir, mode=0o700, exist_ok=True)
+        self._own(Path(self.spec.layers_dir))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
         argv = warden_argv(self.spec, sys.executable, theirs.fileno(), bwrap=self.info.bwrap or "bwrap")
@@ -364,10 +365,11 @@ class Sandbox:
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
         base.mkdir(mode=0o700)
+        self._own(base)
         for i in range(len(self.spec.write_roots)):
-            (base / str(i)).mkdir()
-            (base / str(i) / "u").mkdir()
-            (base / str(i) / "w").mkdir()
+            for sub in (base / str(i), base / str(i) / "u", base / str(i) / "w"):
+                sub.mkdir()
+                self._own(sub)
         self._since[base] = (time.time_ns(), self._apply_seq)
         if len(self._since) > 4 * MAX_HELD_SINCE:  # held layers that expired were never released: forget them
             for gone in [known for known in self._since if not known.exists()]:
@@ -405,6 +407,13 @@ class Sandbox:
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         """`submit` and wait for it."""
         return await self.submit(fn, *args)
+
+    def _own(self, path: Path) -> None:
+        """A root device's layers belong to its run_as user, whose warden mounts overlays on them (a user
+        namespace's capabilities reach only files whose owner it maps); see docs/security/root.md."""
+        run_as = self.spec.run_as
+        if run_as is not None:
+            os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
 
     def release(self, layer: Path) -> None:
         """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
@@ -451,7 +460,8 @@ class Sandbox:
             guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
                               self.spec.protected_names, depth=1)
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
-                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
+                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
+                                if self.spec.run_as is None or self.spec.run_as.reaches(root)],
                        "layers_dir": self.spec.layers_dir,
                        "freeze": guard.freeze, "readonly": guard.readonly,
                        "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
