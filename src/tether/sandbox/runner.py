@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -208,6 +209,36 @@ class Sandbox:
             raise SandboxUnavailable(f"no egress proxy: {reply.get('error', 'unexpected reply from the warden')}")
         self._proxy_port = int(reply["port"])
         self._proxy_task = self.egress.serve(socket.socket(fileno=fds[0]))
+
+    def renetwork(self, network: bool, egress: EgressRules | None) -> None:
+        """Follow a changed `network` setting (a server narrowed it, or its change was withdrawn).
+
+        Where the sandbox already has the egress proxy and keeps having no direct network, the new rules
+        replace the proxy's at once (off: rules that open nothing): the next connection is judged by
+        them, and nothing restarts. Going from direct network to none (or back) needs a new network
+        namespace: the warden is restarted on the next command, and the commands running in the old
+        one end now (a narrower network applies at once).
+        """
+        if egress is not None and network:
+            raise ValueError("an egress proxy needs a sandbox without direct network (network=False)")
+        if self.egress is not None and not network and not self.spec.network:
+            self.egress.rules = egress or EgressRules()
+            return
+        if network == self.spec.network and (egress is None) == (self.egress is None):
+            return
+        old = self.egress
+        self.spec = dataclasses.replace(self.spec, network=network)
+        self.egress = None if egress is None else EgressProxy(egress, audit=self._on_connection,
+                                                               owner=self._owner_of, ask=self._ask_for)
+        self._drop_warden("the sandbox restarted: its network policy changed")
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        if old is not None:
+            closing = asyncio.get_running_loop().create_task(old.aclose())
+            self._removing.add(closing)
+            closing.add_done_callback(self._removing.discard)
 
     def proxy_env(self) -> dict[str, str]:
         """What a command's environment gets so that its HTTP and SOCKS clients use the egress proxy."""
