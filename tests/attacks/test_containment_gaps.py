@@ -1,0 +1,168 @@
+"""Issue 26, the gaps the first containment round left, tried as an attacker (or a careless server) would.
+
+1. A server pushes `network`: it can narrow a device's network (off, or a shorter host list) and the
+   running device follows at once, but nothing it pushes widens what the device's own policy allows.
+2. A sandboxed stdio MCP server, on a device whose policy lists hosts, reaches the listed ones through
+   the egress proxy and nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from netutil import CLI, Cluster
+from tether.sandbox import SandboxSpec, detect
+from tether.sandbox.egress import EgressRecord
+from tether.sandbox.egress_rules import EgressRules
+from tether.sandbox.runner import Sandbox
+
+BODY = b"upstream says hello\n"
+
+
+def _require(program: str, install: str) -> str:
+    path = shutil.which(program)
+    if path is None:
+        pytest.fail(f"{program} is not installed; install it with: {install}")
+    return os.path.realpath(path)
+
+
+class _Answer(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(BODY)))
+        self.end_headers()
+        self.wfile.write(BODY)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def upstreams() -> Iterator[tuple[int, int]]:
+    """Two HTTP servers on 127.0.0.1 (threads: the processes under test are others), their ports."""
+    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Answer) for _ in range(2)]
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
+    for thread in threads:
+        thread.start()
+    try:
+        yield servers[0].server_address[1], servers[1].server_address[1]
+    finally:
+        for server in servers:
+            server.shutdown()
+            server.server_close()
+
+
+# ---------------------------------------------------------------- 1. network pushed from the server
+
+
+def test_a_server_narrows_a_devices_host_list_and_cannot_widen_it(tmp_path: Path, upstreams: tuple[int, int]) -> None:
+    curl = _require("curl", "apt-get install -y curl")
+    kept, dropped = upstreams
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(json.dumps({"commands": {"curl": {}},
+                                  "network": {"allow": [f"localhost:{kept}", f"localhost:{dropped}"]}}))
+    cluster = Cluster(tmp_path)
+    env = {**cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{cluster.port}", "TETHER_TOKEN": cluster.api_token}
+
+    def tether(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120,
+                              stdin=subprocess.DEVNULL)
+
+    def fetch(port: int) -> str:
+        done = tether("exec", "--device", "alpha", "shell.run", f"cmd={curl}",
+                      f"argv={json.dumps(['-sS', f'http://localhost:{port}/'])}", f"cwd={tmp_path}")
+        return done.stdout + done.stderr
+
+    def push(value: Any) -> subprocess.CompletedProcess[str]:
+        change = tmp_path / "change.yaml"
+        change.write_text(json.dumps({"network": value}))
+        return tether("policy", "set", "--device", "alpha", "--file", str(change))
+
+    try:
+        alpha = cluster.device("alpha", extra=("--policy", str(policy)))
+        cluster.wait_online("alpha", alpha)
+        assert BODY.decode() in fetch(dropped)
+
+        narrowed = push({"allow": [f"localhost:{kept}", "example.org"]})
+        assert narrowed.returncode == 0, narrowed.stdout + narrowed.stderr
+        assert BODY.decode() in fetch(kept)
+        refused = fetch(dropped)  # at once, on the running device: the proxy judges by the new rules
+        assert "network.not-allowed" in refused and BODY.decode() not in refused
+        shown = json.loads(tether("policy", "show", "--device", "alpha", "--json").stdout)
+        assert shown["policy"]["network"]["allow"] == [f"localhost:{kept}"]  # example.org: not the device's
+        assert shown["sources"]["network"] == "remote"
+
+        widen = push("on")  # a server that tries to lift the list is told why not, and nothing changes
+        assert widen.returncode == 1 and "would widen this device's own host list" in widen.stderr
+        assert "Traceback" not in widen.stderr
+        assert "network.not-allowed" in fetch(dropped)
+
+        assert push("off").returncode == 0
+        assert "network.not-allowed" in fetch(kept)
+
+        alpha.stop()  # restarted, the device starts from the narrowed network
+        alpha = cluster.device("alpha", extra=("--policy", str(policy)))
+        cluster.wait_online("alpha", alpha)
+        assert "network.not-allowed" in fetch(kept)
+    finally:
+        cluster.close()
+
+
+async def _fetch(sandbox: Sandbox, port: int, *, direct: bool) -> str:
+    """A Python client in the sandbox: straight to 127.0.0.1:port, or to localhost through $HTTP_PROXY."""
+    code = (f"import urllib.request as u\nh = u.ProxyHandler({{}}) if {direct} else u.ProxyHandler()\n"
+            f"url = 'http://{'127.0.0.1' if direct else 'localhost'}:{port}/'\n"
+            "try:\n    print(u.build_opener(h).open(url, timeout=10).read().decode(), end='')\n"
+            "except Exception as exc:\n    print('failed', exc)\n")
+    python = os.path.realpath(sys.executable)
+    proc = await sandbox.spawn([python, "-I", "-c", code], executable=python, cwd="/",
+                               env={"PATH": "/usr/bin:/bin"}, stdin=False, layer=None)
+    assert proc.stdout is not None and proc.stderr is not None
+    async with asyncio.timeout(30):
+        out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+        await proc.wait()
+    return out.decode() + err.decode()
+
+
+@pytest.fixture
+async def open_box(tmp_path: Path) -> AsyncIterator[tuple[Sandbox, list[EgressRecord]]]:
+    info = detect()
+    if not info.available:
+        pytest.fail(f"these tests need bubblewrap (apt-get install -y bubblewrap): {info.detail}")
+    (tmp_path / "root").mkdir()
+    spec = SandboxSpec.build(write_roots=[str(tmp_path / "root")], network=True, layers_dir=str(tmp_path / "layers"))
+    audited: list[EgressRecord] = []
+    sandbox = Sandbox(info, spec, audit=lambda r, e: e == "open" and audited.append(r))  # type: ignore[func-returns-value]
+    try:
+        yield sandbox, audited
+    finally:
+        await sandbox.aclose()
+
+
+async def test_a_device_on_the_open_network_narrowed_to_a_list_loses_its_direct_network(
+        open_box: tuple[Sandbox, list[EgressRecord]], upstreams: tuple[int, int]) -> None:
+    sandbox, audited = open_box
+    kept, dropped = upstreams
+    assert await _fetch(sandbox, dropped, direct=True) == BODY.decode()  # the device's own `network: on`
+
+    sandbox.renetwork(False, EgressRules.build(allow=[f"localhost:{kept}"]))  # the server's list
+    assert "failed" in await _fetch(sandbox, dropped, direct=True)  # a new namespace: no route at all
+    assert await _fetch(sandbox, kept, direct=False) == BODY.decode()
+    assert "403" in await _fetch(sandbox, dropped, direct=False)
+    assert [(r.port, r.allowed, r.rule) for r in audited] == [
+        (kept, True, f"network.allow: localhost:{kept}"), (dropped, False, "network.not-allowed")]
+
+    sandbox.renetwork(True, None)  # the server's change withdrawn: the device's own again
+    assert await _fetch(sandbox, dropped, direct=True) == BODY.decode()
