@@ -39,7 +39,7 @@ def _require(program: str, install: str) -> str:
 
 
 class _Answer(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Length", str(len(BODY)))
         self.end_headers()
