@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from confined_device import home  # noqa: F401 (a fixture)
 
 from netutil import CLI, Cluster
 from tether.sandbox import SandboxSpec, detect
@@ -166,3 +167,57 @@ async def test_a_device_on_the_open_network_narrowed_to_a_list_loses_its_direct_
 
     sandbox.renetwork(True, None)  # the server's change withdrawn: the device's own again
     assert await _fetch(sandbox, dropped, direct=True) == BODY.decode()
+
+
+# ---------------------------------------------------------------- 2. sandboxed stdio MCP servers get the proxy
+
+FETCHER = str(Path(__file__).resolve().parent.parent / "servers" / "fetcher.py")
+
+
+def _said(result: Any) -> str:
+    return (result.error or "") + "\n" + json.dumps(result.result)
+
+
+async def test_a_sandboxed_mcp_server_reaches_listed_hosts_through_the_proxy_and_nothing_else(
+        home: Path, upstreams: tuple[int, int]) -> None:
+    from tether.device.config import parse_device_config
+    from tether.device.local import build_device
+    from tether.protocol.models import Command, ResultStatus
+    from tether.tools.policy import policy_from_mapping
+
+    listed, unlisted = upstreams
+    config = parse_device_config({"mcpServers": {"net": {
+        "command": sys.executable, "args": [FETCHER], "sandbox": True, "autoApprove": ["fetch", "proxy"]}}})
+    policy = policy_from_mapping({"network": {"allow": [f"localhost:{listed}"], "deny": ["*.evil.test"]}})
+    state = home / ".local/state/tether"
+    state.mkdir(parents=True)
+    device = build_device(config, policy=policy, state_dir=state, sandbox=True)
+    sandbox = device.context.sandbox
+    assert sandbox is not None and sandbox.egress is not None, "no sandbox was made here (see the log for why)"
+    seen: list[EgressRecord] = []
+    serve = sandbox.egress.audit
+    sandbox.egress.audit = lambda record, event: (event == "open" and seen.append(record), serve and serve(record, event))
+
+    async def fetch(url: str) -> Any:
+        [result] = await device.client.execute_actions([Command(tool_name="net/fetch", parameters={"url": url})])
+        return result
+
+    try:
+        computer = await device.computer_manager.get_or_create(None)
+        assert "net" not in computer.startup_errors, computer.startup_errors
+        async with asyncio.timeout(60):
+            ok = await fetch(f"http://localhost:{listed}/")
+            assert ok.status is ResultStatus.SUCCESS and ok.result["text"] == BODY.decode(), _said(ok)
+            unlisted_host = await fetch(f"http://localhost:{unlisted}/")
+            denied = await fetch("http://www.evil.test/")
+            direct = await fetch(f"http://127.0.0.1:{listed}/")  # an address is judged as written: unlisted
+            [env] = await device.client.execute_actions([Command(tool_name="net/proxy", parameters={})])
+    finally:
+        await device.aclose()
+    assert unlisted_host.status is ResultStatus.FAILURE and "network.not-allowed" in _said(unlisted_host)
+    assert denied.status is ResultStatus.FAILURE and "network.deny: *.evil.test" in _said(denied)
+    assert direct.status is ResultStatus.FAILURE and "network.not-allowed" in _said(direct)
+    assert "HTTP_PROXY=http://127.0.0.1:" in _said(env) and "ALL_PROXY=socks5h://127.0.0.1:" in _said(env)
+    assert [(r.host, r.port, r.allowed) for r in seen] == [
+        ("localhost", listed, True), ("localhost", unlisted, False), ("www.evil.test", 80, False),
+        ("127.0.0.1", listed, False)]

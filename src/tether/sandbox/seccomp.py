@@ -25,6 +25,7 @@ import ctypes
 import errno
 import functools
 import os
+import socket
 import struct
 import sys
 
@@ -182,21 +183,53 @@ def install(allow_unix: bool = False) -> None:
     Filter(allow_unix).install()
 
 
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
+
+
+def proxy_variables(port: int) -> dict[str, str]:
+    """The environment that takes a program's HTTP and SOCKS clients through the egress proxy on `port`."""
+    http, socks = f"http://127.0.0.1:{port}", f"socks5h://127.0.0.1:{port}"
+    return {name: socks if "all" in name.lower() else http for name in PROXY_ENV}
+
+
+def hand_over_listener(channel_fd: int) -> int:
+    """Open the egress proxy's port on this network namespace's loopback and send the listening socket to
+    the device over `channel_fd` (a unix socket it passed down; closed here), as the warden's `listen`
+    op does; the port, for the program's environment. OSError when it cannot."""
+    channel = socket.socket(fileno=channel_fd)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(socket.SOMAXCONN)
+        port = int(listener.getsockname()[1])
+        socket.send_fds(channel, [str(port).encode()], [listener.fileno()])
+        return port
+    finally:
+        listener.close()
+        channel.close()
+
+
 def main(argv: list[str]) -> int:
-    """`python -I -m tether.sandbox.seccomp [--allow-unix | --any-socket] -- PROGRAM ARG...`: confine, exec.
+    """`python -I -m tether.sandbox.seccomp [--allow-unix | --any-socket] [--egress-fd N] -- PROGRAM ARG...`.
 
     For processes bwrap starts directly (live ones, see `bwrap.confine_argv`): the same filter and
     Landlock scopes as a warden's command, then the program (found on PATH) in place of this interpreter.
     `--allow-unix`: unix sockets may be made (the policy names some; abstract ones stay scoped away);
-    `--any-socket`: any, abstract ones too.
+    `--any-socket`: any, abstract ones too. `--egress-fd N`: the sandbox has no direct network and the
+    device's egress proxy serves it: a listening port on its loopback goes to the device over fd N
+    (`hand_over_listener`) and the program's environment points its proxy variables there.
     """
     args = argv[1:]
     allow_unix = any_socket = False
+    egress_fd: int | None = None
     while args and args[0] != "--":
         if args[0] == "--allow-unix":
             allow_unix, args = True, args[1:]
         elif args[0] == "--any-socket":
             any_socket, args = True, args[1:]
+        elif args[0] == "--egress-fd" and len(args) > 1 and args[1].isdigit():
+            egress_fd, args = int(args[1]), args[2:]
         else:
             sys.stderr.write(f"tether sandbox: unknown option {args[0]}\n")
             return 2
@@ -205,6 +238,15 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("tether sandbox: no program to run\n")
         return 2
     try:
+        if egress_fd is not None:
+            try:
+                port = hand_over_listener(egress_fd)
+            except OSError as exc:
+                sys.stderr.write(f"tether sandbox: no egress proxy for {program_argv[0]}: {exc}\n")
+                return 126
+            for name in NO_PROXY_ENV:
+                os.environ.pop(name, None)
+            os.environ.update(proxy_variables(port))
         libc = _libc()
         libc.prctl(38, ctypes.c_ulong(1), 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (bwrap has set it already)
         restrict_scopes(abi_version(), abstract=not any_socket)
