@@ -161,8 +161,8 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 
 
 @contextlib.asynccontextmanager
-async def bounded_stdio_client(server: StdioServerParameters, errlog: TextIO,
-                               max_message_bytes: int, pass_fds: tuple[int, ...] = ()) -> AsyncIterator[tuple[Any, Any]]:
+async def bounded_stdio_client(server: StdioServerParameters, errlog: TextIO, max_message_bytes: int,
+                               pass_fds: tuple[int, ...] = ()) -> AsyncIterator[tuple[Any, Any]]:
     """`mcp.client.stdio.stdio_client` with a cap on each message the server sends (POSIX; elsewhere
     the SDK's own transport, uncapped); `pass_fds` stay open in the server's process."""
     if sys.platform == "win32":  # pragma: no cover - the SDK's Job Object handling is Windows' own
