@@ -9,9 +9,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -228,3 +231,85 @@ async def test_a_sandboxed_mcp_server_reaches_listed_hosts_through_the_proxy_and
     assert [(r.host, r.port, r.allowed) for r in seen] == [
         ("localhost", listed, True), ("localhost", unlisted, False), ("www.evil.test", 80, False),
         ("127.0.0.1", listed, False)]
+
+
+# ---------------------------------------------------------------- 3. launch_application reaches its X display
+
+
+@pytest.fixture
+def xvfb(tmp_path: Path) -> Iterator[str]:
+    from desktop_testkit import running_xvfb
+
+    for program, install in (("Xvfb", "apt-get install -y xvfb"), ("xmessage", "apt-get install -y x11-utils"),
+                             ("xdpyinfo", "apt-get install -y x11-utils")):
+        _require(program, install)
+    with running_xvfb(tmp_path / "xvfb.log") as display:
+        yield display
+
+
+async def test_a_launched_gui_program_reaches_its_display_and_no_other_socket(
+        home: Path, xvfb: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    import socket
+
+    from tether.device.local import build_device
+    from tether.tools.policy import policy_from_mapping
+    from tether.tools.system import system_toolset
+    from tether.tools.x11 import display_socket
+
+    monkeypatch.setenv("DISPLAY", xvfb)
+    x_socket = display_socket(xvfb)
+    assert x_socket == f"/tmp/.X11-unix/X{xvfb[1:]}"
+    other_path = str(tmp_path / "agent.sock")  # another unix socket of the device user's (an ssh-agent, say)
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(other_path)
+    other.listen()
+    state = home / ".local/state/tether"
+    state.mkdir(parents=True)
+    device = build_device(policy=policy_from_mapping({"commands": {"xmessage": {}}, "require_sandbox": True}),
+                          state_dir=state, sandbox=True)
+    assert device.context.sandbox is not None, "no sandbox was made here (see the log for why)"
+    pid = 0
+    try:
+        result = await system_toolset().call("launch_application", {
+            "app_name": "xmessage", "args": ["-name", "tether-gaps", "hello from the sandbox"],
+            "waitForWindowMs": 15000}, device.context)
+        assert result.ok, result
+        pid = result.result["pid"]
+        assert result.result["sandbox"] != "none" and result.result["window"] is not None, result.result
+
+        # the same allowance, tried by a program that goes for another socket too: connect(2) with a whole
+        # sockaddr_un, as libxcb does (a shorter address is refused like an abstract one: seccomp.program)
+        python = os.path.realpath(sys.executable)
+        probe = ("import ctypes, os, socket, sys\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+                 "for path in sys.argv[1:]:\n    s = socket.socket(socket.AF_UNIX)\n"
+                 "    addr = ctypes.create_string_buffer(110)\n    addr[0:2] = (1).to_bytes(2, 'little')\n"
+                 "    addr[2:2 + len(path)] = path.encode()\n"
+                 "    rc = libc.connect(s.fileno(), addr, 110)\n"
+                 "    print('reached' if rc == 0 else 'refused', path, ctypes.get_errno())\n"
+                 "s = socket.socket(socket.AF_UNIX)\n"
+                 "try:\n    s.connect(b'\\0' + sys.argv[1].encode()); print('reached abstract')\n"
+                 "except OSError as exc:\n    print('refused abstract', exc.errno)\n")
+        proc = await device.context.sandbox.spawn([python, "-I", "-c", probe, x_socket, other_path],
+                                                  executable=python, cwd="/", env={"PATH": "/usr/bin:/bin"},
+                                                  stdin=False, layer=None, display_socket=x_socket)
+        assert proc.stdout is not None and proc.stderr is not None
+        async with asyncio.timeout(30):
+            out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            await proc.wait()
+        assert out.decode().splitlines() == [
+            f"reached {x_socket} 0", f"refused {other_path} {errno.ECONNREFUSED}",
+            f"refused abstract {errno.ECONNREFUSED}"], out + err
+        # without the display's allowance, no unix socket at all
+        proc = await device.context.sandbox.spawn([python, "-I", "-c", probe, x_socket], executable=python, cwd="/",
+                                                  env={"PATH": "/usr/bin:/bin"}, stdin=False, layer=None)
+        assert proc.stdout is not None and proc.stderr is not None
+        async with asyncio.timeout(30):
+            out, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+            await proc.wait()
+        assert b"PermissionError" in err and b"reached" not in out
+    finally:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        other.close()
+        await device.aclose()

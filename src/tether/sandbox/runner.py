@@ -391,12 +391,14 @@ class Sandbox:
 
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
                     stdin: bool, layer: Path | None, output: bool = True,
-                    ask: AskFn | None = None) -> SandboxedProcess:
+                    ask: AskFn | None = None, display_socket: str | None = None) -> SandboxedProcess:
         """Start `argv` (running the file `executable` names, opened here) confined; `layer` captures writes.
 
         `output=False` sends stdout and stderr to /dev/null (a detached application nobody reads).
         `ask` answers the egress proxy's questions about this command's connections to unlisted hosts
-        (`ask: on-miss`), instead of the sandbox's own `ask`.
+        (`ask: on-miss`), instead of the sandbox's own `ask`. `display_socket`: a launched GUI program's
+        X display socket (a real path), which this command alone may connect to beside the policy's
+        sockets (and its abstract twin is refused so that libxcb falls back to it: `seccomp.program`).
         """
         await self._ensure()
         loop = asyncio.get_running_loop()
@@ -431,7 +433,9 @@ class Sandbox:
                        "exec_path": exec_path,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
                                     *self.spec.live_write_roots, "/dev"],
-                       **self._ipc_and_limits()}
+                       **self._ipc_and_limits((display_socket,) if display_socket else ())}
+            if display_socket and message.get("filters") is not False:
+                message["display"] = True
             if self.egress is not None:
                 env = {k: v for k, v in env.items() if k not in NO_PROXY_ENV} | self.proxy_env()
                 message["env"] = env
@@ -456,11 +460,11 @@ class Sandbox:
         writer = await _writer(loop, in_w) if in_w >= 0 else None
         return SandboxedProcess(self, request_id, self._host_pid(pid), exited, writer, stdout, stderr)
 
-    def _ipc_and_limits(self) -> dict[str, Any]:
+    def _ipc_and_limits(self, extra: tuple[str, ...] = ()) -> dict[str, Any]:
         """What the warden needs to close IPC and cap resources for one command (see seccomp, limits)."""
         if not self.filters:
             return {"filters": False}
-        allowed = self.spec.allow_sockets
+        allowed = (*self.spec.allow_sockets, *extra) if extra else self.spec.allow_sockets
         any_socket = ANY_SOCKET in allowed
         masks: list[str] = []
         if allowed and not any_socket:

@@ -39,6 +39,10 @@ SYS_SOCKET_CALL = 1  # socketcall(2)'s number for socket()
 
 # (audit arch, socket, io_uring_setup) per machine; i386 is x86_64's compatibility entry
 _NATIVE = {"x86_64": (AUDIT_ARCH_X86_64, 41, 425), "aarch64": (AUDIT_ARCH_AARCH64, 198, 425)}
+_CONNECT = {"x86_64": 42, "aarch64": 203}
+# connect(2) address lengths a display's program keeps: sockaddr_nl, sockaddr_in, sockaddr_in6, and from a
+# whole sockaddr_un (what libxcb gives a pathname) up; shorter ones are abstract unix addresses (see `program`)
+_KEPT_ADDRLEN, _FULL_SUN = (12, 16, 28), 110
 _I386_SOCKET, _I386_SOCKETCALL, _I386_IO_URING_SETUP = 359, 102, 425
 
 _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
@@ -88,11 +92,17 @@ class _Program:
 
 
 @functools.cache
-def program(machine: str, allow_unix: bool) -> bytes:
+def program(machine: str, allow_unix: bool, display: bool = False) -> bytes:
     """The filter for `machine` (os.uname().machine) as packed `struct sock_filter`s.
 
     `allow_unix`: whether `socket(AF_UNIX)` passes (the policy names sockets; the mount masks and
     Landlock's abstract-socket scope then decide what it reaches).
+    `display`: a launched GUI program, allowed its X display's socket. libxcb tries the display's
+    abstract address first and falls back to the pathname only on ENOENT or ECONNREFUSED, but
+    Landlock's scope refuses an abstract address that exists outside with EPERM: so here a connect(2)
+    whose address is shorter than a whole sockaddr_un and is no netlink, IPv4 or IPv6 one (an abstract
+    address: `@/tmp/.X11-unix/X0` is 21 bytes, the pathname 110) fails with ECONNREFUSED, before
+    Landlock would refuse it anyway.
     """
     if machine not in _NATIVE:
         raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
@@ -109,6 +119,8 @@ def program(machine: str, allow_unix: bool) -> bytes:
         p.jump(_JGE_K, X32_SYSCALL_BIT, "eperm")
     p.jump(_JEQ_K, nr_socket, "socket")
     p.jump(_JEQ_K, nr_io_uring, "enosys")
+    if display:
+        p.jump(_JEQ_K, _CONNECT[machine], "connect")
     p.ret(RET_ALLOW)
     if machine == "x86_64":  # (classic BPF jumps only forward: the shared blocks come after both entries)
         p.label("i386")
@@ -132,6 +144,13 @@ def program(machine: str, allow_unix: bool) -> bytes:
     p.load(_ARG2)
     p.jump(_JEQ_K, NETLINK_ROUTE, "allow")
     p.ret(_errno(errno.EAFNOSUPPORT))
+    if display:
+        p.label("connect")
+        p.load(_ARG2)  # the address length (a socklen_t: the low half is all of it)
+        p.jump(_JGE_K, _FULL_SUN, "allow")
+        for kept in _KEPT_ADDRLEN:
+            p.jump(_JEQ_K, kept, "allow")
+        p.ret(_errno(errno.ECONNREFUSED))
     p.label("allow")
     p.ret(RET_ALLOW)
     p.label("eperm")
@@ -157,8 +176,8 @@ class Filter:
     forked pays a page copy for every object it touches, and building the program there cost ~0.4 ms.
     """
 
-    def __init__(self, allow_unix: bool = False) -> None:
-        code = program(os.uname().machine, allow_unix)
+    def __init__(self, allow_unix: bool = False, display: bool = False) -> None:
+        code = program(os.uname().machine, allow_unix, display)
         self._buf = ctypes.create_string_buffer(code, len(code))
         self._prog = _SockFprog(len(code) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
         self._ref = ctypes.byref(self._prog)
@@ -173,9 +192,9 @@ class Filter:
 
 
 @functools.cache
-def prepared(allow_unix: bool) -> Filter:
+def prepared(allow_unix: bool, display: bool = False) -> Filter:
     """The process's one `Filter` of each kind: call it before forking, so the fork finds it made."""
-    return Filter(allow_unix)
+    return Filter(allow_unix, display)
 
 
 def install(allow_unix: bool = False) -> None:

@@ -179,7 +179,7 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
         scoped = scopes(req["landlock"], abstract=not any_socket) if filters else 0
         restrict_writes(req["writable"], req["landlock"], scoped=scoped)
     if filters:
-        seccomp.prepared(_allows_unix(req)).install()  # last: nothing after it needs a socket
+        seccomp.prepared(_allows_unix(req), bool(req.get("display"))).install()  # last: nothing after it needs a socket
     argv, env = req["argv"], req["env"]
     # the open file the device checked; a script by its real path (see Sandbox.spawn)
     os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
@@ -269,7 +269,7 @@ class Warden:
             listener.close()
 
     def _run(self, req: dict[str, Any], fds: list[int]) -> None:
-        seccomp.prepared(_allows_unix(req))  # made here once, so each command only installs it
+        seccomp.prepared(_allows_unix(req), bool(req.get("display")))  # made here once, each command installs it
         try:
             pid = self.libc.clone_namespaces()
         except OSError as exc:
