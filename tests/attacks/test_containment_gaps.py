@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confined_device import home  # noqa: F401 (a fixture)
+from confined_device import attacker_factory, home, stdout, text  # noqa: F401 (fixtures)
 
 from netutil import CLI, Cluster
 from tether.sandbox import SandboxSpec, detect
@@ -313,3 +313,48 @@ async def test_a_launched_gui_program_reaches_its_display_and_no_other_socket(
                 os.kill(pid, signal.SIGKILL)
         other.close()
         await device.aclose()
+
+
+# ---------------------------------------------------------------- 4. hidden entries are absent, not empty
+
+
+async def test_hidden_entries_are_absent_from_a_commands_view_and_nothing_is_deleted(
+        attacker_factory: Any, home: Path) -> None:  # noqa: F811
+    from tether.protocol.models import ResultStatus
+
+    (home / ".ssh").mkdir(mode=0o700)
+    (home / ".ssh/id_rsa").write_text("PRIVATE KEY\n")
+    (home / ".netrc").write_text("machine x password y\n")
+    (home / ".config/gh").mkdir(parents=True)
+    (home / ".config/gh/hosts.yml").write_text("token: z\n")
+    (home / ".config").chmod(0o750)
+    (home / "notes.txt").write_text("notes\n")
+    attacker = await attacker_factory(commands={"rm": {}})
+    config_before = os.stat(home / ".config")
+
+    listing = await attacker.run("ls", "-a", str(home))
+    names = stdout(listing).split()
+    assert "notes.txt" in names and ".config" in names, text(listing)
+    assert ".ssh" not in names and ".netrc" not in names, text(listing)
+    inner = await attacker.run("ls", "-a", str(home / ".config"))
+    assert "gh" not in stdout(inner).split(), text(inner)
+    mode = await attacker.run("stat", "-c", "%a", str(home / ".config"))
+    assert stdout(mode).strip() == "750", text(mode)  # the directory above a hidden one looks as it is
+    read = await attacker.run("cat", str(home / ".ssh/id_rsa"))
+    assert read.status is ResultStatus.FAILURE and "No such file or directory" in text(read)
+    assert "PRIVATE KEY" not in text(read)
+
+    # an ordinary change goes through, and the planted whiteouts are no deletions
+    wrote = await attacker.run("touch", str(home / "made.txt"))
+    assert wrote.ok and (home / "made.txt").exists(), text(wrote)
+    assert [c["path"] for c in wrote.result["changes"]] == [str(home / "made.txt")], text(wrote)
+    deleted = await attacker.run("rm", str(home / "notes.txt"))  # a real deletion is still seen (and held)
+    assert [(c["path"], c["kind"]) for c in deleted.result["changes"]] == [(str(home / "notes.txt"), "deleted")]
+    # a hidden path that looks absent is still uncreatable: refused, nothing applied
+    planted = await attacker.run("mkdir", "-p", str(home / ".ssh/evil"))
+    assert planted.status is ResultStatus.FAILURE and "hide_paths" in text(planted), text(planted)
+    assert not (home / ".ssh/evil").exists()
+    assert (home / ".ssh/id_rsa").read_text() == "PRIVATE KEY\n" and (home / ".netrc").exists()
+    assert (home / ".config/gh/hosts.yml").exists()
+    after = os.stat(home / ".config")
+    assert (after.st_mode, after.st_mtime_ns) == (config_before.st_mode, config_before.st_mtime_ns)

@@ -110,8 +110,9 @@ def _tree_bytes(path: str) -> int:
 
 
 class _Scan:
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, hidden: frozenset[str] = frozenset()) -> None:
         self.root = root
+        self.hidden = hidden
         self.out: list[Change] = []
 
     def deleted(self, real: str, st: os.stat_result) -> None:
@@ -143,7 +144,7 @@ class _Scan:
     def entry(self, upper: str, real: str, st: os.stat_result) -> None:
         lower = _lstat(real)
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-            if lower is not None:
+            if lower is not None and real not in self.hidden:  # the warden's whiteout over a hidden path
                 self.deleted(real, lower)
             return
         if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
@@ -161,13 +162,15 @@ class _Scan:
                                    mode=stat.S_IMODE(st.st_mode)))
 
 
-def scan(layer: Path, roots: tuple[str, ...]) -> list[Change]:
-    """Every change the command made under `roots`, parents before children; renames paired up."""
+def scan(layer: Path, roots: tuple[str, ...], hidden: tuple[str, ...] = ()) -> list[Change]:
+    """Every change the command made under `roots`, parents before children; renames paired up.
+    A whiteout at a `hidden` path is the warden's (`warden.plant_whiteouts`), never a deletion."""
     changes: list[Change] = []
+    hidden_set = frozenset(hidden)
     for i, root in enumerate(roots):
         upper = layer / str(i) / "u"
         if upper.is_dir():
-            s = _Scan(root)
+            s = _Scan(root, hidden_set)
             s.walk(str(upper), root)
             changes += s.out
     return _pair_renames(changes)

@@ -382,7 +382,7 @@ class Sandbox:
 
     def release(self, layer: Path) -> None:
         """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
-        if len(self._free) < FREE_LAYERS and layer_empty(layer, len(self.spec.write_roots)):
+        if len(self._free) < FREE_LAYERS and layer_empty(layer, self.spec.write_roots, self.spec.hidden):
             self._free.append(layer)
             return
         future = asyncio.get_running_loop().run_in_executor(None, discard, layer)
@@ -524,11 +524,40 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def layer_empty(layer: Path, roots: int) -> bool:
+def layer_empty(layer: Path, roots: int | tuple[str, ...], hidden: tuple[str, ...] = ()) -> bool:
+    """Whether the command wrote nothing, checked without a scan: its upper directories are empty, or
+    (given the roots by path and the hidden paths) hold nothing but the whiteouts the warden planted over
+    hidden paths and the directories above them (`warden.plant_whiteouts`)."""
+    count = roots if isinstance(roots, int) else len(roots)
     try:
-        return all(not os.listdir(layer / str(i) / "u") for i in range(roots))
+        if not hidden or isinstance(roots, int):
+            return all(not os.listdir(layer / str(i) / "u") for i in range(count))
+        planted = frozenset(hidden)
+        return all(_only_planted(str(layer / str(i) / "u"), root.rstrip("/"), planted) for i, root in enumerate(roots))
     except OSError:
         return False
+
+
+def _only_planted(upper: str, real: str, hidden: frozenset[str]) -> bool:
+    with os.scandir(upper) as entries:
+        for entry in entries:
+            path = f"{real}/{entry.name}"
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 and path in hidden:
+                continue
+            if stat.S_ISDIR(st.st_mode) and any(h.startswith(path + "/") for h in hidden) \
+                    and not _opaque(entry.path) and _only_planted(entry.path, path, hidden):
+                continue
+            return False
+    return True
+
+
+def _opaque(path: str) -> bool:
+    for name in ("user.overlay.opaque", "trusted.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+    return False
 
 
 def _script_path(fd: int, path: str) -> str | None:

@@ -314,8 +314,9 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
         raise ToolError(f"`{preview_text}` ran into the sandbox's limit {describe(sandbox.spec.limits, over)}"
                         f"{applied} ({_exit_summary(result.exit_code, body['stderr'])})", body)
     if layer is not None:
-        roots = sandbox.spec.write_roots  # type: ignore[union-attr]
-        changes = await asyncio.to_thread(scan, layer, roots) if not layer_empty(layer, len(roots)) else []
+        roots, hidden = sandbox.spec.write_roots, sandbox.spec.hidden  # type: ignore[union-attr]
+        changes = await asyncio.to_thread(scan, layer, roots, hidden) \
+            if not layer_empty(layer, roots, hidden) else []
         body["changes"] = shell_capture.settle(ctx, key, layer, changes, body, preview_text, hold_only=preview)
         if preview:
             body["preview"] = True
