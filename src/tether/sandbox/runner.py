@@ -545,9 +545,10 @@ def _only_planted(upper: str, real: str, hidden: frozenset[str]) -> bool:
             st = entry.stat(follow_symlinks=False)
             if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 and path in hidden:
                 continue
-            if stat.S_ISDIR(st.st_mode) and any(h.startswith(path + "/") for h in hidden) \
-                    and not _opaque(entry.path) and _only_planted(entry.path, path, hidden):
-                continue
+            above_hidden = stat.S_ISDIR(st.st_mode) and any(h.startswith(path + "/") for h in hidden)
+            if above_hidden and os.path.isdir(path) and not os.path.islink(path) and not _opaque(entry.path) \
+                    and _only_planted(entry.path, path, hidden):
+                continue  # planted only above a real directory; a new one is the command's
             return False
     return True
 
