@@ -193,11 +193,12 @@ class StdioServer(SessionServer):
         """The way to the device's egress proxy for a sandboxed server when the policy lists hosts (its
         sandbox has no direct network then), else None."""
         sandbox = self._sandbox() if self.config.sandbox else None
-        if sandbox is None or sandbox.egress is None or sandbox.spec.network:
+        proxy = getattr(sandbox, "egress", None)  # a source may offer only the spec and info (no proxy)
+        if sandbox is None or proxy is None or sandbox.spec.network:
             return None
         from tether.sandbox.egress_live import LiveEgress
 
-        return LiveEgress(sandbox.egress)
+        return LiveEgress(proxy)
 
     async def start(self) -> None:
         self._argv()  # a missing sandbox is a clear start error, not a failed handshake
