@@ -505,6 +505,9 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
         _error(str(exc))
         await device.aclose()
         return 2
+    from tether.tools.sandboxing import follow_network
+
+    follow_network(confined, device.policy)  # a network the server narrowed before this start
     registered_once = asyncio.Event()  # external MCP servers start then, not while the device registers
     device.computer_manager.join_after = registered_once
 
@@ -544,6 +547,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
 
     def policy_changed(p: Any) -> None:
         connection.batches.set_limit(p.max_concurrent_sessions)
+        follow_network(confined, p)
         notice = asyncio.ensure_future(device.mcp_server_manager.roots_changed(device.context))  # new roots
         roots_notices.add(notice)
         notice.add_done_callback(roots_notices.discard)

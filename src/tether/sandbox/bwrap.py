@@ -69,12 +69,15 @@ def live_source(spec: SandboxSpec, index: int) -> str:
     return f"{spec.layers_dir}/.live/{index}"
 
 
-def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwrap: str = "bwrap") -> list[str]:
+def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwrap: str = "bwrap",
+              egress_fd: int | None = None) -> list[str]:
     """A bwrap command running `argv` with the write roots bound writable directly (nothing captured).
 
     For processes that outlive a call (a stdio MCP server, an application): their writes cannot wait
     for the call to end, so they are not captured, approved or undoable; the rest still holds, and a
     hidden or protected path cannot be created or changed there (`tether.sandbox.guard`).
+    `egress_fd`: an inherited unix socket the process's egress proxy port is sent back on (a spec
+    without network whose policy lists hosts; see `Sandbox.live_egress`).
     """
     args = _base(bwrap, spec)
     writable = [root for root in (*spec.write_roots, *spec.live_write_roots) if os.path.isdir(root)
@@ -86,7 +89,10 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
     args += hide_args(spec) + mask_args(spec)
     if cwd:
         args += ["--chdir", cwd]
-    return [*args, "--", *confine_argv(spec), *argv]
+    shim = confine_argv(spec)
+    if egress_fd is not None:
+        shim[-1:-1] = ["--egress-fd", str(egress_fd)]
+    return [*args, "--", *shim, *argv]
 
 
 def confine_argv(spec: SandboxSpec) -> list[str]:

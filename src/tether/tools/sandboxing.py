@@ -94,9 +94,18 @@ def live_protected(policy: Policy) -> list[str]:
 def egress_rules(policy: Policy) -> EgressRules | None:
     """The egress proxy's rules when the policy lists hosts (`network: {allow: ...}`), else None."""
     network = policy.network
-    if isinstance(network, NetworkRules):
-        return EgressRules.build(allow=network.allow, deny=network.deny, ask=network.ask)
-    return None
+    return _rules(network) if isinstance(network, NetworkRules) else None
+
+
+def _rules(network: NetworkRules) -> EgressRules:
+    within = None if network.within is None else _rules(network.within)
+    return EgressRules.build(allow=network.allow, deny=network.deny, ask=network.ask, within=within)
+
+
+def follow_network(sandbox: Sandbox | None, policy: Policy) -> None:
+    """Make a running sandbox follow the policy's `network` (after a server's change): see `Sandbox.renetwork`."""
+    if sandbox is not None:
+        sandbox.renetwork(policy.network is True, egress_rules(policy))
 
 
 def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInfo | None = None,
