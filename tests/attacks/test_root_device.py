@@ -216,18 +216,28 @@ def test_an_unprivileged_user_needs_no_leave(python: str) -> None:
         shutil.rmtree(state, ignore_errors=True)
 
 
-def test_a_live_process_of_a_root_device_runs_unprivileged(tmp_path: Path) -> None:
-    """A sandboxed stdio MCP server (tether.sandbox.bwrap.live_argv) starts as the run_as user too."""
-    from tether.sandbox.bwrap import live_argv
-    from tether.sandbox.identity import resolve_run_as
-    from tether.sandbox.spec import SandboxSpec
+def test_a_live_process_of_a_root_device_runs_unprivileged(python: str, tmp_path: Path) -> None:
+    """A sandboxed stdio MCP server (tether.sandbox.bwrap.live_argv) starts as the run_as user too.
 
-    run_as = resolve_run_as("nobody")
-    assert run_as is not None
-    spec = SandboxSpec.build(write_roots=[], hidden=["/root", str(tmp_path)], layers_dir=str(tmp_path), run_as=run_as)
-    done = subprocess.run(live_argv(spec, ["sh", "-c", "id -u; id -G; cat /etc/shadow"], cwd="/"),
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert done.stdout.split() == [str(run_as.uid), str(run_as.gid)], done
+    Its argv is built by an interpreter the run_as user can run (the `python` fixture), as a device
+    installed where that user reaches would: the seccomp shim in front of a live process is that
+    interpreter (`confine_argv`), run inside the sandbox as the run_as user."""
+    code = ("import json, sys\n"
+            "from tether.sandbox.bwrap import live_argv\n"
+            "from tether.sandbox.identity import resolve_run_as\n"
+            "from tether.sandbox.spec import SandboxSpec\n"
+            "run_as = resolve_run_as('nobody')\n"
+            "spec = SandboxSpec.build(write_roots=[], hidden=['/root', sys.argv[1]], layers_dir=sys.argv[1],"
+            " run_as=run_as)\n"
+            "print(json.dumps([run_as.uid, run_as.gid, live_argv(spec, ['sh', '-c', 'id -u; id -G; cat /etc/shadow'],"
+            " cwd='/')]))\n")
+    built = subprocess.run([python, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                           check=False)
+    assert built.returncode == 0, built
+    uid, gid, argv = json.loads(built.stdout)
+    assert argv[0].endswith("setpriv") and f"--reuid={uid}" in argv, argv
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert done.stdout.split() == [str(uid), str(gid)], done
     assert "Permission denied" in done.stderr and done.returncode != 0, done
 
 
