@@ -50,7 +50,8 @@ ECHO_CLIENT = ("import sys\nfrom websockets.sync.client import connect\n"
 def _env(state: Path) -> dict[str, str]:
     """Bytecode cached as in an installed package (pip compiles it), in a prefix under `state` so the
     tree stays clean: with PYTHONDONTWRITEBYTECODE set, every run would compile tether from source."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_") and k != "PYTHONDONTWRITEBYTECODE"}
+    env = {k: v for k, v in os.environ.items() if (not k.startswith("TETHER_") and k != "PYTHONDONTWRITEBYTECODE")
+           or k in ("TETHER_ALLOW_ROOT", "TETHER_RUN_AS")}  # a root device's leave (docs/security/root.md)
     return {**env, "TETHER_STATE_DIR": str(state), "NO_COLOR": "1", "COLUMNS": "120",
             "PYTHONPYCACHEPREFIX": str(state / "pycache")}
 

@@ -22,7 +22,8 @@ from tether.cli.terminal_output import TerminalLines
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_"))
+           or k in ("TETHER_ALLOW_ROOT", "TETHER_RUN_AS")}  # the suite's root leave (conftest.py)
     return {**env, "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "200", **extra}
 
 

@@ -5,6 +5,7 @@ and refused when the device forbids it or the change is not the server's to make
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -166,19 +167,87 @@ def test_a_damaged_stored_policy_stops_the_device_with_one_line(setup: Setup) ->
     assert setup.show("alpha")["version"] == 0 and "nproc" not in setup.show("alpha")["policy"]["commands"]
 
 
-def test_a_network_host_list_round_trips_through_the_overlay_and_stays_the_devices_own() -> None:
-    """`network: {allow, deny, ask}` survives the dump-and-validate of an effective policy, is reported as the
-    device file's, and a server may not set it (it decides confinement, like `sandbox`)."""
+def test_a_network_host_list_round_trips_through_the_overlay() -> None:
+    """`network: {allow, deny, ask}` survives the dump-and-validate of an effective policy and is reported as the
+    device file's while the server has not set it."""
     from tether.tools.policy import NetworkRules, policy_from_mapping
-    from tether.tools.policy_remote import check_overlay, effective, sources
+    from tether.tools.policy_remote import effective, sources
 
     rules = {"allow": ["pypi.org:443", "*.githubusercontent.com", "10.0.0.0/8"], "deny": ["evil.test"],
              "ask": "on-miss"}
     base = policy_from_mapping({"network": rules})
     after = effective(base, {"max_output_bytes": 4096, "commands": {"nproc": {}}})
     assert after.network == NetworkRules(**rules) and after.max_output_bytes == 4096
-    assert json.loads(after.model_dump_json())["network"] == rules
+    assert json.loads(after.model_dump_json())["network"] == {**rules, "within": None}
     assert sources(base, {})["network"] == "file"
     assert effective(policy_from_mapping({"network": "off"}), {}).network is False
-    with pytest.raises(ValueError, match="can only be set in the device's own policy file"):
-        check_overlay({"network": {"allow": ["*"]}})
+
+
+LIST = {"allow": ["*.example.com", "10.0.0.0/8", "pypi.org:443", "localhost:8000"], "deny": ["bad.example.com"]}
+
+
+@pytest.mark.parametrize(("device", "pushed", "expected"), [
+    (True, "on", True),
+    (True, "off", False),
+    (False, "off", False),
+    (False, {"allow": ["*"]}, False),  # the device's off stays off
+    (LIST, "off", False),
+    (True, {"allow": ["pypi.org"]}, {"allow": ["pypi.org"], "deny": [], "ask": "off", "within": None}),
+    (LIST, {"allow": ["a.example.com", "*.b.example.com", "example.com", "10.1.0.0/16", "10.2.3.4:80", "pypi.org",
+                      "localhost:9000", "evil.test"], "deny": ["x.example.com"]},
+     {"allow": ["a.example.com", "*.b.example.com", "10.1.0.0/16", "10.2.3.4:80", "pypi.org:443"],
+      "deny": ["bad.example.com", "x.example.com"], "ask": "off", "within": LIST}),
+])
+def test_a_pushed_network_only_narrows_the_devices_own(device: Any, pushed: Any, expected: Any) -> None:
+    from tether.tools.policy import policy_from_mapping
+    from tether.tools.policy_remote import check_overlay, effective, sources
+
+    base = policy_from_mapping({"network": device})
+    overlay = check_overlay({"network": pushed})
+    after = effective(base, overlay)
+    got = after.model_dump(mode="json")["network"]
+    if isinstance(expected, dict) and expected["within"] is not None:
+        expected = {**expected, "within": {"ask": "off", "within": None, **expected["within"]}}
+    assert got == expected
+    assert sources(base, overlay)["network"] == "remote"
+
+
+@pytest.mark.parametrize(("device", "pushed", "why"), [
+    (LIST, "on", "network: on would widen this device's own host list"),
+    (False, "on", "network: on would widen this device's own network: off"),
+    (LIST, {"allow": ["pypi.org"], "ask": "on-miss"}, "network.ask: on-miss would let a person open hosts"),
+    (LIST, {"allow": ["pypi.org"], "within": {"allow": ["*"]}}, "network.within is the device's own list"),
+    (LIST, {"allow": ["pypi.org:99999"]}, "is not a port"),
+    (LIST, "sideways", "network is on, off, or"),
+])
+def test_a_pushed_network_that_would_widen_is_refused_with_its_reason(device: Any, pushed: Any, why: str) -> None:
+    from tether.tools.policy import policy_from_mapping
+    from tether.tools.policy_remote import effective
+
+    with pytest.raises(ValueError, match=re.escape(why)):
+        effective(policy_from_mapping({"network": device}), {"network": pushed})
+
+
+def test_the_narrowed_rules_hold_the_devices_own_at_every_step() -> None:
+    """What the intersection cannot say, `within` does: a name the server lists exactly but the device only by
+    wildcard does not open a private address; a device's ask still asks, and an "always" answer opens both."""
+    import ipaddress
+
+    from tether.tools.policy import policy_from_mapping
+    from tether.tools.policy_remote import effective
+    from tether.tools.sandboxing import egress_rules
+
+    device = policy_from_mapping({"network": {"allow": ["*.example.com"], "ask": "on-miss"}})
+    narrowed = effective(device, {"network": {"allow": ["intra.example.com", "other.test"], "ask": "on-miss"}})
+    rules = egress_rules(narrowed)
+    assert rules is not None and [e.text for e in rules.allow] == ["intra.example.com"]
+    assert rules.judge_name("intra.example.com", 443).allowed
+    private = rules.judge_address("intra.example.com", ipaddress.ip_address("10.1.2.3"), 443)
+    assert not private.allowed and private.rule == "network.special-address"
+    assert "the device's own network policy" in private.reason
+    assert rules.judge_address("intra.example.com", ipaddress.ip_address("93.184.216.34"), 443).allowed
+    miss = rules.judge_name("other.test", 443)
+    assert (miss.allowed, miss.rule, miss.ask) == (False, "network.not-allowed", True)
+    always = rules.with_allowed("other.test", 443)
+    assert always.judge_name("other.test", 443).allowed
+    assert not always.judge_name("other.test", 80).allowed

@@ -352,3 +352,37 @@ async def test_what_appears_in_a_tree_between_the_check_and_its_removal_is_kept(
     assert (root / "dir" / "sub" / "theirs.txt").read_text() == "another session's"
     assert not (root / "dir" / "top.txt").exists()
     discard(layer)
+
+
+async def test_whiteouts_planted_over_hidden_paths_are_no_change_to_the_capture(tree: dict[str, Path]) -> None:
+    """The capture's scan (tools.shell_capture, on the worker pool) is given the hidden paths: the whiteout
+    the warden plants over one below a captured root is never a deletion nor counted against the layer's
+    limits, and a layer holding only such whiteouts is empty (reused, nothing to settle)."""
+    from tether.sandbox.layer import LayerLimits
+    from tether.sandbox.runner import layer_empty
+    from tether.tools.shell_capture import _scan
+
+    keys = tree["root"] / ".ssh"
+    keys.mkdir()
+    (keys / "id_rsa").write_text("PRIVATE KEY\n")
+    info = detect()
+    assert info.available, info.detail
+    box = Sandbox(info, SandboxSpec.build(write_roots=[str(tree["root"])], hidden=[str(keys)],
+                                          layers_dir=str(tree["layers"])))
+    try:
+        roots, hidden = box.spec.write_roots, box.spec.hidden
+        layer = box.new_layer()
+        code, out, err = await run(box, f"import os; print(os.path.exists({str(keys)!r}))", layer=layer)
+        assert (code, out.strip()) == (0, "False"), err  # absent from the command's view: a whiteout
+        assert os.listdir(layer / "0" / "u") == [".ssh"]  # the warden's, in the layer
+        assert layer_empty(layer, roots, hidden) and not layer_empty(layer, roots)
+        assert _scan(layer, roots, hidden, 0, LayerLimits(files=1)) == []
+        code, _, err = await run(box, f"open({str(tree['root'] / 'made.txt')!r}, 'w').write('x')", layer=layer)
+        assert code == 0, err
+        assert not layer_empty(layer, roots, hidden)
+        changes = _scan(layer, roots, hidden, 0, LayerLimits(files=1))  # the whiteout takes none of the 1
+        assert [(c.path, c.kind) for c in changes] == [(str(tree["root"] / "made.txt"), "created")]
+        discard(layer)
+    finally:
+        await box.aclose()
+    assert (keys / "id_rsa").read_text() == "PRIVATE KEY\n"

@@ -222,7 +222,8 @@ async def test_server_task_approved_through_the_api_applies_the_held_layers_and_
 
 def cli_env(tmp_path: Path, home: Home) -> dict[str, str]:
     """The environment of a user whose home is `home` (tether's state and temp dir elsewhere)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_"))
+           or k in ("TETHER_ALLOW_ROOT", "TETHER_RUN_AS")}  # the suite's root leave (conftest.py)
     return {**env, "HOME": str(home.path), "TMPDIR": str(tmp_path / "device-temp"),
             "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "400"}
 

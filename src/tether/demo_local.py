@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import tempfile
 import uuid
@@ -82,6 +83,13 @@ async def run_demo(console: Console, state_dir: Path | None = None) -> int:
     session = f"demo-{uuid.uuid4().hex[:8]}"
     state = state_dir or work / "state"
     console.print(f"[bold]tether demo[/bold] — local mode, working in {work}, session {session}\n")
+    from tether.device.root import RUN_AS_ENV, demo_run_as
+
+    run_as, note = demo_run_as(work)  # as root: who the device in this process runs commands as
+    if note:
+        console.print(note, markup=False, soft_wrap=True)
+    if run_as:
+        os.environ[RUN_AS_ENV] = run_as
     ok = True
     async with open_device(config, state_dir=state) as device:
         computer = await device.computer_manager.get_or_create(None)

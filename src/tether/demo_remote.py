@@ -92,6 +92,13 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
     env = {**os.environ, "TETHER_STATE_DIR": str(state)}
     cli = [sys.executable, "-m", "tether.cli"]
     console.print(f"[bold]tether demo[/bold] — a server and a device as two processes on 127.0.0.1:{port}\n")
+    from tether.device.root import RUN_AS_ENV, demo_run_as
+
+    run_as, note = demo_run_as(work)  # as root: the device is told it may, and who its commands run as
+    if note:
+        console.print(note, markup=False, soft_wrap=True)
+    as_root = ["--allow-root"] if run_as else []
+    device_env = {**env, "TETHER_DEVICE_TOKEN": device_token, **({RUN_AS_ENV: run_as} if run_as else {})}
     procs: list[subprocess.Popen] = []
     ok = True
     try:
@@ -101,8 +108,8 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
         _wait_until(lambda: remote.health()["status"] == "ok", "server", 30, procs)
         console.print(f"server up (pid {procs[0].pid})")
         procs.append(subprocess.Popen([*cli, "device", "--server", f"ws://127.0.0.1:{port}", "--name", "demo-device",
-                                       "--state-dir", str(state)],  # the token in its environment, which it clears
-                                      env={**env, "TETHER_DEVICE_TOKEN": device_token}, stderr=subprocess.DEVNULL))
+                                       "--state-dir", str(state), *as_root],  # the token in its environment,
+                                      env=device_env, stderr=subprocess.DEVNULL))  # which it clears
         _wait_until(lambda: any(d["name"] == "demo-device" and d["status"] != "offline"
                                 for d in remote.devices()), "device registration", 60, procs)
         [info] = [d for d in remote.devices() if d["name"] == "demo-device"]

@@ -29,6 +29,7 @@ from tether.cli.common import (
     fail,
     fail_remote,
 )
+from tether.cli.root_guard import AllowRootOpt, guard_root
 from tether.cli.task_view import EventView, print_log, print_outcome
 
 LocalOpt = Annotated[bool, typer.Option("--local", help="this machine, even when TETHER_SERVER is set")]
@@ -52,6 +53,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
         confirm: Annotated[bool, typer.Option("--confirm", help="show each plan and ask before it runs")] = False,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="plan (or check --plan), show the plan and "
                                                                 "run nothing; exit 1 if it has problems")] = False,
+        allow_root: AllowRootOpt = False,
         ) -> None:
     """Plan and run a task with live progress; questions are asked in the terminal.
 
@@ -113,6 +115,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
         from tether.cli.plan_preview import dry_run_local
 
         raise typer.Exit(asyncio.run(dry_run_local(text, given, settings, config, policy, state_dir)))
+    guard_root(config, allow_root, "tether run")  # a device in this process (tether.device.root)
     code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or []),
                             confirm="always" if confirm else "never"))
     raise typer.Exit(code)

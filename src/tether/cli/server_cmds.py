@@ -464,6 +464,10 @@ def device(ctx: typer.Context,
                "--log-level", help="debug, info (connection changes and each command), warning or error")] = "info",
            log_format: Annotated[str, typer.Option(
                "--log-format", help="plain lines, or json: one object per line for log shippers")] = "plain",
+           allow_root: Annotated[bool, typer.Option(
+               "--allow-root", help="run as root (refused otherwise; or TETHER_ALLOW_ROOT=1): sandboxed commands "
+                                    "then run as the config's device.run_as user (default tether, else nobody)")
+           ] = False,
            ) -> None:
     """Connect to a server, register this machine's profile, and serve commands until stopped."""
     env_token = take_device_token_from_env()  # first: gone from the environment whatever happens next
@@ -476,12 +480,17 @@ def device(ctx: typer.Context,
     from tether.device.config import load_device_config
 
     servers = [url.strip() for each in server or () for url in each.split(",") if url.strip()]
+    from tether.device.root import RootRefused, root_check
+
     try:
         cfg = load_device_config(config)
+        root_warning = root_check(cfg, allow_root, "tether device")  # before a token is read or a pairing asked
         secret = _device_token(cfg, token_file, env_token)
-    except ValueError as exc:
+    except (ValueError, RootRefused) as exc:
         _error(str(exc))
         raise typer.Exit(2) from None
+    if root_warning:
+        _warn(root_warning)
     from tether.cli.logs import configure
 
     try:
@@ -565,6 +574,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
     from tether.device.local import build_device, device_state_dir, resolve_policy
     from tether.device.profile import collect_profile
     from tether.device.reconnect import PIN_MISMATCH
+    from tether.device.root import run_as_for
     from tether.sandbox import detect
 
     out = console(err=True)
@@ -573,7 +583,12 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
     if not key_path.resolve().is_relative_to(device_state_dir(cfg, state_dir).resolve()):
         secret_files = [*secret_files, str(key_path)]  # the state directory is hidden whole; a key elsewhere too
     # one probe process while the rest loads, or its answer kept in the state directory for this boot
-    sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir)))
+    try:  # a root device probes as its run_as user (tether.device.root)
+        run_as = run_as_for(cfg)
+    except ValueError as exc:
+        _error(str(exc))
+        return 2
+    sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir), run_as=run_as))
     # and the key (importing `cryptography` is ~15 ms) while the probe runs
     key_loading = asyncio.ensure_future(asyncio.to_thread(load_device_key, key_path))
     try:
@@ -610,6 +625,9 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
         _error(str(exc))
         await device.aclose()
         return 2
+    from tether.tools.sandboxing import follow_network
+
+    follow_network(confined, device.policy)  # a network the server narrowed before this start
     registered_once = asyncio.Event()  # external MCP servers start then, not while the device registers
     device.computer_manager.join_after = registered_once
 
@@ -649,6 +667,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
 
     def policy_changed(p: Any) -> None:
         connection.batches.set_limit(p.max_concurrent_sessions)
+        follow_network(confined, p)
         notice = asyncio.ensure_future(device.mcp_server_manager.roots_changed(device.context))  # new roots
         roots_notices.add(notice)
         notice.add_done_callback(roots_notices.discard)

@@ -35,6 +35,7 @@ from tether.cli.common import (
     stream_output,
     tools_app,
 )
+from tether.cli.root_guard import AllowRootOpt, guard_root
 from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, ToolType
 
 if TYPE_CHECKING:
@@ -170,6 +171,7 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
           raw: Annotated[bool, typer.Option(
               "--raw", help="write the command's output as it is, terminal control sequences included (by "
                             "default they are shown as escapes such as \\x1b)")] = False,
+          allow_root: AllowRootOpt = False,
           ) -> None:
     """Run one tool and print its structured result; exit code 1 when the result is a failure."""
     check_tool_type(tool_type)
@@ -189,6 +191,7 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
         result = _exec_remote(device, tool, args or [], session_id, approved_by, timeout, tool_type,
                               server, token, ca_file, raw)
     else:
+        guard_root(config, allow_root, "tether exec")  # a device in this process (tether.device.root)
         result = run_async(_exec_local(tool, args or [], config, policy, session_id, approved_by, timeout,
                                        tool_type, state_dir))
     if as_json:

@@ -18,6 +18,7 @@ from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp_client_caps import MCPClientHooks
 from tether.device.mcp_manager import MCPServerManager
+from tether.device.root import run_as_for
 from tether.sandbox import SandboxInfo, detect
 from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import ToolContext, default_state_dir
@@ -82,15 +83,19 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     registers without waiting for them)."""
     config = config or load_device_config(None)
     policy = policy or resolve_policy(config)
+    # a root device's sandboxes run as an unprivileged user (tether.device.root, docs/security/root.md)
+    run_as = run_as_for(config) if sandbox and policy.sandbox else None
     if policy.require_sandbox is None:
-        policy = policy.model_copy(update={"require_sandbox": serving})
+        # serving a server, or root told to run commands as another user: no process starts unconfined
+        # (as root) because that user's sandbox cannot be made, unless the policy says so explicitly
+        policy = policy.model_copy(update={"require_sandbox": serving or run_as is not None})
     root = device_state_dir(config, state_dir)
     journal = UndoJournal(root)
     hidden = [str(root), *(secrets or []), *([config.source] if config.source else [])]
     # the probe's answer is kept in the state directory (hidden from sandboxed commands) for this boot
     info = sandbox if isinstance(sandbox, SandboxInfo) else (
-        detect(root) if sandbox and policy.sandbox else None)
-    confined = make_sandbox(policy, hidden=hidden, info=info) if sandbox and policy.sandbox else None
+        detect(root, run_as=run_as) if sandbox and policy.sandbox else None)
+    confined = make_sandbox(policy, hidden=hidden, info=info, run_as=run_as) if sandbox and policy.sandbox else None
     context = ToolContext(policy=policy, journal=journal, sandbox=confined, secrets=tuple(hidden))
     # its sandbox confines stdio servers; the hooks answer their questions and sampling requests
     servers = MCPServerManager(toolsets=builtin_toolsets(), context=context, hooks=mcp_hooks)

@@ -43,6 +43,7 @@ from tether.device.mcp_servers import (
 from tether.device.mcp_stdio import bounded_stdio_client
 
 if TYPE_CHECKING:
+    from tether.sandbox.egress_live import LiveEgress
     from tether.sandbox.runner import Sandbox
 
 SandboxSource = Callable[[], "Sandbox | None"]
@@ -169,8 +170,9 @@ class StdioServer(SessionServer):
         command = shlex.join([str(self.config.command), *self.config.args])
         return f"{command}, sandboxed" if self.config.sandbox else command
 
-    def _argv(self) -> list[str]:
-        """The command line to start: the configured one, or bwrap running it when sandboxed.
+    def _argv(self, egress_fd: int | None = None) -> list[str]:
+        """The command line to start: the configured one, or bwrap running it when sandboxed
+        (`egress_fd`: the channel its egress proxy port comes back on, see `_live_egress`).
 
         Raises `MCPServerError` when the config asks for a sandbox and the device has none: the server
         must not quietly run unconfined."""
@@ -184,7 +186,19 @@ class StdioServer(SessionServer):
                                  f"allow unprivileged user namespaces, or remove 'sandbox' to run it unconfined)")
         from tether.sandbox.bwrap import live_argv  # only a sandboxed server needs it
 
-        return live_argv(sandbox.spec, argv, cwd=self.config.cwd, bwrap=sandbox.info.bwrap or "bwrap")
+        return live_argv(sandbox.spec, argv, cwd=self.config.cwd, bwrap=sandbox.info.bwrap or "bwrap",
+                         egress_fd=egress_fd)
+
+    def _live_egress(self) -> LiveEgress | None:
+        """The way to the device's egress proxy for a sandboxed server when the policy lists hosts (its
+        sandbox has no direct network then), else None."""
+        sandbox = self._sandbox() if self.config.sandbox else None
+        proxy = getattr(sandbox, "egress", None)  # a source may offer only the spec and info (no proxy)
+        if sandbox is None or proxy is None or sandbox.spec.network:
+            return None
+        from tether.sandbox.egress_live import LiveEgress
+
+        return LiveEgress(proxy)
 
     async def start(self) -> None:
         self._argv()  # a missing sandbox is a clear start error, not a failed handshake
@@ -210,7 +224,13 @@ class StdioServer(SessionServer):
 
     @contextlib.asynccontextmanager
     async def _open(self, generation: int) -> AsyncIterator[Client]:
-        command, *args = self._argv()
+        egress = self._live_egress()
+        try:
+            command, *args = self._argv(egress.child_fd if egress is not None else None)
+        except BaseException:
+            if egress is not None:
+                egress.close()
+            raise
         params = StdioServerParameters(command=command, args=args, env=self.config.env, cwd=self.config.cwd)
         if self._stderr_transport is not None:
             self._stderr_transport.close()
@@ -221,13 +241,20 @@ class StdioServer(SessionServer):
         errlog = os.fdopen(write_fd, "w")
         try:
             limit = message_limit(self.config.max_result_bytes)
-            transport = watch_transport(bounded_stdio_client(params, errlog, limit),
+            if egress is not None:
+                egress.listen()
+            fds = (egress.child_fd,) if egress is not None else ()
+            transport = watch_transport(bounded_stdio_client(params, errlog, limit, pass_fds=fds),
                                         lambda: self._on_stream_closed(generation))
             async with Client(transport, **self._client_options()) as client:
                 errlog.close()  # the child has its own copy; ours would hold the pipe open forever
+                if egress is not None:
+                    egress.started()
                 yield client
         finally:
             errlog.close()
+            if egress is not None:
+                egress.close()
 
     async def close(self) -> None:
         await super().close()

@@ -161,17 +161,17 @@ def _parse(line: bytes) -> SessionMessage | Exception:
 
 
 @contextlib.asynccontextmanager
-async def bounded_stdio_client(server: StdioServerParameters, errlog: TextIO,
-                               max_message_bytes: int) -> AsyncIterator[tuple[Any, Any]]:
+async def bounded_stdio_client(server: StdioServerParameters, errlog: TextIO, max_message_bytes: int,
+                               pass_fds: tuple[int, ...] = ()) -> AsyncIterator[tuple[Any, Any]]:
     """`mcp.client.stdio.stdio_client` with a cap on each message the server sends (POSIX; elsewhere
-    the SDK's own transport, uncapped)."""
+    the SDK's own transport, uncapped); `pass_fds` stay open in the server's process."""
     if sys.platform == "win32":  # pragma: no cover - the SDK's Job Object handling is Windows' own
         async with stdio_client(server, errlog=errlog) as streams:
             yield streams
         return
     process = await anyio.open_process([server.command, *server.args],
                                        env=get_default_environment() | (server.env or {}), stderr=errlog,
-                                       cwd=server.cwd, start_new_session=True)
+                                       cwd=server.cwd, start_new_session=True, pass_fds=pass_fds)
     to_session, read_stream = anyio.create_memory_object_stream[SessionMessage | Exception](0)
     write_stream, from_session = anyio.create_memory_object_stream[SessionMessage](0)
     writer_done = anyio.Event()

@@ -16,7 +16,10 @@ from tether.sandbox.spec import ANY_SOCKET, SandboxSpec, under
 
 
 def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
-    args = [bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+    # a root device starts bwrap as its run_as user (tether.sandbox.identity): then the sandbox's user
+    # namespace maps that user, not root, and root-only files stay unreadable
+    prefix = spec.run_as.argv_prefix() if spec.run_as is not None else []
+    args = [*prefix, bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
             "--die-with-parent", "--new-session", "--ro-bind", "/", "/", "--proc", "/proc", "--dev", "/dev"]
     if not spec.network:
         args.append("--unshare-net")
@@ -30,6 +33,8 @@ def hide_args(spec: SandboxSpec, *, skip_under: tuple[str, ...] = ()) -> list[st
         if under(path, skip_under):
             continue
         target = os.path.realpath(path)  # a hidden symlink hides what it points to
+        if spec.run_as is not None and not spec.run_as.reaches(target):
+            continue  # the run_as user cannot reach it (under /root): nothing to hide, nowhere bwrap could mount
         if os.path.isdir(target):
             args += ["--tmpfs", target, "--remount-ro", target]
         elif os.path.exists(target):
@@ -64,15 +69,19 @@ def live_source(spec: SandboxSpec, index: int) -> str:
     return f"{spec.layers_dir}/.live/{index}"
 
 
-def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwrap: str = "bwrap") -> list[str]:
+def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwrap: str = "bwrap",
+              egress_fd: int | None = None) -> list[str]:
     """A bwrap command running `argv` with the write roots bound writable directly (nothing captured).
 
     For processes that outlive a call (a stdio MCP server, an application): their writes cannot wait
     for the call to end, so they are not captured, approved or undoable; the rest still holds, and a
     hidden or protected path cannot be created or changed there (`tether.sandbox.guard`).
+    `egress_fd`: an inherited unix socket the process's egress proxy port is sent back on (a spec
+    without network whose policy lists hosts; see `Sandbox.live_egress`).
     """
     args = _base(bwrap, spec)
-    writable = [root for root in (*spec.write_roots, *spec.live_write_roots) if os.path.isdir(root)]
+    writable = [root for root in (*spec.write_roots, *spec.live_write_roots) if os.path.isdir(root)
+                and (spec.run_as is None or spec.run_as.reaches(root))]  # one run_as cannot reach: not bound
     for root in writable:
         args += ["--bind", root, root]
     # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.guard)
@@ -80,7 +89,10 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
     args += hide_args(spec) + mask_args(spec)
     if cwd:
         args += ["--chdir", cwd]
-    return [*args, "--", *confine_argv(spec), *argv]
+    shim = confine_argv(spec)
+    if egress_fd is not None:
+        shim[-1:-1] = ["--egress-fd", str(egress_fd)]
+    return [*args, "--", *shim, *argv]
 
 
 def confine_argv(spec: SandboxSpec) -> list[str]:
@@ -110,7 +122,7 @@ def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "b
     # The live roots are bound beside the layers; each command binds them (and hides secrets) itself.
     args += ["--bind", spec.layers_dir, spec.layers_dir]
     for i, root in enumerate(spec.live_write_roots):
-        if os.path.isdir(root):
+        if os.path.isdir(root) and (spec.run_as is None or spec.run_as.reaches(root)):
             args += ["--bind", root, live_source(spec, i)]
     args += hide_args(spec, skip_under=spec.write_roots + spec.live_write_roots)
     return [*args, "--", python, "-I", "-m", "tether.sandbox.warden", str(sock_fd)]

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from tether.sandbox.identity import RunAs
+
 PROBE_TIMEOUT_S = 10.0
 CACHE_FILE = "sandbox-probe.json"
 _CACHE_MAX_BYTES = 64 * 1024
@@ -37,9 +39,10 @@ class SandboxInfo:
         return self.kind != "none"
 
 
-def _probe(bwrap: str) -> str | None:
+def _probe(bwrap: str, run_as: RunAs | None = None) -> str | None:
     """Run what every command needs once (namespaces, an overlay written through, capabilities
-    dropped) under the warden's own bwrap arguments; None when it works, else what went wrong."""
+    dropped) under the warden's own bwrap arguments, as `run_as` when given (a root device's
+    sandbox user); None when it works, else what went wrong."""
     from tether.sandbox.bwrap import warden_argv
     from tether.sandbox.spec import SandboxSpec
 
@@ -47,7 +50,11 @@ def _probe(bwrap: str) -> str | None:
     try:
         for sub in ("lower", "0/u", "0/w"):
             os.makedirs(os.path.join(base, sub))
-        argv = warden_argv(SandboxSpec(layers_dir=base), sys.executable, 0, bwrap=bwrap)
+        if run_as is not None:  # the layers directory is that user's, as the device's own is (runner.py)
+            for where, dirs, _ in os.walk(base):
+                for path in (where, *(os.path.join(where, d) for d in dirs)):
+                    os.chown(path, run_as.uid, run_as.gid)
+        argv = warden_argv(SandboxSpec(layers_dir=base, run_as=run_as), sys.executable, 0, bwrap=bwrap)
         argv[-1:] = ["--probe", base]  # the warden's probe mode instead of its socket
         proc = subprocess.run(argv, capture_output=True, timeout=PROBE_TIMEOUT_S, check=False,
                               env={"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"})
@@ -60,36 +67,41 @@ def _probe(bwrap: str) -> str | None:
         shutil.rmtree(base, ignore_errors=True)
     if proc.returncode != 0:
         why = proc.stderr.decode("utf-8", "replace").strip().splitlines()
-        return why[-1] if why else f"exit code {proc.returncode}"
+        problem = why[-1] if why else f"exit code {proc.returncode}"
+        if run_as is not None:
+            problem += (f"; it ran as the device's run_as user {run_as.name} (uid {run_as.uid}), who must be able to "
+                        f"run {sys.executable} and read tether's files (docs/security/root.md)")
+        return problem
     return None
 
 
-def detect(cache_dir: str | os.PathLike[str] | None = None) -> SandboxInfo:
+def detect(cache_dir: str | os.PathLike[str] | None = None, *, run_as: RunAs | None = None) -> SandboxInfo:
     """Try the sandbox once. Costs one short sandbox with an interpreter (~70 ms, a process on the start-up
     path of every `tether device` and `tether exec`): call it at start (in a thread), not per command.
 
     With `cache_dir` (the device's state directory, which sandboxed commands never see), a sandbox that
     worked is remembered for this boot, kernel, bwrap binary, interpreter, probe code, user and the
     user-namespace sysctls: the probe runs again when any of them changes. A failed probe is never
-    remembered, so a machine that gets fixed is seen fixed at its next start."""
+    remembered, so a machine that gets fixed is seen fixed at its next start. `run_as`: a root device's
+    sandbox user (tether.sandbox.identity); the probe runs as that user, and its uid is part of the key."""
     if not sys.platform.startswith("linux"):
         return SandboxInfo("none", f"no sandbox on {sys.platform}: tether confines processes on Linux only")
     bwrap = shutil.which("bwrap")
     if bwrap is None:
         return SandboxInfo("none", f"bwrap is not installed: {INSTALL_HINT}")
-    key = _cache_key(bwrap) if cache_dir is not None else None
+    key = _cache_key(bwrap, run_as) if cache_dir is not None else None
     if key is not None and cache_dir is not None:
         cached = _read_cache(Path(cache_dir) / CACHE_FILE, key)
         if cached is not None:
             return cached
-    info = _detect(bwrap)
+    info = _detect(bwrap, run_as)
     if key is not None and cache_dir is not None and info.available:
         _write_cache(Path(cache_dir) / CACHE_FILE, key, info)
     return info
 
 
-def _detect(bwrap: str) -> SandboxInfo:
-    problem = _probe(bwrap)
+def _detect(bwrap: str, run_as: RunAs | None = None) -> SandboxInfo:
+    problem = _probe(bwrap, run_as)
     if problem is not None:
         return SandboxInfo("none", f"bwrap cannot confine commands here ({problem}): {INSTALL_HINT}", bwrap)
     from tether.sandbox.landlock import abi_version
@@ -107,7 +119,7 @@ def _stat(path: str) -> list[Any]:
     return [os.path.realpath(path), st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def _cache_key(bwrap: str) -> dict[str, Any] | None:
+def _cache_key(bwrap: str, run_as: RunAs | None = None) -> dict[str, Any] | None:
     """Everything the probe's answer depends on; None (no caching) when any of it cannot be read."""
     try:
         boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
@@ -116,9 +128,11 @@ def _cache_key(bwrap: str) -> dict[str, Any] | None:
         for knob in _USERNS_KNOBS:
             with contextlib.suppress(FileNotFoundError):
                 knobs[knob] = Path(knob).read_text().strip()
-        return {"boot": boot, "kernel": os.uname().release, "uid": os.getuid(), "bwrap": _stat(bwrap),
+        return {"boot": boot, "kernel": os.uname().release, "uid": os.getuid(),
+                "run_as": None if run_as is None else [run_as.uid, run_as.gid], "bwrap": _stat(bwrap),
                 "python": [sys.executable, sys.version],
-                "probe": [_stat(os.path.join(here, name)) for name in ("detect.py", "bwrap.py", "warden.py")],
+                "probe": [_stat(os.path.join(here, name)) for name in ("detect.py", "bwrap.py", "warden.py",
+                                                                  "identity.py")],
                 "knobs": knobs}
     except OSError:
         return None

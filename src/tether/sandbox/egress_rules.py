@@ -10,6 +10,11 @@ allow entries), then each resolved address (`judge_address`): a deny entry namin
 refuses it, and an address that is not public (loopback, RFC 1918, CGNAT, ULA, link-local,
 multicast, reserved, ...) is refused unless the allow list names it by address or network, or names
 the host explicitly (an exact name: not a wildcard). Every verdict names its rule.
+
+A rule set may lie `within` another (the device's own, when its server narrows it): a connection then
+passes both, at each step, so no entry of the outer set opens what the inner one does not (an exact
+name the server lists does not open a private address for a name the device allows only by wildcard).
+`meet` is the entry-wise intersection of two allow lists, for showing what both allow.
 """
 
 from __future__ import annotations
@@ -147,20 +152,37 @@ class EgressRules:
     allow: tuple[Entry, ...] = ()
     deny: tuple[Entry, ...] = ()
     ask: Literal["off", "on-miss"] = "off"
+    within: EgressRules | None = None  # rules a connection must pass too (the device's own)
 
     @classmethod
     def build(cls, *, allow: list[str] = (), deny: list[str] = (),  # type: ignore[assignment]
-              ask: Literal["off", "on-miss"] = "off") -> EgressRules:
-        return cls(tuple(parse_entry(e) for e in allow), tuple(parse_entry(e) for e in deny), ask)
+              ask: Literal["off", "on-miss"] = "off", within: EgressRules | None = None) -> EgressRules:
+        return cls(tuple(parse_entry(e) for e in allow), tuple(parse_entry(e) for e in deny), ask, within)
 
     def with_allowed(self, host: str, port: int) -> EgressRules:
-        """These rules plus an exact entry for `host:port` (a person's "always" answer)."""
+        """These rules plus an exact entry for `host:port` (a person's "always" answer); the inner rules
+        get it too where they ask a person themselves (`ask: on-miss`), else they still decide."""
         text = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        return EgressRules((*self.allow, parse_entry(text)), self.deny, self.ask)
+        within = self.within
+        if within is not None and within.ask == "on-miss":
+            within = within.with_allowed(host, port)
+        return EgressRules((*self.allow, parse_entry(text)), self.deny, self.ask, within)
 
     def judge_name(self, host: str, port: int) -> Verdict:
         """The verdict on a requested `host:port` before resolution (the address is judged after)."""
-        host = normalize_host(host)
+        verdict = self._judge_name(normalize_host(host), port)
+        if verdict.allowed and self.within is not None:
+            return _inner(self.within.judge_name(host, port)) or verdict
+        return verdict
+
+    def judge_address(self, host: str, address: IPAddress, port: int) -> Verdict:
+        """The verdict on connecting to `address`, which `host` resolved to (or is)."""
+        verdict = self._judge_address(normalize_host(host), address, port)
+        if verdict.allowed and self.within is not None:
+            return _inner(self.within.judge_address(host, address, port)) or verdict
+        return verdict
+
+    def _judge_name(self, host: str, port: int) -> Verdict:
         for entry in self.deny:
             if entry.matches_name(host, port):
                 return Verdict(False, f"network.deny: {entry.text}", f"{host}:{port} is denied by the policy")
@@ -170,9 +192,7 @@ class EgressRules:
         return Verdict(False, "network.not-allowed", f"{host}:{port} is not in the policy's network allow list",
                        ask=self.ask == "on-miss")
 
-    def judge_address(self, host: str, address: IPAddress, port: int) -> Verdict:
-        """The verdict on connecting to `address`, which `host` resolved to (or is)."""
-        host = normalize_host(host)
+    def _judge_address(self, host: str, address: IPAddress, port: int) -> Verdict:
         for entry in self.deny:
             if entry.matches_address(address, port):
                 return Verdict(False, f"network.deny: {entry.text}", f"{address} is denied by the policy")
@@ -186,6 +206,83 @@ class EgressRules:
         return Verdict(False, "network.special-address",
                        f"{host} resolves to {address}, a {kind(address)} address, which only an allow entry naming "
                        "that address, its network or this exact host name opens")
+
+
+def _inner(verdict: Verdict) -> Verdict | None:
+    """The inner rules' refusal, worded as the device's own (None when they allow)."""
+    if verdict.allowed:
+        return None
+    return Verdict(False, verdict.rule, f"{verdict.reason} (the device's own network policy)", verdict.ask)
+
+
+def entry_text(host: str, port: int | None) -> str:
+    """An entry's text from a host part (name, `*.domain`, `*`, address or network) and a port."""
+    if port is None:
+        return host
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _host_text(entry: Entry) -> str:
+    if entry.name is not None:
+        return entry.name
+    if entry.suffix is not None:
+        return "*" + entry.suffix
+    if entry.network is not None:
+        full = entry.network.prefixlen == entry.network.max_prefixlen
+        return str(entry.network.network_address) if full else str(entry.network)
+    return "*"
+
+
+def _meet_hosts(a: Entry, b: Entry) -> str | None:
+    if a.name is None and a.suffix is None and a.network is None:
+        return _host_text(b)
+    if b.name is None and b.suffix is None and b.network is None:
+        return _host_text(a)
+    if a.network is not None or b.network is not None:
+        if a.network is None or b.network is None or a.network.version != b.network.version:
+            return None  # a name matches only names, a network only address literals
+        if a.network.subnet_of(b.network):  # type: ignore[arg-type]
+            return _host_text(a)
+        return _host_text(b) if b.network.subnet_of(a.network) else None  # type: ignore[arg-type]
+    if a.name is not None and b.name is not None:
+        return a.name if a.name == b.name else None
+    if a.name is not None:
+        return a.name if a.name.endswith(b.suffix or "") else None
+    if b.name is not None:
+        return b.name if b.name.endswith(a.suffix or "") else None
+    assert a.suffix is not None and b.suffix is not None
+    longer, shorter = (a, b) if len(a.suffix) >= len(b.suffix) else (b, a)
+    return _host_text(longer) if (longer.suffix or "").endswith(shorter.suffix or "") else None
+
+
+def meet(first: list[str], second: list[str]) -> list[str]:
+    """The entries naming what an entry of each list names (entry-wise intersection, in `first`'s order).
+
+    Port: an entry without one takes the other's; two different ports meet nowhere. Names: `*` meets
+    anything as that; `a.example.com` meets `*.example.com` as the name; two wildcards as the narrower.
+    A network meets an address or network inside it as that; a name never meets an address (names are
+    matched as written, before resolution).
+    """
+    out: list[str] = []
+    for a in map(parse_entry, first):
+        for b in map(parse_entry, second):
+            if a.port is not None and b.port is not None and a.port != b.port:
+                continue
+            host = _meet_hosts(a, b)
+            if host is None:
+                continue
+            text = entry_text(host, a.port if a.port is not None else b.port)
+            if text not in out:
+                out.append(text)
+    return [t for t in out if not any(u != t and _covers(parse_entry(u), parse_entry(t)) for u in out)]
+
+
+def _covers(wide: Entry, narrow: Entry) -> bool:
+    """Whether `wide` names everything `narrow` does (and so `narrow` adds nothing beside it)."""
+    if wide.port is not None and wide.port != narrow.port:
+        return False
+    host = _meet_hosts(wide, narrow)
+    return host is not None and host == _host_text(narrow)
 
 
 _CGNAT = ipaddress.ip_network("100.64.0.0/10")

@@ -166,9 +166,11 @@ def _tree_bytes(path: str) -> int:
 
 
 class _Scan:
-    def __init__(self, root: str, since_ns: int, limits: LayerLimits, counted: list[int]) -> None:
+    def __init__(self, root: str, since_ns: int, limits: LayerLimits, counted: list[int],
+                 hidden: frozenset[str] = frozenset()) -> None:
         self.root, self.since_ns, self.limits = root, since_ns, limits
         self.counted = counted  # [changes, bytes] over every root of the layer
+        self.hidden = hidden  # whiteouts the warden planted there are not the command's deletions
         self.out: list[Change] = []
 
     def add(self, change: Change, st: os.stat_result | None = None) -> None:
@@ -216,7 +218,7 @@ class _Scan:
     def entry(self, upper: str, real: str, st: os.stat_result) -> None:
         lower = _lstat(real)
         if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0:
-            if lower is not None:
+            if lower is not None and real not in self.hidden:  # the warden's whiteout over a hidden path
                 self.deleted(real, lower)
             return
         if not (stat.S_ISDIR(st.st_mode) or stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
@@ -234,19 +236,21 @@ class _Scan:
                             mode=stat.S_IMODE(st.st_mode)), st)
 
 
-def scan(layer: Path, roots: tuple[str, ...], *, since_ns: int = 0,
+def scan(layer: Path, roots: tuple[str, ...], hidden: tuple[str, ...] = (), *, since_ns: int = 0,
          limits: LayerLimits = LayerLimits()) -> list[Change]:
     """Every change the command made under `roots`, parents before children; renames paired up.
 
+    A whiteout at a `hidden` path is the warden's (`warden.plant_whiteouts`), never a deletion.
     `since_ns`: when the command started (`time.time_ns()` before it ran), kept in each change for
     `conflicts`. Over `limits`, `LayerLimit` at once (the scan stops there; nothing is applied).
     """
     changes: list[Change] = []
     counted = [0, 0]
+    hidden_set = frozenset(hidden)
     for i, root in enumerate(roots):
         upper = layer / str(i) / "u"
         if upper.is_dir():
-            s = _Scan(root, since_ns, limits, counted)
+            s = _Scan(root, since_ns, limits, counted, hidden_set)
             s.walk(str(upper), root)
             changes += s.out
     return _pair_renames(changes)
@@ -518,8 +522,18 @@ def _remove_tree(parent_fd: int, name: str, path: str, since_ns: int) -> list[st
     return kept
 
 
+def _owner(c: Change, pfd: int, name: str) -> tuple[int, int] | None:
+    """Who an entry a root device applies belongs to (issue 26, docs/security/root.md): what it replaces,
+    else the directory it lands in — never the sandbox's run_as user by default, never root by accident."""
+    if os.geteuid() != 0 or c.kind not in ("created", "modified"):
+        return None
+    st = os.stat(name, dir_fd=pfd, follow_symlinks=False) if c.kind == "modified" else os.fstat(pfd)
+    return st.st_uid, st.st_gid
+
+
 def _apply_one(c: Change, parents: dict[str, int]) -> None:
     pfd, name, own = _parent(c, parents)
+    owner = _owner(c, pfd, name)
     try:
         if c.kind == "deleted":
             st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
@@ -540,6 +554,8 @@ def _apply_one(c: Change, parents: dict[str, int]) -> None:
             os.mkdir(name, c.mode & 0o777, dir_fd=pfd)
         else:
             _place(c, pfd, name)
+        if owner is not None:
+            os.chown(name, *owner, dir_fd=pfd, follow_symlinks=False)
     finally:
         if own:
             os.close(pfd)

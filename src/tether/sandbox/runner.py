@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import itertools
 import json
@@ -156,6 +157,7 @@ class Sandbox:
     async def _start(self) -> None:
         self._drop_warden("the sandbox restarted")
         os.makedirs(self.spec.layers_dir, mode=0o700, exist_ok=True)
+        self._own(Path(self.spec.layers_dir))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
         argv = warden_argv(self.spec, sys.executable, theirs.fileno(), bwrap=self.info.bwrap or "bwrap")
@@ -226,6 +228,36 @@ class Sandbox:
             raise SandboxUnavailable(f"no egress proxy: {reply.get('error', 'unexpected reply from the warden')}")
         self._proxy_port = int(reply["port"])
         self._proxy_task = self.egress.serve(socket.socket(fileno=fds[0]))
+
+    def renetwork(self, network: bool, egress: EgressRules | None) -> None:
+        """Follow a changed `network` setting (a server narrowed it, or its change was withdrawn).
+
+        Where the sandbox already has the egress proxy and keeps having no direct network, the new rules
+        replace the proxy's at once (off: rules that open nothing): the next connection is judged by
+        them, and nothing restarts. Going from direct network to none (or back) needs a new network
+        namespace: the warden is restarted on the next command, and the commands running in the old
+        one end now (a narrower network applies at once).
+        """
+        if egress is not None and network:
+            raise ValueError("an egress proxy needs a sandbox without direct network (network=False)")
+        if self.egress is not None and not network and not self.spec.network:
+            self.egress.rules = egress or EgressRules()
+            return
+        if network == self.spec.network and (egress is None) == (self.egress is None):
+            return
+        old = self.egress
+        self.spec = dataclasses.replace(self.spec, network=network)
+        self.egress = None if egress is None else EgressProxy(egress, audit=self._on_connection,
+                                                               owner=self._owner_of, ask=self._ask_for)
+        self._drop_warden("the sandbox restarted: its network policy changed")
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        if old is not None:
+            closing = asyncio.get_running_loop().create_task(old.aclose())
+            self._removing.add(closing)
+            closing.add_done_callback(self._removing.discard)
 
     def proxy_env(self) -> dict[str, str]:
         """What a command's environment gets so that its HTTP and SOCKS clients use the egress proxy."""
@@ -364,10 +396,11 @@ class Sandbox:
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
         base.mkdir(mode=0o700)
+        self._own(base)
         for i in range(len(self.spec.write_roots)):
-            (base / str(i)).mkdir()
-            (base / str(i) / "u").mkdir()
-            (base / str(i) / "w").mkdir()
+            for sub in (base / str(i), base / str(i) / "u", base / str(i) / "w"):
+                sub.mkdir()
+                self._own(sub)
         self._since[base] = (time.time_ns(), self._apply_seq)
         if len(self._since) > 4 * MAX_HELD_SINCE:  # held layers that expired were never released: forget them
             for gone in [known for known in self._since if not known.exists()]:
@@ -406,10 +439,17 @@ class Sandbox:
         """`submit` and wait for it."""
         return await self.submit(fn, *args)
 
+    def _own(self, path: Path) -> None:
+        """A root device's layers belong to its run_as user, whose warden mounts overlays on them (a user
+        namespace's capabilities reach only files whose owner it maps); see docs/security/root.md."""
+        run_as = self.spec.run_as
+        if run_as is not None:
+            os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
+
     def release(self, layer: Path) -> None:
         """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
         self._since.pop(layer, None)
-        if len(self._free) < FREE_LAYERS and layer_empty(layer, len(self.spec.write_roots)):
+        if len(self._free) < FREE_LAYERS and layer_empty(layer, self.spec.write_roots, self.spec.hidden):
             self._free.append(layer)
             return
         if self._closed:
@@ -421,12 +461,14 @@ class Sandbox:
 
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
                     stdin: bool, layer: Path | None, output: bool = True,
-                    ask: AskFn | None = None) -> SandboxedProcess:
+                    ask: AskFn | None = None, display_socket: str | None = None) -> SandboxedProcess:
         """Start `argv` (running the file `executable` names, opened here) confined; `layer` captures writes.
 
         `output=False` sends stdout and stderr to /dev/null (a detached application nobody reads).
         `ask` answers the egress proxy's questions about this command's connections to unlisted hosts
-        (`ask: on-miss`), instead of the sandbox's own `ask`.
+        (`ask: on-miss`), instead of the sandbox's own `ask`. `display_socket`: a launched GUI program's
+        X display socket (a real path), which this command alone may connect to beside the policy's
+        sockets (and its abstract twin is refused so that libxcb falls back to it: `seccomp.program`).
         """
         await self._ensure()
         loop = asyncio.get_running_loop()
@@ -451,7 +493,8 @@ class Sandbox:
             guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
                               self.spec.protected_names, depth=1)
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
-                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
+                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
+                                if self.spec.run_as is None or self.spec.run_as.reaches(root)],
                        "layers_dir": self.spec.layers_dir,
                        "freeze": guard.freeze, "readonly": guard.readonly,
                        "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
@@ -461,7 +504,9 @@ class Sandbox:
                        "exec_path": exec_path,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
                                     *self.spec.live_write_roots, "/dev"],
-                       **self._ipc_and_limits()}
+                       **self._ipc_and_limits((display_socket,) if display_socket else ())}
+            if display_socket and message.get("filters") is not False:
+                message["display"] = True
             if self.egress is not None:
                 env = {k: v for k, v in env.items() if k not in NO_PROXY_ENV} | self.proxy_env()
                 message["env"] = env
@@ -486,11 +531,11 @@ class Sandbox:
         writer = await _writer(loop, in_w) if in_w >= 0 else None
         return SandboxedProcess(self, request_id, self._host_pid(pid), exited, writer, stdout, stderr)
 
-    def _ipc_and_limits(self) -> dict[str, Any]:
+    def _ipc_and_limits(self, extra: tuple[str, ...] = ()) -> dict[str, Any]:
         """What the warden needs to close IPC and cap resources for one command (see seccomp, limits)."""
         if not self.filters:
             return {"filters": False}
-        allowed = self.spec.allow_sockets
+        allowed = (*self.spec.allow_sockets, *extra) if extra else self.spec.allow_sockets
         any_socket = ANY_SOCKET in allowed
         masks: list[str] = []
         if allowed and not any_socket:
@@ -552,11 +597,41 @@ def _children(pid: int) -> list[int]:
         return []
 
 
-def layer_empty(layer: Path, roots: int) -> bool:
+def layer_empty(layer: Path, roots: int | tuple[str, ...], hidden: tuple[str, ...] = ()) -> bool:
+    """Whether the command wrote nothing, checked without a scan: its upper directories are empty, or
+    (given the roots by path and the hidden paths) hold nothing but the whiteouts the warden planted over
+    hidden paths and the directories above them (`warden.plant_whiteouts`)."""
+    count = roots if isinstance(roots, int) else len(roots)
     try:
-        return all(not os.listdir(layer / str(i) / "u") for i in range(roots))
+        if not hidden or isinstance(roots, int):
+            return all(not os.listdir(layer / str(i) / "u") for i in range(count))
+        planted = frozenset(hidden)
+        return all(_only_planted(str(layer / str(i) / "u"), root.rstrip("/"), planted) for i, root in enumerate(roots))
     except OSError:
         return False
+
+
+def _only_planted(upper: str, real: str, hidden: frozenset[str]) -> bool:
+    with os.scandir(upper) as entries:
+        for entry in entries:
+            path = f"{real}/{entry.name}"
+            st = entry.stat(follow_symlinks=False)
+            if stat.S_ISCHR(st.st_mode) and st.st_rdev == 0 and path in hidden:
+                continue
+            above_hidden = stat.S_ISDIR(st.st_mode) and any(h.startswith(path + "/") for h in hidden)
+            if above_hidden and os.path.isdir(path) and not os.path.islink(path) and not _opaque(entry.path) \
+                    and _only_planted(entry.path, path, hidden):
+                continue  # planted only above a real directory; a new one is the command's
+            return False
+    return True
+
+
+def _opaque(path: str) -> bool:
+    for name in ("user.overlay.opaque", "trusted.overlay.opaque"):
+        with contextlib.suppress(OSError):
+            if os.getxattr(path, name, follow_symlinks=False) == b"y":
+                return True
+    return False
 
 
 def _script_path(fd: int, path: str) -> str | None:

@@ -25,6 +25,7 @@ import ctypes
 import errno
 import functools
 import os
+import socket
 import struct
 import sys
 
@@ -38,6 +39,10 @@ SYS_SOCKET_CALL = 1  # socketcall(2)'s number for socket()
 
 # (audit arch, socket, io_uring_setup) per machine; i386 is x86_64's compatibility entry
 _NATIVE = {"x86_64": (AUDIT_ARCH_X86_64, 41, 425), "aarch64": (AUDIT_ARCH_AARCH64, 198, 425)}
+_CONNECT = {"x86_64": 42, "aarch64": 203}
+# connect(2) address lengths a display's program keeps: sockaddr_nl, sockaddr_in, sockaddr_in6, and from a
+# whole sockaddr_un (what libxcb gives a pathname) up; shorter ones are abstract unix addresses (see `program`)
+_KEPT_ADDRLEN, _FULL_SUN = (12, 16, 28), 110
 _I386_SOCKET, _I386_SOCKETCALL, _I386_IO_URING_SETUP = 359, 102, 425
 
 _LD_W_ABS, _JEQ_K, _JGE_K, _RET_K = 0x20, 0x15, 0x35, 0x06
@@ -87,11 +92,17 @@ class _Program:
 
 
 @functools.cache
-def program(machine: str, allow_unix: bool) -> bytes:
+def program(machine: str, allow_unix: bool, display: bool = False) -> bytes:
     """The filter for `machine` (os.uname().machine) as packed `struct sock_filter`s.
 
     `allow_unix`: whether `socket(AF_UNIX)` passes (the policy names sockets; the mount masks and
     Landlock's abstract-socket scope then decide what it reaches).
+    `display`: a launched GUI program, allowed its X display's socket. libxcb tries the display's
+    abstract address first and falls back to the pathname only on ENOENT or ECONNREFUSED, but
+    Landlock's scope refuses an abstract address that exists outside with EPERM: so here a connect(2)
+    whose address is shorter than a whole sockaddr_un and is no netlink, IPv4 or IPv6 one (an abstract
+    address: `@/tmp/.X11-unix/X0` is 21 bytes, the pathname 110) fails with ECONNREFUSED, before
+    Landlock would refuse it anyway.
     """
     if machine not in _NATIVE:
         raise OSError(errno.ENOSYS, f"no seccomp filter for {machine}")
@@ -108,6 +119,8 @@ def program(machine: str, allow_unix: bool) -> bytes:
         p.jump(_JGE_K, X32_SYSCALL_BIT, "eperm")
     p.jump(_JEQ_K, nr_socket, "socket")
     p.jump(_JEQ_K, nr_io_uring, "enosys")
+    if display:
+        p.jump(_JEQ_K, _CONNECT[machine], "connect")
     p.ret(RET_ALLOW)
     if machine == "x86_64":  # (classic BPF jumps only forward: the shared blocks come after both entries)
         p.label("i386")
@@ -131,6 +144,13 @@ def program(machine: str, allow_unix: bool) -> bytes:
     p.load(_ARG2)
     p.jump(_JEQ_K, NETLINK_ROUTE, "allow")
     p.ret(_errno(errno.EAFNOSUPPORT))
+    if display:
+        p.label("connect")
+        p.load(_ARG2)  # the address length (a socklen_t: the low half is all of it)
+        p.jump(_JGE_K, _FULL_SUN, "allow")
+        for kept in _KEPT_ADDRLEN:
+            p.jump(_JEQ_K, kept, "allow")
+        p.ret(_errno(errno.ECONNREFUSED))
     p.label("allow")
     p.ret(RET_ALLOW)
     p.label("eperm")
@@ -156,8 +176,8 @@ class Filter:
     forked pays a page copy for every object it touches, and building the program there cost ~0.4 ms.
     """
 
-    def __init__(self, allow_unix: bool = False) -> None:
-        code = program(os.uname().machine, allow_unix)
+    def __init__(self, allow_unix: bool = False, display: bool = False) -> None:
+        code = program(os.uname().machine, allow_unix, display)
         self._buf = ctypes.create_string_buffer(code, len(code))
         self._prog = _SockFprog(len(code) // 8, ctypes.cast(self._buf, ctypes.c_void_p))
         self._ref = ctypes.byref(self._prog)
@@ -172,9 +192,9 @@ class Filter:
 
 
 @functools.cache
-def prepared(allow_unix: bool) -> Filter:
+def prepared(allow_unix: bool, display: bool = False) -> Filter:
     """The process's one `Filter` of each kind: call it before forking, so the fork finds it made."""
-    return Filter(allow_unix)
+    return Filter(allow_unix, display)
 
 
 def install(allow_unix: bool = False) -> None:
@@ -182,21 +202,53 @@ def install(allow_unix: bool = False) -> None:
     Filter(allow_unix).install()
 
 
+PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
+
+
+def proxy_variables(port: int) -> dict[str, str]:
+    """The environment that takes a program's HTTP and SOCKS clients through the egress proxy on `port`."""
+    http, socks = f"http://127.0.0.1:{port}", f"socks5h://127.0.0.1:{port}"
+    return {name: socks if "all" in name.lower() else http for name in PROXY_ENV}
+
+
+def hand_over_listener(channel_fd: int) -> int:
+    """Open the egress proxy's port on this network namespace's loopback and send the listening socket to
+    the device over `channel_fd` (a unix socket it passed down; closed here), as the warden's `listen`
+    op does; the port, for the program's environment. OSError when it cannot."""
+    channel = socket.socket(fileno=channel_fd)
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(socket.SOMAXCONN)
+        port = int(listener.getsockname()[1])
+        socket.send_fds(channel, [str(port).encode()], [listener.fileno()])
+        return port
+    finally:
+        listener.close()
+        channel.close()
+
+
 def main(argv: list[str]) -> int:
-    """`python -I -m tether.sandbox.seccomp [--allow-unix | --any-socket] -- PROGRAM ARG...`: confine, exec.
+    """`python -I -m tether.sandbox.seccomp [--allow-unix | --any-socket] [--egress-fd N] -- PROGRAM ARG...`.
 
     For processes bwrap starts directly (live ones, see `bwrap.confine_argv`): the same filter and
     Landlock scopes as a warden's command, then the program (found on PATH) in place of this interpreter.
     `--allow-unix`: unix sockets may be made (the policy names some; abstract ones stay scoped away);
-    `--any-socket`: any, abstract ones too.
+    `--any-socket`: any, abstract ones too. `--egress-fd N`: the sandbox has no direct network and the
+    device's egress proxy serves it: a listening port on its loopback goes to the device over fd N
+    (`hand_over_listener`) and the program's environment points its proxy variables there.
     """
     args = argv[1:]
     allow_unix = any_socket = False
+    egress_fd: int | None = None
     while args and args[0] != "--":
         if args[0] == "--allow-unix":
             allow_unix, args = True, args[1:]
         elif args[0] == "--any-socket":
             any_socket, args = True, args[1:]
+        elif args[0] == "--egress-fd" and len(args) > 1 and args[1].isdigit():
+            egress_fd, args = int(args[1]), args[2:]
         else:
             sys.stderr.write(f"tether sandbox: unknown option {args[0]}\n")
             return 2
@@ -205,6 +257,15 @@ def main(argv: list[str]) -> int:
         sys.stderr.write("tether sandbox: no program to run\n")
         return 2
     try:
+        if egress_fd is not None:
+            try:
+                port = hand_over_listener(egress_fd)
+            except OSError as exc:
+                sys.stderr.write(f"tether sandbox: no egress proxy for {program_argv[0]}: {exc}\n")
+                return 126
+            for name in NO_PROXY_ENV:
+                os.environ.pop(name, None)
+            os.environ.update(proxy_variables(port))
         libc = _libc()
         libc.prctl(38, ctypes.c_ulong(1), 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (bwrap has set it already)
         restrict_scopes(abi_version(), abstract=not any_socket)

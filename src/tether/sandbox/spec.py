@@ -6,12 +6,12 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tether.sandbox.identity import RunAs
 from tether.sandbox.limits import Limits
 
 ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
 OWN_SOCKETS = "sandbox"  # allow_sockets entry: unix sockets the sandbox binds itself; none of the machine's
 SOCKET_WORDS = (ANY_SOCKET, OWN_SOCKETS)
-
 
 class SandboxUnavailable(RuntimeError):
     """No sandbox can be made here (no bwrap, no user namespaces...); the message says why and what to do."""
@@ -61,16 +61,18 @@ class SandboxSpec:
     protected_names: tuple[str, ...] = ()
     allow_sockets: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
+    # issue 26 (root): the unprivileged user a root device starts bwrap as; None: as the device itself
+    run_as: RunAs | None = None
 
     @classmethod
     def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
               network: bool = True, layers_dir: str = "", protected: Iterable[str] = (),
               protected_names: Iterable[str] = (), allow_sockets: list[str] = (),  # type: ignore[assignment]
-              limits: Limits | None = None) -> SandboxSpec:
+              limits: Limits | None = None, run_as: RunAs | None = None) -> SandboxSpec:
         live = _outermost(list(live_write_roots))
         return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
                    hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir,
                    protected=tuple(sorted({_real(p) for p in protected})),
                    protected_names=tuple(sorted(set(protected_names))),
                    allow_sockets=tuple(sorted({s if s in SOCKET_WORDS else _real(s) for s in allow_sockets})),
-                   limits=limits or Limits())
+                   limits=limits or Limits(), run_as=run_as)

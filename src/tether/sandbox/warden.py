@@ -24,6 +24,7 @@ import os
 import selectors
 import signal
 import socket
+import stat
 import sys
 from typing import Any
 
@@ -113,6 +114,7 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
     lowers = [(root, os.open(root, os.O_PATH | os.O_DIRECTORY)) for root in layer["roots"]] if layer else []
     for i, (root, fd) in enumerate(lowers):
         upper, work = f"{layer['dir']}/{i}/u", f"{layer['dir']}/{i}/w"  # type: ignore[index]
+        plant_whiteouts(upper, root, req.get("hidden", []))
         options = f"lowerdir=/proc/self/fd/{fd},upperdir={upper},workdir={work},userxattr"
         try:
             libc.mount("overlay", root, "overlay", 0, options)
@@ -138,6 +140,40 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
         libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
     _mask_sockets(libc, req)
     return notes
+
+
+def plant_whiteouts(upper: str, root: str, hidden: list[str]) -> None:
+    """Each hidden path below the captured `root` that exists: a whiteout (a character device 0/0, which
+    needs no capability) at its place in the overlay's upper directory, made before the overlay is
+    mounted, so the command's view has no such entry at all (`ls -a ~` does not list `.ssh`, and
+    nothing can be read through it). The directories above it are made in the upper with the real
+    ones' mode and times (the overlay shows an upper directory's). `layer.scan` never takes a whiteout
+    at a hidden path for a deletion; a hidden path the command creates anyway is refused there
+    (tools/shell_capture: `hide_paths`). A hidden path below a symlinked directory is left to the
+    mount that hides it after the overlay."""
+    prefix = root.rstrip("/") + "/"
+    for path in hidden:
+        if not path.startswith(prefix) or not os.path.lexists(path):
+            continue
+        parts = path[len(prefix):].split("/")
+        made: list[tuple[str, os.stat_result]] = []
+        here_upper, here_real = upper, root
+        try:
+            for part in parts[:-1]:
+                here_upper, here_real = f"{here_upper}/{part}", f"{here_real}/{part}"
+                real_st = os.lstat(here_real)
+                if not stat.S_ISDIR(real_st.st_mode):
+                    break
+                if not os.path.isdir(here_upper):
+                    os.mkdir(here_upper, 0o700)
+                    made.append((here_upper, real_st))
+            else:
+                os.mknod(f"{upper}/{'/'.join(parts)}", stat.S_IFCHR | 0o600, 0)
+        except FileExistsError:
+            pass  # planted already (a layer kept from an earlier run), or written there by that run
+        for where, real_st in reversed(made):  # the innermost first: its own times change its parent's
+            os.chmod(where, stat.S_IMODE(real_st.st_mode))
+            os.utime(where, ns=(real_st.st_atime_ns, real_st.st_mtime_ns))
 
 
 def _mask_sockets(libc: _Libc, req: dict[str, Any]) -> None:
@@ -179,7 +215,7 @@ def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) 
         scoped = scopes(req["landlock"], abstract=not any_socket) if filters else 0
         restrict_writes(req["writable"], req["landlock"], scoped=scoped)
     if filters:
-        seccomp.prepared(_allows_unix(req)).install()  # last: nothing after it needs a socket
+        seccomp.prepared(_allows_unix(req), bool(req.get("display"))).install()  # last: nothing after it needs a socket
     argv, env = req["argv"], req["env"]
     # the open file the device checked; a script by its real path (see Sandbox.spawn)
     os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
@@ -269,7 +305,7 @@ class Warden:
             listener.close()
 
     def _run(self, req: dict[str, Any], fds: list[int]) -> None:
-        seccomp.prepared(_allows_unix(req))  # made here once, so each command only installs it
+        seccomp.prepared(_allows_unix(req), bool(req.get("display")))  # made here once, each command installs it
         try:
             pid = self.libc.clone_namespaces()
         except OSError as exc:

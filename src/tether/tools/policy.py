@@ -111,6 +111,9 @@ class NetworkRules(BaseModel):
     deny: list[str] = Field(default_factory=list, description="hosts commands may never reach (wins over allow)")
     ask: Literal["off", "on-miss"] = Field("off", description="on-miss: an unlisted host asks a person "
                                                               "(once / always / deny) instead of being refused")
+    within: NetworkRules | None = Field(
+        None, description="rules every connection must pass too: where a server narrowed the device's list, the "
+                          "device's own (docs/security/network.md)")
 
     @field_validator("allow", "deny")
     @classmethod

@@ -4,7 +4,7 @@ A device's effective policy is its own (the defaults and its policy file) with t
 top: top-level settings replace the device's, `commands` entries replace or remove one program's rule.
 Settings that decide how processes are confined are the device's alone — a server that could turn off
 its devices' sandbox would be the one place to attack — and so is whether the server may change
-anything at all (`policy_remote`).
+anything at all (`policy_remote`). `network` is the server's to narrow, never to widen (`narrow_network`).
 """
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tether.tools.policy import Policy, default_policy, policy_from_mapping
+from tether.sandbox.egress_rules import meet
+from tether.tools.policy import NetworkRules, Policy, default_policy, policy_from_mapping
 
 DEVICE_ONLY: frozenset[str] = frozenset({
-    "policy_remote", "sandbox", "require_sandbox", "network", "hide_paths", "live_write_roots",
+    "policy_remote", "sandbox", "require_sandbox", "hide_paths", "live_write_roots",
     "protected_paths", "unprotect_paths", "allow_sockets", "limits",
 })
 MAX_OVERLAY_PROGRAMS = 1000
@@ -51,7 +52,45 @@ def effective(base: Policy, overlay: Mapping[str, Any]) -> Policy:
         else:
             commands[name] = {} if rule is True else rule
     data.update({k: v for k, v in overlay.items() if k != "commands"})
+    if "network" in overlay:
+        data["network"] = narrow_network(base.network, overlay["network"])
     return policy_from_mapping({**data, "commands": commands, "replace_commands": True}, where="remote policy")
+
+
+def _describe(network: bool | NetworkRules) -> str:
+    if isinstance(network, NetworkRules):
+        return "host list"
+    return "network: on" if network else "network: off"
+
+
+def narrow_network(device: bool | NetworkRules, pushed: Any) -> bool | NetworkRules:
+    """The device's `network` narrowed by the server's: never more than the device's own allows.
+
+    The server's `on` stands only over a device that is on itself, and is refused over an `off` or a
+    host list. Otherwise off (the device's or the server's) is off. Over a device that is on, a server's list is
+    the list. Over a device's list: the allow entries both lists cover (`egress_rules.meet`), the deny
+    entries of both, `ask: on-miss` only where the device asks too; the device's own rules stay as
+    `within`, which every connection must also pass. ValueError, saying why, for a widening or a
+    malformed value.
+    """
+    server = Policy.model_validate({"network": pushed}).network
+    if isinstance(server, NetworkRules) and server.within is not None:
+        raise ValueError("network.within is the device's own list; a server sets allow, deny and ask")
+    if server is True:
+        if device is True:
+            return True
+        raise ValueError(f"network: on would widen this device's own {_describe(device)}; a server can only "
+                         "narrow the network (off, or a host list)")
+    if device is False or server is False:
+        return False
+    assert isinstance(server, NetworkRules)
+    if device is True:
+        return server
+    if server.ask == "on-miss" and device.ask != "on-miss":
+        raise ValueError("network.ask: on-miss would let a person open hosts this device's own policy refuses "
+                         "(its network.ask is off)")
+    deny = list(dict.fromkeys([*device.deny, *server.deny]))
+    return NetworkRules(allow=meet(server.allow, device.allow), deny=deny, ask=server.ask, within=device)
 
 
 def merged(overlay: Mapping[str, Any], change: Mapping[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
 from tether.sandbox.egress import AskFn, EgressRecord
 from tether.sandbox.egress_rules import EgressRules
+from tether.sandbox.identity import RunAs
 from tether.sandbox.limits import Limits
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
@@ -24,23 +25,30 @@ from tether.tools.policy import NetworkRules, Policy
 logger = logging.getLogger(__name__)
 
 
-def layers_dir(roots: Iterable[str]) -> str | None:
+def layers_dir(roots: Iterable[str], run_as: RunAs | None = None) -> str | None:
     """A private directory for overlay layers, outside every root (an overlay may not contain its own layer).
 
     $TETHER_SANDBOX_LAYERS, else /var/tmp, else /dev/shm (memory), whichever lies outside the roots.
+    With `run_as` (a root device's sandbox user) it is that user's, mode 0700: its warden mounts there.
     """
     real_roots = [os.path.realpath(os.path.expanduser(r)) for r in roots]
     candidates = [os.environ.get("TETHER_SANDBOX_LAYERS", ""), "/var/tmp", "/dev/shm", tempfile.gettempdir()]
     for base in filter(None, candidates):
         real = os.path.realpath(base)
-        path = real if base == candidates[0] else os.path.join(real, f"tether-layers-{os.getuid()}")
+        name = f"tether-layers-{os.getuid()}" + (f"-as-{run_as.uid}" if run_as is not None else "")
+        path = real if base == candidates[0] else os.path.join(real, name)
         place = os.path.realpath(path)
         if under(place, real_roots) or any(under(r, [place]) for r in real_roots) or not os.access(real, os.W_OK):
             continue
         try:
             Path(path).mkdir(mode=0o700, exist_ok=True)
-            if os.lstat(path).st_uid != os.getuid() or os.path.islink(path):
+            owner = os.getuid() if run_as is None else run_as.uid
+            if os.lstat(path).st_uid not in (os.getuid(), owner) or os.path.islink(path):
                 continue
+            if run_as is not None and os.lstat(path).st_uid != run_as.uid:
+                if os.listdir(path):  # never hand over a directory that holds someone's files already
+                    continue
+                os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
             os.chmod(path, 0o700)
         except OSError:
             continue
@@ -48,17 +56,25 @@ def layers_dir(roots: Iterable[str]) -> str | None:
     return None
 
 
-def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = "") -> SandboxSpec:
+def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = "",
+                 run_as: RunAs | None = None) -> SandboxSpec:
     live = list(policy.live_write_roots)
     live_real = [os.path.realpath(os.path.expanduser(p)) for p in live]
     captured = [r for r in policy.write_roots if os.path.realpath(os.path.expanduser(r)) not in live_real]
+    if run_as is not None:  # a root device's sandbox user: a root it cannot even reach (under /root) stays out
+        unreachable = [r for r in [*captured, *live] if not run_as.reaches(os.path.realpath(os.path.expanduser(r)))]
+        if unreachable:
+            logger.warning("write roots %s are out of reach of the sandbox's user %s (docs/security/root.md): "
+                           "commands cannot write there", ", ".join(unreachable), run_as.name)
+        captured = [r for r in captured if r not in unreachable]
+        live = [r for r in live if r not in unreachable]
     return SandboxSpec.build(write_roots=[r for r in captured if os.path.isdir(os.path.expanduser(r))],
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
                              hidden=[*policy.hide_paths, *hidden], network=policy.network is True,
                              layers_dir=layers, protected=live_protected(policy),
                              protected_names=floating_protected(policy), allow_sockets=list(policy.allow_sockets),
                              # from_request keeps the warden's keys: layer_files/layer_bytes are the capture's
-                             limits=Limits.from_request(policy.limits.model_dump()))
+                             limits=Limits.from_request(policy.limits.model_dump()), run_as=run_as)
 
 
 def floating_protected(policy: Policy) -> list[str]:
@@ -78,25 +94,38 @@ def live_protected(policy: Policy) -> list[str]:
 def egress_rules(policy: Policy) -> EgressRules | None:
     """The egress proxy's rules when the policy lists hosts (`network: {allow: ...}`), else None."""
     network = policy.network
-    if isinstance(network, NetworkRules):
-        return EgressRules.build(allow=network.allow, deny=network.deny, ask=network.ask)
-    return None
+    return _rules(network) if isinstance(network, NetworkRules) else None
+
+
+def _rules(network: NetworkRules) -> EgressRules:
+    within = None if network.within is None else _rules(network.within)
+    return EgressRules.build(allow=network.allow, deny=network.deny, ask=network.ask, within=within)
+
+
+def follow_network(sandbox: Sandbox | None, policy: Policy) -> None:
+    """Make a running sandbox follow the policy's `network` (after a server's change): see `Sandbox.renetwork`."""
+    if sandbox is not None:
+        sandbox.renetwork(policy.network is True, egress_rules(policy))
 
 
 def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInfo | None = None,
-                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None) -> Sandbox | None:
+                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None,
+                 run_as: RunAs | None = None) -> Sandbox | None:
     """The device's sandbox, or None (with the reason logged) where none can be made here.
+
+    `run_as`: the unprivileged user a root device starts its sandboxes as (docs/security/root.md); `info`
+    must then be a probe made as that user.
 
     A policy that lists hosts gets the egress proxy: `ask` answers `ask: on-miss` (without it an
     unlisted host is refused), `audit` sees every connection (see `Sandbox`)."""
-    info = info or detect()
+    info = info or detect(run_as=run_as)
     if not info.available:
         logger.warning("no sandbox: %s", info.detail)
         return None
-    layers = layers_dir(policy.write_roots)
+    layers = layers_dir(policy.write_roots, run_as)
     if layers is None:
         logger.warning("no sandbox: no writable directory outside the write roots for its layers "
                        "(set TETHER_SANDBOX_LAYERS)")
         return None
-    return Sandbox(info, sandbox_spec(policy, hidden=hidden, layers=layers), egress=egress_rules(policy), ask=ask,
-                   audit=audit)
+    return Sandbox(info, sandbox_spec(policy, hidden=hidden, layers=layers, run_as=run_as),
+                   egress=egress_rules(policy), ask=ask, audit=audit)

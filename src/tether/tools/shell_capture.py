@@ -143,7 +143,8 @@ async def capture(ctx: ToolContext, layer: Path, body: dict[str, Any]) -> list[C
     limits = getattr(ctx.policy, "limits", None)
     bounds = LayerLimits(getattr(limits, "layer_files", 0), getattr(limits, "layer_bytes", 0))
     try:
-        return await _on_pool(sandbox, layer, _scan, layer, roots, sandbox.layer_since(layer), bounds)
+        return await _on_pool(sandbox, layer, _scan, layer, roots, sandbox.spec.hidden, sandbox.layer_since(layer),
+                              bounds)
     except LayerLimit as exc:
         sandbox.release(layer)
         raise ToolError(f"denied by limit '{exc.rule}': {exc}", {**body, "limit": exc.rule, "applied": False}) from None
@@ -166,10 +167,13 @@ async def _on_pool(sandbox: Sandbox, layer: Path, fn: Callable[..., T], *args: A
         raise
 
 
-def _scan(layer: Path, roots: tuple[str, ...], since_ns: int, limits: LayerLimits) -> list[Change]:
+def _scan(layer: Path, roots: tuple[str, ...], hidden: tuple[str, ...], since_ns: int,
+          limits: LayerLimits) -> list[Change]:
+    """What the command changed; whiteouts the warden planted over `hidden` paths are no change, and a
+    layer holding only those is empty (`layer_empty`)."""
     from tether.sandbox.runner import layer_empty
 
-    return [] if layer_empty(layer, len(roots)) else scan(layer, roots, since_ns=since_ns, limits=limits)
+    return [] if layer_empty(layer, roots, hidden) else scan(layer, roots, hidden, since_ns=since_ns, limits=limits)
 
 
 def _apply(ctx: ToolContext, changes: list[Change], others: Applied | None) -> tuple[list[str], list[str]]:

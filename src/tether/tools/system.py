@@ -215,9 +215,13 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
     env = safe_environment({k: os.environ[k] for k in GUI_ENV_KEYS if k in os.environ})
     try:
         if ctx.sandbox is not None:
-            # no overlay: an application outlives the call, so it writes only to live_write_roots
+            # no overlay: an application outlives the call, so it writes only to live_write_roots; a GUI
+            # program reaches its X display's socket, and no other (the filter refuses unix sockets)
+            from tether.tools.x11 import display_socket
+
+            x_socket = display_socket(env.get("DISPLAY"))
             proc: Any = await ctx.sandbox.spawn([app_name, *args], executable=executable, cwd=str(workdir), env=env,
-                                                stdin=False, layer=None, output=False)
+                                                stdin=False, layer=None, output=False, display_socket=x_socket)
         else:
             proc = await asyncio.create_subprocess_exec(
                 app_name, *args, executable=executable, cwd=workdir, env=env, start_new_session=True,

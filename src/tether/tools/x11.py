@@ -15,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
+import stat
 import subprocess
 import time
 from collections.abc import Callable
@@ -59,6 +61,19 @@ def display_env(display: str) -> dict[str, str]:
     if os.environ.get("XAUTHORITY"):
         extra["XAUTHORITY"] = os.environ["XAUTHORITY"]
     return safe_environment(extra)
+
+
+def display_socket(display: str | None) -> str | None:
+    """The unix socket of a local X display (`:0`, `:1.0`, `unix:2` -> /tmp/.X11-unix/X<n>, its real path)
+    when it exists, else None (no display, a TCP one such as `host:0`, or no socket there)."""
+    match = re.fullmatch(r"(?:unix)?:(\d+)(?:\.\d+)?", display or "")
+    if match is None:
+        return None
+    path = os.path.realpath(f"/tmp/.X11-unix/X{match.group(1)}")
+    try:
+        return path if stat.S_ISSOCK(os.stat(path).st_mode) else None
+    except OSError:
+        return None
 
 
 def display_problem(display: str | None) -> str | None:
