@@ -149,8 +149,8 @@ def test_a_node_id_in_use_is_refused_and_nodes_started_at_once_on_a_fresh_databa
         env = tether_env(tmp_path / "state-other")
         line = refused(["--port", str(free_port()), "--db", db, "--cluster", f"redis://127.0.0.1:{redis.port}/0",
                         "--node-id", "n1"], env)
-        assert line.startswith("error: node id n1 is already taken by another tether server") and \
-            f":{nodes[1].port} node=n1" in line and "--node-id" in line, line
+        assert line.startswith("error: node id n1 is already taken by another tether server (pid ") and \
+            f"listening on 127.0.0.1:{nodes[1].port})" in line and "--node-id" in line, line
         assert dbkit.psql(db, "SELECT count(*), max(id) FROM audit") == before
         assert all(node.proc.poll() is None for node in nodes)
     finally:

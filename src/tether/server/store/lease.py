@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -99,9 +100,8 @@ def _refusal(where: str, node: str, holder: dict[str, Any] | None, default_node:
     who = "another tether server"
     if holder and holder.get("pid"):
         address = f"{holder.get('host') or '?'}:{holder['port']}" if holder.get("port") else "?"
-        who += f" (pid {holder['pid']}, listening on {address})"
-    elif holder and holder.get("application_name"):
-        who += f" ({holder['application_name']}" + (f" from {holder['client']})" if holder.get("client") else ")")
+        machine = f" on {holder['client']}" if holder.get("client") else ""
+        who += f" (pid {holder['pid']}{machine}, listening on {address})"
     if default_node:
         return (f"{who} already serves this state ({where}, node {node}); stop it first, or give this "
                 "server its own state directory or --db")
@@ -228,7 +228,12 @@ class _PostgresHolder:
                 "AND l.classid::bigint = %s AND l.objid::bigint = %s LIMIT 1",
                 ((key >> 32) & 0xFFFFFFFF, key & 0xFFFFFFFF)).fetchone()
             if row is not None:
-                return {"application_name": row[0], "client": row[1]}
+                found = _APPLICATION_NAME.fullmatch(row[0] or "")
+                if found is None:
+                    return {"pid": f"? ({row[0]})", "client": row[1]}
+                port = int(found["port"]) if found["port"].isdigit() else 0
+                return {"pid": int(found["pid"]), "host": found["host"], "port": port,
+                        "client": None if row[1] in (None, "127.0.0.1", "::1") else row[1]}
         return None
 
     def announce(self, info: dict[str, Any]) -> None:
@@ -243,6 +248,9 @@ class _PostgresHolder:
     def close(self) -> None:
         with contextlib.suppress(Exception):
             self._conn.close()  # the session ends: its advisory locks go with it
+
+
+_APPLICATION_NAME = re.compile(r"tether server pid=(?P<pid>\d+) (?P<host>[^ ]*):(?P<port>\d+|\?) node=.*")
 
 
 def _application_name(info: dict[str, Any]) -> str:
