@@ -111,15 +111,19 @@ class Node:
         self.seen = b""
 
     def ready(self, timeout: float = 60.0) -> None:
-        """Block until the node says it listens (its own line on its stderr: an event, not a poll)."""
+        """Block until the node says it listens."""
+        self.wait_for(READY, timeout)
+
+    def wait_for(self, text: str, timeout: float = WAIT) -> None:
+        """Block until the node writes `text` on its stderr (its own line: an event, not a poll)."""
         assert self.proc.stderr is not None
         end = time.monotonic() + timeout
-        while READY.encode() not in self.seen:
+        while text.encode() not in self.seen:
             left = end - time.monotonic()
             readable, _, _ = select.select([self.proc.stderr], [], [], max(left, 0))
             chunk = os.read(self.proc.stderr.fileno(), 65536) if readable else b""
             if not chunk:
-                raise AssertionError(f"node did not come up (exit {self.proc.poll()}): "
+                raise AssertionError(f"node did not write {text!r} (exit {self.proc.poll()}): "
                                      f"{self.seen.decode(errors='replace')[-3000:]}")
             self.seen += chunk
 
@@ -153,6 +157,15 @@ def test_a_node_id_in_use_is_refused_and_nodes_started_at_once_on_a_fresh_databa
             f"listening on 127.0.0.1:{nodes[1].port})" in line and "--node-id" in line, line
         assert dbkit.psql(db, "SELECT count(*), max(id) FROM audit") == before
         assert all(node.proc.poll() is None for node in nodes)
+
+        # the database ends n2's lease session (as a restart of PostgreSQL would): n2 takes its lease again
+        ended = dbkit.psql(pg.url, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                                   "WHERE application_name LIKE 'tether server pid=% node=n2'").strip()
+        assert ended == "1"
+        nodes[2].wait_for("lease on its state was lost (the database's session ended) and is held again")
+        line = refused(["--port", str(free_port()), "--db", db, "--cluster", f"redis://127.0.0.1:{redis.port}/0",
+                        "--node-id", "n2"], env)
+        assert f"listening on 127.0.0.1:{nodes[2].port})" in line, line
     finally:
         for node in nodes:
             node.stop()

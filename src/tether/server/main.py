@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -19,6 +20,7 @@ from tether.server.store import Store
 from tether.server.store.lease import StateLease, take_lease
 
 logger = logging.getLogger(__name__)
+LEASE_CHECK_TICKS = 20  # uvicorn ticks (0.1 s): how often the server checks that it still holds its lease
 
 
 class UnsafeBinding(ValueError):
@@ -160,10 +162,31 @@ class _Server(uvicorn.Server):
                 logger.exception("a shutdown hook failed; stopping anyway")
         await super().shutdown(sockets)
 
+    lease: StateLease | None = None  # the state's lease (run_server), checked every LEASE_CHECK_TICKS
+    _retaking: asyncio.Future[str | None] | None = None
+
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
         if sockets is not None and not self.should_exit:  # uvicorn says where it listens only for sockets it bound
             self._log_started_message(sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's tick (every 0.1 s); a lease lost (PostgreSQL: its session ended) is taken again off the
+        loop, and an error logged for as long as it cannot be (another server took the node meanwhile)."""
+        if self.lease is not None and counter % LEASE_CHECK_TICKS == 0 and self._retaking is None \
+                and self.lease.lost():
+            self._retaking = asyncio.get_running_loop().run_in_executor(None, self.lease.retake)
+            self._retaking.add_done_callback(self._retaken)
+        return await super().on_tick(counter)
+
+    def _retaken(self, done: asyncio.Future[str | None]) -> None:
+        self._retaking = None
+        problem = done.exception() or done.result()
+        if problem:
+            logger.error("this server's lease on its state was lost and cannot be taken again: %s", problem)
+        else:
+            logger.warning("this server's lease on its state was lost (the database's session ended) and is "
+                           "held again")
 
 
 def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
@@ -173,6 +196,8 @@ def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_le
     try:
         config = build_config(settings, allow_insecure=allow_insecure, log_level=log_level, app_factory=app_factory,
                               claim=claim)
-        _Server(config).run(sockets=claim.sockets)
+        server = _Server(config)
+        server.lease = claim.lease
+        server.run(sockets=claim.sockets)
     finally:
         claim.release()

@@ -77,6 +77,16 @@ class StateLease:
         if self.alone:
             self._holder.share()
 
+    def lost(self) -> bool:
+        """Whether the lease was lost since it was taken (PostgreSQL: its session ended, say the database
+        restarted). Reads what the connection already received, never waits: safe on the event loop."""
+        return self._holder.lost()
+
+    def retake(self) -> str | None:
+        """Take a lost lease again (blocking, up to the connect timeout: run it off the event loop); None once
+        held, else why not (another server took the node meanwhile, the database is still away)."""
+        return self._holder.retake()
+
     def release(self) -> None:
         self._holder.close()
 
@@ -167,6 +177,12 @@ class _FileHolder:
     def share(self) -> None:
         fcntl.flock(self._database_fd, fcntl.LOCK_SH)
 
+    def lost(self) -> bool:
+        return False  # a flock lasts as long as the descriptor
+
+    def retake(self) -> str | None:
+        return None
+
     def close(self) -> None:
         for fd in (self._database_fd, self._node_fd):
             if fd >= 0:
@@ -186,6 +202,8 @@ class _PostgresHolder:
             raise StoreUnavailable("a postgresql:// database needs psycopg: pip install 'tether[cluster]'") from None
         self._psycopg = psycopg
         self.url = url
+        self.node = node
+        self.info = info
         self.node_key = advisory_key(f"tether:node:{node}")
         try:
             self._conn = psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
@@ -237,8 +255,40 @@ class _PostgresHolder:
         return None
 
     def announce(self, info: dict[str, Any]) -> None:
+        self.info = info
         with contextlib.suppress(self._psycopg.Error):
             self._conn.execute(f"SET application_name = '{_application_name(info)}'")
+
+    def lost(self) -> bool:
+        from psycopg.pq import ConnStatus
+
+        pg = self._conn.pgconn
+        if self._conn.closed or pg.status != ConnStatus.OK:
+            return True
+        try:
+            pg.consume_input()  # what the server sent meanwhile: a "terminating connection" or the EOF of its end
+        except self._psycopg.Error:
+            return True
+        return pg.status != ConnStatus.OK
+
+    def retake(self) -> str | None:
+        psycopg = self._psycopg
+        with contextlib.suppress(Exception):
+            self._conn.close()
+        try:
+            self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
+                                         application_name=_application_name(self.info),
+                                         options=_PG_KEEPALIVE_OPTIONS, **_KEEPALIVE)
+            if not self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self.node_key,)).fetchone()[0]:
+                holder = self._holder_of(self.node_key)
+                self._conn.close()
+                return _refusal(safe_url(self.url), self.node, holder, False)
+            self._conn.execute("SELECT pg_advisory_lock_shared(%s)", (DATABASE_KEY,))
+        except psycopg.Error as exc:
+            with contextlib.suppress(Exception):
+                self._conn.close()
+            return f"cannot reach the database {safe_url(self.url)}: {_first_line(exc)}"
+        return None
 
     def share(self) -> None:
         self._conn.execute("SELECT pg_advisory_lock_shared(%s)", (DATABASE_KEY,))
