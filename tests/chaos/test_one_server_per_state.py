@@ -27,7 +27,8 @@ from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 
 import dbkit
 from engines import Engine, postgres_server, redis_server
-from netutil import CLI, free_port, tether_env
+from netutil import CLI, Proc, free_port, tether_env, wait_for
+from tether.remote import RemoteServer
 
 READY = "Uvicorn running on"
 
@@ -67,6 +68,16 @@ def test_a_second_server_changes_nothing_and_the_first_ones_command_ends_as_it_r
         assert not (elsewhere / "server.db").exists()
 
     assert cluster.audit() == before, "a refused server changed the running one's audit log"
+    # a server with its own state directory on the same database is another node (docs/scaling.md): it starts,
+    # and, not alone on the database, leaves the rows in flight to the server that sent them
+    node = Proc(["server", "--port", str(other_port), *db, "--log-level", "warning"], tmp_path / "node-b.log",
+                tether_env(tmp_path / "node-b"))
+    try:
+        with RemoteServer(f"http://127.0.0.1:{other_port}", cluster.api_token) as remote:
+            wait_for(lambda: remote.health()["status"] == "ok", "the second node's health", WAIT, (node.popen,))
+        assert cluster.audit() == before, "a second node settled the first one's rows in flight"
+    finally:
+        node.stop()
     assert runs.open_gate("long")
     [result] = call.result(WAIT)
     assert result.ok and result.result["stdout"] == "out:long\n", result
