@@ -113,8 +113,8 @@ def _refusal(where: str, node: str, holder: dict[str, Any] | None, default_node:
         machine = f" on {holder['client']}" if holder.get("client") else ""
         who += f" (pid {holder['pid']}{machine}, listening on {address})"
     if default_node:
-        return (f"{who} already serves this state ({where}, node {node}); stop it first, or give this "
-                "server its own state directory or --db")
+        return (f"{who} already serves this state ({where}, node {node}); stop it first, or start this one "
+                "as another node (--node-id NAME, or a state directory of its own)")
     return (f"node id {node} is already taken by {who} on {where}; give each node its own --node-id")
 
 
