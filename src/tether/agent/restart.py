@@ -9,6 +9,10 @@ command is sent, and its record as soon as the result is in):
 - a step started with no result recorded, or a failure whose recovery was being decided: whether
   the step finished on its device is unknown, so the person is asked — retry, skip, or cancel;
 - a step whose success was recorded before the cursor moved on: it goes on from the next step.
+
+Only a server that holds its node's lease on the database runs this, and only after it bound its port
+(`tether.server.main.StateClaim`): a second server started by mistake on the same state is refused before
+it reads a task, so it can never turn a task the running server is finishing into a restart question.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from typing import Any
 
 from tether.agent.task import TERMINAL_STATES, Task, TaskEvent, TaskState
 from tether.server.store import StoreUnavailable, disk_problem
-from tether.server.store.engine import describe, is_url, open_postgres
+from tether.server.store.engine import create_schema, describe, is_url, open_postgres
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class TaskStore:
         if is_url(path):
             self.path = Path(self.where)
             self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached
-            self._conn.executescript(_SCHEMA)
+            create_schema(self._conn, _SCHEMA)
             return
         self.path = Path(path).expanduser()
         try:
@@ -69,14 +69,14 @@ class TaskStore:
             # WAL with synchronous=NORMAL survives a crash of the process (what a restarted server meets);
             # only a power cut may lose the last saves. FULL costs an fsync per save, i.e. per step.
             self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(_SCHEMA)
+            create_schema(self._conn, _SCHEMA)
         except (sqlite3.Error, OSError) as exc:  # a full or read-only state directory: say so in one line
             raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.path}: {exc}") from None
 
     def execute_schema(self, schema: str) -> None:
         """Create a table of another agent module (task leases) on this store's connection."""
         with self._lock:
-            self._conn.executescript(schema)
+            create_schema(self._conn, schema)
 
     def write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
         """One writing statement; the rows it changed. `StoreUnavailable` when the disk or database is gone."""

@@ -138,7 +138,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
 
     from tether.agent.llm import resolve_llm_settings
     from tether.agent.server_app import create_agent_app
-    from tether.server.main import UnsafeBinding, run_server
+    from tether.server.main import PortInUse, UnsafeBinding, claim_state, run_server
     from tether.server.store import check_state_dir
 
     if bool(tls_cert) != bool(tls_key):
@@ -159,6 +159,10 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
             import redis  # noqa: F401 - only to say clearly that it is missing
         except ImportError:
             fail("--cluster needs the redis package: pip install 'tether[cluster]'")
+    try:  # one server per state (issue 28): its lease, then its port, before anything is read or written
+        claim = claim_state(settings)  # another server holds it: StateBusy, one line (tether.cli.main), exit 2
+    except PortInUse as exc:
+        fail(str(exc))
     check_state_dir(settings.db_target)  # a full or read-only state directory: one line (tether.cli.main), exit 2
     if tls_cert:
         _print_cert_fingerprint(tls_cert)
@@ -171,7 +175,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
                             "section): tasks need a plan", markup=False)
     try:
         run_server(settings, allow_insecure=allow_insecure, log_level=log_level,
-                   app_factory=partial(create_agent_app, llm_settings=llm))
+                   app_factory=partial(create_agent_app, llm_settings=llm), claim=claim)
     except UnsafeBinding as exc:
         fail(str(exc))
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import logging
 import socket
 from collections.abc import Callable
@@ -15,8 +18,10 @@ from tether.server.edge import edge_protocols
 from tether.server.logsafe import server_log_config
 from tether.server.settings import ServerSettings, is_loopback
 from tether.server.store import Store
+from tether.server.store.lease import StateLease, take_lease
 
 logger = logging.getLogger(__name__)
+LEASE_CHECK_TICKS = 20  # uvicorn ticks (0.1 s): how often the server checks that it still holds its lease
 
 
 class UnsafeBinding(ValueError):
@@ -42,14 +47,92 @@ def check_binding(settings: ServerSettings, store: Store, *, allow_insecure: boo
 AppFactory = Callable[[ServerSettings, Store], FastAPI]
 
 
+class PortInUse(OSError):
+    """The address the server was told to listen on cannot be bound (in use, not this machine's, no right)."""
+
+
+class StateClaim:
+    """What a starting server holds before it touches a row or recovers anything: the lease on its state
+    (`tether.server.store.lease`: its node on its database) and its listening sockets, already bound.
+
+    Start-up runs in this order, so a second server started by mistake is refused before it changes anything
+    (issue 28): lease → bind → open and migrate the database → settle what a server alone on it finds
+    left in flight → build the app → (uvicorn's lifespan) resume tasks → serve."""
+
+    def __init__(self, lease: StateLease, sockets: list[socket.socket]) -> None:
+        self.lease = lease
+        self.sockets = sockets
+
+    def recover(self, store: Store) -> None:
+        """Settle what the last server left in flight, if this server is alone on the database (else those
+        rows are another live server's), then let other servers join the database."""
+        if self.lease.alone:
+            settled = store.settle_sent()
+            if settled:
+                logger.warning("%d command(s) were in flight when the last server stopped: their audit rows say "
+                               "'unknown'", settled)
+        self.lease.settled()
+
+    def release(self) -> None:
+        for sock in self.sockets:
+            with contextlib.suppress(OSError):
+                sock.close()
+        self.lease.release()
+
+
+def claim_state(settings: ServerSettings) -> StateClaim:
+    """Lease the state, then bind the port: `StateBusy` (a `StoreUnavailable`) when another live server holds
+    this node on this database, `PortInUse` when the address cannot be bound; either in one line, with
+    nothing written."""
+    lease = take_lease(settings.db_target, settings.node, host=settings.host, port=settings.port,
+                       default_node=settings.node_id is None)
+    try:
+        sockets = bind_sockets(settings.host, settings.port, settings.listen_backlog)
+    except BaseException:
+        lease.release()
+        raise
+    lease.announce(settings.host, sockets[0].getsockname()[1])
+    return StateClaim(lease, sockets)
+
+
+def bind_sockets(host: str, port: int, backlog: int) -> list[socket.socket]:
+    """Listening sockets for every address of `host` (as asyncio's `create_server` binds them), listening
+    at once: a bound socket that does not listen yet would not keep a second server off the port."""
+    try:
+        infos = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise PortInUse(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sockets: list[socket.socket] = []
+    try:
+        for family, kind, proto, _, address in dict.fromkeys(infos):
+            sock = socket.socket(family, kind, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:  # every address on the port the first one was given
+                address = (address[0], sockets[0].getsockname()[1], *address[2:])
+            sock.bind(address)
+            sock.listen(backlog)
+    except OSError as exc:
+        for sock in sockets:
+            sock.close()
+        reason = "the port is in use (another server?)" if exc.errno == errno.EADDRINUSE else exc.strerror or str(exc)
+        raise PortInUse(f"cannot listen on {host}:{port}: {reason}") from None
+    return sockets
+
+
 def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
-                 app_factory: AppFactory = create_app) -> uvicorn.Config:
-    """`app_factory` builds the app (the agent layer passes one that adds tasks).
+                 app_factory: AppFactory = create_app, claim: StateClaim | None = None) -> uvicorn.Config:
+    """`app_factory` builds the app (the agent layer passes one that adds tasks). `claim`: the state and
+    sockets `claim_state` took (then what the last server left in flight is settled here, before the app).
 
     Logging: uvicorn's handlers plus the server's own loggers, every line escaped and the access
     log without query strings (`tether.server.logsafe`)."""
     store = Store(settings.db_target)
     store.check_writable()  # a full or read-only state directory: StoreUnavailable, one line
+    if claim is not None:
+        claim.recover(store)
     check_binding(settings, store, allow_insecure=allow_insecure)
     app = app_factory(settings, store)
     # connection caps per client address and the header/body/idle timeouts, at the transport (edge.py)
@@ -83,8 +166,42 @@ class _Server(uvicorn.Server):
                 logger.exception("a shutdown hook failed; stopping anyway")
         await super().shutdown(sockets)
 
+    lease: StateLease | None = None  # the state's lease (run_server), checked every LEASE_CHECK_TICKS
+    _retaking: asyncio.Future[str | None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets)
+        if sockets is not None and not self.should_exit:  # uvicorn says where it listens only for sockets it bound
+            self._log_started_message(sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's tick (every 0.1 s); a lease lost (PostgreSQL: its session ended) is taken again off the
+        loop, and an error logged for as long as it cannot be (another server took the node meanwhile)."""
+        if self.lease is not None and counter % LEASE_CHECK_TICKS == 0 and self._retaking is None \
+                and self.lease.lost():
+            self._retaking = asyncio.get_running_loop().run_in_executor(None, self.lease.retake)
+            self._retaking.add_done_callback(self._retaken)
+        return await super().on_tick(counter)
+
+    def _retaken(self, done: asyncio.Future[str | None]) -> None:
+        self._retaking = None
+        problem = done.exception() or done.result()
+        if problem:
+            logger.error("this server's lease on its state was lost and cannot be taken again: %s", problem)
+        else:
+            logger.warning("this server's lease on its state was lost (the database's session ended) and is "
+                           "held again")
+
 
 def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
-               app_factory: AppFactory = create_app) -> None:
-    _Server(build_config(settings, allow_insecure=allow_insecure, log_level=log_level,
-                                app_factory=app_factory)).run()
+               app_factory: AppFactory = create_app, claim: StateClaim | None = None) -> None:
+    """Serve until stopped. `claim`: what `claim_state` took (taken here when not given); released at the end."""
+    claim = claim or claim_state(settings)
+    try:
+        config = build_config(settings, allow_insecure=allow_insecure, log_level=log_level, app_factory=app_factory,
+                              claim=claim)
+        server = _Server(config)
+        server.lease = claim.lease
+        server.run(sockets=claim.sockets)
+    finally:
+        claim.release()

@@ -37,6 +37,7 @@ from tether.server.store.engine import (
     is_url,
     open_postgres,
     pick,
+    schema_transaction,
     split_script,
 )
 
@@ -158,7 +159,7 @@ _MIGRATIONS: list[str | dict[str, str]] = [
     # the log — one more page written per command, ~11% of the server's CPU per REST command
     # (bench/fleet_hotpath.py) — and it was read for nothing else. This one holds only the `sent` rows (a
     # row leaves it when its outcome is written), so it stays a few pages; it also serves the start-up's
-    # settling of rows left `sent` (`_settle_sent`), which `audit_sent` did.
+    # settling of rows left `sent` (`settle_sent`), which `audit_sent` did.
     """
     DROP INDEX audit_batch;
     DROP INDEX audit_sent;
@@ -363,8 +364,6 @@ class Store:
                     self._conn.execute("PRAGMA synchronous=NORMAL")
                     self._conn.execute("PRAGMA foreign_keys=ON")
                 self._migrate()
-                if not self._memory:
-                    self._settle_sent()
         except (sqlite3.Error, OSError) as exc:
             with contextlib.suppress(Exception):
                 self._conn.close()
@@ -398,22 +397,30 @@ class Store:
             raise StoreUnavailable(problem) from None
 
     def _migrate(self) -> None:
-        self._conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-        row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
-        current = row[0] or 0
-        if current > len(_MIGRATIONS):
-            raise RuntimeError(f"{self.where} has schema version {current}, newer than this tether "
-                               f"({len(_MIGRATIONS)}); upgrade tether or use another --db")
-        for version in range(current + 1, len(_MIGRATIONS) + 1):
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
+        """Bring the schema to this tether's version in one transaction under the schema lock
+        (`schema_transaction`): servers starting at once on a fresh database migrate it once, one after
+        the other, and the later ones find it current."""
+        # a current schema is read without the lock (a reader of a read-only state directory opens it too)
+        if self.dialect == "sqlite":
+            exists = self._conn.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_version'").fetchone()
+        else:
+            exists = self._conn.execute("SELECT to_regclass('schema_version')").fetchone()[0]
+        if exists and self._version() == len(_MIGRATIONS):
+            return
+        with schema_transaction(self._conn):
+            self._conn.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            current = self._version()
+            if current > len(_MIGRATIONS):
+                raise RuntimeError(f"{self.where} has schema version {current}, newer than this tether "
+                                   f"({len(_MIGRATIONS)}); upgrade tether or use another --db")
+            for version in range(current + 1, len(_MIGRATIONS) + 1):
                 for statement in split_script(pick(_MIGRATIONS[version - 1], self.dialect)):
                     self._conn.execute(statement)
                 self._conn.execute("INSERT INTO schema_version (version) VALUES (?)", (version,))
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
+
+    def _version(self) -> int:
+        row = self._conn.execute("SELECT MAX(version) FROM schema_version").fetchone()
+        return int(row[0] or 0)
 
     def _rollback(self) -> None:
         """Roll back the open transaction, if SQLite has not already (it does after a full disk)."""
@@ -685,7 +692,7 @@ class Store:
         """Write a batch's rows as `sent` now, before it goes to its device; None, or why they cannot be.
 
         The row is the command's: it exists before anything runs, so a server killed mid-command still
-        has it (see `_settle_sent`). Nothing is held on failure: the caller does not send the batch.
+        has it (see `settle_sent`). Nothing is held on failure: the caller does not send the batch.
         """
         now = time.time()
         pending = [(*_full(row), now) for row in rows]
@@ -800,12 +807,15 @@ class Store:
             self._audit_flush = None
         return True
 
-    def _settle_sent(self) -> None:
-        """At start (under the lock): rows still `sent` belong to commands the previous server never
-        heard back from."""
+    def settle_sent(self) -> int:
+        """Rows still `sent` belong to commands the previous server never heard back from: mark them
+        `unknown`; how many. Only a server that holds the database alone may call this (its start-up, under
+        `tether.server.store.lease`): another live server's rows in flight are still being answered."""
         # `status = 'sent'` spelled out (not bound): the planner then reads only the index of rows in flight
-        self._conn.execute("UPDATE audit SET status = ?, error = ? WHERE status = 'sent'",
-                           (UNKNOWN, "outcome unknown: the server stopped before the result came back"))
+        with self._writing(), self._lock:
+            return self._conn.execute("UPDATE audit SET status = ?, error = ? WHERE status = 'sent'",
+                                      (UNKNOWN, "outcome unknown: the server stopped before the result came back")
+                                      ).rowcount
 
     def audit_soon(self, rows: Iterable[AuditRow]) -> None:
         """Like `audit_many`, but off the caller's path: on an event loop the rows are written within
