@@ -14,6 +14,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import socket
 import stat
 import sys
@@ -37,6 +38,7 @@ egress_log = logging.getLogger("tether.sandbox.egress")
 
 START_TIMEOUT_S = 15.0
 FREE_LAYERS = 8
+SWEEP_BATCH = 16  # old overlay work directories removed together, off the event loop (see _sweep)
 MAX_REPLY = 1 << 16
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
@@ -98,6 +100,8 @@ class Sandbox:
         self._closed = False
         self.held = HeldLayers(Path(spec.layers_dir))
         self._free: list[Path] = []
+        self._layer_of: dict[int, Path] = {}  # request id -> the layer its command mounted
+        self._gone: list[Path] = []  # old overlay work directories the warden set aside, to be removed
         self._warden_host_pid: int | None = None
         self._notes: dict[int, list[str]] = {}
         self._cpu: dict[int, float] = {}
@@ -279,6 +283,7 @@ class Sandbox:
                     fut.set_exception(SandboxUnavailable(why))
         self._waiters.clear()
         self._askers.clear()
+        self._layer_of.clear()
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -305,6 +310,7 @@ class Sandbox:
                 started.set_result(msg["pid"])
                 self._warden_pids[msg["pid"]] = msg["id"]
             elif msg["op"] == "exit":
+                self._sweep(msg["id"])
                 self._waiters.pop(msg["id"], None)
                 self._askers.pop(msg["id"], None)
                 self._warden_pids = {p: i for p, i in self._warden_pids.items() if i != msg["id"]}
@@ -358,6 +364,19 @@ class Sandbox:
         self._removing.add(future)
         future.add_done_callback(self._removing.discard)
 
+    def _sweep(self, request_id: int) -> None:
+        """The command's namespace is gone: the work directories of its layer's previous use, which it set
+        aside (warden `_set_aside`), are removed in batches off the event loop."""
+        layer = self._layer_of.pop(request_id, None)
+        if layer is None:
+            return
+        self._gone += [layer / str(i) / "w" / f"gone-{request_id}" for i in range(len(self.spec.write_roots))]
+        if len(self._gone) >= SWEEP_BATCH * len(self.spec.write_roots):
+            gone, self._gone = self._gone, []
+            future = asyncio.get_running_loop().run_in_executor(None, _remove_all, gone)
+            self._removing.add(future)
+            future.add_done_callback(self._removing.discard)
+
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
                     stdin: bool, layer: Path | None, output: bool = True,
                     ask: AskFn | None = None) -> SandboxedProcess:
@@ -405,6 +424,8 @@ class Sandbox:
                 env = {k: v for k, v in env.items() if k not in NO_PROXY_ENV} | self.proxy_env()
                 message["env"] = env
             self._send(message, [exe, in_r, out_w, err_w])
+            if layer is not None:
+                self._layer_of[request_id] = layer
         finally:
             for fd in to_close:
                 os.close(fd)
@@ -487,6 +508,20 @@ def _children(pid: int) -> list[int]:
             return [int(p) for p in f.read().split()]
     except (OSError, ValueError):
         return []
+
+
+def _remove_all(paths: list[Path]) -> None:
+    """Remove directories an overlay left (its work directories are mode 000: opened up on the way down)."""
+    for path in paths:
+        if not path.exists():
+            continue
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
+        for base, dirs, _ in os.walk(path):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(base, name), 0o700)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def layer_empty(layer: Path, roots: int) -> bool:
