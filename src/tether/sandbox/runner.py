@@ -27,7 +27,7 @@ from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.egress import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress_owner import command_holding
 from tether.sandbox.egress_rules import EgressRules
-from tether.sandbox.guard import live_plan
+from tether.sandbox.guard import LivePlan, live_plan
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
 from tether.sandbox.limits import shm_options
@@ -40,6 +40,7 @@ START_TIMEOUT_S = 15.0
 FREE_LAYERS = 8
 SWEEP_BATCH = 16  # old overlay work directories removed together, off the event loop (see _sweep)
 MAX_REPLY = 1 << 16
+_NO_LIVE = LivePlan()  # no live root: nothing to freeze or bind read-only (live_plan would scan for nothing)
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
 
@@ -407,7 +408,7 @@ class Sandbox:
             hidden = [*self.spec.hidden]
             # live roots are written directly: hidden and protected paths there stay uncreatable
             guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
-                              self.spec.protected_names, depth=1)
+                              self.spec.protected_names, depth=1) if self.spec.live_write_roots else _NO_LIVE
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
                        "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)],
                        "layers_dir": self.spec.layers_dir,
