@@ -237,6 +237,7 @@ class Warden:
         self.libc = _Libc()
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, tuple[int, int]] = {}  # request id -> (pid, pidfd)
+        self.namespaces: dict[int, int] = {}  # request id -> an fd holding its command's mount namespace
 
     def send(self, message: dict[str, Any]) -> None:
         self.sock.send(json.dumps(message).encode())
@@ -298,6 +299,10 @@ class Warden:
             _command(self.libc, req, fds, self.sock)
         pidfd = os.pidfd_open(pid)
         self.children[req["id"]] = (pid, pidfd)
+        try:  # see _reap: the command's mounts then go after its end is reported, not before
+            self.namespaces[req["id"]] = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass  # already gone
         self.selector.register(pidfd, selectors.EVENT_READ, req["id"])
         self.send({"op": "started", "id": req["id"], "pid": pid})
 
@@ -308,6 +313,13 @@ class Warden:
         _, status, usage = os.wait4(pid, 0)
         self.send({"op": "exit", "id": request_id, "code": os.waitstatus_to_exitcode(status),
                    "cpu": round(usage.ru_utime + usage.ru_stime, 3)})
+        # The command's mount namespace lived on in this fd, so its end did not wait for the teardown (the
+        # overlays unmounted, each an RCU grace period; its pipes close only after its namespaces are
+        # dropped): the teardown happens here, after the device heard of the end, and before this warden
+        # reads the next request, so a pooled layer is never mounted twice.
+        namespace = self.namespaces.pop(request_id, None)
+        if namespace is not None:
+            os.close(namespace)
 
 
 def probe(base: str) -> int:
