@@ -296,6 +296,8 @@ class Warden:
             self.send({"op": "exit", "id": req["id"], "error": f"could not make the command's namespaces: {exc}"})
             return
         if pid == 0:
+            for held in self.namespaces.values():  # other commands' namespaces: never kept alive from here
+                os.close(held)
             _command(self.libc, req, fds, self.sock)
         pidfd = os.pidfd_open(pid)
         self.children[req["id"]] = (pid, pidfd)
