@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -15,7 +16,7 @@ import pytest
 from tether.sandbox import SandboxSpec, detect
 from tether.sandbox.fs import EscapeError
 from tether.sandbox.layer import ApplyConflict, Change, apply, discard, scan
-from tether.sandbox.runner import Sandbox
+from tether.sandbox.runner import SWEEP_BATCH, Sandbox
 
 PY = os.path.realpath(sys.executable)
 
@@ -152,6 +153,39 @@ open({str(root / 'sub' / 'new.txt')!r}, 'w').write('x')
         apply(only_new, lambda *_: None)
     assert list(outside.iterdir()) == []
     discard(layer)
+
+
+async def test_a_pooled_layer_takes_a_fresh_overlay_every_time_and_its_old_work_dirs_are_swept(
+        sandbox: Sandbox, tree: dict[str, Path]) -> None:
+    """Each overlay is volatile (nothing syncs the whole filesystem when it goes) and mounted over the same
+    pooled layer again and again: the old work directory (with the marker that would refuse the next mount)
+    is set aside first, so every command gets its overlay, and the set-aside ones are removed in batches."""
+    true, sh = shutil.which("true"), shutil.which("sh")
+    assert true and sh, "apt-get install -y coreutils dash"
+    used: set[Path] = set()
+    for _ in range(2 * SWEEP_BATCH + 1):
+        layer = sandbox.new_layer()
+        used.add(layer)
+        proc = await sandbox.spawn(["true"], executable=true, cwd="/", env={}, stdin=False, layer=layer)
+        assert proc.stdout is not None and proc.stderr is not None
+        await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+        assert await proc.wait() == 0
+        assert proc.notes == []  # a refused overlay would leave the root read-only, and say so here
+        sandbox.release(layer)
+    assert len(used) == 1, "an empty layer goes back to the pool"
+    layer = sandbox.new_layer()
+    made = tree["root"] / "made.txt"
+    proc = await sandbox.spawn(["sh", "-c", f"echo hi > {made}"], executable=sh, cwd="/", env={}, stdin=False,
+                               layer=layer)
+    assert proc.stdout is not None and proc.stderr is not None
+    _, err = await asyncio.gather(proc.stdout.read(), proc.stderr.read())
+    assert await proc.wait() == 0, err
+    assert [(c.path, c.kind) for c in scan(layer, sandbox.spec.write_roots)] == [(str(made), "created")]
+    assert not made.exists()
+    await asyncio.gather(*sandbox._removing)  # the sweeps started so far
+    left = [p.name for p in (layer / "0" / "w").iterdir() if p.name.startswith("gone-")]
+    assert len(left) <= SWEEP_BATCH, f"set-aside work directories were not removed: {left}"
+    sandbox.release(layer)
 
 
 async def test_live_roots_are_written_at_once_and_not_captured(sandbox: Sandbox, tree: dict[str, Path]) -> None:

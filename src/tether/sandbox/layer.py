@@ -562,8 +562,10 @@ def _apply_one(c: Change, parents: dict[str, int]) -> None:
 
 
 def discard(layer: Path) -> None:
-    """Remove a layer; the overlay's work directory is left mode 000, so open it up first."""
-    for work in layer.glob("*/w/work"):
-        with contextlib.suppress(OSError):
-            os.chmod(work, 0o700)
+    """Remove a layer; the overlay leaves its work directories mode 000 (`work`, a volatile overlay's
+    `work/incompat/volatile`, the ones set aside as `gone-*`), so open them up on the way down first."""
+    for base, dirs, _ in os.walk(layer):
+        for name in dirs:
+            with contextlib.suppress(OSError):
+                os.chmod(os.path.join(base, name), 0o700)
     shutil.rmtree(layer, ignore_errors=True)

@@ -16,6 +16,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import socket
 import stat
 import sys
@@ -31,7 +32,7 @@ from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.egress import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress_owner import command_holding
 from tether.sandbox.egress_rules import EgressRules
-from tether.sandbox.guard import live_plan
+from tether.sandbox.guard import LivePlan, live_plan
 from tether.sandbox.held import HeldLayers
 from tether.sandbox.layer import discard
 from tether.sandbox.limits import shm_options
@@ -42,7 +43,9 @@ egress_log = logging.getLogger("tether.sandbox.egress")
 
 START_TIMEOUT_S = 15.0
 FREE_LAYERS = 8
+SWEEP_BATCH = 16  # old overlay work directories removed together, off the event loop (see _sweep)
 MAX_REPLY = 1 << 16
+_NO_LIVE = LivePlan()  # no live root: nothing to freeze or bind read-only (live_plan would scan for nothing)
 PROXY_ENV = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
 # threads that scan, apply and remove layers: a command that made 100,000 files takes one of them, never
@@ -111,6 +114,8 @@ class Sandbox:
         self._closed = False
         self.held = HeldLayers(Path(spec.layers_dir))
         self._free: list[Path] = []
+        self._layer_of: dict[int, Path] = {}  # request id -> the layer its command mounted
+        self._gone: list[Path] = []  # old overlay work directories the warden set aside, to be removed
         self._warden_host_pid: int | None = None
         self._notes: dict[int, list[str]] = {}
         self._cpu: dict[int, float] = {}
@@ -329,6 +334,7 @@ class Sandbox:
                     fut.set_exception(SandboxUnavailable(why))
         self._waiters.clear()
         self._askers.clear()
+        self._layer_of.clear()
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -355,6 +361,7 @@ class Sandbox:
                 started.set_result(msg["pid"])
                 self._warden_pids[msg["pid"]] = msg["id"]
             elif msg["op"] == "exit":
+                self._sweep(msg["id"])
                 self._waiters.pop(msg["id"], None)
                 self._askers.pop(msg["id"], None)
                 self._warden_pids = {p: i for p, i in self._warden_pids.items() if i != msg["id"]}
@@ -459,6 +466,19 @@ class Sandbox:
         self._removing.add(future)
         future.add_done_callback(self._removing.discard)
 
+    def _sweep(self, request_id: int) -> None:
+        """The command's namespace is gone: the work directories of its layer's previous use, which it set
+        aside (warden `_set_aside`), are removed in batches off the event loop."""
+        layer = self._layer_of.pop(request_id, None)
+        if layer is None:
+            return
+        self._gone += [layer / str(i) / "w" / f"gone-{request_id}" for i in range(len(self.spec.write_roots))]
+        if len(self._gone) >= SWEEP_BATCH * len(self.spec.write_roots):
+            gone, self._gone = self._gone, []
+            future = asyncio.get_running_loop().run_in_executor(None, _remove_all, gone)
+            self._removing.add(future)
+            future.add_done_callback(self._removing.discard)
+
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
                     stdin: bool, layer: Path | None, output: bool = True,
                     ask: AskFn | None = None, display_socket: str | None = None) -> SandboxedProcess:
@@ -491,7 +511,7 @@ class Sandbox:
             hidden = [*self.spec.hidden]
             # live roots are written directly: hidden and protected paths there stay uncreatable
             guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
-                              self.spec.protected_names, depth=1)
+                              self.spec.protected_names, depth=1) if self.spec.live_write_roots else _NO_LIVE
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
                        "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
                                 if self.spec.run_as is None or self.spec.run_as.reaches(root)],
@@ -511,6 +531,8 @@ class Sandbox:
                 env = {k: v for k, v in env.items() if k not in NO_PROXY_ENV} | self.proxy_env()
                 message["env"] = env
             self._send(message, [exe, in_r, out_w, err_w])
+            if layer is not None:
+                self._layer_of[request_id] = layer
         finally:
             for fd in to_close:
                 os.close(fd)
@@ -595,6 +617,20 @@ def _children(pid: int) -> list[int]:
             return [int(p) for p in f.read().split()]
     except (OSError, ValueError):
         return []
+
+
+def _remove_all(paths: list[Path]) -> None:
+    """Remove directories an overlay left (its work directories are mode 000: opened up on the way down)."""
+    for path in paths:
+        if not path.exists():
+            continue
+        with contextlib.suppress(OSError):
+            os.chmod(path, 0o700)
+        for base, dirs, _ in os.walk(path):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    os.chmod(os.path.join(base, name), 0o700)
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def layer_empty(layer: Path, roots: int | tuple[str, ...], hidden: tuple[str, ...] = ()) -> bool:

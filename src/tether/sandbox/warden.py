@@ -115,7 +115,10 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
     for i, (root, fd) in enumerate(lowers):
         upper, work = f"{layer['dir']}/{i}/u", f"{layer['dir']}/{i}/w"  # type: ignore[index]
         plant_whiteouts(upper, root, req.get("hidden", []))
-        options = f"lowerdir=/proc/self/fd/{fd},upperdir={upper},workdir={work},userxattr"
+        # volatile: no sync of the upper filesystem when the overlay goes (of the whole filesystem: a journal
+        # commit and a disk flush per command otherwise); the device reads the layer through the page cache
+        options = f"lowerdir=/proc/self/fd/{fd},upperdir={upper},workdir={work},userxattr,volatile"
+        _set_aside(work, req.get("id", 0))
         try:
             libc.mount("overlay", root, "overlay", 0, options)
         except OSError as exc:
@@ -174,6 +177,22 @@ def plant_whiteouts(upper: str, root: str, hidden: list[str]) -> None:
         for where, real_st in reversed(made):  # the innermost first: its own times change its parent's
             os.chmod(where, stat.S_IMODE(real_st.st_mode))
             os.utime(where, ns=(real_st.st_atime_ns, real_st.st_mtime_ns))
+
+
+def _set_aside(work: str, request_id: int) -> None:
+    """A pooled layer's old overlay work directory, renamed to `gone-<request id>` beside it for the device
+    to remove later (`Sandbox._sweep`), off the command's clock.
+
+    Mounting over a work directory that has one, the kernel removes it first (freeing disk blocks, which
+    some filesystems discard synchronously: milliseconds per directory), and refuses the mount outright
+    when a volatile overlay left its marker there (after a crash its upper layer may be incomplete). A
+    layer only returns to the pool once its previous command's namespace is gone and its upper layer was
+    found empty, so nothing uses the old one any more and the marker says nothing.
+    """
+    try:
+        os.rename(f"{work}/work", f"{work}/gone-{request_id}")
+    except FileNotFoundError:
+        pass  # a fresh layer
 
 
 def _mask_sockets(libc: _Libc, req: dict[str, Any]) -> None:
@@ -254,6 +273,7 @@ class Warden:
         self.libc = _Libc()
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, tuple[int, int]] = {}  # request id -> (pid, pidfd)
+        self.namespaces: dict[int, int] = {}  # request id -> an fd holding its command's mount namespace
 
     def send(self, message: dict[str, Any]) -> None:
         self.sock.send(json.dumps(message).encode())
@@ -312,9 +332,15 @@ class Warden:
             self.send({"op": "exit", "id": req["id"], "error": f"could not make the command's namespaces: {exc}"})
             return
         if pid == 0:
+            for held in self.namespaces.values():  # other commands' namespaces: never kept alive from here
+                os.close(held)
             _command(self.libc, req, fds, self.sock)
         pidfd = os.pidfd_open(pid)
         self.children[req["id"]] = (pid, pidfd)
+        try:  # see _reap: the command's mounts then go after its end is reported, not before
+            self.namespaces[req["id"]] = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass  # already gone
         self.selector.register(pidfd, selectors.EVENT_READ, req["id"])
         self.send({"op": "started", "id": req["id"], "pid": pid})
 
@@ -325,6 +351,13 @@ class Warden:
         _, status, usage = os.wait4(pid, 0)
         self.send({"op": "exit", "id": request_id, "code": os.waitstatus_to_exitcode(status),
                    "cpu": round(usage.ru_utime + usage.ru_stime, 3)})
+        # The command's mount namespace lived on in this fd, so its end did not wait for the teardown (the
+        # overlays unmounted, each an RCU grace period; its pipes close only after its namespaces are
+        # dropped): the teardown happens here, after the device heard of the end, and before this warden
+        # reads the next request, so a pooled layer is never mounted twice.
+        namespace = self.namespaces.pop(request_id, None)
+        if namespace is not None:
+            os.close(namespace)
 
 
 def probe(base: str) -> int:
