@@ -75,7 +75,7 @@ class DeviceHub:
         self.settings = settings
         self.registry = DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
-        self._batches = BatchBook(self.registry)
+        self._batches = BatchBook(self.registry, self._record_late)
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
         self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
@@ -123,7 +123,7 @@ class DeviceHub:
         if self._gc is not None:
             self._gc.cancel()
         self._grace.cancel_all()
-        self._batches.finish_all("the server is shutting down")
+        self._batches.finish_all("the server is shutting down", pending=True)
         for conn in list(self._conns.values()):
             self._drop(conn, "server shutdown", grace=False)
             self._close_conn(conn, CLOSE_GOING_AWAY, "server shutting down")
@@ -523,28 +523,38 @@ class DeviceHub:
             elif batch.remote is None:
                 self.route(batch, holder)
 
-    def finish_remote(self, batch: PendingBatch, results: list[Any], error: str | None) -> None:
-        """The holding node's answer for `batch`: its results, then `error` for any call without one."""
+    def finish_remote(self, batch: PendingBatch, results: list[Any], error: str | None, *,
+                      pending: bool = False) -> None:
+        """The holding node's answer for `batch`: its results, then `error` for any call without one
+        (with `pending`: its outcome may still come, e.g. the backplane cannot be reached)."""
         for result in results:
             if result.call_id in batch.outstanding:
                 batch.outstanding.discard(result.call_id)
                 batch.results[result.call_id] = result
-        self._batches.finish(batch, error)
+        self._batches.finish(batch, error, pending=pending)
+
+    def _record_late(self, device: str, response_id: str, results: list[Any]) -> int:
+        """Record results `device` sent for a batch no caller waits on any more (`Store.audit_late`): the
+        outcome is a fact whenever it comes; only rows sent to that device with an open outcome change."""
+        return self.store.audit_late(device, [(response_id, r.call_id, r.status.value, r.error)
+                                              for r in results if r.call_id])
 
     def batch_device(self, response_id: str) -> str | None:
         """The device of a batch in flight started or held here, or None (a scoped token's cancel is checked)."""
         batch = self._batches.pending.get(response_id)
         return batch.device if batch is not None else None
 
-    async def cancel(self, response_id: str, reason: str = "cancelled") -> bool:
-        """Finish the batch with `reason` for its unfinished commands and tell the device to stop it.
+    async def cancel(self, response_id: str, reason: str = "cancelled", *, pending: bool = False) -> bool:
+        """Finish the batch with `reason` for its unfinished commands and tell the device to stop it;
+        with `pending` (a timeout) its unfinished commands end "outcome pending" — what the device answers
+        to the CANCEL, or had already finished, is recorded when it comes (`_record_late`).
 
         A device that is away gets the CANCEL when it comes back (same process, within grace)."""
         batch = self._batches.pending.get(response_id)
         if batch is None:
             return False
         routed = batch.remote is not None
-        self._batches.finish(batch, reason)  # a batch another node runs: stops it there (BatchBook.finish)
+        self._batches.finish(batch, reason, pending=pending)  # another node runs it: stopped there too
         if batch.sent and not routed:
             conn = self._conns.get(batch.device)
             frame = ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK)
@@ -603,7 +613,7 @@ class DeviceHub:
             record.instance_id = None
         self._batches.forget_cancels(device)
         self._batches.fail_device(device, f"device {device} disconnected and did not come back within the "
-                                          f"{self.settings.grace_period:g}s grace period")
+                                          f"{self.settings.grace_period:g}s grace period", pending=True)
 
     def _silent(self, conn: DeviceLink, silent: float) -> None:
         self._drop(conn, f"no frame for {silent:.1f}s (timeout {self.settings.heartbeat_timeout:g}s)")

@@ -101,9 +101,10 @@ class Router:
             log.info("batch %s follows device %s away from node %s", batch.response_id, batch.device, holder)
             try:
                 found = await self._wait_holder(batch.device, exclude=holder, timeout=grace)
-            except Exception as exc:
-                hub.finish_remote(batch, [], f"device {batch.device} left node {holder} and the cluster backplane "
-                                             f"cannot say where it went: {exc}")
+            except Exception as exc:  # nothing says the device moved, or that its command stopped
+                hub.finish_remote(batch, [], f"the cluster backplane is unreachable ({exc}), so node {self.node} "
+                                             f"cannot follow batch {batch.response_id} to device {batch.device} "
+                                             f"(last held by node {holder})", pending=True)
                 return
             if found is None:
                 hub.finish_remote(batch, [], f"device {batch.device} left node {holder} and did not come back "
@@ -163,8 +164,9 @@ class Router:
         except BusError as exc:
             if NOT_HERE in str(exc):
                 return True
-            hub.finish_remote(batch, [], f"node {route.holder} holding device {batch.device} failed the batch: "
-                                         f"{exc}")
+            # the request failed, not (as far as anyone here knows) the command on the device
+            hub.finish_remote(batch, [], f"node {route.holder} holding device {batch.device} could not be heard "
+                                         f"from: {exc}", pending=True)
             return False
         if NOT_HERE in str(final.get("error") or "") and final.get("results") in (None, "[]"):
             return True  # the device left that node while the batch waited there for it
@@ -276,6 +278,21 @@ class Router:
                 async with asyncio.timeout(ANSWER_TIMEOUT_S):
                     await pumper
         return {"results": _RESULTS.dump_json(list(batch.results.values())).decode(), "error": batch.error}
+
+    def record_lost_answer(self, body: dict[str, Any], reply: dict[str, Any]) -> None:
+        """The answer to a batch request never reached the asking node (the backplane is down), whose caller
+        was told "outcome pending": the outcomes this node holds go into the audit (shared by the nodes)
+        themselves, settling the rows that node left `sent` or `pending` (`Store.audit_late`)."""
+        device = str(body.get("device") or "")
+        try:
+            message = ServerMessage.model_validate_json(body.get("message") or "{}")
+            results = _RESULTS.validate_json(reply.get("results") or "[]")
+        except ValueError:
+            return
+        settled = self.hub.store.audit_late(device, [(message.response_id, r.call_id, r.status.value, r.error)
+                                                     for r in results if r.call_id])
+        log.warning("batch %s: %d outcome(s) the asking node never heard recorded by node %s",
+                    message.response_id, settled, self.node)
 
     async def serve_cancel(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
         cancelled = await self.hub.cancel(str(body.get("response_id", "")), str(body.get("reason") or "cancelled"))
