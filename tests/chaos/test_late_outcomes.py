@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 from faultproxy import FaultProxy
 
 from netutil import wait_for
 from tether.protocol.models import Result, ResultStatus
+from tether.remote import RemoteError
 from tether.server.store import LATE_NOTE
 
 
@@ -113,3 +115,10 @@ def test_a_timeout_without_a_fault_ends_pending_then_settles_as_what_happened(
         assert result.status is ResultStatus.FAILURE and "timed out" in (result.error or ""), result
     assert runs.counts() == {"slow": 1} and not runs.open_gate("slow")  # it is not running any more
     check_invariants(cluster, runs, ledger)
+    # the record is its caller's (and an admin's): another token is told there is no such batch
+    [row] = [r for r in cluster.audit() if r["call_id"] == "call-slow"]
+    assert _settled(cluster, row["response_id"])["requested_by"] == "api:chaos"
+    with cluster.client(cluster.other_token) as other, pytest.raises(RemoteError, match="no batch"):
+        other.batch(row["response_id"])
+    with cluster.client(cluster.other_token) as other, pytest.raises(RemoteError, match="no batch"):
+        other.batch("0" * 32)
