@@ -287,8 +287,8 @@ def check_invariants(cluster: ChaosCluster, runs: Runs, ledger: Ledger, *, unkno
         row = audited.get(sent.command.call_id)
         if row is None:
             problems.append(f"{sent.label}: no audit row for call {sent.command.call_id} ({result.status.value})")
-        elif result.outcome_pending:  # the audit agrees while it is pending, and once the outcome came, late
-            if row["status"] != "pending" and not (row["error"] or "").startswith(LATE_NOTE):
+        elif result.outcome_pending:  # the audit agrees while it is open, and once the outcome came, late
+            if row["status"] not in ("pending", "unknown") and not (row["error"] or "").startswith(LATE_NOTE):
                 problems.append(f"{sent.label}: delivered as outcome pending, audited as {row['status']} "
                                 f"({row['error']})")
         elif row["status"] != result.status.value and not (row["status"] == "unknown" and sent.label in unknown_ok):

@@ -79,6 +79,7 @@ class DeviceHub:
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
         self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
+        self._given_up: dict[str, str] = {}  # device -> the process (instance_id) given up after its grace
         self._tasks: set[asyncio.Task[Any]] = set()
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
@@ -333,6 +334,9 @@ class DeviceHub:
                 f"heard from {now - old.last_seen:.1f}s ago); stop it or wait {settings.heartbeat_timeout:g}s")), peer)
         record = self.registry.ensure(name)
         resumed = record.instance_id == reg.instance_id
+        previous = record.instance_id or self._given_up.pop(name, None)
+        if previous is not None and previous != reg.instance_id:
+            self._restarted(name)
         if old is not None:  # same process reconnecting, or a stale one: the new connection wins
             self._drop(old, "replaced", grace=False)
             self._close_conn(old, CLOSE_REPLACED, "replaced by a new connection")
@@ -610,10 +614,24 @@ class DeviceHub:
         # awaited (not resumed), so it stops running them instead of working for nobody
         record = self.registry.get(device)
         if record is not None:
+            if record.instance_id is not None:  # a new process registering later settles what this one owed
+                self._given_up[device] = record.instance_id
             record.instance_id = None
         self._batches.forget_cancels(device)
         self._batches.fail_device(device, f"device {device} disconnected and did not come back within the "
                                           f"{self.settings.grace_period:g}s grace period", pending=True)
+
+    def _restarted(self, device: str) -> None:
+        """`device` registered as a new process: the outcomes its old one left pending will never come
+        (its commands were stopped with it, if they had started), so they are settled as unknown."""
+        try:
+            settled = self.store.audit_restarted(device)
+        except Exception:
+            logger.exception("could not settle the pending outcomes of restarted device %s", device)
+            return
+        if settled:
+            logger.warning("device %s restarted: %d pending outcome(s) of its old process settled as unknown",
+                           device, settled)
 
     def _silent(self, conn: DeviceLink, silent: float) -> None:
         self._drop(conn, f"no frame for {silent:.1f}s (timeout {self.settings.heartbeat_timeout:g}s)")

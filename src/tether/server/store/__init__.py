@@ -955,6 +955,18 @@ class Store:
                 raise
         return changed
 
+    def audit_restarted(self, device: str) -> int:
+        """`device` came back as a new process: its `pending` rows will get no answer (the old process and
+        its commands are gone), so they become `unknown`, saying so; a late answer may still settle them."""
+        self.flush_audit()
+        with self._writing(), self._lock:
+            cur = self._conn.execute(
+                "UPDATE audit SET status = 'unknown', error = ? || coalesce(error, '') "
+                "WHERE status IN ('pending', 'unknown') AND status = 'pending' AND device = ?",
+                (f"outcome unknown: device {device} restarted (a new process) before the result came back; the "
+                 "command was stopped with the old process, if it had started. Before: ", device))
+        return max(cur.rowcount, 0)
+
     def audit_pending(self, outcomes: Iterable[tuple[str, str | None, str | None]]) -> None:
         """Mark `sent` rows — (response_id, call_id, error) — `pending`: the caller's wait ended while the
         command may still run; `audit_late` settles them when the outcome comes."""
