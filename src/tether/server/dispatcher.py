@@ -98,7 +98,12 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
                 batch = await self.hub.send_batch(self.device, message, on_event=self.on_event)
                 await batch.done.wait()
         except TimeoutError:  # the device may be running it still: "outcome pending", and it is told to stop
-            await self.hub.cancel(response_id, f"timed out after {timeout:g}s", pending=True)
+            reason = f"timed out after {timeout:g}s"
+            remote = self.hub.remote
+            if batch is not None and batch.remote is not None and remote is not None \
+                    and (problem := remote.problem()) is not None:  # what is known: the backplane, not the device
+                reason += f" ({problem}: node {remote.node} cannot hear from the node holding the device)"
+            await self.hub.cancel(response_id, reason, pending=True)
         except asyncio.CancelledError as exc:  # our caller gave up: the device must stop too
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
             await self.hub.cancel(response_id, reason)

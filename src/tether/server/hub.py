@@ -75,7 +75,7 @@ class DeviceHub:
         self.settings = settings
         self.registry = DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
-        self._batches = BatchBook(self.registry, self._record_late)
+        self._batches = BatchBook(self.registry, self.record_late)
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
         self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
@@ -537,7 +537,7 @@ class DeviceHub:
                 batch.results[result.call_id] = result
         self._batches.finish(batch, error, pending=pending)
 
-    def _record_late(self, device: str, response_id: str, results: list[Any]) -> int:
+    def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
         """Record results `device` sent for a batch no caller waits on any more (`Store.audit_late`): the
         outcome is a fact whenever it comes; only rows sent to that device with an open outcome change."""
         return self.store.audit_late(device, [(response_id, r.call_id, r.status.value, r.error)
@@ -551,7 +551,7 @@ class DeviceHub:
     async def cancel(self, response_id: str, reason: str = "cancelled", *, pending: bool = False) -> bool:
         """Finish the batch with `reason` for its unfinished commands and tell the device to stop it;
         with `pending` (a timeout) its unfinished commands end "outcome pending" — what the device answers
-        to the CANCEL, or had already finished, is recorded when it comes (`_record_late`).
+        to the CANCEL, or had already finished, is recorded when it comes (`record_late`).
 
         A device that is away gets the CANCEL when it comes back (same process, within grace)."""
         batch = self._batches.pending.get(response_id)

@@ -66,6 +66,9 @@ class Bus:
         # kind -> called with (request body, reply body) when a reply could not be sent (the backplane is
         # down): what the asker never hears must still be recorded (a batch's outcome, in the audit)
         self.undelivered: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {}
+        # called with the body of an answer that came after its request gave up (read once the backplane
+        # is back): what this node's caller was told was pending is recorded from it
+        self.unclaimed: Callable[[dict[str, Any]], None] | None = None
         self._waiting: dict[str, _Waiting] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._reader_task: asyncio.Task[None] | None = None
@@ -215,6 +218,11 @@ class Bus:
             waiting = self._waiting.get(rid)
             if waiting is not None:
                 waiting.queue.put_nowait(message)
+            elif kind == "done" and self.unclaimed is not None and isinstance(message.get("body"), dict):
+                try:
+                    self.unclaimed(message["body"])
+                except Exception:
+                    log.exception("recording the late answer to request %s failed", rid)
         elif kind == "req":
             task = asyncio.create_task(self._answer(message), name=f"bus-answer-{rid}")
             self._running[rid] = task

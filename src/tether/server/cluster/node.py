@@ -84,6 +84,7 @@ class ClusterNode:
         self.bus = Bus(self.redis, self.reader, self.node, {})
         self.router = Router(hub, self.bus, self.node, self.holder)
         self.bus.undelivered["batch"] = self.router.record_lost_answer
+        self.bus.unclaimed = self.router.record_unclaimed
         self.bus.handlers.update(batch=self.router.serve_batch, cancel=self.router.serve_cancel,
                                  answer=self.router.serve_answer, request=self.router.serve_request)
         self._problem: str | None = "joining the cluster"

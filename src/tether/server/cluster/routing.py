@@ -277,7 +277,24 @@ class Router:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(ANSWER_TIMEOUT_S):
                     await pumper
-        return {"results": _RESULTS.dump_json(list(batch.results.values())).decode(), "error": batch.error}
+        # the device and batch named too: an answer that comes after the asking node gave up is still recorded
+        return {"results": _RESULTS.dump_json(list(batch.results.values())).decode(), "error": batch.error,
+                "device": device, "response_id": message.response_id}
+
+    def record_unclaimed(self, body: dict[str, Any]) -> None:
+        """An answer to a batch this node gave up waiting for (the backplane was down; its caller was told
+        "outcome pending") arrived after all: its outcomes are recorded (`DeviceHub.record_late`)."""
+        device, response_id = body.get("device"), body.get("response_id")
+        if not isinstance(device, str) or not isinstance(response_id, str) or "results" not in body:
+            return
+        try:
+            results = _RESULTS.validate_json(body.get("results") or "[]")
+        except ValueError:
+            return
+        settled = self.hub.record_late(device, response_id, results)
+        if settled:
+            log.warning("batch %s: %d outcome(s) that came after node %s stopped waiting recorded", response_id,
+                        settled, self.node)
 
     def record_lost_answer(self, body: dict[str, Any], reply: dict[str, Any]) -> None:
         """The answer to a batch request never reached the asking node (the backplane is down), whose caller
