@@ -95,7 +95,11 @@ def _results_text(msg: ServerMessage, result: Result, status: TaskStatus, client
             f'{result.model_dump_json(exclude_none=True)}]}}')
 
 
-MAX_UNACKED = 10_000  # results written but not yet acknowledged, kept to be sent again after a reconnect
+# results written but not yet acknowledged, kept to be sent again after a reconnect: at most this many, and
+# this many bytes (past either, the oldest go: a resend within the grace period still finds them in the
+# device's record of finished calls)
+MAX_UNACKED = 10_000
+MAX_UNACKED_BYTES = 64 * 1024 * 1024
 
 
 class Outbox:
@@ -136,6 +140,7 @@ class Outbox:
         self._unacked: OrderedDict[int, tuple[str, str | None]] = OrderedDict()
         self._beats: deque[int] = deque()
         self._written = -1  # the sequence number of the last result written
+        self._unacked_bytes = 0
 
     def __len__(self) -> int:
         return len(self._results) + len(self._events) + len(self._control)
@@ -193,9 +198,12 @@ class Outbox:
 
     def _wrote_result(self, seq: int, text: str, call_id: str | None) -> None:
         self._unacked[seq] = (text, call_id)
+        self._unacked_bytes += len(text)
         self._written = max(self._written, seq)
-        while len(self._unacked) > MAX_UNACKED:  # a server that never answers heartbeats: keep the newest
-            self._unacked.popitem(last=False)
+        # a server that never answers heartbeats, or huge results: keep the newest
+        while len(self._unacked) > MAX_UNACKED or (self._unacked_bytes > MAX_UNACKED_BYTES and len(self._unacked) > 1):
+            _, (old, _) = self._unacked.popitem(last=False)
+            self._unacked_bytes -= len(old)
 
     def heartbeat_answered(self) -> None:
         """The server answered a heartbeat: the results written before the oldest one unanswered are its."""
@@ -206,7 +214,7 @@ class Outbox:
             seq = next(iter(self._unacked))
             if seq > upto:
                 break
-            del self._unacked[seq]
+            self._unacked_bytes -= len(self._unacked.pop(seq)[0])
 
     def put_control(self, text: str) -> None:
         if self.accepting_events:
@@ -284,6 +292,7 @@ class Outbox:
         if self._unacked:
             self._results.extendleft((seq, text, call_id) for seq, (text, call_id) in reversed(self._unacked.items()))
             self._unacked.clear()
+            self._unacked_bytes = 0
         if self._results:
             self._wake()
 
