@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ log = logging.getLogger("tether.cluster")
 
 NOT_HERE = "not held here"  # the holding node's refusal when the device left it: the asker looks again
 ANSWER_TIMEOUT_S = 10.0  # a cancel or an answer crossing to another node
+ANSWERED_MEMORY = 10_000  # outcomes of batches answered for other nodes, kept while a node could die unheard
 MAX_REROUTES = 16  # a device bouncing between nodes faster than batches reach it: give up clearly
 _RESULTS = TypeAdapter(list[Result])
 
@@ -63,6 +65,12 @@ class Router:
         self._holder = holder  # ClusterNode.holder(device, fresh=True): the directory's answer, dead nodes left out
         self._routes: dict[str, set[Route]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # whether a node is alive (ClusterNode sets it): an answer for a dead node is recorded here instead
+        self.alive: Callable[[str], bool] | None = None
+        # the outcomes of batches answered for other nodes lately: (when, node, device, batch, outcomes), so
+        # that if that node dies before writing them (its answer in a dead inbox) this node records them
+        self._answered: deque[tuple[float, str, str, str, list[tuple[str, str, str | None]]]] = \
+            deque(maxlen=ANSWERED_MEMORY)
 
     # -- the asking node ---------------------------------------------------------------------------
 
@@ -77,6 +85,44 @@ class Router:
             for route in routes:
                 if route.holder == node:
                     self._moved(route)
+        # what this node answered the dead one lately may never have reached its audit: settled here (only
+        # rows still open change, so an outcome that node did write stays as it is)
+        horizon = asyncio.get_running_loop().time() - self._answer_window()
+        kept = deque(maxlen=ANSWERED_MEMORY)
+        for entry in self._answered:
+            when, origin, device, response_id, outcomes = entry
+            if origin == node and when >= horizon:
+                self._settle(device, response_id, outcomes, f"node {node} is gone")
+            elif origin != node:
+                kept.append(entry)
+        self._answered = kept
+
+    def _answer_window(self) -> float:
+        settings = self.hub.settings
+        return 2 * settings.lease_s + settings.grace_period
+
+    def _answered_for(self, origin: str, device: str, response_id: str, batch: PendingBatch) -> None:
+        """Remember (or, for a node already gone, record) the outcomes of a batch run here for `origin`."""
+        outcomes = [(cid, r.status.value, r.error) for cid, r in batch.results.items()]
+        if not outcomes or not origin:
+            return
+        if self.alive is not None and not self.alive(origin):
+            self._settle(device, response_id, outcomes, f"node {origin} is gone")
+            return
+        now = asyncio.get_running_loop().time()
+        while self._answered and self._answered[0][0] < now - self._answer_window():
+            self._answered.popleft()
+        self._answered.append((now, origin, device, response_id, outcomes))
+
+    def _settle(self, device: str, response_id: str, outcomes: list[tuple[str, str, str | None]], why: str) -> None:
+        try:
+            settled = self.hub.store.audit_late(device, [(response_id, cid, status, error)
+                                                         for cid, status, error in outcomes])
+        except Exception:
+            log.exception("could not record the outcomes of batch %s (%s)", response_id, why)
+            return
+        if settled:
+            log.warning("batch %s: %d outcome(s) recorded by node %s (%s)", response_id, settled, self.node, why)
 
     def _moved(self, route: Route) -> None:
         route.moved = True
@@ -277,6 +323,7 @@ class Router:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(ANSWER_TIMEOUT_S):
                     await pumper
+        self._answered_for(str(body.get("from") or ""), device, message.response_id, batch)
         # the device and batch named too: an answer that comes after the asking node gave up is still recorded
         return {"results": _RESULTS.dump_json(list(batch.results.values())).decode(), "error": batch.error,
                 "device": device, "response_id": message.response_id}
