@@ -2,9 +2,12 @@
 
 To the agent it looks exactly like `LocalCommandDispatcher`: a list of commands in, one `Result`
 per command out, in the same order, with matching `call_id`s — whatever happens on the way. A
-timeout, a device that never comes back, a cancellation or an error on the device become failure
-results for exactly the commands that did not finish; nothing hangs and nothing raises. Every
-result is written to the audit log with who asked.
+cancellation, a device that was never reached or an error on the device become failure results for
+exactly the commands that did not finish; a wait that ends while a command may still be running (a
+timeout, a device away past its grace period, a backplane outage) becomes "outcome pending"
+(`Result.pending`, audited `pending`), and the device's answer is recorded whenever it comes
+(docs/outcomes.md). Nothing hangs and nothing raises. Every result is written to the audit log with
+who asked.
 """
 
 from __future__ import annotations
