@@ -7,6 +7,7 @@ Real server hub over real sockets (tests/aip_testkit.py), the audit read back.""
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
 
@@ -65,3 +66,27 @@ async def test_a_result_for_a_batch_never_sent_writes_nothing(servers) -> None:
     await attacker.sync()
     assert srv.store.batch_rows("f" * 32) == []
     assert srv.store.audit_rows(device="attacker") == []
+
+
+async def test_a_flood_of_results_for_nothing_stops_being_looked_up(servers, caplog) -> None:
+    """Each late result is looked up in the audit (a write transaction): a device sending results for
+    batches that have no open outcome is no longer looked up after _LATE_MISSES of them in a row."""
+    from tether.server import batches
+
+    srv = await servers.start()
+    attacker = FakeDevice(srv.url, srv.token("attacker"), name="attacker")
+    await attacker.register()
+    looked: list[str] = []
+    real = srv.hub._batches.on_late
+
+    def counting(device: str, rid: str, results: list[Result]) -> int:
+        looked.append(rid)
+        return real(device, rid, results)
+
+    srv.hub._batches.on_late = counting
+    with caplog.at_level(logging.WARNING, logger="tether.server.hub"):
+        for i in range(batches._LATE_MISSES + 50):
+            await attacker.results(f"{i:032x}", [Result(status=ResultStatus.SUCCESS, call_id="x")])
+        await attacker.sync()
+    assert len(looked) == batches._LATE_MISSES, len(looked)
+    assert "no longer looked up" in caplog.text

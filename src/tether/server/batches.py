@@ -22,6 +22,7 @@ from tether.server.registry import DeviceRegistry
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
 _FINISHED_MEMORY = 4096  # finished batches remembered so their late results are logged as late
+_LATE_MISSES = 1000  # late results in a row that settle nothing before a device's are no longer looked up
 
 
 @dataclass(eq=False)
@@ -53,6 +54,9 @@ class BatchBook:
         self.registry = registry
         # records results that come after their batch ended (device, response_id, results) -> rows settled
         self.on_late = on_late
+        # per device, late results in a row that matched no open row: past _LATE_MISSES they are not looked
+        # up any more (each lookup is a write transaction; a device must not make the server spin on them)
+        self._late_misses: dict[str, int] = {}
         self.pending: dict[str, PendingBatch] = {}
         self._finished: OrderedDict[str, str] = OrderedDict()  # response_id -> device
         self._cancels: dict[str, list[str]] = {}  # CANCELs waiting for a disconnected device
@@ -89,11 +93,21 @@ class BatchBook:
         """Results for a batch no caller waits on any more: recorded where its rows say they were sent
         to this device and their outcome is still open (`Store.audit_late`), else refused."""
         settled = 0
-        if self.on_late is not None and rid and results:
+        misses = self._late_misses.get(device, 0)
+        if self.on_late is not None and rid and results and misses < _LATE_MISSES:
             try:
                 settled = self.on_late(device, rid, results)
             except Exception:
                 logger.exception("could not record the late results of batch %s from device %s", rid, device)
+            if settled:
+                self._late_misses.pop(device, None)
+            else:
+                self._late_misses[device] = misses + 1
+                if misses + 1 == _LATE_MISSES:
+                    logger.warning("device %s sent %d results in a row for no open outcome: its late results are "
+                                   "no longer looked up", device, _LATE_MISSES)
+                while len(self._late_misses) > _FINISHED_MEMORY:
+                    self._late_misses.pop(next(iter(self._late_misses)))
         if settled:
             logger.warning("late results from device %s for batch %s recorded (%d call(s): %s)", device, rid,
                            settled, [r.call_id for r in results])
@@ -141,6 +155,10 @@ class BatchBook:
 
     def of_device(self, device: str) -> list[PendingBatch]:
         return [b for b in self.pending.values() if b.device == device]
+
+    def registered(self, device: str) -> None:
+        """`device` (re)registered: its late results are looked up again (see `_late`)."""
+        self._late_misses.pop(device, None)
 
     def queue_cancel(self, device: str, response_id: str) -> None:
         self._cancels.setdefault(device, []).append(response_id)

@@ -344,6 +344,7 @@ class DeviceHub:
             self._batches.forget_cancels(name)
             self._batches.fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
         self._grace.stop(name)
+        self._batches.registered(name)
         conn = DeviceLink(name, socket, reg.instance_id, token.id, record, now)
         self._conns[name] = conn
         record.node = None  # held here now, whichever node held it before
