@@ -6,13 +6,14 @@ from the file they append to, the audit and `GET /batches/{id}` read back."""
 
 from __future__ import annotations
 
+import subprocess
 from typing import Any
 
 import pytest
 from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 from faultproxy import FaultProxy
 
-from netutil import wait_for
+from netutil import CLI, wait_for
 from tether.protocol.models import Result, ResultStatus
 from tether.remote import RemoteError
 from tether.server.store import LATE_NOTE
@@ -69,6 +70,9 @@ def test_a_result_after_the_callers_timeout_and_the_grace_period_is_recorded(
         assert queued is not None and queued.status is ResultStatus.FAILURE, queued
         assert "did not come back within the 3s grace period" in (queued.error or ""), queued
         assert cluster.remote.batch(batch_id)["state"] == "pending"
+        shown = subprocess.run([*CLI, "batch", batch_id, "--server", cluster.url, "--token", cluster.api_token],
+                               capture_output=True, text=True, timeout=WAIT, env=cluster.env)
+        assert shown.returncode == 3 and "pending" in shown.stdout, shown  # a person must look again later
         proxy.heal()  # the device reconnects (not resumed: the server gave it up) and sends what it still owes
         _late_success(cluster, batch_id, "call-late")
     assert runs.counts() == {"late": 1}  # "never" never ran
@@ -118,6 +122,9 @@ def test_a_timeout_without_a_fault_ends_pending_then_settles_as_what_happened(
     # the record is its caller's (and an admin's): another token is told there is no such batch
     [row] = [r for r in cluster.audit() if r["call_id"] == "call-slow"]
     assert _settled(cluster, row["response_id"])["requested_by"] == "api:chaos"
+    shown = subprocess.run([*CLI, "batch", row["response_id"], "--server", cluster.url, "--token", cluster.api_token],
+                           capture_output=True, text=True, timeout=WAIT, env=cluster.env)
+    assert shown.returncode == 0 and "done" in shown.stdout and "call-slow" in shown.stdout, shown
     with cluster.client(cluster.other_token) as other, pytest.raises(RemoteError, match="no batch"):
         other.batch(row["response_id"])
     with cluster.client(cluster.other_token) as other, pytest.raises(RemoteError, match="no batch"):
