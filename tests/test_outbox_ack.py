@@ -61,3 +61,16 @@ def test_after_a_reconnect_what_was_not_acknowledged_goes_out_again_first() -> N
     _drain(outbox)
     outbox.heartbeat_answered()
     assert outbox.unacked == 0 and outbox.pending_results == 0
+
+
+def test_a_beat_before_the_resent_results_does_not_acknowledge_them() -> None:
+    outbox = Outbox()
+    outbox.open(1 << 20)
+    outbox.put_result("r1", "c1")
+    assert _drain(outbox) == [("result", "r1")]
+    outbox.close()
+    outbox.open(1 << 20)
+    outbox.put_heartbeat("beat-1")  # control goes first: written before r1 goes out again
+    assert _drain(outbox) == [("beat", "beat-1"), ("result", "r1")]
+    outbox.heartbeat_answered()
+    assert outbox.unacked == 1  # r1 went after that beat: not acknowledged by its answer

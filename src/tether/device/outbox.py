@@ -303,6 +303,7 @@ class Outbox:
         self._events.clear()
         self._control.clear()
         self._beats.clear()  # their answers will never come
+        self._written = -1  # on the next connection nothing counts as written until it goes out again
         self._unreported_drops = 0
         if not self._results:
             self.ready.clear()
