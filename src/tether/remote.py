@@ -127,6 +127,11 @@ class RemoteServer:
         raise RemoteError("the server closed the stream before sending results")
 
 
+    def batch(self, batch_id: str) -> dict[str, Any]:
+        """A batch's record (GET /api/v1/batches/{id}): its `state` (running, pending, done) and each
+        command's outcome, also one that came after the caller's wait ended (docs/outcomes.md)."""
+        return self._request("GET", f"/batches/{batch_id}")
+
     # -- tasks --------------------------------------------------------------------------------------
 
     def create_task(self, request: str = "", *, plan: list[dict[str, Any]] | None = None, device: str | None = None,

@@ -30,6 +30,7 @@ import dbkit
 from netutil import Proc, free_port, tether_env, wait_for
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.remote import RemoteError, RemoteServer
+from tether.server.store import LATE_NOTE
 
 # heartbeats every 0.3 s, a link silent for 2 s is dead, a dropped device's batches wait 3 s for it
 SERVER_TIMING = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
@@ -286,6 +287,10 @@ def check_invariants(cluster: ChaosCluster, runs: Runs, ledger: Ledger, *, unkno
         row = audited.get(sent.command.call_id)
         if row is None:
             problems.append(f"{sent.label}: no audit row for call {sent.command.call_id} ({result.status.value})")
+        elif result.outcome_pending:  # the audit agrees while it is open, and once the outcome came, late
+            if row["status"] not in ("pending", "unknown") and not (row["error"] or "").startswith(LATE_NOTE):
+                problems.append(f"{sent.label}: delivered as outcome pending, audited as {row['status']} "
+                                f"({row['error']})")
         elif row["status"] != result.status.value and not (row["status"] == "unknown" and sent.label in unknown_ok):
             problems.append(f"{sent.label}: audited as {row['status']}, delivered as {result.status.value}")
 

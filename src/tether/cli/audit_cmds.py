@@ -73,3 +73,34 @@ def audit(device: Annotated[str | None, typer.Option("--device", "-d", help="onl
         table.add_row(str(r["id"]), at, escape(r["device"]), escape(r["requested_by"]), escape(r["tool_name"]),
                       escape(r["status"]), escape(detail[:200]))
     console().print(table)
+
+
+@app.command("batch", rich_help_panel="Server")
+def batch(batch_id: Annotated[str, typer.Argument(help="the batch's id (an 'outcome pending' answer names it)")],
+          server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
+    """Show a batch's record: each command's outcome, also one that came back after its caller stopped
+    waiting. Exit code 3 while an outcome is still pending (docs/outcomes.md)."""
+    from tether.remote import RemoteError, RemoteServer
+
+    try:
+        with RemoteServer(server, token, ca_file=ca_file) as remote:
+            record = remote.batch(batch_id)
+    except RemoteError as exc:
+        fail_remote(exc, ExitCode.FAILED)
+    if as_json:
+        typer.echo(json.dumps(record, indent=2))
+    else:
+        out = console()
+        out.print(f"batch {escape(record['batch_id'])} on device {escape(record['device'])}, asked by "
+                  f"{escape(record['requested_by'])}: [bold]{record['state']}[/bold] ({escape(record['note'])})",
+                  soft_wrap=True)
+        table = Table()
+        for col in ("call_id", "tool", "status", "error"):
+            table.add_column(col, overflow="fold")
+        for c in record["commands"]:
+            status = "outcome pending" if c["status"] in ("sent", "pending", "unknown") else c["status"]
+            table.add_row(escape(str(c["call_id"])), escape(c["tool_name"]),
+                          escape(status + (" (late)" if c["late"] else "")), escape((c["error"] or "")[:300]))
+        out.print(table)
+    if record["state"] != "done":
+        raise typer.Exit(ExitCode.WAITING)

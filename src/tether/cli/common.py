@@ -38,7 +38,7 @@ class ExitCode(IntEnum):
 COMMAND_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Run things", ("run", "exec", "demo")),
     ("Tasks", ("tasks", "log", "answer", "approve", "deny", "cancel", "undo", "sessions")),
-    ("Fleet", ("devices", "policy", "audit", "tools")),
+    ("Fleet", ("devices", "policy", "audit", "batch", "tools")),
     ("Set-up", ("server", "device", "token", "mcp")),
 )
 
@@ -307,8 +307,10 @@ def print_result(result: Result, session_id: str | None, device: str | None = No
     `\t`) unless `raw`, which writes them as the command wrote them."""
     out = console()
     style = {"success": "green", "failure": "red", "skipped": "yellow"}.get(result.status.value, "white")
+    shown = "outcome pending" if result.outcome_pending else result.status.value  # not a failure: docs/outcomes.md
+    style = "yellow" if result.outcome_pending else style
     where = f"  device={escape(device)}" if device else ""
-    out.print(f"[{style}]{result.status.value}[/{style}]{where}  namespace={escape(str(result.namespace))}  "
+    out.print(f"[{style}]{shown}[/{style}]{where}  namespace={escape(str(result.namespace))}  "
               f"call_id={result.call_id}  session={session_id}")
     if result.error:
         say(f"error: {result.error}")

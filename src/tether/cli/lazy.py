@@ -59,6 +59,9 @@ COMMANDS: dict[str, Lazy] = {
     "audit": Lazy(("audit_cmds",),
                   "Show the server's audit log, newest first: every command sent to a device, who asked, "
                   "its outcome."),
+    "batch": Lazy(("audit_cmds",),
+                  "Show a batch's record: each command's outcome, also one that came back after its caller "
+                  "stopped waiting."),
     "tools": Lazy(("tools_cmds",), "List tools, or serve a built-in tool set over MCP."),
     "server": Lazy(("server_cmds", "service_cmds"), "Start the agent server, or install it as a service."),
     "device": Lazy(("server_cmds", "service_cmds"),

@@ -210,6 +210,8 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
             console().print(f"nothing was applied. To apply exactly these changes (the command does not run "
                             f"again), repeat it with --approve --session {session_id}; add preview=true to list "
                             "the changes without applying them", soft_wrap=True)
+    if result.outcome_pending:  # not a failure: a person (or script) looks again later (tether batch ID)
+        raise typer.Exit(ExitCode.WAITING)
     if result.status is not ResultStatus.SUCCESS:
         raise typer.Exit(1)
 

@@ -63,7 +63,7 @@ class Batch:
     deadline: float | None = None  # the loop time at which its timeout fires (counted from its arrival)
     timer: asyncio.TimerHandle | None = None  # fires at `deadline`, queued or running
     done: bool = False
-    orphaned: bool = False  # no server waits for its results any more: they are recorded, not sent
+    orphaned: bool = False  # no caller waits for its results any more: the server records them as late outcomes
     position: int = 0  # its place in the queue for a session slot as last reported (0: not waiting)
 
     def __post_init__(self) -> None:
@@ -179,7 +179,8 @@ class BatchRunner:
     def orphan_all(self, reason: str) -> int:
         """Stop every batch no server waits for any more (the server restarted, or gave up on this
         device after its grace period): a command left running, say a long `sleep`, would otherwise
-        hold up the batches the new session sends. Their results are recorded, never sent."""
+        hold up the batches the new session sends. Their results (the cancellation's failures, or what
+        finished first) are still sent: the server records them as late outcomes (docs/outcomes.md)."""
         count = 0
         for response_id, batch in list(self.active.items()):
             batch.orphaned = True
@@ -357,9 +358,7 @@ class BatchRunner:
         """Fill a slot and put every result that is now next in line into the outbox, in order."""
         if batch.slots[position] is not None:
             return
-        batch.slots[position] = result
-        if batch.orphaned:
-            return
+        batch.slots[position] = result  # an orphaned batch's too: the server records the outcome late
         last = len(batch.slots) - 1
         while batch.sent <= last and batch.slots[batch.sent] is not None:
             ready = batch.slots[batch.sent]

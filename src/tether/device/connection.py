@@ -539,7 +539,8 @@ class DeviceConnection:
                 return
             self._last_rx = loop.time()
             if is_server_heartbeat(raw, ack.max_frame_bytes):
-                continue  # its arrival was all it had to say
+                self.outbox.heartbeat_answered()  # the results written before our heartbeat are the server's
+                continue
             try:
                 msg = decode_server_message(raw, ack.max_frame_bytes)
             except FrameError as exc:
@@ -560,8 +561,8 @@ class DeviceConnection:
         elif kind is ServerMessageType.CANCEL:
             if not self.batches.cancel(msg.response_id):
                 logger.info("cancel for %s: no such batch queued or running", msg.response_id)
-        elif kind is ServerMessageType.HEARTBEAT:
-            pass  # liveness was noted on arrival
+        elif kind is ServerMessageType.HEARTBEAT:  # liveness was noted on arrival
+            self.outbox.heartbeat_answered()
         elif kind in (ServerMessageType.POLICY_REQUEST, ServerMessageType.POLICY_SET):
             self._answer_policy(msg)
         elif kind is ServerMessageType.DEVICE_INFO_REQUEST:
@@ -633,6 +634,7 @@ class DeviceConnection:
                 continue
             try:
                 await ws.send(frame[1])
+                outbox.written(frame)  # a result is kept until the server acknowledges it (Outbox)
             except BaseException:
                 # The frame may or may not have left: a result stays owed (at least once; the server
                 # ignores a second result for a call it already has), an event is let go.
@@ -661,8 +663,9 @@ class DeviceConnection:
                                 f"(heartbeat timeout {timeout:g}s)")
             if now >= next_beat:
                 news = (batches.running, batches.queued)
-                if beat_due(outbox.puts != puts, now - self._last_rx, interval, news, said):
-                    outbox.put_control(beat(*news))
+                # results waiting for the acknowledgement only a beat's answer brings: as if nothing was sent
+                if beat_due(outbox.puts != puts and not outbox.unacked, now - self._last_rx, interval, news, said):
+                    outbox.put_heartbeat(beat(*news))
                     said = news
                 puts = outbox.puts
                 next_beat = now + interval

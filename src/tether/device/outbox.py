@@ -40,7 +40,7 @@ from tether.protocol.models import Result
 
 logger = logging.getLogger(__name__)
 
-FrameKind = Literal["result", "event", "control"]
+FrameKind = Literal["result", "event", "control", "beat"]
 Frame = tuple[FrameKind, str, str | None]  # kind, encoded text, call_id (results only)
 
 
@@ -104,11 +104,26 @@ def _results_text(msg: ServerMessage, result: Result, status: TaskStatus, client
             f'{result.model_dump_json(exclude_none=True)}]}}')
 
 
+# results written but not yet acknowledged, kept to be sent again after a reconnect: at most this many, and
+# this many bytes (past either, the oldest go: a resend within the grace period still finds them in the
+# device's record of finished calls)
+MAX_UNACKED = 10_000
+MAX_UNACKED_BYTES = 64 * 1024 * 1024
+
+
 class Outbox:
     """Frames waiting for a socket, in the order they were produced (control frames go first).
 
     `accepting_events` is on only while a connection is registered: output produced while
     disconnected is stale by the time anyone could see it, whereas its result is not.
+
+    A result leaves the outbox when the server has it, not when it was written: a frame written into
+    a link that then dies is lost with it. So a written result is kept (`unacked`) until the server
+    answers a heartbeat the device wrote after it — the server handles a device's frames in order and
+    answers only heartbeats, so that answer says every frame before the heartbeat was taken. After a
+    reconnect the results not acknowledged go out again, first (the server records a result it
+    already has once: `BatchBook.accept`, `Store.audit_late`). A heartbeat is due while results wait
+    for their acknowledgement (`unacked`).
     """
 
     def __init__(self, max_events: int = 1000) -> None:
@@ -117,6 +132,7 @@ class Outbox:
         self._events: deque[tuple[int, ClientMessage]] = deque()
         self._control: deque[str] = deque()
         self._seq = itertools.count()
+        self._popped_seq = -1  # the sequence number of the result `pop` returned last
         self.accepting_events = False
         self.dropped_events = 0
         self._unreported_drops = 0
@@ -128,31 +144,86 @@ class Outbox:
         # returns True, or False when it cannot (the frame is then queued as usual)
         self.write_now: Callable[[str], bool] | None = None
         self.puts = 0  # frames put for sending, ever: the heartbeat asks whether any went since its last beat
+        # results written and not yet acknowledged, by sequence number (written order), and for each
+        # heartbeat written since, the last sequence number written before it (what its answer acknowledges)
+        self._unacked: OrderedDict[int, tuple[str, str | None]] = OrderedDict()
+        self._beats: deque[int] = deque()
+        self._written = -1  # the sequence number of the last result written
+        self._unacked_bytes = 0
 
     def __len__(self) -> int:
         return len(self._results) + len(self._events) + len(self._control)
 
     @property
     def pending_results(self) -> int:
-        return len(self._results)
+        """Results the server may not have yet: waiting to be written, or written and not acknowledged."""
+        return len(self._results) + len(self._unacked)
 
     def pending_call_ids(self) -> list[str]:
         """The call_ids whose results wait here, in delivery order (a registration lists them)."""
-        return [call_id for _, _, call_id in self._results if call_id]
+        return [call_id for _, call_id in self._unacked.values() if call_id] + \
+            [call_id for _, _, call_id in self._results if call_id]
 
     def _wake(self) -> None:
         self.idle.clear()
         self.ready.set()
 
+    @property
+    def unacked(self) -> int:
+        """Results written to the server and not yet acknowledged (kept to be sent again)."""
+        return len(self._unacked)
+
     def put_result(self, text: str, call_id: str | None) -> None:
         # the hot path: nothing waiting and the sender asleep, so the frame goes out from here,
         # without waking the sender task (one event-loop hop per result)
         self.puts += 1
+        seq = next(self._seq)
         if self.write_now is not None and not (self._results or self._events or self._control) \
                 and self.write_now(text):
+            self._wrote_result(seq, text, call_id)
             return
-        self._results.append((next(self._seq), text, call_id))
+        self._results.append((seq, text, call_id))
         self._wake()
+
+    def put_heartbeat(self, text: str) -> None:
+        """A heartbeat: a control frame whose answer acknowledges the results written before it."""
+        if not self.accepting_events:
+            return
+        self.puts += 1
+        if self.write_now is not None and not (self._results or self._events or self._control) \
+                and self.write_now(text):
+            self._beats.append(self._written)
+            return
+        self._control.append("\0beat" + text)
+        self._wake()
+
+    def written(self, frame: Frame, seq: int | None = None) -> None:
+        """The sender wrote `frame` (from `pop`) to the socket: a result now waits for its acknowledgement."""
+        kind, text, call_id = frame
+        if kind == "result":
+            self._wrote_result(self._popped_seq if seq is None else seq, text, call_id)
+        elif kind == "beat":
+            self._beats.append(self._written)
+
+    def _wrote_result(self, seq: int, text: str, call_id: str | None) -> None:
+        self._unacked[seq] = (text, call_id)
+        self._unacked_bytes += len(text)
+        self._written = max(self._written, seq)
+        # a server that never answers heartbeats, or huge results: keep the newest
+        while len(self._unacked) > MAX_UNACKED or (self._unacked_bytes > MAX_UNACKED_BYTES and len(self._unacked) > 1):
+            _, (old, _) = self._unacked.popitem(last=False)
+            self._unacked_bytes -= len(old)
+
+    def heartbeat_answered(self) -> None:
+        """The server answered a heartbeat: the results written before the oldest one unanswered are its."""
+        if not self._beats:
+            return
+        upto = self._beats.popleft()
+        while self._unacked:
+            seq = next(iter(self._unacked))
+            if seq > upto:
+                break
+            self._unacked_bytes -= len(self._unacked.pop(seq)[0])
 
     def put_control(self, text: str) -> None:
         if self.accepting_events:
@@ -181,10 +252,13 @@ class Outbox:
     def pop(self) -> Frame | None:
         """The next frame to write: control first, then results and events in production order."""
         if self._control:
-            return "control", self._control.popleft(), None
+            text = self._control.popleft()
+            if text.startswith("\0beat"):
+                return "beat", text[5:], None
+            return "control", text, None
         while self._results or self._events:
             if self._results and (not self._events or self._results[0][0] < self._events[0][0]):
-                _, text, call_id = self._results.popleft()
+                self._popped_seq, text, call_id = self._results.popleft()
                 return "result", text, call_id
             _, event = self._events.popleft()
             text = self._encode_event(event)
@@ -212,7 +286,7 @@ class Outbox:
         """A result the socket did not take goes back to the head of the outbox."""
         kind, text, call_id = frame
         if kind == "result":
-            self._results.appendleft((-1, text, call_id))
+            self._results.appendleft((self._popped_seq, text, call_id))
             self._wake()
 
     def wait_state(self) -> None:
@@ -221,8 +295,13 @@ class Outbox:
         self.idle.set()
 
     def open(self, max_bytes: int) -> None:
+        """A new connection is registered: the results not acknowledged on the last one go out first."""
         self.max_bytes = max_bytes
         self.accepting_events = True
+        if self._unacked:
+            self._results.extendleft((seq, text, call_id) for seq, (text, call_id) in reversed(self._unacked.items()))
+            self._unacked.clear()
+            self._unacked_bytes = 0
         if self._results:
             self._wake()
 
@@ -232,6 +311,8 @@ class Outbox:
         self.dropped_events += len(self._events)
         self._events.clear()
         self._control.clear()
+        self._beats.clear()  # their answers will never come
+        self._written = -1  # on the next connection nothing counts as written until it goes out again
         self._unreported_drops = 0
         if not self._results:
             self.ready.clear()

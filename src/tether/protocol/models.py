@@ -24,12 +24,18 @@ _UUID4_SET = (4 << 76) | (0x8000 << 48)
 
 
 class ResultStatus(str, Enum):
-    """How a command ended; `none` means no result is available (yet)."""
+    """How a command ended; `none` means no result is available (yet): with `error` starting
+    "outcome pending:" and `result` {"outcome": "pending", ...} (`Result.pending`), the caller's wait
+    ended while the command may still be running, and its outcome is recorded when it comes."""
 
     SUCCESS = "success"
     FAILURE = "failure"
     SKIPPED = "skipped"
     NONE = "none"
+
+
+OUTCOME_PENDING = "pending"  # `Result.result["outcome"]` (and the audit status) of an outcome still to come
+OUTCOME_PENDING_PREFIX = "outcome pending:"
 
 
 class Command(BaseModel):
@@ -80,6 +86,25 @@ class Result(BaseModel):
                 result: Any = None) -> Result:
         return cls(status=ResultStatus.FAILURE, error=error, call_id=call_id, namespace=namespace,
                    result=result)
+
+    @property
+    def outcome_pending(self) -> bool:
+        """The caller's wait ended while the command may still run: not a failure, see `Result.pending`."""
+        return self.status is ResultStatus.NONE and isinstance(self.result, dict) \
+            and self.result.get("outcome") == OUTCOME_PENDING
+
+    @classmethod
+    def pending(cls, why: str, call_id: str | None, batch_id: str, device: str) -> Result:
+        """No outcome yet, honestly: the caller's wait ended (`why`) while the command may still be
+        running on `device`. Status `none`, `error` "outcome pending: …" naming where the outcome will
+        be (`GET /api/v1/batches/{batch_id}`, `tether batch {batch_id}`), and the same facts machine-
+        readable in `result`: {"outcome": "pending", "batch_id", "call_id", "device", "reason"}."""
+        error = (f"{OUTCOME_PENDING_PREFIX} {why}; the command may still be running on device {device}, and "
+                 f"its outcome is recorded when it comes back: see batch {batch_id} (tether batch {batch_id}, "
+                 f"GET /api/v1/batches/{batch_id}) or the audit log (call {call_id})")
+        return cls(status=ResultStatus.NONE, error=error, call_id=call_id,
+                   result={"outcome": OUTCOME_PENDING, "batch_id": batch_id, "call_id": call_id, "device": device,
+                           "reason": why})
 
     @classmethod
     def skipped(cls, reason: str, call_id: str | None = None) -> Result:

@@ -14,6 +14,7 @@ from starlette.routing import Match
 from tether import __version__
 from tether.server.aip_socket import aip_route
 from tether.server.api import fast_run_commands, fast_run_selected, router
+from tether.server.batch_api import batch_router
 from tether.server.fleet_api import mount_fleet
 from tether.server.front import FastRoutes, ServerApp, error_response
 from tether.server.guard import RequestGuard
@@ -67,6 +68,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.settings = settings
     app.include_router(router)
     app.include_router(policy_router)
+    app.include_router(batch_router)  # GET /api/v1/batches/{id}: a batch's record (docs/outcomes.md)
     mount_fleet(app)  # POST /api/v1/fleet/commands: one batch to every matching device
     if settings.pairing:
         app.state.pairing = PairingBook(store)

@@ -22,6 +22,7 @@ from tether.server.registry import DeviceRegistry
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
 _FINISHED_MEMORY = 4096  # finished batches remembered so their late results are logged as late
+_LATE_MISSES = 1000  # late results in a row that settle nothing before a device's are no longer looked up
 
 
 @dataclass(eq=False)
@@ -40,13 +41,22 @@ class PendingBatch:
     # set while another node of the cluster runs it (server/remote.py): finishing the batch here stops that
     remote: asyncio.Task[None] | None = None
     origin: str | None = None  # the node this one runs it for (its caller, timeout and audit are there)
+    # the calls without a result may still be running (the wait ended: timeout, link lost, grace over):
+    # their callers are told "outcome pending", and a result that comes later is recorded (BatchBook.on_late)
+    pending: bool = False
 
 
 class BatchBook:
     """The batches in flight by `response_id`, and each device's in-flight count in the registry."""
 
-    def __init__(self, registry: DeviceRegistry) -> None:
+    def __init__(self, registry: DeviceRegistry,
+                 on_late: Callable[[str, str, list[Result]], int] | None = None) -> None:
         self.registry = registry
+        # records results that come after their batch ended (device, response_id, results) -> rows settled
+        self.on_late = on_late
+        # per device, late results in a row that matched no open row: past _LATE_MISSES they are not looked
+        # up any more (each lookup is a write transaction; a device must not make the server spin on them)
+        self._late_misses: dict[str, int] = {}
         self.pending: dict[str, PendingBatch] = {}
         self._finished: OrderedDict[str, str] = OrderedDict()  # response_id -> device
         self._cancels: dict[str, list[str]] = {}  # CANCELs waiting for a disconnected device
@@ -63,12 +73,7 @@ class BatchBook:
         batch = self.pending.get(rid)
         results = msg.action_results or []
         if batch is None or batch.device != device or not batch.sent:
-            if self._finished.get(rid) == device:
-                logger.warning("late results from device %s for finished batch %s ignored (call_ids %s)",
-                               device, rid, [r.call_id for r in results])
-            else:
-                logger.warning("refused results from device %s for batch %s: no such batch was sent to it",
-                               device, rid)
+            self._late(device, rid, results, finished_here=self._finished.get(rid) == device)
             return
         for result in results:
             if result.call_id in batch.outstanding:
@@ -84,9 +89,41 @@ class BatchBook:
         elif msg.status is TaskStatus.COMPLETED:
             self.finish(batch, f"device {device} completed the batch without a result for this command")
 
-    def finish(self, batch: PendingBatch, error: str | None = None) -> None:
+    def _late(self, device: str, rid: str, results: list[Result], *, finished_here: bool) -> None:
+        """Results for a batch no caller waits on any more: recorded where its rows say they were sent
+        to this device and their outcome is still open (`Store.audit_late`), else refused."""
+        settled = 0
+        misses = self._late_misses.get(device, 0)
+        if self.on_late is not None and rid and results and misses < _LATE_MISSES:
+            try:
+                settled = self.on_late(device, rid, results)
+            except Exception:
+                logger.exception("could not record the late results of batch %s from device %s", rid, device)
+            if settled:
+                self._late_misses.pop(device, None)
+            else:
+                self._late_misses[device] = misses + 1
+                if misses + 1 == _LATE_MISSES:
+                    logger.warning("device %s sent %d results in a row for no open outcome: its late results are "
+                                   "no longer looked up", device, _LATE_MISSES)
+                while len(self._late_misses) > _FINISHED_MEMORY:
+                    self._late_misses.pop(next(iter(self._late_misses)))
+        if settled:
+            logger.warning("late results from device %s for batch %s recorded (%d call(s): %s)", device, rid,
+                           settled, [r.call_id for r in results])
+        elif finished_here:
+            logger.info("late results from device %s for finished batch %s: already recorded (call_ids %s)",
+                        device, rid, [r.call_id for r in results])
+        else:
+            logger.warning("refused results from device %s for batch %s: no such batch was sent to it, or its "
+                           "outcome is already recorded", device, rid)
+
+    def finish(self, batch: PendingBatch, error: str | None = None, *, pending: bool = False) -> None:
+        """End `batch`: its waiters wake. `error` is why the calls without a result have none; with
+        `pending` they may still be running (the wait ended, not the command), and say so."""
         if batch.done.is_set():
             return
+        batch.pending = pending and bool(batch.outstanding) and batch.sent
         self.pending.pop(batch.response_id, None)
         self._finished[batch.response_id] = batch.device
         while len(self._finished) > _FINISHED_MEMORY:
@@ -101,15 +138,16 @@ class BatchBook:
             record.inflight = max(0, record.inflight - 1)
             self.registry.notify()
 
-    def fail_device(self, device: str, error: str, *, sent_only: bool = False) -> None:
-        """Fail the batches this node sent `device` itself (those another node runs end there)."""
+    def fail_device(self, device: str, error: str, *, sent_only: bool = False, pending: bool = False) -> None:
+        """Fail the batches this node sent `device` itself (those another node runs end there); with
+        `pending`, those already sent end "outcome pending" (they may still be running)."""
         for batch in [b for b in self.pending.values()
                       if b.device == device and b.remote is None and (b.sent or not sent_only)]:
-            self.finish(batch, error)
+            self.finish(batch, error, pending=pending)
 
-    def finish_all(self, error: str) -> None:
+    def finish_all(self, error: str, *, pending: bool = False) -> None:
         for batch in list(self.pending.values()):
-            self.finish(batch, error)
+            self.finish(batch, error, pending=pending)
 
     def to_send(self, device: str, *, resend: bool) -> list[PendingBatch]:
         """The batches for `device` that go out after its (re)registration; see `DeviceHub._flush`."""
@@ -117,6 +155,10 @@ class BatchBook:
 
     def of_device(self, device: str) -> list[PendingBatch]:
         return [b for b in self.pending.values() if b.device == device]
+
+    def registered(self, device: str) -> None:
+        """`device` (re)registered: its late results are looked up again (see `_late`)."""
+        self._late_misses.pop(device, None)
 
     def queue_cancel(self, device: str, response_id: str) -> None:
         self._cancels.setdefault(device, []).append(response_id)

@@ -2,9 +2,12 @@
 
 To the agent it looks exactly like `LocalCommandDispatcher`: a list of commands in, one `Result`
 per command out, in the same order, with matching `call_id`s — whatever happens on the way. A
-timeout, a device that never comes back, a cancellation or an error on the device become failure
-results for exactly the commands that did not finish; nothing hangs and nothing raises. Every
-result is written to the audit log with who asked.
+cancellation, a device that was never reached or an error on the device become failure results for
+exactly the commands that did not finish; a wait that ends while a command may still be running (a
+timeout, a device away past its grace period, a backplane outage) becomes "outcome pending"
+(`Result.pending`, audited `pending`), and the device's answer is recorded whenever it comes
+(docs/outcomes.md). Nothing hangs and nothing raises. Every result is written to the audit log with
+who asked.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, new_call_id
-from tether.server.store import SENT
+from tether.server.store import PENDING, SENT
 
 if TYPE_CHECKING:
     from tether.server.batches import PendingBatch
@@ -97,8 +100,13 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
             async with asyncio.timeout(timeout if own_timer else None):
                 batch = await self.hub.send_batch(self.device, message, on_event=self.on_event)
                 await batch.done.wait()
-        except TimeoutError:
-            await self.hub.cancel(response_id, f"timed out after {timeout:g}s")
+        except TimeoutError:  # the device may be running it still: "outcome pending", and it is told to stop
+            reason = f"timed out after {timeout:g}s"
+            remote = self.hub.remote
+            if batch is not None and batch.remote is not None and remote is not None \
+                    and (problem := remote.problem()) is not None:  # what is known: the backplane, not the device
+                reason += f" ({problem}: node {remote.node} cannot hear from the node holding the device)"
+            await self.hub.cancel(response_id, reason, pending=True)
         except asyncio.CancelledError as exc:  # our caller gave up: the device must stop too
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
             await self.hub.cancel(response_id, reason)
@@ -110,7 +118,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         results = self._collect(commands, batch) if batch is not None else \
             self.generate_error_results(commands, f"timed out after {timeout:g}s before the batch was sent")
         try:  # grouped with the other batches ending now: one commit for all (Store.audit_done_grouped)
-            await self.hub.store.audit_done_grouped((response_id, c.call_id, r.status.value, r.error)
+            await self.hub.store.audit_done_grouped((response_id, c.call_id, _audit_status(r), r.error)
                                                     for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
@@ -126,7 +134,10 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         results = []
         for command in commands:
             result = batch.results.get(command.call_id or "")
-            if result is None:
+            if result is None and batch.pending:  # the wait ended, not (as far as anyone knows) the command
+                result = Result.pending(batch.error or "the wait ended", command.call_id, batch.response_id,
+                                        self.device)
+            elif result is None:
                 [result] = self.generate_error_results([command], batch.error or "no result")
             results.append(result)
         return results
@@ -134,7 +145,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
     def _outcome(self, commands: list[Command], results: list[Result], response_id: str) -> None:
         """Write what became of a sent batch into its rows before anyone is told (`Store.audit_done`)."""
         try:
-            self.hub.store.audit_done((response_id, c.call_id, r.status.value, r.error)
+            self.hub.store.audit_done((response_id, c.call_id, _audit_status(r), r.error)
                                       for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
@@ -146,3 +157,8 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
                  response_id, c.approved_by, c.approval_digest) for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
+
+
+def _audit_status(result: Result) -> str:
+    """The audit's status for a caller's result: `pending` for an outcome still to come (`Result.pending`)."""
+    return PENDING if result.outcome_pending else result.status.value

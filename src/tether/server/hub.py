@@ -76,10 +76,11 @@ class DeviceHub:
         self.settings = settings
         self.registry = DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
-        self._batches = BatchBook(self.registry)
+        self._batches = BatchBook(self.registry, self.record_late)
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
         self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
+        self._given_up: dict[str, str] = {}  # device -> the process (instance_id) given up after its grace
         self._tasks: set[asyncio.Task[Any]] = set()
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
@@ -124,7 +125,7 @@ class DeviceHub:
         if self._gc is not None:
             self._gc.cancel()
         self._grace.cancel_all()
-        self._batches.finish_all("the server is shutting down")
+        self._batches.finish_all("the server is shutting down", pending=True)
         for conn in list(self._conns.values()):
             self._drop(conn, "server shutdown", grace=False)
             self._close_conn(conn, CLOSE_GOING_AWAY, "server shutting down")
@@ -346,6 +347,9 @@ class DeviceHub:
                 f"heard from {now - old.last_seen:.1f}s ago); stop it or wait {settings.heartbeat_timeout:g}s")), peer)
         record = self.registry.ensure(name)
         resumed = record.instance_id == reg.instance_id
+        previous = record.instance_id or self._given_up.pop(name, None)
+        if previous is not None and previous != reg.instance_id:
+            self._restarted(name)
         if old is not None:  # same process reconnecting, or a stale one: the new connection wins
             self._drop(old, "replaced", grace=False)
             self._close_conn(old, CLOSE_REPLACED, "replaced by a new connection")
@@ -353,6 +357,7 @@ class DeviceHub:
             self._batches.forget_cancels(name)
             self._batches.fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
         self._grace.stop(name)
+        self._batches.registered(name)
         conn = DeviceLink(name, socket, reg.instance_id, token.id, record, now)
         self._conns[name] = conn
         record.node = None  # held here now, whichever node held it before
@@ -536,28 +541,38 @@ class DeviceHub:
             elif batch.remote is None:
                 self.route(batch, holder)
 
-    def finish_remote(self, batch: PendingBatch, results: list[Any], error: str | None) -> None:
-        """The holding node's answer for `batch`: its results, then `error` for any call without one."""
+    def finish_remote(self, batch: PendingBatch, results: list[Any], error: str | None, *,
+                      pending: bool = False) -> None:
+        """The holding node's answer for `batch`: its results, then `error` for any call without one
+        (with `pending`: its outcome may still come, e.g. the backplane cannot be reached)."""
         for result in results:
             if result.call_id in batch.outstanding:
                 batch.outstanding.discard(result.call_id)
                 batch.results[result.call_id] = result
-        self._batches.finish(batch, error)
+        self._batches.finish(batch, error, pending=pending)
+
+    def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
+        """Record results `device` sent for a batch no caller waits on any more (`Store.audit_late`): the
+        outcome is a fact whenever it comes; only rows sent to that device with an open outcome change."""
+        return self.store.audit_late(device, [(response_id, r.call_id, r.status.value, r.error)
+                                              for r in results if r.call_id])
 
     def batch_device(self, response_id: str) -> str | None:
         """The device of a batch in flight started or held here, or None (a scoped token's cancel is checked)."""
         batch = self._batches.pending.get(response_id)
         return batch.device if batch is not None else None
 
-    async def cancel(self, response_id: str, reason: str = "cancelled") -> bool:
-        """Finish the batch with `reason` for its unfinished commands and tell the device to stop it.
+    async def cancel(self, response_id: str, reason: str = "cancelled", *, pending: bool = False) -> bool:
+        """Finish the batch with `reason` for its unfinished commands and tell the device to stop it;
+        with `pending` (a timeout) its unfinished commands end "outcome pending" — what the device answers
+        to the CANCEL, or had already finished, is recorded when it comes (`record_late`).
 
         A device that is away gets the CANCEL when it comes back (same process, within grace)."""
         batch = self._batches.pending.get(response_id)
         if batch is None:
             return False
         routed = batch.remote is not None
-        self._batches.finish(batch, reason)  # a batch another node runs: stops it there (BatchBook.finish)
+        self._batches.finish(batch, reason, pending=pending)  # another node runs it: stopped there too
         if batch.sent and not routed:
             conn = self._conns.get(batch.device)
             frame = ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK)
@@ -613,10 +628,24 @@ class DeviceHub:
         # awaited (not resumed), so it stops running them instead of working for nobody
         record = self.registry.get(device)
         if record is not None:
+            if record.instance_id is not None:  # a new process registering later settles what this one owed
+                self._given_up[device] = record.instance_id
             record.instance_id = None
         self._batches.forget_cancels(device)
         self._batches.fail_device(device, f"device {device} disconnected and did not come back within the "
-                                          f"{self.settings.grace_period:g}s grace period")
+                                          f"{self.settings.grace_period:g}s grace period", pending=True)
+
+    def _restarted(self, device: str) -> None:
+        """`device` registered as a new process: the outcomes its old one left pending will never come
+        (its commands were stopped with it, if they had started), so they are settled as unknown."""
+        try:
+            settled = self.store.audit_restarted(device)
+        except Exception:
+            logger.exception("could not settle the pending outcomes of restarted device %s", device)
+            return
+        if settled:
+            logger.warning("device %s restarted: %d pending outcome(s) of its old process settled as unknown",
+                           device, settled)
 
     def _silent(self, conn: DeviceLink, silent: float) -> None:
         self._drop(conn, f"no frame for {silent:.1f}s (timeout {self.settings.heartbeat_timeout:g}s)")

@@ -63,6 +63,12 @@ class Bus:
         self.reader = reader
         self.node = node
         self.handlers = dict(handlers)
+        # kind -> called with (request body, reply body) when a reply could not be sent (the backplane is
+        # down): what the asker never hears must still be recorded (a batch's outcome, in the audit)
+        self.undelivered: dict[str, Callable[[dict[str, Any], dict[str, Any]], None]] = {}
+        # called with the body of an answer that came after its request gave up (read once the backplane
+        # is back): what this node's caller was told was pending is recorded from it
+        self.unclaimed: Callable[[dict[str, Any]], None] | None = None
         self._waiting: dict[str, _Waiting] = {}
         self._running: dict[str, asyncio.Task[None]] = {}
         self._reader_task: asyncio.Task[None] | None = None
@@ -212,6 +218,11 @@ class Bus:
             waiting = self._waiting.get(rid)
             if waiting is not None:
                 waiting.queue.put_nowait(message)
+            elif kind == "done" and self.unclaimed is not None and isinstance(message.get("body"), dict):
+                try:
+                    self.unclaimed(message["body"])
+                except Exception:
+                    log.exception("recording the late answer to request %s failed", rid)
         elif kind == "req":
             task = asyncio.create_task(self._answer(message), name=f"bus-answer-{rid}")
             self._running[rid] = task
@@ -237,8 +248,17 @@ class Bus:
             return  # the asker gave up; it expects nothing more
         except Exception as exc:
             reply = {"t": "done", "rid": rid, "error": str(exc) or type(exc).__name__}
-        with contextlib.suppress(Exception):
+        try:
             await self._send(asker, reply)
+        except Exception as exc:
+            on_lost = self.undelivered.get(kind)
+            if on_lost is not None and "body" in reply:
+                log.warning("the answer to %s request %s from node %s was lost (%s): recorded here", kind, rid,
+                            asker, exc)
+                try:
+                    on_lost(message.get("body") or {}, reply["body"])
+                except Exception:
+                    log.exception("recording the lost answer to %s request %s failed", kind, rid)
 
 
 def _encode(message: dict[str, Any]) -> str:

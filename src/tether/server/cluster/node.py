@@ -83,6 +83,9 @@ class ClusterNode:
                                    info={"pid": os.getpid(), "port": settings.port})
         self.bus = Bus(self.redis, self.reader, self.node, {})
         self.router = Router(hub, self.bus, self.node, self.holder)
+        self.bus.undelivered["batch"] = self.router.record_lost_answer
+        self.bus.unclaimed = self.router.record_unclaimed
+        self.router.alive = lambda node: node in self._alive
         self.bus.handlers.update(batch=self.router.serve_batch, cancel=self.router.serve_cancel,
                                  answer=self.router.serve_answer, request=self.router.serve_request)
         self._problem: str | None = "joining the cluster"

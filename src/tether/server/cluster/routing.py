@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ log = logging.getLogger("tether.cluster")
 
 NOT_HERE = "not held here"  # the holding node's refusal when the device left it: the asker looks again
 ANSWER_TIMEOUT_S = 10.0  # a cancel or an answer crossing to another node
+ANSWERED_MEMORY = 10_000  # outcomes of batches answered for other nodes, kept while a node could die unheard
 MAX_REROUTES = 16  # a device bouncing between nodes faster than batches reach it: give up clearly
 _RESULTS = TypeAdapter(list[Result])
 
@@ -63,6 +65,12 @@ class Router:
         self._holder = holder  # ClusterNode.holder(device, fresh=True): the directory's answer, dead nodes left out
         self._routes: dict[str, set[Route]] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
+        # whether a node is alive (ClusterNode sets it): an answer for a dead node is recorded here instead
+        self.alive: Callable[[str], bool] | None = None
+        # the outcomes of batches answered for other nodes lately: (when, node, device, batch, outcomes), so
+        # that if that node dies before writing them (its answer in a dead inbox) this node records them
+        self._answered: deque[tuple[float, str, str, str, list[tuple[str, str, str | None]]]] = \
+            deque(maxlen=ANSWERED_MEMORY)
 
     # -- the asking node ---------------------------------------------------------------------------
 
@@ -77,6 +85,44 @@ class Router:
             for route in routes:
                 if route.holder == node:
                     self._moved(route)
+        # what this node answered the dead one lately may never have reached its audit: settled here (only
+        # rows still open change, so an outcome that node did write stays as it is)
+        horizon = asyncio.get_running_loop().time() - self._answer_window()
+        kept = deque(maxlen=ANSWERED_MEMORY)
+        for entry in self._answered:
+            when, origin, device, response_id, outcomes = entry
+            if origin == node and when >= horizon:
+                self._settle(device, response_id, outcomes, f"node {node} is gone")
+            elif origin != node:
+                kept.append(entry)
+        self._answered = kept
+
+    def _answer_window(self) -> float:
+        settings = self.hub.settings
+        return 2 * settings.lease_s + settings.grace_period
+
+    def _answered_for(self, origin: str, device: str, response_id: str, batch: PendingBatch) -> None:
+        """Remember (or, for a node already gone, record) the outcomes of a batch run here for `origin`."""
+        outcomes = [(cid, r.status.value, r.error) for cid, r in batch.results.items()]
+        if not outcomes or not origin:
+            return
+        if self.alive is not None and not self.alive(origin):
+            self._settle(device, response_id, outcomes, f"node {origin} is gone")
+            return
+        now = asyncio.get_running_loop().time()
+        while self._answered and self._answered[0][0] < now - self._answer_window():
+            self._answered.popleft()
+        self._answered.append((now, origin, device, response_id, outcomes))
+
+    def _settle(self, device: str, response_id: str, outcomes: list[tuple[str, str, str | None]], why: str) -> None:
+        try:
+            settled = self.hub.store.audit_late(device, [(response_id, cid, status, error)
+                                                         for cid, status, error in outcomes])
+        except Exception:
+            log.exception("could not record the outcomes of batch %s (%s)", response_id, why)
+            return
+        if settled:
+            log.warning("batch %s: %d outcome(s) recorded by node %s (%s)", response_id, settled, self.node, why)
 
     def _moved(self, route: Route) -> None:
         route.moved = True
@@ -101,9 +147,10 @@ class Router:
             log.info("batch %s follows device %s away from node %s", batch.response_id, batch.device, holder)
             try:
                 found = await self._wait_holder(batch.device, exclude=holder, timeout=grace)
-            except Exception as exc:
-                hub.finish_remote(batch, [], f"device {batch.device} left node {holder} and the cluster backplane "
-                                             f"cannot say where it went: {exc}")
+            except Exception as exc:  # nothing says the device moved, or that its command stopped
+                hub.finish_remote(batch, [], f"the cluster backplane is unreachable ({exc}), so node {self.node} "
+                                             f"cannot follow batch {batch.response_id} to device {batch.device} "
+                                             f"(last held by node {holder})", pending=True)
                 return
             if found is None:
                 hub.finish_remote(batch, [], f"device {batch.device} left node {holder} and did not come back "
@@ -163,8 +210,9 @@ class Router:
         except BusError as exc:
             if NOT_HERE in str(exc):
                 return True
-            hub.finish_remote(batch, [], f"node {route.holder} holding device {batch.device} failed the batch: "
-                                         f"{exc}")
+            # the request failed, not (as far as anyone here knows) the command on the device
+            hub.finish_remote(batch, [], f"node {route.holder} holding device {batch.device} could not be heard "
+                                         f"from: {exc}", pending=True)
             return False
         if NOT_HERE in str(final.get("error") or "") and final.get("results") in (None, "[]"):
             return True  # the device left that node while the batch waited there for it
@@ -275,7 +323,40 @@ class Router:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(ANSWER_TIMEOUT_S):
                     await pumper
-        return {"results": _RESULTS.dump_json(list(batch.results.values())).decode(), "error": batch.error}
+        self._answered_for(str(body.get("from") or ""), device, message.response_id, batch)
+        # the device and batch named too: an answer that comes after the asking node gave up is still recorded
+        return {"results": _RESULTS.dump_json(list(batch.results.values())).decode(), "error": batch.error,
+                "device": device, "response_id": message.response_id}
+
+    def record_unclaimed(self, body: dict[str, Any]) -> None:
+        """An answer to a batch this node gave up waiting for (the backplane was down; its caller was told
+        "outcome pending") arrived after all: its outcomes are recorded (`DeviceHub.record_late`)."""
+        device, response_id = body.get("device"), body.get("response_id")
+        if not isinstance(device, str) or not isinstance(response_id, str) or "results" not in body:
+            return
+        try:
+            results = _RESULTS.validate_json(body.get("results") or "[]")
+        except ValueError:
+            return
+        settled = self.hub.record_late(device, response_id, results)
+        if settled:
+            log.warning("batch %s: %d outcome(s) that came after node %s stopped waiting recorded", response_id,
+                        settled, self.node)
+
+    def record_lost_answer(self, body: dict[str, Any], reply: dict[str, Any]) -> None:
+        """The answer to a batch request never reached the asking node (the backplane is down), whose caller
+        was told "outcome pending": the outcomes this node holds go into the audit (shared by the nodes)
+        themselves, settling the rows that node left `sent` or `pending` (`Store.audit_late`)."""
+        device = str(body.get("device") or "")
+        try:
+            message = ServerMessage.model_validate_json(body.get("message") or "{}")
+            results = _RESULTS.validate_json(reply.get("results") or "[]")
+        except ValueError:
+            return
+        settled = self.hub.store.audit_late(device, [(message.response_id, r.call_id, r.status.value, r.error)
+                                                     for r in results if r.call_id])
+        log.warning("batch %s: %d outcome(s) the asking node never heard recorded by node %s",
+                    message.response_id, settled, self.node)
 
     async def serve_cancel(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
         cancelled = await self.hub.cancel(str(body.get("response_id", "")), str(body.get("reason") or "cancelled"))

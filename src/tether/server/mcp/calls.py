@@ -284,6 +284,8 @@ def result_reply(result: Result) -> Reply:
     """A device's `Result` as what the client reads: its text (output as text, objects as JSON) and the
     object itself as structured content."""
     payload = result.result
+    if result.outcome_pending:  # not a failure: retrying could run it twice (docs/outcomes.md)
+        return Reply(result.error or "outcome pending", payload)
     if not result.ok:
         return Reply(result.error or f"failed ({result.status.value})", payload, is_error=True)
     if isinstance(payload, str):

@@ -188,8 +188,16 @@ _MIGRATIONS: list[str | dict[str, str]] = [
     );
     ALTER TABLE pairing ADD COLUMN public_key TEXT;
     """,
+    # outcomes that come late (issue 28, docs/outcomes.md): a row whose caller's wait ended while the command
+    # may still run is `pending` (or `unknown` after a restart) until the device's result settles it; this
+    # index holds only those rows, as `audit_inflight` holds the `sent` ones, so it stays small
+    """
+    CREATE INDEX audit_unsettled ON audit (response_id, call_id) WHERE status IN ('pending', 'unknown');
+    """,
 ]
-SENT, UNKNOWN = "sent", "unknown"
+SENT, UNKNOWN, PENDING = "sent", "unknown", "pending"
+LATE_NOTE = "late: this outcome came back after the caller's wait had ended"
+_BATCH_WINDOW = 200_000  # GET /batches/{id} looks for a batch's rows among the newest this many audit rows
 _TOKEN_CACHE = 65_536  # verified tokens kept in memory (cleared whole when full: it refills from the table)
 _SESSION_CACHE = 65_536  # session owners kept in memory (the table is the authority; owners never change)
 
@@ -965,6 +973,66 @@ class Store:
             except BaseException:
                 self._rollback()
                 raise
+
+    def audit_late(self, device: str, outcomes: list[tuple[str, str, str, str | None]]) -> int:
+        """Settle rows with an outcome that came back after the caller's wait ended: (response_id, call_id,
+        status, error) from `device`. Only a row of that device, that batch and that call whose outcome is
+        not known yet (`sent`, `pending`, `unknown`) changes — an outcome is written once, and a device
+        cannot settle another's rows; its error gets `LATE_NOTE`. Written now (a late result is rare and
+        must not wait for a caller that is gone); returns how many rows changed."""
+        self.flush_audit()  # the `sent` rows and outcomes held back go first
+        changed = 0
+        with self._writing(), self._lock:
+            self._conn.execute("BEGIN")
+            try:
+                for rid, cid, status, error in outcomes:
+                    note = f"{LATE_NOTE}{': ' + error if error else ''}"
+                    for unsettled in ("status = 'sent'", "status IN ('pending', 'unknown')"):  # one index each
+                        cur = self._conn.execute(
+                            "UPDATE audit SET status = ?, error = ? WHERE response_id = ? AND call_id = ? "  # noqa: S608
+                            f"AND device = ? AND {unsettled}", (status, note, rid, cid, device))
+                        changed += max(cur.rowcount, 0)
+                self._conn.execute("COMMIT")
+            except BaseException:
+                self._rollback()
+                raise
+        return changed
+
+    def audit_restarted(self, device: str) -> int:
+        """`device` came back as a new process: its `pending` rows will get no answer (the old process and
+        its commands are gone), so they become `unknown`, saying so; a late answer may still settle them."""
+        self.flush_audit()
+        with self._writing(), self._lock:
+            cur = self._conn.execute(
+                "UPDATE audit SET status = 'unknown', error = ? || coalesce(error, '') "
+                "WHERE status IN ('pending', 'unknown') AND status = 'pending' AND device = ?",
+                (f"outcome unknown: device {device} restarted (a new process) before the result came back; the "
+                 "command was stopped with the old process, if it had started. Before: ", device))
+        return max(cur.rowcount, 0)
+
+    def audit_pending(self, outcomes: Iterable[tuple[str, str | None, str | None]]) -> None:
+        """Mark `sent` rows — (response_id, call_id, error) — `pending`: the caller's wait ended while the
+        command may still run; `audit_late` settles them when the outcome comes."""
+        with self._lock:
+            self._audit_updates.extend((rid, cid, PENDING, error) for rid, cid, error in outcomes)
+        self.flush_audit()
+
+    def batch_rows(self, response_id: str) -> list[dict[str, Any]]:
+        """The audit rows of the batch `response_id`, oldest first: its record (what was asked, of which
+        device, by whom, and each command's outcome so far). Looked for among the newest `_BATCH_WINDOW`
+        rows (the log has no index of every row by batch: it cost each insert dearly), and among the
+        rows whose outcome is still open whatever their age."""
+        self.flush_audit()
+        with self._lock:
+            top = self._conn.execute("SELECT max(id) FROM audit").fetchone()[0] or 0
+            rows = self._conn.execute(
+                "SELECT * FROM audit WHERE id > ? AND response_id = ? ORDER BY id", (top - _BATCH_WINDOW, response_id)
+            ).fetchall()
+            if not rows:
+                rows = self._conn.execute(
+                    "SELECT * FROM audit WHERE response_id = ? AND status IN ('pending', 'unknown') ORDER BY id",
+                    (response_id,)).fetchall()
+        return [dict(r) for r in rows]
 
     def audit_rows(self, limit: int = 100, device: str | None = None, *, task: str | None = None,
                    token: str | None = None, since: float | None = None, until: float | None = None,
