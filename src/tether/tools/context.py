@@ -6,16 +6,26 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tether.tools.policy import Policy, default_policy
 
 if TYPE_CHECKING:
     from tether.sandbox.runner import Sandbox
-    from tether.tools.approval import ApprovalClaim
     from tether.tools.journal import UndoJournal
 
 EventSink = Callable[[str, dict[str, Any]], None]
+
+
+class HeldApproval(Protocol):
+    """An approval that may be for a command's held changes (`tether.tools.approval.ApprovalClaim`): who
+    approved, and whether a held change list (by its digest) is the one that person saw. A Protocol
+    here, so that the context does not import the module that digests what it approves."""
+
+    @property
+    def by(self) -> str: ...
+
+    def matches(self, changes_digest: str | None) -> bool: ...
 
 
 def _no_events(kind: str, data: dict[str, Any]) -> None:
@@ -53,7 +63,7 @@ class ToolContext:
     # the policy's hide_paths, whether or not the device has a sandbox
     secrets: tuple[str, ...] = ()
     # an approval whose digest was not the command's alone: maybe for changes it held (tools/approval.py)
-    approval: ApprovalClaim | None = None
+    approval: HeldApproval | None = None
 
     def for_call(self, *, session_id: str | None, call_id: str | None, approved_by: str | None,
                  emit: EventSink | None = None, deadline: float | None = None) -> ToolContext:
