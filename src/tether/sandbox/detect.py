@@ -103,7 +103,9 @@ def detect(cache_dir: str | os.PathLike[str] | None = None, *, run_as: RunAs | N
 def _detect(bwrap: str, run_as: RunAs | None = None) -> SandboxInfo:
     problem = _probe(bwrap, run_as)
     if problem is not None:
-        return SandboxInfo("none", f"bwrap cannot confine commands here ({problem}): {INSTALL_HINT}", bwrap)
+        # as a root device's run_as user the likeliest cause is that user (the problem says so): not the install
+        hint = INSTALL_HINT if run_as is None else f"give run_as a user who can run it first; else {INSTALL_HINT}"
+        return SandboxInfo("none", f"bwrap cannot confine commands here ({problem}): {hint}", bwrap)
     from tether.sandbox.landlock import abi_version
 
     abi = abi_version()
