@@ -18,7 +18,6 @@ foreign strings is escaped where they are put into markup (`rich.markup.escape`)
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -26,28 +25,13 @@ from rich.console import Console, ConsoleOptions, RenderableType
 from rich.segment import Segment
 from rich.text import Text
 
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_UNSAFE_LINE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    named = _NAMED.get(char)
-    if named is not None:
-        return named
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+from tether.printable import CONTROL_BUT_LINES, printable
 
 
 def visible(value: object, *, one_line: bool = False) -> str:
     """`value` as text with every terminal control character shown as an escape (`\\x1b`, `\\u202e`);
     `\\n` and `\\t` are kept unless `one_line`."""
-    text = value if isinstance(value, str) else str(value)
-    pattern = _UNSAFE_LINE if one_line else _UNSAFE
-    if pattern.search(text) is None:
-        return text
-    return pattern.sub(_escape, text)
+    return printable(value, keep_lines=not one_line)
 
 
 class SafeConsole(Console):
@@ -62,7 +46,7 @@ class SafeConsole(Console):
 
     def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:
         for segment in super().render(renderable, options):
-            if segment.control is None and _UNSAFE.search(segment.text) is not None:
+            if segment.control is None and CONTROL_BUT_LINES.search(segment.text) is not None:
                 yield Segment(visible(segment.text), segment.style)
             else:
                 yield segment

@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import copy
 import logging
-import re
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
+
+from tether.printable import printable
 
 _denied_handshake: ContextVar[bool] = ContextVar("tether_denied_handshake", default=False)
 _SPURIOUS_HANDSHAKE_ERROR = "ASGI callable returned without completing handshake."
@@ -38,27 +39,9 @@ def mark_denied_handshake() -> None:
     """Note that this task's WebSocket handshake was refused on purpose (see the module docstring)."""
     _denied_handshake.set(True)
 
-# C0, DEL, C1, the line and paragraph separators, and the bidi marks, embeddings, overrides and isolates
-# (U+202E shows "exe.txt" for "txt.exe" in a log viewer)
-_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
-
-
-def _escape(match: re.Match[str]) -> str:
-    char = match.group()
-    named = _NAMED.get(char)
-    if named is not None:
-        return named
-    code = ord(char)
-    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
-
-
 def clean(value: object) -> str:
     """`value` as text with every control character escaped (`\\n`, `\\r`, `\\t`, `\\x1b`, `\\u2028`…)."""
-    text = value if isinstance(value, str) else str(value)
-    if _CONTROL.search(text) is None:
-        return text
-    return _CONTROL.sub(_escape, text)
+    return printable(value)
 
 
 class _Escaped:
