@@ -93,13 +93,7 @@ def load_device_key(path: Path, *, create: bool = True) -> DeviceKey:
         logger.warning("%s holds no Ed25519 key (an older tether's pairing secret?): making a new device key", path)
     elif not create:
         raise ValueError(f"no device key at {path}")
-    key = DeviceKey.generate()
-    try:
-        _write_private(path, key.pem())
-    except OSError as exc:
-        raise ValueError(f"cannot write the device key {path}: {exc.strerror or exc}") from None
-    key.path = path
-    return key
+    return new_device_key(path)
 
 
 def new_device_key(path: Path) -> DeviceKey:

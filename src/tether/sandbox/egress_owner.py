@@ -23,13 +23,14 @@ def command_holding(warden: int, peer: tuple[str, int]) -> int | None:
     if inode is None:
         return None
     target = f"socket:[{inode}]"
-    for command in _children(warden):
+    for command in children(warden):
         if any(_holds(proc, target) for proc in _descendants(command)):
             return _nspid(command, -2)
     return None
 
 
-def _children(pid: int) -> list[int]:
+def children(pid: int) -> list[int]:
+    """The pids of `pid`'s children (none when it is gone); the sandbox's runner uses it too."""
     try:
         with open(f"/proc/{pid}/task/{pid}/children") as f:
             return [int(p) for p in f.read().split()]
@@ -42,7 +43,7 @@ def _descendants(pid: int) -> list[int]:
     while todo and len(out) < MAX_PROCESSES:
         current = todo.pop()
         out.append(current)
-        todo += _children(current)
+        todo += children(current)
     return out
 
 

@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 from tether.sandbox.bwrap import live_source, unix_socket_paths, warden_argv
 from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.egress import Answer, AskFn, EgressProxy, EgressRecord
-from tether.sandbox.egress_owner import command_holding
+from tether.sandbox.egress_owner import children, command_holding
 from tether.sandbox.egress_rules import EgressRules
 from tether.sandbox.guard import LivePlan, live_plan
 from tether.sandbox.held import HeldLayers
@@ -204,7 +204,7 @@ class Sandbox:
         loop.add_reader(ours.fileno(), self._on_readable)
         asyncio.get_running_loop().create_task(self._log_stderr(self._proc))
         # bwrap → bwrap's init in the new pid namespace → the warden
-        self._warden_host_pid = next(iter(_children(next(iter(_children(self._proc.pid)), 0))), None)
+        self._warden_host_pid = next(iter(children(next(iter(children(self._proc.pid)), 0))), None)
         logger.debug("sandbox warden started (%s, pid %s here)", json.loads(hello), self._warden_host_pid)
 
     async def _listen(self, sock: socket.socket) -> None:
@@ -570,7 +570,7 @@ class Sandbox:
         warden = self._warden_host_pid
         if warden is None:
             return 0
-        for child in _children(warden):
+        for child in children(warden):
             try:
                 with open(f"/proc/{child}/status", "rb") as status:
                     for line in status:
@@ -609,14 +609,6 @@ class Sandbox:
             for layer in layers.glob(f"L{os.getpid()}-*"):
                 if not (layer / "held.json").exists():
                     discard(layer)
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except (OSError, ValueError):
-        return []
 
 
 def _remove_all(paths: list[Path]) -> None:
