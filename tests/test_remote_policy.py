@@ -14,7 +14,7 @@ import pytest
 
 import dbkit
 from netutil import CLI, Cluster
-from tether.remote import RemoteError, RemoteServer
+from tether.client.rest import RemoteError, RemoteServer
 from tether.server.store import Store
 
 

@@ -19,9 +19,9 @@ import pytest
 from aip_testkit import FakeDevice
 from netutil import Proc, free_port, tether_env, wait_for
 from task_testkit import AgentServer
+from tether.client.rest import RemoteServer
 from tether.protocol.messages import Event, ServerMessageType
 from tether.protocol.models import Command
-from tether.remote import RemoteServer
 from tether.server.store import Store
 from tether.tools.policy import default_policy
 
