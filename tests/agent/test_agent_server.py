@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agent_fakes import FakeLLM
-from task_testkit import AgentServer
+from tests.kits.agent_fakes import FakeLLM
+from tests.kits.task import AgentServer
 from tether.agent.service import TaskError
 from tether.tools.policy import Policy, default_policy
 

@@ -10,9 +10,9 @@ import os
 import subprocess
 from pathlib import Path
 
-from agent_fakes import FakeLLM
-from netutil import CLI
-from test_agent_executor import Asker, device, make_runner, plan_of, reply, work, write  # noqa: F401  (fixtures)
+from tests.agent.test_executor import Asker, device, make_runner, plan_of, reply, work, write  # noqa: F401  (fixtures)
+from tests.kits.agent_fakes import FakeLLM
+from tests.kits.netutil import CLI
 from tether.agent.confirm import confirmation_answer
 from tether.agent.llm import LLMClient
 from tether.agent.task import Task, TaskState
@@ -146,7 +146,7 @@ def test_remote_dry_run_to_an_unreachable_server_is_a_clear_error(tmp_path: Path
 
 
 async def test_a_token_with_confirm_destructive_holds_plans_that_change_things(tmp_path: Path) -> None:
-    from task_testkit import AgentServer
+    from tests.kits.task import AgentServer
     from tether.tools.policy import default_policy
 
     root = tmp_path / "alpha"
@@ -207,7 +207,7 @@ def test_run_confirm_through_a_server(tmp_path: Path) -> None:
     waiting for `tether approve`); with `--answer run` it runs."""
     import re
 
-    from netutil import Cluster
+    from tests.kits.netutil import Cluster
 
     root = tmp_path / "root"
     root.mkdir()
@@ -259,7 +259,7 @@ def test_run_confirm_through_a_server(tmp_path: Path) -> None:
 
 
 async def test_a_plan_waiting_for_confirmation_survives_a_server_restart(tmp_path: Path) -> None:
-    from task_testkit import AgentServer
+    from tests.kits.task import AgentServer
     from tether.tools.policy import default_policy
 
     root = tmp_path / "alpha"

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from task_testkit import AgentServer
+from tests.kits.task import AgentServer
 from tether.agent.plan import Plan, PlanStep, validate_plan
 from tether.agent.steps import fan_out_step
 from tether.device.local import build_device

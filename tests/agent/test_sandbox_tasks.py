@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from netutil import CLI
-from task_testkit import AgentServer
+from tests.kits.netutil import CLI
+from tests.kits.task import AgentServer
 from tether.agent.executor import TaskRunner
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.recovery import AskUser

@@ -20,9 +20,9 @@ import subprocess
 
 import pytest
 
-import dbkit
-from aip_testkit import FakeDevice, key_for
-from netutil import CLI, Cluster, Proc, wait_for
+from tests.kits import db as dbkit
+from tests.kits.aip import FakeDevice, key_for
+from tests.kits.netutil import CLI, Cluster, Proc, wait_for
 from tether.device.identity import DeviceKey, load_device_key
 from tether.protocol.messages import ServerMessageType
 

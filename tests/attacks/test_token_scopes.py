@@ -24,9 +24,9 @@ import httpx
 import mcp_types as types
 import pytest
 
-from gateway.gatewaykit import mcp_client  # tests/gateway's kit
-from netutil import CLI
-from task_testkit import WAIT, AgentServer
+from tests.kits.gateway import mcp_client
+from tests.kits.netutil import CLI
+from tests.kits.task import WAIT, AgentServer
 from tether.device.config import load_device_config
 from tether.device.connection import DeviceConnection
 from tether.device.local import build_device

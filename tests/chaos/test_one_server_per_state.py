@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 
-import dbkit
-from engines import Engine, postgres_server, redis_server
-from netutil import CLI, Proc, free_port, tether_env, wait_for
+from tests.kits import db as dbkit
+from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants
+from tests.kits.engines import Engine, postgres_server, redis_server
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.client.rest import RemoteServer
 
 READY = "Uvicorn running on"

@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from netutil import CLI, Proc, free_port, tether_env, wait_for
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.server.store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TASK = "abcdef1234567890"
 
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 
 from tether.cli import docgen
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "configuration.md"
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_fakes import FakeLLM
-from netutil import CLI, tether_env
+from tests.kits.agent_fakes import FakeLLM
+from tests.kits.netutil import CLI, tether_env
 
 TIME_SERVER = {"command": sys.executable, "args": ["-m", "mcp_server_time", "--local-timezone", "UTC"]}
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import yaml
 
-from netutil import CLI
+from tests.kits.netutil import CLI
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def accepted(argv: list[str]) -> None:

@@ -16,12 +16,12 @@ import httpx
 import pytest
 import typer
 
-import dbkit
 import tether.cli
-from netutil import CLI, Proc, free_port, tether_env, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.cli.common import COMMAND_PANELS, ExitCode, app
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # typer's own labels: Python annotations in angle brackets, which read as argument names
 ANNOTATION_LABEL = re.compile(r"<(?:bool|str|int|float|path|file|dir|datetime|list\[[^>]*\]|\w+ range)>")
 

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from aip_testkit import WAIT
-from fanout_testkit import App, running_app
+from tests.kits.aip import WAIT
+from tests.kits.fanout import App, running_app
 from tether.protocol.models import Command, Result
 
 CLI = [sys.executable, "-m", "tether.cli"]

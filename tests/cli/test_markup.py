@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ANNOTATED = Path(__file__).parent / "servers" / "annotated.py"
+ANNOTATED = Path(__file__).parent.parent / "servers" / "annotated.py"
 
 
 def tether(*args: str, state: Path, cwd: Path) -> subprocess.CompletedProcess[str]:

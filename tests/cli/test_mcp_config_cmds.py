@@ -17,8 +17,8 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from netutil import free_port
-from task_testkit import WAIT, AgentServer
+from tests.kits.netutil import free_port
+from tests.kits.task import WAIT, AgentServer
 from tether.tools.policy import default_policy
 
 CLI = [sys.executable, "-m", "tether.cli"]

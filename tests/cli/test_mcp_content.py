@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from netutil import CLI, tether_env
-from test_mcp_resources import config, everything_bin  # noqa: F401 (a fixture)
+from tests.device.test_mcp_resources import config, everything_bin  # noqa: F401 (a fixture)
+from tests.kits.netutil import CLI, tether_env
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

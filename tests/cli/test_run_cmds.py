@@ -7,8 +7,8 @@ import json
 import os
 import subprocess
 
-from agent_fakes import FakeLLM
-from netutil import CLI
+from tests.kits.agent_fakes import FakeLLM
+from tests.kits.netutil import CLI
 
 
 def _env(tmp_path, **extra: str) -> dict[str, str]:

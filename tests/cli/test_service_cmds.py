@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from netutil import CLI, Cluster, wait_for
+from tests.kits.netutil import CLI, Cluster, wait_for
 from tether.cli.service_cmds import systemd_problem
 
 

@@ -20,7 +20,7 @@ import pytest
 import typer
 
 import tether.cli
-from netutil import tether_env
+from tests.kits.netutil import tether_env
 from tether.cli.common import app
 from tether.cli.lazy import COMMANDS, all_modules, expand
 
@@ -199,7 +199,7 @@ def test_a_failed_sandbox_probe_is_not_remembered(tmp_path: Path, monkeypatch: p
 
 # ---------------------------------------------------------------- a device registers before its MCP servers
 
-GATED = Path(__file__).resolve().parent / "servers" / "gated.py"
+GATED = Path(__file__).resolve().parent.parent / "servers" / "gated.py"
 
 
 def _gated_servers(gate: Path) -> dict[str, Any]:
@@ -269,7 +269,7 @@ def _stored_tools(cluster: Any, name: str) -> set[str]:
 
 
 def test_tether_device_registers_first_and_its_external_server_joins_later(tmp_path: Path) -> None:
-    from netutil import Cluster, wait_for
+    from tests.kits.netutil import Cluster, wait_for
     from tether.protocol.models import Command, ResultStatus
 
     gate = tmp_path / "gate"
@@ -306,7 +306,7 @@ def test_tether_device_registers_first_and_its_external_server_joins_later(tmp_p
 
 
 def test_a_device_with_only_built_in_tools_never_imports_the_mcp_sdk(tmp_path: Path) -> None:
-    from netutil import Cluster, wait_for
+    from tests.kits.netutil import Cluster, wait_for
     from tether.protocol.models import Command
 
     cluster = Cluster(tmp_path)
@@ -359,7 +359,7 @@ async def test_a_command_waits_only_for_the_server_that_has_its_tool(tmp_path: P
 
 
 async def test_a_profile_change_while_registering_is_sent_once_registered(tmp_path: Path) -> None:
-    from test_device_connection import TOKEN, ScriptedServer
+    from tests.device.test_connection import TOKEN, ScriptedServer
     from tether.device.connection import DeviceConnection
     from tether.device.local import build_device
     from tether.protocol.messages import ClientMessageType

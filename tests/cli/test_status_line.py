@@ -12,8 +12,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agent_fakes import FakeLLM
-from netutil import CLI
+from tests.kits.agent_fakes import FakeLLM
+from tests.kits.netutil import CLI
 from tether.cli.spinner import Spinner
 from tether.cli.task_view import EventView
 
@@ -119,7 +119,7 @@ async def test_real_terminal_shows_planning_tokens_and_the_running_step(tmp_path
 
 
 async def test_a_server_task_reports_its_planning_tokens_to_followers(tmp_path: Path) -> None:
-    from task_testkit import AgentServer
+    from tests.kits.task import AgentServer
     from tether.tools.policy import default_policy
 
     root = tmp_path / "alpha"

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-import dbkit
-from netutil import CLI, HEARTBEAT, Cluster, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import CLI, HEARTBEAT, Cluster, wait_for
 from tether.cli.task_cmds import parse_requires
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from task_testkit import AgentServer
+from tests.kits.task import AgentServer
 from tether.tools.policy import default_policy
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from clusterkit import CLI, WAIT, ClusterKit, Device, Node
 
-from engines import Engine
+from tests.kits.cluster import CLI, WAIT, ClusterKit, Device, Node
+from tests.kits.engines import Engine
 
 
 def echo(kit: ClusterKit, text: str) -> list[dict[str, Any]]:

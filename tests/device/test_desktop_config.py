@@ -20,8 +20,8 @@ from tether.device.config import load_device_config, parse_device_config
 from tether.device.local import open_device
 from tether.protocol.models import Command, ResultStatus
 
-HEADED = Path(__file__).parent / "servers" / "headed_http.py"
-EVERYTHING = Path(__file__).resolve().parent.parent / ".tether-test-node" / "node_modules" / ".bin" / \
+HEADED = Path(__file__).parent.parent / "servers" / "headed_http.py"
+EVERYTHING = Path(__file__).resolve().parents[2] / ".tether-test-node" / "node_modules" / ".bin" / \
     "mcp-server-everything"
 TOKEN = "s3cret-header-token-7f2a"
 

@@ -22,8 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aip_testkit import WAIT, ServerFactory
-from test_device_connection import TOKEN, ScriptedServer
+from tests.device.test_connection import TOKEN, ScriptedServer
+from tests.kits.aip import WAIT, ServerFactory
 from tether.device import connection
 from tether.device.connection import DeviceConnection, RetriesExhausted
 from tether.device.local import LocalDevice, build_device

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from agent_fakes import FakeLLM
+from tests.kits.agent_fakes import FakeLLM
 from tether.agent.llm import LLMClient
 from tether.device.mcp_client_caps import (
     ElicitationAnswer,
@@ -24,7 +24,7 @@ from tether.protocol.models import ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.policy import Policy
 
-INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
+INTERACTIVE = str(Path(__file__).parent.parent / "servers" / "interactive.py")
 
 
 def config(namespace: str = "interactive") -> dict[str, Any]:

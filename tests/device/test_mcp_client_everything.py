@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from agent_fakes import FakeLLM
+from tests.kits.agent_fakes import FakeLLM
 from tether.agent.llm import LLMClient
 from tether.cli.mcp_hooks import llm_sampler
 from tether.device.mcp_client_caps import ElicitationAnswer, ElicitationRequest
@@ -20,7 +20,7 @@ from tether.protocol.models import ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.policy import Policy
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EVERYTHING = REPO / ".tether-test-node" / "node_modules" / ".bin" / "mcp-server-everything"
 
 

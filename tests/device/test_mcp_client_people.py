@@ -16,10 +16,10 @@ from typing import Any
 import httpx
 import pytest
 
-from netutil import CLI, Cluster, tether_env
+from tests.kits.netutil import CLI, Cluster, tether_env
 from tether.protocol.models import Command, ResultStatus
 
-INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
+INTERACTIVE = str(Path(__file__).parent.parent / "servers" / "interactive.py")
 
 
 def mcp_config(tmp_path: Path) -> Path:

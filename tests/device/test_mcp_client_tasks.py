@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from agent_fakes import FakeLLM
-from task_testkit import WAIT, AgentServer
+from tests.kits.agent_fakes import FakeLLM
+from tests.kits.task import WAIT, AgentServer
 from tether.device.config import parse_device_config
 from tether.device.connection import DeviceConnection
 from tether.device.local import build_device
@@ -17,7 +17,7 @@ from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 from tether.device.profile import collect_profile
 from tether.tools.policy import Policy
 
-INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
+INTERACTIVE = str(Path(__file__).parent.parent / "servers" / "interactive.py")
 
 
 async def add_interactive_device(server: AgentServer, name: str, tmp_path: Path, policy: Policy | None = None
@@ -103,7 +103,7 @@ async def test_sampling_is_refused_without_an_llm_on_the_server(tmp_path: Path) 
 
 
 async def test_tether_answer_answers_an_mcp_servers_question(tmp_path: Path) -> None:
-    from netutil import CLI, tether_env
+    from tests.kits.netutil import CLI, tether_env
 
     async with AgentServer(tmp_path) as server:
         await add_interactive_device(server, "alpha", tmp_path)

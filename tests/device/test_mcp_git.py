@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from netutil import CLI, tether_env
+from tests.kits.netutil import CLI, tether_env
 
 GIT_SERVER = Path(sys.executable).with_name("mcp-server-git")
 

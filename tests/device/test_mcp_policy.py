@@ -28,7 +28,7 @@ from tether.sandbox import SandboxSpec, detect
 from tether.tools.context import ToolContext
 from tether.tools.policy import Policy
 
-ANNOTATED = str(Path(__file__).parent / "servers" / "annotated.py")
+ANNOTATED = str(Path(__file__).parent.parent / "servers" / "annotated.py")
 NEEDS_APPROVAL = {"needs_approval": True, "rule": "approval.mcp_destructive"}
 
 

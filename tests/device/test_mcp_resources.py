@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from netutil import CLI, Cluster, tether_env
+from tests.kits.netutil import CLI, Cluster, tether_env
 from tether.protocol.models import Command, ResultStatus
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EVERYTHING = REPO / ".tether-test-node" / "node_modules" / ".bin" / "mcp-server-everything"
 
 

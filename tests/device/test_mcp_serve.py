@@ -15,7 +15,7 @@ import mcp_types
 import pytest
 from mcp import Client, StdioServerParameters
 
-ANNOTATED = Path(__file__).parent / "servers" / "annotated.py"
+ANNOTATED = Path(__file__).parent.parent / "servers" / "annotated.py"
 TETHER = str(Path(sys.executable).parent / "tether")
 TIMEOUT = 60.0
 

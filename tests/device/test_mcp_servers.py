@@ -32,7 +32,7 @@ from tether.tools.mcp_export import serve_http, toolset_to_mcp
 from tether.tools.policy import Policy
 from tether.tools.runtime import ToolSet, tool
 
-SERVERS = Path(__file__).parent / "servers"
+SERVERS = Path(__file__).parent.parent / "servers"
 CRASHY = str(SERVERS / "crashy.py")
 CTX = ToolContext(policy=Policy(), call_id="test-call")
 

@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-import dbkit
-from netutil import Cluster, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import Cluster, wait_for
 from tether.device.batches import BatchRunner
 from tether.device.local import build_device
 from tether.device.mcp_manager import BaseMCPServer, MCPServerManager
@@ -33,7 +33,7 @@ from tether.protocol.models import Command, Result, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.policy import Policy, default_policy
 
-BULKY = str(Path(__file__).parent / "servers" / "bulky.py")
+BULKY = str(Path(__file__).parent.parent / "servers" / "bulky.py")
 CTX = ToolContext(policy=Policy(), call_id="caps")
 
 
@@ -94,7 +94,7 @@ async def test_the_cap_is_configurable_and_results_under_it_pass(manager) -> Non
 
 
 async def test_an_in_process_server_result_is_measured_too(manager, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.syspath_prepend(str(Path(__file__).parent / "servers"))
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "servers"))
     [server] = await started(manager, {"namespace": "mod", "module": "bulky", "max_result_bytes": 100_000})
     over = await server.call_tool("big", {"megabytes": 0.5}, ctx=CTX, timeout=20)
     assert over.status is ResultStatus.FAILURE and "too large" in over.error

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from netutil import CLI, Cluster, wait_for
+from tests.kits.netutil import CLI, Cluster, wait_for
 from tether.client.rest import RemoteServer
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ResultStatus

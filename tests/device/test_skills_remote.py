@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from desktop_testkit import GUI_APP, TITLE, EventLog, GuiApp, require_programs, running_xvfb, stop
-from netutil import Cluster
+from tests.kits.desktop import GUI_APP, TITLE, EventLog, GuiApp, require_programs, running_xvfb, stop
+from tests.kits.netutil import Cluster
 from tether.protocol.models import Command, ResultStatus
 
 PAGE = b"""<!doctype html><title>Remote page</title>

@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-import dbkit
-from netutil import CLI, Proc, free_port, tether_env, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.client.rest import RemoteServer
 from tether.device.tls_pin import cert_fingerprint, normalize_fingerprint, show_fingerprint
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from netutil import CLI, Cluster
+from tests.kits.netutil import CLI, Cluster
 from tether.sandbox import detect
 
 REGISTERED = "registered as"

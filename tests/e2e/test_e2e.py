@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-import dbkit
-from netutil import Cluster, TcpProxy, tether_env, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import Cluster, TcpProxy, tether_env, wait_for
 from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command, ResultStatus
 from tether.server.store import Store
@@ -188,7 +188,7 @@ def test_cli_devices_tools_and_exec_on_a_device(cluster, tmp_path):
     env = {**cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{cluster.port}", "TETHER_TOKEN": cluster.api_token}
     import subprocess
 
-    from netutil import CLI
+    from tests.kits.netutil import CLI
 
     def cli(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=120)
@@ -207,7 +207,7 @@ def test_cli_devices_tools_and_exec_on_a_device(cluster, tmp_path):
 def test_remote_demo_runs_green(tmp_path):
     import subprocess
 
-    from netutil import CLI
+    from tests.kits.netutil import CLI
 
     out = subprocess.run([*CLI, "demo", "--state-dir", str(tmp_path / "state")], capture_output=True,
                          text=True, env=tether_env(tmp_path / "state"), timeout=240)

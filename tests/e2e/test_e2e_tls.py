@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-import dbkit
-from netutil import CLI, Proc, free_port, tether_env, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from netutil import CLI, Cluster
+from tests.kits.netutil import CLI, Cluster
 
 
 def test_stopping_the_server_under_a_follower_ends_both_cleanly(tmp_path: Path) -> None:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agent_fakes import FakeLLM
-from netutil import CLI, free_port
+from tests.kits.agent_fakes import FakeLLM
+from tests.kits.netutil import CLI, free_port
 from tether.agent.answers import AnswerError, parse_answer
 from tether.cli.terminal_output import TerminalLines
 

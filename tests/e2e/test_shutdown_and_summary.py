@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from aip_testkit import FakeDevice
-from netutil import Proc, free_port, tether_env, wait_for
-from task_testkit import AgentServer
+from tests.kits.aip import FakeDevice
+from tests.kits.netutil import Proc, free_port, tether_env, wait_for
+from tests.kits.task import AgentServer
 from tether.client.rest import RemoteServer
 from tether.protocol.messages import Event, ServerMessageType
 from tether.protocol.models import Command

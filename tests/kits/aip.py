@@ -20,7 +20,7 @@ from starlette.applications import Starlette
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-import dbkit
+from tests.kits import db as dbkit
 from tether.device.identity import DeviceKey
 from tether.protocol.codec import decode_server_message, encode
 from tether.protocol.identity import CHALLENGE_HEADER

@@ -26,8 +26,8 @@ from typing import Any
 
 import httpx
 
-import dbkit
-from netutil import Proc, free_port, tether_env, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import Proc, free_port, tether_env, wait_for
 from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.server.store import LATE_NOTE

@@ -36,7 +36,7 @@ from typing import Any
 
 import httpx
 
-from dbkit import keeps_server_state, server_db
+from tests.kits.db import keeps_server_state, server_db
 
 WAIT = 60.0  # the upper bound of any wait here: a loaded 2-core machine starts a node in seconds
 HEARTBEAT = {"interval": 0.3, "timeout": 2.0, "grace": 3.0}

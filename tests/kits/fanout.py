@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-import dbkit
-from aip_testkit import WAIT, FakeDevice
+from tests.kits import db as dbkit
+from tests.kits.aip import WAIT, FakeDevice
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.profile import DeviceProfile
 from tether.server.app import create_app

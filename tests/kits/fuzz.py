@@ -26,7 +26,7 @@ from typing import Any
 import uvicorn
 from hypothesis import HealthCheck, Phase, Verbosity, settings
 
-import dbkit
+from tests.kits import db as dbkit
 from tether.agent.server_app import create_agent_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store

@@ -16,8 +16,8 @@ import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-import dbkit
-from aip_testkit import WAIT, FakeDevice
+from tests.kits import db as dbkit
+from tests.kits.aip import WAIT, FakeDevice
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
 from tether.server.app import Extension, create_app

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import dbkit
+from tests.kits import db as dbkit
 from tether.client.rest import RemoteServer
 
 CLI = [sys.executable, "-m", "tether.cli"]

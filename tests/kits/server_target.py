@@ -15,8 +15,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-import dbkit
-from netutil import Proc, free_port, tether_env, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import Proc, free_port, tether_env, wait_for
 
 
 @dbkit.keeps_server_state

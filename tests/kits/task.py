@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import uvicorn
 
-import dbkit
-from aip_testkit import key_for
+from tests.kits import db as dbkit
+from tests.kits.aip import key_for
 from tether.agent.llm import LLMSettings
 from tether.agent.server_app import create_agent_app
 from tether.agent.task import Budgets

@@ -18,7 +18,7 @@ import httpx
 import psutil
 import pytest
 
-from netutil import Cluster, wait_for
+from tests.kits.netutil import Cluster, wait_for
 from tether.protocol.models import Command, ResultStatus
 
 

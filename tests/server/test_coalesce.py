@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from aip_testkit import WAIT, FakeDevice
+from tests.kits.aip import WAIT, FakeDevice
 from tether.protocol.messages import ServerMessageType
 from tether.server.app import create_app
 from tether.server.coalesce import CoalescingTransport, coalescing_http_protocol

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from netutil import CLI, HEARTBEAT, Proc, free_port, tether_env, wait_for
+from tests.kits.netutil import CLI, HEARTBEAT, Proc, free_port, tether_env, wait_for
 from tether.server.store import Store
 
 TMPFS_SIZE = "16m"

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from aip_testkit import WAIT, FakeDevice, ServerFactory, ok
+from tests.kits.aip import WAIT, FakeDevice, ServerFactory, ok
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessageType, TaskStatus
 from tether.protocol.models import Command, Result, ResultStatus
 

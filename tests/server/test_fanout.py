@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from aip_testkit import WAIT, FakeDevice, ok
-from fanout_testkit import App, running_app
+from tests.kits.aip import WAIT, FakeDevice, ok
+from tests.kits.fanout import App, running_app
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Result
 

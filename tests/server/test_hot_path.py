@@ -23,7 +23,7 @@ import httpx
 import pytest
 import uvicorn
 
-from aip_testkit import WAIT, FakeDevice
+from tests.kits.aip import WAIT, FakeDevice
 from tether.server.app import create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store

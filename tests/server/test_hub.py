@@ -13,8 +13,8 @@ import logging
 import pytest
 from websockets.exceptions import InvalidStatus
 
-import dbkit
-from aip_testkit import WAIT, FakeDevice, ServerFactory
+from tests.kits import db as dbkit
+from tests.kits.aip import WAIT, FakeDevice, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType
 from tether.protocol.models import Command, ResultStatus
 from tether.protocol.profile import DeviceProfile

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-import dbkit
+from tests.kits import db as dbkit
 
 Schema = dict[str, set[tuple[str, ...]]]
 

@@ -12,7 +12,7 @@ import subprocess
 import httpx
 import pytest
 
-from netutil import CLI, Cluster, wait_for
+from tests.kits.netutil import CLI, Cluster, wait_for
 from tether.device.identity import DeviceKey
 from tether.protocol.identity import claim_statement
 from tether.protocol.models import Command
@@ -192,7 +192,7 @@ def test_an_approval_lost_in_a_restart_is_undone(tmp_path):
 
 
 def test_pairing_can_be_switched_off(tmp_path):
-    from netutil import Proc, free_port, tether_env
+    from tests.kits.netutil import Proc, free_port, tether_env
 
     state = tmp_path / "state"
     state.mkdir()

@@ -17,9 +17,9 @@ import random
 
 import pytest
 
-import dbkit
-from aip_testkit import WAIT, FakeDevice, ServerFactory, ok
-from netutil import Cluster, TcpProxy, wait_for
+from tests.kits import db as dbkit
+from tests.kits.aip import WAIT, FakeDevice, ServerFactory, ok
+from tests.kits.netutil import Cluster, TcpProxy, wait_for
 from tether.device.reconnect import GRACE_FLOOR_S, GRACE_SHARE, attempt_timeout, backoff_delay
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.models import Command, ResultStatus

@@ -18,7 +18,7 @@ import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.http11 import Response
 
-from aip_testkit import WAIT, FakeDevice, ServerFactory
+from tests.kits.aip import WAIT, FakeDevice, ServerFactory
 from tether.device.connection import DeviceConnection
 from tether.device.local import build_device
 from tether.device.reconnect import RETRY_AFTER_MAX_S, backoff_delay, retry_after_of

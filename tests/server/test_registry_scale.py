@@ -23,7 +23,7 @@ import httpx
 import pytest
 import uvicorn
 
-from aip_testkit import WAIT, ServerFactory
+from tests.kits.aip import WAIT, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType, TaskStatus
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
@@ -423,7 +423,7 @@ def test_stored_profile_json_is_compact(tmp_path):
 async def test_bench_fleet_devices_rows_have_their_anchors(capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parents[2])
     if repo not in sys.path:  # `bench` lives at the repo root, beside tests/
         sys.path.insert(0, repo)
     from bench import fleet_devices

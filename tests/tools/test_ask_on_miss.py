@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import dbkit
-from netutil import CLI, Cluster
+from tests.kits import db as dbkit
+from tests.kits.netutil import CLI, Cluster
 
 
 class Setup:
@@ -148,7 +148,7 @@ def test_always_answers_a_task_approval(setup: Setup) -> None:
 
     done = setup.tether("approve", task["id"], "--always", "program")
     assert done.returncode == 0, done.stdout + done.stderr
-    from netutil import wait_for
+    from tests.kits.netutil import wait_for
 
     ended = wait_for(lambda: (t := setup.cluster.remote.task(task["id"], events=False))["state"] in
                      ("done", "failed", "cancelled") and t, "the task to end", 60)

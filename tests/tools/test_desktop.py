@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from desktop_testkit import (
+from tests.kits.desktop import (
     GUI_APP,
     SCREEN,
     TITLE,
@@ -33,7 +33,7 @@ from desktop_testkit import (
     stop,
     watch_window,
 )
-from results import failed, ok
+from tests.kits.results import failed, ok
 from tether.tools.context import ToolContext
 from tether.tools.ocr import OcrEngine
 from tether.tools.optional import MissingDependency

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from results import failed, ok
+from tests.kits.results import failed, ok
 from tether.protocol.models import Result
 from tether.tools.context import ToolContext
 from tether.tools.files import files_toolset

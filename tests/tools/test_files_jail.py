@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from results import failed, ok
+from tests.kits.results import failed, ok
 from tether.protocol.models import Result
 from tether.sandbox import fs
 from tether.tools import files

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-import dbkit
-from netutil import CLI, Cluster
+from tests.kits import db as dbkit
+from tests.kits.netutil import CLI, Cluster
 from tether.client.rest import RemoteError, RemoteServer
 from tether.server.store import Store
 

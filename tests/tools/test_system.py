@@ -17,7 +17,7 @@ from typing import Any
 import psutil
 import pytest
 
-from results import failed, ok
+from tests.kits.results import failed, ok
 from tether.protocol.models import Result
 from tether.tools.context import ToolContext
 from tether.tools.policy import CommandRule, Policy
