@@ -27,7 +27,7 @@ from tether.tools.policy import Policy
 from tether.tools.runtime import ToolSet
 from tether.tools.screen import grab_sync
 
-GUI_APP = Path(__file__).resolve().parent.parent / "tests" / "gui_app.py"
+GUI_APP = Path(__file__).resolve().parent / "kit" / "gui_app.py"
 
 
 def start_xvfb() -> tuple[subprocess.Popen[bytes], str]:

@@ -1,6 +1,6 @@
 """A small real Tk program for the desktop tests: a text field and buttons labelled by text.
 
-    python tests/gui_app.py EVENTS.jsonl [--title TITLE] [--geometry WxH+X+Y]
+    python bench/kit/gui_app.py EVENTS.jsonl [--title TITLE] [--geometry WxH+X+Y]
 
 Every event (ready, button clicks, the field's text on Submit / Return, focus changes) is appended
 to EVENTS.jsonl as one JSON object per line and flushed at once, so a test can wait on the file

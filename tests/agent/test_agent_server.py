@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tests.kits.task import AgentServer
 from tether.agent.service import TaskError
 from tether.tools.policy import Policy, default_policy

@@ -10,8 +10,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from bench.kit.fake_llm import FakeLLM
 from tests.agent.test_executor import Asker, device, make_runner, plan_of, reply, work, write  # noqa: F401  (fixtures)
-from tests.kits.agent_fakes import FakeLLM
 from tests.kits.netutil import CLI
 from tether.agent.confirm import confirmation_answer
 from tether.agent.llm import LLMClient

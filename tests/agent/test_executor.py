@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tether.agent.executor import TaskRunner
 from tether.agent.llm import LLMClient, how_to_configure
 from tether.agent.plan import Plan, PlanStep

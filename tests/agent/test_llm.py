@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.kits.agent_fakes import FakeLLM, HTTPFailure, closed_port, prompt_tokens_of
+from bench.kit.fake_llm import FakeLLM, HTTPFailure, closed_port, prompt_tokens_of
 from tether.agent.llm import LLMClient, LLMError, LLMSettings, how_to_configure, resolve_llm_settings
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello to the world."}]

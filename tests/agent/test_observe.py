@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.kit.fake_llm import FakeLLM
 from tests.agent.test_executor import Asker, device, make_runner, plan_of, reply, work  # noqa: F401  (fixtures)
-from tests.kits.agent_fakes import FakeLLM
 from tether.agent.llm import LLMClient
 from tether.agent.observe import compact
 from tether.agent.plan import Plan, PlanStep, validate_plan

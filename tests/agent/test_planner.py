@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm import LLMClient, LLMError
 from tether.agent.plan import Plan, PlanError, PlanStep, load_plan_file, validate_plan
 from tether.agent.planner import DeviceView, PlanningError, parse_plan_reply, plan_request

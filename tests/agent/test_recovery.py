@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from tests.kits.agent_fakes import FakeLLM, HTTPFailure
+from bench.kit.fake_llm import FakeLLM, HTTPFailure
 from tether.agent.llm import LLMClient
 from tether.agent.plan import PlanStep
 from tether.agent.recovery import (

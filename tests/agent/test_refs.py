@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.kit.fake_llm import FakeLLM
 from tests.agent.test_executor import Asker, device, make_runner, plan_of, reply, work  # noqa: F401  (fixtures)
-from tests.kits.agent_fakes import FakeLLM
 from tether.agent.executor import TaskRunner
 from tether.agent.llm import LLMClient
 from tether.agent.plan import Plan, PlanStep, validate_plan

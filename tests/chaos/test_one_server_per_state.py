@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
+from bench.kit.engines import Engine, postgres_server, redis_server
 from tests.kits import db as dbkit
 from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants
-from tests.kits.engines import Engine, postgres_server, redis_server
 from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.client.rest import RemoteServer
 

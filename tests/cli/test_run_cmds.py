@@ -7,7 +7,7 @@ import json
 import os
 import subprocess
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tests.kits.netutil import CLI
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tests.kits.netutil import CLI
 from tether.cli.spinner import Spinner
 from tether.cli.task_view import EventView

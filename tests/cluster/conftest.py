@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from tests.kits.engines import Engine, redis_server
+from bench.kit.engines import Engine, redis_server
 
 
 @pytest.fixture(scope="module")

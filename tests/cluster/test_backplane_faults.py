@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
+from bench.kit.engines import Engine
 from tests.kits.cluster import RedisLink
-from tests.kits.engines import Engine
 from tether.server.cluster.bus import Bus, BusError
 from tether.server.cluster.directory import Directory
 

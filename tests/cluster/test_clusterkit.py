@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from bench.kit.engines import Engine
 from tests.kits.cluster import WAIT, ClusterKit, RedisLink, free_port
-from tests.kits.engines import Engine
 from tether.device.reconnect import ServerURLs
 
 

@@ -23,8 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.kit.engines import Engine
 from tests.kits.cluster import WAIT, ClusterKit, Device, Node
-from tests.kits.engines import Engine
 
 
 def gated(kit: ClusterKit, label: str) -> tuple[dict[str, Any], Path, Path]:

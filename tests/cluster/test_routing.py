@@ -17,8 +17,8 @@ from typing import Any
 
 import httpx
 
+from bench.kit.engines import Engine
 from tests.kits.cluster import CLI, WAIT, ClusterKit, Device, Node
-from tests.kits.engines import Engine
 
 
 def echo(kit: ClusterKit, text: str) -> list[dict[str, Any]]:

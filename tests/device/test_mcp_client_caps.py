@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm import LLMClient
 from tether.device.mcp_client_caps import (
     ElicitationAnswer,

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm import LLMClient
 from tether.cli.mcp_hooks import llm_sampler
 from tether.device.mcp_client_caps import ElicitationAnswer, ElicitationRequest

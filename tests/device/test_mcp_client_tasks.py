@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tests.kits.task import WAIT, AgentServer
 from tether.device.config import parse_device_config
 from tether.device.connection import DeviceConnection

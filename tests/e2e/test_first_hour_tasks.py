@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tests.kits.netutil import CLI, free_port
 from tether.agent.answers import AnswerError, parse_answer
 from tether.cli.terminal_output import TerminalLines

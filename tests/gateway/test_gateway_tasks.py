@@ -15,7 +15,7 @@ import mcp_types as types
 import psutil
 import pytest
 
-from tests.kits.agent_fakes import FakeLLM
+from bench.kit.fake_llm import FakeLLM
 from tests.kits.gateway import mcp_client
 from tests.kits.netutil import wait_for
 from tests.kits.task import WAIT, AgentServer

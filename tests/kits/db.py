@@ -32,7 +32,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Literal, TypeVar
 
-from tests.kits.engines import _postgres_bin, postgres_server
+from bench.kit.engines import _postgres_bin, postgres_server
 
 MODE_ENV = "TETHER_TEST_DB"
 ADMIN_ENV = "TETHER_TEST_PG_ADMIN"  # the session engine's maintenance URL (database "postgres")

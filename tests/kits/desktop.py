@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-GUI_APP = Path(__file__).resolve().parent / "gui_app.py"
+GUI_APP = Path(__file__).resolve().parents[2] / "bench" / "kit" / "gui_app.py"
 TITLE = "Tether Test App"
 SCREEN = (1280, 800)
 APT = {"Xvfb": "apt-get install xvfb", "xdotool": "apt-get install xdotool", "xdpyinfo": "apt-get install x11-utils",

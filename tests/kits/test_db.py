@@ -91,7 +91,7 @@ def test_a_module_fixtures_database_lives_through_the_tests_that_share_it(admin:
 def test_a_server_left_connected_does_not_keep_its_database(admin: str, tmp_path: Path, outside: None) -> None:
     import subprocess
 
-    from tests.kits.engines import _postgres_bin
+    from bench.kit.engines import _postgres_bin
 
     before = databases(admin)
     with dbkit.per_test_databases(admin):

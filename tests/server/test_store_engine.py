@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kits.engines import Engine, postgres_server
+from bench.kit.engines import Engine, postgres_server
 from tether.server.store import Store, StoreUnavailable
 from tether.server.store.engine import safe_url, to_postgres
 
