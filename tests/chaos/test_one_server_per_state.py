@@ -8,7 +8,7 @@ schema and one died.
 
 Real processes: a `tether server` with a real device running a command that blocks on a FIFO the test opens
 (not a sleep); second servers that must fail with one line, exit 2, and change nothing; cluster nodes on a
-private PostgreSQL (tests/engines.py) and redis-server.
+private PostgreSQL (bench/kit/engines.py) and redis-server.
 """
 
 from __future__ import annotations

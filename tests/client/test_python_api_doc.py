@@ -12,7 +12,7 @@ from pathlib import Path
 from tests.kits.task import AgentServer
 from tether.tools.policy import default_policy
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "python-api.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
 BLOCK = re.compile(r"(<!-- not run[^>]*-->\n)?```python\n(.*?)```", re.S)
 
 

@@ -1,4 +1,4 @@
-"""A private redis-server per test module (tests/engines.py), and clients to it."""
+"""A private redis-server per test module (bench/kit/engines.py), and clients to it."""
 
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ def device(tmp_path: Path) -> LocalDevice:
     # The connection's semantics (exactly-once, outbox, stops) are what is tested here: the waiter
     # watches for a file the test creates and reports its host pid, which a sandboxed command cannot
     # (its write roots are a private overlay, its pid namespace its own). tests/attacks and
-    # tests/test_sandbox.py test the sandbox itself.
+    # tests/sandbox/test_sandbox.py test the sandbox itself.
     return build_device(policy=policy, state_dir=tmp_path / "state", sandbox=False)
 
 

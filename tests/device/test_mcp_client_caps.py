@@ -1,5 +1,5 @@
 """The device as a complete MCP client: progress, elicitation, roots, sampling and logs, against a
-real stdio MCP server (tests/servers/interactive.py) and a real HTTP LLM (tests/agent_fakes.py)."""
+real stdio MCP server (tests/servers/interactive.py) and a real HTTP LLM (bench/kit/fake_llm.py)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@
 
 What is real: every node is a `python -m tether.cli server` process on a free loopback port with its own
 state directory, all sharing one database (`db`: a SQLite file by default; pass a `postgresql://` URL
-for PostgreSQL) and one redis-server (tests/engines.py). Each node reaches Redis through its own
+for PostgreSQL) and one redis-server (bench/kit/engines.py). Each node reaches Redis through its own
 `RedisLink`, a loopback TCP proxy the test can cut (a partition) and restore. Devices are real
 `tether device` processes; their tokens travel in TETHER_DEVICE_TOKEN, never on a command line.
 
@@ -277,9 +277,9 @@ class Device:
 class ClusterKit:
     """N nodes sharing one database and one Redis, the devices a test starts, and an admin API token.
 
-    `db`: a SQLite path or a `postgresql://` URL (default: tests/dbkit.py's choice for `tmp`/cluster.db, a
+    `db`: a SQLite path or a `postgresql://` URL (default: tests/kits/db.py's choice for `tmp`/cluster.db, a
     SQLite file, or a database of the session's PostgreSQL with TETHER_TEST_DB=postgres). `redis`: a running
-    engine from tests/engines.py, or None for nodes without --cluster. `heartbeat`: the nodes' heartbeat
+    engine from bench/kit/engines.py, or None for nodes without --cluster. `heartbeat`: the nodes' heartbeat
     interval, heartbeat timeout and grace period in seconds (short, so fail-over fits in a test)."""
 
     def __init__(self, tmp: Path, *, redis: Any | None = None, db: str | None = None,

@@ -1,4 +1,4 @@
-"""tests/dbkit.py itself: the per-test PostgreSQL databases the server suite's second pass runs on are
+"""tests/kits/db.py itself: the per-test PostgreSQL databases the server suite's second pass runs on are
 created from the template, kept apart per state path, and dropped when the test ends; SQLite mode is
 the path, unchanged."""
 

@@ -1,4 +1,4 @@
-"""Desktop tools against a real X server (Xvfb, started here) and a real Tk program (tests/gui_app.py).
+"""Desktop tools against a real X server (Xvfb, started here) and a real Tk program (bench/kit/gui_app.py).
 
 The program writes every click, submit and focus change as JSON lines to a FIFO the tests read as a
 stream; tests wait on those events (and on a window's DestroyNotify), never on fixed sleeps or polling.
