@@ -23,7 +23,7 @@ from bench._stats import summary
 from tether.tools.context import ToolContext
 from tether.tools.desktop import desktop_toolset
 from tether.tools.ocr import OcrEngine
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet
 from tether.tools.screen import grab_sync
 

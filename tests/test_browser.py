@@ -22,7 +22,7 @@ import pytest_asyncio
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")

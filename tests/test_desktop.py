@@ -37,7 +37,7 @@ from results import failed, ok
 from tether.tools.context import ToolContext
 from tether.tools.ocr import OcrEngine
 from tether.tools.optional import MissingDependency
-from tether.tools.policy import CommandRule, Policy
+from tether.tools.policy.model import CommandRule, Policy
 from tether.tools.runtime import ToolSet
 from tether.tools.system import system_toolset
 

@@ -26,7 +26,7 @@ from tether.tools import files
 from tether.tools.context import ToolContext
 from tether.tools.files import files_toolset
 from tether.tools.journal import UndoJournal
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 
 @pytest.fixture(params=["openat2", "walk"])

@@ -292,7 +292,7 @@ async def test_the_policy_can_turn_the_sandbox_off_and_a_serving_device_then_ref
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tether.device.local import build_device
     from tether.protocol.models import Command
-    from tether.tools.policy import policy_from_mapping
+    from tether.tools.policy.model import policy_from_mapping
 
     monkeypatch.setenv("HOME", str(tmp_path))
     command = Command(tool_name="shell.run", parameters={"cmd": "true", "argv": [], "cwd": str(tmp_path)})

@@ -17,7 +17,7 @@ import pytest
 from tether.protocol.models import Result, ResultStatus
 from tether.tools import process
 from tether.tools.context import ToolContext
-from tether.tools.policy import CommandRule, Policy, default_policy
+from tether.tools.policy.model import CommandRule, Policy, default_policy
 from tether.tools.process import run_process
 from tether.tools.shell import shell_toolset
 

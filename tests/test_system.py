@@ -20,7 +20,7 @@ import pytest
 from results import failed, ok
 from tether.protocol.models import Result
 from tether.tools.context import ToolContext
-from tether.tools.policy import CommandRule, Policy
+from tether.tools.policy.model import CommandRule, Policy
 from tether.tools.system import system_toolset
 
 

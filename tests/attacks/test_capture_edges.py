@@ -38,7 +38,7 @@ from tether.protocol.messages import ClientMessageType, ServerMessage, ServerMes
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.tools import shell_capture
 from tether.tools.journal import UndoJournal
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
 
 BWRAP_INSTALL = "apt-get install -y bubblewrap"
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -23,7 +23,7 @@ from tether.tools.browser_session import REF_PATTERN, Session, snapshot_refs
 from tether.tools.browser_urls import check_url
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
-from tether.tools.jail import approval_needed, resolve_path
+from tether.tools.policy.jail import approval_needed, resolve_path
 
 if TYPE_CHECKING:
     from playwright.async_api import Locator

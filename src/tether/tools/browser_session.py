@@ -26,7 +26,7 @@ from tether.tools.browser_keys import split_keys as split_keys
 from tether.tools.browser_urls import check_url, needs_route
 from tether.tools.errors import ToolError
 from tether.tools.optional import MissingDependency, require
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, Page, Playwright, Request, Route

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
-from tether.tools.jail import real, resolve_path, within
+from tether.tools.policy.jail import real, resolve_path, within
 from tether.tools.runtime import ToolFunction, tool
 
 if TYPE_CHECKING:

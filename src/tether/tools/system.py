@@ -26,8 +26,8 @@ from pydantic import Field
 from tether.sandbox import SandboxUnavailable
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
-from tether.tools.jail import check_cwd
-from tether.tools.policy import check_command
+from tether.tools.policy.jail import check_cwd
+from tether.tools.policy.model import check_command
 from tether.tools.process import safe_environment
 from tether.tools.runtime import ToolSet, tool
 from tether.tools.shell import require_sandbox, resolve_program

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from tether.sandbox.egress_rules import check_entries
 from tether.tools import shell_rules
 from tether.tools.errors import NeedsApproval, PolicyDenied
-from tether.tools.protected_defaults import DEFAULT_PROTECTED
+from tether.tools.policy.protected_defaults import DEFAULT_PROTECTED
 from tether.tools.shell_code import is_long, letters
 from tether.tools.shell_rules import ALWAYS_DENIED
 
