@@ -389,12 +389,12 @@ async def test_what_appears_in_a_tree_between_the_check_and_its_removal_is_kept(
 
 
 async def test_whiteouts_planted_over_hidden_paths_are_no_change_to_the_capture(tree: dict[str, Path]) -> None:
-    """The capture's scan (tools.shell_capture, on the worker pool) is given the hidden paths: the whiteout
+    """The capture's scan (tools.shell.capture, on the worker pool) is given the hidden paths: the whiteout
     the warden plants over one below a captured root is never a deletion nor counted against the layer's
     limits, and a layer holding only such whiteouts is empty (reused, nothing to settle)."""
     from tether.sandbox.layer import LayerLimits
     from tether.sandbox.runner import layer_empty
-    from tether.tools.shell_capture import _scan
+    from tether.tools.shell.capture import _scan
 
     keys = tree["root"] / ".ssh"
     keys.mkdir()

@@ -30,7 +30,7 @@ from tether.tools.policy.jail import check_cwd
 from tether.tools.policy.model import check_command
 from tether.tools.process import safe_environment
 from tether.tools.runtime import ToolSet, tool
-from tether.tools.shell import require_sandbox, resolve_program
+from tether.tools.shell.tool import require_sandbox, resolve_program
 
 # what a graphical program needs to find its display; the rest of the device's environment stays out
 GUI_ENV_KEYS = ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "XDG_SESSION_TYPE")
