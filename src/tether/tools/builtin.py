@@ -44,7 +44,7 @@ def _browser() -> ToolSet:
 
 def builtin_toolsets() -> dict[str, Callable[[], ToolSet]]:
     """A fresh name → factory mapping; a new dict each call so nobody can mutate a shared registry."""
-    from tether.tools.files import files_toolset
+    from tether.tools.files.tool import files_toolset
     from tether.tools.shell.tool import shell_toolset
     from tether.tools.system import system_toolset
 

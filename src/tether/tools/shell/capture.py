@@ -118,7 +118,7 @@ def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
     _guard_hidden(ctx, changes)
     if ctx.journal is None:
         return
-    state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see files._resolve
+    state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see tools.files.tool._resolve
     inside = str(state).rstrip("/") + "/"
     for c in changes:  # string prefixes on normalized absolute paths: 100,000 changes cost milliseconds
         if c.path == str(state) or c.path.startswith(inside) or (
