@@ -39,7 +39,7 @@ from tether.tools.ocr import OcrEngine
 from tether.tools.optional import MissingDependency
 from tether.tools.policy.model import CommandRule, Policy
 from tether.tools.runtime import ToolSet
-from tether.tools.system import system_toolset
+from tether.tools.system.tool import system_toolset
 
 # ------------------------------------------------------------------------------------------ X server and app
 
