@@ -252,9 +252,9 @@ async def test_a_launched_gui_program_reaches_its_display_and_no_other_socket(
     import socket
 
     from tether.device.local import build_device
+    from tether.tools.desktop.x11 import display_socket
     from tether.tools.policy.model import policy_from_mapping
     from tether.tools.system.tool import system_toolset
-    from tether.tools.x11 import display_socket
 
     monkeypatch.setenv("DISPLAY", xvfb)
     x_socket = display_socket(xvfb)

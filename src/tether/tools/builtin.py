@@ -26,7 +26,7 @@ def _desktop() -> ToolSet:
     from tether.tools.optional import MissingDependency
 
     try:
-        from tether.tools.desktop import desktop_toolset
+        from tether.tools.desktop.tool import desktop_toolset
     except ImportError as exc:
         raise MissingDependency(f"the desktop tools need their extra: pip install 'tether[desktop]' ({exc})") from exc
     return desktop_toolset()

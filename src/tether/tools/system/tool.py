@@ -217,7 +217,7 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
         if ctx.sandbox is not None:
             # no overlay: an application outlives the call, so it writes only to live_write_roots; a GUI
             # program reaches its X display's socket, and no other (the filter refuses unix sockets)
-            from tether.tools.x11 import display_socket
+            from tether.tools.desktop.x11 import display_socket
 
             x_socket = display_socket(env.get("DISPLAY"))
             proc: Any = await ctx.sandbox.spawn([app_name, *args], executable=executable, cwd=str(workdir), env=env,
@@ -250,7 +250,7 @@ class _WindowWatch:
 
     @classmethod
     async def start(cls) -> _WindowWatch | str:
-        from tether.tools.x11 import X11, display_problem
+        from tether.tools.desktop.x11 import X11, display_problem
 
         display = os.environ.get("DISPLAY")
         problem = await asyncio.to_thread(display_problem, display)
