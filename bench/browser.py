@@ -21,8 +21,8 @@ from typing import Any
 
 from bench._stats import summary
 from tether.protocol.models import ResultStatus
-from tether.tools.browser import browser_toolset
-from tether.tools.browser_session import LAUNCH_ARGS, BrowserManager
+from tether.tools.browser.session import LAUNCH_ARGS, BrowserManager
+from tether.tools.browser.tool import browser_toolset
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import Policy
 

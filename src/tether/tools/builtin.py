@@ -36,7 +36,7 @@ def _browser() -> ToolSet:
     from tether.tools.optional import MissingDependency
 
     try:
-        from tether.tools.browser import browser_toolset
+        from tether.tools.browser.tool import browser_toolset
     except ImportError as exc:
         raise MissingDependency(f"the browser tools need their extra: pip install 'tether[browser]' ({exc})") from exc
     return browser_toolset()
