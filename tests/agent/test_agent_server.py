@@ -12,7 +12,7 @@ import pytest
 from bench.kit.fake_llm import FakeLLM
 from tests.kits.task import AgentServer
 from tether.agent.service import TaskError
-from tether.tools.policy import Policy, default_policy
+from tether.tools.policy.model import Policy, default_policy
 
 
 @pytest.fixture

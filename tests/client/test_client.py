@@ -22,7 +22,7 @@ from tether.client import (
     TaskEnd,
     TaskSummary,
 )
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 
 def _echo(root: Path, word: str) -> Command:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from tests.kits.task import AgentServer
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "python-api.md"
 BLOCK = re.compile(r"(<!-- not run[^>]*-->\n)?```python\n(.*?)```", re.S)

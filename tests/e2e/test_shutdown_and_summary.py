@@ -23,7 +23,7 @@ from tether.client.rest import RemoteServer
 from tether.protocol.messages import Event, ServerMessageType
 from tether.protocol.models import Command
 from tether.server.store import Store
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 WAITER = """
 import signal

@@ -20,7 +20,7 @@ from tests.kits.gateway import mcp_client
 from tests.kits.netutil import wait_for
 from tests.kits.task import WAIT, AgentServer
 from tether.agent.task import TaskState
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 
 @pytest.fixture

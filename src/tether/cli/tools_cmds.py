@@ -101,7 +101,7 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
     from tether.tools.journal import UndoJournal
     from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
     from tether.tools.optional import MissingDependency
-    from tether.tools.policy import default_policy, load_policy
+    from tether.tools.policy.model import default_policy, load_policy
     from tether.tools.sandboxing import make_sandbox
 
     factories = builtin_toolsets()
@@ -277,7 +277,7 @@ def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: s
     """The 'always' answer to an approval: the program (or the program with this first argument as its
     only subcommand) goes into the device's allowlist as a remote policy change, before the command runs."""
     from tether.client.rest import RemoteError, RemoteServer
-    from tether.tools.policy import program_name
+    from tether.tools.policy.model import program_name
 
     if not tool.startswith(("shell.", "shell_")):
         fail("--always is for shell commands (shell.run, shell_execute)")
