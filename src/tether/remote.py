@@ -11,13 +11,14 @@ from typing import Any
 
 import httpx
 
+from tether.errors import ClientError
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
-class RemoteError(RuntimeError):
+class RemoteError(ClientError, RuntimeError):
     """The server said no (its `error` text), or could not be reached; the message says which.
     `status` is the HTTP status of a refusal (None when the server was not reached)."""
 

@@ -47,6 +47,7 @@ from tether.agent.refs import RefError, has_refs, resolve
 from tether.agent.rounds import Rounds, _PlanFailed
 from tether.agent.steps import fan_out_step, history_row, match_option, short
 from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
+from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceProfile
@@ -55,7 +56,7 @@ DEFAULT_DEVICE_NAME = "local"
 Decision = AutoPatch | Replan | AskUser
 
 
-class _Stop(Exception):
+class _Stop(AgentError):
     """The task reached a terminal state; unwinds the loop."""
 
 

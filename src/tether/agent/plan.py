@@ -15,13 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether.agent.refs import iter_refs, ref_problems
+from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceRequirements
 
 OBSERVE = "observe"  # the pseudo-skill that ends a plan at an observation point
 
 
-class PlanError(ValueError):
+class PlanError(AgentError, ValueError):
     """A plan that cannot be read; the message names where (file, step index) and what is wrong."""
 
 

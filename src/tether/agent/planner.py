@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from tether.agent.llm import LLMClient, Message
 from tether.agent.plan import PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
+from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
 
@@ -32,7 +33,7 @@ DEFAULT_POLICY_SUMMARY = (
 )
 
 
-class PlanningError(RuntimeError):
+class PlanningError(AgentError, RuntimeError):
     """The LLM did not produce a valid plan; `problems` lists what was wrong with the last one."""
 
     def __init__(self, message: str, problems: list[str], raw: str = "", attempts: int = 0) -> None:

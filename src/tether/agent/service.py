@@ -29,6 +29,7 @@ from tether.agent.steps import discover_tools
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.task_error import TaskError
 from tether.agent.task_store import SaveSoon, TaskStore
+from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
@@ -47,7 +48,7 @@ _SUBSCRIBER_QUEUE = 10_000
 
 MAX_SAMPLING_CHARS = 64_000  # what a device may send this server's LLM in one sampling request
 
-class DeviceUnavailable(RuntimeError):
+class DeviceUnavailable(AgentError, RuntimeError):
     """A task's device cannot be reached and its tools are unknown, so nothing can be planned or run."""
 
 

@@ -65,6 +65,7 @@ from tether.device.reconnect import (
 )
 from tether.device.remote_policy import RemotePolicy
 from tether.device.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
+from tether.errors import DeviceError
 from tether.protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameError,
@@ -101,7 +102,7 @@ KEEPALIVE_S = 20.0
 PROFILE_REUSE_S = 60.0
 
 
-class _LinkDead(ConnectionError):
+class _LinkDead(DeviceError, ConnectionError):
     pass
 
 

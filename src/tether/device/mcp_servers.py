@@ -35,6 +35,7 @@ from tether.device.mcp_config import MCPServerConfig
 from tether.device.mcp_policy import annotated_type
 from tether.device.mcp_session_util import describe_error, innermost_error, message_limit, result_size
 from tether.device.mcp_stdio import TOO_LARGE
+from tether.errors import DeviceError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
@@ -51,7 +52,7 @@ T = TypeVar("T")
 __all__ = ["SessionServer", "describe_error", "innermost_error", "message_limit", "result_size"]  # re-exported
 
 
-class _OpenFailed(Exception):
+class _OpenFailed(DeviceError):
     pass
 
 

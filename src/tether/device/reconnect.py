@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from tether.errors import DeviceError
 from tether.protocol.codec import FrameError
 
 FATAL_CLOSE_CODES = {4400: "bad registration or protocol version", 4401: "unauthorized",
@@ -28,7 +29,7 @@ DUPLICATE_CLOSE_CODE = 4409
 RETRYABLE = (OSError, InvalidHandshake, ConnectionClosed, TimeoutError, ConnectionError, FrameError)
 
 
-class RegistrationRefused(Exception):
+class RegistrationRefused(DeviceError):
     """The server refused this device; `fatal` refusals end `run()`, the others are retried."""
 
     def __init__(self, error: str, code: int | None = None) -> None:
@@ -40,7 +41,7 @@ class RegistrationRefused(Exception):
                          if code is not None else f"registration refused: {error}")
 
 
-class RetriesExhausted(ConnectionError):
+class RetriesExhausted(DeviceError, ConnectionError):
     """`max_attempts` connection attempts in a row failed."""
 
 

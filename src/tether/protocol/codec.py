@@ -14,6 +14,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
+from tether.errors import ProtocolError
 from tether.protocol.messages import PROTOCOL_VERSION, ClientMessage, ClientMessageType, ServerMessage, utc_now
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
@@ -21,7 +22,7 @@ DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 M = TypeVar("M", bound=BaseModel)
 
 
-class FrameError(ValueError):
+class FrameError(ProtocolError, ValueError):
     """A frame that cannot be accepted; `reason` is a short machine-readable code."""
 
     def __init__(self, reason: str, message: str) -> None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Protocol
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from tether.errors import ServerError
 from tether.protocol.identity import CHALLENGE_HEADER, new_challenge
 from tether.server.guard import deny_websocket
 from tether.server.store import TokenInfo
@@ -30,7 +31,7 @@ CLOSE_WRONG_DEVICE = 4403  # the registration claims another device than the tok
 CLOSE_DUPLICATE = 4409  # another live process of this device is connected
 
 
-class SocketClosed(Exception):
+class SocketClosed(ServerError):
     def __init__(self, code: int = 1006, reason: str = "") -> None:
         super().__init__(f"socket closed ({code}{': ' + reason if reason else ''})")
         self.code = code

@@ -41,6 +41,7 @@ import socket
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
+from tether.errors import ServerError
 from tether.server.logsafe import clean, mark_denied_handshake
 from tether.server.ratelimit import Throttled, Throttles
 from tether.server.settings import (
@@ -375,7 +376,7 @@ async def _no_body() -> Message:
     return {"type": "websocket.disconnect", "code": 1000}
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(ServerError):
     """Raised into the app from `receive` when a streamed body passes the cap."""
 
 

@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from tether.errors import ServerError
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.device_index import NameIndex, literal_prefix
 from tether.server.schemas import ToolPool
@@ -49,7 +50,7 @@ class SharedFieldsSet(set[str]):
 logger = logging.getLogger(__name__)
 
 
-class NoDeviceError(LookupError):
+class NoDeviceError(ServerError, LookupError):
     """No device meets the requirements; the message says why each known device was passed over."""
 
     def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:

@@ -24,6 +24,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tether.errors import ServerError
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -40,7 +42,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Handler = Callable[[dict[str, Any], Send], Awaitable[dict[str, Any]]]
 
 
-class BusError(Exception):
+class BusError(ServerError):
     """The other node answered with an error, or did not answer in time."""
 
 

@@ -24,6 +24,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from tether.errors import ServerError
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
 from tether.server import policy_push
@@ -61,7 +62,7 @@ class Caller:
         return f"mcp:{self.client} by api:{self.token.name}"
 
 
-class AskLater(Exception):
+class AskLater(ServerError):
     """Raised by the `elicit` of a client that answers questions by retrying its call (the 2026-07-28
     protocol's input-required result) instead of being asked while the call waits; `held` is the result
     the question is about, so the retry goes straight to the answer."""

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from tether.errors import ServerError
+
 logger = logging.getLogger(__name__)
 
 Dialect = Literal["sqlite", "postgres"]
@@ -38,7 +40,7 @@ STATEMENT_TIMEOUT_MS = 30_000
 TOKENS_CHANNEL = "tether_tokens"  # NOTIFY'd by a trigger whenever a token is created, revoked or rescoped
 
 
-class StoreUnavailable(RuntimeError):
+class StoreUnavailable(ServerError, RuntimeError):
     """The state directory or database cannot be written or reached (full disk, read-only, unreachable)."""
 
 
