@@ -49,7 +49,6 @@ from tether.device.keepalive import beat_due
 from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.reconnect import (
-    DUPLICATE_CLOSE_CODE,
     FATAL_CLOSE_CODES,
     PIN_MISMATCH,
     RESTART_SPREAD_S,
@@ -85,6 +84,7 @@ from tether.protocol.messages import (
     TaskStatus,
 )
 from tether.protocol.profile import DeviceProfile
+from tether.protocol.wire import CloseCode
 
 logger = logging.getLogger(__name__)
 
@@ -429,7 +429,7 @@ class DeviceConnection:
             raise TimeoutError(f"no answer to the registration within {timeout:g}s") from None
         except ConnectionClosed as exc:
             code = exc.rcvd.code if exc.rcvd else None
-            if code in FATAL_CLOSE_CODES or code == DUPLICATE_CLOSE_CODE:
+            if code in FATAL_CLOSE_CODES or code == CloseCode.DUPLICATE:
                 raise RegistrationRefused(exc.rcvd.reason or "closed by the server", code) from None
             raise
         msg = decode_server_message(raw, DEFAULT_MAX_FRAME_BYTES)

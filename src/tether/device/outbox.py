@@ -88,6 +88,7 @@ def _json_str(value: str) -> str:
 
 
 _RESULTS_HEAD = f'{{"protocol_version":{_json_str(PROTOCOL_VERSION)},"timestamp":"'
+_RESULTS_KIND = f'","type":"{ClientMessageType.COMMAND_RESULTS.value}","status":"'
 
 
 def _results_text(msg: ServerMessage, result: Result, status: TaskStatus, client_id: str | None) -> str:
@@ -95,7 +96,7 @@ def _results_text(msg: ServerMessage, result: Result, status: TaskStatus, client
     written directly: building and validating the message would check nothing that is not already
     known (our own `Result`, the ids of a COMMAND that was validated on arrival) and cost twice as
     much on every round trip."""
-    text = f'{_RESULTS_HEAD}{utc_now()}","type":"command_results","status":"{status.value}"'
+    text = f'{_RESULTS_HEAD}{utc_now()}{_RESULTS_KIND}{status.value}"'
     if client_id is not None:
         text += f',"client_id":{_json_str(client_id)}'
     if msg.session_id is not None:
