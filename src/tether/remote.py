@@ -239,7 +239,8 @@ def _quote(part: str) -> str:
 
 
 def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
-    event, data = "message", []
+    event = "message"
+    data: list[str] = []
     for line in lines:
         if not line:
             if data:

@@ -211,7 +211,7 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, all
                 known = ", ".join(devices) or "none"
                 problems.append(f"{label}: unknown device {step.device!r} (known devices: {known})")
                 continue
-            candidates = [(step.device, tools[step.device])]
+            candidates: list[tuple[str | None, list[ToolInfo]]] = [(step.device, tools[step.device])]
         elif None in tools:
             candidates = [(None, tools[None])]
         else:

@@ -271,7 +271,7 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
     (after an observation). `LLMError` (the LLM unreachable or failing) propagates unchanged.
     """
     views = {name: as_device_view(value) for name, value in devices.items()}
-    tools = {name: view.tools for name, view in views.items()}
+    tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
     messages = build_messages(request, views, policy_summary, history, recovery_context)
     calls = prompt_tokens = completion_tokens = 0
     first_problems: list[str] = []

@@ -13,6 +13,7 @@ a question for the person when a command may or may not have run (see `tether.ag
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 from collections.abc import Callable
@@ -401,7 +402,7 @@ class TaskService:
                     self._peers.ended(task.id)
                 self._release(task.id)
 
-    async def _tools_for(self, task: Task) -> dict[str | None, list[ToolInfo]]:
+    async def _tools_for(self, task: Task) -> dict[str | None, builtins.list[ToolInfo]]:
         """Each device's tools, asked live (tools change), else from the profile it registered with."""
         tools: dict[str | None, list[ToolInfo]] = {}
         for name in dict.fromkeys(n for n in [task.device, *task.devices] if n):
@@ -409,7 +410,7 @@ class TaskService:
         tools[None] = tools[task.device] if task.device else []
         return tools
 
-    async def _device_tools(self, name: str) -> list[ToolInfo]:
+    async def _device_tools(self, name: str) -> builtins.list[ToolInfo]:
         record = self.hub.registry.get(name)
         if record is not None and record.status != "offline":
             try:
@@ -603,8 +604,8 @@ class TaskService:
 
     # -- events -------------------------------------------------------------------------------------------
 
-    def subscribe(self, task_id: str, after: int = -1) -> tuple[Task, list[TaskEvent], asyncio.Queue[TaskEvent | None]
-                                                                | None]:
+    def subscribe(self, task_id: str, after: int = -1
+                  ) -> tuple[Task, builtins.list[TaskEvent], asyncio.Queue[TaskEvent | None] | None]:
         """The events so far (after `after`) and, for a task still going, a queue of what comes next
         (None marks the end). Both come from one moment, so nothing is missed or seen twice."""
         task = self.get(task_id)

@@ -7,6 +7,7 @@ serialized `Task` is simpler than a table per part and keeps every field the exe
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import fcntl
 import logging
@@ -161,12 +162,12 @@ class TaskStore:
         keys = ("id", "request", "state", "device", "requested_by", "created_at", "updated_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
-    def ids(self) -> list[str]:
+    def ids(self) -> builtins.list[str]:
         """Every task's id (each is the undo session of the task's commands)."""
         with self._lock:
             return [row[0] for row in self._conn.execute("SELECT id FROM tasks")]
 
-    def unfinished(self) -> list[Task]:
+    def unfinished(self) -> builtins.list[Task]:
         """Tasks not done, failed or cancelled: what a restarted server must resume or settle."""
         ended = (*(s.value for s in TERMINAL_STATES), TaskState.INTERRUPTED.value)
         with self._lock:

@@ -494,7 +494,7 @@ class DeviceConnection:
             task.add_done_callback(reader_done)
 
         def hand_over() -> None:
-            readers.discard(asyncio.current_task())  # type: ignore[arg-type]
+            readers.discard(asyncio.current_task())
             start_reader()
 
         start_reader()

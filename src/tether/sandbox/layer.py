@@ -399,7 +399,7 @@ AT_FDCWD, RENAME_NOREPLACE = -100, 1
 @functools.cache
 def _renameat2() -> Callable[..., int] | None:
     fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _rename_new(source: str, pfd: int, name: str) -> None:

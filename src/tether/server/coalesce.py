@@ -96,7 +96,7 @@ def coalescing_http_protocol() -> type[asyncio.Protocol]:
     except ImportError:  # httptools not installed: the pure-Python parser
         from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
 
-    class CoalescingHTTPProtocol(Base):  # type: ignore[misc, valid-type]
+    class CoalescingHTTPProtocol(Base):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._watchers: set[Callable[[], None]] = set()
             self._lost = False

@@ -8,6 +8,7 @@ never disagree with the connection state and the load.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 import time
@@ -236,8 +237,8 @@ class DeviceRegistry:
             self._index.add(name)
         return record
 
-    def known(self, name: str, last_seen: float | None, platform: str | None, tags: list[str] | tuple[str, ...],
-              stored: bool) -> DeviceRecord:
+    def known(self, name: str, last_seen: float | None, platform: str | None,
+              tags: builtins.list[str] | tuple[str, ...], stored: bool) -> DeviceRecord:
         """A device remembered by the store: listed (offline) at once, its profile read when first used."""
         record = self.ensure(name)
         record.last_seen = record.last_seen or last_seen
@@ -377,7 +378,7 @@ class DeviceRegistry:
 
     def page(self, *, status: DeviceStatus | None = None, platform: str | None = None, tags: Sequence[str] = (),
              name: str | None = None, after: str | None = None, limit: int | None = None
-             ) -> tuple[list[DeviceRecord], str | None]:
+             ) -> tuple[builtins.list[DeviceRecord], str | None]:
         """Records matching every filter, by name, after the name `after`, at most `limit` of them, and
         the cursor of the next page (None on the last). `name` is a glob (`lab-*`); platform is compared
         without case. Devices that join or leave between pages neither repeat nor hide the others."""

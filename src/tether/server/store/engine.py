@@ -61,7 +61,7 @@ def describe(target: str | Path) -> str:
     return safe_url(target) if is_url(target) else str(target)
 
 
-class Row(tuple):  # type: ignore[type-arg]
+class Row(tuple[Any, ...]):
     """A result row read by index or by column name, as `sqlite3.Row`."""
 
     _names: Mapping[str, int]
@@ -71,7 +71,7 @@ class Row(tuple):  # type: ignore[type-arg]
         row._names = names
         return row
 
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
             return tuple.__getitem__(self, self._names[key])
         return tuple.__getitem__(self, key)
