@@ -253,7 +253,8 @@ class TaskService:
             raise TaskError(503, f"no task was created: {unaudited}")
         remote = self.hub.remote
         away = [n for n in (target, *task.devices) if not self.hub.holds(n)] if remote is not None else []
-        if away and (problem := remote.problem()) is not None:  # a cluster node cut off from its backplane
+        # a cluster node cut off from its backplane
+        if away and remote is not None and (problem := remote.problem()) is not None:
             raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
             if self.hub.store.claim_session(task.id, task_owner(task.id)) != task_owner(task.id):

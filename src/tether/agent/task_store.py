@@ -20,7 +20,7 @@ from typing import Any
 
 from tether.agent.task import TERMINAL_STATES, Task, TaskEvent, TaskState
 from tether.server.store import StoreUnavailable, disk_problem
-from tether.server.store.engine import create_schema, describe, is_url, open_postgres
+from tether.server.store.engine import PostgresConnection, create_schema, describe, is_url, open_postgres
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,7 @@ class TaskStore:
         """A SQLite file, or the server's PostgreSQL database (a `postgresql://` URL)."""
         self.where = describe(path)
         self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | PostgresConnection
         if is_url(path):
             self.path = Path(self.where)
             self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached

@@ -33,7 +33,7 @@ import logging
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -106,7 +106,7 @@ class _LinkDead(DeviceError, ConnectionError):
     pass
 
 
-def _refusal_reason(body: bytes | None) -> str | None:
+def _refusal_reason(body: bytes | bytearray | None) -> str | None:
     """The `error` of a refused handshake's `{"error": …}` body, if it has one (shortened, one line)."""
     try:
         error = json.loads(body or b"").get("error")
@@ -406,7 +406,8 @@ class DeviceConnection:
                                           exc.response.status_code) from None
             raise
         try:
-            ack = await self._register(ws, profile, timeout, ws.response.headers.get(CHALLENGE_HEADER))
+            challenge = ws.response.headers.get(CHALLENGE_HEADER) if ws.response is not None else None
+            ack = await self._register(ws, profile, timeout, challenge)
             return await self._serve(ws, ack)
         finally:
             with contextlib.suppress(Exception):
@@ -428,9 +429,9 @@ class DeviceConnection:
         except TimeoutError:
             raise TimeoutError(f"no answer to the registration within {timeout:g}s") from None
         except ConnectionClosed as exc:
-            code = exc.rcvd.code if exc.rcvd else None
-            if code in FATAL_CLOSE_CODES or code == CloseCode.DUPLICATE:
-                raise RegistrationRefused(exc.rcvd.reason or "closed by the server", code) from None
+            rcvd = exc.rcvd
+            if rcvd is not None and (rcvd.code in FATAL_CLOSE_CODES or rcvd.code == CloseCode.DUPLICATE):
+                raise RegistrationRefused(rcvd.reason or "closed by the server", rcvd.code) from None
             raise
         msg = decode_server_message(raw, DEFAULT_MAX_FRAME_BYTES)
         if msg.type is ServerMessageType.REGISTER_REFUSED:
@@ -498,8 +499,8 @@ class DeviceConnection:
             start_reader()
 
         start_reader()
-        tasks = {reading, asyncio.create_task(self._sender(ws)), asyncio.create_task(self._heartbeat(ws, ack)),
-                 stopper}
+        tasks: set[asyncio.Future[Any]] = {reading, asyncio.create_task(self._sender(ws)),
+                                           asyncio.create_task(self._heartbeat(ws, ack)), stopper}
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if stopper in done:  # say goodbye properly: failures of cancelled batches first
@@ -509,7 +510,7 @@ class DeviceConnection:
                         await self.outbox.idle.wait()
                 self.last_error = None
             else:
-                failed = [t.exception() for t in done if t.exception() is not None]
+                failed = [exc for t in done if (exc := t.exception()) is not None]
                 self.last_error = (describe_failure(failed[0]) if failed else
                                    f"the server closed the connection ({ws.close_code}"
                                    f"{': ' + ws.close_reason if ws.close_reason else ''})")

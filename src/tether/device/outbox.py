@@ -262,9 +262,9 @@ class Outbox:
                 self._popped_seq, text, call_id = self._results.popleft()
                 return "result", text, call_id
             _, event = self._events.popleft()
-            text = self._encode_event(event)
-            if text is not None:
-                return "event", text, None
+            encoded = self._encode_event(event)
+            if encoded is not None:
+                return "event", encoded, None
         if self._unreported_drops and self.accepting_events:
             count, self._unreported_drops = self._unreported_drops, 0
             note = Event(kind="events_dropped", data={"count": count, "total": self.dropped_events})
