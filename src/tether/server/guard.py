@@ -38,7 +38,7 @@ import json
 import logging
 import re
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from tether.errors import ServerError
@@ -56,8 +56,8 @@ from tether.server.settings import (
 
 logger = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
 ASGIApp = Callable[..., Any]
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")

@@ -296,7 +296,8 @@ class DeviceHub:
         is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
         arriving = self.authenticate(authorization)
         if isinstance(arriving, Refusal):
-            return await refuse(socket, arriving, peer)
+            await refuse(socket, arriving, peer)
+            return None
         name = arriving.name
         self._arriving[name] = self._arriving.get(name, 0) + 1
         try:
@@ -316,27 +317,32 @@ class DeviceHub:
             async with asyncio.timeout(settings.register_timeout):
                 frame = await socket.receive_text()
         except TimeoutError:
-            return await refuse(socket, Refusal(CloseCode.BAD_REGISTRATION,
-                                                f"no register frame within {settings.register_timeout:g}s"), peer)
+            await refuse(socket, Refusal(CloseCode.BAD_REGISTRATION,
+                                         f"no register frame within {settings.register_timeout:g}s"), peer)
+            return None
         except SocketClosed:
             return None
         token = self.authenticate(authorization)  # again: it may have been revoked meanwhile
         if isinstance(token, Refusal):
-            return await refuse(socket, token, peer)
+            await refuse(socket, token, peer)
+            return None
         name = token.name
         reg = read_registration(frame, name, settings.max_frame_bytes)
         if isinstance(reg, Refusal):
-            return await refuse(socket, reg, peer)
+            await refuse(socket, reg, peer)
+            return None
         unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
         if unproven is not None:
-            return await refuse(socket, unproven, peer)
+            await refuse(socket, unproven, peer)
+            return None
         now = time.monotonic()
         old = self._conns.get(name)
         if old is not None and old.instance_id != reg.instance_id \
                 and now - old.last_seen < settings.heartbeat_timeout:
-            return await refuse(socket, Refusal(CloseCode.DUPLICATE, (
+            await refuse(socket, Refusal(CloseCode.DUPLICATE, (
                 f"device '{name}' is already connected from {old.record.address or 'elsewhere'} (another process, "
                 f"heard from {now - old.last_seen:.1f}s ago); stop it or wait {settings.heartbeat_timeout:g}s")), peer)
+            return None
         record = self.registry.ensure(name)
         resumed = record.instance_id == reg.instance_id
         previous = record.instance_id or self._given_up.pop(name, None)
@@ -437,6 +443,7 @@ class DeviceHub:
             except ValidationError as exc:
                 await conn.error(f"invalid device_info payload: {exc.errors()[0]['msg']}", "invalid")
                 return
+            assert conn.record.last_seen is not None  # set when it registered
             self._remember(conn.name, conn.record, conn.record.last_seen)
             self.registry.notify()
             self._fleet_changed(conn.name)

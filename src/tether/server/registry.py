@@ -338,10 +338,10 @@ class DeviceRegistry:
             names = getattr(profile, field)
             if isinstance(names, SharedNames):
                 continue
-            key = (field, *names)
-            shared_names = self._lists.get(key)
+            list_key = (field, *names)
+            shared_names = self._lists.get(list_key)
             if shared_names is None:
-                shared_names = self._lists[key] = SharedNames(names)
+                shared_names = self._lists[list_key] = SharedNames(names)
             values[field] = shared_names
         fields = profile.__pydantic_fields_set__
         if not isinstance(fields, SharedFieldsSet):

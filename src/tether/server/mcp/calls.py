@@ -81,9 +81,10 @@ async def call_device_tool(hub: DeviceHub, tool: DeviceTool, arguments: dict[str
                      "one with 'tether token create --api NAME --scope execute'", is_error=True)
     result = held or await _run(hub, tool, arguments, caller, progress, elicit, approved_by=None)
     if _needs_approval(result):
-        result = await _approval(hub, tool, arguments, caller, progress, elicit, result)
-        if isinstance(result, Reply):
-            return result
+        approved = await _approval(hub, tool, arguments, caller, progress, elicit, result)
+        if isinstance(approved, Reply):
+            return approved
+        result = approved
     return result_reply(result)
 
 
@@ -263,7 +264,8 @@ class _Forwarder:
     async def _ask(self, data: dict[str, Any]) -> None:
         assert self.elicit is not None
         question = str(data.get("id", ""))[:64]
-        schema = data.get("schema") if isinstance(data.get("schema"), dict) else {"type": "object", "properties": {}}
+        asked = data.get("schema")
+        schema: dict[str, Any] = asked if isinstance(asked, dict) else {"type": "object", "properties": {}}
         message = f"{data.get('server', 'an MCP server')} on device {self.device} asks: {data.get('message', '')}"
         try:
             answer = await self.elicit(message, schema)

@@ -58,7 +58,7 @@ def safe_url(url: str) -> str:
 
 
 def describe(target: str | Path) -> str:
-    return safe_url(target) if is_url(target) else str(target)
+    return safe_url(str(target)) if is_url(target) else str(target)
 
 
 class Row(tuple[Any, ...]):
