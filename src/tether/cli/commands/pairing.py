@@ -23,7 +23,7 @@ from tether.cli.common import (
     fail,
     fail_remote,
 )
-from tether.remote import RemoteError, RemoteServer
+from tether.client.rest import RemoteError, RemoteServer
 
 if TYPE_CHECKING:
     from tether.device.config import DeviceConfig

@@ -30,7 +30,7 @@ SHOWN_FAILURES = 50
 def exec_all(command: Command, requires: list[str], *, timeout: float | None, max_concurrency: int | None,
              as_json: bool, server: str | None, token: str | None, ca_file: str | None) -> None:
     """Fan the command out and render it; raises `typer.Exit` with the exit code described above."""
-    from tether.remote import RemoteError, RemoteServer
+    from tether.client.rest import RemoteError, RemoteServer
 
     try:
         req = parse_requires(requires)
@@ -58,7 +58,7 @@ def exec_all(command: Command, requires: list[str], *, timeout: float | None, ma
 def _lines(remote: Any, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
     import httpx
 
-    from tether.remote import RemoteError
+    from tether.client.rest import RemoteError
 
     timeout = httpx.Timeout(body["timeout"] + 30, connect=10)
     try:
