@@ -198,7 +198,7 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
         typer.echo(json.dumps({"session_id": session_id, "device": device, **result.model_dump(mode="json")},
                               indent=2))
     else:
-        from tether.cli.mcp_content import is_mcp_shape, print_mcp_content
+        from tether.cli.views.mcp_content import is_mcp_shape, print_mcp_content
 
         if result.status is ResultStatus.SUCCESS and is_mcp_shape(result.result):
             print_result(result.model_copy(update={"result": None}), session_id, device)
@@ -220,9 +220,9 @@ def _exec_all(tool: str, pairs: list[str], all_devices: bool, device: str | None
               approve: bool, require: list[str], timeout: float | None, tool_type: str | None,
               max_concurrency: int | None, as_json: bool, server: str | None, token: str | None,
               ca_file: str | None) -> None:
-    """`--all`: the command on every matching device (cli/fanout_view.py); values are strings unless
+    """`--all`: the command on every matching device (cli/views/fanout.py); values are strings unless
     written key:=json, since no one device's schema speaks for the fleet."""
-    from tether.cli.fanout_view import exec_all
+    from tether.cli.views.fanout import exec_all
 
     if not all_devices:
         fail("--require picks the devices of --all: add --all")
