@@ -33,21 +33,21 @@ PROFILE = json.dumps({"os": {"platform": "linux"}, "tags": ["lab"], "name": "ben
 
 
 def operations(store: Store, n: int) -> dict[str, Callable[[], None]]:
-    hot = store.create_token("api", "bench", ["read"])[1]
-    store.verify_token(hot)
+    hot = store.tokens.create("api", "bench", ["read"])[1]
+    store.tokens.verify(hot)
     devices = iter(range(10**9))
 
     def audit_100() -> None:
-        store.audit_soon(("api:bench", "laptop", f"c{i}", "shell.run", {"argv": ["ls"]}, "success", None, "r", None)
-                         for i in range(100))
-        store.flush_audit()
+        store.audit.record_soon(("api:bench", "laptop", f"c{i}", "shell.run", {"argv": ["ls"]}, "success", None, "r",
+                                 None) for i in range(100))
+        store.audit.flush()
 
     return {
-        "verify_token, cached": lambda: store.verify_token(hot),
-        "verify_token, a query": lambda: store.verify_token("tapi_not-a-token"),  # unknown: never cached
-        "upsert_device": lambda: store.upsert_device(f"d{next(devices)}", PROFILE, time.time(), tools=("dg", "[]")),
+        "verify_token, cached": lambda: store.tokens.verify(hot),
+        "verify_token, a query": lambda: store.tokens.verify("tapi_not-a-token"),  # unknown: never cached
+        "upsert_device": lambda: store.devices.upsert(f"d{next(devices)}", PROFILE, time.time(), tools=("dg", "[]")),
         "100 audit rows, one commit": audit_100,
-        "audit_rows, a page of 100": lambda: store.audit_rows(100),
+        "audit_rows, a page of 100": lambda: store.audit.rows(100),
     }
 
 

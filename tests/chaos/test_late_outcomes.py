@@ -16,7 +16,7 @@ from faultproxy import FaultProxy
 from netutil import CLI, wait_for
 from tether.protocol.models import Result, ResultStatus
 from tether.remote import RemoteError
-from tether.server.store import LATE_NOTE
+from tether.server.store.audit import LATE_NOTE
 
 
 def _settled(cluster: ChaosCluster, batch_id: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 from tether.protocol.models import ToolInfo
 from tether.server.registry import DeviceRecord, DeviceRegistry
 from tether.server.scopes import reaches
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 logger = logging.getLogger(__name__)
 
