@@ -50,6 +50,7 @@ class TaskTable:
     def __init__(self, path: str | Path) -> None:
         self.where = describe(path)
         self._lock = threading.Lock()
+        self._conn: Any  # a sqlite3.Connection, or a PostgresConnection with its surface
         if is_url(path):
             self.path = Path(self.where)
             self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached
