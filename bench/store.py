@@ -4,11 +4,12 @@
 
 Rows, each operation timed N times per round on both backends, rounds interleaved, medians and spread
 (the SQLite Store is the anchor of each PostgreSQL row):
-- verify_token, a token seen before (the cache, checked against changes made by other servers);
+- verify_token (`store.tokens.verify`), a token seen before (the cache, checked against changes made by other
+  servers);
 - verify_token, a secret that is no token (never cached: a query each time);
-- upsert_device (a device registering: one row and its tool list);
-- 100 audit rows written as one group commit (`audit_soon` + `flush_audit`);
-- audit_rows, a page of 100.
+- upsert_device (`store.devices.upsert`: a device registering, one row and its tool list);
+- 100 audit rows written as one group commit (`store.audit.record_soon` + `store.audit.flush`);
+- audit_rows (`store.audit.rows`), a page of 100.
 And the driver's own cost: one point read through psycopg 3's synchronous connection (what the Store
 runs on the loop) against asyncpg's (the fastest async driver), same database, same statement.
 """

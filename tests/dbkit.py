@@ -189,7 +189,7 @@ def create_tokens(target: Path | str, specs: Sequence[tuple[str, str, Sequence[s
     """
     from tether.server.store import Store
 
-    if inspect.iscoroutinefunction(getattr(Store, "create_token", None)):
+    if hasattr(Store, "open"):  # the async Store of the storage contract (as `migrate` asks)
         async def create() -> list[str]:
             store = await Store.open(str(target))  # type: ignore[attr-defined]
             try:
