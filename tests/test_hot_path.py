@@ -117,7 +117,7 @@ async def test_the_audit_rows_of_concurrent_commands_are_all_there_when_the_call
         # another connection sees every outcome already: the callers heard after the commit
         reader = Store(app.db)
         try:
-            rows = reader.read("SELECT call_id, status, requested_by FROM audit")
+            rows = reader.audit.rows(limit=10 * n)
         finally:
             reader.close()
         assert {r["call_id"]: r["status"] for r in rows} == dict.fromkeys(call_ids, "success")
@@ -134,12 +134,12 @@ async def test_shutdown_drains_the_audit_rows_written_behind(app: App) -> None:
         assert (await run(runner, "alpha")).status_code == 200
     # rows queued behind the request path (as a batch refused before sending is) and not yet flushed
     app.store.audit.record_soon([("api:runner", "alpha", f"queued-{i}", "noop", {}, "failure", "refused", None)
-                          for i in range(10)])
+                                 for i in range(10)])
     assert app.store.audit.held == 10
     await app.stop()  # the lifespan's end closes the store, which writes them first
     reader = Store(app.db)
     try:
-        queued = reader.read("SELECT call_id FROM audit WHERE call_id LIKE 'queued-%'")
+        queued = [r for r in reader.audit.rows(limit=1000) if (r["call_id"] or "").startswith("queued-")]
     finally:
         reader.close()
     assert sorted(r["call_id"] for r in queued) == sorted(f"queued-{i}" for i in range(10))
