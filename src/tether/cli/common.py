@@ -81,8 +81,21 @@ def _tidy(command: Any) -> None:
     original = command.get_params
     command.get_params = lambda ctx: _label(original(ctx))
     _label(command.params)
+    command.format_help = _fitted_help(command.format_help)
     for sub in getattr(command, "commands", {}).values():
         _tidy(sub)
+
+
+def _fitted_help(format_help: Any) -> Any:
+    """`format_help` drawing its option panels with option names never cut (`rich_help.narrow_options`)."""
+
+    def fitted(ctx: Any, formatter: Any) -> None:
+        from tether.cli.views.rich_help import narrow_options
+
+        with narrow_options():
+            format_help(ctx, formatter)
+
+    return fitted
 
 
 class TetherGroup(LazyGroup):
@@ -147,6 +160,8 @@ ConfigOpt = Annotated[Path | None, typer.Option(
                            "desktop client's mcpServers JSON); default $TETHER_CONFIG or ~/.config/tether/config.yaml")]
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="policy file (YAML)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+OutputOpt = Annotated[str | None, typer.Option(
+    "--output", "-o", metavar="wide|json", help="wide: every column, however wide; json: as --json")]
 StateOpt = Annotated[Path | None, typer.Option("--state-dir", metavar="DIR", help="where the undo journal lives")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", "-d", metavar="DEVICE",
                                                help="run on this device through the server")]
@@ -162,6 +177,13 @@ def console(err: bool = False) -> Console:
     """The console every view prints through: terminal control characters in what it prints are shown as
     escapes (`cli.safe_text.SafeConsole`), whoever supplied the text."""
     return SafeConsole(stderr=err, highlight=False)
+
+
+def output_mode(output: str | None, as_json: bool) -> tuple[bool, bool]:
+    """`(json, wide)` from `-o/--output` and `--json`; another `-o` value fails with `ExitCode.USAGE`."""
+    if output not in (None, "wide", "json"):
+        fail(f"-o/--output is wide or json, not {output!r}", ExitCode.USAGE)
+    return as_json or output == "json", output == "wide"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -20,6 +20,7 @@ from tether.cli.common import (
     DeviceOpt,
     ExitCode,
     JsonOpt,
+    OutputOpt,
     PolicyOpt,
     ServerOpt,
     StateOpt,
@@ -28,6 +29,7 @@ from tether.cli.common import (
     console,
     fail,
     fail_remote,
+    output_mode,
     parse_requires,
 )
 from tether.cli.root_guard import AllowRootOpt, guard_root
@@ -188,7 +190,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
 
 
 @app.command()
-def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
+def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOpt = None,
           limit: Annotated[int, typer.Option(help="how many, newest first")] = 50,
           state: Annotated[str | None, typer.Option("--state", help="only tasks in this state "
                                                                     "(e.g. waiting_for_user)")] = None,
@@ -198,20 +200,21 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
     from tether.cli.commands.task import connect, print_tasks
     from tether.client.rest import RemoteError
 
+    as_json, wide = output_mode(output, as_json)
     if server and not local:
         try:
             with connect(server, token, ca_file) as remote:
                 rows = remote.tasks(limit, state)
         except RemoteError as exc:
             fail_remote(exc, ExitCode.FAILED)
-        print_tasks(rows, as_json, f" on {remote.base_url}")
+        print_tasks(rows, as_json, f" on {remote.base_url}", wide)
         return
     store = _local_store(state_dir)
     try:
         rows = store.list(limit, state)
     finally:
         store.close()
-    print_tasks(rows, as_json, "")
+    print_tasks(rows, as_json, "", wide)
 
 
 @app.command()

@@ -152,18 +152,20 @@ def _how_to_answer(out: Console, task_id: str, question: dict[str, Any]) -> None
         out.print(f"  answer it:  tether answer {task_id} ANSWER   (an option's number or words)")
 
 
-def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str) -> None:
+def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str, wide: bool = False) -> None:
+    """The tasks as JSON or as a table that fits the terminal: id and state whole (an id is copied), then
+    device, request, who asked (`by`: what a person approving must see) and when, dropped in that order
+    from the last; `wide`: every column."""
+    from tether.cli.views.table import Column, print_table
+
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{len(rows)} tasks{where}")
-    for col in ("id", "state", "device", "by", "request", "updated"):
-        # an id is copied: never cut, even on a narrow terminal
-        table.add_column(col, no_wrap=col == "id", min_width=12 if col == "id" else None)
-    for r in rows:  # `by`: who asked (the token that created the task), what a person approving must see
-        table.add_row(r["id"][:12], r["state"], escape(r.get("device") or "-"), escape(r.get("requested_by") or "-"),
-                      escape(r["request"][:60]), r["updated_at"][:19].replace("T", " "))
-    console().print(table)
+    columns = [Column("id"), Column("state"), Column("device", 1), Column("by", 3),
+               Column("request", 2, flex=True, min_width=20), Column("updated", 4)]
+    cells = [[r["id"][:12], r["state"], escape(r.get("device") or "-"), escape(r.get("requested_by") or "-"),
+              escape(r["request"][:60]), r["updated_at"][:19].replace("T", " ")] for r in rows]
+    print_table(f"{len(rows)} tasks{where}", columns, cells, wide)
 
 
 def remote_log(remote: RemoteServer, task_id: str, as_json: bool, follow_it: bool) -> int:
