@@ -32,9 +32,10 @@ def _loader() -> type:
     return Yaml12Loader
 
 
-def safe_load(text: str) -> Any:
-    """Parse one YAML document like `yaml.safe_load`, except that only true/false are booleans
-    (`on`, `off`, `yes`, `no`, `y`, `n` stay strings). Raises `yaml.YAMLError` on invalid YAML."""
+def safe_load(text: str | bytes) -> Any:
+    """Parse one YAML document (text, or bytes in UTF-8/16) like `yaml.safe_load`, except that only
+    true/false are booleans (`on`, `off`, `yes`, `no`, `y`, `n` stay strings). Raises `yaml.YAMLError`
+    on invalid YAML."""
     import yaml
 
     return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass

@@ -32,6 +32,7 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad arguments, or a bad config, policy or plan file (click's usage errors are 2 as well)
     WAITING = 3  # a person must act: a question left unanswered, an approval pending
     UNREACHABLE = 4  # the server could not be reached, or the connection to it was lost
+    INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: a server's task goes on (typer's own code too)
 
 
 class _Option(TyperOption):
@@ -216,17 +217,39 @@ def remote_message(exc: RemoteError) -> str:
         return (f"{text.removeprefix('server answered 403: ')}: use a token that has it "
                 f"('tether token create --api NAME --scope {scope.group(1)}' on the server's machine)")
     if exc.status is None and "cannot reach" in text:
-        return f"{text}\n  is it running ('tether server')? --server or TETHER_SERVER say where it is"
+        return f"{text}\n  {unreachable_hint(text)}"
     return text.replace("('Authorization: Bearer <api token>')", "(set TETHER_TOKEN or pass --token)")
 
 
-def fail_remote(exc: RemoteError, code: int = ExitCode.FAILED, hint: str = "") -> NoReturn:
-    """One place that turns a server's no into an exit: unreachable is always `ExitCode.UNREACHABLE`."""
+def unreachable_hint(text: str) -> str:
+    """What to check when the server was not reached, from the error's words: a URL without its scheme,
+    a TLS failure (an untrusted certificate or a pin that does not match), a refused connection (is the
+    server running?), or else where the URL comes from."""
+    lowered = text.lower()
+    if "missing an 'http://' or 'https://' protocol" in lowered or "unsupported protocol" in lowered:
+        return "the server URL needs its scheme: --server http://HOST:PORT (https:// with TLS)"
+    if any(word in lowered for word in ("ssl", "certificate", "tls", "fingerprint", "pinned", "pin mismatch")):
+        return ("a TLS problem, not a server that is down: for a self-signed certificate pass its CA with --ca-file "
+                "(or TETHER_CA_FILE); check that a pinned fingerprint is the server's ('tether server' prints it)")
+    if "refused" in lowered:
+        return "is it running ('tether server')? --server or TETHER_SERVER say where it is"
+    return "--server or TETHER_SERVER say where it is (check the host name and port)"
+
+
+def remote_exit_code(exc: RemoteError, code: int = ExitCode.FAILED) -> int:
+    """The exit code for a server's no, the same from every command: `ExitCode.UNREACHABLE` when it was not
+    reached, `ExitCode.USAGE` for a set-up problem (no token, a dead one, or one that lacks the scope the
+    command needs), else `code` (the command's own: a refusal is `ExitCode.FAILED`, a bad request usage)."""
     if exc.status is None:
-        code = ExitCode.UNREACHABLE
-    elif exc.status == 401:  # no token or a dead one: set-up, whatever the command
-        code = ExitCode.USAGE
-    fail(remote_message(exc) + hint, code)
+        return ExitCode.UNREACHABLE
+    if exc.status == 401 or (exc.status == 403 and "lacks the '" in str(exc)):
+        return ExitCode.USAGE
+    return code
+
+
+def fail_remote(exc: RemoteError, code: int = ExitCode.FAILED, hint: str = "") -> NoReturn:
+    """One place that turns a server's no into an exit (`remote_exit_code`) with its words (`remote_message`)."""
+    fail(remote_message(exc) + hint, remote_exit_code(exc, code))
 
 
 def run_async(coro: Any) -> Any:

@@ -78,7 +78,7 @@ def enrol(cfg: DeviceConfig, server: str | None, state_dir: Path | None, name: s
     try:
         enrolment = asyncio.run(run())
     except KeyboardInterrupt:
-        fail("pairing stopped before an admin approved it", 130)
+        fail("pairing stopped before an admin approved it", ExitCode.INTERRUPTED)
     except PairingFailed as exc:
         fail(str(exc), 3)
     except ValueError as exc:  # a pin that does not match, a bad URL

@@ -35,7 +35,7 @@ from tether.client.rest import RemoteError, RemoteServer
 
 TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")]
 EXIT_WAITING = ExitCode.WAITING  # the task waits on the server for an answer nobody here could give
-EXIT_DETACHED = 130
+EXIT_DETACHED = ExitCode.INTERRUPTED  # Ctrl-C while following: the task goes on on the server
 
 _APPROVE = {"approve", "approved", "yes", "y"}
 _DENY = {"deny", "denied", "no", "n"}
@@ -57,10 +57,28 @@ def run_remote(remote: RemoteServer, request: str, plan: list[dict[str, Any]] | 
         fail_remote(exc, ExitCode.USAGE)
     out.print(f"task {summary['id']} on {summary['device']} ({remote.base_url})", markup=False)
     code = follow(remote, summary["id"], out, answers=answers)
-    if code in (0, 1):
+    if code in (0, 1) and may_have_changed_files(remote, summary["id"]):
         out.print(f"[dim]its file changes can be undone with: tether undo {summary['id']} --server "
                   f"{remote.base_url}[/dim]")
     return code
+
+
+def may_have_changed_files(remote: RemoteServer, task_id: str) -> bool:
+    """Whether a server's task ran a command that may have changed files: a step that succeeded with a tool
+    its device does not list as data_collection (read-only). True when that cannot be told (the server or
+    the device does not answer): the undo hint is then shown, as before."""
+    try:
+        data = remote.task(task_id, events=False)
+        ran = {s["command"]["tool_name"] for s in data.get("steps", [])
+               if (s.get("result") or {}).get("status") == "success"}
+        if not ran:
+            return False
+        device = data.get("device")
+        read_only = {i.name for i in remote.tools(device, timeout=5) if i.tool_type == "data_collection"} if device \
+            else set()
+    except (RemoteError, KeyError, TypeError):
+        return True
+    return bool(ran - read_only)
 
 
 def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[str] | None) -> int:
