@@ -118,6 +118,10 @@ async def test_a_500_on_json_schema_falls_back_and_the_working_mode_is_remembere
     kinds = [(r.get("response_format") or {}).get("type") for r in server.requests]
     assert kinds == ["json_schema", "json_object", "json_object"]
     assert all(isinstance(r.get("max_tokens"), int) and r["max_tokens"] > 0 for r in server.requests)
+    # where the server does not enforce the schema, the prompt states the short one (the skills' arguments
+    # are in the prompt already), not the per-skill strict one
+    system = server.requests[1]["messages"][0]["content"]
+    assert '"steps"' in system and '"anyOf"' not in system
 
 
 async def test_a_refusal_that_names_the_format_falls_back_even_after_the_mode_worked() -> None:

@@ -285,18 +285,23 @@ class LLMClient:
 
     async def complete(self, messages: list[Message], *, json_schema: dict[str, Any] | None = None,
                        schema_name: str = "reply", strict: bool = False, stream: bool = False,
-                       on_token: Callable[[str], None] | None = None, max_tokens: int | None = None) -> LLMReply:
+                       on_token: Callable[[str], None] | None = None, max_tokens: int | None = None,
+                       prompt_schema: dict[str, Any] | None = None) -> LLMReply:
         """Ask once: the reply's text (JSON under `json_schema` when one is given).
 
         `strict` asks `json_schema` mode for OpenAI's strict form (the schema must then follow its
-        rules: every property required, `additionalProperties: false`). `max_tokens` bounds the reply
+        rules: every property required, `additionalProperties: false`). In the modes where the server
+        does not enforce the schema by itself (`json_object`, `grammar`, `tools`, `plain`) the system
+        prompt states `prompt_schema` (default: `json_schema`; a shorter form when the prompt already
+        carries the details). `max_tokens` bounds the reply
         (default `settings.max_tokens`). The whole exchange — retries and fallbacks included — ends
         within `settings.timeout` seconds. Raises `LLMError` when no answer came."""
         limit = max_tokens if max_tokens is not None else self.settings.max_tokens
         start = self.calls
         try:
             async with asyncio.timeout(self.settings.timeout):
-                reply = await self._exchange(messages, json_schema, schema_name, strict, stream, on_token, limit)
+                reply = await self._exchange(messages, json_schema, schema_name, strict, stream, on_token, limit,
+                                             prompt_schema)
         except TimeoutError:
             raise LLMError(f"the LLM at {self.settings.base_url} did not answer within {self.settings.timeout:g} s "
                            f"(model {self.settings.model}; {self.calls - start} call(s), retries included)") from None
@@ -304,7 +309,7 @@ class LLMClient:
 
     async def _exchange(self, messages: list[Message], json_schema: dict[str, Any] | None, schema_name: str,
                         strict: bool, stream: bool, on_token: Callable[[str], None] | None,
-                        max_tokens: int) -> LLMReply:
+                        max_tokens: int, prompt_schema: dict[str, Any] | None) -> LLMReply:
         if json_schema is None:
             try:
                 return await self._with_retries(messages, "text", {}, stream, on_token, max_tokens)
@@ -314,7 +319,7 @@ class LLMClient:
         last: BaseException | None = None
         for mode in self._modes():
             try:
-                request = self._request(mode, messages, json_schema, schema_name, strict)
+                request = self._request(mode, messages, json_schema, schema_name, strict, prompt_schema)
             except ValueError:  # the schema cannot be put this way (e.g. as a grammar)
                 continue
             try:
@@ -334,12 +339,12 @@ class LLMClient:
         raise self._error(last) from last
 
     def _request(self, mode: ResponseFormatUsed, messages: list[Message], json_schema: dict[str, Any],
-                 schema_name: str, strict: bool) -> dict[str, Any]:
+                 schema_name: str, strict: bool, prompt_schema: dict[str, Any] | None) -> dict[str, Any]:
         """The messages and extra arguments of one structured call in `mode`."""
         if mode == "json_schema":
             return {"messages": messages, "response_format": {
                 "type": "json_schema", "json_schema": {"name": schema_name, "schema": json_schema, "strict": strict}}}
-        instructed = _with_schema_instruction(messages, json_schema)
+        instructed = _with_schema_instruction(messages, prompt_schema or json_schema)
         if mode == "json_object":
             return {"messages": instructed, "response_format": {"type": "json_object"}}
         if mode == "grammar":

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tether.agent.llm import LLMClient, LLMReply, Message
-from tether.agent.plan import OBSERVE, Plan, PlanError, plan_from_data, validate_plan
+from tether.agent.plan import OBSERVE, PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
@@ -426,7 +426,7 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
     problems: list[str] = []
     for attempt in range(1, MAX_ATTEMPTS + 1):
         reply = await llm.complete(messages, json_schema=schema, schema_name="plan", strict=strict,
-                                   stream=stream, on_token=on_token)
+                                   stream=stream, on_token=on_token, prompt_schema=PLAN_JSON_SCHEMA)
         calls += reply.calls
         prompt_tokens += reply.prompt_tokens
         completion_tokens += reply.completion_tokens
