@@ -263,3 +263,14 @@ def test_the_plan_schema_names_each_skill_with_its_own_arguments() -> None:
     write = by_skill["write_file"]["properties"]["args"]
     assert {"file_path", "content"} <= set(write["properties"])
     schema_to_gbnf(schema)  # and the same schema is a grammar for llama.cpp
+
+
+async def test_a_server_failing_every_way_is_an_error_and_poisons_no_mode() -> None:
+    async def broken(body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        await respond(writer, 500, {"error": {"message": "out of memory"}})
+
+    async with Server(broken) as server, client(server) as llm:
+        with pytest.raises(LLMError, match="HTTP 500: out of memory"):
+            await llm.complete([{"role": "user", "content": "x"}], json_schema=GOOD_SCHEMA)
+        assert llm.json_schema_supported is None and llm.output_mode_used == "json_schema"
+    assert len(server.requests) == 5  # each mode once, then the error

@@ -315,7 +315,7 @@ class LLMClient:
                 return await self._with_retries(messages, "text", {}, stream, on_token, max_tokens)
             except _Refused as refused:  # pragma: no cover - "text" is never refused
                 raise self._error(refused.error) from refused.error
-        fell_back = False
+        refused: list[tuple[ResponseFormatUsed, bool]] = []  # (mode, whether the error named the format)
         last: BaseException | None = None
         for mode in self._modes():
             try:
@@ -325,15 +325,18 @@ class LLMClient:
             try:
                 reply = await self._with_retries(request.pop("messages"), mode, request, stream, on_token,
                                                  max_tokens)
-            except _Refused as refused:
-                self._refused.add(mode)
+            except _Refused as refusal:
+                refused.append((mode, self._names_format(refusal.error, mode)))
                 self.fallbacks += 1
-                fell_back = True
-                last = refused.error
+                last = refusal.error
                 continue
+            self._refused.update(m for m, _ in refused)
             self._worked.add(mode)
-            return reply.model_copy(update={"fell_back": fell_back,
-                                            "fell_back_to_json_object": fell_back and mode == "json_object"})
+            return reply.model_copy(update={"fell_back": bool(refused),
+                                            "fell_back_to_json_object": bool(refused) and mode == "json_object"})
+        # no mode worked: a server failing every way is failing, not refusing; only the refusals that
+        # named the format are remembered
+        self._refused.update(m for m, named in refused if named)
         if last is None:
             raise LLMError(f"no output mode left to ask the LLM at {self.settings.base_url} in")
         raise self._error(last) from last
