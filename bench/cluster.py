@@ -270,7 +270,7 @@ async def peer_main(state_root: str) -> None:
     import logging
 
     from tether.device.config import parse_device_config
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection
     from tether.device.local import build_device
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -85,7 +85,7 @@ def raise_fd_limit() -> int:
 async def devices_main(url: str, state_root: str) -> None:
     """`--peer devices URL STATE`: the devices whose tokens arrive as one JSON line on stdin, until EOF."""
     from tether.device.config import parse_device_config
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection
     from tether.device.local import build_device
     from tether.protocol.models import Command
 

@@ -25,19 +25,19 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from tether.device import connection as connection_module
-from tether.device.batches import Batch, BatchRunner
-from tether.device.connection import (
+from tether.device.link import connection as connection_module
+from tether.device.link.batch_runner import Batch, BatchRunner
+from tether.device.link.connection import (
     DeviceConnection,
     RegistrationRefused,
     RetriesExhausted,
     backoff_delay,
     make_ssl_context,
 )
-from tether.device.keepalive import beat_due
+from tether.device.link.keepalive import beat_due
+from tether.device.link.outbox import FinishedRecord, Outbox
 from tether.device.local import LocalDevice, build_device
-from tether.device.outbox import FinishedRecord, Outbox
-from tether.device.profile import collect_profile
+from tether.device.probe import collect_profile
 from tether.protocol.codec import decode_client_message, encode
 from tether.protocol.messages import (
     ClientMessage,

@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from aip_testkit import WAIT, ServerFactory
 from test_device_connection import TOKEN, ScriptedServer
-from tether.device import connection
-from tether.device.connection import DeviceConnection, RetriesExhausted
+from tether.device.link import connection
+from tether.device.link.connection import DeviceConnection, RetriesExhausted
+from tether.device.link.reconnect import FailureLog
 from tether.device.local import LocalDevice, build_device
-from tether.device.reconnect import FailureLog
 from tether.protocol.codec import (
     FrameError,
     HeartbeatFrame,
@@ -42,7 +42,7 @@ from tether.protocol.profile import DeviceProfile
 from tether.server.device_link import _HEARTBEAT
 from tether.tools.policy import default_policy
 
-LOGGER = "tether.device.connection"
+LOGGER = "tether.device.link.connection"
 
 
 # ------------------------------------------------------------------ the heartbeat frame

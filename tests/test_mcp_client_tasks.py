@@ -11,10 +11,10 @@ from typing import Any
 from agent_fakes import FakeLLM
 from task_testkit import WAIT, AgentServer
 from tether.device.config import parse_device_config
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection
 from tether.device.local import build_device
-from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
-from tether.device.profile import collect_profile
+from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
+from tether.device.probe import collect_profile
 from tether.tools.policy import Policy
 
 INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")

@@ -19,9 +19,9 @@ from websockets.exceptions import InvalidStatus
 from websockets.http11 import Response
 
 from aip_testkit import WAIT, FakeDevice, ServerFactory
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection
+from tether.device.link.reconnect import RETRY_AFTER_MAX_S, backoff_delay, retry_after_of
 from tether.device.local import build_device
-from tether.device.reconnect import RETRY_AFTER_MAX_S, backoff_delay, retry_after_of
 from tether.protocol.messages import ServerMessageType
 from tether.server.aip_socket import ADMISSION_STATUS, CLOSE_BAD_REGISTRATION
 

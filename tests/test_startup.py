@@ -360,7 +360,7 @@ async def test_a_command_waits_only_for_the_server_that_has_its_tool(tmp_path: P
 
 async def test_a_profile_change_while_registering_is_sent_once_registered(tmp_path: Path) -> None:
     from test_device_connection import TOKEN, ScriptedServer
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection
     from tether.device.local import build_device
     from tether.protocol.messages import ClientMessageType
     from tether.protocol.profile import DeviceProfile

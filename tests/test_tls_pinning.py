@@ -11,7 +11,7 @@ import pytest
 
 import dbkit
 from netutil import CLI, Proc, free_port, tether_env, wait_for
-from tether.device.tls_pin import cert_fingerprint, normalize_fingerprint, show_fingerprint
+from tether.device.link.tls_pin import cert_fingerprint, normalize_fingerprint, show_fingerprint
 from tether.remote import RemoteServer
 
 

@@ -24,7 +24,7 @@ import pytest
 from server_target import Target, connect_raw, error_of, read_response, upgrade_request
 
 from netutil import CLI, Cluster, wait_for
-from tether.device.identity import DeviceKey
+from tether.device.link.device_key import DeviceKey
 from tether.protocol.identity import claim_statement
 
 

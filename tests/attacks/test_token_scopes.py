@@ -28,11 +28,11 @@ from gateway.gatewaykit import mcp_client  # tests/gateway's kit
 from netutil import CLI
 from task_testkit import WAIT, AgentServer
 from tether.device.config import load_device_config
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection
 from tether.device.local import build_device
-from tether.device.mcp_elicit import RemoteQuestions
-from tether.device.profile import collect_profile
-from tether.device.remote_policy import RemotePolicy
+from tether.device.mcp.elicit import RemoteQuestions
+from tether.device.policy_overlay import RemotePolicy
+from tether.device.probe import collect_profile
 from tether.protocol.models import Command
 from tether.tools.policy import default_policy
 

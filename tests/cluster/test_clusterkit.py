@@ -18,7 +18,7 @@ import pytest
 from clusterkit import WAIT, ClusterKit, RedisLink, free_port
 
 from engines import Engine
-from tether.device.reconnect import ServerURLs
+from tether.device.link.reconnect import ServerURLs
 
 
 def hello(kit: ClusterKit) -> list[dict[str, Any]]:
@@ -89,7 +89,7 @@ def test_nodes_sharing_one_sqlite_file_see_each_others_writes(tmp_path: Path) ->
 
 async def test_a_connection_checks_every_url_it_is_given(tmp_path: Path) -> None:
     from tether.device.config import parse_device_config
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection
     from tether.device.local import build_device
 
     device = build_device(parse_device_config({"device": {"name": "x", "builtin": ["system"]}}),

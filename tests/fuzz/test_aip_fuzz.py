@@ -41,7 +41,7 @@ from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
 from aip_testkit import registration as proven_registration
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.codec import FrameError, decode_client_message, decode_server_message, encode
 from tether.protocol.messages import (

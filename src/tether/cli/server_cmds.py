@@ -528,7 +528,7 @@ def device_key_cmd(config: ConfigOpt = None, state_dir: StateOpt = None,
     """Show this device's public key and its fingerprint (the key is made on first use; the private
     half never leaves the state directory, which the sandbox hides)."""
     from tether.device.config import load_device_config
-    from tether.device.identity import load_device_key, new_device_key
+    from tether.device.link.device_key import load_device_key, new_device_key
     from tether.device.local import device_state_dir
 
     try:
@@ -573,11 +573,11 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
     from rich.markup import escape
 
     from tether.device.config import aip_url
-    from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
-    from tether.device.identity import load_device_key
+    from tether.device.link.connection import DeviceConnection, RegistrationRefused, make_ssl_context
+    from tether.device.link.device_key import load_device_key
+    from tether.device.link.reconnect import PIN_MISMATCH
     from tether.device.local import build_device, device_state_dir, resolve_policy
-    from tether.device.profile import collect_profile
-    from tether.device.reconnect import PIN_MISMATCH
+    from tether.device.probe import collect_profile
     from tether.device.root import run_as_for
     from tether.sandbox import detect
 
@@ -620,7 +620,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
     else:
         _warn(f"no sandbox: processes this device starts run unconfined; {why}")
     all_tags = list(dict.fromkeys([*cfg.device.tags, *tags]))
-    from tether.device.remote_policy import RemotePolicy
+    from tether.device.policy_overlay import RemotePolicy
 
     remote_policy = RemotePolicy(device.policy, device.state_dir)  # what the server set (tether policy)
     try:
@@ -659,7 +659,7 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
         await device.aclose()
         return 2
     device.computer_manager.on_tools_changed = lambda computer: connection.profile_changed()
-    from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
+    from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
 
     # an external MCP server's question is an event of the command; the answer comes back over AIP
     connection.questions = RemoteQuestions()
@@ -741,7 +741,7 @@ def _print_cert_fingerprint(cert: Path) -> None:
     """The certificate's SHA-256, for devices that pin it (--tls-fingerprint) or trust it on first use."""
     import ssl
 
-    from tether.device.tls_pin import cert_fingerprint
+    from tether.device.link.tls_pin import cert_fingerprint
 
     try:
         der = ssl.PEM_cert_to_DER_cert(cert.read_text(encoding="ascii"))

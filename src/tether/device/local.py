@@ -16,8 +16,8 @@ from tether.device.client import DeviceClient
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
-from tether.device.mcp_client_caps import MCPClientHooks
-from tether.device.mcp_manager import MCPServerManager
+from tether.device.mcp.client_caps import MCPClientHooks
+from tether.device.mcp.manager import MCPServerManager
 from tether.device.root import run_as_for
 from tether.sandbox import SandboxInfo, detect
 from tether.tools.builtin import builtin_toolsets
@@ -78,7 +78,7 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     """`serving`: the device runs commands for a server, so a sandbox is required unless the policy says
     otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path), a `SandboxInfo`
     is a probe already made; `secrets` are more paths the sandbox hides (the token file); `mcp_hooks` answer
-    external MCP servers' questions and sampling requests (`mcp_client_caps`); `join_external`: the device
+    external MCP servers' questions and sampling requests (`mcp.client_caps`); `join_external`: the device
     is ready with its built-in tools and external MCP servers join when they have started (`tether device`
     registers without waiting for them)."""
     config = config or load_device_config(None)

@@ -12,7 +12,7 @@ under a cap (so a fleet of devices does not reconnect in lockstep after a server
 refusal that retrying cannot fix — bad token, name mismatch, unsupported version — stops `run()`
 with `RegistrationRefused` carrying the server's words; "that device is already connected"
 (4409) is retried, since the other connection may be this device's own dead one. That policy is
-in `tether.device.reconnect`. While the device owes the server something (results in the outbox,
+in `tether.device.link.reconnect`. While the device owes the server something (results in the outbox,
 batches queued or running), the waits are also held well inside the grace period the server's
 last RegisterAck promised (counted from the moment the link was lost), so a server that is
 reachable again gets the results before it gives the batches up. A long outage is logged once
@@ -42,13 +42,12 @@ from websockets.protocol import State
 from websockets.proxy import get_proxy
 from websockets.uri import parse_uri
 
-from tether.device.batches import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
-from tether.device.identity import DeviceKey
-from tether.device.keepalive import beat_due
-from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
-from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
-from tether.device.reconnect import (
+from tether.device.link.batch_runner import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
+from tether.device.link.device_key import DeviceKey
+from tether.device.link.keepalive import beat_due
+from tether.device.link.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
+from tether.device.link.reconnect import (
     DUPLICATE_CLOSE_CODE,
     FATAL_CLOSE_CODES,
     PIN_MISMATCH,
@@ -63,8 +62,9 @@ from tether.device.reconnect import (
     describe_failure,
     retry_after_of,
 )
-from tether.device.remote_policy import RemotePolicy
-from tether.device.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
+from tether.device.link.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
+from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
+from tether.device.policy_overlay import RemotePolicy
 from tether.protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameError,
@@ -196,7 +196,7 @@ class DeviceConnection:
         self.batches = BatchRunner(client, self.outbox, self.record, client_id=name,
                                    max_concurrent_sessions=max_concurrent_sessions)
         self.remote_policy = remote_policy  # answers the server's POLICY_REQUEST / POLICY_SET
-        # external MCP servers' questions waiting for an answer through the server (`mcp_elicit`)
+        # external MCP servers' questions waiting for an answer through the server (`mcp.elicit`)
         self.questions: RemoteQuestions | None = None
         self.sampler: RemoteSampler | None = None  # and their sampling requests (the server's LLM)
         self._stop = asyncio.Event()
