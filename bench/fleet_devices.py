@@ -79,7 +79,7 @@ async def realistic_profile(state: Path) -> Any:
 async def devices_main(url: str, state_root: str) -> None:
     """`--peer devices URL STATE`: devices for the tokens on stdin (one JSON line), until stdin ends."""
     from tether.device.config import parse_device_config
-    from tether.device.link.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection, LinkSettings
     from tether.device.local import build_device
 
     loop = asyncio.get_running_loop()
@@ -103,8 +103,8 @@ async def devices_main(url: str, state_root: str) -> None:
         for start in range(0, len(names), 50):  # in waves, so the server's accept queue stays short
             wave = []
             for name in names[start:start + 50]:
-                link = DeviceConnection(device.client, url, tokens[name], name=name, connect_timeout=60,
-                                        profile=profile_of(name))
+                link = DeviceConnection(device.client, url, tokens[name], name=name, profile=profile_of(name),
+                                        settings=LinkSettings(connect_timeout=60))
                 links.append(link)
                 tasks.append(asyncio.create_task(link.run()))
                 wave.append(link)

@@ -229,9 +229,9 @@ async def test_external_servers_join_a_ready_computer_as_a_waiting_one_has_them(
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     config = parse_device_config({"mcpServers": _gated_servers(gate)})
-    device = build_device(config, policy=Policy(), state_dir=tmp_path / "state", sandbox=False, join_external=True)
     changed: list[Any] = []
-    device.computer_manager.on_tools_changed = changed.append
+    device = build_device(config, policy=Policy(), state_dir=tmp_path / "state", sandbox=False, join_external=True,
+                          on_tools_changed=changed.append)
     loop = asyncio.get_running_loop()
     try:
         computer = await device.computer_manager.get_or_create(None)  # returns while gated waits on its gate

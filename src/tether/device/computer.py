@@ -69,7 +69,8 @@ class Computer:
     def __init__(self, name: str, process_name: str | None, mcp_server_manager: MCPServerManager,
                  data_collection_servers_config: Sequence[MCPServerConfig] = (),
                  action_servers_config: Sequence[MCPServerConfig] = (), *,
-                 context: ToolContext | None = None, tool_timeout: float | None = None) -> None:
+                 context: ToolContext | None = None, tool_timeout: float | None = None,
+                 on_tools_changed: Callable[[Computer], None] | None = None) -> None:
         self._name = name
         self._process_name = process_name
         self._mcp_server_manager = mcp_server_manager
@@ -85,7 +86,7 @@ class Computer:
         self._joining: asyncio.Task[None] | None = None  # external servers starting after async_init
         self.still_starting: list[str] = []  # their namespaces, until each has joined or failed
         self._joined = asyncio.Event()  # set (and replaced) each time one of them has joined or failed
-        self.on_tools_changed: Callable[[Computer], None] | None = None
+        self.on_tools_changed = on_tools_changed  # hears each external server joining (after async_init)
         self._tools_registry: dict[str, ToolEntry] = {}
         self._context = context or ToolContext()
         self._tool_timeout = tool_timeout
