@@ -17,7 +17,7 @@ from tether.device.local import build_device
 from tether.device.mcp.client_caps import MCPClientHooks
 from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
 from tether.device.probe import collect_profile
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
 

@@ -35,7 +35,7 @@ from tether.device.mcp.elicit import RemoteQuestions
 from tether.device.policy_overlay import RemotePolicy
 from tether.device.probe import collect_profile
 from tether.protocol.models import Command
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 INTERACTIVE = str(Path(__file__).parent.parent / "servers" / "interactive.py")
 LIST_TOOLS = {"tool_name": "list_tools", "tool_type": "data_collection"}
