@@ -217,7 +217,7 @@ class DeviceConnection:
         self.instance_id = uuid.uuid4().hex
         self._token = token
         # the device's key: every registration signs the server's challenge with it (protocol.identity). A
-        # device that runs for long passes the one in its state directory (identity.load_device_key); without
+        # device that runs for long passes the one in its state directory (device_key.load_device_key); without
         # one, a key made for this connection (in memory only: enrolled by the first registration of a token
         # made without a key, and not this device's any more once the process is gone)
         self.key = key if key is not None else DeviceKey.generate()
