@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from task_testkit import WAIT, AgentServer
+from tests.kits.task import WAIT, AgentServer
 from tether.device.config import parse_device_config
 from tether.device.link.connection import DeviceConnection, LinkSettings, RegistrationRefused
 from tether.device.serve import DeviceSetupError, ServedDevice, open_device, serve_device
@@ -27,7 +27,7 @@ def _free_port() -> int:
 async def test_open_device_registers_runs_a_command_sent_over_rest_and_closes(tmp_path: Path) -> None:
     states: list[str] = []
     async with AgentServer(tmp_path) as server:
-        token = server.store.create_token("device", "alpha")[1]
+        token = server.store.tokens.create("device", "alpha")[1]
         hub = server.app.state.hub
         async with await open_device(f"ws://127.0.0.1:{server.port}", token=token, config=parse_device_config({}),
                                      name="alpha", state_dir=tmp_path / "state", tags=["ci"],
@@ -65,7 +65,7 @@ async def test_unusable_settings_are_a_device_setup_error(tmp_path: Path) -> Non
 
 async def test_serve_device_serves_until_its_stop_event_is_set(tmp_path: Path) -> None:
     async with AgentServer(tmp_path) as server:
-        token = server.store.create_token("device", "beta")[1]
+        token = server.store.tokens.create("device", "beta")[1]
         hub = server.app.state.hub
         stop = threading.Event()
         ready: list[ServedDevice] = []

@@ -13,6 +13,7 @@ a question for the person when a command may or may not have run (see `tether.ag
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from tether.agent.steps import discover_tools
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.task_error import TaskError
 from tether.agent.task_store import SaveSoon, TaskStore
+from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
@@ -38,7 +40,8 @@ from tether.server.registry import NoDeviceError
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
-from tether.server.store import StoreUnavailable, TokenInfo, scope_reaches
+from tether.server.store import StoreUnavailable
+from tether.server.store.tokens import TokenInfo, scope_reaches
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +50,7 @@ _SUBSCRIBER_QUEUE = 10_000
 
 MAX_SAMPLING_CHARS = 64_000  # what a device may send this server's LLM in one sampling request
 
-class DeviceUnavailable(RuntimeError):
+class DeviceUnavailable(AgentError, RuntimeError):
     """A task's device cannot be reached and its tools are unknown, so nothing can be planned or run."""
 
 
@@ -246,15 +249,16 @@ class TaskService:
                     devices=[n for n in extra if n != target], confirm=confirm,
                     scope_devices=list(token.devices) if token is not None else [],
                     scope_tags=list(token.tags) if token is not None else [])
-        unaudited = self.hub.store.audit_problem()
+        unaudited = self.hub.store.audit.problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
         remote = self.hub.remote
         away = [n for n in (target, *task.devices) if not self.hub.holds(n)] if remote is not None else []
-        if away and (problem := remote.problem()) is not None:  # a cluster node cut off from its backplane
+        # a cluster node cut off from its backplane
+        if away and remote is not None and (problem := remote.problem()) is not None:
             raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
-            if self.hub.store.claim_session(task.id, task_owner(task.id)) != task_owner(task.id):
+            if self.hub.store.sessions.claim(task.id, task_owner(task.id)) != task_owner(task.id):
                 raise TaskError(409, f"session {task.id} is already taken; create the task again")
             self.store.save(task)
         except StoreUnavailable as exc:
@@ -400,7 +404,7 @@ class TaskService:
                     self._peers.ended(task.id)
                 self._release(task.id)
 
-    async def _tools_for(self, task: Task) -> dict[str | None, list[ToolInfo]]:
+    async def _tools_for(self, task: Task) -> dict[str | None, builtins.list[ToolInfo]]:
         """Each device's tools, asked live (tools change), else from the profile it registered with."""
         tools: dict[str | None, list[ToolInfo]] = {}
         for name in dict.fromkeys(n for n in [task.device, *task.devices] if n):
@@ -408,7 +412,7 @@ class TaskService:
         tools[None] = tools[task.device] if task.device else []
         return tools
 
-    async def _device_tools(self, name: str) -> list[ToolInfo]:
+    async def _device_tools(self, name: str) -> builtins.list[ToolInfo]:
         record = self.hub.registry.get(name)
         if record is not None and record.status != "offline":
             try:
@@ -602,8 +606,8 @@ class TaskService:
 
     # -- events -------------------------------------------------------------------------------------------
 
-    def subscribe(self, task_id: str, after: int = -1) -> tuple[Task, list[TaskEvent], asyncio.Queue[TaskEvent | None]
-                                                                | None]:
+    def subscribe(self, task_id: str, after: int = -1
+                  ) -> tuple[Task, builtins.list[TaskEvent], asyncio.Queue[TaskEvent | None] | None]:
         """The events so far (after `after`) and, for a task still going, a queue of what comes next
         (None marks the end). Both come from one moment, so nothing is missed or seen twice."""
         task = self.get(task_id)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
+from tether.errors import ConfigError, ServerError
 from tether.server.app import create_app
 from tether.server.coalesce import coalescing_http_protocol
 from tether.server.edge import edge_protocols
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 LEASE_CHECK_TICKS = 20  # uvicorn ticks (0.1 s): how often the server checks that it still holds its lease
 
 
-class UnsafeBinding(ValueError):
+class UnsafeBinding(ServerError, ConfigError, ValueError):
     """Refused to listen off loopback without what keeps the server safe there."""
 
 
@@ -33,7 +34,7 @@ def check_binding(settings: ServerSettings, store: Store, *, allow_insecure: boo
     do not cross the network in clear text) unless the operator says otherwise explicitly."""
     if is_loopback(settings.host):
         return
-    active = [t for t in store.list_tokens() if t.revoked_at is None]
+    active = [t for t in store.tokens.all() if t.revoked_at is None]
     if not active:
         raise UnsafeBinding(f"refusing to listen on {settings.host}: no tokens exist, so nobody could "
                             "authenticate; create them first with 'tether token create --device NAME' "
@@ -47,7 +48,7 @@ def check_binding(settings: ServerSettings, store: Store, *, allow_insecure: boo
 AppFactory = Callable[[ServerSettings, Store], FastAPI]
 
 
-class PortInUse(OSError):
+class PortInUse(ServerError, OSError):
     """The address the server was told to listen on cannot be bound (in use, not this machine's, no right)."""
 
 
@@ -67,7 +68,7 @@ class StateClaim:
         """Settle what the last server left in flight, if this server is alone on the database (else those
         rows are another live server's), then let other servers join the database."""
         if self.lease.alone:
-            settled = store.settle_sent()
+            settled = store.audit.settle_sent()
             if settled:
                 logger.warning("%d command(s) were in flight when the last server stopped: their audit rows say "
                                "'unknown'", settled)

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from tether.errors import ServerError
 from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
 from tether.server.hub import DeviceHub
 
 POLICY_TIMEOUT_S = 15.0  # a device answers from memory and one small file write
 
 
-class PolicyRequestFailed(Exception):
+class PolicyRequestFailed(ServerError):
     """The device was not reachable or did not answer (`status` 409: the device's state, not the
     server's fault) or refused the request (`status` 422)."""
 
@@ -39,10 +40,10 @@ async def change(hub: DeviceHub, device: str, policy: dict[str, Any], *, replace
     try:
         report = await _ask(hub, device, message, timeout)
     except PolicyRequestFailed as exc:
-        hub.store.audit(requested_by, device, None, "policy.set", arguments, "failure", str(exc),
+        hub.store.audit.record(requested_by, device, None, "policy.set", arguments, "failure", str(exc),
                         response_id=message.response_id)
         raise
-    hub.store.audit(requested_by, device, None, "policy.set", {**arguments, "version": report.get("version")},
+    hub.store.audit.record(requested_by, device, None, "policy.set", {**arguments, "version": report.get("version")},
                     "success", None, response_id=message.response_id)
     return report
 

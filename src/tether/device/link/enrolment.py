@@ -31,12 +31,13 @@ from tether.device.link.tls_pin import (
     pinned_context,
     pinned_context_for_async,
 )
+from tether.errors import DeviceError
 
 TOKEN_FILE, STATE_FILE = "device.token", "pairing.json"
 _CLAIM_WAIT = 25.0  # seconds the server holds one claim before answering "pending"
 
 
-class PairingFailed(RuntimeError):
+class PairingFailed(DeviceError, RuntimeError):
     """Pairing ended without a token: refused, expired, or the server said no; the message says which."""
 
 
