@@ -17,7 +17,7 @@ import dbkit
 from aip_testkit import WAIT, FakeDevice
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.profile import DeviceProfile
-from tether.server.app import create_app
+from tether.server.http.app import create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

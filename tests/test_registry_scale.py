@@ -28,7 +28,7 @@ from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMes
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
 from tether.server import store as store_module
-from tether.server.app import create_app
+from tether.server.http.app import create_app
 from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRegistry
 from tether.server.settings import ServerSettings

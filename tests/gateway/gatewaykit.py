@@ -20,7 +20,7 @@ import dbkit
 from aip_testkit import WAIT, FakeDevice
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
-from tether.server.app import Extension, create_app
+from tether.server.http.app import Extension, create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

@@ -16,7 +16,7 @@ from gatewaykit import GatewayServer, Seen, mcp_client, profile, register
 
 from aip_testkit import WAIT
 from tether.protocol.models import Result, ResultStatus
-from tether.server import guard
+from tether.server.http import request_guard as guard
 
 
 @pytest.fixture

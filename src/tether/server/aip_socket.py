@@ -12,7 +12,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from tether.protocol.identity import CHALLENGE_HEADER, new_challenge
-from tether.server.guard import deny_websocket
+from tether.server.http.request_guard import deny_websocket
 from tether.server.store import TokenInfo
 
 if TYPE_CHECKING:

@@ -12,10 +12,10 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
-from tether.server.app import create_app
-from tether.server.coalesce import coalescing_http_protocol
-from tether.server.edge import edge_protocols
-from tether.server.logsafe import server_log_config
+from tether.server.http.app import create_app
+from tether.server.http.coalesce import coalescing_http_protocol
+from tether.server.http.edge import edge_protocols
+from tether.server.http.logsafe import server_log_config
 from tether.server.settings import ServerSettings, is_loopback
 from tether.server.store import Store
 from tether.server.store.lease import StateLease, take_lease
@@ -128,7 +128,7 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
     sockets `claim_state` took (then what the last server left in flight is settled here, before the app).
 
     Logging: uvicorn's handlers plus the server's own loggers, every line escaped and the access
-    log without query strings (`tether.server.logsafe`)."""
+    log without query strings (`tether.server.http.logsafe`)."""
     store = Store(settings.db_target)
     store.check_writable()  # a full or read-only state directory: StoreUnavailable, one line
     if claim is not None:

@@ -21,8 +21,8 @@ from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
-from tether.server.coalesce import ON_DISCONNECT
-from tether.server.guard import receive_body
+from tether.server.http.coalesce import ON_DISCONNECT
+from tether.server.http.request_guard import receive_body
 from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRecord, NoDeviceError
 from tether.server.remote import BackplaneUnavailable

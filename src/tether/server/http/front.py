@@ -10,7 +10,7 @@ memory per idle device).
 
 So `ServerApp.__call__` looks at the scope first: `POST /api/v1/devices/{name}/commands`,
 `POST /api/v1/commands` and the `/aip` WebSocket go to their endpoints through `RequestGuard` alone —
-the same Host/Origin rules and body caps as every other route (guard.py) — and everything else,
+the same Host/Origin rules and body caps as every other route (request_guard.py) — and everything else,
 lifespan included, to FastAPI as before. The documented FastAPI routes for the same paths stay in the
 app for the OpenAPI document; errors are the same `{"error": …}` bodies (`error_response`).
 """
@@ -27,8 +27,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
 
-from tether.server.guard import ASGIApp, Message, RequestGuard, Scope, throttled_handshake
-from tether.server.ratelimit import Throttles
+from tether.server.http.ratelimit import Throttles
+from tether.server.http.request_guard import ASGIApp, Message, RequestGuard, Scope, throttled_handshake
 from tether.server.store import StoreUnavailable
 
 logger = logging.getLogger(__name__)
