@@ -12,6 +12,7 @@ from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from tether.protocol.identity import CHALLENGE_HEADER, new_challenge
+from tether.server.http.internals import websocket_send_raw
 from tether.server.http.request_guard import deny_websocket
 from tether.server.store import TokenInfo
 
@@ -111,7 +112,7 @@ class StarletteSocket:
         if self.closed or websocket.application_state is not WebSocketState.CONNECTED:
             raise SocketClosed()
         try:
-            await websocket._send({"type": "websocket.send", "text": data})
+            await websocket_send_raw(websocket, {"type": "websocket.send", "text": data})
         except (RuntimeError, OSError):  # uvicorn: ClientDisconnected (an OSError), or a frame after the close
             websocket.application_state = WebSocketState.DISCONNECTED
             raise SocketClosed() from None

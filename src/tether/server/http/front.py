@@ -27,6 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
 
+from tether.server.http import internals
 from tether.server.http.ratelimit import Throttles
 from tether.server.http.request_guard import ASGIApp, Message, RequestGuard, Scope, throttled_handshake
 from tether.server.store import StoreUnavailable
@@ -110,7 +111,7 @@ class FastRoutes:
         if path.startswith(DEVICES_PREFIX) and path.endswith(COMMANDS_SUFFIX):
             name = path[len(DEVICES_PREFIX):-len(COMMANDS_SUFFIX)]
             if name and "/" not in name:  # Starlette's `{name}`: one non-empty segment
-                scope["path_params"] = {"name": name}
+                internals.set_path_params(scope, {"name": name})
                 return self.run_commands
         return None
 
@@ -137,5 +138,5 @@ class ServerApp(FastAPI):
         if route is None:
             await super().__call__(scope, receive, send)
             return
-        scope["app"] = self  # what `request.app` reads, as Starlette sets it
+        internals.enter_app(scope, self)  # what `request.app` reads
         await route(scope, receive, send)

@@ -21,6 +21,7 @@ from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
+from tether.server.http import internals
 from tether.server.http.coalesce import ON_DISCONNECT
 from tether.server.http.request_guard import receive_body
 from tether.server.hub import DeviceHub
@@ -345,7 +346,7 @@ async def read_body(request: Request) -> bytes:
     body = await receive_body(request.receive)
     if body is None:
         raise ClientDisconnect()
-    request._body = body
+    internals.keep_body(request, body)
     return body
 
 
@@ -470,7 +471,7 @@ def _results_body(device: str, results: list[Result], limit: int) -> bytes:
 HEADERS_AFTER_S = 0.05  # a batch still running after this gets its headers (X-Tether-Batch) before its results
 
 
-class BatchResponse(Response):
+class BatchResponse:
     """A batch's JSON results: the headers (with `X-Tether-Batch`) within `HEADERS_AFTER_S`, the body when
     the batch ends — both at once when it ends sooner.
 
@@ -485,8 +486,7 @@ class BatchResponse(Response):
 
     def __init__(self, run: Any, device: str, limit: int, response_id: str) -> None:
         self.status_code = 200
-        self.background = None
-        # built as bytes directly: Starlette's `init_headers` (a dict, encoded pair by pair) cost more
+        # built as bytes directly: Starlette's `Response` (its headers a dict, encoded pair by pair) cost more
         self.raw_headers = [(b"content-type", b"application/json"), (b"x-tether-batch", response_id.encode()),
                             (b"cache-control", b"no-cache")]
         self._run, self._device, self._limit = run, device, limit
