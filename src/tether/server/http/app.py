@@ -19,7 +19,7 @@ from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.pairing_routes import pairing_router
 from tether.server.http.policy_routes import policy_router
 from tether.server.http.request_guard import RequestGuard
-from tether.server.http.rest import fast_run_commands, fast_run_selected, router
+from tether.server.http.rest import router, run_commands, run_selected
 from tether.server.hub import DeviceHub
 from tether.server.mcp import mount_gateway
 from tether.server.pairing import PairingBook
@@ -87,7 +87,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.add_middleware(RequestGuard, settings=settings, api_token_ok=api_token_ok)
     # ...and the hot routes answered before FastAPI's stack, behind the same guard (front.py)
     app.fast = FastRoutes(lambda route: RequestGuard(route, settings=settings, api_token_ok=api_token_ok),
-                          fast_run_commands, fast_run_selected, aip.endpoint)
+                          run_commands, run_selected, aip.endpoint)
 
     # Starlette's HTTPException (FastAPI's subclasses it): the router's own 404 and 405 included
     @app.exception_handler(HTTPException)

@@ -93,4 +93,4 @@ def coalescing_http_protocol() -> type[asyncio.Protocol]:
     its transport wrapped in a `CoalescingTransport` as the connection is made and `ON_DISCONNECT` in every
     request's scope (`internals.coalescing_http_protocol`)."""
     return internals.coalescing_http_protocol(
-        ON_DISCONNECT, lambda transport: CoalescingTransport(transport, asyncio.get_running_loop()))  # type: ignore[return-value]
+        ON_DISCONNECT, lambda transport: CoalescingTransport(transport, asyncio.get_running_loop()))

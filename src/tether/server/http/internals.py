@@ -126,7 +126,7 @@ def give_websocket_real_transport(protocol: asyncio.BaseProtocol, wrapper: objec
         protocol.transport = transport  # type: ignore[attr-defined]
 
 
-def coalescing_http_protocol(watch_key: str, wrap: Callable[[asyncio.Transport], asyncio.Transport]
+def coalescing_http_protocol(watch_key: str, wrap: Callable[[asyncio.Transport], object]
                              ) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (`http_protocol_base`) with its transport replaced by `wrap(transport)` as
     the connection is made, and `scope[watch_key]` set to `watch(callback) -> unwatch` on every request:
