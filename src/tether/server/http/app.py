@@ -11,7 +11,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from tether import __version__
 from tether.server.aip_socket import aip_route
 from tether.server.http.batch_routes import batch_router
 from tether.server.http.fleet_routes import mount_fleet
@@ -26,6 +25,7 @@ from tether.server.pairing import PairingBook
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
 from tether.server.web import mount_web
+from tether.version import __version__
 
 Extension = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
