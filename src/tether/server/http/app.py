@@ -12,13 +12,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from tether.server.aip_socket import aip_route
+from tether.server.http.api import router, run_commands, run_selected
 from tether.server.http.batch_routes import batch_router
 from tether.server.http.fleet_routes import mount_fleet
 from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.pairing_routes import pairing_router
 from tether.server.http.policy_routes import policy_router
 from tether.server.http.request_guard import RequestGuard
-from tether.server.http.rest import router, run_commands, run_selected
 from tether.server.hub import DeviceHub
 from tether.server.mcp import mount_gateway
 from tether.server.pairing import PairingBook

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 
-from tether.server.http.rest import ERROR_RESPONSES, _hub, require
+from tether.server.http.api import ERROR_RESPONSES, _hub, require
 from tether.server.scopes import reaches
 from tether.server.store import LATE_NOTE, PENDING, SENT, UNKNOWN, TokenInfo
 

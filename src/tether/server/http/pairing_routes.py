@@ -10,8 +10,8 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.identity import PUBLIC_KEY_CHARS, SIGNATURE_CHARS
+from tether.server.http.api import ERROR_RESPONSES, require_fleet
 from tether.server.http.ratelimit import claim_refusal
-from tether.server.http.rest import ERROR_RESPONSES, require_fleet
 from tether.server.pairing import PairingBook, PairingError
 from tether.server.store import TokenInfo
 
