@@ -17,7 +17,7 @@ import pytest
 import typer
 
 import dbkit
-import tether.cli
+import tether.cli.commands
 from netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.cli.common import COMMAND_PANELS, ExitCode, app
 
@@ -27,9 +27,8 @@ ANNOTATION_LABEL = re.compile(r"<(?:bool|str|int|float|path|file|dir|datetime|li
 
 
 def _root_command() -> Any:
-    for module in pkgutil.iter_modules(tether.cli.__path__):  # every module: each attaches its commands
-        if module.name != "__main__":
-            importlib.import_module(f"tether.cli.{module.name}")
+    for module in pkgutil.iter_modules(tether.cli.commands.__path__):  # every module: each attaches its commands
+        importlib.import_module(f"tether.cli.commands.{module.name}")
     return typer.main.get_command(app)
 
 

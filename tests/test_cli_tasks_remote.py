@@ -17,7 +17,7 @@ import pytest
 
 import dbkit
 from netutil import CLI, HEARTBEAT, Cluster, wait_for
-from tether.cli.task_cmds import parse_requires
+from tether.cli.common import parse_requires
 
 
 class Setup:

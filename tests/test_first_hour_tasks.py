@@ -18,7 +18,7 @@ import pytest
 from agent_fakes import FakeLLM
 from netutil import CLI, free_port
 from tether.agent.answers import AnswerError, parse_answer
-from tether.cli.terminal_output import TerminalLines
+from tether.cli.views.terminal_output import TerminalLines
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:

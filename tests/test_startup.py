@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import typer
 
-import tether.cli
+import tether.cli.commands
 from netutil import tether_env
 from tether.cli.common import app
 from tether.cli.lazy import COMMANDS, all_modules, expand
@@ -51,9 +51,8 @@ def _top(modules: set[str]) -> set[str]:
 
 
 def _full_root() -> Any:
-    for module in pkgutil.iter_modules(tether.cli.__path__):  # every module: each attaches its commands
-        if module.name != "__main__":
-            importlib.import_module(f"tether.cli.{module.name}")
+    for module in pkgutil.iter_modules(tether.cli.commands.__path__):  # every module: each attaches its commands
+        importlib.import_module(f"tether.cli.commands.{module.name}")
     return typer.main.get_command(app)
 
 
@@ -70,11 +69,11 @@ def test_the_table_names_every_command_with_its_own_help_line() -> None:
              if COMMANDS[name].help != command.get_short_help_str(limit=1000)}
     assert not wrong, f"tether.cli.lazy.COMMANDS says another help line than the command: {wrong}"
     for module in expand(all_modules()):
-        assert importlib.util.find_spec(f"tether.cli.{module}") is not None, module
+        assert importlib.util.find_spec(f"tether.cli.commands.{module}") is not None, module
     # a pattern stands for the modules it matches: `tether mcp`'s sub-command modules are found by name
-    assert {"tools_cmds", "server_cmds"} <= set(expand(("*_cmds",))) and "common" not in expand(("*_cmds",))
-    assert expand(("mcp_*_cmds",)) == sorted(m.name for m in pkgutil.iter_modules(tether.cli.__path__)
-                                             if m.name.startswith("mcp_") and m.name.endswith("_cmds"))
+    assert {"tools", "server"} <= set(expand(("*",))) and "common" not in expand(("*",))
+    assert expand(("mcp_*",)) == sorted(m.name for m in pkgutil.iter_modules(tether.cli.commands.__path__)
+                                        if m.name.startswith("mcp_"))
 
 
 def test_a_command_loaded_alone_is_the_whole_command(tmp_path: Path) -> None:
@@ -100,8 +99,9 @@ def test_root_help_lists_every_command_and_imports_no_command_module(tmp_path: P
         assert f"│ {name} " in proc.stdout, name
         assert lazy.help.split()[0] in proc.stdout
     loaded = {m.removeprefix("tether.cli.") for m in modules if m.startswith("tether.cli.")}
-    assert loaded <= {"common", "lazy", "rich_help", "safe_text"}, loaded  # safe_text: how every view escapes
-    # typer's help panels without rich's Markdown and traceback modules (tether.cli.rich_help)
+    # views.safe_text: how every view escapes
+    assert loaded <= {"common", "lazy", "views", "views.rich_help", "views.safe_text"}, loaded
+    # typer's help panels without rich's Markdown and traceback modules (tether.cli.views.rich_help)
     assert "typer.rich_utils" in modules and not modules & {"rich.markdown", "rich.traceback", "rich.syntax"}
     assert not _top(modules) & {*HEAVY, "pydantic", "httpx"}, sorted(_top(modules) & {*HEAVY, "pydantic", "httpx"})
     assert "tether.protocol" not in modules and "asyncio" not in modules
@@ -115,7 +115,7 @@ def test_a_commands_help_imports_none_of_the_heavy_libraries(tmp_path: Path, arg
     assert proc.returncode == 0, proc.stderr
     assert "Usage: tether" in proc.stdout
     assert not _top(modules) & set(HEAVY), sorted(_top(modules) & set(HEAVY))
-    assert not modules & {"rich.markdown", "rich.traceback"}, "help panels need neither (tether.cli.rich_help)"
+    assert not modules & {"rich.markdown", "rich.traceback"}, "help panels need neither (tether.cli.views.rich_help)"
 
 
 def test_a_local_built_in_tool_call_imports_no_sdk_server_or_http_client(tmp_path: Path) -> None:
@@ -130,14 +130,15 @@ def test_an_unknown_command_is_a_usage_error_that_loads_nothing(tmp_path: Path) 
     modules, proc = _imported(tmp_path, "no-such-command")
     assert proc.returncode == 2
     assert "No such command 'no-such-command'" in proc.stderr
-    assert not {m for m in modules if m.startswith("tether.cli.")} - {"tether.cli.common", "tether.cli.lazy",
-                                                                      "tether.cli.rich_help", "tether.cli.safe_text"}
+    assert not {m for m in modules if m.startswith("tether.cli.")} - {
+        "tether.cli.common", "tether.cli.lazy", "tether.cli.views", "tether.cli.views.rich_help",
+        "tether.cli.views.safe_text"}
 
 
 # In a fresh interpreter: typer.rich_utils imported through the stand-ins, then each one used as typer uses it.
 _STAND_INS = """
 import json, sys
-from tether.cli.rich_help import load_rich_utils
+from tether.cli.views.rich_help import load_rich_utils
 load_rich_utils()
 before = sorted(m for m in ("rich.markdown", "rich.traceback") if m in sys.modules)
 from typer import rich_utils

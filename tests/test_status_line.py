@@ -14,8 +14,8 @@ from rich.console import Console
 
 from agent_fakes import FakeLLM
 from netutil import CLI
-from tether.cli.spinner import Spinner
-from tether.cli.task_view import EventView
+from tether.cli.views.spinner import Spinner
+from tether.cli.views.task import EventView
 
 
 class Clock:

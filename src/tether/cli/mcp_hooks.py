@@ -47,7 +47,7 @@ def llm_sampler(llm: LLMClient) -> Sampler:
 
 def _read(prompt: str) -> str:
     """One line from the terminal, the prompt on stderr (stdout stays the result's); EOFError at the end."""
-    from tether.cli.safe_text import visible
+    from tether.cli.views.safe_text import visible
 
     sys.stderr.write(visible(prompt))  # field names and choices come from an external MCP server
     sys.stderr.flush()
@@ -130,9 +130,10 @@ def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | N
         if event.kind != "elicitation" or "id" not in data:
             stream_output(event.kind, data, raw)
             return
+        schema = data.get("schema")
         request = ElicitationRequest(id=str(data["id"]), server=str(data.get("server", "?")),
                                      call_id=event.call_id, session_id=None, message=str(data.get("message", "")),
-                                     schema=data.get("schema") if isinstance(data.get("schema"), dict) else {})
+                                     schema=schema if isinstance(schema, dict) else {})
         if not ask:
             err.print(f"MCP server {request.server} asks (question {request.id}): ", end="", markup=False)
             err.print(request.message, markup=False, highlight=False)

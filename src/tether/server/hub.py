@@ -38,16 +38,8 @@ from tether.protocol.messages import (
     TaskStatus,
 )
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip_socket import (
-    CLOSE_BAD_REGISTRATION,
-    CLOSE_DUPLICATE,
-    CLOSE_GOING_AWAY,
-    CLOSE_HEARTBEAT_TIMEOUT,
-    CLOSE_REPLACED,
-    CLOSE_UNAUTHORIZED,
-    AIPSocket,
-    SocketClosed,
-)
+from tether.protocol.wire import CloseCode
+from tether.server.aip_socket import AIPSocket, SocketClosed
 from tether.server.batches import BatchBook, PendingBatch
 from tether.server.device_link import DeviceLink, close_socket
 from tether.server.dispatcher import WebSocketCommandDispatcher
@@ -128,7 +120,7 @@ class DeviceHub:
         self._batches.finish_all("the server is shutting down", pending=True)
         for conn in list(self._conns.values()):
             self._drop(conn, "server shutdown", grace=False)
-            self._close_conn(conn, CLOSE_GOING_AWAY, "server shutting down")
+            self._close_conn(conn, CloseCode.GOING_AWAY, "server shutting down")
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -273,7 +265,7 @@ class DeviceHub:
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
             self._drop(conn, "its token was revoked", grace=False)
             self._batches.fail_device(conn.name, f"the token of device {conn.name} was revoked")
-            self._close_conn(conn, CLOSE_UNAUTHORIZED, "unauthorized: token revoked")
+            self._close_conn(conn, CloseCode.UNAUTHORIZED, "unauthorized: token revoked")
 
     # -- one connection --------------------------------------------------------------------------
 
@@ -284,7 +276,7 @@ class DeviceHub:
         prove the device's key with it (`registration.prove_key`)."""
         conn: DeviceLink | None = None
         if self._closed:
-            await close_socket(socket, CLOSE_GOING_AWAY, "server shutting down")
+            await close_socket(socket, CloseCode.GOING_AWAY, "server shutting down")
             return
         try:
             conn = await self._register(socket, authorization, peer, challenge)
@@ -304,7 +296,8 @@ class DeviceHub:
         is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
         arriving = self.authenticate(authorization)
         if isinstance(arriving, Refusal):
-            return await refuse(socket, arriving, peer)
+            await refuse(socket, arriving, peer)
+            return None
         name = arriving.name
         self._arriving[name] = self._arriving.get(name, 0) + 1
         try:
@@ -324,27 +317,32 @@ class DeviceHub:
             async with asyncio.timeout(settings.register_timeout):
                 frame = await socket.receive_text()
         except TimeoutError:
-            return await refuse(socket, Refusal(CLOSE_BAD_REGISTRATION,
-                                                f"no register frame within {settings.register_timeout:g}s"), peer)
+            await refuse(socket, Refusal(CloseCode.BAD_REGISTRATION,
+                                         f"no register frame within {settings.register_timeout:g}s"), peer)
+            return None
         except SocketClosed:
             return None
         token = self.authenticate(authorization)  # again: it may have been revoked meanwhile
         if isinstance(token, Refusal):
-            return await refuse(socket, token, peer)
+            await refuse(socket, token, peer)
+            return None
         name = token.name
         reg = read_registration(frame, name, settings.max_frame_bytes)
         if isinstance(reg, Refusal):
-            return await refuse(socket, reg, peer)
+            await refuse(socket, reg, peer)
+            return None
         unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
         if unproven is not None:
-            return await refuse(socket, unproven, peer)
+            await refuse(socket, unproven, peer)
+            return None
         now = time.monotonic()
         old = self._conns.get(name)
         if old is not None and old.instance_id != reg.instance_id \
                 and now - old.last_seen < settings.heartbeat_timeout:
-            return await refuse(socket, Refusal(CLOSE_DUPLICATE, (
+            await refuse(socket, Refusal(CloseCode.DUPLICATE, (
                 f"device '{name}' is already connected from {old.record.address or 'elsewhere'} (another process, "
                 f"heard from {now - old.last_seen:.1f}s ago); stop it or wait {settings.heartbeat_timeout:g}s")), peer)
+            return None
         record = self.registry.ensure(name)
         resumed = record.instance_id == reg.instance_id
         previous = record.instance_id or self._given_up.pop(name, None)
@@ -352,7 +350,7 @@ class DeviceHub:
             self._restarted(name)
         if old is not None:  # same process reconnecting, or a stale one: the new connection wins
             self._drop(old, "replaced", grace=False)
-            self._close_conn(old, CLOSE_REPLACED, "replaced by a new connection")
+            self._close_conn(old, CloseCode.REPLACED, "replaced by a new connection")
         if record.instance_id is not None and not resumed:
             self._batches.forget_cancels(name)
             self._batches.fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
@@ -445,6 +443,7 @@ class DeviceHub:
             except ValidationError as exc:
                 await conn.error(f"invalid device_info payload: {exc.errors()[0]['msg']}", "invalid")
                 return
+            assert conn.record.last_seen is not None  # set when it registered
             self._remember(conn.name, conn.record, conn.record.last_seen)
             self.registry.notify()
             self._fleet_changed(conn.name)
@@ -649,7 +648,7 @@ class DeviceHub:
 
     def _silent(self, conn: DeviceLink, silent: float) -> None:
         self._drop(conn, f"no frame for {silent:.1f}s (timeout {self.settings.heartbeat_timeout:g}s)")
-        self._close_conn(conn, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
+        self._close_conn(conn, CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")
 
     # -- plumbing --------------------------------------------------------------------------------
 

@@ -18,14 +18,8 @@ from pydantic import ValidationError
 from tether.protocol.codec import FrameError, decode_client_message, encode
 from tether.protocol.identity import fingerprint, register_statement, verify
 from tether.protocol.messages import ClientMessageType, Registration, ServerMessage, ServerMessageType, TaskStatus
-from tether.server.aip_socket import (
-    CLOSE_BAD_REGISTRATION,
-    CLOSE_KEY_REFUSED,
-    CLOSE_UNAUTHORIZED,
-    CLOSE_WRONG_DEVICE,
-    AIPSocket,
-    SocketClosed,
-)
+from tether.protocol.wire import CloseCode
+from tether.server.aip_socket import AIPSocket, SocketClosed
 from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
 from tether.server.device_link import close_socket
 from tether.server.store import Store, TokenInfo
@@ -35,14 +29,14 @@ logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and
 
 @dataclass(frozen=True)
 class Refusal:
-    code: int  # the WebSocket close code (aip_socket.CLOSE_*)
+    code: int  # the WebSocket close code (a `CloseCode`)
     error: str
 
 
 def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal:
     """The device token's info, or why the connection is unauthorized."""
     def refused(error: str) -> Refusal:
-        return Refusal(CLOSE_UNAUTHORIZED, error)
+        return Refusal(CloseCode.UNAUTHORIZED, error)
 
     if not authorization:
         return refused("unauthorized: no token; send the header 'Authorization: Bearer <device token>'")
@@ -65,12 +59,12 @@ def read_registration(frame: str, device: str, max_frame_bytes: int) -> Registra
             raise FrameError("not_register", f"the first frame must be a register message, not {msg.type.value}")
         reg = Registration.model_validate(msg.payload)
     except FrameError as exc:
-        return Refusal(CLOSE_BAD_REGISTRATION, f"registration refused: {exc}")
+        return Refusal(CloseCode.BAD_REGISTRATION, f"registration refused: {exc}")
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-        return Refusal(CLOSE_BAD_REGISTRATION, f"invalid registration: {problems}")
+        return Refusal(CloseCode.BAD_REGISTRATION, f"invalid registration: {problems}")
     if reg.name is not None and reg.name != device:
-        return Refusal(CLOSE_WRONG_DEVICE, f"this token belongs to device '{device}' "
+        return Refusal(CloseCode.WRONG_DEVICE, f"this token belongs to device '{device}' "
                                            f"but the registration claims to be '{reg.name}'")
     return reg
 
@@ -83,7 +77,7 @@ def prove_key(store: Store, device: str, reg: Registration, challenge: str | Non
     the key it proves now, once: from then on that key is the device. A token alone is never enough.
     """
     def refused(error: str) -> Refusal:
-        return Refusal(CLOSE_KEY_REFUSED, error)
+        return Refusal(CloseCode.KEY_REFUSED, error)
 
     proof = reg.proof
     if challenge is None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tether.errors import ServerError
+
 if TYPE_CHECKING:
     from tether.protocol.messages import ClientMessage, ServerMessage
     from tether.server.batches import PendingBatch
 
 
-class BackplaneUnavailable(Exception):
+class BackplaneUnavailable(ServerError):
     """The cluster's backplane (Redis) cannot be reached: work for devices on other nodes is refused."""
 
 

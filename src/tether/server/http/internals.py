@@ -15,7 +15,7 @@ Framework modules are imported inside the functions that need them: the CLI impo
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -79,13 +79,13 @@ def keep_body(request: Request, body: bytes) -> None:
     request._body = body
 
 
-def enter_app(scope: dict[str, Any], app: object) -> None:
+def enter_app(scope: MutableMapping[str, Any], app: object) -> None:
     """Put `app` where Starlette's `Request.app` reads it (`scope["app"]`, which Starlette's own app sets as a
     request enters it): for a request answered without entering the Starlette app's `__call__`."""
     scope["app"] = app
 
 
-def set_path_params(scope: dict[str, Any], params: dict[str, str]) -> None:
+def set_path_params(scope: MutableMapping[str, Any], params: dict[str, str]) -> None:
     """Put a route's path parameters where Starlette's `Request.path_params` reads them (`scope["path_params"]`,
     which Starlette's router sets when a route matches): for a route matched outside that router."""
     scope["path_params"] = params
@@ -134,7 +134,7 @@ def coalescing_http_protocol(watch_key: str, wrap: Callable[[asyncio.Transport],
     base = http_protocol_base()
 
     class CoalescingHTTPProtocol(base):  # type: ignore[misc, valid-type]
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             self._watchers: set[Callable[[], None]] = set()
             self._lost = False
             super().connection_made(wrap(transport))
@@ -177,7 +177,7 @@ def edge_http_protocol(base: type[asyncio.Protocol], caps: ConnectionCaps, setti
         _edge_refused = False
         _edge_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             address = peer_address(transport)
             if not caps.admit_http(address):
                 self._edge_refused = True

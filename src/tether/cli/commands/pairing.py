@@ -12,8 +12,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tether.cli.common import CaOpt, ExitCode, JsonOpt, ServerOpt, TokenOpt, console, fail, fail_remote
-from tether.cli.server_cmds import devices_app
+from tether.cli.common import (
+    CaOpt,
+    ExitCode,
+    JsonOpt,
+    ServerOpt,
+    TokenOpt,
+    console,
+    devices_app,
+    fail,
+    fail_remote,
+)
 from tether.client.rest import RemoteError, RemoteServer
 
 if TYPE_CHECKING:

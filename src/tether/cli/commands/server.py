@@ -26,11 +26,13 @@ from tether.cli.common import (
     ServerOpt,
     StateOpt,
     TokenOpt,
-    app,
     console,
+    device_app,
+    devices_app,
     fail,
     fail_remote,
     say,
+    server_app,
     token_app,
 )
 
@@ -41,16 +43,6 @@ DbOpt = Annotated[str | None, typer.Option(
     "--db", metavar="PATH|URL", help="server database: a SQLite file (default: state dir/server.db) or a "
                                      "postgresql://USER@HOST:PORT/DB URL shared by several servers "
                                      "(default $TETHER_DB_URL; a password goes in ~/.pgpass or PGPASSWORD)")]
-
-# `tether server`, `tether device` and `tether devices` run (or list) by themselves and also have
-# sub-commands (install, uninstall, status; pending, approve, refuse) attached by other modules
-server_app = typer.Typer(help="Start the agent server, or install it as a service.")
-device_app = typer.Typer(help="Connect this machine to a server as a device, or install it as a service.")
-devices_app = typer.Typer(help="Show the server's devices, and let pairing devices in.")
-app.add_typer(server_app, name="server")
-app.add_typer(device_app, name="device")
-app.add_typer(devices_app, name="devices")
-
 
 def _settings(**overrides: object):
     from tether.server.settings import ServerSettings
@@ -505,7 +497,7 @@ def device(ctx: typer.Context,
 
     enrolment = None
     if not secret:
-        from tether.cli.pairing_cmds import enrol  # httpx and the admin commands: only without a token
+        from tether.cli.commands.pairing import enrol  # httpx and the admin commands: only without a token
 
         enrolment = enrol(cfg, servers[0] if servers else None, state_dir, name, ca_file, tls_fingerprint, pair)
         if name and enrolment.name and name != enrolment.name:  # the admin named it when approving
@@ -729,12 +721,6 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
                       _sandbox_cell(r.get("sandbox")), escape(", ".join(r.get("tags") or [])) or "-",
                       ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else ""))
     console().print(table)
-
-
-def _sandbox_cell(kind: str | None) -> str:
-    if kind is None:
-        return "-"  # not reported (offline before it registered, or an older device)
-    return "[yellow]none[/yellow]" if kind == "none" else kind
 
 
 def _print_cert_fingerprint(cert: Path) -> None:

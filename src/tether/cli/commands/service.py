@@ -19,8 +19,7 @@ from typing import Annotated
 
 import typer
 
-from tether.cli.common import console, fail
-from tether.cli.server_cmds import device_app, server_app
+from tether.cli.common import console, device_app, fail, server_app
 
 Kind = str  # "device" or "server"
 _PASS = {"allow_extra_args": True, "ignore_unknown_options": True}

@@ -1,7 +1,7 @@
 """`tether run`: plan a request with an LLM (or take a plan file), run it step by step, recover, answer.
 
 Locally (this machine, one process, tasks kept in the state directory's tasks.db), or on a server's
-device when a server, a device or requirements are given (see `task_cmds`). `tether tasks` and
+device when a server, a device or requirements are given (see `commands.task`). `tether tasks` and
 `tether log` read the same place: the server when one is given, else the local store.
 """
 
@@ -28,9 +28,10 @@ from tether.cli.common import (
     console,
     fail,
     fail_remote,
+    parse_requires,
 )
 from tether.cli.root_guard import AllowRootOpt, guard_root
-from tether.cli.task_view import EventView, print_log, print_outcome
+from tether.cli.views.task import EventView, print_log, print_outcome
 
 LocalOpt = Annotated[bool, typer.Option("--local", help="this machine, even when TETHER_SERVER is set")]
 
@@ -85,7 +86,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
             fail(f"{plan}: the plan has no steps")
     text = request or f"run the plan in {plan}"
     if remote:
-        from tether.cli.task_cmds import connect, parse_requires, run_remote
+        from tether.cli.commands.task import connect, run_remote
 
         try:
             requires = parse_requires(list(require or [])) if require else None
@@ -93,7 +94,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
             fail(str(exc))
         steps = [s.model_dump(mode="json") for s in given.steps] if given is not None else None
         if dry_run:  # --- tether run --dry-run on a server (engineer C): nothing runs, nothing is stored
-            from tether.cli.plan_preview import dry_run_remote
+            from tether.cli.views.plan_preview import dry_run_remote
 
             with connect(server, token, ca_file) as client:
                 raise typer.Exit(dry_run_remote(client, text, steps, device, requires, list(also or [])))
@@ -112,7 +113,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     if given is None and settings is None:
         fail("no LLM is configured, so a request cannot be planned.\n" + how_to_configure())
     if dry_run:  # --- tether run --dry-run (engineer C): nothing runs, nothing is stored
-        from tether.cli.plan_preview import dry_run_local
+        from tether.cli.views.plan_preview import dry_run_local
 
         raise typer.Exit(asyncio.run(dry_run_local(text, given, settings, config, policy, state_dir)))
     guard_root(config, allow_root, "tether run")  # a device in this process (tether.device.root)
@@ -137,7 +138,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     store = _local_store(state_dir)
     task = Task(request=request, plan=plan, confirm=confirm)
 
-    from tether.cli.spinner import Spinner
+    from tether.cli.views.spinner import Spinner
 
     spinner = Spinner()  # a status line while the LLM plans or a step runs, on a terminal only
     view = EventView(out, spinner=spinner, mcp_questions_asked_here=sys.stdin.isatty())  # as cli_hooks decides
@@ -194,7 +195,7 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
           server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False) -> None:
     """List tasks newest first with their state: the server's with --server (or TETHER_SERVER), else this
     machine's."""
-    from tether.cli.task_cmds import connect, print_tasks
+    from tether.cli.commands.task import connect, print_tasks
     from tether.client.rest import RemoteError
 
     if server and not local:
@@ -221,7 +222,7 @@ def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique pref
         server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False) -> None:
     """Show a task's plan, every step with its command and result, decisions, questions and answer: the
     server's task with --server (or TETHER_SERVER), else this machine's."""
-    from tether.cli.task_cmds import connect, remote_log
+    from tether.cli.commands.task import connect, remote_log
 
     if server and not local:
         with connect(server, token, ca_file) as remote:

@@ -30,7 +30,7 @@ from tether.cli.common import (
     fail_remote,
     remote_message,
 )
-from tether.cli.task_view import EventView, print_log, print_outcome
+from tether.cli.views.task import EventView, print_log, print_outcome
 from tether.client.rest import RemoteError, RemoteServer
 
 TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")]
@@ -39,26 +39,6 @@ EXIT_DETACHED = 130
 
 _APPROVE = {"approve", "approved", "yes", "y"}
 _DENY = {"deny", "denied", "no", "n"}
-
-
-def parse_requires(items: list[str]) -> dict[str, Any]:
-    """`--require` values as DeviceRequirements fields; ValueError names a bad one."""
-    req: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        key, value = key.strip().lower(), value.strip()
-        if key == "gpu":
-            if sep and value.lower() not in ("true", "false", "yes", "no", "1", "0"):
-                raise ValueError(f"--require {item}: gpu is true or false")
-            req["gpu"] = not sep or value.lower() in ("true", "yes", "1")
-        elif key == "platform" and value:
-            req[key] = value
-        elif key in ("tag", "tags", "tool", "tools") and value:
-            field = key.rstrip("s") + "s"
-            req.setdefault(field, []).extend(v.strip() for v in value.split(",") if v.strip())
-        else:
-            raise ValueError(f"--require {item!r}: expected platform=NAME, tag=NAME, tool=NAME or gpu[=false]")
-    return req
 
 
 def connect(server: str | None, token: str | None, ca_file: str | None) -> RemoteServer:
@@ -86,7 +66,7 @@ def run_remote(remote: RemoteServer, request: str, plan: list[dict[str, Any]] | 
 def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[str] | None) -> int:
     """Print a task's events until it ends; with `answers` (a list, maybe empty) also answer its questions,
     from the list first, then in the terminal. 0 done, 1 failed or cancelled, 3 left waiting, 130 detached."""
-    from tether.cli.spinner import Spinner
+    from tether.cli.views.spinner import Spinner
 
     spinner = Spinner()  # the status line, redrawn at each event here (a terminal only)
     view = EventView(out, echo_answers=answers is None, spinner=spinner)

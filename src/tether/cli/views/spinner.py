@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from tether.cli.safe_text import visible
+from tether.cli.views.safe_text import visible
 
 FRAMES = "⠋⠙⠹⠸⠼⠴⠦⠧⠇⠏"
 TICK_S = 0.1  # redraw rate of the line (a display refresh, not a wait for anything)

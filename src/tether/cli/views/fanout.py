@@ -19,7 +19,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from tether.cli.common import ExitCode, console, fail, fail_remote
+from tether.cli.common import ExitCode, console, fail, fail_remote, parse_requires
 from tether.protocol.models import Command
 
 STATUSES = ("ok", "failed", "offline", "timed_out", "cancelled")
@@ -30,7 +30,6 @@ SHOWN_FAILURES = 50
 def exec_all(command: Command, requires: list[str], *, timeout: float | None, max_concurrency: int | None,
              as_json: bool, server: str | None, token: str | None, ca_file: str | None) -> None:
     """Fan the command out and render it; raises `typer.Exit` with the exit code described above."""
-    from tether.cli.task_cmds import parse_requires
     from tether.client.rest import RemoteError, RemoteServer
 
     try:

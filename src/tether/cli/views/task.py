@@ -15,9 +15,9 @@ from rich.markup import escape
 
 from tether.agent.task import Task
 from tether.cli.common import progress_line
-from tether.cli.safe_text import visible
-from tether.cli.spinner import Spinner
-from tether.cli.terminal_output import TerminalLines
+from tether.cli.views.safe_text import visible
+from tether.cli.views.spinner import Spinner
+from tether.cli.views.terminal_output import TerminalLines
 
 
 def print_question(out: Console, question: str, options: list[str]) -> None:

@@ -198,7 +198,7 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
         typer.echo(json.dumps({"session_id": session_id, "device": device, **result.model_dump(mode="json")},
                               indent=2))
     else:
-        from tether.cli.mcp_content import is_mcp_shape, print_mcp_content
+        from tether.cli.views.mcp_content import is_mcp_shape, print_mcp_content
 
         if result.status is ResultStatus.SUCCESS and is_mcp_shape(result.result):
             print_result(result.model_copy(update={"result": None}), session_id, device)
@@ -220,9 +220,9 @@ def _exec_all(tool: str, pairs: list[str], all_devices: bool, device: str | None
               approve: bool, require: list[str], timeout: float | None, tool_type: str | None,
               max_concurrency: int | None, as_json: bool, server: str | None, token: str | None,
               ca_file: str | None) -> None:
-    """`--all`: the command on every matching device (cli/fanout_view.py); values are strings unless
+    """`--all`: the command on every matching device (cli/views/fanout.py); values are strings unless
     written key:=json, since no one device's schema speaks for the fleet."""
-    from tether.cli.fanout_view import exec_all
+    from tether.cli.views.fanout import exec_all
 
     if not all_devices:
         fail("--require picks the devices of --all: add --all")
@@ -232,7 +232,7 @@ def _exec_all(tool: str, pairs: list[str], all_devices: bool, device: str | None
         params = parse_assignments(pairs, {})
     except ValueError as exc:
         fail(str(exc))
-    command = Command(tool_name=tool, parameters=params, tool_type=tool_type)  # type: ignore[arg-type]
+    command = Command(tool_name=tool, parameters=params, tool_type=tool_type)
     exec_all(command, require, timeout=timeout, max_concurrency=max_concurrency, as_json=as_json, server=server,
              token=token, ca_file=ca_file)
 
@@ -318,7 +318,7 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
             except ValueError as exc:
                 fail(str(exc))
             left = max(end - time.monotonic(), 0.1)
-            command = Command(tool_name=tool, parameters=params, tool_type=tool_type,  # type: ignore[arg-type]
+            command = Command(tool_name=tool, parameters=params, tool_type=tool_type,
                               timeout=left if timeout else None, approved_by=approved_by)
             _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5), session_id=session_id,
                                      on_event=remote_questions(remote, device, raw=raw))

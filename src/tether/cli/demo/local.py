@@ -45,7 +45,7 @@ async def _task(console: Console, device: Any, work: Path) -> bool:
     from tether.agent.executor import TaskRunner
     from tether.agent.plan import Plan
     from tether.agent.task import Task
-    from tether.cli.task_view import EventView, print_outcome
+    from tether.cli.views.task import EventView, print_outcome
 
     steps, hello = demo_plan(work)
     task = Task(request="create demo/nested/hello-world.txt", plan=Plan.model_validate({"steps": steps}))
