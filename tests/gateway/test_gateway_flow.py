@@ -14,10 +14,10 @@ import httpx2
 import mcp_types as types
 import pytest
 from fastapi import FastAPI
-from gatewaykit import GatewayServer, mcp_client, register
 from mcp.shared.exceptions import MCPError
 
-from aip_testkit import WAIT
+from tests.kits.aip import WAIT
+from tests.kits.gateway import GatewayServer, mcp_client, register
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessageType
 from tether.protocol.models import Result, ResultStatus
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, contribute
@@ -137,7 +137,7 @@ async def test_the_clients_cancellation_cancels_the_batch_on_the_device(server: 
             group.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the abandoned request
         cancel = await laptop.expect(ServerMessageType.CANCEL)
         assert cancel.response_id == command.response_id
-    [row] = server.store.audit_rows(device="laptop")
+    [row] = server.store.audit.rows(device="laptop")
     assert row["status"] == "failure" and "cancelled by the MCP client" in row["error"]
     await laptop.close()
 
@@ -178,7 +178,7 @@ async def test_a_revoked_token_is_refused_on_its_next_request(server: GatewaySer
     token = server.token("soon-gone", "read")
     async with mcp_client(server.mcp_url, token) as client:
         assert "list_devices" in {t.name for t in (await client.list_tools()).tools}
-        server.store.revoke_token("soon-gone")
+        server.store.tokens.revoke("soon-gone")
         with pytest.raises(MCPError):  # the SDK reports the HTTP error without its status
             await client.list_tools()
     async with httpx2.AsyncClient(timeout=WAIT) as http:
@@ -199,8 +199,7 @@ def test_tool_names_keep_legal_characters_and_escape_the_rest() -> None:
 
 
 async def test_new_tools_reported_by_a_device_are_listed_and_announced(server: GatewayServer) -> None:
-    from gatewaykit import READ_FILE, SHELL_RUN, Seen, profile
-
+    from tests.kits.gateway import READ_FILE, SHELL_RUN, Seen, profile
     from tether.protocol.models import ToolInfo
 
     laptop = await register(server, "laptop", profile(SHELL_RUN))

@@ -31,7 +31,7 @@ class Lazy(NamedTuple):
     help: str
 
 
-# Every top-level command. A new command module adds its command here (tests/test_startup.py checks the
+# Every top-level command. A new command module adds its command here (tests/cli/test_startup.py checks the
 # table against what the modules attach: names, the modules a command needs, and its help line).
 COMMANDS: dict[str, Lazy] = {
     "run": Lazy(("run",),

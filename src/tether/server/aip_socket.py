@@ -15,7 +15,7 @@ from tether.errors import ServerError
 from tether.protocol.identity import CHALLENGE_HEADER, new_challenge
 from tether.server.http.internals import websocket_send_raw
 from tether.server.http.request_guard import deny_websocket
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from tether.server.hub import DeviceHub

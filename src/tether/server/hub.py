@@ -50,7 +50,8 @@ from tether.server.registration import Refusal, authenticate, prove_key, read_re
 from tether.server.registry import DeviceRecord, DeviceRegistry
 from tether.server.remote import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
-from tether.server.store import Store, TokenInfo
+from tether.server.store import Store
+from tether.server.store.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from tether.protocol.models import Command
@@ -97,8 +98,8 @@ class DeviceHub:
         """Load known devices (listed as offline until they connect) and start the liveness watch.
         Only their names, platforms and tags are read now; a profile is read when first asked for
         (10,000 known devices: 10.6 s to /health when every profile was validated here)."""
-        self.registry.profile_loader = self.store.device_profile
-        for name, last_seen, platform, tags, stored in self.store.device_heads():
+        self.registry.profile_loader = self.store.devices.profile
+        for name, last_seen, platform, tags, stored in self.store.devices.heads():
             self.registry.known(name, last_seen, platform, tags, stored)
         self._preload = asyncio.create_task(self.registry.preload(start_after=PRELOAD_AFTER_S),
                                             name="tether-hub-preload")
@@ -248,9 +249,9 @@ class DeviceHub:
         return True
 
     def revoke_token(self, id_or_name: str) -> int:
-        """Revoke tokens (see `Store.revoke_token`) and disconnect their devices at once. Revocations
+        """Revoke tokens (see `Tokens.revoke`) and disconnect their devices at once. Revocations
         made elsewhere (`tether token revoke` on the same database) are found by the liveness watch."""
-        count = self.store.revoke_token(id_or_name)
+        count = self.store.tokens.revoke(id_or_name)
         if count:
             self._enforce_revocations()
         return count
@@ -261,7 +262,7 @@ class DeviceHub:
         self._enforce_revocations()
 
     def _enforce_revocations(self) -> None:
-        active = self.store.active_token_ids()
+        active = self.store.tokens.active_ids()
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
             self._drop(conn, "its token was revoked", grace=False)
             self._batches.fail_device(conn.name, f"the token of device {conn.name} was revoked")
@@ -551,9 +552,9 @@ class DeviceHub:
         self._batches.finish(batch, error, pending=pending)
 
     def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
-        """Record results `device` sent for a batch no caller waits on any more (`Store.audit_late`): the
+        """Record results `device` sent for a batch no caller waits on any more (`AuditLog.late`): the
         outcome is a fact whenever it comes; only rows sent to that device with an open outcome change."""
-        return self.store.audit_late(device, [(response_id, r.call_id, r.status.value, r.error)
+        return self.store.audit.late(device, [(response_id, r.call_id, r.status.value, r.error)
                                               for r in results if r.call_id])
 
     def batch_device(self, response_id: str) -> str | None:
@@ -638,7 +639,7 @@ class DeviceHub:
         """`device` registered as a new process: the outcomes its old one left pending will never come
         (its commands were stopped with it, if they had started), so they are settled as unknown."""
         try:
-            settled = self.store.audit_restarted(device)
+            settled = self.store.audit.restarted(device)
         except Exception:
             logger.exception("could not settle the pending outcomes of restarted device %s", device)
             return
@@ -657,9 +658,9 @@ class DeviceHub:
         try:
             profile = record.profile if record is not None else None
             if record is None or profile is None or record.tools_digest is None:
-                self.store.upsert_device(device, profile.model_dump_json() if profile else None, last_seen)
+                self.store.devices.upsert(device, profile.model_dump_json() if profile else None, last_seen)
             else:
-                self.store.upsert_device(device, profile.model_dump_json(exclude={"tools"}), last_seen,
+                self.store.devices.upsert(device, profile.model_dump_json(exclude={"tools"}), last_seen,
                                          tools=(record.tools_digest, self.registry.tools.dump(profile.tools)))
         except Exception:
             logger.exception("could not store device %s", device)
