@@ -131,7 +131,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     from tether.agent.task_store import SaveSoon
     from tether.cli.local_tasks import run_locks, terminal_ask
     from tether.device.local import open_device
-    from tether.device.profile import collect_profile
+    from tether.device.probe import collect_profile
 
     out = console()
     llm = LLMClient(settings) if settings is not None else None

@@ -17,7 +17,7 @@ async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | N
     from tether.agent.llm import LLMClient
     from tether.agent.task import Task
     from tether.device.local import open_device
-    from tether.device.profile import collect_profile
+    from tether.device.probe import collect_profile
 
     out = console()
     llm = LLMClient(settings) if settings is not None else None
