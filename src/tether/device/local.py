@@ -112,7 +112,7 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
 
 
 @asynccontextmanager
-async def open_device(config: DeviceConfig | str | os.PathLike[str] | None = None, *,
+async def open_local_device(config: DeviceConfig | str | os.PathLike[str] | None = None, *,
                       policy_path: str | os.PathLike[str] | None = None,
                       state_dir: str | os.PathLike[str] | None = None, sandbox: bool = True,
                       serving: bool = False, mcp_hooks: MCPClientHooks | None = None) -> AsyncIterator[LocalDevice]:
