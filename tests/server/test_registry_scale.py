@@ -27,7 +27,7 @@ from tests.kits.aip import WAIT, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType, TaskStatus
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
-from tether.server.app import create_app
+from tether.server.http.app import create_app
 from tether.server.hub import DeviceHub
 from tether.server.registry import DeviceRegistry
 from tether.server.settings import ServerSettings
