@@ -274,3 +274,49 @@ async def test_a_server_failing_every_way_is_an_error_and_poisons_no_mode() -> N
             await llm.complete([{"role": "user", "content": "x"}], json_schema=GOOD_SCHEMA)
         assert llm.json_schema_supported is None and llm.output_mode_used == "json_schema"
     assert len(server.requests) == 5  # each mode once, then the error
+
+
+def test_strict_form_of_tool_schemas() -> None:
+    from tether.agent.planner import strict_schema
+
+    given = {"type": "object", "properties": {
+        "path": {"type": "string", "minLength": 1}, "limit": {"type": "integer", "default": 10},
+        "mode": {"enum": ["a", "b"]}, "env": {"type": "object", "additionalProperties": {"type": "string"}}},
+        "required": ["path"]}
+    strict = strict_schema(given)
+    assert strict == {"type": "object", "additionalProperties": False, "required": ["path", "limit", "mode"],
+                      "properties": {"path": {"type": "string"}, "limit": {"type": ["integer", "null"]},
+                                     "mode": {"enum": ["a", "b", None]}}}  # a free-form optional map left out
+    assert strict_schema({**given, "required": ["env"]}) is None  # a required one cannot be left out
+
+
+async def test_null_optional_arguments_of_a_strict_reply_are_dropped() -> None:
+    plan = {"steps": [{"skill": "read_file", "description": "read", "device": None,
+                       "args": {"file_path": "/tmp/x", "encoding": None, "max_bytes": None, "offset": None}}],
+            "answer": None}
+
+    async def answer(body: dict[str, Any], writer: asyncio.StreamWriter) -> None:
+        await respond(writer, 200, completion(json.dumps(plan)))
+
+    async with Server(answer) as server, client(server) as llm:
+        result = await plan_request(llm, "read it", devices=devices())
+    assert result.plan.steps[0].args == {"file_path": "/tmp/x"}
+
+
+def test_a_free_form_required_argument_makes_the_schema_not_strict() -> None:
+    from tether.protocol.models import ToolInfo
+
+    free = ToolInfo(name="ext.call", namespace="ext", tool_type="action", description="x", input_schema={
+        "type": "object", "properties": {"payload": {"type": "object"}}, "required": ["payload"]})
+    schema, strict = plan_schema({"a": DeviceView(tools=[free]), "b": DeviceView(tools=files_toolset().infos())})
+    assert not strict
+    branches = {b["properties"]["skill"]["enum"][0]: b for b in schema["properties"]["steps"]["items"]["anyOf"]}
+    assert branches["ext.call"]["properties"]["args"] == {"type": "object"}
+    assert branches["ext.call"]["properties"]["device"]["enum"] == ["a", None]
+
+
+def test_grammar_of_an_object_with_only_optional_keys() -> None:
+    grammar = schema_to_gbnf({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "integer"}}})
+    assert grammar.startswith("root ::= ") and '"\\"a\\""' in grammar and '"\\"b\\""' in grammar
+    with pytest.raises(ValueError):
+        schema_to_gbnf({"$ref": "#/$defs/x"})

@@ -313,8 +313,8 @@ class LLMClient:
         if json_schema is None:
             try:
                 return await self._with_retries(messages, "text", {}, stream, on_token, max_tokens)
-            except _Refused as refused:  # pragma: no cover - "text" is never refused
-                raise self._error(refused.error) from refused.error
+            except _Refused as refusal:  # pragma: no cover - "text" is never refused
+                raise self._error(refusal.error) from refusal.error
         refused: list[tuple[ResponseFormatUsed, bool]] = []  # (mode, whether the error named the format)
         last: BaseException | None = None
         for mode in self._modes():

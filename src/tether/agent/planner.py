@@ -344,15 +344,22 @@ def plan_schema(devices: Mapping[str, DeviceView]) -> tuple[dict[str, Any], bool
                 "required": ["skill", "args", "description", "device"]}
 
     for skill, tool in skills.items():
-        args = strict_schema(tool.input_schema) if (tool.input_schema or {}).get("properties") else \
-            {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
-        if args is None:
+        given = tool.input_schema or {}
+        converted: dict[str, Any] | None
+        if given.get("properties"):
+            converted = strict_schema(given)
+        elif given.get("additionalProperties") in (None, False):  # no arguments
+            converted = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
+        else:  # any arguments: not expressible strictly
+            converted = None
+        args: dict[str, Any]
+        if converted is None:
             strict = False
             args = {"type": "object"}
         else:
-            args = {**args, "properties": {k: {"anyOf": [v, _REF_ARG]} if "anyOf" not in v
-                                           else {"anyOf": [*v["anyOf"], _REF_ARG]}
-                                           for k, v in args["properties"].items()}}
+            props: dict[str, Any] = converted["properties"]
+            args = {**converted, "properties": {k: {"anyOf": [*v["anyOf"], _REF_ARG]} if "anyOf" in v
+                                                else {"anyOf": [v, _REF_ARG]} for k, v in props.items()}}
         device = {"type": ["string", "null"], "enum": [*owners[skill], None]} if several else {"type": "null"}
         branches.append(branch(skill, args, device))
     observe_args = {"type": "object", "properties": {"note": {"type": ["string", "null"]}}, "required": ["note"],
