@@ -290,11 +290,10 @@ class LLMClient:
         """Ask once: the reply's text (JSON under `json_schema` when one is given).
 
         `strict` asks `json_schema` mode for OpenAI's strict form (the schema must then follow its
-        rules: every property required, `additionalProperties: false`). In the modes where the server
-        does not enforce the schema by itself (`json_object`, `grammar`, `tools`, `plain`) the system
-        prompt states `prompt_schema` (default: `json_schema`; a shorter form when the prompt already
-        carries the details). `max_tokens` bounds the reply
-        (default `settings.max_tokens`). The whole exchange — retries and fallbacks included — ends
+        rules: every property required, `additionalProperties: false`). In every mode but `json_schema`
+        the system prompt states `prompt_schema` (default: `json_schema`; a shorter form when the
+        prompt already carries the details). `max_tokens` bounds the reply (default
+        `settings.max_tokens`). The whole exchange — retries and fallbacks included — ends
         within `settings.timeout` seconds. Raises `LLMError` when no answer came."""
         limit = max_tokens if max_tokens is not None else self.settings.max_tokens
         start = self.calls
