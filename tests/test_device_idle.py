@@ -39,7 +39,7 @@ from tether.protocol.codec import (
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.models import Command, new_call_id
 from tether.protocol.profile import DeviceProfile
-from tether.server.device_link import _HEARTBEAT
+from tether.server.aip.link import _HEARTBEAT
 from tether.tools.policy import default_policy
 
 LOGGER = "tether.device.connection"

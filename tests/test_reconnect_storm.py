@@ -23,7 +23,7 @@ from tether.device.connection import DeviceConnection
 from tether.device.local import build_device
 from tether.device.reconnect import RETRY_AFTER_MAX_S, backoff_delay, retry_after_of
 from tether.protocol.messages import ServerMessageType
-from tether.server.aip_socket import ADMISSION_STATUS, CLOSE_BAD_REGISTRATION
+from tether.server.aip.socket import ADMISSION_STATUS, CLOSE_BAD_REGISTRATION
 
 
 @pytest.fixture

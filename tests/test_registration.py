@@ -1,4 +1,4 @@
-"""The admission rules of server/registration.py, judged without a socket: each bad handshake header or
+"""The admission rules of server/aip/registration.py, judged without a socket: each bad handshake header or
 first frame gets the close code and the reason the device is shown. tests/test_e2e.py and
 tests/attacks/test_protocol_attacks.py send the same through a real server."""
 
@@ -11,8 +11,8 @@ import pytest
 from tether.protocol.codec import encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, Registration
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip_socket import CLOSE_BAD_REGISTRATION, CLOSE_UNAUTHORIZED, CLOSE_WRONG_DEVICE
-from tether.server.registration import Refusal, authenticate, read_registration
+from tether.server.aip.registration import authenticate, read_registration
+from tether.server.aip.socket import CLOSE_BAD_REGISTRATION, CLOSE_UNAUTHORIZED, CLOSE_WRONG_DEVICE, Refusal
 from tether.server.store import Store, TokenInfo
 
 

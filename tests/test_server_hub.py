@@ -18,7 +18,7 @@ from aip_testkit import WAIT, FakeDevice, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType
 from tether.protocol.models import Command, ResultStatus
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip_socket import (
+from tether.server.aip.socket import (
     CLOSE_BAD_REGISTRATION,
     CLOSE_DUPLICATE,
     CLOSE_HEARTBEAT_TIMEOUT,

@@ -57,7 +57,7 @@ from tether.protocol.messages import (
 )
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip_socket import (
+from tether.server.aip.socket import (
     CLOSE_BAD_REGISTRATION,
     CLOSE_DUPLICATE,
     CLOSE_KEY_REFUSED,

@@ -33,8 +33,8 @@ from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
-from tether.server.hub import DeviceHub
-from tether.server.registry import NoDeviceError
+from tether.server.aip.hub import DeviceHub
+from tether.server.aip.registry import NoDeviceError
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner

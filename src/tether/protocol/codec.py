@@ -97,7 +97,7 @@ def encode(message: BaseModel) -> str:
     return message.model_dump_json(exclude_none=True)
 
 
-# The server's heartbeat reply, exactly as the server writes it (server/device_link.py `_HEARTBEAT`): a
+# The server's heartbeat reply, exactly as the server writes it (server/aip/link.py `_HEARTBEAT`): a
 # device gets one per heartbeat and does nothing with it but note that the link lives, so it need not
 # build a model for it. Strings without escapes or control characters only (the template's are a
 # timestamp and a hex id): whatever matches is valid JSON and a valid ServerMessage of this protocol

@@ -12,13 +12,13 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from tether import __version__
-from tether.server.aip_socket import aip_route
+from tether.server.aip.hub import DeviceHub
+from tether.server.aip.socket import aip_route
 from tether.server.api import fast_run_commands, fast_run_selected, router
 from tether.server.batch_api import batch_router
 from tether.server.fleet_api import mount_fleet
 from tether.server.front import FastRoutes, ServerApp, error_response
 from tether.server.guard import RequestGuard
-from tether.server.hub import DeviceHub
 from tether.server.mcp import mount_gateway
 from tether.server.pairing import PairingBook
 from tether.server.pairing_api import pairing_router

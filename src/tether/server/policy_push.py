@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
-from tether.server.hub import DeviceHub
+from tether.server.aip.hub import DeviceHub
 
 POLICY_TIMEOUT_S = 15.0  # a device answers from memory and one small file write
 

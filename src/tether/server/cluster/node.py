@@ -7,7 +7,7 @@ It keeps three things true while the server runs:
 - this node's registry lists the devices the other nodes hold (`DeviceRecord.node`), from the
   `fleet` broadcasts and, after every (re)join, from the directory itself (a broadcast missed
   while Redis was away is never relied on);
-- the hub hands it batches for devices held elsewhere (`RemoteDevices`, server/remote.py), which
+- the hub hands it batches for devices held elsewhere (`RemoteDevices`, server/ports.py), which
   the `Router` runs on the holding node.
 
 When Redis cannot be reached the node says so (`problem()`, `/api/v1/health`) and refuses work for
@@ -27,14 +27,14 @@ from typing import TYPE_CHECKING, Any
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
 from tether.server.cluster.routing import Router
-from tether.server.remote import BackplaneUnavailable
+from tether.server.ports import BackplaneUnavailable
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from tether.protocol.messages import ClientMessage, ServerMessage
-    from tether.server.batches import PendingBatch
-    from tether.server.hub import DeviceHub
+    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.hub import DeviceHub
     from tether.server.settings import ServerSettings
 
 log = logging.getLogger("tether.cluster")

@@ -31,8 +31,8 @@ from tether.protocol.models import Result
 from tether.server.cluster.bus import Bus, BusError, BusInterrupted
 
 if TYPE_CHECKING:
-    from tether.server.batches import PendingBatch
-    from tether.server.hub import DeviceHub
+    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.hub import DeviceHub
 
 log = logging.getLogger("tether.cluster")
 

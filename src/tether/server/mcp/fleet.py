@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tether.protocol.models import ToolInfo
-from tether.server.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.scopes import reaches
 from tether.server.store import TokenInfo
 

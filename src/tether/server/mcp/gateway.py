@@ -44,8 +44,8 @@ from starlette.applications import Starlette
 
 from tether import __version__
 from tether.protocol.models import Result
+from tether.server.aip.hub import DeviceHub
 from tether.server.approvals import how_a_person_approves, server_url
-from tether.server.hub import DeviceHub
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.calls import AskLater, Caller, Reply, call_device_tool
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed

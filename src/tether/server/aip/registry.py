@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ValidationError
 
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
-from tether.server.device_index import NameIndex, literal_prefix
+from tether.server.aip.device_index import NameIndex, literal_prefix
 from tether.server.schemas import ToolPool
 
 DeviceStatus = Literal["online", "busy", "offline"]

@@ -10,10 +10,10 @@ later is told its batches are no longer awaited). It never raises for anything a
 a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
-`tether.server.aip_socket.aip_route` adapts a Starlette WebSocket to it. The ledger of batches
-(`tether.server.batches`), the liveness timers (`tether.server.liveness`), the writes to one
-socket (`tether.server.device_link`), the judgement of a registration (`tether.server.registration`)
-and what external MCP servers ask through a device (`tether.server.questions`) each live in their
+`tether.server.aip.socket.aip_route` adapts a Starlette WebSocket to it. The ledger of batches
+(`tether.server.aip.batches`), the liveness timers (`tether.server.aip.liveness`), the writes to one
+socket (`tether.server.aip.link`), the judgement of a registration (`tether.server.aip.registration`)
+and what external MCP servers ask through a device (`tether.server.aip.questions`) each live in their
 own module; the hub is where they meet.
 """
 
@@ -38,7 +38,15 @@ from tether.protocol.messages import (
     TaskStatus,
 )
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip_socket import (
+from tether.server.aip.batches import BatchBook, PendingBatch
+from tether.server.aip.dispatcher import WebSocketCommandDispatcher
+from tether.server.aip.gc_keeper import keep_gc_lean
+from tether.server.aip.link import DeviceLink, close_socket
+from tether.server.aip.liveness import GracePeriods, watch_liveness
+from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
+from tether.server.aip.registration import authenticate, prove_key, read_registration, refuse
+from tether.server.aip.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.socket import (
     CLOSE_BAD_REGISTRATION,
     CLOSE_DUPLICATE,
     CLOSE_GOING_AWAY,
@@ -46,28 +54,21 @@ from tether.server.aip_socket import (
     CLOSE_REPLACED,
     CLOSE_UNAUTHORIZED,
     AIPSocket,
+    Refusal,
     SocketClosed,
 )
-from tether.server.batches import BatchBook, PendingBatch
-from tether.server.device_link import DeviceLink, close_socket
-from tether.server.dispatcher import WebSocketCommandDispatcher
-from tether.server.gc_keeper import keep_gc_lean
-from tether.server.liveness import GracePeriods, watch_liveness
-from tether.server.questions import OpenQuestions, Sampler, answer_sampling
-from tether.server.registration import Refusal, authenticate, prove_key, read_registration, refuse
-from tether.server.registry import DeviceRecord, DeviceRegistry
-from tether.server.remote import BackplaneUnavailable, RemoteDevices
+from tether.server.ports import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, TokenInfo
 
 if TYPE_CHECKING:
     from tether.protocol.models import Command
     from tether.protocol.profile import DeviceRequirements
-    from tether.server.fleet import DeviceOutcome
+    from tether.server.aip.fanout import DeviceOutcome
 
 PRELOAD_AFTER_S = 2.0  # known devices' stored profiles are read this long after start, in the background
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
 
 class DeviceHub:
@@ -95,7 +96,7 @@ class DeviceHub:
         # told the device's name when one registers, leaves or reports new tools (the MCP gateway's
         # tools/list_changed); not on load changes, which happen twice per batch
         self._fleet_listeners: dict[object, Callable[[str], None]] = {}
-        # the other nodes of a cluster (server/remote.py), set by the app when clustered: batches for a
+        # the other nodes of a cluster (server/ports.py), set by the app when clustered: batches for a
         # device held by another node go there; None on a single server
         self.remote: RemoteDevices | None = None
 
@@ -136,7 +137,10 @@ class DeviceHub:
                    process_name: str | None = None, root_name: str | None = None,
                    on_event: Callable[[Event], None] | None = None,
                    requested_by: str = "unknown") -> WebSocketCommandDispatcher:
-        return WebSocketCommandDispatcher(self, device, session_id=session_id, agent_name=agent_name,
+        """A dispatcher for `device` whose batches go through this hub and are audited in its store."""
+        return WebSocketCommandDispatcher(self, self.store, device,
+                                          default_timeout=self.settings.default_command_timeout,
+                                          session_id=session_id, agent_name=agent_name,
                                           process_name=process_name, root_name=root_name, on_event=on_event,
                                           requested_by=requested_by)
 
@@ -167,12 +171,12 @@ class DeviceHub:
 
     async def fan_out(self, requires: DeviceRequirements, commands: list[Command], *,
                       on_outcome: Callable[[DeviceOutcome], None] | None = None, **options: Any) -> dict[str, Any]:
-        """Run `commands` on every device meeting `requires` (server/fleet.py) and return
+        """Run `commands` on every device meeting `requires` (server/aip/fanout.py) and return
         `{"devices": [lines…], "summary": {…}}`: how a layer above (a task step `on: all`) fans out
         without importing the server's modules. `FanOutError` (a ValueError) when it cannot start."""
-        from tether.server.fleet import run_fan_out
+        from tether.server.aip.fanout import run_fan_out
 
-        return await run_fan_out(self, requires, commands, on_outcome=on_outcome, **options)
+        return await run_fan_out(self, self.registry, requires, commands, on_outcome=on_outcome, **options)
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call `listener(device)` whenever a device registers, goes offline or reports a new profile

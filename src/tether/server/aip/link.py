@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from tether.protocol.codec import encode
 from tether.protocol.messages import PROTOCOL_VERSION, ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.models import new_call_id
-from tether.server.aip_socket import AIPSocket, SocketClosed
-from tether.server.registry import DeviceRecord
+from tether.server.aip.registry import DeviceRecord
+from tether.server.aip.socket import AIPSocket, SocketClosed
 
 _HEARTBEAT = ('{"protocol_version":"' + PROTOCOL_VERSION + '","timestamp":"%s","type":"heartbeat","status":"ok",'
               '"response_id":"%s","early_exit":true}')

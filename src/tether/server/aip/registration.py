@@ -4,39 +4,33 @@ is a bearer secret, the key is the device), and how a refusal is said.
 
 Each is a judgement on what the device sent, so each answers a verdict instead of raising: a `TokenInfo`
 or a `Registration`, else a `Refusal` with the close code and the reason the device is shown. The hub
-(`server/hub.py`) applies them, and decides what registering changes: the connection it replaces, the
+(`server/aip/hub.py`) applies them, and decides what registering changes: the connection it replaces, the
 batches it resumes or fails.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from tether.protocol.codec import FrameError, decode_client_message, encode
 from tether.protocol.identity import fingerprint, register_statement, verify
 from tether.protocol.messages import ClientMessageType, Registration, ServerMessage, ServerMessageType, TaskStatus
-from tether.server.aip_socket import (
+from tether.server.aip.link import close_socket
+from tether.server.aip.socket import (
     CLOSE_BAD_REGISTRATION,
     CLOSE_KEY_REFUSED,
     CLOSE_UNAUTHORIZED,
     CLOSE_WRONG_DEVICE,
     AIPSocket,
+    Refusal,
     SocketClosed,
 )
 from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
-from tether.server.device_link import close_socket
 from tether.server.store import Store, TokenInfo
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
-
-
-@dataclass(frozen=True)
-class Refusal:
-    code: int  # the WebSocket close code (aip_socket.CLOSE_*)
-    error: str
 
 
 def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal:
