@@ -38,7 +38,7 @@ from tether.protocol.messages import (
     TaskStatus,
 )
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip.batches import BatchBook, PendingBatch
+from tether.server.aip.batches import PendingBatch
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
 from tether.server.aip.link import DeviceLink, close_socket
@@ -46,6 +46,7 @@ from tether.server.aip.liveness import GracePeriods, watch_liveness
 from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
 from tether.server.aip.registration import authenticate, prove_key, read_registration, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.router import BatchRouter
 from tether.server.aip.socket import (
     CLOSE_BAD_REGISTRATION,
     CLOSE_DUPLICATE,
@@ -77,12 +78,14 @@ class DeviceHub:
         self.settings = settings
         self.registry = DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
-        self._batches = BatchBook(self.registry, self.record_late)
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
         self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
         self._given_up: dict[str, str] = {}  # device -> the process (instance_id) given up after its grace
         self._tasks: set[asyncio.Task[Any]] = set()
+        # the batches in flight and where each goes (here, queued for a returning device, another node)
+        self._router = BatchRouter(self._conns, self._grace, self.registry, store, self._tasks)
+        self._batches = self._router.book
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions = OpenQuestions()
@@ -96,9 +99,6 @@ class DeviceHub:
         # told the device's name when one registers, leaves or reports new tools (the MCP gateway's
         # tools/list_changed); not on load changes, which happen twice per batch
         self._fleet_listeners: dict[object, Callable[[str], None]] = {}
-        # the other nodes of a cluster (server/ports.py), set by the app when clustered: batches for a
-        # device held by another node go there; None on a single server
-        self.remote: RemoteDevices | None = None
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -119,6 +119,7 @@ class DeviceHub:
     async def aclose(self) -> None:
         """Fail what is pending, close every device socket (1001) and stop the timers."""
         self._closed = True
+        self._router.close()
         if self._liveness is not None:
             self._liveness.cancel()
         if self._preload is not None:
@@ -138,7 +139,7 @@ class DeviceHub:
                    on_event: Callable[[Event], None] | None = None,
                    requested_by: str = "unknown") -> WebSocketCommandDispatcher:
         """A dispatcher for `device` whose batches go through this hub and are audited in its store."""
-        return WebSocketCommandDispatcher(self, self.store, device,
+        return WebSocketCommandDispatcher(self._router, self.store, device,
                                           default_timeout=self.settings.default_command_timeout,
                                           session_id=session_id, agent_name=agent_name,
                                           process_name=process_name, root_name=root_name, on_event=on_event,
@@ -159,7 +160,8 @@ class DeviceHub:
         return list(self._conns)
 
     def pending(self, response_id: str) -> PendingBatch | None:
-        return self._batches.pending.get(response_id)
+        """The batch in flight with this id (started or held here), or None."""
+        return self._router.pending(response_id)
 
     def fleet_changed(self, device: str) -> None:
         """Tell the fleet listeners (the MCP gateway's tools/list_changed) that `device` changed elsewhere."""
@@ -381,7 +383,7 @@ class DeviceHub:
         conn.ready = True
         logger.info("device %s registered from %s (instance %s%s)", name, peer, reg.instance_id,
                     ", resumed" if resumed else "")
-        await self._flush(conn, resend=resumed)
+        await self._router.flush(conn, resend=resumed)
         return conn
 
     def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
@@ -467,141 +469,49 @@ class DeviceHub:
 
     # -- batches ---------------------------------------------------------------------------------
 
+    @property
+    def remote(self) -> RemoteDevices | None:
+        """The other nodes of a cluster (a `ports.RemoteDevices`), set by the app when clustered: batches
+        for a device held by another node go there; None on a single server."""
+        return self._router.remote
+
+    @remote.setter
+    def remote(self, remote: RemoteDevices | None) -> None:
+        self._router.remote = remote
+
     async def send_batch(self, device: str, message: ServerMessage, *,
                          on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
-        """Register a COMMAND batch and send it, or queue it while `device` is within its grace period,
-        or (in a cluster, unless `here_only`) hand it to the node that holds the device.
-
-        Returns a batch already `done` (with `error`) when the device is offline or unknown.
-        """
-        call_ids = [c.call_id for c in message.actions or [] if c.call_id]
-        batch = PendingBatch(message.response_id, device, message, on_event, outstanding=set(call_ids))
-        conn = self._conns.get(device)
-        if self._closed:
-            batch.error = "the server is shutting down"
-        elif message.response_id in self._batches.pending:
-            batch.error = f"response_id {message.response_id} is already in use"
-        elif conn is None and device not in self._grace:
-            if self.remote is not None and not here_only and await self._send_remote(batch):
-                return batch
-            batch.error = (f"device {device} is offline" if self.registry.get(device)
-                           else f"no device named {device} has registered")
-        if batch.error is not None:
-            batch.done.set()
-            return batch
-        self._batches.open(batch)
-        if conn is not None and conn.ready:
-            await self._send_command(conn, batch)
-        return batch
-
-    async def _send_remote(self, batch: PendingBatch) -> bool:
-        """Hand `batch` to the node holding its device; False when no node does (it is offline)."""
-        assert self.remote is not None
-        try:
-            holder = await self.remote.holder(batch.device)
-        except BackplaneUnavailable as exc:
-            batch.error = f"not sent: {exc}"
-            batch.done.set()
-            return True
-        if holder is None or holder == self.remote.node or self._closed:
-            return False
-        self.route(batch, holder)
-        return True
+        """`BatchRouter.send_batch`: send a COMMAND batch, queue it or hand it to the node holding `device`."""
+        return await self._router.send_batch(device, message, on_event=on_event, here_only=here_only)
 
     def route(self, batch: PendingBatch, holder: str) -> None:
-        """Let the node `holder` run `batch` (it holds the device's socket); the batch finishes here."""
-        assert self.remote is not None
-        if batch.response_id not in self._batches.pending:
-            self._batches.open(batch)
-        batch.sent = True
-        batch.remote = asyncio.create_task(self.remote.run_batch(batch, holder), name=f"remote-{batch.response_id}")
-        self._tasks.add(batch.remote)
-        batch.remote.add_done_callback(self._tasks.discard)
+        """`BatchRouter.route`: let the node `holder` run `batch`."""
+        self._router.route(batch, holder)
 
     async def adopt(self, batch: PendingBatch) -> None:
-        """A batch another node was running came back with its device, now connected here: send it (the
-        same ids, so the device answers a call it already ran from its record instead of running it)."""
-        batch.remote = None
-        batch.sent = False
-        conn = self._conns.get(batch.device)
-        if batch.done.is_set() or batch.response_id not in self._batches.pending:
-            return
-        if conn is not None:
-            if conn.ready:  # else it is registering: `_flush` sends it right after the REGISTER_ACK
-                await self._send_command(conn, batch)
-        elif batch.device not in self._grace:
-            self._batches.finish(batch, f"device {batch.device} is offline")
+        """`BatchRouter.adopt`: a batch another node ran came back with its device, connected here."""
+        await self._router.adopt(batch)
 
     def moved(self, device: str, holder: str) -> None:
-        """Another node took `device`'s socket: what this node sent it and still waits for goes there
-        (with the same ids) instead of waiting out the grace period for a socket that will not return."""
-        if self.remote is None or device in self._conns:
-            return
-        self._grace.stop(device)
-        self._batches.forget_cancels(device)
-        for batch in self._batches.of_device(device):
-            if batch.origin is not None:  # run here for another node: that node sends it on itself
-                self._batches.finish(batch, f"not held here: device {device} moved to node {holder}")
-            elif batch.remote is None:
-                self.route(batch, holder)
+        """`BatchRouter.moved`: another node took `device`'s socket."""
+        self._router.moved(device, holder)
 
     def finish_remote(self, batch: PendingBatch, results: list[Any], error: str | None, *,
                       pending: bool = False) -> None:
-        """The holding node's answer for `batch`: its results, then `error` for any call without one
-        (with `pending`: its outcome may still come, e.g. the backplane cannot be reached)."""
-        for result in results:
-            if result.call_id in batch.outstanding:
-                batch.outstanding.discard(result.call_id)
-                batch.results[result.call_id] = result
-        self._batches.finish(batch, error, pending=pending)
+        """`BatchRouter.finish_remote`: the holding node's answer for `batch`."""
+        self._router.finish_remote(batch, results, error, pending=pending)
 
     def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
-        """Record results `device` sent for a batch no caller waits on any more (`Store.audit_late`): the
-        outcome is a fact whenever it comes; only rows sent to that device with an open outcome change."""
-        return self.store.audit_late(device, [(response_id, r.call_id, r.status.value, r.error)
-                                              for r in results if r.call_id])
+        """`BatchRouter.record_late`: record results that came after their caller stopped waiting."""
+        return self._router.record_late(device, response_id, results)
 
     def batch_device(self, response_id: str) -> str | None:
-        """The device of a batch in flight started or held here, or None (a scoped token's cancel is checked)."""
-        batch = self._batches.pending.get(response_id)
-        return batch.device if batch is not None else None
+        """`BatchRouter.batch_device`: the device of a batch in flight here, or None."""
+        return self._router.batch_device(response_id)
 
     async def cancel(self, response_id: str, reason: str = "cancelled", *, pending: bool = False) -> bool:
-        """Finish the batch with `reason` for its unfinished commands and tell the device to stop it;
-        with `pending` (a timeout) its unfinished commands end "outcome pending" — what the device answers
-        to the CANCEL, or had already finished, is recorded when it comes (`record_late`).
-
-        A device that is away gets the CANCEL when it comes back (same process, within grace)."""
-        batch = self._batches.pending.get(response_id)
-        if batch is None:
-            return False
-        routed = batch.remote is not None
-        self._batches.finish(batch, reason, pending=pending)  # another node runs it: stopped there too
-        if batch.sent and not routed:
-            conn = self._conns.get(batch.device)
-            frame = ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK)
-            if conn is None or not conn.ready or not await conn.send(frame):
-                self._batches.queue_cancel(batch.device, response_id)
-        return True
-
-    async def _send_command(self, conn: DeviceLink, batch: PendingBatch) -> None:
-        batch.sent = True  # before the await, so a concurrent flush does not send it twice
-        if not await conn.send(batch.message):
-            batch.sent = False  # it goes out again after the reconnection
-
-    async def _flush(self, conn: DeviceLink, *, resend: bool = False) -> None:
-        """After a (re)registration: send the batches queued while the device was away, then CANCELs.
-
-        With `resend` (the same device process came back) batches already sent go out again too: a
-        result written into a link that was already dead is lost, and the device answers a call of a
-        batch it already ran (the same response_id, which only this server issues, and call_id) from
-        its record of finished calls without running it twice (at-least-once delivery, exactly-once
-        execution)."""
-        for batch in self._batches.to_send(conn.name, resend=resend):
-            if not batch.done.is_set():
-                await self._send_command(conn, batch)
-        for response_id in self._batches.take_cancels(conn.name):
-            await conn.send(ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK))
+        """`BatchRouter.cancel`: finish the batch with `reason` and tell its device to stop."""
+        return await self._router.cancel(response_id, reason, pending=pending)
 
     # -- liveness and disconnection --------------------------------------------------------------
 
