@@ -7,7 +7,7 @@ need to import each other:
 - `RemoteDevices`: what the hub asks of a cluster for devices whose sockets another node holds
   (`tether.server.cluster.node.ClusterNode` is the one implementation);
 - `BatchSender`: what a dispatcher needs to run a batch on a device (`DeviceHub`);
-- `AuditLog`: the audit rows a dispatcher writes around a batch (`Store`);
+- `BatchAudit`: the audit rows a dispatcher writes around a batch (`Store`);
 - `BatchDispatcher` and `DeviceFleet`: what a fan-out needs to reach every device (`DeviceHub`).
 
 The hub stays one node's hub: it knows its own sockets and nothing of Redis. When it is given a
@@ -93,7 +93,7 @@ class BatchSender(Protocol):
         """Finish the batch `response_id` with `reason` and tell its device to stop; False when unknown."""
 
 
-class AuditLog(Protocol):
+class BatchAudit(Protocol):
     """The audit rows of a batch, as a dispatcher writes them: `Store` (server/store)."""
 
     def audit_problem(self) -> str | None:

@@ -25,7 +25,7 @@ from tether.server.store import PENDING, SENT
 
 if TYPE_CHECKING:
     from tether.server.aip.batches import PendingBatch
-    from tether.server.ports import AuditLog, BatchSender
+    from tether.server.ports import BatchAudit, BatchSender
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
     """Runs batches on one named device through a `BatchSender` (the hub), writing their rows to `audit`
     (the store); `default_timeout` is the wait when a call names none. Build it with `hub.dispatcher(...)`."""
 
-    def __init__(self, sender: BatchSender, audit: AuditLog, device: str, *, default_timeout: float,
+    def __init__(self, sender: BatchSender, audit: BatchAudit, device: str, *, default_timeout: float,
                  session_id: str | None = None, agent_name: str | None = None, process_name: str | None = None,
                  root_name: str | None = None, on_event: Callable[[Event], None] | None = None,
                  requested_by: str = "unknown") -> None:
