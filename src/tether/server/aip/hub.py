@@ -25,26 +25,34 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from tether.protocol.codec import FrameError, decode_client_message
 from tether.protocol.messages import (
     ClientMessage,
-    ClientMessageType,
     Event,
     RegisterAck,
     ServerMessage,
     ServerMessageType,
     TaskStatus,
 )
-from tether.protocol.profile import DeviceProfile
+from tether.protocol.session import (
+    BadFrame,
+    DeviceReportedError,
+    EventArrived,
+    HeartbeatArrived,
+    PolicyReported,
+    ProfileReported,
+    RegistrationRefused,
+    ResultsArrived,
+    SamplingRequested,
+    ServerSession,
+    SessionEvent,
+)
 from tether.server.aip.batches import PendingBatch
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
 from tether.server.aip.link import DeviceLink, close_socket
 from tether.server.aip.liveness import GracePeriods, watch_liveness
 from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
-from tether.server.aip.registration import authenticate, prove_key, read_registration, refuse
+from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.router import BatchRouter
 from tether.server.aip.socket import (
@@ -338,9 +346,10 @@ class DeviceHub:
         if isinstance(token, Refusal):
             return await refuse(socket, token, peer)
         name = token.name
-        reg = read_registration(frame, name, settings.max_frame_bytes)
-        if isinstance(reg, Refusal):
-            return await refuse(socket, reg, peer)
+        session = ServerSession(name, settings.max_frame_bytes)  # what this connection's frames mean
+        reg = session.register(frame)
+        if isinstance(reg, RegistrationRefused):
+            return await refuse(socket, refusal_of(reg), peer)
         unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
         if unproven is not None:
             return await refuse(socket, unproven, peer)
@@ -364,7 +373,7 @@ class DeviceHub:
             self._batches.fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
         self._grace.stop(name)
         self._batches.registered(name)
-        conn = DeviceLink(name, socket, reg.instance_id, token.id, record, now)
+        conn = DeviceLink(name, socket, reg.instance_id, token.id, record, now, session=session)
         self._conns[name] = conn
         record.node = None  # held here now, whichever node held it before
         record.connected, record.profile, record.instance_id, record.address = True, reg.profile, reg.instance_id, peer
@@ -380,6 +389,7 @@ class DeviceHub:
                           max_frame_bytes=settings.max_frame_bytes, resumed=resumed)
         await conn.send(ServerMessage(type=ServerMessageType.REGISTER_ACK, status=TaskStatus.OK,
                                       payload=ack.model_dump()))
+        session.open()
         conn.ready = True
         logger.info("device %s registered from %s (instance %s%s)", name, peer, reg.instance_id,
                     ", resumed" if resumed else "")
@@ -392,6 +402,9 @@ class DeviceHub:
         return authenticate(self.store, authorization)
 
     async def _receive_loop(self, conn: DeviceLink) -> None:
+        """Read `conn`'s frames until it closes or is dropped; its session says what each one means."""
+        session = conn.session
+        assert session is not None  # set when the registration was accepted
         while not conn.dropped:
             try:
                 frame = await conn.socket.receive_text()
@@ -402,70 +415,59 @@ class DeviceHub:
             conn.last_seen = time.monotonic()
             conn.record.last_seen = time.time()
             try:
-                msg = decode_client_message(frame, self.settings.max_frame_bytes)
-            except FrameError as exc:
-                logger.warning("bad frame from device %s: %s", conn.name, exc)
-                await conn.error(str(exc), exc.reason)
-                continue
-            try:
-                await self._handle(conn, msg)
+                event = session.receive(frame)
+                await self._handle(conn, event)
             except Exception:
-                logger.exception("error handling a %s frame from device %s", msg.type.value, conn.name)
-                await conn.error(f"the server failed to handle this {msg.type.value} frame", "internal")
-            del frame, msg  # not kept while the socket idles until its next frame (~1 KiB per device)
+                kind = session.last_type.value if session.last_type is not None else "unreadable"
+                logger.exception("error handling a %s frame from device %s", kind, conn.name)
+                await conn.error(f"the server failed to handle this {kind} frame", "internal")
+            del frame, event  # not kept while the socket idles until its next frame (~1 KiB per device)
 
-    async def _handle(self, conn: DeviceLink, msg: ClientMessage) -> None:
-        kind = msg.type
-        if kind is ClientMessageType.COMMAND_RESULTS:
-            self._batches.accept(conn.name, msg)
-        elif kind is ClientMessageType.HEARTBEAT:
-            running = (msg.payload or {}).get("running", 0)
-            queued = (msg.payload or {}).get("queued", 0)  # of `running`, those not started yet
-            if type(queued) is not int or not 0 <= queued <= (running if type(running) is int else 0):
-                queued = 0
-            if type(running) is int and running >= 0 and (running, queued) != (conn.record.running,
-                                                                                conn.record.queued):
-                conn.record.running, conn.record.queued = running, queued
+    async def _handle(self, conn: DeviceLink, event: SessionEvent) -> None:
+        """Act on what one frame of `conn` meant (`ServerSession.receive`)."""
+        if isinstance(event, ResultsArrived):
+            self._batches.accept(conn.name, event.message)
+        elif isinstance(event, HeartbeatArrived):
+            if event.load is not None and event.load != (conn.record.running, conn.record.queued):
+                conn.record.running, conn.record.queued = event.load
                 self.registry.notify()
             await conn.heartbeat()
-        elif kind is ClientMessageType.EVENT:
-            try:
-                event = Event.model_validate(msg.payload)
-            except ValidationError as exc:
-                await conn.error(f"invalid event payload: {exc.errors()[0]['msg']}", "invalid")
-                return
-            batch = self._batches.pending.get(event.response_id or "")
+        elif isinstance(event, BadFrame):
+            if event.frame_error:
+                logger.warning("bad frame from device %s: %s", conn.name, event.error)
+            await conn.error(event.error, event.reason)
+        elif isinstance(event, EventArrived):
+            batch = self._batches.pending.get(event.event.response_id or "")
             if batch is None or batch.device != conn.name or not batch.sent:
-                logger.debug("dropped event %s from device %s for batch %s", event.kind, conn.name, event.response_id)
+                logger.debug("dropped event %s from device %s for batch %s", event.event.kind, conn.name,
+                             event.event.response_id)
                 return
-            self.deliver_event(batch, event)
-        elif kind is ClientMessageType.POLICY_REPORT:
+            self.deliver_event(batch, event.event)
+        elif isinstance(event, PolicyReported):
+            msg = event.message
             device, answer = self._replies.get(msg.prev_response_id or "", (None, None))
             if answer is None or device != conn.name or answer.done():
                 logger.info("dropped a policy report from device %s: nothing asked for it", conn.name)
             else:
                 answer.set_result(msg)
-        elif kind is ClientMessageType.DEVICE_INFO:
-            try:
-                conn.record.profile = DeviceProfile.model_validate(msg.payload or {})
-            except ValidationError as exc:
-                await conn.error(f"invalid device_info payload: {exc.errors()[0]['msg']}", "invalid")
-                return
+        elif isinstance(event, ProfileReported):
+            conn.record.profile = event.profile
             self._remember(conn.name, conn.record, conn.record.last_seen)
             self.registry.notify()
             self._fleet_changed(conn.name)
-        elif kind is ClientMessageType.SAMPLING_REQUEST:
-            job = asyncio.create_task(answer_sampling(self.sampler, conn, msg))
+        elif isinstance(event, SamplingRequested):
+            job = asyncio.create_task(answer_sampling(self.sampler, conn, event.message))
             self._tasks.add(job)
             job.add_done_callback(self._tasks.discard)
-        elif kind is ClientMessageType.ERROR:
+        elif isinstance(event, DeviceReportedError):
+            msg = event.message
             batch = self._batches.pending.get(msg.prev_response_id or "")
             logger.warning("device %s reported an error%s: %s", conn.name,
                            f" for batch {msg.prev_response_id}" if msg.prev_response_id else "", msg.error)
             if batch is not None and batch.device == conn.name and batch.sent:
                 self._batches.finish(batch, f"device {conn.name} reported: {msg.error or 'an error'}")
         else:  # REGISTER again
-            await conn.error(f"already registered as {conn.name}; register only as the first frame", "unexpected")
+            await conn.error(event.error, "unexpected")
 
     # -- batches ---------------------------------------------------------------------------------
 

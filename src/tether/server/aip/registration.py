@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from pydantic import ValidationError
-
-from tether.protocol.codec import FrameError, decode_client_message, encode
+from tether.protocol.codec import encode
 from tether.protocol.identity import fingerprint, register_statement, verify
-from tether.protocol.messages import ClientMessageType, Registration, ServerMessage, ServerMessageType, TaskStatus
+from tether.protocol.messages import Registration, ServerMessage, ServerMessageType, TaskStatus
+from tether.protocol.session import RegistrationRefused, ServerSession
 from tether.server.aip.link import close_socket
 from tether.server.aip.socket import (
     CLOSE_BAD_REGISTRATION,
@@ -52,21 +51,16 @@ def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal
 
 
 def read_registration(frame: str, device: str, max_frame_bytes: int) -> Registration | Refusal:
-    """The REGISTER of the device whose token is `device`, from the connection's first frame."""
-    try:
-        msg = decode_client_message(frame, max_frame_bytes)
-        if msg.type is not ClientMessageType.REGISTER:
-            raise FrameError("not_register", f"the first frame must be a register message, not {msg.type.value}")
-        reg = Registration.model_validate(msg.payload)
-    except FrameError as exc:
-        return Refusal(CLOSE_BAD_REGISTRATION, f"registration refused: {exc}")
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-        return Refusal(CLOSE_BAD_REGISTRATION, f"invalid registration: {problems}")
-    if reg.name is not None and reg.name != device:
-        return Refusal(CLOSE_WRONG_DEVICE, f"this token belongs to device '{device}' "
-                                           f"but the registration claims to be '{reg.name}'")
-    return reg
+    """The REGISTER of the device whose token is `device`, from the connection's first frame
+    (`protocol.session.ServerSession.register`), or the refusal with its close code."""
+    reg = ServerSession(device, max_frame_bytes).register(frame)
+    return refusal_of(reg) if isinstance(reg, RegistrationRefused) else reg
+
+
+def refusal_of(refused: RegistrationRefused) -> Refusal:
+    """The close code and reason for a first frame the session refused: another device's registration
+    is `CLOSE_WRONG_DEVICE`, anything else `CLOSE_BAD_REGISTRATION`."""
+    return Refusal(CLOSE_WRONG_DEVICE if refused.wrong_device else CLOSE_BAD_REGISTRATION, refused.error)
 
 
 def prove_key(store: Store, device: str, reg: Registration, challenge: str | None) -> Refusal | None:
