@@ -10,11 +10,13 @@ later is told its batches are no longer awaited). It never raises for anything a
 a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
-`tether.server.aip.socket.aip_route` adapts a Starlette WebSocket to it. The ledger of batches
-(`tether.server.aip.batches`), the liveness timers (`tether.server.aip.liveness`), the writes to one
-socket (`tether.server.aip.link`), the judgement of a registration (`tether.server.aip.registration`)
-and what external MCP servers ask through a device (`tether.server.aip.questions`) each live in their
-own module; the hub is where they meet.
+`tether.server.aip.socket.aip_route` adapts a Starlette WebSocket to it. What each frame means is
+judged by the connection's sans-I/O session (`tether.protocol.session`); the hub keeps the table of
+connections and acts on those judgements. Where each batch goes and the ledger of batches in flight
+(`tether.server.aip.router`, `tether.server.aip.batches`), the liveness timers
+(`tether.server.aip.liveness`), the writes to one socket (`tether.server.aip.link`), the judgement of a
+registration (`tether.server.aip.registration`) and what external MCP servers ask through a device
+(`tether.server.aip.questions`) each live in their own module; the hub is where they meet.
 """
 
 from __future__ import annotations
