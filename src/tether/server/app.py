@@ -48,7 +48,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
             if settings.cluster_url:  # one node of several (server/cluster): devices held elsewhere reachable
                 from tether.server.cluster.node import ClusterNode
 
-                node = app.state.cluster = ClusterNode(hub, settings)
+                node = app.state.cluster = ClusterNode(hub, hub.registry, store, settings)
                 await node.start()
             async with AsyncExitStack() as stack:
                 for context in contexts:
