@@ -21,10 +21,10 @@ from typing import Any
 
 from bench._stats import summary
 from tether.protocol.models import ResultStatus
-from tether.tools.browser import browser_toolset
-from tether.tools.browser_session import LAUNCH_ARGS, BrowserManager
+from tether.tools.browser.session import LAUNCH_ARGS, BrowserManager
+from tether.tools.browser.tool import browser_toolset
 from tether.tools.context import ToolContext
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 PAGE = b"""<!doctype html><title>Bench</title>
 <button id="go" onclick="window.n = (window.n || 0) + 1; document.getElementById('out').textContent = window.n">

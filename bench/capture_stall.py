@@ -110,7 +110,7 @@ async def main(n_files: int = N_FILES, rounds: int = ROUNDS) -> dict[str, float]
     home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-bench-home-")).resolve()
     os.environ["HOME"] = str(home)  # before the device is built: its write roots are this HOME and the temp dir
     from tether.device.local import build_device
-    from tether.tools.policy import policy_from_mapping
+    from tether.tools.policy.model import policy_from_mapping
 
     if shutil.which("bwrap") is None:
         sys.exit("bwrap is not installed: apt-get install -y bubblewrap")

@@ -131,7 +131,7 @@ async def browser_rounds(port: int, token: str, probe: ClientConnection, name: s
     page's table showing the new load (waited for on DOM mutations, not by polling)."""
     from playwright.async_api import async_playwright
 
-    from tether.tools.browser_session import find_chromium
+    from tether.tools.browser.session import find_chromium
 
     samples: list[float] = []
     async with async_playwright() as pw:

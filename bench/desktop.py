@@ -21,11 +21,11 @@ from tempfile import TemporaryDirectory
 
 from bench._stats import summary
 from tether.tools.context import ToolContext
-from tether.tools.desktop import desktop_toolset
-from tether.tools.ocr import OcrEngine
-from tether.tools.policy import Policy
+from tether.tools.desktop.ocr import OcrEngine
+from tether.tools.desktop.screen import grab_sync
+from tether.tools.desktop.tool import desktop_toolset
+from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet
-from tether.tools.screen import grab_sync
 
 GUI_APP = Path(__file__).resolve().parent.parent / "tests" / "gui_app.py"
 

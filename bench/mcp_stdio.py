@@ -23,7 +23,7 @@ from tether.device.config import parse_device_config
 from tether.device.mcp_manager import MCPServerManager
 from tether.protocol.models import Command, ResultStatus
 from tether.tools.context import ToolContext
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 SERVER = str(Path(__file__).with_name("echo_server.py"))
 

@@ -46,7 +46,7 @@ async def main(n: int) -> None:
     os.environ["HOME"] = str(home)  # before any device is built: its write roots are this HOME and /tmp
     from tether.device.local import build_device
     from tether.protocol.models import Command
-    from tether.tools.policy import policy_from_mapping
+    from tether.tools.policy.model import policy_from_mapping
 
     bwrap = shutil.which("bwrap")
     true = shutil.which("true")

@@ -32,7 +32,7 @@ from tether.device.profile import collect_profile
 from tether.protocol.models import Command
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 
 async def main(tasks: int, steps: int) -> None:

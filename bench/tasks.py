@@ -57,7 +57,7 @@ from tether.device.config import parse_device_config
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, ToolInfo
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 REPO = Path(__file__).resolve().parent.parent
 STEPS_PER_TASK = 20

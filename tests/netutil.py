@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import dbkit
-from tether.remote import RemoteServer
+from tether.client.rest import RemoteServer
 
 CLI = [sys.executable, "-m", "tether.cli"]
 

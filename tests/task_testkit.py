@@ -32,7 +32,7 @@ from tether.device.local import LocalDevice, build_device
 from tether.device.profile import collect_profile
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 WAIT = 30.0
 

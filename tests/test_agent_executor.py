@@ -19,7 +19,7 @@ from tether.agent.steps import discover_tools
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.models import ToolInfo
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 
 @pytest.fixture

@@ -12,8 +12,8 @@ from tether.agent.llm import LLMClient, LLMError
 from tether.agent.plan import Plan, PlanError, PlanStep, load_plan_file, validate_plan
 from tether.agent.planner import DeviceView, PlanningError, parse_plan_reply, plan_request
 from tether.protocol.profile import DeviceProfile, OSInfo
-from tether.tools.files import files_toolset
-from tether.tools.shell import shell_toolset
+from tether.tools.files.tool import files_toolset
+from tether.tools.shell.tool import shell_toolset
 
 POLICY = ("- never use sudo\n- shell.run takes argv as a list, never a shell string\n"
           "- cwd is required and must lie inside the allowed roots: /home/demo")

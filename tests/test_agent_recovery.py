@@ -25,8 +25,8 @@ from tether.agent.recovery import (
 )
 from tether.agent.task import Budgets, InvalidTransition, Task, TaskState
 from tether.protocol.models import Result
-from tether.tools.files import files_toolset
-from tether.tools.shell import shell_toolset
+from tether.tools.files.tool import files_toolset
+from tether.tools.shell.tool import shell_toolset
 
 TOOLS = {None: shell_toolset().infos() + files_toolset().infos()}
 

@@ -12,7 +12,7 @@ import pytest
 from agent_fakes import FakeLLM
 from task_testkit import AgentServer
 from tether.agent.service import TaskError
-from tether.tools.policy import Policy, default_policy
+from tether.tools.policy.model import Policy, default_policy
 
 
 @pytest.fixture

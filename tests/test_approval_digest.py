@@ -1,4 +1,4 @@
-"""What an approval's digest covers (tools/approval.py, issue 27 item 2), on real files: it moves with the
+"""What an approval's digest covers (tools/policy/approval.py, issue 27 item 2), on real files: it moves with the
 arguments, the script a command names and the program it runs, and stays put for what reads differently
 every time (/proc); a command naming many large files is not read whole."""
 
@@ -8,7 +8,7 @@ import os
 import shutil
 from pathlib import Path
 
-from tether.tools import approval
+from tether.tools.policy import approval
 
 
 def facts(tmp_path: Path, **params: object) -> str:

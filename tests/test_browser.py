@@ -22,7 +22,7 @@ import pytest_asyncio
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -89,8 +89,8 @@ def site() -> Iterator[str]:
 def _toolset(**manager_options: Any) -> tuple[ToolSet, Any]:
     """A browser tool set, or a test failure that says what to install."""
     try:
-        from tether.tools.browser import browser_toolset
-        from tether.tools.browser_session import BrowserManager
+        from tether.tools.browser.session import BrowserManager
+        from tether.tools.browser.tool import browser_toolset
 
         manager = BrowserManager(**manager_options)
     except (MissingDependency, ImportError) as exc:
@@ -331,7 +331,7 @@ async def test_toolset_close_stops_chromium(site: str) -> None:
 
 
 async def test_missing_chromium_says_what_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from tether.tools.browser_session import BrowserManager
+    from tether.tools.browser.session import BrowserManager
 
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("TETHER_CHROMIUM", raising=False)
@@ -344,7 +344,7 @@ async def test_missing_chromium_says_what_to_install(monkeypatch: pytest.MonkeyP
 
 
 async def test_key_tokens() -> None:
-    from tether.tools.browser_session import key_name, split_keys
+    from tether.tools.browser.keys import key_name, split_keys
 
     assert split_keys("Hello world{ENTER}") == [(False, "Hello world"), (True, "Enter")]
     assert split_keys("{CMD+K}x{CTRL+SHIFT+TAB}") == [(True, "Meta+k"), (False, "x"), (True, "Control+Shift+Tab")]

@@ -147,7 +147,7 @@ def test_remote_dry_run_to_an_unreachable_server_is_a_clear_error(tmp_path: Path
 
 async def test_a_token_with_confirm_destructive_holds_plans_that_change_things(tmp_path: Path) -> None:
     from task_testkit import AgentServer
-    from tether.tools.policy import default_policy
+    from tether.tools.policy.model import default_policy
 
     root = tmp_path / "alpha"
     root.mkdir()
@@ -260,7 +260,7 @@ def test_run_confirm_through_a_server(tmp_path: Path) -> None:
 
 async def test_a_plan_waiting_for_confirmation_survives_a_server_restart(tmp_path: Path) -> None:
     from task_testkit import AgentServer
-    from tether.tools.policy import default_policy
+    from tether.tools.policy.model import default_policy
 
     root = tmp_path / "alpha"
     root.mkdir()

@@ -35,11 +35,11 @@ from desktop_testkit import (
 )
 from results import failed, ok
 from tether.tools.context import ToolContext
-from tether.tools.ocr import OcrEngine
+from tether.tools.desktop.ocr import OcrEngine
 from tether.tools.optional import MissingDependency
-from tether.tools.policy import CommandRule, Policy
+from tether.tools.policy.model import CommandRule, Policy
 from tether.tools.runtime import ToolSet
-from tether.tools.system import system_toolset
+from tether.tools.system.tool import system_toolset
 
 # ------------------------------------------------------------------------------------------ X server and app
 
@@ -62,7 +62,7 @@ def ocr_engine() -> OcrEngine:
 
 @pytest.fixture
 def desktop(xvfb: str, ocr_engine: OcrEngine) -> ToolSet:
-    from tether.tools.desktop import desktop_toolset
+    from tether.tools.desktop.tool import desktop_toolset
 
     return desktop_toolset(display=xvfb, ocr=ocr_engine)
 
@@ -149,7 +149,7 @@ async def test_ui_tree_finds_the_buttons_and_click_element_hits_the_right_one(de
 
 
 async def test_ocr_reuses_the_answer_for_an_unchanged_frame(xvfb: str, app: GuiApp) -> None:
-    from tether.tools.screen import grab_sync
+    from tether.tools.desktop.screen import grab_sync
 
     engine = OcrEngine()
     area = {"x": 0, "y": 120, "width": 700, "height": 100}  # the buttons, not the blinking caret
@@ -322,7 +322,7 @@ async def test_launch_reports_the_window_and_close_closes_it(xvfb: str, tmp_path
 
 def test_without_a_display_the_tool_set_says_what_is_missing(xvfb: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from tether.tools.builtin import builtin_toolsets
-    from tether.tools.desktop import desktop_toolset
+    from tether.tools.desktop.tool import desktop_toolset
 
     with pytest.raises(MissingDependency, match="no X display: set DISPLAY or run under Xvfb"):
         desktop_toolset(display="")
@@ -338,7 +338,7 @@ def test_without_a_display_the_tool_set_says_what_is_missing(xvfb: str, monkeypa
 
 async def test_tool_names_and_closing(desktop: ToolSet, ocr_engine: OcrEngine, xvfb: str) -> None:
     from tether.tools.builtin import OPTIONAL_TOOLS
-    from tether.tools.desktop import desktop_toolset
+    from tether.tools.desktop.tool import desktop_toolset
 
     assert set(desktop.specs) == set(OPTIONAL_TOOLS["desktop"]) | {"screenshot"}
     kinds = {name: spec.tool_type for name, spec in desktop.specs.items()}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tether.tools.desktop_keys import Segment, TokenError, normalize_key, parse_typed_text
-from tether.tools.ocr import TextElement, match_score, rank
+from tether.tools.desktop.keys import Segment, TokenError, normalize_key, parse_typed_text
+from tether.tools.desktop.ocr import TextElement, match_score, rank
 
 
 @pytest.mark.parametrize(("text", "segments"), [

@@ -49,7 +49,7 @@ from tether.protocol.messages import (
     TaskStatus,
 )
 from tether.protocol.models import Command, Result, ResultStatus
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 T = ClientMessageType
 TOKEN = "device-secret"

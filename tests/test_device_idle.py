@@ -40,7 +40,7 @@ from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMes
 from tether.protocol.models import Command, new_call_id
 from tether.protocol.profile import DeviceProfile
 from tether.server.aip.link import _HEARTBEAT
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 LOGGER = "tether.device.connection"
 

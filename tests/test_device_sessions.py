@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from netutil import CLI, Cluster, wait_for
+from tether.client.rest import RemoteServer
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ResultStatus
-from tether.remote import RemoteServer
 
 SCRIPT = (
     "import pathlib, sys\n"
@@ -200,7 +200,7 @@ async def test_the_line_moves_up_when_a_waiting_batch_is_cancelled_and_when_the_
     from tether.device.outbox import FinishedRecord, Outbox
     from tether.protocol.codec import decode_client_message
     from tether.protocol.messages import ClientMessageType, ServerMessage, ServerMessageType
-    from tether.tools.policy import default_policy
+    from tether.tools.policy.model import default_policy
 
     roots = [str(tmp_path)]
     device = build_device(policy=default_policy().model_copy(update={"read_roots": roots, "write_roots": roots}),

@@ -12,8 +12,8 @@ import pytest
 
 import dbkit
 from netutil import Cluster, TcpProxy, tether_env, wait_for
+from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command, ResultStatus
-from tether.remote import RemoteError, RemoteServer
 from tether.server.store import Store
 
 

@@ -8,8 +8,8 @@ import pytest
 
 import dbkit
 from netutil import CLI, Proc, free_port, tether_env, wait_for
+from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command
-from tether.remote import RemoteError, RemoteServer
 
 
 def test_device_and_cli_over_tls(tmp_path, pki):

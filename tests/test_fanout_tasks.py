@@ -18,7 +18,7 @@ from tether.agent.plan import Plan, PlanStep, validate_plan
 from tether.agent.steps import fan_out_step
 from tether.device.local import build_device
 from tether.protocol.models import Command
-from tether.tools.policy import Policy, default_policy
+from tether.tools.policy.model import Policy, default_policy
 
 
 @pytest.fixture

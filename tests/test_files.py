@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from results import failed, ok
 from tether.protocol.models import Result
 from tether.tools.context import ToolContext
-from tether.tools.files import files_toolset
+from tether.tools.files.tool import files_toolset
 from tether.tools.journal import UndoJournal
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 
 @dataclass

@@ -22,11 +22,11 @@ import pytest
 from results import failed, ok
 from tether.protocol.models import Result
 from tether.sandbox import fs
-from tether.tools import files
 from tether.tools.context import ToolContext
-from tether.tools.files import files_toolset
+from tether.tools.files import tool as files
+from tether.tools.files.tool import files_toolset
 from tether.tools.journal import UndoJournal
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 
 @pytest.fixture(params=["openat2", "walk"])

@@ -22,7 +22,7 @@ from tether.device.mcp_client_caps import (
 from tether.device.mcp_manager import BaseMCPServer, MCPServerManager
 from tether.protocol.models import ResultStatus
 from tether.tools.context import ToolContext
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
 

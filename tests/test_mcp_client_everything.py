@@ -18,7 +18,7 @@ from tether.device.mcp_client_caps import ElicitationAnswer, ElicitationRequest
 from tether.device.mcp_manager import BaseMCPServer, MCPServerManager
 from tether.protocol.models import ResultStatus
 from tether.tools.context import ToolContext
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 REPO = Path(__file__).resolve().parent.parent
 EVERYTHING = REPO / ".tether-test-node" / "node_modules" / ".bin" / "mcp-server-everything"

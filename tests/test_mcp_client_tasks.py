@@ -15,7 +15,7 @@ from tether.device.connection import DeviceConnection
 from tether.device.local import build_device
 from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 from tether.device.profile import collect_profile
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 INTERACTIVE = str(Path(__file__).parent / "servers" / "interactive.py")
 

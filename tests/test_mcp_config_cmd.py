@@ -19,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from netutil import free_port
 from task_testkit import WAIT, AgentServer
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 CLI = [sys.executable, "-m", "tether.cli"]
 

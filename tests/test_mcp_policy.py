@@ -26,7 +26,7 @@ from tether.device.profile import collect_profile
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.sandbox import SandboxSpec, detect
 from tether.tools.context import ToolContext
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 ANNOTATED = str(Path(__file__).parent / "servers" / "annotated.py")
 NEEDS_APPROVAL = {"needs_approval": True, "rule": "approval.mcp_destructive"}
@@ -188,7 +188,7 @@ async def test_desktop_client_config_file_through_the_device(tmp_path: Path) -> 
         assert listed.ok and "whoami" not in {t["name"] for t in listed.result}
         assert wrote.ok, wrote.error
         assert note.read_text() == "auto"
-        # through the router, a question carries the digest its approval is bound to (tools/approval.py)
+        # through the router, a question carries the digest its approval is bound to (tools/policy/approval.py)
         assert deleted.result.pop("approval_digest").startswith("sha256:")
         assert deleted.result == NEEDS_APPROVAL  # the approved one after it deleted the file
         assert approved_delete.ok and not victim.exists()

@@ -29,7 +29,7 @@ from tether.device.mcp_manager import (
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.mcp_export import serve_http, toolset_to_mcp
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet, tool
 
 SERVERS = Path(__file__).parent / "servers"

@@ -17,7 +17,7 @@ from tether.agent.observe import compact
 from tether.agent.plan import Plan, PlanStep, validate_plan
 from tether.agent.task import Budgets, Task, TaskState
 from tether.device.local import LocalDevice
-from tether.tools.files import files_toolset
+from tether.tools.files.tool import files_toolset
 
 
 def observed_entries(body: dict[str, Any]) -> list[dict[str, Any]]:

@@ -1,4 +1,4 @@
-"""The pattern language of protected paths and the hidden-path checks (tether.tools.path_rules), as a table."""
+"""The pattern language of protected paths and the hidden-path checks (tether.tools.policy.path_rules), as a table."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tether.tools.path_rules import DEFAULT_PROTECTED, HiddenSet, Matcher, protected_patterns
-from tether.tools.policy import Policy, policy_from_mapping
+from tether.tools.policy.model import Policy, policy_from_mapping
+from tether.tools.policy.path_rules import DEFAULT_PROTECTED, HiddenSet, Matcher, protected_patterns
 
 PATTERNS = ["~/.bashrc", ".git/hooks", ".git/config", "*.pth", "~/.cargo/config*", "/etc/crontab",
             ".git/worktrees/*/config.worktree", "~/.config/systemd/user", "**/foo/bar", ".vscode/mcp.json"]

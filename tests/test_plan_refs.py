@@ -19,7 +19,7 @@ from tether.agent.refs import RefError, parse_ref, resolve
 from tether.agent.task import Task, TaskState
 from tether.device.local import LocalDevice
 from tether.protocol.models import ToolInfo
-from tether.tools.files import files_toolset
+from tether.tools.files.tool import files_toolset
 
 
 def ref(text: str) -> dict[str, str]:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tether.tools.policy import (
+from tether.tools.policy.model import (
     ALWAYS_DENIED,
     KNOWN_ESCAPES,
     CommandRule,
@@ -18,8 +18,8 @@ from tether.tools.policy import (
     load_policy,
     policy_from_mapping,
 )
-from tether.tools.shell_code import sed_effects
-from tether.tools.shell_rules import WRAPPERS
+from tether.tools.shell.code import sed_effects
+from tether.tools.shell.rules import WRAPPERS
 
 DEFAULT = default_policy()
 # Programs outside the default allowlist, so their own escape rules (not `not-allowed`) can be seen.

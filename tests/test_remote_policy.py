@@ -14,7 +14,7 @@ import pytest
 
 import dbkit
 from netutil import CLI, Cluster
-from tether.remote import RemoteError, RemoteServer
+from tether.client.rest import RemoteError, RemoteServer
 from tether.server.store import Store
 
 
@@ -170,8 +170,8 @@ def test_a_damaged_stored_policy_stops_the_device_with_one_line(setup: Setup) ->
 def test_a_network_host_list_round_trips_through_the_overlay() -> None:
     """`network: {allow, deny, ask}` survives the dump-and-validate of an effective policy and is reported as the
     device file's while the server has not set it."""
-    from tether.tools.policy import NetworkRules, policy_from_mapping
-    from tether.tools.policy_remote import effective, sources
+    from tether.tools.policy.model import NetworkRules, policy_from_mapping
+    from tether.tools.policy.overlay import effective, sources
 
     rules = {"allow": ["pypi.org:443", "*.githubusercontent.com", "10.0.0.0/8"], "deny": ["evil.test"],
              "ask": "on-miss"}
@@ -199,8 +199,8 @@ LIST = {"allow": ["*.example.com", "10.0.0.0/8", "pypi.org:443", "localhost:8000
       "deny": ["bad.example.com", "x.example.com"], "ask": "off", "within": LIST}),
 ])
 def test_a_pushed_network_only_narrows_the_devices_own(device: Any, pushed: Any, expected: Any) -> None:
-    from tether.tools.policy import policy_from_mapping
-    from tether.tools.policy_remote import check_overlay, effective, sources
+    from tether.tools.policy.model import policy_from_mapping
+    from tether.tools.policy.overlay import check_overlay, effective, sources
 
     base = policy_from_mapping({"network": device})
     overlay = check_overlay({"network": pushed})
@@ -221,8 +221,8 @@ def test_a_pushed_network_only_narrows_the_devices_own(device: Any, pushed: Any,
     (LIST, "sideways", "network is on, off, or"),
 ])
 def test_a_pushed_network_that_would_widen_is_refused_with_its_reason(device: Any, pushed: Any, why: str) -> None:
-    from tether.tools.policy import policy_from_mapping
-    from tether.tools.policy_remote import effective
+    from tether.tools.policy.model import policy_from_mapping
+    from tether.tools.policy.overlay import effective
 
     with pytest.raises(ValueError, match=re.escape(why)):
         effective(policy_from_mapping({"network": device}), {"network": pushed})
@@ -233,8 +233,8 @@ def test_the_narrowed_rules_hold_the_devices_own_at_every_step() -> None:
     wildcard does not open a private address; a device's ask still asks, and an "always" answer opens both."""
     import ipaddress
 
-    from tether.tools.policy import policy_from_mapping
-    from tether.tools.policy_remote import effective
+    from tether.tools.policy.model import policy_from_mapping
+    from tether.tools.policy.overlay import effective
     from tether.tools.sandboxing import egress_rules
 
     device = policy_from_mapping({"network": {"allow": ["*.example.com"], "ask": "on-miss"}})

@@ -31,7 +31,7 @@ from tether.protocol.codec import decode_client_message
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.tools.context import ToolContext
-from tether.tools.policy import Policy, default_policy
+from tether.tools.policy.model import Policy, default_policy
 
 BULKY = str(Path(__file__).parent / "servers" / "bulky.py")
 CTX = ToolContext(policy=Policy(), call_id="caps")

@@ -17,7 +17,7 @@ from tether.device.mcp_manager import MCPServerManager
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, ResultStatus
 from tether.tools.context import ToolContext
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet, tool
 
 

@@ -292,7 +292,7 @@ async def test_the_policy_can_turn_the_sandbox_off_and_a_serving_device_then_ref
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from tether.device.local import build_device
     from tether.protocol.models import Command
-    from tether.tools.policy import policy_from_mapping
+    from tether.tools.policy.model import policy_from_mapping
 
     monkeypatch.setenv("HOME", str(tmp_path))
     command = Command(tool_name="shell.run", parameters={"cmd": "true", "argv": [], "cwd": str(tmp_path)})
@@ -389,12 +389,12 @@ async def test_what_appears_in_a_tree_between_the_check_and_its_removal_is_kept(
 
 
 async def test_whiteouts_planted_over_hidden_paths_are_no_change_to_the_capture(tree: dict[str, Path]) -> None:
-    """The capture's scan (tools.shell_capture, on the worker pool) is given the hidden paths: the whiteout
+    """The capture's scan (tools.shell.capture, on the worker pool) is given the hidden paths: the whiteout
     the warden plants over one below a captured root is never a deletion nor counted against the layer's
     limits, and a layer holding only such whiteouts is empty (reused, nothing to settle)."""
     from tether.sandbox.layer import LayerLimits
     from tether.sandbox.runner import layer_empty
-    from tether.tools.shell_capture import _scan
+    from tether.tools.shell.capture import _scan
 
     keys = tree["root"] / ".ssh"
     keys.mkdir()

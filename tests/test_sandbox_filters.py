@@ -11,8 +11,8 @@ import pytest
 
 from tether.sandbox.limits import Limits, describe, exceeded, shm_options
 from tether.sandbox.seccomp import RET_ALLOW, program
-from tether.tools.policy import policy_from_mapping
-from tether.tools.policy_remote import check_overlay
+from tether.tools.policy.model import policy_from_mapping
+from tether.tools.policy.overlay import check_overlay
 from tether.tools.sandboxing import sandbox_spec
 
 LIMITS = Limits(memory_mb=64, processes=300, cpu_seconds=2, file_size_mb=1, open_files=32, shm_mb=4)

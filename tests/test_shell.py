@@ -17,9 +17,9 @@ import pytest
 from tether.protocol.models import Result, ResultStatus
 from tether.tools import process
 from tether.tools.context import ToolContext
-from tether.tools.policy import CommandRule, Policy, default_policy
+from tether.tools.policy.model import CommandRule, Policy, default_policy
 from tether.tools.process import run_process
-from tether.tools.shell import shell_toolset
+from tether.tools.shell.tool import shell_toolset
 
 GRANDCHILD = """
 import os, signal, sys, time

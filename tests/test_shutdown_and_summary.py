@@ -19,11 +19,11 @@ import pytest
 from aip_testkit import FakeDevice
 from netutil import Proc, free_port, tether_env, wait_for
 from task_testkit import AgentServer
+from tether.client.rest import RemoteServer
 from tether.protocol.messages import Event, ServerMessageType
 from tether.protocol.models import Command
-from tether.remote import RemoteServer
 from tether.server.store import Store
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 WAITER = """
 import signal

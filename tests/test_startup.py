@@ -224,7 +224,7 @@ async def test_external_servers_join_a_ready_computer_as_a_waiting_one_has_them(
     from tether.device.config import parse_device_config
     from tether.device.local import build_device
     from tether.protocol.models import Command
-    from tether.tools.policy import Policy
+    from tether.tools.policy.model import Policy
 
     gate = tmp_path / "gate"
     os.mkfifo(gate)
@@ -335,7 +335,7 @@ async def test_a_command_waits_only_for_the_server_that_has_its_tool(tmp_path: P
     from tether.device.config import parse_device_config
     from tether.device.local import build_device
     from tether.protocol.models import Command
-    from tether.tools.policy import Policy
+    from tether.tools.policy.model import Policy
 
     first, second = tmp_path / "first", tmp_path / "second"
     os.mkfifo(first)
@@ -364,7 +364,7 @@ async def test_a_profile_change_while_registering_is_sent_once_registered(tmp_pa
     from tether.device.local import build_device
     from tether.protocol.messages import ClientMessageType
     from tether.protocol.profile import DeviceProfile
-    from tether.tools.policy import Policy
+    from tether.tools.policy.model import Policy
 
     device = build_device(policy=Policy(), state_dir=tmp_path / "state", sandbox=False)
     collected: list[int] = []

@@ -120,7 +120,7 @@ async def test_real_terminal_shows_planning_tokens_and_the_running_step(tmp_path
 
 async def test_a_server_task_reports_its_planning_tokens_to_followers(tmp_path: Path) -> None:
     from task_testkit import AgentServer
-    from tether.tools.policy import default_policy
+    from tether.tools.policy.model import default_policy
 
     root = tmp_path / "alpha"
     root.mkdir()

@@ -20,8 +20,8 @@ import pytest
 from results import failed, ok
 from tether.protocol.models import Result
 from tether.tools.context import ToolContext
-from tether.tools.policy import CommandRule, Policy
-from tether.tools.system import system_toolset
+from tether.tools.policy.model import CommandRule, Policy
+from tether.tools.system.tool import system_toolset
 
 
 async def call(tool_name: str, ctx: ToolContext | None = None, /, **args: Any) -> Result:
@@ -204,7 +204,7 @@ async def test_close_takes_daemonised_helpers_of_its_session(launcher: Launcher)
 
 async def test_a_program_ignoring_sigterm_is_killed_after_the_grace(launcher: Launcher,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("tether.tools.system._GRACE_SECONDS", 0.2)
+    monkeypatch.setattr("tether.tools.system.tool._GRACE_SECONDS", 0.2)
     stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ready; exec sleep 60"], stdout=subprocess.PIPE,
                                 start_new_session=True)
     try:

@@ -11,8 +11,8 @@ import pytest
 
 import dbkit
 from netutil import CLI, Proc, free_port, tether_env, wait_for
+from tether.client.rest import RemoteServer
 from tether.device.tls_pin import cert_fingerprint, normalize_fingerprint, show_fingerprint
-from tether.remote import RemoteServer
 
 
 @pytest.fixture

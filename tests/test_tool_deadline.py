@@ -7,7 +7,7 @@ import asyncio
 
 from tether.protocol.models import ResultStatus
 from tether.tools.context import ToolContext
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 from tether.tools.runtime import call_spec, spec_of, tool
 
 

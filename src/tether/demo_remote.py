@@ -12,9 +12,9 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result
-from tether.remote import RemoteError, RemoteServer
 
 
 def _free_port() -> int:

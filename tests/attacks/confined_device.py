@@ -20,7 +20,7 @@ import pytest
 
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.models import Command, Result
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
 
 SYSTEM_PYTHON = "/usr/bin/python3"  # outside every write root, and not a pyenv shim
 

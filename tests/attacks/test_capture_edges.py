@@ -36,9 +36,9 @@ from tether.device.outbox import FinishedRecord, Outbox, results_frame
 from tether.protocol.codec import decode_client_message
 from tether.protocol.messages import ClientMessageType, ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, ResultStatus
-from tether.tools import shell_capture
 from tether.tools.journal import UndoJournal
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
+from tether.tools.shell import capture as shell_capture
 
 BWRAP_INSTALL = "apt-get install -y bubblewrap"
 SYSTEM_PYTHON = "/usr/bin/python3"

@@ -186,7 +186,7 @@ async def test_a_sandboxed_mcp_server_reaches_listed_hosts_through_the_proxy_and
     from tether.device.config import parse_device_config
     from tether.device.local import build_device
     from tether.protocol.models import Command, ResultStatus
-    from tether.tools.policy import policy_from_mapping
+    from tether.tools.policy.model import policy_from_mapping
 
     listed, unlisted = upstreams
     config = parse_device_config({"mcpServers": {"net": {
@@ -252,9 +252,9 @@ async def test_a_launched_gui_program_reaches_its_display_and_no_other_socket(
     import socket
 
     from tether.device.local import build_device
-    from tether.tools.policy import policy_from_mapping
-    from tether.tools.system import system_toolset
-    from tether.tools.x11 import display_socket
+    from tether.tools.desktop.x11 import display_socket
+    from tether.tools.policy.model import policy_from_mapping
+    from tether.tools.system.tool import system_toolset
 
     monkeypatch.setenv("DISPLAY", xvfb)
     x_socket = display_socket(xvfb)

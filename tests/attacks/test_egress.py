@@ -31,7 +31,7 @@ from tether.sandbox import SandboxSpec, detect
 from tether.sandbox.egress import EgressProxy, EgressRecord, Limits
 from tether.sandbox.egress_rules import EgressRules, is_public, parse_address, parse_entry
 from tether.sandbox.runner import Sandbox
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
 from tether.tools.sandboxing import egress_rules, sandbox_spec
 
 BODY = b"hello from the upstream server\n"
@@ -164,7 +164,7 @@ def test_entries_parse_and_bad_ones_are_named() -> None:
 
 
 def test_the_policy_setting_takes_on_off_and_lists_and_round_trips() -> None:
-    from tether.tools.policy_remote import effective
+    from tether.tools.policy.overlay import effective
 
     assert policy_from_mapping({"network": "off"}).network is False
     assert policy_from_mapping({"network": True}).network is True

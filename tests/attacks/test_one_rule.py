@@ -25,7 +25,7 @@ import pytest
 
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.models import Command, Result, ResultStatus
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
 
 SESSION = "one-rule"
 # no interpreter, no shell: the persistence route must work with plain file utilities alone

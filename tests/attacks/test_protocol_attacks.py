@@ -34,7 +34,7 @@ from tether.device.connection import DeviceConnection
 from tether.device.local import build_device
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType, TaskStatus
 from tether.protocol.models import Result, ResultStatus
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
 
 CLOSE_BAD_REGISTRATION, CLOSE_WRONG_DEVICE, CLOSE_DUPLICATE = 4400, 4403, 4409
 

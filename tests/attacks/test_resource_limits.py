@@ -108,7 +108,7 @@ from pathlib import Path
 
 from tether.device.local import build_device
 from tether.protocol.models import Command
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
 
 home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-sbx-home-"))
 os.environ["HOME"] = str(home)

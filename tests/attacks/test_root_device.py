@@ -40,7 +40,7 @@ work, state, other_token, db, private = (Path(p) for p in sys.argv[1:6])
 from tether.device.config import parse_device_config
 from tether.device.local import build_device
 from tether.protocol.models import Command
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
 
 report = {}
 

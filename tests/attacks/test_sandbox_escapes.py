@@ -32,7 +32,7 @@ from netutil import wait_for
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.tools.journal import UndoJournal
-from tether.tools.policy import policy_from_mapping
+from tether.tools.policy.model import policy_from_mapping
 
 BWRAP_INSTALL = "apt-get install -y bubblewrap"
 SYSTEM_PYTHON = "/usr/bin/python3"  # outside every write root, and not a pyenv shim
@@ -544,7 +544,7 @@ DEVICE_SCRIPT = r"""
 import asyncio, sys
 from tether.device.local import build_device
 from tether.protocol.models import Command
-from tether.tools.policy import Policy, default_policy
+from tether.tools.policy.model import Policy, default_policy
 
 async def main():
     device = build_device(policy=default_policy(), state_dir=sys.argv[1], sandbox=True)

@@ -35,7 +35,7 @@ from netutil import CLI
 from task_testkit import WAIT, AgentServer
 from tether.device.local import build_device
 from tether.protocol.models import Command
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 
 class Fleet:

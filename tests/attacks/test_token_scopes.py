@@ -34,7 +34,7 @@ from tether.device.mcp_elicit import RemoteQuestions
 from tether.device.profile import collect_profile
 from tether.device.remote_policy import RemotePolicy
 from tether.protocol.models import Command
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 INTERACTIVE = str(Path(__file__).parent.parent / "servers" / "interactive.py")
 LIST_TOOLS = {"tool_name": "list_tools", "tool_type": "data_collection"}

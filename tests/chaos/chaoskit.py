@@ -28,8 +28,8 @@ import httpx
 
 import dbkit
 from netutil import Proc, free_port, tether_env, wait_for
+from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command, Result, ResultStatus
-from tether.remote import RemoteError, RemoteServer
 from tether.server.store import LATE_NOTE
 
 # heartbeats every 0.3 s, a link silent for 2 s is dead, a dropped device's batches wait 3 s for it

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants, fill, mount_tmpfs
 
-from tether.remote import RemoteError
+from tether.client.rest import RemoteError
 
 # the disk that fills is the server's SQLite file's; a PostgreSQL server keeps its state elsewhere
 pytestmark = pytest.mark.sqlite_only(reason="fills the disk under the server's SQLite file")

@@ -14,8 +14,8 @@ from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 from faultproxy import FaultProxy
 
 from netutil import CLI, wait_for
+from tether.client.rest import RemoteError
 from tether.protocol.models import Result, ResultStatus
-from tether.remote import RemoteError
 from tether.server.store import LATE_NOTE
 
 

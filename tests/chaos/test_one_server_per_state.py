@@ -28,7 +28,7 @@ from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 import dbkit
 from engines import Engine, postgres_server, redis_server
 from netutil import CLI, Proc, free_port, tether_env, wait_for
-from tether.remote import RemoteServer
+from tether.client.rest import RemoteServer
 
 READY = "Uvicorn running on"
 

@@ -63,7 +63,7 @@ from tether.server.aip.socket import (
     CLOSE_KEY_REFUSED,
     CLOSE_WRONG_DEVICE,
 )
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 LIMIT = 16 * 1024  # the server's max_frame_bytes here (LiveServer) and the scripted server's ACK
 CLOSE_TOO_BIG = 1009  # RFC 6455: the transport's own limit (twice the protocol's) was passed

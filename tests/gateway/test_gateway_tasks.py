@@ -20,7 +20,7 @@ from agent_fakes import FakeLLM
 from netutil import wait_for
 from task_testkit import WAIT, AgentServer
 from tether.agent.task import TaskState
-from tether.tools.policy import default_policy
+from tether.tools.policy.model import default_policy
 
 
 @pytest.fixture

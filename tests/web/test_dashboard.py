@@ -19,7 +19,7 @@ import pytest
 
 from netutil import Cluster, TcpProxy, free_port
 from tether.protocol.models import Command
-from tether.tools.browser_session import find_chromium
+from tether.tools.browser.session import find_chromium
 
 ARTIFACTS = Path(os.environ.get("TETHER_TEST_ARTIFACTS", Path(__file__).parent / "artifacts"))
 WAIT_MS = 30_000

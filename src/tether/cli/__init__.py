@@ -21,7 +21,7 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        from tether.remote import RemoteError
+        from tether.client.rest import RemoteError
         from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
 
         if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do

@@ -43,7 +43,7 @@ def audit(device: Annotated[str | None, typer.Option("--device", "-d", help="onl
           limit: Annotated[int, typer.Option("--limit", "-n", min=1, help="at most this many rows")] = 50,
           server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
     """Show the server's audit log, newest first: every command sent to a device, who asked, its outcome."""
-    from tether.remote import RemoteError, RemoteServer
+    from tether.client.rest import RemoteError, RemoteServer
 
     params: dict[str, Any] = {k: v for k, v in (("device", device), ("task", task), ("token", by_token),
                                                 ("since", _when(since, "--since")),
@@ -80,7 +80,7 @@ def batch(batch_id: Annotated[str, typer.Argument(help="the batch's id (an 'outc
           server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
     """Show a batch's record: each command's outcome, also one that came back after its caller stopped
     waiting. Exit code 3 while an outcome is still pending (docs/outcomes.md)."""
-    from tether.remote import RemoteError, RemoteServer
+    from tether.client.rest import RemoteError, RemoteServer
 
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:

@@ -20,8 +20,8 @@ from tether.cli.lazy import LazyGroup
 from tether.cli.safe_text import SafeConsole, visible
 
 if TYPE_CHECKING:
+    from tether.client.rest import RemoteError  # httpx: imported by the commands that talk to a server
     from tether.protocol.models import Result, ToolInfo  # pydantic: not for `tether --help`
-    from tether.remote import RemoteError  # httpx: imported by the commands that talk to a server
 
 
 class ExitCode(IntEnum):

@@ -39,7 +39,7 @@ SECTIONS: tuple[Section, ...] = (
             "Each agent's roots list their MCP servers under `action` or `data_collection` (the `default` root "
             "is used when a root is not named). The same keys in `mcpServers:` (the Claude Desktop / Cursor "
             "format) are translated: `command`, `args`, `env`, `url`, `headers`, `toolType`, `autoApprove`."),
-    Section("The policy", "tether.tools.policy:Policy", "",
+    Section("The policy", "tether.tools.policy.model:Policy", "",
             "A policy file (`--policy FILE`), the device config's `device.policy` (a path or inline), or a "
             "server's push (`tether policy set`). Every key has a safe default; a key not listed is an error."),
     Section("The agent server (`tether server`)", "tether.server.settings:ServerSettings", "",

@@ -31,7 +31,7 @@ def exec_all(command: Command, requires: list[str], *, timeout: float | None, ma
              as_json: bool, server: str | None, token: str | None, ca_file: str | None) -> None:
     """Fan the command out and render it; raises `typer.Exit` with the exit code described above."""
     from tether.cli.task_cmds import parse_requires
-    from tether.remote import RemoteError, RemoteServer
+    from tether.client.rest import RemoteError, RemoteServer
 
     try:
         req = parse_requires(requires)
@@ -59,7 +59,7 @@ def exec_all(command: Command, requires: list[str], *, timeout: float | None, ma
 def _lines(remote: Any, body: dict[str, Any]) -> Iterator[dict[str, Any]]:
     import httpx
 
-    from tether.remote import RemoteError
+    from tether.client.rest import RemoteError
 
     timeout = httpx.Timeout(body["timeout"] + 30, connect=10)
     try:

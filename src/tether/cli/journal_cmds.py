@@ -35,7 +35,7 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
             raise typer.Exit(remote_undo(remote, session, as_json))
     from tether.tools.context import default_state_dir
     from tether.tools.journal import UndoJournal
-    from tether.tools.policy import load_policy
+    from tether.tools.policy.model import load_policy
 
     journal = UndoJournal(Path(state_dir or default_state_dir()))
     session = _session_named(journal, session, state_dir)

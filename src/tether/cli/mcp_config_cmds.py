@@ -57,7 +57,7 @@ def mcp_config(client: Annotated[str, typer.Option("--client", metavar="|".join(
                server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None) -> None:
     """Print the configuration that plugs this server's fleet (MCP at /mcp) into an MCP client, with a new API
     token made for it (needs an admin token in TETHER_TOKEN)."""
-    from tether.remote import RemoteError, RemoteServer
+    from tether.client.rest import RemoteError, RemoteServer
 
     if client not in CLIENTS:
         fail(f"--client: {client!r} is not one of {', '.join(CLIENTS)}")

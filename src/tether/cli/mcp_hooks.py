@@ -24,8 +24,8 @@ from tether.device.mcp_client_caps import (
 
 if TYPE_CHECKING:
     from tether.agent.llm import LLMClient
+    from tether.client.rest import RemoteServer
     from tether.protocol.messages import Event
-    from tether.remote import RemoteServer
 
 
 def llm_sampler(llm: LLMClient) -> Sampler:
@@ -120,7 +120,7 @@ def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | N
     MCP server's question asked at this terminal and the answer posted to the server (which needs a
     token with the `approve` scope); without a terminal, the question and how to answer it."""
     from tether.cli.common import console, remote_message, stream_output
-    from tether.remote import RemoteError
+    from tether.client.rest import RemoteError
 
     ask = sys.stdin.isatty() if interactive is None else interactive
     err = console(err=True)

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from tether.cli.common import CaOpt, ExitCode, JsonOpt, ServerOpt, TokenOpt, console, fail, fail_remote
 from tether.cli.server_cmds import devices_app
-from tether.remote import RemoteError, RemoteServer
+from tether.client.rest import RemoteError, RemoteServer
 
 if TYPE_CHECKING:
     from tether.device.config import DeviceConfig

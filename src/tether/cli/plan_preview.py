@@ -53,7 +53,7 @@ def dry_run_remote(client: Any, request: str, steps: list[dict[str, Any]] | None
     from tether.agent.confirm import plan_text
     from tether.agent.plan import PlanStep
     from tether.cli.common import ExitCode, fail_remote
-    from tether.remote import RemoteError
+    from tether.client.rest import RemoteError
 
     try:
         found = client.dry_run_task(request, plan=steps, device=device, requires=requires, devices=also)

@@ -24,7 +24,7 @@ MAX_POLICY_FILE = 1 << 20
 
 
 def _remote(server: str | None, token: str | None, ca_file: str | None, call: Any) -> dict[str, Any]:
-    from tether.remote import RemoteError, RemoteServer
+    from tether.client.rest import RemoteError, RemoteServer
 
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:

@@ -195,7 +195,7 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
     """List tasks newest first with their state: the server's with --server (or TETHER_SERVER), else this
     machine's."""
     from tether.cli.task_cmds import connect, print_tasks
-    from tether.remote import RemoteError
+    from tether.client.rest import RemoteError
 
     if server and not local:
         try:

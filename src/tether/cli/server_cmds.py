@@ -704,7 +704,7 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
         return
     from rich.markup import escape
 
-    from tether.remote import RemoteError, RemoteServer  # httpx: not for `tether device` or `tether server`
+    from tether.client.rest import RemoteError, RemoteServer  # httpx: not for `tether device` or `tether server`
 
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:

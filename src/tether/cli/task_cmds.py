@@ -31,7 +31,7 @@ from tether.cli.common import (
     remote_message,
 )
 from tether.cli.task_view import EventView, print_log, print_outcome
-from tether.remote import RemoteError, RemoteServer
+from tether.client.rest import RemoteError, RemoteServer
 
 TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")]
 EXIT_WAITING = ExitCode.WAITING  # the task waits on the server for an answer nobody here could give

@@ -54,7 +54,7 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
         return
     check_tool_type(tool_type)
     if device:
-        from tether.remote import RemoteError, RemoteServer  # httpx: only to reach a server
+        from tether.client.rest import RemoteError, RemoteServer  # httpx: only to reach a server
 
         try:
             with RemoteServer(server, token, ca_file=ca_file) as remote:
@@ -101,7 +101,7 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
     from tether.tools.journal import UndoJournal
     from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
     from tether.tools.optional import MissingDependency
-    from tether.tools.policy import default_policy, load_policy
+    from tether.tools.policy.model import default_policy, load_policy
     from tether.tools.sandboxing import make_sandbox
 
     factories = builtin_toolsets()
@@ -276,8 +276,8 @@ def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: s
                   ca_file: str | None) -> None:
     """The 'always' answer to an approval: the program (or the program with this first argument as its
     only subcommand) goes into the device's allowlist as a remote policy change, before the command runs."""
-    from tether.remote import RemoteError, RemoteServer
-    from tether.tools.policy import program_name
+    from tether.client.rest import RemoteError, RemoteServer
+    from tether.tools.policy.model import program_name
 
     if not tool.startswith(("shell.", "shell_")):
         fail("--always is for shell commands (shell.run, shell_execute)")
@@ -307,7 +307,7 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
     # command gets what is left (the batch one second more, so the tool's own timeout, which says
     # what it killed, normally answers first)
     from tether.cli.mcp_hooks import remote_questions
-    from tether.remote import RemoteError, RemoteServer
+    from tether.client.rest import RemoteError, RemoteServer
 
     end = time.monotonic() + (timeout or 60)
     try:

@@ -23,7 +23,7 @@ from tether.sandbox import SandboxInfo, detect
 from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import ToolContext, default_state_dir
 from tether.tools.journal import UndoJournal
-from tether.tools.policy import Policy, default_policy, load_policy, policy_from_mapping
+from tether.tools.policy.model import Policy, default_policy, load_policy, policy_from_mapping
 from tether.tools.sandboxing import make_sandbox
 
 

@@ -28,9 +28,9 @@ from mcp.server import Server
 from mcp.server.context import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from tether import __version__
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.tools.mcp_export import result_to_call_result
+from tether.version import __version__
 
 if TYPE_CHECKING:
     from tether.device.local import LocalDevice

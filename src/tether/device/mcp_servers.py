@@ -28,7 +28,6 @@ import mcp_types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tether import __version__
 from tether.device.mcp_base import BaseMCPServer, MCPServerError
 from tether.device.mcp_client_caps import MCPClientHooks, ServerClientCaps
 from tether.device.mcp_config import MCPServerConfig
@@ -39,6 +38,7 @@ from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
 from tether.tools.mcp_export import call_result_to_result, is_result_wrapper, result_shape_schema
+from tether.version import __version__
 
 logger = logging.getLogger(__name__)
 

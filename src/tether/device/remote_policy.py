@@ -1,6 +1,6 @@
 """`RemotePolicy`: the device's end of `tether policy` — applies a server's change, persists it, reports.
 
-The server's overlay (see `tether.tools.policy_remote`) is kept in `remote-policy.json` in the
+The server's overlay (see `tether.tools.policy.overlay`) is kept in `remote-policy.json` in the
 device's state directory (mode 0600, written to a temporary file and renamed, so a crash leaves the
 old or the new one), with a version that counts the changes. The device's `Policy` object is shared
 by every tool context, so a change is applied by updating that one object in place: the next check
@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tether.tools.policy import Policy
-from tether.tools.policy_remote import check_overlay, effective, merged, sources
+from tether.tools.policy.model import Policy
+from tether.tools.policy.overlay import check_overlay, effective, merged, sources
 
 logger = logging.getLogger(__name__)
 

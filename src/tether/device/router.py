@@ -13,8 +13,8 @@ from collections.abc import Callable, Sequence
 
 from tether.device.computer_manager import ComputerManager
 from tether.protocol.models import Command, Result, ResultStatus
-from tether.tools import approval
 from tether.tools.context import EventSink
+from tether.tools.policy import approval
 
 logger = logging.getLogger(__name__)
 

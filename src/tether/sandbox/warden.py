@@ -152,7 +152,7 @@ def plant_whiteouts(upper: str, root: str, hidden: list[str]) -> None:
     nothing can be read through it). The directories above it are made in the upper with the real
     ones' mode and times (the overlay shows an upper directory's). `layer.scan` never takes a whiteout
     at a hidden path for a deletion; a hidden path the command creates anyway is refused there
-    (tools/shell_capture: `hide_paths`). A hidden path below a symlinked directory is left to the
+    (tools/shell/capture: `hide_paths`). A hidden path below a symlinked directory is left to the
     mount that hides it after the overlay."""
     prefix = root.rstrip("/") + "/"
     for path in hidden:

@@ -11,7 +11,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from tether import __version__
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.socket import aip_route
 from tether.server.api import fast_run_commands, fast_run_selected, router
@@ -26,6 +25,7 @@ from tether.server.policy_api import policy_router
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
 from tether.server.web import mount_web
+from tether.version import __version__
 
 Extension = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 

@@ -195,7 +195,16 @@ class _Server(uvicorn.Server):
 
 def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
                app_factory: AppFactory = create_app, claim: StateClaim | None = None) -> None:
-    """Serve until stopped. `claim`: what `claim_state` took (taken here when not given); released at the end."""
+    """Serve the agent server with uvicorn until it is stopped (SIGINT/SIGTERM); `tether server` calls this.
+
+    `settings`: where to listen, the database, TLS, limits. `app_factory(settings, store)` builds the app
+    (`create_app` by default: AIP and REST; `tether.agent.server_app.create_agent_app` adds the task API).
+    `allow_insecure`: serve plain HTTP off loopback. `log_level`: uvicorn's. `claim`: what `claim_state` took
+    (taken here when not given); released at the end.
+
+    Raises `UnsafeBinding` off loopback without tokens (or without TLS unless `allow_insecure`), `PortInUse`
+    when the address cannot be bound, and the store's `StateBusy` when another server holds this state.
+    """
     claim = claim or claim_state(settings)
     try:
         config = build_config(settings, allow_insecure=allow_insecure, log_level=log_level, app_factory=app_factory,

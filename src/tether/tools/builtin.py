@@ -26,7 +26,7 @@ def _desktop() -> ToolSet:
     from tether.tools.optional import MissingDependency
 
     try:
-        from tether.tools.desktop import desktop_toolset
+        from tether.tools.desktop.tool import desktop_toolset
     except ImportError as exc:
         raise MissingDependency(f"the desktop tools need their extra: pip install 'tether[desktop]' ({exc})") from exc
     return desktop_toolset()
@@ -36,7 +36,7 @@ def _browser() -> ToolSet:
     from tether.tools.optional import MissingDependency
 
     try:
-        from tether.tools.browser import browser_toolset
+        from tether.tools.browser.tool import browser_toolset
     except ImportError as exc:
         raise MissingDependency(f"the browser tools need their extra: pip install 'tether[browser]' ({exc})") from exc
     return browser_toolset()
@@ -44,9 +44,9 @@ def _browser() -> ToolSet:
 
 def builtin_toolsets() -> dict[str, Callable[[], ToolSet]]:
     """A fresh name → factory mapping; a new dict each call so nobody can mutate a shared registry."""
-    from tether.tools.files import files_toolset
-    from tether.tools.shell import shell_toolset
-    from tether.tools.system import system_toolset
+    from tether.tools.files.tool import files_toolset
+    from tether.tools.shell.tool import shell_toolset
+    from tether.tools.system.tool import system_toolset
 
     return {"shell": shell_toolset, "files": files_toolset, "system": system_toolset,
             "desktop": _desktop, "browser": _browser}

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tether.tools.policy import Policy, default_policy
+from tether.tools.policy.model import Policy, default_policy
 
 if TYPE_CHECKING:
     from tether.sandbox.runner import Sandbox
@@ -18,7 +18,7 @@ EventSink = Callable[[str, dict[str, Any]], None]
 
 
 class HeldApproval(Protocol):
-    """An approval that may be for a command's held changes (`tether.tools.approval.ApprovalClaim`): who
+    """An approval that may be for a command's held changes (`tether.tools.policy.approval.ApprovalClaim`): who
     approved, and whether a held change list (by its digest) is the one that person saw. A Protocol
     here, so that the context does not import the module that digests what it approves."""
 
@@ -62,7 +62,7 @@ class ToolContext:
     # the device's own hidden paths (state directory, token file, config): hidden from every tool like
     # the policy's hide_paths, whether or not the device has a sandbox
     secrets: tuple[str, ...] = ()
-    # an approval whose digest was not the command's alone: maybe for changes it held (tools/approval.py)
+    # an approval whose digest was not the command's alone: maybe for changes it held (tools/policy/approval.py)
     approval: HeldApproval | None = None
 
     def for_call(self, *, session_id: str | None, call_id: str | None, approved_by: str | None,

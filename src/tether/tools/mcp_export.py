@@ -25,10 +25,10 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from pydantic_core import to_jsonable_python
 
-from tether import __version__
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.runtime import ToolSet
+from tether.version import __version__
 
 __all__ = [
     "call_result_to_result", "content_payload", "is_result_wrapper", "result_shape_schema", "result_to_call_result",

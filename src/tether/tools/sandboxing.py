@@ -19,8 +19,8 @@ from tether.sandbox.identity import RunAs
 from tether.sandbox.limits import Limits
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
-from tether.tools.path_rules import anchored, anchored_places, protected_patterns
-from tether.tools.policy import NetworkRules, Policy
+from tether.tools.policy.model import NetworkRules, Policy
+from tether.tools.policy.path_rules import anchored, anchored_places, protected_patterns
 
 logger = logging.getLogger(__name__)
 

@@ -42,7 +42,6 @@ from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
-from tether import __version__
 from tether.protocol.models import Result
 from tether.server.aip.hub import DeviceHub
 from tether.server.approvals import how_a_person_approves, server_url
@@ -68,6 +67,7 @@ from tether.server.mcp.wire import (
 )
 from tether.server.scopes import reaches
 from tether.server.store import Store, TokenInfo
+from tether.version import __version__
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Literal
 
 from tether.sandbox.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
-from tether.tools.path_rules import Matcher, check_hidden, protected_rule
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
+from tether.tools.policy.path_rules import Matcher, check_hidden, protected_rule
 
 
 def real(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
@@ -68,7 +68,7 @@ def approval_needed(policy: Policy, action: Literal["delete", "move", "overwrite
     """The rule that makes this action wait for a person, or None when it may go ahead: a protected path
     (`protected-path: <pattern>`) always, then the policy's `approval` rules."""
     protected = protected_rule(policy, path, matcher)
-    if protected is not None:  # always a person, whatever `approval` says (see tether.tools.path_rules)
+    if protected is not None:  # always a person, whatever `approval` says (see tether.tools.policy.path_rules)
         return protected
     rules = policy.approval
     in_temp = within(path, [real(temp_dir)])

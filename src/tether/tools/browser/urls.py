@@ -12,7 +12,7 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from tether.tools.errors import PolicyDenied, ToolError
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 # schemes that never carry "//" but are real schemes, so "javascript:x" is refused, not "not absolute"
 _KNOWN_SCHEMES = frozenset({"file", "javascript", "data", "chrome", "chrome-extension", "chrome-untrusted",

@@ -2,7 +2,7 @@
 
 Each action gets the live `Session` and the validated `Args` and returns only its own fields; the
 envelope every answer shares (ok, sessionId, url, title, executionTime, error), the deadline and the
-policy check of where the tab ended up belong to `tether.tools.browser`. Keeping the two apart means
+policy check of where the tab ended up belong to `tether.tools.browser.tool`. Keeping the two apart means
 an action cannot forget any of those, and adding one is a function and a row in `ACTIONS`.
 """
 
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal
 
-from tether.tools.browser_keys import key_name, split_keys
-from tether.tools.browser_session import REF_PATTERN, Session, snapshot_refs
-from tether.tools.browser_urls import check_url
+from tether.tools.browser.keys import key_name, split_keys
+from tether.tools.browser.session import REF_PATTERN, Session, snapshot_refs
+from tether.tools.browser.urls import check_url
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
-from tether.tools.jail import approval_needed, resolve_path
+from tether.tools.policy.jail import approval_needed, resolve_path
 
 if TYPE_CHECKING:
     from playwright.async_api import Locator

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from tether.sandbox.egress_rules import meet
-from tether.tools.policy import NetworkRules, Policy, default_policy, policy_from_mapping
+from tether.tools.policy.model import NetworkRules, Policy, default_policy, policy_from_mapping
 
 DEVICE_ONLY: frozenset[str] = frozenset({
     "policy_remote", "sandbox", "require_sandbox", "hide_paths", "live_write_roots",

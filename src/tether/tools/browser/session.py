@@ -20,13 +20,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tether.tools.browser_keys import key_for_token as key_for_token  # re-exported: still importable from here
-from tether.tools.browser_keys import key_name as key_name
-from tether.tools.browser_keys import split_keys as split_keys
-from tether.tools.browser_urls import check_url, needs_route
+from tether.tools.browser.urls import check_url, needs_route
 from tether.tools.errors import ToolError
 from tether.tools.optional import MissingDependency, require
-from tether.tools.policy import Policy
+from tether.tools.policy.model import Policy
 
 if TYPE_CHECKING:
     from playwright.async_api import Browser, BrowserContext, Page, Playwright, Request, Route

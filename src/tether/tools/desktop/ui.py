@@ -16,15 +16,15 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
-from tether.tools.desktop_keys import Button, TokenError, parse_typed_text
+from tether.tools.desktop.keys import Button, TokenError, parse_typed_text
+from tether.tools.desktop.ocr import Match, joined_text, normalize, rank
+from tether.tools.desktop.screen import Capture, grab
 from tether.tools.errors import ToolError
-from tether.tools.ocr import Match, joined_text, normalize, rank
 from tether.tools.runtime import ToolFunction, tool
-from tether.tools.screen import Capture, grab
 
 if TYPE_CHECKING:
-    from tether.tools.desktop import Desktop
-    from tether.tools.x11 import Window
+    from tether.tools.desktop.desk import Desktop
+    from tether.tools.desktop.x11 import Window
 
 Condition = Literal["textIncludes", "textRegex", "appIsActive", "titleIncludes", "urlIncludes", "changed"]
 FIND_POLL_S = 0.2

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from tether.tools.shell_code import (
+from tether.tools.shell.code import (
     CODE_CHECKS,
     Checker,
     Finding,

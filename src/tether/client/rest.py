@@ -1,8 +1,10 @@
-"""A small client for the agent server's REST API, used by the CLI (and usable from scripts)."""
+"""The low-level synchronous REST transport the CLI uses: plain dicts, `RemoteError` with the server's words.
+
+Python programs use `tether.Client` / `tether.AsyncClient` (typed models, one error per failure kind).
+"""
 
 from __future__ import annotations
 
-import json
 import os
 import ssl
 import time
@@ -11,13 +13,15 @@ from typing import Any
 
 import httpx
 
+from tether.client.sse import iter_sse
+from tether.errors import ClientError
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
-class RemoteError(RuntimeError):
+class RemoteError(ClientError, RuntimeError):
     """The server said no (its `error` text), or could not be reached; the message says which.
     `status` is the HTTP status of a refusal (None when the server was not reached)."""
 
@@ -117,7 +121,7 @@ class RemoteServer:
                 if response.is_error:
                     response.read()
                     self._decode(response)
-                for event, data in _sse_events(response.iter_lines()):
+                for event, data in iter_sse(response.iter_lines()):
                     if event == "event" and on_event is not None:
                         on_event(Event.model_validate(data))
                     elif event == "results":
@@ -207,7 +211,7 @@ class RemoteServer:
                     if response.is_error:
                         response.read()
                         self._decode(response)
-                    for event, data in _sse_events(response.iter_lines()):
+                    for event, data in iter_sse(response.iter_lines()):
                         if event == "task_event":
                             if data.get("seq", -1) <= last:
                                 continue  # seen before the reconnection
@@ -236,15 +240,3 @@ def _quote(part: str) -> str:
 
     return quote(part, safe="")
 
-
-def _sse_events(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
-    event, data = "message", []
-    for line in lines:
-        if not line:
-            if data:
-                yield event, json.loads("\n".join(data))
-            event, data = "message", []
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].lstrip())

@@ -1,12 +1,12 @@
 """What a sandboxed command changed: listed, held for a person where the policy says so, applied, journaled.
 
-The rules are the file tools' own (`jail.approval_needed`, `tether.tools.path_rules`): deleting,
+The rules are the file tools' own (`jail.approval_needed`, `tether.tools.policy.path_rules`): deleting,
 moving or overwriting outside the temp directory waits for approval, and so does changing a file that
 has another name (a hard link); creating or changing a protected path always does (`protected-path:
 <pattern>`), and a change under a hidden path — one the command made by creating it, since an existing
 one is masked — is refused and nothing is applied. A held layer is applied when the same command comes
 back approved, without running it again, and is judged again then; the approval is bound to exactly the
-changes held (`changes_digest`, tools/approval.py).
+changes held (`changes_digest`, tools/policy/approval.py).
 
 All the filesystem work (the scan, the hidden and protected rules, the conflict check, the digest, the
 journal, the apply, the held note) runs on the sandbox's bounded worker pool (`Sandbox.offload`), never
@@ -40,11 +40,11 @@ from tether.sandbox.layer import (
     conflicts,
     scan,
 )
-from tether.tools import approval
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
-from tether.tools.jail import approval_needed, real, within
-from tether.tools.path_rules import (
+from tether.tools.policy import approval
+from tether.tools.policy.jail import approval_needed, real, within
+from tether.tools.policy.path_rules import (
     HiddenSet,
     Matcher,
     anchored_places,
@@ -118,7 +118,7 @@ def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
     _guard_hidden(ctx, changes)
     if ctx.journal is None:
         return
-    state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see files._resolve
+    state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see tools.files.tool._resolve
     inside = str(state).rstrip("/") + "/"
     for c in changes:  # string prefixes on normalized absolute paths: 100,000 changes cost milliseconds
         if c.path == str(state) or c.path.startswith(inside) or (
@@ -300,7 +300,7 @@ def _hold(ctx: ToolContext, key: str, held: Held, what: str, needs: list[tuple[C
 def _held_question(ctx: ToolContext, what: str, changes: list[Change], body: dict[str, Any],
                    needs: list[tuple[Change, str]] | None = None) -> NeedsApproval:
     """The question about held changes; `changes_digest` binds its approval to exactly these (with their
-    new contents: tools/approval.py), so other changes held later under the same command are asked again.
+    new contents: tools/policy/approval.py), so other changes held later under the same command are asked again.
     Reads files: call it on the worker pool. `needs`: the rules already judged (else judged here)."""
     if needs is None:
         matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)

@@ -5,7 +5,7 @@ left out of listings), and is then opened beneath the root it lies in
 with no symlink followed (`jail.open_in`), so a link swapped in after the check is refused. A
 change to an existing file outside the temp directory, or to a file with more than one hard link,
 waits for a person's approval (policy `approval.*`), creating or changing a protected path always
-does (`tether.tools.path_rules`), and whatever a tool is about to change is
+does (`tether.tools.policy.path_rules`), and whatever a tool is about to change is
 copied into the undo journal before it is changed. The mutating bodies run in a worker thread as
 one unit (journal, then change): copying a large original must not stall the event loop,
 and a timeout can only lose the reply, never leave a change without its journal entry.
@@ -26,7 +26,7 @@ from typing import Any, Literal
 from tether.sandbox.fs import EscapeError, move_entry, remove_entry
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
-from tether.tools.jail import (
+from tether.tools.policy.jail import (
     approval_needed,
     escaped,
     lstat_in,
@@ -37,7 +37,7 @@ from tether.tools.jail import (
     resolve_path,
     within,
 )
-from tether.tools.path_rules import (
+from tether.tools.policy.path_rules import (
     HiddenSet,
     check_hidden,
     check_hidden_inode,

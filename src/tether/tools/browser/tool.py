@@ -8,7 +8,7 @@ tab was. Elements are named by a CSS/Playwright `selector` or by a `ref` from th
 page's ARIA tree); refs die with the document, and a stale one fails with that reason instead of
 clicking something else. URLs go through the policy (`browser_allowed_schemes`, `browser_allowed_origins`),
 and `evaluate` runs only when `browser_allow_evaluate` is set: the agent's JavaScript can do anything
-the page can. The actions themselves are in `tether.tools.browser_actions`; this module wraps each call.
+the page can. The actions themselves are in `tether.tools.browser.actions`; this module wraps each call.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from tether.tools.browser_actions import (
+from tether.tools.browser.actions import (
     ACTIONS,
     REPEATABLE,
     Args,
@@ -27,8 +27,8 @@ from tether.tools.browser_actions import (
     WaitUntil,
     allow_evaluate,
 )
-from tether.tools.browser_session import NEUTRAL_URLS, BrowserManager, Session
-from tether.tools.browser_urls import check_url
+from tether.tools.browser.session import NEUTRAL_URLS, BrowserManager, Session
+from tether.tools.browser.urls import check_url
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
 from tether.tools.runtime import ToolSet, tool

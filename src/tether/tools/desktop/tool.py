@@ -15,112 +15,24 @@ refused instead of clicking whatever now sits at that position in the list.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
-import time
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
-from tether.tools.desktop_keys import Button, TokenError, normalize_key
+from tether.tools.desktop.desk import Desktop, UiTree
+from tether.tools.desktop.keys import Button, TokenError, normalize_key
+from tether.tools.desktop.ocr import OcrEngine
+from tether.tools.desktop.screen import screenshot_tool
+from tether.tools.desktop.x11 import display_problem
 from tether.tools.errors import ToolError
-from tether.tools.ocr import OcrEngine, TextElement
 from tether.tools.optional import MissingDependency, require
 from tether.tools.runtime import ToolFunction, ToolSet, tool
-from tether.tools.screen import Capture, grab, screenshot_tool
-from tether.tools.x11 import X11, Window, display_problem
 
 DESKTOP_HINT = "the desktop tools need their extra: pip install 'tether[desktop]'"
-_BUTTONS = {"left": "1", "middle": "2", "right": "3", "double": "1"}
 _SCROLL = {"up": "4", "down": "5", "left": "6", "right": "7"}
 _ID = re.compile(r"t(\d+)_(\d+)")
-
-
-@dataclass(frozen=True, slots=True)
-class UiTree:
-    """One `get_ui_tree` answer, kept so `click_element` can act on it."""
-
-    number: int
-    elements: dict[str, TextElement]
-    window: Window | None
-    taken_at: float
-
-
-class Desktop:
-    """Everything one desktop tool set owns (see the module docstring)."""
-
-    def __init__(self, display: str, ocr: OcrEngine | None = None) -> None:
-        self.x11 = X11(display)
-        self.ocr = ocr or OcrEngine()
-        self.tree: UiTree | None = None
-        self._trees = 0
-        self.input_lock = asyncio.Lock()
-
-    async def read_screen(self, region: dict[str, int] | None = None,
-                          id_prefix: str = "e") -> tuple[Capture, list[TextElement], dict[str, float]]:
-        """Grab and OCR the screen (or a region): the capture, its text elements, and timings in ms."""
-        t0 = time.perf_counter()
-        capture = await grab(self.x11, region)
-        t1 = time.perf_counter()
-        elements = await asyncio.to_thread(self.ocr.recognize, capture, id_prefix)
-        t2 = time.perf_counter()
-        return capture, elements, {"screenshot": (t1 - t0) * 1e3, "ocr": (t2 - t1) * 1e3}
-
-    def new_tree_number(self) -> int:
-        """Numbered when the tree is started, so its ids are known before the OCR pass ends."""
-        self._trees += 1
-        return self._trees
-
-    def remember(self, number: int, elements: list[TextElement], window: Window | None) -> UiTree:
-        """Keep tree `number` for click_element, unless a later-started tree was kept already."""
-        tree = UiTree(number, {e.id: e for e in elements}, window, time.time())
-        if self.tree is None or self.tree.number < number:
-            self.tree = tree
-        return tree
-
-    async def check_point(self, x: int, y: int) -> None:
-        width, height = await self.x11.screen_size()
-        if not (0 <= x < width and 0 <= y < height):
-            raise ToolError(f"({x}, {y}) is outside the {width}x{height} screen")
-
-    async def click_at(self, x: int, y: int, button: Button = "left") -> None:
-        """Move the pointer there and click. Not `mousemove --sync`: it waits for the pointer to move and
-        so hangs when it is already there; the X server handles the motion before the click anyway."""
-        args = ["mousemove", str(x), str(y), "click"]
-        # xdotool sleeps `--delay` (100 ms by default) after every click, even a single one
-        args += ["--repeat", "2", "--delay", "80"] if button == "double" else ["--delay", "0"]
-        async with self.input_lock:
-            await self.x11.xdotool(*args, _BUTTONS[button])
-
-    async def press(self, combos: list[str], delay_ms: int = 12) -> None:
-        async with self.input_lock:
-            await self.x11.xdotool("key", "--delay", str(delay_ms), *combos)
-
-    async def type_literal(self, text: str, delay_ms: int) -> None:
-        """Type `text` exactly; the xdotool timeout grows with the text so long input is not cut off."""
-        await self.x11.xdotool("type", "--delay", str(delay_ms), "--", text,
-                               timeout=5.0 + len(text) * (delay_ms + 5) / 1000)
-
-    async def app_window(self, app: str) -> Window:
-        """The window whose title or class contains `app`, brought forward and given the keyboard."""
-        windows = await self.x11.find_windows(app)
-        if not windows:
-            names = sorted({w.title for w in await self._all_windows() if w.title})
-            raise ToolError(f"no visible window whose title or class contains {app!r}; open windows: {names}",
-                            {"open_windows": names})
-        await self.x11.activate(windows[0])
-        return await self.x11.window(windows[0].id)
-
-    async def _all_windows(self) -> list[Window]:
-        found = []
-        for wid in sorted(await self.x11.visible_windows()):
-            try:
-                found.append(await self.x11.window(wid))
-            except ToolError:
-                continue
-        return found
 
 
 def _element_list(tree: UiTree, limit: int = 40) -> str:
@@ -234,7 +146,7 @@ def desktop_toolset(display: str | None = None, ocr: OcrEngine | None = None) ->
     if problem:
         raise MissingDependency(problem)
     assert display is not None
-    from tether.tools.desktop_ui import ui_tools
+    from tether.tools.desktop.ui import ui_tools
 
     desk = Desktop(display, ocr)
 

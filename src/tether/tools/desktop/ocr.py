@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 from tether.tools.errors import ToolError
 
 if TYPE_CHECKING:
-    from tether.tools.screen import Capture
+    from tether.tools.desktop.screen import Capture
 
 CONTAINED_WEIGHT = 0.9
 DET_MAX_SIDE = 2000

@@ -26,11 +26,11 @@ from pydantic import Field
 from tether.sandbox import SandboxUnavailable
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
-from tether.tools.jail import check_cwd
-from tether.tools.policy import check_command
+from tether.tools.policy.jail import check_cwd
+from tether.tools.policy.model import check_command
 from tether.tools.process import safe_environment
 from tether.tools.runtime import ToolSet, tool
-from tether.tools.shell import require_sandbox, resolve_program
+from tether.tools.shell.tool import require_sandbox, resolve_program
 
 # what a graphical program needs to find its display; the rest of the device's environment stays out
 GUI_ENV_KEYS = ("DISPLAY", "XAUTHORITY", "WAYLAND_DISPLAY", "XDG_RUNTIME_DIR", "XDG_SESSION_TYPE")
@@ -217,7 +217,7 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
         if ctx.sandbox is not None:
             # no overlay: an application outlives the call, so it writes only to live_write_roots; a GUI
             # program reaches its X display's socket, and no other (the filter refuses unix sockets)
-            from tether.tools.x11 import display_socket
+            from tether.tools.desktop.x11 import display_socket
 
             x_socket = display_socket(env.get("DISPLAY"))
             proc: Any = await ctx.sandbox.spawn([app_name, *args], executable=executable, cwd=str(workdir), env=env,
@@ -250,7 +250,7 @@ class _WindowWatch:
 
     @classmethod
     async def start(cls) -> _WindowWatch | str:
-        from tether.tools.x11 import X11, display_problem
+        from tether.tools.desktop.x11 import X11, display_problem
 
         display = os.environ.get("DISPLAY")
         problem = await asyncio.to_thread(display_problem, display)

@@ -21,14 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
-from tether.tools.jail import real, resolve_path, within
+from tether.tools.policy.jail import real, resolve_path, within
 from tether.tools.runtime import ToolFunction, tool
 
 if TYPE_CHECKING:
     import numpy as np
     from PIL import Image
 
-    from tether.tools.x11 import X11
+    from tether.tools.desktop.x11 import X11
 
 # Pillow's default. Measured on 1280x800 screens: level 3 halves the ~20 ms encode but makes files
 # 1.3-1.6x bigger, and these bytes travel to the server as base64.

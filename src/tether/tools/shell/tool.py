@@ -25,13 +25,13 @@ from pydantic import Field
 
 from tether.sandbox import SandboxUnavailable
 from tether.sandbox.limits import describe, exceeded
-from tether.tools import shell_capture
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
-from tether.tools.jail import approval_needed, check_cwd, real, within
-from tether.tools.policy import ALWAYS_DENIED, approval_asked, check_command, check_env, lifted, program_name
+from tether.tools.policy.jail import approval_needed, check_cwd, real, within
+from tether.tools.policy.model import ALWAYS_DENIED, approval_asked, check_command, check_env, lifted, program_name
 from tether.tools.process import run_process
 from tether.tools.runtime import ToolSet, tool
+from tether.tools.shell import capture as shell_capture
 
 logger = logging.getLogger(__name__)
 

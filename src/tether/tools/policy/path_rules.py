@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tether.tools.errors import NeedsApproval, PolicyDenied
-from tether.tools.protected_defaults import DEFAULT_PROTECTED
+from tether.tools.policy.protected_defaults import DEFAULT_PROTECTED
 
 if TYPE_CHECKING:
-    from tether.tools.policy import Policy
+    from tether.tools.policy.model import Policy
 
 _GLOB = re.compile(r"[*?\[]")
 # hard links to a hidden file are looked for in at most this many entries of the hidden trees

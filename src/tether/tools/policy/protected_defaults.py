@@ -2,7 +2,7 @@
 
 Pure data, grouped by class (docs/security/protected-paths.md explains each), in a module of its own
 so that both the policy model (which checks `unprotect_paths` against it) and the rules that match
-paths (`tether.tools.path_rules`) can import it without importing each other.
+paths (`tether.tools.policy.path_rules`) can import it without importing each other.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ would need to change (and `always-denied` is reported even when something else i
 `cmd.invalid`, `arg.invalid`, `always-denied` (the program, or a program it would run), then
 `escape.substitution`, `escape.wrapper` / `escape.interactive`, `not-allowed` (the allowlist),
 `deny-args`, `subcommand`, the program's own escapes (`inline-code`, `escape.find-exec`, ...; see
-`shell_rules`) and, for `shell_execute_read`, `read-only`.
+`tether.tools.shell.rules`) and, for `shell_execute_read`, `read-only`.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tether.sandbox.egress_rules import check_entries
-from tether.tools import shell_rules
 from tether.tools.errors import NeedsApproval, PolicyDenied
-from tether.tools.protected_defaults import DEFAULT_PROTECTED
-from tether.tools.shell_code import is_long, letters
-from tether.tools.shell_rules import ALWAYS_DENIED
+from tether.tools.policy.protected_defaults import DEFAULT_PROTECTED
+from tether.tools.shell import rules as shell_rules
+from tether.tools.shell.code import is_long, letters
+from tether.tools.shell.rules import ALWAYS_DENIED
 
 KNOWN_ESCAPES: frozenset[str] = frozenset({
     "substitution", "wrapper", "interactive", "env", "debugger", "writable-executable", "find-exec",
