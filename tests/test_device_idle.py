@@ -39,7 +39,7 @@ from tether.protocol.codec import (
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.models import Command, new_call_id
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip.link import _HEARTBEAT
+from tether.protocol.wire import SERVER_HEARTBEAT
 from tether.tools.policy.model import default_policy
 
 LOGGER = "tether.device.connection"
@@ -79,7 +79,7 @@ def test_the_heartbeat_template_matches_the_encoder_for_any_name(client_id: str 
 
 
 def _server_heartbeat() -> str:
-    return _HEARTBEAT % (datetime.now(UTC).isoformat(), new_call_id())  # what DeviceLink.heartbeat sends
+    return SERVER_HEARTBEAT % (datetime.now(UTC).isoformat(), new_call_id())  # what DeviceLink.heartbeat sends
 
 
 def test_the_servers_heartbeat_reply_is_recognised_as_the_decoder_reads_it() -> None:

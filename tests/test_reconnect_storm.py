@@ -23,7 +23,8 @@ from tether.device.connection import DeviceConnection
 from tether.device.local import build_device
 from tether.device.reconnect import RETRY_AFTER_MAX_S, backoff_delay, retry_after_of
 from tether.protocol.messages import ServerMessageType
-from tether.server.aip.socket import ADMISSION_STATUS, CLOSE_BAD_REGISTRATION
+from tether.protocol.wire import CloseCode
+from tether.server.aip.socket import ADMISSION_STATUS
 
 
 @pytest.fixture
@@ -64,7 +65,7 @@ async def test_a_refused_registration_frees_its_slot(servers) -> None:
     await liar.connect()
     assert (await refused(srv.device("beta")))[0] == 503
     await liar.send("this is not a register frame")  # refused: an ERROR frame, then close 4400
-    assert (await liar.close_code())[0] == CLOSE_BAD_REGISTRATION  # the slot was freed before this close
+    assert (await liar.close_code())[0] == CloseCode.BAD_REGISTRATION  # the slot was freed before this close
     other = srv.device("beta")
     assert (await other.register()).type is ServerMessageType.REGISTER_ACK
 

@@ -11,8 +11,9 @@ import pytest
 from tether.protocol.codec import encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, Registration
 from tether.protocol.profile import DeviceProfile
+from tether.protocol.wire import CloseCode
 from tether.server.aip.registration import authenticate, read_registration
-from tether.server.aip.socket import CLOSE_BAD_REGISTRATION, CLOSE_UNAUTHORIZED, CLOSE_WRONG_DEVICE, Refusal
+from tether.server.aip.socket import Refusal
 from tether.server.store import Store, TokenInfo
 
 
@@ -32,7 +33,7 @@ def test_only_a_live_device_token_in_a_bearer_header_authenticates(store: Store)
                         ("Bearer   ", "must be 'Bearer"), ("Bearer tdev_made_up", "unknown or revoked"),
                         (f"Bearer {revoked}", "unknown or revoked"), (f"Bearer {api}", "an API token cannot")]:
         verdict = authenticate(store, header)
-        assert isinstance(verdict, Refusal) and verdict.code == CLOSE_UNAUTHORIZED and why in verdict.error, header
+        assert isinstance(verdict, Refusal) and verdict.code == CloseCode.UNAUTHORIZED and why in verdict.error, header
 
 
 def _register(name: str | None) -> str:
@@ -45,12 +46,12 @@ def test_the_first_frame_must_register_the_tokens_own_device() -> None:
     assert isinstance(reg, Registration) and reg.instance_id == "i-1"
     assert isinstance(read_registration(_register(None), "laptop", 1 << 20), Registration)  # no claim: the token's
     cases = [
-        (_register("desktop"), CLOSE_WRONG_DEVICE, "belongs to device 'laptop'"),
-        ("not json", CLOSE_BAD_REGISTRATION, "registration refused"),
-        (encode(ClientMessage(type=ClientMessageType.HEARTBEAT)), CLOSE_BAD_REGISTRATION, "must be a register"),
-        (encode(ClientMessage(type=ClientMessageType.REGISTER, payload={"instance_id": 5})), CLOSE_BAD_REGISTRATION,
+        (_register("desktop"), CloseCode.WRONG_DEVICE, "belongs to device 'laptop'"),
+        ("not json", CloseCode.BAD_REGISTRATION, "registration refused"),
+        (encode(ClientMessage(type=ClientMessageType.HEARTBEAT)), CloseCode.BAD_REGISTRATION, "must be a register"),
+        (encode(ClientMessage(type=ClientMessageType.REGISTER, payload={"instance_id": 5})), CloseCode.BAD_REGISTRATION,
          "invalid registration"),
-        (_register("laptop"), CLOSE_BAD_REGISTRATION, "registration refused"),  # over a 64-byte frame limit
+        (_register("laptop"), CloseCode.BAD_REGISTRATION, "registration refused"),  # over a 64-byte frame limit
     ]
     for i, (frame, code, why) in enumerate(cases):
         verdict = read_registration(frame, "laptop", 64 if i == len(cases) - 1 else 1 << 20)

@@ -18,14 +18,7 @@ from aip_testkit import WAIT, FakeDevice, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType
 from tether.protocol.models import Command, ResultStatus
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip.socket import (
-    CLOSE_BAD_REGISTRATION,
-    CLOSE_DUPLICATE,
-    CLOSE_HEARTBEAT_TIMEOUT,
-    CLOSE_REPLACED,
-    CLOSE_UNAUTHORIZED,
-    CLOSE_WRONG_DEVICE,
-)
+from tether.protocol.wire import CloseCode
 from tether.server.store import Store
 
 
@@ -89,7 +82,7 @@ async def test_identity_comes_from_the_token_not_the_claim(servers):
     answer = await dev.register(claim="box")
     assert answer.type is ServerMessageType.REGISTER_REFUSED
     assert "'laptop'" in answer.error and "'box'" in answer.error
-    assert (await dev.close_code())[0] == CLOSE_WRONG_DEVICE
+    assert (await dev.close_code())[0] == CloseCode.WRONG_DEVICE
     assert srv.hub.registry.get("box") is None
     unnamed = FakeDevice(srv.url, srv.token("laptop"))  # no claim at all: the token decides
     assert (await unnamed.register(claim=None)).payload["device"] == "laptop"
@@ -103,7 +96,7 @@ async def test_duplicate_live_device_is_refused_and_the_first_keeps_working(serv
     second = FakeDevice(srv.url, token, name="laptop")  # another process: another instance_id
     answer = await second.register()
     assert answer.type is ServerMessageType.REGISTER_REFUSED and "already connected" in answer.error
-    assert (await second.close_code())[0] == CLOSE_DUPLICATE
+    assert (await second.close_code())[0] == CloseCode.DUPLICATE
     serving = first.serve_forever()
     [result] = await srv.hub.dispatcher("laptop").execute_commands([Command(tool_name="noop")], timeout=WAIT)
     assert result.status is ResultStatus.SUCCESS
@@ -118,7 +111,7 @@ async def test_reconnect_with_the_same_instance_replaces_the_old_connection(serv
     new = FakeDevice(srv.url, token, name="laptop", instance_id=old.instance_id)
     ack = await new.register()
     assert ack.type is ServerMessageType.REGISTER_ACK and ack.payload["resumed"] is True
-    assert await old.close_code() == (CLOSE_REPLACED, "replaced by a new connection")
+    assert await old.close_code() == (CloseCode.REPLACED, "replaced by a new connection")
     await new.sync()
     assert srv.hub.registry.get("laptop").status == "online"
 
@@ -139,7 +132,7 @@ async def test_a_bad_first_frame_is_refused_with_4400(servers, first_frame, why)
     await dev.send(first_frame)
     answer = await dev.recv()
     assert answer.type is ServerMessageType.REGISTER_REFUSED and why in answer.error
-    assert (await dev.close_code())[0] == CLOSE_BAD_REGISTRATION
+    assert (await dev.close_code())[0] == CloseCode.BAD_REGISTRATION
 
 
 async def test_no_registration_in_time_is_refused(servers):
@@ -148,7 +141,7 @@ async def test_no_registration_in_time_is_refused(servers):
     await dev.connect()
     answer = await dev.recv()
     assert answer.type is ServerMessageType.REGISTER_REFUSED and "within 0.2s" in answer.error
-    assert (await dev.close_code())[0] == CLOSE_BAD_REGISTRATION
+    assert (await dev.close_code())[0] == CloseCode.BAD_REGISTRATION
 
 
 @pytest.mark.parametrize("frame, reason", [
@@ -207,7 +200,7 @@ async def test_heartbeats_report_load_and_silence_marks_the_device_offline(serve
     assert (record.load, record.status) == (2, "busy")
     with caplog.at_level(logging.INFO, logger="tether.server.hub"):
         assert await srv.hub.registry.wait_until(lambda: record.status == "offline", WAIT)
-        assert await dev.close_code() == (CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
+        assert await dev.close_code() == (CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")
     assert "device laptop offline: no frame for" in caplog.text and "(timeout 0.3s)" in caplog.text
     assert record.load == 0 and not srv.hub.connected("laptop")
 
@@ -232,7 +225,7 @@ async def test_revoking_a_token_disconnects_its_device_now(servers):
     run = asyncio.create_task(srv.hub.dispatcher("laptop").execute_commands([Command(tool_name="a")], WAIT))
     await laptop.expect(ServerMessageType.COMMAND)
     assert srv.hub.revoke_token("laptop") == 1
-    assert await laptop.close_code() == (CLOSE_UNAUTHORIZED, "unauthorized: token revoked")
+    assert await laptop.close_code() == (CloseCode.UNAUTHORIZED, "unauthorized: token revoked")
     [result] = await run
     assert "token of device laptop was revoked" in result.error
     assert srv.hub.registry.get("laptop").status == "offline" and srv.hub.connected("box")
@@ -254,5 +247,5 @@ async def test_a_revocation_by_another_process_is_noticed_by_the_liveness_watch(
     other_process = Store(dbkit.server_db(srv.hub.settings.db_path))  # as `tether token revoke laptop` would
     assert other_process.revoke_token("laptop") == 1
     other_process.close()
-    assert await dev.close_code() == (CLOSE_UNAUTHORIZED, "unauthorized: token revoked")
+    assert await dev.close_code() == (CloseCode.UNAUTHORIZED, "unauthorized: token revoked")
     assert srv.hub.registry.get("laptop").status == "offline"

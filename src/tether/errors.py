@@ -2,16 +2,20 @@
 
     TetherError
     ├── ConfigError        a configuration file, policy or setting is invalid
-    ├── ProtocolError      an AIP frame, model or identity proof is malformed or refused
-    ├── SandboxError       a confined process could not be started, limited or its changes applied
-    ├── ToolError          a tool ran and failed, or the policy refused or held the call
-    ├── DeviceError        the device client: its link, its MCP servers, its configuration
-    ├── ServerError        the agent server: routing, pairing, the store, the cluster
-    ├── AgentError         planning, the LLM, task execution and recovery
-    └── ClientError        talking to a server from Python or the CLI (REST, the typed client)
+    ├── ProtocolError      tether.protocol: an AIP frame, model or identity proof is malformed or refused
+    ├── SandboxError       tether.sandbox: a confined process could not be started, limited or applied
+    ├── ToolAreaError      tether.tools
+    │   └── tools.errors.ToolError   a tool failed; its PolicyDenied and NeedsApproval: the policy said no or wait
+    ├── DeviceError        tether.device: its link, its MCP servers, its configuration
+    ├── ServerError        tether.server: routing, pairing, the store, the cluster
+    ├── AgentError         tether.agent: planning, the LLM, task execution and recovery
+    └── ClientError        tether.client and the CLI: talking to a server (REST, the typed client)
 
-A leaf keeps its builtin base as well (for example ``class FrameError(ProtocolError, ValueError)``), so
-code that caught the builtin before still does. This module imports nothing: every layer may use it.
+Every exception class defined in a package derives from that package's base (tests/test_errors.py walks every
+module and checks it). A leaf keeps its builtin base as well (for example
+``class FrameError(ProtocolError, ValueError)``), so code that caught the builtin before still does; a leaf may
+also be a `ConfigError` (``UnsafeBinding``: a server setting that is not safe). This module imports nothing:
+every layer, the sandbox included, may use it.
 """
 
 from __future__ import annotations

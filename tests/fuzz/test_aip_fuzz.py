@@ -57,12 +57,7 @@ from tether.protocol.messages import (
 )
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip.socket import (
-    CLOSE_BAD_REGISTRATION,
-    CLOSE_DUPLICATE,
-    CLOSE_KEY_REFUSED,
-    CLOSE_WRONG_DEVICE,
-)
+from tether.protocol.wire import CloseCode
 from tether.tools.policy.model import default_policy
 
 LIMIT = 16 * 1024  # the server's max_frame_bytes here (LiveServer) and the scripted server's ACK
@@ -256,15 +251,15 @@ def first_frame_verdict(frame: Frame) -> tuple[str, int | None]:
     try:
         msg = decode_client_message(as_text(frame), LIMIT)
         if msg.type is not ClientMessageType.REGISTER:
-            return "refused", CLOSE_BAD_REGISTRATION
+            return "refused", CloseCode.BAD_REGISTRATION
         reg = Registration.model_validate(msg.payload)
     except (FrameError, ValidationError):
-        return "refused", CLOSE_BAD_REGISTRATION
+        return "refused", CloseCode.BAD_REGISTRATION
     if reg.name is not None and reg.name != "fuzz-pre":
-        return "refused", CLOSE_WRONG_DEVICE
+        return "refused", CloseCode.WRONG_DEVICE
     # a well-formed registration still has to sign this connection's challenge with the device's key, which
     # no generated frame can (issue 27): a device token alone registers nothing
-    return "refused", CLOSE_KEY_REFUSED
+    return "refused", CloseCode.KEY_REFUSED
 
 
 @given(frame=client_frames)
@@ -297,7 +292,7 @@ def test_the_server_answers_any_first_frame_with_an_ack_or_a_documented_refusal(
             assert answer.error
             got = await close_code(ws)
             if verdict == "ack-or-duplicate":  # another instance id while the last one may still be live
-                assert got == CLOSE_DUPLICATE, (got, answer.error)
+                assert got == CloseCode.DUPLICATE, (got, answer.error)
             else:
                 assert got == code, (got, answer.error)
         finally:

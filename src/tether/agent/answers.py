@@ -7,6 +7,8 @@ person types to an approval means approve/deny wherever the task runs.
 
 from __future__ import annotations
 
+from tether.errors import AgentError
+
 APPROVE_WORDS = frozenset({"approve", "approved", "yes", "y"})
 DENY_WORDS = frozenset({"deny", "denied", "no", "n"})
 # the question kinds only a person answers yes to: an action to approve, a plan to confirm (agent/confirm.py)
@@ -22,11 +24,11 @@ def says_no(answer: str, options: list[str]) -> bool:
     return text in DENY_WORDS or text == "cancel"
 
 
-class AnswerError(ValueError):
+class AnswerError(AgentError, ValueError):
     """An answer that cannot be taken as given: say why and ask again."""
 
 
-class Unanswered(Exception):
+class Unanswered(AgentError):
     """Nobody can answer here (no terminal and no --answer left): the question is left unanswered."""
 
 

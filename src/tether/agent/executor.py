@@ -19,7 +19,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from tether.agent.answer import format_answer
 from tether.agent.confirm import CONFIRMATION
@@ -47,6 +47,7 @@ from tether.agent.refs import RefError, has_refs, resolve
 from tether.agent.rounds import Rounds, _PlanFailed
 from tether.agent.steps import fan_out_step, history_row, match_option, short
 from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
+from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceProfile
@@ -55,7 +56,7 @@ DEFAULT_DEVICE_NAME = "local"
 Decision = AutoPatch | Replan | AskUser
 
 
-class _Stop(Exception):
+class _Stop(AgentError):
     """The task reached a terminal state; unwinds the loop."""
 
 
@@ -216,14 +217,13 @@ class TaskRunner(Rounds):
             return self._record(task, index, attempt, step, command, result, started)
         task.counters.commands += 1
         dispatcher = self.dispatchers(step.device)
-        restore = _NO_HOOK
-        if hasattr(dispatcher, "emit"):
-            restore = dispatcher.emit
+        hook = (dispatcher, dispatcher.emit) if isinstance(dispatcher, _Streams) else None
+        if hook is not None:
 
             def stream(kind: str, data: dict[str, Any]) -> None:
                 self._emit(task, kind, {"step": index, **data})
 
-            dispatcher.emit = stream
+            hook[0].emit = stream
         timeout = max(1.0, min(self.command_timeout, self.budgets.wall_time_s - self._elapsed()))
         try:
             if step.on == "all":
@@ -233,8 +233,8 @@ class TaskRunner(Rounds):
         except Exception as exc:  # a dispatcher should not raise, but a broken one must not kill the task
             results = dispatcher.generate_error_results([command], exc)
         finally:
-            if restore is not _NO_HOOK:
-                dispatcher.emit = restore
+            if hook is not None:
+                hook[0].emit = hook[1]
         result = results[0] if results else Result.failure("the device returned no result", command.call_id)
         return self._record(task, index, attempt, step, command, result, started)
 
@@ -443,4 +443,8 @@ class TaskRunner(Rounds):
         task.counters.completion_tokens += after[2] - before[2]
 
 
-_NO_HOOK = object()
+@runtime_checkable
+class _Streams(Protocol):
+    """A dispatcher that streams a command's events to its `emit` hook while the command runs."""
+
+    emit: Callable[[str, dict[str, Any]], None] | None

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tether.errors import AgentError
+
 ENV_BASE_URL = "TETHER_LLM_BASE_URL"
 ENV_MODEL = "TETHER_LLM_MODEL"
 ENV_API_KEY = "TETHER_LLM_API_KEY"
@@ -29,7 +31,7 @@ Message = dict[str, Any]
 ResponseFormatUsed = Literal["text", "json_schema", "json_object"]
 
 
-class LLMError(RuntimeError):
+class LLMError(AgentError, RuntimeError):
     """The LLM could not be asked or did not answer; the message says why and where."""
 
 

@@ -310,8 +310,8 @@ async def _ask_for_server(tasks: TaskService, task: Task, question: dict[str, An
     POST /devices/{name}/questions/{id}, only of a person's token that may answer it."""
     if call.elicit is None or _may_not_approve(call, task, settings):
         return False
-    schema = question.get("schema") if isinstance(question.get("schema"), dict) else {"type": "object",
-                                                                                       "properties": {}}
+    asked = question.get("schema")
+    schema: dict[str, Any] = asked if isinstance(asked, dict) else {"type": "object", "properties": {}}
     try:
         reply = await call.elicit(str(question.get("message") or "An MCP server asks"), schema)
         action = reply.get("action")

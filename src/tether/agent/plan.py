@@ -15,13 +15,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether.agent.refs import iter_refs, ref_problems
+from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceRequirements
 
 OBSERVE = "observe"  # the pseudo-skill that ends a plan at an observation point
 
 
-class PlanError(ValueError):
+class PlanError(AgentError, ValueError):
     """A plan that cannot be read; the message names where (file, step index) and what is wrong."""
 
 
@@ -210,7 +211,7 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, all
                 known = ", ".join(devices) or "none"
                 problems.append(f"{label}: unknown device {step.device!r} (known devices: {known})")
                 continue
-            candidates = [(step.device, tools[step.device])]
+            candidates: list[tuple[str | None, list[ToolInfo]]] = [(step.device, tools[step.device])]
         elif None in tools:
             candidates = [(None, tools[None])]
         else:

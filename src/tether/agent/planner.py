@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from tether.agent.llm import LLMClient, Message
 from tether.agent.plan import PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
+from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
 
@@ -32,7 +33,7 @@ DEFAULT_POLICY_SUMMARY = (
 )
 
 
-class PlanningError(RuntimeError):
+class PlanningError(AgentError, RuntimeError):
     """The LLM did not produce a valid plan; `problems` lists what was wrong with the last one."""
 
     def __init__(self, message: str, problems: list[str], raw: str = "", attempts: int = 0) -> None:
@@ -270,7 +271,7 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
     (after an observation). `LLMError` (the LLM unreachable or failing) propagates unchanged.
     """
     views = {name: as_device_view(value) for name, value in devices.items()}
-    tools = {name: view.tools for name, view in views.items()}
+    tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
     messages = build_messages(request, views, policy_summary, history, recovery_context)
     calls = prompt_tokens = completion_tokens = 0
     first_problems: list[str] = []

@@ -28,6 +28,7 @@ from tether.agent.plan import PlanStep, check_args, find_tool
 from tether.agent.planner import compact_schema
 from tether.agent.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.task import Budgets
+from tether.errors import AgentError
 from tether.protocol.models import Result, ToolInfo
 
 TIMEOUT_CAP_MS = 600_000
@@ -107,7 +108,7 @@ _FIELDS = {
 }
 
 
-class DecisionError(ValueError):
+class DecisionError(AgentError, ValueError):
     """A decision that cannot be applied; the message lists why."""
 
 

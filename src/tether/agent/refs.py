@@ -24,6 +24,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 
 REF_KEY = "$ref"
@@ -35,7 +36,7 @@ _PART = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 ERROR_CODE = "unresolved_ref"  # the marker recovery recognizes in a failed step's result
 
 
-class RefError(ValueError):
+class RefError(AgentError, ValueError):
     """A reference that is malformed or does not resolve; the message says which and why."""
 
 

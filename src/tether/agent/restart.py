@@ -38,7 +38,7 @@ def settle_after_restart(task: Task) -> Settled:
     if state is TaskState.WAITING_FOR_USER and task.pending_question is not None:
         return "wait"
     if state in (TaskState.RUNNING, TaskState.RECOVERING) and task.plan is not None and task.plan.steps:
-        last = task.steps[-1] if task.steps else None
+        last_step = task.steps[-1] if task.steps else None
         started = [e for e in task.events if e.kind == "step_started"]
         recorded = {r.command.call_id for r in task.steps}
         in_flight = bool(started) and started[-1].data.get("call_id") not in recorded
@@ -53,7 +53,7 @@ def settle_after_restart(task: Task) -> Settled:
             task.transition(TaskState.WAITING_FOR_USER, question=record.id)
             task.record("question", record.model_dump(mode="json"))
             return "wait"
-        if last is not None and last.index == task.cursor and last.result.ok:
+        if last_step is not None and last_step.index == task.cursor and last_step.result.ok:
             task.cursor += 1  # it finished; the server stopped before the cursor moved on
     if state is TaskState.WAITING_FOR_USER:  # waiting, but no question is left open: go on
         task.transition(TaskState.RUNNING, reason="server restarted")

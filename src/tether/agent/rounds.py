@@ -26,12 +26,13 @@ from tether.agent.plan import Plan, validate_plan
 from tether.agent.planner import PlanningError, plan_request
 from tether.agent.recovery import AskUser
 from tether.agent.task import Question, Task, TaskState
+from tether.errors import AgentError
 
 CONFIRM_TRIES = 5  # answers that are neither run nor cancel before a confirmation gives up
 PLANNING_PROGRESS_EVERY = 16  # streamed planner tokens per planning_progress event
 
 
-class _PlanFailed(Exception):
+class _PlanFailed(AgentError):
     pass
 
 

@@ -13,6 +13,7 @@ a question for the person when a command may or may not have run (see `tether.ag
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from tether.agent.steps import discover_tools
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.task_error import TaskError
 from tether.agent.task_store import SaveSoon, TaskStore
+from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
@@ -47,7 +49,7 @@ _SUBSCRIBER_QUEUE = 10_000
 
 MAX_SAMPLING_CHARS = 64_000  # what a device may send this server's LLM in one sampling request
 
-class DeviceUnavailable(RuntimeError):
+class DeviceUnavailable(AgentError, RuntimeError):
     """A task's device cannot be reached and its tools are unknown, so nothing can be planned or run."""
 
 
@@ -255,7 +257,8 @@ class TaskService:
             raise TaskError(503, f"no task was created: {unaudited}")
         remote = self.hub.remote
         away = [n for n in (target, *task.devices) if not self.hub.holds(n)] if remote is not None else []
-        if away and (problem := remote.problem()) is not None:  # a cluster node cut off from its backplane
+        # a cluster node cut off from its backplane
+        if away and remote is not None and (problem := remote.problem()) is not None:
             raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
             if self.hub.store.claim_session(task.id, task_owner(task.id)) != task_owner(task.id):
@@ -404,7 +407,7 @@ class TaskService:
                     self._peers.ended(task.id)
                 self._release(task.id)
 
-    async def _tools_for(self, task: Task) -> dict[str | None, list[ToolInfo]]:
+    async def _tools_for(self, task: Task) -> dict[str | None, builtins.list[ToolInfo]]:
         """Each device's tools, asked live (tools change), else from the profile it registered with."""
         tools: dict[str | None, list[ToolInfo]] = {}
         for name in dict.fromkeys(n for n in [task.device, *task.devices] if n):
@@ -412,7 +415,7 @@ class TaskService:
         tools[None] = tools[task.device] if task.device else []
         return tools
 
-    async def _device_tools(self, name: str) -> list[ToolInfo]:
+    async def _device_tools(self, name: str) -> builtins.list[ToolInfo]:
         record = self.registry.get(name)
         if record is not None and record.status != "offline":
             try:
@@ -606,8 +609,8 @@ class TaskService:
 
     # -- events -------------------------------------------------------------------------------------------
 
-    def subscribe(self, task_id: str, after: int = -1) -> tuple[Task, list[TaskEvent], asyncio.Queue[TaskEvent | None]
-                                                                | None]:
+    def subscribe(self, task_id: str, after: int = -1
+                  ) -> tuple[Task, builtins.list[TaskEvent], asyncio.Queue[TaskEvent | None] | None]:
         """The events so far (after `after`) and, for a task still going, a queue of what comes next
         (None marks the end). Both come from one moment, so nothing is missed or seen twice."""
         task = self.get(task_id)

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.agent.plan import Plan, PlanStep
+from tether.errors import AgentError
 from tether.protocol.models import Command, Result
 
 
@@ -64,7 +65,7 @@ TRANSITIONS: dict[TaskState, frozenset[TaskState]] = {
 }
 
 
-class InvalidTransition(RuntimeError):
+class InvalidTransition(AgentError, RuntimeError):
     """A state change the task state machine does not allow."""
 
     def __init__(self, current: TaskState, target: TaskState) -> None:

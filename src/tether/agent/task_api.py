@@ -233,16 +233,16 @@ async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
             yield _frame("task_event", event.model_dump(mode="json"))
         while queue is not None:
             try:
-                event = await asyncio.wait_for(queue.get(), _KEEPALIVE_S)
+                coming = await asyncio.wait_for(queue.get(), _KEEPALIVE_S)
             except TimeoutError:
                 yield b": keep-alive\n\n"  # proxies drop silent streams; a waiting task can be silent for long
                 continue
-            if event is None:
+            if coming is None:
                 break
-            if event.seq <= last:  # in a cluster, relayed while the stored ones were read: sent already
+            if coming.seq <= last:  # in a cluster, relayed while the stored ones were read: sent already
                 continue
-            last = event.seq
-            yield _frame("task_event", event.model_dump(mode="json"))
+            last = coming.seq
+            yield _frame("task_event", coming.model_dump(mode="json"))
         # `ended` is false when the server is shutting down under a task that is still going
         if not task.state.terminal:  # a task another node of a cluster ran: its stored end
             with contextlib.suppress(TaskError):

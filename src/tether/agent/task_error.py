@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from tether.errors import AgentError
 
-class TaskError(Exception):
+
+class TaskError(AgentError):
     """A request the task API must refuse; `status` is the HTTP status that says why."""
 
     def __init__(self, status: int, message: str, holder: str | None = None) -> None:

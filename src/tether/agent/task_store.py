@@ -7,6 +7,7 @@ serialized `Task` is simpler than a table per part and keeps every field the exe
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import fcntl
 import logging
@@ -19,7 +20,7 @@ from typing import Any
 
 from tether.agent.task import TERMINAL_STATES, Task, TaskEvent, TaskState
 from tether.server.store import StoreUnavailable, disk_problem
-from tether.server.store.engine import create_schema, describe, is_url, open_postgres
+from tether.server.store.engine import PostgresConnection, create_schema, describe, is_url, open_postgres
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class TaskStore:
         """A SQLite file, or the server's PostgreSQL database (a `postgresql://` URL)."""
         self.where = describe(path)
         self._lock = threading.Lock()
+        self._conn: sqlite3.Connection | PostgresConnection
         if is_url(path):
             self.path = Path(self.where)
             self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached
@@ -161,12 +163,12 @@ class TaskStore:
         keys = ("id", "request", "state", "device", "requested_by", "created_at", "updated_at")
         return [dict(zip(keys, row, strict=True)) for row in rows]
 
-    def ids(self) -> list[str]:
+    def ids(self) -> builtins.list[str]:
         """Every task's id (each is the undo session of the task's commands)."""
         with self._lock:
             return [row[0] for row in self._conn.execute("SELECT id FROM tasks")]
 
-    def unfinished(self) -> list[Task]:
+    def unfinished(self) -> builtins.list[Task]:
         """Tasks not done, failed or cancelled: what a restarted server must resume or settle."""
         ended = (*(s.value for s in TERMINAL_STATES), TaskState.INTERRUPTED.value)
         with self._lock:

@@ -130,9 +130,10 @@ def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | N
         if event.kind != "elicitation" or "id" not in data:
             stream_output(event.kind, data, raw)
             return
+        schema = data.get("schema")
         request = ElicitationRequest(id=str(data["id"]), server=str(data.get("server", "?")),
                                      call_id=event.call_id, session_id=None, message=str(data.get("message", "")),
-                                     schema=data.get("schema") if isinstance(data.get("schema"), dict) else {})
+                                     schema=schema if isinstance(schema, dict) else {})
         if not ask:
             err.print(f"MCP server {request.server} asks (question {request.id}): ", end="", markup=False)
             err.print(request.message, markup=False, highlight=False)

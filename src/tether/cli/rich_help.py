@@ -47,12 +47,12 @@ class _Deferred(type):
     def __getattr__(cls, attr: str) -> Any:
         if attr.startswith("__"):  # typing's and inspect's probes (__origin__, …) must not import anything
             raise AttributeError(attr)
-        return getattr(cls.real(), attr)  # type: ignore[attr-defined]
+        return getattr(cls.real(), attr)
 
 
 def _deferred(module: str, name: str) -> type:
     def real(cls: type) -> type:
-        return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+        return getattr(importlib.import_module(module), name)
 
     def new(cls: type, *args: Any, **kwargs: Any) -> Any:
         return real(cls)(*args, **kwargs)  # an instance of the real class (so the stand-in's __init__ is skipped)

@@ -41,7 +41,7 @@ class SafeConsole(Console):
     shown); anything else — a `Text` made elsewhere, a renderable's own segments — as its segments
     leave (`render`). Rich's own control segments (cursor moves of a live display) pass."""
 
-    def render_str(self, text: str, **kwargs: Any) -> Text:  # type: ignore[override]
+    def render_str(self, text: str, **kwargs: Any) -> Text:
         return super().render_str(visible(text), **kwargs)
 
     def render(self, renderable: RenderableType, options: ConsoleOptions | None = None) -> Iterable[Segment]:

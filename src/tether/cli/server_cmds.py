@@ -731,12 +731,6 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
     console().print(table)
 
 
-def _sandbox_cell(kind: str | None) -> str:
-    if kind is None:
-        return "-"  # not reported (offline before it registered, or an older device)
-    return "[yellow]none[/yellow]" if kind == "none" else kind
-
-
 def _print_cert_fingerprint(cert: Path) -> None:
     """The certificate's SHA-256, for devices that pin it (--tls-fingerprint) or trust it on first use."""
     import ssl

@@ -232,7 +232,7 @@ def _exec_all(tool: str, pairs: list[str], all_devices: bool, device: str | None
         params = parse_assignments(pairs, {})
     except ValueError as exc:
         fail(str(exc))
-    command = Command(tool_name=tool, parameters=params, tool_type=tool_type)  # type: ignore[arg-type]
+    command = Command(tool_name=tool, parameters=params, tool_type=tool_type)
     exec_all(command, require, timeout=timeout, max_concurrency=max_concurrency, as_json=as_json, server=server,
              token=token, ca_file=ca_file)
 
@@ -318,7 +318,7 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
             except ValueError as exc:
                 fail(str(exc))
             left = max(end - time.monotonic(), 0.1)
-            command = Command(tool_name=tool, parameters=params, tool_type=tool_type,  # type: ignore[arg-type]
+            command = Command(tool_name=tool, parameters=params, tool_type=tool_type,
                               timeout=left if timeout else None, approved_by=approved_by)
             _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5), session_id=session_id,
                                      on_event=remote_questions(remote, device, raw=raw))

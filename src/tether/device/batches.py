@@ -144,7 +144,7 @@ class BatchRunner:
         batch's: its timeout and cancellation apply to it)."""
         if msg.response_id in self.active:
             logger.info("batch %s is already queued or running: duplicate ignored", msg.response_id)
-            return
+            return None
         batch = Batch(msg)
         if msg.timeout is not None:  # from its arrival: time spent waiting in line counts
             batch.deadline = asyncio.get_running_loop().time() + msg.timeout
@@ -152,7 +152,7 @@ class BatchRunner:
             logger.info("batch %s was already executed: answering from the record", msg.response_id)
             for i in range(len(batch.actions)):
                 self._deliver(batch, i, self._recorded(batch, i))
-            return
+            return None
         self.active[msg.response_id] = batch
         self.idle.clear()
         if batch.deadline is not None:  # a plain timer, not asyncio.timeout: it ends the batch like a CANCEL does
@@ -213,7 +213,7 @@ class BatchRunner:
         if here:
             return self._run_batch(batch)
         batch.task = asyncio.create_task(self._run_batch(batch), name=f"batch-{batch.msg.response_id}")
-        batch.task.add_done_callback(lambda _task, b=batch: self._task_ended(b))
+        batch.task.add_done_callback(lambda _task: self._task_ended(batch))
         return None
 
     def _ended(self, batch: Batch) -> None:

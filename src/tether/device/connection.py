@@ -33,7 +33,7 @@ import logging
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -49,7 +49,6 @@ from tether.device.keepalive import beat_due
 from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
 from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.reconnect import (
-    DUPLICATE_CLOSE_CODE,
     FATAL_CLOSE_CODES,
     PIN_MISMATCH,
     RESTART_SPREAD_S,
@@ -65,6 +64,7 @@ from tether.device.reconnect import (
 )
 from tether.device.remote_policy import RemotePolicy
 from tether.device.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
+from tether.errors import DeviceError
 from tether.protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
     FrameError,
@@ -84,6 +84,7 @@ from tether.protocol.messages import (
     TaskStatus,
 )
 from tether.protocol.profile import DeviceProfile
+from tether.protocol.wire import CloseCode
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +102,11 @@ KEEPALIVE_S = 20.0
 PROFILE_REUSE_S = 60.0
 
 
-class _LinkDead(ConnectionError):
+class _LinkDead(DeviceError, ConnectionError):
     pass
 
 
-def _refusal_reason(body: bytes | None) -> str | None:
+def _refusal_reason(body: bytes | bytearray | None) -> str | None:
     """The `error` of a refused handshake's `{"error": …}` body, if it has one (shortened, one line)."""
     try:
         error = json.loads(body or b"").get("error")
@@ -405,7 +406,8 @@ class DeviceConnection:
                                           exc.response.status_code) from None
             raise
         try:
-            ack = await self._register(ws, profile, timeout, ws.response.headers.get(CHALLENGE_HEADER))
+            challenge = ws.response.headers.get(CHALLENGE_HEADER) if ws.response is not None else None
+            ack = await self._register(ws, profile, timeout, challenge)
             return await self._serve(ws, ack)
         finally:
             with contextlib.suppress(Exception):
@@ -427,9 +429,9 @@ class DeviceConnection:
         except TimeoutError:
             raise TimeoutError(f"no answer to the registration within {timeout:g}s") from None
         except ConnectionClosed as exc:
-            code = exc.rcvd.code if exc.rcvd else None
-            if code in FATAL_CLOSE_CODES or code == DUPLICATE_CLOSE_CODE:
-                raise RegistrationRefused(exc.rcvd.reason or "closed by the server", code) from None
+            rcvd = exc.rcvd
+            if rcvd is not None and (rcvd.code in FATAL_CLOSE_CODES or rcvd.code == CloseCode.DUPLICATE):
+                raise RegistrationRefused(rcvd.reason or "closed by the server", rcvd.code) from None
             raise
         msg = decode_server_message(raw, DEFAULT_MAX_FRAME_BYTES)
         if msg.type is ServerMessageType.REGISTER_REFUSED:
@@ -493,12 +495,12 @@ class DeviceConnection:
             task.add_done_callback(reader_done)
 
         def hand_over() -> None:
-            readers.discard(asyncio.current_task())  # type: ignore[arg-type]
+            readers.discard(asyncio.current_task())
             start_reader()
 
         start_reader()
-        tasks = {reading, asyncio.create_task(self._sender(ws)), asyncio.create_task(self._heartbeat(ws, ack)),
-                 stopper}
+        tasks: set[asyncio.Future[Any]] = {reading, asyncio.create_task(self._sender(ws)),
+                                           asyncio.create_task(self._heartbeat(ws, ack)), stopper}
         try:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
             if stopper in done:  # say goodbye properly: failures of cancelled batches first
@@ -508,7 +510,7 @@ class DeviceConnection:
                         await self.outbox.idle.wait()
                 self.last_error = None
             else:
-                failed = [t.exception() for t in done if t.exception() is not None]
+                failed = [exc for t in done if (exc := t.exception()) is not None]
                 self.last_error = (describe_failure(failed[0]) if failed else
                                    f"the server closed the connection ({ws.close_code}"
                                    f"{': ' + ws.close_reason if ws.close_reason else ''})")

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from tether.device.mcp_config import MCPServerConfig
 from tether.device.mcp_policy import MCPToolPolicy
+from tether.errors import DeviceError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
@@ -20,7 +21,7 @@ from tether.tools.errors import ToolError
 T = TypeVar("T")
 
 
-class MCPServerError(RuntimeError):
+class MCPServerError(DeviceError, RuntimeError):
     """A server could not be started or listed; the message names the server and the reason."""
 
 

@@ -33,6 +33,7 @@ from tether.tools.context import ToolContext
 
 if TYPE_CHECKING:
     import mcp_types
+    from mcp.shared.dispatcher import ProgressFnT
 
 # `mcp_types` is imported where a server's request is answered, never at import: this module's
 # `MCPClientHooks` is on every device's start-up path, external servers or not (~0.4 s, issue 13).
@@ -125,7 +126,7 @@ def file_roots(ctx: ToolContext) -> list[mcp_types.Root]:
             if str(path) in seen:
                 continue
             seen.add(str(path))
-            roots.append(mcp_types.Root(uri=path.as_uri(), name=f"{path} ({kind})"))  # type: ignore[arg-type]
+            roots.append(mcp_types.Root(uri=path.as_uri(), name=f"{path} ({kind})"))
     return roots
 
 
@@ -153,8 +154,7 @@ class ServerClientCaps:
             if ctx.call_id not in (c.call_id for c in self._calls.values()):
                 self._sampled.pop(ctx.call_id, None)
 
-    def progress_callback(self, ctx: ToolContext, tool: str) -> Callable[[float, float | None, str | None],
-                                                                          Awaitable[None]]:
+    def progress_callback(self, ctx: ToolContext, tool: str) -> ProgressFnT:
         """Each progress notification of a call, as a `progress` event of the running command."""
 
         async def on_progress(progress: float, total: float | None, message: str | None) -> None:
@@ -304,7 +304,8 @@ def check_answer(schema: dict[str, Any], content: dict[str, Any]) -> str | None:
     missing = [k for k in schema.get("required") or [] if k not in content]
     if missing:
         return f"missing {', '.join(missing)}"
-    types = {"string": str, "boolean": bool, "integer": int, "number": (int, float)}
+    types: dict[str, type | tuple[type, ...]] = {"string": str, "boolean": bool, "integer": int,
+                                                 "number": (int, float)}
     for key, value in content.items():
         prop = props.get(key)
         if prop is None:

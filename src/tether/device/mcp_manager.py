@@ -118,7 +118,7 @@ class MCPServerManager:
             try:
                 server = item if isinstance(item, BaseMCPServer) else self.create_or_get_server(item)
             except ValueError as exc:  # a bad entry is that entry's failure, not everyone's
-                name = item.namespace if isinstance(item, MCPServerConfig) else str(item.get("namespace", "?"))
+                name = str(item.get("namespace", "?")) if isinstance(item, dict) else item.namespace
                 invalid[name] = f"server '{name}': invalid configuration: {exc}"
                 continue
             unique[id(server)] = server

@@ -17,7 +17,7 @@ from typing import Any
 from tether.device.mcp_base import BaseMCPServer
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
-from tether.tools.runtime import ToolSpec, build_spec
+from tether.tools.runtime import ToolFunction, ToolSpec, build_spec
 
 MAX_PAGES = 100  # a paginator that never ends must not hang the call
 MAX_ITEMS = 10_000  # listed resources / templates / prompts kept in one answer
@@ -36,7 +36,7 @@ class MCPResourceTools:
         self._joined = joined  # waits (bounded) for servers still starting
 
     def specs(self) -> dict[str, ToolSpec]:
-        tools = [
+        tools: list[tuple[ToolFunction, str, str]] = [
             (self.list_resources, "mcp.list_resources",
              "List an external MCP server's resources and resource templates (uri, name, mimeType)."),
             (self.read_resource, "mcp.read_resource",

@@ -201,8 +201,9 @@ async def _send_progress(ctx: ServerRequestContext[Any], events: asyncio.Queue[t
         if text is None:
             continue
         count += 1
-        done = data.get("progress") if kind == "progress" and isinstance(data.get("progress"), int | float) else count
-        total = data.get("total") if kind == "progress" and isinstance(data.get("total"), int | float) else None
+        progress, wanted = data.get("progress"), data.get("total")
+        done = progress if kind == "progress" and isinstance(progress, int | float) else count
+        total = wanted if kind == "progress" and isinstance(wanted, int | float) else None
         try:
             async with asyncio.timeout(10):
                 await ctx.session.report_progress(float(done), total, text[:MAX_PROGRESS_TEXT])

@@ -34,6 +34,7 @@ from tether.device.mcp_config import MCPServerConfig
 from tether.device.mcp_policy import annotated_type
 from tether.device.mcp_session_util import describe_error, innermost_error, message_limit, result_size
 from tether.device.mcp_stdio import TOO_LARGE
+from tether.errors import DeviceError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
@@ -51,7 +52,7 @@ T = TypeVar("T")
 __all__ = ["SessionServer", "describe_error", "innermost_error", "message_limit", "result_size"]  # re-exported
 
 
-class _OpenFailed(Exception):
+class _OpenFailed(DeviceError):
     pass
 
 
@@ -102,9 +103,9 @@ class SessionServer(BaseMCPServer):
         if self._closed.is_set():
             raise MCPServerError(f"server '{self.namespace}' is closed")
         if self._task is None or self._task.done():
-            first = self._first = asyncio.get_running_loop().create_future()
-            first.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, never warned
-            self._task = asyncio.create_task(self._supervise(first), name=f"mcp-server:{self.namespace}")
+            created = self._first = asyncio.get_running_loop().create_future()
+            created.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, never warned
+            self._task = asyncio.create_task(self._supervise(created), name=f"mcp-server:{self.namespace}")
         first = self._first
         assert first is not None
         await asyncio.shield(first)  # concurrent starters share one attempt and its outcome

@@ -88,6 +88,7 @@ def _json_str(value: str) -> str:
 
 
 _RESULTS_HEAD = f'{{"protocol_version":{_json_str(PROTOCOL_VERSION)},"timestamp":"'
+_RESULTS_KIND = f'","type":"{ClientMessageType.COMMAND_RESULTS.value}","status":"'
 
 
 def _results_text(msg: ServerMessage, result: Result, status: TaskStatus, client_id: str | None) -> str:
@@ -95,7 +96,7 @@ def _results_text(msg: ServerMessage, result: Result, status: TaskStatus, client
     written directly: building and validating the message would check nothing that is not already
     known (our own `Result`, the ids of a COMMAND that was validated on arrival) and cost twice as
     much on every round trip."""
-    text = f'{_RESULTS_HEAD}{utc_now()}","type":"command_results","status":"{status.value}"'
+    text = f'{_RESULTS_HEAD}{utc_now()}{_RESULTS_KIND}{status.value}"'
     if client_id is not None:
         text += f',"client_id":{_json_str(client_id)}'
     if msg.session_id is not None:
@@ -261,9 +262,9 @@ class Outbox:
                 self._popped_seq, text, call_id = self._results.popleft()
                 return "result", text, call_id
             _, event = self._events.popleft()
-            text = self._encode_event(event)
-            if text is not None:
-                return "event", text, None
+            encoded = self._encode_event(event)
+            if encoded is not None:
+                return "event", encoded, None
         if self._unreported_drops and self.accepting_events:
             count, self._unreported_drops = self._unreported_drops, 0
             note = Event(kind="events_dropped", data={"count": count, "total": self.dropped_events})

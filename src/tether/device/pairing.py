@@ -26,12 +26,13 @@ from urllib.parse import urlsplit
 
 from tether.device.identity import KEY_FILE, DeviceKey, load_device_key
 from tether.device.tls_pin import cert_fingerprint, fetch_certificate_async, pinned_context, pinned_context_for_async
+from tether.errors import DeviceError
 
 TOKEN_FILE, STATE_FILE = "device.token", "pairing.json"
 _CLAIM_WAIT = 25.0  # seconds the server holds one claim before answering "pending"
 
 
-class PairingFailed(RuntimeError):
+class PairingFailed(DeviceError, RuntimeError):
     """Pairing ended without a token: refused, expired, or the server said no; the message says which."""
 
 

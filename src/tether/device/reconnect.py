@@ -17,30 +17,32 @@ from collections.abc import Callable
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from tether.errors import DeviceError
 from tether.protocol.codec import FrameError
+from tether.protocol.wire import CloseCode
 
-FATAL_CLOSE_CODES = {4400: "bad registration or protocol version", 4401: "unauthorized",
-                     4402: "the device's key is not the one enrolled for it",
-                     4403: "name does not match the token",
-                     495: "the server's TLS certificate is not the pinned one"}
 PIN_MISMATCH = 495  # nginx's "SSL Certificate Error": the device itself refuses to go on
-DUPLICATE_CLOSE_CODE = 4409
+FATAL_CLOSE_CODES: dict[int, str] = {CloseCode.BAD_REGISTRATION: "bad registration or protocol version",
+                                     CloseCode.UNAUTHORIZED: "unauthorized",
+                                     CloseCode.KEY_REFUSED: "the device's key is not the one enrolled for it",
+                                     CloseCode.WRONG_DEVICE: "name does not match the token",
+                                     PIN_MISMATCH: "the server's TLS certificate is not the pinned one"}
 RETRYABLE = (OSError, InvalidHandshake, ConnectionClosed, TimeoutError, ConnectionError, FrameError)
 
 
-class RegistrationRefused(Exception):
+class RegistrationRefused(DeviceError):
     """The server refused this device; `fatal` refusals end `run()`, the others are retried."""
 
     def __init__(self, error: str, code: int | None = None) -> None:
         self.error = error
         self.code = code
         self.fatal = code in FATAL_CLOSE_CODES or code in (401, 403)
-        what = FATAL_CLOSE_CODES.get(code or 0) or ("duplicate device" if code == DUPLICATE_CLOSE_CODE else None)
+        what = FATAL_CLOSE_CODES.get(code or 0) or ("duplicate device" if code == CloseCode.DUPLICATE else None)
         super().__init__(f"registration refused ({code}{': ' + what if what else ''}): {error}"
                          if code is not None else f"registration refused: {error}")
 
 
-class RetriesExhausted(ConnectionError):
+class RetriesExhausted(DeviceError, ConnectionError):
     """`max_attempts` connection attempts in a row failed."""
 
 

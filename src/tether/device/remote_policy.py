@@ -17,6 +17,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from tether.errors import DeviceError
 from tether.tools.policy.model import Policy
 from tether.tools.policy.overlay import check_overlay, effective, merged, sources
 
@@ -26,7 +27,7 @@ FILE_NAME = "remote-policy.json"
 MAX_FILE_BYTES = 1 << 20
 
 
-class PolicyChangeRefused(ValueError):
+class PolicyChangeRefused(DeviceError, ValueError):
     """The device does not take policy changes from its server."""
 
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from tether.device.config import DeviceConfig
+from tether.errors import DeviceError
 from tether.sandbox.identity import RunAs, resolve_run_as
 
 ALLOW_ROOT_ENV = "TETHER_ALLOW_ROOT"
@@ -61,7 +62,7 @@ def root_check(config: DeviceConfig, flag: bool, command: str, env: Mapping[str,
             f"able to write the write roots for commands to change them{shared} (docs/security/root.md)")
 
 
-class RootRefused(RuntimeError):
+class RootRefused(DeviceError, RuntimeError):
     """The process runs as root and was not told it may."""
 
 

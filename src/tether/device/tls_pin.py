@@ -20,10 +20,12 @@ import socket
 import ssl
 from urllib.parse import urlsplit
 
+from tether.errors import DeviceError
+
 _HEX = re.compile(r"^[0-9a-f]{64}$")
 
 
-class PinMismatch(ValueError):
+class PinMismatch(DeviceError, ValueError):
     """The server presented a certificate other than the pinned one."""
 
 

@@ -16,6 +16,7 @@ from tether.protocol.messages import (
 )
 from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, ToolType
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.protocol.wire import CloseCode
 
 __all__ = [
     "CHALLENGE_HEADER",
@@ -23,6 +24,7 @@ __all__ = [
     "BasicCommandDispatcher",
     "ClientMessage",
     "ClientMessageType",
+    "CloseCode",
     "Command",
     "DeviceProfile",
     "DeviceRequirements",

@@ -14,14 +14,16 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
+from tether.errors import ProtocolError
 from tether.protocol.messages import PROTOCOL_VERSION, ClientMessage, ClientMessageType, ServerMessage, utc_now
+from tether.protocol.wire import SERVER_HEARTBEAT
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 
 M = TypeVar("M", bound=BaseModel)
 
 
-class FrameError(ValueError):
+class FrameError(ProtocolError, ValueError):
     """A frame that cannot be accepted; `reason` is a short machine-readable code."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -97,15 +99,13 @@ def encode(message: BaseModel) -> str:
     return message.model_dump_json(exclude_none=True)
 
 
-# The server's heartbeat reply, exactly as the server writes it (server/aip/link.py `_HEARTBEAT`): a
+# The server's heartbeat reply, exactly as the server writes it (`wire.SERVER_HEARTBEAT`): a
 # device gets one per heartbeat and does nothing with it but note that the link lives, so it need not
 # build a model for it. Strings without escapes or control characters only (the template's are a
 # timestamp and a hex id): whatever matches is valid JSON and a valid ServerMessage of this protocol
 # version, which the full decoder would accept too. Anything else goes through the full decoder.
 _JSON_PLAIN = r'[^"\\\x00-\x1f]*'  # a JSON string's characters, no escapes
-_SERVER_HEARTBEAT = re.compile(r'\{"protocol_version":"' + re.escape(PROTOCOL_VERSION) + '","timestamp":"' + _JSON_PLAIN
-                               + '","type":"heartbeat","status":"ok","response_id":"' + _JSON_PLAIN
-                               + r'","early_exit":true\}')
+_SERVER_HEARTBEAT = re.compile(re.escape(SERVER_HEARTBEAT).replace("%s", _JSON_PLAIN))
 _SERVER_HEARTBEAT_MAX = 512  # the template's frames are ~150 bytes
 
 

@@ -40,7 +40,6 @@ from tether.sandbox.egress_wire import Head, Refused, Request, http_refusal, htt
 
 logger = logging.getLogger(__name__)
 ACCEPT_RETRY_S = 1.0
-_UNCOUNTED = object()
 
 Answer = Literal["once", "always", "deny"]
 AskFn = Callable[[str, int, int | None], Awaitable[Answer | None]]  # None: nobody can answer
@@ -127,8 +126,12 @@ class EgressProxy:
         listener.setblocking(False)
         task = asyncio.get_running_loop().create_task(self._accept_loop(listener))
         self._servers.append(task)
-        task.add_done_callback(lambda t: t in self._servers and self._servers.remove(t))
+        task.add_done_callback(self._forget_server)
         return task
+
+    def _forget_server(self, task: asyncio.Task[None]) -> None:
+        if task in self._servers:
+            self._servers.remove(task)
 
     async def _accept_loop(self, listener: socket.socket) -> None:
         loop = asyncio.get_running_loop()
@@ -187,12 +190,12 @@ class EgressProxy:
         record = EgressRecord("tcp", "?", 0)
         upstream: socket.socket | None = None
         opened = False
-        counted: object = _UNCOUNTED
+        counted: tuple[int | None] | None = None  # (owner,) once this connection is counted for its owner
         try:
             first = await head.exactly(1)
             record.owner = await self._owner(peer)  # after a first byte: the command's start is known by now
-            counted = record.owner
-            self._per_owner[counted] = self._per_owner.get(counted, 0) + 1
+            counted = (record.owner,)
+            self._per_owner[record.owner] = self._per_owner.get(record.owner, 0) + 1
             socks = first == b"\x05"
             head.buf[:0] = first
             try:
@@ -239,10 +242,10 @@ class EgressProxy:
             if upstream is not None:
                 upstream.close()
             client.close()
-            if counted is not _UNCOUNTED:
-                left = self._per_owner.pop(counted, 1) - 1  # type: ignore[arg-type]
+            if counted is not None:
+                left = self._per_owner.pop(counted[0], 1) - 1
                 if left:
-                    self._per_owner[counted] = left  # type: ignore[index]
+                    self._per_owner[counted[0]] = left
             if opened:
                 record.ended = time.time()
                 self._report(record, "close")

@@ -56,7 +56,12 @@ class LiveEgress:
     async def _receive(self) -> None:
         loop = asyncio.get_running_loop()
         readable: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(self._ours.fileno(), lambda: readable.done() or readable.set_result(None))
+
+        def wake() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(self._ours.fileno(), wake)
         try:
             async with asyncio.timeout(self.timeout_s):
                 await readable

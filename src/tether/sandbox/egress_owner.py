@@ -39,7 +39,8 @@ def children(pid: int) -> list[int]:
 
 
 def _descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
+    out: list[int] = []
+    todo = [pid]
     while todo and len(out) < MAX_PROCESSES:
         current = todo.pop()
         out.append(current)

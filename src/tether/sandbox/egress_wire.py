@@ -10,10 +10,11 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from tether.errors import SandboxError
 from tether.sandbox.egress_rules import normalize_host
 
 
-class Refused(Exception):
+class Refused(SandboxError):
     """The connection is not made; `code` is the HTTP status, `socks` the SOCKS5 reply code."""
 
     def __init__(self, rule: str, reason: str, *, code: int = 403, socks: int = 2) -> None:

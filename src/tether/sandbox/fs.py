@@ -29,6 +29,8 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 
+from tether.errors import SandboxError
+
 __all__ = ["EscapeError", "copy_data", "copy_entry", "data_segments", "move_entry", "open_beneath", "parent_beneath",
            "remove_entry", "same_data", "shown"]
 
@@ -43,7 +45,7 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | _NOFOLLOW
 _LINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK, errno.ENOTDIR})
 
 
-class EscapeError(OSError):
+class EscapeError(SandboxError, OSError):
     """A path left its root, or one of its components was (or became) a symlink while it was walked."""
 
     def __init__(self, path: str, why: str, code: int = errno.ELOOP) -> None:

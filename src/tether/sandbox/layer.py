@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from tether.errors import SandboxError
 from tether.sandbox.fs import copy_data, parent_beneath, same_data, shown
 
 Kind = Literal["created", "modified", "deleted", "renamed"]
@@ -48,7 +49,7 @@ _CANDIDATES = 8  # deleted files a created one is compared with, looking for a r
 _PAIR_BYTES = 1 << 30  # content compared in all, looking for renames
 
 
-class ApplyConflict(RuntimeError):
+class ApplyConflict(SandboxError, RuntimeError):
     """The real tree changed under a captured change since the command started; nothing was applied."""
 
     def __init__(self, paths: list[str]) -> None:
@@ -67,7 +68,7 @@ class LateConflict(ApplyConflict):
         self.paths = paths
 
 
-class LayerLimit(RuntimeError):
+class LayerLimit(SandboxError, RuntimeError):
     """A command's layer holds more than `rule` allows (`limits.layer_files` or `limits.layer_bytes`)."""
 
     def __init__(self, rule: str, detail: str) -> None:
@@ -398,7 +399,7 @@ AT_FDCWD, RENAME_NOREPLACE = -100, 1
 @functools.cache
 def _renameat2() -> Callable[..., int] | None:
     fn = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def _rename_new(source: str, pfd: int, name: str) -> None:

@@ -217,7 +217,12 @@ class Sandbox:
         finally:
             sock.setblocking(False)
         readable: asyncio.Future[None] = loop.create_future()
-        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+
+        def wake() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(sock.fileno(), wake)
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 await readable

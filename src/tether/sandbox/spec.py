@@ -6,6 +6,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from tether.errors import SandboxError
 from tether.sandbox.identity import RunAs
 from tether.sandbox.limits import Limits
 
@@ -13,7 +14,7 @@ ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract 
 OWN_SOCKETS = "sandbox"  # allow_sockets entry: unix sockets the sandbox binds itself; none of the machine's
 SOCKET_WORDS = (ANY_SOCKET, OWN_SOCKETS)
 
-class SandboxUnavailable(RuntimeError):
+class SandboxUnavailable(SandboxError, RuntimeError):
     """No sandbox can be made here (no bwrap, no user namespaces...); the message says why and what to do."""
 
 

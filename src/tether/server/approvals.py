@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tether.errors import ServerError
 from tether.server.store import TokenInfo
 
 
-class ApprovalRefused(Exception):
+class ApprovalRefused(ServerError):
     """This token may not give this approval; `str()` says why and how a person gives it (a 403)."""
 
     status = 403

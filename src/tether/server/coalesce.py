@@ -96,14 +96,16 @@ def coalescing_http_protocol() -> type[asyncio.Protocol]:
     except ImportError:  # httptools not installed: the pure-Python parser
         from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
 
-    class CoalescingHTTPProtocol(Base):  # type: ignore[misc, valid-type]
+    class CoalescingHTTPProtocol(Base):
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._watchers: set[Callable[[], None]] = set()
             self._lost = False
             super().connection_made(CoalescingTransport(transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
 
         def on_headers_complete(self) -> None:
-            self.scope[ON_DISCONNECT] = self._watch  # in the scope before the request's cycle is built on it
+            # in the scope before the request's cycle is built on it; uvicorn types its scope as a closed TypedDict,
+            # where ASGI lets a server add its own keys
+            self.scope[ON_DISCONNECT] = self._watch  # type: ignore[literal-required]
             super().on_headers_complete()
 
         def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:

@@ -162,7 +162,7 @@ def edge_http_protocol(base: type[asyncio.Protocol], caps: ConnectionCaps, setti
         _edge_refused = False
         _edge_timer: asyncio.TimerHandle | None = None
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:
             address = _peer_address(transport)
             if not caps.admit_http(address):
                 self._edge_refused = True

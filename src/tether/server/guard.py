@@ -38,9 +38,10 @@ import json
 import logging
 import re
 import socket
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
+from tether.errors import ServerError
 from tether.server.logsafe import clean, mark_denied_handshake
 from tether.server.ratelimit import Throttled, Throttles
 from tether.server.settings import (
@@ -55,8 +56,8 @@ from tether.server.settings import (
 
 logger = logging.getLogger(__name__)
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
 ASGIApp = Callable[..., Any]
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -375,7 +376,7 @@ async def _no_body() -> Message:
     return {"type": "websocket.disconnect", "code": 1000}
 
 
-class BodyTooLarge(Exception):
+class BodyTooLarge(ServerError):
     """Raised into the app from `receive` when a streamed body passes the cap."""
 
 

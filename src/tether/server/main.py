@@ -12,6 +12,7 @@ from collections.abc import Callable
 import uvicorn
 from fastapi import FastAPI
 
+from tether.errors import ConfigError, ServerError
 from tether.server.app import create_app
 from tether.server.coalesce import coalescing_http_protocol
 from tether.server.edge import edge_protocols
@@ -24,7 +25,7 @@ logger = logging.getLogger(__name__)
 LEASE_CHECK_TICKS = 20  # uvicorn ticks (0.1 s): how often the server checks that it still holds its lease
 
 
-class UnsafeBinding(ValueError):
+class UnsafeBinding(ServerError, ConfigError, ValueError):
     """Refused to listen off loopback without what keeps the server safe there."""
 
 
@@ -47,7 +48,7 @@ def check_binding(settings: ServerSettings, store: Store, *, allow_insecure: boo
 AppFactory = Callable[[ServerSettings, Store], FastAPI]
 
 
-class PortInUse(OSError):
+class PortInUse(ServerError, OSError):
     """The address the server was told to listen on cannot be bound (in use, not this machine's, no right)."""
 
 

@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from tether.errors import ServerError
 from tether.protocol.identity import claim_statement, fingerprint, valid_public_key, verify
 from tether.server.device_keys import collision, revoke_device_tokens, set_device_key
 from tether.server.store import Store
@@ -38,7 +39,7 @@ PENDING, APPROVED, PAIRED, REFUSED = "pending", "approved", "paired", "refused"
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford's base 32: no I, L, O, U to misread
 
 
-class PairingError(Exception):
+class PairingError(ServerError):
     """A refusal with the HTTP status the API answers it with."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from tether.errors import ServerError
 from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
 from tether.server.aip.hub import DeviceHub
 
 POLICY_TIMEOUT_S = 15.0  # a device answers from memory and one small file write
 
 
-class PolicyRequestFailed(Exception):
+class PolicyRequestFailed(ServerError):
     """The device was not reachable or did not answer (`status` 409: the device's state, not the
     server's fault) or refused the request (`status` 422)."""
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol
 
+from tether.errors import ServerError
+
 if TYPE_CHECKING:
     import asyncio
 
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 Outcome = tuple[str, str | None, str, str | None]  # (response_id, call_id, status, error) of one audit row
 
 
-class BackplaneUnavailable(Exception):
+class BackplaneUnavailable(ServerError):
     """The cluster's backplane (Redis) cannot be reached: work for devices on other nodes is refused."""
 
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tether.errors import ToolAreaError
 
-class ToolError(Exception):
+
+class ToolError(ToolAreaError):
     """The tool ran and failed; `result` may still carry a payload (e.g. stderr and the exit code)."""
 
     def __init__(self, message: str, result: Any = None) -> None:

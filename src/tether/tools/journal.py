@@ -86,7 +86,7 @@ class UndoJournal:
         `write` of a missing path records a "created" entry (undo deletes the file); `mkdir`
         records a directory the tool is about to create (undo removes it if it is empty again).
         """
-        session_dir = self._session_dir(session_id, create=True)
+        session_dir = self._created_session_dir(session_id)
         entry = self._entry(session_dir, action, path, dest)
         self._append(session_dir, entry)
         return entry
@@ -105,7 +105,7 @@ class UndoJournal:
         """
         if not changes:
             return 0
-        session_dir = self._session_dir(session_id, create=True)
+        session_dir = self._created_session_dir(session_id)
         lines = [_line(self._entry(session_dir, *change)) for change in changes]
         self._write_lines(session_dir, "".join(lines).encode())
         return len(lines)
@@ -264,13 +264,15 @@ class UndoJournal:
 
     # ----------------------------------------------------------------------------------- helpers
 
-    def _session_dir(self, session_id: str, *, create: bool = False) -> Path | None:
+    def _session_dir(self, session_id: str) -> Path | None:
         path = self.root / validate_session_id(session_id)
-        if create:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
-            path.mkdir(mode=0o700, exist_ok=True)
-            return path
         return path if path.is_dir() else None
+
+    def _created_session_dir(self, session_id: str) -> Path:
+        path = self.root / validate_session_id(session_id)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path.mkdir(mode=0o700, exist_ok=True)
+        return path
 
 
 def _line(record: dict[str, Any]) -> str:

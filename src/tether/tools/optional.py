@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 
+from tether.errors import ToolAreaError
 
-class MissingDependency(RuntimeError):
+
+class MissingDependency(ToolAreaError, RuntimeError):
     """A tool set cannot run here; the message says exactly what to install or set up."""
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import TYPE_CHECKING, Any, Literal
 
+from tether.errors import ServerError
 from tether.protocol.models import Command, Result, ResultStatus, new_call_id
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.registry import describe, rejection
@@ -40,7 +41,7 @@ MAX_CONCURRENCY = 1024  # batches in flight at once: beyond it the server's own 
 MAX_DEVICES = 100_000  # devices in one fan-out
 
 
-class FanOutError(ValueError):
+class FanOutError(ServerError, ValueError):
     """A fan-out that cannot start; `status` is the HTTP status that says why (404 none match, 413 too many)."""
 
     def __init__(self, status: int, message: str) -> None:

@@ -48,6 +48,7 @@ from tether.protocol.session import (
     ServerSession,
     SessionEvent,
 )
+from tether.protocol.wire import CloseCode
 from tether.server.aip.batches import PendingBatch
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
@@ -57,17 +58,7 @@ from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.router import BatchRouter
-from tether.server.aip.socket import (
-    CLOSE_BAD_REGISTRATION,
-    CLOSE_DUPLICATE,
-    CLOSE_GOING_AWAY,
-    CLOSE_HEARTBEAT_TIMEOUT,
-    CLOSE_REPLACED,
-    CLOSE_UNAUTHORIZED,
-    AIPSocket,
-    Refusal,
-    SocketClosed,
-)
+from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.ports import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, TokenInfo
@@ -140,7 +131,7 @@ class DeviceHub:
         self._batches.finish_all("the server is shutting down", pending=True)
         for conn in list(self._conns.values()):
             self._drop(conn, "server shutdown", grace=False)
-            self._close_conn(conn, CLOSE_GOING_AWAY, "server shutting down")
+            self._close_conn(conn, CloseCode.GOING_AWAY, "server shutting down")
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
 
@@ -289,7 +280,7 @@ class DeviceHub:
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
             self._drop(conn, "its token was revoked", grace=False)
             self._batches.fail_device(conn.name, f"the token of device {conn.name} was revoked")
-            self._close_conn(conn, CLOSE_UNAUTHORIZED, "unauthorized: token revoked")
+            self._close_conn(conn, CloseCode.UNAUTHORIZED, "unauthorized: token revoked")
 
     # -- one connection --------------------------------------------------------------------------
 
@@ -300,7 +291,7 @@ class DeviceHub:
         prove the device's key with it (`registration.prove_key`)."""
         conn: DeviceLink | None = None
         if self._closed:
-            await close_socket(socket, CLOSE_GOING_AWAY, "server shutting down")
+            await close_socket(socket, CloseCode.GOING_AWAY, "server shutting down")
             return
         try:
             conn = await self._register(socket, authorization, peer, challenge)
@@ -320,7 +311,8 @@ class DeviceHub:
         is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
         arriving = self.authenticate(authorization)
         if isinstance(arriving, Refusal):
-            return await refuse(socket, arriving, peer)
+            await refuse(socket, arriving, peer)
+            return None
         name = arriving.name
         self._arriving[name] = self._arriving.get(name, 0) + 1
         try:
@@ -340,28 +332,33 @@ class DeviceHub:
             async with asyncio.timeout(settings.register_timeout):
                 frame = await socket.receive_text()
         except TimeoutError:
-            return await refuse(socket, Refusal(CLOSE_BAD_REGISTRATION,
-                                                f"no register frame within {settings.register_timeout:g}s"), peer)
+            await refuse(socket, Refusal(CloseCode.BAD_REGISTRATION,
+                                         f"no register frame within {settings.register_timeout:g}s"), peer)
+            return None
         except SocketClosed:
             return None
         token = self.authenticate(authorization)  # again: it may have been revoked meanwhile
         if isinstance(token, Refusal):
-            return await refuse(socket, token, peer)
+            await refuse(socket, token, peer)
+            return None
         name = token.name
         session = ServerSession(name, settings.max_frame_bytes)  # what this connection's frames mean
         reg = session.register(frame)
         if isinstance(reg, RegistrationRefused):
-            return await refuse(socket, refusal_of(reg), peer)
+            await refuse(socket, refusal_of(reg), peer)
+            return None
         unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
         if unproven is not None:
-            return await refuse(socket, unproven, peer)
+            await refuse(socket, unproven, peer)
+            return None
         now = time.monotonic()
         old = self._conns.get(name)
         if old is not None and old.instance_id != reg.instance_id \
                 and now - old.last_seen < settings.heartbeat_timeout:
-            return await refuse(socket, Refusal(CLOSE_DUPLICATE, (
+            await refuse(socket, Refusal(CloseCode.DUPLICATE, (
                 f"device '{name}' is already connected from {old.record.address or 'elsewhere'} (another process, "
                 f"heard from {now - old.last_seen:.1f}s ago); stop it or wait {settings.heartbeat_timeout:g}s")), peer)
+            return None
         record = self.registry.ensure(name)
         resumed = record.instance_id == reg.instance_id
         previous = record.instance_id or self._given_up.pop(name, None)
@@ -369,7 +366,7 @@ class DeviceHub:
             self._restarted(name)
         if old is not None:  # same process reconnecting, or a stale one: the new connection wins
             self._drop(old, "replaced", grace=False)
-            self._close_conn(old, CLOSE_REPLACED, "replaced by a new connection")
+            self._close_conn(old, CloseCode.REPLACED, "replaced by a new connection")
         if record.instance_id is not None and not resumed:
             self._batches.forget_cancels(name)
             self._batches.fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
@@ -454,6 +451,7 @@ class DeviceHub:
                 answer.set_result(msg)
         elif isinstance(event, ProfileReported):
             conn.record.profile = event.profile
+            assert conn.record.last_seen is not None  # set when it registered
             self._remember(conn.name, conn.record, conn.record.last_seen)
             self.registry.notify()
             self._fleet_changed(conn.name)
@@ -567,7 +565,7 @@ class DeviceHub:
 
     def _silent(self, conn: DeviceLink, silent: float) -> None:
         self._drop(conn, f"no frame for {silent:.1f}s (timeout {self.settings.heartbeat_timeout:g}s)")
-        self._close_conn(conn, CLOSE_HEARTBEAT_TIMEOUT, "heartbeat timeout")
+        self._close_conn(conn, CloseCode.HEARTBEAT_TIMEOUT, "heartbeat timeout")
 
     # -- plumbing --------------------------------------------------------------------------------
 

@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from tether.protocol.codec import encode
-from tether.protocol.messages import PROTOCOL_VERSION, ServerMessage, ServerMessageType, TaskStatus
+from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.models import new_call_id
 from tether.protocol.session import ServerSession
+from tether.protocol.wire import SERVER_HEARTBEAT
 from tether.server.aip.registry import DeviceRecord
 from tether.server.aip.socket import AIPSocket, SocketClosed
-
-_HEARTBEAT = ('{"protocol_version":"' + PROTOCOL_VERSION + '","timestamp":"%s","type":"heartbeat","status":"ok",'
-              '"response_id":"%s","early_exit":true}')
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
@@ -51,7 +49,7 @@ class DeviceLink:
     async def heartbeat(self) -> bool:
         """The answer to a device's heartbeat: the frame `encode(ServerMessage(type=HEARTBEAT, status=OK))`
         makes, written from a template (no model, no uuid4 per beat: 10,000 idle devices beat all day)."""
-        return await self.send_text(_HEARTBEAT % (datetime.now(UTC).isoformat(), new_call_id()))
+        return await self.send_text(SERVER_HEARTBEAT % (datetime.now(UTC).isoformat(), new_call_id()))
 
     async def send_text(self, text: str) -> bool:
         try:

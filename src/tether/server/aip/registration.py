@@ -16,16 +16,9 @@ from tether.protocol.codec import encode
 from tether.protocol.identity import fingerprint, register_statement, verify
 from tether.protocol.messages import Registration, ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.session import RegistrationRefused, ServerSession
+from tether.protocol.wire import CloseCode
 from tether.server.aip.link import close_socket
-from tether.server.aip.socket import (
-    CLOSE_BAD_REGISTRATION,
-    CLOSE_KEY_REFUSED,
-    CLOSE_UNAUTHORIZED,
-    CLOSE_WRONG_DEVICE,
-    AIPSocket,
-    Refusal,
-    SocketClosed,
-)
+from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
 from tether.server.store import Store, TokenInfo
 
@@ -35,7 +28,7 @@ logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and
 def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal:
     """The device token's info, or why the connection is unauthorized."""
     def refused(error: str) -> Refusal:
-        return Refusal(CLOSE_UNAUTHORIZED, error)
+        return Refusal(CloseCode.UNAUTHORIZED, error)
 
     if not authorization:
         return refused("unauthorized: no token; send the header 'Authorization: Bearer <device token>'")
@@ -59,8 +52,8 @@ def read_registration(frame: str, device: str, max_frame_bytes: int) -> Registra
 
 def refusal_of(refused: RegistrationRefused) -> Refusal:
     """The close code and reason for a first frame the session refused: another device's registration
-    is `CLOSE_WRONG_DEVICE`, anything else `CLOSE_BAD_REGISTRATION`."""
-    return Refusal(CLOSE_WRONG_DEVICE if refused.wrong_device else CLOSE_BAD_REGISTRATION, refused.error)
+    is `CloseCode.WRONG_DEVICE`, anything else `CloseCode.BAD_REGISTRATION`."""
+    return Refusal(CloseCode.WRONG_DEVICE if refused.wrong_device else CloseCode.BAD_REGISTRATION, refused.error)
 
 
 def prove_key(store: Store, device: str, reg: Registration, challenge: str | None) -> Refusal | None:
@@ -71,7 +64,7 @@ def prove_key(store: Store, device: str, reg: Registration, challenge: str | Non
     the key it proves now, once: from then on that key is the device. A token alone is never enough.
     """
     def refused(error: str) -> Refusal:
-        return Refusal(CLOSE_KEY_REFUSED, error)
+        return Refusal(CloseCode.KEY_REFUSED, error)
 
     proof = reg.proof
     if challenge is None:

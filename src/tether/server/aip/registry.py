@@ -8,6 +8,7 @@ never disagree with the connection state and the load.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import json
 import logging
 import time
@@ -18,6 +19,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
+from tether.errors import ServerError
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.aip.device_index import NameIndex, literal_prefix
 from tether.server.schemas import ToolPool
@@ -49,7 +51,7 @@ class SharedFieldsSet(set[str]):
 logger = logging.getLogger(__name__)
 
 
-class NoDeviceError(LookupError):
+class NoDeviceError(ServerError, LookupError):
     """No device meets the requirements; the message says why each known device was passed over."""
 
     def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:
@@ -235,8 +237,8 @@ class DeviceRegistry:
             self._index.add(name)
         return record
 
-    def known(self, name: str, last_seen: float | None, platform: str | None, tags: list[str] | tuple[str, ...],
-              stored: bool) -> DeviceRecord:
+    def known(self, name: str, last_seen: float | None, platform: str | None,
+              tags: builtins.list[str] | tuple[str, ...], stored: bool) -> DeviceRecord:
         """A device remembered by the store: listed (offline) at once, its profile read when first used."""
         record = self.ensure(name)
         record.last_seen = record.last_seen or last_seen
@@ -336,10 +338,10 @@ class DeviceRegistry:
             names = getattr(profile, field)
             if isinstance(names, SharedNames):
                 continue
-            key = (field, *names)
-            shared_names = self._lists.get(key)
+            list_key = (field, *names)
+            shared_names = self._lists.get(list_key)
             if shared_names is None:
-                shared_names = self._lists[key] = SharedNames(names)
+                shared_names = self._lists[list_key] = SharedNames(names)
             values[field] = shared_names
         fields = profile.__pydantic_fields_set__
         if not isinstance(fields, SharedFieldsSet):
@@ -376,7 +378,7 @@ class DeviceRegistry:
 
     def page(self, *, status: DeviceStatus | None = None, platform: str | None = None, tags: Sequence[str] = (),
              name: str | None = None, after: str | None = None, limit: int | None = None
-             ) -> tuple[list[DeviceRecord], str | None]:
+             ) -> tuple[builtins.list[DeviceRecord], str | None]:
         """Records matching every filter, by name, after the name `after`, at most `limit` of them, and
         the cursor of the next page (None on the last). `name` is a glob (`lab-*`); platform is compared
         without case. Devices that join or leave between pages neither repeat nor hide the others."""

@@ -1,4 +1,4 @@
-"""The AIP endpoint's transport: close codes, the socket the hub talks to, and the Starlette adapter."""
+"""The AIP endpoint's transport: the socket the hub talks to, and the Starlette adapter."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Protocol
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
+from tether.errors import ServerError
 from tether.protocol.identity import CHALLENGE_HEADER, new_challenge
 from tether.server.guard import deny_websocket
 from tether.server.store import TokenInfo
@@ -21,17 +22,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-CLOSE_GOING_AWAY = 1001  # the server shuts down
-CLOSE_REPLACED = 4000  # a newer connection of the same device took over
-CLOSE_HEARTBEAT_TIMEOUT = 4001  # the device fell silent; it may reconnect
-CLOSE_BAD_REGISTRATION = 4400  # first frame not a valid REGISTER, wrong protocol version, no frame in time
-CLOSE_UNAUTHORIZED = 4401  # missing, unknown or revoked token, or not a device token
-CLOSE_KEY_REFUSED = 4402  # no proof of the device's key, or a key other than the one enrolled for it
-CLOSE_WRONG_DEVICE = 4403  # the registration claims another device than the token's
-CLOSE_DUPLICATE = 4409  # another live process of this device is connected
 
-
-class SocketClosed(Exception):
+class SocketClosed(ServerError):
     def __init__(self, code: int = 1006, reason: str = "") -> None:
         super().__init__(f"socket closed ({code}{': ' + reason if reason else ''})")
         self.code = code
@@ -48,7 +40,7 @@ class AIPSocket(Protocol):
 
 @dataclass(frozen=True)
 class Refusal:
-    """Why a device's connection is refused: the WebSocket close code (`CLOSE_*`) and the reason it is shown."""
+    """Why a device's connection is refused: the WebSocket close code (a `CloseCode`) and the reason it is shown."""
 
     code: int
     error: str

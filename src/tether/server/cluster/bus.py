@@ -22,7 +22,9 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
+
+from tether.errors import ServerError
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -40,7 +42,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Handler = Callable[[dict[str, Any], Send], Awaitable[dict[str, Any]]]
 
 
-class BusError(Exception):
+class BusError(ServerError):
     """The other node answered with an error, or did not answer in time."""
 
 
@@ -184,8 +186,10 @@ class Bus:
         backoff = 0.1
         while not self._stopping:
             try:
-                batches = await self.reader.xread({self.inbox(self.node): self._last_id}, block=READ_BLOCK_MS,
-                                                  count=500)
+                # RESP2, the client's protocol here, answers [[stream, [(id, fields), …]], …] (or None when
+                # the block ran out); redis-py types every protocol's answer in one union
+                batches = cast(list[list[Any]] | None, await self.reader.xread(
+                    {self.inbox(self.node): self._last_id}, block=READ_BLOCK_MS, count=500))
                 if backoff > 0.1:
                     log.warning("cluster bus: reading %s again", self.inbox(self.node))
                 backoff = 0.1
@@ -226,11 +230,11 @@ class Bus:
         elif kind == "req":
             task = asyncio.create_task(self._answer(message), name=f"bus-answer-{rid}")
             self._running[rid] = task
-            task.add_done_callback(lambda _t, rid=rid: self._running.pop(rid, None))
+            task.add_done_callback(lambda _t: self._running.pop(rid, None))
         elif kind == "cancel":
-            task = self._running.get(rid)
-            if task is not None:
-                task.cancel()
+            running = self._running.get(rid)
+            if running is not None:
+                running.cancel()
 
     async def _answer(self, message: dict[str, Any]) -> None:
         rid, asker, kind = message["rid"], message["from"], message.get("kind", "")

@@ -24,6 +24,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
 from tether.server.cluster.routing import Router
@@ -49,7 +50,7 @@ SCAN_CHUNK = 1000
 STOP_TIMEOUT_S = 2.0  # a stopping node's goodbye to Redis, and its loops' ends
 
 
-class ClusterUnavailable(RuntimeError):
+class ClusterUnavailable(ServerError, RuntimeError):
     """The cluster option cannot work here (the redis package is missing)."""
 
 

@@ -97,7 +97,7 @@ class Router:
         # what this node answered the dead one lately may never have reached its audit: settled here (only
         # rows still open change, so an outcome that node did write stays as it is)
         horizon = asyncio.get_running_loop().time() - self._answer_window()
-        kept = deque(maxlen=ANSWERED_MEMORY)
+        kept: deque[tuple[float, str, str, str, list[tuple[str, str, str | None]]]] = deque(maxlen=ANSWERED_MEMORY)
         for entry in self._answered:
             when, origin, device, response_id, outcomes = entry
             if origin == node and when >= horizon:

@@ -24,6 +24,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from tether.errors import ServerError
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
 from tether.server import policy_push
@@ -61,7 +62,7 @@ class Caller:
         return f"mcp:{self.client} by api:{self.token.name}"
 
 
-class AskLater(Exception):
+class AskLater(ServerError):
     """Raised by the `elicit` of a client that answers questions by retrying its call (the 2026-07-28
     protocol's input-required result) instead of being asked while the call waits; `held` is the result
     the question is about, so the retry goes straight to the answer."""
@@ -80,9 +81,10 @@ async def call_device_tool(hub: DeviceHub, tool: DeviceTool, arguments: dict[str
                      "one with 'tether token create --api NAME --scope execute'", is_error=True)
     result = held or await _run(hub, tool, arguments, caller, progress, elicit, approved_by=None)
     if _needs_approval(result):
-        result = await _approval(hub, tool, arguments, caller, progress, elicit, result)
-        if isinstance(result, Reply):
-            return result
+        approved = await _approval(hub, tool, arguments, caller, progress, elicit, result)
+        if isinstance(approved, Reply):
+            return approved
+        result = approved
     return result_reply(result)
 
 
@@ -262,7 +264,8 @@ class _Forwarder:
     async def _ask(self, data: dict[str, Any]) -> None:
         assert self.elicit is not None
         question = str(data.get("id", ""))[:64]
-        schema = data.get("schema") if isinstance(data.get("schema"), dict) else {"type": "object", "properties": {}}
+        asked = data.get("schema")
+        schema: dict[str, Any] = asked if isinstance(asked, dict) else {"type": "object", "properties": {}}
         message = f"{data.get('server', 'an MCP server')} on device {self.device} asks: {data.get('message', '')}"
         try:
             answer = await self.elicit(message, schema)

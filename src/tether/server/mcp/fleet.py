@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from tether.errors import ServerError
 from tether.protocol.models import ToolInfo
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.scopes import reaches
@@ -45,7 +46,7 @@ def _escape(text: str) -> str:
     return "".join(c if _LEGAL.match(c) else "".join(f"-{b:02X}" for b in c.encode()) for c in text)
 
 
-class BadFilter(ValueError):
+class BadFilter(ServerError, ValueError):
     """The `devices` query parameter cannot be read; the message says why."""
 
 

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
 
+from tether.errors import ServerError
 from tether.server.mcp.admission import Refused, admit, deny
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ BUILD_TIMEOUT = 30.0  # how long a first request waits for the build (it takes a
 STOP_TIMEOUT = 10.0  # how long shutdown waits for the gateway's sessions to end before cancelling them
 
 
-class GatewayUnavailable(Exception):
+class GatewayUnavailable(ServerError):
     """The gateway could not be had: its build failed or timed out, or the server is stopping."""
 
 

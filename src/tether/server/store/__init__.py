@@ -453,7 +453,7 @@ class Store:
 
     # -- tokens ----------------------------------------------------------------------------------
 
-    def create_token(self, kind: TokenKind, name: str, scopes: list[str] | None = None,
+    def create_token(self, kind: TokenKind, name: str, scopes: Iterable[str] | None = None,
                      confirm: str = "never", *, devices: list[str] | None = None,
                      tags: list[str] | None = None, agent: bool = False) -> tuple[TokenInfo, str]:
         """Create a token and return its info and the secret, which is not stored and never shown again.
@@ -770,7 +770,8 @@ class Store:
         waiters, self._audit_waiters = self._audit_waiters, []
         problem: str | None = None
         if self._audit_error is None and self._commit_group(sent):  # the common case: one transaction
-            for future in (*sent_waiters, *waiters):
+            answered: list[asyncio.Future[Any]] = [*sent_waiters, *waiters]
+            for future in answered:
                 if not future.done():
                     future.set_result(None)
             return

@@ -30,6 +30,8 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
+from tether.errors import ServerError
+
 logger = logging.getLogger(__name__)
 
 Dialect = Literal["sqlite", "postgres"]
@@ -38,7 +40,7 @@ STATEMENT_TIMEOUT_MS = 30_000
 TOKENS_CHANNEL = "tether_tokens"  # NOTIFY'd by a trigger whenever a token is created, revoked or rescoped
 
 
-class StoreUnavailable(RuntimeError):
+class StoreUnavailable(ServerError, RuntimeError):
     """The state directory or database cannot be written or reached (full disk, read-only, unreachable)."""
 
 
@@ -56,10 +58,10 @@ def safe_url(url: str) -> str:
 
 
 def describe(target: str | Path) -> str:
-    return safe_url(target) if is_url(target) else str(target)
+    return safe_url(str(target)) if is_url(target) else str(target)
 
 
-class Row(tuple):  # type: ignore[type-arg]
+class Row(tuple[Any, ...]):
     """A result row read by index or by column name, as `sqlite3.Row`."""
 
     _names: Mapping[str, int]
@@ -69,7 +71,7 @@ class Row(tuple):  # type: ignore[type-arg]
         row._names = names
         return row
 
-    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+    def __getitem__(self, key: Any) -> Any:
         if isinstance(key, str):
             return tuple.__getitem__(self, self._names[key])
         return tuple.__getitem__(self, key)

@@ -39,7 +39,7 @@ from tether.server.store.engine import CONNECT_TIMEOUT_S, StoreUnavailable, is_u
 PG_LEASE_WAIT_S = 3.0
 PG_SHARED_WAIT_S = 30.0  # a server taking the database shared waits for one that is settling alone
 # the lease connection's keepalives (both ends): a holder whose host died loses its lease within ~30 s
-_KEEPALIVE = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
+_KEEPALIVE: dict[str, Any] = {"keepalives": 1, "keepalives_idle": 10, "keepalives_interval": 5, "keepalives_count": 3}
 _PG_KEEPALIVE_OPTIONS = "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=3"
 
 
@@ -214,7 +214,8 @@ class _PostgresHolder:
         try:
             if not self._lock(f"pg_advisory_lock({self.node_key})", PG_LEASE_WAIT_S):
                 raise StateBusy(_refusal(safe_url(url), node, self._holder_of(self.node_key), default_node))
-            self.alone = bool(self._conn.execute("SELECT pg_try_advisory_lock(%s)", (DATABASE_KEY,)).fetchone()[0])
+            alone = self._conn.execute("SELECT pg_try_advisory_lock(%s)", (DATABASE_KEY,)).fetchone()
+            self.alone = bool(_scalar(alone))
             if not self.alone and not self._lock(f"pg_advisory_lock_shared({DATABASE_KEY})", PG_SHARED_WAIT_S):
                 raise StoreUnavailable(f"the database {safe_url(url)} is held alone by another server starting up; "
                                        "try again")
@@ -279,7 +280,7 @@ class _PostgresHolder:
             self._conn = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S,
                                          application_name=_application_name(self.info),
                                          options=_PG_KEEPALIVE_OPTIONS, **_KEEPALIVE)
-            if not self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self.node_key,)).fetchone()[0]:
+            if not _scalar(self._conn.execute("SELECT pg_try_advisory_lock(%s)", (self.node_key,)).fetchone()):
                 holder = self._holder_of(self.node_key)
                 self._conn.close()
                 return _refusal(safe_url(self.url), self.node, holder, False)
@@ -307,6 +308,13 @@ def _application_name(info: dict[str, Any]) -> str:
     """`tether server pid=… port=… node=…`, quote-free (it is spelled into a SET) and within 63 bytes."""
     text = f"tether server pid={info['pid']} {info.get('host') or ''}:{info.get('port') or '?'} node={info['node']}"
     return "".join(c for c in text if c.isprintable() and c not in "'\\")[:63]
+
+
+def _scalar(row: tuple[Any, ...] | None) -> Any:
+    """The one value of a query that always returns one row (a SELECT of a function call)."""
+    if row is None:
+        raise StoreUnavailable("the database answered a SELECT of a function with no row")
+    return row[0]
 
 
 def _first_line(exc: BaseException) -> str:

@@ -12,6 +12,7 @@ Chromium. URLs are judged by `check_url` before they are opened and again where 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import re
@@ -126,7 +127,7 @@ class BrowserManager:
                 page = await context.new_page()
                 session = Session(session_id, mode, context, page, policy, owner=self)
                 self._watch(session, page)
-                context.on("page", lambda p, s=session: self.adopt(s, p))
+                context.on("page", functools.partial(self.adopt, session))
                 self.sessions[session_id] = session
                 self._start_reaper()
             session.policy = policy

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Literal, NamedTuple
 
+from tether.errors import ToolAreaError
+
 Button = Literal["left", "right", "middle", "double"]
 MODIFIERS: dict[str, str] = {
     "CTRL": "ctrl", "CONTROL": "ctrl", "CMD": "super", "COMMAND": "super", "SUPER": "super", "WIN": "super",
@@ -36,7 +38,7 @@ class Segment(NamedTuple):
     value: str
 
 
-class TokenError(ValueError):
+class TokenError(ToolAreaError, ValueError):
     """A `{...}` token that is not a known key; the message names it and its position."""
 
 

@@ -35,6 +35,7 @@ from tether.sandbox.layer import (
     LateConflict,
     LayerLimit,
     LayerLimits,
+    Record,
     applied_paths,
     apply,
     conflicts,
@@ -83,7 +84,7 @@ def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None
     verb = _VERBS.get(change.kind)
     if verb is None:
         return None
-    target = Path(change.moved_from if change.kind == "renamed" else change.path)
+    target = Path((change.moved_from if change.kind == "renamed" else change.path) or change.path)
     if change.kind == "modified" and change.node == "file":
         try:
             if os.lstat(target).st_nlink > 1:
@@ -127,10 +128,10 @@ def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
                                           "directory; nothing applied")
 
 
-def _record(ctx: ToolContext):  # type: ignore[no-untyped-def]
-    def record(batch: list[tuple[str, str, str | None]]) -> None:
+def _record(ctx: ToolContext) -> Record:
+    def record(batch: list[tuple[str, str, str | None, str | None]]) -> None:
         if ctx.journal is not None:
-            ctx.journal.record_many(ctx.session_id or "default", batch)  # type: ignore[arg-type]
+            ctx.journal.record_many(ctx.session_id or "default", batch)
     return record
 
 

@@ -252,8 +252,9 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
         body = dict(held.payload)
         body["changes"] = await shell_capture.apply_changes(ctx, held.layer, held.changes)
         body["applied_after_approval"] = True
-        if body.get("exitCode", body.get("exit_code")) not in (0, None):
-            raise ToolError(_exit_summary(body.get("exitCode", body.get("exit_code")), body["stderr"]), body)
+        code = body.get("exitCode", body.get("exit_code"))
+        if code is not None and code != 0:
+            raise ToolError(_exit_summary(code, body["stderr"]), body)
         return body
     layer = sandbox.new_layer() if capture and sandbox is not None else None
 

@@ -93,7 +93,7 @@ def _memory() -> dict[str, Any]:
 
 
 def _disk() -> dict[str, Any]:
-    disks = []
+    disks: list[dict[str, Any]] = []
     for label, path in (("root", "/"), ("home", str(Path.home()))):
         try:
             usage = shutil.disk_usage(path)
