@@ -13,18 +13,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 
 async def main(rounds: int, n: int) -> None:
     import asyncpg
     import psycopg
 
-    from engines import postgres_server
+    from bench.kit.engines import postgres_server
 
     with postgres_server() as pg:
         apg = await asyncpg.connect(pg.url)

@@ -27,7 +27,7 @@ from tether.tools.desktop.tool import desktop_toolset
 from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet
 
-GUI_APP = Path(__file__).resolve().parent.parent / "tests" / "gui_app.py"
+GUI_APP = Path(__file__).resolve().parent / "kit" / "gui_app.py"
 
 
 def start_xvfb() -> tuple[subprocess.Popen[bytes], str]:

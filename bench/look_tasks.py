@@ -3,7 +3,7 @@
     python -m bench.look_tasks        (also part 3 of `python -m bench.tasks`)
 
 Each task can only be done after seeing what is there: the largest log, the report changed today, every
-note to back up. The scripted LLM (tests/agent_fakes.FakeLLM, a real Chat Completions server) answers the
+note to back up. The scripted LLM (bench/kit/fake_llm.FakeLLM, a real Chat Completions server) answers the
 calls after a look with functions that read the prompt they are sent, so a task only succeeds if what
 was seen really reached the LLM: tether's planner gets the observation (compacted results) and plans the
 next part, using `{"$ref": ...}` to pass contents between steps and, when it knows the reply before the

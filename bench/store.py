@@ -84,10 +84,7 @@ async def driver_reads(url: str, n: int, rounds: int) -> dict[str, list[float]]:
 
 
 def measure(n: int, rounds: int = ROUNDS) -> dict[str, Any]:
-    tests = str(Path(__file__).resolve().parent.parent / "tests")  # tests/engines.py starts a private PostgreSQL
-    if tests not in sys.path:
-        sys.path.insert(0, tests)
-    from engines import postgres_server
+    from bench.kit.engines import postgres_server  # starts a private PostgreSQL
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp, postgres_server() as pg:
         stores = {"SQLite": Store(Path(tmp) / "server.db"), "PostgreSQL": Store(pg.url)}

@@ -3,7 +3,7 @@
     python -m bench.tasks [N]
 
 Part 1, LLM usage. Five fixed tasks run on a real local device (built-in shell, files and system tools,
-in a temporary folder) against `tests/agent_fakes.FakeLLM`, a real Chat Completions server on 127.0.0.1
+in a temporary folder) against `bench/kit/fake_llm.FakeLLM`, a real Chat Completions server on 127.0.0.1
 with scripted replies: a 3-step happy path; two steps that fail with a missing parent directory
 (recovered by the fast path, no LLM); a wrong file name the LLM patches (AUTO_PATCH, twice: the same
 mistake sits in two steps); a missing file that makes the LLM re-plan (REPLAN); an 8-step plan.
@@ -59,7 +59,6 @@ from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, ToolInfo
 from tether.tools.policy.model import default_policy
 
-REPO = Path(__file__).resolve().parent.parent
 STEPS_PER_TASK = 20
 WARMUP_ROUNDS = 3
 LOOP_RESULT_CHARS = 600  # the planner cuts each history item to 600 characters too
@@ -68,13 +67,8 @@ Json = dict[str, Any]
 
 
 def agent_fakes() -> ModuleType:
-    """`tests/agent_fakes.py` (FakeLLM), importable from the repo root or from inside pytest."""
-    for name in ("tests.agent_fakes", "agent_fakes"):
-        if name in sys.modules:
-            return sys.modules[name]
-    if str(REPO) not in sys.path:
-        sys.path.insert(0, str(REPO))
-    return importlib.import_module("tests.agent_fakes")
+    """`bench/kit/fake_llm.py` (FakeLLM), imported when a measurement first needs it."""
+    return importlib.import_module("bench.kit.fake_llm")
 
 
 # ---------------------------------------------------------------------------------------------- the device

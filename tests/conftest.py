@@ -85,7 +85,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """TETHER_TEST_DB=postgres runs the server-side suite: the tests that start a server through a
     testkit (dbkit.keeps_server_state); the others are deselected, and so is a `sqlite_only` one (it must
     give its reason): each runs in the SQLite pass of the same `.ci/run`, nothing is skipped."""
-    import dbkit
+    from tests.kits import db as dbkit
 
     if dbkit.backend() != "postgres":
         return
@@ -104,7 +104,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def _postgres_admin() -> Iterator[str | None]:
     """With TETHER_TEST_DB=postgres: the session's private PostgreSQL, its maintenance URL, and the
     session's database scope (set up before any module-scoped fixture starts a server). None otherwise."""
-    import dbkit
+    from tests.kits import db as dbkit
 
     if dbkit.backend() != "postgres":
         yield None
@@ -116,7 +116,7 @@ def _postgres_admin() -> Iterator[str | None]:
 @pytest.fixture(autouse=True)
 def _test_database(request: pytest.FixtureRequest) -> Iterator[None]:
     """With TETHER_TEST_DB=postgres: a fresh database for each server state the test keeps, dropped after."""
-    import dbkit
+    from tests.kits import db as dbkit
 
     if dbkit.backend() != "postgres":
         yield

@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confined_device import attacker_factory, home, stdout, text  # noqa: F401 (fixtures)
 
-from netutil import CLI, Cluster
+from tests.kits.confined_device import attacker_factory, home, stdout, text  # noqa: F401 (fixtures)
+from tests.kits.netutil import CLI, Cluster
 from tether.sandbox import SandboxSpec, detect
 from tether.sandbox.egress import EgressRecord
 from tether.sandbox.egress_rules import EgressRules
@@ -238,7 +238,7 @@ async def test_a_sandboxed_mcp_server_reaches_listed_hosts_through_the_proxy_and
 
 @pytest.fixture
 def xvfb(tmp_path: Path) -> Iterator[str]:
-    from desktop_testkit import running_xvfb
+    from tests.kits.desktop import running_xvfb
 
     for program, install in (("Xvfb", "apt-get install -y xvfb"), ("xmessage", "apt-get install -y x11-utils"),
                              ("xdpyinfo", "apt-get install -y x11-utils")):

@@ -1,7 +1,7 @@
 """A device is its key, not its token (issue 27): attacks on a device's identity, as an attacker tries them.
 
-Real `tether server` and `tether device` processes on 127.0.0.1 (tests/netutil.py), plus a scripted AIP
-client (tests/aip_testkit.py) where the attacker writes the frames itself:
+Real `tether server` and `tether device` processes on 127.0.0.1 (tests/kits/netutil.py), plus a scripted AIP
+client (tests/kits/aip.py) where the attacker writes the frames itself:
 - a device token read off one device (its sandbox, a backup) and used from another process and state
   directory: refused without the device's key, accepted with it (the key is the identity);
 - a recorded key proof replayed on another connection: refused (each connection has its own challenge);
@@ -20,9 +20,9 @@ import subprocess
 
 import pytest
 
-import dbkit
-from aip_testkit import FakeDevice, key_for
-from netutil import CLI, Cluster, Proc, wait_for
+from tests.kits import db as dbkit
+from tests.kits.aip import FakeDevice, key_for
+from tests.kits.netutil import CLI, Cluster, Proc, wait_for
 from tether.device.identity import DeviceKey, load_device_key
 from tether.protocol.messages import ServerMessageType
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_target import Target, connect_raw, error_of, read_response, upgrade_request
 
-from netutil import CLI, Cluster, wait_for
+from tests.kits.netutil import CLI, Cluster, wait_for
+from tests.kits.server_target import Target, connect_raw, error_of, read_response, upgrade_request
 from tether.device.identity import DeviceKey
 from tether.protocol.identity import claim_statement
 

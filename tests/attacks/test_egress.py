@@ -516,7 +516,7 @@ asyncio.run(main())
 def test_the_proxy_holds_for_an_unprivileged_user(tmp_path: Path) -> None:
     """The same promises when the device is an ordinary user (CI runs as root): the helpers that make the user
     and an interpreter it can run are the unprivileged sandbox test's."""
-    import test_sandbox_unprivileged as unprivileged  # tests/attacks/, beside this file
+    from tests.attacks import test_sandbox_unprivileged as unprivileged
 
     curl = _require("curl", "apt-get install -y curl")
     where = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-egress-run-"))

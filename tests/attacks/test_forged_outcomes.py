@@ -2,7 +2,7 @@
 after its caller stopped waiting, so a device that is not the batch's tries to write its outcome — a
 forged success for another device's pending command, a result for a batch nobody sent, a second,
 different result after the real one — and an API token tries to read another token's batch record.
-Real server hub over real sockets (tests/aip_testkit.py), the audit read back."""
+Real server hub over real sockets (tests/kits/aip.py), the audit read back."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from aip_testkit import WAIT, FakeDevice, ServerFactory, ok
+from tests.kits.aip import WAIT, FakeDevice, ServerFactory, ok
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.models import Command, Result, ResultStatus
 

@@ -13,8 +13,8 @@ from typing import Any
 import httpx2
 import pytest
 
-from aip_testkit import WAIT, FakeDevice
-from gateway.gatewaykit import SHELL_RUN, GatewayServer, mcp_client, profile  # tests/gateway's kit
+from tests.kits.aip import WAIT, FakeDevice
+from tests.kits.gateway import SHELL_RUN, GatewayServer, mcp_client, profile
 from tether.protocol.models import Command, Result, ResultStatus, ToolInfo
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
@@ -492,7 +492,7 @@ async def test_the_devices_policy_refuses_through_the_gateway_and_the_refusal_is
     write outside its write roots come back as tool errors, nothing is created, and both are audited."""
     import anyio
 
-    from netutil import Cluster
+    from tests.kits.netutil import Cluster
 
     only = tmp_path / "only"
     only.mkdir()

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
-from confined_device import (  # noqa: F401 (fixtures)
+
+from tests.kits.confined_device import (  # noqa: F401 (fixtures)
     SYSTEM_PYTHON,
     Attacker,
     attacker_factory,
@@ -28,7 +29,6 @@ from confined_device import (  # noqa: F401 (fixtures)
     stdout,
     text,
 )
-
 from tether.protocol.models import ResultStatus
 
 REFUSED = ("Operation not permitted", "Connection refused", "not permitted")

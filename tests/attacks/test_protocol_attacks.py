@@ -23,12 +23,12 @@ from typing import Any
 
 import httpx
 import pytest
-from server_target import Target, error_of
 from websockets.exceptions import InvalidStatus
 
-import dbkit
-from aip_testkit import FakeDevice
-from netutil import wait_for
+from tests.kits import db as dbkit
+from tests.kits.aip import FakeDevice
+from tests.kits.netutil import wait_for
+from tests.kits.server_target import Target, error_of
 from tether.device.config import parse_device_config
 from tether.device.connection import DeviceConnection
 from tether.device.local import build_device

@@ -12,7 +12,7 @@ import secrets
 import time
 from pathlib import Path
 
-from confined_device import (  # noqa: F401 (fixtures)
+from tests.kits.confined_device import (  # noqa: F401 (fixtures)
     Attacker,
     attacker_factory,
     home,
@@ -21,7 +21,6 @@ from confined_device import (  # noqa: F401 (fixtures)
     stdout,
     text,
 )
-
 from tether.protocol.models import ResultStatus
 
 SMALL = {"processes": 300, "memory_mb": 256, "cpu_seconds": 1, "file_size_mb": 1, "open_files": 64, "shm_mb": 4}

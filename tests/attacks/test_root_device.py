@@ -27,7 +27,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_sandbox_unprivileged import _check_readable, _ensure_user, _python_for
+
+from tests.attacks.test_sandbox_unprivileged import _check_readable, _ensure_user, _python_for
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root-only: the rules for a device running as root")

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from netutil import wait_for
+from tests.kits.netutil import wait_for
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.tools.journal import UndoJournal

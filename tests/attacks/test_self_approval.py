@@ -27,12 +27,12 @@ from typing import Any
 import httpx
 import mcp_types as types
 import pytest
-from server_target import error_of
 
-import dbkit
-from gateway.gatewaykit import mcp_client
-from netutil import CLI
-from task_testkit import WAIT, AgentServer
+from tests.kits import db as dbkit
+from tests.kits.gateway import mcp_client
+from tests.kits.netutil import CLI
+from tests.kits.server_target import error_of
+from tests.kits.task import WAIT, AgentServer
 from tether.device.local import build_device
 from tether.protocol.models import Command
 from tether.tools.policy.model import default_policy

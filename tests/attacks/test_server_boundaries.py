@@ -11,12 +11,12 @@ import json
 import socket
 
 import pytest
-from server_target import Target, connect_raw, error_of, read_response
 from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
-from aip_testkit import FakeDevice
-from netutil import wait_for
+from tests.kits.aip import FakeDevice
+from tests.kits.netutil import wait_for
+from tests.kits.server_target import Target, connect_raw, error_of, read_response
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType
 
 

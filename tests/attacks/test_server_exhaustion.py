@@ -10,7 +10,8 @@ import select
 import socket
 
 import pytest
-from server_target import (
+
+from tests.kits.server_target import (
     Target,
     connect_raw,
     error_of,

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from netutil import Cluster
+from tests.kits.netutil import Cluster
 from tether.protocol.models import Command
 
 

@@ -24,9 +24,9 @@ import httpx
 import mcp_types as types
 import pytest
 
-from gateway.gatewaykit import mcp_client  # tests/gateway's kit
-from netutil import CLI
-from task_testkit import WAIT, AgentServer
+from tests.kits.gateway import mcp_client
+from tests.kits.netutil import CLI
+from tests.kits.task import WAIT, AgentServer
 from tether.device.config import load_device_config
 from tether.device.connection import DeviceConnection
 from tether.device.local import build_device
@@ -318,7 +318,7 @@ def test_token_create_scopes_an_api_token_to_devices_and_tags(tmp_path: Path) ->
     made = cli("create", "--api", "ci", "--device", "dev1", "--device", "lab-*", "--tag", "gpu", "--json")
     assert made.returncode == 0, made.stderr
     assert (json.loads(made.stdout)["devices"], json.loads(made.stdout)["tags"]) == (["dev1", "lab-*"], ["gpu"])
-    # without --api, --device names a device token: one, and no tags (tests/test_confirm.py makes one)
+    # without --api, --device names a device token: one, and no tags (tests/agent/test_confirm.py makes one)
     refused = cli("create", "--device", "a", "--device", "b")
     assert refused.returncode != 0 and "--api NAME" in refused.stderr and "Traceback" not in refused.stderr
     listed = cli("list")

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from netutil import Cluster, wait_for
+from tests.kits.netutil import Cluster, wait_for
 from tether.protocol.models import Command
 
 PRIVATE = "alice's quarterly numbers: 42"

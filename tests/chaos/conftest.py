@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from chaoskit import ChaosCluster, Ledger, Runs
+
+from tests.kits.chaos import ChaosCluster, Ledger, Runs
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants, fill, mount_tmpfs
 
+from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants, fill, mount_tmpfs
 from tether.client.rest import RemoteError
 
 # the disk that fills is the server's SQLite file's; a PostgreSQL server keeps its state elsewhere

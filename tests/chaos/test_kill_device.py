@@ -7,9 +7,8 @@ a row for every command."""
 
 from __future__ import annotations
 
-from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants, child_gone, pids_running
-from faultproxy import FaultProxy
-
+from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants, child_gone, pids_running
+from tests.kits.faultproxy import FaultProxy
 from tether.protocol.models import ResultStatus
 
 

@@ -8,8 +8,9 @@ again), tasks end up in a clear state and the audit lists every command that was
 from __future__ import annotations
 
 import pytest
-from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
-from faultproxy import FaultProxy
+
+from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants
+from tests.kits.faultproxy import FaultProxy
 
 
 def test_server_killed_mid_batch(cluster: ChaosCluster, runs: Runs, ledger: Ledger, callers) -> None:

@@ -10,10 +10,10 @@ import subprocess
 from typing import Any
 
 import pytest
-from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
-from faultproxy import FaultProxy
 
-from netutil import CLI, wait_for
+from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants
+from tests.kits.faultproxy import FaultProxy
+from tests.kits.netutil import CLI, wait_for
 from tether.client.rest import RemoteError
 from tether.protocol.models import Result, ResultStatus
 from tether.server.store import LATE_NOTE

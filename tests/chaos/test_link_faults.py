@@ -4,8 +4,8 @@ caller gets a clear failure; nothing runs twice."""
 
 from __future__ import annotations
 
-from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
-from faultproxy import FaultProxy
+from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants
+from tests.kits.faultproxy import FaultProxy
 
 
 def test_link_cut_mid_command_two_devices_two_callers(cluster: ChaosCluster, runs: Runs, ledger: Ledger,

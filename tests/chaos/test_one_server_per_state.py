@@ -8,7 +8,7 @@ schema and one died.
 
 Real processes: a `tether server` with a real device running a command that blocks on a FIFO the test opens
 (not a sleep); second servers that must fail with one line, exit 2, and change nothing; cluster nodes on a
-private PostgreSQL (tests/engines.py) and redis-server.
+private PostgreSQL (bench/kit/engines.py) and redis-server.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from chaoskit import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 
-import dbkit
-from engines import Engine, postgres_server, redis_server
-from netutil import CLI, Proc, free_port, tether_env, wait_for
+from bench.kit.engines import Engine, postgres_server, redis_server
+from tests.kits import db as dbkit
+from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.client.rest import RemoteServer
 
 READY = "Uvicorn running on"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from task_testkit import AgentServer
+from tests.kits.task import AgentServer
 from tether import AsyncClient, Client, Command, Event, ResultStatus, ToolInfo
 from tether.agent.task import Task, TaskEvent
 from tether.client import (

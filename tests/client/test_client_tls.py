@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-import dbkit
-from netutil import Proc, free_port, tether_env, wait_for
+from tests.kits import db as dbkit
+from tests.kits.netutil import Proc, free_port, tether_env, wait_for
 from tether import AsyncClient, Client
 from tether.client import ConnectError
 from tether.device.tls_pin import cert_fingerprint

@@ -1,4 +1,4 @@
-"""A private redis-server per test module (tests/engines.py), and clients to it."""
+"""A private redis-server per test module (bench/kit/engines.py), and clients to it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
-from engines import Engine, redis_server
+from bench.kit.engines import Engine, redis_server
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from clusterkit import RedisLink
 
-from engines import Engine
+from bench.kit.engines import Engine
+from tests.kits.cluster import RedisLink
 from tether.server.cluster.bus import Bus, BusError
 from tether.server.cluster.directory import Directory
 

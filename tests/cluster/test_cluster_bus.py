@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engines import Engine
+from bench.kit.engines import Engine
 from tether.server.cluster.bus import Bus, BusError
 from tether.server.cluster.directory import Directory
 

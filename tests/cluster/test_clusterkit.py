@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import WAIT, ClusterKit, RedisLink, free_port
 
-from engines import Engine
+from bench.kit.engines import Engine
+from tests.kits.cluster import WAIT, ClusterKit, RedisLink, free_port
 from tether.device.reconnect import ServerURLs
 
 

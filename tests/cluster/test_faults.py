@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 import pytest
-from clusterkit import WAIT, ClusterKit, Device, Node
 
-from engines import Engine
+from bench.kit.engines import Engine
+from tests.kits.cluster import WAIT, ClusterKit, Device, Node
 
 
 def gated(kit: ClusterKit, label: str) -> tuple[dict[str, Any], Path, Path]:

@@ -10,10 +10,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from clusterkit import WAIT, ClusterKit
-from test_faults import audit_rows, device_on, gated, policy_args, until_file
-
-from engines import Engine
+from bench.kit.engines import Engine
+from tests.cluster.test_faults import audit_rows, device_on, gated, policy_args, until_file
+from tests.kits.cluster import WAIT, ClusterKit
 
 
 async def test_a_backplane_outage_mid_command_is_pending_then_recorded(tmp_path: Path, redis_engine: Engine) -> None:

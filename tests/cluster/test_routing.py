@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from clusterkit import CLI, WAIT, ClusterKit, Device, Node
 
-from engines import Engine
+from bench.kit.engines import Engine
+from tests.kits.cluster import CLI, WAIT, ClusterKit, Device, Node
 
 
 def echo(kit: ClusterKit, text: str) -> list[dict[str, Any]]:

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from clusterkit import WAIT, ClusterKit, Node
 
-import dbkit
+from tests.kits import db as dbkit
+from tests.kits.cluster import WAIT, ClusterKit, Node
 
 
 @pytest.fixture(params=["shared database", "cluster"])

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from fuzzkit import LiveServer
+
+from tests.kits.fuzz import LiveServer
 
 
 @pytest.fixture(scope="module")

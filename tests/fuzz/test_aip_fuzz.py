@@ -20,7 +20,15 @@ from typing import Any
 
 import httpx
 import pytest
-from frames import (
+from hypothesis import example, given
+from hypothesis import strategies as st
+from pydantic import ValidationError
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from tests.kits.aip import registration as proven_registration
+from tests.kits.frames import (
     SAFE_TOOLS,
     Frame,
     as_text,
@@ -32,15 +40,7 @@ from frames import (
     server_dicts,
     wire_size,
 )
-from fuzzkit import WAIT, ErrorLog, LiveServer, fuzz_settings
-from hypothesis import example, given
-from hypothesis import strategies as st
-from pydantic import ValidationError
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.asyncio.server import ServerConnection, serve
-from websockets.exceptions import ConnectionClosed
-
-from aip_testkit import registration as proven_registration
+from tests.kits.fuzz import WAIT, ErrorLog, LiveServer, fuzz_settings
 from tether.device.connection import DeviceConnection
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.codec import FrameError, decode_client_message, decode_server_message, encode

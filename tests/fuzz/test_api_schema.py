@@ -19,12 +19,12 @@ import httpx
 import pytest
 import requests
 import schemathesis
-from fuzzkit import WAIT, LiveServer, fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
 from websockets.asyncio.client import connect
 
-from aip_testkit import registration
+from tests.kits.aip import registration
+from tests.kits.fuzz import WAIT, LiveServer, fuzz_settings
 from tether.agent.server_app import create_agent_app
 from tether.protocol.codec import decode_server_message, encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType, TaskStatus

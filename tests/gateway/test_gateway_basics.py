@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx2
 import pytest
-from gatewaykit import GatewayServer, Seen, mcp_client, profile, register
 
-from aip_testkit import WAIT
+from tests.kits.aip import WAIT
+from tests.kits.gateway import GatewayServer, Seen, mcp_client, profile, register
 from tether.protocol.models import Result, ResultStatus
 from tether.server import guard
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 import asyncio
 import base64
 
-from gatewaykit import Seen, mcp_client
-
-from netutil import Cluster
-from test_mcp_resources import alpha, config, everything_bin  # noqa: F401 (fixtures)
+from tests.device.test_mcp_resources import alpha, config, everything_bin  # noqa: F401 (fixtures)
+from tests.kits.gateway import Seen, mcp_client
+from tests.kits.netutil import Cluster
 
 
 async def test_an_image_reaches_the_client_as_an_image(alpha: Cluster) -> None:  # noqa: F811

@@ -12,9 +12,9 @@ import anyio
 import mcp_types as types
 import psutil
 import pytest
-from gatewaykit import mcp_client
 
-from netutil import Cluster, wait_for
+from tests.kits.gateway import mcp_client
+from tests.kits.netutil import Cluster, wait_for
 
 
 @pytest.fixture(scope="module")

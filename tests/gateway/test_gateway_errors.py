@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx2
 import pytest
-from gatewaykit import GatewayServer, mcp_client
 from mcp.shared.exceptions import MCPError
 
-from aip_testkit import WAIT
+from tests.kits.aip import WAIT
+from tests.kits.gateway import GatewayServer, mcp_client
 
 INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "curl", "version": "1"}}}

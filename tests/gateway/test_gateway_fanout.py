@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from gatewaykit import GatewayServer, mcp_client, register
 
+from tests.kits.gateway import GatewayServer, mcp_client, register
 from tether.protocol.models import Result
 
 

@@ -14,10 +14,10 @@ import httpx2
 import mcp_types as types
 import pytest
 from fastapi import FastAPI
-from gatewaykit import GatewayServer, mcp_client, register
 from mcp.shared.exceptions import MCPError
 
-from aip_testkit import WAIT
+from tests.kits.aip import WAIT
+from tests.kits.gateway import GatewayServer, mcp_client, register
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessageType
 from tether.protocol.models import Result, ResultStatus
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, contribute
@@ -199,8 +199,7 @@ def test_tool_names_keep_legal_characters_and_escape_the_rest() -> None:
 
 
 async def test_new_tools_reported_by_a_device_are_listed_and_announced(server: GatewayServer) -> None:
-    from gatewaykit import READ_FILE, SHELL_RUN, Seen, profile
-
+    from tests.kits.gateway import READ_FILE, SHELL_RUN, Seen, profile
     from tether.protocol.models import ToolInfo
 
     laptop = await register(server, "laptop", profile(SHELL_RUN))

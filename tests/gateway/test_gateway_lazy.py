@@ -15,11 +15,11 @@ from typing import Any
 
 import httpx2
 import pytest
-from gatewaykit import GatewayServer, mcp_client, register
 
-import dbkit
-from aip_testkit import WAIT
-from netutil import tether_env
+from tests.kits import db as dbkit
+from tests.kits.aip import WAIT
+from tests.kits.gateway import GatewayServer, mcp_client, register
+from tests.kits.netutil import tether_env
 from tether.server.mcp.lazy import GatewayUnavailable, LazyGateway
 
 SDK = ("mcp", "mcp_types")

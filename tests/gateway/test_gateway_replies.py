@@ -15,11 +15,11 @@ from typing import Any
 import httpx2
 import mcp_types as types
 import pytest
-from gatewaykit import GatewayServer, register
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from aip_testkit import WAIT
+from tests.kits.aip import WAIT
+from tests.kits.gateway import GatewayServer, register
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessageType
 from tether.protocol.models import Result, ResultStatus
 

@@ -14,11 +14,11 @@ import anyio
 import mcp_types as types
 import psutil
 import pytest
-from gatewaykit import mcp_client
 
-from agent_fakes import FakeLLM
-from netutil import wait_for
-from task_testkit import WAIT, AgentServer
+from bench.kit.fake_llm import FakeLLM
+from tests.kits.gateway import mcp_client
+from tests.kits.netutil import wait_for
+from tests.kits.task import WAIT, AgentServer
 from tether.agent.task import TaskState
 from tether.tools.policy.model import default_policy
 

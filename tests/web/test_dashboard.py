@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from netutil import Cluster, TcpProxy, free_port
+from tests.kits.netutil import Cluster, TcpProxy, free_port
 from tether.protocol.models import Command
 from tether.tools.browser.session import find_chromium
 

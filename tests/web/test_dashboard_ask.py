@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from test_dashboard import Dash, browser  # noqa: F401 (browser is a fixture)
 
-from netutil import Cluster
+from tests.kits.netutil import Cluster
+from tests.web.test_dashboard import Dash, browser  # noqa: F401 (browser is a fixture)
 from tether.protocol.models import Command
 
 

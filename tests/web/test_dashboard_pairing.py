@@ -7,9 +7,9 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from test_dashboard import Dash, browser, row  # noqa: F401 (browser is a fixture)
 
-from netutil import Cluster, wait_for
+from tests.kits.netutil import Cluster, wait_for
+from tests.web.test_dashboard import Dash, browser, row  # noqa: F401 (browser is a fixture)
 
 CODE = re.compile(r"pairing code: ([0-9A-Z]{4}-[0-9A-Z]{4})\s+device fingerprint: ([0-9a-f]{16})")
 

@@ -1,6 +1,8 @@
-"""The `tether` command. Sub-commands live in modules by topic; importing one attaches its commands.
-A module is imported only when its command runs or shows its help: `tether.cli.lazy.COMMANDS` names
-every top-level command, the modules it needs and its help line (add a new command module there)."""
+"""The `tether` command. Sub-commands live in `tether.cli.commands`, one module per command group;
+importing one attaches its commands. What they draw on the terminal is in `tether.cli.views`, the demos
+in `tether.cli.demo`. A command module is imported only when its command runs or shows its help:
+`tether.cli.lazy.COMMANDS` names every top-level command, the modules it needs and its help line (add a
+new command module there)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ def main() -> None:
     import logging
 
     from tether.cli.common import app
-    from tether.cli.rich_help import load_rich_utils
+    from tether.cli.views.rich_help import load_rich_utils
 
     if len(sys.argv) < 2 or not {"-h", "--help"}.isdisjoint(sys.argv[1:]):
         # typer's help panels without rich's Markdown and tracebacks (~70 ms); a command that runs never
@@ -26,7 +28,7 @@ def main() -> None:
 
         if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
             from tether.cli.common import ExitCode, remote_message
-            from tether.cli.safe_text import visible
+            from tether.cli.views.safe_text import visible
 
             print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
             sys.exit(ExitCode.UNREACHABLE if exc.status is None else ExitCode.USAGE if exc.status == 401
@@ -34,7 +36,7 @@ def main() -> None:
         if not isinstance(exc, StoreUnavailable):
             raise
         # a full or read-only disk under the state directory: one line, no traceback
-        from tether.cli.safe_text import visible
+        from tether.cli.views.safe_text import visible
 
         print(f"error: {visible(exc)}", file=sys.stderr)
         sys.exit(2)

@@ -16,8 +16,8 @@ from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperOption
 
-from tether.cli.lazy import LazyGroup
-from tether.cli.safe_text import SafeConsole, visible
+from tether.cli.lazy import COMMAND_PANELS, LazyGroup
+from tether.cli.views.safe_text import SafeConsole, visible
 
 if TYPE_CHECKING:
     from tether.client.rest import RemoteError  # httpx: imported by the commands that talk to a server
@@ -32,15 +32,6 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad arguments, or a bad config, policy or plan file (click's usage errors are 2 as well)
     WAITING = 3  # a person must act: a question left unanswered, an approval pending
     UNREACHABLE = 4  # the server could not be reached, or the connection to it was lost
-
-
-# Top-level commands by topic, in the order `tether --help` lists them: what a newcomer runs first, first.
-COMMAND_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("Run things", ("run", "exec", "demo")),
-    ("Tasks", ("tasks", "log", "answer", "approve", "deny", "cancel", "undo", "sessions")),
-    ("Fleet", ("devices", "policy", "audit", "batch", "tools")),
-    ("Set-up", ("server", "device", "token", "mcp")),
-)
 
 
 class _Option(TyperOption):
@@ -111,6 +102,10 @@ class TetherGroup(LazyGroup):
         ordered = [name for _, names in COMMAND_PANELS for name in names if name in known]
         return ordered + [name for name in known if name not in ordered]
 
+    def root_app(self) -> typer.Typer:
+        """`app`: the command modules attach to it and its sub-apps."""
+        return app
+
 
 app = typer.Typer(cls=TetherGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                   help="tether: safe, fast and auditable hands for language-model agents.",
@@ -120,9 +115,17 @@ tools_app = typer.Typer(invoke_without_command=True, help="List tools, or serve 
 token_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke device and API tokens.")
 mcp_app = typer.Typer(no_args_is_help=True,
                       help="MCP: plug a server's fleet into an MCP client, or serve this machine's tools.")
+# `tether server`, `tether device` and `tether devices` run (or list) by themselves (cli/commands/server.py) and
+# also have sub-commands (install, uninstall, status: commands/service.py; pending, approve, refuse: pairing.py)
+server_app = typer.Typer(help="Start the agent server, or install it as a service.")
+device_app = typer.Typer(help="Connect this machine to a server as a device, or install it as a service.")
+devices_app = typer.Typer(help="Show the server's devices, and let pairing devices in.")
 app.add_typer(tools_app, name="tools")
 app.add_typer(token_app, name="token")
 app.add_typer(mcp_app, name="mcp")
+app.add_typer(server_app, name="server")
+app.add_typer(device_app, name="device")
+app.add_typer(devices_app, name="devices")
 
 
 def _version(value: bool) -> None:
@@ -264,6 +267,26 @@ def parse_assignments(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any
         except json.JSONDecodeError:
             out[key] = value
     return out
+
+
+def parse_requires(items: list[str]) -> dict[str, Any]:
+    """`--require` values as DeviceRequirements fields; ValueError names a bad one."""
+    req: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        key, value = key.strip().lower(), value.strip()
+        if key == "gpu":
+            if sep and value.lower() not in ("true", "false", "yes", "no", "1", "0"):
+                raise ValueError(f"--require {item}: gpu is true or false")
+            req["gpu"] = not sep or value.lower() in ("true", "yes", "1")
+        elif key == "platform" and value:
+            req[key] = value
+        elif key in ("tag", "tags", "tool", "tools") and value:
+            field = key.rstrip("s") + "s"
+            req.setdefault(field, []).extend(v.strip() for v in value.split(",") if v.strip())
+        else:
+            raise ValueError(f"--require {item!r}: expected platform=NAME, tag=NAME, tool=NAME or gpu[=false]")
+    return req
 
 
 def _wants_string(prop: dict[str, Any]) -> bool:

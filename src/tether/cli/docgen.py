@@ -1,6 +1,6 @@
 """Writes docs/configuration.md from the pydantic models that read the configuration, so the reference
 cannot drift from the code: `python -m tether.cli.docgen` rewrites it, `--check` says whether it is stale
-(tests/test_config_doc.py runs the check). A field with no `description` in its model needs a line in
+(tests/cli/test_config_doc.py runs the check). A field with no `description` in its model needs a line in
 `NOTES` here, or the generator refuses: every key gets its sentence."""
 
 from __future__ import annotations

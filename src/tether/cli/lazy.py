@@ -2,9 +2,11 @@
 table below without importing one command module, so it costs typer and rich, not the server, the
 agent or pydantic (issue 13: 0.56 s before, most of it importing modules whose commands never ran).
 
-A command module attaches its commands to the typer apps in `tether.cli.common` when it is imported,
-as before; what changed is *when*: `LazyGroup.get_command` imports the modules named for a command
-the first time the command is resolved to run or to show its own help, then builds it with typer.
+A command module (in `tether.cli.commands`) attaches its commands to the typer apps in
+`tether.cli.common` when it is imported; `LazyGroup.get_command` imports the modules named for a
+command the first time the command is resolved to run or to show its own help, then builds it with
+typer. This module imports no other module of tether.cli: the group that uses it says which typer
+app it was built from (`LazyGroup.root_app`).
 """
 
 from __future__ import annotations
@@ -12,63 +14,76 @@ from __future__ import annotations
 import fnmatch
 import importlib
 import pkgutil
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from typer.core import TyperCommand, TyperGroup
+
+if TYPE_CHECKING:
+    import typer
+
+PACKAGE = "tether.cli.commands"  # where the modules named in `COMMANDS` live
 
 
 class Lazy(NamedTuple):
     """Where a top-level command comes from, and its one line in `tether --help`."""
 
-    modules: tuple[str, ...]  # tether.cli modules that attach the command or its sub-commands (or a pattern)
+    modules: tuple[str, ...]  # modules of `PACKAGE` that attach the command or its sub-commands (or a pattern)
     help: str
 
 
-# Every top-level command. A new command module adds its command here (tests/test_startup.py checks the
+# Every top-level command. A new command module adds its command here (tests/cli/test_startup.py checks the
 # table against what the modules attach: names, the modules a command needs, and its help line).
 COMMANDS: dict[str, Lazy] = {
-    "run": Lazy(("run_cmds",),
+    "run": Lazy(("run",),
                 "Plan and run a task with live progress; questions are asked in the terminal."),
-    "exec": Lazy(("tools_cmds",),
+    "exec": Lazy(("tools",),
                  "Run one tool and print its structured result; exit code 1 when the result is a failure."),
-    "demo": Lazy(("demo_cmds",),
+    "demo": Lazy(("demo",),
                  "Run a short demo that needs no LLM key: a server, a device, and commands through them."),
-    "tasks": Lazy(("run_cmds",),
+    "tasks": Lazy(("run",),
                   "List tasks newest first with their state: the server's with --server (or TETHER_SERVER), "
                   "else this machine's."),
-    "log": Lazy(("run_cmds",),
+    "log": Lazy(("run",),
                 "Show a task's plan, every step with its command and result, decisions, questions and answer: "
                 "the server's task with --server (or TETHER_SERVER), else this machine's."),
-    "answer": Lazy(("task_cmds",),
+    "answer": Lazy(("task",),
                    "Answer the open question of a task on the server; the task resumes where it stopped."),
-    "approve": Lazy(("task_cmds",),
+    "approve": Lazy(("task",),
                     "Approve the action a task on the server waits on (with --deny: deny it, which cancels "
                     "the task)."),
-    "deny": Lazy(("task_cmds",), "Deny the action a task on the server waits on; the task is cancelled."),
-    "cancel": Lazy(("task_cmds",),
+    "deny": Lazy(("task",), "Deny the action a task on the server waits on; the task is cancelled."),
+    "cancel": Lazy(("task",),
                    "Cancel a task: on the server with --server (or TETHER_SERVER; the command it is running is "
                    "stopped on its device), else this machine's (an interrupted one, or one no tether process "
                    "runs any more)."),
-    "undo": Lazy(("journal_cmds",),
+    "undo": Lazy(("journal",),
                  "Put back the files that a session's commands changed (a local task's id is its session)."),
-    "sessions": Lazy(("journal_cmds",),
+    "sessions": Lazy(("journal",),
                      "List the sessions that have journaled file changes (what `undo` can put back)."),
-    "devices": Lazy(("server_cmds", "pairing_cmds"),
+    "devices": Lazy(("server", "pairing"),
                     "Show the server's devices, and let pairing devices in."),
-    "policy": Lazy(("policy_cmds",), "Show or change a device's policy through the server."),
-    "audit": Lazy(("audit_cmds",),
+    "policy": Lazy(("policy",), "Show or change a device's policy through the server."),
+    "audit": Lazy(("audit",),
                   "Show the server's audit log, newest first: every command sent to a device, who asked, "
                   "its outcome."),
-    "batch": Lazy(("audit_cmds",),
+    "batch": Lazy(("audit",),
                   "Show a batch's record: each command's outcome, also one that came back after its caller "
                   "stopped waiting."),
-    "tools": Lazy(("tools_cmds",), "List tools, or serve a built-in tool set over MCP."),
-    "server": Lazy(("server_cmds", "service_cmds"), "Start the agent server, or install it as a service."),
-    "device": Lazy(("server_cmds", "service_cmds"),
+    "tools": Lazy(("tools",), "List tools, or serve a built-in tool set over MCP."),
+    "server": Lazy(("server", "service"), "Start the agent server, or install it as a service."),
+    "device": Lazy(("server", "service"),
                    "Connect this machine to a server as a device, or install it as a service."),
-    "token": Lazy(("server_cmds",), "Create, list and revoke device and API tokens."),
-    "mcp": Lazy(("mcp_*_cmds",), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),
+    "token": Lazy(("server",), "Create, list and revoke device and API tokens."),
+    "mcp": Lazy(("mcp_*",), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),
 }
+
+# Top-level commands by topic, in the order `tether --help` lists them: what a newcomer runs first, first.
+COMMAND_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("Run things", ("run", "exec", "demo")),
+    ("Tasks", ("tasks", "log", "answer", "approve", "deny", "cancel", "undo", "sessions")),
+    ("Fleet", ("devices", "policy", "audit", "batch", "tools")),
+    ("Set-up", ("server", "device", "token", "mcp")),
+)
 
 _LISTING = "tether.cli.lazy.listing"  # ctx.meta key: set while the root's help lists its commands
 
@@ -79,23 +94,23 @@ def all_modules() -> tuple[str, ...]:
 
 
 def expand(names: tuple[str, ...]) -> list[str]:
-    """The modules `names` stand for: a name as it is, a pattern (`mcp_*_cmds`) every tether.cli module
-    it matches, so a new `tether mcp` sub-command module is found without an edit here."""
-    import tether.cli
-
+    """The modules of `PACKAGE` that `names` stand for: a name as it is, a pattern (`mcp_*`) every module
+    of `PACKAGE` it matches, so a new `tether mcp` sub-command module is found without an edit here."""
+    path = importlib.import_module(PACKAGE).__path__
     out: list[str] = []
     for name in names:
         if "*" not in name:
             out.append(name)
             continue
-        found = sorted(m.name for m in pkgutil.iter_modules(tether.cli.__path__) if fnmatch.fnmatchcase(m.name, name))
+        found = sorted(m.name for m in pkgutil.iter_modules(path) if fnmatch.fnmatchcase(m.name, name))
         out.extend(found)
     return out
 
 
 class LazyGroup(TyperGroup):
     """A group whose commands named in `COMMANDS` are imported on first use and shown in its help
-    from the table (a placeholder with the declared help line, never the module)."""
+    from the table (a placeholder with the declared help line, never the module). A subclass names the
+    typer app the group is built from (`root_app`): the one the command modules attach to."""
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
@@ -124,19 +139,20 @@ class LazyGroup(TyperGroup):
         command.rich_help_panel = self._panel(name)
         return command
 
-    def _panel(self, name: str) -> str | None:
-        from tether.cli.common import COMMAND_PANELS
+    def root_app(self) -> typer.Typer:
+        """The typer app this group was built from; a loaded command is built anew from it (its commands
+        labelled and panelled as the root's). Raises NotImplementedError here: a subclass says."""
+        raise NotImplementedError
 
+    def _panel(self, name: str) -> str | None:
         return next((panel for panel, names in COMMAND_PANELS if name in names), None)
 
     def _load(self, name: str, lazy: Lazy) -> Any:
         import typer
 
-        from tether.cli.common import app
-
         for module in expand(lazy.modules):
-            importlib.import_module(f"tether.cli.{module}")
-        built = typer.main.get_command(app)  # a fresh root of what is attached now: labelled, panelled
+            importlib.import_module(f"{PACKAGE}.{module}")
+        built = typer.main.get_command(self.root_app())  # a fresh root of what is attached now: labelled, panelled
         command = getattr(built, "commands", {}).get(name)
         if command is not None:
             self.commands[name] = command

@@ -47,7 +47,7 @@ def llm_sampler(llm: LLMClient) -> Sampler:
 
 def _read(prompt: str) -> str:
     """One line from the terminal, the prompt on stderr (stdout stays the result's); EOFError at the end."""
-    from tether.cli.safe_text import visible
+    from tether.cli.views.safe_text import visible
 
     sys.stderr.write(visible(prompt))  # field names and choices come from an external MCP server
     sys.stderr.flush()

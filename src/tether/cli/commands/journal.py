@@ -1,0 +1,102 @@
+"""`tether undo` and `tether sessions`: the undo journal of this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from tether.cli.common import CaOpt, JsonOpt, PolicyOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
+
+if TYPE_CHECKING:
+    from tether.tools.journal import UndoJournal
+
+
+@app.command()
+def undo(session: Annotated[str, typer.Argument(help="the session (or task) whose file changes to put back")],
+         state_dir: StateOpt = None, as_json: JsonOpt = False, policy: PolicyOpt = None,
+         server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+         local: Annotated[bool, typer.Option("--local", help="this machine's journal, even when TETHER_SERVER "
+                                                             "is set")] = False) -> None:
+    """Put back the files that a session's commands changed (a local task's id is its session).
+
+    With --server (or TETHER_SERVER): SESSION is a task on that server, undone on every device it ran on.
+    Locally, files are put back only inside the write roots of --policy (or the default policy), and
+    never through a symlink planted since the change.
+    """
+    if server and not local:
+        from tether.cli.commands.task import connect, remote_undo
+
+        with connect(server, token, ca_file) as remote:
+            raise typer.Exit(remote_undo(remote, session, as_json))
+    from tether.tools.context import default_state_dir
+    from tether.tools.journal import UndoJournal
+    from tether.tools.policy.model import load_policy
+
+    journal = UndoJournal(Path(state_dir or default_state_dir()))
+    session = _session_named(journal, session, state_dir)
+    try:
+        report = journal.restore(session, load_policy(policy).write_roots)
+    except ValueError as exc:
+        fail(str(exc))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, default=str))
+        return
+    if not report:
+        console().print(f"nothing to undo for session {session}")
+        return
+    table = Table(title=f"undo {session}")
+    for col in ("action", "path", "outcome"):
+        table.add_column(col)
+    for entry in report:
+        table.add_row(*(escape(str(entry.get(k))) for k in ("action", "path", "outcome")))
+    console().print(table)
+
+
+def _session_named(journal: UndoJournal, given: str, state_dir: Path | None) -> str:
+    """The journaled session `given` names, whole or by a unique prefix (as `tether tasks` ids are
+    copied); an error exit when it names none or several, so a typo never reads as 'nothing to undo'."""
+    known = [row["session_id"] for row in journal.sessions()]
+    if given in known:
+        return given
+    matching = [name for name in known if name.startswith(given)]
+    if len(matching) == 1:
+        return matching[0]
+    if matching:
+        fail(f"'{given}' is the start of several sessions ({', '.join(matching[:5])}); give more of it", code=1)
+    from tether.cli.local_tasks import open_local_store
+
+    store = open_local_store(state_dir)
+    try:
+        task = store.get(given)
+    finally:
+        store.close()
+    if task is not None:  # a task that changed no files: there is truly nothing to put back
+        console().print(f"nothing to undo: task {task.id} changed no files")
+        raise typer.Exit(0)
+    fail(f"nothing to undo: no session or task '{given}' on this machine ('tether sessions' lists what can "
+         "be undone, 'tether tasks' the tasks)", code=1)
+
+
+@app.command()
+def sessions(state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
+    """List the sessions that have journaled file changes (what `undo` can put back)."""
+    from tether.tools.context import default_state_dir
+    from tether.tools.journal import UndoJournal
+
+    rows = UndoJournal(Path(state_dir or default_state_dir())).sessions()
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2, default=str))
+        return
+    table = Table(title="journaled sessions")
+    keys = list(rows[0]) if rows else ["session_id"]
+    for key in keys:  # the id is what `tether undo` takes: whole, never cut or wrapped on a narrow terminal
+        table.add_column(key, no_wrap=key == "session_id",
+                         min_width=max((len(str(r[key])) for r in rows), default=0) if key == "session_id" else None)
+    for row in rows:
+        table.add_row(*(escape(str(row.get(k))) for k in keys))
+    console().print(table)

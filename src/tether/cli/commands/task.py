@@ -1,0 +1,303 @@
+"""Tasks on a server: `tether run` against one, following a task live, and `tether answer`, `approve`,
+`deny`, `cancel`. `tether tasks`, `log` and `undo` use the helpers here when given a server.
+
+A task on a server lives there, not in this terminal: Ctrl-C detaches (the task goes on), and a
+question nobody here can answer leaves the task waiting for `tether answer` (exit code 3).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from tether.agent.answers import AnswerError, parse_answer
+from tether.cli.common import (
+    CaOpt,
+    ExitCode,
+    JsonOpt,
+    ServerOpt,
+    StateOpt,
+    TokenOpt,
+    app,
+    console,
+    fail,
+    fail_remote,
+    remote_message,
+)
+from tether.cli.views.task import EventView, print_log, print_outcome
+from tether.client.rest import RemoteError, RemoteServer
+
+TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")]
+EXIT_WAITING = ExitCode.WAITING  # the task waits on the server for an answer nobody here could give
+EXIT_DETACHED = 130
+
+_APPROVE = {"approve", "approved", "yes", "y"}
+_DENY = {"deny", "denied", "no", "n"}
+
+
+def connect(server: str | None, token: str | None, ca_file: str | None) -> RemoteServer:
+    return RemoteServer(server, token, ca_file=ca_file)
+
+
+def run_remote(remote: RemoteServer, request: str, plan: list[dict[str, Any]] | None, device: str | None,
+               requires: dict[str, Any] | None, answers: list[str], devices: list[str] | None = None,
+               confirm: str | None = None) -> int:
+    """Create the task on the server and follow it here, answering its questions; the exit code."""
+    out = console()
+    try:
+        summary = remote.create_task(request, plan=plan, device=device, requires=requires, devices=devices,
+                                     confirm=confirm)
+    except RemoteError as exc:
+        fail_remote(exc, ExitCode.USAGE)
+    out.print(f"task {summary['id']} on {summary['device']} ({remote.base_url})", markup=False)
+    code = follow(remote, summary["id"], out, answers=answers)
+    if code in (0, 1):
+        out.print(f"[dim]its file changes can be undone with: tether undo {summary['id']} --server "
+                  f"{remote.base_url}[/dim]")
+    return code
+
+
+def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[str] | None) -> int:
+    """Print a task's events until it ends; with `answers` (a list, maybe empty) also answer its questions,
+    from the list first, then in the terminal. 0 done, 1 failed or cancelled, 3 left waiting, 130 detached."""
+    from tether.cli.views.spinner import Spinner
+
+    spinner = Spinner()  # the status line, redrawn at each event here (a terminal only)
+    view = EventView(out, echo_answers=answers is None, spinner=spinner)
+    waiting_on: dict[str, Any] | None = None
+    try:
+        for name, data in remote.task_events(task_id):
+            if name == "end":
+                spinner.stop()
+                print_outcome(out, data["state"], data.get("answer"), data.get("error"), streamed=view.streamed)
+                return 0 if data["state"] == "done" else 1
+            kind, body = data["kind"], data.get("data", {})
+            if kind == "question" and body.get("id") in view.questions:
+                continue  # the same open question, asked again by a task resumed with its answer
+            view(kind, body)
+            if kind == "question":
+                waiting_on = body
+                if answers is not None and not _answer(remote, task_id, body, answers, out):
+                    return EXIT_WAITING
+            elif kind == "user_answer":
+                waiting_on = None
+    except KeyboardInterrupt:
+        spinner.stop()
+        out.print(f"\n[yellow]detached: task {task_id} goes on on the server.[/yellow]")
+        if waiting_on is not None:
+            _how_to_answer(out, task_id, waiting_on)
+        out.print(f"  follow it: tether log {task_id} --follow\n  cancel it: tether cancel {task_id}")
+        return EXIT_DETACHED
+    except RemoteError as exc:
+        fail_remote(exc, ExitCode.FAILED, f"\n  follow it again: tether log {task_id} --follow")
+    fail(f"the event stream of task {task_id} ended without saying how the task ended", code=1)
+
+
+def _answer(remote: RemoteServer, task_id: str, question: dict[str, Any], answers: list[str], out: Console) -> bool:
+    """Answer `question` from `answers`, else in the terminal, until the server takes an answer;
+    False when nobody here can give one (the task keeps waiting on the server)."""
+    options = list(question.get("options", []))
+    while True:
+        reply = _reply(task_id, question, answers, out)
+        if reply is None:
+            return False
+        try:  # the parser a local task uses: empty or out-of-range answers are asked again
+            reply = parse_answer(reply, options, str(question.get("kind") or "question"))
+        except AnswerError as exc:
+            out.print(str(exc), style="yellow", markup=False)
+            continue
+        chosen = options[int(reply) - 1] if reply.isdigit() and 1 <= int(reply) <= len(options) else reply
+        try:
+            digest = question.get("digest")  # the approval is bound to what was printed above
+            if question.get("kind") == "approval" and chosen.lower() in _APPROVE | _DENY:
+                remote.approve(task_id, chosen.lower() in _APPROVE, digest=digest)
+            else:
+                remote.answer(task_id, reply, question.get("id"), digest=digest)
+            return True
+        except RemoteError as exc:
+            out.print(f"the answer was not taken: {remote_message(exc)}", style="red", markup=False)
+            if exc.status == 409:  # answered meanwhile from elsewhere, or the task moved on: follow it
+                return True
+
+
+def _reply(task_id: str, question: dict[str, Any], answers: list[str], out: Console) -> str | None:
+    if answers:
+        reply = answers.pop(0)
+        out.print(f"  → {reply} (from --answer)", markup=False)
+        return reply
+    if sys.stdin.isatty():
+        try:
+            reply = ""
+            while not reply:
+                reply = input("answer (number or text): ").strip()
+            return reply
+        except EOFError:
+            pass
+    else:
+        out.print(f"[yellow]no terminal to ask and no --answer left: task {task_id} waits on the server.[/yellow]")
+    _how_to_answer(out, task_id, question)
+    return None
+
+
+def _how_to_answer(out: Console, task_id: str, question: dict[str, Any]) -> None:
+    if question.get("kind") == "approval":
+        out.print(f"  approve it: tether approve {task_id}\n  deny it:    tether deny {task_id}")
+    else:
+        out.print(f"  answer it:  tether answer {task_id} ANSWER   (an option's number or words)")
+
+
+def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str) -> None:
+    if as_json:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table(title=f"{len(rows)} tasks{where}")
+    for col in ("id", "state", "device", "by", "request", "updated"):
+        # an id is copied: never cut, even on a narrow terminal
+        table.add_column(col, no_wrap=col == "id", min_width=12 if col == "id" else None)
+    for r in rows:  # `by`: who asked (the token that created the task), what a person approving must see
+        table.add_row(r["id"][:12], r["state"], escape(r.get("device") or "-"), escape(r.get("requested_by") or "-"),
+                      escape(r["request"][:60]), r["updated_at"][:19].replace("T", " "))
+    console().print(table)
+
+
+def remote_log(remote: RemoteServer, task_id: str, as_json: bool, follow_it: bool) -> int:
+    from tether.agent.task import Task
+
+    out = console()
+    try:
+        if follow_it:
+            return follow(remote, remote.task(task_id, events=False)["id"], out, answers=None)
+        data = remote.task(task_id)
+    except RemoteError as exc:
+        fail_remote(exc, ExitCode.FAILED)
+    if as_json:
+        typer.echo(json.dumps(data, indent=2))
+    else:
+        print_log(out, Task.model_validate(data))
+    return 0
+
+
+def remote_undo(remote: RemoteServer, task_id: str, as_json: bool) -> int:
+    try:
+        report = remote.undo_task(task_id)
+    except RemoteError as exc:
+        fail_remote(exc, ExitCode.FAILED)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, default=str))
+    devices: dict[str, dict[str, Any]] = report.get("devices", {})
+    failed = [name for name, r in devices.items() if "error" in r]
+    if as_json:
+        return 1 if failed else 0
+    out = console()
+    if not devices:
+        out.print(f"task {task_id} ran no command on any device: nothing to undo")
+        return 0
+    table = Table(title=f"undo task {task_id}")
+    for col in ("device", "action", "path", "outcome"):
+        table.add_column(col)
+    for name, r in devices.items():
+        if "error" in r:
+            table.add_row(escape(name), "-", "-", f"[red]error: {escape(str(r['error']))}[/red]")
+            continue
+        restored = r.get("restored") or []
+        if not restored:
+            table.add_row(name, "-", "-", "nothing to undo")
+        for entry in restored if isinstance(restored, list) else [restored]:
+            entry = entry if isinstance(entry, dict) else {"outcome": entry}
+            table.add_row(escape(name), escape(str(entry.get("action", "-"))), escape(str(entry.get("path", "-"))),
+                          escape(str(entry.get("outcome", "-"))))
+    out.print(table)
+    return 1 if failed else 0
+
+
+def _steer(server: str | None, token: str | None, ca_file: str | None, act: Any, done: str, as_json: bool) -> None:
+    try:
+        with connect(server, token, ca_file) as remote:
+            summary = act(remote)
+    except RemoteError as exc:
+        fail_remote(exc, ExitCode.FAILED)
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    out = console()
+    if summary["state"] in ("done", "failed", "cancelled"):
+        out.print(f"{done}; task {summary['id']} is {summary['state']}")
+    else:  # the task resumes on the server right after this answer
+        out.print(f"{done}; task {summary['id']} goes on\n[dim]follow it: tether log {summary['id'][:12]} "
+                  "--follow[/dim]")
+
+
+@app.command()
+def answer(task_id: TaskArg, text: Annotated[str, typer.Argument(metavar="ANSWER",
+                                                                 help="an option's number or words, or free text")],
+           question: Annotated[str | None, typer.Option("--question", help="the question's id (refused if it is "
+                                                                           "no longer the open one)")] = None,
+           server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
+    """Answer the open question of a task on the server; the task resumes where it stopped."""
+    _steer(server, token, ca_file, lambda r: r.answer(task_id, text, question), f"answered: {text}", as_json)
+
+
+@app.command()
+def approve(task_id: TaskArg, deny: Annotated[bool, typer.Option("--deny", help="deny instead")] = False,
+            always: Annotated[str | None, typer.Option(
+                "--always", help="for a shell command the device's policy asks about: 'program' allows the program "
+                                 "on that device for good, 'subcommand' only the program with this first argument "
+                                 "(an audited policy change; admin scope)")] = None,
+            server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
+    """Approve the action a task on the server waits on (with --deny: deny it, which cancels the task)."""
+    if always is not None and (deny or always not in ("program", "subcommand")):
+        fail("--always takes program or subcommand, and goes with an approval")
+    _steer(server, token, ca_file, lambda r: r.approve(task_id, not deny, always, digest=_shown(r, task_id)),
+           "denied" if deny else "approved", as_json)
+
+
+def _shown(remote: RemoteServer, task_id: str) -> str | None:
+    """Print what the task waits on and who asked for it (on stderr), and return its digest: the approval
+    sent next is bound to exactly this, and refused if the task waits on anything else by then."""
+    task = remote.task(task_id, events=False)
+    pending = next((q for q in reversed(task.get("questions") or []) if q.get("answer") is None), None)
+    if pending is None:
+        return None
+    err = console(err=True)
+    err.print(f"task {escape(task['id'][:12])}, asked by {escape(task.get('requested_by') or 'unknown')}:",
+              highlight=False)
+    err.print(escape(str(pending.get("question") or "")), highlight=False)
+    digest = pending.get("digest")
+    if digest:
+        err.print(f"[dim]digest {escape(str(digest))}[/dim]", highlight=False)
+    return digest if isinstance(digest, str) else None
+
+
+@app.command()
+def deny(task_id: TaskArg, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+         as_json: JsonOpt = False) -> None:
+    """Deny the action a task on the server waits on; the task is cancelled."""
+    _steer(server, token, ca_file, lambda r: r.approve(task_id, False), "denied", as_json)
+
+
+@app.command()
+def cancel(task_id: TaskArg, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+           as_json: JsonOpt = False, state_dir: StateOpt = None,
+           local: Annotated[bool, typer.Option("--local", help="this machine's task, even when TETHER_SERVER "
+                                                               "is set")] = False) -> None:
+    """Cancel a task: on the server with --server (or TETHER_SERVER; the command it is running is stopped
+    on its device), else this machine's (an interrupted one, or one no tether process runs any more)."""
+    if server and not local:
+        _steer(server, token, ca_file, lambda r: r.cancel(task_id), "cancelled", as_json)
+        return
+    from tether.cli.local_tasks import cancel_local
+
+    try:
+        found, state = cancel_local(task_id, state_dir)
+    except (LookupError, ValueError) as exc:
+        fail(str(exc).strip("'\""), code=1)
+    if as_json:
+        typer.echo(json.dumps({"id": found, "state": state}, indent=2))
+        return
+    console().print(f"cancelled; task {found} is {state}")
