@@ -21,6 +21,7 @@ from tether.protocol.session import (
     ServerSession,
     SessionState,
 )
+from tether.protocol.wire import CloseCode
 
 LIMIT = 1 << 20
 
@@ -48,15 +49,15 @@ def test_the_first_frame_must_be_the_register_of_the_tokens_device() -> None:
     assert isinstance(reg, Registration) and reg.instance_id == "i-1"
     assert isinstance(ServerSession("laptop", LIMIT).register(register(None)), Registration)  # no claim: the token's
     cases = [
-        (register("desktop"), True, "belongs to device 'laptop'"),
-        ("not json", False, "registration refused"),
-        (frame(ClientMessageType.HEARTBEAT), False, "must be a register"),
-        (frame(ClientMessageType.REGISTER, {"instance_id": 5}), False, "invalid registration"),
+        (register("desktop"), CloseCode.WRONG_DEVICE, "belongs to device 'laptop'"),
+        ("not json", CloseCode.BAD_REGISTRATION, "registration refused"),
+        (frame(ClientMessageType.HEARTBEAT), CloseCode.BAD_REGISTRATION, "must be a register"),
+        (frame(ClientMessageType.REGISTER, {"instance_id": 5}), CloseCode.BAD_REGISTRATION, "invalid registration"),
     ]
-    for text, wrong_device, why in cases:
+    for text, code, why in cases:
         verdict = ServerSession("laptop", LIMIT).register(text)
         assert isinstance(verdict, RegistrationRefused), text
-        assert verdict.wrong_device is wrong_device and why in verdict.error, (text[:80], verdict)
+        assert verdict.code is code and why in verdict.error, (text[:80], verdict)
     too_big = ServerSession("laptop", 64).register(register())
     assert isinstance(too_big, RegistrationRefused) and "registration refused" in too_big.error
 

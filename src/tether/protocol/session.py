@@ -31,6 +31,7 @@ from tether.protocol.messages import (
     Registration,
 )
 from tether.protocol.profile import DeviceProfile
+from tether.protocol.wire import CloseCode
 
 
 class SessionState(Enum):
@@ -43,11 +44,12 @@ class SessionState(Enum):
 
 @dataclass(frozen=True, slots=True)
 class RegistrationRefused:
-    """The first frame is not an acceptable REGISTER: `error` is what the device is told; `wrong_device`
-    when it is a valid registration of another device than the token's (else the frame is malformed)."""
+    """The first frame is not an acceptable REGISTER: `error` is what the device is told, `code` the close
+    code (`CloseCode.WRONG_DEVICE` for a registration of another device than the token's, else
+    `CloseCode.BAD_REGISTRATION`)."""
 
+    code: CloseCode
     error: str
-    wrong_device: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,13 +145,13 @@ class ServerSession:
                 raise FrameError("not_register", f"the first frame must be a register message, not {msg.type.value}")
             reg = Registration.model_validate(msg.payload)
         except FrameError as exc:
-            return RegistrationRefused(f"registration refused: {exc}")
+            return RegistrationRefused(CloseCode.BAD_REGISTRATION, f"registration refused: {exc}")
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-            return RegistrationRefused(f"invalid registration: {problems}")
+            return RegistrationRefused(CloseCode.BAD_REGISTRATION, f"invalid registration: {problems}")
         if reg.name is not None and reg.name != self.device:
-            return RegistrationRefused(f"this token belongs to device '{self.device}' "
-                                       f"but the registration claims to be '{reg.name}'", wrong_device=True)
+            return RegistrationRefused(CloseCode.WRONG_DEVICE, f"this token belongs to device '{self.device}' "
+                                                              f"but the registration claims to be '{reg.name}'")
         return reg
 
     def open(self) -> None:

@@ -51,9 +51,8 @@ def read_registration(frame: str, device: str, max_frame_bytes: int) -> Registra
 
 
 def refusal_of(refused: RegistrationRefused) -> Refusal:
-    """The close code and reason for a first frame the session refused: another device's registration
-    is `CloseCode.WRONG_DEVICE`, anything else `CloseCode.BAD_REGISTRATION`."""
-    return Refusal(CloseCode.WRONG_DEVICE if refused.wrong_device else CloseCode.BAD_REGISTRATION, refused.error)
+    """The refusal (close code and reason) for a first frame the session refused."""
+    return Refusal(refused.code, refused.error)
 
 
 def prove_key(store: Store, device: str, reg: Registration, challenge: str | None) -> Refusal | None:
