@@ -178,8 +178,8 @@ async def main(n_devices: int, rounds: int) -> int:
         tmp = Path(tmp_name)
         (tmp / "state").mkdir()
         store = Store(str(tmp / "server.db"))
-        tokens = {f"dash-{i:04d}": store.create_token("device", f"dash-{i:04d}", [])[1] for i in range(n_devices)}
-        _, api_token = store.create_token("api", "bench", ["read"])
+        tokens = {f"dash-{i:04d}": store.tokens.create("device", f"dash-{i:04d}", [])[1] for i in range(n_devices)}
+        _, api_token = store.tokens.create("api", "bench", ["read"])
         store.close()
         port = free_port()
         url = f"ws://127.0.0.1:{port}/aip"

@@ -228,11 +228,11 @@ def fill(db: Path, known: int, connected: int, profile: Any) -> tuple[dict[str, 
                 update={"hostname": name})})
             if digest is None:
                 digest, tools_json = record.tools_digest, registry.tools.dump(record.profile.tools)
-            store.upsert_device(name, record.profile.model_dump_json(exclude={"tools"}), now - i,
+            store.devices.upsert(name, record.profile.model_dump_json(exclude={"tools"}), now - i,
                                 tools=(digest, tools_json))
             registry.forget(name)
-        tokens = {device_name(i): store.create_token("device", device_name(i))[1] for i in range(connected)}
-        return tokens, store.create_token("api", "bench-reader", ["read"])[1]
+        tokens = {device_name(i): store.tokens.create("device", device_name(i))[1] for i in range(connected)}
+        return tokens, store.tokens.create("api", "bench-reader", ["read"])[1]
     finally:
         store.close()
 
@@ -254,8 +254,8 @@ def fill_tokens(db: Path, connected: int) -> None:
 
     store = Store(db)
     try:
-        tokens = {device_name(i): store.create_token("device", device_name(i))[1] for i in range(connected)}
-        print(json.dumps({"tokens": tokens, "reader": store.create_token("api", "bench-reader", ["read"])[1]}))
+        tokens = {device_name(i): store.tokens.create("device", device_name(i))[1] for i in range(connected)}
+        print(json.dumps({"tokens": tokens, "reader": store.tokens.create("api", "bench-reader", ["read"])[1]}))
     finally:
         store.close()
 

@@ -98,8 +98,8 @@ async def measure(devices: int, repeats: int = 5, per_process: int = 250,
         from tether.server.store import Store
 
         store = Store(str(tmp / "server.db"))  # as `tether token create` does, before the server starts
-        tokens = {device_name(i): store.create_token("device", device_name(i))[1] for i in range(devices)}
-        api_token = store.create_token("api", "fanout", ["read", "execute"])[1]
+        tokens = {device_name(i): store.tokens.create("device", device_name(i))[1] for i in range(devices)}
+        api_token = store.tokens.create("api", "fanout", ["read", "execute"])[1]
         store.close()
         port = free_port()
         async with contextlib.AsyncExitStack() as stack:

@@ -199,8 +199,8 @@ async def _measure(devices: int, callers: int, seconds: float, repeats: int,
         tmp = Path(tmp_name)
         store = Store(str(tmp / "server.db"))
         names = [f"hot-{i:03d}" for i in range(devices)]
-        tokens = {n: store.create_token("device", n)[1] for n in names}
-        api = store.create_token("api", "hotpath", ["read", "execute"])[1]
+        tokens = {n: store.tokens.create("device", n)[1] for n in names}
+        api = store.tokens.create("api", "hotpath", ["read", "execute"])[1]
         store.close()
         port, bare_port = free_port(), free_port()
         errors: list[str] = []

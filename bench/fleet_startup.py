@@ -147,7 +147,7 @@ class _Server:
 
         db = self.tmp / "server.db"
         store = Store(str(db))
-        _, self.secret = store.create_token("device", "bench", [])
+        _, self.secret = store.tokens.create("device", "bench", [])
         store.close()
         import socket
 

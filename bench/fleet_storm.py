@@ -117,8 +117,8 @@ async def _measure(devices: int, per_process: int, limit_s: float,
         (tmp / "state").mkdir()
         store = Store(str(tmp / "server.db"))
         names = [f"storm-{i:05d}" for i in range(devices)]
-        tokens = {n: store.create_token("device", n)[1] for n in names}
-        api = store.create_token("api", "storm", ["read", "execute"])[1]
+        tokens = {n: store.tokens.create("device", n)[1] for n in names}
+        api = store.tokens.create("api", "storm", ["read", "execute"])[1]
         store.close()
         port = free_port()
         url = f"ws://127.0.0.1:{port}/aip"

@@ -66,8 +66,8 @@ async def running_tether() -> AsyncIterator[Tether]:
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
         settings = ServerSettings(db_path=Path(tmp) / "server.db", port=0)
         store = Store(settings.db_path)
-        device_token = store.create_token("device", DEVICE)[1]
-        api_token = store.create_token("api", "bench-api", ["execute"])[1]
+        device_token = store.tokens.create("device", DEVICE)[1]
+        api_token = store.tokens.create("api", "bench-api", ["execute"])[1]
         store.close()
         server, task, port = await start_server(build_config(settings, log_level="warning"))
         device = bench_device(Path(tmp) / "dev")

@@ -302,8 +302,8 @@ async def main(n_devices: int, seconds: float, callers: int, per_process: int) -
 
         store = Store(str(tmp / "server.db"))  # as `tether token create` does, before the server starts
         t0 = time.perf_counter()
-        tokens = {device_name(i): store.create_token("device", device_name(i))[1] for i in range(n_devices)}
-        api_token = store.create_token("api", "load", ["read", "execute"])[1]
+        tokens = {device_name(i): store.tokens.create("device", device_name(i))[1] for i in range(n_devices)}
+        api_token = store.tokens.create("api", "load", ["read", "execute"])[1]
         store.close()
         made = time.perf_counter() - t0
         port = free_port()

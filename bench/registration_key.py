@@ -140,7 +140,7 @@ def measure(devices: int = 300, rounds: int = 7, concurrency: int = 25) -> list[
             for mode in ("on", "off"):
                 db = str(Path(tmp) / f"{mode}.db")
                 store = Store(db)
-                tokens[mode] = {f"dev{i:05d}": store.create_token("device", f"dev{i:05d}")[1] for i in range(devices)}
+                tokens[mode] = {f"dev{i:05d}": store.tokens.create("device", f"dev{i:05d}")[1] for i in range(devices)}
                 store.close()
                 proc = subprocess.Popen([sys.executable, "-m", "bench.registration_key", "--serve", mode, "--db", db],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,

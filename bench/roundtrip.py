@@ -273,8 +273,8 @@ async def running_tether(child: bool) -> AsyncIterator[Tether]:
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
         settings = ServerSettings(db_path=Path(tmp) / "server.db", port=0)
         store = Store(settings.db_path)  # as `tether token create` does, before the server starts
-        device_token = store.create_token("device", DEVICE)[1]
-        api_token = store.create_token("api", "bench-api", ["execute"])[1]
+        device_token = store.tokens.create("device", DEVICE)[1]
+        api_token = store.tokens.create("api", "bench-api", ["execute"])[1]
         store.close()
         # the real server config (ws implementation, ws_max_size, no deflate, lifespan); quiet logs so
         # the REST rows print no access lines

@@ -52,7 +52,7 @@ async def main(tasks: int, steps: int) -> None:
         serving = asyncio.create_task(server.serve(sockets=[sock]))
         policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
         device = build_device(policy=policy, state_dir=root / "state", client_id="bench")
-        link = DeviceConnection(device.client, f"ws://127.0.0.1:{port}/aip", store.create_token("device", "bench")[1],
+        link = DeviceConnection(device.client, f"ws://127.0.0.1:{port}/aip", store.tokens.create("device", "bench")[1],
                                 name="bench", profile=lambda: collect_profile(device))
         linking = asyncio.create_task(link.run())
         await asyncio.wait_for(link.connected.wait(), 30)

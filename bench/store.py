@@ -4,11 +4,12 @@
 
 Rows, each operation timed N times per round on both backends, rounds interleaved, medians and spread
 (the SQLite Store is the anchor of each PostgreSQL row):
-- verify_token, a token seen before (the cache, checked against changes made by other servers);
+- verify_token (`store.tokens.verify`), a token seen before (the cache, checked against changes made by other
+  servers);
 - verify_token, a secret that is no token (never cached: a query each time);
-- upsert_device (a device registering: one row and its tool list);
-- 100 audit rows written as one group commit (`audit_soon` + `flush_audit`);
-- audit_rows, a page of 100.
+- upsert_device (`store.devices.upsert`: a device registering, one row and its tool list);
+- 100 audit rows written as one group commit (`store.audit.record_soon` + `store.audit.flush`);
+- audit_rows (`store.audit.rows`), a page of 100.
 And the driver's own cost: one point read through psycopg 3's synchronous connection (what the Store
 runs on the loop) against asyncpg's (the fastest async driver), same database, same statement.
 """
@@ -33,21 +34,21 @@ PROFILE = json.dumps({"os": {"platform": "linux"}, "tags": ["lab"], "name": "ben
 
 
 def operations(store: Store, n: int) -> dict[str, Callable[[], None]]:
-    hot = store.create_token("api", "bench", ["read"])[1]
-    store.verify_token(hot)
+    hot = store.tokens.create("api", "bench", ["read"])[1]
+    store.tokens.verify(hot)
     devices = iter(range(10**9))
 
     def audit_100() -> None:
-        store.audit_soon(("api:bench", "laptop", f"c{i}", "shell.run", {"argv": ["ls"]}, "success", None, "r", None)
-                         for i in range(100))
-        store.flush_audit()
+        store.audit.record_soon(("api:bench", "laptop", f"c{i}", "shell.run", {"argv": ["ls"]}, "success", None, "r",
+                                 None) for i in range(100))
+        store.audit.flush()
 
     return {
-        "verify_token, cached": lambda: store.verify_token(hot),
-        "verify_token, a query": lambda: store.verify_token("tapi_not-a-token"),  # unknown: never cached
-        "upsert_device": lambda: store.upsert_device(f"d{next(devices)}", PROFILE, time.time(), tools=("dg", "[]")),
+        "verify_token, cached": lambda: store.tokens.verify(hot),
+        "verify_token, a query": lambda: store.tokens.verify("tapi_not-a-token"),  # unknown: never cached
+        "upsert_device": lambda: store.devices.upsert(f"d{next(devices)}", PROFILE, time.time(), tools=("dg", "[]")),
         "100 audit rows, one commit": audit_100,
-        "audit_rows, a page of 100": lambda: store.audit_rows(100),
+        "audit_rows, a page of 100": lambda: store.audit.rows(100),
     }
 
 

@@ -62,7 +62,7 @@ async def test_plan_runs_on_the_device_with_streamed_events_and_audit(tmp_path: 
         events = await server.events_until(created["id"], lambda e: False)
         task = (await server.api.get(f"/tasks/{created['id']}")).json()
         listed = (await server.api.get("/tasks")).json()
-        audit = server.store.audit_rows(limit=10)
+        audit = server.store.audit.rows(limit=10)
     assert task["state"] == "done", task["error"]
     assert (root / "demo" / "hello-world.txt").read_text() == "hello"
     assert [e["seq"] for e in events[:-1]] == list(range(len(events) - 1))  # every event, in order, once
@@ -124,7 +124,7 @@ async def test_approval_through_the_api(tmp_path: Path, jailed: Any, approved: b
         assert response.status_code == 200, response.text
         assert response.json()["state"] == ("running" if approved else "cancelled")  # current, not stale
         task = await server.finished(created["id"])
-        audit = [r for r in server.store.audit_rows(limit=10) if r["tool_name"] == "shell.run"]
+        audit = [r for r in server.store.audit.rows(limit=10) if r["tool_name"] == "shell.run"]
     assert [r["approved_by"] for r in reversed(audit)] == ([None, "api:tester-0"] if approved else [None])
     assert task["questions"][0]["answered_by"] == "api:tester-0"
     if approved:
@@ -152,7 +152,7 @@ async def test_two_device_plan_runs_each_step_on_its_device_and_undo_reaches_bot
         approved = await server.api.post(f"/tasks/{created['id']}/approval", json={"approved": True})
         assert approved.status_code == 200, approved.text
         task = await server.finished(created["id"])
-        audit = server.store.audit_rows(limit=20)
+        audit = server.store.audit.rows(limit=20)
         assert (root_b / "keep.txt").read_text() == "changed on beta"
         undone = await server.api.post(f"/tasks/{created['id']}/undo")
     assert task["state"] == "done", task["error"]
@@ -310,8 +310,8 @@ async def test_approvals_need_the_approve_scope(tmp_path: Path, jailed: Any) -> 
         ran = await server.api.post("/devices/alpha/commands", json={"commands": [command]})
         assert ran.status_code == 200 and ran.json()["results"][0]["status"] == "success", ran.text
         assert not victim.exists()
-        server.store.flush_audit()
-        [row] = [r for r in server.store.audit_rows(limit=50) if r["tool_name"] == "shell.run" and r["approved_by"]]
+        server.store.audit.flush()
+        [row] = [r for r in server.store.audit.rows(limit=50) if r["tool_name"] == "shell.run" and r["approved_by"]]
         assert row["requested_by"] == "api:tester-0" and row["approved_by"] == "api:tester-0"
         assert (await server.api.post(f"/tasks/{created['id']}/cancel", headers=agent)).status_code == 200
 

@@ -154,10 +154,10 @@ async def test_a_token_with_confirm_destructive_holds_plans_that_change_things(t
     policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
     async with AgentServer(tmp_path) as server:
         await server.add_device("alpha", policy, tmp_path / "state-alpha")
-        info, secret = server.store.create_token("api", "careful", ["read", "execute", "approve"],
+        info, secret = server.store.tokens.create("api", "careful", ["read", "execute", "approve"],
                                                  confirm="destructive")
         assert info.confirm == "destructive"
-        assert [t.confirm for t in server.store.list_tokens() if t.name == "careful"] == ["destructive"]
+        assert [t.confirm for t in server.store.tokens.all() if t.name == "careful"] == ["destructive"]
         careful = {"Authorization": f"Bearer {secret}"}
         looking = (await server.api.post("/tasks", json={"device": "alpha", "plan": [
             {"skill": "list_dir", "args": {"path": str(root)}}]}, headers=careful)).json()
@@ -269,7 +269,7 @@ async def test_a_plan_waiting_for_confirmation_survives_a_server_restart(tmp_pat
     target = root / "later.txt"
     async with AgentServer(tmp_path, db_path=db) as server:
         await server.add_device("alpha", policy, tmp_path / "state-alpha")
-        _, secret = server.store.create_token("api", "careful", ["read", "execute", "approve"], confirm="always")
+        _, secret = server.store.tokens.create("api", "careful", ["read", "execute", "approve"], confirm="always")
         careful = {"Authorization": f"Bearer {secret}"}
         created = (await server.api.post("/tasks", json={"device": "alpha", "plan": [
             {"skill": "write_file", "args": {"file_path": str(target), "content": "later"}}]},

@@ -46,7 +46,7 @@ async def test_a_step_on_all_runs_on_every_device_and_the_task_goes_on(tmp_path:
             {"skill": "shell.run", "args": echo(root, "after")}])
         events = await server.events_until(created["id"], lambda e: False)
         task = (await server.api.get(f"/tasks/{created['id']}")).json()
-        audit = server.store.audit_rows(limit=20)
+        audit = server.store.audit.rows(limit=20)
     assert task["state"] == "done", task["error"]
     first = task["steps"][0]["result"]
     assert first["status"] == "success"

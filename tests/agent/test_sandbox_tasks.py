@@ -200,7 +200,7 @@ async def test_server_task_approved_through_the_api_applies_the_held_layers_and_
 
         task = await server.finished(task_id)
         stamp = home.bashrc.read_text()
-        audit = [r for r in server.store.audit_rows(limit=20) if r["tool_name"] == "shell.run"]
+        audit = [r for r in server.store.audit.rows(limit=20) if r["tool_name"] == "shell.run"]
         undone = await server.api.post(f"/tasks/{task_id}/undo")
         restored = home.bashrc.read_bytes()
 

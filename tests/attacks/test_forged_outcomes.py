@@ -31,7 +31,7 @@ async def _pending_batch(srv, victim: FakeDevice) -> tuple[str, Command]:
     await victim.expect(ServerMessageType.CANCEL)
     [result] = await asyncio.wait_for(run, WAIT)
     assert result.outcome_pending, result
-    [row] = srv.store.batch_rows(sent.response_id)
+    [row] = srv.store.audit.batch(sent.response_id)
     assert row["status"] == "pending", row
     return sent.response_id, sent.actions[0]
 
@@ -47,14 +47,14 @@ async def test_another_device_cannot_settle_a_pending_outcome(servers) -> None:
     await attacker.results(response_id, [Result(status=ResultStatus.SUCCESS, result={"forged": True},
                                                 call_id=command.call_id)])
     await attacker.sync()
-    [row] = srv.store.batch_rows(response_id)
+    [row] = srv.store.audit.batch(response_id)
     assert row["status"] == "pending" and row["device"] == "victim", row  # untouched
     # the real device's answer settles it, once; a second, different answer changes nothing
     await victim.results(response_id, [ok(command)])
     await victim.sync()
     await victim.results(response_id, [Result(status=ResultStatus.FAILURE, error="second", call_id=command.call_id)])
     await victim.sync()
-    [row] = srv.store.batch_rows(response_id)
+    [row] = srv.store.audit.batch(response_id)
     assert row["status"] == "success" and row["error"].startswith("late:"), row
 
 
@@ -64,8 +64,8 @@ async def test_a_result_for_a_batch_never_sent_writes_nothing(servers) -> None:
     await attacker.register()
     await attacker.results("f" * 32, [Result(status=ResultStatus.SUCCESS, call_id="invented")])
     await attacker.sync()
-    assert srv.store.batch_rows("f" * 32) == []
-    assert srv.store.audit_rows(device="attacker") == []
+    assert srv.store.audit.batch("f" * 32) == []
+    assert srv.store.audit.rows(device="attacker") == []
 
 
 async def test_a_flood_of_results_for_nothing_stops_being_looked_up(servers, caplog) -> None:

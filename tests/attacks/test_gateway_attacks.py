@@ -32,7 +32,7 @@ class Target:
         self.executor = server.token("executor", "read", "execute")
 
     def audit(self) -> list[Any]:
-        return list(self.server.store.audit_rows(device="laptop"))
+        return list(self.server.store.audit.rows(device="laptop"))
 
     def untouched(self) -> None:
         assert self.ran == [], f"the device was sent {self.ran}"
@@ -123,7 +123,7 @@ async def test_tokens_outside_the_authorization_header_are_never_accepted(target
                    f"Bearer {target.executor}x", f"Bearer {target.executor[:-1]}"):
         refused = await post(target, INIT, {"Authorization": header})
         assert refused.status_code == 401 and set(refused.json()) == {"error"}, (header, refused.text)
-    device_secret = target.server.store.create_token("device", "laptop")[1]
+    device_secret = target.server.store.tokens.create("device", "laptop")[1]
     as_device = await post(target, RUN, bearer(device_secret))
     assert as_device.status_code == 403 and set(as_device.json()) == {"error"}
     # a cookie carrying the token does not count either, nor does any other verb without the header
@@ -140,7 +140,7 @@ async def test_tokens_outside_the_authorization_header_are_never_accepted(target
 async def test_a_revoked_token_is_refused_on_its_next_request_even_inside_its_session(target: Target) -> None:
     token = target.server.token("short-lived", "read", "execute")
     session = await open_session(target, token)
-    target.server.store.revoke_token("short-lived")
+    target.server.store.tokens.revoke("short-lived")
     refused = await post(target, RUN, {**bearer(token), "Mcp-Session-Id": session})
     assert refused.status_code == 401 and refused.json() == {"error": "unknown or revoked token"}
     async with httpx2.AsyncClient(timeout=WAIT * 4) as http:
@@ -159,7 +159,7 @@ async def test_a_revoked_tokens_open_stream_is_closed_not_told_about_the_fleet(t
             http.stream("GET", target.server.mcp_url,
                         headers={**HEADERS, **bearer(token), "Mcp-Session-Id": session}) as stream:
         assert stream.status_code == 200
-        target.server.store.revoke_token("listener")
+        target.server.store.tokens.revoke("listener")
         newcomer = target.server.device("desk")
         assert (await newcomer.register()).status.value == "ok"  # a fleet change the stream would be told of
         async for line in stream.aiter_lines():  # ends when the server closes the stream (ReadTimeout if not)
@@ -413,8 +413,8 @@ async def test_modern_clients_cannot_forge_or_replay_request_state(tmp_path: Pat
     server = await GatewayServer(tmp_path).start()
     try:
         gateway = await server.app.state.gateway.ready()  # built on first use (server/mcp/lazy.py)
-        token = server.store.verify_token(server.token("modern", "read", "execute", "approve"))
-        other = server.store.verify_token(server.token("modern2", "read", "execute", "approve"))
+        token = server.store.tokens.verify(server.token("modern", "read", "execute", "approve"))
+        other = server.store.tokens.verify(server.token("modern2", "read", "execute", "approve"))
         assert token is not None and other is not None
         import mcp_types as types
 
@@ -537,7 +537,7 @@ async def test_a_client_that_never_reads_progress_holds_a_bounded_amount(tmp_pat
         async def never_read(done: float, total: float | None, message: str | None) -> None:
             await stuck.wait()  # the client's stream is full: the send never completes
 
-        token = server.store.verify_token(server.token("slow", "read", "execute"))
+        token = server.store.tokens.verify(server.token("slow", "read", "execute"))
         assert token is not None
         forward = calls._Forwarder(server.app.state.hub, "laptop", calls.Caller(token, "slow/1"), never_read, None)
         chunk = "x" * 1_000_000  # one string shared by every event: the test itself stays small either way

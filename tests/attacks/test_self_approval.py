@@ -44,7 +44,7 @@ class Fleet:
     def __init__(self, server: AgentServer, root: Path) -> None:
         self.server, self.root = server, root
         self.base = f"http://127.0.0.1:{server.port}"
-        self.admin = server.store.create_token("api", "root", ["admin"])[1]
+        self.admin = server.store.tokens.create("api", "root", ["admin"])[1]
 
     def client(self, token: str) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=f"{self.base}/api/v1", headers={"Authorization": f"Bearer {token}"},
@@ -115,7 +115,7 @@ def refused_for_an_agent(response: httpx.Response, task_id: str | None = None) -
 
 async def test_the_mcp_config_token_is_an_agents_and_cannot_be_made_to_approve(fleet: Fleet) -> None:
     agent = await fleet.mcp_config_token()
-    info = fleet.server.store.verify_token(agent)
+    info = fleet.server.store.tokens.verify(agent)
     assert info is not None and info.agent and info.scopes == ["execute", "read"] and not info.allows("approve")
     async with fleet.client(fleet.admin) as admin:
         for scopes in (["approve"], ["read", "admin"]):
@@ -173,7 +173,7 @@ async def test_an_agent_approving_through_rest_is_refused_and_the_file_stays(fle
         denied = await api.post(f"/tasks/{task_id}/approval", json={"approved": False})
         assert denied.status_code == 200 and denied.json()["state"] == "cancelled", denied.text
     assert victim.read_text() == "precious\n"
-    rows = [r for r in fleet.server.store.audit_rows(limit=50) if r["tool_name"] == "shell.run"]
+    rows = [r for r in fleet.server.store.audit.rows(limit=50) if r["tool_name"] == "shell.run"]
     assert all(r["approved_by"] is None for r in rows), rows  # nothing ran as approved
 
 
@@ -200,8 +200,8 @@ async def test_the_cli_refuses_an_agent_and_a_person_approves_seeing_who_asked(f
     done = await fleet.server.finished(task_id)
     assert done["state"] == "done", done
     assert not victim.exists()
-    [ran] = [r for r in fleet.server.store.audit_rows(limit=20) if r["approved_by"]]
-    tester = fleet.server.store.verify_token(person)
+    [ran] = [r for r in fleet.server.store.audit.rows(limit=20) if r["approved_by"]]
+    tester = fleet.server.store.tokens.verify(person)
     assert tester is not None and ran["approved_by"] == f"api:{tester.name}" and ran["status"] == "success"
     assert ran["approval_digest"] == asked["digest"]
 
@@ -254,7 +254,7 @@ async def test_elicitation_never_carries_an_agents_approval(fleet: Fleet) -> Non
         assert "a person approves" in direct.content[0].text
     assert asked == []
     assert victim.read_text() == "precious\n"
-    rows = [r for r in fleet.server.store.audit_rows(limit=20) if r["tool_name"] == "shell.run"]
+    rows = [r for r in fleet.server.store.audit.rows(limit=20) if r["tool_name"] == "shell.run"]
     assert rows and all(r["approved_by"] is None for r in rows), rows
 
 
@@ -264,8 +264,8 @@ async def test_four_eyes_the_person_who_asked_cannot_approve(tmp_path: Path, mon
     victim.write_text("precious\n")
     async with AgentServer(tmp_path, four_eyes=True) as server:
         await server.add_device("alpha", policy, tmp_path / "state-alpha")
-        alice = server.store.create_token("api", "alice", ["read", "execute", "approve"])[1]
-        bob = server.store.create_token("api", "bob", ["read", "execute", "approve"])[1]
+        alice = server.store.tokens.create("api", "alice", ["read", "execute", "approve"])[1]
+        bob = server.store.tokens.create("api", "bob", ["read", "execute", "approve"])[1]
         fleet = Fleet(server, root)
         async with fleet.client(alice) as as_alice, fleet.client(bob) as as_bob:
             task_id = (await as_alice.post("/tasks", json={"plan": [rm(victim, root)], "device": "alpha"})).json()["id"]
@@ -282,7 +282,7 @@ async def test_four_eyes_the_person_who_asked_cannot_approve(tmp_path: Path, mon
             assert theirs.status_code == 200, theirs.text
         assert (await fleet.server.finished(task_id))["state"] == "done"
         assert not victim.exists()
-        [ran] = [r for r in server.store.audit_rows(limit=20) if r["approved_by"]]
+        [ran] = [r for r in server.store.audit.rows(limit=20) if r["approved_by"]]
         assert ran["approved_by"] == "api:bob" and ran["requested_by"].endswith("for api:alice")
 
 
@@ -309,7 +309,7 @@ async def test_a_script_edited_after_the_question_is_asked_again_and_not_run(
         assert "what was approved has changed" in again["question"], again["question"]
         assert not ran.exists() and victim.read_text() == "precious\n"
         # the audit: the attempt, the person who approved it and the digest they approved
-        [attempt] = [r for r in server.store.audit_rows(limit=20) if r["approved_by"]]
+        [attempt] = [r for r in server.store.audit.rows(limit=20) if r["approved_by"]]
         assert attempt["approval_digest"] == first["digest"] and attempt["status"] == "failure"
         assert attempt["approved_by"].startswith("api:tester")
         # the old digest is refused now; approving what is shown now runs the script as it is now

@@ -47,8 +47,8 @@ class Fleet:
     def __init__(self, agent: AgentServer) -> None:
         self.agent = agent
         store = agent.store
-        self.admin = store.create_token("api", "root", ALL)[1]
-        self.scoped = store.create_token("api", "attacker", ALL, devices=["dev1"])[1]
+        self.admin = store.tokens.create("api", "root", ALL)[1]
+        self.scoped = store.tokens.create("api", "attacker", ALL, devices=["dev1"])[1]
         self.base = f"http://127.0.0.1:{agent.port}"
 
     def http(self, token: str) -> httpx.AsyncClient:
@@ -63,7 +63,7 @@ async def add_device(agent: AgentServer, name: str, state: Path, tag: str, confi
                                                  "policy_remote": True})
     device = build_device(load_device_config(config) if config else None, policy=policy, state_dir=state,
                           client_id=name)
-    secret = agent.store.create_token("device", name)[1]
+    secret = agent.store.tokens.create("device", name)[1]
     link = DeviceConnection(device.client, f"ws://127.0.0.1:{agent.port}/aip", secret, name=name,
                             profile=lambda: collect_profile(device, tags=[tag]),
                             remote_policy=RemotePolicy(device.policy, state))
@@ -157,7 +157,7 @@ async def test_device_list_detail_tools_policy_and_tokens(fleet: Fleet) -> None:
 
 
 async def test_tag_scope_reaches_the_devices_with_the_tag(fleet: Fleet) -> None:
-    blue = fleet.agent.store.create_token("api", "blue-only", ["read", "execute"], tags=["blue"])[1]
+    blue = fleet.agent.store.tokens.create("api", "blue-only", ["read", "execute"], tags=["blue"])[1]
     async with fleet.http(blue) as http:
         assert [d["name"] for d in (await http.get("/devices")).json()] == ["dev1"]
         error = (await http.post("/devices/dev2/commands", json={"commands": [LIST_TOOLS]})).json()["error"]
@@ -206,7 +206,7 @@ async def test_tasks_stay_in_scope(fleet: Fleet, tmp_path: Path) -> None:
     tasks = fleet.agent.tasks
     [result] = await tasks._dispatcher(tasks.get(mine), "dev2").execute_commands([Command(**LIST_TOOLS)])
     assert not result.ok and "outside the scope of the token that created the task" in (result.error or "")
-    assert not [r for r in fleet.agent.store.audit_rows(device="dev2") if r["requested_by"].startswith("task:")]
+    assert not [r for r in fleet.agent.store.audit.rows(device="dev2") if r["requested_by"].startswith("task:")]
     # the admin's task on dev2: not there for the scoped token, whatever it asks
     async with fleet.http(fleet.admin) as admin:
         made = await admin.post("/tasks", json={"plan": [step], "device": "dev2"})

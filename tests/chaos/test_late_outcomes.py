@@ -16,7 +16,7 @@ from tests.kits.faultproxy import FaultProxy
 from tests.kits.netutil import CLI, wait_for
 from tether.client.rest import RemoteError
 from tether.protocol.models import Result, ResultStatus
-from tether.server.store import LATE_NOTE
+from tether.server.store.audit import LATE_NOTE
 
 
 def _settled(cluster: ChaosCluster, batch_id: str) -> dict[str, Any]:

@@ -28,13 +28,13 @@ class AuditServer:
         self.db = tmp / "server.db"
         self.env = tether_env(tmp / "state")
         store = Store(self.db)
-        _, self.token = store.create_token("api", "admin", ["read", "execute", "approve", "admin"])
-        store.audit("api:alice", "laptop", "c1", "shell.run", {"command": ["ls"]}, "success", None)
-        store.audit(f"task:{TASK[:12]} for api:bob", "phone", "c2", "files.read_file", {}, "success", None)
-        store.audit(f"undo:{TASK[:12]} by api:bob", "phone", "c3", "undo", {}, "success", None)
-        store.audit("api:al_ce", "laptop", "c4", "shell.run", {}, "failure", "boom")  # '_' is not a wildcard
+        _, self.token = store.tokens.create("api", "admin", ["read", "execute", "approve", "admin"])
+        store.audit.record("api:alice", "laptop", "c1", "shell.run", {"command": ["ls"]}, "success", None)
+        store.audit.record(f"task:{TASK[:12]} for api:bob", "phone", "c2", "files.read_file", {}, "success", None)
+        store.audit.record(f"undo:{TASK[:12]} by api:bob", "phone", "c3", "undo", {}, "success", None)
+        store.audit.record("api:al_ce", "laptop", "c4", "shell.run", {}, "failure", "boom")  # '_' is not a wildcard
         for i in range(10):
-            store.audit("api:filler", "laptop", f"f{i}", "shell.run", {}, "success", None)
+            store.audit.record("api:filler", "laptop", f"f{i}", "shell.run", {}, "success", None)
         store.close()
         with sqlite3.connect(self.db) as conn:  # known times: row id N was written at 1000 + 60 N
             conn.execute("UPDATE audit SET at = 1000 + 60 * id")
@@ -163,7 +163,7 @@ def test_readme_python_blocks_compile() -> None:
 
 def test_devices_shows_tags_and_sandbox(server: AuditServer, tmp_path: Path) -> None:
     store = Store(server.db)
-    _, device_token = store.create_token("device", "tagged", [])
+    _, device_token = store.tokens.create("device", "tagged", [])
     store.close()
     device = Proc(["device", "--server", f"ws://127.0.0.1:{server.port}", "--name", "tagged", "--tag", "lab",
                    "--tag", "gpu-box", "--state-dir", str(tmp_path / "dev")], tmp_path / "device.log",

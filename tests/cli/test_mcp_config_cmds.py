@@ -47,7 +47,7 @@ def base(agent: AgentServer) -> str:
 
 
 def admin(agent: AgentServer) -> str:
-    return agent.store.create_token("api", "root", ["admin"])[1]
+    return agent.store.tokens.create("api", "root", ["admin"])[1]
 
 
 def endpoint(client: str, text: str) -> tuple[str, str]:
@@ -84,7 +84,7 @@ async def test_each_clients_snippet_connects_with_a_new_token(agent: AgentServer
     assert url == f"{base(agent)}/mcp"
     tools = await tools_seen(url, header)
     assert {"run_task", "list_devices", "alpha__shell.run", "beta__shell.run"} <= tools
-    made = [t for t in agent.store.list_tokens() if t.name == f"mcp-{client}"]
+    made = [t for t in agent.store.tokens.all() if t.name == f"mcp-{client}"]
     # an agent's token (issue 27): it runs and reads, and never approves
     assert len(made) == 1 and sorted(made[0].scopes) == ["execute", "read"] and made[0].agent
     assert not made[0].allows("approve") and "never approves" in err
@@ -99,14 +99,14 @@ async def test_device_filter_name_and_scope(agent: AgentServer) -> None:
     assert url == f"{base(agent)}/mcp?devices=alpha"
     tools = await tools_seen(url, header)
     assert "alpha__shell.run" in tools and not any(t.startswith("beta__") for t in tools) and "run_task" in tools
-    [made] = [t for t in agent.store.list_tokens() if t.name == "ide-1"]
+    [made] = [t for t in agent.store.tokens.all() if t.name == "ide-1"]
     assert made.scopes == ["read"]
 
 
 async def test_refusals_are_one_line_and_create_nothing(agent: AgentServer) -> None:
-    runner = agent.store.create_token("api", "runner", ["read", "execute"])[1]
+    runner = agent.store.tokens.create("api", "runner", ["read", "execute"])[1]
     root = admin(agent)
-    before = len(agent.store.list_tokens())
+    before = len(agent.store.tokens.all())
     results = {
         "not admin": await tether(server=base(agent), token=runner),
         "bad token": await tether(server=base(agent), token="nope"),
@@ -123,5 +123,5 @@ async def test_refusals_are_one_line_and_create_nothing(agent: AgentServer) -> N
         assert out == "" and err.startswith("error: ") and "Traceback" not in err, (what, err)
     assert "admin" in results["not admin"][2] and "emacs" in results["bad client"][2]
     assert "never approves" in results["a person's scope"][2]
-    assert len(agent.store.list_tokens()) == before
+    assert len(agent.store.tokens.all()) == before
 

@@ -51,7 +51,7 @@ async def test_async_client_every_family(tmp_path: Path) -> None:
     async with AgentServer(tmp_path) as server:
         root = await _server_with_alpha(tmp_path, server)
         base = f"http://127.0.0.1:{server.port}"
-        admin = server.store.create_token("api", "auditor", ["admin"])[1]
+        admin = server.store.tokens.create("api", "auditor", ["admin"])[1]
         async with AsyncClient(base, server.token, timeout=30) as client, \
                 AsyncClient(base, server.agent_token, timeout=30) as agent, AsyncClient(base, admin) as auditor:
             assert (await client.health())["status"] == "ok"

@@ -29,7 +29,7 @@ async def test_every_example_runs(tmp_path: Path) -> None:
     policy = default_policy().model_copy(update={"read_roots": ["/"], "write_roots": [str(tmp_path), "/tmp"]})
     async with AgentServer(tmp_path) as server:
         await server.add_device("alpha", policy, tmp_path / "state-alpha")
-        token = server.store.create_token("api", "docs", ["read", "execute", "approve", "admin"])[1]
+        token = server.store.tokens.create("api", "docs", ["read", "execute", "approve", "admin"])[1]
         env = {**os.environ, "TETHER_SERVER": f"http://127.0.0.1:{server.port}", "TETHER_TOKEN": token,
                "TMPDIR": str(tmp_path)}
         for code in examples():

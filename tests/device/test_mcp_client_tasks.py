@@ -28,7 +28,7 @@ async def add_interactive_device(server: AgentServer, name: str, tmp_path: Path,
                                                                  "args": [INTERACTIVE]}}})
     device = build_device(config, policy=policy or Policy(), state_dir=tmp_path / f"state-{name}",
                           client_id=name, sandbox=False)
-    token = server.store.create_token("device", name)[1]
+    token = server.store.tokens.create("device", name)[1]
     link = DeviceConnection(device.client, f"ws://127.0.0.1:{server.port}/aip", token, name=name,
                             profile=lambda: collect_profile(device))
     link.questions = RemoteQuestions()

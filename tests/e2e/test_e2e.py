@@ -61,7 +61,7 @@ def test_bad_no_revoked_and_mismatched_tokens_are_refused(cluster):
     assert posing.popen.wait(timeout=60) == 3
     assert "alpha" in posing.output() and "beta" in posing.output()
     store = Store(str(dbkit.server_db(cluster.db)))
-    assert store.revoke_token("beta") == 1
+    assert store.tokens.revoke("beta") == 1
     store.close()
     revoked = cluster.device("beta")
     assert revoked.popen.wait(timeout=60) == 3

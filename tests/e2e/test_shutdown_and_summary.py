@@ -41,8 +41,8 @@ class Server:
         self.state.mkdir()
         db = self.state / "server.db"
         store = Store(str(db))
-        _, self.api_token = store.create_token("api", "admin", ["read", "execute", "admin"])
-        self.device_tokens = {n: store.create_token("device", n, [])[1] for n in ("alpha", "gamma")}
+        _, self.api_token = store.tokens.create("api", "admin", ["read", "execute", "admin"])
+        self.device_tokens = {n: store.tokens.create("device", n, [])[1] for n in ("alpha", "gamma")}
         store.close()
         self.port = free_port()
         self.env = tether_env(self.state)

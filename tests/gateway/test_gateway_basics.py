@@ -42,7 +42,7 @@ async def test_refused_without_a_valid_api_token(server: GatewayServer) -> None:
     assert "Authorization: Bearer" in missing.json()["error"]
     wrong = await post(server, {"Authorization": "Bearer not-a-token"})
     assert wrong.status_code == 401 and wrong.json() == {"error": "unknown or revoked token"}
-    device_token = server.store.create_token("device", "laptop")[1]
+    device_token = server.store.tokens.create("device", "laptop")[1]
     device = await post(server, {"Authorization": f"Bearer {device_token}"})
     assert device.status_code == 403 and "device token" in device.json()["error"]
     bad_filter = await post(server, {"Authorization": f"Bearer {server.token('r', 'read')}"}, "?devices=a;rm")
@@ -120,7 +120,7 @@ async def test_a_call_runs_through_the_dispatcher_and_is_audited_with_the_client
         unknown = await client.call_tool("laptop__nope", {})
         assert unknown.is_error and "no tool named" in unknown.content[0].text
     answered.cancel()
-    [row] = server.store.audit_rows(token="agent")
+    [row] = server.store.audit.rows(token="agent")
     assert row["device"] == "laptop" and row["tool_name"] == "shell.run" and row["status"] == "success"
     assert row["requested_by"] == "mcp:mcp/0.1.0 by api:agent"
     await laptop.close()

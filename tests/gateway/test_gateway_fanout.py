@@ -54,7 +54,7 @@ async def test_one_call_on_every_matching_device_with_progress(server: GatewaySe
     async with mcp_client(server.mcp_url, server.token("viewer", "read")) as reader:
         refused = await reader.call_tool("run_on_fleet", {"tool": "shell.run"})
         assert refused.is_error and "execute" in refused.content[0].text
-    rows = server.store.audit_rows(token="ops")
+    rows = server.store.audit.rows(token="ops")
     assert len(rows) == 4 and all(r["requested_by"] == "mcp:mcp/0.1.0 by api:ops" for r in rows)
     for task in served:
         task.cancel()

@@ -137,7 +137,7 @@ async def test_the_clients_cancellation_cancels_the_batch_on_the_device(server: 
             group.cancel_scope.cancel()  # the SDK sends notifications/cancelled for the abandoned request
         cancel = await laptop.expect(ServerMessageType.CANCEL)
         assert cancel.response_id == command.response_id
-    [row] = server.store.audit_rows(device="laptop")
+    [row] = server.store.audit.rows(device="laptop")
     assert row["status"] == "failure" and "cancelled by the MCP client" in row["error"]
     await laptop.close()
 
@@ -178,7 +178,7 @@ async def test_a_revoked_token_is_refused_on_its_next_request(server: GatewaySer
     token = server.token("soon-gone", "read")
     async with mcp_client(server.mcp_url, token) as client:
         assert "list_devices" in {t.name for t in (await client.list_tools()).tools}
-        server.store.revoke_token("soon-gone")
+        server.store.tokens.revoke("soon-gone")
         with pytest.raises(MCPError):  # the SDK reports the HTTP error without its status
             await client.list_tools()
     async with httpx2.AsyncClient(timeout=WAIT) as http:

@@ -42,7 +42,7 @@ def url(agent: AgentServer) -> str:
 
 
 def token(agent: AgentServer, name: str, *scopes: str) -> str:
-    return agent.store.create_token("api", name, list(scopes))[1]
+    return agent.store.tokens.create("api", name, list(scopes))[1]
 
 
 def shell(cmd: str, argv: list[str], cwd: Path) -> dict[str, Any]:
@@ -96,7 +96,7 @@ async def test_run_task_streams_each_step_and_its_output_as_progress(server: tup
     assert any(m.startswith("step 1/2 started") for m in messages)
     assert any(m.startswith("step 2/2 output: ") and "hi there" in m for m in messages)
     assert "step 2/2 success" in messages
-    audit = [r for r in agent.store.audit_rows(limit=10) if r["tool_name"] == "shell.run"]
+    audit = [r for r in agent.store.audit.rows(limit=10) if r["tool_name"] == "shell.run"]
     assert len(audit) == 2 and all(r["requested_by"].endswith("for mcp:ide/3 by api:ide") for r in audit), audit
 
 
@@ -117,7 +117,7 @@ async def test_an_approval_is_asked_through_elicitation_and_the_task_goes_on(ser
     [question] = asked
     assert question.requested_schema["properties"]["answer"]["enum"] == ["approve", "deny"]
     assert "rm" in question.message
-    ran = [r for r in agent.store.audit_rows(limit=10) if r["tool_name"] == "shell.run"]
+    ran = [r for r in agent.store.audit.rows(limit=10) if r["tool_name"] == "shell.run"]
     assert [r["approved_by"] for r in reversed(ran)] == [None, "mcp:desk/1 by api:person"]
 
 

@@ -65,7 +65,7 @@ class Running:
         self.url = f"ws://127.0.0.1:{port}/aip"
 
     def token(self, name: str) -> str:
-        return self.store.create_token("device", name)[1]
+        return self.store.tokens.create("device", name)[1]
 
     def device(self, name: str, **kwargs: Any) -> FakeDevice:
         return FakeDevice(self.url, self.token(name), name=name, **kwargs)

@@ -30,7 +30,7 @@ from tests.kits import db as dbkit
 from tests.kits.netutil import Proc, free_port, tether_env, wait_for
 from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command, Result, ResultStatus
-from tether.server.store import LATE_NOTE
+from tether.server.store.audit import LATE_NOTE
 
 # heartbeats every 0.3 s, a link silent for 2 s is dead, a dropped device's batches wait 3 s for it
 SERVER_TIMING = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]

@@ -189,18 +189,18 @@ def create_tokens(target: Path | str, specs: Sequence[tuple[str, str, Sequence[s
     """
     from tether.server.store import Store
 
-    if inspect.iscoroutinefunction(getattr(Store, "create_token", None)):
+    if hasattr(Store, "open"):  # the async Store of the storage contract (as `migrate` asks)
         async def create() -> list[str]:
             store = await Store.open(str(target))  # type: ignore[attr-defined]
             try:
-                return [(await store.create_token(kind, name, list(scopes)))[1] for kind, name, scopes in specs]
+                return [(await store.tokens.create(kind, name, list(scopes)))[1] for kind, name, scopes in specs]
             finally:
                 await store.aclose()
 
         return _run(create())
     store = Store(str(target))
     try:
-        return [store.create_token(kind, name, list(scopes))[1] for kind, name, scopes in specs]
+        return [store.tokens.create(kind, name, list(scopes))[1] for kind, name, scopes in specs]
     finally:
         store.close()
 

@@ -27,8 +27,8 @@ class App:
         self.app, self.store, self.server, self.task, self.port = app, store, server, task, port
         self.hub = app.state.hub
         self.url = f"http://127.0.0.1:{port}"
-        self.runner = store.create_token("api", "runner", ["execute"])[1]
-        self.reader = store.create_token("api", "reader", ["read"])[1]
+        self.runner = store.tokens.create("api", "runner", ["execute"])[1]
+        self.reader = store.tokens.create("api", "reader", ["read"])[1]
 
     def http(self, token: str | None = None) -> httpx.AsyncClient:
         token = self.runner if token is None else token
@@ -36,7 +36,7 @@ class App:
         return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=WAIT * 2)
 
     async def device(self, name: str, tags: list[str] | None = None) -> FakeDevice:
-        dev = FakeDevice(f"ws://127.0.0.1:{self.port}/aip", self.store.create_token("device", name)[1], name=name,
+        dev = FakeDevice(f"ws://127.0.0.1:{self.port}/aip", self.store.tokens.create("device", name)[1], name=name,
                          profile=DeviceProfile(tags=tags or []))
         ack = await dev.register()
         assert ack.type is ServerMessageType.REGISTER_ACK, ack

@@ -86,9 +86,9 @@ class LiveServer:
         self.settings = ServerSettings(**{**values, **overrides})
         self.store = Store(dbkit.server_db(self.settings.db_path))
         scopes = ["read", "execute", "admin", "approve"]
-        _, self.api_token = self.store.create_token("api", f"fuzzer-{uuid.uuid4().hex}", scopes)
-        _, self.read_token = self.store.create_token("api", f"reader-{uuid.uuid4().hex}", ["read"])
-        self.device_tokens = {name: self.store.create_token("device", name, [])[1]
+        _, self.api_token = self.store.tokens.create("api", f"fuzzer-{uuid.uuid4().hex}", scopes)
+        _, self.read_token = self.store.tokens.create("api", f"reader-{uuid.uuid4().hex}", ["read"])
+        self.device_tokens = {name: self.store.tokens.create("device", name, [])[1]
                               for name in ("fuzz-pre", "fuzz-post", "good", "alpha")}
         self.errors = ErrorLog()
         for name in ("tether", "uvicorn.error", "uvicorn.asgi"):

@@ -61,10 +61,10 @@ class GatewayServer:
         return self
 
     def token(self, name: str, *scopes: str) -> str:
-        return self.store.create_token("api", name, list(scopes))[1]
+        return self.store.tokens.create("api", name, list(scopes))[1]
 
     def device(self, name: str, prof: DeviceProfile | None = None) -> FakeDevice:
-        secret = self.store.create_token("device", name)[1]
+        secret = self.store.tokens.create("device", name)[1]
         return FakeDevice(f"ws://127.0.0.1:{self.port}/aip", secret, name=name, profile=prof or profile())
 
     async def stop(self) -> None:

@@ -52,10 +52,10 @@ class AgentServer:
         settings = ServerSettings(**dbkit.settings_db(self.db_path), heartbeat_interval=5.0, heartbeat_timeout=30.0,
                                   grace_period=5.0, **self.settings_extra)
         self.store = Store(dbkit.server_db(settings.db_path))
-        token = self.store.create_token("api", f"tester-{len(self.store.list_tokens())}",
+        token = self.store.tokens.create("api", f"tester-{len(self.store.tokens.all())}",
                                         ["read", "execute", "approve"])[1]
         # what an agent would hold: it may run tasks but not approve its own dangerous actions
-        self.agent_token = self.store.create_token("api", f"agent-{len(self.store.list_tokens())}",
+        self.agent_token = self.store.tokens.create("api", f"agent-{len(self.store.tokens.all())}",
                                                    ["read", "execute"])[1]
         self.app = create_agent_app(settings, self.store, llm_settings=self.llm, budgets=self.budgets)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -78,7 +78,7 @@ class AgentServer:
     async def add_device(self, name: str, policy: Policy, state_dir: Path) -> LocalDevice:
         """A real device (built-in tools, this policy) connected over AIP and registered."""
         device = build_device(policy=policy, state_dir=state_dir, client_id=name)
-        token = self.store.create_token("device", name)[1]
+        token = self.store.tokens.create("device", name)[1]
         link = DeviceConnection(device.client, f"ws://127.0.0.1:{self.port}/aip", token, name=name,
                                 profile=lambda: collect_profile(device), key=key_for(name))  # one key per name
         job = asyncio.create_task(link.run())

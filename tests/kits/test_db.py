@@ -33,8 +33,8 @@ def test_sqlite_mode_is_the_path_and_tokens_land_in_it(tmp_path: Path, monkeypat
     assert len(set(secrets)) == 2
     store = Store(str(tmp_path / "server.db"))
     try:
-        assert {t.name for t in store.list_tokens()} == {"a", "alpha"}
-        assert store.verify_token(secrets[0]) is not None
+        assert {t.name for t in store.tokens.all()} == {"a", "alpha"}
+        assert store.tokens.verify(secrets[0]) is not None
     finally:
         store.close()
 

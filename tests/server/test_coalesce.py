@@ -119,7 +119,7 @@ async def test_the_websocket_protocol_is_handed_the_real_transport_at_the_upgrad
 class Running:
     def __init__(self, store: Store, port: int) -> None:
         self.store, self.port = store, port
-        self.api = store.create_token("api", "runner", ["execute"])[1]
+        self.api = store.tokens.create("api", "runner", ["execute"])[1]
 
     async def request(self, method: str, path: str,
                       body: bytes = b"") -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
@@ -160,7 +160,7 @@ BODY = json.dumps({"commands": [{"tool_name": "noop", "parameters": {}}]}).encod
 
 
 async def test_a_quick_batch_is_answered_whole_with_content_length(running: Running):
-    device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.create_token("device", "alpha")[1],
+    device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.tokens.create("device", "alpha")[1],
                         name="alpha")
     await device.register()
     serving = device.serve_forever()
@@ -175,7 +175,7 @@ async def test_a_quick_batch_is_answered_whole_with_content_length(running: Runn
 
 
 async def test_a_held_batch_gets_its_headers_first_and_can_be_cancelled_by_their_id(running: Running):
-    device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.create_token("device", "alpha")[1],
+    device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.tokens.create("device", "alpha")[1],
                         name="alpha")
     await device.register()
     reader, writer = await running.request("POST", "/api/v1/devices/alpha/commands", BODY)
@@ -196,7 +196,7 @@ async def test_a_held_batch_gets_its_headers_first_and_can_be_cancelled_by_their
 async def test_a_caller_that_disconnects_cancels_its_batch_on_the_device(running: Running):
     """The caller of a held batch goes away: the device gets a CANCEL saying so and the audit row records
     it — told by the protocol's disconnect hook (coalescing) or by the fallback task reading `receive`."""
-    device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.create_token("device", "alpha")[1],
+    device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.tokens.create("device", "alpha")[1],
                         name="alpha")
     await device.register()
     reader, writer = await running.request("POST", "/api/v1/devices/alpha/commands", BODY)
@@ -206,7 +206,7 @@ async def test_a_caller_that_disconnects_cancels_its_batch_on_the_device(running
     cancel = await device.expect(ServerMessageType.CANCEL)
     assert cancel.response_id == held.response_id
     # the server wrote the outcome in the same step that sent the CANCEL (one loop, no await between)
-    [row] = running.store.audit_rows(device="alpha")
+    [row] = running.store.audit.rows(device="alpha")
     assert row["status"] == "failure" and "disconnected" in row["error"], row
     await device.close()
 

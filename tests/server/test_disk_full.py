@@ -86,8 +86,8 @@ class Server:
         self.db = disk / "server.db"
         self.env = tether_env(disk)
         store = Store(self.db)
-        _, self.token = store.create_token("api", "tests", ["read", "execute", "approve", "admin"])
-        _, self.device_token = store.create_token("device", "alpha", [])
+        _, self.token = store.tokens.create("api", "tests", ["read", "execute", "approve", "admin"])
+        _, self.device_token = store.tokens.create("device", "alpha", [])
         store.close()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}/api/v1"

@@ -125,13 +125,13 @@ async def test_timeout_sends_cancel_says_outcome_pending_and_records_the_late_re
     assert first.ok and second.outcome_pending and "timed out after 0.3s" in second.error
     assert second.error.startswith("outcome pending:") and sent.response_id in second.error
     assert second.result["batch_id"] == sent.response_id and second.result["call_id"] == sent.actions[1].call_id
-    rows = {r["call_id"]: r for r in srv.store.batch_rows(sent.response_id)}
+    rows = {r["call_id"]: r for r in srv.store.audit.batch(sent.response_id)}
     assert rows[sent.actions[1].call_id]["status"] == "pending"
     with caplog.at_level(logging.WARNING, logger="tether.server.hub"):
         await dev.results(sent.response_id, [ok(sent.actions[1])])
         await dev.sync()
     assert f"late results from device laptop for batch {sent.response_id} recorded" in caplog.text
-    late = {r["call_id"]: r for r in srv.store.batch_rows(sent.response_id)}[sent.actions[1].call_id]
+    late = {r["call_id"]: r for r in srv.store.audit.batch(sent.response_id)}[sent.actions[1].call_id]
     assert late["status"] == "success" and late["error"].startswith("late:"), late
     assert srv.hub.registry.get("laptop").load == 0
 
@@ -181,7 +181,7 @@ async def test_drop_mid_batch_and_reconnect_within_grace_delivers_exactly_once(s
     assert "late results" in caplog.text
     await again.results(queued_cmd.response_id, [ok(queued_cmd.actions[0])])
     assert (await queued)[0].ok
-    rows = srv.store.audit_rows(device="laptop")
+    rows = srv.store.audit.rows(device="laptop")
     assert sorted(r["tool_name"] for r in rows) == ["a", "b", "c"]
 
 
@@ -276,7 +276,7 @@ async def test_every_result_is_audited_with_who_asked(servers):
     await dev.results(sent.response_id, [ok(sent.actions[0]),
                                          Result.failure("no such file", call_id=sent.actions[1].call_id)])
     await run
-    rows = srv.store.audit_rows(device="laptop")
+    rows = srv.store.audit.rows(device="laptop")
     assert [(r["tool_name"], r["status"], r["requested_by"], r["response_id"]) for r in reversed(rows)] == [
         ("shell.run", "success", "api:ops", sent.response_id), ("files.read", "failure", "api:ops", sent.response_id)]
     assert '"argv": ["ls"]' in rows[1]["arguments"] and rows[0]["error"] == "no such file"

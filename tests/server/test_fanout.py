@@ -65,7 +65,7 @@ async def test_every_matching_device_runs_the_batch_and_the_ndjson_stream_says_s
     assert tail["summary"]["ok"] == 3 and tail["summary"]["total"] == 3
     assert {k: tail["summary"][k] for k in ("failed", "offline", "timed_out", "cancelled")} == \
         dict.fromkeys(("failed", "offline", "timed_out", "cancelled"), 0)
-    audited = {r["device"] for r in app.store.audit_rows(limit=50)}
+    audited = {r["device"] for r in app.store.audit.rows(limit=50)}
     assert audited == {"a1", "a2", "a3"}  # the same audit path as one device's commands; b1 untouched
     for task in serving:
         task.cancel()
@@ -238,7 +238,7 @@ async def test_errors_are_clear_and_nothing_is_sent(app: App) -> None:
         refused = await reader.post("/api/v1/fleet/commands", json=body())
         assert refused.status_code == 403 and "execute" in refused.json()["error"]
     await dev.sync()  # every frame the server sent before this reply is here: no command among them
-    assert app.store.audit_rows(limit=10) == []
+    assert app.store.audit.rows(limit=10) == []
 
 
 async def test_the_route_is_in_the_openapi_document(app: App) -> None:

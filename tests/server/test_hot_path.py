@@ -35,15 +35,15 @@ class App:
     def __init__(self, store: Store, server: uvicorn.Server, task: asyncio.Task, port: int, db: Path) -> None:
         self.store, self.server, self.task, self.port, self.db = store, server, task, port, db
         self.url = f"http://127.0.0.1:{port}"
-        self.admin = store.create_token("api", "admin", ["admin"])[1]
-        self.runner_info, self.runner = store.create_token("api", "runner", ["execute"])
+        self.admin = store.tokens.create("api", "admin", ["admin"])[1]
+        self.runner_info, self.runner = store.tokens.create("api", "runner", ["execute"])
 
     def http(self, token: str | None) -> httpx.AsyncClient:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         return httpx.AsyncClient(base_url=self.url, headers=headers, timeout=WAIT * 2)
 
     async def device(self, name: str) -> tuple[FakeDevice, asyncio.Task]:
-        dev = FakeDevice(f"ws://127.0.0.1:{self.port}/aip", self.store.create_token("device", name)[1], name=name)
+        dev = FakeDevice(f"ws://127.0.0.1:{self.port}/aip", self.store.tokens.create("device", name)[1], name=name)
         await dev.register()
         return dev, dev.serve_forever()
 
@@ -94,7 +94,7 @@ async def test_a_token_revoked_by_another_writer_of_the_database_is_refused_at_o
         assert (await run(runner, "alpha")).status_code == 200
         other = Store(app.db)  # another connection: `tether token revoke` on the same database
         try:
-            assert other.revoke_token("runner") == 1
+            assert other.tokens.revoke("runner") == 1
         finally:
             other.close()
         assert (await run(runner, "alpha")).status_code == 401
@@ -117,7 +117,7 @@ async def test_the_audit_rows_of_concurrent_commands_are_all_there_when_the_call
         # another connection sees every outcome already: the callers heard after the commit
         reader = Store(app.db)
         try:
-            rows = reader.read("SELECT call_id, status, requested_by FROM audit")
+            rows = reader.audit.rows(limit=10 * n)
         finally:
             reader.close()
         assert {r["call_id"]: r["status"] for r in rows} == dict.fromkeys(call_ids, "success")
@@ -133,13 +133,13 @@ async def test_shutdown_drains_the_audit_rows_written_behind(app: App) -> None:
     async with app.http(app.runner) as runner:
         assert (await run(runner, "alpha")).status_code == 200
     # rows queued behind the request path (as a batch refused before sending is) and not yet flushed
-    app.store.audit_soon([("api:runner", "alpha", f"queued-{i}", "noop", {}, "failure", "refused", None)
-                          for i in range(10)])
-    assert app.store.audit_held == 10
+    app.store.audit.record_soon([("api:runner", "alpha", f"queued-{i}", "noop", {}, "failure", "refused", None)
+                                 for i in range(10)])
+    assert app.store.audit.held == 10
     await app.stop()  # the lifespan's end closes the store, which writes them first
     reader = Store(app.db)
     try:
-        queued = reader.read("SELECT call_id FROM audit WHERE call_id LIKE 'queued-%'")
+        queued = [r for r in reader.audit.rows(limit=1000) if (r["call_id"] or "").startswith("queued-")]
     finally:
         reader.close()
     assert sorted(r["call_id"] for r in queued) == sorted(f"queued-{i}" for i in range(10))
@@ -163,10 +163,10 @@ async def test_the_plain_command_routes_answer_errors_as_before(app: App) -> Non
     async with app.http(None) as anyone, app.http(app.runner) as runner, app.http(app.admin) as admin:
         missing = await run(anyone, "alpha")
         assert missing.status_code == 401 and "missing bearer token" in missing.json()["error"]
-        device_token = app.store.create_token("device", "gamma")[1]
+        device_token = app.store.tokens.create("device", "gamma")[1]
         async with app.http(device_token) as device:
             assert (await run(device, "alpha")).status_code == 403
-        reader = app.store.create_token("api", "reader", ["read"])[1]
+        reader = app.store.tokens.create("api", "reader", ["read"])[1]
         async with app.http(reader) as looker:
             lacks = await run(looker, "alpha")
             assert lacks.status_code == 403 and "lacks the 'execute' scope" in lacks.json()["error"]

@@ -40,7 +40,7 @@ async def test_good_token_registers_with_an_ack_and_the_profile(servers):
     record = srv.hub.registry.get("laptop")
     assert record.status == "online" and record.platform == "linux" and record.profile.tags == ["lab"]
     assert record.address.startswith("127.0.0.1:")
-    [stored] = srv.store.list_devices()
+    [stored] = srv.store.devices.all()
     assert stored.name == "laptop" and stored.profile["os"]["platform"] == "linux"
     await dev.sync()  # heartbeats are answered
 
@@ -70,9 +70,9 @@ async def handshake_refusal(dev: FakeDevice, authorization: str | None = None) -
 async def test_revoked_token_and_api_token_are_refused(servers):
     srv = await servers.start()
     token = srv.token("laptop")
-    assert srv.store.revoke_token("laptop") == 1
+    assert srv.store.tokens.revoke("laptop") == 1
     assert await handshake_refusal(FakeDevice(srv.url, token, name="laptop")) == (401, "unknown or revoked")
-    _, api = srv.store.create_token("api", "laptop", ["admin"])
+    _, api = srv.store.tokens.create("api", "laptop", ["admin"])
     assert await handshake_refusal(FakeDevice(srv.url, api, name="laptop")) == (401, "API token")
 
 
@@ -188,7 +188,7 @@ async def test_register_again_and_device_info(servers):
     await dev.send(ClientMessage(type=ClientMessageType.DEVICE_INFO, payload={"gpu": {"available": True}}))
     await dev.sync()
     assert srv.hub.registry.get("laptop").profile.gpu.available
-    assert srv.store.list_devices()[0].profile["gpu"]["available"] is True
+    assert srv.store.devices.all()[0].profile["gpu"]["available"] is True
 
 
 async def test_heartbeats_report_load_and_silence_marks_the_device_offline(servers, caplog):
@@ -245,7 +245,7 @@ async def test_a_revocation_by_another_process_is_noticed_by_the_liveness_watch(
     dev = srv.device("laptop")
     await dev.register()
     other_process = Store(dbkit.server_db(srv.hub.settings.db_path))  # as `tether token revoke laptop` would
-    assert other_process.revoke_token("laptop") == 1
+    assert other_process.tokens.revoke("laptop") == 1
     other_process.close()
     assert await dev.close_code() == (CloseCode.UNAUTHORIZED, "unauthorized: token revoked")
     assert srv.hub.registry.get("laptop").status == "offline"

@@ -169,7 +169,7 @@ def test_requests_expire_and_waiting_claims_are_woken(tmp_path):
 
     got = asyncio.run(claim_while_approving())
     assert got["status"] == "paired" and got["name"] == "new" and got["tags"] == ["x"]
-    assert store.verify_token(got["token"]).name == "new"
+    assert store.tokens.verify(got["token"]).name == "new"
 
     store.close()
 
@@ -185,7 +185,7 @@ def test_an_approval_lost_in_a_restart_is_undone(tmp_path):
     restarted = PairingBook(store)
     assert [r["code"] for r in restarted.pending()] == [code]
     assert [r["collision"] for r in restarted.pending()] == [None]  # the undone approval's key went with it
-    assert token_id not in store.active_token_ids()
+    assert token_id not in store.tokens.active_ids()
     restarted.approve(code, None, [], "admin")
     assert asyncio.run(restarted.claim(code, _claim(key, code)["signature"], wait=0))["status"] == "paired"
     store.close()

@@ -151,7 +151,7 @@ async def test_after_the_grace_the_device_is_told_its_batches_are_no_longer_awai
         await back.results(sent.response_id, [ok(c) for c in sent.actions])
         await back.sync()
     assert f"late results from device laptop for batch {sent.response_id} recorded" in caplog.text
-    [row] = srv.store.batch_rows(sent.response_id)  # the outcome is a fact, however late
+    [row] = srv.store.audit.batch(sent.response_id)  # the outcome is a fact, however late
     assert row["status"] == "success" and row["error"].startswith("late:"), row
     # and it is this device again for everything new
     again = asyncio.create_task(srv.hub.dispatcher("laptop").execute_commands(
@@ -278,7 +278,7 @@ async def test_link_cut_while_commands_run_and_restored_inside_the_grace_loses_n
     store = Store(str(dbkit.server_db(cluster.db)))
 
     def audited() -> list[dict]:  # the server writes its audit rows soon after answering, not before
-        rows = [r for r in store.audit_rows(limit=1000) if r["tool_name"] == "shell.run"]
+        rows = [r for r in store.audit.rows(limit=1000) if r["tool_name"] == "shell.run"]
         return rows if len(rows) >= len(commands) else []
 
     try:

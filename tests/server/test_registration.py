@@ -14,7 +14,8 @@ from tether.protocol.profile import DeviceProfile
 from tether.protocol.wire import CloseCode
 from tether.server.aip.registration import authenticate, read_registration
 from tether.server.aip.socket import Refusal
-from tether.server.store import Store, TokenInfo
+from tether.server.store import Store
+from tether.server.store.tokens import TokenInfo
 
 
 @pytest.fixture
@@ -23,10 +24,10 @@ def store(tmp_path: Path) -> Store:
 
 
 def test_only_a_live_device_token_in_a_bearer_header_authenticates(store: Store) -> None:
-    _, device = store.create_token("device", "laptop")
-    _, api = store.create_token("api", "ops", ["read"])
-    _, revoked = store.create_token("device", "old")
-    store.revoke_token("old")
+    _, device = store.tokens.create("device", "laptop")
+    _, api = store.tokens.create("api", "ops", ["read"])
+    _, revoked = store.tokens.create("device", "old")
+    store.tokens.revoke("old")
     info = authenticate(store, f"Bearer {device}")
     assert isinstance(info, TokenInfo) and info.name == "laptop" and info.kind == "device"
     for header, why in [(None, "no token"), ("", "no token"), (f"Basic {device}", "must be 'Bearer"),

@@ -27,13 +27,13 @@ from tests.kits.aip import WAIT, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType, TaskStatus
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
-from tether.server import store as store_module
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry
 from tether.server.app import create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.server.store.engine import pick
+from tether.server.store.migrations import MIGRATIONS
 
 PLATFORMS = ("linux", "Windows", "darwin", None)
 TAGS = ("lab", "gpu", "office", "edge", "eu")
@@ -218,9 +218,9 @@ async def test_registered_devices_share_tools_and_a_device_info_replaces_them(se
     assert [t.name for t in records[0].profile.tools] == ["only"] and records[0].tags == ("lab", "gpu")
     assert srv.hub.registry.tools.holders(old) == 2
     # the store holds each distinct list once, and the device's current one
-    stored = {d.name: d.profile for d in srv.store.list_devices()}
+    stored = {d.name: d.profile for d in srv.store.devices.all()}
     assert [t["name"] for t in stored["dev0"]["tools"]] == ["only"] and len(stored["dev1"]["tools"]) == 14
-    assert srv.store.read("SELECT COUNT(*) FROM device_tools")[0][0] == 2
+    assert srv.store._engine.read("SELECT COUNT(*) FROM device_tools")[0][0] == 2
 
 
 async def test_a_heartbeat_answer_is_a_complete_frame_with_its_own_id(servers):
@@ -244,11 +244,11 @@ def _prefill(store: Store, count: int, *, legacy: int = 0) -> list[dict[str, Any
         prof = profile(PLATFORMS[i % 3], (TAGS[i % 5],), tools("r", "w", flavour=str(i % 4)), home=f"/home/u{i}")
         profiles.append(prof.model_dump(mode="json"))
         if i < legacy:
-            store.upsert_device(f"known-{i:05d}", prof.model_dump_json(), 1000.0 + i)
+            store.devices.upsert(f"known-{i:05d}", prof.model_dump_json(), 1000.0 + i)
             continue
         record = registry.ensure(f"known-{i:05d}")
         record.profile = prof
-        store.upsert_device(record.name, prof.model_dump_json(exclude={"tools"}), 1000.0 + i,
+        store.devices.upsert(record.name, prof.model_dump_json(exclude={"tools"}), 1000.0 + i,
                             tools=(record.tools_digest, registry.tools.dump(prof.tools)))
     return profiles
 
@@ -291,7 +291,7 @@ async def test_a_known_device_reconnecting_gets_its_new_profile(servers):
 
 
 async def test_an_older_database_gets_platforms_and_tags_from_its_stored_profiles(tmp_path):
-    sqlite_texts = [pick(m, "sqlite") for m in store_module._MIGRATIONS]
+    sqlite_texts = [pick(m, "sqlite") for m in MIGRATIONS]
     mine = next(i for i, m in enumerate(sqlite_texts) if "device_tools" in m)
     db = tmp_path / "old.db"
     conn = sqlite3.connect(db)
@@ -308,10 +308,10 @@ async def test_an_older_database_gets_platforms_and_tags_from_its_stored_profile
     conn.close()
     store = Store(db)
     try:
-        assert store.device_heads() == [("bare", 2, None, [], False), ("old", 2, "linux", ["lab"], True)]
+        assert store.devices.heads() == [("bare", 2, None, [], False), ("old", 2, "linux", ["lab"], True)]
         registry = DeviceRegistry()
-        registry.profile_loader = store.device_profile
-        for head in store.device_heads():
+        registry.profile_loader = store.devices.profile
+        for head in store.devices.heads():
             registry.known(*head)
         assert await registry.preload() == 1  # "old"; "bare" has no stored profile to read
         assert await registry.preload() == 0
@@ -328,7 +328,7 @@ class App:
     def __init__(self, store: Store, server: uvicorn.Server, task: asyncio.Task, port: int) -> None:
         self.store, self.server, self.task, self.port = store, server, task, port
         self.url = f"http://127.0.0.1:{port}"
-        self.reader = store.create_token("api", "reader", ["read"])[1]
+        self.reader = store.tokens.create("api", "reader", ["read"])[1]
 
     def http(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(base_url=self.url, headers={"Authorization": f"Bearer {self.reader}"},
@@ -411,7 +411,7 @@ def test_stored_profile_json_is_compact(tmp_path):
     store = Store(tmp_path / "s.db")
     _prefill(store, 10)
     try:
-        for (text,) in store.read("SELECT profile FROM devices"):
+        for (text,) in store._engine.read("SELECT profile FROM devices"):
             assert "tools" not in json.loads(text)
     finally:
         store.close()

@@ -47,11 +47,11 @@ def test_one_lease_per_node_and_only_a_server_alone_may_settle(tmp_path: Path) -
 def test_opening_the_database_settles_nothing_a_server_alone_does(tmp_path: Path) -> None:
     db = tmp_path / "server.db"
     store = Store(db)
-    store.audit_sent([("api:ops", "laptop", "c1", "shell.run", {"cmd": "ls"}, "sent", None, "r1", None)])
+    store.audit.sent([("api:ops", "laptop", "c1", "shell.run", {"cmd": "ls"}, "sent", None, "r1", None)])
     store.close()
     reader = Store(db)  # `tether audit`, `tether token create`: a live server may still hear this row's result
-    assert [r["status"] for r in reader.audit_rows()] == ["sent"]
-    assert reader.settle_sent() == 1 and [r["status"] for r in reader.audit_rows()] == ["unknown"]
+    assert [r["status"] for r in reader.audit.rows()] == ["sent"]
+    assert reader.audit.settle_sent() == 1 and [r["status"] for r in reader.audit.rows()] == ["unknown"]
     reader.close()
 
 

@@ -7,9 +7,10 @@ import sqlite3
 import pytest
 from pydantic import ValidationError
 
-from tether.server import store as store_module
 from tether.server.settings import ServerSettings, is_loopback
-from tether.server.store import Store, hash_token
+from tether.server.store import Store
+from tether.server.store.migrations import MIGRATIONS
+from tether.server.store.tokens import hash_token
 
 
 @pytest.fixture
@@ -20,9 +21,9 @@ def store(tmp_path):
 
 
 def test_tokens_are_stored_hashed_never_in_clear(store, tmp_path):
-    info, secret = store.create_token("device", "laptop")
+    info, secret = store.tokens.create("device", "laptop")
     assert secret.startswith("tdev_") and len(secret) > 40 and info.kind == "device" and info.scopes == []
-    api_info, api_secret = store.create_token("api", "ops", ["execute", "read", "read"])
+    api_info, api_secret = store.tokens.create("api", "ops", ["execute", "read", "read"])
     assert api_secret.startswith("tapi_") and api_info.scopes == ["execute", "read"]
     raw = b"".join(p.read_bytes() for p in (tmp_path / "state").iterdir())
     assert secret.encode() not in raw and api_secret.encode() not in raw
@@ -31,17 +32,17 @@ def test_tokens_are_stored_hashed_never_in_clear(store, tmp_path):
 
 
 def test_verify_and_revoke_by_id_or_name(store):
-    laptop, secret = store.create_token("device", "laptop")
-    _, rotated = store.create_token("device", "laptop")  # rotation: two live tokens for one device
-    other, other_secret = store.create_token("device", "box")
-    verified = store.verify_token(secret)
+    laptop, secret = store.tokens.create("device", "laptop")
+    _, rotated = store.tokens.create("device", "laptop")  # rotation: two live tokens for one device
+    other, other_secret = store.tokens.create("device", "box")
+    verified = store.tokens.verify(secret)
     assert verified.id == laptop.id and verified.name == "laptop" and verified.last_used_at is not None
-    assert store.verify_token("tdev_wrong") is None and store.verify_token("") is None
-    assert store.revoke_token(laptop.id) == 1
-    assert store.verify_token(secret) is None and store.verify_token(rotated) is not None
-    assert store.revoke_token("laptop") == 1 and store.revoke_token("laptop") == 0
-    assert store.verify_token(rotated) is None and store.verify_token(other_secret).id == other.id
-    listed = {t.id: t for t in store.list_tokens()}
+    assert store.tokens.verify("tdev_wrong") is None and store.tokens.verify("") is None
+    assert store.tokens.revoke(laptop.id) == 1
+    assert store.tokens.verify(secret) is None and store.tokens.verify(rotated) is not None
+    assert store.tokens.revoke("laptop") == 1 and store.tokens.revoke("laptop") == 0
+    assert store.tokens.verify(rotated) is None and store.tokens.verify(other_secret).id == other.id
+    listed = {t.id: t for t in store.tokens.all()}
     assert len(listed) == 3 and listed[laptop.id].revoked_at is not None and listed[other.id].active
 
 
@@ -54,41 +55,42 @@ def test_verify_and_revoke_by_id_or_name(store):
 ])
 def test_token_validation(store, kind, name, scopes, error):
     with pytest.raises(ValueError, match=error.replace("(", r"\(").replace(")", r"\)")):
-        store.create_token(kind, name, scopes)
+        store.tokens.create(kind, name, scopes)
 
 
 def test_api_scopes_and_what_they_allow(store):
-    reader, _ = store.create_token("api", "viewer")
+    reader, _ = store.tokens.create("api", "viewer")
     assert reader.scopes == ["read"] and reader.allows("read") and not reader.allows("execute")
-    runner, _ = store.create_token("api", "runner", ["execute"])
+    runner, _ = store.tokens.create("api", "runner", ["execute"])
     assert runner.allows("read") and runner.allows("execute") and not runner.allows("admin")
-    admin, _ = store.create_token("api", "root", ["admin"])
+    admin, _ = store.tokens.create("api", "root", ["admin"])
     assert all(admin.allows(s) for s in ("read", "execute", "admin"))
-    device, _ = store.create_token("device", "laptop")
+    device, _ = store.tokens.create("device", "laptop")
     assert not device.allows("read")
 
 
 def test_devices_persist_and_keep_their_profile(store, tmp_path):
-    store.upsert_device("laptop", '{"os": {"platform": "linux"}}', 100.0)
-    store.upsert_device("laptop", None, 200.0)  # a disconnect: new last_seen, same profile
-    [device] = store.list_devices()
+    store.devices.upsert("laptop", '{"os": {"platform": "linux"}}', 100.0)
+    store.devices.upsert("laptop", None, 200.0)  # a disconnect: new last_seen, same profile
+    [device] = store.devices.all()
     assert device.profile == {"os": {"platform": "linux"}} and device.last_seen == 200.0 and device.first_seen == 100.0
     store.close()
     reopened = Store(tmp_path / "state" / "server.db")
-    assert reopened.list_devices()[0].name == "laptop" and reopened.schema_version == len(store_module._MIGRATIONS)
+    assert reopened.devices.all()[0].name == "laptop" and reopened.schema_version == len(MIGRATIONS)
     reopened.close()
 
 
 def test_audit_rows(store):
-    store.audit("api:ops", "laptop", "c1", "shell.run", {"argv": ["ls"]}, "success", None, "r1")
-    store.audit_many([("agent", "box", "c2", "files.write", {"content": "x" * 50_000}, "failure", "denied", "r2")])
-    newest, oldest = store.audit_rows()
+    store.audit.record("api:ops", "laptop", "c1", "shell.run", {"argv": ["ls"]}, "success", None, "r1")
+    store.audit.record_many([("agent", "box", "c2", "files.write", {"content": "x" * 50_000}, "failure", "denied",
+                              "r2")])
+    newest, oldest = store.audit.rows()
     assert (newest["device"], newest["status"], newest["error"]) == ("box", "failure", "denied")
     assert "truncated" in newest["arguments"] and len(newest["arguments"]) < 17_000
     assert (oldest["requested_by"], oldest["tool_name"], oldest["call_id"], oldest["response_id"]) == (
         "api:ops", "shell.run", "c1", "r1")
-    assert [r["device"] for r in store.audit_rows(device="laptop")] == ["laptop"]
-    assert len(store.audit_rows(limit=1)) == 1
+    assert [r["device"] for r in store.audit.rows(device="laptop")] == ["laptop"]
+    assert len(store.audit.rows(limit=1)) == 1
 
 
 def test_outcomes_find_their_sent_rows_through_the_index_of_rows_in_flight(tmp_path):
@@ -98,10 +100,10 @@ def test_outcomes_find_their_sent_rows_through_the_index_of_rows_in_flight(tmp_p
     db = tmp_path / "server.db"
     store = Store(db)
     rows = [("api:ops", "laptop", f"c{i}", "shell.run", {"cmd": "ls"}, "sent", None, f"r{i}", None) for i in range(3)]
-    assert store.audit_sent(rows) is None
-    store.audit_done([("r0", "c0", "success", None), ("r1", "c1", "failure", "boom")])
-    store.audit_done([("r0", "c0", "failure", "a second outcome for the same call")])  # ignored: written once
-    by_call = {r["call_id"]: r for r in store.audit_rows(device="laptop")}
+    assert store.audit.sent(rows) is None
+    store.audit.done([("r0", "c0", "success", None), ("r1", "c1", "failure", "boom")])
+    store.audit.done([("r0", "c0", "failure", "a second outcome for the same call")])  # ignored: written once
+    by_call = {r["call_id"]: r for r in store.audit.rows(device="laptop")}
     assert (by_call["c0"]["status"], by_call["c0"]["error"]) == ("success", None)
     assert (by_call["c1"]["status"], by_call["c2"]["status"]) == ("failure", "sent")
     conn = sqlite3.connect(db)
@@ -115,9 +117,9 @@ def test_outcomes_find_their_sent_rows_through_the_index_of_rows_in_flight(tmp_p
     conn.close()
     store.close()
     again = Store(db)  # opening the database (any CLI command) settles nothing: a live server may own the row
-    assert {r["call_id"]: r for r in again.audit_rows(device="laptop")}["c2"]["status"] == "sent"
-    assert again.settle_sent() == 1  # the next server, alone on the database, settles it (server/main.py)
-    left = {r["call_id"]: r for r in again.audit_rows(device="laptop")}["c2"]
+    assert {r["call_id"]: r for r in again.audit.rows(device="laptop")}["c2"]["status"] == "sent"
+    assert again.audit.settle_sent() == 1  # the next server, alone on the database, settles it (server/main.py)
+    left = {r["call_id"]: r for r in again.audit.rows(device="laptop")}["c2"]
     assert left["status"] == "unknown" and "server stopped" in left["error"], left
     again.close()
 

@@ -47,13 +47,13 @@ def test_the_store_on_postgres_keeps_its_rows_and_timestamps(pg: Engine) -> None
     try:
         assert store.dialect == "postgres" and store.schema_version >= 7
         seen = 1_795_000_000.123456
-        store.upsert_device("laptop", json.dumps({"os": {"platform": "linux"}, "tags": ["lab"]}), seen,
+        store.devices.upsert("laptop", json.dumps({"os": {"platform": "linux"}, "tags": ["lab"]}), seen,
                             tools=("d1", "[]"))
-        store.upsert_device("laptop", None, seen + 1)  # the profile kept, last_seen moved
-        [(name, last_seen, platform, tags, has_profile)] = [h for h in store.device_heads() if h[0] == "laptop"]
+        store.devices.upsert("laptop", None, seen + 1)  # the profile kept, last_seen moved
+        [(name, last_seen, platform, tags, has_profile)] = [h for h in store.devices.heads() if h[0] == "laptop"]
         assert (name, platform, tags, has_profile) == ("laptop", "linux", ["lab"], True)
         assert last_seen == pytest.approx(seen + 1, abs=1e-5)  # DOUBLE PRECISION, not REAL's 4-byte float
-        assert store.claim_session("s-1", "api:a") == "api:a" and store.claim_session("s-1", "api:b") == "api:a"
+        assert store.sessions.claim("s-1", "api:a") == "api:a" and store.sessions.claim("s-1", "api:b") == "api:a"
     finally:
         store.close()
 
@@ -63,9 +63,10 @@ def test_nul_in_text_is_stored_as_replacement_not_a_stuck_audit(pg: Engine) -> N
     while it is held no command runs)."""
     store = Store(pg.url)
     try:
-        store.audit("api:x\x00y", "laptop", "nul-1", "write_file\x00", {"p": "a\x00b"}, "failure", "bad\x00name", "r")
-        assert store.flush_audit() and store.audit_problem() is None
-        [row] = [r for r in store.audit_rows(50) if r["call_id"] == "nul-1"]
+        store.audit.record("api:x\x00y", "laptop", "nul-1", "write_file\x00", {"p": "a\x00b"}, "failure",
+                           "bad\x00name", "r")
+        assert store.audit.flush() and store.audit.problem() is None
+        [row] = [r for r in store.audit.rows(50) if r["call_id"] == "nul-1"]
         assert row["tool_name"] == "write_file\ufffd" and row["error"] == "bad\ufffdname"
         assert json.loads(row["arguments"]) == {"p": "a\x00b"}  # JSON escapes it: kept exactly
     finally:
@@ -75,11 +76,11 @@ def test_nul_in_text_is_stored_as_replacement_not_a_stuck_audit(pg: Engine) -> N
 def test_a_revocation_on_one_server_process_is_refused_by_another_at_once(pg: Engine) -> None:
     one, other = Store(pg.url), Store(pg.url)
     try:
-        _, secret = one.create_token("api", "shared", ["read"])
-        assert other.verify_token(secret) is not None and other.verify_token(secret) is not None  # cached
-        assert one.revoke_token("shared") == 1
+        _, secret = one.tokens.create("api", "shared", ["read"])
+        assert other.tokens.verify(secret) is not None and other.tokens.verify(secret) is not None  # cached
+        assert one.tokens.revoke("shared") == 1
         deadline = time.monotonic() + 10  # the NOTIFY arrives with the revoking commit; bounded for a failure
-        while other.verify_token(secret) is not None:
+        while other.tokens.verify(secret) is not None:
             assert time.monotonic() < deadline, "the other process still accepts a revoked token"
     finally:
         one.close()
@@ -93,10 +94,10 @@ def test_an_unreachable_or_lost_database_is_one_line(pg: Engine, tmp_path) -> No
     try:
         pg.stop()
         with pytest.raises(StoreUnavailable, match="database unavailable") as lost:
-            store.list_tokens()
+            store.tokens.all()
         assert "\n" not in str(lost.value)
         pg.restart()
-        assert isinstance(store.list_tokens(), list)  # reconnected on the next statement
+        assert isinstance(store.tokens.all(), list)  # reconnected on the next statement
     finally:
         store.close()
 
@@ -105,6 +106,6 @@ def test_sqlite_errors_keep_their_classes(pg: Engine) -> None:
     store = Store(pg.url)
     try:
         with pytest.raises(sqlite3.DatabaseError):
-            store.read("SELECT no_such_column FROM tokens")
+            store._engine.read("SELECT no_such_column FROM tokens")  # the engine under the tables
     finally:
         store.close()

@@ -134,7 +134,7 @@ def test_always_answers_a_task_approval(setup: Setup) -> None:
     [task] = [t for t in json.loads(setup.tether("tasks", "--json").stdout) if t["state"] == "waiting_for_user"]
 
     store = Store(dbkit.server_db(setup.cluster.db))
-    _, approver = store.create_token("api", "approver", ["read", "execute", "approve"])
+    _, approver = store.tokens.create("api", "approver", ["read", "execute", "approve"])
     store.close()
     env_token = setup.env["TETHER_TOKEN"]
     setup.env["TETHER_TOKEN"] = approver

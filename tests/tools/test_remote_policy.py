@@ -101,7 +101,7 @@ def test_set_allow_deny_persist_across_restart_and_audit(setup: Setup) -> None:
 
     store = Store(str(dbkit.server_db(setup.cluster.db)))
     try:
-        rows = [r for r in store.audit_rows(limit=100, device="alpha") if r["tool_name"] == "policy.set"]
+        rows = [r for r in store.audit.rows(limit=100, device="alpha") if r["tool_name"] == "policy.set"]
     finally:
         store.close()
     assert len(rows) == 4 and {r["status"] for r in rows} == {"success"}
@@ -147,7 +147,7 @@ def test_refusals_change_nothing(setup: Setup) -> None:
 
     store = Store(str(dbkit.server_db(setup.cluster.db)))
     try:
-        rows = [r for r in store.audit_rows(limit=100) if r["tool_name"] == "policy.set"]
+        rows = [r for r in store.audit.rows(limit=100) if r["tool_name"] == "policy.set"]
     finally:
         store.close()
     assert rows and {r["status"] for r in rows} == {"failure"}  # refused changes are audited too

@@ -24,22 +24,16 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.agent.task import TERMINAL_STATES, TaskState
 
+if TYPE_CHECKING:
+    from tether.agent.task_store import TaskStore
+
 logger = logging.getLogger(__name__)
 
-LEASE_SCHEMA = """
-CREATE TABLE IF NOT EXISTS task_leases (
-    task_id TEXT PRIMARY KEY,
-    node TEXT NOT NULL,
-    expires_at REAL NOT NULL
-)
-"""
 _ENDED = (*(s.value for s in TERMINAL_STATES), TaskState.INTERRUPTED.value)
-_ORPHANED = ("SELECT t.id FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.id WHERE t.state NOT IN (?, ?, ?, ?) "
-             "AND (l.task_id IS NULL OR l.expires_at < ?) ORDER BY t.created_at")
 
 
 def node_id(settings: Any) -> str:
@@ -49,43 +43,37 @@ def node_id(settings: Any) -> str:
 
 
 class TaskLeases:
-    """The lease statements, on the TaskStore's connection (SQLite or PostgreSQL)."""
+    """The lease statements, on the TaskStore's table (`TaskTable`: SQLite or PostgreSQL)."""
 
-    def __init__(self, store: Any, node: str, lease_s: float) -> None:
+    def __init__(self, store: TaskStore, node: str, lease_s: float) -> None:
         self.store, self.node, self.lease_s = store, node, lease_s
-        store.execute_schema(LEASE_SCHEMA)
+        self._table = store.table
+        self._table.create_leases()
 
     def claim(self, task_id: str) -> bool:
         """Take the task for this node unless another live node holds it; True when this node holds it now."""
         now = time.time()
-        changed = self.store.write(
-            "INSERT INTO task_leases (task_id, node, expires_at) VALUES (?, ?, ?) "
-            "ON CONFLICT (task_id) DO UPDATE SET node = excluded.node, expires_at = excluded.expires_at "
-            "WHERE task_leases.node = excluded.node OR task_leases.expires_at < ?",
-            (task_id, self.node, now + self.lease_s, now))
-        return changed > 0
+        return self._table.claim_lease(task_id, self.node, now + self.lease_s, now)
 
     def holder(self, task_id: str) -> str | None:
-        rows = self.store.read("SELECT node, expires_at FROM task_leases WHERE task_id = ?", (task_id,))
-        return rows[0][0] if rows and rows[0][1] >= time.time() else None
+        lease = self._table.lease(task_id)
+        return lease[0] if lease is not None and lease[1] >= time.time() else None
 
     def renew(self, task_ids: list[str]) -> set[str]:
         """Extend this node's leases of these tasks; the ids it no longer holds (taken over meanwhile)."""
         lost = set()
         until = time.time() + self.lease_s
         for task_id in task_ids:
-            if self.store.write("UPDATE task_leases SET expires_at = ? WHERE task_id = ? AND node = ?",
-                                (until, task_id, self.node)) == 0 and not self.claim(task_id):
+            if not self._table.extend_lease(task_id, self.node, until) and not self.claim(task_id):
                 lost.add(task_id)
         return lost
 
     def release(self, task_id: str) -> None:
-        self.store.write("DELETE FROM task_leases WHERE task_id = ? AND node = ?", (task_id, self.node))
+        self._table.release_lease(task_id, self.node)
 
     def orphaned(self) -> list[str]:
         """Unfinished tasks nobody holds (never leased, or their node stopped renewing): oldest first."""
-        rows = self.store.read(_ORPHANED, (*_ENDED, time.time()))
-        return [row[0] for row in rows]
+        return self._table.orphaned(_ENDED, time.time())
 
 
 async def keep_leases(leases: TaskLeases, live: Callable[[], list[str]], take_over: Callable[[str], None],

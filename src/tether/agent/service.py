@@ -40,7 +40,8 @@ from tether.server.aip.registry import DeviceRegistry, NoDeviceError
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
-from tether.server.store import StoreUnavailable, TokenInfo, scope_reaches
+from tether.server.store import StoreUnavailable
+from tether.server.store.tokens import TokenInfo, scope_reaches
 
 logger = logging.getLogger(__name__)
 
@@ -252,7 +253,7 @@ class TaskService:
                     devices=[n for n in extra if n != target], confirm=confirm,
                     scope_devices=list(token.devices) if token is not None else [],
                     scope_tags=list(token.tags) if token is not None else [])
-        unaudited = self.hub.store.audit_problem()
+        unaudited = self.hub.store.audit.problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
         remote = self.hub.remote
@@ -261,7 +262,7 @@ class TaskService:
         if away and remote is not None and (problem := remote.problem()) is not None:
             raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
-            if self.hub.store.claim_session(task.id, task_owner(task.id)) != task_owner(task.id):
+            if self.hub.store.sessions.claim(task.id, task_owner(task.id)) != task_owner(task.id):
                 raise TaskError(409, f"session {task.id} is already taken; create the task again")
             self.store.save(task)
         except StoreUnavailable as exc:

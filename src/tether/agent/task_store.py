@@ -1,7 +1,5 @@
-"""Where tasks live between runs: one SQLite file, each task stored whole as its JSON.
-
-A task is small and always read whole (its log is its record), so a row per task with the
-serialized `Task` is simpler than a table per part and keeps every field the executor adds.
+"""Where tasks live between runs: one SQLite file (or the server's PostgreSQL database), each task stored
+whole as its JSON in the `tasks` table (`tether.server.store.tasks`, where its statements are).
 """
 
 from __future__ import annotations
@@ -12,15 +10,13 @@ import contextlib
 import fcntl
 import logging
 import os
-import sqlite3
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from tether.agent.task import TERMINAL_STATES, Task, TaskEvent, TaskState
-from tether.server.store import StoreUnavailable, disk_problem
-from tether.server.store.engine import PostgresConnection, create_schema, describe, is_url, open_postgres
+from tether.server.store import StoreUnavailable
+from tether.server.store.tasks import TaskTable
 
 logger = logging.getLogger(__name__)
 
@@ -29,91 +25,23 @@ logger = logging.getLogger(__name__)
 SAVE_ON = frozenset({"plan", "step_started", "step_finished", "decision", "patched", "skipped", "question",
                      "user_answer", "state", "answer", "interrupted", "server_restarted", "waiting_for_device"})
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    id TEXT PRIMARY KEY,
-    request TEXT NOT NULL,
-    state TEXT NOT NULL,
-    created_at TEXT NOT NULL,
-    updated_at TEXT NOT NULL,
-    body TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS tasks_updated ON tasks (updated_at);
-"""
-
 
 class TaskStore:
+    """The tasks, each stored whole as its JSON, in their table (`tether.server.store.tasks.TaskTable`)."""
+
     def __init__(self, path: str | Path) -> None:
-        """A SQLite file, or the server's PostgreSQL database (a `postgresql://` URL)."""
-        self.where = describe(path)
-        self._lock = threading.Lock()
-        self._conn: sqlite3.Connection | PostgresConnection
-        if is_url(path):
-            self.path = Path(self.where)
-            self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached
-            create_schema(self._conn, _SCHEMA)
-            return
-        self.path = Path(path).expanduser()
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            # tasks hold file contents and command output: only their owner reads them (as server.db)
-            # created 0600 only when missing: closing a descriptor of a database this process already has
-            # open (the server's Store, same file) drops every POSIX lock the process holds on it, and then
-            # another process's SQLite deletes the WAL the server still writes to (committed rows lost)
-            if not self.path.exists():
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
-                os.close(fd)
-            for name in (self.path, Path(f"{self.path}-wal"), Path(f"{self.path}-shm")):
-                if name.exists() and name.stat().st_mode & 0o077:
-                    name.chmod(0o600)
-            self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            # WAL with synchronous=NORMAL survives a crash of the process (what a restarted server meets);
-            # only a power cut may lose the last saves. FULL costs an fsync per save, i.e. per step.
-            self._conn.execute("PRAGMA synchronous=NORMAL")
-            create_schema(self._conn, _SCHEMA)
-        except (sqlite3.Error, OSError) as exc:  # a full or read-only state directory: say so in one line
-            raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.path}: {exc}") from None
-
-    def execute_schema(self, schema: str) -> None:
-        """Create a table of another agent module (task leases) on this store's connection."""
-        with self._lock:
-            create_schema(self._conn, schema)
-
-    def write(self, sql: str, params: tuple[Any, ...] = ()) -> int:
-        """One writing statement; the rows it changed. `StoreUnavailable` when the disk or database is gone."""
-        try:
-            with self._lock:
-                return self._conn.execute(sql, params).rowcount
-        except sqlite3.Error as exc:
-            problem = disk_problem(exc, self.path)
-            if problem is None:
-                raise
-            raise StoreUnavailable(problem) from None
-
-    def read(self, sql: str, params: tuple[Any, ...] = ()) -> list[Any]:
-        with self._lock:
-            return self._conn.execute(sql, params).fetchall()
+        """A SQLite file, or the server's PostgreSQL database (a `postgresql://` URL); `StoreUnavailable`
+        in one line when it cannot be opened or reached."""
+        self.table = TaskTable(path)
+        self.where, self.path = self.table.where, self.table.path
 
     def close(self) -> None:
-        with self._lock:
-            self._conn.close()
+        self.table.close()
 
     def save(self, task: Task) -> None:
         """Store the task whole; `StoreUnavailable` when the disk is full or read-only."""
-        row = (task.id, task.request, task.state.value, task.created_at.isoformat(), task.updated_at.isoformat(),
-               task.model_dump_json())
-        try:
-            with self._lock:
-                self._conn.execute(
-                    "INSERT INTO tasks (id, request, state, created_at, updated_at, body) VALUES (?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT(id) DO UPDATE SET state=excluded.state, updated_at=excluded.updated_at, "
-                    "body=excluded.body", row)
-        except sqlite3.Error as exc:
-            problem = disk_problem(exc, self.path)
-            if problem is None:
-                raise
-            raise StoreUnavailable(problem) from None
+        self.table.save(task.id, task.request, task.state.value, task.created_at.isoformat(),
+                        task.updated_at.isoformat(), task.model_dump_json())
 
     def get(self, task_id: str) -> Task | None:
         """The task with this id, or with this unique id prefix (ids are long to type)."""
@@ -124,18 +52,14 @@ class TaskStore:
 
     def find(self, task_id: str) -> Task:
         """The task with this id or unique id prefix; `LookupError` saying which of none/several."""
-        prefix = task_id.replace("%", "").replace("_", "")
-        with self._lock:
-            exact = self._conn.execute("SELECT body FROM tasks WHERE id = ?", (task_id,)).fetchone()
-            rows = [exact] if exact else self._conn.execute(
-                "SELECT body FROM tasks WHERE id LIKE ? LIMIT 2", (prefix + "%",)).fetchall() if prefix else []
+        rows = self.table.bodies(task_id)
         if not rows:
             raise LookupError(f"no task '{task_id}' on this machine; 'tether tasks' lists them")
         if len(rows) > 1:
             raise LookupError(f"'{task_id}' is the start of several tasks' ids; give more of it")
-        return Task.model_validate_json(rows[0][0])
+        return Task.model_validate_json(rows[0])
 
-    def mark_interrupted(self, locks: RunLocks) -> list[str]:
+    def mark_interrupted(self, locks: RunLocks) -> builtins.list[str]:
         """Tasks left unfinished by a tether process that is gone (its run lock is free) become
         `interrupted`, so `tether tasks` never shows a dead task as running; their ids."""
         marked = []
@@ -154,27 +78,16 @@ class TaskStore:
     def list(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
         """Newest first; each row is id, request, state, device, requested_by (who asked: what a person
         approving sees), created_at, updated_at."""
-        with self._lock:
-            rows = self._conn.execute(
-                "SELECT id, request, state, json_extract(body, '$.device'), json_extract(body, '$.requested_by'), "
-                "created_at, updated_at FROM tasks "
-                "WHERE CAST(? AS TEXT) IS NULL OR state = ? ORDER BY updated_at DESC LIMIT ?",
-                (state, state, limit)).fetchall()
-        keys = ("id", "request", "state", "device", "requested_by", "created_at", "updated_at")
-        return [dict(zip(keys, row, strict=True)) for row in rows]
+        return self.table.rows(limit, state)
 
     def ids(self) -> builtins.list[str]:
         """Every task's id (each is the undo session of the task's commands)."""
-        with self._lock:
-            return [row[0] for row in self._conn.execute("SELECT id FROM tasks")]
+        return self.table.ids()
 
     def unfinished(self) -> builtins.list[Task]:
         """Tasks not done, failed or cancelled: what a restarted server must resume or settle."""
         ended = (*(s.value for s in TERMINAL_STATES), TaskState.INTERRUPTED.value)
-        with self._lock:
-            rows = self._conn.execute("SELECT body FROM tasks WHERE state NOT IN (?, ?, ?, ?) ORDER BY created_at",
-                                      ended).fetchall()
-        return [Task.model_validate_json(row[0]) for row in rows]
+        return [Task.model_validate_json(body) for body in self.table.bodies_not_in(ended)]
 
 
 class RunLocks:

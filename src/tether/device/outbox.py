@@ -123,7 +123,7 @@ class Outbox:
     answers a heartbeat the device wrote after it — the server handles a device's frames in order and
     answers only heartbeats, so that answer says every frame before the heartbeat was taken. After a
     reconnect the results not acknowledged go out again, first (the server records a result it
-    already has once: `BatchBook.accept`, `Store.audit_late`). A heartbeat is due while results wait
+    already has once: `BatchBook.accept`, `AuditLog.late`). A heartbeat is due while results wait
     for their acknowledgement (`unacked`).
     """
 

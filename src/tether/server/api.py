@@ -28,7 +28,8 @@ from tether.server.guard import receive_body
 from tether.server.ports import BackplaneUnavailable
 from tether.server.scopes import beyond, reached_names, reaches, unknown_device, within
 from tether.server.sessions import owned_session
-from tether.server.store import AGENT_NEVER, SCOPE_DEVICE, SCOPE_TAG, Store, TokenInfo
+from tether.server.store import Store
+from tether.server.store.tokens import AGENT_NEVER, SCOPE_DEVICE, SCOPE_TAG, TokenInfo
 
 
 class ErrorBody(BaseModel):
@@ -139,7 +140,7 @@ def authorize(request: Request, authorization: str | None, scope: str) -> TokenI
     if not authorization or not authorization.lower().startswith("bearer "):
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <api token>'",
                             headers={"WWW-Authenticate": "Bearer"})
-    info = _store(request).verify_token(authorization[7:].strip())
+    info = _store(request).tokens.verify(authorization[7:].strip())
     if info is None:
         raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
     if info.kind != "api":
@@ -209,9 +210,9 @@ async def _reachable(hub: DeviceHub, name: str, who: TokenInfo | None = None) ->
 async def health(request: Request) -> dict[str, Any]:
     hub = _hub(request)
     online = [r.name for r in hub.registry.list() if r.status != "offline"]
-    writable = hub.store.audit_problem() is None  # commands are refused (503) while it is not
+    writable = hub.store.audit.problem() is None  # commands are refused (503) while it is not
     body: dict[str, Any] = {"status": "ok" if writable else "degraded", "devices_online": len(online),
-                            "audit_writable": writable, "audit_held": hub.store.audit_held}
+                            "audit_writable": writable, "audit_held": hub.store.audit.held}
     cluster = getattr(request.app.state, "cluster", None)
     if cluster is not None:  # tether server --cluster: this node, its peers and the backplane
         info = cluster.health()
@@ -405,7 +406,7 @@ CALLER_GONE = "cancelled: the HTTP caller disconnected before the batch finished
 def refuse_unaudited(store: Store) -> None:
     """503 `{"error": …}` before anything is sent while the audit log cannot be written (a full or
     read-only disk): a command that cannot be audited is not run."""
-    problem = store.audit_problem()
+    problem = store.audit.problem()
     if problem is not None:
         raise HTTPException(503, f"refused, nothing was run: {problem}", headers={"Retry-After": "5"})
 
@@ -649,14 +650,14 @@ def require_fleet(scope: str):
 @router.get("/tokens")
 async def list_tokens(request: Request,
                       _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> list[dict[str, Any]]:
-    return [_token_dict(t) for t in _store(request).list_tokens()]
+    return [_token_dict(t) for t in _store(request).tokens.all()]
 
 
 @router.post("/tokens", response_model=TokenCreated, status_code=201)
 async def create_token(body: TokenRequest, request: Request,
                        _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> TokenCreated:
     try:
-        info, secret = _store(request).create_token(body.kind, body.name, body.scopes, devices=body.devices,
+        info, secret = _store(request).tokens.create(body.kind, body.name, body.scopes, devices=body.devices,
                                                     tags=body.tags, agent=body.agent)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
@@ -685,7 +686,7 @@ async def audit(request: Request, who: Annotated[TokenInfo, Depends(require("adm
         if device is not None:
             in_scope(_hub(request), who, device)
         devices = reached_names(who, _hub(request).registry) or []
-    rows = _store(request).audit_rows(limit=limit + 1, device=device, task=task, token=token, since=since,
+    rows = _store(request).audit.rows(limit=limit + 1, device=device, task=task, token=token, since=since,
                                       until=until, before=before, devices=devices)
     more = len(rows) > limit
     rows = rows[:limit]

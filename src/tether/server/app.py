@@ -80,7 +80,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     contexts = [gateway, *(extension(app) for extension in extensions)]
 
     def api_token_ok(secret: str) -> bool:
-        info = store.verify_token(secret)
+        info = store.tokens.verify(secret)
         return info is not None and info.kind == "api"
 
     # Host/Origin checks and body caps for every route, today's and the extensions' (guard.py)

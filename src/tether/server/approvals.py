@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tether.errors import ServerError
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 
 class ApprovalRefused(ServerError):

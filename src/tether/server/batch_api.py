@@ -2,7 +2,7 @@
 came after its caller's wait ended (docs/outcomes.md).
 
 The record is the audit log's rows of the batch (they exist before a command is sent, and its outcome
-is written into them whenever it comes: `Store.audit_late`), plus whether the batch is still in flight
+is written into them whenever it comes: `AuditLog.late`), plus whether the batch is still in flight
 on this node. A token sees the batches it started (and those of its tasks); `admin` sees every batch;
 a token scoped to devices sees only batches of devices it reaches, and is told the same 404 for one
 outside its scope as for one that does not exist.
@@ -16,7 +16,8 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Request
 
 from tether.server.api import ERROR_RESPONSES, _hub, require
 from tether.server.scopes import reaches
-from tether.server.store import LATE_NOTE, PENDING, SENT, UNKNOWN, TokenInfo
+from tether.server.store.audit import LATE_NOTE, PENDING, SENT, UNKNOWN
+from tether.server.store.tokens import TokenInfo
 
 batch_router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
 
@@ -49,7 +50,7 @@ async def get_batch(request: Request, who: Annotated[TokenInfo, Depends(require(
     """A batch's record: its device, who asked, and each command's status (`sent`, `pending`, `unknown`
     while its outcome is open; `late` when it came after the caller's wait ended)."""
     hub = _hub(request)
-    rows = hub.store.batch_rows(response_id)
+    rows = hub.store.audit.batch(response_id)
     if rows and (not (who.allows("admin") or _owns(who, rows[0]["requested_by"]))
                  or not reaches(who, hub.registry, rows[0]["device"])):
         rows = []  # not this token's to see: the same answer as for no such batch

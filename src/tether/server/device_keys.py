@@ -10,36 +10,21 @@ A different key is enrolled only by the admin's explicit choice: pairing with re
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-
 from tether.server.store import Store
+from tether.server.store.devices import EnrolledKey
 
 FIRST_REGISTRATION = "first registration"
 
 
-@dataclass(frozen=True)
-class EnrolledKey:
-    name: str
-    public_key: str
-    enrolled_at: float
-    enrolled_by: str
-
-
 def device_key(store: Store, name: str) -> EnrolledKey | None:
     """The key enrolled for device `name`, or None."""
-    rows = store.read("SELECT public_key, enrolled_at, enrolled_by FROM device_keys WHERE name = ?", (name,))
-    if not rows:
-        return None
-    row = rows[0]
-    return EnrolledKey(name, row[0], row[1], row[2])
+    return store.device_keys.get(name)
 
 
 def enroll_first(store: Store, name: str, public_key: str, by: str = FIRST_REGISTRATION) -> str:
     """Enrol `public_key` for `name` unless a key is enrolled already; the key enrolled now (the one
     given, or the one that was there: a caller compares)."""
-    store.write("INSERT INTO device_keys (name, public_key, enrolled_at, enrolled_by) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (name) DO NOTHING", (name, public_key, time.time(), by))
+    store.device_keys.enroll_first(name, public_key, by)
     enrolled = device_key(store, name)
     return enrolled.public_key if enrolled is not None else public_key
 
@@ -48,21 +33,18 @@ def set_device_key(store: Store, name: str, public_key: str | None, by: str) -> 
     """Enrol `public_key` for `name` in place of any key it had; None forgets the key (the next
     registration that proves one enrols it)."""
     if public_key is None:
-        store.write("DELETE FROM device_keys WHERE name = ?", (name,))
+        store.device_keys.forget(name)
         return
-    store.write("INSERT INTO device_keys (name, public_key, enrolled_at, enrolled_by) VALUES (?, ?, ?, ?) "
-                "ON CONFLICT (name) DO UPDATE SET public_key = excluded.public_key, "
-                "enrolled_at = excluded.enrolled_at, enrolled_by = excluded.enrolled_by",
-                (name, public_key, time.time(), by))
+    store.device_keys.put(name, public_key, by)
 
 
 def device_exists(store: Store, name: str) -> bool:
     """True when `name` is a device already: it has a key, an active device token, or has registered."""
     if device_key(store, name) is not None:
         return True
-    if store.read("SELECT 1 FROM tokens WHERE kind = 'device' AND name = ? AND revoked_at IS NULL", (name,)):
+    if store.tokens.has_active_device(name):
         return True
-    return bool(store.read("SELECT 1 FROM devices WHERE name = ?", (name,)))
+    return store.devices.known(name)
 
 
 def collision(store: Store, name: str | None, public_key: str | None) -> str | None:
@@ -82,5 +64,4 @@ def collision(store: Store, name: str | None, public_key: str | None) -> str | N
 
 def revoke_device_tokens(store: Store, name: str) -> int:
     """Revoke every active device token of `name`; how many."""
-    return store.write("UPDATE tokens SET revoked_at = ? WHERE kind = 'device' AND name = ? AND revoked_at IS NULL",
-                       (time.time(), name))
+    return store.tokens.revoke_device(name)

@@ -22,7 +22,7 @@ from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError
 from tether.server.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.scopes import beyond, reaches, within
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 FANOUT_HEADER = "X-Tether-Fanout"
 NDJSON = "application/x-ndjson"

@@ -34,7 +34,7 @@ def check_binding(settings: ServerSettings, store: Store, *, allow_insecure: boo
     do not cross the network in clear text) unless the operator says otherwise explicitly."""
     if is_loopback(settings.host):
         return
-    active = [t for t in store.list_tokens() if t.revoked_at is None]
+    active = [t for t in store.tokens.all() if t.revoked_at is None]
     if not active:
         raise UnsafeBinding(f"refusing to listen on {settings.host}: no tokens exist, so nobody could "
                             "authenticate; create them first with 'tether token create --device NAME' "
@@ -68,7 +68,7 @@ class StateClaim:
         """Settle what the last server left in flight, if this server is alone on the database (else those
         rows are another live server's), then let other servers join the database."""
         if self.lease.alone:
-            settled = store.settle_sent()
+            settled = store.audit.settle_sent()
             if settled:
                 logger.warning("%d command(s) were in flight when the last server stopped: their audit rows say "
                                "'unknown'", settled)

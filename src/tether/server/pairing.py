@@ -34,8 +34,8 @@ from tether.errors import ServerError
 from tether.protocol.identity import claim_statement, fingerprint, valid_public_key, verify
 from tether.server.device_keys import collision, revoke_device_tokens, set_device_key
 from tether.server.store import Store
+from tether.server.store.pairing import PAIRED, PENDING, REFUSED
 
-PENDING, APPROVED, PAIRED, REFUSED = "pending", "approved", "paired", "refused"
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford's base 32: no I, L, O, U to misread
 
 
@@ -86,15 +86,12 @@ class PairingBook:
         self._undo_lost_approvals()
 
     def _undo_lost_approvals(self) -> None:
-        for row in self.store.read("SELECT code, token_id, device_name FROM pairing WHERE status = ?", (APPROVED,)):
+        for row in self.store.pairing.approved():
             if row["token_id"]:
-                self.store.write("UPDATE tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL",
-                                 (time.time(), row["token_id"]))
+                self.store.tokens.revoke_id(row["token_id"])
             if row["device_name"]:  # the key that approval enrolled goes with it (a replaced device's is gone)
-                self.store.write("DELETE FROM device_keys WHERE name = ? AND enrolled_by LIKE ?",
-                                 (row["device_name"], f"pairing {row['code']} %"))
-            self.store.write("UPDATE pairing SET status = ?, token_id = NULL, device_name = NULL WHERE code = ?",
-                             (PENDING, row["code"]))
+                self.store.device_keys.forget_enrolled_by(row["device_name"], f"pairing {row['code']} %")
+            self.store.pairing.reopen(row["code"])
 
     # -- the device's side ------------------------------------------------------------------------
 
@@ -106,20 +103,16 @@ class PairingBook:
         key_print = fingerprint(public_key)
         now = time.time()
         self._rate_limit(address, now)
-        self.store.write("DELETE FROM pairing WHERE status IN (?, ?) AND expires_at < ?", (PENDING, REFUSED, now))
-        pending = self.store.read("SELECT COUNT(*) FROM pairing WHERE status = ?", (PENDING,))[0][0]
+        self.store.pairing.drop_expired(now)
+        pending = self.store.pairing.count_pending()
         if pending >= self.limits.max_pending:
             raise PairingError(429, f"{pending} pairing requests are already waiting; try again later")
-        for row in self.store.read("SELECT code FROM pairing WHERE fingerprint = ? AND status = ?",
-                                   (key_print, PENDING)):
-            self.store.write("DELETE FROM pairing WHERE code = ?", (row["code"],))  # the same device asks again
+        for old in self.store.pairing.pending_codes(key_print):
+            self.store.pairing.delete(old)  # the same device asks again
         code = new_code()
         expires = now + self.limits.ttl
-        self.store.write(
-            "INSERT INTO pairing (code, fingerprint, public_key, address, requested_name, platform, created_at, "
-            "expires_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (code, key_print, public_key, address, (name or "")[:128] or None, (platform or "")[:64] or None, now,
-             expires, PENDING))
+        self.store.pairing.add(code, key_print, public_key, address, (name or "")[:128] or None,
+                               (platform or "")[:64] or None, now, expires)
         return {"code": code, "fingerprint": key_print, "expires_at": expires}
 
     def _rate_limit(self, address: str, now: float) -> None:
@@ -168,14 +161,13 @@ class PairingBook:
         if taken is None:  # approved by another server process sharing the file: the secret is not here
             raise PairingError(409, "the approval was made elsewhere; ask the admin to approve again")
         secret, _ = taken
-        self.store.write("UPDATE pairing SET status = ? WHERE code = ?", (PAIRED, code))
+        self.store.pairing.mark_paired(code)
         return {"status": PAIRED, "token": secret, "name": row["device_name"], "tags": json.loads(row["tags"])}
 
     def _row(self, code: str) -> Any:
-        rows = self.store.read("SELECT * FROM pairing WHERE code = ?", (code,))
-        if not rows:
+        row = self.store.pairing.get(code)
+        if row is None:
             raise PairingError(404, f"no pairing request with code {code}")
-        row = rows[0]
         if row["status"] == PENDING and row["expires_at"] < time.time():
             raise PairingError(410, f"the pairing request {code} expired; start pairing again")
         return row
@@ -184,8 +176,7 @@ class PairingBook:
 
     def pending(self) -> list[dict[str, Any]]:
         now = time.time()
-        rows = self.store.read("SELECT * FROM pairing WHERE status = ? AND expires_at >= ? ORDER BY created_at",
-                               (PENDING, now))
+        rows = self.store.pairing.open_requests(now)
         return [{"code": r["code"], "fingerprint": r["fingerprint"], "address": r["address"],
                  "requested_name": r["requested_name"], "platform": r["platform"], "created_at": r["created_at"],
                  "expires_at": r["expires_at"],
@@ -210,15 +201,12 @@ class PairingBook:
                                     "name, or replace that device (its tokens and key stop working)")
         replaced = revoke_device_tokens(self.store, device_name) if taken is not None else 0
         try:
-            info, secret = self.store.create_token("device", device_name)
+            info, secret = self.store.tokens.create("device", device_name)
         except ValueError as exc:
             raise PairingError(422, str(exc)) from None
-        changed = self.store.write(
-            "UPDATE pairing SET status = ?, device_name = ?, tags = ?, token_id = ?, decided_by = ?, decided_at = ? "
-            "WHERE code = ? AND status = ?",
-            (APPROVED, device_name, json.dumps(tags), info.id, by, time.time(), code, PENDING))
+        changed = self.store.pairing.approve(code, device_name, json.dumps(tags), info.id, by)
         if not changed:  # decided by someone else meanwhile
-            self.store.revoke_token(info.id)
+            self.store.tokens.revoke(info.id)
             raise PairingError(409, f"pairing request {code} was decided meanwhile")
         set_device_key(self.store, device_name, row["public_key"], f"pairing {code} by {by}")
         self._secrets[code] = (secret, info.id)
@@ -231,8 +219,7 @@ class PairingBook:
         row = self._row(code)
         if row["status"] != PENDING:
             raise PairingError(409, f"pairing request {code} is already {row['status']}")
-        self.store.write("UPDATE pairing SET status = ?, decided_by = ?, decided_at = ? WHERE code = ?",
-                         (REFUSED, by, time.time(), code))
+        self.store.pairing.refuse(code, by)
         self._wake(code)
         return {"code": code, "status": REFUSED}
 

@@ -13,7 +13,7 @@ from tether.protocol.identity import PUBLIC_KEY_CHARS, SIGNATURE_CHARS
 from tether.server.api import ERROR_RESPONSES, require_fleet
 from tether.server.pairing import PairingBook, PairingError
 from tether.server.ratelimit import claim_refusal
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 pairing_router = APIRouter(prefix="/api/v1/pairing", responses=ERROR_RESPONSES, tags=["pairing"])
 

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.server.api import ERROR_RESPONSES, _hub, _record, require
 from tether.server.policy_push import PolicyRequestFailed, change, show
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 policy_router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
 

@@ -40,10 +40,10 @@ async def change(hub: DeviceHub, device: str, policy: dict[str, Any], *, replace
     try:
         report = await _ask(hub, device, message, timeout)
     except PolicyRequestFailed as exc:
-        hub.store.audit(requested_by, device, None, "policy.set", arguments, "failure", str(exc),
+        hub.store.audit.record(requested_by, device, None, "policy.set", arguments, "failure", str(exc),
                         response_id=message.response_id)
         raise
-    hub.store.audit(requested_by, device, None, "policy.set", {**arguments, "version": report.get("version")},
+    hub.store.audit.record(requested_by, device, None, "policy.set", {**arguments, "version": report.get("version")},
                     "success", None, response_id=message.response_id)
     return report
 

@@ -7,7 +7,7 @@ need to import each other:
 - `RemoteDevices`: what the hub asks of a cluster for devices whose sockets another node holds
   (`tether.server.cluster.node.ClusterNode` is the one implementation);
 - `BatchSender`: what a dispatcher needs to run a batch on a device (`DeviceHub`);
-- `BatchAudit`: the audit rows a dispatcher writes around a batch (`Store`);
+- `BatchAudit`: the audit rows a dispatcher and the router write around a batch (`store.audit`);
 - `BatchDispatcher` and `DeviceFleet`: what a fan-out needs to reach every device (`DeviceHub`).
 
 The hub stays one node's hub: it knows its own sockets and nothing of Redis. When it is given a
@@ -96,25 +96,29 @@ class BatchSender(Protocol):
 
 
 class BatchAudit(Protocol):
-    """The audit rows of a batch, as a dispatcher writes them: `Store` (server/store)."""
+    """The audit rows of a batch, as a dispatcher writes them: the store's audit table (`store.audit`)."""
 
-    def audit_problem(self) -> str | None:
+    def problem(self) -> str | None:
         """None when the log can take a batch's rows, else why not (the batch is then refused)."""
 
-    def audit_sent_grouped(self, rows: Iterable[tuple[Any, ...]]) -> asyncio.Future[str | None]:
+    def sent_grouped(self, rows: Iterable[tuple[Any, ...]]) -> asyncio.Future[str | None]:
         """Insert the `sent` rows with the next group commit; the future gives None, or why they were not."""
 
-    def audit_done_grouped(self, outcomes: Iterable[Outcome]) -> asyncio.Future[None]:
+    def done_grouped(self, outcomes: Iterable[Outcome]) -> asyncio.Future[None]:
         """Write the outcomes of `sent` rows with the next group commit."""
 
-    def audit_done_queued(self, outcomes: Iterable[Outcome]) -> None:
+    def done_queued(self, outcomes: Iterable[Outcome]) -> None:
         """Write the outcomes of `sent` rows without waiting (for a caller being cancelled)."""
 
-    def audit_done(self, outcomes: Iterable[Outcome]) -> None:
+    def done(self, outcomes: Iterable[Outcome]) -> None:
         """Write the outcomes of `sent` rows now."""
 
-    def audit_soon(self, rows: Iterable[tuple[Any, ...]]) -> None:
+    def record_soon(self, rows: Iterable[tuple[Any, ...]]) -> None:
         """Write whole rows (a batch refused before it was sent) off the caller's path."""
+
+    def late(self, device: str, outcomes: list[tuple[str, str, str, str | None]]) -> int:
+        """Settle the open outcomes of `device`'s rows with answers that came after their caller stopped
+        waiting: (response_id, call_id, status, error); returns how many rows changed."""
 
 
 class BatchDispatcher(Protocol):

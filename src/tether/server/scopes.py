@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 
 def reaches(token: TokenInfo, registry: DeviceRegistry, name: str) -> bool:

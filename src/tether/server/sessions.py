@@ -3,7 +3,7 @@
 A session id names a device's undo journal (and the held changes a command left for approval): the
 commands sent under it journal their file changes there, and undoing the session — an approved
 action — puts all of them back. So a session belongs to whoever opened it, recorded in the server's
-store (`Store.claim_session`) and never handed over:
+store (`Sessions.claim`) and never handed over:
 
 - a task owns the session named by its id (`task:<id>`), claimed when the task is created; only the
   task's own commands write into it, and only `POST /api/v1/tasks/{id}/undo` (the `approve` scope)
@@ -25,7 +25,8 @@ from collections.abc import Iterable
 from fastapi import HTTPException
 
 from tether.protocol.models import Command
-from tether.server.store import Store, TokenInfo
+from tether.server.store import Store
+from tether.server.store.tokens import TokenInfo
 
 DEFAULT_PREFIX = "api-"  # a token's default session; nobody else may name one
 
@@ -48,7 +49,7 @@ def default_session(who: TokenInfo) -> str:
 
 def claim_task_sessions(store: Store, task_ids: Iterable[str]) -> None:
     """Tasks own their sessions (the task id): claimed at creation, and for older tasks at start-up."""
-    store.claim_sessions((task_id, task_owner(task_id)) for task_id in task_ids)
+    store.sessions.claim_many((task_id, task_owner(task_id)) for task_id in task_ids)
 
 
 def why_not_owned(store: Store, session_id: str, who: TokenInfo) -> str | None:
@@ -57,7 +58,7 @@ def why_not_owned(store: Store, session_id: str, who: TokenInfo) -> str | None:
     if session_id.startswith(DEFAULT_PREFIX) and session_id != default_session(who):
         return (f"session '{session_id}' is another API token's default session ('{DEFAULT_PREFIX}<name>' names "
                 f"are reserved); yours is '{default_session(who)}'")
-    owner = store.claim_session(session_id, mine)
+    owner = store.sessions.claim(session_id, mine)
     if owner == mine:
         return None
     if owner.startswith("task:"):
@@ -86,6 +87,6 @@ def owned_session(store: Store, device: str, session_id: str | None, commands: l
     if problem is None:
         return session
     error = f"refused: {problem}"
-    store.audit_many((token_owner(who), device, c.call_id, c.tool_name, c.parameters, "failure", error, None,
+    store.audit.record_many((token_owner(who), device, c.call_id, c.tool_name, c.parameters, "failure", error, None,
                       c.approved_by) for c in commands)
     raise HTTPException(403, error)

@@ -223,7 +223,7 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
             fail(f"device '{name}' has another key (enrolled by {enrolled.enrolled_by}); to give it a new key "
                  f"use: tether token rotate --device {name} --key PUBLIC_KEY")
         scopes = list(scope or ["read", "execute"]) if api else []
-        info, secret = store.create_token(kind, name, scopes, confirm,  # type: ignore[arg-type]
+        info, secret = store.tokens.create(kind, name, scopes, confirm,  # type: ignore[arg-type]
                                           devices=list(device or []) if api else [], tags=list(tag or []),
                                           agent=agent)
         if key and kind == "device" and enrolled is None:
@@ -295,7 +295,7 @@ def token_rotate(device: Annotated[str, typer.Option("--device", metavar="NAME",
                  f"tether token create --device {device}", code=1)
         new_key = _public_key(key) if key else None
         revoked = revoke_device_tokens(store, device)
-        info, secret = store.create_token("device", device)
+        info, secret = store.tokens.create("device", device)
         if new_key or reset_key:
             set_device_key(store, device, new_key, "admin (rotate)")
         enrolled = device_key(store, device)
@@ -320,7 +320,7 @@ def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
 
     store = Store(_settings(db_path=db).db_target)
     try:
-        rows = store.list_tokens()
+        rows = store.tokens.all()
     finally:
         store.close()
     if as_json:
@@ -353,7 +353,7 @@ def token_revoke(token: Annotated[str, typer.Argument(help="token id, or a name 
 
     store = Store(_settings(db_path=db).db_target)
     try:
-        count = store.revoke_token(token)
+        count = store.tokens.revoke(token)
     finally:
         store.close()
     if not count:

@@ -85,8 +85,8 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
     state.mkdir(parents=True, exist_ok=True)
     db = state / "server.db"
     store = Store(str(db))
-    _, device_token = store.create_token("device", "demo-device", [])
-    _, api_token = store.create_token("api", "demo-cli", ["read", "execute", "admin"])
+    _, device_token = store.tokens.create("device", "demo-device", [])
+    _, api_token = store.tokens.create("api", "demo-cli", ["read", "execute", "admin"])
     store.close()
     port = _free_port()
     env = {**os.environ, "TETHER_STATE_DIR": str(state)}

@@ -91,7 +91,7 @@ class BatchBook:
 
     def _late(self, device: str, rid: str, results: list[Result], *, finished_here: bool) -> None:
         """Results for a batch no caller waits on any more: recorded where its rows say they were sent
-        to this device and their outcome is still open (`Store.audit_late`), else refused."""
+        to this device and their outcome is still open (`AuditLog.late`), else refused."""
         settled = 0
         misses = self._late_misses.get(device, 0)
         if self.on_late is not None and rid and results and misses < _LATE_MISSES:

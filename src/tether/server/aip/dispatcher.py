@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, new_call_id
-from tether.server.store import PENDING, SENT
+from tether.server.store.audit import PENDING, SENT
 
 if TYPE_CHECKING:
     from tether.server.aip.batches import PendingBatch
@@ -72,7 +72,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
             if not command.call_id:
                 command.call_id = new_call_id()
         response_id = response_id or new_call_id()
-        unaudited = self.audit.audit_problem()
+        unaudited = self.audit.problem()
         if unaudited is not None:  # a command that cannot be audited is not run
             return self.generate_error_results(commands, f"not run: {unaudited}")
         repeated = [cid for cid, n in Counter(c.call_id for c in commands).items() if n > 1] \
@@ -82,14 +82,14 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
                                                             "appear more than once in the batch; nothing was sent")
             self._audit(commands, results, response_id)
             return results
-        written = self.audit.audit_sent_grouped(  # one commit with the other batches starting now
+        written = self.audit.sent_grouped(  # one commit with the other batches starting now
             (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, SENT, None, response_id,
              c.approved_by, c.approval_digest) for c in commands)
         try:  # cancelling this wait leaves the rows queued: the group commit writes them all the same
             unsent = await written
         except asyncio.CancelledError as exc:  # the rows are written anyway: say what became of them
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
-            self.audit.audit_done_queued((response_id, c.call_id, "failure", f"not sent: {reason}")
+            self.audit.done_queued((response_id, c.call_id, "failure", f"not sent: {reason}")
                                              for c in commands)
             raise
         if unsent is not None:  # the row must exist before the command can run
@@ -121,8 +121,8 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
             self._inflight.discard(response_id)
         results = self._collect(commands, batch) if batch is not None else \
             self.generate_error_results(commands, f"timed out after {timeout:g}s before the batch was sent")
-        try:  # grouped with the other batches ending now: one commit for all (Store.audit_done_grouped)
-            await self.audit.audit_done_grouped((response_id, c.call_id, _audit_status(r), r.error)
+        try:  # grouped with the other batches ending now: one commit for all (AuditLog.done_grouped)
+            await self.audit.done_grouped((response_id, c.call_id, _audit_status(r), r.error)
                                                     for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
@@ -147,16 +147,16 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         return results
 
     def _outcome(self, commands: list[Command], results: list[Result], response_id: str) -> None:
-        """Write what became of a sent batch into its rows before anyone is told (`Store.audit_done`)."""
+        """Write what became of a sent batch into its rows before anyone is told (`AuditLog.done`)."""
         try:
-            self.audit.audit_done((response_id, c.call_id, _audit_status(r), r.error)
+            self.audit.done((response_id, c.call_id, _audit_status(r), r.error)
                                       for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
 
     def _audit(self, commands: list[Command], results: list[Result], response_id: str) -> None:
         try:
-            self.audit.audit_soon(
+            self.audit.record_soon(
                 (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, r.status.value, r.error,
                  response_id, c.approved_by, c.approval_digest) for c, r in zip(commands, results, strict=True))
         except Exception:

@@ -61,7 +61,8 @@ from tether.server.aip.router import BatchRouter
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.ports import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
-from tether.server.store import Store, TokenInfo
+from tether.server.store import Store
+from tether.server.store.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from tether.protocol.models import Command
@@ -85,7 +86,7 @@ class DeviceHub:
         self._given_up: dict[str, str] = {}  # device -> the process (instance_id) given up after its grace
         self._tasks: set[asyncio.Task[Any]] = set()
         # the batches in flight and where each goes (here, queued for a returning device, another node)
-        self._router = BatchRouter(self._conns, self._grace, self.registry, store, self._tasks)
+        self._router = BatchRouter(self._conns, self._grace, self.registry, store.audit, self._tasks)
         self._batches = self._router.book
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
@@ -107,8 +108,8 @@ class DeviceHub:
         """Load known devices (listed as offline until they connect) and start the liveness watch.
         Only their names, platforms and tags are read now; a profile is read when first asked for
         (10,000 known devices: 10.6 s to /health when every profile was validated here)."""
-        self.registry.profile_loader = self.store.device_profile
-        for name, last_seen, platform, tags, stored in self.store.device_heads():
+        self.registry.profile_loader = self.store.devices.profile
+        for name, last_seen, platform, tags, stored in self.store.devices.heads():
             self.registry.known(name, last_seen, platform, tags, stored)
         self._preload = asyncio.create_task(self.registry.preload(start_after=PRELOAD_AFTER_S),
                                             name="tether-hub-preload")
@@ -140,7 +141,7 @@ class DeviceHub:
                    on_event: Callable[[Event], None] | None = None,
                    requested_by: str = "unknown") -> WebSocketCommandDispatcher:
         """A dispatcher for `device` whose batches go through this hub and are audited in its store."""
-        return WebSocketCommandDispatcher(self._router, self.store, device,
+        return WebSocketCommandDispatcher(self._router, self.store.audit, device,
                                           default_timeout=self.settings.default_command_timeout,
                                           session_id=session_id, agent_name=agent_name,
                                           process_name=process_name, root_name=root_name, on_event=on_event,
@@ -263,9 +264,9 @@ class DeviceHub:
         return True
 
     def revoke_token(self, id_or_name: str) -> int:
-        """Revoke tokens (see `Store.revoke_token`) and disconnect their devices at once. Revocations
+        """Revoke tokens (see `Tokens.revoke`) and disconnect their devices at once. Revocations
         made elsewhere (`tether token revoke` on the same database) are found by the liveness watch."""
-        count = self.store.revoke_token(id_or_name)
+        count = self.store.tokens.revoke(id_or_name)
         if count:
             self._enforce_revocations()
         return count
@@ -276,7 +277,7 @@ class DeviceHub:
         self._enforce_revocations()
 
     def _enforce_revocations(self) -> None:
-        active = self.store.active_token_ids()
+        active = self.store.tokens.active_ids()
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
             self._drop(conn, "its token was revoked", grace=False)
             self._batches.fail_device(conn.name, f"the token of device {conn.name} was revoked")
@@ -555,7 +556,7 @@ class DeviceHub:
         """`device` registered as a new process: the outcomes its old one left pending will never come
         (its commands were stopped with it, if they had started), so they are settled as unknown."""
         try:
-            settled = self.store.audit_restarted(device)
+            settled = self.store.audit.restarted(device)
         except Exception:
             logger.exception("could not settle the pending outcomes of restarted device %s", device)
             return
@@ -574,9 +575,9 @@ class DeviceHub:
         try:
             profile = record.profile if record is not None else None
             if record is None or profile is None or record.tools_digest is None:
-                self.store.upsert_device(device, profile.model_dump_json() if profile else None, last_seen)
+                self.store.devices.upsert(device, profile.model_dump_json() if profile else None, last_seen)
             else:
-                self.store.upsert_device(device, profile.model_dump_json(exclude={"tools"}), last_seen,
+                self.store.devices.upsert(device, profile.model_dump_json(exclude={"tools"}), last_seen,
                                          tools=(record.tools_digest, self.registry.tools.dump(profile.tools)))
         except Exception:
             logger.exception("could not store device %s", device)

@@ -20,7 +20,8 @@ from tether.protocol.wire import CloseCode
 from tether.server.aip.link import close_socket
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
-from tether.server.store import Store, TokenInfo
+from tether.server.store import Store
+from tether.server.store.tokens import TokenInfo
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
@@ -35,7 +36,7 @@ def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal
     scheme, _, secret = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         return refused("unauthorized: the Authorization header must be 'Bearer <device token>'")
-    info = store.verify_token(secret.strip())
+    info = store.tokens.verify(secret.strip())
     if info is None:
         return refused("unauthorized: unknown or revoked device token")
     if info.kind != "device":

@@ -17,8 +17,7 @@ from tether.server.aip.batches import BatchBook, PendingBatch
 from tether.server.aip.link import DeviceLink
 from tether.server.aip.liveness import GracePeriods
 from tether.server.aip.registry import DeviceRegistry
-from tether.server.ports import BackplaneUnavailable, RemoteDevices
-from tether.server.store import Store
+from tether.server.ports import BackplaneUnavailable, BatchAudit, RemoteDevices
 
 
 class BatchRouter:
@@ -26,17 +25,18 @@ class BatchRouter:
 
     `links` is the hub's table of connections (device name → its link, only read here); `grace` the
     devices within their grace period (one that moved to another node leaves it here); `registry`
-    names known devices in errors; `store` records outcomes that come after their caller stopped
-    waiting (`record_late`); `tasks` is the hub's set of background tasks, awaited when it closes.
+    names known devices in errors; `audit` (the store's audit table) records outcomes that come after
+    their caller stopped waiting (`record_late`); `tasks` is the hub's set of background tasks, awaited
+    when it closes.
     `remote` is the cluster (None on one server), and `close()` makes every later batch fail as the
     server shutting down."""
 
     def __init__(self, links: Mapping[str, DeviceLink], grace: GracePeriods, registry: DeviceRegistry,
-                 store: Store, tasks: set[asyncio.Task[Any]]) -> None:
+                 audit: BatchAudit, tasks: set[asyncio.Task[Any]]) -> None:
         self._links = links
         self._grace = grace
         self._registry = registry
-        self._store = store
+        self._audit = audit
         self._tasks = tasks
         self.book = BatchBook(registry, self.record_late)
         self.remote: RemoteDevices | None = None
@@ -139,10 +139,10 @@ class BatchRouter:
         self.book.finish(batch, error, pending=pending)
 
     def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
-        """Record results `device` sent for a batch no caller waits on any more (`Store.audit_late`): the
+        """Record results `device` sent for a batch no caller waits on any more (`BatchAudit.late`): the
         outcome is a fact whenever it comes; only rows sent to that device with an open outcome change."""
-        return self._store.audit_late(device, [(response_id, r.call_id, r.status.value, r.error)
-                                              for r in results if r.call_id])
+        return self._audit.late(device, [(response_id, r.call_id, r.status.value, r.error)
+                                         for r in results if r.call_id])
 
     def batch_device(self, response_id: str) -> str | None:
         """The device of a batch in flight started or held here, or None (a scoped token's cancel is checked)."""

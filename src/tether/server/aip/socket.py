@@ -15,7 +15,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 from tether.errors import ServerError
 from tether.protocol.identity import CHALLENGE_HEADER, new_challenge
 from tether.server.guard import deny_websocket
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 if TYPE_CHECKING:
     from tether.server.settings import ServerSettings

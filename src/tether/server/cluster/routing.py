@@ -125,7 +125,7 @@ class Router:
 
     def _settle(self, device: str, response_id: str, outcomes: list[tuple[str, str, str | None]], why: str) -> None:
         try:
-            settled = self.store.audit_late(device, [(response_id, cid, status, error)
+            settled = self.store.audit.late(device, [(response_id, cid, status, error)
                                                          for cid, status, error in outcomes])
         except Exception:
             log.exception("could not record the outcomes of batch %s (%s)", response_id, why)
@@ -355,14 +355,14 @@ class Router:
     def record_lost_answer(self, body: dict[str, Any], reply: dict[str, Any]) -> None:
         """The answer to a batch request never reached the asking node (the backplane is down), whose caller
         was told "outcome pending": the outcomes this node holds go into the audit (shared by the nodes)
-        themselves, settling the rows that node left `sent` or `pending` (`Store.audit_late`)."""
+        themselves, settling the rows that node left `sent` or `pending` (`AuditLog.late`)."""
         device = str(body.get("device") or "")
         try:
             message = ServerMessage.model_validate_json(body.get("message") or "{}")
             results = _RESULTS.validate_json(reply.get("results") or "[]")
         except ValueError:
             return
-        settled = self.store.audit_late(device, [(message.response_id, r.call_id, r.status.value, r.error)
+        settled = self.store.audit.late(device, [(message.response_id, r.call_id, r.status.value, r.error)
                                                      for r in results if r.call_id])
         log.warning("batch %s: %d outcome(s) the asking node never heard recorded by node %s",
                     message.response_id, settled, self.node)

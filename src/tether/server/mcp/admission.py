@@ -14,7 +14,8 @@ from urllib.parse import parse_qs
 
 from tether.server.guard import send_error
 from tether.server.mcp.fleet import BadFilter, DeviceFilter
-from tether.server.store import Store, TokenInfo
+from tether.server.store import Store
+from tether.server.store.tokens import TokenInfo
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ def admit(store: Store, scope: dict[str, Any]) -> Admitted | Refused:
     scheme, _, secret = authorization.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         return Refused(401, "missing bearer token: send 'Authorization: Bearer <api token>'")
-    token = store.verify_token(secret.strip())
+    token = store.tokens.verify(secret.strip())
     if token is None:
         return Refused(401, "unknown or revoked token")
     if token.kind != "api":

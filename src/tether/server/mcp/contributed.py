@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from starlette.applications import Starlette
 
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 Scope = Literal["read", "execute", "approve"]
 

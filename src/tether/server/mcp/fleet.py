@@ -25,7 +25,7 @@ from tether.errors import ServerError
 from tether.protocol.models import ToolInfo
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.scopes import reaches
-from tether.server.store import TokenInfo
+from tether.server.store.tokens import TokenInfo
 
 logger = logging.getLogger(__name__)
 

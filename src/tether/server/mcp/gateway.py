@@ -67,7 +67,8 @@ from tether.server.mcp.wire import (
     plain_errors,
 )
 from tether.server.scopes import reaches
-from tether.server.store import Store, TokenInfo
+from tether.server.store import Store
+from tether.server.store.tokens import TokenInfo
 from tether.version import __version__
 
 logger = logging.getLogger(__name__)

@@ -91,7 +91,7 @@ class ListChangedWatch:
         owners: dict[str, Any] = getattr(self.manager, "_session_owners", {})
         if not owners:
             return set()
-        active = self.store.active_token_ids()
+        active = self.store.tokens.active_ids()
         revoked = {owner.get("client_id") for owner in owners.values()} - active
         instances: dict[str, Any] = getattr(self.manager, "_server_instances", {})
         for session_id, owner in list(owners.items()):

@@ -20,7 +20,9 @@ loop longer than that.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
+import os
 import re
 import sqlite3
 import threading
@@ -37,6 +39,7 @@ logger = logging.getLogger(__name__)
 Dialect = Literal["sqlite", "postgres"]
 CONNECT_TIMEOUT_S = 10
 STATEMENT_TIMEOUT_MS = 30_000
+MIN_FREE_BYTES = 1 << 20  # less free space than this in the state directory counts as a full disk
 TOKENS_CHANNEL = "tether_tokens"  # NOTIFY'd by a trigger whenever a token is created, revoked or rescoped
 
 
@@ -309,3 +312,111 @@ def create_schema(conn: Any, script: str) -> None:
     with schema_transaction(conn):
         for statement in split_script(script):
             conn.execute(statement)
+
+
+_SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_FULL, _SQLITE_CANTOPEN = 8, 10, 13, 14
+
+
+def disk_problem(exc: BaseException, where: str | Path) -> str | None:
+    """One line saying why `exc` means the state at `where` cannot be written, or None when it is not
+    that kind of error (a bug, a constraint)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    primary = code & 0xFF if isinstance(code, int) else None
+    number = exc.errno if isinstance(exc, OSError) else None
+    text = str(exc).replace("\n", " ")
+    if primary == _SQLITE_FULL or number in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text:
+        return f"disk full: cannot write {where} ({text})"
+    if primary == _SQLITE_READONLY or number == errno.EROFS or "readonly" in text or "read-only" in text:
+        return f"read-only disk: cannot write {where} ({text})"
+    if primary == _SQLITE_IOERR or number == errno.EIO:
+        # SQLite reports a full disk met while sizing its shared-memory file as an I/O error
+        full = free_space_problem(Path(where).parent)
+        return f"{full} ({text})" if full else f"disk I/O error: cannot write {where} ({text})"
+    if primary == _SQLITE_CANTOPEN or number in (errno.EACCES, errno.EPERM):
+        return f"cannot open {where} for writing ({text})"
+    return None
+
+
+def free_space_problem(directory: str | Path, minimum: int = MIN_FREE_BYTES) -> str | None:
+    """A full-disk message when `directory` has less than `minimum` bytes free (what this process may
+    use: root may use the blocks reserved for it), else None."""
+    try:
+        stats = os.statvfs(directory)
+    except OSError:
+        return None  # a directory that cannot be examined is reported by the write that fails
+    blocks = stats.f_bfree if os.geteuid() == 0 else stats.f_bavail
+    free = blocks * stats.f_frsize
+    if free >= minimum:
+        return None
+    return f"disk full: {directory} has {free // 1024} KiB free (the server needs at least {minimum // 1024} KiB)"
+
+
+class Engine:
+    """The server's open database — the SQLite file (WAL) or PostgreSQL — that every table of the `Store`
+    runs its statements on: one connection, one lock that each statement holds, and the error rules.
+
+    `Engine(path)` opens (or creates) the database at `path` (a file path, `:memory:`, or a
+    `postgresql://` URL); `StoreUnavailable` says in one line when it cannot (full, read-only, no
+    permission, unreachable). The tables use `conn` under `lock`; nothing outside `tether.server.store`
+    holds an engine.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.where = describe(path)  # for messages: a URL's password masked
+        self.path = Path(self.where)
+        self.directory = str(self.path.parent)
+        self.lock = threading.Lock()
+        # nothing on this machine's disk to check for a database elsewhere (PostgreSQL) or in memory
+        self.memory = str(path) == ":memory:" or is_url(path)
+        self.conn: Any
+        try:
+            if is_url(path):
+                self.conn = open_postgres(str(path))
+            else:
+                if not self.memory:
+                    self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+                self.conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+                self.conn.row_factory = sqlite3.Row
+                if not self.memory:
+                    self.path.chmod(0o600)
+            self.dialect = dialect_of(self.conn)
+            with self.lock:
+                if self.dialect == "sqlite":
+                    self.conn.execute("PRAGMA journal_mode=WAL")
+                    self.conn.execute("PRAGMA synchronous=NORMAL")
+                    self.conn.execute("PRAGMA foreign_keys=ON")
+        except (sqlite3.Error, OSError) as exc:
+            self.fail(exc)
+
+    def fail(self, exc: BaseException) -> None:
+        """Close the connection after `exc` met while opening the database, and raise `StoreUnavailable`
+        saying why in one line."""
+        with contextlib.suppress(Exception):
+            self.conn.close()
+        raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.where}: {exc}") from None
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """A write whose failure for lack of a writable disk becomes `StoreUnavailable`."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            problem = disk_problem(exc, self.path)
+            if problem is None:
+                raise
+            raise StoreUnavailable(problem) from None
+
+    def rollback(self) -> None:
+        """Roll back the open transaction, if SQLite has not already (it does after a full disk)."""
+        if self.conn.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self.conn.execute("ROLLBACK")
+
+    def read(self, sql: str, params: Iterable[Any] = ()) -> list[Any]:
+        """The rows of one reading statement, under the lock."""
+        with self.lock:
+            return self.conn.execute(sql, tuple(params)).fetchall()
+
+    def close(self) -> None:
+        with self.lock:
+            self.conn.close()

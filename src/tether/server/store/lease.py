@@ -31,7 +31,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tether.server.store.engine import CONNECT_TIMEOUT_S, StoreUnavailable, is_url, safe_url
+from tether.server.store.engine import CONNECT_TIMEOUT_S, StoreUnavailable, disk_problem, is_url, safe_url
 
 # How long a PostgreSQL lease waits for a holder to go: a server killed a moment ago holds its lock until
 # its backend notices the closed connection (milliseconds on one host; the keepalives below bound it
@@ -130,8 +130,6 @@ def _open_lock_file(path: Path) -> int:
     except OSError as exc:
         with contextlib.suppress(OSError):
             return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        from tether.server.store import disk_problem
-
         raise StoreUnavailable(disk_problem(exc, path) or f"cannot create the lock file {path}: {exc}") from None
 
 
