@@ -29,7 +29,7 @@ from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry
-from tether.server.app import create_app
+from tether.server.http.app import create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.server.store.engine import pick

@@ -13,7 +13,7 @@ from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Budgets
 from tether.agent.task_api import router, task_error
 from tether.agent.task_store import TaskStore
-from tether.server.app import Extension, create_app
+from tether.server.http.app import Extension, create_app
 from tether.server.mcp.contributed import contribute
 from tether.server.settings import ServerSettings
 from tether.server.store import Store

@@ -14,7 +14,8 @@ from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from tether.errors import ServerError
 from tether.protocol.identity import CHALLENGE_HEADER, new_challenge
-from tether.server.guard import deny_websocket
+from tether.server.http.internals import websocket_send_raw
+from tether.server.http.request_guard import deny_websocket
 from tether.server.store.tokens import TokenInfo
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class StarletteSocket:
         if self.closed or websocket.application_state is not WebSocketState.CONNECTED:
             raise SocketClosed()
         try:
-            await websocket._send({"type": "websocket.send", "text": data})
+            await websocket_send_raw(websocket, {"type": "websocket.send", "text": data})
         except (RuntimeError, OSError):  # uvicorn: ClientDisconnected (an OSError), or a frame after the close
             websocket.application_state = WebSocketState.DISCONNECTED
             raise SocketClosed() from None

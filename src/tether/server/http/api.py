@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from inspect import Parameter, Signature
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
@@ -23,8 +24,10 @@ from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRecord, NoDeviceError
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
-from tether.server.coalesce import ON_DISCONNECT
-from tether.server.guard import receive_body
+from tether.server.http import internals
+from tether.server.http.coalesce import ON_DISCONNECT
+from tether.server.http.front import FastRoute
+from tether.server.http.request_guard import receive_body
 from tether.server.ports import BackplaneUnavailable
 from tether.server.scopes import beyond, reached_names, reaches, unknown_device, within
 from tether.server.sessions import owned_session
@@ -306,29 +309,34 @@ def _select(hub: DeviceHub, requires: DeviceRequirements, who: TokenInfo | None 
         raise HTTPException(409, str(exc) + (beyond(who) if who is not None else "")) from None
 
 
-@router.post("/devices/{name}/commands", response_model=BatchResults,
-             responses={200: {"content": {"text/event-stream": {}}}})
-async def run_commands(name: str, batch: CommandBatch, request: Request,
-                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
-    """Run a batch on one device. With `Accept: text/event-stream` the progress events and then
-    the results stream as server-sent events; otherwise the call waits and returns the results."""
-    await _reachable(_hub(request), name, who)
-    return await _run(request, name, batch, who)
+# -- the command routes ----------------------------------------------------------------------------------
+# One implementation per route, taking the `Request` alone: the app answers their paths with it ahead of
+# FastAPI's stack (front.py `FastRoutes`), and FastAPI documents it (a `FastRoute`, for the OpenAPI document and
+# its fuzzing) from the signature `command_route` gives it, without solving dependencies or parsing the body.
+
+FastHandler = Callable[[Request], Awaitable[Any]]
 
 
-@router.post("/commands", response_model=BatchResults, responses={200: {"content": {"text/event-stream": {}}}})
-async def run_selected(batch: SelectedBatch, request: Request,
-                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
-    """Run a batch on the least-loaded online device that meets `requires`."""
-    name = _select(_hub(request), batch.requires, who)
-    return await _run(request, name, batch, who)
+def command_route(path: str, body: type[CommandBatch], *, on_device: bool) -> Callable[[FastHandler], FastHandler]:
+    """Register the decorated handler on `router` as `POST {path}`, documented as taking the device `name` from
+    the path (when `on_device`), a JSON `body`, and a bearer token holding the `execute` scope (`require`),
+    and answering `BatchResults` or, with `Accept: text/event-stream`, server-sent events. The handler itself
+    takes the `Request` alone and does those checks; it is returned unchanged but for its `__signature__`,
+    which is what FastAPI reads."""
 
+    def register(handler: FastHandler) -> FastHandler:
+        parameters = [Parameter("name", Parameter.POSITIONAL_OR_KEYWORD, annotation=str)] if on_device else []
+        parameters += [Parameter("batch", Parameter.POSITIONAL_OR_KEYWORD, annotation=body),
+                       Parameter("request", Parameter.POSITIONAL_OR_KEYWORD, annotation=Request),
+                       Parameter("who", Parameter.POSITIONAL_OR_KEYWORD,
+                                 annotation=Annotated[TokenInfo, Depends(require("execute"))])]
+        handler.__signature__ = Signature(parameters, return_annotation=Any)  # type: ignore[attr-defined]
+        router.add_api_route(path, handler, methods=["POST"], response_model=BatchResults,
+                             responses={200: {"content": {"text/event-stream": {}}}}, route_class_override=FastRoute)
+        return handler
 
-# -- the command path without FastAPI ---------------------------------------------------------------
-# The two routes above stay as they are for the OpenAPI document (and its fuzzing); the app answers
-# their paths with these (front.py `FastRoutes`), which do the same checks in the same order without FastAPI's
-# dependency and body machinery: that machinery cost ~20% of the server's CPU per command
-# (bench/fleet_hotpath.py, py-spy: solve_dependencies 15%, _get_model_type 5%).
+    return register
+
 
 async def _fast_batch(model: type[CommandBatch], body: bytes) -> CommandBatch:
     """The body as `model`, or 422 `{"error": …}` worded as the app's validation handler words it."""
@@ -346,12 +354,14 @@ async def read_body(request: Request) -> bytes:
     body = await receive_body(request.receive)
     if body is None:
         raise ClientDisconnect()
-    request._body = body
+    internals.keep_body(request, body)
     return body
 
 
-async def fast_run_commands(request: Request) -> Any:
-    """`POST /api/v1/devices/{name}/commands` (see `run_commands`)."""
+@command_route("/devices/{name}/commands", CommandBatch, on_device=True)
+async def run_commands(request: Request) -> Any:
+    """Run a batch on one device. With `Accept: text/event-stream` the progress events and then
+    the results stream as server-sent events; otherwise the call waits and returns the results."""
     body = await read_body(request)  # first, as FastAPI does: an oversized body is a 413 before anything else
     who = authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(CommandBatch, body)
@@ -360,8 +370,9 @@ async def fast_run_commands(request: Request) -> Any:
     return await _run(request, name, batch, who)
 
 
-async def fast_run_selected(request: Request) -> Any:
-    """`POST /api/v1/commands` (see `run_selected`)."""
+@command_route("/commands", SelectedBatch, on_device=False)
+async def run_selected(request: Request) -> Any:
+    """Run a batch on the least-loaded online device that meets `requires`."""
     body = await read_body(request)  # first, as FastAPI does: an oversized body is a 413 before anything else
     who = authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(SelectedBatch, body)
@@ -471,7 +482,7 @@ def _results_body(device: str, results: list[Result], limit: int) -> bytes:
 HEADERS_AFTER_S = 0.05  # a batch still running after this gets its headers (X-Tether-Batch) before its results
 
 
-class BatchResponse(Response):
+class BatchResponse:
     """A batch's JSON results: the headers (with `X-Tether-Batch`) within `HEADERS_AFTER_S`, the body when
     the batch ends — both at once when it ends sooner.
 
@@ -486,8 +497,7 @@ class BatchResponse(Response):
 
     def __init__(self, run: Any, device: str, limit: int, response_id: str) -> None:
         self.status_code = 200
-        self.background = None
-        # built as bytes directly: Starlette's `init_headers` (a dict, encoded pair by pair) cost more
+        # built as bytes directly: Starlette's `Response` (its headers a dict, encoded pair by pair) cost more
         self.raw_headers = [(b"content-type", b"application/json"), (b"x-tether-batch", response_id.encode()),
                             (b"cache-control", b"no-cache")]
         self._run, self._device, self._limit = run, device, limit

@@ -23,16 +23,15 @@ when — the app refused the handshake in that same task (`mark_denied_handshake
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping
 from contextvars import ContextVar
 from typing import Any
 
 from tether.printable import printable
+from tether.server.http import internals
 
 _denied_handshake: ContextVar[bool] = ContextVar("tether_denied_handshake", default=False)
-_SPURIOUS_HANDSHAKE_ERROR = "ASGI callable returned without completing handshake."
 
 
 def mark_denied_handshake() -> None:
@@ -71,9 +70,6 @@ def _without_query(value: Any) -> Any:
     return value.split("?", 1)[0] if isinstance(value, str) else value
 
 
-_WEBSOCKET_LINE = '%s - "WebSocket %s"'  # uvicorn's WebSocket handshake lines: (client, path+query, …)
-
-
 class EscapeControlChars(logging.Filter):
     """A handler filter: escape control characters in the message and its arguments; drop query
     strings from uvicorn's access and WebSocket lines. Idempotent (a record may pass two handlers)."""
@@ -81,7 +77,8 @@ class EscapeControlChars(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if getattr(record, "_tether_escaped", False):
             return True
-        if record.msg == _SPURIOUS_HANDSHAKE_ERROR and record.name == "uvicorn.error" and _denied_handshake.get():
+        if record.msg == internals.SPURIOUS_HANDSHAKE_ERROR and record.name == internals.ERROR_LOGGER \
+                and _denied_handshake.get():
             return False
         record._tether_escaped = True
         message = record.msg
@@ -90,9 +87,10 @@ class EscapeControlChars(logging.Filter):
         args = record.args
         if isinstance(args, tuple) and args:
             safe = [_safe_arg(a) for a in args]
-            if record.name == "uvicorn.access" and len(safe) == 5:  # (client, method, path?query, version, status)
+            # an access line's args: (client, method, path?query, version, status)
+            if record.name == internals.ACCESS_LOGGER and len(safe) == 5:
                 safe[2] = _without_query(safe[2])
-            elif isinstance(message, str) and message.startswith(_WEBSOCKET_LINE) and len(safe) >= 2:
+            elif isinstance(message, str) and message.startswith(internals.WEBSOCKET_LINE) and len(safe) >= 2:
                 safe[1] = _without_query(safe[1])
             record.args = tuple(safe)
         elif isinstance(args, Mapping):
@@ -105,11 +103,9 @@ _LEVELS = {"critical", "error", "warning", "info", "debug"}
 
 def server_log_config(log_level: str = "info") -> dict[str, Any]:
     """The `logging.config.dictConfig` set-up for uvicorn running the agent server."""
-    from uvicorn.config import LOGGING_CONFIG
-
-    config = copy.deepcopy(LOGGING_CONFIG)
+    config = internals.uvicorn_logging_config()
     config["filters"] = {"escape": {"()": f"{__name__}.EscapeControlChars"}}
-    config["formatters"]["tether"] = {"()": "uvicorn.logging.DefaultFormatter",
+    config["formatters"]["tether"] = {"()": internals.DEFAULT_FORMATTER,
                                       "fmt": "%(levelprefix)s %(name)s: %(message)s", "use_colors": None}
     for handler in config["handlers"].values():
         handler["filters"] = ["escape"]

@@ -42,8 +42,8 @@ from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
 from tether.errors import ServerError
-from tether.server.logsafe import clean, mark_denied_handshake
-from tether.server.ratelimit import Throttled, Throttles
+from tether.server.http.logsafe import clean, mark_denied_handshake
+from tether.server.http.ratelimit import Throttled, Throttles
 from tether.server.settings import (
     ANONYMOUS_BODY_BYTES,
     DEFAULT_PORTS,

@@ -17,8 +17,9 @@ WebSocket protocol writes to the real transport directly (`set_protocol`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from typing import Any
+
+from tether.server.http import internals
 
 # The scope key under which the coalescing protocol offers `watch(callback) -> unwatch`: `callback` runs once
 # when the request's connection is lost (at once, on the next turn, if it already is). A response that
@@ -71,8 +72,7 @@ class CoalescingTransport:
         server's CPU per device in a 4,000-device fan-out (py-spy)."""
         self.flush()
         self._transport.set_protocol(protocol)
-        if getattr(protocol, "transport", None) is self:  # uvicorn's WebSocket protocols keep it as `.transport`
-            protocol.transport = self._transport  # type: ignore[attr-defined]
+        internals.give_websocket_real_transport(protocol, self, self._transport)
 
     def abort(self) -> None:
         self._pending = None
@@ -90,38 +90,7 @@ class CoalescingTransport:
 
 def coalescing_http_protocol() -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (httptools' when installed, else h11's, as `http="auto"` picks), with
-    its transport wrapped in a `CoalescingTransport` as the connection is made."""
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
-    except ImportError:  # httptools not installed: the pure-Python parser
-        from uvicorn.protocols.http.h11_impl import H11Protocol as Base  # type: ignore[assignment]
-
-    class CoalescingHTTPProtocol(Base):
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            self._watchers: set[Callable[[], None]] = set()
-            self._lost = False
-            super().connection_made(CoalescingTransport(transport, asyncio.get_running_loop()))  # type: ignore[arg-type]
-
-        def on_headers_complete(self) -> None:
-            # in the scope before the request's cycle is built on it; uvicorn types its scope as a closed TypedDict,
-            # where ASGI lets a server add its own keys
-            self.scope[ON_DISCONNECT] = self._watch  # type: ignore[literal-required]
-            super().on_headers_complete()
-
-        def _watch(self, callback: Callable[[], None]) -> Callable[[], None]:
-            if self._lost:
-                handle = self.loop.call_soon(callback)
-                return handle.cancel
-            self._watchers.add(callback)
-            return lambda: self._watchers.discard(callback)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._lost = True
-            try:
-                super().connection_lost(exc)
-            finally:
-                watchers, self._watchers = self._watchers, set()
-                for callback in watchers:
-                    callback()
-
-    return CoalescingHTTPProtocol
+    its transport wrapped in a `CoalescingTransport` as the connection is made and `ON_DISCONNECT` in every
+    request's scope (`internals.coalescing_http_protocol`)."""
+    return internals.coalescing_http_protocol(
+        ON_DISCONNECT, lambda transport: CoalescingTransport(transport, asyncio.get_running_loop()))

@@ -10,9 +10,9 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.identity import PUBLIC_KEY_CHARS, SIGNATURE_CHARS
-from tether.server.api import ERROR_RESPONSES, require_fleet
+from tether.server.http.api import ERROR_RESPONSES, require_fleet
+from tether.server.http.ratelimit import claim_refusal
 from tether.server.pairing import PairingBook, PairingError
-from tether.server.ratelimit import claim_refusal
 from tether.server.store.tokens import TokenInfo
 
 pairing_router = APIRouter(prefix="/api/v1/pairing", responses=ERROR_RESPONSES, tags=["pairing"])

@@ -13,13 +13,13 @@ common 1,024 limit. The caps and timers therefore live in the protocol classes u
   it is accepted (its descriptor freed at once, nothing read); a WebSocket upgrade over the socket cap
   is answered 503 `{"error": …}` with `Retry-After` and closed. An upgraded connection moves from the
   first count to the second.
-- `edge_http_protocol(base, …)` wraps uvicorn's HTTP protocol: a new connection must start a request
+- `internals.edge_http_protocol(base, …)` wraps uvicorn's HTTP protocol: a new connection must start a request
   within `idle_timeout` (the keep-alive wait between requests is the same setting); a request's headers
   must be complete within `header_timeout` of its first byte, its body within `body_timeout` of its
   headers. Past either the client gets 408 `{"error": …}` (when no answer has started) and the
   connection is closed. No timer runs while the app works on a request: long polls and event streams
   are the app's to bound.
-- `edge_ws_protocol(base, caps)` wraps uvicorn's WebSocket protocol so a closed socket gives its
+- `internals.edge_ws_protocol(base, caps)` wraps uvicorn's WebSocket protocol so a closed socket gives its
   address's place back. An AIP socket's own silence is bounded by the hub (`register_timeout`, then
   `heartbeat_timeout`).
 
@@ -29,11 +29,9 @@ handshake 60 s), so a connection is counted from then on.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import json
 import logging
-from collections.abc import Callable
 from typing import Any
 
 from tether.server.settings import ServerSettings
@@ -142,137 +140,9 @@ def raw_error(status: int, error: str, headers: tuple[tuple[bytes, bytes], ...] 
     return b"\r\n".join(head) + b"\r\n\r\n" + body
 
 
-def _peer_address(transport: Any) -> str:
+def peer_address(transport: Any) -> str:
+    """The client address of a connection's transport; "" for a Unix socket."""
     peer = transport.get_extra_info("peername")
     if isinstance(peer, (tuple, list)) and peer:
         return str(peer[0])
     return ""  # a Unix socket: one address for every local client
-
-
-def edge_http_protocol(base: type[asyncio.Protocol], caps: ConnectionCaps, settings: ServerSettings
-                       ) -> type[asyncio.Protocol]:
-    """`base` (uvicorn's HTTP protocol, possibly already wrapped) with the caps and timeouts of the module
-    docstring. uvicorn's `timeout_keep_alive` must be `settings.idle_timeout` (build_config sets it)."""
-    header_timeout = settings.header_timeout
-    body_timeout = settings.body_timeout
-    idle_timeout = settings.idle_timeout
-
-    class EdgeHTTPProtocol(base):  # type: ignore[misc, valid-type]
-        _edge_address: str | None = None  # set while the connection counts against its address's cap
-        _edge_refused = False
-        _edge_timer: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            address = _peer_address(transport)
-            if not caps.admit_http(address):
-                self._edge_refused = True
-                transport.abort()  # nothing read, nothing answered: the descriptor is freed at once
-                return
-            self._edge_address = address
-            super().connection_made(transport)
-            # a connection that never starts a request is closed as an idle keep-alive one is
-            self.timeout_keep_alive_task = self.loop.call_later(idle_timeout, self.timeout_keep_alive_handler)
-
-        def data_received(self, data: bytes) -> None:
-            if not self._edge_refused:
-                super().data_received(data)
-
-        def eof_received(self) -> Any:
-            return None if self._edge_refused else super().eof_received()
-
-        def _edge_arm(self, seconds: float, what: str) -> None:
-            self._edge_disarm()
-            self._edge_timer = self.loop.call_later(seconds, self._edge_expired, what)
-
-        def _edge_disarm(self) -> None:
-            if self._edge_timer is not None:
-                self._edge_timer.cancel()
-                self._edge_timer = None
-
-        def _edge_expired(self, what: str) -> None:
-            self._edge_timer = None
-            if self.transport.is_closing():
-                return
-            cycle = getattr(self, "cycle", None)
-            answered = cycle is not None and getattr(cycle, "response_started", False) and what == "body"
-            if not answered:
-                limit = header_timeout if what == "headers" else body_timeout
-                setting = "header_timeout" if what == "headers" else "body_timeout"
-                self.transport.write(raw_error(408, f"the request's {what} took longer than {limit:g} s "
-                                                    f"(server setting {setting})"))
-            if cycle is not None and what == "body":
-                cycle.keep_alive = False
-            self.transport.close()
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._edge_arm(header_timeout, "headers")
-
-        def on_headers_complete(self) -> None:
-            self._edge_arm(body_timeout, "body")
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            self._edge_disarm()
-            super().on_message_complete()
-
-        def handle_websocket_upgrade(self, *args: Any) -> None:  # h11's takes the event, httptools' nothing
-            self._edge_disarm()
-            address = self._edge_address
-            if address is not None:
-                caps.release_http(address)
-                self._edge_address = None
-                if not caps.admit_socket(address):
-                    self.transport.write(raw_error(
-                        503, "too many WebSockets from this address (server settings max_sockets_per_address, "
-                             "max_sockets_per_loopback); try again later",
-                        ((b"retry-after", str(SOCKET_RETRY_AFTER).encode()),)))
-                    self.transport.close()
-                    return
-            super().handle_websocket_upgrade(*args)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._edge_refused:
-                return
-            self._edge_disarm()
-            if self._edge_address is not None:
-                caps.release_http(self._edge_address)
-                self._edge_address = None
-            super().connection_lost(exc)
-
-    return EdgeHTTPProtocol
-
-
-def edge_ws_protocol(base: type[asyncio.Protocol], caps: ConnectionCaps) -> type[asyncio.Protocol]:
-    """`base` (uvicorn's WebSocket protocol) giving its address's socket place back when it closes. Every
-    instance is made by `EdgeHTTPProtocol.handle_websocket_upgrade`, after `admit_socket`."""
-
-    class EdgeWSProtocol(base):  # type: ignore[misc, valid-type]
-        _edge_address: str | None = None
-
-        def connection_made(self, transport: asyncio.BaseTransport) -> None:
-            self._edge_address = _peer_address(transport)
-            super().connection_made(transport)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            try:
-                super().connection_lost(exc)
-            finally:
-                if self._edge_address is not None:
-                    caps.release_socket(self._edge_address)
-                    self._edge_address = None
-
-    return EdgeWSProtocol
-
-
-def edge_protocols(settings: ServerSettings, http: type[asyncio.Protocol],
-                   ) -> tuple[type[asyncio.Protocol], type[asyncio.Protocol], ConnectionCaps]:
-    """The HTTP and WebSocket protocol classes for uvicorn's `http=` and `ws=`, sharing one `ConnectionCaps`."""
-    from uvicorn.protocols.websockets.auto import AutoWebSocketsProtocol
-
-    if AutoWebSocketsProtocol is None:
-        raise RuntimeError("uvicorn has no WebSocket implementation: pip install websockets")
-    caps = ConnectionCaps(settings)
-    ws_base: Callable[..., asyncio.Protocol] = AutoWebSocketsProtocol
-    return (edge_http_protocol(http, caps, settings), edge_ws_protocol(ws_base, caps),  # type: ignore[arg-type]
-            caps)

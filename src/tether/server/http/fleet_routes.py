@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError
-from tether.server.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
+from tether.server.http.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.scopes import beyond, reaches, within
 from tether.server.store.tokens import TokenInfo
 

@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.server.api import ERROR_RESPONSES, _hub, _record, require
+from tether.server.http.api import ERROR_RESPONSES, _hub, _record, require
 from tether.server.policy_push import PolicyRequestFailed, change, show
 from tether.server.store.tokens import TokenInfo
 

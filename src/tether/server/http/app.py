@@ -13,15 +13,15 @@ from starlette.routing import Match
 
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.socket import aip_route
-from tether.server.api import fast_run_commands, fast_run_selected, router
-from tether.server.batch_api import batch_router
-from tether.server.fleet_api import mount_fleet
-from tether.server.front import FastRoutes, ServerApp, error_response
-from tether.server.guard import RequestGuard
+from tether.server.http.api import router, run_commands, run_selected
+from tether.server.http.batch_routes import batch_router
+from tether.server.http.fleet_routes import mount_fleet
+from tether.server.http.front import FastRoutes, ServerApp, error_response
+from tether.server.http.pairing_routes import pairing_router
+from tether.server.http.policy_routes import policy_router
+from tether.server.http.request_guard import RequestGuard
 from tether.server.mcp import mount_gateway
 from tether.server.pairing import PairingBook
-from tether.server.pairing_api import pairing_router
-from tether.server.policy_api import policy_router
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
 from tether.server.web import mount_web
@@ -83,11 +83,11 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
         info = store.tokens.verify(secret)
         return info is not None and info.kind == "api"
 
-    # Host/Origin checks and body caps for every route, today's and the extensions' (guard.py)
+    # Host/Origin checks and body caps for every route, today's and the extensions' (request_guard.py)
     app.add_middleware(RequestGuard, settings=settings, api_token_ok=api_token_ok)
     # ...and the hot routes answered before FastAPI's stack, behind the same guard (front.py)
     app.fast = FastRoutes(lambda route: RequestGuard(route, settings=settings, api_token_ok=api_token_ok),
-                          fast_run_commands, fast_run_selected, aip.endpoint)
+                          run_commands, run_selected, aip.endpoint)
 
     # Starlette's HTTPException (FastAPI's subclasses it): the router's own 404 and 405 included
     @app.exception_handler(HTTPException)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 
-from tether.server.api import ERROR_RESPONSES, _hub, require
+from tether.server.http.api import ERROR_RESPONSES, _hub, require
 from tether.server.scopes import reaches
 from tether.server.store.audit import LATE_NOTE, PENDING, SENT, UNKNOWN
 from tether.server.store.tokens import TokenInfo

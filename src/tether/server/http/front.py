@@ -10,25 +10,28 @@ memory per idle device).
 
 So `ServerApp.__call__` looks at the scope first: `POST /api/v1/devices/{name}/commands`,
 `POST /api/v1/commands` and the `/aip` WebSocket go to their endpoints through `RequestGuard` alone —
-the same Host/Origin rules and body caps as every other route (guard.py) — and everything else,
-lifespan included, to FastAPI as before. The documented FastAPI routes for the same paths stay in the
-app for the OpenAPI document; errors are the same `{"error": …}` bodies (`error_response`).
+the same Host/Origin rules and body caps as every other route (request_guard.py) — and everything else,
+lifespan included, to FastAPI. The command endpoints are also FastAPI's routes for the same paths
+(`FastRoute`: the same function, documented in the OpenAPI document); errors are the same `{"error": …}`
+bodies (`error_response`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.websockets import WebSocket
 
-from tether.server.guard import ASGIApp, Message, RequestGuard, Scope, throttled_handshake
-from tether.server.ratelimit import Throttles
+from tether.server.http import internals
+from tether.server.http.ratelimit import Throttles
+from tether.server.http.request_guard import ASGIApp, Message, RequestGuard, Scope, throttled_handshake
 from tether.server.store import StoreUnavailable
 
 logger = logging.getLogger(__name__)
@@ -110,9 +113,19 @@ class FastRoutes:
         if path.startswith(DEVICES_PREFIX) and path.endswith(COMMANDS_SUFFIX):
             name = path[len(DEVICES_PREFIX):-len(COMMANDS_SUFFIX)]
             if name and "/" not in name:  # Starlette's `{name}`: one non-empty segment
-                scope["path_params"] = {"name": name}
+                internals.set_path_params(scope, {"name": name})
                 return self.run_commands
         return None
+
+
+class FastRoute(APIRoute):
+    """A FastAPI route documented from its endpoint's signature (FastAPI reads `__signature__` for the path,
+    body and dependency parameters of the OpenAPI document) and answered by the endpoint itself, called with
+    the `Request` alone: no dependency solving, body parsing or response serialization (FastAPI's
+    `get_route_handler` hook). What the endpoint raises is answered by the app's exception handlers."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        return self.endpoint
 
 
 class ServerApp(FastAPI):
@@ -137,5 +150,5 @@ class ServerApp(FastAPI):
         if route is None:
             await super().__call__(scope, receive, send)
             return
-        scope["app"] = self  # what `request.app` reads, as Starlette sets it
+        internals.enter_app(scope, self)  # what `request.app` reads
         await route(scope, receive, send)
