@@ -3,7 +3,7 @@
 Built-in tools (shell, files, system, ...) are what a device runs most, and every command to them is
 on the round-trip's hot path. They need none of what an external server needs (a session, a
 supervisor task, restarts with backoff): the call goes straight to `ToolSet.call`, and a reset
-just builds the tool set again. Keeping this small adapter apart from `mcp_servers`' session
+just builds the tool set again. Keeping this small adapter apart from `mcp.servers`' session
 machinery keeps that path short and plain to read.
 """
 
@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tether.device.mcp_base import BaseMCPServer, MCPServerError
-from tether.device.mcp_config import MCPServerConfig
+from tether.device.mcp.base import BaseMCPServer, MCPServerError
+from tether.device.mcp.server_config import MCPServerConfig
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency

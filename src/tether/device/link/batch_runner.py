@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tether.device.client import DeviceClient
-from tether.device.outbox import FinishedRecord, Outbox, record_key, results_frame
-from tether.device.session_line import SessionLine
+from tether.device.link.outbox import FinishedRecord, Outbox, record_key, results_frame
+from tether.device.link.session_line import SessionLine
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessage
 from tether.protocol.models import Command, Result, ResultStatus
 

@@ -1,8 +1,8 @@
 """The external MCP servers a device reaches: a Python module's `mcp` object in-process, a stdio
 process, a streamable-HTTP endpoint, an (older) HTTP+SSE endpoint. Each is a `SessionServer`
-(`mcp_servers`: one persistent session, supervised and restarted).
+(`mcp.servers`: one persistent session, supervised and restarted).
 
-Apart from `mcp_manager` because these need the `mcp` SDK and the manager does not: a device whose
+Apart from `mcp.manager` because these need the `mcp` SDK and the manager does not: a device whose
 tools are all built in never imports this module (`create_server` does, for the first external entry).
 
 A stdio server configured with `sandbox: true` is started inside the device's OS sandbox
@@ -32,15 +32,15 @@ from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 
-from tether.device.mcp_config import MCPServerConfig
-from tether.device.mcp_servers import (
+from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.servers import (
     MCPServerError,
     SessionServer,
     describe_error,
     innermost_error,
     message_limit,
 )
-from tether.device.mcp_stdio import bounded_stdio_client
+from tether.device.mcp.stdio import bounded_stdio_client
 
 if TYPE_CHECKING:
     from tether.sandbox.egress_live import LiveEgress

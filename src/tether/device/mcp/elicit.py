@@ -1,7 +1,7 @@
 """Questions of external MCP servers asked through the device's server.
 
 While a device serves a server, nobody sits at its terminal: a question an MCP server asks during a
-call goes out as an `elicitation` event of the running command (`mcp_client_caps`), the caller sees
+call goes out as an `elicitation` event of the running command (`mcp.client_caps`), the caller sees
 it on the command's stream and answers with `POST /api/v1/devices/{name}/questions/{id}`; the server
 sends that answer back as an ELICITATION_ANSWER frame, which `answer` hands to the waiting call. An
 answer for a question nobody waits for (answered already, timed out) is dropped with a log line.
@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from tether.device.mcp_client_caps import ElicitationAnswer, ElicitationRequest, SamplingReply, SamplingRequest
+from tether.device.mcp.client_caps import ElicitationAnswer, ElicitationRequest, SamplingReply, SamplingRequest
 from tether.protocol.codec import encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessage, TaskStatus
 

@@ -12,7 +12,7 @@ under a cap (so a fleet of devices does not reconnect in lockstep after a server
 refusal that retrying cannot fix — bad token, name mismatch, unsupported version — stops `run()`
 with `RegistrationRefused` carrying the server's words; "that device is already connected"
 (4409) is retried, since the other connection may be this device's own dead one. That policy is
-in `tether.device.reconnect`. While the device owes the server something (results in the outbox,
+in `tether.device.link.reconnect`. While the device owes the server something (results in the outbox,
 batches queued or running), the waits are also held well inside the grace period the server's
 last RegisterAck promised (counted from the moment the link was lost), so a server that is
 reachable again gets the results before it gives the batches up. A long outage is logged once
@@ -33,6 +33,7 @@ import logging
 import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -42,13 +43,12 @@ from websockets.protocol import State
 from websockets.proxy import get_proxy
 from websockets.uri import parse_uri
 
-from tether.device.batches import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
 from tether.device.client import DeviceClient
-from tether.device.identity import DeviceKey
-from tether.device.keepalive import beat_due
-from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
-from tether.device.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
-from tether.device.reconnect import (
+from tether.device.link.batch_runner import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
+from tether.device.link.device_key import DeviceKey
+from tether.device.link.keepalive import beat_due
+from tether.device.link.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
+from tether.device.link.reconnect import (
     FATAL_CLOSE_CODES,
     PIN_MISMATCH,
     RESTART_SPREAD_S,
@@ -62,8 +62,9 @@ from tether.device.reconnect import (
     describe_failure,
     retry_after_of,
 )
-from tether.device.remote_policy import RemotePolicy
-from tether.device.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
+from tether.device.link.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
+from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
+from tether.device.policy_overlay import RemotePolicy
 from tether.errors import DeviceError
 from tether.protocol.codec import (
     DEFAULT_MAX_FRAME_BYTES,
@@ -135,18 +136,70 @@ def make_ssl_context(url: str, ca_file: str | None = None) -> ssl.SSLContext | N
     return ssl.create_default_context(cafile=ca_file)
 
 
+@dataclass(frozen=True)
+class LinkSettings:
+    """How a `DeviceConnection` retries, waits and buffers.
+
+    `backoff_base`/`backoff_cap`: the exponential backoff between attempts (seconds, full jitter);
+    `restart_spread`: the most the first attempt after a link that was up waits (a fleet spreads its
+    reconnections after a server restart); `max_attempts`: failed attempts in a row before `run()` raises
+    `RetriesExhausted` (None: never); `connect_timeout`: one attempt's handshake and registration;
+    `stable_after`: how long a link must have stayed up for the backoff to start again from the base;
+    `max_queued_events`: events kept while the link is slower than the tools (the oldest dropped);
+    `record_size`/`record_bytes`: the finished calls remembered so a resent batch is answered, not rerun;
+    `max_concurrent_sessions`: sessions whose batches run side by side."""
+
+    backoff_base: float = 0.5
+    backoff_cap: float = 30.0
+    restart_spread: float = RESTART_SPREAD_S
+    max_attempts: int | None = None
+    connect_timeout: float = 10.0
+    stable_after: float = 10.0
+    max_queued_events: int = 1000
+    record_size: int = 10_000
+    record_bytes: int = DEFAULT_RECORD_BYTES
+    max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS
+
+
+@dataclass(frozen=True)
+class ServerTrust:
+    """Which server certificate a `DeviceConnection` accepts on wss://: `ssl_context` (None: the system's
+    CAs, see `make_ssl_context`) or exactly the certificate with the SHA-256 `tls_fingerprint`
+    (`tether.device.link.tls_pin`; then `ssl_context` is not used)."""
+
+    ssl_context: ssl.SSLContext | None = None
+    tls_fingerprint: str | None = None
+
+
+@dataclass(frozen=True)
+class LinkHooks:
+    """Who a `DeviceConnection` tells and asks: `on_state(state, connection)` hears each state change;
+    `policy` answers the server's POLICY_REQUEST / POLICY_SET (None: refused); `questions` and `sampler`
+    receive the answers to external MCP servers' questions and sampling requests (`tether.device.mcp.elicit`;
+    None: such answers are dropped)."""
+
+    on_state: StateHook | None = None
+    policy: RemotePolicy | None = None
+    questions: RemoteQuestions | None = None
+    sampler: RemoteSampler | None = None
+
+
 class DeviceConnection:
     """Keeps one device registered with the server and executes what it sends, until `stop()`."""
 
     def __init__(self, client: DeviceClient, url: str | Sequence[str], token: str | None, *, name: str | None = None,
-                 profile: Callable[[], Awaitable[DeviceProfile]] | None = None,
-                 ssl_context: ssl.SSLContext | None = None, tls_fingerprint: str | None = None,
-                 backoff_base: float = 0.5, backoff_cap: float = 30.0,
-                 max_attempts: int | None = None, connect_timeout: float = 10.0, stable_after: float = 10.0,
-                 on_state: StateHook | None = None, max_queued_events: int = 1000,
-                 record_size: int = 10_000, record_bytes: int = DEFAULT_RECORD_BYTES,
-                 max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS,
-                 remote_policy: RemotePolicy | None = None, key: DeviceKey | None = None) -> None:
+                 profile: Callable[[], Awaitable[DeviceProfile]] | None = None, key: DeviceKey | None = None,
+                 trust: ServerTrust = ServerTrust(), settings: LinkSettings = LinkSettings(),
+                 hooks: LinkHooks = LinkHooks(), outbox: Outbox | None = None) -> None:
+        """`client` runs the batches; `url` is the server's `ws(s)://…/aip` URL, or a cluster's nodes in the
+        order to try them; `token` the device token; `name` the device name the token must match (None: the
+        token's); `profile` collects what registration reports (None: an empty profile); `key` signs each
+        registration's challenge (None: a key made for this connection, in memory only); `outbox` holds
+        what the device owes the server (None: a new one holding `settings.max_queued_events` events; pass
+        one to give a `RemoteSampler` its `put_control` before the connection exists).
+
+        Raises ValueError for URLs it cannot use (not ws(s)://, ws:// and wss:// mixed, a TLS pin or a CA
+        without wss://)."""
         # several URLs: a cluster's nodes, tried in turn when the one in use is lost (reconnect.ServerURLs)
         self.servers = ServerURLs([url] if isinstance(url, str) else list(url))
         # each URL's proxy (HTTPS_PROXY, NO_PROXY, …) decided once, as websockets' `connect(proxy=True)` would
@@ -165,23 +218,18 @@ class DeviceConnection:
         self.instance_id = uuid.uuid4().hex
         self._token = token
         # the device's key: every registration signs the server's challenge with it (protocol.identity). A
-        # device that runs for long passes the one in its state directory (identity.load_device_key); without
+        # device that runs for long passes the one in its state directory (device_key.load_device_key); without
         # one, a key made for this connection (in memory only: enrolled by the first registration of a token
         # made without a key, and not this device's any more once the process is gone)
         self.key = key if key is not None else DeviceKey.generate()
         self._profile = profile
-        self._pin = normalize_fingerprint(tls_fingerprint) if tls_fingerprint else None
+        self._pin = normalize_fingerprint(trust.tls_fingerprint) if trust.tls_fingerprint else None
         if self._pin and urlsplit(self.url).scheme != "wss":
             raise ValueError(f"a TLS fingerprint was given but {self.url} is not a wss:// URL: nothing would be "
                              "pinned")
-        self._ssl = ssl_context if ssl_context is not None or self._pin else make_ssl_context(self.url)
-        self.backoff_base = backoff_base
-        self.backoff_cap = backoff_cap
-        self.restart_spread = RESTART_SPREAD_S  # the first attempt after a link that was up (reconnect.py)
-        self.max_attempts = max_attempts
-        self.connect_timeout = connect_timeout
-        self.stable_after = stable_after
-        self.on_state = on_state
+        self._ssl = trust.ssl_context if trust.ssl_context is not None or self._pin else make_ssl_context(self.url)
+        self.settings = settings
+        self.hooks = hooks
         # observable state
         self.state: ConnectionState = "idle"
         self.connected = asyncio.Event()
@@ -192,14 +240,10 @@ class DeviceConnection:
         self._failures = FailureLog(logger)  # thins the log of a long outage (reconnect.py)
         self._heartbeat_frame = HeartbeatFrame(name)
         # what outlives a connection
-        self.outbox = Outbox(max_queued_events)
-        self.record = FinishedRecord(record_size, record_bytes)
+        self.outbox = outbox if outbox is not None else Outbox(settings.max_queued_events)
+        self.record = FinishedRecord(settings.record_size, settings.record_bytes)
         self.batches = BatchRunner(client, self.outbox, self.record, client_id=name,
-                                   max_concurrent_sessions=max_concurrent_sessions)
-        self.remote_policy = remote_policy  # answers the server's POLICY_REQUEST / POLICY_SET
-        # external MCP servers' questions waiting for an answer through the server (`mcp_elicit`)
-        self.questions: RemoteQuestions | None = None
-        self.sampler: RemoteSampler | None = None  # and their sampling requests (the server's LLM)
+                                   max_concurrent_sessions=settings.max_concurrent_sessions)
         self._stop = asyncio.Event()
         self._pausing: asyncio.Future[None] | None = None  # the wait between attempts, ended early by stop()
         self._spare_profile: tuple[float, int, DeviceProfile] | None = None  # (loop time, version, profile)
@@ -290,17 +334,17 @@ class DeviceConnection:
                     break
                 if uptime is None:
                     failures += 1
-                    if self.max_attempts is not None and failures >= self.max_attempts:
+                    if self.settings.max_attempts is not None and failures >= self.settings.max_attempts:
                         raise RetriesExhausted(f"gave up after {failures} failed attempt(s) to connect to "
                                                f"{self.url}: {self.last_error}")
                 else:
                     failures = 0
-                    if uptime >= self.stable_after:
+                    if uptime >= self.settings.stable_after:
                         attempt = 0
                 grace_left = self._grace_left()
-                delay = backoff_delay(attempt, self.backoff_base, self.backoff_cap, grace_left=grace_left,
-                                      spread=self.restart_spread if uptime is not None else 0.0,
-                                      retry_after=retry_after)
+                delay = backoff_delay(attempt, self.settings.backoff_base, self.settings.backoff_cap,
+                                      grace_left=grace_left, retry_after=retry_after,
+                                      spread=self.settings.restart_spread if uptime is not None else 0.0)
                 # the next node; the wait grows once per round of them (refused as busy: the server's pace,
                 # not a failure to back off from)
                 if self.servers.advance() and retry_after is None:
@@ -348,9 +392,9 @@ class DeviceConnection:
 
     def _set_state(self, state: ConnectionState) -> None:
         self.state = state
-        if self.on_state is not None:
+        if self.hooks.on_state is not None:
             try:
-                self.on_state(state, self)
+                self.hooks.on_state(state, self)
             except Exception:
                 logger.exception("connection state hook failed")
 
@@ -387,7 +431,7 @@ class DeviceConnection:
         # the token travels in the handshake's Authorization header (never the URL): the server checks
         # it before upgrading the connection and answers 401 {"error": …} without reading a frame
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
-        timeout = attempt_timeout(self.connect_timeout, self._grace_left())
+        timeout = attempt_timeout(self.settings.connect_timeout, self._grace_left())
         if self._pin:  # each attempt: the certificate is checked before the token goes anywhere
             try:
                 self._ssl = await pinned_context_for_async(self.url, self._pin, timeout)
@@ -436,7 +480,7 @@ class DeviceConnection:
         msg = decode_server_message(raw, DEFAULT_MAX_FRAME_BYTES)
         if msg.type is ServerMessageType.REGISTER_REFUSED:
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.connect_timeout):
+                async with asyncio.timeout(self.settings.connect_timeout):
                     await ws.wait_closed()
             raise RegistrationRefused(msg.error or "no reason given", ws.close_code)
         if msg.type is not ServerMessageType.REGISTER_ACK:
@@ -572,11 +616,11 @@ class DeviceConnection:
             self._side_tasks.add(task)
             task.add_done_callback(self._side_tasks.discard)
         elif kind is ServerMessageType.ELICITATION_ANSWER:
-            if self.questions is not None:
-                self.questions.answer(msg.payload)
+            if self.hooks.questions is not None:
+                self.hooks.questions.answer(msg.payload)
         elif kind is ServerMessageType.SAMPLING_REPLY:
-            if self.sampler is not None:
-                self.sampler.reply(msg)
+            if self.hooks.sampler is not None:
+                self.hooks.sampler.reply(msg)
         elif kind is ServerMessageType.ERROR:
             logger.warning("the server reports an error: %s", msg.error)
         else:
@@ -591,7 +635,7 @@ class DeviceConnection:
         refused or invalid change is a FAILED report saying why, and changes nothing."""
         reply = ClientMessage(type=ClientMessageType.POLICY_REPORT, client_id=self.name,
                               prev_response_id=msg.response_id)
-        policy = self.remote_policy
+        policy = self.hooks.policy
         try:
             if policy is None:
                 raise ValueError("this device does not take policy requests from its server")

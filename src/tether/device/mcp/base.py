@@ -1,7 +1,7 @@
 """What every tool server of a device is, however it is reached: `BaseMCPServer` and its error.
 
-Apart from `mcp_servers` (the external servers' session machinery) so that a device whose tools are
-all built in never imports the `mcp` SDK: `toolset_server` and the manager need only this
+Apart from `mcp.servers` (the external servers' session machinery) so that a device whose tools are
+all built in never imports the `mcp` SDK: `mcp.toolset_server` and the manager need only this
 (issue 13: importing `mcp` cost 0.45-0.6 s of every `tether device` and `tether exec` start).
 """
 
@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from tether.device.mcp_config import MCPServerConfig
-from tether.device.mcp_policy import MCPToolPolicy
+from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.tool_rules import MCPToolPolicy
 from tether.errors import DeviceError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
@@ -64,7 +64,7 @@ class BaseMCPServer(ABC):
         return self.config.server_type
 
     async def session_request(self, what: str, request: Callable[[Any], Awaitable[T]], timeout: float) -> T:
-        """A request other than a tool call (resources, prompts: `mcp_resources`) on this server's MCP
+        """A request other than a tool call (resources, prompts: `mcp.resources`) on this server's MCP
         session; `ToolError` naming the server when it cannot be made. Only external servers have one."""
         raise ToolError(f"server '{self.namespace}' is a built-in tool set: it has no MCP resources or prompts")
 

@@ -1,6 +1,6 @@
 """The MCP servers a device calls tools on, each behind one `BaseMCPServer` interface.
 
-Built-in tool sets are called directly (no MCP session on the hot path; see `toolset_server`).
+Built-in tool sets are called directly (no MCP session on the hot path; see `mcp.toolset_server`).
 External servers — a Python module's `mcp` object in-process, a stdio process, a streamable-HTTP
 endpoint — get one persistent `mcp.Client` session each. anyio requires an `async with Client(...)` to be entered and
 exited by the same task, so every external server has a supervisor task that owns the session,
@@ -8,7 +8,7 @@ notices when it ends (the process died, the HTTP transport failed) and opens a n
 exponential backoff. Calls from any task use the published session; none of them ever raises:
 every failure is a `Result(status=FAILURE)` naming the server and the tool.
 
-External servers' tools are under the device config's rules (`mcp_policy`): denied tools are
+External servers' tools are under the device config's rules (`mcp.tool_rules`): denied tools are
 never listed nor called, read-only ones are typed `data_collection`, and a tool that needs a
 person's approval fails with the same `needs_approval` result a built-in tool gives.
 """
@@ -28,12 +28,12 @@ import mcp_types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tether.device.mcp_base import BaseMCPServer, MCPServerError
-from tether.device.mcp_client_caps import MCPClientHooks, ServerClientCaps
-from tether.device.mcp_config import MCPServerConfig
-from tether.device.mcp_policy import annotated_type
-from tether.device.mcp_session_util import describe_error, innermost_error, message_limit, result_size
-from tether.device.mcp_stdio import TOO_LARGE
+from tether.device.mcp.base import BaseMCPServer, MCPServerError
+from tether.device.mcp.client_caps import MCPClientHooks, ServerClientCaps
+from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.session_util import describe_error, innermost_error, message_limit, result_size
+from tether.device.mcp.stdio import TOO_LARGE
+from tether.device.mcp.tool_rules import annotated_type
 from tether.errors import DeviceError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
@@ -76,7 +76,7 @@ class SessionServer(BaseMCPServer):
         self._wrapped: set[str] = set()
         # each tool's MCP annotations as last listed: they decide its type and whether it needs approval
         self._annotations: dict[str, mcp_types.ToolAnnotations | None] = {}
-        # progress, questions, sampling, roots and logs of this server (`mcp_client_caps`); the manager
+        # progress, questions, sampling, roots and logs of this server (`mcp.client_caps`); the manager
         # gives it the device's hooks and context
         self.caps = ServerClientCaps(self.namespace, MCPClientHooks(), lambda: None)
 

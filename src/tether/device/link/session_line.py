@@ -15,7 +15,7 @@ from typing import Generic, Protocol, TypeVar
 
 
 class Waiting(Protocol):
-    """What the line needs of a batch (`tether.device.batches.Batch`)."""
+    """What the line needs of a batch (`tether.device.link.batch_runner.Batch`)."""
 
     done: bool
     position: int  # its place as last reported: 1 = next; 0 = not waiting for a slot

@@ -1,4 +1,4 @@
-"""Sizes and error words of external MCP servers' sessions (apart from `mcp_servers`, which was past
+"""Sizes and error words of external MCP servers' sessions (apart from `mcp.servers`, which was past
 400 lines): how large a message a server may send, how large a tool result is, and the one-line
 message of a failure anyio wrapped in exception groups."""
 
