@@ -19,7 +19,7 @@ from tether.agent.task_error import TaskError
 
 if TYPE_CHECKING:
     from tether.agent.service import TaskService
-    from tether.server.remote import RemoteDevices
+    from tether.server.ports import RemoteDevices
 
 STEER_TIMEOUT_S = 30.0  # an answer or cancel forwarded to the node running the task
 
