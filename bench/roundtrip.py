@@ -52,7 +52,7 @@ from tether.device.mcp.manager import MCPServerManager
 from tether.protocol.codec import encode
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, ResultStatus
-from tether.server.hub import DeviceHub
+from tether.server.aip.hub import DeviceHub
 from tether.server.main import build_config
 from tether.server.settings import ServerSettings
 from tether.server.store import Store

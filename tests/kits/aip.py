@@ -34,8 +34,8 @@ from tether.protocol.messages import (
 )
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip_socket import aip_route
-from tether.server.hub import DeviceHub
+from tether.server.aip.hub import DeviceHub
+from tether.server.aip.socket import aip_route
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

@@ -21,14 +21,14 @@ from starlette.requests import ClientDisconnect
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.server.aip.hub import DeviceHub
+from tether.server.aip.registry import DeviceRecord, NoDeviceError
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
 from tether.server.http import internals
 from tether.server.http.coalesce import ON_DISCONNECT
 from tether.server.http.front import FastRoute
 from tether.server.http.request_guard import receive_body
-from tether.server.hub import DeviceHub
-from tether.server.registry import DeviceRecord, NoDeviceError
-from tether.server.remote import BackplaneUnavailable
+from tether.server.ports import BackplaneUnavailable
 from tether.server.scopes import beyond, reached_names, reaches, unknown_device, within
 from tether.server.sessions import owned_session
 from tether.server.store import Store

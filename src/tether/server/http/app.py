@@ -11,7 +11,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
-from tether.server.aip_socket import aip_route
+from tether.server.aip.hub import DeviceHub
+from tether.server.aip.socket import aip_route
 from tether.server.http.api import router, run_commands, run_selected
 from tether.server.http.batch_routes import batch_router
 from tether.server.http.fleet_routes import mount_fleet
@@ -19,7 +20,6 @@ from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.pairing_routes import pairing_router
 from tether.server.http.policy_routes import policy_router
 from tether.server.http.request_guard import RequestGuard
-from tether.server.hub import DeviceHub
 from tether.server.mcp import mount_gateway
 from tether.server.pairing import PairingBook
 from tether.server.settings import ServerSettings
@@ -48,7 +48,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
             if settings.cluster_url:  # one node of several (server/cluster): devices held elsewhere reachable
                 from tether.server.cluster.node import ClusterNode
 
-                node = app.state.cluster = ClusterNode(hub, settings)
+                node = app.state.cluster = ClusterNode(hub, hub.registry, store, settings)
                 await node.start()
             async with AsyncExitStack() as stack:
                 for context in contexts:

@@ -1,4 +1,4 @@
-"""`POST /api/v1/fleet/commands`: one batch to every device that meets `requires` (server/fleet.py).
+"""`POST /api/v1/fleet/commands`: one batch to every device that meets `requires` (server/aip/fanout.py).
 
 The answer streams per-device lines as they arrive — NDJSON with `Accept: application/x-ndjson`, SSE
 with `Accept: text/event-stream` — and ends with a summary line; any other Accept gets one JSON body
@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
-from tether.server.fleet import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError
+from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError
 from tether.server.http.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.scopes import beyond, reaches, within
 from tether.server.store.tokens import TokenInfo
@@ -75,7 +75,7 @@ async def fleet_commands(batch: FleetBatch, request: Request,
     hub = request.app.state.hub
     refuse_unaudited(hub.store)
     try:
-        fan = FanOut(hub, batch.requires, batch.commands, max_concurrency=batch.max_concurrency,
+        fan = FanOut(hub, hub.registry, batch.requires, batch.commands, max_concurrency=batch.max_concurrency,
                      timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}",
                      within=within(who))
     except FanOutError as exc:

@@ -28,11 +28,11 @@ from typing import TYPE_CHECKING, Any, Literal
 from tether.errors import ServerError
 from tether.protocol.models import Command, Result, ResultStatus, new_call_id
 from tether.protocol.profile import DeviceRequirements
-from tether.server.registry import describe, rejection
+from tether.server.aip.registry import describe, rejection
 
 if TYPE_CHECKING:
-    from tether.server.hub import DeviceHub
-    from tether.server.registry import DeviceRecord
+    from tether.server.aip.registry import DeviceRecord, DeviceRegistry
+    from tether.server.ports import DeviceFleet
 
 FanOutStatus = Literal["ok", "failed", "offline", "timed_out", "cancelled"]
 STATUSES: tuple[FanOutStatus, ...] = ("ok", "failed", "offline", "timed_out", "cancelled")
@@ -69,14 +69,14 @@ class DeviceOutcome:
         return out
 
 
-def select_devices(hub: DeviceHub, requires: DeviceRequirements,
+def select_devices(registry: DeviceRegistry, requires: DeviceRequirements,
                    within: Callable[[DeviceRecord], bool] | None = None) -> list[str]:
     """The names of every known device meeting `requires` apart from being connected (sorted), and
     admitted by `within` (a token's device scope: the others are not seen); `FanOutError` 404 naming
     the requirements when none does, 413 past `MAX_DEVICES`."""
     chosen: list[str] = []
     known = 0
-    for record in hub.registry.list():
+    for record in registry.list():
         if requires.name is not None and record.name != requires.name:
             continue
         if within is not None and not within(record):
@@ -97,15 +97,19 @@ def select_devices(hub: DeviceHub, requires: DeviceRequirements,
 
 
 class FanOut:
-    """One fan-out: build it (devices are selected at once), then iterate `outcomes()` exactly once."""
+    """One fan-out: build it (devices are selected at once), then iterate `outcomes()` exactly once.
 
-    def __init__(self, hub: DeviceHub, requires: DeviceRequirements, commands: list[Command], *,
+    `fleet` (the hub) runs the batches and says who is connected; `registry` is where the devices that
+    meet `requires` are chosen from. `FanOutError` when it cannot start (no command, none fit, too many)."""
+
+    def __init__(self, fleet: DeviceFleet, registry: DeviceRegistry, requires: DeviceRequirements,
+                 commands: list[Command], *,
                  max_concurrency: int = DEFAULT_CONCURRENCY, timeout: float = 60.0, early_exit: bool = True,
                  requested_by: str = "unknown", fanout_id: str | None = None,
                  within: Callable[[DeviceRecord], bool] | None = None) -> None:
         if not commands:
             raise FanOutError(422, "a fan-out needs at least one command")
-        self.hub = hub
+        self.fleet = fleet
         self.requires = requires
         self.commands = commands
         self.max_concurrency = max(1, min(max_concurrency, MAX_CONCURRENCY))
@@ -113,7 +117,7 @@ class FanOut:
         self.early_exit = early_exit
         self.requested_by = requested_by
         self.id = fanout_id or new_call_id()
-        self.devices = select_devices(hub, requires, within)
+        self.devices = select_devices(registry, requires, within)
         self.counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
         self.in_flight = 0
         self.max_in_flight = 0
@@ -139,7 +143,7 @@ class FanOut:
             self._stop(device, reason)
 
     def _fleet_changed(self, device: str) -> None:
-        if device in self._running and not self.hub.connected(device):
+        if device in self._running and not self.fleet.connected(device):
             why = f"device {device} went offline while its batch ran; the batch was cancelled"
             self._left[device] = why
             self._stop(device, why)
@@ -157,7 +161,7 @@ class FanOut:
         self._started = time.monotonic()
         self._deadline = self._started + self.timeout
         names = iter(self.devices)
-        remove = self.hub.on_fleet_change(self._fleet_changed)
+        remove = self.fleet.on_fleet_change(self._fleet_changed)
         workers = [asyncio.ensure_future(self._worker(names)) for _ in range(min(self.max_concurrency,
                                                                                 len(self.devices)))]
         clock = asyncio.get_running_loop().call_at(asyncio.get_running_loop().time() + self.timeout, self._end,
@@ -193,9 +197,9 @@ class FanOut:
             status, reason = self._ended
             never = "timed out before its turn came" if status == "timed_out" else reason
             return DeviceOutcome(name, status, error=f"not sent: {never}")
-        if not self.hub.connected(name):
+        if not self.fleet.connected(name):
             return DeviceOutcome(name, "offline", error=f"device {name} is offline; not sent")
-        dispatcher = self.hub.dispatcher(name, requested_by=self.requested_by)
+        dispatcher = self.fleet.dispatcher(name, requested_by=self.requested_by)
         commands = [c.model_copy() for c in self.commands]  # the dispatcher stamps call_ids (only those)
         remaining = max(self._deadline - time.monotonic(), 0.001)
         worker = asyncio.current_task()
@@ -232,12 +236,13 @@ class FanOut:
         return DeviceOutcome(name, "failed", results, failed[0].error or failed[0].status.value, duration)
 
 
-async def run_fan_out(hub: DeviceHub, requires: DeviceRequirements, commands: list[Command], *,
+async def run_fan_out(fleet: DeviceFleet, registry: DeviceRegistry, requires: DeviceRequirements,
+                      commands: list[Command], *,
                       on_outcome: Callable[[DeviceOutcome], None] | None = None,
                       **options: Any) -> dict[str, Any]:
     """Run a fan-out to the end: `{"devices": [lines…], "summary": {…}}` (for callers that need no stream,
     such as a task step); `on_outcome` is told each device's outcome as it arrives."""
-    fan = FanOut(hub, requires, commands, **options)
+    fan = FanOut(fleet, registry, requires, commands, **options)
     lines = []
     async for outcome in fan.outcomes():
         if on_outcome is not None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, TaskStatus
 from tether.protocol.models import Result
-from tether.server.registry import DeviceRegistry
+from tether.server.aip.registry import DeviceRegistry
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
@@ -38,7 +38,7 @@ class PendingBatch:
     error: str | None = None
     sent: bool = False
     done: asyncio.Event = field(default_factory=asyncio.Event)
-    # set while another node of the cluster runs it (server/remote.py): finishing the batch here stops that
+    # set while another node of the cluster runs it (server/ports.py): finishing the batch here stops that
     remote: asyncio.Task[None] | None = None
     origin: str | None = None  # the node this one runs it for (its caller, timeout and audit are there)
     # the calls without a result may still be running (the wait ended: timeout, link lost, grace over):

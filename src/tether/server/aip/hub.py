@@ -10,11 +10,13 @@ later is told its batches are no longer awaited). It never raises for anything a
 a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
-`tether.server.aip_socket.aip_route` adapts a Starlette WebSocket to it. The ledger of batches
-(`tether.server.batches`), the liveness timers (`tether.server.liveness`), the writes to one
-socket (`tether.server.device_link`), the judgement of a registration (`tether.server.registration`)
-and what external MCP servers ask through a device (`tether.server.questions`) each live in their
-own module; the hub is where they meet.
+`tether.server.aip.socket.aip_route` adapts a Starlette WebSocket to it. What each frame means is
+judged by the connection's sans-I/O session (`tether.protocol.session`); the hub keeps the table of
+connections and acts on those judgements. Where each batch goes and the ledger of batches in flight
+(`tether.server.aip.router`, `tether.server.aip.batches`), the liveness timers
+(`tether.server.aip.liveness`), the writes to one socket (`tether.server.aip.link`), the judgement of a
+registration (`tether.server.aip.registration`) and what external MCP servers ask through a device
+(`tether.server.aip.questions`) each live in their own module; the hub is where they meet.
 """
 
 from __future__ import annotations
@@ -25,30 +27,39 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from tether.protocol.codec import FrameError, decode_client_message
 from tether.protocol.messages import (
     ClientMessage,
-    ClientMessageType,
     Event,
     RegisterAck,
     ServerMessage,
     ServerMessageType,
     TaskStatus,
 )
-from tether.protocol.profile import DeviceProfile
+from tether.protocol.session import (
+    BadFrame,
+    DeviceReportedError,
+    EventArrived,
+    HeartbeatArrived,
+    PolicyReported,
+    ProfileReported,
+    RegistrationRefused,
+    ResultsArrived,
+    SamplingRequested,
+    ServerSession,
+    SessionEvent,
+)
 from tether.protocol.wire import CloseCode
-from tether.server.aip_socket import AIPSocket, SocketClosed
-from tether.server.batches import BatchBook, PendingBatch
-from tether.server.device_link import DeviceLink, close_socket
-from tether.server.dispatcher import WebSocketCommandDispatcher
-from tether.server.gc_keeper import keep_gc_lean
-from tether.server.liveness import GracePeriods, watch_liveness
-from tether.server.questions import OpenQuestions, Sampler, answer_sampling
-from tether.server.registration import Refusal, authenticate, prove_key, read_registration, refuse
-from tether.server.registry import DeviceRecord, DeviceRegistry
-from tether.server.remote import BackplaneUnavailable, RemoteDevices
+from tether.server.aip.batches import PendingBatch
+from tether.server.aip.dispatcher import WebSocketCommandDispatcher
+from tether.server.aip.gc_keeper import keep_gc_lean
+from tether.server.aip.link import DeviceLink, close_socket
+from tether.server.aip.liveness import GracePeriods, watch_liveness
+from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
+from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
+from tether.server.aip.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.router import BatchRouter
+from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
+from tether.server.ports import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
@@ -56,11 +67,11 @@ from tether.server.store.tokens import TokenInfo
 if TYPE_CHECKING:
     from tether.protocol.models import Command
     from tether.protocol.profile import DeviceRequirements
-    from tether.server.fleet import DeviceOutcome
+    from tether.server.aip.fanout import DeviceOutcome
 
 PRELOAD_AFTER_S = 2.0  # known devices' stored profiles are read this long after start, in the background
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
 
 class DeviceHub:
@@ -69,12 +80,14 @@ class DeviceHub:
         self.settings = settings
         self.registry = DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
-        self._batches = BatchBook(self.registry, self.record_late)
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
         self._expired_meanwhile: set[str] = set()  # ... and whose grace period ended during it
         self._given_up: dict[str, str] = {}  # device -> the process (instance_id) given up after its grace
         self._tasks: set[asyncio.Task[Any]] = set()
+        # the batches in flight and where each goes (here, queued for a returning device, another node)
+        self._router = BatchRouter(self._conns, self._grace, self.registry, store.audit, self._tasks)
+        self._batches = self._router.book
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions = OpenQuestions()
@@ -88,9 +101,6 @@ class DeviceHub:
         # told the device's name when one registers, leaves or reports new tools (the MCP gateway's
         # tools/list_changed); not on load changes, which happen twice per batch
         self._fleet_listeners: dict[object, Callable[[str], None]] = {}
-        # the other nodes of a cluster (server/remote.py), set by the app when clustered: batches for a
-        # device held by another node go there; None on a single server
-        self.remote: RemoteDevices | None = None
 
     # -- life ------------------------------------------------------------------------------------
 
@@ -111,6 +121,7 @@ class DeviceHub:
     async def aclose(self) -> None:
         """Fail what is pending, close every device socket (1001) and stop the timers."""
         self._closed = True
+        self._router.close()
         if self._liveness is not None:
             self._liveness.cancel()
         if self._preload is not None:
@@ -129,7 +140,10 @@ class DeviceHub:
                    process_name: str | None = None, root_name: str | None = None,
                    on_event: Callable[[Event], None] | None = None,
                    requested_by: str = "unknown") -> WebSocketCommandDispatcher:
-        return WebSocketCommandDispatcher(self, device, session_id=session_id, agent_name=agent_name,
+        """A dispatcher for `device` whose batches go through this hub and are audited in its store."""
+        return WebSocketCommandDispatcher(self._router, self.store.audit, device,
+                                          default_timeout=self.settings.default_command_timeout,
+                                          session_id=session_id, agent_name=agent_name,
                                           process_name=process_name, root_name=root_name, on_event=on_event,
                                           requested_by=requested_by)
 
@@ -148,7 +162,8 @@ class DeviceHub:
         return list(self._conns)
 
     def pending(self, response_id: str) -> PendingBatch | None:
-        return self._batches.pending.get(response_id)
+        """The batch in flight with this id (started or held here), or None."""
+        return self._router.pending(response_id)
 
     def fleet_changed(self, device: str) -> None:
         """Tell the fleet listeners (the MCP gateway's tools/list_changed) that `device` changed elsewhere."""
@@ -160,12 +175,12 @@ class DeviceHub:
 
     async def fan_out(self, requires: DeviceRequirements, commands: list[Command], *,
                       on_outcome: Callable[[DeviceOutcome], None] | None = None, **options: Any) -> dict[str, Any]:
-        """Run `commands` on every device meeting `requires` (server/fleet.py) and return
+        """Run `commands` on every device meeting `requires` (server/aip/fanout.py) and return
         `{"devices": [lines…], "summary": {…}}`: how a layer above (a task step `on: all`) fans out
         without importing the server's modules. `FanOutError` (a ValueError) when it cannot start."""
-        from tether.server.fleet import run_fan_out
+        from tether.server.aip.fanout import run_fan_out
 
-        return await run_fan_out(self, requires, commands, on_outcome=on_outcome, **options)
+        return await run_fan_out(self, self.registry, requires, commands, on_outcome=on_outcome, **options)
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call `listener(device)` whenever a device registers, goes offline or reports a new profile
@@ -328,9 +343,10 @@ class DeviceHub:
             await refuse(socket, token, peer)
             return None
         name = token.name
-        reg = read_registration(frame, name, settings.max_frame_bytes)
-        if isinstance(reg, Refusal):
-            await refuse(socket, reg, peer)
+        session = ServerSession(name, settings.max_frame_bytes)  # what this connection's frames mean
+        reg = session.register(frame)
+        if isinstance(reg, RegistrationRefused):
+            await refuse(socket, refusal_of(reg), peer)
             return None
         unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
         if unproven is not None:
@@ -357,7 +373,7 @@ class DeviceHub:
             self._batches.fail_device(name, f"device {name} restarted; outcome unknown", sent_only=True)
         self._grace.stop(name)
         self._batches.registered(name)
-        conn = DeviceLink(name, socket, reg.instance_id, token.id, record, now)
+        conn = DeviceLink(name, socket, reg.instance_id, token.id, record, now, session=session)
         self._conns[name] = conn
         record.node = None  # held here now, whichever node held it before
         record.connected, record.profile, record.instance_id, record.address = True, reg.profile, reg.instance_id, peer
@@ -373,10 +389,11 @@ class DeviceHub:
                           max_frame_bytes=settings.max_frame_bytes, resumed=resumed)
         await conn.send(ServerMessage(type=ServerMessageType.REGISTER_ACK, status=TaskStatus.OK,
                                       payload=ack.model_dump()))
+        session.open()
         conn.ready = True
         logger.info("device %s registered from %s (instance %s%s)", name, peer, reg.instance_id,
                     ", resumed" if resumed else "")
-        await self._flush(conn, resend=resumed)
+        await self._router.flush(conn, resend=resumed)
         return conn
 
     def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
@@ -385,6 +402,9 @@ class DeviceHub:
         return authenticate(self.store, authorization)
 
     async def _receive_loop(self, conn: DeviceLink) -> None:
+        """Read `conn`'s frames until it closes or is dropped; its session says what each one means."""
+        session = conn.session
+        assert session is not None  # set when the registration was accepted
         while not conn.dropped:
             try:
                 frame = await conn.socket.receive_text()
@@ -395,209 +415,106 @@ class DeviceHub:
             conn.last_seen = time.monotonic()
             conn.record.last_seen = time.time()
             try:
-                msg = decode_client_message(frame, self.settings.max_frame_bytes)
-            except FrameError as exc:
-                logger.warning("bad frame from device %s: %s", conn.name, exc)
-                await conn.error(str(exc), exc.reason)
-                continue
-            try:
-                await self._handle(conn, msg)
+                event = session.receive(frame)
+                await self._handle(conn, event)
             except Exception:
-                logger.exception("error handling a %s frame from device %s", msg.type.value, conn.name)
-                await conn.error(f"the server failed to handle this {msg.type.value} frame", "internal")
-            del frame, msg  # not kept while the socket idles until its next frame (~1 KiB per device)
+                kind = session.last_type.value if session.last_type is not None else "unreadable"
+                logger.exception("error handling a %s frame from device %s", kind, conn.name)
+                await conn.error(f"the server failed to handle this {kind} frame", "internal")
+            del frame, event  # not kept while the socket idles until its next frame (~1 KiB per device)
 
-    async def _handle(self, conn: DeviceLink, msg: ClientMessage) -> None:
-        kind = msg.type
-        if kind is ClientMessageType.COMMAND_RESULTS:
-            self._batches.accept(conn.name, msg)
-        elif kind is ClientMessageType.HEARTBEAT:
-            running = (msg.payload or {}).get("running", 0)
-            queued = (msg.payload or {}).get("queued", 0)  # of `running`, those not started yet
-            if type(queued) is not int or not 0 <= queued <= (running if type(running) is int else 0):
-                queued = 0
-            if type(running) is int and running >= 0 and (running, queued) != (conn.record.running,
-                                                                                conn.record.queued):
-                conn.record.running, conn.record.queued = running, queued
+    async def _handle(self, conn: DeviceLink, event: SessionEvent) -> None:
+        """Act on what one frame of `conn` meant (`ServerSession.receive`)."""
+        if isinstance(event, ResultsArrived):
+            self._batches.accept(conn.name, event.message)
+        elif isinstance(event, HeartbeatArrived):
+            if event.load is not None and event.load != (conn.record.running, conn.record.queued):
+                conn.record.running, conn.record.queued = event.load
                 self.registry.notify()
             await conn.heartbeat()
-        elif kind is ClientMessageType.EVENT:
-            try:
-                event = Event.model_validate(msg.payload)
-            except ValidationError as exc:
-                await conn.error(f"invalid event payload: {exc.errors()[0]['msg']}", "invalid")
-                return
-            batch = self._batches.pending.get(event.response_id or "")
+        elif isinstance(event, BadFrame):
+            if event.frame_error:
+                logger.warning("bad frame from device %s: %s", conn.name, event.error)
+            await conn.error(event.error, event.reason)
+        elif isinstance(event, EventArrived):
+            batch = self._batches.pending.get(event.event.response_id or "")
             if batch is None or batch.device != conn.name or not batch.sent:
-                logger.debug("dropped event %s from device %s for batch %s", event.kind, conn.name, event.response_id)
+                logger.debug("dropped event %s from device %s for batch %s", event.event.kind, conn.name,
+                             event.event.response_id)
                 return
-            self.deliver_event(batch, event)
-        elif kind is ClientMessageType.POLICY_REPORT:
+            self.deliver_event(batch, event.event)
+        elif isinstance(event, PolicyReported):
+            msg = event.message
             device, answer = self._replies.get(msg.prev_response_id or "", (None, None))
             if answer is None or device != conn.name or answer.done():
                 logger.info("dropped a policy report from device %s: nothing asked for it", conn.name)
             else:
                 answer.set_result(msg)
-        elif kind is ClientMessageType.DEVICE_INFO:
-            try:
-                conn.record.profile = DeviceProfile.model_validate(msg.payload or {})
-            except ValidationError as exc:
-                await conn.error(f"invalid device_info payload: {exc.errors()[0]['msg']}", "invalid")
-                return
+        elif isinstance(event, ProfileReported):
+            conn.record.profile = event.profile
             assert conn.record.last_seen is not None  # set when it registered
             self._remember(conn.name, conn.record, conn.record.last_seen)
             self.registry.notify()
             self._fleet_changed(conn.name)
-        elif kind is ClientMessageType.SAMPLING_REQUEST:
-            job = asyncio.create_task(answer_sampling(self.sampler, conn, msg))
+        elif isinstance(event, SamplingRequested):
+            job = asyncio.create_task(answer_sampling(self.sampler, conn, event.message))
             self._tasks.add(job)
             job.add_done_callback(self._tasks.discard)
-        elif kind is ClientMessageType.ERROR:
+        elif isinstance(event, DeviceReportedError):
+            msg = event.message
             batch = self._batches.pending.get(msg.prev_response_id or "")
             logger.warning("device %s reported an error%s: %s", conn.name,
                            f" for batch {msg.prev_response_id}" if msg.prev_response_id else "", msg.error)
             if batch is not None and batch.device == conn.name and batch.sent:
                 self._batches.finish(batch, f"device {conn.name} reported: {msg.error or 'an error'}")
         else:  # REGISTER again
-            await conn.error(f"already registered as {conn.name}; register only as the first frame", "unexpected")
+            await conn.error(event.error, "unexpected")
 
     # -- batches ---------------------------------------------------------------------------------
 
+    @property
+    def remote(self) -> RemoteDevices | None:
+        """The other nodes of a cluster (a `ports.RemoteDevices`), set by the app when clustered: batches
+        for a device held by another node go there; None on a single server."""
+        return self._router.remote
+
+    @remote.setter
+    def remote(self, remote: RemoteDevices | None) -> None:
+        self._router.remote = remote
+
     async def send_batch(self, device: str, message: ServerMessage, *,
                          on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
-        """Register a COMMAND batch and send it, or queue it while `device` is within its grace period,
-        or (in a cluster, unless `here_only`) hand it to the node that holds the device.
-
-        Returns a batch already `done` (with `error`) when the device is offline or unknown.
-        """
-        call_ids = [c.call_id for c in message.actions or [] if c.call_id]
-        batch = PendingBatch(message.response_id, device, message, on_event, outstanding=set(call_ids))
-        conn = self._conns.get(device)
-        if self._closed:
-            batch.error = "the server is shutting down"
-        elif message.response_id in self._batches.pending:
-            batch.error = f"response_id {message.response_id} is already in use"
-        elif conn is None and device not in self._grace:
-            if self.remote is not None and not here_only and await self._send_remote(batch):
-                return batch
-            batch.error = (f"device {device} is offline" if self.registry.get(device)
-                           else f"no device named {device} has registered")
-        if batch.error is not None:
-            batch.done.set()
-            return batch
-        self._batches.open(batch)
-        if conn is not None and conn.ready:
-            await self._send_command(conn, batch)
-        return batch
-
-    async def _send_remote(self, batch: PendingBatch) -> bool:
-        """Hand `batch` to the node holding its device; False when no node does (it is offline)."""
-        assert self.remote is not None
-        try:
-            holder = await self.remote.holder(batch.device)
-        except BackplaneUnavailable as exc:
-            batch.error = f"not sent: {exc}"
-            batch.done.set()
-            return True
-        if holder is None or holder == self.remote.node or self._closed:
-            return False
-        self.route(batch, holder)
-        return True
+        """`BatchRouter.send_batch`: send a COMMAND batch, queue it or hand it to the node holding `device`."""
+        return await self._router.send_batch(device, message, on_event=on_event, here_only=here_only)
 
     def route(self, batch: PendingBatch, holder: str) -> None:
-        """Let the node `holder` run `batch` (it holds the device's socket); the batch finishes here."""
-        assert self.remote is not None
-        if batch.response_id not in self._batches.pending:
-            self._batches.open(batch)
-        batch.sent = True
-        batch.remote = asyncio.create_task(self.remote.run_batch(batch, holder), name=f"remote-{batch.response_id}")
-        self._tasks.add(batch.remote)
-        batch.remote.add_done_callback(self._tasks.discard)
+        """`BatchRouter.route`: let the node `holder` run `batch`."""
+        self._router.route(batch, holder)
 
     async def adopt(self, batch: PendingBatch) -> None:
-        """A batch another node was running came back with its device, now connected here: send it (the
-        same ids, so the device answers a call it already ran from its record instead of running it)."""
-        batch.remote = None
-        batch.sent = False
-        conn = self._conns.get(batch.device)
-        if batch.done.is_set() or batch.response_id not in self._batches.pending:
-            return
-        if conn is not None:
-            if conn.ready:  # else it is registering: `_flush` sends it right after the REGISTER_ACK
-                await self._send_command(conn, batch)
-        elif batch.device not in self._grace:
-            self._batches.finish(batch, f"device {batch.device} is offline")
+        """`BatchRouter.adopt`: a batch another node ran came back with its device, connected here."""
+        await self._router.adopt(batch)
 
     def moved(self, device: str, holder: str) -> None:
-        """Another node took `device`'s socket: what this node sent it and still waits for goes there
-        (with the same ids) instead of waiting out the grace period for a socket that will not return."""
-        if self.remote is None or device in self._conns:
-            return
-        self._grace.stop(device)
-        self._batches.forget_cancels(device)
-        for batch in self._batches.of_device(device):
-            if batch.origin is not None:  # run here for another node: that node sends it on itself
-                self._batches.finish(batch, f"not held here: device {device} moved to node {holder}")
-            elif batch.remote is None:
-                self.route(batch, holder)
+        """`BatchRouter.moved`: another node took `device`'s socket."""
+        self._router.moved(device, holder)
 
     def finish_remote(self, batch: PendingBatch, results: list[Any], error: str | None, *,
                       pending: bool = False) -> None:
-        """The holding node's answer for `batch`: its results, then `error` for any call without one
-        (with `pending`: its outcome may still come, e.g. the backplane cannot be reached)."""
-        for result in results:
-            if result.call_id in batch.outstanding:
-                batch.outstanding.discard(result.call_id)
-                batch.results[result.call_id] = result
-        self._batches.finish(batch, error, pending=pending)
+        """`BatchRouter.finish_remote`: the holding node's answer for `batch`."""
+        self._router.finish_remote(batch, results, error, pending=pending)
 
     def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
-        """Record results `device` sent for a batch no caller waits on any more (`AuditLog.late`): the
-        outcome is a fact whenever it comes; only rows sent to that device with an open outcome change."""
-        return self.store.audit.late(device, [(response_id, r.call_id, r.status.value, r.error)
-                                              for r in results if r.call_id])
+        """`BatchRouter.record_late`: record results that came after their caller stopped waiting."""
+        return self._router.record_late(device, response_id, results)
 
     def batch_device(self, response_id: str) -> str | None:
-        """The device of a batch in flight started or held here, or None (a scoped token's cancel is checked)."""
-        batch = self._batches.pending.get(response_id)
-        return batch.device if batch is not None else None
+        """`BatchRouter.batch_device`: the device of a batch in flight here, or None."""
+        return self._router.batch_device(response_id)
 
     async def cancel(self, response_id: str, reason: str = "cancelled", *, pending: bool = False) -> bool:
-        """Finish the batch with `reason` for its unfinished commands and tell the device to stop it;
-        with `pending` (a timeout) its unfinished commands end "outcome pending" — what the device answers
-        to the CANCEL, or had already finished, is recorded when it comes (`record_late`).
-
-        A device that is away gets the CANCEL when it comes back (same process, within grace)."""
-        batch = self._batches.pending.get(response_id)
-        if batch is None:
-            return False
-        routed = batch.remote is not None
-        self._batches.finish(batch, reason, pending=pending)  # another node runs it: stopped there too
-        if batch.sent and not routed:
-            conn = self._conns.get(batch.device)
-            frame = ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK)
-            if conn is None or not conn.ready or not await conn.send(frame):
-                self._batches.queue_cancel(batch.device, response_id)
-        return True
-
-    async def _send_command(self, conn: DeviceLink, batch: PendingBatch) -> None:
-        batch.sent = True  # before the await, so a concurrent flush does not send it twice
-        if not await conn.send(batch.message):
-            batch.sent = False  # it goes out again after the reconnection
-
-    async def _flush(self, conn: DeviceLink, *, resend: bool = False) -> None:
-        """After a (re)registration: send the batches queued while the device was away, then CANCELs.
-
-        With `resend` (the same device process came back) batches already sent go out again too: a
-        result written into a link that was already dead is lost, and the device answers a call of a
-        batch it already ran (the same response_id, which only this server issues, and call_id) from
-        its record of finished calls without running it twice (at-least-once delivery, exactly-once
-        execution)."""
-        for batch in self._batches.to_send(conn.name, resend=resend):
-            if not batch.done.is_set():
-                await self._send_command(conn, batch)
-        for response_id in self._batches.take_cancels(conn.name):
-            await conn.send(ServerMessage(type=ServerMessageType.CANCEL, response_id=response_id, status=TaskStatus.OK))
+        """`BatchRouter.cancel`: finish the batch with `reason` and tell its device to stop."""
+        return await self._router.cancel(response_id, reason, pending=pending)
 
     # -- liveness and disconnection --------------------------------------------------------------
 

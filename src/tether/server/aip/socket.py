@@ -6,6 +6,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from starlette.routing import WebSocketRoute
@@ -18,7 +19,7 @@ from tether.server.http.request_guard import deny_websocket
 from tether.server.store.tokens import TokenInfo
 
 if TYPE_CHECKING:
-    from tether.server.hub import DeviceHub
+    from tether.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,29 @@ class AIPSocket(Protocol):
     async def send_text(self, data: str) -> None: ...
     async def receive_text(self) -> str: ...
     async def close(self, code: int = 1000, reason: str = "") -> None: ...
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a device's connection is refused: the WebSocket close code (a `CloseCode`) and the reason it is shown."""
+
+    code: int
+    error: str
+
+
+class AIPEndpoint(Protocol):
+    """What the endpoint (`aip_route`) needs of the hub: its token rule, its connection loop, its settings."""
+
+    @property
+    def settings(self) -> ServerSettings:
+        """The server's settings (`max_admitting` bounds the registrations under way)."""
+
+    def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
+        """The device token's info for an `Authorization` header, or why the connection is refused."""
+
+    async def serve(self, socket: AIPSocket, authorization: str | None, peer: str | None = None,
+                    challenge: str | None = None) -> None:
+        """Run one accepted device connection from registration to cleanup; never raises for the device."""
 
 
 _CHALLENGE_HEADER = CHALLENGE_HEADER.lower().encode("ascii")
@@ -132,7 +156,7 @@ class StarletteSocket:
             pass
 
 
-def aip_route(hub: DeviceHub, path: str = "/aip", admission: Admission | None = None) -> WebSocketRoute:
+def aip_route(hub: AIPEndpoint, path: str = "/aip", admission: Admission | None = None) -> WebSocketRoute:
     """The AIP endpoint: authenticate the handshake, accept, then let the hub run the connection.
 
     The device token is checked on the handshake's `Authorization` header, before the upgrade: a

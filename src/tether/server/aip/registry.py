@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from tether.errors import ServerError
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
-from tether.server.device_index import NameIndex, literal_prefix
+from tether.server.aip.device_index import NameIndex, literal_prefix
 from tether.server.schemas import ToolPool
 
 DeviceStatus = Literal["online", "busy", "offline"]

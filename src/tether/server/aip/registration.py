@@ -4,34 +4,26 @@ is a bearer secret, the key is the device), and how a refusal is said.
 
 Each is a judgement on what the device sent, so each answers a verdict instead of raising: a `TokenInfo`
 or a `Registration`, else a `Refusal` with the close code and the reason the device is shown. The hub
-(`server/hub.py`) applies them, and decides what registering changes: the connection it replaces, the
+(`server/aip/hub.py`) applies them, and decides what registering changes: the connection it replaces, the
 batches it resumes or fails.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
-from pydantic import ValidationError
-
-from tether.protocol.codec import FrameError, decode_client_message, encode
+from tether.protocol.codec import encode
 from tether.protocol.identity import fingerprint, register_statement, verify
-from tether.protocol.messages import ClientMessageType, Registration, ServerMessage, ServerMessageType, TaskStatus
+from tether.protocol.messages import Registration, ServerMessage, ServerMessageType, TaskStatus
+from tether.protocol.session import RegistrationRefused, ServerSession
 from tether.protocol.wire import CloseCode
-from tether.server.aip_socket import AIPSocket, SocketClosed
+from tether.server.aip.link import close_socket
+from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
-from tether.server.device_link import close_socket
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
-
-
-@dataclass(frozen=True)
-class Refusal:
-    code: int  # the WebSocket close code (a `CloseCode`)
-    error: str
 
 
 def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal:
@@ -53,21 +45,15 @@ def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal
 
 
 def read_registration(frame: str, device: str, max_frame_bytes: int) -> Registration | Refusal:
-    """The REGISTER of the device whose token is `device`, from the connection's first frame."""
-    try:
-        msg = decode_client_message(frame, max_frame_bytes)
-        if msg.type is not ClientMessageType.REGISTER:
-            raise FrameError("not_register", f"the first frame must be a register message, not {msg.type.value}")
-        reg = Registration.model_validate(msg.payload)
-    except FrameError as exc:
-        return Refusal(CloseCode.BAD_REGISTRATION, f"registration refused: {exc}")
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-        return Refusal(CloseCode.BAD_REGISTRATION, f"invalid registration: {problems}")
-    if reg.name is not None and reg.name != device:
-        return Refusal(CloseCode.WRONG_DEVICE, f"this token belongs to device '{device}' "
-                                           f"but the registration claims to be '{reg.name}'")
-    return reg
+    """The REGISTER of the device whose token is `device`, from the connection's first frame
+    (`protocol.session.ServerSession.register`), or the refusal with its close code."""
+    reg = ServerSession(device, max_frame_bytes).register(frame)
+    return refusal_of(reg) if isinstance(reg, RegistrationRefused) else reg
+
+
+def refusal_of(refused: RegistrationRefused) -> Refusal:
+    """The refusal (close code and reason) for a first frame the session refused."""
+    return Refusal(refused.code, refused.error)
 
 
 def prove_key(store: Store, device: str, reg: Registration, challenge: str | None) -> Refusal | None:

@@ -24,19 +24,23 @@ from tether.protocol.models import Command, Result, new_call_id
 from tether.server.store.audit import PENDING, SENT
 
 if TYPE_CHECKING:
-    from tether.server.batches import PendingBatch
-    from tether.server.hub import DeviceHub
+    from tether.server.aip.batches import PendingBatch
+    from tether.server.ports import BatchAudit, BatchSender
 
 logger = logging.getLogger(__name__)
 
 
 class WebSocketCommandDispatcher(BasicCommandDispatcher):
-    """Runs batches on one named device through a `DeviceHub`; build it with `hub.dispatcher(...)`."""
+    """Runs batches on one named device through a `BatchSender` (the hub), writing their rows to `audit`
+    (the store); `default_timeout` is the wait when a call names none. Build it with `hub.dispatcher(...)`."""
 
-    def __init__(self, hub: DeviceHub, device: str, *, session_id: str | None = None,
-                 agent_name: str | None = None, process_name: str | None = None, root_name: str | None = None,
-                 on_event: Callable[[Event], None] | None = None, requested_by: str = "unknown") -> None:
-        self.hub = hub
+    def __init__(self, sender: BatchSender, audit: BatchAudit, device: str, *, default_timeout: float,
+                 session_id: str | None = None, agent_name: str | None = None, process_name: str | None = None,
+                 root_name: str | None = None, on_event: Callable[[Event], None] | None = None,
+                 requested_by: str = "unknown") -> None:
+        self.sender = sender
+        self.audit = audit
+        self.default_timeout = default_timeout
         self.device = device
         self.session_id = session_id
         self.agent_name = agent_name
@@ -63,12 +67,12 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         armed here (arming and disarming one was ~6% of the server's CPU in a fan-out to 10,000 devices)."""
         if not commands:
             return []
-        timeout = self.hub.settings.default_command_timeout if timeout is None else timeout
+        timeout = self.default_timeout if timeout is None else timeout
         for command in commands:
             if not command.call_id:
                 command.call_id = new_call_id()
         response_id = response_id or new_call_id()
-        unaudited = self.hub.store.audit.problem()
+        unaudited = self.audit.problem()
         if unaudited is not None:  # a command that cannot be audited is not run
             return self.generate_error_results(commands, f"not run: {unaudited}")
         repeated = [cid for cid, n in Counter(c.call_id for c in commands).items() if n > 1] \
@@ -78,14 +82,14 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
                                                             "appear more than once in the batch; nothing was sent")
             self._audit(commands, results, response_id)
             return results
-        written = self.hub.store.audit.sent_grouped(  # one commit with the other batches starting now
+        written = self.audit.sent_grouped(  # one commit with the other batches starting now
             (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, SENT, None, response_id,
              c.approved_by, c.approval_digest) for c in commands)
         try:  # cancelling this wait leaves the rows queued: the group commit writes them all the same
             unsent = await written
         except asyncio.CancelledError as exc:  # the rows are written anyway: say what became of them
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
-            self.hub.store.audit.done_queued((response_id, c.call_id, "failure", f"not sent: {reason}")
+            self.audit.done_queued((response_id, c.call_id, "failure", f"not sent: {reason}")
                                              for c in commands)
             raise
         if unsent is not None:  # the row must exist before the command can run
@@ -98,18 +102,18 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         self._inflight.add(response_id)
         try:
             async with asyncio.timeout(timeout if own_timer else None):
-                batch = await self.hub.send_batch(self.device, message, on_event=self.on_event)
+                batch = await self.sender.send_batch(self.device, message, on_event=self.on_event)
                 await batch.done.wait()
         except TimeoutError:  # the device may be running it still: "outcome pending", and it is told to stop
             reason = f"timed out after {timeout:g}s"
-            remote = self.hub.remote
+            remote = self.sender.remote
             if batch is not None and batch.remote is not None and remote is not None \
                     and (problem := remote.problem()) is not None:  # what is known: the backplane, not the device
                 reason += f" ({problem}: node {remote.node} cannot hear from the node holding the device)"
-            await self.hub.cancel(response_id, reason, pending=True)
+            await self.sender.cancel(response_id, reason, pending=True)
         except asyncio.CancelledError as exc:  # our caller gave up: the device must stop too
             reason = str(exc.args[0]) if exc.args and exc.args[0] else "cancelled: the caller cancelled the batch"
-            await self.hub.cancel(response_id, reason)
+            await self.sender.cancel(response_id, reason)
             self._outcome(commands, self._collect(commands, batch) if batch is not None else
                           self.generate_error_results(commands, reason), response_id)
             raise
@@ -118,7 +122,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         results = self._collect(commands, batch) if batch is not None else \
             self.generate_error_results(commands, f"timed out after {timeout:g}s before the batch was sent")
         try:  # grouped with the other batches ending now: one commit for all (AuditLog.done_grouped)
-            await self.hub.store.audit.done_grouped((response_id, c.call_id, _audit_status(r), r.error)
+            await self.audit.done_grouped((response_id, c.call_id, _audit_status(r), r.error)
                                                     for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
@@ -127,7 +131,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
     async def cancel(self) -> None:
         """Cancel this dispatcher's in-flight batches; their callers get what finished plus failures."""
         for response_id in list(self._inflight):
-            await self.hub.cancel(response_id, "cancelled")
+            await self.sender.cancel(response_id, "cancelled")
 
     def _collect(self, commands: list[Command], batch: PendingBatch) -> list[Result]:
         """One result per command, in command order: the device's, or a failure saying why there is none."""
@@ -145,14 +149,14 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
     def _outcome(self, commands: list[Command], results: list[Result], response_id: str) -> None:
         """Write what became of a sent batch into its rows before anyone is told (`AuditLog.done`)."""
         try:
-            self.hub.store.audit.done((response_id, c.call_id, _audit_status(r), r.error)
+            self.audit.done((response_id, c.call_id, _audit_status(r), r.error)
                                       for c, r in zip(commands, results, strict=True))
         except Exception:
             logger.exception("could not write the audit log for batch %s on %s", response_id, self.device)
 
     def _audit(self, commands: list[Command], results: list[Result], response_id: str) -> None:
         try:
-            self.hub.store.audit.record_soon(
+            self.audit.record_soon(
                 (self.requested_by, self.device, c.call_id, c.tool_name, c.parameters, r.status.value, r.error,
                  response_id, c.approved_by, c.approval_digest) for c, r in zip(commands, results, strict=True))
         except Exception:

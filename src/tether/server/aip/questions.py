@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, ServerMessageType, TaskStatus
-from tether.server.device_link import DeviceLink
+from tether.server.aip.link import DeviceLink
 
 MAX_OPEN_QUESTIONS = 1024  # elicitation questions remembered for answers, over all devices
 SAMPLING_TIMEOUT = 120.0  # a device's sampling request to the server's LLM
