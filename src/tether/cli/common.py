@@ -32,7 +32,11 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad arguments, or a bad config, policy or plan file (click's usage errors are 2 as well)
     WAITING = 3  # a person must act: a question left unanswered, an approval pending
     UNREACHABLE = 4  # the server could not be reached, or the connection to it was lost
-    INTERRUPTED = 130  # Ctrl-C (SIGINT), as a shell reports it: a server's task goes on (typer's own code too)
+
+
+# Ctrl-C (SIGINT), as a shell reports it (typer's own code for an interrupted command too): a server's task
+# goes on. Not an `ExitCode` member until README's "Exit codes" table has its row (docs/cli-exit-codes.md).
+INTERRUPTED = 130
 
 
 class _Option(TyperOption):
@@ -238,12 +242,14 @@ def unreachable_hint(text: str) -> str:
 
 def remote_exit_code(exc: RemoteError, code: int = ExitCode.FAILED) -> int:
     """The exit code for a server's no, the same from every command: `ExitCode.UNREACHABLE` when it was not
-    reached, `ExitCode.USAGE` for a set-up problem (no token, a dead one, or one that lacks the scope the
-    command needs), else `code` (the command's own: a refusal is `ExitCode.FAILED`, a bad request usage)."""
+    reached, `ExitCode.USAGE` for no token or a dead one, `ExitCode.FAILED` for a token that lacks the scope
+    the command needs (the server refused it, README "Exit codes"), else `code` (the command's own)."""
     if exc.status is None:
         return ExitCode.UNREACHABLE
-    if exc.status == 401 or (exc.status == 403 and "lacks the '" in str(exc)):
+    if exc.status == 401:
         return ExitCode.USAGE
+    if exc.status == 403 and "lacks the '" in str(exc):
+        return ExitCode.FAILED
     return code
 
 

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 from tether.cli.common import (
+    INTERRUPTED,
     CaOpt,
     ExitCode,
     JsonOpt,
@@ -78,7 +79,7 @@ def enrol(cfg: DeviceConfig, server: str | None, state_dir: Path | None, name: s
     try:
         enrolment = asyncio.run(run())
     except KeyboardInterrupt:
-        fail("pairing stopped before an admin approved it", ExitCode.INTERRUPTED)
+        fail("pairing stopped before an admin approved it", INTERRUPTED)
     except PairingFailed as exc:
         fail(str(exc), 3)
     except ValueError as exc:  # a pin that does not match, a bad URL

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from tether.agent.answers import AnswerError, parse_answer
 from tether.cli.common import (
+    INTERRUPTED,
     CaOpt,
     ExitCode,
     JsonOpt,
@@ -35,7 +36,7 @@ from tether.client.rest import RemoteError, RemoteServer
 
 TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")]
 EXIT_WAITING = ExitCode.WAITING  # the task waits on the server for an answer nobody here could give
-EXIT_DETACHED = ExitCode.INTERRUPTED  # Ctrl-C while following: the task goes on on the server
+EXIT_DETACHED = INTERRUPTED  # Ctrl-C while following: the task goes on on the server
 
 _APPROVE = {"approve", "approved", "yes", "y"}
 _DENY = {"deny", "denied", "no", "n"}
