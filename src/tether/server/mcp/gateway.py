@@ -2,9 +2,9 @@
 
 Built on the official SDK's low-level `Server` (its tool list is computed per request, which the fleet
 needs: devices come and go) and `StreamableHTTPSessionManager`. In front of the SDK sits an ASGI check of
-the API token (`Authorization: Bearer`; 401 `{"error": …}` with `WWW-Authenticate: Bearer` without a valid
-one, 403 for a device token or a token without `read`), repeated on every request so a revoked token stops
-at once; an MCP session stays bound to the token that opened it. The app's `RequestGuard` (Host/Origin,
+the API token (`Authorization: Bearer`; 401 `{"error": …}` with `WWW-Authenticate: Bearer resource_metadata=…`
+(RFC 9728, resource_metadata.py) without a valid one, 403 for a device token or a token without `read`),
+repeated on every request so a revoked token stops at once; an MCP session stays bound to the token that opened it. The app's `RequestGuard` (Host/Origin,
 body caps) runs before all of this, as for every route.
 
 Scopes: `read` lists (every request needs it), `execute` calls device tools, `approve` answers approvals
@@ -145,7 +145,7 @@ class Gateway:
             return
         admitted = admit(self.store, scope)
         if isinstance(admitted, Refused):
-            await deny(scope, receive, send, admitted.status, admitted.error)
+            await deny(scope, receive, send, admitted.status, admitted.error, admitted)
             return
         token = admitted.token
         headers = dict(scope.get("headers") or ())
