@@ -4,8 +4,8 @@ Built on the official SDK's low-level `Server` (its tool list is computed per re
 needs: devices come and go) and `StreamableHTTPSessionManager`. In front of the SDK sits an ASGI check of
 the API token (`Authorization: Bearer`; 401 `{"error": …}` with `WWW-Authenticate: Bearer resource_metadata=…`
 (RFC 9728, resource_metadata.py) without a valid one, 403 for a device token or a token without `read`),
-repeated on every request so a revoked token stops at once; an MCP session stays bound to the token that opened it. The app's `RequestGuard` (Host/Origin,
-body caps) runs before all of this, as for every route.
+repeated on every request so a revoked token stops at once; an MCP session stays bound to the token that
+opened it. The app's `RequestGuard` (Host/Origin, body caps) runs before all of this, as for every route.
 
 Scopes: `read` lists (every request needs it), `execute` calls device tools, `approve` answers approvals
 and questions (a person's token only: an agent's never approves, docs/security/approvals.md); a
