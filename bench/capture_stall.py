@@ -47,8 +47,8 @@ class Served:
     """A device driven through its BatchRunner; each result is the decoded frame a server would read."""
 
     def __init__(self, device: Any) -> None:
-        from tether.device.batches import BatchRunner
-        from tether.device.outbox import FinishedRecord, Outbox
+        from tether.device.link.batch_runner import BatchRunner
+        from tether.device.link.outbox import FinishedRecord, Outbox
 
         self.device = device
         self.outbox = Outbox()

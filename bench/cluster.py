@@ -270,7 +270,7 @@ async def peer_main(state_root: str) -> None:
     import logging
 
     from tether.device.config import parse_device_config
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection, LinkHooks, LinkSettings
     from tether.device.local import build_device
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -293,7 +293,8 @@ async def peer_main(state_root: str) -> None:
                 token, urls = plan[name]
                 config = parse_device_config({"device": {"name": name, "builtin": ["system"]}})
                 device = build_device(config, state_dir=Path(state_root) / name, client_id=name, sandbox=False)
-                link = DeviceConnection(device.client, urls, token, name=name, connect_timeout=60, on_state=said)
+                link = DeviceConnection(device.client, urls, token, name=name,
+                                        settings=LinkSettings(connect_timeout=60), hooks=LinkHooks(on_state=said))
                 devices.append(device)
                 links.append(link)
                 tasks.append(asyncio.create_task(link.run()))

@@ -5,7 +5,7 @@
 
 A real `tether server` process (SQLite in a temp directory) and tether's own `DeviceConnection`s, K per
 client process, each registering with a real device token and a realistic profile: the one a device with
-the shell, files and system built-ins collects (`tether.device.profile.collect_profile`, its real tool
+the shell, files and system built-ins collects (`tether.device.probe.collect_profile`, its real tool
 schemas), its hostname made unique per device. The database is filled beforehand, the way the hub
 stores devices, so that `--devices` are known in all and `--connected` of them connect.
 
@@ -66,7 +66,7 @@ async def realistic_profile(state: Path) -> Any:
     """The profile a device with the shell, files and system built-ins registers with."""
     from tether.device.config import parse_device_config
     from tether.device.local import build_device
-    from tether.device.profile import collect_profile
+    from tether.device.probe import collect_profile
 
     config = parse_device_config({"device": {"name": "bench", "builtin": ["shell", "files", "system"]}})
     device = build_device(config, state_dir=state, client_id="bench", serving=False, sandbox=False)
@@ -79,7 +79,7 @@ async def realistic_profile(state: Path) -> Any:
 async def devices_main(url: str, state_root: str) -> None:
     """`--peer devices URL STATE`: devices for the tokens on stdin (one JSON line), until stdin ends."""
     from tether.device.config import parse_device_config
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection, LinkSettings
     from tether.device.local import build_device
 
     loop = asyncio.get_running_loop()
@@ -103,8 +103,8 @@ async def devices_main(url: str, state_root: str) -> None:
         for start in range(0, len(names), 50):  # in waves, so the server's accept queue stays short
             wave = []
             for name in names[start:start + 50]:
-                link = DeviceConnection(device.client, url, tokens[name], name=name, connect_timeout=60,
-                                        profile=profile_of(name))
+                link = DeviceConnection(device.client, url, tokens[name], name=name, profile=profile_of(name),
+                                        settings=LinkSettings(connect_timeout=60))
                 links.append(link)
                 tasks.append(asyncio.create_task(link.run()))
                 wave.append(link)
@@ -213,7 +213,7 @@ async def server(tmp: Path, db: Path, label: str, src: Path | None = None) -> As
 def fill(db: Path, known: int, connected: int, profile: Any) -> tuple[dict[str, str], str]:
     """`known` devices stored the way the hub stores them, device tokens for the first `connected`, and
     an API token (read)."""
-    from tether.server.registry import DeviceRegistry
+    from tether.server.aip.registry import DeviceRegistry
     from tether.server.store import Store
 
     store = Store(db)

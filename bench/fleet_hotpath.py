@@ -118,14 +118,14 @@ def server_main(db: str, port: int, loop: str, http: str) -> None:
     """`--peer server DB PORT LOOP HTTP`: `tether server` as `run_server` builds it, with uvicorn's event loop
     and HTTP parser chosen (`auto` picks uvloop and httptools when installed; `asyncio`/`h11` are the
     pure-Python ones), to measure what the speed-ups give."""
-    from tether.server.main import _Server, build_config
+    from tether.server.main import build_config, make_server
     from tether.server.settings import ServerSettings
 
     config = build_config(ServerSettings(db_path=Path(db), port=port), log_level="warning")
     config.loop = loop  # type: ignore[assignment]
     if http != "auto":  # "auto" keeps what `tether server` runs: httptools behind the coalescing transport
         config.http = http  # type: ignore[assignment]
-    _Server(config).run()
+    make_server(config).run()
 
 
 @asynccontextmanager

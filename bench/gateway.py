@@ -47,8 +47,8 @@ from mcp.server.context import ServerRequestContext
 
 from bench._stats import pct, spread
 from bench.roundtrip import DEVICE, Tether, bench_device, rest_round, start_server, stop_server, tether_round
-from tether.device.connection import DeviceConnection
-from tether.device.profile import collect_profile
+from tether.device.link.connection import DeviceConnection
+from tether.device.probe import collect_profile
 from tether.server.main import build_config
 from tether.server.settings import ServerSettings
 from tether.server.store import Store

@@ -85,7 +85,7 @@ def raise_fd_limit() -> int:
 async def devices_main(url: str, state_root: str) -> None:
     """`--peer devices URL STATE`: the devices whose tokens arrive as one JSON line on stdin, until EOF."""
     from tether.device.config import parse_device_config
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection, LinkSettings
     from tether.device.local import build_device
     from tether.protocol.models import Command
 
@@ -109,7 +109,8 @@ async def devices_main(url: str, state_root: str) -> None:
                 # its first call builds the device's meta tools (~6 ms of pydantic models): paid here, paced by
                 # the waves, not by 250 devices at once in the first fan-out while their heartbeats wait
                 await device.client.execute_actions([Command.model_validate(CHEAP)])
-                link = DeviceConnection(device.client, url, tokens[name], name=name, connect_timeout=60)
+                link = DeviceConnection(device.client, url, tokens[name], name=name,
+                                        settings=LinkSettings(connect_timeout=60))
                 devices.append(device)
                 links.append(link)
                 tasks.append(asyncio.create_task(link.run()))

@@ -34,7 +34,7 @@ GOAL_MS = 0.3
 def key_for(name: str):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from tether.device.identity import DeviceKey
+    from tether.device.link.device_key import DeviceKey
 
     return DeviceKey(Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"bench:{name}".encode()).digest()))
 
@@ -44,9 +44,9 @@ def serve(mode: str, db: str) -> None:
     import uvicorn
     from starlette.applications import Starlette
 
-    import tether.server.hub as hub_module
-    from tether.server.aip_socket import aip_route
-    from tether.server.hub import DeviceHub
+    import tether.server.aip.hub as hub_module
+    from tether.server.aip.hub import DeviceHub
+    from tether.server.aip.socket import aip_route
     from tether.server.settings import ServerSettings
     from tether.server.store import Store
 
@@ -113,7 +113,7 @@ def cpu_s(pid: int) -> float:
 def prove_key_alone(samples: int = 2000) -> float:
     """Median µs of `registration.prove_key` for an enrolled device (an indexed read + one verification)."""
     from tether.protocol.messages import Registration
-    from tether.server.registration import prove_key
+    from tether.server.aip.registration import prove_key
     from tether.server.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:

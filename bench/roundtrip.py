@@ -46,13 +46,13 @@ from bench._stats import summary
 from tether.device.client import DeviceClient
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, parse_device_config
-from tether.device.connection import TRANSPORT_MAX_BYTES, DeviceConnection
+from tether.device.link.connection import TRANSPORT_MAX_BYTES, DeviceConnection
 from tether.device.local import LocalDevice, resolve_policy
-from tether.device.mcp_manager import MCPServerManager
+from tether.device.mcp.manager import MCPServerManager
 from tether.protocol.codec import encode
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, ResultStatus
-from tether.server.hub import DeviceHub
+from tether.server.aip.hub import DeviceHub
 from tether.server.main import build_config
 from tether.server.settings import ServerSettings
 from tether.server.store import Store

@@ -26,9 +26,9 @@ import uvicorn
 from bench._stats import pct
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.server_app import create_agent_app
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection
 from tether.device.local import build_device
-from tether.device.profile import collect_profile
+from tether.device.probe import collect_profile
 from tether.protocol.models import Command
 from tether.server.settings import ServerSettings
 from tether.server.store import Store

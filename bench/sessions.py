@@ -22,7 +22,7 @@ import time
 
 from bench.roundtrip import DEVICE, anchor_round, command_frame, echo_connection, running_tether
 from tether.protocol.models import Command, ResultStatus
-from tether.server.hub import DeviceHub
+from tether.server.aip.hub import DeviceHub
 
 ROUNDS = 5
 SESSIONS = (1, 4, 16)

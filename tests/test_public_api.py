@@ -81,5 +81,5 @@ def test_import_tether_imports_nothing_heavy() -> None:
 def test_a_name_loads_its_module_only_when_read() -> None:
     code = ("import sys, tether; assert 'tether.protocol.models' not in sys.modules; tether.Command; "
             "assert 'tether.protocol.models' in sys.modules; assert 'tether.client.sync' not in sys.modules; "
-            "assert 'tether.server.app' not in sys.modules")
+            "assert 'tether.server.http.app' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from tether.protocol.messages import Event
     from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, ToolType
     from tether.protocol.profile import DeviceProfile, DeviceRequirements
-    from tether.server.app import create_app
+    from tether.server.http.app import create_app
     from tether.server.main import run_server
     from tether.server.settings import ServerSettings
     from tether.tools.context import ToolContext
@@ -78,7 +78,7 @@ else:
         "open_device": "tether.device.serve",
         "serve_device": "tether.device.serve",
         "ServerSettings": "tether.server.settings",
-        "create_app": "tether.server.app",
+        "create_app": "tether.server.http.app",
         "run_server": "tether.server.main",
         "Event": "tether.protocol.messages",
         **dict.fromkeys(["Command", "Result", "ResultStatus", "ToolInfo", "ToolType"], "tether.protocol.models"),

@@ -4,7 +4,7 @@ Device names, pairing requests, plans and command output come from the other end
 as they are, an ESC sequence rewrites the terminal, a `\\n` forges a log line, and a bidi override
 (U+202E) shows "exe.txt" for "txt.exe". `printable` escapes C0, DEL, C1, the Unicode line and
 paragraph separators and the bidi marks, embeddings, overrides and isolates. The server's log filter
-(`tether.server.logsafe`) and the CLI's console (`tether.cli.views.safe_text`) both use it. Standard library
+(`tether.server.http.logsafe`) and the CLI's console (`tether.cli.views.safe_text`) both use it. Standard library
 only, importing nothing of tether, so any layer may use it.
 """
 

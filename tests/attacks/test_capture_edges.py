@@ -30,9 +30,9 @@ from typing import Any
 
 import pytest
 
-from tether.device.batches import BatchRunner
+from tether.device.link.batch_runner import BatchRunner
+from tether.device.link.outbox import FinishedRecord, Outbox, results_frame
 from tether.device.local import LocalDevice, build_device
-from tether.device.outbox import FinishedRecord, Outbox, results_frame
 from tether.protocol.codec import decode_client_message
 from tether.protocol.messages import ClientMessageType, ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, ResultStatus

@@ -30,7 +30,7 @@ from tests.kits.aip import FakeDevice
 from tests.kits.netutil import wait_for
 from tests.kits.server_target import Target, error_of
 from tether.device.config import parse_device_config
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection
 from tether.device.local import build_device
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType, TaskStatus
 from tether.protocol.models import Result, ResultStatus

@@ -28,11 +28,12 @@ from tests.kits.gateway import mcp_client
 from tests.kits.netutil import CLI
 from tests.kits.task import WAIT, AgentServer
 from tether.device.config import load_device_config
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection, LinkHooks
 from tether.device.local import build_device
-from tether.device.mcp_elicit import RemoteQuestions
-from tether.device.profile import collect_profile
-from tether.device.remote_policy import RemotePolicy
+from tether.device.mcp.client_caps import MCPClientHooks
+from tether.device.mcp.elicit import RemoteQuestions
+from tether.device.policy_overlay import RemotePolicy
+from tether.device.probe import collect_profile
 from tether.protocol.models import Command
 from tether.tools.policy.model import default_policy
 
@@ -61,14 +62,13 @@ async def add_device(agent: AgentServer, name: str, state: Path, tag: str, confi
     external MCP servers whose questions go out as events of the command and come back over AIP."""
     policy = default_policy().model_copy(update={"read_roots": [str(state)], "write_roots": [str(state)],
                                                  "policy_remote": True})
+    questions = RemoteQuestions()
     device = build_device(load_device_config(config) if config else None, policy=policy, state_dir=state,
-                          client_id=name)
+                          client_id=name, mcp_hooks=MCPClientHooks(elicit=questions.elicit))
     secret = agent.store.tokens.create("device", name)[1]
     link = DeviceConnection(device.client, f"ws://127.0.0.1:{agent.port}/aip", secret, name=name,
                             profile=lambda: collect_profile(device, tags=[tag]),
-                            remote_policy=RemotePolicy(device.policy, state))
-    link.questions = RemoteQuestions()
-    device.mcp_server_manager.hooks.elicit = link.questions.elicit
+                            hooks=LinkHooks(policy=RemotePolicy(device.policy, state), questions=questions))
     job = asyncio.create_task(link.run())
     agent.devices.append((device, link, job))
     await asyncio.wait_for(link.connected.wait(), WAIT)

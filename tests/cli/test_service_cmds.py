@@ -116,7 +116,8 @@ def test_device_logs_json_lines_for_log_shippers(tmp_path):
                         return entry
             return None
         entry = wait_for(registered, "a JSON 'registered' line", 60, (device.popen,))
-        assert entry["level"] == "info" and entry["logger"] == "tether.device.connection" and entry["ts"].endswith("Z")
+        assert entry["level"] == "info" and entry["logger"] == "tether.device.link.connection"
+        assert entry["ts"].endswith("Z")
         from tether.protocol.models import Command
 
         cluster.remote.run("alpha", [Command(tool_name="get_system_info", parameters={}),

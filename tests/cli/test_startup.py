@@ -230,9 +230,9 @@ async def test_external_servers_join_a_ready_computer_as_a_waiting_one_has_them(
     gate = tmp_path / "gate"
     os.mkfifo(gate)
     config = parse_device_config({"mcpServers": _gated_servers(gate)})
-    device = build_device(config, policy=Policy(), state_dir=tmp_path / "state", sandbox=False, join_external=True)
     changed: list[Any] = []
-    device.computer_manager.on_tools_changed = changed.append
+    device = build_device(config, policy=Policy(), state_dir=tmp_path / "state", sandbox=False, join_external=True,
+                          on_tools_changed=changed.append)
     loop = asyncio.get_running_loop()
     try:
         computer = await device.computer_manager.get_or_create(None)  # returns while gated waits on its gate
@@ -361,7 +361,7 @@ async def test_a_command_waits_only_for_the_server_that_has_its_tool(tmp_path: P
 
 async def test_a_profile_change_while_registering_is_sent_once_registered(tmp_path: Path) -> None:
     from tests.device.test_connection import TOKEN, ScriptedServer
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection
     from tether.device.local import build_device
     from tether.protocol.messages import ClientMessageType
     from tether.protocol.profile import DeviceProfile

@@ -18,7 +18,7 @@ import pytest
 
 from bench.kit.engines import Engine
 from tests.kits.cluster import WAIT, ClusterKit, RedisLink, free_port
-from tether.device.reconnect import ServerURLs
+from tether.device.link.reconnect import ServerURLs
 
 
 def hello(kit: ClusterKit) -> list[dict[str, Any]]:
@@ -89,17 +89,18 @@ def test_nodes_sharing_one_sqlite_file_see_each_others_writes(tmp_path: Path) ->
 
 async def test_a_connection_checks_every_url_it_is_given(tmp_path: Path) -> None:
     from tether.device.config import parse_device_config
-    from tether.device.connection import DeviceConnection
+    from tether.device.link.connection import DeviceConnection, ServerTrust
     from tether.device.local import build_device
 
     device = build_device(parse_device_config({"device": {"name": "x", "builtin": ["system"]}}),
                           state_dir=tmp_path, sandbox=False)
     client = device.client
     pin = "ab" * 32
-    link = DeviceConnection(client, ["wss://n1:8765/aip", "wss://n2:8765/aip"], "t", tls_fingerprint=pin)
+    link = DeviceConnection(client, ["wss://n1:8765/aip", "wss://n2:8765/aip"], "t",
+                            trust=ServerTrust(tls_fingerprint=pin))
     assert link.url == "wss://n1:8765/aip" and link.servers.urls == ["wss://n1:8765/aip", "wss://n2:8765/aip"]
     with pytest.raises(ValueError, match="is not a wss:// URL: nothing would be pinned"):
-        DeviceConnection(client, ["ws://n1:8765/aip", "ws://n2:8765/aip"], "t", tls_fingerprint=pin)
+        DeviceConnection(client, ["ws://n1:8765/aip", "ws://n2:8765/aip"], "t", trust=ServerTrust(tls_fingerprint=pin))
     with pytest.raises(ValueError, match="mix ws:// and wss://"):
         DeviceConnection(client, ["ws://n1:8765/aip", "wss://n2:8765/aip"], "t")
     with pytest.raises(ValueError, match="not a usable server URL"):

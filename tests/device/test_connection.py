@@ -25,19 +25,22 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from tether.device import connection as connection_module
-from tether.device.batches import Batch, BatchRunner
-from tether.device.connection import (
+from tether.device.link import connection as connection_module
+from tether.device.link.batch_runner import Batch, BatchRunner
+from tether.device.link.connection import (
     DeviceConnection,
+    LinkHooks,
+    LinkSettings,
     RegistrationRefused,
     RetriesExhausted,
+    ServerTrust,
     backoff_delay,
     make_ssl_context,
 )
-from tether.device.keepalive import beat_due
+from tether.device.link.keepalive import beat_due
+from tether.device.link.outbox import FinishedRecord, Outbox
 from tether.device.local import LocalDevice, build_device
-from tether.device.outbox import FinishedRecord, Outbox
-from tether.device.profile import collect_profile
+from tether.device.probe import collect_profile
 from tether.protocol.codec import decode_client_message, encode
 from tether.protocol.messages import (
     ClientMessage,
@@ -196,8 +199,7 @@ def waiter(tmp_path: Path) -> Command:
 
 @contextlib.asynccontextmanager
 async def connected(server: ScriptedServer, device: LocalDevice, **kw: Any) -> AsyncIterator[DeviceConnection]:
-    kw.setdefault("backoff_base", 0.01)
-    kw.setdefault("backoff_cap", 0.05)
+    kw.setdefault("settings", LinkSettings(backoff_base=0.01, backoff_cap=0.05))
     conn = DeviceConnection(device.client, server.url, kw.pop("token", TOKEN), name="dev-1", **kw)
     task = asyncio.create_task(conn.run())
     try:
@@ -213,7 +215,8 @@ async def connected(server: ScriptedServer, device: LocalDevice, **kw: Any) -> A
 
 async def test_register_and_one_command_is_one_completed_frame(tmp_path: Path, device: LocalDevice) -> None:
     states: list[str] = []
-    async with ScriptedServer() as server, connected(server, device, on_state=lambda s, c: states.append(s),
+    hooks = LinkHooks(on_state=lambda s, c: states.append(s))
+    async with ScriptedServer() as server, connected(server, device, hooks=hooks,
                                                      profile=lambda: collect_profile(device, tags=["ci"])) as conn:
         registration = await server.registrations.get()
         assert registration.name == "dev-1" and len(registration.instance_id) == 32
@@ -269,7 +272,7 @@ async def test_a_dropped_link_does_not_stop_the_command_and_its_result_comes_aft
         if state == "disconnected":
             down.set()
 
-    async with ScriptedServer() as server, connected(server, device, on_state=hook) as conn:
+    async with ScriptedServer() as server, connected(server, device, hooks=LinkHooks(on_state=hook)) as conn:
         first = await server.registrations.get()
         msg = command(waiter)
         await server.send(msg)
@@ -452,7 +455,7 @@ async def test_a_silent_server_is_noticed_and_the_device_reconnects(device: Loca
 
 async def test_unauthorized_stops_run_with_the_servers_reason(device: LocalDevice) -> None:
     async with ScriptedServer() as server:
-        conn = DeviceConnection(device.client, server.url, "wrong-token", backoff_base=0.01)
+        conn = DeviceConnection(device.client, server.url, "wrong-token", settings=LinkSettings(backoff_base=0.01))
         with pytest.raises(RegistrationRefused) as info:
             await asyncio.wait_for(conn.run(), 15)
         assert info.value.code == 4401 and info.value.fatal
@@ -462,7 +465,7 @@ async def test_unauthorized_stops_run_with_the_servers_reason(device: LocalDevic
 async def test_http_level_refusal_is_fatal_too(device: LocalDevice) -> None:
     async with ScriptedServer() as server:
         server.http_status = HTTPStatus.UNAUTHORIZED
-        conn = DeviceConnection(device.client, server.url, TOKEN, backoff_base=0.01)
+        conn = DeviceConnection(device.client, server.url, TOKEN, settings=LinkSettings(backoff_base=0.01))
         with pytest.raises(RegistrationRefused, match="HTTP 401"):
             await asyncio.wait_for(conn.run(), 15)
 
@@ -476,8 +479,8 @@ async def test_duplicate_device_is_retried(device: LocalDevice) -> None:
 
 
 async def test_max_attempts_gives_up(device: LocalDevice, free_port: int) -> None:
-    conn = DeviceConnection(device.client, f"ws://127.0.0.1:{free_port}/aip", TOKEN, backoff_base=0.001,
-                            max_attempts=3)
+    conn = DeviceConnection(device.client, f"ws://127.0.0.1:{free_port}/aip", TOKEN,
+                            settings=LinkSettings(backoff_base=0.001, max_attempts=3))
     with pytest.raises(RetriesExhausted, match="3 failed attempt"):
         await asyncio.wait_for(conn.run(), 15)
 
@@ -544,11 +547,11 @@ async def test_wss_with_a_self_signed_certificate(tmp_path: Path, device: LocalD
     server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server_ctx.load_cert_chain(cert, key)
     async with ScriptedServer(ssl_context=server_ctx) as server:
-        untrusted = DeviceConnection(device.client, server.url, TOKEN, max_attempts=1)
+        untrusted = DeviceConnection(device.client, server.url, TOKEN, settings=LinkSettings(max_attempts=1))
         with pytest.raises(RetriesExhausted, match="CERTIFICATE_VERIFY_FAILED"):
             await asyncio.wait_for(untrusted.run(), 15)
         ctx = make_ssl_context(server.url, ca_file=str(cert))
-        async with connected(server, device, ssl_context=ctx) as conn:
+        async with connected(server, device, trust=ServerTrust(ssl_context=ctx)) as conn:
             msg = command(run(tmp_path, "echo", "over tls"))
             await server.send(msg)
             [result] = results_of(await server.results(msg.response_id))
@@ -557,7 +560,7 @@ async def test_wss_with_a_self_signed_certificate(tmp_path: Path, device: LocalD
 
 async def test_stop_cancels_running_work_and_says_so(tmp_path: Path, device: LocalDevice, waiter: Command) -> None:
     async with ScriptedServer() as server:
-        conn = DeviceConnection(device.client, server.url, TOKEN, backoff_base=0.01)
+        conn = DeviceConnection(device.client, server.url, TOKEN, settings=LinkSettings(backoff_base=0.01))
         task = asyncio.create_task(conn.run())
         await server.registrations.get()
         msg = command(waiter, run(tmp_path, "echo", "later"))

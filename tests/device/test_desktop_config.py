@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tether.device.config import load_device_config, parse_device_config
-from tether.device.local import open_device
+from tether.device.local import open_local_device
 from tether.protocol.models import Command, ResultStatus
 
 HEADED = Path(__file__).parent.parent / "servers" / "headed_http.py"
@@ -71,7 +71,7 @@ async def test_desktop_file_with_http_and_sse_servers(tmp_path, servers, caplog)
     config = load_device_config(path)
     assert "ignoring the desktop client's own settings ['globalShortcut', 'preferences']" in caplog.text
     assert "mcpServers.off is disabled: not started" in caplog.text and config.disabled_servers == ["off"]
-    async with open_device(config, state_dir=tmp_path / "state", sandbox=False) as device:
+    async with open_local_device(config, state_dir=tmp_path / "state", sandbox=False) as device:
         computer = await device.computer_manager.get_or_create(None)
         infos = {(i.namespace, i.name) for i in computer.tool_infos()}
         assert ("headed", "whisper") in infos and ("old", "whisper") in infos

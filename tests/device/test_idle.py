@@ -24,10 +24,10 @@ from hypothesis import strategies as st
 
 from tests.device.test_connection import TOKEN, ScriptedServer
 from tests.kits.aip import WAIT, ServerFactory
-from tether.device import connection
-from tether.device.connection import DeviceConnection, RetriesExhausted
+from tether.device.link import connection
+from tether.device.link.connection import DeviceConnection, LinkHooks, LinkSettings, RetriesExhausted
+from tether.device.link.reconnect import FailureLog
 from tether.device.local import LocalDevice, build_device
-from tether.device.reconnect import FailureLog
 from tether.protocol.codec import (
     FrameError,
     HeartbeatFrame,
@@ -42,7 +42,7 @@ from tether.protocol.profile import DeviceProfile
 from tether.protocol.wire import SERVER_HEARTBEAT
 from tether.tools.policy.model import default_policy
 
-LOGGER = "tether.device.connection"
+LOGGER = "tether.device.link.connection"
 
 
 # ------------------------------------------------------------------ the heartbeat frame
@@ -209,8 +209,9 @@ async def test_a_closed_port_is_warned_about_once_and_every_attempt_still_counts
             errors.append(conn.last_error)
 
     url = f"ws://127.0.0.1:{free_port}/aip"
-    conn = DeviceConnection(device.client, url, TOKEN, name="dev-1", backoff_base=0.001, backoff_cap=0.002,
-                            max_attempts=6, on_state=on_state)
+    conn = DeviceConnection(device.client, url, TOKEN, name="dev-1",
+                            settings=LinkSettings(backoff_base=0.001, backoff_cap=0.002, max_attempts=6),
+                            hooks=LinkHooks(on_state=on_state))
     try:
         with caplog.at_level(logging.DEBUG, logger=LOGGER), pytest.raises(RetriesExhausted, match="6 failed"):
             await asyncio.wait_for(conn.run(), WAIT)
@@ -232,8 +233,9 @@ async def test_the_recovery_after_failed_attempts_is_said_at_once(tmp_path: Path
             failed.put_nowait(conn.last_error)
 
     url = f"ws://127.0.0.1:{free_port}/aip"
-    conn = DeviceConnection(device.client, url, TOKEN, name="dev-1", backoff_base=0.001, backoff_cap=0.002,
-                            on_state=on_state)
+    conn = DeviceConnection(device.client, url, TOKEN, name="dev-1",
+                            settings=LinkSettings(backoff_base=0.001, backoff_cap=0.002),
+                            hooks=LinkHooks(on_state=on_state))
     task = asyncio.create_task(conn.run())
     try:
         with caplog.at_level(logging.DEBUG, logger=LOGGER):
@@ -270,12 +272,14 @@ async def test_the_proxy_environment_is_obeyed_as_before(tmp_path: Path, free_po
     try:
         async with ScriptedServer() as server:
             no_proxy_env.setenv("HTTPS_PROXY", f"http://127.0.0.1:{free_port}")  # nothing listens there
-            through_proxy = DeviceConnection(device.client, server.url, TOKEN, name="dev-1", max_attempts=1)
+            through_proxy = DeviceConnection(device.client, server.url, TOKEN, name="dev-1",
+                                             settings=LinkSettings(max_attempts=1))
             no_proxy_env.setenv("NO_PROXY", "127.0.0.1")  # decided already: this one still uses the proxy
             with pytest.raises(RetriesExhausted, match=str(free_port)):
                 await asyncio.wait_for(through_proxy.run(), WAIT)
             assert server.registrations.empty()
-            direct = DeviceConnection(device.client, server.url, TOKEN, name="dev-1", max_attempts=1)
+            direct = DeviceConnection(device.client, server.url, TOKEN, name="dev-1",
+                                      settings=LinkSettings(max_attempts=1))
             task = asyncio.create_task(direct.run())
             try:
                 await asyncio.wait_for(direct.connected.wait(), WAIT)
@@ -349,8 +353,8 @@ async def test_a_retrying_device_collects_its_profile_once_and_afresh_after_a_li
             failed.put_nowait(conn.last_error)
 
     conn = DeviceConnection(device.client, f"ws://127.0.0.1:{free_port}/aip", TOKEN, name="dev-1", profile=profile,
-                            backoff_base=0.001, backoff_cap=0.002, on_state=on_state)
-    conn.restart_spread = 0.0
+                            settings=LinkSettings(backoff_base=0.001, backoff_cap=0.002, restart_spread=0.0),
+                            hooks=LinkHooks(on_state=on_state))
     task = asyncio.create_task(conn.run())
     try:
         for _ in range(4):

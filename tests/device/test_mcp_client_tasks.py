@@ -11,10 +11,12 @@ from typing import Any
 from bench.kit.fake_llm import FakeLLM
 from tests.kits.task import WAIT, AgentServer
 from tether.device.config import parse_device_config
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection, LinkHooks
+from tether.device.link.outbox import Outbox
 from tether.device.local import build_device
-from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
-from tether.device.profile import collect_profile
+from tether.device.mcp.client_caps import MCPClientHooks
+from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
+from tether.device.probe import collect_profile
 from tether.tools.policy.model import Policy
 
 INTERACTIVE = str(Path(__file__).parent.parent / "servers" / "interactive.py")
@@ -26,16 +28,16 @@ async def add_interactive_device(server: AgentServer, name: str, tmp_path: Path,
     `tether device` does."""
     config = parse_device_config({"mcpServers": {"interactive": {"command": sys.executable,
                                                                  "args": [INTERACTIVE]}}})
-    device = build_device(config, policy=policy or Policy(), state_dir=tmp_path / f"state-{name}",
-                          client_id=name, sandbox=False)
+    policy = policy or Policy()
+    questions, outbox = RemoteQuestions(), Outbox()
+    sampler = RemoteSampler(outbox.put_control, name) if policy.mcp_sampling != "off" else None
+    hooks = MCPClientHooks(elicit=questions.elicit, sample=sampler.sample if sampler else None)
+    device = build_device(config, policy=policy, state_dir=tmp_path / f"state-{name}",
+                          client_id=name, sandbox=False, mcp_hooks=hooks)
     token = server.store.tokens.create("device", name)[1]
     link = DeviceConnection(device.client, f"ws://127.0.0.1:{server.port}/aip", token, name=name,
-                            profile=lambda: collect_profile(device))
-    link.questions = RemoteQuestions()
-    device.mcp_server_manager.hooks.elicit = link.questions.elicit
-    if device.policy.mcp_sampling != "off":
-        link.sampler = RemoteSampler(link.outbox.put_control, name)
-        device.mcp_server_manager.hooks.sample = link.sampler.sample
+                            profile=lambda: collect_profile(device), outbox=outbox,
+                            hooks=LinkHooks(questions=questions, sampler=sampler))
     job = asyncio.create_task(link.run())
     server.devices.append((device, link, job))
     await asyncio.wait_for(link.connected.wait(), WAIT)

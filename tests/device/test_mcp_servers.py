@@ -16,8 +16,7 @@ import mcp
 import pytest
 from pydantic import BaseModel
 
-from tether.device.mcp_config import MCPServerConfig
-from tether.device.mcp_manager import (
+from tether.device.mcp.manager import (
     BaseMCPServer,
     HttpServer,
     MCPServerError,
@@ -26,6 +25,7 @@ from tether.device.mcp_manager import (
     StdioServer,
     ToolSetServer,
 )
+from tether.device.mcp.server_config import MCPServerConfig
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.mcp_export import serve_http, toolset_to_mcp

@@ -4,7 +4,7 @@ order, after a reconnect; a heartbeat's answer acknowledges only what was writte
 
 from __future__ import annotations
 
-from tether.device.outbox import Outbox
+from tether.device.link.outbox import Outbox
 
 
 def _drain(outbox: Outbox) -> list[tuple[str, str]]:

@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from tether.device.local import LocalDevice, build_device
-from tether.device.profile import collect_profile, gpu_from_lspci, gpu_from_nvidia_smi, installed_apps
+from tether.device.probe import collect_profile, gpu_from_lspci, gpu_from_nvidia_smi, installed_apps
 from tether.protocol.profile import DeviceProfile
 from tether.tools.policy.model import Policy
 

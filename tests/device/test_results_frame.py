@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from tether.device.outbox import results_frame
+from tether.device.link.outbox import results_frame
 from tether.protocol.codec import decode_client_message, encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.models import Command, Result, ResultStatus

@@ -195,9 +195,9 @@ async def test_the_line_moves_up_when_a_waiting_batch_is_cancelled_and_when_the_
     """`BatchRunner` alone, on a real device (unsandboxed: only the scheduling is under test): one slot,
     session a holds it on a gate; b and c wait at places 1 and 2; b is cancelled, so c is told it is
     now 1; a larger limit (a policy change) starts c at once while a still runs."""
-    from tether.device.batches import BatchRunner
+    from tether.device.link.batch_runner import BatchRunner
+    from tether.device.link.outbox import FinishedRecord, Outbox
     from tether.device.local import build_device
-    from tether.device.outbox import FinishedRecord, Outbox
     from tether.protocol.codec import decode_client_message
     from tether.protocol.messages import ClientMessageType, ServerMessage, ServerMessageType
     from tether.tools.policy.model import default_policy
@@ -310,7 +310,7 @@ def test_the_line_takes_turns_between_sessions():
     """`SessionLine` alone: a session with many batches does not keep its slot while another waits."""
     from dataclasses import dataclass
 
-    from tether.device.session_line import SessionLine
+    from tether.device.link.session_line import SessionLine
 
     @dataclass(eq=False)
     class B:

@@ -41,7 +41,7 @@ from tests.kits.frames import (
     wire_size,
 )
 from tests.kits.fuzz import WAIT, ErrorLog, LiveServer, fuzz_settings
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection, LinkSettings
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.codec import FrameError, decode_client_message, decode_server_message, encode
 from tether.protocol.messages import (
@@ -446,7 +446,7 @@ async def run_device(device: LocalDevice, body: Any) -> DeviceConnection:
     async with serve(scripted.handler, "127.0.0.1", 0, max_size=None, ping_interval=None) as server:
         port = server.sockets[0].getsockname()[1]
         conn = DeviceConnection(device.client, f"ws://127.0.0.1:{port}/aip", "fuzz-token", name="fuzzdev",
-                                backoff_base=0.001, backoff_cap=0.01, connect_timeout=WAIT)
+                                settings=LinkSettings(backoff_base=0.001, backoff_cap=0.01, connect_timeout=WAIT))
         task = asyncio.create_task(conn.run())
         try:
             await body(scripted, conn)

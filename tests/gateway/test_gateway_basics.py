@@ -16,7 +16,7 @@ import pytest
 from tests.kits.aip import WAIT
 from tests.kits.gateway import GatewayServer, Seen, mcp_client, profile, register
 from tether.protocol.models import Result, ResultStatus
-from tether.server import guard
+from tether.server.http import request_guard as guard
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ from tests.kits import db as dbkit
 from tests.kits.aip import WAIT, FakeDevice
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.profile import DeviceProfile
-from tether.server.app import create_app
+from tether.server.http.app import create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

@@ -20,7 +20,7 @@ from tests.kits import db as dbkit
 from tests.kits.aip import WAIT, FakeDevice
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
-from tether.server.app import Extension, create_app
+from tether.server.http.app import Extension, create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

@@ -27,9 +27,9 @@ from tests.kits.aip import key_for
 from tether.agent.llm import LLMSettings
 from tether.agent.server_app import create_agent_app
 from tether.agent.task import Budgets
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection
 from tether.device.local import LocalDevice, build_device
-from tether.device.profile import collect_profile
+from tether.device.probe import collect_profile
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.tools.policy.model import Policy

@@ -1,4 +1,4 @@
-"""One write per response sent whole (server/coalesce.py) and when a batch's headers go (api.BatchResponse).
+"""One write per response sent whole (server/http/coalesce.py) and when a batch's headers go (api.BatchResponse).
 
 - `CoalescingTransport` over a real socket pair: the writes of one loop turn reach the peer as one
   write, in order; `close` sends what is pending first, `abort` drops it; the WebSocket upgrade's
@@ -21,8 +21,8 @@ import uvicorn
 
 from tests.kits.aip import WAIT, FakeDevice
 from tether.protocol.messages import ServerMessageType
-from tether.server.app import create_app
-from tether.server.coalesce import CoalescingTransport, coalescing_http_protocol
+from tether.server.http.app import create_app
+from tether.server.http.coalesce import CoalescingTransport, coalescing_http_protocol
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

@@ -24,7 +24,7 @@ import pytest
 import uvicorn
 
 from tests.kits.aip import WAIT, FakeDevice
-from tether.server.app import create_app
+from tether.server.http.app import create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

@@ -8,8 +8,8 @@ import io
 import pytest
 
 from tether.cli.views.safe_text import SafeConsole, visible
-from tether.server.edge import ConnectionCaps, is_loopback_address
-from tether.server.ratelimit import NO_SUCH_CLAIM, TokenBuckets, claim_refusal
+from tether.server.http.edge import ConnectionCaps, is_loopback_address
+from tether.server.http.ratelimit import NO_SUCH_CLAIM, TokenBuckets, claim_refusal
 from tether.server.settings import ServerSettings, format_origin, parse_origin
 
 

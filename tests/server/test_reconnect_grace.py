@@ -20,7 +20,7 @@ import pytest
 from tests.kits import db as dbkit
 from tests.kits.aip import WAIT, FakeDevice, ServerFactory, ok
 from tests.kits.netutil import Cluster, TcpProxy, wait_for
-from tether.device.reconnect import GRACE_FLOOR_S, GRACE_SHARE, attempt_timeout, backoff_delay
+from tether.device.link.reconnect import GRACE_FLOOR_S, GRACE_SHARE, attempt_timeout, backoff_delay
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.models import Command, ResultStatus
 from tether.server.store import Store

@@ -19,12 +19,12 @@ from websockets.exceptions import InvalidStatus
 from websockets.http11 import Response
 
 from tests.kits.aip import WAIT, FakeDevice, ServerFactory
-from tether.device.connection import DeviceConnection
+from tether.device.link.connection import DeviceConnection, LinkHooks, LinkSettings
+from tether.device.link.reconnect import RETRY_AFTER_MAX_S, backoff_delay, retry_after_of
 from tether.device.local import build_device
-from tether.device.reconnect import RETRY_AFTER_MAX_S, backoff_delay, retry_after_of
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.wire import CloseCode
-from tether.server.aip_socket import ADMISSION_STATUS
+from tether.server.aip.socket import ADMISSION_STATUS
 
 
 @pytest.fixture
@@ -81,8 +81,9 @@ async def test_a_refused_to_the_limit_device_connection_registers_on_its_retry(s
         if state == "disconnected" and conn.last_error:
             refusals.put_nowait(conn.last_error)
 
-    conn = DeviceConnection(device.client, srv.url, srv.token("beta"), name="beta", backoff_base=0.01,
-                            backoff_cap=0.05, on_state=on_state)
+    conn = DeviceConnection(device.client, srv.url, srv.token("beta"), name="beta",
+                            settings=LinkSettings(backoff_base=0.01, backoff_cap=0.05),
+                            hooks=LinkHooks(on_state=on_state))
     task = asyncio.create_task(conn.run())
     try:
         first = await asyncio.wait_for(refusals.get(), WAIT)

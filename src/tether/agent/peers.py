@@ -12,20 +12,36 @@ still work from every node:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from tether.agent.task import TaskEvent
+from tether.agent.task import Task, TaskEvent
 from tether.agent.task_error import TaskError
 
 if TYPE_CHECKING:
-    from tether.agent.service import TaskService
-    from tether.server.remote import RemoteDevices
+    from tether.server.ports import RemoteDevices
 
 STEER_TIMEOUT_S = 30.0  # an answer or cancel forwarded to the node running the task
 
 
+class LocalTasks(Protocol):
+    """What the peers need of this node's task service (`tether.agent.service.TaskService` is one)."""
+
+    def is_running_here(self, task_id: str) -> bool: ...
+
+    def has_followers(self, task_id: str) -> bool: ...
+
+    def end_followers(self, task_id: str) -> None: ...
+
+    def feed(self, task_id: str, event: TaskEvent) -> None: ...
+
+    async def steer_here(self, task_id: str, action: str, by: str, args: dict[str, Any]) -> Task: ...
+
+
 class TaskPeers:
-    def __init__(self, service: TaskService, remote: RemoteDevices) -> None:
+    """This node's side of the cluster's task relay: relays its tasks' events and ends to the other nodes,
+    feeds theirs to its own followers, and forwards steering (`steer`) to the node running a task."""
+
+    def __init__(self, service: LocalTasks, remote: RemoteDevices) -> None:
         self.service = service
         self.remote = remote
         self._unrelay = remote.on_relay("task", self._relayed)

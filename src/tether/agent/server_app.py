@@ -13,7 +13,7 @@ from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Budgets
 from tether.agent.task_api import router, task_error
 from tether.agent.task_store import TaskStore
-from tether.server.app import Extension, create_app
+from tether.server.http.app import Extension, create_app
 from tether.server.mcp.contributed import contribute
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
@@ -31,7 +31,7 @@ def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = 
         async def running() -> AsyncIterator[None]:
             settings: ServerSettings = app.state.settings
             store = TaskStore(settings.db_target)
-            service = TaskService(app.state.hub, store, llm_settings, budgets=budgets)
+            service = TaskService(app.state.hub, app.state.hub.registry, store, llm_settings, budgets=budgets)
             app.state.tasks = service
             app.state.on_stopping = [*getattr(app.state, "on_stopping", []), service.release_followers]
             if service.llm is not None:  # devices' external MCP servers may sample it, as their policies allow

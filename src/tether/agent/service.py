@@ -35,8 +35,8 @@ from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
-from tether.server.hub import DeviceHub
-from tether.server.registry import NoDeviceError
+from tether.server.aip.hub import DeviceHub
+from tether.server.aip.registry import DeviceRegistry, NoDeviceError
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
@@ -59,12 +59,14 @@ class _HubDevice(BasicCommandDispatcher):
     which also gives a device that is away (a dropped link, a restarted server) `device_wait`
     seconds to come back before a step is sent to it and fails as offline."""
 
-    def __init__(self, hub: DeviceHub, device: str, device_wait: float, before_send: Callable[[], str | None],
-                 within: Callable[[Any], bool] | None = None, **kwargs: Any) -> None:
+    def __init__(self, hub: DeviceHub, registry: DeviceRegistry, device: str, device_wait: float,
+                 before_send: Callable[[], str | None], within: Callable[[Any], bool] | None = None,
+                 **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
         self.before_send = before_send
         self.within = within  # the task's device scope, for a step `on: all` (None: every device)
         self.hub = hub
+        self.registry = registry
         self.device = device
         self.device_wait = device_wait
         self._inner = hub.dispatcher(device, on_event=self._forward, **kwargs)
@@ -80,11 +82,11 @@ class _HubDevice(BasicCommandDispatcher):
         unsaved = self.before_send()  # the task is saved first, so a restart knows what may have run
         if unsaved is not None:
             return self.generate_error_results(commands, f"not run: the task could not be saved first ({unsaved})")
-        known = self.hub.registry.get(self.device) is not None
+        known = self.registry.get(self.device) is not None
         if known and not self.hub.connected(self.device) and self.device_wait > 0:
             if self.emit is not None:
                 self.emit("waiting_for_device", {"device": self.device, "up_to_s": self.device_wait})
-            await self.hub.registry.wait_until(lambda: self.hub.connected(self.device), self.device_wait)
+            await self.registry.wait_until(lambda: self.hub.connected(self.device), self.device_wait)
         return await self._inner.execute_commands(commands, timeout=timeout)
 
     async def fan_out(self, command: Command, requires: DeviceRequirements, timeout: float) -> dict[str, Any]:
@@ -104,9 +106,11 @@ class _HubDevice(BasicCommandDispatcher):
 
 
 class TaskService:
-    def __init__(self, hub: DeviceHub, store: TaskStore, llm_settings: LLMSettings | None = None, *,
-                 budgets: Budgets | None = None, command_timeout: float = 600.0, device_wait: float = 30.0) -> None:
+    def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: TaskStore,
+                 llm_settings: LLMSettings | None = None, *, budgets: Budgets | None = None,
+                 command_timeout: float = 600.0, device_wait: float = 30.0) -> None:
         self.hub = hub
+        self.registry = registry  # the hub's: which devices are known, connected, and what they offer
         self.device_wait = device_wait
         self.store = store
         self.llm = LLMClient(llm_settings) if llm_settings is not None else None
@@ -243,7 +247,7 @@ class TaskService:
         extra = list(dict.fromkeys([*(devices or []), *(s.device for s in (plan.steps if plan else []) if s.device)]))
         for name in extra:
             self._in_scope(token, name, "a device the task names")
-            if self.hub.registry.get(name) is None:
+            if self.registry.get(name) is None:
                 raise TaskError(404, f"the plan names device '{name}', which has never registered")
         task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
                     devices=[n for n in extra if n != target], confirm=confirm,
@@ -287,20 +291,20 @@ class TaskService:
         except DeviceUnavailable as exc:
             raise TaskError(409, str(exc)) from None
         runner.profiles = {name: record.profile for name in runner.tools if name is not None
-                           and (record := self.hub.registry.get(name)) is not None and record.profile is not None}
+                           and (record := self.registry.get(name)) is not None and record.profile is not None}
         problems = await runner.dry_run(task)
         return target, list(task.plan.steps) if task.plan is not None else [], problems
 
     def _in_scope(self, token: TokenInfo | None, name: str, what: str) -> None:
         """404 (as for a device that never registered) when a scoped token does not reach `name`."""
         if token is not None and token.scoped:
-            record = self.hub.registry.get(name)
+            record = self.registry.get(name)
             if not token.reaches(name, record.tags if record is not None else ()):
                 raise TaskError(404, f"{what}: {unknown_device(token, name)}")
 
     def reaches(self, task: Task, name: str) -> bool:
         """Whether the task's scope (its creator's, when scoped) reaches the device `name`."""
-        record = self.hub.registry.get(name)
+        record = self.registry.get(name)
         return scope_reaches(task.scope_devices, task.scope_tags, name, record.tags if record is not None else ())
 
     def visible(self, task: Task, token: TokenInfo) -> bool:
@@ -313,19 +317,19 @@ class TaskService:
         same = (sorted(task.scope_devices), sorted(task.scope_tags)) == (sorted(token.devices), sorted(token.tags))
         if fans and not same:
             return False  # its steps `on: all` reached the devices of another scope than this token's
-        return all(token.reaches(n, r.tags if (r := self.hub.registry.get(n)) is not None else ()) for n in names)
+        return all(token.reaches(n, r.tags if (r := self.registry.get(n)) is not None else ()) for n in names)
 
     def _pick(self, device: str | None, requires: DeviceRequirements | None, token: TokenInfo | None = None) -> str:
         if device is not None:
             self._in_scope(token, device, "the task's device")
-            record = self.hub.registry.get(device)
+            record = self.registry.get(device)
             if record is None:
                 raise TaskError(404, f"no device named '{device}'")
             if record.status == "offline":
                 raise TaskError(409, f"device '{device}' is offline")
             return device
         try:
-            return self.hub.registry.select(requires or DeviceRequirements(),
+            return self.registry.select(requires or DeviceRequirements(),
                                             scope_within(token) if token is not None else None).name
         except NoDeviceError as exc:
             raise TaskError(409, str(exc) + (beyond(token) if token is not None else "")) from None
@@ -381,7 +385,7 @@ class TaskService:
         try:
             runner.tools = await self._tools_for(task)
             runner.profiles = {name: record.profile for name in runner.tools if name is not None
-                               and (record := self.hub.registry.get(name)) is not None and record.profile is not None}
+                               and (record := self.registry.get(name)) is not None and record.profile is not None}
             await runner.run(task)
         except asyncio.CancelledError:
             pass
@@ -413,7 +417,7 @@ class TaskService:
         return tools
 
     async def _device_tools(self, name: str) -> builtins.list[ToolInfo]:
-        record = self.hub.registry.get(name)
+        record = self.registry.get(name)
         if record is not None and record.status != "offline":
             try:
                 return await discover_tools(self.hub.dispatcher(name, requested_by="tether:tasks"))
@@ -433,7 +437,7 @@ class TaskService:
                 return (f"device '{device}' is outside the scope of the token that created the task "
                         f"(devices {', '.join(task.scope_devices) or '-'}; tags {', '.join(task.scope_tags) or '-'})")
         scoped = bool(task.scope_devices or task.scope_tags)
-        return _HubDevice(self.hub, device, self.device_wait, before_send,
+        return _HubDevice(self.hub, self.registry, device, self.device_wait, before_send,
                           within=(lambda r: scope_reaches(task.scope_devices, task.scope_tags, r.name, r.tags))
                           if scoped else None,
                           session_id=task.id, requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")

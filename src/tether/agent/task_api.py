@@ -24,8 +24,8 @@ from tether.agent.plan import Plan, PlanStep
 from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Task, TaskEvent
 from tether.protocol.profile import DeviceRequirements
-from tether.server.api import ERROR_RESPONSES, require, require_approver
 from tether.server.approvals import how_a_person_approves
+from tether.server.http.api import ERROR_RESPONSES, require, require_approver
 from tether.server.store.tokens import TokenInfo
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"], responses=ERROR_RESPONSES)

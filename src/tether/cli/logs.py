@@ -3,7 +3,7 @@
 Plain lines (`LEVEL logger: message`, no timestamp: journald and `docker logs` add their own) or one
 JSON object per line for log shippers, with the fields a record carries beyond the message (a
 command's tool, caller, status and duration when the device logs one). Either way, control characters
-in a message and its arguments are escaped (`tether.server.logsafe`): one call, one line, and nothing
+in a message and its arguments are escaped (`tether.server.http.logsafe`): one call, one line, and nothing
 in it drives a terminal.
 """
 
@@ -39,7 +39,7 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
     numeric = logging.getLevelName(level.upper())
     if not isinstance(numeric, int):
         raise ValueError(f"--log-level must be debug, info, warning or error, not {level!r}")
-    from tether.server.logsafe import EscapeControlChars  # standard library only: no server import cost
+    from tether.server.http.logsafe import EscapeControlChars  # standard library only: no server import cost
 
     handler = logging.StreamHandler()
     handler.addFilter(EscapeControlChars())  # a server's or a tool's words in a line: its controls shown escaped

@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.device.mcp_resources import MCPResourceTools
-from tether.device.toolset_server import ToolSetServer
+from tether.device.mcp.resources import MCPResourceTools
+from tether.device.mcp.toolset_server import ToolSetServer
 from tether.protocol.models import TOOL_TYPES, Command, Result, ToolInfo, ToolType
 from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
 from tether.tools.context import ToolContext
@@ -32,8 +32,8 @@ from tether.tools.errors import NeedsApproval, ToolError
 from tether.tools.runtime import ToolSpec, build_spec, call_spec
 
 if TYPE_CHECKING:
-    from tether.device.mcp_config import MCPServerConfig
-    from tether.device.mcp_manager import BaseMCPServer, MCPServerManager
+    from tether.device.mcp.manager import BaseMCPServer, MCPServerManager
+    from tether.device.mcp.server_config import MCPServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +69,8 @@ class Computer:
     def __init__(self, name: str, process_name: str | None, mcp_server_manager: MCPServerManager,
                  data_collection_servers_config: Sequence[MCPServerConfig] = (),
                  action_servers_config: Sequence[MCPServerConfig] = (), *,
-                 context: ToolContext | None = None, tool_timeout: float | None = None) -> None:
+                 context: ToolContext | None = None, tool_timeout: float | None = None,
+                 on_tools_changed: Callable[[Computer], None] | None = None) -> None:
         self._name = name
         self._process_name = process_name
         self._mcp_server_manager = mcp_server_manager
@@ -85,7 +86,7 @@ class Computer:
         self._joining: asyncio.Task[None] | None = None  # external servers starting after async_init
         self.still_starting: list[str] = []  # their namespaces, until each has joined or failed
         self._joined = asyncio.Event()  # set (and replaced) each time one of them has joined or failed
-        self.on_tools_changed: Callable[[Computer], None] | None = None
+        self.on_tools_changed = on_tools_changed  # hears each external server joining (after async_init)
         self._tools_registry: dict[str, ToolEntry] = {}
         self._context = context or ToolContext()
         self._tool_timeout = tool_timeout
@@ -218,7 +219,7 @@ class Computer:
             await after.wait()
         try:
             # the SDK's import (~0.5 s of CPU) in a thread: the device serves meanwhile
-            await asyncio.to_thread(importlib.import_module, "tether.device.mcp_external")
+            await asyncio.to_thread(importlib.import_module, "tether.device.mcp.external")
             by_server: dict[BaseMCPServer, list[ServerKey]] = {}
             for key, cfg in configs.items():
                 server = self._mcp_server_manager.create_or_get_server(cfg, reset=cfg.reset,

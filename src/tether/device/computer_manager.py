@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from tether.device.computer import Computer
 from tether.device.config import DEFAULT_AGENT, DeviceConfig
-from tether.device.mcp_manager import MCPServerManager
+from tether.device.mcp.manager import MCPServerManager
 from tether.tools.context import ToolContext
 
 logger = logging.getLogger(__name__)
@@ -19,7 +19,11 @@ class ComputerManager:
 
     def __init__(self, configs: DeviceConfig, mcp_server_manager: MCPServerManager, *,
                  context: ToolContext | None = None, tool_timeout: float | None = None,
-                 join_external: bool = False) -> None:
+                 join_external: bool = False, join_after: asyncio.Event | None = None,
+                 on_tools_changed: Callable[[Computer], None] | None = None) -> None:
+        """`join_external`: computers are ready with their built-in tools and external MCP servers join
+        later, once `join_after` is set (None: at once); `on_tools_changed(computer)` hears of each
+        joining (a device serving a server then sends its new profile)."""
         self.configs = configs
         self.mcp_server_manager = mcp_server_manager
         self.context = context or ToolContext()
@@ -27,8 +31,8 @@ class ComputerManager:
         # a device serving a server: computers are ready with their built-in tools, external servers join
         # later (`Computer.async_init`), and `on_tools_changed` hears of each (the device sends its profile)
         self.join_external = join_external
-        self.join_after: asyncio.Event | None = None  # set: external servers may start (see Computer)
-        self.on_tools_changed: Callable[[Computer], None] | None = None
+        self.join_after = join_after  # set: external servers may start (see Computer)
+        self.on_tools_changed = on_tools_changed
         self.computers: dict[str, Computer] = {}
         self._creating: dict[str, asyncio.Future[Computer]] = {}
 
@@ -63,8 +67,8 @@ class ComputerManager:
         self._creating[key] = future
         try:
             computer = Computer(key, process_name, self.mcp_server_manager, root.data_collection, root.action,
-                                context=self.context, tool_timeout=self.tool_timeout)
-            computer.on_tools_changed = self._tools_changed
+                                context=self.context, tool_timeout=self.tool_timeout,
+                                on_tools_changed=self._tools_changed)
             await computer.async_init(join_external=self.join_external, join_after=self.join_after)
         except BaseException as exc:
             future.set_exception(exc)

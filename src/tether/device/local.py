@@ -6,18 +6,20 @@ WebSocket connection, so both paths run exactly the same code.
 
 from __future__ import annotations
 
+import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from tether.device.client import DeviceClient
+from tether.device.computer import Computer
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
-from tether.device.mcp_client_caps import MCPClientHooks
-from tether.device.mcp_manager import MCPServerManager
+from tether.device.mcp.client_caps import MCPClientHooks
+from tether.device.mcp.manager import MCPServerManager
 from tether.device.root import run_as_for
 from tether.sandbox import SandboxInfo, detect
 from tether.tools.builtin import builtin_toolsets
@@ -74,13 +76,17 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
                  state_dir: str | os.PathLike[str] | None = None, client_id: str = "local",
                  serving: bool = False, sandbox: bool | SandboxInfo = True,
                  secrets: list[str] | None = None, mcp_hooks: MCPClientHooks | None = None,
-                 join_external: bool = False) -> LocalDevice:
+                 join_external: bool = False, join_after: asyncio.Event | None = None,
+                 on_tools_changed: Callable[[Computer], None] | None = None) -> LocalDevice:
     """`serving`: the device runs commands for a server, so a sandbox is required unless the policy says
     otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path), a `SandboxInfo`
     is a probe already made; `secrets` are more paths the sandbox hides (the token file); `mcp_hooks` answer
-    external MCP servers' questions and sampling requests (`mcp_client_caps`); `join_external`: the device
+    external MCP servers' questions and sampling requests (`mcp.client_caps`); `join_external`: the device
     is ready with its built-in tools and external MCP servers join when they have started (`tether device`
-    registers without waiting for them)."""
+    registers without waiting for them), once `join_after` is set (None: at once), `on_tools_changed`
+    hearing of each.
+
+    Raises ValueError for a config, policy or sandbox it cannot use."""
     config = config or load_device_config(None)
     policy = policy or resolve_policy(config)
     # a root device's sandboxes run as an unprivileged user (tether.device.root, docs/security/root.md)
@@ -99,13 +105,14 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     context = ToolContext(policy=policy, journal=journal, sandbox=confined, secrets=tuple(hidden))
     # its sandbox confines stdio servers; the hooks answer their questions and sampling requests
     servers = MCPServerManager(toolsets=builtin_toolsets(), context=context, hooks=mcp_hooks)
-    computers = ComputerManager(config, servers, context=context, join_external=join_external)
+    computers = ComputerManager(config, servers, context=context, join_external=join_external,
+                                join_after=join_after, on_tools_changed=on_tools_changed)
     client = DeviceClient(servers, computers, client_id=config.device.name or client_id)
     return LocalDevice(config, policy, root, journal, context, servers, computers, client)
 
 
 @asynccontextmanager
-async def open_device(config: DeviceConfig | str | os.PathLike[str] | None = None, *,
+async def open_local_device(config: DeviceConfig | str | os.PathLike[str] | None = None, *,
                       policy_path: str | os.PathLike[str] | None = None,
                       state_dir: str | os.PathLike[str] | None = None, sandbox: bool = True,
                       serving: bool = False, mcp_hooks: MCPClientHooks | None = None) -> AsyncIterator[LocalDevice]:

@@ -13,10 +13,10 @@ import uvicorn
 from fastapi import FastAPI
 
 from tether.errors import ConfigError, ServerError
-from tether.server.app import create_app
-from tether.server.coalesce import coalescing_http_protocol
-from tether.server.edge import edge_protocols
-from tether.server.logsafe import server_log_config
+from tether.server.http.app import create_app
+from tether.server.http.coalesce import coalescing_http_protocol
+from tether.server.http.internals import edge_protocols, hooked_server
+from tether.server.http.logsafe import server_log_config
 from tether.server.settings import ServerSettings, is_loopback
 from tether.server.store import Store
 from tether.server.store.lease import StateLease, take_lease
@@ -129,7 +129,7 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
     sockets `claim_state` took (then what the last server left in flight is settled here, before the app).
 
     Logging: uvicorn's handlers plus the server's own loggers, every line escaped and the access
-    log without query strings (`tether.server.logsafe`)."""
+    log without query strings (`tether.server.http.logsafe`)."""
     store = Store(settings.db_target)
     store.check_writable()  # a full or read-only state directory: StoreUnavailable, one line
     if claim is not None:
@@ -155,34 +155,35 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
                           http=http, ws=ws)
 
 
-class _Server(uvicorn.Server):
-    """Calls the app's `state.on_stopping` hooks as the shutdown begins: long-lived responses (a task's
-    event stream) end then, instead of being cancelled with a traceback once the grace period is over."""
+def stopping_hooks(app: object) -> Callable[[], None]:
+    """What runs as the shutdown begins: the app's `state.on_stopping` hooks, each in turn (one that fails is
+    logged and the others still run). Long-lived responses (a task's event stream) end then, instead of being
+    cancelled with a traceback once the grace period is over."""
 
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        for hook in getattr(getattr(self.config.app, "state", None), "on_stopping", []):
+    def run() -> None:
+        for hook in getattr(getattr(app, "state", None), "on_stopping", []):
             try:
                 hook()
             except Exception:
                 logger.exception("a shutdown hook failed; stopping anyway")
-        await super().shutdown(sockets)
 
-    lease: StateLease | None = None  # the state's lease (run_server), checked every LEASE_CHECK_TICKS
-    _retaking: asyncio.Future[str | None] | None = None
+    return run
 
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets)
-        if sockets is not None and not self.should_exit:  # uvicorn says where it listens only for sockets it bound
-            self._log_started_message(sockets)
 
-    async def on_tick(self, counter: int) -> bool:
-        """uvicorn's tick (every 0.1 s); a lease lost (PostgreSQL: its session ended) is taken again off the
-        loop, and an error logged for as long as it cannot be (another server took the node meanwhile)."""
+class LeaseWatch:
+    """Checks the state's lease every `LEASE_CHECK_TICKS` of uvicorn's ticks (0.1 s each): a lease lost
+    (PostgreSQL: its session ended) is taken again off the loop, and an error logged for as long as it cannot
+    be (another server took the node meanwhile). With no lease, `tick` does nothing."""
+
+    def __init__(self, lease: StateLease | None) -> None:
+        self.lease = lease
+        self._retaking: asyncio.Future[str | None] | None = None
+
+    def tick(self, counter: int) -> None:
         if self.lease is not None and counter % LEASE_CHECK_TICKS == 0 and self._retaking is None \
                 and self.lease.lost():
             self._retaking = asyncio.get_running_loop().run_in_executor(None, self.lease.retake)
             self._retaking.add_done_callback(self._retaken)
-        return await super().on_tick(counter)
 
     def _retaken(self, done: asyncio.Future[str | None]) -> None:
         self._retaking = None
@@ -192,6 +193,12 @@ class _Server(uvicorn.Server):
         else:
             logger.warning("this server's lease on its state was lost (the database's session ended) and is "
                            "held again")
+
+
+def make_server(config: uvicorn.Config, lease: StateLease | None = None) -> uvicorn.Server:
+    """A uvicorn `Server` for `config` (from `build_config`) that runs the app's `state.on_stopping` hooks as
+    its shutdown begins (`stopping_hooks`) and, given the state's `lease`, watches it (`LeaseWatch`)."""
+    return hooked_server(config, stopping_hooks(config.app), LeaseWatch(lease).tick)
 
 
 def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",
@@ -210,8 +217,6 @@ def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_le
     try:
         config = build_config(settings, allow_insecure=allow_insecure, log_level=log_level, app_factory=app_factory,
                               claim=claim)
-        server = _Server(config)
-        server.lease = claim.lease
-        server.run(sockets=claim.sockets)
+        make_server(config, claim.lease).run(sockets=claim.sockets)
     finally:
         claim.release()

@@ -12,7 +12,7 @@ from typing import Any
 
 from tether.errors import ServerError
 from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
-from tether.server.hub import DeviceHub
+from tether.server.aip.hub import DeviceHub
 
 POLICY_TIMEOUT_S = 15.0  # a device answers from memory and one small file write
 

@@ -5,7 +5,7 @@ Defaults are the safe ones: loopback only, an 8 MiB frame limit, heartbeats ever
 a dropped device may reconnect and still deliver the results of the batch it was running. HTTP
 request bodies are capped (`max_body_bytes` once the API token is known, `ANONYMOUS_BODY_BYTES`
 before), and requests must name this server in `Host` (and `Origin`, when a browser sends one):
-the localhost names, the bind address and `allowed_hosts` (see `tether.server.guard`).
+the localhost names, the bind address and `allowed_hosts` (see `tether.server.http.request_guard`).
 """
 
 from __future__ import annotations

@@ -30,8 +30,8 @@ def mcp_serve(stdio: Annotated[bool, typer.Option(
 
 
 async def _serve(config: Path | None, policy: Path | None, state_dir: Path | None, session_id: str) -> None:
-    from tether.device.local import open_device
-    from tether.device.mcp_serve import serve_device_stdio
+    from tether.device.local import open_local_device
+    from tether.device.mcp.device_server import serve_device_stdio
 
-    async with open_device(config, policy_path=policy, state_dir=state_dir) as device:
+    async with open_local_device(config, policy_path=policy, state_dir=state_dir) as device:
         await serve_device_stdio(device, session_id)

@@ -130,8 +130,8 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     from tether.agent.task import Task, TaskEvent, TaskState
     from tether.agent.task_store import SaveSoon
     from tether.cli.local_tasks import run_locks, terminal_ask
-    from tether.device.local import open_device
-    from tether.device.profile import collect_profile
+    from tether.device.local import open_local_device
+    from tether.device.probe import collect_profile
 
     out = console()
     llm = LLMClient(settings) if settings is not None else None
@@ -157,7 +157,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
         from tether.cli.mcp_hooks import cli_hooks
 
         # an external MCP server's question is asked at this terminal, its sampling uses this LLM
-        async with open_device(config, policy_path=policy, state_dir=state_dir,
+        async with open_local_device(config, policy_path=policy, state_dir=state_dir,
                                mcp_hooks=cli_hooks(llm)) as device:
             computer = await device.computer_manager.get_or_create(None)
             dispatcher = device.dispatcher(session_id=task.id)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import json
 import os
-import signal
 import stat
 import sys
 import time
@@ -506,8 +504,7 @@ def device(ctx: typer.Context,
         tls_fingerprint = tls_fingerprint or enrolment.tls_fingerprint
     secret_files = [str(p) for p in (token_file, cfg.server.token_file) if p]
     tags = [*(enrolment.tags if enrolment else []), *(tag or [])]
-    code = asyncio.run(_device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files,
-                               tls_fingerprint))
+    code = _device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files, tls_fingerprint)
     raise typer.Exit(code)
 
 
@@ -520,7 +517,7 @@ def device_key_cmd(config: ConfigOpt = None, state_dir: StateOpt = None,
     """Show this device's public key and its fingerprint (the key is made on first use; the private
     half never leaves the state directory, which the sandbox hides)."""
     from tether.device.config import load_device_config
-    from tether.device.identity import load_device_key, new_device_key
+    from tether.device.link.device_key import load_device_key, new_device_key
     from tether.device.local import device_state_dir
 
     try:
@@ -559,80 +556,36 @@ def _warn(message: str) -> None:
     say(f"warning: {message}", err=True, soft_wrap=True)
 
 
-async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str | None, policy: Path | None,
-                  state_dir: Path | None, ca_file: str | None, tags: list[str], secret_files: list[str],
-                  tls_fingerprint: str | None = None) -> int:
+def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str | None, policy: Path | None,
+            state_dir: Path | None, ca_file: str | None, tags: list[str], secret_files: list[str],
+            tls_fingerprint: str | None = None) -> int:
     from rich.markup import escape
 
-    from tether.device.config import aip_url
-    from tether.device.connection import DeviceConnection, RegistrationRefused, make_ssl_context
-    from tether.device.identity import load_device_key
-    from tether.device.local import build_device, device_state_dir, resolve_policy
-    from tether.device.profile import collect_profile
-    from tether.device.reconnect import PIN_MISMATCH
-    from tether.device.root import run_as_for
-    from tether.sandbox import detect
+    from tether.device.link.connection import DeviceConnection, RegistrationRefused
+    from tether.device.link.reconnect import PIN_MISMATCH
+    from tether.device.serve import ServedDevice, serve_device
 
     out = console(err=True)
-    # the device's key: every registration proves it (tether.protocol.identity); hidden from the sandbox
-    key_path = cfg.server.key_path(device_state_dir(cfg, state_dir), Path(cfg.source).parent if cfg.source else None)
-    if not key_path.resolve().is_relative_to(device_state_dir(cfg, state_dir).resolve()):
-        secret_files = [*secret_files, str(key_path)]  # the state directory is hidden whole; a key elsewhere too
-    # one probe process while the rest loads, or its answer kept in the state directory for this boot
-    try:  # a root device probes as its run_as user (tether.device.root)
-        run_as = run_as_for(cfg)
-    except ValueError as exc:
-        _error(str(exc))
-        return 2
-    sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, device_state_dir(cfg, state_dir), run_as=run_as))
-    # and the key (importing `cryptography` is ~15 ms) while the probe runs
-    key_loading = asyncio.ensure_future(asyncio.to_thread(load_device_key, key_path))
-    try:
-        urls = [aip_url(each) for each in servers] if servers else cfg.server.ws_urls()
-        contexts = [None if tls_fingerprint else make_ssl_context(each, ca_file or cfg.server.ca_file)
-                    for each in urls]  # each URL checked; one context serves them all (hosts are checked per link)
-        ssl_context = contexts[0]
-        device_policy = resolve_policy(cfg, policy)
-        sandbox = await sandbox_probe
-        device_key = await key_loading
-        # serving a server: no process starts unconfined unless the policy says require_sandbox: false
-        # registers with its built-in tools; each external MCP server joins when started (a DEVICE_INFO)
-        device = build_device(cfg, policy=device_policy, state_dir=state_dir, serving=True, sandbox=sandbox,
-                              secrets=secret_files, join_external=True)
-    except ValueError as exc:
-        _error(str(exc))
-        return 2
-    confined = device.context.sandbox
-    why = sandbox.detail if not sandbox.available else "the policy turns it off (sandbox: false)"
-    if confined is not None:
-        out.print(f"sandbox: {confined.kind} ({sandbox.detail})", soft_wrap=True, markup=False)
-    elif device.policy.require_sandbox:
-        _warn(f"no sandbox: this device will refuse to start processes (the policy's require_sandbox; set it "
-              f"to false to run them unconfined); {why}")
-    else:
-        _warn(f"no sandbox: processes this device starts run unconfined; {why}")
-    all_tags = list(dict.fromkeys([*cfg.device.tags, *tags]))
-    from tether.device.remote_policy import RemotePolicy
+    several = False  # a cluster's nodes: say which one
 
-    remote_policy = RemotePolicy(device.policy, device.state_dir)  # what the server set (tether policy)
-    try:
-        remote_policy.load()
-    except ValueError as exc:
-        _error(str(exc))
-        await device.aclose()
-        return 2
-    from tether.tools.sandboxing import follow_network
-
-    follow_network(confined, device.policy)  # a network the server narrowed before this start
-    registered_once = asyncio.Event()  # external MCP servers start then, not while the device registers
-    device.computer_manager.join_after = registered_once
+    def ready(served: ServedDevice) -> None:
+        nonlocal several
+        several = len(served.urls) > 1
+        confined, sandbox = served.local.context.sandbox, served.sandbox
+        why = sandbox.detail if not sandbox.available else "the policy turns it off (sandbox: false)"
+        if confined is not None:
+            out.print(f"sandbox: {confined.kind} ({sandbox.detail})", soft_wrap=True, markup=False)
+        elif served.local.policy.require_sandbox:
+            _warn(f"no sandbox: this device will refuse to start processes (the policy's require_sandbox; set it "
+                  f"to false to run them unconfined); {why}")
+        else:
+            _warn(f"no sandbox: processes this device starts run unconfined; {why}")
+        out.print(f"connecting to {', '.join(served.urls)} …", soft_wrap=True, markup=False)
 
     def announce(state: str, conn: DeviceConnection) -> None:
-        if state in ("registered", "disconnected"):  # registered, or cannot be yet: start them anyway
-            registered_once.set()
         if state == "registered":
             again = " (reconnected)" if conn.connections > 1 else ""
-            via = f" via {escape(conn.url)}" if len(urls) > 1 else ""  # which node of a cluster
+            via = f" via {escape(conn.url)}" if several else ""  # which node of a cluster
             out.print(f"[green]registered as {escape(str(conn.registered_as))}[/green]{via}{again}; serving commands",
                       soft_wrap=True)
         elif state == "disconnected":
@@ -640,49 +593,18 @@ async def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str 
                       "reconnecting")
 
     try:
-        connection = DeviceConnection(device.client, urls, secret, name=name or cfg.device.name,
-                                      profile=lambda: collect_profile(device, tags=all_tags,
-                                                                     sandbox=confined.kind if confined else "none"),
-                                      ssl_context=ssl_context, tls_fingerprint=tls_fingerprint, on_state=announce,
-                                      max_concurrent_sessions=device.policy.max_concurrent_sessions,
-                                      remote_policy=remote_policy, key=device_key)
-    except ValueError as exc:  # a URL it cannot use (mixed ws:// and wss://, a pin without TLS)
+        serve_device(servers or None, token=secret, config=cfg, name=name, policy_path=policy, state_dir=state_dir,
+                     ca_file=ca_file, tls_fingerprint=tls_fingerprint, tags=tags, secret_files=secret_files,
+                     on_state=announce, on_ready=ready)
+    except ValueError as exc:
         _error(str(exc))
-        await device.aclose()
         return 2
-    device.computer_manager.on_tools_changed = lambda computer: connection.profile_changed()
-    from tether.device.mcp_elicit import RemoteQuestions, RemoteSampler
-
-    # an external MCP server's question is an event of the command; the answer comes back over AIP
-    connection.questions = RemoteQuestions()
-    device.mcp_server_manager.hooks.elicit = connection.questions.elicit
-    if device.policy.mcp_sampling != "off":  # declared only when the policy may allow it: the server's LLM
-        connection.sampler = RemoteSampler(connection.outbox.put_control, connection.name)
-        device.mcp_server_manager.hooks.sample = connection.sampler.sample
-    roots_notices: set[asyncio.Task[None]] = set()
-
-    def policy_changed(p: Any) -> None:
-        connection.batches.set_limit(p.max_concurrent_sessions)
-        follow_network(confined, p)
-        notice = asyncio.ensure_future(device.mcp_server_manager.roots_changed(device.context))  # new roots
-        roots_notices.add(notice)
-        notice.add_done_callback(roots_notices.discard)
-
-    remote_policy.on_change = policy_changed
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, connection.stop)
-    out.print(f"connecting to {', '.join(urls)} …", soft_wrap=True, markup=False)
-    try:
-        await connection.run()
     except RegistrationRefused as exc:
         if exc.code == PIN_MISMATCH:
             out.print(f"[red]not connecting:[/red] {escape(exc.error)}", soft_wrap=True)
         else:
             out.print(f"[red]refused by the server:[/red] {escape(str(exc))}", soft_wrap=True)
         return 3
-    finally:
-        await device.aclose()
     out.print("device stopped")
     return 0
 
@@ -727,7 +649,7 @@ def _print_cert_fingerprint(cert: Path) -> None:
     """The certificate's SHA-256, for devices that pin it (--tls-fingerprint) or trust it on first use."""
     import ssl
 
-    from tether.device.tls_pin import cert_fingerprint
+    from tether.device.link.tls_pin import cert_fingerprint
 
     try:
         der = ssl.PEM_cert_to_DER_cert(cert.read_text(encoding="ascii"))

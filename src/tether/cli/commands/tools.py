@@ -81,9 +81,9 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
 
 async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None, namespace: str | None
                       ) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]], list[str]]:
-    from tether.device.local import open_device
+    from tether.device.local import open_local_device
 
-    async with open_device(config, policy_path=policy) as device:
+    async with open_local_device(config, policy_path=policy) as device:
         computer = await device.computer_manager.get_or_create(None)
         infos = computer.tool_infos(tool_type, namespace)  # type: ignore[arg-type]
         return infos, dict(computer.startup_errors), list(computer.collisions), list(device.config.disabled_servers)
@@ -247,11 +247,11 @@ async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: 
                       approved_by: str | None, timeout: float | None, tool_type: str | None,
                       state_dir: Path | None) -> Result:
     from tether.cli.mcp_hooks import cli_hooks, configured_llm
-    from tether.device.local import open_device
+    from tether.device.local import open_local_device
 
     llm = configured_llm()  # sampling is declared to external MCP servers only when there is an LLM
     try:
-        async with open_device(config, policy_path=policy, state_dir=state_dir,
+        async with open_local_device(config, policy_path=policy, state_dir=state_dir,
                                mcp_hooks=cli_hooks(llm)) as device:
             return await _exec_on(device, tool, pairs, session_id, approved_by, timeout, tool_type)
     finally:

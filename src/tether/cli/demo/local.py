@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 
 from tether.device.config import parse_device_config
-from tether.device.local import open_device
+from tether.device.local import open_local_device
 from tether.protocol.models import Command, Result
 
 
@@ -91,7 +91,7 @@ async def run_demo(console: Console, state_dir: Path | None = None) -> int:
     if run_as:
         os.environ[RUN_AS_ENV] = run_as
     ok = True
-    async with open_device(config, state_dir=state) as device:
+    async with open_local_device(config, state_dir=state) as device:
         computer = await device.computer_manager.get_or_create(None)
         infos = computer.tool_infos()
         namespaces = sorted({i.namespace for i in infos})

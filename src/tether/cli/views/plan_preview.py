@@ -16,8 +16,8 @@ async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | N
     from tether.agent.executor import DEFAULT_DEVICE_NAME, TaskRunner
     from tether.agent.llm import LLMClient
     from tether.agent.task import Task
-    from tether.device.local import open_device
-    from tether.device.profile import collect_profile
+    from tether.device.local import open_local_device
+    from tether.device.probe import collect_profile
 
     out = console()
     llm = LLMClient(settings) if settings is not None else None
@@ -26,7 +26,7 @@ async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | N
         raise AssertionError("a dry run asked a question")
 
     try:
-        async with open_device(config, policy_path=policy, state_dir=state_dir) as device:
+        async with open_local_device(config, policy_path=policy, state_dir=state_dir) as device:
             computer = await device.computer_manager.get_or_create(None)
             dispatcher = device.dispatcher(session_id="dry-run")
             profiles = {DEFAULT_DEVICE_NAME: await collect_profile(device)} if llm is not None else {}

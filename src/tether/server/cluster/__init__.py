@@ -7,5 +7,5 @@
   devices, the relay of task events, and the `RemoteDevices` the hub hands batches to.
 
 The hub never imports this package: the app starts a `ClusterNode` when configured and sets it as
-`hub.remote` (server/remote.py), the way the app hands the hub its settings.
+`hub.remote` (server/ports.py), the way the app hands the hub its settings.
 """

@@ -7,7 +7,7 @@ It keeps three things true while the server runs:
 - this node's registry lists the devices the other nodes hold (`DeviceRecord.node`), from the
   `fleet` broadcasts and, after every (re)join, from the directory itself (a broadcast missed
   while Redis was away is never relied on);
-- the hub hands it batches for devices held elsewhere (`RemoteDevices`, server/remote.py), which
+- the hub hands it batches for devices held elsewhere (`RemoteDevices`, server/ports.py), which
   the `Router` runs on the holding node.
 
 When Redis cannot be reached the node says so (`problem()`, `/api/v1/health`) and refuses work for
@@ -28,15 +28,17 @@ from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
 from tether.server.cluster.routing import Router
-from tether.server.remote import BackplaneUnavailable
+from tether.server.ports import BackplaneUnavailable
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from tether.protocol.messages import ClientMessage, ServerMessage
-    from tether.server.batches import PendingBatch
-    from tether.server.hub import DeviceHub
+    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.hub import DeviceHub
+    from tether.server.aip.registry import DeviceRegistry
     from tether.server.settings import ServerSettings
+    from tether.server.store import Store
 
 log = logging.getLogger("tether.cluster")
 
@@ -68,11 +70,15 @@ def _safe(url: str) -> str:
 
 
 class ClusterNode:
-    """This server as a node; `start()` in the app's lifespan after the hub, `aclose()` before it."""
+    """This server as a node; `start()` in the app's lifespan after the hub, `aclose()` before it.
 
-    def __init__(self, hub: DeviceHub, settings: ServerSettings) -> None:
+    Built with the node's hub, the hub's device registry and the store (outcomes whose asker is gone are
+    recorded there); `settings.cluster_url` must be set."""
+
+    def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: Store, settings: ServerSettings) -> None:
         assert settings.cluster_url is not None
         self.hub = hub
+        self.registry = registry
         self.settings = settings
         self.node = settings.node
         self.url = settings.cluster_url
@@ -83,7 +89,7 @@ class ClusterNode:
         self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s,
                                    info={"pid": os.getpid(), "port": settings.port})
         self.bus = Bus(self.redis, self.reader, self.node, {})
-        self.router = Router(hub, self.bus, self.node, self.holder)
+        self.router = Router(hub, registry, store, settings, self.bus, self.node, self.holder)
         self.bus.undelivered["batch"] = self.router.record_lost_answer
         self.bus.unclaimed = self.router.record_unclaimed
         self.router.alive = lambda node: node in self._alive
@@ -150,7 +156,7 @@ class ClusterNode:
         did not) as the directory says."""
         if self._problem is not None:
             raise BackplaneUnavailable(self.problem())
-        record = None if fresh else self.hub.registry.get(device)
+        record = None if fresh else self.registry.get(device)
         if record is not None and record.connected and record.node in self._alive:
             # what the broadcasts said: no Redis round trip per command. A stale answer costs one retry:
             # that node answers "not held here" and the Router asks the directory (Router._wait_holder)
@@ -283,7 +289,7 @@ class ClusterNode:
         async with asyncio.timeout(REDIS_TIMEOUT_S):
             async with self.redis.pipeline(transaction=False) as pipe:
                 for device in devices:
-                    record = self.hub.registry.get(device)
+                    record = self.registry.get(device)
                     pipe.set(Directory.device_key(device), self.node, px=self.directory.lease_ms)
                     # the device process's instance: the node it reconnects to next resumes its batches
                     pipe.publish(FLEET_CHANNEL, json.dumps({"device": device, "node": self.node,
@@ -322,7 +328,7 @@ class ClusterNode:
         for gone in self._alive - alive - {self.node}:
             log.warning("cluster node %s is gone (its lease ran out)", gone)
             self.router.node_gone(gone)
-            for record in self.hub.registry.list():
+            for record in self.registry.list():
                 if record.node == gone:
                     self._seen(record.name, None)
         self._alive = alive - {self.node}
@@ -367,7 +373,7 @@ class ClusterNode:
         for name, node in held.items():
             if node != self.node:
                 self._seen(name, node)
-        for record in self.hub.registry.list():
+        for record in self.registry.list():
             if record.node is not None and record.name not in held:
                 self._seen(record.name, None)
 
@@ -376,14 +382,14 @@ class ClusterNode:
         device process's `instance`, a reconnection of that process here resumes (its batches go on)."""
         if node == self.node or self.hub.local(device):
             return  # this node's own socket is the truth about it
-        record = self.hub.registry.get(device)
+        record = self.registry.get(device)
         if instance is not None and record is not None:
             record.instance_id = instance
         if record is not None and record.node == node and (node is None) != record.connected:
             return
         if node is not None:
             self.hub.moved(device, node)  # what this node still waited for in the device's grace goes there
-        record = self.hub.registry.held_elsewhere(device, node)
+        record = self.registry.held_elsewhere(device, node)
         if instance is not None:
             record.instance_id = instance
         self.router.device_seen(device, node)

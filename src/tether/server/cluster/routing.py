@@ -31,8 +31,11 @@ from tether.protocol.models import Result
 from tether.server.cluster.bus import Bus, BusError, BusInterrupted
 
 if TYPE_CHECKING:
-    from tether.server.batches import PendingBatch
-    from tether.server.hub import DeviceHub
+    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.hub import DeviceHub
+    from tether.server.aip.registry import DeviceRegistry
+    from tether.server.settings import ServerSettings
+    from tether.server.store import Store
 
 log = logging.getLogger("tether.cluster")
 
@@ -55,11 +58,17 @@ class Route:
 
 
 class Router:
-    """Runs batches on other nodes for this node's hub, and other nodes' batches on this node's hub."""
+    """Runs batches on other nodes for this node's hub, and other nodes' batches on this node's hub.
 
-    def __init__(self, hub: DeviceHub, bus: Bus, node: str,
-                 holder: Callable[..., Awaitable[str | None]]) -> None:
+    `registry` is the hub's (who is connected here), `store` records outcomes whose asker is gone, and
+    `settings` gives the timeouts; `holder(device, fresh=True)` asks the directory who holds a device."""
+
+    def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: Store, settings: ServerSettings, bus: Bus,
+                 node: str, holder: Callable[..., Awaitable[str | None]]) -> None:
         self.hub = hub
+        self.registry = registry
+        self.store = store
+        self.settings = settings
         self.bus = bus
         self.node = node
         self._holder = holder  # ClusterNode.holder(device, fresh=True): the directory's answer, dead nodes left out
@@ -98,7 +107,7 @@ class Router:
         self._answered = kept
 
     def _answer_window(self) -> float:
-        settings = self.hub.settings
+        settings = self.settings
         return 2 * settings.lease_s + settings.grace_period
 
     def _answered_for(self, origin: str, device: str, response_id: str, batch: PendingBatch) -> None:
@@ -116,7 +125,7 @@ class Router:
 
     def _settle(self, device: str, response_id: str, outcomes: list[tuple[str, str, str | None]], why: str) -> None:
         try:
-            settled = self.hub.store.audit.late(device, [(response_id, cid, status, error)
+            settled = self.store.audit.late(device, [(response_id, cid, status, error)
                                                          for cid, status, error in outcomes])
         except Exception:
             log.exception("could not record the outcomes of batch %s (%s)", response_id, why)
@@ -130,7 +139,7 @@ class Router:
 
     async def run_batch(self, batch: PendingBatch, holder: str) -> None:
         hub = self.hub
-        grace = hub.settings.grace_period
+        grace = self.settings.grace_period
         for _ in range(MAX_REROUTES):
             route = Route(batch.device, holder)
             self._routes.setdefault(batch.device, set()).add(route)
@@ -178,17 +187,17 @@ class Router:
             if remaining <= 0:
                 return None
             # woken by the registry (this node, or the cluster's view of another), bounded by the grace period
-            await self.hub.registry.wait_until(lambda: self._arrived(device, exclude), min(remaining, 1.0))
+            await self.registry.wait_until(lambda: self._arrived(device, exclude), min(remaining, 1.0))
 
     def _arrived(self, device: str, exclude: str) -> bool:
-        record = self.hub.registry.get(device)
+        record = self.registry.get(device)
         return self.hub.local(device) or (record is not None and record.node not in (None, exclude))
 
     async def _run_on(self, batch: PendingBatch, route: Route) -> bool:
         """Run `batch` on `route.holder`; True when the device moved away first (send it again)."""
         hub = self.hub
         message = batch.message
-        limit = (message.timeout or hub.settings.default_command_timeout) + hub.settings.lease_s + 10
+        limit = (message.timeout or self.settings.default_command_timeout) + self.settings.lease_s + 10
         # the message as its JSON text: pydantic writes and reads it faster than a dict the bus encodes again
         body = {"device": batch.device, "from": self.node, "message": message.model_dump_json(exclude_none=True)}
 
@@ -302,7 +311,7 @@ class Router:
         else:
             batch = await hub.send_batch(device, message, on_event=on_event, here_only=True)
             batch.origin = str(body.get("from") or "another node")
-        limit = (message.timeout or hub.settings.default_command_timeout) + hub.settings.grace_period + 5
+        limit = (message.timeout or self.settings.default_command_timeout) + self.settings.grace_period + 5
         try:
             async with asyncio.timeout(limit):
                 await batch.done.wait()
@@ -353,7 +362,7 @@ class Router:
             results = _RESULTS.validate_json(reply.get("results") or "[]")
         except ValueError:
             return
-        settled = self.hub.store.audit.late(device, [(message.response_id, r.call_id, r.status.value, r.error)
+        settled = self.store.audit.late(device, [(message.response_id, r.call_id, r.status.value, r.error)
                                                      for r in results if r.call_id])
         log.warning("batch %s: %d outcome(s) the asking node never heard recorded by node %s",
                     message.response_id, settled, self.node)

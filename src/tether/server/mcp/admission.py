@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
-from tether.server.guard import send_error
+from tether.server.http.request_guard import send_error
 from tether.server.mcp.fleet import BadFilter, DeviceFilter
 from tether.server.mcp.resource_metadata import challenge
 from tether.server.store import Store

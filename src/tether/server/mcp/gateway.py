@@ -43,8 +43,9 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from starlette.applications import Starlette
 
 from tether.protocol.models import Result
+from tether.server.aip.hub import DeviceHub
+from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
-from tether.server.hub import DeviceHub
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.calls import AskLater, Caller, Reply, call_device_tool
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
@@ -114,7 +115,8 @@ class Gateway:
         self.app = app
         self.hub: DeviceHub = app.state.hub
         self.store: Store = app.state.store
-        self.index = FleetIndex(self.hub.registry)
+        self.registry: DeviceRegistry = self.hub.registry  # the devices it lists, taken once where it is built
+        self.index = FleetIndex(self.registry)
         self.bus = InMemorySubscriptionBus()
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
                                    on_list_tools=self._list_tools, on_call_tool=self._call_tool,
@@ -160,7 +162,7 @@ class Gateway:
                        "hold) are serving a request right now; retry when one of them has answered")
             return
         # a scoped token's client lists, calls and hears of only the devices in its scope (docs/security/scopes.md)
-        admitted = Admitted(token, ScopedFilter.of(admitted.keep, token, self.hub.registry))
+        admitted = Admitted(token, ScopedFilter.of(admitted.keep, token, self.registry))
         scope[SCOPE_KEY] = admitted
         # binds each MCP session to the token that opened it (the SDK answers 404 to any other)
         scope["user"] = AuthenticatedUser(AccessToken(token=token.id, client_id=token.id, scopes=token.scopes))
@@ -194,7 +196,7 @@ class Gateway:
         name = params.name
         if name == "list_devices":
             try:
-                return call_result(Reply("", list_devices(self.hub.registry, arguments, admitted.token)), as_json=True)
+                return call_result(Reply("", list_devices(self.registry, arguments, admitted.token)), as_json=True)
             except ValueError as exc:
                 return call_result(Reply(f"list_devices: {exc}", is_error=True))
         extra = contributed(self.app).get(name)
@@ -203,7 +205,7 @@ class Gateway:
         tool = self.index.tools().get(name)
         shown = repr(name[:MAX_NAME_ECHO]) + ("..." if len(name) > MAX_NAME_ECHO else "")
         token = admitted.token
-        if token.scoped and (tool is None or not reaches(token, self.hub.registry, tool.device)):
+        if token.scoped and (tool is None or not reaches(token, self.registry, tool.device)):
             # outside the scope and never listed are told alike: the answer does not say what exists
             return call_result(Reply(f"no tool named {shown} on the devices in the scope of token '{token.name}' "
                                      f"({token.scope_text()}); list the tools again", is_error=True))

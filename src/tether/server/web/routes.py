@@ -19,7 +19,7 @@ from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.server.api import _view, require
+from tether.server.http.api import _view, require
 from tether.server.store.tokens import TokenInfo
 from tether.server.web.sessions import COOKIE, WebSessions
 

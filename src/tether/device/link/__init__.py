@@ -1,0 +1,1 @@
+"""The device's AIP link to a server: connection, outbox, reconnect, keep-alive, batches, enrolment, TLS pin."""
