@@ -1,9 +1,15 @@
 """`/mcp` as an OAuth protected resource (RFC 9728): its Protected Resource Metadata at both well-known URLs,
 the `resource_metadata` pointer on every 401, and the official `mcp` Python SDK's OAuth discovery
-(`mcp.client.auth`) finding and accepting that document."""
+(`mcp.client.auth`) and the official TypeScript SDK's (`client/auth`, tests/gateway/node/auth_discovery.cjs)
+finding and accepting that document."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import shutil
+import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -18,6 +24,7 @@ INIT = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
     "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "curl", "version": "1"}}}
 MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
 ISSUER = "https://issuer.example.com/realms/fleet"
+NODE_MODULES = Path(__file__).resolve().parents[2] / ".tether-test-node" / "node_modules"
 
 
 @pytest.fixture
@@ -103,3 +110,23 @@ async def test_the_sdk_oauth_discovery_reads_the_metadata(tmp_path: Path) -> Non
         assert metadata.scopes_supported == list(SCOPES) and metadata.bearer_methods_supported == ["header"]
     finally:
         await server.stop()
+
+
+@pytest.mark.skipif(shutil.which("node") is None or not (NODE_MODULES / "@modelcontextprotocol" / "sdk").exists(),
+                    reason="node or the TypeScript SDK (npm install --prefix .tether-test-node "
+                           "@modelcontextprotocol/sdk) is missing")
+@pytest.mark.parametrize("bad", [None, "nope"])
+async def test_the_typescript_sdk_oauth_discovery_reads_the_metadata(server: GatewayServer, bad: str | None) -> None:
+    """The TypeScript SDK accepts metadata without `authorization_servers` (RFC 9728 makes it optional)."""
+    script = Path(__file__).parent / "node" / "auth_discovery.cjs"
+    process = await asyncio.create_subprocess_exec(
+        "node", str(script), server.mcp_url, *([bad] if bad else []), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, env={**os.environ, "NODE_PATH": str(NODE_MODULES)})
+    out, err = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, err.decode()
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["status"] == 401 and report["error"] == ("invalid_token" if bad else None)
+    assert report["pointer"] == f"{server.base}/.well-known/oauth-protected-resource/mcp"
+    for document in (report["byPointer"], report["byWellKnown"]):
+        assert document["resource"] == server.mcp_url and document["scopes_supported"] == list(SCOPES)
+    assert report["allowed"] is True
