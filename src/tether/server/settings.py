@@ -211,7 +211,7 @@ class ServerSettings(BaseModel):
         "the server's scheme, host and port otherwise"))
     mcp_authorization_servers: list[str] = Field(default_factory=list, description=(
         "OAuth authorization servers (issuer URLs) named in /mcp's Protected Resource Metadata (RFC 9728); "
-        "empty: tether's own API tokens, which need none (docs/mcp-gateway.md)"))
+        "empty: tether's own API tokens, which need none (docs/gateway.md)"))
     four_eyes: bool = Field(False, description=(
         "approvals need a second person: the token that asked for an action (created the task, sent the "
         "command) may not approve it; see docs/security/approvals.md"))
