@@ -32,11 +32,12 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad arguments, or a bad config, policy or plan file (click's usage errors are 2 as well)
     WAITING = 3  # a person must act: a question left unanswered, an approval pending
     UNREACHABLE = 4  # the server could not be reached, or the connection to it was lost
+    # Ctrl-C (SIGINT), as a shell reports it (typer's own code for an interrupted command too): a server's task
+    # goes on
+    INTERRUPTED = 130
 
 
-# Ctrl-C (SIGINT), as a shell reports it (typer's own code for an interrupted command too): a server's task
-# goes on. Not an `ExitCode` member until README's "Exit codes" table has its row (docs/cli-exit-codes.md).
-INTERRUPTED = 130
+INTERRUPTED = ExitCode.INTERRUPTED
 
 
 class _Option(TyperOption):
