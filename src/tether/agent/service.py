@@ -253,11 +253,17 @@ class TaskService:
         still running is waited for, and only an outcome that stays unknown is put to the person."""
         device = flight.device or task.device
         seen = task.events[-1].seq if task.events else -1
-        outcome = await self._step_outcome(task, device, flight) if device else None
-        if task.id not in self._live or self._closing:
-            return  # lost to another server meanwhile, or shutting down: the next owner asks again
+        outcome: CallOutcome | None = None
+        why: str | None = "the step names no device"
+        try:
+            outcome = await self._step_outcome(task, device, flight) if device else None
+        except Exception as exc:  # a bug must not leave the task unsettled: the person is asked instead
+            logger.exception("task %s: could not ask device %s about step %d", task.id, device, flight.index + 1)
+            why = f"the device could not be asked: {exc}"
+        if task.id not in self._live or self._closing or task.state.terminal:
+            return  # lost to another server or cancelled meanwhile, or shutting down: the next owner asks again
         known = outcome.result if outcome is not None and outcome.state == OUTCOME_FINISHED else None
-        why = outcome.note if outcome is not None else "the step names no device"
+        why = outcome.note if outcome is not None else why
         if known is not None and device:
             logger.warning("task %s: step %d had finished on device %s before the server stopped (%s): its "
                            "result is taken from the device", task.id, flight.index + 1, device, known.status.value)
@@ -665,6 +671,10 @@ class TaskService:
         if running is not None:
             running[1].cancel()
             await asyncio.gather(running[1], return_exceptions=True)
+        asking = self._asking.get(task.id)
+        if asking is not None:  # its device is being asked about the step in flight: no longer needed
+            asking.cancel()
+            await asyncio.gather(asking, return_exceptions=True)
         if not task.state.terminal:  # not running (waiting after a restart): end it here
             task.error = "cancelled"
             self._on_event(task, task.transition(TaskState.CANCELLED, error="cancelled"))

@@ -238,8 +238,8 @@ class DeviceHub:
         Never raises: each call_id maps to its `CallOutcome`, `unknown` with a `note` saying why when the
         device is offline, did not answer in time (a device that predates the query answers nothing),
         answered with an error, or did not mention the call."""
-        asked = [c if c.response_id else CallRef(call_id=c.call_id, response_id=self.store.audit.response_of(
-            device, c.call_id)) for c in calls]
+        asked = [c if c.response_id else CallRef(call_id=c.call_id, response_id=self._audited_batch(device, c.call_id))
+                 for c in calls]
         message = ServerMessage(type=ServerMessageType.OUTCOME_QUERY,
                                 payload={"calls": [c.model_dump(exclude_none=True) for c in asked]})
 
@@ -264,6 +264,14 @@ class DeviceHub:
             if outcome.call_id in known:
                 known[outcome.call_id] = outcome
         return known
+
+    def _audited_batch(self, device: str, call_id: str) -> str | None:
+        """The response_id the audit log has for `call_id` on `device`; None when it has none or cannot say."""
+        try:
+            return self.store.audit.response_of(device, call_id)
+        except Exception as exc:  # the store is unavailable: the device may still know the call_id alone
+            logger.warning("could not read the batch of call %s from the audit log: %s", call_id, exc)
+            return None
 
     def deliver_event(self, batch: PendingBatch, event: Event) -> None:
         """An event of `batch` from its device (here, or through the node holding it): its questions are
