@@ -70,3 +70,33 @@ async def test_the_node_taking_over_takes_the_finished_step_from_the_device(kit:
     assert any(e["kind"] == "step_finished" and e["data"].get("from_device") for e in task["events"])
     status, error = audit_row(kit, call_t2)
     assert status == "success", (status, error)  # a's `sent` row, settled by the node that learned the outcome
+
+
+async def test_a_step_still_running_is_waited_for_then_taken_from_the_device(kit: ClusterKit, runs: Runs) -> None:
+    a = await kit.start_node("a")
+    b = await kit.start_node("b")
+    laptop = await kit.start_device("laptop", [b], extra=["--policy", str(runs.policy)])
+    await laptop.process.wait_line("registered as")
+    plan = [runs.step("w1", gated=True), runs.step("w2")]
+    created = await kit.http(a).post("/tasks", json={"request": "two counted steps", "device": "laptop",
+                                                     "plan": plan})
+    assert created.status_code == 201, created.text
+    task_id = created.json()["id"]
+    await asyncio.to_thread(runs.wait_started, "w1")
+    await kit.kill_node(a)
+
+    async with asyncio.timeout(WAIT):  # b takes the task over and finds the step still running on the device
+        while not any(e["kind"] == "waiting_for_step"
+                      for e in (await kit.http(b).get(f"/tasks/{task_id}")).json()["events"]):
+            await asyncio.sleep(0.2)
+    assert runs.open_gate("w1")
+    async with asyncio.timeout(WAIT):
+        while (task := (await kit.http(b).get(f"/tasks/{task_id}")).json())["state"] == "running":
+            await asyncio.sleep(0.2)
+    assert task["state"] == "done", (task["state"], task.get("questions"), task.get("error"))
+    assert not task.get("questions")
+    assert runs.counts() == {"w1": 1, "w2": 1}
+    [w1] = [s for s in task["steps"] if s["index"] == 0]
+    assert w1["result"]["status"] == "success" and w1["result"]["result"]["stdout"] == "out:w1\n"
+    status, error = audit_row(kit, w1["command"]["call_id"])
+    assert status == "success", (status, error)
