@@ -1,6 +1,10 @@
 """CPU time of tether's start-up, each against a bare-interpreter anchor measured in the same run.
 
-    python -m bench.cli_startup [REPEATS]
+    python -m bench.cli_startup [REPEATS] [--base SRC]
+
+With `--base SRC` (a `src` directory of another checkout, e.g. `git archive BASE src | tar -x -C /tmp/b`),
+every tether row runs a second time with that tree first on PYTHONPATH, in the same rotation: a
+before/after comparison measured interleaved on the same machine.
 
 The machine this runs on is usually shared, so wall-clock is noise: every figure here is the CPU time
 (user + system) of the process, which other load inflates far less. Rows:
@@ -25,7 +29,6 @@ import asyncio
 import os
 import resource
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -58,9 +61,9 @@ def _proc_cpu(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / _TICK  # utime stime cutime cstime
 
 
-async def _device_cpu(server: _Server) -> float:
+async def _device_cpu(server: _Server, extra_env: dict[str, str]) -> float:
     """CPU seconds `tether device` spends from spawn to its "registered as" line."""
-    env = {**_env(server.tmp), "TETHER_DEVICE_TOKEN": server.secret}
+    env = {**_env(server.tmp), "TETHER_DEVICE_TOKEN": server.secret, **extra_env}
     proc = await asyncio.create_subprocess_exec(
         *TETHER, "device", "--server", f"ws://127.0.0.1:{server.port}", "--name", "bench",
         "--state-dir", str(server.tmp / "device"), env=env, stdin=asyncio.subprocess.DEVNULL,
@@ -72,7 +75,7 @@ async def _device_cpu(server: _Server) -> float:
         await _stop(proc)
 
 
-async def measure_async(repeats: int) -> dict[str, list[float]]:
+async def measure_async(repeats: int, base: Path | None = None) -> dict[str, list[float]]:
     from websockets.asyncio.server import serve
 
     async def echo(ws: object) -> None:
@@ -89,13 +92,16 @@ async def measure_async(repeats: int) -> dict[str, list[float]]:
             try:
                 rows: dict[str, Callable[[], Awaitable[float]]] = {
                     "python -c pass": lambda: _cpu_of_run([PY, "-c", "pass"], env),
-                    "tether --help": lambda: _cpu_of_run([*TETHER, "--help"], env),
-                    "tether exec get_system_info (local)": lambda: _cpu_of_run(
-                        [*TETHER, "exec", "get_system_info", "info_type=os"], env),
                     "python + websockets, one echo": lambda: _cpu_of_run(
                         [PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], env),
-                    "tether device launch -> registered": lambda: _device_cpu(server),
                 }
+                trees = {"": {}} if base is None else {"": {}, " [base]": {"PYTHONPATH": str(base)}}
+                for label, extra in trees.items():
+                    tree_env = {**env, **extra}
+                    rows[f"tether --help{label}"] = lambda e=tree_env: _cpu_of_run([*TETHER, "--help"], e)
+                    rows[f"tether exec get_system_info (local){label}"] = lambda e=tree_env: _cpu_of_run(
+                        [*TETHER, "exec", "get_system_info", "info_type=os"], e)
+                    rows[f"tether device launch -> registered{label}"] = lambda x=extra: _device_cpu(server, x)
                 for run in rows.values():  # warm-up: the page cache and the .pyc files
                     await run()
                 samples: dict[str, list[float]] = {name: [] for name in rows}
@@ -108,19 +114,26 @@ async def measure_async(repeats: int) -> dict[str, list[float]]:
     return samples
 
 
-def measure(repeats: int) -> dict[str, list[float]]:
-    """Every row's CPU seconds, `repeats` interleaved runs each; prints the table."""
+def measure(repeats: int, base: Path | None = None) -> dict[str, list[float]]:
+    """Every row's CPU seconds, `repeats` interleaved runs each (and each tether row again with `base`
+    first on PYTHONPATH when given); prints the table."""
     started = time.perf_counter()
-    samples = asyncio.run(measure_async(repeats))
+    samples = asyncio.run(measure_async(repeats, base))
     floor = statistics.median(samples["python -c pass"])
-    print(f"{'row':<40} {'median CPU ms':>14} {'spread ms':>16} {'x python -c pass':>17}")
+    print(f"{'row':<47} {'median CPU ms':>14} {'spread ms':>16} {'x python -c pass':>17}")
     for name, values in samples.items():
         ms = [v * 1000 for v in values]
-        print(f"{name:<40} {statistics.median(ms):14.0f} {min(ms):7.0f}..{max(ms):<7.0f} "
+        print(f"{name:<47} {statistics.median(ms):14.0f} {min(ms):7.0f}..{max(ms):<7.0f} "
               f"{statistics.median(values) / floor if floor else float('nan'):16.1f}x")
     print(f"n={repeats} each, {time.perf_counter() - started:.0f} s")
     return samples
 
 
 if __name__ == "__main__":
-    measure(int(sys.argv[1]) if len(sys.argv) > 1 else 10)
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("repeats", type=int, nargs="?", default=10)
+    parser.add_argument("--base", type=Path, help="another checkout's src directory, measured interleaved")
+    args = parser.parse_args()
+    measure(args.repeats, args.base.resolve() if args.base else None)
