@@ -21,6 +21,7 @@ from starlette.requests import ClientDisconnect
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRecord, NoDeviceError
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
@@ -442,7 +443,8 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
 
     dispatcher = hub.dispatcher(name, session_id=session_id, agent_name=batch.agent_name,
                                 process_name=batch.process_name, root_name=batch.root_name,
-                                on_event=on_event if stream else None, requested_by=f"api:{who.name}")
+                                on_event=on_event if stream else None, requested_by=f"api:{who.name}",
+                                asker=TokenRef(who.name, who.agent))
     response_id = new_call_id()
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
                                       response_id=response_id)
@@ -627,14 +629,21 @@ async def answer_question(name: str, question: str, body: QuestionAnswer, reques
                           who: Annotated[TokenInfo, Depends(require("approve"))]) -> dict[str, Any]:
     """Answer an MCP server's question. The `approve` scope, not `execute`: an answer lets a tool go on
     in a way a person chose (often a yes to something it is about to do), as an approval does, so a
-    token that may only run commands (an agent's) cannot answer the questions meant for a person."""
+    token that may only run commands (an agent's) cannot answer the questions meant for a person.
+
+    The question is its command's caller's (`approvals.check_answerer`): a person answers the questions of
+    their own commands; those of an agent's command go to a person holding `approve` for the device; with
+    four-eyes on, one that asks for consent needs a person other than the caller. Any other token: 403."""
     hub = _hub(request)
     _record(hub, name, who)  # a question of a device outside the token's scope is not there for it
     question = question[:64]
     require_approver(who, f"answer question '{question}' of device '{name}'",
                      how_a_person_approves(str(request.base_url), device=name, question=question))
     try:
-        sent = await hub.answer_question(name, question, body.action, body.content, by=f"api:{who.name}")
+        sent = await hub.answer_question(name, question, body.action, body.content, by=f"api:{who.name}",
+                                         answerer=TokenRef(who.name, who.agent))
+    except ApprovalRefused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
     except LookupError as exc:
         raise HTTPException(409, str(exc)) from None
     if not sent:
