@@ -1,0 +1,178 @@
+"""An external MCP server's question belongs to the command that raised it (issue 27, "scopes that are not
+scopes": any approve-scope token could answer anyone's question).
+
+Tried as an attacker would: a second person's token answers a question asked during someone else's
+command (refused, 403, and the question still waits for its caller); an agent's command's question goes
+to a person; with four-eyes on, the person who ran the command cannot give the consent its MCP server asks
+for (another person does), while a question asking for information stays theirs. Real things only: a
+`tether server` process, a `tether device` process serving tests/servers/consenting.py (a real stdio MCP
+server that elicits), REST with server-sent events.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.kits.netutil import Cluster
+
+CONSENTING = str(Path(__file__).parent.parent / "servers" / "consenting.py")
+
+
+def mcp_config(tmp_path: Path) -> Path:
+    path = tmp_path / "mcp.json"
+    path.write_text(json.dumps({"mcpServers": {"consenting": {"command": sys.executable, "args": [CONSENTING]}}}))
+    return path
+
+
+class People:
+    """The server, device `alpha` serving the consenting MCP server, and three API tokens: alice and bob
+    (people holding approve) and an agent's (read, execute)."""
+
+    def __init__(self, cluster: Cluster, tmp_path: Path) -> None:
+        self.cluster = cluster
+        proc = cluster.device("alpha", extra=("--config", str(mcp_config(tmp_path))))
+        cluster.wait_online("alpha", proc)
+        self.http = httpx.Client(base_url=f"http://127.0.0.1:{cluster.port}", timeout=60)
+        self.tokens: dict[str, dict[str, str]] = {}
+        for name, scopes, agent in (("alice", ["read", "execute", "approve"], False),
+                                    ("bob", ["read", "execute", "approve"], False),
+                                    ("robot", ["read", "execute"], True)):
+            made = self.http.post("/api/v1/tokens", json={"kind": "api", "name": name, "scopes": scopes,
+                                                          "agent": agent},
+                                  headers={"Authorization": f"Bearer {cluster.api_token}"})
+            assert made.status_code == 201, made.text
+            self.tokens[name] = {"Authorization": f"Bearer {made.json()['token']}"}
+
+    def close(self) -> None:
+        self.http.close()
+
+    def run(self, who: str, tool: str, params: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        """(event, data) pairs of `who` running `tool` on alpha with a server-sent event stream."""
+        body = {"commands": [{"tool_name": tool, "parameters": params}], "timeout": 60}
+        headers = {**self.tokens[who], "Accept": "text/event-stream"}
+        with self.http.stream("POST", "/api/v1/devices/alpha/commands", json=body, headers=headers) as response:
+            assert response.status_code == 200, response.read()
+            name = ""
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    name = line.removeprefix("event: ")
+                elif line.startswith("data: "):
+                    yield name, json.loads(line.removeprefix("data: "))
+
+    def answer(self, who: str, question: str, action: str, content: dict[str, Any] | None) -> httpx.Response:
+        return self.http.post(f"/api/v1/devices/alpha/questions/{question}",
+                              json={"action": action, "content": content}, headers=self.tokens[who])
+
+    def ask_and_answer(self, caller: str, tool: str, params: dict[str, Any],
+                       attempts: list[tuple[str, str, dict[str, Any] | None, int]]) -> tuple[dict[str, Any], Any]:
+        """`caller` runs `tool`; when its MCP server asks, each (who, action, content, status) answer is
+        tried in order and must get `status`. The question's event data and the command's result."""
+        asked: dict[str, Any] = {}
+        result: Any = None
+        for name, data in self.run(caller, tool, params):
+            if name == "event" and data["kind"] == "elicitation":
+                asked = data["data"]
+                for who, action, content, status in attempts:
+                    tried = self.answer(who, asked["id"], action, content)
+                    assert tried.status_code == status, (who, tried.status_code, tried.text)
+                    if status == 403:
+                        assert set(tried.json()) == {"error"}, tried.text
+            elif name == "results":
+                [result] = data["results"]
+                break
+        assert asked, f"the MCP server asked nothing: {result}"
+        return asked, result
+
+
+@pytest.fixture
+def people(tmp_path: Path) -> Iterator[People]:
+    cluster = Cluster(tmp_path)
+    p = People(cluster, tmp_path)
+    yield p
+    p.close()
+    cluster.close()
+
+
+@pytest.fixture
+def four_eyes(tmp_path: Path) -> Iterator[People]:
+    cluster = Cluster(tmp_path, server_args=("--four-eyes",))
+    p = People(cluster, tmp_path)
+    yield p
+    p.close()
+    cluster.close()
+
+
+def test_another_person_cannot_answer_a_callers_question(people: People) -> None:
+    # bob holds approve for every device, yet the question asked during alice's command is hers: refused,
+    # and it still waits — alice answers it and her command goes on with her answer, not bob's
+    refused: list[str] = []
+    asked: dict[str, Any] = {}
+    result: Any = None
+    for name, data in people.run("alice", "pick_colour", {"question": "Which colour?"}):
+        if name == "event" and data["kind"] == "elicitation":
+            asked = data["data"]
+            tried = people.answer("bob", asked["id"], "accept", {"colour": "black"})
+            assert tried.status_code == 403, tried.text
+            refused.append(tried.json()["error"])
+            ok = people.answer("alice", asked["id"], "accept", {"colour": "green"})
+            assert ok.status_code == 200, ok.text
+        elif name == "results":
+            [result] = data["results"]
+            break
+    # the person sees whose question it is and what kind; the refusal names who answers and how
+    assert asked["asker"] == "alice" and asked["asker_agent"] is False and asked["approval"] is False
+    [error] = refused
+    assert "'alice'" in error and "'bob' may not" in error and "/api/v1/devices/alpha/questions/" in error, error
+    assert result["status"] == "success" and "accept: green" in json.dumps(result["result"]), result
+
+
+def test_an_agents_question_goes_to_a_person(people: People) -> None:
+    asked, result = people.ask_and_answer("robot", "pick_colour", {"question": "Which colour?"}, [
+        ("robot", "accept", {"colour": "red"}, 403),  # an agent never answers (no approve, and never could)
+        ("bob", "accept", {"colour": "blue"}, 200)])
+    assert asked["asker"] == "robot" and asked["asker_agent"] is True
+    assert result["status"] == "success" and "accept: blue" in json.dumps(result["result"]), result
+
+
+def test_the_caller_answers_its_own_consent_question_without_four_eyes(people: People) -> None:
+    asked, result = people.ask_and_answer("alice", "drop_record", {"name": "orders"}, [
+        ("bob", "accept", {"confirm": True}, 403),
+        ("alice", "accept", {"confirm": True}, 200)])
+    assert asked["approval"] is True
+    assert "dropped orders" in json.dumps(result["result"]), result
+
+
+def test_four_eyes_the_requester_cannot_consent_to_its_own_command(four_eyes: People) -> None:
+    asked, result = four_eyes.ask_and_answer("alice", "drop_record", {"name": "orders"}, [
+        ("alice", "accept", {"confirm": True}, 403),
+        ("bob", "decline", None, 200)])
+    assert asked["asker"] == "alice" and asked["approval"] is True
+    assert result["status"] == "success" and "decline" in json.dumps(result["result"]), result
+    _, again = four_eyes.ask_and_answer("alice", "drop_record", {"name": "invoices"}, [
+        ("bob", "accept", {"confirm": True}, 200)])
+    assert "dropped invoices" in json.dumps(again["result"]), again
+
+
+def test_four_eyes_refusal_names_four_eyes(four_eyes: People) -> None:
+    for name, data in four_eyes.run("alice", "drop_record", {"name": "users"}):
+        if name == "event" and data["kind"] == "elicitation":
+            mine = four_eyes.answer("alice", data["data"]["id"], "accept", {"confirm": True})
+            assert mine.status_code == 403 and "four-eyes" in mine.json()["error"], mine.text
+            assert four_eyes.answer("bob", data["data"]["id"], "decline", None).status_code == 200
+        elif name == "results":
+            break
+
+
+def test_four_eyes_leaves_an_information_question_to_its_caller(four_eyes: People) -> None:
+    asked, result = four_eyes.ask_and_answer("alice", "pick_colour", {"question": "Which colour?"}, [
+        ("bob", "accept", {"colour": "black"}, 403),
+        ("alice", "accept", {"colour": "teal"}, 200)])
+    assert asked["approval"] is False
+    assert "accept: teal" in json.dumps(result["result"]), result
