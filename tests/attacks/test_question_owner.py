@@ -17,9 +17,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
+import mcp_types as types
 import pytest
 
+from tests.kits.gateway import mcp_client
 from tests.kits.netutil import Cluster
 
 CONSENTING = str(Path(__file__).parent.parent / "servers" / "consenting.py")
@@ -33,7 +36,7 @@ def mcp_config(tmp_path: Path) -> Path:
 
 class People:
     """The server, device `alpha` serving the consenting MCP server, and three API tokens: alice and bob
-    (people holding approve) and an agent's (read, execute)."""
+    (people holding approve) and an agent's (read, execute); `secrets` are the tokens themselves."""
 
     def __init__(self, cluster: Cluster, tmp_path: Path) -> None:
         self.cluster = cluster
@@ -41,6 +44,7 @@ class People:
         cluster.wait_online("alpha", proc)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{cluster.port}", timeout=60)
         self.tokens: dict[str, dict[str, str]] = {}
+        self.secrets: dict[str, str] = {}
         for name, scopes, agent in (("alice", ["read", "execute", "approve"], False),
                                     ("bob", ["read", "execute", "approve"], False),
                                     ("robot", ["read", "execute"], True)):
@@ -49,6 +53,7 @@ class People:
                                   headers={"Authorization": f"Bearer {cluster.api_token}"})
             assert made.status_code == 201, made.text
             self.tokens[name] = {"Authorization": f"Bearer {made.json()['token']}"}
+            self.secrets[name] = made.json()["token"]
 
     def close(self) -> None:
         self.http.close()
@@ -176,3 +181,43 @@ def test_four_eyes_leaves_an_information_question_to_its_caller(four_eyes: Peopl
         ("alice", "accept", {"colour": "teal"}, 200)])
     assert asked["approval"] is False
     assert "accept: teal" in json.dumps(result["result"]), result
+
+
+async def test_the_gateway_asks_its_client_only_what_the_caller_may_answer(four_eyes: People) -> None:
+    """Through the MCP gateway: alice's client is asked the information question of her call and answers it;
+    under four-eyes the consent question of her next call is not put to her client (she may not give it):
+    it waits, and bob answers it over REST."""
+    asked: list[str] = []
+
+    async def elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"colour": "teal"})
+
+    url = f"http://127.0.0.1:{four_eyes.cluster.port}/mcp"
+    questions: list[dict[str, Any]] = []
+
+    async def progress(done: float, total: float | None, message: str | None) -> None:
+        if message and message.startswith("elicitation: "):
+            questions.append(json.loads(message.removeprefix("elicitation: ")))
+
+    async def bob_answers() -> None:
+        with anyio.fail_after(60):
+            while not questions:
+                await anyio.sleep(0.05)
+        answered = await anyio.to_thread.run_sync(
+            lambda: four_eyes.answer("bob", questions[0]["id"], "accept", {"confirm": True}))
+        assert answered.status_code == 200, answered.text
+
+    async with mcp_client(url, four_eyes.secrets["alice"], elicitation_callback=elicitation) as client:
+        with anyio.fail_after(60):  # the device lists its external server's tools once that server has started
+            while "alpha__drop_record" not in {t.name for t in (await client.list_tools()).tools}:
+                await anyio.sleep(0.2)
+        colour = await client.call_tool("alpha__pick_colour", {"question": "Which colour?"})
+        assert not colour.is_error and "accept: teal" in json.dumps(colour.structured_content), colour
+        assert len(asked) == 1 and "Which colour?" in asked[0]
+        async with anyio.create_task_group() as group:
+            group.start_soon(bob_answers)
+            dropped = await client.call_tool("alpha__drop_record", {"name": "orders"}, progress_callback=progress)
+    assert not dropped.is_error and "dropped orders" in json.dumps(dropped.structured_content), dropped
+    assert len(asked) == 1  # the consent question never reached alice's client
+    assert questions[0]["asker"] == "alice" and questions[0]["approval"] is True
