@@ -11,6 +11,7 @@ server that elicits), REST with server-sent events.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sys
 from collections.abc import Iterator
@@ -221,3 +222,62 @@ async def test_the_gateway_asks_its_client_only_what_the_caller_may_answer(four_
     assert not dropped.is_error and "dropped orders" in json.dumps(dropped.structured_content), dropped
     assert len(asked) == 1  # the consent question never reached alice's client
     assert questions[0]["asker"] == "alice" and questions[0]["approval"] is True
+
+
+async def test_over_a_cluster_the_node_holding_the_batch_decides(tmp_path: Path) -> None:
+    """Two nodes on one Redis; alpha is held by n2, alice's command arrives at n1. bob answering at either
+    node is refused (n2 holds the batch n1 routed, with its caller); alice's answer given at n1 is carried,
+    with who gave it, to n2, which sends it on."""
+    from bench.kit.engines import redis_server
+    from tests.kits.cluster import ClusterKit
+
+    with redis_server() as engine:
+        async with ClusterKit(tmp_path, redis=engine) as kit:
+            n1, n2 = await kit.start_node("n1"), await kit.start_node("n2")
+            device = await kit.start_device("alpha", [n2], extra=["--config", str(mcp_config(tmp_path))])
+            await device.registered()  # given n2 only: held there
+            secrets: dict[str, str] = {}
+            for name in ("alice", "bob"):
+                made = await kit.http(n1).post("/tokens", json={"kind": "api", "name": name,
+                                                                "scopes": ["read", "execute", "approve"]})
+                assert made.status_code == 201, made.text
+                secrets[name] = made.json()["token"]
+
+            async def answer(who: str, node: Any, question: str, colour: str) -> httpx.Response:
+                async with httpx.AsyncClient(base_url=f"{node.url}/api/v1", timeout=30) as http:
+                    return await http.post(f"/devices/alpha/questions/{question}",
+                                           json={"action": "accept", "content": {"colour": colour}},
+                                           headers={"Authorization": f"Bearer {secrets[who]}"})
+
+            async def run(attempts: list[tuple[str, Any, str, int]]) -> dict[str, Any]:
+                body = {"commands": [{"tool_name": "pick_colour", "parameters": {"question": "Which colour?"}}],
+                        "timeout": 60}
+                headers = {"Authorization": f"Bearer {secrets['alice']}", "Accept": "text/event-stream"}
+                kind, result = "", None
+                async with httpx.AsyncClient(base_url=f"{n1.url}/api/v1", timeout=httpx.Timeout(90)) as http, \
+                        http.stream("POST", "/devices/alpha/commands", json=body, headers=headers) as response:
+                    assert response.status_code == 200, await response.aread()
+                    async for line in response.aiter_lines():
+                        if line.startswith("event: "):
+                            kind = line.removeprefix("event: ")
+                        elif line.startswith("data: ") and kind == "event":
+                            event = json.loads(line.removeprefix("data: "))
+                            if event["kind"] == "elicitation":
+                                assert event["data"]["asker"] == "alice", event
+                                for who, node, colour, status in attempts:
+                                    tried = await answer(who, node, event["data"]["id"], colour)
+                                    assert tried.status_code == status, (who, node.name, tried.text)
+                        elif line.startswith("data: ") and kind == "results":
+                            [result] = json.loads(line.removeprefix("data: "))["results"]
+                            break
+                assert result is not None
+                return result
+
+            # the external server starts after the device registers: wait until n2's device lists its tools
+            async with asyncio.timeout(60):
+                while "pick_colour" not in json.dumps((await kit.http(n2).get("/devices/alpha/tools")).json()):
+                    await asyncio.sleep(0.2)
+            first = await run([("bob", n1, "black", 403), ("bob", n2, "black", 403), ("alice", n1, "green", 200)])
+            assert "accept: green" in json.dumps(first["result"]), first
+            second = await run([("bob", n2, "black", 403), ("alice", n2, "red", 200)])
+            assert "accept: red" in json.dumps(second["result"]), second
