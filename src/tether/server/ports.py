@@ -29,7 +29,7 @@ if TYPE_CHECKING:
 
     from tether.protocol.messages import ClientMessage, Event, ServerMessage
     from tether.protocol.models import Command, Result
-    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.batches import PendingBatch, TokenRef
 
 Outcome = tuple[str, str | None, str, str | None]  # (response_id, call_id, status, error) of one audit row
 
@@ -62,8 +62,9 @@ class RemoteDevices(Protocol):
         """Cancel a batch another node of the cluster started; False when no node has it."""
 
     async def answer_question(self, device: str, question: str, action: str, content: dict[str, Any] | None,
-                              by: str) -> bool:
-        """Send an answer to a question an external MCP server of `device` asked, on the node holding it."""
+                              by: str, answerer: TokenRef | None = None) -> bool:
+        """Send an answer to a question an external MCP server of `device` asked, on the node holding it,
+        which checks again that `answerer` may give it (`approvals.ApprovalRefused` when not)."""
 
     def relay(self, topic: str, data: dict[str, Any]) -> None:
         """Tell every other node's `on_relay(topic)` listeners `data` (in order, without waiting): how a
@@ -87,9 +88,11 @@ class BatchSender(Protocol):
         """The cluster the sender hands other nodes' devices to, or None on a single server."""
 
     async def send_batch(self, device: str, message: ServerMessage, *,
-                         on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
+                         on_event: Callable[[Event], None] | None = None, here_only: bool = False,
+                         asker: TokenRef | None = None) -> PendingBatch:
         """Send the COMMAND `message` to `device` (or queue it, or route it); the batch finishes when its
-        results are in, or already `done` with `error` when it cannot be sent."""
+        results are in, or already `done` with `error` when it cannot be sent. `asker` is the API token
+        whose command it is (the caller its MCP servers' questions belong to)."""
 
     async def cancel(self, response_id: str, reason: str = "cancelled", *, pending: bool = False) -> bool:
         """Finish the batch `response_id` with `reason` and tell its device to stop; False when unknown."""
@@ -136,8 +139,9 @@ class DeviceFleet(Protocol):
     def connected(self, device: str) -> bool:
         """Whether a batch for `device` can go out now."""
 
-    def dispatcher(self, device: str, *, requested_by: str = "unknown") -> BatchDispatcher:
-        """A dispatcher for `device`, auditing its batches as `requested_by`."""
+    def dispatcher(self, device: str, *, requested_by: str = "unknown",
+                   asker: TokenRef | None = None) -> BatchDispatcher:
+        """A dispatcher for `device`, auditing its batches as `requested_by`, run for the API token `asker`."""
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call `listener(device)` when a device registers, leaves or changes; returns its remover."""

@@ -53,16 +53,17 @@ from tether.protocol.session import (
     SessionEvent,
 )
 from tether.protocol.wire import CloseCode
-from tether.server.aip.batches import PendingBatch
+from tether.server.aip.batches import PendingBatch, TokenRef
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
 from tether.server.aip.link import DeviceLink, close_socket
 from tether.server.aip.liveness import GracePeriods, watch_liveness
-from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
+from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling, asks_consent
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.router import BatchRouter
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
+from tether.server.approvals import check_answerer, how_a_person_approves, server_url
 from tether.server.ports import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
@@ -143,13 +144,14 @@ class DeviceHub:
     def dispatcher(self, device: str, *, session_id: str | None = None, agent_name: str | None = None,
                    process_name: str | None = None, root_name: str | None = None,
                    on_event: Callable[[Event], None] | None = None,
-                   requested_by: str = "unknown") -> WebSocketCommandDispatcher:
-        """A dispatcher for `device` whose batches go through this hub and are audited in its store."""
+                   requested_by: str = "unknown", asker: TokenRef | None = None) -> WebSocketCommandDispatcher:
+        """A dispatcher for `device` whose batches go through this hub and are audited in its store;
+        `asker` is the API token they run for (the one their MCP servers' questions belong to)."""
         return WebSocketCommandDispatcher(self._router, self.store.audit, device,
                                           default_timeout=self.settings.default_command_timeout,
                                           session_id=session_id, agent_name=agent_name,
                                           process_name=process_name, root_name=root_name, on_event=on_event,
-                                          requested_by=requested_by)
+                                          requested_by=requested_by, asker=asker)
 
     def connected(self, device: str) -> bool:
         """Whether a batch for `device` can go out now: its socket is here, or another node holds it."""
@@ -275,8 +277,15 @@ class DeviceHub:
 
     def deliver_event(self, batch: PendingBatch, event: Event) -> None:
         """An event of `batch` from its device (here, or through the node holding it): its questions are
-        remembered for answers, and the batch's caller gets it."""
+        remembered for answers, and the batch's caller gets it. A question names whose it is (`asker`, the
+        caller's token, and `asker_agent`) and whether it asks for consent (`approval`), so the person who
+        sees it knows who asked and who may answer."""
         if event.kind.startswith("elicitation"):
+            if event.kind == "elicitation" and "id" in event.data:
+                event = event.model_copy(update={"data": {
+                    **event.data, "asker": batch.asker.name if batch.asker is not None else None,
+                    "asker_agent": batch.asker.agent if batch.asker is not None else None,
+                    "approval": asks_consent(event.data.get("schema"))}})
             self._questions.note(batch.device, event)
         if batch.on_event is not None:
             try:
@@ -285,17 +294,27 @@ class DeviceHub:
                 logger.exception("on_event callback of batch %s failed", batch.response_id)
 
     async def answer_question(self, device: str, question: str, action: str,
-                              content: dict[str, Any] | None, *, by: str) -> bool:
+                              content: dict[str, Any] | None, *, by: str, answerer: TokenRef | None = None) -> bool:
         """Send a person's answer to the question an external MCP server of `device` asked; False when
-        no running batch of that device waits for it (answered, timed out, finished, never asked)."""
+        no running batch of that device waits for it (answered, timed out, finished, never asked).
+
+        `answerer` is the API token answering: `approvals.ApprovalRefused` (nothing sent, the question
+        still waits) unless it may answer this batch's question (`approvals.check_answerer`: its caller's
+        own, a person for an agent's command, another person for a consent question under four-eyes).
+        None is for a caller that decided itself (a task's question, through the task's route)."""
         response_id = self._questions.batch_of(device, question)
         batch = self._batches.pending.get(response_id or "")
         conn = self._conns.get(device)
         if response_id is None or batch is None or batch.device != device:
             self._questions.forget(device, question)
             return False
+        if answerer is not None:
+            check_answerer(batch.asker, answerer, consent=self._questions.consent(device, question),
+                           four_eyes=bool(getattr(self.settings, "four_eyes", False)),
+                           what=f"answer question '{question}' of device '{device}'",
+                           how=how_a_person_approves(server_url(self.settings), device=device, question=question))
         if batch.remote is not None and self.remote is not None:  # asked on the node holding the device
-            answered = await self.remote.answer_question(device, question, action, content, by)
+            answered = await self.remote.answer_question(device, question, action, content, by, answerer)
             self._questions.forget(device, question)
             return answered
         if conn is None or not conn.ready:
@@ -529,9 +548,10 @@ class DeviceHub:
         self._router.remote = remote
 
     async def send_batch(self, device: str, message: ServerMessage, *,
-                         on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
+                         on_event: Callable[[Event], None] | None = None, here_only: bool = False,
+                         asker: TokenRef | None = None) -> PendingBatch:
         """`BatchRouter.send_batch`: send a COMMAND batch, queue it or hand it to the node holding `device`."""
-        return await self._router.send_batch(device, message, on_event=on_event, here_only=here_only)
+        return await self._router.send_batch(device, message, on_event=on_event, here_only=here_only, asker=asker)
 
     def route(self, batch: PendingBatch, holder: str) -> None:
         """`BatchRouter.route`: let the node `holder` run `batch`."""

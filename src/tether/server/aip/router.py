@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType, TaskStatus
-from tether.server.aip.batches import BatchBook, PendingBatch
+from tether.server.aip.batches import BatchBook, PendingBatch, TokenRef
 from tether.server.aip.link import DeviceLink
 from tether.server.aip.liveness import GracePeriods
 from tether.server.aip.registry import DeviceRegistry
@@ -51,14 +51,16 @@ class BatchRouter:
         return self.book.pending.get(response_id)
 
     async def send_batch(self, device: str, message: ServerMessage, *,
-                         on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
+                         on_event: Callable[[Event], None] | None = None, here_only: bool = False,
+                         asker: TokenRef | None = None) -> PendingBatch:
         """Register a COMMAND batch and send it, or queue it while `device` is within its grace period,
         or (in a cluster, unless `here_only`) hand it to the node that holds the device.
 
-        Returns a batch already `done` (with `error`) when the device is offline or unknown.
+        Returns a batch already `done` (with `error`) when the device is offline or unknown. `asker` is
+        the API token whose command it is (`PendingBatch.asker`).
         """
         call_ids = [c.call_id for c in message.actions or [] if c.call_id]
-        batch = PendingBatch(message.response_id, device, message, on_event, outstanding=set(call_ids))
+        batch = PendingBatch(message.response_id, device, message, on_event, asker=asker, outstanding=set(call_ids))
         conn = self._links.get(device)
         if self.closed:
             batch.error = "the server is shutting down"

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from tether.protocol.messages import ClientMessage, ServerMessage
-    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.batches import PendingBatch, TokenRef
     from tether.server.aip.hub import DeviceHub
     from tether.server.aip.registry import DeviceRegistry
     from tether.server.settings import ServerSettings
@@ -185,12 +185,13 @@ class ClusterNode:
         return await self.router.cancel(sorted(self._alive), response_id, reason)
 
     async def answer_question(self, device: str, question: str, action: str, content: dict[str, Any] | None,
-                              by: str) -> bool:
+                              by: str, answerer: TokenRef | None = None) -> bool:
         holder = await self.holder(device)
         if holder is None or holder == self.node:
             return False
         return await self.router.answer(holder, {"device": device, "question": question, "action": action,
-                                                 "content": content, "by": by})
+                                                 "content": content, "by": by,
+                                                 "answerer": answerer.to_dict() if answerer is not None else None})
 
     async def call(self, node: str, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self._problem is not None:

@@ -18,12 +18,15 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from tether.protocol.identity import fingerprint
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRecord, NoDeviceError
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
+from tether.server.device_keys import device_key, parse_public_key, set_device_key
 from tether.server.http import internals
 from tether.server.http.coalesce import ON_DISCONNECT
 from tether.server.http.front import FastRoute
@@ -98,7 +101,8 @@ class TokenRequest(BaseModel):
         {"properties": {"scopes": {"maxItems": 0}, "devices": {"maxItems": 0}, "tags": {"maxItems": 0}}}], "allOf": [
         {"anyOf": [{"properties": {"kind": {"const": "api"}}}, {"properties": {"agent": {"const": False}}}]},
         {"anyOf": [{"properties": {"agent": {"const": False}}},
-                   {"properties": {"scopes": {"items": {"enum": ["read", "execute"]}}}}]}]})
+                   {"properties": {"scopes": {"items": {"enum": ["read", "execute"]}}}}]},
+        {"anyOf": [{"properties": {"kind": {"const": "device"}}}, {"properties": {"public_key": {"const": None}}}]}]})
 
     kind: Literal["device", "api"]
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
@@ -111,6 +115,10 @@ class TokenRequest(BaseModel):
                                                           "these tags")
     agent: bool = Field(False, description="an agent's API token: it may read and run, never approve (no approve "
                                            "or admin scope); `tether mcp config` makes these")
+    public_key: str | None = Field(None, max_length=1000, description=(
+        "a device token: the device's Ed25519 public key (as `tether device key` prints it, or PEM), enrolled "
+        "now instead of at its first registration; a device whose key is enrolled already must be given that "
+        "key (another one is `tether token rotate --device NAME --key ...`)"))
 
 
 class TokenCreated(BaseModel):
@@ -442,7 +450,8 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
 
     dispatcher = hub.dispatcher(name, session_id=session_id, agent_name=batch.agent_name,
                                 process_name=batch.process_name, root_name=batch.root_name,
-                                on_event=on_event if stream else None, requested_by=f"api:{who.name}")
+                                on_event=on_event if stream else None, requested_by=f"api:{who.name}",
+                                asker=TokenRef(who.name, who.agent))
     response_id = new_call_id()
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
                                       response_id=response_id)
@@ -627,14 +636,21 @@ async def answer_question(name: str, question: str, body: QuestionAnswer, reques
                           who: Annotated[TokenInfo, Depends(require("approve"))]) -> dict[str, Any]:
     """Answer an MCP server's question. The `approve` scope, not `execute`: an answer lets a tool go on
     in a way a person chose (often a yes to something it is about to do), as an approval does, so a
-    token that may only run commands (an agent's) cannot answer the questions meant for a person."""
+    token that may only run commands (an agent's) cannot answer the questions meant for a person.
+
+    The question is its command's caller's (`approvals.check_answerer`): a person answers the questions of
+    their own commands; those of an agent's command go to a person holding `approve` for the device; with
+    four-eyes on, one that asks for consent needs a person other than the caller. Any other token: 403."""
     hub = _hub(request)
     _record(hub, name, who)  # a question of a device outside the token's scope is not there for it
     question = question[:64]
     require_approver(who, f"answer question '{question}' of device '{name}'",
                      how_a_person_approves(str(request.base_url), device=name, question=question))
     try:
-        sent = await hub.answer_question(name, question, body.action, body.content, by=f"api:{who.name}")
+        sent = await hub.answer_question(name, question, body.action, body.content, by=f"api:{who.name}",
+                                         answerer=TokenRef(who.name, who.agent))
+    except ApprovalRefused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
     except LookupError as exc:
         raise HTTPException(409, str(exc)) from None
     if not sent:
@@ -666,12 +682,35 @@ async def list_tokens(request: Request,
 @router.post("/tokens", response_model=TokenCreated, status_code=201)
 async def create_token(body: TokenRequest, request: Request,
                        _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> TokenCreated:
+    """Create a token (its secret is in the answer only). A device token may carry the device's
+    `public_key`, enrolled with it (`device_keys.parse_public_key` reads it; 400 when malformed, 409 when
+    the device has another key already): from then on only a registration proving that key is accepted."""
+    store = _store(request)
+    key: str | None = None
+    if body.public_key is not None:
+        if body.kind != "device":
+            raise HTTPException(400, "public_key is a device's key: give it with kind 'device'")
+        try:
+            key = parse_public_key(body.public_key)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        enrolled = device_key(store, body.name)
+        if enrolled is not None and enrolled.public_key != key:
+            raise HTTPException(409, f"device '{body.name}' has another key (enrolled by {enrolled.enrolled_by}); "
+                                     f"to give it a new key use: tether token rotate --device {body.name} "
+                                     "--key PUBLIC_KEY")
     try:
-        info, secret = _store(request).tokens.create(body.kind, body.name, body.scopes, devices=body.devices,
-                                                    tags=body.tags, agent=body.agent)
+        info, secret = store.tokens.create(body.kind, body.name, body.scopes, devices=body.devices,
+                                           tags=body.tags, agent=body.agent)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
-    return TokenCreated(token=secret, info=_token_dict(info))
+    if key is not None and device_key(store, body.name) is None:
+        set_device_key(store, body.name, key, "admin")
+    info_dict = _token_dict(info)
+    if body.kind == "device":
+        enrolled = device_key(store, body.name)
+        info_dict["key_fingerprint"] = fingerprint(enrolled.public_key) if enrolled is not None else None
+    return TokenCreated(token=secret, info=info_dict)
 
 
 @router.delete("/tokens/{token}")

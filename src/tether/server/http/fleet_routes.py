@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError
 from tether.server.http.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.scopes import beyond, reaches, within
@@ -77,7 +78,7 @@ async def fleet_commands(batch: FleetBatch, request: Request,
     try:
         fan = FanOut(hub, hub.registry, batch.requires, batch.commands, max_concurrency=batch.max_concurrency,
                      timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}",
-                     within=within(who))
+                     within=within(who), asker=TokenRef(who.name, who.agent))
     except FanOutError as exc:
         raise HTTPException(exc.status, str(exc) + (beyond(who) if exc.status == 404 else "")) from None
     accept = request.headers.get("accept", "")
