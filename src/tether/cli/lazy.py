@@ -70,8 +70,8 @@ COMMANDS: dict[str, Lazy] = {
                   "Show a batch's record: each command's outcome, also one that came back after its caller "
                   "stopped waiting."),
     "tools": Lazy(("tools",), "List tools, or serve a built-in tool set over MCP."),
-    "server": Lazy(("server", "service"), "Start the agent server, or install it as a service."),
-    "device": Lazy(("server", "service"),
+    "server": Lazy(("server", "systemd"), "Start the agent server, or install it as a service."),
+    "device": Lazy(("server", "systemd"),
                    "Connect this machine to a server as a device, or install it as a service."),
     "token": Lazy(("server",), "Create, list and revoke device and API tokens."),
     "mcp": Lazy(("mcp_*",), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),

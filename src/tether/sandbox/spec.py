@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tether.errors import SandboxError
-from tether.sandbox.identity import RunAs
 from tether.sandbox.limits import Limits
+from tether.sandbox.run_as import RunAs
 
 ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
 OWN_SOCKETS = "sandbox"  # allow_sockets entry: unix sockets the sandbox binds itself; none of the machine's

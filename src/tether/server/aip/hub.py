@@ -11,9 +11,9 @@ a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
 `tether.server.aip.socket.aip_route` adapts a Starlette WebSocket to it. What each frame means is
-judged by the connection's sans-I/O session (`tether.protocol.session`); the hub keeps the table of
+judged by the connection's sans-I/O session (`tether.protocol.server_session`); the hub keeps the table of
 connections and acts on those judgements. Where each batch goes and the ledger of batches in flight
-(`tether.server.aip.router`, `tether.server.aip.batches`), the liveness timers
+(`tether.server.aip.batch_router`, `tether.server.aip.batches`), the liveness timers
 (`tether.server.aip.liveness`), the writes to one socket (`tether.server.aip.link`), the judgement of a
 registration (`tether.server.aip.registration`) and what external MCP servers ask through a device
 (`tether.server.aip.questions`) each live in their own module; the hub is where they meet.
@@ -35,7 +35,7 @@ from tether.protocol.messages import (
     ServerMessageType,
     TaskStatus,
 )
-from tether.protocol.session import (
+from tether.protocol.server_session import (
     BadFrame,
     DeviceReportedError,
     EventArrived,
@@ -49,6 +49,7 @@ from tether.protocol.session import (
     SessionEvent,
 )
 from tether.protocol.wire import CloseCode
+from tether.server.aip.batch_router import BatchRouter
 from tether.server.aip.batches import PendingBatch
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
@@ -57,7 +58,6 @@ from tether.server.aip.liveness import GracePeriods, watch_liveness
 from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
-from tether.server.aip.router import BatchRouter
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.ports import BackplaneUnavailable, RemoteDevices
 from tether.server.settings import ServerSettings

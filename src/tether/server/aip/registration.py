@@ -15,7 +15,7 @@ import logging
 from tether.protocol.codec import encode
 from tether.protocol.identity import fingerprint, register_statement, verify
 from tether.protocol.messages import Registration, ServerMessage, ServerMessageType, TaskStatus
-from tether.protocol.session import RegistrationRefused, ServerSession
+from tether.protocol.server_session import RegistrationRefused, ServerSession
 from tether.protocol.wire import CloseCode
 from tether.server.aip.link import close_socket
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed

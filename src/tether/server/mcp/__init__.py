@@ -18,13 +18,13 @@ if TYPE_CHECKING:
 def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
     """Add `/mcp` to `app` (which has `state.hub`, `state.store`, `state.settings`) and return the context
     the app's lifespan enters. The `mcp` SDK is imported, and the gateway built, on the first request to
-    `/mcp` that carries a valid token (lazy.py), not when the app is: `app.state.gateway` is that
+    `/mcp` that carries a valid token (lazy_gateway.py), not when the app is: `app.state.gateway` is that
     `LazyGateway`, whose `ready()` gives the running `Gateway`."""
     from starlette.routing import Route
 
     from tether.server.mcp.contributed import contribute
     from tether.server.mcp.fanout_tool import fan_out_tool
-    from tether.server.mcp.lazy import LazyGateway
+    from tether.server.mcp.lazy_gateway import LazyGateway
 
     contribute(app, [fan_out_tool(app.state.hub)])  # the fleet's own fan-out, beside the agent's task tools
     lazy = LazyGateway(app, _build)

@@ -47,7 +47,6 @@ from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
-from tether.server.mcp.calls import AskLater, Caller, Reply, call_device_tool
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
 from tether.server.mcp.fleet import (
     LIST_DEVICES_INPUT,
@@ -57,15 +56,16 @@ from tether.server.mcp.fleet import (
     ScopedFilter,
     list_devices,
 )
-from tether.server.mcp.transport import ReplyingSessionManager
-from tether.server.mcp.watch import ListChangedWatch
-from tether.server.mcp.wire import (
+from tether.server.mcp.tool_call import AskLater, Caller, Reply, call_device_tool
+from tether.server.mcp.translate import (
     call_result,
     capped,
     contributed_tool,
     device_tool,
     plain_errors,
 )
+from tether.server.mcp.transport import ReplyingSessionManager
+from tether.server.mcp.watch import ListChangedWatch
 from tether.server.scopes import reaches
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.server.http.api import _view, require
 from tether.server.store.tokens import TokenInfo
-from tether.server.web.sessions import COOKIE, WebSessions
+from tether.server.web.logins import COOKIE, WebSessions
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_S = 15.0
