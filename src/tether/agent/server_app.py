@@ -31,7 +31,8 @@ def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = 
         async def running() -> AsyncIterator[None]:
             settings: ServerSettings = app.state.settings
             store = TaskStore(settings.db_target)
-            service = TaskService(app.state.hub, app.state.hub.registry, store, llm_settings, budgets=budgets)
+            service = TaskService(app.state.hub, app.state.registry, store, llm_settings, server_store=app.state.store,
+                                  budgets=budgets)
             app.state.tasks = service
             app.state.on_stopping = [*getattr(app.state, "on_stopping", []), service.release_followers]
             if service.llm is not None:  # devices' external MCP servers may sample it, as their policies allow

@@ -40,7 +40,7 @@ from tether.server.aip.registry import DeviceRegistry, NoDeviceError
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
-from tether.server.store import StoreUnavailable
+from tether.server.store import Store, StoreUnavailable
 from tether.server.store.tokens import TokenInfo, scope_reaches
 
 logger = logging.getLogger(__name__)
@@ -107,10 +107,11 @@ class _HubDevice(BasicCommandDispatcher):
 
 class TaskService:
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: TaskStore,
-                 llm_settings: LLMSettings | None = None, *, budgets: Budgets | None = None,
+                 llm_settings: LLMSettings | None = None, *, server_store: Store, budgets: Budgets | None = None,
                  command_timeout: float = 600.0, device_wait: float = 30.0) -> None:
         self.hub = hub
         self.registry = registry  # the hub's: which devices are known, connected, and what they offer
+        self.server_store = server_store  # the server's: the audit log's health and the sessions' owners
         self.device_wait = device_wait
         self.store = store
         self.llm = LLMClient(llm_settings) if llm_settings is not None else None
@@ -135,7 +136,7 @@ class TaskService:
         """Settle the tasks a previous server left unfinished (see the module docstring). Every task owns
         its session (see `tether.server.sessions`), also those stored before owners were recorded."""
         try:
-            claim_task_sessions(self.hub.store, self.store.ids())
+            claim_task_sessions(self.server_store, self.store.ids())
         except StoreUnavailable as exc:  # start-up checked the disk; it filled since: claims come with use
             logger.error("could not record the tasks' session owners: %s", exc)
         settings = self.hub.settings
@@ -253,7 +254,7 @@ class TaskService:
                     devices=[n for n in extra if n != target], confirm=confirm,
                     scope_devices=list(token.devices) if token is not None else [],
                     scope_tags=list(token.tags) if token is not None else [])
-        unaudited = self.hub.store.audit.problem()
+        unaudited = self.server_store.audit.problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
         remote = self.hub.remote
@@ -262,7 +263,7 @@ class TaskService:
         if away and remote is not None and (problem := remote.problem()) is not None:
             raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
-            if self.hub.store.sessions.claim(task.id, task_owner(task.id)) != task_owner(task.id):
+            if self.server_store.sessions.claim(task.id, task_owner(task.id)) != task_owner(task.id):
                 raise TaskError(409, f"session {task.id} is already taken; create the task again")
             self.store.save(task)
         except StoreUnavailable as exc:

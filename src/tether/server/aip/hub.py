@@ -75,10 +75,10 @@ logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and
 
 
 class DeviceHub:
-    def __init__(self, store: Store, settings: ServerSettings) -> None:
+    def __init__(self, store: Store, settings: ServerSettings, registry: DeviceRegistry | None = None) -> None:
         self.store = store
         self.settings = settings
-        self.registry = DeviceRegistry()
+        self.registry = registry if registry is not None else DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from tether.server.aip.hub import DeviceHub
+from tether.server.aip.registry import DeviceRegistry
 from tether.server.aip.socket import aip_route
 from tether.server.http.api import router, run_commands, run_selected
 from tether.server.http.batch_routes import batch_router
@@ -38,7 +39,8 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     agent's task API) plug in without the server importing them.
     """
     store = store or Store(settings.db_target)
-    hub = DeviceHub(store, settings)
+    registry = DeviceRegistry()  # the hub keeps it current; the routes read it (app.state.registry)
+    hub = DeviceHub(store, settings, registry)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -48,7 +50,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
             if settings.cluster_url:  # one node of several (server/cluster): devices held elsewhere reachable
                 from tether.server.cluster.node import ClusterNode
 
-                node = app.state.cluster = ClusterNode(hub, hub.registry, store, settings)
+                node = app.state.cluster = ClusterNode(hub, registry, store, settings)
                 await node.start()
             async with AsyncExitStack() as stack:
                 for context in contexts:
@@ -64,6 +66,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
                   description="Devices, their tools, and commands run on them. AIP devices connect "
                               "to the WebSocket endpoint /aip.")
     app.state.hub = hub
+    app.state.registry = registry
     app.state.store = store
     app.state.settings = settings
     app.include_router(router)

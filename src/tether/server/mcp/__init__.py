@@ -26,7 +26,8 @@ def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
     from tether.server.mcp.fanout_tool import fan_out_tool
     from tether.server.mcp.lazy_gateway import LazyGateway
 
-    contribute(app, [fan_out_tool(app.state.hub)])  # the fleet's own fan-out, beside the agent's task tools
+    # the fleet's own fan-out, beside the agent's task tools
+    contribute(app, [fan_out_tool(app.state.hub, app.state.registry)])
     lazy = LazyGateway(app, _build)
     app.state.gateway = lazy
     app.router.routes.insert(0, Route("/mcp", endpoint=lazy))  # first: every MCP message is a request to it

@@ -18,6 +18,7 @@ from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError
 from tether.server.aip.hub import DeviceHub
+from tether.server.aip.registry import DeviceRegistry
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
 from tether.server.scopes import beyond, within
 
@@ -55,7 +56,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def fan_out_tool(hub: DeviceHub) -> GatewayTool:
+def fan_out_tool(hub: DeviceHub, registry: DeviceRegistry) -> GatewayTool:
     async def run(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         try:
             requires = DeviceRequirements.model_validate(arguments.get("requires") or {})
@@ -63,7 +64,7 @@ def fan_out_tool(hub: DeviceHub) -> GatewayTool:
             timeout = float(arguments.get("timeout", 60))
             if not command.tool_name or not 0 < timeout <= MAX_TIMEOUT_S:
                 raise ValueError("give a tool, and a timeout between 0 and 86400 seconds")
-            fan = FanOut(hub, hub.registry, requires, [command], max_concurrency=int(arguments.get("max_concurrency",
+            fan = FanOut(hub, registry, requires, [command], max_concurrency=int(arguments.get("max_concurrency",
                                                                                      DEFAULT_CONCURRENCY)),
                          timeout=timeout, requested_by=f"mcp:{call.client} by api:{call.token.name}",
                          within=within(call.token))  # a scoped token's fan-out reaches its devices only

@@ -114,7 +114,7 @@ class Gateway:
         self.app = app
         self.hub: DeviceHub = app.state.hub
         self.store: Store = app.state.store
-        self.registry: DeviceRegistry = self.hub.registry  # the devices it lists, taken once where it is built
+        self.registry: DeviceRegistry = app.state.registry  # the devices it lists
         self.index = FleetIndex(self.registry)
         self.bus = InMemorySubscriptionBus()
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
@@ -230,7 +230,8 @@ class Gateway:
                     return call_result(Reply(retry, is_error=True))
                 held, elicit = retry
         try:
-            reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), elicit, held=held)
+            reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), elicit, held=held,
+                                           audit=self.store.audit)
         except AskLater as later:
             return self._defer(later, admitted.token, name, arguments)
         return call_result(capped(reply, self.app.state.settings.max_response_bytes))

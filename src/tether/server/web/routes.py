@@ -141,7 +141,7 @@ def _key(record: Any) -> tuple[Any, ...]:
 
 
 async def _fleet_stream(request: Request, who: TokenInfo) -> AsyncIterator[bytes]:
-    registry = request.app.state.hub.registry
+    registry = request.app.state.registry
     records = [r for r in registry.list() if who.reaches(r.name, r.tags)]
     shown = {r.name: _key(r) for r in records}
     yield _frame("devices", [_view(r).model_dump(mode="json") for r in records])
