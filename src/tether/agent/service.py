@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tether.agent.executor import TaskRunner
-from tether.agent.llm import LLMClient, LLMSettings
+from tether.agent.llm import LLMClient
 from tether.agent.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.peers import TaskPeers
 from tether.agent.plan import Plan, PlanStep
@@ -48,7 +48,6 @@ logger = logging.getLogger(__name__)
 _SUBSCRIBER_QUEUE = 10_000
 
 
-MAX_SAMPLING_CHARS = 64_000  # what a device may send this server's LLM in one sampling request
 
 class DeviceUnavailable(AgentError, RuntimeError):
     """A task's device cannot be reached and its tools are unknown, so nothing can be planned or run."""
@@ -107,14 +106,14 @@ class _HubDevice(BasicCommandDispatcher):
 
 class TaskService:
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: TaskStore,
-                 llm_settings: LLMSettings | None = None, *, server_store: Store, budgets: Budgets | None = None,
+                 llm: LLMClient | None = None, *, server_store: Store, budgets: Budgets | None = None,
                  command_timeout: float = 600.0, device_wait: float = 30.0) -> None:
         self.hub = hub
         self.registry = registry  # the hub's: which devices are known, connected, and what they offer
         self.server_store = server_store  # the server's: the audit log's health and the sessions' owners
         self.device_wait = device_wait
         self.store = store
-        self.llm = LLMClient(llm_settings) if llm_settings is not None else None
+        self.llm = llm  # plans and answers; closed by `aclose`
         self.budgets = budgets or Budgets()
         self.command_timeout = command_timeout
         self._live: dict[str, Task] = {}
@@ -536,28 +535,6 @@ class TaskService:
         else:
             raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
         return task
-
-    async def sample_for_device(self, device: str, request: dict[str, Any]) -> tuple[str, str]:
-        """A device's sampling request (an external MCP server of its, allowed by its policy) answered by
-        this server's LLM: (text, model). The device budgets the requests per command; this bounds each."""
-        if self.llm is None:
-            raise RuntimeError("this server has no LLM configured")
-        messages: list[dict[str, Any]] = []
-        if isinstance(request.get("system_prompt"), str) and request["system_prompt"]:
-            messages.append({"role": "system", "content": request["system_prompt"]})
-        for message in request.get("messages") or []:
-            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant") \
-                    or not isinstance(message.get("content"), str):
-                raise ValueError("a sampling message must be {role: user|assistant, content: text}")
-            messages.append({"role": message["role"], "content": message["content"]})
-        if sum(len(m["content"]) for m in messages) > MAX_SAMPLING_CHARS:
-            raise ValueError(f"the messages are over {MAX_SAMPLING_CHARS} characters")
-        max_tokens = request.get("max_tokens")
-        limit = max_tokens if type(max_tokens) is int and 0 < max_tokens <= 4000 else 4000
-        reply = await self.llm.complete(messages)
-        logger.info("sampling for device %s (MCP server %s): %d prompt, %d completion tokens", device,
-                    str(request.get("server"))[:64], reply.prompt_tokens, reply.completion_tokens)
-        return reply.text[:limit * 4], self.llm.settings.model
 
     def mcp_question(self, task_id: str) -> dict[str, Any] | None:
         """The question an external MCP server asks during the task's running step, if one is open."""

@@ -59,7 +59,7 @@ from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
-from tether.server.ports import BackplaneUnavailable, RemoteDevices
+from tether.server.ports import BackplaneUnavailable, RemoteDevices, RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
@@ -75,7 +75,8 @@ logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and
 
 
 class DeviceHub:
-    def __init__(self, store: Store, settings: ServerSettings, registry: DeviceRegistry | None = None) -> None:
+    def __init__(self, store: Store, settings: ServerSettings, registry: DeviceRegistry | None = None, *,
+                 remote: RemoteSlot | None = None, sampler: Sampler | None = None) -> None:
         self.store = store
         self.settings = settings
         self.registry = registry if registry is not None else DeviceRegistry()
@@ -86,14 +87,15 @@ class DeviceHub:
         self._given_up: dict[str, str] = {}  # device -> the process (instance_id) given up after its grace
         self._tasks: set[asyncio.Task[Any]] = set()
         # the batches in flight and where each goes (here, queued for a returning device, another node)
-        self._router = BatchRouter(self._conns, self._grace, self.registry, store.audit, self._tasks)
+        self._router = BatchRouter(self._conns, self._grace, self.registry, store.audit, self._tasks,
+                                   remote if remote is not None else RemoteSlot())
         self._batches = self._router.book
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions = OpenQuestions()
         # answers devices' sampling requests with the server's LLM: (device, request payload) → (text, model);
-        # set by the extension that has an LLM (the agent's), else such requests are refused
-        self.sampler: Sampler | None = None
+        # None where the server has no LLM: such requests are refused
+        self.sampler = sampler
         self._liveness: asyncio.Task[None] | None = None
         self._preload: asyncio.Task[int] | None = None  # reads known devices' stored profiles after start
         self._gc: asyncio.Task[None] | None = None  # keeps a large fleet's connections out of full collections
@@ -474,13 +476,9 @@ class DeviceHub:
 
     @property
     def remote(self) -> RemoteDevices | None:
-        """The other nodes of a cluster (a `ports.RemoteDevices`), set by the app when clustered: batches
-        for a device held by another node go there; None on a single server."""
+        """The other nodes of a cluster (a `ports.RemoteDevices`) while this server's cluster node runs:
+        batches for a device held by another node go there; None on a single server."""
         return self._router.remote
-
-    @remote.setter
-    def remote(self, remote: RemoteDevices | None) -> None:
-        self._router.remote = remote
 
     async def send_batch(self, device: str, message: ServerMessage, *,
                          on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
