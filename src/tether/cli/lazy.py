@@ -1,6 +1,6 @@
 """The root command's sub-commands, each loaded when it runs: `tether --help` lists them all from the
 table below without importing one command module, so it costs typer and rich, not the server, the
-agent or pydantic (issue 13: 0.56 s before, most of it importing modules whose commands never ran).
+agent or pydantic (modules whose commands do not run).
 
 A command module (in `tether.cli.commands`) attaches its commands to the typer apps in
 `tether.cli.common` when it is imported; `LazyGroup.get_command` imports the modules named for a

@@ -76,8 +76,8 @@ def _probe(bwrap: str, run_as: RunAs | None = None) -> str | None:
 
 
 def detect(cache_dir: str | os.PathLike[str] | None = None, *, run_as: RunAs | None = None) -> SandboxInfo:
-    """Try the sandbox once. Costs one short sandbox with an interpreter (~70 ms, a process on the start-up
-    path of every `tether device` and `tether exec`): call it at start (in a thread), not per command.
+    """Try the sandbox once. Costs one short sandbox with an interpreter (a process on the start-up path
+    of every `tether device` and `tether exec`): call it at start (in a thread), not per command.
 
     With `cache_dir` (the device's state directory, which sandboxed commands never see), a sandbox that
     worked is remembered for this boot, kernel, bwrap binary, interpreter, probe code, user and the

@@ -62,7 +62,7 @@ class SandboxSpec:
     protected_names: tuple[str, ...] = ()
     allow_sockets: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
-    # issue 26 (root): the unprivileged user a root device starts bwrap as; None: as the device itself
+    # the unprivileged user a root device starts bwrap as (docs/security/root.md); None: as the device itself
     run_as: RunAs | None = None
 
     @classmethod

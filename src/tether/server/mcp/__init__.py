@@ -35,6 +35,6 @@ def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
 
 
 def _build(app: Starlette) -> Gateway:
-    from tether.server.mcp.gateway import Gateway  # the SDK, about 0.5 s
+    from tether.server.mcp.gateway import Gateway  # imports the SDK
 
     return Gateway(app)

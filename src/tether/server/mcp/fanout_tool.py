@@ -1,5 +1,5 @@
-"""`run_on_fleet`: one tool call on every device meeting requirements, for an MCP client (issue 13's
-fan-out, the same engine as `POST /api/v1/fleet/commands`).
+"""`run_on_fleet`: one tool call on every device meeting requirements, for an MCP client (the same
+fan-out engine as `POST /api/v1/fleet/commands`, `tether.server.aip.fanout`).
 
 Each device's outcome reaches the client as a progress notification while the fan-out runs; the
 answer is every device's line and the summary. The client's cancellation ends the fan-out: batches in
