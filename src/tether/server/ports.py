@@ -5,7 +5,8 @@ real object (the hub, the store, a cluster node) or with a stand-in, and no two 
 need to import each other:
 
 - `RemoteDevices`: what the hub asks of a cluster for devices whose sockets another node holds
-  (`tether.server.cluster.node.ClusterNode` is the one implementation);
+  (`tether.server.cluster.node.ClusterNode` is the one implementation), and `RemoteSlot`, where the hub
+  finds it;
 - `BatchSender`: what a dispatcher needs to run a batch on a device (`DeviceHub`);
 - `BatchAudit`: the audit rows a dispatcher and the router write around a batch (`store.audit`);
 - `BatchDispatcher` and `DeviceFleet`: what a fan-out needs to reach every device (`DeviceHub`).
@@ -145,3 +146,25 @@ class DeviceFleet(Protocol):
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call `listener(device)` when a device registers, leaves or changes; returns its remover."""
+
+
+class RemoteSlot:
+    """Where the hub finds the cluster's `RemoteDevices`: the app factory makes one and builds both the hub
+    and the cluster node with it; the node attaches itself while it runs (`start` to `aclose`). Empty on a
+    single server, and on a cluster node before it starts and after it stops."""
+
+    def __init__(self) -> None:
+        self._remote: RemoteDevices | None = None
+
+    @property
+    def remote(self) -> RemoteDevices | None:
+        """The attached cluster node, or None."""
+        return self._remote
+
+    def attach(self, remote: RemoteDevices) -> None:
+        """Route work for other nodes' devices to `remote` from now on."""
+        self._remote = remote
+
+    def detach(self) -> None:
+        """No cluster from now on: the hub works with the devices connected here only."""
+        self._remote = None

@@ -11,9 +11,9 @@ a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
 `tether.server.aip.socket.aip_route` adapts a Starlette WebSocket to it. What each frame means is
-judged by the connection's sans-I/O session (`tether.protocol.session`); the hub keeps the table of
+judged by the connection's sans-I/O session (`tether.protocol.server_session`); the hub keeps the table of
 connections and acts on those judgements. Where each batch goes and the ledger of batches in flight
-(`tether.server.aip.router`, `tether.server.aip.batches`), the liveness timers
+(`tether.server.aip.batch_router`, `tether.server.aip.batches`), the liveness timers
 (`tether.server.aip.liveness`), the writes to one socket (`tether.server.aip.link`), the judgement of a
 registration (`tether.server.aip.registration`) and what external MCP servers ask through a device
 (`tether.server.aip.questions`) each live in their own module; the hub is where they meet.
@@ -38,7 +38,7 @@ from tether.protocol.messages import (
     ServerMessageType,
     TaskStatus,
 )
-from tether.protocol.session import (
+from tether.protocol.server_session import (
     BadFrame,
     DeviceReportedError,
     EventArrived,
@@ -53,6 +53,7 @@ from tether.protocol.session import (
     SessionEvent,
 )
 from tether.protocol.wire import CloseCode
+from tether.server.aip.batch_router import BatchRouter
 from tether.server.aip.batches import PendingBatch, TokenRef
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
@@ -61,10 +62,9 @@ from tether.server.aip.liveness import GracePeriods, watch_liveness
 from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling, asks_consent
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
-from tether.server.aip.router import BatchRouter
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.approvals import check_answerer, how_a_person_approves, server_url
-from tether.server.ports import BackplaneUnavailable, RemoteDevices
+from tether.server.ports import BackplaneUnavailable, RemoteDevices, RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
@@ -80,10 +80,11 @@ logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and
 
 
 class DeviceHub:
-    def __init__(self, store: Store, settings: ServerSettings) -> None:
+    def __init__(self, store: Store, settings: ServerSettings, registry: DeviceRegistry | None = None, *,
+                 remote: RemoteSlot | None = None, sampler: Sampler | None = None) -> None:
         self.store = store
         self.settings = settings
-        self.registry = DeviceRegistry()
+        self.registry = registry if registry is not None else DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
@@ -91,14 +92,15 @@ class DeviceHub:
         self._given_up: dict[str, str] = {}  # device -> the process (instance_id) given up after its grace
         self._tasks: set[asyncio.Task[Any]] = set()
         # the batches in flight and where each goes (here, queued for a returning device, another node)
-        self._router = BatchRouter(self._conns, self._grace, self.registry, store.audit, self._tasks)
+        self._router = BatchRouter(self._conns, self._grace, self.registry, store.audit, self._tasks,
+                                   remote if remote is not None else RemoteSlot())
         self._batches = self._router.book
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions = OpenQuestions()
         # answers devices' sampling requests with the server's LLM: (device, request payload) → (text, model);
-        # set by the extension that has an LLM (the agent's), else such requests are refused
-        self.sampler: Sampler | None = None
+        # None where the server has no LLM: such requests are refused
+        self.sampler = sampler
         self._liveness: asyncio.Task[None] | None = None
         self._preload: asyncio.Task[int] | None = None  # reads known devices' stored profiles after start
         self._gc: asyncio.Task[None] | None = None  # keeps a large fleet's connections out of full collections
@@ -111,8 +113,8 @@ class DeviceHub:
 
     async def start(self) -> None:
         """Load known devices (listed as offline until they connect) and start the liveness watch.
-        Only their names, platforms and tags are read now; a profile is read when first asked for
-        (10,000 known devices: 10.6 s to /health when every profile was validated here)."""
+        Only their names, platforms and tags are read now; a profile is read when first asked for, so a
+        large fleet's profiles are not validated before the server answers /health."""
         self.registry.profile_loader = self.store.devices.profile
         for name, last_seen, platform, tags, stored in self.store.devices.heads():
             self.registry.known(name, last_seen, platform, tags, stored)
@@ -539,13 +541,9 @@ class DeviceHub:
 
     @property
     def remote(self) -> RemoteDevices | None:
-        """The other nodes of a cluster (a `ports.RemoteDevices`), set by the app when clustered: batches
-        for a device held by another node go there; None on a single server."""
+        """The other nodes of a cluster (a `ports.RemoteDevices`) while this server's cluster node runs:
+        batches for a device held by another node go there; None on a single server."""
         return self._router.remote
-
-    @remote.setter
-    def remote(self, remote: RemoteDevices | None) -> None:
-        self._router.remote = remote
 
     async def send_batch(self, device: str, message: ServerMessage, *,
                          on_event: Callable[[Event], None] | None = None, here_only: bool = False,

@@ -9,8 +9,8 @@ stores write is the common subset of both dialects, and the few SQLite spellings
 are rewritten once per statement text. Errors come back as `sqlite3` exception classes so the stores
 keep one error path, and a lost database becomes `StoreUnavailable` in one line.
 
-Why psycopg 3 and not asyncpg (measured in bench/db_drivers.py: asyncpg's point read 60 µs against
-psycopg's async 195 µs): the stores' interface is synchronous — every statement is short and runs on
+Why psycopg 3 and not asyncpg (bench/db_drivers.py measures both: asyncpg's point reads are faster,
+which does not decide it): the stores' interface is synchronous — every statement is short and runs on
 the event loop, the design measured for SQLite — and psycopg is the driver with both a synchronous
 and an asynchronous API, so the Store can move to async statement by statement on the same driver.
 Statements are bounded (`statement_timeout`, `connect_timeout`) so a stalled database cannot hold the

@@ -17,7 +17,7 @@ from tether.server.aip.batches import BatchBook, PendingBatch, TokenRef
 from tether.server.aip.link import DeviceLink
 from tether.server.aip.liveness import GracePeriods
 from tether.server.aip.registry import DeviceRegistry
-from tether.server.ports import BackplaneUnavailable, BatchAudit, RemoteDevices
+from tether.server.ports import BackplaneUnavailable, BatchAudit, RemoteDevices, RemoteSlot
 
 
 class BatchRouter:
@@ -32,15 +32,20 @@ class BatchRouter:
     server shutting down."""
 
     def __init__(self, links: Mapping[str, DeviceLink], grace: GracePeriods, registry: DeviceRegistry,
-                 audit: BatchAudit, tasks: set[asyncio.Task[Any]]) -> None:
+                 audit: BatchAudit, tasks: set[asyncio.Task[Any]], remote: RemoteSlot) -> None:
         self._links = links
         self._grace = grace
         self._registry = registry
         self._audit = audit
         self._tasks = tasks
         self.book = BatchBook(registry, self.record_late)
-        self.remote: RemoteDevices | None = None
+        self._remote = remote
         self.closed = False
+
+    @property
+    def remote(self) -> RemoteDevices | None:
+        """The cluster's other nodes while this node's `ClusterNode` runs, else None."""
+        return self._remote.remote
 
     def close(self) -> None:
         """From now on a batch is not sent: it fails saying the server is shutting down."""

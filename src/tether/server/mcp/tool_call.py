@@ -34,6 +34,7 @@ from tether.server.aip.questions import asks_consent
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves, server_url
 from tether.server.mcp.contributed import Elicit, Progress
 from tether.server.mcp.fleet import DeviceTool
+from tether.server.store.audit import AuditLog
 from tether.server.store.tokens import TokenInfo
 
 logger = logging.getLogger(__name__)
@@ -81,21 +82,23 @@ class AskLater(ServerError):
 
 
 async def call_device_tool(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
-                           progress: Progress, elicit: Elicit | None, *, held: Result | None = None) -> Reply:
-    """Run the call; `held` (the retry of a call asked about with `AskLater`) skips to its approval."""
+                           progress: Progress, elicit: Elicit | None, *, audit: AuditLog,
+                           held: Result | None = None) -> Reply:
+    """Run the call; `held` (the retry of a call asked about with `AskLater`) skips to its approval; a
+    policy change that an approval makes is recorded in `audit`."""
     if not caller.token.allows("execute"):
         return Reply(f"token '{caller.token.name}' lacks the 'execute' scope needed to call device tools; create "
                      "one with 'tether token create --api NAME --scope execute'", is_error=True)
     result = held or await _run(hub, tool, arguments, caller, progress, elicit, approved_by=None)
     if _needs_approval(result):
-        approved = await _approval(hub, tool, arguments, caller, progress, elicit, result)
+        approved = await _approval(hub, audit, tool, arguments, caller, progress, elicit, result)
         if isinstance(approved, Reply):
             return approved
         result = approved
     return result_reply(result)
 
 
-async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
+async def _approval(hub: DeviceHub, audit: AuditLog, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
                     progress: Progress, elicit: Elicit | None, held: Result) -> Result | Reply:
     question = held.error or "this command needs a person's approval"
     how = (f"a person can run it with `tether exec --device {tool.device} {tool.info.name} ... --approve` or "
@@ -133,7 +136,7 @@ async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any],
     if decision in always:  # the program (or program + subcommand) joins the device's allowlist first
         try:
             await policy_push.change(hub, tool.device, {"commands": always[decision]}, replace=False,
-                                     requested_by=caller.requested_by)
+                                     requested_by=caller.requested_by, audit=audit)
         except policy_push.PolicyRequestFailed as exc:
             return Reply(f"not run: the device's policy could not be changed ({exc})", held.result, is_error=True)
     digest = held.result.get("approval_digest") if isinstance(held.result, dict) else None
