@@ -56,7 +56,7 @@ class FakeKey:
 
 
 def server(kind: ServerMessageType, **fields: object) -> str:
-    return encode(ServerMessage(type=kind, **fields))  # type: ignore[arg-type]
+    return encode(ServerMessage(type=kind, **fields))
 
 
 def registering(name: str | None = "laptop") -> DeviceSession:
@@ -75,7 +75,7 @@ def test_the_happy_registration() -> None:
     session = DeviceSession("laptop", "i-1")
     assert session.state is DeviceSessionState.CONNECTING
     frame = session.register(DeviceProfile(), ["c7", "c8"])
-    assert session.state is DeviceSessionState.REGISTERING
+    assert session.state in (DeviceSessionState.REGISTERING,)  # (a tuple: mypy keeps the narrowing of above)
     msg = decode_client_message(frame)
     assert msg.type is ClientMessageType.REGISTER and msg.client_id == "laptop"
     assert "proof" not in (msg.payload or {})  # no challenge, no proof: an older server knows no such field
