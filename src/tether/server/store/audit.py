@@ -71,7 +71,7 @@ class AuditLog:
         self._sent_waiters: list[asyncio.Future[str | None]] = []
         self._tick: asyncio.Handle | None = None
         self._in_flight = 0  # group commits and deferred flushes handed to the worker, not yet settled
-        self._probe_timer: asyncio.TimerHandle | None = None
+        self._probe_timer: asyncio.Handle | None = None
         self._probe_started: float | None = None  # monotonic start of the probe in flight
         self._probe_problem: str | None = None  # why the last probe could not write; None when it could
         self._closed = False
