@@ -7,8 +7,9 @@ ended); rows that are not a command's path are written behind it (`record_soon`)
 retried, and meanwhile `problem` says why, so that the caller refuses commands it could not audit. Reads
 (`rows`, `batch`) write what is held first.
 
-Every statement on the `audit` table runs on the engine's worker thread, on the audit connection
-(`Engine.worker`, `Engine.audit_conn`), in the order it was given. The group commits (`sent_grouped`,
+With PostgreSQL every statement on the `audit` table runs on the engine's worker thread, on the audit
+connection (`Engine.worker`, `Engine.audit_conn`), in the order it was given (with SQLite `Engine.offload` is
+off and they run at once, on the caller's thread). The group commits (`sent_grouped`,
 `done_grouped`) and the deferred rows (`record_soon`) are handed to it without waiting: the event loop goes
 on while the database is slow, locked or gone, and only the callers awaiting those futures wait (at most
 `GROUP_TIMEOUT_S`). The other methods wait for the worker. `health` says from state, without a statement,
@@ -70,7 +71,6 @@ class AuditLog:
         self._sent_rows: list[tuple[Any, ...]] = []  # rows of sent_grouped for the next group commit
         self._sent_waiters: list[asyncio.Future[str | None]] = []
         self._tick: asyncio.Handle | None = None
-        self._in_flight = 0  # group commits and deferred flushes handed to the worker, not yet settled
         self._probe_timer: asyncio.Handle | None = None
         self._probe_started: float | None = None  # monotonic start of the probe in flight
         self._probe_problem: str | None = None  # why the last probe could not write; None when it could
@@ -199,11 +199,11 @@ class AuditLog:
         def timed_out() -> None:
             answer(f"the audit log cannot be written: the database did not answer within {GROUP_TIMEOUT_S:g}s")
 
-        timer = loop.call_later(GROUP_TIMEOUT_S, timed_out)
+        timers: list[asyncio.TimerHandle] = []
 
         def settle(future: Future[tuple[str | None, list[Any], list[Any], BaseException | None]]) -> None:
-            timer.cancel()
-            self._in_flight -= 1
+            for timer in timers:
+                timer.cancel()
             try:
                 sent_problem, unwritten, unsettled, exc = future.result()
             except BaseException as error:
@@ -214,12 +214,15 @@ class AuditLog:
             finally:
                 answer(sent_problem)
 
-        self._in_flight += 1
         try:
             future = self._engine.submit(work)
         except RuntimeError as exc:  # the store is closed
             settle(_failed(exc))
             return
+        if future.done():  # run at once (`Engine.offload` is off: SQLite)
+            settle(future)
+            return
+        timers.append(loop.call_later(GROUP_TIMEOUT_S, timed_out))
         future.add_done_callback(lambda f: _call_soon(loop, settle, f))
 
     def _group_work(self, sent: list[Any], pending: list[Any], updates: list[Any], *, one_transaction: bool
@@ -318,20 +321,21 @@ class AuditLog:
             return
 
         def settle(future: Future[tuple[list[Any], list[Any], BaseException | None]]) -> None:
-            self._in_flight -= 1
             try:
                 unwritten, unsettled, exc = future.result()
             except BaseException as error:
                 unwritten, unsettled, exc = pending, updates, error
             self._settle(pending, unwritten, unsettled, exc)
 
-        self._in_flight += 1
         try:
             future = self._engine.submit(lambda: self._write_parts(pending, updates))
         except RuntimeError as exc:
             settle(_failed(exc))
             return
-        future.add_done_callback(lambda f: _call_soon(loop, settle, f))
+        if future.done():
+            settle(future)
+        else:
+            future.add_done_callback(lambda f: _call_soon(loop, settle, f))
 
     def flush(self) -> bool:
         """Write the rows `record_soon` is holding back (on the worker, waiting for it); False (and they stay
@@ -460,7 +464,10 @@ class AuditLog:
         except RuntimeError as exc:
             settle(_failed(exc))
             return
-        future.add_done_callback(lambda f: _call_soon(loop, settle, f))
+        if future.done():
+            settle(future)
+        else:
+            future.add_done_callback(lambda f: _call_soon(loop, settle, f))
 
     def _probe(self) -> str | None:
         """On the worker: can the audit table be written now? None, or why not. It writes nothing: it takes

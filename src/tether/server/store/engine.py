@@ -362,10 +362,12 @@ class Engine:
     permission, unreachable). The tables use `conn` under `lock`; nothing outside `tether.server.store`
     holds an engine.
 
-    The audit log's statements run apart, on `worker` — ONE thread per engine (so they run in the order
-    they were submitted) — with a connection of their own, `audit_conn` under `audit_lock` (PostgreSQL: a
-    second session; a SQLite file: a second connection, WAL lets it write beside the first; `:memory:`
-    has one database per connection, so there both are `conn` and `lock`). `submit` hands the worker a
+    With PostgreSQL (`offload`) the audit log's statements run apart, on `worker` — ONE thread per engine,
+    so they run in the order they were submitted — with a session of their own, `audit_conn` under
+    `audit_lock`: a lock, a slow network or a lost backend holds that thread, never the event loop. With
+    SQLite a commit costs less than handing it to a thread (waking it and taking the GIL back doubled a
+    command's round trip), and only this process writes the file (`lease`), so there `submit` runs the
+    function at once and `audit_conn`, `audit_lock` are `conn`, `lock`. `submit` hands the worker a
     function; `run_sync` waits for one. `close` stops the worker after what it was given and closes both.
     """
 
@@ -379,6 +381,7 @@ class Engine:
         self.conn: Any
         self.audit_conn: Any = None
         self.audit_lock = self.lock
+        self.offload = is_url(path)  # PostgreSQL: the audit log's statements run on `worker`
         try:
             if is_url(path):
                 self.conn = open_postgres(str(path))
@@ -406,28 +409,28 @@ class Engine:
 
     def _open_audit_connection(self, path: str | Path) -> Any:
         """The audit log's own connection (see the class docstring)."""
-        if is_url(path):
-            return open_postgres(str(path))
-        if self.memory:
-            return self.conn
-        conn = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        conn.row_factory = sqlite3.Row
-        conn.execute("PRAGMA synchronous=NORMAL")
-        conn.execute("PRAGMA foreign_keys=ON")
-        return conn
+        return open_postgres(str(path)) if self.offload else self.conn
 
     def _note_worker(self) -> None:
         self._worker_thread = threading.get_ident()
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Run `fn` on the worker after everything submitted before it; its future. RuntimeError once closed."""
+        """Run `fn` on the worker after everything submitted before it; its future. Without `offload`
+        `fn` runs now, on this thread, and the future is done on return. RuntimeError once closed."""
+        if not self.offload:
+            future: Future[T] = Future()
+            try:
+                future.set_result(fn())
+            except BaseException as exc:  # the caller reads it from the future, as from the worker's
+                future.set_exception(exc)
+            return future
         return self.worker.submit(fn)
 
     def run_sync(self, fn: Callable[[], T]) -> T:
         """Run `fn` on the worker (after everything submitted before it) and wait for its result or error;
         on the worker itself, or once the worker is stopped, it runs at once. The wait is bounded by the
         statements' own timeouts (`STATEMENT_TIMEOUT_MS`, SQLite's busy timeout)."""
-        if threading.get_ident() == self._worker_thread:
+        if not self.offload or threading.get_ident() == self._worker_thread:
             return fn()
         try:
             future = self.worker.submit(fn)
