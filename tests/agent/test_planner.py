@@ -48,7 +48,8 @@ async def test_valid_plan_on_first_try() -> None:
                    "never use sudo", "argv as a list", "/home/demo", REQUEST, "laptop", "linux"):
         assert needle in prompt, needle
     assert body["response_format"]["type"] == "json_schema"
-    assert body["response_format"]["json_schema"]["schema"]["required"] == ["steps"]
+    assert body["response_format"]["json_schema"]["schema"]["required"] == ["steps", "answer"]  # strict: all
+    assert body["response_format"]["json_schema"]["strict"] is True
 
 
 async def test_history_and_recovery_context_reach_the_prompt() -> None:

@@ -125,7 +125,8 @@ async def test_llm_error_and_no_llm_fall_back_to_ask_user() -> None:
     step = PlanStep(skill="read_file", args={"file_path": "/w/x"})
     decision = await recover(inp(step, "exit code 7: odd"), None)
     assert isinstance(decision, AskUser) and "No LLM" in decision.question
-    async with FakeLLM([HTTPFailure(500, "boom"), json.dumps({"decision": "REPLAN", "suggestion": "s"})]) as fake, \
+    failing = [HTTPFailure(500, "boom")] * 5  # every output mode fails: an error, not a refusal of one
+    async with FakeLLM([*failing, json.dumps({"decision": "REPLAN", "suggestion": "s"})]) as fake, \
             LLMClient(fake.settings()) as llm:
         decision = await recover(inp(step, "exit code 7: odd"), llm)
         assert isinstance(decision, AskUser) and decision.source == "fallback" and "boom" in decision.question

@@ -64,7 +64,8 @@ class Fleet:
         code, out, err = await self.tether("mcp", "config", "--client", "claude-code", "--device", "alpha",
                                            token=self.admin)
         assert code == 0, err
-        [secret] = re.findall(r"Bearer (tapi_[A-Za-z0-9_-]+)", out)
+        assert "Bearer ${TETHER_MCP_TOKEN}" in out  # the project file names the variable; the user sets it
+        [secret] = re.findall(r"export TETHER_MCP_TOKEN='(tapi_[A-Za-z0-9_-]+)'", err)
         return secret
 
     async def question(self, task_id: str, after: int = -1) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -298,7 +299,8 @@ async def test_the_token_mcp_config_device_makes_reaches_that_device_only(fleet:
     assert proc.returncode == 0, err.decode()
     assert "reaching devices dev1" in err.decode()
     entry = json.loads(out)["mcpServers"]["tether"]
-    secret = entry["headers"]["Authorization"].removeprefix("Bearer ")
+    assert entry["headers"]["Authorization"] == "Bearer ${TETHER_MCP_TOKEN}"  # the file names the variable
+    [secret] = re.findall(r"export TETHER_MCP_TOKEN='([^']+)'", err.decode())
     async with mcp_client(f"{fleet.base}/mcp", secret) as client:  # no ?devices= this time
         names = [t.name for t in (await client.list_tools()).tools]
         assert "dev1__get_system_info" in names and not any(n.startswith("dev2__") for n in names), names

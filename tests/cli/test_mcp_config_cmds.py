@@ -50,22 +50,34 @@ def admin(agent: AgentServer) -> str:
     return agent.store.tokens.create("api", "root", ["admin"])[1]
 
 
-def endpoint(client: str, text: str) -> tuple[str, str]:
-    """(url, Authorization header) as the client would read them from its configuration."""
+def endpoint(client: str, text: str, err: str = "", name: str = "tether") -> tuple[str, str]:
+    """(url, Authorization header) as the client would read them from its configuration (`text`, parsed with
+    the real parser), resolving its variable from what the user was told to set (`err`)."""
     if client == "codex":
-        config = tomllib.loads(text)
-        entry = config["mcp_servers"]["tether"]
-        [secret] = re.findall(rf"export {entry['bearer_token_env_var']}='([^']+)'", text)
+        entry = tomllib.loads(text)["mcp_servers"][name]
+        if "http_headers" in entry:
+            return entry["url"], entry["http_headers"]["Authorization"]
+        [secret] = re.findall(rf"export {entry['bearer_token_env_var']}='([^']+)'", err)
         return entry["url"], f"Bearer {secret}"
     config = json.loads(text)
-    entry = config["servers" if client == "vscode" else "mcpServers"]["tether"]
+    entry = config["servers" if client == "vscode" else "mcpServers"][name]
     if client == "claude":
         assert entry["command"] == "npx" and entry["args"][:2] == ["-y", "mcp-remote"]
         assert "--allow-http" in entry["args"] and "Authorization:${TETHER_AUTH}" in entry["args"]
         assert not any("Bearer" in a for a in entry["args"])  # the token is not on the bridge's command line
         return entry["args"][2], entry["env"]["TETHER_AUTH"]
     assert entry.get("type") == ("http" if client in ("vscode", "claude-code") else None)
-    return entry["url"], entry["headers"]["Authorization"]
+    header = entry["headers"]["Authorization"]
+    variable = re.search(r"\$\{(?:env:|input:)?([A-Za-z0-9_-]+)\}", header)
+    if variable is None:
+        return entry["url"], header
+    if client == "vscode":  # an input VS Code prompts for: the token the user was told to paste
+        [asked] = config["inputs"]
+        assert asked["id"] == variable.group(1) and asked["type"] == "promptString" and asked["password"] is True
+        secret = err.strip().splitlines()[-1]
+    else:
+        [secret] = re.findall(rf"export {variable.group(1)}='([^']+)'", err)
+    return entry["url"], header.replace(variable.group(0), secret)
 
 
 async def tools_seen(url: str, header: str) -> set[str]:
@@ -80,22 +92,27 @@ async def tools_seen(url: str, header: str) -> set[str]:
 async def test_each_clients_snippet_connects_with_a_new_token(agent: AgentServer, client: str) -> None:
     code, out, err = await tether("--client", client, server=base(agent), token=admin(agent))
     assert code == 0, err
-    url, header = endpoint(client, out)
+    url, header = endpoint(client, out, err)
     assert url == f"{base(agent)}/mcp"
+    secret = header.removeprefix("Bearer ")
+    if client == "claude":  # Claude Desktop expands no variables: the token sits in its (user) config file
+        assert secret in out and secret not in err
+    else:  # a project file without the secret: the client reads it from the environment or asks for it
+        assert secret not in out and err.count(secret) == 1
     tools = await tools_seen(url, header)
     assert {"run_task", "list_devices", "alpha__shell.run", "beta__shell.run"} <= tools
     made = [t for t in agent.store.tokens.all() if t.name == f"mcp-{client}"]
     # an agent's token (issue 27): it runs and reads, and never approves
     assert len(made) == 1 and sorted(made[0].scopes) == ["execute", "read"] and made[0].agent
     assert not made[0].allows("approve") and "never approves" in err
-    assert f"mcp-{client}" in err and header.removeprefix("Bearer ") not in err  # the secret only in the snippet
+    assert f"mcp-{client}" in err
 
 
 async def test_device_filter_name_and_scope(agent: AgentServer) -> None:
     code, out, err = await tether("--client", "cursor", "--device", "alpha", "--token-name", "ide-1", "--scope",
                                   "read", server=base(agent), token=admin(agent))
     assert code == 0, err
-    url, header = endpoint("cursor", out)
+    url, header = endpoint("cursor", out, err)
     assert url == f"{base(agent)}/mcp?devices=alpha"
     tools = await tools_seen(url, header)
     assert "alpha__shell.run" in tools and not any(t.startswith("beta__") for t in tools) and "run_task" in tools
@@ -125,3 +142,42 @@ async def test_refusals_are_one_line_and_create_nothing(agent: AgentServer) -> N
     assert "never approves" in results["a person's scope"][2]
     assert len(agent.store.tokens.all()) == before
 
+
+
+@pytest.mark.parametrize("client", ["claude", "claude-code", "cursor", "vscode", "codex"])
+@pytest.mark.parametrize("name", ["my.fleet", "a@b", "lab-1"])
+async def test_server_names_are_valid_in_each_format(agent: AgentServer, client: str, name: str) -> None:
+    code, out, err = await tether("--client", client, "--name", name, "--token-name", f"n-{client}-{name}",
+                                  "--token-env", "FLEET_TOKEN", server=base(agent), token=admin(agent))
+    assert code == 0, err
+    if client == "codex":
+        servers = tomllib.loads(out)["mcp_servers"]
+        assert list(servers) == [name], out  # one server of that name, not a table nested under 'my'
+        assert servers[name]["bearer_token_env_var"] == "FLEET_TOKEN"
+    else:
+        assert list(json.loads(out)["servers" if client == "vscode" else "mcpServers"]) == [name]
+    if client in ("claude-code", "cursor", "codex"):
+        assert "export FLEET_TOKEN='" in err and "FLEET_TOKEN" in out
+    url, header = endpoint(client, out, err, name)
+    assert url == f"{base(agent)}/mcp" and header.startswith("Bearer ") and "$" not in header
+
+
+@pytest.mark.parametrize("client", ["claude-code", "cursor", "vscode", "codex"])
+async def test_inline_token_is_written_into_the_configuration(agent: AgentServer, client: str) -> None:
+    code, out, err = await tether("--client", client, "--inline-token", "--token-name", f"inline-{client}",
+                                  server=base(agent), token=admin(agent))
+    assert code == 0, err
+    url, header = endpoint(client, out)  # nothing to resolve: the header is in the file
+    secret = header.removeprefix("Bearer ")
+    assert secret in out and secret not in err and "${" not in out and "inputs" not in out
+    if client == "codex":
+        assert "bearer_token_env_var" not in tomllib.loads(out)["mcp_servers"]["tether"]
+    assert {"run_task", "list_devices"} <= await tools_seen(url, header)
+
+
+async def test_a_bad_token_env_is_refused(agent: AgentServer) -> None:
+    root = admin(agent)
+    before = len(agent.store.tokens.all())
+    code, out, err = await tether("--client", "codex", "--token-env", "NOT-A-VAR", server=base(agent), token=root)
+    assert code == 2 and out == "" and err.startswith("error: --token-env")
+    assert len(agent.store.tokens.all()) == before

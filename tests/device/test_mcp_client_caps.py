@@ -200,6 +200,7 @@ async def test_sampling_allowed_by_policy_asks_the_llm(manager: MCPServerManager
         assert "forty-two" in str(result.result)
         [request] = fake.requests
         assert request["messages"][-1]["content"] == "what is six times seven?"
+        assert request["max_tokens"] == 50  # the server's maxTokens is passed on
         assert events.of("sampling")[0]["chars"] == len("forty-two")
 
 

@@ -135,7 +135,7 @@ async def test_the_server_answers_without_importing_the_sdk_and_stops_cleanly(pr
         assert listed.status_code == 200, listed.text
         # refused before the SDK is needed: no token, a device token
         missing = await http.post("/mcp", json=INIT, headers=MCP_HEADERS)
-        assert missing.status_code == 401 and missing.headers["www-authenticate"] == "Bearer", missing.text
+        assert missing.status_code == 401 and missing.headers["www-authenticate"].startswith("Bearer "), missing.text
         assert missing.json() == {"error": "missing bearer token: send 'Authorization: Bearer <api token>'"}
         wrong = await http.post("/mcp", json=INIT, headers={**MCP_HEADERS, "Authorization": f"Bearer {device}"})
         assert wrong.status_code == 403 and "device token" in wrong.json()["error"], wrong.text

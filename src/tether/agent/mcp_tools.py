@@ -68,8 +68,18 @@ UNDO_SCHEMA: dict[str, Any] = {
 
 
 def _run_input() -> dict[str, Any]:
+    """TaskRequest's schema as one object without a top-level `anyOf` (which Anthropic's API, and so every
+    Claude-based client, refuses): "`request` or `plan`, at least one" is said in the descriptions, and checked
+    when the task is created (TaskService.create: a tool error naming both)."""
     schema = TaskRequest.model_json_schema()
     schema.pop("title", None)
+    schema.pop("anyOf", None)
+    properties = schema["properties"]
+    properties["request"]["description"] = ("what to do, in plain words (planned by the server's LLM); give this "
+                                            "or `plan`, at least one")
+    properties["plan"]["description"] = ("a plan to run as given (no LLM needed): at least one step; give this "
+                                         "or `request`, at least one")
+    schema["description"] = "Give `request` (plain words) or `plan` (steps), at least one; the rest is optional."
     return schema
 
 
@@ -112,6 +122,9 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
             body = TaskRequest.model_validate(arguments)
         except ValidationError as exc:
             return _refused("run_task", exc)
+        if not body.request and not body.plan:  # the schema's one rule it no longer states as a combinator
+            return GatewayReply("run_task: give `request` (what to do, in plain words) or `plan` (a list of steps), "
+                                "at least one", is_error=True)
         tasks = service()
         task = await tasks.create(body.request, plan=Plan(steps=body.plan) if body.plan else None,
                                   device=body.device, requires=body.requires, devices=body.devices,

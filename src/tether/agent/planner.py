@@ -2,8 +2,10 @@
 
 The prompt carries the request, the target devices' profiles and their tools' schemas (compact, each
 schema once), the policy constraints, the steps already run and any recovery context. The LLM answers
-JSON under `PLAN_JSON_SCHEMA`; the plan is validated against the devices' tools and, when it has
-problems, the LLM is asked once more with the problems listed. A second bad plan is a `PlanningError`.
+JSON under `plan_schema` (one branch per skill offered, with that skill's own arguments); the plan is
+validated against the devices' tools and, when it has problems, the LLM is asked once more with the
+problems listed and at most the first `QUOTE_CHARS` of its reply quoted. A second bad plan is a
+`PlanningError`.
 """
 
 from __future__ import annotations
@@ -16,14 +18,17 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tether.agent.llm import LLMClient, Message
-from tether.agent.plan import PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
+from tether.agent.llm import LLMClient, LLMReply, Message
+from tether.agent.plan import OBSERVE, PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
 
 MAX_ATTEMPTS = 2  # the first plan and one re-ask with its problems
 HISTORY_ITEM_CHARS = 600
+QUOTE_CHARS = 500  # of a bad reply, quoted back in the re-ask
+PROBLEM_CHARS = 300
+MAX_PROBLEMS = 12
 DEFAULT_POLICY_SUMMARY = (
     "- Never use sudo, su, doas or passwd; never try to gain privileges.\n"
     "- shell.run takes a program in `cmd` and its arguments as a list in `argv`; never a shell string, "
@@ -256,6 +261,154 @@ def _first_json(text: str) -> tuple[Any, str | None]:
     return None, error
 
 
+# -- the schema the LLM answers under --------------------------------------------------------------
+
+_REF_ARG: dict[str, Any] = {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
+                            "additionalProperties": False}
+_STRICT_KEYS = ("type", "enum", "const", "description")
+
+
+def strict_schema(spec: Any) -> dict[str, Any] | None:
+    """`spec` in the form OpenAI's strict mode accepts (every property required, optional ones made
+    nullable, `additionalProperties: false`, no keywords it rejects), or None when it cannot be put
+    so (a free-form object or map, `$ref`, `allOf`, `not`). An optional property that cannot is left out."""
+    if not isinstance(spec, Mapping) or any(k in spec for k in ("$ref", "allOf", "not")):
+        return None
+    for key in ("anyOf", "oneOf"):
+        if key in spec:
+            branches = [strict_schema(s) for s in spec[key]]
+            return None if any(b is None for b in branches) else {"anyOf": branches}
+    out: dict[str, Any] = {k: spec[k] for k in _STRICT_KEYS if k in spec}
+    kind = spec.get("type")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if kind is None and "enum" not in spec and "const" not in spec:
+        return None
+    if "array" in kinds:
+        items = strict_schema(spec.get("items"))
+        if items is None:
+            return None
+        out["items"] = items
+    if "object" in kinds:
+        props: Mapping[str, Any] = spec.get("properties") or {}
+        if not props:
+            return None
+        required = set(spec.get("required") or ())
+        converted: dict[str, Any] = {}
+        for name, prop in props.items():
+            strict = strict_schema(prop)
+            if strict is None:
+                if name in required:
+                    return None
+                continue
+            converted[name] = strict if name in required else _nullable(strict)
+        out.update(properties=converted, required=list(converted), additionalProperties=False)
+    return out
+
+
+def _nullable(spec: dict[str, Any]) -> dict[str, Any]:
+    if "anyOf" in spec:
+        return {"anyOf": [*spec["anyOf"], {"type": "null"}]}
+    out = dict(spec)
+    kind = out.get("type")
+    if isinstance(kind, str):
+        out["type"] = [kind, "null"]
+    elif isinstance(kind, list) and "null" not in kind:
+        out["type"] = [*kind, "null"]
+    if "enum" in out and None not in out["enum"]:
+        out["enum"] = [*out["enum"], None]
+    if "const" in out:
+        return {"anyOf": [out, {"type": "null"}]}
+    return out
+
+
+def plan_schema(devices: Mapping[str, DeviceView]) -> tuple[dict[str, Any], bool]:
+    """The plan's JSON schema for these devices and whether it is strict: `steps` items are one branch
+    per skill (`anyOf`, as strict mode allows no `oneOf`), each naming its skill as a one-value enum with
+    that skill's own argument schema (each argument may also be a `{"$ref": ...}` to an earlier step's
+    result) and the devices that have it; plus `observe`. Not strict when a skill's required arguments
+    cannot be put in strict form (that skill's arguments are then any object)."""
+    several = len(devices) > 1
+    owners: dict[str, list[str]] = {}
+    skills: dict[str, ToolInfo] = {}
+    for name, view in devices.items():
+        for tool in view.tools:
+            skills.setdefault(tool.name, tool)
+            owners.setdefault(tool.name, []).append(name)
+    strict = True
+    branches: list[dict[str, Any]] = []
+
+    def branch(skill: str, args: dict[str, Any], device: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "object", "additionalProperties": False,
+                "properties": {"skill": {"type": "string", "enum": [skill]}, "args": args,
+                               "description": {"type": "string"}, "device": device},
+                "required": ["skill", "args", "description", "device"]}
+
+    for skill, tool in skills.items():
+        given = tool.input_schema or {}
+        converted: dict[str, Any] | None
+        if given.get("properties"):
+            converted = strict_schema(given)
+        elif given.get("additionalProperties") in (None, False):  # no arguments
+            converted = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
+        else:  # any arguments: not expressible strictly
+            converted = None
+        args: dict[str, Any]
+        if converted is None:
+            strict = False
+            args = {"type": "object"}
+        else:
+            props: dict[str, Any] = converted["properties"]
+            args = {**converted, "properties": {k: {"anyOf": [*v["anyOf"], _REF_ARG]} if "anyOf" in v
+                                                else {"anyOf": [v, _REF_ARG]} for k, v in props.items()}}
+        device = {"type": ["string", "null"], "enum": [*owners[skill], None]} if several else {"type": "null"}
+        branches.append(branch(skill, args, device))
+    observe_args = {"type": "object", "properties": {"note": {"type": ["string", "null"]}}, "required": ["note"],
+                    "additionalProperties": False}
+    branches.append(branch(OBSERVE, observe_args, {"type": "null"}))
+    schema = {"type": "object", "additionalProperties": False, "required": ["steps", "answer"],
+              "properties": {"steps": {"type": "array", "items": {"anyOf": branches}},
+                             "answer": {"type": ["string", "null"]}}}
+    return schema, strict
+
+
+def _without_null_options(plan: Plan, devices: Mapping[str, DeviceView]) -> Plan:
+    """The plan with arguments that are null but optional left out (strict mode sends every argument,
+    the ones not wanted as null)."""
+    required: dict[str, set[str]] = {}
+    for view in devices.values():
+        for tool in view.tools:
+            required.setdefault(tool.name, set((tool.input_schema or {}).get("required") or ()))
+    steps = []
+    for step in plan.steps:
+        needed = required.get(step.skill, set())
+        args = {k: v for k, v in step.args.items() if v is not None or k in needed}
+        steps.append(step if args == step.args else step.model_copy(update={"args": args}))
+    return plan.model_copy(update={"steps": steps})
+
+
+def _quoted(raw: str) -> str:
+    """At most `QUOTE_CHARS` of a reply, to show the LLM what it said without pasting a runaway back."""
+    if len(raw) <= QUOTE_CHARS:
+        return raw
+    return f"{raw[:QUOTE_CHARS]}… [{len(raw) - QUOTE_CHARS} more characters not shown]"
+
+
+def _re_ask(reply: LLMReply, problems: list[str], max_tokens: int) -> str:
+    """What the LLM is told when its plan had problems: what was wrong, briefly, and what to send."""
+    lines = []
+    if reply.truncated:
+        lines.append(f"Your reply ({len(reply.text)} characters) was cut off at the {max_tokens}-token limit "
+                     "before the plan ended: answer with a much shorter plan and nothing else.")
+    if len(reply.text) > QUOTE_CHARS:
+        lines.append(f"Only the first {QUOTE_CHARS} characters of your reply are shown above.")
+    shown = [p if len(p) <= PROBLEM_CHARS else p[:PROBLEM_CHARS] + "…" for p in problems[:MAX_PROBLEMS]]
+    if len(problems) > MAX_PROBLEMS:
+        shown.append(f"… and {len(problems) - MAX_PROBLEMS} more")
+    lines += ["That plan has problems:", *(f"- {p}" for p in shown),
+              "Reply with the whole corrected plan as one JSON object."]
+    return "\n".join(lines)
+
+
 # -- planning --------------------------------------------------------------------------------------
 
 
@@ -273,19 +426,20 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
     views = {name: as_device_view(value) for name, value in devices.items()}
     tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
     messages = build_messages(request, views, policy_summary, history, recovery_context)
+    schema, strict = plan_schema(views)
     calls = prompt_tokens = completion_tokens = 0
     first_problems: list[str] = []
     raw = ""
     problems: list[str] = []
     for attempt in range(1, MAX_ATTEMPTS + 1):
-        reply = await llm.complete(messages, json_schema=PLAN_JSON_SCHEMA, schema_name="plan",
-                                   stream=stream, on_token=on_token)
+        reply = await llm.complete(messages, json_schema=schema, schema_name="plan", strict=strict,
+                                   stream=stream, on_token=on_token, prompt_schema=PLAN_JSON_SCHEMA)
         calls += reply.calls
         prompt_tokens += reply.prompt_tokens
         completion_tokens += reply.completion_tokens
         raw = reply.text
         try:
-            plan = parse_plan_reply(raw)
+            plan = _without_null_options(parse_plan_reply(raw), views)
         except PlanError as exc:
             problems = [str(exc)]
         else:
@@ -298,9 +452,8 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
             first_problems = list(problems)
         messages = [
             *messages,
-            {"role": "assistant", "content": raw},
-            {"role": "user", "content": "That plan has problems:\n" + "\n".join(f"- {p}" for p in problems)
-             + "\nReply with the whole corrected plan as one JSON object."},
+            {"role": "assistant", "content": _quoted(raw)},
+            {"role": "user", "content": _re_ask(reply, problems, llm.settings.max_tokens)},
         ]
     listing = "\n".join(f"- {p}" for p in problems)
     raise PlanningError(f"the LLM did not produce a valid plan after {MAX_ATTEMPTS} attempts:\n{listing}",

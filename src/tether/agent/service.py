@@ -553,7 +553,7 @@ class TaskService:
             raise ValueError(f"the messages are over {MAX_SAMPLING_CHARS} characters")
         max_tokens = request.get("max_tokens")
         limit = max_tokens if type(max_tokens) is int and 0 < max_tokens <= 4000 else 4000
-        reply = await self.llm.complete(messages)
+        reply = await self.llm.complete(messages, max_tokens=limit)
         logger.info("sampling for device %s (MCP server %s): %d prompt, %d completion tokens", device,
                     str(request.get("server"))[:64], reply.prompt_tokens, reply.completion_tokens)
         return reply.text[:limit * 4], self.llm.settings.model

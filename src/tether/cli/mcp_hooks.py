@@ -36,9 +36,9 @@ def llm_sampler(llm: LLMClient) -> Sampler:
         if request.system_prompt:
             messages.append({"role": "system", "content": request.system_prompt})
         messages.extend(request.messages)
-        reply = await llm.complete(messages)
+        reply = await llm.complete(messages, max_tokens=request.max_tokens)
         text = reply.text
-        if reply.completion_tokens > request.max_tokens:  # the client cannot pass max_tokens on: cut the reply
+        if reply.completion_tokens > request.max_tokens:  # a server that ignores max_tokens: cut the reply
             text = text[:request.max_tokens * 4]
         return SamplingReply(text=text, model=llm.settings.model)
 

@@ -209,6 +209,9 @@ class ServerSettings(BaseModel):
     allowed_origins: list[str] = Field(default_factory=list, description=(
         "browser origins (scheme://host[:port]) allowed besides the server's own; a page's Origin must match "
         "the server's scheme, host and port otherwise"))
+    mcp_authorization_servers: list[str] = Field(default_factory=list, description=(
+        "OAuth authorization servers (issuer URLs) named in /mcp's Protected Resource Metadata (RFC 9728); "
+        "empty: tether's own API tokens, which need none (docs/gateway.md)"))
     four_eyes: bool = Field(False, description=(
         "approvals need a second person: the token that asked for an action (created the task, sent the "
         "command) may not approve it; see docs/security/approvals.md"))

@@ -14,6 +14,7 @@ from urllib.parse import parse_qs
 
 from tether.server.http.request_guard import send_error
 from tether.server.mcp.fleet import BadFilter, DeviceFilter
+from tether.server.mcp.resource_metadata import challenge
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
 
@@ -28,8 +29,13 @@ class Admitted:
 
 @dataclass(frozen=True)
 class Refused:
+    """Why a request may not use `/mcp`: its HTTP status and words; `invalid_token` when it sent a token that
+    is not valid, `missing_scope` when its token lacks one (both said in the `WWW-Authenticate` challenge)."""
+
     status: int
     error: str
+    invalid_token: bool = False
+    missing_scope: str | None = None
 
 
 def admit(store: Store, scope: dict[str, Any]) -> Admitted | Refused:
@@ -41,12 +47,12 @@ def admit(store: Store, scope: dict[str, Any]) -> Admitted | Refused:
         return Refused(401, "missing bearer token: send 'Authorization: Bearer <api token>'")
     token = store.tokens.verify(secret.strip())
     if token is None:
-        return Refused(401, "unknown or revoked token")
+        return Refused(401, "unknown or revoked token", invalid_token=True)
     if token.kind != "api":
         return Refused(403, "a device token cannot use the MCP gateway; create one with "
                             "'tether token create --api NAME --scope read --scope execute'")
     if not token.allows("read"):
-        return Refused(403, f"token '{token.name}' lacks the 'read' scope (has {token.scopes})")
+        return Refused(403, f"token '{token.name}' lacks the 'read' scope (has {token.scopes})", missing_scope="read")
     try:
         keep = DeviceFilter.parse(query_value(scope, "devices"))
     except BadFilter as exc:
@@ -60,8 +66,15 @@ def query_value(scope: dict[str, Any], name: str) -> str | None:
     return values[-1] if values else None
 
 
-async def deny(scope: dict[str, Any], receive: Any, send: Any, status: int, error: str) -> None:
-    """Answer a request with `{"error": …}` (401s say `WWW-Authenticate: Bearer`), its body read and
-    dropped first (`guard.drain`) so the answer is not lost to a TCP reset and the connection stays open."""
-    extra = [(b"www-authenticate", b"Bearer")] if status == 401 else []
+async def deny(scope: dict[str, Any], receive: Any, send: Any, status: int, error: str,
+               refused: Refused | None = None) -> None:
+    """Answer a request with `{"error": …}`, its body read and dropped first (`guard.drain`) so the answer is
+    not lost to a TCP reset and the connection stays open. A 401 says `WWW-Authenticate: Bearer
+    resource_metadata="…"` (RFC 9728; with `error="invalid_token"` when `refused` says the token was wrong),
+    a 403 for a missing scope `error="insufficient_scope"` with the scope."""
+    extra = []
+    if status == 401 or (refused is not None and refused.missing_scope is not None):
+        value = challenge(scope, invalid_token=refused is not None and refused.invalid_token,
+                          insufficient_scope=refused.missing_scope if refused is not None else None)
+        extra = [(b"www-authenticate", value.encode("latin-1"))]
     await send_error(send, status, error, receive=receive, headers=dict(scope.get("headers") or ()), extra=extra)

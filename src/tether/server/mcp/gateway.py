@@ -2,10 +2,10 @@
 
 Built on the official SDK's low-level `Server` (its tool list is computed per request, which the fleet
 needs: devices come and go) and `StreamableHTTPSessionManager`. In front of the SDK sits an ASGI check of
-the API token (`Authorization: Bearer`; 401 `{"error": …}` with `WWW-Authenticate: Bearer` without a valid
-one, 403 for a device token or a token without `read`), repeated on every request so a revoked token stops
-at once; an MCP session stays bound to the token that opened it. The app's `RequestGuard` (Host/Origin,
-body caps) runs before all of this, as for every route.
+the API token (`Authorization: Bearer`; 401 `{"error": …}` with `WWW-Authenticate: Bearer resource_metadata=…`
+(RFC 9728, resource_metadata.py) without a valid one, 403 for a device token or a token without `read`),
+repeated on every request so a revoked token stops at once; an MCP session stays bound to the token that
+opened it. The app's `RequestGuard` (Host/Origin, body caps) runs before all of this, as for every route.
 
 Scopes: `read` lists (every request needs it), `execute` calls device tools, `approve` answers approvals
 and questions (a person's token only: an agent's never approves, docs/security/approvals.md); a
@@ -77,7 +77,8 @@ SCOPE_KEY = "tether.mcp.caller"  # the ASGI scope entry where the checked token 
 ELICIT_TIMEOUT = 600.0  # a person answering a question through the client
 MAX_DEFERRED = 1024  # questions to 2026-07-28 clients awaiting their retry
 # sessions one token may hold open at once: the SDK's own cap (10,000) is for the whole server, so without
-# this one token (a read-only one too) could open them all and lock every other client out
+# this one token (a read-only one too) could open them all and lock every other client out; at the cap, the
+# token's least recently used idle session is ended to make room (ReplyingSessionManager.make_room)
 MAX_SESSIONS_PER_TOKEN = 64
 MAX_NAME_ECHO = 120  # how much of an unknown tool name an error repeats
 QUESTION_KEY = "approval"
@@ -123,6 +124,7 @@ class Gateway:
         self.manager = ReplyingSessionManager(  # answers in JSON unless a call has something to stream
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
+        self.manager.per_owner = MAX_SESSIONS_PER_TOKEN  # idle ones make room before a token is refused
         self.watch = ListChangedWatch(self.manager, self.store, self.index, self.bus, _who)
         self.server.middleware = [self.watch.middleware]  # (no OpenTelemetry span per message: nothing exports them)
         self._deferred: dict[str, _Deferred] = {}  # by request_state
@@ -145,34 +147,31 @@ class Gateway:
             return
         admitted = admit(self.store, scope)
         if isinstance(admitted, Refused):
-            await deny(scope, receive, send, admitted.status, admitted.error)
+            await deny(scope, receive, send, admitted.status, admitted.error, admitted)
             return
         token = admitted.token
         headers = dict(scope.get("headers") or ())
-        if b"mcp-session-id" not in headers and scope.get("method") == "POST" \
-                and self._sessions_of(token.id) >= MAX_SESSIONS_PER_TOKEN:
+        version = headers.get(b"mcp-protocol-version")
+        modern = version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS
+        # only a handshake-era POST without a session id opens a session; a stateless (2026-07-28) request
+        # needs no slot, and an idle session of the token makes room (transport.py)
+        if b"mcp-session-id" not in headers and scope.get("method") == "POST" and not modern \
+                and not self.manager.make_room(token.id):
             await deny(scope, receive, send, 429,
-                       f"token '{token.name}' already holds {MAX_SESSIONS_PER_TOKEN} open MCP sessions "
-                       "(the most one token may): end some (HTTP DELETE /mcp) or wait for them to expire")
+                       f"all {MAX_SESSIONS_PER_TOKEN} MCP sessions of token '{token.name}' (the most one token may "
+                       "hold) are serving a request right now; retry when one of them has answered")
             return
         # a scoped token's client lists, calls and hears of only the devices in its scope (docs/security/scopes.md)
         admitted = Admitted(token, ScopedFilter.of(admitted.keep, token, self.registry))
         scope[SCOPE_KEY] = admitted
         # binds each MCP session to the token that opened it (the SDK answers 404 to any other)
         scope["user"] = AuthenticatedUser(AccessToken(token=token.id, client_id=token.id, scopes=token.scopes))
-        version = headers.get(b"mcp-protocol-version")
-        if version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS:
+        if modern:
             # the 2026-07-28 era and unknown versions: the SDK's structured rejections (supported versions in
             # the error's data) are what such a client negotiates with, so its errors stay JSON-RPC
             await self.manager.handle_request(scope, receive, send)
             return
         await self.manager.handle_request(scope, receive, plain_errors(send))
-
-    def _sessions_of(self, token_id: str) -> int:
-        """Open sessions opened by this token: the SDK keeps each session's owner (`client_id` is the token's id,
-        see `__call__`), and forgets it when the session ends or expires."""
-        owners: dict[str, Any] = getattr(self.manager, "_session_owners", {})
-        return sum(1 for owner in owners.values() if owner.get("client_id") == token_id)
 
     # -- tool list ------------------------------------------------------------------------------
 

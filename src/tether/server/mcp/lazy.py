@@ -61,7 +61,7 @@ class LazyGateway:
                 return
             checked = admit(self.app.state.store, scope)  # the gateway checks again, as on every request
             if isinstance(checked, Refused):  # no SDK import for a request the gateway would refuse
-                await deny(scope, receive, send, checked.status, checked.error)
+                await deny(scope, receive, send, checked.status, checked.error, checked)
                 return
             try:
                 gateway = await self.ready()

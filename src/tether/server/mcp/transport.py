@@ -17,13 +17,16 @@ as before, and so does a cancelled call's answer (see `_is_result`). The client 
 
 Everything else (initialize, notifications, GET and DELETE, malformed requests, an event store) takes the
 SDK's own path unchanged. Written against mcp 2.3's transport (`_request_streams`, `_run_sse_writer`,
-`_create_session_message`, the manager's `_admit_session`); tests/gateway/test_gateway_replies.py fails if
-they change shape.
+`_create_session_message`, `handle_request`) and manager (`_admit_session`, `_server_instances`,
+`_session_owners`, `_task_group`); tests/gateway/test_gateway_replies.py and test_gateway_sessions.py fail
+if they change shape.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import time
 from functools import partial
 from typing import Any
 from uuid import uuid4
@@ -34,6 +37,7 @@ from anyio.streams.memory import MemoryObjectSendStream
 from mcp.server.auth.middleware.bearer_auth import AuthorizationContext
 from mcp.server.streamable_http import (
     CONTENT_TYPE_SSE,
+    GET_STREAM_KEY,
     MCP_SESSION_ID_HEADER,
     REQUEST_CANCELLED,
     REQUEST_STREAM_BUFFER_SIZE,
@@ -54,6 +58,8 @@ from pydantic import ValidationError
 from sse_starlette import EventSourceResponse
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
+
+logger = logging.getLogger(__name__)
 
 STREAM_AFTER = 5.0  # seconds a call may stay silent before its answer becomes an SSE stream (with pings)
 
@@ -80,9 +86,25 @@ class _FirstSignal:
 
 
 class ReplyingTransport(StreamableHTTPServerTransport):
-    """A session's transport: a request's answer is a JSON body unless something must be streamed first."""
+    """A session's transport: a request's answer is a JSON body unless something must be streamed first.
+
+    It also notes when its session was last used (`last_used`, monotonic seconds, at the start and end of
+    every HTTP request) and how many POSTs it is serving now (`posts_in_flight`): what the manager's eviction
+    of idle sessions reads. An open GET stream (a client listening for notifications) is not a POST."""
 
     stream_after: float = STREAM_AFTER
+    last_used: float = 0.0
+    posts_in_flight: int = 0
+
+    async def handle_request(self, scope: Scope, receive: Receive, send: Send) -> None:
+        post = scope.get("method") == "POST"
+        self.last_used = time.monotonic()
+        self.posts_in_flight += post
+        try:
+            await super().handle_request(scope, receive, send)
+        finally:
+            self.posts_in_flight -= post
+            self.last_used = time.monotonic()
 
     async def _handle_post_request(self, scope: Scope, request: Request, receive: Receive, send: Send) -> None:
         message = await self._plain_request(request)
@@ -162,12 +184,55 @@ def _is_result(message: Any) -> bool:
 
 
 class ReplyingSessionManager(StreamableHTTPSessionManager):
-    """The SDK's session manager, its sessions served by `ReplyingTransport`."""
+    """The SDK's session manager, its sessions served by `ReplyingTransport`, at most `per_owner` of them
+    open for one owner (the token's id, `client_id` of the session's `AuthorizationContext`).
+
+    An owner at its limit gets a new session in place of its least recently used idle one (`make_room`):
+    clients that end without a DELETE (the TypeScript SDK's `close()`) would otherwise hold their sessions
+    until the idle expiry and lock their token out. Only when every session of the owner is serving a POST
+    is a new one refused."""
 
     stream_after: float = STREAM_AFTER  # given to each new session's transport
+    per_owner: int | None = None
+
+    def owned_by(self, owner: str) -> dict[str, StreamableHTTPServerTransport]:
+        """The open sessions of `owner` (a token's id), by session id."""
+        return {sid: self._server_instances[sid] for sid, who in list(self._session_owners.items())
+                if who.get("client_id") == owner and sid in self._server_instances}
+
+    def make_room(self, owner: str) -> bool:
+        """Whether `owner` may open one more session now, after ending (at once, without awaiting) its least
+        recently used session with no POST in flight if it is at `per_owner`: one with no request at all
+        first, then one that only holds a GET stream open. False when all of them are serving a POST."""
+        if self.per_owner is None:
+            return True
+        mine = self.owned_by(owner)
+        if len(mine) < self.per_owner:
+            return True
+        idle = [(getattr(t, "posts_in_flight", 0) > 0, GET_STREAM_KEY in t._request_streams,
+                 getattr(t, "last_used", 0.0), sid, t) for sid, t in mine.items()]
+        candidates = sorted(entry for entry in idle if not entry[0])
+        excess = len(mine) - self.per_owner + 1
+        if len(candidates) < excess:
+            return False
+        for _, _, _, sid, transport in candidates[:excess]:
+            self._evict(sid, transport)
+        return True
+
+    def _evict(self, session_id: str, transport: StreamableHTTPServerTransport) -> None:
+        # `_discard_session` without its await: forgotten now (its id answers 404 from here on), the transport
+        # terminated in the manager's task group (which ends the session's server task)
+        self._server_instances.pop(session_id, None)
+        self._session_owners.pop(session_id, None)
+        if self._task_group is not None and not transport.is_terminated:
+            self._task_group.start_soon(transport.terminate)
+        logger.info("MCP session %s evicted: its token opened a new one and this was its least recently used",
+                    session_id[:12])
 
     def _admit_session(self, requestor: AuthorizationContext | None) -> StreamableHTTPServerTransport | None:
-        # mcp 2.3's `_admit_session`, constructing the transport above
+        # mcp 2.3's `_admit_session`, constructing the transport above, after making room for its owner
+        if requestor is not None and not self.make_room(str(requestor.get("client_id"))):
+            return None
         if self.max_sessions is not None and len(self._server_instances) >= self.max_sessions:
             return None
         transport = ReplyingTransport(mcp_session_id=uuid4().hex, is_json_response_enabled=self.json_response,

@@ -17,7 +17,7 @@ def device_tool(tool: DeviceTool) -> types.Tool:
     info = tool.info
     hints = tool_annotations(info)
     return types.Tool(name=tool.name, description=f"[device {tool.device}] {info.description}".strip(),
-                      input_schema=info.input_schema, output_schema=info.output_schema,
+                      input_schema=client_safe_schema(info.input_schema), output_schema=info.output_schema,
                       annotations=types.ToolAnnotations(read_only_hint=hints["readOnlyHint"],
                                                         destructive_hint=hints["destructiveHint"],
                                                         open_world_hint=hints["openWorldHint"]))
@@ -26,8 +26,58 @@ def device_tool(tool: DeviceTool) -> types.Tool:
 def contributed_tool(tool: GatewayTool) -> types.Tool:
     annotations = types.ToolAnnotations.model_validate({"readOnlyHint": tool.read_only,
                                                         "destructiveHint": tool.destructive, **tool.annotations})
-    return types.Tool(name=tool.name, description=tool.description, input_schema=tool.input_schema,
+    return types.Tool(name=tool.name, description=tool.description, input_schema=client_safe_schema(tool.input_schema),
                       output_schema=tool.output_schema, annotations=annotations)
+
+
+COMBINATORS = ("anyOf", "oneOf", "allOf")
+# what some clients' model APIs refuse at a tool schema's top level (Anthropic's: "input_schema does not support
+# oneOf, allOf, or anyOf at the top level"); nested, they are accepted everywhere
+TOP_LEVEL_REFUSED = (*COMBINATORS, "not", "enum", "const")
+
+
+def client_safe_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
+    """`schema` as every major MCP client accepts a tool's input schema: `type: object` at the top, and none of
+    `anyOf`, `oneOf`, `allOf`, `not`, `enum`, `const` there (nested ones stay). A schema already so is returned
+    as it is (the same object). Otherwise it is flattened: the alternatives' `properties` merged into one
+    object (the first alternative naming a property gives its schema), `required` keeping what every
+    alternative of an `anyOf`/`oneOf` requires and all that an `allOf` requires, `additionalProperties` kept
+    only when given at the top, `$defs` kept; the alternatives themselves are put into the description as
+    JSON so a model still reads them. Validation of the exact shape stays with whoever serves the tool (an
+    external MCP server checks its own arguments; the gateway's own tools check theirs)."""
+    if not isinstance(schema, dict):
+        return {"type": "object"}
+    if schema.get("type") == "object" and not any(key in schema for key in TOP_LEVEL_REFUSED):
+        return schema
+    flat: dict[str, Any] = {key: value for key, value in schema.items() if key not in TOP_LEVEL_REFUSED}
+    flat["type"] = "object"
+    properties: dict[str, Any] = dict(schema.get("properties") or {})
+    required: list[str] = list(schema.get("required") or [])
+    moved: dict[str, Any] = {}
+    for key in COMBINATORS:
+        branches = [b for b in schema.get(key) or [] if isinstance(b, dict)]
+        if not branches:
+            continue
+        moved[key] = schema[key]
+        for branch in branches:
+            for name, spec in (branch.get("properties") or {}).items():
+                properties.setdefault(name, spec)
+        needed = [set(b.get("required") or []) for b in branches]
+        if key == "allOf":
+            required += sorted(set().union(*needed) - set(required))
+        else:
+            required += sorted(set.intersection(*needed) - set(required))
+    moved.update({key: schema[key] for key in ("not", "enum", "const") if key in schema})
+    flat["properties"] = properties
+    if required:
+        flat["required"] = required
+    else:
+        flat.pop("required", None)
+    if moved:
+        note = "Arguments must also satisfy: " + json.dumps(moved, ensure_ascii=False, separators=(",", ":"))
+        flat["description"] = f"{schema['description']}\n{note}" if isinstance(schema.get("description"), str) \
+            else note
+    return flat
 
 
 def call_result(reply: Reply, *, as_json: bool = False) -> types.CallToolResult:
