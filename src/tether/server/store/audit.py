@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from tether.server.store.engine import Engine, StoreUnavailable, disk_problem, free_space_problem
+from tether.server.store.engine import Engine, Ran, StoreUnavailable, disk_problem, free_space_problem
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,9 @@ PROBE_LOCK_TIMEOUT_MS = 1000  # PostgreSQL: the probe waits this long for the au
 
 # requested_by, device, call_id, tool_name, arguments, status, error, response_id[, approved_by[, approval_digest]]
 AuditRow = tuple[Any, ...]
+# what a write on the worker gave: (rows not written, outcomes not written, the error that stopped them)
+_PartsDone = tuple[list[Any], list[Any], BaseException | None]
+_GroupDone = tuple[str | None, list[Any], list[Any], BaseException | None]  # (why `sent` failed, *_PartsDone)
 
 SENT, UNKNOWN, PENDING = "sent", "unknown", "pending"
 LATE_NOTE = "late: this outcome came back after the caller's wait had ended"
@@ -183,7 +186,11 @@ class AuditLog:
         waiters, self._done_waiters = self._done_waiters, []
         pending, updates = self._take()
         one_transaction = self._error is None
-        self._ensure_probe(loop)
+        if self._probe_timer is None:
+            self._ensure_probe(loop)
+        if not self._engine.offload:  # SQLite: at once, on this thread (see `Engine`)
+            self._group_now(sent, pending, updates, sent_waiters, waiters, one_transaction=one_transaction)
+            return
 
         def work() -> tuple[str | None, list[Any], list[Any], BaseException | None]:
             return self._group_work(sent, pending, updates, one_transaction=one_transaction)
@@ -201,7 +208,7 @@ class AuditLog:
 
         timers: list[asyncio.TimerHandle] = []
 
-        def settle(future: Future[tuple[str | None, list[Any], list[Any], BaseException | None]]) -> None:
+        def settle(future: Future[_GroupDone] | Ran[_GroupDone]) -> None:
             for timer in timers:
                 timer.cancel()
             try:
@@ -219,11 +226,28 @@ class AuditLog:
         except RuntimeError as exc:  # the store is closed
             settle(_failed(exc))
             return
-        if future.done():  # run at once (`Engine.offload` is off: SQLite)
+        if isinstance(future, Ran):  # run at once (`Engine.offload` is off: SQLite)
             settle(future)
             return
         timers.append(loop.call_later(GROUP_TIMEOUT_S, timed_out))
         future.add_done_callback(lambda f: _call_soon(loop, settle, f))
+
+    def _group_now(self, sent: list[Any], pending: list[Any], updates: list[Any],
+                   sent_waiters: list[asyncio.Future[str | None]], waiters: list[asyncio.Future[None]], *,
+                   one_transaction: bool) -> None:
+        """`_group_commit` without a worker: the group written now, its callers answered now."""
+        sent_problem: str | None = None
+        try:
+            sent_problem, unwritten, unsettled, exc = self._group_work(sent, pending, updates,
+                                                                       one_transaction=one_transaction)
+            self._settle(pending, unwritten, unsettled, exc)
+        finally:
+            for sent_waiter in sent_waiters:
+                if not sent_waiter.done():
+                    sent_waiter.set_result(sent_problem)
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(None)
 
     def _group_work(self, sent: list[Any], pending: list[Any], updates: list[Any], *, one_transaction: bool
                     ) -> tuple[str | None, list[Any], list[Any], BaseException | None]:
@@ -320,7 +344,7 @@ class AuditLog:
         if not pending and not updates:
             return
 
-        def settle(future: Future[tuple[list[Any], list[Any], BaseException | None]]) -> None:
+        def settle(future: Future[_PartsDone] | Ran[_PartsDone]) -> None:
             try:
                 unwritten, unsettled, exc = future.result()
             except BaseException as error:
@@ -332,7 +356,7 @@ class AuditLog:
         except RuntimeError as exc:
             settle(_failed(exc))
             return
-        if future.done():
+        if isinstance(future, Ran):
             settle(future)
         else:
             future.add_done_callback(lambda f: _call_soon(loop, settle, f))
@@ -452,7 +476,7 @@ class AuditLog:
             return  # still queued or running: `health` reports it once it is late
         self._probe_started = time.monotonic()
 
-        def settle(future: Future[str | None]) -> None:
+        def settle(future: Future[str | None] | Ran[str | None]) -> None:
             self._probe_started = None
             try:
                 self._probe_problem = future.result()
@@ -464,7 +488,7 @@ class AuditLog:
         except RuntimeError as exc:
             settle(_failed(exc))
             return
-        if future.done():
+        if isinstance(future, Ran):
             settle(future)
         else:
             future.add_done_callback(lambda f: _call_soon(loop, settle, f))
@@ -650,11 +674,12 @@ class AuditLog:
         return [dict(r) for r in self._engine.run_sync(work)]
 
 
-def _failed(exc: BaseException) -> Future[Any]:
-    """A future that failed with `exc` (work that could not be handed to the worker)."""
-    future: Future[Any] = Future()
-    future.set_exception(exc)
-    return future
+def _failed(exc: BaseException) -> Ran[Any]:
+    """What work that could not be handed to the worker gave: `exc`."""
+    def fail() -> Any:
+        raise exc
+
+    return Ran(fail)
 
 
 def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[Any], None], arg: Any) -> None:
