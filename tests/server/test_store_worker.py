@@ -100,3 +100,33 @@ def test_postgres_group_commit_waits_for_a_lock_on_the_worker_not_on_the_loop(pg
             [("c1", "success"), ("c2", "sent")]
     finally:
         store.close()
+
+
+def test_postgres_rows_written_after_their_callers_gave_up_say_they_were_not_sent(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    from tether.server.store import audit
+
+    monkeypatch.setattr(audit, "GROUP_TIMEOUT_S", 0.2)
+    store = Store(pg_url)
+    try:
+        locker = psycopg.connect(pg_url)
+        locker.execute("LOCK TABLE audit IN ACCESS EXCLUSIVE MODE")
+
+        async def scenario() -> None:
+            problem = await asyncio.wait_for(store.audit.sent_grouped([row("c9", "r9")]), 10)
+            assert problem is not None and "did not answer within 0.2s" in problem, problem
+            await asyncio.to_thread(locker.rollback)
+            for _ in range(200):  # the late write, then the outcome it queued, settle on the worker
+                rows = await asyncio.to_thread(store.audit.rows)
+                if rows and rows[0]["status"] != "sent":
+                    break
+                await asyncio.sleep(0.02)
+
+        asyncio.run(scenario())
+        locker.close()
+        [written] = [r for r in store.audit.rows() if r["call_id"] == "c9"]
+        assert written["status"] == "failure" and written["error"].startswith("not sent: "), written
+    finally:
+        store.close()

@@ -203,8 +203,12 @@ class AuditLog:
                 if not waiter.done():
                     waiter.set_result(None)
 
+        late = f"the audit log cannot be written: the database did not answer within {GROUP_TIMEOUT_S:g}s"
+        abandoned: list[bool] = []  # set when the callers were answered before the worker was done
+
         def timed_out() -> None:
-            answer(f"the audit log cannot be written: the database did not answer within {GROUP_TIMEOUT_S:g}s")
+            abandoned.append(True)
+            answer(late)
 
         timers: list[asyncio.TimerHandle] = []
 
@@ -216,6 +220,10 @@ class AuditLog:
             except BaseException as error:
                 sent_problem, unwritten, unsettled, exc = f"the audit log cannot be written: {error}", pending, \
                     updates, error
+            if abandoned and sent and sent_problem is None:  # written after its callers were told it was not:
+                # those commands were never sent, and their rows say so (an outcome is written once)
+                self._updates.extend((r[7], r[2], "failure", f"not sent: {late}") for r in sent)
+                self._flush_later(0)
             try:
                 self._settle(pending, unwritten, unsettled, exc)
             finally:
