@@ -248,6 +248,8 @@ async def test_restart_keeps_tasks_and_resumes_them(tmp_path: Path, jailed: Any)
     # the server stopped with one task waiting for approval and one in the middle of a command
     async with AgentServer(tmp_path, db_path=db) as server:
         await server.add_device("alpha", policy, tmp_path / "state-alpha-2")
+        # the step in flight is first asked about on the device (a new process: no record of it), then the person
+        await server.events_until(running["id"], lambda e: e["kind"] == "question" and e["data"]["kind"] == "restart")
         listed = {t["id"]: t for t in (await server.api.get("/tasks")).json()}
         assert listed[asking["id"]]["state"] == "waiting_for_user"
         assert listed[running["id"]]["state"] == "waiting_for_user"

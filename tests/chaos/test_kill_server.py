@@ -11,6 +11,7 @@ import pytest
 
 from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 from tests.kits.faultproxy import FaultProxy
+from tests.kits.netutil import wait_for
 
 
 def test_server_killed_mid_batch(cluster: ChaosCluster, runs: Runs, ledger: Ledger, callers) -> None:
@@ -41,6 +42,9 @@ def test_server_killed_mid_task(cluster: ChaosCluster, runs: Runs, ledger: Ledge
     cluster.kill_server()
     cluster.restart_server()
     cluster.wait_online("alpha")
+    # the restarted server asks the device about the step first (it stopped the orphaned run on reconnecting,
+    # so the device reports a failure it cannot vouch for): then the person is asked
+    wait_for(lambda: cluster.remote.task(tid)["state"] != "running", "the task settled", WAIT)
     task = cluster.remote.task(tid)
     assert task["state"] == "waiting_for_user", task["state"]
     question = task["questions"][-1]

@@ -216,11 +216,15 @@ def test_a_killed_server_keeps_the_task_and_asks_what_to_do(tmp_path: Path) -> N
         wait_for(lambda: cluster.remote.health()["status"] == "ok", "the new server's health",
                  procs=(cluster.server.popen,))
         cluster.wait_online("alpha", s.alpha)
+        # the new server asks the device about the step first: it stopped the orphaned `sleep` on reconnecting
+        wait_for(lambda: cluster.remote.task(tid)["state"] != "running", "the task settled",
+                 procs=(cluster.server.popen,))
 
         log = s.tether("log", tid)
         assert log.returncode == 0, log.stderr
         assert "plan" in log.stdout and "shell.run {'cmd': 'sleep'" in log.stdout
-        assert "step 1 attempt 1 shell.run {'cmd': 'sleep'" in log.stdout and "no result recorded" in log.stdout
+        assert "step 1 attempt 1 shell.run {'cmd': 'sleep'" in log.stdout and "no result recorded" not in log.stdout
+        assert "→ failure: the server no longer waits for this batch" in log.stdout  # the device's own account
         assert "question (restart)" in log.stdout and "waiting for an answer" in log.stdout
         task = cluster.remote.task(tid)
         assert task["state"] == "waiting_for_user"
@@ -239,7 +243,8 @@ def test_a_killed_server_keeps_the_task_and_asks_what_to_do(tmp_path: Path) -> N
         assert followed.stdout.rstrip().endswith("done")
         done = cluster.remote.task(tid, events=False)
         assert done["state"] == "done", done["error"]
-        assert [st["step"]["skill"] for st in done["steps"]] == ["write_file"]  # the sleep was not run again
+        # the sleep was not run again: its one record is the outcome the device reported
+        assert [(st["step"]["skill"], st["attempt"]) for st in done["steps"]] == [("shell.run", 1), ("write_file", 1)]
         assert after.read_text() == "2"
     finally:
         s.cluster.close()

@@ -146,6 +146,8 @@ async def test_a_step_skipped_after_a_restart_counts_as_a_step_that_did_not_succ
         await server.events_until(created["id"], lambda e: e["kind"] == "step_started" and e["data"]["step"] == 1)
     async with AgentServer(tmp_path, db_path=db) as server:  # restarted in the middle of step 2
         await server.add_device("alpha", policy, tmp_path / "state-alpha-2")
+        # the step in flight is first asked about on the device (a new process: no record of it), then the person
+        await server.events_until(created["id"], lambda e: e["kind"] == "question" and e["data"]["kind"] == "restart")
         waiting = (await server.api.get(f"/tasks/{created['id']}")).json()
         assert waiting["questions"][-1]["kind"] == "restart"
         answered = await server.api.post(f"/tasks/{created['id']}/answer", json={"answer": "skip this step"})

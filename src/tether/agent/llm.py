@@ -115,8 +115,10 @@ def resolve_llm_settings(path: str | os.PathLike[str] | None = None,
         return None
     import yaml  # only with a config file: a server without one starts ~10 ms sooner
 
+    from tether import yaml12
+
     try:
-        data = yaml.safe_load(file.read_text(encoding="utf-8")) or {}
+        data = yaml12.safe_load(file.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ValueError(f"cannot read config file {file}: {exc}") from None
     if not isinstance(data, dict):

@@ -125,8 +125,10 @@ def load_plan_file(path: str | Path) -> Plan:
     else:
         import yaml
 
+        from tether import yaml12
+
         try:
-            data = yaml.safe_load(text)
+            data = yaml12.safe_load(text)
         except yaml.YAMLError as exc:
             raise PlanError(f"{path}: not valid YAML: {exc}") from None
     return plan_from_data(data, str(path))

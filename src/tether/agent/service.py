@@ -6,8 +6,10 @@ waiting on them, cancels, streams events to subscribers, and undoes a task on ev
 touched. Every state change, step, decision, question and answer is saved before the next thing
 happens, so a server that dies loses at most the streamed output of the step that was running.
 
-After a restart (`start`), each unfinished task is settled, never forgotten: resumed, or held with
-a question for the person when a command may or may not have run (see `tether.agent.restart`).
+After a restart (`start`), or when it takes over a task whose server stopped, each unfinished task is
+settled, never forgotten: a step that was in flight is first asked about on its device (its record of
+finished calls), and the task resumed from that outcome; it is held with a question for the person only
+when the command may or may not have run and the device cannot say (see `tether.agent.restart`).
 """
 
 from __future__ import annotations
@@ -25,14 +27,14 @@ from tether.agent.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.peers import TaskPeers
 from tether.agent.plan import Plan, PlanStep
 from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
-from tether.agent.restart import settle_after_restart
+from tether.agent.restart import SEQ_JUMP, InFlight, in_flight_step, settle_after_restart
 from tether.agent.steps import discover_tools
 from tether.agent.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.task_error import TaskError
 from tether.agent.task_store import SaveSoon, TaskStore
 from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
-from tether.protocol.messages import Event
+from tether.protocol.messages import OUTCOME_FINISHED, OUTCOME_RUNNING, CallOutcome, CallRef, Event
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.hub import DeviceHub
@@ -48,6 +50,8 @@ logger = logging.getLogger(__name__)
 _SUBSCRIBER_QUEUE = 10_000
 
 
+OUTCOME_QUERY_TIMEOUT_S = 10.0  # a device answers an outcome query from memory; an old one never answers
+OUTCOME_POLL_S = 1.0  # how often a step the device reports still running is asked about again
 MAX_SAMPLING_CHARS = 64_000  # what a device may send this server's LLM in one sampling request
 
 class DeviceUnavailable(AgentError, RuntimeError):
@@ -128,6 +132,7 @@ class TaskService:
         self._leases: TaskLeases | None = None  # made at start: which node runs each task (agent/ownership.py)
         self._keeper: asyncio.Task[None] | None = None
         self._given_up: set[str] = set()  # tasks another server took over while they ran here
+        self._asking: dict[str, asyncio.Task[None]] = {}  # tasks whose step in flight is being asked about
 
     # -- lifecycle ------------------------------------------------------------------------------------
 
@@ -158,6 +163,10 @@ class TaskService:
         if self._keeper is not None:
             self._keeper.cancel()
             await asyncio.gather(self._keeper, return_exceptions=True)
+        asking = list(self._asking.values())  # unsettled: the next server asks the device again
+        for ask in asking:
+            ask.cancel()
+        await asyncio.gather(*asking, return_exceptions=True)
         runners = list(self._runners.values())
         for runner, job in runners:
             runner.interrupted = True
@@ -220,12 +229,75 @@ class TaskService:
                 logger.warning("could not release the lease of task %s: %s", task_id, exc)
 
     def _resume_after_restart(self, task: Task) -> None:
-        action = settle_after_restart(task)
+        """Settle a task its server left unfinished (`tether.agent.restart`). When a step was in flight, its
+        device is asked first (in the background: the task is held here meanwhile, its lease kept)."""
+        flight = in_flight_step(task)
+        if flight is None:
+            self._settled(task, settle_after_restart(task))
+            return
+        self._live[task.id] = task
+        job = asyncio.create_task(self._ask_device_first(task, flight), name=f"task {task.id} outcome")
+        self._asking[task.id] = job
+        job.add_done_callback(lambda _: self._asking.pop(task.id, None))
+
+    def _settled(self, task: Task, action: str) -> None:
         self._saver.save(task)
         if action == "wait":
             self._live[task.id] = task
         else:
             self._start(task)
+
+    async def _ask_device_first(self, task: Task, flight: InFlight) -> None:
+        """Ask the device of the step in flight what became of its call, then settle the task with that: a
+        finished step's result is recorded (and its audit row settled, whichever server sent it), a step
+        still running is waited for, and only an outcome that stays unknown is put to the person."""
+        device = flight.device or task.device
+        seen = task.events[-1].seq if task.events else -1
+        outcome: CallOutcome | None = None
+        why: str | None = "the step names no device"
+        try:
+            outcome = await self._step_outcome(task, device, flight) if device else None
+        except Exception as exc:  # a bug must not leave the task unsettled: the person is asked instead
+            logger.exception("task %s: could not ask device %s about step %d", task.id, device, flight.index + 1)
+            why = f"the device could not be asked: {exc}"
+        if task.id not in self._live or self._closing or task.state.terminal:
+            return  # lost to another server or cancelled meanwhile, or shutting down: the next owner asks again
+        known = outcome.result if outcome is not None and outcome.state == OUTCOME_FINISHED else None
+        why = outcome.note if outcome is not None else why
+        if known is not None and device:
+            logger.warning("task %s: step %d had finished on device %s before the server stopped (%s): its "
+                           "result is taken from the device", task.id, flight.index + 1, device, known.status.value)
+            if outcome is not None and outcome.response_id:
+                try:
+                    self.hub.store.audit.late(device, [(outcome.response_id, flight.call_id, known.status.value,
+                                                        known.error)])
+                except Exception:
+                    logger.exception("task %s: could not settle the audit row of call %s", task.id, flight.call_id)
+        self._settled(task, settle_after_restart(task, known=known, unknown_why=why))
+        for event in [e for e in task.events if e.seq > seen]:  # what the settling said, to followers here
+            self._on_event(task, event)
+
+    async def _step_outcome(self, task: Task, device: str, flight: InFlight) -> CallOutcome:
+        """The device's outcome of the step in flight: after waiting up to `device_wait` for the device to
+        (re)connect, and while it reports the call `running`, asking again until it is not (at most the
+        command timeout)."""
+        if not self.hub.connected(device) and self.device_wait > 0:
+            await self.registry.wait_until(lambda: self.hub.connected(device), self.device_wait)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.command_timeout
+        told = False
+        while True:
+            outcome = (await self.hub.query_outcomes(device, [CallRef(call_id=flight.call_id)],
+                                                     OUTCOME_QUERY_TIMEOUT_S))[flight.call_id]
+            if outcome.state != OUTCOME_RUNNING or loop.time() >= deadline:
+                return outcome
+            if not told:
+                told = True
+                last = task.events[-1].seq if task.events else -1  # past what followers may have seen
+                self._on_event(task, task.record("waiting_for_step", {"step": flight.index, "device": device,
+                                                                      "call_id": flight.call_id},
+                                                 seq=(last // SEQ_JUMP + 1) * SEQ_JUMP))
+            await asyncio.sleep(OUTCOME_POLL_S)
 
     # -- creating and reading -------------------------------------------------------------------------
 
@@ -599,6 +671,10 @@ class TaskService:
         if running is not None:
             running[1].cancel()
             await asyncio.gather(running[1], return_exceptions=True)
+        asking = self._asking.get(task.id)
+        if asking is not None:  # its device is being asked about the step in flight: no longer needed
+            asking.cancel()
+            await asyncio.gather(asking, return_exceptions=True)
         if not task.state.terminal:  # not running (waiting after a restart): end it here
             task.error = "cancelled"
             self._on_event(task, task.transition(TaskState.CANCELLED, error="cancelled"))

@@ -27,12 +27,11 @@ def main() -> None:
         from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
 
         if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
-            from tether.cli.common import ExitCode, remote_message
+            from tether.cli.common import remote_exit_code, remote_message
             from tether.cli.views.safe_text import visible
 
             print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
-            sys.exit(ExitCode.UNREACHABLE if exc.status is None else ExitCode.USAGE if exc.status == 401
-                     else ExitCode.FAILED)
+            sys.exit(remote_exit_code(exc))
         if not isinstance(exc, StoreUnavailable):
             raise
         # a full or read-only disk under the state directory: one line, no traceback

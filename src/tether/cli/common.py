@@ -32,6 +32,12 @@ class ExitCode(IntEnum):
     USAGE = 2  # bad arguments, or a bad config, policy or plan file (click's usage errors are 2 as well)
     WAITING = 3  # a person must act: a question left unanswered, an approval pending
     UNREACHABLE = 4  # the server could not be reached, or the connection to it was lost
+    # Ctrl-C (SIGINT), as a shell reports it (typer's own code for an interrupted command too): a server's task
+    # goes on
+    INTERRUPTED = 130
+
+
+INTERRUPTED = ExitCode.INTERRUPTED
 
 
 class _Option(TyperOption):
@@ -81,8 +87,21 @@ def _tidy(command: Any) -> None:
     original = command.get_params
     command.get_params = lambda ctx: _label(original(ctx))
     _label(command.params)
+    command.format_help = _fitted_help(command.format_help)
     for sub in getattr(command, "commands", {}).values():
         _tidy(sub)
+
+
+def _fitted_help(format_help: Any) -> Any:
+    """`format_help` drawing its option panels with option names never cut (`rich_help.narrow_options`)."""
+
+    def fitted(ctx: Any, formatter: Any) -> None:
+        from tether.cli.views.rich_help import narrow_options
+
+        with narrow_options():
+            format_help(ctx, formatter)
+
+    return fitted
 
 
 class TetherGroup(LazyGroup):
@@ -147,6 +166,8 @@ ConfigOpt = Annotated[Path | None, typer.Option(
                            "desktop client's mcpServers JSON); default $TETHER_CONFIG or ~/.config/tether/config.yaml")]
 PolicyOpt = Annotated[Path | None, typer.Option("--policy", help="policy file (YAML)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
+OutputOpt = Annotated[str | None, typer.Option(
+    "--output", "-o", metavar="wide|json", help="wide: every column, however wide; json: as --json")]
 StateOpt = Annotated[Path | None, typer.Option("--state-dir", metavar="DIR", help="where the undo journal lives")]
 DeviceOpt = Annotated[str | None, typer.Option("--device", "-d", metavar="DEVICE",
                                                help="run on this device through the server")]
@@ -162,6 +183,13 @@ def console(err: bool = False) -> Console:
     """The console every view prints through: terminal control characters in what it prints are shown as
     escapes (`cli.safe_text.SafeConsole`), whoever supplied the text."""
     return SafeConsole(stderr=err, highlight=False)
+
+
+def output_mode(output: str | None, as_json: bool) -> tuple[bool, bool]:
+    """`(json, wide)` from `-o/--output` and `--json`; another `-o` value fails with `ExitCode.USAGE`."""
+    if output not in (None, "wide", "json"):
+        fail(f"-o/--output is wide or json, not {output!r}", ExitCode.USAGE)
+    return as_json or output == "json", output == "wide"
 
 
 def fail(message: str, code: int = 2) -> NoReturn:
@@ -194,17 +222,41 @@ def remote_message(exc: RemoteError) -> str:
         return (f"{text.removeprefix('server answered 403: ')}: use a token that has it "
                 f"('tether token create --api NAME --scope {scope.group(1)}' on the server's machine)")
     if exc.status is None and "cannot reach" in text:
-        return f"{text}\n  is it running ('tether server')? --server or TETHER_SERVER say where it is"
+        return f"{text}\n  {unreachable_hint(text)}"
     return text.replace("('Authorization: Bearer <api token>')", "(set TETHER_TOKEN or pass --token)")
 
 
-def fail_remote(exc: RemoteError, code: int = ExitCode.FAILED, hint: str = "") -> NoReturn:
-    """One place that turns a server's no into an exit: unreachable is always `ExitCode.UNREACHABLE`."""
+def unreachable_hint(text: str) -> str:
+    """What to check when the server was not reached, from the error's words: a URL without its scheme,
+    a TLS failure (an untrusted certificate or a pin that does not match), a refused connection (is the
+    server running?), or else where the URL comes from."""
+    lowered = text.lower()
+    if "missing an 'http://' or 'https://' protocol" in lowered or "unsupported protocol" in lowered:
+        return "the server URL needs its scheme: --server http://HOST:PORT (https:// with TLS)"
+    if any(word in lowered for word in ("ssl", "certificate", "tls", "fingerprint", "pinned", "pin mismatch")):
+        return ("a TLS problem, not a server that is down: for a self-signed certificate pass its CA with --ca-file "
+                "(or TETHER_CA_FILE); check that a pinned fingerprint is the server's ('tether server' prints it)")
+    if "refused" in lowered:
+        return "is it running ('tether server')? --server or TETHER_SERVER say where it is"
+    return "--server or TETHER_SERVER say where it is (check the host name and port)"
+
+
+def remote_exit_code(exc: RemoteError, code: int = ExitCode.FAILED) -> int:
+    """The exit code for a server's no, the same from every command: `ExitCode.UNREACHABLE` when it was not
+    reached, `ExitCode.USAGE` for no token or a dead one, `ExitCode.FAILED` for a token that lacks the scope
+    the command needs (the server refused it, README "Exit codes"), else `code` (the command's own)."""
     if exc.status is None:
-        code = ExitCode.UNREACHABLE
-    elif exc.status == 401:  # no token or a dead one: set-up, whatever the command
-        code = ExitCode.USAGE
-    fail(remote_message(exc) + hint, code)
+        return ExitCode.UNREACHABLE
+    if exc.status == 401:
+        return ExitCode.USAGE
+    if exc.status == 403 and "lacks the '" in str(exc):
+        return ExitCode.FAILED
+    return code
+
+
+def fail_remote(exc: RemoteError, code: int = ExitCode.FAILED, hint: str = "") -> NoReturn:
+    """One place that turns a server's no into an exit (`remote_exit_code`) with its words (`remote_message`)."""
+    fail(remote_message(exc) + hint, remote_exit_code(exc, code))
 
 
 def run_async(coro: Any) -> Any:

@@ -127,6 +127,19 @@ class LazyGroup(TyperGroup):
             return self._placeholder(cmd_name, lazy)
         return self._load(cmd_name, lazy)
 
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """click's, but a mistyped name fails (a usage error, exit 2) with the nearest names of the whole
+        table, including commands whose modules are not imported yet: `No such command 'devcies'. Did
+        you mean 'devices'?`."""
+        known = self.list_commands(ctx)
+        if args and not args[0].startswith("-") and args[0] not in known and not ctx.resilient_parsing:
+            import difflib
+
+            near = difflib.get_close_matches(args[0], known, n=3)
+            hint = f" Did you mean {' or '.join(repr(n) for n in near)}?" if near else ""
+            ctx.fail(f"No such command {args[0]!r}.{hint}")
+        return super().resolve_command(ctx, args)
+
     def format_help(self, ctx: Any, formatter: Any) -> None:
         ctx.meta[_LISTING] = True
         try:

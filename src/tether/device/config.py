@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tether import yaml12
 from tether.device.mcp.server_config import MCPServerConfig
 from tether.protocol.models import TOOL_TYPES, ToolType
 
@@ -283,7 +284,7 @@ def load_device_config(path: str | os.PathLike[str] | None) -> DeviceConfig:
     except OSError as exc:
         raise ValueError(f"cannot read device config {p}: {exc.strerror or exc}") from exc
     try:
-        raw = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        raw = json.loads(text) if p.suffix == ".json" else yaml12.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ValueError(f"device config {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
                          f"{exc}") from exc

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -40,6 +40,10 @@ class ServerMessageType(str, Enum):
     # answers a device's SAMPLING_REQUEST (`prev_response_id` there is `response_id` here): payload
     # {"text": …, "model": …}, or status FAILED with `error` (no LLM, refused, failed)
     SAMPLING_REPLY = "sampling_reply"
+    # report-only: what became of earlier calls; payload {"calls": [{"call_id": …, "response_id": … or absent}]};
+    # answered by OUTCOME_REPORT from the device's record of finished calls. The device never runs anything
+    # for it. A device that predates it answers nothing (or an ERROR): the server counts that as `unknown`
+    OUTCOME_QUERY = "outcome_query"
     ERROR = "error"  # the device sent a frame the server could not accept
 
 
@@ -56,6 +60,8 @@ class ClientMessageType(str, Enum):
     # an external MCP server asks for an LLM completion during a command (its policy allows it): payload
     # {"server", "call_id", "messages": [{role, content}], "system_prompt", "max_tokens", "temperature"}
     SAMPLING_REQUEST = "sampling_request"
+    # answers the OUTCOME_QUERY `prev_response_id`: payload {"outcomes": [CallOutcome, …]}, one per call asked
+    OUTCOME_REPORT = "outcome_report"
     ERROR = "error"  # the server sent a frame the device could not accept
 
 
@@ -104,6 +110,43 @@ class Event(BaseModel):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+OutcomeState = Literal["finished", "running", "unknown"]
+OUTCOME_FINISHED: OutcomeState = "finished"
+OUTCOME_RUNNING: OutcomeState = "running"
+OUTCOME_UNKNOWN: OutcomeState = "unknown"
+
+
+class CallRef(BaseModel):
+    """One call an OUTCOME_QUERY asks about: its `call_id` and, when known, the `response_id` of the batch
+    that carried it (the device's record is keyed by both; without it, the call_id must be unambiguous)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str = Field(..., min_length=1)
+    response_id: str | None = None
+
+
+class CallOutcome(BaseModel):
+    """What a device knows of one call (an OUTCOME_REPORT entry): `finished` with its `result` (from the
+    device's record of finished calls), `running` (its batch is queued or running now), or `unknown`
+    (the device has no record of it: never received, or forgotten). `response_id` is the batch that
+    carried it, when the device knows it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    call_id: str
+    state: OutcomeState
+    response_id: str | None = None
+    result: Result | None = None
+    note: str | None = Field(None, description="why the state is what it is, in words (e.g. why unknown)")
+
+    @model_validator(mode="after")
+    def _result_when_finished(self) -> CallOutcome:
+        if (self.state == OUTCOME_FINISHED) != (self.result is not None):
+            raise ValueError("a finished call carries its result, and only a finished one does")
+        return self
+
+
 class _Envelope(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -136,6 +179,12 @@ class ServerMessage(_Envelope):
             raise ValueError("a register_refused message needs an 'error'")
         if self.type is ServerMessageType.POLICY_SET and not isinstance((self.payload or {}).get("policy"), dict):
             raise ValueError("a policy_set message needs a payload with a 'policy' mapping")
+        if self.type is ServerMessageType.OUTCOME_QUERY:
+            calls = (self.payload or {}).get("calls")
+            if not isinstance(calls, list) or not calls:
+                raise ValueError("an outcome_query message needs a payload with a non-empty 'calls' list")
+            for call in calls:
+                CallRef.model_validate(call)
         return self
 
 
@@ -160,6 +209,14 @@ class ClientMessage(_Envelope):
                 raise ValueError("a command_results message needs 'action_results'")
         if self.type is ClientMessageType.POLICY_REPORT and not self.prev_response_id:
             raise ValueError("a policy_report message needs 'prev_response_id'")
+        if self.type is ClientMessageType.OUTCOME_REPORT:
+            if not self.prev_response_id:
+                raise ValueError("an outcome_report message needs 'prev_response_id'")
+            outcomes = (self.payload or {}).get("outcomes")
+            if not isinstance(outcomes, list):
+                raise ValueError("an outcome_report message needs a payload with an 'outcomes' list")
+            for outcome in outcomes:
+                CallOutcome.model_validate(outcome)
         if self.type in (ClientMessageType.REGISTER, ClientMessageType.EVENT) and self.payload is None:
             raise ValueError(f"a {self.type.value} message needs a 'payload'")
         return self

@@ -99,6 +99,13 @@ class PolicyReported:
 
 
 @dataclass(frozen=True, slots=True)
+class OutcomesReported:
+    """An OUTCOME_REPORT answering the OUTCOME_QUERY `message.prev_response_id` (its payload checked)."""
+
+    message: ClientMessage
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingRequested:
     """A SAMPLING_REQUEST of an external MCP server of the device."""
 
@@ -120,7 +127,7 @@ class RegisteredAgain:
 
 
 SessionEvent = (BadFrame | ResultsArrived | HeartbeatArrived | EventArrived | ProfileReported | PolicyReported
-                | SamplingRequested | DeviceReportedError | RegisteredAgain)
+                | OutcomesReported | SamplingRequested | DeviceReportedError | RegisteredAgain)
 
 
 class ServerSession:
@@ -194,6 +201,8 @@ class ServerSession:
                 return BadFrame(f"invalid event payload: {exc.errors()[0]['msg']}", "invalid")
         if kind is ClientMessageType.POLICY_REPORT:
             return PolicyReported(msg)
+        if kind is ClientMessageType.OUTCOME_REPORT:
+            return OutcomesReported(msg)
         if kind is ClientMessageType.DEVICE_INFO:
             try:
                 return ProfileReported(DeviceProfile.model_validate(msg.payload or {}))

@@ -10,7 +10,19 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from tether.cli.common import CaOpt, JsonOpt, PolicyOpt, ServerOpt, StateOpt, TokenOpt, app, console, fail
+from tether.cli.common import (
+    CaOpt,
+    JsonOpt,
+    OutputOpt,
+    PolicyOpt,
+    ServerOpt,
+    StateOpt,
+    TokenOpt,
+    app,
+    console,
+    fail,
+    output_mode,
+)
 
 if TYPE_CHECKING:
     from tether.tools.journal import UndoJournal
@@ -83,20 +95,18 @@ def _session_named(journal: UndoJournal, given: str, state_dir: Path | None) -> 
 
 
 @app.command()
-def sessions(state_dir: StateOpt = None, as_json: JsonOpt = False) -> None:
+def sessions(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOpt = None) -> None:
     """List the sessions that have journaled file changes (what `undo` can put back)."""
+    from tether.cli.views.table import KEY, Column, print_table
     from tether.tools.context import default_state_dir
     from tether.tools.journal import UndoJournal
 
+    as_json, wide = output_mode(output, as_json)
     rows = UndoJournal(Path(state_dir or default_state_dir())).sessions()
     if as_json:
         typer.echo(json.dumps(rows, indent=2, default=str))
         return
-    table = Table(title="journaled sessions")
     keys = list(rows[0]) if rows else ["session_id"]
-    for key in keys:  # the id is what `tether undo` takes: whole, never cut or wrapped on a narrow terminal
-        table.add_column(key, no_wrap=key == "session_id",
-                         min_width=max((len(str(r[key])) for r in rows), default=0) if key == "session_id" else None)
-    for row in rows:
-        table.add_row(*(escape(str(row.get(k))) for k in keys))
-    console().print(table)
+    # the id is what `tether undo` takes: whole, never cut; the other columns dropped from the last
+    columns = [Column(key, KEY if key == "session_id" else n + 1) for n, key in enumerate(keys)]
+    print_table("journaled sessions", columns, [[escape(str(row.get(k))) for k in keys] for row in rows], wide)

@@ -10,18 +10,20 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from tether.cli.common import (
+    INTERRUPTED,
     CaOpt,
     ExitCode,
     JsonOpt,
+    OutputOpt,
     ServerOpt,
     TokenOpt,
     console,
     devices_app,
     fail,
     fail_remote,
+    output_mode,
 )
 from tether.client.rest import RemoteError, RemoteServer
 
@@ -77,7 +79,7 @@ def enrol(cfg: DeviceConfig, server: str | None, state_dir: Path | None, name: s
     try:
         enrolment = asyncio.run(run())
     except KeyboardInterrupt:
-        fail("pairing stopped before an admin approved it", 130)
+        fail("pairing stopped before an admin approved it", INTERRUPTED)
     except PairingFailed as exc:
         fail(str(exc), 3)
     except ValueError as exc:  # a pin that does not match, a bad URL
@@ -95,9 +97,13 @@ def _remote(server: str | None, token: str | None, ca_file: str | None) -> Remot
 
 
 @devices_app.command("pending")
-def pending(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
+def pending(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False,
+            output: OutputOpt = None) -> None:
     """Devices waiting to pair: their code, fingerprint, address and the name they asked for (marked TAKEN
     when another device holds it: approving under it needs --replace)."""
+    from tether.cli.views.table import Column, print_table
+
+    as_json, wide = output_mode(output, as_json)
     try:
         with _remote(server, token, ca_file) as remote:
             rows = remote.pairing_requests()
@@ -106,17 +112,18 @@ def pending(server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = N
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{len(rows)} pairing request(s)")
-    for col in ("code", "fingerprint", "name asked", "platform", "address", "expires in"):
-        table.add_column(col, overflow="fold")
+    # the code is what `devices approve` takes and the fingerprint what a person compares: never cut
+    columns = [Column("code"), Column("fingerprint"), Column("name asked", flex=True, min_width=24),
+               Column("platform", 3), Column("address", 2), Column("expires in", 1)]
+    cells = []
     now = time.time()
     for r in rows:
         asked = escape(r.get("requested_name") or "-")
         if r.get("collision"):
             asked += " [bold red](TAKEN: another device has this name; --name or --replace)[/bold red]"
-        table.add_row(r["code"], r["fingerprint"][:16], asked,
-                      escape(r.get("platform") or "-"), r["address"], f"{max(0, r['expires_at'] - now):.0f}s")
-    console().print(table)
+        cells.append([escape(r["code"]), escape(r["fingerprint"][:16]), asked, escape(r.get("platform") or "-"),
+                      escape(r["address"]), f"{max(0, r['expires_at'] - now):.0f}s"])
+    print_table(f"{len(rows)} pairing request(s)", columns, cells, wide)
     for r in rows:
         if r.get("collision"):
             console(err=True).print(f"warning: {escape(r['code'])}: {escape(r['collision'])}", soft_wrap=True)

@@ -74,6 +74,8 @@ def set_(device: NameOpt, file: Annotated[Path, typer.Option("--file", "-f", hel
     """Push settings from a YAML file (commands: {program: rule, or null to remove}) to the device."""
     import yaml
 
+    from tether import yaml12
+
     try:
         with file.expanduser().open("rb") as handle:
             text = handle.read(MAX_POLICY_FILE + 1)
@@ -82,7 +84,7 @@ def set_(device: NameOpt, file: Annotated[Path, typer.Option("--file", "-f", hel
     if len(text) > MAX_POLICY_FILE:
         fail(f"{file}: larger than {MAX_POLICY_FILE} bytes")
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml12.safe_load(text) or {}
     except yaml.YAMLError as exc:
         fail(f"{file}: not valid YAML: {exc}")
     if not isinstance(data, dict):

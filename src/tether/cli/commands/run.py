@@ -20,6 +20,7 @@ from tether.cli.common import (
     DeviceOpt,
     ExitCode,
     JsonOpt,
+    OutputOpt,
     PolicyOpt,
     ServerOpt,
     StateOpt,
@@ -28,6 +29,7 @@ from tether.cli.common import (
     console,
     fail,
     fail_remote,
+    output_mode,
     parse_requires,
 )
 from tether.cli.root_guard import AllowRootOpt, guard_root
@@ -99,6 +101,8 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
             with connect(server, token, ca_file) as client:
                 raise typer.Exit(dry_run_remote(client, text, steps, device, requires, list(also or [])))
         with connect(server, token, ca_file) as client:
+            if steps is not None:  # a plan naming a skill no device has is a usage error: no task is created
+                _refuse_unknown_skills(_remote_problems(client, text, steps, device, requires, list(also or [])))
             code = run_remote(client, text, steps, device, requires, list(answer or []), devices=list(also or []),
                               confirm="always" if confirm else None)
         raise typer.Exit(code)
@@ -120,6 +124,37 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or []),
                             confirm="always" if confirm else "never"))
     raise typer.Exit(code)
+
+
+class _UnknownSkills(Exception):
+    """A plan names skills the device does not have (`problems`: validate_plan's words for each)."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = problems
+
+
+def _refuse_unknown_skills(problems: list[str]) -> None:
+    """Fail with `ExitCode.USAGE` when a plan's problems include a skill no device offers (a plan file
+    that names a tool that does not exist is a bad plan file, like one that does not parse)."""
+    unknown = [p for p in problems if "unknown skill" in p]
+    if unknown:
+        listed = "\n".join(f"- {p}" for p in unknown)
+        fail(f"the plan names a skill that does not exist (no task was created):\n{listed}", ExitCode.USAGE)
+
+
+def _remote_problems(client: Any, text: str, steps: list[dict[str, Any]], device: str | None,
+                     requires: dict[str, Any] | None, also: list[str]) -> list[str]:
+    """The server's check of a given plan (POST /tasks/dry-run: nothing runs, nothing is stored); none when
+    the check itself is refused (an unknown or offline device, a missing scope): creating the task then
+    fails with the server's own words for that."""
+    from tether.client.rest import RemoteError
+
+    try:
+        found = client.dry_run_task(text, plan=steps, device=device, requires=requires, devices=also)
+    except RemoteError:
+        return []
+    return [str(p) for p in found.get("problems") or []]
 
 
 async def _run(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
@@ -151,6 +186,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
 
     ask = terminal_ask(out, answers)  # the question itself was shown with its event
     problem = None
+    refused: list[str] | None = None  # the plan's unknown skills: the task is never stored
     run_lock = run_locks(state_dir).held(task.id)
     run_lock.__enter__()  # held while this process runs the task: if it dies, the next start says so
     try:
@@ -160,6 +196,12 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
         async with open_local_device(config, policy_path=policy, state_dir=state_dir,
                                mcp_hooks=cli_hooks(llm)) as device:
             computer = await device.computer_manager.get_or_create(None)
+            if plan is not None:  # an unknown skill is a bad plan file: exit 2, and no task is stored
+                from tether.agent.plan import validate_plan
+
+                unknown = [p for p in validate_plan(plan, {None: computer.tool_infos()}) if "unknown skill" in p]
+                if unknown:
+                    raise _UnknownSkills(unknown)
             dispatcher = device.dispatcher(session_id=task.id)
             profiles = {DEFAULT_DEVICE_NAME: await collect_profile(device)} if llm is not None else {}
             runner = TaskRunner(lambda _device: dispatcher, llm, tools={None: computer.tool_infos()},
@@ -168,27 +210,42 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
             await runner.run(task)
     except Unanswered:
         task.error = "the question was left unanswered (no terminal to ask and no --answer left)"
+    except _UnknownSkills as exc:
+        refused = exc.problems
     except Exception as exc:
         problem = f"{type(exc).__name__}: {exc}" if not str(exc) else str(exc)
         task.error = task.error or problem
     finally:
         await spinner.aclose()
-        if not task.state.terminal:  # whatever stopped it, the task does not stay 'running'
-            task.transition(TaskState.CANCELLED if problem is None and task.error else TaskState.FAILED,
-                            error=task.error or "stopped")
-        store.save(task)
+        if refused is None:
+            if not task.state.terminal:  # whatever stopped it, the task does not stay 'running'
+                task.transition(TaskState.CANCELLED if problem is None and task.error else TaskState.FAILED,
+                                error=task.error or "stopped")
+            store.save(task)
         store.close()
         run_lock.__exit__(None, None, None)
         if llm is not None:
             await llm.close()
+    if refused is not None:
+        _refuse_unknown_skills(refused)
     print_outcome(out, task.state.value, task.answer, task.error, streamed=view.streamed)
-    out.print(f"[dim]its file changes can be undone with: tether undo {task.id}"
-              f"{' --state-dir ' + str(state_dir) if state_dir else ''}[/dim]")
+    if _journaled(state_dir, task.id):  # the hint only where there is something to put back
+        out.print(f"[dim]its file changes can be undone with: tether undo {task.id}"
+                  f"{' --state-dir ' + str(state_dir) if state_dir else ''}[/dim]")
     return 0 if task.state is TaskState.DONE else 1
 
 
+def _journaled(state_dir: Path | None, session_id: str) -> bool:
+    """Whether the session (a local task's id) journaled a file change not yet put back."""
+    from tether.tools.context import default_state_dir
+    from tether.tools.journal import UndoJournal
+
+    entries = UndoJournal(Path(state_dir or default_state_dir())).entries(session_id)
+    return any(e["undone"] is None for e in entries)
+
+
 @app.command()
-def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
+def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOpt = None,
           limit: Annotated[int, typer.Option(help="how many, newest first")] = 50,
           state: Annotated[str | None, typer.Option("--state", help="only tasks in this state "
                                                                     "(e.g. waiting_for_user)")] = None,
@@ -198,20 +255,21 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False,
     from tether.cli.commands.task import connect, print_tasks
     from tether.client.rest import RemoteError
 
+    as_json, wide = output_mode(output, as_json)
     if server and not local:
         try:
             with connect(server, token, ca_file) as remote:
                 rows = remote.tasks(limit, state)
         except RemoteError as exc:
             fail_remote(exc, ExitCode.FAILED)
-        print_tasks(rows, as_json, f" on {remote.base_url}")
+        print_tasks(rows, as_json, f" on {remote.base_url}", wide)
         return
     store = _local_store(state_dir)
     try:
         rows = store.list(limit, state)
     finally:
         store.close()
-    print_tasks(rows, as_json, "")
+    print_tasks(rows, as_json, "", wide)
 
 
 @app.command()

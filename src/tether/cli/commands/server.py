@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.table import Table
 
 from tether.cli.common import (
     CaOpt,
     ConfigOpt,
     ExitCode,
     JsonOpt,
+    OutputOpt,
     PolicyOpt,
     ServerOpt,
     StateOpt,
@@ -29,6 +29,7 @@ from tether.cli.common import (
     devices_app,
     fail,
     fail_remote,
+    output_mode,
     say,
     server_app,
     token_app,
@@ -312,10 +313,12 @@ def token_rotate(device: Annotated[str, typer.Option("--device", metavar="NAME",
 
 
 @token_app.command("list")
-def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
+def token_list(db: DbOpt = None, as_json: JsonOpt = False, output: OutputOpt = None) -> None:
     """List tokens (never their secrets)."""
+    from tether.cli.views.table import Column, print_table
     from tether.server.store import Store
 
+    as_json, wide = output_mode(output, as_json)
     store = Store(_settings(db_path=db).db_target)
     try:
         rows = store.tokens.all()
@@ -326,15 +329,16 @@ def token_list(db: DbOpt = None, as_json: JsonOpt = False) -> None:
         return
     from rich.markup import escape
 
-    table = Table(title="tokens")
-    for col in ("id", "kind", "holder", "name", "scopes", "reaches", "created", "revoked"):
-        table.add_column(col)
+    # id and name are what `token revoke` takes: never cut; the rest dropped from the least needed
+    columns = [Column("id"), Column("kind", 1), Column("holder", 4), Column("name"), Column("scopes", 2),
+               Column("reaches", 5, flex=True), Column("created", 6), Column("revoked", 3)]
+    cells = []
     for r in rows:
         holder = "device" if r.kind == "device" else "agent" if r.agent else "person"
         reach = r.scope_text() if r.scoped else ("every device" if r.kind == "api" else "-")
-        table.add_row(str(r.id), r.kind, holder, r.name, ",".join(r.scopes), escape(reach), _when(r.created_at),
-                      _when(r.revoked_at))
-    console().print(table)
+        cells.append([str(r.id), r.kind, holder, escape(r.name), ",".join(r.scopes), escape(reach),
+                      _when(r.created_at), _when(r.revoked_at)])
+    print_table("tokens", columns, cells, wide)
 
 
 def _sandbox_cell(kind: str | None) -> str:
@@ -611,15 +615,17 @@ def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str | None
 
 @devices_app.callback(invoke_without_command=True)
 def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
-            as_json: JsonOpt = False) -> None:
+            as_json: JsonOpt = False, output: OutputOpt = None) -> None:
     """Show the server's devices: name, platform, status, (in a cluster) the node holding it, last seen, load,
-    sandbox, capabilities."""
+    sandbox, capabilities (-o wide: every column at any terminal width)."""
     if ctx.invoked_subcommand:
         return
     from rich.markup import escape
 
+    from tether.cli.views.table import Column, print_table
     from tether.client.rest import RemoteError, RemoteServer  # httpx: not for `tether device` or `tether server`
 
+    as_json, wide = output_mode(output, as_json)
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             rows = remote.devices()
@@ -628,21 +634,22 @@ def devices(ctx: typer.Context, server: ServerOpt = None, token: TokenOpt = None
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{len(rows)} devices")
     clustered = any(r.get("node") for r in rows)  # a cluster's node: which one holds each device's socket
-    for col in ("name", "platform", "status", *(("node",) if clustered else ()), "last seen", "load", "running",
-                "queued", "sandbox", "tags", "capabilities"):
-        table.add_column(col)
+    # name and status never cut; then what tells devices apart, the counters dropped first
+    columns = [Column("name"), Column("platform", 1), Column("status"), *((Column("node", 3),) if clustered else ()),
+               Column("last seen", 2), Column("load", 5), Column("running", 6), Column("queued", 6),
+               Column("sandbox", 4), Column("tags", 3), Column("capabilities", 7, flex=True)]
+    cells = []
     now = time.time()
     for r in rows:
         seen = f"{now - r['last_seen']:.0f}s ago" if r.get("last_seen") else "-"
         style = {"online": "green", "busy": "yellow", "offline": "red"}.get(r["status"], "white")
         node = (escape(r.get("node") or "-"),) if clustered else ()
-        table.add_row(r["name"], r.get("platform") or "-", f"[{style}]{r['status']}[/{style}]", *node, seen,
-                      str(r.get("load", 0)), str(r.get("running", 0)), str(r.get("queued", 0)),
+        cells.append([escape(r["name"]), escape(r.get("platform") or "-"), f"[{style}]{escape(r['status'])}[/{style}]",
+                      *node, seen, str(r.get("load", 0)), str(r.get("running", 0)), str(r.get("queued", 0)),
                       _sandbox_cell(r.get("sandbox")), escape(", ".join(r.get("tags") or [])) or "-",
-                      ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else ""))
-    console().print(table)
+                      ", ".join(r.get("capabilities", [])) + (" gpu" if r.get("gpu") else "")])
+    print_table(f"{len(rows)} devices", columns, cells, wide)
 
 
 def _print_cert_fingerprint(cert: Path) -> None:

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from tether.agent.answers import AnswerError, parse_answer
 from tether.cli.common import (
+    INTERRUPTED,
     CaOpt,
     ExitCode,
     JsonOpt,
@@ -35,7 +36,7 @@ from tether.client.rest import RemoteError, RemoteServer
 
 TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")]
 EXIT_WAITING = ExitCode.WAITING  # the task waits on the server for an answer nobody here could give
-EXIT_DETACHED = 130
+EXIT_DETACHED = INTERRUPTED  # Ctrl-C while following: the task goes on on the server
 
 _APPROVE = {"approve", "approved", "yes", "y"}
 _DENY = {"deny", "denied", "no", "n"}
@@ -57,10 +58,28 @@ def run_remote(remote: RemoteServer, request: str, plan: list[dict[str, Any]] | 
         fail_remote(exc, ExitCode.USAGE)
     out.print(f"task {summary['id']} on {summary['device']} ({remote.base_url})", markup=False)
     code = follow(remote, summary["id"], out, answers=answers)
-    if code in (0, 1):
+    if code in (0, 1) and may_have_changed_files(remote, summary["id"]):
         out.print(f"[dim]its file changes can be undone with: tether undo {summary['id']} --server "
                   f"{remote.base_url}[/dim]")
     return code
+
+
+def may_have_changed_files(remote: RemoteServer, task_id: str) -> bool:
+    """Whether a server's task ran a command that may have changed files: a step that succeeded with a tool
+    its device does not list as data_collection (read-only). True when that cannot be told (the server or
+    the device does not answer): the undo hint is then shown, as before."""
+    try:
+        data = remote.task(task_id, events=False)
+        ran = {s["command"]["tool_name"] for s in data.get("steps", [])
+               if (s.get("result") or {}).get("status") == "success"}
+        if not ran:
+            return False
+        device = data.get("device")
+        read_only = {i.name for i in remote.tools(device, timeout=5) if i.tool_type == "data_collection"} if device \
+            else set()
+    except (RemoteError, KeyError, TypeError):
+        return True
+    return bool(ran - read_only)
 
 
 def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[str] | None) -> int:
@@ -152,18 +171,20 @@ def _how_to_answer(out: Console, task_id: str, question: dict[str, Any]) -> None
         out.print(f"  answer it:  tether answer {task_id} ANSWER   (an option's number or words)")
 
 
-def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str) -> None:
+def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str, wide: bool = False) -> None:
+    """The tasks as JSON or as a table that fits the terminal: id and state whole (an id is copied), then
+    device, request, who asked (`by`: what a person approving must see) and when, dropped in that order
+    from the last; `wide`: every column."""
+    from tether.cli.views.table import Column, print_table
+
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
-    table = Table(title=f"{len(rows)} tasks{where}")
-    for col in ("id", "state", "device", "by", "request", "updated"):
-        # an id is copied: never cut, even on a narrow terminal
-        table.add_column(col, no_wrap=col == "id", min_width=12 if col == "id" else None)
-    for r in rows:  # `by`: who asked (the token that created the task), what a person approving must see
-        table.add_row(r["id"][:12], r["state"], escape(r.get("device") or "-"), escape(r.get("requested_by") or "-"),
-                      escape(r["request"][:60]), r["updated_at"][:19].replace("T", " "))
-    console().print(table)
+    columns = [Column("id"), Column("state"), Column("device", 1), Column("by", 3),
+               Column("request", 2, flex=True, min_width=20), Column("updated", 4)]
+    cells = [[r["id"][:12], r["state"], escape(r.get("device") or "-"), escape(r.get("requested_by") or "-"),
+              escape(r["request"][:60]), r["updated_at"][:19].replace("T", " ")] for r in rows]
+    print_table(f"{len(rows)} tasks{where}", columns, cells, wide)
 
 
 def remote_log(remote: RemoteServer, task_id: str, as_json: bool, follow_it: bool) -> int:

@@ -188,11 +188,11 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
     session_id = session or f"cli-{uuid.uuid4().hex[:12]}"
     approved_by = f"cli:{getpass.getuser()}" if approve else None
     if device:
-        result = _exec_remote(device, tool, args or [], session_id, approved_by, timeout, tool_type,
+        result, schema = _exec_remote(device, tool, args or [], session_id, approved_by, timeout, tool_type,
                               server, token, ca_file, raw)
     else:
         guard_root(config, allow_root, "tether exec")  # a device in this process (tether.device.root)
-        result = run_async(_exec_local(tool, args or [], config, policy, session_id, approved_by, timeout,
+        result, schema = run_async(_exec_local(tool, args or [], config, policy, session_id, approved_by, timeout,
                                        tool_type, state_dir))
     if as_json:
         typer.echo(json.dumps({"session_id": session_id, "device": device, **result.model_dump(mode="json")},
@@ -205,15 +205,30 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")]
             print_mcp_content(result.result, save_dir)
         else:
             print_result(result, session_id, device, raw=raw)
-        held = isinstance(result.result, dict) and result.result.get("needs_approval") and not approve
-        if held:  # the layer is kept on disk for an hour: the same command and session approved apply it
-            console().print(f"nothing was applied. To apply exactly these changes (the command does not run "
-                            f"again), repeat it with --approve --session {session_id}; add preview=true to list "
-                            "the changes without applying them", soft_wrap=True)
+        hint = held_hint(result, schema, session_id) if not approve else None
+        if hint:
+            console().print(hint, soft_wrap=True, markup=False)
     if result.outcome_pending:  # not a failure: a person (or script) looks again later (tether batch ID)
         raise typer.Exit(ExitCode.WAITING)
     if result.status is not ResultStatus.SUCCESS:
         raise typer.Exit(1)
+
+
+def held_hint(result: Result, schema: dict[str, Any], session_id: str) -> str | None:
+    """What to do about a result the device's policy held for a person (None when it is not held).
+
+    A command that ran in the sandbox and whose changes are held (`changes` in the result) is approved
+    without running again; one held before it ran is run by approving it. `preview=true` is offered
+    only when the tool's input schema has a `preview` parameter."""
+    payload = result.result
+    if not isinstance(payload, dict) or not payload.get("needs_approval"):
+        return None
+    if "changes" in payload or "changes_digest" in payload:
+        preview = ("; add preview=true to list the changes without applying them"
+                   if "preview" in schema.get("properties", {}) else "")
+        return (f"nothing was applied. To apply exactly these changes (the command does not run again), repeat "
+                f"it with --approve --session {session_id}{preview}")
+    return "nothing was done: the policy asks a person first. To run it, repeat it with --approve"
 
 
 def _exec_all(tool: str, pairs: list[str], all_devices: bool, device: str | None, always: str | None,
@@ -245,7 +260,7 @@ def _schema_for(infos: list[ToolInfo], tool: str, tool_type: str | None) -> dict
 
 async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: Path | None, session_id: str,
                       approved_by: str | None, timeout: float | None, tool_type: str | None,
-                      state_dir: Path | None) -> Result:
+                      state_dir: Path | None) -> tuple[Result, dict[str, Any]]:
     from tether.cli.mcp_hooks import cli_hooks, configured_llm
     from tether.device.local import open_local_device
 
@@ -260,16 +275,17 @@ async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: 
 
 
 async def _exec_on(device: LocalDevice, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
-                   timeout: float | None, tool_type: str | None) -> Result:
+                   timeout: float | None, tool_type: str | None) -> tuple[Result, dict[str, Any]]:
     computer = await device.computer_manager.get_or_create(None)
-    params = parse_assignments(pairs, _schema_for(computer.tool_infos(remove_meta=False), tool, tool_type))
+    schema = _schema_for(computer.tool_infos(remove_meta=False), tool, tool_type)
+    params = parse_assignments(pairs, schema)
     kind: ToolType | None = tool_type  # type: ignore[assignment]
     command = Command(tool_name=tool, parameters=params, tool_type=kind, timeout=timeout,
                       approved_by=approved_by)
     dispatcher = device.dispatcher(session_id=session_id)
     dispatcher.emit = stream_output
     [result] = await dispatcher.execute_commands([command], timeout=(timeout or 3600) + 5)
-    return result
+    return result, schema
 
 
 def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: str | None, token: str | None,
@@ -302,7 +318,7 @@ def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: s
 
 def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
                  timeout: float | None, tool_type: str | None, server: str | None, token: str | None,
-                 ca_file: str | None, raw: bool = False) -> Result:
+                 ca_file: str | None, raw: bool = False) -> tuple[Result, dict[str, Any]]:
     # --timeout is the caller's wall time: the schema lookup spends from the same budget, and the
     # command gets what is left (the batch one second more, so the tool's own timeout, which says
     # what it killed, normally answers first)
@@ -314,7 +330,8 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             try:
                 infos = remote.tools(device, timeout=max(min(end - time.monotonic(), 30), 0.5))
-                params = parse_assignments(pairs, _schema_for(infos, tool, tool_type))
+                schema = _schema_for(infos, tool, tool_type)
+                params = parse_assignments(pairs, schema)
             except ValueError as exc:
                 fail(str(exc))
             left = max(end - time.monotonic(), 0.1)
@@ -322,6 +339,6 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
                               timeout=left if timeout else None, approved_by=approved_by)
             _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5), session_id=session_id,
                                      on_event=remote_questions(remote, device, raw=raw))
-            return result
+            return result, schema
     except RemoteError as exc:
         fail_remote(exc, ExitCode.USAGE)

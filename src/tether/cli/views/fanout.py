@@ -19,7 +19,7 @@ from typing import Any
 import typer
 from rich.markup import escape
 
-from tether.cli.common import ExitCode, console, fail, fail_remote, parse_requires
+from tether.cli.common import INTERRUPTED, ExitCode, console, fail, fail_remote, parse_requires
 from tether.protocol.models import Command
 
 STATUSES = ("ok", "failed", "offline", "timed_out", "cancelled")
@@ -48,7 +48,7 @@ def exec_all(command: Command, requires: list[str], *, timeout: float | None, ma
         fail_remote(exc, ExitCode.FAILED)
     except KeyboardInterrupt:
         fail("interrupted: the fan-out was cancelled, with the commands still running on its devices",
-             ExitCode.FAILED)
+             INTERRUPTED)
     if summary is None:
         fail("the server closed the stream before the summary; the audit log has what ran", ExitCode.UNREACHABLE)
     if any(summary.get(s) for s in STATUSES[1:]):

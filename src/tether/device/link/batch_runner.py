@@ -35,7 +35,16 @@ from typing import Any
 from tether.device.client import DeviceClient
 from tether.device.link.outbox import FinishedRecord, Outbox, record_key, results_frame
 from tether.device.link.session_line import SessionLine
-from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessage
+from tether.protocol.messages import (
+    OUTCOME_FINISHED,
+    OUTCOME_RUNNING,
+    OUTCOME_UNKNOWN,
+    CallOutcome,
+    ClientMessage,
+    ClientMessageType,
+    Event,
+    ServerMessage,
+)
 from tether.protocol.models import Command, Result, ResultStatus
 
 logger = logging.getLogger(__name__)
@@ -175,6 +184,36 @@ class BatchRunner:
             self._finish(batch, reason)
             self._pump()  # the places of those behind it move up
         return True
+
+    def outcome_of(self, call_id: str, response_id: str | None) -> CallOutcome:
+        """What this device knows of one earlier call, for an OUTCOME_QUERY: `finished` with its result
+        from the record, `running` while its batch is queued or running, else `unknown`. Report-only: it
+        runs, queues and changes nothing. Without `response_id` the call_id alone must name exactly one
+        call (a caller may reuse a call_id in other batches): several matches are `unknown`."""
+        if response_id:
+            keys: list[tuple[str, str]] = [(response_id, call_id)]
+        else:
+            keys = self.record.calls(call_id)
+            keys += [(rid, call_id) for rid, b in self.active.items()
+                     if any(c.call_id == call_id for c in b.actions) and (rid, call_id) not in keys]
+            if len(keys) > 1:
+                return CallOutcome(call_id=call_id, state=OUTCOME_UNKNOWN,
+                                   note=f"call_id {call_id} names {len(keys)} calls here: give its batch's response_id")
+            if not keys:
+                return CallOutcome(call_id=call_id, state=OUTCOME_UNKNOWN, note="this device has no record of it")
+        rid, cid = keys[0]
+        result = self.record.get((rid, cid))
+        if result is not None:
+            return CallOutcome(call_id=cid, state=OUTCOME_FINISHED, response_id=rid, result=result)
+        batch = self.active.get(rid)
+        if batch is not None and not batch.done:
+            for i, command in enumerate(batch.actions):
+                if command.call_id == cid and batch.slots[i] is None:
+                    return CallOutcome(call_id=cid, state=OUTCOME_RUNNING, response_id=rid)
+                if command.call_id == cid and batch.slots[i] is not None:  # finished, never recorded (no key)
+                    return CallOutcome(call_id=cid, state=OUTCOME_FINISHED, response_id=rid, result=batch.slots[i])
+        return CallOutcome(call_id=cid, state=OUTCOME_UNKNOWN, response_id=rid,
+                           note="this device has no record of it (never received, or forgotten)")
 
     def orphan_all(self, reason: str) -> int:
         """Stop every batch no server waits for any more (the server restarted, or gave up on this

@@ -76,6 +76,7 @@ from tether.protocol.codec import (
 )
 from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.messages import (
+    CallRef,
     ClientMessage,
     ClientMessageType,
     RegisterAck,
@@ -611,6 +612,8 @@ class DeviceConnection:
             self.outbox.heartbeat_answered()
         elif kind in (ServerMessageType.POLICY_REQUEST, ServerMessageType.POLICY_SET):
             self._answer_policy(msg)
+        elif kind is ServerMessageType.OUTCOME_QUERY:
+            self._answer_outcomes(msg)
         elif kind is ServerMessageType.DEVICE_INFO_REQUEST:
             task = asyncio.create_task(self._send_device_info(msg.response_id))
             self._side_tasks.add(task)
@@ -649,6 +652,18 @@ class DeviceConnection:
         except OSError as exc:
             reply.status, reply.error = TaskStatus.FAILED, f"the device could not save its policy: {exc}"
         self.outbox.put_control(encode(reply))
+
+    def _answer_outcomes(self, msg: ServerMessage) -> None:
+        """An OUTCOME_QUERY: one OUTCOME_REPORT from the record of finished calls and the batches in hand;
+        nothing is run, queued or changed for it (a finished result stays in the outbox until acknowledged)."""
+        outcomes = []
+        for raw in (msg.payload or {}).get("calls") or []:
+            call = CallRef.model_validate(raw)  # checked when the frame was decoded
+            outcomes.append(self.batches.outcome_of(call.call_id, call.response_id).model_dump(mode="json",
+                                                                                            exclude_none=True))
+        self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.OUTCOME_REPORT, client_id=self.name,
+                                                     prev_response_id=msg.response_id,
+                                                     payload={"outcomes": outcomes})))
 
     async def _send_device_info(self, response_id: str | None) -> None:
         profile = await self._collect_profile()

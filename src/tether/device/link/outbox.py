@@ -393,6 +393,10 @@ class FinishedRecord:
             self.bytes -= size
             self._results[old] = _without_payload(self._results[old], size)
 
+    def calls(self, call_id: str) -> list[RecordKey]:
+        """The keys of the recorded calls with this `call_id`, oldest first (each batch that carried it)."""
+        return [k for k in self._results if isinstance(k, tuple) and k[1] == call_id]
+
     def held(self, key: object) -> bool:
         """Whether the record still holds this call's full result (not only its outcome)."""
         return key in self._sizes

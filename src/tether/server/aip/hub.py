@@ -28,6 +28,9 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from tether.protocol.messages import (
+    OUTCOME_UNKNOWN,
+    CallOutcome,
+    CallRef,
     ClientMessage,
     Event,
     RegisterAck,
@@ -40,6 +43,7 @@ from tether.protocol.session import (
     DeviceReportedError,
     EventArrived,
     HeartbeatArrived,
+    OutcomesReported,
     PolicyReported,
     ProfileReported,
     RegistrationRefused,
@@ -226,6 +230,48 @@ class DeviceHub:
                 return await answer
         finally:
             self._replies.pop(message.response_id, None)
+
+    async def query_outcomes(self, device: str, calls: list[CallRef], timeout: float) -> dict[str, CallOutcome]:
+        """Ask `device` what became of `calls` (OUTCOME_QUERY, report-only: the device runs nothing for it)
+        and wait at most `timeout` seconds; in a cluster through the node holding it. A call without its
+        `response_id` gets the one the audit log has for that call on that device, when it has one.
+        Never raises: each call_id maps to its `CallOutcome`, `unknown` with a `note` saying why when the
+        device is offline, did not answer in time (a device that predates the query answers nothing),
+        answered with an error, or did not mention the call."""
+        asked = [c if c.response_id else CallRef(call_id=c.call_id, response_id=self._audited_batch(device, c.call_id))
+                 for c in calls]
+        message = ServerMessage(type=ServerMessageType.OUTCOME_QUERY,
+                                payload={"calls": [c.model_dump(exclude_none=True) for c in asked]})
+
+        def unknown(why: str) -> dict[str, CallOutcome]:
+            return {c.call_id: CallOutcome(call_id=c.call_id, state=OUTCOME_UNKNOWN, response_id=c.response_id,
+                                           note=why) for c in asked}
+
+        try:
+            answer = await self.request(device, message, timeout)
+        except LookupError as exc:
+            return unknown(str(exc))
+        except TimeoutError:
+            return unknown(f"device {device} did not answer the outcome query within {timeout:g}s")
+        if answer.status is TaskStatus.FAILED:
+            return unknown(f"device {device} could not say: {answer.error or 'an error'}")
+        known = unknown(f"device {device} did not report this call")
+        for raw in (answer.payload or {}).get("outcomes") or []:
+            try:
+                outcome = CallOutcome.model_validate(raw)
+            except ValueError:
+                continue
+            if outcome.call_id in known:
+                known[outcome.call_id] = outcome
+        return known
+
+    def _audited_batch(self, device: str, call_id: str) -> str | None:
+        """The response_id the audit log has for `call_id` on `device`; None when it has none or cannot say."""
+        try:
+            return self.store.audit.response_of(device, call_id)
+        except Exception as exc:  # the store is unavailable: the device may still know the call_id alone
+            logger.warning("could not read the batch of call %s from the audit log: %s", call_id, exc)
+            return None
 
     def deliver_event(self, batch: PendingBatch, event: Event) -> None:
         """An event of `batch` from its device (here, or through the node holding it): its questions are
@@ -443,11 +489,11 @@ class DeviceHub:
                              event.event.response_id)
                 return
             self.deliver_event(batch, event.event)
-        elif isinstance(event, PolicyReported):
+        elif isinstance(event, PolicyReported | OutcomesReported):
             msg = event.message
             device, answer = self._replies.get(msg.prev_response_id or "", (None, None))
             if answer is None or device != conn.name or answer.done():
-                logger.info("dropped a policy report from device %s: nothing asked for it", conn.name)
+                logger.info("dropped a %s from device %s: nothing asked for it", msg.type.value, conn.name)
             else:
                 answer.set_result(msg)
         elif isinstance(event, ProfileReported):

@@ -246,7 +246,8 @@ class Router:
         return any(await asyncio.gather(*(ask(n) for n in nodes if n != self.node)))
 
     async def request(self, holder: str, device: str, message: ServerMessage, timeout: float) -> ClientMessage:
-        """A request frame (a policy request) for `device`, sent by the node `holder` that holds it."""
+        """A request frame (a policy request, an outcome query) for `device`, sent by the node `holder` that
+        holds it."""
         body = {"device": device, "message": message.model_dump_json(exclude_none=True), "timeout": timeout}
         try:
             reply = await self.bus.call(holder, "request", body, timeout + ANSWER_TIMEOUT_S)
@@ -260,8 +261,9 @@ class Router:
 
     async def serve_request(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
         message = ServerMessage.model_validate_json(str(body.get("message") or "{}"))
-        if message.type not in (ServerMessageType.POLICY_REQUEST, ServerMessageType.POLICY_SET):
-            raise BusError(f"node {self.node} forwards policy requests only, not {message.type.value}")
+        if message.type not in (ServerMessageType.POLICY_REQUEST, ServerMessageType.POLICY_SET,
+                                ServerMessageType.OUTCOME_QUERY):
+            raise BusError(f"node {self.node} forwards policy and outcome requests only, not {message.type.value}")
         timeout = min(float(body.get("timeout") or 30.0), 300.0)
         try:
             answer = await self.hub.request(str(body.get("device", "")), message, timeout, here_only=True)

@@ -116,8 +116,10 @@ async def parse_plan(body: PlanText, _: Annotated[TokenInfo, Depends(require("re
     page ships no YAML parser. Either a list of steps or `{steps: [...]}`."""
     import yaml
 
+    from tether import yaml12
+
     try:
-        data = yaml.safe_load(body.text)
+        data = yaml12.safe_load(body.text)
     except yaml.YAMLError as exc:
         raise HTTPException(400, f"the plan is neither YAML nor JSON: {str(exc).splitlines()[0]}") from None
     steps = data.get("steps") if isinstance(data, dict) else data

@@ -23,6 +23,7 @@ from typing import Any, Literal, NamedTuple
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tether import yaml12
 from tether.sandbox.egress_rules import check_entries
 from tether.tools.errors import NeedsApproval, PolicyDenied
 from tether.tools.policy.protected_defaults import DEFAULT_PROTECTED
@@ -324,7 +325,7 @@ def load_policy(path: str | os.PathLike[str] | None) -> Policy:
     except OSError as exc:
         raise ValueError(f"{file}: cannot read policy file: {exc.strerror or exc}") from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml12.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"{file}: not valid YAML: {exc}") from None
     return policy_from_mapping(data, where=str(file))
