@@ -611,15 +611,20 @@ class AuditLog:
         outcome is still open (whatever their age) and else the newest `_BATCH_WINDOW` rows; None when no
         row has it. What a node taking over a task needs to ask the device about the step in flight."""
         self.flush()
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT response_id FROM audit WHERE status IN ('sent', 'pending', 'unknown') AND call_id = ? "
-                "AND device = ? ORDER BY id DESC LIMIT 1", (call_id, device)).fetchone()
-            if row is None:
-                top = self._conn.execute("SELECT max(id) FROM audit").fetchone()[0] or 0
+
+        def work() -> Any:
+            with self._lock:
                 row = self._conn.execute(
-                    "SELECT response_id FROM audit WHERE id > ? AND call_id = ? AND device = ? ORDER BY id DESC "
-                    "LIMIT 1", (top - _BATCH_WINDOW, call_id, device)).fetchone()
+                    "SELECT response_id FROM audit WHERE status IN ('sent', 'pending', 'unknown') AND call_id = ? "
+                    "AND device = ? ORDER BY id DESC LIMIT 1", (call_id, device)).fetchone()
+                if row is None:
+                    top = self._conn.execute("SELECT max(id) FROM audit").fetchone()[0] or 0
+                    row = self._conn.execute(
+                        "SELECT response_id FROM audit WHERE id > ? AND call_id = ? AND device = ? ORDER BY id DESC "
+                        "LIMIT 1", (top - _BATCH_WINDOW, call_id, device)).fetchone()
+                return row
+
+        row = self._engine.run_sync(work)
         return str(row[0]) if row is not None and row[0] else None
 
     def restarted(self, device: str) -> int:
