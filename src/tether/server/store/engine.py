@@ -9,8 +9,8 @@ stores write is the common subset of both dialects, and the few SQLite spellings
 are rewritten once per statement text. Errors come back as `sqlite3` exception classes so the stores
 keep one error path, and a lost database becomes `StoreUnavailable` in one line.
 
-Why psycopg 3 and not asyncpg (measured in bench/db_drivers.py: asyncpg's point read 60 µs against
-psycopg's async 195 µs): the stores' interface is synchronous — every statement is short and runs on
+Why psycopg 3 and not asyncpg (bench/db_drivers.py measures both: asyncpg's point reads are faster,
+which does not decide it): the stores' interface is synchronous — every statement is short and runs on
 the event loop, the design measured for SQLite — and psycopg is the driver with both a synchronous
 and an asynchronous API, so the Store can move to async statement by statement on the same driver.
 Statements are bounded (`statement_timeout`, `connect_timeout`) so a stalled database cannot hold the
@@ -387,8 +387,8 @@ class Engine:
     With PostgreSQL (`offload`) the audit log's statements run apart, on `worker` — ONE thread per engine,
     so they run in the order they were submitted — with a session of their own, `audit_conn` under
     `audit_lock`: a lock, a slow network or a lost backend holds that thread, never the event loop. With
-    SQLite a commit costs less than handing it to a thread (waking it and taking the GIL back doubled a
-    command's round trip), and only this process writes the file (`lease`), so there `submit` runs the
+    SQLite a commit costs less than handing it to a thread (waking it and taking the GIL back), and only
+    this process writes the file (`lease`), so there `submit` runs the
     function at once and `audit_conn`, `audit_lock` are `conn`, `lock`. `submit` hands the worker a
     function; `run_sync` waits for one. `close` stops the worker after what it was given and closes both.
     """
