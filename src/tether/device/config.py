@@ -111,7 +111,7 @@ class DeviceSettings(BaseModel):
     policy: str | dict[str, Any] | None = Field(None, description="a policy file path or an inline policy")
     builtin: list[str] = Field(default_factory=lambda: list(BUILTIN_SETS),
                                description="built-in tool sets every agent gets in its default root")
-    # issue 26 (root), docs/security/root.md: local settings only, never pushed from a server
+    # a root device (docs/security/root.md): local settings only, never pushed from a server
     allow_root: bool = Field(False, description=(
         "let the device run as root (as --allow-root or TETHER_ALLOW_ROOT=1); its sandboxed processes then "
         "run as run_as"))
