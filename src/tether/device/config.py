@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether import yaml12
@@ -283,6 +282,8 @@ def load_device_config(path: str | os.PathLike[str] | None) -> DeviceConfig:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read device config {p}: {exc.strerror or exc}") from exc
+    import yaml  # only with a config file: a device without one never loads it
+
     try:
         raw = json.loads(text) if p.suffix == ".json" else yaml12.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
