@@ -90,6 +90,11 @@ class Devices:
             return None
         return row[0], row[1] if row[2] is not None else None, row[2]
 
+    def forget(self, name: str) -> bool:
+        """Delete device `name`'s row (its tool list stays, shared by digest); whether it had one."""
+        with self._writing(), self._lock:
+            return self._conn.execute("DELETE FROM devices WHERE name = ?", (name,)).rowcount > 0
+
     def known(self, name: str) -> bool:
         """Whether a device of this name has registered at some time."""
         return bool(self._engine.read("SELECT 1 FROM devices WHERE name = ?", (name,)))
