@@ -80,6 +80,14 @@ class RemoteServer:
     def device(self, name: str) -> dict[str, Any]:
         return self._request("GET", f"/devices/{name}")
 
+    def device_key(self, name: str) -> dict[str, Any]:
+        """The key enrolled for the device: `{name, fingerprint, enrolled_at, enrolled_by}`."""
+        return self._request("GET", f"/devices/{_quote(name)}/key")
+
+    def remove_device(self, name: str) -> dict[str, Any]:
+        """Forget the device (admin): `{removed, was, revoked_tokens}` (docs/fleet.md)."""
+        return self._request("DELETE", f"/devices/{_quote(name)}")
+
     def pairing_requests(self) -> list[dict[str, Any]]:
         return self._request("GET", "/pairing")
 

@@ -1,4 +1,5 @@
-"""Managing the fleet's devices over REST: `DELETE /api/v1/devices/{name}` forgets a device (docs/fleet.md).
+"""Managing the fleet's devices over REST (docs/fleet.md): `DELETE /api/v1/devices/{name}` forgets a
+device; `GET /api/v1/devices/{name}/key` says which key it is enrolled with (for `tether devices NAME`).
 
 Removal acts on the whole fleet's keys (a device's tokens and enrolled key), so it needs an `admin`
 token that reaches every device (`require_fleet`), as the token routes do; an agent's token never
@@ -11,8 +12,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Request
 
+from tether.protocol.identity import fingerprint
 from tether.server.aip.hub import DeviceHub
-from tether.server.http.api import ERROR_RESPONSES, require_fleet
+from tether.server.http.api import ERROR_RESPONSES, in_scope, require, require_fleet
 from tether.server.store.tokens import TokenInfo
 
 device_router = APIRouter(prefix="/api/v1/devices", responses=ERROR_RESPONSES, tags=["devices"])
@@ -53,3 +55,20 @@ async def delete_device(name: str, request: Request,
         return remove_device(request.app.state.hub, name, f"api:{who.name}")
     except LookupError as exc:
         raise HTTPException(404, str(exc)) from None
+
+
+@device_router.get("/{name}/key")
+async def device_key(name: str, request: Request,
+                     who: Annotated[TokenInfo, Depends(require("read"))]) -> dict[str, Any]:
+    """The key enrolled for the device: `{name, fingerprint (SHA-256 hex of the public key), enrolled_at,
+    enrolled_by}`; the key fields are null when none is enrolled yet. 404 for a device the token does not
+    reach or the server does not know."""
+    hub: DeviceHub = request.app.state.hub
+    in_scope(hub, who, name)
+    enrolled = hub.store.device_keys.get(name)
+    if enrolled is None and hub.registry.get(name) is None and not hub.store.devices.known(name):
+        raise HTTPException(404, f"no device named '{name}'")
+    if enrolled is None:
+        return {"name": name, "fingerprint": None, "enrolled_at": None, "enrolled_by": None}
+    return {"name": name, "fingerprint": fingerprint(enrolled.public_key), "enrolled_at": enrolled.enrolled_at,
+            "enrolled_by": enrolled.enrolled_by}
