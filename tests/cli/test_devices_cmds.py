@@ -7,7 +7,7 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from tests.kits.aip import WAIT
 from tests.kits.fanout import App, running_app
 from tether.cli.views.device_detail import detail_grid, detail_lines
 from tether.cli.views.safe_text import SafeConsole
+from tether.protocol.models import Command, Result, ResultStatus
 
 CLI = [sys.executable, "-m", "tether.cli"]
 
@@ -91,3 +92,36 @@ async def test_rm_refused_for_a_scoped_or_agent_token(app: App) -> None:
         code, out, err = await tether(app, token, "devices", "rm", "lab1")
         assert code != 0 and err.startswith("error:") and "Traceback" not in err, (out, err)
     assert app.hub.registry.get("lab1") is not None
+
+
+def shell(text: str) -> Callable[[Command], Result]:
+    """A device's answer to every command: a shell result whose stdout is `text`."""
+
+    def answer(command: Command) -> Result:
+        return Result(status=ResultStatus.SUCCESS, result={"stdout": text, "exit_code": 0}, call_id=command.call_id)
+
+    return answer
+
+
+async def test_exec_all_shows_each_output_identical_ones_folded(app: App) -> None:
+    serving = [(await app.device(n)).serve_forever(shell("same\nlines\n")) for n in ("a1", "a2", "a3")]
+    serving.append((await app.device("b1")).serve_forever(shell("other\n")))
+    code, out, err = await tether(app, app.runner, "exec", "--all", "noop", "n:=1")
+    assert code == 0, (out, err)
+    lines = out.splitlines()
+    assert "ok (3): a1, a2, a3" in lines and "ok (1): b1" in lines, out
+    block = lines.index("ok (3): a1, a2, a3")
+    assert lines[block + 1:block + 3] == ["  same", "  lines"]
+    assert lines[lines.index("ok (1): b1") + 1] == "  other"
+    assert out.count("same") == 1
+    for task in serving:
+        task.cancel()
+
+
+def test_fold_header_fits_the_width() -> None:
+    from tether.cli.views.fanout import fold_header
+
+    names = [f"device-{i:03d}" for i in range(40)]
+    header = fold_header(names, 80)
+    assert len(header) <= 80 and header.startswith("ok (40): device-000, ") and header.endswith("more")
+    assert fold_header(["a"], 80) == "ok (1): a"
