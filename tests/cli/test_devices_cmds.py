@@ -125,3 +125,27 @@ def test_fold_header_fits_the_width() -> None:
     header = fold_header(names, 80)
     assert len(header) <= 80 and header.startswith("ok (40): device-000, ") and header.endswith("more")
     assert fold_header(["a"], 80) == "ok (1): a"
+
+
+async def test_rename_and_tag_round_trip(app: App) -> None:
+    dev = await app.device("old", ["own"])
+    boss = app.store.tokens.create("api", "boss", ["admin"])[1]
+    code, out, err = await tether(app, boss, "devices", "tag", "old", "--add", "gpu", "--add", "lab",
+                                  "--remove", "own")
+    assert code == 0, (out, err)
+    assert "tags gpu, lab" in out
+    code, out, err = await tether(app, boss, "devices", "rename", "old", "new")
+    assert code == 1 and "connected" in err, (out, err)
+    await dev.close()
+    assert await app.hub.registry.wait_until(lambda: not app.hub.connected("old"), WAIT)
+    app.hub._grace.stop("old")  # the grace period would hold the name for 30 s
+    code, out, err = await tether(app, boss, "devices", "rename", "old", "new")
+    assert code == 0 and "renamed device old to new" in out, (out, err)
+    code, out, err = await tether(app, boss, "devices", "tag", "new", "--remove", "lab")
+    assert code == 0 and "tags gpu" in out, (out, err)
+    code, out, _ = await tether(app, boss, "devices", "show", "new", "--json")
+    assert json.loads(out)["tags"] == ["gpu"]
+    code, out, err = await tether(app, boss, "devices", "tag", "new")
+    assert code == 2 and "--add" in err
+    code, out, err = await tether(app, app.runner, "devices", "tag", "new", "--add", "x")
+    assert code != 0 and "Traceback" not in err

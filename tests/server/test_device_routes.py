@@ -99,3 +99,80 @@ async def test_only_a_fleet_wide_admin_token_removes(app: App) -> None:
             assert answer.status_code == status, (token, answer.text)
             assert "error" in answer.json()
     assert app.hub.registry.get("lab1") is not None
+
+
+async def test_tags_are_set_kept_over_the_devices_own_and_survive_reconnects(app: App) -> None:
+    dev = await app.device("lab1", ["own"])
+    async with app.http(admin(app)) as http:
+        answer = await http.patch("/api/v1/devices/lab1", json={"tags": ["gpu", "lab", "gpu"]})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"name": "lab1", "tags": ["gpu", "lab"]}
+        assert (await http.get("/api/v1/devices/lab1")).json()["tags"] == ["gpu", "lab"]
+        listed = (await http.get("/api/v1/devices", params={"tag": "gpu"})).json()
+        assert [d["name"] for d in listed] == ["lab1"]
+        assert (await http.get("/api/v1/devices", params={"tag": "own"})).json() == []
+        await dev.close()
+        assert await app.hub.registry.wait_until(lambda: not app.hub.connected("lab1"), WAIT)
+        again = FakeDevice(f"ws://127.0.0.1:{app.port}/aip", dev.token, name="lab1")
+        from tether.protocol.profile import DeviceProfile
+        again.profile = DeviceProfile(tags=["own"])
+        assert (await again.register()).type is ServerMessageType.REGISTER_ACK
+        assert (await http.get("/api/v1/devices/lab1")).json()["tags"] == ["gpu", "lab"]
+        assert app.store.devices.tag_overrides() == {"lab1": ["gpu", "lab"]}
+        bad = await http.patch("/api/v1/devices/lab1", json={"tags": ["no spaces"]})
+        assert bad.status_code == 422 and "error" in bad.json()
+        rows = (await http.get("/api/v1/audit", params={"device": "lab1"})).json()["rows"]
+        assert any(r["tool_name"] == "device.tags" and r["requested_by"] == "api:boss" for r in rows)
+
+
+async def test_rename_of_an_offline_device_moves_its_token_key_and_tags(app: App) -> None:
+    dev = await app.device("old", ["own"])
+    token = dev.token
+    async with app.http(admin(app)) as http:
+        assert (await http.patch("/api/v1/devices/old", json={"tags": ["t1"]})).status_code == 200
+        busy = await http.patch("/api/v1/devices/old", json={"name": "new"})
+        assert busy.status_code == 409 and "connected" in busy.json()["error"]
+        await dev.close()
+        assert await app.hub.registry.wait_until(lambda: not app.hub.connected("old"), WAIT)
+        app.hub._grace.stop("old")  # the grace period would hold the name for 30 s
+        await app.device("taken")
+        taken = await http.patch("/api/v1/devices/old", json={"name": "taken"})
+        assert taken.status_code == 409 and "exists" in taken.json()["error"]
+        bad = await http.patch("/api/v1/devices/old", json={"name": "my laptop"})
+        assert bad.status_code == 422
+        answer = await http.patch("/api/v1/devices/old", json={"name": "new"})
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"name": "new", "tags": ["t1"]}
+        assert (await http.get("/api/v1/devices/old")).status_code == 404
+        moved = (await http.get("/api/v1/devices/new")).json()
+        assert moved["tags"] == ["t1"] and moved["status"] == "offline"
+        assert (await http.get("/api/v1/devices/new/key")).json()["fingerprint"]
+    renamed = FakeDevice(f"ws://127.0.0.1:{app.port}/aip", token, name="new", key=dev.key)
+    assert (await renamed.register()).type is ServerMessageType.REGISTER_ACK
+    assert app.hub.connected("new") and app.hub.registry.get("new").tags == ("t1",)
+
+
+async def test_rename_is_refused_while_a_token_is_scoped_to_the_name(app: App) -> None:
+    dev = await app.device("old")
+    await dev.close()
+    assert await app.hub.registry.wait_until(lambda: not app.hub.connected("old"), WAIT)
+    app.hub._grace.stop("old")
+    app.store.tokens.create("api", "watcher", ["read"], devices=["old"])
+    async with app.http(admin(app)) as http:
+        answer = await http.patch("/api/v1/devices/old", json={"name": "new"})
+        assert answer.status_code == 409 and "watcher" in answer.json()["error"]
+        assert app.hub.registry.get("old") is not None
+
+
+async def test_scoped_and_agent_tokens_are_refused_on_each_route(app: App) -> None:
+    await app.device("lab1")
+    scoped = app.store.tokens.create("api", "scoped", ["admin"], devices=["other"])[1]
+    agent = app.store.tokens.create("api", "bot", ["read", "execute"], agent=True)[1]
+    for token in (scoped, agent):
+        async with app.http(token) as http:
+            for method, body in (("DELETE", None), ("PATCH", {"tags": ["x"]}), ("PATCH", {"name": "x2"})):
+                answer = await http.request(method, "/api/v1/devices/lab1", json=body)
+                assert answer.status_code == 403, (method, answer.text)
+    async with app.http(scoped) as http:  # a read route: a device outside the scope is not there for it
+        assert (await http.get("/api/v1/devices/lab1/key")).status_code == 404
+    assert app.hub.registry.get("lab1").tags == ()

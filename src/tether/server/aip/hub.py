@@ -113,6 +113,8 @@ class DeviceHub:
         Only their names, platforms and tags are read now; a profile is read when first asked for
         (10,000 known devices: 10.6 s to /health when every profile was validated here)."""
         self.registry.profile_loader = self.store.devices.profile
+        for name, tags in self.store.devices.tag_overrides().items():  # tags an admin set (docs/fleet.md)
+            self.registry.override_tags(name, tags)
         for name, last_seen, platform, tags, stored in self.store.devices.heads():
             self.registry.known(name, last_seen, platform, tags, stored)
         self._preload = asyncio.create_task(self.registry.preload(start_after=PRELOAD_AFTER_S),
