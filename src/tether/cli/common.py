@@ -127,12 +127,16 @@ class TetherGroup(LazyGroup):
 
 
 class DevicesGroup(TyperGroup):
-    """`tether devices`: a first word that names no sub-command is a device's name, so `tether devices NAME`
-    runs `tether devices show NAME` (docs/fleet.md)."""
+    """`tether devices`: a first word that names no sub-command, and is not a near miss of one (`pendng`: a
+    usage error with "did you mean"), is a device's name, so `tether devices NAME` runs `tether devices
+    show NAME` (docs/fleet.md)."""
 
     def resolve_command(self, ctx: Any, args: list[str]) -> Any:
         if args and not args[0].startswith("-") and args[0] not in self.commands and "show" in self.commands:
-            return "show", self.commands["show"], args
+            import difflib
+
+            if not difflib.get_close_matches(args[0], list(self.commands), n=1, cutoff=0.85):
+                return "show", self.commands["show"], args
         return super().resolve_command(ctx, args)
 
 
