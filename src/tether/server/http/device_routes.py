@@ -109,7 +109,8 @@ def set_tags(hub: DeviceHub, name: str, tags: list[str], by: str) -> list[str]:
     if not _exists(hub, name):
         raise DeviceChangeRefused(404, f"no device named '{name}'")
     kept = list(dict.fromkeys(tags))
-    before = list(hub.registry.get(name).tags) if hub.registry.get(name) is not None else []
+    record = hub.registry.get(name)
+    before = list(record.tags) if record is not None else []
     hub.store.devices.set_tags(name, kept, time.time())
     hub.registry.override_tags(name, kept)
     hub.registry.notify()
@@ -126,7 +127,8 @@ def check_rename(hub: DeviceHub, old: str, new: str) -> None:
         return
     if _exists(hub, new):
         raise DeviceChangeRefused(409, f"device '{new}' exists already: remove it first (tether devices rm {new})")
-    if hub.holds(old):
+    record = hub.registry.get(old)
+    if hub.holds(old) or (record is not None and record.connected):  # here, or (a cluster) on another node
         raise DeviceChangeRefused(409, f"device '{old}' is connected: stop it, rename it, then start it with the "
                                        f"name '{new}' (its config's device.name, or --name)")
     scoped = [t.name for t in hub.store.tokens.all() if t.active and t.kind == "api" and old in t.devices]
