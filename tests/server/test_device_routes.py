@@ -176,3 +176,20 @@ async def test_scoped_and_agent_tokens_are_refused_on_each_route(app: App) -> No
     async with app.http(scoped) as http:  # a read route: a device outside the scope is not there for it
         assert (await http.get("/api/v1/devices/lab1/key")).status_code == 404
     assert app.hub.registry.get("lab1").tags == ()
+
+
+async def test_a_revoked_device_is_not_counted_by_a_task_steps_fan_out(app: App) -> None:
+    """`DeviceHub.fan_out` (a plan's `on: all` step, the agent) leaves it out as the REST route does."""
+    from tether.protocol.models import Command
+    from tether.protocol.profile import DeviceRequirements
+
+    serving = (await app.device("ok1")).serve_forever()
+    gone = await app.device("retired")
+    await gone.close()
+    assert await app.hub.registry.wait_until(lambda: not app.hub.connected("retired"), WAIT)
+    before = await app.hub.fan_out(DeviceRequirements(), [Command(tool_name="noop", parameters={"n": 1})])
+    assert before["summary"]["offline"] == 1
+    app.store.tokens.revoke("retired")
+    after = await app.hub.fan_out(DeviceRequirements(), [Command(tool_name="noop", parameters={"n": 1})])
+    assert after["summary"]["offline"] == 0 and after["summary"]["ok"] == 1, after
+    serving.cancel()

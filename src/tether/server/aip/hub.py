@@ -184,8 +184,10 @@ class DeviceHub:
         """Run `commands` on every device meeting `requires` (server/aip/fanout.py) and return
         `{"devices": [lines…], "summary": {…}}`: how a layer above (a task step `on: all`) fans out
         without importing the server's modules. `FanOutError` (a ValueError) when it cannot start."""
-        from tether.server.aip.fanout import run_fan_out
+        from tether.server.aip.fanout import countable, run_fan_out
 
+        # a device whose every token is revoked is not counted (docs/fleet.md)
+        options["within"] = countable(self.store.tokens.active_device_names(), options.get("within"))
         return await run_fan_out(self, self.registry, requires, commands, on_outcome=on_outcome, **options)
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:

@@ -10,7 +10,7 @@ caller that goes away cancels the fan-out, and with it the batches still running
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -19,8 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError
-from tether.server.aip.registry import DeviceRecord
+from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError, countable
 from tether.server.http.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.scopes import beyond, reaches, within
 from tether.server.store.tokens import TokenInfo
@@ -78,7 +77,7 @@ async def fleet_commands(batch: FleetBatch, request: Request,
     try:
         fan = FanOut(hub, hub.registry, batch.requires, batch.commands, max_concurrency=batch.max_concurrency,
                      timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}",
-                     within=_countable(hub.store.tokens.active_device_names(), within(who)))
+                     within=countable(hub.store.tokens.active_device_names(), within(who)))
     except FanOutError as exc:
         raise HTTPException(exc.status, str(exc) + (beyond(who) if exc.status == 404 else "")) from None
     accept = request.headers.get("accept", "")
@@ -86,13 +85,6 @@ async def fleet_commands(batch: FleetBatch, request: Request,
     headers = {FANOUT_HEADER: fan.id, "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
     return StreamingResponse(_stream(request, fan, kind, hub.settings.max_response_bytes), media_type=kind,
                              headers=headers)
-
-
-def _countable(tokened: set[str], scope: Callable[[DeviceRecord], bool] | None) -> Callable[[DeviceRecord], bool]:
-    """The fan-out's device test: in `scope` (a token's, None = every device), and either connected or
-    holding an active device token (`tokened`): a revoked device cannot come back, so it is left out
-    rather than reported offline for ever."""
-    return lambda record: (scope is None or scope(record)) and (record.connected or record.name in tokened)
 
 
 async def _stream(request: Request, fan: FanOut, kind: str, limit: int) -> AsyncIterator[bytes]:
