@@ -412,7 +412,7 @@ async def test_modern_clients_cannot_forge_or_replay_request_state(tmp_path: Pat
 
     server = await GatewayServer(tmp_path).start()
     try:
-        gateway = await server.app.state.gateway.ready()  # built on first use (server/mcp/lazy.py)
+        gateway = await server.app.state.gateway.ready()  # built on first use (server/mcp/lazy_gateway.py)
         token = server.store.tokens.verify(server.token("modern", "read", "execute", "approve"))
         other = server.store.tokens.verify(server.token("modern2", "read", "execute", "approve"))
         assert token is not None and other is not None
@@ -445,7 +445,7 @@ async def test_modern_clients_cannot_forge_or_replay_request_state(tmp_path: Pat
 
 
 def _later(held: Result) -> Any:
-    from tether.server.mcp.calls import AskLater
+    from tether.server.mcp.tool_call import AskLater
 
     later = AskLater("approve?", {"type": "object"})
     later.held = held
@@ -528,7 +528,7 @@ async def test_a_client_that_never_reads_progress_holds_a_bounded_amount(tmp_pat
     """A command printing megabytes to a client that never reads its progress: the server keeps at most
     MAX_EVENTS events for it, each cut to what a notification carries, instead of every chunk whole."""
     from tether.protocol.messages import Event
-    from tether.server.mcp import calls
+    from tether.server.mcp import tool_call
 
     server = await GatewayServer(tmp_path).start()
     stuck = asyncio.Event()
@@ -538,13 +538,14 @@ async def test_a_client_that_never_reads_progress_holds_a_bounded_amount(tmp_pat
 
         token = server.store.tokens.verify(server.token("slow", "read", "execute"))
         assert token is not None
-        forward = calls._Forwarder(server.app.state.hub, "laptop", calls.Caller(token, "slow/1"), never_read, None)
+        caller = tool_call.Caller(token, "slow/1")
+        forward = tool_call._Forwarder(server.app.state.hub, "laptop", caller, never_read, None)
         chunk = "x" * 1_000_000  # one string shared by every event: the test itself stays small either way
-        for _ in range(calls.MAX_EVENTS * 2):
+        for _ in range(tool_call.MAX_EVENTS * 2):
             forward.put(Event(kind="output", data={"stream": "stdout", "data": chunk}))
-        assert forward.events is not None and forward.events.qsize() <= calls.MAX_EVENTS - 1
+        assert forward.events is not None and forward.events.qsize() <= tool_call.MAX_EVENTS - 1
         held = sum(len(e.data["data"]) for e in forward.events._queue if e is not None)  # type: ignore[attr-defined]
-        assert held <= calls.MAX_EVENTS * calls.MAX_PROGRESS_TEXT, f"{held} characters held for one slow client"
+        assert held <= tool_call.MAX_EVENTS * tool_call.MAX_PROGRESS_TEXT, f"{held} characters held for one slow client"
         forward.close()
     finally:
         stuck.set()

@@ -225,7 +225,7 @@ def test_a_live_process_of_a_root_device_runs_unprivileged(python: str, tmp_path
     interpreter (`confine_argv`), run inside the sandbox as the run_as user."""
     code = ("import json, sys\n"
             "from tether.sandbox.bwrap import live_argv\n"
-            "from tether.sandbox.identity import resolve_run_as\n"
+            "from tether.sandbox.run_as import resolve_run_as\n"
             "from tether.sandbox.spec import SandboxSpec\n"
             "run_as = resolve_run_as('nobody')\n"
             "spec = SandboxSpec.build(write_roots=[], hidden=['/root', sys.argv[1]], layers_dir=sys.argv[1],"

@@ -126,6 +126,19 @@ def test_a_local_built_in_tool_call_imports_no_sdk_server_or_http_client(tmp_pat
     assert not _top(modules) & {*HEAVY, "mcp_types", "httpx"}, sorted(_top(modules) & {*HEAVY, "mcp_types", "httpx"})
 
 
+def test_a_local_call_without_config_files_or_a_display_loads_neither_yaml_nor_the_desktop_tools(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """yaml is imported to read a config or policy file, the desktop tools' modules when a display and
+    their extra are there: with neither, `tether exec` (and a device) never imports them."""
+    for name in ("TETHER_CONFIG", "TETHER_POLICY", "DISPLAY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "no-config"))
+    modules, proc = _imported(tmp_path, "exec", "get_system_info", "info_type=os", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert "yaml" not in modules
+    assert not {m for m in modules if m.startswith("tether.tools.desktop.")} - {"tether.tools.desktop.x11"}
+
+
 def test_an_unknown_command_is_a_usage_error_that_loads_nothing(tmp_path: Path) -> None:
     modules, proc = _imported(tmp_path, "no-such-command")
     assert proc.returncode == 2
@@ -410,7 +423,7 @@ print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
 
 
 def test_the_server_app_is_built_without_the_mcp_sdk_jsonschema_or_yaml(tmp_path: Path) -> None:
-    """/mcp is built on its first request (server/mcp/lazy.py); plans' argument checks import jsonschema and a
+    """/mcp is built on its first request (server/mcp/lazy_gateway.py); plans' argument checks import jsonschema and a
     config file yaml when they are used: none of them is needed to answer /health."""
     env = {key: value for key, value in tether_env(tmp_path).items()
            if not key.startswith("TETHER_LLM_") and key != "TETHER_CONFIG"}

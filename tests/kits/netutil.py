@@ -131,9 +131,10 @@ HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace
 
 @dbkit.keeps_server_state
 class Cluster:
-    """One server process plus whatever devices a test starts; everything stopped at the end."""
+    """One server process (`server_args`: more `tether server` options, e.g. --four-eyes) plus whatever
+    devices a test starts; everything stopped at the end."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, server_args: tuple[str, ...] = ()) -> None:
         self.tmp = tmp
         self.state = tmp / "state"
         self.state.mkdir()
@@ -146,7 +147,7 @@ class Cluster:
         self.port = free_port()
         self.procs: list[Proc] = []
         self.server = self.start(["server", "--port", str(self.port), *dbkit.server_db_args(self.db), *HEARTBEAT,
-                                  "--log-level", "warning"], "server")
+                                  "--log-level", "warning", *server_args], "server")
         self.remote = RemoteServer(f"http://127.0.0.1:{self.port}", self.api_token)
         wait_for(lambda: self.remote.health()["status"] == "ok", "server health", procs=(self.server.popen,))
 

@@ -19,7 +19,7 @@ from tether.protocol.messages import (
 )
 from tether.protocol.models import Result, ResultStatus
 from tether.protocol.profile import DeviceProfile
-from tether.protocol.session import BadFrame, OutcomesReported, ServerSession
+from tether.protocol.server_session import BadFrame, OutcomesReported, ServerSession
 
 LIMIT = 1 << 20
 

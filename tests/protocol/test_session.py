@@ -1,4 +1,4 @@
-"""`protocol.session.ServerSession` on frames alone: no socket, no server, no store."""
+"""`protocol.server_session.ServerSession` on frames alone: no socket, no server, no store."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 from tether.protocol.codec import encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, Registration, TaskStatus
 from tether.protocol.profile import DeviceProfile
-from tether.protocol.session import (
+from tether.protocol.server_session import (
     BadFrame,
     DeviceReportedError,
     EventArrived,

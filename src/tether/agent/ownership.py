@@ -1,4 +1,4 @@
-"""Which server runs each unfinished task, when several servers share one database (issue 16).
+"""Which server runs each unfinished task, when several servers share one database.
 
 A server that starts resumes the unfinished tasks it finds in the store. With one server that is a
 restart; with several servers on one PostgreSQL database (or one SQLite file) a server starting

@@ -1,4 +1,4 @@
-"""`TaskPeers`: a node's tasks as the other nodes of a cluster see and steer them (issue 16).
+"""`TaskPeers`: a node's tasks as the other nodes of a cluster see and steer them.
 
 Each task runs on one node, the one holding its lease (`tether.agent.ownership`). Two things must
 still work from every node:

@@ -148,7 +148,7 @@ def check_args(tool: ToolInfo, args: dict[str, Any], validators: dict[int, Any] 
     more than using one, and a plan calls the same few tools again and again. A value that is a
     reference to an earlier step (`{"$ref": ...}`) is only known at run time: errors at it are not
     counted here (the resolved arguments are checked by the tool itself)."""
-    import jsonschema  # here, not at the top: ~50 ms the server's start (and its /health) does not need
+    import jsonschema  # here, not at the top: the server's start (and its /health) does not need it
 
     refs = {where for where, _ in iter_refs(args)}
     try:

@@ -7,8 +7,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
-from tether.agent.llm import LLMSettings
+from tether.agent.llm import LLMClient, LLMSettings
 from tether.agent.mcp_tools import task_tools
+from tether.agent.sampling import DeviceSampler
 from tether.agent.service import TaskError, TaskService
 from tether.agent.task import Budgets
 from tether.agent.task_api import router, task_error
@@ -19,8 +20,9 @@ from tether.server.settings import ServerSettings
 from tether.server.store import Store
 
 
-def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = None) -> Extension:
-    """An app extension (see `create_app`) that runs tasks; they live in the server's database file."""
+def tasks_extension(llm: LLMClient | None, budgets: Budgets | None = None) -> Extension:
+    """An app extension (see `create_app`) that runs tasks with `llm` (None: plans must be given); they live
+    in the server's database file. The task service closes `llm` when the app stops."""
 
     def extend(app: FastAPI) -> AbstractAsyncContextManager[None]:
         app.include_router(router)
@@ -31,11 +33,10 @@ def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = 
         async def running() -> AsyncIterator[None]:
             settings: ServerSettings = app.state.settings
             store = TaskStore(settings.db_target)
-            service = TaskService(app.state.hub, app.state.hub.registry, store, llm_settings, budgets=budgets)
+            service = TaskService(app.state.hub, app.state.registry, store, llm, server_store=app.state.store,
+                                  budgets=budgets)
             app.state.tasks = service
             app.state.on_stopping = [*getattr(app.state, "on_stopping", []), service.release_followers]
-            if service.llm is not None:  # devices' external MCP servers may sample it, as their policies allow
-                app.state.hub.sampler = service.sample_for_device
             await service.start()
             try:
                 yield
@@ -50,5 +51,8 @@ def tasks_extension(llm_settings: LLMSettings | None, budgets: Budgets | None = 
 
 def create_agent_app(settings: ServerSettings, store: Store | None = None, *,
                      llm_settings: LLMSettings | None = None, budgets: Budgets | None = None) -> FastAPI:
-    """The full agent server; `llm_settings` None means plans must be given (no planning)."""
-    return create_app(settings, store, extensions=[tasks_extension(llm_settings, budgets)])
+    """The full agent server; `llm_settings` None means plans must be given (no planning). With an LLM,
+    devices' external MCP servers may sample it too, as their policies allow (`DeviceSampler`)."""
+    llm = LLMClient(llm_settings) if llm_settings is not None else None
+    return create_app(settings, store, extensions=[tasks_extension(llm, budgets)],
+                      sampler=DeviceSampler(llm) if llm is not None else None)

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tether.agent.executor import TaskRunner
-from tether.agent.llm import LLMClient, LLMSettings
+from tether.agent.llm import LLMClient
 from tether.agent.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.peers import TaskPeers
 from tether.agent.plan import Plan, PlanStep
@@ -42,7 +42,7 @@ from tether.server.aip.registry import DeviceRegistry, NoDeviceError
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
-from tether.server.store import StoreUnavailable
+from tether.server.store import Store, StoreUnavailable
 from tether.server.store.tokens import TokenInfo, scope_reaches
 
 logger = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ _SUBSCRIBER_QUEUE = 10_000
 
 OUTCOME_QUERY_TIMEOUT_S = 10.0  # a device answers an outcome query from memory; an old one never answers
 OUTCOME_POLL_S = 1.0  # how often a step the device reports still running is asked about again
-MAX_SAMPLING_CHARS = 64_000  # what a device may send this server's LLM in one sampling request
+
 
 class DeviceUnavailable(AgentError, RuntimeError):
     """A task's device cannot be reached and its tools are unknown, so nothing can be planned or run."""
@@ -111,13 +111,14 @@ class _HubDevice(BasicCommandDispatcher):
 
 class TaskService:
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: TaskStore,
-                 llm_settings: LLMSettings | None = None, *, budgets: Budgets | None = None,
+                 llm: LLMClient | None = None, *, server_store: Store, budgets: Budgets | None = None,
                  command_timeout: float = 600.0, device_wait: float = 30.0) -> None:
         self.hub = hub
         self.registry = registry  # the hub's: which devices are known, connected, and what they offer
+        self.server_store = server_store  # the server's: the audit log's health and the sessions' owners
         self.device_wait = device_wait
         self.store = store
-        self.llm = LLMClient(llm_settings) if llm_settings is not None else None
+        self.llm = llm  # plans and answers; closed by `aclose`
         self.budgets = budgets or Budgets()
         self.command_timeout = command_timeout
         self._live: dict[str, Task] = {}
@@ -140,7 +141,7 @@ class TaskService:
         """Settle the tasks a previous server left unfinished (see the module docstring). Every task owns
         its session (see `tether.server.sessions`), also those stored before owners were recorded."""
         try:
-            claim_task_sessions(self.hub.store, self.store.ids())
+            claim_task_sessions(self.server_store, self.store.ids())
         except StoreUnavailable as exc:  # start-up checked the disk; it filled since: claims come with use
             logger.error("could not record the tasks' session owners: %s", exc)
         settings = self.hub.settings
@@ -325,7 +326,7 @@ class TaskService:
                     devices=[n for n in extra if n != target], confirm=confirm,
                     scope_devices=list(token.devices) if token is not None else [],
                     scope_tags=list(token.tags) if token is not None else [])
-        unaudited = self.hub.store.audit.problem()
+        unaudited = self.server_store.audit.problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
         remote = self.hub.remote
@@ -334,7 +335,7 @@ class TaskService:
         if away and remote is not None and (problem := remote.problem()) is not None:
             raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
-            if self.hub.store.sessions.claim(task.id, task_owner(task.id)) != task_owner(task.id):
+            if self.server_store.sessions.claim(task.id, task_owner(task.id)) != task_owner(task.id):
                 raise TaskError(409, f"session {task.id} is already taken; create the task again")
             self.store.save(task)
         except StoreUnavailable as exc:
@@ -607,28 +608,6 @@ class TaskService:
         else:
             raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
         return task
-
-    async def sample_for_device(self, device: str, request: dict[str, Any]) -> tuple[str, str]:
-        """A device's sampling request (an external MCP server of its, allowed by its policy) answered by
-        this server's LLM: (text, model). The device budgets the requests per command; this bounds each."""
-        if self.llm is None:
-            raise RuntimeError("this server has no LLM configured")
-        messages: list[dict[str, Any]] = []
-        if isinstance(request.get("system_prompt"), str) and request["system_prompt"]:
-            messages.append({"role": "system", "content": request["system_prompt"]})
-        for message in request.get("messages") or []:
-            if not isinstance(message, dict) or message.get("role") not in ("user", "assistant") \
-                    or not isinstance(message.get("content"), str):
-                raise ValueError("a sampling message must be {role: user|assistant, content: text}")
-            messages.append({"role": message["role"], "content": message["content"]})
-        if sum(len(m["content"]) for m in messages) > MAX_SAMPLING_CHARS:
-            raise ValueError(f"the messages are over {MAX_SAMPLING_CHARS} characters")
-        max_tokens = request.get("max_tokens")
-        limit = max_tokens if type(max_tokens) is int and 0 < max_tokens <= 4000 else 4000
-        reply = await self.llm.complete(messages, max_tokens=limit)
-        logger.info("sampling for device %s (MCP server %s): %d prompt, %d completion tokens", device,
-                    str(request.get("server"))[:64], reply.prompt_tokens, reply.completion_tokens)
-        return reply.text[:limit * 4], self.llm.settings.model
 
     def mcp_question(self, task_id: str) -> dict[str, Any] | None:
         """The question an external MCP server asks during the task's running step, if one is open."""

@@ -287,6 +287,6 @@ async def _allow_always(request: Request, task_id: str, body: Approval, who: Tok
     rule: dict[str, Any] = {"subcommands": [first]} if body.always == "subcommand" else {}
     try:
         await policy_push.change(service.hub, device, {"commands": {program: rule}}, replace=False,
-                                 requested_by=f"api:{who.name}")
+                                 requested_by=f"api:{who.name}", audit=request.app.state.store.audit)
     except policy_push.PolicyRequestFailed as exc:
         raise HTTPException(exc.status, f"the device's policy was not changed, nothing approved: {exc}") from None

@@ -16,8 +16,8 @@ def main() -> None:
     from tether.cli.views.rich_help import load_rich_utils
 
     if len(sys.argv) < 2 or not {"-h", "--help"}.isdisjoint(sys.argv[1:]):
-        # typer's help panels without rich's Markdown and tracebacks (~70 ms); a command that runs never
-        # draws them (so it does not pay the ~2.5 ms of typer.rich_utils either), and the output is the same
+        # typer's help panels without rich's Markdown and tracebacks; a command that runs never
+        # draws them (so it does not import typer.rich_utils either), and the output is the same
         load_rich_utils()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

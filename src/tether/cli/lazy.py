@@ -1,6 +1,6 @@
 """The root command's sub-commands, each loaded when it runs: `tether --help` lists them all from the
 table below without importing one command module, so it costs typer and rich, not the server, the
-agent or pydantic (issue 13: 0.56 s before, most of it importing modules whose commands never ran).
+agent or pydantic (modules whose commands do not run).
 
 A command module (in `tether.cli.commands`) attaches its commands to the typer apps in
 `tether.cli.common` when it is imported; `LazyGroup.get_command` imports the modules named for a
@@ -70,8 +70,8 @@ COMMANDS: dict[str, Lazy] = {
                   "Show a batch's record: each command's outcome, also one that came back after its caller "
                   "stopped waiting."),
     "tools": Lazy(("tools",), "List tools, or serve a built-in tool set over MCP."),
-    "server": Lazy(("server", "service"), "Start the agent server, or install it as a service."),
-    "device": Lazy(("server", "service"),
+    "server": Lazy(("server", "systemd"), "Start the agent server, or install it as a service."),
+    "device": Lazy(("server", "systemd"),
                    "Connect this machine to a server as a device, or install it as a service."),
     "token": Lazy(("server",), "Create, list and revoke device and API tokens."),
     "mcp": Lazy(("mcp_*",), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),

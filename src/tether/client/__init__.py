@@ -21,7 +21,7 @@ if TYPE_CHECKING:
         RequestTimeout,
         TransportError,
     )
-    from tether.client.models import (
+    from tether.client.responses import (
         AuditPage,
         BatchResults,
         Device,
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from tether.client.sync import Client
 else:
     _ERRORS = "tether.client.errors"
-    _MODELS = "tether.client.models"
+    _MODELS = "tether.client.responses"
     __getattr__, __dir__ = lazy_import(globals(), {
         "AsyncClient": "tether.client.aio", "Client": "tether.client.sync",
         **dict.fromkeys(["ClientError", "ConnectError", "HTTPStatusError", "IncompleteStream", "RequestTimeout",

@@ -18,7 +18,7 @@ from pydantic import TypeAdapter
 
 from tether.agent.task import Task, TaskEvent
 from tether.client.errors import ConnectError, HTTPStatusError, RequestTimeout, TransportError
-from tether.client.models import (
+from tether.client.responses import (
     AuditPage,
     BatchResults,
     Device,

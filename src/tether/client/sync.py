@@ -12,7 +12,7 @@ import httpx
 from tether.agent.task import Task, TaskEvent
 from tether.client import calls
 from tether.client.errors import IncompleteStream
-from tether.client.models import (
+from tether.client.responses import (
     AuditPage,
     BatchResults,
     Device,

@@ -218,7 +218,7 @@ class Computer:
         if after is not None:
             await after.wait()
         try:
-            # the SDK's import (~0.5 s of CPU) in a thread: the device serves meanwhile
+            # the SDK's import (heavy) in a thread: the device serves meanwhile
             await asyncio.to_thread(importlib.import_module, "tether.device.mcp.external")
             by_server: dict[BaseMCPServer, list[ServerKey]] = {}
             for key, cfg in configs.items():

@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether import yaml12
@@ -112,7 +111,7 @@ class DeviceSettings(BaseModel):
     policy: str | dict[str, Any] | None = Field(None, description="a policy file path or an inline policy")
     builtin: list[str] = Field(default_factory=lambda: list(BUILTIN_SETS),
                                description="built-in tool sets every agent gets in its default root")
-    # issue 26 (root), docs/security/root.md: local settings only, never pushed from a server
+    # a root device (docs/security/root.md): local settings only, never pushed from a server
     allow_root: bool = Field(False, description=(
         "let the device run as root (as --allow-root or TETHER_ALLOW_ROOT=1); its sandboxed processes then "
         "run as run_as"))
@@ -283,6 +282,8 @@ def load_device_config(path: str | os.PathLike[str] | None) -> DeviceConfig:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read device config {p}: {exc.strerror or exc}") from exc
+    import yaml  # only with a config file: a device without one never loads it
+
     try:
         raw = json.loads(text) if p.suffix == ".json" else yaml12.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:

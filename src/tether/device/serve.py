@@ -165,7 +165,7 @@ async def _build(server_url: str | Sequence[str] | None = None, *, token: str,
         raise DeviceSetupError(str(exc)) from None
     # one probe process while the rest loads, or its answer kept in the state directory for this boot
     sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, state, run_as=run_as))
-    # and the key (importing `cryptography` is ~15 ms) while the probe runs
+    # and the key (importing `cryptography` takes a while) while the probe runs
     key_loading = asyncio.ensure_future(asyncio.to_thread(load_device_key, key_path))
     servers = [server_url] if isinstance(server_url, str) else list(server_url or ())
     device_name = name or cfg.device.name

@@ -9,8 +9,8 @@ recorded proof is worth nothing on another connection. At pairing the device sig
 `claim_statement(code, fingerprint)` to claim its token.
 
 Encodings: a public key is its 32 raw bytes, a signature its 64 raw bytes, both unpadded base64url;
-a fingerprint is the SHA-256 of the raw public key, in hex. `cryptography` is imported on first use
-(~14 ms), so modules that only carry the models do not pay for it.
+a fingerprint is the SHA-256 of the raw public key, in hex. `cryptography` is imported on first use,
+so modules that only carry the models do not pay for it.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from tether.sandbox.spec import ANY_SOCKET, SandboxSpec, under
 
 
 def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
-    # a root device starts bwrap as its run_as user (tether.sandbox.identity): then the sandbox's user
+    # a root device starts bwrap as its run_as user (tether.sandbox.run_as): then the sandbox's user
     # namespace maps that user, not root, and root-only files stay unreadable
     prefix = spec.run_as.argv_prefix() if spec.run_as is not None else []
     args = [*prefix, bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",

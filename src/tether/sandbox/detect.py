@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.identity import RunAs
+from tether.sandbox.run_as import RunAs
 
 PROBE_TIMEOUT_S = 10.0
 CACHE_FILE = "sandbox-probe.json"
@@ -76,14 +76,14 @@ def _probe(bwrap: str, run_as: RunAs | None = None) -> str | None:
 
 
 def detect(cache_dir: str | os.PathLike[str] | None = None, *, run_as: RunAs | None = None) -> SandboxInfo:
-    """Try the sandbox once. Costs one short sandbox with an interpreter (~70 ms, a process on the start-up
-    path of every `tether device` and `tether exec`): call it at start (in a thread), not per command.
+    """Try the sandbox once. Costs one short sandbox with an interpreter (a process on the start-up path
+    of every `tether device` and `tether exec`): call it at start (in a thread), not per command.
 
     With `cache_dir` (the device's state directory, which sandboxed commands never see), a sandbox that
     worked is remembered for this boot, kernel, bwrap binary, interpreter, probe code, user and the
     user-namespace sysctls: the probe runs again when any of them changes. A failed probe is never
     remembered, so a machine that gets fixed is seen fixed at its next start. `run_as`: a root device's
-    sandbox user (tether.sandbox.identity); the probe runs as that user, and its uid is part of the key."""
+    sandbox user (tether.sandbox.run_as); the probe runs as that user, and its uid is part of the key."""
     if not sys.platform.startswith("linux"):
         return SandboxInfo("none", f"no sandbox on {sys.platform}: tether confines processes on Linux only")
     bwrap = shutil.which("bwrap")
@@ -134,7 +134,7 @@ def _cache_key(bwrap: str, run_as: RunAs | None = None) -> dict[str, Any] | None
                 "run_as": None if run_as is None else [run_as.uid, run_as.gid], "bwrap": _stat(bwrap),
                 "python": [sys.executable, sys.version],
                 "probe": [_stat(os.path.join(here, name)) for name in ("detect.py", "bwrap.py", "warden.py",
-                                                                  "identity.py")],
+                                                                  "run_as.py")],
                 "knobs": knobs}
     except OSError:
         return None

@@ -2,7 +2,7 @@
 
 The egress proxy accepts on the sandbox's loopback; the connection's peer (address, port) names a
 socket in the warden's network namespace. Its inode comes from `/proc/<warden>/net/tcp` (the kernel
-walks its whole TCP table for that file: about 2 ms, so callers run this off the event loop), then
+walks its whole TCP table for that file, so callers run this off the event loop), then
 the fds of each command — a child of the warden, pid 1 of its own pid namespace — and of everything
 it started are searched for that socket. Standard library only.
 """

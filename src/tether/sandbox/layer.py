@@ -524,7 +524,7 @@ def _remove_tree(parent_fd: int, name: str, path: str, since_ns: int) -> list[st
 
 
 def _owner(c: Change, pfd: int, name: str) -> tuple[int, int] | None:
-    """Who an entry a root device applies belongs to (issue 26, docs/security/root.md): what it replaces,
+    """Who an entry a root device applies belongs to (docs/security/root.md): what it replaces,
     else the directory it lands in — never the sandbox's run_as user by default, never root by accident."""
     if os.geteuid() != 0 or c.kind not in ("created", "modified"):
         return None

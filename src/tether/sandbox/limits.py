@@ -81,7 +81,7 @@ def apply_in_command(limits: dict[str, int]) -> None:
     """In the command's pid 1, before its capabilities are dropped and its program executed.
 
     Takes the request's plain mapping (`Limits.to_request()`), not a `Limits`: a process just forked
-    from the warden pays a page copy for every object it touches, and making one cost ~80 us there.
+    from the warden pays a page copy for every object it touches, so it builds as few as it can.
     """
     processes, memory, cpu, size, files = (int(limits.get(k) or 0) for k in (
         "processes", "memory_mb", "cpu_seconds", "file_size_mb", "open_files"))

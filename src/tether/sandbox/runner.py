@@ -302,7 +302,7 @@ class Sandbox:
         With one command running it is that one (no other process is left in the sandbox: a command's
         whole pid namespace ends with it). Otherwise its socket's inode is looked up in the warden's
         /proc/net/tcp, and the fds of each command and its descendants — off the event loop, since the
-        kernel walks its whole TCP table for that file (about 2 ms)."""
+        kernel walks its whole TCP table for that file."""
         running = set(self._warden_pids.values())
         if len(running) <= 1:
             return next(iter(running), None)

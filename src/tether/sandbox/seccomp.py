@@ -173,7 +173,7 @@ class Filter:
     """A filter ready to install: built once (in the warden, before it forks), installed in each command.
 
     Everything is made here so that the forked command only makes one call: a Python process just
-    forked pays a page copy for every object it touches, and building the program there cost ~0.4 ms.
+    forked pays a page copy for every object it touches, so the program is built before the fork.
     """
 
     def __init__(self, allow_unix: bool = False, display: bool = False) -> None:

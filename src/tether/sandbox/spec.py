@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tether.errors import SandboxError
-from tether.sandbox.identity import RunAs
 from tether.sandbox.limits import Limits
+from tether.sandbox.run_as import RunAs
 
 ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
 OWN_SOCKETS = "sandbox"  # allow_sockets entry: unix sockets the sandbox binds itself; none of the machine's
@@ -62,7 +62,7 @@ class SandboxSpec:
     protected_names: tuple[str, ...] = ()
     allow_sockets: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
-    # issue 26 (root): the unprivileged user a root device starts bwrap as; None: as the device itself
+    # the unprivileged user a root device starts bwrap as (docs/security/root.md); None: as the device itself
     run_as: RunAs | None = None
 
     @classmethod

@@ -132,7 +132,7 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
             libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
     for _, fd in (*lowers, *live):
         os.close(fd)
-    mount_plan(libc.mount, req.get("freeze", []), req.get("readonly", []))  # issue 26: see sandbox/guard.py
+    mount_plan(libc.mount, req.get("freeze", []), req.get("readonly", []))  # see sandbox/guard.py
     for path in req.get("hidden", []):
         # a hidden name that is a symlink (dotfile managers) hides what it points to: mount follows it
         if os.path.isdir(path):

@@ -1,1 +1,1 @@
-"""The agent server: AIP endpoint, device registry, dispatchers and the durable store (issue 3)."""
+"""The agent server: AIP endpoint, device registry, dispatchers and the durable store."""

@@ -7,7 +7,7 @@ person does it instead (the dashboard, the CLI). See docs/security/approvals.md.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 from tether.errors import ServerError
 from tether.server.store.tokens import TokenInfo
@@ -78,6 +78,42 @@ def check_four_eyes(enabled: bool, requested_by: str | None, approver: str, what
     if token_of(requested_by) == token_of(approver):
         raise ApprovalRefused(f"four-eyes is on: '{token_of(approver)}' asked for this, so another person must "
                               f"{what}")
+
+
+class NamedToken(Protocol):
+    """An API token as far as who-may-answer goes (`TokenInfo`, or a batch's `TokenRef`)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def agent(self) -> bool: ...
+
+
+def check_answerer(asker: NamedToken | None, answerer: NamedToken, *, consent: bool, four_eyes: bool,
+                   what: str, how: str) -> None:
+    """`ApprovalRefused` unless `answerer` may answer a question an external MCP server asked during the
+    command of `asker` (the batch's caller; None: a batch without a recorded caller, whose route decides).
+
+    The question is the caller's: a person's token answers its own command's questions, and no other
+    token does; an agent's command's questions (an agent never answers) go to a person instead. With
+    `four_eyes` on and a question that asks for consent (`consent`, `aip.questions.asks_consent`), the
+    caller's own token may not give it: another person does. An agent's token never answers. `what` is the
+    answer in words ("answer question Q of device D"); `how` is `how_a_person_approves(...)`."""
+    if answerer.agent:
+        raise ApprovalRefused(f"token '{answerer.name}' is an agent's token, and an agent never answers a question "
+                              f"meant for a person, so it may not {what}: {how}")
+    if asker is None:
+        return
+    own = answerer.name == asker.name
+    if own and four_eyes and consent:
+        raise ApprovalRefused(f"four-eyes is on and this question asks for consent to a command of 'api:{asker.name}', "
+                              f"so another person holding 'approve' for the device must {what}: {how}")
+    if own or asker.agent or (four_eyes and consent):
+        return
+    raise ApprovalRefused(f"this question belongs to the command of token '{asker.name}', so only that token may "
+                          f"{what} (with four-eyes on, another person answers one that asks for consent); token "
+                          f"'{answerer.name}' may not: the person holding '{asker.name}' answers it ({how})")
 
 
 def token_of(name: str) -> str:

@@ -56,8 +56,8 @@ class StateClaim:
     """What a starting server holds before it touches a row or recovers anything: the lease on its state
     (`tether.server.store.lease`: its node on its database) and its listening sockets, already bound.
 
-    Start-up runs in this order, so a second server started by mistake is refused before it changes anything
-    (issue 28): lease → bind → open and migrate the database → settle what a server alone on it finds
+    Start-up runs in this order, so a second server started by mistake is refused before it changes
+    anything: lease → bind → open and migrate the database → settle what a server alone on it finds
     left in flight → build the app → (uvicorn's lifespan) resume tasks → serve."""
 
     def __init__(self, lease: StateLease, sockets: list[socket.socket]) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from tether.errors import ServerError
 from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
 from tether.server.aip.hub import DeviceHub
+from tether.server.store.audit import AuditLog
 
 POLICY_TIMEOUT_S = 15.0  # a device answers from memory and one small file write
 
@@ -32,19 +33,20 @@ async def show(hub: DeviceHub, device: str, timeout: float = POLICY_TIMEOUT_S) -
 
 
 async def change(hub: DeviceHub, device: str, policy: dict[str, Any], *, replace: bool, requested_by: str,
-                 timeout: float = POLICY_TIMEOUT_S) -> dict[str, Any]:
+                 audit: AuditLog, timeout: float = POLICY_TIMEOUT_S) -> dict[str, Any]:
     """Push a change (an overlay: settings, and `commands` entries with null to remove a program) and
-    return the device's report of its new policy; audited either way."""
+    return the device's report of its new policy; recorded in `audit` either way. Raises
+    `PolicyRequestFailed` when the device was not reached, did not answer or refused the change."""
     message = ServerMessage(type=ServerMessageType.POLICY_SET, payload={"policy": policy, "replace": replace})
     arguments = {"policy": policy, "replace": replace}
     try:
         report = await _ask(hub, device, message, timeout)
     except PolicyRequestFailed as exc:
-        hub.store.audit.record(requested_by, device, None, "policy.set", arguments, "failure", str(exc),
-                        response_id=message.response_id)
+        audit.record(requested_by, device, None, "policy.set", arguments, "failure", str(exc),
+                     response_id=message.response_id)
         raise
-    hub.store.audit.record(requested_by, device, None, "policy.set", {**arguments, "version": report.get("version")},
-                    "success", None, response_id=message.response_id)
+    audit.record(requested_by, device, None, "policy.set", {**arguments, "version": report.get("version")},
+                 "success", None, response_id=message.response_id)
     return report
 
 

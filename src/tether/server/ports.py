@@ -5,7 +5,8 @@ real object (the hub, the store, a cluster node) or with a stand-in, and no two 
 need to import each other:
 
 - `RemoteDevices`: what the hub asks of a cluster for devices whose sockets another node holds
-  (`tether.server.cluster.node.ClusterNode` is the one implementation);
+  (`tether.server.cluster.node.ClusterNode` is the one implementation), and `RemoteSlot`, where the hub
+  finds it;
 - `BatchSender`: what a dispatcher needs to run a batch on a device (`DeviceHub`);
 - `BatchAudit`: the audit rows a dispatcher and the router write around a batch (`store.audit`);
 - `BatchDispatcher` and `DeviceFleet`: what a fan-out needs to reach every device (`DeviceHub`).
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
 
     from tether.protocol.messages import ClientMessage, Event, ServerMessage
     from tether.protocol.models import Command, Result
-    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.batches import PendingBatch, TokenRef
 
 Outcome = tuple[str, str | None, str, str | None]  # (response_id, call_id, status, error) of one audit row
 
@@ -62,8 +63,9 @@ class RemoteDevices(Protocol):
         """Cancel a batch another node of the cluster started; False when no node has it."""
 
     async def answer_question(self, device: str, question: str, action: str, content: dict[str, Any] | None,
-                              by: str) -> bool:
-        """Send an answer to a question an external MCP server of `device` asked, on the node holding it."""
+                              by: str, answerer: TokenRef | None = None) -> bool:
+        """Send an answer to a question an external MCP server of `device` asked, on the node holding it,
+        which checks again that `answerer` may give it (`approvals.ApprovalRefused` when not)."""
 
     def relay(self, topic: str, data: dict[str, Any]) -> None:
         """Tell every other node's `on_relay(topic)` listeners `data` (in order, without waiting): how a
@@ -87,9 +89,11 @@ class BatchSender(Protocol):
         """The cluster the sender hands other nodes' devices to, or None on a single server."""
 
     async def send_batch(self, device: str, message: ServerMessage, *,
-                         on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
+                         on_event: Callable[[Event], None] | None = None, here_only: bool = False,
+                         asker: TokenRef | None = None) -> PendingBatch:
         """Send the COMMAND `message` to `device` (or queue it, or route it); the batch finishes when its
-        results are in, or already `done` with `error` when it cannot be sent."""
+        results are in, or already `done` with `error` when it cannot be sent. `asker` is the API token
+        whose command it is (the caller its MCP servers' questions belong to)."""
 
     async def cancel(self, response_id: str, reason: str = "cancelled", *, pending: bool = False) -> bool:
         """Finish the batch `response_id` with `reason` and tell its device to stop; False when unknown."""
@@ -136,8 +140,31 @@ class DeviceFleet(Protocol):
     def connected(self, device: str) -> bool:
         """Whether a batch for `device` can go out now."""
 
-    def dispatcher(self, device: str, *, requested_by: str = "unknown") -> BatchDispatcher:
-        """A dispatcher for `device`, auditing its batches as `requested_by`."""
+    def dispatcher(self, device: str, *, requested_by: str = "unknown",
+                   asker: TokenRef | None = None) -> BatchDispatcher:
+        """A dispatcher for `device`, auditing its batches as `requested_by`, run for the API token `asker`."""
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
         """Call `listener(device)` when a device registers, leaves or changes; returns its remover."""
+
+
+class RemoteSlot:
+    """Where the hub finds the cluster's `RemoteDevices`: the app factory makes one and builds both the hub
+    and the cluster node with it; the node attaches itself while it runs (`start` to `aclose`). Empty on a
+    single server, and on a cluster node before it starts and after it stops."""
+
+    def __init__(self) -> None:
+        self._remote: RemoteDevices | None = None
+
+    @property
+    def remote(self) -> RemoteDevices | None:
+        """The attached cluster node, or None."""
+        return self._remote
+
+    def attach(self, remote: RemoteDevices) -> None:
+        """Route work for other nodes' devices to `remote` from now on."""
+        self._remote = remote
+
+    def detach(self) -> None:
+        """No cluster from now on: the hub works with the devices connected here only."""
+        self._remote = None

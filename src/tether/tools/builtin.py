@@ -26,6 +26,11 @@ def _desktop() -> ToolSet:
     from tether.tools.optional import MissingDependency
 
     try:
+        from tether.tools.desktop.x11 import desktop_problem
+
+        problem = desktop_problem(probe=False)  # no display or extra: the tools' modules are never imported
+        if problem:
+            raise MissingDependency(problem)
         from tether.tools.desktop.tool import desktop_toolset
     except ImportError as exc:
         raise MissingDependency(f"the desktop tools need their extra: pip install 'tether[desktop]' ({exc})") from exc

@@ -15,8 +15,8 @@ from pathlib import Path
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
 from tether.sandbox.egress import AskFn, EgressRecord
 from tether.sandbox.egress_rules import EgressRules
-from tether.sandbox.identity import RunAs
 from tether.sandbox.limits import Limits
+from tether.sandbox.run_as import RunAs
 from tether.sandbox.runner import Sandbox
 from tether.sandbox.spec import under
 from tether.tools.policy.model import NetworkRules, Policy

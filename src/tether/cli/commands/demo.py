@@ -15,9 +15,9 @@ def demo(local: Annotated[bool, typer.Option("--local", help="one process, no se
          state_dir: StateOpt = None) -> None:
     """Run a short demo that needs no LLM key: a server, a device, and commands through them."""
     if local:
-        from tether.cli.demo.local import run_demo
+        from tether.cli.demo.tour import run_demo
 
         raise typer.Exit(run_async(run_demo(console(), state_dir)))
-    from tether.cli.demo.remote import run_remote_demo
+    from tether.cli.demo.networked import run_remote_demo
 
     raise typer.Exit(run_remote_demo(console(), Path(state_dir) if state_dir else None))

@@ -150,7 +150,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
             import redis  # noqa: F401 - only to say clearly that it is missing
         except ImportError:
             fail("--cluster needs the redis package: pip install 'tether[cluster]'")
-    try:  # one server per state (issue 28): its lease, then its port, before anything is read or written
+    try:  # one server per state: its lease, then its port, before anything is read or written
         claim = claim_state(settings)  # another server holds it: StateBusy, one line (tether.cli.main), exit 2
     except PortInUse as exc:
         fail(str(exc))

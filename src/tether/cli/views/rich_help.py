@@ -1,7 +1,7 @@
-"""typer's help and error panels without rich's Markdown and traceback modules (issue 13: `tether --help`).
+"""typer's help and error panels without rich's Markdown and traceback modules, so `tether --help` starts fast.
 
 typer 0.29's `typer.rich_utils`, which draws every help screen and usage error, imports `rich.markdown`
-(markdown-it and pygments, ~47 ms) and `rich.traceback` (~23 ms) at its top: for help written in Markdown
+(markdown-it and pygments) and `rich.traceback` at its top: for help written in Markdown
 (`rich_markup_mode="markdown"`) and for pretty tracebacks. tether's help is rich markup and its errors are one
 line, so printing help needs neither. typer has no switch for this: `TYPER_USE_RICH=0` or
 `rich_markup_mode=None` drop the panels themselves.

@@ -5,7 +5,9 @@ It connects to `ws(s)://host:port/aip` with the device token in the `Authorizati
 a reader that never waits for a tool (so heartbeats and cancellations are answered while a batch
 runs), a sender that drains the outbox, and a heartbeat that also notices a server gone silent.
 Batches run in a `BatchRunner` that outlives connections: a dropped link never cancels work, and
-results finished meanwhile are delivered first after the next registration.
+results finished meanwhile are delivered first after the next registration. What each frame says, and
+the REGISTER frame itself, are `tether.protocol.device_session.DeviceSession`'s (sans-I/O); this module
+does the socket, the timing and what each event asks for.
 
 When the link drops it reconnects forever by default, with exponential backoff and full jitter
 under a cap (so a fleet of devices does not reconnect in lockstep after a server restart). A
@@ -49,7 +51,6 @@ from tether.device.link.device_key import DeviceKey
 from tether.device.link.keepalive import beat_due
 from tether.device.link.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
 from tether.device.link.reconnect import (
-    FATAL_CLOSE_CODES,
     PIN_MISMATCH,
     RESTART_SPREAD_S,
     RETRYABLE,
@@ -66,27 +67,33 @@ from tether.device.link.tls_pin import PinMismatch, normalize_fingerprint, pinne
 from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
 from tether.errors import DeviceError
-from tether.protocol.codec import (
-    DEFAULT_MAX_FRAME_BYTES,
-    FrameError,
-    HeartbeatFrame,
-    decode_server_message,
-    encode,
-    is_server_heartbeat,
+from tether.protocol.codec import FrameError, HeartbeatFrame, encode
+from tether.protocol.device_session import (
+    BadFrame,
+    CancelArrived,
+    CommandsArrived,
+    DeviceSession,
+    ElicitationAnswer,
+    HeartbeatAck,
+    OutcomeQuery,
+    PolicyRequest,
+    ProfileRequested,
+    Refused,
+    SamplingReply,
+    ServerReportedError,
+    SessionEvent,
+    Unexpected,
 )
 from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.messages import (
-    CallRef,
     ClientMessage,
     ClientMessageType,
     RegisterAck,
-    Registration,
     ServerMessage,
     ServerMessageType,
     TaskStatus,
 )
 from tether.protocol.profile import DeviceProfile
-from tether.protocol.wire import CloseCode
 
 logger = logging.getLogger(__name__)
 
@@ -452,22 +459,19 @@ class DeviceConnection:
             raise
         try:
             challenge = ws.response.headers.get(CHALLENGE_HEADER) if ws.response is not None else None
-            ack = await self._register(ws, profile, timeout, challenge)
-            return await self._serve(ws, ack)
+            session, ack = await self._register(ws, profile, timeout, challenge)
+            return await self._serve(ws, session, ack)
         finally:
             with contextlib.suppress(Exception):
                 await ws.close()
 
     async def _register(self, ws: ClientConnection, profile: DeviceProfile, timeout: float,
-                        challenge: str | None = None) -> RegisterAck:
-        # the proof of the device's key, for the challenge the server gave this connection (a server that
+                        challenge: str | None = None) -> tuple[DeviceSession, RegisterAck]:
+        """Register on `ws` (the frames are `DeviceSession`'s): the session, open, and the server's ACK."""
+        session = DeviceSession(self.name, self.instance_id)
+        # with the proof of the device's key, for the challenge the server gave this connection (a server that
         # gives none, an older one, is sent none: its registration model knows no proof)
-        proof = self.key.register_proof(challenge, self.name, self.instance_id) if challenge else None
-        registration = Registration(name=self.name, instance_id=self.instance_id, profile=profile,
-                                    finished_call_ids=self.outbox.pending_call_ids(), proof=proof)
-        await ws.send(encode(ClientMessage(type=ClientMessageType.REGISTER, client_id=self.name,
-                                           payload=registration.model_dump(
-                                               mode="json", exclude={"proof"} if proof is None else None))))
+        await ws.send(session.register(profile, self.outbox.pending_call_ids(), challenge, self.key))
         try:
             async with asyncio.timeout(timeout):
                 raw = await ws.recv()
@@ -475,21 +479,22 @@ class DeviceConnection:
             raise TimeoutError(f"no answer to the registration within {timeout:g}s") from None
         except ConnectionClosed as exc:
             rcvd = exc.rcvd
-            if rcvd is not None and (rcvd.code in FATAL_CLOSE_CODES or rcvd.code == CloseCode.DUPLICATE):
-                raise RegistrationRefused(rcvd.reason or "closed by the server", rcvd.code) from None
+            refused = session.closed(rcvd.code, rcvd.reason) if rcvd is not None else None
+            if refused is not None:
+                raise RegistrationRefused(refused.reason, refused.code) from None
             raise
-        msg = decode_server_message(raw, DEFAULT_MAX_FRAME_BYTES)
-        if msg.type is ServerMessageType.REGISTER_REFUSED:
+        verdict = session.registration_reply(raw)
+        if isinstance(verdict, Refused):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.settings.connect_timeout):
                     await ws.wait_closed()
-            raise RegistrationRefused(msg.error or "no reason given", ws.close_code)
-        if msg.type is not ServerMessageType.REGISTER_ACK:
-            raise ConnectionError(f"expected register_ack, the server sent {msg.type.value}")
-        try:
-            ack = RegisterAck.model_validate(msg.payload or {})
-        except ValueError as exc:
-            raise ConnectionError(f"the server's register_ack is invalid: {exc}") from None
+            refused = session.closed(ws.close_code, ws.close_reason or "")
+            raise RegistrationRefused(refused.reason if refused is not None else verdict.reason, ws.close_code)
+        if isinstance(verdict, BadFrame):
+            if verdict.frame_error:
+                raise FrameError(verdict.reason, verdict.error)
+            raise ConnectionError(verdict.error)
+        ack = verdict.ack
         self.ack = ack
         self.registered_as = ack.device
         self.connections += 1
@@ -502,9 +507,9 @@ class DeviceConnection:
             stopped = self.batches.orphan_all("the server no longer waits for this batch (it restarted, or gave "
                                               "this device up after its grace period)")
             logger.warning("stopped %d batch(es) from before the reconnection: no server waits for them", stopped)
-        return ack
+        return session, ack
 
-    async def _serve(self, ws: ClientConnection, ack: RegisterAck) -> float:
+    async def _serve(self, ws: ClientConnection, session: DeviceSession, ack: RegisterAck) -> float:
         loop = asyncio.get_running_loop()
         started = self._last_rx = loop.time()
         keepalive = getattr(ws, "keepalive_task", None)
@@ -535,7 +540,7 @@ class DeviceConnection:
                 reading.set_result(None)
 
         def start_reader() -> None:
-            task = asyncio.create_task(self._reader(ws, ack, hand_over))
+            task = asyncio.create_task(self._reader(ws, session, hand_over))
             readers.add(task)
             task.add_done_callback(reader_done)
 
@@ -569,69 +574,64 @@ class DeviceConnection:
             for task in (*tasks, *readers, *self._side_tasks):
                 task.cancel()
             await asyncio.gather(*tasks, *readers, *self._side_tasks, return_exceptions=True)
+            session.closed(ws.close_code)
             if ws.transport is not None and not ws.transport.is_closing() and self.last_error:
                 ws.transport.abort()  # a dead link would only make the closing handshake wait
         return loop.time() - started
 
-    async def _reader(self, ws: ClientConnection, ack: RegisterAck, hand_over: Callable[[], None]) -> None:
-        """Read and act on frames until the socket closes. A COMMAND that can start at once runs right
-        here, in this task (most finish without waiting: no task, no event-loop turn on the round
-        trip); if it has to wait, `hand_over` gives the socket to a new reader first, and this task
-        ends with the batch."""
+    async def _reader(self, ws: ClientConnection, session: DeviceSession, hand_over: Callable[[], None]) -> None:
+        """Read frames until the socket closes and act on what `session` says each one means. A COMMAND that can
+        start at once runs right here, in this task (most finish without waiting: no task, no event-loop turn
+        on the round trip); if it has to wait, `hand_over` gives the socket to a new reader first, and this
+        task ends with the batch."""
         loop = asyncio.get_running_loop()
+        receive = session.receive_open
         while True:
             try:
                 raw = await ws.recv()
             except ConnectionClosedOK:
                 return
             self._last_rx = loop.time()
-            if is_server_heartbeat(raw, ack.max_frame_bytes):
+            event = receive(raw)
+            if type(event) is HeartbeatAck:
                 self.outbox.heartbeat_answered()  # the results written before our heartbeat are the server's
-                continue
-            try:
-                msg = decode_server_message(raw, ack.max_frame_bytes)
-            except FrameError as exc:
-                logger.warning("bad frame from the server (%s): %s", exc.reason, exc)
-                self._send_error(f"{exc.reason}: {exc}")
-                continue
-            if msg.type is ServerMessageType.COMMAND:
-                batch = self.batches.submit(msg, run_here=True)
+            elif type(event) is CommandsArrived:
+                batch = self.batches.submit(event.batch, run_here=True)
                 if batch is not None and await run_in_this_task(batch, hand_over):
                     return
             else:
-                self._dispatch(msg)
+                self._act(session, event)
 
-    def _dispatch(self, msg: ServerMessage) -> None:
-        kind = msg.type
-        if kind is ServerMessageType.COMMAND:
-            self.batches.submit(msg)
-        elif kind is ServerMessageType.CANCEL:
-            if not self.batches.cancel(msg.response_id):
-                logger.info("cancel for %s: no such batch queued or running", msg.response_id)
-        elif kind is ServerMessageType.HEARTBEAT:  # liveness was noted on arrival
+    def _act(self, session: DeviceSession, event: SessionEvent) -> None:
+        """Do what a server message other than a COMMAND or a heartbeat asks."""
+        if isinstance(event, BadFrame):
+            logger.warning("bad frame from the server (%s): %s", event.reason, event.error)
+            self.outbox.put_control(session.error_frame(f"{event.reason}: {event.error}"))
+        elif isinstance(event, CancelArrived):
+            if not self.batches.cancel(event.response_id):
+                logger.info("cancel for %s: no such batch queued or running", event.response_id)
+        elif isinstance(event, HeartbeatAck):  # liveness was noted on arrival
             self.outbox.heartbeat_answered()
-        elif kind in (ServerMessageType.POLICY_REQUEST, ServerMessageType.POLICY_SET):
-            self._answer_policy(msg)
-        elif kind is ServerMessageType.OUTCOME_QUERY:
-            self._answer_outcomes(msg)
-        elif kind is ServerMessageType.DEVICE_INFO_REQUEST:
-            task = asyncio.create_task(self._send_device_info(msg.response_id))
+        elif isinstance(event, PolicyRequest):
+            self._answer_policy(event.message)
+        elif isinstance(event, OutcomeQuery):
+            self._answer_outcomes(event)
+        elif isinstance(event, ProfileRequested):
+            task = asyncio.create_task(self._send_device_info(event.response_id))
             self._side_tasks.add(task)
             task.add_done_callback(self._side_tasks.discard)
-        elif kind is ServerMessageType.ELICITATION_ANSWER:
+        elif isinstance(event, ElicitationAnswer):
             if self.hooks.questions is not None:
-                self.hooks.questions.answer(msg.payload)
-        elif kind is ServerMessageType.SAMPLING_REPLY:
+                self.hooks.questions.answer(event.payload)
+        elif isinstance(event, SamplingReply):
             if self.hooks.sampler is not None:
-                self.hooks.sampler.reply(msg)
-        elif kind is ServerMessageType.ERROR:
-            logger.warning("the server reports an error: %s", msg.error)
-        else:
-            logger.info("ignoring an unexpected %s from the server", kind.value)
-
-    def _send_error(self, error: str) -> None:
-        self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.ERROR, client_id=self.name,
-                                                     error=error)))
+                self.hooks.sampler.reply(event.message)
+        elif isinstance(event, ServerReportedError):
+            logger.warning("the server reports an error: %s", event.error)
+        elif isinstance(event, Unexpected):
+            logger.info("ignoring an unexpected %s from the server", event.type.value)
+        elif isinstance(event, CommandsArrived):
+            self.batches.submit(event.batch)
 
     def _answer_policy(self, msg: ServerMessage) -> None:
         """Show or change the policy for the server (`tether policy`): one POLICY_REPORT either way; a
@@ -653,16 +653,13 @@ class DeviceConnection:
             reply.status, reply.error = TaskStatus.FAILED, f"the device could not save its policy: {exc}"
         self.outbox.put_control(encode(reply))
 
-    def _answer_outcomes(self, msg: ServerMessage) -> None:
+    def _answer_outcomes(self, query: OutcomeQuery) -> None:
         """An OUTCOME_QUERY: one OUTCOME_REPORT from the record of finished calls and the batches in hand;
         nothing is run, queued or changed for it (a finished result stays in the outbox until acknowledged)."""
-        outcomes = []
-        for raw in (msg.payload or {}).get("calls") or []:
-            call = CallRef.model_validate(raw)  # checked when the frame was decoded
-            outcomes.append(self.batches.outcome_of(call.call_id, call.response_id).model_dump(mode="json",
-                                                                                            exclude_none=True))
+        outcomes = [self.batches.outcome_of(call.call_id, call.response_id).model_dump(mode="json", exclude_none=True)
+                    for call in query.calls]
         self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.OUTCOME_REPORT, client_id=self.name,
-                                                     prev_response_id=msg.response_id,
+                                                     prev_response_id=query.response_id,
                                                      payload={"outcomes": outcomes})))
 
     async def _send_device_info(self, response_id: str | None) -> None:

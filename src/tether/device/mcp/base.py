@@ -2,7 +2,7 @@
 
 Apart from `mcp.servers` (the external servers' session machinery) so that a device whose tools are
 all built in never imports the `mcp` SDK: `mcp.toolset_server` and the manager need only this
-(issue 13: importing `mcp` cost 0.45-0.6 s of every `tether device` and `tether exec` start).
+(importing `mcp` is a large part of a `tether device` or `tether exec` start).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from mcp.shared.dispatcher import ProgressFnT
 
 # `mcp_types` is imported where a server's request is answered, never at import: this module's
-# `MCPClientHooks` is on every device's start-up path, external servers or not (~0.4 s, issue 13).
+# `MCPClientHooks` is on every device's start-up path, external servers or not.
 
 logger = logging.getLogger(__name__)
 

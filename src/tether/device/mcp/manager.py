@@ -5,8 +5,8 @@
 device is reset, and closes everything (killing stdio processes) on `aclose`. Built-in tool sets are
 `ToolSetServer`s; the external transports (module, stdio, HTTP) live in `mcp.external` and the
 supervision they share in `mcp.servers`. Those need the `mcp` SDK, so they are imported when the first
-external server is created, never by a device whose tools are all built in (issue 13: `mcp` cost
-0.45-0.6 s of every `tether device` and `tether exec` start).
+external server is created, never by a device whose tools are all built in (importing `mcp` is a large part of a
+`tether device` or `tether exec` start).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from tether.protocol.models import ToolType
 from tether.tools.errors import NeedsApproval, PolicyDenied
 
 if TYPE_CHECKING:
-    import mcp_types  # annotations only: built-in tools never import the MCP SDK's types (~0.4 s)
+    import mcp_types  # annotations only: built-in tools never import the MCP SDK's types
 
 RULE_DENY = "mcp.deny_tools"
 RULE_ALLOW = "mcp.allow_tools"

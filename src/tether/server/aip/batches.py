@@ -14,6 +14,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, TaskStatus
 from tether.protocol.models import Result
@@ -25,6 +26,26 @@ _FINISHED_MEMORY = 4096  # finished batches remembered so their late results are
 _LATE_MISSES = 1000  # late results in a row that settle nothing before a device's are no longer looked up
 
 
+@dataclass(frozen=True, slots=True)
+class TokenRef:
+    """An API token as a batch's caller or a question's answerer: its name and whether it is an agent's
+    (an agent's token never answers a question meant for a person; docs/security/approvals.md)."""
+
+    name: str
+    agent: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The form it travels in between the nodes of a cluster."""
+        return {"name": self.name, "agent": self.agent}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> TokenRef | None:
+        """The token `to_dict` wrote, or None when `data` names none (a peer that sent no caller)."""
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
+            return None
+        return cls(data["name"][:128], bool(data.get("agent", False)))
+
+
 @dataclass(eq=False)
 class PendingBatch:
     """A batch the hub waits on. `done` is set once: all results in, or `error` says why not."""
@@ -33,6 +54,9 @@ class PendingBatch:
     device: str
     message: ServerMessage
     on_event: Callable[[Event], None] | None = None
+    # the API token whose command this is (None: an internal batch, or a task's, whose route decides): the
+    # questions its external MCP servers ask are this caller's to answer (DeviceHub.answer_question)
+    asker: TokenRef | None = None
     results: dict[str, Result] = field(default_factory=dict)
     outstanding: set[str] = field(default_factory=set)
     error: str | None = None

@@ -24,7 +24,7 @@ from tether.protocol.models import Command, Result, new_call_id
 from tether.server.store.audit import PENDING, SENT
 
 if TYPE_CHECKING:
-    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.batches import PendingBatch, TokenRef
     from tether.server.ports import BatchAudit, BatchSender
 
 logger = logging.getLogger(__name__)
@@ -32,12 +32,14 @@ logger = logging.getLogger(__name__)
 
 class WebSocketCommandDispatcher(BasicCommandDispatcher):
     """Runs batches on one named device through a `BatchSender` (the hub), writing their rows to `audit`
-    (the store); `default_timeout` is the wait when a call names none. Build it with `hub.dispatcher(...)`."""
+    (the store); `default_timeout` is the wait when a call names none; `asker` is the API token the batches
+    run for (their MCP servers' questions are its to answer, `PendingBatch.asker`). Build it with
+    `hub.dispatcher(...)`."""
 
     def __init__(self, sender: BatchSender, audit: BatchAudit, device: str, *, default_timeout: float,
                  session_id: str | None = None, agent_name: str | None = None, process_name: str | None = None,
                  root_name: str | None = None, on_event: Callable[[Event], None] | None = None,
-                 requested_by: str = "unknown") -> None:
+                 requested_by: str = "unknown", asker: TokenRef | None = None) -> None:
         self.sender = sender
         self.audit = audit
         self.default_timeout = default_timeout
@@ -48,6 +50,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         self.root_name = root_name
         self.on_event = on_event
         self.requested_by = requested_by
+        self.asker = asker
         self._inflight: set[str] = set()
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None,
@@ -102,7 +105,7 @@ class WebSocketCommandDispatcher(BasicCommandDispatcher):
         self._inflight.add(response_id)
         try:
             async with asyncio.timeout(timeout if own_timer else None):
-                batch = await self.sender.send_batch(self.device, message, on_event=self.on_event)
+                batch = await self.sender.send_batch(self.device, message, on_event=self.on_event, asker=self.asker)
                 await batch.done.wait()
         except TimeoutError:  # the device may be running it still: "outcome pending", and it is told to stop
             reason = f"timed out after {timeout:g}s"

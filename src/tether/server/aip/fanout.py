@@ -31,6 +31,7 @@ from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.registry import describe, rejection
 
 if TYPE_CHECKING:
+    from tether.server.aip.batches import TokenRef
     from tether.server.aip.registry import DeviceRecord, DeviceRegistry
     from tether.server.ports import DeviceFleet
 
@@ -113,7 +114,7 @@ class FanOut:
                  commands: list[Command], *,
                  max_concurrency: int = DEFAULT_CONCURRENCY, timeout: float = 60.0, early_exit: bool = True,
                  requested_by: str = "unknown", fanout_id: str | None = None,
-                 within: Callable[[DeviceRecord], bool] | None = None) -> None:
+                 within: Callable[[DeviceRecord], bool] | None = None, asker: TokenRef | None = None) -> None:
         if not commands:
             raise FanOutError(422, "a fan-out needs at least one command")
         self.fleet = fleet
@@ -123,6 +124,7 @@ class FanOut:
         self.timeout = timeout
         self.early_exit = early_exit
         self.requested_by = requested_by
+        self.asker = asker  # the API token it runs for: its MCP servers' questions are its (PendingBatch.asker)
         self.id = fanout_id or new_call_id()
         self.devices = select_devices(registry, requires, within)
         self.counts: dict[str, int] = dict.fromkeys(STATUSES, 0)
@@ -206,7 +208,7 @@ class FanOut:
             return DeviceOutcome(name, status, error=f"not sent: {never}")
         if not self.fleet.connected(name):
             return DeviceOutcome(name, "offline", error=f"device {name} is offline; not sent")
-        dispatcher = self.fleet.dispatcher(name, requested_by=self.requested_by)
+        dispatcher = self.fleet.dispatcher(name, requested_by=self.requested_by, asker=self.asker)
         commands = [c.model_copy() for c in self.commands]  # the dispatcher stamps call_ids (only those)
         remaining = max(self._deadline - time.monotonic(), 0.001)
         worker = asyncio.current_task()

@@ -11,9 +11,9 @@ a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
 `tether.server.aip.socket.aip_route` adapts a Starlette WebSocket to it. What each frame means is
-judged by the connection's sans-I/O session (`tether.protocol.session`); the hub keeps the table of
+judged by the connection's sans-I/O session (`tether.protocol.server_session`); the hub keeps the table of
 connections and acts on those judgements. Where each batch goes and the ledger of batches in flight
-(`tether.server.aip.router`, `tether.server.aip.batches`), the liveness timers
+(`tether.server.aip.batch_router`, `tether.server.aip.batches`), the liveness timers
 (`tether.server.aip.liveness`), the writes to one socket (`tether.server.aip.link`), the judgement of a
 registration (`tether.server.aip.registration`) and what external MCP servers ask through a device
 (`tether.server.aip.questions`) each live in their own module; the hub is where they meet.
@@ -38,7 +38,7 @@ from tether.protocol.messages import (
     ServerMessageType,
     TaskStatus,
 )
-from tether.protocol.session import (
+from tether.protocol.server_session import (
     BadFrame,
     DeviceReportedError,
     EventArrived,
@@ -53,17 +53,18 @@ from tether.protocol.session import (
     SessionEvent,
 )
 from tether.protocol.wire import CloseCode
-from tether.server.aip.batches import PendingBatch
+from tether.server.aip.batch_router import BatchRouter
+from tether.server.aip.batches import PendingBatch, TokenRef
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
 from tether.server.aip.link import DeviceLink, close_socket
 from tether.server.aip.liveness import GracePeriods, watch_liveness
-from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling
+from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling, asks_consent
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
-from tether.server.aip.router import BatchRouter
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
-from tether.server.ports import BackplaneUnavailable, RemoteDevices
+from tether.server.approvals import check_answerer, how_a_person_approves, server_url
+from tether.server.ports import BackplaneUnavailable, RemoteDevices, RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
@@ -79,10 +80,11 @@ logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and
 
 
 class DeviceHub:
-    def __init__(self, store: Store, settings: ServerSettings) -> None:
+    def __init__(self, store: Store, settings: ServerSettings, registry: DeviceRegistry | None = None, *,
+                 remote: RemoteSlot | None = None, sampler: Sampler | None = None) -> None:
         self.store = store
         self.settings = settings
-        self.registry = DeviceRegistry()
+        self.registry = registry if registry is not None else DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
         self._grace = GracePeriods(self._grace_expired)
         self._arriving: dict[str, int] = {}  # devices whose authenticated registration is under way
@@ -90,14 +92,15 @@ class DeviceHub:
         self._given_up: dict[str, str] = {}  # device -> the process (instance_id) given up after its grace
         self._tasks: set[asyncio.Task[Any]] = set()
         # the batches in flight and where each goes (here, queued for a returning device, another node)
-        self._router = BatchRouter(self._conns, self._grace, self.registry, store.audit, self._tasks)
+        self._router = BatchRouter(self._conns, self._grace, self.registry, store.audit, self._tasks,
+                                   remote if remote is not None else RemoteSlot())
         self._batches = self._router.book
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions = OpenQuestions()
         # answers devices' sampling requests with the server's LLM: (device, request payload) → (text, model);
-        # set by the extension that has an LLM (the agent's), else such requests are refused
-        self.sampler: Sampler | None = None
+        # None where the server has no LLM: such requests are refused
+        self.sampler = sampler
         self._liveness: asyncio.Task[None] | None = None
         self._preload: asyncio.Task[int] | None = None  # reads known devices' stored profiles after start
         self._gc: asyncio.Task[None] | None = None  # keeps a large fleet's connections out of full collections
@@ -110,8 +113,8 @@ class DeviceHub:
 
     async def start(self) -> None:
         """Load known devices (listed as offline until they connect) and start the liveness watch.
-        Only their names, platforms and tags are read now; a profile is read when first asked for
-        (10,000 known devices: 10.6 s to /health when every profile was validated here)."""
+        Only their names, platforms and tags are read now; a profile is read when first asked for, so a
+        large fleet's profiles are not validated before the server answers /health."""
         self.registry.profile_loader = self.store.devices.profile
         for name, tags in self.store.devices.tag_overrides().items():  # tags an admin set (docs/fleet.md)
             self.registry.override_tags(name, tags)
@@ -145,13 +148,14 @@ class DeviceHub:
     def dispatcher(self, device: str, *, session_id: str | None = None, agent_name: str | None = None,
                    process_name: str | None = None, root_name: str | None = None,
                    on_event: Callable[[Event], None] | None = None,
-                   requested_by: str = "unknown") -> WebSocketCommandDispatcher:
-        """A dispatcher for `device` whose batches go through this hub and are audited in its store."""
+                   requested_by: str = "unknown", asker: TokenRef | None = None) -> WebSocketCommandDispatcher:
+        """A dispatcher for `device` whose batches go through this hub and are audited in its store;
+        `asker` is the API token they run for (the one their MCP servers' questions belong to)."""
         return WebSocketCommandDispatcher(self._router, self.store.audit, device,
                                           default_timeout=self.settings.default_command_timeout,
                                           session_id=session_id, agent_name=agent_name,
                                           process_name=process_name, root_name=root_name, on_event=on_event,
-                                          requested_by=requested_by)
+                                          requested_by=requested_by, asker=asker)
 
     def connected(self, device: str) -> bool:
         """Whether a batch for `device` can go out now: its socket is here, or another node holds it."""
@@ -279,8 +283,15 @@ class DeviceHub:
 
     def deliver_event(self, batch: PendingBatch, event: Event) -> None:
         """An event of `batch` from its device (here, or through the node holding it): its questions are
-        remembered for answers, and the batch's caller gets it."""
+        remembered for answers, and the batch's caller gets it. A question names whose it is (`asker`, the
+        caller's token, and `asker_agent`) and whether it asks for consent (`approval`), so the person who
+        sees it knows who asked and who may answer."""
         if event.kind.startswith("elicitation"):
+            if event.kind == "elicitation" and "id" in event.data:
+                event = event.model_copy(update={"data": {
+                    **event.data, "asker": batch.asker.name if batch.asker is not None else None,
+                    "asker_agent": batch.asker.agent if batch.asker is not None else None,
+                    "approval": asks_consent(event.data.get("schema"))}})
             self._questions.note(batch.device, event)
         if batch.on_event is not None:
             try:
@@ -289,17 +300,27 @@ class DeviceHub:
                 logger.exception("on_event callback of batch %s failed", batch.response_id)
 
     async def answer_question(self, device: str, question: str, action: str,
-                              content: dict[str, Any] | None, *, by: str) -> bool:
+                              content: dict[str, Any] | None, *, by: str, answerer: TokenRef | None = None) -> bool:
         """Send a person's answer to the question an external MCP server of `device` asked; False when
-        no running batch of that device waits for it (answered, timed out, finished, never asked)."""
+        no running batch of that device waits for it (answered, timed out, finished, never asked).
+
+        `answerer` is the API token answering: `approvals.ApprovalRefused` (nothing sent, the question
+        still waits) unless it may answer this batch's question (`approvals.check_answerer`: its caller's
+        own, a person for an agent's command, another person for a consent question under four-eyes).
+        None is for a caller that decided itself (a task's question, through the task's route)."""
         response_id = self._questions.batch_of(device, question)
         batch = self._batches.pending.get(response_id or "")
         conn = self._conns.get(device)
         if response_id is None or batch is None or batch.device != device:
             self._questions.forget(device, question)
             return False
+        if answerer is not None:
+            check_answerer(batch.asker, answerer, consent=self._questions.consent(device, question),
+                           four_eyes=bool(getattr(self.settings, "four_eyes", False)),
+                           what=f"answer question '{question}' of device '{device}'",
+                           how=how_a_person_approves(server_url(self.settings), device=device, question=question))
         if batch.remote is not None and self.remote is not None:  # asked on the node holding the device
-            answered = await self.remote.answer_question(device, question, action, content, by)
+            answered = await self.remote.answer_question(device, question, action, content, by, answerer)
             self._questions.forget(device, question)
             return answered
         if conn is None or not conn.ready:
@@ -524,18 +545,15 @@ class DeviceHub:
 
     @property
     def remote(self) -> RemoteDevices | None:
-        """The other nodes of a cluster (a `ports.RemoteDevices`), set by the app when clustered: batches
-        for a device held by another node go there; None on a single server."""
+        """The other nodes of a cluster (a `ports.RemoteDevices`) while this server's cluster node runs:
+        batches for a device held by another node go there; None on a single server."""
         return self._router.remote
 
-    @remote.setter
-    def remote(self, remote: RemoteDevices | None) -> None:
-        self._router.remote = remote
-
     async def send_batch(self, device: str, message: ServerMessage, *,
-                         on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
+                         on_event: Callable[[Event], None] | None = None, here_only: bool = False,
+                         asker: TokenRef | None = None) -> PendingBatch:
         """`BatchRouter.send_batch`: send a COMMAND batch, queue it or hand it to the node holding `device`."""
-        return await self._router.send_batch(device, message, on_event=on_event, here_only=here_only)
+        return await self._router.send_batch(device, message, on_event=on_event, here_only=here_only, asker=asker)
 
     def route(self, batch: PendingBatch, holder: str) -> None:
         """`BatchRouter.route`: let the node `holder` run `batch`."""

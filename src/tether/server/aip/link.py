@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from tether.protocol.codec import encode
 from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.models import new_call_id
-from tether.protocol.session import ServerSession
+from tether.protocol.server_session import ServerSession
 from tether.protocol.wire import SERVER_HEARTBEAT
 from tether.server.aip.registry import DeviceRecord
 from tether.server.aip.socket import AIPSocket, SocketClosed
@@ -41,7 +41,7 @@ class DeviceLink:
     ready: bool = False  # REGISTER_ACK sent: commands may follow
     dropped: bool = False
     closer: asyncio.Task[None] | None = None  # the hub's close of this socket, awaited before serve returns
-    session: ServerSession | None = None  # what its frames mean (protocol/session.py), set once registered
+    session: ServerSession | None = None  # what its frames mean (protocol/server_session.py), set once registered
 
     async def send(self, message: ServerMessage) -> bool:
         return await self.send_text(encode(message))

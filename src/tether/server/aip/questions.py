@@ -2,9 +2,10 @@
 
 An elicitation (a question for a person) arrives as an event of the batch; `OpenQuestions` remembers
 which batch of which device asked it, so that a person's answer (`tether answer`, the dashboard) goes
-to the batch still waiting for it and to no other. A sampling request (a completion from the server's
-LLM) is answered by `answer_sampling` with the sampler the agent layer sets, bounded in time, and
-refused with a reason when the server has no LLM.
+to the batch still waiting for it and to no other; whether it asks for consent (`asks_consent`) decides
+whether, with four-eyes on, its caller may answer it (server/approvals.py `check_answerer`). A sampling
+request (a completion from the server's LLM) is answered by `answer_sampling` with the sampler the agent
+layer sets, bounded in time, and refused with a reason when the server has no LLM.
 """
 
 from __future__ import annotations
@@ -20,17 +21,41 @@ from tether.server.aip.link import DeviceLink
 MAX_OPEN_QUESTIONS = 1024  # elicitation questions remembered for answers, over all devices
 SAMPLING_TIMEOUT = 120.0  # a device's sampling request to the server's LLM
 
+# the answers to a question that asks for nothing but a yes or no (an enum of these words is a decision)
+CONSENT_WORDS = frozenset({"yes", "no", "y", "n", "approve", "approved", "deny", "denied", "allow", "reject",
+                           "accept", "decline", "confirm", "confirmed", "cancel", "ok", "proceed", "abort"})
+
 Sampler = Callable[[str, dict[str, Any]], Awaitable[tuple[str, str]]]  # (device, request) → (text, model)
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
 
+def asks_consent(schema: Any) -> bool:
+    """Whether a question with this answer schema asks a person for consent (an approval) rather than for
+    information: it asks for no field at all (accepting is the yes), or only for booleans (a confirmation),
+    or for one choice among decision words ("approve"/"deny", "yes"/"no", `CONSENT_WORDS`). A form with
+    any other field (a text, a number, a choice of other things) asks for information."""
+    if not isinstance(schema, dict):
+        return True
+    properties = schema.get("properties")
+    if not isinstance(properties, dict) or not properties:
+        return True
+    kinds = [p if isinstance(p, dict) else {} for p in properties.values()]
+    if all(p.get("type") == "boolean" for p in kinds):
+        return True
+    if len(kinds) == 1:
+        options = kinds[0].get("enum") or [o.get("const") for o in kinds[0].get("oneOf") or [] if isinstance(o, dict)]
+        return bool(options) and all(isinstance(o, str) and o.strip().lower() in CONSENT_WORDS for o in options)
+    return False
+
+
 class OpenQuestions:
-    """(device, question id) → the response_id of the batch that asked; the oldest go first when full."""
+    """(device, question id) → the response_id of the batch that asked and whether the question asks for
+    consent (`asks_consent`); the oldest go first when full."""
 
     def __init__(self, limit: int = MAX_OPEN_QUESTIONS) -> None:
         self.limit = limit
-        self._open: dict[tuple[str, str], str] = {}
+        self._open: dict[tuple[str, str], tuple[str, bool]] = {}
 
     def note(self, device: str, event: Event) -> None:
         """Remember a question the event asks, forget one it says was answered."""
@@ -38,12 +63,19 @@ class OpenQuestions:
         if event.kind == "elicitation" and question and "declined" not in event.data:
             if len(self._open) >= self.limit:  # answered or not, the oldest go first
                 del self._open[next(iter(self._open))]
-            self._open[(device, question)] = event.response_id or ""
+            self._open[(device, question)] = (event.response_id or "", asks_consent(event.data.get("schema")))
         elif event.kind == "elicitation_answered":
             self._open.pop((device, question), None)
 
     def batch_of(self, device: str, question: str) -> str | None:
-        return self._open.get((device, question))
+        """The response_id of the batch that asked this open question, or None."""
+        entry = self._open.get((device, question))
+        return entry[0] if entry is not None else None
+
+    def consent(self, device: str, question: str) -> bool:
+        """Whether this open question asks for consent (`asks_consent`); True for one not known here."""
+        entry = self._open.get((device, question))
+        return entry[1] if entry is not None else True
 
     def forget(self, device: str, question: str) -> None:
         self._open.pop((device, question), None)

@@ -15,7 +15,7 @@ import logging
 from tether.protocol.codec import encode
 from tether.protocol.identity import fingerprint, register_statement, verify
 from tether.protocol.messages import Registration, ServerMessage, ServerMessageType, TaskStatus
-from tether.protocol.session import RegistrationRefused, ServerSession
+from tether.protocol.server_session import RegistrationRefused, ServerSession
 from tether.protocol.wire import CloseCode
 from tether.server.aip.link import close_socket
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
@@ -46,7 +46,7 @@ def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal
 
 def read_registration(frame: str, device: str, max_frame_bytes: int) -> Registration | Refusal:
     """The REGISTER of the device whose token is `device`, from the connection's first frame
-    (`protocol.session.ServerSession.register`), or the refusal with its close code."""
+    (`protocol.server_session.ServerSession.register`), or the refusal with its close code."""
     reg = ServerSession(device, max_frame_bytes).register(frame)
     return refusal_of(reg) if isinstance(reg, RegistrationRefused) else reg
 

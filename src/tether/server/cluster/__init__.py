@@ -6,6 +6,7 @@
 - `node.py`: `ClusterNode`, this server as a node — claims, heartbeat, the view of other nodes'
   devices, the relay of task events, and the `RemoteDevices` the hub hands batches to.
 
-The hub never imports this package: the app starts a `ClusterNode` when configured and sets it as
-`hub.remote` (server/ports.py), the way the app hands the hub its settings.
+The hub never imports this package: the app gives the hub a `RemoteSlot` (server/ports.py) when it builds
+it, and starts a `ClusterNode` with the same slot when configured; the node attaches itself there while
+it runs.
 """

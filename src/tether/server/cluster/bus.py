@@ -4,8 +4,7 @@ broadcasts.
 Each node reads one inbox, a Redis Stream (`tether:inbox:<node>`). A request carries an id and the
 asking node; the node that handles it sends zero or more `part` messages (a command's output as it
 streams) and one `done` (the result or an error) to the asker's inbox. Streams rather than pub/sub
-for requests: measured on this machine the round trips are alike (Streams 324 us, pub/sub 350 us
-median, two clients in one process), and a stream keeps a message while a node reconnects to Redis
+for requests: their round trips are alike, and a stream keeps a message while a node reconnects to Redis
 where pub/sub drops it. Broadcasts (device and task events every node's followers see) are
 pub/sub: a follower that was away re-reads its state anyway.
 

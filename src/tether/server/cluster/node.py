@@ -28,13 +28,13 @@ from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
 from tether.server.cluster.routing import Router
-from tether.server.ports import BackplaneUnavailable
+from tether.server.ports import BackplaneUnavailable, RemoteSlot
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from tether.protocol.messages import ClientMessage, ServerMessage
-    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.batches import PendingBatch, TokenRef
     from tether.server.aip.hub import DeviceHub
     from tether.server.aip.registry import DeviceRegistry
     from tether.server.settings import ServerSettings
@@ -72,12 +72,15 @@ def _safe(url: str) -> str:
 class ClusterNode:
     """This server as a node; `start()` in the app's lifespan after the hub, `aclose()` before it.
 
-    Built with the node's hub, the hub's device registry and the store (outcomes whose asker is gone are
-    recorded there); `settings.cluster_url` must be set."""
+    Built with the node's hub, the hub's device registry, the store (outcomes whose asker is gone are
+    recorded there) and the `RemoteSlot` the hub was built with, where the node attaches itself while it
+    runs; `settings.cluster_url` must be set."""
 
-    def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: Store, settings: ServerSettings) -> None:
+    def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: Store, settings: ServerSettings,
+                 slot: RemoteSlot) -> None:
         assert settings.cluster_url is not None
         self.hub = hub
+        self.slot = slot  # the hub's view of the cluster: this node while it runs
         self.registry = registry
         self.settings = settings
         self.node = settings.node
@@ -115,7 +118,7 @@ class ClusterNode:
         except Exception as exc:
             self._fail(exc)
         await self.bus.start()
-        self.hub.remote = self
+        self.slot.attach(self)
         self._remove_listener = self.hub.on_fleet_change(self._fleet_change)
         self._tasks = [asyncio.create_task(self._heartbeat(), name="cluster-heartbeat"),
                        asyncio.create_task(self._claims(), name="cluster-claims"),
@@ -127,7 +130,7 @@ class ClusterNode:
     async def aclose(self) -> None:
         """A clean stop: this node's devices are free at once instead of when their leases run out. Bounded
         (STOP_TIMEOUT_S for the goodbye, the same for the loops): with Redis away a node still stops."""
-        self.hub.remote = None
+        self.slot.detach()
         if self._remove_listener is not None:
             self._remove_listener()
         for task in self._tasks:
@@ -185,12 +188,13 @@ class ClusterNode:
         return await self.router.cancel(sorted(self._alive), response_id, reason)
 
     async def answer_question(self, device: str, question: str, action: str, content: dict[str, Any] | None,
-                              by: str) -> bool:
+                              by: str, answerer: TokenRef | None = None) -> bool:
         holder = await self.holder(device)
         if holder is None or holder == self.node:
             return False
         return await self.router.answer(holder, {"device": device, "question": question, "action": action,
-                                                 "content": content, "by": by})
+                                                 "content": content, "by": by,
+                                                 "answerer": answerer.to_dict() if answerer is not None else None})
 
     async def call(self, node: str, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         if self._problem is not None:

@@ -28,6 +28,8 @@ from pydantic import TypeAdapter
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Result
+from tether.server.aip.batches import TokenRef
+from tether.server.approvals import ApprovalRefused
 from tether.server.cluster.bus import Bus, BusError, BusInterrupted
 
 if TYPE_CHECKING:
@@ -199,7 +201,8 @@ class Router:
         message = batch.message
         limit = (message.timeout or self.settings.default_command_timeout) + self.settings.lease_s + 10
         # the message as its JSON text: pydantic writes and reads it faster than a dict the bus encodes again
-        body = {"device": batch.device, "from": self.node, "message": message.model_dump_json(exclude_none=True)}
+        body = {"device": batch.device, "from": self.node, "message": message.model_dump_json(exclude_none=True),
+                "asker": batch.asker.to_dict() if batch.asker is not None else None}  # whose questions they are
 
         final: dict[str, Any] = {}
         if route.moved:  # seen elsewhere before the request went: nothing to interrupt yet
@@ -274,7 +277,11 @@ class Router:
         return {"answer": answer.model_dump_json()}
 
     async def answer(self, holder: str, body: dict[str, Any]) -> bool:
+        """Answer a question on the node `holder` (`serve_answer`); `ApprovalRefused` when that node refuses
+        the answerer the body names."""
         reply = await self.bus.call(holder, "answer", body, ANSWER_TIMEOUT_S)
+        if isinstance(reply.get("refused"), str):
+            raise ApprovalRefused(reply["refused"])
         return bool(reply.get("answered"))
 
     def _keep(self, task: asyncio.Task[Any]) -> None:
@@ -311,7 +318,8 @@ class Router:
         if batch is not None and batch.device == device:  # sent here again (the device moved back and forth)
             batch.on_event = on_event
         else:
-            batch = await hub.send_batch(device, message, on_event=on_event, here_only=True)
+            batch = await hub.send_batch(device, message, on_event=on_event, here_only=True,
+                                         asker=TokenRef.from_dict(body.get("asker")))
             batch.origin = str(body.get("from") or "another node")
         limit = (message.timeout or self.settings.default_command_timeout) + self.settings.grace_period + 5
         try:
@@ -374,9 +382,15 @@ class Router:
         return {"cancelled": cancelled}
 
     async def serve_answer(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
+        """Another node's answer to a question of a device held here: checked here too (the answerer the
+        body names against the batch's caller) before it goes to the device."""
         content = body.get("content")
-        answered = await self.hub.answer_question(str(body.get("device", "")), str(body.get("question", "")),
-                                                  str(body.get("action", "")),
-                                                  content if isinstance(content, dict) else None,
-                                                  by=str(body.get("by") or "another node"))
+        try:
+            answered = await self.hub.answer_question(str(body.get("device", "")), str(body.get("question", "")),
+                                                      str(body.get("action", "")),
+                                                      content if isinstance(content, dict) else None,
+                                                      by=str(body.get("by") or "another node"),
+                                                      answerer=TokenRef.from_dict(body.get("answerer")))
+        except ApprovalRefused as exc:
+            return {"refused": str(exc)}
         return {"answered": answered}

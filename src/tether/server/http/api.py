@@ -18,12 +18,15 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import ClientDisconnect
 
+from tether.protocol.identity import fingerprint
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo, new_call_id
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRecord, NoDeviceError
+from tether.server.aip.registry import DeviceRecord, DeviceRegistry, NoDeviceError
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
+from tether.server.device_keys import device_key, parse_public_key, set_device_key
 from tether.server.http import internals
 from tether.server.http.coalesce import ON_DISCONNECT
 from tether.server.http.front import FastRoute
@@ -98,7 +101,8 @@ class TokenRequest(BaseModel):
         {"properties": {"scopes": {"maxItems": 0}, "devices": {"maxItems": 0}, "tags": {"maxItems": 0}}}], "allOf": [
         {"anyOf": [{"properties": {"kind": {"const": "api"}}}, {"properties": {"agent": {"const": False}}}]},
         {"anyOf": [{"properties": {"agent": {"const": False}}},
-                   {"properties": {"scopes": {"items": {"enum": ["read", "execute"]}}}}]}]})
+                   {"properties": {"scopes": {"items": {"enum": ["read", "execute"]}}}}]},
+        {"anyOf": [{"properties": {"kind": {"const": "device"}}}, {"properties": {"public_key": {"const": None}}}]}]})
 
     kind: Literal["device", "api"]
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
@@ -111,6 +115,10 @@ class TokenRequest(BaseModel):
                                                           "these tags")
     agent: bool = Field(False, description="an agent's API token: it may read and run, never approve (no approve "
                                            "or admin scope); `tether mcp config` makes these")
+    public_key: str | None = Field(None, max_length=1000, description=(
+        "a device token: the device's Ed25519 public key (as `tether device key` prints it, or PEM), enrolled "
+        "now instead of at its first registration; a device whose key is enrolled already must be given that "
+        "key (another one is `tether token rotate --device NAME --key ...`)"))
 
 
 class TokenCreated(BaseModel):
@@ -124,6 +132,10 @@ def _hub(request: Request) -> DeviceHub:
 
 def _store(request: Request) -> Store:
     return request.app.state.store
+
+
+def _registry(request: Request) -> DeviceRegistry:
+    return request.app.state.registry
 
 
 def require(scope: str):
@@ -174,9 +186,9 @@ def _view(record: DeviceRecord, detail: bool = False, here: str | None = None) -
     return DeviceDetail(**data, profile=profile) if detail else DeviceView(**data)
 
 
-def _record(hub: DeviceHub, name: str, who: TokenInfo | None = None) -> DeviceRecord:
+def _record(registry: DeviceRegistry, name: str, who: TokenInfo | None = None) -> DeviceRecord:
     """The device's record; 404 when none registered, or when `who` is a token whose scope leaves it out."""
-    record = hub.registry.get(name)
+    record = registry.get(name)
     if who is not None and who.scoped and (record is None or not who.reaches(name, record.tags)):
         raise HTTPException(404, unknown_device(who, name))
     if record is None:
@@ -184,38 +196,41 @@ def _record(hub: DeviceHub, name: str, who: TokenInfo | None = None) -> DeviceRe
     return record
 
 
-def in_scope(hub: DeviceHub, who: TokenInfo, name: str) -> None:
+def in_scope(registry: DeviceRegistry, who: TokenInfo, name: str) -> None:
     """404 `{"error"}` naming the scope unless `who` reaches the device (known or not yet known here)."""
-    if not reaches(who, hub.registry, name):
+    if not reaches(who, registry, name):
         raise HTTPException(404, unknown_device(who, name))
 
 
-async def _reachable(hub: DeviceHub, name: str, who: TokenInfo | None = None) -> None:
+async def _reachable(hub: DeviceHub, registry: DeviceRegistry, name: str, who: TokenInfo | None = None) -> None:
     """404 for a device no node knows (or outside `who`'s scope); in a cluster, 503 while the backplane is
     away for a device whose socket is not here (where it is cannot be known, and guessing would diverge)."""
     if who is not None:
-        in_scope(hub, who, name)
+        in_scope(registry, who, name)
     if hub.remote is None or hub.holds(name):
-        _record(hub, name)
+        _record(registry, name)
         return
     # unknown here: registered on another node a moment ago (a known one with the backplane away: `_run` 503s)
-    if hub.registry.get(name) is None:
+    if registry.get(name) is None:
         try:
             holder = await hub.remote.holder(name)
         except BackplaneUnavailable as exc:
             raise HTTPException(503, str(exc), headers={"Retry-After": "5"}) from None
         if holder is None:
             raise HTTPException(404, f"no device named '{name}'")
-        hub.registry.held_elsewhere(name, holder)
+        registry.held_elsewhere(name, holder)
 
 
 @router.get("/health")
 async def health(request: Request) -> dict[str, Any]:
     hub = _hub(request)
-    online = [r.name for r in hub.registry.list() if r.status != "offline"]
-    writable = hub.store.audit.problem() is None  # commands are refused (503) while it is not
+    online = [r.name for r in _registry(request).list() if r.status != "offline"]
+    audit = _store(request).audit
+    problem = audit.health()  # from state: no statement runs here (docs/database.md)
+    writable = problem is None  # commands are refused (503) while it is not
     body: dict[str, Any] = {"status": "ok" if writable else "degraded", "devices_online": len(online),
-                            "audit_writable": writable, "audit_held": hub.store.audit.held}
+                            "database": "ok" if writable else f"degraded: {problem}",
+                            "audit_writable": writable, "audit_held": audit.held}
     cluster = getattr(request.app.state, "cluster", None)
     if cluster is not None:  # tether server --cluster: this node, its peers and the backplane
         info = cluster.health()
@@ -264,7 +279,7 @@ async def list_devices(
     The body stays a plain list (older clients read it as before); the next page is in `Link`."""
     if tag is not None and len(tag) > 32:
         raise HTTPException(422, "at most 32 tag filters")
-    records, after = _hub(request).registry.page(status=status, platform=platform, tags=tag or (), name=name,
+    records, after = _registry(request).page(status=status, platform=platform, tags=tag or (), name=name,
                                                  after=cursor, limit=limit)
     if who.scoped:  # the devices outside the token's scope are not there for it (a page may come out short)
         records = [r for r in records if who.reaches(r.name, r.tags)]
@@ -281,7 +296,7 @@ async def list_devices(
 async def get_device(name: str, request: Request,
                      who: Annotated[TokenInfo, Depends(require("read"))]) -> DeviceView:
     hub = _hub(request)
-    return _view(_record(hub, name, who), detail=True, here=_here(hub))
+    return _view(_record(_registry(request), name, who), detail=True, here=_here(hub))
 
 
 @router.get("/devices/{name}/tools", response_model=list[ToolInfo])
@@ -289,7 +304,7 @@ async def device_tools(name: str, request: Request, who: Annotated[TokenInfo, De
                        live: bool = True) -> list[ToolInfo]:
     """The device's tools: asked live when it is online (tools can change), else from its profile."""
     hub = _hub(request)
-    record = _record(hub, name, who)
+    record = _record(_registry(request), name, who)
     if live and record.status != "offline":
         dispatcher = hub.dispatcher(name, requested_by=f"api:{who.name}")
         [result] = await dispatcher.execute_commands([Command(tool_name="list_tools",
@@ -301,10 +316,10 @@ async def device_tools(name: str, request: Request, who: Annotated[TokenInfo, De
     return record.profile.tools
 
 
-def _select(hub: DeviceHub, requires: DeviceRequirements, who: TokenInfo | None = None) -> str:
+def _select(registry: DeviceRegistry, requires: DeviceRequirements, who: TokenInfo | None = None) -> str:
     """The device a batch with `requires` goes to, chosen among those `who` reaches; 409 when none fits."""
     try:
-        return hub.registry.select(requires, within(who) if who is not None else None).name
+        return registry.select(requires, within(who) if who is not None else None).name
     except NoDeviceError as exc:
         raise HTTPException(409, str(exc) + (beyond(who) if who is not None else "")) from None
 
@@ -366,7 +381,7 @@ async def run_commands(request: Request) -> Any:
     who = authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(CommandBatch, body)
     name = request.path_params["name"]
-    await _reachable(_hub(request), name, who)
+    await _reachable(_hub(request), _registry(request), name, who)
     return await _run(request, name, batch, who)
 
 
@@ -377,7 +392,7 @@ async def run_selected(request: Request) -> Any:
     who = authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(SelectedBatch, body)
     assert isinstance(batch, SelectedBatch)
-    return await _run(request, _select(_hub(request), batch.requires, who), batch, who)
+    return await _run(request, _select(_registry(request), batch.requires, who), batch, who)
 
 
 def require_approver(who: TokenInfo, what: str, how: str | None = None, *, requested_by: str | None = None,
@@ -428,11 +443,11 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     cancels the batch on the device, and the audit says so."""
     stamp_approvals(batch.commands, who, request, name)
     hub = _hub(request)
-    refuse_unaudited(hub.store)
+    refuse_unaudited(_store(request))
     if hub.remote is not None and not hub.holds(name) and (problem := hub.remote.problem()) is not None:
         raise HTTPException(503, f"{problem}; device '{name}' is not connected to this node, so nothing was sent",
                             headers={"Retry-After": "5"})
-    session_id = owned_session(hub.store, name, batch.session_id, batch.commands, who)  # 403 if not the caller's
+    session_id = owned_session(_store(request), name, batch.session_id, batch.commands, who)  # 403 if not the caller's
     stream = "text/event-stream" in request.headers.get("accept", "")
     queue: asyncio.Queue[Event] | None = asyncio.Queue(maxsize=10_000) if stream else None
 
@@ -442,7 +457,8 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
 
     dispatcher = hub.dispatcher(name, session_id=session_id, agent_name=batch.agent_name,
                                 process_name=batch.process_name, root_name=batch.root_name,
-                                on_event=on_event if stream else None, requested_by=f"api:{who.name}")
+                                on_event=on_event if stream else None, requested_by=f"api:{who.name}",
+                                asker=TokenRef(who.name, who.agent))
     response_id = new_call_id()
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
                                       response_id=response_id)
@@ -601,7 +617,7 @@ async def cancel_batch(response_id: str, request: Request,
     reason = f"cancelled by api:{who.name} (DELETE /api/v1/batches/{response_id})"
     if who.scoped:  # only a batch of a device it reaches, and one it can see here (not another node's)
         device = hub.batch_device(response_id)
-        if device is None or not reaches(who, hub.registry, device):
+        if device is None or not reaches(who, _registry(request), device):
             raise HTTPException(404, f"no batch '{response_id}' is running on a device in the scope of token "
                                      f"'{who.name}' ({who.scope_text()})")
     cancelled = await hub.cancel(response_id, reason)
@@ -627,14 +643,21 @@ async def answer_question(name: str, question: str, body: QuestionAnswer, reques
                           who: Annotated[TokenInfo, Depends(require("approve"))]) -> dict[str, Any]:
     """Answer an MCP server's question. The `approve` scope, not `execute`: an answer lets a tool go on
     in a way a person chose (often a yes to something it is about to do), as an approval does, so a
-    token that may only run commands (an agent's) cannot answer the questions meant for a person."""
+    token that may only run commands (an agent's) cannot answer the questions meant for a person.
+
+    The question is its command's caller's (`approvals.check_answerer`): a person answers the questions of
+    their own commands; those of an agent's command go to a person holding `approve` for the device; with
+    four-eyes on, one that asks for consent needs a person other than the caller. Any other token: 403."""
     hub = _hub(request)
-    _record(hub, name, who)  # a question of a device outside the token's scope is not there for it
+    _record(_registry(request), name, who)  # a question of a device outside the token's scope is not there for it
     question = question[:64]
     require_approver(who, f"answer question '{question}' of device '{name}'",
                      how_a_person_approves(str(request.base_url), device=name, question=question))
     try:
-        sent = await hub.answer_question(name, question, body.action, body.content, by=f"api:{who.name}")
+        sent = await hub.answer_question(name, question, body.action, body.content, by=f"api:{who.name}",
+                                         answerer=TokenRef(who.name, who.agent))
+    except ApprovalRefused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
     except LookupError as exc:
         raise HTTPException(409, str(exc)) from None
     if not sent:
@@ -666,12 +689,35 @@ async def list_tokens(request: Request,
 @router.post("/tokens", response_model=TokenCreated, status_code=201)
 async def create_token(body: TokenRequest, request: Request,
                        _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> TokenCreated:
+    """Create a token (its secret is in the answer only). A device token may carry the device's
+    `public_key`, enrolled with it (`device_keys.parse_public_key` reads it; 400 when malformed, 409 when
+    the device has another key already): from then on only a registration proving that key is accepted."""
+    store = _store(request)
+    key: str | None = None
+    if body.public_key is not None:
+        if body.kind != "device":
+            raise HTTPException(400, "public_key is a device's key: give it with kind 'device'")
+        try:
+            key = parse_public_key(body.public_key)
+        except ValueError as exc:
+            raise HTTPException(400, str(exc)) from None
+        enrolled = device_key(store, body.name)
+        if enrolled is not None and enrolled.public_key != key:
+            raise HTTPException(409, f"device '{body.name}' has another key (enrolled by {enrolled.enrolled_by}); "
+                                     f"to give it a new key use: tether token rotate --device {body.name} "
+                                     "--key PUBLIC_KEY")
     try:
-        info, secret = _store(request).tokens.create(body.kind, body.name, body.scopes, devices=body.devices,
-                                                    tags=body.tags, agent=body.agent)
+        info, secret = store.tokens.create(body.kind, body.name, body.scopes, devices=body.devices,
+                                           tags=body.tags, agent=body.agent)
     except ValueError as exc:
         raise HTTPException(400, str(exc)) from None
-    return TokenCreated(token=secret, info=_token_dict(info))
+    if key is not None and device_key(store, body.name) is None:
+        set_device_key(store, body.name, key, "admin")
+    info_dict = _token_dict(info)
+    if body.kind == "device":
+        enrolled = device_key(store, body.name)
+        info_dict["key_fingerprint"] = fingerprint(enrolled.public_key) if enrolled is not None else None
+    return TokenCreated(token=secret, info=info_dict)
 
 
 @router.delete("/tokens/{token}")
@@ -694,7 +740,7 @@ async def audit(request: Request, who: Annotated[TokenInfo, Depends(require("adm
     devices = None
     if who.scoped:  # a scoped admin reads the rows of the devices it reaches, and no others
         if device is not None:
-            in_scope(_hub(request), who, device)
+            in_scope(_registry(request), who, device)
         devices = reached_names(who, _hub(request).registry) or []
     rows = _store(request).audit.rows(limit=limit + 1, device=device, task=task, token=token, since=since,
                                       until=until, before=before, devices=devices)

@@ -12,6 +12,8 @@ from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
 from tether.server.aip.hub import DeviceHub
+from tether.server.aip.questions import Sampler
+from tether.server.aip.registry import DeviceRegistry
 from tether.server.aip.socket import aip_route
 from tether.server.http.api import router, run_commands, run_selected
 from tether.server.http.batch_routes import batch_router
@@ -23,6 +25,7 @@ from tether.server.http.policy_routes import policy_router
 from tether.server.http.request_guard import RequestGuard
 from tether.server.mcp import mount_gateway
 from tether.server.pairing import PairingBook
+from tether.server.ports import RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
 from tether.server.web import mount_web
@@ -31,15 +34,19 @@ from tether.version import __version__
 Extension = Callable[[FastAPI], AbstractAsyncContextManager[None]]
 
 
-def create_app(settings: ServerSettings, store: Store | None = None, extensions: Sequence[Extension] = ()) -> FastAPI:
-    """Build the app; the hub starts and stops with the app's lifespan.
+def create_app(settings: ServerSettings, store: Store | None = None, extensions: Sequence[Extension] = (), *,
+               sampler: Sampler | None = None) -> FastAPI:
+    """Build the app; the hub starts and stops with the app's lifespan. `sampler` answers devices' sampling
+    requests (their external MCP servers asking for an LLM completion); without one they are refused.
 
     An extension adds routes to the app when called and is then entered as a context inside the
     lifespan, after the hub starts and before it stops. That is how layers above the server (the
     agent's task API) plug in without the server importing them.
     """
     store = store or Store(settings.db_target)
-    hub = DeviceHub(store, settings)
+    registry = DeviceRegistry()  # the hub keeps it current; the routes read it (app.state.registry)
+    remote = RemoteSlot()  # the cluster node attaches itself while it runs (server/cluster); empty on one server
+    hub = DeviceHub(store, settings, registry, remote=remote, sampler=sampler)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -49,7 +56,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
             if settings.cluster_url:  # one node of several (server/cluster): devices held elsewhere reachable
                 from tether.server.cluster.node import ClusterNode
 
-                node = app.state.cluster = ClusterNode(hub, hub.registry, store, settings)
+                node = app.state.cluster = ClusterNode(hub, registry, store, settings, remote)
                 await node.start()
             async with AsyncExitStack() as stack:
                 for context in contexts:
@@ -65,6 +72,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
                   description="Devices, their tools, and commands run on them. AIP devices connect "
                               "to the WebSocket endpoint /aip.")
     app.state.hub = hub
+    app.state.registry = registry
     app.state.store = store
     app.state.settings = settings
     app.include_router(router)

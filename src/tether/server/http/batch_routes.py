@@ -14,7 +14,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 
-from tether.server.http.api import ERROR_RESPONSES, _hub, require
+from tether.server.http.api import ERROR_RESPONSES, _hub, _registry, _store, require
 from tether.server.scopes import reaches
 from tether.server.store.audit import LATE_NOTE, PENDING, SENT, UNKNOWN
 from tether.server.store.tokens import TokenInfo
@@ -49,12 +49,11 @@ async def get_batch(request: Request, who: Annotated[TokenInfo, Depends(require(
                     response_id: Annotated[str, Path(min_length=1, max_length=64)]) -> dict[str, Any]:
     """A batch's record: its device, who asked, and each command's status (`sent`, `pending`, `unknown`
     while its outcome is open; `late` when it came after the caller's wait ended)."""
-    hub = _hub(request)
-    rows = hub.store.audit.batch(response_id)
+    rows = _store(request).audit.batch(response_id)
     if rows and (not (who.allows("admin") or _owns(who, rows[0]["requested_by"]))
-                 or not reaches(who, hub.registry, rows[0]["device"])):
+                 or not reaches(who, _registry(request), rows[0]["device"])):
         rows = []  # not this token's to see: the same answer as for no such batch
     if not rows:
         raise HTTPException(404, f"no batch '{response_id[:64]}' of token '{who.name}' in the audit log "
                                  "(a batch's record is kept among the newest audit rows; see the audit log)")
-    return batch_record(response_id, rows, hub.pending(response_id) is not None)
+    return batch_record(response_id, rows, _hub(request).pending(response_id) is not None)

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError, countable
 from tether.server.http.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.scopes import beyond, reaches, within
@@ -73,11 +74,13 @@ async def fleet_commands(batch: FleetBatch, request: Request,
     to some devices reaches only those: the others are not selected, whatever `requires` says."""
     stamp_approvals(batch.commands, who, request)
     hub = request.app.state.hub
-    refuse_unaudited(hub.store)
+    refuse_unaudited(request.app.state.store)
     try:
-        fan = FanOut(hub, hub.registry, batch.requires, batch.commands, max_concurrency=batch.max_concurrency,
+        fan = FanOut(hub, request.app.state.registry, batch.requires, batch.commands,
+                     max_concurrency=batch.max_concurrency,
                      timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}",
-                     within=countable(hub.store.tokens.active_device_names(), within(who)))
+                     within=countable(request.app.state.store.tokens.active_device_names(), within(who)),
+                     asker=TokenRef(who.name, who.agent))
     except FanOutError as exc:
         raise HTTPException(exc.status, str(exc) + (beyond(who) if exc.status == 404 else "")) from None
     accept = request.headers.get("accept", "")
@@ -116,8 +119,8 @@ async def cancel_fleet_commands(fanout_id: str, request: Request,
     """Cancel a running fan-out: batches in flight are cancelled on their devices (`cancelled`), the
     devices not reached yet are never sent the batch (`cancelled` too); the stream ends with its summary."""
     fan = _fanouts(request).get(fanout_id)
-    hub = request.app.state.hub
-    if fan is None or (who.scoped and not all(reaches(who, hub.registry, d) for d in fan.devices)):
+    registry = request.app.state.registry
+    if fan is None or (who.scoped and not all(reaches(who, registry, d) for d in fan.devices)):
         raise HTTPException(404, f"no fan-out '{fanout_id}' is running" + (
             f" on devices in the scope of token '{who.name}' ({who.scope_text()})" if who.scoped else ""))
     fan.cancel(f"cancelled by api:{who.name} (DELETE /api/v1/fleet/commands/{fanout_id})")

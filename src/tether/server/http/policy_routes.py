@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.server.http.api import ERROR_RESPONSES, _hub, _record, require
+from tether.server.http.api import ERROR_RESPONSES, _hub, _record, _registry, _store, require
 from tether.server.policy_push import PolicyRequestFailed, change, show
 from tether.server.store.tokens import TokenInfo
 
@@ -49,7 +49,7 @@ async def _call(coro: Any) -> PolicyReport:
 async def get_policy(name: str, request: Request,
                      who: Annotated[TokenInfo, Depends(require("read"))]) -> PolicyReport:
     """The device's effective policy, asked live, with where each value comes from."""
-    _record(_hub(request), name, who)
+    _record(_registry(request), name, who)
     return await _call(show(_hub(request), name))
 
 
@@ -57,8 +57,9 @@ async def get_policy(name: str, request: Request,
 async def put_policy(name: str, body: PolicyChange, request: Request,
                      who: Annotated[TokenInfo, Depends(require("admin"))]) -> PolicyReport:
     """Change the device's policy; the device applies and persists it, and answers its new version."""
-    _record(_hub(request), name, who)
-    return await _call(change(_hub(request), name, body.policy, replace=body.replace, requested_by=f"api:{who.name}"))
+    _record(_registry(request), name, who)
+    return await _call(change(_hub(request), name, body.policy, replace=body.replace, requested_by=f"api:{who.name}",
+                              audit=_store(request).audit))
 
 
 @policy_router.post("/devices/{name}/policy/{verb}", response_model=PolicyReport)
@@ -67,6 +68,6 @@ async def program_policy(name: str, verb: Literal["allow", "deny", "approve"], b
     """`allow` adds the program to the allowlist (no argument rules: give those with PUT), `deny`
     removes it, `approve` allows it with a person's approval needed on every run (keeping its rules)."""
     rule: dict[str, Any] | None = {"allow": {}, "deny": None, "approve": {"approve": True}}[verb]
-    _record(_hub(request), name, who)
+    _record(_registry(request), name, who)
     return await _call(change(_hub(request), name, {"commands": {body.program: rule}}, replace=False,
-                              requested_by=f"api:{who.name}"))
+                              requested_by=f"api:{who.name}", audit=_store(request).audit))

@@ -1,5 +1,5 @@
-"""`run_on_fleet`: one tool call on every device meeting requirements, for an MCP client (issue 13's
-fan-out, the same engine as `POST /api/v1/fleet/commands`).
+"""`run_on_fleet`: one tool call on every device meeting requirements, for an MCP client (the same
+fan-out engine as `POST /api/v1/fleet/commands`, `tether.server.aip.fanout`).
 
 Each device's outcome reaches the client as a progress notification while the fan-out runs; the
 answer is every device's line and the summary. The client's cancellation ends the fan-out: batches in
@@ -16,8 +16,10 @@ from pydantic import ValidationError
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError, countable
 from tether.server.aip.hub import DeviceHub
+from tether.server.aip.registry import DeviceRegistry
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
 from tether.server.scopes import beyond, within
 
@@ -55,7 +57,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 }
 
 
-def fan_out_tool(hub: DeviceHub) -> GatewayTool:
+def fan_out_tool(hub: DeviceHub, registry: DeviceRegistry) -> GatewayTool:
     async def run(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         try:
             requires = DeviceRequirements.model_validate(arguments.get("requires") or {})
@@ -63,11 +65,12 @@ def fan_out_tool(hub: DeviceHub) -> GatewayTool:
             timeout = float(arguments.get("timeout", 60))
             if not command.tool_name or not 0 < timeout <= MAX_TIMEOUT_S:
                 raise ValueError("give a tool, and a timeout between 0 and 86400 seconds")
-            fan = FanOut(hub, hub.registry, requires, [command], max_concurrency=int(arguments.get("max_concurrency",
+            fan = FanOut(hub, registry, requires, [command], max_concurrency=int(arguments.get("max_concurrency",
                                                                                      DEFAULT_CONCURRENCY)),
                          timeout=timeout, requested_by=f"mcp:{call.client} by api:{call.token.name}",
                          # a scoped token's fan-out reaches its devices only; revoked ones are not counted
-                         within=countable(hub.store.tokens.active_device_names(), within(call.token)))
+                         within=countable(hub.store.tokens.active_device_names(), within(call.token)),
+                         asker=TokenRef(call.token.name, call.token.agent))
         except (ValidationError, ValueError, TypeError) as exc:
             status = exc.status if isinstance(exc, FanOutError) else 422
             scope = beyond(call.token) if status == 404 else ""

@@ -47,7 +47,6 @@ from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
-from tether.server.mcp.calls import AskLater, Caller, Reply, call_device_tool
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
 from tether.server.mcp.fleet import (
     LIST_DEVICES_INPUT,
@@ -57,15 +56,16 @@ from tether.server.mcp.fleet import (
     ScopedFilter,
     list_devices,
 )
-from tether.server.mcp.transport import ReplyingSessionManager
-from tether.server.mcp.watch import ListChangedWatch
-from tether.server.mcp.wire import (
+from tether.server.mcp.tool_call import AskLater, Caller, Reply, call_device_tool
+from tether.server.mcp.translate import (
     call_result,
     capped,
     contributed_tool,
     device_tool,
     plain_errors,
 )
+from tether.server.mcp.transport import ReplyingSessionManager
+from tether.server.mcp.watch import ListChangedWatch
 from tether.server.scopes import reaches
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
@@ -115,7 +115,7 @@ class Gateway:
         self.app = app
         self.hub: DeviceHub = app.state.hub
         self.store: Store = app.state.store
-        self.registry: DeviceRegistry = self.hub.registry  # the devices it lists, taken once where it is built
+        self.registry: DeviceRegistry = app.state.registry  # the devices it lists
         self.index = FleetIndex(self.registry)
         self.bus = InMemorySubscriptionBus()
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
@@ -229,7 +229,8 @@ class Gateway:
                     return call_result(Reply(retry, is_error=True))
                 held, elicit = retry
         try:
-            reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), elicit, held=held)
+            reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), elicit, held=held,
+                                           audit=self.store.audit)
         except AskLater as later:
             return self._defer(later, admitted.token, name, arguments)
         return call_result(capped(reply, self.app.state.settings.max_response_bytes))

@@ -83,7 +83,7 @@ MIGRATIONS: list[str | dict[str, str]] = [
     """
     ALTER TABLE tokens ADD COLUMN confirm TEXT NOT NULL DEFAULT 'never';
     """,
-    # known devices read at start-up without their profiles (issue 13): a device's tool list is kept once
+    # known devices read at start-up without their profiles: a device's tool list is kept once
     # per distinct content, and its platform and tags beside the name so listing needs no profile
     {"sqlite": """
     CREATE TABLE device_tools (digest TEXT PRIMARY KEY, tools TEXT NOT NULL);
@@ -98,7 +98,7 @@ MIGRATIONS: list[str | dict[str, str]] = [
     ALTER TABLE devices ADD COLUMN platform TEXT;
     ALTER TABLE devices ADD COLUMN tags TEXT
     """},
-    # a command's outcome finds its `sent` row through an index of the rows still in flight (issue 13): the
+    # a command's outcome finds its `sent` row through an index of the rows still in flight: the
     # index of every row by (response_id, call_id) took each insert to a random leaf of a tree as large as
     # the log — one more page written per command, ~11% of the server's CPU per REST command
     # (bench/fleet_hotpath.py) — and it was read for nothing else. This one holds only the `sent` rows (a
@@ -109,19 +109,19 @@ MIGRATIONS: list[str | dict[str, str]] = [
     DROP INDEX audit_sent;
     CREATE INDEX audit_inflight ON audit (response_id, call_id) WHERE status = 'sent';
     """,
-    # which devices an API token reaches (issue 27, docs/security/scopes.md): device names or globs and
+    # which devices an API token reaches (docs/security/scopes.md): device names or globs and
     # device tags, JSON lists; both empty = every device, as before
     """
     ALTER TABLE tokens ADD COLUMN scope_devices TEXT NOT NULL DEFAULT '[]';
     ALTER TABLE tokens ADD COLUMN scope_tags TEXT NOT NULL DEFAULT '[]';
     """,
-    # whose a token is (issue 27): a person's (agent = 0, what every token made before is) or an agent's (1),
+    # whose a token is: a person's (agent = 0, what every token made before is) or an agent's (1),
     # which never approves; and the digest of what the person who approved a command was shown
     """
     ALTER TABLE tokens ADD COLUMN agent INTEGER NOT NULL DEFAULT 0;
     ALTER TABLE audit ADD COLUMN approval_digest TEXT;
     """,
-    # a device is its key (issue 27): each device's Ed25519 public key, proved at every registration
+    # a device is its key: each device's Ed25519 public key, proved at every registration
     # (tether.server.device_keys); a pairing request carries the key that asks
     """
     CREATE TABLE device_keys (
@@ -132,7 +132,7 @@ MIGRATIONS: list[str | dict[str, str]] = [
     );
     ALTER TABLE pairing ADD COLUMN public_key TEXT;
     """,
-    # outcomes that come late (issue 28, docs/outcomes.md): a row whose caller's wait ended while the command
+    # outcomes that come late (docs/outcomes.md): a row whose caller's wait ended while the command
     # may still run is `pending` (or `unknown` after a restart) until the device's result settles it; this
     # index holds only those rows, as `audit_inflight` holds the `sent` ones, so it stays small
     """

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.server.http.api import _view, require
 from tether.server.store.tokens import TokenInfo
-from tether.server.web.sessions import COOKIE, WebSessions
+from tether.server.web.logins import COOKIE, WebSessions
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_S = 15.0
@@ -143,7 +143,7 @@ def _key(record: Any) -> tuple[Any, ...]:
 
 
 async def _fleet_stream(request: Request, who: TokenInfo) -> AsyncIterator[bytes]:
-    registry = request.app.state.hub.registry
+    registry = request.app.state.registry
     records = [r for r in registry.list() if who.reaches(r.name, r.tags)]
     shown = {r.name: _key(r) for r in records}
     yield _frame("devices", [_view(r).model_dump(mode="json") for r in records])

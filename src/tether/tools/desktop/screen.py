@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 
     from tether.tools.desktop.x11 import X11
 
-# Pillow's default. Measured on 1280x800 screens: level 3 halves the ~20 ms encode but makes files
-# 1.3-1.6x bigger, and these bytes travel to the server as base64.
+# Pillow's default. A lower level encodes faster but makes files notably bigger, and these bytes travel
+# to the server as base64.
 PNG_COMPRESS_LEVEL = 6
 
 

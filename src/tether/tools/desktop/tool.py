@@ -25,12 +25,11 @@ from tether.tools.desktop.desk import Desktop, UiTree
 from tether.tools.desktop.keys import Button, TokenError, normalize_key
 from tether.tools.desktop.ocr import OcrEngine
 from tether.tools.desktop.screen import screenshot_tool
-from tether.tools.desktop.x11 import display_problem
+from tether.tools.desktop.x11 import desktop_problem
 from tether.tools.errors import ToolError
-from tether.tools.optional import MissingDependency, require
+from tether.tools.optional import MissingDependency
 from tether.tools.runtime import ToolFunction, ToolSet, tool
 
-DESKTOP_HINT = "the desktop tools need their extra: pip install 'tether[desktop]'"
 _SCROLL = {"up": "4", "down": "5", "left": "6", "right": "7"}
 _ID = re.compile(r"t(\d+)_(\d+)")
 
@@ -123,16 +122,6 @@ def desktop_tools(desk: Desktop) -> list[ToolFunction]:
         return {"typed_chars": len(text)}
 
     return [get_ui_tree, click_element, click, press_key, scroll, type_text]
-
-
-def desktop_problem(display: str | None = None) -> str | None:
-    """What is missing for the desktop tools here (packages, xdotool, a display), or None."""
-    for module in ("mss", "PIL", "numpy", "rapidocr_onnxruntime"):
-        try:
-            require(module, DESKTOP_HINT)
-        except MissingDependency as exc:
-            return str(exc)
-    return display_problem(display if display is not None else os.environ.get("DISPLAY"))
 
 
 def desktop_toolset(display: str | None = None, ocr: OcrEngine | None = None) -> ToolSet:

@@ -25,12 +25,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tether.tools.errors import ToolError
+from tether.tools.optional import MissingDependency, require
 from tether.tools.process import safe_environment
 
 XDOTOOL_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 3.0
 NO_DISPLAY_HINT = "no X display: set DISPLAY or run under Xvfb (e.g. `Xvfb :99 -screen 0 1280x800x24 -noreset &`)"
 XDOTOOL_HINT = "xdotool is not installed: apt-get install xdotool"
+DESKTOP_HINT = "the desktop tools need their extra: pip install 'tether[desktop]'"
 _POLL_S = 0.05
 
 
@@ -76,8 +78,24 @@ def display_socket(display: str | None) -> str | None:
         return None
 
 
-def display_problem(display: str | None) -> str | None:
-    """Why the desktop tools cannot run on `display`, or None when it answers.
+def desktop_problem(display: str | None = None, *, probe: bool = True) -> str | None:
+    """What is missing for the desktop tools here (packages, xdotool, a display), or None.
+
+    `display` defaults to $DISPLAY. With `probe=False` the display is not asked (no subprocess): only
+    what can be known without it, so a device without a display or the extra skips importing the
+    desktop tools; `desktop_toolset` then checks again with the probe.
+    """
+    for module in ("mss", "PIL", "numpy", "rapidocr_onnxruntime"):
+        try:
+            require(module, DESKTOP_HINT)
+        except MissingDependency as exc:
+            return str(exc)
+    return display_problem(display if display is not None else os.environ.get("DISPLAY"), probe=probe)
+
+
+def display_problem(display: str | None, *, probe: bool = True) -> str | None:
+    """Why the desktop tools cannot run on `display`, or None when it answers (with `probe=False`:
+    None when a display is named and xdotool is installed, without asking the display).
 
     Synchronous and bounded (a few seconds at most): it runs once, when the tool set is created.
     A refused connection is tried again twice, 100 ms apart: an X server refuses connections while it
@@ -87,6 +105,8 @@ def display_problem(display: str | None) -> str | None:
         return NO_DISPLAY_HINT
     if shutil.which("xdotool") is None:
         return XDOTOOL_HINT
+    if not probe:
+        return None
     for attempt in range(3):
         try:
             proc = subprocess.run(["xdotool", "getdisplaygeometry"], env=display_env(display), capture_output=True,

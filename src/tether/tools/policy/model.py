@@ -20,7 +20,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tether import yaml12
@@ -324,6 +323,8 @@ def load_policy(path: str | os.PathLike[str] | None) -> Policy:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"{file}: cannot read policy file: {exc.strerror or exc}") from None
+    import yaml  # only with a policy file: a device or `tether exec` with the defaults never loads it
+
     try:
         data = yaml12.safe_load(text)
     except yaml.YAMLError as exc:
@@ -501,5 +502,5 @@ __all__ = [
     "ALWAYS_DENIED", "KNOWN_ESCAPES", "ApprovalRules", "CommandRule", "Decision", "NeedsApproval", "NetworkRules",
     "Policy", "PolicyDenied", "ResourceLimits", "approval_asked", "arg_matches",
     "check_command", "check_env", "default_policy", "lifted", "load_policy",
-    "policy_from_mapping", "program_name", "yaml",
+    "policy_from_mapping", "program_name",
 ]

@@ -1,4 +1,4 @@
-"""Who a root device's sandboxed processes run as (issue 26, item 7; docs/security/root.md).
+"""Who a root device's sandboxed processes run as (docs/security/root.md).
 
 A device running as root would start bubblewrap as root, and the sandbox's user namespace would then
 map host root: a command, capabilities dropped or not, owns every root-owned file (`/etc/shadow`, the

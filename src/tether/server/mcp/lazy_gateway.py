@@ -1,7 +1,7 @@
 """`LazyGateway`: `/mcp` answers from the server's start; the `mcp` SDK is imported on its first use.
 
-Importing the SDK and building the gateway took 0.3-0.5 s of every server start (issue 13: start to
-/health within 1 s) for a surface many servers never serve. So the route exists from the start, the first
+Importing the SDK and building the gateway is a large part of a server's start (which must answer /health
+soon; bench/ measures it) for a surface many servers never serve. So the route exists from the start, the first
 request that passes the token check (admission.py) asks for the gateway and waits for it, and every request
 after that goes straight to it. A server that never sees a valid /mcp request never imports the SDK.
 
@@ -10,7 +10,7 @@ thread: CPython 3.11.7 raises "SystemError: AST constructor recursion depth mism
 (compiles) while the main thread compiles (gh-106905). Not in the first request's task either: the SDK's
 session manager (`Gateway.run()`) is an anyio task group, entered and left by one task, and it must outlive
 that request. So the task waits until a request needs the gateway, builds it (the import blocks the loop
-once, for those 0.3-0.5 s), enters its `run()` and stays inside until the server stops. Concurrent first
+once), enters its `run()` and stays inside until the server stops. Concurrent first
 requests all wait for that one build; if it fails, /mcp answers 503 `{"error": …}` and the rest of the
 server runs on.
 """
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-BUILD_TIMEOUT = 30.0  # how long a first request waits for the build (it takes about 0.5 s)
+BUILD_TIMEOUT = 30.0  # how long a first request waits for the build (far longer than it takes)
 STOP_TIMEOUT = 10.0  # how long shutdown waits for the gateway's sessions to end before cancelling them
 
 

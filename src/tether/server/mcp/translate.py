@@ -8,9 +8,9 @@ from typing import Any
 
 import mcp_types as types
 
-from tether.server.mcp.calls import Reply
 from tether.server.mcp.contributed import GatewayTool
 from tether.server.mcp.fleet import DeviceTool, tool_annotations
+from tether.server.mcp.tool_call import Reply
 
 
 def device_tool(tool: DeviceTool) -> types.Tool:

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType, TaskStatus
-from tether.server.aip.batches import BatchBook, PendingBatch
+from tether.server.aip.batches import BatchBook, PendingBatch, TokenRef
 from tether.server.aip.link import DeviceLink
 from tether.server.aip.liveness import GracePeriods
 from tether.server.aip.registry import DeviceRegistry
-from tether.server.ports import BackplaneUnavailable, BatchAudit, RemoteDevices
+from tether.server.ports import BackplaneUnavailable, BatchAudit, RemoteDevices, RemoteSlot
 
 
 class BatchRouter:
@@ -32,15 +32,20 @@ class BatchRouter:
     server shutting down."""
 
     def __init__(self, links: Mapping[str, DeviceLink], grace: GracePeriods, registry: DeviceRegistry,
-                 audit: BatchAudit, tasks: set[asyncio.Task[Any]]) -> None:
+                 audit: BatchAudit, tasks: set[asyncio.Task[Any]], remote: RemoteSlot) -> None:
         self._links = links
         self._grace = grace
         self._registry = registry
         self._audit = audit
         self._tasks = tasks
         self.book = BatchBook(registry, self.record_late)
-        self.remote: RemoteDevices | None = None
+        self._remote = remote
         self.closed = False
+
+    @property
+    def remote(self) -> RemoteDevices | None:
+        """The cluster's other nodes while this node's `ClusterNode` runs, else None."""
+        return self._remote.remote
 
     def close(self) -> None:
         """From now on a batch is not sent: it fails saying the server is shutting down."""
@@ -51,14 +56,16 @@ class BatchRouter:
         return self.book.pending.get(response_id)
 
     async def send_batch(self, device: str, message: ServerMessage, *,
-                         on_event: Callable[[Event], None] | None = None, here_only: bool = False) -> PendingBatch:
+                         on_event: Callable[[Event], None] | None = None, here_only: bool = False,
+                         asker: TokenRef | None = None) -> PendingBatch:
         """Register a COMMAND batch and send it, or queue it while `device` is within its grace period,
         or (in a cluster, unless `here_only`) hand it to the node that holds the device.
 
-        Returns a batch already `done` (with `error`) when the device is offline or unknown.
+        Returns a batch already `done` (with `error`) when the device is offline or unknown. `asker` is
+        the API token whose command it is (`PendingBatch.asker`).
         """
         call_ids = [c.call_id for c in message.actions or [] if c.call_id]
-        batch = PendingBatch(message.response_id, device, message, on_event, outstanding=set(call_ids))
+        batch = PendingBatch(message.response_id, device, message, on_event, asker=asker, outstanding=set(call_ids))
         conn = self._links.get(device)
         if self.closed:
             batch.error = "the server is shutting down"

@@ -28,10 +28,13 @@ from tether.errors import ServerError
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
 from tether.server import policy_push
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.hub import DeviceHub
+from tether.server.aip.questions import asks_consent
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves, server_url
 from tether.server.mcp.contributed import Elicit, Progress
 from tether.server.mcp.fleet import DeviceTool
+from tether.server.store.audit import AuditLog
 from tether.server.store.tokens import TokenInfo
 
 logger = logging.getLogger(__name__)
@@ -61,6 +64,11 @@ class Caller:
     def requested_by(self) -> str:
         return f"mcp:{self.client} by api:{self.token.name}"
 
+    @property
+    def ref(self) -> TokenRef:
+        """The caller's token as a batch records it (whose its MCP servers' questions are)."""
+        return TokenRef(self.token.name, self.token.agent)
+
 
 class AskLater(ServerError):
     """Raised by the `elicit` of a client that answers questions by retrying its call (the 2026-07-28
@@ -74,21 +82,23 @@ class AskLater(ServerError):
 
 
 async def call_device_tool(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
-                           progress: Progress, elicit: Elicit | None, *, held: Result | None = None) -> Reply:
-    """Run the call; `held` (the retry of a call asked about with `AskLater`) skips to its approval."""
+                           progress: Progress, elicit: Elicit | None, *, audit: AuditLog,
+                           held: Result | None = None) -> Reply:
+    """Run the call; `held` (the retry of a call asked about with `AskLater`) skips to its approval; a
+    policy change that an approval makes is recorded in `audit`."""
     if not caller.token.allows("execute"):
         return Reply(f"token '{caller.token.name}' lacks the 'execute' scope needed to call device tools; create "
                      "one with 'tether token create --api NAME --scope execute'", is_error=True)
     result = held or await _run(hub, tool, arguments, caller, progress, elicit, approved_by=None)
     if _needs_approval(result):
-        approved = await _approval(hub, tool, arguments, caller, progress, elicit, result)
+        approved = await _approval(hub, audit, tool, arguments, caller, progress, elicit, result)
         if isinstance(approved, Reply):
             return approved
         result = approved
     return result_reply(result)
 
 
-async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
+async def _approval(hub: DeviceHub, audit: AuditLog, tool: DeviceTool, arguments: dict[str, Any], caller: Caller,
                     progress: Progress, elicit: Elicit | None, held: Result) -> Result | Reply:
     question = held.error or "this command needs a person's approval"
     how = (f"a person can run it with `tether exec --device {tool.device} {tool.info.name} ... --approve` or "
@@ -126,7 +136,7 @@ async def _approval(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any],
     if decision in always:  # the program (or program + subcommand) joins the device's allowlist first
         try:
             await policy_push.change(hub, tool.device, {"commands": always[decision]}, replace=False,
-                                     requested_by=caller.requested_by)
+                                     requested_by=caller.requested_by, audit=audit)
         except policy_push.PolicyRequestFailed as exc:
             return Reply(f"not run: the device's policy could not be changed ({exc})", held.result, is_error=True)
     digest = held.result.get("approval_digest") if isinstance(held.result, dict) else None
@@ -167,7 +177,8 @@ async def _run(hub: DeviceHub, tool: DeviceTool, arguments: dict[str, Any], call
     forward = _Forwarder(hub, tool.device, caller, progress, elicit)
     command = Command(tool_name=tool.info.name, tool_type=tool.info.tool_type, parameters=arguments,
                       approved_by=approved_by, approval_digest=approval_digest)
-    dispatcher = hub.dispatcher(tool.device, on_event=forward.put, requested_by=caller.requested_by)
+    dispatcher = hub.dispatcher(tool.device, on_event=forward.put, requested_by=caller.requested_by,
+                                asker=caller.ref)
     run = asyncio.ensure_future(dispatcher.execute_commands([command], timeout=_batch_timeout(hub, arguments),
                                                             response_id=new_call_id()))
     try:
@@ -243,9 +254,11 @@ class _Forwarder:
 
     async def _send(self, event: Event) -> None:
         # an answer is a person's (as POST /devices/{name}/questions/{id}): never an agent's client, nor under
-        # four-eyes the caller's own (it asked for the command)
+        # four-eyes the caller's own to a question asking for consent (it asked for the command); a form
+        # asking for information stays the caller's
         if event.kind == "elicitation" and self.elicit is not None and self.caller.token.allows("approve") \
-                and not getattr(self.hub.settings, "four_eyes", False) and "declined" not in event.data:
+                and not self.caller.token.agent and "declined" not in event.data \
+                and not (getattr(self.hub.settings, "four_eyes", False) and asks_consent(event.data.get("schema"))):
             task = asyncio.ensure_future(self._ask(event.data))
             self.questions.add(task)  # asked beside the stream, so output keeps flowing while a person thinks
             task.add_done_callback(self.questions.discard)
@@ -270,7 +283,8 @@ class _Forwarder:
         try:
             answer = await self.elicit(message, schema)
             await self.hub.answer_question(self.device, question, str(answer.get("action", "cancel")),
-                                           answer.get("content"), by=self.caller.requested_by)
+                                           answer.get("content"), by=self.caller.requested_by,
+                                           answerer=self.caller.ref)
         except Exception as exc:
             logger.info("MCP gateway: question %s of device %s not answered through the client: %s", question,
                         self.device, exc)
