@@ -86,10 +86,10 @@ async def device_key(name: str, request: Request,
     """The key enrolled for the device: `{name, fingerprint (SHA-256 hex of the public key), enrolled_at,
     enrolled_by}`; the key fields are null when none is enrolled yet. 404 for a device the token does not
     reach or the server does not know."""
-    hub: DeviceHub = request.app.state.hub
-    in_scope(hub, who, name)
-    enrolled = hub.store.device_keys.get(name)
-    if enrolled is None and hub.registry.get(name) is None and not hub.store.devices.known(name):
+    registry, store = request.app.state.registry, request.app.state.store
+    in_scope(registry, who, name)
+    enrolled = store.device_keys.get(name)
+    if enrolled is None and registry.get(name) is None and not store.devices.known(name):
         raise HTTPException(404, f"no device named '{name}'")
     if enrolled is None:
         return {"name": name, "fingerprint": None, "enrolled_at": None, "enrolled_by": None}
