@@ -105,8 +105,8 @@ for line in sys.stdin:
 
 async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]:
     from tether.sandbox import SandboxSpec, detect
-    from tether.sandbox.egress import EgressProxy, Limits
-    from tether.sandbox.egress_rules import EgressRules
+    from tether.sandbox.egress.proxy import EgressProxy, Limits
+    from tether.sandbox.egress.rules import EgressRules
     from tether.sandbox.runner import Sandbox
 
     curl = shutil.which("curl")

@@ -28,8 +28,8 @@ import pytest
 from tests.kits.confined_device import attacker_factory, home, stdout, text  # noqa: F401 (fixtures)
 from tests.kits.netutil import CLI, Cluster
 from tether.sandbox import SandboxSpec, detect
-from tether.sandbox.egress import EgressRecord
-from tether.sandbox.egress_rules import EgressRules
+from tether.sandbox.egress.proxy import EgressRecord
+from tether.sandbox.egress.rules import EgressRules
 from tether.sandbox.runner import Sandbox
 
 BODY = b"upstream says hello\n"

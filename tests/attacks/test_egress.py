@@ -28,8 +28,8 @@ from typing import Any
 import pytest
 
 from tether.sandbox import SandboxSpec, detect
-from tether.sandbox.egress import EgressProxy, EgressRecord, Limits
-from tether.sandbox.egress_rules import EgressRules, is_public, parse_address, parse_entry
+from tether.sandbox.egress.proxy import EgressProxy, EgressRecord, Limits
+from tether.sandbox.egress.rules import EgressRules, is_public, parse_address, parse_entry
 from tether.sandbox.runner import Sandbox
 from tether.tools.policy.model import policy_from_mapping
 from tether.tools.sandboxing import egress_rules, sandbox_spec
@@ -478,7 +478,7 @@ async def test_connection_floods_and_odd_names_are_bounded(upstream: Upstream) -
 UNPRIVILEGED = r'''
 import asyncio, json, os, sys, tempfile
 from tether.sandbox import SandboxSpec, detect
-from tether.sandbox.egress_rules import EgressRules
+from tether.sandbox.egress.rules import EgressRules
 from tether.sandbox.runner import Sandbox
 
 async def serve(reader, writer):

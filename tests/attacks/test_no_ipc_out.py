@@ -247,7 +247,7 @@ async def test_a_live_process_gets_the_same_filter(tmp_path: Path, http_socket: 
     """A stdio MCP server or launched application runs under bwrap directly (no warden): the same filter,
     and with a socket named, the machine's others masked."""
     from tether.sandbox import SandboxSpec, detect
-    from tether.sandbox.bwrap import live_argv
+    from tether.sandbox.confine.bwrap import live_argv
 
     info = detect()
     assert info.available and info.bwrap, info.detail

@@ -218,15 +218,15 @@ def test_an_unprivileged_user_needs_no_leave(python: str) -> None:
 
 
 def test_a_live_process_of_a_root_device_runs_unprivileged(python: str, tmp_path: Path) -> None:
-    """A sandboxed stdio MCP server (tether.sandbox.bwrap.live_argv) starts as the run_as user too.
+    """A sandboxed stdio MCP server (tether.sandbox.confine.bwrap.live_argv) starts as the run_as user too.
 
     Its argv is built by an interpreter the run_as user can run (the `python` fixture), as a device
     installed where that user reaches would: the seccomp shim in front of a live process is that
     interpreter (`confine_argv`), run inside the sandbox as the run_as user."""
     code = ("import json, sys\n"
-            "from tether.sandbox.bwrap import live_argv\n"
-            "from tether.sandbox.run_as import resolve_run_as\n"
-            "from tether.sandbox.spec import SandboxSpec\n"
+            "from tether.sandbox.confine.bwrap import live_argv\n"
+            "from tether.sandbox.confine.run_as import resolve_run_as\n"
+            "from tether.sandbox.confine.spec import SandboxSpec\n"
             "run_as = resolve_run_as('nobody')\n"
             "spec = SandboxSpec.build(write_roots=[], hidden=['/root', sys.argv[1]], layers_dir=sys.argv[1],"
             " run_as=run_as)\n"

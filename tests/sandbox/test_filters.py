@@ -1,6 +1,6 @@
-"""The pure parts of the IPC wall and the resource limits (tether.sandbox.seccomp, tether.sandbox.limits) and
-how the policy feeds them. What they do to a real process is in tests/attacks/test_no_ipc_out.py and
-tests/attacks/test_resource_limits.py."""
+"""The pure parts of the IPC wall and the resource limits (tether.sandbox.confine.seccomp,
+tether.sandbox.confine.limits) and how the policy feeds them. What they do to a real process is in
+tests/attacks/test_no_ipc_out.py and tests/attacks/test_resource_limits.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import struct
 
 import pytest
 
-from tether.sandbox.limits import Limits, describe, exceeded, shm_options
-from tether.sandbox.seccomp import RET_ALLOW, program
+from tether.sandbox.confine.limits import Limits, describe, exceeded, shm_options
+from tether.sandbox.confine.seccomp import RET_ALLOW, program
 from tether.tools.policy.model import policy_from_mapping
 from tether.tools.policy.overlay import check_overlay
 from tether.tools.sandboxing import sandbox_spec

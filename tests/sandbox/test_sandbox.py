@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from tether.sandbox import SandboxSpec, detect
-from tether.sandbox.fs import EscapeError
-from tether.sandbox.layer import ApplyConflict, Change, apply, discard, scan
+from tether.sandbox.layers.fs import EscapeError
+from tether.sandbox.layers.layer import ApplyConflict, Change, apply, discard, scan
 from tether.sandbox.runner import SWEEP_BATCH, Sandbox
 
 PY = os.path.realpath(sys.executable)
@@ -243,7 +243,7 @@ def test_changes_say_what_happened() -> None:
 
 
 async def test_a_held_layer_is_taken_once_even_from_another_process(sandbox: Sandbox, tree: dict[str, Path]) -> None:
-    from tether.sandbox.held import Held, HeldLayers
+    from tether.sandbox.layers.held import Held, HeldLayers
 
     root = tree["root"]
     layer = sandbox.new_layer()
@@ -335,7 +335,7 @@ async def test_another_apply_of_this_device_is_a_conflict_even_where_ctime_canno
     what this device's own applies made meanwhile (`Sandbox.applied_since`) is compared path by path."""
     import time
 
-    from tether.sandbox.layer import conflicts
+    from tether.sandbox.layers.layer import conflicts
 
     root = tree["root"]
     (root / "dir").mkdir()
@@ -364,7 +364,7 @@ async def test_what_appears_in_a_tree_between_the_check_and_its_removal_is_kept(
     check passed (here: while the batch is journaled). Its file is kept and the apply stops, saying so."""
     import time
 
-    from tether.sandbox.layer import LateConflict
+    from tether.sandbox.layers.layer import LateConflict
 
     root = tree["root"]
     (root / "dir" / "sub").mkdir(parents=True)
@@ -392,7 +392,7 @@ async def test_whiteouts_planted_over_hidden_paths_are_no_change_to_the_capture(
     """The capture's scan (tools.shell.capture, on the worker pool) is given the hidden paths: the whiteout
     the warden plants over one below a captured root is never a deletion nor counted against the layer's
     limits, and a layer holding only such whiteouts is empty (reused, nothing to settle)."""
-    from tether.sandbox.layer import LayerLimits
+    from tether.sandbox.layers.layer import LayerLimits
     from tether.sandbox.runner import layer_empty
     from tether.tools.shell.capture import _scan
 

@@ -21,7 +21,7 @@ import pytest
 
 from tests.kits.results import failed, ok
 from tether.protocol.models import Result
-from tether.sandbox import fs
+from tether.sandbox.layers import fs
 from tether.tools.context import ToolContext
 from tether.tools.files import tool as files
 from tether.tools.files.tool import files_toolset

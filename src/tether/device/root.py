@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tether.device.config import DeviceConfig
 from tether.errors import DeviceError
-from tether.sandbox.run_as import RunAs, resolve_run_as
+from tether.sandbox.confine.run_as import RunAs, resolve_run_as
 
 ALLOW_ROOT_ENV = "TETHER_ALLOW_ROOT"
 RUN_AS_ENV = "TETHER_RUN_AS"

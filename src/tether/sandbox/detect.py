@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.run_as import RunAs
+from tether.sandbox.confine.run_as import RunAs
 
 PROBE_TIMEOUT_S = 10.0
 CACHE_FILE = "sandbox-probe.json"
@@ -43,8 +43,8 @@ def _probe(bwrap: str, run_as: RunAs | None = None) -> str | None:
     """Run what every command needs once (namespaces, an overlay written through, capabilities
     dropped) under the warden's own bwrap arguments, as `run_as` when given (a root device's
     sandbox user); None when it works, else what went wrong."""
-    from tether.sandbox.bwrap import warden_argv
-    from tether.sandbox.spec import SandboxSpec
+    from tether.sandbox.confine.bwrap import warden_argv
+    from tether.sandbox.confine.spec import SandboxSpec
 
     base = tempfile.mkdtemp(prefix="tether-probe-", dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None)
     try:
@@ -83,7 +83,7 @@ def detect(cache_dir: str | os.PathLike[str] | None = None, *, run_as: RunAs | N
     worked is remembered for this boot, kernel, bwrap binary, interpreter, probe code, user and the
     user-namespace sysctls: the probe runs again when any of them changes. A failed probe is never
     remembered, so a machine that gets fixed is seen fixed at its next start. `run_as`: a root device's
-    sandbox user (tether.sandbox.run_as); the probe runs as that user, and its uid is part of the key."""
+    sandbox user (tether.sandbox.confine.run_as); the probe runs as that user, and its uid is part of the key."""
     if not sys.platform.startswith("linux"):
         return SandboxInfo("none", f"no sandbox on {sys.platform}: tether confines processes on Linux only")
     bwrap = shutil.which("bwrap")
@@ -106,7 +106,7 @@ def _detect(bwrap: str, run_as: RunAs | None = None) -> SandboxInfo:
         # as a root device's run_as user the likeliest cause is that user (the problem says so): not the install
         hint = INSTALL_HINT if run_as is None else f"give run_as a user who can run it first; else {INSTALL_HINT}"
         return SandboxInfo("none", f"bwrap cannot confine commands here ({problem}): {hint}", bwrap)
-    from tether.sandbox.landlock import abi_version
+    from tether.sandbox.confine.landlock import abi_version
 
     abi = abi_version()
     if abi:
@@ -133,8 +133,8 @@ def _cache_key(bwrap: str, run_as: RunAs | None = None) -> dict[str, Any] | None
         return {"boot": boot, "kernel": os.uname().release, "uid": os.getuid(),
                 "run_as": None if run_as is None else [run_as.uid, run_as.gid], "bwrap": _stat(bwrap),
                 "python": [sys.executable, sys.version],
-                "probe": [_stat(os.path.join(here, name)) for name in ("detect.py", "bwrap.py", "warden.py",
-                                                                  "run_as.py")],
+                "probe": [_stat(os.path.join(here, name)) for name in ("detect.py", "confine/bwrap.py",
+                                                                  "confine/warden.py", "confine/run_as.py")],
                 "knobs": knobs}
     except OSError:
         return None

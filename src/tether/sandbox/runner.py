@@ -27,16 +27,16 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from tether.sandbox.bwrap import live_source, unix_socket_paths, warden_argv
+from tether.sandbox.confine.bwrap import live_source, unix_socket_paths, warden_argv
+from tether.sandbox.confine.guard import LivePlan, live_plan
+from tether.sandbox.confine.limits import shm_options
+from tether.sandbox.confine.spec import ANY_SOCKET, SandboxSpec, SandboxUnavailable
 from tether.sandbox.detect import SandboxInfo
-from tether.sandbox.egress import Answer, AskFn, EgressProxy, EgressRecord
-from tether.sandbox.egress_owner import children, command_holding
-from tether.sandbox.egress_rules import EgressRules
-from tether.sandbox.guard import LivePlan, live_plan
-from tether.sandbox.held import HeldLayers
-from tether.sandbox.layer import discard
-from tether.sandbox.limits import shm_options
-from tether.sandbox.spec import ANY_SOCKET, SandboxSpec, SandboxUnavailable
+from tether.sandbox.egress.owner import children, command_holding
+from tether.sandbox.egress.proxy import Answer, AskFn, EgressProxy, EgressRecord
+from tether.sandbox.egress.rules import EgressRules
+from tether.sandbox.layers.held import HeldLayers
+from tether.sandbox.layers.layer import discard
 
 logger = logging.getLogger(__name__)
 egress_log = logging.getLogger("tether.sandbox.egress")

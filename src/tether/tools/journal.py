@@ -5,7 +5,7 @@ Layout: `state_dir/journal/<session_id>/entries.jsonl` (append-only; one JSON ob
 as put back. Nothing is ever rewritten in place, so a crash leaves at worst a torn last line, which
 is skipped; and a restore that stops half way can simply be run again.
 
-A restore puts things back through the same jail as the file tools (`tether.sandbox.fs`): beneath
+A restore puts things back through the same jail as the file tools (`tether.sandbox.layers.fs`): beneath
 the write root each path lies in, with no symlink followed on the way. Whoever could write inside
 the roots since the change may have planted a link in the path; that change is then reported as a
 conflict and left as is, never written through the link to somewhere outside the roots.
@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from tether.sandbox.fs import (
+from tether.sandbox.layers.fs import (
     EscapeError,
     copy_data,
     copy_entry,

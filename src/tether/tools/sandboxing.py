@@ -13,12 +13,12 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
-from tether.sandbox.egress import AskFn, EgressRecord
-from tether.sandbox.egress_rules import EgressRules
-from tether.sandbox.limits import Limits
-from tether.sandbox.run_as import RunAs
+from tether.sandbox.confine.limits import Limits
+from tether.sandbox.confine.run_as import RunAs
+from tether.sandbox.confine.spec import under
+from tether.sandbox.egress.proxy import AskFn, EgressRecord
+from tether.sandbox.egress.rules import EgressRules
 from tether.sandbox.runner import Sandbox
-from tether.sandbox.spec import under
 from tether.tools.policy.model import NetworkRules, Policy
 from tether.tools.policy.path_rules import anchored, anchored_places, protected_patterns
 

@@ -6,7 +6,7 @@ Apart from `mcp.manager` because these need the `mcp` SDK and the manager does n
 tools are all built in never imports this module (`create_server` does, for the first external entry).
 
 A stdio server configured with `sandbox: true` is started inside the device's OS sandbox
-(`ToolContext.sandbox`, through `tether.sandbox.bwrap.live_argv`): the machine read-only except the
+(`ToolContext.sandbox`, through `tether.sandbox.confine.bwrap.live_argv`): the machine read-only except the
 write roots, the device's secrets hidden, a private `/proc`, killed with the device. Its writes go
 straight to the write roots (a server outlives every call, so they cannot be captured per call).
 """
@@ -43,7 +43,7 @@ from tether.device.mcp.servers import (
 from tether.device.mcp.stdio import bounded_stdio_client
 
 if TYPE_CHECKING:
-    from tether.sandbox.egress_live import LiveEgress
+    from tether.sandbox.egress.live import LiveEgress
     from tether.sandbox.runner import Sandbox
 
 SandboxSource = Callable[[], "Sandbox | None"]
@@ -184,7 +184,7 @@ class StdioServer(SessionServer):
             raise MCPServerError(f"server '{self.namespace}' ({self.describe()}) failed to start: its config "
                                  f"says 'sandbox: true' but this device has no sandbox (install bubblewrap and "
                                  f"allow unprivileged user namespaces, or remove 'sandbox' to run it unconfined)")
-        from tether.sandbox.bwrap import live_argv  # only a sandboxed server needs it
+        from tether.sandbox.confine.bwrap import live_argv  # only a sandboxed server needs it
 
         return live_argv(sandbox.spec, argv, cwd=self.config.cwd, bwrap=sandbox.info.bwrap or "bwrap",
                          egress_fd=egress_fd)
@@ -196,7 +196,7 @@ class StdioServer(SessionServer):
         proxy = getattr(sandbox, "egress", None)  # a source may offer only the spec and info (no proxy)
         if sandbox is None or proxy is None or sandbox.spec.network:
             return None
-        from tether.sandbox.egress_live import LiveEgress
+        from tether.sandbox.egress.live import LiveEgress
 
         return LiveEgress(proxy)
 

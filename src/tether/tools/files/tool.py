@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from tether.sandbox.fs import EscapeError, move_entry, remove_entry
+from tether.sandbox.layers.fs import EscapeError, move_entry, remove_entry
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy.jail import (

@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Literal
 
-from tether.sandbox.fs import EscapeError, open_beneath, parent_beneath
+from tether.sandbox.layers.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
 from tether.tools.policy.model import Policy
 from tether.tools.policy.path_rules import Matcher, check_hidden, protected_rule
@@ -85,7 +85,7 @@ def approval_needed(policy: Policy, action: Literal["delete", "move", "overwrite
 #
 # `resolve_path` judges where a path leads *now*; whoever can write inside the roots can swap a
 # component for a symlink a moment later. So every tool opens what it checked beneath the root it
-# lies in, through `tether.sandbox.fs`: no component may then be a symlink, and one swapped in is
+# lies in, through `tether.sandbox.layers.fs`: no component may then be a symlink, and one swapped in is
 # refused (`path.escape`) instead of being followed.
 
 

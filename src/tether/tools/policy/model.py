@@ -23,7 +23,7 @@ from typing import Any, Literal, NamedTuple
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tether import yaml12
-from tether.sandbox.egress_rules import check_entries
+from tether.sandbox.egress.rules import check_entries
 from tether.tools.errors import NeedsApproval, PolicyDenied
 from tether.tools.policy.protected_defaults import DEFAULT_PROTECTED
 from tether.tools.shell import rules as shell_rules
@@ -70,8 +70,8 @@ class ApprovalRules(BaseModel):
 
 class ResourceLimits(BaseModel):
     """Caps on each sandboxed command's resources; 0 turns one off. The warden sets the process caps
-    (tether.sandbox.limits); `layer_files`/`layer_bytes` bound the layer a command leaves, checked by the
-    capture (tether.sandbox.layer.LayerLimits)."""
+    (tether.sandbox.confine.limits); `layer_files`/`layer_bytes` bound the layer a command leaves, checked by the
+    capture (tether.sandbox.layers.layer.LayerLimits)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -102,7 +102,7 @@ class NetworkRules(BaseModel):
 
     Entries are `host`, `*.domain`, `*`, an address or a network (`10.0.0.0/8`), each with an optional
     `:port`; deny wins over allow; loopback, private and link-local addresses are refused unless an
-    entry names the address, its network or the exact host name (tether.sandbox.egress_rules).
+    entry names the address, its network or the exact host name (tether.sandbox.egress.rules).
     """
 
     model_config = ConfigDict(extra="forbid")

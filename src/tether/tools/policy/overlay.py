@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tether.sandbox.egress_rules import meet
+from tether.sandbox.egress.rules import meet
 from tether.tools.policy.model import NetworkRules, Policy, default_policy, policy_from_mapping
 
 DEVICE_ONLY: frozenset[str] = frozenset({
@@ -68,7 +68,7 @@ def narrow_network(device: bool | NetworkRules, pushed: Any) -> bool | NetworkRu
 
     The server's `on` stands only over a device that is on itself, and is refused over an `off` or a
     host list. Otherwise off (the device's or the server's) is off. Over a device that is on, a server's list is
-    the list. Over a device's list: the allow entries both lists cover (`egress_rules.meet`), the deny
+    the list. Over a device's list: the allow entries both lists cover (`egress.rules.meet`), the deny
     entries of both, `ask: on-miss` only where the device asks too; the device's own rules stay as
     `within`, which every connection must also pass. ValueError, saying why, for a widening or a
     malformed value.

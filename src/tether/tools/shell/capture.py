@@ -26,9 +26,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tether.sandbox.fs import shown
-from tether.sandbox.held import Held
-from tether.sandbox.layer import (
+from tether.sandbox.layers.fs import shown
+from tether.sandbox.layers.held import Held
+from tether.sandbox.layers.layer import (
     Applied,
     ApplyConflict,
     Change,

@@ -24,7 +24,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from tether.sandbox import SandboxUnavailable
-from tether.sandbox.limits import describe, exceeded
+from tether.sandbox.confine.limits import describe, exceeded
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy.jail import approval_needed, check_cwd, real, within

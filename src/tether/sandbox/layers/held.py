@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.layer import Change, discard
+from tether.sandbox.layers.layer import Change, discard
 
 HOLD_S = 3600.0
 MAX_HELD = 64

@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import sys
 
-from tether.sandbox.guard import live_plan
-from tether.sandbox.spec import ANY_SOCKET, SandboxSpec, under
+from tether.sandbox.confine.guard import live_plan
+from tether.sandbox.confine.spec import ANY_SOCKET, SandboxSpec, under
 
 
 def _base(bwrap: str, spec: SandboxSpec) -> list[str]:
-    # a root device starts bwrap as its run_as user (tether.sandbox.run_as): then the sandbox's user
+    # a root device starts bwrap as its run_as user (tether.sandbox.confine.run_as): then the sandbox's user
     # namespace maps that user, not root, and root-only files stay unreadable
     prefix = spec.run_as.argv_prefix() if spec.run_as is not None else []
     args = [*prefix, bwrap, "--unshare-user", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
@@ -75,7 +75,7 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
 
     For processes that outlive a call (a stdio MCP server, an application): their writes cannot wait
     for the call to end, so they are not captured, approved or undoable; the rest still holds, and a
-    hidden or protected path cannot be created or changed there (`tether.sandbox.guard`).
+    hidden or protected path cannot be created or changed there (`tether.sandbox.confine.guard`).
     `egress_fd`: an inherited unix socket the process's egress proxy port is sent back on (a spec
     without network whose policy lists hosts; see `Sandbox.live_egress`).
     """
@@ -84,7 +84,7 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
                 and (spec.run_as is None or spec.run_as.reaches(root))]  # one run_as cannot reach: not bound
     for root in writable:
         args += ["--bind", root, root]
-    # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.guard)
+    # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.confine.guard)
     args += live_plan(writable, spec.hidden, spec.protected, spec.protected_names, depth=2).bwrap_args()
     args += hide_args(spec) + mask_args(spec)
     if cwd:
@@ -98,13 +98,13 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
 def confine_argv(spec: SandboxSpec) -> list[str]:
     """The shim in front of a live process: the warden's seccomp filter and Landlock IPC scopes, then exec.
 
-    A live process has no warden to confine it, so the same interpreter runs `tether.sandbox.seccomp`
+    A live process has no warden to confine it, so the same interpreter runs `tether.sandbox.confine.seccomp`
     inside bwrap first (one interpreter start per process: tens of milliseconds, paid once by a
     server or application that then runs for long). Its resource limits are not set: such a process
     is meant to outlive any one command's CPU or memory budget.
     """
     named = ["--any-socket"] if ANY_SOCKET in spec.allow_sockets else ["--allow-unix"] if spec.allow_sockets else []
-    return [sys.executable, "-I", "-m", "tether.sandbox.seccomp", *named, "--"]
+    return [sys.executable, "-I", "-m", "tether.sandbox.confine.seccomp", *named, "--"]
 
 
 def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "bwrap") -> list[str]:
@@ -125,4 +125,4 @@ def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "b
         if os.path.isdir(root) and (spec.run_as is None or spec.run_as.reaches(root)):
             args += ["--bind", root, live_source(spec, i)]
     args += hide_args(spec, skip_under=spec.write_roots + spec.live_write_roots)
-    return [*args, "--", python, "-I", "-m", "tether.sandbox.warden", str(sock_fd)]
+    return [*args, "--", python, "-I", "-m", "tether.sandbox.confine.warden", str(sock_fd)]

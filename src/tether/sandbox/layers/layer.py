@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from tether.errors import SandboxError
-from tether.sandbox.fs import copy_data, parent_beneath, same_data, shown
+from tether.sandbox.layers.fs import copy_data, parent_beneath, same_data, shown
 
 Kind = Literal["created", "modified", "deleted", "renamed"]
 # journals a batch of (action, path, dest, new content) before any of it is made; the last is the layer's

@@ -4,14 +4,14 @@ The sandbox has its own network namespace with nothing but loopback in it; the w
 port of that loopback and hands the listening socket to the device, where `EgressProxy.serve`
 accepts from it. Every connection speaks one of three dialects, told apart by its first byte:
 HTTP `CONNECT host:port` (tunnels: TLS), a plain HTTP forward-proxy request (`GET http://host/...`)
-or SOCKS5 (CONNECT only, names resolved here: `socks5h`); `egress_wire` reads them. For each one the
+or SOCKS5 (CONNECT only, names resolved here: `socks5h`); `handshake` reads them. For each one the
 proxy
 
 1. judges the requested name against the rules (`EgressRules.judge_name`: deny, then allow);
 2. resolves it itself and judges every address (`judge_address`: no loopback, private, link-local or
    other special address unless the rules name it), then connects to an address it judged, never
    to the name (no second resolution that could answer differently);
-3. relays bytes both ways (`egress_relay`: splice, no copy), counting them, until both sides have
+3. relays bytes both ways (`relay`: splice, no copy), counting them, until both sides have
    ended, either fails, or the connection is idle.
 
 A refusal reaches the command: an HTTP 403 with a JSON body `{"error", "rule"}` and an
@@ -34,11 +34,19 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tether.sandbox.egress_relay import Relay
-from tether.sandbox.egress_rules import EgressRules, IPAddress, Verdict, parse_address, valid_host
-from tether.sandbox.egress_wire import Head, Refused, Request, http_refusal, http_request, socks_reply, socks_request
+from tether.sandbox.egress.handshake import (
+    Head,
+    Refused,
+    Request,
+    http_refusal,
+    http_request,
+    socks_reply,
+    socks_request,
+)
+from tether.sandbox.egress.relay import Relay
+from tether.sandbox.egress.rules import EgressRules, IPAddress, Verdict, parse_address, valid_host
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tether.sandbox.egress")  # the package's name: the log docs/security/network.md names
 ACCEPT_RETRY_S = 1.0
 
 Answer = Literal["once", "always", "deny"]

@@ -11,7 +11,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tether.errors import SandboxError
-from tether.sandbox.egress_rules import normalize_host
+from tether.sandbox.egress.rules import normalize_host
 
 
 class Refused(SandboxError):

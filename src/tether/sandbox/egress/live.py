@@ -3,7 +3,7 @@
 Such a process gets its own network namespace (`bwrap --unshare-net`) when the policy lists hosts, so
 it has no direct network. To give it the same way out as a warden's command, the device passes one end
 of a socketpair down to it (`child_fd`, see `bwrap.live_argv(egress_fd=...)`); the shim in front of the
-program (`python -m tether.sandbox.seccomp --egress-fd N`) opens a listening port on the namespace's
+program (`python -m tether.sandbox.confine.seccomp --egress-fd N`) opens a listening port on the namespace's
 loopback, sends the listening socket back over it (SCM_RIGHTS) and points the program's proxy
 variables at that port; the device then accepts from it with its one `EgressProxy` (the same rules,
 audit and caps as every command). Standard library only.
@@ -17,7 +17,7 @@ import logging
 import os
 import socket
 
-from tether.sandbox.egress import EgressProxy
+from tether.sandbox.egress.proxy import EgressProxy
 
 logger = logging.getLogger(__name__)
 HANDOVER_TIMEOUT_S = 30.0

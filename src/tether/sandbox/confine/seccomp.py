@@ -1,7 +1,7 @@
 """A seccomp filter that keeps a sandboxed process from opening sockets it has no business with.
 
 Installed by the warden as the last step before a command's program is executed (and by
-`python -m tether.sandbox.seccomp` in front of a live process), it is inherited by everything the
+`python -m tether.sandbox.confine.seccomp` in front of a live process), it is inherited by everything the
 program starts and cannot be removed. What it refuses:
 
 - `socket(AF_UNIX, ...)` with EPERM, unless the policy names sockets (`allow_sockets`): no unix socket
@@ -29,7 +29,7 @@ import socket
 import struct
 import sys
 
-from tether.sandbox.landlock import abi_version, restrict_scopes
+from tether.sandbox.confine.landlock import abi_version, restrict_scopes
 
 AUDIT_ARCH_X86_64, AUDIT_ARCH_I386, AUDIT_ARCH_AARCH64 = 0xC000003E, 0x40000003, 0xC00000B7
 X32_SYSCALL_BIT = 0x40000000
@@ -230,7 +230,7 @@ def hand_over_listener(channel_fd: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    """`python -I -m tether.sandbox.seccomp [--allow-unix | --any-socket] [--egress-fd N] -- PROGRAM ARG...`.
+    """`python -I -m tether.sandbox.confine.seccomp [--allow-unix | --any-socket] [--egress-fd N] -- PROGRAM ARG...`.
 
     For processes bwrap starts directly (live ones, see `bwrap.confine_argv`): the same filter and
     Landlock scopes as a warden's command, then the program (found on PATH) in place of this interpreter.

@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tether.errors import SandboxError
-from tether.sandbox.limits import Limits
-from tether.sandbox.run_as import RunAs
+from tether.sandbox.confine.limits import Limits
+from tether.sandbox.confine.run_as import RunAs
 
 ANY_SOCKET = "*"  # allow_sockets entry: every unix socket, by path or abstract name (the IPC wall off)
 OWN_SOCKETS = "sandbox"  # allow_sockets entry: unix sockets the sandbox binds itself; none of the machine's
@@ -55,10 +55,10 @@ class SandboxSpec:
     network: bool = True
     layers_dir: str = ""
     # places whose content another program later runs (real paths): never written by a live process
-    # (see tether.sandbox.guard); a captured command's changes there are held at apply time instead
+    # (see tether.sandbox.confine.guard); a captured command's changes there are held at apply time instead
     protected: tuple[str, ...] = ()
     # protected names that match at any depth (`.git/config`): bound read-only where they exist near a
-    # live root's top (tether.sandbox.guard)
+    # live root's top (tether.sandbox.confine.guard)
     protected_names: tuple[str, ...] = ()
     allow_sockets: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)

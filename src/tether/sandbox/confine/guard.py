@@ -23,7 +23,7 @@ import stat
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from tether.sandbox.spec import under
+from tether.sandbox.confine.spec import under
 
 MAX_CHILDREN = 512
 MAX_SCAN = 2000

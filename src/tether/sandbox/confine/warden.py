@@ -1,6 +1,6 @@
 """The warden: tether's process inside the sandbox, which starts each command in its own confinement.
 
-Started once per device by `Sandbox` (as `python -I -m tether.sandbox.warden FD` under bubblewrap),
+Started once per device by `Sandbox` (as `python -I -m tether.sandbox.confine.warden FD` under bubblewrap),
 it answers requests on a SOCK_SEQPACKET socket: `run` (JSON plus the program's fd and the stdio fds
 as SCM_RIGHTS) and `kill`. Keeping it warm is what makes a sandboxed command cost a fork instead of
 a new sandbox and an interpreter. For each command it clones a process into a new mount and pid
@@ -28,10 +28,10 @@ import stat
 import sys
 from typing import Any
 
-from tether.sandbox import seccomp
-from tether.sandbox.guard import mount_plan
-from tether.sandbox.landlock import restrict_writes, scopes
-from tether.sandbox.limits import apply_in_command
+from tether.sandbox.confine import seccomp
+from tether.sandbox.confine.guard import mount_plan
+from tether.sandbox.confine.landlock import restrict_writes, scopes
+from tether.sandbox.confine.limits import apply_in_command
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -132,7 +132,7 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
             libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
     for _, fd in (*lowers, *live):
         os.close(fd)
-    mount_plan(libc.mount, req.get("freeze", []), req.get("readonly", []))  # see sandbox/guard.py
+    mount_plan(libc.mount, req.get("freeze", []), req.get("readonly", []))  # see sandbox/confine/guard.py
     for path in req.get("hidden", []):
         # a hidden name that is a symlink (dotfile managers) hides what it points to: mount follows it
         if os.path.isdir(path):
