@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
-from typer.core import TyperArgument, TyperOption
+from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from tether.cli.lazy import COMMAND_PANELS, LazyGroup
 from tether.cli.views.safe_text import SafeConsole, visible
@@ -126,6 +126,20 @@ class TetherGroup(LazyGroup):
         return app
 
 
+class DevicesGroup(TyperGroup):
+    """`tether devices`: a first word that names no sub-command, and is not a near miss of one (`pendng`: a
+    usage error with "did you mean"), is a device's name, so `tether devices NAME` runs `tether devices
+    show NAME` (docs/fleet.md)."""
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and not args[0].startswith("-") and args[0] not in self.commands and "show" in self.commands:
+            import difflib
+
+            if not difflib.get_close_matches(args[0], list(self.commands), n=1, cutoff=0.85):
+                return "show", self.commands["show"], args
+        return super().resolve_command(ctx, args)
+
+
 app = typer.Typer(cls=TetherGroup, no_args_is_help=True, context_settings={"help_option_names": ["-h", "--help"]},
                   help="tether: safe, fast and auditable hands for language-model agents.",
                   epilog="Exit codes: 0 done, 1 failed or refused, 2 bad usage, configuration or token, "
@@ -138,7 +152,7 @@ mcp_app = typer.Typer(no_args_is_help=True,
 # also have sub-commands (install, uninstall, status: commands/systemd.py; pending, approve, refuse: pairing.py)
 server_app = typer.Typer(help="Start the agent server, or install it as a service.")
 device_app = typer.Typer(help="Connect this machine to a server as a device, or install it as a service.")
-devices_app = typer.Typer(help="Show the server's devices, and let pairing devices in.")
+devices_app = typer.Typer(cls=DevicesGroup, help="Show the server's devices, and let pairing devices in.")
 app.add_typer(tools_app, name="tools")
 app.add_typer(token_app, name="token")
 app.add_typer(mcp_app, name="mcp")

@@ -60,7 +60,7 @@ COMMANDS: dict[str, Lazy] = {
                  "Put back the files that a session's commands changed (a local task's id is its session)."),
     "sessions": Lazy(("journal",),
                      "List the sessions that have journaled file changes (what `undo` can put back)."),
-    "devices": Lazy(("server", "pairing"),
+    "devices": Lazy(("server", "pairing", "fleet"),
                     "Show the server's devices, and let pairing devices in."),
     "policy": Lazy(("policy",), "Show or change a device's policy through the server."),
     "audit": Lazy(("audit",),

@@ -80,6 +80,24 @@ class RemoteServer:
     def device(self, name: str) -> dict[str, Any]:
         return self._request("GET", f"/devices/{name}")
 
+    def device_key(self, name: str) -> dict[str, Any]:
+        """The key enrolled for the device: `{name, fingerprint, enrolled_at, enrolled_by}`."""
+        return self._request("GET", f"/devices/{_quote(name)}/key")
+
+    def remove_device(self, name: str) -> dict[str, Any]:
+        """Forget the device (admin): `{removed, was, revoked_tokens}` (docs/fleet.md)."""
+        return self._request("DELETE", f"/devices/{_quote(name)}")
+
+    def change_device(self, name: str, *, new_name: str | None = None, tags: list[str] | None = None
+                      ) -> dict[str, Any]:
+        """Rename the device and/or set its tags (admin): `{name, tags}` as it now is (docs/fleet.md)."""
+        body: dict[str, Any] = {}
+        if new_name is not None:
+            body["name"] = new_name
+        if tags is not None:
+            body["tags"] = tags
+        return self._request("PATCH", f"/devices/{_quote(name)}", json=body)
+
     def pairing_requests(self) -> list[dict[str, Any]]:
         return self._request("GET", "/pairing")
 

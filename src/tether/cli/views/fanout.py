@@ -1,8 +1,10 @@
 """`tether exec --all`: one tool call on every device the server has that meets `--require`.
 
 The server streams one NDJSON line per device as it finishes (`POST /api/v1/fleet/commands`); here
-they drive a live progress bar with the counts so far, then a summary table and every device that
-did not succeed with its error. With `--json` the lines are printed as they come, for scripts.
+they drive a live progress bar with the counts so far, then each successful device's output with
+identical outputs folded into one block naming their devices (as Ansible and pssh do), the summary
+table, and every device that did not succeed with its error. With `--json` the lines are printed as
+they come, for scripts.
 
 Exit codes: 0 when every device succeeded; 1 (`ExitCode.FAILED`) when any device failed, was offline,
 timed out or was cancelled, or the server refused the fan-out (e.g. no device fits); 2 for bad
@@ -25,6 +27,8 @@ from tether.protocol.models import Command
 STATUSES = ("ok", "failed", "offline", "timed_out", "cancelled")
 MAX_LINE = 64 << 20  # one device's line (the server caps it by max_response_bytes, well below this)
 SHOWN_FAILURES = 50
+SHOWN_OUTPUTS = 50  # distinct outputs printed; the rest are counted (--json has every device's)
+OUTPUT_LINES = 40  # lines of one output printed
 
 
 def exec_all(command: Command, requires: list[str], *, timeout: float | None, max_concurrency: int | None,
@@ -92,6 +96,7 @@ def _follow(remote: Any, body: dict[str, Any], as_json: bool) -> dict[str, Any] 
 
     counts = dict.fromkeys(STATUSES, 0)
     failures: list[dict[str, Any]] = []
+    outputs: dict[str, list[str]] = {}  # an output's text -> the devices that gave it, in arrival order
     summary = None
     stream = _lines(remote, body)
     head = next(stream, {})  # a refusal raises here, before any bar is drawn
@@ -107,10 +112,60 @@ def _follow(remote: Any, body: dict[str, Any], as_json: bool) -> dict[str, Any] 
                 counts[status] = counts.get(status, 0) + 1
                 if status != "ok":
                     failures.append(line)
+                else:
+                    outputs.setdefault(output_of(line), []).append(str(line.get("device")))
                 progress.update(bar, advance=1, description=_counts(counts))
     if summary is not None:
+        _print_outputs(outputs)
         _print_summary(summary, failures)
     return summary
+
+
+def output_of(line: dict[str, Any]) -> str:
+    """The text a successful device's line stands for: each result's stdout (and stderr, labelled), else
+    its payload as sorted JSON; two devices with the same text are folded into one block."""
+    parts = []
+    for result in line.get("results") or []:
+        payload = result.get("result")
+        if isinstance(payload, dict) and ("stdout" in payload or "stderr" in payload):
+            parts.append(str(payload.get("stdout") or ""))
+            if payload.get("stderr"):
+                parts.append("stderr:\n" + str(payload["stderr"]))
+        elif payload is not None:
+            parts.append(json.dumps(payload, sort_keys=True, indent=2, default=str))
+    return "\n".join(p.rstrip("\n") for p in parts if p)
+
+
+def fold_header(devices: list[str], width: int) -> str:
+    """`ok (3): a1, a2, a3` for a block of devices that gave one output, names cut to `width` columns with
+    how many more there are."""
+    head = f"ok ({len(devices)}): "
+    names = ", ".join(devices)
+    if len(head) + len(names) <= width:
+        return head + names
+    shown: list[str] = []
+    for name in devices:
+        more = f", … {len(devices) - len(shown) - 1} more"
+        if len(head) + len(", ".join([*shown, name])) + len(more) > width:
+            break
+        shown.append(name)
+    return head + ", ".join(shown) + f"{', ' if shown else ''}… {len(devices) - len(shown)} more"
+
+
+def _print_outputs(outputs: dict[str, list[str]]) -> None:
+    from rich.text import Text
+
+    out = console()
+    for text, devices in list(outputs.items())[:SHOWN_OUTPUTS]:
+        out.print(Text(fold_header(devices, out.width), style="bold green"), soft_wrap=True)
+        lines = text.splitlines() or ["(no output)"]
+        for line in lines[:OUTPUT_LINES]:
+            out.print(Text("  " + line), soft_wrap=True)
+        if len(lines) > OUTPUT_LINES:
+            out.print(Text(f"  … {len(lines) - OUTPUT_LINES} more lines (--json has them)", style="dim"))
+    if len(outputs) > SHOWN_OUTPUTS:
+        out.print(Text(f"… and {len(outputs) - SHOWN_OUTPUTS} more distinct outputs (--json lists every device)",
+                       style="dim"))
 
 
 def _counts(counts: dict[str, int]) -> str:

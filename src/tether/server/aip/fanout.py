@@ -70,6 +70,13 @@ class DeviceOutcome:
         return out
 
 
+def countable(tokened: set[str], scope: Callable[[DeviceRecord], bool] | None) -> Callable[[DeviceRecord], bool]:
+    """A fan-out's device test (`within`): in `scope` (a token's; None = every device), and either connected
+    or named in `tokened` (the names holding an active device token, `Tokens.active_device_names`). A device
+    whose every token is revoked cannot come back, so it is left out rather than reported offline for ever."""
+    return lambda record: (scope is None or scope(record)) and (record.connected or record.name in tokened)
+
+
 def select_devices(registry: DeviceRegistry, requires: DeviceRequirements,
                    within: Callable[[DeviceRecord], bool] | None = None) -> list[str]:
     """The names of every known device meeting `requires` apart from being connected (sorted), and

@@ -116,6 +116,8 @@ class DeviceHub:
         Only their names, platforms and tags are read now; a profile is read when first asked for, so a
         large fleet's profiles are not validated before the server answers /health."""
         self.registry.profile_loader = self.store.devices.profile
+        for name, tags in self.store.devices.tag_overrides().items():  # tags an admin set (docs/fleet.md)
+            self.registry.override_tags(name, tags)
         for name, last_seen, platform, tags, stored in self.store.devices.heads():
             self.registry.known(name, last_seen, platform, tags, stored)
         self._preload = asyncio.create_task(self.registry.preload(start_after=PRELOAD_AFTER_S),
@@ -186,8 +188,10 @@ class DeviceHub:
         """Run `commands` on every device meeting `requires` (server/aip/fanout.py) and return
         `{"devices": [lines…], "summary": {…}}`: how a layer above (a task step `on: all`) fans out
         without importing the server's modules. `FanOutError` (a ValueError) when it cannot start."""
-        from tether.server.aip.fanout import run_fan_out
+        from tether.server.aip.fanout import countable, run_fan_out
 
+        # a device whose every token is revoked is not counted (docs/fleet.md)
+        options["within"] = countable(self.store.tokens.active_device_names(), options.get("within"))
         return await run_fan_out(self, self.registry, requires, commands, on_outcome=on_outcome, **options)
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:

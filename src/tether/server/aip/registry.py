@@ -218,6 +218,7 @@ class DeviceRegistry:
         self._lists: weakref.WeakValueDictionary[tuple[str, ...], SharedNames] = weakref.WeakValueDictionary()
         self._fields_sets: weakref.WeakValueDictionary[frozenset[str], SharedFieldsSet] = \
             weakref.WeakValueDictionary()
+        self._tag_overrides: dict[str, tuple[str, ...]] = {}  # tags an admin set: they stand for the device's
 
     def __len__(self) -> int:
         return len(self._records)
@@ -279,8 +280,25 @@ class DeviceRegistry:
         self.notify()
         return record
 
+    def override_tags(self, name: str, tags: Sequence[str]) -> None:
+        """Device `name`'s tags are `tags` from now on, in place of those its profile reports (now and at each
+        registration): the record's profile and the tag index change at once."""
+        self._tag_overrides[name] = tuple(tags)
+        record = self._records.get(name)
+        if record is None:
+            return
+        if record._profile is not None:
+            record._profile.__dict__["tags"] = list(tags)  # the profile is this record's own (its parts shared)
+            self._share_parts(record._profile)
+        self._reindex(record, record._platform, tuple(tags))
+
+    def tag_override(self, name: str) -> tuple[str, ...] | None:
+        """The tags an admin set on device `name` (`override_tags`), or None."""
+        return self._tag_overrides.get(name)
+
     def forget(self, name: str) -> None:
-        """Drop a device's record (and its hold on an interned tool list)."""
+        """Drop a device's record (and its hold on an interned tool list, and any tags set on it)."""
+        self._tag_overrides.pop(name, None)
         record = self._records.pop(name, None)
         if record is None:
             return
@@ -315,6 +333,9 @@ class DeviceRegistry:
             record._digest, tools = self.tools.intern(profile.tools)
             profile.__dict__["tools"] = tools  # not setattr: its fields set may be a shared one (_share_parts)
         if profile is not None:
+            override = self._tag_overrides.get(record.name)
+            if override is not None:
+                profile.__dict__["tags"] = list(override)
             self._share_parts(profile)
         if old is not None:
             self.tools.release(old)

@@ -17,6 +17,7 @@ from tether.server.aip.registry import DeviceRegistry
 from tether.server.aip.socket import aip_route
 from tether.server.http.api import router, run_commands, run_selected
 from tether.server.http.batch_routes import batch_router
+from tether.server.http.device_routes import device_router
 from tether.server.http.fleet_routes import mount_fleet
 from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.pairing_routes import pairing_router
@@ -77,6 +78,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.include_router(router)
     app.include_router(policy_router)
     app.include_router(batch_router)  # GET /api/v1/batches/{id}: a batch's record (docs/outcomes.md)
+    app.include_router(device_router)  # DELETE /api/v1/devices/{name}: forget a device (docs/fleet.md)
     mount_fleet(app)  # POST /api/v1/fleet/commands: one batch to every matching device
     if settings.pairing:
         app.state.pairing = PairingBook(store)

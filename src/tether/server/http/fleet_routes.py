@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches import TokenRef
-from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError
+from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError, countable
 from tether.server.http.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.scopes import beyond, reaches, within
 from tether.server.store.tokens import TokenInfo
@@ -79,7 +79,8 @@ async def fleet_commands(batch: FleetBatch, request: Request,
         fan = FanOut(hub, request.app.state.registry, batch.requires, batch.commands,
                      max_concurrency=batch.max_concurrency,
                      timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}",
-                     within=within(who), asker=TokenRef(who.name, who.agent))
+                     within=countable(request.app.state.store.tokens.active_device_names(), within(who)),
+                     asker=TokenRef(who.name, who.agent))
     except FanOutError as exc:
         raise HTTPException(exc.status, str(exc) + (beyond(who) if exc.status == 404 else "")) from None
     accept = request.headers.get("accept", "")

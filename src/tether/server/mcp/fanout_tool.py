@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches import TokenRef
-from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError
+from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError, countable
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
@@ -68,7 +68,8 @@ def fan_out_tool(hub: DeviceHub, registry: DeviceRegistry) -> GatewayTool:
             fan = FanOut(hub, registry, requires, [command], max_concurrency=int(arguments.get("max_concurrency",
                                                                                      DEFAULT_CONCURRENCY)),
                          timeout=timeout, requested_by=f"mcp:{call.client} by api:{call.token.name}",
-                         within=within(call.token),  # a scoped token's fan-out reaches its devices only
+                         # a scoped token's fan-out reaches its devices only; revoked ones are not counted
+                         within=countable(hub.store.tokens.active_device_names(), within(call.token)),
                          asker=TokenRef(call.token.name, call.token.agent))
         except (ValidationError, ValueError, TypeError) as exc:
             status = exc.status if isinstance(exc, FanOutError) else 422

@@ -66,8 +66,8 @@ class Devices:
         """(name, last_seen, platform, tags, has a profile) of every known device: what start-up lists
         without reading a single profile."""
         with self._lock:
-            rows = self._conn.execute("SELECT name, last_seen, platform, tags, profile IS NOT NULL "
-                                      "FROM devices ORDER BY name").fetchall()
+            rows = self._conn.execute("SELECT name, last_seen, platform, COALESCE(admin_tags, tags), "
+                                      "profile IS NOT NULL FROM devices ORDER BY name").fetchall()
         heads = []
         for name, last_seen, platform, tags, stored in rows:
             try:
@@ -89,6 +89,29 @@ class Devices:
         if row is None or row[0] is None:
             return None
         return row[0], row[1] if row[2] is not None else None, row[2]
+
+    def forget(self, name: str) -> bool:
+        """Delete device `name`'s row (its tool list stays, shared by digest); whether it had one."""
+        with self._writing(), self._lock:
+            return self._conn.execute("DELETE FROM devices WHERE name = ?", (name,)).rowcount > 0
+
+    def tag_overrides(self) -> dict[str, list[str]]:
+        """The tags an admin set, by device (`set_tags`): they stand for the tags the device reports."""
+        rows = self._engine.read("SELECT name, admin_tags FROM devices WHERE admin_tags IS NOT NULL")
+        return {name: [t for t in json.loads(tags) if isinstance(t, str)] for name, tags in rows}
+
+    def set_tags(self, name: str, tags: list[str], last_seen: float) -> None:
+        """Set device `name`'s tags (kept over the ones it reports); a device without a row gets one."""
+        with self._writing(), self._lock:
+            self._conn.execute(
+                "INSERT INTO devices (name, profile, first_seen, last_seen, admin_tags, tags) "
+                "VALUES (?, NULL, ?, ?, ?, ?) ON CONFLICT (name) DO UPDATE SET admin_tags = excluded.admin_tags",
+                (name, last_seen, last_seen, json.dumps(tags), json.dumps(tags)))
+
+    def rename(self, old: str, new: str) -> bool:
+        """Give device `old`'s row the name `new` (which must have none); whether `old` had a row."""
+        with self._writing(), self._lock:
+            return self._conn.execute("UPDATE devices SET name = ? WHERE name = ?", (new, old)).rowcount > 0
 
     def known(self, name: str) -> bool:
         """Whether a device of this name has registered at some time."""
@@ -131,6 +154,11 @@ class DeviceKeys:
                             "ON CONFLICT (name) DO UPDATE SET public_key = excluded.public_key, "
                             "enrolled_at = excluded.enrolled_at, enrolled_by = excluded.enrolled_by",
                             (name, public_key, time.time(), by))
+
+    def rename(self, old: str, new: str) -> None:
+        """Move device `old`'s key and device tokens to the name `new` (a rename; `new` holds neither)."""
+        self._tokens._write("UPDATE device_keys SET name = ? WHERE name = ?", (new, old))
+        self._tokens._write("UPDATE tokens SET name = ? WHERE kind = 'device' AND name = ?", (new, old))
 
     def forget(self, name: str) -> None:
         """Forget the key of `name`, if any."""

@@ -138,6 +138,11 @@ MIGRATIONS: list[str | dict[str, str]] = [
     """
     CREATE INDEX audit_unsettled ON audit (response_id, call_id) WHERE status IN ('pending', 'unknown');
     """,
+    # tags an admin set on a device (issue 32, docs/fleet.md): a JSON list that stands for the tags the device
+    # reports, at every registration; NULL = the device's own
+    """
+    ALTER TABLE devices ADD COLUMN admin_tags TEXT;
+    """,
 ]
 
 

@@ -222,6 +222,12 @@ class Tokens:
         with self._lock:
             return {r[0] for r in self._conn.execute("SELECT id FROM tokens WHERE revoked_at IS NULL")}
 
+    def active_device_names(self) -> set[str]:
+        """Names holding an active device token: a device outside this set cannot connect again."""
+        with self._lock:
+            return {r[0] for r in self._conn.execute(
+                "SELECT DISTINCT name FROM tokens WHERE kind = 'device' AND revoked_at IS NULL")}
+
     def revoke(self, id_or_name: str) -> int:
         """Revoke the active token with this id, or every active token of this name; returns how many."""
         with self._writing(), self._lock:
