@@ -41,9 +41,9 @@ from bench.tasks import (
     step,
     usage_of,
 )
-from tether.agent.executor import TaskRunner
-from tether.agent.llm import LLMClient
-from tether.agent.task import Task, TaskState
+from tether.agent.llm.chat import LLMClient
+from tether.agent.run.executor import TaskRunner
+from tether.agent.run.task import Task, TaskState
 
 Reply = str | Callable[[Json], str]
 DAY = 86_400

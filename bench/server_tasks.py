@@ -24,7 +24,7 @@ from pathlib import Path
 import uvicorn
 
 from bench._stats import pct
-from tether.agent.plan import Plan, PlanStep
+from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.server_app import create_agent_app
 from tether.device.link.connection import DeviceConnection
 from tether.device.local import build_device

@@ -46,13 +46,13 @@ from types import ModuleType
 from typing import Any
 
 from bench._stats import summary
-from tether.agent.executor import TaskRunner
-from tether.agent.llm import LLMClient
-from tether.agent.plan import Plan, PlanStep
-from tether.agent.planner import DEFAULT_POLICY_SUMMARY, compact_schema
-from tether.agent.recovery import AskUser
-from tether.agent.task import Budgets, Task, TaskEvent, TaskState
-from tether.agent.task_store import SaveSoon, TaskStore
+from tether.agent.llm.chat import LLMClient
+from tether.agent.planning.plan import Plan, PlanStep
+from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, compact_schema
+from tether.agent.run.executor import TaskRunner
+from tether.agent.run.recovery import AskUser
+from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
+from tether.agent.tasks.store import SaveSoon, TaskStore
 from tether.device.config import parse_device_config
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.dispatcher import BasicCommandDispatcher

@@ -13,9 +13,9 @@ from pathlib import Path
 from bench.kit.fake_llm import FakeLLM
 from tests.agent.test_executor import Asker, device, make_runner, plan_of, reply, work, write  # noqa: F401  (fixtures)
 from tests.kits.netutil import CLI
-from tether.agent.confirm import confirmation_answer
-from tether.agent.llm import LLMClient
-from tether.agent.task import Task, TaskState
+from tether.agent.llm.chat import LLMClient
+from tether.agent.run.confirm import confirmation_answer
+from tether.agent.run.task import Task, TaskState
 from tether.device.local import LocalDevice
 
 

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 
 from bench.kit.fake_llm import FakeLLM
-from tether.agent.executor import TaskRunner
-from tether.agent.llm import LLMClient, how_to_configure
-from tether.agent.plan import Plan, PlanStep
-from tether.agent.recovery import AskUser
-from tether.agent.steps import discover_tools
-from tether.agent.task import Budgets, Task, TaskEvent, TaskState
+from tether.agent.llm.chat import LLMClient, how_to_configure
+from tether.agent.planning.plan import Plan, PlanStep
+from tether.agent.run.executor import TaskRunner
+from tether.agent.run.recovery import AskUser
+from tether.agent.run.steps import discover_tools
+from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.models import ToolInfo
 from tether.tools.policy.model import default_policy

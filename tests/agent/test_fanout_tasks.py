@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from tests.kits.task import AgentServer
-from tether.agent.plan import Plan, PlanStep, validate_plan
-from tether.agent.steps import fan_out_step
+from tether.agent.planning.plan import Plan, PlanStep, validate_plan
+from tether.agent.run.steps import fan_out_step
 from tether.device.local import build_device
 from tether.protocol.models import Command
 from tether.tools.policy.model import Policy, default_policy

@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from tether.agent.llm import LLMClient, LLMError, LLMSettings
-from tether.agent.llm_grammar import schema_to_gbnf
-from tether.agent.planner import DeviceView, PlanningError, plan_request, plan_schema
+from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings
+from tether.agent.llm.grammar import schema_to_gbnf
+from tether.agent.planning.planner import DeviceView, PlanningError, plan_request, plan_schema
 from tether.tools.files.tool import files_toolset
 
 Handler = Callable[[dict[str, Any], asyncio.StreamWriter], Awaitable[None]]
@@ -277,7 +277,7 @@ async def test_a_server_failing_every_way_is_an_error_and_poisons_no_mode() -> N
 
 
 def test_strict_form_of_tool_schemas() -> None:
-    from tether.agent.planner import strict_schema
+    from tether.agent.planning.planner import strict_schema
 
     given = {"type": "object", "properties": {
         "path": {"type": "string", "minLength": 1}, "limit": {"type": "integer", "default": 10},

@@ -12,10 +12,10 @@ from typing import Any
 
 from bench.kit.fake_llm import FakeLLM
 from tests.agent.test_executor import Asker, device, make_runner, plan_of, reply, work  # noqa: F401  (fixtures)
-from tether.agent.llm import LLMClient
-from tether.agent.observe import compact
-from tether.agent.plan import Plan, PlanStep, validate_plan
-from tether.agent.task import Budgets, Task, TaskState
+from tether.agent.llm.chat import LLMClient
+from tether.agent.planning.plan import Plan, PlanStep, validate_plan
+from tether.agent.run.observe import compact
+from tether.agent.run.task import Budgets, Task, TaskState
 from tether.device.local import LocalDevice
 from tether.tools.files.tool import files_toolset
 

@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from bench.kit.fake_llm import FakeLLM, HTTPFailure
-from tether.agent.llm import LLMClient
-from tether.agent.plan import PlanStep
-from tether.agent.recovery import (
+from tether.agent.llm.chat import LLMClient
+from tether.agent.planning.plan import PlanStep
+from tether.agent.run.recovery import (
     DECISION_ADAPTER,
     AskUser,
     AutoPatch,
@@ -23,7 +23,7 @@ from tether.agent.recovery import (
     tool_for,
     validate_decision,
 )
-from tether.agent.task import Budgets, InvalidTransition, Task, TaskState
+from tether.agent.run.task import Budgets, InvalidTransition, Task, TaskState
 from tether.protocol.models import Result
 from tether.tools.files.tool import files_toolset
 from tether.tools.shell.tool import shell_toolset

@@ -11,12 +11,12 @@ import pytest
 
 from bench.kit.fake_llm import FakeLLM
 from tests.agent.test_executor import Asker, device, make_runner, plan_of, reply, work  # noqa: F401  (fixtures)
-from tether.agent.executor import TaskRunner
-from tether.agent.llm import LLMClient
-from tether.agent.plan import Plan, PlanStep, validate_plan
-from tether.agent.planner import build_messages
-from tether.agent.refs import RefError, parse_ref, resolve
-from tether.agent.task import Task, TaskState
+from tether.agent.llm.chat import LLMClient
+from tether.agent.planning.plan import Plan, PlanStep, validate_plan
+from tether.agent.planning.planner import build_messages
+from tether.agent.planning.refs import RefError, parse_ref, resolve
+from tether.agent.run.executor import TaskRunner
+from tether.agent.run.task import Task, TaskState
 from tether.device.local import LocalDevice
 from tether.protocol.models import ToolInfo
 from tether.tools.files.tool import files_toolset
@@ -157,7 +157,7 @@ async def test_unresolved_reference_without_llm_asks(device: LocalDevice, work: 
 
 
 def test_prompt_teaches_references_and_observation() -> None:
-    from tether.agent.planner import DeviceView
+    from tether.agent.planning.planner import DeviceView
 
     [system, _] = build_messages("x", {"local": DeviceView(tools=files_toolset().infos())}, "policy")
     text = system["content"]

@@ -5,8 +5,8 @@ outcome is asked about as before, saying why."""
 from __future__ import annotations
 
 from tests.agent.test_restart import task_at
-from tether.agent.restart import in_flight_step, settle_after_restart
-from tether.agent.task import TaskState
+from tether.agent.run.task import TaskState
+from tether.agent.tasks.restart import in_flight_step, settle_after_restart
 from tether.protocol.models import Result, ResultStatus
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from tests.kits.fanout import running_app
 from tests.kits.task import AgentServer
-from tether.agent.plan import load_plan_file
+from tether.agent.planning.plan import load_plan_file
 from tether.tools.policy.model import default_policy
 from tether.yaml12 import safe_load
 

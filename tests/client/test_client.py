@@ -11,7 +11,7 @@ import pytest
 
 from tests.kits.task import AgentServer
 from tether import AsyncClient, Client, Command, Event, ResultStatus, ToolInfo
-from tether.agent.task import Task, TaskEvent
+from tether.agent.run.task import Task, TaskEvent
 from tether.client import (
     BatchResults,
     ConnectError,

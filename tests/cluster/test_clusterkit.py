@@ -66,7 +66,7 @@ def test_nodes_sharing_one_sqlite_file_see_each_others_writes(tmp_path: Path) ->
     harness: a token made on node a was unknown to node b)."""
     import sqlite3
 
-    from tether.agent.task_store import TaskStore
+    from tether.agent.tasks.store import TaskStore
 
     db = tmp_path / "shared.db"
     server = sqlite3.connect(db, isolation_level=None)  # the server's own connection, as its Store opens it

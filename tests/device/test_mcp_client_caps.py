@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from bench.kit.fake_llm import FakeLLM
-from tether.agent.llm import LLMClient
+from tether.agent.llm.chat import LLMClient
 from tether.device.mcp.client_caps import (
     ElicitationAnswer,
     ElicitationRequest,

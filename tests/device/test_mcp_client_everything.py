@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.kit.fake_llm import FakeLLM
-from tether.agent.llm import LLMClient
+from tether.agent.llm.chat import LLMClient
 from tether.cli.mcp_hooks import llm_sampler
 from tether.device.mcp.client_caps import ElicitationAnswer, ElicitationRequest
 from tether.device.mcp.manager import BaseMCPServer, MCPServerManager

@@ -17,7 +17,7 @@ import pytest
 
 from bench.kit.fake_llm import FakeLLM
 from tests.kits.netutil import CLI, free_port
-from tether.agent.answers import AnswerError, parse_answer
+from tether.agent.run.replies import AnswerError, parse_answer
 from tether.cli.views.terminal_output import TerminalLines
 
 

@@ -19,7 +19,7 @@ from bench.kit.fake_llm import FakeLLM
 from tests.kits.gateway import mcp_client
 from tests.kits.netutil import wait_for
 from tests.kits.task import WAIT, AgentServer
-from tether.agent.task import TaskState
+from tether.agent.run.task import TaskState
 from tether.tools.policy.model import default_policy
 
 

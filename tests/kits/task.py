@@ -24,9 +24,9 @@ import uvicorn
 
 from tests.kits import db as dbkit
 from tests.kits.aip import key_for
-from tether.agent.llm import LLMSettings
+from tether.agent.llm.chat import LLMSettings
+from tether.agent.run.task import Budgets
 from tether.agent.server_app import create_agent_app
-from tether.agent.task import Budgets
 from tether.device.link.connection import DeviceConnection
 from tether.device.local import LocalDevice, build_device
 from tether.device.probe import collect_profile

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tether.agent.ownership import TaskLeases
-from tether.agent.task_store import TaskStore
+from tether.agent.tasks.ownership import TaskLeases
+from tether.agent.tasks.store import TaskStore
 from tether.server.store import Store
 from tether.server.store.audit import AuditLog
 from tether.server.store.devices import DeviceKeys, Devices

@@ -16,7 +16,7 @@ from typing import Any
 
 from rich.console import Console
 
-from tether.agent.answers import AnswerError, Unanswered, parse_answer
+from tether.agent.run.replies import AnswerError, Unanswered, parse_answer
 
 
 def state_path(state_dir: Path | None) -> Path:
@@ -26,14 +26,14 @@ def state_path(state_dir: Path | None) -> Path:
 
 
 def run_locks(state_dir: Path | None) -> Any:
-    from tether.agent.task_store import RunLocks
+    from tether.agent.tasks.store import RunLocks
 
     return RunLocks(state_path(state_dir) / "running")
 
 
 def open_local_store(state_dir: Path | None) -> Any:
     """This machine's task store, with the tasks of tether processes that died marked `interrupted`."""
-    from tether.agent.task_store import TaskStore
+    from tether.agent.tasks.store import TaskStore
 
     store = TaskStore(state_path(state_dir) / "tasks.db")
     store.mark_interrupted(run_locks(state_dir))
@@ -73,7 +73,7 @@ def terminal_ask(out: Console, answers: list[str]) -> Callable[[Any], Awaitable[
 def cancel_local(task_id: str, state_dir: Path | None) -> tuple[str, str]:
     """Cancel a local task that no live process runs (an interrupted one, or one left waiting):
     (its id, its state after). `LookupError`/`ValueError` with what to do otherwise."""
-    from tether.agent.task import TaskState
+    from tether.agent.run.task import TaskState
 
     store = open_local_store(state_dir)
     try:

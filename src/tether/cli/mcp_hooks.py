@@ -23,7 +23,7 @@ from tether.device.mcp.client_caps import (
 )
 
 if TYPE_CHECKING:
-    from tether.agent.llm import LLMClient
+    from tether.agent.llm.chat import LLMClient
     from tether.client.rest import RemoteServer
     from tether.protocol.messages import Event
 
@@ -105,7 +105,7 @@ def cli_hooks(llm: LLMClient | None, *, interactive: bool | None = None) -> MCPC
 def configured_llm() -> LLMClient | None:
     """The LLM of `TETHER_LLM_*` or the config file, or None (also when its config is unusable: a
     device command does not fail for want of an LLM it may never need)."""
-    from tether.agent.llm import LLMClient, resolve_llm_settings
+    from tether.agent.llm.chat import LLMClient, resolve_llm_settings
 
     try:
         settings = resolve_llm_settings()

@@ -16,7 +16,7 @@ from urllib.parse import quote
 import httpx
 from pydantic import TypeAdapter
 
-from tether.agent.task import Task, TaskEvent
+from tether.agent.run.task import Task, TaskEvent
 from tether.client.errors import ConnectError, HTTPStatusError, RequestTimeout, TransportError
 from tether.client.responses import (
     AuditPage,

@@ -1,7 +1,7 @@
 """The typed answers of the REST API as `tether.Client` returns them.
 
 The wire models (`Command`, `Result`, `Event`, `DeviceProfile`, `ToolInfo`) are the protocol's own; a
-task and its events are the agent's (`tether.agent.task`). The models here describe the REST answers
+task and its events are the agent's (`tether.agent.run.task`). The models here describe the REST answers
 that have no model elsewhere; unknown fields a newer server adds are kept (`extra="allow"`).
 """
 

@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from tether.agent.task import Task, TaskEvent
+from tether.agent.run.task import Task, TaskEvent
 from tether.client import calls
 from tether.client.errors import IncompleteStream
 from tether.client.responses import (

@@ -206,7 +206,7 @@ SECTIONS = ("llm", "device", "server", "policy", "mcp", "mcpServers")  # the one
 def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -> DeviceConfig:
     """Build a config from the one config file (sections `llm:`, `device:`, `server:`, `policy:`, `mcp:`,
     `mcpServers:`) or a desktop client's mcpServers file; built-in sets join every default root.
-    `llm:` is the planner's (`tether.agent.llm.resolve_llm_settings` reads it from the same file);
+    `llm:` is the planner's (`tether.agent.llm.chat.resolve_llm_settings` reads it from the same file);
     `policy:` is the device's policy, inline, as `device.policy` may also be."""
     raw = dict(raw or {})
     mcp_servers = raw.pop("mcpServers", None)

@@ -67,8 +67,8 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     for `tether answer TASK ANSWER` or `tether approve TASK` (exit code 3).
     Exit code 0 when the task is done, 1 when it failed or was cancelled.
     """
-    from tether.agent.llm import how_to_configure, resolve_llm_settings
-    from tether.agent.plan import PlanError, load_plan_file
+    from tether.agent.llm.chat import how_to_configure, resolve_llm_settings
+    from tether.agent.planning.plan import PlanError, load_plan_file
 
     if not request and not plan:
         fail("give a request in plain words, or --plan FILE")
@@ -159,11 +159,11 @@ def _remote_problems(client: Any, text: str, steps: list[dict[str, Any]], device
 
 async def _run(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
                state_dir: Path | None, answers: list[str], confirm: str = "never") -> int:
-    from tether.agent.answers import Unanswered
-    from tether.agent.executor import DEFAULT_DEVICE_NAME, TaskRunner
-    from tether.agent.llm import LLMClient
-    from tether.agent.task import Task, TaskEvent, TaskState
-    from tether.agent.task_store import SaveSoon
+    from tether.agent.llm.chat import LLMClient
+    from tether.agent.run.executor import DEFAULT_DEVICE_NAME, TaskRunner
+    from tether.agent.run.replies import Unanswered
+    from tether.agent.run.task import Task, TaskEvent, TaskState
+    from tether.agent.tasks.store import SaveSoon
     from tether.cli.local_tasks import run_locks, terminal_ask
     from tether.device.local import open_local_device
     from tether.device.probe import collect_profile
@@ -197,7 +197,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
                                mcp_hooks=cli_hooks(llm)) as device:
             computer = await device.computer_manager.get_or_create(None)
             if plan is not None:  # an unknown skill is a bad plan file: exit 2, and no task is stored
-                from tether.agent.plan import validate_plan
+                from tether.agent.planning.plan import validate_plan
 
                 unknown = [p for p in validate_plan(plan, {None: computer.tool_infos()}) if "unknown skill" in p]
                 if unknown:

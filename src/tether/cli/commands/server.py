@@ -127,7 +127,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         return
     from functools import partial
 
-    from tether.agent.llm import resolve_llm_settings
+    from tether.agent.llm.chat import resolve_llm_settings
     from tether.agent.server_app import create_agent_app
     from tether.server.main import PortInUse, UnsafeBinding, claim_state, run_server
     from tether.server.store import check_state_dir

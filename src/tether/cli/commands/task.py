@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tether.agent.answers import AnswerError, parse_answer
+from tether.agent.run.replies import AnswerError, parse_answer
 from tether.cli.common import (
     INTERRUPTED,
     CaOpt,
@@ -188,7 +188,7 @@ def print_tasks(rows: list[dict[str, Any]], as_json: bool, where: str, wide: boo
 
 
 def remote_log(remote: RemoteServer, task_id: str, as_json: bool, follow_it: bool) -> int:
-    from tether.agent.task import Task
+    from tether.agent.run.task import Task
 
     out = console()
     try:

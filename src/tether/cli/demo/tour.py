@@ -42,9 +42,9 @@ def demo_plan(work: Path) -> tuple[list[dict[str, Any]], Path]:
 
 async def _task(console: Console, device: Any, work: Path) -> bool:
     """The demo plan as a task in this process, shown as `tether run --plan` shows it."""
-    from tether.agent.executor import TaskRunner
-    from tether.agent.plan import Plan
-    from tether.agent.task import Task
+    from tether.agent.planning.plan import Plan
+    from tether.agent.run.executor import TaskRunner
+    from tether.agent.run.task import Task
     from tether.cli.views.task import EventView, print_outcome
 
     steps, hello = demo_plan(work)

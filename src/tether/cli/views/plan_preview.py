@@ -12,10 +12,10 @@ from tether.cli.common import console
 async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
                         state_dir: Path | None) -> int:
     """0 with the plan shown when it would run; 1 with its problems listed."""
-    from tether.agent.confirm import plan_text
-    from tether.agent.executor import DEFAULT_DEVICE_NAME, TaskRunner
-    from tether.agent.llm import LLMClient
-    from tether.agent.task import Task
+    from tether.agent.llm.chat import LLMClient
+    from tether.agent.run.confirm import plan_text
+    from tether.agent.run.executor import DEFAULT_DEVICE_NAME, TaskRunner
+    from tether.agent.run.task import Task
     from tether.device.local import open_local_device
     from tether.device.probe import collect_profile
 
@@ -50,8 +50,8 @@ async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | N
 def dry_run_remote(client: Any, request: str, steps: list[dict[str, Any]] | None, device: str | None,
                    requires: dict[str, Any] | None, also: list[str]) -> int:
     """The server's dry run (POST /tasks/dry-run): 0 with the plan shown, 1 with its problems listed."""
-    from tether.agent.confirm import plan_text
-    from tether.agent.plan import PlanStep
+    from tether.agent.planning.plan import PlanStep
+    from tether.agent.run.confirm import plan_text
     from tether.cli.common import ExitCode, fail_remote
     from tether.client.rest import RemoteError
 

@@ -13,7 +13,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from tether.agent.task import Task
+from tether.agent.run.task import Task
 from tether.cli.common import progress_line
 from tether.cli.views.safe_text import visible
 from tether.cli.views.spinner import Spinner

@@ -79,7 +79,7 @@ MIGRATIONS: list[str | dict[str, str]] = [
     );
     CREATE INDEX pairing_status ON pairing (status, expires_at);
     """,
-    # which plans of the tasks an API token creates wait for a person's confirmation (tether.agent.confirm)
+    # which plans of the tasks an API token creates wait for a person's confirmation (tether.agent.run.confirm)
     """
     ALTER TABLE tokens ADD COLUMN confirm TEXT NOT NULL DEFAULT 'never';
     """,

@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
-from tether.agent.plan import PlanStep
-from tether.agent.recovery import OPTION_CANCEL, OPTION_RETRY, OPTION_SKIP
-from tether.agent.steps import short
-from tether.agent.task import Question, StepRecord, Task, TaskState
+from tether.agent.planning.plan import PlanStep
+from tether.agent.run.recovery import OPTION_CANCEL, OPTION_RETRY, OPTION_SKIP
+from tether.agent.run.steps import short
+from tether.agent.run.task import Question, StepRecord, Task, TaskState
 from tether.protocol.models import Command, Result
 
 Settled = Literal["wait", "run"]

@@ -14,7 +14,7 @@ import json
 import re
 from typing import Any
 
-from tether.agent.task import StepRecord, Task
+from tether.agent.run.task import StepRecord, Task
 
 TEXT_CHARS = 1500  # per string value
 LIST_ITEMS = 40  # per list

@@ -9,7 +9,7 @@ happens, so a server that dies loses at most the streamed output of the step tha
 After a restart (`start`), or when it takes over a task whose server stopped, each unfinished task is
 settled, never forgotten: a step that was in flight is first asked about on its device (its record of
 finished calls), and the task resumed from that outcome; it is held with a question for the person only
-when the command may or may not have run and the device cannot say (see `tether.agent.restart`).
+when the command may or may not have run and the device cannot say (see `tether.agent.tasks.restart`).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from tether.agent.executor import TaskRunner
-from tether.agent.llm import LLMClient
-from tether.agent.ownership import TaskLeases, keep_leases, node_id
-from tether.agent.peers import TaskPeers
-from tether.agent.plan import Plan, PlanStep
-from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
-from tether.agent.restart import SEQ_JUMP, InFlight, in_flight_step, settle_after_restart
-from tether.agent.steps import discover_tools
-from tether.agent.task import Budgets, Task, TaskEvent, TaskState
-from tether.agent.task_error import TaskError
-from tether.agent.task_store import SaveSoon, TaskStore
+from tether.agent.llm.chat import LLMClient
+from tether.agent.planning.plan import Plan, PlanStep
+from tether.agent.run.executor import TaskRunner
+from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
+from tether.agent.run.steps import discover_tools
+from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
+from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.ownership import TaskLeases, keep_leases, node_id
+from tether.agent.tasks.peers import TaskPeers
+from tether.agent.tasks.restart import SEQ_JUMP, InFlight, in_flight_step, settle_after_restart
+from tether.agent.tasks.store import SaveSoon, TaskStore
 from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import OUTCOME_FINISHED, OUTCOME_RUNNING, CallOutcome, CallRef, Event
@@ -94,7 +94,7 @@ class _HubDevice(BasicCommandDispatcher):
         return await self._inner.execute_commands(commands, timeout=timeout)
 
     async def fan_out(self, command: Command, requires: DeviceRequirements, timeout: float) -> dict[str, Any]:
-        """A step `on: all` (agent/steps.py): the command on every matching device through the hub, each
+        """A step `on: all` (agent/run/steps.py): the command on every matching device through the hub, each
         device's outcome a `fanout_device` event of the step as it arrives."""
         unsaved = self.before_send()
         if unsaved is not None:
@@ -127,10 +127,10 @@ class TaskService:
         self._answers: dict[str, str] = {}
         self._mcp_questions: dict[str, dict[str, Any]] = {}  # task id → an MCP server's open question
         self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
-        self._peers: TaskPeers | None = None  # the other nodes of a cluster (agent/peers.py)
+        self._peers: TaskPeers | None = None  # the other nodes of a cluster (agent/tasks/peers.py)
         self._saver = SaveSoon(store)
         self._closing = False
-        self._leases: TaskLeases | None = None  # made at start: which node runs each task (agent/ownership.py)
+        self._leases: TaskLeases | None = None  # made at start: which node runs each task (agent/tasks/ownership.py)
         self._keeper: asyncio.Task[None] | None = None
         self._given_up: set[str] = set()  # tasks another server took over while they ran here
         self._asking: dict[str, asyncio.Task[None]] = {}  # tasks whose step in flight is being asked about
@@ -230,7 +230,7 @@ class TaskService:
                 logger.warning("could not release the lease of task %s: %s", task_id, exc)
 
     def _resume_after_restart(self, task: Task) -> None:
-        """Settle a task its server left unfinished (`tether.agent.restart`). When a step was in flight, its
+        """Settle a task its server left unfinished (`tether.agent.tasks.restart`). When a step was in flight, its
         device is asked first (in the background: the task is held here meanwhile, its lease kept)."""
         flight = in_flight_step(task)
         if flight is None:

@@ -19,10 +19,10 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.agent.answers import APPROVAL_KINDS, says_no
-from tether.agent.plan import Plan, PlanStep
-from tether.agent.service import TaskError, TaskService
-from tether.agent.task import Task, TaskEvent
+from tether.agent.planning.plan import Plan, PlanStep
+from tether.agent.run.replies import APPROVAL_KINDS, says_no
+from tether.agent.run.task import Task, TaskEvent
+from tether.agent.tasks.service import TaskError, TaskService
 from tether.protocol.profile import DeviceRequirements
 from tether.server.approvals import how_a_person_approves
 from tether.server.http.api import ERROR_RESPONSES, require, require_approver

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from tether.agent.task import StepRecord
+from tether.agent.run.task import StepRecord
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, Result, ResultStatus, ToolInfo
 from tether.protocol.profile import DeviceRequirements

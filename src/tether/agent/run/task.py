@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tether.agent.plan import Plan, PlanStep
+from tether.agent.planning.plan import Plan, PlanStep
 from tether.errors import AgentError
 from tether.protocol.models import Command, Result
 
@@ -193,7 +193,7 @@ class Task(BaseModel):
         return self.record("state", {"from": previous.value, "to": target.value, **data})
 
     def record(self, kind: str, data: dict[str, Any] | None = None, *, seq: int | None = None) -> TaskEvent:
-        """Append an event; `seq` only ever grows (a restart may move it on, see `tether.agent.restart`)."""
+        """Append an event; `seq` only ever grows (a restart may move it on, see `tether.agent.tasks.restart`)."""
         following = self.events[-1].seq + 1 if self.events else 0
         event = TaskEvent(seq=following if seq is None else max(seq, following), kind=kind, data=data or {})
         self.events.append(event)

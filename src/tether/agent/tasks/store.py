@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tether.agent.task import TERMINAL_STATES, Task, TaskEvent, TaskState
+from tether.agent.run.task import TERMINAL_STATES, Task, TaskEvent, TaskState
 from tether.server.store import StoreUnavailable
 from tether.server.store.tasks import TaskTable
 

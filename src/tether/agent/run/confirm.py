@@ -18,7 +18,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
-from tether.agent.plan import OBSERVE, PlanStep, find_tool
+from tether.agent.planning.plan import OBSERVE, PlanStep, find_tool
 from tether.protocol.models import ToolInfo
 
 ConfirmMode = Literal["never", "destructive", "always"]

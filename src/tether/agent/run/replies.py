@@ -11,7 +11,7 @@ from tether.errors import AgentError
 
 APPROVE_WORDS = frozenset({"approve", "approved", "yes", "y"})
 DENY_WORDS = frozenset({"deny", "denied", "no", "n"})
-# the question kinds only a person answers yes to: an action to approve, a plan to confirm (agent/confirm.py)
+# the question kinds only a person answers yes to: an action to approve, a plan to confirm (agent/run/confirm.py)
 APPROVAL_KINDS = ("approval", "confirmation")
 
 
@@ -36,7 +36,7 @@ def parse_answer(reply: str, options: list[str], kind: str = "question") -> str:
     """The answer to pass on: an approval's yes/no as its approve/deny option, an option's number as
     given (the task matches it), free words as they are. `AnswerError` for an empty answer or an
     option number out of range."""
-    from tether.agent.recovery import OPTION_APPROVE, OPTION_DENY  # recovery imports the LLM client: slow
+    from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY  # recovery imports the LLM client: slow
 
     text = reply.strip()
     if not text:

@@ -21,13 +21,15 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.agent.answer import format_answer
-from tether.agent.confirm import CONFIRMATION
-from tether.agent.llm import LLMClient, LLMError, how_to_configure
-from tether.agent.observe import step_results
-from tether.agent.plan import OBSERVE, Plan, validate_plan
-from tether.agent.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
-from tether.agent.recovery import (
+from tether.agent.llm.chat import LLMClient, LLMError, how_to_configure
+from tether.agent.planning.plan import OBSERVE, Plan, validate_plan
+from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
+from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
+from tether.agent.planning.refs import RefError, has_refs, resolve
+from tether.agent.run.answer import format_answer
+from tether.agent.run.confirm import CONFIRMATION
+from tether.agent.run.observe import step_results
+from tether.agent.run.recovery import (
     OPTION_APPROVE,
     OPTION_CANCEL,
     OPTION_DENY,
@@ -42,11 +44,9 @@ from tether.agent.recovery import (
     recover,
     tool_for,
 )
-from tether.agent.refs import ERROR_CODE as REF_ERROR_CODE
-from tether.agent.refs import RefError, has_refs, resolve
-from tether.agent.rounds import Rounds, _PlanFailed
-from tether.agent.steps import fan_out_step, history_row, match_option, short
-from tether.agent.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
+from tether.agent.run.rounds import Rounds, _PlanFailed
+from tether.agent.run.steps import fan_out_step, history_row, match_option, short
+from tether.agent.run.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
 from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, Result, ToolInfo

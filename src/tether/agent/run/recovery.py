@@ -23,11 +23,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from tether.agent.llm import LLMClient, LLMError, Message
-from tether.agent.plan import PlanStep, check_args, find_tool
-from tether.agent.planner import compact_schema
-from tether.agent.refs import ERROR_CODE as REF_ERROR_CODE
-from tether.agent.task import Budgets
+from tether.agent.llm.chat import LLMClient, LLMError, Message
+from tether.agent.planning.plan import PlanStep, check_args, find_tool
+from tether.agent.planning.planner import compact_schema
+from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
+from tether.agent.run.task import Budgets
 from tether.errors import AgentError
 from tether.protocol.models import Result, ToolInfo
 

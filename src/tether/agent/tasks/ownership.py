@@ -26,10 +26,10 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tether.agent.task import TERMINAL_STATES, TaskState
+from tether.agent.run.task import TERMINAL_STATES, TaskState
 
 if TYPE_CHECKING:
-    from tether.agent.task_store import TaskStore
+    from tether.agent.tasks.store import TaskStore
 
 logger = logging.getLogger(__name__)
 

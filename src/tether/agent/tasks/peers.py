@@ -1,6 +1,6 @@
 """`TaskPeers`: a node's tasks as the other nodes of a cluster see and steer them.
 
-Each task runs on one node, the one holding its lease (`tether.agent.ownership`). Two things must
+Each task runs on one node, the one holding its lease (`tether.agent.tasks.ownership`). Two things must
 still work from every node:
 - following it: the node running it relays each event (and, once it saved the task, its end) over
   the cluster's relay; the other nodes feed their own followers of that task, whose streams began
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from tether.agent.task import Task, TaskEvent
-from tether.agent.task_error import TaskError
+from tether.agent.run.task import Task, TaskEvent
+from tether.agent.tasks.errors import TaskError
 
 if TYPE_CHECKING:
     from tether.server.ports import RemoteDevices
@@ -24,7 +24,7 @@ STEER_TIMEOUT_S = 30.0  # an answer or cancel forwarded to the node running the 
 
 
 class LocalTasks(Protocol):
-    """What the peers need of this node's task service (`tether.agent.service.TaskService` is one)."""
+    """What the peers need of this node's task service (`tether.agent.tasks.service.TaskService` is one)."""
 
     def is_running_here(self, task_id: str) -> bool: ...
 

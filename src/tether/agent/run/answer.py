@@ -10,10 +10,10 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tether.agent.llm import LLMClient, LLMError
+from tether.agent.llm.chat import LLMClient, LLMError
 
 if TYPE_CHECKING:
-    from tether.agent.task import StepRecord, Task
+    from tether.agent.run.task import StepRecord, Task
 
 RESULT_CHARS = 400
 

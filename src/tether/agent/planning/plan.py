@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from tether.agent.refs import iter_refs, ref_problems
+from tether.agent.planning.refs import iter_refs, ref_problems
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceRequirements

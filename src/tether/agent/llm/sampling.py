@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from tether.agent.llm import LLMClient
+from tether.agent.llm.chat import LLMClient
 
 logger = logging.getLogger(__name__)
 

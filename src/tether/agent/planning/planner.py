@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tether.agent.llm import LLMClient, LLMReply, Message
-from tether.agent.plan import OBSERVE, PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
+from tether.agent.llm.chat import LLMClient, LLMReply, Message
+from tether.agent.planning.plan import OBSERVE, PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile

@@ -352,7 +352,7 @@ class LLMClient:
         if mode == "json_object":
             return {"messages": instructed, "response_format": {"type": "json_object"}}
         if mode == "grammar":
-            from tether.agent.llm_grammar import schema_to_gbnf
+            from tether.agent.llm.grammar import schema_to_gbnf
 
             return {"messages": instructed, "extra_body": {"grammar": schema_to_gbnf(json_schema)}}
         if mode == "tools":

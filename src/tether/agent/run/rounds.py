@@ -11,7 +11,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.agent.confirm import (
+from tether.agent.llm.chat import LLMError, how_to_configure
+from tether.agent.planning.plan import Plan, validate_plan
+from tether.agent.planning.planner import PlanningError, plan_request
+from tether.agent.run.confirm import (
     CONFIRMATION,
     OPTION_RUN,
     confirmation_answer,
@@ -19,13 +22,10 @@ from tether.agent.confirm import (
     plan_digest,
     plan_text,
 )
-from tether.agent.confirm import OPTION_CANCEL as CONFIRM_CANCEL
-from tether.agent.llm import LLMError, how_to_configure
-from tether.agent.observe import observation_context
-from tether.agent.plan import Plan, validate_plan
-from tether.agent.planner import PlanningError, plan_request
-from tether.agent.recovery import AskUser
-from tether.agent.task import Question, Task, TaskState
+from tether.agent.run.confirm import OPTION_CANCEL as CONFIRM_CANCEL
+from tether.agent.run.observe import observation_context
+from tether.agent.run.recovery import AskUser
+from tether.agent.run.task import Question, Task, TaskState
 from tether.errors import AgentError
 
 CONFIRM_TRIES = 5  # answers that are neither run nor cancel before a confirmation gives up
