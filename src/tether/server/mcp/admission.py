@@ -13,7 +13,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from tether.server.http.request_guard import send_error
-from tether.server.mcp.fleet import BadFilter, DeviceFilter
+from tether.server.mcp.listing import BadFilter, DeviceFilter
 from tether.server.mcp.resource_metadata import challenge
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo

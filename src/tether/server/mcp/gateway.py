@@ -48,7 +48,7 @@ from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
-from tether.server.mcp.fleet import (
+from tether.server.mcp.listing import (
     LIST_DEVICES_INPUT,
     LIST_DEVICES_OUTPUT,
     DeviceFilter,

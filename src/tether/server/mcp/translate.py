@@ -9,7 +9,7 @@ from typing import Any
 import mcp_types as types
 
 from tether.server.mcp.contributed import GatewayTool
-from tether.server.mcp.fleet import DeviceTool, tool_annotations
+from tether.server.mcp.listing import DeviceTool, tool_annotations
 from tether.server.mcp.tool_call import Reply
 
 

@@ -20,7 +20,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from tether.server.mcp.fleet import DeviceFilter, FleetIndex
+from tether.server.mcp.listing import DeviceFilter, FleetIndex
 from tether.server.store import Store
 
 logger = logging.getLogger(__name__)
