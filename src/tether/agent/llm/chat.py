@@ -219,7 +219,7 @@ def _with_schema_instruction(messages: list[Message], json_schema: dict[str, Any
     return [{"role": "system", "content": note}, *out]
 
 
-class _Refused(Exception):
+class _Refused(AgentError):
     """The server refused the output mode of this call (the next mode may work)."""
 
     def __init__(self, error: BaseException) -> None:

@@ -34,6 +34,7 @@ from tether.cli.common import (
 )
 from tether.cli.root_guard import AllowRootOpt, guard_root
 from tether.cli.views.task import EventView, print_log, print_outcome
+from tether.errors import ClientError
 
 LocalOpt = Annotated[bool, typer.Option("--local", help="this machine, even when TETHER_SERVER is set")]
 
@@ -126,7 +127,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     raise typer.Exit(code)
 
 
-class _UnknownSkills(Exception):
+class _UnknownSkills(ClientError):
     """A plan names skills the device does not have (`problems`: validate_plan's words for each)."""
 
     def __init__(self, problems: list[str]) -> None:

@@ -15,6 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from tether.errors import ServerError
 from tether.protocol.identity import fingerprint
 from tether.server.aip.hub import DeviceHub
 from tether.server.http.api import ERROR_RESPONSES, in_scope, require, require_fleet
@@ -37,7 +38,7 @@ class DeviceChange(BaseModel):
         None, max_length=32, description="the device's tags from now on, in place of those it reports")
 
 
-class DeviceChangeRefused(Exception):
+class DeviceChangeRefused(ServerError):
     """A change the server will not make; `status` is its HTTP status (404, 409)."""
 
     def __init__(self, status: int, message: str) -> None:
