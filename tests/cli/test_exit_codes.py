@@ -14,7 +14,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -125,9 +124,17 @@ def test_ctrl_c_is_130() -> None:
         proc = subprocess.Popen([*CLI, "tasks"], env={**ENV, "TETHER_SERVER": f"http://127.0.0.1:{silent.getsockname()[1]}",
                                                       "TETHER_TOKEN": "x"},
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        time.sleep(2.0)  # the interpreter up and the request sent
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
+        silent.settimeout(120)
+        conn, _ = silent.accept()  # the CLI is up and connected: wait for its whole request, then interrupt it
+        with conn:
+            conn.settimeout(120)
+            request = b""
+            while b"\r\n\r\n" not in request:
+                chunk = conn.recv(65536)
+                assert chunk, "the CLI closed the connection before sending its request"
+                request += chunk
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
     finally:
         silent.close()
     assert proc.returncode == INTERRUPTED == 130, err
