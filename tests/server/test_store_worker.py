@@ -118,11 +118,9 @@ def test_postgres_rows_written_after_their_callers_gave_up_say_they_were_not_sen
             problem = await asyncio.wait_for(store.audit.sent_grouped([row("c9", "r9")]), 10)
             assert problem is not None and "did not answer within 0.2s" in problem, problem
             await asyncio.to_thread(locker.rollback)
-            for _ in range(200):  # the late write, then the outcome it queued, settle on the worker
-                rows = await asyncio.to_thread(store.audit.rows)
-                if rows and rows[0]["status"] != "sent":
-                    break
-                await asyncio.sleep(0.02)
+            async with asyncio.timeout(120):  # the late write, then the outcome it queued, settle on the worker
+                while not ((rows := await asyncio.to_thread(store.audit.rows)) and rows[0]["status"] != "sent"):
+                    await asyncio.sleep(0.02)
 
         asyncio.run(scenario())
         locker.close()
