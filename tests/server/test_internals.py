@@ -47,8 +47,6 @@ def test_pyproject_pins_the_same_range(package: str) -> None:
 
 @pytest.mark.parametrize("target", sorted(internals.PRIVATE_NAMES))
 def test_every_private_name_exists(target: str) -> None:
-    if target.startswith("uvicorn.protocols.http.httptools_impl"):
-        pytest.importorskip("httptools")
     owner = _resolve(target)
     assert owner is not None, f"{target} is None"
     missing = [name for name in internals.PRIVATE_NAMES[target] if not hasattr(owner, name)]
