@@ -416,12 +416,14 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
                        policy_summary: str = DEFAULT_POLICY_SUMMARY, history: Sequence[Any] = (),
                        recovery_context: str | None = None, stream: bool = False,
                        on_token: Callable[[str], None] | None = None,
-                       earlier: Sequence[ToolInfo | None] = (), allow_empty: bool = False) -> PlanResult:
+                       earlier: Sequence[ToolInfo | None] = (), allow_empty: bool = False,
+                       check: Callable[[Plan], list[str]] | None = None) -> PlanResult:
     """Ask the LLM for a plan, validate it, re-ask once with its problems; `PlanningError` if still bad.
 
     When the plan continues one partly run, `earlier` holds the tools of the steps kept before it (so
     references to them are checked and numbers count on); `allow_empty` accepts "nothing left to do"
-    (after an observation). `LLMError` (the LLM unreachable or failing) propagates unchanged.
+    (after an observation). `LLMError` (the LLM unreachable or failing) propagates unchanged. `check`,
+    when given, replaces the plan check (a graph's live edit checks the new part against the whole graph).
     """
     views = {name: as_device_view(value) for name, value in devices.items()}
     tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
@@ -443,8 +445,8 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
         except PlanError as exc:
             problems = [str(exc)]
         else:
-            problems = validate_plan(plan, tools, allow_empty=allow_empty, first=len(earlier),
-                                     earlier=list(earlier))
+            problems = (check(plan) if check is not None else
+                        validate_plan(plan, tools, allow_empty=allow_empty, first=len(earlier), earlier=list(earlier)))
             if not problems:
                 return PlanResult(plan=plan, llm_calls=calls, prompt_tokens=prompt_tokens, attempts=attempt,
                                   raw=raw, completion_tokens=completion_tokens, first_problems=first_problems)

@@ -85,6 +85,7 @@ class Budgets(BaseModel):
     total_steps: int = Field(50, ge=1, description="commands sent for the whole task, retries included")
     wall_time_s: float = Field(600.0, gt=0, description="working time; waiting for a person is not counted")
     observe_rounds_per_task: int = Field(8, ge=0, description="times a plan may stop at `observe` to plan on")
+    parallel_steps: int = Field(4, ge=1, description="a graph plan's steps running at once (one per device)")
 
 
 class TaskEvent(BaseModel):
@@ -165,6 +166,10 @@ class Task(BaseModel):
                                                       "before they run")
     plan: Plan | None = None
     cursor: int = 0
+    step_states: list[str] = Field(default_factory=list, description=(
+        "a graph plan: each step's state by index (pending, running, done, failed, skipped, replaced, removed)"))
+    step_devices: dict[str, str] = Field(default_factory=dict, description=(
+        "a graph plan: the device chosen for each step that named requires instead of a device, by index"))
     state: TaskState = TaskState.CREATED
     steps: list[StepRecord] = Field(default_factory=list)
     questions: list[Question] = Field(default_factory=list)

@@ -28,6 +28,7 @@ from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.run.steps import discover_tools
 from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.graph_restart import choose_device, settle_graph
 from tether.agent.tasks.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.tasks.peers import TaskPeers
 from tether.agent.tasks.restart import SEQ_JUMP, InFlight, in_flight_step, settle_after_restart
@@ -232,6 +233,12 @@ class TaskService:
     def _resume_after_restart(self, task: Task) -> None:
         """Settle a task its server left unfinished (`tether.agent.tasks.restart`). When a step was in flight, its
         device is asked first (in the background: the task is held here meanwhile, its lease kept)."""
+        if task.step_states and task.state is TaskState.RUNNING:  # a graph: every branch's step in flight
+            self._live[task.id] = task
+            job = asyncio.create_task(self._settle_graph(task), name=f"task {task.id} outcomes")
+            self._asking[task.id] = job
+            job.add_done_callback(lambda _: self._asking.pop(task.id, None))
+            return
         flight = in_flight_step(task)
         if flight is None:
             self._settled(task, settle_after_restart(task))
@@ -277,6 +284,14 @@ class TaskService:
         self._settled(task, settle_after_restart(task, known=known, unknown_why=why))
         for event in [e for e in task.events if e.seq > seen]:  # what the settling said, to followers here
             self._on_event(task, event)
+
+    async def _settle_graph(self, task: Task) -> None:
+        seen = task.events[-1].seq if task.events else -1
+        await settle_graph(task, self._step_outcome)
+        if task.id in self._live and not self._closing and not task.state.terminal:
+            self._settled(task, "run")
+            for event in [e for e in task.events if e.seq > seen]:
+                self._on_event(task, event)
 
     async def _step_outcome(self, task: Task, device: str, flight: InFlight) -> CallOutcome:
         """The device's outcome of the step in flight: after waiting up to `device_wait` for the device to
@@ -450,7 +465,8 @@ class TaskService:
         runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
                             on_event=lambda event: self._on_event(task, event), budgets=self.budgets,
                             command_timeout=self.command_timeout, default_device=task.device or "device",
-                            stream_planning=True)  # planning_progress events: followers show the token count
+                            stream_planning=True,  # planning_progress events: followers show the token count
+                            choose=lambda req: choose_device(self, task, req))
         job = asyncio.create_task(self._drive(task, runner), name=f"task {task.id}")
         self._runners[task.id] = (runner, job)
 
