@@ -124,4 +124,4 @@ def test_a_restarted_server_goes_on_without_re_running_finished_steps(fleet: tup
     assert {lab: runs.counts()[lab] for lab in ("r1", "r2", "r3")} == {"r1": 1, "r2": 1, "r3": 1}
     assert task["step_states"] == ["done", "failed", "done"]
     assert [e for e in kinds(task, "server_restarted") if e.get("graph")]
-    assert [e for e in kinds(task, "step_finished") if e.get("from_device")][0]["step"] == 1
+    assert next(e for e in kinds(task, "step_finished") if e.get("from_device"))["step"] == 1
