@@ -212,6 +212,7 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, all
     validators: dict[int, Any] = {}
     devices = sorted(name for name in tools if name is not None)
     ran: list[ToolInfo | None] = list(earlier or [None] * first)
+    ids = {name: number + first for name, number in step_ids(plan.steps).items()}
     observe_at: set[int] = set()
     if not plan.steps and not allow_empty:
         problems.append("the plan has no steps")
@@ -228,7 +229,8 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, all
             observe_at.add(index)
             ran.append(None)
             continue
-        problems.extend(f"{label}: bad reference at {p}" for p in ref_problems(step.args, index, ran, observe_at))
+        problems.extend(f"{label}: bad reference at {p}"
+                        for p in ref_problems(step.args, index, ran, observe_at, ids=ids))
         if step.on == "all" or step.requires is not None:
             # the fleet's devices are not among the task's: each device checks the call itself
             if step.on != "all":

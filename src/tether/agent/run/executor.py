@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from tether.agent.llm.chat import LLMClient, LLMError, how_to_configure
-from tether.agent.planning.graph import is_graph
+from tether.agent.planning.graph import is_graph, step_ids
 from tether.agent.planning.plan import OBSERVE, Plan, validate_plan
 from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
 from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
@@ -209,7 +209,7 @@ class TaskRunner(Rounds):
         params = dict(step.args)
         if has_refs(step.args):
             try:
-                params = resolve(step.args, step_results(task))
+                params = resolve(step.args, step_results(task), ids=step_ids(task.plan.steps))
             except RefError as exc:
                 unresolved = str(exc)
         command = Command(tool_name=step.skill, parameters=params, approved_by=approved, approval_digest=digest)
