@@ -107,3 +107,27 @@ async def test_observe_re_plans_its_branch_and_a_cyclic_edit_is_refused(device: 
     assert (work / "c1.txt").read_text() == "c1" and sibling.read_text() == "side"
     order = [e.data["step"] for e in events if e.kind == "step_finished"]
     assert order.index(4) > order.index(2) and order[-1] == 3
+
+
+def test_the_gateway_s_run_task_takes_graphs_under_a_schema_without_top_level_combinators() -> None:
+    from tether.agent.tasks.mcp_tools import _run_input
+
+    schema = _run_input()
+    assert not {"anyOf", "oneOf", "allOf"} & set(schema)
+    step = schema["$defs"]["PlanStep"]["properties"]
+    assert {"id", "needs", "when", "requires"} <= set(step)
+
+
+def test_tether_log_draws_a_graph_in_80_columns() -> None:
+    from tether.agent.planning.plan import Plan
+    from tether.agent.run.graph_view import draw, graph_of
+
+    plan = plan_from_data([echo("gather_from_a_very_long_name", [], device="b"), echo("b", []),
+                           echo("sum", ["gather_from_a_very_long_name", "b"],
+                                when={"ref": "steps.b.result.text", "matches": "x" * 150})])
+    task = Task(request="r", plan=Plan(steps=plan.steps), step_states=["done", "running", "pending"])
+    lines = draw(task)
+    assert all(len(line) <= 80 for line in lines) and lines[0] == "graph: 3 steps, up to 2 at once"
+    assert lines[2].startswith(" 0 ├─[+]  1 gather_from_a_very_long_name echo @b") and "[>]  2 b" in lines[3]
+    assert lines[4].startswith(" 1 └─[ ]  3 sum") and lines[4].endswith("…")
+    assert graph_of(Task(request="r", plan=Plan(steps=plan_from_data([echo("a")]).steps))) is None

@@ -10,13 +10,14 @@ devices while neither can end yet; nothing here sleeps.
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from tests.kits.chaos import WAIT, ChaosCluster, Runs
-from tests.kits.netutil import wait_for
+from tests.kits.netutil import CLI, wait_for
 
 NAMES = ("alpha", "beta", "gamma")
 
@@ -78,6 +79,13 @@ def test_branches_overlap_and_conditions_pick_the_edges(fleet: tuple[ChaosCluste
         {"p1": 1, "p2": 1, "join": 1, "yes": 1, "no": 0, "onfail": 0, "last": 1}
     devices = {r["index"]: r["step"]["device"] for r in task["steps"]}
     assert devices == {0: "alpha", 1: "beta", 2: "gamma", 3: "alpha", 6: "gamma"}
+    assert task["graph"]["width"] == 3 and [n["stage"] for n in task["graph"]["nodes"]] == [0, 0, 1, 2, 2, 2, 3]
+    log = subprocess.run([*CLI, "log", task["id"], "--server", cluster.url], capture_output=True, text=True,
+                         env={**cluster.env, "TETHER_TOKEN": cluster.api_token}, timeout=WAIT, check=True).stdout
+    drawn = log[log.index("graph: 7 steps, up to 3 at once"):].splitlines()[:9]
+    assert all(len(line) <= 80 for line in drawn), drawn
+    assert drawn[4].strip().startswith("1 └─[+]  3 join") and "<- p1, p2" in drawn[4]
+    assert "[-]  5 no" in drawn[6] and "(if steps.join.result.stdout)" in drawn[6] and "[+]  7 last" in drawn[8]
 
 
 def test_a_branch_fails_and_recovers_while_its_sibling_runs(fleet: tuple[ChaosCluster, Runs]) -> None:
