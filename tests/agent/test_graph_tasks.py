@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.kits.chaos import WAIT, ChaosCluster, Runs
+from tests.kits.chaos import WAIT, ChaosCluster, Runs, pids_running
 from tests.kits.netutil import CLI, wait_for
 
 NAMES = ("alpha", "beta", "gamma")
@@ -109,6 +109,28 @@ def test_a_branch_fails_and_recovers_while_its_sibling_runs(fleet: tuple[ChaosCl
     assert target.read_text() == "hello"
     order = [(e["kind"], e["data"].get("step")) for e in task["events"]]
     assert order.index(("patched", 1)) < order.index(("step_finished", 0))  # recovered before the sibling ended
+
+
+def test_a_device_is_chosen_by_requires_and_cancel_stops_every_branch(fleet: tuple[ChaosCluster, Runs]) -> None:
+    cluster, runs = fleet
+    plan = [{**runs.step("ch1", gated=True), "id": "ch1", "needs": [], "requires": {"name": "gamma",
+                                                                                   "tools": ["shell.run"]}},
+            step(runs, "ch2", "beta", [], gated=True),
+            step(runs, "ch3", "alpha", ["ch1", "ch2"])]
+    created = cluster.remote.create_task("choose a device, then cancel", plan=plan, device="alpha")
+    tid = created["id"]
+    runs.wait_started("ch1")
+    runs.wait_started("ch2")
+    task = cluster.remote.task(tid)
+    [chosen] = kinds(task, "device_chosen")
+    assert chosen["step"] == 0 and chosen["device"] == "gamma" and "shell.run" in chosen["why"]
+    assert next(e for e in kinds(task, "step_started") if e["step"] == 0)["device"] == "gamma"
+    cluster.remote.cancel(tid)
+    task = ended(cluster, tid)
+    assert task["state"] == "cancelled"
+    for label in ("ch1", "ch2"):  # both running branches were stopped on their devices
+        wait_for(lambda label=label: not pids_running(runs.script, label), f"{label} stopped", WAIT)
+    assert runs.counts()["ch3"] == 0 and task["step_states"][2] == "pending"
 
 
 def test_a_restarted_server_goes_on_without_re_running_finished_steps(fleet: tuple[ChaosCluster, Runs]) -> None:

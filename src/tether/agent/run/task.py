@@ -219,6 +219,12 @@ class Task(BaseModel):
         names = [r.step.device or self.device for r in self.steps]
         return list(dict.fromkeys(n for n in names if n))
 
+    def devices_undo_order(self) -> list[str]:
+        """The devices this task's commands were sent to, the one used last first: the order an undo puts
+        their changes back in (the reverse of the order they were made)."""
+        names = [r.step.device or self.device for r in sorted(self.steps, key=lambda r: r.finished_at)]
+        return list(dict.fromkeys(n for n in reversed(names) if n))
+
     def summary(self) -> dict[str, Any]:
         """The short form lists show: no events, no step records."""
         pending = self.pending_question

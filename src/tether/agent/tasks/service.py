@@ -715,12 +715,13 @@ class TaskService:
     # -- undo -----------------------------------------------------------------------------------------------
 
     async def undo(self, task_id: str, requested_by: str) -> dict[str, Any]:
-        """Put back the files the task changed, on every device its commands ran on."""
+        """Put back the files the task changed, on every device its commands ran on, the device that changed
+        something last first (a graph's branches ran on several devices at once)."""
         task = self.get(task_id)
         if task.id in self._runners:
             raise TaskError(409, f"task {task.id} is still running; cancel it first")
         report: dict[str, Any] = {}
-        for name in task.devices_used():
+        for name in task.devices_undo_order():
             dispatcher = self.hub.dispatcher(name, session_id=task.id,
                                              requested_by=f"undo:{task.id[:12]} by {requested_by}")
             command = Command(tool_name="undo_session", parameters={"session_id": task.id},
