@@ -131,3 +131,31 @@ def test_tether_log_draws_a_graph_in_80_columns() -> None:
     assert lines[2].startswith(" 0 ├─[+]  1 gather_from_a_very_long_name echo @b") and "[>]  2 b" in lines[3]
     assert lines[4].startswith(" 1 └─[ ]  3 sum") and lines[4].endswith("…")
     assert graph_of(Task(request="r", plan=Plan(steps=plan_from_data([echo("a")]).steps))) is None
+
+
+async def test_a_failing_branch_is_re_planned_while_its_sibling_goes_on(device: LocalDevice,  # noqa: F811
+                                                                        work: Path) -> None:  # noqa: F811
+    (work / "real.txt").write_text("the real one")
+    plan = {"steps": [{"id": "read", "skill": "read_file", "args": {"file_path": str(work / "missing.txt")},
+                       "needs": []},
+                      {"id": "side", "skill": "write_file", "device": "other", "needs": [],
+                       "args": {"file_path": str(work / "side.txt"), "content": "side"}},
+                      {"id": "save", "skill": "write_file", "needs": ["read", "side"],
+                       "args": {"file_path": str(work / "copy.txt"),
+                                "content": {"$ref": "steps.read.result.content"}}}]}
+    decision = {"decision": "REPLAN", "suggestion": "read real.txt instead"}
+    part = {"steps": [{"id": "read", "skill": "read_file", "args": {"file_path": str(work / "real.txt")},
+                       "needs": None}]}
+    events: list[TaskEvent] = []
+    async with FakeLLM([reply(plan), reply(decision), reply(part), "copied"]) as fake, \
+            LLMClient(fake.settings()) as llm:
+        runner = await make_runner(device, llm, Asker(), events)
+        runner.tools["other"] = runner.tools[None]
+        task = await runner.run(Task(request="copy the file"))
+    assert task.state is TaskState.DONE, task.error
+    assert task.step_states == ["replaced", "done", "done", "done"]  # save read the new step by the old id
+    assert task.plan is not None and task.plan.steps[2].needs == ["2", "read"] and task.plan.steps[3].id == "read"
+    assert (work / "copy.txt").read_text() == "the real one" and (work / "side.txt").read_text() == "side"
+    [edit] = [e.data for e in events if e.kind == "edit"]
+    assert edit["source"] == "replan" and edit["replace"] == "1" and edit["rewire"] == {"1": ["read"]}
+    assert "The plan is a graph" in fake.requests[2]["messages"][-1]["content"]

@@ -8,7 +8,8 @@ every reason (`EditRefused`). Steps are never renumbered: a removed step stays i
 `replacement` builds the edit a branch's re-plan makes: a part of new steps replaces one step (a
 failed one, or an `observe` point). In the part, a step without `needs` follows the step before it,
 the first one the replaced step's needs; a new step with the id of a step that has not started
-replaces that step; and every step that has not started and needed the replaced one needs the part's
+replaces that step (and a new step may take the id of the replaced step itself, so references to it read
+the new one); and every step that has not started and needed the replaced one needs the part's
 last steps (its sinks) instead.
 """
 
@@ -26,6 +27,8 @@ from tether.protocol.models import ToolInfo
 
 PENDING = "pending"
 REMOVED = "removed"
+REPLACED = "replaced"
+GONE = frozenset({REMOVED, REPLACED})  # no longer part of the graph (kept in the list: numbers stay put)
 
 
 class EditRefused(AgentError, ValueError):
@@ -47,11 +50,14 @@ class GraphEdit(BaseModel):
     add_needs: dict[str, list[str]] = Field(default_factory=dict)
     rewire: dict[str, list[str]] = Field(default_factory=dict, description=(
         "a step (id or number) → the steps that take its place in the needs of every step not started"))
+    replace: str | None = Field(default=None, description=(
+        "a step that ran (its number) that leaves the graph, `replaced`: its id passes to a new step that takes "
+        "it, so references to it read the new step"))
 
     def summary(self) -> dict[str, Any]:
         """What the task's log shows of the edit."""
         return {"add": [s.model_dump(mode="json", exclude_defaults=True) for s in self.add],
-                "remove": self.remove, "add_needs": self.add_needs, "rewire": self.rewire}
+                "remove": self.remove, "add_needs": self.add_needs, "rewire": self.rewire, "replace": self.replace}
 
 
 def apply_edit(plan: Plan, states: Sequence[str], edit: GraphEdit,
@@ -59,9 +65,17 @@ def apply_edit(plan: Plan, states: Sequence[str], edit: GraphEdit,
     """(the new plan, the new step states) after `edit`, or `EditRefused` with every reason."""
     steps = list(plan.steps)
     new_states = list(states) + [PENDING] * (len(steps) - len(states))
-    dropped = {i for i, s in enumerate(new_states) if s == REMOVED}
-    ids = step_ids(steps, dropped)
+    dropped = {i for i, s in enumerate(new_states) if s in GONE}
     problems: list[str] = []
+    replaced: int | None = None
+    if edit.replace is not None:
+        replaced = need_index(edit.replace, step_ids(steps, dropped), len(steps))
+        if replaced is None or replaced in dropped or new_states[replaced] == PENDING:
+            problems.append(f"replace {edit.replace!r}: only a step that ran can be replaced")
+        else:
+            new_states[replaced] = REPLACED
+            dropped.add(replaced)
+    ids = step_ids(steps, dropped)
 
     def pending(name: str, what: str) -> int | None:
         index = need_index(name, ids, len(steps))
@@ -79,13 +93,13 @@ def apply_edit(plan: Plan, states: Sequence[str], edit: GraphEdit,
         if index is not None:
             new_states[index] = REMOVED
             dropped.add(index)
-    deps = dependencies(steps, dropped)
+    deps = dependencies(steps, dropped - {replaced} if edit.replace is not None and replaced is not None else dropped)
     for name, more in edit.add_needs.items():
         index = pending(name, "add_needs to")
         if index is not None:
             steps[index] = steps[index].model_copy(update={"needs": [*(str(d + 1) for d in deps[index]), *more]})
     for name, instead in edit.rewire.items():
-        old = need_index(name, ids, len(steps))
+        old = int(name) - 1 if name.isdigit() and 0 < int(name) <= len(steps) else need_index(name, ids, len(steps))
         if old is None:
             problems.append(f"rewire {name!r}: no such step")
             continue
@@ -104,9 +118,11 @@ def apply_edit(plan: Plan, states: Sequence[str], edit: GraphEdit,
     return candidate, new_states
 
 
-def replacement(plan: Plan, states: Sequence[str], index: int, part: Sequence[PlanStep]) -> GraphEdit:
-    """The edit that replaces step `index` (from 0) by `part` (see the module docstring)."""
-    dropped = {i for i, s in enumerate(states) if s == REMOVED}
+def replacement(plan: Plan, states: Sequence[str], index: int, part: Sequence[PlanStep], *,
+                replace: bool = True) -> GraphEdit:
+    """The edit that replaces step `index` (from 0) by `part` (see the module docstring); `replace` False
+    keeps the step in the graph (an observation point, which ended)."""
+    dropped = {i for i, s in enumerate(states) if s in GONE}
     deps = dependencies(plan.steps, dropped)
     first = len(plan.steps)
     ids = step_ids(plan.steps, dropped)
@@ -122,4 +138,5 @@ def replacement(plan: Plan, states: Sequence[str], index: int, part: Sequence[Pl
     sinks = [s.id or str(first + k + 1) for k, s in enumerate(added)
              if (s.id or str(first + k + 1)) not in needed and str(first + k + 1) not in needed]
     instead = sinks if added else [str(d + 1) for d in deps[index]]
-    return GraphEdit(add=added, remove=remove, rewire={str(index + 1): instead})
+    return GraphEdit(add=added, remove=remove, rewire={str(index + 1): instead},
+                     replace=str(index + 1) if replace else None)

@@ -28,7 +28,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tether.agent.llm.chat import LLMError
-from tether.agent.planning.edits import REMOVED, EditRefused, apply_edit, replacement
+from tether.agent.planning.edits import GONE, REMOVED, EditRefused, apply_edit, replacement
 from tether.agent.planning.graph import ancestors, dependants, dependencies, label, step_ids
 from tether.agent.planning.plan import OBSERVE, Plan
 from tether.agent.planning.planner import PlanningError, plan_request
@@ -95,7 +95,7 @@ class GraphRun:
         return states
 
     def _dropped(self) -> set[int]:
-        return {i for i, s in enumerate(self.states) if s == REMOVED}
+        return {i for i, s in enumerate(self.states) if s in GONE}
 
     def _deps(self) -> list[list[int]]:
         return dependencies(self.plan.steps, self._dropped())
@@ -438,7 +438,7 @@ class GraphRun:
         deps = self._deps()
         lines = ["The plan is a graph; its steps now (number, id, state, needs):"]
         for i, step in enumerate(self.plan.steps):
-            if self.states[i] == REMOVED:
+            if self.states[i] in GONE:
                 continue
             needs = ", ".join(self.plan.steps[d].id or str(d + 1) for d in deps[i]) or "-"
             device = self._device(i) or self.runner.default_device
@@ -496,7 +496,7 @@ class GraphRun:
                                         **({"observing": True} if observing else {})})
 
         def check(part: Plan) -> list[str]:
-            edit = replacement(self.plan, self.states, index, part.steps)
+            edit = replacement(self.plan, self.states, index, part.steps, replace=not observing)
             try:
                 apply_edit(self.plan, self.states, edit, runner.tools)
             except EditRefused as exc:
@@ -511,7 +511,7 @@ class GraphRun:
         except (PlanningError, LLMError) as exc:
             raise _EditFailed(str(exc)) from None
         part = [runner._own_device(s) for s in planned.plan.steps]
-        edit = replacement(self.plan, self.states, index, part)
+        edit = replacement(self.plan, self.states, index, part, replace=not observing)
         try:
             new_plan, new_states = apply_edit(self.plan, self.states, edit, runner.tools)
         except EditRefused as exc:  # the graph moved on while the LLM answered

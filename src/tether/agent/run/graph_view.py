@@ -19,7 +19,7 @@ def graph_of(task: Task) -> dict[str, Any] | None:
     if task.plan is None or not is_graph(task.plan.steps):
         return None
     states = task.step_states + ["pending"] * (len(task.plan.steps) - len(task.step_states))
-    dropped = {i for i, s in enumerate(states) if s == "removed"}
+    dropped = {i for i, s in enumerate(states) if s in ("removed", "replaced")}
     deps = dependencies(task.plan.steps, dropped)
     stage: dict[int, int] = {}
 
@@ -36,7 +36,7 @@ def graph_of(task: Task) -> dict[str, Any] | None:
                       "when": when, "stage": depth(index)})
     counts: dict[int, int] = {}
     for node in nodes:
-        if node["state"] != "removed":
+        if node["state"] not in ("removed", "replaced"):
             counts[node["stage"]] = counts.get(node["stage"], 0) + 1
     return {"nodes": nodes, "width": max(counts.values(), default=0)}
 
