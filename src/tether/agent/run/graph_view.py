@@ -32,7 +32,7 @@ def graph_of(task: Task) -> dict[str, Any] | None:
     for index, step in enumerate(task.plan.steps):
         when = step.when if isinstance(step.when, str) else step.when.model_dump(exclude_defaults=True)
         nodes.append({"step": index, "id": step.id, "skill": step.skill, "state": states[index],
-                      "device": step.device or task.step_devices.get(str(index)), "needs": deps[index],
+                      "device": step.device or task.step_devices.get(str(index)) or task.device, "needs": deps[index],
                       "when": when, "stage": depth(index)})
     counts: dict[int, int] = {}
     for node in nodes:
