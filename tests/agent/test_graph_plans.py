@@ -159,3 +159,21 @@ async def test_a_failing_branch_is_re_planned_while_its_sibling_goes_on(device: 
     [edit] = [e.data for e in events if e.kind == "edit"]
     assert edit["source"] == "replan" and edit["replace"] == "1" and edit["rewire"] == {"1": ["read"]}
     assert "The plan is a graph" in fake.requests[2]["messages"][-1]["content"]
+
+
+def test_undo_visits_the_device_changed_last_first() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from tether.agent.planning.plan import PlanStep
+    from tether.agent.run.task import StepRecord
+    from tether.protocol.models import Command, Result
+
+    base = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def ran(device: str | None, second: int) -> StepRecord:
+        return StepRecord(index=0, step=PlanStep(skill="x", device=device), command=Command(tool_name="x"),
+                          result=Result.failure("x"), finished_at=base + timedelta(seconds=second))
+
+    task = Task(request="r", device="home", steps=[ran("a", 1), ran(None, 4), ran("b", 3), ran("a", 2)])
+    assert task.devices_used() == ["a", "home", "b"]  # first use, in record order
+    assert task.devices_undo_order() == ["home", "b", "a"]  # the last change first
