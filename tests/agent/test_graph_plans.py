@@ -170,8 +170,8 @@ def test_undo_visits_the_device_changed_last_first() -> None:
 
     base = datetime(2026, 1, 1, tzinfo=UTC)
 
-    def ran(device: str | None, second: int) -> StepRecord:
-        return StepRecord(index=0, step=PlanStep(skill="x", device=device), command=Command(tool_name="x"),
+    def ran(on: str | None, second: int) -> StepRecord:
+        return StepRecord(index=0, step=PlanStep(skill="x", device=on), command=Command(tool_name="x"),
                           result=Result.failure("x"), finished_at=base + timedelta(seconds=second))
 
     task = Task(request="r", device="home", steps=[ran("a", 1), ran(None, 4), ran("b", 3), ran("a", 2)])
