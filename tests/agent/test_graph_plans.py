@@ -120,7 +120,7 @@ def test_the_gateway_s_run_task_takes_graphs_under_a_schema_without_top_level_co
 
 def test_tether_log_draws_a_graph_in_80_columns() -> None:
     from tether.agent.planning.plan import Plan
-    from tether.agent.run.graph_view import draw, graph_of
+    from tether.agent.run.graph.view import draw, graph_of
 
     plan = plan_from_data([echo("gather_from_a_very_long_name", [], device="b"), echo("b", []),
                            echo("sum", ["gather_from_a_very_long_name", "b"],

@@ -29,7 +29,7 @@ from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.planning.refs import RefError, has_refs, resolve
 from tether.agent.run.answer import format_answer
 from tether.agent.run.confirm import CONFIRMATION
-from tether.agent.run.graph_run import Chooser, GraphRun
+from tether.agent.run.graph import Chooser, GraphRun
 from tether.agent.run.observe import step_results
 from tether.agent.run.recovery import (
     OPTION_APPROVE,

@@ -14,7 +14,7 @@ from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.agent.run.graph_run import RESTART_UNKNOWN, RUNNING
+from tether.agent.run.graph import RESTART_UNKNOWN, RUNNING
 from tether.agent.run.steps import short
 from tether.agent.run.task import StepRecord, Task
 from tether.agent.tasks.restart import SEQ_JUMP, InFlight

@@ -20,7 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.agent.planning.plan import Plan, PlanStep
-from tether.agent.run.graph_view import graph_of
+from tether.agent.run.graph.view import graph_of
 from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.service import TaskError, TaskService

@@ -141,7 +141,7 @@ def print_log(out: Console, task: Task) -> None:
             out.print(f"  {i}. {_e(step.skill)} {_e(step.args)}" + (f" — {_e(step.description)}" if step.description
                                                                      else "")
                       + (f" [dim](on {_e(step.device)})[/dim]" if step.device else ""))
-    from tether.agent.run.graph_view import draw
+    from tether.agent.run.graph.view import draw
 
     for line in draw(task):
         out.print(line, markup=False, highlight=False)
