@@ -43,9 +43,20 @@ def in_flight_steps(task: Task) -> list[InFlight]:
     return flights
 
 
-async def settle_graph(task: Task, ask: Ask) -> None:
-    """Record what each step in flight came to (see the module docstring); `ask(task, device, flight)` is the
-    service's outcome query (it waits while the device reports the call still running)."""
+async def settle_graph(service: Any, task: Task) -> None:
+    """Record what each step in flight came to (see the module docstring), then run the task on, unless it was
+    cancelled, taken over or the server closes meanwhile. `service`: the `TaskService` (its outcome query, which
+    waits while a device reports the call still running, and its bookkeeping)."""
+    seen = task.events[-1].seq if task.events else -1
+    await record_outcomes(task, service._step_outcome)
+    if task.id in service._live and not service._closing and not task.state.terminal:
+        service._settled(task, "run")
+        for event in [e for e in task.events if e.seq > seen]:  # what the settling said, to followers here
+            service._on_event(task, event)
+
+
+async def record_outcomes(task: Task, ask: Ask) -> None:
+    """Record what each step in flight came to; `ask(task, device, flight)` is the device's outcome."""
     last = task.events[-1].seq if task.events else -1
     task.record("server_restarted", {"state": task.state.value, "graph": True, "lost_after": last},
                 seq=(last // SEQ_JUMP + 1) * SEQ_JUMP)

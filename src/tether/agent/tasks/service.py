@@ -233,18 +233,14 @@ class TaskService:
     def _resume_after_restart(self, task: Task) -> None:
         """Settle a task its server left unfinished (`tether.agent.tasks.restart`). When a step was in flight, its
         device is asked first (in the background: the task is held here meanwhile, its lease kept)."""
-        if task.step_states and task.state is TaskState.RUNNING:  # a graph: every branch's step in flight
-            self._live[task.id] = task
-            job = asyncio.create_task(self._settle_graph(task), name=f"task {task.id} outcomes")
-            self._asking[task.id] = job
-            job.add_done_callback(lambda _: self._asking.pop(task.id, None))
-            return
-        flight = in_flight_step(task)
-        if flight is None:
+        graph = bool(task.step_states) and task.state is TaskState.RUNNING  # every branch's step in flight
+        flight = None if graph else in_flight_step(task)
+        if flight is None and not graph:
             self._settled(task, settle_after_restart(task))
             return
         self._live[task.id] = task
-        job = asyncio.create_task(self._ask_device_first(task, flight), name=f"task {task.id} outcome")
+        job = asyncio.create_task(settle_graph(self, task) if flight is None else self._ask_device_first(task, flight),
+                                  name=f"task {task.id} outcome")
         self._asking[task.id] = job
         job.add_done_callback(lambda _: self._asking.pop(task.id, None))
 
@@ -284,14 +280,6 @@ class TaskService:
         self._settled(task, settle_after_restart(task, known=known, unknown_why=why))
         for event in [e for e in task.events if e.seq > seen]:  # what the settling said, to followers here
             self._on_event(task, event)
-
-    async def _settle_graph(self, task: Task) -> None:
-        seen = task.events[-1].seq if task.events else -1
-        await settle_graph(task, self._step_outcome)
-        if task.id in self._live and not self._closing and not task.state.terminal:
-            self._settled(task, "run")
-            for event in [e for e in task.events if e.seq > seen]:
-                self._on_event(task, event)
 
     async def _step_outcome(self, task: Task, device: str, flight: InFlight) -> CallOutcome:
         """The device's outcome of the step in flight: after waiting up to `device_wait` for the device to
