@@ -10,7 +10,10 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass
+from typing import Any
 
+from tether.tools.desktop.a11y.bus import A11yBus
+from tether.tools.desktop.frames import FrameStore, crop, describe, difference
 from tether.tools.desktop.keys import Button
 from tether.tools.desktop.ocr import OcrEngine, TextElement
 from tether.tools.desktop.screen import Capture, grab
@@ -33,9 +36,11 @@ class UiTree:
 class Desktop:
     """Everything one desktop tool set owns (see the module docstring of `tether.tools.desktop.tool`)."""
 
-    def __init__(self, display: str, ocr: OcrEngine | None = None) -> None:
+    def __init__(self, display: str, ocr: OcrEngine | None = None, session_bus: str | None = None) -> None:
         self.x11 = X11(display)
         self.ocr = ocr or OcrEngine()
+        self.a11y = A11yBus(session_bus, display, self.x11.env)
+        self.frames = FrameStore()
         self.tree: UiTree | None = None
         self._trees = 0
         self.input_lock = asyncio.Lock()
@@ -49,6 +54,30 @@ class Desktop:
         elements = await asyncio.to_thread(self.ocr.recognize, capture, id_prefix)
         t2 = time.perf_counter()
         return capture, elements, {"screenshot": (t1 - t0) * 1e3, "ocr": (t2 - t1) * 1e3}
+
+    async def check_frame(self, frame_id: str | None, point: tuple[int, int] | None = None) -> dict[str, Any]:
+        """Before an action: compare the screen with frame `frame_id` (the screenshot the action is based
+        on). Returns how it was checked; a ToolError describing the change when the screen changed, or
+        when the frame is unknown. Without a frame id nothing is checked, and the answer says so."""
+        if frame_id is None:
+            return {"checked": False, "note": "no frame named: the action was not checked against a screenshot "
+                                              "(pass `frame` to have it refused when the screen has changed)"}
+        frame = self.frames.get(frame_id)
+        if frame is None:
+            raise ToolError(f"unknown frame {frame_id!r} (this desktop keeps {self.frames.ids() or 'none'}); take a "
+                            "new screenshot and act on its frame", {"stale": True, "frame": frame_id})
+        now = await grab(self.x11, frame.capture.region)
+        change = await asyncio.to_thread(difference, frame.capture, now)
+        if change is None:
+            return {"checked": True, "frame": frame_id, "unchanged": True}
+        before = after = None
+        try:
+            before, after = [" ".join(e.text for e in await asyncio.to_thread(self.ocr.recognize, crop(c, change.box)))
+                             for c in (frame.capture, now)]
+        except ToolError:  # no OCR engine here: the box and counts still say what changed
+            pass
+        message, details = describe(change, frame, point, before, after)
+        raise ToolError(message, details)
 
     def new_tree_number(self) -> int:
         """Numbered when the tree is started, so its ids are known before the OCR pass ends."""

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -145,15 +146,17 @@ def _write_new(ctx: ToolContext, path: str, data: bytes) -> Path:
     return target
 
 
-def screenshot_tool(x11: X11) -> ToolFunction:
-    """The `screenshot` tool bound to one display."""
+def screenshot_tool(x11: X11, remember: Callable[[Capture], str] | None = None) -> ToolFunction:
+    """The `screenshot` tool bound to one display; with `remember` (a `FrameStore.add`), every screenshot
+    is remembered and its answer carries the frame id that actions may name."""
 
     @tool(tool_type="data_collection")
     async def screenshot(ctx: ToolContext, region: Region | None = None, activeWindow: bool = False,
                          path: str | None = None,
                          scale: Annotated[float, Field(gt=0, le=4)] = 1.0) -> dict[str, Any]:
         """Capture the screen, a region of it or the active window as PNG: base64 `data`, or written to
-        a new file at `path` (inside the allowed roots). Sizes before and after `scale` are reported."""
+        a new file at `path` (inside the allowed roots). Sizes before and after `scale` are reported;
+        `frame` names this picture for actions (`click(..., frame=...)` is refused if the screen changed)."""
         if region is not None and activeWindow:
             raise ToolError("give either 'region' or 'activeWindow', not both")
         screen = await x11.screen_size()
@@ -174,6 +177,8 @@ def screenshot_tool(x11: X11) -> ToolFunction:
         }
         if window is not None:
             result["window"] = window.as_dict()
+        if remember is not None:
+            result["frame"] = remember(capture)
         if path is None:
             result["data"] = base64.b64encode(data).decode("ascii")
         else:
