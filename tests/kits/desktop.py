@@ -25,6 +25,8 @@ from typing import Any
 import pytest
 
 GUI_APP = Path(__file__).resolve().parents[2] / "bench" / "kit" / "gui_app.py"
+GTK_APP = Path(__file__).resolve().parents[2] / "bench" / "kit" / "gtk_app.py"
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with python3-gi and gir1.2-gtk-3.0 (the venv's cannot import gi)
 TITLE = "Tether Test App"
 SCREEN = (1280, 800)
 APT = {"Xvfb": "apt-get install xvfb", "xdotool": "apt-get install xdotool", "xdpyinfo": "apt-get install x11-utils",
@@ -40,6 +42,48 @@ def require_programs() -> None:
             __import__(module)
         except ImportError:
             pytest.fail(f"Python module {module} is missing; install it with: pip install -e '.[desktop]'")
+
+
+def require_a11y() -> None:
+    """The accessibility tests' programs: a D-Bus daemon, at-spi2-core, and GTK 3 for the system Python."""
+    if shutil.which("dbus-daemon") is None:
+        pytest.fail("dbus-daemon is not installed; install it with: apt-get install dbus")
+    if not Path("/usr/libexec/at-spi-bus-launcher").exists():
+        pytest.fail("at-spi2-core is not installed; install it with: apt-get install at-spi2-core")
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import gi; gi.require_version('Gtk', '3.0')"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.fail(f"GTK 3 for {SYSTEM_PYTHON} is missing ({probe.stderr.strip().splitlines()[-1:]}); install "
+                    "it with: apt-get install python3-gi gir1.2-gtk-3.0")
+
+
+@contextmanager
+def running_session_bus(display: str, runtime_dir: Path) -> Iterator[str]:
+    """A private D-Bus session bus (its address): org.a11y.Bus on it starts a private accessibility bus.
+
+    The bus launcher is started by this daemon on first use and inherits its environment: `DISPLAY` (it
+    publishes the bus on that display's root window) and `XDG_RUNTIME_DIR` (a private folder, so its
+    socket is not shared with anything else on the machine). It exits when this session bus goes away.
+    """
+    runtime_dir.mkdir(mode=0o700, exist_ok=True)
+    env = {**os.environ, "DISPLAY": display, "XDG_RUNTIME_DIR": str(runtime_dir)}
+    env.pop("AT_SPI_BUS_ADDRESS", None)
+    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        address = proc.stdout.readline().decode().strip() if ready else ""
+        if not address:
+            pytest.fail(f"dbus-daemon gave no address within 20 s (exit code {proc.poll()})")
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @contextmanager
@@ -171,6 +215,17 @@ class GuiApp:
             exited = "" if self.proc.poll() is None else f"; the program exited with {self.proc.returncode}"
             pytest.fail(f"timed out after {timeout:g}s waiting for event {kind} {fields or ''} "
                         f"(log: {self.events()}){exited}")
+
+
+    async def wait_count(self, kind: str, n: int, timeout: float = 15.0) -> dict[str, Any]:
+        """The `n`th event of `kind` (1-based), waited for (for a program that serves several tests)."""
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self.events(kind)) < n:
+                    await self.log.readable()
+                return self.events(kind)[n - 1]
+        except TimeoutError:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {kind} event #{n} (log: {self.events()})")
 
 
 class WindowGone:

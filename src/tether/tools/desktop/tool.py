@@ -217,7 +217,7 @@ def desktop_tools(desk: Desktop) -> list[ToolFunction]:
                         app: str | None = None, replace: bool = False,
                         frame: str | None = None) -> dict[str, Any]:
         """Type `text` literally (no special tokens; see ui.typeText). With an element (`control_id`, or
-        `role`/`name`), editable accessible text gets it through AT-SPI at its caret (`replace`: instead of
+        `role`/`name`), editable accessible text gets it through AT-SPI at its end (`replace`: instead of
         its content) and the answer carries the text read back; another element is focused (AT-SPI, or
         clicked when from OCR) and typed into with the keyboard. Without one, the keyboard types into
         whatever has the focus. `via` says which; `frame` as for click."""

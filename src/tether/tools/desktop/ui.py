@@ -87,17 +87,34 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
                              confidence: Annotated[float, Field(ge=0, le=1)] = 0.8,
                              button: Button = "left",
                              timeoutMs: Annotated[int, Field(ge=0, le=120_000)] = 5000,
+                             via: Literal["auto", "accessibility", "ocr"] = "auto",
+                             role: str | None = None,
                              ) -> dict[str, Any]:
-        """Find `label` on screen by OCR (fuzzy, score ≥ `confidence`) and click its centre; with `app`,
-        only inside the window whose title or class contains it (brought forward first). Retries until
-        `timeoutMs`; when nothing matches it fails listing the closest candidates and their scores."""
+        """Find `label` and click it: first among the accessible elements' names of the active window (or
+        of `app`), pressed through their AT-SPI action (`role` narrows them); where no element matches or
+        the application exposes no tree, on screen by OCR (fuzzy, score ≥ `confidence`), clicked at its
+        centre; with `app`, only inside the window whose title or class contains it (brought forward
+        first). `via` forces one way; the answer's `via` says which was used. Retries until `timeoutMs`;
+        when nothing matches it fails listing the closest candidates and their scores."""
         if not normalize(label):
             raise ToolError("label is empty")
         started = time.perf_counter()
         deadline = time.monotonic() + timeoutMs / 1000
         attempts = 0
+        a11y_seen: dict[str, Any] = {}
         while True:
             attempts += 1
+            if via != "ocr":
+                pressed = await _find_accessible(desk, label, app, role, confidence, button, a11y_seen)
+                if pressed is not None:
+                    return {**pressed, "label": label, "attempts": attempts,
+                            "elapsed_ms": round((time.perf_counter() - started) * 1e3, 1)}
+                if via == "accessibility":
+                    if time.monotonic() >= deadline:
+                        raise ToolError(f"no accessible element matching {label!r} with score >= {confidence} "
+                                        f"after {attempts} attempt(s): {a11y_seen.get('why')}", a11y_seen)
+                    await asyncio.sleep(min(FIND_POLL_S, max(0.0, deadline - time.monotonic())))
+                    continue
             try:
                 window = await desk.app_window(app) if app else None
             except ToolError:  # the app's window is not there (yet): keep looking until the deadline
@@ -120,7 +137,8 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
                 timings["click"] = (time.perf_counter() - t0) * 1e3
                 if window is None or not _contains(window, x, y):  # report the window that was clicked
                     window = await _window_at_pointer(desk)
-                return {"clicked": {**best.as_dict(), "center": {"x": x, "y": y}}, "label": label,
+                return {"via": "ocr", "why_not_accessibility": a11y_seen.get("why"),
+                        "clicked": {**best.as_dict(), "center": {"x": x, "y": y}}, "label": label,
                         "score": round(best.score, 3), "button": button,
                         "window_title": window.title if window else None,
                         "window": window.as_dict() if window else None, "attempts": attempts,
@@ -197,6 +215,50 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
             await asyncio.sleep(max(0.0, min(poll_start + pollIntervalMs / 1000, deadline) - now))
 
     return [find_and_click, type_text_tokens, wait_for]
+
+
+async def _find_accessible(desk: Desktop, label: str, app: str | None, role: str | None, confidence: float,
+                           button: Button, seen: dict[str, Any]) -> dict[str, Any] | None:
+    """One accessibility attempt of ui.findAndClick: press the best-named element, or None (and `seen`
+    says why: no bus, no tree for this window, or the closest names)."""
+    from tether.tools.desktop.a11y.act import by_role_and_name, do_action, rank_by_name
+    from tether.tools.desktop.a11y.bus import A11yError
+    from tether.tools.desktop.a11y.view import window_tree
+
+    t0 = time.perf_counter()
+    try:
+        async with desk.a11y.session() as s:
+            got = await window_tree(desk, s, app)
+            if got is None:
+                seen["why"] = f"no accessible application matches {app or 'the active window'}"
+                return None
+            application, window, _how, elements, _cut = got
+            pool = by_role_and_name(elements, role, None) if role else elements
+            ranked = rank_by_name(label, pool)
+            if not ranked or ranked[0][0] < confidence:
+                seen["why"] = f"no element of {window.name!r} is named like {label!r}"
+                seen["candidates"] = [{"id": e.id, "role": e.role, "name": e.name, "score": round(sc, 3)}
+                                      for sc, e in ranked[:CANDIDATES]]
+                return None
+            score, el = ranked[0]
+            t1 = time.perf_counter()
+            result = {"score": round(score, 3), "button": button, "element": el.as_dict(), "window_title": window.name,
+                      "application": application.name}
+            if button == "left" and el.actions:
+                action = await do_action(s, el, None)
+                timings = {"tree": (t1 - t0) * 1e3, "action": (time.perf_counter() - t1) * 1e3}
+                return {"via": "accessibility", "action": action, **result,
+                        "timings_ms": {k: round(v, 1) for k, v in timings.items()}}
+    except A11yError as exc:
+        seen["why"] = str(exc)
+        return None
+    if el.center is None:
+        seen["why"] = f"{el.id} has no action and no position on screen"
+        return None
+    x, y = el.center
+    await desk.click_at(x, y, button)
+    return {"via": "coordinates", "why": "no accessible action" if not el.actions else f"{button} is a pointer click",
+            **result, "x": x, "y": y}
 
 
 def _make_check(desk: Desktop, condition: Condition, value: str, active_window: bool) -> Any:

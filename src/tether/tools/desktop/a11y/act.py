@@ -113,16 +113,15 @@ async def read_text(s: Session, el: Element) -> str:
 
 
 async def write_text(s: Session, el: Element, text: str, replace: bool) -> str:
-    """Insert `text` at the caret (or replace the whole content) through EditableText; the text after."""
+    """Append `text` to the element's text (or replace the whole content) through EditableText; the text
+    after. The end, not the caret: where a caret sits in a field that has no focus is not what a caller sees."""
     if not el.has(EDITABLE_TEXT) or "editable" not in el.states:
         raise A11yError(f"{el.id} ({el.role} {el.name!r}) is not editable text")
     if replace:
         (done,) = await s.call(el.ref, EDITABLE_TEXT, "SetTextContents", "s", (text,))
     else:
-        caret = int(await s.prop(el.ref, TEXT, "CaretOffset"))
-        if caret < 0:
-            caret = int(await s.prop(el.ref, TEXT, "CharacterCount"))
-        (done,) = await s.call(el.ref, EDITABLE_TEXT, "InsertText", "isi", (caret, text, len(text)))
+        end = int(await s.prop(el.ref, TEXT, "CharacterCount"))
+        (done,) = await s.call(el.ref, EDITABLE_TEXT, "InsertText", "isi", (end, text, len(text)))
     if not done:
         raise A11yError(f"{el.id} ({el.role} {el.name!r}) refused the text")
     return await read_text(s, el)
