@@ -14,6 +14,7 @@ import os
 import select
 import shutil
 import subprocess
+import tempfile
 import time
 import weakref
 from collections.abc import Iterator
@@ -84,6 +85,51 @@ def running_session_bus(display: str, runtime_dir: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def running_sway() -> Iterator[dict[str, str]]:
+    """A headless sway (WLR_BACKENDS=headless, pixman rendering, no input devices) and the environment
+    its clients need. Sway refuses to run as root, so under root it runs as `nobody`, in a runtime folder
+    of its own directly under the temp dir (pytest's are closed to other users). Ready is said by sway
+    itself: its config's `exec` writes to a FIFO read here; its exit is seen through a pidfd."""
+    if shutil.which("sway") is None:
+        pytest.fail("sway is not installed; install it with: apt-get install sway")
+    runtime_dir = Path(tempfile.mkdtemp(prefix="tether-sway-"))
+    fifo = runtime_dir / "ready"
+    os.mkfifo(fifo)
+    config = runtime_dir / "config"
+    config.write_text(f"output HEADLESS-1 resolution 1280x800\nexec sh -c 'echo up > {fifo}'\n")
+    as_nobody: list[str] = []
+    if os.geteuid() == 0:
+        for path in (runtime_dir, fifo, config):
+            os.chown(path, 65534, 65534)
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(runtime_dir),
+           "XDG_RUNTIME_DIR": str(runtime_dir), "WLR_BACKENDS": "headless", "WLR_RENDERER": "pixman",
+           "WLR_LIBINPUT_NO_DEVICES": "1"}
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    with open(runtime_dir / "sway.log", "wb") as log:
+        proc = subprocess.Popen([*as_nobody, "sway", "-c", str(config)], env=env, cwd=runtime_dir,
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    exited = os.pidfd_open(proc.pid)
+    try:
+        ready, _, _ = select.select([reader, exited], [], [], 20)
+        if reader not in ready or not os.read(reader, 16):
+            pytest.fail(f"sway did not start within 20 s: {(runtime_dir / 'sway.log').read_text(errors='replace')}")
+        sock = next(p.name for p in runtime_dir.iterdir() if p.name.startswith("sway-ipc"))
+        yield {"XDG_RUNTIME_DIR": str(runtime_dir), "WAYLAND_DISPLAY": "wayland-1",
+               "SWAYSOCK": str(runtime_dir / sock)}
+    finally:
+        os.close(reader)
+        os.close(exited)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 @contextmanager

@@ -102,6 +102,12 @@ def display_problem(display: str | None, *, probe: bool = True) -> str | None:
     resets after its last client left (Xvfb without -noreset does that between programs).
     """
     if not display:
+        if probe and os.environ.get("WAYLAND_DISPLAY"):
+            from tether.tools.desktop.wayland import probe_wayland, wayland_refusal
+
+            session = probe_wayland()
+            if session is not None:
+                return wayland_refusal(session)
         return NO_DISPLAY_HINT
     if shutil.which("xdotool") is None:
         return XDOTOOL_HINT
