@@ -25,6 +25,7 @@ from tests.kits.desktop import (
     require_programs,
     running_session_bus,
     running_xvfb,
+    xdo,
 )
 from tests.kits.results import failed, ok
 from tether.tools.context import ToolContext
@@ -88,8 +89,11 @@ def by_name(tree: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {e["name"]: e for e in tree["elements"] if e["name"]}
 
 
-async def test_the_tree_lists_the_controls_with_stable_ids(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
+async def test_the_tree_lists_the_controls_with_stable_ids(desktop: ToolSet, ctx: ToolContext, app: GuiApp,
+                                                          session: tuple[str, str, Path]) -> None:
+    xdo(session[0], "mousemove", "300", "300")  # no window manager: the active window is the one under the pointer
     tree = ok(await desktop.call("get_ui_tree", {}, ctx))
+    assert tree["matched_by"] == "the active X11 window (pid and title)", tree["matched_by"]
     assert tree["source"] == "accessibility" and tree["window_title"] == TITLE, tree
     assert tree["application"]["pid"] == app.proc.pid and tree["frame"].startswith("f")
     named = by_name(tree)
