@@ -80,8 +80,10 @@ def by_role_and_name(elements: list[Element], role: str | None, name: str | None
 
 
 def rank_by_name(label: str, elements: list[Element]) -> list[tuple[float, Element]]:
-    """Named elements scored against `label` (ocr.match_score), best first; actionable ones win ties."""
-    scored = [(match_score(label, e.name)[0], e) for e in elements if e.name and "showing" in e.states]
+    """Named elements scored against `label` (ocr.match_score), best first; actionable ones win ties.
+    Top-level windows are left out: their name is a title, not something to click."""
+    scored = [(match_score(label, e.name)[0], e) for e in elements
+              if e.name and "showing" in e.states and e.role not in ("frame", "window", "application")]
     scored.sort(key=lambda p: (-p[0], not actionable(p[1]), p[1].depth))
     return scored
 
