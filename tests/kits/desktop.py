@@ -59,7 +59,7 @@ def require_a11y() -> None:
 
 
 @contextmanager
-def running_session_bus(display: str, runtime_dir: Path) -> Iterator[str]:
+def running_session_bus(display: str | None, runtime_dir: Path) -> Iterator[str]:
     """A private D-Bus session bus (its address): org.a11y.Bus on it starts a private accessibility bus.
 
     The bus launcher is started by this daemon on first use and inherits its environment: `DISPLAY` (it
@@ -67,8 +67,11 @@ def running_session_bus(display: str, runtime_dir: Path) -> Iterator[str]:
     socket is not shared with anything else on the machine). It exits when this session bus goes away.
     """
     runtime_dir.mkdir(mode=0o700, exist_ok=True)
-    env = {**os.environ, "DISPLAY": display, "XDG_RUNTIME_DIR": str(runtime_dir)}
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir)}
     env.pop("AT_SPI_BUS_ADDRESS", None)
+    env.pop("DISPLAY", None)
+    if display is not None:  # None: a Wayland session, no X display at all
+        env["DISPLAY"] = display
     proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert proc.stdout is not None

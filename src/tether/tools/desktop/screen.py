@@ -102,10 +102,14 @@ def grab_sync(display: str, region: dict[str, int] | None) -> Capture:
     return Capture(x=area["left"], y=area["top"], width=shot.width, height=shot.height, bgra=bytes(shot.bgra))
 
 
-async def grab(x11: X11, region: dict[str, int] | None = None) -> Capture:
-    """Grab the screen or a region of it (clipped to the screen) without blocking the event loop."""
+async def grab(x11: X11 | Any, region: dict[str, int] | None = None) -> Capture:
+    """Grab the screen or a region of it (clipped to the screen) without blocking the event loop: with
+    mss on an X display, or with the display's own `grab_sync` (sway: grim)."""
     if region is not None:
         region = clip(region, await x11.screen_size())
+    own = getattr(x11, "grab_sync", None)
+    if own is not None:
+        return await asyncio.to_thread(own, region)
     return await asyncio.to_thread(grab_sync, x11.display, region)
 
 
@@ -146,7 +150,7 @@ def _write_new(ctx: ToolContext, path: str, data: bytes) -> Path:
     return target
 
 
-def screenshot_tool(x11: X11, remember: Callable[[Capture], str] | None = None) -> ToolFunction:
+def screenshot_tool(x11: X11 | Any, remember: Callable[[Capture], str] | None = None) -> ToolFunction:
     """The `screenshot` tool bound to one display; with `remember` (a `FrameStore.add`), every screenshot
     is remembered and its answer carries the frame id that actions may name."""
 

@@ -35,12 +35,11 @@ from tether.tools.desktop.desk import Desktop, UiTree
 from tether.tools.desktop.keys import Button, TokenError, normalize_key
 from tether.tools.desktop.ocr import OcrEngine, TextElement, rank
 from tether.tools.desktop.screen import screenshot_tool
-from tether.tools.desktop.x11 import Window, desktop_problem
+from tether.tools.desktop.x11 import Window, desktop_problem, module_problem
 from tether.tools.errors import ToolError
 from tether.tools.optional import MissingDependency
 from tether.tools.runtime import ToolFunction, ToolSet, tool
 
-_SCROLL = {"up": "4", "down": "5", "left": "6", "right": "7"}
 _ID = re.compile(r"t(\d+)_(\d+)")
 Source = Literal["auto", "accessibility", "ocr"]
 NAME_CONFIDENCE = 0.8
@@ -116,13 +115,13 @@ def desktop_tools(desk: Desktop) -> list[ToolFunction]:
             window = await desk.app_window(app)
             region: dict[str, int] | None = window.region
         else:
-            window = await desk.x11.active_window()
+            window = await desk.wm.active_window()
             region = window.region if activeWindow and window is not None else None
         number = desk.new_tree_number()
         capture, elements, timings = await desk.read_screen(region, f"t{number}_")
         elements = [e for e in elements if e.confidence >= minConfidence]
         tree = desk.remember(number, elements, window)
-        width, height = await desk.x11.screen_size()
+        width, height = await desk.wm.screen_size()
         out = {"source": "ocr", "tree": tree.number, "frame": desk.frames.add(capture),
                "window_title": window.title if window else None,
                "window": window.as_dict() if window else None, "elements": [e.as_dict() for e in elements],
@@ -201,14 +200,10 @@ def desktop_tools(desk: Desktop) -> list[ToolFunction]:
         """Scroll with the mouse wheel, `amount` notches, at (x, y) if given, else where the pointer is."""
         if (x is None) != (y is None):
             raise ToolError("give both x and y, or neither")
-        args: list[str] = []
         if x is not None and y is not None:
             await desk.check_point(x, y)
-            args += ["mousemove", str(x), str(y)]
         checked = await desk.check_frame(frame, (x, y) if x is not None and y is not None else None)
-        args += ["click", "--repeat", str(amount), "--delay", "20", _SCROLL[direction]]
-        async with desk.input_lock:
-            await desk.x11.xdotool(*args)
+        await desk.scroll(direction, amount, x, y)
         return {"direction": direction, "amount": amount, "x": x, "y": y, "frame_check": checked}
 
     @tool(tool_type="action", timeout=300)
@@ -253,7 +248,7 @@ def desktop_tools(desk: Desktop) -> list[ToolFunction]:
             checked = await desk.check_frame(frame)
         async with desk.input_lock:
             if replace:
-                await desk.x11.xdotool("key", "ctrl+a")
+                await desk.press(["ctrl+a"], locked=True)
             await desk.type_literal(text, delayMs)
         return {"via": via, "typed_chars": len(text), "frame_check": checked}
 
@@ -286,26 +281,37 @@ async def _click_bounds(desk: Desktop, el: Element, button: Button, action: str 
 
 def desktop_toolset(display: str | None = None, ocr: OcrEngine | None = None,
                     session_bus: str | None = None) -> ToolSet:
-    """A fresh desktop tool set on `display` (default: $DISPLAY); `MissingDependency` if it cannot run.
+    """A fresh desktop tool set on `display` (default: $DISPLAY), or, with no X display, on the sway session
+    of $WAYLAND_DISPLAY / $SWAYSOCK; `MissingDependency` if it cannot run (saying what a Wayland compositor
+    offers when it is another one).
 
     `ocr` lets several tool sets share one loaded engine (tests, benchmarks); by default each set
     creates its own, loaded on first use. `session_bus` is the D-Bus session bus whose org.a11y.Bus
     names the accessibility bus (default $DBUS_SESSION_BUS_ADDRESS).
     """
     display = display if display is not None else os.environ.get("DISPLAY")
-    problem = desktop_problem(display)
-    if problem:
-        raise MissingDependency(problem)
-    assert display is not None
+    wm = None
+    if not display and os.environ.get("WAYLAND_DISPLAY") and module_problem() is None:
+        from tether.tools.desktop.sway import SwayWm
+        from tether.tools.desktop.wayland import sway_problem
+
+        if sway_problem() is None:
+            wm = SwayWm(dict(os.environ))
+    if wm is None:
+        problem = desktop_problem(display)
+        if problem:
+            raise MissingDependency(problem)
     from tether.tools.desktop.ui import ui_tools
 
-    desk = Desktop(display, ocr, session_bus)
+    desk = Desktop(display or "", ocr, session_bus, wm)
 
     async def release() -> None:
+        if wm is not None:
+            wm.close()
         if ocr is None:  # an engine passed in belongs to the caller
             desk.ocr.close()
 
-    return ToolSet("desktop", [screenshot_tool(desk.x11, desk.frames.add), *desktop_tools(desk), *ui_tools(desk)],
+    return ToolSet("desktop", [screenshot_tool(desk.wm, desk.frames.add), *desktop_tools(desk), *ui_tools(desk)],
                    description="screen capture, the accessibility tree (AT-SPI) or OCR of on-screen text, mouse "
                                "and keyboard on an X11 display",
                    on_close=release)

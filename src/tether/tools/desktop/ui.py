@@ -73,8 +73,8 @@ def _contains(win: Window, x: int, y: int) -> bool:
 async def _window_at_pointer(desk: Desktop) -> Window | None:
     """Best effort: the click may well have closed the window it landed on."""
     try:
-        wid = await desk.x11.window_at_pointer()
-        return await desk.x11.window(wid) if wid is not None else None
+        wid = await desk.wm.window_at_pointer()
+        return await desk.wm.window(wid) if wid is not None else None
     except ToolError:
         return None
 
@@ -125,7 +125,7 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
             region = window.region if window is not None else None
             read = desk.read_screen(region)
             if window is None:
-                (capture, elements, timings), window = await asyncio.gather(read, desk.x11.active_window())
+                (capture, elements, timings), window = await asyncio.gather(read, desk.wm.active_window())
             else:
                 capture, elements, timings = await read
             ranked = rank(label, elements)
@@ -174,12 +174,12 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
                 if seg.kind == "key":
                     keys.append(seg.value)
                     continue
-                if keys:  # consecutive keys go in one xdotool call
-                    await desk.x11.xdotool("key", "--delay", str(delayMs), *keys)
+                if keys:  # consecutive keys go in one call
+                    await desk.press(keys, delayMs, locked=True)
                     keys = []
                 await desk.type_literal(seg.value, delayMs)
             if keys:
-                await desk.x11.xdotool("key", "--delay", str(delayMs), *keys)
+                await desk.press(keys, delayMs, locked=True)
         return {"typed_chars": chars, "keys": [s.value for s in segments if s.kind == "key"],
                 "segments": [{"kind": s.kind, "value": s.value} for s in segments]}
 
@@ -270,7 +270,7 @@ def _make_check(desk: Desktop, condition: Condition, value: str, active_window: 
     async def region() -> dict[str, int] | None:
         if not active_window:
             return None
-        win = await desk.x11.active_window()
+        win = await desk.wm.active_window()
         return win.region if win is not None else None
 
     if condition in ("textIncludes", "textRegex"):
@@ -297,7 +297,7 @@ def _make_check(desk: Desktop, condition: Condition, value: str, active_window: 
 
     if condition in ("appIsActive", "titleIncludes"):
         async def check_window(_state: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-            names = _window_names(await desk.x11.active_window())
+            names = _window_names(await desk.wm.active_window())
             fields = [names["title"] or ""] if condition == "titleIncludes" else \
                 [names["title"] or "", *names["wm_class"], names["process"] or ""]
             return any(needle in normalize(f) for f in fields), names
@@ -306,7 +306,7 @@ def _make_check(desk: Desktop, condition: Condition, value: str, active_window: 
 
     if condition == "urlIncludes":
         async def check_url(_state: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-            win = await desk.x11.active_window()
+            win = await desk.wm.active_window()
             if win is None:
                 return False, {"title": None, "address_bar": None}
             if needle in normalize(win.title):
@@ -330,9 +330,9 @@ def _make_check(desk: Desktop, condition: Condition, value: str, active_window: 
     async def check_changed(state: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         if "baseline" not in state:
             state["region"] = await region()
-            state["baseline"] = await grab(desk.x11, state["region"])
+            state["baseline"] = await grab(desk.wm, state["region"])
             return False, {"changed_fraction": 0.0, "threshold": threshold, "captured": state["baseline"].region}
-        now = await grab(desk.x11, state["region"])
+        now = await grab(desk.wm, state["region"])
         fraction = await asyncio.to_thread(changed_fraction, state["baseline"], now)
         return fraction > threshold, {"changed_fraction": round(fraction, 5), "threshold": threshold,
                                       "captured": now.region}

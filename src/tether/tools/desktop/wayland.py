@@ -14,6 +14,7 @@ on every platform Wayland runs on; a string is its length with the NUL, the byte
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import struct
 import time
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 PROBE_TIMEOUT_S = 3.0
+SWAY_PROGRAMS = ("swaymsg", "grim")
 # the protocols that make each kind of control possible, by global interface name
 FEATURES: dict[str, tuple[str, ...]] = {
     "screenshots": ("zwlr_screencopy_manager_v1", "ext_image_copy_capture_manager_v1"),
@@ -110,16 +112,17 @@ def probe_wayland(env: dict[str, str] | None = None) -> WaylandSession | None:
     return WaylandSession(path, found, compositor, features)
 
 
-def wayland_refusal(session: WaylandSession) -> str:
-    """Why the desktop tools do not run on this Wayland session, saying what the compositor offers."""
+def wayland_refusal(session: WaylandSession, why: str | None = None) -> str:
+    """Why the desktop tools do not run on this Wayland session, saying what the compositor offers
+    (`why`: what keeps the sway backend from driving it)."""
     offered = [what for what, ok in session.features.items() if ok]
     if not offered:
         return (f"this is a Wayland session ({session.compositor}) whose compositor lets no ordinary client take "
                 "screenshots or send input (only the desktop portal and libei, which tether does not speak yet); "
                 "the desktop tools need an X11 display: set DISPLAY to an XWayland or Xvfb display")
     return (f"this is a Wayland session ({session.compositor}; it offers {', '.join(offered)}), and tether's "
-            "desktop tools drive X11 displays only so far: set DISPLAY to its XWayland display (X11 apps only) "
-            "or run the apps under Xvfb")
+            f"desktop tools drive X11 displays and sway only{': ' + why if why else ''}; set DISPLAY to its "
+            "XWayland display (X11 apps only) or run the apps under Xvfb")
 
 
 def session_facts(env: dict[str, str] | None = None) -> dict[str, Any]:
@@ -136,8 +139,27 @@ def session_facts(env: dict[str, str] | None = None) -> dict[str, Any]:
             "x11 through XWayland: windows of native Wayland apps are not seen or driven"
     elif wayland:
         facts["backend"] = "wayland"
-        facts["desktop_tools"] = wayland_refusal(wayland)
+        why = sway_problem(env)
+        facts["desktop_tools"] = "sway: screenshots (grim), pointer and keyboard (virtual devices), windows " \
+            "(swaymsg)" if why is None else wayland_refusal(wayland, why)
     else:
         facts["backend"] = None
         facts["desktop_tools"] = "no graphical session (neither DISPLAY nor WAYLAND_DISPLAY)"
     return facts
+
+
+def sway_problem(env: dict[str, str] | None = None) -> str | None:
+    """Why the desktop tools cannot drive this environment's sway session, or None when they can."""
+    env = env if env is not None else dict(os.environ)
+    session = probe_wayland(env)
+    if session is None:
+        return "no Wayland session (WAYLAND_DISPLAY) to drive"
+    if session.compositor != "sway" or not env.get("SWAYSOCK"):
+        return f"the Wayland compositor is {session.compositor}, not sway (no SWAYSOCK)"
+    missing = [what for what in ("screenshots", "keyboard input", "pointer input") if not session.features[what]]
+    if missing:
+        return f"sway here offers no {', '.join(missing)}"
+    absent = [p for p in SWAY_PROGRAMS if shutil.which(p) is None]
+    if absent:
+        return f"{' and '.join(absent)} not installed: apt-get install sway grim"
+    return None

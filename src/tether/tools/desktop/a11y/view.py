@@ -26,7 +26,7 @@ async def window_tree(desk: Desktop, s: Session, app: str | None, max_elements: 
                       include_hidden: bool = False) -> tuple[App, Element, str, list[Element], bool] | None:
     """The application, window, how it was chosen, the window's elements and whether the walk was cut;
     None when no accessible application matches `app` (or the active window)."""
-    active = None if app else await desk.x11.active_window()
+    active = None if app else await desk.wm.active_window()
     found = await find_window(s, app, active)
     if found is None:
         return None
@@ -46,8 +46,8 @@ async def accessible_tree(desk: Desktop, app: str | None, max_elements: int,
         return {}, f"no application on the accessibility bus matches {target}"
     application, window, how, elements, truncated = got
     t1 = time.perf_counter()
-    capture = await grab(desk.x11, window.bounds) if window.bounds and window.bounds["width"] > 0 else \
-        await grab(desk.x11)
+    capture = await grab(desk.wm, window.bounds) if window.bounds and window.bounds["width"] > 0 else \
+        await grab(desk.wm)
     frame = desk.frames.add(capture)
     t2 = time.perf_counter()
     return {"source": "accessibility", "frame": frame, "matched_by": how,
