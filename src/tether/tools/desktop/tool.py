@@ -1,8 +1,8 @@
-"""Desktop tools for X11: see the screen (screenshot, the UI tree) and use mouse and keyboard.
+"""Desktop tools for X11 and sway: see the screen (screenshot, the UI tree) and use mouse and keyboard.
 
 Optional (`pip install 'tether[desktop]'` plus `apt-get install xdotool`, and an X display — a
-real one or Xvfb). `desktop_toolset()` raises `MissingDependency` saying exactly what is missing,
-and the device then does not list these tools.
+real one or Xvfb; or a sway session and `grim`). `desktop_toolset()` raises `MissingDependency`
+saying exactly what is missing, and the device then does not list these tools.
 
 Each tool set owns a `Desktop`: its display, its OCR engine (models load on first use), the
 accessibility bus, the latest OCR tree, the recent frames and a lock that keeps one tool's mouse and

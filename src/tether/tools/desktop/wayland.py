@@ -4,8 +4,9 @@ On Wayland a client can only take screenshots or send input through protocols th
 offer: wlroots compositors (sway, Hyprland, river, labwc) offer screencopy, a virtual keyboard and a
 virtual pointer; GNOME (mutter) and KDE (KWin) offer none of them to ordinary clients, only the desktop
 portal and libei. `probe_wayland()` connects to the compositor, lists its globals (wl_registry, one
-round trip ended by wl_display.sync) and says which of those it has. The desktop tools use it to tell
-what kind of session a device has and why they refuse one; they drive X11 (and XWayland) displays.
+round trip ended by wl_display.sync) and says which of those it has. The device profile uses it to tell
+what kind of session a device has, and the desktop tools why they refuse one: they drive X11 (and
+XWayland) displays and sway (`sway`, `wlinput`).
 
 The wire format: every message is (object id: u32, size << 16 | opcode: u32, arguments), little-endian
 on every platform Wayland runs on; a string is its length with the NUL, the bytes, padding to 4.
