@@ -136,12 +136,15 @@ def test_a_device_is_chosen_by_requires_and_cancel_stops_every_branch(fleet: tup
 def test_a_restarted_server_goes_on_without_re_running_finished_steps(fleet: tuple[ChaosCluster, Runs]) -> None:
     cluster, runs = fleet
     plan = [step(runs, "r1", "alpha", []), step(runs, "r2", "beta", [], gated=True),
-            step(runs, "r3", "gamma", ["r1", "r2"], when="always")]
+            step(runs, "r3", "gamma", ["r1", "r2"], when="always"),
+            {"id": "ask", "needs": [], "device": "alpha", "skill": "shell.run",  # fails: no LLM, a person decides
+             "args": {"cmd": "ls", "argv": [str(runs.live / "no-such-file")], "cwd": str(runs.live)}}]
     created = cluster.remote.create_task("survive a restart", plan=plan, device="alpha")
     tid = created["id"]
     runs.wait_started("r2")
-    wait_for(lambda: cluster.remote.task(tid, events=False)["step_states"][0] == "done",
-             "the first branch finished", WAIT, (cluster.server.popen,))
+    wait_for(lambda: (t := cluster.remote.task(tid, events=False))["step_states"][0] == "done"
+             and t["state"] == "waiting_for_user", "the first branch finished, the last one asks", WAIT,
+             (cluster.server.popen,))
     cluster.kill_server()
     cluster.restart_server()
     for name in NAMES:
@@ -149,9 +152,15 @@ def test_a_restarted_server_goes_on_without_re_running_finished_steps(fleet: tup
     # the new server asks beta about the step in flight: beta stopped the orphaned run when it reconnected and
     # reports that failure, which r3 (`when: always`) handles; the branch that had finished is not run again
     runs.open_gate("r2")  # an orphan still waiting there ends
+    # while the question stays open, the other branches go on: r3 runs
+    wait_for(lambda: cluster.remote.task(tid, events=False)["step_states"][2] == "done", "r3 ran", WAIT,
+             (cluster.server.popen,))
+    task = cluster.remote.task(tid)
+    assert task["state"] == "waiting_for_user" and task["questions"][-1]["step"] == 3
+    cluster.remote.answer(tid, "skip")
     task = ended(cluster, tid)
     assert task["state"] == "done", task["error"]
     assert {lab: runs.counts()[lab] for lab in ("r1", "r2", "r3")} == {"r1": 1, "r2": 1, "r3": 1}
-    assert task["step_states"] == ["done", "failed", "done"]
+    assert task["step_states"] == ["done", "failed", "done", "skipped"]
     assert [e for e in kinds(task, "server_restarted") if e.get("graph")]
     assert next(e for e in kinds(task, "step_finished") if e.get("from_device"))["step"] == 1

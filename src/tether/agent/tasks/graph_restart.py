@@ -16,7 +16,7 @@ from typing import Any
 
 from tether.agent.run.graph import RESTART_UNKNOWN, RUNNING
 from tether.agent.run.steps import short
-from tether.agent.run.task import StepRecord, Task
+from tether.agent.run.task import StepRecord, Task, TaskState
 from tether.agent.tasks.restart import SEQ_JUMP, InFlight
 from tether.protocol.messages import OUTCOME_FINISHED, CallOutcome
 from tether.protocol.models import Command, Result
@@ -50,7 +50,10 @@ async def settle_graph(service: Any, task: Task) -> None:
     seen = task.events[-1].seq if task.events else -1
     await record_outcomes(task, service._step_outcome)
     if task.id in service._live and not service._closing and not task.state.terminal:
-        service._settled(task, "run")
+        waiting = task.state is TaskState.WAITING_FOR_USER and task.pending_question is not None
+        if not waiting and task.state is not TaskState.RUNNING:  # e.g. waiting, its question since answered
+            task.transition(TaskState.RUNNING, reason="server restarted")
+        service._settled(task, "run")  # an open question's branch asks on; the other branches go on
         for event in [e for e in task.events if e.seq > seen]:  # what the settling said, to followers here
             service._on_event(task, event)
 

@@ -233,7 +233,7 @@ class TaskService:
     def _resume_after_restart(self, task: Task) -> None:
         """Settle a task its server left unfinished (`tether.agent.tasks.restart`). When a step was in flight, its
         device is asked first (in the background: the task is held here meanwhile, its lease kept)."""
-        graph = bool(task.step_states) and task.state is TaskState.RUNNING  # every branch's step in flight
+        graph = bool(task.step_states) and task.state is not TaskState.CREATED  # every branch's step in flight
         flight = None if graph else in_flight_step(task)
         if flight is None and not graph:
             self._settled(task, settle_after_restart(task))
