@@ -177,3 +177,19 @@ def test_undo_visits_the_device_changed_last_first() -> None:
     task = Task(request="r", device="home", steps=[ran("a", 1), ran(None, 4), ran("b", 3), ran("a", 2)])
     assert task.devices_used() == ["a", "home", "b"]  # first use, in record order
     assert task.devices_undo_order() == ["home", "b", "a"]  # the last change first
+
+
+async def test_a_branch_s_new_steps_wait_for_confirmation_when_the_task_says_so(device: LocalDevice,  # noqa: F811
+                                                                                 work: Path) -> None:  # noqa: F811
+    first = {"steps": [{"id": "look", "skill": "list_dir", "args": {"path": str(work)}, "needs": []},
+                       {"id": "o", "skill": "observe", "args": {"note": "what is there"}, "needs": ["look"]}]}
+    part = {"steps": [{"id": "note", "skill": "write_file", "needs": None,
+                       "args": {"file_path": str(work / "note.txt"), "content": "seen"}}]}
+    asker = Asker("run", "cancel")
+    async with FakeLLM([reply(first), reply(part)]) as fake, LLMClient(fake.settings()) as llm:
+        runner = await make_runner(device, llm, asker)
+        task = await runner.run(Task(request="look, then note", confirm="always"))
+    assert task.state is TaskState.CANCELLED and task.error == "the new steps were not confirmed"
+    assert [q.kind for q in task.questions] == ["confirmation", "confirmation"]
+    assert "Run these new steps (they replace step 2 (o))" in task.questions[1].question
+    assert not (work / "note.txt").exists()  # nothing unconfirmed ran

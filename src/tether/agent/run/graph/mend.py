@@ -16,6 +16,14 @@ from tether.agent.planning.edits import EditRefused, apply_edit, replacement
 from tether.agent.planning.graph import ancestors, label
 from tether.agent.planning.plan import Plan
 from tether.agent.planning.planner import PlanningError, plan_request
+from tether.agent.run.confirm import (
+    CONFIRMATION,
+    OPTION_RUN,
+    confirmation_answer,
+    needs_confirmation,
+    plan_digest,
+    plan_text,
+)
 from tether.agent.run.graph.states import DONE, FAILED, GONE, REPLACED, RESTART_UNKNOWN, SKIPPED
 from tether.agent.run.observe import step_row
 from tether.agent.run.recovery import (
@@ -33,6 +41,7 @@ from tether.agent.run.recovery import (
     recover,
     tool_for,
 )
+from tether.agent.run.rounds import CONFIRM_TRIES
 from tether.agent.run.steps import history_row, match_option
 from tether.agent.run.task import Question, Task, TaskState
 from tether.errors import AgentError
@@ -270,6 +279,8 @@ class Mending:
         except (PlanningError, LLMError) as exc:
             raise _EditFailed(str(exc)) from None
         part = [runner._own_device(s) for s in planned.plan.steps]
+        if part and needs_confirmation(task.confirm, part, runner.tools):  # nothing new runs unconfirmed
+            await self._confirm_part(index, part)
         edit = replacement(self.plan, self.states, index, part, replace=not observing)
         try:
             new_plan, new_states = apply_edit(self.plan, self.states, edit, runner.tools)
@@ -279,6 +290,39 @@ class Mending:
         task.plan = new_plan.model_copy(update={"answer": planned.plan.answer or self.plan.answer})
         task.step_states = new_states
         runner._emit(task, "edit", {"step": index, "source": "observe" if observing else "replan", **edit.summary()})
+
+
+    async def _confirm_part(self, index: int, part: list[Any]) -> None:
+        """A person confirms a branch's new steps before they join the graph, when the task's confirm mode
+        says so (as a re-planned part of a list is confirmed); not confirming ends the task."""
+        runner, task = self.runner, self.task
+        first = len(self.plan.steps)
+        async with self.asking:
+            record = Question(step=first, kind=CONFIRMATION, options=[OPTION_RUN, OPTION_CANCEL],
+                              question=f"Run these new steps (they replace {label(self.plan.steps, index)})?\n"
+                                       + plan_text(part, first), digest=plan_digest(part, first))
+            task.questions.append(record)
+            runner._to(task, TaskState.WAITING_FOR_USER, question=record.id)
+            runner._emit(task, "question", record.model_dump(mode="json"))
+            decided: bool | None = None
+            answer = ""
+            for _ in range(CONFIRM_TRIES):
+                asked = runner.clock()
+                try:
+                    raw = await runner.ask(AskUser(question=record.question, options=record.options,
+                                                   reason=CONFIRMATION, source="user"))
+                finally:
+                    runner._waited += runner.clock() - asked
+                answer = (raw or "").strip()
+                decided = confirmation_answer(answer)
+                runner._emit(task, "user_answer", {"question": record.id, "answer": answer,
+                                                   **({"ignored": True} if decided is None else {})})
+                if decided is not None:
+                    break
+            record.answer, record.answered_at = answer, datetime.now(UTC)
+            if not decided:
+                runner._end(task, TaskState.CANCELLED, "the new steps were not confirmed")
+            runner._to(task, TaskState.RUNNING)
 
 
 class _EditFailed(AgentError):
