@@ -311,6 +311,8 @@ def _validate_graph(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], drop
             single = single.model_copy(update={"requires": None})
             choices = {k: v for k, v in tools.items() if k is not None}  # the device is chosen when it runs
             if not choices:
+                problems.append(f"{label}: requires chooses a device among an agent server's devices; this task "
+                                "runs on one device (name none)")
                 continue
         for problem in validate_plan(Plan(steps=[single]), choices):
             if "bad reference at" not in problem:

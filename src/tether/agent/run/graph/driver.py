@@ -33,13 +33,8 @@ from tether.agent.run.graph.mend import Mending
 from tether.agent.run.graph.states import DONE, ENDED, FAILED, GONE, PENDING, RUNNING, SKIPPED, Chooser
 from tether.agent.run.steps import fan_out_step, short
 from tether.agent.run.task import Question, StepRecord, Task, TaskState
-from tether.errors import AgentError
 from tether.protocol.models import Command, Result
 from tether.protocol.profile import DeviceRequirements
-
-
-class NoDeviceFits(AgentError, LookupError):
-    """No device meets a step's `requires`; the message says why each one does not."""
 
 
 class GraphRun(Mending):
@@ -204,9 +199,9 @@ class GraphRun(Mending):
                     return
 
     def _choose(self, index: int, requires: DeviceRequirements) -> None:
-        if self.choose is None:
-            raise NoDeviceFits("this task runs on one device: a step's requires needs an agent server's devices")
         try:
+            if self.choose is None:
+                raise LookupError("this task runs on one device: requires chooses among an agent server's devices")
             name, why = self.choose(requires)
         except LookupError as exc:
             self.runner._end(self.task, TaskState.FAILED, f"{label(self.plan.steps, index)}: {exc}")
