@@ -69,6 +69,9 @@ COMMANDS: dict[str, Lazy] = {
     "batch": Lazy(("audit",),
                   "Show a batch's record: each command's outcome, also one that came back after its caller "
                   "stopped waiting."),
+    "cp": Lazy(("transfer",),
+               "Send a file or directory from one device to another through the server (DEVICE:PATH to "
+               "DEVICE:PATH), checked, resumable and undoable."),
     "tools": Lazy(("tools",), "List tools, or serve a built-in tool set over MCP."),
     "server": Lazy(("server", "systemd"), "Start the agent server, or install it as a service."),
     "device": Lazy(("server", "systemd"),
@@ -81,7 +84,7 @@ COMMANDS: dict[str, Lazy] = {
 COMMAND_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Run things", ("run", "exec", "demo")),
     ("Tasks", ("tasks", "log", "answer", "approve", "deny", "cancel", "undo", "sessions")),
-    ("Fleet", ("devices", "policy", "audit", "batch", "tools")),
+    ("Fleet", ("devices", "policy", "audit", "batch", "cp", "tools")),
     ("Set-up", ("server", "device", "token", "mcp")),
 )
 
