@@ -213,6 +213,9 @@ class _Transfer:
             try:
                 for item in files:
                     await self._send_file(item)
+                for index, entry in enumerate(self.manifest["entries"]):
+                    if entry["type"] == "symlink":  # links last: what they point to is there by now
+                        self._check(self.request.dest, "transfer_commit", await self._commit(index, entry))
                 break
             except _Interrupted as exc:
                 attempt += 1

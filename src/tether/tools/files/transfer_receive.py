@@ -35,7 +35,7 @@ from tether.tools.files.tool import (
 )
 from tether.tools.files.transfer_send import sha256_fd
 from tether.tools.policy.jail import lstat_in, open_at, parent_in, real
-from tether.tools.policy.path_rules import check_hidden_inode, require_person
+from tether.tools.policy.path_rules import check_hidden, check_hidden_inode, require_person
 from tether.tools.runtime import tool
 
 _ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
@@ -110,12 +110,22 @@ def _check_entry(entry: Any, kind: str) -> dict[str, Any]:
     return entry
 
 
+def _link_place(ctx: ToolContext, root: str, rel: str) -> Path:
+    """Where a symlink entry goes: its directory checked as `_target` checks, the name itself not followed."""
+    parent = _target(ctx, root, posixpath.dirname(rel))
+    place = parent / posixpath.basename(rel)
+    check_hidden(ctx.policy, place, ctx.secrets, shown=str(place))
+    return place
+
+
 def _judge(ctx: ToolContext, root: str, entry: dict[str, Any], overwrite: bool) -> dict[str, Any]:
     """What receiving `entry` means here; raises when the policy refuses it or a person must decide."""
-    target = _target(ctx, root, entry["path"])
+    kind = entry["type"]
+    target = _link_place(ctx, root, entry["path"]) if kind == "symlink" else _target(ctx, root, entry["path"])
     require_person(ctx.policy, [target], f"transfer into {str(target)!r}", ctx.approved_by)
     st = lstat_in(ctx.policy, target, write=True)
-    kind = entry["type"]
+    if st is not None and kind == "symlink" and stat.S_ISLNK(st.st_mode) and os.readlink(target) == entry["target"]:
+        return {"target": target, "exists": True, "done": True}  # made before a reconnect
     if st is not None and kind == "dir":
         if not stat.S_ISDIR(st.st_mode):
             raise ToolError(f"{str(target)!r} exists and is not a directory")
@@ -263,6 +273,9 @@ async def transfer_commit(ctx: ToolContext, transfer_id: str, root: str, path: s
                 os.symlink(target, name, dir_fd=dir_fd)
                 return {"path": str(dest), "bytes": 0, "sha256": None, "journaled": journaled}
             part_name = part.name
+            if size == 0 and lstat_in(ctx.policy, part, write=True) is None:  # an empty file has no chunks
+                _journal(ctx, "write", part)
+                os.close(open_at(dir_fd, part_name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, part))
             try:
                 fd = open_at(dir_fd, part_name, os.O_RDWR, part)
             except FileNotFoundError:

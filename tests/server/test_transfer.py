@@ -1,0 +1,209 @@
+"""Files that travel between devices: a real `tether server` and two real `tether device` processes (shared by
+the module), transfers over REST, the Python client and `tether cp`.
+
+A directory goes from alpha to beta with every file's sha256 checked and is then undone on beta; a transfer
+survives beta being killed and started again mid-file (it resumes from the offset beta's partial file holds:
+fewer bytes are sent after the resume than the file has); the size cap, a hidden source path, a protected
+destination (held for a person, then approved by the digest it showed) and a corrupted chunk are refused."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from tests.kits import db as dbkit
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
+from tether.client import Client
+from tether.client.rest import RemoteServer
+from tether.protocol.models import Command, Result
+
+WAIT = 60.0
+# a dropped device's batches wait 3 s for it; silence for 2 s means it is gone
+SERVER_TIMING = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
+
+
+@dbkit.keeps_server_state
+class Fleet:
+    """A server, devices alpha and beta (each with its own state directory and a policy whose only write
+    root is `tmp/work`), and an API token holding every scope."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.work = tmp / "work"
+        self.work.mkdir()
+        state = tmp / "state"
+        state.mkdir()
+        self.env = tether_env(state)
+        self.token, *devices = dbkit.create_tokens(dbkit.server_db(state / "server.db"), [
+            ("api", "mover", ["read", "execute", "approve", "admin"]), ("device", "alpha", []), ("device", "beta", [])])
+        self.device_tokens = dict(zip(("alpha", "beta"), devices, strict=True))
+        self.policy = tmp / "policy.yaml"
+        self.policy.write_text(f"write_roots: [{str(self.work)!r}]\n")
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.procs: list[Proc] = []
+        self.devices: dict[str, Proc] = {}
+        self.remote = RemoteServer(self.url, self.token)
+        self.server = self._start(["server", "--port", str(self.port), *dbkit.server_db_args(state / "server.db"),
+                                   *SERVER_TIMING, "--log-level", "warning"], "server")
+        wait_for(lambda: self.remote.health()["status"] in ("ok", "degraded"), "server health", WAIT,
+                 (self.server.popen,))
+        self.client = Client(self.url, self.token, timeout=WAIT)
+
+    def _start(self, args: list[str], label: str, env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(args, self.tmp / f"{label}-{len(self.procs)}.log", {**self.env, **(env or {})})
+        self.procs.append(proc)
+        return proc
+
+    def device(self, name: str) -> Proc:
+        proc = self._start(["device", "--server", f"ws://127.0.0.1:{self.port}", "--name", name, "--state-dir",
+                            str(self.tmp / f"dev-{name}"), "--policy", str(self.policy)], f"device-{name}",
+                           {"TETHER_DEVICE_TOKEN": self.device_tokens[name]})
+        self.devices[name] = proc
+        wait_for(lambda: any(r["name"] == name and r["status"] in ("online", "busy") for r in self.remote.devices()),
+                 f"{name} online", WAIT, (proc.popen, self.server.popen))
+        return proc
+
+    def close(self) -> None:
+        self.client.close()
+        self.remote.close()
+        for proc in reversed(self.procs):
+            proc.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    f = Fleet(tmp_path_factory.mktemp("transfer"))
+    f.device("alpha")
+    f.device("beta")
+    yield f
+    f.close()
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _tree(root: Path) -> dict[str, str]:
+    return {p.relative_to(root).as_posix(): ("dir" if p.is_dir() else _sha(p)) for p in sorted(root.rglob("*"))}
+
+
+def test_a_directory_travels_with_its_checksums_and_is_undone(fleet: Fleet) -> None:
+    src = fleet.work / "build"
+    (src / "lib" / "deep").mkdir(parents=True)
+    (src / "README").write_text("hello\n")
+    (src / "lib" / "blob.bin").write_bytes(os.urandom(1_300_000))  # several chunks
+    (src / "lib" / "deep" / "empty").write_bytes(b"")
+    (src / "lib" / "deep" / "link").symlink_to("../blob.bin")  # inside the tree: sent as a link
+    dest = fleet.work / "deploy"
+    out = subprocess.run([*CLI, "cp", f"alpha:{src}", f"beta:{dest}", "--session", "xfer-undo", "--json"],
+                         capture_output=True, text=True, timeout=WAIT,
+                         env={**fleet.env, "TETHER_SERVER": fleet.url, "TETHER_TOKEN": fleet.token})
+    assert out.returncode == 0, out.stdout + out.stderr
+    report = json.loads(out.stdout)["result"]
+    assert report["files"] == 3 and report["bytes"] == 1_300_006 and report["resumes"] == 0
+    assert _tree(dest) == _tree(src)
+    assert os.readlink(dest / "lib" / "deep" / "link") == "../blob.bin"
+    assert {f["path"]: f["sha256"] for f in report["file_sha256"]}["lib/blob.bin"] == _sha(src / "lib" / "blob.bin")
+    assert not list(dest.rglob(".tether-part-*"))
+    rows = [r for r in fleet.remote._request("GET", "/audit", params={"limit": 500})["rows"]
+            if r["tool_name"] in ("transfer.send", "transfer.receive") and report["transfer_id"] in r["arguments"]]
+    assert sorted((r["device"], r["tool_name"], r["status"]) for r in rows) == [
+        ("alpha", "transfer.send", "success"), ("beta", "transfer.receive", "success")]
+    assert all(report["sha256"] in r["arguments"] and '"bytes": 1300006' in r["arguments"] for r in rows), rows
+    # undoing the session on the receiver puts the destination back: it did not exist
+    _, [undone] = fleet.remote.run("beta", [Command(tool_name="undo_session", parameters={"session_id": "xfer-undo"},
+                                                    approved_by="person")], session_id="xfer-undo")
+    assert undone.ok, undone.error
+    assert not dest.exists()
+
+
+def test_a_transfer_resumes_after_the_receiver_is_killed_and_restarted(fleet: Fleet) -> None:
+    src = fleet.work / "big.bin"
+    src.write_bytes(os.urandom(24 << 20))
+    dest = fleet.work / "big-copy.bin"
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(fleet.client.transfer, "alpha", str(src), "beta", str(dest), chunk_bytes=64 << 10)
+        # beta's partial file (beside the destination) holding some of it: the transfer is under way
+        part = wait_for(lambda: next((p for p in fleet.work.glob(".tether-part-*") if p.stat().st_size >= 1 << 20),
+                                     None), "a partial file on beta", WAIT)
+        assert isinstance(part, Path)
+        fleet.devices["beta"].kill()
+        held = part.stat().st_size
+        assert held < src.stat().st_size
+        fleet.device("beta")  # a new process, same state directory and key
+        result: Result = call.result(WAIT)
+    assert result.ok, result.error
+    report = result.result
+    assert report["resumes"] >= 1, report
+    assert 0 < report["bytes_sent_after_resume"] < report["bytes"], report
+    assert report["bytes_sent_after_resume"] <= report["bytes"] - held + (64 << 10) * 5, report  # from its offset
+    assert _sha(dest) == _sha(src)
+    assert not list(fleet.work.glob(".tether-part-*"))
+    src.unlink()
+    dest.unlink()
+
+
+def test_more_than_the_size_cap_is_refused_before_a_byte_moves(fleet: Fleet) -> None:
+    src = fleet.work / "capped.bin"
+    src.write_bytes(b"x" * 10_000)
+    dest = fleet.work / "capped-copy.bin"
+    result = fleet.client.transfer("alpha", str(src), "beta", str(dest), max_bytes=4096)
+    assert not result.ok
+    assert "4096-byte transfer cap" in (result.error or ""), result.error
+    assert result.result["too_large"] is True
+    assert not dest.exists() and not list(fleet.work.glob(".tether-part-*"))
+
+
+def test_a_hidden_source_path_is_never_sent(fleet: Fleet) -> None:
+    result = fleet.client.transfer("alpha", "~/.ssh", "beta", str(fleet.work / "stolen"))
+    assert not result.ok
+    assert "hide_paths" in (result.error or "") and "alpha" in (result.error or ""), result.error
+    assert not (fleet.work / "stolen").exists()
+
+
+def test_a_protected_destination_waits_for_a_person_who_approves_what_was_shown(fleet: Fleet) -> None:
+    src = fleet.work / "envrc-source"
+    src.write_text("export PATH=/evil:$PATH\n")
+    project = fleet.work / "project"
+    project.mkdir()
+    held = fleet.client.transfer("alpha", str(src), "beta", str(project / ".envrc"))
+    assert not held.ok and held.result["needs_approval"] is True, held
+    assert "protected-path" in (held.error or "") and held.result.get("approval_digest"), held
+    assert not (project / ".envrc").exists()
+    done = fleet.client.transfer("alpha", str(src), "beta", str(project / ".envrc"), approve=True,
+                                 approval_digest=held.result["approval_digest"])
+    assert done.ok, done.error
+    assert (project / ".envrc").read_text() == src.read_text()
+
+
+def test_a_corrupted_chunk_is_caught_before_the_file_appears(fleet: Fleet) -> None:
+    data = os.urandom(100_000)
+    sha = hashlib.sha256(data).hexdigest()
+    dest = fleet.work / "corrupt.bin"
+    tid = "tcorrupt0001"
+    entry = {"path": "", "type": "file", "size": len(data), "mode": 0o644, "sha256": sha}
+    bad = bytearray(data)
+    bad[5000] ^= 0xFF  # one bit pattern flipped on the way
+    _, results = fleet.remote.run("beta", [
+        Command(tool_name="transfer_begin", parameters={"transfer_id": tid, "dest": str(dest), "kind": "file",
+                                                        "name": "corrupt.bin", "entries": [entry]}),
+        Command(tool_name="write_file_chunk", parameters={
+            "transfer_id": tid, "root": str(dest), "path": "", "index": 0, "offset": 0, "size": len(data),
+            "data": base64.b64encode(bytes(bad)).decode()}),
+        Command(tool_name="transfer_commit", parameters={"transfer_id": tid, "root": str(dest), "path": "",
+                                                         "index": 0, "type": "file", "size": len(data),
+                                                         "sha256": sha})], session_id="xfer-corrupt")
+    begin, chunk, commit = results
+    assert begin.ok and chunk.ok, (begin.error, chunk.error)
+    assert not commit.ok and commit.result["checksum_mismatch"] is True, commit
+    assert "checksum mismatch" in (commit.error or "")
+    assert not dest.exists() and not list(fleet.work.glob(".tether-part-*"))
