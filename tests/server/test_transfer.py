@@ -207,3 +207,25 @@ def test_a_corrupted_chunk_is_caught_before_the_file_appears(fleet: Fleet) -> No
     assert not commit.ok and commit.result["checksum_mismatch"] is True, commit
     assert "checksum mismatch" in (commit.error or "")
     assert not dest.exists() and not list(fleet.work.glob(".tether-part-*"))
+
+
+def test_a_task_step_sends_a_directory_a_person_approves_and_the_task_undo_puts_it_back(fleet: Fleet) -> None:
+    src = fleet.work / "site"
+    src.mkdir()
+    (src / "index.html").write_text("<h1>hi</h1>\n")
+    (src / ".envrc").write_text("layout python\n")  # protected: the receiver holds it for a person
+    dest = fleet.work / "served"
+    plan = [{"skill": "transfer", "device": "beta", "args": {"from": "alpha", "source": str(src), "dest": str(dest)}}]
+    task = fleet.remote.create_task("publish the site", plan=plan, device="beta", devices=["alpha"], confirm="never")
+    asked = wait_for(lambda: (t := fleet.remote.task(task["id"]))["state"] in ("waiting_for_user", "failed", "done")
+                     and t, "the task to ask", WAIT)
+    assert isinstance(asked, dict) and asked["state"] == "waiting_for_user", asked.get("error")
+    assert not dest.exists()  # nothing was written before the person said yes
+    fleet.remote.approve(task["id"], digest=asked["questions"][-1].get("digest"))
+    done = wait_for(lambda: (t := fleet.remote.task(task["id"]))["state"] in ("done", "failed", "cancelled") and t,
+                    "the task to end", WAIT)
+    assert isinstance(done, dict) and done["state"] == "done", done.get("error")
+    assert _tree(dest) == _tree(src)
+    undone = fleet.remote.undo_task(task["id"])
+    assert "beta" in undone["devices"], undone
+    assert not dest.exists()
