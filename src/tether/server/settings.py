@@ -166,7 +166,7 @@ class ServerSettings(BaseModel):
     # -- files that travel between devices (docs/transfer.md) ----------------------------------------------
     transfer_max_bytes: int = Field(1 << 30, ge=1, description=(
         "the most file data one transfer between devices may carry; a larger one is refused before a byte moves"))
-    transfer_chunk_bytes: int = Field(512 * 1024, ge=4096, le=4 * 1024 * 1024, description=(
+    transfer_chunk_bytes: int = Field(768 * 1024, ge=4096, le=4 * 1024 * 1024, description=(
         "bytes per chunk of a transfer (each chunk is one command to each device; the sender's policy "
         "max_output_bytes caps it too)"))
     transfer_resume_attempts: int = Field(5, ge=0, description=(

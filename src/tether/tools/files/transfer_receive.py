@@ -41,6 +41,7 @@ from tether.tools.runtime import tool
 _ID = re.compile(r"[A-Za-z0-9_-]{8,64}")
 _SHA = re.compile(r"[0-9a-f]{64}")
 PART_PREFIX = ".tether-part-"
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _check_id(transfer_id: str) -> None:
@@ -207,6 +208,11 @@ async def write_file_chunk(ctx: ToolContext, transfer_id: str, root: str, path: 
     itself: `transfer_commit` verifies and renames). `size` is the file's whole size; a chunk past it is
     refused. Returns `{"have"}`: how many bytes the partial holds. An `offset` past what the partial holds
     fails with the result `{"have": N}`, from which the sender goes on.
+
+    The first chunk (offset 0) creates the partial file after every check `transfer_begin` makes (write
+    roots, hidden and protected paths, no symlink on the way) and journals it. A later chunk only appends to
+    that partial: opened beneath its write root with no symlink followed, and refused unless it is there
+    already as a regular file with one link, so it can only be the file the first chunk created.
     """
     _check_id(transfer_id)
     try:
@@ -215,26 +221,37 @@ async def write_file_chunk(ctx: ToolContext, transfer_id: str, root: str, path: 
         raise ToolError("the chunk is not valid base64") from None
     if offset < 0 or index < 0 or offset + len(chunk) > size:
         raise ToolError(f"chunk at {offset} (+{len(chunk)} bytes) lies outside the file's {size} bytes")
-    target = _target(ctx, root, path)
-    require_person(ctx.policy, [target], f"transfer into {str(target)!r}", ctx.approved_by)
-    part = _part(target, transfer_id, index)
-    _resolve(ctx, str(part), write=True)
+    if offset == 0:
+        target = _target(ctx, root, path)
+        require_person(ctx.policy, [target], f"transfer into {str(target)!r}", ctx.approved_by)
+        part = _part(target, transfer_id, index)
+        _resolve(ctx, str(part), write=True)
+    else:
+        lexical = real(root) / check_rel(path) if path else real(root)
+        part = _part(lexical, transfer_id, index)
 
     def apply() -> dict[str, Any]:
         dir_fd, name = parent_in(ctx.policy, part, write=True)
         try:
-            st = lstat_in(ctx.policy, part, write=True)
-            if st is None:
-                if offset:
-                    raise ToolError(f"no partial file for {path!r}: start at offset 0", {"have": 0})
-                _journal(ctx, "write", part)  # undo removes a partial a transfer left behind
-                fd = open_at(dir_fd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, part)
+            if offset == 0:
+                st = lstat_in(ctx.policy, part, write=True)
+                if st is None:
+                    _journal(ctx, "write", part)  # undo removes a partial a transfer left behind
+                    fd = open_at(dir_fd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, part)
+                else:
+                    fd = open_at(dir_fd, name, os.O_WRONLY, part)
             else:
-                fd = open_at(dir_fd, name, os.O_WRONLY, part)
+                try:
+                    fd = open_at(dir_fd, name, os.O_WRONLY | _NONBLOCK, part)
+                except FileNotFoundError:
+                    raise ToolError(f"no partial file for {path!r}: start at offset 0", {"have": 0}) from None
         finally:
             os.close(dir_fd)
         try:
-            have = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                raise ToolError(f"the partial file of {path!r} is not a regular file with one link; refused")
+            have = st.st_size
             if offset > have:
                 raise ToolError(f"the partial file of {path!r} holds {have} bytes, not {offset}", {"have": have})
             if have > offset:
