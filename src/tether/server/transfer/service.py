@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from tether.errors import ServerError
 from tether.protocol.models import Command, Result, ResultStatus, new_call_id
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.store.audit import SENT
@@ -91,7 +92,7 @@ class _Progress:
     started: float = field(default_factory=time.monotonic)
 
 
-class _Interrupted(Exception):
+class _Interrupted(ServerError):
     """A device went away mid-transfer (not a refusal): the transfer resumes once it is back."""
 
     def __init__(self, device: str, why: str) -> None:
@@ -99,7 +100,7 @@ class _Interrupted(Exception):
         self.device = device
 
 
-class _Failed(Exception):
+class _Failed(ServerError):
     """The transfer cannot go on; `result` is what the caller gets."""
 
     def __init__(self, result: Result) -> None:
