@@ -100,7 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--chunk-kib", type=int, default=512)
+    parser.add_argument("--chunk-kib", type=int, default=768)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="tether-bench-transfer-") as tmp_name:
         tmp = Path(tmp_name)

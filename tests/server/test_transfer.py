@@ -128,12 +128,12 @@ def test_a_directory_travels_with_its_checksums_and_is_undone(fleet: Fleet) -> N
 
 def test_a_transfer_resumes_after_the_receiver_is_killed_and_restarted(fleet: Fleet) -> None:
     src = fleet.work / "big.bin"
-    src.write_bytes(os.urandom(6 << 20))
+    src.write_bytes(os.urandom(10 << 20))
     dest = fleet.work / "big-copy.bin"
     with ThreadPoolExecutor(1) as pool:
         call = pool.submit(fleet.client.transfer, "alpha", str(src), "beta", str(dest), chunk_bytes=32 << 10)
         # beta's partial file (beside the destination) holding some of it: the transfer is under way
-        part = wait_for(lambda: next((p for p in fleet.work.glob(".tether-part-*") if p.stat().st_size >= 512 << 10),
+        part = wait_for(lambda: next((p for p in fleet.work.glob(".tether-part-*") if p.stat().st_size >= 256 << 10),
                                      None), "a partial file on beta", WAIT)
         assert isinstance(part, Path)
         fleet.devices["beta"].kill()
@@ -145,7 +145,7 @@ def test_a_transfer_resumes_after_the_receiver_is_killed_and_restarted(fleet: Fl
     report = result.result
     assert report["resumes"] >= 1, report
     assert 0 < report["bytes_sent_after_resume"] < report["bytes"], report
-    assert report["bytes_sent_after_resume"] <= report["bytes"] - held + (32 << 10) * 5, report  # from its offset
+    assert report["bytes_sent_after_resume"] <= report["bytes"] - held + (32 << 10) * 8, report  # from its offset
     assert _sha(dest) == _sha(src)
     assert not list(fleet.work.glob(".tether-part-*"))
     src.unlink()

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-WINDOW = 4  # chunks read ahead of the receiver at most: the server's memory per transfer is WINDOW chunks
+GROUP = 8  # chunks a batch at most (fewer when that would come near the frame limit)
+WINDOW = 2  # batches of chunks read ahead of the receiver at most: the server holds at most WINDOW + 2 batches
 CONTROL_TIMEOUT = 300.0  # a manifest or a commit hashes whole files: a slow disk may take a while
 TRANSFER_SKILL = "transfer"  # the skill name a plan step uses (agent/tasks)
 
@@ -118,6 +119,7 @@ class TransferService:
         self.chunk_bytes: int = settings.transfer_chunk_bytes
         self.resume_attempts: int = settings.transfer_resume_attempts
         self.resume_wait: float = settings.transfer_resume_wait
+        self.max_frame_bytes: int = settings.max_frame_bytes
 
     async def transfer(self, request: TransferRequest, caller: Caller,
                        on_progress: Callable[[dict[str, Any]], None] | None = None) -> Result:
@@ -141,6 +143,8 @@ class _Transfer:
         self.on_progress = on_progress
         self.cap = min(service.max_bytes, request.max_bytes or service.max_bytes)
         self.chunk = max(4096, min(service.chunk_bytes, request.chunk_bytes or service.chunk_bytes))
+        # chunks a batch: a batch of them travels as one frame, which must stay well under the frame limit
+        self.group = max(1, min(GROUP, service.max_frame_bytes // 2 // (self.chunk * 4 // 3 + 1024)))
         self.progress = _Progress()
         self.transfer_id = ""
         self.manifest: dict[str, Any] = {}
@@ -187,7 +191,7 @@ class _Transfer:
                                                                            "max_bytes": self.cap})
             self.manifest = self._check(req.source, "transfer_manifest", manifest)
             self.transfer_id = self._id()
-            self._audit_start()
+            await self._audit_start()
         except (_Failed, _Interrupted) as exc:
             return exc.result if isinstance(exc, _Failed) else Result.failure(f"transfer: {exc}")
         try:
@@ -195,9 +199,12 @@ class _Transfer:
         except _Failed as exc:
             result = exc.result
         except asyncio.CancelledError:
-            self._audit_end(Result.failure("transfer cancelled by its caller"))
+            self.hub.store.audit.done_queued(self._outcomes(Result.failure("transfer cancelled by its caller")))
             raise
-        self._audit_end(result)
+        try:
+            await self.hub.store.audit.done_grouped(self._outcomes(result))
+        except Exception:
+            logger.exception("could not write the audit rows of transfer %s", self.transfer_id)
         return result
 
     def _id(self) -> str:
@@ -287,27 +294,42 @@ class _Transfer:
             params["target"] = entry["target"]
         return await self._call(self.request.dest, "transfer_commit", params, approved=True)
 
+    async def _batch(self, device: str, tool: str, params: list[dict[str, Any]], *, approved: bool = False
+                     ) -> list[Result]:
+        """Several chunk commands as one batch (one round trip), unaudited (`chunks`), stopping at the first
+        failure."""
+        commands = [Command(tool_name=tool, parameters=p, approved_by=self.caller.approved_by if approved else None)
+                    for p in params]
+        return await self._dispatcher(device, audited=False).execute_commands(commands, timeout=CONTROL_TIMEOUT)
+
     async def _stream(self, index: int, entry: dict[str, Any], have: int) -> None:
-        """Chunks from `have` to the end, read ahead of the writes by at most WINDOW chunks."""
+        """Chunks from `have` to the end: `self.group` chunks a batch (one round trip each way), the reads at
+        most one batch ahead of the writes, so the server holds at most WINDOW groups of chunks."""
         if entry["type"] != "file":
             return
         size = entry["size"]
         source_path = self.manifest["root"] if entry["path"] == "" else f"{self.manifest['root']}/{entry['path']}"
-        queue: asyncio.Queue[tuple[int, str] | None] = asyncio.Queue(maxsize=WINDOW)
+        queue: asyncio.Queue[list[tuple[int, str]] | None] = asyncio.Queue(maxsize=WINDOW)
 
         async def read() -> None:
             offset = have
             while offset < size:
-                got = self._check(self.request.source, "read_file_chunk", await self._call(
-                    self.request.source, "read_file_chunk",
-                    {"path": source_path, "offset": offset, "length": self.chunk, "size": size}, audited=False))
-                await queue.put((offset, got["data"]))
-                offset += got["length"]
+                wanted = [{"path": source_path, "offset": at, "length": self.chunk, "size": size}
+                          for at in range(offset, min(size, offset + self.group * self.chunk), self.chunk)]
+                group: list[tuple[int, str]] = []
+                for result in await self._batch(self.request.source, "read_file_chunk", wanted):
+                    got = self._check(self.request.source, "read_file_chunk", result)
+                    if got["offset"] != offset:  # an earlier read came back shorter (the sender's cap): go on
+                        break                     # from where it ended, in chunks of that size
+                    group.append((offset, got["data"]))
+                    offset += got["length"]
+                    if got["length"] < self.chunk and offset < size:
+                        self.chunk = got["length"]
+                await queue.put(group)
             await queue.put(None)
 
         reader = asyncio.create_task(read(), name=f"transfer-read-{self.transfer_id}")
         try:
-            offset = have
             while True:
                 getter = asyncio.ensure_future(queue.get())
                 done, _ = await asyncio.wait({getter, reader}, return_when=asyncio.FIRST_COMPLETED)
@@ -315,18 +337,18 @@ class _Transfer:
                     getter.cancel()
                     reader.result()  # raises what stopped the reader
                     getter = asyncio.ensure_future(queue.get())  # it finished: the rest is queued
-                item = await getter
-                if item is None:
+                group = await getter
+                if group is None:
                     break
-                offset, data = item
-                result = await self._call(self.request.dest, "write_file_chunk", {
+                results = await self._batch(self.request.dest, "write_file_chunk", [{
                     "transfer_id": self.transfer_id, "root": self.root, "path": entry["path"], "index": index,
-                    "offset": offset, "size": size, "data": data}, audited=False, approved=True)
-                written = self._check(self.request.dest, "write_file_chunk", result)
-                sent = written["have"] - offset
-                self.progress.bytes_sent += sent
-                self.progress.after_resume += sent
-                self._tell("chunk", path=entry["path"], have=written["have"], size=size)
+                    "offset": offset, "size": size, "data": data} for offset, data in group], approved=True)
+                held = 0
+                for (offset, _), result in zip(group, results, strict=True):
+                    held = self._check(self.request.dest, "write_file_chunk", result)["have"]
+                    self.progress.bytes_sent += held - offset
+                    self.progress.after_resume += held - offset
+                self._tell("chunk", path=entry["path"], have=held, size=size)
         finally:
             if not reader.done():
                 reader.cancel()
@@ -366,7 +388,7 @@ class _Transfer:
 
     # -- the audit ---------------------------------------------------------------------------------------------
 
-    def _audit_start(self) -> None:
+    async def _audit_start(self) -> None:
         """One row per side, before anything is written to the receiver: a transfer nobody can audit is not run."""
         req = self.request
         facts = {"transfer_id": self.transfer_id, "source": f"{req.source}:{self.manifest['root']}",
@@ -377,19 +399,15 @@ class _Transfer:
             call_id = self.rows[device + tool] = new_call_id()
             rows.append((self.caller.requested_by, device, call_id, tool, facts, SENT, None, self.response_id,
                          self.caller.approved_by if tool == "transfer.receive" else None))
-        problem = self.hub.store.audit.sent(rows)
+        problem = await self.hub.store.audit.sent_grouped(rows)  # off the loop's path, with other batches' rows
         if problem is not None:
             raise _Failed(Result.failure(f"transfer refused, nothing was sent: {problem}"))
 
-    def _audit_end(self, result: Result) -> None:
-        if not self.rows:
-            return
+    def _outcomes(self, result: Result) -> list[tuple[str, str | None, str, str | None]]:
+        """The outcome of each side's row: the transfer's status and the reason, or what was verified."""
         status = result.status.value
         note = result.error
         if result.ok:
             note = (f"verified: {self.manifest['files']} file(s), {self.manifest['total_bytes']} bytes, "
                     f"{self.progress.bytes_sent} sent, {self.progress.resumes} resume(s), root {self.root}")
-        try:
-            self.hub.store.audit.done((self.response_id, call_id, status, note) for call_id in self.rows.values())
-        except Exception:
-            logger.exception("could not write the audit rows of transfer %s", self.transfer_id)
+        return [(self.response_id, call_id, status, note) for call_id in self.rows.values()]
