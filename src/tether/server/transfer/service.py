@@ -13,8 +13,9 @@ The steps, each a command on a device (the devices' `transfer` tool set):
    each file it holds already (a partial file kept across a reconnect), which is where sending resumes.
 3. per file: `read_file_chunk` on the sender and `write_file_chunk` on the receiver, chunk by chunk
    (`transfer_chunk_bytes`), up to `GROUP` chunks a batch, the reads at most `WINDOW` batches ahead of the
-   writes: the server never holds more than those, whatever the file's size; then `transfer_commit`, which verifies the sha256 on the receiver
-   before the file becomes visible. A checksum mismatch sends that file once more from the start, then fails.
+   writes: the server never holds more than those, whatever the file's size; then `transfer_commit`, which
+   verifies the sha256 on the receiver before the file becomes visible. A checksum mismatch sends that file
+   once more from the start, then fails.
 4. A chunk that fails because a device went away (a dropped link, a restarted process) is not a failure: the
    service waits up to `transfer_resume_wait` for the device to be back, asks the receiver again what it
    holds (step 2), and goes on from there, up to `transfer_resume_attempts` times.
