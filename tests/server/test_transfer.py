@@ -229,3 +229,24 @@ def test_a_task_step_sends_a_directory_a_person_approves_and_the_task_undo_puts_
     undone = fleet.remote.undo_task(task["id"])
     assert "beta" in undone["devices"], undone
     assert not dest.exists()
+
+
+def test_escaping_symlinks_special_files_and_dotdot_names_are_refused(fleet: Fleet) -> None:
+    tree = fleet.work / "leaky"
+    tree.mkdir()
+    (tree / "ok.txt").write_text("fine\n")
+    (tree / "out").symlink_to("/etc/hostname")  # leads out of the tree
+    result = fleet.client.transfer("alpha", str(tree), "beta", str(fleet.work / "leaky-copy"))
+    assert not result.ok and "outside the tree" in (result.error or ""), result.error
+    (tree / "out").unlink()
+    os.mkfifo(tree / "pipe")
+    result = fleet.client.transfer("alpha", str(tree), "beta", str(fleet.work / "leaky-copy"))
+    assert not result.ok and "special file (FIFO)" in (result.error or ""), result.error
+    assert not (fleet.work / "leaky-copy").exists()
+    # a sender (or anyone calling the receiver's tool) naming an entry that climbs out is refused there too
+    entry = {"path": "../escaped.txt", "type": "file", "size": 1, "sha256": "0" * 64}
+    _, [begin] = fleet.remote.run("beta", [Command(tool_name="transfer_begin", parameters={
+        "transfer_id": "tdotdot0001", "dest": str(fleet.work / "inbox"), "kind": "dir", "name": "inbox",
+        "entries": [entry]})])
+    assert not begin.ok and "refused entry name '../escaped.txt'" in (begin.error or ""), begin.error
+    assert not (fleet.work / "inbox").exists() and not (fleet.work / "escaped.txt").exists()
