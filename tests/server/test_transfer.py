@@ -250,3 +250,17 @@ def test_escaping_symlinks_special_files_and_dotdot_names_are_refused(fleet: Fle
         "entries": [entry]})])
     assert not begin.ok and "refused entry name '../escaped.txt'" in (begin.error or ""), begin.error
     assert not (fleet.work / "inbox").exists() and not (fleet.work / "escaped.txt").exists()
+
+
+def test_a_symlink_planted_in_the_destination_is_never_written_through(fleet: Fleet) -> None:
+    src = fleet.work / "pkg"
+    (src / "lib").mkdir(parents=True)
+    (src / "lib" / "mod.py").write_text("x = 1\n")
+    victim = fleet.work / "victim"
+    victim.mkdir()
+    trap = fleet.work / "trap"
+    (trap / "pkg").mkdir(parents=True)
+    (trap / "pkg" / "lib").symlink_to(victim)  # inside the write roots, but not where the names say
+    result = fleet.client.transfer("alpha", str(src), "beta", str(trap))
+    assert not result.ok and "path.escape" in (result.error or ""), result.error
+    assert list(victim.iterdir()) == []
