@@ -70,8 +70,9 @@ COMMANDS: dict[str, Lazy] = {
                   "Show a batch's record: each command's outcome, also one that came back after its caller "
                   "stopped waiting."),
     "cp": Lazy(("transfer",),
-               "Send a file or directory from one device to another through the server (DEVICE:PATH to "
-               "DEVICE:PATH), checked, resumable and undoable."),
+               "Send a file or directory from one device to another through the server: streamed in chunks, its "
+               "sha256 checked on the receiver before it appears, resumed if a device reconnects, written under "
+               "the receiver's policy (approvals, undo journal)."),
     "tools": Lazy(("tools",), "List tools, or serve a built-in tool set over MCP."),
     "server": Lazy(("server", "systemd"), "Start the agent server, or install it as a service."),
     "device": Lazy(("server", "systemd"),
