@@ -37,7 +37,9 @@ def cp(source: Annotated[str, typer.Argument(help="DEVICE:PATH of the file or di
        server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
     """Send a file or directory from one device to another through the server: streamed in chunks, its
     sha256 checked on the receiver before it appears, resumed if a device reconnects, written under the
-    receiver's policy (approvals, undo journal). Exit 1 when the transfer fails."""
+    receiver's policy (approvals, undo journal).
+
+    Exit 1 when the transfer fails, 3 when the receiver holds it for a person's approval."""
     from tether.client.rest import RemoteError, RemoteServer
 
     src_device, src_path = split_place(source, "SOURCE")
@@ -49,7 +51,7 @@ def cp(source: Annotated[str, typer.Argument(help="DEVICE:PATH of the file or di
         with RemoteServer(server, token, ca_file=ca_file) as remote:
             result = remote.transfer({k: v for k, v in body.items() if v is not None})
     except RemoteError as exc:
-        fail_remote(exc, ExitCode.USAGE)
+        fail_remote(exc)
     if as_json:
         typer.echo(json.dumps(result.model_dump(mode="json"), indent=2))
     elif result.ok:
@@ -64,4 +66,5 @@ def cp(source: Annotated[str, typer.Argument(help="DEVICE:PATH of the file or di
             console().print(f"a person approves it with: tether cp {escape(source)} {escape(dest)} --approve "
                             f"--digest {payload.get('approval_digest', '')}")
     if not result.ok:
-        raise typer.Exit(1)
+        held = isinstance(result.result, dict) and result.result.get("needs_approval")
+        raise typer.Exit(ExitCode.WAITING if held else ExitCode.FAILED)
