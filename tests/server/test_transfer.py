@@ -175,7 +175,11 @@ def test_a_protected_destination_waits_for_a_person_who_approves_what_was_shown(
     src.write_text("export PATH=/evil:$PATH\n")
     project = fleet.work / "project"
     project.mkdir()
-    held = fleet.client.transfer("alpha", str(src), "beta", str(project / ".envrc"))
+    out = subprocess.run([*CLI, "cp", f"alpha:{src}", f"beta:{project / '.envrc'}", "--json"], capture_output=True,
+                         text=True, timeout=WAIT, env={**fleet.env, "TETHER_SERVER": fleet.url,
+                                                       "TETHER_TOKEN": fleet.token})
+    assert out.returncode == 3, out.stdout + out.stderr  # a person must act
+    held = Result.model_validate_json(out.stdout)
     assert not held.ok and held.result["needs_approval"] is True, held
     assert "protected-path" in (held.error or "") and held.result.get("approval_digest"), held
     assert not (project / ".envrc").exists()
