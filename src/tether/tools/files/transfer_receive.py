@@ -145,7 +145,7 @@ def _judge(ctx: ToolContext, root: str, entry: dict[str, Any], overwrite: bool) 
     return {"target": target, "exists": st is not None}
 
 
-@tool(tool_type="action")
+@tool(tool_type="action", meta=True)
 async def transfer_begin(ctx: ToolContext, transfer_id: str, dest: str, kind: Literal["file", "dir"],
                          name: str, entries: list[dict[str, Any]], overwrite: bool = False,
                          into: bool = True) -> dict[str, Any]:
@@ -200,7 +200,7 @@ async def transfer_begin(ctx: ToolContext, transfer_id: str, dest: str, kind: Li
     return await _apply(apply, f"preparing {dest}")
 
 
-@tool(tool_type="action")
+@tool(tool_type="action", meta=True)
 async def write_file_chunk(ctx: ToolContext, transfer_id: str, root: str, path: str, index: int, offset: int,
                            size: int, data: str) -> dict[str, Any]:
     """Write one chunk (base64 `data`) of entry `path` at `offset` into its partial file (never the file
@@ -263,7 +263,7 @@ async def write_file_chunk(ctx: ToolContext, transfer_id: str, root: str, path: 
     return await _apply(apply, f"writing a chunk of {path or root}")
 
 
-@tool(tool_type="action")
+@tool(tool_type="action", meta=True)
 async def transfer_commit(ctx: ToolContext, transfer_id: str, root: str, path: str, index: int,
                           type: Literal["file", "symlink"], size: int = 0, sha256: str = "", mode: int = 0o644,
                           target: str = "", overwrite: bool = False) -> dict[str, Any]:

@@ -116,7 +116,7 @@ def _link_entry(root: Path, path: Path, rel: str, hidden: HiddenSet) -> dict[str
     return {"path": rel, "type": "symlink", "target": relative}
 
 
-@tool(tool_type="data_collection")
+@tool(tool_type="data_collection", meta=True)
 async def transfer_manifest(ctx: ToolContext, path: str, max_bytes: int = 1 << 30) -> dict[str, Any]:
     """Describe a file or directory to send: each entry's relative path, type, size, mode and sha256.
 
@@ -157,7 +157,7 @@ async def transfer_manifest(ctx: ToolContext, path: str, max_bytes: int = 1 << 3
         raise ToolError(f"cannot describe {path}: {exc.strerror or exc}") from None
 
 
-@tool(tool_type="data_collection")
+@tool(tool_type="data_collection", meta=True)
 async def read_file_chunk(ctx: ToolContext, path: str, offset: int, length: int, size: int) -> dict[str, Any]:
     """Read up to `length` bytes of a file being sent, from `offset`, as base64 (never past `size`, the size
     its manifest gave: a file that grew since is cut at that size and its checksum then tells).
