@@ -24,6 +24,7 @@ from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.client import Client
 from tether.client.rest import RemoteServer
 from tether.protocol.models import Command, Result
+from tether.server.transfer.service import transfer_id
 
 WAIT = 60.0
 # a dropped device's batches wait 3 s for it; silence for 2 s means it is gone
@@ -268,3 +269,18 @@ def test_a_symlink_planted_in_the_destination_is_never_written_through(fleet: Fl
     result = fleet.client.transfer("alpha", str(src), "beta", str(trap))
     assert not result.ok and "path.escape" in (result.error or ""), result.error
     assert list(victim.iterdir()) == []
+
+
+def test_a_partial_file_holding_wrong_bytes_is_caught_and_the_file_sent_again(fleet: Fleet) -> None:
+    src = fleet.work / "model.bin"
+    src.write_bytes(os.urandom(300_000))
+    dest = fleet.work / "model-copy.bin"
+    _, [manifest] = fleet.remote.run("alpha", [Command(tool_name="transfer_manifest", parameters={"path": str(src)})])
+    tid = transfer_id("alpha", manifest.result["root"], "beta", str(dest), manifest.result["entries"])
+    part = fleet.work / f".tether-part-{tid}-0"
+    part.write_bytes(b"\0" * 100_000)  # what a corrupted chunk left behind: the receiver reports 100,000 bytes held
+    result = fleet.client.transfer("alpha", str(src), "beta", str(dest))
+    assert result.ok, result.error
+    assert result.result["resent_files"] == 1, result.result  # resumed at 100,000, caught at the commit, sent again
+    assert result.result["bytes_sent"] == 200_000 + 300_000, result.result
+    assert _sha(dest) == _sha(src) and not part.exists()

@@ -110,6 +110,13 @@ class _Failed(ServerError):
         self.result = result
 
 
+def transfer_id(source: str, root: str, dest: str, dest_path: str, entries: list[dict[str, Any]]) -> str:
+    """A transfer's id: the same for the same content (`entries`, the sender's manifest) sent from the same
+    place to the same place, so asking again finds the receiver's partial files and resumes."""
+    facts = json.dumps([source, root, dest, dest_path, entries], sort_keys=True, separators=(",", ":"))
+    return "t" + hashlib.sha256(facts.encode()).hexdigest()[:31]
+
+
 class TransferService:
     """Runs transfers through `hub` with the caps in `settings` (`transfer_*`); one per server, stateless
     between transfers (what a transfer has done lives in the receiver's partial files)."""
@@ -209,11 +216,8 @@ class _Transfer:
         return result
 
     def _id(self) -> str:
-        """The same for the same content sent to the same place: asking again resumes."""
         req = self.request
-        facts = json.dumps([req.source, self.manifest["root"], req.dest, req.dest_path, self.manifest["entries"]],
-                           sort_keys=True, separators=(",", ":"))
-        return "t" + hashlib.sha256(facts.encode()).hexdigest()[:31]
+        return transfer_id(req.source, self.manifest["root"], req.dest, req.dest_path, self.manifest["entries"])
 
     async def _send(self) -> Result:
         files = await self._begin(first=True)
