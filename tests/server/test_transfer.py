@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.kits import db as dbkit
@@ -284,3 +285,19 @@ def test_a_partial_file_holding_wrong_bytes_is_caught_and_the_file_sent_again(fl
     assert result.result["resent_files"] == 1, result.result  # resumed at 100,000, caught at the commit, sent again
     assert result.result["bytes_sent"] == 200_000 + 300_000, result.result
     assert _sha(dest) == _sha(src) and not part.exists()
+
+
+def test_a_token_reaches_only_its_devices_and_an_agent_never_approves(fleet: Fleet) -> None:
+    src = fleet.work / "scoped.txt"
+    src.write_text("data\n")
+    made = {name: fleet.remote._request("POST", "/tokens", json={"kind": "api", "name": name, **extra})["token"]
+            for name, extra in (("beta-only", {"scopes": ["read", "execute"], "devices": ["beta"]}),
+                                ("an-agent", {"scopes": ["read", "execute"], "agent": True}))}
+    body = {"source": "alpha", "source_path": str(src), "dest": "beta", "dest_path": str(fleet.work / "scoped-copy")}
+    with httpx.Client(base_url=fleet.url + "/api/v1", timeout=WAIT) as http:
+        scoped = http.post("/transfers", json=body, headers={"Authorization": f"Bearer {made['beta-only']}"})
+        assert scoped.status_code == 404 and "alpha" in scoped.json()["error"], scoped.text  # reads nothing there
+        agent = http.post("/transfers", json={**body, "approve": True},
+                          headers={"Authorization": f"Bearer {made['an-agent']}"})
+        assert agent.status_code == 403 and "agent" in agent.json()["error"], agent.text
+    assert not (fleet.work / "scoped-copy").exists()
