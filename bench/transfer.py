@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -102,6 +103,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--chunk-kib", type=int, default=768)
     args = parser.parse_args()
+    if shutil.which("curl") is None:
+        sys.exit("the HTTP anchor needs curl: apt-get install -y curl")
     with tempfile.TemporaryDirectory(prefix="tether-bench-transfer-") as tmp_name:
         tmp = Path(tmp_name)
         src = tmp / "payload.bin"
