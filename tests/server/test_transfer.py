@@ -165,11 +165,15 @@ def test_more_than_the_size_cap_is_refused_before_a_byte_moves(fleet: Fleet) -> 
     assert not dest.exists() and not list(fleet.work.glob(".tether-part-*"))
 
 
-def test_a_hidden_source_path_is_never_sent(fleet: Fleet) -> None:
+def test_a_hidden_path_is_never_sent_nor_written(fleet: Fleet) -> None:
     result = fleet.client.transfer("alpha", "~/.ssh", "beta", str(fleet.work / "stolen"))
     assert not result.ok
     assert "hide_paths" in (result.error or "") and "alpha" in (result.error or ""), result.error
     assert not (fleet.work / "stolen").exists()
+    planted = fleet.work / "authorized_keys"
+    planted.write_text("ssh-ed25519 AAAA attacker\n")
+    result = fleet.client.transfer("alpha", str(planted), "beta", "~/.ssh/authorized_keys")  # nor created there
+    assert not result.ok and "hide_paths" in (result.error or "") and "beta" in (result.error or ""), result.error
 
 
 def test_a_protected_destination_waits_for_a_person_who_approves_what_was_shown(fleet: Fleet) -> None:
