@@ -17,7 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tether.protocol.models import Command, Result, ToolInfo
-from tether.server.transfer.service import TRANSFER_SKILL, Caller, TransferRequest, TransferService
+from tether.server.transfer.model import TRANSFER_SKILL, Caller, TransferRequest
+from tether.server.transfer.service import TransferService
 
 _SCHEMA: dict[str, Any] = {
     "type": "object",

@@ -22,7 +22,8 @@ from tether.server.approvals import how_a_person_approves
 from tether.server.http.api import ERROR_RESPONSES, _reachable, refuse_unaudited, require, require_approver
 from tether.server.sessions import owned_session
 from tether.server.store.tokens import TokenInfo
-from tether.server.transfer.service import Caller, TransferRequest, TransferService
+from tether.server.transfer.model import Caller, TransferRequest
+from tether.server.transfer.service import TransferService
 
 transfer_router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES, tags=["transfers"])
 

@@ -45,9 +45,9 @@ from tether.protocol.models import Command, Result, ResultStatus, new_call_id
 from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.store.audit import SENT
 from tether.server.transfer.chunks import ChunkAudit
+from tether.server.transfer.model import Caller, TransferRequest, transfer_id
 
 if TYPE_CHECKING:
-    from tether.server.aip.batches import TokenRef
     from tether.server.aip.hub import DeviceHub
 
 logger = logging.getLogger(__name__)
@@ -55,35 +55,6 @@ logger = logging.getLogger(__name__)
 GROUP = 8  # chunks a batch at most (fewer when that would come near the frame limit)
 WINDOW = 2  # batches of chunks read ahead of the receiver at most: the server holds at most WINDOW + 2 batches
 CONTROL_TIMEOUT = 300.0  # a manifest or a commit hashes whole files: a slow disk may take a while
-TRANSFER_SKILL = "transfer"  # the skill name a plan step uses (agent/tasks)
-
-
-@dataclass
-class TransferRequest:
-    """What to send: `source_path` on device `source` to `dest_path` on device `dest` (an existing directory
-    there receives it by its name, as `cp` does). `overwrite` lets existing files be replaced (a person
-    approves that outside the receiver's temp dir); `max_bytes` and `chunk_bytes` lower the server's caps."""
-
-    source: str
-    source_path: str
-    dest: str
-    dest_path: str
-    overwrite: bool = False
-    max_bytes: int | None = None
-    chunk_bytes: int | None = None
-
-
-@dataclass
-class Caller:
-    """Who asks, as the audit names them, the undo session the receiver journals into, and an approval."""
-
-    requested_by: str
-    session_id: str | None = None
-    approved_by: str | None = None
-    approval_digest: str | None = None
-    asker: TokenRef | None = None
-
-
 @dataclass
 class _Progress:
     bytes_sent: int = 0
@@ -108,13 +79,6 @@ class _Failed(ServerError):
     def __init__(self, result: Result) -> None:
         super().__init__(result.error)
         self.result = result
-
-
-def transfer_id(source: str, root: str, dest: str, dest_path: str, entries: list[dict[str, Any]]) -> str:
-    """A transfer's id: the same for the same content (`entries`, the sender's manifest) sent from the same
-    place to the same place, so asking again finds the receiver's partial files and resumes."""
-    facts = json.dumps([source, root, dest, dest_path, entries], sort_keys=True, separators=(",", ":"))
-    return "t" + hashlib.sha256(facts.encode()).hexdigest()[:31]
 
 
 class TransferService:
