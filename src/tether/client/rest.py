@@ -202,6 +202,33 @@ class RemoteServer:
                                 **({"digest": digest} if digest else {})}
         return self._request("POST", f"/tasks/{_quote(task_id)}/approval", json=body)
 
+    def approvals(self) -> list[dict[str, Any]]:
+        """What waits for a person that this token may answer (GET /approvals; docs/approvals.md)."""
+        return self._request("GET", "/approvals")
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        """This token's webhooks (an admin's: every one), secrets never included."""
+        return self._request("GET", "/webhooks")
+
+    def add_webhook(self, url: str, *, events: list[str] | None = None, fmt: str = "generic",
+                    server_wide: bool = False) -> dict[str, Any]:
+        """Add a webhook; the answer's `secret` (its signing secret) is shown this once."""
+        body: dict[str, Any] = {"url": url, "format": fmt, "server_wide": server_wide,
+                                **({"events": events} if events else {})}
+        return self._request("POST", "/webhooks", json=body)
+
+    def remove_webhook(self, webhook_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/webhooks/{_quote(webhook_id)}")
+
+    def webhook_deliveries(self, webhook_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The webhook's latest deliveries, newest first (status, attempts, last HTTP status and error)."""
+        return self._request("GET", f"/webhooks/{_quote(webhook_id)}/deliveries",
+                             params={"limit": limit})
+
+    def test_webhook(self, webhook_id: str) -> dict[str, Any]:
+        """Queue a `ping` delivery to the webhook."""
+        return self._request("POST", f"/webhooks/{_quote(webhook_id)}/test")
+
     def cancel(self, task_id: str) -> dict[str, Any]:
         return self._request("POST", f"/tasks/{_quote(task_id)}/cancel")
 
