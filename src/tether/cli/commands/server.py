@@ -77,6 +77,29 @@ def _set_options(pairs: list[str]) -> dict[str, str]:
     return values
 
 
+def _config_webhooks(config: Path | None) -> list[dict[str, object]]:
+    """The `webhooks:` list of the config file (`config`, else the default one when it exists); [] without."""
+    from tether.agent.llm.chat import default_config_path
+
+    file = config.expanduser() if config is not None else default_config_path()
+    if not file.is_file():
+        return []
+    import yaml
+
+    from tether import yaml12
+
+    try:
+        data = yaml12.safe_load(file.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        fail(f"cannot read config file {file}: {exc}")
+    hooks = data.get("webhooks") if isinstance(data, dict) else None
+    if hooks is None:
+        return []
+    if not isinstance(hooks, list) or not all(isinstance(h, dict) for h in hooks):
+        fail(f"config file {file}: webhooks: must be a list of entries with url, secret, format, events")
+    return hooks
+
+
 @server_app.callback(invoke_without_command=True)
 def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
                "--config", "-c", metavar="FILE", help="the config file whose llm: section plans tasks "
@@ -144,6 +167,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         if named.get(key) is not None:
             fail(f"--set {key}: give it with its own option (tether server --help)")
         named[key] = value
+    named["webhooks"] = _config_webhooks(config) or None  # the config file's webhooks: (docs/approvals.md)
     settings = _settings(**named)
     if settings.cluster_url:
         try:
@@ -500,6 +524,11 @@ def device(ctx: typer.Context,
     enrolment = None
     if not secret:
         from tether.cli.commands.pairing import enrol  # httpx and the admin commands: only without a token
+        from tether.protocol.names import device_name_problem
+
+        if name and (problem := device_name_problem(name)) is not None:  # as the server checks it, before asking
+            _error(f"--name: {problem}")
+            raise typer.Exit(2)
 
         enrolment = enrol(cfg, servers[0] if servers else None, state_dir, name, ca_file, tls_fingerprint, pair)
         if name and enrolment.name and name != enrolment.name:  # the admin named it when approving
