@@ -40,8 +40,9 @@ class PairingClaim(BaseModel):
 class PairingDecision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$",
-                             description="the device's name (default: the one it asked for)")
+    name: str | None = Field(None, max_length=256, description=(
+        "the device's name (default: the one it asked for): letters, digits, '.', '_', '@' and '-', starting "
+        "with a letter or digit, at most 128 characters"))
     tags: list[str] = Field(default_factory=list, max_length=32)
     replace: bool = Field(False, description="take the name of an existing device: its tokens are revoked and its "
                                              "key replaced by this request's (without it, a taken name is refused)")
