@@ -21,6 +21,24 @@ from tether.protocol.models import Command, Result, ToolInfo
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
+def token_file_path() -> str:
+    """Where the CLI keeps a person's API token (`tether token create --admin` writes it, mode 0600):
+    $TETHER_TOKEN_FILE, else $XDG_CONFIG_HOME/tether/token (~/.config/tether/token)."""
+    if os.environ.get("TETHER_TOKEN_FILE"):
+        return os.path.expanduser(os.environ["TETHER_TOKEN_FILE"])
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "tether", "token")
+
+
+def saved_token() -> str | None:
+    """The token in `token_file_path()`, or None when there is no such file (or it cannot be read)."""
+    try:
+        with open(token_file_path(), encoding="utf-8") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
+
+
 class RemoteError(ClientError, RuntimeError):
     """The server said no (its `error` text), or could not be reached; the message says which.
     `status` is the HTTP status of a refusal (None when the server was not reached)."""
@@ -36,7 +54,7 @@ class RemoteServer:
         self.base_url = (base_url or os.environ.get("TETHER_SERVER") or DEFAULT_SERVER).rstrip("/")
         if self.base_url.startswith(("ws://", "wss://")):
             self.base_url = "http" + self.base_url[2:].removesuffix("/aip")
-        self.token = token or os.environ.get("TETHER_TOKEN")
+        self.token = token or os.environ.get("TETHER_TOKEN") or saved_token()
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         ca = ca_file or os.environ.get("TETHER_CA_FILE")
         verify: Any = ssl.create_default_context(cafile=ca) if ca else True
