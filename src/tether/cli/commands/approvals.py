@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
+from tether.cli import completion as complete
 from tether.cli.common import CaOpt, ExitCode, JsonOpt, OutputOpt, ServerOpt, TokenOpt, app, console, fail, fail_remote
 
 approvals_app = typer.Typer(invoke_without_command=True, no_args_is_help=False,
@@ -20,7 +21,8 @@ webhooks_app = typer.Typer(invoke_without_command=True, no_args_is_help=False,
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(webhooks_app, name="webhooks")
 
-ItemArg = Annotated[str, typer.Argument(metavar="ID", help="an inbox item: a task id (or prefix) or DEVICE/QUESTION")]
+ItemArg = Annotated[str, typer.Argument(metavar="ID", help="an inbox item: a task id (or prefix) or DEVICE/QUESTION",
+                                        autocompletion=complete.inbox)]
 
 
 def _ago(seconds: float) -> str:

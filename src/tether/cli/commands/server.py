@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tether.cli import completion as complete
 from tether.cli.common import (
     CaOpt,
     ConfigOpt,
@@ -442,7 +443,8 @@ def _sandbox_cell(kind: str | None) -> str:
 
 
 @token_app.command("revoke")
-def token_revoke(token: Annotated[str, typer.Argument(help="token id, or a name (revokes all its tokens)")],
+def token_revoke(token: Annotated[str, typer.Argument(help="token id, or a name (revokes all its tokens)",
+                                                     autocompletion=complete.tokens)],
                  db: DbOpt = None) -> None:
     """Revoke a token; a connected device using it is refused at its next registration."""
     from tether.server.store import Store
