@@ -88,6 +88,23 @@ def _item(remote: Any, item_id: str) -> dict[str, Any]:
     return found[0]
 
 
+_YES = ("yes", "approve", "approved", "allow", "accept", "confirm", "confirmed", "ok", "proceed", "y")
+
+
+def _consent(schema: Any) -> dict[str, Any] | None:
+    """The content that says yes to a consent question's form: every boolean true, a yes among the choices."""
+    fields = (schema or {}).get("properties") or {} if isinstance(schema, dict) else {}
+    content: dict[str, Any] = {}
+    for name, field in fields.items():
+        if not isinstance(field, dict):
+            continue
+        if field.get("type") == "boolean":
+            content[name] = True
+        elif options := [o for o in field.get("enum") or [] if isinstance(o, str)]:
+            content[name] = next((o for o in options if o.strip().lower() in _YES), options[0])
+    return content or None
+
+
 def _act(item_id: str, verb: str, text: str | None, server: str | None, token: str | None, ca_file: str | None,
          as_json: bool) -> None:
     from tether.client.rest import RemoteError
@@ -99,9 +116,11 @@ def _act(item_id: str, verb: str, text: str | None, server: str | None, token: s
                 if verb == "answer":
                     field = next(iter((item.get("schema") or {}).get("properties") or {"answer": {}}), "answer")
                     result = remote.answer_question(item["device"], item["question_id"], "accept", {field: text})
+                elif verb == "approve":
+                    result = remote.answer_question(item["device"], item["question_id"], "accept",
+                                                    _consent(item.get("schema")))
                 else:
-                    result = remote.answer_question(item["device"], item["question_id"],
-                                                    "accept" if verb == "approve" else "decline")
+                    result = remote.answer_question(item["device"], item["question_id"], "decline")
             elif verb == "answer":
                 result = remote.answer(item["task"], text or "", item["question_id"], digest=item.get("digest"))
             else:
