@@ -20,9 +20,13 @@ from typing import Any
 import pytest
 import uvicorn
 
+from tests.kits import db as dbkit
 from tests.kits.netutil import CLI
 from tests.kits.task import WAIT, AgentServer
+from tether.server.notify.notifier import Notifier
 from tether.server.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, verify
+from tether.server.settings import ServerSettings
+from tether.server.store import Store
 from tether.tools.policy.model import default_policy
 
 
@@ -153,3 +157,24 @@ async def test_private_addresses_and_other_schemes_are_refused(tmp_path: Path) -
         wide = await server.api.post("/webhooks", json={"url": "https://example.com/x", "server_wide": True})
         assert wide.status_code == 403  # the server's own webhooks take an admin token
         assert (await server.api.get("/webhooks")).json() == []
+
+
+async def test_a_delivery_recorded_before_a_restart_is_sent_after_it(tmp_path: Path,
+                                                                     receiver: tuple[Receiver, str]) -> None:
+    """A server that recorded a delivery and stopped before sending it (the notifier never started): the next
+    server on the same database sends it, retrying the receiver's first 500."""
+    got, url = receiver
+    db = tmp_path / "server.db"
+    store = Store(dbkit.server_db(db))
+    secret = "whsec_" + "k" * 24
+    store.webhooks.add("wh_restart", url, secret, ["device.offline"], "slack", None, "api")
+    settings = ServerSettings(**dbkit.settings_db(db), webhook_allow_private=True)
+    made = Notifier(store, settings).emit("device.offline", "Device <lab> went offline", {"Device": "<lab>"},
+                                          devices=[("lab", ())])
+    store.close()
+    assert made == 1
+    async with AgentServer(tmp_path, db_path=db, webhook_allow_private=True, webhook_retry_s=0.05):
+        headers, body = await got.next_event("device.offline")
+    assert signed(secret, headers, body) and got.answered[:2] == [500, 200]
+    slack = json.loads(body)
+    assert set(slack) == {"text", "blocks"} and slack["text"] == "Device &lt;lab&gt; went offline"  # escaped
