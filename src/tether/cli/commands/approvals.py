@@ -21,6 +21,7 @@ webhooks_app = typer.Typer(invoke_without_command=True, no_args_is_help=False,
 app.add_typer(approvals_app, name="approvals")
 app.add_typer(webhooks_app, name="webhooks")
 
+WebhookArg = Annotated[str, typer.Argument(metavar="ID", help="the webhook's id (`tether webhooks` lists them)")]
 ItemArg = Annotated[str, typer.Argument(metavar="ID", help="an inbox item: a task id (or prefix) or DEVICE/QUESTION",
                                         autocompletion=complete.inbox)]
 
@@ -212,7 +213,7 @@ def add_webhook(url: Annotated[str, typer.Argument(metavar="URL", help="http:// 
 
 
 @webhooks_app.command("rm")
-def remove_webhook(webhook_id: Annotated[str, typer.Argument(metavar="ID")], server: ServerOpt = None,
+def remove_webhook(webhook_id: WebhookArg, server: ServerOpt = None,
                    token: TokenOpt = None, ca_file: CaOpt = None) -> None:
     """Remove a webhook and its deliveries."""
     from tether.client.rest import RemoteError
@@ -226,8 +227,9 @@ def remove_webhook(webhook_id: Annotated[str, typer.Argument(metavar="ID")], ser
 
 
 @webhooks_app.command("deliveries")
-def webhook_deliveries(webhook_id: Annotated[str, typer.Argument(metavar="ID")],
-                       limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=500)] = 20,
+def webhook_deliveries(webhook_id: WebhookArg,
+                       limit: Annotated[int, typer.Option("--limit", "-n", min=1, max=500,
+                                                          help="the latest this many")] = 20,
                        server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
                        as_json: JsonOpt = False) -> None:
     """A webhook's latest deliveries: event, status (pending, delivered, failed), attempts, last error."""
@@ -250,7 +252,7 @@ def webhook_deliveries(webhook_id: Annotated[str, typer.Argument(metavar="ID")],
 
 
 @webhooks_app.command("test")
-def test_webhook(webhook_id: Annotated[str, typer.Argument(metavar="ID")], server: ServerOpt = None,
+def test_webhook(webhook_id: WebhookArg, server: ServerOpt = None,
                  token: TokenOpt = None, ca_file: CaOpt = None) -> None:
     """Send a `ping` delivery to the webhook (see it with `tether webhooks deliveries ID`)."""
     from tether.client.rest import RemoteError

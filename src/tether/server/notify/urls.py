@@ -13,9 +13,13 @@ MAX_URL = 2048
 
 
 class WebhookRefused(ServerError, ValueError):
-    """A webhook URL tether will not send to; `str()` says why (a 400 where a person gave it)."""
+    """A webhook URL tether will not send to; `str()` says why. `status` is the HTTP answer where a person gave
+    it: 400 not an http(s) URL, 403 a private address the server's settings forbid, 404 a host that does not
+    resolve."""
 
-    status = 400
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def parse_webhook_url(url: str) -> tuple[str, str, int]:
@@ -59,14 +63,16 @@ async def check_webhook_url(url: str, allow_private: bool) -> None:
         return
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except UnicodeError:  # a label over 63 characters, or one IDNA cannot encode
+        raise WebhookRefused(f"{host[:80]!r} is not a host name", 400) from None
     except OSError as exc:
-        raise WebhookRefused(f"cannot resolve {host}: {exc.strerror or exc}") from None
+        raise WebhookRefused(f"cannot resolve {host}: {exc.strerror or exc}", 404) from None
     for info in infos:
         reason = private_reason(str(info[4][0]))
         if reason is not None:
             raise WebhookRefused(f"{host} resolves to {info[4][0]}, a {reason} address: webhooks go to public "
                                  "addresses unless the server's webhook_allow_private setting is on "
-                                 "(`tether server --set webhook_allow_private=true`)")
+                                 "(`tether server --set webhook_allow_private=true`)", 403)
 
 
 def redact(url: str) -> str:
