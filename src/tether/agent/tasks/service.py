@@ -28,6 +28,7 @@ from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.run.steps import discover_tools
 from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.notices import tell
 from tether.agent.tasks.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.tasks.peers import TaskPeers
 from tether.agent.tasks.restart import SEQ_JUMP, InFlight, in_flight_step, settle_after_restart
@@ -40,6 +41,7 @@ from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry, NoDeviceError
+from tether.server.notify.notifier import Notifier
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
@@ -118,8 +120,9 @@ class TaskService:
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: TaskStore,
                  llm: LLMClient | None = None, *, server_store: Store, budgets: Budgets | None = None,
                  command_timeout: float = 600.0, device_wait: float = 30.0,
-                 transfers: TransferService | None = None) -> None:
+                 transfers: TransferService | None = None, notifier: Notifier | None = None) -> None:
         self.hub = hub
+        self.notifier = notifier  # webhooks and the approval inbox told of waits and ends (agent/tasks/notices.py)
         self.registry = registry  # the hub's: which devices are known, connected, and what they offer
         self.server_store = server_store  # the server's: the audit log's health and the sessions' owners
         self.device_wait = device_wait
@@ -557,6 +560,8 @@ class TaskService:
         if self._peers is not None:  # followers on the other nodes of a cluster
             self._peers.event(task.id, event)
         self.feed(task.id, event)
+        if self.notifier is not None:
+            tell(self.notifier, self.registry, task, event)
 
     async def steer(self, task_id: str, action: str, by: str, **args: Any) -> Task | dict[str, Any]:
         """Answer, approve or cancel a task: here, or in a cluster on the node that runs it (its summary
