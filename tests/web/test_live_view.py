@@ -155,7 +155,7 @@ def test_watch_take_over_act_and_hand_back(browser: object, cluster: Cluster, gu
     expect(other.page.locator("#holder")).to_contain_text("Held by tests")
     assert agent_click(cluster, agent, buttons["cancel"])["status"] == "failure"
     other.close()
-    wait_for(lambda: any(r["tool_name"] == "screen.hand_back" and "went away" in str(r.get("parameters"))
+    wait_for(lambda: any(r["tool_name"] == "screen.hand_back" and "went away" in str(r.get("arguments"))
                          for r in audit_rows(cluster)), "the hold released when the page went away", 15)
     assert agent_click(cluster, agent, buttons["cancel"])["status"] == "success"
     in_thread(gui.wait_count("cancel", 3))
