@@ -129,6 +129,9 @@ def test_watch_take_over_act_and_hand_back(browser: object, cluster: Cluster, gu
         scale = box["width"] / SCREEN_W
         img.click(position={"x": buttons["submit"][0] * scale, "y": buttons["submit"][1] * scale})
         in_thread(gui.wait_event("submit", via="button"))
+        page.locator("#screen").press_sequentially("hi")  # keys typed in the view land too, in order
+        page.locator("#screen").press("Enter")
+        in_thread(gui.wait_event("submit", via="key", text="hi"))
         expect(page.locator(".mark.person").first).to_be_visible()  # the person's click, drawn in its colour
         assert len(gui.events("cancel")) == 1  # the refused click did nothing
         rows = audit_rows(cluster)

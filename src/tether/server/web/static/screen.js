@@ -66,9 +66,10 @@ function screenView(name) {
   const post = (what, body) => api(`${base}/${what}`, {method: "POST", body: {stream, ...body}});
   take.addEventListener("click", () => post("take").then(() => { box.dataset.held = "mine"; showHolder(S.me.name); box.focus(); }, fail));
   back.addEventListener("click", () => post("release").then(() => { box.dataset.held = ""; showHolder(null); }, fail));
-  const act = (tool, parameters) => post("act", {tool, parameters}).then((r) => {
+  let queue = Promise.resolve();  // one input at a time, in the order the person gave them
+  const act = (tool, parameters) => { queue = queue.then(() => post("act", {tool, parameters})).then((r) => {
     if (r.result.status !== "success") toast(`${tool}: ${r.result.error}`);
-  }, fail);
+  }, fail); };
   img.addEventListener("click", (e) => {
     if (!mine || !size) return;
     const r = img.getBoundingClientRect();
