@@ -173,6 +173,11 @@ def test_the_screen_is_for_execute_tokens_and_taking_over_for_persons(cluster: C
     assert reader.status_code == 403 and "execute" in reader.json()["error"]
     nowhere = httpx.get(base.replace("alpha", "no-such"), headers={"Authorization": f"Bearer {agent}"}, timeout=30)
     assert nowhere.status_code == 404
+    made = api(cluster, "POST", "/tokens", cluster.api_token,  # execute, but on another device only
+               json={"kind": "api", "name": "beta-only", "scopes": ["execute"], "devices": ["beta"]})
+    assert made.status_code == 201, made.text
+    elsewhere = httpx.get(base, headers={"Authorization": f"Bearer {made.json()['token']}"}, timeout=30)
+    assert elsewhere.status_code == 404, elsewhere.text
     taken = httpx.post(base + "/take", json={"stream": "x"}, headers={"Authorization": f"Bearer {agent}"}, timeout=30)
     assert taken.status_code == 403 and "person" in taken.json()["error"]
     stranger = httpx.post(base + "/act", json={"stream": "guess", "tool": "click", "parameters": {"x": 1, "y": 1}},

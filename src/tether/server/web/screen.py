@@ -13,7 +13,8 @@ Seeing a screen takes the `execute` scope on a device the token reaches: a scree
 screenshot would, and a `read` token may not take one. Every viewing session is one audit row when it
 opens (`screen.view`) and one when it ends (`screen.view_end`, with the frames it was sent); taking
 over and handing back are audited too. Each screenshot itself is not audited (several a second).
-A hold ends with its view: when the page goes away, its stream ends and the hold is released.
+A hold ends with its view: when the page goes away, its stream ends and the hold is released; a page
+that stops saying it is there (`.../screen/keep`, every 5 s) loses the hold after `HOLD_IDLE_S`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ MIN_INTERVAL_S = 0.2  # at most 5 screenshots a second per view: each costs the 
 RETRY_S = 2.0  # after a failed screenshot (the device away, no display)
 SHOT_TIMEOUT_S = 15.0
 KEEPALIVE_S = 15.0
+# a holding page says it is still there at least this often (screen.js: every 5 s); past it the hold ends, so a
+# page whose connection died without a word (no TCP reset) does not keep the desktop for the TCP timeout
+HOLD_IDLE_S = 20.0
 PERSON_TOOLS = frozenset({"click", "press_key", "scroll", "type_text"})
 
 screen_router = APIRouter(include_in_schema=False)
@@ -56,6 +60,7 @@ class View:
     token: str
     device: str
     hold: str | None = None
+    seen: float = field(default_factory=time.monotonic)  # when the page last spoke (took, acted, kept)
 
 
 @dataclass
@@ -145,6 +150,11 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
         seq, last = 0, b""
         while True:
             started = time.monotonic()
+            if view.hold is not None and started - view.seen > HOLD_IDLE_S \
+                    and hub.desktop.release(device, view.hold):
+                view.hold = None
+                _audit(request, who.name, device, "screen.hand_back",
+                       {"stream": stream, "why": f"no word from the page for {HOLD_IDLE_S:g}s"})
             shot = await _shoot(request, device)
             if "error" in shot:
                 await queue.put(("problem", {"error": str(shot["error"])[:500]}))
@@ -200,9 +210,18 @@ async def take_over(name: str, body: HoldBody, request: Request,
         hold = request.app.state.hub.desktop.take(name, who.name)
     except DesktopHeld as exc:
         raise HTTPException(409, f"{exc}: they hand it back first") from None
-    view.hold = hold.key
+    view.hold, view.seen = hold.key, time.monotonic()
     _audit(request, who.name, name, "screen.take", {"stream": body.stream})
     return {"holder": who.name, "since": hold.since}
+
+
+@screen_router.post("/web/devices/{name}/screen/keep")
+async def keep(name: str, body: HoldBody, request: Request,
+               who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """The holding page is still there (sent every few seconds); `held` says whether it still holds."""
+    view = _view(request, who, name, body.stream)
+    view.seen = time.monotonic()
+    return {"held": view.hold is not None}
 
 
 @screen_router.post("/web/devices/{name}/screen/release")
@@ -228,6 +247,7 @@ async def act(name: str, body: ActBody, request: Request,
     held = request.app.state.hub.desktop.holds.get(name)
     if view.hold is None or held is None or held.key != view.hold:
         raise HTTPException(409, "take over first: this view does not hold the desktop")
+    view.seen = time.monotonic()
     dispatcher = request.app.state.hub.dispatcher(name, requested_by=f"api:{who.name}",
                                                   asker=TokenRef(who.name, False, hold=view.hold))
     [result] = await dispatcher.execute_commands([Command(tool_name=body.tool, parameters=body.parameters,

@@ -64,6 +64,8 @@ function screenView(name) {
     if (d.status === "success") mark(d);
   });
   const post = (what, body) => api(`${base}/${what}`, {method: "POST", body: {stream, ...body}});
+  // while holding, the page says every 5 s that it is still there (the server lets go after 20 s of silence)
+  const keep = setInterval(() => { if (mine && document.body.contains(box)) post("keep").catch(() => {}); else if (!document.body.contains(box)) clearInterval(keep); }, 5000);
   take.addEventListener("click", () => post("take").then(() => { box.dataset.held = "mine"; showHolder(S.me.name); box.focus(); }, fail));
   back.addEventListener("click", () => post("release").then(() => { box.dataset.held = ""; showHolder(null); }, fail));
   let queue = Promise.resolve();  // one input at a time, in the order the person gave them
