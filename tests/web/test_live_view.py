@@ -123,6 +123,12 @@ def test_watch_take_over_act_and_hand_back(browser: object, cluster: Cluster, gu
         assert refused["status"] == "failure" and "tests" in refused["error"] and "taken over" in refused["error"], \
             refused
         expect(page.locator("#actions")).to_contain_text("failure")  # the refused try is shown too
+        hostile = '<img src=x onerror="document.title=1"><b>bold</b>'  # what an agent sends is shown as text
+        typed = api(cluster, "POST", "/devices/alpha/commands", agent,
+                    json={"commands": [{"tool_name": "type_text", "parameters": {"text": hostile}}]})
+        assert typed.json()["results"][0]["status"] == "failure", typed.text
+        expect(page.locator("#actions")).to_contain_text("<b>bold</b>")
+        expect(page.locator("#actions b, #actions img")).to_have_count(0)
         # the person clicks Submit in the picture: it lands in the program, audited as the person
         box = img.bounding_box()
         assert box is not None
