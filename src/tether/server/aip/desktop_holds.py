@@ -109,9 +109,10 @@ class DesktopHolds:
         if not actions:
             return
         by = batch.asker.name if batch.asker is not None else None
+        person = bool(batch.asker and batch.asker.hold)  # sent by the person holding the desktop
         for c in actions:
             self._tell(batch.device, {"kind": "action", "call_id": c.call_id, "tool": c.tool_name, "by": by,
-                                      "person": bool(batch.asker and batch.asker.hold),
+                                      "person": person,
                                       "parameters": _shown(c.parameters or {})})
 
         async def ended() -> None:
@@ -120,7 +121,7 @@ class DesktopHolds:
                 result = batch.results.get(c.call_id or "")
                 body = result.result if result is not None and isinstance(result.result, dict) else {}
                 self._tell(batch.device, {
-                    "kind": "result", "call_id": c.call_id, "tool": c.tool_name,
+                    "kind": "result", "call_id": c.call_id, "tool": c.tool_name, "person": person,
                     "status": result.status.value if result is not None else "failure",
                     "error": (result.error if result is not None else batch.error) or None,
                     "via": body.get("via"), "x": body.get("x"), "y": body.get("y"),
