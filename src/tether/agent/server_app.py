@@ -34,7 +34,7 @@ def tasks_extension(llm: LLMClient | None, budgets: Budgets | None = None) -> Ex
             settings: ServerSettings = app.state.settings
             store = TaskStore(settings.db_target)
             service = TaskService(app.state.hub, app.state.registry, store, llm, server_store=app.state.store,
-                                  budgets=budgets)
+                                  budgets=budgets, transfers=app.state.transfers)
             app.state.tasks = service
             app.state.on_stopping = [*getattr(app.state, "on_stopping", []), service.release_followers]
             await service.start()

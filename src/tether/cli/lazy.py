@@ -69,6 +69,10 @@ COMMANDS: dict[str, Lazy] = {
     "batch": Lazy(("audit",),
                   "Show a batch's record: each command's outcome, also one that came back after its caller "
                   "stopped waiting."),
+    "cp": Lazy(("transfer",),
+               "Send a file or directory from one device to another through the server: streamed in chunks, its "
+               "sha256 checked on the receiver before it appears, resumed if a device reconnects, written under "
+               "the receiver's policy (approvals, undo journal)."),
     "tools": Lazy(("tools",), "List tools, or serve a built-in tool set over MCP."),
     "server": Lazy(("server", "systemd"), "Start the agent server, or install it as a service."),
     "device": Lazy(("server", "systemd"),
@@ -81,7 +85,7 @@ COMMANDS: dict[str, Lazy] = {
 COMMAND_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Run things", ("run", "exec", "demo")),
     ("Tasks", ("tasks", "log", "answer", "approve", "deny", "cancel", "undo", "sessions")),
-    ("Fleet", ("devices", "policy", "audit", "batch", "tools")),
+    ("Fleet", ("devices", "policy", "audit", "batch", "cp", "tools")),
     ("Set-up", ("server", "device", "token", "mcp")),
 )
 

@@ -149,6 +149,11 @@ class RemoteServer:
         raise RemoteError("the server closed the stream before sending results")
 
 
+    def transfer(self, body: dict[str, Any]) -> Result:
+        """POST /api/v1/transfers (docs/transfer.md): the transfer's `Result` once it ends."""
+        data = self._request("POST", "/transfers", json=body, timeout=httpx.Timeout(3600, connect=10))
+        return Result.model_validate(data)
+
     def batch(self, batch_id: str) -> dict[str, Any]:
         """A batch's record (GET /api/v1/batches/{id}): its `state` (running, pending, done) and each
         command's outcome, also one that came after the caller's wait ended (docs/outcomes.md)."""

@@ -163,6 +163,16 @@ class ServerSettings(BaseModel):
         "client's retry waits 1, then 2, then 4 s"))
     max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024)
     default_command_timeout: float = Field(60.0, gt=0)
+    # -- files that travel between devices (docs/transfer.md) ----------------------------------------------
+    transfer_max_bytes: int = Field(1 << 30, ge=1, description=(
+        "the most file data one transfer between devices may carry; a larger one is refused before a byte moves"))
+    transfer_chunk_bytes: int = Field(768 * 1024, ge=4096, le=4 * 1024 * 1024, description=(
+        "bytes per chunk of a transfer (each chunk is one command to each device; the sender's policy "
+        "max_output_bytes caps it too)"))
+    transfer_resume_attempts: int = Field(5, ge=0, description=(
+        "how often a transfer resumes after a device went away mid-transfer before it fails"))
+    transfer_resume_wait: float = Field(60.0, gt=0, description=(
+        "seconds a transfer waits for a device that went away to be back before it fails"))
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=ANONYMOUS_BODY_BYTES,
                                 description="largest HTTP request body accepted with a valid API token")
     max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description=(

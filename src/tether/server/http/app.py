@@ -23,11 +23,13 @@ from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.pairing_routes import pairing_router
 from tether.server.http.policy_routes import policy_router
 from tether.server.http.request_guard import RequestGuard
+from tether.server.http.transfer_routes import transfer_router
 from tether.server.mcp import mount_gateway
 from tether.server.pairing import PairingBook
 from tether.server.ports import RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
+from tether.server.transfer.service import TransferService
 from tether.server.web import mount_web
 from tether.version import __version__
 
@@ -80,6 +82,8 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.include_router(batch_router)  # GET /api/v1/batches/{id}: a batch's record (docs/outcomes.md)
     app.include_router(device_router)  # DELETE /api/v1/devices/{name}: forget a device (docs/fleet.md)
     mount_fleet(app)  # POST /api/v1/fleet/commands: one batch to every matching device
+    app.state.transfers = TransferService(hub, settings)  # files between devices (docs/transfer.md)
+    app.include_router(transfer_router)  # POST /api/v1/transfers
     if settings.pairing:
         app.state.pairing = PairingBook(store)
         app.include_router(pairing_router)
