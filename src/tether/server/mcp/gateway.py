@@ -35,6 +35,7 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
+from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
@@ -48,6 +49,7 @@ from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
+from tether.server.mcp.fleet_resources import FleetResources
 from tether.server.mcp.listing import (
     LIST_DEVICES_INPUT,
     LIST_DEVICES_OUTPUT,
@@ -83,6 +85,14 @@ MAX_SESSIONS_PER_TOKEN = 64
 MAX_NAME_ECHO = 120  # how much of an unknown tool name an error repeats
 QUESTION_KEY = "approval"
 _CLIENT_PART = re.compile(r"[^A-Za-z0-9._+-]")
+# cache hints of 2026-07-28 results (ttlMs, cacheScope): every list is the token's own view of the fleet
+# (private); a client may reuse a list this long, and hears of a tool-list change sooner through
+# subscriptions/listen; a resource is read afresh each time
+LIST_TTL_MS = 10_000
+CACHE_HINTS = {method: CacheHint(ttl_ms=LIST_TTL_MS, scope="private") for method in (
+    "tools/list", "resources/list", "resources/templates/list", "prompts/list")}
+CACHE_HINTS["resources/read"] = CacheHint(ttl_ms=0, scope="private")
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}$")
 INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online device's tools are listed as "
                 "DEVICE__TOOL (e.g. laptop__shell.run). Calls go through each device's policy and approvals.")
 
@@ -118,8 +128,14 @@ class Gateway:
         self.registry: DeviceRegistry = app.state.registry  # the devices it lists
         self.index = FleetIndex(self.registry)
         self.bus = InMemorySubscriptionBus()
+        self.resources = FleetResources(self.hub, self.registry, self.store.audit)
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
+                                   cache_hints=CACHE_HINTS,  # type: ignore[arg-type]  # (its keys are methods)
                                    on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+                                   on_list_resources=self._list_resources,
+                                   on_list_resource_templates=self._list_templates,
+                                   on_read_resource=self._read_resource, on_list_prompts=self._list_prompts,
+                                   on_get_prompt=self._get_prompt,
                                    on_subscriptions_listen=ListenHandler(self.bus))
         self.manager = ReplyingSessionManager(  # answers in JSON unless a call has something to stream
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
@@ -186,13 +202,41 @@ class Gateway:
         tools += [device_tool(t) for t in self.index.listed(admitted.keep)]
         return types.ListToolsResult(tools=tools)
 
+    # -- resources and prompts of the devices' external MCP servers (fleet_resources.py) --------------
+
+    async def _list_resources(self, ctx: ServerRequestContext[Any],
+                              params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        admitted = _admitted(ctx)
+        return await self.resources.list_resources(admitted.keep, _caller(ctx, admitted))
+
+    async def _list_templates(self, ctx: ServerRequestContext[Any],
+                              params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
+        admitted = _admitted(ctx)
+        return await self.resources.list_templates(admitted.keep, _caller(ctx, admitted))
+
+    async def _read_resource(self, ctx: ServerRequestContext[Any],
+                             params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        admitted = _admitted(ctx)
+        return await self.resources.read(admitted.keep, _caller(ctx, admitted), str(params.uri))
+
+    async def _list_prompts(self, ctx: ServerRequestContext[Any],
+                            params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+        admitted = _admitted(ctx)
+        return await self.resources.list_prompts(admitted.keep, _caller(ctx, admitted))
+
+    async def _get_prompt(self, ctx: ServerRequestContext[Any],
+                          params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        admitted = _admitted(ctx)
+        return await self.resources.get_prompt(admitted.keep, _caller(ctx, admitted), params.name,
+                                               params.arguments)
+
     # -- calls ----------------------------------------------------------------------------------
 
     async def _call_tool(self, ctx: ServerRequestContext[Any],
                          params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
         admitted = _admitted(ctx)
         arguments = dict(params.arguments or {})
-        caller = Caller(admitted.token, _client(ctx))
+        caller = _caller(ctx, admitted)
         name = params.name
         if name == "list_devices":
             try:
@@ -233,7 +277,7 @@ class Gateway:
                                            audit=self.store.audit)
         except AskLater as later:
             return self._defer(later, admitted.token, name, arguments)
-        return call_result(capped(reply, self.app.state.settings.max_response_bytes))
+        return call_result(capped(reply, self.app.state.settings.max_response_bytes), device=tool.device)
 
     # -- questions of 2026-07-28 clients: an input-required result, answered by retrying the call --------
 
@@ -277,7 +321,8 @@ class Gateway:
             return call_result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
                                      f"{tool.name}; create one with 'tether token create --api NAME --scope "
                                      f"{tool.scope}'", is_error=True))
-        call = GatewayCall(token=caller.token, client=caller.client, progress=_progress(ctx), elicit=_elicit(ctx))
+        call = GatewayCall(token=caller.token, client=caller.client.split(" ", 1)[0], progress=_progress(ctx),
+                           elicit=_elicit(ctx))
         try:
             reply = await tool.handler(arguments, call)
         except Exception:
@@ -300,6 +345,17 @@ def _admitted(ctx: ServerRequestContext[Any]) -> Admitted:
     if not isinstance(admitted, Admitted):  # only reachable if the SDK stopped passing the HTTP request
         raise RuntimeError("MCP gateway: request without its checked token")
     return admitted
+
+
+def _caller(ctx: ServerRequestContext[Any], admitted: Admitted) -> Caller:
+    """Who calls: the token, and the client's `name/version` followed by the W3C trace context the request
+    carried in `_meta` (`traceparent`, the OpenTelemetry convention of MCP 2026-07-28) when it is a valid
+    one, so the audit row (`requested_by`) ties the device's work to the client's trace."""
+    client = _client(ctx)
+    trace = ctx.meta.get("traceparent") if isinstance(ctx.meta, dict) else None
+    if isinstance(trace, str) and _TRACEPARENT.match(trace) and trace[:2] != "ff":
+        client = f"{client} traceparent={trace}"
+    return Caller(admitted.token, client)
 
 
 def _client(ctx: ServerRequestContext[Any]) -> str:
