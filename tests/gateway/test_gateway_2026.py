@@ -8,6 +8,7 @@ answers (its own stdio session, the official `mcp` SDK client) are what the gate
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 from collections.abc import AsyncIterator, Iterator
@@ -34,6 +35,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     try:
         proc = c.device("alpha", extra=("--policy", str(policy), "--config", str(config(tmp, EVERYTHING))))
         c.wait_online("alpha", proc)
+        c.alpha_pid = proc.pid  # type: ignore[attr-defined]
         # the device registers before its external server has started; its tools join the profile later
         wait_for(lambda: any(t["name"] == "get-tiny-image" for t in c.remote._request(
             "GET", "/devices/alpha/tools", params={"live": "false"})),  # what the gateway lists: the profile
@@ -87,7 +89,7 @@ class Raw:
                            "io.modelcontextprotocol/clientInfo": {"name": "raw", "version": "2026"}, **(meta or {})}
         sent = {"Authorization": f"Bearer {self.token}", "Accept": "application/json, text/event-stream",
                 "Content-Type": "application/json", "MCP-Protocol-Version": V, "Mcp-Method": method}
-        name = params.get("name", params.get("uri"))
+        name = params.get("name", params.get("uri", params.get("taskId")))
         if isinstance(name, str):
             sent["Mcp-Name"] = name
         return await self.http.post(self.url, json={"jsonrpc": "2.0", "id": self.ids, "method": method,
@@ -202,3 +204,61 @@ async def test_resources_and_prompts_of_the_devices_servers(raw: Raw, cluster: C
         assert str(link.uri).startswith("tether://alpha/everything/")
         followed = await client.read_resource(link.uri)
         assert followed.contents
+
+
+TASKS = {"elicitation": {"form": {}}, "extensions": {"io.modelcontextprotocol/tasks": {}}}
+
+
+async def settled(raw: Raw, task_id: str, *until: str) -> dict[str, Any]:
+    """`tasks/get` at the task's own poll interval until its status is one of `until` (bounded)."""
+    async with asyncio.timeout(60):
+        while True:
+            task = await raw.result("tasks/get", {"taskId": task_id})
+            if task["status"] in until:
+                return task
+            await asyncio.sleep(task["pollIntervalMs"] / 1000)  # the extension's polling, as it asks
+
+
+async def test_an_approval_and_a_cancel_through_the_tasks_extension(raw: Raw, cluster: Cluster,
+                                                                     tmp_path: Path) -> None:
+    found = await raw.result("server/discover")
+    assert "io.modelcontextprotocol/tasks" in found["capabilities"]["extensions"]
+    raw.capabilities = TASKS
+    call = {"name": "alpha__shell.run", "arguments": {"cmd": "nproc", "argv": ["--all"], "cwd": str(tmp_path)}}
+    handle = await raw.result("tools/call", call)  # it asks at once: a task holding the question
+    assert handle["resultType"] == "task" and handle["status"] == "input_required", handle
+    task = await raw.result("tasks/get", {"taskId": handle["taskId"]})
+    [(key, question)] = task["inputRequests"].items()
+    assert question["method"] == "elicitation/create" and "`nproc --all`" in question["params"]["message"]
+    await raw.result("tasks/update", {"taskId": handle["taskId"], "inputResponses": {
+        key: {"action": "accept", "content": {"decision": "approve once"}}}})
+    done = await settled(raw, handle["taskId"], "completed", "failed", "cancelled")
+    assert done["status"] == "completed" and done["result"]["structuredContent"]["exitCode"] == 0, done
+
+    # another token does not see it, and a client without the extension may not ask
+    other = Raw(raw.http, raw.url, cluster.read_token, TASKS)
+    assert (await other.post("tasks/get", {"taskId": handle["taskId"]})).json()["error"]["code"] == -32602
+    raw.capabilities = {}
+    assert (await raw.post("tasks/get", {"taskId": handle["taskId"]})).json()["error"]["code"] == -32021
+    raw.capabilities = TASKS
+
+    # a long call (the policy allows sleep) becomes a task, working; cancelled, its process on the device dies
+    sleeper = {"name": "alpha__shell.run", "arguments": {"cmd": "sleep", "argv": ["301"], "cwd": str(tmp_path)}}
+    handle = await raw.result("tools/call", sleeper)
+    assert handle["resultType"] == "task" and handle["status"] == "working", handle
+    pid: int = cluster.alpha_pid  # type: ignore[attr-defined]
+    process = await asyncio.to_thread(wait_for, lambda: _sleeping(pid), "sleep 301 on the device", 30)
+    assert (await raw.result("tasks/get", {"taskId": handle["taskId"]}))["status"] == "working"
+    await raw.result("tasks/cancel", {"taskId": handle["taskId"]})
+    assert (await settled(raw, handle["taskId"], "completed", "failed", "cancelled"))["status"] == "cancelled"
+    await asyncio.to_thread(process.wait, 15)  # psutil.TimeoutExpired if it was left running
+
+
+def _sleeping(device_pid: int) -> Any:
+    import psutil
+
+    try:
+        return next((p for p in psutil.Process(device_pid).children(recursive=True)
+                     if p.name() == "sleep" and "301" in p.cmdline()), None)
+    except psutil.NoSuchProcess:
+        return None

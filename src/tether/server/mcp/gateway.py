@@ -48,6 +48,7 @@ from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
+from tether.server.mcp.call_tasks import EXTENSION, CallTasks, TaskIdParams, TaskUpdateParams
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
 from tether.server.mcp.fleet_resources import FleetResources
 from tether.server.mcp.listing import (
@@ -137,6 +138,11 @@ class Gateway:
                                    on_read_resource=self._read_resource, on_list_prompts=self._list_prompts,
                                    on_get_prompt=self._get_prompt,
                                    on_subscriptions_listen=ListenHandler(self.bus))
+        self.tasks = CallTasks()  # the tasks extension's tasks (call_tasks.py)
+        self.server.extensions[EXTENSION] = {}
+        self.server.add_request_handler("tasks/get", TaskIdParams, self._task_get)
+        self.server.add_request_handler("tasks/update", TaskUpdateParams, self._task_update)
+        self.server.add_request_handler("tasks/cancel", TaskIdParams, self._task_cancel)
         self.manager = ReplyingSessionManager(  # answers in JSON unless a call has something to stream
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
@@ -154,6 +160,7 @@ class Gateway:
         finally:
             remove()
             self.watch.close()
+            self.tasks.close()
 
     # -- HTTP: who may come in ------------------------------------------------------------------
 
@@ -263,6 +270,16 @@ class Gateway:
             return call_result(Reply(f"{shown} is on device {tool.device}, outside this connection's devices= "
                                      "filter; connect without the filter (or with one naming it) to call it",
                                      is_error=True))
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and _declared_tasks(ctx) \
+                and params.request_state is None:  # a long call or one with a question becomes a task
+            progress, limit = _progress(ctx), self.app.state.settings.max_response_bytes
+
+            async def work(asks: Any) -> types.CallToolResult:
+                reply = await call_device_tool(self.hub, tool, arguments, caller, progress, asks,
+                                               audit=self.store.audit)
+                return call_result(capped(reply, limit), device=tool.device)
+
+            return await self.tasks.run(admitted.token.id, work, _declared_elicitation(ctx))  # type: ignore[return-value]
         held: Result | None = None
         elicit = _elicit(ctx)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # questions ride the input-required retry
@@ -278,6 +295,19 @@ class Gateway:
         except AskLater as later:
             return self._defer(later, admitted.token, name, arguments)
         return call_result(capped(reply, self.app.state.settings.max_response_bytes), device=tool.device)
+
+    # -- the tasks extension: tasks/get, tasks/update, tasks/cancel (call_tasks.py) ---------------------
+
+    async def _task_get(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
+        return {"resultType": "complete", **self.tasks.get(_task_owner(ctx), params.task_id)}
+
+    async def _task_update(self, ctx: ServerRequestContext[Any], params: TaskUpdateParams) -> dict[str, Any]:
+        self.tasks.update(_task_owner(ctx), params.task_id, params.input_responses)
+        return {"resultType": "complete"}
+
+    async def _task_cancel(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
+        self.tasks.cancel(_task_owner(ctx), params.task_id)
+        return {"resultType": "complete"}
 
     # -- questions of 2026-07-28 clients: an input-required result, answered by retrying the call --------
 
@@ -372,6 +402,22 @@ def _progress(ctx: ServerRequestContext[Any]) -> Any:
         await ctx.session.report_progress(done, total, message)  # a no-op without the client's progressToken
 
     return progress
+
+
+def _declared_tasks(ctx: ServerRequestContext[Any]) -> bool:
+    capabilities = ctx.session.client_capabilities
+    return capabilities is not None and EXTENSION in (capabilities.extensions or {})
+
+
+def _task_owner(ctx: ServerRequestContext[Any]) -> str:
+    """The token id whose tasks a tasks/* request reaches; MISSING_REQUIRED_CLIENT_CAPABILITY (-32021) for a
+    client that did not declare the extension on it, as the extension requires."""
+    if not _declared_tasks(ctx):
+        from mcp.shared.exceptions import MCPError
+
+        raise MCPError(-32021, "missing required client capability", {
+            "requiredCapabilities": {"extensions": {EXTENSION: {}}}})
+    return _admitted(ctx).token.id
 
 
 def _declared_elicitation(ctx: ServerRequestContext[Any]) -> bool:
