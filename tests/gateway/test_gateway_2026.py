@@ -235,6 +235,15 @@ async def test_an_approval_and_a_cancel_through_the_tasks_extension(raw: Raw, cl
     done = await settled(raw, handle["taskId"], "completed", "failed", "cancelled")
     assert done["status"] == "completed" and done["result"]["structuredContent"]["exitCode"] == 0, done
 
+    # an external server's own question (server-everything's form) reaches the client through the task too
+    handle = await raw.result("tools/call", {"name": "alpha__trigger-elicitation-request", "arguments": {}})
+    assert handle["resultType"] == "task" and handle["status"] == "input_required", handle
+    [(key, question)] = (await raw.result("tasks/get", {"taskId": handle["taskId"]}))["inputRequests"].items()
+    assert question["params"]["message"].startswith("everything on device alpha asks: ")
+    await raw.result("tasks/update", {"taskId": handle["taskId"], "inputResponses": {key: {"action": "decline"}}})
+    told = await settled(raw, handle["taskId"], "completed", "failed", "cancelled")
+    assert told["status"] == "completed" and "decline" in json.dumps(told["result"]).lower(), told
+
     # another token does not see it, and a client without the extension may not ask
     other = Raw(raw.http, raw.url, cluster.read_token, TASKS)
     assert (await other.post("tasks/get", {"taskId": handle["taskId"]})).json()["error"]["code"] == -32602
