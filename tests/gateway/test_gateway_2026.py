@@ -263,11 +263,23 @@ async def test_an_approval_and_a_cancel_through_the_tasks_extension(raw: Raw, cl
     await asyncio.to_thread(process.wait, 15)  # psutil.TimeoutExpired if it was left running
 
 
-def _sleeping(device_pid: int) -> Any:
+def _sleeping(device_pid: int, seconds: str = "301") -> Any:
     import psutil
 
     try:
         return next((p for p in psutil.Process(device_pid).children(recursive=True)
-                     if p.name() == "sleep" and "301" in p.cmdline()), None)
+                     if p.name() == "sleep" and seconds in p.cmdline()), None)
     except psutil.NoSuchProcess:
         return None
+
+
+async def test_closing_the_request_cancels_the_call_on_the_device(raw: Raw, cluster: Cluster, tmp_path: Path) -> None:
+    """2026-07-28 has no notifications/cancelled over HTTP: a client that closes its request's stream cancels it."""
+    call = asyncio.create_task(raw.post("tools/call", {"name": "alpha__shell.run", "arguments": {
+        "cmd": "sleep", "argv": ["302"], "cwd": str(tmp_path)}}))
+    pid: int = cluster.alpha_pid  # type: ignore[attr-defined]
+    process = await asyncio.to_thread(wait_for, lambda: _sleeping(pid, "302"), "sleep 302 on the device", 30)
+    call.cancel()  # httpx closes the connection
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    await asyncio.to_thread(process.wait, 15)  # psutil.TimeoutExpired if it was left running
