@@ -96,9 +96,9 @@ QUESTION_KEY = "approval"
 # (private); a client may reuse a list this long, and hears of a tool-list change sooner through
 # subscriptions/listen; a resource is read afresh each time
 LIST_TTL_MS = 10_000
-CACHE_HINTS = {method: CacheHint(ttl_ms=LIST_TTL_MS, scope="private") for method in (
-    "tools/list", "resources/list", "resources/templates/list", "prompts/list")}
-CACHE_HINTS["resources/read"] = CacheHint(ttl_ms=0, scope="private")
+CACHE_HINTS = {**{method: CacheHint(ttl_ms=LIST_TTL_MS, scope="private") for method in (
+    "tools/list", "resources/list", "resources/templates/list", "prompts/list")},
+    "resources/read": CacheHint(ttl_ms=0, scope="private")}
 INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online device's tools are listed as "
                 "DEVICE__TOOL (e.g. laptop__shell.run). Calls go through each device's policy and approvals.")
 
