@@ -140,6 +140,11 @@ async def test_a_stateless_session_discovers_lists_and_calls(raw: Raw, cluster: 
     assert any(r["tool_name"] == "get-tiny-image" and r["requested_by"] ==
                f"mcp:raw/2026 traceparent={TRACE} by api:tests" for r in rows), rows
 
+    # a built-in tool's result is still one JSON text with its structured twin
+    info = await raw.result("tools/call", {"name": "alpha__get_system_info", "arguments": {}})
+    assert [c["type"] for c in info["content"]] == ["text"] and json.loads(info["content"][0]["text"]) == \
+        info["structuredContent"]
+
     weather = await raw.result("tools/call", {"name": "alpha__get-structured-content",
                                               "arguments": {"location": "New York"}})
     assert weather["structuredContent"] == direct["weather"]
