@@ -49,6 +49,7 @@ async def test_profile_describes_this_machine_and_its_tools(device: LocalDevice)
     else:
         assert profile.gpu.model is None and "gpu" not in profile.capabilities
     assert "git" in profile.installed_apps  # the test suite itself needs git
+    assert profile.desktop is not None and profile.desktop["backend"] in ("x11", "xwayland", "wayland", None)
     # what the server receives survives the wire
     assert DeviceProfile.model_validate_json(profile.model_dump_json()) == profile
 
