@@ -176,6 +176,12 @@ async def test_an_approval_completes_by_the_multi_round_trip_form(raw: Raw, tmp_
         "approval": {"action": "accept", "content": {"decision": "approve once"}}}})
     assert again["isError"] and "belongs to no question" in again["content"][0]["text"]
 
+    # an external server's question cannot be put to a 2026 client mid-call without the tasks extension:
+    # the server is told at once (cancelled), rather than the call waiting out the question's timeout
+    asked_mid_call = await raw.result("tools/call", {"name": "alpha__trigger-elicitation-request",
+                                                     "arguments": {}})
+    assert "cancel" in json.dumps(asked_mid_call).lower(), asked_mid_call
+
     raw.capabilities = {}  # a client that cannot be asked is told at once, and nothing ran
     refused = await raw.result("tools/call", call)
     assert refused["resultType"] == "complete" and refused["isError"]

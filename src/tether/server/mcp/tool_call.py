@@ -294,7 +294,11 @@ class _Forwarder:
         schema: dict[str, Any] = asked if isinstance(asked, dict) else {"type": "object", "properties": {}}
         message = f"{data.get('server', 'an MCP server')} on device {self.device} asks: {data.get('message', '')}"
         try:
-            answer = await self.elicit(message, schema)
+            try:
+                answer = await self.elicit(message, schema)
+            except AskLater:  # a 2026-07-28 client without the tasks extension: it cannot be asked mid-call,
+                # so the server is told at once (cancel: nobody chose) instead of waiting out its timeout
+                answer = {"action": "cancel", "content": None}
             await self.hub.answer_question(self.device, question, str(answer.get("action", "cancel")),
                                            answer.get("content"), by=self.caller.requested_by,
                                            answerer=self.caller.ref)
