@@ -1,7 +1,7 @@
 // The tether dashboard: one page, no build step, no framework. It calls the REST API with the session
 // cookie (and the CSRF token on every state-changing request); live views read server-sent events.
 "use strict";
-const S = {me: null, streams: [], fleet: {}};
+const S = {me: null, streams: [], fleet: {}, inbox: null};
 const $ = (sel) => document.querySelector(sel);
 
 function h(tag, attrs, ...kids) {  // DOM built from data, never from HTML strings
@@ -303,17 +303,22 @@ async function tokensView() {
 }
 
 // -- shell --------------------------------------------------------------------------------------
-async function badge() {
-  if (!S.me) return;
-  try {
-    const waiting = await api("/api/v1/tasks?state=waiting_for_user&limit=1000");
-    const b = $("#badge"); b.hidden = !waiting.length; b.textContent = String(waiting.length);
-    b.setAttribute("aria-label", `${waiting.length} tasks waiting for you`);
-  } catch (x) { /* the next page load says what is wrong */ }
+// the badge counts what waits for this token's answer (GET /api/v1/approvals): pushed by the server as it
+// changes (server-sent events), never polled; a lost stream is opened again
+function showBadge(count) {
+  const b = $("#badge"); b.hidden = !count; b.textContent = String(count);
+  b.setAttribute("aria-label", `${count} waiting for your answer`);
+}
+function badge() {
+  if (!S.me) { if (S.inbox) { S.inbox.close(); S.inbox = null; } showBadge(0); return; }
+  if (S.inbox) return;
+  const es = S.inbox = new EventSource("/api/v1/approvals/events");
+  es.addEventListener("approvals", (m) => showBadge(JSON.parse(m.data).count));
+  es.onerror = () => { es.close(); if (S.inbox === es) { S.inbox = null; setTimeout(badge, 3000); } };
 }
 async function route() {
   if (!S.me) { try { S.me = await api("/web/session"); if (!S.me.name) S.me = null; } catch (x) { S.me = null; } }
-  if (!S.me) { stopStreams(); loginView(); return; }
+  if (!S.me) { stopStreams(); badge(); loginView(); return; }
   $("#nav").hidden = false; $("#who").textContent = `${S.me.name} (${S.me.scopes.join(", ")})`;
   for (const a of document.querySelectorAll("[data-scope]")) a.hidden = !can(a.dataset.scope);
   const [path, query] = (location.hash.slice(1) || "/devices").split("?");
@@ -332,5 +337,4 @@ window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", () => {
   $("#logout").addEventListener("click", async () => { try { await api("/web/logout", {method: "POST"}); } catch (x) { /* gone already */ } S.me = null; route(); });
   route();
-  setInterval(badge, 5000);
 });
