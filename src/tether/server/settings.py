@@ -143,7 +143,8 @@ class WebhookConfig(BaseModel):
 
     url: str = Field(description="where deliveries are POSTed (http:// or https://)")
     secret: str = Field(min_length=16, description="the HMAC-SHA256 signing secret (docs/approvals.md)")
-    events: list[str] = Field(default_factory=lambda: list(WEBHOOK_EVENTS))
+    events: list[str] = Field(default_factory=lambda: list(WEBHOOK_EVENTS), description=(
+        "the events it is told of: approval.needed, task.finished, task.failed, device.offline (default: all)"))
     format: str = Field("generic", description="'slack' (text and blocks) or 'generic' JSON")
 
     @field_validator("url")

@@ -33,6 +33,9 @@ class TokenRef:
 
     name: str
     agent: bool = False
+    # the key of a person's hold on the device's desktop (server/aip/desktop_holds.py): set only on the
+    # batches the live view sends for the person holding it; it never travels between nodes
+    hold: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The form it travels in between the nodes of a cluster."""

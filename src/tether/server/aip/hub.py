@@ -72,6 +72,7 @@ from tether.server.store.tokens import TokenInfo
 if TYPE_CHECKING:
     from tether.protocol.models import Command
     from tether.protocol.profile import DeviceRequirements
+    from tether.server.aip.desktop_holds import DesktopHolds
     from tether.server.aip.fanout import DeviceOutcome
     from tether.server.notify.notifier import Notifier
 
@@ -167,6 +168,11 @@ class DeviceHub:
             return True
         record = self.registry.get(device) if self.remote is not None else None
         return record is not None and record.node is not None and record.connected
+
+    @property
+    def desktop(self) -> DesktopHolds:
+        """Persons' holds on devices' desktops and the live views watching them (server/aip/desktop_holds.py)."""
+        return self._router.desktop
 
     def local(self, device: str) -> bool:
         """Whether `device`'s socket is connected to this node."""

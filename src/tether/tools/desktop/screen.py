@@ -157,10 +157,12 @@ def screenshot_tool(x11: X11 | Any, remember: Callable[[Capture], str] | None = 
     @tool(tool_type="data_collection")
     async def screenshot(ctx: ToolContext, region: Region | None = None, activeWindow: bool = False,
                          path: str | None = None,
-                         scale: Annotated[float, Field(gt=0, le=4)] = 1.0) -> dict[str, Any]:
+                         scale: Annotated[float, Field(gt=0, le=4)] = 1.0,
+                         keepFrame: bool = True) -> dict[str, Any]:
         """Capture the screen, a region of it or the active window as PNG: base64 `data`, or written to
         a new file at `path` (inside the allowed roots). Sizes before and after `scale` are reported;
-        `frame` names this picture for actions (`click(..., frame=...)` is refused if the screen changed)."""
+        `frame` names this picture for actions (`click(..., frame=...)` is refused if the screen changed).
+        `keepFrame=False` keeps no frame (a live view's pictures must not push an agent's frames out)."""
         if region is not None and activeWindow:
             raise ToolError("give either 'region' or 'activeWindow', not both")
         screen = await x11.screen_size()
@@ -181,7 +183,7 @@ def screenshot_tool(x11: X11 | Any, remember: Callable[[Capture], str] | None = 
         }
         if window is not None:
             result["window"] = window.as_dict()
-        if remember is not None:
+        if remember is not None and keepFrame:
             result["frame"] = remember(capture)
         if path is None:
             result["data"] = base64.b64encode(data).decode("ascii")

@@ -141,6 +141,8 @@ async function deviceView(name) {
   const main = view(h("h1", {}, `Device ${d.name} `, status(d.status)),
     h("div", {class: "card"}, h("p", {}, `Platform: ${d.platform || "—"} · tags: ${(d.tags || []).join(", ") || "—"} · sandbox: ${d.sandbox || "—"} · load ${d.load}`),
       h("details", {}, h("summary", {}, "Full profile"), h("pre", {}, JSON.stringify(d.profile, null, 2)))));
+  if (can("execute") && tools.some((t) => t.name === "screenshot"))  // the live view (screen.js)
+    main.append(h("p", {}, h("a", {href: `#/devices/${encodeURIComponent(d.name)}/screen`, id: "screen-link"}, "Screen: watch it live, take over")));
   if (can("execute")) {
     const fields = h("div", {});
     const out = h("pre", {id: "tool-output", "aria-live": "polite"});
@@ -330,7 +332,8 @@ async function route() {
   const params = new URLSearchParams(query || ""); const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   badge();
   try {
-    if (parts[0] === "devices" && parts[1]) await deviceView(parts[1]);
+    if (parts[0] === "devices" && parts[2] === "screen") screenView(parts[1]);  // screen.js: the live view
+    else if (parts[0] === "devices" && parts[1]) await deviceView(parts[1]);
     else if (parts[0] === "tasks" && parts[1]) await taskView(parts[1]);
     else if (parts[0] === "tasks") await tasksView(params);
     else if (parts[0] === "audit") await auditView(params);
