@@ -383,3 +383,17 @@ def test_login_csrf_plan_and_asset_errors_are_clear(cluster: Cluster) -> None:
         assert http.post("/web/logout", headers={"X-CSRF-Token": csrf}).status_code == 200
     with httpx.Client(base_url=base, timeout=30, cookies={"tether_session": sid}) as replay:
         assert replay.get("/api/v1/devices").status_code == 401  # the old cookie is dead on the server
+
+
+def test_a_graph_task_shows_each_step_s_state_stage_and_needs(admin: Dash, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    def echo(ident: str, needs: str) -> str:
+        return (f"- {{id: {ident}, needs: [{needs}], skill: shell.run, "
+                f"args: {{cmd: echo, argv: [{ident}], cwd: '{cluster.tmp}'}}}}\n")
+
+    start_plan(admin, echo("one", "") + echo("two", "") + echo("both", "one, two"))
+    join = admin.page.locator("[data-step='2']")
+    expect(join).to_have_attribute("data-state", "done")  # refreshed live from the task's events
+    expect(join.locator(".graph")).to_contain_text("stage 1 · id both · on alpha · needs one, two")
+    expect(admin.page.locator("[data-step='0'] .graph")).to_contain_text("stage 0 · id one")

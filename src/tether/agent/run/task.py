@@ -85,6 +85,7 @@ class Budgets(BaseModel):
     total_steps: int = Field(50, ge=1, description="commands sent for the whole task, retries included")
     wall_time_s: float = Field(600.0, gt=0, description="working time; waiting for a person is not counted")
     observe_rounds_per_task: int = Field(8, ge=0, description="times a plan may stop at `observe` to plan on")
+    parallel_steps: int = Field(4, ge=1, description="a graph plan's steps running at once (one per device)")
 
 
 class TaskEvent(BaseModel):
@@ -165,6 +166,10 @@ class Task(BaseModel):
                                                       "before they run")
     plan: Plan | None = None
     cursor: int = 0
+    step_states: list[str] = Field(default_factory=list, description=(
+        "a graph plan: each step's state by index (pending, running, done, failed, skipped, replaced, removed)"))
+    step_devices: dict[str, str] = Field(default_factory=dict, description=(
+        "a graph plan: the device chosen for each step that named requires instead of a device, by index"))
     state: TaskState = TaskState.CREATED
     steps: list[StepRecord] = Field(default_factory=list)
     questions: list[Question] = Field(default_factory=list)
@@ -213,6 +218,12 @@ class Task(BaseModel):
         """The devices this task's commands were sent to, in first-use order (what an undo must visit)."""
         names = [r.step.device or self.device for r in self.steps]
         return list(dict.fromkeys(n for n in names if n))
+
+    def devices_undo_order(self) -> list[str]:
+        """The devices this task's commands were sent to, the one used last first: the order an undo puts
+        their changes back in (the reverse of the order they were made)."""
+        names = [r.step.device or self.device for r in sorted(self.steps, key=lambda r: r.finished_at)]
+        return list(dict.fromkeys(n for n in reversed(names) if n))
 
     def summary(self) -> dict[str, Any]:
         """The short form lists show: no events, no step records."""

@@ -28,6 +28,7 @@ from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.run.steps import discover_tools
 from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
 from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.graph_restart import choose_device, settle_graph
 from tether.agent.tasks.notices import tell
 from tether.agent.tasks.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.tasks.peers import TaskPeers
@@ -242,12 +243,14 @@ class TaskService:
     def _resume_after_restart(self, task: Task) -> None:
         """Settle a task its server left unfinished (`tether.agent.tasks.restart`). When a step was in flight, its
         device is asked first (in the background: the task is held here meanwhile, its lease kept)."""
-        flight = in_flight_step(task)
-        if flight is None:
+        graph = bool(task.step_states) and task.state is not TaskState.CREATED  # every branch's step in flight
+        flight = None if graph else in_flight_step(task)
+        if flight is None and not graph:
             self._settled(task, settle_after_restart(task))
             return
         self._live[task.id] = task
-        job = asyncio.create_task(self._ask_device_first(task, flight), name=f"task {task.id} outcome")
+        job = asyncio.create_task(settle_graph(self, task) if flight is None else self._ask_device_first(task, flight),
+                                  name=f"task {task.id} outcome")
         self._asking[task.id] = job
         job.add_done_callback(lambda _: self._asking.pop(task.id, None))
 
@@ -460,7 +463,8 @@ class TaskService:
         runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
                             on_event=lambda event: self._on_event(task, event), budgets=self.budgets,
                             command_timeout=self.command_timeout, default_device=task.device or "device",
-                            stream_planning=True)  # planning_progress events: followers show the token count
+                            stream_planning=True,  # planning_progress events: followers show the token count
+                            choose=lambda req: choose_device(self, task, req))
         job = asyncio.create_task(self._drive(task, runner), name=f"task {task.id}")
         self._runners[task.id] = (runner, job)
 
@@ -722,12 +726,13 @@ class TaskService:
     # -- undo -----------------------------------------------------------------------------------------------
 
     async def undo(self, task_id: str, requested_by: str) -> dict[str, Any]:
-        """Put back the files the task changed, on every device its commands ran on."""
+        """Put back the files the task changed, on every device its commands ran on, the device that changed
+        something last first (a graph's branches ran on several devices at once)."""
         task = self.get(task_id)
         if task.id in self._runners:
             raise TaskError(409, f"task {task.id} is still running; cancel it first")
         report: dict[str, Any] = {}
-        for name in task.devices_used():
+        for name in task.devices_undo_order():
             dispatcher = self.hub.dispatcher(name, session_id=task.id,
                                              requested_by=f"undo:{task.id[:12]} by {requested_by}")
             command = Command(tool_name="undo_session", parameters={"session_id": task.id},

@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.agent.planning.plan import Plan, PlanStep
+from tether.agent.run.graph.view import graph_of
 from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.service import TaskError, TaskService
@@ -146,7 +147,9 @@ async def get_task(task_id: str, request: Request, who: Annotated[TokenInfo, Dep
                    events: bool = True) -> dict[str, Any]:
     """The whole task: plan, every step with its command and result, decisions, questions, events."""
     task: Task = visible_task(_service(request), task_id, who)
-    return task.model_dump(mode="json", exclude={"events"} if not events else None)
+    body = task.model_dump(mode="json", exclude={"events"} if not events else None)
+    body["graph"] = graph_of(task)  # a graph plan's steps, states and stages (None for a list plan)
+    return body
 
 
 @router.post("/{task_id}/answer")

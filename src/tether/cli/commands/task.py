@@ -201,7 +201,7 @@ def remote_log(remote: RemoteServer, task_id: str, as_json: bool, follow_it: boo
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        print_log(out, Task.model_validate(data))
+        print_log(out, Task.model_validate({k: v for k, v in data.items() if k != "graph"}))  # graph: derived
     return 0
 
 

@@ -222,7 +222,12 @@ async function taskView(id) {
       t.answer ? h("p", {id: "answer"}, h("strong", {}, "Answer: "), t.answer) : null, t.error ? h("p", {class: "error"}, t.error) : null, buttons));
     steps.replaceChildren(...(t.plan ? t.plan.steps : []).map((s, i) => {
       const runs = (t.steps || []).filter((r) => r.index === i);
-      return h("div", {class: "card", "data-step": i}, h("p", {}, h("strong", {}, `${i + 1}. ${s.skill}`), " ", s.description || ""),
+      const g = t.graph ? t.graph.nodes[i] : null;  // a graph plan: the step's state, stage and needs, live
+      const name = (n) => t.graph.nodes[n].id || String(n + 1);
+      return h("div", {class: "card", "data-step": i, "data-state": g ? g.state : null}, h("p", {}, h("strong", {}, `${i + 1}. ${s.skill}`), " ", s.description || ""),
+        g ? h("p", {class: "graph"}, status(g.state), ` stage ${g.stage}`, g.id ? ` · id ${g.id}` : "", g.device ? ` · on ${g.device}` : "",
+          g.needs.length ? ` · needs ${g.needs.map(name).join(", ")}` : "",
+          typeof g.when === "string" ? (g.when === "success" ? "" : ` · when ${g.when}`) : ` · if ${g.when.ref}`) : null,
         h("pre", {}, JSON.stringify(s.args)), runs.map((r) => h("div", {}, status(r.result.status === "success" ? "done" : r.result.status === "failure" ? "failed" : r.result.status),
           r.result.error ? h("span", {class: "error"}, ` ${r.result.error}`) : null,
           r.decision ? h("p", {}, `Recovery: ${r.decision.decision || JSON.stringify(r.decision)}`) : null)));
