@@ -319,9 +319,12 @@ class DeviceHub:
                            four_eyes=bool(getattr(self.settings, "four_eyes", False)),
                            what=f"answer question '{question}' of device '{device}'",
                            how=how_a_person_approves(server_url(self.settings), device=device, question=question))
+        egress = self._questions.egress(device, question)
         if batch.remote is not None and self.remote is not None:  # asked on the node holding the device
             answered = await self.remote.answer_question(device, question, action, content, by, answerer)
             self._questions.forget(device, question)
+            if answered:
+                self._audit_egress(device, egress, action, content, by, response_id)
             return answered
         if conn is None or not conn.ready:
             raise LookupError(f"device {device} is offline")
@@ -332,7 +335,18 @@ class DeviceHub:
         self._questions.forget(device, question)
         logger.info("question %s of device %s (batch %s) answered by %s: %s", question, device, response_id, by,
                     action)
+        self._audit_egress(device, egress, action, content, by, response_id)
         return True
+
+    def _audit_egress(self, device: str, egress: dict[str, Any] | None, action: str, content: dict[str, Any] | None,
+                      by: str, response_id: str) -> None:
+        """A person's answer to `ask: on-miss` is audited with who gave it; `always` is a change of the device's
+        network policy (the device adds the exact host:port to its allow list), recorded as `network.allow`."""
+        if egress is None:
+            return
+        choice = str((content or {}).get("answer")) if action == "accept" else "deny"
+        self.store.audit.record(by, device, None, "network.allow" if choice == "always" else "network.ask",
+                                {**egress, "answer": choice}, "success", None, response_id=response_id)
 
     def revoke_token(self, id_or_name: str) -> int:
         """Revoke tokens (see `Tokens.revoke`) and disconnect their devices at once. Revocations

@@ -1,6 +1,7 @@
 """What external MCP servers ask through a device while a batch runs, and who answers.
 
-An elicitation (a question for a person) arrives as an event of the batch; `OpenQuestions` remembers
+An elicitation (a question for a person) arrives as an event of the batch — an external MCP server's, or
+the device's own about a host a sandboxed command asks to reach (`ask: on-miss`); `OpenQuestions` remembers
 which batch of which device asked it, so that a person's answer (`tether answer`, the dashboard) goes
 to the batch still waiting for it and to no other; whether it asks for consent (`asks_consent`) decides
 whether, with four-eyes on, its caller may answer it (server/approvals.py `check_answerer`). A sampling
@@ -23,7 +24,8 @@ SAMPLING_TIMEOUT = 120.0  # a device's sampling request to the server's LLM
 
 # the answers to a question that asks for nothing but a yes or no (an enum of these words is a decision)
 CONSENT_WORDS = frozenset({"yes", "no", "y", "n", "approve", "approved", "deny", "denied", "allow", "reject",
-                           "accept", "decline", "confirm", "confirmed", "cancel", "ok", "proceed", "abort"})
+                           "accept", "decline", "confirm", "confirmed", "cancel", "ok", "proceed", "abort",
+                           "once", "always"})  # "once"/"always": an approval for now or for good (egress ask)
 
 Sampler = Callable[[str, dict[str, Any]], Awaitable[tuple[str, str]]]  # (device, request) → (text, model)
 
@@ -55,7 +57,8 @@ class OpenQuestions:
 
     def __init__(self, limit: int = MAX_OPEN_QUESTIONS) -> None:
         self.limit = limit
-        self._open: dict[tuple[str, str], tuple[str, bool]] = {}
+        # (device, question) -> (response_id, asks consent, the host a sandboxed command asks to reach or None)
+        self._open: dict[tuple[str, str], tuple[str, bool, dict[str, Any] | None]] = {}
 
     def note(self, device: str, event: Event) -> None:
         """Remember a question the event asks, forget one it says was answered."""
@@ -63,7 +66,10 @@ class OpenQuestions:
         if event.kind == "elicitation" and question and "declined" not in event.data:
             if len(self._open) >= self.limit:  # answered or not, the oldest go first
                 del self._open[next(iter(self._open))]
-            self._open[(device, question)] = (event.response_id or "", asks_consent(event.data.get("schema")))
+            egress = event.data.get("egress")
+            target = {"host": str(egress.get("host"))[:255], "port": egress.get("port")} \
+                if isinstance(egress, dict) else None
+            self._open[(device, question)] = (event.response_id or "", asks_consent(event.data.get("schema")), target)
         elif event.kind == "elicitation_answered":
             self._open.pop((device, question), None)
 
@@ -76,6 +82,11 @@ class OpenQuestions:
         """Whether this open question asks for consent (`asks_consent`); True for one not known here."""
         entry = self._open.get((device, question))
         return entry[1] if entry is not None else True
+
+    def egress(self, device: str, question: str) -> dict[str, Any] | None:
+        """The host and port of an open `ask: on-miss` question (tools/shell/egress_ask.py), else None."""
+        entry = self._open.get((device, question))
+        return entry[2] if entry is not None else None
 
     def forget(self, device: str, question: str) -> None:
         self._open.pop((device, question), None)

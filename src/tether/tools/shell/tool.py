@@ -32,6 +32,7 @@ from tether.tools.policy.model import ALWAYS_DENIED, approval_asked, check_comma
 from tether.tools.process import run_process
 from tether.tools.runtime import ToolSet, tool
 from tether.tools.shell import capture as shell_capture
+from tether.tools.shell.egress_ask import egress_asker
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +287,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
                 result = await run_process([cmd, *args], executable=program, cwd=str(workdir),
                                            env={**(env or {}), "PATH": search},
                                            stdin=None if stdin is None else stdin.encode(), max_output=limit,
-                                           on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer)
+                                           on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer,
+                                           ask=egress_asker(ctx, timeout))
         except BaseException:
             if layer is not None:  # a command that did not end by itself changes nothing
                 sandbox.release(layer)  # type: ignore[union-attr]
