@@ -28,7 +28,7 @@ BODY = b"hello from the unlisted host\n"
 
 
 class _Upstream(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+    def do_GET(self) -> None:
         self.send_response(200)
         self.send_header("Content-Length", str(len(BODY)))
         self.end_headers()

@@ -158,6 +158,8 @@ class TaskAsker(BaseModel):
 
     name: str = Field(..., min_length=1, max_length=128)
     agent: bool = False
+    sample: bool = Field(default=False, description="the token held the `sample` scope: the task's MCP servers may "
+                                                    "use the server's LLM")
 
 
 class Task(BaseModel):

@@ -331,7 +331,8 @@ class TaskService:
                     devices=[n for n in extra if n != target], confirm=confirm,
                     scope_devices=list(token.devices) if token is not None else [],
                     scope_tags=list(token.tags) if token is not None else [],
-                    asker=TaskAsker(name=token.name, agent=token.agent) if token is not None else None)
+                    asker=TaskAsker(name=token.name, agent=token.agent, sample=token.allows("sample"))
+                    if token is not None else None)
         unaudited = self.server_store.audit.problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
@@ -732,7 +733,7 @@ class TaskService:
 
 def task_asker(task: Task) -> TokenRef | None:
     """The token `task` acts for, as the hub's batches carry their caller (None: the task recorded none)."""
-    return TokenRef(task.asker.name, task.asker.agent) if task.asker is not None else None
+    return TokenRef(task.asker.name, task.asker.agent, task.asker.sample) if task.asker is not None else None
 
 
 def mcp_answer(schema: dict[str, Any], answer: str) -> tuple[str, dict[str, Any] | None]:

@@ -59,7 +59,7 @@ from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
 from tether.server.aip.link import DeviceLink, close_socket
 from tether.server.aip.liveness import GracePeriods, watch_liveness
-from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling, asks_consent
+from tether.server.aip.questions import OpenQuestions, Sampler, SamplingGate, answer_sampling, asks_consent
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
@@ -98,6 +98,7 @@ class DeviceHub:
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions = OpenQuestions()
+        self._sampling = SamplingGate()  # who may cause a sampling request, and how many (aip/questions.py)
         # answers devices' sampling requests with the server's LLM: (device, request payload) → (text, model);
         # None where the server has no LLM: such requests are refused
         self.sampler = sampler
@@ -542,7 +543,12 @@ class DeviceHub:
             self.registry.notify()
             self._fleet_changed(conn.name)
         elif isinstance(event, SamplingRequested):
-            job = asyncio.create_task(answer_sampling(self.sampler, conn, event.message))
+            call_id = str((event.message.payload or {}).get("call_id") or "")
+            batch = self._batches.running_call(conn.name, call_id)  # the command it says it serves, if running
+            refusal = self._sampling.admit(conn.name, call_id, batch)
+            job = asyncio.create_task(answer_sampling(self.sampler, conn, event.message, refusal=refusal,
+                                                      caller=batch.asker if batch is not None else None,
+                                                      audit=self.store.audit))
             self._tasks.add(job)
             job.add_done_callback(self._tasks.discard)
         elif isinstance(event, DeviceReportedError):
