@@ -37,6 +37,7 @@ from tether.sandbox.egress.proxy import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress.rules import EgressRules
 from tether.sandbox.layers.held import HeldLayers
 from tether.sandbox.layers.layer import discard
+from tether.sandbox.layers.session import SessionTotals
 
 logger = logging.getLogger(__name__)
 egress_log = logging.getLogger("tether.sandbox.egress")
@@ -113,6 +114,7 @@ class Sandbox:
         self._layer_ids = itertools.count(1)
         self._closed = False
         self.held = HeldLayers(Path(spec.layers_dir))
+        self.sessions = SessionTotals()  # what each session's commands applied, all together (layers/session.py)
         self._free: list[Path] = []
         self._layer_of: dict[int, Path] = {}  # request id -> the layer its command mounted
         self._gone: list[Path] = []  # old overlay work directories the warden set aside, to be removed
