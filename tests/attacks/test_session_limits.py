@@ -21,7 +21,7 @@ async def test_a_session_cannot_split_past_its_totals(attacker_factory, home: Pa
     tag = secrets.token_hex(4)
 
     async def make(session: str, names: list[str], size: int = 1) -> object:
-        code = "import sys\nfor name in sys.argv[1:]:\n    open(name, 'wb').write(b'x' * %d)\nprint('made')" % size
+        code = f"import sys\nfor name in sys.argv[1:]:\n    open(name, 'wb').write(b'x' * {size})\nprint('made')"
         return await attacker.run(SYSTEM_PYTHON, "-c", code, *[str(home / n) for n in names], session=session)
 
     first = await make("s1", [f"{tag}-a{n}" for n in range(3)])
@@ -43,3 +43,31 @@ async def test_a_session_cannot_split_past_its_totals(attacker_factory, home: Pa
     assert not (home / f"{tag}-e1").exists()
     small = await make("s3", [f"{tag}-e2"], size=1000)  # what still fits is still applied
     assert small.status is ResultStatus.SUCCESS and (home / f"{tag}-e2").exists(), text(small)
+
+
+async def test_a_session_cannot_run_more_processes_than_its_total(attacker_factory, home: Path) -> None:  # noqa: F811
+    """Each sandboxed start takes its pid cap from the session's total and holds it while it runs: two
+    launched applications (which outlive their calls) take all of a 600-process session, so its next
+    command is refused before it starts; another session runs; commands that end give their share back."""
+    from tether.protocol.models import Command
+
+    attacker = await attacker_factory(allow_inline_code=True, limits={"processes": 300, "session_processes": 600})
+    stay = "import signal; signal.pause()"  # runs until the device stops it
+
+    async def call(session: str, tool: str, **params: object) -> object:
+        [result] = await attacker.device.dispatcher(session_id=session).execute_commands(
+            [Command(tool_name=tool, parameters=params)])
+        return result
+
+    for _ in range(2):
+        launched = await call("p1", "launch_application", app_name=SYSTEM_PYTHON, args=["-c", stay])
+        assert launched.status is ResultStatus.SUCCESS, text(launched)
+    refused = await attacker.run(SYSTEM_PYTHON, "-c", "print('ran')", session="p1")
+    assert refused.status is ResultStatus.FAILURE and "limits.session_processes" in (refused.error or ""), \
+        text(refused)
+    assert refused.result["limit"] == "limits.session_processes" and "ran" not in text(refused)
+    third = await call("p1", "launch_application", app_name=SYSTEM_PYTHON, args=["-c", stay])
+    assert third.status is ResultStatus.FAILURE and "limits.session_processes" in (third.error or ""), text(third)
+    for n in range(3):  # 3 x 300 > 600, one after another: each gives its share back when it ends
+        done = await attacker.run(SYSTEM_PYTHON, "-c", f"print({n})", session="p2")
+        assert done.status is ResultStatus.SUCCESS, text(done)

@@ -8,6 +8,12 @@ whose changes would take its session over a total is refused before anything is 
 limit (`limits.session_files`, `limits.session_bytes`); the reservation is taken on the event loop, so two
 commands of one session applying at once cannot both slip under it. Commands without a session id are
 each their own session (nothing accumulates for them).
+
+Processes are counted while they run: each sandboxed process a session starts (a command, a launched
+application that outlives its call) takes its share of `limits.session_processes` — the pid cap of its
+own namespace, at most `limits.processes` — and gives it back when it exits. A start that would leave the
+session's running processes with less than the kernel's smallest pid cap is refused before anything runs,
+naming `limits.session_processes`.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Protocol
 from tether.errors import SandboxError
 
 SESSIONS_KEPT = 4096  # sessions whose totals are remembered; the least recently used is forgotten first
+SMALLEST_PROCESS_CAP = 300  # a pid namespace cannot be capped lower (its pid_max floor is 301)
 
 
 class Counted(Protocol):
@@ -56,6 +63,32 @@ class SessionTotals:
     def __init__(self, kept: int = SESSIONS_KEPT) -> None:
         self.kept = kept
         self._totals: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._running: dict[str, int] = {}  # session -> process caps its running sandboxed processes hold
+
+    def take_processes(self, session: str | None, wanted: int, total: int) -> int:
+        """The process cap a new sandboxed start of `session` gets: `wanted` (the per-command cap; 0: none),
+        cut to what the session's `total` has left (0: no session total); `SessionLimit` when less than
+        `SMALLEST_PROCESS_CAP` is left. Give it back with `give_back_processes` when the process exits."""
+        if not session or not total:
+            return wanted
+        running = self._running.get(session, 0)
+        granted = min(wanted, total - running) if wanted else total - running
+        if granted < SMALLEST_PROCESS_CAP:
+            raise SessionLimit("limits.session_processes", f"the session's running sandboxed processes hold {running}"
+                                                           f" of its {total} processes (limits.session_processes), "
+                                                           f"less than the {SMALLEST_PROCESS_CAP} a start needs: it "
+                                                           "was not started; nothing was applied")
+        self._running[session] = running + granted
+        return granted
+
+    def give_back_processes(self, session: str | None, granted: int) -> None:
+        """A process `take_processes` granted `granted` to has exited."""
+        if session and session in self._running:
+            left = self._running[session] - granted
+            if left > 0:
+                self._running[session] = left
+            else:
+                del self._running[session]
 
     def totals(self, session: str | None) -> tuple[int, int]:
         """(files created, bytes written) so far by `session`'s applied commands."""

@@ -25,6 +25,7 @@ from pydantic import Field
 
 from tether.sandbox import SandboxUnavailable
 from tether.sandbox.confine.limits import describe, exceeded
+from tether.sandbox.layers.session import SessionLimit
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy.jail import approval_needed, check_cwd, real, within
@@ -288,7 +289,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
                                            env={**(env or {}), "PATH": search},
                                            stdin=None if stdin is None else stdin.encode(), max_output=limit,
                                            on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer,
-                                           ask=egress_asker(ctx, timeout))
+                                           ask=egress_asker(ctx, timeout),
+                                           session=(ctx.session_id, ctx.policy.limits.session_processes))
         except BaseException:
             if layer is not None:  # a command that did not end by itself changes nothing
                 sandbox.release(layer)  # type: ignore[union-attr]
@@ -300,6 +302,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
         note = "; nothing it wrote was applied" if layer is not None else ""
         raise ToolError(f"`{preview_text}` timed out after {timeout:g}s; its process group was killed{note}",
                         body) from None
+    except SessionLimit as exc:
+        raise ToolError(f"denied by limit '{exc.rule}': {exc}", {"limit": exc.rule, "applied": False}) from None
     except (OSError, SandboxUnavailable) as exc:
         raise ToolError(f"could not start {cmd}: {getattr(exc, 'strerror', None) or exc}") from None
     body = payload(result.exit_code, result.stdout, result.stderr,
