@@ -55,20 +55,23 @@ def egress_asker(ctx: ToolContext, timeout: float | None) -> AskFn | None:
                    "does not list. Allow it once, always (added to the device's network allow list), or deny?")
         ctx.emit("elicitation", {"id": question, "server": SERVER, "call_id": ctx.call_id, "message": message,
                                  "schema": SCHEMA, "egress": {"host": host, "port": port}})
-        action, choice, content = "cancel", "deny", None
+        action: str = "cancel"
+        choice: Answer = "deny"
+        content: dict[str, Any] | None = None
         try:
             async with asyncio.timeout(bound):
                 action, content = await ask_person(question, message, dict(SCHEMA))
         except TimeoutError:
             raise TimeoutError(f"nobody answered within {bound:g}s") from None
         finally:
-            if action == "accept" and isinstance(content, dict) and content.get("answer") in CHOICES:
-                choice = str(content["answer"])
+            picked = content.get("answer") if action == "accept" and isinstance(content, dict) else None
+            if picked == "once" or picked == "always":
+                choice = picked
             ctx.emit("elicitation_answered", {"id": question, "call_id": ctx.call_id, "server": SERVER,
                                               "action": action, "answer": choice})
         if choice == "always":
             remember(ctx, host, port)
-        return choice  # type: ignore[return-value]
+        return choice
 
     return ask
 
