@@ -202,6 +202,31 @@ def test_an_approval_shows_what_would_change_and_approving_finishes_it(admin: Da
     assert not doomed.exists()
 
 
+def test_the_badge_is_pushed_when_something_waits_elsewhere_and_when_it_is_answered(admin: Dash,
+                                                                                   cluster: Cluster) -> None:
+    """The badge follows GET /api/v1/approvals/events: a task started elsewhere (REST, another person) that waits
+    for a confirmation shows at once on a page that opened no task, and goes when it is approved elsewhere; the
+    page asks nothing in between (no polling)."""
+    from playwright.sync_api import expect
+
+    asked: list[str] = []
+    admin.page.on("request", lambda r: asked.append(r.url))
+    api = f"{admin.base}/api/v1"
+    person = {"Authorization": f"Bearer {cluster.api_token}"}
+    expect(admin.page.locator("#badge")).to_be_hidden()
+    before = len(asked)
+    plan = [{"skill": "write_file", "args": {"file_path": str(cluster.tmp / "badge.txt"), "content": "x"}}]
+    task = httpx.post(f"{api}/tasks", headers=person, timeout=30,
+                      json={"device": "alpha", "confirm": "always", "plan": plan})
+    assert task.status_code == 201, task.text
+    expect(admin.page.locator("#badge")).to_have_text("1", timeout=3000)
+    approved = httpx.post(f"{api}/tasks/{task.json()['id']}/answer", json={"answer": "run"}, headers=person,
+                          timeout=30)
+    assert approved.status_code == 200, approved.text
+    expect(admin.page.locator("#badge")).to_be_hidden(timeout=3000)
+    assert asked[before:] == [], asked[before:]  # pushed: the page sent no request for it
+
+
 def test_cancel_a_running_task_started_by_requirements(admin: Dash, cluster: Cluster) -> None:
     from playwright.sync_api import expect
 

@@ -18,7 +18,7 @@ import asyncio
 import builtins
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tether.agent.llm.chat import LLMClient
@@ -28,10 +28,12 @@ from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.run.steps import discover_tools
 from tether.agent.run.task import Budgets, Task, TaskAsker, TaskEvent, TaskState
 from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.notices import tell
 from tether.agent.tasks.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.tasks.peers import TaskPeers
 from tether.agent.tasks.restart import SEQ_JUMP, InFlight, in_flight_step, settle_after_restart
 from tether.agent.tasks.store import SaveSoon, TaskStore
+from tether.agent.tasks.transfer_step import is_transfer, run_transfer_step, transfer_tool
 from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import OUTCOME_FINISHED, OUTCOME_RUNNING, CallOutcome, CallRef, Event
@@ -41,11 +43,13 @@ from tether.server.aip.batches import TokenRef
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry, NoDeviceError
 from tether.server.approvals import ApprovalRefused
+from tether.server.notify.notifier import Notifier
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
 from tether.server.store import Store, StoreUnavailable
 from tether.server.store.tokens import TokenInfo, scope_reaches
+from tether.server.transfer.service import TransferService
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +71,7 @@ class _HubDevice(BasicCommandDispatcher):
 
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, device: str, device_wait: float,
                  before_send: Callable[[], str | None], within: Callable[[Any], bool] | None = None,
-                 **kwargs: Any) -> None:
+                 transfer: Callable[[Command, float | None], Awaitable[Result]] | None = None, **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
         self.before_send = before_send
         self.within = within  # the task's device scope, for a step `on: all` (None: every device)
@@ -75,6 +79,7 @@ class _HubDevice(BasicCommandDispatcher):
         self.registry = registry
         self.device = device
         self.device_wait = device_wait
+        self.transfer = transfer  # runs a `transfer` step (agent/tasks/transfer_step.py)
         self._inner = hub.dispatcher(device, on_event=self._forward, **kwargs)
 
     def _forward(self, event: Event) -> None:
@@ -93,6 +98,8 @@ class _HubDevice(BasicCommandDispatcher):
             if self.emit is not None:
                 self.emit("waiting_for_device", {"device": self.device, "up_to_s": self.device_wait})
             await self.registry.wait_until(lambda: self.hub.connected(self.device), self.device_wait)
+        if self.transfer is not None and is_transfer(commands):
+            return [await self.transfer(commands[0], timeout)]
         return await self._inner.execute_commands(commands, timeout=timeout)
 
     async def fan_out(self, command: Command, requires: DeviceRequirements, timeout: float) -> dict[str, Any]:
@@ -115,11 +122,14 @@ class _HubDevice(BasicCommandDispatcher):
 class TaskService:
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: TaskStore,
                  llm: LLMClient | None = None, *, server_store: Store, budgets: Budgets | None = None,
-                 command_timeout: float = 600.0, device_wait: float = 30.0) -> None:
+                 command_timeout: float = 600.0, device_wait: float = 30.0,
+                 transfers: TransferService | None = None, notifier: Notifier | None = None) -> None:
         self.hub = hub
+        self.notifier = notifier  # webhooks and the approval inbox told of waits and ends (agent/tasks/notices.py)
         self.registry = registry  # the hub's: which devices are known, connected, and what they offer
         self.server_store = server_store  # the server's: the audit log's health and the sessions' owners
         self.device_wait = device_wait
+        self.transfers = transfers  # runs `transfer` steps (files between devices); None: the skill is not offered
         self.store = store
         self.llm = llm  # plans and answers; closed by `aclose`
         self.budgets = budgets or Budgets()
@@ -493,6 +503,8 @@ class TaskService:
         tools: dict[str | None, list[ToolInfo]] = {}
         for name in dict.fromkeys(n for n in [task.device, *task.devices] if n):
             tools[name] = await self._device_tools(name)
+            if self.transfers is not None:
+                tools[name].append(transfer_tool())
         tools[None] = tools[task.device] if task.device else []
         return tools
 
@@ -517,7 +529,16 @@ class TaskService:
                 return (f"device '{device}' is outside the scope of the token that created the task "
                         f"(devices {', '.join(task.scope_devices) or '-'}; tags {', '.join(task.scope_tags) or '-'})")
         scoped = bool(task.scope_devices or task.scope_tags)
+        requested_by = f"task:{task.id[:12]} for {task.requested_by or 'unknown'}"
+        transfers = self.transfers
+
+        async def transfer(command: Command, timeout: float | None) -> Result:
+            assert transfers is not None and device is not None
+            return await run_transfer_step(transfers, command, device, session_id=task.id, requested_by=requested_by,
+                                           reaches=lambda name: self.reaches(task, name), timeout=timeout)
+
         return _HubDevice(self.hub, self.registry, device, self.device_wait, before_send,
+                          transfer=transfer if transfers is not None else None,
                           within=(lambda r: scope_reaches(task.scope_devices, task.scope_tags, r.name, r.tags))
                           if scoped else None,
                           session_id=task.id, requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}",
@@ -547,6 +568,8 @@ class TaskService:
         if self._peers is not None:  # followers on the other nodes of a cluster
             self._peers.event(task.id, event)
         self.feed(task.id, event)
+        if self.notifier is not None:
+            tell(self.notifier, self.registry, task, event)
 
     async def steer(self, task_id: str, action: str, by: str, **args: Any) -> Task | dict[str, Any]:
         """Answer, approve or cancel a task: here, or in a cluster on the node that runs it (its summary

@@ -34,6 +34,9 @@ class TokenRef:
     name: str
     agent: bool = False
     sample: bool = False  # it holds the `sample` scope: its commands' MCP servers may use the server's LLM
+    # the key of a person's hold on the device's desktop (server/aip/desktop_holds.py): set only on the
+    # batches the live view sends for the person holding it; it never travels between nodes
+    hold: str | None = None
 
     @classmethod
     def of(cls, token: Any) -> TokenRef:

@@ -63,7 +63,7 @@ from tether.server.aip.questions import OpenQuestions, Sampler, SamplingGate, an
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
-from tether.server.approvals import check_answerer, how_a_person_approves, server_url
+from tether.server.approvals import check_answerer, dashboard_url, how_a_person_approves, server_url
 from tether.server.ports import BackplaneUnavailable, RemoteDevices, RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
@@ -72,7 +72,9 @@ from tether.server.store.tokens import TokenInfo
 if TYPE_CHECKING:
     from tether.protocol.models import Command
     from tether.protocol.profile import DeviceRequirements
+    from tether.server.aip.desktop_holds import DesktopHolds
     from tether.server.aip.fanout import DeviceOutcome
+    from tether.server.notify.notifier import Notifier
 
 PRELOAD_AFTER_S = 2.0  # known devices' stored profiles are read this long after start, in the background
 
@@ -81,8 +83,11 @@ logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and
 
 class DeviceHub:
     def __init__(self, store: Store, settings: ServerSettings, registry: DeviceRegistry | None = None, *,
-                 remote: RemoteSlot | None = None, sampler: Sampler | None = None) -> None:
+                 remote: RemoteSlot | None = None, sampler: Sampler | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.store = store
+        # webhooks told when a device goes offline or a question waits for a person; the inbox's live signal
+        self.notifier = notifier
         self.settings = settings
         self.registry = registry if registry is not None else DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
@@ -164,6 +169,11 @@ class DeviceHub:
             return True
         record = self.registry.get(device) if self.remote is not None else None
         return record is not None and record.node is not None and record.connected
+
+    @property
+    def desktop(self) -> DesktopHolds:
+        """Persons' holds on devices' desktops and the live views watching them (server/aip/desktop_holds.py)."""
+        return self._router.desktop
 
     def local(self, device: str) -> bool:
         """Whether `device`'s socket is connected to this node."""
@@ -294,11 +304,39 @@ class DeviceHub:
                     "asker_agent": batch.asker.agent if batch.asker is not None else None,
                     "approval": asks_consent(event.data.get("schema"))}})
             self._questions.note(batch.device, event)
+            self._question_changed(batch, event)
         if batch.on_event is not None:
             try:
                 batch.on_event(event)
             except Exception:
                 logger.exception("on_event callback of batch %s failed", batch.response_id)
+
+    def _question_changed(self, batch: PendingBatch, event: Event) -> None:
+        """Tell the inbox that a question was asked or answered, and webhooks that one waits for a person."""
+        if self.notifier is None:
+            return
+        if event.kind != "elicitation" or "id" not in event.data or "declined" in event.data:
+            self.notifier.changes.bump()
+            return
+        consent = bool(event.data.get("approval"))
+        record = self.registry.get(batch.device)
+        asker = batch.asker.name if batch.asker is not None else None
+        self.notifier.emit(
+            "approval.needed",
+            f"{'Approval' if consent else 'An answer'} needed on {batch.device}: "
+            f"{str(event.data.get('message', ''))[:300]}",
+            {"Device": batch.device, "Asked by": f"MCP server {event.data.get('server') or '?'}",
+             "For": asker, "Question": f"{batch.device}/{event.data['id']}"},
+            data={"kind": "device_question", "device": batch.device, "question": str(event.data["id"]),
+                  "approval": consent, "message": str(event.data.get("message", ""))[:2000], "asker": asker},
+            devices=[(batch.device, record.tags if record is not None else [])],
+            answer_scope="approve" if consent else "execute", asker=asker,
+            link=dashboard_url(server_url(self.settings)))
+
+    def open_questions(self) -> list[dict[str, Any]]:
+        """The questions external MCP servers asked that a batch still waits on (`OpenQuestions.listed`), oldest
+        first, each with the batch's caller (`asker`)."""
+        return [q for q in self._questions.listed() if self.pending(str(q.get("batch") or "")) is not None]
 
     async def answer_question(self, device: str, question: str, action: str,
                               content: dict[str, Any] | None, *, by: str, answerer: TokenRef | None = None) -> bool:
@@ -334,6 +372,8 @@ class DeviceHub:
         if not await conn.send(frame):
             raise LookupError(f"device {device} went offline before the answer reached it")
         self._questions.forget(device, question)
+        if self.notifier is not None:
+            self.notifier.changes.bump()
         logger.info("question %s of device %s (batch %s) answered by %s: %s", question, device, response_id, by,
                     action)
         self._audit_egress(device, egress, action, content, by, response_id)
@@ -622,6 +662,12 @@ class DeviceHub:
         self.registry.notify()
         self._fleet_changed(conn.name)
         logger.info("device %s offline: %s", conn.name, why)
+        if grace and not self._closed and self.notifier is not None:  # not a shutdown, a revocation, a takeover
+            self.notifier.emit("device.offline", f"Device {conn.name} went offline ({why})",
+                               {"Device": conn.name, "Platform": record.platform, "Why": why},
+                               data={"device": conn.name, "why": why, "last_seen": record.last_seen},
+                               devices=[(conn.name, record.tags)],
+                               link=f"{server_url(self.settings) or 'http://SERVER'}/#/devices/{conn.name}")
 
     def _grace_expired(self, device: str) -> None:
         if device in self._conns:

@@ -74,19 +74,30 @@ class OpenQuestions:
         self.limit = limit
         # (device, question) -> (response_id, asks consent, the host a sandboxed command asks to reach or None)
         self._open: dict[tuple[str, str], tuple[str, bool, dict[str, Any] | None]] = {}
+        self._shown: dict[tuple[str, str], dict[str, Any]] = {}  # what the inbox shows of each (`listed`)
 
     def note(self, device: str, event: Event) -> None:
         """Remember a question the event asks, forget one it says was answered."""
         question = str(event.data.get("id", ""))[:64]
         if event.kind == "elicitation" and question and "declined" not in event.data:
             if len(self._open) >= self.limit:  # answered or not, the oldest go first
-                del self._open[next(iter(self._open))]
+                self.forget(*next(iter(self._open)))
             egress = event.data.get("egress")
             target = {"host": str(egress.get("host"))[:255], "port": egress.get("port")} \
                 if isinstance(egress, dict) else None
             self._open[(device, question)] = (event.response_id or "", asks_consent(event.data.get("schema")), target)
+            self._shown[(device, question)] = {
+                "device": device, "id": question, "approval": asks_consent(event.data.get("schema")),
+                "message": str(event.data.get("message", ""))[:2000], "server": event.data.get("server"),
+                "asker": event.data.get("asker"), "asker_agent": event.data.get("asker_agent"),
+                "schema": event.data.get("schema"), "batch": event.response_id, "at": time.time()}
         elif event.kind == "elicitation_answered":
-            self._open.pop((device, question), None)
+            self.forget(device, question)
+
+    def listed(self) -> list[dict[str, Any]]:
+        """Every open question, oldest first: device, id, approval (asks for consent), message, server, asker,
+        asker_agent, schema, batch and when it was asked (`at`)."""
+        return [dict(shown) for shown in self._shown.values()]
 
     def batch_of(self, device: str, question: str) -> str | None:
         """The response_id of the batch that asked this open question, or None."""
@@ -105,6 +116,7 @@ class OpenQuestions:
 
     def forget(self, device: str, question: str) -> None:
         self._open.pop((device, question), None)
+        self._shown.pop((device, question), None)
 
 
 class SamplingGate:
