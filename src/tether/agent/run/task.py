@@ -150,6 +150,19 @@ class Counters(BaseModel):
     elapsed_s: float = 0.0
 
 
+class TaskAsker(BaseModel):
+    """The API token a task acts for: the one that created it (a person's, or an agent's when `agent`).
+    The questions its steps raise are this token's, as a plain command's are its caller's
+    (`tether.server.approvals.check_answerer`): saved with the task, so a restart keeps it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., min_length=1, max_length=128)
+    agent: bool = False
+    sample: bool = Field(default=False, description="the token held the `sample` scope: the task's MCP servers may "
+                                                    "use the server's LLM")
+
+
 class Task(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -158,6 +171,8 @@ class Task(BaseModel):
     device: str | None = Field(default=None, description="the device steps run on unless they name another")
     devices: list[str] = Field(default_factory=list, description="other devices the task's steps may name")
     requested_by: str | None = Field(default=None, description="who created the task (an API token's name)")
+    asker: TaskAsker | None = Field(default=None, description="the token the task acts for, whose questions its "
+                                    "steps raise (None: a task made without a token, or before tasks recorded it)")
     scope_devices: list[str] = Field(default_factory=list, description="the creating token's device scope (names "
                                      "or globs): the only devices the task's commands may reach; with scope_tags "
                                      "empty too, every device")
@@ -230,6 +245,7 @@ class Task(BaseModel):
         pending = self.pending_question
         return {"id": self.id, "request": self.request, "state": self.state.value, "device": self.device,
                 "requested_by": self.requested_by, "cursor": self.cursor,
+                "asker": self.asker.model_dump() if self.asker is not None else None,
                 "steps": len(self.plan.steps) if self.plan else 0, "answer": self.answer, "error": self.error,
                 "question": pending.model_dump(mode="json") if pending else None,
                 "created_at": self.created_at.isoformat(), "updated_at": self.updated_at.isoformat()}

@@ -26,7 +26,7 @@ from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.run.executor import TaskRunner
 from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.run.steps import discover_tools
-from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
+from tether.agent.run.task import Budgets, Task, TaskAsker, TaskEvent, TaskState
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.graph_restart import choose_device, settle_graph
 from tether.agent.tasks.notices import tell
@@ -40,8 +40,10 @@ from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import OUTCOME_FINISHED, OUTCOME_RUNNING, CallOutcome, CallRef, Event
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry, NoDeviceError
+from tether.server.approvals import ApprovalRefused
 from tether.server.notify.notifier import Notifier
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
@@ -114,7 +116,8 @@ class _HubDevice(BasicCommandDispatcher):
                                             "error": outcome.error, "duration": round(outcome.duration, 3)})
 
         return await self.hub.fan_out(requires, [command], on_outcome=told, timeout=timeout,
-                                      requested_by=self._inner.requested_by, within=self.within)
+                                      requested_by=self._inner.requested_by, within=self.within,
+                                      asker=self._inner.asker)
 
 
 class TaskService:
@@ -321,7 +324,9 @@ class TaskService:
         """Create a task on `device` (or on the device `requires` selects) and start it. `confirm`
         (never|destructive|always, the creating token's setting) makes it wait for its plan's confirmation.
         `token` (the creator's): a scoped one's task reaches only the devices in its scope, now and at every
-        step (the device chosen, the devices named, a step `on: all`), and it keeps that scope after a restart."""
+        step (the device chosen, the devices named, a step `on: all`), and it keeps that scope after a restart;
+        the task acts for it (`Task.asker`, saved with the task): the questions its steps' MCP servers ask are
+        that token's, as a plain command's are its caller's (`approvals.check_answerer`)."""
         if self._closing:
             raise TaskError(503, "the server is shutting down")
         if not request and (plan is None or not plan.steps):
@@ -338,7 +343,9 @@ class TaskService:
         task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
                     devices=[n for n in extra if n != target], confirm=confirm,
                     scope_devices=list(token.devices) if token is not None else [],
-                    scope_tags=list(token.tags) if token is not None else [])
+                    scope_tags=list(token.tags) if token is not None else [],
+                    asker=TaskAsker(name=token.name, agent=token.agent, sample=token.allows("sample"))
+                    if token is not None else None)
         unaudited = self.server_store.audit.problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
@@ -538,7 +545,8 @@ class TaskService:
                           transfer=transfer if transfers is not None else None,
                           within=(lambda r: scope_reaches(task.scope_devices, task.scope_tags, r.name, r.tags))
                           if scoped else None,
-                          session_id=task.id, requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")
+                          session_id=task.id, requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}",
+                          asker=task_asker(task))
 
     def _asker(self, task: Task) -> Callable[[AskUser], Any]:
         async def ask(question: AskUser) -> str:
@@ -640,9 +648,14 @@ class TaskService:
         """The question an external MCP server asks during the task's running step, if one is open."""
         return self._mcp_questions.get(self.get(task_id).id)
 
-    async def answer_mcp_question(self, task_id: str, answer: str, by: str) -> bool:
+    async def answer_mcp_question(self, task_id: str, answer: str, by: str, *, answerer: TokenRef) -> bool:
         """Answer it (`tether answer` works for it as for the task's own questions): decline/cancel/no,
-        else the value of its only field, or a JSON object of its fields; False when none is open."""
+        else the value of its only field, or a JSON object of its fields; False when none is open.
+
+        `answerer` is the API token answering; the question is the task's asker's (`Task.asker`), so the hub
+        refuses (TaskError 403, the question still waits) whoever may not answer it: an agent's token always,
+        another token than the asker's for a person's task (with four-eyes on, a consent question needs
+        another person than the asker), and anyone but a person for an agent's task."""
         task = self._steerable(task_id)
         question = self._mcp_questions.get(task.id)
         if question is None:
@@ -650,7 +663,9 @@ class TaskService:
         action, content = mcp_answer(question.get("schema") or {}, answer)
         try:
             sent = await self.hub.answer_question(str(question.get("device")), str(question["id"]), action, content,
-                                                  by=by)
+                                                  by=by, answerer=answerer)
+        except ApprovalRefused as exc:
+            raise TaskError(exc.status, str(exc)) from None
         except LookupError as exc:
             raise TaskError(409, str(exc)) from None
         self._mcp_questions.pop(task.id, None)
@@ -742,6 +757,11 @@ class TaskService:
         task.record("undone", {"devices": report})
         self._saver.save(task)
         return report
+
+
+def task_asker(task: Task) -> TokenRef | None:
+    """The token `task` acts for, as the hub's batches carry their caller (None: the task recorded none)."""
+    return TokenRef(task.asker.name, task.asker.agent, task.asker.sample) if task.asker is not None else None
 
 
 def mcp_answer(schema: dict[str, Any], answer: str) -> tuple[str, dict[str, Any] | None]:

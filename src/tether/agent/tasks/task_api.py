@@ -25,6 +25,7 @@ from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.protocol.profile import DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.approvals import how_a_person_approves
 from tether.server.http.api import ERROR_RESPONSES, require, require_approver
 from tether.server.store.tokens import TokenInfo
@@ -162,10 +163,14 @@ async def answer_task(task_id: str, body: Answer, request: Request,
     pending = task.pending_question
     base = str(request.base_url)
     if pending is None and service.mcp_question(task_id) is not None:  # an MCP server asks, mid-step
-        # as POST /devices/{name}/questions/{id}: an answer lets a tool go on as a person chose
+        # as POST /devices/{name}/questions/{id}: an answer lets a tool go on as a person chose, and the
+        # question is the task's asker's (the hub checks who may answer it: approvals.check_answerer); a task
+        # that recorded no asker keeps four-eyes on who created it
         require_approver(who, "answer an MCP server's question", how_a_person_approves(
-            base, task_id=task.id, question="mcp"), requested_by=task.requested_by, settings=_settings(request))
-        await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}")
+            base, task_id=task.id, question="mcp"), requested_by=task.requested_by if task.asker is None else None,
+            settings=_settings(request))
+        await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}",
+                                          answerer=TokenRef(who.name, who.agent))
         return service.get(task_id).summary()
     if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
         require_approver(who, f"answer task {task.id[:12]}'s {pending.kind}", how_a_person_approves(

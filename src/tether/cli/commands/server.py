@@ -215,8 +215,9 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
                      "--api", metavar="NAME", help="an API token named NAME")] = None,
                  scope: Annotated[list[str] | None, typer.Option("--scope", metavar="SCOPE",
                                                                  help="read, execute, approve "
-                                                                 "(answer approvals), admin (repeat; default "
-                                                                 "read+execute)")] = None,
+                                                                 "(answer approvals), admin, sample (its "
+                                                                 "commands' MCP servers may use the LLM) "
+                                                                 "(repeat; default read+execute)")] = None,
                  confirm: Annotated[str, typer.Option("--confirm", metavar="never|destructive|always",
                                                       help="an API token: which plans of the tasks it creates "
                                                            "wait for 'tether approve TASK' before they run "

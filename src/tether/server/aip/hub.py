@@ -59,7 +59,7 @@ from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
 from tether.server.aip.link import DeviceLink, close_socket
 from tether.server.aip.liveness import GracePeriods, watch_liveness
-from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling, asks_consent
+from tether.server.aip.questions import OpenQuestions, Sampler, SamplingGate, answer_sampling, asks_consent
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
@@ -103,6 +103,7 @@ class DeviceHub:
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions = OpenQuestions()
+        self._sampling = SamplingGate()  # who may cause a sampling request, and how many (aip/questions.py)
         # answers devices' sampling requests with the server's LLM: (device, request payload) → (text, model);
         # None where the server has no LLM: such requests are refused
         self.sampler = sampler
@@ -357,9 +358,12 @@ class DeviceHub:
                            four_eyes=bool(getattr(self.settings, "four_eyes", False)),
                            what=f"answer question '{question}' of device '{device}'",
                            how=how_a_person_approves(server_url(self.settings), device=device, question=question))
+        egress = self._questions.egress(device, question)
         if batch.remote is not None and self.remote is not None:  # asked on the node holding the device
             answered = await self.remote.answer_question(device, question, action, content, by, answerer)
             self._questions.forget(device, question)
+            if answered:
+                self._audit_egress(device, egress, action, content, by, response_id)
             return answered
         if conn is None or not conn.ready:
             raise LookupError(f"device {device} is offline")
@@ -372,7 +376,18 @@ class DeviceHub:
             self.notifier.changes.bump()
         logger.info("question %s of device %s (batch %s) answered by %s: %s", question, device, response_id, by,
                     action)
+        self._audit_egress(device, egress, action, content, by, response_id)
         return True
+
+    def _audit_egress(self, device: str, egress: dict[str, Any] | None, action: str, content: dict[str, Any] | None,
+                      by: str, response_id: str) -> None:
+        """A person's answer to `ask: on-miss` is audited with who gave it; `always` is a change of the device's
+        network policy (the device adds the exact host:port to its allow list), recorded as `network.allow`."""
+        if egress is None:
+            return
+        choice = str((content or {}).get("answer")) if action == "accept" else "deny"
+        self.store.audit.record(by, device, None, "network.allow" if choice == "always" else "network.ask",
+                                {**egress, "answer": choice}, "success", None, response_id=response_id)
 
     def revoke_token(self, id_or_name: str) -> int:
         """Revoke tokens (see `Tokens.revoke`) and disconnect their devices at once. Revocations
@@ -568,7 +583,12 @@ class DeviceHub:
             self.registry.notify()
             self._fleet_changed(conn.name)
         elif isinstance(event, SamplingRequested):
-            job = asyncio.create_task(answer_sampling(self.sampler, conn, event.message))
+            call_id = str((event.message.payload or {}).get("call_id") or "")
+            batch = self._batches.running_call(conn.name, call_id)  # the command it says it serves, if running
+            refusal = self._sampling.admit(conn.name, call_id, batch)
+            job = asyncio.create_task(answer_sampling(self.sampler, conn, event.message, refusal=refusal,
+                                                      caller=batch.asker if batch is not None else None,
+                                                      audit=self.store.audit))
             self._tasks.add(job)
             job.add_done_callback(self._tasks.discard)
         elif isinstance(event, DeviceReportedError):

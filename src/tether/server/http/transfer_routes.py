@@ -64,7 +64,7 @@ async def create_transfer(body: TransferBody, request: Request,
     session = owned_session(store, body.dest, body.session_id, [], who)
     service: TransferService = request.app.state.transfers
     caller = Caller(requested_by=f"api:{who.name}", session_id=session, approved_by=approved_by,
-                    approval_digest=body.approval_digest if approved_by else None, asker=TokenRef(who.name, who.agent))
+                    approval_digest=body.approval_digest if approved_by else None, asker=TokenRef.of(who))
     return await service.transfer(TransferRequest(body.source, body.source_path, body.dest, body.dest_path,
                                                   overwrite=body.overwrite, max_bytes=body.max_bytes,
                                                   chunk_bytes=body.chunk_bytes), caller)

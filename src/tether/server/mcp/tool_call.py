@@ -67,7 +67,7 @@ class Caller:
     @property
     def ref(self) -> TokenRef:
         """The caller's token as a batch records it (whose its MCP servers' questions are)."""
-        return TokenRef(self.token.name, self.token.agent)
+        return TokenRef.of(self.token)
 
 
 class AskLater(ServerError):
