@@ -145,9 +145,13 @@ def test_a_transfer_resumes_after_the_receiver_is_killed_and_restarted(fleet: Fl
         result: Result = call.result(WAIT)
     assert result.ok, result.error
     report = result.result
-    assert report["resumes"] >= 1, report
-    assert 0 < report["bytes_sent_after_resume"] < report["bytes"], report
-    assert report["bytes_sent_after_resume"] <= report["bytes"] - held + (32 << 10) * 8, report  # from its offset
+    # never sent again from the start: at most the chunks in flight at the kill (8 a batch) go twice
+    assert report["bytes_sent"] <= report["bytes"] + (32 << 10) * 8, report
+    if report["resumes"]:  # the transfer saw the drop and asked beta what it holds
+        assert 0 < report["bytes_sent_after_resume"] < report["bytes"], report
+        assert report["bytes_sent_after_resume"] <= report["bytes"] - held + (32 << 10) * 8, report  # its offset
+    # else: beta was back within the hub's reconnect grace, and the batch in flight went to the new process,
+    # which appended at the partial file's offset (the write refuses any other offset)
     assert _sha(dest) == _sha(src)
     assert not list(fleet.work.glob(".tether-part-*"))
     src.unlink()
