@@ -742,8 +742,8 @@ async def audit(request: Request, who: Annotated[TokenInfo, Depends(require("adm
         if device is not None:
             in_scope(_registry(request), who, device)
         devices = reached_names(who, _hub(request).registry) or []
-    rows = _store(request).audit.rows(limit=limit + 1, device=device, task=task, token=token, since=since,
-                                      until=until, before=before, devices=devices)
+    rows = await _store(request).audit.read_rows(limit=limit + 1, device=device, task=task, token=token,
+                                                 since=since, until=until, before=before, devices=devices)
     more = len(rows) > limit
     rows = rows[:limit]
     return {"rows": rows, "next": rows[-1]["id"] if more else None}

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
 
-from tether.server.store.engine import Engine, Ran, StoreUnavailable, disk_problem, free_space_problem
+from tether.server.store.engine import Engine, Ran, StoreUnavailable, T, disk_problem, free_space_problem
 
 logger = logging.getLogger(__name__)
 
@@ -111,6 +111,9 @@ class AuditLog:
         """
         now = time.time()
         self._held.extend((*_full(row), now) for row in rows)
+        if self._offloaded_loop() is not None:  # handed to the worker in order, never waited for on the loop
+            self._flush_soon()
+            return self._error is None
         return self.flush()
 
     def sent(self, rows: Iterable[AuditRow]) -> str | None:
@@ -131,9 +134,32 @@ class AuditLog:
 
     def done(self, outcomes: Iterable[tuple[str, str | None, str, str | None]]) -> None:
         """Write the outcome of `sent` rows — (response_id, call_id, status, error) — before the caller
-        learns it, so a delivered result is always in the log; held and retried if the disk refuses."""
+        learns it, so a delivered result is always in the log; held and retried if the disk refuses. On an
+        event loop with PostgreSQL they are handed to the worker, after everything handed to it before (the
+        `sent` rows they update), without waiting: the loop never waits for the database."""
         self._updates.extend(outcomes)
-        self.flush()
+        if self._offloaded_loop() is not None:
+            self._flush_soon()
+        else:
+            self.flush()
+
+    def _offloaded_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The running event loop when the statements run on the worker (PostgreSQL): then a method called
+        on the loop hands its work to the worker instead of waiting for it. None with SQLite or no loop."""
+        if not self._engine.offload:
+            return None
+        try:
+            return asyncio.get_running_loop()
+        except RuntimeError:
+            return None
+
+    async def _on_worker(self, fn: Callable[[], T]) -> T:
+        """`fn` on the worker after everything handed to it before; awaited without holding the loop (with
+        SQLite it runs at once)."""
+        future = self._engine.submit(fn)
+        if isinstance(future, Ran):
+            return future.result()
+        return await asyncio.wrap_future(future)
 
     def sent_grouped(self, rows: Iterable[AuditRow]) -> asyncio.Future[str | None]:
         """`sent` by group commit: the `sent` rows of every batch starting in this turn of the event
@@ -431,8 +457,12 @@ class AuditLog:
         full = self._free_space_this_turn()
         if full is not None:
             return f"the audit log cannot be written: {full}"
-        if self._error is not None and not self.flush():
-            return f"the audit log cannot be written: {self._error}"
+        if self._error is not None:
+            if self._offloaded_loop() is not None:  # retried on the worker; refused until it is written
+                self._flush_soon()
+                return f"the audit log cannot be written: {self._error}"
+            if not self.flush():
+                return f"the audit log cannot be written: {self._error}"
         return None
 
     def _free_space_this_turn(self) -> str | None:
@@ -627,10 +657,16 @@ class AuditLog:
         row = self._engine.run_sync(work)
         return str(row[0]) if row is not None and row[0] else None
 
-    def restarted(self, device: str) -> int:
+    def restarted(self, device: str) -> int | None:
         """`device` came back as a new process: its `pending` rows will get no answer (the old process and
-        its commands are gone), so they become `unknown`, saying so; a late answer may still settle them."""
-        self.flush()
+        its commands are gone), so they become `unknown`, saying so; a late answer may still settle them.
+        How many rows changed; None when, on an event loop with PostgreSQL, the update was handed to the
+        worker instead of waited for (it logs the count once done)."""
+        loop = self._offloaded_loop()
+        if loop is not None:
+            self._flush_soon()
+        else:
+            self.flush()
 
         def work() -> int:
             with self._writing(), self._lock:
@@ -641,15 +677,48 @@ class AuditLog:
                      "the command was stopped with the old process, if it had started. Before: ", device))
             return max(cur.rowcount, 0)
 
-        return self._engine.run_sync(work)
+        if loop is None:
+            return self._engine.run_sync(work)
+
+        def settled(future: Future[int]) -> None:
+            try:
+                count = future.result()
+            except Exception as exc:
+                logger.error("could not settle the pending outcomes of restarted device %s: %s", device, exc)
+                return
+            if count:
+                logger.warning("device %s restarted: %d pending outcome(s) of its old process settled as unknown",
+                               device, count)
+
+        try:
+            self._engine.worker.submit(work).add_done_callback(settled)
+        except RuntimeError as exc:  # the store is closed
+            logger.error("could not settle the pending outcomes of restarted device %s: %s", device, exc)
+        return None
 
     def batch(self, response_id: str) -> list[dict[str, Any]]:
         """The audit rows of the batch `response_id`, oldest first: its record (what was asked, of which
         device, by whom, and each command's outcome so far). Looked for among the newest `_BATCH_WINDOW`
         rows (the log has no index of every row by batch: it cost each insert dearly), and among the
-        rows whose outcome is still open whatever their age."""
+        rows whose outcome is still open whatever their age. Waits for the database: on an event loop
+        use `read_batch`."""
         self.flush()
+        return [dict(r) for r in self._engine.run_sync(self._batch_work(response_id))]
 
+    async def read_batch(self, response_id: str) -> list[dict[str, Any]]:
+        """`batch` for the event loop: the statement runs on the worker (PostgreSQL) and only this caller
+        waits for it — a locked or stopped database delays this request, not the server."""
+        self._write_before_read()
+        return [dict(r) for r in await self._on_worker(self._batch_work(response_id))]
+
+    def _write_before_read(self) -> None:
+        """What is held goes first: at once (SQLite), or handed to the worker ahead of the read."""
+        if self._offloaded_loop() is not None:
+            self._flush_soon()
+        else:
+            self.flush()
+
+    def _batch_work(self, response_id: str) -> Callable[[], list[Any]]:
         def work() -> list[Any]:
             with self._lock:
                 top = self._conn.execute("SELECT max(id) FROM audit").fetchone()[0] or 0
@@ -661,7 +730,7 @@ class AuditLog:
                         (response_id,)).fetchall()
                 return rows
 
-        return [dict(r) for r in self._engine.run_sync(work)]
+        return work
 
     def rows(self, limit: int = 100, device: str | None = None, *, task: str | None = None,
              token: str | None = None, since: float | None = None, until: float | None = None,
@@ -671,8 +740,26 @@ class AuditLog:
         `token` is an API token's name: its own commands and those of the tasks and undos it started
         (`requested_by` records them as `api:NAME`, `task:ID for api:NAME`, `undo:ID by api:NAME`).
         `task` is a task id or a prefix of it; `before` is a row id, the cursor of the next page.
-        `devices` (a scoped token's devices) keeps only their rows; an empty list keeps none."""
+        `devices` (a scoped token's devices) keeps only their rows; an empty list keeps none. Waits for the
+        database: on an event loop use `read_rows`."""
         self.flush()
+        return [dict(r) for r in self._engine.run_sync(self._rows_work(limit, device, task=task, token=token,
+                                                                       since=since, until=until, before=before,
+                                                                       devices=devices))]
+
+    async def read_rows(self, limit: int = 100, device: str | None = None, *, task: str | None = None,
+                        token: str | None = None, since: float | None = None, until: float | None = None,
+                        before: int | None = None, devices: list[str] | None = None) -> list[dict[str, Any]]:
+        """`rows` for the event loop: the statement runs on the worker (PostgreSQL) and only this caller
+        waits for it."""
+        self._write_before_read()
+        return [dict(r) for r in await self._on_worker(self._rows_work(limit, device, task=task, token=token,
+                                                                       since=since, until=until, before=before,
+                                                                       devices=devices))]
+
+    def _rows_work(self, limit: int, device: str | None, *, task: str | None, token: str | None,
+                   since: float | None, until: float | None, before: int | None, devices: list[str] | None
+                   ) -> Callable[[], list[Any]]:
         where: list[str] = []
         params: list[Any] = []
         if devices is not None:
@@ -700,7 +787,7 @@ class AuditLog:
             with self._lock:
                 return self._conn.execute(query + " ORDER BY id DESC LIMIT ?", (*params, int(limit))).fetchall()
 
-        return [dict(r) for r in self._engine.run_sync(work)]
+        return work
 
 
 def _failed(exc: BaseException) -> Ran[Any]:
