@@ -7,8 +7,9 @@ Real processes on a private PostgreSQL (tests/kits/db.py): a `tether server` and
 connection takes `LOCK TABLE audit IN ACCESS EXCLUSIVE MODE` and holds it until the checks are made: /health
 answers within 100 ms (each request measured; a rare request delayed by the machine's load, never two in a
 row, is allowed), the device stays online past the heartbeat timeout, a read of the audit log (GET /audit)
-waits for the lock without holding anything else up, a command started under the lock waits for it (it has not run: its `sent` row comes first) and, once the lock is released, runs once and is audited
-as it ended. Then every backend of the server is terminated
+waits for the lock without holding anything else up, a command started under the lock waits for it
+(it has not run: its `sent` row comes first) and, once the lock is released, runs once and is audited as
+it ended. Then every backend of the server is terminated
 (pg_terminate_backend): /health says `degraded` with a reason, and `ok` again once it reconnected.
 """
 
