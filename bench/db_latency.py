@@ -166,12 +166,12 @@ async def main(seconds: float, rounds: int, callers: int, devices: int) -> int:
     sqlite, zero = targets[0], targets[1]
     print(f"REST commands, {callers} callers, {devices} devices per server, {rounds} rounds of {seconds:g} s "
           f"per server, interleaved (python {sys.version.split()[0]})")
-    print(f"{'server':<32}{'commands/s':>12}{'spread':>10}{'p50 ms':>9}{'p99 ms':>9}{'x SQLite':>10}"
+    print(f"{'server':<32}{'commands/s':>12}{'spread':>16}{'p50 ms':>9}{'p99 ms':>9}{'x SQLite':>10}"
           f"{'x PG 0 ms':>11}{'errors':>8}")
     for target in targets:
         rate = statistics.median(target.rates)
         lat = sorted(target.latencies)
-        print(f"{target.label:<32}{rate:>12.0f}{spread(target.rates):>10}{pct(lat, 50) * 1e3:>9.2f}"
+        print(f"{target.label:<32}{rate:>12.0f}{spread(target.rates):>16}{pct(lat, 50) * 1e3:>9.2f}"
               f"{pct(lat, 99) * 1e3:>9.2f}{rate / statistics.median(sqlite.rates):>10.2f}"
               f"{rate / statistics.median(zero.rates):>11.2f}{len(target.errors):>8}")
     for target in targets:

@@ -128,3 +128,51 @@ def test_postgres_rows_written_after_their_callers_gave_up_say_they_were_not_sen
         assert written["status"] == "failure" and written["error"].startswith("not sent: "), written
     finally:
         store.close()
+
+
+def test_postgres_groups_formed_behind_a_slow_one_go_as_one_and_give_up_unwritten(
+        pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import psycopg
+
+    from tether.server.store import audit
+
+    store = Store(pg_url)
+    try:
+        locker = psycopg.connect(pg_url)
+        locker.execute("LOCK TABLE audit IN ACCESS EXCLUSIVE MODE")
+        handed: list[object] = []
+        submit = store._engine.submit
+        monkeypatch.setattr(store._engine, "submit", lambda fn: (  # the group commits handed to the worker
+            handed.append(fn) if fn.__qualname__.startswith("AuditLog._group_commit") else None) or submit(fn))
+
+        async def scenario() -> None:
+            first = store.audit.sent_grouped([row("g1", "q1")])
+            await asyncio.sleep(0)  # on the worker, waiting for the lock
+            handed_then = len(handed)
+            later = []
+            for i in range(3):  # three more turns, three more groups: they wait as one
+                later.append(store.audit.sent_grouped([row(f"g{i + 2}", f"q{i + 2}")]))
+                await asyncio.sleep(0)
+            assert len(handed) == handed_then and not any(f.done() for f in [first, *later])
+            await asyncio.to_thread(locker.rollback)
+            assert await asyncio.wait_for(first, 10) is None
+            assert await asyncio.wait_for(asyncio.gather(*later), 10) == [None, None, None]
+            assert len(handed) - handed_then == 1  # the three in one group commit
+
+            monkeypatch.setattr(audit, "GROUP_TIMEOUT_S", 0.2)
+            await asyncio.to_thread(locker.execute, "LOCK TABLE audit IN ACCESS EXCLUSIVE MODE")
+            stuck = store.audit.sent_grouped([row("s1", "t1")])
+            await asyncio.sleep(0)
+            behind = store.audit.sent_grouped([row("s2", "t2")])
+            # the group behind the stuck one is told in time, and its row is never handed over
+            assert "did not answer within 0.2s" in (await asyncio.wait_for(behind, 10) or "")
+            assert "did not answer within 0.2s" in (await asyncio.wait_for(stuck, 10) or "")
+            await asyncio.to_thread(locker.rollback)
+
+        asyncio.run(scenario())
+        locker.close()
+        rows = {r["call_id"]: r for r in store.audit.rows()}
+        assert [rows[f"g{i}"]["status"] for i in range(1, 5)] == ["sent"] * 4
+        assert "s2" not in rows  # its command was never sent: no row says it was
+    finally:
+        store.close()

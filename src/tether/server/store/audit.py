@@ -74,6 +74,11 @@ class AuditLog:
         self._sent_rows: list[tuple[Any, ...]] = []  # rows of sent_grouped for the next group commit
         self._sent_waiters: list[asyncio.Future[str | None]] = []
         self._tick: asyncio.Handle | None = None
+        # PostgreSQL: one group commit on the worker at a time; the next one grows meanwhile (a group costs
+        # its round trips whatever its size, so a slow database means bigger groups, not a longer queue)
+        self._in_flight = False
+        self._gate_timer: asyncio.TimerHandle | None = None  # ends the growing group's wait (GROUP_TIMEOUT_S)
+        self._group_updates: list[tuple[str, str | None, str, str | None]] = []  # outcomes of unwritten `sent` rows
         self._probe_timer: asyncio.Handle | None = None
         self._probe_started: float | None = None  # monotonic start of the probe in flight
         self._probe_problem: str | None = None  # why the last probe could not write; None when it could
@@ -193,10 +198,10 @@ class AuditLog:
     def done_queued(self, outcomes: Iterable[tuple[str, str | None, str, str | None]]) -> None:
         """`done` for a caller that cannot wait (it is being cancelled): written with the next group
         commit when one is due — after the `sent` rows it updates — else now."""
-        if self._tick is None:  # a group commit already handed to the worker is written before this
+        if self._tick is None and not self._sent_rows:  # its `sent` rows are written or handed to the worker
             self.done(outcomes)
             return
-        self._updates.extend(outcomes)
+        self._group_updates.extend(outcomes)  # with the group of its `sent` rows, after them
 
     def _schedule_group(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._tick is None:
@@ -207,10 +212,16 @@ class AuditLog:
         after `GROUP_TIMEOUT_S`, with the problem, when it is not)."""
         self._tick = None
         loop = asyncio.get_running_loop()
+        if self._in_flight:  # the group grows until the one on the worker is back (`settle` hands it over)
+            if self._gate_timer is None and self._sent_waiters:
+                self._gate_timer = loop.call_later(GROUP_TIMEOUT_S, self._gate_expired)
+            return
         sent, self._sent_rows = self._sent_rows, []
         sent_waiters, self._sent_waiters = self._sent_waiters, []
         waiters, self._done_waiters = self._done_waiters, []
         pending, updates = self._take()
+        updates += self._group_updates
+        self._group_updates = []
         one_transaction = self._error is None
         if self._probe_timer is None:
             self._ensure_probe(loop)
@@ -229,7 +240,7 @@ class AuditLog:
                 if not waiter.done():
                     waiter.set_result(None)
 
-        late = f"the audit log cannot be written: the database did not answer within {GROUP_TIMEOUT_S:g}s"
+        late = _late_group()
         abandoned: list[bool] = []  # set when the callers were answered before the worker was done
 
         def timed_out() -> None:
@@ -254,7 +265,14 @@ class AuditLog:
                 self._settle(pending, unwritten, unsettled, exc)
             finally:
                 answer(sent_problem)
+                self._in_flight = False
+                if self._gate_timer is not None:
+                    self._gate_timer.cancel()
+                    self._gate_timer = None
+                if self._sent_rows or self._sent_waiters or self._done_waiters or self._group_updates:
+                    self._schedule_group(loop)
 
+        self._in_flight = True
         try:
             future = self._engine.submit(work)
         except RuntimeError as exc:  # the store is closed
@@ -265,6 +283,20 @@ class AuditLog:
             return
         timers.append(loop.call_later(GROUP_TIMEOUT_S, timed_out))
         future.add_done_callback(lambda f: _call_soon(loop, settle, f))
+
+    def _gate_expired(self) -> None:
+        """The group waiting for the one on the worker has waited `GROUP_TIMEOUT_S`: its callers are told the
+        log cannot be written (their commands are not sent, and their rows are never handed over)."""
+        self._gate_timer = None
+        self._sent_rows = []
+        sent_waiters, self._sent_waiters = self._sent_waiters, []
+        waiters, self._done_waiters = self._done_waiters, []
+        for sent_waiter in sent_waiters:
+            if not sent_waiter.done():
+                sent_waiter.set_result(_late_group())
+        for waiter in waiters:  # their outcomes stay queued and are written with a later group
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _group_now(self, sent: list[Any], pending: list[Any], updates: list[Any],
                    sent_waiters: list[asyncio.Future[str | None]], waiters: list[asyncio.Future[None]], *,
@@ -788,6 +820,10 @@ class AuditLog:
                 return self._conn.execute(query + " ORDER BY id DESC LIMIT ?", (*params, int(limit))).fetchall()
 
         return work
+
+
+def _late_group() -> str:
+    return f"the audit log cannot be written: the database did not answer within {GROUP_TIMEOUT_S:g}s"
 
 
 def _failed(exc: BaseException) -> Ran[Any]:
