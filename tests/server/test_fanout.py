@@ -195,7 +195,10 @@ async def test_a_caller_who_goes_away_cancels_the_outstanding_commands(app: App)
     async with app.http() as http:
         async with http.stream("POST", "/api/v1/fleet/commands", headers=NDJSON,
                                json=body(timeout=600)) as response:
-            await anext(lines(response))
+            # the line iterator is kept: one dropped after `anext` is finalized (aclose), which closes the
+            # response, and the server rightly cancels a fan-out whose caller went away before it sent anything
+            stream = lines(response)
+            await anext(stream)
             held = [await hold(d) for d in devs]
         # the response is closed here: the caller is gone
         for dev, command in zip(devs, held, strict=True):

@@ -226,8 +226,10 @@ async def health(request: Request) -> dict[str, Any]:
     hub = _hub(request)
     online = [r.name for r in _registry(request).list() if r.status != "offline"]
     audit = _store(request).audit
-    writable = audit.problem() is None  # commands are refused (503) while it is not
+    problem = audit.health()  # from state: no statement runs here (docs/database.md)
+    writable = problem is None  # commands are refused (503) while it is not
     body: dict[str, Any] = {"status": "ok" if writable else "degraded", "devices_online": len(online),
+                            "database": "ok" if writable else f"degraded: {problem}",
                             "audit_writable": writable, "audit_held": audit.held}
     cluster = getattr(request.app.state, "cluster", None)
     if cluster is not None:  # tether server --cluster: this node, its peers and the backplane
@@ -740,8 +742,8 @@ async def audit(request: Request, who: Annotated[TokenInfo, Depends(require("adm
         if device is not None:
             in_scope(_registry(request), who, device)
         devices = reached_names(who, _hub(request).registry) or []
-    rows = _store(request).audit.rows(limit=limit + 1, device=device, task=task, token=token, since=since,
-                                      until=until, before=before, devices=devices)
+    rows = await _store(request).audit.read_rows(limit=limit + 1, device=device, task=task, token=token,
+                                                 since=since, until=until, before=before, devices=devices)
     more = len(rows) > limit
     rows = rows[:limit]
     return {"rows": rows, "next": rows[-1]["id"] if more else None}

@@ -49,7 +49,7 @@ async def get_batch(request: Request, who: Annotated[TokenInfo, Depends(require(
                     response_id: Annotated[str, Path(min_length=1, max_length=64)]) -> dict[str, Any]:
     """A batch's record: its device, who asked, and each command's status (`sent`, `pending`, `unknown`
     while its outcome is open; `late` when it came after the caller's wait ended)."""
-    rows = _store(request).audit.batch(response_id)
+    rows = await _store(request).audit.read_batch(response_id)
     if rows and (not (who.allows("admin") or _owns(who, rows[0]["requested_by"]))
                  or not reaches(who, _registry(request), rows[0]["device"])):
         rows = []  # not this token's to see: the same answer as for no such batch

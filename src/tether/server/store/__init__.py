@@ -6,8 +6,9 @@ holds one object per table: `store.tokens` (`tokens.Tokens`), `store.devices` (`
 (`audit.AuditLog`), `store.pairing` (`pairing.Pairing`) and `store.webhooks` (`webhooks.Webhooks`).
 Every statement is written inside this package: callers use the tables' methods, never SQL. One
 connection in WAL mode, guarded by a lock so the few callers that move work to a thread stay safe; every
-call is a short statement, cheap enough to run on the event loop. The tasks live apart, on a connection of their own
-(`tasks.TaskTable`).
+call is a short statement, cheap enough to run on the event loop. With PostgreSQL the audit log runs apart,
+on the engine's worker thread and a session of its own (docs/database.md). The tasks live apart, on a
+connection of their own (`tasks.TaskTable`).
 """
 
 from __future__ import annotations
