@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests.kits.confined_device import ensure_user
+
 REPO = Path(__file__).resolve().parents[2]
 USER = "tether-sbx"
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
@@ -94,18 +96,6 @@ def _run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
 
 
-def _ensure_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        pass
-    if shutil.which("useradd") is None:
-        pytest.fail("useradd is missing; install it with: apt-get install -y passwd")
-    made = _run(["useradd", "-m", "-s", "/bin/sh", USER])
-    assert made.returncode == 0, f"useradd -m {USER} failed: {made.stderr}"
-    return pwd.getpwnam(USER)
-
-
 def _as_user_can(user: str, *test: str) -> bool:
     return _run(["runuser", "-u", user, "--", "test", *test]).returncode == 0
 
@@ -151,7 +141,7 @@ def test_the_sandbox_holds_for_an_unprivileged_user(tmp_path: Path) -> None:
         script.write_text(SCRIPT)
         script.chmod(0o644)
         if os.geteuid() == 0:
-            user = _ensure_user()
+            user = ensure_user(USER)
             if shutil.which("runuser") is None:
                 pytest.fail("runuser is missing; install it with: apt-get install -y util-linux")
             _check_readable(user.pw_name)

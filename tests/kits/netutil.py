@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.kit import ports
 from tests.kits import db as dbkit
 from tether.client.rest import RemoteServer
 
@@ -19,9 +19,8 @@ CLI = [sys.executable, "-m", "tether.cli"]
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for a server process about to start; parallel-safe (bench/kit/ports.py)."""
+    return ports.free_port()
 
 
 def wait_for(check: Callable[[], object], what: str, timeout: float = 30.0,
