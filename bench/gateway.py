@@ -10,6 +10,9 @@ Rows, all in one run with their rounds interleaved (ROUNDS rounds of N/ROUNDS se
 - gateway: the official SDK `ClientSession.call_tool("bench__noop")` on one MCP session (2025 handshake,
   streamable HTTP), through the real server app's `/mcp` (answered with one JSON body, as a call that
   streams nothing is: server/mcp/transport.py);
+- gateway 2026: the same device call as a stateless MCP 2026-07-28 request (one POST with its version,
+  capabilities and client in `_meta` and the `Mcp-Method`/`Mcp-Name` headers, no session), sent with the
+  REST row's httpx client: the like-for-like comparison with REST (goal: at most 2x REST's p50);
 - list_devices: the gateway's own fleet tool (no device involved): the HTTP, token and SDK session part;
 - bare SDK: the same client against a low-level `mcp` `Server` whose only tool returns at once, served by
   the SDK's own `streamable_http_app()` under uvicorn (no tether code at all), as the SDK serves by
@@ -56,7 +59,9 @@ from tether.server.store import Store
 ROUNDS = 5
 GOAL = 1.2
 PAIR = "gateway - (list_devices + command)"
-ROWS = ("command", "REST", "gateway", "list_devices", "bare SDK", "bare SDK JSON", PAIR)
+REST_GOAL = 2.0  # a gateway device call against the same command over REST
+ROWS = ("command", "REST", "gateway", "gateway 2026", "list_devices", "bare SDK", "bare SDK JSON", PAIR)
+MODERN = "2026-07-28"
 
 
 @contextlib.asynccontextmanager
@@ -116,6 +121,25 @@ async def mcp_round(session: ClientSession, name: str, n: int, arguments: dict[s
     return samples
 
 
+async def modern_round(http: httpx.AsyncClient, n: int) -> list[float]:
+    """`n` stateless 2026-07-28 `tools/call`s of the device's no-op tool, raw HTTP as the specification
+    writes them."""
+    name = f"{DEVICE}__noop"
+    headers = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": MODERN,
+               "Mcp-Method": "tools/call", "Mcp-Name": name}
+    meta = {"io.modelcontextprotocol/protocolVersion": MODERN, "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"}}
+    samples = []
+    for i in range(n):
+        body = {"jsonrpc": "2.0", "id": i, "method": "tools/call",
+                "params": {"name": name, "arguments": {}, "_meta": meta}}
+        t0 = time.perf_counter()
+        response = await http.post("/mcp", json=body, headers=headers)
+        samples.append(time.perf_counter() - t0)
+        assert response.status_code == 200 and response.json()["result"]["isError"] is False, response.text
+    return samples
+
+
 async def pair_round(gateway: ClientSession, tether: Tether, n: int) -> list[float]:
     """Per sample: a gateway device call minus the list_devices call and the command that follow it (so they
     run with the caches a gateway call leaves); a p50 near 0 says the device call costs what its parts do."""
@@ -152,6 +176,7 @@ async def measure(n: int, *, rounds: int = ROUNDS) -> dict[str, Any]:
             await sdk.list_tools()
             runs = {"command": lambda k: tether_round(tether.hub, k), "REST": lambda k: rest_round(http, k),
                     "gateway": lambda k: mcp_round(gateway, f"{DEVICE}__noop", k),
+                    "gateway 2026": lambda k: modern_round(http, k),
                     "list_devices": lambda k: mcp_round(gateway, "list_devices", k, {"name": "nothing"}),
                     "bare SDK": lambda k: mcp_round(sdk, "noop", k),
                     "bare SDK JSON": lambda k: mcp_round(sdk_json, "noop", k),
@@ -184,11 +209,15 @@ def report(measured: dict[str, Any]) -> dict[str, float]:
           f"{p50['list_devices'] / p50['bare SDK']:.2f}x")
     print(f"gateway adds {added:.1f} us over the command round trip = {ratio:.2f}x the bare SDK server's round "
           f"trip ({p50['bare SDK']:.1f} us); goal <= {GOAL}x: {'met' if ratio <= GOAL else 'NOT met'}")
+    rest_ratio = p50["gateway 2026"] / p50["REST"]
+    print(f"a device call over /mcp, stateless 2026-07-28 / the same call over REST p50: {rest_ratio:.2f}x "
+          f"(2025 session through the SDK client: {p50['gateway'] / p50['REST']:.2f}x); goal <= {REST_GOAL}x: "
+          f"{'met' if rest_ratio <= REST_GOAL else 'NOT met'}")
     json_ratio = added / p50["bare SDK JSON"]
     print(f"against the SDK's JSON mode ({p50['bare SDK JSON']:.1f} us, no progress or questions possible): "
           f"{json_ratio:.2f}x; list_devices / bare SDK JSON p50: {p50['list_devices'] / p50['bare SDK JSON']:.2f}x; "
           f"the device call costs {p50[PAIR]:+.1f} us beyond list_devices + a command run right after it")
-    return {**p50, "added": added, "ratio": ratio, "json_ratio": json_ratio}
+    return {**p50, "added": added, "ratio": ratio, "json_ratio": json_ratio, "rest_ratio": rest_ratio}
 
 
 def main() -> None:

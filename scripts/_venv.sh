@@ -15,5 +15,14 @@ if [ ! -x .venv/bin/python ]; then
     fi
   fi
 fi
+# skip pip when nothing it would change has: the same pyproject.toml, extras and interpreter as the last install
+# (the install is editable, so the source itself needs none); delete .venv/.tether-installed to force one
+STAMP=.venv/.tether-installed
+WANT="$(cat pyproject.toml | sha256sum | cut -c1-16) $(.venv/bin/python -c 'import sys; print(sys.version.split()[0])') ${TETHER_EXTRAS:-[]}"
+if [ -x .venv/bin/tether ] && [ -f "$STAMP" ] && grep -qxF -- "$WANT" "$STAMP"; then
+  return 0 2>/dev/null || exit 0
+fi
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 .venv/bin/python -m pip install -q -e ".${TETHER_EXTRAS:-}"
+# keep the lines of this pyproject.toml (other extras installed before), drop those of an older one
+{ grep -F -- "${WANT%% *} " "$STAMP" 2>/dev/null || true; echo "$WANT"; } | sort -u > "$STAMP.new" && mv "$STAMP.new" "$STAMP"

@@ -55,7 +55,10 @@ class App:
     def ready(self) -> None:
         self.root.focus_force()
         self.entry.focus_set()
-        self.write("ready", pid=os.getpid(), window=self.root.wm_frame(), title=self.root.title())
+        # where each button is on the screen (centre), for tests that click by coordinates
+        centres = {b.winfo_name(): [b.winfo_rootx() + b.winfo_width() // 2, b.winfo_rooty() + b.winfo_height() // 2]
+                   for b in (self.submit, self.cancel, self.later)}
+        self.write("ready", pid=os.getpid(), window=self.root.wm_frame(), title=self.root.title(), buttons=centres)
 
     def on_submit(self, via: str) -> None:
         self.write("submit", text=self.entry.get(), via=via)

@@ -106,8 +106,9 @@ def test_a_plan_may_not_mix_on_all_with_a_device() -> None:
     plan = Plan(steps=[PlanStep(skill="shell.run", on="all", device="alpha"),
                        PlanStep(skill="shell.run", requires={"tags": ["lab"]})])
     problems = validate_plan(plan, {"alpha": [], None: []})
+    # without on: all, requires chooses the one device the step runs on (a graph step, issue 31)
     assert problems == ["step 1 (shell.run): on: all runs on every matching device; it does not take device",
-                        "step 2 (shell.run): requires picks the devices of on: all; add on: all"]
+                        "step 2 (shell.run): unknown skill 'shell.run' on any device; available skills: none"]
 
 
 async def test_a_local_task_has_no_fleet_to_fan_out_to(tmp_path: Path, shared: Any) -> None:

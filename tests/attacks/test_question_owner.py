@@ -281,3 +281,44 @@ async def test_over_a_cluster_the_node_holding_the_batch_decides(tmp_path: Path)
             assert "accept: green" in json.dumps(first["result"]), first
             second = await run([("bob", n2, "black", 403), ("alice", n2, "red", 200)])
             assert "accept: red" in json.dumps(second["result"]), second
+
+
+def test_the_inbox_shows_a_question_to_whom_may_answer_it_and_the_cli_answers(people: People) -> None:
+    """GET /api/v1/approvals and `tether approvals` (docs/approvals.md): an agent's command's question is in a
+    person's inbox and never in the agent's; the caller's own consent question is in the caller's; each is
+    answered through the inbox's CLI, and leaves the inbox once answered."""
+    import subprocess
+
+    from tests.kits.netutil import CLI
+
+    def cli(who: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**people.cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{people.cluster.port}",
+               "TETHER_TOKEN": people.secrets[who]}
+        return subprocess.run([*CLI, "approvals", *args], capture_output=True, text=True, env=env, timeout=60,
+                              check=False)
+
+    def inbox(who: str) -> list[dict[str, Any]]:
+        answer = people.http.get("/api/v1/approvals", headers=people.tokens[who])
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    for tool, params, caller, answerer, how, want in (
+            ("pick_colour", {"question": "Which colour?"}, "robot", "bob", ("answer", "blue"), "accept: blue"),
+            ("drop_record", {"name": "orders"}, "alice", "alice", ("approve",), "dropped orders")):
+        result: Any = None
+        for name, data in people.run(caller, tool, params):
+            if name == "event" and data["kind"] == "elicitation":
+                item = f"alpha/{data['data']['id']}"
+                shown = inbox(answerer)
+                assert [i["id"] for i in shown] == [item], shown
+                assert shown[0]["kind"] == ("question" if tool == "pick_colour" else "approval")
+                assert inbox("robot") == []  # an agent's token never answers, so nothing waits for it
+                listed = cli(answerer)
+                assert listed.returncode == 3 and item in listed.stdout, listed.stdout + listed.stderr
+                done = cli(answerer, how[0], item, *how[1:])
+                assert done.returncode == 0, done.stderr
+            elif name == "results":
+                [result] = data["results"]
+                break
+        assert result is not None and want in json.dumps(result["result"]), result
+        assert inbox(answerer) == []

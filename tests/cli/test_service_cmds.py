@@ -49,6 +49,26 @@ def test_units_verify(tmp_path, kind, args, scope):
     verify(tmp_path, f"tether-{kind}.service", unit)
 
 
+def test_a_unit_holds_absolute_paths_and_its_working_directory_and_refuses_a_typo(tmp_path):
+    done = subprocess.run([*CLI, "device", "install", "--print", "--", "--server", "ws://127.0.0.1:1",
+                           "--token-file", "keys/alpha.token", "--state-dir=state", "--tag", "lab"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
+    assert done.returncode == 0, done.stderr
+    assert exec_start(done.stdout)[-8:] == ["device", "--server", "ws://127.0.0.1:1", "--token-file",
+                                            str(tmp_path / "keys/alpha.token"), f"--state-dir={tmp_path / 'state'}",
+                                            "--tag", "lab"]
+    assert f"WorkingDirectory={tmp_path}" in done.stdout.splitlines()
+    assert "RestartPreventExitStatus=2" in done.stdout  # a bad configuration is not restarted every 2 s
+    verify(tmp_path, "tether-device.service", done.stdout)
+    typo = tether("device", "install", "--user", "--", "--sever", "ws://127.0.0.1:1",
+                  env={"XDG_CONFIG_HOME": str(tmp_path)})
+    assert typo.returncode == 2 and "no option --sever; did you mean --server?" in typo.stderr, typo.stderr
+    assert "nothing was written" in typo.stderr and not (tmp_path / "systemd").exists() and not typo.stdout
+    bad = tether("server", "install", "--print", "--", "--port", "eighty")
+    assert bad.returncode == 2 and "--port" in bad.stderr and "Traceback" not in bad.stderr and not bad.stdout
+
+
 def test_a_token_never_goes_into_a_unit():
     done = tether("device", "install", "--print", "--", "--server", "ws://127.0.0.1:1", "--token", "tdev_x")
     assert done.returncode == 2 and "never goes into a unit file" in done.stderr and "tdev_x" not in done.stdout

@@ -38,7 +38,7 @@ def test_seed_yaml_shape(tmp_path):
     assert root_name == "default"
     assert [c.namespace for c in root.data_collection] == ["time"]
     # built-in sets join the default root, but not twice
-    assert [c.namespace for c in root.action] == ["shell", "system", "desktop", "browser", "files"]
+    assert [c.namespace for c in root.action] == ["shell", "system", "transfer", "desktop", "browser", "files"]
     name, chrome = config.root("HostAgent", "chrome")
     assert name == "chrome" and chrome.action[0].headers == {"Authorization": "Bearer x"}
     assert config.root("HostAgent", "unknown")[0] == "default"

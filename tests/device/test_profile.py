@@ -40,7 +40,7 @@ async def test_profile_describes_this_machine_and_its_tools(device: LocalDevice)
     assert profile.tags == ["lab", "linux-box"]
     # the optional sets (desktop, browser) appear only where they can run
     assert {"files", "shell", "system"} <= set(profile.mcp_servers)
-    assert set(profile.mcp_servers) <= {"files", "shell", "system", "desktop", "browser"}
+    assert set(profile.mcp_servers) <= {"files", "shell", "system", "transfer", "desktop", "browser"}
     assert profile.capabilities[:3] == ["shell", "files", "system"]
     names = {t.name for t in profile.tools}
     assert {"shell.run", "get_system_info"} <= names and "list_tools" not in names  # meta tools are implied
@@ -49,6 +49,7 @@ async def test_profile_describes_this_machine_and_its_tools(device: LocalDevice)
     else:
         assert profile.gpu.model is None and "gpu" not in profile.capabilities
     assert "git" in profile.installed_apps  # the test suite itself needs git
+    assert profile.desktop is not None and profile.desktop["backend"] in ("x11", "xwayland", "wayland", None)
     # what the server receives survives the wire
     assert DeviceProfile.model_validate_json(profile.model_dump_json()) == profile
 

@@ -22,5 +22,7 @@ async def test_the_gateway_benchmark_runs(capsys: pytest.CaptureFixture[str]) ->
     figures = report(measured)
     assert figures["ratio"] == figures["added"] / figures["bare SDK"]
     assert figures["json_ratio"] == figures["added"] / figures["bare SDK JSON"]
+    assert figures["rest_ratio"] == figures["gateway 2026"] / figures["REST"]
     out = capsys.readouterr().out
     assert "the bare SDK server's round trip" in out and "goal <= 1.2x" in out and "SDK's JSON mode" in out
+    assert "stateless 2026-07-28 / the same call over REST" in out

@@ -122,8 +122,8 @@ async def test_streamed_output_and_mcp_progress_reach_the_client(server: Gateway
         result = await client.call_tool("laptop__files.read", {"path": "x"}, progress_callback=progress)
         await asyncio.wait_for(device, WAIT)
         assert not result.is_error and result.content[0].text == "line 1\nline 2\n"
-        assert progress.seen == [(1.0, None, "line 1\nline 2\n"), (2.0, None, "everything.longRunningOperation 3/10: "
-                                                                           "step 3")]
+        # the external server's own progress passes as it sent it: value, total, message
+        assert progress.seen == [(1.0, None, "line 1\nline 2\n"), (3.0, 10.0, "step 3")]
     await laptop.close()
 
 
@@ -139,6 +139,33 @@ async def test_the_clients_cancellation_cancels_the_batch_on_the_device(server: 
         assert cancel.response_id == command.response_id
     [row] = server.store.audit.rows(device="laptop")
     assert row["status"] == "failure" and "cancelled by the MCP client" in row["error"]
+    await laptop.close()
+
+
+async def test_a_cancelled_request_gets_no_response(server: GatewayServer) -> None:
+    """MCP 2025-11-25: the receiver of notifications/cancelled does not answer the cancelled request (the SDK
+    would send -32800): its stream ends with nothing after what it had sent."""
+    laptop = await register(server, "laptop")
+    headers = {"Authorization": f"Bearer {server.token('agent', 'execute')}", "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-11-25"}
+    async with httpx2.AsyncClient(timeout=WAIT * 4) as http:
+        opened = await http.post(server.mcp_url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+                "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "raw", "version": "1"}}})
+        headers["Mcp-Session-Id"] = opened.headers["mcp-session-id"]
+        await http.post(server.mcp_url, headers=headers, json={"jsonrpc": "2.0",
+                                                               "method": "notifications/initialized"})
+        call = asyncio.create_task(http.post(server.mcp_url, headers=headers, json={
+            "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": {"name": "laptop__shell.run", "arguments": {"cmd": "sleep"}}}))
+        command = await laptop.expect(ServerMessageType.COMMAND)
+        told = await http.post(server.mcp_url, headers=headers, json={
+            "jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 2, "reason": "enough"}})
+        assert told.status_code == 202
+        assert (await laptop.expect(ServerMessageType.CANCEL)).response_id == command.response_id
+        answer = await asyncio.wait_for(call, WAIT * 4)
+        assert answer.status_code == 200 and '"id":2' not in answer.text.replace(" ", ""), answer.text
+        assert "-32800" not in answer.text
     await laptop.close()
 
 

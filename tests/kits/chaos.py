@@ -166,7 +166,7 @@ class ChaosCluster:
     `state` is the server's state directory (a small tmpfs for the full-disk scenario); the devices'
     state and every log stay in `tmp`."""
 
-    def __init__(self, tmp: Path, state: Path | None = None) -> None:
+    def __init__(self, tmp: Path, state: Path | None = None, names: tuple[str, ...] = ("alpha", "beta")) -> None:
         self.tmp = tmp
         self.state = state or tmp / "state"
         self.state.mkdir(exist_ok=True)
@@ -174,8 +174,8 @@ class ChaosCluster:
         self.env = tether_env(self.state)
         self.api_token, self.other_token, *devices = dbkit.create_tokens(dbkit.server_db(self.db), [
             ("api", "chaos", ["read", "execute", "approve", "admin"]), ("api", "other", ["read", "execute"]),
-            ("device", "alpha", []), ("device", "beta", [])])
-        self.device_tokens = dict(zip(("alpha", "beta"), devices, strict=True))
+            *(("device", name, []) for name in names)])
+        self.device_tokens = dict(zip(names, devices, strict=True))
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.procs: list[Proc] = []

@@ -14,6 +14,7 @@ import os
 import select
 import shutil
 import subprocess
+import tempfile
 import time
 import weakref
 from collections.abc import Iterator
@@ -25,6 +26,8 @@ from typing import Any
 import pytest
 
 GUI_APP = Path(__file__).resolve().parents[2] / "bench" / "kit" / "gui_app.py"
+GTK_APP = Path(__file__).resolve().parents[2] / "bench" / "kit" / "gtk_app.py"
+SYSTEM_PYTHON = "/usr/bin/python3"  # Debian's, with python3-gi and gir1.2-gtk-3.0 (the venv's cannot import gi)
 TITLE = "Tether Test App"
 SCREEN = (1280, 800)
 APT = {"Xvfb": "apt-get install xvfb", "xdotool": "apt-get install xdotool", "xdpyinfo": "apt-get install x11-utils",
@@ -40,6 +43,96 @@ def require_programs() -> None:
             __import__(module)
         except ImportError:
             pytest.fail(f"Python module {module} is missing; install it with: pip install -e '.[desktop]'")
+
+
+def require_a11y() -> None:
+    """The accessibility tests' programs: a D-Bus daemon, at-spi2-core, and GTK 3 for the system Python."""
+    if shutil.which("dbus-daemon") is None:
+        pytest.fail("dbus-daemon is not installed; install it with: apt-get install dbus")
+    if not Path("/usr/libexec/at-spi-bus-launcher").exists():
+        pytest.fail("at-spi2-core is not installed; install it with: apt-get install at-spi2-core")
+    probe = subprocess.run([SYSTEM_PYTHON, "-c", "import gi; gi.require_version('Gtk', '3.0')"],
+                           capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.fail(f"GTK 3 for {SYSTEM_PYTHON} is missing ({probe.stderr.strip().splitlines()[-1:]}); install "
+                    "it with: apt-get install python3-gi gir1.2-gtk-3.0")
+
+
+@contextmanager
+def running_session_bus(display: str | None, runtime_dir: Path) -> Iterator[str]:
+    """A private D-Bus session bus (its address): org.a11y.Bus on it starts a private accessibility bus.
+
+    The bus launcher is started by this daemon on first use and inherits its environment: `DISPLAY` (it
+    publishes the bus on that display's root window) and `XDG_RUNTIME_DIR` (a private folder, so its
+    socket is not shared with anything else on the machine). It exits when this session bus goes away.
+    """
+    runtime_dir.mkdir(mode=0o700, exist_ok=True)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime_dir)}
+    env.pop("AT_SPI_BUS_ADDRESS", None)
+    env.pop("DISPLAY", None)
+    if display is not None:  # None: a Wayland session, no X display at all
+        env["DISPLAY"] = display
+    proc = subprocess.Popen(["dbus-daemon", "--session", "--nofork", "--print-address=1"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 20)
+        address = proc.stdout.readline().decode().strip() if ready else ""
+        if not address:
+            pytest.fail(f"dbus-daemon gave no address within 20 s (exit code {proc.poll()})")
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def running_sway() -> Iterator[dict[str, str]]:
+    """A headless sway (WLR_BACKENDS=headless, pixman rendering, no input devices) and the environment
+    its clients need. Sway refuses to run as root, so under root it runs as `nobody`, in a runtime folder
+    of its own directly under the temp dir (pytest's are closed to other users). Ready is said by sway
+    itself: its config's `exec` writes to a FIFO read here; its exit is seen through a pidfd."""
+    if shutil.which("sway") is None:
+        pytest.fail("sway is not installed; install it with: apt-get install sway")
+    runtime_dir = Path(tempfile.mkdtemp(prefix="tether-sway-"))
+    fifo = runtime_dir / "ready"
+    os.mkfifo(fifo)
+    config = runtime_dir / "config"
+    config.write_text(f"output HEADLESS-1 resolution 1280x800\nexec sh -c 'echo up > {fifo}'\n")
+    as_nobody: list[str] = []
+    if os.geteuid() == 0:
+        for path in (runtime_dir, fifo, config):
+            os.chown(path, 65534, 65534)
+        as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(runtime_dir),
+           "XDG_RUNTIME_DIR": str(runtime_dir), "WLR_BACKENDS": "headless", "WLR_RENDERER": "pixman",
+           "WLR_LIBINPUT_NO_DEVICES": "1"}
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
+    with open(runtime_dir / "sway.log", "wb") as log:
+        proc = subprocess.Popen([*as_nobody, "sway", "-c", str(config)], env=env, cwd=runtime_dir,
+                                stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+    exited = os.pidfd_open(proc.pid)
+    try:
+        ready, _, _ = select.select([reader, exited], [], [], 20)
+        if reader not in ready or not os.read(reader, 16):
+            pytest.fail(f"sway did not start within 20 s: {(runtime_dir / 'sway.log').read_text(errors='replace')}")
+        sock = next(p.name for p in runtime_dir.iterdir() if p.name.startswith("sway-ipc"))
+        yield {"XDG_RUNTIME_DIR": str(runtime_dir), "WAYLAND_DISPLAY": "wayland-1",
+               "SWAYSOCK": str(runtime_dir / sock)}
+    finally:
+        os.close(reader)
+        os.close(exited)
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(runtime_dir, ignore_errors=True)
 
 
 @contextmanager
@@ -171,6 +264,17 @@ class GuiApp:
             exited = "" if self.proc.poll() is None else f"; the program exited with {self.proc.returncode}"
             pytest.fail(f"timed out after {timeout:g}s waiting for event {kind} {fields or ''} "
                         f"(log: {self.events()}){exited}")
+
+
+    async def wait_count(self, kind: str, n: int, timeout: float = 15.0) -> dict[str, Any]:
+        """The `n`th event of `kind` (1-based), waited for (for a program that serves several tests)."""
+        try:
+            async with asyncio.timeout(timeout):
+                while len(self.events(kind)) < n:
+                    await self.log.readable()
+                return self.events(kind)[n - 1]
+        except TimeoutError:
+            pytest.fail(f"timed out after {timeout:g}s waiting for {kind} event #{n} (log: {self.events()})")
 
 
 class WindowGone:

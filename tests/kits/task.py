@@ -53,7 +53,7 @@ class AgentServer:
                                   grace_period=5.0, **self.settings_extra)
         self.store = Store(dbkit.server_db(settings.db_path))
         token = self.store.tokens.create("api", f"tester-{len(self.store.tokens.all())}",
-                                        ["read", "execute", "approve"])[1]
+                                        ["read", "execute", "approve", "sample"])[1]
         # what an agent would hold: it may run tasks but not approve its own dangerous actions
         self.agent_token = self.store.tokens.create("api", f"agent-{len(self.store.tokens.all())}",
                                                    ["read", "execute"])[1]

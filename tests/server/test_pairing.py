@@ -206,3 +206,24 @@ def test_pairing_can_be_switched_off(tmp_path):
         assert answer.status_code == 404 and "error" in answer.json()
     finally:
         server.stop()
+
+
+def test_a_bad_name_is_refused_when_the_device_asks_in_words_not_a_pattern(tmp_path):
+    """`--pair --name "my laptop"` is refused at the request (as at the approval), saying what would do; the
+    device CLI says it before asking at all."""
+    store = Store(tmp_path / "s.db")
+    book = PairingBook(store)
+    with pytest.raises(PairingError) as err:
+        book.request(DeviceKey.generate().public_key, "10.0.0.9", "my laptop")
+    assert err.value.status == 422
+    assert "'my laptop' is not a device name" in str(err.value) and "'my-laptop'" in str(err.value)
+    assert "[A-Za-z" not in str(err.value) and book.pending() == []
+    code = book.request(DeviceKey.generate().public_key, "10.0.0.9", "laptop")["code"]
+    with pytest.raises(PairingError) as err:
+        book.approve(code, "bad name!", [], "admin")
+    assert err.value.status == 422 and "(e.g. 'bad-name')" in str(err.value), err.value
+    store.close()
+    refused = subprocess.run([*CLI, "device", "--server", "ws://127.0.0.1:9", "--pair", "--name", "my laptop",
+                              "--state-dir", str(tmp_path / "dev")], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "'my laptop' is not a device name" in refused.stderr, refused.stderr
+    assert "Traceback" not in refused.stderr

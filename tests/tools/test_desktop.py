@@ -64,7 +64,7 @@ def ocr_engine() -> OcrEngine:
 def desktop(xvfb: str, ocr_engine: OcrEngine) -> ToolSet:
     from tether.tools.desktop.tool import desktop_toolset
 
-    return desktop_toolset(display=xvfb, ocr=ocr_engine)
+    return desktop_toolset(display=xvfb, ocr=ocr_engine, session_bus="")  # no accessibility bus: Tk has no tree
 
 
 @pytest.fixture
@@ -125,7 +125,8 @@ async def test_screenshot_full_region_scaled_and_to_a_file(desktop: ToolSet, ctx
 async def test_ui_tree_finds_the_buttons_and_click_element_hits_the_right_one(desktop: ToolSet, ctx: ToolContext,
                                                                             app: GuiApp) -> None:
     tree = ok(await desktop.call("get_ui_tree", {}, ctx))
-    assert tree["window_title"] == TITLE
+    assert tree["window_title"] == TITLE and tree["source"] == "ocr"
+    assert "no accessibility bus" in tree["why_not_accessibility"]
     by_text = {e["text"]: e for e in tree["elements"]}
     assert {"Submit", "Cancel", "Show Later"} <= set(by_text), tree["elements"]
     win = tree["window"]

@@ -202,6 +202,31 @@ def test_an_approval_shows_what_would_change_and_approving_finishes_it(admin: Da
     assert not doomed.exists()
 
 
+def test_the_badge_is_pushed_when_something_waits_elsewhere_and_when_it_is_answered(admin: Dash,
+                                                                                   cluster: Cluster) -> None:
+    """The badge follows GET /api/v1/approvals/events: a task started elsewhere (REST, another person) that waits
+    for a confirmation shows at once on a page that opened no task, and goes when it is approved elsewhere; the
+    page asks nothing in between (no polling)."""
+    from playwright.sync_api import expect
+
+    asked: list[str] = []
+    admin.page.on("request", lambda r: asked.append(r.url))
+    api = f"{admin.base}/api/v1"
+    person = {"Authorization": f"Bearer {cluster.api_token}"}
+    expect(admin.page.locator("#badge")).to_be_hidden()
+    before = len(asked)
+    plan = [{"skill": "write_file", "args": {"file_path": str(cluster.tmp / "badge.txt"), "content": "x"}}]
+    task = httpx.post(f"{api}/tasks", headers=person, timeout=30,
+                      json={"device": "alpha", "confirm": "always", "plan": plan})
+    assert task.status_code == 201, task.text
+    expect(admin.page.locator("#badge")).to_have_text("1", timeout=3000)
+    approved = httpx.post(f"{api}/tasks/{task.json()['id']}/answer", json={"answer": "run"}, headers=person,
+                          timeout=30)
+    assert approved.status_code == 200, approved.text
+    expect(admin.page.locator("#badge")).to_be_hidden(timeout=3000)
+    assert asked[before:] == [], asked[before:]  # pushed: the page sent no request for it
+
+
 def test_cancel_a_running_task_started_by_requirements(admin: Dash, cluster: Cluster) -> None:
     from playwright.sync_api import expect
 
@@ -358,3 +383,17 @@ def test_login_csrf_plan_and_asset_errors_are_clear(cluster: Cluster) -> None:
         assert http.post("/web/logout", headers={"X-CSRF-Token": csrf}).status_code == 200
     with httpx.Client(base_url=base, timeout=30, cookies={"tether_session": sid}) as replay:
         assert replay.get("/api/v1/devices").status_code == 401  # the old cookie is dead on the server
+
+
+def test_a_graph_task_shows_each_step_s_state_stage_and_needs(admin: Dash, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    def echo(ident: str, needs: str) -> str:
+        return (f"- {{id: {ident}, needs: [{needs}], skill: shell.run, "
+                f"args: {{cmd: echo, argv: [{ident}], cwd: '{cluster.tmp}'}}}}\n")
+
+    start_plan(admin, echo("one", "") + echo("two", "") + echo("both", "one, two"))
+    join = admin.page.locator("[data-step='2']")
+    expect(join).to_have_attribute("data-state", "done")  # refreshed live from the task's events
+    expect(join.locator(".graph")).to_contain_text("stage 1 · id both · on alpha · needs one, two")
+    expect(admin.page.locator("[data-step='0'] .graph")).to_contain_text("stage 0 · id one")

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from tether.agent.llm.chat import LLMClient, LLMSettings
 from tether.agent.llm.sampling import DeviceSampler
 from tether.agent.run.task import Budgets
+from tether.agent.tasks.inbox import inbox_router
 from tether.agent.tasks.mcp_tools import task_tools
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.agent.tasks.store import TaskStore
@@ -26,6 +27,7 @@ def tasks_extension(llm: LLMClient | None, budgets: Budgets | None = None) -> Ex
 
     def extend(app: FastAPI) -> AbstractAsyncContextManager[None]:
         app.include_router(router)
+        app.include_router(inbox_router)  # GET /api/v1/approvals: what waits for a person (docs/approvals.md)
         app.add_exception_handler(TaskError, task_error)
         contribute(app, task_tools(app))  # run_task, get_task, … on the MCP gateway at /mcp
 
@@ -34,7 +36,8 @@ def tasks_extension(llm: LLMClient | None, budgets: Budgets | None = None) -> Ex
             settings: ServerSettings = app.state.settings
             store = TaskStore(settings.db_target)
             service = TaskService(app.state.hub, app.state.registry, store, llm, server_store=app.state.store,
-                                  budgets=budgets)
+                                  budgets=budgets, transfers=app.state.transfers,
+                                  notifier=getattr(app.state, "notifier", None))
             app.state.tasks = service
             app.state.on_stopping = [*getattr(app.state, "on_stopping", []), service.release_followers]
             await service.start()

@@ -183,7 +183,14 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")
 OutputOpt = Annotated[str | None, typer.Option(
     "--output", "-o", metavar="wide|json", help="wide: every column, however wide; json: as --json")]
 StateOpt = Annotated[Path | None, typer.Option("--state-dir", metavar="DIR", help="where the undo journal lives")]
-DeviceOpt = Annotated[str | None, typer.Option("--device", "-d", metavar="DEVICE",
+def _complete_devices(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The server's device names (`tether.cli.completion`, imported only when a shell completes)."""
+    from tether.cli.completion import devices
+
+    return devices(ctx, incomplete)
+
+
+DeviceOpt = Annotated[str | None, typer.Option("--device", "-d", metavar="DEVICE", autocompletion=_complete_devices,
                                                help="run on this device through the server")]
 ServerOpt = Annotated[str | None, typer.Option("--server", envvar="TETHER_SERVER", metavar="URL",
                                                help="agent server URL (default http://127.0.0.1:8765)")]

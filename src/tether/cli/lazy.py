@@ -56,6 +56,10 @@ COMMANDS: dict[str, Lazy] = {
                    "Cancel a task: on the server with --server (or TETHER_SERVER; the command it is running is "
                    "stopped on its device), else this machine's (an interrupted one, or one no tether process "
                    "runs any more)."),
+    "approvals": Lazy(("approvals",),
+                      "List what waits for your answer (approvals, plans to confirm, questions), and answer it."),
+    "webhooks": Lazy(("approvals",),
+                     "Webhooks told of approvals needed, tasks finished or failed, devices offline."),
     "undo": Lazy(("journal",),
                  "Put back the files that a session's commands changed (a local task's id is its session)."),
     "sessions": Lazy(("journal",),
@@ -69,6 +73,10 @@ COMMANDS: dict[str, Lazy] = {
     "batch": Lazy(("audit",),
                   "Show a batch's record: each command's outcome, also one that came back after its caller "
                   "stopped waiting."),
+    "cp": Lazy(("transfer",),
+               "Send a file or directory from one device to another through the server: streamed in chunks, its "
+               "sha256 checked on the receiver before it appears, resumed if a device reconnects, written under "
+               "the receiver's policy (approvals, undo journal)."),
     "tools": Lazy(("tools",), "List tools, or serve a built-in tool set over MCP."),
     "server": Lazy(("server", "systemd"), "Start the agent server, or install it as a service."),
     "device": Lazy(("server", "systemd"),
@@ -80,9 +88,9 @@ COMMANDS: dict[str, Lazy] = {
 # Top-level commands by topic, in the order `tether --help` lists them: what a newcomer runs first, first.
 COMMAND_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Run things", ("run", "exec", "demo")),
-    ("Tasks", ("tasks", "log", "answer", "approve", "deny", "cancel", "undo", "sessions")),
-    ("Fleet", ("devices", "policy", "audit", "batch", "tools")),
-    ("Set-up", ("server", "device", "token", "mcp")),
+    ("Tasks", ("tasks", "log", "approvals", "answer", "approve", "deny", "cancel", "undo", "sessions")),
+    ("Fleet", ("devices", "policy", "audit", "batch", "cp", "tools")),
+    ("Set-up", ("server", "device", "token", "webhooks", "mcp")),
 )
 
 _LISTING = "tether.cli.lazy.listing"  # ctx.meta key: set while the root's help lists its commands

@@ -29,7 +29,7 @@ from tether.client.responses import (
     TaskSummary,
 )
 from tether.protocol.messages import Event
-from tether.protocol.models import Command, ToolInfo
+from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
 
 T = TypeVar("T")
@@ -191,6 +191,16 @@ def batch(batch_id: str) -> Call[dict[str, Any]]:
 
 def cancel_batch(batch_id: str) -> Call[dict[str, Any]]:
     return Call("DELETE", f"{API}/batches/{part(batch_id)}", _dict)
+
+
+TRANSFER_READ_S = 3600.0  # a transfer answers when it ends: a large one over a slow link takes a while
+
+
+def transfer(source: str, source_path: str, dest: str, dest_path: str, options: dict[str, Any]) -> Call[Result]:
+    """A file or directory from one device to another (docs/transfer.md); the answer is its `Result`."""
+    body = {"source": source, "source_path": source_path, "dest": dest, "dest_path": dest_path,
+            **{k: v for k, v in options.items() if v is not None}}
+    return Call("POST", f"{API}/transfers", Result.model_validate, json=body, timeout=TRANSFER_READ_S)
 
 
 FanOutItem = tuple[str, Any]  # ("fanout", id) | ("device", FanOutOutcome) | ("summary", FanOutSummary)

@@ -21,6 +21,24 @@ from tether.protocol.models import Command, Result, ToolInfo
 DEFAULT_SERVER = "http://127.0.0.1:8765"
 
 
+def token_file_path() -> str:
+    """Where the CLI keeps a person's API token (`tether token create --admin` writes it, mode 0600):
+    $TETHER_TOKEN_FILE, else $XDG_CONFIG_HOME/tether/token (~/.config/tether/token)."""
+    if os.environ.get("TETHER_TOKEN_FILE"):
+        return os.path.expanduser(os.environ["TETHER_TOKEN_FILE"])
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "tether", "token")
+
+
+def saved_token() -> str | None:
+    """The token in `token_file_path()`, or None when there is no such file (or it cannot be read)."""
+    try:
+        with open(token_file_path(), encoding="utf-8") as file:
+            return file.read().strip() or None
+    except OSError:
+        return None
+
+
 class RemoteError(ClientError, RuntimeError):
     """The server said no (its `error` text), or could not be reached; the message says which.
     `status` is the HTTP status of a refusal (None when the server was not reached)."""
@@ -36,7 +54,7 @@ class RemoteServer:
         self.base_url = (base_url or os.environ.get("TETHER_SERVER") or DEFAULT_SERVER).rstrip("/")
         if self.base_url.startswith(("ws://", "wss://")):
             self.base_url = "http" + self.base_url[2:].removesuffix("/aip")
-        self.token = token or os.environ.get("TETHER_TOKEN")
+        self.token = token or os.environ.get("TETHER_TOKEN") or saved_token()
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         ca = ca_file or os.environ.get("TETHER_CA_FILE")
         verify: Any = ssl.create_default_context(cafile=ca) if ca else True
@@ -149,6 +167,11 @@ class RemoteServer:
         raise RemoteError("the server closed the stream before sending results")
 
 
+    def transfer(self, body: dict[str, Any]) -> Result:
+        """POST /api/v1/transfers (docs/transfer.md): the transfer's `Result` once it ends."""
+        data = self._request("POST", "/transfers", json=body, timeout=httpx.Timeout(3600, connect=10))
+        return Result.model_validate(data)
+
     def batch(self, batch_id: str) -> dict[str, Any]:
         """A batch's record (GET /api/v1/batches/{id}): its `state` (running, pending, done) and each
         command's outcome, also one that came after the caller's wait ended (docs/outcomes.md)."""
@@ -201,6 +224,33 @@ class RemoteServer:
         body: dict[str, Any] = {"approved": approved, **({"always": always} if always else {}),
                                 **({"digest": digest} if digest else {})}
         return self._request("POST", f"/tasks/{_quote(task_id)}/approval", json=body)
+
+    def approvals(self) -> list[dict[str, Any]]:
+        """What waits for a person that this token may answer (GET /approvals; docs/approvals.md)."""
+        return self._request("GET", "/approvals")
+
+    def webhooks(self) -> list[dict[str, Any]]:
+        """This token's webhooks (an admin's: every one), secrets never included."""
+        return self._request("GET", "/webhooks")
+
+    def add_webhook(self, url: str, *, events: list[str] | None = None, fmt: str = "generic",
+                    server_wide: bool = False) -> dict[str, Any]:
+        """Add a webhook; the answer's `secret` (its signing secret) is shown this once."""
+        body: dict[str, Any] = {"url": url, "format": fmt, "server_wide": server_wide,
+                                **({"events": events} if events else {})}
+        return self._request("POST", "/webhooks", json=body)
+
+    def remove_webhook(self, webhook_id: str) -> dict[str, Any]:
+        return self._request("DELETE", f"/webhooks/{_quote(webhook_id)}")
+
+    def webhook_deliveries(self, webhook_id: str, limit: int = 50) -> list[dict[str, Any]]:
+        """The webhook's latest deliveries, newest first (status, attempts, last HTTP status and error)."""
+        return self._request("GET", f"/webhooks/{_quote(webhook_id)}/deliveries",
+                             params={"limit": limit})
+
+    def test_webhook(self, webhook_id: str) -> dict[str, Any]:
+        """Queue a `ping` delivery to the webhook."""
+        return self._request("POST", f"/webhooks/{_quote(webhook_id)}/test")
 
     def cancel(self, task_id: str) -> dict[str, Any]:
         return self._request("POST", f"/tasks/{_quote(task_id)}/cancel")

@@ -25,7 +25,7 @@ from tether.client.responses import (
 )
 from tether.client.sse import iter_sse
 from tether.protocol.messages import Event
-from tether.protocol.models import Command, ToolInfo
+from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
 
 __all__ = ["Client"]
@@ -153,6 +153,18 @@ class Client:
             if on_event is not None:
                 on_event(item)
         raise IncompleteStream("the command stream ended without results")  # `_stream` raises first
+
+    def transfer(self, source: str, source_path: str, dest: str, dest_path: str, *, overwrite: bool = False,
+                 max_bytes: int | None = None, chunk_bytes: int | None = None, session_id: str | None = None,
+                 approve: bool = False, approval_digest: str | None = None) -> Result:
+        """Send `source_path` on device `source` to `dest_path` on device `dest`, in checked chunks through
+        the server (docs/transfer.md); returns the transfer's `Result` (a failure names the step and the
+        reason; a destination reserved for a person comes back needing approval, then send it again with
+        `approve=True` and the `approval_digest` it showed, with a person's token). Options: `overwrite`,
+        `max_bytes`, `chunk_bytes`, `session_id` (the receiver's undo session)."""
+        return self._do(calls.transfer(source, source_path, dest, dest_path, {
+            "overwrite": overwrite, "max_bytes": max_bytes, "chunk_bytes": chunk_bytes, "session_id": session_id,
+            "approve": approve, "approval_digest": approval_digest}))
 
     def batch(self, batch_id: str) -> dict[str, Any]:
         """A batch's record: its `state` (running, pending, done) and each command's outcome."""

@@ -28,7 +28,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_AGENT = "default"
 DEFAULT_ROOT = "default"
-BUILTIN_SETS = ("shell", "files", "system", "desktop", "browser")
+BUILTIN_SETS = ("shell", "files", "system", "transfer", "desktop", "browser")
 
 
 class RootConfig(BaseModel):

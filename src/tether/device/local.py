@@ -12,18 +12,19 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tether.device.client import DeviceClient
 from tether.device.computer import Computer
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
-from tether.device.mcp.client_caps import MCPClientHooks
+from tether.device.mcp.client_caps import ElicitationRequest, MCPClientHooks
 from tether.device.mcp.manager import MCPServerManager
 from tether.device.root import run_as_for
 from tether.sandbox import SandboxInfo, detect
 from tether.tools.builtin import builtin_toolsets
-from tether.tools.context import ToolContext, default_state_dir
+from tether.tools.context import PersonAsker, ToolContext, default_state_dir
 from tether.tools.journal import UndoJournal
 from tether.tools.policy.model import Policy, default_policy, load_policy, policy_from_mapping
 from tether.tools.sandboxing import make_sandbox
@@ -72,6 +73,22 @@ def device_state_dir(config: DeviceConfig, state_dir: str | os.PathLike[str] | N
     return Path(state_dir or config.device.state_dir or default_state_dir()).expanduser()
 
 
+def person_asker(hooks: MCPClientHooks | None) -> PersonAsker | None:
+    """How the device's tools ask a person during a call (`ToolContext.ask_person`): the way its external MCP
+    servers' questions are asked (`hooks.elicit`: the server's question route when serving, the terminal
+    locally); None when the device has none."""
+    elicit = hooks.elicit if hooks is not None else None
+    if elicit is None:
+        return None
+
+    async def ask(question: str, message: str, schema: dict[str, Any]) -> tuple[str, dict[str, Any] | None]:
+        answer = await elicit(ElicitationRequest(id=question, server="tether", call_id=None, session_id=None,
+                                                 message=message, schema=schema))
+        return answer.action, answer.content
+
+    return ask
+
+
 def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = None,
                  state_dir: str | os.PathLike[str] | None = None, client_id: str = "local",
                  serving: bool = False, sandbox: bool | SandboxInfo = True,
@@ -102,7 +119,8 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     info = sandbox if isinstance(sandbox, SandboxInfo) else (
         detect(root, run_as=run_as) if sandbox and policy.sandbox else None)
     confined = make_sandbox(policy, hidden=hidden, info=info, run_as=run_as) if sandbox and policy.sandbox else None
-    context = ToolContext(policy=policy, journal=journal, sandbox=confined, secrets=tuple(hidden))
+    context = ToolContext(policy=policy, journal=journal, sandbox=confined, secrets=tuple(hidden),
+                          ask_person=person_asker(mcp_hooks))
     # its sandbox confines stdio servers; the hooks answer their questions and sampling requests
     servers = MCPServerManager(toolsets=builtin_toolsets(), context=context, hooks=mcp_hooks)
     computers = ComputerManager(config, servers, context=context, join_external=join_external,

@@ -140,8 +140,10 @@ def installed_apps(app_dirs: Sequence[Path] | None = None, programs: Sequence[st
 
 def _host_facts() -> dict[str, Any]:
     """Everything that reads files or /proc: one trip to a worker thread."""
+    from tether.tools.desktop.wayland import session_facts
+
     return {"cpu": _cpu(), "memory": _memory(), "disk": _disk("/"), "network": _network(), "os": _os(),
-            "installed_apps": installed_apps()}
+            "installed_apps": installed_apps(), "desktop": session_facts()}
 
 
 async def _probe(argv: list[str]) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import ToolInfo
@@ -67,6 +69,9 @@ class DeviceProfile(BaseModel):
     read_roots: list[str] = Field(default_factory=list, description="where the policy lets tools read")
     sandbox: str | None = Field(None, description="the OS sandbox around the processes the device starts "
                                                   "('bwrap+overlay', …; 'none': unconfined; None: not reported)")
+    desktop: dict[str, Any] | None = Field(None, description="the graphical session: backend (x11, xwayland, "
+                                                            "wayland or None), the Wayland compositor and what it "
+                                                            "offers, and what the desktop tools can do there")
 
 
 class DeviceRequirements(BaseModel):

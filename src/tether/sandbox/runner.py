@@ -37,6 +37,7 @@ from tether.sandbox.egress.proxy import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress.rules import EgressRules
 from tether.sandbox.layers.held import HeldLayers
 from tether.sandbox.layers.layer import discard
+from tether.sandbox.layers.session import SessionTotals
 
 logger = logging.getLogger(__name__)
 egress_log = logging.getLogger("tether.sandbox.egress")
@@ -77,6 +78,10 @@ class SandboxedProcess:
         self.cpu_s = self._sandbox._cpu.pop(self._id, None)
         return self.returncode
 
+    def on_exit(self, callback: Callable[[], None]) -> None:
+        """Call `callback` once the process has exited (or its warden is gone)."""
+        self._exited.add_done_callback(lambda _: callback())
+
     def kill(self) -> None:
         """SIGKILL the command's pid namespace: the command and everything it started."""
         if not self._exited.done():
@@ -113,6 +118,7 @@ class Sandbox:
         self._layer_ids = itertools.count(1)
         self._closed = False
         self.held = HeldLayers(Path(spec.layers_dir))
+        self.sessions = SessionTotals()  # what each session's commands applied, all together (layers/session.py)
         self._free: list[Path] = []
         self._layer_of: dict[int, Path] = {}  # request id -> the layer its command mounted
         self._gone: list[Path] = []  # old overlay work directories the warden set aside, to be removed
@@ -486,7 +492,8 @@ class Sandbox:
 
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
                     stdin: bool, layer: Path | None, output: bool = True,
-                    ask: AskFn | None = None, display_socket: str | None = None) -> SandboxedProcess:
+                    ask: AskFn | None = None, display_socket: str | None = None,
+                    session: str | None = None, session_processes: int = 0) -> SandboxedProcess:
         """Start `argv` (running the file `executable` names, opened here) confined; `layer` captures writes.
 
         `output=False` sends stdout and stderr to /dev/null (a detached application nobody reads).
@@ -494,7 +501,24 @@ class Sandbox:
         (`ask: on-miss`), instead of the sandbox's own `ask`. `display_socket`: a launched GUI program's
         X display socket (a real path), which this command alone may connect to beside the policy's
         sockets (and its abstract twin is refused so that libxcb falls back to it: `seccomp.program`).
+        `session`, `session_processes`: the session it runs for and that session's process total
+        (`SessionTotals.take_processes`: its pid cap is what the session has left, held until it exits;
+        `layers.session.SessionLimit` when too little is left, and nothing starts).
         """
+        granted = self.sessions.take_processes(session, self.spec.limits.processes, session_processes)
+        try:
+            process = await self._spawn(argv, executable=executable, cwd=cwd, env=env, stdin=stdin, layer=layer,
+                                        output=output, ask=ask, display_socket=display_socket, processes=granted)
+        except BaseException:
+            self.sessions.give_back_processes(session, granted)
+            raise
+        if session and session_processes:
+            process.on_exit(lambda: self.sessions.give_back_processes(session, granted))
+        return process
+
+    async def _spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str], stdin: bool,
+                     layer: Path | None, output: bool, ask: AskFn | None, display_socket: str | None,
+                     processes: int) -> SandboxedProcess:
         await self._ensure()
         loop = asyncio.get_running_loop()
         exe = os.open(executable, os.O_PATH | os.O_CLOEXEC)
@@ -532,6 +556,8 @@ class Sandbox:
                        **self._ipc_and_limits((display_socket,) if display_socket else ())}
             if display_socket and message.get("filters") is not False:
                 message["display"] = True
+            if "limits" in message and processes != message["limits"].get("processes"):  # a session's share
+                message["limits"] = {**message["limits"], "processes": processes}
             if self.egress is not None:
                 env = {k: v for k, v in env.items() if k not in NO_PROXY_ENV} | self.proxy_env()
                 message["env"] = env

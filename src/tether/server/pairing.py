@@ -32,6 +32,7 @@ from typing import Any
 
 from tether.errors import ServerError
 from tether.protocol.identity import claim_statement, fingerprint, valid_public_key, verify
+from tether.protocol.names import device_name_problem
 from tether.server.device_keys import collision, revoke_device_tokens, set_device_key
 from tether.server.store import Store
 from tether.server.store.pairing import PAIRED, PENDING, REFUSED
@@ -100,6 +101,8 @@ class PairingBook:
         """A new request of the device whose Ed25519 public key is `public_key` (unpadded base64url)."""
         if not valid_public_key(public_key):
             raise PairingError(422, "public_key must be an Ed25519 public key: 32 bytes, unpadded base64url")
+        if name and (problem := device_name_problem(name)) is not None:  # the same rule as at approval
+            raise PairingError(422, f"{problem}; ask again with --name")
         key_print = fingerprint(public_key)
         now = time.time()
         self._rate_limit(address, now)
@@ -193,6 +196,8 @@ class PairingBook:
         device_name = name or row["requested_name"]
         if not device_name:
             raise PairingError(422, "the device asked for no name: give one (--name)")
+        if (problem := device_name_problem(device_name)) is not None:
+            raise PairingError(422, f"{problem}; approve it with --name")
         if not row["public_key"]:
             raise PairingError(409, f"pairing request {code} carries no device key; the device must ask again")
         taken = collision(self.store, device_name, row["public_key"])

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tether.server.notify.messages import EVENTS as WEBHOOK_EVENTS
+
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 ANONYMOUS_BODY_BYTES = 64 * 1024  # the body cap before (or without) a valid API token
@@ -134,6 +136,47 @@ def is_ip(text: str) -> bool:
     return True
 
 
+class WebhookConfig(BaseModel):
+    """A webhook of the whole server (the config file's `webhooks:` list): told of every event it names."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(description="where deliveries are POSTed (http:// or https://)")
+    secret: str = Field(min_length=16, description="the HMAC-SHA256 signing secret (docs/approvals.md)")
+    events: list[str] = Field(default_factory=lambda: list(WEBHOOK_EVENTS), description=(
+        "the events it is told of: approval.needed, task.finished, task.failed, device.offline (default: all)"))
+    format: str = Field("generic", description="'slack' (text and blocks) or 'generic' JSON")
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, url: str) -> str:
+        from tether.server.notify.urls import parse_webhook_url
+
+        parse_webhook_url(url)  # WebhookRefused is a ValueError: pydantic says which entry
+        return url.strip()
+
+    @field_validator("events")
+    @classmethod
+    def _events(cls, events: list[str]) -> list[str]:
+        unknown = sorted(set(events) - set(WEBHOOK_EVENTS))
+        if unknown or not events:
+            raise ValueError(f"events must be some of {', '.join(WEBHOOK_EVENTS)}"
+                             + (f", not {', '.join(unknown)}" if unknown else ""))
+        return list(dict.fromkeys(events))
+
+    @field_validator("format")
+    @classmethod
+    def _format(cls, fmt: str) -> str:
+        if fmt not in ("slack", "generic"):
+            raise ValueError("format must be 'slack' or 'generic'")
+        return fmt
+
+    @property
+    def id(self) -> str:
+        """A stable id for this entry (its URL's digest), so its deliveries survive a restart."""
+        return "wh_cfg_" + hashlib.sha256(self.url.encode()).hexdigest()[:12]
+
+
 class ServerSettings(BaseModel):
     """Everything the agent server needs to start; validated so a bad value fails at start-up."""
 
@@ -163,6 +206,16 @@ class ServerSettings(BaseModel):
         "client's retry waits 1, then 2, then 4 s"))
     max_frame_bytes: int = Field(DEFAULT_MAX_FRAME_BYTES, ge=1024)
     default_command_timeout: float = Field(60.0, gt=0)
+    # -- files that travel between devices (docs/transfer.md) ----------------------------------------------
+    transfer_max_bytes: int = Field(1 << 30, ge=1, description=(
+        "the most file data one transfer between devices may carry; a larger one is refused before a byte moves"))
+    transfer_chunk_bytes: int = Field(768 * 1024, ge=4096, le=4 * 1024 * 1024, description=(
+        "bytes per chunk of a transfer (each chunk is one command to each device; the sender's policy "
+        "max_output_bytes caps it too)"))
+    transfer_resume_attempts: int = Field(5, ge=0, description=(
+        "how often a transfer resumes after a device went away mid-transfer before it fails"))
+    transfer_resume_wait: float = Field(60.0, gt=0, description=(
+        "seconds a transfer waits for a device that went away to be back before it fails"))
     max_body_bytes: int = Field(DEFAULT_MAX_BODY_BYTES, ge=ANONYMOUS_BODY_BYTES,
                                 description="largest HTTP request body accepted with a valid API token")
     max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, description=(
@@ -212,6 +265,15 @@ class ServerSettings(BaseModel):
     mcp_authorization_servers: list[str] = Field(default_factory=list, description=(
         "OAuth authorization servers (issuer URLs) named in /mcp's Protected Resource Metadata (RFC 9728); "
         "empty: tether's own API tokens, which need none (docs/gateway.md)"))
+    webhooks: list[WebhookConfig] = Field(default_factory=list, description=(
+        "the server's own webhooks (the config file's webhooks: list): told of every event they name"))
+    webhook_allow_private: bool = Field(False, description=(
+        "let webhooks reach private, loopback and link-local addresses (a receiver on this machine or the LAN); "
+        "off, such URLs are refused when added and before each send"))
+    webhook_timeout: float = Field(10.0, gt=0, le=120, description="seconds one webhook delivery may take")
+    webhook_attempts: int = Field(8, ge=1, le=30, description="tries of one delivery before it is failed")
+    webhook_retry_s: float = Field(2.0, gt=0, le=3600, description=(
+        "the first retry's delay; each later one doubles it (at most an hour)"))
     four_eyes: bool = Field(False, description=(
         "approvals need a second person: the token that asked for an action (created the task, sent the "
         "command) may not approve it; see docs/security/approvals.md"))

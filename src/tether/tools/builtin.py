@@ -50,8 +50,9 @@ def _browser() -> ToolSet:
 def builtin_toolsets() -> dict[str, Callable[[], ToolSet]]:
     """A fresh name → factory mapping; a new dict each call so nobody can mutate a shared registry."""
     from tether.tools.files.tool import files_toolset
+    from tether.tools.files.transfer_tools import transfer_toolset
     from tether.tools.shell.tool import shell_toolset
     from tether.tools.system.tool import system_toolset
 
-    return {"shell": shell_toolset, "files": files_toolset, "system": system_toolset,
+    return {"shell": shell_toolset, "files": files_toolset, "system": system_toolset, "transfer": transfer_toolset,
             "desktop": _desktop, "browser": _browser}

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from tether.tools.journal import UndoJournal
 
 EventSink = Callable[[str, dict[str, Any]], None]
+# puts a question to a person while a call waits: (question id, message, answer schema) -> (action, content),
+# action "accept" | "decline" | "cancel"; the caller emits the question's event on its call and bounds the wait
+PersonAsker = Callable[[str, str, dict[str, Any]], Awaitable[tuple[str, dict[str, Any] | None]]]
 
 
 class HeldApproval(Protocol):
@@ -64,9 +67,12 @@ class ToolContext:
     secrets: tuple[str, ...] = ()
     # an approval whose digest was not the command's alone: maybe for changes it held (tools/policy/approval.py)
     approval: HeldApproval | None = None
+    # how the device asks a person during a call (a sandboxed command's unlisted host, `ask: on-miss`); None:
+    # nobody can be asked here
+    ask_person: PersonAsker | None = None
 
     def for_call(self, *, session_id: str | None, call_id: str | None, approved_by: str | None,
                  emit: EventSink | None = None, deadline: float | None = None) -> ToolContext:
         # `replace` would do, at several times the cost, on every command
         return type(self)(self.policy, self.journal, session_id, call_id, approved_by, emit or self.emit,
-                          self.temp_dir, deadline, self.sandbox, self.secrets)
+                          self.temp_dir, deadline, self.sandbox, self.secrets, None, self.ask_person)

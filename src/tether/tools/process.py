@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from tether.sandbox.egress.proxy import AskFn
     from tether.sandbox.runner import Sandbox
 
 KILL_GRACE_S = 2.0
@@ -127,7 +128,8 @@ async def run_process(argv: list[str], *, cwd: str, env: dict[str, str] | None, 
                       max_output: int, on_output: OutputSink | None = None,
                       on_start: Callable[[int], None] | None = None,
                       executable: str | None = None, sandbox: Sandbox | None = None,
-                      layer: Path | None = None) -> ProcessResult:
+                      layer: Path | None = None, ask: AskFn | None = None,
+                      session: tuple[str | None, int] = (None, 0)) -> ProcessResult:
     """Run `argv` in `cwd` and return its outcome.
 
     `executable` is the file to run when the caller has resolved it (argv[0] stays what the program
@@ -138,7 +140,8 @@ async def run_process(argv: list[str], *, cwd: str, env: dict[str, str] | None, 
 
     With a `sandbox`, the process is started confined by it (`executable` is then required: the file
     the policy checked is the one executed), its writes captured in `layer` if one is given, and a
-    kill takes its whole pid namespace.
+    kill takes its whole pid namespace; `ask` answers its unlisted hosts (`ask: on-miss`, Sandbox.spawn);
+    `session` is (the session id, its process total) for the session's share of processes (Sandbox.spawn).
     """
     if not argv:
         raise ValueError("argv is empty: nothing to run")
@@ -146,7 +149,8 @@ async def run_process(argv: list[str], *, cwd: str, env: dict[str, str] | None, 
     proc: Any
     if sandbox is not None:
         proc = await sandbox.spawn(argv, executable=executable or argv[0], cwd=cwd, env=safe_environment(env),
-                                   stdin=stdin is not None, layer=layer)
+                                   stdin=stdin is not None, layer=layer, ask=ask, session=session[0],
+                                   session_processes=session[1])
     else:
         proc = await asyncio.create_subprocess_exec(
             *argv, executable=executable, cwd=cwd, env=safe_environment(env), start_new_session=True,

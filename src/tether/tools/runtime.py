@@ -45,28 +45,30 @@ class ToolSpec:
     output_schema: dict[str, Any] | None
     timeout: float | None
     takes_ctx: bool
+    meta: bool = False  # plumbing a server drives (e.g. the transfer chunks): callable, but not listed to planners
 
     def info(self, namespace: str) -> ToolInfo:
         return ToolInfo(name=self.name, namespace=namespace, tool_type=self.tool_type,
                         description=self.description, input_schema=self.input_schema,
-                        output_schema=self.output_schema)
+                        output_schema=self.output_schema, meta=self.meta)
 
 
 def tool(name: str | None = None, *, tool_type: ToolType, timeout: float | None = None,
-         description: str | None = None) -> Callable[[ToolFunction], ToolFunction]:
-    """Mark an async function as a tool. The function itself is returned unchanged (callable in tests)."""
+         description: str | None = None, meta: bool = False) -> Callable[[ToolFunction], ToolFunction]:
+    """Mark an async function as a tool. The function itself is returned unchanged (callable in tests).
+    `meta`: the device runs it when asked, but leaves it out of the tool lists planners and MCP clients read."""
 
     def decorate(fn: ToolFunction) -> ToolFunction:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"tool {fn.__name__} must be an async function")
-        setattr(fn, _SPEC_ATTR, build_spec(fn, name or fn.__name__, tool_type, timeout, description))
+        setattr(fn, _SPEC_ATTR, build_spec(fn, name or fn.__name__, tool_type, timeout, description, meta=meta))
         return fn
 
     return decorate
 
 
 def build_spec(fn: ToolFunction, name: str, tool_type: ToolType, timeout: float | None,
-               description: str | None) -> ToolSpec:
+               description: str | None, *, meta: bool = False) -> ToolSpec:
     hints = typing.get_type_hints(fn, include_extras=True)
     fields: dict[str, Any] = {}
     takes_ctx = False
@@ -90,7 +92,7 @@ def build_spec(fn: ToolFunction, name: str, tool_type: ToolType, timeout: float 
         output_schema = TypeAdapter(ret).json_schema()
     doc = description or inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0]
     return ToolSpec(name=name, tool_type=tool_type, description=doc, fn=fn, params_model=model,
-                    input_schema=schema, output_schema=output_schema, timeout=timeout, takes_ctx=takes_ctx)
+                    input_schema=schema, output_schema=output_schema, timeout=timeout, takes_ctx=takes_ctx, meta=meta)
 
 
 def _is_structured(tp: type) -> bool:

@@ -1,8 +1,10 @@
-"""The plan: a list of skill calls, written by hand (`tether run --plan plan.yaml`) or by the planner.
+"""The plan: skill calls, written by hand (`tether run --plan plan.yaml`) or by the planner.
 
 A skill is a tool name a device offers (`shell.run`, `browser.act`, `ui.findAndClick`, `read_file`, …);
 `args` are that tool's arguments; `device` names the device a step must run on (None: any device that
-has the skill). `validate_plan` checks a plan against the tools the devices offer.
+has the skill). A plan is a list (a chain: each step after the one before it) or a graph: steps with
+an `id`, `needs: [ids]` and `when` (`tether.agent.planning.graph`, `tether.agent.planning.when`).
+`validate_plan` checks a plan against the tools the devices offer and, for a graph, its shape.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from tether.agent.planning.graph import ancestors, dependencies, is_graph, step_ids, structure_problems
 from tether.agent.planning.refs import iter_refs, ref_problems
+from tether.agent.planning.when import Condition, WhenWord
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceRequirements
@@ -36,7 +40,16 @@ class PlanStep(BaseModel):
     on: Literal["all"] | None = Field(default=None, description=(
         "'all': the step runs on every device meeting `requires` at once (a fan-out), and its result is "
         "each device's result plus a summary"))
-    requires: DeviceRequirements | None = Field(default=None, description="with on: all, which devices")
+    requires: DeviceRequirements | None = Field(default=None, description=(
+        "with on: all, which devices; without on: all and device, what the one device chosen for the step "
+        "must offer (platform, tags, tools)"))
+    id: str | None = Field(default=None, description="a name other steps use in needs, when and $ref")
+    needs: list[str] | None = Field(default=None, description=(
+        "the steps (ids, or numbers from 1) that must end before this one; absent: the step before it; "
+        "[]: none (it starts at once)"))
+    when: WhenWord | Condition = Field(default="success", description=(
+        "success: its needs succeeded; failure: one of them failed; always: they ended; or a condition "
+        "{ref, equals|contains|matches} on an earlier result"))
 
 
 class Plan(BaseModel):
@@ -63,6 +76,9 @@ PLAN_JSON_SCHEMA: dict[str, Any] = {
                     "device": {"type": ["string", "null"]},
                     "on": {"enum": ["all", None]},
                     "requires": {"type": ["object", "null"]},
+                    "id": {"type": ["string", "null"]},
+                    "needs": {"type": ["array", "null"], "items": {"type": "string"}},
+                    "when": {"type": ["string", "object"]},
                 },
                 "required": ["skill", "args"],
                 "additionalProperties": False,
@@ -103,8 +119,14 @@ def plan_from_data(data: Any, source: str = "plan") -> Plan:
         if not isinstance(raw, Mapping):
             raise PlanError(f"{source}: step {index + 1}: a step is a mapping with skill and args, "
                             f"not {type(raw).__name__}")
+        raw = dict(raw)
+        when = raw.get("when")
+        if when is None:  # strict JSON-schema modes send every key, the unwanted ones as null
+            raw.pop("when", None)
+        elif isinstance(when, Mapping):
+            raw["when"] = {k: v for k, v in when.items() if v is not None}
         try:
-            steps.append(PlanStep.model_validate(dict(raw)))
+            steps.append(PlanStep.model_validate(raw))
         except ValidationError as exc:
             raise PlanError(f"{source}: step {index + 1}: {_describe_validation_error(exc)}") from None
     return Plan(steps=steps, answer=answer or None)
@@ -170,7 +192,8 @@ def check_args(tool: ToolInfo, args: dict[str, Any], validators: dict[int, Any] 
 
 
 def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, allow_empty: bool = False,
-                  first: int = 0, earlier: list[ToolInfo | None] | None = None) -> list[str]:
+                  first: int = 0, earlier: list[ToolInfo | None] | None = None,
+                  dropped: frozenset[int] = frozenset()) -> list[str]:
     """The problems with `plan` given the tools each device offers (key None: the default device).
 
     A step naming a device must use a skill that device has; a step without a device uses the
@@ -178,11 +201,18 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, all
     may only be the last step. References (`{"$ref": "steps.N.result..."}`) must name an earlier
     step and fit its tool's output schema. When the plan continues one already run (`first` steps
     before it, running `earlier` tools), step numbers in messages and references count those too.
+
+    A graph plan (`tether.agent.planning.graph.is_graph`) is checked whole (`first` and `earlier` do not
+    apply): its shape (ids, needs, cycles, conditions), and references only to steps it surely follows
+    (ancestors); `observe` may end any branch. Steps in `dropped` (removed by a live edit) are skipped.
     """
+    if is_graph(plan.steps) or dropped:
+        return _validate_graph(plan, tools, dropped)
     problems: list[str] = []
     validators: dict[int, Any] = {}
     devices = sorted(name for name in tools if name is not None)
     ran: list[ToolInfo | None] = list(earlier or [None] * first)
+    ids = {name: number + first for name, number in step_ids(plan.steps).items()}
     observe_at: set[int] = set()
     if not plan.steps and not allow_empty:
         problems.append("the plan has no steps")
@@ -199,7 +229,8 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, all
             observe_at.add(index)
             ran.append(None)
             continue
-        problems.extend(f"{label}: bad reference at {p}" for p in ref_problems(step.args, index, ran, observe_at))
+        problems.extend(f"{label}: bad reference at {p}"
+                        for p in ref_problems(step.args, index, ran, observe_at, ids=ids))
         if step.on == "all" or step.requires is not None:
             # the fleet's devices are not among the task's: each device checks the call itself
             if step.on != "all":
@@ -236,4 +267,54 @@ def validate_plan(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], *, all
                     arg_problems = []
                     break
         problems.extend(f"{label}: bad args: {p}" for p in arg_problems)
+    return problems
+
+
+def _step_tool(step: PlanStep, tools: Mapping[str | None, list[ToolInfo]]) -> ToolInfo | None:
+    order = [tools[step.device]] if step.device in tools else []
+    order += [v for k, v in tools.items() if k != step.device]
+    return next((t for device_tools in order if (t := find_tool(device_tools, step.skill)) is not None), None)
+
+
+def _validate_graph(plan: Plan, tools: Mapping[str | None, list[ToolInfo]], dropped: frozenset[int]) -> list[str]:
+    """`validate_plan` for a graph: its shape first; then each step as in a list, references by ancestry."""
+    steps = plan.steps
+    problems = structure_problems(steps, dropped)
+    if not [i for i in range(len(steps)) if i not in dropped]:
+        problems.append("the plan has no steps")
+    if problems:
+        return problems
+    deps = dependencies(steps, dropped)
+    ids = step_ids(steps, dropped)
+    observe_at = {i for i, s in enumerate(steps) if s.skill == OBSERVE}
+    ran = [None if s.skill == OBSERVE else _step_tool(s, tools) for s in steps]
+    for index, step in enumerate(steps):
+        if index in dropped:
+            continue
+        label = f"step {index + 1} ({step.id or step.skill})"
+        if step.skill == OBSERVE:
+            if step.args and set(step.args) - {"note"}:
+                problems.append(f"{label}: observe takes only an optional 'note'")
+            if not deps[index]:
+                problems.append(f"{label}: observe needs steps before it whose results to look at")
+            continue
+        problems.extend(f"{label}: bad reference at {p}" for p in
+                        ref_problems(step.args, index, ran, observe_at, ids=ids, ancestors=ancestors(deps, index)))
+        # the skill and its arguments, as a list plan's step (references were checked above)
+        single = step.model_copy(update={"id": None, "needs": None, "when": "success"})
+        choices: Mapping[str | None, list[ToolInfo]] = tools
+        if step.requires is not None and step.on != "all":
+            if step.device is not None:
+                problems.append(f"{label}: requires chooses a device for a step that names none; drop device "
+                                "or requires")
+                continue
+            single = single.model_copy(update={"requires": None})
+            choices = {k: v for k, v in tools.items() if k is not None}  # the device is chosen when it runs
+            if not choices:
+                problems.append(f"{label}: requires chooses a device among an agent server's devices; this task "
+                                "runs on one device (name none)")
+                continue
+        for problem in validate_plan(Plan(steps=[single]), choices):
+            if "bad reference at" not in problem:
+                problems.append(problem.replace(f"step 1 ({step.skill})", label, 1))
     return problems

@@ -175,8 +175,8 @@ def build_messages(request: str, devices: Mapping[str, DeviceView], policy_summa
                    history: Sequence[Any] = (), recovery_context: str | None = None) -> list[Message]:
     lines = [
         "You are tether's automation planner. Turn the user's request into a plan: a short list of "
-        "skill calls that devices will run one at a time, in order. Use only the skills listed below, "
-        "with arguments that match their schemas (* marks a required argument).",
+        "skill calls that devices run in order, or as a graph where steps can run at the same time. Use only "
+        "the skills listed below, with arguments that match their schemas (* marks a required argument).",
         "",
         "Policy (steps that break it are refused):",
         policy_summary.strip(),
@@ -211,6 +211,12 @@ def build_messages(request: str, devices: Mapping[str, DeviceView], policy_summa
         "\"args\": {\"note\": \"what to look at\"}}; you will be shown their results and plan the rest. "
         "GUI tasks work in such rounds: screenshot, get_ui_tree or browser.act snapshot, then observe, then act "
         "on the labels you saw. Do not observe when the plan can be made now.",
+        "Steps that do not depend on each other (on different devices above all) run at the same time: give "
+        "each step an \"id\" and \"needs\": the ids of the steps it must wait for ([] for none); a step "
+        "without needs waits for the step before it. \"when\" runs a step only on success of its needs "
+        "(the default), on \"failure\" of one, \"always\", or on a condition {\"ref\": \"steps.ID.result.KEY\", "
+        "\"equals\"|\"contains\"|\"matches\": value}. A $ref or condition may only name steps the step needs "
+        "(directly or through them): {\"$ref\": \"steps.ID.result.KEY\"} reads a step by id.",
         "When you already know what to tell the user once every step has succeeded (it does not depend on "
         "results you have not seen), add it as \"answer\" beside \"steps\"; otherwise leave it out.",
     ]
@@ -266,6 +272,16 @@ def _first_json(text: str) -> tuple[Any, str | None]:
 _REF_ARG: dict[str, Any] = {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
                             "additionalProperties": False}
 _STRICT_KEYS = ("type", "enum", "const", "description")
+# A step's place in a graph plan, in strict form (every key sent, null when not wanted): see planning/graph.py
+_CONDITION: dict[str, Any] = {
+    "type": "object", "additionalProperties": False, "required": ["ref", "equals", "contains", "matches"],
+    "properties": {"ref": {"type": "string"}, "equals": {"type": ["string", "number", "boolean", "null"]},
+                   "contains": {"type": ["string", "null"]}, "matches": {"type": ["string", "null"]}}}
+_GRAPH_KEYS: dict[str, Any] = {
+    "id": {"type": ["string", "null"]},
+    "needs": {"type": ["array", "null"], "items": {"type": "string"}},
+    "when": {"anyOf": [{"type": "string", "enum": ["success", "failure", "always"]}, _CONDITION, {"type": "null"}]},
+}
 
 
 def strict_schema(spec: Any) -> dict[str, Any] | None:
@@ -340,8 +356,8 @@ def plan_schema(devices: Mapping[str, DeviceView]) -> tuple[dict[str, Any], bool
     def branch(skill: str, args: dict[str, Any], device: dict[str, Any]) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": False,
                 "properties": {"skill": {"type": "string", "enum": [skill]}, "args": args,
-                               "description": {"type": "string"}, "device": device},
-                "required": ["skill", "args", "description", "device"]}
+                               "description": {"type": "string"}, "device": device, **_GRAPH_KEYS},
+                "required": ["skill", "args", "description", "device", *_GRAPH_KEYS]}
 
     for skill, tool in skills.items():
         given = tool.input_schema or {}
@@ -416,12 +432,14 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
                        policy_summary: str = DEFAULT_POLICY_SUMMARY, history: Sequence[Any] = (),
                        recovery_context: str | None = None, stream: bool = False,
                        on_token: Callable[[str], None] | None = None,
-                       earlier: Sequence[ToolInfo | None] = (), allow_empty: bool = False) -> PlanResult:
+                       earlier: Sequence[ToolInfo | None] = (), allow_empty: bool = False,
+                       check: Callable[[Plan], list[str]] | None = None) -> PlanResult:
     """Ask the LLM for a plan, validate it, re-ask once with its problems; `PlanningError` if still bad.
 
     When the plan continues one partly run, `earlier` holds the tools of the steps kept before it (so
     references to them are checked and numbers count on); `allow_empty` accepts "nothing left to do"
-    (after an observation). `LLMError` (the LLM unreachable or failing) propagates unchanged.
+    (after an observation). `LLMError` (the LLM unreachable or failing) propagates unchanged. `check`,
+    when given, replaces the plan check (a graph's live edit checks the new part against the whole graph).
     """
     views = {name: as_device_view(value) for name, value in devices.items()}
     tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
@@ -443,8 +461,8 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
         except PlanError as exc:
             problems = [str(exc)]
         else:
-            problems = validate_plan(plan, tools, allow_empty=allow_empty, first=len(earlier),
-                                     earlier=list(earlier))
+            problems = (check(plan) if check is not None else
+                        validate_plan(plan, tools, allow_empty=allow_empty, first=len(earlier), earlier=list(earlier)))
             if not problems:
                 return PlanResult(plan=plan, llm_calls=calls, prompt_tokens=prompt_tokens, attempts=attempt,
                                   raw=raw, completion_tokens=completion_tokens, first_problems=first_problems)

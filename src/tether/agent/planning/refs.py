@@ -30,7 +30,7 @@ from tether.protocol.models import ToolInfo
 REF_KEY = "$ref"
 MAX_DEPTH = 32
 _TEMPLATE = re.compile(r"(\{\{|\$\{)\s*steps?[\[.]")
-_PATH = re.compile(r"^steps\.(\d+)\.result((?:\.[^.\[\]]+|\[\d+\])*)$")
+_PATH = re.compile(r"^steps\.(\d+|[A-Za-z_][A-Za-z0-9_-]*)\.result((?:\.[^.\[\]]+|\[\d+\])*)$")
 _PART = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 
 ERROR_CODE = "unresolved_ref"  # the marker recovery recognizes in a failed step's result
@@ -44,15 +44,25 @@ def is_ref(value: Any) -> bool:
     return isinstance(value, Mapping) and REF_KEY in value
 
 
-def parse_ref(text: Any) -> tuple[int, list[str | int]]:
-    """(step number counted from 1, path parts) of a reference's text; `RefError` when malformed."""
+def parse_ref(text: Any, ids: Mapping[str, int] | None = None) -> tuple[int, list[str | int]]:
+    """(step number counted from 1, path parts) of a reference's text; `RefError` when malformed.
+
+    A step of a graph plan may be named by its `id` (`steps.build.result.stdout`): `ids` maps each id to
+    its step number; an id it does not hold (or any id without `ids`) is a `RefError` naming it."""
     if not isinstance(text, str):
         raise RefError(f"a $ref is a string like \"steps.1.result.stdout\", not {type(text).__name__}")
     match = _PATH.match(text.strip())
     if match is None:
         raise RefError(f"{text!r} is not a reference: write \"steps.N.result\" followed by keys, "
                        "e.g. \"steps.1.result.stdout\" (N counts steps from 1)")
-    number = int(match.group(1))
+    target = match.group(1)
+    if target.isdigit():
+        number = int(target)
+    elif ids is not None and target in ids:
+        number = ids[target]
+    else:
+        known = ", ".join(sorted(ids or {})) or "none"
+        raise RefError(f"{text!r} names step {target!r}, and no step has that id (step ids: {known})")
     parts: list[str | int] = []
     for key, index in _PART.findall(match.group(2)):
         if index:
@@ -129,11 +139,14 @@ def _schema_walk(schema: Mapping[str, Any], parts: list[str | int]) -> str | Non
 
 
 def ref_problems(args: Mapping[str, Any], index: int, earlier: list[ToolInfo | None],
-                 observe_at: set[int] | None = None) -> list[str]:
+                 observe_at: set[int] | None = None, *, ids: Mapping[str, int] | None = None,
+                 ancestors: set[int] | None = None) -> list[str]:
     """What is wrong with the references in step `index`'s (from 0) `args`.
 
     `earlier[i]` is the tool step i runs (None when unknown); paths are checked against its output
-    schema when it has one. A reference to an `observe` step (`observe_at`) has nothing to read."""
+    schema when it has one. A reference to an `observe` step (`observe_at`) has nothing to read. In a
+    graph plan, `ids` maps step ids to numbers and `ancestors` holds the steps (from 0) that surely end
+    before this one: only those may be referred to (a step on another branch may not have run yet)."""
     problems: list[str] = []
     for where in iter_templates(args):
         problems.append(f"{where}: text templates such as {{{{steps[0].result...}}}} are not resolved; "
@@ -144,11 +157,16 @@ def ref_problems(args: Mapping[str, Any], index: int, earlier: list[ToolInfo | N
             problems.append(f"{where}: a $ref object has only the key $ref, not {extra}")
             continue
         try:
-            number, parts = parse_ref(ref[REF_KEY])
+            number, parts = parse_ref(ref[REF_KEY], ids)
         except RefError as exc:
             problems.append(f"{where}: {exc}")
             continue
-        if number < 1 or number > index:
+        if ancestors is not None:
+            if number - 1 not in ancestors:
+                problems.append(f"{where}: {ref[REF_KEY]!r} names step {number}, which this step does not "
+                                "need (directly or through the steps it needs): add it to needs")
+                continue
+        elif number < 1 or number > index:
             problems.append(f"{where}: {ref[REF_KEY]!r} names step {number}, but a step can only use "
                             f"steps before it (1 to {index})" if index else
                             f"{where}: {ref[REF_KEY]!r}: the first step has no earlier step to use")
@@ -189,16 +207,17 @@ def _kind(value: Any) -> str:
     return "null" if value is None else type(value).__name__
 
 
-def resolve(args: Any, results: Mapping[int, Any], depth: int = 0) -> Any:
+def resolve(args: Any, results: Mapping[int, Any], depth: int = 0, ids: Mapping[str, int] | None = None) -> Any:
     """`args` with every reference replaced by the value it names.
 
     `results` maps step numbers (from 1) to the result of that step's successful run; a step that
-    failed, was skipped or has not run is absent and its references raise `RefError`."""
+    failed, was skipped or has not run is absent and its references raise `RefError`. `ids`: a graph
+    plan's step ids and their numbers (see `parse_ref`)."""
     if depth > MAX_DEPTH:
         raise RefError("the arguments are nested too deeply")
     if is_ref(args):
         text = args[REF_KEY]
-        number, parts = parse_ref(text)
+        number, parts = parse_ref(text, ids)
         if number not in results:
             raise RefError(f"the reference {text!r} does not resolve: step {number} has no result "
                            "(it did not run or did not succeed)")
@@ -207,9 +226,9 @@ def resolve(args: Any, results: Mapping[int, Any], depth: int = 0) -> Any:
         except RefError as exc:
             raise RefError(f"the reference {text!r} does not resolve: {exc}") from None
     if isinstance(args, Mapping):
-        return {key: resolve(item, results, depth + 1) for key, item in args.items()}
+        return {key: resolve(item, results, depth + 1, ids) for key, item in args.items()}
     if isinstance(args, list):
-        return [resolve(item, results, depth + 1) for item in args]
+        return [resolve(item, results, depth + 1, ids) for item in args]
     return args
 
 

@@ -22,12 +22,14 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from tether.agent.llm.chat import LLMClient, LLMError, how_to_configure
+from tether.agent.planning.graph import is_graph, step_ids
 from tether.agent.planning.plan import OBSERVE, Plan, validate_plan
 from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
 from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.planning.refs import RefError, has_refs, resolve
 from tether.agent.run.answer import format_answer
 from tether.agent.run.confirm import CONFIRMATION
+from tether.agent.run.graph import Chooser, GraphRun
 from tether.agent.run.observe import step_results
 from tether.agent.run.recovery import (
     OPTION_APPROVE,
@@ -66,9 +68,10 @@ class TaskRunner(Rounds):
                  on_event: Callable[[TaskEvent], None] | None = None, budgets: Budgets | None = None,
                  policy_summary: str = DEFAULT_POLICY_SUMMARY, command_timeout: float = 600.0,
                  stream_answer: bool = True, stream_planning: bool = False, clock: Callable[[], float] = time.monotonic,
-                 default_device: str = DEFAULT_DEVICE_NAME, profiles: Mapping[str, DeviceProfile] | None = None
-                 ) -> None:
+                 default_device: str = DEFAULT_DEVICE_NAME, profiles: Mapping[str, DeviceProfile] | None = None,
+                 choose: Chooser | None = None) -> None:
         self.dispatchers = dispatchers
+        self.choose = choose  # a graph step's `requires` → (device, why); None: no fleet to choose from
         self.default_device = default_device
         self.profiles = dict(profiles or {})  # by device name: what the planner tells the LLM about each
         # Set by whoever stops the runner for a reason that is not the user's (a server shutting
@@ -137,6 +140,7 @@ class TaskRunner(Rounds):
         return task
 
     async def _run(self, task: Task) -> None:
+        graph = task.plan is not None and is_graph(task.plan.steps)
         if task.state is TaskState.CREATED:
             if task.plan is None or not task.plan.steps:
                 if self.llm is None:
@@ -158,6 +162,8 @@ class TaskRunner(Rounds):
               and task.pending_question.kind == CONFIRMATION):
             await self._confirm(task, task.pending_question.step or 0, existing=task.pending_question)
             self._to(task, TaskState.RUNNING)
+        elif graph:  # each branch takes up its own state (`GraphRun`)
+            pass
         elif task.state is TaskState.WAITING_FOR_USER and task.pending_question is not None:
             pending = task.pending_question
             await self._resolve(task, AskUser(question=pending.question, options=pending.options,
@@ -168,6 +174,9 @@ class TaskRunner(Rounds):
             self._to(task, TaskState.RUNNING)
         assert task.plan is not None
         while task.cursor < len(task.plan.steps):
+            if is_graph(task.plan.steps):  # given, planned, or a re-plan that made the rest a graph
+                await GraphRun(self, task, self.choose).run()
+                break
             self._check_budgets(task)
             if task.plan.steps[task.cursor].skill == OBSERVE:
                 await self._observe(task)
@@ -200,7 +209,7 @@ class TaskRunner(Rounds):
         params = dict(step.args)
         if has_refs(step.args):
             try:
-                params = resolve(step.args, step_results(task))
+                params = resolve(step.args, step_results(task), ids=step_ids(task.plan.steps))
             except RefError as exc:
                 unresolved = str(exc)
         command = Command(tool_name=step.skill, parameters=params, approved_by=approved, approval_digest=digest)

@@ -85,6 +85,11 @@ def _row(record: StepRecord) -> str:
     return text
 
 
+def step_row(record: StepRecord) -> str:
+    """One finished step as the planner is shown it (JSON, its result compacted)."""
+    return _row(record)
+
+
 def observation_context(task: Task, index: int, note: str = "") -> str:
     """The planner's context at the observation point at step `index` (from 0)."""
     lines = ["Observation point: the steps planned so far have run. Their results:"]

@@ -85,6 +85,7 @@ class Budgets(BaseModel):
     total_steps: int = Field(50, ge=1, description="commands sent for the whole task, retries included")
     wall_time_s: float = Field(600.0, gt=0, description="working time; waiting for a person is not counted")
     observe_rounds_per_task: int = Field(8, ge=0, description="times a plan may stop at `observe` to plan on")
+    parallel_steps: int = Field(4, ge=1, description="a graph plan's steps running at once (one per device)")
 
 
 class TaskEvent(BaseModel):
@@ -149,6 +150,19 @@ class Counters(BaseModel):
     elapsed_s: float = 0.0
 
 
+class TaskAsker(BaseModel):
+    """The API token a task acts for: the one that created it (a person's, or an agent's when `agent`).
+    The questions its steps raise are this token's, as a plain command's are its caller's
+    (`tether.server.approvals.check_answerer`): saved with the task, so a restart keeps it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(..., min_length=1, max_length=128)
+    agent: bool = False
+    sample: bool = Field(default=False, description="the token held the `sample` scope: the task's MCP servers may "
+                                                    "use the server's LLM")
+
+
 class Task(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -157,6 +171,8 @@ class Task(BaseModel):
     device: str | None = Field(default=None, description="the device steps run on unless they name another")
     devices: list[str] = Field(default_factory=list, description="other devices the task's steps may name")
     requested_by: str | None = Field(default=None, description="who created the task (an API token's name)")
+    asker: TaskAsker | None = Field(default=None, description="the token the task acts for, whose questions its "
+                                    "steps raise (None: a task made without a token, or before tasks recorded it)")
     scope_devices: list[str] = Field(default_factory=list, description="the creating token's device scope (names "
                                      "or globs): the only devices the task's commands may reach; with scope_tags "
                                      "empty too, every device")
@@ -165,6 +181,10 @@ class Task(BaseModel):
                                                       "before they run")
     plan: Plan | None = None
     cursor: int = 0
+    step_states: list[str] = Field(default_factory=list, description=(
+        "a graph plan: each step's state by index (pending, running, done, failed, skipped, replaced, removed)"))
+    step_devices: dict[str, str] = Field(default_factory=dict, description=(
+        "a graph plan: the device chosen for each step that named requires instead of a device, by index"))
     state: TaskState = TaskState.CREATED
     steps: list[StepRecord] = Field(default_factory=list)
     questions: list[Question] = Field(default_factory=list)
@@ -214,11 +234,18 @@ class Task(BaseModel):
         names = [r.step.device or self.device for r in self.steps]
         return list(dict.fromkeys(n for n in names if n))
 
+    def devices_undo_order(self) -> list[str]:
+        """The devices this task's commands were sent to, the one used last first: the order an undo puts
+        their changes back in (the reverse of the order they were made)."""
+        names = [r.step.device or self.device for r in sorted(self.steps, key=lambda r: r.finished_at)]
+        return list(dict.fromkeys(n for n in reversed(names) if n))
+
     def summary(self) -> dict[str, Any]:
         """The short form lists show: no events, no step records."""
         pending = self.pending_question
         return {"id": self.id, "request": self.request, "state": self.state.value, "device": self.device,
                 "requested_by": self.requested_by, "cursor": self.cursor,
+                "asker": self.asker.model_dump() if self.asker is not None else None,
                 "steps": len(self.plan.steps) if self.plan else 0, "answer": self.answer, "error": self.error,
                 "question": pending.model_dump(mode="json") if pending else None,
                 "created_at": self.created_at.isoformat(), "updated_at": self.updated_at.isoformat()}

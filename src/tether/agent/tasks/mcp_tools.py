@@ -26,7 +26,15 @@ from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.agent.tasks.task_api import Answer, TaskRequest, _stricter, visible_task
-from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves, server_url
+from tether.server.aip.batches import TokenRef
+from tether.server.approvals import (
+    ApprovalRefused,
+    check_answerer,
+    check_approver,
+    check_four_eyes,
+    how_a_person_approves,
+    server_url,
+)
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
 
 logger = logging.getLogger(__name__)
@@ -321,7 +329,11 @@ async def _ask_for_server(tasks: TaskService, task: Task, question: dict[str, An
                           settings: Any = None) -> bool:
     """An external MCP server's question during a step, asked through this client with its own schema; as
     POST /devices/{name}/questions/{id}, only of a person's token that may answer it."""
-    if call.elicit is None or _may_not_approve(call, task, settings):
+    if call.elicit is None:
+        return False
+    try:
+        _may_answer_server(call, task, question, settings)
+    except TaskError:  # not this caller's to answer: it waits for the person who may
         return False
     asked = question.get("schema")
     schema: dict[str, Any] = asked if isinstance(asked, dict) else {"type": "object", "properties": {}}
@@ -330,7 +342,7 @@ async def _ask_for_server(tasks: TaskService, task: Task, question: dict[str, An
         action = reply.get("action")
         content = reply.get("content") or {}
         text = json.dumps(content) if action == "accept" else str(action or "cancel")
-        return await tasks.answer_mcp_question(task.id, text, _who(call))
+        return await tasks.answer_mcp_question(task.id, text, _who(call), answerer=_ref(call))
     except Exception as exc:
         logger.info("MCP gateway: task %s server question not asked through the client: %s", task.id, exc)
         return False
@@ -340,9 +352,10 @@ async def _answer(tasks: TaskService, task_id: str, body: Answer, call: GatewayC
     """As POST /tasks/{id}/answer: an MCP server's open question, else the task's own question."""
     task = tasks.get(task_id)
     pending = task.pending_question
-    if pending is None and tasks.mcp_question(task_id) is not None:
-        _need_approve(call, "answer an MCP server's question", task, settings, question="mcp")
-        await tasks.answer_mcp_question(task_id, body.answer, _who(call))
+    question = tasks.mcp_question(task_id)
+    if pending is None and question is not None:
+        _may_answer_server(call, task, question, settings)
+        await tasks.answer_mcp_question(task_id, body.answer, _who(call), answerer=_ref(call))
         return
     if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
         _need_approve(call, f"answer task {task_id[:12]}'s {pending.kind}", task, settings)
@@ -421,6 +434,29 @@ def _need_approve(call: GatewayCall, what: str, task: Task | None, settings: Any
             check_four_eyes(bool(getattr(settings, "four_eyes", False)), task.requested_by, _who(call), what)
     except ApprovalRefused as exc:
         raise TaskError(403, str(exc)) from None
+
+
+def _may_answer_server(call: GatewayCall, task: Task, question: dict[str, Any], settings: Any) -> None:
+    """TaskError 403 unless this caller may answer the question an external MCP server asks during `task`'s
+    step: a person's token with `approve`, and the question the task's asker's (`approvals.check_answerer`,
+    as for a plain command's: the asker's own, a person for an agent's task, another person for a consent
+    question under four-eyes). A task that recorded no asker keeps four-eyes on who created it."""
+    what = "answer an MCP server's question"
+    if task.asker is None:
+        _need_approve(call, what, task, settings, question="mcp")
+        return
+    how = how_a_person_approves(server_url(settings), task_id=task.id, question="mcp")
+    try:
+        check_approver(call.token, what, how)
+        check_answerer(task.asker, call.token, consent=bool(question.get("approval", True)),
+                       four_eyes=bool(getattr(settings, "four_eyes", False)), what=what, how=how)
+    except ApprovalRefused as exc:
+        raise TaskError(403, str(exc)) from None
+
+
+def _ref(call: GatewayCall) -> TokenRef:
+    """The caller's token as the hub's batches name their caller and a question's answerer."""
+    return TokenRef(call.token.name, call.token.agent)
 
 
 def _may_not_approve(call: GatewayCall, task: Task, settings: Any) -> bool:

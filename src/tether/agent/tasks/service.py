@@ -18,7 +18,7 @@ import asyncio
 import builtins
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from tether.agent.llm.chat import LLMClient
@@ -26,24 +26,31 @@ from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.run.executor import TaskRunner
 from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY, AskUser
 from tether.agent.run.steps import discover_tools
-from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
+from tether.agent.run.task import Budgets, Task, TaskAsker, TaskEvent, TaskState
 from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.graph_restart import choose_device, settle_graph
+from tether.agent.tasks.notices import tell
 from tether.agent.tasks.ownership import TaskLeases, keep_leases, node_id
 from tether.agent.tasks.peers import TaskPeers
 from tether.agent.tasks.restart import SEQ_JUMP, InFlight, in_flight_step, settle_after_restart
 from tether.agent.tasks.store import SaveSoon, TaskStore
+from tether.agent.tasks.transfer_step import is_transfer, run_transfer_step, transfer_tool
 from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import OUTCOME_FINISHED, OUTCOME_RUNNING, CallOutcome, CallRef, Event
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry, NoDeviceError
+from tether.server.approvals import ApprovalRefused
+from tether.server.notify.notifier import Notifier
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import claim_task_sessions, task_owner
 from tether.server.store import Store, StoreUnavailable
 from tether.server.store.tokens import TokenInfo, scope_reaches
+from tether.server.transfer.service import TransferService
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +72,7 @@ class _HubDevice(BasicCommandDispatcher):
 
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, device: str, device_wait: float,
                  before_send: Callable[[], str | None], within: Callable[[Any], bool] | None = None,
-                 **kwargs: Any) -> None:
+                 transfer: Callable[[Command, float | None], Awaitable[Result]] | None = None, **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
         self.before_send = before_send
         self.within = within  # the task's device scope, for a step `on: all` (None: every device)
@@ -73,6 +80,7 @@ class _HubDevice(BasicCommandDispatcher):
         self.registry = registry
         self.device = device
         self.device_wait = device_wait
+        self.transfer = transfer  # runs a `transfer` step (agent/tasks/transfer_step.py)
         self._inner = hub.dispatcher(device, on_event=self._forward, **kwargs)
 
     def _forward(self, event: Event) -> None:
@@ -91,6 +99,8 @@ class _HubDevice(BasicCommandDispatcher):
             if self.emit is not None:
                 self.emit("waiting_for_device", {"device": self.device, "up_to_s": self.device_wait})
             await self.registry.wait_until(lambda: self.hub.connected(self.device), self.device_wait)
+        if self.transfer is not None and is_transfer(commands):
+            return [await self.transfer(commands[0], timeout)]
         return await self._inner.execute_commands(commands, timeout=timeout)
 
     async def fan_out(self, command: Command, requires: DeviceRequirements, timeout: float) -> dict[str, Any]:
@@ -106,17 +116,21 @@ class _HubDevice(BasicCommandDispatcher):
                                             "error": outcome.error, "duration": round(outcome.duration, 3)})
 
         return await self.hub.fan_out(requires, [command], on_outcome=told, timeout=timeout,
-                                      requested_by=self._inner.requested_by, within=self.within)
+                                      requested_by=self._inner.requested_by, within=self.within,
+                                      asker=self._inner.asker)
 
 
 class TaskService:
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: TaskStore,
                  llm: LLMClient | None = None, *, server_store: Store, budgets: Budgets | None = None,
-                 command_timeout: float = 600.0, device_wait: float = 30.0) -> None:
+                 command_timeout: float = 600.0, device_wait: float = 30.0,
+                 transfers: TransferService | None = None, notifier: Notifier | None = None) -> None:
         self.hub = hub
+        self.notifier = notifier  # webhooks and the approval inbox told of waits and ends (agent/tasks/notices.py)
         self.registry = registry  # the hub's: which devices are known, connected, and what they offer
         self.server_store = server_store  # the server's: the audit log's health and the sessions' owners
         self.device_wait = device_wait
+        self.transfers = transfers  # runs `transfer` steps (files between devices); None: the skill is not offered
         self.store = store
         self.llm = llm  # plans and answers; closed by `aclose`
         self.budgets = budgets or Budgets()
@@ -232,12 +246,14 @@ class TaskService:
     def _resume_after_restart(self, task: Task) -> None:
         """Settle a task its server left unfinished (`tether.agent.tasks.restart`). When a step was in flight, its
         device is asked first (in the background: the task is held here meanwhile, its lease kept)."""
-        flight = in_flight_step(task)
-        if flight is None:
+        graph = bool(task.step_states) and task.state is not TaskState.CREATED  # every branch's step in flight
+        flight = None if graph else in_flight_step(task)
+        if flight is None and not graph:
             self._settled(task, settle_after_restart(task))
             return
         self._live[task.id] = task
-        job = asyncio.create_task(self._ask_device_first(task, flight), name=f"task {task.id} outcome")
+        job = asyncio.create_task(settle_graph(self, task) if flight is None else self._ask_device_first(task, flight),
+                                  name=f"task {task.id} outcome")
         self._asking[task.id] = job
         job.add_done_callback(lambda _: self._asking.pop(task.id, None))
 
@@ -308,7 +324,9 @@ class TaskService:
         """Create a task on `device` (or on the device `requires` selects) and start it. `confirm`
         (never|destructive|always, the creating token's setting) makes it wait for its plan's confirmation.
         `token` (the creator's): a scoped one's task reaches only the devices in its scope, now and at every
-        step (the device chosen, the devices named, a step `on: all`), and it keeps that scope after a restart."""
+        step (the device chosen, the devices named, a step `on: all`), and it keeps that scope after a restart;
+        the task acts for it (`Task.asker`, saved with the task): the questions its steps' MCP servers ask are
+        that token's, as a plain command's are its caller's (`approvals.check_answerer`)."""
         if self._closing:
             raise TaskError(503, "the server is shutting down")
         if not request and (plan is None or not plan.steps):
@@ -325,7 +343,9 @@ class TaskService:
         task = Task(request=request or "run the given plan", plan=plan, device=target, requested_by=requested_by,
                     devices=[n for n in extra if n != target], confirm=confirm,
                     scope_devices=list(token.devices) if token is not None else [],
-                    scope_tags=list(token.tags) if token is not None else [])
+                    scope_tags=list(token.tags) if token is not None else [],
+                    asker=TaskAsker(name=token.name, agent=token.agent, sample=token.allows("sample"))
+                    if token is not None else None)
         unaudited = self.server_store.audit.problem()
         if unaudited is not None:  # its commands could not be audited, so they would not run
             raise TaskError(503, f"no task was created: {unaudited}")
@@ -450,7 +470,8 @@ class TaskService:
         runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
                             on_event=lambda event: self._on_event(task, event), budgets=self.budgets,
                             command_timeout=self.command_timeout, default_device=task.device or "device",
-                            stream_planning=True)  # planning_progress events: followers show the token count
+                            stream_planning=True,  # planning_progress events: followers show the token count
+                            choose=lambda req: choose_device(self, task, req))
         job = asyncio.create_task(self._drive(task, runner), name=f"task {task.id}")
         self._runners[task.id] = (runner, job)
 
@@ -486,6 +507,8 @@ class TaskService:
         tools: dict[str | None, list[ToolInfo]] = {}
         for name in dict.fromkeys(n for n in [task.device, *task.devices] if n):
             tools[name] = await self._device_tools(name)
+            if self.transfers is not None:
+                tools[name].append(transfer_tool())
         tools[None] = tools[task.device] if task.device else []
         return tools
 
@@ -510,10 +533,20 @@ class TaskService:
                 return (f"device '{device}' is outside the scope of the token that created the task "
                         f"(devices {', '.join(task.scope_devices) or '-'}; tags {', '.join(task.scope_tags) or '-'})")
         scoped = bool(task.scope_devices or task.scope_tags)
+        requested_by = f"task:{task.id[:12]} for {task.requested_by or 'unknown'}"
+        transfers = self.transfers
+
+        async def transfer(command: Command, timeout: float | None) -> Result:
+            assert transfers is not None and device is not None
+            return await run_transfer_step(transfers, command, device, session_id=task.id, requested_by=requested_by,
+                                           reaches=lambda name: self.reaches(task, name), timeout=timeout)
+
         return _HubDevice(self.hub, self.registry, device, self.device_wait, before_send,
+                          transfer=transfer if transfers is not None else None,
                           within=(lambda r: scope_reaches(task.scope_devices, task.scope_tags, r.name, r.tags))
                           if scoped else None,
-                          session_id=task.id, requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}")
+                          session_id=task.id, requested_by=f"task:{task.id[:12]} for {task.requested_by or 'unknown'}",
+                          asker=task_asker(task))
 
     def _asker(self, task: Task) -> Callable[[AskUser], Any]:
         async def ask(question: AskUser) -> str:
@@ -539,6 +572,8 @@ class TaskService:
         if self._peers is not None:  # followers on the other nodes of a cluster
             self._peers.event(task.id, event)
         self.feed(task.id, event)
+        if self.notifier is not None:
+            tell(self.notifier, self.registry, task, event)
 
     async def steer(self, task_id: str, action: str, by: str, **args: Any) -> Task | dict[str, Any]:
         """Answer, approve or cancel a task: here, or in a cluster on the node that runs it (its summary
@@ -613,9 +648,14 @@ class TaskService:
         """The question an external MCP server asks during the task's running step, if one is open."""
         return self._mcp_questions.get(self.get(task_id).id)
 
-    async def answer_mcp_question(self, task_id: str, answer: str, by: str) -> bool:
+    async def answer_mcp_question(self, task_id: str, answer: str, by: str, *, answerer: TokenRef) -> bool:
         """Answer it (`tether answer` works for it as for the task's own questions): decline/cancel/no,
-        else the value of its only field, or a JSON object of its fields; False when none is open."""
+        else the value of its only field, or a JSON object of its fields; False when none is open.
+
+        `answerer` is the API token answering; the question is the task's asker's (`Task.asker`), so the hub
+        refuses (TaskError 403, the question still waits) whoever may not answer it: an agent's token always,
+        another token than the asker's for a person's task (with four-eyes on, a consent question needs
+        another person than the asker), and anyone but a person for an agent's task."""
         task = self._steerable(task_id)
         question = self._mcp_questions.get(task.id)
         if question is None:
@@ -623,7 +663,9 @@ class TaskService:
         action, content = mcp_answer(question.get("schema") or {}, answer)
         try:
             sent = await self.hub.answer_question(str(question.get("device")), str(question["id"]), action, content,
-                                                  by=by)
+                                                  by=by, answerer=answerer)
+        except ApprovalRefused as exc:
+            raise TaskError(exc.status, str(exc)) from None
         except LookupError as exc:
             raise TaskError(409, str(exc)) from None
         self._mcp_questions.pop(task.id, None)
@@ -699,12 +741,13 @@ class TaskService:
     # -- undo -----------------------------------------------------------------------------------------------
 
     async def undo(self, task_id: str, requested_by: str) -> dict[str, Any]:
-        """Put back the files the task changed, on every device its commands ran on."""
+        """Put back the files the task changed, on every device its commands ran on, the device that changed
+        something last first (a graph's branches ran on several devices at once)."""
         task = self.get(task_id)
         if task.id in self._runners:
             raise TaskError(409, f"task {task.id} is still running; cancel it first")
         report: dict[str, Any] = {}
-        for name in task.devices_used():
+        for name in task.devices_undo_order():
             dispatcher = self.hub.dispatcher(name, session_id=task.id,
                                              requested_by=f"undo:{task.id[:12]} by {requested_by}")
             command = Command(tool_name="undo_session", parameters={"session_id": task.id},
@@ -714,6 +757,11 @@ class TaskService:
         task.record("undone", {"devices": report})
         self._saver.save(task)
         return report
+
+
+def task_asker(task: Task) -> TokenRef | None:
+    """The token `task` acts for, as the hub's batches carry their caller (None: the task recorded none)."""
+    return TokenRef(task.asker.name, task.asker.agent, task.asker.sample) if task.asker is not None else None
 
 
 def mcp_answer(schema: dict[str, Any], answer: str) -> tuple[str, dict[str, Any] | None]:

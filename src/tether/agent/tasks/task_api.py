@@ -20,10 +20,12 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.agent.planning.plan import Plan, PlanStep
+from tether.agent.run.graph.view import graph_of
 from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.protocol.profile import DeviceRequirements
+from tether.server.aip.batches import TokenRef
 from tether.server.approvals import how_a_person_approves
 from tether.server.http.api import ERROR_RESPONSES, require, require_approver
 from tether.server.store.tokens import TokenInfo
@@ -146,7 +148,9 @@ async def get_task(task_id: str, request: Request, who: Annotated[TokenInfo, Dep
                    events: bool = True) -> dict[str, Any]:
     """The whole task: plan, every step with its command and result, decisions, questions, events."""
     task: Task = visible_task(_service(request), task_id, who)
-    return task.model_dump(mode="json", exclude={"events"} if not events else None)
+    body = task.model_dump(mode="json", exclude={"events"} if not events else None)
+    body["graph"] = graph_of(task)  # a graph plan's steps, states and stages (None for a list plan)
+    return body
 
 
 @router.post("/{task_id}/answer")
@@ -159,10 +163,14 @@ async def answer_task(task_id: str, body: Answer, request: Request,
     pending = task.pending_question
     base = str(request.base_url)
     if pending is None and service.mcp_question(task_id) is not None:  # an MCP server asks, mid-step
-        # as POST /devices/{name}/questions/{id}: an answer lets a tool go on as a person chose
+        # as POST /devices/{name}/questions/{id}: an answer lets a tool go on as a person chose, and the
+        # question is the task's asker's (the hub checks who may answer it: approvals.check_answerer); a task
+        # that recorded no asker keeps four-eyes on who created it
         require_approver(who, "answer an MCP server's question", how_a_person_approves(
-            base, task_id=task.id, question="mcp"), requested_by=task.requested_by, settings=_settings(request))
-        await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}")
+            base, task_id=task.id, question="mcp"), requested_by=task.requested_by if task.asker is None else None,
+            settings=_settings(request))
+        await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}",
+                                          answerer=TokenRef(who.name, who.agent))
         return service.get(task_id).summary()
     if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
         require_approver(who, f"answer task {task.id[:12]}'s {pending.kind}", how_a_person_approves(

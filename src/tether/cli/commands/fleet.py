@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from tether.cli import completion as complete
 from tether.cli.common import (
     CaOpt,
     ExitCode,
@@ -20,7 +21,8 @@ from tether.cli.common import (
 
 
 @devices_app.command("show")
-def show(name: Annotated[str, typer.Argument(help="the device")], server: ServerOpt = None, token: TokenOpt = None,
+def show(name: Annotated[str, typer.Argument(help="the device", autocompletion=complete.devices)],
+         server: ServerOpt = None, token: TokenOpt = None,
          ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
     """One device in detail (`tether devices NAME` is the same).
 
@@ -47,7 +49,8 @@ def show(name: Annotated[str, typer.Argument(help="the device")], server: Server
 
 
 @devices_app.command("rm")
-def remove(name: Annotated[str, typer.Argument(help="the device to forget")], server: ServerOpt = None,
+def remove(name: Annotated[str, typer.Argument(help="the device to forget", autocompletion=complete.devices)],
+           server: ServerOpt = None,
            token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
     """Forget a device: revoke its tokens and key, disconnect it, drop it from the list (admin).
 
@@ -72,7 +75,7 @@ def remove(name: Annotated[str, typer.Argument(help="the device to forget")], se
 
 
 @devices_app.command("rename")
-def rename(old: Annotated[str, typer.Argument(help="the device's name")],
+def rename(old: Annotated[str, typer.Argument(help="the device's name", autocompletion=complete.devices)],
            new: Annotated[str, typer.Argument(help="its new name")], server: ServerOpt = None,
            token: TokenOpt = None, ca_file: CaOpt = None) -> None:
     """Rename an offline device: its tokens, key and tags follow (admin).
@@ -92,7 +95,7 @@ def rename(old: Annotated[str, typer.Argument(help="the device's name")],
 
 
 @devices_app.command("tag")
-def tag(name: Annotated[str, typer.Argument(help="the device")],
+def tag(name: Annotated[str, typer.Argument(help="the device", autocompletion=complete.devices)],
         add: Annotated[list[str] | None, typer.Option("--add", metavar="TAG", help="add this tag (repeatable)")] = None,
         remove: Annotated[list[str] | None, typer.Option("--remove", metavar="TAG",
                                                          help="remove this tag (repeatable)")] = None,

@@ -10,6 +10,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from tether.cli import completion as complete
 from tether.cli.common import (
     CaOpt,
     JsonOpt,
@@ -29,7 +30,8 @@ if TYPE_CHECKING:
 
 
 @app.command()
-def undo(session: Annotated[str, typer.Argument(help="the session (or task) whose file changes to put back")],
+def undo(session: Annotated[str, typer.Argument(help="the session (or task) whose file changes to put back",
+                                               autocompletion=complete.tasks)],
          state_dir: StateOpt = None, as_json: JsonOpt = False, policy: PolicyOpt = None,
          server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
          local: Annotated[bool, typer.Option("--local", help="this machine's journal, even when TETHER_SERVER "
@@ -44,7 +46,7 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
         from tether.cli.commands.task import connect, remote_undo
 
         with connect(server, token, ca_file) as remote:
-            raise typer.Exit(remote_undo(remote, session, as_json))
+            raise typer.Exit(remote_undo(remote, session, as_json, _local_hint(session, state_dir, server)))
     from tether.tools.context import default_state_dir
     from tether.tools.journal import UndoJournal
     from tether.tools.policy.model import load_policy
@@ -67,6 +69,23 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
     for entry in report:
         table.add_row(*(escape(str(entry.get(k))) for k in ("action", "path", "outcome")))
     console().print(table)
+
+
+def _local_hint(session: str, state_dir: Path | None, server: str) -> str:
+    """When a server does not know `session`: whether this machine's journal does (a local `tether exec
+    --session`, a local task), and how to undo it here."""
+    from tether.tools.context import default_state_dir
+    from tether.tools.journal import UndoJournal
+
+    try:
+        known = [row["session_id"] for row in UndoJournal(Path(state_dir or default_state_dir())).sessions()]
+    except Exception:  # no journal here, or one this user cannot read: no hint
+        return ""
+    if any(name == session or name.startswith(session) for name in known):
+        return (f"\nhint: '{session}' is a session of this machine's journal (a local `tether exec --session` or "
+                f"`tether run`), not a task of {server} (TETHER_SERVER or --server): undo it here with "
+                f"`tether undo {session} --local`")
+    return "\nhint: the server's task ids are listed by `tether tasks`; this machine's sessions by `tether sessions`"
 
 
 def _session_named(journal: UndoJournal, given: str, state_dir: Path | None) -> str:

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from tether.cli import completion as complete
 from tether.cli.common import (
     CaOpt,
     ConfigOpt,
@@ -274,7 +275,8 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOp
 
 
 @app.command()
-def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")],
+def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)",
+                                              autocompletion=complete.tasks)],
         state_dir: StateOpt = None, as_json: JsonOpt = False,
         follow: Annotated[bool, typer.Option("--follow", "-f", help="a server's task: print its events live "
                                                                      "until it ends")] = False,

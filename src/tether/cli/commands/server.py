@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import shlex
 import stat
 import sys
 import time
@@ -14,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from tether.cli import completion as complete
 from tether.cli.common import (
     CaOpt,
     ConfigOpt,
@@ -75,6 +77,29 @@ def _set_options(pairs: list[str]) -> dict[str, str]:
             fail(f"--set {pair!r}: write it KEY=VALUE, e.g. --set idle_timeout=5")
         values[key.strip()] = value.strip()
     return values
+
+
+def _config_webhooks(config: Path | None) -> list[dict[str, object]]:
+    """The `webhooks:` list of the config file (`config`, else the default one when it exists); [] without."""
+    from tether.agent.llm.chat import default_config_path
+
+    file = config.expanduser() if config is not None else default_config_path()
+    if not file.is_file():
+        return []
+    import yaml
+
+    from tether import yaml12
+
+    try:
+        data = yaml12.safe_load(file.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        fail(f"cannot read config file {file}: {exc}")
+    hooks = data.get("webhooks") if isinstance(data, dict) else None
+    if hooks is None:
+        return []
+    if not isinstance(hooks, list) or not all(isinstance(h, dict) for h in hooks):
+        fail(f"config file {file}: webhooks: must be a list of entries with url, secret, format, events")
+    return hooks
 
 
 @server_app.callback(invoke_without_command=True)
@@ -144,6 +169,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         if named.get(key) is not None:
             fail(f"--set {key}: give it with its own option (tether server --help)")
         named[key] = value
+    named["webhooks"] = _config_webhooks(config) or None  # the config file's webhooks: (docs/approvals.md)
     settings = _settings(**named)
     if settings.cluster_url:
         try:
@@ -155,6 +181,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
     except PortInUse as exc:
         fail(str(exc))
     check_state_dir(settings.db_target)  # a full or read-only state directory: one line (tether.cli.main), exit 2
+    _first_admin_hint(settings.db_target, db)
     if tls_cert:
         _print_cert_fingerprint(tls_cert)
     try:
@@ -188,8 +215,9 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
                      "--api", metavar="NAME", help="an API token named NAME")] = None,
                  scope: Annotated[list[str] | None, typer.Option("--scope", metavar="SCOPE",
                                                                  help="read, execute, approve "
-                                                                 "(answer approvals), admin (repeat; default "
-                                                                 "read+execute)")] = None,
+                                                                 "(answer approvals), admin, sample (its "
+                                                                 "commands' MCP servers may use the LLM) "
+                                                                 "(repeat; default read+execute)")] = None,
                  confirm: Annotated[str, typer.Option("--confirm", metavar="never|destructive|always",
                                                       help="an API token: which plans of the tasks it creates "
                                                            "wait for 'tether approve TASK' before they run "
@@ -198,6 +226,12 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
                  agent: Annotated[bool, typer.Option(
                      "--agent", help="an API token an agent (an MCP client, a script an LLM drives) holds: it may "
                                      "read and run, never approve (no approve or admin scope)")] = False,
+                 admin: Annotated[bool, typer.Option(
+                     "--admin", help="the first admin token: --api admin with every scope, saved to "
+                                     "~/.config/tether/token (mode 0600), where the CLI reads it")] = False,
+                 save: Annotated[Path | None, typer.Option(
+                     "--save", metavar="FILE", help="write the token to FILE (created with mode 0600, never "
+                                                    "overwritten) instead of printing it")] = None,
                  key: KeyOpt = None, db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Create a token and print it once (only its hash is stored). An API token is a person's unless
     --agent says it is an agent's; only a person's token approves.
@@ -207,6 +241,24 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
     from tether.server.device_keys import device_key, set_device_key
     from tether.server.store import Store
 
+    if admin:  # the first hour: a person's token that may do everything, kept where the CLI looks for it
+        if agent or device or tag or scope:
+            fail("--admin makes a person's token with every scope for every device: give no --agent, --device, "
+                 "--tag or --scope with it")
+        from tether.client.rest import token_file_path
+
+        api, scope = api or "admin", ["read", "execute", "approve", "admin"]
+        save = save or Path(token_file_path())
+    if save is not None and as_json:
+        fail("--save writes the token to a file; --json would print it: give one of them")
+    if save is not None:
+        save = save.expanduser().absolute()
+        if save.exists():
+            fail(f"{save} exists: a token file is never overwritten (remove it, or --save another FILE)")
+        try:
+            save.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            fail(f"cannot create {save.parent}: {exc.strerror or exc}")
     if not api and (len(device or []) != 1 or tag):
         fail("give --device NAME (a device token) or --api NAME (an API token, which --device and --tag scope)")
     if key and api:
@@ -240,12 +292,56 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
         return
     reach = f", reaching {info.scope_text()}" if info.scoped else ""
     whose = " (an agent's: it never approves)" if info.agent else ""
+    if save is not None:
+        _save_secret(save, secret, info.id, db)
+        from tether.client.rest import token_file_path
+
+        read = ("the CLI reads it from there when TETHER_TOKEN is unset" if str(save) == token_file_path()
+                else f'use it with: export TETHER_TOKEN="$(cat {save})"')
+        console(err=True).print(f"{kind} token{whose} for '{info.name}' (id {info.id}"
+                                f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}{reach}) saved to "
+                                f"{save} (mode 0600); {read}", markup=False, soft_wrap=True)
+        return
     console(err=True).print(f"{kind} token{whose} for '{info.name}' (id {info.id}"
                             f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}{reach}); "
                             "it is shown only once:", markup=False)
     if kind == "device":
         console(err=True).print(_key_note(info.name, enrolled), soft_wrap=True, markup=False)
     typer.echo(secret)
+
+
+def _first_admin_hint(target: str | Path, db: str | None) -> None:
+    """On a server with no person's admin token yet, say how to make the first one (pairing, policy, audit,
+    webhooks and `mcp config` all need one)."""
+    from tether.server.store import Store
+
+    store = Store(target)
+    try:
+        made = any(t.active and t.kind == "api" and not t.agent and t.allows("admin") for t in store.tokens.all())
+    finally:
+        store.close()
+    if not made:
+        where = "" if not db else f" --db {shlex.quote(db)}" if "://" not in db else " --db <the same URL>"
+        console(err=True).print(f"no admin token yet: on this machine, run `tether token create --admin{where}`; it is "
+                                "saved to ~/.config/tether/token (mode 0600), where the CLI looks for it (the "
+                                "dashboard takes it at login)", markup=False, soft_wrap=True)
+
+
+def _save_secret(path: Path, secret: str, token_id: str, db: str | None) -> None:
+    """Write the secret to a new file only its owner may read; on failure the token is revoked (nobody has it)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(secret + "\n")
+    except OSError as exc:
+        from tether.server.store import Store
+
+        store = Store(_settings(db_path=db).db_target)
+        try:
+            store.tokens.revoke_id(token_id)
+        finally:
+            store.close()
+        fail(f"cannot write {path}: {exc.strerror or exc}; the token was revoked")
 
 
 def _public_key(text: str) -> str:
@@ -348,7 +444,8 @@ def _sandbox_cell(kind: str | None) -> str:
 
 
 @token_app.command("revoke")
-def token_revoke(token: Annotated[str, typer.Argument(help="token id, or a name (revokes all its tokens)")],
+def token_revoke(token: Annotated[str, typer.Argument(help="token id, or a name (revokes all its tokens)",
+                                                     autocompletion=complete.tokens)],
                  db: DbOpt = None) -> None:
     """Revoke a token; a connected device using it is refused at its next registration."""
     from tether.server.store import Store
@@ -500,6 +597,11 @@ def device(ctx: typer.Context,
     enrolment = None
     if not secret:
         from tether.cli.commands.pairing import enrol  # httpx and the admin commands: only without a token
+        from tether.protocol.names import device_name_problem
+
+        if name and (problem := device_name_problem(name)) is not None:  # as the server checks it, before asking
+            _error(f"--name: {problem}")
+            raise typer.Exit(2)
 
         enrolment = enrol(cfg, servers[0] if servers else None, state_dir, name, ca_file, tls_fingerprint, pair)
         if name and enrolment.name and name != enrolment.name:  # the admin named it when approving

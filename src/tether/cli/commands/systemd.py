@@ -42,8 +42,10 @@ def _quote(arg: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def render_unit(kind: Kind, args: list[str], system: bool) -> str:
-    """The unit file for `tether KIND ARGS…`: restarted always, after the network is up."""
+def render_unit(kind: Kind, args: list[str], system: bool, workdir: Path | None = None) -> str:
+    """The unit file for `tether KIND ARGS…`: restarted always, after the network is up, in `workdir` (default:
+    the current directory, absolute). A bad configuration (exit code 2) is not restarted: it would fail the same
+    way every few seconds; five quick failures in a minute stop the restarts too."""
     command = [sys.executable, "-m", "tether.cli", kind, *args]
     what = "a device connected to a tether server" if kind == "device" else "the tether agent server"
     lines = [
@@ -51,12 +53,16 @@ def render_unit(kind: Kind, args: list[str], system: bool) -> str:
         f"Description=tether {kind}: {what}",
         "After=network-online.target",
         "Wants=network-online.target",
+        "StartLimitIntervalSec=60",
+        "StartLimitBurst=5",
         "",
         "[Service]",
         "Type=simple",
         "ExecStart=" + " ".join(_quote(a) for a in command),
+        "WorkingDirectory=" + _quote(str((workdir or Path.cwd()).resolve())),
         "Restart=always",
         "RestartSec=2",
+        "RestartPreventExitStatus=2",
         "Environment=PYTHONUNBUFFERED=1",
     ]
     state = os.environ.get("TETHER_STATE_DIR")
@@ -64,6 +70,54 @@ def render_unit(kind: Kind, args: list[str], system: bool) -> str:
         lines.append("Environment=" + _quote(f"TETHER_STATE_DIR={state}"))
     lines += ["", "[Install]", f"WantedBy={'multi-user.target' if system else 'default.target'}", ""]
     return "\n".join(lines)
+
+
+_STR_PATHS = {"--ca-file", "--db"}  # path options typed str (a --db may also be a postgresql:// URL)
+
+
+def checked_args(kind: Kind, args: list[str]) -> list[str]:
+    """`args` checked as `tether KIND` would parse them — an unknown option (a typo such as `--sever`) or a
+    bad value is refused (exit 2) with the nearest option names — and every path given in them made
+    absolute (a service does not start where `install` ran)."""
+    import difflib
+
+    import typer.main
+
+    group = typer.main.get_command(device_app if kind == "device" else server_app)
+    try:
+        group.make_context(f"tether {kind}", list(args), resilient_parsing=False)
+    except typer.Exit:  # an eager option (--help) did its job and stopped
+        raise
+    except Exception as exc:  # click's usage errors (NoSuchOption, BadParameter, …): never a unit with them
+        name = getattr(exc, "option_name", None)
+        if name and hasattr(exc, "possibilities"):
+            known = [o for p in group.params for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
+            near = difflib.get_close_matches(name, known, n=2)
+            fail(f"tether {kind} has no option {name}" + (f"; did you mean {' or '.join(near)}?" if near else "")
+                 + f" (see tether {kind} --help); nothing was written")
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        fail(f"tether {kind} {' '.join(args)}: {message}; nothing was written")
+    paths = {o for p in group.params for o in p.opts if o.startswith("--")
+             and (getattr(getattr(p, "type_descriptor", None), "annotation", None) is Path or o in _STR_PATHS)}
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        option, eq, value = arg.partition("=")
+        if option in paths and eq:
+            out.append(f"{option}={_absolute(value)}")
+        elif arg in paths and i + 1 < len(args):
+            out += [arg, _absolute(args[i + 1])]
+            i += 1
+        else:
+            out.append(arg)
+        i += 1
+    return out
+
+
+def _absolute(value: str) -> str:
+    if "://" in value or not value:  # a database URL
+        return value
+    return str(Path(value).expanduser().absolute())
 
 
 def _check_args(kind: Kind, args: list[str], token_in_env: bool) -> None:
@@ -109,7 +163,7 @@ def _install(kind: Kind, ctx: typer.Context, user: bool, system: bool, print_onl
         fail("choose --user or --system, not both")
     args = list(ctx.args)
     _check_args(kind, args, bool(ctx.meta.get("tether.device_token_in_env")))
-    text = render_unit(kind, args, system)
+    text = render_unit(kind, checked_args(kind, args), system)
     if print_only:
         typer.echo(text, nl=False)
         return

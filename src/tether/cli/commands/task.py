@@ -17,6 +17,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from tether.agent.run.replies import AnswerError, parse_answer
+from tether.cli import completion as complete
 from tether.cli.common import (
     INTERRUPTED,
     CaOpt,
@@ -34,7 +35,7 @@ from tether.cli.common import (
 from tether.cli.views.task import EventView, print_log, print_outcome
 from tether.client.rest import RemoteError, RemoteServer
 
-TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)")]
+TaskArg = Annotated[str, typer.Argument(help="a task id (or a unique prefix of one)", autocompletion=complete.tasks)]
 EXIT_WAITING = ExitCode.WAITING  # the task waits on the server for an answer nobody here could give
 EXIT_DETACHED = INTERRUPTED  # Ctrl-C while following: the task goes on on the server
 
@@ -200,15 +201,16 @@ def remote_log(remote: RemoteServer, task_id: str, as_json: bool, follow_it: boo
     if as_json:
         typer.echo(json.dumps(data, indent=2))
     else:
-        print_log(out, Task.model_validate(data))
+        print_log(out, Task.model_validate({k: v for k, v in data.items() if k != "graph"}))  # graph: derived
     return 0
 
 
-def remote_undo(remote: RemoteServer, task_id: str, as_json: bool) -> int:
+def remote_undo(remote: RemoteServer, task_id: str, as_json: bool, not_found_hint: str = "") -> int:
+    """Undo a server's task; `not_found_hint` is added to the server's 404 (e.g. "it is a local session")."""
     try:
         report = remote.undo_task(task_id)
     except RemoteError as exc:
-        fail_remote(exc, ExitCode.FAILED)
+        fail_remote(exc, ExitCode.FAILED, not_found_hint if exc.status == 404 else "")
     if as_json:
         typer.echo(json.dumps(report, indent=2, default=str))
     devices: dict[str, dict[str, Any]] = report.get("devices", {})

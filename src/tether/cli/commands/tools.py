@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.markup import escape
 
+from tether.cli import completion as complete
 from tether.cli.common import (
     CaOpt,
     ConfigOpt,
@@ -142,7 +143,7 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
 
 
 @app.command("exec")
-def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run")],
+def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run", autocompletion=complete.tools)],
           args: Annotated[list[str] | None, typer.Argument(help="key=value or key:=json")] = None,
           config: ConfigOpt = None, policy: PolicyOpt = None, as_json: JsonOpt = False,
           session: Annotated[str | None, typer.Option("--session", help="session id (for undo)")] = None,

@@ -141,6 +141,10 @@ def print_log(out: Console, task: Task) -> None:
             out.print(f"  {i}. {_e(step.skill)} {_e(step.args)}" + (f" — {_e(step.description)}" if step.description
                                                                      else "")
                       + (f" [dim](on {_e(step.device)})[/dim]" if step.device else ""))
+    from tether.agent.run.graph.view import draw
+
+    for line in draw(task):
+        out.print(line, markup=False, highlight=False)
     for record in task.steps:
         style = "green" if record.result.ok else "red"
         out.print(f"[cyan]step {record.index + 1} attempt {record.attempt}[/cyan] {_e(record.command.tool_name)} "

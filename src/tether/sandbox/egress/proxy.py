@@ -289,8 +289,8 @@ class EgressProxy:
         try:
             async with asyncio.timeout(self.limits.ask_timeout_s):
                 answer = await self.ask(record.host, record.port, record.owner)
-        except TimeoutError:
-            return Verdict(False, "network.ask", f"nobody answered within {self.limits.ask_timeout_s:g}s")
+        except TimeoutError as exc:  # the asker's own bound says how long it waited
+            return Verdict(False, "network.ask", str(exc) or f"nobody answered within {self.limits.ask_timeout_s:g}s")
         except Exception as exc:  # a broken asker refuses; it does not take the connection's task down
             return Verdict(False, "network.ask", f"the question could not be asked: {exc}")
         if answer is None:

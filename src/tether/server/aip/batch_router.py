@@ -14,6 +14,7 @@ from typing import Any
 
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType, TaskStatus
 from tether.server.aip.batches import BatchBook, PendingBatch, TokenRef
+from tether.server.aip.desktop_holds import DesktopHolds
 from tether.server.aip.link import DeviceLink
 from tether.server.aip.liveness import GracePeriods
 from tether.server.aip.registry import DeviceRegistry
@@ -41,6 +42,7 @@ class BatchRouter:
         self.book = BatchBook(registry, self.record_late)
         self._remote = remote
         self.closed = False
+        self.desktop = DesktopHolds()  # persons' holds on devices' desktops, and the live views watching
 
     @property
     def remote(self) -> RemoteDevices | None:
@@ -69,6 +71,9 @@ class BatchRouter:
         conn = self._links.get(device)
         if self.closed:
             batch.error = "the server is shutting down"
+        elif (held := self.desktop.refusal(device, [c.tool_name for c in message.actions or []], asker)) is not None:
+            batch.error = held
+            self.desktop.observe(batch, self._tasks)  # the live view shows the refused attempt too
         elif message.response_id in self.book.pending:
             batch.error = f"response_id {message.response_id} is already in use"
         elif conn is None and device not in self._grace:
@@ -80,6 +85,7 @@ class BatchRouter:
             batch.done.set()
             return batch
         self.book.open(batch)
+        self.desktop.observe(batch, self._tasks)
         if conn is not None and conn.ready:
             await self._send_command(conn, batch)
         return batch

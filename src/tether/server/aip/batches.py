@@ -33,17 +33,26 @@ class TokenRef:
 
     name: str
     agent: bool = False
+    sample: bool = False  # it holds the `sample` scope: its commands' MCP servers may use the server's LLM
+    # the key of a person's hold on the device's desktop (server/aip/desktop_holds.py): set only on the
+    # batches the live view sends for the person holding it; it never travels between nodes
+    hold: str | None = None
+
+    @classmethod
+    def of(cls, token: Any) -> TokenRef:
+        """The reference to an authenticated token (a `TokenInfo`: its name, `agent`, `allows(scope)`)."""
+        return cls(token.name, bool(token.agent), bool(token.allows("sample")))
 
     def to_dict(self) -> dict[str, Any]:
         """The form it travels in between the nodes of a cluster."""
-        return {"name": self.name, "agent": self.agent}
+        return {"name": self.name, "agent": self.agent, "sample": self.sample}
 
     @classmethod
     def from_dict(cls, data: Any) -> TokenRef | None:
         """The token `to_dict` wrote, or None when `data` names none (a peer that sent no caller)."""
         if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
             return None
-        return cls(data["name"][:128], bool(data.get("agent", False)))
+        return cls(data["name"][:128], bool(data.get("agent", False)), data.get("sample") is True)
 
 
 @dataclass(eq=False)
@@ -179,6 +188,11 @@ class BatchBook:
 
     def of_device(self, device: str) -> list[PendingBatch]:
         return [b for b in self.pending.values() if b.device == device]
+
+    def running_call(self, device: str, call_id: str) -> PendingBatch | None:
+        """The batch sent to `device` that still waits for `call_id`'s result, or None."""
+        return next((b for b in self.pending.values()
+                     if b.device == device and b.sent and call_id in b.outstanding), None) if call_id else None
 
     def registered(self, device: str) -> None:
         """`device` (re)registered: its late results are looked up again (see `_late`)."""

@@ -59,11 +59,11 @@ from tether.server.aip.dispatcher import WebSocketCommandDispatcher
 from tether.server.aip.gc_keeper import keep_gc_lean
 from tether.server.aip.link import DeviceLink, close_socket
 from tether.server.aip.liveness import GracePeriods, watch_liveness
-from tether.server.aip.questions import OpenQuestions, Sampler, answer_sampling, asks_consent
+from tether.server.aip.questions import OpenQuestions, Sampler, SamplingGate, answer_sampling, asks_consent
 from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
 from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
-from tether.server.approvals import check_answerer, how_a_person_approves, server_url
+from tether.server.approvals import check_answerer, dashboard_url, how_a_person_approves, server_url
 from tether.server.ports import BackplaneUnavailable, RemoteDevices, RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
@@ -72,7 +72,9 @@ from tether.server.store.tokens import TokenInfo
 if TYPE_CHECKING:
     from tether.protocol.models import Command
     from tether.protocol.profile import DeviceRequirements
+    from tether.server.aip.desktop_holds import DesktopHolds
     from tether.server.aip.fanout import DeviceOutcome
+    from tether.server.notify.notifier import Notifier
 
 PRELOAD_AFTER_S = 2.0  # known devices' stored profiles are read this long after start, in the background
 
@@ -81,8 +83,11 @@ logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and
 
 class DeviceHub:
     def __init__(self, store: Store, settings: ServerSettings, registry: DeviceRegistry | None = None, *,
-                 remote: RemoteSlot | None = None, sampler: Sampler | None = None) -> None:
+                 remote: RemoteSlot | None = None, sampler: Sampler | None = None,
+                 notifier: Notifier | None = None) -> None:
         self.store = store
+        # webhooks told when a device goes offline or a question waits for a person; the inbox's live signal
+        self.notifier = notifier
         self.settings = settings
         self.registry = registry if registry is not None else DeviceRegistry()
         self._conns: dict[str, DeviceLink] = {}
@@ -98,6 +103,7 @@ class DeviceHub:
         self._replies: dict[str, tuple[str, asyncio.Future[ClientMessage]]] = {}  # request id → (device, answer)
         # questions external MCP servers asked during a batch (its `elicitation` events): (device, id) → batch
         self._questions = OpenQuestions()
+        self._sampling = SamplingGate()  # who may cause a sampling request, and how many (aip/questions.py)
         # answers devices' sampling requests with the server's LLM: (device, request payload) → (text, model);
         # None where the server has no LLM: such requests are refused
         self.sampler = sampler
@@ -163,6 +169,11 @@ class DeviceHub:
             return True
         record = self.registry.get(device) if self.remote is not None else None
         return record is not None and record.node is not None and record.connected
+
+    @property
+    def desktop(self) -> DesktopHolds:
+        """Persons' holds on devices' desktops and the live views watching them (server/aip/desktop_holds.py)."""
+        return self._router.desktop
 
     def local(self, device: str) -> bool:
         """Whether `device`'s socket is connected to this node."""
@@ -293,11 +304,39 @@ class DeviceHub:
                     "asker_agent": batch.asker.agent if batch.asker is not None else None,
                     "approval": asks_consent(event.data.get("schema"))}})
             self._questions.note(batch.device, event)
+            self._question_changed(batch, event)
         if batch.on_event is not None:
             try:
                 batch.on_event(event)
             except Exception:
                 logger.exception("on_event callback of batch %s failed", batch.response_id)
+
+    def _question_changed(self, batch: PendingBatch, event: Event) -> None:
+        """Tell the inbox that a question was asked or answered, and webhooks that one waits for a person."""
+        if self.notifier is None:
+            return
+        if event.kind != "elicitation" or "id" not in event.data or "declined" in event.data:
+            self.notifier.changes.bump()
+            return
+        consent = bool(event.data.get("approval"))
+        record = self.registry.get(batch.device)
+        asker = batch.asker.name if batch.asker is not None else None
+        self.notifier.emit(
+            "approval.needed",
+            f"{'Approval' if consent else 'An answer'} needed on {batch.device}: "
+            f"{str(event.data.get('message', ''))[:300]}",
+            {"Device": batch.device, "Asked by": f"MCP server {event.data.get('server') or '?'}",
+             "For": asker, "Question": f"{batch.device}/{event.data['id']}"},
+            data={"kind": "device_question", "device": batch.device, "question": str(event.data["id"]),
+                  "approval": consent, "message": str(event.data.get("message", ""))[:2000], "asker": asker},
+            devices=[(batch.device, record.tags if record is not None else [])],
+            answer_scope="approve" if consent else "execute", asker=asker,
+            link=dashboard_url(server_url(self.settings)))
+
+    def open_questions(self) -> list[dict[str, Any]]:
+        """The questions external MCP servers asked that a batch still waits on (`OpenQuestions.listed`), oldest
+        first, each with the batch's caller (`asker`)."""
+        return [q for q in self._questions.listed() if self.pending(str(q.get("batch") or "")) is not None]
 
     async def answer_question(self, device: str, question: str, action: str,
                               content: dict[str, Any] | None, *, by: str, answerer: TokenRef | None = None) -> bool:
@@ -319,9 +358,12 @@ class DeviceHub:
                            four_eyes=bool(getattr(self.settings, "four_eyes", False)),
                            what=f"answer question '{question}' of device '{device}'",
                            how=how_a_person_approves(server_url(self.settings), device=device, question=question))
+        egress = self._questions.egress(device, question)
         if batch.remote is not None and self.remote is not None:  # asked on the node holding the device
             answered = await self.remote.answer_question(device, question, action, content, by, answerer)
             self._questions.forget(device, question)
+            if answered:
+                self._audit_egress(device, egress, action, content, by, response_id)
             return answered
         if conn is None or not conn.ready:
             raise LookupError(f"device {device} is offline")
@@ -330,9 +372,22 @@ class DeviceHub:
         if not await conn.send(frame):
             raise LookupError(f"device {device} went offline before the answer reached it")
         self._questions.forget(device, question)
+        if self.notifier is not None:
+            self.notifier.changes.bump()
         logger.info("question %s of device %s (batch %s) answered by %s: %s", question, device, response_id, by,
                     action)
+        self._audit_egress(device, egress, action, content, by, response_id)
         return True
+
+    def _audit_egress(self, device: str, egress: dict[str, Any] | None, action: str, content: dict[str, Any] | None,
+                      by: str, response_id: str) -> None:
+        """A person's answer to `ask: on-miss` is audited with who gave it; `always` is a change of the device's
+        network policy (the device adds the exact host:port to its allow list), recorded as `network.allow`."""
+        if egress is None:
+            return
+        choice = str((content or {}).get("answer")) if action == "accept" else "deny"
+        self.store.audit.record(by, device, None, "network.allow" if choice == "always" else "network.ask",
+                                {**egress, "answer": choice}, "success", None, response_id=response_id)
 
     def revoke_token(self, id_or_name: str) -> int:
         """Revoke tokens (see `Tokens.revoke`) and disconnect their devices at once. Revocations
@@ -528,7 +583,12 @@ class DeviceHub:
             self.registry.notify()
             self._fleet_changed(conn.name)
         elif isinstance(event, SamplingRequested):
-            job = asyncio.create_task(answer_sampling(self.sampler, conn, event.message))
+            call_id = str((event.message.payload or {}).get("call_id") or "")
+            batch = self._batches.running_call(conn.name, call_id)  # the command it says it serves, if running
+            refusal = self._sampling.admit(conn.name, call_id, batch)
+            job = asyncio.create_task(answer_sampling(self.sampler, conn, event.message, refusal=refusal,
+                                                      caller=batch.asker if batch is not None else None,
+                                                      audit=self.store.audit))
             self._tasks.add(job)
             job.add_done_callback(self._tasks.discard)
         elif isinstance(event, DeviceReportedError):
@@ -602,6 +662,12 @@ class DeviceHub:
         self.registry.notify()
         self._fleet_changed(conn.name)
         logger.info("device %s offline: %s", conn.name, why)
+        if grace and not self._closed and self.notifier is not None:  # not a shutdown, a revocation, a takeover
+            self.notifier.emit("device.offline", f"Device {conn.name} went offline ({why})",
+                               {"Device": conn.name, "Platform": record.platform, "Why": why},
+                               data={"device": conn.name, "why": why, "last_seen": record.last_seen},
+                               devices=[(conn.name, record.tags)],
+                               link=f"{server_url(self.settings) or 'http://SERVER'}/#/devices/{conn.name}")
 
     def _grace_expired(self, device: str) -> None:
         if device in self._conns:

@@ -106,7 +106,7 @@ class TokenRequest(BaseModel):
 
     kind: Literal["device", "api"]
     name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")
-    scopes: list[Literal["read", "execute", "approve", "admin"]] = Field(default_factory=list)
+    scopes: list[Literal["read", "execute", "approve", "admin", "sample"]] = Field(default_factory=list)
     devices: list[Annotated[str, Field(pattern=SCOPE_DEVICE.pattern)]] = Field(
         default_factory=list, max_length=100, description="an API token: the devices it reaches (names or globs); "
                                                           "none = all")
@@ -456,7 +456,7 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     dispatcher = hub.dispatcher(name, session_id=session_id, agent_name=batch.agent_name,
                                 process_name=batch.process_name, root_name=batch.root_name,
                                 on_event=on_event if stream else None, requested_by=f"api:{who.name}",
-                                asker=TokenRef(who.name, who.agent))
+                                asker=TokenRef.of(who))
     response_id = new_call_id()
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
                                       response_id=response_id)

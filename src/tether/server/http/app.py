@@ -15,6 +15,7 @@ from tether.server.aip.hub import DeviceHub
 from tether.server.aip.questions import Sampler
 from tether.server.aip.registry import DeviceRegistry
 from tether.server.aip.socket import aip_route
+from tether.server.approvals import server_url
 from tether.server.http.api import router, run_commands, run_selected
 from tether.server.http.batch_routes import batch_router
 from tether.server.http.device_routes import device_router
@@ -23,11 +24,15 @@ from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.pairing_routes import pairing_router
 from tether.server.http.policy_routes import policy_router
 from tether.server.http.request_guard import RequestGuard
+from tether.server.http.transfer_routes import transfer_router
+from tether.server.http.webhook_routes import webhook_router
 from tether.server.mcp import mount_gateway
+from tether.server.notify.notifier import Notifier
 from tether.server.pairing import PairingBook
 from tether.server.ports import RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
+from tether.server.transfer.service import TransferService
 from tether.server.web import mount_web
 from tether.version import __version__
 
@@ -46,13 +51,15 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     store = store or Store(settings.db_target)
     registry = DeviceRegistry()  # the hub keeps it current; the routes read it (app.state.registry)
     remote = RemoteSlot()  # the cluster node attaches itself while it runs (server/cluster); empty on one server
-    hub = DeviceHub(store, settings, registry, remote=remote, sampler=sampler)
+    notifier = Notifier(store, settings, server_url(settings))  # webhooks and the inbox's live signal
+    hub = DeviceHub(store, settings, registry, remote=remote, sampler=sampler, notifier=notifier)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await hub.start()
         node = None
         try:
+            await notifier.start()
             if settings.cluster_url:  # one node of several (server/cluster): devices held elsewhere reachable
                 from tether.server.cluster.node import ClusterNode
 
@@ -65,6 +72,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
         finally:
             if node is not None:
                 await node.aclose()
+            await notifier.aclose()
             await hub.aclose()
             store.close()
 
@@ -75,11 +83,16 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.registry = registry
     app.state.store = store
     app.state.settings = settings
+    app.state.notifier = notifier
+    app.state.on_stopping = [notifier.changes.close]  # the inbox's event streams end as the shutdown begins
     app.include_router(router)
     app.include_router(policy_router)
     app.include_router(batch_router)  # GET /api/v1/batches/{id}: a batch's record (docs/outcomes.md)
     app.include_router(device_router)  # DELETE /api/v1/devices/{name}: forget a device (docs/fleet.md)
+    app.include_router(webhook_router)  # /api/v1/webhooks: notifications (docs/approvals.md)
     mount_fleet(app)  # POST /api/v1/fleet/commands: one batch to every matching device
+    app.state.transfers = TransferService(hub, settings)  # files between devices (docs/transfer.md)
+    app.include_router(transfer_router)  # POST /api/v1/transfers
     if settings.pairing:
         app.state.pairing = PairingBook(store)
         app.include_router(pairing_router)

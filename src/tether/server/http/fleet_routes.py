@@ -80,7 +80,7 @@ async def fleet_commands(batch: FleetBatch, request: Request,
                      max_concurrency=batch.max_concurrency,
                      timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}",
                      within=countable(request.app.state.store.tokens.active_device_names(), within(who)),
-                     asker=TokenRef(who.name, who.agent))
+                     asker=TokenRef.of(who))
     except FanOutError as exc:
         raise HTTPException(exc.status, str(exc) + (beyond(who) if exc.status == 404 else "")) from None
     accept = request.headers.get("accept", "")

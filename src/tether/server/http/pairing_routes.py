@@ -10,6 +10,7 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.identity import PUBLIC_KEY_CHARS, SIGNATURE_CHARS
+from tether.protocol.names import DEVICE_NAME
 from tether.server.http.api import ERROR_RESPONSES, require_fleet
 from tether.server.http.ratelimit import claim_refusal
 from tether.server.pairing import PairingBook, PairingError
@@ -24,7 +25,9 @@ class PairingRequest(BaseModel):
     public_key: str = Field(..., min_length=PUBLIC_KEY_CHARS, max_length=PUBLIC_KEY_CHARS, pattern="^[A-Za-z0-9_-]+$",
                             description="the device's Ed25519 public key (32 bytes, unpadded base64url): approving the "
                                         "request enrols it as the device")
-    name: str | None = Field(None, max_length=128, description="the name the device would like")
+    # the pattern documents the rule; `PairingBook` checks it and says what is wrong in words
+    name: str | None = Field(None, max_length=128, description="the name the device would like",
+                             json_schema_extra={"pattern": DEVICE_NAME})
     platform: str | None = Field(None, max_length=64)
 
 
@@ -40,8 +43,9 @@ class PairingClaim(BaseModel):
 class PairingDecision(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$",
-                             description="the device's name (default: the one it asked for)")
+    name: str | None = Field(None, max_length=256, json_schema_extra={"pattern": DEVICE_NAME}, description=(
+        "the device's name (default: the one it asked for): letters, digits, '.', '_', '@' and '-', starting "
+        "with a letter or digit, at most 128 characters"))
     tags: list[str] = Field(default_factory=list, max_length=32)
     replace: bool = Field(False, description="take the name of an existing device: its tokens are revoked and its "
                                              "key replaced by this request's (without it, a taken name is refused)")

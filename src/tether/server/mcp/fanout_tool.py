@@ -70,7 +70,7 @@ def fan_out_tool(hub: DeviceHub, registry: DeviceRegistry) -> GatewayTool:
                          timeout=timeout, requested_by=f"mcp:{call.client} by api:{call.token.name}",
                          # a scoped token's fan-out reaches its devices only; revoked ones are not counted
                          within=countable(hub.store.tokens.active_device_names(), within(call.token)),
-                         asker=TokenRef(call.token.name, call.token.agent))
+                         asker=TokenRef.of(call.token))
         except (ValidationError, ValueError, TypeError) as exc:
             status = exc.status if isinstance(exc, FanOutError) else 422
             scope = beyond(call.token) if status == 404 else ""

@@ -20,10 +20,8 @@ Each request is answered with one JSON body unless its call streams something fi
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-import re
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -35,6 +33,7 @@ import mcp_types as types
 from mcp.server import Server
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
+from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
@@ -48,10 +47,23 @@ from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
+from tether.server.mcp.handlers.context import (
+    ELICIT_TIMEOUT,
+    SCOPE_KEY,
+    admitted_of,
+    caller_of,
+    declared_elicitation,
+    declared_tasks,
+    elicit_of,
+    progress_of,
+    task_owner,
+    who,
+)
+from tether.server.mcp.handlers.resources import FleetResources
+from tether.server.mcp.handlers.tasks import EXTENSION, CallTasks, TaskIdParams, TaskUpdateParams
 from tether.server.mcp.listing import (
     LIST_DEVICES_INPUT,
     LIST_DEVICES_OUTPUT,
-    DeviceFilter,
     FleetIndex,
     ScopedFilter,
     list_devices,
@@ -73,8 +85,6 @@ from tether.version import __version__
 
 logger = logging.getLogger(__name__)
 
-SCOPE_KEY = "tether.mcp.caller"  # the ASGI scope entry where the checked token and filter ride to handlers
-ELICIT_TIMEOUT = 600.0  # a person answering a question through the client
 MAX_DEFERRED = 1024  # questions to 2026-07-28 clients awaiting their retry
 # sessions one token may hold open at once: the SDK's own cap (10,000) is for the whole server, so without
 # this one token (a read-only one too) could open them all and lock every other client out; at the cap, the
@@ -82,7 +92,13 @@ MAX_DEFERRED = 1024  # questions to 2026-07-28 clients awaiting their retry
 MAX_SESSIONS_PER_TOKEN = 64
 MAX_NAME_ECHO = 120  # how much of an unknown tool name an error repeats
 QUESTION_KEY = "approval"
-_CLIENT_PART = re.compile(r"[^A-Za-z0-9._+-]")
+# cache hints of 2026-07-28 results (ttlMs, cacheScope): every list is the token's own view of the fleet
+# (private); a client may reuse a list this long, and hears of a tool-list change sooner through
+# subscriptions/listen; a resource is read afresh each time
+LIST_TTL_MS = 10_000
+CACHE_HINTS = {**{method: CacheHint(ttl_ms=LIST_TTL_MS, scope="private") for method in (
+    "tools/list", "resources/list", "resources/templates/list", "prompts/list")},
+    "resources/read": CacheHint(ttl_ms=0, scope="private")}
 INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online device's tools are listed as "
                 "DEVICE__TOOL (e.g. laptop__shell.run). Calls go through each device's policy and approvals.")
 
@@ -118,14 +134,25 @@ class Gateway:
         self.registry: DeviceRegistry = app.state.registry  # the devices it lists
         self.index = FleetIndex(self.registry)
         self.bus = InMemorySubscriptionBus()
+        self.resources = FleetResources(self.hub, self.registry, self.store.audit)
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
+                                   cache_hints=CACHE_HINTS,  # type: ignore[arg-type]  # (its keys are methods)
                                    on_list_tools=self._list_tools, on_call_tool=self._call_tool,
+                                   on_list_resources=self._list_resources,
+                                   on_list_resource_templates=self._list_templates,
+                                   on_read_resource=self._read_resource, on_list_prompts=self._list_prompts,
+                                   on_get_prompt=self._get_prompt,
                                    on_subscriptions_listen=ListenHandler(self.bus))
+        self.tasks = CallTasks()  # the tasks extension's tasks (handlers/tasks.py)
+        self.server.extensions[EXTENSION] = {}
+        self.server.add_request_handler("tasks/get", TaskIdParams, self._task_get)
+        self.server.add_request_handler("tasks/update", TaskUpdateParams, self._task_update)
+        self.server.add_request_handler("tasks/cancel", TaskIdParams, self._task_cancel)
         self.manager = ReplyingSessionManager(  # answers in JSON unless a call has something to stream
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
         self.manager.per_owner = MAX_SESSIONS_PER_TOKEN  # idle ones make room before a token is refused
-        self.watch = ListChangedWatch(self.manager, self.store, self.index, self.bus, _who)
+        self.watch = ListChangedWatch(self.manager, self.store, self.index, self.bus, who)
         self.server.middleware = [self.watch.middleware]  # (no OpenTelemetry span per message: nothing exports them)
         self._deferred: dict[str, _Deferred] = {}  # by request_state
 
@@ -138,6 +165,7 @@ class Gateway:
         finally:
             remove()
             self.watch.close()
+            self.tasks.close()
 
     # -- HTTP: who may come in ------------------------------------------------------------------
 
@@ -177,7 +205,7 @@ class Gateway:
 
     async def _list_tools(self, ctx: ServerRequestContext[Any],
                           params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
-        admitted = _admitted(ctx)
+        admitted = admitted_of(ctx)
         tools = [types.Tool(name="list_devices", description="The fleet's devices: status, platform, tags, how "
                             "many tools, sandbox, running and queued work.", input_schema=LIST_DEVICES_INPUT,
                             output_schema=LIST_DEVICES_OUTPUT,
@@ -186,13 +214,41 @@ class Gateway:
         tools += [device_tool(t) for t in self.index.listed(admitted.keep)]
         return types.ListToolsResult(tools=tools)
 
+    # -- resources and prompts of the devices' external MCP servers (handlers/resources.py) --------------
+
+    async def _list_resources(self, ctx: ServerRequestContext[Any],
+                              params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
+        admitted = admitted_of(ctx)
+        return await self.resources.list_resources(admitted.keep, caller_of(ctx, admitted))
+
+    async def _list_templates(self, ctx: ServerRequestContext[Any],
+                              params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
+        admitted = admitted_of(ctx)
+        return await self.resources.list_templates(admitted.keep, caller_of(ctx, admitted))
+
+    async def _read_resource(self, ctx: ServerRequestContext[Any],
+                             params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
+        admitted = admitted_of(ctx)
+        return await self.resources.read(admitted.keep, caller_of(ctx, admitted), str(params.uri))
+
+    async def _list_prompts(self, ctx: ServerRequestContext[Any],
+                            params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
+        admitted = admitted_of(ctx)
+        return await self.resources.list_prompts(admitted.keep, caller_of(ctx, admitted))
+
+    async def _get_prompt(self, ctx: ServerRequestContext[Any],
+                          params: types.GetPromptRequestParams) -> types.GetPromptResult:
+        admitted = admitted_of(ctx)
+        return await self.resources.get_prompt(admitted.keep, caller_of(ctx, admitted), params.name,
+                                               params.arguments)
+
     # -- calls ----------------------------------------------------------------------------------
 
     async def _call_tool(self, ctx: ServerRequestContext[Any],
                          params: types.CallToolRequestParams) -> types.CallToolResult | types.InputRequiredResult:
-        admitted = _admitted(ctx)
+        admitted = admitted_of(ctx)
         arguments = dict(params.arguments or {})
-        caller = Caller(admitted.token, _client(ctx))
+        caller = caller_of(ctx, admitted)
         name = params.name
         if name == "list_devices":
             try:
@@ -219,21 +275,44 @@ class Gateway:
             return call_result(Reply(f"{shown} is on device {tool.device}, outside this connection's devices= "
                                      "filter; connect without the filter (or with one naming it) to call it",
                                      is_error=True))
+        if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and declared_tasks(ctx) \
+                and params.request_state is None:  # a long call or one with a question becomes a task
+            progress, limit = progress_of(ctx), self.app.state.settings.max_response_bytes
+
+            async def work(asks: Any) -> types.CallToolResult:
+                reply = await call_device_tool(self.hub, tool, arguments, caller, progress, asks,
+                                               audit=self.store.audit)
+                return call_result(capped(reply, limit), device=tool.device)
+
+            return await self.tasks.run(admitted.token.id, work, declared_elicitation(ctx))  # type: ignore[return-value]
         held: Result | None = None
-        elicit = _elicit(ctx)
+        elicit = elicit_of(ctx)
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # questions ride the input-required retry
-            elicit = _ask_later if _declared_elicitation(ctx) else None
+            elicit = _ask_later if declared_elicitation(ctx) else None
             if params.request_state is not None:
                 retry = self._retry(params, admitted.token, name, arguments)
                 if isinstance(retry, str):
                     return call_result(Reply(retry, is_error=True))
                 held, elicit = retry
         try:
-            reply = await call_device_tool(self.hub, tool, arguments, caller, _progress(ctx), elicit, held=held,
+            reply = await call_device_tool(self.hub, tool, arguments, caller, progress_of(ctx), elicit, held=held,
                                            audit=self.store.audit)
         except AskLater as later:
             return self._defer(later, admitted.token, name, arguments)
-        return call_result(capped(reply, self.app.state.settings.max_response_bytes))
+        return call_result(capped(reply, self.app.state.settings.max_response_bytes), device=tool.device)
+
+    # -- the tasks extension: tasks/get, tasks/update, tasks/cancel (handlers/tasks.py) ---------------------
+
+    async def _task_get(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
+        return {"resultType": "complete", **self.tasks.get(task_owner(ctx), params.task_id)}
+
+    async def _task_update(self, ctx: ServerRequestContext[Any], params: TaskUpdateParams) -> dict[str, Any]:
+        self.tasks.update(task_owner(ctx), params.task_id, params.input_responses)
+        return {"resultType": "complete"}
+
+    async def _task_cancel(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
+        self.tasks.cancel(task_owner(ctx), params.task_id)
+        return {"resultType": "complete"}
 
     # -- questions of 2026-07-28 clients: an input-required result, answered by retrying the call --------
 
@@ -277,7 +356,8 @@ class Gateway:
             return call_result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
                                      f"{tool.name}; create one with 'tether token create --api NAME --scope "
                                      f"{tool.scope}'", is_error=True))
-        call = GatewayCall(token=caller.token, client=caller.client, progress=_progress(ctx), elicit=_elicit(ctx))
+        call = GatewayCall(token=caller.token, client=caller.client.split(" ", 1)[0], progress=progress_of(ctx),
+                           elicit=elicit_of(ctx))
         try:
             reply = await tool.handler(arguments, call)
         except Exception:
@@ -287,41 +367,6 @@ class Gateway:
         return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
                                     structured_content=reply.structured, is_error=reply.is_error)
 
-def _who(ctx: ServerRequestContext[Any]) -> tuple[DeviceFilter, str] | None:
-    """The device filter and token id a request was admitted with (see `Gateway.__call__`)."""
-    request = ctx.request
-    admitted = request.scope.get(SCOPE_KEY) if request is not None else None
-    return (admitted.keep, admitted.token.id) if isinstance(admitted, Admitted) else None
-
-
-def _admitted(ctx: ServerRequestContext[Any]) -> Admitted:
-    request = ctx.request
-    admitted = request.scope.get(SCOPE_KEY) if request is not None else None
-    if not isinstance(admitted, Admitted):  # only reachable if the SDK stopped passing the HTTP request
-        raise RuntimeError("MCP gateway: request without its checked token")
-    return admitted
-
-
-def _client(ctx: ServerRequestContext[Any]) -> str:
-    """The client's `name/version` from its initialize, cut to characters safe in the audit."""
-    params = ctx.session.client_params
-    if params is None:
-        return "unknown"
-    info = params.client_info
-    return f"{_CLIENT_PART.sub('_', info.name)[:64] or 'unknown'}/{_CLIENT_PART.sub('_', info.version)[:32]}"
-
-
-def _progress(ctx: ServerRequestContext[Any]) -> Any:
-    async def progress(done: float, total: float | None, message: str | None) -> None:
-        await ctx.session.report_progress(done, total, message)  # a no-op without the client's progressToken
-
-    return progress
-
-
-def _declared_elicitation(ctx: ServerRequestContext[Any]) -> bool:
-    capabilities = ctx.session.client_capabilities
-    return capabilities is not None and capabilities.elicitation is not None
-
 
 async def _ask_later(message: str, schema: dict[str, Any]) -> dict[str, Any]:
     raise AskLater(message, schema)
@@ -329,15 +374,3 @@ async def _ask_later(message: str, schema: dict[str, Any]) -> dict[str, Any]:
 
 def _fingerprint(arguments: dict[str, Any]) -> str:
     return json.dumps(arguments, sort_keys=True, default=str)
-
-
-def _elicit(ctx: ServerRequestContext[Any]) -> Any:
-    if not _declared_elicitation(ctx) or not ctx.session.can_send_request:
-        return None
-
-    async def elicit(message: str, schema: dict[str, Any]) -> dict[str, Any]:
-        async with asyncio.timeout(ELICIT_TIMEOUT):
-            answer = await ctx.session.elicit_form(message, schema, related_request_id=ctx.request_id)
-        return {"action": answer.action, "content": answer.content}
-
-    return elicit

@@ -37,10 +37,11 @@ _PATTERN = re.compile(r"^[A-Za-z0-9._@*?\[\]!-]{1,128}$")
 
 def mcp_name(device: str, tool: str) -> str:
     """`DEVICE__TOOL` with characters MCP does not allow in a name escaped (see the module docstring)."""
-    return f"{_escape(device)}{SEPARATOR}{_escape(tool)}"
+    return f"{escape_name(device)}{SEPARATOR}{escape_name(tool)}"
 
 
-def _escape(text: str) -> str:
+def escape_name(text: str) -> str:
+    """`text` with every character MCP does not allow in a tool name written as `-XX` (its UTF-8 bytes)."""
     if all(_LEGAL.match(c) for c in text):
         return text
     return "".join(c if _LEGAL.match(c) else "".join(f"-{b:02X}" for b in c.encode()) for c in text)

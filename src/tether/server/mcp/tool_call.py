@@ -67,7 +67,7 @@ class Caller:
     @property
     def ref(self) -> TokenRef:
         """The caller's token as a batch records it (whose its MCP servers' questions are)."""
-        return TokenRef(self.token.name, self.token.agent)
+        return TokenRef.of(self.token)
 
 
 class AskLater(ServerError):
@@ -219,7 +219,7 @@ class _Forwarder:
     def __init__(self, hub: DeviceHub, device: str, caller: Caller, progress: Progress,
                  elicit: Elicit | None) -> None:
         self.hub, self.device, self.caller, self.progress, self.elicit = hub, device, caller, progress, elicit
-        self.count = 0
+        self.count = 0.0  # the last progress value sent
         self.events: asyncio.Queue[Event | None] | None = None
         self.sender: asyncio.Task[None] | None = None
         self.questions: set[asyncio.Task[None]] = set()
@@ -262,17 +262,30 @@ class _Forwarder:
             task = asyncio.ensure_future(self._ask(event.data))
             self.questions.add(task)  # asked beside the stream, so output keeps flowing while a person thinks
             task.add_done_callback(self.questions.discard)
-        self.count += 1
-        if event.kind == "progress" and isinstance(event.data.get("progress"), int | float):
-            message = _progress_text(event.data)
-        elif event.kind == "output":
-            message = str(event.data.get("data", ""))
-        else:
-            message = f"{event.kind}: {json.dumps(event.data, default=str)}"
+        done, total, message = self._progress_of(event)
         try:
-            await self.progress(float(self.count), None, message[:MAX_PROGRESS_TEXT])
+            await self.progress(done, total, message[:MAX_PROGRESS_TEXT] if message is not None else None)
         except Exception as exc:  # a client that stopped reading must not stop the command
             logger.debug("MCP gateway: progress notification dropped: %s", exc)
+
+    def _progress_of(self, event: Event) -> tuple[float, float | None, str | None]:
+        """The notification's progress, total and message: an external server's own progress as it sent it
+        (its value, total and message) while its values increase; any other event (streamed output, a
+        question) one step past the last value sent, without a total (MCP wants every value larger)."""
+        data = event.data
+        value, total = data.get("progress"), data.get("total")
+        if event.kind == "progress" and isinstance(value, int | float) and not isinstance(value, bool) \
+                and value > self.count:
+            self.count = float(value)
+            message = data.get("message")
+            return self.count, float(total) if isinstance(total, int | float) and not isinstance(total, bool) \
+                else None, message if isinstance(message, str) else None
+        self.count = float(int(self.count) + 1)
+        if event.kind == "progress" and isinstance(value, int | float):
+            return self.count, None, _progress_text(data)
+        if event.kind == "output":
+            return self.count, None, str(data.get("data", ""))
+        return self.count, None, f"{event.kind}: {json.dumps(data, default=str)}"
 
     async def _ask(self, data: dict[str, Any]) -> None:
         assert self.elicit is not None
@@ -281,7 +294,11 @@ class _Forwarder:
         schema: dict[str, Any] = asked if isinstance(asked, dict) else {"type": "object", "properties": {}}
         message = f"{data.get('server', 'an MCP server')} on device {self.device} asks: {data.get('message', '')}"
         try:
-            answer = await self.elicit(message, schema)
+            try:
+                answer = await self.elicit(message, schema)
+            except AskLater:  # a 2026-07-28 client without the tasks extension: it cannot be asked mid-call,
+                # so the server is told at once (cancel: nobody chose) instead of waiting out its timeout
+                answer = {"action": "cancel", "content": None}
             await self.hub.answer_question(self.device, question, str(answer.get("action", "cancel")),
                                            answer.get("content"), by=self.caller.requested_by,
                                            answerer=self.caller.ref)

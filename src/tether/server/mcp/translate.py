@@ -17,7 +17,8 @@ def device_tool(tool: DeviceTool) -> types.Tool:
     info = tool.info
     hints = tool_annotations(info)
     return types.Tool(name=tool.name, description=f"[device {tool.device}] {info.description}".strip(),
-                      input_schema=client_safe_schema(info.input_schema), output_schema=info.output_schema,
+                      input_schema=client_safe_schema(info.input_schema),
+                      output_schema=servers_output_schema(info.output_schema),
                       annotations=types.ToolAnnotations(read_only_hint=hints["readOnlyHint"],
                                                         destructive_hint=hints["destructiveHint"],
                                                         open_world_hint=hints["openWorldHint"]))
@@ -80,11 +81,18 @@ def client_safe_schema(schema: dict[str, Any] | None) -> dict[str, Any]:
     return flat
 
 
-def call_result(reply: Reply, *, as_json: bool = False) -> types.CallToolResult:
+def call_result(reply: Reply, *, as_json: bool = False, device: str | None = None) -> types.CallToolResult:
+    """`reply` as the client reads it. An external MCP server's result (the device's `{text, content,
+    structured}`) goes back as that server gave it: its own content items (text, images, audio, resource
+    links, embedded resources, with their annotations) and its own structured content, not the device's
+    envelope; a `resource_link` of a `device`'s server points at the gateway's URI for it (gateway_uri), so
+    the client reads it with `resources/read` here. Anything else is one text (its JSON when `as_json`) with
+    the object as structured content."""
+    forwarded = external_content(reply.payload, device)
+    if forwarded is not None:
+        return types.CallToolResult(content=forwarded, structured_content=_servers_structured(reply.payload),
+                                    is_error=reply.is_error)
     structured = reply.payload if isinstance(reply.payload, dict) else None
-    forwarded = external_content(reply.payload)
-    if forwarded is not None:  # an external MCP server's own items (images, audio, links) reach the client as is
-        return types.CallToolResult(content=forwarded, structured_content=structured, is_error=reply.is_error)
     text = json.dumps(reply.payload, ensure_ascii=False, default=str) if as_json else reply.text
     content: list[types.ContentBlock] = [types.TextContent(type="text", text=text)] if text else []
     return types.CallToolResult(content=content, structured_content=structured, is_error=reply.is_error)
@@ -100,18 +108,80 @@ def _content_adapter() -> Any:
 EXTERNAL_SHAPE = frozenset({"text", "content", "structured"})
 
 
-def external_content(payload: Any) -> list[types.ContentBlock] | None:
-    """The content items of an external MCP tool's result (`{text, content, structured}`, the shape a
-    device gives every external result), or None for anything else or an item MCP would not accept."""
-    if not (isinstance(payload, dict) and payload.keys() == EXTERNAL_SHAPE and isinstance(payload["content"], list)
-            and payload["content"]):
+def is_external(payload: Any) -> bool:
+    """Whether `payload` is the shape a device gives every external MCP tool's result."""
+    return isinstance(payload, dict) and payload.keys() == EXTERNAL_SHAPE and isinstance(payload["content"], list)
+
+
+def _servers_structured(payload: dict[str, Any]) -> Any:
+    # the device unwraps the Python SDK's `{"result": x}` for plans; the server sent it wrapped
+    structured = payload["structured"]
+    return structured if structured is None or isinstance(structured, dict) else {"result": structured}
+
+
+def servers_output_schema(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The output schema an external server gave its tool, out of the device's `{text, content, structured}`
+    envelope schema around it (wrapped again as `{"result": ...}` when the device unwrapped it); any other
+    schema as it is."""
+    if not (isinstance(schema, dict) and schema.get("required") == ["text", "content", "structured"]):
+        return schema
+    inner = (schema.get("properties") or {}).get("structured")
+    if not isinstance(inner, dict) or not inner:
+        return None
+    if inner.get("type") == "object":
+        return inner
+    return {"type": "object", "properties": {"result": inner}, "required": ["result"]}
+
+
+def external_content(payload: Any, device: str | None = None) -> list[types.ContentBlock] | None:
+    """The content items of an external MCP tool's result (`{text, content, structured}`), or None for
+    anything else or an item MCP would not accept. The device's `server` note on a link is taken off; a
+    `resource_link`'s URI becomes the gateway's for it when `device` is given."""
+    if not is_external(payload):
         return None
     from pydantic import ValidationError
 
+    items = []
+    for item in payload["content"]:
+        if not isinstance(item, dict):
+            return None
+        item = dict(item)
+        server = item.pop("server", None)
+        if item.get("type") == "resource_link" and device is not None and isinstance(server, str) \
+                and isinstance(item.get("uri"), str):
+            item["uri"] = gateway_uri(device, server, item["uri"])
+        items.append(item)
     try:
-        return [_content_adapter().validate_python(item) for item in payload["content"]]
+        return [_content_adapter().validate_python(item) for item in items]
     except ValidationError:
         return None
+
+
+GATEWAY_SCHEME = "tether"
+
+
+def gateway_uri(device: str, server: str, uri: str, *, template: bool = False) -> str:
+    """`tether://DEVICE/SERVER/URI`, each part percent-encoded: the URI at `/mcp` of resource `uri` of
+    external MCP server `server` on `device` (read back by `parse_gateway_uri`). A `template` keeps its
+    `{...}` expressions, so a client expanding it yields such a URI."""
+    from urllib.parse import quote
+
+    return f"{GATEWAY_SCHEME}://{quote(device, safe='')}/{quote(server, safe='')}/" \
+           f"{quote(uri, safe='{}' if template else '')}"
+
+
+def parse_gateway_uri(uri: str) -> tuple[str, str, str] | None:
+    """(device, server, the server's own URI) of a `gateway_uri`, or None when `uri` is not one."""
+    from urllib.parse import unquote
+
+    prefix = f"{GATEWAY_SCHEME}://"
+    if not uri.startswith(prefix):
+        return None
+    parts = uri[len(prefix):].split("/", 2)
+    if len(parts) != 3 or not all(parts):
+        return None
+    device, server, inner = (unquote(p) for p in parts)
+    return device, server, inner
 
 
 def capped(reply: Reply, limit: int) -> Reply:

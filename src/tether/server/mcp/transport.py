@@ -12,8 +12,8 @@ for the first message the session sends on that request's stream. The response i
 body; anything else (a progress notification, an elicitation request, a log message) opens the SSE stream,
 that message first, and the rest follows as the SDK streams it. A call that has sent nothing for
 `STREAM_AFTER` seconds opens the SSE stream too, so its keep-alive pings hold the client's read timeout off
-as before, and so does a cancelled call's answer (see `_is_result`). The client offered both (its
-`Accept` header) as the spec requires, so it reads either.
+as before. A cancelled request gets no answer at all, as MCP says: its SSE stream ends without one
+(`_Uncancelled`). The client offered both (its `Accept` header) as the spec requires, so it reads either.
 
 Everything else (initialize, notifications, GET and DELETE, malformed requests, an event store) takes the
 SDK's own path unchanged. Written against mcp 2.3's transport (`_request_streams`, `_run_sse_writer`,
@@ -136,7 +136,11 @@ class ReplyingTransport(StreamableHTTPServerTransport):
             await self._clean_up_memory_streams(request_id)
             await self._create_json_response(first.message)(scope, receive, send)
             return
-        await self._stream(request_id, first, reader, scope, receive, send)
+        stream: Any = _Uncancelled(reader)
+        if first is not None and _is_cancelled(first.message):  # no answer to a cancelled request
+            await self._clean_up_memory_streams(request_id)
+            first, stream = None, _Ended()
+        await self._stream(request_id, first, stream, scope, receive, send)
 
     async def _plain_request(self, request: Request) -> JSONRPCRequest | None:
         """The POST's JSON-RPC request when this transport answers it itself; None leaves it to the SDK."""
@@ -174,13 +178,59 @@ class ReplyingTransport(StreamableHTTPServerTransport):
 
 
 def _is_result(message: Any) -> bool:
-    """A request's own answer, to go back as JSON. Not the SDK's REQUEST_CANCELLED error, nor the end of a
-    session: those go on an SSE stream as the SDK sends them, because mcp 2.3's client fails (an exception
-    out of its task group) on a JSON answer that arrives after its session closed, and drops a late SSE one
-    quietly; a client that gives up a call cancels it and often closes its session right after."""
+    """A request's own answer, to go back as JSON. Not the SDK's REQUEST_CANCELLED error (never sent, see
+    `_Uncancelled`), nor the end of a session: an answer that is not one goes on an SSE stream, because mcp
+    2.3's client fails (an exception out of its task group) on a JSON answer that arrives after its session
+    closed, and drops a late SSE one quietly; a client that gives up a call cancels it and often closes its
+    session right after."""
     if isinstance(message, JSONRPCResponse):
         return True
     return isinstance(message, JSONRPCError) and message.error.code != REQUEST_CANCELLED
+
+
+def _is_cancelled(message: Any) -> bool:
+    return isinstance(message, JSONRPCError) and message.error.code == REQUEST_CANCELLED
+
+
+class _Uncancelled:
+    """A request's stream as the SSE writer reads it, ending where the SDK would send its REQUEST_CANCELLED
+    error: MCP (2025-11-25, cancellation) says a cancelled request gets no response, so its SSE stream ends
+    with none (what it sent before, progress, stays sent)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    async def __aenter__(self) -> _Uncancelled:
+        await self.inner.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> bool | None:
+        return await self.inner.__aexit__(*exc)
+
+    def __aiter__(self) -> _Uncancelled:
+        return self
+
+    async def __anext__(self) -> EventMessage:
+        message: EventMessage = await self.inner.__anext__()
+        if _is_cancelled(message.message):
+            raise StopAsyncIteration
+        return message
+
+
+class _Ended:
+    """A request stream that has nothing more (its only message was the cancellation, taken off)."""
+
+    async def __aenter__(self) -> _Ended:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+    def __aiter__(self) -> _Ended:
+        return self
+
+    async def __anext__(self) -> EventMessage:
+        raise StopAsyncIteration
 
 
 class ReplyingSessionManager(StreamableHTTPSessionManager):

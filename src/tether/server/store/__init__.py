@@ -3,10 +3,11 @@
 `Store(path)` opens the database (`engine.Engine`), brings its schema up to date (`migrations`) and
 holds one object per table: `store.tokens` (`tokens.Tokens`), `store.devices` (`devices.Devices`),
 `store.device_keys` (`devices.DeviceKeys`), `store.sessions` (`sessions.Sessions`), `store.audit`
-(`audit.AuditLog`) and `store.pairing` (`pairing.Pairing`). Every statement is written inside this
-package: callers use the tables' methods, never SQL. One connection in WAL mode, guarded by a lock so
-the few callers that move work to a thread stay safe; every call is a short statement, cheap enough to
-run on the event loop. The tasks live apart, on a connection of their own (`tasks.TaskTable`).
+(`audit.AuditLog`), `store.pairing` (`pairing.Pairing`) and `store.webhooks` (`webhooks.Webhooks`).
+Every statement is written inside this package: callers use the tables' methods, never SQL. One
+connection in WAL mode, guarded by a lock so the few callers that move work to a thread stay safe; every
+call is a short statement, cheap enough to run on the event loop. The tasks live apart, on a connection of their own
+(`tasks.TaskTable`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from tether.server.store.migrations import migrate, schema_version
 from tether.server.store.pairing import Pairing
 from tether.server.store.sessions import Sessions
 from tether.server.store.tokens import Tokens
+from tether.server.store.webhooks import Webhooks
 
 __all__ = ["Store", "StoreUnavailable", "check_state_dir"]
 
@@ -50,6 +52,7 @@ class Store:
         self.sessions = Sessions(engine)
         self.audit = AuditLog(engine)
         self.pairing = Pairing(engine, self.tokens)
+        self.webhooks = Webhooks(engine)
 
     def check_writable(self) -> None:
         """Raise `StoreUnavailable` (one line) unless the database can be written and its disk has room:

@@ -143,6 +143,35 @@ MIGRATIONS: list[str | dict[str, str]] = [
     """
     ALTER TABLE devices ADD COLUMN admin_tags TEXT;
     """,
+    # webhooks (docs/approvals.md): where notifications go (a token's, or the server's when owner is NULL) and
+    # each delivery with its attempts, so that retries survive a restart
+    """
+    CREATE TABLE webhooks (
+        id TEXT PRIMARY KEY,
+        url TEXT NOT NULL,
+        secret TEXT NOT NULL,
+        events TEXT NOT NULL,
+        format TEXT NOT NULL,
+        owner TEXT,
+        source TEXT NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE webhook_deliveries (
+        id TEXT PRIMARY KEY,
+        webhook_id TEXT NOT NULL,
+        event TEXT NOT NULL,
+        body TEXT NOT NULL,
+        status TEXT NOT NULL,
+        attempts INTEGER NOT NULL,
+        next_at REAL NOT NULL,
+        last_status INTEGER,
+        last_error TEXT,
+        created_at REAL NOT NULL,
+        updated_at REAL NOT NULL
+    );
+    CREATE INDEX webhook_deliveries_due ON webhook_deliveries (next_at) WHERE status = 'pending';
+    CREATE INDEX webhook_deliveries_of ON webhook_deliveries (webhook_id, created_at);
+    """,
 ]
 
 

@@ -23,7 +23,7 @@ logger = logging.getLogger(__name__)
 TokenKind = Literal["device", "api"]
 # `approve` is apart from `execute` so that an agent holding an execute token cannot approve its own
 # dangerous actions: approvals need a token a person holds.
-SCOPES = ("read", "execute", "approve", "admin")
+SCOPES = ("read", "execute", "approve", "admin", "sample")  # sample: its commands' MCP servers may use the LLM
 AGENT_NEVER = ("approve", "admin")  # scopes an agent's token is never given nor granted
 _PREFIX = {"device": "tdev_", "api": "tapi_"}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$")

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tether.server.http.api import _view, require
 from tether.server.store.tokens import TokenInfo
 from tether.server.web.logins import COOKIE, WebSessions
+from tether.server.web.screen import mount_screen
 
 STATIC = Path(__file__).parent / "static"
 KEEPALIVE_S = 15.0
@@ -220,4 +221,5 @@ def mount_web(app: FastAPI) -> None:
     dependency finds the sessions on `app.state.web_sessions`."""
     app.state.web_sessions = WebSessions()
     app.include_router(web_router)
+    mount_screen(app)  # the live view of a device's screen (web/screen.py)
     _declare_bearer(app)

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import io
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -101,10 +102,14 @@ def grab_sync(display: str, region: dict[str, int] | None) -> Capture:
     return Capture(x=area["left"], y=area["top"], width=shot.width, height=shot.height, bgra=bytes(shot.bgra))
 
 
-async def grab(x11: X11, region: dict[str, int] | None = None) -> Capture:
-    """Grab the screen or a region of it (clipped to the screen) without blocking the event loop."""
+async def grab(x11: X11 | Any, region: dict[str, int] | None = None) -> Capture:
+    """Grab the screen or a region of it (clipped to the screen) without blocking the event loop: with
+    mss on an X display, or with the display's own `grab_sync` (sway: grim)."""
     if region is not None:
         region = clip(region, await x11.screen_size())
+    own = getattr(x11, "grab_sync", None)
+    if own is not None:
+        return await asyncio.to_thread(own, region)
     return await asyncio.to_thread(grab_sync, x11.display, region)
 
 
@@ -145,15 +150,19 @@ def _write_new(ctx: ToolContext, path: str, data: bytes) -> Path:
     return target
 
 
-def screenshot_tool(x11: X11) -> ToolFunction:
-    """The `screenshot` tool bound to one display."""
+def screenshot_tool(x11: X11 | Any, remember: Callable[[Capture], str] | None = None) -> ToolFunction:
+    """The `screenshot` tool bound to one display; with `remember` (a `FrameStore.add`), every screenshot
+    is remembered and its answer carries the frame id that actions may name."""
 
     @tool(tool_type="data_collection")
     async def screenshot(ctx: ToolContext, region: Region | None = None, activeWindow: bool = False,
                          path: str | None = None,
-                         scale: Annotated[float, Field(gt=0, le=4)] = 1.0) -> dict[str, Any]:
+                         scale: Annotated[float, Field(gt=0, le=4)] = 1.0,
+                         keepFrame: bool = True) -> dict[str, Any]:
         """Capture the screen, a region of it or the active window as PNG: base64 `data`, or written to
-        a new file at `path` (inside the allowed roots). Sizes before and after `scale` are reported."""
+        a new file at `path` (inside the allowed roots). Sizes before and after `scale` are reported;
+        `frame` names this picture for actions (`click(..., frame=...)` is refused if the screen changed).
+        `keepFrame=False` keeps no frame (a live view's pictures must not push an agent's frames out)."""
         if region is not None and activeWindow:
             raise ToolError("give either 'region' or 'activeWindow', not both")
         screen = await x11.screen_size()
@@ -174,6 +183,8 @@ def screenshot_tool(x11: X11) -> ToolFunction:
         }
         if window is not None:
             result["window"] = window.as_dict()
+        if remember is not None and keepFrame:
+            result["frame"] = remember(capture)
         if path is None:
             result["data"] = base64.b64encode(data).decode("ascii")
         else:

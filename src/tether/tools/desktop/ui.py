@@ -73,8 +73,8 @@ def _contains(win: Window, x: int, y: int) -> bool:
 async def _window_at_pointer(desk: Desktop) -> Window | None:
     """Best effort: the click may well have closed the window it landed on."""
     try:
-        wid = await desk.x11.window_at_pointer()
-        return await desk.x11.window(wid) if wid is not None else None
+        wid = await desk.wm.window_at_pointer()
+        return await desk.wm.window(wid) if wid is not None else None
     except ToolError:
         return None
 
@@ -87,17 +87,34 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
                              confidence: Annotated[float, Field(ge=0, le=1)] = 0.8,
                              button: Button = "left",
                              timeoutMs: Annotated[int, Field(ge=0, le=120_000)] = 5000,
+                             via: Literal["auto", "accessibility", "ocr"] = "auto",
+                             role: str | None = None,
                              ) -> dict[str, Any]:
-        """Find `label` on screen by OCR (fuzzy, score ≥ `confidence`) and click its centre; with `app`,
-        only inside the window whose title or class contains it (brought forward first). Retries until
-        `timeoutMs`; when nothing matches it fails listing the closest candidates and their scores."""
+        """Find `label` and click it: first among the accessible elements' names of the active window (or
+        of `app`), pressed through their AT-SPI action (`role` narrows them); where no element matches or
+        the application exposes no tree, on screen by OCR (fuzzy, score ≥ `confidence`), clicked at its
+        centre; with `app`, only inside the window whose title or class contains it (brought forward
+        first). `via` forces one way; the answer's `via` says which was used. Retries until `timeoutMs`;
+        when nothing matches it fails listing the closest candidates and their scores."""
         if not normalize(label):
             raise ToolError("label is empty")
         started = time.perf_counter()
         deadline = time.monotonic() + timeoutMs / 1000
         attempts = 0
+        a11y_seen: dict[str, Any] = {}
         while True:
             attempts += 1
+            if via != "ocr":
+                pressed = await _find_accessible(desk, label, app, role, confidence, button, a11y_seen)
+                if pressed is not None:
+                    return {**pressed, "label": label, "attempts": attempts,
+                            "elapsed_ms": round((time.perf_counter() - started) * 1e3, 1)}
+                if via == "accessibility":
+                    if time.monotonic() >= deadline:
+                        raise ToolError(f"no accessible element matching {label!r} with score >= {confidence} "
+                                        f"after {attempts} attempt(s): {a11y_seen.get('why')}", a11y_seen)
+                    await asyncio.sleep(min(FIND_POLL_S, max(0.0, deadline - time.monotonic())))
+                    continue
             try:
                 window = await desk.app_window(app) if app else None
             except ToolError:  # the app's window is not there (yet): keep looking until the deadline
@@ -108,7 +125,7 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
             region = window.region if window is not None else None
             read = desk.read_screen(region)
             if window is None:
-                (capture, elements, timings), window = await asyncio.gather(read, desk.x11.active_window())
+                (capture, elements, timings), window = await asyncio.gather(read, desk.wm.active_window())
             else:
                 capture, elements, timings = await read
             ranked = rank(label, elements)
@@ -120,7 +137,8 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
                 timings["click"] = (time.perf_counter() - t0) * 1e3
                 if window is None or not _contains(window, x, y):  # report the window that was clicked
                     window = await _window_at_pointer(desk)
-                return {"clicked": {**best.as_dict(), "center": {"x": x, "y": y}}, "label": label,
+                return {"via": "ocr", "why_not_accessibility": a11y_seen.get("why"),
+                        "clicked": {**best.as_dict(), "center": {"x": x, "y": y}}, "label": label,
                         "score": round(best.score, 3), "button": button,
                         "window_title": window.title if window else None,
                         "window": window.as_dict() if window else None, "attempts": attempts,
@@ -156,12 +174,12 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
                 if seg.kind == "key":
                     keys.append(seg.value)
                     continue
-                if keys:  # consecutive keys go in one xdotool call
-                    await desk.x11.xdotool("key", "--delay", str(delayMs), *keys)
+                if keys:  # consecutive keys go in one call
+                    await desk.press(keys, delayMs, locked=True)
                     keys = []
                 await desk.type_literal(seg.value, delayMs)
             if keys:
-                await desk.x11.xdotool("key", "--delay", str(delayMs), *keys)
+                await desk.press(keys, delayMs, locked=True)
         return {"typed_chars": chars, "keys": [s.value for s in segments if s.kind == "key"],
                 "segments": [{"kind": s.kind, "value": s.value} for s in segments]}
 
@@ -199,6 +217,50 @@ def ui_tools(desk: Desktop) -> list[ToolFunction]:
     return [find_and_click, type_text_tokens, wait_for]
 
 
+async def _find_accessible(desk: Desktop, label: str, app: str | None, role: str | None, confidence: float,
+                           button: Button, seen: dict[str, Any]) -> dict[str, Any] | None:
+    """One accessibility attempt of ui.findAndClick: press the best-named element, or None (and `seen`
+    says why: no bus, no tree for this window, or the closest names)."""
+    from tether.tools.desktop.a11y.act import by_role_and_name, do_action, rank_by_name
+    from tether.tools.desktop.a11y.bus import A11yError
+    from tether.tools.desktop.a11y.view import window_tree
+
+    t0 = time.perf_counter()
+    try:
+        async with desk.a11y.session() as s:
+            got = await window_tree(desk, s, app)
+            if got is None:
+                seen["why"] = f"no accessible application matches {app or 'the active window'}"
+                return None
+            application, window, _how, elements, _cut = got
+            pool = by_role_and_name(elements, role, None) if role else elements
+            ranked = rank_by_name(label, pool)
+            if not ranked or ranked[0][0] < confidence:
+                seen["why"] = f"no element of {window.name!r} is named like {label!r}"
+                seen["candidates"] = [{"id": e.id, "role": e.role, "name": e.name, "score": round(sc, 3)}
+                                      for sc, e in ranked[:CANDIDATES]]
+                return None
+            score, el = ranked[0]
+            t1 = time.perf_counter()
+            result = {"score": round(score, 3), "button": button, "element": el.as_dict(), "window_title": window.name,
+                      "application": application.name}
+            if button == "left" and el.actions:
+                action = await do_action(s, el, None)
+                timings = {"tree": (t1 - t0) * 1e3, "action": (time.perf_counter() - t1) * 1e3}
+                return {"via": "accessibility", "action": action, **result,
+                        "timings_ms": {k: round(v, 1) for k, v in timings.items()}}
+    except A11yError as exc:
+        seen["why"] = str(exc)
+        return None
+    if el.center is None:
+        seen["why"] = f"{el.id} has no action and no position on screen"
+        return None
+    x, y = el.center
+    await desk.click_at(x, y, button)
+    return {"via": "coordinates", "why": "no accessible action" if not el.actions else f"{button} is a pointer click",
+            **result, "x": x, "y": y}
+
+
 def _make_check(desk: Desktop, condition: Condition, value: str, active_window: bool) -> Any:
     """One poll of `condition`: an async function returning (met, what was seen)."""
     if condition in ("textIncludes", "textRegex", "appIsActive", "titleIncludes", "urlIncludes") and not value:
@@ -208,7 +270,7 @@ def _make_check(desk: Desktop, condition: Condition, value: str, active_window: 
     async def region() -> dict[str, int] | None:
         if not active_window:
             return None
-        win = await desk.x11.active_window()
+        win = await desk.wm.active_window()
         return win.region if win is not None else None
 
     if condition in ("textIncludes", "textRegex"):
@@ -235,7 +297,7 @@ def _make_check(desk: Desktop, condition: Condition, value: str, active_window: 
 
     if condition in ("appIsActive", "titleIncludes"):
         async def check_window(_state: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-            names = _window_names(await desk.x11.active_window())
+            names = _window_names(await desk.wm.active_window())
             fields = [names["title"] or ""] if condition == "titleIncludes" else \
                 [names["title"] or "", *names["wm_class"], names["process"] or ""]
             return any(needle in normalize(f) for f in fields), names
@@ -244,7 +306,7 @@ def _make_check(desk: Desktop, condition: Condition, value: str, active_window: 
 
     if condition == "urlIncludes":
         async def check_url(_state: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
-            win = await desk.x11.active_window()
+            win = await desk.wm.active_window()
             if win is None:
                 return False, {"title": None, "address_bar": None}
             if needle in normalize(win.title):
@@ -268,9 +330,9 @@ def _make_check(desk: Desktop, condition: Condition, value: str, active_window: 
     async def check_changed(state: dict[str, Any]) -> tuple[bool, dict[str, Any]]:
         if "baseline" not in state:
             state["region"] = await region()
-            state["baseline"] = await grab(desk.x11, state["region"])
+            state["baseline"] = await grab(desk.wm, state["region"])
             return False, {"changed_fraction": 0.0, "threshold": threshold, "captured": state["baseline"].region}
-        now = await grab(desk.x11, state["region"])
+        now = await grab(desk.wm, state["region"])
         fraction = await asyncio.to_thread(changed_fraction, state["baseline"], now)
         return fraction > threshold, {"changed_fraction": round(fraction, 5), "threshold": threshold,
                                       "captured": now.region}

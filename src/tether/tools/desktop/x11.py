@@ -85,12 +85,23 @@ def desktop_problem(display: str | None = None, *, probe: bool = True) -> str | 
     what can be known without it, so a device without a display or the extra skips importing the
     desktop tools; `desktop_toolset` then checks again with the probe.
     """
+    missing = module_problem()
+    if missing:
+        return missing
+    display = display if display is not None else os.environ.get("DISPLAY")
+    if not display and not probe and os.environ.get("WAYLAND_DISPLAY"):
+        return None  # a Wayland session: desktop_toolset asks the compositor (sway is driven too)
+    return display_problem(display, probe=probe)
+
+
+def module_problem() -> str | None:
+    """Which Python package the desktop tools need is missing, or None."""
     for module in ("mss", "PIL", "numpy", "rapidocr_onnxruntime"):
         try:
             require(module, DESKTOP_HINT)
         except MissingDependency as exc:
             return str(exc)
-    return display_problem(display if display is not None else os.environ.get("DISPLAY"), probe=probe)
+    return None
 
 
 def display_problem(display: str | None, *, probe: bool = True) -> str | None:
@@ -102,6 +113,12 @@ def display_problem(display: str | None, *, probe: bool = True) -> str | None:
     resets after its last client left (Xvfb without -noreset does that between programs).
     """
     if not display:
+        if probe and os.environ.get("WAYLAND_DISPLAY"):
+            from tether.tools.desktop.wayland import probe_wayland, sway_problem, wayland_refusal
+
+            session = probe_wayland()
+            if session is not None:
+                return wayland_refusal(session, sway_problem())
         return NO_DISPLAY_HINT
     if shutil.which("xdotool") is None:
         return XDOTOOL_HINT

@@ -88,6 +88,18 @@ class ResourceLimits(BaseModel):
     layer_bytes: int = Field(
         8 << 30, ge=0, description="bytes (allocated on disk: holes are free) one sandboxed command may leave in its"
                                    " layer; over it the command fails, naming this limit, and applies nothing (0: off)")
+    session_files: int = Field(
+        1_000_000, ge=0, description="files, directories and links the sandboxed commands of one session may create, "
+                                     "all together; the command that would pass it fails, naming this limit, and "
+                                     "applies nothing (0: off)")
+    session_processes: int = Field(
+        4096, ge=0, description="processes the sandboxed programs of one session may run at once, all together (a "
+                                "command, applications it launched that still run); each start takes its pid cap "
+                                "from what is left, and one that would get under 300 is refused, naming this limit "
+                                "(0: off)")
+    session_bytes: int = Field(
+        32 << 30, ge=0, description="bytes the sandboxed commands of one session may write, all together; the command "
+                                    "that would pass it fails, naming this limit, and applies nothing (0: off)")
 
 
 DEFAULT_HIDDEN: tuple[str, ...] = (

@@ -41,6 +41,7 @@ from tether.sandbox.layers.layer import (
     conflicts,
     scan,
 )
+from tether.sandbox.layers.session import SessionLimit, measure
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy import approval
@@ -188,37 +189,53 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) ->
     another session's change applies nothing and names the paths. Errors are tool errors, never half-said."""
     sandbox = ctx.sandbox
     assert sandbox is not None
+    limits = getattr(ctx.policy, "limits", None)
+    files, written = measure(changes)
+    try:  # the session's totals, reserved here on the loop: two of its commands cannot both slip under them
+        sandbox.sessions.reserve(ctx.session_id, files, written, getattr(limits, "session_files", 0),
+                                 getattr(limits, "session_bytes", 0))
+    except SessionLimit as exc:
+        sandbox.release(layer)
+        raise ToolError(f"denied by limit '{exc.rule}': {exc}",
+                        {"changes": _public(changes), "limit": exc.rule, "applied": False}) from None
 
     def settled(future: asyncio.Future[tuple[list[str], list[str]]]) -> None:  # the caller went away meanwhile
         if not future.cancelled() and future.exception() is None:
             sandbox.note_applied(*future.result())
+        elif _nothing_applied(future.exception() if not future.cancelled() else None):
+            sandbox.sessions.refund(ctx.session_id, files, written)
         sandbox.release(layer)
 
     try:
         touched = await _on_pool(sandbox, layer, _apply, ctx, changes, sandbox.applied_since(layer), settled=settled)
     except asyncio.CancelledError:
         raise
-    except LateConflict as exc:
+    except BaseException as exc:
+        if _nothing_applied(exc):  # what was applied in part stays counted
+            sandbox.sessions.refund(ctx.session_id, files, written)
         sandbox.release(layer)
-        raise ToolError(f"applying the command's changes stopped: {exc}; that was kept, and what was applied "
-                        "is journaled and can be undone",
-                        {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
-                         "applied": "partly"}) from None
-    except ApplyConflict as exc:
-        sandbox.release(layer)
-        raise ToolError(f"nothing was applied: {exc}; run the command again",
-                        {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
-                         "applied": False}) from None
-    except (OSError, ValueError) as exc:
-        sandbox.release(layer)
-        raise ToolError(f"applying the command's changes failed ({_said(exc)}); what was applied is journaled and "
-                        f"can be undone", {"changes": _public(changes)}) from None
-    except BaseException:
-        sandbox.release(layer)
+        if isinstance(exc, LateConflict):
+            raise ToolError(f"applying the command's changes stopped: {exc}; that was kept, and what was applied "
+                            "is journaled and can be undone",
+                            {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
+                             "applied": "partly"}) from None
+        if isinstance(exc, ApplyConflict):
+            raise ToolError(f"nothing was applied: {exc}; run the command again",
+                            {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
+                             "applied": False}) from None
+        if isinstance(exc, OSError | ValueError):
+            raise ToolError(f"applying the command's changes failed ({_said(exc)}); what was applied is journaled "
+                            "and can be undone", {"changes": _public(changes)}) from None
         raise
     sandbox.note_applied(*touched)
     sandbox.release(layer)
     return _public(changes)
+
+
+def _nothing_applied(exc: BaseException | None) -> bool:
+    """Whether an apply that ended with `exc` applied nothing (a conflict found before it began, or a
+    journal guard), so its session reservation is given back; None: it was cancelled before it ran."""
+    return exc is None or (isinstance(exc, ApplyConflict | PolicyDenied) and not isinstance(exc, LateConflict))
 
 
 def _said(exc: BaseException) -> str:

@@ -25,6 +25,7 @@ from pydantic import Field
 
 from tether.sandbox import SandboxUnavailable
 from tether.sandbox.confine.limits import describe, exceeded
+from tether.sandbox.layers.session import SessionLimit
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy.jail import approval_needed, check_cwd, real, within
@@ -32,6 +33,7 @@ from tether.tools.policy.model import ALWAYS_DENIED, approval_asked, check_comma
 from tether.tools.process import run_process
 from tether.tools.runtime import ToolSet, tool
 from tether.tools.shell import capture as shell_capture
+from tether.tools.shell.egress_ask import egress_asker
 
 logger = logging.getLogger(__name__)
 
@@ -286,7 +288,9 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
                 result = await run_process([cmd, *args], executable=program, cwd=str(workdir),
                                            env={**(env or {}), "PATH": search},
                                            stdin=None if stdin is None else stdin.encode(), max_output=limit,
-                                           on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer)
+                                           on_output=on_output, on_start=pids.append, sandbox=sandbox, layer=layer,
+                                           ask=egress_asker(ctx, timeout),
+                                           session=(ctx.session_id, ctx.policy.limits.session_processes))
         except BaseException:
             if layer is not None:  # a command that did not end by itself changes nothing
                 sandbox.release(layer)  # type: ignore[union-attr]
@@ -298,6 +302,8 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
         note = "; nothing it wrote was applied" if layer is not None else ""
         raise ToolError(f"`{preview_text}` timed out after {timeout:g}s; its process group was killed{note}",
                         body) from None
+    except SessionLimit as exc:
+        raise ToolError(f"denied by limit '{exc.rule}': {exc}", {"limit": exc.rule, "applied": False}) from None
     except (OSError, SandboxUnavailable) as exc:
         raise ToolError(f"could not start {cmd}: {getattr(exc, 'strerror', None) or exc}") from None
     body = payload(result.exit_code, result.stdout, result.stderr,

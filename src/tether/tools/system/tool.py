@@ -24,6 +24,7 @@ import psutil
 from pydantic import Field
 
 from tether.sandbox import SandboxUnavailable
+from tether.sandbox.layers.session import SessionLimit
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
 from tether.tools.policy.jail import check_cwd
@@ -221,12 +222,16 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
 
             x_socket = display_socket(env.get("DISPLAY"))
             proc: Any = await ctx.sandbox.spawn([app_name, *args], executable=executable, cwd=str(workdir), env=env,
-                                                stdin=False, layer=None, output=False, display_socket=x_socket)
+                                                stdin=False, layer=None, output=False, display_socket=x_socket,
+                                                session=ctx.session_id,
+                                                session_processes=ctx.policy.limits.session_processes)
         else:
             proc = await asyncio.create_subprocess_exec(
                 app_name, *args, executable=executable, cwd=workdir, env=env, start_new_session=True,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
                 stderr=asyncio.subprocess.DEVNULL)
+    except SessionLimit as exc:
+        raise ToolError(f"denied by limit '{exc.rule}': {exc}", {"limit": exc.rule, "applied": False}) from None
     except (OSError, SandboxUnavailable) as exc:
         raise ToolError(f"could not start {app_name!r}: {exc}") from None
     _reap_when_done(proc, app_name)

@@ -1,7 +1,7 @@
 // The tether dashboard: one page, no build step, no framework. It calls the REST API with the session
 // cookie (and the CSRF token on every state-changing request); live views read server-sent events.
 "use strict";
-const S = {me: null, streams: [], fleet: {}};
+const S = {me: null, streams: [], fleet: {}, inbox: null};
 const $ = (sel) => document.querySelector(sel);
 
 function h(tag, attrs, ...kids) {  // DOM built from data, never from HTML strings
@@ -141,6 +141,8 @@ async function deviceView(name) {
   const main = view(h("h1", {}, `Device ${d.name} `, status(d.status)),
     h("div", {class: "card"}, h("p", {}, `Platform: ${d.platform || "—"} · tags: ${(d.tags || []).join(", ") || "—"} · sandbox: ${d.sandbox || "—"} · load ${d.load}`),
       h("details", {}, h("summary", {}, "Full profile"), h("pre", {}, JSON.stringify(d.profile, null, 2)))));
+  if (can("execute") && tools.some((t) => t.name === "screenshot"))  // the live view (screen.js)
+    main.append(h("p", {}, h("a", {href: `#/devices/${encodeURIComponent(d.name)}/screen`, id: "screen-link"}, "Screen: watch it live, take over")));
   if (can("execute")) {
     const fields = h("div", {});
     const out = h("pre", {id: "tool-output", "aria-live": "polite"});
@@ -220,7 +222,12 @@ async function taskView(id) {
       t.answer ? h("p", {id: "answer"}, h("strong", {}, "Answer: "), t.answer) : null, t.error ? h("p", {class: "error"}, t.error) : null, buttons));
     steps.replaceChildren(...(t.plan ? t.plan.steps : []).map((s, i) => {
       const runs = (t.steps || []).filter((r) => r.index === i);
-      return h("div", {class: "card", "data-step": i}, h("p", {}, h("strong", {}, `${i + 1}. ${s.skill}`), " ", s.description || ""),
+      const g = t.graph ? t.graph.nodes[i] : null;  // a graph plan: the step's state, stage and needs, live
+      const name = (n) => t.graph.nodes[n].id || String(n + 1);
+      return h("div", {class: "card", "data-step": i, "data-state": g ? g.state : null}, h("p", {}, h("strong", {}, `${i + 1}. ${s.skill}`), " ", s.description || ""),
+        g ? h("p", {class: "graph"}, status(g.state), ` stage ${g.stage}`, g.id ? ` · id ${g.id}` : "", g.device ? ` · on ${g.device}` : "",
+          g.needs.length ? ` · needs ${g.needs.map(name).join(", ")}` : "",
+          typeof g.when === "string" ? (g.when === "success" ? "" : ` · when ${g.when}`) : ` · if ${g.when.ref}`) : null,
         h("pre", {}, JSON.stringify(s.args)), runs.map((r) => h("div", {}, status(r.result.status === "success" ? "done" : r.result.status === "failure" ? "failed" : r.result.status),
           r.result.error ? h("span", {class: "error"}, ` ${r.result.error}`) : null,
           r.decision ? h("p", {}, `Recovery: ${r.decision.decision || JSON.stringify(r.decision)}`) : null)));
@@ -303,24 +310,30 @@ async function tokensView() {
 }
 
 // -- shell --------------------------------------------------------------------------------------
-async function badge() {
-  if (!S.me) return;
-  try {
-    const waiting = await api("/api/v1/tasks?state=waiting_for_user&limit=1000");
-    const b = $("#badge"); b.hidden = !waiting.length; b.textContent = String(waiting.length);
-    b.setAttribute("aria-label", `${waiting.length} tasks waiting for you`);
-  } catch (x) { /* the next page load says what is wrong */ }
+// the badge counts what waits for this token's answer (GET /api/v1/approvals): pushed by the server as it
+// changes (server-sent events), never polled; a lost stream is opened again
+function showBadge(count) {
+  const b = $("#badge"); b.hidden = !count; b.textContent = String(count);
+  b.setAttribute("aria-label", `${count} waiting for your answer`);
+}
+function badge() {
+  if (!S.me) { if (S.inbox) { S.inbox.close(); S.inbox = null; } showBadge(0); return; }
+  if (S.inbox) return;
+  const es = S.inbox = new EventSource("/api/v1/approvals/events");
+  es.addEventListener("approvals", (m) => showBadge(JSON.parse(m.data).count));
+  es.onerror = () => { es.close(); if (S.inbox === es) { S.inbox = null; setTimeout(badge, 3000); } };
 }
 async function route() {
   if (!S.me) { try { S.me = await api("/web/session"); if (!S.me.name) S.me = null; } catch (x) { S.me = null; } }
-  if (!S.me) { stopStreams(); loginView(); return; }
+  if (!S.me) { stopStreams(); badge(); loginView(); return; }
   $("#nav").hidden = false; $("#who").textContent = `${S.me.name} (${S.me.scopes.join(", ")})`;
   for (const a of document.querySelectorAll("[data-scope]")) a.hidden = !can(a.dataset.scope);
   const [path, query] = (location.hash.slice(1) || "/devices").split("?");
   const params = new URLSearchParams(query || ""); const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   badge();
   try {
-    if (parts[0] === "devices" && parts[1]) await deviceView(parts[1]);
+    if (parts[0] === "devices" && parts[2] === "screen") screenView(parts[1]);  // screen.js: the live view
+    else if (parts[0] === "devices" && parts[1]) await deviceView(parts[1]);
     else if (parts[0] === "tasks" && parts[1]) await taskView(parts[1]);
     else if (parts[0] === "tasks") await tasksView(params);
     else if (parts[0] === "audit") await auditView(params);
@@ -332,5 +345,4 @@ window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", () => {
   $("#logout").addEventListener("click", async () => { try { await api("/web/logout", {method: "POST"}); } catch (x) { /* gone already */ } S.me = null; route(); });
   route();
-  setInterval(badge, 5000);
 });
