@@ -58,7 +58,7 @@ asyncio.run(main())
 """
 
 
-STARTUP = 120.0  # upper bound for the server process's first line (5 s was missed under load)
+PROCESS_WAIT = 120.0  # upper bound for the server process's start and stop (5 s was missed under load)
 
 
 @dbkit.keeps_server_state
@@ -80,8 +80,8 @@ class ServerProcess:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _SERVER, self.settings, env=tether_env(self.tmp), stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        # a fresh interpreter importing the agent app: bounded by STARTUP, which a loaded machine needs
-        _, port, loaded = (await self._line(STARTUP)).split(" ", 2)
+        # a fresh interpreter importing the agent app: a loaded machine needs more than WAIT
+        _, port, loaded = (await self._line(PROCESS_WAIT)).split(" ", 2)
         self.base = f"http://127.0.0.1:{port}"
         return json.loads(loaded)
 
@@ -102,9 +102,9 @@ class ServerProcess:
         """Stop the server: (the SDK packages imported at the end, the exit code, its stderr)."""
         assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write(b"stop\n")
-        kind, loaded = (await self._line()).split(" ", 1)
+        kind, loaded = (await self._line(PROCESS_WAIT)).split(" ", 1)  # uvicorn's graceful shutdown
         assert kind == "stopped"
-        code = await asyncio.wait_for(self.proc.wait(), WAIT)
+        code = await asyncio.wait_for(self.proc.wait(), PROCESS_WAIT)
         return json.loads(loaded), code, await self.stderr()
 
     async def stderr(self) -> str:
