@@ -96,6 +96,11 @@ def _run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
 
 
+def _ensure_user() -> pwd.struct_passwd:
+    """The user `tether-sbx`, created if missing (under the machine-wide lock of tests/kits/confined_device)."""
+    return ensure_user(USER)
+
+
 def _as_user_can(user: str, *test: str) -> bool:
     return _run(["runuser", "-u", user, "--", "test", *test]).returncode == 0
 
@@ -141,7 +146,7 @@ def test_the_sandbox_holds_for_an_unprivileged_user(tmp_path: Path) -> None:
         script.write_text(SCRIPT)
         script.chmod(0o644)
         if os.geteuid() == 0:
-            user = ensure_user(USER)
+            user = _ensure_user()
             if shutil.which("runuser") is None:
                 pytest.fail("runuser is missing; install it with: apt-get install -y util-linux")
             _check_readable(user.pw_name)
