@@ -1,4 +1,5 @@
-"""One write per response sent whole (server/http/coalesce.py) and when a batch's headers go (api.BatchResponse).
+"""One write per response sent whole (server/http/coalesce.py) and when a batch's headers go
+(routes.commands.BatchResponse).
 
 - `CoalescingTransport` over a real socket pair: the writes of one loop turn reach the peer as one
   write, in order; `close` sends what is pending first, `abort` drops it; the WebSocket upgrade's
