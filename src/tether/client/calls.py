@@ -270,6 +270,10 @@ def cancel_task(task_id: str) -> Call[TaskSummary]:
     return Call("POST", f"{API}/tasks/{part(task_id)}/cancel", TaskSummary.model_validate)
 
 
+def edit_task(task_id: str, edit: dict[str, Any]) -> Call[dict[str, Any]]:
+    return Call("POST", f"{API}/tasks/{part(task_id)}/edits", _dict, json=dict(edit))
+
+
 def task_events(task_id: str, after: int, read_timeout: float) -> StreamCall[TaskEvent | TaskEnd]:
     """A task's events after `after`, ending with its `TaskEnd`."""
 
