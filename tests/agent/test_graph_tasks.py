@@ -12,6 +12,7 @@ devices while neither can end yet; nothing here sleeps.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 
 from tests.kits.chaos import WAIT, ChaosCluster, Runs, pids_running
 from tests.kits.netutil import CLI, wait_for
+from tether.client import Client
 from tether.client.rest import RemoteError
 
 NAMES = ("alpha", "beta", "gamma")
@@ -178,16 +180,18 @@ def test_a_running_graph_is_edited_checked_whole_and_refused_with_the_reasons(
             step(runs, "g3", "gamma", ["g1"])]
     tid = cluster.remote.create_task("a graph edited while it runs", plan=plan, device="alpha")["id"]
     runs.wait_started("g1")
-    cycle = {"add": [{**step(runs, "e0", "gamma", ["g2"])}], "add_needs": {"g2": ["e0"]}}
-    with pytest.raises(RemoteError) as refused:
-        cluster.remote.edit_task(tid, cycle)
-    assert refused.value.status == 422 and "cycle" in str(refused.value)
+    cycle = runs.live / "cycle.json"  # `tether edit` reads YAML or JSON
+    cycle.write_text(json.dumps({"add": [step(runs, "e0", "gamma", ["g2"])], "add_needs": {"g2": ["e0"]}}))
+    refused = subprocess.run([*CLI, "edit", tid, "--file", str(cycle), "--server", cluster.url], capture_output=True,
+                             text=True, env={**cluster.env, "TETHER_TOKEN": cluster.api_token}, timeout=WAIT)
+    assert refused.returncode != 0 and "cycle" in refused.stderr and "Traceback" not in refused.stderr
     with pytest.raises(RemoteError) as started:
         cluster.remote.edit_task(tid, {"remove": ["g1"]})
     assert started.value.status == 409 and "has already running" in str(started.value)
     # applied at once: e1 starts while g1 still blocks, g3 is gone, and g2 now waits for e1 too
-    applied = cluster.remote.edit_task(tid, {"add": [step(runs, "e1", "gamma", [])], "remove": ["g3"],
-                                             "add_needs": {"g2": ["e1"]}})
+    with Client(cluster.url, cluster.api_token, timeout=WAIT) as client:
+        applied = client.edit_task(tid, {"add": [step(runs, "e1", "gamma", [])], "remove": ["g3"],
+                                         "add_needs": {"g2": ["e1"]}})
     assert applied["status"] == "applied" and applied["step_states"][2] == "removed"
     runs.wait_started("e1")
     assert runs.counts()["g2"] == 0
