@@ -238,3 +238,30 @@ def test_undo_puts_back_every_devices_changes_of_a_graph_in_reverse_order(
     assert not (work / "copy").exists() and (work / "tree" / "sub" / "data.txt").read_text() == "made on alpha"
     devices = [e["devices"] for e in kinds(cluster.remote.task(tid), "undone")][-1]
     assert list(devices) == ["beta", "alpha"] and all("error" not in r for r in devices.values()), devices
+
+
+def test_a_step_whose_device_cannot_report_after_a_restart_is_put_to_the_person(
+        fleet: tuple[ChaosCluster, Runs]) -> None:
+    cluster, runs = fleet
+    plan = [step(runs, "u1", "gamma", [], gated=True), step(runs, "u2", "alpha", ["u1"], when="always")]
+    tid = cluster.remote.create_task("a step whose outcome is lost", plan=plan, device="alpha")["id"]
+    runs.wait_started("u1")
+    cluster.kill_server()
+    cluster.devices["gamma"].stop()  # its record of finished calls goes with the process: it cannot report
+    runs.open_gate("u1")  # a run the device left behind ends
+    cluster.restart_server()
+    cluster.device("gamma", runs)
+    # u2 runs even when u1 fails (`when: always`), yet an unknown outcome is not a failure: a person says
+    wait_for(lambda: cluster.remote.task(tid, events=False)["state"] == "waiting_for_user",
+             "the unknown outcome is put to the person", WAIT, (cluster.server.popen,))
+    task = cluster.remote.task(tid)
+    [record] = [r for r in task["steps"] if r["index"] == 0]
+    assert record["result"]["result"]["error_code"] == "restart_unknown", record["result"]
+    assert "whether it finished is unknown" in record["result"]["error"]
+    question = task["questions"][-1]
+    assert question["step"] == 0 and {"retry", "cancel"} <= set(question["options"])
+    assert runs.counts()["u1"] == 1 and runs.counts()["u2"] == 0  # u1 never re-run by itself, u2 waits
+    cluster.remote.answer(tid, "skip")
+    task = ended(cluster, tid)
+    assert task["state"] == "done", task["error"]
+    assert task["step_states"] == ["skipped", "done"] and runs.counts()["u1"] == 1
