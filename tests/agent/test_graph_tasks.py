@@ -97,7 +97,7 @@ def test_branches_overlap_and_conditions_pick_the_edges(fleet: tuple[ChaosCluste
 
 def test_a_branch_fails_and_recovers_while_its_sibling_runs(fleet: tuple[ChaosCluster, Runs]) -> None:
     cluster, runs = fleet
-    target = runs.live / "made" / "deeper" / "note.txt"  # its parent is missing: recovery adds create_parents
+    target = cluster.tmp / "work" / "made" / "deeper" / "note.txt"  # no parent: recovery adds create_parents
     plan = [step(runs, "slow", "alpha", [], gated=True),
             {"id": "write", "needs": [], "device": "beta", "skill": "write_file",
              "args": {"file_path": str(target), "content": "hello"}},
