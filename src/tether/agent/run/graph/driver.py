@@ -16,6 +16,7 @@ step) and:
   time; skip marks the step `skipped`, and its dependants are skipped unless `when` says otherwise);
 - at `observe`, re-plans the branch from what its steps found (a live edit, see `planning/edits.py`):
   every edit is an `edit` event, or an `edit_refused` event with the reasons;
+- takes edits from outside (a person's or an agent's, outside.py) between two turns of its loop, woken by them;
 - stops every running branch when the task is cancelled or ends.
 """
 
