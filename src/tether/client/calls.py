@@ -245,8 +245,14 @@ def create_task(request: str, plan: Sequence[dict[str, Any]] | None, device: str
     return Call("POST", f"{API}/tasks", TaskSummary.model_validate, json=body)
 
 
+def _task(body: Any) -> Task:
+    """The task as stored; the drawn `graph` the API adds is left out (`tether.agent.run.graph.view.graph_of`
+    makes it from the task)."""
+    return Task.model_validate({k: v for k, v in body.items() if k != "graph"} if isinstance(body, dict) else body)
+
+
 def task(task_id: str, events: bool) -> Call[Task]:
-    return Call("GET", f"{API}/tasks/{part(task_id)}", Task.model_validate, params={"events": str(events).lower()})
+    return Call("GET", f"{API}/tasks/{part(task_id)}", _task, params={"events": str(events).lower()})
 
 
 def tasks(limit: int, state: str | None) -> Call[list[TaskSummary]]:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tether.agent.planning.refs import RefError, lookup, parse_ref
+from tether.agent.planning.refs import REF_PATTERN, RefError, lookup, parse_ref
 
 MAX_PATTERN = 200
 MAX_SUBJECT = 100_000
@@ -28,13 +28,18 @@ WhenWord = Literal["success", "failure", "always"]
 class Condition(BaseModel):
     """A test on an earlier step's result; exactly one of `equals`, `contains`, `matches`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # the document says what the validator checks: exactly one test given (not null), a reference's shape
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"required": [key], "properties": {key: {"not": {"type": "null"}}}}
+        for key in ("equals", "contains", "matches")]})
 
-    ref: str = Field(..., min_length=1, description='what to test, e.g. "steps.build.result.exitCode"')
+    ref: str = Field(..., min_length=1, description='what to test, e.g. "steps.build.result.exitCode"',
+                     json_schema_extra={"pattern": REF_PATTERN})
     equals: Any = Field(default=None, description="true when the value equals this (as JSON)")
     contains: Any = Field(default=None, description="true when the text (or list) contains this")
     matches: str | None = Field(default=None, max_length=MAX_PATTERN, description="a regular expression searched "
-                                                                                  "in the value's text")
+                                                                                  "in the value's text",
+                                json_schema_extra={"format": "regex"})
     negate: bool = Field(default=False, description="true inverts the test")
 
     @model_validator(mode="after")

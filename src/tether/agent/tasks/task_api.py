@@ -235,22 +235,19 @@ async def undo_task(task_id: str, request: Request,
 
 @router.post("/{task_id}/edits")
 async def edit_task(task_id: str, body: EditRequest, request: Request,
-                    who: Annotated[TokenInfo, Depends(require("execute"))]) -> Any:
+                    who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     """Edit the running graph: add steps, remove steps that have not started, add needs. Checked against the
     whole graph and applied at once (an `edit` event), or refused with every reason (409 when it changes steps
-    that have started, else 422: `{"error", "reasons"}`, an `edit_refused` event). Needs `execute` on every
+    that have started, else 422: `{"error"}` naming every reason; an `edit_refused` event). Needs `execute` on every
     device the edit touches; an agent's new steps wait for a person when the task's confirm mode says so."""
     from tether.agent.planning.edits import GraphEdit
-    from tether.agent.tasks.graph_edit import GraphEditRefused, edit_graph
+    from tether.agent.tasks.graph_edit import edit_graph
 
     visible_task(_service(request), task_id, who)
     if not (body.add or body.remove or body.add_needs):
         raise TaskError(422, "the edit is empty: give add, remove or add_needs")
     edit = GraphEdit(add=body.add, remove=body.remove, add_needs=body.add_needs)
-    try:
-        return await edit_graph(_service(request), task_id, edit, who, f"api:{who.name}")
-    except GraphEditRefused as exc:
-        return JSONResponse({"error": str(exc), "reasons": exc.reasons}, status_code=exc.status)
+    return await edit_graph(_service(request), task_id, edit, who, f"api:{who.name}")  # refused: TaskError
 
 
 @router.get("/{task_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
