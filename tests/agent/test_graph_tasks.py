@@ -265,3 +265,28 @@ def test_a_step_whose_device_cannot_report_after_a_restart_is_put_to_the_person(
     task = ended(cluster, tid)
     assert task["state"] == "done", task["error"]
     assert task["step_states"] == ["skipped", "done"] and runs.counts()["u1"] == 1
+
+
+def test_an_edit_reaching_beyond_the_tokens_devices_is_refused(fleet: tuple[ChaosCluster, Runs]) -> None:
+    cluster, runs = fleet
+    secret = cluster.remote._request("POST", "/tokens", json={"kind": "api", "name": "alpha-only",
+                                                              "scopes": ["read", "execute"], "devices": ["alpha"]})
+    with cluster.client(secret["token"]) as attacker:
+        tid = attacker.create_task("mine, on alpha", plan=[step(runs, "s1", "alpha", [], gated=True)],
+                                   device="alpha")["id"]
+        runs.wait_started("s1")
+        tries = {"a step on gamma": {"add": [step(runs, "x1", "gamma", [])]},
+                 "a sender on gamma": {"add": [{"id": "x2", "needs": [], "device": "alpha", "skill": "transfer",
+                                                "args": {"from": "gamma", "source": "/etc", "dest": "/tmp/x"}}]},
+                 "a device chosen later": {"add": [{**runs.step("x3"), "id": "x3", "needs": [],
+                                                    "requires": {"tools": ["shell.run"]}}]}}
+        for what, edit in tries.items():
+            with pytest.raises(RemoteError) as refused:
+                attacker.edit_task(tid, edit)
+            assert refused.value.status == 403 and "scope" in str(refused.value), what
+        assert attacker.edit_task(tid, {"add": [step(runs, "x4", "alpha", ["s1"])]})["status"] == "applied"
+        assert runs.open_gate("s1")
+        task = ended(cluster, tid)
+    assert task["state"] == "done", task["error"]
+    assert {lab: runs.counts()[lab] for lab in ("x1", "x3", "x4")} == {"x1": 0, "x3": 0, "x4": 1}
+    assert not kinds(task, "edit_refused")  # refused before reaching the graph: nothing of them ran or was logged
