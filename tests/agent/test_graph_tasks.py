@@ -247,8 +247,9 @@ def test_a_step_whose_device_cannot_report_after_a_restart_is_put_to_the_person(
     tid = cluster.remote.create_task("a step whose outcome is lost", plan=plan, device="alpha")["id"]
     runs.wait_started("u1")
     cluster.kill_server()
-    cluster.devices["gamma"].stop()  # its record of finished calls goes with the process: it cannot report
+    cluster.devices["gamma"].kill()  # its record of finished calls goes with the process: it cannot report
     runs.open_gate("u1")  # a run the device left behind ends
+    wait_for(lambda: not pids_running(runs.script, "u1"), "the orphaned u1 ended", WAIT)
     cluster.restart_server()
     cluster.device("gamma", runs)
     # u2 runs even when u1 fails (`when: always`), yet an unknown outcome is not a failure: a person says
