@@ -1,6 +1,8 @@
 """Graph plans on a real `tether server` process with three real `tether device` processes (one server and
 its devices for the whole module): parallel branches overlap, conditions pick edges, a branch fails and
-recovers while its sibling runs on, and a restarted server goes on without re-running finished steps.
+recovers while its sibling runs on, a restarted server goes on without re-running finished steps, a running
+graph is edited over the API (an edit refused for a cycle, one refused for a started step, one applied whose
+new step starts at once), and `tether undo` puts back what a graph changed on two devices, in reverse order.
 
 Steps are the chaos kit's counted commands: each appends its label to `runs.log` (how often it ran),
 announces its start on a FIFO the test reads (an event, not a poll), and a gated one blocks until the
@@ -10,6 +12,7 @@ devices while neither can end yet; nothing here sleeps.
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +21,8 @@ import pytest
 
 from tests.kits.chaos import WAIT, ChaosCluster, Runs, pids_running
 from tests.kits.netutil import CLI, wait_for
+from tether.client import Client
+from tether.client.rest import RemoteError
 
 NAMES = ("alpha", "beta", "gamma")
 
@@ -26,6 +31,8 @@ NAMES = ("alpha", "beta", "gamma")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ChaosCluster, Runs]]:
     tmp = tmp_path_factory.mktemp("graph")
     runs = Runs(tmp)
+    (tmp / "work").mkdir()  # a captured write root: what steps change there, `tether undo` puts back
+    runs.policy.write_text(runs.policy.read_text() + f"write_roots: [{str(tmp / 'work')!r}]\n")
     cluster = ChaosCluster(tmp, names=NAMES)
     try:
         for name in NAMES:
@@ -90,7 +97,7 @@ def test_branches_overlap_and_conditions_pick_the_edges(fleet: tuple[ChaosCluste
 
 def test_a_branch_fails_and_recovers_while_its_sibling_runs(fleet: tuple[ChaosCluster, Runs]) -> None:
     cluster, runs = fleet
-    target = runs.live / "made" / "deeper" / "note.txt"  # its parent is missing: recovery adds create_parents
+    target = cluster.tmp / "work" / "made" / "deeper" / "note.txt"  # no parent: recovery adds create_parents
     plan = [step(runs, "slow", "alpha", [], gated=True),
             {"id": "write", "needs": [], "device": "beta", "skill": "write_file",
              "args": {"file_path": str(target), "content": "hello"}},
@@ -164,3 +171,123 @@ def test_a_restarted_server_goes_on_without_re_running_finished_steps(fleet: tup
     assert task["step_states"] == ["done", "failed", "done", "skipped"]
     assert [e for e in kinds(task, "server_restarted") if e.get("graph")]
     assert next(e for e in kinds(task, "step_finished") if e.get("from_device"))["step"] == 1
+
+
+def test_a_running_graph_is_edited_checked_whole_and_refused_with_the_reasons(
+        fleet: tuple[ChaosCluster, Runs]) -> None:
+    cluster, runs = fleet
+    plan = [step(runs, "g1", "alpha", [], gated=True), step(runs, "g2", "beta", ["g1"]),
+            step(runs, "g3", "gamma", ["g1"])]
+    tid = cluster.remote.create_task("a graph edited while it runs", plan=plan, device="alpha")["id"]
+    runs.wait_started("g1")
+    cycle = runs.live / "cycle.json"  # `tether edit` reads YAML or JSON
+    cycle.write_text(json.dumps({"add": [step(runs, "e0", "gamma", ["g2"])], "add_needs": {"g2": ["e0"]}}))
+    refused = subprocess.run([*CLI, "edit", tid, "--file", str(cycle), "--server", cluster.url], capture_output=True,
+                             text=True, env={**cluster.env, "TETHER_TOKEN": cluster.api_token}, timeout=WAIT)
+    assert refused.returncode != 0 and "cycle" in refused.stderr and "Traceback" not in refused.stderr
+    with pytest.raises(RemoteError) as started:
+        cluster.remote.edit_task(tid, {"remove": ["g1"]})
+    assert started.value.status == 409 and "has already running" in str(started.value)
+    # applied at once: e1 starts while g1 still blocks, g3 is gone, and g2 now waits for e1 too
+    with Client(cluster.url, cluster.api_token, timeout=WAIT) as client:
+        applied = client.edit_task(tid, {"add": [step(runs, "e1", "gamma", [])], "remove": ["g3"],
+                                         "add_needs": {"g2": ["e1"]}})
+    assert applied["status"] == "applied" and applied["step_states"][2] == "removed"
+    runs.wait_started("e1")
+    assert runs.counts()["g2"] == 0
+    assert runs.open_gate("g1")
+    task = ended(cluster, tid)
+    assert task["state"] == "done", task["error"]
+    assert task["step_states"] == ["done", "done", "removed", "done"]
+    assert {lab: runs.counts()[lab] for lab in ("g1", "g2", "g3", "e0", "e1")} == \
+        {"g1": 1, "g2": 1, "g3": 0, "e0": 0, "e1": 1}
+    order = [(e["kind"], e["data"].get("step")) for e in task["events"]]
+    assert order.index(("step_finished", 3)) < order.index(("step_started", 1))  # the added need held g2
+    reasons = [e["reasons"] for e in kinds(task, "edit_refused")]
+    assert len(reasons) == 2 and any("cycle" in r for r in reasons[0])
+    [edit] = kinds(task, "edit")
+    assert edit["source"] == "api" and edit["by"] == "api:chaos" and edit["remove"] == ["g3"]
+    with pytest.raises(RemoteError) as over:  # an ended task has no running graph
+        cluster.remote.edit_task(tid, {"remove": ["g2"]})
+    assert over.value.status == 409
+
+
+def test_undo_puts_back_every_devices_changes_of_a_graph_in_reverse_order(
+        fleet: tuple[ChaosCluster, Runs]) -> None:
+    cluster, _ = fleet
+    work = cluster.tmp / "work" / "undo"
+    (work / "tree" / "sub").mkdir(parents=True)
+    (work / "tree" / "sub" / "data.txt").write_text("made on alpha")
+    shared = work / "shared.txt"
+    shared.write_text("v0")
+    plan = [{"id": "w1", "needs": [], "device": "alpha", "skill": "write_file",
+             "args": {"file_path": str(shared), "content": "v1", "mode": "overwrite"}},
+            {"id": "send", "needs": [], "device": "beta", "skill": "transfer",
+             "args": {"from": "alpha", "source": str(work / "tree"), "dest": str(work / "copy")}},
+            {"id": "w2", "needs": ["w1", "send"], "device": "beta", "skill": "write_file",
+             "args": {"file_path": str(shared), "content": "v2", "mode": "overwrite"}}]
+    tid = cluster.remote.create_task("change files on two devices", plan=plan, device="alpha")["id"]
+    task = ended(cluster, tid)
+    assert task["state"] == "done", task["error"]
+    assert shared.read_text() == "v2" and (work / "copy" / "sub" / "data.txt").read_text() == "made on alpha"
+    undone = subprocess.run([*CLI, "undo", tid, "--server", cluster.url, "--json"], capture_output=True, text=True,
+                            env={**cluster.env, "TETHER_TOKEN": cluster.api_token}, timeout=WAIT)
+    assert undone.returncode == 0, undone.stderr
+    # beta changed last, so it is undone first (v2 → v1), then alpha (v1 → v0); the other order leaves v1
+    assert shared.read_text() == "v0"
+    assert not (work / "copy").exists() and (work / "tree" / "sub" / "data.txt").read_text() == "made on alpha"
+    devices = [e["devices"] for e in kinds(cluster.remote.task(tid), "undone")][-1]
+    assert list(devices) == ["beta", "alpha"] and all("error" not in r for r in devices.values()), devices
+
+
+def test_a_step_whose_device_cannot_report_after_a_restart_is_put_to_the_person(
+        fleet: tuple[ChaosCluster, Runs]) -> None:
+    cluster, runs = fleet
+    plan = [step(runs, "u1", "gamma", [], gated=True), step(runs, "u2", "alpha", ["u1"], when="always")]
+    tid = cluster.remote.create_task("a step whose outcome is lost", plan=plan, device="alpha")["id"]
+    runs.wait_started("u1")
+    cluster.kill_server()
+    cluster.devices["gamma"].kill()  # its record of finished calls goes with the process: it cannot report
+    runs.open_gate("u1")  # a run the device left behind ends
+    wait_for(lambda: not pids_running(runs.script, "u1"), "the orphaned u1 ended", WAIT)
+    cluster.restart_server()
+    cluster.device("gamma", runs)
+    # u2 runs even when u1 fails (`when: always`), yet an unknown outcome is not a failure: a person says
+    wait_for(lambda: cluster.remote.task(tid, events=False)["state"] == "waiting_for_user",
+             "the unknown outcome is put to the person", WAIT, (cluster.server.popen,))
+    task = cluster.remote.task(tid)
+    [record] = [r for r in task["steps"] if r["index"] == 0]
+    assert record["result"]["result"]["error_code"] == "restart_unknown", record["result"]
+    assert "whether it finished is unknown" in record["result"]["error"]
+    question = task["questions"][-1]
+    assert question["step"] == 0 and {"retry", "cancel"} <= set(question["options"])
+    assert runs.counts()["u1"] == 1 and runs.counts()["u2"] == 0  # u1 never re-run by itself, u2 waits
+    cluster.remote.answer(tid, "skip")
+    task = ended(cluster, tid)
+    assert task["state"] == "done", task["error"]
+    assert task["step_states"] == ["skipped", "done"] and runs.counts()["u1"] == 1
+
+
+def test_an_edit_reaching_beyond_the_tokens_devices_is_refused(fleet: tuple[ChaosCluster, Runs]) -> None:
+    cluster, runs = fleet
+    secret = cluster.remote._request("POST", "/tokens", json={"kind": "api", "name": "alpha-only",
+                                                              "scopes": ["read", "execute"], "devices": ["alpha"]})
+    with cluster.client(secret["token"]) as attacker:
+        tid = attacker.create_task("mine, on alpha", plan=[step(runs, "s1", "alpha", [], gated=True)],
+                                   device="alpha")["id"]
+        runs.wait_started("s1")
+        tries = {"a step on gamma": {"add": [step(runs, "x1", "gamma", [])]},
+                 "a sender on gamma": {"add": [{"id": "x2", "needs": [], "device": "alpha", "skill": "transfer",
+                                                "args": {"from": "gamma", "source": "/etc", "dest": "/tmp/x"}}]},
+                 "a device chosen later": {"add": [{**runs.step("x3"), "id": "x3", "needs": [],
+                                                    "requires": {"tools": ["shell.run"]}}]}}
+        for what, edit in tries.items():
+            with pytest.raises(RemoteError) as refused:
+                attacker.edit_task(tid, edit)
+            assert refused.value.status == 403 and "scope" in str(refused.value), what
+        assert attacker.edit_task(tid, {"add": [step(runs, "x4", "alpha", ["s1"])]})["status"] == "applied"
+        assert runs.open_gate("s1")
+        task = ended(cluster, tid)
+    assert task["state"] == "done", task["error"]
+    assert {lab: runs.counts()[lab] for lab in ("x1", "x3", "x4")} == {"x1": 0, "x3": 0, "x4": 1}
+    assert not kinds(task, "edit_refused")  # refused before reaching the graph: nothing of them ran or was logged

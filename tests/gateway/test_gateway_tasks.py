@@ -263,3 +263,38 @@ async def test_a_declined_approval_denies_and_a_dismissed_one_stays_open(server:
         assert summary["status"] == "cancelled" and "not approved" in summary["error"]
     else:  # nobody answered: the question stays open, with how to answer it
         assert summary["status"] == "waiting_for_user" and "answer_task" in summary["how_to_answer"]
+
+
+async def test_an_agents_edit_of_a_running_graph_waits_for_a_persons_confirmation(
+        server: tuple[AgentServer, Path]) -> None:
+    agent, root = server
+    (root / "keep.txt").write_text("original")
+    held = {"id": "held", "needs": [], "skill": "write_file",  # waits for approval: the graph keeps running
+            "args": {"file_path": str(root / "keep.txt"), "content": "changed", "mode": "overwrite"}}
+    added = {"id": "added", "needs": [], "device": "alpha", "skill": "write_file",
+             "args": {"file_path": str(root / "added.txt"), "content": "from the agent"}}
+    robot = agent.store.tokens.create("api", "robot", ["read", "execute"], "destructive", agent=True)[1]
+    async with mcp_client(url(agent), token(agent, "person", "execute", "approve")) as person, \
+            mcp_client(url(agent), robot) as bot:
+        listed = {t.name: t for t in (await bot.list_tools()).tools}
+        waiting = await person.call_tool("run_task", {"plan": [held], "device": "alpha"})
+        task_id = (waiting.structured_content or {})["task_id"]
+        itself = await bot.call_tool("edit_task", {"task_id": task_id, "add": [{**added, "needs": ["added"]}]})
+        edit = await bot.call_tool("edit_task", {"task_id": task_id, "add": [added]})
+        assert not edit.is_error, edit.content
+        assert (edit.structured_content or {})["status"] == "waiting_for_confirmation"
+        approved = await person.call_tool("answer_task", {"task_id": task_id, "answer": "approve", "wait": False})
+        assert not approved.is_error, approved.content
+        await agent.events_until(task_id, lambda e: e["kind"] == "question"
+                                 and e["data"]["kind"] == "confirmation")
+        assert not (root / "added.txt").exists()  # nothing an agent adds runs before a person confirms it
+        self_confirmed = await bot.call_tool("answer_task", {"task_id": task_id, "answer": "run", "wait": False})
+        confirmed = await person.call_tool("answer_task", {"task_id": task_id, "answer": "run"})
+    assert "anyOf" not in listed["edit_task"].input_schema and "oneOf" not in listed["edit_task"].input_schema
+    assert itself.is_error and "cannot need itself" in itself.content[0].text
+    assert self_confirmed.is_error and "approve" in self_confirmed.content[0].text
+    assert (confirmed.structured_content or {}).get("status") == "done", confirmed.content
+    assert (root / "added.txt").read_text() == "from the agent" and (root / "keep.txt").read_text() == "changed"
+    task = (await agent.api.get(f"/tasks/{task_id}")).json()
+    [applied] = [e["data"] for e in task["events"] if e["kind"] == "edit"]
+    assert applied["by"].endswith("api:robot") and task["step_states"] == ["done", "done"]

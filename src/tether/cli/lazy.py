@@ -53,6 +53,9 @@ COMMANDS: dict[str, Lazy] = {
                     "Approve the action a task on the server waits on (with --deny: deny it, which cancels "
                     "the task)."),
     "deny": Lazy(("tasks.task",), "Deny the action a task on the server waits on; the task is cancelled."),
+    "edit": Lazy(("tasks.task",),
+                 "Edit a running graph task on the server from a YAML or JSON file: add steps, remove steps "
+                 "not started, add needs."),
     "cancel": Lazy(("tasks.task",),
                    "Cancel a task: on the server with --server (or TETHER_SERVER; the command it is running is "
                    "stopped on its device), else this machine's (an interrupted one, or one no tether process "
@@ -89,7 +92,8 @@ COMMANDS: dict[str, Lazy] = {
 # Top-level commands by topic, in the order `tether --help` lists them: what a newcomer runs first, first.
 COMMAND_PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Run things", ("run", "exec", "demo")),
-    ("Tasks", ("tasks", "log", "approvals", "answer", "approve", "deny", "cancel", "undo", "sessions")),
+    ("Tasks", ("tasks", "log", "approvals", "answer", "approve", "deny", "edit", "cancel", "undo",
+               "sessions")),
     ("Fleet", ("devices", "policy", "audit", "batch", "cp", "tools")),
     ("Set-up", ("server", "device", "token", "webhooks", "mcp")),
 )

@@ -230,6 +230,10 @@ class AsyncClient:
         """See `Client.cancel_task`."""
         return await self._do(calls.cancel_task(task_id))
 
+    async def edit_task(self, task_id: str, edit: dict[str, Any]) -> dict[str, Any]:
+        """See `Client.edit_task`."""
+        return await self._do(calls.edit_task(task_id, edit))
+
     async def answer_question(self, device: str, question: str, action: str,
                               content: dict[str, Any] | None = None) -> dict[str, Any]:
         """See `Client.answer_question`."""

@@ -245,8 +245,14 @@ def create_task(request: str, plan: Sequence[dict[str, Any]] | None, device: str
     return Call("POST", f"{API}/tasks", TaskSummary.model_validate, json=body)
 
 
+def _task(body: Any) -> Task:
+    """The task as stored; the drawn `graph` the API adds is left out (`tether.agent.run.graph.view.graph_of`
+    makes it from the task)."""
+    return Task.model_validate({k: v for k, v in body.items() if k != "graph"} if isinstance(body, dict) else body)
+
+
 def task(task_id: str, events: bool) -> Call[Task]:
-    return Call("GET", f"{API}/tasks/{part(task_id)}", Task.model_validate, params={"events": str(events).lower()})
+    return Call("GET", f"{API}/tasks/{part(task_id)}", _task, params={"events": str(events).lower()})
 
 
 def tasks(limit: int, state: str | None) -> Call[list[TaskSummary]]:
@@ -268,6 +274,10 @@ def approve(task_id: str, approved: bool, always: str | None, digest: str | None
 
 def cancel_task(task_id: str) -> Call[TaskSummary]:
     return Call("POST", f"{API}/tasks/{part(task_id)}/cancel", TaskSummary.model_validate)
+
+
+def edit_task(task_id: str, edit: dict[str, Any]) -> Call[dict[str, Any]]:
+    return Call("POST", f"{API}/tasks/{part(task_id)}/edits", _dict, json=dict(edit))
 
 
 def task_events(task_id: str, after: int, read_timeout: float) -> StreamCall[TaskEvent | TaskEnd]:

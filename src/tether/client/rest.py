@@ -255,6 +255,10 @@ class RemoteServer:
     def cancel(self, task_id: str) -> dict[str, Any]:
         return self._request("POST", f"/tasks/{_quote(task_id)}/cancel")
 
+    def edit_task(self, task_id: str, edit: dict[str, Any]) -> dict[str, Any]:
+        """Edit the task's running graph ({add, remove, add_needs}); see `tether.client.Client.edit_task`."""
+        return self._request("POST", f"/tasks/{_quote(task_id)}/edits", json=edit)
+
     def undo_task(self, task_id: str) -> dict[str, Any]:
         """Put back the files the task changed on every device it ran on: {task, devices: {name: report}}."""
         return self._request("POST", f"/tasks/{_quote(task_id)}/undo", timeout=httpx.Timeout(300, connect=10))

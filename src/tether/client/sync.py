@@ -245,6 +245,12 @@ class Client:
         """Cancel the task."""
         return self._do(calls.cancel_task(task_id))
 
+    def edit_task(self, task_id: str, edit: dict[str, Any]) -> dict[str, Any]:
+        """Edit the task's running graph: `edit` is {add: [steps], remove: [ids], add_needs: {id: [ids]}}
+        (docs/graphs.md). Returns {task, status: applied | waiting_for_confirmation, step_states}; an edit the
+        graph refuses raises the API error (409/422) whose message gives every reason."""
+        return self._do(calls.edit_task(task_id, edit))
+
     def answer_question(self, device: str, question: str, action: str,
                         content: dict[str, Any] | None = None) -> dict[str, Any]:
         """Answer (`action` accept, decline or cancel) the question an external MCP server of `device` asked

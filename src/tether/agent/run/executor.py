@@ -77,6 +77,7 @@ class TaskRunner(Rounds):
         # Set by whoever stops the runner for a reason that is not the user's (a server shutting
         # down): the task keeps its state, so it can be resumed, instead of becoming cancelled.
         self.interrupted = False
+        self.graph: GraphRun | None = None  # the graph being run now, which edits from outside go to
         self.llm = llm
         self.tools = dict(tools)
         self.ask = ask
@@ -175,7 +176,11 @@ class TaskRunner(Rounds):
         assert task.plan is not None
         while task.cursor < len(task.plan.steps):
             if is_graph(task.plan.steps):  # given, planned, or a re-plan that made the rest a graph
-                await GraphRun(self, task, self.choose).run()
+                self.graph = GraphRun(self, task, self.choose)
+                try:
+                    await self.graph.run()
+                finally:
+                    self.graph = None
                 break
             self._check_budgets(task)
             if task.plan.steps[task.cursor].skill == OBSERVE:

@@ -25,7 +25,7 @@ from tether.agent.planning.plan import Plan
 from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.service import TaskError, TaskService
-from tether.agent.tasks.task_api import Answer, TaskRequest, _stricter, visible_task
+from tether.agent.tasks.task_api import Answer, EditRequest, TaskRequest, _stricter, visible_task
 from tether.server.aip.batches import TokenRef
 from tether.server.approvals import (
     ApprovalRefused,
@@ -88,6 +88,25 @@ def _run_input() -> dict[str, Any]:
     properties["plan"]["description"] = ("a plan to run as given (no LLM needed): at least one step; give this "
                                          "or `request`, at least one")
     schema["description"] = "Give `request` (plain words) or `plan` (steps), at least one; the rest is optional."
+    return schema
+
+
+EDIT_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"task": {"type": "string"},
+                   "status": {"type": "string", "description": "applied, or waiting_for_confirmation (a person's)"},
+                   "step_states": {"type": "array", "items": {"type": "string"}}},
+    "required": ["task", "status", "step_states"],
+}
+
+
+def _edit_input() -> dict[str, Any]:
+    """EditRequest's schema with the task's id: one object, no top-level `anyOf`/`oneOf`."""
+    schema = EditRequest.model_json_schema()
+    schema.pop("title", None)
+    schema["properties"] = {"task_id": _TASK_ID, **schema["properties"]}
+    schema["required"] = ["task_id"]
+    schema["additionalProperties"] = False
     return schema
 
 
@@ -189,6 +208,28 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
         return GatewayReply(f"undo of task {task.id}:\n" + "\n".join(lines),
                             {"task_id": task.id, "devices": report}, is_error=failed)
 
+    async def edit_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        from tether.agent.planning.edits import GraphEdit
+        from tether.agent.tasks.graph_edit import GraphEditRefused, edit_graph
+
+        try:
+            body = EditRequest.model_validate({k: v for k, v in arguments.items() if k != "task_id"})
+        except ValidationError as exc:
+            return _refused("edit_task", exc)
+        if not (body.add or body.remove or body.add_needs):
+            return GatewayReply("edit_task: the edit is empty: give add, remove or add_needs", is_error=True)
+        tasks = service()
+        task_id = tasks.get(_task_id(arguments)).id
+        try:
+            done = await edit_graph(tasks, task_id, GraphEdit(add=body.add, remove=body.remove,
+                                                              add_needs=body.add_needs), call.token, _who(call))
+        except GraphEditRefused as exc:
+            return GatewayReply(str(exc), {"reasons": exc.reasons}, is_error=True)
+        told = ("applied" if done["status"] == "applied" else
+                "waiting for a person to confirm the new steps (the task's confirm mode asks for it)")
+        return GatewayReply(f"edit of task {task_id}: {told}; steps now: " + ", ".join(
+            f"{i + 1} {state}" for i, state in enumerate(done["step_states"])), done)
+
     def guarded(handler: Any) -> Any:
         async def run(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
             try:
@@ -213,6 +254,11 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
                     "a person's: an agent's token is refused and told how a person approves. Then follows the task "
                     "like run_task.",
                     ANSWER_INPUT, "execute", guarded(answer_task), SUMMARY_SCHEMA),
+        GatewayTool("edit_task", "Edit a running graph task: add steps (a step's `needs` names the steps it waits "
+                    "for), remove steps that have not started, add needs to steps that have not started. Checked "
+                    "against the whole graph and applied at once, or refused with every reason. New steps from an "
+                    "agent wait for a person's confirmation when the task's confirm mode asks for it.",
+                    _edit_input(), "execute", guarded(edit_task), EDIT_SCHEMA, destructive=True),
         GatewayTool("cancel_task", "Cancel a task: its running command is stopped on the device.",
                     _ID_ONLY, "execute", guarded(cancel_task), SUMMARY_SCHEMA, destructive=True),
         GatewayTool("undo_task", "Put back the files a finished task changed, on every device it ran on (needs "

@@ -1,4 +1,5 @@
-"""The task API under /api/v1/tasks: create, get, list, stream events, answer, approve, cancel, undo.
+"""The task API under /api/v1/tasks: create, get, list, stream events, answer, approve, cancel, undo, and
+edit a running graph (`POST /{id}/edits`, agent/tasks/graph_edit.py).
 
 Creating and steering a task needs the `execute` scope; reading needs `read`; approving, answering
 an approval and undoing need `approve`. A task's events stream
@@ -71,6 +72,20 @@ class Approval(BaseModel):
         "with approved: the 'always' answer to a shell command the device's policy asks about: the program "
         "(or the program with this first argument as its only subcommand) joins the device's allowlist for "
         "good, as an audited policy change (needs the admin scope), then the command runs"))
+
+
+class EditRequest(BaseModel):
+    """An edit of a running graph plan (docs/graphs.md): checked whole, applied at once or refused."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    add: list[PlanStep] = Field(default_factory=list, max_length=100, description=(
+        "steps to add, numbered on from the plan's end; a step without `needs` follows the step listed before it "
+        "(`needs: []` starts it at once)"))
+    remove: list[str] = Field(default_factory=list, max_length=100,
+                              description="steps (ids, or numbers from 1) that have not started, to remove")
+    add_needs: dict[str, list[str]] = Field(default_factory=dict, description=(
+        "a step that has not started (id or number) → more steps it needs"))
 
 
 _CONFIRM_ORDER = ("never", "destructive", "always")
@@ -216,6 +231,23 @@ async def undo_task(task_id: str, request: Request,
     require_approver(who, "undo a task (it rewrites files as an approved action)",
                      how_a_person_approves(str(request.base_url), task_id=task_id, undo=True))
     return {"task": task_id, "devices": await _service(request).undo(task_id, f"api:{who.name}")}
+
+
+@router.post("/{task_id}/edits")
+async def edit_task(task_id: str, body: EditRequest, request: Request,
+                    who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
+    """Edit the running graph: add steps, remove steps that have not started, add needs. Checked against the
+    whole graph and applied at once (an `edit` event), or refused with every reason (409 when it changes steps
+    that have started, else 422: `{"error"}` naming every reason; an `edit_refused` event). Needs `execute` on every
+    device the edit touches; an agent's new steps wait for a person when the task's confirm mode says so."""
+    from tether.agent.planning.edits import GraphEdit
+    from tether.agent.tasks.graph_edit import edit_graph
+
+    visible_task(_service(request), task_id, who)
+    if not (body.add or body.remove or body.add_needs):
+        raise TaskError(422, "the edit is empty: give add, remove or add_needs")
+    edit = GraphEdit(add=body.add, remove=body.remove, add_needs=body.add_needs)
+    return await edit_graph(_service(request), task_id, edit, who, f"api:{who.name}")  # refused: TaskError
 
 
 @router.get("/{task_id}/events", responses={200: {"content": {"text/event-stream": {}}}})

@@ -16,6 +16,7 @@ step) and:
   time; skip marks the step `skipped`, and its dependants are skipped unless `when` says otherwise);
 - at `observe`, re-plans the branch from what its steps found (a live edit, see `planning/edits.py`):
   every edit is an `edit` event, or an `edit_refused` event with the reasons;
+- takes edits from outside (a person's or an agent's, outside.py) between two turns of its loop, woken by them;
 - stops every running branch when the task is cancelled or ends.
 """
 
@@ -30,6 +31,7 @@ from tether.agent.planning.plan import OBSERVE, Plan
 from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.planning.refs import RefError, has_refs, resolve
 from tether.agent.run.graph.mend import Mending
+from tether.agent.run.graph.outside import OutsideEdits
 from tether.agent.run.graph.states import DONE, ENDED, FAILED, GONE, PENDING, RUNNING, SKIPPED, Chooser
 from tether.agent.run.steps import fan_out_step, short
 from tether.agent.run.task import Question, StepRecord, Task, TaskState
@@ -37,7 +39,7 @@ from tether.protocol.models import Command, Result
 from tether.protocol.profile import DeviceRequirements
 
 
-class GraphRun(Mending):
+class GraphRun(Mending, OutsideEdits):
     """One run of a graph task by its `TaskRunner`; see the module docstring."""
 
     def __init__(self, runner: Any, task: Task, choose: Chooser | None = None) -> None:
@@ -49,6 +51,8 @@ class GraphRun(Mending):
         self.jobs: dict[int, asyncio.Task[None]] = {}
         self.locks: dict[str, asyncio.Lock] = {}
         self.asking = asyncio.Lock()
+        self.wake = asyncio.Event()  # set by an edit from outside (outside.py): the scheduler looks again
+        self.edits: set[asyncio.Task[None]] = set()  # edits from outside waiting for a person's confirmation
 
     # -- the graph --------------------------------------------------------------------------------------
 
@@ -92,19 +96,26 @@ class GraphRun(Mending):
         self._take_up()
         try:
             while True:
+                self.wake.clear()
                 self._schedule()
-                if not self.jobs:
+                self.edits = {job for job in self.edits if not job.done()}
+                if not self.jobs and not self.edits:
                     break
-                done, _ = await asyncio.wait(self.jobs.values(), return_when=asyncio.FIRST_COMPLETED)
+                woken = asyncio.create_task(self.wake.wait())
+                try:
+                    done, _ = await asyncio.wait([*self.jobs.values(), woken], return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    woken.cancel()
                 for index in [i for i, job in self.jobs.items() if job in done]:
                     job = self.jobs.pop(index)
                     if job.exception() is not None:
                         raise job.exception()  # type: ignore[misc]
         finally:
-            for job in self.jobs.values():
+            for job in [*self.jobs.values(), *self.edits]:
                 job.cancel()
-            await asyncio.gather(*self.jobs.values(), return_exceptions=True)
+            await asyncio.gather(*self.jobs.values(), *self.edits, return_exceptions=True)
             self.jobs.clear()
+            self.edits.clear()
 
     def _take_up(self) -> None:
         """A task that ran before (resumed, or a list plan that became a graph by a re-plan): steps before the

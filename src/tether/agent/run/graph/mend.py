@@ -72,10 +72,11 @@ class Mending:
 
     async def _failed(self, index: int, result: Result) -> bool:
         """Deal with a failed attempt of step `index`; True to run it again."""
-        if self._handled(index):
+        unknown = isinstance(result.result, dict) and result.result.get("error_code") == RESTART_UNKNOWN
+        if self._handled(index) and not unknown:  # an unknown outcome may have succeeded: a person says which
             self._set(index, FAILED, error=result.error)
             return False
-        if isinstance(result.result, dict) and result.result.get("error_code") == RESTART_UNKNOWN:
+        if unknown:
             decision: AutoPatch | Replan | AskUser = AskUser(
                 question=f"{label(self.plan.steps, index)}: {result.error}. Retry it, skip it, or cancel the task?",
                 options=[OPTION_RETRY, OPTION_SKIP, OPTION_CANCEL], reason="restart", source="fast_path")

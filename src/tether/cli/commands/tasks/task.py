@@ -1,5 +1,5 @@
 """Tasks on a server: `tether run` against one, following a task live, and `tether answer`, `approve`,
-`deny`, `cancel`. `tether tasks`, `log` and `undo` use the helpers here when given a server.
+`deny`, `edit`, `cancel`. `tether tasks`, `log` and `undo` use the helpers here when given a server.
 
 A task on a server lives there, not in this terminal: Ctrl-C detaches (the task goes on), and a
 question nobody here can answer leaves the task waiting for `tether answer` (exit code 3).
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -302,6 +303,40 @@ def deny(task_id: TaskArg, server: ServerOpt = None, token: TokenOpt = None, ca_
          as_json: JsonOpt = False) -> None:
     """Deny the action a task on the server waits on; the task is cancelled."""
     _steer(server, token, ca_file, lambda r: r.approve(task_id, False), "denied", as_json)
+
+
+@app.command()
+def edit(task_id: TaskArg,
+         file: Annotated[Path, typer.Option("--file", "-f", help="the edit, YAML or JSON: {add: [steps], remove: "
+                                                                  "[ids], add_needs: {id: [ids]}}")],
+         server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, as_json: JsonOpt = False) -> None:
+    """Edit a running graph task on the server from a YAML or JSON file: add steps, remove steps not
+    started, add needs. The server checks the edit against the whole graph and applies it at once or
+    refuses it with every reason (docs/graphs.md)."""
+    import yaml
+
+    from tether import yaml12
+
+    try:
+        body = yaml12.safe_load(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        fail(f"cannot read the edit {file}: {exc}")
+    if not isinstance(body, dict):
+        fail(f"{file}: the edit must be a mapping with add, remove and/or add_needs")
+    try:
+        with connect(server, token, ca_file) as remote:
+            result = remote.edit_task(task_id, body)
+    except RemoteError as exc:
+        fail_remote(exc, ExitCode.FAILED)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2))
+        return
+    states = ", ".join(f"{i + 1} {s}" for i, s in enumerate(result.get("step_states", [])))
+    if result.get("status") == "applied":
+        console().print(f"edit applied; task {result['task']} steps: {states}")
+    else:
+        console().print(f"the new steps wait for a person's confirmation; task {result['task']}\n[dim]tether "
+                        f"approvals, or tether answer {result['task'][:12]} run[/dim]")
 
 
 @app.command()
