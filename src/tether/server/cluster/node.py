@@ -28,6 +28,7 @@ from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
 from tether.server.cluster.routing import Router
+from tether.server.cluster.view import HeldSets, digest, digest_key, held_key
 from tether.server.ports import BackplaneUnavailable, RemoteSlot
 
 if TYPE_CHECKING:
@@ -46,6 +47,7 @@ FLEET_CHANNEL = f"{PREFIX}:events:fleet"
 RELAY_CHANNEL = f"{PREFIX}:events:relay"
 RELAY_QUEUE = 10_000  # events waiting for Redis; past it they are dropped (and followers re-read the store)
 MAX_BEAT_S = 5.0  # the heartbeat's longest period: how soon a lost or returned backplane is noticed
+REJOIN_S = 0.5  # while the backplane is away, how often the node tries it again
 SCAN_CHUNK = 1000
 STOP_TIMEOUT_S = 2.0  # a stopping node's goodbye to Redis, and its loops' ends
 
@@ -91,6 +93,7 @@ class ClusterNode:
         self.subscriber = _redis_client(self.url, REDIS_TIMEOUT_S)
         self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s,
                                    info={"pid": os.getpid(), "port": settings.port})
+        self.held = HeldSets(self.redis, self.node, self.directory.lease_ms)
         self.bus = Bus(self.redis, self.reader, self.node, {})
         self.router = Router(hub, registry, store, settings, self.bus, self.node, self.holder)
         self.bus.undelivered["batch"] = self.router.record_lost_answer
@@ -100,6 +103,9 @@ class ClusterNode:
                                  answer=self.router.serve_answer, request=self.router.serve_request)
         self._problem: str | None = "joining the cluster"
         self._alive: set[str] = set()
+        # after a rejoin: the nodes alive before it, not seen since, and until when they are given to join
+        # again (Redis may have restarted empty; their absence says nothing until they have had a beat)
+        self._awaited: dict[str, float] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -141,6 +147,7 @@ class ClusterNode:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(STOP_TIMEOUT_S):
                     await self.directory.leave()
+                    await self.redis.delete(held_key(self.node), digest_key(self.node))
                     await self.redis.publish(FLEET_CHANNEL, json.dumps({"left": self.node}))
         await self.bus.aclose()
         if self._tasks:
@@ -313,7 +320,8 @@ class ClusterNode:
     async def _heartbeat(self) -> None:
         period = min(self.settings.lease_s / 3, MAX_BEAT_S)
         while True:
-            await asyncio.sleep(period)  # a timer, not a wait for an event: the lease is renewed on time
+            # a timer, not a wait for an event: the lease is renewed on time
+            await asyncio.sleep(period if self._problem is None else min(period, REJOIN_S))
             try:
                 if self._problem is not None:
                     await self._rejoin()
@@ -323,12 +331,44 @@ class ClusterNode:
                     log.info("device %s is held by another node now", device)
                 for device in [d for d in list(self.directory._held) if not self.hub.holds(d)]:
                     await self._release(device)  # its grace period ended here
+                if await self.held.store(self.directory._held):
+                    await self._announce()
                 await self._see_nodes()
+                await self._reconcile()
             except Exception as exc:
                 self._fail(exc)
 
+    async def _announce(self) -> None:
+        """This node's leases ran out while it was stopped (the other nodes showed its devices offline
+        and dropped it): say it joined and claim its devices again, broadcast, so the others list them
+        at once rather than at their next beat's check."""
+        log.warning("cluster node %s stalled past its lease: announcing its %d device(s) again", self.node,
+                    len(self.directory._held))
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            await self.redis.publish(FLEET_CHANNEL, json.dumps({"joined": self.node}))
+        await self._claim(self.hub.local_devices())
+
+    async def _reconcile(self) -> None:
+        """Make this node's view of the live nodes' devices agree with what they stored (view.py): one
+        MGET of their digests; for a node whose digest differs from what the registry shows there, its
+        set is read and the directory asked about each device on which the two disagree."""
+        shown: dict[str, set[str]] = {}
+        for record in self.registry.list():
+            if record.node is not None and record.connected and not self.hub.local(record.name):
+                shown.setdefault(record.node, set()).add(record.name)
+        stale = await self.held.differing({n: digest(names) for n, names in shown.items()}, self._alive)
+        for node in stale:
+            disputed = await self.held.members(node) ^ shown.get(node, set())
+            for device, owner in (await self.held.owners(disputed)).items():
+                if owner is not None and owner != self.node and owner not in self._alive:
+                    owner = None  # a dead node's lease not expired yet: nobody holds it
+                self._seen(device, owner)
+
     async def _see_nodes(self) -> None:
         alive = {n["node"] for n in await self.directory.nodes()}
+        now = asyncio.get_running_loop().time()
+        self._awaited = {n: until for n, until in self._awaited.items() if n not in alive and until > now}
+        alive |= set(self._awaited)
         for gone in self._alive - alive - {self.node}:
             log.warning("cluster node %s is gone (its lease ran out)", gone)
             self.router.node_gone(gone)
@@ -342,11 +382,19 @@ class ClusterNode:
         async with asyncio.timeout(REDIS_TIMEOUT_S):  # the others list this node now, not at their next beat
             await self.redis.publish(FLEET_CHANNEL, json.dumps({"joined": self.node}))
         await self._claim(self.hub.local_devices())
+        self.held.forget()
+        await self.held.store(self.directory._held)
+        until = asyncio.get_running_loop().time() + self.settings.lease_s
+        self._awaited = {node: until for node in self._alive}
         await self._resync()
         await self._see_nodes()
         self._problem = None
 
     async def _rejoin(self) -> None:
+        # the pool's idle connections may be to a Redis that restarted since: each would fail once ("closed
+        # by server") and mark the backplane down again right after it came back
+        with contextlib.suppress(Exception):
+            await self.redis.connection_pool.disconnect(inuse_connections=False)
         await self._join()
         log.warning("cluster backplane %s is back: node %s joined again", _safe(self.url), self.node)
         with contextlib.suppress(Exception):  # the subscription re-subscribes on a fresh connection
@@ -378,7 +426,7 @@ class ClusterNode:
             if node != self.node:
                 self._seen(name, node)
         for record in self.registry.list():
-            if record.node is not None and record.name not in held:
+            if record.node is not None and record.name not in held and record.node not in self._awaited:
                 self._seen(record.name, None)
 
     def _seen(self, device: str, node: str | None, instance: str | None = None) -> None:
