@@ -5,14 +5,16 @@ It keeps three things true while the server runs:
   (in one pipeline with the broadcast that tells the other nodes) and released when it is gone
   for good (its grace period over), and every claim is renewed by one heartbeat loop;
 - this node's registry lists the devices the other nodes hold (`DeviceRecord.node`), from the
-  `fleet` broadcasts and, after every (re)join, from the directory itself (a broadcast missed
-  while Redis was away is never relied on);
+  `fleet` broadcasts and, after every (re)join, from the directory itself, and every heartbeat from
+  the stored device sets (fleet.py, view.py): a broadcast missed while the node stalled or Redis
+  was away is never relied on;
 - the hub hands it batches for devices held elsewhere (`RemoteDevices`, server/ports.py), which
   the `Router` runs on the holding node.
 
 When Redis cannot be reached the node says so (`problem()`, `/api/v1/health`) and refuses work for
 other nodes' devices with a clear 503 instead of guessing where they are; its own devices keep
-working. When Redis is back it joins again, claims its devices again and re-reads the directory.
+working. When Redis is back it joins again, claims its devices again and re-reads the directory;
+the nodes it knew are given one lease to join again before their devices are shown offline.
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ from typing import TYPE_CHECKING, Any
 from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
+from tether.server.cluster.fleet import FleetView
 from tether.server.cluster.routing import Router
-from tether.server.cluster.view import HeldSets, digest, digest_key, held_key
+from tether.server.cluster.view import HeldSets, digest_key, held_key
 from tether.server.ports import BackplaneUnavailable, RemoteSlot
 
 if TYPE_CHECKING:
@@ -48,7 +51,6 @@ RELAY_CHANNEL = f"{PREFIX}:events:relay"
 RELAY_QUEUE = 10_000  # events waiting for Redis; past it they are dropped (and followers re-read the store)
 MAX_BEAT_S = 5.0  # the heartbeat's longest period: how soon a lost or returned backplane is noticed
 REJOIN_S = 0.5  # while the backplane is away, how often the node tries it again
-SCAN_CHUNK = 1000
 STOP_TIMEOUT_S = 2.0  # a stopping node's goodbye to Redis, and its loops' ends
 
 
@@ -99,6 +101,8 @@ class ClusterNode:
         self.bus.undelivered["batch"] = self.router.record_lost_answer
         self.bus.unclaimed = self.router.record_unclaimed
         self.router.alive = lambda node: node in self._alive
+        self.view = FleetView(self.node, hub, registry, self.router, self.redis, self.held,
+                              lambda: self._alive, lambda: self._awaited)
         self.bus.handlers.update(batch=self.router.serve_batch, cancel=self.router.serve_cancel,
                                  answer=self.router.serve_answer, request=self.router.serve_request)
         self._problem: str | None = "joining the cluster"
@@ -334,7 +338,7 @@ class ClusterNode:
                 if await self.held.store(self.directory._held):
                     await self._announce()
                 await self._see_nodes()
-                await self._reconcile()
+                await self.view.reconcile()
             except Exception as exc:
                 self._fail(exc)
 
@@ -348,22 +352,6 @@ class ClusterNode:
             await self.redis.publish(FLEET_CHANNEL, json.dumps({"joined": self.node}))
         await self._claim(self.hub.local_devices())
 
-    async def _reconcile(self) -> None:
-        """Make this node's view of the live nodes' devices agree with what they stored (view.py): one
-        MGET of their digests; for a node whose digest differs from what the registry shows there, its
-        set is read and the directory asked about each device on which the two disagree."""
-        shown: dict[str, set[str]] = {}
-        for record in self.registry.list():
-            if record.node is not None and record.connected and not self.hub.local(record.name):
-                shown.setdefault(record.node, set()).add(record.name)
-        stale = await self.held.differing({n: digest(names) for n, names in shown.items()}, self._alive)
-        for node in stale:
-            disputed = await self.held.members(node) ^ shown.get(node, set())
-            for device, owner in (await self.held.owners(disputed)).items():
-                if owner is not None and owner != self.node and owner not in self._alive:
-                    owner = None  # a dead node's lease not expired yet: nobody holds it
-                self._seen(device, owner)
-
     async def _see_nodes(self) -> None:
         alive = {n["node"] for n in await self.directory.nodes()}
         now = asyncio.get_running_loop().time()
@@ -374,7 +362,7 @@ class ClusterNode:
             self.router.node_gone(gone)
             for record in self.registry.list():
                 if record.node == gone:
-                    self._seen(record.name, None)
+                    self.view.seen(record.name, None)
         self._alive = alive - {self.node}
 
     async def _join(self) -> None:
@@ -386,7 +374,7 @@ class ClusterNode:
         await self.held.store(self.directory._held)
         until = asyncio.get_running_loop().time() + self.settings.lease_s
         self._awaited = {node: until for node in self._alive}
-        await self._resync()
+        await self.view.resync()
         await self._see_nodes()
         self._problem = None
 
@@ -408,45 +396,6 @@ class ClusterNode:
                         "it is back", _safe(self.url), why)
         self._problem = why
 
-    # -- the other nodes' devices in this registry --------------------------------------------------
-
-    async def _resync(self) -> None:
-        """Read the whole directory (SCAN, never KEYS): what this node missed while it was away."""
-        held: dict[str, str] = {}
-        prefix = len(Directory.device_key(""))
-        async with asyncio.timeout(REDIS_TIMEOUT_S * 6):
-            keys = [key async for key in self.redis.scan_iter(match=Directory.device_key("*"), count=SCAN_CHUNK)]
-            for at in range(0, len(keys), SCAN_CHUNK):
-                chunk = keys[at:at + SCAN_CHUNK]
-                for key, value in zip(chunk, await self.redis.mget(chunk), strict=True):
-                    if value is not None:
-                        name = (key.decode() if isinstance(key, bytes) else key)[prefix:]
-                        held[name] = value.decode() if isinstance(value, bytes) else value
-        for name, node in held.items():
-            if node != self.node:
-                self._seen(name, node)
-        for record in self.registry.list():
-            if record.node is not None and record.name not in held and record.node not in self._awaited:
-                self._seen(record.name, None)
-
-    def _seen(self, device: str, node: str | None, instance: str | None = None) -> None:
-        """`device` is held by `node` (None: by no node), as another node or the directory says; with the
-        device process's `instance`, a reconnection of that process here resumes (its batches go on)."""
-        if node == self.node or self.hub.local(device):
-            return  # this node's own socket is the truth about it
-        record = self.registry.get(device)
-        if instance is not None and record is not None:
-            record.instance_id = instance
-        if record is not None and record.node == node and (node is None) != record.connected:
-            return
-        if node is not None:
-            self.hub.moved(device, node)  # what this node still waited for in the device's grace goes there
-        record = self.registry.held_elsewhere(device, node)
-        if instance is not None:
-            record.instance_id = instance
-        self.router.device_seen(device, node)
-        self.hub.fleet_changed(device)
-
     async def _listen(self) -> None:
         """The `fleet` broadcasts, for as long as the node runs; re-subscribed (and the directory re-read)
         after any connection loss."""
@@ -456,7 +405,7 @@ class ClusterNode:
             try:
                 await pubsub.subscribe(FLEET_CHANNEL, RELAY_CHANNEL)
                 if self._problem is None:
-                    await self._resync()
+                    await self.view.resync()
                 backoff = 0.1
                 while True:
                     message = await pubsub.get_message(timeout=None)
@@ -498,6 +447,6 @@ class ClusterNode:
             except Exception as exc:
                 self._fail(exc)
                 return
-        self._seen(device, None if node is None else str(node), instance if isinstance(instance, str) else None)
+        self.view.seen(device, None if node is None else str(node), instance if isinstance(instance, str) else None)
         if node is not None and node != self.node:
             self._alive.add(str(node))
