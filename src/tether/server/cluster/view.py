@@ -42,10 +42,12 @@ def digest(names: Iterable[str]) -> str:
 
 
 def held_key(node: str) -> str:
+    """The Redis key of the set of devices `node` holds."""
     return f"{PREFIX}:held:{node}"
 
 
 def digest_key(node: str) -> str:
+    """The Redis key of the digest of `node`'s set."""
     return f"{PREFIX}:digest:{node}"
 
 
