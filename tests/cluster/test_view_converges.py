@@ -80,7 +80,6 @@ async def test_a_node_stalled_past_its_lease_is_listed_again_within_a_beat(tmp_p
             os.kill(b.process.pid, signal.SIGCONT)
         seen_by_b = await until_views(kit, [b], everyone, "b lists its own device")
         agreed = await until_views(kit, [a, b, c], everyone, "every node lists b's device again")
-        print(f"stall: converged {agreed - seen_by_b:.2f} s after b listed it")
         assert agreed - seen_by_b <= BEAT_S + SLACK_S, f"converged {agreed - seen_by_b:.2f} s after b listed it"
         answer = await kit.run(c, "laptop", [{"tool_name": "shell.run", "parameters": {
             "cmd": "echo", "argv": ["again"], "cwd": str(kit.tmp)}}])
@@ -120,7 +119,6 @@ async def test_views_agree_within_a_beat_after_redis_returns_and_an_outage_is_na
         back = time.monotonic()
         agreed = await until_views(kit, [a, b], everyone, "after Redis returned")
         # the nodes try the backplane again every REJOIN_S (0.5 s), then each checks the others' sets at its beat
-        print(f"redis: converged {agreed - back:.2f} s after Redis returned")
         assert agreed - back <= 0.5 + BEAT_S + SLACK_S, f"converged {agreed - back:.2f} s after Redis returned"
         lines = counted.read_text().splitlines() if counted.exists() else []
         assert len(lines) <= 1, "the command routed during the outage ran twice"
