@@ -5,7 +5,7 @@
   itself, although the device never reconnected (nothing was broadcast while the node slept);
 - Redis stopped and started again empty: every node's device list agrees again within a beat of it
   being back; a command routed meanwhile says the backplane is down, and a command that was crossing
-  when it went down is never answered "the device left".
+  through the whole outage gets its result (its node is not called gone for rejoining after the asker).
 
 Each wait polls the other processes' /devices (their state lives there) with an upper bound; the
 convergence time is measured from the event it follows and bounded by the heartbeat it claims.
@@ -95,7 +95,7 @@ async def test_views_agree_within_a_beat_after_redis_returns_and_an_outage_is_na
         everyone = {"desk": (True, "a"), "laptop": (True, "b")}
         await until_views(kit, [a, b], everyone, "before the outage")
         crossing, crossing_mark, gate = gated(kit, "crossing")
-        call = asyncio.create_task(kit.run(a, "laptop", [crossing], timeout=8))  # a forwards it to b
+        call = asyncio.create_task(kit.run(a, "laptop", [crossing], timeout=30))  # a forwards it to b
         await until_file(crossing_mark, "the crossing command runs on laptop")
 
         await asyncio.to_thread(redis_engine.stop)
@@ -105,21 +105,23 @@ async def test_views_agree_within_a_beat_after_redis_returns_and_an_outage_is_na
         body = meanwhile.json()
         error = body.get("error") or body["results"][0]["error"]
         assert "backplane" in error and "left" not in error, body
-        fd = os.open(gate, os.O_RDWR)
-        try:
-            os.write(fd, b"go\n")  # the crossing command ends on b; its answer cannot reach a now
-            async with asyncio.timeout(WAIT + 20):
-                response = await call
-        finally:
-            os.close(fd)
-        [result] = response.json()["results"]
-        assert result["status"] == "success" or "left node" not in (result["error"] or ""), result
 
         await asyncio.to_thread(redis_engine.restart)  # empty: no key, no stream survived
         back = time.monotonic()
         agreed = await until_views(kit, [a, b], everyone, "after Redis returned")
         # the nodes try the backplane again every REJOIN_S (0.5 s), then each checks the others' sets at its beat
         assert agreed - back <= 0.5 + BEAT_S + SLACK_S, f"converged {agreed - back:.2f} s after Redis returned"
+        # the crossing command, still running on b through all this, ends: its device never moved, so a
+        # (which rejoined before or after b) still waits on b for it rather than calling it gone
+        fd = os.open(gate, os.O_RDWR)
+        try:
+            os.write(fd, b"go\n")
+            async with asyncio.timeout(WAIT + 40):
+                response = await call
+        finally:
+            os.close(fd)
+        [result] = response.json()["results"]
+        assert result["status"] == "success", result
         lines = counted.read_text().splitlines() if counted.exists() else []
         assert len(lines) <= 1, "the command routed during the outage ran twice"
         assert crossing_mark.read_text() == "ran\n", "the crossing command ran more than once"
