@@ -335,7 +335,8 @@ class ClusterNode:
                     log.info("device %s is held by another node now", device)
                 for device in [d for d in list(self.directory._held) if not self.hub.holds(d)]:
                     await self._release(device)  # its grace period ended here
-                if await self.held.store(self.directory._held):
+                if await self.held.store(self.directory._held):  # Redis lost it: restarted empty, or a stall
+                    self._expect_rejoins()
                     await self._announce()
                 await self._see_nodes()
                 await self.view.reconcile()
@@ -365,6 +366,13 @@ class ClusterNode:
                     self.view.seen(record.name, None)
         self._alive = alive - {self.node}
 
+    def _expect_rejoins(self) -> None:
+        """Redis may have lost every key (it restarted empty): the nodes this one knows are given one lease
+        to claim their devices again before they are called gone and their devices shown offline, so a
+        command crossing to a device that never moved is not told it left."""
+        until = asyncio.get_running_loop().time() + self.settings.lease_s
+        self._awaited = {**{node: until for node in self._alive}, **self._awaited}
+
     async def _join(self) -> None:
         await self.directory.join()
         async with asyncio.timeout(REDIS_TIMEOUT_S):  # the others list this node now, not at their next beat
@@ -372,8 +380,7 @@ class ClusterNode:
         await self._claim(self.hub.local_devices())
         self.held.forget()
         await self.held.store(self.directory._held)
-        until = asyncio.get_running_loop().time() + self.settings.lease_s
-        self._awaited = {node: until for node in self._alive}
+        self._expect_rejoins()
         await self.view.resync()
         await self._see_nodes()
         self._problem = None
@@ -415,6 +422,7 @@ class ClusterNode:
                 raise
             except Exception as exc:
                 log.debug("cluster subscription lost (%s); again in %.1f s", exc, backoff)
+                self._expect_rejoins()  # the re-read that follows may find Redis restarted empty
                 await asyncio.sleep(backoff)  # backoff between reconnection attempts
                 backoff = min(backoff * 2, MAX_BEAT_S)
             finally:
