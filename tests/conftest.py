@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,10 +26,11 @@ def node_mcp_bin() -> Path:
 
 @pytest.fixture
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing listens on right now, for a process the test is about to start
+    and must tell its port; not handed to another worker of a parallel run (bench/kit/ports.py)."""
+    from bench.kit.ports import free_port as pick
+
+    return pick()
 
 
 @pytest.fixture

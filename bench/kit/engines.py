@@ -15,7 +15,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
@@ -23,15 +22,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.kit import ports
+
 REDIS_INSTALL = "apt-get install -y redis-server"
 POSTGRES_INSTALL = "apt-get install -y postgresql"
 READY_TIMEOUT_S = 60.0
 
 
 def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    # not bind(0)-and-release: another process of a parallel run could be handed the same port meanwhile
+    return ports.free_port()
 
 
 def _wait_for_line(proc: subprocess.Popen[str], needle: str, what: str) -> None:

@@ -301,7 +301,8 @@ async def test_a_one_byte_change_to_a_2gib_sparse_file_stays_sparse_everywhere(b
         assert st.st_size == length and st.st_blocks * 512 < SMALL, f"{what} dense: {st.st_blocks} blocks"
 
     # an append: applied sparse; journaled as the old size alone (no copy at all); undone sparse
-    appended = await box.py("sparse", APPEND, str(big))
+    # a bound, not a delay: a loaded machine (parallel workers, other I/O) took over the default 60 s
+    appended = await box.py("sparse", APPEND, str(big), timeoutMs=140_000)
     assert appended.ok, _text(appended)
     assert appended.result["changes"] == [{"path": str(big), "kind": "modified", "bytes": size + 1}]
     assert_sparse(big, size + 1, "applied")
@@ -316,7 +317,7 @@ async def test_a_one_byte_change_to_a_2gib_sparse_file_stays_sparse_everywhere(b
     assert_sparse(big, size, "undone")
 
     # a byte written in the middle: the journal keeps a copy, and the copy is sparse too
-    poked = await box.py("poke", POKE, str(big), str(1 << 30))
+    poked = await box.py("poke", POKE, str(big), str(1 << 30), timeoutMs=140_000)
     assert poked.ok, _text(poked)
     assert_sparse(big, size, "applied")
     [entry] = box.journal("poke")

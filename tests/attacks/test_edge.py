@@ -280,8 +280,13 @@ def assert_shown_escaped(output: str) -> None:
 
 
 def test_a_pairing_request_s_escapes_are_shown_not_obeyed_in_devices_pending(target):
-    asked = target.http.post("/api/v1/pairing", json={"public_key": DeviceKey.generate().public_key, "name": HOSTILE,
-                                                      "platform": "linux\x1b[8m"})
+    # a hostile name is refused when the device asks (a device name is letters, digits and - _ .), and its
+    # refusal names it escaped; the platform is free text, so it reaches `devices pending` to be shown escaped
+    refused = target.http.post("/api/v1/pairing", json={"public_key": DeviceKey.generate().public_key,
+                                                        "name": HOSTILE, "platform": "linux"})
+    assert refused.status_code == 422 and "not a device name" in refused.json()["error"], refused.text
+    asked = target.http.post("/api/v1/pairing", json={"public_key": DeviceKey.generate().public_key, "name": "edge1",
+                                                      "platform": "linux\x1b[8m" + HOSTILE})
     assert asked.status_code == 201, asked.text
     output = tether_cli("devices", "pending", target=target)
     assert asked.json()["code"] in output

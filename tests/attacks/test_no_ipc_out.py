@@ -273,3 +273,46 @@ for path in ({str(http_socket)!r}, {str(other)!r}):
             assert out.decode().strip() == expected, (allowed, out, err)
     finally:
         server.close()
+
+
+async def test_a_socket_in_another_users_private_directory_neither_breaks_nor_opens_the_sandbox(
+        tmp_path: Path, http_socket: Path) -> None:
+    """A socket the sandbox cannot even look up (PostgreSQL's in its 0700 directory, /run/user/N/bus) gets
+    no mask bwrap could not mount (it failed to start: "Can't mkdir parents", seen when another test's
+    PostgreSQL ran at the same time), and the command still cannot reach it."""
+    import pwd
+    import tempfile
+
+    from tether.sandbox import SandboxSpec, detect
+    from tether.sandbox.confine.bwrap import live_argv
+
+    if os.geteuid() != 0:
+        pytest.fail("this test makes a directory of another user: run it as root (CI does)")
+    info = detect()
+    assert info.available and info.bwrap, info.detail
+    private = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-private-"))
+    foreign = private / "run.sock"
+    server = await asyncio.start_unix_server(_answer, path=str(foreign))
+    nobody = pwd.getpwnam("nobody")
+    os.chown(private, nobody.pw_uid, nobody.pw_gid)
+    private.chmod(0o700)
+    code = f"""
+import errno, socket
+try:
+    socket.socket(socket.AF_UNIX).connect({str(foreign)!r})
+    print('reached')
+except OSError as e:
+    print(errno.errorcode[e.errno])
+"""
+    try:
+        spec = SandboxSpec.build(write_roots=[str(tmp_path)], layers_dir=str(tmp_path / "layers"),
+                                 allow_sockets=[str(http_socket)])
+        proc = await asyncio.create_subprocess_exec(*live_argv(spec, [SYSTEM_PYTHON, "-c", code], bwrap=info.bwrap),
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0 and out.decode().strip() == "EACCES", (out, err)
+    finally:
+        server.close()
+        os.chown(private, 0, 0)
+        foreign.unlink(missing_ok=True)
+        private.rmdir()

@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from tests.kits.confined_device import ensure_user
+
 REPO = Path(__file__).resolve().parents[2]
 USER = "tether-sbx"
 SYSTEM_PYTHONS = ("/usr/bin/python3", "/usr/local/bin/python3")
@@ -95,15 +97,8 @@ def _run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
 
 
 def _ensure_user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(USER)
-    except KeyError:
-        pass
-    if shutil.which("useradd") is None:
-        pytest.fail("useradd is missing; install it with: apt-get install -y passwd")
-    made = _run(["useradd", "-m", "-s", "/bin/sh", USER])
-    assert made.returncode == 0, f"useradd -m {USER} failed: {made.stderr}"
-    return pwd.getpwnam(USER)
+    """The user `tether-sbx`, created if missing (under the machine-wide lock of tests/kits/confined_device)."""
+    return ensure_user(USER)
 
 
 def _as_user_can(user: str, *test: str) -> bool:

@@ -27,8 +27,9 @@ ANNOTATION_LABEL = re.compile(r"<(?:bool|str|int|float|path|file|dir|datetime|li
 
 
 def _root_command() -> Any:
-    for module in pkgutil.iter_modules(tether.cli.commands.__path__):  # every module: each attaches its commands
-        importlib.import_module(f"tether.cli.commands.{module.name}")
+    # every module of every family: each attaches its commands
+    for module in pkgutil.walk_packages(tether.cli.commands.__path__, "tether.cli.commands."):
+        importlib.import_module(module.name)
     return typer.main.get_command(app)
 
 

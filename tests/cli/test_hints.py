@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tether.cli.commands.run import _journaled
-from tether.cli.commands.tools import held_hint
+from tether.cli.commands.fleet.tools import held_hint
+from tether.cli.commands.tasks.run import _journaled
 from tether.cli.common import unreachable_hint
 from tether.protocol.models import Result
 from tether.tools.journal import UndoJournal

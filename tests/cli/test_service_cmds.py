@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from tests.kits.netutil import CLI, Cluster, wait_for
-from tether.cli.commands.systemd import systemd_problem
+from tether.cli.commands.setup.systemd import systemd_problem
 
 
 def tether(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -20,6 +20,7 @@ import pytest
 import typer
 
 import tether.cli.commands
+import tether.cli.commands.setup
 from tests.kits.netutil import tether_env
 from tether.cli.common import app
 from tether.cli.lazy import COMMANDS, all_modules, expand
@@ -51,8 +52,9 @@ def _top(modules: set[str]) -> set[str]:
 
 
 def _full_root() -> Any:
-    for module in pkgutil.iter_modules(tether.cli.commands.__path__):  # every module: each attaches its commands
-        importlib.import_module(f"tether.cli.commands.{module.name}")
+    # every module of every family: each attaches its commands
+    for module in pkgutil.walk_packages(tether.cli.commands.__path__, "tether.cli.commands."):
+        importlib.import_module(module.name)
     return typer.main.get_command(app)
 
 
@@ -71,9 +73,10 @@ def test_the_table_names_every_command_with_its_own_help_line() -> None:
     for module in expand(all_modules()):
         assert importlib.util.find_spec(f"tether.cli.commands.{module}") is not None, module
     # a pattern stands for the modules it matches: `tether mcp`'s sub-command modules are found by name
-    assert {"tools", "server"} <= set(expand(("*",))) and "common" not in expand(("*",))
-    assert expand(("mcp_*",)) == sorted(m.name for m in pkgutil.iter_modules(tether.cli.commands.__path__)
-                                        if m.name.startswith("mcp_"))
+    assert {"fleet.tools", "setup.server"} <= set(expand(("fleet.*", "setup.*")))
+    assert expand(("setup.mcp_*",)) == sorted(f"setup.{m.name}" for m in
+                                              pkgutil.iter_modules(tether.cli.commands.setup.__path__)
+                                              if m.name.startswith("mcp_"))
 
 
 def test_a_command_loaded_alone_is_the_whole_command(tmp_path: Path) -> None:

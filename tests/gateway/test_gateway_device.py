@@ -49,7 +49,7 @@ async def test_cancelling_the_call_kills_the_process_on_the_device(cluster: Clus
                              {"cmd": "sleep", "argv": ["300"], "cwd": str(tmp_path)})
             # the process lives in another process tree: netutil's poll, off the event loop that serves the call
             process = await anyio.to_thread.run_sync(wait_for, lambda: sleeper(device_pid),
-                                                     "sleep 300 started on the device", 30)
+                                                     "sleep 300 started on the device", 120)
             assert isinstance(process, psutil.Process)
             group.cancel_scope.cancel()  # the SDK sends notifications/cancelled
         # psutil.TimeoutExpired if the command was left running (in a thread: the client still has to send)

@@ -58,6 +58,9 @@ asyncio.run(main())
 """
 
 
+PROCESS_WAIT = 120.0  # upper bound for the server process's start and stop (5 s was missed under load)
+
+
 @dbkit.keeps_server_state
 class ServerProcess:
     """A fresh interpreter serving the agent app; `modules()` asks it which SDK packages it has imported."""
@@ -77,13 +80,14 @@ class ServerProcess:
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-c", _SERVER, self.settings, env=tether_env(self.tmp), stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        _, port, loaded = (await self._line()).split(" ", 2)
+        # a fresh interpreter importing the agent app: a loaded machine needs more than WAIT
+        _, port, loaded = (await self._line(PROCESS_WAIT)).split(" ", 2)
         self.base = f"http://127.0.0.1:{port}"
         return json.loads(loaded)
 
-    async def _line(self) -> str:
+    async def _line(self, bound: float = WAIT) -> str:
         assert self.proc is not None and self.proc.stdout is not None
-        line = await asyncio.wait_for(self.proc.stdout.readline(), WAIT)
+        line = await asyncio.wait_for(self.proc.stdout.readline(), bound)
         assert line, f"the server process ended: {await self.stderr()}"
         return line.decode().strip()
 
@@ -98,9 +102,9 @@ class ServerProcess:
         """Stop the server: (the SDK packages imported at the end, the exit code, its stderr)."""
         assert self.proc is not None and self.proc.stdin is not None
         self.proc.stdin.write(b"stop\n")
-        kind, loaded = (await self._line()).split(" ", 1)
+        kind, loaded = (await self._line(PROCESS_WAIT)).split(" ", 1)  # uvicorn's graceful shutdown
         assert kind == "stopped"
-        code = await asyncio.wait_for(self.proc.wait(), WAIT)
+        code = await asyncio.wait_for(self.proc.wait(), PROCESS_WAIT)
         return json.loads(loaded), code, await self.stderr()
 
     async def stderr(self) -> str:

@@ -7,6 +7,7 @@ test says, so the tests pin down the server's side of the protocol and nothing e
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import socket
 import uuid
@@ -194,10 +195,29 @@ class FakeDevice:
         await self.results(command.response_id, [answer(c) for c in command.actions or []])
         return command
 
-    def serve_forever(self, answer: Callable[[Command], Result] = ok) -> asyncio.Task:
+    def serve_forever(self, answer: Callable[[Command], Result] = ok, keepalive: float = 2.0) -> asyncio.Task:
+        """Answer every command until cancelled, as a live device does: no deadline on the next command
+        (a test's CLI subprocess can take many seconds to send it on a loaded machine; a WAIT-bounded
+        receive ended this loop then), and a heartbeat after each `keepalive` seconds without a frame,
+        so the server never finds it silent past heartbeat_timeout however long the test takes (it went
+        offline mid-batch under load). A frame other than a command or a heartbeat ends the loop, and so
+        does the connection's end (the server stopping)."""
         async def loop() -> None:
+            assert self.ws is not None
             while True:
-                await self.answer_one(answer)
+                try:
+                    frame = await asyncio.wait_for(self.ws.recv(), keepalive)
+                except TimeoutError:
+                    with contextlib.suppress(ConnectionClosed):
+                        await self.send(ClientMessage(type=ClientMessageType.HEARTBEAT, payload={"running": 0}))
+                    continue
+                except ConnectionClosed:
+                    return
+                message = decode_server_message(frame, 1 << 30)
+                if message.type is ServerMessageType.HEARTBEAT:
+                    continue
+                assert message.type is ServerMessageType.COMMAND, f"expected command, got {message}"
+                await self.results(message.response_id, [answer(c) for c in message.actions or []])
 
         return asyncio.create_task(loop())
 

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import signal
-import socket
 import sys
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any
 
 import httpx
 
+from bench.kit import ports
 from tests.kits.db import keeps_server_state, server_db
 
 WAIT = 60.0  # the upper bound of any wait here: a loaded 2-core machine starts a node in seconds
@@ -45,9 +45,8 @@ CLI = [sys.executable, "-m", "tether.cli"]
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for a node about to start; parallel-safe (bench/kit/ports.py)."""
+    return ports.free_port()
 
 
 class Process:

@@ -3,6 +3,7 @@ shared by the containment attacks (IPC out of the sandbox, resource limits)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pwd
@@ -102,15 +103,27 @@ def _quiet(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
     return subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
 
 
-def _user() -> pwd.struct_passwd:
-    try:
-        return pwd.getpwnam(UNPRIVILEGED_USER)
-    except KeyError:
-        pass
+USERADD_LOCK = Path("/run/lock/tether-tests-useradd.lock") if Path("/run/lock").is_dir() \
+    else Path(tempfile.gettempdir()) / "tether-tests-useradd.lock"
+
+
+def ensure_user(name: str = UNPRIVILEGED_USER) -> pwd.struct_passwd:
+    """The account `name`, created (`useradd -m`) if it is missing. The suite runs in several processes at
+    once (pytest-xdist workers, the SQLite and PostgreSQL passes): the check-then-create is done under an
+    exclusive lock on a file every process shares, so two tests never both see it missing and race
+    useradd (the loser failed "user already exists" or "cannot lock /etc/passwd")."""
+    import fcntl
+
+    with contextlib.suppress(KeyError):
+        return pwd.getpwnam(name)
     require("useradd", "passwd")
-    made = _quiet(["useradd", "-m", "-s", "/bin/sh", UNPRIVILEGED_USER])
-    assert made.returncode == 0, f"useradd -m {UNPRIVILEGED_USER} failed: {made.stderr}"
-    return pwd.getpwnam(UNPRIVILEGED_USER)
+    with open(USERADD_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with contextlib.suppress(KeyError):
+            return pwd.getpwnam(name)
+        made = _quiet(["useradd", "-m", "-s", "/bin/sh", name])
+        assert made.returncode == 0, f"useradd -m {name} failed: {made.stderr}"
+        return pwd.getpwnam(name)
 
 
 def _python_for(user: str, where: Path) -> str:
@@ -146,7 +159,7 @@ def run_unprivileged(script: str, timeout: float = 240) -> dict[str, Any]:
         path.chmod(0o644)
         if os.geteuid() == 0:
             require("runuser", "util-linux")
-            user = _user()
+            user = ensure_user()
             python = _python_for(user.pw_name, where)
             env = {"HOME": user.pw_dir, "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
             argv = ["runuser", "-u", user.pw_name, "--", "env", "-i", *[f"{k}={v}" for k, v in env.items()],

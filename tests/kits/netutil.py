@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.kit import ports
 from tests.kits import db as dbkit
 from tether.client.rest import RemoteServer
 
@@ -19,9 +19,8 @@ CLI = [sys.executable, "-m", "tether.cli"]
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for a server process about to start; parallel-safe (bench/kit/ports.py)."""
+    return ports.free_port()
 
 
 def wait_for(check: Callable[[], object], what: str, timeout: float = 30.0,
@@ -126,6 +125,7 @@ class TcpProxy:
             await self._server.wait_closed()
 
 
+STARTUP_WAIT = 120.0  # upper bound for a `tether server` process to answer /health
 HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
 
 
@@ -149,7 +149,13 @@ class Cluster:
         self.server = self.start(["server", "--port", str(self.port), *dbkit.server_db_args(self.db), *HEARTBEAT,
                                   "--log-level", "warning", *server_args], "server")
         self.remote = RemoteServer(f"http://127.0.0.1:{self.port}", self.api_token)
-        wait_for(lambda: self.remote.health()["status"] == "ok", "server health", procs=(self.server.popen,))
+        try:
+            # a bound, not a delay: with parallel workers on 2 cores a server process can take long to start
+            wait_for(lambda: self.remote.health()["status"] == "ok", "server health", STARTUP_WAIT,
+                     procs=(self.server.popen,))
+        except BaseException:
+            self.close()  # the fixture never gets it to close: the server process must not outlive the test
+            raise
 
     def start(self, args: list[str], label: str, env: dict[str, str] | None = None) -> Proc:
         proc = Proc(args, self.tmp / f"{label}-{len(self.procs)}.log", {**self.env, **(env or {})})

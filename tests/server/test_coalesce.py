@@ -1,4 +1,5 @@
-"""One write per response sent whole (server/http/coalesce.py) and when a batch's headers go (api.BatchResponse).
+"""One write per response sent whole (server/http/coalesce.py) and when a batch's headers go
+(routes.commands.BatchResponse).
 
 - `CoalescingTransport` over a real socket pair: the writes of one loop turn reach the peer as one
   write, in order; `close` sends what is pending first, `abort` drops it; the WebSocket upgrade's
@@ -159,7 +160,13 @@ async def running(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterat
 BODY = json.dumps({"commands": [{"tool_name": "noop", "parameters": {}}]}).encode()
 
 
-async def test_a_quick_batch_is_answered_whole_with_content_length(running: Running):
+async def test_a_quick_batch_is_answered_whole_with_content_length(running: Running,
+                                                                  monkeypatch: pytest.MonkeyPatch):
+    # "quick" is "done before its headers are due" (50 ms), which a loaded machine (parallel test workers
+    # on 2 cores) missed: due only after WAIT here, the batch is quick by construction, not by timing
+    from tether.server.http import api
+
+    monkeypatch.setattr(api, "HEADERS_AFTER_S", WAIT)
     device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.tokens.create("device", "alpha")[1],
                         name="alpha")
     await device.register()

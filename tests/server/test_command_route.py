@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from tether.server.http import api
 from tether.server.http.app import create_app
 from tether.server.http.front import FastRoute
+from tether.server.http.routes import commands
 from tether.server.settings import ServerSettings
 
-ROUTES = {"/api/v1/devices/{name}/commands": (api.run_commands, "CommandBatch", ["name", "authorization"]),
-          "/api/v1/commands": (api.run_selected, "SelectedBatch", ["authorization"])}
+ROUTES = {"/api/v1/devices/{name}/commands": (commands.run_commands, "CommandBatch", ["name", "authorization"]),
+          "/api/v1/commands": (commands.run_selected, "SelectedBatch", ["authorization"])}
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def app(tmp_path: Path) -> Any:
 @pytest.mark.parametrize("path", sorted(ROUTES))
 def test_the_documented_route_is_the_fast_one(path: str) -> None:
     handler, _, _ = ROUTES[path]
-    [route] = [r for r in api.router.routes if getattr(r, "path", None) == path]
+    [route] = [r for r in commands.router.routes if getattr(r, "path", None) == path]
     assert isinstance(route, FastRoute)
     assert route.endpoint is handler
     assert route.methods == {"POST"}

@@ -15,7 +15,7 @@ import pytest
 from tests.kits.aip import WAIT, FakeDevice
 from tests.kits.fanout import App, running_app
 from tether.protocol.messages import ServerMessageType
-from tether.server.http.device_routes import REMOVE_TOOL
+from tether.server.http.routes.device_changes import REMOVE_TOOL
 
 
 @pytest.fixture

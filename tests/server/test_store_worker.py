@@ -106,9 +106,9 @@ def test_postgres_rows_written_after_their_callers_gave_up_say_they_were_not_sen
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import psycopg
 
-    from tether.server.store import audit
+    from tether.server.store.audit import group
 
-    monkeypatch.setattr(audit, "GROUP_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(group, "GROUP_TIMEOUT_S", 0.2)
     store = Store(pg_url)
     try:
         locker = psycopg.connect(pg_url)
@@ -134,7 +134,7 @@ def test_postgres_groups_formed_behind_a_slow_one_go_as_one_and_give_up_unwritte
         pg_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import psycopg
 
-    from tether.server.store import audit
+    from tether.server.store.audit import group
 
     store = Store(pg_url)
     try:
@@ -143,7 +143,7 @@ def test_postgres_groups_formed_behind_a_slow_one_go_as_one_and_give_up_unwritte
         handed: list[object] = []
         submit = store._engine.submit
         monkeypatch.setattr(store._engine, "submit", lambda fn: (  # the group commits handed to the worker
-            handed.append(fn) if fn.__qualname__.startswith("AuditLog._group_commit") else None) or submit(fn))
+            handed.append(fn) if fn.__qualname__.startswith("GroupCommit._group_commit") else None) or submit(fn))
 
         async def scenario() -> None:
             first = store.audit.sent_grouped([row("g1", "q1")])
@@ -159,7 +159,7 @@ def test_postgres_groups_formed_behind_a_slow_one_go_as_one_and_give_up_unwritte
             assert await asyncio.wait_for(asyncio.gather(*later), 10) == [None, None, None]
             assert len(handed) - handed_then == 1  # the three in one group commit
 
-            monkeypatch.setattr(audit, "GROUP_TIMEOUT_S", 0.2)
+            monkeypatch.setattr(group, "GROUP_TIMEOUT_S", 0.2)
             await asyncio.to_thread(locker.execute, "LOCK TABLE audit IN ACCESS EXCLUSIVE MODE")
             stuck = store.audit.sent_grouped([row("s1", "t1")])
             await asyncio.sleep(0)

@@ -242,7 +242,7 @@ async def test_click_and_scroll_check_the_screen(desktop: ToolSet, ctx: ToolCont
 async def test_wait_for_text_that_appears_later(desktop: ToolSet, ctx: ToolContext, app: GuiApp) -> None:
     ok(await desktop.call("ui.findAndClick", {"label": "Show Later"}, ctx))
     res = ok(await desktop.call("ui.waitFor", {"condition": "textIncludes", "value": "Build succeeded",
-                                               "timeoutMs": 15000, "pollIntervalMs": 200}, ctx))
+                                               "timeoutMs": 60000, "pollIntervalMs": 200}, ctx))
     shown = app.events("shown")
     assert shown, "waitFor reported the text before the program showed it"
     assert res["met"] and res["seen"]["elements"][0]["text"] == "Build succeeded"

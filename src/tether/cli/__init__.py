@@ -1,4 +1,4 @@
-"""The `tether` command. Sub-commands live in `tether.cli.commands`, one module per command group;
+"""The `tether` command. Sub-commands live in `tether.cli.commands`, one module per command group (in families);
 importing one attaches its commands. What they draw on the terminal is in `tether.cli.views`, the demos
 in `tether.cli.demo`. A command module is imported only when its command runs or shows its help:
 `tether.cli.lazy.COMMANDS` names every top-level command, the modules it needs and its help line (add a

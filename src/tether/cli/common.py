@@ -148,8 +148,9 @@ tools_app = typer.Typer(invoke_without_command=True, help="List tools, or serve 
 token_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke device and API tokens.")
 mcp_app = typer.Typer(no_args_is_help=True,
                       help="MCP: plug a server's fleet into an MCP client, or serve this machine's tools.")
-# `tether server`, `tether device` and `tether devices` run (or list) by themselves (cli/commands/server.py) and
-# also have sub-commands (install, uninstall, status: commands/systemd.py; pending, approve, refuse: pairing.py)
+# `tether server`, `tether device` and `tether devices` run (or list) by themselves (cli/commands/setup/server.py)
+# and also have sub-commands (install, uninstall, status: commands/setup/systemd.py; pending, approve, refuse:
+# commands/fleet/pairing.py)
 server_app = typer.Typer(help="Start the agent server, or install it as a service.")
 device_app = typer.Typer(help="Connect this machine to a server as a device, or install it as a service.")
 devices_app = typer.Typer(cls=DevicesGroup, help="Show the server's devices, and let pairing devices in.")

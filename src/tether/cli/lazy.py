@@ -2,9 +2,9 @@
 table below without importing one command module, so it costs typer and rich, not the server, the
 agent or pydantic (modules whose commands do not run).
 
-A command module (in `tether.cli.commands`) attaches its commands to the typer apps in
-`tether.cli.common` when it is imported; `LazyGroup.get_command` imports the modules named for a
-command the first time the command is resolved to run or to show its own help, then builds it with
+A command module (in a family of `tether.cli.commands`: `tasks`, `fleet`, `setup`) attaches its commands
+to the typer apps in `tether.cli.common` when it is imported; `LazyGroup.get_command` imports the modules
+named for a command the first time the command is resolved to run or to show its own help, then builds it with
 typer. This module imports no other module of tether.cli: the group that uses it says which typer
 app it was built from (`LazyGroup.root_app`).
 """
@@ -27,62 +27,63 @@ PACKAGE = "tether.cli.commands"  # where the modules named in `COMMANDS` live
 class Lazy(NamedTuple):
     """Where a top-level command comes from, and its one line in `tether --help`."""
 
-    modules: tuple[str, ...]  # modules of `PACKAGE` that attach the command or its sub-commands (or a pattern)
+    modules: tuple[str, ...]  # modules of `PACKAGE` (`family.module`) that attach the command or its sub-commands
+    # (or a pattern of modules in one family: `setup.mcp_*`)
     help: str
 
 
 # Every top-level command. A new command module adds its command here (tests/cli/test_startup.py checks the
 # table against what the modules attach: names, the modules a command needs, and its help line).
 COMMANDS: dict[str, Lazy] = {
-    "run": Lazy(("run",),
+    "run": Lazy(("tasks.run",),
                 "Plan and run a task with live progress; questions are asked in the terminal."),
-    "exec": Lazy(("tools",),
+    "exec": Lazy(("fleet.tools",),
                  "Run one tool and print its structured result; exit code 1 when the result is a failure."),
-    "demo": Lazy(("demo",),
+    "demo": Lazy(("tasks.demo",),
                  "Run a short demo that needs no LLM key: a server, a device, and commands through them."),
-    "tasks": Lazy(("run",),
+    "tasks": Lazy(("tasks.run",),
                   "List tasks newest first with their state: the server's with --server (or TETHER_SERVER), "
                   "else this machine's."),
-    "log": Lazy(("run",),
+    "log": Lazy(("tasks.run",),
                 "Show a task's plan, every step with its command and result, decisions, questions and answer: "
                 "the server's task with --server (or TETHER_SERVER), else this machine's."),
-    "answer": Lazy(("task",),
+    "answer": Lazy(("tasks.task",),
                    "Answer the open question of a task on the server; the task resumes where it stopped."),
-    "approve": Lazy(("task",),
+    "approve": Lazy(("tasks.task",),
                     "Approve the action a task on the server waits on (with --deny: deny it, which cancels "
                     "the task)."),
-    "deny": Lazy(("task",), "Deny the action a task on the server waits on; the task is cancelled."),
-    "cancel": Lazy(("task",),
+    "deny": Lazy(("tasks.task",), "Deny the action a task on the server waits on; the task is cancelled."),
+    "cancel": Lazy(("tasks.task",),
                    "Cancel a task: on the server with --server (or TETHER_SERVER; the command it is running is "
                    "stopped on its device), else this machine's (an interrupted one, or one no tether process "
                    "runs any more)."),
-    "approvals": Lazy(("approvals",),
+    "approvals": Lazy(("tasks.approvals",),
                       "List what waits for your answer (approvals, plans to confirm, questions), and answer it."),
-    "webhooks": Lazy(("approvals",),
+    "webhooks": Lazy(("tasks.approvals",),
                      "Webhooks told of approvals needed, tasks finished or failed, devices offline."),
-    "undo": Lazy(("journal",),
+    "undo": Lazy(("tasks.journal",),
                  "Put back the files that a session's commands changed (a local task's id is its session)."),
-    "sessions": Lazy(("journal",),
+    "sessions": Lazy(("tasks.journal",),
                      "List the sessions that have journaled file changes (what `undo` can put back)."),
-    "devices": Lazy(("server", "pairing", "fleet"),
+    "devices": Lazy(("setup.server", "fleet.pairing", "fleet.fleet"),
                     "Show the server's devices, and let pairing devices in."),
-    "policy": Lazy(("policy",), "Show or change a device's policy through the server."),
-    "audit": Lazy(("audit",),
+    "policy": Lazy(("fleet.policy",), "Show or change a device's policy through the server."),
+    "audit": Lazy(("fleet.audit",),
                   "Show the server's audit log, newest first: every command sent to a device, who asked, "
                   "its outcome."),
-    "batch": Lazy(("audit",),
+    "batch": Lazy(("fleet.audit",),
                   "Show a batch's record: each command's outcome, also one that came back after its caller "
                   "stopped waiting."),
-    "cp": Lazy(("transfer",),
+    "cp": Lazy(("fleet.transfer",),
                "Send a file or directory from one device to another through the server: streamed in chunks, its "
                "sha256 checked on the receiver before it appears, resumed if a device reconnects, written under "
                "the receiver's policy (approvals, undo journal)."),
-    "tools": Lazy(("tools",), "List tools, or serve a built-in tool set over MCP."),
-    "server": Lazy(("server", "systemd"), "Start the agent server, or install it as a service."),
-    "device": Lazy(("server", "systemd"),
+    "tools": Lazy(("fleet.tools",), "List tools, or serve a built-in tool set over MCP."),
+    "server": Lazy(("setup.server", "setup.systemd"), "Start the agent server, or install it as a service."),
+    "device": Lazy(("setup.server", "setup.systemd"),
                    "Connect this machine to a server as a device, or install it as a service."),
-    "token": Lazy(("server",), "Create, list and revoke device and API tokens."),
-    "mcp": Lazy(("mcp_*",), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),
+    "token": Lazy(("setup.server",), "Create, list and revoke device and API tokens."),
+    "mcp": Lazy(("setup.mcp_*",), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),
 }
 
 # Top-level commands by topic, in the order `tether --help` lists them: what a newcomer runs first, first.
@@ -102,15 +103,18 @@ def all_modules() -> tuple[str, ...]:
 
 
 def expand(names: tuple[str, ...]) -> list[str]:
-    """The modules of `PACKAGE` that `names` stand for: a name as it is, a pattern (`mcp_*`) every module
-    of `PACKAGE` it matches, so a new `tether mcp` sub-command module is found without an edit here."""
-    path = importlib.import_module(PACKAGE).__path__
+    """The modules of `PACKAGE` that `names` stand for, each as `family.module` (a sub-package of `PACKAGE` and a
+    module of it): a name as it is, a pattern (`setup.mcp_*`) every module of its family it matches, so a new
+    `tether mcp` sub-command module is found without an edit here."""
     out: list[str] = []
     for name in names:
         if "*" not in name:
             out.append(name)
             continue
-        found = sorted(m.name for m in pkgutil.iter_modules(path) if fnmatch.fnmatchcase(m.name, name))
+        family, _, pattern = name.rpartition(".")
+        path = importlib.import_module(f"{PACKAGE}.{family}" if family else PACKAGE).__path__
+        found = sorted(f"{family}.{m.name}" if family else m.name
+                       for m in pkgutil.iter_modules(path) if fnmatch.fnmatchcase(m.name, pattern))
         out.extend(found)
     return out
 

@@ -30,7 +30,8 @@ from tether.protocol.models import ToolInfo
 REF_KEY = "$ref"
 MAX_DEPTH = 32
 _TEMPLATE = re.compile(r"(\{\{|\$\{)\s*steps?[\[.]")
-_PATH = re.compile(r"^steps\.(\d+|[A-Za-z_][A-Za-z0-9_-]*)\.result((?:\.[^.\[\]]+|\[\d+\])*)$")
+REF_PATTERN = r"^steps\.(\d+|[A-Za-z_][A-Za-z0-9_-]*)\.result((?:\.[^.\[\]]+|\[\d+\])*)$"  # a reference, whole
+_PATH = re.compile(REF_PATTERN)
 _PART = re.compile(r"\.([^.\[\]]+)|\[(\d+)\]")
 
 ERROR_CODE = "unresolved_ref"  # the marker recovery recognizes in a failed step's result

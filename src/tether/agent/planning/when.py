@@ -17,10 +17,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from tether.agent.planning.refs import RefError, lookup, parse_ref
+from tether.agent.planning.refs import REF_PATTERN, RefError, lookup, parse_ref
 
 MAX_PATTERN = 200
 MAX_SUBJECT = 100_000
+_TESTS = ("equals", "contains", "matches")
 
 WhenWord = Literal["success", "failure", "always"]
 
@@ -28,13 +29,19 @@ WhenWord = Literal["success", "failure", "always"]
 class Condition(BaseModel):
     """A test on an earlier step's result; exactly one of `equals`, `contains`, `matches`."""
 
-    model_config = ConfigDict(extra="forbid")
+    # the schema says what the validator checks, so a client (and a schema fuzzer) can tell a condition the
+    # server takes: exactly one test given and not null, a reference's shape, a pattern that compiles
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"oneOf": [
+        {"required": [test], "properties": {test: {"not": {"type": "null"}},
+                                            **{other: {"type": "null"} for other in _TESTS if other != test}}}
+        for test in ("equals", "contains", "matches")]})
 
-    ref: str = Field(..., min_length=1, description='what to test, e.g. "steps.build.result.exitCode"')
+    ref: str = Field(..., min_length=1, json_schema_extra={"pattern": REF_PATTERN},  # checked below, in words
+                     description='what to test, e.g. "steps.build.result.exitCode"')
     equals: Any = Field(default=None, description="true when the value equals this (as JSON)")
     contains: Any = Field(default=None, description="true when the text (or list) contains this")
-    matches: str | None = Field(default=None, max_length=MAX_PATTERN, description="a regular expression searched "
-                                                                                  "in the value's text")
+    matches: str | None = Field(default=None, max_length=MAX_PATTERN, json_schema_extra={"format": "regex"},
+                                description="a regular expression searched in the value's text")
     negate: bool = Field(default=False, description="true inverts the test")
 
     @model_validator(mode="after")

@@ -55,7 +55,7 @@ def _show(console: Console, title: str, result: Result, expect_ok: bool) -> bool
 
 def _task(console: Console, remote: RemoteServer, work: Path) -> bool:
     """The demo task (see `demo_plan`), created on the server, followed live, then undone on its device."""
-    from tether.cli.commands.task import follow
+    from tether.cli.commands.tasks.task import follow
     from tether.cli.demo.tour import demo_plan
 
     plan, hello = demo_plan(work)

@@ -9,6 +9,7 @@ Hidden paths come last, so a hidden path inside a writable root stays hidden.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 from tether.sandbox.confine.guard import live_plan
@@ -59,9 +60,32 @@ def mask_args(spec: SandboxSpec) -> list[str]:
         return []
     args: list[str] = []
     for path in unix_socket_paths():
-        if os.path.realpath(path) not in spec.allow_sockets and os.path.exists(path):
+        if os.path.realpath(path) not in spec.allow_sockets and os.path.exists(path) and _bwrap_reaches(spec, path):
             args += ["--ro-bind", "/dev/null", path]
     return args
+
+
+def _bwrap_reaches(spec: SandboxSpec, path: str) -> bool:
+    """Whether bwrap can look up `path` to mount over it. As `run_as`, by that user's mode bits; as this
+    process's user likewise, with its groups: even root has no override, in the sandbox's user namespace,
+    over a directory whose owner that namespace does not map (a PostgreSQL socket in its 0700 directory,
+    /run/user/N/bus), and bwrap failed to start ("Can't mkdir parents"). What bwrap cannot reach, the
+    sandboxed command cannot connect to either: it needs no mask."""
+    if spec.run_as is not None:
+        return spec.run_as.reaches(path)
+    uid, gids = os.geteuid(), {os.getegid(), *os.getgroups()}
+    parent = os.path.dirname(os.path.abspath(path))
+    while True:
+        try:
+            st = os.stat(parent)
+        except OSError:
+            return False
+        bit = stat.S_IXUSR if st.st_uid == uid else stat.S_IXGRP if st.st_gid in gids else stat.S_IXOTH
+        if not st.st_mode & bit:
+            return False
+        if parent == "/":
+            return True
+        parent = os.path.dirname(parent)
 
 
 def live_source(spec: SandboxSpec, index: int) -> str:

@@ -16,16 +16,17 @@ from tether.server.aip.questions import Sampler
 from tether.server.aip.registry import DeviceRegistry
 from tether.server.aip.socket import aip_route
 from tether.server.approvals import server_url
-from tether.server.http.api import router, run_commands, run_selected
-from tether.server.http.batch_routes import batch_router
-from tether.server.http.device_routes import device_router
-from tether.server.http.fleet_routes import mount_fleet
 from tether.server.http.front import FastRoutes, ServerApp, error_response
-from tether.server.http.pairing_routes import pairing_router
-from tether.server.http.policy_routes import policy_router
 from tether.server.http.request_guard import RequestGuard
-from tether.server.http.transfer_routes import transfer_router
-from tether.server.http.webhook_routes import webhook_router
+from tether.server.http.routes import admin, commands, devices
+from tether.server.http.routes.batches import batch_router
+from tether.server.http.routes.commands import run_commands, run_selected
+from tether.server.http.routes.device_changes import device_router
+from tether.server.http.routes.fleet import mount_fleet
+from tether.server.http.routes.pairing import pairing_router
+from tether.server.http.routes.policy import policy_router
+from tether.server.http.routes.transfers import transfer_router
+from tether.server.http.routes.webhooks import webhook_router
 from tether.server.mcp import mount_gateway
 from tether.server.notify.notifier import Notifier
 from tether.server.pairing import PairingBook
@@ -85,7 +86,9 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.settings = settings
     app.state.notifier = notifier
     app.state.on_stopping = [notifier.changes.close]  # the inbox's event streams end as the shutdown begins
-    app.include_router(router)
+    app.include_router(devices.router)  # /health and the devices
+    app.include_router(commands.router)  # the command routes (answered by front.py), cancelling, questions
+    app.include_router(admin.router)  # tokens and the audit log
     app.include_router(policy_router)
     app.include_router(batch_router)  # GET /api/v1/batches/{id}: a batch's record (docs/outcomes.md)
     app.include_router(device_router)  # DELETE /api/v1/devices/{name}: forget a device (docs/fleet.md)

@@ -5,7 +5,7 @@ uvicorn writes an HTTP response's status line and headers when the app sends `ht
 and the body when it sends `http.response.body`: two syscalls for a response the app sends whole, and
 on loopback each write also wakes the reader. `bench/fleet_hotpath.py` with py-spy put those two
 writes at ~22% of the server's CPU per command (the device's frame the third write, ~11%). With the
-writes of one turn joined, a response sent whole is one write (`api.BatchResponse` sends its start
+writes of one turn joined, a response sent whole is one write (`routes.commands.BatchResponse` sends its start
 and its body in the same turn when the batch ends quickly).
 
 The joined bytes leave at the end of the turn (`loop.call_soon`), before any I/O is polled again, in
@@ -23,7 +23,7 @@ from tether.server.http import internals
 
 # The scope key under which the coalescing protocol offers `watch(callback) -> unwatch`: `callback` runs once
 # when the request's connection is lost (at once, on the next turn, if it already is). A response that
-# waits (api.BatchResponse) learns of a caller gone without a task per request reading `receive` for the
+# waits (routes.commands.BatchResponse) learns of a caller gone without a task per request reading `receive` for the
 # `http.disconnect` — that task was ~4% of the server's CPU per REST command. Other ASGI servers do not set
 # it; the response then falls back to the task.
 ON_DISCONNECT = "tether.on_disconnect"

@@ -43,7 +43,7 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
     never through a symlink planted since the change.
     """
     if server and not local:
-        from tether.cli.commands.task import connect, remote_undo
+        from tether.cli.commands.tasks.task import connect, remote_undo
 
         with connect(server, token, ca_file) as remote:
             raise typer.Exit(remote_undo(remote, session, as_json, _local_hint(session, state_dir, server)))

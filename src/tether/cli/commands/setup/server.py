@@ -596,7 +596,7 @@ def device(ctx: typer.Context,
 
     enrolment = None
     if not secret:
-        from tether.cli.commands.pairing import enrol  # httpx and the admin commands: only without a token
+        from tether.cli.commands.fleet.pairing import enrol  # httpx and the admin commands: only without a token
         from tether.protocol.names import device_name_problem
 
         if name and (problem := device_name_problem(name)) is not None:  # as the server checks it, before asking

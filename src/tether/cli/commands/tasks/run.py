@@ -90,7 +90,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
             fail(f"{plan}: the plan has no steps")
     text = request or f"run the plan in {plan}"
     if remote:
-        from tether.cli.commands.task import connect, run_remote
+        from tether.cli.commands.tasks.task import connect, run_remote
 
         try:
             requires = parse_requires(list(require or [])) if require else None
@@ -254,7 +254,7 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOp
           server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False) -> None:
     """List tasks newest first with their state: the server's with --server (or TETHER_SERVER), else this
     machine's."""
-    from tether.cli.commands.task import connect, print_tasks
+    from tether.cli.commands.tasks.task import connect, print_tasks
     from tether.client.rest import RemoteError
 
     as_json, wide = output_mode(output, as_json)
@@ -283,7 +283,7 @@ def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique pref
         server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False) -> None:
     """Show a task's plan, every step with its command and result, decisions, questions and answer: the
     server's task with --server (or TETHER_SERVER), else this machine's."""
-    from tether.cli.commands.task import connect, remote_log
+    from tether.cli.commands.tasks.task import connect, remote_log
 
     if server and not local:
         with connect(server, token, ca_file) as remote:
