@@ -177,9 +177,10 @@ class Bus:
             async with asyncio.timeout(REDIS_TIMEOUT_S):
                 await self.redis.xadd(self.inbox(node), {"m": text}, maxlen=INBOX_MAXLEN, approximate=True)
         except TimeoutError:
-            raise BusError(f"Redis did not take a message for node {node} within {REDIS_TIMEOUT_S:g} s") from None
+            raise BusError(f"cluster backplane unavailable: Redis did not take a message for node {node} "
+                           f"within {REDIS_TIMEOUT_S:g} s") from None
         except Exception as exc:
-            raise BusError(f"Redis refused a message for node {node}: {exc}") from exc
+            raise BusError(f"cluster backplane unavailable: Redis refused a message for node {node}: {exc}") from exc
 
     async def _read_loop(self) -> None:
         backoff = 0.1

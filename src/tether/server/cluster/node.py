@@ -5,14 +5,16 @@ It keeps three things true while the server runs:
   (in one pipeline with the broadcast that tells the other nodes) and released when it is gone
   for good (its grace period over), and every claim is renewed by one heartbeat loop;
 - this node's registry lists the devices the other nodes hold (`DeviceRecord.node`), from the
-  `fleet` broadcasts and, after every (re)join, from the directory itself (a broadcast missed
-  while Redis was away is never relied on);
+  `fleet` broadcasts and, after every (re)join, from the directory itself, and every heartbeat from
+  the stored device sets (fleet.py, view.py): a broadcast missed while the node stalled or Redis
+  was away is never relied on;
 - the hub hands it batches for devices held elsewhere (`RemoteDevices`, server/ports.py), which
   the `Router` runs on the holding node.
 
 When Redis cannot be reached the node says so (`problem()`, `/api/v1/health`) and refuses work for
 other nodes' devices with a clear 503 instead of guessing where they are; its own devices keep
-working. When Redis is back it joins again, claims its devices again and re-reads the directory.
+working. When Redis is back it joins again, claims its devices again and re-reads the directory;
+the nodes it knew are given one lease to join again before their devices are shown offline.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from typing import TYPE_CHECKING, Any
 from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
+from tether.server.cluster.fleet import FleetView
 from tether.server.cluster.routing import Router
+from tether.server.cluster.view import HeldSets, digest_key, held_key
 from tether.server.ports import BackplaneUnavailable, RemoteSlot
 
 if TYPE_CHECKING:
@@ -46,7 +50,7 @@ FLEET_CHANNEL = f"{PREFIX}:events:fleet"
 RELAY_CHANNEL = f"{PREFIX}:events:relay"
 RELAY_QUEUE = 10_000  # events waiting for Redis; past it they are dropped (and followers re-read the store)
 MAX_BEAT_S = 5.0  # the heartbeat's longest period: how soon a lost or returned backplane is noticed
-SCAN_CHUNK = 1000
+REJOIN_S = 0.5  # while the backplane is away, how often the node tries it again
 STOP_TIMEOUT_S = 2.0  # a stopping node's goodbye to Redis, and its loops' ends
 
 
@@ -91,15 +95,21 @@ class ClusterNode:
         self.subscriber = _redis_client(self.url, REDIS_TIMEOUT_S)
         self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s,
                                    info={"pid": os.getpid(), "port": settings.port})
+        self.held = HeldSets(self.redis, self.node, self.directory.lease_ms)
         self.bus = Bus(self.redis, self.reader, self.node, {})
         self.router = Router(hub, registry, store, settings, self.bus, self.node, self.holder)
         self.bus.undelivered["batch"] = self.router.record_lost_answer
         self.bus.unclaimed = self.router.record_unclaimed
         self.router.alive = lambda node: node in self._alive
+        self.view = FleetView(self.node, hub, registry, self.router, self.redis, self.held,
+                              lambda: self._alive, lambda: self._awaited)
         self.bus.handlers.update(batch=self.router.serve_batch, cancel=self.router.serve_cancel,
                                  answer=self.router.serve_answer, request=self.router.serve_request)
         self._problem: str | None = "joining the cluster"
         self._alive: set[str] = set()
+        # after a rejoin: the nodes alive before it, not seen since, and until when they are given to join
+        # again (Redis may have restarted empty; their absence says nothing until they have had a beat)
+        self._awaited: dict[str, float] = {}
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -141,6 +151,7 @@ class ClusterNode:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(STOP_TIMEOUT_S):
                     await self.directory.leave()
+                    await self.redis.delete(held_key(self.node), digest_key(self.node))
                     await self.redis.publish(FLEET_CHANNEL, json.dumps({"left": self.node}))
         await self.bus.aclose()
         if self._tasks:
@@ -313,7 +324,8 @@ class ClusterNode:
     async def _heartbeat(self) -> None:
         period = min(self.settings.lease_s / 3, MAX_BEAT_S)
         while True:
-            await asyncio.sleep(period)  # a timer, not a wait for an event: the lease is renewed on time
+            # a timer, not a wait for an event: the lease is renewed on time
+            await asyncio.sleep(period if self._problem is None else min(period, REJOIN_S))
             try:
                 if self._problem is not None:
                     await self._rejoin()
@@ -323,30 +335,61 @@ class ClusterNode:
                     log.info("device %s is held by another node now", device)
                 for device in [d for d in list(self.directory._held) if not self.hub.holds(d)]:
                     await self._release(device)  # its grace period ended here
+                if await self.held.store(self.directory._held):  # Redis lost it: restarted empty, or a stall
+                    self._expect_rejoins()
+                    await self._announce()
                 await self._see_nodes()
+                await self.view.reconcile()
             except Exception as exc:
                 self._fail(exc)
 
+    async def _announce(self) -> None:
+        """This node's leases ran out while it was stopped (the other nodes showed its devices offline
+        and dropped it): say it joined and claim its devices again, broadcast, so the others list them
+        at once rather than at their next beat's check."""
+        log.warning("cluster node %s stalled past its lease: announcing its %d device(s) again", self.node,
+                    len(self.directory._held))
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            await self.redis.publish(FLEET_CHANNEL, json.dumps({"joined": self.node}))
+        await self._claim(self.hub.local_devices())
+
     async def _see_nodes(self) -> None:
         alive = {n["node"] for n in await self.directory.nodes()}
+        now = asyncio.get_running_loop().time()
+        self._awaited = {n: until for n, until in self._awaited.items() if n not in alive and until > now}
+        alive |= set(self._awaited)
         for gone in self._alive - alive - {self.node}:
             log.warning("cluster node %s is gone (its lease ran out)", gone)
             self.router.node_gone(gone)
             for record in self.registry.list():
                 if record.node == gone:
-                    self._seen(record.name, None)
+                    self.view.seen(record.name, None)
         self._alive = alive - {self.node}
+
+    def _expect_rejoins(self) -> None:
+        """Redis may have lost every key (it restarted empty): the nodes this one knows are given one lease
+        to claim their devices again before they are called gone and their devices shown offline, so a
+        command crossing to a device that never moved is not told it left."""
+        until = asyncio.get_running_loop().time() + self.settings.lease_s
+        self._awaited = {**{node: until for node in self._alive}, **self._awaited}
 
     async def _join(self) -> None:
         await self.directory.join()
         async with asyncio.timeout(REDIS_TIMEOUT_S):  # the others list this node now, not at their next beat
             await self.redis.publish(FLEET_CHANNEL, json.dumps({"joined": self.node}))
         await self._claim(self.hub.local_devices())
-        await self._resync()
+        self.held.forget()
+        await self.held.store(self.directory._held)
+        self._expect_rejoins()
+        await self.view.resync()
         await self._see_nodes()
         self._problem = None
 
     async def _rejoin(self) -> None:
+        # the pool's idle connections may be to a Redis that restarted since: each would fail once ("closed
+        # by server") and mark the backplane down again right after it came back
+        with contextlib.suppress(Exception):
+            await self.redis.connection_pool.disconnect(inuse_connections=False)
         await self._join()
         log.warning("cluster backplane %s is back: node %s joined again", _safe(self.url), self.node)
         with contextlib.suppress(Exception):  # the subscription re-subscribes on a fresh connection
@@ -360,45 +403,6 @@ class ClusterNode:
                         "it is back", _safe(self.url), why)
         self._problem = why
 
-    # -- the other nodes' devices in this registry --------------------------------------------------
-
-    async def _resync(self) -> None:
-        """Read the whole directory (SCAN, never KEYS): what this node missed while it was away."""
-        held: dict[str, str] = {}
-        prefix = len(Directory.device_key(""))
-        async with asyncio.timeout(REDIS_TIMEOUT_S * 6):
-            keys = [key async for key in self.redis.scan_iter(match=Directory.device_key("*"), count=SCAN_CHUNK)]
-            for at in range(0, len(keys), SCAN_CHUNK):
-                chunk = keys[at:at + SCAN_CHUNK]
-                for key, value in zip(chunk, await self.redis.mget(chunk), strict=True):
-                    if value is not None:
-                        name = (key.decode() if isinstance(key, bytes) else key)[prefix:]
-                        held[name] = value.decode() if isinstance(value, bytes) else value
-        for name, node in held.items():
-            if node != self.node:
-                self._seen(name, node)
-        for record in self.registry.list():
-            if record.node is not None and record.name not in held:
-                self._seen(record.name, None)
-
-    def _seen(self, device: str, node: str | None, instance: str | None = None) -> None:
-        """`device` is held by `node` (None: by no node), as another node or the directory says; with the
-        device process's `instance`, a reconnection of that process here resumes (its batches go on)."""
-        if node == self.node or self.hub.local(device):
-            return  # this node's own socket is the truth about it
-        record = self.registry.get(device)
-        if instance is not None and record is not None:
-            record.instance_id = instance
-        if record is not None and record.node == node and (node is None) != record.connected:
-            return
-        if node is not None:
-            self.hub.moved(device, node)  # what this node still waited for in the device's grace goes there
-        record = self.registry.held_elsewhere(device, node)
-        if instance is not None:
-            record.instance_id = instance
-        self.router.device_seen(device, node)
-        self.hub.fleet_changed(device)
-
     async def _listen(self) -> None:
         """The `fleet` broadcasts, for as long as the node runs; re-subscribed (and the directory re-read)
         after any connection loss."""
@@ -408,7 +412,7 @@ class ClusterNode:
             try:
                 await pubsub.subscribe(FLEET_CHANNEL, RELAY_CHANNEL)
                 if self._problem is None:
-                    await self._resync()
+                    await self.view.resync()
                 backoff = 0.1
                 while True:
                     message = await pubsub.get_message(timeout=None)
@@ -418,6 +422,7 @@ class ClusterNode:
                 raise
             except Exception as exc:
                 log.debug("cluster subscription lost (%s); again in %.1f s", exc, backoff)
+                self._expect_rejoins()  # the re-read that follows may find Redis restarted empty
                 await asyncio.sleep(backoff)  # backoff between reconnection attempts
                 backoff = min(backoff * 2, MAX_BEAT_S)
             finally:
@@ -450,6 +455,6 @@ class ClusterNode:
             except Exception as exc:
                 self._fail(exc)
                 return
-        self._seen(device, None if node is None else str(node), instance if isinstance(instance, str) else None)
+        self.view.seen(device, None if node is None else str(node), instance if isinstance(instance, str) else None)
         if node is not None and node != self.node:
             self._alive.add(str(node))
