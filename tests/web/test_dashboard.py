@@ -397,3 +397,8 @@ def test_a_graph_task_shows_each_step_s_state_stage_and_needs(admin: Dash, clust
     expect(join).to_have_attribute("data-state", "done")  # refreshed live from the task's events
     expect(join.locator(".graph")).to_contain_text("stage 1 · id both · on alpha · needs one, two")
     expect(admin.page.locator("[data-step='0'] .graph")).to_contain_text("stage 0 · id one")
+    # drawn by stage: two columns, the join in the second naming what it needs, each box in its state
+    drawing = admin.page.locator("#graph")
+    expect(drawing.locator(".gcol")).to_have_count(2)
+    expect(drawing.locator(".gcol[data-stage='1'] .gnode[data-node='both']")).to_contain_text("\u2190 one, two")
+    expect(drawing.locator(".gnode[data-state='done']")).to_have_count(3)

@@ -208,9 +208,22 @@ function eventLine(e) {
   const text = e.kind === "output" ? d.data : d.question || d.state || d.error || d.answer || d.description || (Object.keys(d).length ? JSON.stringify(d) : "");
   return h("li", {"data-seq": e.seq}, h("span", {class: "muted"}, `#${e.seq} `), h("strong", {}, e.kind), " ", String(text || "").slice(0, 2000));
 }
+// A graph plan drawn by stage, left to right: a column per stage, a box per step with its state, live;
+// each box names the steps it needs (drawn before it). Text only, never HTML from the task.
+function graphDrawing(t) {
+  const nodes = t.graph.nodes; const name = (n) => nodes[n].id || String(n + 1);
+  const stages = [];
+  nodes.forEach((g, i) => { (stages[g.stage] = stages[g.stage] || []).push([g, i]); });
+  return h("div", {class: "gdraw", id: "graph", role: "group", "aria-label": `graph of ${nodes.length} steps in ${stages.length} stages`},
+    stages.map((column, stage) => h("div", {class: "gcol", "data-stage": stage}, h("p", {class: "muted"}, `stage ${stage}`),
+      (column || []).map(([g, i]) => h("div", {class: "gnode", "data-node": name(i), "data-state": g.state},
+        h("strong", {}, name(i)), " ", status(g.state), h("br", {}), h("span", {class: "muted"}, t.plan.steps[i].skill, g.device ? ` on ${g.device}` : ""),
+        g.needs.length ? h("div", {class: "gneeds"}, `\u2190 ${g.needs.map(name).join(", ")}`) : null)))));
+}
 async function taskView(id) {
   const header = h("div", {}); const steps = h("div", {}); const ask = h("div", {}); const log = h("ul", {class: "events", "aria-label": "events"});
-  view(header, ask, h("h2", {}, "Steps"), steps, h("h2", {}, "Events"), log);
+  const drawn = h("div", {});
+  view(header, ask, drawn, h("h2", {}, "Steps"), steps, h("h2", {}, "Events"), log);
   let last = -1; let refreshing = null;
   const refresh = async () => {
     const t = await api(`/api/v1/tasks/${encodeURIComponent(id)}?events=false`);
@@ -220,6 +233,7 @@ async function taskView(id) {
     header.replaceChildren(h("h1", {}, `Task ${t.id.slice(0, 12)} `, status(t.state)), h("div", {class: "card"},
       h("p", {}, h("strong", {}, "Request: "), t.request || "(a plan)"), h("p", {}, `Device: ${t.device || "—"} · by ${t.requested_by || "—"}`),
       t.answer ? h("p", {id: "answer"}, h("strong", {}, "Answer: "), t.answer) : null, t.error ? h("p", {class: "error"}, t.error) : null, buttons));
+    drawn.replaceChildren(...(t.graph ? [h("h2", {}, "Graph"), graphDrawing(t)] : []));
     steps.replaceChildren(...(t.plan ? t.plan.steps : []).map((s, i) => {
       const runs = (t.steps || []).filter((r) => r.index === i);
       const g = t.graph ? t.graph.nodes[i] : null;  // a graph plan: the step's state, stage and needs, live
