@@ -13,7 +13,6 @@ answers it); the asker is saved with the task.
 from __future__ import annotations
 
 import json
-import sqlite3
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +23,10 @@ import httpx
 import mcp_types as types
 import pytest
 
+from tests.kits import db as dbkit
 from tests.kits.gateway import mcp_client
 from tests.kits.netutil import Cluster, wait_for
+from tether.agent.tasks.store import TaskStore
 
 CONSENTING = str(Path(__file__).parent.parent / "servers" / "consenting.py")
 # who tries what: (token, route "task" | "device", answer, expected status)
@@ -143,9 +144,13 @@ def test_another_person_cannot_answer_a_persons_task_question(office: Office) ->
     assert "accept: green" in outputs and "accept: black" not in outputs, outputs
     assert task["asker"] == {"name": "alice", "agent": False, "sample": False}
     # saved with the task (a restarted server reads it back from here)
-    with sqlite3.connect(office.cluster.db) as db:
-        [(body,)] = db.execute("SELECT body FROM tasks WHERE id = ?", (end["id"],)).fetchall()
-    assert json.loads(body)["asker"] == {"name": "alice", "agent": False, "sample": False}
+    store = TaskStore(dbkit.server_db(office.cluster.db))  # the server's own database, SQLite or PostgreSQL
+    try:
+        saved = store.get(end["id"])
+    finally:
+        store.close()
+    assert saved is not None and saved.asker is not None
+    assert saved.asker.model_dump() == {"name": "alice", "agent": False, "sample": False}
 
 
 def test_four_eyes_the_tasks_creator_cannot_consent_to_its_step(office: Office) -> None:
