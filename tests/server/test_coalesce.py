@@ -164,9 +164,9 @@ async def test_a_quick_batch_is_answered_whole_with_content_length(running: Runn
                                                                   monkeypatch: pytest.MonkeyPatch):
     # "quick" is "done before its headers are due" (50 ms), which a loaded machine (parallel test workers
     # on 2 cores) missed: due only after WAIT here, the batch is quick by construction, not by timing
-    from tether.server.http import api
+    from tether.server.http.routes import commands
 
-    monkeypatch.setattr(api, "HEADERS_AFTER_S", WAIT)
+    monkeypatch.setattr(commands, "HEADERS_AFTER_S", WAIT)
     device = FakeDevice(f"ws://127.0.0.1:{running.port}/aip", running.store.tokens.create("device", "alpha")[1],
                         name="alpha")
     await device.register()
