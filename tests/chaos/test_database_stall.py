@@ -42,13 +42,14 @@ LOCKED_FOR_S = 10.0  # the lock of the issue's report: 10 s, five heartbeat time
 def pg_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ChaosCluster]:
     """A ChaosCluster whose server keeps its state in PostgreSQL: the session's (TETHER_TEST_DB=postgres)
     or a private one started here."""
-    pytest.importorskip("psycopg")
+    import psycopg  # noqa: F401  (the test extra installs it: a missing driver fails, never skips)
+
     with contextlib.ExitStack() as stack:
         if dbkit.backend() != "postgres":
             try:
                 admin = stack.enter_context(dbkit.postgres_session())
             except (RuntimeError, FileNotFoundError) as exc:
-                pytest.skip(f"no PostgreSQL to run against: {exc}")
+                pytest.fail(f"no PostgreSQL to run against (scripts/test installs it): {exc}", pytrace=False)
             monkeypatch.setenv(dbkit.MODE_ENV, "postgres")
             stack.enter_context(dbkit.per_test_databases(admin))
         cluster = ChaosCluster(tmp_path)
