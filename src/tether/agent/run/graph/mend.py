@@ -19,11 +19,11 @@ from tether.agent.planning.planner import PlanningError, plan_request
 from tether.agent.run.confirm import (
     CONFIRMATION,
     OPTION_RUN,
-    confirmation_answer,
     needs_confirmation,
     plan_digest,
     plan_text,
 )
+from tether.agent.run.graph.asking import ask_to_run
 from tether.agent.run.graph.states import DONE, FAILED, GONE, REPLACED, RESTART_UNKNOWN, SKIPPED
 from tether.agent.run.observe import step_row
 from tether.agent.run.recovery import (
@@ -41,7 +41,6 @@ from tether.agent.run.recovery import (
     recover,
     tool_for,
 )
-from tether.agent.run.rounds import CONFIRM_TRIES
 from tether.agent.run.steps import history_row, match_option
 from tether.agent.run.task import Question, Task, TaskState
 from tether.errors import AgentError
@@ -302,25 +301,7 @@ class Mending:
             record = Question(step=first, kind=CONFIRMATION, options=[OPTION_RUN, OPTION_CANCEL],
                               question=f"Run these new steps (they replace {label(self.plan.steps, index)})?\n"
                                        + plan_text(part, first), digest=plan_digest(part, first))
-            task.questions.append(record)
-            runner._to(task, TaskState.WAITING_FOR_USER, question=record.id)
-            runner._emit(task, "question", record.model_dump(mode="json"))
-            decided: bool | None = None
-            answer = ""
-            for _ in range(CONFIRM_TRIES):
-                asked = runner.clock()
-                try:
-                    raw = await runner.ask(AskUser(question=record.question, options=record.options,
-                                                   reason=CONFIRMATION, source="user"))
-                finally:
-                    runner._waited += runner.clock() - asked
-                answer = (raw or "").strip()
-                decided = confirmation_answer(answer)
-                runner._emit(task, "user_answer", {"question": record.id, "answer": answer,
-                                                   **({"ignored": True} if decided is None else {})})
-                if decided is not None:
-                    break
-            record.answer, record.answered_at = answer, datetime.now(UTC)
+            decided = await ask_to_run(runner, task, record)
             if not decided:
                 runner._end(task, TaskState.CANCELLED, "the new steps were not confirmed")
             runner._to(task, TaskState.RUNNING)

@@ -15,7 +15,6 @@ on: refused then, with the reasons); "cancel" drops the edit and the task goes o
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime
 from typing import Any
 
 from tether.agent.planning.edits import EditRefused, GraphEdit, apply_edit
@@ -24,12 +23,10 @@ from tether.agent.run.confirm import (
     CONFIRMATION,
     OPTION_CANCEL,
     OPTION_RUN,
-    confirmation_answer,
     plan_digest,
     plan_text,
 )
-from tether.agent.run.recovery import AskUser
-from tether.agent.run.rounds import CONFIRM_TRIES
+from tether.agent.run.graph.asking import ask_to_run
 from tether.agent.run.task import Question, Task, TaskState
 
 APPLIED, WAITING = "applied", "waiting_for_confirmation"
@@ -82,25 +79,7 @@ class OutsideEdits:
                               question=f"An edit by {by} adds these steps to the running task. Run them? ('cancel' "
                                        "drops the edit; the task goes on)\n" + plan_text(edit.add, first),
                               digest=plan_digest(edit.add, first))
-            task.questions.append(record)
-            runner._to(task, TaskState.WAITING_FOR_USER, question=record.id)
-            runner._emit(task, "question", record.model_dump(mode="json"))
-            decided: bool | None = None
-            answer = ""
-            for _ in range(CONFIRM_TRIES):
-                asked = runner.clock()
-                try:
-                    raw = await runner.ask(AskUser(question=record.question, options=record.options,
-                                                   reason=CONFIRMATION, source="user"))
-                finally:
-                    runner._waited += runner.clock() - asked
-                answer = (raw or "").strip()
-                decided = confirmation_answer(answer)
-                runner._emit(task, "user_answer", {"question": record.id, "answer": answer,
-                                                   **({"ignored": True} if decided is None else {})})
-                if decided is not None:
-                    break
-            record.answer, record.answered_at = answer, datetime.now(UTC)
+            decided = await ask_to_run(runner, task, record)
             runner._to(task, TaskState.RUNNING)
         if not decided:
             runner._emit(task, "edit_refused", {"source": "api", "by": by, "edit": edit.summary(),
