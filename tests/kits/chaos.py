@@ -129,6 +129,8 @@ class Runs:
             raise
         try:
             os.write(fd, b"go")
+        except BrokenPipeError:  # the reader went between the open and the write (its device was killed)
+            return False
         finally:
             os.close(fd)
         return True
