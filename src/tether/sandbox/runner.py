@@ -120,6 +120,10 @@ class Sandbox:
         self.held = HeldLayers(Path(spec.layers_dir))
         self.sessions = SessionTotals()  # what each session's commands applied, all together (layers/session.py)
         self._free: list[Path] = []
+        # an empty layer the warden has already mounted the next command's namespace on (`_prime`), with
+        # the request id reserved for that command; handed out first by new_layer
+        self._primed: tuple[Path, int] | None = None
+        self._reserved: dict[Path, int] = {}  # a primed layer handed out -> its reserved request id
         self._layer_of: dict[int, Path] = {}  # request id -> the layer its command mounted
         self._gone: list[Path] = []  # old overlay work directories the warden set aside, to be removed
         self._warden_host_pid: int | None = None
@@ -346,6 +350,12 @@ class Sandbox:
         self._waiters.clear()
         self._askers.clear()
         self._layer_of.clear()
+        if self._primed is not None:  # its namespace went with the warden; the layer is as empty as it was
+            layer, _ = self._primed
+            self._primed = None
+            self._since.pop(layer, None)
+            if len(self._free) < FREE_LAYERS:
+                self._free.append(layer)
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -407,10 +417,18 @@ class Sandbox:
         A layer a command left empty (most commands write nothing) is reused rather than made anew.
         The time it is handed out is the command's start for `layer_since` (what apply compares with).
         """
-        if self._free:
-            layer = self._free.pop()
-            self._since[layer] = (time.time_ns(), self._apply_seq)
-            return layer
+        if self._primed is not None:
+            layer, self._reserved[layer] = self._primed
+            self._primed = None
+        else:
+            layer = self._free.pop() if self._free else self._make_layer()
+        self._since[layer] = (time.time_ns(), self._apply_seq)
+        if len(self._since) > 4 * MAX_HELD_SINCE:  # held layers that expired were never released: forget them
+            for gone in [known for known in self._since if not known.exists()]:
+                del self._since[gone]
+        return layer
+
+    def _make_layer(self) -> Path:
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
         base.mkdir(mode=0o700)
@@ -419,11 +437,35 @@ class Sandbox:
             for sub in (base / str(i), base / str(i) / "u", base / str(i) / "w"):
                 sub.mkdir()
                 self._own(sub)
-        self._since[base] = (time.time_ns(), self._apply_seq)
-        if len(self._since) > 4 * MAX_HELD_SINCE:  # held layers that expired were never released: forget them
-            for gone in [known for known in self._since if not known.exists()]:
-                del self._since[gone]
         return base
+
+    def _prime(self, layer: Path) -> None:
+        """Have the warden make the next command's namespace on the empty `layer` now, between commands
+        (warden `_primed`): that command's request then only hands it the program and stdio. A command
+        whose mounts differ (another socket list, a changed live root) gets a namespace of its own, as
+        before; the primed one is dropped."""
+        request_id = next(self._ids)
+        try:
+            self._send({"op": "prime", "id": request_id, **self._mounts(layer)})
+        except (OSError, SandboxUnavailable):
+            if len(self._free) < FREE_LAYERS:
+                self._free.append(layer)
+            return
+        self._primed = (layer, request_id)
+
+    def _mounts(self, layer: Path | None, display: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The part of a `run` request that decides the command's mounts (warden `PRIMED_BY`), and its IPC
+        filters and limits."""
+        # live roots are written directly: hidden and protected paths there stay uncreatable
+        guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
+                          self.spec.protected_names, depth=1) if self.spec.live_write_roots else _NO_LIVE
+        return {"hidden": [*self.spec.hidden],
+                "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
+                         if self.spec.run_as is None or self.spec.run_as.reaches(root)],
+                "layers_dir": self.spec.layers_dir,
+                "freeze": guard.freeze, "readonly": guard.readonly,
+                "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
+                **self._ipc_and_limits(display)}
 
     def layer_since(self, layer: Path) -> int:
         """When the command writing into `layer` started (wall clock, ns); 0 if unknown."""
@@ -467,8 +509,12 @@ class Sandbox:
     def release(self, layer: Path) -> None:
         """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
         self._since.pop(layer, None)
+        self._reserved.pop(layer, None)
         if len(self._free) < FREE_LAYERS and layer_empty(layer, self.spec.write_roots, self.spec.hidden):
-            self._free.append(layer)
+            if self._primed is None and self._sock is not None and not self._closed:
+                self._prime(layer)
+            else:
+                self._free.append(layer)
             return
         if self._closed:
             discard(layer)  # the device is stopping: nothing else to serve
@@ -531,29 +577,20 @@ class Sandbox:
             out_r, out_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
             err_r, err_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
             to_close += [in_r, out_w, err_w]
-            request_id = next(self._ids)
+            request_id = (self._reserved.pop(layer, None) if layer is not None else None) or next(self._ids)
             started: asyncio.Future[int] = loop.create_future()
             exited: asyncio.Future[int] = loop.create_future()
             self._waiters[request_id] = (started, exited)
             if ask is not None:
                 self._askers[request_id] = ask
-            hidden = [*self.spec.hidden]
-            # live roots are written directly: hidden and protected paths there stay uncreatable
-            guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
-                              self.spec.protected_names, depth=1) if self.spec.live_write_roots else _NO_LIVE
-            message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
-                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
-                                if self.spec.run_as is None or self.spec.run_as.reaches(root)],
-                       "layers_dir": self.spec.layers_dir,
-                       "freeze": guard.freeze, "readonly": guard.readonly,
-                       "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
+            message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env,
                        "landlock": self.info.landlock,
                        # a script runs by its real path (outside the writable roots, resolved here), so
                        # its interpreter and the script itself find what lies beside it (npm, shims...)
                        "exec_path": exec_path,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
                                     *self.spec.live_write_roots, "/dev"],
-                       **self._ipc_and_limits((display_socket,) if display_socket else ())}
+                       **self._mounts(layer, (display_socket,) if display_socket else ())}
             if display_socket and message.get("filters") is not False:
                 message["display"] = True
             if "limits" in message and processes != message["limits"].get("processes"):  # a session's share
@@ -643,8 +680,9 @@ class Sandbox:
 
 
 def _remove_all(paths: list[Path]) -> None:
-    """Remove directories an overlay left (its work directories are mode 000: opened up on the way down)."""
-    for path in paths:
+    """Remove directories an overlay left (its work directories are mode 000: opened up on the way down),
+    with the `<name>-<n>` ones set aside beside them (warden `_set_aside`)."""
+    for path in [*paths, *(aside for named in paths for aside in named.parent.glob(f"{named.name}-*"))]:
         if not path.exists():
             continue
         with contextlib.suppress(OSError):

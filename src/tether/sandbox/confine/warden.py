@@ -18,6 +18,7 @@ Standard library only: this runs in a fresh interpreter inside the sandbox.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import json
 import os
@@ -133,16 +134,21 @@ def _mount_layers(libc: _Libc, req: dict[str, Any]) -> list[str]:
     for _, fd in (*lowers, *live):
         os.close(fd)
     mount_plan(libc.mount, req.get("freeze", []), req.get("readonly", []))  # see sandbox/confine/guard.py
-    for path in req.get("hidden", []):
+    _hide(libc, req.get("hidden", []))
+    if req.get("layers_dir"):
+        libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
+    _mask_sockets(libc, req)
+    return notes
+
+
+def _hide(libc: _Libc, hidden: list[str]) -> None:
+    """An empty read-only tmpfs over each hidden directory that exists in this view, /dev/null over each file."""
+    for path in hidden:
         # a hidden name that is a symlink (dotfile managers) hides what it points to: mount follows it
         if os.path.isdir(path):
             libc.mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
         elif os.path.exists(path):
             libc.mount("/dev/null", path, None, MS_BIND, None)
-    if req.get("layers_dir"):
-        libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
-    _mask_sockets(libc, req)
-    return notes
 
 
 def plant_whiteouts(upper: str, root: str, hidden: list[str]) -> None:
@@ -189,10 +195,15 @@ def _set_aside(work: str, request_id: int) -> None:
     layer only returns to the pool once its previous command's namespace is gone and its upper layer was
     found empty, so nothing uses the old one any more and the marker says nothing.
     """
-    try:
-        os.rename(f"{work}/work", f"{work}/gone-{request_id}")
-    except FileNotFoundError:
-        pass  # a fresh layer
+    for attempt in range(64):  # gone-<id> is taken when a primed namespace of this layer was dropped unused
+        try:
+            os.rename(f"{work}/work", f"{work}/gone-{request_id}" + (f"-{attempt}" if attempt else ""))
+            return
+        except FileNotFoundError:
+            return  # a fresh layer
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
 
 
 def _mask_sockets(libc: _Libc, req: dict[str, Any]) -> None:
@@ -209,10 +220,15 @@ def _mask_sockets(libc: _Libc, req: dict[str, Any]) -> None:
         libc.mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, req["shm"])
 
 
-def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) -> None:
-    """pid 1 of the command's pid namespace: its own /proc, no capabilities, then the program itself."""
+def _own_proc(libc: _Libc) -> None:
+    """Die with the warden; this pid namespace's own /proc."""
     libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
+
+
+def _exec_command(libc: _Libc, req: dict[str, Any], exe: int, stdio: list[int]) -> None:
+    """pid 1 of the command's pid namespace (its /proc mounted: `_own_proc`): no capabilities, then the
+    program itself."""
     filters = req.get("filters") is not False  # false: bench.sandbox_filters' baseline, never the device's
     if filters:
         apply_in_command(req.get("limits") or {})  # pid_max needs this namespace's /proc
@@ -255,16 +271,76 @@ def _command(libc: _Libc, req: dict[str, Any], fds: list[int], sock: socket.sock
         notes = _mount_layers(libc, req)
         if notes:
             sock.send(json.dumps({"op": "note", "id": req["id"], "notes": notes}).encode())
+        _own_proc(libc)
         _exec_command(libc, req, exe, stdio)
     except BaseException as exc:
-        message = f"tether sandbox: could not start {req['argv'][0]}: {exc}\n"
-        for fd in (stdio[2], 2):  # stdio[2] is closed once it became fd 2
-            try:
-                os.write(fd, message.encode("utf-8", "replace"))
-                break
-            except OSError:
-                pass
+        _could_not_start(req, stdio, exc)
     os._exit(EXEC_FAILED)
+
+
+def _could_not_start(req: dict[str, Any], stdio: list[int], exc: BaseException) -> None:
+    """Tell the command's stderr why it never ran (the device reports exit code 127)."""
+    message = f"tether sandbox: could not start {req['argv'][0]}: {exc}\n"
+    for fd in (stdio[2], 2):  # stdio[2] is closed once it became fd 2
+        try:
+            os.write(fd, message.encode("utf-8", "replace"))
+            break
+        except OSError:
+            pass
+
+
+# What a primed namespace was made for: a `run` whose values of these equal the `prime`'s takes it.
+PRIMED_BY = ("layer", "hidden", "live", "layers_dir", "freeze", "readonly", "mask_sockets", "shm", "filters")
+
+
+def primed_key(req: dict[str, Any]) -> str:
+    """The mount-time part of a request (`PRIMED_BY`), as one comparable string."""
+    return json.dumps([req.get(k) for k in PRIMED_BY], sort_keys=True)
+
+
+def _primed(libc: _Libc, req: dict[str, Any], ctl: socket.socket, sock: socket.socket) -> None:
+    """A command's namespace made ahead of its request (`prime`): the overlays, masks, /dev/shm and /proc
+    mounted, then it waits on `ctl` for the `run` (JSON plus the program's and stdio fds) and goes on
+    as `_command` would. Hidden paths that did not exist when it was made are looked at again then, so a
+    secret created meanwhile is hidden all the same. `ctl` closed without a word: it exits unused.
+    Never returns."""
+    try:
+        notes = _mount_layers(libc, req)
+        _own_proc(libc)
+        late = [path for path in req.get("hidden", []) if not os.path.lexists(path)]
+    except BaseException as exc:
+        sys.stderr.write(f"tether sandbox: could not prepare a command's namespace: {exc}\n")
+        os._exit(EXEC_FAILED)
+    try:
+        data, fds, _, _ = socket.recv_fds(ctl, MAX_MESSAGE, 8)
+    except OSError:
+        os._exit(0)
+    if not data or len(fds) != 4:
+        os._exit(0)
+    run = json.loads(data)
+    exe, *stdio = fds
+    try:
+        ctl.close()
+        if notes:
+            sock.send(json.dumps({"op": "note", "id": run["id"], "notes": notes}).encode())
+        _hide(libc, late)
+        _exec_command(libc, run, exe, stdio)
+    except BaseException as exc:
+        _could_not_start(run, stdio, exc)
+    os._exit(EXEC_FAILED)
+
+
+@dataclasses.dataclass(slots=True)
+class _Ready:
+    """A primed namespace waiting for its command (`_primed`): what it was made for (`primed_key`), the
+    request id its layer's old work directories went aside under, its process and the warden's holds."""
+
+    key: str
+    prime_id: int
+    pid: int
+    pidfd: int
+    ctl: socket.socket
+    namespace: int
 
 
 class Warden:
@@ -274,6 +350,7 @@ class Warden:
         self.selector = selectors.DefaultSelector()
         self.children: dict[int, tuple[int, int]] = {}  # request id -> (pid, pidfd)
         self.namespaces: dict[int, int] = {}  # request id -> an fd holding its command's mount namespace
+        self.ready: dict[str, _Ready] = {}  # layer directory -> the namespace primed on it
 
     def send(self, message: dict[str, Any]) -> None:
         self.sock.send(json.dumps(message).encode())
@@ -286,6 +363,8 @@ class Warden:
                 if key.data is None:
                     if not self._request():
                         return
+                elif isinstance(key.data, str):
+                    self._unprime(key.data)  # it died before its command came
                 else:
                     self._reap(key.data)
 
@@ -295,7 +374,10 @@ class Warden:
             return False
         req = json.loads(data)
         if req["op"] == "run":
-            self._run(req, fds)
+            if not self._run_primed(req, data, fds):
+                self._run(req, fds)
+        elif req["op"] == "prime":
+            self._prime(req)
         elif req["op"] == "listen":
             self._listen()
         elif req["op"] == "kill" and req["id"] in self.children:
@@ -324,7 +406,91 @@ class Warden:
         finally:
             listener.close()
 
+    def _forked(self) -> None:
+        """In a freshly cloned process: drop what only the warden may hold (other commands' namespaces,
+        the primed ones' control sockets)."""
+        for held in self.namespaces.values():  # other commands' namespaces: never kept alive from here
+            os.close(held)
+        for ready in self.ready.values():
+            ready.ctl.close()
+            os.close(ready.namespace)
+
+    def _prime(self, req: dict[str, Any]) -> None:
+        """`prime`: make the namespace of the next command that will use `req["layer"]` now, between
+        commands, so that command's request only has to hand it its program and stdio."""
+        layer = (req.get("layer") or {}).get("dir")
+        if not layer or layer in self.ready:
+            return
+        seccomp.prepared(_allows_unix(req), bool(req.get("display")))
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            pid = self.libc.clone_namespaces()
+        except OSError:
+            ours.close()
+            theirs.close()
+            return  # the command will make its own
+        if pid == 0:
+            self._forked()
+            ours.close()
+            _primed(self.libc, req, theirs, self.sock)
+        theirs.close()
+        pidfd = os.pidfd_open(pid)
+        try:
+            namespace = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            namespace = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)  # gone already: _unprime reaps it
+        self.ready[layer] = _Ready(primed_key(req), int(req.get("id", 0)), pid, pidfd, ours, namespace)
+        self.selector.register(pidfd, selectors.EVENT_READ, layer)
+
+    def _unprime(self, layer: str) -> _Ready | None:
+        """Drop the namespace primed on `layer`, if any: it exits (or has), its mounts go with it."""
+        ready = self.ready.pop(layer, None)
+        if ready is None:
+            return None
+        self.selector.unregister(ready.pidfd)
+        ready.ctl.close()  # its recv ends empty: it exits
+        try:
+            os.waitpid(ready.pid, 0)
+        except ChildProcessError:
+            pass
+        os.close(ready.pidfd)
+        os.close(ready.namespace)  # the last hold on its mounts: the layer is free again
+        return ready
+
+    def _run_primed(self, req: dict[str, Any], data: bytes, fds: list[int]) -> bool:
+        """A `run` on a layer primed for exactly its mounts: handed to that namespace. False when there
+        is none (or it went away): the caller makes the command's namespace itself, as before."""
+        layer = (req.get("layer") or {}).get("dir")
+        ready = self.ready.get(layer) if layer else None
+        if ready is None:
+            return False
+        if ready.key != primed_key(req) or len(fds) != 4:
+            self._unprime(layer)  # type: ignore[arg-type]
+            return False
+        try:
+            socket.send_fds(ready.ctl, [data], fds)
+        except OSError:
+            self._unprime(layer)  # type: ignore[arg-type]
+            return False
+        del self.ready[layer]  # type: ignore[arg-type]
+        ready.ctl.close()
+        self.selector.unregister(ready.pidfd)
+        if ready.prime_id != req["id"]:  # its old work directories went aside under the prime's id
+            for i in range(len(req["layer"]["roots"])):
+                try:
+                    os.rename(f"{layer}/{i}/w/gone-{ready.prime_id}", f"{layer}/{i}/w/gone-{req['id']}")
+                except OSError:
+                    pass
+        self.children[req["id"]] = (ready.pid, ready.pidfd)
+        self.namespaces[req["id"]] = ready.namespace
+        self.selector.register(ready.pidfd, selectors.EVENT_READ, req["id"])
+        self.send({"op": "started", "id": req["id"], "pid": ready.pid})
+        return True
+
     def _run(self, req: dict[str, Any], fds: list[int]) -> None:
+        layer = (req.get("layer") or {}).get("dir")
+        if layer:
+            self._unprime(layer)  # its overlay would hold the layer's work directory
         seccomp.prepared(_allows_unix(req), bool(req.get("display")))  # made here once, each command installs it
         try:
             pid = self.libc.clone_namespaces()
@@ -332,8 +498,7 @@ class Warden:
             self.send({"op": "exit", "id": req["id"], "error": f"could not make the command's namespaces: {exc}"})
             return
         if pid == 0:
-            for held in self.namespaces.values():  # other commands' namespaces: never kept alive from here
-                os.close(held)
+            self._forked()
             _command(self.libc, req, fds, self.sock)
         pidfd = os.pidfd_open(pid)
         self.children[req["id"]] = (pid, pidfd)
