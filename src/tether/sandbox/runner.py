@@ -142,6 +142,9 @@ class Sandbox:
         # the IPC filters and resource limits (seccomp, Landlock scopes, socket masks, rlimits, /dev/shm):
         # always on for a device; bench.sandbox_filters turns them off to measure what they cost
         self.filters = True
+        # each command's namespace made ahead, on the layer its predecessor left empty (`_prime`): always on
+        # for a device; bench.sandbox_filters turns it off to measure what it saves
+        self.prime = True
         self._limits = {"limits": spec.limits.to_request(), "shm": shm_options(spec.limits)}  # the same each time
         self._pool = ThreadPoolExecutor(max_workers=CAPTURE_WORKERS, thread_name_prefix="tether-capture")
         self._since: dict[Path, tuple[int, int]] = {}  # layer -> (wall clock ns, apply seq) at its command's start
@@ -506,12 +509,18 @@ class Sandbox:
         if run_as is not None:
             os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
 
-    def release(self, layer: Path) -> None:
-        """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
+    def layer_empty(self, layer: Path) -> bool:
+        """Whether the command that wrote into `layer` left nothing there (`layer_empty`, on the loop: an
+        empty layer is one directory read per write root; a written one stops at its first entry)."""
+        return layer_empty(layer, self.spec.write_roots, self.spec.hidden)
+
+    def release(self, layer: Path, *, empty: bool = False) -> None:
+        """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path.
+        `empty`: the caller has just found it empty (`layer_empty`), so it is not read again."""
         self._since.pop(layer, None)
         self._reserved.pop(layer, None)
-        if len(self._free) < FREE_LAYERS and layer_empty(layer, self.spec.write_roots, self.spec.hidden):
-            if self._primed is None and self._sock is not None and not self._closed:
+        if len(self._free) < FREE_LAYERS and (empty or self.layer_empty(layer)):
+            if self.prime and self._primed is None and self._sock is not None and not self._closed:
                 self._prime(layer)
             else:
                 self._free.append(layer)
