@@ -35,6 +35,7 @@ from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.egress.owner import children, command_holding
 from tether.sandbox.egress.proxy import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress.rules import EgressRules
+from tether.sandbox.kept import Kept
 from tether.sandbox.layers.held import HeldLayers
 from tether.sandbox.layers.layer import discard
 from tether.sandbox.layers.session import SessionTotals
@@ -98,11 +99,13 @@ class Sandbox:
     """The device's sandbox: owns the warden process; closed with the device."""
 
     def __init__(self, info: SandboxInfo, spec: SandboxSpec, *, egress: EgressRules | None = None,
-                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None) -> None:
+                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None,
+                 state_dir: str | os.PathLike[str] | None = None) -> None:
         """`egress`: the host rules of a policy that lists hosts; the spec must then have no network
         (`network=False`), and every command's only way out is the egress proxy, which asks `ask` about
         unlisted hosts (`ask: on-miss`) and reports every connection to `audit` as well as to the log
-        and to the command's notes."""
+        and to the command's notes. `state_dir`: the device's state directory, where the sessions' totals
+        and a person's `always` grants are kept across restarts (`kept`; None: kept in memory only)."""
         if egress is not None and spec.network:
             raise ValueError("an egress proxy needs a sandbox without direct network (network=False)")
         if not info.available or not info.bwrap:
@@ -118,7 +121,11 @@ class Sandbox:
         self._layer_ids = itertools.count(1)
         self._closed = False
         self.held = HeldLayers(Path(spec.layers_dir))
-        self.sessions = SessionTotals()  # what each session's commands applied, all together (layers/session.py)
+        self.kept = None if state_dir is None else Kept(state_dir)
+        # what each session's commands applied, all together (layers/session.py), as an earlier run left it
+        self.sessions = SessionTotals(rows=self.kept.totals() if self.kept is not None else ())
+        self._keeping: asyncio.Future[None] | None = None  # the totals being written to the state directory
+        self._keep_again = False  # they changed while being written
         self._free: list[Path] = []
         # an empty layer the warden has already mounted the next command's namespace on (`_prime`), with
         # the request id reserved for that command; handed out first by new_layer
@@ -478,6 +485,7 @@ class Sandbox:
         """An apply of this device made changes at `paths` (`deleted`: the ones it removed, trees included).
         Call on the event loop."""
         self._apply_seq += 1
+        self._keep_totals()
         entry = (self._apply_seq, frozenset(paths), frozenset(deleted))
         self._applied.append(entry)
         self._applied_paths += len(entry[1])
@@ -485,6 +493,26 @@ class Sandbox:
             seq, old, _ = self._applied.popleft()
             self._applied_paths -= len(old)
             self._forgotten = seq
+
+    def _keep_totals(self) -> None:
+        """Write the sessions' totals to the state directory on the worker pool, one write at a time (a
+        change made meanwhile is written once that one ends). Call on the event loop."""
+        if self.kept is None or self._closed:
+            return
+        if self._keeping is not None:
+            self._keep_again = True
+            return
+        self._keeping = self.submit(self.kept.keep_totals, self.sessions.snapshot())
+
+        def done(future: asyncio.Future[None]) -> None:
+            self._keeping = None
+            if not future.cancelled() and future.exception() is not None:
+                logger.warning("could not keep the sessions' totals: %s", future.exception())
+            if self._keep_again:
+                self._keep_again = False
+                self._keep_totals()
+
+        self._keeping.add_done_callback(done)
 
     def applied_since(self, layer: Path) -> list[tuple[frozenset[str], frozenset[str]]] | None:
         """(paths, deleted) of each apply of this device made after `layer`'s command started; None
@@ -674,6 +702,12 @@ class Sandbox:
                 await asyncio.wait_for(proc.wait(), START_TIMEOUT_S)
         if self._removing:
             await asyncio.gather(*self._removing, return_exceptions=True)
+        if self._keeping is not None:
+            await asyncio.gather(self._keeping, return_exceptions=True)
+        if self.kept is not None and self._keep_again:  # changed during the last write: the final state
+            self._keep_again = False
+            with contextlib.suppress(Exception):
+                await self.offload(self.kept.keep_totals, self.sessions.snapshot())
         self._free.clear()
         with contextlib.suppress(RuntimeError):  # closed twice: the pool is already shut down
             await self.offload(self._discard_layers)
