@@ -568,7 +568,7 @@ class Sandbox:
 
     def _sweep(self, request_id: int) -> None:
         """The command's namespace is gone: the work directories of its layer's previous use, which it set
-        aside (warden `_set_aside`), are removed in batches off the event loop."""
+        aside (`mounts.set_aside`), are removed in batches off the event loop."""
         layer = self._layer_of.pop(request_id, None)
         if layer is None:
             return
@@ -730,7 +730,7 @@ class Sandbox:
 
 def _remove_all(paths: list[Path]) -> None:
     """Remove directories an overlay left (its work directories are mode 000: opened up on the way down),
-    with the `<name>-<n>` ones set aside beside them (warden `_set_aside`)."""
+    with the `<name>-<n>` ones set aside beside them (`mounts.set_aside`)."""
     for path in [*paths, *(aside for named in paths for aside in named.parent.glob(f"{named.name}-*"))]:
         if not path.exists():
             continue
@@ -746,7 +746,7 @@ def _remove_all(paths: list[Path]) -> None:
 def layer_empty(layer: Path, roots: int | tuple[str, ...], hidden: tuple[str, ...] = ()) -> bool:
     """Whether the command wrote nothing, checked without a scan: its upper directories are empty, or
     (given the roots by path and the hidden paths) hold nothing but the whiteouts the warden planted over
-    hidden paths and the directories above them (`warden.plant_whiteouts`)."""
+    hidden paths and the directories above them (`mounts.plant_whiteouts`)."""
     count = roots if isinstance(roots, int) else len(roots)
     try:
         if not hidden or isinstance(roots, int):
