@@ -3,8 +3,9 @@ connected to node `a` only, its desktop a private Xvfb running the Tk test progr
 tests/web/test_live_view.py). A person views the device through node `b`: frames come through `a`, an
 agent's click asked on `a` is drawn on `b`'s view, the person's take-over made on `b` refuses agents'
 desktop actions asked on either node (naming the person), the person's own click through `b` lands, and
-handing back on `b` lets the agent act again through both nodes. The program's event log and the view's
-events are waited on, never slept on."""
+handing back on `b` lets the agent act again through both nodes. When node `a` dies while the person holds
+the desktop, the device moves to `b` and the hold follows it (agents still refused); a page that goes
+away releases it. The program's event log and the view's events are waited on, never slept on."""
 
 from __future__ import annotations
 
@@ -85,9 +86,9 @@ async def test_a_view_through_another_node_sees_draws_holds_and_hands_back(
     buttons = gui.events("ready")[0]["buttons"]
     async with ClusterKit(tmp_path, redis=redis_engine) as kit:
         a, b = await asyncio.gather(kit.start_node("a"), kit.start_node("b"))
-        device = await kit.start_device("alpha", [a], env={"DISPLAY": xvfb, "DBUS_SESSION_BUS_ADDRESS": "",
+        device = await kit.start_device("alpha", [a, b], env={"DISPLAY": xvfb, "DBUS_SESSION_BUS_ADDRESS": "",
                                                            "AT_SPI_BUS_ADDRESS": ""})
-        await device.registered()  # given node a alone
+        assert (await device.registered()) is a
         person = await kit.token("api", "ada", ["execute"])
         made = await kit.http(a).post("/tokens", json={"kind": "api", "name": "agent-007", "scopes": ["execute"],
                                                        "agent": True})
@@ -131,20 +132,31 @@ async def test_a_view_through_another_node_sees_draws_holds_and_hands_back(
             assert (await click(b, agent, buttons["cancel"]))["status"] == "success"
             assert (await click(a, agent, buttons["cancel"]))["status"] == "success"
             await gui.wait_count("cancel", 3)
-            # a page on node b that goes away while holding releases the hold on node a
+            # the person takes over again; node a (holding the device and the hold) dies: the device moves to
+            # node b and the hold follows it there, so agents are still refused
             assert (await view.post(http, "take")).status_code == 200
+            assert (await view.next("hold"))["holder"] == "ada"
             assert (await click(a, agent, buttons["cancel"]))["status"] == "failure"
-        audit = await kit.http(a).get("/audit?device=alpha&limit=200")
+            since = len(device.process.lines)
+            await kit.kill_node(a)
+            assert (await device.registered(since)) is b
+            assert (await view.next("hold"))["holder"] == "ada"  # taken again on node b, where the device is
+            refused = await click(b, agent, buttons["cancel"])
+            assert refused["status"] == "failure" and "a person (ada) has taken over" in refused["error"], refused
+            assert (await view.post(http, "keep")).json() == {"held": True}
+        # the page goes away while holding: the hold is released
+        audit = await kit.http(b).get("/audit?device=alpha&limit=200")
 
         async def handed_back() -> bool:
-            rows = (await kit.http(a).get("/audit?device=alpha&limit=200")).json()["rows"]
+            rows = (await kit.http(b).get("/audit?device=alpha&limit=200")).json()["rows"]
             return any(r["tool_name"] == "screen.hand_back" and "went away" in str(r.get("arguments")) for r in rows)
 
         async with asyncio.timeout(WAIT_S):
             while not await handed_back():
                 await asyncio.sleep(0.2)  # polling the audit: the hand-back is written off the stream's path
-        assert (await click(a, agent, buttons["cancel"]))["status"] == "success"
+        assert (await click(b, agent, buttons["cancel"]))["status"] == "success"
         await gui.wait_count("cancel", 4)
         rows = audit.json()["rows"]
         assert any(r["tool_name"] == "click" and r["requested_by"] == "api:ada" and r["status"] == "success"
                    for r in rows), rows[:5]
+        assert any(r["tool_name"] == "screen.take" and "moved" in str(r.get("arguments")) for r in rows), rows[:5]

@@ -67,6 +67,7 @@ class View:
     token: str
     device: str
     hold: str | None = None
+    hold_at: str = ""  # the node holding the device when the hold was taken ("" for this one)
     seen: float = field(default_factory=time.monotonic)  # when the page last spoke (took, acted, kept)
     tell: Callable[[dict[str, Any]], None] | None = None  # an event for this view's page alone
 
@@ -164,6 +165,28 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
             told({"kind": "problem", "error": str(exc.detail)})
             return None
 
+    async def follow() -> None:
+        """The device's connection moved to another node (its node died, or it reconnected elsewhere): the
+        hold follows it there, since the old node's hold no longer stands in anyone's way."""
+        try:
+            at = await nodes.located(device)
+        except HTTPException:
+            return
+        if at is None or at == view.hold_at or view.hold is None:
+            return
+        old, was = view.hold, view.hold_at
+        try:
+            view.hold, _, view.hold_at = await nodes.take(device, who.name, HOLD_TTL_S)
+        except DesktopHeld as exc:
+            view.hold = None
+            told({"kind": "hold", "holder": exc.holder, "lost": True})
+            return
+        except HTTPException:
+            return  # tried again with the next picture
+        _audit(request, who.name, device, "screen.take", {"stream": stream, "why": f"the device moved to node "
+                                                          f"{view.hold_at or 'serving this view'}"})
+        nodes.release_soon(was, device, old, lambda released: None)  # else it runs out there (HOLD_TTL_S)
+
     async def shots() -> None:
         seq, last, watched = 0, b"", time.monotonic()
         while True:
@@ -171,10 +194,12 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
             if started - watched > WATCH_RENEW_S:
                 watched = started
                 await watch()
+            if view.hold is not None:
+                await follow()
             if view.hold is not None and started - view.seen > HOLD_IDLE_S:
                 key, view.hold = view.hold, None
                 try:
-                    released = await nodes.release(device, key)
+                    released = await nodes.release_at(view.hold_at, device, key)
                 except HTTPException:  # its node does not answer: the hold runs out there (HOLD_TTL_S)
                     released = False
                 if released:
@@ -223,7 +248,7 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
                     _audit(request, who.name, device, "screen.hand_back",
                            {"stream": stream, "why": "the page went away"})
 
-            nodes.release_soon(device, view.hold, handed_back)
+            nodes.release_soon(view.hold_at, device, view.hold, handed_back)
         _audit(request, who.name, device, "screen.view_end",
                {"stream": stream, "frames": frames, "seconds": round(time.monotonic() - opened, 1)})
 
@@ -238,10 +263,10 @@ async def take_over(name: str, body: HoldBody, request: Request,
         raise HTTPException(403, f"token '{who.name}' is an agent's token: only a person takes over a desktop")
     view = _view(request, who, name, body.stream)
     try:
-        key, since = await request.app.state.screen_nodes.take(name, who.name, HOLD_TTL_S)
+        key, since, at = await request.app.state.screen_nodes.take(name, who.name, HOLD_TTL_S)
     except DesktopHeld as exc:
         raise HTTPException(409, f"{exc}: they hand it back first") from None
-    view.hold, view.seen = key, time.monotonic()
+    view.hold, view.hold_at, view.seen = key, at, time.monotonic()
     _audit(request, who.name, name, "screen.take", {"stream": body.stream})
     return {"holder": who.name, "since": since}
 
@@ -252,8 +277,11 @@ async def keep(name: str, body: HoldBody, request: Request,
     """The holding page is still there (sent every few seconds); `held` says whether it still holds."""
     view = _view(request, who, name, body.stream)
     view.seen = time.monotonic()
-    if view.hold is not None and not await request.app.state.screen_nodes.keep(name, view.hold):
-        view.hold = None  # it ran out where the device is, or the device moved to another node since
+    nodes: ScreenNodes = request.app.state.screen_nodes
+    # a device that moved to another node since: its hold follows it (the view's `follow`), not lost here
+    if view.hold is not None and await nodes.located(name) == view.hold_at \
+            and not await nodes.keep_at(view.hold_at, name, view.hold):
+        view.hold = None  # it ran out where the device is
         if view.tell is not None:
             view.tell({"kind": "hold", "holder": None, "lost": True})
     return {"held": view.hold is not None}
@@ -265,7 +293,10 @@ async def hand_back(name: str, body: HoldBody, request: Request,
     """Hand the desktop back (agents may act again); `released` is False when this view held nothing."""
     view = _view(request, who, name, body.stream)
     key, view.hold = view.hold, None
-    released = key is not None and await request.app.state.screen_nodes.release(name, key)
+    try:
+        released = key is not None and await request.app.state.screen_nodes.release_at(view.hold_at, name, key)
+    except HTTPException:  # its node is gone: so is the hold (it runs out there if that node lives)
+        released = False
     if released:
         _audit(request, who.name, name, "screen.hand_back", {"stream": body.stream})
     return {"released": released}
@@ -279,9 +310,8 @@ async def act(name: str, body: ActBody, request: Request,
     view = _view(request, who, name, body.stream)
     if body.tool not in PERSON_TOOLS:
         raise HTTPException(400, f"the live view sends {sorted(PERSON_TOOLS)}, not '{body.tool[:40]}'")
-    nodes: ScreenNodes = request.app.state.screen_nodes
-    if view.hold is None or (await nodes.where(name) is None and not request.app.state.hub.desktop.keep(name,
-                                                                                                  view.hold)):
+    # a hold on another node is checked there, against the key the batch carries
+    if view.hold is None or (not view.hold_at and not request.app.state.hub.desktop.keep(name, view.hold)):
         raise HTTPException(409, "take over first: this view does not hold the desktop")
     view.seen = time.monotonic()
     dispatcher = request.app.state.hub.dispatcher(name, requested_by=f"api:{who.name}",

@@ -80,38 +80,46 @@ class ScreenNodes:
             raise HTTPException(503, f"cannot tell which node holds device {device}: {exc}") from None
         return None if node is None or node == remote.node else node
 
-    async def take(self, device: str, holder: str, ttl: float) -> tuple[str, float]:
-        """Hold `device`'s desktop for `holder` where the device is: (key, since). `DesktopHeld` when another
-        person holds it; 503 when its node does not answer."""
+    async def located(self, device: str) -> str | None:
+        """The node holding `device`'s connection now: its name, "" for this one, None for none (offline).
+        503 when the cluster's backplane cannot say."""
+        if self.hub.holds(device):
+            return ""
+        node = await self.where(device)
+        return node if node is not None else (None if self.hub.remote is not None else "")
+
+    async def take(self, device: str, holder: str, ttl: float) -> tuple[str, float, str]:
+        """Hold `device`'s desktop for `holder` where the device is: (key, since, the node holding it, "" for
+        this one). `DesktopHeld` when another person holds it; 503 when its node does not answer."""
         node = await self.where(device)
         if node is None:
             hold = self.hub.desktop.take(device, holder, ttl=ttl)
-            return hold.key, hold.since
+            return hold.key, hold.since, ""
         reply = await self._ask(node, device, {"op": "take", "holder": holder, "ttl": ttl})
         if "held_by" in reply:
             raise DesktopHeld(device, str(reply["held_by"]))
-        return str(reply["key"]), float(reply["since"])
+        return str(reply["key"]), float(reply["since"]), node
 
-    async def keep(self, device: str, key: str) -> bool:
-        """Renew the hold `key` where the device is now; False when it is not held with that key there (it
-        ran out, or the device moved to another node since)."""
-        node = await self.where(device)
-        if node is None:
+    async def keep_at(self, node: str, device: str, key: str) -> bool:
+        """Renew the hold `key` on `node` ("" for this one, as `take` said); False when it is not held with
+        that key there (it ran out, or was replaced). 503 when that node does not answer."""
+        if not node:
             return self.hub.desktop.keep(device, key)
         return bool((await self._ask(node, device, {"op": "keep", "key": key})).get("held"))
 
-    async def release(self, device: str, key: str) -> bool:
-        """End the hold `key` where the device is now; False when there was none with that key."""
-        node = await self.where(device)
-        if node is None:
+    async def release_at(self, node: str, device: str, key: str) -> bool:
+        """End the hold `key` on `node` ("" for this one); False when there was none with that key there.
+        503 when that node does not answer."""
+        if not node:
             return self.hub.desktop.release(device, key)
         return bool((await self._ask(node, device, {"op": "release", "key": key})).get("released"))
 
-    def release_soon(self, device: str, key: str, then: Callable[[bool], None]) -> None:
-        """`release` off the caller's path (a stream ending under cancellation); `then(released)` after."""
+    def release_soon(self, node: str, device: str, key: str, then: Callable[[bool], None]) -> None:
+        """`release_at` off the caller's path (a stream ending under cancellation; a node that may be dead);
+        `then(released)` after."""
         async def run() -> None:
             try:
-                released = await self.release(device, key)
+                released = await self.release_at(node, device, key)
             except Exception as exc:  # the hold runs out there by its ttl
                 log.warning("could not hand back device %s's desktop at once (%s): its hold runs out instead",
                             device, getattr(exc, "detail", exc))
