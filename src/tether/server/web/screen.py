@@ -187,13 +187,15 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
                                                           f"{view.hold_at or 'serving this view'}"})
         nodes.release_soon(was, device, old, lambda released: None)  # else it runs out there (HOLD_TTL_S)
 
+    async def rewatch() -> None:  # apart from the pictures: a dead node's silence must not hold them up
+        while True:
+            await asyncio.sleep(WATCH_RENEW_S)  # a renewal's period, not a wait for an event
+            await watch()
+
     async def shots() -> None:
-        seq, last, watched = 0, b"", time.monotonic()
+        seq, last = 0, b""
         while True:
             started = time.monotonic()
-            if started - watched > WATCH_RENEW_S:
-                watched = started
-                await watch()
             if view.hold is not None:
                 await follow()
             if view.hold is not None and started - view.seen > HOLD_IDLE_S:
@@ -223,10 +225,11 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
     opened = time.monotonic()
     _audit(request, who.name, device, "screen.view", {"stream": stream})
     frames = 0
-    producer: asyncio.Task[None] | None = None
+    producers: list[asyncio.Task[None]] = []
     try:
         holder = await watch()
-        producer = asyncio.create_task(shots(), name=f"live-view-{stream}")
+        producers = [asyncio.create_task(shots(), name=f"live-view-{stream}"),
+                     asyncio.create_task(rewatch(), name=f"live-view-watch-{stream}")]
         yield _event("hello", {"stream": stream, "device": device, "holder": holder, "you": who.name})
         while True:
             try:
@@ -238,7 +241,7 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
             frames += kind == "frame" and "png" in data
             yield _event(kind, data)
     finally:
-        if producer is not None:
+        for producer in producers:
             producer.cancel()
         remove()
         views.views.pop(stream, None)
