@@ -25,7 +25,7 @@ Every answer is read as HTTP/1.1: the count answered chunked rather than with a 
 `--profile-device SECONDS`: after the rows, py-spy (when installed) records one device process for SECONDS
 while the callers run, and prints its top functions by own time. `--cprofile-device OUT`: the first device process
 runs under cProfile timed by its CPU clock (`bench.kit.cpu_profile`; slower than real, so are its rows), whose
-figures go to OUT and are printed at the end.
+figures go to OUT and are printed at the end; `--cprofile-server OUT` the same for the server.
 """
 
 from __future__ import annotations
@@ -255,7 +255,7 @@ async def measure(args: argparse.Namespace) -> None:
         tally, bare_tally = Tally(), Tally()
         (tmp / "devices").mkdir()
         async with contextlib.AsyncExitStack() as stack:
-            server = await stack.enter_async_context(server_process(tmp, port))
+            server = await stack.enter_async_context(server_process(tmp, port, args.cprofile_server))
             cprofile = args.cprofile_device
             devices = await stack.enter_async_context(real_devices(tmp / "devices", port,
                                                                    {n: tokens[n] for n in names}, api, cprofile))
@@ -317,10 +317,11 @@ async def measure(args: argparse.Namespace) -> None:
                 while not spy.done():
                     await closed_loop(port, real_reqs, 1.0, [], tally, expect)
                 profile = spy.result()
-        if cprofile is not None:
-            stats = pstats.Stats(str(cprofile)).strip_dirs().sort_stats("tottime")
-            stats.print_stats(45)
-            stats.sort_stats("cumtime").print_stats(70)
+        for out in (cprofile, args.cprofile_server):
+            if out is not None:
+                stats = pstats.Stats(str(out)).strip_dirs().sort_stats("tottime")
+                stats.print_stats(45)
+                stats.sort_stats("cumtime").print_stats(70)
     failed = tally.failed + bare_tally.failed
     load = os.getloadavg()[0]
     print(f"command path: {args.tool} per batch; {args.devices} real `tether device` processes (log level info), "
@@ -373,6 +374,7 @@ def main() -> None:
     parser.add_argument("--profile-device", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--cprofile-device", type=Path, metavar="OUT", help="run the first device process under "
                         "cProfile timed by its CPU clock (slower than real), write the figures to OUT and print them")
+    parser.add_argument("--cprofile-server", type=Path, metavar="OUT", help="the same for the server process")
     args = parser.parse_args()
     if args.devices < 1 or args.callers < 1 or args.repeats < 1:
         sys.exit("--devices, --callers and --repeats must be at least 1")
