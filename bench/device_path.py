@@ -1,12 +1,14 @@
 """A command's path through real `tether device` processes, and one node against its HTTP floor (issue 33, rows 1-3).
 
     python -m bench.device_path [--devices 10] [--callers 16] [--seconds 3] [--repeats 3] [--trips 400]
-                                [--tool file_info|list_tools] [--simulated 10] [--profile-device SECONDS]
+                                [--tool list_tools|file_info] [--simulated 10] [--base SRC]
+                                [--profile-device SECONDS] [--cprofile-device OUT] [--cprofile-server OUT]
 
 A real `tether server` process (SQLite in a temp directory) and `--devices` real `tether device` processes
 (`python -m tether.cli device`, each with its own token, the default log level `info` to a log file, as a
-service writes its journal). One cheap built-in command per batch, no subprocess and no thread: `file_info` of
-`/tmp` (a real tool: validation, policy, the tool, its result) or `list_tools` of a namespace no tool has.
+service writes its journal). One cheap built-in command per batch, no subprocess and no thread: `list_tools`
+of a namespace no tool has (the default: the link's own cost), or `file_info` of `/tmp` (a files tool: its
+policy checks resolve every hidden path on each call, most of that command's device CPU).
 
 Rows, each against its anchors measured in the same run, interleaved round by round:
 - REST round trip, sequential, one real device process: one keep-alive HTTP/1.1 connection posting one
@@ -22,10 +24,13 @@ Rows, each against its anchors measured in the same run, interleaved round by ro
 Every answer is read as HTTP/1.1: the count answered chunked rather than with a Content-Length is printed
 (the command route answers whole; a chunked answer is a failure of that).
 
-`--profile-device SECONDS`: after the rows, py-spy (when installed) records one device process for SECONDS
-while the callers run, and prints its top functions by own time. `--cprofile-device OUT`: the first device process
-runs under cProfile timed by its CPU clock (`bench.kit.cpu_profile`; slower than real, so are its rows), whose
-figures go to OUT and are printed at the end; `--cprofile-server OUT` the same for the server.
+`--profile-device SECONDS`: after the rows, py-spy (when installed) records one device process and the server
+for SECONDS while sequential trips run, and prints their top functions by own time. `--base SRC` (another
+checkout's `src`, e.g. `git archive BASE src | tar -x -C /tmp/b`): every second device process runs that tree,
+and the device CPU per command is printed for each tree (a before/after measured in the same run).
+`--cprofile-device OUT`: the first device process runs under cProfile timed by its CPU clock
+(`bench.kit.cpu_profile`; slower than real, so are its rows), whose figures go to OUT and are printed at the
+end; `--cprofile-server OUT` the same for the server.
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ from bench.fleet_hotpath import bare_process, echo_rate
 from bench.load import CHEAP, cpu_s, device_process, free_port, raise_fd_limit, server_process, stop_process
 
 TOOLS = {"file_info": {"tool_name": "file_info", "parameters": {"path": "/tmp"}}, "list_tools": CHEAP}
+IDLE_FRAMES = ("EpollSelector.select", "_worker (concurrent/futures/thread.py")  # waiting, not working
 DEVICE_START_S = 120.0  # all device processes registered within this, or the run fails
 
 
@@ -166,10 +172,11 @@ async def echo_trips(ws: object, frame: str, n: int) -> list[float]:
 # ---------------------------------------------------------------------------------------------- processes
 
 @asynccontextmanager
-async def real_devices(tmp: Path, port: int, tokens: dict[str, str], api: str,
-                       cprofile: Path | None = None) -> AsyncIterator[list[psutil.Process]]:
+async def real_devices(tmp: Path, port: int, tokens: dict[str, str], api: str, cprofile: Path | None = None,
+                       base: Path | None = None) -> AsyncIterator[list[psutil.Process]]:
     """One `tether device` process per token, as a user starts it; yields once the server lists them all online.
-    With `cprofile`, the first runs under cProfile, which writes its figures there when it stops."""
+    With `cprofile`, the first runs under cProfile, which writes its figures there when it stops; with `base`
+    (another checkout's `src`), every second one runs that tree."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_") or k == "TETHER_ALLOW_ROOT"}
     env.update(NO_COLOR="1", TETHER_CONFIG=str(tmp / "device.yaml"))
     (tmp / "device.yaml").write_text("device:\n  builtin: [files, system]\n")
@@ -180,11 +187,12 @@ async def real_devices(tmp: Path, port: int, tokens: dict[str, str], api: str,
             profiled = ["-m", "bench.kit.cpu_profile", str(cprofile)] if cprofile is not None and i == 0 else []
             (tmp / name).mkdir()
             (tmp / name / "token").write_text(token)
+            tree = {**env, "PYTHONPATH": str(base)} if base is not None and i % 2 else env
             with (tmp / f"{name}.log").open("wb") as log:
                 procs.append(await asyncio.create_subprocess_exec(
                     sys.executable, *(profiled or ["-m"]), "tether.cli", "device", "--server", f"ws://127.0.0.1:{port}/aip",
                     "--name", name, "--token-file", str(tmp / name / "token"), "--state-dir", str(tmp / name),
-                    *argv_root, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=env))
+                    *argv_root, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=tree))
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
                                      headers={"Authorization": f"Bearer {api}"}) as http:
             deadline = time.monotonic() + DEVICE_START_S
@@ -221,10 +229,12 @@ def profile_device(pid: int, seconds: float, out: Path) -> str:
     for line in out.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
+        if any(idle in frames[-1] for idle in IDLE_FRAMES):
+            continue
         total += int(count)
         own[frames[-1]] = own.get(frames[-1], 0) + int(count)
-    top = sorted(own.items(), key=lambda kv: -kv[1])[:30]
-    return "\n".join(f"{100 * n / total:5.1f}%  {frame}" for frame, n in top)
+    top = sorted(own.items(), key=lambda kv: -kv[1])[:40]
+    return "\n".join(f"{100 * n / max(total, 1):5.1f}%  {frame}" for frame, n in top)
 
 
 # ---------------------------------------------------------------------------------------------- measure
@@ -258,12 +268,14 @@ async def measure(args: argparse.Namespace) -> None:
             server = await stack.enter_async_context(server_process(tmp, port, args.cprofile_server))
             cprofile = args.cprofile_device
             devices = await stack.enter_async_context(real_devices(tmp / "devices", port,
-                                                                   {n: tokens[n] for n in names}, api, cprofile))
+                                                                   {n: tokens[n] for n in names}, api, cprofile,
+                                                                   args.base))
             if sims:
                 await stack.enter_async_context(device_process(f"ws://127.0.0.1:{port}/aip", tmp / "sims",
                                                                {n: tokens[n] for n in sims}, tmp / "sims.log"))
             bare = await stack.enter_async_context(bare_process(bare_port))
             echo_port = await stack.enter_async_context(far_end(True, "echo-server"))
+            echo_proc = next(p for p in psutil.Process().children() if "echo-server" in p.cmdline())
             ws = await stack.enter_async_context(connect(f"ws://127.0.0.1:{echo_port}", compression=None,
                                                          max_size=None, ping_interval=None))
             frame = command_frame()
@@ -282,6 +294,7 @@ async def measure(args: argparse.Namespace) -> None:
             trip_p50: dict[str, list[float]] = {"echo": [], "bare": [], "tether": []}
             trips: dict[str, list[float]] = {"echo": [], "bare": [], "tether": []}
             waited: list[float] = []  # server's and device's run-queue seconds per sequential trip
+            trip_cpu: dict[str, list[float]] = {"echo": [], "bare": [], "tether": []}  # the far ends' CPU per trip
             rates: dict[str, list[float]] = {"echo": [], "bare": [], "real": [], "sim": []}
             server_cpu: list[float] = []
             device_cpu: list[list[float]] = []
@@ -292,8 +305,10 @@ async def measure(args: argparse.Namespace) -> None:
                 for key, run in (("echo", lambda: echo_trips(ws, frame, args.trips)),
                                  ("bare", lambda: sequential(bare_port, bare_one, args.trips, bare_tally, b"success")),
                                  ("tether", lambda: sequential(port, one, args.trips, tally, expect))):
-                    queued = run_queue_s([server, devices[0]])
+                    far = {"echo": [echo_proc], "bare": [bare], "tether": [server, devices[0]]}[key]
+                    queued, cpu0 = run_queue_s([server, devices[0]]), sum(cpu_s(p) for p in far)
                     samples = await run()
+                    trip_cpu[key].append((sum(cpu_s(p) for p in far) - cpu0) / len(samples))
                     if key == "tether":
                         waited.append((run_queue_s([server, devices[0]]) - queued) / len(samples))
                     trips[key] += samples
@@ -310,13 +325,15 @@ async def measure(args: argparse.Namespace) -> None:
                     rate, cpus = await closed_loop(port, sim_reqs, args.seconds, [server], tally, expect)
                     rates["sim"].append(rate)
                     sim_cpu.append(cpus[0])
-            profile = None
-            if args.profile_device:
-                spy = asyncio.create_task(asyncio.to_thread(profile_device, devices[0].pid, args.profile_device,
-                                                            tmp / "spy.txt"))
-                while not spy.done():
-                    await closed_loop(port, real_reqs, 1.0, [], tally, expect)
-                profile = spy.result()
+            profiles: dict[str, str] = {}
+            if args.profile_device:  # the device and the server, sampled at once while sequential trips run
+                spies = {f"device process {names[0]}": devices[0].pid, "server": server.pid}
+                sampling = {who: asyncio.create_task(asyncio.to_thread(profile_device, pid, args.profile_device,
+                                                                       tmp / f"spy-{pid}.txt"))
+                            for who, pid in spies.items()}
+                while not all(task.done() for task in sampling.values()):
+                    await sequential(port, one, 200, tally, expect)
+                profiles = {who: task.result() for who, task in sampling.items()}
         for out in (cprofile, args.cprofile_server):
             if out is not None:
                 stats = pstats.Stats(str(out)).strip_dirs().sort_stats("tottime")
@@ -338,6 +355,10 @@ async def measure(args: argparse.Namespace) -> None:
          [("echo", p50["echo"]), ("bare route", p50["bare"])])
     print(f"  goal: <= 3x the echo; server and device waited for a core {statistics.median(waited) * 1e6:.0f} us "
           f"per trip ({spread([w * 1e6 for w in waited])}); mean trip {statistics.fmean(trips['tether']) * 1e6:.0f} us")
+    cpu = {k: statistics.median(v) * 1e6 for k, v in trip_cpu.items()}
+    print(f"  CPU per sequential trip, what the load does not stretch: tether server + device {cpu['tether']:.0f} us "
+          f"({spread([c * 1e6 for c in trip_cpu['tether']])}); echo server {cpu['echo']:.0f} us; bare route process "
+          f"{cpu['bare']:.0f} us -> {cpu['tether'] / cpu['echo']:.1f}x the echo's far end")
     med = {k: statistics.median(v) for k, v in rates.items() if v}
     print(f"{'anchor: websockets echo round trips/s, one connection':<58} {med['echo']:9.4g} /s   "
           f"({spread(rates['echo'])})")
@@ -350,14 +371,18 @@ async def measure(args: argparse.Namespace) -> None:
     print(f"  server CPU per command {statistics.median(server_cpu) * 1e3:.3f} ms "
           f"({spread([c * 1e3 for c in server_cpu])}); device CPU per command it ran "
           f"{statistics.median(per_device):.3f} ms (processes {min(per_device):.3f}..{max(per_device):.3f})")
+    if args.base is not None and len(per_device) > 1:
+        ours, base = per_device[0::2], per_device[1::2]
+        print(f"  device CPU per command, this tree {statistics.median(ours):.3f} ms ({min(ours):.3f}.."
+              f"{max(ours):.3f}); --base tree {statistics.median(base):.3f} ms ({min(base):.3f}..{max(base):.3f})")
     if rates["sim"]:
         _row(f"one node, {args.simulated} simulated devices (one process)", med["sim"], "/s", spread(rates["sim"]),
              [("bare route", med["bare"])])
         print(f"  goal: >= 0.5x the bare route; server CPU per command {statistics.median(sim_cpu) * 1e3:.3f} ms")
     print(f"answers {tally.answers}: {tally.chunked} chunked (goal 0), {tally.failed} failed; bare route "
           f"answers {bare_tally.answers}, {bare_tally.chunked} chunked")
-    if profile is not None:
-        print(f"\npy-spy of device process {names[0]} (own time):\n{profile}")
+    for who, profile in profiles.items():
+        print(f"\npy-spy of the {who} during sequential trips (own time, idle left out):\n{profile}")
     if failed:
         raise SystemExit(f"{failed} failed answers, e.g. {tally.examples + bare_tally.examples}")
 
@@ -369,11 +394,13 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--trips", type=int, default=400)
-    parser.add_argument("--tool", choices=sorted(TOOLS), default="file_info")
+    parser.add_argument("--tool", choices=sorted(TOOLS), default="list_tools")
     parser.add_argument("--simulated", type=int, default=10)
     parser.add_argument("--profile-device", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--cprofile-device", type=Path, metavar="OUT", help="run the first device process under "
                         "cProfile timed by its CPU clock (slower than real), write the figures to OUT and print them")
+    parser.add_argument("--base", type=Path, metavar="SRC", help="another checkout's src: every second device "
+                        "process runs it, and the device CPU rows are split (a before/after in the same run)")
     parser.add_argument("--cprofile-server", type=Path, metavar="OUT", help="the same for the server process")
     args = parser.parse_args()
     if args.devices < 1 or args.callers < 1 or args.repeats < 1:
