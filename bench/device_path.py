@@ -57,7 +57,7 @@ import psutil
 
 from bench._stats import pct, spread
 from bench.fleet_hotpath import bare_process, echo_rate
-from bench.load import CHEAP, cpu_s, device_process, free_port, raise_fd_limit, server_process, stop_process
+from bench.load import CHEAP, device_process, free_port, raise_fd_limit, server_process, stop_process
 
 TOOLS = {"file_info": {"tool_name": "file_info", "parameters": {"path": "/tmp"}}, "list_tools": CHEAP}
 IDLE_FRAMES = ("EpollSelector.select", "_worker (concurrent/futures/thread.py")  # waiting, not working
@@ -124,11 +124,11 @@ async def caller(port: int, requests: list[bytes], until: float, tally: Tally, e
 async def closed_loop(port: int, requests: list[list[bytes]], seconds: float, procs: list[psutil.Process],
                       tally: Tally, expect: bytes) -> tuple[float, list[float]]:
     """(answers per second, CPU seconds per answer of each of `procs`) of `len(requests)` callers."""
-    cpu0, t0 = [cpu_s(p) for p in procs], time.perf_counter()
+    cpu0, t0 = [cpu_exact_s(p) for p in procs], time.perf_counter()
     counts = await asyncio.gather(*(caller(port, r, t0 + seconds, tally, expect) for r in requests))
     elapsed = time.perf_counter() - t0
     total = max(sum(counts), 1)
-    return sum(counts) / elapsed, [(cpu_s(p) - c) / total for p, c in zip(procs, cpu0, strict=True)]
+    return sum(counts) / elapsed, [(cpu_exact_s(p) - c) / total for p, c in zip(procs, cpu0, strict=True)]
 
 
 async def sequential(port: int, request: bytes, n: int, tally: Tally, expect: bytes) -> list[float]:
@@ -147,6 +147,16 @@ async def sequential(port: int, request: bytes, n: int, tally: Tally, expect: by
     finally:
         writer.close()
     return samples
+
+
+def cpu_exact_s(proc: psutil.Process) -> float:
+    """CPU seconds of all of `proc`'s threads so far, to the nanosecond (/proc/PID/task/*/schedstat): psutil's
+    clock ticks (10 ms) are coarser than a device's CPU over one round."""
+    total = 0
+    for task in Path(f"/proc/{proc.pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += int((task / "schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def run_queue_s(procs: list[psutil.Process]) -> float:
@@ -294,7 +304,7 @@ async def measure(args: argparse.Namespace) -> None:
             trip_p50: dict[str, list[float]] = {"echo": [], "bare": [], "tether": []}
             trips: dict[str, list[float]] = {"echo": [], "bare": [], "tether": []}
             waited: list[float] = []  # server's and device's run-queue seconds per sequential trip
-            trip_cpu: dict[str, list[float]] = {"echo": [], "bare": [], "tether": []}  # the far ends' CPU per trip
+            trip_cpu: dict[str, list[list[float]]] = {"echo": [], "bare": [], "tether": []}  # far ends' CPU/trip
             rates: dict[str, list[float]] = {"echo": [], "bare": [], "real": [], "sim": []}
             server_cpu: list[float] = []
             device_cpu: list[list[float]] = []
@@ -306,9 +316,9 @@ async def measure(args: argparse.Namespace) -> None:
                                  ("bare", lambda: sequential(bare_port, bare_one, args.trips, bare_tally, b"success")),
                                  ("tether", lambda: sequential(port, one, args.trips, tally, expect))):
                     far = {"echo": [echo_proc], "bare": [bare], "tether": [server, devices[0]]}[key]
-                    queued, cpu0 = run_queue_s([server, devices[0]]), sum(cpu_s(p) for p in far)
+                    queued, cpu0 = run_queue_s([server, devices[0]]), [cpu_exact_s(p) for p in far]
                     samples = await run()
-                    trip_cpu[key].append((sum(cpu_s(p) for p in far) - cpu0) / len(samples))
+                    trip_cpu[key].append([(cpu_exact_s(p) - c) / len(samples) for p, c in zip(far, cpu0, strict=True)])
                     if key == "tether":
                         waited.append((run_queue_s([server, devices[0]]) - queued) / len(samples))
                     trips[key] += samples
@@ -355,10 +365,12 @@ async def measure(args: argparse.Namespace) -> None:
          [("echo", p50["echo"]), ("bare route", p50["bare"])])
     print(f"  goal: <= 3x the echo; server and device waited for a core {statistics.median(waited) * 1e6:.0f} us "
           f"per trip ({spread([w * 1e6 for w in waited])}); mean trip {statistics.fmean(trips['tether']) * 1e6:.0f} us")
-    cpu = {k: statistics.median(v) * 1e6 for k, v in trip_cpu.items()}
-    print(f"  CPU per sequential trip, what the load does not stretch: tether server + device {cpu['tether']:.0f} us "
-          f"({spread([c * 1e6 for c in trip_cpu['tether']])}); echo server {cpu['echo']:.0f} us; bare route process "
-          f"{cpu['bare']:.0f} us -> {cpu['tether'] / cpu['echo']:.1f}x the echo's far end")
+    cpu = {k: statistics.median(sum(c) for c in v) * 1e6 for k, v in trip_cpu.items()}
+    split = [statistics.median(c[i] for c in trip_cpu["tether"]) * 1e6 for i in (0, 1)]
+    print(f"  CPU per sequential trip, what the load does not stretch: tether {cpu['tether']:.0f} us (server "
+          f"{split[0]:.0f}, device {split[1]:.0f}; spread {spread([sum(c) * 1e6 for c in trip_cpu['tether']])}); "
+          f"echo server {cpu['echo']:.0f} us; bare route process {cpu['bare']:.0f} us -> "
+          f"{cpu['tether'] / cpu['echo']:.1f}x the echo's far end")
     med = {k: statistics.median(v) for k, v in rates.items() if v}
     print(f"{'anchor: websockets echo round trips/s, one connection':<58} {med['echo']:9.4g} /s   "
           f"({spread(rates['echo'])})")
