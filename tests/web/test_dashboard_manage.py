@@ -155,6 +155,36 @@ def test_a_task_lists_its_changes_as_escaped_diffs(admin: Dash, cluster: Cluster
     admin.shot("task-changes")
 
 
+def test_a_held_step_waits_and_shows_what_would_change(admin: Dash, cluster: Cluster) -> None:
+    from playwright.sync_api import expect
+
+    doomed = cluster.tmp / "held"
+    doomed.mkdir()
+    (doomed / "notes.txt").write_text("x")
+    page = admin.page
+    page.get_by_role("link", name="alpha").click()
+    page.locator("#policy summary").click()
+    page.get_by_label("Program").fill("rm")  # from the dashboard: rm asks a person each run on alpha
+    page.get_by_role("button", name="Ask a person each run").click()
+    expect(page.locator("#toast")).to_contain_text("rm: needs approval on alpha")
+    expect(page.locator('#policy tr[data-setting="commands"]')).to_contain_text("rm (a person approves)")
+    start_plan(admin, json.dumps([{"skill": "shell.run", "args": {"cmd": "rm", "argv": ["-r", str(doomed)],
+                                                                   "cwd": str(cluster.tmp)}}]))
+    question = page.locator("#question")
+    expect(question).to_contain_text("Approval needed")
+    expect(question).to_contain_text("the policy asks before rm runs")
+    step = page.locator("[data-step='0']")
+    expect(step).to_contain_text("held for approval")  # waiting, not a red "failed"
+    expect(step.locator(".s-failed")).to_have_count(0)
+    admin.shot("task-held")
+    assert doomed.exists()
+    question.get_by_role("button", name="approve").click()
+    expect(page.locator("h1 .status")).to_have_text("done")
+    changes = page.get_by_role("region", name="changes")
+    expect(changes.locator("details.file[data-kind='deleted']").first).to_be_visible()
+    assert not doomed.exists()
+
+
 class Hooks(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Receiver)
@@ -165,7 +195,7 @@ class Hooks(ThreadingHTTPServer):
 class Receiver(BaseHTTPRequestHandler):
     server: Hooks
 
-    def do_POST(self) -> None:  # noqa: N802 - http.server's name
+    def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.send_response(204)
         self.end_headers()
@@ -217,6 +247,9 @@ def test_the_inbox_answers_and_the_webhooks_page_adds_tests_and_removes(admin: D
         hooks.server_close()
 
 
+AXE_RUN = """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
+    .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+    .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(', ')}`)"""
 PAGES = ["#/devices", "#/devices/alpha", "#/tasks", "#/audit", "#/tokens", "#/inbox", "#/webhooks"]
 
 
@@ -227,7 +260,7 @@ def test_every_page_passes_axe_and_fits_a_phone(admin: Dash, cluster: Cluster) -
         pytest.fail(f"axe-core is missing ({AXE}): scripts/test installs it (npm install --prefix .tether-test-node "
                     "axe-core), or point TETHER_AXE_JS at axe.min.js")
     task = call(cluster, "GET", "/tasks?limit=1")  # a task page too, with steps (the earlier tests made some)
-    pages = PAGES + [f"#/tasks/{task[0]['id']}"] if task else PAGES
+    pages = [*PAGES, f"#/tasks/{task[0]['id']}"] if task else PAGES
     page = admin.page
     page.evaluate(AXE.read_text(encoding="utf-8") + "\n;0")  # through the debugger: the page's CSP stays on
     found: dict[str, list[str]] = {}
@@ -236,9 +269,7 @@ def test_every_page_passes_axe_and_fits_a_phone(admin: Dash, cluster: Cluster) -
         for where in pages:
             page.goto(f"{admin.base}/{where}")
             expect(page.locator("#main h1")).to_be_visible()
-            bad = page.evaluate("""async () => (await axe.run(document, {resultTypes: ['violations']})).violations
-                .filter((v) => v.impact === 'serious' || v.impact === 'critical')
-                .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(', ')}`)""")
+            bad = page.evaluate(AXE_RUN)
             if bad:
                 found[f"{where} at {width}px"] = bad
             if width == 390:

@@ -219,18 +219,41 @@ function deviceActions(d) {
     () => api(`/api/v1/devices/${encodeURIComponent(d.name)}`, {method: "DELETE"}).then(() => { toast(`removed ${d.name}`); location.hash = "#/devices"; }, (x) => { err.textContent = x.message; }))), err);
   return box;
 }
+// the device's effective policy, asked live when opened; an admin allows, denies or puts a program under
+// approval (POST /devices/{name}/policy/{verb}), and the table shows the device's answer
 async function policySection(name) {
-  const box = h("details", {class: "card", id: "policy"}, h("summary", {}, "Policy"));
+  const body = h("div", {});
+  const box = h("details", {class: "card", id: "policy"}, h("summary", {}, "Policy"), body);
+  const show = (p) => body.replaceChildren(h("p", {class: "muted"}, `${p.remote_allowed ? "takes" : "does not take"} changes from this server · ${p.version} remote change(s) applied`),
+    can("admin") && p.remote_allowed ? programForm(name, show) : null,
+    h("div", {class: "scroll"}, h("table", {"aria-label": "policy"}, h("thead", {}, h("tr", {}, ["Setting", "Value", "From"].map((c) => h("th", {scope: "col"}, c)))),
+      h("tbody", {}, Object.entries(p.policy).map(([k, v]) => h("tr", {"data-setting": k}, h("td", {}, h("code", {}, k)),
+        h("td", {class: "args"}, setting(k, v)), h("td", {}, from(p.sources[k]))))))));
   box.addEventListener("toggle", async () => {
     if (!box.open || box.dataset.loaded) return;
     box.dataset.loaded = "1";
-    try {
-      const p = await api(`/api/v1/devices/${encodeURIComponent(name)}/policy`);
-      box.append(h("p", {class: "muted"}, `${p.remote_allowed ? "takes" : "does not take"} changes from this server · ${p.version} remote change(s) applied`),
-        h("div", {class: "scroll"}, h("table", {"aria-label": "policy"}, h("thead", {}, h("tr", {}, ["Setting", "Value", "From"].map((c) => h("th", {scope: "col"}, c)))),
-          h("tbody", {}, Object.entries(p.policy).map(([k, v]) => h("tr", {}, h("td", {}, h("code", {}, k)),
-            h("td", {class: "args"}, typeof v === "object" && v !== null ? JSON.stringify(v) : String(v)), h("td", {}, String(p.sources[k] ?? "default"))))))));
-    } catch (x) { box.append(h("p", {class: "error"}, x.message)); }
+    try { show(await api(`/api/v1/devices/${encodeURIComponent(name)}/policy`)); } catch (x) { body.replaceChildren(h("p", {class: "error"}, x.message)); }
   });
   return box;
+}
+// a policy value, short: the allowlist as program names (those a person approves marked), others as JSON
+function setting(key, value) {
+  if (key === "commands" && value && typeof value === "object") {
+    return Object.entries(value).map(([prog, rule]) => `${prog}${rule && rule.approve ? " (a person approves)" : rule && rule.read_only ? "" : " (writes)"}`).join(", ");
+  }
+  return typeof value === "object" && value !== null ? JSON.stringify(value) : String(value);
+}
+function from(source) {  // where a value comes from: default, file or remote (per program for the allowlist)
+  if (source && typeof source === "object") return [...new Set(Object.values(source).map(String))].join(", ") || "default";
+  return String(source ?? "default");
+}
+function programForm(name, show) {
+  const err = h("p", {class: "error", role: "alert"});
+  const program = h("input", {id: "pol-program", placeholder: "git", pattern: "[A-Za-z0-9._+-]+", size: 12});
+  const act = (verb) => api(`/api/v1/devices/${encodeURIComponent(name)}/policy/${verb}`, {method: "POST", body: {program: program.value.trim()}})
+    .then((p) => { toast(`${program.value.trim()}: ${verb === "approve" ? "needs approval" : verb === "allow" ? "allowed" : "removed"} on ${name}`); show(p); }, (x) => { err.textContent = x.message; });
+  return h("div", {class: "row", id: "program-rule"}, h("div", {}, h("label", {for: "pol-program"}, "Program"), program,
+    h("button", {type: "button", class: "secondary", onclick: () => act("allow")}, "Allow"),
+    h("button", {type: "button", class: "secondary", onclick: () => act("approve")}, "Ask a person each run"),
+    h("button", {type: "button", class: "danger", onclick: () => act("deny")}, "Remove from allowlist")), err);
 }
