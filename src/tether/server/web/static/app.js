@@ -74,6 +74,7 @@ function devicesView() {
   const none = h("tr", {class: "empty"}, h("td", {colspan: "7", class: "muted"}, "No devices yet. Start one with: tether device --pair --server URL"));
   es.addEventListener("devices", (e) => { body.replaceChildren(); const rows = JSON.parse(e.data); rows.forEach(put); if (!rows.length) body.append(none); });
   es.addEventListener("device", () => none.remove());
+  es.addEventListener("pairing", () => { if (can("admin")) pairingPanel(pending); });  // a request arrived or was decided
   es.addEventListener("device", (e) => put(JSON.parse(e.data)));
 }
 
