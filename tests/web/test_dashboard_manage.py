@@ -58,6 +58,8 @@ def test_a_device_s_tags_policy_and_removal(admin: Dash, cluster: Cluster) -> No
     page.get_by_label("Tags (comma-separated)").fill("lab, gpu")
     page.get_by_role("button", name="Save tags").click()
     expect(page.locator("#toast")).to_contain_text("saved alpha")
+    page.locator("#toast").get_by_role("button", name="dismiss").click()  # toasts close (and go by themselves)
+    expect(page.locator("#toast")).to_be_empty()
     assert call(cluster, "GET", "/devices/alpha")["tags"] == ["lab", "gpu"]
     page.locator("#policy summary").click()
     expect(page.get_by_role("table", name="policy")).to_contain_text("write_roots")
@@ -126,6 +128,10 @@ def test_tokens_show_when_made_and_used_and_revoking_asks_first(admin: Dash, clu
     row.get_by_role("button", name="Yes, revoke").click()
     expect(table.locator(f'tr[data-token="{made["info"]["id"]}"]')).to_contain_text("revoked")
     admin.shot("tokens-columns")
+    admin.page.get_by_role("button", name="Log out").click()  # nothing of the session stays on the page
+    expect(admin.page.get_by_label("API token")).to_be_visible()
+    expect(admin.page.locator("#nav")).to_be_hidden()
+    expect(admin.page.locator("#who")).to_be_empty()
 
 
 def test_a_task_lists_its_changes_as_escaped_diffs(admin: Dash, cluster: Cluster) -> None:
@@ -262,6 +268,8 @@ def test_every_page_passes_axe_and_fits_a_phone(admin: Dash, cluster: Cluster) -
     task = call(cluster, "GET", "/tasks?limit=1")  # a task page too, with steps (the earlier tests made some)
     pages = [*PAGES, f"#/tasks/{task[0]['id']}"] if task else PAGES
     page = admin.page
+    outside: list[str] = []  # nothing is fetched from anywhere but the server
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith((admin.base + "/", "data:")) else None)
     page.evaluate(AXE.read_text(encoding="utf-8") + "\n;0")  # through the debugger: the page's CSP stays on
     found: dict[str, list[str]] = {}
     for width, height in ((1280, 800), (390, 844)):
@@ -278,3 +286,4 @@ def test_every_page_passes_axe_and_fits_a_phone(admin: Dash, cluster: Cluster) -
                     found.setdefault(f"{where} at 390px", []).append(f"{overflow} px wider than the screen")
                 admin.shot(f"phone-{where.strip('#/').replace('/', '-') or 'home'}")
     assert not found, found
+    assert not outside, outside
