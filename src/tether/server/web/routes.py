@@ -183,7 +183,7 @@ def _frame(event: str, data: Any) -> bytes:
 
 
 _DOCS_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">{head}</head>
+<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">{head}</head>
 <body><div id="ui"></div>{body}</body></html>"""
 
 
