@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from tether.device.computer_manager import ComputerManager
-from tether.device.mcp.manager import MCPServerManager
+from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.router import CommandRouter
 from tether.protocol.models import Command, Result
 from tether.tools.context import EventSink

@@ -19,8 +19,8 @@ from tether.device.computer import Computer
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
-from tether.device.mcp.client_caps import ElicitationRequest, MCPClientHooks
-from tether.device.mcp.manager import MCPServerManager
+from tether.device.mcp.client.client_caps import ElicitationRequest, MCPClientHooks
+from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.root import run_as_for
 from tether.sandbox import SandboxInfo, detect
 from tether.tools.builtin import builtin_toolsets

@@ -59,6 +59,12 @@ MAX_HELD_SINCE = 256  # start times kept for layers not yet released, before tho
 T = TypeVar("T")
 
 
+
+def _x_display(socket_path: str) -> bool:
+    """Whether a launched program's display socket is an X server's (/tmp/.X11-unix/X<n>), whose client
+    library tries an abstract address first; a Wayland compositor's is reached by its path alone."""
+    return os.path.dirname(socket_path) == "/tmp/.X11-unix"
+
 class SandboxedProcess:
     """What `tether.tools.process` needs of a process: pid, pipes, wait() and kill()."""
 
@@ -554,8 +560,8 @@ class Sandbox:
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
                                     *self.spec.live_write_roots, "/dev"],
                        **self._ipc_and_limits((display_socket,) if display_socket else ())}
-            if display_socket and message.get("filters") is not False:
-                message["display"] = True
+            if display_socket and message.get("filters") is not False and _x_display(display_socket):
+                message["display"] = True  # libxcb's abstract-address-first connect (seccomp.program)
             if "limits" in message and processes != message["limits"].get("processes"):  # a session's share
                 message["limits"] = {**message["limits"], "processes": processes}
             if self.egress is not None:
