@@ -101,7 +101,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.transfers = TransferService(hub, settings)  # files between devices (docs/transfer.md)
     app.include_router(transfer_router)  # POST /api/v1/transfers
     if settings.pairing:
-        app.state.pairing = PairingBook(store)
+        app.state.pairing = PairingBook(store, on_change=registry.notify)  # the dashboard shows requests live
         app.include_router(pairing_router)
     aip = aip_route(hub)
     app.router.routes.append(aip)
