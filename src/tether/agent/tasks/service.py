@@ -71,7 +71,7 @@ class _HubDevice(BasicCommandDispatcher):
     seconds to come back before a step is sent to it and fails as offline."""
 
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, device: str, device_wait: float,
-                 before_send: Callable[[], str | None], within: Callable[[Any], bool] | None = None,
+                 before_send: Callable[[], Awaitable[str | None]], within: Callable[[Any], bool] | None = None,
                  transfer: Callable[[Command, float | None], Awaitable[Result]] | None = None, **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
         self.before_send = before_send
@@ -91,7 +91,7 @@ class _HubDevice(BasicCommandDispatcher):
             self.emit(event.kind, data)
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
-        unsaved = self.before_send()  # the task is saved first, so a restart knows what may have run
+        unsaved = await self.before_send()  # the task is saved first, so a restart knows what may have run
         if unsaved is not None:
             return self.generate_error_results(commands, f"not run: the task could not be saved first ({unsaved})")
         known = self.registry.get(self.device) is not None
@@ -106,7 +106,7 @@ class _HubDevice(BasicCommandDispatcher):
     async def fan_out(self, command: Command, requires: DeviceRequirements, timeout: float) -> dict[str, Any]:
         """A step `on: all` (agent/run/steps.py): the command on every matching device through the hub, each
         device's outcome a `fanout_device` event of the step as it arrives."""
-        unsaved = self.before_send()
+        unsaved = await self.before_send()
         if unsaved is not None:
             raise ValueError(f"not run: the task could not be saved first ({unsaved})")
 
@@ -187,7 +187,7 @@ class TaskService:
             runner.interrupted = True
             job.cancel()
         await asyncio.gather(*(job for _, job in runners), return_exceptions=True)
-        problem = self._saver.save(*self._live.values())
+        problem = await self._saver.saved(*self._live.values())
         self._saver.cancel()
         if problem is not None:
             logger.error("closing with %d task(s) whose last state could not be saved (%s): %s",
@@ -355,9 +355,10 @@ class TaskService:
         if away and remote is not None and (problem := remote.problem()) is not None:
             raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
-            if self.server_store.sessions.claim(task.id, task_owner(task.id)) != task_owner(task.id):
+            owner = await self.server_store.call(self.server_store.sessions.claim, task.id, task_owner(task.id))
+            if owner != task_owner(task.id):
                 raise TaskError(409, f"session {task.id} is already taken; create the task again")
-            self.store.save(task)
+            await self.store.saved(task)
         except StoreUnavailable as exc:
             raise TaskError(503, f"no task was created: {exc}") from None
         self._start(task)
@@ -527,9 +528,9 @@ class TaskService:
         device = name or task.device
         if device is None:
             raise RuntimeError("the task has no device")
-        before_send = self._saver.flush
+        before_send = self._saver.flushed
         if not self.reaches(task, device):  # a step (planned by the LLM, or given) naming a device beyond it
-            def before_send() -> str | None:
+            async def before_send() -> str | None:
                 return (f"device '{device}' is outside the scope of the token that created the task "
                         f"(devices {', '.join(task.scope_devices) or '-'}; tags {', '.join(task.scope_tags) or '-'})")
         scoped = bool(task.scope_devices or task.scope_tags)

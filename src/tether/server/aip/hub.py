@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tether.protocol.messages import (
@@ -389,21 +390,22 @@ class DeviceHub:
         self.store.audit.record(by, device, None, "network.allow" if choice == "always" else "network.ask",
                                 {**egress, "answer": choice}, "success", None, response_id=response_id)
 
-    def revoke_token(self, id_or_name: str) -> int:
+    async def revoke_token(self, id_or_name: str) -> int:
         """Revoke tokens (see `Tokens.revoke`) and disconnect their devices at once. Revocations
-        made elsewhere (`tether token revoke` on the same database) are found by the liveness watch."""
-        count = self.store.tokens.revoke(id_or_name)
+        made elsewhere (`tether token revoke` on the same database) are found by the liveness watch.
+        The statements run without holding up the event loop (`Store.call`)."""
+        count = await self.store.call(self.store.tokens.revoke, id_or_name)
         if count:
-            self._enforce_revocations()
+            await self._enforce_revocations()
         return count
 
-    def enforce_revocations(self) -> None:
+    async def enforce_revocations(self) -> None:
         """Disconnect now the devices whose token was revoked (by a pairing that replaced them, or
         elsewhere) instead of at the liveness watch's next look."""
-        self._enforce_revocations()
+        await self._enforce_revocations()
 
-    def _enforce_revocations(self) -> None:
-        active = self.store.tokens.active_ids()
+    async def _enforce_revocations(self) -> None:
+        active = await self.store.call(self.store.tokens.active_ids)
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
             self._drop(conn, "its token was revoked", grace=False)
             self._batches.fail_device(conn.name, f"the token of device {conn.name} was revoked")
@@ -436,7 +438,7 @@ class DeviceHub:
                         challenge: str | None = None) -> DeviceLink | None:
         """Register a connection. A device whose grace period ends while its (authenticated) registration
         is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
-        arriving = self.authenticate(authorization)
+        arriving = await self.authenticate(authorization)
         if isinstance(arriving, Refusal):
             await refuse(socket, arriving, peer)
             return None
@@ -464,7 +466,7 @@ class DeviceHub:
             return None
         except SocketClosed:
             return None
-        token = self.authenticate(authorization)  # again: it may have been revoked meanwhile
+        token = await self.authenticate(authorization)  # again: it may have been revoked meanwhile
         if isinstance(token, Refusal):
             await refuse(socket, token, peer)
             return None
@@ -522,10 +524,10 @@ class DeviceHub:
         await self._router.flush(conn, resend=resumed)
         return conn
 
-    def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
+    async def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
         """The device token's info, or the refusal saying why the connection is unauthorized
         (`registration.authenticate`; the AIP endpoint applies it before the upgrade too)."""
-        return authenticate(self.store, authorization)
+        return await authenticate(self.store, authorization)
 
     async def _receive_loop(self, conn: DeviceLink) -> None:
         """Read `conn`'s frames until it closes or is dropped; its session says what each one means."""
@@ -708,11 +710,14 @@ class DeviceHub:
         """Store a device's last_seen, and with `record` its profile (the tool list once per digest)."""
         try:
             profile = record.profile if record is not None else None
+            # behind the caller, in order (PostgreSQL: on the store's pool, the loop never waits for it)
             if record is None or profile is None or record.tools_digest is None:
-                self.store.devices.upsert(device, profile.model_dump_json() if profile else None, last_seen)
+                self.store.soon(self.store.devices.upsert, device, profile.model_dump_json() if profile else None,
+                                last_seen)
             else:
-                self.store.devices.upsert(device, profile.model_dump_json(exclude={"tools"}), last_seen,
-                                         tools=(record.tools_digest, self.registry.tools.dump(profile.tools)))
+                self.store.soon(partial(self.store.devices.upsert, device, profile.model_dump_json(exclude={"tools"}),
+                                        last_seen, tools=(record.tools_digest,
+                                                          self.registry.tools.dump(profile.tools))))
         except Exception:
             logger.exception("could not store device %s", device)
 

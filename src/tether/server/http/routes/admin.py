@@ -93,7 +93,7 @@ async def create_token(body: TokenRequest, request: Request,
 @router.delete("/tokens/{token}")
 async def revoke_token(token: str, request: Request,
                        _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
-    count = _hub(request).revoke_token(token)  # also drops a connected device at once
+    count = await _hub(request).revoke_token(token)  # also drops a connected device at once
     if not count:
         raise HTTPException(404, f"no active token '{token}'")
     return {"revoked": count}

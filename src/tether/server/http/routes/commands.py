@@ -132,7 +132,7 @@ async def run_commands(request: Request) -> Any:
     """Run a batch on one device. With `Accept: text/event-stream` the progress events and then
     the results stream as server-sent events; otherwise the call waits and returns the results."""
     body = await read_body(request)  # first, as FastAPI does: an oversized body is a 413 before anything else
-    who = authorize(request, request.headers.get("authorization"), "execute")
+    who = await authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(CommandBatch, body)
     name = request.path_params["name"]
     await _reachable(_hub(request), _registry(request), name, who)
@@ -143,7 +143,7 @@ async def run_commands(request: Request) -> Any:
 async def run_selected(request: Request) -> Any:
     """Run a batch on the least-loaded online device that meets `requires`."""
     body = await read_body(request)  # first, as FastAPI does: an oversized body is a 413 before anything else
-    who = authorize(request, request.headers.get("authorization"), "execute")
+    who = await authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(SelectedBatch, body)
     assert isinstance(batch, SelectedBatch)
     return await _run(request, _select(_registry(request), batch.requires, who), batch, who)
