@@ -224,7 +224,7 @@ async def test_revoking_a_token_disconnects_its_device_now(servers):
     await box.register()
     run = asyncio.create_task(srv.hub.dispatcher("laptop").execute_commands([Command(tool_name="a")], WAIT))
     await laptop.expect(ServerMessageType.COMMAND)
-    assert srv.hub.revoke_token("laptop") == 1
+    assert await srv.hub.revoke_token("laptop") == 1
     assert await laptop.close_code() == (CloseCode.UNAUTHORIZED, "unauthorized: token revoked")
     [result] = await run
     assert "token of device laptop was revoked" in result.error

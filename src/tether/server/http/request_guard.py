@@ -275,8 +275,6 @@ class RequestGuard:
             size = int(text)
             if size <= self.anonymous_body:  # the server reads exactly that much: nothing to count
                 return self.app(scope, receive, send)
-            if size > self.max_body:  # past every cap: no token makes it fit
-                return send_error(send, 413, self._too_large(size, self.max_body))
             return self._declared(scope, receive, send, headers, size)
         if b"transfer-encoding" not in headers:  # neither length nor chunks: no body at all
             return self.app(scope, receive, send)
