@@ -9,8 +9,9 @@ token-change notifications (`data_version`) on a listener session of its own.
 
 `StatementPool` is where the tables' statements run: `await pool.call(fn, *args)` runs `fn` on one of
 `POOL_SIZE` threads and waits for it at most `CALL_TIMEOUT_S` (`StoreUnavailable` after that; the event loop
-never waits); `pool.submit(fn, *args)` runs a write nobody waits for on one more thread, in order. `stalled()` says, from state, when a statement has been waiting longer than `STALL_S` (what
-`/health` reports as `degraded`).
+never waits); `pool.submit(fn, *args)` runs a write nobody waits for on one more thread, in order.
+`stalled()` says, from state, when a statement has been waiting longer than `STALL_S` (what `/health`
+reports as `degraded`).
 """
 
 from __future__ import annotations

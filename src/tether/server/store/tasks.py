@@ -13,9 +13,11 @@ that thread and the callers awaiting it, never the loop. With SQLite they run at
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -44,6 +46,7 @@ CREATE TABLE IF NOT EXISTS task_leases (
 """
 T = TypeVar("T")
 CALL_TIMEOUT_S = 35.0  # a caller on the event loop waits this long for the table (statements: 30 s)
+STALL_S = 2.0  # work given to the worker and not done after this long makes `stalled()` say so
 _ORPHANED = ("SELECT t.id FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.id WHERE t.state NOT IN (?, ?, ?, ?) "
              "AND (l.task_id IS NULL OR l.expires_at < ?) ORDER BY t.created_at")
 
@@ -61,6 +64,8 @@ class TaskTable:
         self._conn: Any  # a sqlite3.Connection, or a PostgresConnection with its surface
         self.offload = is_url(path)  # PostgreSQL: loop callers' statements run on `_worker`
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-tasks") if self.offload else None
+        self._waiting: dict[int, float] = {}  # work on the worker not done yet: number -> since
+        self._numbers = itertools.count()
         if is_url(path):
             self.path = Path(self.where)
             self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached
@@ -105,7 +110,22 @@ class TaskTable:
             except Exception as exc:
                 done.set_exception(exc)
             return done
-        return self._worker.submit(fn)
+        return self._tracked(self._worker.submit(fn))
+
+    def _tracked(self, future: Future[T]) -> Future[T]:
+        number = next(self._numbers)
+        self._waiting[number] = time.monotonic()
+        future.add_done_callback(lambda _: self._waiting.pop(number, None))
+        return future
+
+    def stalled(self) -> str | None:
+        """One line when work given to the worker has waited longer than `STALL_S` for the database (a lock
+        on the table, a slow or lost database), else None. From state: no statement runs."""
+        since = min(tuple(self._waiting.values()), default=None)
+        if since is None or time.monotonic() - since <= STALL_S:
+            return None
+        return (f"the tasks table has not answered for {time.monotonic() - since:.1f}s (a lock on it, a slow or "
+                f"lost database); {len(self._waiting)} waiting")
 
     async def call(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` without holding up the event loop (`submit`); its result or error. `StoreUnavailable`
@@ -113,7 +133,7 @@ class TaskTable:
         if self._worker is None:
             return fn(*args)
         try:
-            future = self._worker.submit(fn, *args)
+            future = self._tracked(self._worker.submit(fn, *args))
         except RuntimeError:
             raise StoreUnavailable(f"the task store {self.where} is closed") from None
         try:
