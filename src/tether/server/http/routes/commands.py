@@ -163,7 +163,8 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     if hub.remote is not None and not hub.holds(name) and (problem := hub.remote.problem()) is not None:
         raise HTTPException(503, f"{problem}; device '{name}' is not connected to this node, so nothing was sent",
                             headers={"Retry-After": "5"})
-    session_id = owned_session(_store(request), name, batch.session_id, batch.commands, who)  # 403 if not the caller's
+    # 403 if not the caller's
+    session_id = await owned_session(_store(request), name, batch.session_id, batch.commands, who)
     stream = "text/event-stream" in request.headers.get("accept", "")
     queue: asyncio.Queue[Event] | None = asyncio.Queue(maxsize=10_000) if stream else None
 
