@@ -19,6 +19,7 @@ import builtins
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from tether.agent.llm.chat import LLMClient
@@ -470,8 +471,8 @@ class TaskService:
     # -- running ----------------------------------------------------------------------------------------
 
     def _start(self, task: Task) -> None:
-        if self._leases is not None:
-            self._leases.claim(task.id)  # a new task, or one this server just claimed: it holds the lease
+        if self._leases is not None:  # a new task, or one this server just claimed: it holds the lease
+            self.store.table.submit(partial(self._leases.claim, task.id))  # in order, the loop never waits
         self._live[task.id] = task
         runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
                             on_event=lambda event: self._on_event(task, event), budgets=self.budgets,

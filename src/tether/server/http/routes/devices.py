@@ -36,8 +36,9 @@ async def health(request: Request) -> dict[str, Any]:
     problem = audit.health()  # from state: no statement runs here (docs/database.md)
     writable = problem is None  # commands are refused (503) while it is not
     tasks = getattr(request.app.state, "tasks", None)  # the task service, where the agent is mounted
-    # a statement of another table waiting for the database (a lock on it, a stalled database)
-    stalled = problem or store.stalled() or (tasks.stalled() if tasks is not None else None)
+    # and statements of the other tables waiting for the database (a lock on one, a stalled database)
+    stalled = "; ".join(r for r in (problem, store.stalled(), tasks.stalled() if tasks is not None else None) if r
+                        ) or None
     body: dict[str, Any] = {"status": "ok" if stalled is None else "degraded", "devices_online": len(online),
                             "database": "ok" if stalled is None else f"degraded: {stalled}",
                             "audit_writable": writable, "audit_held": audit.held}
