@@ -258,7 +258,8 @@ class DeviceHub:
         Never raises: each call_id maps to its `CallOutcome`, `unknown` with a `note` saying why when the
         device is offline, did not answer in time (a device that predates the query answers nothing),
         answered with an error, or did not mention the call."""
-        asked = [c if c.response_id else CallRef(call_id=c.call_id, response_id=self._audited_batch(device, c.call_id))
+        asked = [c if c.response_id else CallRef(call_id=c.call_id,
+                                                 response_id=await self._audited_batch(device, c.call_id))
                  for c in calls]
         message = ServerMessage(type=ServerMessageType.OUTCOME_QUERY,
                                 payload={"calls": [c.model_dump(exclude_none=True) for c in asked]})
@@ -285,10 +286,10 @@ class DeviceHub:
                 known[outcome.call_id] = outcome
         return known
 
-    def _audited_batch(self, device: str, call_id: str) -> str | None:
+    async def _audited_batch(self, device: str, call_id: str) -> str | None:
         """The response_id the audit log has for `call_id` on `device`; None when it has none or cannot say."""
         try:
-            return self.store.audit.response_of(device, call_id)
+            return await self.store.audit.read_response_of(device, call_id)
         except Exception as exc:  # the store is unavailable: the device may still know the call_id alone
             logger.warning("could not read the batch of call %s from the audit log: %s", call_id, exc)
             return None
@@ -634,9 +635,10 @@ class DeviceHub:
         """`BatchRouter.finish_remote`: the holding node's answer for `batch`."""
         self._router.finish_remote(batch, results, error, pending=pending)
 
-    def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
+    def record_late(self, device: str, response_id: str, results: list[Any],
+                    then: Callable[[int], None] | None = None) -> int | None:
         """`BatchRouter.record_late`: record results that came after their caller stopped waiting."""
-        return self._router.record_late(device, response_id, results)
+        return self._router.record_late(device, response_id, results, then)
 
     def batch_device(self, response_id: str) -> str | None:
         """`BatchRouter.batch_device`: the device of a batch in flight here, or None."""
