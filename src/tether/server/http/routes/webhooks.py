@@ -128,6 +128,7 @@ async def test_webhook(webhook_id: str, request: Request,
                        who: Annotated[TokenInfo, Depends(require("read"))]) -> dict[str, Any]:
     """Send a `ping` delivery to this webhook (recorded like any other)."""
     _mine(request, webhook_id, who)
-    made = _notifier(request).emit(TEST_EVENT, f"tether webhook {webhook_id} works", {"Webhook": webhook_id,
-                                   "Added by": who.name}, data={"webhook": webhook_id}, only=webhook_id)
+    made = await _notifier(request).emitted(TEST_EVENT, f"tether webhook {webhook_id} works",
+                                            {"Webhook": webhook_id, "Added by": who.name},
+                                            data={"webhook": webhook_id}, only=webhook_id)
     return {"queued": made}
