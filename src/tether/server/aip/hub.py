@@ -203,7 +203,8 @@ class DeviceHub:
         from tether.server.aip.fanout import countable, run_fan_out
 
         # a device whose every token is revoked is not counted (docs/fleet.md)
-        options["within"] = countable(self.store.tokens.active_device_names(), options.get("within"))
+        active = await self.store.call(self.store.tokens.active_device_names)  # off the event loop (PostgreSQL)
+        options["within"] = countable(active, options.get("within"))
         return await run_fan_out(self, self.registry, requires, commands, on_outcome=on_outcome, **options)
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
