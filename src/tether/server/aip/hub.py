@@ -478,7 +478,8 @@ class DeviceHub:
         if isinstance(reg, RegistrationRefused):
             await refuse(socket, refusal_of(reg), peer)
             return None
-        unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
+        # a device is its key, not its token; the key's statements off the event loop (PostgreSQL)
+        unproven = await self.store.call(prove_key, self.store, name, reg, challenge)
         if unproven is not None:
             await refuse(socket, unproven, peer)
             return None
