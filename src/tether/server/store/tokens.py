@@ -199,7 +199,9 @@ class Tokens:
                     logger.debug("could not note the use of token %s: %s", row["id"], exc)
                     return info
                 info = _token(row, last_used_at=now)
-        if info.kind == "api":  # a device token is checked once per connection: not worth ~1 KiB per device
+        # a device token is checked once per connection: with SQLite not worth ~1 KiB per device; with
+        # PostgreSQL kept, so that devices reconnecting while the tokens table is locked are let in (`check`)
+        if info.kind == "api" or self._calls is not None:
             self._keep(digest, info, version)
         return info
 
