@@ -14,8 +14,8 @@ import pytest
 from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm.chat import LLMClient
 from tether.cli.mcp_hooks import llm_sampler
-from tether.device.mcp.client_caps import ElicitationAnswer, ElicitationRequest
-from tether.device.mcp.manager import BaseMCPServer, MCPServerManager
+from tether.device.mcp.client.client_caps import ElicitationAnswer, ElicitationRequest
+from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
 from tether.protocol.models import ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import Policy

@@ -25,8 +25,8 @@ from tests.kits.netutil import Cluster, wait_for
 from tether.device.link.batch_runner import BatchRunner
 from tether.device.link.outbox import FinishedRecord, Outbox, result_bytes
 from tether.device.local import build_device
-from tether.device.mcp.manager import BaseMCPServer, MCPServerManager
-from tether.device.mcp.stdio import LineSplitter, Oversized
+from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
+from tether.device.mcp.client.stdio import LineSplitter, Oversized
 from tether.protocol.codec import decode_client_message
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, ResultStatus

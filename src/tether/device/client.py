@@ -15,7 +15,7 @@ import platform as _platform
 from collections.abc import Callable, Sequence
 
 from tether.device.computer_manager import ComputerManager
-from tether.device.mcp.manager import MCPServerManager
+from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.router import CommandRouter
 from tether.protocol.messages import ServerMessage
 from tether.protocol.models import Command, Result

@@ -41,8 +41,8 @@ from tether.device.link.connection import (
 from tether.device.link.device_key import load_device_key
 from tether.device.link.outbox import Outbox
 from tether.device.local import LocalDevice, build_device, device_state_dir, resolve_policy
-from tether.device.mcp.client_caps import MCPClientHooks
-from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
+from tether.device.mcp.client.client_caps import MCPClientHooks
+from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
 from tether.device.probe import collect_profile
 from tether.device.root import run_as_for
