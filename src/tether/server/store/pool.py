@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -140,8 +141,9 @@ class StatementPool:
     async def call(self, fn: Callable[..., T], *args: Any, in_order: bool = False) -> T:
         """`fn(*args)` on one of the pool's threads (`in_order`: on the thread of `submit`, after the writes
         given to it before); its result or error. `StoreUnavailable` when it has not answered within
-        `CALL_TIMEOUT_S` (the thread goes on until the statement's own timeout) or the pool is closed. Only
-        the awaiting caller waits: the event loop goes on."""
+        `CALL_TIMEOUT_S` (the thread goes on until the statement's own timeout), when the statement itself timed
+        out (a lock held past `statement_timeout`), or when the pool is closed. Only the awaiting caller waits:
+        the event loop goes on."""
         try:
             future = (self._behind if in_order else self._executor).submit(fn, *args)
         except RuntimeError:
@@ -152,6 +154,10 @@ class StatementPool:
             return await asyncio.wait_for(asyncio.wrap_future(future), CALL_TIMEOUT_S)
         except TimeoutError:
             raise StoreUnavailable(f"the database did not answer within {CALL_TIMEOUT_S:g}s") from None
+        except sqlite3.OperationalError as exc:  # the statement's own timeout (a lock held past it): unavailable
+            if str(exc).startswith("statement timed out"):
+                raise StoreUnavailable(f"the database did not answer: {exc}") from None
+            raise
         finally:
             del self._waiting[number]
 
