@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.confine.bwrap import live_source, unix_socket_paths
+from tether.sandbox.confine.bwrap import live_source, tmp_source, unix_socket_paths
 from tether.sandbox.confine.guard import live_plan
 from tether.sandbox.confine.spec import ANY_SOCKET
 from tether.sandbox.runner.state import (
@@ -36,7 +36,18 @@ class Requests(SandboxParts):
                 "layers_dir": self.spec.layers_dir,
                 "freeze": guard.freeze, "readonly": guard.readonly,
                 "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
-                **self._ipc_and_limits(display)}
+                **self._private_tmp(layer), **self._ipc_and_limits(display)}
+
+    def _private_tmp(self, layer: Path | None) -> dict[str, Any]:
+        """Where a captured command's namespace finds the sessions' private /tmp directories (`mounts.hold_tmp`):
+        the base as the warden sees it, the temp dir they replace, and the paths below it that stay."""
+        private = self.private_tmp
+        if private is None or layer is None:
+            return {}
+        keep = [[path, path] for path in private.keep if path not in self.spec.live_write_roots]
+        keep += [[root, live_source(self.spec, i)] for i, root in enumerate(self.spec.live_write_roots)
+                 if private.is_kept(root) and (self.spec.run_as is None or self.spec.run_as.reaches(root))]
+        return {"private_tmp": {"base": tmp_source(self.spec), "target": private.tmp, "keep": keep}}
 
     def _ipc_and_limits(self, extra: tuple[str, ...] = ()) -> dict[str, Any]:
         """What the warden needs to close IPC and cap resources for one command (see seccomp, limits)."""

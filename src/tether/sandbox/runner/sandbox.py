@@ -13,6 +13,7 @@ import itertools
 import os
 import socket
 import stat
+import tempfile
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -26,6 +27,7 @@ from tether.sandbox.egress.rules import EgressRules
 from tether.sandbox.kept import Kept
 from tether.sandbox.layers.held import HeldLayers
 from tether.sandbox.layers.session import SessionTotals
+from tether.sandbox.private_tmp import IDLE_S, PrivateTmp, session_key
 from tether.sandbox.runner.egress import EgressSide
 from tether.sandbox.runner.layers import LayerBook
 from tether.sandbox.runner.process import SandboxedProcess, pipe_reader, pipe_writer, script_path
@@ -43,12 +45,13 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
 
     def __init__(self, info: SandboxInfo, spec: SandboxSpec, *, egress: EgressRules | None = None,
                  ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None,
-                 state_dir: str | os.PathLike[str] | None = None) -> None:
+                 state_dir: str | os.PathLike[str] | None = None, tmp_idle_s: float = IDLE_S) -> None:
         """`egress`: the host rules of a policy that lists hosts; the spec must then have no network
         (`network=False`), and every command's only way out is the egress proxy, which asks `ask` about
         unlisted hosts (`ask: on-miss`) and reports every connection to `audit` as well as to the log
         and to the command's notes. `state_dir`: the device's state directory, where the sessions' totals
-        and a person's `always` grants are kept across restarts (`kept`; None: kept in memory only)."""
+        and a person's `always` grants are kept across restarts (`kept`; None: kept in memory only).
+        `tmp_idle_s`: how long a session's private /tmp outlives its last use (`private_tmp`)."""
         if egress is not None and spec.network:
             raise ValueError("an egress proxy needs a sandbox without direct network (network=False)")
         if not info.available or not info.bwrap:
@@ -102,6 +105,9 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         self._applied_paths = 0
         self._apply_seq = 0
         self._forgotten = 0  # the newest apply dropped from the log
+        # each session's own /tmp, where the temp dir is a captured root (tether.sandbox.private_tmp)
+        self.private_tmp = private_tmp_of(spec, tmp_idle_s)
+        self._tmp_sweep: asyncio.Future[list[str]] | None = None  # the last sweep of ended sessions' /tmp
 
     @property
     def kind(self) -> str:
@@ -125,7 +131,8 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         granted = self.sessions.take_processes(session, self.spec.limits.processes, session_processes)
         try:
             process = await self._spawn(argv, executable=executable, cwd=cwd, env=env, stdin=stdin, layer=layer,
-                                        output=output, ask=ask, display_socket=display_socket, processes=granted)
+                                        output=output, ask=ask, display_socket=display_socket, processes=granted,
+                                        session=session)
         except BaseException:
             self.sessions.give_back_processes(session, granted)
             raise
@@ -135,8 +142,9 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
 
     async def _spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str], stdin: bool,
                      layer: Path | None, output: bool, ask: AskFn | None, display_socket: str | None,
-                     processes: int) -> SandboxedProcess:
-        await self._ensure()
+                     processes: int, session: str | None) -> SandboxedProcess:
+        await self._ensure()  # first: its start sweeps the private /tmp an earlier run's ended sessions left
+        tmp = self._session_tmp(session) if layer is not None else None
         loop = asyncio.get_running_loop()
         exe = os.open(executable, os.O_PATH | os.O_CLOEXEC)
         to_close = [exe]
@@ -164,6 +172,8 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
                        **self._mounts(layer, (display_socket,) if display_socket else ())}
             if display_socket and message.get("filters") is not False and x_display(display_socket):
                 message["display"] = True  # libxcb's abstract-address-first connect (seccomp.program)
+            if tmp is not None:
+                message["tmp"] = tmp  # the session's own /tmp (mounts.bind_tmp)
             if "limits" in message and processes != message["limits"].get("processes"):  # a session's share
                 message["limits"] = {**message["limits"], "processes": processes}
             if self.egress is not None:
@@ -192,6 +202,33 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         writer = await pipe_writer(loop, in_w) if in_w >= 0 else None
         return SandboxedProcess(self, request_id, self._host_pid(pid), exited, writer, stdout, stderr)
 
+    def _session_tmp(self, session: str | None) -> str | None:
+        """The name of `session`'s private /tmp directory in the base, made and touched now (None: the
+        command sees the captured /tmp of everyone: no session, or no private /tmp here). A session's
+        first use sweeps the directories of sessions idle too long, off the event loop."""
+        private = self.private_tmp
+        if private is None or not session:
+            return None
+        fresh = not private.knows(session)
+        try:
+            private.dir_of(session)
+        except OSError as exc:
+            raise SandboxUnavailable(f"the session's private /tmp could not be made: {exc}") from None
+        if fresh:
+            sweep = self._tmp_sweep = self.submit(private.sweep)
+            self._removing.add(sweep)  # type: ignore[arg-type]
+            sweep.add_done_callback(self._removing.discard)
+        return session_key(session)
+
+    def map_tmp(self, session: str | None, path: str) -> str:
+        """Where a file tool's `path` leads for `session`: into the session's private /tmp for a path below
+        the temp dir, as its commands see it (`PrivateTmp.map`), else `path` itself."""
+        return path if self.private_tmp is None else self.private_tmp.map(session, path)
+
+    def foreign_tmp(self, session: str | None, resolved: str) -> bool:
+        """Whether the real path `resolved` lies in another session's private /tmp (`PrivateTmp.foreign`)."""
+        return self.private_tmp is not None and self.private_tmp.foreign(session, resolved)
+
     async def aclose(self) -> None:
         self._closed = True
         self.held.clear()
@@ -216,3 +253,15 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         with contextlib.suppress(RuntimeError):  # closed twice: the pool is already shut down
             await self.offload(self._discard_layers)
         self._pool.shutdown(wait=False)
+
+
+def private_tmp_of(spec: SandboxSpec, idle_s: float) -> PrivateTmp | None:
+    """The sessions' private /tmp directories of a sandbox whose captured write roots include the temp dir;
+    None otherwise (/tmp is then read-only to commands, or a live root of everyone). The live roots and
+    the sockets the policy names below the temp dir stay the machine's own."""
+    tmp = os.path.realpath(tempfile.gettempdir())
+    if tmp not in {os.path.realpath(root) for root in spec.write_roots}:
+        return None
+    below = [p for p in (*spec.live_write_roots, *spec.allow_sockets) if p.startswith(tmp + "/")]
+    owner = None if spec.run_as is None else (spec.run_as.uid, spec.run_as.gid)
+    return PrivateTmp(tmp, spec.layers_dir, owner=owner, keep=tuple(below), idle_s=idle_s)

@@ -19,6 +19,7 @@ from tether.sandbox.egress.proxy import AskFn, EgressProxy, EgressRecord
 from tether.sandbox.kept import Kept
 from tether.sandbox.layers.held import HeldLayers
 from tether.sandbox.layers.session import SessionTotals
+from tether.sandbox.private_tmp import PrivateTmp
 
 logger = logging.getLogger("tether.sandbox.runner")
 egress_log = logging.getLogger("tether.sandbox.egress")
@@ -85,6 +86,7 @@ class SandboxParts:
     _applied_paths: int
     _apply_seq: int
     _forgotten: int
+    private_tmp: PrivateTmp | None
 
     if TYPE_CHECKING:  # defined by one part, called by another
         def _send(self, message: dict[str, Any], fds: list[int] = ...) -> None: ...
@@ -93,3 +95,4 @@ class SandboxParts:
         def _own(self, path: Path) -> None: ...
         def _mounts(self, layer: Path | None, display: tuple[str, ...] = ...) -> dict[str, Any]: ...
         def submit(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]: ...
+        async def offload(self, fn: Callable[..., T], *args: Any) -> T: ...

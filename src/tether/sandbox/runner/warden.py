@@ -46,7 +46,13 @@ class WardenClient(SandboxParts):
         self._own(Path(self.spec.layers_dir))
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
-        argv = warden_argv(self.spec, sys.executable, theirs.fileno(), bwrap=self.info.bwrap or "bwrap")
+        tmp_base = None
+        if self.private_tmp is not None:
+            tmp_base = self.private_tmp.base  # made (or found again) before the warden binds it
+            # what an earlier run's ended sessions left, before any command of this one runs
+            await self.offload(self.private_tmp.sweep)
+        argv = warden_argv(self.spec, sys.executable, theirs.fileno(), bwrap=self.info.bwrap or "bwrap",
+                           tmp_base=tmp_base)
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 *argv, pass_fds=(theirs.fileno(),), env=env, stdin=asyncio.subprocess.DEVNULL,
