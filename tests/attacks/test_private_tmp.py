@@ -36,7 +36,7 @@ async def cat(attacker: object, session: str, path: str) -> Result:
 
 
 async def test_one_sessions_tmp_is_invisible_to_another(attacker_factory, home: Path) -> None:  # noqa: F811
-    attacker = await attacker_factory(allow_inline_code=True)
+    attacker = await attacker_factory(allow_inline_code=True, private_tmp=True)
     name = f"tether-private-{secrets.token_hex(4)}"
     a, b = f"a-{secrets.token_hex(3)}", f"b-{secrets.token_hex(3)}"
     wrote = await py(attacker, a, f"open({TMP!r} + '/{name}', 'w').write('secret-of-a\\n')")
@@ -92,7 +92,7 @@ async def test_one_sessions_tmp_is_invisible_to_another(attacker_factory, home: 
 
 
 async def test_a_restarted_device_removes_ended_sessions_tmp(attacker_factory, home: Path) -> None:  # noqa: F811
-    attacker = await attacker_factory(allow_inline_code=True)
+    attacker = await attacker_factory(allow_inline_code=True, private_tmp=True)
     session = f"r-{secrets.token_hex(3)}"
     wrote = await py(attacker, session, f"open({TMP!r} + '/left', 'w').write('kept\\n')")
     assert wrote.status is ResultStatus.SUCCESS, text(wrote)
@@ -100,7 +100,7 @@ async def test_a_restarted_device_removes_ended_sessions_tmp(attacker_factory, h
     own = f"{private.base}/{session_key(session)}"
     await attacker.device.aclose()
 
-    again = await attacker_factory(allow_inline_code=True)  # a session not yet ended keeps its /tmp
+    again = await attacker_factory(allow_inline_code=True, private_tmp=True)  # a session not yet ended keeps its /tmp
     kept = await cat(again, session, f"{TMP}/left")
     assert stdout(kept) == "kept\n", text(kept)
     assert again.device.context.sandbox.private_tmp.base == private.base  # type: ignore[union-attr]
@@ -108,7 +108,7 @@ async def test_a_restarted_device_removes_ended_sessions_tmp(attacker_factory, h
 
     past = os.stat(own).st_mtime - private.idle_s - 1
     os.utime(own, (past, past))
-    third = await attacker_factory(allow_inline_code=True)
+    third = await attacker_factory(allow_inline_code=True, private_tmp=True)
     done = await py(third, session, "pass")  # the warden's start sweeps before anything runs
     assert done.status is ResultStatus.SUCCESS, text(done)
     gone = await cat(third, session, f"{TMP}/left")

@@ -256,11 +256,12 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
 
 
 def private_tmp_of(spec: SandboxSpec, idle_s: float) -> PrivateTmp | None:
-    """The sessions' private /tmp directories of a sandbox whose captured write roots include the temp dir;
-    None otherwise (/tmp is then read-only to commands, or a live root of everyone). The live roots and
-    the sockets the policy names below the temp dir stay the machine's own."""
+    """The sessions' private /tmp directories of a sandbox whose spec asks for them (`private_tmp`) and whose
+    captured write roots include the temp dir; None otherwise (/tmp is then one captured root of every session,
+    read-only, or a live root). The live roots and the sockets the policy names below the temp dir stay the
+    machine's own."""
     tmp = os.path.realpath(tempfile.gettempdir())
-    if tmp not in {os.path.realpath(root) for root in spec.write_roots}:
+    if not spec.private_tmp or tmp not in {os.path.realpath(root) for root in spec.write_roots}:
         return None
     below = [p for p in (*spec.live_write_roots, *spec.allow_sockets) if p.startswith(tmp + "/")]
     owner = None if spec.run_as is None else (spec.run_as.uid, spec.run_as.gid)
