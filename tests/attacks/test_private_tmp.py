@@ -78,6 +78,15 @@ async def test_one_sessions_tmp_is_invisible_to_another(attacker_factory, home: 
     assert stdout(got) == "from-b-tool", text(got)
     assert "from-b-tool" not in text(await cat(attacker, a, f"{TMP}/{name}-b"))
 
+    # a directory A made in its /tmp is a cwd for A's commands, and for no one else's
+    made = await py(attacker, a, f"import os; os.mkdir({TMP!r} + '/work-{name}')")
+    assert made.status is ResultStatus.SUCCESS, text(made)
+    inside = await attacker.run(SYSTEM_PYTHON, "-c", "import os; print(os.getcwd())", session=a,
+                                cwd=f"{TMP}/work-{name}")
+    assert stdout(inside) == f"{TMP}/work-{name}\n", text(inside)
+    elsewhere = await attacker.run(SYSTEM_PYTHON, "-c", "print('ran')", session=b, cwd=f"{TMP}/work-{name}")
+    assert elsewhere.status is ResultStatus.FAILURE and "ran" not in stdout(elsewhere), text(elsewhere)
+
     # A ends: idle past the session timeout (its directory's last use set back a day and a second); the
     # next new session's first command removes it, and B's directory, still in use, stays
     day_ago = os.stat(a_dir).st_mtime - attacker.device.context.sandbox.private_tmp.idle_s - 1  # type: ignore

@@ -141,6 +141,17 @@ class PrivateTmp:
         own = self.dir_of(session)
         return os.path.join(own, rest) if rest else own
 
+    def unmap(self, session: str | None, resolved: str) -> str:
+        """The inverse of `map` for a real path: inside `session`'s own directory, the /tmp path its commands
+        see it at; any other path is itself."""
+        base = self._base or self._find()
+        if not session or base is None:
+            return resolved
+        own = os.path.join(base, session_key(session))
+        if resolved != own and not resolved.startswith(own + "/"):
+            return resolved
+        return self.tmp + resolved[len(own):]
+
     def foreign(self, session: str | None, resolved: str) -> bool:
         """Whether `resolved` (a real path) lies in the sessions' base but outside `session`'s own directory:
         another session's /tmp (or the base itself), which no tool may reach."""

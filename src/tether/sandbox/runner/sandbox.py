@@ -225,6 +225,10 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         the temp dir, as its commands see it (`PrivateTmp.map`), else `path` itself."""
         return path if self.private_tmp is None else self.private_tmp.map(session, path)
 
+    def unmap_tmp(self, session: str | None, resolved: str) -> str:
+        """Where a sandboxed command of `session` sees the real path `resolved` (`PrivateTmp.unmap`)."""
+        return resolved if self.private_tmp is None else self.private_tmp.unmap(session, resolved)
+
     def foreign_tmp(self, session: str | None, resolved: str) -> bool:
         """Whether the real path `resolved` lies in another session's private /tmp (`PrivateTmp.foreign`)."""
         return self.private_tmp is not None and self.private_tmp.foreign(session, resolved)
