@@ -48,7 +48,10 @@ class WardenClient(SandboxParts):
         env = {"PATH": os.environ.get("PATH", os.defpath), "LANG": "C.UTF-8"}
         tmp_base = None
         if self.private_tmp is not None:
-            tmp_base = self.private_tmp.base  # made (or found again) before the warden binds it
+            try:
+                tmp_base = self.private_tmp.base  # made (or found again) before the warden binds it
+            except OSError as exc:
+                raise SandboxUnavailable(f"the sessions' private /tmp could not be made: {exc}") from None
             # what an earlier run's ended sessions left, before any command of this one runs
             await self.offload(self.private_tmp.sweep)
         argv = warden_argv(self.spec, sys.executable, theirs.fileno(), bwrap=self.info.bwrap or "bwrap",
