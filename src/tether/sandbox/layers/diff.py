@@ -10,8 +10,8 @@ that for a captured layer's changes (the real tree's file before, the layer's af
     {"diff_skipped": "binary"}
 
 Files are read without following a link, and a real-tree file is read only while it is still the
-inode the scan saw (`Change.was`); paths in the headers are shown escaped (`fs.shown`). Blocking:
-call it on a worker thread.
+file the scan saw (`Change.was`: inode, size, times); paths in the headers are shown escaped
+(`fs.shown`). Blocking: call it on a worker thread.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ MAX_FILE = 1 << 20  # a side larger than this is described, never diffed
 PER_FILE = 64 << 10  # diff text kept per file
 PER_COMMAND = 256 << 10  # diff text kept per command (or per file tool call)
 _NO_EOL = "\\ No newline at end of file\n"
+_LEAST = 1 << 10  # a command's budget with less left than this shows no more diffs (not a header alone)
 
 
 @dataclass(slots=True)
@@ -40,11 +41,11 @@ class Budget:
     per_file: int = PER_FILE
 
 
-def read_side(path: str, expect_inode: int | None = None, limit: int = MAX_FILE, *, follow: bool = False
+def read_side(path: str, expect: tuple[int, ...] | None = None, limit: int = MAX_FILE, *, follow: bool = False
               ) -> bytes | str:
     """The content of the regular file `path` (no link followed unless `follow`: a `/proc/self/fd` link),
-    or why it is not diffed: "over 1 MiB", "not a regular file", "changed meanwhile" (another inode
-    than `expect_inode`), "unreadable"."""
+    or why it is not diffed: "over 1 MiB", "not a regular file", "changed meanwhile" (its (inode, size,
+    mtime_ns, ctime_ns) no longer starting with `expect`), "unreadable"."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
     except OSError:
@@ -53,10 +54,10 @@ def read_side(path: str, expect_inode: int | None = None, limit: int = MAX_FILE,
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return "not a regular file"
-        if expect_inode is not None and st.st_ino != expect_inode:
+        if expect is not None and (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)[:len(expect)] != expect:
             return "changed meanwhile"
         if st.st_size > limit:
-            return f"over {limit >> 20} MiB" if limit >= 1 << 20 else f"over {limit} bytes"
+            return _over(limit)
         chunks, got = [], 0
         while got <= limit:
             chunk = os.read(fd, min(1 << 20, limit + 1 - got))
@@ -65,16 +66,18 @@ def read_side(path: str, expect_inode: int | None = None, limit: int = MAX_FILE,
             chunks.append(chunk)
             got += len(chunk)
         data = b"".join(chunks)
-        return data if len(data) <= limit else f"over {limit >> 20} MiB" if limit >= 1 << 20 else "too large"
+        return data if len(data) <= limit else _over(limit)  # grown since the fstat
     except OSError:
         return "unreadable"
     finally:
         os.close(fd)
 
 
+def _over(limit: int) -> str:
+    return f"over {limit >> 20} MiB" if limit >= 1 << 20 and not limit % (1 << 20) else f"over {limit} bytes"
+
+
 def _text(data: bytes) -> str | None:
-    if b"\x00" in data:
-        return None
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError:
@@ -100,7 +103,7 @@ def text_diff(old: bytes | str | None, new: bytes | str | None, path: str, budge
         if text is None:
             return {"diff_skipped": "not UTF-8"}
         texts.append(text)
-    if budget.left <= 0:
+    if budget.left < _LEAST:
         return {"diff_skipped": f"the diffs of this change already hold {PER_COMMAND >> 10} KiB"}
     name = shown(path).lstrip("/")
     before, after = ("/dev/null" if old is None else f"a/{name}"), ("/dev/null" if new is None else f"b/{name}")
@@ -147,8 +150,7 @@ def layer_diffs(changes: list[Change], readable: Callable[[str], bool] | None = 
         if readable is not None and not readable(c.path):
             out[i] = {"diff_skipped": "not readable under the policy"}
             continue
-        inode = c.was[0] if c.was else None
-        old: bytes | str | None = None if c.kind == "created" else read_side(c.path, inode)
+        old: bytes | str | None = None if c.kind == "created" else read_side(c.path, c.was)
         new: bytes | str | None = None
         if c.kind != "deleted":
             new = read_side(c.source) if c.source else "unreadable"

@@ -387,7 +387,7 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
         raise ToolError(f"parent directory does not exist: {path.parent} (pass create_parents=true)")
 
     def apply() -> dict[str, Any]:
-        journaled = True
+        journaled, old = True, None
         for parent in missing_parents:
             journaled = _journal(ctx, "mkdir", parent) and journaled
         try:
@@ -400,7 +400,8 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
                 fd = _create(dir_fd, name, path)
             else:
                 fd = _open_existing(ctx, dir_fd, name, path, append=mode == "append")
-                old = diffs.read_open(fd) if mode == "overwrite" else None
+                if mode == "overwrite":  # read before the truncation: the result shows before and after
+                    old = diffs.read_open(fd)
                 journaled = _journal_open(ctx, fd, path, truncate=mode == "overwrite") and journaled
         finally:
             os.close(dir_fd)
