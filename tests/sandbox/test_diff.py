@@ -5,7 +5,11 @@ names that are not UTF-8 escaped, and a real-tree file swapped since the scan ne
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tether.sandbox.layers.diff import MAX_FILE, PER_COMMAND, PER_FILE, Budget, layer_diffs, read_side, text_diff
 from tether.sandbox.layers.layer import Change
@@ -77,3 +81,46 @@ def test_a_layer_s_modified_file_diffs_the_real_tree_against_the_layer(tmp_path:
     (real / "app.conf").unlink()
     (real / "app.conf").write_text("someone else's\n")
     assert layer_diffs(changes[2:3])[0] == {"diff_skipped": "changed meanwhile"}
+
+
+HUNK = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def patched(a: list[str], diff: str) -> list[str]:
+    """`a` with a unified diff applied, every context and removed line checked where its header says."""
+    lines, out, pos, i = diff.splitlines(keepends=True)[2:], [], 0, 0
+    while i < len(lines):
+        m = HUNK.match(lines[i])
+        assert m, lines[i]
+        start = int(m[1]) - 1 if (m[2] or "1") != "0" else int(m[1])
+        out += a[pos:start]
+        pos, i = start, i + 1
+        while i < len(lines) and not lines[i].startswith("@@"):
+            kind, body = lines[i][0], lines[i][1:]
+            if kind in " -":
+                assert a[pos] == body, (pos, a[pos], body)
+                pos += 1
+            if kind in " +":
+                out.append(body)
+            i += 1
+    return out + a[pos:]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(["a\n", "b\n", "c\n", "d\n"]), max_size=60),
+       st.lists(st.tuples(st.integers(0, 60), st.sampled_from(["set", "add", "del"]), st.sampled_from(["x\n", "a\n"])),
+                max_size=5))
+def test_the_common_head_and_tail_left_out_still_give_a_diff_that_patches_exactly(
+        a: list[str], edits: list[tuple[int, str, str]]) -> None:
+    b = list(a)
+    for at, op, line in edits:
+        if op == "add":
+            b.insert(min(at, len(b)), line)
+        elif b:
+            if op == "set":
+                b[min(at, len(b) - 1)] = line
+            else:
+                del b[min(at, len(b) - 1)]
+    record = text_diff("".join(a).encode(), "".join(b).encode(), "/f", Budget())
+    assert patched(a, record["diff"]) == b if a != b else record["diff"] == ""
+    assert record["added"] == sum(1 for x in record["diff"].splitlines()[2:] if x.startswith("+"))

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,8 @@ MAX_FILE = 1 << 20  # a side larger than this is described, never diffed
 PER_FILE = 64 << 10  # diff text kept per file
 PER_COMMAND = 256 << 10  # diff text kept per command (or per file tool call)
 _NO_EOL = "\\ No newline at end of file\n"
+_CONTEXT = 3
+_HUNK = re.compile(r"([-+])(\d+)")  # a start line in a hunk header: "@@ -12,3 +12,4 @@"
 _LEAST = 1 << 10  # a command's budget with less left than this shows no more diffs (not a header alone)
 
 
@@ -107,8 +110,7 @@ def text_diff(old: bytes | str | None, new: bytes | str | None, path: str, budge
         return {"diff_skipped": f"the diffs of this change already hold {PER_COMMAND >> 10} KiB"}
     name = shown(path).lstrip("/")
     before, after = ("/dev/null" if old is None else f"a/{name}"), ("/dev/null" if new is None else f"b/{name}")
-    lines = difflib.unified_diff(texts[0].splitlines(keepends=True), texts[1].splitlines(keepends=True),
-                                 before, after)
+    lines = _unified(texts[0].splitlines(keepends=True), texts[1].splitlines(keepends=True), before, after)
     cap = min(budget.per_file, budget.left)
     out: list[str] = []
     size, added, removed, cut = 0, 0, 0, False
@@ -132,6 +134,24 @@ def text_diff(old: bytes | str | None, new: bytes | str | None, path: str, budge
     if cut:
         record["diff_truncated"] = True
     return record
+
+
+def _unified(a: list[str], b: list[str], before: str, after: str) -> Iterator[str]:
+    """`difflib.unified_diff(a, b)` with 3 lines of context, the same lines, but the common head and tail
+    left out of the comparison first (a one-line edit to a 20,000-line file costs a scan, not difflib's
+    matching of every line); the hunk headers' line numbers are moved back by what was left out."""
+    n = min(len(a), len(b))
+    head = 0
+    while head < n and a[head] == b[head]:
+        head += 1
+    tail = 0
+    while tail < n - head and a[-1 - tail] == b[-1 - tail]:
+        tail += 1
+    skip, cut = max(0, head - _CONTEXT), max(0, tail - _CONTEXT)
+    for line in difflib.unified_diff(a[skip:len(a) - cut], b[skip:len(b) - cut], before, after, n=_CONTEXT):
+        if skip and line.startswith("@@ "):
+            line = _HUNK.sub(lambda m: f"{m[1]}{int(m[2]) + skip}", line)
+        yield line
 
 
 def layer_diffs(changes: list[Change], readable: Callable[[str], bool] | None = None,
