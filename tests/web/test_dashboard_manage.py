@@ -240,6 +240,7 @@ def test_overwrites_show_before_and_after_diffs_held_and_applied(admin: Dash, cl
     changes.locator("pre.diff .del").first.hover()
     assert page.evaluate("window.pwned") is None
     admin.shot("task-diffs")
+    expect(page.get_by_role("list", name="events")).to_contain_text("-port=80\\n+port=8080")  # in the step's event
     task = call(cluster, "GET", f"/tasks/{page.url.rsplit('/', 1)[1]}")
     done = [r for r in task["steps"] if r["result"]["status"] == "success"]
     assert '+<img src=y onerror="window.pwned=6">' in done[0]["result"]["result"]["diff"]
