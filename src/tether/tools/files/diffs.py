@@ -32,7 +32,7 @@ def readable(ctx: ToolContext, path: Path) -> bool:
 def read_open(fd: int) -> bytes | str:
     """The content of the file open (for writing) on `fd`, read through a second, read-only open of the
     same inode; or why not (`layers.diff.read_side`)."""
-    return read_side(f"/proc/self/fd/{fd}", os.fstat(fd).st_ino, MAX_FILE, follow=True)
+    return read_side(f"/proc/self/fd/{fd}", (os.fstat(fd).st_ino,), MAX_FILE, follow=True)
 
 
 def overwrite_diff(ctx: ToolContext, path: Path, old: bytes | str, new: bytes) -> dict[str, Any]:
