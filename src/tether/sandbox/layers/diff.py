@@ -16,7 +16,6 @@ file the scan saw (`Change.was`: inode, size, times); paths in the headers are s
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import stat
@@ -140,6 +139,8 @@ def _unified(a: list[str], b: list[str], before: str, after: str) -> Iterator[st
     """`difflib.unified_diff(a, b)` with 3 lines of context, the same lines, but the common head and tail
     left out of the comparison first (a one-line edit to a 20,000-line file costs a scan, not difflib's
     matching of every line); the hunk headers' line numbers are moved back by what was left out."""
+    import difflib  # only where a file is diffed: a device that never diffs never loads it
+
     n = min(len(a), len(b))
     head = 0
     while head < n and a[head] == b[head]:
