@@ -26,6 +26,7 @@ from typing import Any, Literal
 from tether.sandbox.layers.fs import EscapeError, move_entry, remove_entry
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
+from tether.tools.files import diffs
 from tether.tools.policy.jail import (
     approval_needed,
     escaped,
@@ -387,13 +388,18 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
     _protect(ctx, f"{mode} of {str(path)!r}", path, *missing_parents)
     if st is not None:
         check_hidden_inode(ctx.policy, st, path, ctx.secrets)
-        _require_approval(ctx, "overwrite", path, f"{mode} of existing file {str(path)!r} outside the temp dir")
-        _require_one_link(ctx, st, path)
+        try:
+            _require_approval(ctx, "overwrite", path, f"{mode} of existing file {str(path)!r} outside the temp dir")
+            _require_one_link(ctx, st, path)
+        except NeedsApproval as held:  # the person is shown what the overwrite would change
+            if mode == "overwrite":
+                held.result["would_change"] = [await asyncio.to_thread(diffs.would_change, ctx, path, data)]
+            raise
     if missing_parents and not create_parents:
         raise ToolError(f"parent directory does not exist: {path.parent} (pass create_parents=true)")
 
     def apply() -> dict[str, Any]:
-        journaled = True
+        journaled, old = True, None
         for parent in missing_parents:
             journaled = _journal(ctx, "mkdir", parent) and journaled
         try:
@@ -406,13 +412,15 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
                 fd = _create(dir_fd, name, path)
             else:
                 fd = _open_existing(ctx, dir_fd, name, path, append=mode == "append")
+                if mode == "overwrite":  # read before the truncation: the result shows before and after
+                    old = diffs.read_open(fd)
                 journaled = _journal_open(ctx, fd, path, truncate=mode == "overwrite") and journaled
         finally:
             os.close(dir_fd)
         with open(fd, "wb") as fh:
             fh.write(data)
         return {"path": str(path), "bytes_written": len(data), "mode": mode, "created": st is None,
-                "journaled": journaled}
+                "journaled": journaled, **(diffs.overwrite_diff(ctx, path, old, data) if old is not None else {})}
 
     return await _apply(apply, f"writing {file_path}")
 
