@@ -34,6 +34,7 @@ from tether.tools.policy.jail import (
     open_in,
     parent_in,
     real,
+    real_all,
     resolve_path,
     within,
 )
@@ -71,7 +72,7 @@ def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
     The policy's hidden paths and the device's own secrets (`ctx.secrets`) are refused here too (rule
     `hide_paths`), existing or not: no file tool reads, lists or creates anything there."""
     resolved = resolve_path(ctx.policy, path, write=write, hidden=ctx.secrets)
-    if ctx.journal is not None and within(resolved, [real(ctx.journal.root.parent)]):
+    if ctx.journal is not None and within(resolved, real_all(ctx.policy, (str(ctx.journal.root.parent),))):
         raise PolicyDenied("journal", f"{path!r} lies inside the device's state directory "
                                       f"({ctx.journal.root.parent}: its undo journal, token and policy)")
     return resolved

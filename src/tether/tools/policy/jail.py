@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -19,20 +19,39 @@ from tether.sandbox.layers.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
 from tether.tools.policy.model import Policy
 from tether.tools.policy.path_rules import Matcher, check_hidden, protected_rule
+from tether.tools.policy.real_paths import RealPaths, env_key, remembered
 
 
-def real(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
+def _absolute(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
     p = Path(os.path.expanduser(os.fspath(path)))
     if not p.is_absolute():
         p = Path(cwd if cwd is not None else os.getcwd()).expanduser() / p
-    return Path(os.path.realpath(p))
+    return p
 
 
-def _roots(roots: list[str]) -> list[Path]:
-    return [real(r) for r in roots]
+def real(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
+    """The real path of `path` (`~` expanded, a relative one taken from `cwd` or the current directory)."""
+    return Path(os.path.realpath(_absolute(path, cwd)))
 
 
-def within(path: Path, roots: list[Path]) -> bool:
+def real_all(policy: Policy, paths: Sequence[str]) -> tuple[Path, ...]:
+    """`real(p)` for each of `paths` (the policy's roots, the temp or state directory), kept on the
+    policy while their real paths hold (`tether.tools.policy.real_paths`): a root replaced by a
+    symlink, or a link on its way changed, is resolved again before it is used."""
+    env = env_key(paths)
+
+    def build(resolved: RealPaths) -> tuple[Path, ...]:
+        return tuple(Path(p) for p in resolved.real)
+
+    return remembered(policy, None if env is None else ("real", tuple(paths), env),
+                      lambda: [str(_absolute(p)) for p in paths], build)
+
+
+def _roots(policy: Policy, roots: list[str]) -> tuple[Path, ...]:
+    return real_all(policy, roots)
+
+
+def within(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
@@ -48,7 +67,7 @@ def resolve_path(policy: Policy, path: str, *, write: bool, cwd: str | None = No
     resolved = real(path, cwd)
     check_hidden(policy, resolved, hidden, shown=path)
     rule, roots = ("write_roots", policy.write_roots) if write else ("read_roots", policy.read_roots)
-    if not within(resolved, _roots(roots)):
+    if not within(resolved, _roots(policy, roots)):
         raise PolicyDenied(rule, f"{path!r} resolves to {str(resolved)!r}, outside the allowed roots {roots}")
     return resolved
 
@@ -71,7 +90,7 @@ def approval_needed(policy: Policy, action: Literal["delete", "move", "overwrite
     if protected is not None:  # always a person, whatever `approval` says (see tether.tools.policy.path_rules)
         return protected
     rules = policy.approval
-    in_temp = within(path, [real(temp_dir)])
+    in_temp = within(path, real_all(policy, (temp_dir,)))
     if action == "delete" and rules.delete and not in_temp:
         return "approval.delete"
     if action == "move" and rules.move and not in_temp:
@@ -93,7 +112,7 @@ def root_of(policy: Policy, path: Path, *, write: bool) -> Path:
     """The outermost allowed root `path` lies in: opens start there, so every component below it is
     walked without following links (the root's own ancestors lie outside what a tool may change)."""
     roots = policy.write_roots if write else policy.read_roots
-    inside = [root for root in _roots(roots) if within(path, [root])]
+    inside = [root for root in _roots(policy, roots) if within(path, [root])]
     if not inside:
         rule = "write_roots" if write else "read_roots"
         raise PolicyDenied(rule, f"{str(path)!r} lies outside the allowed roots {roots}")
