@@ -18,7 +18,7 @@ from typing import Literal
 from tether.sandbox.layers.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
 from tether.tools.policy.model import Policy
-from tether.tools.policy.path_rules import Matcher, check_hidden, protected_rule
+from tether.tools.policy.path_rules import HiddenSet, Matcher, check_hidden, protected_rule
 from tether.tools.policy.real_paths import RealPaths, env_key, remembered
 
 
@@ -52,20 +52,23 @@ def _roots(policy: Policy, roots: list[str]) -> tuple[Path, ...]:
 
 
 def within(path: Path, roots: Sequence[Path]) -> bool:
-    return any(path == root or path.is_relative_to(root) for root in roots)
+    """Whether the absolute, normalized `path` is one of `roots` or lies beneath one."""
+    text = str(path)
+    return any(text == (r := str(root)) or text.startswith(r.rstrip("/") + "/") for root in roots)
 
 
 def resolve_path(policy: Policy, path: str, *, write: bool, cwd: str | None = None,
-                 hidden: Iterable[str] = ()) -> Path:
+                 hidden: Iterable[str] = (), hidden_set: HiddenSet | None = None) -> Path:
     """The real path of `path` if the policy lets a tool read (or write) it; else `PolicyDenied`.
 
     A path inside a hidden path (the policy's `hide_paths` and `hidden`, the device's own secrets) is
     refused (rule `hide_paths`) whether or not it exists, after symlinks and `..` are resolved.
+    `hidden_set`: `HiddenSet.of(policy, hidden)` when the caller took it for this call already.
     """
     if not isinstance(path, str) or not path or "\x00" in path:
         raise PolicyDenied("path.invalid", f"not a usable path: {path!r}")
     resolved = real(path, cwd)
-    check_hidden(policy, resolved, hidden, shown=path)
+    check_hidden(policy, resolved, hidden, shown=path, kept=hidden_set)
     rule, roots = ("write_roots", policy.write_roots) if write else ("read_roots", policy.read_roots)
     if not within(resolved, _roots(policy, roots)):
         raise PolicyDenied(rule, f"{path!r} resolves to {str(resolved)!r}, outside the allowed roots {roots}")

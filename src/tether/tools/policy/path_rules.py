@@ -371,9 +371,12 @@ def _denied(entry: str, path: str | os.PathLike[str], shown: str | None = None) 
 
 
 def check_hidden(policy: Policy, path: str | os.PathLike[str], extra: Iterable[str] = (),
-                 shown: str | None = None) -> None:
-    """PolicyDenied (rule `hide_paths`) when the real path `path` lies in a hidden path, existing or not."""
-    entry = hidden_by(policy, path, extra)
+                 shown: str | None = None, kept: HiddenSet | None = None) -> None:
+    """PolicyDenied (rule `hide_paths`) when the real path `path` lies in a hidden path, existing or not.
+
+    `kept`: the `HiddenSet.of(policy, extra)` a caller already took for this same check (one call
+    of a tool looks at the hidden paths once); None takes it now."""
+    entry = (kept or HiddenSet.of(policy, extra)).by(path)
     if entry is not None:
         raise _denied(entry, path, shown)
 
