@@ -52,8 +52,7 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
     """Create a token and print it once (only its hash is stored). An API token is a person's unless
     --agent says it is an agent's; only a person's token approves.
 
-    A device token works only with the device's key: the key given with --key, the key the device
-    already has (pairing, an earlier token), or else the key its first registration proves."""
+    A device token works only with its device's key: --key's, one enrolled already, or its first registration's."""
     from tether.server.device_keys import device_key, set_device_key
     from tether.server.store import Store
 
