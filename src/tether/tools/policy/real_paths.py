@@ -180,7 +180,8 @@ class PathMemo:
 
 def memo_of(policy: object) -> PathMemo | None:
     """The policy's memo (None for an object that keeps none: every use then resolves afresh)."""
-    memo = getattr(policy, "_path_memo", None)
+    private = getattr(policy, "__pydantic_private__", None)  # a slot: cheaper than pydantic's __getattr__
+    memo = private.get("_path_memo") if isinstance(private, dict) else None
     return memo if isinstance(memo, PathMemo) else None
 
 
