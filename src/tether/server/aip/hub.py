@@ -25,6 +25,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from tether.protocol.messages import (
@@ -202,7 +203,8 @@ class DeviceHub:
         from tether.server.aip.fanout import countable, run_fan_out
 
         # a device whose every token is revoked is not counted (docs/fleet.md)
-        options["within"] = countable(self.store.tokens.active_device_names(), options.get("within"))
+        active = await self.store.call(self.store.tokens.active_device_names)  # off the event loop (PostgreSQL)
+        options["within"] = countable(active, options.get("within"))
         return await run_fan_out(self, self.registry, requires, commands, on_outcome=on_outcome, **options)
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
@@ -257,7 +259,8 @@ class DeviceHub:
         Never raises: each call_id maps to its `CallOutcome`, `unknown` with a `note` saying why when the
         device is offline, did not answer in time (a device that predates the query answers nothing),
         answered with an error, or did not mention the call."""
-        asked = [c if c.response_id else CallRef(call_id=c.call_id, response_id=self._audited_batch(device, c.call_id))
+        asked = [c if c.response_id else CallRef(call_id=c.call_id,
+                                                 response_id=await self._audited_batch(device, c.call_id))
                  for c in calls]
         message = ServerMessage(type=ServerMessageType.OUTCOME_QUERY,
                                 payload={"calls": [c.model_dump(exclude_none=True) for c in asked]})
@@ -284,10 +287,10 @@ class DeviceHub:
                 known[outcome.call_id] = outcome
         return known
 
-    def _audited_batch(self, device: str, call_id: str) -> str | None:
+    async def _audited_batch(self, device: str, call_id: str) -> str | None:
         """The response_id the audit log has for `call_id` on `device`; None when it has none or cannot say."""
         try:
-            return self.store.audit.response_of(device, call_id)
+            return await self.store.audit.read_response_of(device, call_id)
         except Exception as exc:  # the store is unavailable: the device may still know the call_id alone
             logger.warning("could not read the batch of call %s from the audit log: %s", call_id, exc)
             return None
@@ -389,21 +392,22 @@ class DeviceHub:
         self.store.audit.record(by, device, None, "network.allow" if choice == "always" else "network.ask",
                                 {**egress, "answer": choice}, "success", None, response_id=response_id)
 
-    def revoke_token(self, id_or_name: str) -> int:
+    async def revoke_token(self, id_or_name: str) -> int:
         """Revoke tokens (see `Tokens.revoke`) and disconnect their devices at once. Revocations
-        made elsewhere (`tether token revoke` on the same database) are found by the liveness watch."""
-        count = self.store.tokens.revoke(id_or_name)
+        made elsewhere (`tether token revoke` on the same database) are found by the liveness watch.
+        The statements run without holding up the event loop (`Store.call`)."""
+        count = await self.store.call(self.store.tokens.revoke, id_or_name)
         if count:
-            self._enforce_revocations()
+            await self._enforce_revocations()
         return count
 
-    def enforce_revocations(self) -> None:
+    async def enforce_revocations(self) -> None:
         """Disconnect now the devices whose token was revoked (by a pairing that replaced them, or
         elsewhere) instead of at the liveness watch's next look."""
-        self._enforce_revocations()
+        await self._enforce_revocations()
 
-    def _enforce_revocations(self) -> None:
-        active = self.store.tokens.active_ids()
+    async def _enforce_revocations(self) -> None:
+        active = await self.store.call(self.store.tokens.active_ids)
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
             self._drop(conn, "its token was revoked", grace=False)
             self._batches.fail_device(conn.name, f"the token of device {conn.name} was revoked")
@@ -436,7 +440,7 @@ class DeviceHub:
                         challenge: str | None = None) -> DeviceLink | None:
         """Register a connection. A device whose grace period ends while its (authenticated) registration
         is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
-        arriving = self.authenticate(authorization)
+        arriving = await self.authenticate(authorization)
         if isinstance(arriving, Refusal):
             await refuse(socket, arriving, peer)
             return None
@@ -464,7 +468,7 @@ class DeviceHub:
             return None
         except SocketClosed:
             return None
-        token = self.authenticate(authorization)  # again: it may have been revoked meanwhile
+        token = await self.authenticate(authorization)  # again: it may have been revoked meanwhile
         if isinstance(token, Refusal):
             await refuse(socket, token, peer)
             return None
@@ -474,7 +478,8 @@ class DeviceHub:
         if isinstance(reg, RegistrationRefused):
             await refuse(socket, refusal_of(reg), peer)
             return None
-        unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
+        # a device is its key, not its token; the key's statements off the event loop (PostgreSQL)
+        unproven = await self.store.call(prove_key, self.store, name, reg, challenge)
         if unproven is not None:
             await refuse(socket, unproven, peer)
             return None
@@ -522,10 +527,10 @@ class DeviceHub:
         await self._router.flush(conn, resend=resumed)
         return conn
 
-    def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
+    async def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
         """The device token's info, or the refusal saying why the connection is unauthorized
         (`registration.authenticate`; the AIP endpoint applies it before the upgrade too)."""
-        return authenticate(self.store, authorization)
+        return await authenticate(self.store, authorization)
 
     async def _receive_loop(self, conn: DeviceLink) -> None:
         """Read `conn`'s frames until it closes or is dropped; its session says what each one means."""
@@ -632,9 +637,10 @@ class DeviceHub:
         """`BatchRouter.finish_remote`: the holding node's answer for `batch`."""
         self._router.finish_remote(batch, results, error, pending=pending)
 
-    def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
+    def record_late(self, device: str, response_id: str, results: list[Any],
+                    then: Callable[[int], None] | None = None) -> int | None:
         """`BatchRouter.record_late`: record results that came after their caller stopped waiting."""
-        return self._router.record_late(device, response_id, results)
+        return self._router.record_late(device, response_id, results, then)
 
     def batch_device(self, response_id: str) -> str | None:
         """`BatchRouter.batch_device`: the device of a batch in flight here, or None."""
@@ -708,11 +714,14 @@ class DeviceHub:
         """Store a device's last_seen, and with `record` its profile (the tool list once per digest)."""
         try:
             profile = record.profile if record is not None else None
+            # behind the caller, in order (PostgreSQL: on the store's pool, the loop never waits for it)
             if record is None or profile is None or record.tools_digest is None:
-                self.store.devices.upsert(device, profile.model_dump_json() if profile else None, last_seen)
+                self.store.soon(self.store.devices.upsert, device, profile.model_dump_json() if profile else None,
+                                last_seen)
             else:
-                self.store.devices.upsert(device, profile.model_dump_json(exclude={"tools"}), last_seen,
-                                         tools=(record.tools_digest, self.registry.tools.dump(profile.tools)))
+                self.store.soon(partial(self.store.devices.upsert, device, profile.model_dump_json(exclude={"tools"}),
+                                        last_seen, tools=(record.tools_digest,
+                                                          self.registry.tools.dump(profile.tools))))
         except Exception:
             logger.exception("could not store device %s", device)
 
