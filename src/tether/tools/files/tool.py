@@ -35,6 +35,7 @@ from tether.tools.policy.jail import (
     open_in,
     parent_in,
     real,
+    real_all,
     resolve_path,
     within,
 )
@@ -62,7 +63,7 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
+def _resolve(ctx: ToolContext, path: str, *, write: bool, hidden: HiddenSet | None = None) -> Path:
     """`jail.resolve_path`, and the device's state directory is off limits, to read as to write: it
     holds the undo journal (a tool that could edit it could make a later undo write anything
     anywhere), the device token and pairing key (a tool that could read them would hand the
@@ -70,7 +71,8 @@ def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
     the next start whatever the file says). The sandbox hides the same directory from processes.
 
     The policy's hidden paths and the device's own secrets (`ctx.secrets`) are refused here too (rule
-    `hide_paths`), existing or not: no file tool reads, lists or creates anything there.
+    `hide_paths`), existing or not: no file tool reads, lists or creates anything there. `hidden`: the
+    call's own look at them (`HiddenSet.of`), when it took one already.
 
     A path below the temp dir leads into the session's private /tmp where the sandbox gives it one, as
     the session's commands see it (`Sandbox.map_tmp`); another session's private /tmp is refused (rule
@@ -79,10 +81,10 @@ def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
     shown = path
     if sandbox is not None:
         path = sandbox.map_tmp(ctx.session_id, path)
-    resolved = resolve_path(ctx.policy, path, write=write, hidden=ctx.secrets)
+    resolved = resolve_path(ctx.policy, path, write=write, hidden=ctx.secrets, hidden_set=hidden)
     if sandbox is not None and sandbox.foreign_tmp(ctx.session_id, str(resolved)):
         raise PolicyDenied("private_tmp", f"{shown!r} lies in another session's private /tmp")
-    if ctx.journal is not None and within(resolved, [real(ctx.journal.root.parent)]):
+    if ctx.journal is not None and within(resolved, real_all(ctx.policy, (str(ctx.journal.root.parent),))):
         raise PolicyDenied("journal", f"{path!r} lies inside the device's state directory "
                                       f"({ctx.journal.root.parent}: its undo journal, token and policy)")
     return resolved
@@ -100,18 +102,19 @@ def _entry_path(ctx: ToolContext, path: str, *, write: bool) -> Path:
 
     The target is jail-checked too (`_resolve`), so a link is always judged by where it points.
     """
-    resolved = _resolve(ctx, path, write=write)
+    hidden = HiddenSet.of(ctx.policy, ctx.secrets)  # one look at the hidden paths for the whole check
+    resolved = _resolve(ctx, path, write=write, hidden=hidden)
     if ctx.sandbox is not None:
         path = ctx.sandbox.map_tmp(ctx.session_id, path)
     raw = Path(os.path.expanduser(path))
     if raw.name in ("", ".", ".."):
         return resolved
     candidate = real(raw.parent) / raw.name
-    check_hidden(ctx.policy, candidate, ctx.secrets, shown=path)
+    check_hidden(ctx.policy, candidate, ctx.secrets, shown=path, kept=hidden)
     if not candidate.is_symlink():
         return resolved
     try:
-        _resolve(ctx, str(candidate.parent), write=write)
+        _resolve(ctx, str(candidate.parent), write=write, hidden=hidden)
     except PolicyDenied:
         return resolved
     return candidate
@@ -244,7 +247,8 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
     """List a directory's entries sorted by name; hidden entries only when asked, to keep replies short."""
     if limit <= 0:
         raise ToolError("limit must be > 0")
-    directory = _resolve(ctx, path, write=False)
+    hidden = HiddenSet.of(ctx.policy, ctx.secrets)  # one look at the hidden paths: the path and its entries
+    directory = _resolve(ctx, path, write=False, hidden=hidden)
     try:
         fd = open_in(ctx.policy, directory, os.O_RDONLY | os.O_DIRECTORY, write=False)
     except FileNotFoundError:
@@ -254,7 +258,6 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
     except PermissionError:
         raise ToolError(f"permission denied: {path}") from None
     try:
-        hidden = HiddenSet.of(ctx.policy, ctx.secrets)
         names = sorted(n for n in os.listdir(fd) if (show_hidden or not n.startswith("."))
                        and not _conceals(hidden, fd, directory, n))
         entries = [e for e in (_list_entry(fd, name) for name in names[:limit]) if e is not None]
