@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 from typing import Any
 
@@ -105,9 +106,20 @@ class ServiceCore:
             raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
         return self._live.get(stored.id) or self._saver.unsaved.get(stored.id, stored)
 
+    async def fetch(self, task_id: str) -> Task:
+        """`get` without holding up the event loop: a task not in memory is read on the task table's worker
+        with PostgreSQL (`TaskTable.call`; `StoreUnavailable` when it does not answer), at once with SQLite."""
+        task = self._live.get(task_id) or self._saver.unsaved.get(task_id)
+        if task is not None:
+            return task
+        stored = await self.store.table.call(self.store.get, task_id)
+        if stored is None:
+            raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
+        return self._live.get(stored.id) or self._saver.unsaved.get(stored.id, stored)
+
     async def wait(self, task_id: str) -> Task:
         """The task once its runner has stopped: it ended, or the server is closing under it."""
-        task = self.get(task_id)
+        task = await self.fetch(task_id)
         running = self._runners.get(task.id)
         if running is not None:
             await asyncio.shield(running[1])
@@ -117,9 +129,21 @@ class ServiceCore:
         """Newest first, as `get` shows them: a task in memory (running, or not yet saved because the disk
         is full) is listed with its current state, not the one last stored."""
         memory = {**self._live, **self._saver.unsaved}
+        return self._listed(memory, self.store.list(limit + len(memory), state), limit, state)
+
+    async def listing(self, limit: int = 50, state: str | None = None) -> builtins.list[dict[str, Any]]:
+        """`list` without holding up the event loop: the stored rows are read on the task table's worker with
+        PostgreSQL (`TaskTable.call`; `StoreUnavailable` when it does not answer), at once with SQLite."""
+        size = limit + len(self._live) + len(self._saver.unsaved)
+        stored = await self.store.table.call(self.store.list, size, state)
+        return self._listed({**self._live, **self._saver.unsaved}, stored, limit, state)
+
+    @staticmethod
+    def _listed(memory: dict[str, Task], stored: builtins.list[dict[str, Any]], limit: int,
+                state: str | None) -> builtins.list[dict[str, Any]]:
         if not memory:
-            return self.store.list(limit, state)
-        rows = {row["id"]: row for row in self.store.list(limit + len(memory), state)}
+            return stored[:limit]
+        rows = {row["id"]: row for row in stored}
         for task in memory.values():
             rows[task.id] = {"id": task.id, "request": task.request, "state": task.state.value,
                              "device": task.device, "requested_by": task.requested_by,
