@@ -17,7 +17,7 @@ from tether.agent.tasks.store import SaveSoon, TaskStore
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.registry import DeviceRegistry
 from tether.server.notify.notifier import Notifier
-from tether.server.store import Store, StoreUnavailable
+from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo, scope_reaches
 from tether.server.transfer.service import TransferService
 
@@ -55,10 +55,14 @@ class ServiceCore:
         self._keeper: asyncio.Task[None] | None = None
         self._given_up: set[str] = set()  # tasks another server took over while they ran here
         self._asking: dict[str, asyncio.Task[None]] = {}  # tasks whose step in flight is being asked about
+        self._checked: dict[str, Task] = {}  # task id given -> the task `steerable` found, while it is steered
 
     def _steerable(self, task_id: str) -> Task:
         """The task, when this server may steer it: not while another live server sharing the database
         runs it (its answer or cancel would be lost in the other server's next save)."""
+        checked = self._checked.get(task_id)  # `steerable` found it just now, off the loop
+        if checked is not None:
+            return checked
         task = self.get(task_id)
         if task.id not in self._live and not task.state.terminal and self._leases is not None:
             holder = self._leases.holder(task.id)
@@ -67,12 +71,34 @@ class ServiceCore:
                                      "database: send this to that server", holder=holder)
         return task
 
+    async def steerable(self, task_id: str) -> Task:
+        """`_steerable` without holding up the event loop: the task and its lease's holder are read on the task
+        table's worker with PostgreSQL (`TaskError` 409 naming the holder when another server runs it)."""
+        task = await self.fetch(task_id)
+        if task.id not in self._live and not task.state.terminal and self._leases is not None:
+            holder = await self.store.table.call(self._leases.holder, task.id)
+            if holder is not None and holder != self._leases.node:
+                raise TaskError(409, f"task {task.id} is run by server {holder}, which shares this server's "
+                                     "database: send this to that server", holder=holder)
+        return task
+
     def _release(self, task_id: str) -> None:
-        if self._leases is not None:
+        """Give up this node's lease of the task, after the saves given before (on the task table's worker with
+        PostgreSQL: the event loop never waits; at once with SQLite). A failure is logged: the lease runs out."""
+        leases = self._leases
+        if leases is None:
+            return
+
+        def release() -> None:
             try:
-                self._leases.release(task_id)
-            except StoreUnavailable as exc:  # the lease runs out by itself
+                leases.release(task_id)
+            except Exception as exc:  # the lease runs out by itself
                 logger.warning("could not release the lease of task %s: %s", task_id, exc)
+
+        try:
+            self.store.table.submit(release)
+        except RuntimeError:  # the table is closed: the lease runs out by itself
+            logger.warning("could not release the lease of task %s: the task store is closed", task_id)
 
     def reaches(self, task: Task, name: str) -> bool:
         """Whether the task's scope (its creator's, when scoped) reaches the device `name`."""
