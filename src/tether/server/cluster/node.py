@@ -30,6 +30,7 @@ from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
 from tether.server.cluster.fleet import FleetView
+from tether.server.cluster.link import default_url, new_secret
 from tether.server.cluster.routing import Router
 from tether.server.cluster.view import HeldSets, digest_key, held_key
 from tether.server.ports import BackplaneUnavailable, RemoteSlot
@@ -48,6 +49,7 @@ log = logging.getLogger("tether.cluster")
 
 FLEET_CHANNEL = f"{PREFIX}:events:fleet"
 RELAY_CHANNEL = f"{PREFIX}:events:relay"
+SECRET_KEY = f"{PREFIX}:link-secret"  # the cluster secret the direct links prove (link.py)
 RELAY_QUEUE = 10_000  # events waiting for Redis; past it they are dropped (and followers re-read the store)
 MAX_BEAT_S = 5.0  # the heartbeat's longest period: how soon a lost or returned backplane is noticed
 REJOIN_S = 0.5  # while the backplane is away, how often the node tries it again
@@ -93,10 +95,15 @@ class ClusterNode:
         # the bus's blocking XREAD and the broadcast subscription each hold a connection of their own
         self.reader = _redis_client(self.url, REDIS_TIMEOUT_S + 3)
         self.subscriber = _redis_client(self.url, REDIS_TIMEOUT_S)
-        self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s,
-                                   info={"pid": os.getpid(), "port": settings.port})
+        info: dict[str, Any] = {"pid": os.getpid(), "port": settings.port}
+        linked = settings.cluster_link != "off"
+        if linked:  # the URL the other nodes dial for a direct link to this one
+            info["link"] = settings.cluster_link or default_url(settings.host, settings.port, settings.tls,
+                                                                self.url)
+        self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s, info=info)
         self.held = HeldSets(self.redis, self.node, self.directory.lease_ms)
-        self.bus = Bus(self.redis, self.reader, self.node, {})
+        self.bus = Bus(self.redis, self.reader, self.node, {}, lookup=self._link_url if linked else None,
+                       read_secret=self._link_secret if linked else None)
         self.router = Router(hub, registry, store, settings, self.bus, self.node, self.holder)
         self.bus.undelivered["batch"] = self.router.record_lost_answer
         self.bus.unclaimed = self.router.record_unclaimed
@@ -159,6 +166,27 @@ class ClusterNode:
         for client in (self.redis, self.reader, self.subscriber):
             with contextlib.suppress(Exception):
                 await client.aclose()
+
+    # -- direct links (link.py) --------------------------------------------------------------------
+
+    async def _link_url(self, node: str) -> str | None:
+        """The link URL `node` announced with its node entry (None: it has none, or is not alive)."""
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            raw = await self.redis.get(Directory.node_key(node))
+        try:
+            url = json.loads(raw).get("link") if raw else None
+        except (ValueError, AttributeError):
+            return None
+        return url if isinstance(url, str) else None
+
+    async def _link_secret(self) -> str:
+        """The cluster secret in Redis, made by the first node that asks."""
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            await self.redis.set(SECRET_KEY, new_secret(), nx=True)
+            secret = await self.redis.get(SECRET_KEY)
+        if secret is None:
+            raise ServerError("the cluster secret vanished from Redis as it was made")
+        return secret.decode() if isinstance(secret, bytes) else str(secret)
 
     # -- what the hub and the API ask (RemoteDevices) ----------------------------------------------
 
@@ -360,6 +388,8 @@ class ClusterNode:
         alive |= set(self._awaited)
         for gone in self._alive - alive - {self.node}:
             log.warning("cluster node %s is gone (its lease ran out)", gone)
+            if self.bus.links is not None:
+                self.bus.links.drop(gone)
             self.router.node_gone(gone)
             for record in self.registry.list():
                 if record.node == gone:
@@ -434,6 +464,8 @@ class ClusterNode:
             self._alive.add(joined)
         if left and left != self.node:
             self._alive.discard(left)
+            if self.bus.links is not None:
+                self.bus.links.drop(left)
             self.router.node_gone(left)
 
     async def _on_broadcast(self, data: Any) -> None:
