@@ -75,6 +75,12 @@ def default_url(host: str, port: int, tls: bool, redis_url: str) -> str:
     return f"{scheme}://{shown}:{port}{LINK_PATH}"
 
 
+def api_url(link_url: str) -> str:
+    """The API base URL (http(s)://host:port) of the node whose link URL is `link_url`."""
+    parts = urlsplit(link_url)
+    return f"{'https' if parts.scheme == 'wss' else 'http'}://{parts.netloc}"
+
+
 class Link:
     """One open connection to `peer` (dialled or accepted): `send` queues a message, and one writer sends
     what was queued within a loop turn as one frame."""

@@ -30,7 +30,7 @@ from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
 from tether.server.cluster.fleet import FleetView
-from tether.server.cluster.link import default_url, new_secret
+from tether.server.cluster.link import api_url, default_url, new_secret
 from tether.server.cluster.routing import Router
 from tether.server.cluster.view import HeldSets, digest_key, held_key
 from tether.server.ports import BackplaneUnavailable, RemoteSlot
@@ -95,11 +95,12 @@ class ClusterNode:
         # the bus's blocking XREAD and the broadcast subscription each hold a connection of their own
         self.reader = _redis_client(self.url, REDIS_TIMEOUT_S + 3)
         self.subscriber = _redis_client(self.url, REDIS_TIMEOUT_S)
-        info: dict[str, Any] = {"pid": os.getpid(), "port": settings.port}
         linked = settings.cluster_link != "off"
-        if linked:  # the URL the other nodes dial for a direct link to this one
-            info["link"] = settings.cluster_link or default_url(settings.host, settings.port, settings.tls,
-                                                                self.url)
+        link = settings.cluster_link if linked and settings.cluster_link else \
+            default_url(settings.host, settings.port, settings.tls, self.url)
+        # the API URL goes to callers (the X-Tether-Holder hint); the link URL, when on, to the other nodes
+        info: dict[str, Any] = {"pid": os.getpid(), "port": settings.port, "api": api_url(link),
+                                **({"link": link} if linked else {})}
         self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s, info=info)
         self.held = HeldSets(self.redis, self.node, self.directory.lease_ms)
         self.bus = Bus(self.redis, self.reader, self.node, {}, lookup=self._link_url if linked else None,
@@ -114,6 +115,7 @@ class ClusterNode:
                                  answer=self.router.serve_answer, request=self.router.serve_request)
         self._problem: str | None = "joining the cluster"
         self._alive: set[str] = set()
+        self._api: dict[str, str] = {}  # node -> its API base URL, as it announced (refreshed every beat)
         # after a rejoin: the nodes alive before it, not seen since, and until when they are given to join
         # again (Redis may have restarted empty; their absence says nothing until they have had a beat)
         self._awaited: dict[str, float] = {}
@@ -214,6 +216,12 @@ class ClusterNode:
             self._fail(exc)
             raise BackplaneUnavailable(self.problem()) from None
         return node
+
+    def hint(self, device: str) -> str | None:
+        record = self.registry.get(device)
+        if record is None or record.node is None or record.node == self.node or record.node not in self._alive:
+            return None
+        return self._api.get(record.node)
 
     async def run_batch(self, batch: PendingBatch, holder: str) -> None:
         await self.router.run_batch(batch, holder)
@@ -382,7 +390,9 @@ class ClusterNode:
         await self._claim(self.hub.local_devices())
 
     async def _see_nodes(self) -> None:
-        alive = {n["node"] for n in await self.directory.nodes()}
+        nodes = await self.directory.nodes()
+        alive = {n["node"] for n in nodes}
+        self._api = {n["node"]: n["api"] for n in nodes if isinstance(n.get("api"), str)}
         now = asyncio.get_running_loop().time()
         self._awaited = {n: until for n, until in self._awaited.items() if n not in alive and until > now}
         alive |= set(self._awaited)
