@@ -12,7 +12,9 @@ Each cluster holds `--per-node` devices per node (tether's own `DeviceConnection
 device i given node i mod N first). C closed-loop callers speak raw HTTP/1.1 (one keep-alive connection
 per caller and node; bench.fleet_hotpath's request and parser) and post one cheap command
 (`list_tools` of a namespace no tool has) to a random device, asking either the node that holds it
-(**holder**) or a random node (**random**: (N-1)/N of the calls cross nodes).
+(**holder**) or a random node (**random**: (N-1)/N of the calls cross nodes), or — on the linked
+cluster — a random node first and then the node its answer's `X-Tether-Holder` named (**hinted**, what
+tether's Client does).
 
 Rows, rounds interleaved (the order rotates each round), medians of the rounds and their spread:
 - commands/s per set-up, routing and N; random/holder for each transport (goal >= 0.8x), and each
@@ -41,10 +43,26 @@ import psutil
 
 from bench._stats import fleet_row, pct, spread
 from bench.cluster import Setup, admin_token, redis_server
-from bench.fleet_hotpath import bare_process, read_response, request_bytes
+from bench.fleet_hotpath import bare_process, request_bytes
 from bench.load import cpu_s, free_port, raise_fd_limit
 
 Target = tuple[int, bytes]  # (port, the request's bytes)
+
+
+async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response: (status, headers in lower case, body), Content-Length or chunked."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
+    if "content-length" in headers:
+        return status, headers, await reader.readexactly(int(headers["content-length"]))
+    body = bytearray()
+    while size := int((await reader.readline()).split(b";")[0], 16):  # chunked
+        body += await reader.readexactly(size)
+        await reader.readline()
+    await reader.readline()
+    return status, headers, bytes(body)
 
 
 @dataclass
@@ -63,6 +81,7 @@ class Callers:
     def __init__(self, count: int) -> None:
         self.count = count
         self._conns: list[dict[int, tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = [{} for _ in range(count)]
+        self._hints: list[dict[bytes, int]] = [{} for _ in range(count)]  # request -> the port its hint named
 
     async def _conn(self, caller: int, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         conns = self._conns[caller]
@@ -77,7 +96,7 @@ class Callers:
                     await asyncio.sleep(0.05)
         return conns[port]
 
-    async def exchange(self, caller: int, port: int, request: bytes) -> tuple[int, bytes]:
+    async def exchange(self, caller: int, port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
         """One request and its response; a keep-alive connection the server closed while idle (between
         rounds) is opened again once."""
         for attempt in (0, 1):
@@ -92,17 +111,24 @@ class Callers:
                     raise
         raise AssertionError("unreachable")
 
-    async def rate(self, pick: Callable[[random.Random], Target], seconds: float) -> tuple[float, int, int]:
-        """(answers/s, failures, answers) over `seconds`, each caller sending `pick(rng)`'s request next."""
+    async def rate(self, pick: Callable[[random.Random], Target], seconds: float, *,
+                   follow: bool = False) -> tuple[float, int, int]:
+        """(answers/s, failures, answers) over `seconds`, each caller sending `pick(rng)`'s request next; with
+        `follow`, to the node an earlier answer's `X-Tether-Holder` named for that request, as tether's
+        Client does."""
         done = failed = 0
         end = time.perf_counter() + seconds
 
         async def caller(index: int) -> None:
             nonlocal done, failed
             rng = random.Random(index * 7919 + int(end))
+            hints = self._hints[index]
             while time.perf_counter() < end:
                 port, request = pick(rng)
-                status, body = await self.exchange(index, port, request)
+                port = hints.get(request, port) if follow else port
+                status, headers, body = await self.exchange(index, port, request)
+                if follow and (hint := headers.get("x-tether-holder")):
+                    hints[request] = int(hint.rsplit(":", 1)[1])
                 ok = status == 200 and b'"success"' in body
                 done += ok
                 failed += not ok
@@ -116,7 +142,7 @@ class Callers:
         for _ in range(n):
             await self._conn(0, target[0])
             t0 = time.perf_counter()
-            status, body = await self.exchange(0, *target)
+            status, _, body = await self.exchange(0, *target)
             samples.append(time.perf_counter() - t0)
             if status != 200 or b'"success"' not in body:
                 raise RuntimeError(f"a command failed: {status} {body[:300]!r}")
@@ -194,13 +220,15 @@ async def measure_n(tmp: Path, n: int, per_node: int, callers: int, seconds: flo
             devices, ports = _routes(setup)
             picks[f"{kind} holder"] = lambda rng, d=devices: rng.choice(d)[:2]  # type: ignore[misc]
             picks[f"{kind} random"] = lambda rng, d=devices, p=ports: (rng.choice(p), rng.choice(d)[1])  # type: ignore[misc]
+        picks["link hinted"] = picks["link random"]  # a random node first, then where X-Tether-Holder said
+        procs["link hinted"] = procs["link random"]
         labels = list(picks)
-        for label in labels:  # warm-up: every connection opened, every link dialled
-            await pool.rate(picks[label], min(seconds, 1.0))
+        for label in labels:  # warm-up: every connection opened, every link dialled, every hint taken
+            await pool.rate(picks[label], min(seconds, 1.0), follow=label.endswith("hinted"))
         for r in range(rounds):
             for label in labels[r % len(labels):] + labels[:r % len(labels)]:
                 before = _cpu(procs[label])
-                rate, failed, done = await pool.rate(picks[label], seconds)
+                rate, failed, done = await pool.rate(picks[label], seconds, follow=label.endswith("hinted"))
                 cpus.setdefault(label, []).append((_cpu(procs[label]) - before) / max(done, 1))
                 rates.setdefault(label, []).append(rate)
                 figures.failures += failed
@@ -235,12 +263,15 @@ def report(results: dict[int, Figures], callers: int) -> list[dict[str, object]]
                                   f"rounds {spread([c * 1e3 for c in cpus[f'{kind} random']])} vs "
                                   f"{spread([c * 1e3 for c in cpus[f'{kind} holder']])} ms; bare route "
                                   f"{cpu['bare']:.3f} ms"))
+        rows.append(fleet_row(f"{n} node(s), link: commands/s, random node, hint followed", med["link hinted"],
+                              "/s", "holding node", med["link holder"], ">= 0.8x",
+                              f"rounds {spread(rates['link hinted'])}; CPU/command {cpu['link hinted']:.3f} ms"))
         if base:
             scaled = {label: med[label] / base[label] for label in med if base.get(label)}
             print(f"   {n} node(s) vs 1 node: bare route {scaled['bare']:.2f}x; holder bus "
                   f"{scaled['bus holder']:.2f}x, link {scaled['link holder']:.2f}x; random bus "
-                  f"{scaled['bus random']:.2f}x, link "
-                  f"{scaled['link random']:.2f}x  (bare {med['bare']:.0f}/s, {callers} callers; "
+                  f"{scaled['bus random']:.2f}x, link {scaled['link random']:.2f}x, link hinted "
+                  f"{scaled['link hinted']:.2f}x  (bare {med['bare']:.0f}/s, {callers} callers; "
                   f"{figures.failures} failed)", flush=True)
         trips = figures.rt
         for kind in ("bus", "link") if trips else ():
