@@ -207,6 +207,9 @@ class Bus:
             if waiting.link is not link:
                 continue
             waiting.link = None
+            log.info("cluster link to node %s dropped while request %s (%s) waited: %s", node, rid,
+                     waiting.message.get("kind"), "sent again through Redis" if waiting.message.get("kind") in
+                     RESENDABLE else "answered 'may have run'")
             if waiting.message.get("kind") in RESENDABLE:
                 key = f"resend-{rid}"
                 task = self._running[key] = asyncio.create_task(self._resend(node, waiting), name=f"bus-{key}")
