@@ -5,7 +5,8 @@ Each node's link URL (`--set cluster_link=…`) points at a TCP proxy in front o
 - a command crossing nodes over a link is answered with its result, run once, when the link drops while it
   runs (the request is sent again through Redis; the holding node, still running it, answers once);
 - the answer from a node that does not hold the device names the holding node (`X-Tether-Holder`); the
-  Client sends the device's next call there, and back to its base URL when the hinted node is unreachable;
+  Client (and the CLI's `RemoteServer`) sends the device's next call there, and back to its base URL when
+  the hinted node is unreachable;
 - a link request without the cluster secret's proof is refused before the upgrade.
 """
 
@@ -24,6 +25,7 @@ from bench.kit.engines import Engine
 from tests.cluster.test_faults import device_on, echo, gated, policy_args, until_file
 from tests.kits.cluster import WAIT, ClusterKit, Node, RedisLink, free_port
 from tether.client import AsyncClient
+from tether.client.rest import RemoteServer
 from tether.protocol.models import Command
 
 
@@ -56,6 +58,12 @@ async def test_a_dropped_link_loses_no_call_and_the_hint_is_followed(tmp_path: P
                 accepted = b_proxy.accepted
                 assert (await client.run("laptop", commands, timeout=20)).results[0].status.value == "success"
                 assert b_proxy.accepted == accepted + 1, "the second call did not go to the node the hint named"
+                with RemoteServer(a.url, token) as remote:  # the CLI's client: the same
+                    for _ in range(2):
+                        accepted = b_proxy.accepted
+                        _, [ran] = await asyncio.to_thread(remote.run, "laptop", commands, timeout=20)
+                        assert ran.status.value == "success"
+                    assert b_proxy.accepted == accepted + 1, "the CLI's second call did not follow the hint"
 
                 # a link dropped while a command crosses it: the call still gets its result, and it ran once
                 command, mark, gate = gated(kit, "l1")

@@ -12,6 +12,7 @@ import httpx
 from tether.agent.run.task import Task, TaskEvent
 from tether.client import calls
 from tether.client.errors import IncompleteStream
+from tether.client.hints import Hints
 from tether.client.responses import (
     AuditPage,
     BatchResults,
@@ -57,7 +58,7 @@ class Client:
         self._pin = normalize_fingerprint(pin) if pin else None
         self._token = token
         self._verify = calls.verify_context(verify)
-        self._hints = calls.Hints(self.base_url)  # a cluster's X-Tether-Holder: the node holding a device
+        self._hints = Hints(self.base_url)  # a cluster's X-Tether-Holder: the node holding a device
         self._http: httpx.Client | None = None
 
     def _client(self) -> httpx.Client:
