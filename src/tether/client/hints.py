@@ -28,6 +28,7 @@ class Hints:
         return node + path if node is not None else path
 
     def hinted(self, path: str) -> bool:
+        """Whether a call of `path` goes to a hinted node."""
         return path in self._nodes
 
     def learn(self, path: str, response: Any) -> None:
@@ -46,4 +47,5 @@ class Hints:
             self._nodes[path] = hint
 
     def forget(self, path: str) -> None:
+        """Send calls of `path` to the base URL again (its hinted node was unreachable)."""
         self._nodes.pop(path, None)

@@ -94,6 +94,7 @@ class Link:
         self.writer = asyncio.create_task(self._write(), name=f"cluster-link-{peer}")
 
     def send(self, message: dict[str, Any]) -> None:
+        """Queue `message` for the next frame (sent within this loop turn); never blocks."""
         self._queue.append(message)
         self._wake.set()
 
@@ -143,6 +144,7 @@ class Links:
             self._lost(link)
 
     async def aclose(self) -> None:
+        """Close every link and stop dialling (the node stops)."""
         self._closing = True
         tasks = list(self._dialing.values())
         for task in tasks:
