@@ -70,10 +70,12 @@ class _Waiting:
 class Bus:
     """One node's end of the bus. `handlers` maps a request kind to the coroutine that answers it;
     `lookup(node)` (a node's link URL) and `read_secret()` (the cluster secret), both given or neither,
-    turn on direct links (`links`, whose `accept` the node's link endpoint calls)."""
+    turn on direct links (`links`, whose `accept` the node's link endpoint calls), whose frames stay under
+    `max_frame` characters (the nodes' WebSocket frame limit)."""
 
     def __init__(self, redis: Redis, reader: Redis, node: str, handlers: Mapping[str, Handler], *,
-                 lookup: Lookup | None = None, read_secret: Callable[[], Awaitable[str]] | None = None) -> None:
+                 lookup: Lookup | None = None, read_secret: Callable[[], Awaitable[str]] | None = None,
+                 max_frame: int = MAX_MESSAGE_BYTES) -> None:
         # `reader` is a connection of its own: a blocking XREAD would hold up every other command on it
         self.redis = redis
         self.reader = reader
@@ -90,8 +92,8 @@ class Bus:
         self._reader_task: asyncio.Task[None] | None = None
         self._last_id = "$"
         self._stopping = False
-        self.links = Links(node, self._dispatch, self._link_lost, lookup, read_secret) \
-            if lookup is not None and read_secret is not None else None
+        self.links = Links(node, self._dispatch, self._link_lost, lookup, read_secret, max_frame=max_frame,
+                           oversize=self._oversize) if lookup is not None and read_secret is not None else None
 
     @property
     def stopping(self) -> bool:
@@ -217,6 +219,23 @@ class Bus:
             else:
                 waiting.queue.put_nowait({"t": "done", "error": f"the link to node {node} dropped before it "
                                                                  "answered; the request may have run there"})
+
+    def _oversize(self, node: str, message: dict[str, Any]) -> None:
+        """A message too large for a link frame: through Redis (an error answer to its asker when even
+        that refuses it)."""
+        key = f"oversize-{secrets.token_hex(4)}"
+        task = self._running[key] = asyncio.create_task(self._send_oversize(node, message), name=f"bus-{key}")
+        task.add_done_callback(partial(self._forget, key))
+
+    async def _send_oversize(self, node: str, message: dict[str, Any]) -> None:
+        try:
+            await self._send_redis(node, message)
+        except BusError as exc:
+            log.warning("a %s message for node %s was too large for its link and Redis refused it: %s",
+                        message.get("t"), node, exc)
+            if message.get("t") == "done":  # its asker would otherwise wait to its timeout
+                with contextlib.suppress(BusError):
+                    await self._send_redis(node, {"t": "done", "rid": message.get("rid"), "error": str(exc)})
 
     def _forget(self, key: str, _task: asyncio.Task[None]) -> None:
         self._running.pop(key, None)

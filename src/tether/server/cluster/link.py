@@ -14,7 +14,9 @@ node without links — or with links turned off (`cluster_link = "off"`) — wor
   both and the target's name under that secret; the secret itself never crosses a link. A wrong or old
   proof is refused (403) before the upgrade.
 - **Frames.** Each text frame is a JSON list of bus messages: what a node sends to the same peer within
-  one loop turn goes as one frame (batching under load, no wait when idle).
+  one loop turn goes as one frame (batching under load, no wait when idle). A frame is kept under
+  `max_frame` (the WebSocket frame limit the nodes' servers take); a message that alone is over it goes
+  through Redis (`oversize`).
 - **Faults.** A link that drops is told to the bus (`on_lost`), which sends the requests still waiting
   on an answer over it again through Redis (see `Bus._link_lost`). A dialled link pings; one that stops
   answering is closed. After a failed dial the node waits `REDIAL_S` before trying that peer again.
@@ -83,11 +85,15 @@ def api_url(link_url: str) -> str:
 
 class Link:
     """One open connection to `peer` (dialled or accepted): `send` queues a message, and one writer sends
-    what was queued within a loop turn as one frame."""
+    what was queued within a loop turn as one frame of at most `max_frame` characters; a message over
+    that alone is handed to `oversize` instead."""
 
-    def __init__(self, peer: str, send_text: Callable[[str], Awaitable[None]]) -> None:
+    def __init__(self, peer: str, send_text: Callable[[str], Awaitable[None]], max_frame: int,
+                 oversize: Callable[[str, dict[str, Any]], None]) -> None:
         self.peer = peer
         self.open = True
+        self.max_frame = max_frame
+        self.oversize = oversize
         self._send_text = send_text
         self._queue: list[dict[str, Any]] = []
         self._wake = asyncio.Event()
@@ -103,18 +109,32 @@ class Link:
             await self._wake.wait()
             self._wake.clear()
             batch, self._queue = self._queue, []
-            if batch:
-                await self._send_text(json.dumps(batch, separators=(",", ":")))
+            if not batch:
+                continue
+            text = json.dumps(batch, separators=(",", ":"))
+            if len(text) <= self.max_frame:
+                await self._send_text(text)
+                continue
+            for message in batch:  # too large together: one by one, and through Redis what is too large alone
+                text = json.dumps([message], separators=(",", ":"))
+                if len(text) <= self.max_frame:
+                    await self._send_text(text)
+                else:
+                    self.oversize(self.peer, message)
 
 
 class Links:
     """This node's links. `dispatch(message)` takes each message a link brings; `on_lost(peer, link)` is
     told of a link that closed; `lookup(peer)` answers a peer's link URL (from its node entry);
-    `read_secret()` the cluster secret (made if missing)."""
+    `read_secret()` the cluster secret (made if missing); `oversize(peer, message)` sends a message over
+    `max_frame` another way."""
 
     def __init__(self, node: str, dispatch: Dispatch, on_lost: Callable[[str, Link], None], lookup: Lookup,
-                 read_secret: Callable[[], Awaitable[str]]) -> None:
+                 read_secret: Callable[[], Awaitable[str]], *, max_frame: int,
+                 oversize: Callable[[str, dict[str, Any]], None]) -> None:
         self.node = node
+        self.max_frame = max_frame
+        self.oversize = oversize
         self.dispatch = dispatch
         self.on_lost = on_lost
         self.lookup = lookup
@@ -242,7 +262,7 @@ class Links:
     # -- both --------------------------------------------------------------------------------------
 
     def _register(self, peer: str, send_text: Callable[[str], Awaitable[None]]) -> Link:
-        link = Link(peer, send_text)
+        link = Link(peer, send_text, self.max_frame, self.oversize)
         self._links[peer] = link  # the newest connection carries what is sent from now on
         link.writer.add_done_callback(lambda task: self._writer_done(link, task))
         return link

@@ -104,7 +104,8 @@ class ClusterNode:
         self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s, info=info)
         self.held = HeldSets(self.redis, self.node, self.directory.lease_ms)
         self.bus = Bus(self.redis, self.reader, self.node, {}, lookup=self._link_url if linked else None,
-                       read_secret=self._link_secret if linked else None)
+                       read_secret=self._link_secret if linked else None,
+                       max_frame=settings.max_frame_bytes * 2)  # the WebSocket frame limit the nodes' servers take
         self.router = Router(hub, registry, store, settings, self.bus, self.node, self.holder)
         self.bus.undelivered["batch"] = self.router.record_lost_answer
         self.bus.unclaimed = self.router.record_unclaimed
