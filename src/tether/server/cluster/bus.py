@@ -93,7 +93,7 @@ class Bus:
         self._last_id = "$"
         self._stopping = False
         self.links = Links(node, self._dispatch, self._link_lost, lookup, read_secret, max_frame=max_frame,
-                           oversize=self._oversize) if lookup is not None and read_secret is not None else None
+                           elsewhere=self._through_redis) if lookup is not None and read_secret is not None else None
 
     @property
     def stopping(self) -> bool:
@@ -151,7 +151,7 @@ class Bus:
         finished = False
         try:
             waiting.message = {"t": "req", "rid": rid, "from": self.node, "kind": kind, "body": body}
-            waiting.link = await self._send(node, waiting.message)
+            await self._send(node, waiting.message, waiting)
             while True:
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -192,15 +192,17 @@ class Bus:
         async with asyncio.timeout(REDIS_TIMEOUT_S):
             await self.redis.publish(f"{PREFIX}:events:{channel}", _encode(event))
 
-    async def _send(self, node: str, message: dict[str, Any]) -> Link | None:
-        """Over the open link to `node` (returned), else through its inbox (None). Raises BusError, never a
+    async def _send(self, node: str, message: dict[str, Any], waiting: _Waiting | None = None) -> None:
+        """Over the open link to `node`, else through its inbox. A request's `waiting` notes the link first, so
+        that a link lost as it is written has it sent again (`_link_lost`). Raises BusError, never a
         driver's exception: callers need one kind of failure to handle."""
         link = self.links.get(node) if self.links is not None else None
         if link is not None:
-            link.send(message)
-            return link
+            if waiting is not None:
+                waiting.link = link
+            await link.send(message)  # a failed write closes the link: what it carried is sent again or rerouted
+            return
         await self._send_redis(node, message)
-        return None
 
     def _link_lost(self, node: str, link: Link) -> None:
         """The link to `node` dropped: the requests waiting on an answer over it are sent again through
@@ -220,18 +222,18 @@ class Bus:
                 waiting.queue.put_nowait({"t": "done", "error": f"the link to node {node} dropped before it "
                                                                  "answered; the request may have run there"})
 
-    def _oversize(self, node: str, message: dict[str, Any]) -> None:
-        """A message too large for a link frame: through Redis (an error answer to its asker when even
-        that refuses it)."""
-        key = f"oversize-{secrets.token_hex(4)}"
-        task = self._running[key] = asyncio.create_task(self._send_oversize(node, message), name=f"bus-{key}")
+    def _through_redis(self, node: str, message: dict[str, Any]) -> None:
+        """A message a link could not carry (too large for a frame, or queued on a link that closed): through
+        Redis (an error answer to its asker when even that refuses it)."""
+        key = f"redis-{secrets.token_hex(4)}"
+        task = self._running[key] = asyncio.create_task(self._send_through_redis(node, message), name=f"bus-{key}")
         task.add_done_callback(partial(self._forget, key))
 
-    async def _send_oversize(self, node: str, message: dict[str, Any]) -> None:
+    async def _send_through_redis(self, node: str, message: dict[str, Any]) -> None:
         try:
             await self._send_redis(node, message)
         except BusError as exc:
-            log.warning("a %s message for node %s was too large for its link and Redis refused it: %s",
+            log.warning("a %s message for node %s could not go over its link, and Redis refused it: %s",
                         message.get("t"), node, exc)
             if message.get("t") == "done":  # its asker would otherwise wait to its timeout
                 with contextlib.suppress(BusError):

@@ -16,7 +16,7 @@ node without links — or with links turned off (`cluster_link = "off"`) — wor
 - **Frames.** Each text frame is a JSON list of bus messages: what a node sends to the same peer within
   one loop turn goes as one frame (batching under load, no wait when idle). A frame is kept under
   `max_frame` (the WebSocket frame limit the nodes' servers take); a message that alone is over it goes
-  through Redis (`oversize`).
+  through Redis (`elsewhere`).
 - **Faults.** A link that drops is told to the bus (`on_lost`), which sends the requests still waiting
   on an answer over it again through Redis (see `Bus._link_lost`). A dialled link pings; one that stops
   answering is closed. After a failed dial the node waits `REDIAL_S` before trying that peer again.
@@ -84,57 +84,82 @@ def api_url(link_url: str) -> str:
 
 
 class Link:
-    """One open connection to `peer` (dialled or accepted): `send` queues a message, and one writer sends
-    what was queued within a loop turn as one frame of at most `max_frame` characters; a message over
-    that alone is handed to `oversize` instead."""
+    """One open connection to `peer` (dialled or accepted). `send` writes a message at once when no frame is
+    being written, else it joins the messages waiting behind that frame, which go as one frame next (of at
+    most `max_frame` characters; a message over that alone is handed to `elsewhere`). A failed write
+    closes the link (`failed(link, error, the messages of that write)`)."""
 
     def __init__(self, peer: str, send_text: Callable[[str], Awaitable[None]], max_frame: int,
-                 oversize: Callable[[str, dict[str, Any]], None]) -> None:
+                 elsewhere: Callable[[str, dict[str, Any]], None],
+                 failed: Callable[[Link, BaseException, list[dict[str, Any]]], None]) -> None:
         self.peer = peer
         self.open = True
         self.max_frame = max_frame
-        self.oversize = oversize
+        self.elsewhere = elsewhere
+        self.failed = failed
         self._send_text = send_text
         self._queue: list[dict[str, Any]] = []
-        self._wake = asyncio.Event()
-        self.writer = asyncio.create_task(self._write(), name=f"cluster-link-{peer}")
+        self._writing = False
+        self._flusher: asyncio.Task[None] | None = None
 
-    def send(self, message: dict[str, Any]) -> None:
-        """Queue `message` for the next frame (sent within this loop turn); never blocks."""
+    async def send(self, message: dict[str, Any]) -> None:
+        """Send `message` (see the class); returns once it is written or queued behind a write under way."""
         self._queue.append(message)
-        self._wake.set()
+        if self._writing:
+            return
+        self._writing = True
+        try:
+            batch: list[dict[str, Any]] = []
+            while self._queue and self.open:
+                batch, self._queue = self._queue, []
+                await self._write(batch)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self.failed(self, exc, batch)
+        finally:
+            self._writing = False
+            if self._queue and self.open:  # cancelled with messages behind its frame: a task writes them
+                self._flusher = asyncio.create_task(self.send_queued(), name=f"cluster-link-{self.peer}")
 
-    async def _write(self) -> None:
-        while self.open:
-            await self._wake.wait()
-            self._wake.clear()
-            batch, self._queue = self._queue, []
-            if not batch:
-                continue
-            text = json.dumps(batch, separators=(",", ":"))
+    async def send_queued(self) -> None:
+        """Write what waits in the queue (after a sender was cancelled mid-write)."""
+        if self._queue and not self._writing:
+            await self.send(self._queue.pop())  # it joins the queue again, last as it was
+
+    def close(self) -> list[dict[str, Any]]:
+        """Mark the link closed; returns the messages still queued (never written)."""
+        self.open = False
+        unsent, self._queue = self._queue, []
+        if self._flusher is not None:
+            self._flusher.cancel()
+        return unsent
+
+    async def _write(self, batch: list[dict[str, Any]]) -> None:
+        text = json.dumps(batch, separators=(",", ":"))
+        if len(text) <= self.max_frame:
+            await self._send_text(text)
+            return
+        for message in batch:  # too large together: one by one, and through Redis what is too large alone
+            text = json.dumps([message], separators=(",", ":"))
             if len(text) <= self.max_frame:
                 await self._send_text(text)
-                continue
-            for message in batch:  # too large together: one by one, and through Redis what is too large alone
-                text = json.dumps([message], separators=(",", ":"))
-                if len(text) <= self.max_frame:
-                    await self._send_text(text)
-                else:
-                    self.oversize(self.peer, message)
+            else:
+                self.elsewhere(self.peer, message)
 
 
 class Links:
     """This node's links. `dispatch(message)` takes each message a link brings; `on_lost(peer, link)` is
     told of a link that closed; `lookup(peer)` answers a peer's link URL (from its node entry);
-    `read_secret()` the cluster secret (made if missing); `oversize(peer, message)` sends a message over
-    `max_frame` another way."""
+    `read_secret()` the cluster secret (made if missing); `elsewhere(peer, message)` sends a message another
+    way (one over `max_frame`, or one a closed link may not have carried)."""
 
     def __init__(self, node: str, dispatch: Dispatch, on_lost: Callable[[str, Link], None], lookup: Lookup,
                  read_secret: Callable[[], Awaitable[str]], *, max_frame: int,
-                 oversize: Callable[[str, dict[str, Any]], None]) -> None:
+                 elsewhere: Callable[[str, dict[str, Any]], None]) -> None:
         self.node = node
         self.max_frame = max_frame
-        self.oversize = oversize
+        self.elsewhere = elsewhere
         self.dispatch = dispatch
         self.on_lost = on_lost
         self.lookup = lookup
@@ -170,8 +195,7 @@ class Links:
         for task in tasks:
             task.cancel()
         for link in list(self._links.values()):
-            link.open = False
-            link.writer.cancel()
+            link.close()
         self._links.clear()
         if tasks:
             await asyncio.wait(tasks, timeout=2.0)
@@ -262,15 +286,22 @@ class Links:
     # -- both --------------------------------------------------------------------------------------
 
     def _register(self, peer: str, send_text: Callable[[str], Awaitable[None]]) -> Link:
-        link = Link(peer, send_text, self.max_frame, self.oversize)
+        link = Link(peer, send_text, self.max_frame, self.elsewhere, self._write_failed)
         self._links[peer] = link  # the newest connection carries what is sent from now on
-        link.writer.add_done_callback(lambda task: self._writer_done(link, task))
         return link
 
-    def _writer_done(self, link: Link, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.info("cluster link to node %s: a send failed (%s)", link.peer, task.exception())
+    def _write_failed(self, link: Link, exc: BaseException, batch: list[dict[str, Any]]) -> None:
+        log.info("cluster link to node %s: a send failed (%s)", link.peer, exc)
         self._close(link)
+        self._reroute(link.peer, batch)
+
+    def _reroute(self, peer: str, messages: list[dict[str, Any]]) -> None:
+        """Messages a closed link may not have carried go another way (`elsewhere`: through Redis). Requests
+        are left out: the bus sends each again itself, or answers it, as it sees the link lost; an answer
+        or a cancel that arrives twice is taken once."""
+        for message in messages:
+            if message.get("t") != "req":
+                self.elsewhere(peer, message)
 
     def _take(self, peer: str, frame: str | bytes) -> None:
         try:
@@ -290,8 +321,7 @@ class Links:
     def _lost(self, link: Link) -> None:
         if not link.open:
             return
-        link.open = False
-        link.writer.cancel()
+        self._reroute(link.peer, link.close())
         try:
             self.on_lost(link.peer, link)
         except Exception:
