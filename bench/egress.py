@@ -10,6 +10,8 @@ range of those medians):
   file fetched directly, and through the proxy with HTTP CONNECT, a plain forward-proxy GET and
   SOCKS5 (remote name), and CONNECT again with the relay copying through a buffer instead of
   splice(2). This isolates the proxy's own cost;
+- each row's CPU in this process per fetch ("CPU here": the proxy's event loop for the proxied client rows,
+  the device's side of the sandbox for curl's), which a busy machine moves far less than wall time;
 - curl inside a real sandbox, as a command would fetch it: with `network: on` (straight to the
   server) and with `network: {allow: [...]}` (no network of its own: the proxy, through the port the
   warden opened and handed to the device). Each row includes curl's start and the sandbox's fork.
@@ -169,14 +171,17 @@ async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]
         "curl in the sandbox, network: {allow} (proxy)": lambda: sandboxed(proxied_box),
     }
     medians: dict[str, list[float]] = {name: [] for name in rows}
+    cpu: dict[str, float] = dict.fromkeys(rows, 0.0)  # this process's CPU (the proxy's event loop) per row
     try:
         for _ in range(repeats):
             samples: dict[str, list[float]] = {name: [] for name in rows}
             for i in range(-WARMUP, rounds):
                 for name, run in rows.items():
+                    cpu_before = time.process_time()
                     elapsed = await run()
                     if i >= 0:
                         samples[name].append(elapsed)
+                        cpu[name] += time.process_time() - cpu_before
             for name, values in samples.items():
                 medians[name].append(statistics.median(values) * 1000)
     finally:
@@ -195,7 +200,8 @@ async def main(rounds: int = ROUNDS, repeats: int = REPEATS) -> dict[str, float]
     result: dict[str, float] = {}
     for name, values in medians.items():
         result[name] = statistics.median(values)
-        print(f"{name:<50} median {result[name]:8.3f} ms   spread of repeat medians {spread(values)} ms")
+        print(f"{name:<50} median {result[name]:8.3f} ms   spread of repeat medians {spread(values)} ms   "
+              f"CPU here {cpu[name] / (rounds * repeats) * 1000:6.3f} ms/fetch")
     print()
     pairs = (("client process, direct", "client process, proxy CONNECT"),
              ("client process, direct", "client process, proxy HTTP forward"),

@@ -48,7 +48,7 @@ from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, parse_device_config
 from tether.device.link.connection import TRANSPORT_MAX_BYTES, DeviceConnection
 from tether.device.local import LocalDevice, resolve_policy
-from tether.device.mcp.manager import MCPServerManager
+from tether.device.mcp.client.manager import MCPServerManager
 from tether.protocol.codec import encode
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, ResultStatus

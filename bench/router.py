@@ -15,7 +15,7 @@ from bench._stats import summary
 from tether.device.client import DeviceClient
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import parse_device_config
-from tether.device.mcp.manager import MCPServerManager
+from tether.device.mcp.client.manager import MCPServerManager
 from tether.protocol.models import Command, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import Policy

@@ -7,7 +7,9 @@ In one run, interleaved round by round so machine noise hits every row alike, RE
 - `true` through the device's warm warden (`Sandbox.spawn`, with a capture layer as shell.run uses)
   without the filters (`Sandbox.filters = False`: no seccomp, no Landlock scopes, no limits, no private
   /dev/shm), with them (the default policy: no unix socket, the default limits), and with them plus one
-  named socket (`allow_sockets`: the machine's other unix sockets are listed and masked per command);
+  named socket (`allow_sockets`: the machine's other unix sockets are listed and masked per command),
+  and with them but without the next command's namespace made between commands (`Sandbox.prime = False`:
+  the clone and mounts then happen on the command's clock);
 - `shell.run true` through a device's dispatcher, sandboxed with the filters, sandboxed without them, and
   unconfined.
 
@@ -82,12 +84,13 @@ async def main(n: int, repeats: int) -> None:
     state = home / ".local" / "state" / "tether"
     policy = policy_from_mapping({"require_sandbox": False})
     boxes: dict[str, Sandbox] = {}
-    for name, pol in (("off", policy), ("on", policy),
+    for name, pol in (("off", policy), ("on", policy), ("unprimed", policy),
                       ("named", policy.model_copy(update={"allow_sockets": [str(named)]}))):
         box = make_sandbox(pol, hidden=[str(state)])
         if box is None:
             sys.exit("no sandbox could be made here (see the warning above)")
         box.filters = name != "off"
+        box.prime = name != "unprimed"
         boxes[name] = box
     boxed = build_device(policy=policy, state_dir=state, sandbox=True)
     boxed_off = build_device(policy=policy, state_dir=state, sandbox=True)
@@ -128,6 +131,7 @@ async def main(n: int, repeats: int) -> None:
         anchor: lambda: _spawn([bwrap, *BARE_BWRAP]),
         "warden true, filters off": spawn_true(boxes["off"]),
         "warden true, filters on": spawn_true(boxes["on"]),
+        "warden true, filters on, not primed": spawn_true(boxes["unprimed"]),
         "warden true, filters on + 1 allowed socket": spawn_true(boxes["named"]),
         sandboxed: shell(boxed, "true"),
         sandboxed_off: shell(boxed_off, "true"),
@@ -137,12 +141,14 @@ async def main(n: int, repeats: int) -> None:
         await run()
     wardens: dict[str, Sandbox | None] = {
         anchor: None, "warden true, filters off": boxes["off"], "warden true, filters on": boxes["on"],
-        "warden true, filters on + 1 allowed socket": boxes["named"], sandboxed: boxed.context.sandbox,
+        "warden true, filters on + 1 allowed socket": boxes["named"],
+        "warden true, filters on, not primed": boxes["unprimed"], sandboxed: boxed.context.sandbox,
         sandboxed_off: boxed_off.context.sandbox, "shell.run true, unconfined": None}
     cpu: dict[str, float] = dict.fromkeys(rows, 0.0)  # CPU seconds of the timed calls, per row
     medians: dict[str, list[float]] = {name: [] for name in rows}
     paired: list[float] = []  # per repeat: the median of (filters on - filters off) within each round
     paired_named: list[float] = []  # the same for filters on with a named socket
+    paired_primed: list[float] = []  # per repeat: the median of (primed - not primed), filters on
     try:
         for _ in range(repeats):
             samples: dict[str, list[float]] = {name: [] for name in rows}
@@ -163,6 +169,9 @@ async def main(n: int, repeats: int) -> None:
                               (paired_named, "warden true, filters on + 1 allowed socket")):
                 diffs = [on - off for on, off in zip(samples[row], off_samples, strict=True)]
                 into.append(statistics.median(diffs) * 1000)
+            paired_primed.append(statistics.median(
+                [a - b for a, b in zip(samples["warden true, filters on"],
+                                       samples["warden true, filters on, not primed"], strict=True)]) * 1000)
     finally:
         for device in devices:
             await device.aclose()
@@ -184,6 +193,9 @@ async def main(n: int, repeats: int) -> None:
     print(f"goal: the filters add <= 0.3 ms: {cost:+.3f} ms (median of the per-round differences; per repeat "
           f"{spread(paired)} ms; difference of the medians {of_medians:+.3f} ms), "
           f"{'within' if cost <= 0.3 else 'OVER'}")
+    primed = statistics.median(paired_primed)
+    print(f"the next command's namespace made between commands (primed) saves {-primed:.3f} ms per call (median "
+          f"of the per-round differences primed - not primed; per repeat {spread(paired_primed)} ms)")
     print(f"with a named socket (the machine's unix sockets listed and masked per command): "
           f"{statistics.median(paired_named):+.3f} ms (per repeat {spread(paired_named)} ms)")
     print(f"shell.run true, sandboxed, filters on - off: {ms[sandboxed] - ms[sandboxed_off]:+.3f} ms "

@@ -337,7 +337,7 @@ async def test_llm_plans_across_two_devices_when_asked_to(tmp_path: Path, jailed
 
 async def test_a_follower_too_far_behind_is_ended_not_fed_a_gap(tmp_path: Path, jailed: Any,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    import tether.agent.tasks.service as service_module
+    import tether.agent.tasks.service.followers as service_module
 
     monkeypatch.setattr(service_module, "_SUBSCRIBER_QUEUE", 4)
     policy, root = jailed("alpha")

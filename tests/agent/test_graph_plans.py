@@ -110,7 +110,7 @@ async def test_observe_re_plans_its_branch_and_a_cyclic_edit_is_refused(device: 
 
 
 def test_the_gateway_s_run_task_takes_graphs_under_a_schema_without_top_level_combinators() -> None:
-    from tether.agent.tasks.mcp_tools import _run_input
+    from tether.agent.tasks.api.mcp_tools import _run_input
 
     schema = _run_input()
     assert not {"anyOf", "oneOf", "allOf"} & set(schema)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.run.task import Question, StepRecord, Task, TaskState
-from tether.agent.tasks.restart import settle_after_restart
+from tether.agent.tasks.restart.plans import settle_after_restart
 from tether.protocol.models import Command, Result, ResultStatus
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from tests.agent.test_restart import task_at
 from tether.agent.run.task import TaskState
-from tether.agent.tasks.restart import in_flight_step, settle_after_restart
+from tether.agent.tasks.restart.plans import in_flight_step, settle_after_restart
 from tether.protocol.models import Result, ResultStatus
 
 

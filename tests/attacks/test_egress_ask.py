@@ -54,8 +54,9 @@ class Egress:
         policy = tmp / "policy.yaml"
         policy.write_text(json.dumps({"commands": {"curl": {}},
                                       "network": {"allow": ["127.0.0.0/8"], "ask": "on-miss"}}))
-        proc = cluster.device("alpha", extra=("--policy", str(policy)))
-        cluster.wait_online("alpha", proc)
+        self.policy = policy
+        self.proc = cluster.device("alpha", extra=("--policy", str(policy)))
+        cluster.wait_online("alpha", self.proc)
         self.http = httpx.Client(base_url=f"http://127.0.0.1:{cluster.port}/api/v1", timeout=60)
         self.secrets: dict[str, str] = {}
         for name, scopes, agent in (("robot", ["read", "execute"], True),
@@ -100,6 +101,12 @@ class Egress:
                     [result] = json.loads(line.removeprefix("data: "))["results"]
                     break
         return questions, result
+
+    def restart(self) -> None:
+        """Stop device alpha and start it again on the same state directory and policy file."""
+        self.proc.stop()
+        self.proc = self.cluster.device("alpha", extra=("--policy", str(self.policy)))
+        self.cluster.wait_online("alpha", self.proc)
 
     def close(self) -> None:
         self.http.close()
@@ -167,3 +174,13 @@ def test_always_adds_the_host_to_the_policy_as_an_audited_change(egress: Egress)
     changes = [r for r in rows if r["tool_name"] == "network.allow"]
     assert len(changes) == 1 and changes[0]["requested_by"] == "api:bob", changes
     assert "always" in json.dumps(changes[0]) and "localhost" in json.dumps(changes[0]), changes
+    # kept in the device's state directory (0600): back after a restart, with the question the server's
+    # audit ties to the person who answered it; the policy file itself is untouched
+    kept = egress.cluster.state / "dev-alpha" / "egress-grants.json"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    [grant] = json.loads(kept.read_text())["grants"]
+    assert grant["entry"] == host and grant["question"] == questions[0]["id"], grant
+    assert host not in egress.policy.read_text()
+    egress.restart()
+    again, result = egress.fetch([])
+    assert again == [] and _stdout(result) == BODY.decode(), result

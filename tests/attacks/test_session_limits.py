@@ -16,8 +16,8 @@ from tether.protocol.models import ResultStatus
 
 
 async def test_a_session_cannot_split_past_its_totals(attacker_factory, home: Path) -> None:  # noqa: F811
-    attacker = await attacker_factory(allow_inline_code=True, limits={
-        "layer_files": 100, "session_files": 5, "session_bytes": 1 << 20})
+    limits = {"layer_files": 100, "session_files": 5, "session_bytes": 1 << 20}
+    attacker = await attacker_factory(allow_inline_code=True, limits=limits)
     tag = secrets.token_hex(4)
 
     async def make(session: str, names: list[str], size: int = 1) -> object:
@@ -34,6 +34,13 @@ async def test_a_session_cannot_split_past_its_totals(attacker_factory, home: Pa
     assert other.status is ResultStatus.SUCCESS, text(other)
     fits = await make("s1", [f"{tag}-d{n}" for n in range(2)])  # exactly 5
     assert fits.status is ResultStatus.SUCCESS and (home / f"{tag}-d1").exists(), text(fits)
+    await attacker.device.aclose()  # a restarted device does not start the session afresh
+    kept = home / ".local/state/tether/session-totals.json"
+    assert kept.stat().st_mode & 0o777 == 0o600
+    attacker = await attacker_factory(allow_inline_code=True, limits=limits)
+    after = await make("s1", [f"{tag}-f0"])
+    assert after.status is ResultStatus.FAILURE and "limits.session_files" in (after.error or ""), text(after)
+    assert not (home / f"{tag}-f0").exists()
 
     half = 600 * 1024
     big = await make("s3", [f"{tag}-e0"], size=half)

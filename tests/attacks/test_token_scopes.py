@@ -31,8 +31,8 @@ from tests.kits.task import WAIT, AgentServer
 from tether.device.config import load_device_config
 from tether.device.link.connection import DeviceConnection, LinkHooks
 from tether.device.local import build_device
-from tether.device.mcp.client_caps import MCPClientHooks
-from tether.device.mcp.elicit import RemoteQuestions
+from tether.device.mcp.client.client_caps import MCPClientHooks
+from tether.device.mcp.client.elicit import RemoteQuestions
 from tether.device.policy_overlay import RemotePolicy
 from tether.device.probe import collect_profile
 from tether.protocol.models import Command

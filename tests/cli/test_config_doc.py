@@ -67,7 +67,7 @@ def test_the_readme_links_the_reference() -> None:
 
 
 def test_the_readme_rest_table_lists_every_task_endpoint_with_its_scope() -> None:
-    from tether.agent.tasks.task_api import router
+    from tether.agent.tasks.api.task_api import router
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     table = readme.split("### REST API", 1)[1].split("\n#", 1)[0]

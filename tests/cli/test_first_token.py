@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.kits.netutil import CLI, tether_env
-from tether.cli.commands.setup.server import _first_admin_hint
+from tether.cli.commands.setup.settings import _first_admin_hint
 from tether.client.rest import RemoteServer
 from tether.server.store import Store
 

@@ -14,12 +14,12 @@ import pytest
 
 from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm.chat import LLMClient
-from tether.device.mcp.client_caps import (
+from tether.device.mcp.client.client_caps import (
     ElicitationAnswer,
     ElicitationRequest,
     check_answer,
 )
-from tether.device.mcp.manager import BaseMCPServer, MCPServerManager
+from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
 from tether.protocol.models import ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import Policy
@@ -236,7 +236,7 @@ async def test_sampling_in_ask_mode_asks_a_person_first(manager: MCPServerManage
 
 
 async def test_sampling_is_budgeted_per_command(manager: MCPServerManager) -> None:
-    from tether.device.mcp.client_caps import MAX_SAMPLING_CALLS, SamplingReply, SamplingRequest
+    from tether.device.mcp.client.client_caps import MAX_SAMPLING_CALLS, SamplingReply, SamplingRequest
 
     calls: list[SamplingRequest] = []
 

@@ -14,8 +14,8 @@ import pytest
 from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm.chat import LLMClient
 from tether.cli.mcp_hooks import llm_sampler
-from tether.device.mcp.client_caps import ElicitationAnswer, ElicitationRequest
-from tether.device.mcp.manager import BaseMCPServer, MCPServerManager
+from tether.device.mcp.client.client_caps import ElicitationAnswer, ElicitationRequest
+from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
 from tether.protocol.models import ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import Policy
@@ -71,8 +71,9 @@ async def test_progress_roots_and_a_question(manager: MCPServerManager, everythi
     manager.context = ToolContext(policy=Policy(write_roots=[str(tmp_path)], read_roots=[]))
     server = await started(manager, everything_bin)
     events: list[tuple[str, dict[str, Any]]] = []
-    ran = await server.call_tool("trigger-long-running-operation", {"duration": 0.3, "steps": 3}, ctx=ctx(events),
-                                 timeout=30)
+    # the server may ask for its roots while this call runs (then they are this call's policy's): one policy
+    ran = await server.call_tool("trigger-long-running-operation", {"duration": 0.3, "steps": 3},
+                                 ctx=ctx(events, manager.context.policy), timeout=30)
     assert ran.status == ResultStatus.SUCCESS, ran.error
     assert [(d["progress"], d["total"]) for k, d in events if k == "progress"] == [(1, 3), (2, 3), (3, 3)]
     roots = await server.call_tool("get-roots-list", {}, ctx=ctx([], manager.context.policy), timeout=30)

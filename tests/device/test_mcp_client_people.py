@@ -160,6 +160,9 @@ def test_remote_exec_asks_at_the_terminal_and_posts_the_answer(alpha: Cluster) -
 
 def test_remote_exec_without_a_terminal_says_how_to_answer(alpha: Cluster) -> None:
     env = {**alpha.env, "TETHER_SERVER": f"http://127.0.0.1:{alpha.port}", "TETHER_TOKEN": alpha.api_token}
+    # the external server joins after the device registers: the 3 s below are for the question, not its start
+    _, [joined] = alpha.remote.run("alpha", [Command(tool_name="count", parameters={"steps": 1})], timeout=60)
+    assert joined.status is ResultStatus.SUCCESS, joined.error
     ran = subprocess.run([*CLI, "exec", "--device", "alpha", "ask", "question=Which colour?", "--timeout", "3"],
                          stdin=subprocess.DEVNULL, capture_output=True, text=True, env=env, timeout=120)
     assert "MCP server interactive asks (question q" in ran.stderr

@@ -14,8 +14,8 @@ from tether.device.config import parse_device_config
 from tether.device.link.connection import DeviceConnection, LinkHooks
 from tether.device.link.outbox import Outbox
 from tether.device.local import build_device
-from tether.device.mcp.client_caps import MCPClientHooks
-from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
+from tether.device.mcp.client.client_caps import MCPClientHooks
+from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.probe import collect_profile
 from tether.tools.policy.model import Policy
 

@@ -20,8 +20,8 @@ import pytest
 
 from tether.device.config import load_device_config, parse_device_config
 from tether.device.local import build_device
-from tether.device.mcp.manager import BaseMCPServer, MCPServerManager
-from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
+from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.device.probe import collect_profile
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.sandbox import SandboxSpec, detect

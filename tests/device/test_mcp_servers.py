@@ -16,7 +16,7 @@ import mcp
 import pytest
 from pydantic import BaseModel
 
-from tether.device.mcp.manager import (
+from tether.device.mcp.client.manager import (
     BaseMCPServer,
     HttpServer,
     MCPServerError,
@@ -25,7 +25,7 @@ from tether.device.mcp.manager import (
     StdioServer,
     ToolSetServer,
 )
-from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.mcp_export import serve_http, toolset_to_mcp

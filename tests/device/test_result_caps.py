@@ -25,8 +25,8 @@ from tests.kits.netutil import Cluster, wait_for
 from tether.device.link.batch_runner import BatchRunner
 from tether.device.link.outbox import FinishedRecord, Outbox, result_bytes
 from tether.device.local import build_device
-from tether.device.mcp.manager import BaseMCPServer, MCPServerManager
-from tether.device.mcp.stdio import LineSplitter, Oversized
+from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
+from tether.device.mcp.client.stdio import LineSplitter, Oversized
 from tether.protocol.codec import decode_client_message
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, Result, ResultStatus
@@ -100,6 +100,28 @@ async def test_an_in_process_server_result_is_measured_too(manager, monkeypatch:
     assert over.status is ResultStatus.FAILURE and "too large" in over.error
     assert over.result == {"too_large": True, "bytes": 500_000, "limit": 100_000, "complete": True}
     assert (await server.call_tool("echo", {"text": "ok"}, ctx=CTX, timeout=20)).result["structured"] == "ok"
+
+
+def test_a_results_size_counts_every_kind_of_content_block() -> None:
+    """What `result_size` counts of each block kind (text, image/audio data, an embedded resource's text or
+    blob), the larger of that and the structured content, and that counting stops past the limit."""
+    import mcp_types as t
+
+    from tether.device.mcp.client.session_util import result_size
+
+    blocks: list[Any] = [t.TextContent(type="text", text="abc"),
+                         t.ImageContent(type="image", data="QUJD", mime_type="image/png"),
+                         t.AudioContent(type="audio", data="QUJDRA==", mime_type="audio/wav"),
+                         t.ResourceLink(type="resource_link", uri="file:///x", name="x"),
+                         t.EmbeddedResource(type="resource", resource=t.TextResourceContents(uri="file:///a",
+                                                                                             text="hello")),
+                         t.EmbeddedResource(type="resource", resource=t.BlobResourceContents(uri="file:///b",
+                                                                                             blob="QUJDRA=="))]
+    assert result_size(t.CallToolResult(content=blocks), 1 << 20) == 3 + 4 + 8 + 5 + 8
+    structured = {"rows": ["x" * 100]}
+    assert result_size(t.CallToolResult(content=blocks[:1], structured_content=structured), 1 << 20) == len(
+        json.dumps(structured, separators=(",", ":")))
+    assert result_size(t.CallToolResult(content=[t.TextContent(type="text", text="x" * 50)] * 3), 60) == 100
 
 
 def test_the_line_splitter_is_linear_bounded_and_finds_the_request_id() -> None:

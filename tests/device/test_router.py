@@ -12,8 +12,8 @@ from tether.device.client import DeviceClient
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import parse_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
-from tether.device.mcp.manager import MCPServerManager
-from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.client.manager import MCPServerManager
+from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, ResultStatus
 from tether.tools.context import ToolContext

@@ -105,3 +105,30 @@ def test_serve_device_stops_on_sigterm(tmp_path: Path) -> None:
                  state_dir=tmp_path / "state", on_state=on_state,
                  settings=LinkSettings(backoff_base=0.01, backoff_cap=0.05))
     assert tried.is_set()
+
+
+def test_the_device_process_freezes_its_start_up_once_at_the_first_registration() -> None:
+    """`freeze_once_registered` (what `tether device` passes as `freeze_gc`): the objects alive at the first
+    registration leave the collector's reach, those of later registrations do not; the caller's own hook
+    still hears every state."""
+    import gc
+
+    from tether.device.serve import freeze_once_registered
+
+    heard: list[str] = []
+    hook = freeze_once_registered(lambda state, conn: heard.append(state))
+    link = object()
+    assert gc.get_freeze_count() == 0  # nothing else in this process froze: a real before
+    try:
+        hook("connecting", link)  # type: ignore[arg-type]
+        assert gc.get_freeze_count() == 0
+        hook("registered", link)  # type: ignore[arg-type]
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        later = [[i] for i in range(1000)]  # new objects, alive at the next registration
+        hook("disconnected", link)  # type: ignore[arg-type]
+        hook("registered", link)  # type: ignore[arg-type]
+        assert gc.get_freeze_count() == frozen and later
+    finally:
+        gc.unfreeze()
+    assert heard == ["connecting", "registered", "disconnected", "registered"]

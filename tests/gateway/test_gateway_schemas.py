@@ -43,7 +43,7 @@ async def everything_tools() -> list[ToolInfo]:
     if shutil.which("node") is None or not EVERYTHING.exists():
         pytest.fail(f"{EVERYTHING} (or node) is missing; install it with: npm install --prefix .tether-test-node "
                     "@modelcontextprotocol/server-everything")
-    from tether.device.mcp.manager import MCPServerManager
+    from tether.device.mcp.client.manager import MCPServerManager
     from tether.tools.context import ToolContext
     from tether.tools.policy.model import Policy
 

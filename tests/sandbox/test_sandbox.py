@@ -4,16 +4,19 @@ what its overlay layer records, and how a layer is applied. The attacks are in t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
 import sys
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tether.sandbox import SandboxSpec, detect
+from tether.sandbox.egress.owner import children
 from tether.sandbox.layers.fs import EscapeError
 from tether.sandbox.layers.layer import ApplyConflict, Change, apply, discard, scan
 from tether.sandbox.runner import SWEEP_BATCH, Sandbox
@@ -186,6 +189,55 @@ async def test_a_pooled_layer_takes_a_fresh_overlay_every_time_and_its_old_work_
     left = [p.name for p in (layer / "0" / "w").iterdir() if p.name.startswith("gone-")]
     assert len(left) <= SWEEP_BATCH, f"set-aside work directories were not removed: {left}"
     sandbox.release(layer)
+
+
+async def test_a_namespace_made_ahead_shows_the_machine_as_it_is_when_its_command_runs(tree: dict[str, Path]) -> None:
+    """Between commands the warden mounts the next command's namespace on the pooled layer (primed): what
+    changes on the machine meanwhile is what that command sees, a secret created meanwhile at a hidden
+    path (inside a captured root, and outside) is hidden all the same, and its writes land in its layer."""
+    root, aws, late = tree["root"], tree["root"] / ".aws", tree["tmp"] / "later-secret"
+    spec = SandboxSpec.build(write_roots=[str(root)], hidden=[str(aws), str(late)], layers_dir=str(tree["layers"]))
+    box = Sandbox(detect(), spec)
+    try:
+        first = box.new_layer()
+        assert (await run(box, "pass", layer=first))[0] == 0
+        box.release(first)  # empty: the warden primes the next command's namespace on it
+        assert box._warden_host_pid is not None
+        waiting = await asyncio.to_thread(_one_child, box._warden_host_pid)
+        (root / "new.txt").write_text("fresh")
+        aws.mkdir()
+        (aws / "credentials").write_text("aws-key")
+        late.write_text("late-token")
+        layer = box.new_layer()
+        assert layer == first
+        code, out, err = await run(box, f"""
+import os
+print(open({str(root / 'new.txt')!r}).read())
+print(os.path.exists({str(aws / 'credentials')!r}), repr(open({str(late)!r}).read()))
+print(os.getpid())
+open({str(root / 'out.txt')!r}, 'w').write('mine')
+""", layer=layer)
+        assert code == 0, err
+        assert out.split() == ["fresh", "False", "''", "1"]
+        assert waiting not in children(box._warden_host_pid)  # it ran the command and is gone
+        assert [c.path for c in scan(layer, spec.write_roots)] == [str(root / "out.txt")]
+        assert not (root / "out.txt").exists()
+        discard(layer)
+    finally:
+        await box.aclose()
+
+
+def _one_child(warden: int) -> int:
+    """The process the warden keeps for the next command, once it waits for it (blocked reading its control
+    socket: its mounts are made)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for pid in children(warden):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/wchan") as f:
+                if "wait_for_more_packets" in f.read():
+                    return pid
+        time.sleep(0.002)  # no event to wait on: the kernel's wait channel is polled (bounded)
+    raise AssertionError("the warden primed no namespace")
 
 
 async def test_live_roots_are_written_at_once_and_not_captured(sandbox: Sandbox, tree: dict[str, Path]) -> None:

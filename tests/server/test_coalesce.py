@@ -162,7 +162,7 @@ BODY = json.dumps({"commands": [{"tool_name": "noop", "parameters": {}}]}).encod
 
 async def test_a_quick_batch_is_answered_whole_with_content_length(running: Running,
                                                                   monkeypatch: pytest.MonkeyPatch):
-    # "quick" is "done before its headers are due" (50 ms), which a loaded machine (parallel test workers
+    # "quick" is "done before its headers are due" (HEADERS_AFTER_S), which a loaded machine (parallel test workers
     # on 2 cores) missed: due only after WAIT here, the batch is quick by construction, not by timing
     from tether.server.http.routes import commands
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.agent.tasks.ownership import TaskLeases
+from tether.agent.tasks.cluster.ownership import TaskLeases
 from tether.agent.tasks.store import TaskStore
 from tether.server.store import Store
 from tether.server.store.audit import AuditLog

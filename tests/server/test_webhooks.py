@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import uvicorn
 
@@ -147,7 +148,7 @@ async def test_every_event_reaches_a_local_webhook_signed_and_the_inbox_answers(
 async def test_private_addresses_and_other_schemes_are_refused(tmp_path: Path) -> None:
     async with AgentServer(tmp_path) as server:
         for url in ("http://127.0.0.1:9/x", "http://10.1.2.3/x", "http://[::1]/x", "http://169.254.169.254/latest",
-                    "http://localhost:8080/"):
+                    "http://localhost:8080/", "http://100.64.0.1/x"):
             refused = await server.api.post("/webhooks", json={"url": url})
             assert refused.status_code == 403, (url, refused.text)  # the server's settings forbid it
             assert "webhook_allow_private" in refused.json()["error"], refused.text
@@ -178,3 +179,53 @@ async def test_a_delivery_recorded_before_a_restart_is_sent_after_it(tmp_path: P
     assert signed(secret, headers, body) and got.answered[:2] == [500, 200]
     slack = json.loads(body)
     assert set(slack) == {"text", "blocks"} and slack["text"] == "Device &lt;lab&gt; went offline"  # escaped
+
+
+async def test_a_pinned_client_connects_to_the_checked_address_with_the_url_s_host(
+        receiver: tuple[Receiver, str]) -> None:
+    """`pinned_client` reaches the address it was given for a name that resolves nowhere, with the URL's
+    Host; any other host is refused rather than looked up."""
+    from tether.server.notify.pinning import pinned_client
+
+    got, url = receiver
+    port = url.split(":")[2].split("/")[0]
+    named = f"http://hooks.rebind.invalid:{port}/hooks/x"  # .invalid never resolves: no lookup happened
+    async with pinned_client(named, "127.0.0.1", WAIT) as client:
+        answer = await client.post(named, content=b"{}")
+        async with asyncio.timeout(WAIT):
+            headers, _ = await got.got.get()
+        assert answer.status_code in (200, 500) and headers["host"] == f"hooks.rebind.invalid:{port}"
+        with pytest.raises(httpx.ConnectError, match="its own host only"):
+            await client.post(f"http://elsewhere.invalid:{port}/", content=b"{}")
+
+
+async def test_a_name_that_rebinds_to_loopback_after_the_check_is_never_reached(
+        tmp_path: Path, receiver: tuple[Receiver, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An attacker's name answers a public address to the checks (when the webhook is added, and before the
+    send) and 127.0.0.1 to any later lookup, as a DNS-rebinding server would. The send connects to the address
+    it checked: the loopback receiver gets nothing, and the name is looked up no third time."""
+    got, url = receiver
+    port = int(url.split(":")[2].split("/")[0])
+    lookups: list[str] = []
+    real = socket.getaddrinfo
+
+    def rebinding(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if (host.decode() if isinstance(host, bytes) else host) != "hooks.rebind.example":  # anyio sends bytes
+            return real(host, *args, **kwargs)
+        lookups.append("hooks.rebind.example")
+        address = "1.1.1.1" if len(lookups) <= 2 else "127.0.0.1"
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (address, port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", rebinding)
+    async with AgentServer(tmp_path, webhook_timeout=2.0, webhook_attempts=1) as server:
+        added = await server.api.post("/webhooks", json={"url": f"http://hooks.rebind.example:{port}/hooks/x"})
+        assert added.status_code == 201, added.text  # public when added
+        hook = added.json()["id"]
+        assert (await server.api.post(f"/webhooks/{hook}/test")).status_code == 202
+        async with asyncio.timeout(WAIT):  # bounded: the attempt ends in webhook_timeout at most
+            while not (rows := (await server.api.get(f"/webhooks/{hook}/deliveries")).json()) \
+                    or rows[0]["status"] == "pending":
+                await asyncio.sleep(0.05)
+    assert rows[0]["status"] == "failed" and rows[0]["last_status"] is None, rows
+    assert lookups == ["hooks.rebind.example"] * 2  # the check when added, the check before the send: no third
+    assert got.got.empty() and got.answered == []  # the loopback receiver was never reached

@@ -10,7 +10,9 @@ module holds one virtual keyboard and pointer from before the program starts.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -156,3 +158,55 @@ def test_the_tools_refuse_a_wayland_session_they_do_not_drive(sway: tuple[dict[s
     monkeypatch.delenv("SWAYSOCK")
     with pytest.raises(MissingDependency, match=r"it offers screenshots, keyboard input, pointer input.*not sway"):
         desktop_toolset()
+
+
+async def test_a_sandboxed_launch_reaches_sway_and_its_window_is_reported(
+        sway: tuple[dict[str, str], str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """launch_application on a sway session: the program, confined, reaches the compositor's socket (and no
+    other), and its window is found through sway's tree by the program's pid."""
+    import tempfile
+
+    from tether.device.local import build_device
+    from tether.tools.policy.model import policy_from_mapping
+    from tether.tools.system.tool import system_toolset
+
+    env, _bus, _tmp = sway
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("DISPLAY", raising=False)
+    home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-wl-home-")).resolve()
+    monkeypatch.setenv("HOME", str(home))
+    state = home / ".local/state/tether"
+    state.mkdir(parents=True)
+    # the compositor runs as `nobody` here (sway refuses root), its runtime folder closed to others; on a
+    # desktop the device and the compositor are one user: open the way to the socket to stand for that
+    os.chmod(env["XDG_RUNTIME_DIR"], 0o711)
+    os.chmod(os.path.join(env["XDG_RUNTIME_DIR"], env["WAYLAND_DISPLAY"]), 0o777)
+    out = home / "launched"
+    out.mkdir()
+    log = out / "events.jsonl"
+    device = build_device(policy=policy_from_mapping({
+        "commands": {"python3": {}}, "require_sandbox": True,
+        "read_roots": [str(GTK_APP.parent), str(log.parent)], "live_write_roots": [str(log.parent)]}),
+        state_dir=state, sandbox=True)
+    assert device.context.sandbox is not None, "no sandbox was made here (see the log for why)"
+    title = "Launched On Sway"
+    pid = 0
+    try:
+        result = await system_toolset().call("launch_application", {
+            "app_name": SYSTEM_PYTHON, "args": [str(GTK_APP), str(log), "--title", title],
+            "cwd": str(log.parent), "waitForWindowMs": 20000}, device.context)
+        assert result.ok, result
+        pid = result.result["pid"]
+        window = result.result["window"]
+        assert result.result["sandbox"] != "none" and window is not None, result.result
+        assert window["title"] == title and window["matched_by"] in ("pid", "new window"), window
+        system = system_toolset()
+        closed = await system.call("close_application", {"pid": pid}, device.context)
+        assert closed.ok and pid in closed.result["closed"], closed
+    finally:
+        if pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        await device.aclose()
+        shutil.rmtree(home, ignore_errors=True)

@@ -332,10 +332,13 @@ def test_docs_and_redoc_come_from_packaged_assets(browser: object, cluster: Clus
     context = browser.new_context()  # type: ignore[attr-defined]
     page = context.new_page()
     outside: list[str] = []
-    # ReDoc's footer asks for a logo on its CDN; the page's Content-Security-Policy blocks it, so no
-    # answer from outside may ever arrive (a fetch that succeeded would show here as a response)
-    page.on("response", lambda r: outside.append(r.url) if not r.url.startswith(
+    errors: list[str] = []
+    # nothing is asked from outside (ReDoc's footer logo once was, from its CDN: blocked by the page's
+    # Content-Security-Policy, a console error), and no console error either
+    page.on("request", lambda r: outside.append(r.url) if not r.url.startswith(
         (f"http://127.0.0.1:{cluster.port}/", "data:", "blob:")) else None)
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("response", lambda r: errors.append(f"{r.status} {r.url}") if r.status >= 400 else None)
     page.goto(f"http://127.0.0.1:{cluster.port}/docs")
     expect(page.get_by_role("button", name="Authorize")).to_be_visible(timeout=WAIT_MS)
     answer = page.goto(f"http://127.0.0.1:{cluster.port}/redoc")
@@ -343,6 +346,7 @@ def test_docs_and_redoc_come_from_packaged_assets(browser: object, cluster: Clus
     expect(page.get_by_text("tether agent server").first).to_be_visible(timeout=WAIT_MS)
     context.close()
     assert not outside, f"fetched from outside the server: {outside}"
+    assert not errors, f"console errors on /docs or /redoc: {errors}"
     document = httpx.get(f"http://127.0.0.1:{cluster.port}/openapi.json", timeout=30).json()
     assert document["components"]["securitySchemes"]["bearer"] == {
         "type": "http", "scheme": "bearer", "description": "an API token (tether token create --api)"}

@@ -24,11 +24,11 @@ def cluster(tmp_path) -> Iterator[Cluster]:
 def test_approve_a_pairing_device_from_the_dashboard(browser: object, cluster: Cluster) -> None:  # noqa: F811
     from playwright.sync_api import expect
 
-    device = cluster.start(["device", "--server", f"ws://127.0.0.1:{cluster.port}", "--pair", "--name", "kiosk",
-                            "--state-dir", str(cluster.state / "kiosk")], "kiosk")
-    code, fingerprint = wait_for(lambda: CODE.search(device.output()), "pairing code", 60, (device.popen,)).groups()
-    admin = Dash(browser, cluster, cluster.api_token)
+    admin = Dash(browser, cluster, cluster.api_token)  # open before the device asks: the request shows live
     try:
+        device = cluster.start(["device", "--server", f"ws://127.0.0.1:{cluster.port}", "--pair", "--name", "kiosk",
+                                "--state-dir", str(cluster.state / "kiosk")], "kiosk")
+        code, fingerprint = wait_for(lambda: CODE.search(device.output()), "pairing code", 60, (device.popen,)).groups()
         request = admin.page.locator(f'tr[data-pairing="{code}"]')
         expect(request).to_contain_text(fingerprint)
         request.get_by_label(f"name for {code}").fill("kiosk-1")

@@ -10,11 +10,11 @@ from fastapi import FastAPI
 from tether.agent.llm.chat import LLMClient, LLMSettings
 from tether.agent.llm.sampling import DeviceSampler
 from tether.agent.run.task import Budgets
-from tether.agent.tasks.inbox import inbox_router
-from tether.agent.tasks.mcp_tools import task_tools
+from tether.agent.tasks.api.inbox import inbox_router
+from tether.agent.tasks.api.mcp_tools import task_tools
+from tether.agent.tasks.api.task_api import router, task_error
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.agent.tasks.store import TaskStore
-from tether.agent.tasks.task_api import router, task_error
 from tether.server.http.app import Extension, create_app
 from tether.server.mcp.contributed import contribute
 from tether.server.settings import ServerSettings

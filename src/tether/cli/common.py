@@ -148,7 +148,7 @@ tools_app = typer.Typer(invoke_without_command=True, help="List tools, or serve 
 token_app = typer.Typer(no_args_is_help=True, help="Create, list and revoke device and API tokens.")
 mcp_app = typer.Typer(no_args_is_help=True,
                       help="MCP: plug a server's fleet into an MCP client, or serve this machine's tools.")
-# `tether server`, `tether device` and `tether devices` run (or list) by themselves (cli/commands/setup/server.py)
+# `tether server`, `tether device` and `tether devices` run (or list) by themselves (cli/commands/setup/)
 # and also have sub-commands (install, uninstall, status: commands/setup/systemd.py; pending, approve, refuse:
 # commands/fleet/pairing.py)
 server_app = typer.Typer(help="Start the agent server, or install it as a service.")

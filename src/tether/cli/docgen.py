@@ -34,7 +34,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("Where the device connects (`server:`)", "tether.device.config:ServerEndpoint", "server.",
             "Read by `tether device`. A token belongs in `token_file` (or `TETHER_DEVICE_TOKEN`), "
             "never on a command line."),
-    Section("An MCP server entry (`mcp:`)", "tether.device.mcp.server_config:MCPServerConfig",
+    Section("An MCP server entry (`mcp:`)", "tether.device.mcp.config.server_config:MCPServerConfig",
             "mcp.<agent>.<root>.action[].",
             "Each agent's roots list their MCP servers under `action` or `data_collection` (the `default` root "
             "is used when a root is not named). The same keys in `mcpServers:` (the Claude Desktop / Cursor "

@@ -68,7 +68,7 @@ COMMANDS: dict[str, Lazy] = {
                  "Put back the files that a session's commands changed (a local task's id is its session)."),
     "sessions": Lazy(("tasks.journal",),
                      "List the sessions that have journaled file changes (what `undo` can put back)."),
-    "devices": Lazy(("setup.server", "fleet.pairing", "fleet.fleet"),
+    "devices": Lazy(("setup.devices", "fleet.pairing", "fleet.fleet"),
                     "Show the server's devices, and let pairing devices in."),
     "policy": Lazy(("fleet.policy",), "Show or change a device's policy through the server."),
     "audit": Lazy(("fleet.audit",),
@@ -83,9 +83,9 @@ COMMANDS: dict[str, Lazy] = {
                "the receiver's policy (approvals, undo journal)."),
     "tools": Lazy(("fleet.tools",), "List tools, or serve a built-in tool set over MCP."),
     "server": Lazy(("setup.server", "setup.systemd"), "Start the agent server, or install it as a service."),
-    "device": Lazy(("setup.server", "setup.systemd"),
+    "device": Lazy(("setup.device", "setup.systemd"),
                    "Connect this machine to a server as a device, or install it as a service."),
-    "token": Lazy(("setup.server",), "Create, list and revoke device and API tokens."),
+    "token": Lazy(("setup.token",), "Create, list and revoke device and API tokens."),
     "mcp": Lazy(("setup.mcp_*",), "MCP: plug a server's fleet into an MCP client, or serve this machine's tools."),
 }
 

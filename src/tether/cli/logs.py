@@ -50,5 +50,10 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(numeric)
+    # no record carries its thread, process or the line that logged it: neither format shows them, and the
+    # caller is found by walking the stack on every line (a device logs one per command): the switches the
+    # logging HOWTO's "Optimization" section gives for this
+    logging.logThreads = logging.logProcesses = logging.logMultiprocessing = False
+    logging._srcfile = None
     for noisy in ("httpx", "httpcore", "websockets"):  # their info lines are per request: keep them quiet
         logging.getLogger(noisy).setLevel(max(numeric, logging.WARNING))

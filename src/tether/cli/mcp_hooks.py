@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from tether.device.mcp.client_caps import (
+from tether.device.mcp.client.client_caps import (
     ElicitationAnswer,
     ElicitationRequest,
     MCPClientHooks,

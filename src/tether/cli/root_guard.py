@@ -1,5 +1,5 @@
 """`--allow-root` for the commands that run a device in this process (`tether exec`, `tether run`);
-`tether device` has its own (cli/commands/setup/server.py). See tether.device.root and docs/security/root.md."""
+`tether device` has its own (cli/commands/setup/device.py). See tether.device.root and docs/security/root.md."""
 
 from __future__ import annotations
 

@@ -24,6 +24,7 @@ from tether.client.responses import (
     TaskEnd,
     TaskSummary,
 )
+from tether.client.saved import find_token
 from tether.client.sse import aiter_sse
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
@@ -46,7 +47,7 @@ class AsyncClient:
         self.base_url = calls.base_url(base_url)
         self.timeout = timeout
         self._pin = normalize_fingerprint(pin) if pin else None
-        self._token = token
+        self._token = find_token(token)
         self._verify = calls.verify_context(verify)
         self._hints = Hints(self.base_url)  # a cluster's X-Tether-Holder: the node holding a device
         self._http: httpx.AsyncClient | None = None

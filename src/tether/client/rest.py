@@ -14,30 +14,15 @@ from typing import Any
 import httpx
 
 from tether.client.hints import Hints
+from tether.client.saved import find_token
+from tether.client.saved import saved_token as saved_token  # re-exported: the CLI imports them from here
+from tether.client.saved import token_file_path as token_file_path
 from tether.client.sse import iter_sse
 from tether.errors import ClientError
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
 
 DEFAULT_SERVER = "http://127.0.0.1:8765"
-
-
-def token_file_path() -> str:
-    """Where the CLI keeps a person's API token (`tether token create --admin` writes it, mode 0600):
-    $TETHER_TOKEN_FILE, else $XDG_CONFIG_HOME/tether/token (~/.config/tether/token)."""
-    if os.environ.get("TETHER_TOKEN_FILE"):
-        return os.path.expanduser(os.environ["TETHER_TOKEN_FILE"])
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
-    return os.path.join(base, "tether", "token")
-
-
-def saved_token() -> str | None:
-    """The token in `token_file_path()`, or None when there is no such file (or it cannot be read)."""
-    try:
-        with open(token_file_path(), encoding="utf-8") as file:
-            return file.read().strip() or None
-    except OSError:
-        return None
 
 
 class RemoteError(ClientError, RuntimeError):
@@ -55,7 +40,7 @@ class RemoteServer:
         self.base_url = (base_url or os.environ.get("TETHER_SERVER") or DEFAULT_SERVER).rstrip("/")
         if self.base_url.startswith(("ws://", "wss://")):
             self.base_url = "http" + self.base_url[2:].removesuffix("/aip")
-        self.token = token or os.environ.get("TETHER_TOKEN") or saved_token()
+        self.token = find_token(token)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         ca = ca_file or os.environ.get("TETHER_CA_FILE")
         verify: Any = ssl.create_default_context(cafile=ca) if ca else True

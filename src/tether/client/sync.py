@@ -24,6 +24,7 @@ from tether.client.responses import (
     TaskEnd,
     TaskSummary,
 )
+from tether.client.saved import find_token
 from tether.client.sse import iter_sse
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
@@ -39,9 +40,11 @@ class Client:
     approvals, audit.
 
     `base_url` is the server (`http://127.0.0.1:8765`; a device's `ws://…/aip` works too); `token` an API
-    token, sent in the `Authorization` header. `timeout` (seconds) bounds every call that has no timeout
-    of its own. TLS: `verify` is True (the system's CAs), a CA file path, an `ssl.SSLContext`, or False;
-    `pin` a SHA-256 certificate fingerprint to trust instead (the one certificate, host name unchecked).
+    token, sent in the `Authorization` header (left out: $TETHER_TOKEN, else the token `tether token create
+    --admin` saved, `~/.config/tether/token` or $TETHER_TOKEN_FILE, as the CLI finds it). `timeout`
+    (seconds) bounds every call that has no timeout of its own. TLS: `verify` is True (the system's CAs), a
+    CA file path, an `ssl.SSLContext`, or False; `pin` a SHA-256 certificate fingerprint to trust instead
+    (the one certificate, host name unchecked).
     Use it as a context manager, or call `close()`.
 
     Every method raises `HTTPStatusError` (the server refused: `.status`, `.message`), `ConnectError`
@@ -56,7 +59,7 @@ class Client:
         self.base_url = calls.base_url(base_url)
         self.timeout = timeout
         self._pin = normalize_fingerprint(pin) if pin else None
-        self._token = token
+        self._token = find_token(token)
         self._verify = calls.verify_context(verify)
         self._hints = Hints(self.base_url)  # a cluster's X-Tether-Holder: the node holding a device
         self._http: httpx.Client | None = None

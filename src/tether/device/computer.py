@@ -23,8 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tether.device.mcp.resources import MCPResourceTools
-from tether.device.mcp.toolset_server import ToolSetServer
+from tether.device.mcp.client.resources import MCPResourceTools
+from tether.device.mcp.client.toolset_server import ToolSetServer
 from tether.protocol.models import TOOL_TYPES, Command, Result, ToolInfo, ToolType
 from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
 from tether.tools.context import ToolContext
@@ -32,8 +32,8 @@ from tether.tools.errors import NeedsApproval, ToolError
 from tether.tools.runtime import ToolSpec, build_spec, call_spec
 
 if TYPE_CHECKING:
-    from tether.device.mcp.manager import BaseMCPServer, MCPServerManager
-    from tether.device.mcp.server_config import MCPServerConfig
+    from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
+    from tether.device.mcp.config.server_config import MCPServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +219,7 @@ class Computer:
             await after.wait()
         try:
             # the SDK's import (heavy) in a thread: the device serves meanwhile
-            await asyncio.to_thread(importlib.import_module, "tether.device.mcp.external")
+            await asyncio.to_thread(importlib.import_module, "tether.device.mcp.client.external")
             by_server: dict[BaseMCPServer, list[ServerKey]] = {}
             for key, cfg in configs.items():
                 server = self._mcp_server_manager.create_or_get_server(cfg, reset=cfg.reset,

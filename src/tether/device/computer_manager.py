@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from tether.device.computer import Computer
 from tether.device.config import DEFAULT_AGENT, DeviceConfig
-from tether.device.mcp.manager import MCPServerManager
+from tether.device.mcp.client.manager import MCPServerManager
 from tether.tools.context import ToolContext
 
 logger = logging.getLogger(__name__)

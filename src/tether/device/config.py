@@ -21,7 +21,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tether import yaml12
-from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.protocol.models import TOOL_TYPES, ToolType
 
 logger = logging.getLogger(__name__)
@@ -149,7 +149,7 @@ def _builtin_entries(names: list[str]) -> list[MCPServerConfig]:
     return [MCPServerConfig(namespace=n, server_type="local", toolset=n) for n in names]
 
 
-# an entry's keys that put its tools under the policy (`tether.device.mcp.tool_rules`), as in MCPServerConfig
+# an entry's keys that put its tools under the policy (`tether.device.mcp.config.tool_rules`), as in MCPServerConfig
 _TOOL_RULE_KEYS = ("allow_tools", "deny_tools", "approve_tools", "approve_destructive", "sandbox")
 _AUTO_APPROVE_KEYS = ("autoApprove", "alwaysAllow", "auto_approve")  # Cline/Claude Code, Roo Code, tether
 # an entry's `type` (Claude Code, VS Code, Cursor; Cline's `transport`) as tether's server_type; None: by its keys

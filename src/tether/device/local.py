@@ -19,15 +19,17 @@ from tether.device.computer import Computer
 from tether.device.computer_manager import ComputerManager
 from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
-from tether.device.mcp.client_caps import ElicitationRequest, MCPClientHooks
-from tether.device.mcp.manager import MCPServerManager
+from tether.device.mcp.client.client_caps import ElicitationRequest, MCPClientHooks
+from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.root import run_as_for
 from tether.sandbox import SandboxInfo, detect
+from tether.sandbox.kept import Kept
 from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import PersonAsker, ToolContext, default_state_dir
 from tether.tools.journal import UndoJournal
 from tether.tools.policy.model import Policy, default_policy, load_policy, policy_from_mapping
 from tether.tools.sandboxing import make_sandbox
+from tether.tools.shell.egress_ask import with_grants
 
 
 @dataclass
@@ -113,12 +115,15 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
         # (as root) because that user's sandbox cannot be made, unless the policy says so explicitly
         policy = policy.model_copy(update={"require_sandbox": serving or run_as is not None})
     root = device_state_dir(config, state_dir)
+    if sandbox and policy.sandbox:  # a person's `always` egress grants, kept by an earlier run (sandbox/kept.py)
+        policy = with_grants(policy, Kept(root).grants())
     journal = UndoJournal(root)
     hidden = [str(root), *(secrets or []), *([config.source] if config.source else [])]
     # the probe's answer is kept in the state directory (hidden from sandboxed commands) for this boot
     info = sandbox if isinstance(sandbox, SandboxInfo) else (
         detect(root, run_as=run_as) if sandbox and policy.sandbox else None)
-    confined = make_sandbox(policy, hidden=hidden, info=info, run_as=run_as) if sandbox and policy.sandbox else None
+    confined = make_sandbox(policy, hidden=hidden, info=info, run_as=run_as, state_dir=root) \
+        if sandbox and policy.sandbox else None
     context = ToolContext(policy=policy, journal=journal, sandbox=confined, secrets=tuple(hidden),
                           ask_person=person_asker(mcp_hooks))
     # its sandbox confines stdio servers; the hooks answer their questions and sampling requests

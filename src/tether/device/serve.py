@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import signal
 import threading
@@ -41,8 +42,8 @@ from tether.device.link.connection import (
 from tether.device.link.device_key import load_device_key
 from tether.device.link.outbox import Outbox
 from tether.device.local import LocalDevice, build_device, device_state_dir, resolve_policy
-from tether.device.mcp.client_caps import MCPClientHooks
-from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
+from tether.device.mcp.client.client_caps import MCPClientHooks
+from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
 from tether.device.probe import collect_profile
 from tether.device.root import run_as_for
@@ -280,24 +281,46 @@ def serve_device(server_url: str | Sequence[str] | None = None, *, token: str,
                  ca_file: str | None = None, tls_fingerprint: str | None = None, tags: Sequence[str] = (),
                  secret_files: Sequence[str] = (), settings: LinkSettings = LinkSettings(),
                  on_state: StateHook | None = None, on_ready: Callable[[ServedDevice], None] | None = None,
-                 stop: threading.Event | None = None, handle_signals: bool = True) -> None:
+                 stop: threading.Event | None = None, handle_signals: bool = True, freeze_gc: bool = False) -> None:
     """Run this machine's device for a server until stopped; blocks (it runs its own event loop).
 
     The arguments up to `on_state` are `open_device`'s; it does not wait for a first registration: a
     server that is down is retried until it is up. `on_ready(device)` is called once the device is built,
     before it connects. It stops when `stop` (set from any thread) is set, or on SIGINT / SIGTERM when
-    `handle_signals` (only in the main thread), and returns after the device is closed.
+    `handle_signals` (only in the main thread), and returns after the device is closed. `freeze_gc`: this
+    process is the device (`tether device`): its start-up's objects are frozen at the first registration
+    (`freeze_once_registered`).
 
     Raises `DeviceSetupError` for unusable settings, `RegistrationRefused` when the server refuses the
     device for good, `RetriesExhausted` after `settings.max_attempts` failed attempts in a row."""
     asyncio.run(_serve(server_url, token=token, config=config, name=name, policy_path=policy_path,
                        state_dir=state_dir, ca_file=ca_file, tls_fingerprint=tls_fingerprint, tags=tags,
                        secret_files=secret_files, settings=settings, on_state=on_state, on_ready=on_ready,
-                       stop=stop, handle_signals=handle_signals))
+                       stop=stop, handle_signals=handle_signals, freeze_gc=freeze_gc))
+
+
+def freeze_once_registered(on_state: StateHook | None) -> StateHook:
+    """`on_state` (None: nothing) that also, at the first registration, moves every object alive then (the
+    modules, models and tool schemas of the start-up) into the collector's permanent generation
+    (`gc.freeze`): the full collections a stream of commands triggers then walk only what came after. For
+    a process that is the device (`serve_device`): the freeze is the whole process's."""
+    frozen = False
+
+    def hook(state: ConnectionState, link: DeviceConnection) -> None:
+        nonlocal frozen
+        if state == "registered" and not frozen:
+            frozen = True
+            gc.freeze()
+        if on_state is not None:
+            on_state(state, link)
+
+    return hook
 
 
 async def _serve(server_url: str | Sequence[str] | None, *, on_ready: Callable[[ServedDevice], None] | None,
-                 stop: threading.Event | None, handle_signals: bool, **options: Any) -> None:
+                 stop: threading.Event | None, handle_signals: bool, freeze_gc: bool, **options: Any) -> None:
+    if freeze_gc:
+        options["on_state"] = freeze_once_registered(options.get("on_state"))
     served = await _build(server_url, **options)
     finished = threading.Event()
     try:

@@ -35,6 +35,7 @@ from tether.sandbox.detect import SandboxInfo
 from tether.sandbox.egress.owner import children, command_holding
 from tether.sandbox.egress.proxy import Answer, AskFn, EgressProxy, EgressRecord
 from tether.sandbox.egress.rules import EgressRules
+from tether.sandbox.kept import Kept
 from tether.sandbox.layers.held import HeldLayers
 from tether.sandbox.layers.layer import discard
 from tether.sandbox.layers.session import SessionTotals
@@ -58,6 +59,12 @@ APPLIED_LOG_PATHS = 200_000
 MAX_HELD_SINCE = 256  # start times kept for layers not yet released, before those of vanished layers are pruned
 T = TypeVar("T")
 
+
+
+def _x_display(socket_path: str) -> bool:
+    """Whether a launched program's display socket is an X server's (/tmp/.X11-unix/X<n>), whose client
+    library tries an abstract address first; a Wayland compositor's is reached by its path alone."""
+    return os.path.dirname(socket_path) == "/tmp/.X11-unix"
 
 class SandboxedProcess:
     """What `tether.tools.process` needs of a process: pid, pipes, wait() and kill()."""
@@ -98,11 +105,13 @@ class Sandbox:
     """The device's sandbox: owns the warden process; closed with the device."""
 
     def __init__(self, info: SandboxInfo, spec: SandboxSpec, *, egress: EgressRules | None = None,
-                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None) -> None:
+                 ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None,
+                 state_dir: str | os.PathLike[str] | None = None) -> None:
         """`egress`: the host rules of a policy that lists hosts; the spec must then have no network
         (`network=False`), and every command's only way out is the egress proxy, which asks `ask` about
         unlisted hosts (`ask: on-miss`) and reports every connection to `audit` as well as to the log
-        and to the command's notes."""
+        and to the command's notes. `state_dir`: the device's state directory, where the sessions' totals
+        and a person's `always` grants are kept across restarts (`kept`; None: kept in memory only)."""
         if egress is not None and spec.network:
             raise ValueError("an egress proxy needs a sandbox without direct network (network=False)")
         if not info.available or not info.bwrap:
@@ -118,8 +127,16 @@ class Sandbox:
         self._layer_ids = itertools.count(1)
         self._closed = False
         self.held = HeldLayers(Path(spec.layers_dir))
-        self.sessions = SessionTotals()  # what each session's commands applied, all together (layers/session.py)
+        self.kept = None if state_dir is None else Kept(state_dir)
+        # what each session's commands applied, all together (layers/session.py), as an earlier run left it
+        self.sessions = SessionTotals(rows=self.kept.totals() if self.kept is not None else ())
+        self._keeping: asyncio.Future[None] | None = None  # the totals being written to the state directory
+        self._keep_again = False  # they changed while being written
         self._free: list[Path] = []
+        # an empty layer the warden has already mounted the next command's namespace on (`_prime`), with
+        # the request id reserved for that command; handed out first by new_layer
+        self._primed: tuple[Path, int] | None = None
+        self._reserved: dict[Path, int] = {}  # a primed layer handed out -> its reserved request id
         self._layer_of: dict[int, Path] = {}  # request id -> the layer its command mounted
         self._gone: list[Path] = []  # old overlay work directories the warden set aside, to be removed
         self._warden_host_pid: int | None = None
@@ -138,6 +155,9 @@ class Sandbox:
         # the IPC filters and resource limits (seccomp, Landlock scopes, socket masks, rlimits, /dev/shm):
         # always on for a device; bench.sandbox_filters turns them off to measure what they cost
         self.filters = True
+        # each command's namespace made ahead, on the layer its predecessor left empty (`_prime`): always on
+        # for a device; bench.sandbox_filters turns it off to measure what it saves
+        self.prime = True
         self._limits = {"limits": spec.limits.to_request(), "shm": shm_options(spec.limits)}  # the same each time
         self._pool = ThreadPoolExecutor(max_workers=CAPTURE_WORKERS, thread_name_prefix="tether-capture")
         self._since: dict[Path, tuple[int, int]] = {}  # layer -> (wall clock ns, apply seq) at its command's start
@@ -346,6 +366,12 @@ class Sandbox:
         self._waiters.clear()
         self._askers.clear()
         self._layer_of.clear()
+        if self._primed is not None:  # its namespace went with the warden; the layer is as empty as it was
+            layer, _ = self._primed
+            self._primed = None
+            self._since.pop(layer, None)
+            if len(self._free) < FREE_LAYERS:
+                self._free.append(layer)
 
     def _on_readable(self) -> None:
         sock = self._sock
@@ -407,10 +433,18 @@ class Sandbox:
         A layer a command left empty (most commands write nothing) is reused rather than made anew.
         The time it is handed out is the command's start for `layer_since` (what apply compares with).
         """
-        if self._free:
-            layer = self._free.pop()
-            self._since[layer] = (time.time_ns(), self._apply_seq)
-            return layer
+        if self._primed is not None:
+            layer, self._reserved[layer] = self._primed
+            self._primed = None
+        else:
+            layer = self._free.pop() if self._free else self._make_layer()
+        self._since[layer] = (time.time_ns(), self._apply_seq)
+        if len(self._since) > 4 * MAX_HELD_SINCE:  # held layers that expired were never released: forget them
+            for gone in [known for known in self._since if not known.exists()]:
+                del self._since[gone]
+        return layer
+
+    def _make_layer(self) -> Path:
         Path(self.spec.layers_dir).mkdir(mode=0o700, parents=True, exist_ok=True)
         base = Path(self.spec.layers_dir) / f"L{os.getpid()}-{next(self._layer_ids)}-{os.urandom(4).hex()}"
         base.mkdir(mode=0o700)
@@ -419,11 +453,35 @@ class Sandbox:
             for sub in (base / str(i), base / str(i) / "u", base / str(i) / "w"):
                 sub.mkdir()
                 self._own(sub)
-        self._since[base] = (time.time_ns(), self._apply_seq)
-        if len(self._since) > 4 * MAX_HELD_SINCE:  # held layers that expired were never released: forget them
-            for gone in [known for known in self._since if not known.exists()]:
-                del self._since[gone]
         return base
+
+    def _prime(self, layer: Path) -> None:
+        """Have the warden make the next command's namespace on the empty `layer` now, between commands
+        (warden `_primed`): that command's request then only hands it the program and stdio. A command
+        whose mounts differ (another socket list, a changed live root) gets a namespace of its own, as
+        before; the primed one is dropped."""
+        request_id = next(self._ids)
+        try:
+            self._send({"op": "prime", "id": request_id, **self._mounts(layer)})
+        except (OSError, SandboxUnavailable):
+            if len(self._free) < FREE_LAYERS:
+                self._free.append(layer)
+            return
+        self._primed = (layer, request_id)
+
+    def _mounts(self, layer: Path | None, display: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The part of a `run` request that decides the command's mounts (warden `PRIMED_BY`), and its IPC
+        filters and limits."""
+        # live roots are written directly: hidden and protected paths there stay uncreatable
+        guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
+                          self.spec.protected_names, depth=1) if self.spec.live_write_roots else _NO_LIVE
+        return {"hidden": [*self.spec.hidden],
+                "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
+                         if self.spec.run_as is None or self.spec.run_as.reaches(root)],
+                "layers_dir": self.spec.layers_dir,
+                "freeze": guard.freeze, "readonly": guard.readonly,
+                "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
+                **self._ipc_and_limits(display)}
 
     def layer_since(self, layer: Path) -> int:
         """When the command writing into `layer` started (wall clock, ns); 0 if unknown."""
@@ -433,6 +491,7 @@ class Sandbox:
         """An apply of this device made changes at `paths` (`deleted`: the ones it removed, trees included).
         Call on the event loop."""
         self._apply_seq += 1
+        self._keep_totals()
         entry = (self._apply_seq, frozenset(paths), frozenset(deleted))
         self._applied.append(entry)
         self._applied_paths += len(entry[1])
@@ -440,6 +499,26 @@ class Sandbox:
             seq, old, _ = self._applied.popleft()
             self._applied_paths -= len(old)
             self._forgotten = seq
+
+    def _keep_totals(self) -> None:
+        """Write the sessions' totals to the state directory on the worker pool, one write at a time (a
+        change made meanwhile is written once that one ends). Call on the event loop."""
+        if self.kept is None or self._closed:
+            return
+        if self._keeping is not None:
+            self._keep_again = True
+            return
+        self._keeping = self.submit(self.kept.keep_totals, self.sessions.snapshot())
+
+        def done(future: asyncio.Future[None]) -> None:
+            self._keeping = None
+            if not future.cancelled() and future.exception() is not None:
+                logger.warning("could not keep the sessions' totals: %s", future.exception())
+            if self._keep_again:
+                self._keep_again = False
+                self._keep_totals()
+
+        self._keeping.add_done_callback(done)
 
     def applied_since(self, layer: Path) -> list[tuple[frozenset[str], frozenset[str]]] | None:
         """(paths, deleted) of each apply of this device made after `layer`'s command started; None
@@ -464,11 +543,21 @@ class Sandbox:
         if run_as is not None:
             os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
 
-    def release(self, layer: Path) -> None:
-        """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path."""
+    def layer_empty(self, layer: Path) -> bool:
+        """Whether the command that wrote into `layer` left nothing there (`layer_empty`, on the loop: an
+        empty layer is one directory read per write root; a written one stops at its first entry)."""
+        return layer_empty(layer, self.spec.write_roots, self.spec.hidden)
+
+    def release(self, layer: Path, *, empty: bool = False) -> None:
+        """Done with a layer: an empty one goes back to the pool, any other is removed off the hot path.
+        `empty`: the caller has just found it empty (`layer_empty`), so it is not read again."""
         self._since.pop(layer, None)
-        if len(self._free) < FREE_LAYERS and layer_empty(layer, self.spec.write_roots, self.spec.hidden):
-            self._free.append(layer)
+        self._reserved.pop(layer, None)
+        if len(self._free) < FREE_LAYERS and (empty or self.layer_empty(layer)):
+            if self.prime and self._primed is None and self._sock is not None and not self._closed:
+                self._prime(layer)
+            else:
+                self._free.append(layer)
             return
         if self._closed:
             discard(layer)  # the device is stopping: nothing else to serve
@@ -479,7 +568,7 @@ class Sandbox:
 
     def _sweep(self, request_id: int) -> None:
         """The command's namespace is gone: the work directories of its layer's previous use, which it set
-        aside (warden `_set_aside`), are removed in batches off the event loop."""
+        aside (`mounts.set_aside`), are removed in batches off the event loop."""
         layer = self._layer_of.pop(request_id, None)
         if layer is None:
             return
@@ -531,31 +620,22 @@ class Sandbox:
             out_r, out_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
             err_r, err_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
             to_close += [in_r, out_w, err_w]
-            request_id = next(self._ids)
+            request_id = (self._reserved.pop(layer, None) if layer is not None else None) or next(self._ids)
             started: asyncio.Future[int] = loop.create_future()
             exited: asyncio.Future[int] = loop.create_future()
             self._waiters[request_id] = (started, exited)
             if ask is not None:
                 self._askers[request_id] = ask
-            hidden = [*self.spec.hidden]
-            # live roots are written directly: hidden and protected paths there stay uncreatable
-            guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
-                              self.spec.protected_names, depth=1) if self.spec.live_write_roots else _NO_LIVE
-            message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env, "hidden": hidden,
-                       "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
-                                if self.spec.run_as is None or self.spec.run_as.reaches(root)],
-                       "layers_dir": self.spec.layers_dir,
-                       "freeze": guard.freeze, "readonly": guard.readonly,
-                       "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
+            message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env,
                        "landlock": self.info.landlock,
                        # a script runs by its real path (outside the writable roots, resolved here), so
                        # its interpreter and the script itself find what lies beside it (npm, shims...)
                        "exec_path": exec_path,
                        "writable": [*(self.spec.write_roots if layer is not None else ()),
                                     *self.spec.live_write_roots, "/dev"],
-                       **self._ipc_and_limits((display_socket,) if display_socket else ())}
-            if display_socket and message.get("filters") is not False:
-                message["display"] = True
+                       **self._mounts(layer, (display_socket,) if display_socket else ())}
+            if display_socket and message.get("filters") is not False and _x_display(display_socket):
+                message["display"] = True  # libxcb's abstract-address-first connect (seccomp.program)
             if "limits" in message and processes != message["limits"].get("processes"):  # a session's share
                 message["limits"] = {**message["limits"], "processes": processes}
             if self.egress is not None:
@@ -628,6 +708,12 @@ class Sandbox:
                 await asyncio.wait_for(proc.wait(), START_TIMEOUT_S)
         if self._removing:
             await asyncio.gather(*self._removing, return_exceptions=True)
+        if self._keeping is not None:
+            await asyncio.gather(self._keeping, return_exceptions=True)
+        if self.kept is not None and self._keep_again:  # changed during the last write: the final state
+            self._keep_again = False
+            with contextlib.suppress(Exception):
+                await self.offload(self.kept.keep_totals, self.sessions.snapshot())
         self._free.clear()
         with contextlib.suppress(RuntimeError):  # closed twice: the pool is already shut down
             await self.offload(self._discard_layers)
@@ -643,8 +729,9 @@ class Sandbox:
 
 
 def _remove_all(paths: list[Path]) -> None:
-    """Remove directories an overlay left (its work directories are mode 000: opened up on the way down)."""
-    for path in paths:
+    """Remove directories an overlay left (its work directories are mode 000: opened up on the way down),
+    with the `<name>-<n>` ones set aside beside them (`mounts.set_aside`)."""
+    for path in [*paths, *(aside for named in paths for aside in named.parent.glob(f"{named.name}-*"))]:
         if not path.exists():
             continue
         with contextlib.suppress(OSError):
@@ -659,7 +746,7 @@ def _remove_all(paths: list[Path]) -> None:
 def layer_empty(layer: Path, roots: int | tuple[str, ...], hidden: tuple[str, ...] = ()) -> bool:
     """Whether the command wrote nothing, checked without a scan: its upper directories are empty, or
     (given the roots by path and the hidden paths) hold nothing but the whiteouts the warden planted over
-    hidden paths and the directories above them (`warden.plant_whiteouts`)."""
+    hidden paths and the directories above them (`mounts.plant_whiteouts`)."""
     count = roots if isinstance(roots, int) else len(roots)
     try:
         if not hidden or isinstance(roots, int):

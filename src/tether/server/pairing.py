@@ -27,6 +27,7 @@ import json
 import secrets
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +79,14 @@ def normalize_code(code: str) -> str:
 class PairingBook:
     """Pairing requests, their decisions and the handing over of tokens (see the module's docstring)."""
 
-    def __init__(self, store: Store, limits: PairingLimits | None = None) -> None:
+    def __init__(self, store: Store, limits: PairingLimits | None = None,
+                 on_change: Callable[[], None] | None = None) -> None:
+        """`on_change` is called after a request arrives or is decided (the dashboard's fleet stream wakes on it);
+        `version` counts those changes."""
         self.store = store
         self.limits = limits or PairingLimits()
+        self.version = 0
+        self._on_change = on_change
         self._recent: dict[str, deque[float]] = {}  # address -> times of its recent requests
         self._secrets: dict[str, tuple[str, str]] = {}  # code -> (token secret, token id), approved, not claimed
         self._waiters: dict[str, _Waiters] = {}
@@ -116,6 +122,7 @@ class PairingBook:
         expires = now + self.limits.ttl
         self.store.pairing.add(code, key_print, public_key, address, (name or "")[:128] or None,
                                (platform or "")[:64] or None, now, expires)
+        self._changed()
         return {"code": code, "fingerprint": key_print, "expires_at": expires}
 
     def _rate_limit(self, address: str, now: float) -> None:
@@ -216,6 +223,7 @@ class PairingBook:
         set_device_key(self.store, device_name, row["public_key"], f"pairing {code} by {by}")
         self._secrets[code] = (secret, info.id)
         self._wake(code)
+        self._changed()
         return {"code": code, "name": device_name, "tags": tags, "token_id": info.id, "fingerprint": row["fingerprint"],
                 "replaced": taken is not None, "revoked_tokens": replaced}
 
@@ -226,7 +234,13 @@ class PairingBook:
             raise PairingError(409, f"pairing request {code} is already {row['status']}")
         self.store.pairing.refuse(code, by)
         self._wake(code)
+        self._changed()
         return {"code": code, "status": REFUSED}
+
+    def _changed(self) -> None:
+        self.version += 1
+        if self._on_change is not None:
+            self._on_change()
 
     def _wake(self, code: str) -> None:
         waiter = self._waiters.pop(code, None)

@@ -110,11 +110,12 @@ def follow_network(sandbox: Sandbox | None, policy: Policy) -> None:
 
 def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInfo | None = None,
                  ask: AskFn | None = None, audit: Callable[[EgressRecord, str], None] | None = None,
-                 run_as: RunAs | None = None) -> Sandbox | None:
+                 run_as: RunAs | None = None, state_dir: str | os.PathLike[str] | None = None) -> Sandbox | None:
     """The device's sandbox, or None (with the reason logged) where none can be made here.
 
     `run_as`: the unprivileged user a root device starts its sandboxes as (docs/security/root.md); `info`
-    must then be a probe made as that user.
+    must then be a probe made as that user. `state_dir`: where the sandbox keeps what must outlive a
+    restart (`tether.sandbox.kept`: a person's `always` grants, the sessions' totals).
 
     A policy that lists hosts gets the egress proxy: `ask` answers `ask: on-miss` (without it an
     unlisted host is refused), `audit` sees every connection (see `Sandbox`)."""
@@ -128,4 +129,4 @@ def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInf
                        "(set TETHER_SANDBOX_LAYERS)")
         return None
     return Sandbox(info, sandbox_spec(policy, hidden=hidden, layers=layers, run_as=run_as),
-                   egress=egress_rules(policy), ask=ask, audit=audit)
+                   egress=egress_rules(policy), ask=ask, audit=audit, state_dir=state_dir)

@@ -64,7 +64,7 @@ from tether.device.link.reconnect import (
     retry_after_of,
 )
 from tether.device.link.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
-from tether.device.mcp.elicit import RemoteQuestions, RemoteSampler
+from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
 from tether.errors import DeviceError
 from tether.protocol.codec import FrameError, HeartbeatFrame, encode
@@ -183,7 +183,7 @@ class ServerTrust:
 class LinkHooks:
     """Who a `DeviceConnection` tells and asks: `on_state(state, connection)` hears each state change;
     `policy` answers the server's POLICY_REQUEST / POLICY_SET (None: refused); `questions` and `sampler`
-    receive the answers to external MCP servers' questions and sampling requests (`tether.device.mcp.elicit`;
+    receive the answers to external MCP servers' questions and sampling requests (`tether.device.mcp.client.elicit`;
     None: such answers are dropped)."""
 
     on_state: StateHook | None = None

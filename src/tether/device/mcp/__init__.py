@@ -1,1 +1,2 @@
-"""The MCP servers a device calls (built-in tool sets, external servers) and the device as an MCP server."""
+"""The MCP servers a device calls (`client`: built-in tool sets, external servers), how its config describes
+them (`config`), and the device as an MCP server (`device_server`)."""

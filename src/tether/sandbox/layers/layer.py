@@ -241,7 +241,7 @@ def scan(layer: Path, roots: tuple[str, ...], hidden: tuple[str, ...] = (), *, s
          limits: LayerLimits = LayerLimits()) -> list[Change]:
     """Every change the command made under `roots`, parents before children; renames paired up.
 
-    A whiteout at a `hidden` path is the warden's (`warden.plant_whiteouts`), never a deletion.
+    A whiteout at a `hidden` path is the warden's (`mounts.plant_whiteouts`), never a deletion.
     `since_ns`: when the command started (`time.time_ns()` before it ran), kept in each change for
     `conflicts`. Over `limits`, `LayerLimit` at once (the scan stops there; nothing is applied).
     """

@@ -60,9 +60,13 @@ def measure(changes: Iterable[Counted]) -> tuple[int, int]:
 class SessionTotals:
     """Files created and bytes written per session id, reserved before an apply and given back if it fails."""
 
-    def __init__(self, kept: int = SESSIONS_KEPT) -> None:
+    def __init__(self, kept: int = SESSIONS_KEPT, rows: Iterable[tuple[str, int, int]] = ()) -> None:
+        """`rows`: the totals an earlier run kept (`snapshot`), least recently used first."""
         self.kept = kept
-        self._totals: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._totals: OrderedDict[str, tuple[int, int]] = OrderedDict(
+            (session, (max(0, files), max(0, written))) for session, files, written in rows)
+        while len(self._totals) > kept:
+            self._totals.popitem(last=False)
         self._running: dict[str, int] = {}  # session -> process caps its running sandboxed processes hold
 
     def take_processes(self, session: str | None, wanted: int, total: int) -> int:
@@ -113,6 +117,10 @@ class SessionTotals:
         self._totals.move_to_end(session)
         while len(self._totals) > self.kept:
             self._totals.popitem(last=False)
+
+    def snapshot(self) -> list[tuple[str, int, int]]:
+        """Every session's totals as rows (session, files, bytes), least recently used first."""
+        return [(session, files, written) for session, (files, written) in self._totals.items()]
 
     def refund(self, session: str | None, files: int, written: int) -> None:
         """Give back a reservation whose apply did not happen."""

@@ -24,14 +24,14 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from tether.server.notify.messages import TEST_EVENT, render
+from tether.server.notify.pinning import pinned_client
 from tether.server.notify.signing import SIGNATURE_HEADER, TIMESTAMP_HEADER, sign
-from tether.server.notify.urls import WebhookRefused, check_webhook_url, redact
+from tether.server.notify.urls import WebhookRefused, redact, resolve_webhook
 from tether.server.store import Store, StoreUnavailable
 from tether.server.store.webhooks import DELIVERED, FAILED, PENDING
 from tether.version import __version__
 
 if TYPE_CHECKING:
-    import httpx
 
     from tether.server.settings import ServerSettings
 
@@ -80,16 +80,12 @@ class Notifier:
         self.changes = Changes()
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
-        self._client: httpx.AsyncClient | None = None
 
     async def start(self) -> None:
         """Write the configured webhooks into the store and start sending (what a restart left pending too)."""
-        import httpx
 
         self.store.webhooks.replace_config([
             (hook.id, hook.url, hook.secret, list(hook.events), hook.format) for hook in self.settings.webhooks])
-        self._client = httpx.AsyncClient(timeout=httpx.Timeout(self.settings.webhook_timeout),
-                                         follow_redirects=False, trust_env=False)
         self._sender = asyncio.create_task(self._send_forever(), name="tether-webhooks")
 
     async def aclose(self) -> None:
@@ -98,8 +94,6 @@ class Notifier:
             self._sender.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sender
-        if self._client is not None:
-            await self._client.aclose()
 
     # -- who hears of what ---------------------------------------------------------------------------
 
@@ -186,18 +180,20 @@ class Notifier:
     async def _send(self, row: Any) -> None:
         hook = self.store.webhooks.get(row["webhook_id"])
         secret = self.store.webhooks.secret(row["webhook_id"])
-        if hook is None or secret is None or self._client is None:
+        if hook is None or secret is None or self._sender is None:
             return  # removed since: its deliveries went with it
         url, attempts = str(hook["url"]), int(row["attempts"]) + 1
         status: int | None = None
         try:
-            await check_webhook_url(url, self.settings.webhook_allow_private)
+            # resolved and checked once; the connection goes to that address (no second lookup to rebind)
+            address = await resolve_webhook(url, self.settings.webhook_allow_private)
             body = str(row["body"]).encode()
             stamp = str(int(time.time()))
-            answer = await self._client.post(url, content=body, headers={
-                "Content-Type": "application/json", "User-Agent": f"tether/{__version__}",
-                "X-Tether-Event": str(row["event"]), "X-Tether-Delivery": str(row["id"]),
-                TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: sign(secret, stamp, body)})
+            async with pinned_client(url, address, self.settings.webhook_timeout) as client:
+                answer = await client.post(url, content=body, headers={
+                    "Content-Type": "application/json", "User-Agent": f"tether/{__version__}",
+                    "X-Tether-Event": str(row["event"]), "X-Tether-Delivery": str(row["id"]),
+                    TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: sign(secret, stamp, body)})
             status = answer.status_code
             if 200 <= status < 300:
                 self.store.webhooks.settle(row["id"], DELIVERED, attempts, time.time(), status, None)

@@ -51,28 +51,40 @@ def private_reason(address: str) -> str | None:
                        ("private", ip.is_private), ("reserved", ip.is_reserved)):
         if flag:
             return kind
-    return None
+    return None if ip.is_global else "non-global"  # shared address space (100.64.0.0/10, carrier NAT) and the like
 
 
-async def check_webhook_url(url: str, allow_private: bool) -> None:
-    """`WebhookRefused` unless `url` is http(s) and, unless `allow_private`, every address its host resolves
-    to is public. Checked when a webhook is added and again before every send (a name may change its
-    address)."""
+async def resolve_webhook(url: str, allow_private: bool) -> str:
+    """The one IP address a send to `url` connects to: its host's first address (an IP literal is itself).
+    `WebhookRefused` when the URL is not http(s) (400), its host does not resolve (404), or, unless
+    `allow_private`, any address it resolves to is not public (403)."""
     _, host, port = parse_webhook_url(url)
-    if allow_private:
-        return
     try:
         infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except UnicodeError:  # a label over 63 characters, or one IDNA cannot encode
         raise WebhookRefused(f"{host[:80]!r} is not a host name", 400) from None
     except OSError as exc:
         raise WebhookRefused(f"cannot resolve {host}: {exc.strerror or exc}", 404) from None
-    for info in infos:
-        reason = private_reason(str(info[4][0]))
-        if reason is not None:
-            raise WebhookRefused(f"{host} resolves to {info[4][0]}, a {reason} address: webhooks go to public "
-                                 "addresses unless the server's webhook_allow_private setting is on "
-                                 "(`tether server --set webhook_allow_private=true`)", 403)
+    addresses = [str(info[4][0]) for info in infos]
+    if not addresses:
+        raise WebhookRefused(f"cannot resolve {host}: no address", 404)
+    if not allow_private:
+        for address in addresses:
+            reason = private_reason(address)
+            if reason is not None:
+                raise WebhookRefused(f"{host} resolves to {address}, a {reason} address: webhooks go to public "
+                                     "addresses unless the server's webhook_allow_private setting is on "
+                                     "(`tether server --set webhook_allow_private=true`)", 403)
+    return addresses[0]
+
+
+async def check_webhook_url(url: str, allow_private: bool) -> None:
+    """`WebhookRefused` unless `url` is http(s) and, unless `allow_private`, every address its host resolves
+    to is public (`resolve_webhook`). Checked when a webhook is added; a send resolves once more and connects
+    to the address it checked (`pinning.pinned_client`)."""
+    parse_webhook_url(url)
+    if not allow_private:
+        await resolve_webhook(url, allow_private)
 
 
 def redact(url: str) -> str:

@@ -1,6 +1,6 @@
 """The `tasks` table (each task stored whole as its JSON) and the `task_leases` table (which server node
 runs each unfinished task), on a connection of their own: the agent's task store (`tether.agent.tasks.store`)
-and its task leases (`tether.agent.tasks.ownership`) run their statements here.
+and its task leases (`tether.agent.tasks.cluster.ownership`) run their statements here.
 
 A task is small and always read whole (its log is its record), so a row per task with the serialized
 task is simpler than a table per part and keeps every field the executor adds.
@@ -131,7 +131,7 @@ class TaskTable:
                                       tuple(ended)).fetchall()
         return [row[0] for row in rows]
 
-    # -- task leases (tether.agent.tasks.ownership) ------------------------------------------------------
+    # -- task leases (tether.agent.tasks.cluster.ownership) ------------------------------------------------------
 
     def create_leases(self) -> None:
         """Create the `task_leases` table on this connection, if it is not there."""

@@ -132,7 +132,8 @@ async def parse_plan(body: PlanText, _: Annotated[TokenInfo, Depends(require("re
 @web_router.get("/web/fleet")
 async def fleet(request: Request, who: Annotated[TokenInfo, Depends(require("read"))]) -> StreamingResponse:
     """Server-sent events: `devices` (every row) first, then `device` with each row that changed,
-    woken by the registry's change signal (no polling); only the devices the token reaches."""
+    woken by the registry's change signal (no polling); only the devices the token reaches. An admin reaching
+    every device also gets `pairing` (`{"version"}`) whenever a pairing request arrives or is decided."""
     return StreamingResponse(_fleet_stream(request, who), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -145,6 +146,9 @@ def _key(record: Any) -> tuple[Any, ...]:
 
 async def _fleet_stream(request: Request, who: TokenInfo) -> AsyncIterator[bytes]:
     registry = request.app.state.registry
+    fleet_admin = who.allows("admin") and not who.scoped and not who.agent  # as GET /api/v1/pairing needs
+    book = getattr(request.app.state, "pairing", None) if fleet_admin else None
+    pairing = book.version if book is not None else 0
     records = [r for r in registry.list() if who.reaches(r.name, r.tags)]
     shown = {r.name: _key(r) for r in records}
     yield _frame("devices", [_view(r).model_dump(mode="json") for r in records])
@@ -166,6 +170,10 @@ async def _fleet_stream(request: Request, who: TokenInfo) -> AsyncIterator[bytes
                 shown[record.name] = key
                 yield _frame("device", _view(record).model_dump(mode="json"))
                 sent = True
+        if book is not None and book.version != pairing:
+            pairing = book.version
+            yield _frame("pairing", {"version": pairing})
+            sent = True
         if not sent:
             yield b": keep-alive\n\n"
 
@@ -175,7 +183,7 @@ def _frame(event: str, data: Any) -> bytes:
 
 
 _DOCS_PAGE = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{title}</title>
-<meta name="viewport" content="width=device-width, initial-scale=1">{head}</head>
+<meta name="viewport" content="width=device-width, initial-scale=1"><link rel="icon" href="data:,">{head}</head>
 <body><div id="ui"></div>{body}</body></html>"""
 
 

@@ -16,15 +16,18 @@ import contextlib
 import json
 import os
 import subprocess
+import time
+from collections.abc import Callable
 from typing import Any
 
 from tether.tools.desktop.screen import Capture
 from tether.tools.desktop.wayland import wayland_socket
 from tether.tools.desktop.wlinput import WlInput, keysym_of
-from tether.tools.desktop.x11 import Window
+from tether.tools.desktop.x11 import Window, process_family
 from tether.tools.errors import ToolError
 
 TIMEOUT_S = 5.0
+_POLL_S = 0.05
 _LITERAL_KEYS = {"\n": "Return", "\t": "Tab"}
 
 
@@ -108,6 +111,36 @@ class SwayWm:
         needle = text.casefold()
         return [w for w, _f, visible in await self._windows()
                 if visible and (needle in w.title.casefold() or any(needle in n.casefold() for n in w.wm_class))]
+
+    async def wait_for_window(self, *, pid: int | None = None, name: str | None = None, timeout: float,
+                              known: set[int] | None = None,
+                              alive: Callable[[], bool] | None = None) -> tuple[Window | None, str]:
+        """As `X11.wait_for_window`: the first visible window of `pid` or its descendants (sway knows each
+        window's client pid, Wayland and Xwayland alike), or titled/classed like `name`, or one not in
+        `known` whose pid belongs to `pid`'s process tree. Reads the tree every 50 ms for up to `timeout`
+        seconds, stopping early once `alive()` is false; returns the window (or None) and how it was
+        found ("pid", "name", "new window", "exited", "none")."""
+        deadline = time.monotonic() + timeout
+        while True:
+            family = process_family(pid) if pid is not None else set()
+            shown = [w for w, _focused, visible in await self._windows() if visible and w.width > 1]
+            for win in shown:
+                if win.pid in family:
+                    return win, "pid"
+            if name is not None:
+                needle = name.casefold()
+                for win in shown:
+                    if needle in win.title.casefold() or any(needle in n.casefold() for n in win.wm_class):
+                        return win, "name"
+            if known is not None:
+                for win in shown:
+                    if win.id not in known and (pid is None or win.pid is None or win.pid in family):
+                        return win, "new window"
+            if alive is not None and not alive():
+                return None, "exited"
+            if time.monotonic() >= deadline:
+                return None, "none"
+            await asyncio.sleep(_POLL_S)
 
     async def activate(self, win: Window) -> None:
         await self.msg(f"[con_id={win.id}]", "focus")

@@ -299,7 +299,7 @@ class X11:
         """
         deadline = time.monotonic() + timeout
         while True:
-            family = _family(pid) if pid is not None else set()
+            family = process_family(pid) if pid is not None else set()
             for member in sorted(family):
                 out = await self.xdotool("search", "--onlyvisible", "--pid", str(member), check=False)
                 for wid in (int(x) for x in out.split() if x.isdigit()):
@@ -324,8 +324,9 @@ class X11:
             await asyncio.sleep(_POLL_S)
 
 
-def _family(pid: int) -> set[int]:
-    """`pid` and its descendants: a launcher script's window belongs to the child it started."""
+def process_family(pid: int) -> set[int]:
+    """`pid` and its descendants (just `pid` when it is gone): a launcher script's window belongs to the
+    child it started."""
     import psutil
 
     try:

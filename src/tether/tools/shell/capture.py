@@ -142,6 +142,8 @@ async def capture(ctx: ToolContext, layer: Path, body: dict[str, Any]) -> list[C
     sandbox = ctx.sandbox
     assert sandbox is not None
     roots = sandbox.spec.write_roots
+    if sandbox.layer_empty(layer):  # most commands write nothing: known from one directory read per root,
+        return []  # here on the loop, without the round trip through the worker pool
     limits = getattr(ctx.policy, "limits", None)
     bounds = LayerLimits(getattr(limits, "layer_files", 0), getattr(limits, "layer_bytes", 0))
     try:
@@ -274,7 +276,7 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
         sandbox.release(layer)
         return _public(changes)
     if not changes:
-        sandbox.release(layer)
+        sandbox.release(layer, empty=True)
         return []
     try:
         clashes, needs = await _on_pool(sandbox, layer, _judge, ctx, changes, sandbox.applied_since(layer))

@@ -14,13 +14,14 @@ cancel or anything else is a deny. The wait is bounded by the command's own time
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from typing import Any
 
 from tether.sandbox.egress.proxy import Answer, AskFn
 from tether.tools.context import ToolContext
-from tether.tools.policy.model import NetworkRules
+from tether.tools.policy.model import NetworkRules, Policy
 
 logger = logging.getLogger(__name__)
 
@@ -70,21 +71,45 @@ def egress_asker(ctx: ToolContext, timeout: float | None) -> AskFn | None:
             ctx.emit("elicitation_answered", {"id": question, "call_id": ctx.call_id, "server": SERVER,
                                               "action": action, "answer": choice})
         if choice == "always":
-            remember(ctx, host, port)
+            entry = remember(ctx, host, port)
+            sandbox = ctx.sandbox
+            if sandbox is not None and sandbox.kept is not None:  # back after a restart (tether.sandbox.kept);
+                try:  # the server's audit of the question names the person
+                    await sandbox.offload(functools.partial(sandbox.kept.add_grant, entry, question=question,
+                                                            call=ctx.call_id, session=ctx.session_id))
+                except OSError as exc:
+                    logger.warning("network: %s could not be kept for the next start: %s", entry, exc)
         return choice
 
     return ask
 
 
-def remember(ctx: ToolContext, host: str, port: int) -> None:
+def remember(ctx: ToolContext, host: str, port: int) -> str:
     """A person's `always`: an exact `host:port` entry joins the device's live policy (the object every tool
     and a later re-network read), in its own list and, where a server narrowed it, in the device's list
-    beneath that asks too (as the proxy's rules take it: `EgressRules.with_allowed`)."""
+    beneath that asks too (as the proxy's rules take it: `EgressRules.with_allowed`). Returns the entry."""
     entry = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    rules: NetworkRules | None = ctx.policy.network if isinstance(ctx.policy.network, NetworkRules) else None
+    _allow(ctx.policy.network if isinstance(ctx.policy.network, NetworkRules) else None, entry)
+    logger.warning("network: %s added to the device's network allow list by a person's 'always' (call %s)",
+                   entry, ctx.call_id)
+    return entry
+
+
+def _allow(rules: NetworkRules | None, entry: str) -> None:
     while rules is not None:
         if entry not in rules.allow:
             rules.allow.append(entry)
         rules = rules.within if rules.within is not None and rules.within.ask == "on-miss" else None
-    logger.warning("network: %s added to the device's network allow list by a person's 'always' (call %s)",
-                   entry, ctx.call_id)
+
+
+def with_grants(policy: Policy, grants: list[dict[str, Any]]) -> Policy:
+    """`policy` with the `always` grants an earlier run kept (`tether.sandbox.kept`) back in its network
+    allow list, as `remember` put them there; unchanged when its network lists no hosts (on, off) or
+    nothing was kept. A kept entry the policy denies stays denied (deny wins in the proxy's rules)."""
+    if not grants or not isinstance(policy.network, NetworkRules):
+        return policy
+    network = policy.network.model_copy(deep=True)
+    for grant in grants:
+        _allow(network, grant["entry"])
+    logger.info("network: %d host(s) a person allowed 'always' are back in the allow list", len(grants))
+    return policy.model_copy(update={"network": network})

@@ -192,7 +192,8 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
                              waitForWindowMs: Annotated[int, Field(ge=0, le=30_000)] = 0,
                              ) -> dict[str, Any]:
     """Start a program detached from this device (own session, no terminal) and return its pid;
-    with `waitForWindowMs` on an X display, also wait (at most that long) for its window and report it.
+    with `waitForWindowMs` on an X display or a sway session, also wait (at most that long) for its
+    window and report it.
 
     The program and its arguments must pass the same command policy as the shell (and the shell's
     check of where the executable lives); it is run from an argv list, never through a shell.
@@ -217,12 +218,10 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
     try:
         if ctx.sandbox is not None:
             # no overlay: an application outlives the call, so it writes only to live_write_roots; a GUI
-            # program reaches its X display's socket, and no other (the filter refuses unix sockets)
-            from tether.tools.desktop.x11 import display_socket
-
-            x_socket = display_socket(env.get("DISPLAY"))
+            # program reaches its display's socket, and no other (the filter refuses unix sockets)
             proc: Any = await ctx.sandbox.spawn([app_name, *args], executable=executable, cwd=str(workdir), env=env,
-                                                stdin=False, layer=None, output=False, display_socket=x_socket,
+                                                stdin=False, layer=None, output=False,
+                                                display_socket=_display_socket(env),
                                                 session=ctx.session_id,
                                                 session_processes=ctx.policy.limits.session_processes)
         else:
@@ -243,24 +242,48 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
     return result
 
 
+def _display_socket(env: dict[str, str]) -> str | None:
+    """The one display socket a launched program may reach: the X display's when $DISPLAY is set (the
+    desktop tools drive X first too), else the Wayland compositor's; None when there is neither."""
+    if env.get("DISPLAY"):
+        from tether.tools.desktop.x11 import display_socket
+
+        return display_socket(env["DISPLAY"])
+    if env.get("WAYLAND_DISPLAY"):
+        from tether.tools.desktop.wayland import wayland_socket
+
+        return wayland_socket(env)
+    return None
+
+
 class _WindowWatch:
-    """Waiting for a launched program's window (only when asked, and only on an X display).
+    """Waiting for a launched program's window (only when asked, and only on an X display or sway).
 
     The windows visible before the launch are noted, so a program that does not publish its pid
     on its window (`_NET_WM_PID`; Tk does not) is still found as "the new window".
     """
 
-    def __init__(self, x11: Any, known: set[int]) -> None:
-        self.x11, self.known = x11, known
+    def __init__(self, wm: Any, known: set[int]) -> None:
+        self.wm, self.known = wm, known
 
     @classmethod
     async def start(cls) -> _WindowWatch | str:
+        display = os.environ.get("DISPLAY")
+        if not display and os.environ.get("WAYLAND_DISPLAY"):
+            from tether.tools.desktop.sway import SwayWm
+            from tether.tools.desktop.wayland import sway_problem
+
+            env = dict(os.environ)
+            problem = await asyncio.to_thread(sway_problem, env)
+            if problem:
+                return problem
+            sway = SwayWm(env)
+            return cls(sway, await sway.visible_windows())
         from tether.tools.desktop.x11 import X11, display_problem
 
-        display = os.environ.get("DISPLAY")
         problem = await asyncio.to_thread(display_problem, display)
         if problem or display is None:
-            return problem or "no X display"
+            return problem or "no X display or sway session"
         x11 = X11(display)
         return cls(x11, await x11.visible_windows())
 
@@ -269,7 +292,7 @@ class _WindowWatch:
                      wait_ms: int) -> dict[str, Any]:
         if not isinstance(watcher, _WindowWatch):
             return {"window": None, "window_note": f"not waiting for a window: {watcher}"}
-        win, how = await watcher.x11.wait_for_window(pid=proc.pid, timeout=wait_ms / 1000, known=watcher.known,
+        win, how = await watcher.wm.wait_for_window(pid=proc.pid, timeout=wait_ms / 1000, known=watcher.known,
                                                      alive=lambda: proc.returncode is None)
         if win is None:
             why = "the program exited" if how == "exited" else f"none appeared within {wait_ms} ms"

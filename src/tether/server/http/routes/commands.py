@@ -213,7 +213,11 @@ def _results_body(device: str, results: list[Result], limit: int) -> bytes:
     return BatchResults(device=device, results=results).model_dump_json().encode()
 
 
-HEADERS_AFTER_S = 0.05  # a batch still running after this gets its headers (X-Tether-Batch) before its results
+# A batch still running after this gets its headers (X-Tether-Batch) before its results, and its body then goes
+# chunked. Long enough that an ordinary command on a busy server (tens of ms, at times hundreds) is answered
+# whole, with a Content-Length; short enough that a caller of a long command learns its batch id (to cancel
+# it, or look it up) within a second. A caller that wants the id at once asks for server-sent events.
+HEADERS_AFTER_S = 1.0
 
 
 class BatchResponse:

@@ -15,8 +15,12 @@ function h(tag, attrs, ...kids) {  // DOM built from data, never from HTML strin
 }
 const status = (s) => h("span", {class: `status s-${s}`}, String(s).replaceAll("_", " "));
 const can = (scope) => !!S.me && (S.me.scopes.includes(scope) || S.me.scopes.includes("admin"));
-const when = (t) => t ? new Date(typeof t === "number" ? t * 1000 : t).toLocaleString() : "—";
-function toast(text) { $("#toast").textContent = text; }
+// a message at the corner: it closes by itself after a while, or with its button
+function toast(text) {
+  const box = $("#toast"); clearTimeout(S.toastTimer);
+  box.replaceChildren(h("span", {}, text), " ", h("button", {type: "button", class: "link close", "aria-label": "dismiss", onclick: () => box.replaceChildren()}, "×"));
+  S.toastTimer = setTimeout(() => box.replaceChildren(), 10000);
+}
 
 async function api(path, opts = {}) {
   const headers = {...(opts.headers || {})};
@@ -37,7 +41,7 @@ function fail(err) { toast(`error: ${err.message}`); }
 
 // -- login --------------------------------------------------------------------------------------
 function loginView() {
-  $("#nav").hidden = true;
+  $("#nav").hidden = true; $("#who").textContent = "";  // nothing of the last session stays on the page
   const err = h("p", {class: "error", role: "alert"});
   const form = h("form", {class: "card", onsubmit: async (e) => {
     e.preventDefault();
@@ -67,7 +71,10 @@ function devicesView() {
   const es = new EventSource("/web/fleet");
   S.streams.push(es);
   const put = (d) => { const old = body.querySelector(`tr[data-device="${CSS.escape(d.name)}"]`); const row = deviceRow(d); old ? old.replaceWith(row) : body.append(row); };
-  es.addEventListener("devices", (e) => { body.replaceChildren(); JSON.parse(e.data).forEach(put); });
+  const none = h("tr", {class: "empty"}, h("td", {colspan: "7", class: "muted"}, "No devices yet. Start one with: tether device --pair --server URL"));
+  es.addEventListener("devices", (e) => { body.replaceChildren(); const rows = JSON.parse(e.data); rows.forEach(put); if (!rows.length) body.append(none); });
+  es.addEventListener("device", () => none.remove());
+  es.addEventListener("pairing", () => { if (can("admin")) pairingPanel(pending); });  // a request arrived or was decided
   es.addEventListener("device", (e) => put(JSON.parse(e.data)));
 }
 
@@ -140,7 +147,8 @@ async function deviceView(name) {
   const tools = await api(`/api/v1/devices/${encodeURIComponent(name)}/tools`).catch(() => (d.profile ? d.profile.tools : []));
   const main = view(h("h1", {}, `Device ${d.name} `, status(d.status)),
     h("div", {class: "card"}, h("p", {}, `Platform: ${d.platform || "—"} · tags: ${(d.tags || []).join(", ") || "—"} · sandbox: ${d.sandbox || "—"} · load ${d.load}`),
-      h("details", {}, h("summary", {}, "Full profile"), h("pre", {}, JSON.stringify(d.profile, null, 2)))));
+      h("details", {}, h("summary", {}, "Full profile"), h("pre", {}, JSON.stringify(d.profile, null, 2)))), await policySection(d.name));
+  if (can("admin")) main.append(deviceActions(d));  // manage.js: rename, tags, remove
   if (can("execute") && tools.some((t) => t.name === "screenshot"))  // the live view (screen.js)
     main.append(h("p", {}, h("a", {href: `#/devices/${encodeURIComponent(d.name)}/screen`, id: "screen-link"}, "Screen: watch it live, take over")));
   if (can("execute")) {
@@ -178,9 +186,10 @@ async function tasksView(params) {
     STATES.map((s) => h("option", {value: s, selected: s === state}, s ? s.replaceAll("_", " ") : "any state")));
   const main = view(h("h1", {}, "Tasks"), h("label", {for: "state-filter"}, "State"), filter);
   if (can("execute")) main.append(await newTaskForm());
-  main.append(h("div", {class: "scroll"}, h("table", {"aria-label": "tasks"}, h("thead", {}, h("tr", {}, ["Task", "State", "Request", "Device", "Asked by", "Created"].map((t) => h("th", {scope: "col"}, t)))),
-    h("tbody", {}, tasks.map((t) => h("tr", {}, h("td", {}, h("a", {href: `#/tasks/${t.id}`}, t.id.slice(0, 12))), h("td", {}, status(t.state)),
-      h("td", {}, t.request || "(plan)"), h("td", {}, t.device || "—"), h("td", {}, t.requested_by || "—"), h("td", {}, when(t.created_at))))))));
+  main.append(h("div", {class: "scroll"}, h("table", {"aria-label": "tasks"}, h("thead", {}, h("tr", {}, ["Task", "State", "Request", "Device", "Asked by", "Created"].map((t, i) => h("th", {scope: "col", class: i === 4 ? "hide-sm" : null}, t)))),
+    h("tbody", {}, tasks.length ? tasks.map((t) => h("tr", {}, h("td", {}, h("a", {href: `#/tasks/${t.id}`}, t.id.slice(0, 12))), h("td", {}, status(t.state)),
+      h("td", {class: "wrap"}, t.request || "(plan)"), h("td", {}, t.device || "—"), h("td", {class: "hide-sm"}, t.requested_by || "—"), h("td", {}, when(t.created_at))))
+      : h("tr", {}, h("td", {colspan: "6", class: "muted"}, state ? `No ${state.replaceAll("_", " ")} tasks.` : "No tasks yet."))))));
 }
 async function newTaskForm() {
   const devices = await api("/api/v1/devices");
@@ -222,8 +231,8 @@ function graphDrawing(t) {
 }
 async function taskView(id) {
   const header = h("div", {}); const steps = h("div", {}); const ask = h("div", {}); const log = h("ul", {class: "events", "aria-label": "events"});
-  const drawn = h("div", {});
-  view(header, ask, drawn, h("h2", {}, "Steps"), steps, h("h2", {}, "Events"), log);
+  const drawn = h("div", {}); const changed = h("div", {});
+  view(header, ask, drawn, h("h2", {}, "Steps"), steps, changed, h("h2", {}, "Events"), log);
   let last = -1; let refreshing = null;
   const refresh = async () => {
     const t = await api(`/api/v1/tasks/${encodeURIComponent(id)}?events=false`);
@@ -234,6 +243,7 @@ async function taskView(id) {
       h("p", {}, h("strong", {}, "Request: "), t.request || "(a plan)"), h("p", {}, `Device: ${t.device || "—"} · by ${t.requested_by || "—"}`),
       t.answer ? h("p", {id: "answer"}, h("strong", {}, "Answer: "), t.answer) : null, t.error ? h("p", {class: "error"}, t.error) : null, buttons));
     drawn.replaceChildren(...(t.graph ? [h("h2", {}, "Graph"), graphDrawing(t)] : []));
+    changed.replaceChildren(taskChanges(t));  // changes.js: the files each step changed, with diffs
     steps.replaceChildren(...(t.plan ? t.plan.steps : []).map((s, i) => {
       const runs = (t.steps || []).filter((r) => r.index === i);
       const g = t.graph ? t.graph.nodes[i] : null;  // a graph plan: the step's state, stage and needs, live
@@ -242,8 +252,9 @@ async function taskView(id) {
         g ? h("p", {class: "graph"}, status(g.state), ` stage ${g.stage}`, g.id ? ` · id ${g.id}` : "", g.device ? ` · on ${g.device}` : "",
           g.needs.length ? ` · needs ${g.needs.map(name).join(", ")}` : "",
           typeof g.when === "string" ? (g.when === "success" ? "" : ` · when ${g.when}`) : ` · if ${g.when.ref}`) : null,
-        h("pre", {}, JSON.stringify(s.args)), runs.map((r) => h("div", {}, status(r.result.status === "success" ? "done" : r.result.status === "failure" ? "failed" : r.result.status),
-          r.result.error ? h("span", {class: "error"}, ` ${r.result.error}`) : null,
+        h("pre", {}, JSON.stringify(s.args)), runs.map((r) => h("div", {"data-run": r.attempt}, heldForApproval(r) ? h("span", {class: "status s-waiting_for_user"}, "held for approval")
+          : status(r.result.status === "success" ? "done" : r.result.status === "failure" ? "failed" : r.result.status),
+          r.result.error && !heldForApproval(r) ? h("span", {class: "error"}, ` ${r.result.error}`) : null,
           r.decision ? h("p", {}, `Recovery: ${r.decision.decision || JSON.stringify(r.decision)}`) : null)));
     }));
     const q = (t.questions || []).filter((x) => !x.answer).pop();
@@ -254,7 +265,7 @@ async function taskView(id) {
       const mayAnswer = approval ? can("approve") && !(S.me && S.me.agent) : can("execute");
       ask.append(h("div", {class: "card", id: "question", role: "region", "aria-label": "question"}, h("h2", {}, approval ? "Approval needed" : "Question"),
         h("p", {}, `Asked by ${t.requested_by || "—"}`),
-        h("p", {}, q.question), (q.changes || []).length ? h("pre", {}, JSON.stringify(q.changes, null, 2)) : null,
+        h("p", {}, q.question), (q.changes || []).length ? h("div", {class: "held"}, h("p", {}, `What would change (${q.changes.length}):`), changeEntries(q.changes)) : null,
         q.digest ? h("p", {class: "muted"}, `digest ${q.digest}`) : null,
         // the answer carries the digest of what is shown here: refused if the task now waits on something else
         mayAnswer ? q.options.map((o) => h("button", {type: "button", class: "secondary", onclick: () => api(`/api/v1/tasks/${id}/answer`, {method: "POST", body: {answer: o, question_id: q.id, digest: q.digest || undefined}}).then(refresh, fail)}, o)) : h("p", {class: "muted"}, "Your token may not answer this: a person approves."),
@@ -282,59 +293,20 @@ async function taskView(id) {
   open();
 }
 
-// -- audit and tokens ---------------------------------------------------------------------------
-async function auditView(params) {
-  const q = new URLSearchParams();
-  for (const k of ["device", "task", "token", "since", "until", "before"]) if (params.get(k)) q.set(k, params.get(k));
-  q.set("limit", params.get("limit") || "100");
-  const data = await api(`/api/v1/audit?${q}`);
-  const rows = Array.isArray(data) ? data : data.rows; const next = Array.isArray(data) ? null : data.next;
-  const form = h("form", {class: "card row", id: "audit-filter", onsubmit: (e) => {
-    e.preventDefault(); const p = new URLSearchParams();
-    for (const k of ["device", "task", "token"]) if (form[k].value.trim()) p.set(k, form[k].value.trim());
-    for (const k of ["since", "until"]) if (form[k].value) p.set(k, String(Math.floor(new Date(form[k].value).getTime() / 1000)));
-    if (params.get("limit")) p.set("limit", params.get("limit"));
-    location.hash = `#/audit?${p}`;
-  }}, ["device", "task", "token"].map((k) => h("div", {}, h("label", {for: `f-${k}`}, k), h("input", {id: `f-${k}`, name: k, value: params.get(k) || ""}))),
-    ["since", "until"].map((k) => h("div", {}, h("label", {for: `f-${k}`}, k), h("input", {id: `f-${k}`, name: k, type: "datetime-local"}))), h("div", {}, h("button", {type: "submit"}, "Filter")));
-  const cols = rows.length ? Object.keys(rows[0]) : [];
-  const main = view(h("h1", {}, "Audit log"), form, h("div", {class: "scroll"}, h("table", {"aria-label": "audit"}, h("thead", {}, h("tr", {}, cols.map((c) => h("th", {scope: "col"}, c)))),
-    h("tbody", {}, rows.map((r) => h("tr", {}, cols.map((c) => h("td", {}, typeof r[c] === "object" && r[c] !== null ? JSON.stringify(r[c]) : String(r[c] ?? "—")))))))));
-  if (next !== null && next !== undefined) { const p = new URLSearchParams(params); p.set("before", next); main.append(h("a", {href: `#/audit?${p}`}, "Older entries →")); }
-}
-async function tokensView() {
-  const tokens = await api("/api/v1/tokens");
-  const shown = h("div", {"aria-live": "polite"});
-  const form = h("form", {class: "card", id: "new-token", onsubmit: async (e) => {
-    e.preventDefault();
-    try {
-      const scopes = [...form.querySelectorAll("input[name=scope]:checked")].map((x) => x.value);
-      const made = await api("/api/v1/tokens", {method: "POST", body: {kind: form.kind.value, name: form.tname.value, scopes: form.kind.value === "api" ? scopes : [], agent: form.kind.value === "api" && form.agent.checked}});
-      shown.replaceChildren(h("p", {}, "Copy it now; it is not shown again:"), h("pre", {id: "new-secret"}, made.token));
-      tokensView().then(() => $("#main").prepend(shown));
-    } catch (x) { toast(`error: ${x.message}`); }
-  }}, h("h2", {}, "Create a token"), h("label", {for: "tname"}, "Name"), h("input", {id: "tname", name: "tname", required: true}),
-    h("label", {for: "kind"}, "Kind"), h("select", {id: "kind", name: "kind"}, h("option", {value: "api"}, "api"), h("option", {value: "device"}, "device")),
-    h("fieldset", {}, h("legend", {}, "Scopes"), ["read", "execute", "approve", "admin"].map((s) => h("label", {}, h("input", {type: "checkbox", name: "scope", value: s}), ` ${s}`))),
-    h("label", {}, h("input", {type: "checkbox", name: "agent", id: "agent"}), " an agent's token (it never approves: no approve or admin)"),
-    h("button", {type: "submit"}, "Create"));
-  view(h("h1", {}, "Tokens"), shown, form, h("div", {class: "scroll"}, h("table", {"aria-label": "tokens"}, h("thead", {}, h("tr", {}, ["Name", "Kind", "Holder", "Scopes", "Status", ""].map((t) => h("th", {scope: "col"}, t)))),
-    h("tbody", {}, tokens.map((t) => h("tr", {}, h("td", {}, t.name), h("td", {}, t.kind), h("td", {}, t.kind === "device" ? "device" : t.agent ? "agent" : "person"), h("td", {}, (t.scopes || []).join(", ")), h("td", {}, t.revoked_at ? "revoked" : "active"),
-      h("td", {}, t.revoked_at ? "" : h("button", {type: "button", class: "danger", onclick: () => api(`/api/v1/tokens/${encodeURIComponent(t.id || t.name)}`, {method: "DELETE"}).then(tokensView, fail)}, "Revoke"))))))));
-}
-
 // -- shell --------------------------------------------------------------------------------------
 // the badge counts what waits for this token's answer (GET /api/v1/approvals): pushed by the server as it
 // changes (server-sent events), never polled; a lost stream is opened again
 function showBadge(count) {
-  const b = $("#badge"); b.hidden = !count; b.textContent = String(count);
-  b.setAttribute("aria-label", `${count} waiting for your answer`);
+  const b = $("#badge"); b.hidden = !count; b.textContent = String(count); b.title = `${count} waiting for your answer`;
 }
 function badge() {
   if (!S.me) { if (S.inbox) { S.inbox.close(); S.inbox = null; } showBadge(0); return; }
   if (S.inbox) return;
   const es = S.inbox = new EventSource("/api/v1/approvals/events");
-  es.addEventListener("approvals", (m) => showBadge(JSON.parse(m.data).count));
+  es.addEventListener("approvals", (m) => {
+    showBadge(JSON.parse(m.data).count);
+    if (location.hash.startsWith("#/inbox")) inboxView().catch(fail);  // the inbox page follows it too
+  });
   es.onerror = () => { es.close(); if (S.inbox === es) { S.inbox = null; setTimeout(badge, 3000); } };
 }
 async function route() {
@@ -352,6 +324,8 @@ async function route() {
     else if (parts[0] === "tasks") await tasksView(params);
     else if (parts[0] === "audit") await auditView(params);
     else if (parts[0] === "tokens") await tokensView();
+    else if (parts[0] === "inbox") await inboxView();
+    else if (parts[0] === "webhooks") await webhooksView();
     else devicesView();
   } catch (x) { view(h("p", {class: "error", role: "alert"}, x.message)); }
 }

@@ -11,8 +11,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from tether.device.mcp.server_config import MCPServerConfig
-from tether.device.mcp.tool_rules import MCPToolPolicy
+from tether.device.mcp.config.server_config import MCPServerConfig
+from tether.device.mcp.config.tool_rules import MCPToolPolicy
 from tether.errors import DeviceError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext

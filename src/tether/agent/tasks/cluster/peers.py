@@ -1,6 +1,6 @@
 """`TaskPeers`: a node's tasks as the other nodes of a cluster see and steer them.
 
-Each task runs on one node, the one holding its lease (`tether.agent.tasks.ownership`). Two things must
+Each task runs on one node, the one holding its lease (`tether.agent.tasks.cluster.ownership`). Two things must
 still work from every node:
 - following it: the node running it relays each event (and, once it saved the task, its end) over
   the cluster's relay; the other nodes feed their own followers of that task, whose streams began

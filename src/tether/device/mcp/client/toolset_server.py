@@ -13,8 +13,8 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from tether.device.mcp.base import BaseMCPServer, MCPServerError
-from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.client.base import BaseMCPServer, MCPServerError
+from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency

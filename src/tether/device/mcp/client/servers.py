@@ -28,12 +28,12 @@ import mcp_types
 from mcp import Client
 from mcp.shared.exceptions import MCPError
 
-from tether.device.mcp.base import BaseMCPServer, MCPServerError
-from tether.device.mcp.client_caps import MCPClientHooks, ServerClientCaps
-from tether.device.mcp.server_config import MCPServerConfig
-from tether.device.mcp.session_util import describe_error, innermost_error, message_limit, result_size
-from tether.device.mcp.stdio import TOO_LARGE
-from tether.device.mcp.tool_rules import annotated_type
+from tether.device.mcp.client.base import BaseMCPServer, MCPServerError
+from tether.device.mcp.client.client_caps import MCPClientHooks, ServerClientCaps
+from tether.device.mcp.client.session_util import describe_error, innermost_error, message_limit, result_size
+from tether.device.mcp.client.stdio import TOO_LARGE
+from tether.device.mcp.config.server_config import MCPServerConfig
+from tether.device.mcp.config.tool_rules import annotated_type
 from tether.errors import DeviceError
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext

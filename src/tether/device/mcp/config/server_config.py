@@ -2,7 +2,7 @@
 
 Besides how to reach a server, an entry says which of its tools the device exposes and which need a
 person first (`allow_tools`, `deny_tools`, `approve_tools`, `autoApprove`, `approve_destructive`;
-enforced by `tether.device.mcp.tool_rules`) and whether a stdio server runs inside the device's OS
+enforced by `tether.device.mcp.config.tool_rules`) and whether a stdio server runs inside the device's OS
 sandbox (`sandbox`). The tools belong to code nobody here wrote: their own annotations are only
 hints, so the config has the last word.
 """

@@ -32,15 +32,15 @@ from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 
-from tether.device.mcp.server_config import MCPServerConfig
-from tether.device.mcp.servers import (
+from tether.device.mcp.client.servers import (
     MCPServerError,
     SessionServer,
     describe_error,
     innermost_error,
     message_limit,
 )
-from tether.device.mcp.stdio import bounded_stdio_client
+from tether.device.mcp.client.stdio import bounded_stdio_client
+from tether.device.mcp.config.server_config import MCPServerConfig
 
 if TYPE_CHECKING:
     from tether.sandbox.egress.live import LiveEgress

@@ -17,10 +17,10 @@ import logging
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from tether.device.mcp.base import BaseMCPServer, MCPServerError
-from tether.device.mcp.client_caps import MCPClientHooks
-from tether.device.mcp.server_config import MCPServerConfig
-from tether.device.mcp.toolset_server import ToolSetServer
+from tether.device.mcp.client.base import BaseMCPServer, MCPServerError
+from tether.device.mcp.client.client_caps import MCPClientHooks
+from tether.device.mcp.client.toolset_server import ToolSetServer
+from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.tools.context import ToolContext
 from tether.tools.optional import MissingDependency
 from tether.tools.runtime import ToolSet
@@ -40,12 +40,12 @@ _EXTERNAL = ("HttpServer", "ModuleServer", "SseServer", "StdioServer", "watch_tr
 def __getattr__(name: str) -> Any:
     """The external server classes, still importable from here, loaded (with `mcp`) on first use."""
     if name in _EXTERNAL:
-        return getattr(importlib.import_module("tether.device.mcp.external"), name)
+        return getattr(importlib.import_module("tether.device.mcp.client.external"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _describe_error(exc: BaseException) -> str:
-    from tether.device.mcp.servers import describe_error  # an external server's error: `mcp` is loaded
+    from tether.device.mcp.client.servers import describe_error  # an external server's error: `mcp` is loaded
 
     return describe_error(exc)
 
@@ -60,7 +60,7 @@ def create_server(config: MCPServerConfig, toolsets: Mapping[str, Callable[[], T
     toolsets = toolsets or {}
     if config.server_type not in ("stdio", "http", "sse") and config.toolset:
         return ToolSetServer(config, toolsets.get(config.toolset), known=toolsets)
-    from tether.device.mcp import external as mcp_external  # the first external server needs the `mcp` SDK
+    from tether.device.mcp.client import external as mcp_external  # the first external server needs the `mcp` SDK
 
     if config.server_type == "stdio":
         return mcp_external.StdioServer(config, sandbox)
@@ -101,8 +101,8 @@ class MCPServerManager:
         if server is None:
             server = self._servers[key] = create_server(config, self._toolsets, self._sandbox)
             if not isinstance(server, ToolSetServer):  # an external server: its session's client side
-                from tether.device.mcp.client_caps import ServerClientCaps
-                from tether.device.mcp.servers import SessionServer
+                from tether.device.mcp.client.client_caps import ServerClientCaps
+                from tether.device.mcp.client.servers import SessionServer
 
                 if isinstance(server, SessionServer):
                     server.caps = ServerClientCaps(server.namespace, self.hooks, lambda: self.context)
@@ -144,7 +144,7 @@ class MCPServerManager:
         external = [s for s in self._servers.values() if not isinstance(s, ToolSetServer)]
         if not external:
             return
-        from tether.device.mcp.servers import SessionServer
+        from tether.device.mcp.client.servers import SessionServer
 
         for server in external:
             if isinstance(server, SessionServer):

@@ -17,7 +17,7 @@ from typing import Any
 from tether.agent.run.graph import RESTART_UNKNOWN, RUNNING
 from tether.agent.run.steps import short
 from tether.agent.run.task import StepRecord, Task, TaskState
-from tether.agent.tasks.restart import SEQ_JUMP, InFlight
+from tether.agent.tasks.restart.plans import SEQ_JUMP, InFlight
 from tether.protocol.messages import OUTCOME_FINISHED, CallOutcome
 from tether.protocol.models import Command, Result
 from tether.protocol.profile import DeviceRequirements

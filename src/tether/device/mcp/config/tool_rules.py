@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tether.device.mcp.server_config import MCPServerConfig
+from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.protocol.models import ToolType
 from tether.tools.errors import NeedsApproval, PolicyDenied
 

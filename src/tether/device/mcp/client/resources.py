@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
-from tether.device.mcp.base import BaseMCPServer
+from tether.device.mcp.client.base import BaseMCPServer
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
 from tether.tools.runtime import ToolFunction, ToolSpec, build_spec

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from tether.device.mcp.client_caps import ElicitationAnswer, ElicitationRequest, SamplingReply, SamplingRequest
+from tether.device.mcp.client.client_caps import ElicitationAnswer, ElicitationRequest, SamplingReply, SamplingRequest
 from tether.protocol.codec import encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessage, TaskStatus
 

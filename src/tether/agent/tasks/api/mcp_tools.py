@@ -1,6 +1,6 @@
 """The task tools of the MCP gateway: `run_task`, `get_task`, `answer_task`, `cancel_task`, `undo_task`.
 
-They are the task API (agent/tasks/task_api.py) spoken as MCP tools, on the same TaskService and with the same
+They are the task API (agent/tasks/api/task_api.py) spoken as MCP tools, on the same TaskService and with the same
 scopes, so a desktop or IDE agent reaches tasks with nothing but its MCP client. `run_task` follows the
 task the way the REST event stream does and turns each step and its output into a progress notification.
 A question is asked through the client's elicitation when it can answer; an approval (an action to approve,
@@ -24,8 +24,8 @@ from starlette.applications import Starlette
 from tether.agent.planning.plan import Plan
 from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
+from tether.agent.tasks.api.task_api import Answer, EditRequest, TaskRequest, _stricter, visible_task
 from tether.agent.tasks.service import TaskError, TaskService
-from tether.agent.tasks.task_api import Answer, EditRequest, TaskRequest, _stricter, visible_task
 from tether.server.aip.batches import TokenRef
 from tether.server.approvals import (
     ApprovalRefused,

@@ -1,0 +1,159 @@
+"""Steering a task: answers, approvals, an MCP server's questions, cancelling; here or on the node running it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY
+from tether.agent.run.task import Task, TaskState
+from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.service.running import Running
+from tether.server.aip.batches import TokenRef
+from tether.server.approvals import ApprovalRefused
+
+
+class Answering(Running):
+    """The task service's steering: what people (and the cluster's other nodes for them) send a task."""
+
+    async def steer(self, task_id: str, action: str, by: str, **args: Any) -> Task | dict[str, Any]:
+        """Answer, approve or cancel a task: here, or in a cluster on the node that runs it (its summary
+        then). The caller checked the token's scopes; the node that runs the task checks the rest."""
+        try:
+            return await self.steer_here(task_id, action, by, args)
+        except TaskError as exc:
+            if exc.holder is None or self._peers is None:
+                raise
+            return await self._peers.steer(exc.holder, task_id, action, by, args)
+
+    async def steer_here(self, task_id: str, action: str, by: str, args: dict[str, Any]) -> Task:
+        if action == "answer":
+            task = self.answer(task_id, str(args.get("answer", "")), args.get("question_id"), by,
+                               digest=args.get("digest"))
+        elif action == "approve":
+            task = self.approve(task_id, bool(args.get("approved")), by, digest=args.get("digest"))
+        elif action == "cancel":
+            return await self.cancel(task_id)
+        else:
+            raise TaskError(400, f"unknown action {action!r}")
+        await asyncio.sleep(0)  # one turn of the loop: the waiting runner takes the answer, so the reply is current
+        return task
+
+    def answer(self, task_id: str, answer: str, question_id: str | None = None, by: str | None = None, *,
+               digest: str | None = None) -> Task:
+        """Answer the task's open question; the same task goes on from where it stopped. `by` is who
+        answered (an approved command carries it as `approved_by`, so the audit log names them).
+        `digest`, when given, is the question's `digest` as the answerer was shown it: refused (409) when
+        the open question shows something else now."""
+        task = self._steerable(task_id)
+        pending = task.pending_question
+        if task.state is not TaskState.WAITING_FOR_USER or pending is None:
+            raise TaskError(409, f"task {task.id} has no open question (it is {task.state.value})")
+        if question_id is not None and question_id != pending.id:
+            raise TaskError(409, f"question {question_id} is not the open one (that is {pending.id})")
+        if digest is not None and digest != pending.digest:
+            raise TaskError(409, f"what you were shown (digest {digest[:24]}) is not what waits now (question "
+                                 f"{pending.id}, digest {(pending.digest or 'none')[:24]}): look at it again, nothing "
+                                 "was approved")
+        if not answer.strip():
+            raise TaskError(422, f"the answer is empty; the options are: {', '.join(pending.options)}")
+        pending.answered_by = by
+        waiting = self._waiting.get(task.id)
+        if waiting is not None and not waiting.done():
+            waiting.set_result(answer)
+        elif task.id not in self._runners:
+            self._answers[task.id] = answer
+            self._start(task)
+        else:
+            raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
+        return task
+
+    def mcp_question(self, task_id: str) -> dict[str, Any] | None:
+        """The question an external MCP server asks during the task's running step, if one is open."""
+        return self._mcp_questions.get(self.get(task_id).id)
+
+    async def answer_mcp_question(self, task_id: str, answer: str, by: str, *, answerer: TokenRef) -> bool:
+        """Answer it (`tether answer` works for it as for the task's own questions): decline/cancel/no,
+        else the value of its only field, or a JSON object of its fields; False when none is open.
+
+        `answerer` is the API token answering; the question is the task's asker's (`Task.asker`), so the hub
+        refuses (TaskError 403, the question still waits) whoever may not answer it: an agent's token always,
+        another token than the asker's for a person's task (with four-eyes on, a consent question needs
+        another person than the asker), and anyone but a person for an agent's task."""
+        task = self._steerable(task_id)
+        question = self._mcp_questions.get(task.id)
+        if question is None:
+            return False
+        action, content = mcp_answer(question.get("schema") or {}, answer)
+        try:
+            sent = await self.hub.answer_question(str(question.get("device")), str(question["id"]), action, content,
+                                                  by=by, answerer=answerer)
+        except ApprovalRefused as exc:
+            raise TaskError(exc.status, str(exc)) from None
+        except LookupError as exc:
+            raise TaskError(409, str(exc)) from None
+        self._mcp_questions.pop(task.id, None)
+        if not sent:
+            raise TaskError(409, f"the MCP server's question {question['id']} is no longer waiting for an answer")
+        return True
+
+    def approve(self, task_id: str, approved: bool, by: str | None = None, *, digest: str | None = None) -> Task:
+        task = self._steerable(task_id)
+        pending = task.pending_question
+        if pending is not None and pending.kind == "confirmation" and task.state is TaskState.WAITING_FOR_USER:
+            return self.answer(task.id, "run" if approved else "cancel", pending.id, by,  # a plan to confirm
+                               digest=digest)
+        if pending is None or pending.kind != "approval" or task.state is not TaskState.WAITING_FOR_USER:
+            raise TaskError(409, f"task {task.id} has no action waiting for approval (it is {task.state.value}"
+                                 + (f", asking: {pending.question}" if pending else "") + ")")
+        return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id, by, digest=digest)
+
+    async def cancel(self, task_id: str) -> Task:
+        task = self._steerable(task_id)
+        if task.state.terminal:
+            raise TaskError(409, f"task {task.id} has already ended ({task.state.value})")
+        running = self._runners.get(task.id)
+        if running is not None:
+            running[1].cancel()
+            await asyncio.gather(running[1], return_exceptions=True)
+        asking = self._asking.get(task.id)
+        if asking is not None:  # its device is being asked about the step in flight: no longer needed
+            asking.cancel()
+            await asyncio.gather(asking, return_exceptions=True)
+        if not task.state.terminal:  # not running (waiting after a restart): end it here
+            task.error = "cancelled"
+            self._on_event(task, task.transition(TaskState.CANCELLED, error="cancelled"))
+            self._saver.save(task)
+            self._live.pop(task.id, None)
+            self._end_followers(task.id)
+            self._release(task.id)
+        return task
+
+
+def mcp_answer(schema: dict[str, Any], answer: str) -> tuple[str, dict[str, Any] | None]:
+    """A person's words as an MCP elicitation result: (action, content); TaskError when they do not fit."""
+    text = answer.strip()
+    if text.lower() in ("decline", "no", "cancel"):
+        return ("cancel" if text.lower() == "cancel" else "decline"), None
+    props: dict[str, Any] = schema.get("properties") or {}
+    if not props:
+        return "accept", {}
+    if text.startswith("{"):
+        try:
+            content = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TaskError(422, f"the answer is not a JSON object: {exc.msg}") from None
+        if isinstance(content, dict):
+            return "accept", content
+    if len(props) != 1:
+        raise TaskError(422, f"the question has several fields ({', '.join(props)}): answer with a JSON object")
+    [(key, prop)] = props.items()
+    kind = prop.get("type")
+    try:
+        value: Any = {"integer": int, "number": float}.get(str(kind), str)(text)
+    except ValueError:
+        raise TaskError(422, f"{key}: expected {kind}") from None
+    if kind == "boolean":
+        value = text.lower() in ("y", "yes", "true", "1")
+    return "accept", {key: value}

@@ -1,0 +1,125 @@
+"""The task service's state and its reads: the base of `TaskService` (`tether.agent.tasks.service`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from tether.agent.llm.chat import LLMClient
+from tether.agent.run.executor import TaskRunner
+from tether.agent.run.task import Budgets, Task, TaskEvent
+from tether.agent.tasks.cluster.ownership import TaskLeases
+from tether.agent.tasks.cluster.peers import TaskPeers
+from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.store import SaveSoon, TaskStore
+from tether.server.aip.hub import DeviceHub
+from tether.server.aip.registry import DeviceRegistry
+from tether.server.notify.notifier import Notifier
+from tether.server.store import Store, StoreUnavailable
+from tether.server.store.tokens import TokenInfo, scope_reaches
+from tether.server.transfer.service import TransferService
+
+logger = logging.getLogger(__name__)
+
+
+class ServiceCore:
+    """What every part of the task service holds (see `TaskService` for the arguments), and the reads:
+    a task by id or prefix, the list, waiting for one, and which devices and tokens a task reaches."""
+
+    def __init__(self, hub: DeviceHub, registry: DeviceRegistry, store: TaskStore,
+                 llm: LLMClient | None = None, *, server_store: Store, budgets: Budgets | None = None,
+                 command_timeout: float = 600.0, device_wait: float = 30.0,
+                 transfers: TransferService | None = None, notifier: Notifier | None = None) -> None:
+        self.hub = hub
+        self.notifier = notifier  # webhooks and the approval inbox told of waits and ends (agent/tasks/notices.py)
+        self.registry = registry  # the hub's: which devices are known, connected, and what they offer
+        self.server_store = server_store  # the server's: the audit log's health and the sessions' owners
+        self.device_wait = device_wait
+        self.transfers = transfers  # runs `transfer` steps (files between devices); None: the skill is not offered
+        self.store = store
+        self.llm = llm  # plans and answers; closed by `aclose`
+        self.budgets = budgets or Budgets()
+        self.command_timeout = command_timeout
+        self._live: dict[str, Task] = {}
+        self._runners: dict[str, tuple[TaskRunner, asyncio.Task[Any]]] = {}
+        self._waiting: dict[str, asyncio.Future[str]] = {}
+        self._answers: dict[str, str] = {}
+        self._mcp_questions: dict[str, dict[str, Any]] = {}  # task id → an MCP server's open question
+        self._subscribers: dict[str, set[asyncio.Queue[TaskEvent | None]]] = {}
+        self._peers: TaskPeers | None = None  # the other nodes of a cluster (agent/tasks/cluster/peers.py)
+        self._saver = SaveSoon(store)
+        self._closing = False
+        self._leases: TaskLeases | None = None  # made at start: which node runs each task (cluster/ownership.py)
+        self._keeper: asyncio.Task[None] | None = None
+        self._given_up: set[str] = set()  # tasks another server took over while they ran here
+        self._asking: dict[str, asyncio.Task[None]] = {}  # tasks whose step in flight is being asked about
+
+    def _steerable(self, task_id: str) -> Task:
+        """The task, when this server may steer it: not while another live server sharing the database
+        runs it (its answer or cancel would be lost in the other server's next save)."""
+        task = self.get(task_id)
+        if task.id not in self._live and not task.state.terminal and self._leases is not None:
+            holder = self._leases.holder(task.id)
+            if holder is not None and holder != self._leases.node:
+                raise TaskError(409, f"task {task.id} is run by server {holder}, which shares this server's "
+                                     "database: send this to that server", holder=holder)
+        return task
+
+    def _release(self, task_id: str) -> None:
+        if self._leases is not None:
+            try:
+                self._leases.release(task_id)
+            except StoreUnavailable as exc:  # the lease runs out by itself
+                logger.warning("could not release the lease of task %s: %s", task_id, exc)
+
+    def reaches(self, task: Task, name: str) -> bool:
+        """Whether the task's scope (its creator's, when scoped) reaches the device `name`."""
+        record = self.registry.get(name)
+        return scope_reaches(task.scope_devices, task.scope_tags, name, record.tags if record is not None else ())
+
+    def visible(self, task: Task, token: TokenInfo) -> bool:
+        """Whether `token` may see and steer the task: an unscoped token every task, a scoped one the tasks
+        whose devices (chosen, named, used) it all reaches, and that were made within a scope it covers."""
+        if not token.scoped:
+            return True
+        names = [n for n in (task.device, *task.devices, *task.devices_used()) if n]
+        fans = task.plan is not None and any(s.on == "all" for s in task.plan.steps)
+        same = (sorted(task.scope_devices), sorted(task.scope_tags)) == (sorted(token.devices), sorted(token.tags))
+        if fans and not same:
+            return False  # its steps `on: all` reached the devices of another scope than this token's
+        return all(token.reaches(n, r.tags if (r := self.registry.get(n)) is not None else ()) for n in names)
+
+    def get(self, task_id: str) -> Task:
+        """The task with this id or unique id prefix: the live object while it runs, else the stored one."""
+        task = self._live.get(task_id) or self._saver.unsaved.get(task_id)
+        if task is not None:
+            return task
+        stored = self.store.get(task_id)  # every task is stored, so this also settles prefixes
+        if stored is None:
+            raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
+        return self._live.get(stored.id) or self._saver.unsaved.get(stored.id, stored)
+
+    async def wait(self, task_id: str) -> Task:
+        """The task once its runner has stopped: it ended, or the server is closing under it."""
+        task = self.get(task_id)
+        running = self._runners.get(task.id)
+        if running is not None:
+            await asyncio.shield(running[1])
+        return task
+
+    def list(self, limit: int = 50, state: str | None = None) -> list[dict[str, Any]]:
+        """Newest first, as `get` shows them: a task in memory (running, or not yet saved because the disk
+        is full) is listed with its current state, not the one last stored."""
+        memory = {**self._live, **self._saver.unsaved}
+        if not memory:
+            return self.store.list(limit, state)
+        rows = {row["id"]: row for row in self.store.list(limit + len(memory), state)}
+        for task in memory.values():
+            rows[task.id] = {"id": task.id, "request": task.request, "state": task.state.value,
+                             "device": task.device, "requested_by": task.requested_by,
+                             "created_at": task.created_at.isoformat(),
+                             "updated_at": task.updated_at.isoformat()}
+        shown = [row for row in rows.values() if state is None or row["state"] == state]
+        shown.sort(key=lambda row: row["updated_at"], reverse=True)
+        return shown[:limit]

@@ -1,0 +1,61 @@
+"""The followers of a task's events: subscribing, feeding and ending their streams."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+
+from tether.agent.run.task import Task, TaskEvent
+from tether.agent.tasks.service.core import ServiceCore
+
+_SUBSCRIBER_QUEUE = 10_000
+
+
+class Followers(ServiceCore):
+    """The task service's followers: each a queue of a task's next events (None ends it)."""
+
+    def is_running_here(self, task_id: str) -> bool:
+        return task_id in self._live
+
+    def has_followers(self, task_id: str) -> bool:
+        return task_id in self._subscribers
+
+    def feed(self, task_id: str, event: TaskEvent) -> None:
+        """Give the followers of the task here its next event."""
+        for queue in list(self._subscribers.get(task_id, ())):
+            if queue.qsize() < _SUBSCRIBER_QUEUE - 1:
+                queue.put_nowait(event)
+            else:  # a follower this far behind is ended, not fed a gap: it resumes with ?after=SEQ
+                self._subscribers[task_id].discard(queue)
+                queue.put_nowait(None)
+
+    def subscribe(self, task_id: str, after: int = -1
+                  ) -> tuple[Task, builtins.list[TaskEvent], asyncio.Queue[TaskEvent | None] | None]:
+        """The events so far (after `after`) and, for a task still going, a queue of what comes next
+        (None marks the end). Both come from one moment, so nothing is missed or seen twice."""
+        task = self.get(task_id)
+        past = [e for e in task.events if e.seq > after]
+        if task.state.terminal and task.id not in self._runners:
+            return task, past, None
+        queue: asyncio.Queue[TaskEvent | None] = asyncio.Queue()
+        self._subscribers.setdefault(task.id, set()).add(queue)
+        return task, past, queue
+
+    def release_followers(self) -> None:
+        """The server is stopping: every follower's stream ends now (its `end` says the task is still
+        going), before the web server waits on open connections and would cancel them mid-frame."""
+        for task_id in list(self._subscribers):
+            self._end_followers(task_id)
+
+    def end_followers(self, task_id: str) -> None:
+        self._end_followers(task_id)
+
+    def _end_followers(self, task_id: str) -> None:
+        """Every follower's stream of this task ends (None): the task ended, or the server closes."""
+        for queue in self._subscribers.pop(task_id, set()):
+            queue.put_nowait(None)
+
+    def unsubscribe(self, task_id: str, queue: asyncio.Queue[TaskEvent | None]) -> None:
+        queues = self._subscribers.get(task_id)
+        if queues is not None:
+            queues.discard(queue)

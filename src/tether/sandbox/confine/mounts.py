@@ -1,0 +1,210 @@
+"""The mounts of one sandboxed command's namespace, made by the warden's clone of it (`warden`).
+
+`mount_layers` lays an overlay on every captured write root (writes land in the command's own upper
+directory), binds the live roots, applies the freeze plan of `guard`, hides the device's secrets again
+on top (an overlay shows its lower tree whole), closes the layers directory, masks the machine's unix
+sockets the policy did not name and mounts a private `/dev/shm`; `own_proc` mounts the pid namespace's
+own `/proc`. `Libc` is the few system calls Python 3.11 lacks.
+
+Standard library only: this runs in the warden, a fresh interpreter inside the sandbox.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import signal
+import stat
+from typing import Any
+
+from tether.sandbox.confine.guard import mount_plan
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+class Libc:
+    """The few system calls Python 3.11 lacks, checked: a failure raises OSError naming the call."""
+
+    def __init__(self) -> None:
+        self.lib = ctypes.CDLL(None, use_errno=True)
+
+    def _check(self, result: int, what: str) -> int:
+        if result == -1:
+            err = ctypes.get_errno()
+            raise OSError(err, f"{what}: {os.strerror(err)}")
+        return result
+
+    def clone_namespaces(self) -> int:
+        """fork(), but the child is born as pid 1 of a new pid namespace, in a new mount namespace.
+
+        One process per command instead of an unshare()-then-fork() pair: the child is the command.
+        The warden is single-threaded, so a raw clone is as safe as fork() here.
+        """
+        nr = {"x86_64": 56, "aarch64": 220}[os.uname().machine]
+        return self._check(self.lib.syscall(nr, ctypes.c_ulong(CLONE_NEWNS | CLONE_NEWPID | signal.SIGCHLD),
+                                            None, None, None, None), "clone")
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int, data: str | None) -> None:
+        def enc(text: str | None) -> bytes | None:
+            return None if text is None else os.fsencode(text)
+
+        self._check(self.lib.mount(enc(source), enc(target), enc(fstype), ctypes.c_ulong(flags), enc(data)),
+                    f"mount {fstype or 'bind'} on {target}")
+
+    def prctl(self, option: int, arg: int = 0) -> int:
+        return self._check(self.lib.prctl(option, ctypes.c_ulong(arg), 0, 0, 0), f"prctl {option}")
+
+    def drop_capabilities(self) -> None:
+        """Empty bounding, ambient, effective, permitted and inheritable sets: even uid 0 gets nothing back."""
+        for cap in range(64):
+            if self.lib.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) == -1:
+                if ctypes.get_errno() == 22:  # EINVAL: past the last capability this kernel knows
+                    break
+                self._check(-1, f"drop capability {cap}")
+        self.lib.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0)
+        header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+        data = (_CapData * 2)()
+        self._check(self.lib.capset(ctypes.byref(header), data), "capset")
+        self.prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def mount_layers(libc: Libc, req: dict[str, Any]) -> list[str]:
+    """The command's view: an overlay per captured root, live roots bound on top, secrets hidden again.
+
+    Everything is opened before anything is mounted, so each overlay's lower layer is the real tree,
+    not another overlay. Live roots come from where bwrap bound them for the warden (inside the layers
+    directory, not at their own paths: a mount below a captured root would stop its overlay).
+    A root with another filesystem mounted inside it on the machine cannot be overlaid (the kernel
+    will not hide mounts this namespace did not make): it stays read-only, and the returned note says so.
+    """
+    notes: list[str] = []
+    libc.mount(None, "/", None, MS_REC | MS_PRIVATE, None)
+    live = [(target, os.open(source, os.O_PATH | os.O_DIRECTORY)) for source, target in req.get("live", [])]
+    layer = req.get("layer")
+    lowers = [(root, os.open(root, os.O_PATH | os.O_DIRECTORY)) for root in layer["roots"]] if layer else []
+    for i, (root, fd) in enumerate(lowers):
+        upper, work = f"{layer['dir']}/{i}/u", f"{layer['dir']}/{i}/w"  # type: ignore[index]
+        plant_whiteouts(upper, root, req.get("hidden", []))
+        # volatile: no sync of the upper filesystem when the overlay goes (of the whole filesystem: a journal
+        # commit and a disk flush per command otherwise); the device reads the layer through the page cache
+        options = f"lowerdir=/proc/self/fd/{fd},upperdir={upper},workdir={work},userxattr,volatile"
+        set_aside(work, req.get("id", 0))
+        try:
+            libc.mount("overlay", root, "overlay", 0, options)
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            notes.append(f"{root} is read-only for this command: a filesystem mounted inside it keeps tether from "
+                         "capturing changes there (unmount it, or list the root in live_write_roots to write to it "
+                         "directly, uncaptured)")
+    for path, fd in live:
+        if os.path.isdir(path):
+            libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+    for _, fd in (*lowers, *live):
+        os.close(fd)
+    mount_plan(libc.mount, req.get("freeze", []), req.get("readonly", []))  # see sandbox/confine/guard.py
+    hide(libc, req.get("hidden", []))
+    if req.get("layers_dir"):
+        libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
+    mask_sockets(libc, req)
+    return notes
+
+
+def hide(libc: Libc, hidden: list[str]) -> None:
+    """An empty read-only tmpfs over each hidden directory that exists in this view, /dev/null over each file."""
+    for path in hidden:
+        # a hidden name that is a symlink (dotfile managers) hides what it points to: mount follows it
+        if os.path.isdir(path):
+            libc.mount("tmpfs", path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
+        elif os.path.exists(path):
+            libc.mount("/dev/null", path, None, MS_BIND, None)
+
+
+def plant_whiteouts(upper: str, root: str, hidden: list[str]) -> None:
+    """Each hidden path below the captured `root` that exists: a whiteout (a character device 0/0, which
+    needs no capability) at its place in the overlay's upper directory, made before the overlay is
+    mounted, so the command's view has no such entry at all (`ls -a ~` does not list `.ssh`, and
+    nothing can be read through it). The directories above it are made in the upper with the real
+    ones' mode and times (the overlay shows an upper directory's). `layer.scan` never takes a whiteout
+    at a hidden path for a deletion; a hidden path the command creates anyway is refused there
+    (tools/shell/capture: `hide_paths`). A hidden path below a symlinked directory is left to the
+    mount that hides it after the overlay."""
+    prefix = root.rstrip("/") + "/"
+    for path in hidden:
+        if not path.startswith(prefix) or not os.path.lexists(path):
+            continue
+        parts = path[len(prefix):].split("/")
+        made: list[tuple[str, os.stat_result]] = []
+        here_upper, here_real = upper, root
+        try:
+            for part in parts[:-1]:
+                here_upper, here_real = f"{here_upper}/{part}", f"{here_real}/{part}"
+                real_st = os.lstat(here_real)
+                if not stat.S_ISDIR(real_st.st_mode):
+                    break
+                if not os.path.isdir(here_upper):
+                    os.mkdir(here_upper, 0o700)
+                    made.append((here_upper, real_st))
+            else:
+                os.mknod(f"{upper}/{'/'.join(parts)}", stat.S_IFCHR | 0o600, 0)
+        except FileExistsError:
+            pass  # planted already (a layer kept from an earlier run), or written there by that run
+        for where, real_st in reversed(made):  # the innermost first: its own times change its parent's
+            os.chmod(where, stat.S_IMODE(real_st.st_mode))
+            os.utime(where, ns=(real_st.st_atime_ns, real_st.st_mtime_ns))
+
+
+def set_aside(work: str, request_id: int) -> None:
+    """A pooled layer's old overlay work directory, renamed to `gone-<request id>` beside it for the device
+    to remove later (`Sandbox._sweep`), off the command's clock.
+
+    Mounting over a work directory that has one, the kernel removes it first (freeing disk blocks, which
+    some filesystems discard synchronously: milliseconds per directory), and refuses the mount outright
+    when a volatile overlay left its marker there (after a crash its upper layer may be incomplete). A
+    layer only returns to the pool once its previous command's namespace is gone and its upper layer was
+    found empty, so nothing uses the old one any more and the marker says nothing.
+    """
+    for attempt in range(64):  # gone-<id> is taken when a primed namespace of this layer was dropped unused
+        try:
+            os.rename(f"{work}/work", f"{work}/gone-{request_id}" + (f"-{attempt}" if attempt else ""))
+            return
+        except FileNotFoundError:
+            return  # a fresh layer
+        except OSError as exc:
+            if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+
+
+def mask_sockets(libc: Libc, req: dict[str, Any]) -> None:
+    """The machine's unix sockets the policy did not name, each made /dev/null (a connect is refused),
+    and a private, size-capped /dev/shm: nothing one command leaves there is seen by another."""
+    if req.get("filters") is False:  # bench.sandbox_filters' baseline only
+        return
+    for path in req.get("mask_sockets", []):
+        try:
+            libc.mount("/dev/null", path, None, MS_BIND, None)
+        except OSError:
+            pass  # gone since the device listed it, or not visible from here (hidden, another mount)
+    if req.get("shm") and os.path.isdir("/dev/shm"):
+        libc.mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, req["shm"])
+
+
+def own_proc(libc: Libc) -> None:
+    """Die with the warden; this pid namespace's own /proc."""
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc.mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None)
