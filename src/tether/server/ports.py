@@ -51,6 +51,10 @@ class RemoteDevices(Protocol):
     async def holder(self, device: str) -> str | None:
         """The node holding `device`'s socket now, or None; raises `BackplaneUnavailable`."""
 
+    def hint(self, device: str) -> str | None:
+        """The API base URL (http(s)://host:port) of the node holding `device` when another node holds it, as
+        far as this node knows without asking Redis; None when it does not know or holds it itself."""
+
     async def run_batch(self, batch: PendingBatch, holder: str) -> None:
         """Run `batch` on `holder` and finish it (results, or an error saying why not). Re-routes it when
         the device moves to another node meanwhile, with the same ids, so the device runs it once."""

@@ -105,6 +105,10 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
         app.include_router(pairing_router)
     aip = aip_route(hub)
     app.router.routes.append(aip)
+    if settings.cluster_url and settings.cluster_link != "off":  # the other nodes' direct links (server/cluster)
+        from tether.server.cluster.endpoint import link_route
+
+        app.router.routes.append(link_route(app))
     mount_web(app)  # the dashboard at /, and /docs + /redoc from packaged assets
     gateway = mount_gateway(app)  # the fleet as an MCP server at /mcp (server/mcp)
     contexts = [gateway, *(extension(app) for extension in extensions)]
