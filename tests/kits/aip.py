@@ -36,7 +36,7 @@ from tether.protocol.messages import (
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.protocol.profile import DeviceProfile
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.socket import aip_route
+from tether.server.aip.sockets.socket import aip_route
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

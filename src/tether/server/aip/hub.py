@@ -10,15 +10,15 @@ later is told its batches are no longer awaited). It never raises for anything a
 a bad frame gets an ERROR reply and the loop goes on.
 
 The hub speaks to an `AIPSocket`, not to Starlette, so the rules stay testable and portable;
-`tether.server.aip.socket.aip_route` adapts a Starlette WebSocket to it. What each frame means is
+`tether.server.aip.sockets.socket.aip_route` adapts a Starlette WebSocket to it. What each frame means is
 judged by the connection's sans-I/O session (`tether.protocol.server_session`); the hub keeps the table of
 connections and acts on those judgements. Where each batch goes and the ledger of batches in flight
-(`tether.server.aip.batch_router`, `tether.server.aip.batches`), the liveness timers
-(`tether.server.aip.liveness`), the writes to one socket (`tether.server.aip.link`), the judgement of a
-registration (`tether.server.aip.registration`) and what external MCP servers ask through a device
-(`tether.server.aip.questions`) each live in their own module; the hub is where they meet. The hub itself is
-split by job: admission (`hub_admission`), frames (`hub_frames`), questions (`hub_questions`), batches
-(`hub_batches`), liveness (`hub_liveness`), over the attributes they share (`hub_state`).
+(`tether.server.aip.batches.router`, `tether.server.aip.batches.ledger`), the liveness timers
+(`tether.server.aip.fleet.liveness`), the writes to one socket (`tether.server.aip.sockets.link`), the judgement of a
+registration (`tether.server.aip.sockets.registration`) and what external MCP servers ask through a device
+(`tether.server.aip.questions.asked`) each live in their own module; the hub is where they meet. The hub itself is
+split by job: admission (`sockets.admission`), frames (`sockets.frames`), questions (`questions.answering`),
+batches (`batches.routing`), departures (`fleet.departures`), over the attributes they share (`hub_state`).
 """
 
 from __future__ import annotations
@@ -39,19 +39,19 @@ from tether.protocol.messages import (
     TaskStatus,
 )
 from tether.protocol.wire import CloseCode
-from tether.server.aip.batch_router import BatchRouter
-from tether.server.aip.batches import PendingBatch, TokenRef
-from tether.server.aip.dispatcher import WebSocketCommandDispatcher
-from tether.server.aip.gc_keeper import keep_gc_lean
-from tether.server.aip.hub_admission import HubAdmission
-from tether.server.aip.hub_batches import HubBatches
-from tether.server.aip.hub_frames import HubFrames
-from tether.server.aip.hub_liveness import HubLiveness
-from tether.server.aip.hub_questions import HubQuestions
-from tether.server.aip.link import DeviceLink
-from tether.server.aip.liveness import GracePeriods, watch_liveness
-from tether.server.aip.questions import OpenQuestions, Sampler, SamplingGate
-from tether.server.aip.registry import DeviceRegistry
+from tether.server.aip.batches.dispatcher import WebSocketCommandDispatcher
+from tether.server.aip.batches.ledger import PendingBatch, TokenRef
+from tether.server.aip.batches.router import BatchRouter
+from tether.server.aip.batches.routing import HubBatches
+from tether.server.aip.fleet.departures import HubLiveness
+from tether.server.aip.fleet.gc_keeper import keep_gc_lean
+from tether.server.aip.fleet.liveness import GracePeriods, watch_liveness
+from tether.server.aip.fleet.registry import DeviceRegistry
+from tether.server.aip.questions.answering import HubQuestions
+from tether.server.aip.questions.asked import OpenQuestions, Sampler, SamplingGate
+from tether.server.aip.sockets.admission import HubAdmission
+from tether.server.aip.sockets.frames import HubFrames
+from tether.server.aip.sockets.link import DeviceLink
 from tether.server.ports import BackplaneUnavailable, RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
@@ -59,8 +59,8 @@ from tether.server.store import Store
 if TYPE_CHECKING:
     from tether.protocol.models import Command
     from tether.protocol.profile import DeviceRequirements
+    from tether.server.aip.batches.fanout import DeviceOutcome
     from tether.server.aip.desktop_holds import DesktopHolds
-    from tether.server.aip.fanout import DeviceOutcome
     from tether.server.notify.notifier import Notifier
 
 PRELOAD_AFTER_S = 2.0  # known devices' stored profiles are read this long after start, in the background
@@ -184,10 +184,10 @@ class DeviceHub(HubAdmission, HubFrames, HubQuestions, HubBatches, HubLiveness):
 
     async def fan_out(self, requires: DeviceRequirements, commands: list[Command], *,
                       on_outcome: Callable[[DeviceOutcome], None] | None = None, **options: Any) -> dict[str, Any]:
-        """Run `commands` on every device meeting `requires` (server/aip/fanout.py) and return
+        """Run `commands` on every device meeting `requires` (server/aip/batches/fanout.py) and return
         `{"devices": [lines…], "summary": {…}}`: how a layer above (a task step `on: all`) fans out
         without importing the server's modules. `FanOutError` (a ValueError) when it cannot start."""
-        from tether.server.aip.fanout import countable, run_fan_out
+        from tether.server.aip.batches.fanout import countable, run_fan_out
 
         # a device whose every token is revoked is not counted (docs/fleet.md)
         options["within"] = countable(self.store.tokens.active_device_names(), options.get("within"))

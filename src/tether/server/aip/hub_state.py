@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tether.protocol.messages import ClientMessage, Event
     from tether.protocol.server_session import SessionEvent
-    from tether.server.aip.batch_router import BatchRouter
-    from tether.server.aip.batches import BatchBook, PendingBatch
-    from tether.server.aip.link import DeviceLink
-    from tether.server.aip.liveness import GracePeriods
-    from tether.server.aip.questions import OpenQuestions, Sampler, SamplingGate
-    from tether.server.aip.registry import DeviceRecord, DeviceRegistry
-    from tether.server.aip.socket import AIPSocket, Refusal
+    from tether.server.aip.batches.ledger import BatchBook, PendingBatch
+    from tether.server.aip.batches.router import BatchRouter
+    from tether.server.aip.fleet.liveness import GracePeriods
+    from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
+    from tether.server.aip.questions.asked import OpenQuestions, Sampler, SamplingGate
+    from tether.server.aip.sockets.link import DeviceLink
+    from tether.server.aip.sockets.socket import AIPSocket, Refusal
     from tether.server.notify.notifier import Notifier
     from tether.server.ports import RemoteDevices
     from tether.server.settings import ServerSettings

@@ -1,4 +1,4 @@
-"""`DeviceHub`'s batch routing: the hub's face of `BatchRouter` (`tether.server.aip.batch_router`)."""
+"""`DeviceHub`'s batch routing: the hub's face of `BatchRouter` (`tether.server.aip.batches.router`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from tether.protocol.messages import (
     Event,
     ServerMessage,
 )
-from tether.server.aip.batches import PendingBatch, TokenRef
+from tether.server.aip.batches.ledger import PendingBatch, TokenRef
 from tether.server.aip.hub_state import HubState
 from tether.server.ports import RemoteDevices
 

@@ -19,9 +19,9 @@ from tether.protocol.server_session import (
 )
 from tether.protocol.wire import CloseCode
 from tether.server.aip.hub_state import HubState
-from tether.server.aip.link import DeviceLink, close_socket
-from tether.server.aip.registration import authenticate, prove_key, refusal_of, refuse
-from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
+from tether.server.aip.sockets.link import DeviceLink, close_socket
+from tether.server.aip.sockets.registration import authenticate, prove_key, refusal_of, refuse
+from tether.server.aip.sockets.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.store.tokens import TokenInfo
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name

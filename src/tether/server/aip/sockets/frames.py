@@ -20,9 +20,9 @@ from tether.protocol.server_session import (
     SessionEvent,
 )
 from tether.server.aip.hub_state import HubState
-from tether.server.aip.link import DeviceLink
-from tether.server.aip.questions import answer_sampling
-from tether.server.aip.socket import SocketClosed
+from tether.server.aip.questions.asked import answer_sampling
+from tether.server.aip.sockets.link import DeviceLink
+from tether.server.aip.sockets.socket import SocketClosed
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
