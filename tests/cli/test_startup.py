@@ -108,6 +108,7 @@ def test_root_help_lists_every_command_and_imports_no_command_module(tmp_path: P
     assert "typer.rich_utils" in modules and not modules & {"rich.markdown", "rich.traceback", "rich.syntax"}
     assert not _top(modules) & {*HEAVY, "pydantic", "httpx"}, sorted(_top(modules) & {*HEAVY, "pydantic", "httpx"})
     assert "tether.protocol" not in modules and "asyncio" not in modules
+    assert "logging" not in modules, "drawing the help logs nothing"
 
 
 @pytest.mark.parametrize("args", [("device", "--help"), ("server", "--help"), ("exec", "--help"),
@@ -127,6 +128,8 @@ def test_a_local_built_in_tool_call_imports_no_sdk_server_or_http_client(tmp_pat
     assert "typer.rich_utils" not in modules, "a command that runs draws no help panel"
     assert json.loads(proc.stdout)["status"] == "success"
     assert not _top(modules) & {*HEAVY, "mcp_types", "httpx"}, sorted(_top(modules) & {*HEAVY, "mcp_types", "httpx"})
+    # the AIP frames, the device profile and the codec are for a device on a link (tether.protocol is lazy)
+    assert not modules & {"tether.protocol.messages", "tether.protocol.profile", "tether.protocol.codec"}
 
 
 def test_a_local_call_without_config_files_or_a_display_loads_neither_yaml_nor_the_desktop_tools(

@@ -102,6 +102,28 @@ async def test_an_in_process_server_result_is_measured_too(manager, monkeypatch:
     assert (await server.call_tool("echo", {"text": "ok"}, ctx=CTX, timeout=20)).result["structured"] == "ok"
 
 
+def test_a_results_size_counts_every_kind_of_content_block() -> None:
+    """What `result_size` counts of each block kind (text, image/audio data, an embedded resource's text or
+    blob), the larger of that and the structured content, and that counting stops past the limit."""
+    import mcp_types as t
+
+    from tether.device.mcp.client.session_util import result_size
+
+    blocks: list[Any] = [t.TextContent(type="text", text="abc"),
+                         t.ImageContent(type="image", data="QUJD", mime_type="image/png"),
+                         t.AudioContent(type="audio", data="QUJDRA==", mime_type="audio/wav"),
+                         t.ResourceLink(type="resource_link", uri="file:///x", name="x"),
+                         t.EmbeddedResource(type="resource", resource=t.TextResourceContents(uri="file:///a",
+                                                                                             text="hello")),
+                         t.EmbeddedResource(type="resource", resource=t.BlobResourceContents(uri="file:///b",
+                                                                                             blob="QUJDRA=="))]
+    assert result_size(t.CallToolResult(content=blocks), 1 << 20) == 3 + 4 + 8 + 5 + 8
+    structured = {"rows": ["x" * 100]}
+    assert result_size(t.CallToolResult(content=blocks[:1], structured_content=structured), 1 << 20) == len(
+        json.dumps(structured, separators=(",", ":")))
+    assert result_size(t.CallToolResult(content=[t.TextContent(type="text", text="x" * 50)] * 3), 60) == 100
+
+
 def test_the_line_splitter_is_linear_bounded_and_finds_the_request_id() -> None:
     splitter = LineSplitter(limit=100)
     assert splitter.feed(b'{"a":1}\n{"b"') == [b'{"a":1}']

@@ -10,8 +10,6 @@ import sys
 
 
 def main() -> None:
-    import logging
-
     from tether.cli.common import app
     from tether.cli.views.rich_help import load_rich_utils
 
@@ -19,7 +17,10 @@ def main() -> None:
         # typer's help panels without rich's Markdown and tracebacks; a command that runs never
         # draws them (so it does not import typer.rich_utils either), and the output is the same
         load_rich_utils()
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if len(sys.argv) > 1 and sys.argv[1:] not in (["--help"], ["-h"]):  # help alone logs nothing: no `logging`
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         app()
     except Exception as exc:

@@ -13,13 +13,16 @@ import asyncio
 import logging
 import platform as _platform
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 from tether.device.computer_manager import ComputerManager
 from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.router import CommandRouter
-from tether.protocol.messages import ServerMessage
 from tether.protocol.models import Command, Result
 from tether.tools.context import EventSink
+
+if TYPE_CHECKING:
+    from tether.protocol.messages import ServerMessage  # the frames: only a device on a link needs them
 
 logger = logging.getLogger(__name__)
 

@@ -6,8 +6,11 @@ the live view's own route for the holder). The check sits in the batch router, s
 API, the MCP gateway, a task's steps, a fan-out — meets it. Watchers (the live view's streams) are told
 of each desktop action sent to the device and of its result, for drawing them on the screen.
 
-Holds are kept by the node that serves the live view; in a cluster a view must be served by the node
-holding the device (docs/desktop.md, "Live view").
+In a cluster a hold lives on the node holding the device's connection, since every batch for the device
+(asked on any node) is run through that node's router: a live view on another node takes, renews and
+releases it there (server/web/screen_nodes.py), and the hold key travels with the person's own batches.
+A hold taken with a `ttl` ends by itself when it is not renewed (`keep`) in time, so a hold whose view's
+node died does not outlive it.
 """
 
 from __future__ import annotations
@@ -42,30 +45,58 @@ class DesktopHeld(ServerError, RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Hold:
-    """A person's hold: `holder` (their token's name), `key` (what their own actions carry), `since` (epoch s)."""
+    """A person's hold: `holder` (their token's name), `key` (what their own actions carry), `since` (epoch s),
+    `ttl` (seconds it lasts without a `keep`, None: until released)."""
 
     device: str
     holder: str
     key: str
     since: float
+    ttl: float | None = None
 
 
 @dataclass
 class DesktopHolds:
-    """The holds and the watchers of each device's desktop, for one node."""
+    """The holds and the watchers of each device's desktop, for one node. `clock` (monotonic seconds) times
+    the holds' `ttl`."""
 
     holds: dict[str, Hold] = field(default_factory=dict)
+    clock: Callable[[], float] = time.monotonic
     _watchers: dict[str, dict[object, Callable[[dict[str, Any]], None]]] = field(default_factory=dict)
+    _until: dict[str, float] = field(default_factory=dict)  # device -> when its hold ends unless kept
 
-    def take(self, device: str, holder: str) -> Hold:
-        """Hold `device`'s desktop for `holder`; `DesktopHeld` when another holds it (the same holder gets
-        a fresh hold: its older page lost it)."""
-        current = self.holds.get(device)
+    def take(self, device: str, holder: str, *, ttl: float | None = None) -> Hold:
+        """Hold `device`'s desktop for `holder`, for `ttl` seconds unless kept (None: until released);
+        `DesktopHeld` when another holds it (the same holder gets a fresh hold: its older page lost it)."""
+        current = self.current(device)
         if current is not None and current.holder != holder:
             raise DesktopHeld(device, current.holder)
-        hold = self.holds[device] = Hold(device, holder, secrets.token_urlsafe(16), time.time())
+        hold = self.holds[device] = Hold(device, holder, secrets.token_urlsafe(16), time.time(), ttl)
+        self._until.pop(device, None)
+        if ttl is not None:
+            self._until[device] = self.clock() + ttl
         self._tell(device, {"kind": "hold", "holder": holder, "since": hold.since})
         return hold
+
+    def current(self, device: str) -> Hold | None:
+        """`device`'s hold now, or None (a hold past its `ttl` ends here, its watchers told)."""
+        hold = self.holds.get(device)
+        if hold is not None and device in self._until and self.clock() > self._until[device]:
+            logger.info("the hold of %s on device %s's desktop ran out (not kept for %gs)", hold.holder, device,
+                        hold.ttl)
+            self.release(device, hold.key)
+            return None
+        return hold
+
+    def keep(self, device: str, key: str) -> bool:
+        """Renew the hold with `key` for its `ttl`; False when it is not the current one (it ran out, was
+        released or replaced)."""
+        hold = self.current(device)
+        if hold is None or hold.key != key:
+            return False
+        if hold.ttl is not None:
+            self._until[device] = self.clock() + hold.ttl
+        return True
 
     def release(self, device: str, key: str) -> bool:
         """End the hold with `key`; False when it is not the current one (already released or replaced)."""
@@ -73,12 +104,13 @@ class DesktopHolds:
         if current is None or current.key != key:
             return False
         del self.holds[device]
+        self._until.pop(device, None)
         self._tell(device, {"kind": "hold", "holder": None})
         return True
 
     def refusal(self, device: str, tools: list[str], asker: TokenRef | None) -> str | None:
         """Why a batch of `tools` from `asker` may not run on `device` now, or None when it may."""
-        current = self.holds.get(device)
+        current = self.current(device) if device in self.holds else None
         if current is None or not any(t in DESKTOP_ACTIONS for t in tools):
             return None
         if asker is not None and asker.hold == current.key:
@@ -130,6 +162,10 @@ class DesktopHolds:
         task = asyncio.create_task(ended(), name=f"desktop-watch-{batch.response_id}")
         tasks.add(task)
         task.add_done_callback(tasks.discard)
+
+    def tell(self, device: str, event: dict[str, Any]) -> None:
+        """Pass `event` (one a watcher on another node of a cluster was told) to this node's watchers of `device`."""
+        self._tell(device, event)
 
     def _tell(self, device: str, event: dict[str, Any]) -> None:
         for listener in list(self._watchers.get(device, {}).values()):

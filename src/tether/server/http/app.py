@@ -59,6 +59,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await hub.start()
         node = None
+        stop_screen: Callable[[], None] | None = None
         try:
             await notifier.start()
             if settings.cluster_url:  # one node of several (server/cluster): devices held elsewhere reachable
@@ -66,11 +67,14 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
 
                 node = app.state.cluster = ClusterNode(hub, registry, store, settings, remote)
                 await node.start()
+                stop_screen = app.state.screen_nodes.start()  # live views across nodes (web/screen_nodes.py)
             async with AsyncExitStack() as stack:
                 for context in contexts:
                     await stack.enter_async_context(context)
                 yield
         finally:
+            if stop_screen is not None:
+                stop_screen()
             if node is not None:
                 await node.aclose()
             await notifier.aclose()

@@ -15,6 +15,9 @@ opens (`screen.view`) and one when it ends (`screen.view_end`, with the frames i
 over and handing back are audited too. Each screenshot itself is not audited (several a second).
 A hold ends with its view: when the page goes away, its stream ends and the hold is released; a page
 that stops saying it is there (`.../screen/keep`, every 5 s) loses the hold after `HOLD_IDLE_S`.
+
+In a cluster a view may be opened on any node: the hold lives on the node holding the device, with a
+`HOLD_TTL_S` of its own there, and that node's desktop events are relayed to the view (web/screen_nodes.py).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import hashlib
 import json
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -39,6 +42,7 @@ from tether.server.aip.desktop_holds import DesktopHeld
 from tether.server.http.api import require
 from tether.server.store.tokens import TokenInfo
 from tether.server.web.logins import COOKIE
+from tether.server.web.screen_nodes import ScreenNodes
 
 MIN_INTERVAL_S = 0.2  # at most 5 screenshots a second per view: each costs the device a grab and a PNG
 RETRY_S = 2.0  # after a failed screenshot (the device away, no display)
@@ -47,6 +51,9 @@ KEEPALIVE_S = 15.0
 # a holding page says it is still there at least this often (screen.js: every 5 s); past it the hold ends, so a
 # page whose connection died without a word (no TCP reset) does not keep the desktop for the TCP timeout
 HOLD_IDLE_S = 20.0
+# where the device is, a hold not kept for this long ends by itself: the view's node died, or lost its way there
+HOLD_TTL_S = HOLD_IDLE_S + 10.0
+WATCH_RENEW_S = 5.0  # how often a view asks the device's node again to relay its desktop events here
 PERSON_TOOLS = frozenset({"click", "press_key", "scroll", "type_text"})
 
 screen_router = APIRouter(include_in_schema=False)
@@ -60,7 +67,9 @@ class View:
     token: str
     device: str
     hold: str | None = None
+    hold_at: str = ""  # the node holding the device when the hold was taken ("" for this one)
     seen: float = field(default_factory=time.monotonic)  # when the page last spoke (took, acted, kept)
+    tell: Callable[[dict[str, Any]], None] | None = None  # an event for this view's page alone
 
 
 @dataclass
@@ -138,23 +147,66 @@ async def _shoot(request: Request, device: str) -> dict[str, Any]:
 async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterator[bytes]:
     hub = request.app.state.hub
     views: LiveViews = request.app.state.live_views
+    nodes: ScreenNodes = request.app.state.screen_nodes
     stream = secrets.token_urlsafe(12)
     view = views.views[stream] = View(request.cookies.get(COOKIE), who.name, device)
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(maxsize=256)
 
     def told(event: dict[str, Any]) -> None:
         if not queue.full():  # a view that cannot keep up loses marks, never blocks the router
-            queue.put_nowait((event["kind"], event))
+            queue.put_nowait((str(event.get("kind")), event))
+
+    view.tell = told
+
+    async def watch() -> str | None:
+        try:
+            return await nodes.watch(device)
+        except HTTPException as exc:
+            told({"kind": "problem", "error": str(exc.detail)})
+            return None
+
+    async def follow() -> None:
+        """The device's connection moved to another node (its node died, or it reconnected elsewhere): the
+        hold follows it there, since the old node's hold no longer stands in anyone's way."""
+        try:
+            at = await nodes.located(device)
+        except HTTPException:
+            return
+        if at is None or at == view.hold_at or view.hold is None:
+            return
+        old, was = view.hold, view.hold_at
+        try:
+            view.hold, _, view.hold_at = await nodes.take(device, who.name, HOLD_TTL_S)
+        except DesktopHeld as exc:
+            view.hold = None
+            told({"kind": "hold", "holder": exc.holder, "lost": True})
+            return
+        except HTTPException:
+            return  # tried again with the next picture
+        _audit(request, who.name, device, "screen.take", {"stream": stream, "why": f"the device moved to node "
+                                                          f"{view.hold_at or 'serving this view'}"})
+        nodes.release_soon(was, device, old, lambda released: None)  # else it runs out there (HOLD_TTL_S)
+
+    async def rewatch() -> None:  # apart from the pictures: a dead node's silence must not hold them up
+        while True:
+            await asyncio.sleep(WATCH_RENEW_S)  # a renewal's period, not a wait for an event
+            await watch()
 
     async def shots() -> None:
         seq, last = 0, b""
         while True:
             started = time.monotonic()
-            if view.hold is not None and started - view.seen > HOLD_IDLE_S \
-                    and hub.desktop.release(device, view.hold):
-                view.hold = None
-                _audit(request, who.name, device, "screen.hand_back",
-                       {"stream": stream, "why": f"no word from the page for {HOLD_IDLE_S:g}s"})
+            if view.hold is not None:
+                await follow()
+            if view.hold is not None and started - view.seen > HOLD_IDLE_S:
+                key, view.hold = view.hold, None
+                try:
+                    released = await nodes.release_at(view.hold_at, device, key)
+                except HTTPException:  # its node does not answer: the hold runs out there (HOLD_TTL_S)
+                    released = False
+                if released:
+                    _audit(request, who.name, device, "screen.hand_back",
+                           {"stream": stream, "why": f"no word from the page for {HOLD_IDLE_S:g}s"})
             shot = await _shoot(request, device)
             if "error" in shot:
                 await queue.put(("problem", {"error": str(shot["error"])[:500]}))
@@ -172,12 +224,13 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
     remove = hub.desktop.watch(device, told)
     opened = time.monotonic()
     _audit(request, who.name, device, "screen.view", {"stream": stream})
-    producer = asyncio.create_task(shots(), name=f"live-view-{stream}")
     frames = 0
+    producers: list[asyncio.Task[None]] = []
     try:
-        held = hub.desktop.holds.get(device)
-        yield _event("hello", {"stream": stream, "device": device, "holder": held.holder if held else None,
-                               "you": who.name})
+        holder = await watch()
+        producers = [asyncio.create_task(shots(), name=f"live-view-{stream}"),
+                     asyncio.create_task(rewatch(), name=f"live-view-watch-{stream}")]
+        yield _event("hello", {"stream": stream, "device": device, "holder": holder, "you": who.name})
         while True:
             try:
                 async with asyncio.timeout(KEEPALIVE_S):
@@ -188,11 +241,17 @@ async def _stream(request: Request, who: TokenInfo, device: str) -> AsyncIterato
             frames += kind == "frame" and "png" in data
             yield _event(kind, data)
     finally:
-        producer.cancel()
+        for producer in producers:
+            producer.cancel()
         remove()
         views.views.pop(stream, None)
-        if view.hold is not None and hub.desktop.release(device, view.hold):
-            _audit(request, who.name, device, "screen.hand_back", {"stream": stream, "why": "the page went away"})
+        if view.hold is not None:  # released off this (cancelled) path: the device may be on another node
+            def handed_back(released: bool) -> None:
+                if released:
+                    _audit(request, who.name, device, "screen.hand_back",
+                           {"stream": stream, "why": "the page went away"})
+
+            nodes.release_soon(view.hold_at, device, view.hold, handed_back)
         _audit(request, who.name, device, "screen.view_end",
                {"stream": stream, "frames": frames, "seconds": round(time.monotonic() - opened, 1)})
 
@@ -207,12 +266,12 @@ async def take_over(name: str, body: HoldBody, request: Request,
         raise HTTPException(403, f"token '{who.name}' is an agent's token: only a person takes over a desktop")
     view = _view(request, who, name, body.stream)
     try:
-        hold = request.app.state.hub.desktop.take(name, who.name)
+        key, since, at = await request.app.state.screen_nodes.take(name, who.name, HOLD_TTL_S)
     except DesktopHeld as exc:
         raise HTTPException(409, f"{exc}: they hand it back first") from None
-    view.hold, view.seen = hold.key, time.monotonic()
+    view.hold, view.hold_at, view.seen = key, at, time.monotonic()
     _audit(request, who.name, name, "screen.take", {"stream": body.stream})
-    return {"holder": who.name, "since": hold.since}
+    return {"holder": who.name, "since": since}
 
 
 @screen_router.post("/web/devices/{name}/screen/keep")
@@ -221,6 +280,13 @@ async def keep(name: str, body: HoldBody, request: Request,
     """The holding page is still there (sent every few seconds); `held` says whether it still holds."""
     view = _view(request, who, name, body.stream)
     view.seen = time.monotonic()
+    nodes: ScreenNodes = request.app.state.screen_nodes
+    # a device that moved to another node since: its hold follows it (the view's `follow`), not lost here
+    if view.hold is not None and await nodes.located(name) == view.hold_at \
+            and not await nodes.keep_at(view.hold_at, name, view.hold):
+        view.hold = None  # it ran out where the device is
+        if view.tell is not None:
+            view.tell({"kind": "hold", "holder": None, "lost": True})
     return {"held": view.hold is not None}
 
 
@@ -229,8 +295,11 @@ async def hand_back(name: str, body: HoldBody, request: Request,
                     who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     """Hand the desktop back (agents may act again); `released` is False when this view held nothing."""
     view = _view(request, who, name, body.stream)
-    released = view.hold is not None and request.app.state.hub.desktop.release(name, view.hold)
-    view.hold = None
+    key, view.hold = view.hold, None
+    try:
+        released = key is not None and await request.app.state.screen_nodes.release_at(view.hold_at, name, key)
+    except HTTPException:  # its node is gone: so is the hold (it runs out there if that node lives)
+        released = False
     if released:
         _audit(request, who.name, name, "screen.hand_back", {"stream": body.stream})
     return {"released": released}
@@ -244,8 +313,8 @@ async def act(name: str, body: ActBody, request: Request,
     view = _view(request, who, name, body.stream)
     if body.tool not in PERSON_TOOLS:
         raise HTTPException(400, f"the live view sends {sorted(PERSON_TOOLS)}, not '{body.tool[:40]}'")
-    held = request.app.state.hub.desktop.holds.get(name)
-    if view.hold is None or held is None or held.key != view.hold:
+    # a hold on another node is checked there, against the key the batch carries
+    if view.hold is None or (not view.hold_at and not request.app.state.hub.desktop.keep(name, view.hold)):
         raise HTTPException(409, "take over first: this view does not hold the desktop")
     view.seen = time.monotonic()
     dispatcher = request.app.state.hub.dispatcher(name, requested_by=f"api:{who.name}",
@@ -256,6 +325,8 @@ async def act(name: str, body: ActBody, request: Request,
 
 
 def mount_screen(app: FastAPI) -> None:
-    """Add the live view's routes; its open views live on `app.state.live_views`."""
+    """Add the live view's routes; its open views live on `app.state.live_views`, its reach into a cluster on
+    `app.state.screen_nodes` (started by the app's lifespan once the cluster node runs)."""
     app.state.live_views = LiveViews()
+    app.state.screen_nodes = ScreenNodes(app.state.hub)
     app.include_router(screen_router)

@@ -20,20 +20,30 @@ def result_size(result: mcp_types.CallToolResult, limit: int) -> int:
     structured content, whichever is larger); counting stops past `limit`."""
     size = 0
     for block in result.content:
+        # the fields a block has, read from its __dict__: a pydantic model's getattr of a field it lacks
+        # raises and catches an AttributeError, several times the cost of the rest of this loop
+        fields = _fields(block)
         for attr in ("text", "data"):
-            value = getattr(block, attr, None)
+            value = fields.get(attr)
             if isinstance(value, str):
                 size += len(value)
-        resource = getattr(block, "resource", None)
-        for attr in ("text", "blob"):
-            value = getattr(resource, attr, None)
-            if isinstance(value, str):
-                size += len(value)
+        resource = fields.get("resource")
+        if resource is not None:
+            inner = _fields(resource)
+            for attr in ("text", "blob"):
+                value = inner.get(attr)
+                if isinstance(value, str):
+                    size += len(value)
         if size > limit:
             return size
     if result.structured_content:
         size = max(size, len(to_json(result.structured_content)))
     return size
+
+
+def _fields(model: object) -> dict[str, object]:
+    fields = getattr(model, "__dict__", None)
+    return fields if isinstance(fields, dict) else {}
 
 
 def innermost_error(exc: BaseException | None) -> BaseException | None:

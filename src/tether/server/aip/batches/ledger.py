@@ -35,7 +35,8 @@ class TokenRef:
     agent: bool = False
     sample: bool = False  # it holds the `sample` scope: its commands' MCP servers may use the server's LLM
     # the key of a person's hold on the device's desktop (server/aip/desktop_holds.py): set only on the
-    # batches the live view sends for the person holding it; it never travels between nodes
+    # batches the live view sends for the person holding it; in a cluster it travels to the node holding
+    # the device, which holds the desktop and checks the key (nodes trust each other's bus)
     hold: str | None = None
 
     @classmethod
@@ -45,14 +46,17 @@ class TokenRef:
 
     def to_dict(self) -> dict[str, Any]:
         """The form it travels in between the nodes of a cluster."""
-        return {"name": self.name, "agent": self.agent, "sample": self.sample}
+        return {"name": self.name, "agent": self.agent, "sample": self.sample,
+                **({"hold": self.hold} if self.hold is not None else {})}
 
     @classmethod
     def from_dict(cls, data: Any) -> TokenRef | None:
         """The token `to_dict` wrote, or None when `data` names none (a peer that sent no caller)."""
         if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
             return None
-        return cls(data["name"][:128], bool(data.get("agent", False)), data.get("sample") is True)
+        hold = data.get("hold")
+        return cls(data["name"][:128], bool(data.get("agent", False)), data.get("sample") is True,
+                   hold[:64] if isinstance(hold, str) and hold else None)
 
 
 @dataclass(eq=False)

@@ -1,0 +1,175 @@
+"""Start-up as issue 33 item 4 counts it, wall and CPU, with bytecode as `PYTHONDONTWRITEBYTECODE=1` leaves it.
+
+    python -m bench.startup [REPEATS] [--no-fresh]
+
+Rows, each against its anchor measured in the same run:
+- `tether --help` against `python -c pass` (goal <= 8x), and against a process importing only typer and
+  rich (what the help is drawn with: tether's own share is the difference);
+- local `tether exec get_system_info info_type=os` against `python -c pass` (goal <= 0.2 s);
+- `tether device` launch -> its "registered as" line, against a real `tether server` on 127.0.0.1, against a
+  Python process that imports websockets and does one echo round trip (goal <= 0.3 s).
+
+Every process runs with PYTHONDONTWRITEBYTECODE=1, as on a machine that sets it, in two trees:
+- `installed`: this checkout's `src` with its bytecode compiled as `scripts/_venv.sh` leaves it (compileall
+  skips the files already up to date, so this leaves the tree as the script would);
+- `fresh` (unless --no-fresh): a copy of `src` without any `__pycache__`, first on PYTHONPATH: an editable
+  install before that script compiled it, where every run compiles tether's modules from source.
+The anchors' own bytecode comes from the interpreter's and the venv's installs either way.
+
+Each repetition runs every row of both trees once, in an order rotated per repetition (interleaved), after
+one warm-up run of each. Wall: spawn to exit (or to the "registered as" line); CPU: user + system of the
+process (`getrusage` of the reaped child; the device's own from /proc/PID/stat at its line, clock-tick
+resolution), which other load on a shared machine inflates far less than wall. Each row prints the median
+and the spread (min..max) of both, and the ratio of the medians to its anchor's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from functools import partial
+from pathlib import Path
+
+from bench.cli_startup import _children_cpu, _proc_cpu
+from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, WAIT, _Server, _stop, _until_line
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+HELP_DEPS = "import typer, typer.core, rich.console, rich.table, rich.markup"
+
+Sample = tuple[float, float]  # (wall s, cpu s)
+
+
+def _env(state: Path, tree: Path | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TETHER_", "PYTHONPYCACHEPREFIX")) or k in ("TETHER_ALLOW_ROOT", "TETHER_RUN_AS")}
+    env.update({"TETHER_STATE_DIR": str(state), "NO_COLOR": "1", "COLUMNS": "120", "PYTHONDONTWRITEBYTECODE": "1"})
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    return env
+
+
+async def _run(argv: list[str], env: dict[str, str]) -> Sample:
+    """Wall and CPU seconds of one process run to its exit (one child at a time); it must exit 0."""
+    before = _children_cpu()
+    start = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.DEVNULL,
+                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), WAIT)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise RuntimeError(f"{argv[1:]} exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
+    return wall, _children_cpu() - before
+
+
+async def _device(server: _Server, env: dict[str, str]) -> Sample:
+    """Wall and CPU seconds of `tether device` from spawn to its "registered as" line; then it is stopped."""
+    env = {**env, "TETHER_DEVICE_TOKEN": server.secret}
+    start = time.perf_counter()
+    proc = await asyncio.create_subprocess_exec(
+        *TETHER, "device", "--server", f"ws://127.0.0.1:{server.port}", "--name", "bench",
+        "--state-dir", str(server.tmp / "device"), env=env, stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        await asyncio.wait_for(_until_line(proc, b"registered as"), WAIT)
+        wall = time.perf_counter() - start
+        cpu = _proc_cpu(proc.pid)
+    finally:
+        await _stop(proc)
+    return wall, cpu
+
+
+def compile_tree() -> None:
+    """What scripts/_venv.sh does: bytecode for every module of src/tether, those up to date skipped."""
+    subprocess.run([PY, "-m", "compileall", "-q", "-j", "0", str(SRC / "tether")], check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+async def measure_async(repeats: int, fresh: bool) -> dict[str, list[Sample]]:
+    from websockets.asyncio.server import serve
+
+    async def echo(ws: object) -> None:
+        async for message in ws:  # type: ignore[attr-defined]
+            await ws.send(message)  # type: ignore[attr-defined]
+
+    with tempfile.TemporaryDirectory(prefix="tether-bench-startup-") as tmp_name:
+        tmp = Path(tmp_name)
+        trees: dict[str, Path | None] = {"installed": None}
+        if fresh:
+            copy = tmp / "fresh-src"
+            shutil.copytree(SRC / "tether", copy / "tether", ignore=shutil.ignore_patterns("__pycache__"))
+            trees["fresh"] = copy
+        base = _env(tmp, None)
+        server = _Server(tmp)
+        async with serve(echo, "127.0.0.1", 0, compression=None) as echo_server:
+            port = next(iter(echo_server.sockets)).getsockname()[1]
+            await server.start()
+            try:
+                rows: dict[str, Callable[[], Awaitable[Sample]]] = {
+                    "python -c pass": lambda: _run([PY, "-c", "pass"], base),
+                    "python importing typer + rich": lambda: _run([PY, "-c", HELP_DEPS], base),
+                    "python + websockets, one echo": lambda: _run(
+                        [PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], base),
+                }
+                for label, tree in trees.items():
+                    env = _env(tmp, tree)
+                    rows[f"tether --help [{label}]"] = partial(_run, [*TETHER, "--help"], env)
+                    rows[f"tether exec get_system_info [{label}]"] = partial(
+                        _run, [*TETHER, "exec", "get_system_info", "info_type=os"], env)
+                    rows[f"tether device -> registered [{label}]"] = partial(_device, server, env)
+                for run in rows.values():  # warm-up: the page cache, the device's state directory
+                    await run()
+                samples: dict[str, list[Sample]] = {name: [] for name in rows}
+                names = list(rows)
+                for i in range(repeats):
+                    for name in names[i % len(names):] + names[:i % len(names)]:
+                        samples[name].append(await rows[name]())
+            finally:
+                await server.aclose()
+    return samples
+
+
+ANCHORS = {"tether --help": ("python -c pass", "<= 8x"), "tether exec": ("python -c pass", "<= 0.2 s"),
+           "tether device": ("python + websockets, one echo", "<= 0.3 s")}
+
+
+def measure(repeats: int, fresh: bool = True) -> dict[str, list[Sample]]:
+    """Every row's (wall, cpu) samples, `repeats` interleaved runs each; prints the table."""
+    compile_tree()
+    started = time.perf_counter()
+    samples = asyncio.run(measure_async(repeats, fresh))
+    med = {name: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s))
+           for name, s in samples.items()}
+    print(f"{'row':<44} {'wall ms':>8} {'spread':>13} {'cpu ms':>7} {'spread':>13}  ratio to anchor (wall / cpu)")
+    for name, values in samples.items():
+        walls = [w * 1000 for w, _ in values]
+        cpus = [c * 1000 for _, c in values]
+        anchor = next((a for prefix, a in ANCHORS.items() if name.startswith(prefix)), None)
+        ratio = ""
+        if anchor is not None:
+            aw, ac = med[anchor[0]]
+            ratio = (f"{med[name][0] / aw:6.1f}x / {med[name][1] / ac:5.1f}x  {anchor[0]}; "
+                     f"goal {anchor[1]}")
+            if name.startswith("tether --help"):
+                hw, hc = med["python importing typer + rich"]
+                ratio += f"; {med[name][0] / hw:.2f}x / {med[name][1] / hc:.2f}x typer + rich"
+        print(f"{name:<44} {statistics.median(walls):8.0f} {min(walls):6.0f}..{max(walls):<6.0f} "
+              f"{statistics.median(cpus):7.0f} {min(cpus):6.0f}..{max(cpus):<6.0f}  {ratio}")
+    load = os.getloadavg()[0]
+    print(f"n={repeats} each, interleaved; {time.perf_counter() - started:.0f} s; load average {load:.1f} "
+          f"on {os.cpu_count()} cores")
+    return samples
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("repeats", type=int, nargs="?", default=10)
+    parser.add_argument("--no-fresh", action="store_true", help="only the tree with its bytecode compiled")
+    args = parser.parse_args()
+    measure(args.repeats, not args.no_fresh)
