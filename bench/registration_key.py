@@ -34,7 +34,7 @@ GOAL_MS = 0.3
 def key_for(name: str):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from tether.device.link.device_key import DeviceKey
+    from tether.device.link.trust.device_key import DeviceKey
 
     return DeviceKey(Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"bench:{name}".encode()).digest()))
 

@@ -25,8 +25,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from tether.device.link import serving as serving_module
 from tether.device.link.batch_runner import Batch, BatchRunner
+from tether.device.link.conn import serve as serving_module
 from tether.device.link.connection import (
     DeviceConnection,
     LinkHooks,

@@ -22,7 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.kits import db as dbkit
-from tether.device.link.device_key import DeviceKey
+from tether.device.link.trust.device_key import DeviceKey
 from tether.protocol.codec import decode_server_message, encode
 from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.messages import (

@@ -41,9 +41,9 @@ from websockets.uri import parse_uri
 
 from tether.device.client import DeviceClient
 from tether.device.link.batch_runner import BatchRunner
-from tether.device.link.device_key import DeviceKey
-from tether.device.link.dispatch import Dispatching
-from tether.device.link.handshake import Registering
+from tether.device.link.conn.reader import Dispatching
+from tether.device.link.conn.register import Registering
+from tether.device.link.conn.serve import Serving
 from tether.device.link.outbox import FinishedRecord, Outbox
 from tether.device.link.reconnect import (
     RETRYABLE,
@@ -55,7 +55,6 @@ from tether.device.link.reconnect import (
     describe_failure,
     retry_after_of,
 )
-from tether.device.link.serving import Serving
 from tether.device.link.settings import (
     KEEPALIVE_S,
     PROFILE_REUSE_S,
@@ -66,7 +65,8 @@ from tether.device.link.settings import (
     StateHook,
     make_ssl_context,
 )
-from tether.device.link.tls_pin import normalize_fingerprint
+from tether.device.link.trust.device_key import DeviceKey
+from tether.device.link.trust.tls_pin import normalize_fingerprint
 from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
 from tether.protocol.codec import HeartbeatFrame

@@ -72,7 +72,7 @@ class LinkSettings:
 class ServerTrust:
     """Which server certificate a `DeviceConnection` accepts on wss://: `ssl_context` (None: the system's
     CAs, see `make_ssl_context`) or exactly the certificate with the SHA-256 `tls_fingerprint`
-    (`tether.device.link.tls_pin`; then `ssl_context` is not used)."""
+    (`tether.device.link.trust.tls_pin`; then `ssl_context` is not used)."""
 
     ssl_context: ssl.SSLContext | None = None
     tls_fingerprint: str | None = None

@@ -16,7 +16,6 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from tether.device.link import settings as link_settings
 from tether.device.link.batch_runner import BatchRunner
-from tether.device.link.device_key import DeviceKey
 from tether.device.link.outbox import Outbox
 from tether.device.link.reconnect import (
     PIN_MISMATCH,
@@ -27,7 +26,8 @@ from tether.device.link.reconnect import (
     describe_failure,
 )
 from tether.device.link.settings import PROFILE_REUSE_S, TRANSPORT_MAX_BYTES, LinkSettings
-from tether.device.link.tls_pin import PinMismatch, pinned_context_for_async
+from tether.device.link.trust.device_key import DeviceKey
+from tether.device.link.trust.tls_pin import PinMismatch, pinned_context_for_async
 from tether.protocol.codec import FrameError
 from tether.protocol.device_session import BadFrame, DeviceSession, Refused
 from tether.protocol.identity import CHALLENGE_HEADER
