@@ -16,7 +16,16 @@ import pytest
 
 from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings
 from tether.agent.llm.grammar import schema_to_gbnf
-from tether.agent.planning.planner import DeviceView, PlanningError, plan_request, plan_schema
+from tether.agent.planning.graph import ID_PATTERN
+from tether.agent.planning.plan import PlanError
+from tether.agent.planning.planner import (
+    DeviceView,
+    PlanningError,
+    build_messages,
+    parse_plan_reply,
+    plan_request,
+    plan_schema,
+)
 from tether.tools.files.tool import files_toolset
 
 Handler = Callable[[dict[str, Any], asyncio.StreamWriter], Awaitable[None]]
@@ -192,7 +201,8 @@ async def test_the_timeout_bounds_the_whole_exchange(handler: Handler, stream: b
         with pytest.raises(LLMError, match=r"did not answer within 1 s"):
             await llm.complete([{"role": "user", "content": "plan"}], json_schema=GOOD_SCHEMA, stream=stream)
         took = loop.time() - began
-    assert 1.0 <= took < 1.5, took
+    # unbounded, five retries of 1 s each would take 5 s or more: the slack is for a loaded machine's loop
+    assert 1.0 <= took < 2.5, took
     assert server.requests and all("max_tokens" in r for r in server.requests)
 
 
@@ -206,7 +216,8 @@ async def test_retries_stay_inside_the_budget() -> None:
         with pytest.raises(LLMError):
             await llm.complete([{"role": "user", "content": "hi"}])
         took = loop.time() - began
-    assert took < 1.7 and 2 <= len(server.requests) <= 4  # waits of 0.5 s, 1 s, … cut at the budget
+    # waits of 0.5 s, 1 s, 2 s … cut at the budget (uncut: 3.5 s and more); the slack is for a loaded machine
+    assert took < 2.6 and 2 <= len(server.requests) <= 4
 
 
 # -- a runaway reply is not pasted back ----------------------------------------------------------------
@@ -320,3 +331,21 @@ def test_grammar_of_an_object_with_only_optional_keys() -> None:
     assert grammar.startswith("root ::= ") and '"\\"a\\""' in grammar and '"\\"b\\""' in grammar
     with pytest.raises(ValueError):
         schema_to_gbnf({"$ref": "#/$defs/x"})
+
+
+def test_a_chain_schema_and_prompt_leave_out_the_graph_keys_and_ids_have_their_form() -> None:
+    chain, _ = plan_schema(devices(), graph=False)
+    branch = chain["properties"]["steps"]["items"]["anyOf"][0]
+    assert set(branch["required"]) == {"skill", "args", "description", "device"}
+    graph, _ = plan_schema(devices())
+    keys = graph["properties"]["steps"]["items"]["anyOf"][0]["properties"]
+    # a grammar-enforcing server cannot let a model run on inside an id (SmolLM2 wrote 100 digits until max_tokens)
+    assert keys["id"]["pattern"] == keys["needs"]["items"]["pattern"] == ID_PATTERN.pattern
+    system = build_messages("x", devices(), "none", graph=False)[0]["content"]
+    assert '"needs"' not in system and "as a graph" not in system
+
+
+def test_a_reply_cut_off_inside_a_step_is_not_read_as_its_inner_list() -> None:
+    cut = '{"steps": [{"skill": "write_file", "args": {"file_path": "a"}, "needs": ["x", "y"], "description": "wri'
+    with pytest.raises(PlanError, match="not a JSON plan"):
+        parse_plan_reply(cut)

@@ -4,6 +4,7 @@ tests/attacks/test_protocol_attacks.py send the same through a real server."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -28,12 +29,12 @@ def test_only_a_live_device_token_in_a_bearer_header_authenticates(store: Store)
     _, api = store.tokens.create("api", "ops", ["read"])
     _, revoked = store.tokens.create("device", "old")
     store.tokens.revoke("old")
-    info = authenticate(store, f"Bearer {device}")
+    info = asyncio.run(authenticate(store, f"Bearer {device}"))
     assert isinstance(info, TokenInfo) and info.name == "laptop" and info.kind == "device"
     for header, why in [(None, "no token"), ("", "no token"), (f"Basic {device}", "must be 'Bearer"),
                         ("Bearer   ", "must be 'Bearer"), ("Bearer tdev_made_up", "unknown or revoked"),
                         (f"Bearer {revoked}", "unknown or revoked"), (f"Bearer {api}", "an API token cannot")]:
-        verdict = authenticate(store, header)
+        verdict = asyncio.run(authenticate(store, header))
         assert isinstance(verdict, Refusal) and verdict.code == CloseCode.UNAUTHORIZED and why in verdict.error, header
 
 

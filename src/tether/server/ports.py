@@ -120,9 +120,11 @@ class BatchAudit(Protocol):
     def record_soon(self, rows: Iterable[tuple[Any, ...]]) -> None:
         """Write whole rows (a batch refused before it was sent) off the caller's path."""
 
-    def late(self, device: str, outcomes: list[tuple[str, str, str, str | None]]) -> int:
+    def late(self, device: str, outcomes: list[tuple[str, str, str, str | None]],
+             then: Callable[[int], None] | None = None) -> int | None:
         """Settle the open outcomes of `device`'s rows with answers that came after their caller stopped
-        waiting: (response_id, call_id, status, error); returns how many rows changed."""
+        waiting: (response_id, call_id, status, error); how many rows changed, also given to `then` — or None
+        when the write was handed on without waiting, `then(count)` called once it is done."""
 
 
 class BatchDispatcher(Protocol):

@@ -63,6 +63,9 @@ class LLMSettings(BaseModel):
     max_tokens: int = Field(default=1024, gt=0, description=(
         "the most tokens one reply may have (sent as `max_tokens` with every plan, answer and recovery "
         "call; a sampling request's own `maxTokens` is sent as asked)"))
+    plan_graph: bool = Field(default=True, description=(
+        "offer the planner graphs (a step's `id`, `needs` and `when`, explained in the prompt and part of "
+        "the plan's schema); false asks for a chain of steps only, which small models write far better"))
     output_mode: OutputMode = Field(default="auto", description=(
         "how a structured reply (a plan) is asked for: `json_schema` (strict, the skills as an enum with "
         "their own arguments), `json_object`, `grammar` (llama.cpp's GBNF `grammar` field), `tools` (a "

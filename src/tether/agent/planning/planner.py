@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tether.agent.llm.chat import LLMClient, LLMReply, Message
+from tether.agent.planning.graph import ID_PATTERN
 from tether.agent.planning.plan import OBSERVE, PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
@@ -172,10 +173,14 @@ def _history_line(index: int, item: Any) -> str:
 
 
 def build_messages(request: str, devices: Mapping[str, DeviceView], policy_summary: str,
-                   history: Sequence[Any] = (), recovery_context: str | None = None) -> list[Message]:
+                   history: Sequence[Any] = (), recovery_context: str | None = None, *,
+                   graph: bool = True) -> list[Message]:
+    """The planner's system and user messages; `graph` False leaves out how to write a graph (ids, needs,
+    when), so the plan is a chain of steps."""
     lines = [
         "You are tether's automation planner. Turn the user's request into a plan: a short list of "
-        "skill calls that devices run in order, or as a graph where steps can run at the same time. Use only "
+        "skill calls that devices run in order" + (", or as a graph where steps can run at the same time" if graph
+                                                  else "") + ". Use only "
         "the skills listed below, with arguments that match their schemas (* marks a required argument).",
         "",
         "Policy (steps that break it are refused):",
@@ -211,12 +216,16 @@ def build_messages(request: str, devices: Mapping[str, DeviceView], policy_summa
         "\"args\": {\"note\": \"what to look at\"}}; you will be shown their results and plan the rest. "
         "GUI tasks work in such rounds: screenshot, get_ui_tree or browser.act snapshot, then observe, then act "
         "on the labels you saw. Do not observe when the plan can be made now.",
-        "Steps that do not depend on each other (on different devices above all) run at the same time: give "
-        "each step an \"id\" and \"needs\": the ids of the steps it must wait for ([] for none); a step "
-        "without needs waits for the step before it. \"when\" runs a step only on success of its needs "
-        "(the default), on \"failure\" of one, \"always\", or on a condition {\"ref\": \"steps.ID.result.KEY\", "
-        "\"equals\"|\"contains\"|\"matches\": value}. A $ref or condition may only name steps the step needs "
-        "(directly or through them): {\"$ref\": \"steps.ID.result.KEY\"} reads a step by id.",
+    ]
+    if graph:
+        lines.append(
+            "Steps that do not depend on each other (on different devices above all) run at the same time: give "
+            "each step an \"id\" and \"needs\": the ids of the steps it must wait for ([] for none); a step "
+            "without needs waits for the step before it. \"when\" runs a step only on success of its needs "
+            "(the default), on \"failure\" of one, \"always\", or on a condition {\"ref\": \"steps.ID.result.KEY\", "
+            "\"equals\"|\"contains\"|\"matches\": value}. A $ref or condition may only name steps the step needs "
+            "(directly or through them): {\"$ref\": \"steps.ID.result.KEY\"} reads a step by id.")
+    lines += [
         "When you already know what to tell the user once every step has succeeded (it does not depend on "
         "results you have not seen), add it as \"answer\" beside \"steps\"; otherwise leave it out.",
     ]
@@ -262,7 +271,9 @@ def _first_json(text: str) -> tuple[Any, str | None]:
             value, _ = decoder.raw_decode(text, match.start())
         except json.JSONDecodeError:
             continue
-        if (isinstance(value, dict) and "steps" in value) or isinstance(value, list):
+        # a plan, or a bare list of steps (not a list inside a reply cut off before its end: a step's `needs`)
+        if (isinstance(value, dict) and "steps" in value) or (
+                isinstance(value, list) and all(isinstance(item, dict) for item in value)):
             return value, None
     return None, error
 
@@ -277,9 +288,12 @@ _CONDITION: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["ref", "equals", "contains", "matches"],
     "properties": {"ref": {"type": "string"}, "equals": {"type": ["string", "number", "boolean", "null"]},
                    "contains": {"type": ["string", "null"]}, "matches": {"type": ["string", "null"]}}}
+# ids in the form planning/graph.py accepts: a server that enforces the schema (llama.cpp turns it into a
+# grammar) then cannot let a small model run on inside an id until `max_tokens` cuts the reply off
+_ID: dict[str, Any] = {"type": "string", "pattern": ID_PATTERN.pattern}
 _GRAPH_KEYS: dict[str, Any] = {
-    "id": {"type": ["string", "null"]},
-    "needs": {"type": ["array", "null"], "items": {"type": "string"}},
+    "id": {**_ID, "type": ["string", "null"]},
+    "needs": {"type": ["array", "null"], "items": _ID},
     "when": {"anyOf": [{"type": "string", "enum": ["success", "failure", "always"]}, _CONDITION, {"type": "null"}]},
 }
 
@@ -337,12 +351,14 @@ def _nullable(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def plan_schema(devices: Mapping[str, DeviceView]) -> tuple[dict[str, Any], bool]:
+def plan_schema(devices: Mapping[str, DeviceView], *, graph: bool = True) -> tuple[dict[str, Any], bool]:
     """The plan's JSON schema for these devices and whether it is strict: `steps` items are one branch
     per skill (`anyOf`, as strict mode allows no `oneOf`), each naming its skill as a one-value enum with
     that skill's own argument schema (each argument may also be a `{"$ref": ...}` to an earlier step's
     result) and the devices that have it; plus `observe`. Not strict when a skill's required arguments
-    cannot be put in strict form (that skill's arguments are then any object)."""
+    cannot be put in strict form (that skill's arguments are then any object). `graph` False leaves out
+    a step's `id`, `needs` and `when` (a chain)."""
+    graph_keys = _GRAPH_KEYS if graph else {}
     several = len(devices) > 1
     owners: dict[str, list[str]] = {}
     skills: dict[str, ToolInfo] = {}
@@ -356,8 +372,8 @@ def plan_schema(devices: Mapping[str, DeviceView]) -> tuple[dict[str, Any], bool
     def branch(skill: str, args: dict[str, Any], device: dict[str, Any]) -> dict[str, Any]:
         return {"type": "object", "additionalProperties": False,
                 "properties": {"skill": {"type": "string", "enum": [skill]}, "args": args,
-                               "description": {"type": "string"}, "device": device, **_GRAPH_KEYS},
-                "required": ["skill", "args", "description", "device", *_GRAPH_KEYS]}
+                               "description": {"type": "string"}, "device": device, **graph_keys},
+                "required": ["skill", "args", "description", "device", *graph_keys]}
 
     for skill, tool in skills.items():
         given = tool.input_schema or {}
@@ -443,8 +459,9 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
     """
     views = {name: as_device_view(value) for name, value in devices.items()}
     tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
-    messages = build_messages(request, views, policy_summary, history, recovery_context)
-    schema, strict = plan_schema(views)
+    graph = llm.settings.plan_graph
+    messages = build_messages(request, views, policy_summary, history, recovery_context, graph=graph)
+    schema, strict = plan_schema(views, graph=graph)
     calls = prompt_tokens = completion_tokens = 0
     first_problems: list[str] = []
     raw = ""

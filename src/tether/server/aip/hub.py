@@ -190,7 +190,8 @@ class DeviceHub(HubAdmission, HubFrames, HubQuestions, HubBatches, HubLiveness):
         from tether.server.aip.batches.fanout import countable, run_fan_out
 
         # a device whose every token is revoked is not counted (docs/fleet.md)
-        options["within"] = countable(self.store.tokens.active_device_names(), options.get("within"))
+        active = await self.store.call(self.store.tokens.active_device_names)  # off the event loop (PostgreSQL)
+        options["within"] = countable(active, options.get("within"))
         return await run_fan_out(self, self.registry, requires, commands, on_outcome=on_outcome, **options)
 
     def on_fleet_change(self, listener: Callable[[str], None]) -> Callable[[], None]:
@@ -245,7 +246,8 @@ class DeviceHub(HubAdmission, HubFrames, HubQuestions, HubBatches, HubLiveness):
         Never raises: each call_id maps to its `CallOutcome`, `unknown` with a `note` saying why when the
         device is offline, did not answer in time (a device that predates the query answers nothing),
         answered with an error, or did not mention the call."""
-        asked = [c if c.response_id else CallRef(call_id=c.call_id, response_id=self._audited_batch(device, c.call_id))
+        asked = [c if c.response_id else CallRef(call_id=c.call_id,
+                                                 response_id=await self._audited_batch(device, c.call_id))
                  for c in calls]
         message = ServerMessage(type=ServerMessageType.OUTCOME_QUERY,
                                 payload={"calls": [c.model_dump(exclude_none=True) for c in asked]})
@@ -272,30 +274,31 @@ class DeviceHub(HubAdmission, HubFrames, HubQuestions, HubBatches, HubLiveness):
                 known[outcome.call_id] = outcome
         return known
 
-    def _audited_batch(self, device: str, call_id: str) -> str | None:
+    async def _audited_batch(self, device: str, call_id: str) -> str | None:
         """The response_id the audit log has for `call_id` on `device`; None when it has none or cannot say."""
         try:
-            return self.store.audit.response_of(device, call_id)
+            return await self.store.audit.read_response_of(device, call_id)
         except Exception as exc:  # the store is unavailable: the device may still know the call_id alone
             logger.warning("could not read the batch of call %s from the audit log: %s", call_id, exc)
             return None
 
 
-    def revoke_token(self, id_or_name: str) -> int:
+    async def revoke_token(self, id_or_name: str) -> int:
         """Revoke tokens (see `Tokens.revoke`) and disconnect their devices at once. Revocations
-        made elsewhere (`tether token revoke` on the same database) are found by the liveness watch."""
-        count = self.store.tokens.revoke(id_or_name)
+        made elsewhere (`tether token revoke` on the same database) are found by the liveness watch.
+        The statements run without holding up the event loop (`Store.call`)."""
+        count = await self.store.call(self.store.tokens.revoke, id_or_name)
         if count:
-            self._enforce_revocations()
+            await self._enforce_revocations()
         return count
 
-    def enforce_revocations(self) -> None:
+    async def enforce_revocations(self) -> None:
         """Disconnect now the devices whose token was revoked (by a pairing that replaced them, or
         elsewhere) instead of at the liveness watch's next look."""
-        self._enforce_revocations()
+        await self._enforce_revocations()
 
-    def _enforce_revocations(self) -> None:
-        active = self.store.tokens.active_ids()
+    async def _enforce_revocations(self) -> None:
+        active = await self.store.call(self.store.tokens.active_ids)
         for conn in [c for c in self._conns.values() if c.token_id not in active]:
             self._drop(conn, "its token was revoked", grace=False)
             self._batches.fail_device(conn.name, f"the token of device {conn.name} was revoked")

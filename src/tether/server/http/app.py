@@ -109,8 +109,8 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     gateway = mount_gateway(app)  # the fleet as an MCP server at /mcp (server/mcp)
     contexts = [gateway, *(extension(app) for extension in extensions)]
 
-    def api_token_ok(secret: str) -> bool:
-        info = store.tokens.verify(secret)
+    async def api_token_ok(secret: str) -> bool:
+        info = await store.tokens.check(secret)
         return info is not None and info.kind == "api"
 
     # Host/Origin checks and body caps for every route, today's and the extensions' (request_guard.py)

@@ -59,6 +59,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 
 def fan_out_tool(hub: DeviceHub, registry: DeviceRegistry) -> GatewayTool:
     async def run(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        active = await hub.store.call(hub.store.tokens.active_device_names)  # off the event loop (PostgreSQL)
         try:
             requires = DeviceRequirements.model_validate(arguments.get("requires") or {})
             command = Command(tool_name=str(arguments.get("tool") or ""), parameters=arguments.get("arguments") or {})
@@ -69,7 +70,7 @@ def fan_out_tool(hub: DeviceHub, registry: DeviceRegistry) -> GatewayTool:
                                                                                      DEFAULT_CONCURRENCY)),
                          timeout=timeout, requested_by=f"mcp:{call.client} by api:{call.token.name}",
                          # a scoped token's fan-out reaches its devices only; revoked ones are not counted
-                         within=countable(hub.store.tokens.active_device_names(), within(call.token)),
+                         within=countable(active, within(call.token)),
                          asker=TokenRef.of(call.token))
         except (ValidationError, ValueError, TypeError) as exc:
             status = exc.status if isinstance(exc, FanOutError) else 422

@@ -69,8 +69,18 @@ def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
     the next start whatever the file says). The sandbox hides the same directory from processes.
 
     The policy's hidden paths and the device's own secrets (`ctx.secrets`) are refused here too (rule
-    `hide_paths`), existing or not: no file tool reads, lists or creates anything there."""
+    `hide_paths`), existing or not: no file tool reads, lists or creates anything there.
+
+    A path below the temp dir leads into the session's private /tmp where the sandbox gives it one, as
+    the session's commands see it (`Sandbox.map_tmp`); another session's private /tmp is refused (rule
+    `private_tmp`), however it is named (its real path, a link)."""
+    sandbox = ctx.sandbox
+    shown = path
+    if sandbox is not None:
+        path = sandbox.map_tmp(ctx.session_id, path)
     resolved = resolve_path(ctx.policy, path, write=write, hidden=ctx.secrets)
+    if sandbox is not None and sandbox.foreign_tmp(ctx.session_id, str(resolved)):
+        raise PolicyDenied("private_tmp", f"{shown!r} lies in another session's private /tmp")
     if ctx.journal is not None and within(resolved, [real(ctx.journal.root.parent)]):
         raise PolicyDenied("journal", f"{path!r} lies inside the device's state directory "
                                       f"({ctx.journal.root.parent}: its undo journal, token and policy)")
@@ -90,6 +100,8 @@ def _entry_path(ctx: ToolContext, path: str, *, write: bool) -> Path:
     The target is jail-checked too (`_resolve`), so a link is always judged by where it points.
     """
     resolved = _resolve(ctx, path, write=write)
+    if ctx.sandbox is not None:
+        path = ctx.sandbox.map_tmp(ctx.session_id, path)
     raw = Path(os.path.expanduser(path))
     if raw.name in ("", ".", ".."):
         return resolved

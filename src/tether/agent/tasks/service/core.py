@@ -90,6 +90,11 @@ class ServiceCore:
             return False  # its steps `on: all` reached the devices of another scope than this token's
         return all(token.reaches(n, r.tags if (r := self.registry.get(n)) is not None else ()) for n in names)
 
+    def stalled(self) -> str | None:
+        """One line when the task store has not answered for a while (a lock on its table, a stalled database),
+        else None: what `/health` reports. From state: no statement runs."""
+        return self.store.table.stalled()
+
     def get(self, task_id: str) -> Task:
         """The task with this id or unique id prefix: the live object while it runs, else the stored one."""
         task = self._live.get(task_id) or self._saver.unsaved.get(task_id)

@@ -49,9 +49,10 @@ class HubBatches(HubState):
         """`BatchRouter.finish_remote`: the holding node's answer for `batch`."""
         self._router.finish_remote(batch, results, error, pending=pending)
 
-    def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
+    def record_late(self, device: str, response_id: str, results: list[Any],
+                    then: Callable[[int], None] | None = None) -> int | None:
         """`BatchRouter.record_late`: record results that came after their caller stopped waiting."""
-        return self._router.record_late(device, response_id, results)
+        return self._router.record_late(device, response_id, results, then)
 
     def batch_device(self, response_id: str) -> str | None:
         """`BatchRouter.batch_device`: the device of a batch in flight here, or None."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from functools import partial
 
 from tether.protocol.wire import CloseCode
 from tether.server.aip.fleet.registry import DeviceRecord
@@ -80,11 +81,14 @@ class HubLiveness(HubState):
         """Store a device's last_seen, and with `record` its profile (the tool list once per digest)."""
         try:
             profile = record.profile if record is not None else None
+            # behind the caller, in order (PostgreSQL: on the store's pool, the loop never waits for it)
             if record is None or profile is None or record.tools_digest is None:
-                self.store.devices.upsert(device, profile.model_dump_json() if profile else None, last_seen)
+                self.store.soon(self.store.devices.upsert, device, profile.model_dump_json() if profile else None,
+                                last_seen)
             else:
-                self.store.devices.upsert(device, profile.model_dump_json(exclude={"tools"}), last_seen,
-                                         tools=(record.tools_digest, self.registry.tools.dump(profile.tools)))
+                self.store.soon(partial(self.store.devices.upsert, device, profile.model_dump_json(exclude={"tools"}),
+                                        last_seen, tools=(record.tools_digest,
+                                                          self.registry.tools.dump(profile.tools))))
         except Exception:
             logger.exception("could not store device %s", device)
 

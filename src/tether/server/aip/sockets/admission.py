@@ -55,7 +55,7 @@ class HubAdmission(HubState):
                         challenge: str | None = None) -> DeviceLink | None:
         """Register a connection. A device whose grace period ends while its (authenticated) registration
         is under way is not given up: it came back in time, the end of its grace waits for the outcome."""
-        arriving = self.authenticate(authorization)
+        arriving = await self.authenticate(authorization)
         if isinstance(arriving, Refusal):
             await refuse(socket, arriving, peer)
             return None
@@ -83,7 +83,7 @@ class HubAdmission(HubState):
             return None
         except SocketClosed:
             return None
-        token = self.authenticate(authorization)  # again: it may have been revoked meanwhile
+        token = await self.authenticate(authorization)  # again: it may have been revoked meanwhile
         if isinstance(token, Refusal):
             await refuse(socket, token, peer)
             return None
@@ -93,7 +93,8 @@ class HubAdmission(HubState):
         if isinstance(reg, RegistrationRefused):
             await refuse(socket, refusal_of(reg), peer)
             return None
-        unproven = prove_key(self.store, name, reg, challenge)  # a device is its key, not its token
+        # a device is its key, not its token; the key's statements off the event loop (PostgreSQL)
+        unproven = await self.store.call(prove_key, self.store, name, reg, challenge)
         if unproven is not None:
             await refuse(socket, unproven, peer)
             return None
@@ -141,7 +142,7 @@ class HubAdmission(HubState):
         await self._router.flush(conn, resend=resumed)
         return conn
 
-    def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
+    async def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
         """The device token's info, or the refusal saying why the connection is unauthorized
         (`registration.authenticate`; the AIP endpoint applies it before the upgrade too)."""
-        return authenticate(self.store, authorization)
+        return await authenticate(self.store, authorization)

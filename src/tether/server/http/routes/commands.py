@@ -132,7 +132,7 @@ async def run_commands(request: Request) -> Any:
     """Run a batch on one device. With `Accept: text/event-stream` the progress events and then
     the results stream as server-sent events; otherwise the call waits and returns the results."""
     body = await read_body(request)  # first, as FastAPI does: an oversized body is a 413 before anything else
-    who = authorize(request, request.headers.get("authorization"), "execute")
+    who = await authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(CommandBatch, body)
     name = request.path_params["name"]
     await _reachable(_hub(request), _registry(request), name, who)
@@ -143,7 +143,7 @@ async def run_commands(request: Request) -> Any:
 async def run_selected(request: Request) -> Any:
     """Run a batch on the least-loaded online device that meets `requires`."""
     body = await read_body(request)  # first, as FastAPI does: an oversized body is a 413 before anything else
-    who = authorize(request, request.headers.get("authorization"), "execute")
+    who = await authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(SelectedBatch, body)
     assert isinstance(batch, SelectedBatch)
     return await _run(request, _select(_registry(request), batch.requires, who), batch, who)
@@ -163,7 +163,8 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     if hub.remote is not None and not hub.holds(name) and (problem := hub.remote.problem()) is not None:
         raise HTTPException(503, f"{problem}; device '{name}' is not connected to this node, so nothing was sent",
                             headers={"Retry-After": "5"})
-    session_id = owned_session(_store(request), name, batch.session_id, batch.commands, who)  # 403 if not the caller's
+    # 403 if not the caller's
+    session_id = await owned_session(_store(request), name, batch.session_id, batch.commands, who)
     stream = "text/event-stream" in request.headers.get("accept", "")
     queue: asyncio.Queue[Event] | None = asyncio.Queue(maxsize=10_000) if stream else None
 

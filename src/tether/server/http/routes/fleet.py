@@ -81,12 +81,14 @@ async def fleet_commands(batch: FleetBatch, request: Request,
     to some devices reaches only those: the others are not selected, whatever `requires` says."""
     stamp_approvals(batch.commands, who, request)
     hub = request.app.state.hub
-    refuse_unaudited(request.app.state.store)
+    store = request.app.state.store
+    refuse_unaudited(store)
+    active = await store.call(store.tokens.active_device_names)  # off the event loop (PostgreSQL)
     try:
         fan = FanOut(hub, request.app.state.registry, batch.requires, batch.commands,
                      max_concurrency=batch.max_concurrency,
                      timeout=batch.timeout, early_exit=batch.early_exit, requested_by=f"api:{who.name}",
-                     within=countable(request.app.state.store.tokens.active_device_names(), within(who)),
+                     within=countable(active, within(who)),
                      asker=TokenRef.of(who))
     except FanOutError as exc:
         raise HTTPException(exc.status, str(exc) + (beyond(who) if exc.status == 404 else "")) from None
