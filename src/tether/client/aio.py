@@ -42,7 +42,7 @@ class AsyncClient:
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 30.0,
                  verify: bool | str | ssl.SSLContext = True, pin: str | None = None) -> None:
-        from tether.device.link.tls_pin import normalize_fingerprint
+        from tether.device.link.trust.tls_pin import normalize_fingerprint
 
         self.base_url = calls.base_url(base_url)
         self.timeout = timeout
@@ -56,7 +56,7 @@ class AsyncClient:
         if self._http is None:
             verify = self._verify
             if self._pin is not None:
-                from tether.device.link.tls_pin import pinned_context_for_async
+                from tether.device.link.trust.tls_pin import pinned_context_for_async
 
                 try:
                     verify = await pinned_context_for_async(self.base_url, self._pin,

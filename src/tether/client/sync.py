@@ -54,7 +54,7 @@ class Client:
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 30.0,
                  verify: bool | str | ssl.SSLContext = True, pin: str | None = None) -> None:
-        from tether.device.link.tls_pin import normalize_fingerprint
+        from tether.device.link.trust.tls_pin import normalize_fingerprint
 
         self.base_url = calls.base_url(base_url)
         self.timeout = timeout
@@ -68,7 +68,7 @@ class Client:
         if self._http is None:
             verify = self._verify
             if self._pin is not None:
-                from tether.device.link.tls_pin import pinned_context_for
+                from tether.device.link.trust.tls_pin import pinned_context_for
 
                 try:
                     verify = pinned_context_for(self.base_url, self._pin, min(self.timeout, calls.CONNECT_S))

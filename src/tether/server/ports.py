@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from tether.protocol.messages import ClientMessage, Event, ServerMessage
     from tether.protocol.models import Command, Result
-    from tether.server.aip.batches import PendingBatch, TokenRef
+    from tether.server.aip.batches.ledger import PendingBatch, TokenRef
 
 Outcome = tuple[str, str | None, str, str | None]  # (response_id, call_id, status, error) of one audit row
 
@@ -132,7 +132,7 @@ class BatchAudit(Protocol):
 
 
 class BatchDispatcher(Protocol):
-    """Runs one batch on one device: `WebSocketCommandDispatcher` (server/aip/dispatcher.py)."""
+    """Runs one batch on one device: `WebSocketCommandDispatcher` (server/aip/batches/dispatcher.py)."""
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None,
                                early_exit: bool = True, *, response_id: str | None = None,
@@ -141,7 +141,7 @@ class BatchDispatcher(Protocol):
 
 
 class DeviceFleet(Protocol):
-    """What a fan-out (server/aip/fanout.py) needs of the devices beyond their registry: `DeviceHub`."""
+    """What a fan-out (server/aip/batches/fanout.py) needs of the devices beyond their registry: `DeviceHub`."""
 
     def connected(self, device: str) -> bool:
         """Whether a batch for `device` can go out now."""

@@ -39,9 +39,9 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from tether.protocol.messages import ClientMessage, ServerMessage
-    from tether.server.aip.batches import PendingBatch, TokenRef
+    from tether.server.aip.batches.ledger import PendingBatch, TokenRef
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.aip.hub import DeviceHub
-    from tether.server.aip.registry import DeviceRegistry
     from tether.server.settings import ServerSettings
     from tether.server.store import Store
 

@@ -11,10 +11,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.questions import Sampler
-from tether.server.aip.registry import DeviceRegistry
-from tether.server.aip.socket import aip_route
+from tether.server.aip.questions.asked import Sampler
+from tether.server.aip.sockets.socket import aip_route
 from tether.server.approvals import server_url
 from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.request_guard import RequestGuard

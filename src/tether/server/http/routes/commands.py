@@ -22,8 +22,8 @@ from starlette.requests import ClientDisconnect
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
-from tether.server.aip.registry import DeviceRegistry, NoDeviceError
+from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.fleet.registry import DeviceRegistry, NoDeviceError
 from tether.server.approvals import ApprovalRefused, how_a_person_approves
 from tether.server.http import internals
 from tether.server.http.api import (
