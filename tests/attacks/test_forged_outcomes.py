@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import pytest
 
@@ -79,9 +80,9 @@ async def test_a_flood_of_results_for_nothing_stops_being_looked_up(servers, cap
     looked: list[str] = []
     real = srv.hub._batches.on_late
 
-    def counting(device: str, rid: str, results: list[Result]) -> int:
+    def counting(device: str, rid: str, results: list[Result], then: Callable[[int], None]) -> object:
         looked.append(rid)
-        return real(device, rid, results)
+        return real(device, rid, results, then)
 
     srv.hub._batches.on_late = counting
     with caplog.at_level(logging.WARNING, logger="tether.server.hub"):

@@ -370,12 +370,13 @@ async def test_cancel_kills_the_running_process_and_fails_the_rest(tmp_path: Pat
 
 async def test_the_batch_timeout_kills_the_command(tmp_path: Path, device: LocalDevice, waiter: Command) -> None:
     async with ScriptedServer() as server, connected(server, device):
-        msg = command(waiter, timeout=0.5)
+        # long enough for a sandboxed python3 to start and say so on a loaded machine (0.5 s was not)
+        msg = command(waiter, timeout=2.5)
         await server.send(msg)
         event = await server.output("started")
         proc = psutil.Process(int(event.payload["data"]["data"].split()[1]))  # type: ignore[index]
         [result] = results_of(await server.results(msg.response_id))
-        assert result.status is ResultStatus.FAILURE and "timed out after 0.5s" in (result.error or "")
+        assert result.status is ResultStatus.FAILURE and "timed out after 2.5s" in (result.error or "")
         _, alive = psutil.wait_procs([proc], timeout=10)
         assert alive == []
 
