@@ -71,6 +71,7 @@ def direct(everything_bin: Path) -> dict[str, Any]:  # noqa: F811
                 type="ref/resource", uri="demo://resource/dynamic/text/{resourceId}"), {"name": "resourceId",
                                                                                         "value": "1"})
             return {"weather_schema": tools["get-structured-content"].output_schema,
+                    "hints": {n: (t.title, dump(t.annotations) if t.annotations else None) for n, t in tools.items()},
                     "image": dump(await session.call_tool("get-tiny-image", {}))["content"],
                     "weather": (await session.call_tool("get-structured-content",
                                                         {"location": "New York"})).structured_content,
@@ -153,6 +154,17 @@ async def test_a_stateless_session_discovers_lists_and_calls(raw: Raw, cluster: 
     tools = {t["name"]: t for t in await raw.every("tools/list", "tools")}
     # the server's own output schema, not the device's envelope around it
     assert tools["alpha__get-structured-content"]["outputSchema"] == direct["weather_schema"]
+
+    # each external tool's own title and annotations as the server gave them; tether's by their tool type
+    hinted = {name: hints for name, hints in direct["hints"].items() if hints[1]}
+    assert hinted, "server-everything annotates some of its tools"
+    for name, (title, hints) in direct["hints"].items():
+        if f"alpha__{name}" in tools:
+            assert (tools[f"alpha__{name}"].get("title"), tools[f"alpha__{name}"].get("annotations")) == \
+                (title, hints), name
+    assert tools["alpha__get_system_info"]["annotations"]["readOnlyHint"] is True
+    assert tools["alpha__shell.run"]["annotations"] == {"readOnlyHint": False, "destructiveHint": True,
+                                                        "openWorldHint": True}
 
     # an image passes intact, once, between the server's own text items; no envelope as structured content
     image = await raw.result("tools/call", {"name": "alpha__get-tiny-image", "arguments": {}},
