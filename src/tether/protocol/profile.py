@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from tether.protocol.models import ToolInfo
 
@@ -95,13 +95,12 @@ class DeviceProfile(BaseModel):
                              for i, tool in enumerate(tools)]
         return data
 
-    @model_serializer(mode="wrap")
-    def _with_hints(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        hints = {str(i): h for i, tool in enumerate(self.tools) if (h := tool.hints())}
-        if hints and isinstance(data, dict) and "tools" in data:
-            data[HINTS_KEY] = hints
-        return data
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tool_hints(self) -> dict[str, dict[str, Any]] | None:
+        """The tools' title and annotations by index in `tools` (only the tools that have some), None if none
+        has; dumped beside `tools`, read back into them by validation."""
+        return {str(i): h for i, tool in enumerate(self.tools) if (h := tool.hints())} or None
 
 
 class DeviceRequirements(BaseModel):
