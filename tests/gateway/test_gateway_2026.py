@@ -286,7 +286,8 @@ async def test_lists_come_in_bounded_pages_in_both_generations(raw: Raw) -> None
         assert refused.value.error.code == -32602
 
 
-async def test_completion_is_answered_by_the_server_that_owns_the_prompt(raw: Raw, direct: dict[str, Any]) -> None:
+async def test_completion_is_answered_by_the_server_that_owns_the_prompt(raw: Raw, cluster: Cluster,
+                                                                        direct: dict[str, Any]) -> None:
     import mcp_types as types
     from mcp.shared.exceptions import MCPError
 
@@ -300,6 +301,9 @@ async def test_completion_is_answered_by_the_server_that_owns_the_prompt(raw: Ra
     unknown = await raw.post("completion/complete", {"ref": {"type": "ref/prompt", "name": "beta__x__y"},
                                                      "argument": {"name": "a", "value": ""}})
     assert unknown.status_code == 400 and unknown.json()["error"]["code"] == -32602
+    reader = Raw(raw.http, raw.url, cluster.read_token, raw.capabilities)  # completing runs on the device
+    barred = await reader.post("completion/complete", {"ref": prompt, "argument": {"name": "department", "value": ""}})
+    assert barred.status_code == 400 and "'execute' scope" in barred.json()["error"]["message"]
 
     async with mcp_client(raw.url, raw.token) as client:  # the handshake era, a resource template's argument
         [template] = [t.uri_template for t in (await client.list_resource_templates()).resource_templates
