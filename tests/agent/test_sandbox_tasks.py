@@ -120,8 +120,8 @@ async def test_local_task_asks_with_the_exact_change_and_applies_it_once_approve
     [question] = ask.questions
     assert question.kind == "approval" and question.options == ["approve", "deny"]
     # the question names the change: what kind, which path, and by which rule
-    change = {"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
-              "rule": "protected-path: ~/.bashrc"}
+    change = {"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL), "diff_skipped": "binary",
+              "rule": "protected-path: ~/.bashrc"}  # the original has a NUL byte: no diff, said why
     assert f"modified {home.bashrc} (protected-path: ~/.bashrc)" in question.question, question.question
     assert f"`cp evil.txt {home.bashrc}`" in question.question
     assert "without running the command again" in question.question
@@ -142,7 +142,8 @@ async def test_local_task_asks_with_the_exact_change_and_applies_it_once_approve
     assert [r.command.approved_by for r in task.steps] == [None, "user"]
     approved = task.steps[1].result
     assert approved.ok and approved.result["applied_after_approval"] is True
-    assert approved.result["changes"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL)}]
+    assert approved.result["changes"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
+                                           "diff_skipped": "binary"}]
     assert home.bashrc.read_bytes() == EVIL
     # journaled under the task's id: undo puts back the bytes cp overwrote
     report = device.journal.restore(task.id, device.policy.write_roots)
@@ -181,13 +182,13 @@ async def test_server_task_approved_through_the_api_applies_the_held_layers_and_
         asked = seen[-1]["data"]
         assert asked["kind"] == "approval" and f"modified {home.bashrc}" in asked["question"], asked
         assert asked["changes"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
-                                     "rule": "protected-path: ~/.bashrc"}]
+                                     "diff_skipped": "binary", "rule": "protected-path: ~/.bashrc"}]
         assert home.bashrc.read_bytes() == ORIGINAL
         waiting = (await server.api.get(f"/tasks/{task_id}")).json()
         assert waiting["state"] == "waiting_for_user"
         held = waiting["steps"][0]["result"]["result"]
         assert held["needs_approval_for"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
-                                               "rule": "protected-path: ~/.bashrc"}]
+                                               "diff_skipped": "binary", "rule": "protected-path: ~/.bashrc"}]
         approved = await server.api.post(f"/tasks/{task_id}/approval", json={"approved": True})
         assert approved.status_code == 200, approved.text
 
@@ -258,7 +259,7 @@ def test_cli_exec_needs_approval_lists_the_change_and_applies_nothing(home: Home
     result = json.loads(as_json.stdout)
     assert as_json.returncode == 1 and result["status"] == "failure"
     assert result["result"]["needs_approval_for"] == [{"path": str(home.bashrc), "kind": "modified",
-                                                        "bytes": len(EVIL),
+                                                        "bytes": len(EVIL), "diff_skipped": "binary",
                                                         "rule": "protected-path: ~/.bashrc"}]
     assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)
 
@@ -269,7 +270,8 @@ def test_cli_exec_preview_lists_the_changes_and_applies_nothing(home: Home, tmp_
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.loads(out.stdout)["result"]
     assert result["preview"] is True
-    assert result["changes"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL)}]
+    assert result["changes"] == [{"path": str(home.bashrc), "kind": "modified", "bytes": len(EVIL),
+                                  "diff_skipped": "binary"}]
     plain = tether(env, "exec", *cp_args(home), "preview=true")
     assert plain.returncode == 0 and str(home.bashrc) in plain.stdout and "Traceback" not in plain.stderr
     assert home.bashrc.read_bytes() == ORIGINAL and not sessions(env)

@@ -148,3 +148,81 @@ def test_a_locked_audit_table_delays_only_the_command_that_needs_it(
     check_invariants(cluster, runs, ledger)
     assert runs.counts() == {"before": 1, "during": 1, "after": 1}, runs.counts()
     assert os.environ.get(dbkit.MODE_ENV) == "postgres"
+
+
+def waiting_on(watcher: Any, table: str) -> int:
+    """How many sessions wait for a lock on `table`."""
+    row = watcher.execute("SELECT count(*) FROM pg_locks WHERE NOT granted AND relation = %s::regclass",
+                          (table,)).fetchone()
+    return int(row[0])
+
+
+def test_locked_tokens_and_tasks_tables_delay_only_the_requests_that_need_them(
+        pg_cluster: ChaosCluster, runs: Runs, ledger: Ledger, callers: ThreadPoolExecutor) -> None:
+    """`LOCK TABLE tokens, tasks` for 10 s. What a user expects, asserted: a token this server has verified
+    before is answered from memory (a revocation would reach it by notification, not by this table), so
+    its command runs under the lock; a token it has never seen waits for the lock and then runs once; a task
+    created under the lock waits (its row is written before its step's command goes) and then runs its step
+    once; /health answers within 100 ms meanwhile and says `degraded` naming what waits; the device stays
+    online past the heartbeat timeout."""
+    import psycopg
+
+    cluster = pg_cluster
+    url = str(dbkit.server_db(cluster.db))
+    cluster.device("alpha", runs)
+    assert cluster.run("alpha", [runs.command("before")], ["before"], ledger) is not None  # its token now known
+
+    def create_task() -> str:
+        with cluster.client() as remote:
+            return str(remote.create_task("one counted step", plan=[runs.step("task")], device="alpha")["id"])
+
+    with cluster.http() as client, psycopg.connect(url, autocommit=True) as watcher:
+        assert timed_health(client)[1]["database"] == "ok"
+        locker = psycopg.connect(url)  # a transaction of its own: the lock lasts until its rollback
+        try:
+            locker.execute("LOCK TABLE tokens, tasks IN ACCESS EXCLUSIVE MODE")
+            locked_at = time.monotonic()
+            stranger = callers.submit(cluster.run, "alpha", [runs.command("stranger")], ["stranger"], ledger,
+                                      token=cluster.other_token)
+            task = callers.submit(create_task)
+            wait_for(lambda: waiting_on(watcher, "tokens") > 0 and waiting_on(watcher, "tasks") > 0,
+                     "the unknown token's lookup and the task's first save waiting on the locks", WAIT)
+            known = cluster.run("alpha", [runs.command("known")], ["known"], ledger)
+            assert time.monotonic() - locked_at < LOCKED_FOR_S, "the known token's command waited for the lock"
+            assert known is not None and [r.status.value for r in known] == ["success"], known
+            times: list[float] = []
+            reasons: set[str] = set()
+            while time.monotonic() - locked_at < LOCKED_FOR_S:
+                elapsed, body = timed_health(client)
+                times.append(elapsed)
+                assert body["devices_online"] == 1, body
+                if body["status"] == "degraded":
+                    reasons.add(body["database"])
+                time.sleep(REQUEST_GAP_S)  # a monitor's pace, not a wait for anything
+            slow = [(round(t, 3), i) for i, t in enumerate(times) if t > HEALTH_BUDGET_S]
+            assert len(times) > 20 and len(slow) <= len(times) * MAY_BE_LATE, \
+                f"/health over {HEALTH_BUDGET_S * 1000:g} ms under the lock: {slow} of {len(times)}"
+            assert not any(b - a == 1 for (_, a), (_, b) in itertools.pairwise(slow)), \
+                f"/health late twice in a row under the lock: {slow}"
+            # what waits is named: the token lookup on the store's pool, the task's save on the tasks table
+            assert any("(Tokens." in r for r in reasons), reasons
+            assert any("tasks table" in r for r in reasons), reasons
+            assert cluster.status("alpha") in ("online", "busy")  # heartbeats went on past the timeout
+            assert not stranger.done(), "a token never seen was answered through the lock on the tokens table"
+            assert not task.done(), "a task was created before its row could be written"
+            assert runs.counts()["stranger"] == 0 and runs.counts()["task"] == 0, runs.counts()
+        finally:
+            locker.rollback()
+            locker.close()
+
+        results = stranger.result(timeout=WAIT)
+        assert results is not None and [r.status.value for r in results] == ["success"], results
+        task_id = task.result(timeout=WAIT)
+        wait_for(lambda: cluster.remote.task(task_id)["state"] == "done", "the task created under the lock done",
+                 WAIT)
+        wait_for(lambda: timed_health(client)[1]["status"] == "ok", "/health ok after the lock", WAIT)
+
+    rows = {r["call_id"]: r["status"] for r in cluster.audit()}
+    assert rows["call-known"] == rows["call-stranger"] == "success", rows
+    check_invariants(cluster, runs, ledger)
+    assert runs.counts() == {"before": 1, "known": 1, "stranger": 1, "task": 1}, runs.counts()

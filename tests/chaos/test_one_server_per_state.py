@@ -46,7 +46,10 @@ def refused(args: list[str], env: dict[str, str]) -> str:
 def test_a_second_server_changes_nothing_and_the_first_ones_command_ends_as_it_ran(
         cluster: ChaosCluster, runs: Runs, ledger: Ledger, callers: ThreadPoolExecutor, tmp_path: Path) -> None:
     cluster.device("alpha", runs)
-    call = callers.submit(cluster.run, "alpha", [runs.command("long", gated=True)], ["long"], ledger)
+    # it runs while four more server processes start (three refused, one node): on a loaded machine that
+    # passed the default 30 s batch timeout, and the command then ended `late`, not as it ran
+    call = callers.submit(cluster.run, "alpha", [runs.command("long", gated=True)], ["long"], ledger,
+                          timeout=4 * WAIT)
     runs.wait_started("long")
     before = cluster.audit()
     [row] = [r for r in before if r["call_id"] == "call-long"]

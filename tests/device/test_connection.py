@@ -25,8 +25,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from tether.device.link import connection as connection_module
 from tether.device.link.batch_runner import Batch, BatchRunner
+from tether.device.link.conn import serve as serving_module
 from tether.device.link.connection import (
     DeviceConnection,
     LinkHooks,
@@ -423,7 +423,7 @@ async def test_a_link_busy_both_ways_skips_its_beats_and_an_idle_one_beats_again
         decisions.put_nowait((args, due))
         return due
 
-    monkeypatch.setattr(connection_module, "beat_due", spy)
+    monkeypatch.setattr(serving_module, "beat_due", spy)
     async with ScriptedServer(heartbeat_interval=0.5, heartbeat_timeout=30) as server, connected(server, device):
         (sent, _, _, _, said), due = await decisions.get()
         assert due and not sent and said is None  # idle since registering: the first beat goes

@@ -40,7 +40,7 @@ async def test_good_token_registers_with_an_ack_and_the_profile(servers):
     record = srv.hub.registry.get("laptop")
     assert record.status == "online" and record.platform == "linux" and record.profile.tags == ["lab"]
     assert record.address.startswith("127.0.0.1:")
-    [stored] = srv.store.devices.all()
+    [stored] = await srv.store.call(srv.store.devices.all, in_order=True)  # after the row written behind
     assert stored.name == "laptop" and stored.profile["os"]["platform"] == "linux"
     await dev.sync()  # heartbeats are answered
 
@@ -188,7 +188,7 @@ async def test_register_again_and_device_info(servers):
     await dev.send(ClientMessage(type=ClientMessageType.DEVICE_INFO, payload={"gpu": {"available": True}}))
     await dev.sync()
     assert srv.hub.registry.get("laptop").profile.gpu.available
-    assert srv.store.devices.all()[0].profile["gpu"]["available"] is True
+    assert (await srv.store.call(srv.store.devices.all, in_order=True))[0].profile["gpu"]["available"] is True
 
 
 async def test_heartbeats_report_load_and_silence_marks_the_device_offline(servers, caplog):
@@ -224,7 +224,7 @@ async def test_revoking_a_token_disconnects_its_device_now(servers):
     await box.register()
     run = asyncio.create_task(srv.hub.dispatcher("laptop").execute_commands([Command(tool_name="a")], WAIT))
     await laptop.expect(ServerMessageType.COMMAND)
-    assert srv.hub.revoke_token("laptop") == 1
+    assert await srv.hub.revoke_token("laptop") == 1
     assert await laptop.close_code() == (CloseCode.UNAUTHORIZED, "unauthorized: token revoked")
     [result] = await run
     assert "token of device laptop was revoked" in result.error

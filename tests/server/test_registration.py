@@ -1,9 +1,10 @@
-"""The admission rules of server/aip/registration.py, judged without a socket: each bad handshake header or
+"""The admission rules of server/aip/sockets/registration.py, judged without a socket: each bad handshake header or
 first frame gets the close code and the reason the device is shown. tests/test_e2e.py and
 tests/attacks/test_protocol_attacks.py send the same through a real server."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,8 @@ from tether.protocol.codec import encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, Registration
 from tether.protocol.profile import DeviceProfile
 from tether.protocol.wire import CloseCode
-from tether.server.aip.registration import authenticate, read_registration
-from tether.server.aip.socket import Refusal
+from tether.server.aip.sockets.registration import authenticate, read_registration
+from tether.server.aip.sockets.socket import Refusal
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
 
@@ -28,12 +29,12 @@ def test_only_a_live_device_token_in_a_bearer_header_authenticates(store: Store)
     _, api = store.tokens.create("api", "ops", ["read"])
     _, revoked = store.tokens.create("device", "old")
     store.tokens.revoke("old")
-    info = authenticate(store, f"Bearer {device}")
+    info = asyncio.run(authenticate(store, f"Bearer {device}"))
     assert isinstance(info, TokenInfo) and info.name == "laptop" and info.kind == "device"
     for header, why in [(None, "no token"), ("", "no token"), (f"Basic {device}", "must be 'Bearer"),
                         ("Bearer   ", "must be 'Bearer"), ("Bearer tdev_made_up", "unknown or revoked"),
                         (f"Bearer {revoked}", "unknown or revoked"), (f"Bearer {api}", "an API token cannot")]:
-        verdict = authenticate(store, header)
+        verdict = asyncio.run(authenticate(store, header))
         assert isinstance(verdict, Refusal) and verdict.code == CloseCode.UNAUTHORIZED and why in verdict.error, header
 
 

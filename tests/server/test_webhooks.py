@@ -172,8 +172,8 @@ async def test_a_delivery_recorded_before_a_restart_is_sent_after_it(tmp_path: P
     settings = ServerSettings(**dbkit.settings_db(db), webhook_allow_private=True)
     made = Notifier(store, settings).emit("device.offline", "Device <lab> went offline", {"Device": "<lab>"},
                                           devices=[("lab", ())])
-    store.close()
-    assert made == 1
+    store.close()  # with PostgreSQL the delivery is recorded behind the caller (emit: None), before the close
+    assert made == (None if store.calls is not None else 1)
     async with AgentServer(tmp_path, db_path=db, webhook_allow_private=True, webhook_retry_s=0.05):
         headers, body = await got.next_event("device.offline")
     assert signed(secret, headers, body) and got.answered[:2] == [500, 200]

@@ -223,6 +223,33 @@ async def test_overwrite_outside_temp_needs_approval(env: Env) -> None:
     assert t.read_text() == "y"
 
 
+async def test_an_overwrite_carries_its_diff_and_a_held_one_what_it_would_change(env: Env) -> None:
+    f = env.work / "page.html"
+    f.write_text("<img src=x onerror=alert(1)>\nkeep\n")
+    held = await env.call("write_file", file_path=str(f), content="<b>new</b>\nkeep\n", mode="overwrite")
+    failed(held, "needs approval")
+    [would] = held.result["would_change"]  # what the person approves: the diff of what it would do
+    assert would["path"] == str(f.resolve()) and would["kind"] == "modified"
+    assert "-<img src=x onerror=alert(1)>\n+<b>new</b>\n keep\n" in would["diff"]
+    assert f.read_text().startswith("<img")  # nothing written yet
+    res = ok(await env.call("write_file", ctx=env.approved, file_path=str(f), content="<b>new</b>\nkeep\n",
+                            mode="overwrite"))
+    assert res["diff"] == would["diff"] and (res["added"], res["removed"]) == (1, 1)
+    # caps: a 2 MiB file is described, a 40,000-line one cut at 64 KiB, binary content never shown
+    big, long, blob = env.scratch / "big.txt", env.scratch / "long.txt", env.scratch / "blob"
+    big.write_text("x" * (2 << 20))
+    long.write_text("".join(f"old {i}\n" for i in range(40_000)))
+    blob.write_bytes(b"\x00secret")
+    assert ok(await env.call("write_file", file_path=str(big), content="y", mode="overwrite"))[
+        "diff_skipped"] == "over 1 MiB"
+    cut = ok(await env.call("write_file", file_path=str(long), content="new\n", mode="overwrite"))
+    assert cut["diff_truncated"] is True and cut["removed"] == 40_000 and len(cut["diff"]) <= 64 << 10
+    assert ok(await env.call("write_file", file_path=str(blob), content="text", mode="overwrite"))[
+        "diff_skipped"] == "binary"
+    appended = ok(await env.call("write_file", file_path=str(long), content="more\n", mode="append"))
+    assert "diff" not in appended and long.read_text() == "new\nmore\n"
+
+
 async def test_delete_and_move_need_approval(env: Env) -> None:
     f = env.work / "f"
     f.write_text("x")

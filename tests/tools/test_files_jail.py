@@ -70,8 +70,8 @@ def after_check(monkeypatch: pytest.MonkeyPatch, path: Path, plant: Callable[[],
     original = files._resolve
     planted: list[bool] = []
 
-    def racing(ctx: ToolContext, raw: str, *, write: bool) -> Path:
-        resolved = original(ctx, raw, write=write)
+    def racing(ctx: ToolContext, raw: str, *, write: bool, **more: Any) -> Path:
+        resolved = original(ctx, raw, write=write, **more)
         if raw == str(path) and not planted:
             planted.append(True)
             plant()

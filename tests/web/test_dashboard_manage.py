@@ -191,6 +191,65 @@ def test_a_held_step_waits_and_shows_what_would_change(admin: Dash, cluster: Clu
     assert not doomed.exists()
 
 
+def test_overwrites_show_before_and_after_diffs_held_and_applied(admin: Dash, cluster: Cluster) -> None:
+    """A real device overwrites a file through `write_file` and through a sandboxed `sed -i`; each file has a
+    second name (a hard link), so each change waits for a person: the approval card shows the diff of what
+    it would change, the task's Changes the applied diff, the REST task carries it, and hostile content
+    stays text."""
+    from playwright.sync_api import expect
+
+    work = cluster.tmp / "diffs"
+    work.mkdir()
+    page_file, conf = work / "page.html", work / "app.conf"
+    page_file.write_text('<img src=x onerror="window.pwned=4">\nkeep me\n')
+    conf.write_text("port=80\nhost=<script>window.pwned=5</script>\n")
+    for f in (page_file, conf):
+        os.link(f, work / f"{f.name}.link")
+    new_page = '<img src=y onerror="window.pwned=6">\nkeep me\n'
+    start_plan(admin, json.dumps([
+        {"skill": "write_file", "args": {"file_path": str(page_file), "content": new_page, "mode": "overwrite"}},
+        {"skill": "shell.run", "args": {"cmd": "sed", "argv": ["-i", "s/port=80/port=8080/", str(conf)],
+                                         "cwd": str(work)}}]))
+    page = admin.page
+    question = page.locator("#question")
+    for removed, added in (('-<img src=x onerror="window.pwned=4">', '+<img src=y onerror="window.pwned=6">'),
+                           ("-port=80", "+port=8080")):
+        held = question.locator("details.file")  # what approving would change, before anything is applied
+        expect(held.locator("pre.diff .del")).to_have_text([removed])
+        expect(held.locator("pre.diff .add")).to_have_text([added])
+        expect(held.locator("summary .minus")).to_have_text(" \u22121")
+        if removed.startswith("-<img"):
+            admin.shot("task-held-diff")
+            assert page_file.read_text().startswith("<img src=x")
+        else:
+            assert conf.read_text().startswith("port=80\n")
+        question.get_by_role("button", name="approve").click()
+    expect(page.locator("h1 .status")).to_have_text("done")
+    changes = page.get_by_role("region", name="changes")
+    expect(changes.get_by_role("heading")).to_have_text("Changes (2)")
+    for step, (removed, added) in enumerate((('-<img src=x onerror="window.pwned=4">',
+                                              '+<img src=y onerror="window.pwned=6">'), ("-port=80", "+port=8080"))):
+        entry = changes.locator(f"[data-changes-step='{step}'] details.file")
+        expect(entry).to_have_attribute("data-kind", "modified")
+        expect(entry.locator("pre.diff .del")).to_have_text([removed])
+        expect(entry.locator("pre.diff .add")).to_have_text([added])
+        expect(entry.locator("pre.diff .ctx").first).to_contain_text("keep me" if step == 0 else "host=<script>")
+    entry.locator("summary").click()  # collapsible per file
+    expect(entry.locator("pre.diff")).to_be_hidden()
+    assert changes.locator("img, script").count() == 0 and question.count() == 0
+    changes.locator("pre.diff .del").first.hover()
+    assert page.evaluate("window.pwned") is None
+    admin.shot("task-diffs")
+    expect(page.get_by_role("list", name="events")).to_contain_text("-port=80\\n+port=8080")  # in the step's event
+    task = call(cluster, "GET", f"/tasks/{page.url.rsplit('/', 1)[1]}")
+    done = [r for r in task["steps"] if r["result"]["status"] == "success"]
+    assert '+<img src=y onerror="window.pwned=6">' in done[0]["result"]["result"]["diff"]
+    [sed] = [c for c in done[1]["result"]["result"]["changes"] if c["path"] == str(conf)]
+    assert "-port=80\n+port=8080\n" in sed["diff"] and (sed["added"], sed["removed"]) == (1, 1)
+    assert conf.read_text() == "port=8080\nhost=<script>window.pwned=5</script>\n"  # sed -i renames a new file in
+    assert (work / "page.html.link").read_text() == new_page  # write_file writes the file both names share
+
+
 class Hooks(ThreadingHTTPServer):
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), Receiver)

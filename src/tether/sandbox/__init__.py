@@ -8,7 +8,7 @@ approval when the policy reserves a change for a person, and applied (and journa
 
 Inside: `confine/` (the spec and what enforces it: bubblewrap, Landlock, seccomp, limits, the warden),
 `layers/` (the change-capture layers and their apply), `egress/` (the egress proxy and its rules);
-`detect` (is a sandbox possible here) and `runner` (Sandbox: the device's warden, layers and proxy
+`detect` (is a sandbox possible here) and `runner/` (Sandbox: the device's warden, layers and proxy
 together) sit on top of them. The three sub-packages import none of each other.
 
 This package imports only `tether.protocol` and the standard library (DESIGN.md's layers).

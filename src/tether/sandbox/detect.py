@@ -50,7 +50,7 @@ def _probe(bwrap: str, run_as: RunAs | None = None) -> str | None:
     try:
         for sub in ("lower", "0/u", "0/w"):
             os.makedirs(os.path.join(base, sub))
-        if run_as is not None:  # the layers directory is that user's, as the device's own is (runner.py)
+        if run_as is not None:  # the layers directory is that user's, as the device's own is (runner/layers.py)
             for where, dirs, _ in os.walk(base):
                 for path in (where, *(os.path.join(where, d) for d in dirs)):
                     os.chown(path, run_as.uid, run_as.gid)

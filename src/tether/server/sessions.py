@@ -52,13 +52,16 @@ def claim_task_sessions(store: Store, task_ids: Iterable[str]) -> None:
     store.sessions.claim_many((task_id, task_owner(task_id)) for task_id in task_ids)
 
 
-def why_not_owned(store: Store, session_id: str, who: TokenInfo) -> str | None:
-    """None when `who` may write into `session_id` (it owns it, or it was free and now does), else why not."""
+async def why_not_owned(store: Store, session_id: str, who: TokenInfo) -> str | None:
+    """None when `who` may write into `session_id` (it owns it, or it was free and now does), else why not. A
+    session's owner is answered from memory once known; a claim runs without holding up the event loop."""
     mine = token_owner(who)
     if session_id.startswith(DEFAULT_PREFIX) and session_id != default_session(who):
         return (f"session '{session_id}' is another API token's default session ('{DEFAULT_PREFIX}<name>' names "
                 f"are reserved); yours is '{default_session(who)}'")
-    owner = store.sessions.claim(session_id, mine)
+    owner = store.sessions.known(session_id)
+    if owner is None:
+        owner = await store.call(store.sessions.claim, session_id, mine)
     if owner == mine:
         return None
     if owner.startswith("task:"):
@@ -67,13 +70,14 @@ def why_not_owned(store: Store, session_id: str, who: TokenInfo) -> str | None:
     return f"session '{session_id}' belongs to another API token; choose a session id of your own"
 
 
-def owned_session(store: Store, device: str, session_id: str | None, commands: list[Command],
-                  who: TokenInfo) -> str:
+async def owned_session(store: Store, device: str, session_id: str | None, commands: list[Command],
+                        who: TokenInfo) -> str:
     """The session a REST batch from `who` runs in: the one it named, if it may write there, else its
     default. Raises 403 `{"error": …}` (after writing an audit row per command) when the batch names a
     session — or an `undo_session` command a session — that is not the caller's."""
     session = session_id if session_id is not None else default_session(who)
-    problem = "session ids are at most 128 characters" if len(session) > 128 else why_not_owned(store, session, who)
+    problem = ("session ids are at most 128 characters" if len(session) > 128
+               else await why_not_owned(store, session, who))
     for command in commands:
         if problem is not None:
             break
@@ -81,7 +85,7 @@ def owned_session(store: Store, device: str, session_id: str | None, commands: l
             target = (command.parameters or {}).get("session_id")
             if not isinstance(target, str):
                 continue  # the device refuses it as bad arguments
-            problem = why_not_owned(store, target, who)
+            problem = await why_not_owned(store, target, who)
             if problem is not None:
                 problem = f"undo_session refused: {problem}"
     if problem is None:

@@ -74,7 +74,8 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
                              layers_dir=layers, protected=live_protected(policy),
                              protected_names=floating_protected(policy), allow_sockets=list(policy.allow_sockets),
                              # from_request keeps the warden's keys: layer_files/layer_bytes are the capture's
-                             limits=Limits.from_request(policy.limits.model_dump()), run_as=run_as)
+                             limits=Limits.from_request(policy.limits.model_dump()), run_as=run_as,
+                             private_tmp=policy.private_tmp)
 
 
 def floating_protected(policy: Policy) -> list[str]:

@@ -245,7 +245,8 @@ def fast_path(inp: RecoveryInput) -> AutoPatch | Replan | AskUser | None:
                     f"Step {inp.index + 1} ({_label(step)}) needs your approval: {error}")
         digest = _payload(result).get("approval_digest")
         return AskUser(question=question, options=[OPTION_APPROVE, OPTION_DENY], kind="approval", reason=str(rule),
-                       changes=held, digest=digest if isinstance(digest, str) else None, source="fast_path")
+                       changes=held or _held_changes(result, "would_change"),
+                       digest=digest if isinstance(digest, str) else None, source="fast_path")
     if is_timeout(result):
         key = next((k for k in _TIMEOUT_KEYS if k in step.args), None)
         if key is None and inp.tool is not None:
@@ -286,9 +287,10 @@ def fast_path(inp: RecoveryInput) -> AutoPatch | Replan | AskUser | None:
 SHOWN_CHANGES = 20
 
 
-def _held_changes(result: Result) -> list[dict[str, Any]]:
-    """The changes a sandboxed command made that wait for a person (its layer is held on the device)."""
-    listed = _payload(result).get("needs_approval_for")
+def _held_changes(result: Result, key: str = "needs_approval_for") -> list[dict[str, Any]]:
+    """The changes a sandboxed command made that wait for a person (its layer is held on the device); with
+    `key="would_change"`, what a file tool's action waiting for approval would change (with its diff)."""
+    listed = _payload(result).get(key)
     return [c for c in listed if isinstance(c, dict) and c.get("path")] if isinstance(listed, list) else []
 
 

@@ -11,6 +11,7 @@ import fcntl
 import logging
 import os
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +41,11 @@ class TaskStore:
 
     def save(self, task: Task) -> None:
         """Store the task whole; `StoreUnavailable` when the disk is full or read-only."""
-        self.table.save(task.id, task.request, task.state.value, task.created_at.isoformat(),
-                        task.updated_at.isoformat(), task.model_dump_json())
+        self.table.save(*row_of(task))
+
+    async def saved(self, task: Task) -> None:
+        """`save` without holding up the event loop (PostgreSQL: on the table's worker, `TaskTable.call`)."""
+        await self.table.call(self.table.save, *row_of(task))
 
     def get(self, task_id: str) -> Task | None:
         """The task with this id, or with this unique id prefix (ids are long to type)."""
@@ -90,6 +94,12 @@ class TaskStore:
         return [Task.model_validate_json(body) for body in self.table.bodies_not_in(ended)]
 
 
+def row_of(task: Task) -> tuple[str, str, str, str, str, str]:
+    """The task's row as `TaskTable.save` takes it, serialised now (the task goes on changing)."""
+    return (task.id, task.request, task.state.value, task.created_at.isoformat(), task.updated_at.isoformat(),
+            task.model_dump_json())
+
+
 class RunLocks:
     """Which local tasks a live tether process is running: each holds an flock on its task's file in
     `directory` for as long as it runs. The kernel drops the lock when the process dies however it
@@ -129,6 +139,10 @@ class SaveSoon:
     A save that fails (a full or read-only disk) never raises into the loop: the task is kept in
     `unsaved` (the state readers must be shown, since the store is behind) and saved again every
     `retry_s` seconds and at every flush until it is written.
+
+    With PostgreSQL (`TaskTable.offload`) the rows are serialised on the loop and written on the table's
+    worker: `flush` hands them over without waiting (and answers what is known: the last problem), and
+    `flushed` waits for them — what must be saved before a command goes awaits that.
     """
 
     retry_s = 1.0
@@ -139,6 +153,7 @@ class SaveSoon:
         self.unsaved: dict[str, Task] = {}
         self.problem: str | None = None  # why the last save failed; None once everything is saved
         self._retry: asyncio.TimerHandle | None = None
+        self._writing: Future[dict[str, str]] | None = None  # the last group handed to the worker (PostgreSQL)
 
     def on_event(self, task: Task, event: TaskEvent | None) -> None:
         if event is not None and event.kind in SAVE_ON:
@@ -156,11 +171,15 @@ class SaveSoon:
         return self.flush()
 
     def flush(self) -> str | None:
-        """Write what is waiting and what failed before; None when all of it is saved, else why not."""
+        """Write what is waiting and what failed before; None when all of it is saved, else why not. With
+        PostgreSQL it is handed to the table's worker and the answer is what is known now (`flushed` waits)."""
         if self._retry is not None:
             self._retry.cancel()
             self._retry = None
         dirty, self._dirty = {**self.unsaved, **self._dirty}, {}
+        if self.store.table.offload:
+            self._hand_over(dirty)
+            return self.problem
         problem = None
         for task in dirty.values():
             try:
@@ -182,6 +201,79 @@ class SaveSoon:
             except RuntimeError:
                 pass  # no loop (closing): the caller reports what stays unsaved
         return problem
+
+    async def flushed(self) -> str | None:
+        """`flush`, then wait until what was handed over is written: None when all of it is saved, else why
+        not. The event loop goes on meanwhile (PostgreSQL)."""
+        problem = self.flush()
+        writing = self._writing
+        if writing is None:
+            return problem
+        try:
+            await asyncio.shield(asyncio.wrap_future(writing))
+        except Exception as exc:  # the worker is gone (closing)
+            return str(exc)
+        await asyncio.sleep(0)  # its settling, called soon on this loop, has run
+        return self.problem
+
+    def _hand_over(self, dirty: dict[str, Task]) -> None:
+        """PostgreSQL: write `dirty` on the table's worker, in order after what was handed over before; what
+        fails is kept in `unsaved` and retried, as on SQLite."""
+        if not dirty:
+            return
+        loop = asyncio.get_running_loop()
+        rows = {task_id: row_of(task) for task_id, task in dirty.items()}
+        table = self.store.table
+
+        def work() -> dict[str, str]:
+            failed: dict[str, str] = {}
+            for task_id, row in rows.items():
+                try:
+                    table.save(*row)
+                except Exception as exc:
+                    failed[task_id] = str(exc)
+            return failed
+
+        def settle(future: Future[dict[str, str]]) -> None:
+            try:
+                failed = future.result()
+            except Exception as exc:
+                failed = {task_id: str(exc) for task_id in rows}
+            for task_id, task in dirty.items():
+                if task_id in failed:
+                    self.unsaved.setdefault(task_id, task)
+                else:
+                    self.unsaved.pop(task_id, None)
+            problem = next(iter(failed.values()), None)
+            if problem is not None and self.problem is None:
+                logger.error("could not save %d task(s) (kept in memory, retried every %gs): %s", len(failed),
+                             self.retry_s, problem)
+            elif problem is None and self.problem is not None and not self.unsaved:
+                logger.warning("tasks can be saved again")
+            self.problem = problem if problem is not None else (self.problem if self.unsaved else None)
+            if self.unsaved and self._retry is None:
+                with contextlib.suppress(RuntimeError):
+                    self._retry = loop.call_later(self.retry_s, self.flush)
+
+        try:
+            future = table.submit(work)
+        except RuntimeError as exc:  # closed
+            future = Future()
+            future.set_exception(exc)
+        self._writing = future
+
+        def settle_soon(done: Future[dict[str, str]]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped
+                loop.call_soon_threadsafe(settle, done)
+
+        future.add_done_callback(settle_soon)
+
+    async def saved(self, *tasks: Task) -> str | None:
+        """Save `tasks` (and whatever waits) and wait until written: None when saved, else why not (they are
+        kept and retried). The event loop goes on meanwhile (PostgreSQL)."""
+        for task in tasks:
+            self._dirty[task.id] = task
+        return await self.flushed()
 
     def forget(self, task_id: str) -> None:
         """Drop a task that was never created (its first save failed and the caller was told)."""

@@ -93,6 +93,11 @@ def live_source(spec: SandboxSpec, index: int) -> str:
     return f"{spec.layers_dir}/.live/{index}"
 
 
+def tmp_source(spec: SandboxSpec) -> str:
+    """Where the warden sees the sessions' private /tmp base: inside the layers directory (see warden_argv)."""
+    return f"{spec.layers_dir}/.tmp"
+
+
 def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwrap: str = "bwrap",
               egress_fd: int | None = None) -> list[str]:
     """A bwrap command running `argv` with the write roots bound writable directly (nothing captured).
@@ -131,13 +136,15 @@ def confine_argv(spec: SandboxSpec) -> list[str]:
     return [sys.executable, "-I", "-m", "tether.sandbox.confine.seccomp", *named, "--"]
 
 
-def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "bwrap") -> list[str]:
+def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "bwrap",
+                tmp_base: str | None = None) -> list[str]:
     """The warm sandbox: bwrap running tether's warden, which forks one confined process per command.
 
     The warden keeps CAP_SYS_ADMIN, CAP_DAC_OVERRIDE (an unprivileged user's overlay over a directory
     it does not own, such as /tmp) and CAP_SETPCAP inside its own user namespace only — where they
     reach no file whose owner is not mapped there, i.e. nobody else's — to mount each command's
-    overlay, and drops every capability before the command's program is executed.
+    overlay, and drops every capability before the command's program is executed. `tmp_base`: the
+    sessions' private /tmp directories (`tether.sandbox.private_tmp`), bound at `tmp_source`.
     """
     args = [*_base(bwrap, spec), "--cap-add", "CAP_SYS_ADMIN", "--cap-add", "CAP_DAC_OVERRIDE",
             "--cap-add", "CAP_SETPCAP"]
@@ -148,5 +155,7 @@ def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "b
     for i, root in enumerate(spec.live_write_roots):
         if os.path.isdir(root) and (spec.run_as is None or spec.run_as.reaches(root)):
             args += ["--bind", root, live_source(spec, i)]
+    if tmp_base is not None:
+        args += ["--bind", tmp_base, tmp_source(spec)]
     args += hide_args(spec, skip_under=spec.write_roots + spec.live_write_roots)
     return [*args, "--", python, "-I", "-m", "tether.sandbox.confine.warden", str(sock_fd)]

@@ -3,7 +3,8 @@
 `mount_layers` lays an overlay on every captured write root (writes land in the command's own upper
 directory), binds the live roots, applies the freeze plan of `guard`, hides the device's secrets again
 on top (an overlay shows its lower tree whole), closes the layers directory, masks the machine's unix
-sockets the policy did not name and mounts a private `/dev/shm`; `own_proc` mounts the pid namespace's
+sockets the policy did not name and mounts a private `/dev/shm`; `hold_tmp` and `bind_tmp` give the
+command its session's private `/tmp` (`tether.sandbox.private_tmp`); `own_proc` mounts the pid namespace's
 own `/proc`. `Libc` is the few system calls Python 3.11 lacks.
 
 Standard library only: this runs in the warden, a fresh interpreter inside the sandbox.
@@ -12,6 +13,7 @@ Standard library only: this runs in the warden, a fresh interpreter inside the s
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import errno
 import os
 import signal
@@ -123,6 +125,66 @@ def mount_layers(libc: Libc, req: dict[str, Any]) -> list[str]:
         libc.mount("tmpfs", req["layers_dir"], "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=0,mode=0555")
     mask_sockets(libc, req)
     return notes
+
+
+@dataclasses.dataclass(slots=True)
+class TmpHold:
+    """What a command's namespace holds, before its mounts, to give it its session's private /tmp later
+    (`bind_tmp`): the sessions' base directory and the kept paths below /tmp, as open fds."""
+
+    target: str
+    base: int
+    keep: list[tuple[str, int, bool]]  # (path, fd, is a directory)
+
+
+def hold_tmp(req: dict[str, Any]) -> TmpHold | None:
+    """Open the sessions' private /tmp base (bound at `<layers_dir>/.tmp` for the warden) and the paths
+    below /tmp that stay the machine's (`tmp_keep`: [path, where the warden sees it]), before the
+    overlays and the closed layers directory hide them. None when the sandbox gives no private /tmp."""
+    spec = req.get("private_tmp")
+    if not spec:
+        return None
+    base = os.open(spec["base"], os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    keep = []
+    for path, source in spec.get("keep", []):
+        try:
+            fd = os.open(source, os.O_PATH | os.O_CLOEXEC)
+        except OSError:
+            continue  # gone since the device listed it
+        keep.append((path, fd, stat.S_ISDIR(os.fstat(fd).st_mode)))
+    return TmpHold(spec["target"], base, keep)
+
+
+def bind_tmp(libc: Libc, hold: TmpHold | None, run: dict[str, Any]) -> None:
+    """Bind the session's own directory (`run["tmp"]`, its name in the base) over /tmp, and the kept paths
+    back at their places in it; then let go of the held fds. Nothing when `run` names no session's /tmp:
+    the command keeps the captured /tmp of everyone."""
+    if hold is None:
+        return
+    try:
+        name = run.get("tmp")
+        if not name:
+            return
+        if "/" in name or name in (".", ".."):
+            raise OSError(f"not a session's /tmp: {name!r}")
+        own = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=hold.base)
+        try:
+            libc.mount(f"/proc/self/fd/{own}", hold.target, None, MS_BIND, None)
+        finally:
+            os.close(own)
+        for path, fd, is_dir in hold.keep:
+            _mountpoint(path, is_dir)
+            libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)
+    finally:
+        for fd in (hold.base, *(fd for _, fd, _ in hold.keep)):
+            os.close(fd)
+
+
+def _mountpoint(path: str, is_dir: bool) -> None:
+    """An empty directory or file at `path` to bind onto, made with the directories above it."""
+    os.makedirs(path if is_dir else os.path.dirname(path), mode=0o700, exist_ok=True)
+    if not is_dir and not os.path.lexists(path):
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
 
 
 def hide(libc: Libc, hidden: list[str]) -> None:

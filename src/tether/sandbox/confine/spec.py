@@ -64,16 +64,18 @@ class SandboxSpec:
     limits: Limits = field(default_factory=Limits)
     # the unprivileged user a root device starts bwrap as (docs/security/root.md); None: as the device itself
     run_as: RunAs | None = None
+    # each session's commands get their own /tmp where the temp dir is a captured root (sandbox.private_tmp)
+    private_tmp: bool = False
 
     @classmethod
     def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
               network: bool = True, layers_dir: str = "", protected: Iterable[str] = (),
               protected_names: Iterable[str] = (), allow_sockets: list[str] = (),  # type: ignore[assignment]
-              limits: Limits | None = None, run_as: RunAs | None = None) -> SandboxSpec:
+              limits: Limits | None = None, run_as: RunAs | None = None, private_tmp: bool = False) -> SandboxSpec:
         live = _outermost(list(live_write_roots))
         return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
                    hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir,
                    protected=tuple(sorted({_real(p) for p in protected})),
                    protected_names=tuple(sorted(set(protected_names))),
                    allow_sockets=tuple(sorted({s if s in SOCKET_WORDS else _real(s) for s in allow_sockets})),
-                   limits=limits or Limits(), run_as=run_as)
+                   limits=limits or Limits(), run_as=run_as, private_tmp=private_tmp)

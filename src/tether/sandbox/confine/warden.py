@@ -36,7 +36,9 @@ from tether.sandbox.confine.landlock import restrict_writes, scopes
 from tether.sandbox.confine.limits import apply_in_command
 from tether.sandbox.confine.mounts import (
     Libc,
+    bind_tmp,
     hide,
+    hold_tmp,
     mount_layers,
     own_proc,
 )
@@ -87,7 +89,9 @@ def _command(libc: Libc, req: dict[str, Any], fds: list[int], sock: socket.socke
     """
     exe, *stdio = fds
     try:
+        tmp = hold_tmp(req)
         notes = mount_layers(libc, req)
+        bind_tmp(libc, tmp, req)
         if notes:
             sock.send(json.dumps({"op": "note", "id": req["id"], "notes": notes}).encode())
         own_proc(libc)
@@ -109,7 +113,8 @@ def _could_not_start(req: dict[str, Any], stdio: list[int], exc: BaseException) 
 
 
 # What a primed namespace was made for: a `run` whose values of these equal the `prime`'s takes it.
-PRIMED_BY = ("layer", "hidden", "live", "layers_dir", "freeze", "readonly", "mask_sockets", "shm", "filters")
+PRIMED_BY = ("layer", "hidden", "live", "layers_dir", "freeze", "readonly", "mask_sockets", "shm", "filters",
+             "private_tmp")
 
 
 def primed_key(req: dict[str, Any]) -> str:
@@ -124,6 +129,7 @@ def _primed(libc: Libc, req: dict[str, Any], ctl: socket.socket, sock: socket.so
     secret created meanwhile is hidden all the same. `ctl` closed without a word: it exits unused.
     Never returns."""
     try:
+        tmp = hold_tmp(req)  # the session's /tmp is only known with the run: bound then
         notes = mount_layers(libc, req)
         own_proc(libc)
         late = [path for path in req.get("hidden", []) if not os.path.lexists(path)]
@@ -143,6 +149,7 @@ def _primed(libc: Libc, req: dict[str, Any], ctl: socket.socket, sock: socket.so
         if notes:
             sock.send(json.dumps({"op": "note", "id": run["id"], "notes": notes}).encode())
         hide(libc, late)
+        bind_tmp(libc, tmp, run)
         _exec_command(libc, run, exe, stdio)
     except BaseException as exc:
         _could_not_start(run, stdio, exc)

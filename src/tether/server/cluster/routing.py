@@ -28,14 +28,14 @@ from pydantic import TypeAdapter
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Result
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import ApprovalRefused
 from tether.server.cluster.bus import Bus, BusError, BusInterrupted
 
 if TYPE_CHECKING:
-    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.batches.ledger import PendingBatch
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.aip.hub import DeviceHub
-    from tether.server.aip.registry import DeviceRegistry
     from tether.server.settings import ServerSettings
     from tether.server.store import Store
 
@@ -126,14 +126,14 @@ class Router:
         self._answered.append((now, origin, device, response_id, outcomes))
 
     def _settle(self, device: str, response_id: str, outcomes: list[tuple[str, str, str | None]], why: str) -> None:
-        try:
-            settled = self.store.audit.late(device, [(response_id, cid, status, error)
-                                                         for cid, status, error in outcomes])
+        def then(settled: int) -> None:
+            if settled:
+                log.warning("batch %s: %d outcome(s) recorded by node %s (%s)", response_id, settled, self.node, why)
+
+        try:  # written off the event loop (PostgreSQL); `then` tells how many rows it settled
+            self.store.audit.late(device, [(response_id, cid, status, error) for cid, status, error in outcomes], then)
         except Exception:
             log.exception("could not record the outcomes of batch %s (%s)", response_id, why)
-            return
-        if settled:
-            log.warning("batch %s: %d outcome(s) recorded by node %s (%s)", response_id, settled, self.node, why)
 
     def _moved(self, route: Route) -> None:
         route.moved = True
@@ -357,10 +357,12 @@ class Router:
             results = _RESULTS.validate_json(body.get("results") or "[]")
         except ValueError:
             return
-        settled = self.hub.record_late(device, response_id, results)
-        if settled:
-            log.warning("batch %s: %d outcome(s) that came after node %s stopped waiting recorded", response_id,
-                        settled, self.node)
+        def then(settled: int) -> None:
+            if settled:
+                log.warning("batch %s: %d outcome(s) that came after node %s stopped waiting recorded", response_id,
+                            settled, self.node)
+
+        self.hub.record_late(device, response_id, results, then)
 
     def record_lost_answer(self, body: dict[str, Any], reply: dict[str, Any]) -> None:
         """The answer to a batch request never reached the asking node (the backplane is down), whose caller
@@ -372,10 +374,12 @@ class Router:
             results = _RESULTS.validate_json(reply.get("results") or "[]")
         except ValueError:
             return
-        settled = self.store.audit.late(device, [(message.response_id, r.call_id, r.status.value, r.error)
-                                                     for r in results if r.call_id])
-        log.warning("batch %s: %d outcome(s) the asking node never heard recorded by node %s",
-                    message.response_id, settled, self.node)
+        def then(settled: int) -> None:
+            log.warning("batch %s: %d outcome(s) the asking node never heard recorded by node %s",
+                        message.response_id, settled, self.node)
+
+        self.store.audit.late(device, [(message.response_id, r.call_id, r.status.value, r.error)
+                                       for r in results if r.call_id], then)
 
     async def serve_cancel(self, body: dict[str, Any], send: Any) -> dict[str, Any]:
         cancelled = await self.hub.cancel(str(body.get("response_id", "")), str(body.get("reason") or "cancelled"))

@@ -15,8 +15,8 @@ from pydantic import BaseModel, Field
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceProfile
+from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRecord, DeviceRegistry
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
 from tether.server.ports import BackplaneUnavailable
 from tether.server.scopes import reaches, unknown_device
@@ -71,20 +71,21 @@ def require(scope: str):
     """A dependency that admits an API token holding `scope` (or `admin`)."""
 
     async def check(request: Request, authorization: Annotated[str | None, Header()] = None) -> TokenInfo:
-        return authorize(request, authorization, scope)
+        return await authorize(request, authorization, scope)
 
     return check
 
 
-def authorize(request: Request, authorization: str | None, scope: str) -> TokenInfo:
-    """The API token of this request if it holds `scope`; else the 401/403 `HTTPException` saying why."""
+async def authorize(request: Request, authorization: str | None, scope: str) -> TokenInfo:
+    """The API token of this request if it holds `scope`; else the 401/403 `HTTPException` saying why. The
+    token is looked up without holding up the event loop (`Tokens.check`)."""
     sessions = getattr(request.app.state, "web_sessions", None)  # the dashboard's cookie (server/web)
     if not authorization and sessions is not None and (secret := sessions.bearer_for(request)):
         authorization = f"Bearer {secret}"  # CSRF already checked; the token is checked as any other
     if not authorization or not authorization.lower().startswith("bearer "):
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <api token>'",
                             headers={"WWW-Authenticate": "Bearer"})
-    info = _store(request).tokens.verify(authorization[7:].strip())
+    info = await _store(request).tokens.check(authorization[7:].strip())
     if info is None:
         raise HTTPException(401, "unknown or revoked token", headers={"WWW-Authenticate": "Bearer"})
     if info.kind != "api":
@@ -194,7 +195,7 @@ def require_fleet(scope: str):
     make itself an unscoped one."""
 
     async def check(request: Request, authorization: Annotated[str | None, Header()] = None) -> TokenInfo:
-        who = authorize(request, authorization, scope)
+        who = await authorize(request, authorization, scope)
         if who.scoped:
             raise HTTPException(403, f"token '{who.name}' is scoped to some devices ({who.scope_text()}); "
                                      "this needs a token that reaches every device")

@@ -188,11 +188,11 @@ class HostRules:
             await send_error(send, 403, refusal, receive=receive, headers=headers)
 
 
-TokenCheck = Callable[[str], bool]
+TokenCheck = Callable[[str], Awaitable[bool]]
 
 
 class RequestGuard:
-    """The ASGI middleware (see the module docstring). `api_token_ok(secret)` says whether a bearer
+    """The ASGI middleware (see the module docstring). `await api_token_ok(secret)` says whether a bearer
     secret is a valid API token; it decides which body cap applies."""
 
     def __init__(self, app: ASGIApp, *, settings: ServerSettings, api_token_ok: TokenCheck) -> None:
@@ -238,12 +238,25 @@ class RequestGuard:
 
     # -- bodies ----------------------------------------------------------------------------------
 
-    def _cap(self, headers: dict[bytes, bytes]) -> int:
+    async def _cap(self, headers: dict[bytes, bytes]) -> int:
         authorization = headers.get(b"authorization", b"").decode("latin-1")
         scheme, _, secret = authorization.strip().partition(" ")
-        if scheme.lower() == "bearer" and secret.strip() and self.api_token_ok(secret.strip()):
+        if scheme.lower() == "bearer" and secret.strip() and await self.api_token_ok(secret.strip()):
             return self.max_body
         return self.anonymous_body
+
+    async def _declared(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any],
+                        headers: dict[bytes, bytes], size: int) -> None:
+        """A body of a declared length past the anonymous cap: the app, or 413 over the token's cap."""
+        cap = await self._cap(headers)
+        if size > cap:
+            await send_error(send, 413, self._too_large(size, cap))
+            return
+        await self.app(scope, receive, send)
+
+    async def _chunked(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any],
+                       headers: dict[bytes, bytes]) -> None:
+        await self._counted(scope, receive, send, await self._cap(headers))
 
     def _too_large(self, size: int | None, cap: int) -> str:
         what = f"{size} bytes" if size is not None else "the request body"
@@ -262,14 +275,12 @@ class RequestGuard:
             size = int(text)
             if size <= self.anonymous_body:  # the server reads exactly that much: nothing to count
                 return self.app(scope, receive, send)
-            cap = self._cap(headers)
-            if size > cap:
-                return send_error(send, 413, self._too_large(size, cap))
-            return self.app(scope, receive, send)
+            return self._declared(scope, receive, send, headers, size)
         if b"transfer-encoding" not in headers:  # neither length nor chunks: no body at all
             return self.app(scope, receive, send)
-        cap = self._cap(headers) if b"authorization" in headers else self.anonymous_body
-        return self._counted(scope, receive, send, cap)
+        if b"authorization" in headers:
+            return self._chunked(scope, receive, send, headers)
+        return self._counted(scope, receive, send, self.anonymous_body)
 
     async def _counted(self, scope: Scope, receive: Callable[[], Any], send: Callable[[Message], Any],
                        cap: int) -> None:

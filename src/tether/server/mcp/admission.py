@@ -38,14 +38,15 @@ class Refused:
     missing_scope: str | None = None
 
 
-def admit(store: Store, scope: dict[str, Any]) -> Admitted | Refused:
-    """Check an HTTP request's `Authorization: Bearer` API token (scope `read`) and its `devices=` filter."""
+async def admit(store: Store, scope: dict[str, Any]) -> Admitted | Refused:
+    """Check an HTTP request's `Authorization: Bearer` API token (scope `read`) and its `devices=` filter; the
+    token is looked up without holding up the event loop (`Tokens.check`)."""
     headers = dict(scope.get("headers") or ())
     authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, secret = authorization.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         return Refused(401, "missing bearer token: send 'Authorization: Bearer <api token>'")
-    token = store.tokens.verify(secret.strip())
+    token = await store.tokens.check(secret.strip())
     if token is None:
         return Refused(401, "unknown or revoked token", invalid_token=True)
     if token.kind != "api":

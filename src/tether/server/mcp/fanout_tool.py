@@ -1,5 +1,5 @@
 """`run_on_fleet`: one tool call on every device meeting requirements, for an MCP client (the same
-fan-out engine as `POST /api/v1/fleet/commands`, `tether.server.aip.fanout`).
+fan-out engine as `POST /api/v1/fleet/commands`, `tether.server.aip.batches.fanout`).
 
 Each device's outcome reaches the client as a progress notification while the fan-out runs; the
 answer is every device's line and the summary. The client's cancellation ends the fan-out: batches in
@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
-from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError, countable
+from tether.server.aip.batches.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError, countable
+from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
 from tether.server.scopes import beyond, within
 
@@ -59,6 +59,7 @@ OUTPUT_SCHEMA: dict[str, Any] = {
 
 def fan_out_tool(hub: DeviceHub, registry: DeviceRegistry) -> GatewayTool:
     async def run(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
+        active = await hub.store.call(hub.store.tokens.active_device_names)  # off the event loop (PostgreSQL)
         try:
             requires = DeviceRequirements.model_validate(arguments.get("requires") or {})
             command = Command(tool_name=str(arguments.get("tool") or ""), parameters=arguments.get("arguments") or {})
@@ -69,7 +70,7 @@ def fan_out_tool(hub: DeviceHub, registry: DeviceRegistry) -> GatewayTool:
                                                                                      DEFAULT_CONCURRENCY)),
                          timeout=timeout, requested_by=f"mcp:{call.client} by api:{call.token.name}",
                          # a scoped token's fan-out reaches its devices only; revoked ones are not counted
-                         within=countable(hub.store.tokens.active_device_names(), within(call.token)),
+                         within=countable(active, within(call.token)),
                          asker=TokenRef.of(call.token))
         except (ValidationError, ValueError, TypeError) as exc:
             status = exc.status if isinstance(exc, FanOutError) else 422

@@ -42,8 +42,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from starlette.applications import Starlette
 
 from tether.protocol.models import Result
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
@@ -175,7 +175,7 @@ class Gateway:
         if scope["type"] != "http":  # a WebSocket to /mcp: MCP has none
             await send({"type": "websocket.close", "code": 1008, "reason": "MCP is served over HTTP POST/GET"})
             return
-        admitted = admit(self.store, scope)
+        admitted = await admit(self.store, scope)
         if isinstance(admitted, Refused):
             await deny(scope, receive, send, admitted.status, admitted.error, admitted)
             return

@@ -23,7 +23,7 @@ from typing import Any
 
 from tether.errors import ServerError
 from tether.protocol.models import ToolInfo
-from tether.server.aip.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
 from tether.server.scopes import reaches
 from tether.server.store.tokens import TokenInfo
 

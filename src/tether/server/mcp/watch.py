@@ -75,14 +75,19 @@ class ListChangedWatch:
 
     def fleet_changed(self, device: str) -> None:
         self.index.invalidate()
-        revoked = self._end_revoked()
+        self._spawn(self._tell_watchers(device))
+        self._spawn(self.bus.publish(ToolsListChanged()))
+
+    async def _tell_watchers(self, device: str) -> None:
+        """The sessions watching `device` are told their tool list changed, once the revoked tokens' sessions
+        are ended (their statement off the event loop: `Store.call`)."""
+        revoked = await self._end_revoked()
         for watcher in list(self._watchers.values()):
             if watcher.keep.admits(device) and not watcher.pending and watcher.token_id not in revoked:
                 watcher.pending = True
                 self._spawn(self._tell(watcher))
-        self._spawn(self.bus.publish(ToolsListChanged()))
 
-    def _end_revoked(self) -> set[str]:
+    async def _end_revoked(self) -> set[str]:
         """End the sessions of tokens revoked since they were opened (here or by `tether token revoke` in
         another process), so a standing GET stream does not outlive its token; returns those tokens' ids.
 
@@ -91,7 +96,8 @@ class ListChangedWatch:
         owners: dict[str, Any] = getattr(self.manager, "_session_owners", {})
         if not owners:
             return set()
-        active = self.store.tokens.active_ids()
+        active = await self.store.call(self.store.tokens.active_ids)
+        owners = getattr(self.manager, "_session_owners", {})  # read again: the lookup may have waited
         revoked = {owner.get("client_id") for owner in owners.values()} - active
         instances: dict[str, Any] = getattr(self.manager, "_server_instances", {})
         for session_id, owner in list(owners.items()):

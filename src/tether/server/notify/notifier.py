@@ -83,8 +83,7 @@ class Notifier:
 
     async def start(self) -> None:
         """Write the configured webhooks into the store and start sending (what a restart left pending too)."""
-
-        self.store.webhooks.replace_config([
+        await self.store.call(self.store.webhooks.replace_config, [
             (hook.id, hook.url, hook.secret, list(hook.events), hook.format) for hook in self.settings.webhooks])
         self._sender = asyncio.create_task(self._send_forever(), name="tether-webhooks")
 
@@ -99,15 +98,47 @@ class Notifier:
 
     def emit(self, event: str, text: str, fields: dict[str, Any], *, data: dict[str, Any] | None = None,
              devices: Iterable[tuple[str, Iterable[str]]] = (), answer_scope: str | None = None,
-             asker: str | None = None, link: str | None = None, only: str | None = None) -> int:
+             asker: str | None = None, link: str | None = None, only: str | None = None) -> int | None:
         """Record a delivery of `event` to every webhook that should hear of it; how many. `devices` are the
         (name, tags) it concerns: a token's webhook hears of it only when the token reaches them all.
         `answer_scope` (for an approval) is the scope answering it takes ("approve": a person's token only;
         "execute": `asker`'s own question); `only` sends it to that one webhook (a test). Never raises: a store
-        that cannot write is logged."""
+        that cannot write is logged. With PostgreSQL, on an event loop, they are recorded behind the caller
+        (`Store.soon`: the loop never waits for the database) and it returns None."""
         self.changes.bump()
+        args = (event, text, fields, data or {}, list(devices), answer_scope, asker, link, only)
         try:
-            return self._record(event, text, fields, data or {}, list(devices), answer_scope, asker, link, only)
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None or self.store.calls is None:
+            made = self._recorded(*args)
+            if made:
+                self._wake.set()
+            return made
+
+        def behind() -> None:
+            if self._recorded(*args):
+                with contextlib.suppress(RuntimeError):  # the loop has closed: sent after a restart
+                    loop.call_soon_threadsafe(self._wake.set)
+
+        self.store.soon(behind)
+        return None
+
+    async def emitted(self, event: str, text: str, fields: dict[str, Any], *, data: dict[str, Any] | None = None,
+                      only: str | None = None) -> int:
+        """`emit` awaited: how many deliveries were recorded (the event loop goes on meanwhile)."""
+        self.changes.bump()
+        made = await self.store.call(self._recorded, event, text, fields, data or {}, [], None, None, None, only)
+        if made:
+            self._wake.set()
+        return made
+
+    def _recorded(self, *args: Any) -> int:
+        """`_record`, its errors logged (0)."""
+        event = args[0]
+        try:
+            return self._record(*args)
         except (StoreUnavailable, OSError) as exc:
             logger.error("webhook deliveries of %s not recorded: %s", event, exc)
             return 0
@@ -144,8 +175,6 @@ class Notifier:
             body = render(row["format"], event, delivery, text, fields, data, link)
             self.store.webhooks.enqueue(delivery, row["id"], event, body, now)
             made += 1
-        if made:
-            self._wake.set()
         return made
 
     # -- sending -------------------------------------------------------------------------------------
@@ -154,11 +183,11 @@ class Notifier:
         while True:
             self._wake.clear()
             try:
-                due = self.store.webhooks.due(time.time(), BATCH)
+                due = await self.store.call(self.store.webhooks.due, time.time(), BATCH)
                 if due:
                     await asyncio.gather(*(self._claim_and_send(row) for row in due))
                     continue
-                upcoming = self.store.webhooks.next_due()
+                upcoming = await self.store.call(self.store.webhooks.next_due)
             except (StoreUnavailable, OSError) as exc:
                 logger.error("webhook deliveries not read: %s", exc)
                 upcoming = None
@@ -169,7 +198,7 @@ class Notifier:
     async def _claim_and_send(self, row: Any) -> None:
         lease = time.time() + 2 * self.settings.webhook_timeout + 10.0  # a dead sender's claim runs out
         try:
-            if not self.store.webhooks.claim(row["id"], row["next_at"], lease):
+            if not await self.store.call(self.store.webhooks.claim, row["id"], row["next_at"], lease):
                 return
             await self._send(row)
         except (StoreUnavailable, OSError) as exc:
@@ -178,8 +207,8 @@ class Notifier:
             logger.exception("webhook delivery %s failed unexpectedly", row["id"])
 
     async def _send(self, row: Any) -> None:
-        hook = self.store.webhooks.get(row["webhook_id"])
-        secret = self.store.webhooks.secret(row["webhook_id"])
+        hook = await self.store.call(self.store.webhooks.get, row["webhook_id"])
+        secret = await self.store.call(self.store.webhooks.secret, row["webhook_id"])
         if hook is None or secret is None or self._sender is None:
             return  # removed since: its deliveries went with it
         url, attempts = str(hook["url"]), int(row["attempts"]) + 1
@@ -196,7 +225,8 @@ class Notifier:
                     TIMESTAMP_HEADER: stamp, SIGNATURE_HEADER: sign(secret, stamp, body)})
             status = answer.status_code
             if 200 <= status < 300:
-                self.store.webhooks.settle(row["id"], DELIVERED, attempts, time.time(), status, None)
+                await self.store.call(self.store.webhooks.settle, row["id"], DELIVERED, attempts, time.time(), status,
+                                      None)
                 return
             error = f"HTTP {status}"
             retry = status >= 500 or status in RETRIED_STATUSES
@@ -206,9 +236,10 @@ class Notifier:
             error, retry = f"{type(exc).__name__}: {str(exc).replace(url, redact(url))}"[:500], True
         if retry and attempts < self.settings.webhook_attempts:
             delay = min(self.settings.webhook_retry_s * 2 ** (attempts - 1), MAX_BACKOFF_S)
-            self.store.webhooks.settle(row["id"], PENDING, attempts, time.time() + delay, status, error)
+            await self.store.call(self.store.webhooks.settle, row["id"], PENDING, attempts, time.time() + delay, status,
+                                  error)
             self._wake.set()
         else:
-            self.store.webhooks.settle(row["id"], FAILED, attempts, time.time(), status, error)
+            await self.store.call(self.store.webhooks.settle, row["id"], FAILED, attempts, time.time(), status, error)
             logger.warning("webhook %s (%s): delivery %s of %s failed after %d attempt(s): %s", hook["id"],
                            redact(url), row["id"], row["event"], attempts, error)

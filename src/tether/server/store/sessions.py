@@ -33,6 +33,10 @@ class Sessions:
         self._remember_owner(session_id, row[0])
         return row[0]
 
+    def known(self, session_id: str) -> str | None:
+        """The owner of `session_id` when this server knows it already (from memory, no statement), else None."""
+        return self._owners.get(session_id)
+
     def claim_many(self, claims: Iterable[tuple[str, str]]) -> None:
         """`claim` for many (session_id, owner) pairs in one transaction; taken ones stay as they are."""
         now = time.time()

@@ -4,16 +4,24 @@ and its task leases (`tether.agent.tasks.cluster.ownership`) run their statement
 
 A task is small and always read whole (its log is its record), so a row per task with the serialized
 task is simpler than a table per part and keeps every field the executor adds.
+
+With PostgreSQL the table's statements for callers on the event loop run on ONE worker thread of the table's
+(`offload`, `submit`, `call`), in the order they were given: a lock on the table or a stalled database holds
+that thread and the callers awaiting it, never the loop. With SQLite they run at once.
 """
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tether.server.store.engine import StoreUnavailable, create_schema, describe, disk_problem, is_url, open_postgres
 
@@ -36,6 +44,9 @@ CREATE TABLE IF NOT EXISTS task_leases (
     expires_at REAL NOT NULL
 )
 """
+T = TypeVar("T")
+CALL_TIMEOUT_S = 35.0  # a caller on the event loop waits this long for the table (statements: 30 s)
+STALL_S = 2.0  # work given to the worker and not done after this long makes `stalled()` say so
 _ORPHANED = ("SELECT t.id FROM tasks t LEFT JOIN task_leases l ON l.task_id = t.id WHERE t.state NOT IN (?, ?, ?, ?) "
              "AND (l.task_id IS NULL OR l.expires_at < ?) ORDER BY t.created_at")
 
@@ -51,6 +62,10 @@ class TaskTable:
         self.where = describe(path)
         self._lock = threading.Lock()
         self._conn: Any  # a sqlite3.Connection, or a PostgresConnection with its surface
+        self.offload = is_url(path)  # PostgreSQL: loop callers' statements run on `_worker`
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tether-tasks") if self.offload else None
+        self._waiting: dict[int, float] = {}  # work on the worker not done yet: number -> since
+        self._numbers = itertools.count()
         if is_url(path):
             self.path = Path(self.where)
             self._conn = open_postgres(str(path))  # StoreUnavailable in one line when it cannot be reached
@@ -79,8 +94,52 @@ class TaskTable:
             raise StoreUnavailable(disk_problem(exc, self.path) or f"cannot open {self.path}: {exc}") from None
 
     def close(self) -> None:
+        """Run what the worker was given, then close the connection."""
+        if self._worker is not None:
+            self._worker.shutdown(wait=True)
         with self._lock:
             self._conn.close()
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Run `fn` (this table's statements) after everything given before it: on the worker with PostgreSQL,
+        at once otherwise (the future is then done on return). RuntimeError once closed."""
+        if self._worker is None:
+            done: Future[T] = Future()
+            try:
+                done.set_result(fn())
+            except Exception as exc:
+                done.set_exception(exc)
+            return done
+        return self._tracked(self._worker.submit(fn))
+
+    def _tracked(self, future: Future[T]) -> Future[T]:
+        number = next(self._numbers)
+        self._waiting[number] = time.monotonic()
+        future.add_done_callback(lambda _: self._waiting.pop(number, None))
+        return future
+
+    def stalled(self) -> str | None:
+        """One line when work given to the worker has waited longer than `STALL_S` for the database (a lock
+        on the table, a slow or lost database), else None. From state: no statement runs."""
+        since = min(tuple(self._waiting.values()), default=None)
+        if since is None or time.monotonic() - since <= STALL_S:
+            return None
+        return (f"the tasks table has not answered for {time.monotonic() - since:.1f}s (a lock on it, a slow or "
+                f"lost database); {len(self._waiting)} waiting")
+
+    async def call(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` without holding up the event loop (`submit`); its result or error. `StoreUnavailable`
+        when the database has not answered within `CALL_TIMEOUT_S`."""
+        if self._worker is None:
+            return fn(*args)
+        try:
+            future = self._tracked(self._worker.submit(fn, *args))
+        except RuntimeError:
+            raise StoreUnavailable(f"the task store {self.where} is closed") from None
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), CALL_TIMEOUT_S)
+        except TimeoutError:
+            raise StoreUnavailable(f"the task store {self.where} did not answer within {CALL_TIMEOUT_S:g}s") from None
 
     def save(self, task_id: str, request: str, state: str, created_at: str, updated_at: str, body: str) -> None:
         """Store a task's row whole (a new one, or its state, update time and body); `StoreUnavailable`

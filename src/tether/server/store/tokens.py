@@ -10,6 +10,7 @@ import logging
 import re
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
@@ -17,6 +18,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from tether.server.store.engine import TOKENS_CHANNEL, Engine
+from tether.server.store.pool import StatementPool
 
 logger = logging.getLogger(__name__)
 
@@ -111,13 +113,16 @@ class Tokens:
     Verified API tokens are answered from memory while nothing may have changed the table (see `verify`).
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, calls: StatementPool | None = None) -> None:
+        """`calls`: where `check` runs a lookup the memory cannot answer (PostgreSQL), None for at once."""
         self._engine = engine
+        self._calls = calls
         self._conn, self._lock, self._writing = engine.conn, engine.lock, engine.writing
         # verify's answers by the secret's hash, valid while the database's data_version (bumped by
         # every other connection's commit) and this connection's token writes leave them so
         self._cache: dict[str, TokenInfo] = {}
         self._cache_version = -1
+        self._cache_lock = threading.Lock()  # the cache is read on the event loop and filled on `calls`' threads
 
     def create(self, kind: TokenKind, name: str, scopes: Sequence[str] | None = None,
                confirm: str = "never", *, devices: list[str] | None = None,
@@ -167,25 +172,22 @@ class Tokens:
         return info, secret
 
     def verify(self, secret: str) -> TokenInfo | None:
-        """The active token whose secret this is, or None (unknown, revoked, or not a token at all)."""
+        """The active token whose secret this is, or None (unknown, revoked, or not a token at all). Runs
+        statements: on the event loop with PostgreSQL use `check`."""
         if not secret or len(secret) > 512:
             return None
         digest = hash_token(secret)
+        # Answered from memory while nothing may have changed the tokens: `PRAGMA data_version` moves
+        # when another connection (`tether token revoke`, another process) commits, and this
+        # connection's own token writes clear the cache (`changed`), so a revocation is
+        # honoured on the very next request. A hit costs one pragma instead of a query and a model.
         with self._lock:
-            # Answered from memory while nothing may have changed the tokens: `PRAGMA data_version` moves
-            # when another connection (`tether token revoke`, another process) commits, and this
-            # connection's own token writes clear the cache (`changed`), so a revocation is
-            # honoured on the very next request. A hit costs one pragma instead of a query and a model.
-            version = (self._conn.data_version() if self._engine.dialect == "postgres"
-                       else self._conn.execute("PRAGMA data_version").fetchone()[0])
-            if version != self._cache_version:
-                self._cache.clear()
-                self._cache_version = version
-            cached = self._cache.get(digest)
-            now = time.time()
-            if cached is not None and (cached.last_used_at is not None
-                                       and now - cached.last_used_at <= _LAST_USED_EVERY):
-                return cached
+            version = self._version(connect=True)
+            cached = self._recall(digest, version)
+        now = time.time()
+        if cached is not None and (cached.last_used_at is not None and now - cached.last_used_at <= _LAST_USED_EVERY):
+            return cached
+        with self._lock:
             row = self._conn.execute("SELECT * FROM tokens WHERE hash = ?", (digest,)).fetchone()
             if row is None or not hmac.compare_digest(row["hash"], digest) or row["revoked_at"] is not None:
                 return None
@@ -197,17 +199,67 @@ class Tokens:
                     logger.debug("could not note the use of token %s: %s", row["id"], exc)
                     return info
                 info = _token(row, last_used_at=now)
-            if info.kind != "api":  # a device token is checked once per connection: not worth ~1 KiB per device
-                return info
+        # a device token is checked once per connection: with SQLite not worth ~1 KiB per device; with
+        # PostgreSQL kept, so that devices reconnecting while the tokens table is locked are let in (`check`)
+        if info.kind == "api" or self._calls is not None:
+            self._keep(digest, info, version)
+        return info
+
+    async def check(self, secret: str) -> TokenInfo | None:
+        """`verify` without holding up the event loop. With PostgreSQL a token this server verified before is
+        answered from memory while no token changed (the `tether_tokens` notifications say so), its
+        `last_used_at` noted behind the caller; any other lookup runs on the store's pool (`calls`), so a lock
+        on the tokens table delays only the requests with a token not seen before. With SQLite: `verify`."""
+        if self._calls is None:
+            return self.verify(secret)
+        if not secret or len(secret) > 512:
+            return None
+        digest = hash_token(secret)
+        version = self._version(connect=False)  # never waits for the network: no listener is a change
+        cached = self._recall(digest, version)
+        if cached is None:
+            return await self._calls.call(self.verify, secret)
+        now = time.time()
+        if cached.last_used_at is None or now - cached.last_used_at > _LAST_USED_EVERY:
+            cached = cached.model_copy(update={"last_used_at": now})
+            self._keep(digest, cached, version)
+            self._calls.submit(self._note_use, cached.id, now)
+        return cached
+
+    def _note_use(self, token_id: str, now: float) -> None:
+        with self._lock:
+            self._conn.execute("UPDATE tokens SET last_used_at = ? WHERE id = ?", (now, token_id))
+
+    def _version(self, *, connect: bool) -> int:
+        """The token data's version (see `verify`); `connect=False` never opens a connection (PostgreSQL)."""
+        if self._engine.dialect == "postgres":
+            return int(self._conn.data_version(connect=connect))
+        return int(self._conn.execute("PRAGMA data_version").fetchone()[0])
+
+    def _recall(self, digest: str, version: int) -> TokenInfo | None:
+        """The cached answer for `digest` if the cache is of `version` (else it is emptied for it)."""
+        with self._cache_lock:
+            if version != self._cache_version:
+                self._cache.clear()
+                self._cache_version = version
+            return self._cache.get(digest)
+
+    def _keep(self, digest: str, info: TokenInfo, version: int) -> None:
+        """Cache `info` if nothing changed the tokens since `version` was read (a lookup that raced a
+        revocation keeps nothing)."""
+        with self._cache_lock:
+            if version != self._cache_version:
+                return
             if len(self._cache) >= _TOKEN_CACHE:
                 self._cache.clear()
             self._cache[digest] = info
-        return info
 
     def changed(self) -> None:
         """This connection wrote to the tokens table (its commits do not move `data_version`); with
         PostgreSQL every other server process is told, at this transaction's commit."""
-        self._cache.clear()
+        with self._cache_lock:
+            self._cache.clear()
+            self._cache_version = -2  # a lookup begun before this write keeps nothing (`_keep`)
         if self._engine.dialect == "postgres":
             self._conn.execute(f"NOTIFY {TOKENS_CHANNEL}")
 

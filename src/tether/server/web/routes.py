@@ -81,7 +81,7 @@ async def login(body: Login, request: Request) -> JSONResponse:
     """Exchange an API token for a session cookie. JSON only: a cross-site HTML form cannot send it
     without a preflight, and the request guard refuses foreign origins anyway."""
     secret = body.token.strip()
-    info = request.app.state.store.tokens.verify(secret)
+    info = await request.app.state.store.tokens.check(secret)
     if info is None or info.kind != "api":
         raise HTTPException(401, "unknown, revoked or non-API token")
     sid, session = _sessions(request).open(secret)
@@ -94,7 +94,7 @@ async def login(body: Login, request: Request) -> JSONResponse:
 @web_router.get("/web/session")
 async def session_info(request: Request) -> dict[str, Any]:
     session = _sessions(request).get(request.cookies.get(COOKIE))
-    info = request.app.state.store.tokens.verify(session.secret) if session else None
+    info = await request.app.state.store.tokens.check(session.secret) if session else None
     if session is None or info is None:  # a 200: the page asks this on every load, and a 401 is a console error
         return {"name": None, "scopes": [], "csrf": None}
     return _me(info, session.csrf)

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from tether.sandbox.layers.fs import EscapeError, move_entry, remove_entry
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
+from tether.tools.files import diffs
 from tether.tools.policy.jail import (
     approval_needed,
     escaped,
@@ -34,6 +35,7 @@ from tether.tools.policy.jail import (
     open_in,
     parent_in,
     real,
+    real_all,
     resolve_path,
     within,
 )
@@ -61,7 +63,7 @@ def _iso(ts: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
-def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
+def _resolve(ctx: ToolContext, path: str, *, write: bool, hidden: HiddenSet | None = None) -> Path:
     """`jail.resolve_path`, and the device's state directory is off limits, to read as to write: it
     holds the undo journal (a tool that could edit it could make a later undo write anything
     anywhere), the device token and pairing key (a tool that could read them would hand the
@@ -69,9 +71,20 @@ def _resolve(ctx: ToolContext, path: str, *, write: bool) -> Path:
     the next start whatever the file says). The sandbox hides the same directory from processes.
 
     The policy's hidden paths and the device's own secrets (`ctx.secrets`) are refused here too (rule
-    `hide_paths`), existing or not: no file tool reads, lists or creates anything there."""
-    resolved = resolve_path(ctx.policy, path, write=write, hidden=ctx.secrets)
-    if ctx.journal is not None and within(resolved, [real(ctx.journal.root.parent)]):
+    `hide_paths`), existing or not: no file tool reads, lists or creates anything there. `hidden`: the
+    call's own look at them (`HiddenSet.of`), when it took one already.
+
+    A path below the temp dir leads into the session's private /tmp where the sandbox gives it one, as
+    the session's commands see it (`Sandbox.map_tmp`); another session's private /tmp is refused (rule
+    `private_tmp`), however it is named (its real path, a link)."""
+    sandbox = ctx.sandbox
+    shown = path
+    if sandbox is not None:
+        path = sandbox.map_tmp(ctx.session_id, path)
+    resolved = resolve_path(ctx.policy, path, write=write, hidden=ctx.secrets, hidden_set=hidden)
+    if sandbox is not None and sandbox.foreign_tmp(ctx.session_id, str(resolved)):
+        raise PolicyDenied("private_tmp", f"{shown!r} lies in another session's private /tmp")
+    if ctx.journal is not None and within(resolved, real_all(ctx.policy, (str(ctx.journal.root.parent),))):
         raise PolicyDenied("journal", f"{path!r} lies inside the device's state directory "
                                       f"({ctx.journal.root.parent}: its undo journal, token and policy)")
     return resolved
@@ -89,16 +102,19 @@ def _entry_path(ctx: ToolContext, path: str, *, write: bool) -> Path:
 
     The target is jail-checked too (`_resolve`), so a link is always judged by where it points.
     """
-    resolved = _resolve(ctx, path, write=write)
+    hidden = HiddenSet.of(ctx.policy, ctx.secrets)  # one look at the hidden paths for the whole check
+    resolved = _resolve(ctx, path, write=write, hidden=hidden)
+    if ctx.sandbox is not None:
+        path = ctx.sandbox.map_tmp(ctx.session_id, path)
     raw = Path(os.path.expanduser(path))
     if raw.name in ("", ".", ".."):
         return resolved
     candidate = real(raw.parent) / raw.name
-    check_hidden(ctx.policy, candidate, ctx.secrets, shown=path)
+    check_hidden(ctx.policy, candidate, ctx.secrets, shown=path, kept=hidden)
     if not candidate.is_symlink():
         return resolved
     try:
-        _resolve(ctx, str(candidate.parent), write=write)
+        _resolve(ctx, str(candidate.parent), write=write, hidden=hidden)
     except PolicyDenied:
         return resolved
     return candidate
@@ -231,7 +247,8 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
     """List a directory's entries sorted by name; hidden entries only when asked, to keep replies short."""
     if limit <= 0:
         raise ToolError("limit must be > 0")
-    directory = _resolve(ctx, path, write=False)
+    hidden = HiddenSet.of(ctx.policy, ctx.secrets)  # one look at the hidden paths: the path and its entries
+    directory = _resolve(ctx, path, write=False, hidden=hidden)
     try:
         fd = open_in(ctx.policy, directory, os.O_RDONLY | os.O_DIRECTORY, write=False)
     except FileNotFoundError:
@@ -241,7 +258,6 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
     except PermissionError:
         raise ToolError(f"permission denied: {path}") from None
     try:
-        hidden = HiddenSet.of(ctx.policy, ctx.secrets)
         names = sorted(n for n in os.listdir(fd) if (show_hidden or not n.startswith("."))
                        and not _conceals(hidden, fd, directory, n))
         entries = [e for e in (_list_entry(fd, name) for name in names[:limit]) if e is not None]
@@ -375,13 +391,18 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
     _protect(ctx, f"{mode} of {str(path)!r}", path, *missing_parents)
     if st is not None:
         check_hidden_inode(ctx.policy, st, path, ctx.secrets)
-        _require_approval(ctx, "overwrite", path, f"{mode} of existing file {str(path)!r} outside the temp dir")
-        _require_one_link(ctx, st, path)
+        try:
+            _require_approval(ctx, "overwrite", path, f"{mode} of existing file {str(path)!r} outside the temp dir")
+            _require_one_link(ctx, st, path)
+        except NeedsApproval as held:  # the person is shown what the overwrite would change
+            if mode == "overwrite":
+                held.result["would_change"] = [await asyncio.to_thread(diffs.would_change, ctx, path, data)]
+            raise
     if missing_parents and not create_parents:
         raise ToolError(f"parent directory does not exist: {path.parent} (pass create_parents=true)")
 
     def apply() -> dict[str, Any]:
-        journaled = True
+        journaled, old = True, None
         for parent in missing_parents:
             journaled = _journal(ctx, "mkdir", parent) and journaled
         try:
@@ -394,13 +415,15 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
                 fd = _create(dir_fd, name, path)
             else:
                 fd = _open_existing(ctx, dir_fd, name, path, append=mode == "append")
+                if mode == "overwrite":  # read before the truncation: the result shows before and after
+                    old = diffs.read_open(fd)
                 journaled = _journal_open(ctx, fd, path, truncate=mode == "overwrite") and journaled
         finally:
             os.close(dir_fd)
         with open(fd, "wb") as fh:
             fh.write(data)
         return {"path": str(path), "bytes_written": len(data), "mode": mode, "created": st is None,
-                "journaled": journaled}
+                "journaled": journaled, **(diffs.overwrite_diff(ctx, path, old, data) if old is not None else {})}
 
     return await _apply(apply, f"writing {file_path}")
 

@@ -11,44 +11,66 @@ from __future__ import annotations
 
 import errno
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
 from tether.sandbox.layers.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
 from tether.tools.policy.model import Policy
-from tether.tools.policy.path_rules import Matcher, check_hidden, protected_rule
+from tether.tools.policy.path_rules import HiddenSet, Matcher, check_hidden, protected_rule
+from tether.tools.policy.real_paths import RealPaths, env_key, remembered
 
 
-def real(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
+def _absolute(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
     p = Path(os.path.expanduser(os.fspath(path)))
     if not p.is_absolute():
         p = Path(cwd if cwd is not None else os.getcwd()).expanduser() / p
-    return Path(os.path.realpath(p))
+    return p
 
 
-def _roots(roots: list[str]) -> list[Path]:
-    return [real(r) for r in roots]
+def real(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
+    """The real path of `path` (`~` expanded, a relative one taken from `cwd` or the current directory)."""
+    return Path(os.path.realpath(_absolute(path, cwd)))
 
 
-def within(path: Path, roots: list[Path]) -> bool:
-    return any(path == root or path.is_relative_to(root) for root in roots)
+def real_all(policy: Policy, paths: Sequence[str]) -> tuple[Path, ...]:
+    """`real(p)` for each of `paths` (the policy's roots, the temp or state directory), kept on the
+    policy while their real paths hold (`tether.tools.policy.real_paths`): a root replaced by a
+    symlink, or a link on its way changed, is resolved again before it is used."""
+    env = env_key(paths)
+
+    def build(resolved: RealPaths) -> tuple[Path, ...]:
+        return tuple(Path(p) for p in resolved.real)
+
+    return remembered(policy, None if env is None else ("real", tuple(paths), env),
+                      lambda: [str(_absolute(p)) for p in paths], build)
+
+
+def _roots(policy: Policy, roots: list[str]) -> tuple[Path, ...]:
+    return real_all(policy, roots)
+
+
+def within(path: Path, roots: Sequence[Path]) -> bool:
+    """Whether the absolute, normalized `path` is one of `roots` or lies beneath one."""
+    text = str(path)
+    return any(text == (r := str(root)) or text.startswith(r.rstrip("/") + "/") for root in roots)
 
 
 def resolve_path(policy: Policy, path: str, *, write: bool, cwd: str | None = None,
-                 hidden: Iterable[str] = ()) -> Path:
+                 hidden: Iterable[str] = (), hidden_set: HiddenSet | None = None) -> Path:
     """The real path of `path` if the policy lets a tool read (or write) it; else `PolicyDenied`.
 
     A path inside a hidden path (the policy's `hide_paths` and `hidden`, the device's own secrets) is
     refused (rule `hide_paths`) whether or not it exists, after symlinks and `..` are resolved.
+    `hidden_set`: `HiddenSet.of(policy, hidden)` when the caller took it for this call already.
     """
     if not isinstance(path, str) or not path or "\x00" in path:
         raise PolicyDenied("path.invalid", f"not a usable path: {path!r}")
     resolved = real(path, cwd)
-    check_hidden(policy, resolved, hidden, shown=path)
+    check_hidden(policy, resolved, hidden, shown=path, kept=hidden_set)
     rule, roots = ("write_roots", policy.write_roots) if write else ("read_roots", policy.read_roots)
-    if not within(resolved, _roots(roots)):
+    if not within(resolved, _roots(policy, roots)):
         raise PolicyDenied(rule, f"{path!r} resolves to {str(resolved)!r}, outside the allowed roots {roots}")
     return resolved
 
@@ -71,7 +93,7 @@ def approval_needed(policy: Policy, action: Literal["delete", "move", "overwrite
     if protected is not None:  # always a person, whatever `approval` says (see tether.tools.policy.path_rules)
         return protected
     rules = policy.approval
-    in_temp = within(path, [real(temp_dir)])
+    in_temp = within(path, real_all(policy, (temp_dir,)))
     if action == "delete" and rules.delete and not in_temp:
         return "approval.delete"
     if action == "move" and rules.move and not in_temp:
@@ -93,7 +115,7 @@ def root_of(policy: Policy, path: Path, *, write: bool) -> Path:
     """The outermost allowed root `path` lies in: opens start there, so every component below it is
     walked without following links (the root's own ancestors lie outside what a tool may change)."""
     roots = policy.write_roots if write else policy.read_roots
-    inside = [root for root in _roots(roots) if within(path, [root])]
+    inside = [root for root in _roots(policy, roots) if within(path, [root])]
     if not inside:
         rule = "write_roots" if write else "read_roots"
         raise PolicyDenied(rule, f"{str(path)!r} lies outside the allowed roots {roots}")

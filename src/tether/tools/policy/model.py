@@ -20,12 +20,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from tether import yaml12
 from tether.sandbox.egress.rules import check_entries
 from tether.tools.errors import NeedsApproval, PolicyDenied
 from tether.tools.policy.protected_defaults import DEFAULT_PROTECTED
+from tether.tools.policy.real_paths import PathMemo
 from tether.tools.shell import rules as shell_rules
 from tether.tools.shell.code import is_long, letters
 from tether.tools.shell.rules import ALWAYS_DENIED
@@ -182,6 +183,11 @@ class Policy(BaseModel):
         default_factory=list, description="unix sockets outside the sandbox that sandboxed processes may connect to "
                                           "(absolute paths; 'sandbox': only sockets they bind themselves; '*': any, "
                                           "abstract ones too); empty: no unix socket at all")
+    private_tmp: bool = Field(
+        False, description="each session's sandboxed commands and file tools see their own /tmp (where the temp "
+                           "dir is a write root): nothing one session leaves there is seen by another, it is "
+                           "not captured, and it is removed once the session has been idle for a day "
+                           "(docs/security/ipc-and-limits.md); false: one captured /tmp for every session")
     limits: ResourceLimits = Field(default_factory=ResourceLimits,
                                    description="each sandboxed command's memory, processes, CPU, file size, files, "
                                                "and the size of the layer it leaves")
@@ -196,6 +202,8 @@ class Policy(BaseModel):
     max_concurrent_sessions: int = Field(
         4, ge=1, le=256, description="sessions a device serving a server runs at once; the batches of further "
                                      "sessions wait in line (told their place by a 'queued' event)")
+    # the real paths of hide_paths, protected places and roots, kept while they hold (tools/policy/real_paths.py)
+    _path_memo: PathMemo = PrivateAttr(default_factory=PathMemo)
 
     @field_validator("commands")
     @classmethod

@@ -17,7 +17,7 @@ from tether.tools.policy.model import NetworkRules, Policy, default_policy, poli
 
 DEVICE_ONLY: frozenset[str] = frozenset({
     "policy_remote", "sandbox", "require_sandbox", "hide_paths", "live_write_roots",
-    "protected_paths", "unprotect_paths", "allow_sockets", "limits",
+    "protected_paths", "unprotect_paths", "allow_sockets", "limits", "private_tmp",
 })
 MAX_OVERLAY_PROGRAMS = 1000
 

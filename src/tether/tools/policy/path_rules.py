@@ -26,13 +26,14 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tether.tools.errors import NeedsApproval, PolicyDenied
 from tether.tools.policy.protected_defaults import DEFAULT_PROTECTED
+from tether.tools.policy.real_paths import RealPaths, env_key, remembered
 
 if TYPE_CHECKING:
     from tether.tools.policy.model import Policy
@@ -77,21 +78,30 @@ def anchored(pattern: str) -> bool:
     return pattern.startswith(("/", "~"))
 
 
-def anchor_forms(pattern: str) -> list[str]:
-    """An anchored pattern with `~` expanded, and again with its glob-free leading part made real."""
+def _literal(pattern: str) -> str:
+    """An anchored pattern's glob-free leading part, `~` expanded: what is made real."""
+    parts = os.path.expanduser(pattern).split("/")
+    cut = next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))
+    return "/".join(parts[:cut]) or "/"
+
+
+def anchor_forms(pattern: str, realpath: Callable[[str], str] = os.path.realpath) -> list[str]:
+    """An anchored pattern with `~` expanded, and again with its glob-free leading part made real
+    (by `realpath`, given the pattern's `_literal`)."""
     expanded = os.path.expanduser(pattern)
     parts = expanded.split("/")
     cut = next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))
     literal = "/".join(parts[:cut]) or "/"
-    real = os.path.realpath(literal)
+    real = realpath(literal)
     forms = [expanded]
     if real != literal:
         forms.append("/".join([real.rstrip("/") or "", *parts[cut:]]) if cut < len(parts) else real)
     return forms
 
 
-def _anchored_regex(pattern: str) -> str:
-    return "|".join("^/" + _body([p for p in form.split("/") if p]) + "(?:/|$)" for form in anchor_forms(pattern))
+def _anchored_regex(pattern: str, realpath: Callable[[str], str]) -> str:
+    return "|".join("^/" + _body([p for p in form.split("/") if p]) + "(?:/|$)"
+                    for form in anchor_forms(pattern, realpath))
 
 
 def _split_floating(pattern: str) -> tuple[str, str]:
@@ -120,14 +130,15 @@ class Matcher:
     seen: dict[str, tuple[str | None, tuple[tuple[int, str, re.Pattern[str]], ...]]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, patterns: Iterable[str]) -> Matcher:
+    def of(cls, patterns: Iterable[str], realpath: Callable[[str], str] = os.path.realpath) -> Matcher:
+        """The matcher of `patterns`; `realpath` makes an anchored pattern's leading part real."""
         pats = list(dict.fromkeys(p for p in patterns if p and p.strip("/")))
         places: dict[str, str] = {}
         for p in pats:
             if anchored(p) and not _GLOB.search(p):
-                for form in anchor_forms(p):
+                for form in anchor_forms(p, realpath):
                     places.setdefault(_norm(os.path.normpath(form)).casefold(), p)
-        fixed = tuple((p, re.compile(_anchored_regex(p), re.IGNORECASE)) for p in pats
+        fixed = tuple((p, re.compile(_anchored_regex(p, realpath), re.IGNORECASE)) for p in pats
                       if anchored(p) and _GLOB.search(p))
         by_name: dict[str, list[tuple[str, re.Pattern[str]]]] = {}
         by_glob: list[tuple[re.Pattern[str], str, re.Pattern[str]]] = []
@@ -199,15 +210,31 @@ def protected_patterns(policy: Policy) -> list[str]:
     return [p for p in DEFAULT_PROTECTED if p not in dropped] + list(getattr(policy, "protected_paths", ()))
 
 
+def _protected(policy: Policy) -> tuple[Matcher, list[tuple[str, str]]]:
+    """The protected matcher and anchored places, kept on the policy while the real paths of the
+    anchored patterns' leading parts hold (`tether.tools.policy.real_paths`)."""
+    patterns = protected_patterns(policy)
+    anchors = [p for p in patterns if anchored(p)]
+    env = env_key(anchors)
+
+    def build(resolved: RealPaths) -> tuple[Matcher, list[tuple[str, str]]]:
+        return Matcher.of(patterns, resolved.get), _places(anchors, resolved.get)
+
+    return remembered(policy, None if env is None else ("protected", tuple(patterns), env),
+                      lambda: [_literal(p) for p in anchors], build)
+
+
 def anchored_places(policy: Policy) -> list[tuple[str, str]]:
     """(pattern, place) for each anchored protected pattern: its glob-free leading part, expanded and
     again made real (`~/.config/autostart`; `~/.cargo/config*` gives `~/.cargo`). These are what a
     live process is kept from writing, and what a new symlink must not redirect."""
+    return list(_protected(policy)[1])
+
+
+def _places(anchors: list[str], realpath: Callable[[str], str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
-    for pattern in protected_patterns(policy):
-        if not anchored(pattern):
-            continue
-        for form in anchor_forms(pattern):
+    for pattern in anchors:
+        for form in anchor_forms(pattern, realpath):
             parts = form.split("/")
             cut = next((i for i, p in enumerate(parts) if _GLOB.search(p)), len(parts))
             place = "/".join(parts[:cut])
@@ -226,7 +253,8 @@ def protected_inside(policy: Policy, path: str | os.PathLike[str],
 
 
 def protected_matcher(policy: Policy) -> Matcher:
-    return Matcher.of(protected_patterns(policy))
+    """The matcher of the policy's protected patterns (kept while their real places hold)."""
+    return _protected(policy)[0]
 
 
 def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matcher | None = None) -> str | None:
@@ -255,17 +283,22 @@ def _norm(path: str) -> str:
     return path.rstrip("/") or "/"
 
 
-def hidden_entries(policy: Policy, extra: Iterable[str] = ()) -> list[tuple[str, str]]:
-    """(entry as written, absolute form) for each hidden path, expanded and again made real; the
-    device's own (`extra`) say so in their label."""
+def _expanded(entry: str) -> str:
+    return os.path.abspath(os.path.expanduser(entry))
+
+
+def hidden_entries(policy: Policy, extra: Iterable[str] = (),
+                   realpath: Callable[[str], str] = os.path.realpath) -> list[tuple[str, str]]:
+    """(entry as written, absolute form) for each hidden path, expanded and again made real (by
+    `realpath`, given the expanded form); the device's own (`extra`) say so in their label."""
     out: list[tuple[str, str]] = []
     named = [(e, e) for e in policy.hide_paths] + [(e, f"{e}, the device's own state directory, token or config")
                                                    for e in extra]
     for entry, label in named:
         if not entry:
             continue
-        expanded = os.path.abspath(os.path.expanduser(entry))
-        for form in dict.fromkeys((expanded, os.path.realpath(expanded))):
+        expanded = _expanded(entry)
+        for form in dict.fromkeys((expanded, realpath(expanded))):
             out.append((label, _norm(form)))
     return out
 
@@ -285,8 +318,18 @@ class HiddenSet:
 
     @classmethod
     def of(cls, policy: Policy, extra: Iterable[str] = ()) -> HiddenSet:
-        entries = tuple((entry, form.casefold()) for entry, form in hidden_entries(policy, extra))
-        return cls(entries, {form: entry for entry, form in reversed(entries)})
+        """The policy's hidden paths and `extra`, made real now: kept on the policy while their real
+        paths hold (`tether.tools.policy.real_paths`), resolved again as soon as one does not."""
+        extra = tuple(extra)
+        named = [e for e in (*policy.hide_paths, *extra) if e]
+        env = env_key(named)
+
+        def build(resolved: RealPaths) -> HiddenSet:
+            entries = tuple((entry, form.casefold()) for entry, form in hidden_entries(policy, extra, resolved.get))
+            return cls(entries, {form: entry for entry, form in reversed(entries)})
+
+        return remembered(policy, None if env is None else ("hidden", tuple(policy.hide_paths), extra, env),
+                          lambda: [_expanded(e) for e in named], build)
 
     def _scan(self, text: str) -> str | None:
         return next((entry for entry, form in self.entries
@@ -328,9 +371,12 @@ def _denied(entry: str, path: str | os.PathLike[str], shown: str | None = None) 
 
 
 def check_hidden(policy: Policy, path: str | os.PathLike[str], extra: Iterable[str] = (),
-                 shown: str | None = None) -> None:
-    """PolicyDenied (rule `hide_paths`) when the real path `path` lies in a hidden path, existing or not."""
-    entry = hidden_by(policy, path, extra)
+                 shown: str | None = None, kept: HiddenSet | None = None) -> None:
+    """PolicyDenied (rule `hide_paths`) when the real path `path` lies in a hidden path, existing or not.
+
+    `kept`: the `HiddenSet.of(policy, extra)` a caller already took for this same check (one call
+    of a tool looks at the hidden paths once); None takes it now."""
+    entry = (kept or HiddenSet.of(policy, extra)).by(path)
     if entry is not None:
         raise _denied(entry, path, shown)
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tether.sandbox.layers.diff import layer_diffs
 from tether.sandbox.layers.fs import shown
 from tether.sandbox.layers.held import Held
 from tether.sandbox.layers.layer import (
@@ -45,7 +46,7 @@ from tether.sandbox.layers.session import SessionLimit, measure
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy import approval
-from tether.tools.policy.jail import approval_needed, real, within
+from tether.tools.policy.jail import approval_needed, real, resolve_path, within
 from tether.tools.policy.path_rules import (
     HiddenSet,
     Matcher,
@@ -180,10 +181,26 @@ def _scan(layer: Path, roots: tuple[str, ...], hidden: tuple[str, ...], since_ns
     return [] if layer_empty(layer, roots, hidden) else scan(layer, roots, hidden, since_ns=since_ns, limits=limits)
 
 
-def _apply(ctx: ToolContext, changes: list[Change], others: Applied | None) -> tuple[list[str], list[str]]:
+def _apply(ctx: ToolContext, changes: list[Change], others: Applied | None
+           ) -> tuple[tuple[list[str], list[str]], dict[int, dict[str, Any]]]:
+    """On the worker pool: the guards, each changed text file's diff (read before the apply replaces
+    the old content), then the journaled apply; (the paths touched, the diffs by change index)."""
     _guard_journal(ctx, changes)
+    diffs = _diffs(ctx, changes)
     apply(changes, _record(ctx), others)
-    return applied_paths(changes)
+    return applied_paths(changes), diffs
+
+
+def _diffs(ctx: ToolContext, changes: list[Change]) -> dict[int, dict[str, Any]]:
+    """The bounded diff of each changed text file the policy lets the caller read (`layers.diff`)."""
+    def readable(path: str) -> bool:
+        try:
+            resolve_path(ctx.policy, path, write=False, hidden=ctx.secrets)
+        except (PolicyDenied, OSError, ValueError):
+            return False
+        return True
+
+    return layer_diffs(changes[:MAX_LISTED], readable)
 
 
 async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
@@ -201,15 +218,16 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) ->
         raise ToolError(f"denied by limit '{exc.rule}': {exc}",
                         {"changes": _public(changes), "limit": exc.rule, "applied": False}) from None
 
-    def settled(future: asyncio.Future[tuple[list[str], list[str]]]) -> None:  # the caller went away meanwhile
-        if not future.cancelled() and future.exception() is None:
-            sandbox.note_applied(*future.result())
+    def settled(future: asyncio.Future[tuple[tuple[list[str], list[str]], dict[int, dict[str, Any]]]]) -> None:
+        if not future.cancelled() and future.exception() is None:  # the caller went away meanwhile
+            sandbox.note_applied(*future.result()[0])
         elif _nothing_applied(future.exception() if not future.cancelled() else None):
             sandbox.sessions.refund(ctx.session_id, files, written)
         sandbox.release(layer)
 
     try:
-        touched = await _on_pool(sandbox, layer, _apply, ctx, changes, sandbox.applied_since(layer), settled=settled)
+        touched, diffs = await _on_pool(sandbox, layer, _apply, ctx, changes, sandbox.applied_since(layer),
+                                        settled=settled)
     except asyncio.CancelledError:
         raise
     except BaseException as exc:
@@ -231,7 +249,7 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) ->
         raise
     sandbox.note_applied(*touched)
     sandbox.release(layer)
-    return _public(changes)
+    return _public(changes, diffs)
 
 
 def _nothing_applied(exc: BaseException | None) -> bool:
@@ -244,8 +262,10 @@ def _said(exc: BaseException) -> str:
     return str(exc).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _public(changes: list[Change]) -> list[dict[str, Any]]:
-    listed = [c.public() for c in changes[:MAX_LISTED]]
+def _public(changes: list[Change], diffs: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """The changes as a reply lists them (the first `MAX_LISTED`), each with its diff record where
+    `diffs` has one (`layers.diff.text_diff`: `diff`, `added`, `removed`, or `diff_skipped`)."""
+    listed = [{**c.public(), **(diffs or {}).get(i, {})} for i, c in enumerate(changes[:MAX_LISTED])]
     if len(changes) > MAX_LISTED:
         listed.append({"omitted": len(changes) - MAX_LISTED, "total": len(changes)})
     return listed
@@ -272,9 +292,12 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
     """
     sandbox = ctx.sandbox
     assert sandbox is not None
-    if hold_only:
+    if hold_only:  # a preview: what the command would change, with its diffs, and nothing applied
+        diffs: dict[int, dict[str, Any]] = {}
+        if changes:  # cancelled meanwhile: `_on_pool` releases the layer once the worker is done with it
+            diffs = await _on_pool(sandbox, layer, _diffs, ctx, changes)
         sandbox.release(layer)
-        return _public(changes)
+        return _public(changes, diffs)
     if not changes:
         sandbox.release(layer, empty=True)
         return []
@@ -327,10 +350,13 @@ def _held_question(ctx: ToolContext, what: str, changes: list[Change], body: dic
         needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
     needs = needs or [(c, "approval") for c in changes]
     listed = "; ".join(f"{rule}: {c.kind} {shown(c.path)}" for c, rule in needs[:20])
+    diffs = _diffs(ctx, changes)  # what approving would change, shown to the person who approves
+    index = {id(c): i for i, c in enumerate(changes)}
     err = NeedsApproval(needs[0][1], f"{what} and nothing was applied: {listed}. Once approved, exactly these "
                                      "changes are applied and the command does not run again")
-    err.result.update({**body, "changes": _public(changes), "changes_digest": approval.changes_digest(changes),
-                       "needs_approval_for": [{**c.public(), "rule": rule} for c, rule in needs[:MAX_LISTED]]})
+    err.result.update({**body, "changes": _public(changes, diffs), "changes_digest": approval.changes_digest(changes),
+                       "needs_approval_for": [{**c.public(), **diffs.get(index.get(id(c), -1), {}), "rule": rule}
+                                              for c, rule in needs[:MAX_LISTED]]})
     return err
 
 

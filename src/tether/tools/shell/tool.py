@@ -215,6 +215,18 @@ def _exit_summary(code: int, stderr: str) -> str:
     return f"exit code {code}" + (f": {last[:300]}" if last else "")
 
 
+def _workdir(ctx: ToolContext, cwd: str | None) -> Path:
+    """`check_cwd`, with a cwd below the temp dir judged in the session's private /tmp where it has one
+    (`Sandbox.map_tmp`), and given back as its commands see it."""
+    sandbox = ctx.sandbox
+    if sandbox is None or sandbox.private_tmp is None or not cwd:
+        return check_cwd(ctx.policy, cwd, ctx.secrets)
+    workdir = check_cwd(ctx.policy, sandbox.map_tmp(ctx.session_id, cwd), ctx.secrets)
+    if sandbox.foreign_tmp(ctx.session_id, str(workdir)):
+        raise PolicyDenied("private_tmp", f"cwd {cwd!r} lies in another session's private /tmp")
+    return Path(sandbox.unmap_tmp(ctx.session_id, str(workdir)))
+
+
 async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | None, env: dict[str, str] | None,
                    stdin: str | None, timeout: float | None, dry_run: bool, read_only: bool,
                    camel: bool, preview: bool = False) -> dict[str, Any]:
@@ -226,7 +238,7 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     verdict = check_env(ctx.policy, env)
     if not verdict.allowed:
         raise PolicyDenied(verdict.rule, verdict.reason)
-    workdir = check_cwd(ctx.policy, cwd, ctx.secrets)
+    workdir = _workdir(ctx, cwd)
     search = search_path(ctx)
     program = resolve_program(ctx, cmd, search)
     preview_text = shlex.join([cmd, *args])

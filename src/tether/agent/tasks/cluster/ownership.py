@@ -82,13 +82,20 @@ async def keep_leases(leases: TaskLeases, live: Callable[[], list[str]], take_ov
     renewing. A database that cannot be reached is logged and tried again on the next round (the leases then
     run out, and another node — or this one, when the database is back — takes the tasks over)."""
     every = max(leases.lease_s / 3, 0.05)
+
+    def round_of(held: list[str]) -> tuple[set[str], list[str]]:  # the statements, off the event loop
+        return leases.renew(held), leases.orphaned()
+
     while True:
         await asyncio.sleep(every)  # the keeper's period, not a wait for an event: leases are time-based
         try:
-            for task_id in leases.renew(live()):
+            # on the task table's worker (PostgreSQL): a lock on the table or a stalled database holds this
+            # keeper, never the event loop
+            gone, orphaned = await leases.store.table.call(round_of, live())
+            for task_id in gone:
                 lost(task_id)
             mine = set(live())
-            for task_id in leases.orphaned():
+            for task_id in orphaned:
                 if task_id not in mine:
                     take_over(task_id)
         except Exception as exc:  # a database away for a while must not end the keeper

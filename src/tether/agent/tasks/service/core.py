@@ -13,8 +13,8 @@ from tether.agent.tasks.cluster.ownership import TaskLeases
 from tether.agent.tasks.cluster.peers import TaskPeers
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.store import SaveSoon, TaskStore
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.notify.notifier import Notifier
 from tether.server.store import Store, StoreUnavailable
 from tether.server.store.tokens import TokenInfo, scope_reaches
@@ -89,6 +89,11 @@ class ServiceCore:
         if fans and not same:
             return False  # its steps `on: all` reached the devices of another scope than this token's
         return all(token.reaches(n, r.tags if (r := self.registry.get(n)) is not None else ()) for n in names)
+
+    def stalled(self) -> str | None:
+        """One line when the task store has not answered for a while (a lock on its table, a stalled database),
+        else None: what `/health` reports. From state: no statement runs."""
+        return self.store.table.stalled()
 
     def get(self, task_id: str) -> Task:
         """The task with this id or unique id prefix: the live object while it runs, else the stored one."""

@@ -8,7 +8,7 @@ from tether.agent.run.task import Task, TaskAsker
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service.running import DeviceUnavailable, Running
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.registry import NoDeviceError
+from tether.server.aip.fleet.registry import NoDeviceError
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import task_owner
@@ -56,9 +56,10 @@ class Creating(Running):
         if away and remote is not None and (problem := remote.problem()) is not None:
             raise TaskError(503, f"no task was created: {problem}; device {away[0]} is not connected to this node")
         try:
-            if self.server_store.sessions.claim(task.id, task_owner(task.id)) != task_owner(task.id):
+            owner = await self.server_store.call(self.server_store.sessions.claim, task.id, task_owner(task.id))
+            if owner != task_owner(task.id):
                 raise TaskError(409, f"session {task.id} is already taken; create the task again")
-            self.store.save(task)
+            await self.store.saved(task)
         except StoreUnavailable as exc:
             raise TaskError(503, f"no task was created: {exc}") from None
         self._start(task)

@@ -62,7 +62,7 @@ class Lifecycle(Answering):
             runner.interrupted = True
             job.cancel()
         await asyncio.gather(*(job for _, job in runners), return_exceptions=True)
-        problem = self._saver.save(*self._live.values())
+        problem = await self._saver.saved(*self._live.values())
         self._saver.cancel()
         if problem is not None:
             logger.error("closing with %d task(s) whose last state could not be saved (%s): %s",

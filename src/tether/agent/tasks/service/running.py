@@ -6,6 +6,7 @@ import asyncio
 import builtins
 import logging
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 from tether.agent.run.executor import TaskRunner
@@ -21,9 +22,9 @@ from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.store.tokens import scope_reaches
 
 logger = logging.getLogger(__name__)
@@ -39,7 +40,7 @@ class _HubDevice(BasicCommandDispatcher):
     seconds to come back before a step is sent to it and fails as offline."""
 
     def __init__(self, hub: DeviceHub, registry: DeviceRegistry, device: str, device_wait: float,
-                 before_send: Callable[[], str | None], within: Callable[[Any], bool] | None = None,
+                 before_send: Callable[[], Awaitable[str | None]], within: Callable[[Any], bool] | None = None,
                  transfer: Callable[[Command, float | None], Awaitable[Result]] | None = None, **kwargs: Any) -> None:
         self.emit: Callable[[str, dict[str, Any]], None] | None = None
         self.before_send = before_send
@@ -59,7 +60,7 @@ class _HubDevice(BasicCommandDispatcher):
             self.emit(event.kind, data)
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None) -> list[Result]:
-        unsaved = self.before_send()  # the task is saved first, so a restart knows what may have run
+        unsaved = await self.before_send()  # the task is saved first, so a restart knows what may have run
         if unsaved is not None:
             return self.generate_error_results(commands, f"not run: the task could not be saved first ({unsaved})")
         known = self.registry.get(self.device) is not None
@@ -74,7 +75,7 @@ class _HubDevice(BasicCommandDispatcher):
     async def fan_out(self, command: Command, requires: DeviceRequirements, timeout: float) -> dict[str, Any]:
         """A step `on: all` (agent/run/steps.py): the command on every matching device through the hub, each
         device's outcome a `fanout_device` event of the step as it arrives."""
-        unsaved = self.before_send()
+        unsaved = await self.before_send()
         if unsaved is not None:
             raise ValueError(f"not run: the task could not be saved first ({unsaved})")
 
@@ -93,8 +94,8 @@ class Running(Followers):
     """The task service's runners: starting one on a task, the devices it reaches, what it is told."""
 
     def _start(self, task: Task) -> None:
-        if self._leases is not None:
-            self._leases.claim(task.id)  # a new task, or one this server just claimed: it holds the lease
+        if self._leases is not None:  # a new task, or one this server just claimed: it holds the lease
+            self.store.table.submit(partial(self._leases.claim, task.id))  # in order, the loop never waits
         self._live[task.id] = task
         runner = TaskRunner(lambda name: self._dispatcher(task, name), self.llm, tools={}, ask=self._asker(task),
                             on_event=lambda event: self._on_event(task, event), budgets=self.budgets,
@@ -156,9 +157,9 @@ class Running(Followers):
         device = name or task.device
         if device is None:
             raise RuntimeError("the task has no device")
-        before_send = self._saver.flush
+        before_send = self._saver.flushed
         if not self.reaches(task, device):  # a step (planned by the LLM, or given) naming a device beyond it
-            def before_send() -> str | None:
+            async def before_send() -> str | None:
                 return (f"device '{device}' is outside the scope of the token that created the task "
                         f"(devices {', '.join(task.scope_devices) or '-'}; tags {', '.join(task.scope_tags) or '-'})")
         scoped = bool(task.scope_devices or task.scope_tags)

@@ -12,6 +12,7 @@ from tether.protocol.identity import fingerprint
 from tether.server.device_keys import device_key, parse_public_key, set_device_key
 from tether.server.http.api import ERROR_RESPONSES, _hub, _registry, _store, in_scope, require, require_fleet
 from tether.server.scopes import reached_names
+from tether.server.store import Store
 from tether.server.store.tokens import SCOPE_DEVICE, SCOPE_TAG, TokenInfo
 
 router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
@@ -53,7 +54,8 @@ class TokenCreated(BaseModel):
 @router.get("/tokens")
 async def list_tokens(request: Request,
                       _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> list[dict[str, Any]]:
-    return [_token_dict(t) for t in _store(request).tokens.all()]
+    store = _store(request)
+    return [_token_dict(t) for t in await store.call(store.tokens.all)]
 
 
 @router.post("/tokens", response_model=TokenCreated, status_code=201)
@@ -61,8 +63,13 @@ async def create_token(body: TokenRequest, request: Request,
                        _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> TokenCreated:
     """Create a token (its secret is in the answer only). A device token may carry the device's
     `public_key`, enrolled with it (`device_keys.parse_public_key` reads it; 400 when malformed, 409 when
-    the device has another key already): from then on only a registration proving that key is accepted."""
+    the device has another key already): from then on only a registration proving that key is accepted.
+    Its statements run off the event loop (`Store.call`)."""
     store = _store(request)
+    return await store.call(_create_token, store, body)
+
+
+def _create_token(store: Store, body: TokenRequest) -> TokenCreated:
     key: str | None = None
     if body.public_key is not None:
         if body.kind != "device":
@@ -93,7 +100,7 @@ async def create_token(body: TokenRequest, request: Request,
 @router.delete("/tokens/{token}")
 async def revoke_token(token: str, request: Request,
                        _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
-    count = _hub(request).revoke_token(token)  # also drops a connected device at once
+    count = await _hub(request).revoke_token(token)  # also drops a connected device at once
     if not count:
         raise HTTPException(404, f"no active token '{token}'")
     return {"revoked": count}

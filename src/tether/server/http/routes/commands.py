@@ -22,8 +22,8 @@ from starlette.requests import ClientDisconnect
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
-from tether.server.aip.registry import DeviceRegistry, NoDeviceError
+from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.fleet.registry import DeviceRegistry, NoDeviceError
 from tether.server.approvals import ApprovalRefused, how_a_person_approves
 from tether.server.http import internals
 from tether.server.http.api import (
@@ -132,7 +132,7 @@ async def run_commands(request: Request) -> Any:
     """Run a batch on one device. With `Accept: text/event-stream` the progress events and then
     the results stream as server-sent events; otherwise the call waits and returns the results."""
     body = await read_body(request)  # first, as FastAPI does: an oversized body is a 413 before anything else
-    who = authorize(request, request.headers.get("authorization"), "execute")
+    who = await authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(CommandBatch, body)
     name = request.path_params["name"]
     await _reachable(_hub(request), _registry(request), name, who)
@@ -143,13 +143,14 @@ async def run_commands(request: Request) -> Any:
 async def run_selected(request: Request) -> Any:
     """Run a batch on the least-loaded online device that meets `requires`."""
     body = await read_body(request)  # first, as FastAPI does: an oversized body is a 413 before anything else
-    who = authorize(request, request.headers.get("authorization"), "execute")
+    who = await authorize(request, request.headers.get("authorization"), "execute")
     batch = await _fast_batch(SelectedBatch, body)
     assert isinstance(batch, SelectedBatch)
     return await _run(request, _select(_registry(request), batch.requires, who), batch, who)
 
 
 BATCH_HEADER = "X-Tether-Batch"  # the batch's id, sent before any result: DELETE /api/v1/batches/{id}
+HOLDER_HEADER = "X-Tether-Holder"  # in a cluster: the API URL of the node holding the device, when not this one
 CALLER_GONE = "cancelled: the HTTP caller disconnected before the batch finished"
 
 
@@ -163,7 +164,8 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     if hub.remote is not None and not hub.holds(name) and (problem := hub.remote.problem()) is not None:
         raise HTTPException(503, f"{problem}; device '{name}' is not connected to this node, so nothing was sent",
                             headers={"Retry-After": "5"})
-    session_id = owned_session(_store(request), name, batch.session_id, batch.commands, who)  # 403 if not the caller's
+    # 403 if not the caller's
+    session_id = await owned_session(_store(request), name, batch.session_id, batch.commands, who)
     stream = "text/event-stream" in request.headers.get("accept", "")
     queue: asyncio.Queue[Event] | None = asyncio.Queue(maxsize=10_000) if stream else None
 
@@ -179,13 +181,14 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
                                       response_id=response_id)
     limit = hub.settings.max_response_bytes
+    holder = hub.remote.hint(name) if hub.remote is not None and not hub.holds(name) else None  # docs/scaling.md
     if queue is None:
         # headers now, the body when the batch ends: a streamed response, so that Starlette notices a
         # caller that disconnects meanwhile (and cancels the generator, which cancels the batch)
-        return BatchResponse(run, name, limit, response_id)
+        return BatchResponse(run, name, limit, response_id, holder)
     return StreamingResponse(_sse(run, queue, name, response_id, limit), media_type="text/event-stream",
                              headers={BATCH_HEADER: response_id, "Cache-Control": "no-cache",
-                                      "X-Accel-Buffering": "no"})
+                                      "X-Accel-Buffering": "no", **({HOLDER_HEADER: holder} if holder else {})})
 
 
 def _results_body(device: str, results: list[Result], limit: int) -> bytes:
@@ -231,11 +234,13 @@ class BatchResponse:
 
     media_type = "application/json"
 
-    def __init__(self, run: Any, device: str, limit: int, response_id: str) -> None:
+    def __init__(self, run: Any, device: str, limit: int, response_id: str, holder: str | None = None) -> None:
         self.status_code = 200
         # built as bytes directly: Starlette's `Response` (its headers a dict, encoded pair by pair) cost more
         self.raw_headers = [(b"content-type", b"application/json"), (b"x-tether-batch", response_id.encode()),
                             (b"cache-control", b"no-cache")]
+        if holder:
+            self.raw_headers.append((b"x-tether-holder", holder.encode()))
         self._run, self._device, self._limit = run, device, limit
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -19,6 +19,7 @@ from tether.errors import ServerError
 from tether.protocol.identity import fingerprint
 from tether.server.aip.hub import DeviceHub
 from tether.server.http.api import ERROR_RESPONSES, in_scope, require, require_fleet
+from tether.server.store import Store
 from tether.server.store.tokens import SCOPE_TAG, TokenInfo
 
 device_router = APIRouter(prefix="/api/v1/devices", responses=ERROR_RESPONSES, tags=["devices"])
@@ -46,24 +47,25 @@ class DeviceChangeRefused(ServerError):
         self.status = status
 
 
-def remove_device(hub: DeviceHub, name: str, by: str) -> dict[str, Any]:
+async def remove_device(hub: DeviceHub, name: str, by: str) -> dict[str, Any]:
     """Forget device `name`: revoke its device tokens and its enrolled key (it cannot come back without
     pairing or a new token), disconnect it if connected (its running batches fail), and drop it from the
     registry and the `devices` table. Its audit rows stay, and one more records the removal and `by`.
 
     Returns `{removed, was, revoked_tokens}` (`was`: the status it had); `LookupError` when the server
-    knows no device of that name (no record, row, key or active device token)."""
+    knows no device of that name (no record, row, key or active device token). The statements run without
+    holding up the event loop (`Store.call`)."""
     store = hub.store
     record = hub.registry.get(name)
-    known = (record is not None or store.devices.known(name) or store.device_keys.get(name) is not None
-             or store.tokens.has_active_device(name))
+    known = record is not None or await store.call(_stored, store, name)
     if not known:
         raise LookupError(f"no device named '{name}'")
     was = record.status if record is not None else "offline"
-    revoked = store.tokens.revoke_device(name)
-    hub.enforce_revocations()  # a connected device is dropped now (no grace): its batches fail
-    store.device_keys.forget(name)
-    store.devices.forget(name)  # after the drop, which stores the device's last_seen once more
+    revoked = await store.call(store.tokens.revoke_device, name)
+    await hub.enforce_revocations()  # a connected device is dropped now (no grace): its batches fail
+    await store.call(store.device_keys.forget, name)
+    # after the drop, which stores the device's last_seen once more (`Store.soon`: in order after it)
+    await store.call(store.devices.forget, name, in_order=True)
     hub.registry.forget(name)
     hub.registry.notify()
     hub.fleet_changed(name)
@@ -76,7 +78,7 @@ async def delete_device(name: str, request: Request,
                         who: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
     """Remove the device (see `remove_device`): 404 for a name the server does not know."""
     try:
-        return remove_device(request.app.state.hub, name, f"api:{who.name}")
+        return await remove_device(request.app.state.hub, name, f"api:{who.name}")
     except LookupError as exc:
         raise HTTPException(404, str(exc)) from None
 
@@ -99,9 +101,12 @@ async def device_key(name: str, request: Request,
 
 
 def _exists(hub: DeviceHub, name: str) -> bool:
-    store = hub.store
-    return (hub.registry.get(name) is not None or store.devices.known(name) or store.device_keys.get(name) is not None
-            or store.tokens.has_active_device(name))
+    return hub.registry.get(name) is not None or _stored(hub.store, name)
+
+
+def _stored(store: Store, name: str) -> bool:
+    """Whether the store knows device `name` (a row, an enrolled key or an active device token)."""
+    return store.devices.known(name) or store.device_keys.get(name) is not None or store.tokens.has_active_device(name)
 
 
 def set_tags(hub: DeviceHub, name: str, tags: list[str], by: str) -> list[str]:

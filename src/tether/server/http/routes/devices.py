@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from tether.protocol.models import Command, ToolInfo
+from tether.server.aip.fleet.registry import DeviceRecord
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRecord
 from tether.server.http.api import (
     ERROR_RESPONSES,
     DeviceDetail,
@@ -31,11 +31,16 @@ router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
 async def health(request: Request) -> dict[str, Any]:
     hub = _hub(request)
     online = [r.name for r in _registry(request).list() if r.status != "offline"]
-    audit = _store(request).audit
+    store = _store(request)
+    audit = store.audit
     problem = audit.health()  # from state: no statement runs here (docs/database.md)
     writable = problem is None  # commands are refused (503) while it is not
-    body: dict[str, Any] = {"status": "ok" if writable else "degraded", "devices_online": len(online),
-                            "database": "ok" if writable else f"degraded: {problem}",
+    tasks = getattr(request.app.state, "tasks", None)  # the task service, where the agent is mounted
+    # and statements of the other tables waiting for the database (a lock on one, a stalled database)
+    stalled = "; ".join(r for r in (problem, store.stalled(), tasks.stalled() if tasks is not None else None) if r
+                        ) or None
+    body: dict[str, Any] = {"status": "ok" if stalled is None else "degraded", "devices_online": len(online),
+                            "database": "ok" if stalled is None else f"degraded: {stalled}",
                             "audit_writable": writable, "audit_held": audit.held}
     cluster = getattr(request.app.state, "cluster", None)
     if cluster is not None:  # tether server --cluster: this node, its peers and the backplane

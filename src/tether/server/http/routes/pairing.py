@@ -95,7 +95,7 @@ async def approve_pairing(code: str, body: PairingDecision, request: Request,
                           who: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
     done = _call(_book(request).approve, code, body.name, body.tags, who.name, body.replace)
     if done.get("revoked_tokens"):  # the replaced device is disconnected now, not at the next token check
-        request.app.state.hub.enforce_revocations()
+        await request.app.state.hub.enforce_revocations()
     return done
 
 

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import Result
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import how_a_person_approves
 from tether.server.http.api import ERROR_RESPONSES, _reachable, refuse_unaudited, require, require_approver
 from tether.server.sessions import owned_session
@@ -61,7 +61,7 @@ async def create_transfer(body: TransferBody, request: Request,
         require_approver(who, "approve a transfer", how_a_person_approves(str(request.base_url), device=body.dest),
                          requested_by=f"api:{who.name}", settings=request.app.state.settings)
         approved_by = f"api:{who.name}"
-    session = owned_session(store, body.dest, body.session_id, [], who)
+    session = await owned_session(store, body.dest, body.session_id, [], who)
     service: TransferService = request.app.state.transfers
     caller = Caller(requested_by=f"api:{who.name}", session_id=session, approved_by=approved_by,
                     approval_digest=body.approval_digest if approved_by else None, asker=TokenRef.of(who))

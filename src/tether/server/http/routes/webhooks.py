@@ -61,8 +61,9 @@ def _view(row: Any, owners: dict[str, str]) -> dict[str, Any]:
             "source": row["source"], "created_at": row["created_at"]}
 
 
-def _mine(request: Request, webhook_id: str, who: TokenInfo) -> Any:
-    row = _notifier(request).store.webhooks.get(webhook_id)
+async def _mine(request: Request, webhook_id: str, who: TokenInfo) -> Any:
+    store = _notifier(request).store
+    row = await store.call(store.webhooks.get, webhook_id)
     if row is None or not (row["owner"] == who.id or _fleet_admin(who)):
         raise HTTPException(404, f"no webhook '{webhook_id}' of token '{who.name}' (`tether webhooks` lists them)")
     return row
@@ -72,8 +73,9 @@ def _mine(request: Request, webhook_id: str, who: TokenInfo) -> Any:
 async def list_webhooks(request: Request, who: Annotated[TokenInfo, Depends(require("read"))]) -> list[dict[str, Any]]:
     """The caller's webhooks; for an admin reaching every device, every webhook. Secrets are never listed."""
     store = _notifier(request).store
-    owners = {t.id: t.name for t in store.tokens.all()}
-    return [_view(row, owners) for row in store.webhooks.listed() if row["owner"] == who.id or _fleet_admin(who)]
+    owners = {t.id: t.name for t in await store.call(store.tokens.all)}
+    return [_view(row, owners) for row in await store.call(store.webhooks.listed)
+            if row["owner"] == who.id or _fleet_admin(who)]
 
 
 @webhook_router.post("", status_code=201)
@@ -91,13 +93,14 @@ async def add_webhook(body: WebhookRequest, request: Request,
     except WebhookRefused as exc:
         raise HTTPException(exc.status, str(exc)) from None
     store = notifier.store
-    if not body.server_wide and sum(r["owner"] == who.id for r in store.webhooks.listed()) >= MAX_PER_TOKEN:
+    if not body.server_wide and sum(r["owner"] == who.id for r in await store.call(store.webhooks.listed)
+                                    ) >= MAX_PER_TOKEN:
         raise HTTPException(409, f"token '{who.name}' has {MAX_PER_TOKEN} webhooks already; remove one first")
     webhook_id, secret = "wh_" + secrets.token_hex(6), body.secret or new_secret()
     events = list(dict.fromkeys(body.events))
-    store.webhooks.add(webhook_id, body.url.strip(), secret, events, body.format,
-                       None if body.server_wide else who.id, "api")
-    row = store.webhooks.get(webhook_id)
+    await store.call(store.webhooks.add, webhook_id, body.url.strip(), secret, events, body.format,
+                     None if body.server_wide else who.id, "api")
+    row = await store.call(store.webhooks.get, webhook_id)
     return {**_view(row, {who.id: who.name}), "secret": secret}
 
 
@@ -105,11 +108,12 @@ async def add_webhook(body: WebhookRequest, request: Request,
 async def remove_webhook(webhook_id: str, request: Request,
                          who: Annotated[TokenInfo, Depends(require("read"))]) -> dict[str, Any]:
     """Remove one of the caller's webhooks (an admin reaching every device: any), with its deliveries."""
-    row = _mine(request, webhook_id, who)
+    row = await _mine(request, webhook_id, who)
     if row["source"] == "config":
         raise HTTPException(409, f"webhook '{webhook_id}' is in the server's config file (webhooks:); remove it "
                                  "there and restart the server")
-    _notifier(request).store.webhooks.remove(webhook_id)
+    store = _notifier(request).store
+    await store.call(store.webhooks.remove, webhook_id)
     return {"removed": webhook_id}
 
 
@@ -118,8 +122,9 @@ async def webhook_deliveries(webhook_id: str, request: Request, who: Annotated[T
                              limit: int = 50) -> list[dict[str, Any]]:
     """The webhook's latest deliveries, newest first: event, status (pending, delivered, failed), attempts,
     the last HTTP status and error, when the next try is due."""
-    _mine(request, webhook_id, who)
-    rows = _notifier(request).store.webhooks.deliveries(webhook_id, max(1, min(limit, 500)))
+    await _mine(request, webhook_id, who)
+    store = _notifier(request).store
+    rows = await store.call(store.webhooks.deliveries, webhook_id, max(1, min(limit, 500)))
     return [{k: row[k] for k in row.keys()} for row in rows]  # noqa: SIM118 - a Row iterates its values
 
 
@@ -127,7 +132,8 @@ async def webhook_deliveries(webhook_id: str, request: Request, who: Annotated[T
 async def test_webhook(webhook_id: str, request: Request,
                        who: Annotated[TokenInfo, Depends(require("read"))]) -> dict[str, Any]:
     """Send a `ping` delivery to this webhook (recorded like any other)."""
-    _mine(request, webhook_id, who)
-    made = _notifier(request).emit(TEST_EVENT, f"tether webhook {webhook_id} works", {"Webhook": webhook_id,
-                                   "Added by": who.name}, data={"webhook": webhook_id}, only=webhook_id)
+    await _mine(request, webhook_id, who)
+    made = await _notifier(request).emitted(TEST_EVENT, f"tether webhook {webhook_id} works",
+                                            {"Webhook": webhook_id, "Added by": who.name},
+                                            data={"webhook": webhook_id}, only=webhook_id)
     return {"queued": made}

@@ -30,8 +30,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from tether.protocol.models import ToolInfo
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.mcp.listing import SEPARATOR, DeviceFilter, DeviceTool, escape_name
 from tether.server.mcp.tool_call import Caller, Reply, call_device_tool
 from tether.server.mcp.translate import gateway_uri, parse_gateway_uri

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from tether.server.store.audit.table import LATE_NOTE
+from tether.server.store.audit.table import LATE_NOTE, _call_soon
 from tether.server.store.audit.writes import AuditWrites
 
 logger = logging.getLogger(__package__)  # the audit log's one logger, whichever of its modules logs
@@ -20,14 +20,39 @@ _BATCH_WINDOW = 200_000  # GET /batches/{id} looks for a batch's rows among the 
 class AuditReads(AuditWrites):
     """Reads of the log and the late settling of its rows (see the module's docstring)."""
 
-    def late(self, device: str, outcomes: list[tuple[str, str, str, str | None]]) -> int:
+    def late(self, device: str, outcomes: list[tuple[str, str, str, str | None]],
+             then: Callable[[int], None] | None = None) -> int | None:
         """Settle rows with an outcome that came back after the caller's wait ended: (response_id, call_id,
         status, error) from `device`. Only a row of that device, that batch and that call whose outcome is
         not known yet (`sent`, `pending`, `unknown`) changes — an outcome is written once, and a device
         cannot settle another's rows; its error gets `LATE_NOTE`. Written now (a late result is rare and
-        must not wait for a caller that is gone); returns how many rows changed."""
-        self.flush()  # the `sent` rows and outcomes held back go first
-        return self._engine.run_sync(lambda: self._late(device, outcomes))
+        must not wait for a caller that is gone): how many rows changed, also given to `then`. On an event
+        loop with PostgreSQL it is handed to the worker (after the rows held back) without waiting: it returns
+        None and `then(count)` is called on the loop once written (a write that fails is logged, count 0)."""
+        loop = self._offloaded_loop()
+        if loop is None:
+            self.flush()  # the `sent` rows and outcomes held back go first
+            count = self._engine.run_sync(lambda: self._late(device, outcomes))
+            if then is not None:
+                then(count)
+            return count
+        self._flush_soon()  # handed to the worker first: it runs in order
+
+        def settled(future: Future[int]) -> None:
+            try:
+                count = future.result()
+            except Exception as exc:
+                logger.error("could not record %d late outcome(s) of device %s: %s", len(outcomes), device, exc)
+                count = 0
+            if then is not None:
+                then(count)
+
+        try:
+            self._engine.worker.submit(lambda: self._late(device, outcomes)).add_done_callback(
+                lambda f: _call_soon(loop, settled, f))
+        except RuntimeError as exc:  # the store is closed
+            logger.error("could not record %d late outcome(s) of device %s: %s", len(outcomes), device, exc)
+        return None
 
     def _late(self, device: str, outcomes: list[tuple[str, str, str, str | None]]) -> int:
         changed = 0
@@ -50,9 +75,21 @@ class AuditReads(AuditWrites):
     def response_of(self, device: str, call_id: str) -> str | None:
         """The `response_id` of the newest batch that carried `call_id` to `device`, among the rows whose
         outcome is still open (whatever their age) and else the newest `_BATCH_WINDOW` rows; None when no
-        row has it. What a node taking over a task needs to ask the device about the step in flight."""
+        row has it. What a node taking over a task needs to ask the device about the step in flight. On an
+        event loop use `read_response_of`."""
         self.flush()
+        row = self._engine.run_sync(self._response_work(device, call_id))
+        return str(row[0]) if row is not None and row[0] else None
 
+    async def read_response_of(self, device: str, call_id: str) -> str | None:
+        """`response_of` awaited on the worker, after the rows held back: the event loop never waits."""
+        if self._offloaded_loop() is None:
+            return self.response_of(device, call_id)
+        self._flush_soon()
+        row = await self._on_worker(self._response_work(device, call_id))
+        return str(row[0]) if row is not None and row[0] else None
+
+    def _response_work(self, device: str, call_id: str) -> Callable[[], Any]:
         def work() -> Any:
             with self._lock:
                 row = self._conn.execute(
@@ -65,8 +102,7 @@ class AuditReads(AuditWrites):
                         "LIMIT 1", (top - _BATCH_WINDOW, call_id, device)).fetchone()
                 return row
 
-        row = self._engine.run_sync(work)
-        return str(row[0]) if row is not None and row[0] else None
+        return work
 
     def restarted(self, device: str) -> int | None:
         """`device` came back as a new process: its `pending` rows will get no answer (the old process and

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType, TaskStatus
-from tether.server.aip.batches import BatchBook, PendingBatch, TokenRef
+from tether.server.aip.batches.ledger import BatchBook, PendingBatch, TokenRef
 from tether.server.aip.desktop_holds import DesktopHolds
-from tether.server.aip.link import DeviceLink
-from tether.server.aip.liveness import GracePeriods
-from tether.server.aip.registry import DeviceRegistry
+from tether.server.aip.fleet.liveness import GracePeriods
+from tether.server.aip.fleet.registry import DeviceRegistry
+from tether.server.aip.sockets.link import DeviceLink
 from tether.server.ports import BackplaneUnavailable, BatchAudit, RemoteDevices, RemoteSlot
 
 
@@ -151,11 +151,13 @@ class BatchRouter:
                 batch.results[result.call_id] = result
         self.book.finish(batch, error, pending=pending)
 
-    def record_late(self, device: str, response_id: str, results: list[Any]) -> int:
+    def record_late(self, device: str, response_id: str, results: list[Any],
+                    then: Callable[[int], None] | None = None) -> int | None:
         """Record results `device` sent for a batch no caller waits on any more (`BatchAudit.late`): the
-        outcome is a fact whenever it comes; only rows sent to that device with an open outcome change."""
+        outcome is a fact whenever it comes; only rows sent to that device with an open outcome change. How
+        many, also given to `then`; None when the write was handed off the event loop (`then` tells later)."""
         return self._audit.late(device, [(response_id, r.call_id, r.status.value, r.error)
-                                         for r in results if r.call_id])
+                                         for r in results if r.call_id], then)
 
     def batch_device(self, response_id: str) -> str | None:
         """The device of a batch in flight started or held here, or None (a scoped token's cancel is checked)."""

@@ -18,7 +18,7 @@ from typing import Any
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, TaskStatus
 from tether.protocol.models import Result
-from tether.server.aip.registry import DeviceRegistry
+from tether.server.aip.fleet.registry import DeviceRegistry
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
@@ -87,9 +87,10 @@ class BatchBook:
     """The batches in flight by `response_id`, and each device's in-flight count in the registry."""
 
     def __init__(self, registry: DeviceRegistry,
-                 on_late: Callable[[str, str, list[Result]], int] | None = None) -> None:
+                 on_late: Callable[[str, str, list[Result], Callable[[int], None]], object] | None = None) -> None:
         self.registry = registry
-        # records results that come after their batch ended (device, response_id, results) -> rows settled
+        # records results that come after their batch ended (device, response_id, results, then): `then(rows
+        # settled)` once written (at once, or later when the write is handed off the event loop)
         self.on_late = on_late
         # per device, late results in a row that matched no open row: past _LATE_MISSES they are not looked
         # up any more (each lookup is a write transaction; a device must not make the server spin on them)
@@ -129,16 +130,28 @@ class BatchBook:
     def _late(self, device: str, rid: str, results: list[Result], *, finished_here: bool) -> None:
         """Results for a batch no caller waits on any more: recorded where its rows say they were sent
         to this device and their outcome is still open (`AuditLog.late`), else refused."""
-        settled = 0
         misses = self._late_misses.get(device, 0)
-        if self.on_late is not None and rid and results and misses < _LATE_MISSES:
-            try:
-                settled = self.on_late(device, rid, results)
-            except Exception:
-                logger.exception("could not record the late results of batch %s from device %s", rid, device)
+        if self.on_late is None or not rid or not results or misses >= _LATE_MISSES:
+            self._told_late(device, rid, results, 0, finished_here=finished_here, looked_up=False)
+            return
+
+        def then(settled: int) -> None:
+            self._told_late(device, rid, results, settled, finished_here=finished_here, looked_up=True)
+
+        try:
+            self.on_late(device, rid, results, then)
+        except Exception:
+            logger.exception("could not record the late results of batch %s from device %s", rid, device)
+            then(0)
+
+    def _told_late(self, device: str, rid: str, results: list[Result], settled: int, *, finished_here: bool,
+                   looked_up: bool) -> None:
+        """What became of late results: the device's misses counted, and logged."""
+        if looked_up:
             if settled:
                 self._late_misses.pop(device, None)
             else:
+                misses = self._late_misses.get(device, 0)
                 self._late_misses[device] = misses + 1
                 if misses + 1 == _LATE_MISSES:
                     logger.warning("device %s sent %d results in a row for no open outcome: its late results are "

@@ -21,7 +21,7 @@ from tether.server.store.tokens import TokenInfo
 if TYPE_CHECKING:
     from tether.server.settings import ServerSettings
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tether.server.aip.socket")  # the name operators filter on
 
 
 class SocketClosed(ServerError):
@@ -54,7 +54,7 @@ class AIPEndpoint(Protocol):
     def settings(self) -> ServerSettings:
         """The server's settings (`max_admitting` bounds the registrations under way)."""
 
-    def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
+    async def authenticate(self, authorization: str | None) -> TokenInfo | Refusal:
         """The device token's info for an `Authorization` header, or why the connection is refused."""
 
     async def serve(self, socket: AIPSocket, authorization: str | None, peer: str | None = None,
@@ -183,7 +183,7 @@ def aip_route(hub: AIPEndpoint, path: str = "/aip", admission: Admission | None 
             gate.enter()  # counts the refusal
             await busy(websocket)
             return
-        verdict = hub.authenticate(authorization)  # the hub's rule, applied before any frame is read
+        verdict = await hub.authenticate(authorization)  # the hub's rule, applied before any frame is read
         if not isinstance(verdict, TokenInfo):
             logger.warning("refused device connection from %s at the handshake: %s", peer, verdict.error)
             await deny_websocket(websocket.scope, websocket.send, 401, verdict.error)

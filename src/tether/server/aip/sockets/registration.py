@@ -17,8 +17,8 @@ from tether.protocol.identity import fingerprint, register_statement, verify
 from tether.protocol.messages import Registration, ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.server_session import RegistrationRefused, ServerSession
 from tether.protocol.wire import CloseCode
-from tether.server.aip.link import close_socket
-from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
+from tether.server.aip.sockets.link import close_socket
+from tether.server.aip.sockets.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
@@ -26,8 +26,9 @@ from tether.server.store.tokens import TokenInfo
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
 
-def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal:
-    """The device token's info, or why the connection is unauthorized."""
+async def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal:
+    """The device token's info, or why the connection is unauthorized (looked up without holding up the
+    event loop: `Tokens.check`)."""
     def refused(error: str) -> Refusal:
         return Refusal(CloseCode.UNAUTHORIZED, error)
 
@@ -36,7 +37,7 @@ def authenticate(store: Store, authorization: str | None) -> TokenInfo | Refusal
     scheme, _, secret = authorization.strip().partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         return refused("unauthorized: the Authorization header must be 'Bearer <device token>'")
-    info = store.tokens.verify(secret.strip())
+    info = await store.tokens.check(secret.strip())
     if info is None:
         return refused("unauthorized: unknown or revoked device token")
     if info.kind != "device":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Protocol, TypeVar
 
 from tether.server.settings import ServerSettings
@@ -62,24 +62,39 @@ class GracePeriods:
 
 
 async def watch_liveness(settings: ServerSettings, conns: Mapping[str, C], *, on_silent: Callable[[C, float], None],
-                         check_tokens: Callable[[], None]) -> None:
+                         check_tokens: Callable[[], Awaitable[None]]) -> None:
     """Forever: `on_silent(conn, seconds)` for each connection silent past `heartbeat_timeout`, and
-    `check_tokens()` about once a `heartbeat_interval` while any device is connected."""
+    `check_tokens()` about once a `heartbeat_interval` while any device is connected — beside the watch, one
+    at a time: a check waiting for the database (a locked table) never delays the liveness checks."""
     every = max(0.01, min(settings.heartbeat_interval, settings.heartbeat_timeout / 4))
     checked_tokens = time.monotonic()
-    while True:
-        await asyncio.sleep(every)
-        now = time.monotonic()
-        if now - checked_tokens >= settings.heartbeat_interval and conns:
-            checked_tokens = now
+    checking: asyncio.Task[None] | None = None
+
+    async def check() -> None:
+        try:
+            await check_tokens()
+        except Exception:
+            logger.exception("checking for revoked device tokens failed")
+
+    try:
+        while True:
+            await asyncio.sleep(every)
+            now = time.monotonic()
+            if now - checked_tokens >= settings.heartbeat_interval and conns and (checking is None or checking.done()):
+                checked_tokens = now
+                checking = asyncio.create_task(check(), name="revoked device tokens")
+            _silent_ones(settings, conns, now, on_silent)
+    finally:
+        if checking is not None:
+            checking.cancel()
+
+
+def _silent_ones(settings: ServerSettings, conns: Mapping[str, C], now: float,
+                 on_silent: Callable[[C, float], None]) -> None:
+    for conn in list(conns.values()):
+        silent = now - conn.last_seen
+        if silent > settings.heartbeat_timeout:
             try:
-                check_tokens()
-            except Exception:
-                logger.exception("checking for revoked device tokens failed")
-        for conn in list(conns.values()):
-            silent = now - conn.last_seen
-            if silent > settings.heartbeat_timeout:
-                try:
-                    on_silent(conn, silent)
-                except Exception:  # the watch must outlive any one device
-                    logger.exception("liveness check of device %s failed", conn.name)
+                on_silent(conn, silent)
+            except Exception:  # the watch must outlive any one device
+                logger.exception("liveness check of device %s failed", conn.name)

@@ -1,0 +1,210 @@
+"""Each session's own /tmp: one directory per session, which that session's sandboxed commands see at /tmp
+and its file tools reach through /tmp paths (`PrivateTmp.map`: the one place that decides the mapping).
+
+The sessions' directories lie in one base directory inside the machine's temp directory
+(`<tmp>/.tether-tmp-<uid>-<random>`, mode 0700, made with `mkdtemp` so no other user can have made it
+first, owned by the sandbox's `run_as` user where there is one); its name is recorded in the layers
+directory so a restarted device finds it again. Inside, a session's directory is named by a hash of the
+session id (any string is a valid session id; a name is not).
+
+A session's directory is removed once the session has been idle (no command, no file tool through /tmp)
+for `idle_s`: the device expires it itself, because the server keeps no session end that survives it (a
+session is an owner claim, open for good), and a session-end message would be lost with a server or
+device restart. Idle is the directory's mtime, touched at each use, so the expiry survives a device
+restart too: leftovers of an earlier run are removed when the device starts (`sweep`), and every time
+a session's directory is made.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+RECORD = "private-tmp-base"  # in the layers directory: the base's path, for the next run
+IDLE_S = 24 * 3600.0  # a session idle this long has ended: its /tmp goes
+
+
+def session_key(session: str) -> str:
+    """The name of `session`'s directory: 32 hex digits of its sha256 (a session id may hold any text)."""
+    return hashlib.sha256(session.encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+class PrivateTmp:
+    """The sessions' private /tmp directories of one device's sandbox.
+
+    `tmp`: the real temp directory the sandbox gives each session privately (a captured write root);
+    `layers_dir`: where the base's name is recorded; `owner`: (uid, gid) the directories are given to
+    (a root device's sandbox user), None for this process's user; `keep`: paths below `tmp` that stay
+    the machine's own (live write roots and sockets the policy names there): neither mapped nor hidden.
+    """
+
+    def __init__(self, tmp: str, layers_dir: str, *, owner: tuple[int, int] | None = None,
+                 keep: tuple[str, ...] = (), idle_s: float = IDLE_S) -> None:
+        self.tmp = os.path.realpath(tmp)
+        self.keep = tuple(k.rstrip("/") for k in keep)
+        self.idle_s = idle_s
+        self._record = Path(layers_dir) / RECORD
+        self._owner = owner
+        self._base: str | None = None
+        self._known: set[str] = set()  # sessions whose directory this run has made or found
+
+    @property
+    def base(self) -> str:
+        """The base directory (found again from the record, or made), checked to be ours: a directory, not
+        a link, mode 0700, owned by the owner. OSError when it cannot be made."""
+        if self._base is None:
+            self._base = self._find() or self._make()
+        return self._base
+
+    def _find(self) -> str | None:
+        try:
+            recorded = self._record.read_text(encoding="utf-8").strip()
+        except OSError:
+            return None
+        if os.path.dirname(recorded) != self.tmp or not os.path.basename(recorded).startswith(".tether-tmp-"):
+            return None
+        try:
+            st = os.lstat(recorded)
+        except OSError:
+            return None
+        uid = os.getuid() if self._owner is None else self._owner[0]
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or stat.S_IMODE(st.st_mode) != 0o700:
+            logger.warning("%s is not the device's own private /tmp base: a new one is made", recorded)
+            return None
+        return recorded
+
+    def _make(self) -> str:
+        base = tempfile.mkdtemp(prefix=f".tether-tmp-{os.getuid()}-", dir=self.tmp)  # 0700, never pre-made
+        self._own(base)
+        temp = self._record.with_name(f".{RECORD}.{os.getpid()}")
+        temp.write_text(base + "\n", encoding="utf-8")
+        os.replace(temp, self._record)
+        return base
+
+    def _own(self, path: str) -> None:
+        if self._owner is not None:
+            os.chown(path, *self._owner, follow_symlinks=False)
+
+    def dir_of(self, session: str) -> str:
+        """`session`'s directory (made, mode 0700, on first use), its mtime touched: it is in use now.
+        OSError when it cannot be made."""
+        path = os.path.join(self.base, session_key(session))
+        if session in self._known:
+            with contextlib.suppress(FileNotFoundError):
+                os.utime(path)
+                return path
+        self._known.add(session)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            pass
+        else:  # left by an earlier run: its session goes on, unless it was idle long enough to have ended
+            if stat.S_ISDIR(st.st_mode) and time.time() - st.st_mtime <= self.idle_s:
+                os.utime(path, follow_symlinks=False)
+                return path
+            _remove_tree(path)
+        os.mkdir(path, 0o700)
+        self._own(path)
+        return path
+
+    def knows(self, session: str) -> bool:
+        """Whether this run has made or found `session`'s directory already."""
+        return session in self._known
+
+    def is_kept(self, path: str) -> bool:
+        """Whether `path` (absolute) is one of the machine's own paths below the temp dir (`keep`)."""
+        return any(path == k or path.startswith(k + "/") for k in self.keep)
+
+    def map(self, session: str | None, path: str) -> str:
+        """Where `path` leads for `session`: a path at or below the temp dir (but for the kept ones) leads
+        into the session's own directory; any other path, or any path without a session, is itself.
+        Lexical (no link is followed): the caller's jail resolves the result."""
+        if not session:
+            return path
+        absolute = os.path.normpath(os.path.expanduser(path))
+        if not os.path.isabs(absolute) or self.is_kept(absolute):
+            return path
+        if absolute != self.tmp and not absolute.startswith(self.tmp + "/"):
+            return path
+        rest = absolute[len(self.tmp):].lstrip("/")
+        own = self.dir_of(session)
+        return os.path.join(own, rest) if rest else own
+
+    def unmap(self, session: str | None, resolved: str) -> str:
+        """The inverse of `map` for a real path: inside `session`'s own directory, the /tmp path its commands
+        see it at; any other path is itself."""
+        base = self._base or self._find()
+        if not session or base is None:
+            return resolved
+        own = os.path.join(base, session_key(session))
+        if resolved != own and not resolved.startswith(own + "/"):
+            return resolved
+        return self.tmp + resolved[len(own):]
+
+    def foreign(self, session: str | None, resolved: str) -> bool:
+        """Whether `resolved` (a real path) lies in the sessions' base but outside `session`'s own directory:
+        another session's /tmp (or the base itself), which no tool may reach."""
+        base = self._base or self._find()
+        if base is None or (resolved != base and not resolved.startswith(base + "/")):
+            return False
+        if not session:
+            return True
+        own = os.path.join(base, session_key(session))
+        return resolved != own and not resolved.startswith(own + "/")
+
+    def remove(self, session: str) -> None:
+        """Remove `session`'s directory now (its session has ended)."""
+        self._known.discard(session)
+        base = self._base or self._find()
+        if base is not None:
+            _remove_tree(os.path.join(base, session_key(session)))
+
+    def sweep(self, now: float | None = None) -> list[str]:
+        """Remove the directories of sessions idle past `idle_s` (and any stray entry of the base); the
+        names removed. Leftovers of an earlier run go the same way; a session that comes back later
+        starts with an empty /tmp (`dir_of`)."""
+        base = self._base or self._find()
+        if base is None:
+            return []
+        now = time.time() if now is None else now
+        gone = []
+        try:
+            entries = list(os.scandir(base))
+        except OSError:
+            return []
+        for entry in entries:
+            try:
+                idle = now - entry.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if idle > self.idle_s:
+                _remove_tree(entry.path)
+                gone.append(entry.name)
+        return gone
+
+
+def _remove_tree(path: str) -> None:
+    """Remove a session's directory whatever its commands left there (read-only directories included)."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return
+    os.chmod(path, 0o700)
+    for root, dirs, _ in os.walk(path):  # never into a link: os.walk lists it, chmod would follow it
+        for name in dirs:
+            inner = os.path.join(root, name)
+            if not os.path.islink(inner):
+                with contextlib.suppress(OSError):
+                    os.chmod(inner, 0o700)
+    shutil.rmtree(path, ignore_errors=True)
