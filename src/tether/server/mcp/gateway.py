@@ -59,6 +59,7 @@ from tether.server.mcp.handlers.context import (
     task_owner,
     who,
 )
+from tether.server.mcp.handlers.paging import checked_cursor, page
 from tether.server.mcp.handlers.resources import FleetResources
 from tether.server.mcp.handlers.tasks import EXTENSION, CallTasks, TaskIdParams, TaskUpdateParams
 from tether.server.mcp.listing import (
@@ -68,7 +69,6 @@ from tether.server.mcp.listing import (
     ScopedFilter,
     list_devices,
 )
-from tether.server.mcp.paging import checked_cursor, page
 from tether.server.mcp.tool_call import AskLater, Caller, Reply, call_device_tool
 from tether.server.mcp.translate import (
     call_result,
