@@ -273,7 +273,8 @@ async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered:
                   settings: Any = None) -> GatewayReply:
     """Follow the task from now on until it ends, or asks something this client cannot answer here.
     `answered` is the question just answered (its runner may not have taken the answer yet)."""
-    task, _, queue = tasks.subscribe(task_id)  # what happened before is in get_task; from now on here
+    found = await tasks.fetch(task_id)  # off the event loop when not in memory
+    task, _, queue = tasks.subscribe(task_id, found=found)  # what happened before is in get_task; from now on here
     sent = 0
     try:
         pending = task.pending_question  # asked before we subscribed and still open

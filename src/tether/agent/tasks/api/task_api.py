@@ -254,8 +254,8 @@ async def edit_task(task_id: str, body: EditRequest, request: Request,
 async def task_events(task_id: str, request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
                       after: int = -1) -> StreamingResponse:
     service = _service(request)
-    await visible_task(service, task_id, who)
-    task, past, queue = service.subscribe(task_id, after)
+    found = await visible_task(service, task_id, who)
+    task, past, queue = service.subscribe(task_id, after, found)
     return StreamingResponse(_stream(service, task, past, queue), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
