@@ -236,7 +236,7 @@ def test_locked_pairing_devices_and_tasks_tables_delay_only_the_requests_that_ne
     released each of them is answered, and what they wrote is there (nothing lost)."""
     import psycopg
 
-    from tether.device.link.device_key import DeviceKey
+    from tether.device.link.trust.device_key import DeviceKey
 
     cluster = pg_cluster
     url = str(dbkit.server_db(cluster.db))
