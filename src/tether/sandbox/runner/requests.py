@@ -44,10 +44,12 @@ class Requests(SandboxParts):
         private = self.private_tmp
         if private is None or layer is None:
             return {}
-        keep = [[path, path] for path in private.keep if path not in self.spec.live_write_roots]
+        keep = [[path, path] for path in private.keep
+                if path not in self.spec.live_write_roots and path not in private.captured]
         keep += [[root, live_source(self.spec, i)] for i, root in enumerate(self.spec.live_write_roots)
                  if private.is_kept(root) and (self.spec.run_as is None or self.spec.run_as.reaches(root))]
-        return {"private_tmp": {"base": tmp_source(self.spec), "target": private.tmp, "keep": keep}}
+        return {"private_tmp": {"base": tmp_source(self.spec), "target": private.tmp, "keep": keep,
+                                "captured": list(private.captured)}}
 
     def _ipc_and_limits(self, extra: tuple[str, ...] = ()) -> dict[str, Any]:
         """What the warden needs to close IPC and cap resources for one command (see seccomp, limits)."""
