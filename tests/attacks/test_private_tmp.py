@@ -62,6 +62,8 @@ async def test_one_sessions_tmp_is_invisible_to_another(attacker_factory, home: 
     # through a file tool, and through a link B plants in its own /tmp
     direct = await cat(attacker, b, f"{a_dir}/{name}")
     assert "secret-of-a" not in text(direct), text(direct)
+    nobody = await cat(attacker, None, f"{a_dir}/{name}")  # type: ignore[arg-type]  # a command of no session
+    assert nobody.status is ResultStatus.FAILURE and "secret-of-a" not in text(nobody), text(nobody)
     for path in (f"{a_dir}/{name}", a_dir, base):
         probe = await _tool(attacker, b, "read_file", file_path=path)
         assert probe.status is ResultStatus.FAILURE and "secret-of-a" not in text(probe), text(probe)

@@ -70,6 +70,11 @@ class PrivateTmp:
             self._base = self._find() or self._make()
         return self._base
 
+    @property
+    def made(self) -> str | None:
+        """The base directory once this run has made or found it (`base`), else None."""
+        return self._base
+
     def _find(self) -> str | None:
         try:
             recorded = self._record.read_text(encoding="utf-8").strip()

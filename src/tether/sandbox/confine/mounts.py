@@ -137,6 +137,7 @@ class TmpHold:
     base: int
     keep: list[tuple[str, int, bool]]  # (path, fd, is a directory)
     captured: list[str]
+    path: str  # the base's own path below /tmp, hidden from a command given no session's /tmp
 
 
 def hold_tmp(req: dict[str, Any]) -> TmpHold | None:
@@ -154,18 +155,21 @@ def hold_tmp(req: dict[str, Any]) -> TmpHold | None:
         except OSError:
             continue  # gone since the device listed it
         keep.append((path, fd, stat.S_ISDIR(os.fstat(fd).st_mode)))
-    return TmpHold(spec["target"], base, keep, list(spec.get("captured", [])))
+    return TmpHold(spec["target"], base, keep, list(spec.get("captured", [])), spec.get("path", ""))
 
 
 def bind_tmp(libc: Libc, hold: TmpHold | None, run: dict[str, Any]) -> None:
     """Bind the session's own directory (`run["tmp"]`, its name in the base) over /tmp, and the kept paths
     (the captured roots as the overlaid /tmp shows them) back at their places in it; then let go of the held
-    fds. Nothing when `run` names no session's /tmp: the command keeps the captured /tmp of everyone."""
+    fds. When `run` names no session's /tmp, the command keeps the captured /tmp of everyone, the sessions'
+    base hidden there."""
     if hold is None:
         return
     try:
         name = run.get("tmp")
-        if not name:
+        if not name:  # the machine's /tmp, captured: every session's /tmp lies in it, hidden
+            if hold.path:
+                hide(libc, [hold.path])
             return
         if "/" in name or name in (".", ".."):
             raise OSError(f"not a session's /tmp: {name!r}")
