@@ -178,6 +178,7 @@ class Setup:
     registered_at: dict[str, float] = field(default_factory=dict)  # device -> time.time() of that
     watchers: list[asyncio.Task[None]] = field(default_factory=list)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    node_args: list[str] = field(default_factory=list)  # more `tether server` options for every node
 
     async def start_node(self, name: str) -> Node:
         port = free_port()
@@ -189,6 +190,7 @@ class Setup:
                 "--grace-period", str(hb["grace"])]
         if self.redis_port is not None:
             argv += ["--cluster", f"redis://127.0.0.1:{self.redis_port}/0", "--node-id", name]
+        argv += self.node_args
         child = await Child(f"node {name}", self.tmp / f"node-{name}.log").start(argv, _env(state))
         await child.until("Uvicorn running on")
         node = Node(name, port, child)

@@ -213,7 +213,7 @@ async def server(tmp: Path, db: Path, label: str, src: Path | None = None) -> As
 def fill(db: Path, known: int, connected: int, profile: Any) -> tuple[dict[str, str], str]:
     """`known` devices stored the way the hub stores them, device tokens for the first `connected`, and
     an API token (read)."""
-    from tether.server.aip.registry import DeviceRegistry
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.store import Store
 
     store = Store(db)

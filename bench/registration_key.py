@@ -34,7 +34,7 @@ GOAL_MS = 0.3
 def key_for(name: str):
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-    from tether.device.link.device_key import DeviceKey
+    from tether.device.link.trust.device_key import DeviceKey
 
     return DeviceKey(Ed25519PrivateKey.from_private_bytes(hashlib.sha256(f"bench:{name}".encode()).digest()))
 
@@ -44,14 +44,14 @@ def serve(mode: str, db: str) -> None:
     import uvicorn
     from starlette.applications import Starlette
 
-    import tether.server.aip.hub as hub_module
+    import tether.server.aip.sockets.admission as admission_module
     from tether.server.aip.hub import DeviceHub
-    from tether.server.aip.socket import aip_route
+    from tether.server.aip.sockets.socket import aip_route
     from tether.server.settings import ServerSettings
     from tether.server.store import Store
 
     if mode == "off":  # registration as it was before the key: no proof asked, none checked
-        hub_module.prove_key = lambda *args: None  # type: ignore[assignment]
+        admission_module.prove_key = lambda *args: None  # type: ignore[assignment]
 
     async def main() -> None:
         settings = ServerSettings(db_path=db, heartbeat_interval=30.0, heartbeat_timeout=120.0, grace_period=5.0,
@@ -113,7 +113,7 @@ def cpu_s(pid: int) -> float:
 def prove_key_alone(samples: int = 2000) -> float:
     """Median µs of `registration.prove_key` for an enrolled device (an indexed read + one verification)."""
     from tether.protocol.messages import Registration
-    from tether.server.aip.registration import prove_key
+    from tether.server.aip.sockets.registration import prove_key
     from tether.server.store import Store
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -23,7 +23,7 @@ import pytest
 from tests.kits import db as dbkit
 from tests.kits.aip import FakeDevice, key_for
 from tests.kits.netutil import CLI, Cluster, Proc, wait_for
-from tether.device.link.device_key import DeviceKey, load_device_key
+from tether.device.link.trust.device_key import DeviceKey, load_device_key
 from tether.protocol.messages import ServerMessageType
 
 CODE = re.compile(r"pairing code: ([0-9A-Z]{4}-[0-9A-Z]{4})")

@@ -24,7 +24,7 @@ import pytest
 
 from tests.kits.netutil import CLI, Cluster, wait_for
 from tests.kits.server_target import Target, connect_raw, error_of, read_response, upgrade_request
-from tether.device.link.device_key import DeviceKey
+from tether.device.link.trust.device_key import DeviceKey
 from tether.protocol.identity import claim_statement
 
 

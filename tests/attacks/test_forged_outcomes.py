@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 import pytest
 
@@ -71,7 +72,7 @@ async def test_a_result_for_a_batch_never_sent_writes_nothing(servers) -> None:
 async def test_a_flood_of_results_for_nothing_stops_being_looked_up(servers, caplog) -> None:
     """Each late result is looked up in the audit (a write transaction): a device sending results for
     batches that have no open outcome is no longer looked up after _LATE_MISSES of them in a row."""
-    from tether.server.aip import batches
+    from tether.server.aip.batches import ledger as batches
 
     srv = await servers.start()
     attacker = FakeDevice(srv.url, srv.token("attacker"), name="attacker")
@@ -79,9 +80,9 @@ async def test_a_flood_of_results_for_nothing_stops_being_looked_up(servers, cap
     looked: list[str] = []
     real = srv.hub._batches.on_late
 
-    def counting(device: str, rid: str, results: list[Result]) -> int:
+    def counting(device: str, rid: str, results: list[Result], then: Callable[[int], None]) -> object:
         looked.append(rid)
-        return real(device, rid, results)
+        return real(device, rid, results, then)
 
     srv.hub._batches.on_late = counting
     with caplog.at_level(logging.WARNING, logger="tether.server.hub"):

@@ -14,7 +14,7 @@ from tests.kits import db as dbkit
 from tests.kits.netutil import Proc, free_port, tether_env, wait_for
 from tether import AsyncClient, Client
 from tether.client import ConnectError
-from tether.device.link.tls_pin import cert_fingerprint
+from tether.device.link.trust.tls_pin import cert_fingerprint
 
 
 @pytest.fixture

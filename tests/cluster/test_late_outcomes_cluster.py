@@ -1,7 +1,8 @@
 """Outcomes are facts across nodes (issue 28, docs/outcomes.md): a backplane (Redis) outage while a
 command crosses nodes is reported as one — "outcome pending", the backplane named — never as "the
 device left"; the device, which never moved, finishes the command once, and the outcome reaches the
-asking node's audit and `GET /batches/{id}` once the backplane is back."""
+asking node's audit and `GET /batches/{id}` once the backplane is back. With direct links between the nodes
+(server/cluster/link.py) the answer crosses the link instead, and the caller gets its result at once."""
 
 from __future__ import annotations
 
@@ -10,16 +11,25 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench.kit.engines import Engine
-from tests.cluster.test_faults import audit_rows, device_on, gated, policy_args, until_file
+from tests.cluster.test_faults import audit_rows, device_on, echo, gated, policy_args, until_file
 from tests.kits.cluster import WAIT, ClusterKit
 
 
-async def test_a_backplane_outage_mid_command_is_pending_then_recorded(tmp_path: Path, redis_engine: Engine) -> None:
-    async with ClusterKit(tmp_path, redis=redis_engine) as kit:
+@pytest.mark.parametrize("links", ["off", "on"])
+async def test_a_backplane_outage_mid_command_is_pending_then_recorded(tmp_path: Path, redis_engine: Engine,
+                                                                       links: str) -> None:
+    node_args = ["--set", "cluster_link=off"] if links == "off" else []
+    async with ClusterKit(tmp_path, redis=redis_engine, node_args=node_args) as kit:
         a, b = await kit.start_node("a"), await kit.start_node("b")
         await device_on(kit, "laptop", b, [b, a], policy_args(kit))
         command, mark, gate = gated(kit, "x1")
+        if links == "on":  # the link from a to b is open before the command goes (a dials on its first send)
+            since = len(a.process.lines)
+            assert (await kit.run(a, "laptop", echo(kit, "warm"))).status_code == 200
+            await a.process.wait_line(r"cluster link to node b open", since)
         call = asyncio.create_task(kit.run(a, "laptop", [command], timeout=8))  # a forwards it to b
         await until_file(mark, "the command runs on laptop")
         assert a.redis_link is not None
@@ -31,6 +41,10 @@ async def test_a_backplane_outage_mid_command_is_pending_then_recorded(tmp_path:
                 response = await call
             assert response.status_code == 200, response.text
             [result] = response.json()["results"]
+            if links == "on":  # b's answer came over the link: Redis was not needed
+                assert result["status"] == "success", result
+                assert mark.read_text() == "ran\n", "the command ran more than once"
+                return
             assert result["status"] == "none" and result["error"].startswith("outcome pending:"), result
             assert "left node" not in result["error"], result["error"]
             assert "backplane" in result["error"], result["error"]

@@ -25,8 +25,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from tether.device.link import connection as connection_module
 from tether.device.link.batch_runner import Batch, BatchRunner
+from tether.device.link.conn import serve as serving_module
 from tether.device.link.connection import (
     DeviceConnection,
     LinkHooks,
@@ -370,12 +370,13 @@ async def test_cancel_kills_the_running_process_and_fails_the_rest(tmp_path: Pat
 
 async def test_the_batch_timeout_kills_the_command(tmp_path: Path, device: LocalDevice, waiter: Command) -> None:
     async with ScriptedServer() as server, connected(server, device):
-        msg = command(waiter, timeout=0.5)
+        # long enough for a sandboxed python3 to start and say so on a loaded machine (0.5 s was not)
+        msg = command(waiter, timeout=2.5)
         await server.send(msg)
         event = await server.output("started")
         proc = psutil.Process(int(event.payload["data"]["data"].split()[1]))  # type: ignore[index]
         [result] = results_of(await server.results(msg.response_id))
-        assert result.status is ResultStatus.FAILURE and "timed out after 0.5s" in (result.error or "")
+        assert result.status is ResultStatus.FAILURE and "timed out after 2.5s" in (result.error or "")
         _, alive = psutil.wait_procs([proc], timeout=10)
         assert alive == []
 
@@ -423,7 +424,7 @@ async def test_a_link_busy_both_ways_skips_its_beats_and_an_idle_one_beats_again
         decisions.put_nowait((args, due))
         return due
 
-    monkeypatch.setattr(connection_module, "beat_due", spy)
+    monkeypatch.setattr(serving_module, "beat_due", spy)
     async with ScriptedServer(heartbeat_interval=0.5, heartbeat_timeout=30) as server, connected(server, device):
         (sent, _, _, _, said), due = await decisions.get()
         assert due and not sent and said is None  # idle since registering: the first beat goes

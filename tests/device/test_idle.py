@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from tests.device.test_connection import TOKEN, ScriptedServer
 from tests.kits.aip import WAIT, ServerFactory
-from tether.device.link import connection
+from tether.device.link import settings as link_settings
 from tether.device.link.connection import DeviceConnection, LinkHooks, LinkSettings, RetriesExhausted
 from tether.device.link.reconnect import FailureLog
 from tether.device.local import LocalDevice, build_device
@@ -380,7 +380,7 @@ async def test_keepalive_pings_flow_only_when_the_heartbeat_would_notice_silence
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     device = _device(tmp_path)
     try:
-        monkeypatch.setattr(connection, "KEEPALIVE_S", 0.05)
+        monkeypatch.setattr(link_settings, "KEEPALIVE_S", 0.05)
         # a heartbeat timeout longer than a ping and its pong's wait: the socket's pings go on
         async with ScriptedServer(heartbeat_interval=1.0, heartbeat_timeout=5.0) as server:
             conn = DeviceConnection(device.client, server.url, TOKEN, name="dev-1")
@@ -391,7 +391,7 @@ async def test_keepalive_pings_flow_only_when_the_heartbeat_would_notice_silence
             finally:
                 conn.stop()
                 await asyncio.wait_for(task, WAIT)
-        monkeypatch.setattr(connection, "KEEPALIVE_S", 0.25)
+        monkeypatch.setattr(link_settings, "KEEPALIVE_S", 0.25)
         # within it: the heartbeat notices a silent server first, and the socket sends no pings
         async with ScriptedServer(heartbeat_interval=0.02, heartbeat_timeout=0.5) as server:
             conn = DeviceConnection(device.client, server.url, TOKEN, name="dev-1")

@@ -12,7 +12,7 @@ import pytest
 from tests.kits import db as dbkit
 from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.client.rest import RemoteServer
-from tether.device.link.tls_pin import cert_fingerprint, normalize_fingerprint, show_fingerprint
+from tether.device.link.trust.tls_pin import cert_fingerprint, normalize_fingerprint, show_fingerprint
 
 
 @pytest.fixture

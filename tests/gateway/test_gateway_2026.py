@@ -23,13 +23,15 @@ from tests.kits.gateway import mcp_client
 from tests.kits.netutil import Cluster, wait_for
 
 V = "2026-07-28"
+PAGE = 5  # the server's mcp_page_size here: every list of the module comes in several pages
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("gateway2026")
-    c = Cluster(tmp, ("--heartbeat-timeout", "30"))  # a loaded machine must not drop the device mid-module
+    # a loaded machine must not drop the device mid-module
+    c = Cluster(tmp, ("--heartbeat-timeout", "30", "--set", f"mcp_page_size={PAGE}"))
     policy = tmp / "policy.yaml"
     policy.write_text("ask: on-miss\n")
     try:
@@ -50,6 +52,7 @@ def direct(everything_bin: Path) -> dict[str, Any]:  # noqa: F811
     """server-everything's own answers, over its own stdio session: what the gateway must pass on."""
     import asyncio
 
+    import mcp_types as types
     from mcp.client.session import ClientSession
     from mcp.client.stdio import StdioServerParameters, stdio_client
 
@@ -62,11 +65,20 @@ def direct(everything_bin: Path) -> dict[str, Any]:  # noqa: F811
             await session.initialize()
             tools = {t.name: t for t in (await session.list_tools()).tools}
             doc = await session.read_resource("demo://resource/static/document/features.md")
+            prompt = types.PromptReference(type="ref/prompt", name="completable-prompt")
+            names = await session.complete(prompt, {"name": "name", "value": ""}, {"department": "Engineering"})
+            ids = await session.complete(types.ResourceTemplateReference(
+                type="ref/resource", uri="demo://resource/dynamic/text/{resourceId}"), {"name": "resourceId",
+                                                                                        "value": "1"})
             return {"weather_schema": tools["get-structured-content"].output_schema,
+                    "hints": {n: (t.title, dump(t.annotations) if t.annotations else None) for n, t in tools.items()},
                     "image": dump(await session.call_tool("get-tiny-image", {}))["content"],
                     "weather": (await session.call_tool("get-structured-content",
                                                         {"location": "New York"})).structured_content,
                     "features": dump(doc.contents[0])["text"],
+                    "departments": dump((await session.complete(prompt, {"name": "department", "value": ""}))
+                                        .completion),
+                    "names": dump(names.completion), "ids": dump(ids.completion),
                     "prompt": [dump(m) for m in (await session.get_prompt(
                         "args-prompt", {"city": "Oslo", "state": "Oslo"})).messages]}
 
@@ -94,6 +106,19 @@ class Raw:
             sent["Mcp-Name"] = name
         return await self.http.post(self.url, json={"jsonrpc": "2.0", "id": self.ids, "method": method,
                                                     "params": params}, headers={**sent, **(headers or {})})
+
+    async def every(self, method: str, field: str) -> list[dict[str, Any]]:
+        """Every item of a paginated list, following `nextCursor` (bounded); each page checked to be bounded."""
+        items: list[dict[str, Any]] = []
+        cursor: str | None = None
+        for _ in range(100):
+            got = await self.result(method, {"cursor": cursor} if cursor else {})
+            assert len(got[field]) <= PAGE, (method, len(got[field]))
+            items += got[field]
+            cursor = got.get("nextCursor")
+            if cursor is None:
+                return items
+        raise AssertionError(f"{method} never ended")
 
     async def result(self, method: str, params: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
         response = await self.post(method, params, **kw)
@@ -126,9 +151,20 @@ async def test_a_stateless_session_discovers_lists_and_calls(raw: Raw, cluster: 
 
     listed = await raw.result("tools/list")
     assert listed["ttlMs"] == 10_000 and listed["cacheScope"] == "private"  # the token's own view of the fleet
-    tools = {t["name"]: t for t in listed["tools"]}
+    tools = {t["name"]: t for t in await raw.every("tools/list", "tools")}
     # the server's own output schema, not the device's envelope around it
     assert tools["alpha__get-structured-content"]["outputSchema"] == direct["weather_schema"]
+
+    # each external tool's own title and annotations as the server gave them; tether's by their tool type
+    hinted = {name: hints for name, hints in direct["hints"].items() if hints[1]}
+    assert hinted, "server-everything annotates some of its tools"
+    for name, (title, hints) in direct["hints"].items():
+        if f"alpha__{name}" in tools:
+            assert (tools[f"alpha__{name}"].get("title"), tools[f"alpha__{name}"].get("annotations")) == \
+                (title, hints), name
+    assert tools["alpha__get_system_info"]["annotations"]["readOnlyHint"] is True
+    assert tools["alpha__shell.run"]["annotations"] == {"readOnlyHint": False, "destructiveHint": True,
+                                                        "openWorldHint": True}
 
     # an image passes intact, once, between the server's own text items; no envelope as structured content
     image = await raw.result("tools/call", {"name": "alpha__get-tiny-image", "arguments": {}},
@@ -191,7 +227,7 @@ async def test_an_approval_completes_by_the_multi_round_trip_form(raw: Raw, tmp_
 async def test_resources_and_prompts_of_the_devices_servers(raw: Raw, cluster: Cluster, direct: dict[str, Any]) -> None:
     listed = await raw.result("resources/list")
     assert listed["ttlMs"] == 10_000 and listed["cacheScope"] == "private"
-    by_uri = {r["uri"]: r for r in listed["resources"]}
+    by_uri = {r["uri"]: r for r in await raw.every("resources/list", "resources")}
     uri = "tether://alpha/everything/demo%3A%2F%2Fresource%2Fstatic%2Fdocument%2Ffeatures.md"
     assert by_uri[uri]["name"] == "features.md" and by_uri[uri]["_meta"]["tether/device"] == "alpha"
     read = await raw.result("resources/read", {"uri": uri})
@@ -215,6 +251,70 @@ async def test_resources_and_prompts_of_the_devices_servers(raw: Raw, cluster: C
         assert str(link.uri).startswith("tether://alpha/everything/")
         followed = await client.read_resource(link.uri)
         assert followed.contents
+
+
+async def test_lists_come_in_bounded_pages_in_both_generations(raw: Raw) -> None:
+    import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+
+    tools = await raw.every("tools/list", "tools")
+    names = [t["name"] for t in tools]
+    assert len(names) > 2 * PAGE and len(set(names)) == len(names) and "alpha__get-tiny-image" in names
+    resources = await raw.every("resources/list", "resources")
+    assert len(resources) > PAGE  # server-everything's resources, also past one page
+    for method in ("tools/list", "resources/list", "resources/templates/list", "prompts/list"):
+        bad = await raw.post(method, {"cursor": "not-a-cursor"})
+        assert bad.status_code == 400 and bad.json()["error"]["code"] == -32602, bad.text
+    # a cursor is only good for the list that gave it
+    cursor = (await raw.result("tools/list"))["nextCursor"]
+    other = await raw.post("prompts/list", {"cursor": cursor})
+    assert other.status_code == 400 and other.json()["error"]["code"] == -32602
+
+    # the handshake era pages the same way (the official SDK client, one cursor at a time)
+    async with mcp_client(raw.url, raw.token) as client:
+        seen: list[str] = []
+        page = await client.list_tools()
+        while True:
+            assert len(page.tools) <= PAGE
+            seen += [t.name for t in page.tools]
+            if page.next_cursor is None:
+                break
+            page = await client.list_tools(params=types.PaginatedRequestParams(cursor=page.next_cursor))
+        assert seen == names
+        with pytest.raises(MCPError) as refused:
+            await client.list_prompts(params=types.PaginatedRequestParams(cursor="bm90LWl0"))
+        assert refused.value.error.code == -32602
+
+
+async def test_completion_is_answered_by_the_server_that_owns_the_prompt(raw: Raw, cluster: Cluster,
+                                                                        direct: dict[str, Any]) -> None:
+    import mcp_types as types
+    from mcp.shared.exceptions import MCPError
+
+    assert "completions" in (await raw.result("server/discover"))["capabilities"]
+    prompt = {"type": "ref/prompt", "name": "alpha__everything__completable-prompt"}
+    got = await raw.result("completion/complete", {"ref": prompt, "argument": {"name": "department", "value": ""}})
+    assert direct["departments"]["values"] and got["completion"] == direct["departments"]
+    named = await raw.result("completion/complete", {"ref": prompt, "argument": {"name": "name", "value": ""},
+                                                     "context": {"arguments": {"department": "Engineering"}}})
+    assert direct["names"]["values"] and named["completion"] == direct["names"]  # the context reached the server
+    unknown = await raw.post("completion/complete", {"ref": {"type": "ref/prompt", "name": "beta__x__y"},
+                                                     "argument": {"name": "a", "value": ""}})
+    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == -32602
+    reader = Raw(raw.http, raw.url, cluster.read_token, raw.capabilities)  # completing runs on the device
+    barred = await reader.post("completion/complete", {"ref": prompt, "argument": {"name": "department", "value": ""}})
+    assert barred.status_code == 400 and "'execute' scope" in barred.json()["error"]["message"]
+
+    async with mcp_client(raw.url, raw.token) as client:  # the handshake era, a resource template's argument
+        [template] = [t.uri_template for t in (await client.list_resource_templates()).resource_templates
+                      if "dynamic%2Ftext" in t.uri_template]
+        ids = await client.complete(types.ResourceTemplateReference(type="ref/resource", uri=template),
+                                    {"name": "resourceId", "value": "1"})
+        assert ids.completion.model_dump(mode="json", by_alias=True, exclude_none=True) == direct["ids"]
+        with pytest.raises(MCPError) as refused:
+            await client.complete(types.ResourceTemplateReference(type="ref/resource", uri="tether://beta/x/{y}"),
+                                  {"name": "y", "value": ""})
+        assert refused.value.error.code == -32602
 
 
 TASKS = {"elicitation": {"form": {}}, "extensions": {"io.modelcontextprotocol/tasks": {}}}

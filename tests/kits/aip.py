@@ -22,7 +22,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from tests.kits import db as dbkit
-from tether.device.link.device_key import DeviceKey
+from tether.device.link.trust.device_key import DeviceKey
 from tether.protocol.codec import decode_server_message, encode
 from tether.protocol.identity import CHALLENGE_HEADER
 from tether.protocol.messages import (
@@ -36,7 +36,7 @@ from tether.protocol.messages import (
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.protocol.profile import DeviceProfile
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.socket import aip_route
+from tether.server.aip.sockets.socket import aip_route
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
 

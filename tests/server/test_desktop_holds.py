@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.aip.desktop_holds import DesktopHeld, DesktopHolds
 
 

@@ -1,4 +1,4 @@
-"""The hub's garbage-collector keeper (server/aip/gc_keeper.py): a large fleet's connections are frozen out of
+"""The hub's garbage-collector keeper (server/aip/fleet/gc_keeper.py): a large fleet's connections are frozen out of
 full collections, frozen again as the fleet grows, and unfrozen (for one full collection) when it shrinks
 or the refresh period has passed, so that what departed devices left behind is reclaimed. Stepped by
 hand (`GcKeeper.tick`), no clock involved; each test leaves the interpreter unfrozen."""
@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tether.server.aip.gc_keeper import GcKeeper, keep_gc_lean, young_threshold
+from tether.server.aip.fleet.gc_keeper import GcKeeper, keep_gc_lean, young_threshold
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.kits.netutil import CLI, Cluster, wait_for
-from tether.device.link.device_key import DeviceKey
+from tether.device.link.trust.device_key import DeviceKey
 from tether.protocol.identity import claim_statement
 from tether.protocol.models import Command
 from tether.server.pairing import PairingBook, PairingError, PairingLimits

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tether.server.aip.batches import TokenRef
-from tether.server.aip.questions import asks_consent
+from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.questions.asked import asks_consent
 from tether.server.approvals import ApprovalRefused, check_answerer
 
 

@@ -24,7 +24,7 @@ from tether.device.link.reconnect import RETRY_AFTER_MAX_S, backoff_delay, retry
 from tether.device.local import build_device
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.wire import CloseCode
-from tether.server.aip.socket import ADMISSION_STATUS
+from tether.server.aip.sockets.socket import ADMISSION_STATUS
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The admission rules of server/aip/registration.py, judged without a socket: each bad handshake header or
+"""The admission rules of server/aip/sockets/registration.py, judged without a socket: each bad handshake header or
 first frame gets the close code and the reason the device is shown. tests/test_e2e.py and
 tests/attacks/test_protocol_attacks.py send the same through a real server."""
 
@@ -13,8 +13,8 @@ from tether.protocol.codec import encode
 from tether.protocol.messages import ClientMessage, ClientMessageType, Registration
 from tether.protocol.profile import DeviceProfile
 from tether.protocol.wire import CloseCode
-from tether.server.aip.registration import authenticate, read_registration
-from tether.server.aip.socket import Refusal
+from tether.server.aip.sockets.registration import authenticate, read_registration
+from tether.server.aip.sockets.socket import Refusal
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
 

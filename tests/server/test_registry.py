@@ -8,7 +8,7 @@ import pytest
 
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
-from tether.server.aip.registry import DeviceRegistry, NoDeviceError
+from tether.server.aip.fleet.registry import DeviceRegistry, NoDeviceError
 
 
 def profile(platform: str, *, gpu: bool = False, tags: tuple[str, ...] = (), tools: tuple[str, ...] = ()

@@ -27,8 +27,8 @@ from tests.kits.aip import WAIT, ServerFactory
 from tether.protocol.messages import ClientMessage, ClientMessageType, ServerMessageType, TaskStatus
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.http.app import create_app
 from tether.server.settings import ServerSettings
 from tether.server.store import Store

@@ -19,7 +19,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tests.kits.aip import FakeDevice
 from tests.kits.netutil import Cluster
-from tether.device.link.device_key import DeviceKey, load_device_key
+from tether.device.link.trust.device_key import DeviceKey, load_device_key
 from tether.protocol.identity import fingerprint
 from tether.protocol.messages import ServerMessageType
 

@@ -1,7 +1,7 @@
 """An MCP server (stdio, the official SDK) whose tools ask the person two kinds of question through
 elicitation: `drop_record` asks for consent (a yes/no confirmation, an approval), `pick_colour` asks for
 information (a form with a text field). The question-owner tests tell them apart the way the server does
-(`tether.server.aip.questions.asks_consent`)."""
+(`tether.server.aip.questions.asked.asks_consent`)."""
 
 from typing import Annotated
 

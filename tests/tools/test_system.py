@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -139,6 +140,11 @@ async def test_list_processes_finds_this_python() -> None:
 async def test_launch_and_close(launcher: Launcher, tmp_path: Path) -> None:
     pid = await launcher.launch("sleep", "60")
     proc = psutil.Process(pid)
+    # the launch returns once exec(2) passed its point of no return (the close-on-exec pipe closed); the
+    # kernel sets the new argv a moment later, so an empty cmdline can be read in between on a busy machine
+    deadline = time.monotonic() + 10
+    while not proc.cmdline() and time.monotonic() < deadline:
+        await asyncio.sleep(0.01)
     assert proc.cmdline() == ["sleep", "60"] and proc.status() != psutil.STATUS_ZOMBIE
     assert os.getsid(pid) == pid  # detached: its own session
     assert Path(proc.cwd()) == tmp_path.resolve()  # home is outside the roots, so the temp dir

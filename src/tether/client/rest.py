@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 
+from tether.client.hints import Hints
 from tether.client.saved import find_token
 from tether.client.saved import saved_token as saved_token  # re-exported: the CLI imports them from here
 from tether.client.saved import token_file_path as token_file_path
@@ -45,6 +46,7 @@ class RemoteServer:
         verify: Any = ssl.create_default_context(cafile=ca) if ca else True
         self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=headers, verify=verify,
                                   timeout=timeout)
+        self._hints = Hints(self.base_url)  # a cluster's X-Tether-Holder: the node holding a device
 
     def close(self) -> None:
         self._http.close()
@@ -136,21 +138,32 @@ class RemoteServer:
         path = f"/devices/{device}/commands" if device else "/commands"
         if device is None:
             body["requires"] = requires or {}
+        full = "/api/v1" + path  # the hints' key: the path under the base URL
         try:
-            with self._http.stream("POST", path, json=body, headers={"Accept": "text/event-stream"},
-                                   timeout=httpx.Timeout(timeout + 30, connect=10)) as response:
-                if response.is_error:
-                    response.read()
-                    self._decode(response)
-                for event, data in iter_sse(response.iter_lines()):
-                    if event == "event" and on_event is not None:
-                        on_event(Event.model_validate(data))
-                    elif event == "results":
-                        return data["device"], [Result.model_validate(r) for r in data["results"]]
+            if self._hints.hinted(full):
+                try:
+                    return self._run(self._hints.url(full), full, body, timeout, on_event)
+                except (httpx.ConnectError, httpx.ConnectTimeout):  # the hinted node is unreachable: nothing sent
+                    self._hints.forget(full)
+            return self._run(path, full, body, timeout, on_event)
         except httpx.HTTPError as exc:
             raise RemoteError(f"lost the connection to {self.base_url} while the batch ran: {exc}") from None
-        raise RemoteError("the server closed the stream before sending results")
 
+    def _run(self, url: str, full: str, body: dict[str, Any], timeout: float,
+             on_event: Callable[[Event], None] | None) -> tuple[str, list[Result]]:
+        """`run` sent to `url` (a path under the base URL, or a hinted node's URL); raises httpx's errors."""
+        with self._http.stream("POST", url, json=body, headers={"Accept": "text/event-stream"},
+                               timeout=httpx.Timeout(timeout + 30, connect=10)) as response:
+            self._hints.learn(full, response)
+            if response.is_error:
+                response.read()
+                self._decode(response)
+            for event, data in iter_sse(response.iter_lines()):
+                if event == "event" and on_event is not None:
+                    on_event(Event.model_validate(data))
+                elif event == "results":
+                    return data["device"], [Result.model_validate(r) for r in data["results"]]
+        raise RemoteError("the server closed the stream before sending results")
 
     def transfer(self, body: dict[str, Any]) -> Result:
         """POST /api/v1/transfers (docs/transfer.md): the transfer's `Result` once it ends."""

@@ -12,6 +12,7 @@ import httpx
 from tether.agent.run.task import Task, TaskEvent
 from tether.client import calls
 from tether.client.errors import IncompleteStream
+from tether.client.hints import Hints
 from tether.client.responses import (
     AuditPage,
     BatchResults,
@@ -53,20 +54,21 @@ class Client:
 
     def __init__(self, base_url: str, token: str | None = None, *, timeout: float = 30.0,
                  verify: bool | str | ssl.SSLContext = True, pin: str | None = None) -> None:
-        from tether.device.link.tls_pin import normalize_fingerprint
+        from tether.device.link.trust.tls_pin import normalize_fingerprint
 
         self.base_url = calls.base_url(base_url)
         self.timeout = timeout
         self._pin = normalize_fingerprint(pin) if pin else None
         self._token = find_token(token)
         self._verify = calls.verify_context(verify)
+        self._hints = Hints(self.base_url)  # a cluster's X-Tether-Holder: the node holding a device
         self._http: httpx.Client | None = None
 
     def _client(self) -> httpx.Client:
         if self._http is None:
             verify = self._verify
             if self._pin is not None:
-                from tether.device.link.tls_pin import pinned_context_for
+                from tether.device.link.trust.tls_pin import pinned_context_for
 
                 try:
                     verify = pinned_context_for(self.base_url, self._pin, min(self.timeout, calls.CONNECT_S))
@@ -92,15 +94,34 @@ class Client:
     def _do(self, call: calls.Call[T]) -> T:
         extra: dict[str, Any] = {"timeout": calls.timeout(call.timeout)} if call.timeout is not None else {}
         try:
-            response = self._client().request(call.method, call.path, params=call.params, json=call.json, **extra)
+            try:
+                response = self._client().request(call.method, self._hints.url(call.path), params=call.params,
+                                                  json=call.json, **extra)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                if not self._hints.hinted(call.path):
+                    raise
+                self._hints.forget(call.path)  # the hinted node is not reachable from here: nothing was sent
+                response = self._client().request(call.method, call.path, params=call.params, json=call.json,
+                                                  **extra)
         except httpx.HTTPError as exc:
             raise calls.transport_error(exc, self.base_url) from None
+        self._hints.learn(call.path, response)
         return call.parse(calls.decoded(response, call.method, call.path))
 
     def _stream(self, call: calls.StreamCall[T]) -> Iterator[T]:
+        if self._hints.hinted(call.path):
+            try:
+                yield from self._stream_to(call, self._hints.url(call.path))
+                return
+            except calls.ConnectError:  # the hinted node is not reachable from here: nothing was sent
+                self._hints.forget(call.path)
+        yield from self._stream_to(call, call.path)
+
+    def _stream_to(self, call: calls.StreamCall[T], url: str) -> Iterator[T]:
         try:
-            with self._client().stream(call.method, call.path, params=call.params, json=call.json,
+            with self._client().stream(call.method, url, params=call.params, json=call.json,
                                        headers=call.headers, timeout=calls.timeout(call.timeout)) as response:
+                self._hints.learn(call.path, response)
                 if response.is_error:
                     response.read()
                     calls.decoded(response, call.method, call.path)

@@ -39,8 +39,8 @@ from tether.device.link.connection import (
     StateHook,
     make_ssl_context,
 )
-from tether.device.link.device_key import load_device_key
 from tether.device.link.outbox import Outbox
+from tether.device.link.trust.device_key import load_device_key
 from tether.device.local import LocalDevice, build_device, device_state_dir, resolve_policy
 from tether.device.mcp.client.client_caps import MCPClientHooks
 from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler

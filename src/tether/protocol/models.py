@@ -123,6 +123,16 @@ class ToolInfo(BaseModel):
     input_schema: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
     output_schema: dict[str, Any] | None = None
     meta: bool = False
+    # an external MCP server's own `title` and `annotations` (readOnlyHint, destructiveHint, idempotentHint,
+    # openWorldHint, ...) as it gave them; None for tether's tools. Never in a ToolInfo's own dump: a server or
+    # device of an earlier version refuses fields it does not know here (extra="forbid"), so they travel only
+    # in a DeviceProfile's `tool_hints` (profile.py), which every version accepts
+    title: str | None = Field(None, exclude=True)
+    annotations: dict[str, Any] | None = Field(None, exclude=True)
+
+    def hints(self) -> dict[str, Any]:
+        """The title and annotations this tool has (only those set): what `DeviceProfile.tool_hints` carries."""
+        return {k: v for k, v in (("title", self.title), ("annotations", self.annotations)) if v is not None}
 
     @property
     def key(self) -> str:

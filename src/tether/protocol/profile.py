@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 from tether.protocol.models import ToolInfo
 
@@ -47,8 +47,17 @@ class OSInfo(_Open):
     release: str | None = None
 
 
+HINTS_KEY = "tool_hints"  # {index in `tools`: {"title": ..., "annotations": {...}}} of a dumped profile
+HINT_FIELDS = ("title", "annotations")
+
+
 class DeviceProfile(BaseModel):
-    """What a device is and can do; the server stores it and selects devices by it."""
+    """What a device is and can do; the server stores it and selects devices by it.
+
+    Its tools' `title` and `annotations` (ToolInfo) are dumped beside the tools, as `tool_hints` keyed by the
+    tool's index, not inside them: a server of an earlier version keeps that unknown key (extra="allow") and
+    validates the tools as it knows them, and a profile of an earlier device simply has none. Validating a
+    dumped profile puts them back into its tools."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -72,6 +81,26 @@ class DeviceProfile(BaseModel):
     desktop: dict[str, Any] | None = Field(None, description="the graphical session: backend (x11, xwayland, "
                                                             "wayland or None), the Wayland compositor and what it "
                                                             "offers, and what the desktop tools can do there")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fold_hints(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or HINTS_KEY not in data:
+            return data
+        data = dict(data)
+        hints, tools = data.pop(HINTS_KEY), data.get("tools")
+        if isinstance(hints, dict) and isinstance(tools, list):
+            data["tools"] = [{**tool, **{k: v for k, v in hints.get(str(i), {}).items() if k in HINT_FIELDS}}
+                             if isinstance(tool, dict) and isinstance(hints.get(str(i)), dict) else tool
+                             for i, tool in enumerate(tools)]
+        return data
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def tool_hints(self) -> dict[str, dict[str, Any]] | None:
+        """The tools' title and annotations by index in `tools` (only the tools that have some), None if none
+        has; dumped beside `tools`, read back into them by validation."""
+        return {str(i): h for i, tool in enumerate(self.tools) if (h := tool.hints())} or None
 
 
 class DeviceRequirements(BaseModel):

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from tether.protocol.messages import ClientMessage, Event, ServerMessage
     from tether.protocol.models import Command, Result
-    from tether.server.aip.batches import PendingBatch, TokenRef
+    from tether.server.aip.batches.ledger import PendingBatch, TokenRef
 
 Outcome = tuple[str, str | None, str, str | None]  # (response_id, call_id, status, error) of one audit row
 
@@ -50,6 +50,10 @@ class RemoteDevices(Protocol):
 
     async def holder(self, device: str) -> str | None:
         """The node holding `device`'s socket now, or None; raises `BackplaneUnavailable`."""
+
+    def hint(self, device: str) -> str | None:
+        """The API base URL (http(s)://host:port) of the node holding `device` when another node holds it, as
+        far as this node knows without asking Redis; None when it does not know or holds it itself."""
 
     async def run_batch(self, batch: PendingBatch, holder: str) -> None:
         """Run `batch` on `holder` and finish it (results, or an error saying why not). Re-routes it when
@@ -128,7 +132,7 @@ class BatchAudit(Protocol):
 
 
 class BatchDispatcher(Protocol):
-    """Runs one batch on one device: `WebSocketCommandDispatcher` (server/aip/dispatcher.py)."""
+    """Runs one batch on one device: `WebSocketCommandDispatcher` (server/aip/batches/dispatcher.py)."""
 
     async def execute_commands(self, commands: list[Command], timeout: float | None = None,
                                early_exit: bool = True, *, response_id: str | None = None,
@@ -137,7 +141,7 @@ class BatchDispatcher(Protocol):
 
 
 class DeviceFleet(Protocol):
-    """What a fan-out (server/aip/fanout.py) needs of the devices beyond their registry: `DeviceHub`."""
+    """What a fan-out (server/aip/batches/fanout.py) needs of the devices beyond their registry: `DeviceHub`."""
 
     def connected(self, device: str) -> bool:
         """Whether a batch for `device` can go out now."""

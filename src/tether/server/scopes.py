@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tether.server.aip.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
 from tether.server.store.tokens import TokenInfo
 
 

@@ -190,6 +190,9 @@ class ServerSettings(BaseModel):
     cluster_url: str | None = Field(None, description=(
         "a redis:// (or rediss://) URL: this server is one node of a cluster sharing that Redis and one database "
         "(db_url); devices connected to any node take commands from every node"))
+    cluster_link: str | None = Field(None, description=(
+        "how the other nodes reach this one for direct links (a ws:// or wss:// URL ending in /cluster/link; "
+        "default: the bind address and port), or 'off' to send everything between nodes through Redis"))
     node_id: str | None = Field(None, max_length=128, description=(
         "this node's name in the cluster and in task leases (default: the host name and a digest of the state "
         "directory and database, stable across restarts)"))
@@ -265,6 +268,9 @@ class ServerSettings(BaseModel):
     mcp_authorization_servers: list[str] = Field(default_factory=list, description=(
         "OAuth authorization servers (issuer URLs) named in /mcp's Protected Resource Metadata (RFC 9728); "
         "empty: tether's own API tokens, which need none (docs/gateway.md)"))
+    mcp_page_size: int = Field(100, ge=1, le=10_000, description=(
+        "items per page of /mcp's tools/list, resources/list, resources/templates/list and prompts/list "
+        "(a longer list is given a page at a time, with nextCursor; docs/gateway.md)"))
     webhooks: list[WebhookConfig] = Field(default_factory=list, description=(
         "the server's own webhooks (the config file's webhooks: list): told of every event they name"))
     webhook_allow_private: bool = Field(False, description=(
@@ -320,6 +326,15 @@ class ServerSettings(BaseModel):
         if url is not None and url.split(":", 1)[0].lower() not in ("redis", "rediss", "unix"):
             raise ValueError(f"cluster_url must be a redis:// URL, not {url.split(':', 1)[0]}:…")
         return url
+
+    @field_validator("cluster_link")
+    @classmethod
+    def _cluster_link(cls, url: str | None) -> str | None:
+        if url is None or url.strip().lower() == "off":
+            return None if url is None else "off"
+        if url.split(":", 1)[0].lower() not in ("ws", "wss"):
+            raise ValueError(f"cluster_link must be a ws:// or wss:// URL or 'off', not {url!r}")
+        return url.strip()
 
     @field_validator("node_id")
     @classmethod

@@ -18,7 +18,7 @@ MAX_SAMPLING_TOKENS = 4000  # the most a reply may be asked to hold, whatever th
 
 
 class DeviceSampler:
-    """A `tether.server.aip.questions.Sampler` on `llm` (the client the task service plans with, so the
+    """A `tether.server.aip.questions.asked.Sampler` on `llm` (the client the task service plans with, so the
     LLM's call and token counters include sampling). It neither opens nor closes the client."""
 
     def __init__(self, llm: LLMClient) -> None:

@@ -11,7 +11,7 @@ from tether.agent.run.task import Task, TaskEvent
 from tether.server.approvals import dashboard_url, server_url, token_of
 
 if TYPE_CHECKING:
-    from tether.server.aip.registry import DeviceRegistry
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.notify.notifier import Notifier
 
 

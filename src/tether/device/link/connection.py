@@ -29,154 +29,61 @@ would notice a silent server first.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
-import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidStatus, InvalidURI
-from websockets.protocol import State
+from websockets.exceptions import InvalidURI
 from websockets.proxy import get_proxy
 from websockets.uri import parse_uri
 
 from tether.device.client import DeviceClient
-from tether.device.link.batch_runner import DEFAULT_MAX_CONCURRENT_SESSIONS, BatchRunner, run_in_this_task
-from tether.device.link.device_key import DeviceKey
-from tether.device.link.keepalive import beat_due
-from tether.device.link.outbox import DEFAULT_RECORD_BYTES, FinishedRecord, Outbox
+from tether.device.link.batch_runner import BatchRunner
+from tether.device.link.conn.reader import Dispatching
+from tether.device.link.conn.register import Registering
+from tether.device.link.conn.serve import Serving
+from tether.device.link.outbox import FinishedRecord, Outbox
 from tether.device.link.reconnect import (
-    PIN_MISMATCH,
-    RESTART_SPREAD_S,
     RETRYABLE,
     FailureLog,
     RegistrationRefused,
     RetriesExhausted,
     ServerURLs,
-    attempt_timeout,
     backoff_delay,
     describe_failure,
     retry_after_of,
 )
-from tether.device.link.tls_pin import PinMismatch, normalize_fingerprint, pinned_context_for_async
+from tether.device.link.settings import (
+    KEEPALIVE_S,
+    PROFILE_REUSE_S,
+    TRANSPORT_MAX_BYTES,
+    ConnectionState,
+    LinkSettings,
+    ServerTrust,
+    StateHook,
+    make_ssl_context,
+)
+from tether.device.link.trust.device_key import DeviceKey
+from tether.device.link.trust.tls_pin import normalize_fingerprint
 from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
-from tether.errors import DeviceError
-from tether.protocol.codec import FrameError, HeartbeatFrame, encode
-from tether.protocol.device_session import (
-    BadFrame,
-    CancelArrived,
-    CommandsArrived,
-    DeviceSession,
-    ElicitationAnswer,
-    HeartbeatAck,
-    OutcomeQuery,
-    PolicyRequest,
-    ProfileRequested,
-    Refused,
-    SamplingReply,
-    ServerReportedError,
-    SessionEvent,
-    Unexpected,
-)
-from tether.protocol.identity import CHALLENGE_HEADER
-from tether.protocol.messages import (
-    ClientMessage,
-    ClientMessageType,
-    RegisterAck,
-    ServerMessage,
-    ServerMessageType,
-    TaskStatus,
-)
+from tether.protocol.codec import HeartbeatFrame
+from tether.protocol.messages import RegisterAck
 from tether.protocol.profile import DeviceProfile
 
+__all__ = ["KEEPALIVE_S", "PROFILE_REUSE_S", "TRANSPORT_MAX_BYTES", "ConnectionState", "DeviceConnection",
+           "LinkHooks", "LinkSettings", "RegistrationRefused", "RetriesExhausted", "ServerTrust", "StateHook",
+           "backoff_delay", "make_ssl_context"]
+
 logger = logging.getLogger(__name__)
-
-ConnectionState = Literal["idle", "connecting", "registered", "disconnected", "refused", "stopped"]
-StateHook = Callable[[ConnectionState, "DeviceConnection"], None]
-
-# The socket's own hard limit, only a guard against absurd frames: the protocol's limit (from the
-# ACK) is checked on each frame so that an oversized frame gets an ERROR reply, not a closed link.
-TRANSPORT_MAX_BYTES = 64 * 1024 * 1024
-KEEPALIVE_S = 20.0
-# A profile collected for an attempt that never registered serves the next attempts for this long: a
-# device retrying a server that is down does not run its self-checks (a thread, nvidia-smi, lspci) per
-# attempt, and the profile is collected before connecting, so a socket admitted by a busy server does
-# not sit on its admission slot while the device probes its hardware.
-PROFILE_REUSE_S = 60.0
-
-
-class _LinkDead(DeviceError, ConnectionError):
-    pass
-
-
-def _refusal_reason(body: bytes | bytearray | None) -> str | None:
-    """The `error` of a refused handshake's `{"error": …}` body, if it has one (shortened, one line)."""
-    try:
-        error = json.loads(body or b"").get("error")
-    except (ValueError, AttributeError):
-        return None
-    if not isinstance(error, str) or not error:
-        return None
-    return " ".join(error.split())[:500]
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 
-
-def make_ssl_context(url: str, ca_file: str | None = None) -> ssl.SSLContext | None:
-    """TLS settings for `url`: None for ws://; for wss:// the server's certificate and host name are
-    verified against the system's CAs, or against `ca_file` (e.g. a self-signed server's cert)."""
-    scheme = urlsplit(url).scheme
-    if scheme == "ws":
-        if ca_file:
-            raise ValueError(f"a CA file was given but {url} is not a wss:// URL: nothing would be verified")
-        return None
-    if scheme != "wss":
-        raise ValueError(f"{url}: the server URL must start with ws:// or wss://")
-    return ssl.create_default_context(cafile=ca_file)
-
-
-@dataclass(frozen=True)
-class LinkSettings:
-    """How a `DeviceConnection` retries, waits and buffers.
-
-    `backoff_base`/`backoff_cap`: the exponential backoff between attempts (seconds, full jitter);
-    `restart_spread`: the most the first attempt after a link that was up waits (a fleet spreads its
-    reconnections after a server restart); `max_attempts`: failed attempts in a row before `run()` raises
-    `RetriesExhausted` (None: never); `connect_timeout`: one attempt's handshake and registration;
-    `stable_after`: how long a link must have stayed up for the backoff to start again from the base;
-    `max_queued_events`: events kept while the link is slower than the tools (the oldest dropped);
-    `record_size`/`record_bytes`: the finished calls remembered so a resent batch is answered, not rerun;
-    `max_concurrent_sessions`: sessions whose batches run side by side."""
-
-    backoff_base: float = 0.5
-    backoff_cap: float = 30.0
-    restart_spread: float = RESTART_SPREAD_S
-    max_attempts: int | None = None
-    connect_timeout: float = 10.0
-    stable_after: float = 10.0
-    max_queued_events: int = 1000
-    record_size: int = 10_000
-    record_bytes: int = DEFAULT_RECORD_BYTES
-    max_concurrent_sessions: int = DEFAULT_MAX_CONCURRENT_SESSIONS
-
-
-@dataclass(frozen=True)
-class ServerTrust:
-    """Which server certificate a `DeviceConnection` accepts on wss://: `ssl_context` (None: the system's
-    CAs, see `make_ssl_context`) or exactly the certificate with the SHA-256 `tls_fingerprint`
-    (`tether.device.link.tls_pin`; then `ssl_context` is not used)."""
-
-    ssl_context: ssl.SSLContext | None = None
-    tls_fingerprint: str | None = None
 
 
 @dataclass(frozen=True)
@@ -192,8 +99,11 @@ class LinkHooks:
     sampler: RemoteSampler | None = None
 
 
-class DeviceConnection:
+
+class DeviceConnection(Registering, Dispatching, Serving):
     """Keeps one device registered with the server and executes what it sends, until `stop()`."""
+
+    hooks: LinkHooks
 
     def __init__(self, client: DeviceClient, url: str | Sequence[str], token: str | None, *, name: str | None = None,
                  profile: Callable[[], Awaitable[DeviceProfile]] | None = None, key: DeviceKey | None = None,
@@ -405,329 +315,3 @@ class DeviceConnection:
                 self.hooks.on_state(state, self)
             except Exception:
                 logger.exception("connection state hook failed")
-
-    async def _collect_profile(self) -> DeviceProfile:
-        return await self._try_profile() or DeviceProfile()
-
-    async def _try_profile(self) -> DeviceProfile | None:
-        if self._profile is None:
-            return DeviceProfile()
-        try:
-            return await self._profile()
-        except Exception:  # a broken self-check must not keep the device offline
-            logger.exception("collecting the device profile failed; registering with an empty one")
-            return None
-
-    async def _profile_for_attempt(self) -> DeviceProfile:
-        """The profile to register with: the one the previous attempt collected if that attempt never
-        registered, is younger than PROFILE_REUSE_S and the tools have not changed since; else a new one."""
-        now = asyncio.get_running_loop().time()
-        spare = self._spare_profile
-        if spare is not None and spare[1] == self._profile_version and now - spare[0] < PROFILE_REUSE_S:
-            return spare[2]
-        version = self._profile_version
-        profile = await self._try_profile()
-        if profile is None:
-            return DeviceProfile()
-        self._spare_profile = (now, version, profile)
-        return profile
-
-    async def _session(self) -> float | None:
-        """One connection: None if it never registered (errors raise), else how long it was up."""
-        self._registered_version = self._profile_version
-        profile = await self._profile_for_attempt()
-        # the token travels in the handshake's Authorization header (never the URL): the server checks
-        # it before upgrading the connection and answers 401 {"error": …} without reading a frame
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else None
-        timeout = attempt_timeout(self.settings.connect_timeout, self._grace_left())
-        if self._pin:  # each attempt: the certificate is checked before the token goes anywhere
-            try:
-                self._ssl = await pinned_context_for_async(self.url, self._pin, timeout)
-            except PinMismatch as exc:
-                raise RegistrationRefused(str(exc), PIN_MISMATCH) from None
-        try:
-            ws = await connect(self.url, additional_headers=headers, ssl=self._ssl, open_timeout=timeout,
-                               proxy=self._proxies[self.url],
-                               max_size=TRANSPORT_MAX_BYTES, ping_interval=KEEPALIVE_S, ping_timeout=KEEPALIVE_S,
-                               close_timeout=2.0, compression=None, user_agent_header="tether-device")
-        except InvalidStatus as exc:
-            if exc.response.status_code in (401, 403):
-                reason = _refusal_reason(exc.response.body)
-                failure = describe_failure(exc)
-                raise RegistrationRefused(f"{failure}: {reason}" if reason else failure,
-                                          exc.response.status_code) from None
-            raise
-        try:
-            challenge = ws.response.headers.get(CHALLENGE_HEADER) if ws.response is not None else None
-            session, ack = await self._register(ws, profile, timeout, challenge)
-            return await self._serve(ws, session, ack)
-        finally:
-            with contextlib.suppress(Exception):
-                await ws.close()
-
-    async def _register(self, ws: ClientConnection, profile: DeviceProfile, timeout: float,
-                        challenge: str | None = None) -> tuple[DeviceSession, RegisterAck]:
-        """Register on `ws` (the frames are `DeviceSession`'s): the session, open, and the server's ACK."""
-        session = DeviceSession(self.name, self.instance_id)
-        # with the proof of the device's key, for the challenge the server gave this connection (a server that
-        # gives none, an older one, is sent none: its registration model knows no proof)
-        await ws.send(session.register(profile, self.outbox.pending_call_ids(), challenge, self.key))
-        try:
-            async with asyncio.timeout(timeout):
-                raw = await ws.recv()
-        except TimeoutError:
-            raise TimeoutError(f"no answer to the registration within {timeout:g}s") from None
-        except ConnectionClosed as exc:
-            rcvd = exc.rcvd
-            refused = session.closed(rcvd.code, rcvd.reason) if rcvd is not None else None
-            if refused is not None:
-                raise RegistrationRefused(refused.reason, refused.code) from None
-            raise
-        verdict = session.registration_reply(raw)
-        if isinstance(verdict, Refused):
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.settings.connect_timeout):
-                    await ws.wait_closed()
-            refused = session.closed(ws.close_code, ws.close_reason or "")
-            raise RegistrationRefused(refused.reason if refused is not None else verdict.reason, ws.close_code)
-        if isinstance(verdict, BadFrame):
-            if verdict.frame_error:
-                raise FrameError(verdict.reason, verdict.error)
-            raise ConnectionError(verdict.error)
-        ack = verdict.ack
-        self.ack = ack
-        self.registered_as = ack.device
-        self.connections += 1
-        self.servers.registered()
-        self._spare_profile = None  # the next registration, after this link, gets a fresh one
-        self._failures.succeeded(self.url)
-        logger.info("registered as %s (connection %d%s)", ack.device, self.connections,
-                    ", resumed" if ack.resumed else "")
-        if not ack.resumed and self.batches.running:
-            stopped = self.batches.orphan_all("the server no longer waits for this batch (it restarted, or gave "
-                                              "this device up after its grace period)")
-            logger.warning("stopped %d batch(es) from before the reconnection: no server waits for them", stopped)
-        return session, ack
-
-    async def _serve(self, ws: ClientConnection, session: DeviceSession, ack: RegisterAck) -> float:
-        loop = asyncio.get_running_loop()
-        started = self._last_rx = loop.time()
-        keepalive = getattr(ws, "keepalive_task", None)
-        if max(ack.heartbeat_timeout, ack.heartbeat_interval) <= 2 * KEEPALIVE_S and keepalive is not None:
-            # the heartbeat notices a silent server before the socket's keepalive could (a ping every
-            # KEEPALIVE_S, a pong awaited as long): its pings would only cost both sides a frame and a timer
-            keepalive.cancel()
-        self.outbox.open(ack.max_frame_bytes)
-        self.connected.set()
-        self._set_state("registered")
-        if self._profile_version != self._registered_version:  # a server joined while we registered
-            self._push_profile()
-        stopper = asyncio.create_task(self._stop.wait())
-        # The socket's reader may hand the socket over to a new reader and become a batch's task (see
-        # `_reader`): `reading` ends when the reader of the moment ends, however it ends.
-        reading: asyncio.Future[None] = loop.create_future()
-        readers: set[asyncio.Task[None]] = set()
-
-        def reader_done(task: asyncio.Task[None]) -> None:
-            if task not in readers or reading.done():  # one that handed over: a batch's task now
-                return
-            readers.discard(task)
-            if task.cancelled():
-                reading.cancel()
-            elif task.exception() is not None:
-                reading.set_exception(task.exception())  # type: ignore[arg-type]
-            else:
-                reading.set_result(None)
-
-        def start_reader() -> None:
-            task = asyncio.create_task(self._reader(ws, session, hand_over))
-            readers.add(task)
-            task.add_done_callback(reader_done)
-
-        def hand_over() -> None:
-            readers.discard(asyncio.current_task())
-            start_reader()
-
-        start_reader()
-        tasks: set[asyncio.Future[Any]] = {reading, asyncio.create_task(self._sender(ws)),
-                                           asyncio.create_task(self._heartbeat(ws, ack)), stopper}
-        try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-            if stopper in done:  # say goodbye properly: failures of cancelled batches first
-                await self.batches.abort_all()
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(2.0):
-                        await self.outbox.idle.wait()
-                self.last_error = None
-            else:
-                failed = [exc for t in done if (exc := t.exception()) is not None]
-                self.last_error = (describe_failure(failed[0]) if failed else
-                                   f"the server closed the connection ({ws.close_code}"
-                                   f"{': ' + ws.close_reason if ws.close_reason else ''})")
-                logger.warning("connection to %s lost: %s", self.url, self.last_error)
-        finally:
-            # from now on the server keeps our batches for its grace period (it may have noticed the loss
-            # a little later than we did, never much earlier: heartbeats bound both sides alike)
-            self._grace_until = loop.time() + ack.grace_period
-            self.connected.clear()
-            self.outbox.close()
-            for task in (*tasks, *readers, *self._side_tasks):
-                task.cancel()
-            await asyncio.gather(*tasks, *readers, *self._side_tasks, return_exceptions=True)
-            session.closed(ws.close_code)
-            if ws.transport is not None and not ws.transport.is_closing() and self.last_error:
-                ws.transport.abort()  # a dead link would only make the closing handshake wait
-        return loop.time() - started
-
-    async def _reader(self, ws: ClientConnection, session: DeviceSession, hand_over: Callable[[], None]) -> None:
-        """Read frames until the socket closes and act on what `session` says each one means. A COMMAND that can
-        start at once runs right here, in this task (most finish without waiting: no task, no event-loop turn
-        on the round trip); if it has to wait, `hand_over` gives the socket to a new reader first, and this
-        task ends with the batch."""
-        loop = asyncio.get_running_loop()
-        receive = session.receive_open
-        while True:
-            try:
-                raw = await ws.recv()
-            except ConnectionClosedOK:
-                return
-            self._last_rx = loop.time()
-            event = receive(raw)
-            if type(event) is HeartbeatAck:
-                self.outbox.heartbeat_answered()  # the results written before our heartbeat are the server's
-            elif type(event) is CommandsArrived:
-                batch = self.batches.submit(event.batch, run_here=True)
-                if batch is not None and await run_in_this_task(batch, hand_over):
-                    return
-            else:
-                self._act(session, event)
-
-    def _act(self, session: DeviceSession, event: SessionEvent) -> None:
-        """Do what a server message other than a COMMAND or a heartbeat asks."""
-        if isinstance(event, BadFrame):
-            logger.warning("bad frame from the server (%s): %s", event.reason, event.error)
-            self.outbox.put_control(session.error_frame(f"{event.reason}: {event.error}"))
-        elif isinstance(event, CancelArrived):
-            if not self.batches.cancel(event.response_id):
-                logger.info("cancel for %s: no such batch queued or running", event.response_id)
-        elif isinstance(event, HeartbeatAck):  # liveness was noted on arrival
-            self.outbox.heartbeat_answered()
-        elif isinstance(event, PolicyRequest):
-            self._answer_policy(event.message)
-        elif isinstance(event, OutcomeQuery):
-            self._answer_outcomes(event)
-        elif isinstance(event, ProfileRequested):
-            task = asyncio.create_task(self._send_device_info(event.response_id))
-            self._side_tasks.add(task)
-            task.add_done_callback(self._side_tasks.discard)
-        elif isinstance(event, ElicitationAnswer):
-            if self.hooks.questions is not None:
-                self.hooks.questions.answer(event.payload)
-        elif isinstance(event, SamplingReply):
-            if self.hooks.sampler is not None:
-                self.hooks.sampler.reply(event.message)
-        elif isinstance(event, ServerReportedError):
-            logger.warning("the server reports an error: %s", event.error)
-        elif isinstance(event, Unexpected):
-            logger.info("ignoring an unexpected %s from the server", event.type.value)
-        elif isinstance(event, CommandsArrived):
-            self.batches.submit(event.batch)
-
-    def _answer_policy(self, msg: ServerMessage) -> None:
-        """Show or change the policy for the server (`tether policy`): one POLICY_REPORT either way; a
-        refused or invalid change is a FAILED report saying why, and changes nothing."""
-        reply = ClientMessage(type=ClientMessageType.POLICY_REPORT, client_id=self.name,
-                              prev_response_id=msg.response_id)
-        policy = self.hooks.policy
-        try:
-            if policy is None:
-                raise ValueError("this device does not take policy requests from its server")
-            if msg.type is ServerMessageType.POLICY_SET:
-                payload = msg.payload or {}
-                reply.payload = policy.apply(payload.get("policy") or {}, replace=payload.get("replace") is True)
-            else:
-                reply.payload = policy.report()
-        except ValueError as exc:
-            reply.status, reply.error = TaskStatus.FAILED, str(exc)[:2000]
-        except OSError as exc:
-            reply.status, reply.error = TaskStatus.FAILED, f"the device could not save its policy: {exc}"
-        self.outbox.put_control(encode(reply))
-
-    def _answer_outcomes(self, query: OutcomeQuery) -> None:
-        """An OUTCOME_QUERY: one OUTCOME_REPORT from the record of finished calls and the batches in hand;
-        nothing is run, queued or changed for it (a finished result stays in the outbox until acknowledged)."""
-        outcomes = [self.batches.outcome_of(call.call_id, call.response_id).model_dump(mode="json", exclude_none=True)
-                    for call in query.calls]
-        self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.OUTCOME_REPORT, client_id=self.name,
-                                                     prev_response_id=query.response_id,
-                                                     payload={"outcomes": outcomes})))
-
-    async def _send_device_info(self, response_id: str | None) -> None:
-        profile = await self._collect_profile()
-        self.outbox.put_control(encode(ClientMessage(type=ClientMessageType.DEVICE_INFO, client_id=self.name,
-                                                     prev_response_id=response_id,
-                                                     payload=profile.model_dump(mode="json"))))
-
-    async def _sender(self, ws: ClientConnection) -> None:
-        outbox = self.outbox
-
-        def write_now(text: str) -> bool:
-            # what `ws.send` does for a text frame when nothing is buffered, without the await; a
-            # socket that is closing or has a backlog is left to the sender
-            if ws.state is not State.OPEN or ws.transport.get_write_buffer_size():
-                return False
-            ws.protocol.send_text(text.encode())
-            ws.send_data()
-            return True
-
-        while True:
-            frame = outbox.pop()
-            if frame is None:
-                outbox.wait_state()
-                outbox.write_now = write_now
-                try:
-                    await outbox.ready.wait()
-                finally:
-                    outbox.write_now = None
-                continue
-            try:
-                await ws.send(frame[1])
-                outbox.written(frame)  # a result is kept until the server acknowledges it (Outbox)
-            except BaseException:
-                # The frame may or may not have left: a result stays owed (at least once; the server
-                # ignores a second result for a call it already has), an event is let go.
-                outbox.push_back(frame)
-                raise
-
-    async def _heartbeat(self, ws: ClientConnection, ack: RegisterAck) -> None:
-        """Send heartbeats every `heartbeat_interval`; no frame at all for `heartbeat_timeout` means
-        the link is dead even if TCP has not noticed (a silent server, a vanished NAT entry).
-
-        A beat is skipped when frames went both ways since the last one and the load it would report
-        is what the last beat said (`keepalive.beat_due`)."""
-        loop = asyncio.get_running_loop()
-        interval = max(ack.heartbeat_interval, 0.01)  # a careless ACK must not make this spin
-        timeout = max(ack.heartbeat_timeout, interval)
-        if self._heartbeat_frame.client_id != self.name:  # renamed since: the template follows
-            self._heartbeat_frame = HeartbeatFrame(self.name)
-        beat, batches, outbox = self._heartbeat_frame, self.batches, self.outbox
-        next_beat = loop.time() + interval  # the outbox goes first after registering
-        said: tuple[int, int] | None = None  # (running, queued) as the last beat told them
-        puts = outbox.puts
-        while True:
-            now = loop.time()
-            if now - self._last_rx > timeout:
-                raise _LinkDead(f"nothing from the server for {now - self._last_rx:.1f}s "
-                                f"(heartbeat timeout {timeout:g}s)")
-            if now >= next_beat:
-                news = (batches.running, batches.queued)
-                # results waiting for the acknowledgement only a beat's answer brings: as if nothing was sent
-                if beat_due(outbox.puts != puts and not outbox.unacked, now - self._last_rx, interval, news, said):
-                    outbox.put_heartbeat(beat(*news))
-                    said = news
-                puts = outbox.puts
-                next_beat = now + interval
-            # asleep until the next beat or the moment the silence would pass the timeout, whichever is
-            # first (a frame arriving meanwhile moves that moment on: checked again on waking)
-            wake = min(next_beat, self._last_rx + timeout)
-            await asyncio.sleep(max(wake - now, 0.0) + 0.001)

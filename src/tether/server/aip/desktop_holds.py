@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from tether.errors import ServerError
 
 if TYPE_CHECKING:
-    from tether.server.aip.batches import PendingBatch, TokenRef
+    from tether.server.aip.batches.ledger import PendingBatch, TokenRef
 
 logger = logging.getLogger(__name__)
 

@@ -10,6 +10,13 @@ pub/sub: a follower that was away re-reads its state anyway.
 
 A node reads its inbox from the moment it starts: requests sent to an earlier incarnation of the
 node are not answered, and their askers time out as they would with a device gone.
+
+With `lookup` and `read_secret` given, messages to a node go over a direct link to it (link.py) while
+one is open, and through its inbox otherwise; what arrives either way is handled alike. A request
+waiting on an answer over a link that drops is sent again through Redis with the same id (the
+answering node ignores a repeat of a request it is still running) when its kind may run twice
+(`RESENDABLE`: a batch keeps its ids, and its device answers a repeat from its record); any other
+kind is answered with an error saying it may have run.
 """
 
 from __future__ import annotations
@@ -21,9 +28,11 @@ import logging
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from tether.errors import ServerError
+from tether.server.cluster.link import Link, Links, Lookup
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -36,6 +45,7 @@ INBOX_MAXLEN = 100_000
 READ_BLOCK_MS = 2_000
 REDIS_TIMEOUT_S = 5.0
 STOP_TIMEOUT_S = 2.0  # how long a stopping node waits for its reader before cancelling it
+RESENDABLE = frozenset({"batch", "cancel"})  # request kinds sent again through Redis when their link drops
 
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Handler = Callable[[dict[str, Any], Send], Awaitable[dict[str, Any]]]
@@ -53,12 +63,19 @@ class BusInterrupted(BusError):
 class _Waiting:
     queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
     node: str = ""
+    link: Link | None = None  # the link the request went over (None: through Redis)
+    message: dict[str, Any] = field(default_factory=dict)  # the request itself, to send again
 
 
 class Bus:
-    """One node's end of the bus. `handlers` maps a request kind to the coroutine that answers it."""
+    """One node's end of the bus. `handlers` maps a request kind to the coroutine that answers it;
+    `lookup(node)` (a node's link URL) and `read_secret()` (the cluster secret), both given or neither,
+    turn on direct links (`links`, whose `accept` the node's link endpoint calls), whose frames stay under
+    `max_frame` characters (the nodes' WebSocket frame limit)."""
 
-    def __init__(self, redis: Redis, reader: Redis, node: str, handlers: Mapping[str, Handler]) -> None:
+    def __init__(self, redis: Redis, reader: Redis, node: str, handlers: Mapping[str, Handler], *,
+                 lookup: Lookup | None = None, read_secret: Callable[[], Awaitable[str]] | None = None,
+                 max_frame: int = MAX_MESSAGE_BYTES) -> None:
         # `reader` is a connection of its own: a blocking XREAD would hold up every other command on it
         self.redis = redis
         self.reader = reader
@@ -75,6 +92,8 @@ class Bus:
         self._reader_task: asyncio.Task[None] | None = None
         self._last_id = "$"
         self._stopping = False
+        self.links = Links(node, self._dispatch, self._link_lost, lookup, read_secret, max_frame=max_frame,
+                           elsewhere=self._through_redis) if lookup is not None and read_secret is not None else None
 
     @property
     def stopping(self) -> bool:
@@ -105,6 +124,8 @@ class Bus:
         self._stopping = True
         for task in list(self._running.values()):
             task.cancel()
+        if self.links is not None:
+            await self.links.aclose()
         with contextlib.suppress(Exception):
             await self.reader.connection_pool.disconnect()
         if self._reader_task is not None:
@@ -129,7 +150,8 @@ class Bus:
         deadline = loop.time() + timeout
         finished = False
         try:
-            await self._send(node, {"t": "req", "rid": rid, "from": self.node, "kind": kind, "body": body})
+            waiting.message = {"t": "req", "rid": rid, "from": self.node, "kind": kind, "body": body}
+            await self._send(node, waiting.message, waiting)
             while True:
                 try:
                     async with asyncio.timeout_at(deadline):
@@ -170,8 +192,64 @@ class Bus:
         async with asyncio.timeout(REDIS_TIMEOUT_S):
             await self.redis.publish(f"{PREFIX}:events:{channel}", _encode(event))
 
-    async def _send(self, node: str, message: dict[str, Any]) -> None:
-        """Raises BusError, never a driver's exception: callers need one kind of failure to handle."""
+    async def _send(self, node: str, message: dict[str, Any], waiting: _Waiting | None = None) -> None:
+        """Over the open link to `node`, else through its inbox. A request's `waiting` notes the link first, so
+        that a link lost as it is written has it sent again (`_link_lost`). Raises BusError, never a
+        driver's exception: callers need one kind of failure to handle."""
+        link = self.links.get(node) if self.links is not None else None
+        if link is not None:
+            if waiting is not None:
+                waiting.link = link
+            await link.send(message)  # a failed write closes the link: what it carried is sent again or rerouted
+            return
+        await self._send_redis(node, message)
+
+    def _link_lost(self, node: str, link: Link) -> None:
+        """The link to `node` dropped: the requests waiting on an answer over it are sent again through
+        Redis (`RESENDABLE` kinds) or answered with an error that says they may have run."""
+        for rid, waiting in list(self._waiting.items()):
+            if waiting.link is not link:
+                continue
+            waiting.link = None
+            log.info("cluster link to node %s dropped while request %s (%s) waited: %s", node, rid,
+                     waiting.message.get("kind"), "sent again through Redis" if waiting.message.get("kind") in
+                     RESENDABLE else "answered 'may have run'")
+            if waiting.message.get("kind") in RESENDABLE:
+                key = f"resend-{rid}"
+                task = self._running[key] = asyncio.create_task(self._resend(node, waiting), name=f"bus-{key}")
+                task.add_done_callback(partial(self._forget, key))
+            else:
+                waiting.queue.put_nowait({"t": "done", "error": f"the link to node {node} dropped before it "
+                                                                 "answered; the request may have run there"})
+
+    def _through_redis(self, node: str, message: dict[str, Any]) -> None:
+        """A message a link could not carry (too large for a frame, or queued on a link that closed): through
+        Redis (an error answer to its asker when even that refuses it)."""
+        key = f"redis-{secrets.token_hex(4)}"
+        task = self._running[key] = asyncio.create_task(self._send_through_redis(node, message), name=f"bus-{key}")
+        task.add_done_callback(partial(self._forget, key))
+
+    async def _send_through_redis(self, node: str, message: dict[str, Any]) -> None:
+        try:
+            await self._send_redis(node, message)
+        except BusError as exc:
+            log.warning("a %s message for node %s could not go over its link, and Redis refused it: %s",
+                        message.get("t"), node, exc)
+            if message.get("t") == "done":  # its asker would otherwise wait to its timeout
+                with contextlib.suppress(BusError):
+                    await self._send_redis(node, {"t": "done", "rid": message.get("rid"), "error": str(exc)})
+
+    def _forget(self, key: str, _task: asyncio.Task[None]) -> None:
+        self._running.pop(key, None)
+
+    async def _resend(self, node: str, waiting: _Waiting) -> None:
+        try:
+            await self._send_redis(node, waiting.message)
+        except BusError as exc:
+            waiting.queue.put_nowait({"t": "done", "error": f"the link to node {node} dropped before it answered, "
+                                                             f"and the request could not be sent again: {exc}"})
+
+    async def _send_redis(self, node: str, message: dict[str, Any]) -> None:
         text = _encode(message)
         try:
             async with asyncio.timeout(REDIS_TIMEOUT_S):
@@ -228,6 +306,8 @@ class Bus:
                 except Exception:
                     log.exception("recording the late answer to request %s failed", rid)
         elif kind == "req":
+            if rid in self._running:  # sent again (its link dropped) while it runs here: answered once
+                return
             task = asyncio.create_task(self._answer(message), name=f"bus-answer-{rid}")
             self._running[rid] = task
             task.add_done_callback(lambda _t: self._running.pop(rid, None))

@@ -15,8 +15,8 @@ from tether.server.cluster.view import HeldSets, digest
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.aip.hub import DeviceHub
-    from tether.server.aip.registry import DeviceRegistry
     from tether.server.cluster.routing import Router
 
 SCAN_CHUNK = 1000

@@ -30,6 +30,7 @@ from tether.errors import ServerError
 from tether.server.cluster.bus import Bus
 from tether.server.cluster.directory import PREFIX, REDIS_TIMEOUT_S, Directory
 from tether.server.cluster.fleet import FleetView
+from tether.server.cluster.link import api_url, default_url, new_secret
 from tether.server.cluster.routing import Router
 from tether.server.cluster.view import HeldSets, digest_key, held_key
 from tether.server.ports import BackplaneUnavailable, RemoteSlot
@@ -38,9 +39,9 @@ if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from tether.protocol.messages import ClientMessage, ServerMessage
-    from tether.server.aip.batches import PendingBatch, TokenRef
+    from tether.server.aip.batches.ledger import PendingBatch, TokenRef
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.aip.hub import DeviceHub
-    from tether.server.aip.registry import DeviceRegistry
     from tether.server.settings import ServerSettings
     from tether.server.store import Store
 
@@ -48,6 +49,7 @@ log = logging.getLogger("tether.cluster")
 
 FLEET_CHANNEL = f"{PREFIX}:events:fleet"
 RELAY_CHANNEL = f"{PREFIX}:events:relay"
+SECRET_KEY = f"{PREFIX}:link-secret"  # the cluster secret the direct links prove (link.py)
 RELAY_QUEUE = 10_000  # events waiting for Redis; past it they are dropped (and followers re-read the store)
 MAX_BEAT_S = 5.0  # the heartbeat's longest period: how soon a lost or returned backplane is noticed
 REJOIN_S = 0.5  # while the backplane is away, how often the node tries it again
@@ -93,10 +95,17 @@ class ClusterNode:
         # the bus's blocking XREAD and the broadcast subscription each hold a connection of their own
         self.reader = _redis_client(self.url, REDIS_TIMEOUT_S + 3)
         self.subscriber = _redis_client(self.url, REDIS_TIMEOUT_S)
-        self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s,
-                                   info={"pid": os.getpid(), "port": settings.port})
+        linked = settings.cluster_link != "off"
+        link = settings.cluster_link if linked and settings.cluster_link else \
+            default_url(settings.host, settings.port, settings.tls, self.url)
+        # the API URL goes to callers (the X-Tether-Holder hint); the link URL, when on, to the other nodes
+        info: dict[str, Any] = {"pid": os.getpid(), "port": settings.port, "api": api_url(link),
+                                **({"link": link} if linked else {})}
+        self.directory = Directory(self.redis, self.node, lease_s=settings.lease_s, info=info)
         self.held = HeldSets(self.redis, self.node, self.directory.lease_ms)
-        self.bus = Bus(self.redis, self.reader, self.node, {})
+        self.bus = Bus(self.redis, self.reader, self.node, {}, lookup=self._link_url if linked else None,
+                       read_secret=self._link_secret if linked else None,
+                       max_frame=settings.max_frame_bytes * 2)  # the WebSocket frame limit the nodes' servers take
         self.router = Router(hub, registry, store, settings, self.bus, self.node, self.holder)
         self.bus.undelivered["batch"] = self.router.record_lost_answer
         self.bus.unclaimed = self.router.record_unclaimed
@@ -107,6 +116,7 @@ class ClusterNode:
                                  answer=self.router.serve_answer, request=self.router.serve_request)
         self._problem: str | None = "joining the cluster"
         self._alive: set[str] = set()
+        self._api: dict[str, str] = {}  # node -> its API base URL, as it announced (refreshed every beat)
         # after a rejoin: the nodes alive before it, not seen since, and until when they are given to join
         # again (Redis may have restarted empty; their absence says nothing until they have had a beat)
         self._awaited: dict[str, float] = {}
@@ -160,6 +170,27 @@ class ClusterNode:
             with contextlib.suppress(Exception):
                 await client.aclose()
 
+    # -- direct links (link.py) --------------------------------------------------------------------
+
+    async def _link_url(self, node: str) -> str | None:
+        """The link URL `node` announced with its node entry (None: it has none, or is not alive)."""
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            raw = await self.redis.get(Directory.node_key(node))
+        try:
+            url = json.loads(raw).get("link") if raw else None
+        except (ValueError, AttributeError):
+            return None
+        return url if isinstance(url, str) else None
+
+    async def _link_secret(self) -> str:
+        """The cluster secret in Redis, made by the first node that asks."""
+        async with asyncio.timeout(REDIS_TIMEOUT_S):
+            await self.redis.set(SECRET_KEY, new_secret(), nx=True)
+            secret = await self.redis.get(SECRET_KEY)
+        if secret is None:
+            raise ServerError("the cluster secret vanished from Redis as it was made")
+        return secret.decode() if isinstance(secret, bytes) else str(secret)
+
     # -- what the hub and the API ask (RemoteDevices) ----------------------------------------------
 
     def problem(self) -> str | None:
@@ -186,6 +217,12 @@ class ClusterNode:
             self._fail(exc)
             raise BackplaneUnavailable(self.problem()) from None
         return node
+
+    def hint(self, device: str) -> str | None:
+        record = self.registry.get(device)
+        if record is None or record.node is None or record.node == self.node or record.node not in self._alive:
+            return None
+        return self._api.get(record.node)
 
     async def run_batch(self, batch: PendingBatch, holder: str) -> None:
         await self.router.run_batch(batch, holder)
@@ -354,12 +391,16 @@ class ClusterNode:
         await self._claim(self.hub.local_devices())
 
     async def _see_nodes(self) -> None:
-        alive = {n["node"] for n in await self.directory.nodes()}
+        nodes = await self.directory.nodes()
+        alive = {n["node"] for n in nodes}
+        self._api = {n["node"]: n["api"] for n in nodes if isinstance(n.get("api"), str)}
         now = asyncio.get_running_loop().time()
         self._awaited = {n: until for n, until in self._awaited.items() if n not in alive and until > now}
         alive |= set(self._awaited)
         for gone in self._alive - alive - {self.node}:
             log.warning("cluster node %s is gone (its lease ran out)", gone)
+            if self.bus.links is not None:
+                self.bus.links.drop(gone)
             self.router.node_gone(gone)
             for record in self.registry.list():
                 if record.node == gone:
@@ -434,6 +475,8 @@ class ClusterNode:
             self._alive.add(joined)
         if left and left != self.node:
             self._alive.discard(left)
+            if self.bus.links is not None:
+                self.bus.links.drop(left)
             self.router.node_gone(left)
 
     async def _on_broadcast(self, data: Any) -> None:

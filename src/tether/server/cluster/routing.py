@@ -28,14 +28,14 @@ from pydantic import TypeAdapter
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, ServerMessageType
 from tether.protocol.models import Result
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import ApprovalRefused
 from tether.server.cluster.bus import Bus, BusError, BusInterrupted
 
 if TYPE_CHECKING:
-    from tether.server.aip.batches import PendingBatch
+    from tether.server.aip.batches.ledger import PendingBatch
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.aip.hub import DeviceHub
-    from tether.server.aip.registry import DeviceRegistry
     from tether.server.settings import ServerSettings
     from tether.server.store import Store
 

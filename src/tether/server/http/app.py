@@ -11,10 +11,10 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
 
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.questions import Sampler
-from tether.server.aip.registry import DeviceRegistry
-from tether.server.aip.socket import aip_route
+from tether.server.aip.questions.asked import Sampler
+from tether.server.aip.sockets.socket import aip_route
 from tether.server.approvals import server_url
 from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.request_guard import RequestGuard
@@ -105,6 +105,10 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
         app.include_router(pairing_router)
     aip = aip_route(hub)
     app.router.routes.append(aip)
+    if settings.cluster_url and settings.cluster_link != "off":  # the other nodes' direct links (server/cluster)
+        from tether.server.cluster.endpoint import link_route
+
+        app.router.routes.append(link_route(app))
     mount_web(app)  # the dashboard at /, and /docs + /redoc from packaged assets
     gateway = mount_gateway(app)  # the fleet as an MCP server at /mcp (server/mcp)
     contexts = [gateway, *(extension(app) for extension in extensions)]

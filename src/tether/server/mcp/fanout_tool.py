@@ -1,5 +1,5 @@
 """`run_on_fleet`: one tool call on every device meeting requirements, for an MCP client (the same
-fan-out engine as `POST /api/v1/fleet/commands`, `tether.server.aip.fanout`).
+fan-out engine as `POST /api/v1/fleet/commands`, `tether.server.aip.batches.fanout`).
 
 Each device's outcome reaches the client as a progress notification while the fan-out runs; the
 answer is every device's line and the summary. The client's cancellation ends the fan-out: batches in
@@ -16,10 +16,10 @@ from pydantic import ValidationError
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
-from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError, countable
+from tether.server.aip.batches.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError, countable
+from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
 from tether.server.scopes import beyond, within
 

@@ -42,8 +42,8 @@ from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSI
 from starlette.applications import Starlette
 
 from tether.protocol.models import Result
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
@@ -59,6 +59,7 @@ from tether.server.mcp.handlers.context import (
     task_owner,
     who,
 )
+from tether.server.mcp.handlers.paging import checked_cursor, page
 from tether.server.mcp.handlers.resources import FleetResources
 from tether.server.mcp.handlers.tasks import EXTENSION, CallTasks, TaskIdParams, TaskUpdateParams
 from tether.server.mcp.listing import (
@@ -141,7 +142,7 @@ class Gateway:
                                    on_list_resources=self._list_resources,
                                    on_list_resource_templates=self._list_templates,
                                    on_read_resource=self._read_resource, on_list_prompts=self._list_prompts,
-                                   on_get_prompt=self._get_prompt,
+                                   on_get_prompt=self._get_prompt, on_completion=self._complete,
                                    on_subscriptions_listen=ListenHandler(self.bus))
         self.tasks = CallTasks()  # the tasks extension's tasks (handlers/tasks.py)
         self.server.extensions[EXTENSION] = {}
@@ -155,6 +156,7 @@ class Gateway:
         self.watch = ListChangedWatch(self.manager, self.store, self.index, self.bus, who)
         self.server.middleware = [self.watch.middleware]  # (no OpenTelemetry span per message: nothing exports them)
         self._deferred: dict[str, _Deferred] = {}  # by request_state
+        self._page_size: int = app.state.settings.mcp_page_size  # items per page of every list (paging.py)
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -212,19 +214,27 @@ class Gateway:
                             annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False))]
         tools += [contributed_tool(t) for t in contributed(self.app).values()]
         tools += [device_tool(t) for t in self.index.listed(admitted.keep)]
-        return types.ListToolsResult(tools=tools)
+        shown, more = page("tools/list", tools, checked_cursor(params), self._page_size)
+        return types.ListToolsResult(tools=shown, next_cursor=more)
 
     # -- resources and prompts of the devices' external MCP servers (handlers/resources.py) --------------
 
     async def _list_resources(self, ctx: ServerRequestContext[Any],
                               params: types.PaginatedRequestParams | None) -> types.ListResourcesResult:
         admitted = admitted_of(ctx)
-        return await self.resources.list_resources(admitted.keep, caller_of(ctx, admitted))
+        checked_cursor(params, "resources/list")  # an invalid cursor is refused before the devices are asked
+        listed = await self.resources.list_resources(admitted.keep, caller_of(ctx, admitted))
+        shown, more = page("resources/list", listed.resources, checked_cursor(params), self._page_size)
+        return types.ListResourcesResult(resources=shown, next_cursor=more)
 
     async def _list_templates(self, ctx: ServerRequestContext[Any],
                               params: types.PaginatedRequestParams | None) -> types.ListResourceTemplatesResult:
         admitted = admitted_of(ctx)
-        return await self.resources.list_templates(admitted.keep, caller_of(ctx, admitted))
+        checked_cursor(params, "resources/templates/list")
+        listed = await self.resources.list_templates(admitted.keep, caller_of(ctx, admitted))
+        shown, more = page("resources/templates/list", listed.resource_templates, checked_cursor(params),
+                           self._page_size)
+        return types.ListResourceTemplatesResult(resource_templates=shown, next_cursor=more)
 
     async def _read_resource(self, ctx: ServerRequestContext[Any],
                              params: types.ReadResourceRequestParams) -> types.ReadResourceResult:
@@ -234,13 +244,21 @@ class Gateway:
     async def _list_prompts(self, ctx: ServerRequestContext[Any],
                             params: types.PaginatedRequestParams | None) -> types.ListPromptsResult:
         admitted = admitted_of(ctx)
-        return await self.resources.list_prompts(admitted.keep, caller_of(ctx, admitted))
+        checked_cursor(params, "prompts/list")
+        listed = await self.resources.list_prompts(admitted.keep, caller_of(ctx, admitted))
+        shown, more = page("prompts/list", listed.prompts, checked_cursor(params), self._page_size)
+        return types.ListPromptsResult(prompts=shown, next_cursor=more)
 
     async def _get_prompt(self, ctx: ServerRequestContext[Any],
                           params: types.GetPromptRequestParams) -> types.GetPromptResult:
         admitted = admitted_of(ctx)
         return await self.resources.get_prompt(admitted.keep, caller_of(ctx, admitted), params.name,
                                                params.arguments)
+
+    async def _complete(self, ctx: ServerRequestContext[Any],
+                        params: types.CompleteRequestParams) -> types.CompleteResult:
+        admitted = admitted_of(ctx)
+        return await self.resources.complete(admitted.keep, caller_of(ctx, admitted), params)
 
     # -- calls ----------------------------------------------------------------------------------
 

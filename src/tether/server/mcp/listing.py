@@ -23,7 +23,7 @@ from typing import Any
 
 from tether.errors import ServerError
 from tether.protocol.models import ToolInfo
-from tether.server.aip.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
 from tether.server.scopes import reaches
 from tether.server.store.tokens import TokenInfo
 
@@ -107,8 +107,12 @@ class DeviceTool:
 
 
 def tool_annotations(info: ToolInfo) -> dict[str, Any]:
-    """A `data_collection` tool only reads; an `action` may change things, so clients are told it may be
-    destructive (the device's policy, approvals and undo journal are what actually bound it)."""
+    """The MCP annotations of a device's tool: an external server's own (`info.annotations`) as it gave them;
+    for tether's tools, from the tool type: a `data_collection` tool only reads; an `action` may change things,
+    so clients are told it may be destructive (the device's policy, approvals and undo journal are what
+    actually bound it)."""
+    if info.annotations is not None:
+        return dict(info.annotations)
     read_only = info.tool_type == "data_collection"
     return {"readOnlyHint": read_only, "destructiveHint": not read_only, "openWorldHint": not read_only}
 

@@ -8,20 +8,30 @@ from typing import Any
 
 import mcp_types as types
 
+from tether.protocol.models import ToolInfo
 from tether.server.mcp.contributed import GatewayTool
 from tether.server.mcp.listing import DeviceTool, tool_annotations
 from tether.server.mcp.tool_call import Reply
 
 
 def device_tool(tool: DeviceTool) -> types.Tool:
+    """A device's tool as `/mcp` lists it: an external server's `title` and `annotations` as that server gave
+    them, tether's own tools annotated from their tool type (`tool_annotations`)."""
     info = tool.info
-    hints = tool_annotations(info)
-    return types.Tool(name=tool.name, description=f"[device {tool.device}] {info.description}".strip(),
+    return types.Tool(name=tool.name, title=info.title,
+                      description=f"[device {tool.device}] {info.description}".strip(),
                       input_schema=client_safe_schema(info.input_schema),
                       output_schema=servers_output_schema(info.output_schema),
-                      annotations=types.ToolAnnotations(read_only_hint=hints["readOnlyHint"],
-                                                        destructive_hint=hints["destructiveHint"],
-                                                        open_world_hint=hints["openWorldHint"]))
+                      annotations=_annotations(info))
+
+
+def _annotations(info: ToolInfo) -> types.ToolAnnotations:
+    from pydantic import ValidationError
+
+    try:
+        return types.ToolAnnotations.model_validate(tool_annotations(info))
+    except ValidationError:  # a server's annotations MCP would not accept: the tool type's instead
+        return types.ToolAnnotations.model_validate(tool_annotations(info.model_copy(update={"annotations": None})))
 
 
 def contributed_tool(tool: GatewayTool) -> types.Tool:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from tether.server.aip.batches import TokenRef
+    from tether.server.aip.batches.ledger import TokenRef
 
 TRANSFER_SKILL = "transfer"  # the skill name a plan step uses (agent/tasks)
 

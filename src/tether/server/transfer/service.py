@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from tether.errors import ServerError
 from tether.protocol.models import Command, Result, ResultStatus, new_call_id
-from tether.server.aip.dispatcher import WebSocketCommandDispatcher
+from tether.server.aip.batches.dispatcher import WebSocketCommandDispatcher
 from tether.server.store.audit import SENT
 from tether.server.transfer.chunks import ChunkAudit
 from tether.server.transfer.model import Caller, TransferRequest, transfer_id

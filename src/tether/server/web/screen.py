@@ -37,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.messages import ServerMessage, ServerMessageType
 from tether.protocol.models import Command, new_call_id
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.aip.desktop_holds import DesktopHeld
 from tether.server.http.api import require
 from tether.server.store.tokens import TokenInfo

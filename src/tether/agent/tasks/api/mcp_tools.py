@@ -26,7 +26,7 @@ from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.api.task_api import Answer, EditRequest, TaskRequest, _stricter, visible_task
 from tether.agent.tasks.service import TaskError, TaskService
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import (
     ApprovalRefused,
     check_answerer,

@@ -26,7 +26,7 @@ from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import how_a_person_approves
 from tether.server.http.api import ERROR_RESPONSES, require, require_approver
 from tether.server.store.tokens import TokenInfo

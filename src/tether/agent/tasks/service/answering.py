@@ -10,7 +10,7 @@ from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY
 from tether.agent.run.task import Task, TaskState
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service.running import Running
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import ApprovalRefused
 
 

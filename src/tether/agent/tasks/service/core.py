@@ -13,8 +13,8 @@ from tether.agent.tasks.cluster.ownership import TaskLeases
 from tether.agent.tasks.cluster.peers import TaskPeers
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.store import SaveSoon, TaskStore
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.notify.notifier import Notifier
 from tether.server.store import Store, StoreUnavailable
 from tether.server.store.tokens import TokenInfo, scope_reaches

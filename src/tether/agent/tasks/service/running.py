@@ -22,9 +22,9 @@ from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.store.tokens import scope_reaches
 
 logger = logging.getLogger(__name__)

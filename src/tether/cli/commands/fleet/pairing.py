@@ -29,7 +29,7 @@ from tether.client.rest import RemoteError, RemoteServer
 
 if TYPE_CHECKING:
     from tether.device.config import DeviceConfig
-    from tether.device.link.enrolment import Enrolment
+    from tether.device.link.trust.enrolment import Enrolment
 
 NO_CREDENTIAL = ("no device token: pass --token-file PATH, set TETHER_DEVICE_TOKEN, put server.token_file in the "
                  "config ('tether token create --device NAME' makes one), or pair with the server: tether device "
@@ -39,9 +39,9 @@ NO_CREDENTIAL = ("no device token: pass --token-file PATH, set TETHER_DEVICE_TOK
 def enrol(cfg: DeviceConfig, server: str | None, state_dir: Path | None, name: str | None, ca_file: str | None,
           tls_fingerprint: str | None, pair: bool) -> Enrolment:
     """The token a past pairing left in the state directory, else (with --pair) a new pairing."""
-    from tether.device.link.device_key import load_device_key
-    from tether.device.link.enrolment import PairingFailed, load_enrolment, save_enrolment
-    from tether.device.link.tls_pin import normalize_fingerprint
+    from tether.device.link.trust.device_key import load_device_key
+    from tether.device.link.trust.enrolment import PairingFailed, load_enrolment, save_enrolment
+    from tether.device.link.trust.tls_pin import normalize_fingerprint
     from tether.tools.context import default_state_dir
 
     out = console(err=True)
@@ -66,8 +66,8 @@ def enrol(cfg: DeviceConfig, server: str | None, state_dir: Path | None, name: s
                   soft_wrap=True, markup=False)
 
     async def run() -> Enrolment:
-        from tether.device.link.enrolment import pair as ask
-        from tether.device.link.enrolment import tls_for_pairing
+        from tether.device.link.trust.enrolment import pair as ask
+        from tether.device.link.trust.enrolment import tls_for_pairing
 
         context, pinned = await tls_for_pairing(url, ca_file or cfg.server.ca_file, pin,
                                                 lambda text: out.print(f"note: {escape(text)}", soft_wrap=True))

@@ -174,7 +174,7 @@ def device_key_cmd(config: ConfigOpt = None, state_dir: StateOpt = None,
     """Show this device's public key and its fingerprint (the key is made on first use; the private
     half never leaves the state directory, which the sandbox hides)."""
     from tether.device.config import load_device_config
-    from tether.device.link.device_key import load_device_key, new_device_key
+    from tether.device.link.trust.device_key import load_device_key, new_device_key
     from tether.device.local import device_state_dir
 
     try:

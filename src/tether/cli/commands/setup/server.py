@@ -145,7 +145,7 @@ def _print_cert_fingerprint(cert: Path) -> None:
     """The certificate's SHA-256, for devices that pin it (--tls-fingerprint) or trust it on first use."""
     import ssl
 
-    from tether.device.link.tls_pin import cert_fingerprint
+    from tether.device.link.trust.tls_pin import cert_fingerprint
 
     try:
         der = ssl.PEM_cert_to_DER_cert(cert.read_text(encoding="ascii"))

@@ -45,6 +45,10 @@ class MCPResourceTools:
             (self.list_prompts, "mcp.list_prompts", "List an external MCP server's prompts and their arguments."),
             (self.get_prompt, "mcp.get_prompt",
              "Get one prompt of an external MCP server, filled with its arguments (strings)."),
+            (self.complete, "mcp.complete",
+             "Ask an external MCP server to complete one argument of a prompt (ref_type=prompt, ref=its name) or "
+             "of a resource template (ref_type=resource, ref=its uriTemplate): the values it suggests for the "
+             "argument's partial `value`, given the other arguments in `context`."),
         ]
         return {name: build_spec(fn, name, "data_collection", None, doc) for fn, name, doc in tools}
 
@@ -126,3 +130,20 @@ class MCPResourceTools:
         if result.description:
             out["description"] = result.description
         return out
+
+    async def complete(self, ctx: ToolContext, server: str, ref_type: str, ref: str, argument: str,
+                       value: str = "", context: dict[str, str] | None = None) -> dict[str, Any]:
+        """`completion/complete` on the server: `{server, values, total?, hasMore?}`; ToolError for a
+        `ref_type` other than prompt/resource, or when the server does not offer completions or refuses."""
+        if ref_type not in ("prompt", "resource"):
+            raise ToolError(f"ref_type must be 'prompt' or 'resource', not {ref_type[:40]!r}")
+        import mcp_types as types  # loaded already: the device runs an external MCP server
+
+        srv = await self._server(server)
+        target = (types.PromptReference(type="ref/prompt", name=ref) if ref_type == "prompt"
+                  else types.ResourceTemplateReference(type="ref/resource", uri=ref))
+        result = await srv.session_request(
+            f"completing '{argument}' of {ref_type} '{ref}'",
+            lambda client: client.complete(target, {"name": argument, "value": value}, context or None),
+            self._timeout(srv, ctx))
+        return {"server": srv.namespace, **_dump(result.completion)}

@@ -343,7 +343,10 @@ class SessionServer(BaseMCPServer):
                            ", ".join(unknown))
         return [ToolInfo(name=t.name, namespace=self.namespace, tool_type=annotated_type(t.annotations, tool_type),
                          description=t.description or "", input_schema=dict(t.input_schema),
-                         output_schema=result_shape_schema(t.output_schema, t.name in self._wrapped))
+                         output_schema=result_shape_schema(t.output_schema, t.name in self._wrapped),
+                         title=t.title, annotations=t.annotations.model_dump(mode="json", by_alias=True,
+                                                                             exclude_none=True)
+                         if t.annotations is not None else None)
                 for t in tools if rules.visible(t.name)]
 
     def _without_task_only(self, tools: list[mcp_types.Tool]) -> list[mcp_types.Tool]:

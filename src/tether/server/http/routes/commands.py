@@ -22,8 +22,8 @@ from starlette.requests import ClientDisconnect
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
-from tether.server.aip.registry import DeviceRegistry, NoDeviceError
+from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.fleet.registry import DeviceRegistry, NoDeviceError
 from tether.server.approvals import ApprovalRefused, how_a_person_approves
 from tether.server.http import internals
 from tether.server.http.api import (
@@ -150,6 +150,7 @@ async def run_selected(request: Request) -> Any:
 
 
 BATCH_HEADER = "X-Tether-Batch"  # the batch's id, sent before any result: DELETE /api/v1/batches/{id}
+HOLDER_HEADER = "X-Tether-Holder"  # in a cluster: the API URL of the node holding the device, when not this one
 CALLER_GONE = "cancelled: the HTTP caller disconnected before the batch finished"
 
 
@@ -180,13 +181,14 @@ async def _run(request: Request, name: str, batch: CommandBatch, who: TokenInfo)
     run = dispatcher.execute_commands(batch.commands, timeout=batch.timeout, early_exit=batch.early_exit,
                                       response_id=response_id)
     limit = hub.settings.max_response_bytes
+    holder = hub.remote.hint(name) if hub.remote is not None and not hub.holds(name) else None  # docs/scaling.md
     if queue is None:
         # headers now, the body when the batch ends: a streamed response, so that Starlette notices a
         # caller that disconnects meanwhile (and cancels the generator, which cancels the batch)
-        return BatchResponse(run, name, limit, response_id)
+        return BatchResponse(run, name, limit, response_id, holder)
     return StreamingResponse(_sse(run, queue, name, response_id, limit), media_type="text/event-stream",
                              headers={BATCH_HEADER: response_id, "Cache-Control": "no-cache",
-                                      "X-Accel-Buffering": "no"})
+                                      "X-Accel-Buffering": "no", **({HOLDER_HEADER: holder} if holder else {})})
 
 
 def _results_body(device: str, results: list[Result], limit: int) -> bytes:
@@ -232,11 +234,13 @@ class BatchResponse:
 
     media_type = "application/json"
 
-    def __init__(self, run: Any, device: str, limit: int, response_id: str) -> None:
+    def __init__(self, run: Any, device: str, limit: int, response_id: str, holder: str | None = None) -> None:
         self.status_code = 200
         # built as bytes directly: Starlette's `Response` (its headers a dict, encoded pair by pair) cost more
         self.raw_headers = [(b"content-type", b"application/json"), (b"x-tether-batch", response_id.encode()),
                             (b"cache-control", b"no-cache")]
+        if holder:
+            self.raw_headers.append((b"x-tether-holder", holder.encode()))
         self._run, self._device, self._limit = run, device, limit
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:

@@ -9,8 +9,8 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from tether.protocol.models import Command, ToolInfo
+from tether.server.aip.fleet.registry import DeviceRecord
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRecord
 from tether.server.http.api import (
     ERROR_RESPONSES,
     DeviceDetail,

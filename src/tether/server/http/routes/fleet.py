@@ -1,4 +1,4 @@
-"""`POST /api/v1/fleet/commands`: one batch to every device that meets `requires` (server/aip/fanout.py).
+"""`POST /api/v1/fleet/commands`: one batch to every device that meets `requires` (server/aip/batches/fanout.py).
 
 The answer streams per-device lines as they arrive — NDJSON with `Accept: application/x-ndjson`, SSE
 with `Accept: text/event-stream` — and ends with a summary line; any other Accept gets one JSON body
@@ -19,8 +19,15 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.batches import TokenRef
-from tether.server.aip.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, DeviceOutcome, FanOut, FanOutError, countable
+from tether.server.aip.batches.fanout import (
+    DEFAULT_CONCURRENCY,
+    MAX_CONCURRENCY,
+    DeviceOutcome,
+    FanOut,
+    FanOutError,
+    countable,
+)
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.http.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
 from tether.server.scopes import beyond, reaches, within
 from tether.server.store.tokens import TokenInfo

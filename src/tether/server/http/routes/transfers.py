@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import Result
-from tether.server.aip.batches import TokenRef
+from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import how_a_person_approves
 from tether.server.http.api import ERROR_RESPONSES, _reachable, refuse_unaudited, require, require_approver
 from tether.server.sessions import owned_session

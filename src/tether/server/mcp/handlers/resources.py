@@ -30,8 +30,8 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 
 from tether.protocol.models import ToolInfo
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.aip.registry import DeviceRegistry
 from tether.server.mcp.listing import SEPARATOR, DeviceFilter, DeviceTool, escape_name
 from tether.server.mcp.tool_call import Caller, Reply, call_device_tool
 from tether.server.mcp.translate import gateway_uri, parse_gateway_uri
@@ -158,11 +158,7 @@ class FleetResources:
                          arguments: dict[str, str] | None) -> types.GetPromptResult:
         """The prompt filled in by its server (resource links in it pointing here); MCPError INVALID_PARAMS
         for a name that names no prompt source here, INTERNAL_ERROR when the device's call failed."""
-        matches = [s for s in self.sources(keep) if name.startswith(_prefix(s)) and len(name) > len(_prefix(s))]
-        if not matches:
-            raise MCPError(INVALID_PARAMS, f"unknown prompt {name[:120]!r}: prompts here are DEVICE__SERVER__NAME, "
-                           "as prompts/list gives them, of the online devices this connection reaches")
-        source = max(matches, key=lambda s: len(_prefix(s)))
+        source = self._prompt_source(keep, name)
         reply = await self._call(source, "mcp.get_prompt", {"name": name[len(_prefix(source)):],
                                                             "arguments": dict(arguments or {})}, caller)
         if reply.is_error or not isinstance(reply.payload, dict):
@@ -175,6 +171,49 @@ class FleetResources:
         description = reply.payload.get("description")
         return types.GetPromptResult(description=description if isinstance(description, str) else None,
                                      messages=[m for m in messages if m is not None])
+
+
+    def _prompt_source(self, keep: DeviceFilter, name: str) -> Source:
+        matches = [s for s in self.sources(keep) if name.startswith(_prefix(s)) and len(name) > len(_prefix(s))]
+        if not matches:
+            raise MCPError(INVALID_PARAMS, f"unknown prompt {name[:120]!r}: prompts here are DEVICE__SERVER__NAME, "
+                           "as prompts/list gives them, of the online devices this connection reaches")
+        return max(matches, key=lambda s: len(_prefix(s)))
+
+    # -- completion -------------------------------------------------------------------------------
+
+    async def complete(self, keep: DeviceFilter, caller: Caller,
+                       params: types.CompleteRequestParams) -> types.CompleteResult:
+        """`completion/complete` of a prompt's or resource template's argument, answered by the external
+        server that owns it (through its device's `mcp.complete`); MCPError INVALID_PARAMS for a prompt or
+        template that is not this gateway's, INTERNAL_ERROR when the device or server could not complete."""
+        ref = params.ref
+        if isinstance(ref, types.PromptReference):
+            source = self._prompt_source(keep, ref.name)
+            arguments = {"ref_type": "prompt", "ref": ref.name[len(_prefix(source)):]}
+        else:
+            parsed = parse_gateway_uri(ref.uri)
+            if parsed is None or Source(parsed[0], parsed[1]) not in self.sources(keep):
+                raise MCPError(INVALID_PARAMS, f"unknown resource template {ref.uri[:200]!r}: templates here are "
+                               "tether://DEVICE/SERVER/TEMPLATE, as resources/templates/list gives them, of the "
+                               "online devices this connection reaches")
+            source = Source(parsed[0], parsed[1])
+            arguments = {"ref_type": "resource", "ref": parsed[2]}
+        if not caller.token.allows("execute"):  # as a read, completing runs on the device
+            raise MCPError(INVALID_PARAMS, f"token '{caller.token.name}' lacks the 'execute' scope that completing "
+                           "an argument on a device needs")
+        context = params.context.arguments if params.context is not None else None
+        reply = await self._call(source, "mcp.complete", {**arguments, "argument": params.argument.name,
+                                                          "value": params.argument.value,
+                                                          "context": dict(context or {})}, caller)
+        if reply.is_error or not isinstance(reply.payload, dict):
+            raise MCPError(INTERNAL_ERROR, reply.text)
+        answer = {k: v for k, v in reply.payload.items() if k in ("values", "total", "hasMore")}
+        completion = _valid(types.Completion, answer)
+        if completion is None:
+            raise MCPError(INTERNAL_ERROR, f"server {source.server!r} on device {source.device!r} answered a "
+                           "completion MCP does not accept")
+        return types.CompleteResult(completion=completion)
 
 
 def prompt_name(source: Source, name: str) -> str:

@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType, TaskStatus
-from tether.server.aip.batches import BatchBook, PendingBatch, TokenRef
+from tether.server.aip.batches.ledger import BatchBook, PendingBatch, TokenRef
 from tether.server.aip.desktop_holds import DesktopHolds
-from tether.server.aip.link import DeviceLink
-from tether.server.aip.liveness import GracePeriods
-from tether.server.aip.registry import DeviceRegistry
+from tether.server.aip.fleet.liveness import GracePeriods
+from tether.server.aip.fleet.registry import DeviceRegistry
+from tether.server.aip.sockets.link import DeviceLink
 from tether.server.ports import BackplaneUnavailable, BatchAudit, RemoteDevices, RemoteSlot
 
 

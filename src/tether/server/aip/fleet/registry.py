@@ -21,7 +21,7 @@ from pydantic import BaseModel, ValidationError
 
 from tether.errors import ServerError
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
-from tether.server.aip.device_index import NameIndex, literal_prefix
+from tether.server.aip.fleet.device_index import NameIndex, literal_prefix
 from tether.server.schemas import ToolPool
 
 DeviceStatus = Literal["online", "busy", "offline"]
@@ -48,7 +48,7 @@ class SharedFieldsSet(set[str]):
 
     __slots__ = ()  # a set can be weakly referenced already
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tether.server.aip.registry")  # the name operators filter on
 
 
 class NoDeviceError(ServerError, LookupError):

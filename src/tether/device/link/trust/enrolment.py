@@ -1,7 +1,7 @@
 """Enrolment from the device's side: ask to pair, show the code, wait for an admin, keep the token.
 
 What pairing leaves in the device's state directory (all 0600, the directory 0700):
-`device.key` (the device's Ed25519 private key, `tether.device.link.device_key`: the request carries its
+`device.key` (the device's Ed25519 private key, `tether.device.link.trust.device_key`: the request carries its
 public half, whose SHA-256 the admin sees as this device's fingerprint, and the claim is signed with
 it; the server enrols that public key as the device at approval, so the token it hands over is worth
 nothing without this file), `device.token` (the device token the server handed over), and
@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from tether.device.link.device_key import KEY_FILE, DeviceKey, load_device_key
-from tether.device.link.tls_pin import (
+from tether.device.link.trust.device_key import KEY_FILE, DeviceKey, load_device_key
+from tether.device.link.trust.tls_pin import (
     cert_fingerprint,
     fetch_certificate_async,
     pinned_context,

@@ -18,7 +18,7 @@ from typing import Any
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, TaskStatus
 from tether.protocol.models import Result
-from tether.server.aip.registry import DeviceRegistry
+from tether.server.aip.fleet.registry import DeviceRegistry
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 

@@ -21,7 +21,7 @@ from tether.server.store.tokens import TokenInfo
 if TYPE_CHECKING:
     from tether.server.settings import ServerSettings
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tether.server.aip.socket")  # the name operators filter on
 
 
 class SocketClosed(ServerError):

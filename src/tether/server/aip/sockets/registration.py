@@ -17,8 +17,8 @@ from tether.protocol.identity import fingerprint, register_statement, verify
 from tether.protocol.messages import Registration, ServerMessage, ServerMessageType, TaskStatus
 from tether.protocol.server_session import RegistrationRefused, ServerSession
 from tether.protocol.wire import CloseCode
-from tether.server.aip.link import close_socket
-from tether.server.aip.socket import AIPSocket, Refusal, SocketClosed
+from tether.server.aip.sockets.link import close_socket
+from tether.server.aip.sockets.socket import AIPSocket, Refusal, SocketClosed
 from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo

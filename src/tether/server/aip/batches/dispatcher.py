@@ -24,10 +24,10 @@ from tether.protocol.models import Command, Result, new_call_id
 from tether.server.store.audit import PENDING, SENT
 
 if TYPE_CHECKING:
-    from tether.server.aip.batches import PendingBatch, TokenRef
+    from tether.server.aip.batches.ledger import PendingBatch, TokenRef
     from tether.server.ports import BatchAudit, BatchSender
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tether.server.aip.dispatcher")  # the name operators filter on
 
 
 class WebSocketCommandDispatcher(BasicCommandDispatcher):

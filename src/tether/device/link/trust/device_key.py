@@ -19,7 +19,7 @@ from tether.protocol.identity import KeyProof, b64encode, fingerprint, register_
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("tether.device.link.device_key")  # the name operators filter on
 
 KEY_FILE = "device.key"
 

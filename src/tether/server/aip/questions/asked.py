@@ -22,8 +22,8 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage, ServerMessageType, TaskStatus
-from tether.server.aip.batches import PendingBatch, TokenRef
-from tether.server.aip.link import DeviceLink
+from tether.server.aip.batches.ledger import PendingBatch, TokenRef
+from tether.server.aip.sockets.link import DeviceLink
 
 if TYPE_CHECKING:
     from tether.server.store.audit import AuditLog

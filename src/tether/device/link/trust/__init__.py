@@ -1,0 +1,1 @@
+"""Who the device is and which server it trusts: its key, its enrolment, the pinned server certificate."""

@@ -1,0 +1,2 @@
+"""The fleet as the hub keeps it: the registry and its index, liveness and grace periods, devices going
+away, and the collector kept lean for a large fleet."""

@@ -1,0 +1,26 @@
+"""The WebSocket route other nodes dial for a direct link to this one (link.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.routing import WebSocketRoute
+from starlette.websockets import WebSocket
+
+from tether.server.cluster.link import LINK_PATH
+from tether.server.http.request_guard import deny_websocket
+
+
+def link_route(app: Any) -> WebSocketRoute:
+    """`LINK_PATH`, answered by the running `ClusterNode` of `app` (`app.state.cluster`); refused (403)
+    while the node is not running or runs without links."""
+
+    async def endpoint(websocket: WebSocket) -> None:
+        node = getattr(app.state, "cluster", None)
+        links = node.bus.links if node is not None else None
+        if links is None:
+            await deny_websocket(websocket.scope, websocket.send, 403, "this node takes no cluster links")
+            return
+        await links.accept(websocket)
+
+    return WebSocketRoute(LINK_PATH, endpoint)
