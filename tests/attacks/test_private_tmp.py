@@ -62,6 +62,8 @@ async def test_one_sessions_tmp_is_invisible_to_another(attacker_factory, home: 
     # through a file tool, and through a link B plants in its own /tmp
     direct = await cat(attacker, b, f"{a_dir}/{name}")
     assert "secret-of-a" not in text(direct), text(direct)
+    nobody = await cat(attacker, None, f"{a_dir}/{name}")  # type: ignore[arg-type]  # a command of no session
+    assert nobody.status is ResultStatus.FAILURE and "secret-of-a" not in text(nobody), text(nobody)
     for path in (f"{a_dir}/{name}", a_dir, base):
         probe = await _tool(attacker, b, "read_file", file_path=path)
         assert probe.status is ResultStatus.FAILURE and "secret-of-a" not in text(probe), text(probe)
@@ -122,3 +124,34 @@ async def test_a_restarted_device_removes_ended_sessions_tmp(attacker_factory, h
     assert done.status is ResultStatus.SUCCESS, text(done)
     gone = await cat(third, session, f"{TMP}/left")
     assert "kept" not in stdout(gone), text(gone)
+
+
+async def test_named_roots_below_tmp_stay_the_machines_and_programs_run_from_the_sessions_tmp(
+        attacker_factory, home: Path, tmp_path: Path) -> None:  # noqa: F811
+    work = tmp_path / "project"  # a project the policy names in /tmp (pytest's tmp_path lies there)
+    work.mkdir()
+    assert str(work.resolve()).startswith(TMP + "/")
+    work = work.resolve()
+    (work / "notes.txt").write_text("the machine's\n")
+    attacker = await attacker_factory(allow_inline_code=True, private_tmp=True, allow_escapes=["writable-executable"],
+                                      write_roots=[str(home), TMP, str(work)],
+                                      commands={os.path.basename(SYSTEM_PYTHON): {}, "fetched.sh": {}})
+    seen = await cat(attacker, "s", f"{work}/notes.txt")  # visible to the session's commands as the machine's
+    assert stdout(seen) == "the machine's\n", text(seen)
+    wrote = await py(attacker, "s", f"open({str(work)!r} + '/made.txt', 'w').write('made\\n')")
+    assert wrote.status is ResultStatus.SUCCESS, text(wrote)  # captured as before, then applied to the machine
+    assert any(c["path"] == f"{work}/made.txt" for c in wrote.result["changes"]), text(wrote)
+    assert (work / "made.txt").read_text() == "made\n"
+    cwd = await attacker.run(SYSTEM_PYTHON, "-c", "import os; print(os.getcwd())", session="s", cwd=str(work))
+    assert stdout(cwd) == f"{work}\n", text(cwd)
+    read = await _tool(attacker, "t", "read_file", file_path=f"{work}/made.txt")  # any session's file tools too
+    assert read.status is ResultStatus.SUCCESS and "made" in text(read), text(read)
+
+    script = f"{TMP}/fetched.sh"  # a program the session downloaded into its own /tmp
+    put = await py(attacker, "s", f"import os; open({script!r}, 'w').write('#!/bin/sh\\necho from-own-tmp\\n'); "
+                                  f"os.chmod({script!r}, 0o755)")
+    assert put.status is ResultStatus.SUCCESS and not os.path.exists(script), text(put)
+    ran = await attacker.run(script, session="s")
+    assert ran.status is ResultStatus.SUCCESS and stdout(ran) == "from-own-tmp\n", text(ran)
+    other = await attacker.run(script, session="t")  # another session has no such program
+    assert other.status is ResultStatus.FAILURE and "from-own-tmp" not in stdout(other), text(other)

@@ -46,13 +46,16 @@ class PrivateTmp:
     `tmp`: the real temp directory the sandbox gives each session privately (a captured write root);
     `layers_dir`: where the base's name is recorded; `owner`: (uid, gid) the directories are given to
     (a root device's sandbox user), None for this process's user; `keep`: paths below `tmp` that stay
-    the machine's own (live write roots and sockets the policy names there): neither mapped nor hidden.
+    the machine's own (the write roots and sockets the policy names there): neither mapped nor hidden;
+    `captured`: those of `keep` that are captured write roots (a command sees them through the temp dir's
+    overlay, so its writes there are captured as before).
     """
 
     def __init__(self, tmp: str, layers_dir: str, *, owner: tuple[int, int] | None = None,
-                 keep: tuple[str, ...] = (), idle_s: float = IDLE_S) -> None:
+                 keep: tuple[str, ...] = (), captured: tuple[str, ...] = (), idle_s: float = IDLE_S) -> None:
         self.tmp = os.path.realpath(tmp)
         self.keep = tuple(k.rstrip("/") for k in keep)
+        self.captured = tuple(k.rstrip("/") for k in captured)
         self.idle_s = idle_s
         self._record = Path(layers_dir) / RECORD
         self._owner = owner
@@ -65,6 +68,11 @@ class PrivateTmp:
         a link, mode 0700, owned by the owner. OSError when it cannot be made."""
         if self._base is None:
             self._base = self._find() or self._make()
+        return self._base
+
+    @property
+    def made(self) -> str | None:
+        """The base directory once this run has made or found it (`base`), else None."""
         return self._base
 
     def _find(self) -> str | None:

@@ -68,14 +68,15 @@ def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = ""
                            "commands cannot write there", ", ".join(unreachable), run_as.name)
         captured = [r for r in captured if r not in unreachable]
         live = [r for r in live if r not in unreachable]
-    return SandboxSpec.build(write_roots=[r for r in captured if os.path.isdir(os.path.expanduser(r))],
+    kept = [r for r in captured if os.path.isdir(os.path.expanduser(r))]
+    return SandboxSpec.build(write_roots=kept,
                              live_write_roots=[p for p in live if os.path.isdir(os.path.expanduser(p))],
                              hidden=[*policy.hide_paths, *hidden], network=policy.network is True,
                              layers_dir=layers, protected=live_protected(policy),
                              protected_names=floating_protected(policy), allow_sockets=list(policy.allow_sockets),
                              # from_request keeps the warden's keys: layer_files/layer_bytes are the capture's
                              limits=Limits.from_request(policy.limits.model_dump()), run_as=run_as,
-                             private_tmp=policy.private_tmp)
+                             private_tmp=policy.private_tmp, tmp_roots=kept)
 
 
 def floating_protected(policy: Policy) -> list[str]:

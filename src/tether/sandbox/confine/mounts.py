@@ -130,11 +130,14 @@ def mount_layers(libc: Libc, req: dict[str, Any]) -> list[str]:
 @dataclasses.dataclass(slots=True)
 class TmpHold:
     """What a command's namespace holds, before its mounts, to give it its session's private /tmp later
-    (`bind_tmp`): the sessions' base directory and the kept paths below /tmp, as open fds."""
+    (`bind_tmp`): the sessions' base directory and the kept paths below /tmp, as open fds; the captured
+    write roots named below /tmp, opened in the overlaid /tmp when the session's is bound."""
 
     target: str
     base: int
     keep: list[tuple[str, int, bool]]  # (path, fd, is a directory)
+    captured: list[str]
+    path: str  # the base's own path below /tmp, hidden from a command given no session's /tmp
 
 
 def hold_tmp(req: dict[str, Any]) -> TmpHold | None:
@@ -152,22 +155,31 @@ def hold_tmp(req: dict[str, Any]) -> TmpHold | None:
         except OSError:
             continue  # gone since the device listed it
         keep.append((path, fd, stat.S_ISDIR(os.fstat(fd).st_mode)))
-    return TmpHold(spec["target"], base, keep)
+    return TmpHold(spec["target"], base, keep, list(spec.get("captured", [])), spec.get("path", ""))
 
 
 def bind_tmp(libc: Libc, hold: TmpHold | None, run: dict[str, Any]) -> None:
     """Bind the session's own directory (`run["tmp"]`, its name in the base) over /tmp, and the kept paths
-    back at their places in it; then let go of the held fds. Nothing when `run` names no session's /tmp:
-    the command keeps the captured /tmp of everyone."""
+    (the captured roots as the overlaid /tmp shows them) back at their places in it; then let go of the held
+    fds. When `run` names no session's /tmp, the command keeps the captured /tmp of everyone, the sessions'
+    base hidden there."""
     if hold is None:
         return
     try:
         name = run.get("tmp")
-        if not name:
+        if not name:  # the machine's /tmp, captured: every session's /tmp lies in it, hidden
+            if hold.path:
+                hide(libc, [hold.path])
             return
         if "/" in name or name in (".", ".."):
             raise OSError(f"not a session's /tmp: {name!r}")
         own = os.open(name, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=hold.base)
+        for path in hold.captured:  # in the temp dir's overlay (mount_layers): its writes stay captured
+            try:
+                fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            except OSError:
+                continue  # gone since the device listed it
+            hold.keep.append((path, fd, True))
         try:
             libc.mount(f"/proc/self/fd/{own}", hold.target, None, MS_BIND, None)
         finally:

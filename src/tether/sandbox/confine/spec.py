@@ -66,16 +66,21 @@ class SandboxSpec:
     run_as: RunAs | None = None
     # each session's commands get their own /tmp where the temp dir is a captured root (sandbox.private_tmp)
     private_tmp: bool = False
+    # the captured write roots as the policy names them, nested ones included (real paths): those below the
+    # temp dir stay the machine's with a private /tmp, seen through its overlay, captured (sandbox.private_tmp)
+    tmp_roots: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, *, write_roots: list[str], live_write_roots: list[str] = (), hidden: list[str] = (),  # type: ignore[assignment]
               network: bool = True, layers_dir: str = "", protected: Iterable[str] = (),
               protected_names: Iterable[str] = (), allow_sockets: list[str] = (),  # type: ignore[assignment]
-              limits: Limits | None = None, run_as: RunAs | None = None, private_tmp: bool = False) -> SandboxSpec:
+              limits: Limits | None = None, run_as: RunAs | None = None, private_tmp: bool = False,
+              tmp_roots: Iterable[str] = ()) -> SandboxSpec:
         live = _outermost(list(live_write_roots))
         return cls(write_roots=_outermost(list(write_roots)), live_write_roots=live,
                    hidden=tuple(sorted({_real(h) for h in hidden})), network=network, layers_dir=layers_dir,
                    protected=tuple(sorted({_real(p) for p in protected})),
                    protected_names=tuple(sorted(set(protected_names))),
                    allow_sockets=tuple(sorted({s if s in SOCKET_WORDS else _real(s) for s in allow_sockets})),
-                   limits=limits or Limits(), run_as=run_as, private_tmp=private_tmp)
+                   limits=limits or Limits(), run_as=run_as, private_tmp=private_tmp,
+                   tmp_roots=tuple(sorted({_real(r) for r in tmp_roots})))

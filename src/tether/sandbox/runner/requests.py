@@ -30,7 +30,10 @@ class Requests(SandboxParts):
         # live roots are written directly: hidden and protected paths there stay uncreatable
         guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
                           self.spec.protected_names, depth=1) if self.spec.live_write_roots else NO_LIVE
-        return {"hidden": [*self.spec.hidden],
+        # the sessions' /tmp base is hidden from an uncaptured command (through the machine's /tmp it would
+        # reach every session's); a captured one without a session has it hidden by `mounts.bind_tmp`
+        base = None if self.private_tmp is None or layer is not None else self.private_tmp.made
+        return {"hidden": [*self.spec.hidden] if base is None else sorted({*self.spec.hidden, base}),
                 "live": [(live_source(self.spec, i), root) for i, root in enumerate(self.spec.live_write_roots)
                          if self.spec.run_as is None or self.spec.run_as.reaches(root)],
                 "layers_dir": self.spec.layers_dir,
@@ -44,10 +47,12 @@ class Requests(SandboxParts):
         private = self.private_tmp
         if private is None or layer is None:
             return {}
-        keep = [[path, path] for path in private.keep if path not in self.spec.live_write_roots]
+        keep = [[path, path] for path in private.keep
+                if path not in self.spec.live_write_roots and path not in private.captured]
         keep += [[root, live_source(self.spec, i)] for i, root in enumerate(self.spec.live_write_roots)
                  if private.is_kept(root) and (self.spec.run_as is None or self.spec.run_as.reaches(root))]
-        return {"private_tmp": {"base": tmp_source(self.spec), "target": private.tmp, "keep": keep}}
+        return {"private_tmp": {"base": tmp_source(self.spec), "target": private.tmp, "keep": keep,
+                                "captured": list(private.captured), "path": private.base}}
 
     def _ipc_and_limits(self, extra: tuple[str, ...] = ()) -> dict[str, Any]:
         """What the warden needs to close IPC and cap resources for one command (see seccomp, limits)."""

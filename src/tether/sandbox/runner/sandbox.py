@@ -152,6 +152,8 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
             if not stat.S_ISREG(os.fstat(exe).st_mode):
                 raise OSError(f"{executable} is not a regular file")
             exec_path = script_path(exe, executable)
+            if exec_path is not None and tmp is not None:  # a script in the session's /tmp: where it sees it
+                exec_path = self.unmap_tmp(session, exec_path)
             in_r, in_w = os.pipe() if stdin else (os.open(os.devnull, os.O_RDONLY), -1)
             out_r, out_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
             err_r, err_w = os.pipe() if output else (-1, os.open(os.devnull, os.O_WRONLY))
@@ -262,11 +264,13 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
 def private_tmp_of(spec: SandboxSpec, idle_s: float) -> PrivateTmp | None:
     """The sessions' private /tmp directories of a sandbox whose spec asks for them (`private_tmp`) and whose
     captured write roots include the temp dir; None otherwise (/tmp is then one captured root of every session,
-    read-only, or a live root). The live roots and the sockets the policy names below the temp dir stay the
-    machine's own."""
+    read-only, or a live root). The live roots, captured write roots and sockets the policy names below the
+    temp dir stay the machine's own (the captured ones still captured, through the temp dir's overlay)."""
     tmp = os.path.realpath(tempfile.gettempdir())
     if not spec.private_tmp or tmp not in {os.path.realpath(root) for root in spec.write_roots}:
         return None
     below = [p for p in (*spec.live_write_roots, *spec.allow_sockets) if p.startswith(tmp + "/")]
+    captured = [p for p in spec.tmp_roots if p.startswith(tmp + "/")]
     owner = None if spec.run_as is None else (spec.run_as.uid, spec.run_as.gid)
-    return PrivateTmp(tmp, spec.layers_dir, owner=owner, keep=tuple(below), idle_s=idle_s)
+    return PrivateTmp(tmp, spec.layers_dir, owner=owner, keep=(*below, *captured), captured=tuple(captured),
+                      idle_s=idle_s)

@@ -122,14 +122,19 @@ def resolve_program(ctx: ToolContext, cmd: str, search: str | None = None) -> st
     roots is refused (rule `escape.writable-executable`), however it was named (a path, or a PATH
     lookup), and so is a path through /proc (its magic links resolve differently in every process)
     and anything that really is `sudo` & co. The result is the real path, so a link swapped in later
-    cannot change which file runs.
+    cannot change which file runs. A path below the temp dir names the file in the session's private
+    /tmp where it has one (`Sandbox.map_tmp`: where its commands see it); another session's is refused.
     """
     if cmd.startswith("/proc/") or "/proc/" in os.path.normpath(cmd):
         raise PolicyDenied("cmd.invalid", f"{cmd} goes through /proc, whose links mean something else in every "
                                           "process; call the program by name or by its real path")
     if "/" not in cmd and search is None:
         search = search_path(ctx)
-    found = shutil.which(cmd, path=search if "/" not in cmd else None)
+    sandbox = ctx.sandbox
+    lookup = cmd
+    if sandbox is not None and sandbox.private_tmp is not None and os.path.isabs(cmd):
+        lookup = sandbox.map_tmp(ctx.session_id, cmd)
+    found = shutil.which(lookup, path=search if "/" not in cmd else None)
     roots = writable_roots(ctx)
     strict = not lifted(ctx.policy, "escape.writable-executable")
     if found is None:
@@ -141,6 +146,8 @@ def resolve_program(ctx: ToolContext, cmd: str, search: str | None = None) -> st
         raise ToolError(f"command not found: {cmd}" + ("" if "/" in cmd else " (not on PATH)"))
     path = os.path.abspath(found)
     target = os.path.realpath(path)
+    if sandbox is not None and sandbox.foreign_tmp(ctx.session_id, target):
+        raise PolicyDenied("private_tmp", f"{cmd} lies in another session's private /tmp")
     if Path(target).name.lower() in ALWAYS_DENIED:
         raise PolicyDenied("always-denied", f"{cmd} is {target}, which is never allowed")
     placed = real(os.path.dirname(path)) / os.path.basename(path)
