@@ -226,3 +226,52 @@ def test_locked_tokens_and_tasks_tables_delay_only_the_requests_that_need_them(
     assert rows["call-known"] == rows["call-stranger"] == "success", rows
     check_invariants(cluster, runs, ledger)
     assert runs.counts() == {"before": 1, "known": 1, "stranger": 1, "task": 1}, runs.counts()
+
+
+def test_locked_pairing_devices_and_tasks_tables_delay_only_the_requests_that_need_them(
+        pg_cluster: ChaosCluster, runs: Runs, ledger: Ledger, callers: ThreadPoolExecutor) -> None:
+    """`LOCK TABLE pairing, devices, tasks` for a few seconds. A device's pairing request, an admin's change of
+    a device's tags and a read of a finished task (no longer in memory) each wait for the lock, on the store's
+    threads; meanwhile /health answers within 100 ms and a command on the device runs. Once the lock is
+    released each of them is answered, and what they wrote is there (nothing lost)."""
+    import psycopg
+
+    from tether.device.link.trust.device_key import DeviceKey
+
+    cluster = pg_cluster
+    url = str(dbkit.server_db(cluster.db))
+    cluster.device("alpha", runs)
+    with cluster.client() as remote:
+        done_id = str(remote.create_task("one counted step", plan=[runs.step("task")], device="alpha")["id"])
+    wait_for(lambda: cluster.remote.task(done_id)["state"] == "done", "the task done before the lock", WAIT)
+
+    with cluster.http() as client, psycopg.connect(url, autocommit=True) as watcher:
+        locker = psycopg.connect(url)  # a transaction of its own: the lock lasts until its rollback
+        try:
+            locker.execute("LOCK TABLE pairing, devices, tasks IN ACCESS EXCLUSIVE MODE")
+            locked_at = time.monotonic()
+            pairing = callers.submit(httpx.post, f"{cluster.url}/api/v1/pairing",
+                                     json={"public_key": DeviceKey.generate().public_key, "name": "newcomer"},
+                                     timeout=WAIT)
+            tags = callers.submit(client.patch, "/devices/alpha", json={"tags": ["lab"]})
+            read = callers.submit(client.get, f"/tasks/{done_id}")
+            wait_for(lambda: all(waiting_on(watcher, t) > 0 for t in ("pairing", "devices", "tasks")),
+                     "the pairing request, the tags' write and the task's read waiting on the locks", WAIT)
+            during = cluster.run("alpha", [runs.command("during")], ["during"], ledger)
+            assert during is not None and [r.status.value for r in during] == ["success"], during
+            times = [timed_health(client)[0] for _ in range(10)]
+            assert sorted(times)[len(times) // 2] <= HEALTH_BUDGET_S, f"/health under the lock: {times}"
+            assert not (pairing.done() or tags.done() or read.done()), "answered through an exclusive lock"
+            assert time.monotonic() - locked_at < LOCKED_FOR_S, "the command or /health waited for the lock"
+        finally:
+            locker.rollback()
+            locker.close()
+
+        code = pairing.result(timeout=WAIT).raise_for_status().json()["code"]
+        assert tags.result(timeout=WAIT).raise_for_status().json()["tags"] == ["lab"]
+        assert read.result(timeout=WAIT).raise_for_status().json()["state"] == "done"
+        assert code in [p["code"] for p in client.get("/pairing").raise_for_status().json()]
+        assert next(d for d in cluster.remote.devices() if d["name"] == "alpha")["tags"] == ["lab"]
+
+    check_invariants(cluster, runs, ledger)
+    assert runs.counts() == {"task": 1, "during": 1}, runs.counts()

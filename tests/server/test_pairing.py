@@ -145,27 +145,29 @@ def test_requests_expire_and_waiting_claims_are_woken(tmp_path):
     store = Store(tmp_path / "s.db")
     expired = PairingBook(store, PairingLimits(ttl=0.0))
     a, b = DeviceKey.generate(), DeviceKey.generate()
-    code = expired.request(a.public_key, "10.0.0.1", "old")["code"]
+    code = asyncio.run(expired.request(a.public_key, "10.0.0.1", "old"))["code"]
     with pytest.raises(PairingError) as err:
         asyncio.run(expired.claim(code, _claim(a, code)["signature"], wait=5))
     assert err.value.status == 410
-    assert expired.pending() == []
+    assert asyncio.run(expired.pending()) == []
     with pytest.raises(PairingError) as err:
-        expired.approve(code, "old", [], "admin")
+        asyncio.run(expired.approve(code, "old", [], "admin"))
     assert err.value.status == 410
 
     book = PairingBook(store)
 
     async def claim_while_approving() -> dict:
-        code = book.request(b.public_key, "10.0.0.2", "new")["code"]
+        code = (await book.request(b.public_key, "10.0.0.2", "new"))["code"]
         waiting = asyncio.ensure_future(book.claim(code, _claim(b, code)["signature"], wait=60))
         # callbacks run in the order they were scheduled: the claim's first step (up to its wait) goes first
-        def approve_while_it_waits() -> None:
+        async def approve_while_it_waits() -> None:
             assert code in book._waiters  # the claim is waiting: the approval must wake it
-            book.approve(code, None, ["x"], "admin")
+            await book.approve(code, None, ["x"], "admin")
 
-        asyncio.get_running_loop().call_soon(approve_while_it_waits)
-        return await asyncio.wait_for(waiting, 10)
+        approving = asyncio.ensure_future(approve_while_it_waits())
+        got = await asyncio.wait_for(waiting, 10)
+        await approving
+        return got
 
     got = asyncio.run(claim_while_approving())
     assert got["status"] == "paired" and got["name"] == "new" and got["tags"] == ["x"]
@@ -180,13 +182,14 @@ def test_an_approval_lost_in_a_restart_is_undone(tmp_path):
     store = Store(tmp_path / "s.db")
     book = PairingBook(store)
     key = DeviceKey.generate()
-    code = book.request(key.public_key, "10.0.0.3", "lost")["code"]
-    token_id = book.approve(code, None, [], "admin")["token_id"]
+    code = asyncio.run(book.request(key.public_key, "10.0.0.3", "lost"))["code"]
+    token_id = asyncio.run(book.approve(code, None, [], "admin"))["token_id"]
     restarted = PairingBook(store)
-    assert [r["code"] for r in restarted.pending()] == [code]
-    assert [r["collision"] for r in restarted.pending()] == [None]  # the undone approval's key went with it
+    assert [r["code"] for r in asyncio.run(restarted.pending())] == [code]
+    # the undone approval's key went with it
+    assert [r["collision"] for r in asyncio.run(restarted.pending())] == [None]
     assert token_id not in store.tokens.active_ids()
-    restarted.approve(code, None, [], "admin")
+    asyncio.run(restarted.approve(code, None, [], "admin"))
     assert asyncio.run(restarted.claim(code, _claim(key, code)["signature"], wait=0))["status"] == "paired"
     store.close()
 
@@ -214,13 +217,13 @@ def test_a_bad_name_is_refused_when_the_device_asks_in_words_not_a_pattern(tmp_p
     store = Store(tmp_path / "s.db")
     book = PairingBook(store)
     with pytest.raises(PairingError) as err:
-        book.request(DeviceKey.generate().public_key, "10.0.0.9", "my laptop")
+        asyncio.run(book.request(DeviceKey.generate().public_key, "10.0.0.9", "my laptop"))
     assert err.value.status == 422
     assert "'my laptop' is not a device name" in str(err.value) and "'my-laptop'" in str(err.value)
-    assert "[A-Za-z" not in str(err.value) and book.pending() == []
-    code = book.request(DeviceKey.generate().public_key, "10.0.0.9", "laptop")["code"]
+    assert "[A-Za-z" not in str(err.value) and asyncio.run(book.pending()) == []
+    code = asyncio.run(book.request(DeviceKey.generate().public_key, "10.0.0.9", "laptop"))["code"]
     with pytest.raises(PairingError) as err:
-        book.approve(code, "bad name!", [], "admin")
+        asyncio.run(book.approve(code, "bad name!", [], "admin"))
     assert err.value.status == 422 and "(e.g. 'bad-name')" in str(err.value), err.value
     store.close()
     refused = subprocess.run([*CLI, "device", "--server", "ws://127.0.0.1:9", "--pair", "--name", "my laptop",

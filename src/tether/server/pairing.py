@@ -102,9 +102,11 @@ class PairingBook:
 
     # -- the device's side ------------------------------------------------------------------------
 
-    def request(self, public_key: str, address: str, name: str | None = None,
-                platform: str | None = None) -> dict[str, Any]:
-        """A new request of the device whose Ed25519 public key is `public_key` (unpadded base64url)."""
+    async def request(self, public_key: str, address: str, name: str | None = None,
+                      platform: str | None = None) -> dict[str, Any]:
+        """A new request of the device whose Ed25519 public key is `public_key` (unpadded base64url): its code,
+        fingerprint and expiry. `PairingError` for a bad key or name (422) or past the limits (429). The
+        statements run on the store's pool (`Store.call`), so a locked table holds only this request."""
         if not valid_public_key(public_key):
             raise PairingError(422, "public_key must be an Ed25519 public key: 32 bytes, unpadded base64url")
         if name and (problem := device_name_problem(name)) is not None:  # the same rule as at approval
@@ -112,6 +114,12 @@ class PairingBook:
         key_print = fingerprint(public_key)
         now = time.time()
         self._rate_limit(address, now)
+        answer = await self.store.call(self._add_request, public_key, key_print, address, name, platform, now)
+        self._changed()
+        return answer
+
+    def _add_request(self, public_key: str, key_print: str, address: str, name: str | None, platform: str | None,
+                     now: float) -> dict[str, Any]:
         self.store.pairing.drop_expired(now)
         pending = self.store.pairing.count_pending()
         if pending >= self.limits.max_pending:
@@ -122,7 +130,6 @@ class PairingBook:
         expires = now + self.limits.ttl
         self.store.pairing.add(code, key_print, public_key, address, (name or "")[:128] or None,
                                (platform or "")[:64] or None, now, expires)
-        self._changed()
         return {"code": code, "fingerprint": key_print, "expires_at": expires}
 
     def _rate_limit(self, address: str, now: float) -> None:
@@ -141,7 +148,7 @@ class PairingBook:
         Answers {"status": "pending"} if none came, so the device asks again. `signature` is the
         requesting key's signature of `identity.claim_statement(code, fingerprint)`."""
         code = normalize_code(code)
-        row = self._row(code)
+        row = await self.store.call(self._row, code)
         if not row["public_key"] or not verify(row["public_key"], signature,
                                                claim_statement(code, row["fingerprint"])):
             raise PairingError(403, "this pairing code belongs to another device")
@@ -157,7 +164,7 @@ class PairingBook:
                 waiter.count -= 1
                 if waiter.count == 0 and self._waiters.get(code) is waiter:
                     del self._waiters[code]
-            row = self._row(code)
+            row = await self.store.call(self._row, code)
         status = row["status"]
         if status == PENDING:
             if row["expires_at"] < time.time():
@@ -171,7 +178,7 @@ class PairingBook:
         if taken is None:  # approved by another server process sharing the file: the secret is not here
             raise PairingError(409, "the approval was made elsewhere; ask the admin to approve again")
         secret, _ = taken
-        self.store.pairing.mark_paired(code)
+        await self.store.call(self.store.pairing.mark_paired, code)
         return {"status": PAIRED, "token": secret, "name": row["device_name"], "tags": json.loads(row["tags"])}
 
     def _row(self, code: str) -> Any:
@@ -184,7 +191,11 @@ class PairingBook:
 
     # -- the admin's side -------------------------------------------------------------------------
 
-    def pending(self) -> list[dict[str, Any]]:
+    async def pending(self) -> list[dict[str, Any]]:
+        """The open requests, each with `collision`: why its name is taken by another identity, else None."""
+        return await self.store.call(self._pending_rows)
+
+    def _pending_rows(self) -> list[dict[str, Any]]:
         now = time.time()
         rows = self.store.pairing.open_requests(now)
         return [{"code": r["code"], "fingerprint": r["fingerprint"], "address": r["address"],
@@ -192,11 +203,21 @@ class PairingBook:
                  "expires_at": r["expires_at"],
                  "collision": collision(self.store, r["requested_name"], r["public_key"])} for r in rows]
 
-    def approve(self, code: str, name: str | None, tags: list[str], by: str, replace: bool = False) -> dict[str, Any]:
+    async def approve(self, code: str, name: str | None, tags: list[str], by: str,
+                      replace: bool = False) -> dict[str, Any]:
         """Let the request in as device `name` (default: the name it asked for): its key is enrolled as
         that device and a token is made for the claim. A name another identity holds is refused (409)
-        unless `replace`: then that device's tokens are revoked and its key replaced by this one."""
+        unless `replace`: then that device's tokens are revoked and its key replaced by this one. The
+        statements run on the store's pool; the claims waiting for this code are woken after, on the loop."""
         code = normalize_code(code)
+        answer, secret = await self.store.call(self._approve_rows, code, name, tags, by, replace)
+        self._secrets[code] = (secret, answer["token_id"])
+        self._wake(code)
+        self._changed()
+        return answer
+
+    def _approve_rows(self, code: str, name: str | None, tags: list[str], by: str,
+                      replace: bool) -> tuple[dict[str, Any], str]:
         row = self._row(code)
         if row["status"] != PENDING:
             raise PairingError(409, f"pairing request {code} is already {row['status']}")
@@ -221,21 +242,22 @@ class PairingBook:
             self.store.tokens.revoke(info.id)
             raise PairingError(409, f"pairing request {code} was decided meanwhile")
         set_device_key(self.store, device_name, row["public_key"], f"pairing {code} by {by}")
-        self._secrets[code] = (secret, info.id)
+        return ({"code": code, "name": device_name, "tags": tags, "token_id": info.id,
+                 "fingerprint": row["fingerprint"], "replaced": taken is not None, "revoked_tokens": replaced}, secret)
+
+    async def refuse(self, code: str, by: str) -> dict[str, Any]:
+        """Refuse the request (409 if it was decided already); the claims waiting for it are told."""
+        code = normalize_code(code)
+        await self.store.call(self._refuse_row, code, by)
         self._wake(code)
         self._changed()
-        return {"code": code, "name": device_name, "tags": tags, "token_id": info.id, "fingerprint": row["fingerprint"],
-                "replaced": taken is not None, "revoked_tokens": replaced}
+        return {"code": code, "status": REFUSED}
 
-    def refuse(self, code: str, by: str) -> dict[str, Any]:
-        code = normalize_code(code)
+    def _refuse_row(self, code: str, by: str) -> None:
         row = self._row(code)
         if row["status"] != PENDING:
             raise PairingError(409, f"pairing request {code} is already {row['status']}")
         self.store.pairing.refuse(code, by)
-        self._wake(code)
-        self._changed()
-        return {"code": code, "status": REFUSED}
 
     def _changed(self) -> None:
         self.version += 1

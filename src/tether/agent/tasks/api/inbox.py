@@ -30,11 +30,11 @@ KEEPALIVE_S = 15.0
 MAX_ITEMS = 1000
 
 
-def _task_items(service: TaskService, who: TokenInfo, four_eyes: bool) -> list[dict[str, Any]]:
+async def _task_items(service: TaskService, who: TokenInfo, four_eyes: bool) -> list[dict[str, Any]]:
     items = []
-    for row in service.list(MAX_ITEMS, "waiting_for_user"):
+    for row in await service.listing(MAX_ITEMS, "waiting_for_user"):
         with contextlib.suppress(TaskError):
-            task = service.get(row["id"])
+            task = await service.fetch(row["id"])
             pending = task.pending_question
             if pending is None or not service.visible(task, who):
                 continue
@@ -75,11 +75,12 @@ def _device_items(request: Request, who: TokenInfo, four_eyes: bool) -> list[dic
     return items
 
 
-def inbox(request: Request, who: TokenInfo) -> list[dict[str, Any]]:
-    """What waits for a person that `who` may answer, oldest first (see the module docstring)."""
+async def inbox(request: Request, who: TokenInfo) -> list[dict[str, Any]]:
+    """What waits for a person that `who` may answer, oldest first (see the module docstring). The tasks'
+    table is read without holding up the event loop (`TaskService.listing`)."""
     four_eyes = bool(getattr(request.app.state.settings, "four_eyes", False))
     service: TaskService | None = getattr(request.app.state, "tasks", None)
-    items = _task_items(service, who, four_eyes) if service is not None else []
+    items = await _task_items(service, who, four_eyes) if service is not None else []
     items += _device_items(request, who, four_eyes)
     return sorted(items, key=lambda item: item["asked_at"])
 
@@ -89,7 +90,7 @@ async def list_approvals(request: Request, who: Annotated[TokenInfo, Depends(req
                          ) -> list[dict[str, Any]]:
     """The caller's inbox: id, source (task | device), kind (approval | confirmation | question), task, device,
     question, options, question_id, digest, requested_by, asked_at (Unix seconds)."""
-    return inbox(request, who)
+    return await inbox(request, who)
 
 
 # an endless stream, as the dashboard's /web/fleet: kept out of the OpenAPI document (docs/approvals.md has it)
@@ -106,7 +107,7 @@ async def _follow(request: Request, who: TokenInfo) -> AsyncIterator[bytes]:
     seen, shown = -1, None
     while not changes.closed:
         version = changes.version
-        ids = [item["id"] for item in inbox(request, who)]
+        ids = [item["id"] for item in await inbox(request, who)]
         if ids != shown:
             shown = ids
             yield f"event: approvals\ndata: {json.dumps({'count': len(ids), 'ids': ids})}\n\n".encode()

@@ -160,7 +160,7 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
         return await _follow(tasks, task.id, call, settings=settings())
 
     async def get_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
-        task = service().get(_task_id(arguments))
+        task = await service().fetch(_task_id(arguments))
         return _reply(task, call, settings())
 
     async def answer_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
@@ -168,8 +168,8 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
         if unknown:
             return GatewayReply(f"answer_task: unknown argument(s) {', '.join(sorted(unknown))}", is_error=True)
         tasks = service()
-        task_id = tasks.get(_task_id(arguments)).id
-        asked = tasks.get(task_id).pending_question
+        task_id = (await tasks.fetch(_task_id(arguments))).id
+        asked = (await tasks.fetch(task_id)).pending_question
         approved = arguments.get("approved")
         if approved is not None and not isinstance(approved, bool):
             return GatewayReply("answer_task: 'approved' must be true or false", is_error=True)
@@ -182,24 +182,24 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
             await _answer(tasks, task_id, body, call, settings())
         else:
             if approved:  # a denial stops the action: an agent may always say no
-                _need_approve(call, f"approve task {task_id[:12]}'s action", tasks.get(task_id), settings())
+                _need_approve(call, f"approve task {task_id[:12]}'s action", await tasks.fetch(task_id), settings())
             await tasks.steer(task_id, "approve", _who(call), approved=approved,  # (on the node running it)
                               digest=arguments.get("digest") if isinstance(arguments.get("digest"), str) else None)
         await asyncio.sleep(0)  # as the REST answer: the waiting runner takes the answer first
         if arguments.get("wait", True) is False:
-            return _reply(tasks.get(task_id), call, settings())
+            return _reply(await tasks.fetch(task_id), call, settings())
         return await _follow(tasks, task_id, call, answered=asked.id if asked is not None else None,
                              settings=settings())
 
     async def cancel_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         tasks = service()
-        task_id = tasks.get(_task_id(arguments)).id
+        task_id = (await tasks.fetch(_task_id(arguments))).id
         await tasks.steer(task_id, "cancel", _who(call))  # here, or on the node of the cluster running it
-        return _reply(tasks.get(task_id), call, settings())
+        return _reply(await tasks.fetch(task_id), call, settings())
 
     async def undo_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         tasks = service()
-        task = tasks.get(_task_id(arguments))
+        task = await tasks.fetch(_task_id(arguments))
         _need_approve(call, "undo a task (it rewrites files as an approved action)", task, settings(), undo=True)
         report = await tasks.undo(task.id, _who(call))
         lines = [f"{name}: " + (f"restored {info['restored']}" if "restored" in info else f"error: {info['error']}")
@@ -219,7 +219,7 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
         if not (body.add or body.remove or body.add_needs):
             return GatewayReply("edit_task: the edit is empty: give add, remove or add_needs", is_error=True)
         tasks = service()
-        task_id = tasks.get(_task_id(arguments)).id
+        task_id = (await tasks.fetch(_task_id(arguments))).id
         try:
             done = await edit_graph(tasks, task_id, GraphEdit(add=body.add, remove=body.remove,
                                                               add_needs=body.add_needs), call.token, _who(call))
@@ -234,7 +234,7 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
         async def run(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
             try:
                 if "task_id" in arguments and call.token.scoped:  # another scope's task is not there for it
-                    visible_task(service(), _task_id(arguments), call.token)
+                    await visible_task(service(), _task_id(arguments), call.token)
                 return await handler(arguments, call)
             except TaskError as exc:  # the REST API's {"error"} as a tool error, same words
                 return GatewayReply(str(exc), is_error=True)
@@ -273,7 +273,8 @@ async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered:
                   settings: Any = None) -> GatewayReply:
     """Follow the task from now on until it ends, or asks something this client cannot answer here.
     `answered` is the question just answered (its runner may not have taken the answer yet)."""
-    task, _, queue = tasks.subscribe(task_id)  # what happened before is in get_task; from now on here
+    found = await tasks.fetch(task_id)  # off the event loop when not in memory
+    task, _, queue = tasks.subscribe(task_id, found=found)  # what happened before is in get_task; from now on here
     sent = 0
     try:
         pending = task.pending_question  # asked before we subscribed and still open
@@ -396,7 +397,7 @@ async def _ask_for_server(tasks: TaskService, task: Task, question: dict[str, An
 
 async def _answer(tasks: TaskService, task_id: str, body: Answer, call: GatewayCall, settings: Any) -> None:
     """As POST /tasks/{id}/answer: an MCP server's open question, else the task's own question."""
-    task = tasks.get(task_id)
+    task = await tasks.fetch(task_id)
     pending = task.pending_question
     question = tasks.mcp_question(task_id)
     if pending is None and question is not None:

@@ -101,10 +101,10 @@ def _service(request: Request) -> TaskService:
     return request.app.state.tasks
 
 
-def visible_task(service: TaskService, task_id: str, who: TokenInfo) -> Task:
+async def visible_task(service: TaskService, task_id: str, who: TokenInfo) -> Task:
     """The task, when `who` may see it (`TaskService.visible`); else the 404 a task that does not exist gets,
     naming the token's scope: a scoped token cannot read, follow, answer or steer another scope's task."""
-    task = service.get(task_id)
+    task = await service.fetch(task_id)
     if not service.visible(task, who):
         raise TaskError(404, f"no task '{task_id[:64]}' on the devices in the scope of token '{who.name}' "
                              f"({who.scope_text()})")
@@ -147,13 +147,13 @@ async def list_tasks(request: Request, who: Annotated[TokenInfo, Depends(require
                      state: str | None = None) -> list[dict[str, Any]]:
     """Newest first; a scoped token sees the tasks of its devices only (a page may come out short)."""
     service = _service(request)
-    rows = service.list(max(1, min(limit, 1000)), state)
+    rows = await service.listing(max(1, min(limit, 1000)), state)
     if not who.scoped:
         return rows
     kept = []
     for row in rows:
         with contextlib.suppress(TaskError):
-            if service.visible(service.get(row["id"]), who):
+            if service.visible(await service.fetch(row["id"]), who):
                 kept.append(row)
     return kept
 
@@ -162,7 +162,7 @@ async def list_tasks(request: Request, who: Annotated[TokenInfo, Depends(require
 async def get_task(task_id: str, request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
                    events: bool = True) -> dict[str, Any]:
     """The whole task: plan, every step with its command and result, decisions, questions, events."""
-    task: Task = visible_task(_service(request), task_id, who)
+    task: Task = await visible_task(_service(request), task_id, who)
     body = task.model_dump(mode="json", exclude={"events"} if not events else None)
     body["graph"] = graph_of(task)  # a graph plan's steps, states and stages (None for a list plan)
     return body
@@ -174,7 +174,7 @@ async def answer_task(task_id: str, body: Answer, request: Request,
     """Answer the open question; the same task resumes where it stopped. Answering an approval
     question needs the `approve` scope, as /approval does."""
     service = _service(request)
-    task = visible_task(service, task_id, who)
+    task = await visible_task(service, task_id, who)
     pending = task.pending_question
     base = str(request.base_url)
     if pending is None and service.mcp_question(task_id) is not None:  # an MCP server asks, mid-step
@@ -186,7 +186,7 @@ async def answer_task(task_id: str, body: Answer, request: Request,
             settings=_settings(request))
         await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}",
                                           answerer=TokenRef(who.name, who.agent))
-        return service.get(task_id).summary()
+        return (await service.fetch(task_id)).summary()
     if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
         require_approver(who, f"answer task {task.id[:12]}'s {pending.kind}", how_a_person_approves(
             base, task_id=task.id), requested_by=task.requested_by, settings=_settings(request))
@@ -199,7 +199,7 @@ async def approve_task(task_id: str, body: Approval, request: Request,
                        who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
     """Approve or deny the action the task is waiting on (a denial cancels the task). Needs the
     `approve` scope: an agent holding an execute token must not approve its own actions."""
-    task = visible_task(_service(request), task_id, who)
+    task = await visible_task(_service(request), task_id, who)
     if body.approved:  # a denial stops the action: an agent may always say no (as it may cancel)
         require_approver(who, f"approve task {task.id[:12]}'s action", how_a_person_approves(
             str(request.base_url), task_id=task.id), requested_by=task.requested_by, settings=_settings(request))
@@ -212,7 +212,7 @@ async def approve_task(task_id: str, body: Approval, request: Request,
 @router.post("/{task_id}/cancel")
 async def cancel_task(task_id: str, request: Request,
                       who: Annotated[TokenInfo, Depends(require("execute"))]) -> dict[str, Any]:
-    visible_task(_service(request), task_id, who)
+    await visible_task(_service(request), task_id, who)
     return _summary(await _service(request).steer(task_id, "cancel", f"api:{who.name}"))
 
 
@@ -227,7 +227,7 @@ async def undo_task(task_id: str, request: Request,
     """Put back the files the task's commands changed, on each device they ran on. Needs the `approve`
     scope: the undo rewrites files as an approved action (the device refuses it otherwise), so an
     agent's execute token must not be able to set it off."""
-    visible_task(_service(request), task_id, who)
+    await visible_task(_service(request), task_id, who)
     require_approver(who, "undo a task (it rewrites files as an approved action)",
                      how_a_person_approves(str(request.base_url), task_id=task_id, undo=True))
     return {"task": task_id, "devices": await _service(request).undo(task_id, f"api:{who.name}")}
@@ -243,7 +243,7 @@ async def edit_task(task_id: str, body: EditRequest, request: Request,
     from tether.agent.planning.edits import GraphEdit
     from tether.agent.tasks.graph_edit import edit_graph
 
-    visible_task(_service(request), task_id, who)
+    await visible_task(_service(request), task_id, who)
     if not (body.add or body.remove or body.add_needs):
         raise TaskError(422, "the edit is empty: give add, remove or add_needs")
     edit = GraphEdit(add=body.add, remove=body.remove, add_needs=body.add_needs)
@@ -254,8 +254,8 @@ async def edit_task(task_id: str, body: EditRequest, request: Request,
 async def task_events(task_id: str, request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
                       after: int = -1) -> StreamingResponse:
     service = _service(request)
-    visible_task(service, task_id, who)
-    task, past, queue = service.subscribe(task_id, after)
+    found = await visible_task(service, task_id, who)
+    task, past, queue = service.subscribe(task_id, after, found)
     return StreamingResponse(_stream(service, task, past, queue), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
@@ -286,7 +286,7 @@ async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
         # `ended` is false when the server is shutting down under a task that is still going
         if not task.state.terminal:  # a task another node of a cluster ran: its stored end
             with contextlib.suppress(TaskError):
-                task = service.get(task.id)
+                task = await service.fetch(task.id)
         yield _frame("end", {"id": task.id, "state": task.state.value, "ended": task.state.terminal,
                              "answer": task.answer, "error": task.error})
     finally:
@@ -303,7 +303,7 @@ async def _allow_always(request: Request, task_id: str, body: Approval, who: Tok
                                  "changes the device's policy); approve once, or ask an admin")
     service = _service(request)
     try:
-        task = service.get(task_id)
+        task = await service.fetch(task_id)
     except TaskError as exc:
         raise HTTPException(exc.status, str(exc)) from None
     pending = task.pending_question

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from tether.agent.run.task import TERMINAL_STATES, TaskState
@@ -76,15 +76,17 @@ class TaskLeases:
         return self._table.orphaned(_ENDED, time.time())
 
 
-async def keep_leases(leases: TaskLeases, live: Callable[[], list[str]], take_over: Callable[[str], None],
-                      lost: Callable[[str], None]) -> None:
+async def keep_leases(leases: TaskLeases, live: Callable[[], list[str]],
+                      take_over: Callable[[str], Awaitable[None]], lost: Callable[[str, str | None], None]) -> None:
     """Renew this node's leases every third of the lease, and take over the tasks whose node stopped
-    renewing. A database that cannot be reached is logged and tried again on the next round (the leases then
-    run out, and another node — or this one, when the database is back — takes the tasks over)."""
+    renewing (`take_over(task_id)`; `lost(task_id, holder)` for a task another node took over from this one).
+    A database that cannot be reached is logged and tried again on the next round (the leases then run out,
+    and another node — or this one, when the database is back — takes the tasks over).
+    """
     every = max(leases.lease_s / 3, 0.05)
 
-    def round_of(held: list[str]) -> tuple[set[str], list[str]]:  # the statements, off the event loop
-        return leases.renew(held), leases.orphaned()
+    def round_of(held: list[str]) -> tuple[dict[str, str | None], list[str]]:  # the statements, off the loop
+        return {task_id: leases.holder(task_id) for task_id in leases.renew(held)}, leases.orphaned()
 
     while True:
         await asyncio.sleep(every)  # the keeper's period, not a wait for an event: leases are time-based
@@ -92,11 +94,11 @@ async def keep_leases(leases: TaskLeases, live: Callable[[], list[str]], take_ov
             # on the task table's worker (PostgreSQL): a lock on the table or a stalled database holds this
             # keeper, never the event loop
             gone, orphaned = await leases.store.table.call(round_of, live())
-            for task_id in gone:
-                lost(task_id)
+            for task_id, holder in gone.items():
+                lost(task_id, holder)
             mine = set(live())
             for task_id in orphaned:
                 if task_id not in mine:
-                    take_over(task_id)
+                    await take_over(task_id)
         except Exception as exc:  # a database away for a while must not end the keeper
             logger.warning("task leases (node %s): %s", leases.node, exc)

@@ -28,15 +28,23 @@ class Answering(Running):
             return await self._peers.steer(exc.holder, task_id, action, by, args)
 
     async def steer_here(self, task_id: str, action: str, by: str, args: dict[str, Any]) -> Task:
-        if action == "answer":
-            task = self.answer(task_id, str(args.get("answer", "")), args.get("question_id"), by,
-                               digest=args.get("digest"))
-        elif action == "approve":
-            task = self.approve(task_id, bool(args.get("approved")), by, digest=args.get("digest"))
-        elif action == "cancel":
-            return await self.cancel(task_id)
-        else:
+        """Answer, approve or cancel the task on this node; the task and its lease are read off the event loop
+        first (`steerable`), so the synchronous steps below find them in memory."""
+        if action not in ("answer", "approve", "cancel"):
             raise TaskError(400, f"unknown action {action!r}")
+        checked = await self.steerable(task_id)
+        self._checked[task_id] = self._checked[checked.id] = checked  # as given, and whole (approve answers)
+        try:
+            if action == "cancel":
+                return await self.cancel(task_id)  # its `_steerable` runs before its first await
+            if action == "answer":
+                task = self.answer(task_id, str(args.get("answer", "")), args.get("question_id"), by,
+                                   digest=args.get("digest"))
+            else:
+                task = self.approve(task_id, bool(args.get("approved")), by, digest=args.get("digest"))
+        finally:
+            self._checked.pop(task_id, None)
+            self._checked.pop(checked.id, None)
         await asyncio.sleep(0)  # one turn of the loop: the waiting runner takes the answer, so the reply is current
         return task
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import builtins
 import logging
 from typing import Any
 
@@ -16,7 +17,7 @@ from tether.agent.tasks.store import SaveSoon, TaskStore
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.notify.notifier import Notifier
-from tether.server.store import Store, StoreUnavailable
+from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo, scope_reaches
 from tether.server.transfer.service import TransferService
 
@@ -54,10 +55,14 @@ class ServiceCore:
         self._keeper: asyncio.Task[None] | None = None
         self._given_up: set[str] = set()  # tasks another server took over while they ran here
         self._asking: dict[str, asyncio.Task[None]] = {}  # tasks whose step in flight is being asked about
+        self._checked: dict[str, Task] = {}  # task id given -> the task `steerable` found, while it is steered
 
     def _steerable(self, task_id: str) -> Task:
         """The task, when this server may steer it: not while another live server sharing the database
         runs it (its answer or cancel would be lost in the other server's next save)."""
+        checked = self._checked.get(task_id)  # `steerable` found it just now, off the loop
+        if checked is not None:
+            return checked
         task = self.get(task_id)
         if task.id not in self._live and not task.state.terminal and self._leases is not None:
             holder = self._leases.holder(task.id)
@@ -66,12 +71,34 @@ class ServiceCore:
                                      "database: send this to that server", holder=holder)
         return task
 
+    async def steerable(self, task_id: str) -> Task:
+        """`_steerable` without holding up the event loop: the task and its lease's holder are read on the task
+        table's worker with PostgreSQL (`TaskError` 409 naming the holder when another server runs it)."""
+        task = await self.fetch(task_id)
+        if task.id not in self._live and not task.state.terminal and self._leases is not None:
+            holder = await self.store.table.call(self._leases.holder, task.id)
+            if holder is not None and holder != self._leases.node:
+                raise TaskError(409, f"task {task.id} is run by server {holder}, which shares this server's "
+                                     "database: send this to that server", holder=holder)
+        return task
+
     def _release(self, task_id: str) -> None:
-        if self._leases is not None:
+        """Give up this node's lease of the task, after the saves given before (on the task table's worker with
+        PostgreSQL: the event loop never waits; at once with SQLite). A failure is logged: the lease runs out."""
+        leases = self._leases
+        if leases is None:
+            return
+
+        def release() -> None:
             try:
-                self._leases.release(task_id)
-            except StoreUnavailable as exc:  # the lease runs out by itself
+                leases.release(task_id)
+            except Exception as exc:  # the lease runs out by itself
                 logger.warning("could not release the lease of task %s: %s", task_id, exc)
+
+        try:
+            self.store.table.submit(release)
+        except RuntimeError:  # the table is closed: the lease runs out by itself
+            logger.warning("could not release the lease of task %s: the task store is closed", task_id)
 
     def reaches(self, task: Task, name: str) -> bool:
         """Whether the task's scope (its creator's, when scoped) reaches the device `name`."""
@@ -105,9 +132,20 @@ class ServiceCore:
             raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
         return self._live.get(stored.id) or self._saver.unsaved.get(stored.id, stored)
 
+    async def fetch(self, task_id: str) -> Task:
+        """`get` without holding up the event loop: a task not in memory is read on the task table's worker
+        with PostgreSQL (`TaskTable.call`; `StoreUnavailable` when it does not answer), at once with SQLite."""
+        task = self._live.get(task_id) or self._saver.unsaved.get(task_id)
+        if task is not None:
+            return task
+        stored = await self.store.table.call(self.store.get, task_id)
+        if stored is None:
+            raise TaskError(404, f"no task '{task_id}' (or the prefix matches several)")
+        return self._live.get(stored.id) or self._saver.unsaved.get(stored.id, stored)
+
     async def wait(self, task_id: str) -> Task:
         """The task once its runner has stopped: it ended, or the server is closing under it."""
-        task = self.get(task_id)
+        task = await self.fetch(task_id)
         running = self._runners.get(task.id)
         if running is not None:
             await asyncio.shield(running[1])
@@ -117,9 +155,21 @@ class ServiceCore:
         """Newest first, as `get` shows them: a task in memory (running, or not yet saved because the disk
         is full) is listed with its current state, not the one last stored."""
         memory = {**self._live, **self._saver.unsaved}
+        return self._listed(memory, self.store.list(limit + len(memory), state), limit, state)
+
+    async def listing(self, limit: int = 50, state: str | None = None) -> builtins.list[dict[str, Any]]:
+        """`list` without holding up the event loop: the stored rows are read on the task table's worker with
+        PostgreSQL (`TaskTable.call`; `StoreUnavailable` when it does not answer), at once with SQLite."""
+        size = limit + len(self._live) + len(self._saver.unsaved)
+        stored = await self.store.table.call(self.store.list, size, state)
+        return self._listed({**self._live, **self._saver.unsaved}, stored, limit, state)
+
+    @staticmethod
+    def _listed(memory: dict[str, Task], stored: builtins.list[dict[str, Any]], limit: int,
+                state: str | None) -> builtins.list[dict[str, Any]]:
         if not memory:
-            return self.store.list(limit, state)
-        rows = {row["id"]: row for row in self.store.list(limit + len(memory), state)}
+            return stored[:limit]
+        rows = {row["id"]: row for row in stored}
         for task in memory.values():
             rows[task.id] = {"id": task.id, "request": task.request, "state": task.state.value,
                              "device": task.device, "requested_by": task.requested_by,

@@ -29,11 +29,13 @@ class Followers(ServiceCore):
                 self._subscribers[task_id].discard(queue)
                 queue.put_nowait(None)
 
-    def subscribe(self, task_id: str, after: int = -1
+    def subscribe(self, task_id: str, after: int = -1, found: Task | None = None
                   ) -> tuple[Task, builtins.list[TaskEvent], asyncio.Queue[TaskEvent | None] | None]:
         """The events so far (after `after`) and, for a task still going, a queue of what comes next
-        (None marks the end). Both come from one moment, so nothing is missed or seen twice."""
-        task = self.get(task_id)
+        (None marks the end). Both come from one moment, so nothing is missed or seen twice. `found`: the
+        task as `fetch` read it just now; a task not in memory is then not read again (on the event loop)."""
+        in_memory = found is not None and (found.id in self._live or found.id in self._saver.unsaved)
+        task = found if found is not None and not in_memory else self.get(task_id)
         past = [e for e in task.events if e.seq > after]
         if task.state.terminal and task.id not in self._runners:
             return task, past, None

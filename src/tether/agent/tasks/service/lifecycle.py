@@ -75,23 +75,24 @@ class Lifecycle(Answering):
         if self.llm is not None:
             await self.llm.close()
 
-    def _take_over(self, task_id: str) -> None:
-        """A task whose server stopped renewing its lease: claim it and settle it as a restart does."""
-        task = self.store.get(task_id)
-        if task is None or task.state.terminal or task.id in self._live or self._closing:
+    async def _take_over(self, task_id: str) -> None:
+        """A task whose server stopped renewing its lease: claim it and settle it as a restart does. The task
+        is read and claimed on the task table's worker with PostgreSQL (the event loop never waits)."""
+        task = await self.store.table.call(self.store.get, task_id)
+        if task is None or task.state.terminal or task.id in self._live or self._closing or self._leases is None:
             return
-        if self._leases is not None and self._leases.claim(task.id):
+        claimed = await self.store.table.call(self._leases.claim, task.id)
+        if claimed and not (task.id in self._live or self._closing):
             logger.warning("task %s: its server stopped; taken over by %s", task.id, self._leases.node)
             seen = task.events[-1].seq if task.events else -1
             self._resume_after_restart(task)
             for event in [e for e in task.events if e.seq > seen]:  # followers here already: what the settling said
                 self._on_event(task, event)
 
-    def _lost(self, task_id: str) -> None:
-        """Another server took this task over (this one could not renew its lease in time): stop running it
-        here without saving, since the other server owns its record now."""
-        logger.error("task %s was taken over by %s; stopping it here", task_id,
-                     self._leases.holder(task_id) if self._leases is not None else "another server")
+    def _lost(self, task_id: str, holder: str | None) -> None:
+        """Another server (`holder`, when known) took this task over (this one could not renew its lease in
+        time): stop running it here without saving, since the other server owns its record now."""
+        logger.error("task %s was taken over by %s; stopping it here", task_id, holder or "another server")
         running = self._runners.pop(task_id, None)
         if running is not None:
             self._given_up.add(task_id)

@@ -15,7 +15,7 @@ class Undoing(Running):
     async def undo(self, task_id: str, requested_by: str) -> dict[str, Any]:
         """Put back the files the task changed, on every device its commands ran on, the device that changed
         something last first (a graph's branches ran on several devices at once)."""
-        task = self.get(task_id)
+        task = await self.fetch(task_id)
         if task.id in self._runners:
             raise TaskError(409, f"task {task.id} is still running; cancel it first")
         report: dict[str, Any] = {}

@@ -91,8 +91,8 @@ async def device_key(name: str, request: Request,
     reach or the server does not know."""
     registry, store = request.app.state.registry, request.app.state.store
     in_scope(registry, who, name)
-    enrolled = store.device_keys.get(name)
-    if enrolled is None and registry.get(name) is None and not store.devices.known(name):
+    enrolled = await store.call(store.device_keys.get, name)
+    if enrolled is None and registry.get(name) is None and not await store.call(store.devices.known, name):
         raise HTTPException(404, f"no device named '{name}'")
     if enrolled is None:
         return {"name": name, "fingerprint": None, "enrolled_at": None, "enrolled_by": None}
@@ -100,8 +100,8 @@ async def device_key(name: str, request: Request,
             "enrolled_by": enrolled.enrolled_by}
 
 
-def _exists(hub: DeviceHub, name: str) -> bool:
-    return hub.registry.get(name) is not None or _stored(hub.store, name)
+async def _exists(hub: DeviceHub, name: str) -> bool:
+    return hub.registry.get(name) is not None or await hub.store.call(_stored, hub.store, name)
 
 
 def _stored(store: Store, name: str) -> bool:
@@ -109,15 +109,16 @@ def _stored(store: Store, name: str) -> bool:
     return store.devices.known(name) or store.device_keys.get(name) is not None or store.tokens.has_active_device(name)
 
 
-def set_tags(hub: DeviceHub, name: str, tags: list[str], by: str) -> list[str]:
+async def set_tags(hub: DeviceHub, name: str, tags: list[str], by: str) -> list[str]:
     """Make `tags` (deduplicated, order kept) device `name`'s tags, in place of the ones it reports, in the
-    registry and the store (kept at every registration); audited. Returns the tags."""
-    if not _exists(hub, name):
+    registry and the store (kept at every registration); audited. Returns the tags. The statements run
+    without holding up the event loop (`Store.call`)."""
+    if not await _exists(hub, name):
         raise DeviceChangeRefused(404, f"no device named '{name}'")
     kept = list(dict.fromkeys(tags))
     record = hub.registry.get(name)
     before = list(record.tags) if record is not None else []
-    hub.store.devices.set_tags(name, kept, time.time())
+    await hub.store.call(hub.store.devices.set_tags, name, kept, time.time())
     hub.registry.override_tags(name, kept)
     hub.registry.notify()
     hub.fleet_changed(name)
@@ -125,25 +126,26 @@ def set_tags(hub: DeviceHub, name: str, tags: list[str], by: str) -> list[str]:
     return kept
 
 
-def check_rename(hub: DeviceHub, old: str, new: str) -> None:
+async def check_rename(hub: DeviceHub, old: str, new: str) -> None:
     """`DeviceChangeRefused` when `rename_device(old, new)` would be refused (see there), else nothing."""
-    if not _exists(hub, old):
+    if not await _exists(hub, old):
         raise DeviceChangeRefused(404, f"no device named '{old}'")
     if new == old:
         return
-    if _exists(hub, new):
+    if await _exists(hub, new):
         raise DeviceChangeRefused(409, f"device '{new}' exists already: remove it first (tether devices rm {new})")
     record = hub.registry.get(old)
     if hub.holds(old) or (record is not None and record.connected):  # here, or (a cluster) on another node
         raise DeviceChangeRefused(409, f"device '{old}' is connected: stop it, rename it, then start it with the "
                                        f"name '{new}' (its config's device.name, or --name)")
-    scoped = [t.name for t in hub.store.tokens.all() if t.active and t.kind == "api" and old in t.devices]
+    tokens = await hub.store.call(hub.store.tokens.all)
+    scoped = [t.name for t in tokens if t.active and t.kind == "api" and old in t.devices]
     if scoped:
         raise DeviceChangeRefused(409, f"API token(s) {', '.join(sorted(set(scoped)))} are scoped to device "
                                        f"'{old}' by name: revoke them (or scope them otherwise) before renaming")
 
 
-def rename_device(hub: DeviceHub, old: str, new: str, by: str) -> None:
+async def rename_device(hub: DeviceHub, old: str, new: str, by: str) -> None:
     """Rename device `old` to `new`: its device tokens, enrolled key, stored row (with its tags) and registry
     record follow; its audit rows keep the old name, and one more records the rename.
 
@@ -151,8 +153,9 @@ def rename_device(hub: DeviceHub, old: str, new: str, by: str) -> None:
     `old` is connected (or within its grace period: its batches wait under that name), or when an active
     API token names `old` in its device scope (a glob or tag scope is not refused; it is evaluated on the
     new name from then on). The device itself must use the new name when it connects again (its config's
-    `device.name`, `--name`), since a registration claiming another name than its token's is refused."""
-    check_rename(hub, old, new)
+    `device.name`, `--name`), since a registration claiming another name than its token's is refused. The
+    statements run without holding up the event loop (`Store.call`)."""
+    await check_rename(hub, old, new)
     if new == old:
         return
     record = hub.registry.get(old)
@@ -160,8 +163,8 @@ def rename_device(hub: DeviceHub, old: str, new: str, by: str) -> None:
     last_seen = record.last_seen if record is not None else None
     platform = record.platform if record is not None else None
     tags = list(override if override is not None else record.tags if record is not None else ())
-    hub.store.device_keys.rename(old, new)
-    had_row = hub.store.devices.rename(old, new)
+    await hub.store.call(hub.store.device_keys.rename, old, new)
+    had_row = await hub.store.call(hub.store.devices.rename, old, new)
     hub.registry.forget(old)
     if override is not None:
         hub.registry.override_tags(new, override)
@@ -182,14 +185,14 @@ async def change_device(name: str, body: DeviceChange, request: Request,
     hub: DeviceHub = request.app.state.hub
     by = f"api:{who.name}"
     try:
-        if not _exists(hub, name):
+        if not await _exists(hub, name):
             raise DeviceChangeRefused(404, f"no device named '{name}'")
         if body.name is not None:  # refused before anything changes
-            check_rename(hub, name, body.name)
+            await check_rename(hub, name, body.name)
         if body.tags is not None:
-            set_tags(hub, name, body.tags, by)
+            await set_tags(hub, name, body.tags, by)
         if body.name is not None:
-            rename_device(hub, name, body.name, by)
+            await rename_device(hub, name, body.name, by)
     except DeviceChangeRefused as exc:
         raise HTTPException(exc.status, str(exc)) from None
     now = body.name or name

@@ -58,9 +58,9 @@ def _book(request: Request) -> PairingBook:
     return book
 
 
-def _call(fn: Any, *args: Any) -> Any:
+async def _call(fn: Any, *args: Any) -> Any:
     try:
-        return fn(*args)
+        return await fn(*args)
     except PairingError as exc:
         raise HTTPException(exc.status, str(exc)) from None
 
@@ -70,7 +70,7 @@ async def request_pairing(body: PairingRequest, request: Request) -> dict[str, A
     """A device without a token asks to be let in; it gets a code to show, and its key's fingerprint
     (SHA-256 of the public key), which the device shows too and the admin compares."""
     address = request.client.host if request.client else "unknown"
-    return _call(_book(request).request, body.public_key, address, body.name, body.platform)
+    return await _call(_book(request).request, body.public_key, address, body.name, body.platform)
 
 
 @pairing_router.post("/{code}/claim")
@@ -87,13 +87,13 @@ async def claim_pairing(code: str, body: PairingClaim, request: Request) -> dict
 async def pending_pairings(request: Request,
                            _: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> list[dict[str, Any]]:
     """Open requests; `collision` says why a request's name is taken by another identity (else null)."""
-    return _book(request).pending()
+    return await _book(request).pending()
 
 
 @pairing_router.post("/{code}/approve")
 async def approve_pairing(code: str, body: PairingDecision, request: Request,
                           who: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
-    done = _call(_book(request).approve, code, body.name, body.tags, who.name, body.replace)
+    done = await _call(_book(request).approve, code, body.name, body.tags, who.name, body.replace)
     if done.get("revoked_tokens"):  # the replaced device is disconnected now, not at the next token check
         await request.app.state.hub.enforce_revocations()
     return done
@@ -102,4 +102,4 @@ async def approve_pairing(code: str, body: PairingDecision, request: Request,
 @pairing_router.post("/{code}/refuse")
 async def refuse_pairing(code: str, request: Request,
                          who: Annotated[TokenInfo, Depends(require_fleet("admin"))]) -> dict[str, Any]:
-    return _call(_book(request).refuse, code, who.name)
+    return await _call(_book(request).refuse, code, who.name)
