@@ -58,6 +58,14 @@ def _sleeps_audited(kit: ClusterKit, task_id: str) -> int:
                           (who,)).fetchone()[0]
 
 
+async def _until_audited(kit: ClusterKit, task_id: str, count: int) -> None:
+    """Until the step's command has its audit row: a row is written before the command goes, but the
+    step_started event comes first (with PostgreSQL the row is committed by the audit worker just after)."""
+    async with asyncio.timeout(WAIT):
+        while _sleeps_audited(kit, task_id) < count:
+            await asyncio.sleep(0.05)
+
+
 async def test_a_killed_servers_task_is_taken_over_and_asked_about_never_rerun(kit: ClusterKit, tmp_path: Path) -> None:
     a = await kit.start_node("a")
     laptop = await kit.start_device("laptop", [a])
@@ -110,6 +118,7 @@ async def test_a_restarted_server_takes_its_own_tasks_back_at_once(kit: ClusterK
     on_a = _events(kit, a, task_id)
     await _until(on_a, "step_started")
     await on_a.aclose()
+    await _until_audited(kit, task_id, 1)  # the command went to the device: killed now, its node must ask it
     await kit.kill_node(a)
     a = await kit.start_node("a", extra=["--heartbeat-timeout", "60"])
     on_a = _events(kit, a, task_id)  # the device is asked about the step first (it stopped the orphaned sleep)
