@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.tasks import (
+from bench.kit.task_kit import (
     Json,
     Usage,
     act,
