@@ -225,9 +225,10 @@ def test_a_killed_server_keeps_the_task_and_asks_what_to_do(tmp_path: Path) -> N
         assert "plan" in log.stdout and "shell.run {'cmd': 'sleep'" in log.stdout
         # the device's account: the orphaned `sleep` it stopped on reconnecting (a failure it reports), or, when its
         # stop had not been recorded yet as the server asked, no record of the call; either way it is asked about
-        stopped = ("step 1 attempt 1 shell.run {'cmd': 'sleep'" in log.stdout
-                   and "→ failure: the server no longer waits for this batch" in log.stdout)
-        assert stopped or "this device has no record of it" in log.stdout, log.stdout
+        text = " ".join(log.stdout.split())  # `tether log` wraps long lines at the terminal's width
+        stopped = ("step 1 attempt 1 shell.run {'cmd': 'sleep'" in text
+                   and "→ failure: the server no longer waits for this batch" in text)
+        assert stopped or "this device has no record of it" in text, log.stdout
         if stopped:  # its failure is the attempt's result; with no record the attempt has none to show
             assert "no result recorded" not in log.stdout
         assert "question (restart)" in log.stdout and "waiting for an answer" in log.stdout

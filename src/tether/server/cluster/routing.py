@@ -86,7 +86,14 @@ class Router:
     # -- the asking node ---------------------------------------------------------------------------
 
     def device_seen(self, device: str, holder: str | None) -> None:
-        """The directory says `device` is held by `holder` now: batches sent elsewhere follow it."""
+        """The directory says `device` is held by `holder` now: batches sent elsewhere follow it.
+
+        Held by no node (None) moves nothing: the node a batch went to still answers for it — its device
+        back within its grace period, "not held here", or its own grace's failure — and a dead node is
+        `node_gone`'s. A view that lost the device for a while (Redis restarted empty, a slow re-announce)
+        must not fail a command its device is still running there."""
+        if holder is None:
+            return
         for route in self._routes.get(device, ()):
             if route.holder != holder:
                 self._moved(route)
