@@ -111,8 +111,12 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
         _save_secret(save, secret, info.id, db)
         from tether.client.rest import token_file_path
 
-        read = ("the CLI reads it from there when TETHER_TOKEN is unset" if str(save) == token_file_path()
-                else f'use it with: export TETHER_TOKEN="$(cat {save})"')
+        if kind == "device":
+            read = f"use it with: tether device --name {info.name} --token-file {save} --server URL"
+        elif str(save) == token_file_path():
+            read = "the CLI reads it from there when TETHER_TOKEN is unset"
+        else:
+            read = f'use it with: export TETHER_TOKEN="$(cat {save})"'
         console(err=True).print(f"{kind} token{whose} for '{info.name}' (id {info.id}"
                                 f"{', scopes ' + ','.join(info.scopes) if info.scopes else ''}{reach}) saved to "
                                 f"{save} (mode 0600); {read}", markup=False, soft_wrap=True)
