@@ -128,7 +128,8 @@ def test_the_device_process_freezes_its_start_up_once_at_the_first_registration(
         later = [[i] for i in range(1000)]  # new objects, alive at the next registration
         hook("disconnected", link)  # type: ignore[arg-type]
         hook("registered", link)  # type: ignore[arg-type]
-        assert gc.get_freeze_count() == frozen and later
+        # nothing new frozen (frozen objects freed meanwhile may lower the count; 1,000 new ones would raise it)
+        assert gc.get_freeze_count() <= frozen and later
     finally:
         gc.unfreeze()
     assert heard == ["connecting", "registered", "disconnected", "registered"]

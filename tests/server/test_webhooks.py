@@ -175,6 +175,7 @@ async def test_a_delivery_recorded_before_a_restart_is_sent_after_it(tmp_path: P
     store.close()  # with PostgreSQL the delivery is recorded behind the caller (emit: None), before the close
     assert made == (None if store.calls is not None else 1)
     async with AgentServer(tmp_path, db_path=db, webhook_allow_private=True, webhook_retry_s=0.05):
+        await got.next_event("device.offline")  # answered 500: retried
         headers, body = await got.next_event("device.offline")
     assert signed(secret, headers, body) and got.answered[:2] == [500, 200]
     slack = json.loads(body)

@@ -268,9 +268,10 @@ class ServerSettings(BaseModel):
     mcp_authorization_servers: list[str] = Field(default_factory=list, description=(
         "OAuth authorization servers (issuer URLs) named in /mcp's Protected Resource Metadata (RFC 9728); "
         "empty: tether's own API tokens, which need none (docs/gateway.md)"))
-    mcp_page_size: int = Field(100, ge=1, le=10_000, description=(
-        "items per page of /mcp's tools/list, resources/list, resources/templates/list and prompts/list "
-        "(a longer list is given a page at a time, with nextCursor; docs/gateway.md)"))
+    mcp_page_size: int = Field(1000, ge=1, le=10_000, description=(
+        "items per page of /mcp's tools/list, resources/list, resources/templates/list and prompts/list (a "
+        "longer list is given a page at a time, with nextCursor; large by default, as many clients read only "
+        "the first page; docs/gateway.md)"))
     webhooks: list[WebhookConfig] = Field(default_factory=list, description=(
         "the server's own webhooks (the config file's webhooks: list): told of every event they name"))
     webhook_allow_private: bool = Field(False, description=(

@@ -57,6 +57,10 @@ class Route:
     holder: str
     rid: str = field(default_factory=lambda: secrets.token_hex(8))
     moved: bool = False
+    # interrupted because its node was called gone (its lease ran out, the backplane restarted empty), not
+    # because the device was seen elsewhere: that node may come back still holding the device, and the batch
+    # may go to it again (same request id: the device answers a call it already ran from its record)
+    gone: bool = False
 
 
 class Router:
@@ -102,6 +106,7 @@ class Router:
         for routes in self._routes.values():
             for route in routes:
                 if route.holder == node:
+                    route.gone = True
                     self._moved(route)
         # what this node answered the dead one lately may never have reached its audit: settled here (only
         # rows still open change, so an outcome that node did write stays as it is)
@@ -164,7 +169,8 @@ class Router:
                 return
             log.info("batch %s follows device %s away from node %s", batch.response_id, batch.device, holder)
             try:
-                found = await self._wait_holder(batch.device, exclude=holder, timeout=grace)
+                found = await self._wait_holder(batch.device, exclude=None if route.gone else holder,
+                                                timeout=grace)
             except Exception as exc:  # nothing says the device moved, or that its command stopped
                 hub.finish_remote(batch, [], f"the cluster backplane is unreachable ({exc}), so node {self.node} "
                                              f"cannot follow batch {batch.response_id} to device {batch.device} "
@@ -181,9 +187,9 @@ class Router:
         hub.finish_remote(batch, [], f"device {batch.device} moved between nodes {MAX_REROUTES} times while "
                                      "its batch was on the way; not sent again")
 
-    async def _wait_holder(self, device: str, exclude: str, timeout: float) -> str | None:
-        """The node holding `device` other than `exclude` (which it left), waiting at most `timeout`
-        seconds for one; this node when the device came here."""
+    async def _wait_holder(self, device: str, exclude: str | None, timeout: float) -> str | None:
+        """The node holding `device` other than `exclude` (which it left; None: any node), waiting at most
+        `timeout` seconds for one; this node when the device came here."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
@@ -198,7 +204,7 @@ class Router:
             # woken by the registry (this node, or the cluster's view of another), bounded by the grace period
             await self.registry.wait_until(lambda: self._arrived(device, exclude), min(remaining, 1.0))
 
-    def _arrived(self, device: str, exclude: str) -> bool:
+    def _arrived(self, device: str, exclude: str | None) -> bool:
         record = self.registry.get(device)
         return self.hub.local(device) or (record is not None and record.node not in (None, exclude))
 
