@@ -229,3 +229,11 @@ class FakeDevice:
         """Drop the TCP connection without a closing handshake, as a network failure would."""
         assert self.ws is not None
         self.ws.transport.abort()
+
+
+async def logged(caplog: Any, text: str, timeout: float = WAIT) -> None:
+    """Until `text` is in the captured log: what the server logs after a lookup made off its event loop (the
+    audit worker with PostgreSQL) comes a moment after the frame that caused it. Bounded by `timeout`."""
+    async with asyncio.timeout(timeout):
+        while text not in caplog.text:
+            await asyncio.sleep(0.01)

@@ -11,7 +11,7 @@ import logging
 
 import pytest
 
-from tests.kits.aip import WAIT, FakeDevice, ServerFactory, ok
+from tests.kits.aip import WAIT, FakeDevice, ServerFactory, logged, ok
 from tether.protocol.messages import ClientMessage, ClientMessageType, Event, ServerMessageType, TaskStatus
 from tether.protocol.models import Command, Result, ResultStatus
 
@@ -88,7 +88,7 @@ async def test_a_result_forged_by_another_device_is_refused(servers, caplog):
     with caplog.at_level(logging.WARNING, logger="tether.server.hub"):
         await box.results(sent.response_id, [forged])
         await box.sync()
-    assert "refused results from device box" in caplog.text
+        await logged(caplog, "refused results from device box")
     assert not run.done()
     await laptop.results(sent.response_id, [ok(sent.actions[0])])
     [result] = await run
@@ -130,7 +130,7 @@ async def test_timeout_sends_cancel_says_outcome_pending_and_records_the_late_re
     with caplog.at_level(logging.WARNING, logger="tether.server.hub"):
         await dev.results(sent.response_id, [ok(sent.actions[1])])
         await dev.sync()
-    assert f"late results from device laptop for batch {sent.response_id} recorded" in caplog.text
+        await logged(caplog, f"late results from device laptop for batch {sent.response_id} recorded")
     late = {r["call_id"]: r for r in srv.store.audit.batch(sent.response_id)}[sent.actions[1].call_id]
     assert late["status"] == "success" and late["error"].startswith("late:"), late
     assert srv.hub.registry.get("laptop").load == 0

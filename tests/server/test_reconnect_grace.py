@@ -18,7 +18,7 @@ import random
 import pytest
 
 from tests.kits import db as dbkit
-from tests.kits.aip import WAIT, FakeDevice, ServerFactory, ok
+from tests.kits.aip import WAIT, FakeDevice, ServerFactory, logged, ok
 from tests.kits.netutil import Cluster, TcpProxy, wait_for
 from tether.device.link.reconnect import GRACE_FLOOR_S, GRACE_SHARE, attempt_timeout, backoff_delay
 from tether.protocol.messages import ServerMessageType
@@ -150,7 +150,7 @@ async def test_after_the_grace_the_device_is_told_its_batches_are_no_longer_awai
     with caplog.at_level(logging.WARNING, logger="tether.server.hub"):
         await back.results(sent.response_id, [ok(c) for c in sent.actions])
         await back.sync()
-    assert f"late results from device laptop for batch {sent.response_id} recorded" in caplog.text
+        await logged(caplog, f"late results from device laptop for batch {sent.response_id} recorded")
     [row] = srv.store.audit.batch(sent.response_id)  # the outcome is a fact, however late
     assert row["status"] == "success" and row["error"].startswith("late:"), row
     # and it is this device again for everything new

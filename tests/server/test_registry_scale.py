@@ -218,7 +218,8 @@ async def test_registered_devices_share_tools_and_a_device_info_replaces_them(se
     assert [t.name for t in records[0].profile.tools] == ["only"] and records[0].tags == ("lab", "gpu")
     assert srv.hub.registry.tools.holders(old) == 2
     # the store holds each distinct list once, and the device's current one
-    stored = {d.name: d.profile for d in srv.store.devices.all()}
+    # read after the device rows written behind the caller (with PostgreSQL): in order on the pool
+    stored = {d.name: d.profile for d in await srv.store.call(srv.store.devices.all, in_order=True)}
     assert [t["name"] for t in stored["dev0"]["tools"]] == ["only"] and len(stored["dev1"]["tools"]) == 14
     assert srv.store._engine.read("SELECT COUNT(*) FROM device_tools")[0][0] == 2
 

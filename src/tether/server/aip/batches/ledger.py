@@ -95,6 +95,7 @@ class BatchBook:
         # per device, late results in a row that matched no open row: past _LATE_MISSES they are not looked
         # up any more (each lookup is a write transaction; a device must not make the server spin on them)
         self._late_misses: dict[str, int] = {}
+        self._late_asking: dict[str, int] = {}  # per device, late lookups not answered yet
         self.pending: dict[str, PendingBatch] = {}
         self._finished: OrderedDict[str, str] = OrderedDict()  # response_id -> device
         self._cancels: dict[str, list[str]] = {}  # CANCELs waiting for a disconnected device
@@ -131,11 +132,20 @@ class BatchBook:
         """Results for a batch no caller waits on any more: recorded where its rows say they were sent
         to this device and their outcome is still open (`AuditLog.late`), else refused."""
         misses = self._late_misses.get(device, 0)
-        if self.on_late is None or not rid or not results or misses >= _LATE_MISSES:
+        # lookups still on their way (written off the loop with PostgreSQL) count as misses until they answer:
+        # a flood of results for nothing is looked up _LATE_MISSES times at most, however fast it comes
+        asking = self._late_asking.get(device, 0)
+        if self.on_late is None or not rid or not results or misses + asking >= _LATE_MISSES:
             self._told_late(device, rid, results, 0, finished_here=finished_here, looked_up=False)
             return
+        self._late_asking[device] = asking + 1
 
         def then(settled: int) -> None:
+            left = self._late_asking.get(device, 1) - 1
+            if left > 0:
+                self._late_asking[device] = left
+            else:
+                self._late_asking.pop(device, None)
             self._told_late(device, rid, results, settled, finished_here=finished_here, looked_up=True)
 
         try:
