@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.kits.netutil import Cluster
+from tests.kits.netutil import Cluster, wait_for
 from tests.web.test_dashboard import WAIT_MS, Dash, browser, start_plan  # noqa: F401 - browser: the module fixture
 from tether.protocol.models import Command
 
@@ -71,6 +71,8 @@ def test_a_device_s_tags_policy_and_removal(admin: Dash, cluster: Cluster) -> No
     gone = cluster.device("beta")  # a second device, stopped, then forgotten from the dashboard
     cluster.wait_online("beta", gone)
     gone.stop()
+    # offline before the page opens: the status change pushed later would re-render it under the question
+    wait_for(lambda: cluster.status("beta") == "offline", "beta offline", 60)
     page.goto(f"{admin.base}/#/devices/beta")
     page.get_by_role("button", name="Remove device").click()  # asks first
     assert call(cluster, "GET", "/devices?name=beta") != []
