@@ -12,8 +12,6 @@ from urllib.parse import urlsplit
 from tether.device.link.batch_runner import DEFAULT_MAX_CONCURRENT_SESSIONS
 from tether.device.link.outbox import DEFAULT_RECORD_BYTES
 from tether.device.link.reconnect import RESTART_SPREAD_S
-from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
-from tether.device.policy_overlay import RemotePolicy
 
 ConnectionState = Literal["idle", "connecting", "registered", "disconnected", "refused", "stopped"]
 # (state, the DeviceConnection)
@@ -76,16 +74,3 @@ class ServerTrust:
 
     ssl_context: ssl.SSLContext | None = None
     tls_fingerprint: str | None = None
-
-
-@dataclass(frozen=True)
-class LinkHooks:
-    """Who a `DeviceConnection` tells and asks: `on_state(state, connection)` hears each state change;
-    `policy` answers the server's POLICY_REQUEST / POLICY_SET (None: refused); `questions` and `sampler`
-    receive the answers to external MCP servers' questions and sampling requests (`tether.device.mcp.client.elicit`;
-    None: such answers are dropped)."""
-
-    on_state: StateHook | None = None
-    policy: RemotePolicy | None = None
-    questions: RemoteQuestions | None = None
-    sampler: RemoteSampler | None = None
