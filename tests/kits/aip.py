@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import socket
 import uuid
 from collections.abc import Callable
@@ -233,7 +234,21 @@ class FakeDevice:
 
 async def logged(caplog: Any, text: str, timeout: float = WAIT) -> None:
     """Until `text` is in the captured log: what the server logs after a lookup made off its event loop (the
-    audit worker with PostgreSQL) comes a moment after the frame that caused it. Bounded by `timeout`."""
-    async with asyncio.timeout(timeout):
-        while text not in caplog.text:
-            await asyncio.sleep(0.01)
+    audit worker with PostgreSQL) comes a moment after the frame that caused it. Woken by the record itself
+    (a handler on the root logger, where caplog's records go too); bounded by `timeout`."""
+    loop = asyncio.get_running_loop()
+    heard = asyncio.Event()
+
+    class _Hear(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if text in record.getMessage():
+                loop.call_soon_threadsafe(heard.set)
+
+    handler = _Hear()
+    logging.getLogger().addHandler(handler)
+    try:
+        if text not in caplog.text:
+            async with asyncio.timeout(timeout):
+                await heard.wait()
+    finally:
+        logging.getLogger().removeHandler(handler)
