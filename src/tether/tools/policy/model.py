@@ -184,7 +184,7 @@ class Policy(BaseModel):
                                           "(absolute paths; 'sandbox': only sockets they bind themselves; '*': any, "
                                           "abstract ones too); empty: no unix socket at all")
     private_tmp: bool = Field(
-        False, description="each session's sandboxed commands and file tools see their own /tmp (where the temp "
+        True, description="each session's sandboxed commands and file tools see their own /tmp (where the temp "
                            "dir is a write root): nothing one session leaves there is seen by another, it is "
                            "not captured, and it is removed once the session has been idle for a day "
                            "(docs/security/ipc-and-limits.md); false: one captured /tmp for every session")
