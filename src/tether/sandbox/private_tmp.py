@@ -137,7 +137,8 @@ class PrivateTmp:
 
     def map(self, session: str | None, path: str) -> str:
         """Where `path` leads for `session`: a path at or below the temp dir (but for the kept ones) leads
-        into the session's own directory; any other path, or any path without a session, is itself.
+        into the session's own directory; any other path, a path already inside the sessions' base (mapped
+        before, or another session's, which `foreign` refuses), or any path without a session, is itself.
         Lexical (no link is followed): the caller's jail resolves the result."""
         if not session:
             return path
@@ -145,6 +146,8 @@ class PrivateTmp:
         if not os.path.isabs(absolute) or self.is_kept(absolute):
             return path
         if absolute != self.tmp and not absolute.startswith(self.tmp + "/"):
+            return path
+        if absolute == self.base or absolute.startswith(self.base + "/"):
             return path
         rest = absolute[len(self.tmp):].lstrip("/")
         own = self.dir_of(session)
