@@ -141,6 +141,7 @@ class Computer:
         if not ctx.session_id:
             raise ToolError("end_session: the batch names no session")
         removed = ctx.sandbox is not None and await ctx.sandbox.end_session(ctx.session_id)
+        logger.info("session %s ended%s", ctx.session_id, ": its private /tmp removed" if removed else "")
         return {"session_id": ctx.session_id, "tmp_removed": removed}
 
     async def list_tools(self, tool_type: ToolType | None = None, namespace: str | None = None,
