@@ -292,3 +292,36 @@ def test_two_one_off_exec_calls_do_not_share_tmp_and_each_ends_with_its_call(hom
     assert named["status"] == "success", named
     again = tether("--session", "mine", "read_file", f"file_path={temp}/note")
     assert again["status"] == "success" and "kept" in json.dumps(again), again
+
+
+async def test_a_live_process_sees_no_sessions_tmp(attacker_factory, home: Path) -> None:  # noqa: F811
+    """A sandboxed stdio MCP server runs under bwrap directly with the machine's /tmp bound writable
+    (`bwrap.live_argv`): the sessions' base is an empty read-only directory there."""
+    import asyncio
+
+    from tether.sandbox.confine.bwrap import live_argv
+
+    attacker = await attacker_factory(allow_inline_code=True)
+    sandbox = attacker.device.context.sandbox  # type: ignore[union-attr]
+    wrote = await py(attacker, "a", f"open({TMP!r} + '/for-a-only', 'w').write('secret-of-a')")
+    assert wrote.status is ResultStatus.SUCCESS, text(wrote)
+    own = f"{sandbox.private_tmp.base}/{session_key('a')}"
+    code = f"""
+import os
+for path in ({sandbox.private_tmp.base!r}, {own!r} + '/for-a-only'):
+    try:
+        print(os.listdir(path) if os.path.isdir(path) else open(path).read(), end=' ')
+    except OSError as e:
+        print(type(e).__name__, end=' ')
+try:
+    open({sandbox.private_tmp.base!r} + '/planted', 'w')
+    print('planted')
+except OSError as e:
+    print(type(e).__name__)
+"""
+    argv = live_argv(sandbox.spec, [SYSTEM_PYTHON, "-c", code], bwrap=sandbox.info.bwrap,
+                     hide=sandbox.live_hidden())
+    proc = await asyncio.create_subprocess_exec(*argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert out.decode().split() == ["[]", "FileNotFoundError", "OSError"], (out, err)
+    assert not os.path.exists(f"{sandbox.private_tmp.base}/planted")

@@ -234,6 +234,16 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
             return False
         return await self.offload(private.remove, session)
 
+    def live_hidden(self) -> tuple[str, ...]:
+        """What a live process (`bwrap.live_argv`: a sandboxed MCP server, which sees the machine's /tmp)
+        must not reach beside the spec's hidden paths: the sessions' private /tmp base, where there is one."""
+        if self.private_tmp is None:
+            return ()
+        try:
+            return (self.private_tmp.base,)
+        except OSError:  # it cannot be made: then no session has one either
+            return ()
+
     def map_tmp(self, session: str | None, path: str) -> str:
         """Where a file tool's `path` leads for `session`: into the session's private /tmp for a path below
         the temp dir, as its commands see it (`PrivateTmp.map`), else `path` itself."""
