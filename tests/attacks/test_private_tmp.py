@@ -325,3 +325,18 @@ except OSError as e:
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert out.decode().split() == ["[]", "FileNotFoundError", "OSError"], (out, err)
     assert not os.path.exists(f"{sandbox.private_tmp.base}/planted")
+
+
+async def test_turned_off_every_session_shares_the_machines_captured_tmp(attacker_factory, home: Path) -> None:  # noqa: F811
+    attacker = await attacker_factory(allow_inline_code=True, private_tmp=False)
+    assert attacker.device.context.sandbox.private_tmp is None  # type: ignore[union-attr]
+    path = f"{TMP}/tether-shared-{secrets.token_hex(4)}"
+    try:
+        wrote = await py(attacker, "a", f"open({path!r}, 'w').write('shared')")
+        assert wrote.status is ResultStatus.SUCCESS, text(wrote)
+        assert any(c["path"] == path for c in wrote.result["changes"]), text(wrote)  # captured, then applied
+        assert Path(path).read_text() == "shared"
+        seen = await _tool(attacker, "b", "shell_execute_read", command=f"cat {path}")
+        assert stdout(seen) == "shared", text(seen)
+    finally:
+        Path(path).unlink(missing_ok=True)
