@@ -353,7 +353,8 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
                                      on_event=remote_questions(remote, device, raw=raw))
             if one_off:  # the call's own session ends with it: the device drops its private /tmp now (an older
                 with contextlib.suppress(RemoteError):  # device refuses the meta tool and sweeps it after a day)
-                    remote.run(device, [end_session()], timeout=30, session_id=session_id)
+                    remote.run(device, [end_session()], session_id=session_id,  # within --timeout's wall time
+                               timeout=max(min(end - time.monotonic(), 10), 0.5))
             return result, schema
     except RemoteError as exc:
         fail_remote(exc, ExitCode.USAGE)
