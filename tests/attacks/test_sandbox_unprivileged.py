@@ -77,6 +77,12 @@ async def main():
         report["ssh_key"] = await run("cat", str(home / ".ssh" / "id_test"))
         report["ps"] = await run("ps", "-eo", "pid,args")
         report["environ"] = await run("cat", f"/proc/{os.getpid()}/environ")
+        mark = tempfile.gettempdir() + "/sbx-private-" + secrets.token_hex(4)  # the session's own /tmp
+        report["tmp_touch"] = await run("touch", mark)
+        [r] = await d.execute_commands([Command(tool_name="shell_execute_read",
+                                                parameters={"command": "ls -a " + tempfile.gettempdir()})])
+        report["tmp_read"] = {"status": r.status.value, "error": r.error, "result": r.result,
+                              "mark": os.path.basename(mark), "on_machine": os.path.exists(mark)}
     finally:
         await device.aclose()
         for p in (work, outside, home / ".ssh" / "id_test"):
@@ -195,6 +201,10 @@ def _problems(report: dict[str, Any], secret: str) -> list[str]:
     expect(outside["status"] == "failure" and "Read-only file system" in (outside["error"] or ""),
            "a write outside the roots did not fail read-only", outside)
     expect(report["outside_exists"] is False, "a file was written outside the roots", report["outside_exists"])
+    read = report["tmp_read"]
+    expect(report["tmp_touch"]["status"] == "success" and read["status"] == "success"
+           and read["mark"] in (read["result"] or {}).get("stdout", "") and read["on_machine"] is False,
+           "a read-only command did not see its session's private /tmp", [report["tmp_touch"], read])
     ssh = report["ssh"]
     expect(ssh["status"] == "failure" and "No such file or directory" in (ssh["error"] or ""),
            "~/.ssh was not absent (an overlay whiteout below a captured root)", ssh)
