@@ -291,7 +291,7 @@ def test_two_one_off_exec_calls_do_not_share_tmp_and_each_ends_with_its_call(hom
     named = tether("--session", "mine", "write_file", f"file_path={temp}/note", "content=kept")
     assert named["status"] == "success", named
     again = tether("--session", "mine", "read_file", f"file_path={temp}/note")
-    assert again["status"] == "success" and "kept" in json.dumps(again), again
+    assert again["status"] == "success" and "kept" in json.dumps(again), (again, sorted(map(str, temp.rglob("*"))))
 
 
 async def test_a_live_process_sees_no_sessions_tmp(attacker_factory, home: Path) -> None:  # noqa: F811
