@@ -1,4 +1,4 @@
-"""A private /tmp per session (issue 26, item 5), on by default: what one session's command leaves in /tmp is
+"""A private /tmp per session (issue 26, item 5; `private_tmp: true`): what one session's command leaves in /tmp is
 seen by that session alone — its later commands (read-only ones included), its file tools and its transfers —
 never by another session's, and it goes when the session ends (a task that ends, a one-off `tether exec`
 call, the `end_session` meta tool), or once idle past the device's session timeout (a device that missed it).
@@ -174,7 +174,7 @@ async def test_named_roots_below_tmp_stay_the_machines_and_programs_run_from_the
 
 async def test_read_only_commands_and_transfers_see_their_sessions_tmp_which_goes_when_it_ends(
         attacker_factory, home: Path) -> None:  # noqa: F811
-    attacker = await attacker_factory(allow_inline_code=True)  # no private_tmp named: it is on by default
+    attacker = await attacker_factory(allow_inline_code=True, private_tmp=True)
     private = attacker.device.context.sandbox.private_tmp  # type: ignore[union-attr]
     assert private is not None
     name = f"tether-ro-{secrets.token_hex(4)}"
@@ -249,7 +249,7 @@ async def test_a_tasks_tmp_is_its_own_and_goes_once_the_task_ends(
                       "cwd": str(home)}}
     read = {"skill": "read_file", "description": "read it", "args": {"file_path": f"{TMP}/{name}"}}
     async with AgentServer(tmp_path) as server:
-        device = await server.add_device("alpha", policy_from_mapping({"allow_inline_code": True}),
+        device = await server.add_device("alpha", policy_from_mapping({"allow_inline_code": True, "private_tmp": True}),
                                          tmp_path / "state-alpha")
         private = device.context.sandbox.private_tmp  # type: ignore[union-attr]
         assert private is not None
@@ -274,9 +274,12 @@ def test_two_one_off_exec_calls_do_not_share_tmp_and_each_ends_with_its_call(hom
               or k in ("TETHER_ALLOW_ROOT", "TETHER_RUN_AS")},
            "HOME": str(home), "TMPDIR": str(temp), "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1"}
 
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"private_tmp": True}))
+
     def tether(*args: str) -> Any:
-        out = subprocess.run([*CLI, "exec", "--json", *args], capture_output=True, text=True, env=env, timeout=120,
-                             stdin=subprocess.DEVNULL)
+        out = subprocess.run([*CLI, "exec", "--json", "--policy", str(policy), *args], capture_output=True,
+                             text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
         assert "Traceback" not in out.stderr, out.stderr
         return json.loads(out.stdout)
 
@@ -301,7 +304,7 @@ async def test_a_live_process_sees_no_sessions_tmp(attacker_factory, home: Path)
 
     from tether.sandbox.confine.bwrap import live_argv
 
-    attacker = await attacker_factory(allow_inline_code=True)
+    attacker = await attacker_factory(allow_inline_code=True, private_tmp=True)
     sandbox = attacker.device.context.sandbox  # type: ignore[union-attr]
     wrote = await py(attacker, "a", f"open({TMP!r} + '/for-a-only', 'w').write('secret-of-a')")
     assert wrote.status is ResultStatus.SUCCESS, text(wrote)

@@ -44,6 +44,7 @@ outside = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-sbx-outside-"))  
 from tether.device.local import build_device
 from tether.protocol.models import Command
 from tether.tools.journal import UndoJournal
+from tether.tools.policy.model import policy_from_mapping
 
 
 async def main():
@@ -54,7 +55,7 @@ async def main():
     victim, evil = work / "victim.txt", work / "evil.txt"
     victim.write_bytes(b"the user's own file\n\x00\xff")
     evil.write_bytes(b"evil\n")
-    device = build_device(state_dir=state, sandbox=True)
+    device = build_device(policy=policy_from_mapping({"private_tmp": True}), state_dir=state, sandbox=True)
     report["sandbox"] = None if device.context.sandbox is None else device.context.sandbox.kind
     try:
         await device.computer_manager.get_or_create(None)
