@@ -28,6 +28,7 @@ def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     # the tasks' files and cwd lie in the test's directory in /tmp: a write root of the device's policy (the rest of
     # /tmp is each task's private /tmp)
     config = tmp_path / "workspace-config.json"
+    tmp_path.mkdir(parents=True, exist_ok=True)
     config.write_text(json.dumps({"device": {"policy": {"write_roots": ["~", tempfile.gettempdir(), str(tmp_path)]}}}))
     return {**env, "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "200",
             "TETHER_CONFIG": str(config), **extra}
