@@ -143,6 +143,14 @@ async def test_a_token_runs_commands_only_where_its_claims_reach_and_is_audited_
     assert nowhere.status_code == 403 and "maps to no device" in nowhere.json()["error"], nowhere.text
     assert not list(world.roots["alpha"].glob("by-[cd]*"))
 
+    # the dashboard takes the token at its login (until it expires), and refuses one that grants nothing
+    async with httpx.AsyncClient(base_url=world.base, timeout=WAIT) as browser:
+        assert (await browser.post("/web/login", json={"token": carol})).status_code == 403
+        login = await browser.post("/web/login", json={"token": alice})
+        assert login.status_code == 200 and login.json()["name"] == "oidc:alice", login.text
+        assert (await browser.get("/web/session")).json()["name"] == "oidc:alice"
+        assert [d["name"] for d in (await browser.get("/api/v1/devices")).json()] == ["alpha"]  # the cookie alone
+
 
 @shared
 async def test_forged_stale_and_foreign_tokens_are_refused(world: World) -> None:
