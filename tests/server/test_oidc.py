@@ -42,6 +42,7 @@ class World:
     issuers: dict[str, Issuer]
     roots: dict[str, Path]
     base: str
+    admin: str
 
     @property
     def audience(self) -> str:
@@ -90,7 +91,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
             tagged = await server.api.patch("/devices/beta", json={"tags": ["lab"]},
                                             headers={"Authorization": f"Bearer {admin}"})
             assert tagged.status_code == 200, tagged.text
-            yield World(server, main, others, roots, f"http://127.0.0.1:{server.port}")
+            yield World(server, main, others, roots, f"http://127.0.0.1:{server.port}", admin)
     finally:
         uv.should_exit = True
         await asyncio.wait_for(serving, WAIT)
@@ -132,6 +133,8 @@ async def test_a_token_runs_commands_only_where_its_claims_reach_and_is_audited_
     world.server.store.audit.flush()
     rows = [r for r in world.server.store.audit.rows(limit=50) if r["tool_name"] == "write_file"]
     assert {(r["device"], r["requested_by"]) for r in rows} >= {("alpha", "api:oidc:alice"), ("beta", "api:oidc:bob")}
+    found = (await world.call(world.admin, "GET", "/api/v1/audit", params={"token": "oidc:alice"})).json()["rows"]
+    assert found and {r["requested_by"] for r in found} == {"api:oidc:alice"}, found
 
     # verified, but granting nothing: 403 saying so
     carol = world.main.token("ec1", world.audience, sub="carol", scope="openid profile", tether_devices=["alpha"])
