@@ -1,6 +1,6 @@
 """Tokens of an external OpenID Connect issuer (docs/oidc.md), against a real issuer and a real server.
 
-The issuer is an HTTP server on 127.0.0.1 (tests/kits/oidc_issuer.py) serving discovery and JWKS with keys made
+The issuer is an HTTP server on 127.0.0.1 (bench/kit/oidc_issuer.py) serving discovery and JWKS with keys made
 here; the tether server runs under uvicorn on a real socket with three real devices (alpha; beta tagged lab;
 gamma). Tokens are checked as an attacker would send them: expired, for another audience, from another
 issuer, unsigned, HS256 keyed with the issuer's public key, signed by a stranger's key, naming unknown keys
@@ -24,7 +24,7 @@ import pytest
 import pytest_asyncio
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
-from tests.kits.oidc_issuer import Issuer, IssuerServer
+from bench.kit.oidc_issuer import Issuer, IssuerServer
 from tests.kits.task import WAIT, AgentServer
 from tether.server.oidc.config import OidcIssuer
 from tether.tools.policy.model import default_policy

@@ -9,7 +9,9 @@ to no scope or no device is refused 403, naming who it is and why.
 
 from __future__ import annotations
 
+import base64
 import hashlib
+import json
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -24,6 +26,7 @@ MAX_TOKEN_CHARS = 16 * 1024
 _SUBJECT = re.compile(r"^[A-Za-z0-9._@+|:=-]{1,200}$")
 _CACHE_SIZE = 4096  # verified tokens kept (cleared whole when full)
 _CACHE_FOR_S = 300.0  # a verified token is answered from memory at most this long (and never past its exp)
+_B64URL = re.compile(r"[A-Za-z0-9_-]+")
 _CURVES = {"P-256": "ES256", "P-384": "ES384", "P-521": "ES512"}
 
 
@@ -61,11 +64,7 @@ class OidcVerifier:
             return cached[0]
         if len(token) > MAX_TOKEN_CHARS:
             raise OidcRefused(401, f"the token is longer than {MAX_TOKEN_CHARS} characters")
-        try:
-            header = jwt.get_unverified_header(token)
-            unverified = jwt.decode(token, options={"verify_signature": False})
-        except jwt.PyJWTError as exc:
-            raise OidcRefused(401, f"the token is not a valid JWT: {exc}") from None
+        header, unverified = peek(token)  # what names the issuer and its key; PyJWT checks it all again below
         iss = unverified.get("iss")
         if not isinstance(iss, str) or iss not in self._issuers:
             raise OidcRefused(401, f"the token's issuer {str(iss)[:200]!r} is not one this server accepts")
@@ -111,6 +110,21 @@ class OidcVerifier:
             self._cache.clear()
         self._cache[key] = (info, min(float(claims["exp"]), now + _CACHE_FOR_S))
         return info
+
+
+def peek(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A JWT's header and claims, read without checking anything (to find its issuer and key); OidcRefused 401
+    when it is not three base64url parts of which the first two are JSON objects."""
+    parts = token.split(".")
+    try:
+        if len(parts) != 3 or not all(_B64URL.fullmatch(p) for p in parts[:2]):
+            raise ValueError("not three base64url parts")
+        header, claims = (json.loads(base64.urlsafe_b64decode(p + "=" * (-len(p) % 4))) for p in parts[:2])
+    except ValueError as exc:  # binascii.Error and JSONDecodeError are ValueErrors
+        raise OidcRefused(401, f"the token is not a valid JWT: {exc}") from None
+    if not isinstance(header, dict) or not isinstance(claims, dict):
+        raise OidcRefused(401, "the token is not a valid JWT: its header and claims must be JSON objects")
+    return header, claims
 
 
 def key_fits(jwk: Any, alg: str) -> bool:

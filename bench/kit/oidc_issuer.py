@@ -1,6 +1,6 @@
-"""A real OpenID Connect issuer for tests: an HTTP server on 127.0.0.1 serving discovery and JWKS for several
-issuers (one per path), with keys made here (cryptography) and tokens signed by them (PyJWT, or by hand for
-what PyJWT refuses to make: `alg: none`, HS256 keyed with a public key). It counts every read of each JWKS.
+"""A real OpenID Connect issuer for tests and benches: an HTTP server on 127.0.0.1 serving discovery and JWKS
+for several issuers (one per path), with keys made here (cryptography) and tokens signed by them (PyJWT, or by
+hand for what PyJWT refuses to make: `alg: none`, HS256 keyed with a public key). It counts every JWKS read.
 """
 
 from __future__ import annotations
