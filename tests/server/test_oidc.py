@@ -136,6 +136,9 @@ async def test_a_token_runs_commands_only_where_its_claims_reach_and_is_audited_
     found = (await world.call(world.admin, "GET", "/api/v1/audit", params={"token": "oidc:alice"})).json()["rows"]
     assert found and {r["requested_by"] for r in found} == {"api:oidc:alice"}, found
 
+    hook = await world.call(alice, "POST", "/api/v1/webhooks", json={"url": "https://hooks.example/x"})
+    assert hook.status_code == 403 and "cannot own a webhook" in hook.json()["error"], hook.text
+
     # verified, but granting nothing: 403 saying so
     carol = world.main.token("ec1", world.audience, sub="carol", scope="openid profile", tether_devices=["alpha"])
     nothing = await world.write(carol, "alpha", "by-carol.txt")

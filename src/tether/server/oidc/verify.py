@@ -23,6 +23,7 @@ from tether.server.oidc.keys import IssuerKeys, KeysUnavailable
 from tether.server.store.tokens import SCOPE_DEVICE, SCOPE_TAG, TokenInfo
 
 MAX_TOKEN_CHARS = 16 * 1024
+ID_PREFIX = "oidc_"  # the ids of the identities these tokens act as (never a tether token's: those are hex)
 _SUBJECT = re.compile(r"^[A-Za-z0-9._@+|:=-]{1,200}$")
 _CACHE_SIZE = 4096  # verified tokens kept (cleared whole when full)
 _CACHE_FOR_S = 300.0  # a verified token is answered from memory at most this long (and never past its exp)
@@ -112,6 +113,11 @@ class OidcVerifier:
         return info
 
 
+def is_oidc(who: TokenInfo) -> bool:
+    """Whether a caller is an OIDC identity (its token verified here), not one of tether's own tokens."""
+    return who.id.startswith(ID_PREFIX)
+
+
 def peek(token: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """A JWT's header and claims, read without checking anything (to find its issuer and key); OidcRefused 401
     when it is not three base64url parts of which the first two are JSON objects."""
@@ -190,7 +196,7 @@ def mapped(issuer: OidcIssuer, claims: dict[str, Any]) -> TokenInfo:
         raise OidcRefused(403, f"the token of {who} (issuer {issuer.issuer}) maps to no device: no grant it meets "
                                "names devices or tags, and no devices/tags claim names one")
     identity = hashlib.sha256(f"{issuer.issuer}\0{subject}".encode()).hexdigest()[:12]
-    return TokenInfo(id=f"oidc_{identity}", kind="api", name=who, scopes=sorted(scopes),
+    return TokenInfo(id=f"{ID_PREFIX}{identity}", kind="api", name=who, scopes=sorted(scopes),
                      created_at=float(claims.get("iat") or time.time()), last_used_at=time.time(),
                      confirm=issuer.confirm, devices=list(dict.fromkeys(devices))[:100],
                      tags=list(dict.fromkeys(tags))[:100], agent=issuer.agent)
