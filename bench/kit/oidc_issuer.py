@@ -42,11 +42,15 @@ def public_jwk(key: PrivateKey, kid: str) -> dict[str, Any]:
 class Issuer:
     """One issuer at `{base}/{name}`: its keys by kid (the JWKS serves their public halves) and its JWKS reads."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, hostile: str | None = None) -> None:
+        """`hostile`: how this issuer misbehaves: "huge" (a JWKS past 256 KiB), "liar" (its discovery document
+        names another issuer), "redirect" (its JWKS answers 302 elsewhere); None: it behaves."""
         self.name = name
+        self.hostile = hostile
         self.url = ""  # set when the server listens
         self.keys: dict[str, PrivateKey] = {}
         self.jwks_reads = 0
+        self.discovery_reads = 0
 
     def add_key(self, kid: str, key: PrivateKey | None = None) -> PrivateKey:
         self.keys[kid] = key or ec.generate_private_key(ec.SECP256R1())
@@ -84,15 +88,30 @@ class IssuerServer:
         name, _, rest = scope["path"].lstrip("/").partition("/")
         issuer = self.issuers.get(name)
         body: Any = None
+        status, extra = 200, []
         if issuer is not None and rest == ".well-known/openid-configuration":
-            body = {"issuer": issuer.url, "jwks_uri": f"{issuer.url}/jwks", "id_token_signing_alg_values_supported":
+            issuer.discovery_reads += 1
+            named = f"{issuer.url}-other" if issuer.hostile == "liar" else issuer.url
+            body = {"issuer": named, "jwks_uri": f"{issuer.url}/jwks", "id_token_signing_alg_values_supported":
                     ["ES256", "EdDSA", "RS256"]}
         elif issuer is not None and rest == "jwks":
             issuer.jwks_reads += 1
             body = {"keys": [public_jwk(key, kid) for kid, key in issuer.keys.items()]}
+            if issuer.hostile == "huge":
+                body["padding"] = "x" * (300 * 1024)
+            elif issuer.hostile == "redirect":
+                status, extra = 302, [(b"location", f"{self.base}/elsewhere/jwks".encode())]
         data = json.dumps(body).encode()
-        await send({"type": "http.response.start", "status": 200 if body is not None else 404,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]})
+        if issuer is not None and issuer.hostile == "huge":  # chunked, no length said: the reader must count
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"application/json")]})
+            for start in range(0, len(data), 16384):
+                await send({"type": "http.response.body", "body": data[start:start + 16384], "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+            return
+        await send({"type": "http.response.start", "status": status if body is not None else 404,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode()),
+                                *extra]})
         await send({"type": "http.response.body", "body": data})
 
     async def serve(self) -> tuple[uvicorn.Server, asyncio.Task[None]]:

@@ -68,6 +68,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
     main.add_key("ed1", ed25519.Ed25519PrivateKey.generate())
     main.add_key("rsa1", rsa.generate_private_key(public_exponent=65537, key_size=2048))
     others = {name: Issuer(name) for name in ("strays", "flooded", "rotating")}
+    others.update({name: Issuer(name, hostile=name) for name in ("huge", "liar", "redirect")})
     for issuer in others.values():
         issuer.add_key("k1")
     http = IssuerServer(main, *others.values())
@@ -226,6 +227,19 @@ async def test_a_rotated_key_is_picked_up_and_the_retired_one_refused(world: Wor
     old = issuer.token("k1", world.audience, key=retired, sub="r2", scope="tether.run")
     refused = await world.call(old, "GET", "/api/v1/devices")
     assert refused.status_code == 401 and "has no key 'k1'" in refused.json()["error"], refused.text
+
+
+@shared
+async def test_an_issuer_answering_too_much_lying_or_redirecting_is_not_followed(world: World) -> None:
+    for name, said in (("huge", "more than the 262144 bytes allowed"), ("liar", "names another issuer"),
+                       ("redirect", "answered 302")):
+        issuer = world.issuers[name]
+        token = issuer.token("k1", world.audience, sub="h", scope="tether.run")
+        answer = await world.call(token, "GET", "/api/v1/devices")
+        assert answer.status_code == 503 and said in answer.json()["error"], (name, answer.text)
+        reads = (issuer.discovery_reads, issuer.jwks_reads)
+        again = await world.call(token, "GET", "/api/v1/devices")
+        assert again.status_code == 503 and (issuer.discovery_reads, issuer.jwks_reads) == reads, name  # no retry yet
 
 
 @shared
