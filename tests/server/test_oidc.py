@@ -27,6 +27,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 from bench.kit.oidc_issuer import Issuer, IssuerServer
 from tests.kits.task import WAIT, AgentServer
 from tether.server.oidc.config import OidcIssuer
+from tether.server.oidc.keys import IssuerKeys
 from tether.tools.policy.model import default_policy
 
 shared = pytest.mark.asyncio(loop_scope="module")  # the async tests share one server (the `world` fixture)
@@ -67,7 +68,7 @@ async def world(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[World
     main.add_key("ec1")
     main.add_key("ed1", ed25519.Ed25519PrivateKey.generate())
     main.add_key("rsa1", rsa.generate_private_key(public_exponent=65537, key_size=2048))
-    others = {name: Issuer(name) for name in ("strays", "flooded", "rotating")}
+    others = {name: Issuer(name) for name in ("strays", "flooded", "rotating", "aging")}
     others.update({name: Issuer(name, hostile=name) for name in ("huge", "liar", "redirect")})
     for issuer in others.values():
         issuer.add_key("k1")
@@ -227,6 +228,20 @@ async def test_a_rotated_key_is_picked_up_and_the_retired_one_refused(world: Wor
     old = issuer.token("k1", world.audience, key=retired, sub="r2", scope="tether.run")
     refused = await world.call(old, "GET", "/api/v1/devices")
     assert refused.status_code == 401 and "has no key 'k1'" in refused.json()["error"], refused.text
+
+
+@shared
+async def test_old_keys_are_read_again_behind_the_request(world: World) -> None:
+    issuer = world.issuers["aging"]
+    keys = IssuerKeys(OidcIssuer(issuer=issuer.url, grants=ANYWHERE, jwks_refresh_s=3600))
+    assert await keys.key("k1") is not None and issuer.jwks_reads == 1
+    issuer.add_key("k2")
+    keys._read_at = (keys._read_at or 0) - 3600  # an interval old, instead of waiting an hour
+    assert await keys.key("k1") is not None
+    assert issuer.jwks_reads == 1  # the request had its answer before the re-read began
+    assert keys._refreshing is not None
+    await asyncio.wait_for(keys._refreshing, WAIT)
+    assert issuer.jwks_reads == 2 and await keys.key("k2") is not None and issuer.jwks_reads == 2
 
 
 @shared

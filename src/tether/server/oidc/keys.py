@@ -1,11 +1,12 @@
 """An issuer's signing keys: found through its discovery document, read from its JWKS, kept, and read again
 seldom enough that no token can make the server hammer the issuer.
 
-Every read is a bounded async HTTP GET (`FETCH_TIMEOUT` for the whole exchange, `MAX_DISCOVERY_BYTES` /
-`MAX_JWKS_BYTES` for the body, no redirects), so the event loop never waits on the issuer and a slow or huge
-answer costs little. The keys are read at first use and again when older than the issuer's `jwks_refresh_s`;
-a token naming a key id the server does not hold makes one early re-read, at most one per `jwks_refresh_s`
-(an attacker sending random key ids gets one); a failed read is retried no sooner than `RETRY_AFTER_FAILURE_S`.
+Every read is a bounded async HTTP GET (`FETCH_TIMEOUT` per step and 2.5 times that for a whole read,
+`MAX_DISCOVERY_BYTES` / `MAX_JWKS_BYTES` for the body, no redirects), so the event loop never waits on the
+issuer and a slow or huge answer costs little. The keys are read at first use (that request waits) and again
+when older than the issuer's `jwks_refresh_s`, in a task of its own (requests meanwhile use the keys held); a
+token naming a key id the server does not hold makes one early re-read, at most one per `jwks_refresh_s` (an
+attacker sending random key ids gets one); a failed read is retried no sooner than `RETRY_AFTER_FAILURE_S`.
 """
 
 from __future__ import annotations
@@ -49,14 +50,17 @@ class IssuerKeys:
         self._early_at: float | None = None  # the last re-read an unknown kid caused
         self._problem: str | None = None
         self._lock = asyncio.Lock()
+        self._refreshing: asyncio.Task[None] | None = None  # the re-read of old keys under way, if any
 
     async def key(self, kid: str | None) -> PyJWK | None:
         """The key named `kid` (or the issuer's only key when the token names none), reading the keys first when
-        they are missing or old and once early for an unknown kid (see the module docstring); None when the
-        issuer has no such key. KeysUnavailable when no keys could ever be read."""
+        there are none, behind the caller when they are old, and once early for an unknown kid (see the module
+        docstring); None when the issuer has no such key. KeysUnavailable when no keys could ever be read."""
         refresh = self.issuer.jwks_refresh_s
-        if self._read_at is None or time.monotonic() - self._read_at >= refresh:
-            await self._read(lambda: self._read_at is None or time.monotonic() - self._read_at >= refresh)
+        if not self._keys:
+            await self._read(lambda: not self._keys)
+        elif self._read_at is None or time.monotonic() - self._read_at >= refresh:
+            self._refresh_behind(refresh)  # this request goes on with the keys held
         found = self._find(kid)
         if found is not None or kid is None:
             return found
@@ -68,6 +72,16 @@ class IssuerKeys:
         if early_allowed():
             await self._read(early_allowed, early=True)
         return self._find(kid)
+
+    def _refresh_behind(self, refresh: float) -> None:
+        """Re-read keys older than `refresh` in a task of their own (one at a time), so that no request waits
+        for the issuer while the server holds keys; a failure keeps them (`_read`) and is logged there."""
+        if self._refreshing is not None and not self._refreshing.done():
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._read(lambda: self._read_at is None or time.monotonic() - self._read_at >= refresh))
+        task.add_done_callback(_log_failure)
+        self._refreshing = task
 
     def _find(self, kid: str | None) -> PyJWK | None:
         if kid is not None:
@@ -113,6 +127,12 @@ class IssuerKeys:
                 raise KeysUnavailable(str(exc)) from None
         self.reads += 1
         return parse_jwks(await get_json(self._jwks_uri, MAX_JWKS_BYTES))
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    """A background re-read's unexpected error, logged (an expected one is logged by `_read` and swallowed)."""
+    if not task.cancelled() and (error := task.exception()) is not None:
+        logger.warning("re-reading an issuer's keys failed: %r", error)
 
 
 def parse_jwks(data: Any) -> dict[str | None, PyJWK]:
