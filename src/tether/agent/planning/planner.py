@@ -19,8 +19,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from tether.agent.llm.chat import LLMClient, LLMReply, Message
+from tether.agent.planning import compact
 from tether.agent.planning.graph import ID_PATTERN
 from tether.agent.planning.plan import OBSERVE, PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
+from tether.agent.planning.schema import REF_ARG, compact_schema, strict_schema
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
@@ -123,39 +125,6 @@ def profile_summary(profile: DeviceProfile | None) -> str:
     if profile.read_roots and profile.read_roots != profile.write_roots:
         parts.append(f"may read under {', '.join(profile.read_roots)}")
     return "; ".join(parts) or "no profile"
-
-
-def compact_schema(schema: Mapping[str, Any]) -> str:
-    """The tool's arguments in as few tokens as carry them: `name: type (default) *required`."""
-    props = schema.get("properties") or {}
-    required = set(schema.get("required") or [])
-    if not props:
-        return "no arguments"
-    out = []
-    for name, spec in props.items():
-        text = f"{name}{'*' if name in required else ''}: {_type_of(spec)}"
-        if "default" in spec and spec["default"] not in (None, [], {}, ""):
-            text += f" = {json.dumps(spec['default'])}"
-        if spec.get("description"):
-            text += f" ({spec['description']})"
-        out.append(text)
-    return "; ".join(out)
-
-
-def _type_of(spec: Mapping[str, Any]) -> str:
-    if "enum" in spec:
-        return "|".join(json.dumps(v) for v in spec["enum"])
-    if "anyOf" in spec:
-        kinds = [_type_of(s) for s in spec["anyOf"] if s.get("type") != "null"]
-        return "|".join(kinds) + ("?" if any(s.get("type") == "null" for s in spec["anyOf"]) else "")
-    kind = spec.get("type", "any")
-    if isinstance(kind, list):
-        return "|".join(kind)
-    if kind == "array":
-        return f"{_type_of(spec.get('items') or {})}[]"
-    if kind == "object" and "additionalProperties" in spec and isinstance(spec["additionalProperties"], dict):
-        return f"map<{_type_of(spec['additionalProperties'])}>"
-    return str(kind)
 
 
 def _first_paragraph(text: str, limit: int = 240) -> str:
@@ -280,9 +249,6 @@ def _first_json(text: str) -> tuple[Any, str | None]:
 
 # -- the schema the LLM answers under --------------------------------------------------------------
 
-_REF_ARG: dict[str, Any] = {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
-                            "additionalProperties": False}
-_STRICT_KEYS = ("type", "enum", "const", "description")
 # A step's place in a graph plan, in strict form (every key sent, null when not wanted): see planning/graph.py
 _CONDITION: dict[str, Any] = {
     "type": "object", "additionalProperties": False, "required": ["ref", "equals", "contains", "matches"],
@@ -296,59 +262,6 @@ _GRAPH_KEYS: dict[str, Any] = {
     "needs": {"type": ["array", "null"], "items": _ID},
     "when": {"anyOf": [{"type": "string", "enum": ["success", "failure", "always"]}, _CONDITION, {"type": "null"}]},
 }
-
-
-def strict_schema(spec: Any) -> dict[str, Any] | None:
-    """`spec` in the form OpenAI's strict mode accepts (every property required, optional ones made
-    nullable, `additionalProperties: false`, no keywords it rejects), or None when it cannot be put
-    so (a free-form object or map, `$ref`, `allOf`, `not`). An optional property that cannot is left out."""
-    if not isinstance(spec, Mapping) or any(k in spec for k in ("$ref", "allOf", "not")):
-        return None
-    for key in ("anyOf", "oneOf"):
-        if key in spec:
-            branches = [strict_schema(s) for s in spec[key]]
-            return None if any(b is None for b in branches) else {"anyOf": branches}
-    out: dict[str, Any] = {k: spec[k] for k in _STRICT_KEYS if k in spec}
-    kind = spec.get("type")
-    kinds = kind if isinstance(kind, list) else [kind]
-    if kind is None and "enum" not in spec and "const" not in spec:
-        return None
-    if "array" in kinds:
-        items = strict_schema(spec.get("items"))
-        if items is None:
-            return None
-        out["items"] = items
-    if "object" in kinds:
-        props: Mapping[str, Any] = spec.get("properties") or {}
-        if not props:
-            return None
-        required = set(spec.get("required") or ())
-        converted: dict[str, Any] = {}
-        for name, prop in props.items():
-            strict = strict_schema(prop)
-            if strict is None:
-                if name in required:
-                    return None
-                continue
-            converted[name] = strict if name in required else _nullable(strict)
-        out.update(properties=converted, required=list(converted), additionalProperties=False)
-    return out
-
-
-def _nullable(spec: dict[str, Any]) -> dict[str, Any]:
-    if "anyOf" in spec:
-        return {"anyOf": [*spec["anyOf"], {"type": "null"}]}
-    out = dict(spec)
-    kind = out.get("type")
-    if isinstance(kind, str):
-        out["type"] = [kind, "null"]
-    elif isinstance(kind, list) and "null" not in kind:
-        out["type"] = [*kind, "null"]
-    if "enum" in out and None not in out["enum"]:
-        out["enum"] = [*out["enum"], None]
-    if "const" in out:
-        return {"anyOf": [out, {"type": "null"}]}
-    return out
 
 
 def plan_schema(devices: Mapping[str, DeviceView], *, graph: bool = True) -> tuple[dict[str, Any], bool]:
@@ -390,8 +303,8 @@ def plan_schema(devices: Mapping[str, DeviceView], *, graph: bool = True) -> tup
             args = {"type": "object"}
         else:
             props: dict[str, Any] = converted["properties"]
-            args = {**converted, "properties": {k: {"anyOf": [*v["anyOf"], _REF_ARG]} if "anyOf" in v
-                                                else {"anyOf": [v, _REF_ARG]} for k, v in props.items()}}
+            args = {**converted, "properties": {k: {"anyOf": [*v["anyOf"], REF_ARG]} if "anyOf" in v
+                                                else {"anyOf": [v, REF_ARG]} for k, v in props.items()}}
         device = {"type": ["string", "null"], "enum": [*owners[skill], None]} if several else {"type": "null"}
         branches.append(branch(skill, args, device))
     observe_args = {"type": "object", "properties": {"note": {"type": ["string", "null"]}}, "required": ["note"],
@@ -460,8 +373,24 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
     views = {name: as_device_view(value) for name, value in devices.items()}
     tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
     graph = llm.settings.plan_graph
-    messages = build_messages(request, views, policy_summary, history, recovery_context, graph=graph)
-    schema, strict = plan_schema(views, graph=graph)
+    grounding: Callable[[Plan], list[str]] = lambda _plan: []  # noqa: E731
+    if llm.settings.plan_compact:
+        owners: dict[str, list[str]] = {}
+        catalogue: dict[str, ToolInfo] = {}
+        for name, view in views.items():
+            for tool in view.tools:
+                catalogue.setdefault(tool.name, tool)
+                owners.setdefault(tool.name, []).append(name)
+        skills = compact.rank_skills(request, list(catalogue.values()))
+        messages = compact.compact_messages(request, skills, list(views), recovery_context=recovery_context,
+                                            history=[_history_line(i, item) for i, item in enumerate(history)])
+        schema, strict = compact.compact_plan_schema(owners, skills, request)
+        if not history:
+            def grounding(plan: Plan) -> list[str]:
+                return compact.grounded_problems(plan, request, catalogue)
+    else:
+        messages = build_messages(request, views, policy_summary, history, recovery_context, graph=graph)
+        schema, strict = plan_schema(views, graph=graph)
     calls = prompt_tokens = completion_tokens = 0
     first_problems: list[str] = []
     raw = ""
@@ -475,11 +404,14 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
         raw = reply.text
         try:
             plan = _without_null_options(parse_plan_reply(raw), views)
+            if llm.settings.plan_compact:
+                plan = compact.without_repeats(plan)
         except PlanError as exc:
             problems = [str(exc)]
         else:
             problems = (check(plan) if check is not None else
                         validate_plan(plan, tools, allow_empty=allow_empty, first=len(earlier), earlier=list(earlier)))
+            problems = problems or grounding(plan)
             if not problems:
                 return PlanResult(plan=plan, llm_calls=calls, prompt_tokens=prompt_tokens, attempts=attempt,
                                   raw=raw, completion_tokens=completion_tokens, first_problems=first_problems)
