@@ -8,8 +8,9 @@ placeholder. So the compact planner shows and allows only what the request plaus
   ones before it do not match, at most `COMPACT_SKILLS`;
 - each skill's required arguments, plus the optional ones the request names (by the argument's name or one
   of its allowed values);
-- where the request names absolute paths, a path argument may only be one of them, or a new name directly
-  inside one that looks like a directory (`grounded_problems` checks the same after the reply, for servers
+- where the request names absolute paths, a path argument may only be one of them, or (for an action, which
+  may create what it names; never for a skill that only looks) a new name directly inside one that looks like
+  a directory (`grounded_problems` checks the same after the reply, for servers
   that do not enforce the schema);
 - no graph, observe rounds, `answer` or step descriptions; a step repeating an earlier one exactly is dropped.
 """
@@ -112,10 +113,11 @@ def _named_in(request_words: set[str], name: str, spec: Mapping[str, Any]) -> bo
     return bool(names & request_words) or bool(values & request_words)
 
 
-def _grounded(spec: dict[str, Any], paths: Sequence[str]) -> dict[str, Any]:
-    """A string argument narrowed to the request's paths (or a new name inside one that looks like a directory)."""
+def _grounded(paths: Sequence[str], new_names: bool) -> dict[str, Any]:
+    """A string argument narrowed to the request's paths (or, with `new_names`, a new name directly inside one
+    that looks like a directory)."""
     choices: list[dict[str, Any]] = [{"type": "string", "enum": list(paths)}]
-    folders = [p.rstrip("/") for p in paths if "." not in p.rstrip("/").rsplit("/", 1)[-1]]
+    folders = [p.rstrip("/") for p in paths if new_names and "." not in p.rstrip("/").rsplit("/", 1)[-1]]
     if folders:
         alternatives = "|".join(re.escape(f) for f in folders)
         choices.append({"type": "string", "pattern": f"^({alternatives})/[A-Za-z0-9._-]+$"})
@@ -128,7 +130,7 @@ def narrow_arguments(tool: ToolInfo, request: str) -> dict[str, Any] | None:
     given = tool.input_schema or {}
     props: Mapping[str, Any] = given.get("properties") or {}
     required = set(given.get("required") or ())
-    words = _words(request)
+    words = _words(_PATH.sub(" ", request))
     kept = {k: v for k, v in props.items() if k in required or _named_in(words, k, v)}
     if not kept:
         return {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
@@ -139,8 +141,8 @@ def narrow_arguments(tool: ToolInfo, request: str) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for name, spec in strict["properties"].items():
         if paths and is_path_argument(name) and props[name].get("type") == "string":
-            spec = _grounded(spec, paths) if name in required else {"anyOf": [_grounded(spec, paths),
-                                                                                {"type": "null"}]}
+            grounded = _grounded(paths, tool.tool_type == "action")
+            spec = grounded if name in required else {"anyOf": [grounded, {"type": "null"}]}
         out[name] = {"anyOf": [*spec["anyOf"], REF_ARG]} if "anyOf" in spec else {"anyOf": [spec, REF_ARG]}
     return {**strict, "properties": out}
 
@@ -196,6 +198,11 @@ def compact_messages(request: str, skills: Sequence[ToolInfo], devices: Sequence
     return [{"role": "system", "content": "\n".join(lines)}, {"role": "user", "content": "\n".join(user)}]
 
 
+def _inside(value: str, path: str) -> bool:
+    folder = path.rstrip("/") + "/"
+    return value.startswith(folder) and "/" not in value[len(folder):] and len(value) > len(folder)
+
+
 def grounded_problems(plan: Plan, request: str, tools: Mapping[str, ToolInfo]) -> list[str]:
     """Path arguments of `plan` that the request does not name, where it names any: each a problem saying
     which path the request wrote (a `{"$ref": ...}` is never one)."""
@@ -208,8 +215,7 @@ def grounded_problems(plan: Plan, request: str, tools: Mapping[str, ToolInfo]) -
         for name, value in step.args.items():
             if not isinstance(value, str) or not is_path_argument(name) or props.get(name, {}).get("type") != "string":
                 continue
-            if value in paths or any(value.startswith(p.rstrip("/") + "/") and "/" not in value[len(p.rstrip("/")) + 1:]
-                                     for p in paths):
+            if value in paths or (tools[step.skill].tool_type == "action" and any(_inside(value, p) for p in paths)):
                 continue
             problems.append(f"step {number} ({step.skill}): {name} is {value!r}, a path the request does not "
                             f"name; the request names {', '.join(paths)}: copy the one meant exactly")
