@@ -27,6 +27,9 @@ def test_only_the_skills_the_request_asks_for_are_offered() -> None:
     # a second thing asked brings a second skill; a second way of doing the first does not
     assert names("Read the file /srv/x and list the running processes") == ["list_processes", "read_file"]
     assert names("Read the file /srv/read/list_dir/x") == ["read_file"]  # the words of a path are not asked
+    # everyday words count as the tools' own; a tie goes to the skill whose name the request matches more of
+    assert names("Remove the folder /srv/cache") == ["delete_file"]
+    assert names("Show me what is inside /srv/c.ini")[0] == "read_file"
 
 
 def test_path_arguments_may_only_be_the_request_s_paths() -> None:

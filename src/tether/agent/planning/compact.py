@@ -46,6 +46,26 @@ def _words(text: str) -> set[str]:
     return {_stem(w) for w in _WORD.findall(text.lower())}
 
 
+# everyday words for what the tools' names and summaries say otherwise
+_SAME = {"remove": "delete", "erase": "delete", "rm": "delete", "show": "read", "view": "read", "display": "read",
+         "print": "read", "cat": "read", "open": "read", "create": "write", "save": "write", "store": "write",
+         "rename": "move", "ls": "list", "folder": "directory", "exist": "info", "size": "info"}
+_SYNONYMS = {_stem(k): _stem(v) for k, v in _SAME.items()}
+
+
+def _asked(request: str) -> set[str]:
+    """The request's words (paths left out: a path is a value to copy, not a word saying what to do), with the
+    tools' word for an everyday one added."""
+    words = _words(_PATH.sub(" ", request))
+    return words | {_SYNONYMS[w] for w in words if w in _SYNONYMS}
+
+
+def _summary(tool: ToolInfo) -> str:
+    """The first sentence of a tool's description: what it does (the rest are caveats)."""
+    text = " ".join((tool.description or "").split("\n\n", 1)[0].split())
+    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
+
+
 def request_paths(request: str) -> list[str]:
     """The absolute (or `~`/`./`-relative) paths written in `request`, in order, without trailing punctuation."""
     out: list[str] = []
@@ -63,13 +83,13 @@ def is_path_argument(name: str) -> bool:
 
 def rank_skills(request: str, tools: Sequence[ToolInfo], limit: int = COMPACT_SKILLS) -> list[ToolInfo]:
     """At most `limit` of `tools` that the request's words (paths left out) ask for, best first. A request word
-    found in a skill's name scores 3, in its description's first paragraph 1, times the word's rarity among
+    found in a skill's name scores 3, in its description's first sentence 1 (an everyday word also counts as the
+    tools' own: remove as delete, show as read …), times the word's rarity among
     `tools` (log(1 + n/df)). The best skill is always offered; each next one only for the request words the
     skills before it do not match, when those score at least `KEEP_SHARE` of the best (a second skill for a
     second thing asked, not a second way of doing the first). With no match at all, the first tool."""
-    wanted = _words(_PATH.sub(" ", request))  # a path is a value to copy, not a word saying what to do
-    described = [(_words(t.name.replace(".", " ").replace("_", " ")),
-                  _words((t.description or "").split("\n\n", 1)[0])) for t in tools]
+    wanted = _asked(request)
+    described = [(_words(t.name.replace(".", " ").replace("_", " ")), _words(_summary(t))) for t in tools]
     df: dict[str, int] = {}
     for name_words, text_words in described:
         for word in name_words | text_words:
@@ -77,7 +97,9 @@ def rank_skills(request: str, tools: Sequence[ToolInfo], limit: int = COMPACT_SK
     matches: list[dict[str, float]] = [
         {w: math.log(1 + len(tools) / df[w]) * (3 if w in name_words else 1)
          for w in wanted if w in name_words or w in text_words} for name_words, text_words in described]
-    order = sorted(range(len(tools)), key=lambda i: -sum(matches[i].values()))
+    # ties go to the skill whose name the request matches more of (read_file over shell_execute_read for "read")
+    order = sorted(range(len(tools)), key=lambda i: (-sum(matches[i].values()),
+                                                     -len(described[i][0] & wanted) / max(1, len(described[i][0]))))
     if not order:
         return []
     best = sum(matches[order[0]].values())
