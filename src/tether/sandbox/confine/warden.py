@@ -44,37 +44,58 @@ from tether.sandbox.confine.mounts import (
 )
 
 MAX_MESSAGE = 1 << 20
+MAX_FD = (1 << 31) - 1  # os.closerange's end: past any fd
 EXEC_FAILED = 127
 
 
-def _exec_command(libc: Libc, req: dict[str, Any], exe: int, stdio: list[int]) -> None:
-    """pid 1 of the command's pid namespace (its /proc mounted: `own_proc`): no capabilities, then the
-    program itself."""
+def _confine_early(libc: Libc, req: dict[str, Any]) -> None:
+    """The part of a command's confinement that needs nothing of its `run` beyond what a primed namespace
+    was made for (`PRIMED_BY`), so `_primed` does it before the request comes: the resource limits (pid_max
+    needs this namespace's /proc: after `own_proc`), an empty bounding set (what the process holds now stays
+    until `_exec_command`: it still mounts), and the seccomp filter (it refuses only sockets, io_uring and a
+    display's abstract connect: nothing done from here to the program's `exec` makes one)."""
     filters = req.get("filters") is not False  # false: bench.sandbox_filters' baseline, never the device's
     if filters:
-        apply_in_command(req.get("limits") or {})  # pid_max needs this namespace's /proc
-    os.setsid()
+        apply_in_command(req.get("limits") or {})
+    libc.drop_bounding()
+    if filters:
+        seccomp.prepared(_allows_unix(req), bool(req.get("display"))).install()
+
+
+def _exec_command(libc: Libc, req: dict[str, Any], exe: int, stdio: list[int]) -> None:
+    """pid 1 of the command's pid namespace, its /proc mounted (`own_proc`) and `_confine_early` done: its
+    own process group, its stdio, no capabilities, Landlock (after the last mount: a Landlock domain may not
+    mount), then the program itself."""
+    # a process group of its own, in the warden's session (which has no terminal: bwrap --new-session);
+    # not a session of its own: setsid() would also put it in a new scheduler autogroup, which on a busy
+    # machine costs the command milliseconds waiting for its first turn
+    os.setpgid(0, 0)
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
-    keep = {0, 1, 2, exe}
+    if exe > 2:  # every other fd the warden held: one close_range call each side of the program's fd
+        os.closerange(3, exe)
+        os.closerange(exe + 1, MAX_FD)
+    else:
+        _close_all_but({0, 1, 2, exe})
+    os.chdir(req["cwd"])
+    libc.drop_held()
+    any_socket = bool(req.get("any_socket"))
+    if req.get("landlock"):
+        # abstract unix sockets and signals scoped to the command (Landlock ABI 6+); ignored before that
+        scoped = scopes(req["landlock"], abstract=not any_socket) if req.get("filters") is not False else 0
+        restrict_writes(req["writable"], req["landlock"], scoped=scoped)
+    argv, env = req["argv"], req["env"]
+    # the open file the device checked; a script by its real path (see Sandbox.spawn)
+    os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
+
+
+def _close_all_but(keep: set[int]) -> None:
     for name in os.listdir("/proc/self/fd"):
         if int(name) not in keep:
             try:
                 os.close(int(name))
             except OSError:
                 pass
-    os.chdir(req["cwd"])
-    libc.drop_capabilities()
-    any_socket = bool(req.get("any_socket"))
-    if req.get("landlock"):
-        # abstract unix sockets and signals scoped to the command (Landlock ABI 6+); ignored before that
-        scoped = scopes(req["landlock"], abstract=not any_socket) if filters else 0
-        restrict_writes(req["writable"], req["landlock"], scoped=scoped)
-    if filters:
-        seccomp.prepared(_allows_unix(req), bool(req.get("display"))).install()  # last: nothing after it needs a socket
-    argv, env = req["argv"], req["env"]
-    # the open file the device checked; a script by its real path (see Sandbox.spawn)
-    os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
 
 
 def _allows_unix(req: dict[str, Any]) -> bool:
@@ -95,6 +116,7 @@ def _command(libc: Libc, req: dict[str, Any], fds: list[int], sock: socket.socke
         if notes:
             sock.send(json.dumps({"op": "note", "id": req["id"], "notes": notes}).encode())
         own_proc(libc)
+        _confine_early(libc, req)
         _exec_command(libc, req, exe, stdio)
     except BaseException as exc:
         _could_not_start(req, stdio, exc)
@@ -113,8 +135,10 @@ def _could_not_start(req: dict[str, Any], stdio: list[int], exc: BaseException) 
 
 
 # What a primed namespace was made for: a `run` whose values of these equal the `prime`'s takes it.
+# The limits, and what decides the seccomp filter (allow_unix, any_socket, display), are set in the primed
+# namespace ahead too (`_confine_early`).
 PRIMED_BY = ("layer", "hidden", "live", "layers_dir", "freeze", "readonly", "mask_sockets", "shm", "filters",
-             "private_tmp")
+             "private_tmp", "limits", "allow_unix", "any_socket", "display")
 
 
 def primed_key(req: dict[str, Any]) -> str:
@@ -132,6 +156,7 @@ def _primed(libc: Libc, req: dict[str, Any], ctl: socket.socket, sock: socket.so
         tmp = hold_tmp(req)  # the session's /tmp is only known with the run: bound then
         notes = mount_layers(libc, req)
         own_proc(libc)
+        _confine_early(libc, req)
         late = [path for path in req.get("hidden", []) if not os.path.lexists(path)]
     except BaseException as exc:
         sys.stderr.write(f"tether sandbox: could not prepare a command's namespace: {exc}\n")
