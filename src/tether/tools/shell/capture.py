@@ -40,8 +40,8 @@ from tether.sandbox.layers.layer import (
     applied_paths,
     apply,
     conflicts,
-    scan,
 )
+from tether.sandbox.layers.scan import scan
 from tether.sandbox.layers.session import SessionLimit, measure
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
