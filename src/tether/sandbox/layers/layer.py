@@ -2,9 +2,9 @@
 
 The overlay's upper directory holds exactly what the command wrote: new and modified files whole,
 a deletion as a whiteout (a character device 0/0), a directory whose old content was removed as an
-*opaque* directory. `scan` (`scan.py`) turns that into a list of `Change`s judged against the real tree, leaving
-out files copied up but left as they were, and stops with `LayerLimit` once the layer holds more
-changes or bytes than allowed. `apply` first checks that nothing it would touch changed in the real
+*opaque* directory. `scan` (in `scan.py`) turns that into a list of `Change`s judged against the real
+tree, leaving out files copied up but left as they were, and stops with `LayerLimit` once the layer
+holds more changes or bytes than allowed. `apply` first checks that nothing it would touch changed in the real
 tree since the command started (`conflicts`: else `ApplyConflict`, nothing applied), then, change
 by change, asks `record` to journal it (so undo can put it back) and makes it — through directory
 fds walked from the root without following any link, so a symlink planted in the real tree cannot
