@@ -22,9 +22,10 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from tether.agent.llm.chat import LLMClient, LLMError, how_to_configure
+from tether.agent.planning.device_view import DeviceView
 from tether.agent.planning.graph import is_graph, step_ids
 from tether.agent.planning.plan import OBSERVE, Plan, validate_plan
-from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
+from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, PlanningError, plan_request
 from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.planning.refs import RefError, has_refs, resolve
 from tether.agent.run.answer import format_answer
