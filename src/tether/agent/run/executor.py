@@ -30,9 +30,7 @@ from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.planning.refs import RefError, has_refs, resolve
 from tether.agent.run.answer import format_answer
 from tether.agent.run.confirm import CONFIRMATION
-from tether.agent.run.graph import Chooser, GraphRun
-from tether.agent.run.observe import step_results
-from tether.agent.run.recovery import (
+from tether.agent.run.decisions import (
     OPTION_APPROVE,
     OPTION_CANCEL,
     OPTION_DENY,
@@ -42,11 +40,10 @@ from tether.agent.run.recovery import (
     AutoPatch,
     RecoveryInput,
     Replan,
-    apply_budgets,
-    fallback,
-    recover,
-    tool_for,
 )
+from tether.agent.run.graph import Chooser, GraphRun
+from tether.agent.run.observe import step_results
+from tether.agent.run.recovery import apply_budgets, fallback, recover, tool_for
 from tether.agent.run.rounds import Rounds, _PlanFailed
 from tether.agent.run.steps import fan_out_step, history_row, match_option, short
 from tether.agent.run.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState

@@ -23,8 +23,8 @@ from tether.agent.run.confirm import (
     plan_text,
 )
 from tether.agent.run.confirm import OPTION_CANCEL as CONFIRM_CANCEL
+from tether.agent.run.decisions import AskUser
 from tether.agent.run.observe import observation_context
-from tether.agent.run.recovery import AskUser
 from tether.agent.run.task import Question, Task, TaskState
 from tether.errors import AgentError
 
