@@ -47,6 +47,8 @@ async def _device_cpu(server: _Server, extra_env: dict[str, str]) -> float:
 
 
 async def measure_async(repeats: int, base: Path | None = None) -> dict[str, list[float]]:
+    """Every row's CPU seconds, `repeats` interleaved runs each after one warm-up (each tether row again
+    with `base` first on PYTHONPATH when given), against a real server and echo server it starts and stops."""
     from websockets.asyncio.server import serve
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-cpu-") as tmp_name:

@@ -60,6 +60,9 @@ def compile_tree() -> None:
 
 
 async def measure_async(repeats: int, fresh: bool) -> dict[str, list[Sample]]:
+    """Every row's (wall, cpu) samples, `repeats` interleaved runs each after one warm-up, in the
+    `installed` tree and (with `fresh`) a bytecode-free copy, against a real server and echo server it
+    starts and stops."""
     from websockets.asyncio.server import serve
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-startup-") as tmp_name:

@@ -42,6 +42,8 @@ class Child:
         self.stdin_data: bytes | None = None
 
     async def start(self, argv: Sequence[str], env: dict[str, str], stdin: bytes | None = None) -> Child:
+        """Start `argv` with `env`, its output read line by line into `lines` (and the log); `stdin`, when
+        given, is written and the pipe kept open (its end tells a device process to stop). Returns self."""
         self.proc = await asyncio.create_subprocess_exec(
             *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env, limit=1 << 20,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL)
@@ -62,6 +64,8 @@ class Child:
         self.lines.put_nowait(None)
 
     async def until(self, pattern: str, timeout: float = WAIT) -> re.Match[str]:
+        """The first output line matching `pattern`; RuntimeError when the process's output ends first,
+        TimeoutError after `timeout` s."""
         regex = re.compile(pattern)
         async with asyncio.timeout(timeout):
             while True:
@@ -72,6 +76,7 @@ class Child:
                     return match
 
     async def stop(self) -> None:
+        """Close its stdin, stop the process (`stop_process`) and wait for its reader to end."""
         if self.proc is None:
             return
         if self.proc.stdin is not None:
@@ -121,16 +126,20 @@ async def admin_token(tmp: Path, db: str) -> str:
 
 @dataclass
 class Node:
+    """One `tether server` node: its name, port and process."""
+
     name: str
     port: int
     child: Child
 
     @property
     def url(self) -> str:
+        """The node's HTTP base URL."""
         return f"http://127.0.0.1:{self.port}"
 
     @property
     def ws_url(self) -> str:
+        """The node's AIP WebSocket URL."""
         return f"ws://127.0.0.1:{self.port}/aip"
 
 
@@ -152,6 +161,8 @@ class Setup:
     node_args: list[str] = field(default_factory=list)  # more `tether server` options for every node
 
     async def start_node(self, name: str) -> Node:
+        """Start node `name` on a free port (clustered when `redis_port` is set) and wait until it serves;
+        its HTTP client, with the admin token, is `http[name]`."""
         port = free_port()
         state = self.tmp / f"state-{name}"
         state.mkdir(parents=True, exist_ok=True)
@@ -178,6 +189,7 @@ class Setup:
             pass
 
     async def device_tokens(self, names: list[str]) -> dict[str, str]:
+        """A device token for each of `names`, created through the first node; RuntimeError on a refusal."""
         http = self.http[self.nodes[0].name]
         tokens: dict[str, str] = {}
         for start in range(0, len(names), 64):
@@ -226,6 +238,7 @@ class Setup:
             self._note(line)
 
     async def aclose(self) -> None:
+        """Stop the watchers, the device processes, the HTTP clients and the nodes."""
         for task in self.watchers:
             task.cancel()
         for child in self.peers:

@@ -23,6 +23,8 @@ DeviceLike = DeviceView | DeviceProfile | Sequence[ToolInfo] | Mapping[str, Any]
 
 
 def as_device_view(value: DeviceLike) -> DeviceView:
+    """`value` as a `DeviceView`: a view as it is, a profile with its tools, a mapping with `tools` and/or
+    `profile` (validated; `ValidationError` when malformed), or a plain list of tools."""
     if isinstance(value, DeviceView):
         return value
     if isinstance(value, DeviceProfile):

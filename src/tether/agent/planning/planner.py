@@ -52,6 +52,9 @@ class PlanningError(AgentError, RuntimeError):
 
 @dataclass
 class PlanResult:
+    """A validated plan and what it took: LLM calls, tokens, attempts, the reply it came from, and the
+    problems of the first reply when a re-ask was needed."""
+
     plan: Plan
     llm_calls: int
     prompt_tokens: int
@@ -65,6 +68,8 @@ class PlanResult:
 
 
 def profile_summary(profile: DeviceProfile | None) -> str:
+    """One line for the prompt, `; `-separated: what is known of the device (OS, host, cores, memory, GPU,
+    tags, capabilities, up to 12 apps, user, home, the roots it may write and read); "no profile" when nothing is."""
     if profile is None:
         return "no profile"
     parts: list[str] = []

@@ -36,6 +36,8 @@ Source = Literal["fast_path", "llm", "budget", "fallback", "user"]
 
 
 class AutoPatch(BaseModel):
+    """Retry the same step with `patched_args` (the whole argument object); `note` says why."""
+
     model_config = ConfigDict(extra="forbid")
 
     decision: Literal["AUTO_PATCH"] = "AUTO_PATCH"
@@ -45,6 +47,8 @@ class AutoPatch(BaseModel):
 
 
 class Replan(BaseModel):
+    """Plan the rest of the task again, with `suggestion`, `constraint` and `alternative_cwd` in the prompt."""
+
     model_config = ConfigDict(extra="forbid")
 
     decision: Literal["REPLAN"] = "REPLAN"
@@ -55,6 +59,9 @@ class Replan(BaseModel):
 
 
 class AskUser(BaseModel):
+    """A person decides: `question` with at least one of `options`; `kind` "approval" for held changes
+    (`changes`, `digest`)."""
+
     model_config = ConfigDict(extra="forbid")
 
     decision: Literal["ASK_USER"] = "ASK_USER"

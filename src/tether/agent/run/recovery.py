@@ -64,10 +64,12 @@ def _payload(result: Result) -> dict[str, Any]:
 
 
 def is_timeout(result: Result) -> bool:
+    """Whether the failed result says the command timed out."""
     return bool(_payload(result).get("timedOut")) or "timed out" in (result.error or "").lower()
 
 
 def needs_approval(result: Result) -> bool:
+    """Whether the failed result says the command waits for a person's approval."""
     return bool(_payload(result).get("needs_approval")) or "needs approval" in (result.error or "").lower()
 
 
@@ -198,6 +200,8 @@ RESULT_CHARS = 1200
 
 
 def build_recovery_messages(inp: RecoveryInput) -> list[Message]:
+    """The chat messages asking the LLM for a decision about the failed step of `inp` (its result cut to
+    `RESULT_CHARS`)."""
     system = (
         "You are tether's recovery planner. A step of an automation plan failed. Decide what to do, "
         "answering one JSON object:\n"
@@ -230,6 +234,8 @@ def build_recovery_messages(inp: RecoveryInput) -> list[Message]:
 
 
 def fallback(inp: RecoveryInput, reason: str, source: Source = "fallback") -> AskUser:
+    """The ASK_USER recovery gives when nothing else decides: retry, another way (when re-planning is
+    allowed), skip or cancel, with `reason` in the question."""
     options = [OPTION_RETRY, *([OPTION_OTHER_WAY] if inp.can_replan else []), OPTION_SKIP, OPTION_CANCEL]
     return AskUser(question=f"Step {inp.index + 1} ({_label(inp.step)}) failed: {inp.result.error or 'no error'}. "
                             f"{reason} What should I do?", options=options, reason=reason, source=source)

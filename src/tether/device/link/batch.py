@@ -34,10 +34,12 @@ class Batch:
 
     @property
     def actions(self) -> list[Command]:
+        """The batch's commands, in order (empty for a message without any)."""
         return self.msg.actions or []
 
     @property
     def session(self) -> str | None:
+        """The session the batch runs in (its `session_id`); None: the one session of batches without one."""
         return self.msg.session_id
 
     @property

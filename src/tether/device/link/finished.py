@@ -42,6 +42,7 @@ def approx_bytes(value: object) -> int:
 
 
 def result_bytes(result: Result) -> int:
+    """What the record counts a result as holding: its payload's `approx_bytes`, its error, and a fixed overhead."""
     return 64 + approx_bytes(result.result) + len(result.error or "")
 
 
@@ -69,9 +70,12 @@ class FinishedRecord:
         return len(self._results)
 
     def get(self, key: object) -> Result | None:
+        """The recorded result of `key` (a payload dropped for the budget reads as its stub), or None."""
         return self._results.get(key) if key is not None else None
 
     def add(self, key: object, result: Result) -> None:
+        """Record `result` under `key` (None: not recorded), newest last; past `limit` the oldest entry is
+        forgotten, past `max_bytes` the oldest results keep only their outcome."""
         if key is None:
             return
         self._results[key] = result

@@ -260,6 +260,7 @@ class TokenListener:
             return self._version
 
     def close(self) -> None:
+        """Close the listener session (a later `version` opens a new one, with `connect`)."""
         with self._lock:
             if self._conn is not None:
                 with contextlib.suppress(Exception):

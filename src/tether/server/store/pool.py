@@ -70,19 +70,24 @@ class ThreadConnections:
 
     @property
     def in_transaction(self) -> bool:
+        """Whether the calling thread's session is inside a transaction."""
         return self._mine().in_transaction
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
+        """Run one statement on the calling thread's session (`sqlite3.Connection.execute`'s contract)."""
         return self._mine().execute(sql, params)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
+        """Run one statement once per row on the calling thread's session."""
         return self._mine().executemany(sql, rows)
 
     def executescript(self, script: str) -> None:
+        """Run each statement of `script` in turn on the calling thread's session."""
         for statement in split_script(script):
             self.execute(statement)
 
     def close(self) -> None:
+        """Close every thread's session and the token-change listener."""
         with self._sessions_lock:
             sessions, self._sessions = self._sessions, []
         for conn in sessions:

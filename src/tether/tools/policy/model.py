@@ -53,6 +53,8 @@ class CommandRule(BaseModel):
 
 
 class ApprovalRules(BaseModel):
+    """Which changes to existing files outside the temp dir wait for a person's approval."""
+
     model_config = ConfigDict(extra="forbid")
 
     delete: bool = True
@@ -250,6 +252,8 @@ class Policy(BaseModel):
 
 
 class Decision(NamedTuple):
+    """A check's verdict: `allowed`, the `rule` that decided, and the `reason` in words."""
+
     allowed: bool
     rule: str
     reason: str
@@ -289,6 +293,7 @@ def _default_commands() -> dict[str, CommandRule]:
 
 
 def default_policy() -> Policy:
+    """The policy a device runs without a policy file: the default allowlist, every other setting at its default."""
     return Policy(commands=_default_commands())
 
 

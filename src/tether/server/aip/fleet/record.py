@@ -58,6 +58,8 @@ class DeviceRecord:
 
     @property
     def profile(self) -> DeviceProfile | None:
+        """The device's profile (read from the store on first use for a device known only from it); None
+        before it registered. Setting it re-indexes the record in its registry."""
         if self._lazy and self._registry is not None:
             self._registry._load(self)
         return self._profile
@@ -73,6 +75,8 @@ class DeviceRecord:
 
     @property
     def connected(self) -> bool:
+        """Whether the device's socket is held (here or, in a cluster, by another node); setting it
+        re-indexes the record in its registry."""
         return self._connected
 
     @connected.setter
@@ -90,6 +94,7 @@ class DeviceRecord:
 
     @property
     def tags(self) -> tuple[str, ...]:
+        """The device's tags: an admin's override where one is set, else its profile's."""
         return self._tags
 
     @property
@@ -101,12 +106,14 @@ class DeviceRecord:
 
     @property
     def status(self) -> DeviceStatus:
+        """`offline` when not connected, else `busy` while `load` > 0, else `online`."""
         if not self._connected:
             return "offline"
         return "busy" if self.load > 0 else "online"
 
     @property
     def platform(self) -> str | None:
+        """The platform its profile reports (`linux`, `darwin`, ...), or None."""
         return self._platform
 
     def summary(self) -> dict[str, Any]:

@@ -29,18 +29,17 @@ _SHARED_LISTS = ("installed_apps", "mcp_servers", "tags", "capabilities", "write
 
 
 class SharedNames(list[str]):
-    """A profile's list of names, one object for every profile listing the same names: a parsed list
-    of twenty app names is ~1.5 KiB per device otherwise. Weakly held by the registry (a plain list
-    cannot be); nothing in the server changes a profile's lists in place (a device's new profile
-    replaces its old one whole)."""
+    """A profile's list of names, one object for every profile listing the same names. Weakly held by the
+    registry (a plain list cannot be); nothing in the server changes a profile's lists in place (a device's
+    new profile replaces its old one whole)."""
 
     __slots__ = ("__weakref__",)
 
 
 class SharedFieldsSet(set[str]):
-    """A profile's `model_fields_set` (~0.7 KiB for a full profile), one set for all profiles whose set
-    fields are the same, weakly held. Adding a field to it is a no-op when it is already set, and
-    the server never assigns a field a profile was registered without."""
+    """A profile's `model_fields_set`, one set for all profiles whose set fields are the same, weakly held.
+    Adding a field to it is a no-op when it is already set, and the server never assigns a field a profile
+    was registered without."""
 
     __slots__ = ()  # a set can be weakly referenced already
 
@@ -198,8 +197,8 @@ class DeviceRegistry:
 
     def _share_parts(self, profile: DeviceProfile) -> None:
         """Swap the profile's hardware and OS sections, and its lists of names, for equal ones another device
-        already holds: each section is a model of its own (~0.7 KiB with pydantic's bookkeeping), and a
-        fleet is mostly a few builds. Held weakly: a section goes with the last profile using it."""
+        already holds: each section is a model of its own, and a fleet is mostly a few builds. Held weakly: a
+        section goes with the last profile using it."""
         values = profile.__dict__  # swapped in place: setattr would mark the field as set by the device
         for part in _SHARED_PARTS:
             value = getattr(profile, part)
