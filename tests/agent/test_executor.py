@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from bench.kit.fake_llm import FakeLLM
-from tether.agent.llm.chat import LLMClient, how_to_configure
+from tether.agent.llm.chat import LLMClient
+from tether.agent.llm.settings import how_to_configure
 from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.run.decisions import AskUser
 from tether.agent.run.executor import TaskRunner

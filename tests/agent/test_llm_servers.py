@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings
+from tether.agent.llm.chat import LLMClient, LLMError
 from tether.agent.llm.grammar import schema_to_gbnf
+from tether.agent.llm.settings import LLMSettings
 from tether.agent.planning.device_view import DeviceView
 from tether.agent.planning.graph import ID_PATTERN
 from tether.agent.planning.plan import PlanError

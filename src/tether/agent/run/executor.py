@@ -20,7 +20,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.agent.llm.chat import LLMClient, LLMError, how_to_configure
+from tether.agent.llm.chat import LLMClient, LLMError
+from tether.agent.llm.settings import how_to_configure
 from tether.agent.planning.device_view import DeviceView
 from tether.agent.planning.graph import is_graph, step_ids
 from tether.agent.planning.plan import OBSERVE, Plan, validate_plan

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.agent.llm.chat import LLMError, how_to_configure
+from tether.agent.llm.chat import LLMError
+from tether.agent.llm.settings import how_to_configure
 from tether.agent.planning.plan import Plan, validate_plan
 from tether.agent.planning.planner import PlanningError, plan_request
 from tether.agent.run.confirm import (

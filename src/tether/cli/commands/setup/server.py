@@ -24,7 +24,7 @@ def _set_options(pairs: list[str]) -> dict[str, str]:
 
 def _config_webhooks(config: Path | None) -> list[dict[str, object]]:
     """The `webhooks:` list of the config file (`config`, else the default one when it exists); [] without."""
-    from tether.agent.llm.chat import default_config_path
+    from tether.agent.llm.settings import default_config_path
 
     file = config.expanduser() if config is not None else default_config_path()
     if not file.is_file():
@@ -95,7 +95,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         return
     from functools import partial
 
-    from tether.agent.llm.chat import resolve_llm_settings
+    from tether.agent.llm.settings import resolve_llm_settings
     from tether.agent.server_app import create_agent_app
     from tether.server.main import PortInUse, UnsafeBinding, claim_state, run_server
     from tether.server.store import check_state_dir
