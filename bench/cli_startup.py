@@ -33,7 +33,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, _env, _Server
-from bench.kit.process_timing import device_registered, echo, interleaved, run_timed
+from bench.kit.procs.timing import device_registered, echo, interleaved, run_timed
 
 
 async def _cpu_of_run(argv: list[str], env: dict[str, str]) -> float:

@@ -6,7 +6,7 @@ Everything is real and on this machine: a private `redis-server` on a free port,
 processes (`--cluster redis://…`, one database shared by the nodes: a SQLite file in a temp directory,
 or `--db postgresql://…`), and tether's own `DeviceConnection`s, up to 250 per client process, each
 registered with its own device token and given its node's URL first and the other nodes' after it.
-The command is bench.kit.fleet_procs' CHEAP one (`list_tools` of a namespace no tool has: no thread, no I/O).
+The command is the CHEAP one of bench.kit.procs.fleet (`list_tools` of a namespace no tool has: no thread, no I/O).
 
 Rows, each with its anchor measured in the same run, rounds interleaved, medians and spread:
 1. what a device's lease costs Redis, with the nodes' own `Directory` on 10,000 leases (`--leases`):
@@ -44,8 +44,8 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, pct, spread
-from bench.kit.cluster_nodes import HEARTBEAT, WAIT, Node, Setup, admin_token, redis_server
-from bench.kit.fleet_procs import CHEAP, raise_fd_limit
+from bench.kit.procs.cluster import HEARTBEAT, WAIT, Node, Setup, admin_token, redis_server
+from bench.kit.procs.fleet import CHEAP, raise_fd_limit
 
 BODY = {"commands": [CHEAP], "timeout": 30}
 

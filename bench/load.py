@@ -44,7 +44,7 @@ import psutil
 from websockets.asyncio.client import connect
 
 from bench._stats import pct
-from bench.kit.fleet_procs import (
+from bench.kit.procs.fleet import (
     CHEAP,
     STUCK,
     cpu_s,

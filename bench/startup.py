@@ -38,7 +38,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, _Server
-from bench.kit.process_timing import Sample, device_registered, echo, interleaved, run_timed
+from bench.kit.procs.timing import Sample, device_registered, echo, interleaved, run_timed
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 HELP_DEPS = "import typer, typer.core, rich.console, rich.table, rich.markup"

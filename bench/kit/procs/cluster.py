@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.kit.fleet_procs import free_port, stop_process
+from bench.kit.procs.fleet import free_port, stop_process
 
 WAIT = 120.0
 

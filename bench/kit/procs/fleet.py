@@ -3,7 +3,7 @@ on a port, ready once /api/v1/health answers), `device_process` / `start_fleet` 
 many of tether's own `DeviceConnection`s, registered with their own device tokens, handed over on stdin),
 and the helpers around them (free ports, stopping processes, the file-descriptor limit, CPU seconds).
 
-    python -m bench.kit.fleet_procs --peer devices URL STATE   (a client process, as `device_process` starts it)
+    python -m bench.kit.procs.fleet --peer devices URL STATE   (a client process, as `device_process` starts it)
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ async def device_process(url: str, state_root: Path, tokens: dict[str, str], log
     """A client process running `tokens`' devices; yields its pid once all of them are registered. `nice`
     lowers its scheduling priority (see `DEVICE_NICE`)."""
     with log.open("wb") as err:
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.kit.fleet_procs", "--peer", "devices",
+        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.kit.procs.fleet", "--peer", "devices",
                                                     url, str(state_root), stdin=asyncio.subprocess.PIPE,
                                                     stdout=asyncio.subprocess.PIPE, stderr=err,
                                                     preexec_fn=(lambda: os.nice(nice)) if nice else None)
@@ -193,6 +193,6 @@ def cpu_s(proc: psutil.Process) -> float:
 
 if __name__ == "__main__":
     if sys.argv[1:3] != ["--peer", "devices"]:
-        sys.exit("usage: python -m bench.kit.fleet_procs --peer devices URL STATE (tokens on stdin)")
+        sys.exit("usage: python -m bench.kit.procs.fleet --peer devices URL STATE (tokens on stdin)")
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(devices_main(*sys.argv[3:5]))
