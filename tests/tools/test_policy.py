@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from tether.tools.policy.commands import check_command, check_env
+from tether.tools.policy.command_checks import check_command, check_env
 from tether.tools.policy.model import (
     ALWAYS_DENIED,
     KNOWN_ESCAPES,

@@ -2,7 +2,7 @@
 
 Everything here is a pure function of a `Policy` and its arguments, so the rules can be tested
 as a table. A denial always names the rule that denied it. The command and environment checks are in
-`tether.tools.policy.commands`.
+`tether.tools.policy.command_checks`.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from tether.sandbox import SandboxUnavailable
 from tether.sandbox.layers.session import SessionLimit
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
-from tether.tools.policy.commands import check_command
+from tether.tools.policy.command_checks import check_command
 from tether.tools.policy.jail import check_cwd
 from tether.tools.process import safe_environment
 from tether.tools.runtime import ToolSet, tool
