@@ -18,8 +18,8 @@ from tether.sandbox.layers.fs import move_entry
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
 from tether.tools.files.guards import _journal, _require_one_link
+from tether.tools.policy.hidden import HiddenSet, check_hidden_inode
 from tether.tools.policy.jail import open_at, open_in, parent_in, real
-from tether.tools.policy.path_rules import HiddenSet, check_hidden_inode
 
 _KIND = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not hang a tool; it is refused after fstat

@@ -16,15 +16,9 @@ from typing import Any, Literal
 from tether.sandbox.layers.fs import EscapeError
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
+from tether.tools.policy.hidden import HiddenSet, hidden_inside
 from tether.tools.policy.jail import approval_needed, escaped, lstat_in, real, within
-from tether.tools.policy.path_rules import (
-    HiddenSet,
-    hidden_inside,
-    protected_inside,
-    protected_matcher,
-    require_person,
-    tree_paths,
-)
+from tether.tools.policy.path_rules import protected_inside, protected_matcher, require_person, tree_paths
 
 
 def _spare_journal(ctx: ToolContext, target: Path) -> None:

@@ -51,8 +51,8 @@ from tether.tools.files.guards import (
     _spare_hidden,
     _spare_journal,
 )
+from tether.tools.policy.hidden import HiddenSet, check_hidden, check_hidden_inode
 from tether.tools.policy.jail import open_in, parent_in, real, real_all, resolve_path, within
-from tether.tools.policy.path_rules import HiddenSet, check_hidden, check_hidden_inode
 from tether.tools.runtime import ToolSet, tool
 
 
