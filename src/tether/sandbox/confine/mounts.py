@@ -239,7 +239,7 @@ def plant_whiteouts(upper: str, root: str, hidden: list[str]) -> None:
     needs no capability) at its place in the overlay's upper directory, made before the overlay is
     mounted, so the command's view has no such entry at all (`ls -a ~` does not list `.ssh`, and
     nothing can be read through it). The directories above it are made in the upper with the real
-    ones' mode and times (the overlay shows an upper directory's). `layer.scan` never takes a whiteout
+    ones' mode and times (the overlay shows an upper directory's). `scan.scan` never takes a whiteout
     at a hidden path for a deletion; a hidden path the command creates anyway is refused there
     (tools/shell/capture: `hide_paths`). A hidden path below a symlinked directory is left to the
     mount that hides it after the overlay."""
