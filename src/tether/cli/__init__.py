@@ -10,6 +10,11 @@ import sys
 
 
 def main() -> None:
+    """The `tether` command: `tether device` and `tether exec` through `tether.cli.fast` where it parses their
+    command line exactly (without typer), everything else through the typer app."""
+    from tether.cli.fast import run_fast
+
+    run_fast(sys.argv[1:])  # exits when it ran the command
     from tether.cli.common import app
     from tether.cli.views.rich_help import load_rich_utils
 
@@ -24,17 +29,24 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        from tether.client.rest import RemoteError
-        from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
+        report_unhandled(exc)
+        raise
 
-        if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
-            from tether.cli.common import remote_exit_code, remote_message
-            from tether.cli.views.safe_text import visible
 
-            print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
-            sys.exit(remote_exit_code(exc))
-        if not isinstance(exc, StoreUnavailable):
-            raise
+def report_unhandled(exc: Exception) -> None:
+    """An exception no command caught: a server's refusal (`RemoteError`) or a state directory that cannot be
+    written (`StoreUnavailable`) is said in one line on stderr and exits (with the code a command gives it);
+    for any other this returns, and the caller re-raises it."""
+    from tether.client.rest import RemoteError
+    from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
+
+    if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
+        from tether.cli.common import remote_exit_code, remote_message
+        from tether.cli.views.safe_text import visible
+
+        print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
+        sys.exit(remote_exit_code(exc))
+    if isinstance(exc, StoreUnavailable):
         # a full or read-only disk under the state directory: one line, no traceback
         from tether.cli.views.safe_text import visible
 
