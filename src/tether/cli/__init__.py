@@ -12,9 +12,10 @@ import sys
 def main() -> None:
     """The `tether` command: `tether device` and `tether exec` through `tether.cli.fast` where it parses their
     command line exactly (without typer), everything else through the typer app."""
-    from tether.cli.fast import run_fast
+    if sys.argv[1:2] in (["device"], ["exec"]):  # the commands tether.cli.fast knows (the others never import it)
+        from tether.cli.fast import run_fast
 
-    run_fast(sys.argv[1:])  # exits when it ran the command
+        run_fast(sys.argv[1:])  # exits when it ran the command
     from tether.cli.common import app
     from tether.cli.views.rich_help import load_rich_utils
 
