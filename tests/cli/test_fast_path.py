@@ -1,7 +1,8 @@
 """issue 33 item 4: `tether device` and `tether exec` parsed without typer (`tether.cli.fast`). Its table of
 options is generated from the typer app and must be current; for the same command lines it gives the
 command's function exactly the values typer gives it, and every command line it does not take (help, bad
-input, sub-commands) is left to typer, whose usage errors stay the only ones."""
+input, sub-commands) is left to typer, whose usage errors stay the only ones. `tether --help` is drawn from what
+typer drew (`tether.cli.fast.help`), the same at every width, with colour, run as `tether` or `python -m`."""
 
 from __future__ import annotations
 
@@ -140,3 +141,20 @@ def test_tether_exec_runs_a_local_tool_through_the_fast_path(tmp_path: Path) -> 
     assert "tether.cli.fast.spec" in modules and "typer.rich_utils" not in modules
     proc, _ = _run(tmp_path, "exec", "get_system_info", "--timeout", "soon")
     assert proc.returncode == 2 and "Invalid value for '--timeout'" in proc.stderr
+
+
+@pytest.mark.parametrize(("program", "env"), [
+    ("tether", {"COLUMNS": "20"}), ("tether", {"COLUMNS": "53"}), ("tether", {"COLUMNS": "54"}),
+    ("tether", {"COLUMNS": "131"}), ("tether", {"COLUMNS": "90", "FORCE_COLOR": "1"}),
+    ("tether", {"TERMINAL_WIDTH": "70", "PY_COLORS": "1"}), ("-m", {"COLUMNS": "40"}), ("-m", {"COLUMNS": "100"})])
+def test_the_root_help_is_what_typer_draws(tmp_path: Path, program: str, env: dict[str, str]) -> None:
+    """`tether --help` (the fast path) against `tether --help --help` (typer's: the fast path takes `--help`
+    alone), in real processes: run by the console script or as `python -m tether.cli`."""
+    command = [str(Path(sys.executable).with_name("tether"))] if program == "tether" else [
+        sys.executable, "-m", "tether.cli"]
+    base = {k: v for k, v in tether_env(tmp_path).items() if k not in ("NO_COLOR", "FORCE_COLOR", "COLUMNS")}
+    runs = [subprocess.run([*command, *args], env={**base, **env}, capture_output=True, text=True, timeout=60)
+            for args in (["--help"], ["--help", "--help"])]
+    assert runs[0].returncode == runs[1].returncode == 0, runs[1].stderr
+    assert runs[0].stdout == runs[1].stdout
+    assert "Usage:" in runs[0].stdout and "device" in runs[0].stdout

@@ -12,6 +12,11 @@ import sys
 def main() -> None:
     """The `tether` command: `tether device` and `tether exec` through `tether.cli.fast` where it parses their
     command line exactly (without typer), everything else through the typer app."""
+    if sys.argv[1:] in (["--help"], ["-h"]) and not _typer_env():  # drawn as typer draws it, without typer
+        from tether.cli.fast.help import print_root_help
+
+        print_root_help()
+        sys.exit(0)
     if sys.argv[1:2] in (["device"], ["exec"]):  # the commands tether.cli.fast knows (the others never import it)
         from tether.cli.fast import run_fast
 
@@ -34,3 +39,10 @@ def main() -> None:
 
         report_unhandled(exc)
         raise
+
+
+def _typer_env() -> bool:
+    """Settings only typer reads (`TYPER_USE_RICH`, a shell's completion request): the root help is typer's."""
+    import os
+
+    return "TYPER_USE_RICH" in os.environ or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)
