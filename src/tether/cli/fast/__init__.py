@@ -156,6 +156,9 @@ def run_fast(argv: list[str]) -> None:
     except EOFError:
         print("\nAborted.", file=sys.stderr)
         code = 1
+    except BrokenPipeError:  # the reader of its output went away (`| head`): quietly, as click does
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 (nothing more is written; no flush error)
+        code = 1
     except Exception as exc:
         clicked = _click_exit(exc)
         if clicked is None:
