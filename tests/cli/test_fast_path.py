@@ -158,3 +158,14 @@ def test_the_root_help_is_what_typer_draws(tmp_path: Path, program: str, env: di
     assert runs[0].returncode == runs[1].returncode == 0, runs[1].stderr
     assert runs[0].stdout == runs[1].stdout
     assert "Usage:" in runs[0].stdout and "device" in runs[0].stdout
+
+
+def test_the_recorded_help_is_drawn_only_with_the_releases_that_recorded_it() -> None:
+    from importlib.metadata import version
+
+    from tether.cli.fast.help import _recorded_with_these_libraries
+    from tether.cli.fast.help_data import VERSIONS
+
+    assert {"rich": version("rich"), "typer": version("typer")} == VERSIONS, "run python -m tether.cli.fast.gen"
+    assert _recorded_with_these_libraries(VERSIONS)
+    assert not _recorded_with_these_libraries({**VERSIONS, "rich": "13.0.0"})

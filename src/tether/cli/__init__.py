@@ -15,8 +15,8 @@ def main() -> None:
     if sys.argv[1:] in (["--help"], ["-h"]) and not _typer_env():  # drawn as typer draws it, without typer
         from tether.cli.fast.help import print_root_help
 
-        print_root_help()
-        sys.exit(0)
+        if print_root_help():
+            sys.exit(0)
     if sys.argv[1:2] in (["device"], ["exec"]):  # the commands tether.cli.fast knows (the others never import it)
         from tether.cli.fast import run_fast
 

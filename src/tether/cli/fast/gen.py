@@ -179,7 +179,10 @@ def build_help() -> dict[str, Any]:
     console = original(False)
     theme = {name: str(style) for name, style in console._theme_stack._entries[-1].items()
              if name in ("option", "switch", "negative_option", "negative_switch", "types", "types_sep", "usage")}
-    return {"variants": variants, "theme": theme, "highlights": list(rich_utils.OptionHighlighter.highlights),
+    from importlib.metadata import version
+
+    return {"versions": {name: version(name) for name in ("rich", "typer")}, "variants": variants,
+            "theme": theme, "highlights": list(rich_utils.OptionHighlighter.highlights),
             "usage": usage.removeprefix("Usage: tether ")}
 
 
@@ -190,6 +193,7 @@ def render_help(data: dict[str, Any]) -> str:
              'edit by hand."""',
              "", "THEME = {", *(f"    {k!r}: {v!r}," for k, v in data["theme"].items()), "}",
              "HIGHLIGHTS = [", *(f"    {h!r}," for h in data["highlights"]), "]", f"USAGE = {data['usage']!r}",
+             f"VERSIONS = {data['versions']!r}  # of the libraries that drew it: others draw with typer",
              "VARIANTS = ["]
     for width, blob in data["variants"]:
         lines.append(f"    ({width}, (")

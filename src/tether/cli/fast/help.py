@@ -2,7 +2,8 @@
 same objects given to a console made as typer makes its own (theme, highlighter, colour forced by
 FORCE_COLOR, PY_COLORS or GITHUB_ACTIONS, off by _TYPER_FORCE_DISABLE_TERMINAL, width from TERMINAL_WIDTH
 or the terminal), and the usage line with the program's name as click finds it. A test compares it with
-typer's own at several widths and with colour."""
+typer's own at several widths and with colour. Drawn only with the rich and typer releases it was recorded
+with (their `dist-info` beside rich's package), else typer draws it."""
 
 from __future__ import annotations
 
@@ -39,16 +40,26 @@ def usage(prog: str, args: str) -> str:
                                                 replace_whitespace=False).fill(args)
 
 
-def print_root_help() -> None:
-    """Print `tether --help` on stdout as typer does."""
+def _recorded_with_these_libraries(versions: dict[str, str]) -> bool:
+    import rich
+
+    site = os.path.dirname(os.path.dirname(rich.__file__ or ""))
+    return all(os.path.isdir(os.path.join(site, f"{name}-{release}.dist-info")) for name, release in versions.items())
+
+
+def print_root_help() -> bool:
+    """Print `tether --help` on stdout as typer does; False (nothing printed) where it cannot: other releases
+    of rich or typer than those it was recorded with, or any failure drawing it."""
     import base64
     import pickle
 
+    from tether.cli.fast.help_data import HIGHLIGHTS, THEME, USAGE, VARIANTS, VERSIONS
+
+    if not _recorded_with_these_libraries(VERSIONS):
+        return False
     from rich.console import Console
     from rich.highlighter import RegexHighlighter
     from rich.theme import Theme
-
-    from tether.cli.fast.help_data import HIGHLIGHTS, THEME, USAGE, VARIANTS
 
     class Highlighter(RegexHighlighter):
         highlights = HIGHLIGHTS
@@ -62,8 +73,13 @@ def print_root_help() -> None:
     console = Console(theme=Theme(THEME), highlighter=highlighter, color_system="auto", force_terminal=force,
                       width=int(width) if width else None)
     blob = next(data for first, data in reversed(VARIANTS) if console.width >= first or first == VARIANTS[0][0])
-    calls = pickle.loads(base64.b64decode("".join(blob)))  # noqa: S301 (tether's own generated data)
-    calls[0][0][0].renderable = highlighter(usage(program_name(), USAGE))
-    for objects, kwargs in calls:
-        console.print(*objects, **kwargs)
-    sys.stdout.write("\n")  # click echoes the help string typer's drawing leaves empty
+    try:
+        calls = pickle.loads(base64.b64decode("".join(blob)))  # noqa: S301 (tether's own generated data)
+        calls[0][0][0].renderable = highlighter(usage(program_name(), USAGE))
+        with console.capture() as drawn:
+            for objects, kwargs in calls:
+                console.print(*objects, **kwargs)
+    except Exception:  # any: typer draws it instead
+        return False
+    sys.stdout.write(drawn.get() + "\n")  # and the empty help string click echoes after typer's drawing
+    return True

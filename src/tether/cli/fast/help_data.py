@@ -18,6 +18,7 @@ HIGHLIGHTS = [
     '(?P<usage>Usage: )',
 ]
 USAGE = '[OPTIONS] COMMAND [ARGS]...'
+VERSIONS = {'rich': '15.0.0', 'typer': '0.29.2'}  # of the libraries that drew it: others draw with typer
 VARIANTS = [
     (16, (
         'gAWVkScAAAAAAABdlCiMDHJpY2gucGFkZGluZ5SMB1BhZGRpbmeUk5QpgZR9lCiMCnJlbmRlcmFibGWUjAlyaWNoLnRleHSUjARU'
