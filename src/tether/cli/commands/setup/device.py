@@ -135,6 +135,14 @@ def device(ctx: typer.Context,
     except (ValueError, RootRefused) as exc:
         _error(str(exc))
         raise typer.Exit(2) from None
+    from tether.device.local import device_state_dir, hold_state_dir
+    from tether.errors import DeviceError
+
+    try:  # one device process per state directory, before anything in it is read or written (kept till exit)
+        state_lock = hold_state_dir(device_state_dir(cfg, state_dir))
+    except DeviceError as exc:  # the refusal alone: this process does not run
+        _error(str(exc))
+        raise typer.Exit(2) from None
     if root_warning:
         _warn(root_warning)
     from tether.cli.logs import configure
@@ -161,7 +169,10 @@ def device(ctx: typer.Context,
         tls_fingerprint = tls_fingerprint or enrolment.tls_fingerprint
     secret_files = [str(p) for p in (token_file, cfg.server.token_file) if p]
     tags = [*(enrolment.tags if enrolment else []), *(tag or [])]
-    code = _device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files, tls_fingerprint)
+    try:
+        code = _device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files, tls_fingerprint)
+    finally:
+        os.close(state_lock)
     raise typer.Exit(code)
 
 
