@@ -11,7 +11,7 @@ to the `audit` table of a real `Store`, through its own engine connection:
   the same statements in one psycopg pipeline, one implicit transaction — one round trip.
 
 The two alternate sample by sample, R rounds of 20 samples each; printed: the median ms per group of each
-round (median of the rounds and their spread), in round trips of 2 × D, and the ratio measured / anchor.
+round (median of the rounds and their spread), in round trips of 2 x D, and the ratio measured / anchor.
 """
 
 from __future__ import annotations
