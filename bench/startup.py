@@ -37,13 +37,11 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
-from bench.cli_startup import _children_cpu, _proc_cpu
-from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, WAIT, _Server, _stop, _until_line
+from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, _Server
+from bench.kit.procs.timing import Sample, device_registered, echo, interleaved, run_timed
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 HELP_DEPS = "import typer, typer.core, rich.console, rich.table, rich.markup"
-
-Sample = tuple[float, float]  # (wall s, cpu s)
 
 
 def _env(state: Path, tree: Path | None) -> dict[str, str]:
@@ -55,36 +53,6 @@ def _env(state: Path, tree: Path | None) -> dict[str, str]:
     return env
 
 
-async def _run(argv: list[str], env: dict[str, str]) -> Sample:
-    """Wall and CPU seconds of one process run to its exit (one child at a time); it must exit 0."""
-    before = _children_cpu()
-    start = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    _, err = await asyncio.wait_for(proc.communicate(), WAIT)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{argv[1:]} exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
-    return wall, _children_cpu() - before
-
-
-async def _device(server: _Server, env: dict[str, str]) -> Sample:
-    """Wall and CPU seconds of `tether device` from spawn to its "registered as" line; then it is stopped."""
-    env = {**env, "TETHER_DEVICE_TOKEN": server.secret}
-    start = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        *TETHER, "device", "--server", f"ws://127.0.0.1:{server.port}", "--name", "bench",
-        "--state-dir", str(server.tmp / "device"), env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
-        await asyncio.wait_for(_until_line(proc, b"registered as"), WAIT)
-        wall = time.perf_counter() - start
-        cpu = _proc_cpu(proc.pid)
-    finally:
-        await _stop(proc)
-    return wall, cpu
-
-
 def compile_tree() -> None:
     """What scripts/_venv.sh does: bytecode for every module of src/tether, those up to date skipped."""
     subprocess.run([PY, "-m", "compileall", "-q", "-j", "0", str(SRC / "tether")], check=True,
@@ -92,11 +60,10 @@ def compile_tree() -> None:
 
 
 async def measure_async(repeats: int, fresh: bool) -> dict[str, list[Sample]]:
+    """Every row's (wall, cpu) samples, `repeats` interleaved runs each after one warm-up, in the
+    `installed` tree and (with `fresh`) a bytecode-free copy, against a real server and echo server it
+    starts and stops."""
     from websockets.asyncio.server import serve
-
-    async def echo(ws: object) -> None:
-        async for message in ws:  # type: ignore[attr-defined]
-            await ws.send(message)  # type: ignore[attr-defined]
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-startup-") as tmp_name:
         tmp = Path(tmp_name)
@@ -112,24 +79,19 @@ async def measure_async(repeats: int, fresh: bool) -> dict[str, list[Sample]]:
             await server.start()
             try:
                 rows: dict[str, Callable[[], Awaitable[Sample]]] = {
-                    "python -c pass": lambda: _run([PY, "-c", "pass"], base),
-                    "python importing typer + rich": lambda: _run([PY, "-c", HELP_DEPS], base),
-                    "python + websockets, one echo": lambda: _run(
+                    "python -c pass": lambda: run_timed([PY, "-c", "pass"], base),
+                    "python importing typer + rich": lambda: run_timed([PY, "-c", HELP_DEPS], base),
+                    "python + websockets, one echo": lambda: run_timed(
                         [PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], base),
                 }
                 for label, tree in trees.items():
                     env = _env(tmp, tree)
-                    rows[f"tether --help [{label}]"] = partial(_run, [*TETHER, "--help"], env)
+                    rows[f"tether --help [{label}]"] = partial(run_timed, [*TETHER, "--help"], env)
                     rows[f"tether exec get_system_info [{label}]"] = partial(
-                        _run, [*TETHER, "exec", "get_system_info", "info_type=os"], env)
-                    rows[f"tether device -> registered [{label}]"] = partial(_device, server, env)
-                for run in rows.values():  # warm-up: the page cache, the device's state directory
-                    await run()
-                samples: dict[str, list[Sample]] = {name: [] for name in rows}
-                names = list(rows)
-                for i in range(repeats):
-                    for name in names[i % len(names):] + names[:i % len(names)]:
-                        samples[name].append(await rows[name]())
+                        run_timed, [*TETHER, "exec", "get_system_info", "info_type=os"], env)
+                    rows[f"tether device -> registered [{label}]"] = partial(device_registered, server, env)
+                # the warm-up fills the page cache and the device's state directory
+                samples = await interleaved(rows, repeats)
             finally:
                 await server.aclose()
     return samples

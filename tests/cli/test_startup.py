@@ -419,7 +419,7 @@ async def test_a_profile_change_while_registering_is_sent_once_registered(tmp_pa
 # What `tether server` imports before it serves: the agent app built, as `tether server` builds it.
 _SERVER_APP = """
 import json, sys
-from tether.agent.llm.chat import resolve_llm_settings
+from tether.agent.llm.settings import resolve_llm_settings
 from tether.agent.server_app import create_agent_app
 from tether.server.main import run_server
 from tether.server.settings import ServerSettings
