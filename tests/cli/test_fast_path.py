@@ -163,10 +163,8 @@ def test_the_root_help_is_what_typer_draws(tmp_path: Path, program: str, env: di
 def test_the_recorded_help_is_drawn_only_with_the_releases_that_recorded_it() -> None:
     from importlib.metadata import version
 
-    from tether.cli.fast.help import _recorded_with_these_libraries
+    from tether.cli.fast.help import _recorded_with_these_libraries, print_root_help
     from tether.cli.fast.help_data import VERSIONS
-
-    from tether.cli.fast.help import print_root_help
 
     assert not _recorded_with_these_libraries({**VERSIONS, "rich": "13.0.0"})
     assert not _recorded_with_these_libraries({**VERSIONS, "typer": "0.0.1"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -35,7 +36,9 @@ def tasks_extension(llm: LLMClient | None, budgets: Budgets | None = None) -> Ex
         @asynccontextmanager
         async def running() -> AsyncIterator[None]:
             settings: ServerSettings = app.state.settings
-            store = TaskStore(settings.db_target)
+            # opened off the event loop: with PostgreSQL it connects and creates its tables (the hub and a
+            # cluster node's heartbeats already run on the loop)
+            store = await asyncio.to_thread(TaskStore, settings.db_target)
             service = TaskService(app.state.hub, app.state.registry, store, llm, server_store=app.state.store,
                                   budgets=budgets, transfers=app.state.transfers,
                                   notifier=getattr(app.state, "notifier", None))

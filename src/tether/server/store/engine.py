@@ -184,6 +184,29 @@ class PostgresConnection:
         for statement in split_script(script):
             self.execute(statement)
 
+    def execute_together(self, steps: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
+        """Several statements, each run once per row of its parameters, in ONE round trip to
+        the database and ONE transaction: psycopg's pipeline mode outside an explicit `BEGIN`, where everything
+        up to the pipeline's single Sync is one implicit transaction — all of it is written, or none of it
+        (steps may also open and end an explicit transaction themselves). A step with no rows is left out.
+        Errors as `execute`'s (the `sqlite3` classes, `StoreUnavailable`)."""
+        import psycopg
+
+        steps = [(to_postgres(sql), [_no_nul(row) for row in rows]) for sql, rows in steps if rows]
+        if not steps:
+            return
+        with self._lock:
+            if self._conn.closed or self._conn.broken:
+                self._conn = self._connect()
+            try:
+                with self._conn.pipeline():
+                    cur = self._conn.cursor()
+                    for text, rows in steps:
+                        for row in rows:  # not prepared: a failed pipeline leaves psycopg's cache of them wrong
+                            cur.execute(text, row, prepare=False)
+            except psycopg.Error as exc:
+                raise _as_sqlite_error(exc, self.url, broken=self._conn.broken or self._conn.closed) from None
+
     def close(self) -> None:
         with self._lock, contextlib.suppress(Exception):
             self._conn.close()

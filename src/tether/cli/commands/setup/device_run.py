@@ -108,6 +108,28 @@ def run_device(env_token: str | None, *, server: list[str] | None, token_file: P
     except (ValueError, RootRefused) as exc:
         _error(str(exc))
         raise SystemExit(2) from None
+    from tether.device.local import device_state_dir, hold_state_dir
+    from tether.errors import DeviceError
+
+    try:  # one device process per state directory, before anything in it is read or written (kept till exit)
+        state_lock = hold_state_dir(device_state_dir(cfg, state_dir))
+    except DeviceError as exc:  # the refusal alone: this process does not run
+        _error(str(exc))
+        raise SystemExit(2) from None
+    try:
+        return _serve(cfg, servers, secret, root_warning, token_file=token_file, name=name,
+                      policy=policy, state_dir=state_dir, ca_file=ca_file, tag=tag, pair=pair,
+                      tls_fingerprint=tls_fingerprint, log_level=log_level, log_format=log_format)
+    finally:
+        os.close(state_lock)
+
+
+def _serve(cfg: DeviceConfig, servers: list[str], secret: str | None, root_warning: str | None, *,
+           token_file: Path | None, name: str | None, policy: Path | None,
+           state_dir: Path | None, ca_file: str | None, tag: list[str] | None, pair: bool,
+           tls_fingerprint: str | None, log_level: str, log_format: str) -> int:
+    """`run_device` past its checks, with the state directory held: logging, pairing where no token was given,
+    then serving until stopped (the exit code)."""
     if root_warning:
         _warn(root_warning)
     from tether.cli.logs import configure
@@ -134,10 +156,7 @@ def run_device(env_token: str | None, *, server: list[str] | None, token_file: P
         tls_fingerprint = tls_fingerprint or enrolment.tls_fingerprint
     secret_files = [str(p) for p in (token_file, cfg.server.token_file) if p]
     tags = [*(enrolment.tags if enrolment else []), *(tag or [])]
-    code = _device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files, tls_fingerprint)
-    return code
-
-
+    return _device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files, tls_fingerprint)
 
 
 def _device_token(cfg: DeviceConfig, token_file: Path | None, env_token: str | None) -> str | None:
