@@ -14,7 +14,10 @@ scope is missing, never a silent refusal.
 
 Clients of the handshake era (protocol 2025-xx, what today's desktop and IDE clients speak) are told
 `notifications/tools/list_changed` on their session's stream when a device they list registers, leaves or
-reports new tools; clients of the 2026-07-28 era get the same through `subscriptions/listen` (watch.py).
+reports new tools (and resources/prompts `list_changed` when its external MCP servers came or went);
+clients of the 2026-07-28 era get the same through `subscriptions/listen` (watch.py, handlers/listen.py),
+and may follow their tasks there (`taskIds`). A client of the tasks extension gets device calls that ask or
+run long (handlers/tasks.py) and the agent's `run_task` (handlers/tool_tasks.py) as tasks.
 Each request is answered with one JSON body unless its call streams something first (transport.py).
 """
 
@@ -37,7 +40,6 @@ from mcp.server.caching import CacheHint
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
@@ -46,7 +48,7 @@ from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
-from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
+from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, contributed
 from tether.server.mcp.handlers.context import (
     ELICIT_TIMEOUT,
     SCOPE_KEY,
@@ -59,9 +61,11 @@ from tether.server.mcp.handlers.context import (
     task_owner,
     who,
 )
+from tether.server.mcp.handlers.listen import FleetListen, TaskChanged
 from tether.server.mcp.handlers.paging import checked_cursor, page
 from tether.server.mcp.handlers.resources import FleetResources
-from tether.server.mcp.handlers.tasks import EXTENSION, CallTasks, TaskIdParams, TaskUpdateParams
+from tether.server.mcp.handlers.tasks import EXTENSION, CallTask, CallTasks, TaskIdParams, TaskUpdateParams
+from tether.server.mcp.handlers.tool_tasks import ToolTaskRegistry
 from tether.server.mcp.listing import (
     LIST_DEVICES_INPUT,
     LIST_DEVICES_OUTPUT,
@@ -110,8 +114,10 @@ class _FleetServer(Server[Any]):
     def create_initialization_options(self, notification_options: NotificationOptions | None = None,
                                       experimental_capabilities: dict[str, dict[str, Any]] | None = None,
                                       extensions: dict[str, dict[str, Any]] | None = None) -> InitializationOptions:
-        return super().create_initialization_options(notification_options or NotificationOptions(tools_changed=True),
-                                                     experimental_capabilities, extensions)
+        return super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True, resources_changed=True,
+                                                        prompts_changed=True),
+            experimental_capabilities, extensions)
 
 
 @dataclass(frozen=True)
@@ -134,7 +140,9 @@ class Gateway:
         self.store: Store = app.state.store
         self.registry: DeviceRegistry = app.state.registry  # the devices it lists
         self.index = FleetIndex(self.registry)
-        self.bus = InMemorySubscriptionBus()
+        self.tool_tasks = ToolTaskRegistry(self._task_changed)  # run_task as a task (handlers/tool_tasks.py)
+        self.tasks = CallTasks(self._call_task_changed)  # device calls as tasks (handlers/tasks.py)
+        self.listen = FleetListen(who, self._owns_task, self._current_task, task_owner)
         self.resources = FleetResources(self.hub, self.registry, self.store.audit)
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
                                    cache_hints=CACHE_HINTS,  # type: ignore[arg-type]  # (its keys are methods)
@@ -143,8 +151,7 @@ class Gateway:
                                    on_list_resource_templates=self._list_templates,
                                    on_read_resource=self._read_resource, on_list_prompts=self._list_prompts,
                                    on_get_prompt=self._get_prompt, on_completion=self._complete,
-                                   on_subscriptions_listen=ListenHandler(self.bus))
-        self.tasks = CallTasks()  # the tasks extension's tasks (handlers/tasks.py)
+                                   on_subscriptions_listen=self.listen)
         self.server.extensions[EXTENSION] = {}
         self.server.add_request_handler("tasks/get", TaskIdParams, self._task_get)
         self.server.add_request_handler("tasks/update", TaskUpdateParams, self._task_update)
@@ -153,7 +160,8 @@ class Gateway:
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
         self.manager.per_owner = MAX_SESSIONS_PER_TOKEN  # idle ones make room before a token is refused
-        self.watch = ListChangedWatch(self.manager, self.store, self.index, self.bus, who)
+        self.watch = ListChangedWatch(self.manager, self.store, self.index, self.listen, who,
+                                      self.resources.servers_of, lambda: [r.name for r in self.registry.list()])
         self.server.middleware = [self.watch.middleware]  # (no OpenTelemetry span per message: nothing exports them)
         self._deferred: dict[str, _Deferred] = {}  # by request_state
         self._page_size: int = app.state.settings.mcp_page_size  # items per page of every list (paging.py)
@@ -167,7 +175,9 @@ class Gateway:
         finally:
             remove()
             self.watch.close()
+            self.listen.close()
             self.tasks.close()
+            self.tool_tasks.close()
 
     # -- HTTP: who may come in ------------------------------------------------------------------
 
@@ -321,16 +331,52 @@ class Gateway:
 
     # -- the tasks extension: tasks/get, tasks/update, tasks/cancel (handlers/tasks.py) ---------------------
 
+    # (a contributed tool's task, else a device call's; another token's is "not found" in both)
+
     async def _task_get(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
-        return {"resultType": "complete", **self.tasks.get(task_owner(ctx), params.task_id)}
+        owner = task_owner(ctx)
+        if self.tool_tasks.owns(owner, params.task_id):
+            return {"resultType": "complete", **await self.tool_tasks.get(owner, params.task_id,
+                                                                          self._task_call(ctx))}
+        return {"resultType": "complete", **self.tasks.get(owner, params.task_id)}
 
     async def _task_update(self, ctx: ServerRequestContext[Any], params: TaskUpdateParams) -> dict[str, Any]:
-        self.tasks.update(task_owner(ctx), params.task_id, params.input_responses)
+        owner = task_owner(ctx)
+        if self.tool_tasks.owns(owner, params.task_id):
+            await self.tool_tasks.update(owner, params.task_id, params.input_responses, self._task_call(ctx))
+        else:
+            self.tasks.update(owner, params.task_id, params.input_responses)
         return {"resultType": "complete"}
 
     async def _task_cancel(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
-        self.tasks.cancel(task_owner(ctx), params.task_id)
+        owner = task_owner(ctx)
+        if self.tool_tasks.owns(owner, params.task_id):
+            await self.tool_tasks.cancel(owner, params.task_id, self._task_call(ctx))
+        else:
+            self.tasks.cancel(owner, params.task_id)
         return {"resultType": "complete"}
+
+    def _task_call(self, ctx: ServerRequestContext[Any]) -> GatewayCall:
+        """The caller of a tasks/* request as a contributed tool's tasks see it: `elicit` set when the client
+        declared elicitation (its questions then ride `inputRequests`; nothing is asked on this request)."""
+        admitted = admitted_of(ctx)
+        return GatewayCall(token=admitted.token, client=caller_of(ctx, admitted).client.split(" ", 1)[0],
+                           progress=_no_progress, elicit=_ask_later if declared_elicitation(ctx) else None)
+
+    def _owns_task(self, owner: str, task_id: str) -> bool:
+        return self.tool_tasks.owns(owner, task_id) or self.tasks.owns(owner, task_id)
+
+    async def _current_task(self, ctx: ServerRequestContext[Any], task_id: str) -> dict[str, Any] | None:
+        owner = admitted_of(ctx).token.id
+        if self.tool_tasks.owns(owner, task_id):
+            return await self.tool_tasks.current(owner, task_id, self._task_call(ctx))
+        return self.tasks.get(owner, task_id) if self.tasks.owns(owner, task_id) else None
+
+    def _task_changed(self, event: TaskChanged) -> None:
+        self.listen.publish(event)
+
+    def _call_task_changed(self, task: CallTask) -> None:
+        self.listen.publish(TaskChanged(task.task_id, task.owner, task.view()))
 
     # -- questions of 2026-07-28 clients: an input-required result, answered by retrying the call --------
 
@@ -374,6 +420,12 @@ class Gateway:
             return call_result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
                                      f"{tool.name}; create one with 'tether token create --api NAME --scope "
                                      f"{tool.scope}'", is_error=True))
+        if tool.tasks is not None and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and declared_tasks(ctx):
+            # a client of the tasks extension gets the task at once, and follows it with tasks/get
+            started = await self.tool_tasks.start(caller.token.id, tool, arguments, self._task_call(ctx))
+            if isinstance(started, GatewayReply):
+                return _tool_result(started)
+            return started  # type: ignore[return-value]  # (a CreateTaskResult: the SDK passes a dict on)
         call = GatewayCall(token=caller.token, client=caller.client.split(" ", 1)[0], progress=progress_of(ctx),
                            elicit=elicit_of(ctx))
         try:
@@ -382,8 +434,16 @@ class Gateway:
             logger.exception("MCP gateway: tool %s failed", tool.name)
             return call_result(Reply(f"{tool.name} failed inside the server; the server log has the details",
                                      is_error=True))
-        return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
-                                    structured_content=reply.structured, is_error=reply.is_error)
+        return _tool_result(reply)
+
+
+def _tool_result(reply: GatewayReply) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
+                                structured_content=reply.structured, is_error=reply.is_error)
+
+
+async def _no_progress(done: float, total: float | None, message: str | None) -> None:
+    return None
 
 
 async def _ask_later(message: str, schema: dict[str, Any]) -> dict[str, Any]:
