@@ -195,12 +195,21 @@ async def test_listeners_hear_when_a_device_brings_resources_and_prompts(raw: Ra
         elif isinstance(message, types.PromptListChangedNotification):
             told["prompts"].set()
 
-    stream = asyncio.create_task(listen(raw, {"resourcesListChanged": True, "promptsListChanged": True}, frames))
+    lists = {"resourcesListChanged": True, "promptsListChanged": True, "toolsListChanged": True}
+    stream = asyncio.create_task(listen(raw, {k: True for k in list(lists)[:2]}, frames))
+    # a token scoped to alpha hears nothing of beta (nor does it learn that beta exists)
+    scoped = cluster.remote._request("POST", "/tokens", json={"kind": "api", "name": "alpha-only",
+                                                              "scopes": ["read"], "devices": ["alpha"]})["token"]
+    narrow = Frames()
+    narrow_stream = asyncio.create_task(listen(Raw(raw.http, raw.url, scoped, {}), lists, narrow))
     beta = None
     try:
         async with mcp_client(raw.url, cluster.api_token, message_handler=legacy) as session:
-            assert session.get_server_capabilities().resources.list_changed  # type: ignore[union-attr]
+            capabilities = session.server_capabilities
+            assert capabilities is not None and capabilities.resources is not None and capabilities.prompts is not None
+            assert capabilities.resources.list_changed and capabilities.prompts.list_changed
             await asyncio.wait_for(frames.opened.wait(), WAIT)
+            await asyncio.wait_for(narrow.opened.wait(), WAIT)
             assert frames[0]["params"]["notifications"] == {"resourcesListChanged": True, "promptsListChanged": True}
             beta = cluster.device("beta", extra=("--policy", str(cluster.policy),  # type: ignore[attr-defined]
                                                  "--config", str(config(tmp_path, EVERYTHING))))
@@ -208,9 +217,11 @@ async def test_listeners_hear_when_a_device_brings_resources_and_prompts(raw: Ra
                 await frames.first(lambda f, k=kind: f.get("method") == f"notifications/{k}/list_changed")
                 await asyncio.wait_for(told[kind].wait(), WAIT)
             assert not any(f.get("method") == "notifications/tools/list_changed" for f in frames)  # not asked for
+            assert [f["method"] for f in narrow] == ["notifications/subscriptions/acknowledged"]
             resources = await raw.result("resources/list")
             assert any(r["uri"].startswith("tether://beta/everything/") for r in resources["resources"])
     finally:
         stream.cancel()
+        narrow_stream.cancel()
         if beta is not None:
             beta.stop()
