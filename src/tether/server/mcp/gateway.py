@@ -37,7 +37,7 @@ from mcp.server import Server
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.caching import CacheHint
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
@@ -61,11 +61,11 @@ from tether.server.mcp.handlers.context import (
     task_owner,
     who,
 )
-from tether.server.mcp.handlers.listen import FleetListen, TaskChanged
+from tether.server.mcp.handlers.listen import FleetListen
 from tether.server.mcp.handlers.paging import checked_cursor, page
 from tether.server.mcp.handlers.resources import FleetResources
-from tether.server.mcp.handlers.tasks import EXTENSION, CallTask, CallTasks, TaskIdParams, TaskUpdateParams
-from tether.server.mcp.handlers.tool_tasks import ToolTaskRegistry
+from tether.server.mcp.handlers.task_routes import TaskRoutes
+from tether.server.mcp.handlers.tasks import EXTENSION
 from tether.server.mcp.listing import (
     LIST_DEVICES_INPUT,
     LIST_DEVICES_OUTPUT,
@@ -109,15 +109,22 @@ INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online 
 
 
 class _FleetServer(Server[Any]):
-    """The low-level server, saying in its handshake that its tool list changes."""
+    """The low-level server, saying in its handshake that its lists change and that tools/call may be a task."""
 
     def create_initialization_options(self, notification_options: NotificationOptions | None = None,
                                       experimental_capabilities: dict[str, dict[str, Any]] | None = None,
                                       extensions: dict[str, dict[str, Any]] | None = None) -> InitializationOptions:
-        return super().create_initialization_options(
+        options = super().create_initialization_options(
             notification_options or NotificationOptions(tools_changed=True, resources_changed=True,
                                                         prompts_changed=True),
             experimental_capabilities, extensions)
+        # 2025-11-25's core tasks for tools/call (run_task, handlers/task_routes.py; the SDK drops the
+        # capability for 2026-07-28, whose tasks are the extension declared beside it)
+        options.capabilities.tasks = types.ServerTasksCapability(
+            list=types.TasksListCapability(), cancel=types.TasksCancelCapability(),
+            requests=types.ServerTasksRequestsCapability(tools=types.TasksToolsCapability(
+                call=types.TasksCallCapability())))
+        return options
 
 
 @dataclass(frozen=True)
@@ -140,9 +147,10 @@ class Gateway:
         self.store: Store = app.state.store
         self.registry: DeviceRegistry = app.state.registry  # the devices it lists
         self.index = FleetIndex(self.registry)
-        self.tool_tasks = ToolTaskRegistry(self._task_changed)  # run_task as a task (handlers/tool_tasks.py)
-        self.tasks = CallTasks(self._call_task_changed)  # device calls as tasks (handlers/tasks.py)
-        self.listen = FleetListen(who, self._owns_task, self._current_task, task_owner)
+        # device calls and run_task as tasks, tasks/* of both eras (handlers/task_routes.py)
+        self.task_routes = TaskRoutes(lambda event: self.listen.publish(event), _ask_later)
+        self.tasks = self.task_routes.calls
+        self.listen = FleetListen(who, self.task_routes.owns, self.task_routes.current, task_owner)
         self.resources = FleetResources(self.hub, self.registry, self.store.audit)
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
                                    cache_hints=CACHE_HINTS,  # type: ignore[arg-type]  # (its keys are methods)
@@ -153,16 +161,15 @@ class Gateway:
                                    on_get_prompt=self._get_prompt, on_completion=self._complete,
                                    on_subscriptions_listen=self.listen)
         self.server.extensions[EXTENSION] = {}
-        self.server.add_request_handler("tasks/get", TaskIdParams, self._task_get)
-        self.server.add_request_handler("tasks/update", TaskUpdateParams, self._task_update)
-        self.server.add_request_handler("tasks/cancel", TaskIdParams, self._task_cancel)
+        self.task_routes.register(self.server)
         self.manager = ReplyingSessionManager(  # answers in JSON unless a call has something to stream
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
         self.manager.per_owner = MAX_SESSIONS_PER_TOKEN  # idle ones make room before a token is refused
         self.watch = ListChangedWatch(self.manager, self.store, self.index, self.listen, who,
                                       self.resources.servers_of, lambda: [r.name for r in self.registry.list()])
-        self.server.middleware = [self.watch.middleware]  # (no OpenTelemetry span per message: nothing exports them)
+        # (no OpenTelemetry span per message: nothing exports them)
+        self.server.middleware = [self._task_call_2025, self.watch.middleware]
         self._deferred: dict[str, _Deferred] = {}  # by request_state
         self._page_size: int = app.state.settings.mcp_page_size  # items per page of every list (paging.py)
 
@@ -176,8 +183,7 @@ class Gateway:
             remove()
             self.watch.close()
             self.listen.close()
-            self.tasks.close()
-            self.tool_tasks.close()
+            self.task_routes.close()
 
     # -- HTTP: who may come in ------------------------------------------------------------------
 
@@ -329,55 +335,6 @@ class Gateway:
             return self._defer(later, admitted.token, name, arguments)
         return call_result(capped(reply, self.app.state.settings.max_response_bytes), device=tool.device)
 
-    # -- the tasks extension: tasks/get, tasks/update, tasks/cancel (handlers/tasks.py) ---------------------
-
-    # (a contributed tool's task, else a device call's; another token's is "not found" in both)
-
-    async def _task_get(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
-        owner = task_owner(ctx)
-        if self.tool_tasks.owns(owner, params.task_id):
-            return {"resultType": "complete", **await self.tool_tasks.get(owner, params.task_id,
-                                                                          self._task_call(ctx))}
-        return {"resultType": "complete", **self.tasks.get(owner, params.task_id)}
-
-    async def _task_update(self, ctx: ServerRequestContext[Any], params: TaskUpdateParams) -> dict[str, Any]:
-        owner = task_owner(ctx)
-        if self.tool_tasks.owns(owner, params.task_id):
-            await self.tool_tasks.update(owner, params.task_id, params.input_responses, self._task_call(ctx))
-        else:
-            self.tasks.update(owner, params.task_id, params.input_responses)
-        return {"resultType": "complete"}
-
-    async def _task_cancel(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
-        owner = task_owner(ctx)
-        if self.tool_tasks.owns(owner, params.task_id):
-            await self.tool_tasks.cancel(owner, params.task_id, self._task_call(ctx))
-        else:
-            self.tasks.cancel(owner, params.task_id)
-        return {"resultType": "complete"}
-
-    def _task_call(self, ctx: ServerRequestContext[Any]) -> GatewayCall:
-        """The caller of a tasks/* request as a contributed tool's tasks see it: `elicit` set when the client
-        declared elicitation (its questions then ride `inputRequests`; nothing is asked on this request)."""
-        admitted = admitted_of(ctx)
-        return GatewayCall(token=admitted.token, client=caller_of(ctx, admitted).client.split(" ", 1)[0],
-                           progress=_no_progress, elicit=_ask_later if declared_elicitation(ctx) else None)
-
-    def _owns_task(self, owner: str, task_id: str) -> bool:
-        return self.tool_tasks.owns(owner, task_id) or self.tasks.owns(owner, task_id)
-
-    async def _current_task(self, ctx: ServerRequestContext[Any], task_id: str) -> dict[str, Any] | None:
-        owner = admitted_of(ctx).token.id
-        if self.tool_tasks.owns(owner, task_id):
-            return await self.tool_tasks.current(owner, task_id, self._task_call(ctx))
-        return self.tasks.get(owner, task_id) if self.tasks.owns(owner, task_id) else None
-
-    def _task_changed(self, event: TaskChanged) -> None:
-        self.listen.publish(event)
-
-    def _call_task_changed(self, task: CallTask) -> None:
-        self.listen.publish(TaskChanged(task.task_id, task.owner, task.view()))
-
     # -- questions of 2026-07-28 clients: an input-required result, answered by retrying the call --------
 
     def _defer(self, later: AskLater, token: TokenInfo, name: str, arguments: dict[str, Any]
@@ -410,8 +367,22 @@ class Gateway:
 
         return deferred.held, answered
 
+    async def _task_call_2025(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        """A 2025-11-25 `tools/call` asking for a task (`params.task`) of a contributed tool that has tasks:
+        answered here with its `CreateTaskResult`, which the SDK's result check of tools/call would refuse."""
+        params = ctx.params if isinstance(ctx.params, dict) else None
+        if ctx.method != "tools/call" or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or params is None \
+                or not isinstance(params.get("task"), dict):
+            return await call_next(ctx)
+        tool = contributed(self.app).get(str(params.get("name")))
+        arguments = params.get("arguments") or {}
+        if tool is None or tool.tasks is None or not isinstance(arguments, dict):
+            return await call_next(ctx)
+        admitted = admitted_of(ctx)
+        return await self._call_contributed(ctx, tool, dict(arguments), caller_of(ctx, admitted), as_task=True)
+
     async def _call_contributed(self, ctx: ServerRequestContext[Any], tool: GatewayTool, arguments: dict[str, Any],
-                                caller: Caller) -> types.CallToolResult:
+                                caller: Caller, as_task: bool = False) -> types.CallToolResult:
         if caller.token.agent and tool.scope == "approve":  # approving is a person's, whatever the scopes
             return call_result(Reply(f"token '{caller.token.name}' is an agent's token, and an agent never approves: "
                                      f"{tool.name} needs a person's token ("
@@ -420,12 +391,13 @@ class Gateway:
             return call_result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
                                      f"{tool.name}; create one with 'tether token create --api NAME --scope "
                                      f"{tool.scope}'", is_error=True))
-        if tool.tasks is not None and ctx.protocol_version in MODERN_PROTOCOL_VERSIONS and declared_tasks(ctx):
-            # a client of the tasks extension gets the task at once, and follows it with tasks/get
-            started = await self.tool_tasks.start(caller.token.id, tool, arguments, self._task_call(ctx))
+        if tool.tasks is not None and (as_task or (ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+                                                   and declared_tasks(ctx))):
+            # a client of the tasks extension (or a 2025-11-25 client asking) gets the task at once
+            started = await self.task_routes.start(ctx, tool, arguments)
             if isinstance(started, GatewayReply):
                 return _tool_result(started)
-            return started  # type: ignore[return-value]  # (a CreateTaskResult: the SDK passes a dict on)
+            return started  # (a CreateTaskResult: the SDK passes a dict on)
         call = GatewayCall(token=caller.token, client=caller.client.split(" ", 1)[0], progress=progress_of(ctx),
                            elicit=elicit_of(ctx))
         try:
@@ -440,10 +412,6 @@ class Gateway:
 def _tool_result(reply: GatewayReply) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
                                 structured_content=reply.structured, is_error=reply.is_error)
-
-
-async def _no_progress(done: float, total: float | None, message: str | None) -> None:
-    return None
 
 
 async def _ask_later(message: str, schema: dict[str, Any]) -> dict[str, Any]:

@@ -59,6 +59,8 @@ class _Entry:
     last: tuple[Any, ...] | None = None  # what the last notification said (status, message, questions)
     seen: tuple[Any, ...] | None = None  # what the task last showed: a change moves `updated`
     follower: asyncio.Task[None] | None = None
+    connection: Any = None  # a 2025-11-25 session's (the SDK's Connection): told of changes on its stream
+    waiters: list[asyncio.Event] = field(default_factory=list)  # set at the next change (`moved`)
 
 
 def reply_result(reply: GatewayReply) -> dict[str, Any]:
@@ -69,9 +71,10 @@ def reply_result(reply: GatewayReply) -> dict[str, Any]:
 
 
 class ToolTaskRegistry:
-    """The contributed tools' tasks of this gateway, by task id; `publish` hears each change."""
+    """The contributed tools' tasks of this gateway, by task id; `publish(change, connection)` hears each change
+    (`connection`: the creating 2025-11-25 session's, else None)."""
 
-    def __init__(self, publish: Callable[[TaskChanged], None]) -> None:
+    def __init__(self, publish: Callable[[TaskChanged, Any], None]) -> None:
         self.publish = publish
         self._entries: dict[str, _Entry] = {}
 
@@ -79,14 +82,24 @@ class ToolTaskRegistry:
         entry = self._entries.get(task_id)
         return entry is not None and entry.owner == owner
 
-    async def start(self, owner: str, tool: GatewayTool, arguments: dict[str, Any], call: GatewayCall
-                    ) -> dict[str, Any] | GatewayReply:
+    def ids_of(self, owner: str) -> list[str]:
+        """The ids of `owner`'s tasks kept here, oldest first."""
+        return [task_id for task_id, entry in self._entries.items() if entry.owner == owner]
+
+    def moved(self, owner: str, task_id: str) -> asyncio.Event:
+        """An event set at the task's next change (or when it ends)."""
+        event = asyncio.Event()
+        self._find(owner, task_id).waiters.append(event)
+        return event
+
+    async def start(self, owner: str, tool: GatewayTool, arguments: dict[str, Any], call: GatewayCall,
+                    connection: Any = None) -> dict[str, Any] | GatewayReply:
         """The `CreateTaskResult` of a new task, or the tool's reply when it started nothing."""
         assert tool.tasks is not None
         started = await tool.tasks.start(arguments, call)
         if isinstance(started, GatewayReply):
             return started
-        entry = _Entry(started, owner, tool, call)
+        entry = _Entry(started, owner, tool, call, connection=connection)
         self._keep(entry)
         shown = await self._shown(entry, call)
         entry.last = _said(shown)
@@ -195,9 +208,12 @@ class ToolTaskRegistry:
     async def _tell(self, entry: _Entry) -> None:
         shown = await self._shown(entry, entry.call)
         said = _said(shown)
+        waiters, entry.waiters = entry.waiters, []
+        for waiter in waiters:
+            waiter.set()
         if said != entry.last:
             entry.last = said
-            self.publish(TaskChanged(entry.task_id, entry.owner, shown))
+            self.publish(TaskChanged(entry.task_id, entry.owner, shown), entry.connection)
 
 
 def _said(shown: dict[str, Any]) -> tuple[Any, ...]:
