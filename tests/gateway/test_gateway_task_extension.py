@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,7 @@ from tests.kits.gateway import mcp_client
 from tests.kits.netutil import Cluster, wait_for
 
 WAIT = 60
+NODE_MODULES = Path(__file__).resolve().parents[2] / ".tether-test-node" / "node_modules"
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +184,36 @@ async def test_an_approval_waits_as_input_required_and_is_answered_by_tasks_upda
     done = await settled(raw, handle["taskId"], "completed", "failed", "cancelled")
     assert done["status"] == "completed" and done["result"]["structuredContent"]["status"] == "done", done
     assert not victim.exists()
+
+
+async def test_the_typescript_sdk_runs_run_task_as_a_2025_task_and_answers_its_approval(raw: Raw, cluster: Cluster
+                                                                                          ) -> None:
+    """The official TypeScript SDK's 2025-11-25 tasks: tools/call with `task`, tasks/get, tasks/result (which asks
+    the approval through elicitation), notifications/tasks/status, tasks/list; another token's tasks/get refused."""
+    victim = cluster.tmp / "work" / "older"
+    victim.mkdir()
+    arguments = {"device": "alpha", "plan": [shell("rm", ["-r", str(victim)], victim.parent)]}
+    process = await asyncio.create_subprocess_exec(
+        "node", str(Path(__file__).parent / "node" / "run_task.cjs"), raw.url, cluster.api_token, cluster.read_token,
+        json.dumps(arguments), "approve", stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "NODE_PATH": str(NODE_MODULES)})
+    out, err = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode == 0, err.decode()
+    report = json.loads(out.decode().strip().splitlines()[-1])
+    assert report["taskSupport"] == "optional" and "error" not in report, report
+    kinds = [m.split("@")[0] for m in report["messages"]]
+    assert kinds[0] == "taskCreated" and kinds[-1] == "result", report
+    assert "taskStatus:input_required" in kinds, report
+    [asked] = report["asked"]
+    assert "rm" in asked, report
+    result = report["result"]
+    assert not result.get("isError") and result["structuredContent"]["status"] == "done", report
+    assert result["_meta"]["io.modelcontextprotocol/related-task"] == {"taskId": report["taskId"]}
+    assert not victim.exists()
+    assert report["end"] == "told" and report["notified"][-1] == "completed", report  # told on its stream
+    assert report["taskId"] in report["listed"]
+    assert report["otherError"] == -32602, report
+    assert cluster.remote._request("GET", f"/tasks/{report['taskId']}")["state"] == "done"
 
 
 async def test_listeners_hear_when_a_device_brings_resources_and_prompts(raw: Raw, cluster: Cluster,

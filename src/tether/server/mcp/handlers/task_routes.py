@@ -168,7 +168,7 @@ class TaskRoutes:
                 pass
         related = {RELATED_TASK: {"taskId": params.task_id}}
         if shown["status"] == "completed":
-            return {**shown["result"], "_meta": related}
+            return {**{k: v for k, v in shown["result"].items() if k != "resultType"}, "_meta": related}
         if shown["status"] == "failed":
             raise MCPError(shown["error"]["code"], shown["error"]["message"])
         raise MCPError(INVALID_PARAMS, f"task {params.task_id} was cancelled: it has no result")
