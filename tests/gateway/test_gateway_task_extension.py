@@ -253,6 +253,17 @@ async def test_listeners_hear_when_a_device_brings_resources_and_prompts(raw: Ra
             assert [f["method"] for f in narrow] == ["notifications/subscriptions/acknowledged"]
             resources = await raw.result("resources/list")
             assert any(r["uri"].startswith("tether://beta/everything/") for r in resources["resources"])
+
+            # the REST tool list gives the servers' titles and annotations when asked (and only then: an
+            # earlier CLI validates each tool with a model that refuses fields it does not know)
+            plain = await asyncio.to_thread(cluster.remote._request, "GET", "/devices/beta/tools")
+            assert not any({"title", "annotations"} & t.keys() for t in plain)
+            hinted = await asyncio.to_thread(cluster.remote.tools, "beta", hints=True)
+            mcp_tools = {t["name"]: t for t in (await raw.result("tools/list"))["tools"]}
+            hinted_here = {t.name: (t.title, t.annotations) for t in hinted if t.annotations}
+            assert hinted_here and all(
+                (mcp_tools[f"beta__{name}"].get("title"), mcp_tools[f"beta__{name}"].get("annotations")) == hints
+                for name, hints in hinted_here.items()), (hinted_here, mcp_tools)
     finally:
         stream.cancel()
         narrow_stream.cancel()
