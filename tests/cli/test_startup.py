@@ -25,7 +25,7 @@ from tests.kits.netutil import tether_env
 from tether.cli.common import app
 from tether.cli.lazy import COMMANDS, all_modules, expand
 
-HEAVY = ("mcp", "fastapi", "openai", "playwright", "uvicorn", "starlette")
+HEAVY = ("mcp", "fastapi", "openai", "playwright", "uvicorn", "starlette", "jwt")
 
 # Runs `tether ARGS` in this interpreter and writes, at exit, the names of every module it imported.
 _HARNESS = """
@@ -439,4 +439,4 @@ def test_the_server_app_is_built_without_the_mcp_sdk_jsonschema_or_yaml(tmp_path
     assert proc.returncode == 0, proc.stderr
     loaded = set(json.loads(proc.stdout))
     assert "fastapi" in loaded, "the harness built the app"
-    assert not loaded & {"mcp", "mcp_types", "jsonschema", "yaml", "openai", "playwright"}, sorted(loaded)
+    assert not loaded & {"mcp", "mcp_types", "jsonschema", "yaml", "openai", "playwright", "jwt"}, sorted(loaded)
