@@ -186,6 +186,28 @@ async def test_an_approval_waits_as_input_required_and_is_answered_by_tasks_upda
     assert not victim.exists()
 
 
+async def test_a_device_call_s_task_is_told_on_the_listen_stream_too(raw: Raw, cluster: Cluster) -> None:
+    victim = cluster.tmp / "work" / "kept"
+    victim.mkdir()
+    handle = await raw.result("tools/call", {"name": "alpha__shell.run", "arguments": {
+        "cmd": "rm", "argv": ["-r", str(victim)], "cwd": str(victim.parent)}})  # asks at once: a task
+    assert handle["resultType"] == "task" and handle["status"] == "input_required", handle
+    frames = Frames()
+    stream = asyncio.create_task(listen(raw, {"taskIds": [handle["taskId"]]}, frames))
+    try:
+        now = await frames.first(lambda f: f.get("method") == "notifications/tasks")
+        assert now["params"]["status"] == "input_required"  # where it stands, right after the acknowledgement
+        [key] = now["params"]["inputRequests"]
+        await raw.result("tasks/update", {"taskId": handle["taskId"], "inputResponses": {
+            key: {"action": "accept", "content": {"decision": "deny"}}}})
+        told = await frames.first(lambda f: f.get("method") == "notifications/tasks"
+                                  and f["params"]["status"] == "completed")
+    finally:
+        stream.cancel()
+    assert told["params"]["result"]["isError"] and "denied" in json.dumps(told["params"]["result"])
+    assert victim.exists()
+
+
 async def test_the_typescript_sdk_runs_run_task_as_a_2025_task_and_answers_its_approval(raw: Raw, cluster: Cluster
                                                                                           ) -> None:
     """The official TypeScript SDK's 2025-11-25 tasks: tools/call with `task`, tasks/get, tasks/result (which asks
