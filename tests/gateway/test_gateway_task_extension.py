@@ -113,7 +113,9 @@ async def test_run_task_is_a_task_polled_and_told_to_its_end(raw: Raw, cluster: 
     finally:
         stream.cancel()
     assert told["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == raw.ids
-    done = await settled(raw, task_id, "completed", "failed", "cancelled")
+    async with httpx2.AsyncClient(timeout=60) as fresh:  # a client that reconnects: nothing but the token kept
+        done = await settled(Raw(fresh, raw.url, cluster.api_token, TASKS), task_id, "completed", "failed",
+                             "cancelled")
     assert done["status"] == "completed" and not done["result"].get("isError"), done
     summary = done["result"]["structuredContent"]
     assert summary["task_id"] == task_id and summary["status"] == "done"
