@@ -13,6 +13,7 @@ from tether.agent.llm.sampling import DeviceSampler
 from tether.agent.llm.settings import LLMSettings
 from tether.agent.run.task import Budgets
 from tether.agent.tasks.api.inbox import inbox_router
+from tether.agent.tasks.api.mcp_task_bridge import with_tasks
 from tether.agent.tasks.api.mcp_tools import task_tools
 from tether.agent.tasks.api.task_api import router, task_error
 from tether.agent.tasks.service import TaskError, TaskService
@@ -31,7 +32,7 @@ def tasks_extension(llm: LLMClient | None, budgets: Budgets | None = None) -> Ex
         app.include_router(router)
         app.include_router(inbox_router)  # GET /api/v1/approvals: what waits for a person (docs/approvals.md)
         app.add_exception_handler(TaskError, task_error)
-        contribute(app, task_tools(app))  # run_task, get_task, … on the MCP gateway at /mcp
+        contribute(app, with_tasks(app, task_tools(app)))  # run_task (also as an MCP task), get_task, … at /mcp
 
         @asynccontextmanager
         async def running() -> AsyncIterator[None]:
