@@ -31,8 +31,7 @@ from starlette.applications import Starlette
 from tether.agent.planning.plan import Plan
 from tether.agent.run.replies import APPROVAL_KINDS
 from tether.agent.run.task import Task, TaskState
-from tether.agent.tasks.api.mcp_tools import (
-    _answer,
+from tether.agent.tasks.api.mcp_replies import (
     _may_answer_server,
     _may_not_approve,
     _ref,
@@ -41,6 +40,7 @@ from tether.agent.tasks.api.mcp_tools import (
     _who,
     summary,
 )
+from tether.agent.tasks.api.mcp_tools import _answer
 from tether.agent.tasks.api.task_api import Answer, TaskRequest, _stricter
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, TaskRefused, TaskView
