@@ -31,8 +31,10 @@ from typing import Any
 
 from bench.kit.llm_server import MODEL_NAME, RealLLMServer
 from bench.kit.task_kit import make_device
-from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings
-from tether.agent.planning.planner import DeviceView, PlanningError, plan_request
+from tether.agent.llm.chat import LLMClient, LLMError
+from tether.agent.llm.settings import LLMSettings
+from tether.agent.planning.device_view import DeviceView
+from tether.agent.planning.planner import PlanningError, plan_request
 from tether.protocol.models import Command, Result, ResultStatus
 
 HOME = Path("/tmp/tether-llm-bench")  # the device may read and write here (its state under state/)

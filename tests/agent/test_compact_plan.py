@@ -9,7 +9,8 @@ import json
 from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm.chat import LLMClient
 from tether.agent.planning import compact
-from tether.agent.planning.planner import DeviceView, plan_request
+from tether.agent.planning.device_view import DeviceView
+from tether.agent.planning.planner import plan_request
 from tether.tools.files.tool import files_toolset
 from tether.tools.shell.tool import shell_toolset
 from tether.tools.system.tool import system_toolset

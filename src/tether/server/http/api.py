@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 
 from tether.protocol.models import Command
 from tether.protocol.profile import DeviceProfile
-from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.fleet.record import DeviceRecord
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
 from tether.server.oidc.bearer import OidcRefused

@@ -24,7 +24,7 @@ def _set_options(pairs: list[str]) -> dict[str, str]:
 
 def _config_data(config: Path | None) -> tuple[Path, dict[str, object]]:
     """The config file (`config`, else the default one) and its top-level mapping; {} when there is none."""
-    from tether.agent.llm.chat import default_config_path
+    from tether.agent.llm.settings import default_config_path
 
     file = config.expanduser() if config is not None else default_config_path()
     if not file.is_file():
@@ -111,7 +111,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         return
     from functools import partial
 
-    from tether.agent.llm.chat import resolve_llm_settings
+    from tether.agent.llm.settings import resolve_llm_settings
     from tether.agent.server_app import create_agent_app
     from tether.server.main import PortInUse, UnsafeBinding, claim_state, run_server
     from tether.server.store import check_state_dir
