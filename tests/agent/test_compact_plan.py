@@ -34,6 +34,8 @@ def test_only_the_skills_the_request_asks_for_are_offered() -> None:
 
 
 def test_path_arguments_may_only_be_the_request_s_paths() -> None:
+    assert compact.request_paths("Fetch https://h.example/f.zip to /srv/f.zip, then ~/x and/or ./y.") == [
+        "/srv/f.zip", "~/x", "./y"]  # a URL's path is no path on the device; trailing punctuation is not kept
     move = next(t for t in TOOLS if t.name == "move_file")
     args = compact.narrow_arguments(move, "Move /srv/r.pdf into the folder /srv/archive")
     assert args is not None and set(args["properties"]) == {"source", "destination"}  # no `overwrite`

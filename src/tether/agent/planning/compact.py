@@ -10,8 +10,8 @@ placeholder. So the compact planner shows and allows only what the request plaus
   of its allowed values);
 - where the request names absolute paths, a path argument may only be one of them, or (for an action, which
   may create what it names; never for a skill that only looks) a new name directly inside one that looks like
-  a directory (`grounded_problems` checks the same after the reply, for servers
-  that do not enforce the schema);
+  a directory (`grounded_problems` checks the same after the reply, for servers that do not enforce the
+  schema);
 - no graph, observe rounds, `answer` or step descriptions; a step repeating an earlier one exactly is dropped.
 """
 
@@ -28,8 +28,8 @@ from tether.agent.planning.schema import REF_ARG, compact_schema, strict_schema
 from tether.protocol.models import ToolInfo
 
 COMPACT_SKILLS = 3
-KEEP_SHARE = 0.5  # a skill scoring under this share of the best one is not offered
-_PATH = re.compile(r"(?<![\w.~/])(?:~|\.{1,2})?/[^\s'\"`,;()<>\[\]{}]*")
+KEEP_SHARE = 0.5  # a further skill needs this share of the best skill's score on words not matched before
+_PATH = re.compile(r"(?<![\w.~/:])(?:~|\.{1,2})?/[^\s'\"`,;()<>\[\]{}]*")
 _PATH_ARG = re.compile(r"path|file|dir|folder|source|destination|src|dst|target", re.IGNORECASE)
 _WORD = re.compile(r"[a-z0-9]+")
 
