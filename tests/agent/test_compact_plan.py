@@ -40,9 +40,10 @@ def test_path_arguments_may_only_be_the_request_s_paths() -> None:
     args = compact.narrow_arguments(move, "Move /srv/r.pdf into the folder /srv/archive")
     assert args is not None and set(args["properties"]) == {"source", "destination"}  # no `overwrite`
     source = args["properties"]["source"]["anyOf"]
-    assert source[0] == {"type": "string", "enum": ["/srv/r.pdf", "/srv/archive"]}
-    # an action may name something new inside a named folder; a skill that only looks may not
-    assert source[1]["pattern"] == r"^(/srv/archive)/[A-Za-z0-9._-]+$" and "$ref" in source[2]["properties"]
+    # an action may name a file the request names inside a named folder; a skill that only looks may not
+    assert source[0] == {"type": "string", "enum": ["/srv/r.pdf", "/srv/archive", "/srv/archive/r.pdf"]}
+    assert "$ref" in source[1]["properties"]
+    assert compact.allowed_paths("Create notes.txt in /srv/docs", True) == ["/srv/docs", "/srv/docs/notes.txt"]
     listing = next(t for t in TOOLS if t.name == "list_dir")
     args = compact.narrow_arguments(listing, "List /srv/docs, hidden ones too")
     assert args is not None and args["properties"]["path"]["anyOf"][0] == {"type": "string", "enum": ["/srv/docs"]}

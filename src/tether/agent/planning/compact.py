@@ -9,9 +9,9 @@ placeholder. So the compact planner shows and allows only what the request plaus
 - each skill's required arguments, plus the optional ones the request names (by the argument's name or one
   of its allowed values);
 - where the request names absolute paths, a path argument may only be one of them, or (for an action, which
-  may create what it names; never for a skill that only looks) a new name directly inside one that looks like
-  a directory (`grounded_problems` checks the same after the reply, for servers that do not enforce the
-  schema);
+  may create what it names; never for a skill that only looks) a file name the request writes inside one of
+  them that looks like a folder (`allowed_paths`; `grounded_problems` checks the same after the reply, for
+  servers that do not enforce the schema);
 - no graph, observe rounds, `answer` or step descriptions; a step repeating an earlier one exactly is dropped.
 """
 
@@ -135,15 +135,24 @@ def _named_in(request_words: set[str], name: str, spec: Mapping[str, Any]) -> bo
     return bool(names & request_words) or bool(values & request_words)
 
 
-def _grounded(paths: Sequence[str], new_names: bool) -> dict[str, Any]:
-    """A string argument narrowed to the request's paths (or, with `new_names`, a new name directly inside one
-    that looks like a directory)."""
-    choices: list[dict[str, Any]] = [{"type": "string", "enum": list(paths)}]
-    folders = [p.rstrip("/") for p in paths if new_names and "." not in p.rstrip("/").rsplit("/", 1)[-1]]
-    if folders:
-        alternatives = "|".join(re.escape(f) for f in folders)
-        choices.append({"type": "string", "pattern": f"^({alternatives})/[A-Za-z0-9._-]+$"})
-    return choices[0] if len(choices) == 1 else {"anyOf": choices}
+_FILE_NAME = re.compile(r"(?<![\w./~-])[\w-]+\.[A-Za-z0-9]{1,8}(?![\w/])")
+
+
+def allowed_paths(request: str, new_names: bool) -> list[str]:
+    """The values a path argument may take for `request`: the paths it writes, and with `new_names` (an action,
+    which may create what it names) also each file name the request writes (bare, or the last part of a path)
+    inside each of its paths that looks like a folder (no `.` in its last part): "Move /srv/r.pdf into
+    /srv/archive" allows /srv/archive/r.pdf. Empty when the request writes no path."""
+    paths = request_paths(request)
+    if not new_names:
+        return paths
+    folders = [p.rstrip("/") for p in paths if "." not in p.rstrip("/").rsplit("/", 1)[-1]]
+    names = [p.rstrip("/").rsplit("/", 1)[-1] for p in paths if p not in folders and p.rstrip("/") not in folders]
+    names += _FILE_NAME.findall(_PATH.sub(" ", request))
+    out = list(paths)
+    for folder in folders:
+        out += [f"{folder}/{name}" for name in names if f"{folder}/{name}" not in out]
+    return out
 
 
 def narrow_arguments(tool: ToolInfo, request: str) -> dict[str, Any] | None:
@@ -163,7 +172,7 @@ def narrow_arguments(tool: ToolInfo, request: str) -> dict[str, Any] | None:
     out: dict[str, Any] = {}
     for name, spec in strict["properties"].items():
         if paths and is_path_argument(name) and props[name].get("type") == "string":
-            grounded = _grounded(paths, tool.tool_type == "action")
+            grounded = {"type": "string", "enum": allowed_paths(request, tool.tool_type == "action")}
             spec = grounded if name in required else {"anyOf": [grounded, {"type": "null"}]}
         out[name] = {"anyOf": [*spec["anyOf"], REF_ARG]} if "anyOf" in spec else {"anyOf": [spec, REF_ARG]}
     return {**strict, "properties": out}
@@ -220,11 +229,6 @@ def compact_messages(request: str, skills: Sequence[ToolInfo], devices: Sequence
     return [{"role": "system", "content": "\n".join(lines)}, {"role": "user", "content": "\n".join(user)}]
 
 
-def _inside(value: str, path: str) -> bool:
-    folder = path.rstrip("/") + "/"
-    return value.startswith(folder) and "/" not in value[len(folder):] and len(value) > len(folder)
-
-
 def grounded_problems(plan: Plan, request: str, tools: Mapping[str, ToolInfo]) -> list[str]:
     """Path arguments of `plan` that the request does not name, where it names any: each a problem saying
     which path the request wrote (a `{"$ref": ...}` is never one)."""
@@ -237,7 +241,7 @@ def grounded_problems(plan: Plan, request: str, tools: Mapping[str, ToolInfo]) -
         for name, value in step.args.items():
             if not isinstance(value, str) or not is_path_argument(name) or props.get(name, {}).get("type") != "string":
                 continue
-            if value in paths or (tools[step.skill].tool_type == "action" and any(_inside(value, p) for p in paths)):
+            if value in allowed_paths(request, tools[step.skill].tool_type == "action"):
                 continue
             problems.append(f"step {number} ({step.skill}): {name} is {value!r}, a path the request does not "
                             f"name; the request names {', '.join(paths)}: copy the one meant exactly")
