@@ -2,10 +2,11 @@
 own OpenAI-compatible server (the `xllamacpp` wheel), simple requests to one real local device (built-in shell,
 files and system tools, as `tether run` builds it), whose plans are then run on that device.
 
-    python -m bench.llm_real [--threads N] [--configs compact,chain] [--sets tuned,held-out] [--only N]
+    python -m bench.llm_real [--threads N] [--configs compact,chain] [--sets tuned,held-out,fresh] [--only N]
 
-Two sets of five requests: `tuned` (the five the planner was developed against) and `held-out` (five others,
-never used while developing). Before each request its files are laid out afresh under `ROOT`; the plan is
+Three sets of five requests: `tuned` (the five the planner was developed against), `held-out` (five others
+written beside them; their failures in a first run led to changes of the skill match) and `fresh` (written
+after the last change, run once). Before each request its files are laid out afresh under `ROOT`; the plan is
 parsed and validated as every plan is, its steps are sent to the device in order, and the request's own check
 looks at the effect (the file with the right content exists, the one asked gone, the result holding what was
 asked). Per request it prints: a valid plan, the task done, LLM calls (a re-ask is a second call), tokens and
@@ -80,7 +81,20 @@ HELD_OUT = [
     Case(f"Check whether the file {R}/lock.pid exists", {"other.pid": "1"},
          lambda rs: any(isinstance(r.result, dict) and r.result.get("exists") is False for r in rs)),
 ]
-SETS = {"tuned": TUNED, "held-out": HELD_OUT}
+# written after the last change to the compact planner and run once, to measure it on requests never seen
+FRESH = [
+    Case(f"Append the line second to the file {R}/log.txt", {"log.txt": "first\n"},
+         lambda _: "first" in (_text("log.txt") or "") and "second" in (_text("log.txt") or "")),
+    Case(f"Make a new file {R}/greeting.txt with the text good morning", {},
+         lambda _: "good morning" in (_text("greeting.txt") or "")),
+    Case(f"What files are in {R}/photos?", {"photos/cat.jpg": "c", "photos/dog.jpg": "d"},
+         lambda rs: _result_has("cat.jpg")(rs) and _result_has("dog.jpg")(rs)),
+    Case(f"Get rid of {R}/tmp.bak", {"tmp.bak": "x", "keep.txt": "y"},
+         lambda _: not (ROOT / "tmp.bak").exists() and (ROOT / "keep.txt").exists()),
+    Case(f"Put the file {R}/draft.txt in the directory {R}/final", {"draft.txt": "D", "final/": ""},
+         lambda _: _text("final/draft.txt") == "D" and not (ROOT / "draft.txt").exists()),
+]
+SETS = {"tuned": TUNED, "held-out": HELD_OUT, "fresh": FRESH}
 CONFIGS: dict[str, dict[str, Any]] = {
     "compact": {"output_mode": "auto", "plan_graph": False, "plan_compact": True},
     "chain": {"output_mode": "auto", "plan_graph": False},
@@ -175,7 +189,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--configs", default="compact,chain")
-    parser.add_argument("--sets", default="tuned,held-out")
+    parser.add_argument("--sets", default="tuned,held-out,fresh")
     parser.add_argument("--only", type=int, default=None, help="run only the request of this index in each set")
     args = parser.parse_args()
     configs = [c for c in args.configs.split(",") if c]
