@@ -49,30 +49,21 @@ def _words(text: str) -> set[str]:
 # everyday words for what the tools' names and summaries say otherwise
 _SAME = {"remove": "delete", "erase": "delete", "rm": "delete", "show": "read", "view": "read", "display": "read",
          "print": "read", "cat": "read", "open": "read", "create": "write", "save": "write", "store": "write",
-         "rename": "move", "ls": "list", "folder": "directory", "exist": "info", "size": "info", "make": "write",
-         "put": "move", "rid": "delete"}
+         "rename": "move", "ls": "list", "folder": "directory", "exist": "info", "size": "info"}
 _SYNONYMS = {_stem(k): _stem(v) for k, v in _SAME.items()}
-# words that say nothing of what to do (matched, they favour whichever summary happens to hold them)
-_STOP = {_stem(w) for w in ("a", "an", "the", "to", "of", "in", "into", "on", "at", "for", "with", "and", "or",
-                            "is", "are", "be", "me", "my", "it", "its", "this", "that", "what", "which", "from",
-                            "by", "as", "all", "any", "new", "please", "there", "get", "do", "does", "whether")}
 
 
 def _asked(request: str) -> set[str]:
     """The request's words (paths left out: a path is a value to copy, not a word saying what to do), with the
     tools' word for an everyday one added."""
-    words = _words(_PATH.sub(" ", request)) - _STOP
+    words = _words(_PATH.sub(" ", request))
     return words | {_SYNONYMS[w] for w in words if w in _SYNONYMS}
 
 
 def _summary(tool: ToolInfo) -> str:
-    """The first sentence of a tool's description (what it does; the rest are caveats), then its arguments'
-    names and allowed words (write_file's `mode` may be `append`)."""
+    """The first sentence of a tool's description: what it does (the rest are caveats)."""
     text = " ".join((tool.description or "").split("\n\n", 1)[0].split())
-    props: Mapping[str, Any] = (tool.input_schema or {}).get("properties") or {}
-    vocabulary = [name.replace("_", " ") for name in props]
-    vocabulary += [v for spec in props.values() for v in spec.get("enum") or () if isinstance(v, str)]
-    return " ".join([re.split(r"(?<=\.)\s", text, maxsplit=1)[0], *vocabulary])
+    return re.split(r"(?<=\.)\s", text, maxsplit=1)[0]
 
 
 def request_paths(request: str) -> list[str]:
@@ -92,9 +83,8 @@ def is_path_argument(name: str) -> bool:
 
 def rank_skills(request: str, tools: Sequence[ToolInfo], limit: int = COMPACT_SKILLS) -> list[ToolInfo]:
     """At most `limit` of `tools` that the request's words (paths left out) ask for, best first. A request word
-    found in a skill's name scores 3, in its description's first sentence or its arguments' names and allowed
-    words 1 (words like "the" or "to" never count; an everyday word also counts as the tools' own: remove as
-    delete, show as read …), times the word's rarity among
+    found in a skill's name scores 3, in its description's first sentence 1 (an everyday word also counts as the
+    tools' own: remove as delete, show as read …), times the word's rarity among
     `tools` (log(1 + n/df)). The best skill is always offered; each next one only for the request words the
     skills before it do not match, when those score at least `KEEP_SHARE` of the best (a second skill for a
     second thing asked, not a second way of doing the first). With no match at all, the first tool."""
