@@ -392,8 +392,8 @@ async def measure(args: argparse.Namespace) -> None:
         print(f"  device CPU per command, this tree {statistics.median(ours):.3f} ms ({min(ours):.3f}.."
               f"{max(ours):.3f}); --base tree {statistics.median(base):.3f} ms ({min(base):.3f}..{max(base):.3f})")
     if rates["sim"]:
-        _row(f"one node, {args.simulated} simulated devices (one process, list_tools)", med["sim"], "/s", spread(rates["sim"]),
-             [("bare route", med["bare"])])
+        _row(f"one node, {args.simulated} simulated devices (one process, list_tools)", med["sim"], "/s",
+             spread(rates["sim"]), [("bare route", med["bare"])])
         print(f"  goal: >= 0.5x the bare route; server CPU per command {statistics.median(sim_cpu) * 1e3:.3f} ms")
     print(f"answers {tally.answers}: {tally.chunked} chunked (goal 0), {tally.failed} failed; bare route "
           f"answers {bare_tally.answers}, {bare_tally.chunked} chunked")
