@@ -58,7 +58,7 @@ import psutil
 
 from bench._stats import pct, spread
 from bench.fleet_hotpath import bare_process, echo_rate
-from bench.load import CHEAP, device_process, free_port, raise_fd_limit, server_process, stop_process
+from bench.kit.procs.fleet import CHEAP, device_process, free_port, raise_fd_limit, server_process, stop_process
 
 TOOLS = {"file_info": {"tool_name": "file_info", "parameters": {"path": "/tmp"}}, "list_tools": CHEAP}
 IDLE_FRAMES = ("EpollSelector.select", "_worker (concurrent/futures/thread.py")  # waiting, not working

@@ -23,9 +23,11 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.kit.llm_server import MODEL_NAME, RealLLMServer
-from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings
+from tether.agent.llm.chat import LLMClient, LLMError
+from tether.agent.llm.settings import LLMSettings
+from tether.agent.planning.device_view import DeviceView
 from tether.agent.planning.plan import PlanStep
-from tether.agent.planning.planner import DeviceView, PlanningError, plan_request
+from tether.agent.planning.planner import PlanningError, plan_request
 from tether.tools.files.tool import files_toolset
 
 

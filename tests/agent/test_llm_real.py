@@ -14,8 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from bench.kit.llm_server import MODEL_NAME, RealLLMServer
-from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings
-from tether.agent.planning.planner import DeviceView, plan_request
+from tether.agent.llm.chat import LLMClient, LLMError
+from tether.agent.llm.settings import LLMSettings
+from tether.agent.planning.device_view import DeviceView
+from tether.agent.planning.planner import plan_request
 from tether.tools.files.tool import files_toolset
 
 

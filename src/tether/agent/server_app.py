@@ -7,8 +7,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
-from tether.agent.llm.chat import LLMClient, LLMSettings
+from tether.agent.llm.chat import LLMClient
 from tether.agent.llm.sampling import DeviceSampler
+from tether.agent.llm.settings import LLMSettings
 from tether.agent.run.task import Budgets
 from tether.agent.tasks.api.inbox import inbox_router
 from tether.agent.tasks.api.mcp_tools import task_tools

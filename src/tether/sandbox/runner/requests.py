@@ -25,8 +25,8 @@ class Requests(SandboxParts):
     """The mounts, IPC filters and limits of a warden request."""
 
     def _mounts(self, layer: Path | None, display: tuple[str, ...] = ()) -> dict[str, Any]:
-        """The part of a `run` request that decides the command's mounts (warden `PRIMED_BY`), and its IPC
-        filters and limits."""
+        """The part of a `run` request that decides the command's mounts (warden `PRIMED_BY`), its Landlock
+        rules, IPC filters and limits."""
         # live roots are written directly: hidden and protected paths there stay uncreatable
         guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
                           self.spec.protected_names, depth=1) if self.spec.live_write_roots else NO_LIVE
@@ -39,6 +39,9 @@ class Requests(SandboxParts):
                 "layers_dir": self.spec.layers_dir,
                 "freeze": guard.freeze, "readonly": guard.readonly,
                 "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
+                "landlock": self.info.landlock,  # the Landlock ABI, and where the command may write
+                "writable": [*(self.spec.write_roots if layer is not None else ()), *self.spec.live_write_roots,
+                             "/dev"],
                 **self._private_tmp(layer), **self._ipc_and_limits(display)}
 
     def _private_tmp(self, layer: Path | None) -> dict[str, Any]:

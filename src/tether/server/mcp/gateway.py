@@ -175,7 +175,7 @@ class Gateway:
         if scope["type"] != "http":  # a WebSocket to /mcp: MCP has none
             await send({"type": "websocket.close", "code": 1008, "reason": "MCP is served over HTTP POST/GET"})
             return
-        admitted = await admit(self.store, scope)
+        admitted = await admit(self.app.state.bearer, scope)
         if isinstance(admitted, Refused):
             await deny(scope, receive, send, admitted.status, admitted.error, admitted)
             return

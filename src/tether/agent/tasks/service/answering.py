@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY
+from tether.agent.run.decisions import OPTION_APPROVE, OPTION_DENY
 from tether.agent.run.task import Task, TaskState
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service.running import Running

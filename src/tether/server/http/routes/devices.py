@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from tether.protocol.models import Command, ToolInfo
-from tether.server.aip.fleet.registry import DeviceRecord
+from tether.server.aip.fleet.record import DeviceRecord
 from tether.server.aip.hub import DeviceHub
 from tether.server.http.api import (
     ERROR_RESPONSES,
