@@ -50,6 +50,16 @@ async def test_a_real_model_plans_a_simple_request(server: RealLLMServer) -> Non
     assert result.llm_calls >= 1 and result.prompt_tokens > 0 and result.completion_tokens > 0
 
 
+async def test_a_small_model_plans_a_request_right_with_the_compact_prompt(server: RealLLMServer) -> None:
+    """`plan_compact`: offered only the skill the request asks for, with the request's path as the only value its
+    path argument may take, the model's plan is the one asked for (a step it repeats runs once)."""
+    tools = files_toolset().infos()
+    async with LLMClient(settings(server, plan_compact=True)) as llm:
+        result = await plan_request(llm, "Delete the file /tmp/x/old.log", devices={"laptop": DeviceView(tools=tools)})
+    assert [(step.skill, step.args) for step in result.plan.steps] == [("delete_file", {"path": "/tmp/x/old.log"})]
+    assert result.prompt_tokens < 300  # the whole catalogue costs far more
+
+
 async def test_a_runaway_reply_ends_at_the_wall_clock_limit(server: RealLLMServer) -> None:
     """A reply far longer than the limit allows: the whole exchange ends at `timeout`, with an error that
     says so, whatever the server is still doing."""

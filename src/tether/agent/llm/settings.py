@@ -40,6 +40,10 @@ class LLMSettings(BaseModel):
     plan_graph: bool = Field(default=True, description=(
         "offer the planner graphs (a step's `id`, `needs` and `when`, explained in the prompt and part of "
         "the plan's schema); false asks for a chain of steps only, which small models write far better"))
+    plan_compact: bool = Field(default=False, description=(
+        "plan with a short prompt for small models: only the skills that best match the request's words, "
+        "their required arguments plus those the request names, paths limited to the ones the request "
+        "writes, and always a chain (no graph, observe rounds or answer)"))
     output_mode: OutputMode = Field(default="auto", description=(
         "how a structured reply (a plan) is asked for: `json_schema` (strict, the skills as an enum with "
         "their own arguments), `json_object`, `grammar` (llama.cpp's GBNF `grammar` field), `tools` (a "

@@ -19,9 +19,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from tether.agent.llm.chat import LLMClient, LLMReply, Message
+from tether.agent.planning import compact
 from tether.agent.planning.device_view import DeviceLike, DeviceView, as_device_view
 from tether.agent.planning.plan import PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
-from tether.agent.planning.schema import _without_null_options, plan_schema
+from tether.agent.planning.schema import _without_null_options, compact_schema, plan_schema
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
@@ -101,39 +102,6 @@ def profile_summary(profile: DeviceProfile | None) -> str:
     if profile.read_roots and profile.read_roots != profile.write_roots:
         parts.append(f"may read under {', '.join(profile.read_roots)}")
     return "; ".join(parts) or "no profile"
-
-
-def compact_schema(schema: Mapping[str, Any]) -> str:
-    """The tool's arguments in as few tokens as carry them: `name: type (default) *required`."""
-    props = schema.get("properties") or {}
-    required = set(schema.get("required") or [])
-    if not props:
-        return "no arguments"
-    out = []
-    for name, spec in props.items():
-        text = f"{name}{'*' if name in required else ''}: {_type_of(spec)}"
-        if "default" in spec and spec["default"] not in (None, [], {}, ""):
-            text += f" = {json.dumps(spec['default'])}"
-        if spec.get("description"):
-            text += f" ({spec['description']})"
-        out.append(text)
-    return "; ".join(out)
-
-
-def _type_of(spec: Mapping[str, Any]) -> str:
-    if "enum" in spec:
-        return "|".join(json.dumps(v) for v in spec["enum"])
-    if "anyOf" in spec:
-        kinds = [_type_of(s) for s in spec["anyOf"] if s.get("type") != "null"]
-        return "|".join(kinds) + ("?" if any(s.get("type") == "null" for s in spec["anyOf"]) else "")
-    kind = spec.get("type", "any")
-    if isinstance(kind, list):
-        return "|".join(kind)
-    if kind == "array":
-        return f"{_type_of(spec.get('items') or {})}[]"
-    if kind == "object" and "additionalProperties" in spec and isinstance(spec["additionalProperties"], dict):
-        return f"map<{_type_of(spec['additionalProperties'])}>"
-    return str(kind)
 
 
 def _first_paragraph(text: str, limit: int = 240) -> str:
@@ -298,8 +266,24 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
     views = {name: as_device_view(value) for name, value in devices.items()}
     tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
     graph = llm.settings.plan_graph
-    messages = build_messages(request, views, policy_summary, history, recovery_context, graph=graph)
-    schema, strict = plan_schema(views, graph=graph)
+    grounding: Callable[[Plan], list[str]] = lambda _plan: []  # noqa: E731
+    if llm.settings.plan_compact:
+        owners: dict[str, list[str]] = {}
+        catalogue: dict[str, ToolInfo] = {}
+        for name, view in views.items():
+            for tool in view.tools:
+                catalogue.setdefault(tool.name, tool)
+                owners.setdefault(tool.name, []).append(name)
+        skills = compact.rank_skills(request, list(catalogue.values()))
+        messages = compact.compact_messages(request, skills, list(views), recovery_context=recovery_context,
+                                            history=[_history_line(i, item) for i, item in enumerate(history)])
+        schema, strict = compact.compact_plan_schema(owners, skills, request)
+        if not history:
+            def grounding(plan: Plan) -> list[str]:
+                return compact.grounded_problems(plan, request, catalogue)
+    else:
+        messages = build_messages(request, views, policy_summary, history, recovery_context, graph=graph)
+        schema, strict = plan_schema(views, graph=graph)
     calls = prompt_tokens = completion_tokens = 0
     first_problems: list[str] = []
     raw = ""
@@ -313,11 +297,14 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
         raw = reply.text
         try:
             plan = _without_null_options(parse_plan_reply(raw), views)
+            if llm.settings.plan_compact:
+                plan = compact.without_repeats(plan)
         except PlanError as exc:
             problems = [str(exc)]
         else:
             problems = (check(plan) if check is not None else
                         validate_plan(plan, tools, allow_empty=allow_empty, first=len(earlier), earlier=list(earlier)))
+            problems = problems or grounding(plan)
             if not problems:
                 return PlanResult(plan=plan, llm_calls=calls, prompt_tokens=prompt_tokens, attempts=attempt,
                                   raw=raw, completion_tokens=completion_tokens, first_problems=first_problems)

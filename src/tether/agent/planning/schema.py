@@ -3,6 +3,7 @@ arguments) and the strict form of a tool's argument schema that servers enforcin
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -11,7 +12,7 @@ from tether.agent.planning.graph import ID_PATTERN
 from tether.agent.planning.plan import OBSERVE, Plan
 from tether.protocol.models import ToolInfo
 
-_REF_ARG: dict[str, Any] = {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
+REF_ARG: dict[str, Any] = {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
                             "additionalProperties": False}
 _STRICT_KEYS = ("type", "enum", "const", "description")
 # A step's place in a graph plan, in strict form (every key sent, null when not wanted): see planning/graph.py
@@ -121,8 +122,8 @@ def plan_schema(devices: Mapping[str, DeviceView], *, graph: bool = True) -> tup
             args = {"type": "object"}
         else:
             props: dict[str, Any] = converted["properties"]
-            args = {**converted, "properties": {k: {"anyOf": [*v["anyOf"], _REF_ARG]} if "anyOf" in v
-                                                else {"anyOf": [v, _REF_ARG]} for k, v in props.items()}}
+            args = {**converted, "properties": {k: {"anyOf": [*v["anyOf"], REF_ARG]} if "anyOf" in v
+                                                else {"anyOf": [v, REF_ARG]} for k, v in props.items()}}
         device = {"type": ["string", "null"], "enum": [*owners[skill], None]} if several else {"type": "null"}
         branches.append(branch(skill, args, device))
     observe_args = {"type": "object", "properties": {"note": {"type": ["string", "null"]}}, "required": ["note"],
@@ -147,3 +148,36 @@ def _without_null_options(plan: Plan, devices: Mapping[str, DeviceView]) -> Plan
         args = {k: v for k, v in step.args.items() if v is not None or k in needed}
         steps.append(step if args == step.args else step.model_copy(update={"args": args}))
     return plan.model_copy(update={"steps": steps})
+
+
+def compact_schema(schema: Mapping[str, Any]) -> str:
+    """The tool's arguments in as few tokens as carry them: `name: type (default) *required`."""
+    props = schema.get("properties") or {}
+    required = set(schema.get("required") or [])
+    if not props:
+        return "no arguments"
+    out = []
+    for name, spec in props.items():
+        text = f"{name}{'*' if name in required else ''}: {_type_of(spec)}"
+        if "default" in spec and spec["default"] not in (None, [], {}, ""):
+            text += f" = {json.dumps(spec['default'])}"
+        if spec.get("description"):
+            text += f" ({spec['description']})"
+        out.append(text)
+    return "; ".join(out)
+
+
+def _type_of(spec: Mapping[str, Any]) -> str:
+    if "enum" in spec:
+        return "|".join(json.dumps(v) for v in spec["enum"])
+    if "anyOf" in spec:
+        kinds = [_type_of(s) for s in spec["anyOf"] if s.get("type") != "null"]
+        return "|".join(kinds) + ("?" if any(s.get("type") == "null" for s in spec["anyOf"]) else "")
+    kind = spec.get("type", "any")
+    if isinstance(kind, list):
+        return "|".join(kind)
+    if kind == "array":
+        return f"{_type_of(spec.get('items') or {})}[]"
+    if kind == "object" and "additionalProperties" in spec and isinstance(spec["additionalProperties"], dict):
+        return f"map<{_type_of(spec['additionalProperties'])}>"
+    return str(kind)
