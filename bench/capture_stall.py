@@ -48,7 +48,8 @@ class Served:
 
     def __init__(self, device: Any) -> None:
         from tether.device.link.batch_runner import BatchRunner
-        from tether.device.link.outbox import FinishedRecord, Outbox
+        from tether.device.link.finished import FinishedRecord
+        from tether.device.link.outbox import Outbox
 
         self.device = device
         self.outbox = Outbox()

@@ -26,61 +26,30 @@ package runs.
 from __future__ import annotations
 
 import asyncio
-import os
-import resource
 import statistics
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, WAIT, _env, _Server, _stop, _until_line
-
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
+from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, _env, _Server
+from bench.kit.procs.timing import device_registered, echo, interleaved, run_timed
 
 
 async def _cpu_of_run(argv: list[str], env: dict[str, str]) -> float:
     """CPU seconds (user + system) of one process run to its exit; it must exit 0."""
-    before = _children_cpu()
-    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    _, err = await asyncio.wait_for(proc.communicate(), WAIT)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{argv[2:]} exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
-    return _children_cpu() - before
-
-
-def _proc_cpu(pid: int) -> float:
-    """CPU seconds of a live process so far: its own plus its reaped children's (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return sum(int(f) for f in fields[11:15]) / _TICK  # utime stime cutime cstime
+    return (await run_timed(argv, env))[1]
 
 
 async def _device_cpu(server: _Server, extra_env: dict[str, str]) -> float:
     """CPU seconds `tether device` spends from spawn to its "registered as" line."""
-    env = {**_env(server.tmp), "TETHER_DEVICE_TOKEN": server.secret, **extra_env}
-    proc = await asyncio.create_subprocess_exec(
-        *TETHER, "device", "--server", f"ws://127.0.0.1:{server.port}", "--name", "bench",
-        "--state-dir", str(server.tmp / "device"), env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
-        await asyncio.wait_for(_until_line(proc, b"registered as"), WAIT)
-        return _proc_cpu(proc.pid)
-    finally:
-        await _stop(proc)
+    return (await device_registered(server, {**_env(server.tmp), **extra_env}))[1]
 
 
 async def measure_async(repeats: int, base: Path | None = None) -> dict[str, list[float]]:
+    """Every row's CPU seconds, `repeats` interleaved runs each after one warm-up (each tether row again
+    with `base` first on PYTHONPATH when given), against a real server and echo server it starts and stops."""
     from websockets.asyncio.server import serve
-
-    async def echo(ws: object) -> None:
-        async for message in ws:  # type: ignore[attr-defined]
-            await ws.send(message)  # type: ignore[attr-defined]
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-cpu-") as tmp_name:
         tmp = Path(tmp_name)
@@ -102,13 +71,7 @@ async def measure_async(repeats: int, base: Path | None = None) -> dict[str, lis
                     rows[f"tether exec get_system_info (local){label}"] = lambda e=tree_env: _cpu_of_run(
                         [*TETHER, "exec", "get_system_info", "info_type=os"], e)
                     rows[f"tether device launch -> registered{label}"] = lambda x=extra: _device_cpu(server, x)
-                for run in rows.values():  # warm-up: the page cache and the .pyc files
-                    await run()
-                samples: dict[str, list[float]] = {name: [] for name in rows}
-                names = list(rows)
-                for i in range(repeats):
-                    for name in names[i % len(names):] + names[:i % len(names)]:
-                        samples[name].append(await rows[name]())
+                samples = await interleaved(rows, repeats)  # its warm-up fills the page cache and the .pyc files
             finally:
                 await server.aclose()
     return samples

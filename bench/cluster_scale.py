@@ -42,9 +42,9 @@ from pathlib import Path
 import psutil
 
 from bench._stats import fleet_row, pct, spread
-from bench.cluster import Setup, admin_token, redis_server
 from bench.fleet_hotpath import bare_process, request_bytes
-from bench.load import cpu_s, free_port, raise_fd_limit
+from bench.kit.procs.cluster import Setup, admin_token, redis_server
+from bench.kit.procs.fleet import cpu_s, free_port, raise_fd_limit
 
 Target = tuple[int, bytes]  # (port, the request's bytes)
 

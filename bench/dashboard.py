@@ -39,7 +39,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench._stats import pct
-from bench.load import free_port, raise_fd_limit, stop_process
+from bench.kit.procs.fleet import free_port, raise_fd_limit, stop_process
 from tether.device.link.trust.device_key import DeviceKey
 from tether.protocol.codec import decode_server_message, encode
 from tether.protocol.identity import CHALLENGE_HEADER

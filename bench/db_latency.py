@@ -38,7 +38,7 @@ import httpx
 from bench._stats import pct, spread
 from bench.kit.delay_proxy import DelayProxy
 from bench.kit.engines import postgres_server
-from bench.load import CHEAP, device_name, device_process, free_port, stop_process
+from bench.kit.procs.fleet import CHEAP, device_name, device_process, free_port, stop_process
 
 DELAYS_MS = (0.0, 0.5, 2.0)
 

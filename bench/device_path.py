@@ -20,7 +20,8 @@ Rows, each against its anchors measured in the same run, interleaved round by ro
   round trips/s (one connection) and the bare route's requests/s (the same callers). With it the server's
   CPU per command and each device process's CPU per command (user + system over the round / its commands).
 - One node with `--simulated` devices held by one client process (tether's own `DeviceConnection`s, as
-  bench.fleet_hotpath): commands/s against the bare route's requests/s (item 3: >= 0.5x).
+  bench.fleet_hotpath): commands/s against the bare route's requests/s (item 3: >= 0.5x). They carry the
+  `system` tools alone, so this row always runs the cheap `list_tools`, whatever `--tool` says.
 Every answer is read as HTTP/1.1: the count answered chunked rather than with a Content-Length is printed
 (the command route answers whole; a chunked answer is a failure of that).
 
@@ -57,7 +58,7 @@ import psutil
 
 from bench._stats import pct, spread
 from bench.fleet_hotpath import bare_process, echo_rate
-from bench.load import CHEAP, device_process, free_port, raise_fd_limit, server_process, stop_process
+from bench.kit.procs.fleet import CHEAP, device_process, free_port, raise_fd_limit, server_process, stop_process
 
 TOOLS = {"file_info": {"tool_name": "file_info", "parameters": {"path": "/tmp"}}, "list_tools": CHEAP}
 IDLE_FRAMES = ("EpollSelector.select", "_worker (concurrent/futures/thread.py")  # waiting, not working
@@ -293,7 +294,10 @@ async def measure(args: argparse.Namespace) -> None:
             bare_one = request_bytes("/x", None, body)
             real_reqs = [[request_bytes(f"/api/v1/devices/{names[(c + k) % len(names)]}/commands", api, body)
                           for k in range(len(names))] for c in range(args.callers)]
-            sim_reqs = [[request_bytes(f"/api/v1/devices/{sims[(c + k) % len(sims)]}/commands", api, body)
+            # the simulated devices carry the `system` tools alone (bench.load): their row, the node against its
+            # HTTP floor, always runs the cheap command, whatever `--tool` the real devices run
+            sim_body = json.dumps({"commands": [CHEAP], "timeout": 30}).encode()
+            sim_reqs = [[request_bytes(f"/api/v1/devices/{sims[(c + k) % len(sims)]}/commands", api, sim_body)
                          for k in range(len(sims))] for c in range(args.callers)] if sims else []
             bare_reqs = [[bare_one] for _ in range(args.callers)]
             # warm-up of every path
@@ -388,8 +392,8 @@ async def measure(args: argparse.Namespace) -> None:
         print(f"  device CPU per command, this tree {statistics.median(ours):.3f} ms ({min(ours):.3f}.."
               f"{max(ours):.3f}); --base tree {statistics.median(base):.3f} ms ({min(base):.3f}..{max(base):.3f})")
     if rates["sim"]:
-        _row(f"one node, {args.simulated} simulated devices (one process)", med["sim"], "/s", spread(rates["sim"]),
-             [("bare route", med["bare"])])
+        _row(f"one node, {args.simulated} simulated devices (one process, list_tools)", med["sim"], "/s",
+             spread(rates["sim"]), [("bare route", med["bare"])])
         print(f"  goal: >= 0.5x the bare route; server CPU per command {statistics.median(sim_cpu) * 1e3:.3f} ms")
     print(f"answers {tally.answers}: {tally.chunked} chunked (goal 0), {tally.failed} failed; bare route "
           f"answers {bare_tally.answers}, {bare_tally.chunked} chunked")

@@ -48,7 +48,7 @@ import httpx
 import psutil
 
 from bench._stats import fleet_row, spread
-from bench.load import free_port, raise_fd_limit, stop_process
+from bench.kit.procs.fleet import free_port, raise_fd_limit, stop_process
 
 PAGE = 100
 PAGES = 20  # pages walked per filter and repeat

@@ -30,7 +30,15 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, spread
-from bench.load import CHEAP, DEVICE_NICE, device_name, free_port, raise_fd_limit, server_process, start_fleet
+from bench.kit.procs.fleet import (
+    CHEAP,
+    DEVICE_NICE,
+    device_name,
+    free_port,
+    raise_fd_limit,
+    server_process,
+    start_fleet,
+)
 
 ANCHOR_CALLERS = 64
 
@@ -142,7 +150,7 @@ def main() -> None:
     parser.add_argument("--per-process", type=int, default=250, help="devices per client process")
     parser.add_argument("--concurrency", type=int, default=1024, help="the fan-out's max_concurrency (1..1024)")
     parser.add_argument("--nice", type=int, default=DEVICE_NICE, choices=range(20), metavar="0..19",
-                        help=f"the device processes' niceness (default {DEVICE_NICE}; see bench/load.py DEVICE_NICE)")
+                        help=f"the device processes' niceness (default {DEVICE_NICE}; see bench.kit.procs.fleet)")
     args = parser.parse_args()
     if args.devices < 1 or args.repeats < 1 or args.per_process < 1 or not 1 <= args.concurrency <= 1024:
         parser.error("--devices, --repeats, --per-process >= 1; --concurrency 1..1024")

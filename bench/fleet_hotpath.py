@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 
 from bench._stats import fleet_row, spread
-from bench.load import CHEAP, cpu_s, device_process, free_port, raise_fd_limit, server_process
+from bench.kit.procs.fleet import CHEAP, cpu_s, device_process, free_port, raise_fd_limit, server_process
 
 BODY = json.dumps({"commands": [CHEAP], "timeout": 30}).encode()
 

@@ -3,7 +3,7 @@
     python -m bench.fleet_storm [--devices 1000] [--per-process 250] [--quick]
 
 A real `tether server` process (SQLite store in a temp directory) and tether's own `DeviceConnection`s,
-K per client process (bench.load's device processes: a real registration each, own device token). Once
+K per client process (the device processes of bench.kit.procs.fleet: a real registration each, own device token). Once
 all N are registered the server is killed (SIGKILL: no goodbye to the devices) and started again on the
 same port and database. Measured from the restart's spawn:
 - the time until /api/v1/health answers (anchor: the same server's first start, devices not yet there);
@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 from bench._stats import fleet_row, pct
-from bench.load import CHEAP, DEVICE_NICE, free_port, raise_fd_limit, start_fleet, stop_process
+from bench.kit.procs.fleet import CHEAP, DEVICE_NICE, free_port, raise_fd_limit, start_fleet, stop_process
 
 PROBE_EVERY_S = 0.05
 PROBE_TIMEOUT_S = 5.0
@@ -196,7 +196,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--logs", type=Path, help="copy the server's and the devices' logs here")
     parser.add_argument("--nice", type=int, default=DEVICE_NICE, choices=range(20), metavar="0..19",
-                        help=f"the device processes' niceness (default {DEVICE_NICE}; see bench/load.py DEVICE_NICE)")
+                        help=f"the device processes' niceness (default {DEVICE_NICE}; see bench.kit.procs.fleet)")
     args = parser.parse_args()
     if args.quick:
         measure(args.devices, quick=True)

@@ -1,6 +1,6 @@
 """Start-up as issue 33 item 4 counts it, wall and CPU, with bytecode as `PYTHONDONTWRITEBYTECODE=1` leaves it.
 
-    python -m bench.startup [REPEATS] [--no-fresh]
+    python -m bench.startup [REPEATS] [--no-fresh] [--base SRC]
 
 Rows, each against its anchor measured in the same run:
 - `tether --help` against `python -c pass` (goal <= 8x), and against a process importing only typer and
@@ -13,7 +13,10 @@ Every process runs with PYTHONDONTWRITEBYTECODE=1, as on a machine that sets it,
 - `installed`: this checkout's `src` with its bytecode compiled as `scripts/_venv.sh` leaves it (compileall
   skips the files already up to date, so this leaves the tree as the script would);
 - `fresh` (unless --no-fresh): a copy of `src` without any `__pycache__`, first on PYTHONPATH: an editable
-  install before that script compiled it, where every run compiles tether's modules from source.
+  install before that script compiled it, where every run compiles tether's modules from source;
+- `base` (with `--base SRC`: the `src` directory of another checkout, e.g. `git archive main src | tar -x -C
+  /tmp/b`, its bytecode compiled the same way), first on PYTHONPATH: a before/after comparison measured
+  interleaved in the same run.
 The anchors' own bytecode comes from the interpreter's and the venv's installs either way.
 
 Each repetition runs every row of both trees once, in an order rotated per repetition (interleaved), after
@@ -37,13 +40,11 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from pathlib import Path
 
-from bench.cli_startup import _children_cpu, _proc_cpu
-from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, WAIT, _Server, _stop, _until_line
+from bench.fleet_startup import ECHO_CLIENT, PY, TETHER, _Server
+from bench.kit.procs.timing import Sample, device_registered, echo, interleaved, run_timed
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 HELP_DEPS = "import typer, typer.core, rich.console, rich.table, rich.markup"
-
-Sample = tuple[float, float]  # (wall s, cpu s)
 
 
 def _env(state: Path, tree: Path | None) -> dict[str, str]:
@@ -55,48 +56,17 @@ def _env(state: Path, tree: Path | None) -> dict[str, str]:
     return env
 
 
-async def _run(argv: list[str], env: dict[str, str]) -> Sample:
-    """Wall and CPU seconds of one process run to its exit (one child at a time); it must exit 0."""
-    before = _children_cpu()
-    start = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(*argv, env=env, stdin=asyncio.subprocess.DEVNULL,
-                                                stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    _, err = await asyncio.wait_for(proc.communicate(), WAIT)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise RuntimeError(f"{argv[1:]} exited {proc.returncode}: {err.decode(errors='replace')[-500:]}")
-    return wall, _children_cpu() - before
-
-
-async def _device(server: _Server, env: dict[str, str]) -> Sample:
-    """Wall and CPU seconds of `tether device` from spawn to its "registered as" line; then it is stopped."""
-    env = {**env, "TETHER_DEVICE_TOKEN": server.secret}
-    start = time.perf_counter()
-    proc = await asyncio.create_subprocess_exec(
-        *TETHER, "device", "--server", f"ws://127.0.0.1:{server.port}", "--name", "bench",
-        "--state-dir", str(server.tmp / "device"), env=env, stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
-    try:
-        await asyncio.wait_for(_until_line(proc, b"registered as"), WAIT)
-        wall = time.perf_counter() - start
-        cpu = _proc_cpu(proc.pid)
-    finally:
-        await _stop(proc)
-    return wall, cpu
-
-
 def compile_tree() -> None:
     """What scripts/_venv.sh does: bytecode for every module of src/tether, those up to date skipped."""
     subprocess.run([PY, "-m", "compileall", "-q", "-j", "0", str(SRC / "tether")], check=True,
                    stdout=subprocess.DEVNULL)
 
 
-async def measure_async(repeats: int, fresh: bool) -> dict[str, list[Sample]]:
+async def measure_async(repeats: int, fresh: bool, base: Path | None = None) -> dict[str, list[Sample]]:
+    """Every row's (wall, cpu) samples, `repeats` interleaved runs each after one warm-up, in the
+    `installed` tree, (with `fresh`) a bytecode-free copy and (with `base`) another tree's `src`,
+    against a real server and echo server it starts and stops."""
     from websockets.asyncio.server import serve
-
-    async def echo(ws: object) -> None:
-        async for message in ws:  # type: ignore[attr-defined]
-            await ws.send(message)  # type: ignore[attr-defined]
 
     with tempfile.TemporaryDirectory(prefix="tether-bench-startup-") as tmp_name:
         tmp = Path(tmp_name)
@@ -105,31 +75,30 @@ async def measure_async(repeats: int, fresh: bool) -> dict[str, list[Sample]]:
             copy = tmp / "fresh-src"
             shutil.copytree(SRC / "tether", copy / "tether", ignore=shutil.ignore_patterns("__pycache__"))
             trees["fresh"] = copy
-        base = _env(tmp, None)
+        if base is not None:
+            subprocess.run([PY, "-m", "compileall", "-q", "-j", "0", str(base / "tether")], check=True,
+                           stdout=subprocess.DEVNULL)
+            trees["base"] = base
+        plain = _env(tmp, None)
         server = _Server(tmp)
         async with serve(echo, "127.0.0.1", 0, compression=None) as echo_server:
             port = next(iter(echo_server.sockets)).getsockname()[1]
             await server.start()
             try:
                 rows: dict[str, Callable[[], Awaitable[Sample]]] = {
-                    "python -c pass": lambda: _run([PY, "-c", "pass"], base),
-                    "python importing typer + rich": lambda: _run([PY, "-c", HELP_DEPS], base),
-                    "python + websockets, one echo": lambda: _run(
-                        [PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], base),
+                    "python -c pass": lambda: run_timed([PY, "-c", "pass"], plain),
+                    "python importing typer + rich": lambda: run_timed([PY, "-c", HELP_DEPS], plain),
+                    "python + websockets, one echo": lambda: run_timed(
+                        [PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], plain),
                 }
                 for label, tree in trees.items():
                     env = _env(tmp, tree)
-                    rows[f"tether --help [{label}]"] = partial(_run, [*TETHER, "--help"], env)
+                    rows[f"tether --help [{label}]"] = partial(run_timed, [*TETHER, "--help"], env)
                     rows[f"tether exec get_system_info [{label}]"] = partial(
-                        _run, [*TETHER, "exec", "get_system_info", "info_type=os"], env)
-                    rows[f"tether device -> registered [{label}]"] = partial(_device, server, env)
-                for run in rows.values():  # warm-up: the page cache, the device's state directory
-                    await run()
-                samples: dict[str, list[Sample]] = {name: [] for name in rows}
-                names = list(rows)
-                for i in range(repeats):
-                    for name in names[i % len(names):] + names[:i % len(names)]:
-                        samples[name].append(await rows[name]())
+                        run_timed, [*TETHER, "exec", "get_system_info", "info_type=os"], env)
+                    rows[f"tether device -> registered [{label}]"] = partial(device_registered, server, env)
+                # the warm-up fills the page cache and the device's state directory
+                samples = await interleaved(rows, repeats)
             finally:
                 await server.aclose()
     return samples
@@ -139,11 +108,12 @@ ANCHORS = {"tether --help": ("python -c pass", "<= 8x"), "tether exec": ("python
            "tether device": ("python + websockets, one echo", "<= 0.3 s")}
 
 
-def measure(repeats: int, fresh: bool = True) -> dict[str, list[Sample]]:
-    """Every row's (wall, cpu) samples, `repeats` interleaved runs each; prints the table."""
+def measure(repeats: int, fresh: bool = True, base: Path | None = None) -> dict[str, list[Sample]]:
+    """Every row's (wall, cpu) samples, `repeats` interleaved runs each (each tether row also with `base`, a
+    `src` directory, first on PYTHONPATH when given); prints the table."""
     compile_tree()
     started = time.perf_counter()
-    samples = asyncio.run(measure_async(repeats, fresh))
+    samples = asyncio.run(measure_async(repeats, fresh, base))
     med = {name: (statistics.median(w for w, _ in s), statistics.median(c for _, c in s))
            for name, s in samples.items()}
     print(f"{'row':<44} {'wall ms':>8} {'spread':>13} {'cpu ms':>7} {'spread':>13}  ratio to anchor (wall / cpu)")
@@ -171,5 +141,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("repeats", type=int, nargs="?", default=10)
     parser.add_argument("--no-fresh", action="store_true", help="only the tree with its bytecode compiled")
+    parser.add_argument("--base", type=Path, help="another checkout's src directory, measured interleaved")
     args = parser.parse_args()
-    measure(args.repeats, not args.no_fresh)
+    measure(args.repeats, not args.no_fresh, args.base.resolve() if args.base else None)

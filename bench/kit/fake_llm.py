@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tether.agent.llm.chat import LLMSettings
+from tether.agent.llm.settings import LLMSettings
 
 
 @dataclass

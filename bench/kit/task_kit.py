@@ -12,7 +12,7 @@ from typing import Any
 
 from tether.agent.llm.chat import LLMClient
 from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, compact_schema
-from tether.agent.run.recovery import AskUser
+from tether.agent.run.decisions import AskUser
 from tether.device.config import parse_device_config
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.dispatcher import BasicCommandDispatcher

@@ -11,10 +11,11 @@ from typing import Any
 import pytest
 
 from bench.kit.fake_llm import FakeLLM
-from tether.agent.llm.chat import LLMClient, how_to_configure
+from tether.agent.llm.chat import LLMClient
+from tether.agent.llm.settings import how_to_configure
 from tether.agent.planning.plan import Plan, PlanStep
+from tether.agent.run.decisions import AskUser
 from tether.agent.run.executor import TaskRunner
-from tether.agent.run.recovery import AskUser
 from tether.agent.run.steps import discover_tools
 from tether.agent.run.task import Budgets, Task, TaskEvent, TaskState
 from tether.device.local import LocalDevice, build_device

@@ -15,7 +15,7 @@ from tests.agent.test_executor import Asker, device, make_runner, reply, work  #
 from tether.agent.llm.chat import LLMClient
 from tether.agent.planning.edits import EditRefused, GraphEdit, apply_edit
 from tether.agent.planning.plan import PLAN_JSON_SCHEMA, PlanError, plan_from_data, validate_plan
-from tether.agent.planning.planner import plan_schema
+from tether.agent.planning.schema import plan_schema
 from tether.agent.run.task import Task, TaskEvent, TaskState
 from tether.device.local import LocalDevice
 from tether.protocol.models import ToolInfo

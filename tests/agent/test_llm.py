@@ -7,7 +7,8 @@ import json
 import pytest
 
 from bench.kit.fake_llm import FakeLLM, HTTPFailure, closed_port, prompt_tokens_of
-from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings, how_to_configure, resolve_llm_settings
+from tether.agent.llm.chat import LLMClient, LLMError
+from tether.agent.llm.settings import LLMSettings, how_to_configure, resolve_llm_settings
 
 MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hello to the world."}]
 SCHEMA = {"type": "object", "properties": {"greeting": {"type": "string"}}, "required": ["greeting"]}

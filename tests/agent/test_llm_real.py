@@ -14,8 +14,10 @@ from collections.abc import Iterator
 import pytest
 
 from bench.kit.llm_server import MODEL_NAME, RealLLMServer
-from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings
-from tether.agent.planning.planner import DeviceView, plan_request
+from tether.agent.llm.chat import LLMClient, LLMError
+from tether.agent.llm.settings import LLMSettings
+from tether.agent.planning.device_view import DeviceView
+from tether.agent.planning.planner import plan_request
 from tether.tools.files.tool import files_toolset
 
 
@@ -46,6 +48,16 @@ async def test_a_real_model_plans_a_simple_request(server: RealLLMServer) -> Non
     args = result.plan.steps[0].args
     assert isinstance(args.get("file_path"), str) and isinstance(args.get("content"), str)
     assert result.llm_calls >= 1 and result.prompt_tokens > 0 and result.completion_tokens > 0
+
+
+async def test_a_small_model_plans_a_request_right_with_the_compact_prompt(server: RealLLMServer) -> None:
+    """`plan_compact`: offered only the skill the request asks for, with the request's path as the only value its
+    path argument may take, the model's plan is the one asked for (a step it repeats runs once)."""
+    tools = files_toolset().infos()
+    async with LLMClient(settings(server, plan_compact=True)) as llm:
+        result = await plan_request(llm, "Delete the file /tmp/x/old.log", devices={"laptop": DeviceView(tools=tools)})
+    assert [(step.skill, step.args) for step in result.plan.steps] == [("delete_file", {"path": "/tmp/x/old.log"})]
+    assert result.prompt_tokens < 300  # the whole catalogue costs far more
 
 
 async def test_a_runaway_reply_ends_at_the_wall_clock_limit(server: RealLLMServer) -> None:

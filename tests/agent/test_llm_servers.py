@@ -14,18 +14,14 @@ from typing import Any
 
 import pytest
 
-from tether.agent.llm.chat import LLMClient, LLMError, LLMSettings
+from tether.agent.llm.chat import LLMClient, LLMError
 from tether.agent.llm.grammar import schema_to_gbnf
+from tether.agent.llm.settings import LLMSettings
+from tether.agent.planning.device_view import DeviceView
 from tether.agent.planning.graph import ID_PATTERN
 from tether.agent.planning.plan import PlanError
-from tether.agent.planning.planner import (
-    DeviceView,
-    PlanningError,
-    build_messages,
-    parse_plan_reply,
-    plan_request,
-    plan_schema,
-)
+from tether.agent.planning.planner import PlanningError, build_messages, parse_plan_reply, plan_request
+from tether.agent.planning.schema import plan_schema
 from tether.tools.files.tool import files_toolset
 
 Handler = Callable[[dict[str, Any], asyncio.StreamWriter], Awaitable[None]]
@@ -288,7 +284,7 @@ async def test_a_server_failing_every_way_is_an_error_and_poisons_no_mode() -> N
 
 
 def test_strict_form_of_tool_schemas() -> None:
-    from tether.agent.planning.planner import strict_schema
+    from tether.agent.planning.schema import strict_schema
 
     given = {"type": "object", "properties": {
         "path": {"type": "string", "minLength": 1}, "limit": {"type": "integer", "default": 10},

@@ -9,8 +9,9 @@ import pytest
 
 from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm.chat import LLMClient, LLMError
+from tether.agent.planning.device_view import DeviceView
 from tether.agent.planning.plan import Plan, PlanError, PlanStep, load_plan_file, validate_plan
-from tether.agent.planning.planner import DeviceView, PlanningError, parse_plan_reply, plan_request
+from tether.agent.planning.planner import PlanningError, parse_plan_reply, plan_request
 from tether.protocol.profile import DeviceProfile, OSInfo
 from tether.tools.files.tool import files_toolset
 from tether.tools.shell.tool import shell_toolset

@@ -10,19 +10,17 @@ from pydantic import ValidationError
 from bench.kit.fake_llm import FakeLLM, HTTPFailure
 from tether.agent.llm.chat import LLMClient
 from tether.agent.planning.plan import PlanStep
-from tether.agent.run.recovery import (
+from tether.agent.run.decisions import (
     DECISION_ADAPTER,
     AskUser,
     AutoPatch,
     DecisionError,
     RecoveryInput,
     Replan,
-    fast_path,
     parse_decision,
-    recover,
-    tool_for,
     validate_decision,
 )
+from tether.agent.run.recovery import fast_path, recover, tool_for
 from tether.agent.run.task import Budgets, InvalidTransition, Task, TaskState
 from tether.protocol.models import Result
 from tether.tools.files.tool import files_toolset

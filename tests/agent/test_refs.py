@@ -157,7 +157,7 @@ async def test_unresolved_reference_without_llm_asks(device: LocalDevice, work: 
 
 
 def test_prompt_teaches_references_and_observation() -> None:
-    from tether.agent.planning.planner import DeviceView
+    from tether.agent.planning.device_view import DeviceView
 
     [system, _] = build_messages("x", {"local": DeviceView(tools=files_toolset().infos())}, "policy")
     text = system["content"]

@@ -23,8 +23,8 @@ import pytest
 from tests.kits.netutil import CLI
 from tests.kits.task import AgentServer
 from tether.agent.planning.plan import Plan, PlanStep
+from tether.agent.run.decisions import AskUser
 from tether.agent.run.executor import TaskRunner
-from tether.agent.run.recovery import AskUser
 from tether.agent.run.steps import discover_tools
 from tether.agent.run.task import Task, TaskEvent, TaskState
 from tether.device.local import LocalDevice, build_device

@@ -31,7 +31,8 @@ from typing import Any
 import pytest
 
 from tether.device.link.batch_runner import BatchRunner
-from tether.device.link.outbox import FinishedRecord, Outbox, results_frame
+from tether.device.link.finished import FinishedRecord
+from tether.device.link.outbox import Outbox, results_frame
 from tether.device.local import LocalDevice, build_device
 from tether.protocol.codec import decode_client_message
 from tether.protocol.messages import ClientMessageType, ServerMessage, ServerMessageType

@@ -250,6 +250,21 @@ async def test_a_name_resolving_to_loopback_is_refused_unless_listed(upstream: U
     assert [r.rule for r in by_address.closed()] == ["network.allow: 127.0.0.0/8"]
 
 
+async def test_a_listed_port_nobody_listens_on_is_a_502_naming_the_refusal() -> None:
+    """The upstream connect's outcome, told within connect() on loopback, reaches the caller with its rule."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # bound, never listening: a connect is refused (RST) by the kernel
+    proxy = Proxy(EgressRules.build(allow=[f"127.0.0.1:{port}"]))
+    status, rule, body = _refusal((await _connect_tunnel(proxy.port, f"127.0.0.1:{port}"))[0])
+    assert (status, rule) == (502, "network.connect") and "Connection refused" in body["error"]
+    code, _ = await _socks(proxy.port, socket.inet_aton("127.0.0.1"), port)
+    assert code == 5  # SOCKS5 "connection refused"
+    await proxy.proxy.aclose()
+    assert [r.rule for r in proxy.closed()] == ["network.connect", "network.connect"]
+
+
 async def test_the_proxy_bounds_what_it_waits_for() -> None:
     proxy = Proxy(EgressRules.build(allow=["*"]), Limits(head_timeout_s=0.3, max_head_bytes=1024))
     status, rule, _ = _refusal(await _exchange(proxy.port, b"GET http://x/ HTTP/1.1\r\nX: " + b"a" * 2000))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from tether.device.link.batch_runner import run_in_this_task
+from tether.device.link.run_here import run_in_this_task
 
 
 async def test_a_batch_that_does_not_wait_runs_to_its_end_in_the_callers_task() -> None:

@@ -25,7 +25,8 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 
-from tether.device.link.batch_runner import Batch, BatchRunner
+from tether.device.link.batch import Batch
+from tether.device.link.batch_runner import BatchRunner
 from tether.device.link.conn import serve as serving_module
 from tether.device.link.connection import (
     DeviceConnection,
@@ -37,8 +38,9 @@ from tether.device.link.connection import (
     backoff_delay,
     make_ssl_context,
 )
+from tether.device.link.finished import FinishedRecord
 from tether.device.link.keepalive import beat_due
-from tether.device.link.outbox import FinishedRecord, Outbox
+from tether.device.link.outbox import Outbox
 from tether.device.local import LocalDevice, build_device
 from tether.device.probe import collect_profile
 from tether.protocol.codec import decode_client_message, encode

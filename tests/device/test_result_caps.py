@@ -23,7 +23,8 @@ import pytest
 from tests.kits import db as dbkit
 from tests.kits.netutil import Cluster, wait_for
 from tether.device.link.batch_runner import BatchRunner
-from tether.device.link.outbox import FinishedRecord, Outbox, result_bytes
+from tether.device.link.finished import FinishedRecord, result_bytes
+from tether.device.link.outbox import Outbox
 from tether.device.local import build_device
 from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
 from tether.device.mcp.client.stdio import LineSplitter, Oversized

@@ -202,7 +202,8 @@ async def test_the_line_moves_up_when_a_waiting_batch_is_cancelled_and_when_the_
     session a holds it on a gate; b and c wait at places 1 and 2; b is cancelled, so c is told it is
     now 1; a larger limit (a policy change) starts c at once while a still runs."""
     from tether.device.link.batch_runner import BatchRunner
-    from tether.device.link.outbox import FinishedRecord, Outbox
+    from tether.device.link.finished import FinishedRecord
+    from tether.device.link.outbox import Outbox
     from tether.device.local import build_device
     from tether.protocol.codec import decode_client_message
     from tether.protocol.messages import ClientMessageType, ServerMessage, ServerMessageType

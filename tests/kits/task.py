@@ -24,7 +24,7 @@ import uvicorn
 
 from tests.kits import db as dbkit
 from tests.kits.aip import key_for
-from tether.agent.llm.chat import LLMSettings
+from tether.agent.llm.settings import LLMSettings
 from tether.agent.run.task import Budgets
 from tether.agent.server_app import create_agent_app
 from tether.device.link.connection import DeviceConnection

@@ -18,7 +18,8 @@ import pytest
 from tether.sandbox import SandboxSpec, detect
 from tether.sandbox.egress.owner import children
 from tether.sandbox.layers.fs import EscapeError
-from tether.sandbox.layers.layer import ApplyConflict, Change, apply, discard, scan
+from tether.sandbox.layers.layer import ApplyConflict, Change, apply, discard
+from tether.sandbox.layers.scan import scan
 from tether.sandbox.runner import SWEEP_BATCH, Sandbox
 
 PY = os.path.realpath(sys.executable)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tether.server.aip.fleet.gc_keeper import GcKeeper, keep_gc_lean, young_threshold
+from tether.server.main import freeze_once_started
 
 
 @pytest.fixture(autouse=True)
@@ -87,3 +88,14 @@ async def test_the_loop_freezes_a_large_fleet_and_unfreezes_when_cancelled() -> 
     with pytest.raises(asyncio.CancelledError):
         await task
     assert gc.get_freeze_count() == 0 and gc.get_threshold() == keeper.thresholds
+
+
+def test_the_server_freezes_what_its_start_up_left_at_its_first_tick_and_only_then() -> None:
+    ticks: list[int] = []
+    tick = freeze_once_started(ticks.append)
+    assert gc.get_freeze_count() == 0
+    tick(0)
+    assert gc.get_freeze_count() > 0 and ticks == [0]  # uvicorn's own tick still runs
+    gc.unfreeze()  # as the keeper thaws a shrinking fleet: not frozen again behind its back
+    tick(1)
+    assert gc.get_freeze_count() == 0 and ticks == [0, 1]

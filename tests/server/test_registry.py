@@ -8,7 +8,8 @@ import pytest
 
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
-from tether.server.aip.fleet.registry import DeviceRegistry, NoDeviceError
+from tether.server.aip.fleet.matching import NoDeviceError
+from tether.server.aip.fleet.registry import DeviceRegistry
 
 
 def profile(platform: str, *, gpu: bool = False, tags: tuple[str, ...] = (), tools: tuple[str, ...] = ()

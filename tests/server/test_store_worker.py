@@ -178,3 +178,27 @@ def test_postgres_groups_formed_behind_a_slow_one_go_as_one_and_give_up_unwritte
         assert "s2" not in rows  # its command was never sent: no row says it was
     finally:
         store.close()
+
+
+def test_postgres_statements_run_together_are_written_all_or_none(pg_url: str) -> None:
+    """`execute_together` (one round trip, how a group commit is written): a failing statement leaves nothing of
+    the others written, and the session goes on."""
+    import sqlite3
+
+    from tether.server.store.engine import PostgresConnection
+
+    conn = PostgresConnection(pg_url)
+    try:
+        conn.execute("CREATE TABLE together (k TEXT PRIMARY KEY, v TEXT)")
+        with pytest.raises(sqlite3.IntegrityError):
+            conn.execute_together([("INSERT INTO together (k, v) VALUES (?, ?)", [("a", "1"), ("b", "1")]),
+                                   ("INSERT INTO together (k, v) VALUES (?, ?)", [("a", "2")])])
+        assert conn.execute("SELECT k FROM together").fetchall() == []
+        conn.execute_together([("INSERT INTO together (k, v) VALUES (?, ?)", [("a", "1"), ("b", "1")]),
+                               ("UPDATE together SET v = ? WHERE k = ?", [("2", "a")]),
+                               ("DELETE FROM together WHERE k = ?", [])])  # no rows: left out
+        assert sorted(tuple(r) for r in conn.execute("SELECT k, v FROM together").fetchall()) == \
+            [("a", "2"), ("b", "1")]
+        assert not conn.in_transaction
+    finally:
+        conn.close()

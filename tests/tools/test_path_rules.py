@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from tether.tools.policy.hidden import HiddenSet
 from tether.tools.policy.model import Policy, policy_from_mapping
-from tether.tools.policy.path_rules import DEFAULT_PROTECTED, HiddenSet, Matcher, protected_patterns
+from tether.tools.policy.path_rules import DEFAULT_PROTECTED, Matcher, protected_patterns
 
 PATTERNS = ["~/.bashrc", ".git/hooks", ".git/config", "*.pth", "~/.cargo/config*", "/etc/crontab",
             ".git/worktrees/*/config.worktree", "~/.config/systemd/user", "**/foo/bar", ".vscode/mcp.json"]

@@ -7,13 +7,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from tether.tools.policy.command_checks import check_command, check_env
 from tether.tools.policy.model import (
     ALWAYS_DENIED,
     KNOWN_ESCAPES,
     CommandRule,
     Policy,
-    check_command,
-    check_env,
     default_policy,
     load_policy,
     policy_from_mapping,

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import FastAPI
 
-from tether.agent.llm.chat import LLMClient, LLMSettings
+from tether.agent.llm.chat import LLMClient
 from tether.agent.llm.sampling import DeviceSampler
+from tether.agent.llm.settings import LLMSettings
 from tether.agent.run.task import Budgets
 from tether.agent.tasks.api.inbox import inbox_router
+from tether.agent.tasks.api.mcp_task_bridge import with_tasks
 from tether.agent.tasks.api.mcp_tools import task_tools
 from tether.agent.tasks.api.task_api import router, task_error
 from tether.agent.tasks.service import TaskError, TaskService
@@ -29,12 +32,14 @@ def tasks_extension(llm: LLMClient | None, budgets: Budgets | None = None) -> Ex
         app.include_router(router)
         app.include_router(inbox_router)  # GET /api/v1/approvals: what waits for a person (docs/approvals.md)
         app.add_exception_handler(TaskError, task_error)
-        contribute(app, task_tools(app))  # run_task, get_task, … on the MCP gateway at /mcp
+        contribute(app, with_tasks(app, task_tools(app)))  # run_task (also as an MCP task), get_task, … at /mcp
 
         @asynccontextmanager
         async def running() -> AsyncIterator[None]:
             settings: ServerSettings = app.state.settings
-            store = TaskStore(settings.db_target)
+            # opened off the event loop: with PostgreSQL it connects and creates its tables (the hub and a
+            # cluster node's heartbeats already run on the loop)
+            store = await asyncio.to_thread(TaskStore, settings.db_target)
             service = TaskService(app.state.hub, app.state.registry, store, llm, server_store=app.state.store,
                                   budgets=budgets, transfers=app.state.transfers,
                                   notifier=getattr(app.state, "notifier", None))

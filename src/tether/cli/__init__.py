@@ -10,6 +10,17 @@ import sys
 
 
 def main() -> None:
+    """The `tether` command: `tether device` and `tether exec` through `tether.cli.fast` where it parses their
+    command line exactly (without typer), everything else through the typer app."""
+    if sys.argv[1:] in (["--help"], ["-h"]) and not _typer_env():  # drawn as typer draws it, without typer
+        from tether.cli.fast.help import print_root_help
+
+        if print_root_help():
+            sys.exit(0)
+    if sys.argv[1:2] in (["device"], ["exec"]):  # the commands tether.cli.fast knows (the others never import it)
+        from tether.cli.fast import run_fast
+
+        run_fast(sys.argv[1:])  # exits when it ran the command
     from tether.cli.common import app
     from tether.cli.views.rich_help import load_rich_utils
 
@@ -24,19 +35,14 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        from tether.client.rest import RemoteError
-        from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
+        from tether.cli.unhandled import report_unhandled
 
-        if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
-            from tether.cli.common import remote_exit_code, remote_message
-            from tether.cli.views.safe_text import visible
+        report_unhandled(exc)
+        raise
 
-            print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
-            sys.exit(remote_exit_code(exc))
-        if not isinstance(exc, StoreUnavailable):
-            raise
-        # a full or read-only disk under the state directory: one line, no traceback
-        from tether.cli.views.safe_text import visible
 
-        print(f"error: {visible(exc)}", file=sys.stderr)
-        sys.exit(2)
+def _typer_env() -> bool:
+    """Settings only typer reads (`TYPER_USE_RICH`, a shell's completion request): the root help is typer's."""
+    import os
+
+    return "TYPER_USE_RICH" in os.environ or any(k.startswith("_") and k.endswith("_COMPLETE") for k in os.environ)

@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
 from tether.cli.lazy import COMMAND_PANELS, LazyGroup
-from tether.cli.views.safe_text import SafeConsole, visible
+from tether.cli.views.safe_text import console, say, visible
 
 if TYPE_CHECKING:
     from tether.client.rest import RemoteError  # httpx: imported by the commands that talk to a server
@@ -201,12 +200,6 @@ CaOpt = Annotated[str | None, typer.Option("--ca-file", envvar="TETHER_CA_FILE",
                                            help="CA certificate to verify a self-signed server")]
 
 
-def console(err: bool = False) -> Console:
-    """The console every view prints through: terminal control characters in what it prints are shown as
-    escapes (`cli.safe_text.SafeConsole`), whoever supplied the text."""
-    return SafeConsole(stderr=err, highlight=False)
-
-
 def output_mode(output: str | None, as_json: bool) -> tuple[bool, bool]:
     """`(json, wide)` from `-o/--output` and `--json`; another `-o` value fails with `ExitCode.USAGE`."""
     if output not in (None, "wide", "json"):
@@ -219,17 +212,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     `[type=missing …]` or a path like `[/x]` rich would eat or choke on."""
     say(f"error: {message}", err=True)
     raise typer.Exit(code)
-
-
-def say(text: str, style: str = "", err: bool = False, **kwargs: Any) -> None:
-    """Print text that is not ours (a tool's error, a server's message, a person's request) as it is:
-    its `[...]` is never read as rich markup. The leading `error:` / `warning:` word is coloured."""
-    head, sep, rest = text.partition(" ")
-    colour = {"error:": "red", "warning:": "yellow"}.get(head)
-    line = Text.assemble((head, colour), sep, rest) if colour else Text(text)
-    if style:
-        line.stylize(style)
-    console(err=err).print(line, **kwargs)
 
 
 def remote_message(exc: RemoteError) -> str:

@@ -25,7 +25,7 @@ class Section:
 
 
 SECTIONS: tuple[Section, ...] = (
-    Section("The LLM (`llm:`)", "tether.agent.llm.chat:_LLMSection", "llm.",
+    Section("The LLM (`llm:`)", "tether.agent.llm.settings:_LLMSection", "llm.",
             "Where the planner's LLM is: any OpenAI-compatible endpoint. `TETHER_LLM_BASE_URL`, "
             "`TETHER_LLM_MODEL` and `TETHER_LLM_API_KEY` (or `OPENAI_API_KEY`) in the environment win over the "
             "file. `base_url` and `model` are required once the section is there."),

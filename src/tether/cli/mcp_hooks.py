@@ -105,7 +105,8 @@ def cli_hooks(llm: LLMClient | None, *, interactive: bool | None = None) -> MCPC
 def configured_llm() -> LLMClient | None:
     """The LLM of `TETHER_LLM_*` or the config file, or None (also when its config is unusable: a
     device command does not fail for want of an LLM it may never need)."""
-    from tether.agent.llm.chat import LLMClient, resolve_llm_settings
+    from tether.agent.llm.chat import LLMClient
+    from tether.agent.llm.settings import resolve_llm_settings
 
     try:
         settings = resolve_llm_settings()

@@ -114,9 +114,12 @@ class RemoteServer:
     def refuse_pairing(self, code: str) -> dict[str, Any]:
         return self._request("POST", f"/pairing/{code}/refuse")
 
-    def tools(self, name: str, *, timeout: float | None = None) -> list[ToolInfo]:
-        """The device's tools; `timeout` bounds this request (the client's default otherwise)."""
+    def tools(self, name: str, *, timeout: float | None = None, hints: bool = False) -> list[ToolInfo]:
+        """The device's tools; `timeout` bounds this request (the client's default otherwise). `hints`: with
+        their external MCP servers' `title` and `annotations` (ToolInfo.title/annotations), where given."""
         extra: dict[str, Any] = {"timeout": httpx.Timeout(timeout, connect=min(timeout, 10))} if timeout else {}
+        if hints:
+            extra["params"] = {"hints": "true"}
         return [ToolInfo.model_validate(t) for t in self._request("GET", f"/devices/{name}/tools", **extra)]
 
     def policy(self, device: str) -> dict[str, Any]:

@@ -7,6 +7,9 @@ WebSocket connection, so both paths run exactly the same code.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import fcntl
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -22,6 +25,7 @@ from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp.client.client_caps import ElicitationRequest, MCPClientHooks
 from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.root import run_as_for
+from tether.errors import DeviceError
 from tether.sandbox import SandboxInfo, detect
 from tether.sandbox.kept import Kept
 from tether.tools.builtin import builtin_toolsets
@@ -73,6 +77,54 @@ def resolve_policy(config: DeviceConfig, policy_path: str | os.PathLike[str] | N
 def device_state_dir(config: DeviceConfig, state_dir: str | os.PathLike[str] | None = None) -> Path:
     """`--state-dir`, else the config's `device.state_dir`, else $TETHER_STATE_DIR or ~/.local/state/tether."""
     return Path(state_dir or config.device.state_dir or default_state_dir()).expanduser()
+
+
+STATE_LOCK = "device.lock"  # in the state directory: held by the one device process using it
+
+
+class StateDirBusy(DeviceError):
+    """Another live device process holds the state directory (`hold_state_dir`); the message names it."""
+
+
+def hold_state_dir(directory: Path) -> int:
+    """Take this process's exclusive lock on the device state directory `directory` (created 0700 when
+    missing) before anything in it is read or written: an `flock` on `<directory>/device.lock`, which also
+    holds this process's pid. The lock lasts as long as the returned descriptor (close it to give it up) and
+    the kernel drops it however the process ends, kill -9 too, so no stale lock is ever left; children do not
+    inherit it (close-on-exec).
+
+    Raises `StateDirBusy` — one line naming the holder's pid and how to run a second device — when another
+    process holds it, and `DeviceError` when the directory or its lock file cannot be made or opened."""
+    path = directory / STATE_LOCK
+    try:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        try:  # a read-only state directory: flock needs no write access
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            raise DeviceError(f"cannot lock the state directory {directory}: {exc.strerror or exc}") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = _holder_pid(fd)
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise DeviceError(f"cannot lock the state directory {directory}: {exc.strerror or exc}") from None
+        who = f"another tether device (pid {holder})" if holder else "another tether device"
+        raise StateDirBusy(f"{who} already uses the state directory {directory} (its undo journal, key and "
+                           "token); stop it first, or give this one a state directory of its own: --state-dir DIR "
+                           "(or TETHER_STATE_DIR=DIR, or device.state_dir in its config)") from None
+    with contextlib.suppress(OSError):  # the pid for the refusal (best effort: a full disk keeps the lock)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _holder_pid(fd: int) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(os.pread(fd, 32, 0).split()[0])
+    return None
 
 
 def person_asker(hooks: MCPClientHooks | None) -> PersonAsker | None:

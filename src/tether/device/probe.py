@@ -37,7 +37,7 @@ from tether.protocol.profile import (
     OSInfo,
 )
 from tether.tools.process import run_process
-from tether.tools.system.tool import _cpu_model
+from tether.tools.system.info import _cpu_model
 
 logger = logging.getLogger(__name__)
 

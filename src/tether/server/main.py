@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import gc
 import logging
 import socket
 from collections.abc import Callable
@@ -195,10 +196,29 @@ class LeaseWatch:
                            "held again")
 
 
+def freeze_once_started(tick: Callable[[int], None]) -> Callable[[int], None]:
+    """`tick` that also, at the first of uvicorn's ticks (the app's start-up done: the modules, routes, schemas
+    and the hub), moves every object alive then into the collector's permanent generation (`gc.freeze`): the
+    full collections a stream of commands triggers then walk only what came after. For a process that is the
+    server (`make_server`): the freeze is the whole process's. The hub's `GcKeeper` may thaw it (a shrinking
+    large fleet) and freezes again itself."""
+    frozen = False
+
+    def first_freezes(counter: int) -> None:
+        nonlocal frozen
+        if not frozen:
+            frozen = True
+            gc.freeze()
+        tick(counter)
+
+    return first_freezes
+
+
 def make_server(config: uvicorn.Config, lease: StateLease | None = None) -> uvicorn.Server:
     """A uvicorn `Server` for `config` (from `build_config`) that runs the app's `state.on_stopping` hooks as
-    its shutdown begins (`stopping_hooks`) and, given the state's `lease`, watches it (`LeaseWatch`)."""
-    return hooked_server(config, stopping_hooks(config.app), LeaseWatch(lease).tick)
+    its shutdown begins (`stopping_hooks`), freezes its start-up objects out of the collector's full scans
+    once started (`freeze_once_started`) and, given the state's `lease`, watches it (`LeaseWatch`)."""
+    return hooked_server(config, stopping_hooks(config.app), freeze_once_started(LeaseWatch(lease).tick))
 
 
 def run_server(settings: ServerSettings, *, allow_insecure: bool = False, log_level: str = "info",

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.fleet.record import DeviceRecord
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.store.tokens import TokenInfo
 
 

@@ -20,6 +20,7 @@ saying so; likewise an `undo_session` command aimed at a session the caller does
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable
 
 from fastapi import HTTPException
@@ -29,6 +30,7 @@ from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
 
 DEFAULT_PREFIX = "api-"  # a token's default session; nobody else may name one
+_JOURNAL_NAME = re.compile(r"[A-Za-z0-9_.@+=-]+")  # what a device's journal takes after the prefix (tools/journal.py)
 
 
 def token_owner(who: TokenInfo) -> str:
@@ -40,9 +42,10 @@ def task_owner(task_id: str) -> str:
 
 
 def default_session(who: TokenInfo) -> str:
-    """The session a token's batches without a `session_id` run in: `api-<name>` (a valid journal name)."""
+    """The session a token's batches without a `session_id` run in: `api-<name>`, or `api-<digest of the name>`
+    when that is no valid journal name (too long, or an OIDC identity's `oidc:subject`)."""
     name = DEFAULT_PREFIX + who.name
-    if len(name) <= 128:
+    if len(name) <= 128 and ".." not in name and _JOURNAL_NAME.fullmatch(who.name):
         return name
     return DEFAULT_PREFIX + hashlib.sha256(who.name.encode()).hexdigest()[:48]
 

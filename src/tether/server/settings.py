@@ -20,6 +20,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from tether.server.notify.messages import EVENTS as WEBHOOK_EVENTS
+from tether.server.oidc.config import OidcIssuer, issuer_list
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -268,6 +269,9 @@ class ServerSettings(BaseModel):
     mcp_authorization_servers: list[str] = Field(default_factory=list, description=(
         "OAuth authorization servers (issuer URLs) named in /mcp's Protected Resource Metadata (RFC 9728); "
         "empty: tether's own API tokens, which need none (docs/gateway.md)"))
+    oidc: list[OidcIssuer] = Field(default_factory=list, description=(
+        "OpenID Connect issuers whose signed tokens (JWTs) are accepted as API tokens, on the REST API and /mcp, "
+        "their claims mapped to scopes, devices and tags (one issuer or a list; docs/oidc.md)"))
     mcp_page_size: int = Field(1000, ge=1, le=10_000, description=(
         "items per page of /mcp's tools/list, resources/list, resources/templates/list and prompts/list (a "
         "longer list is given a page at a time, with nextCursor; large by default, as many clients read only "
@@ -293,6 +297,11 @@ class ServerSettings(BaseModel):
             if text != "*" and normalize_host(text.removeprefix("*.")) is None:
                 raise ValueError(f"allowed host {entry!r} is not a host name or address (or '*.domain', or '*')")
         return [h.strip().lower() for h in hosts]
+
+    @field_validator("oidc", mode="before")
+    @classmethod
+    def _oidc(cls, value: object) -> object:
+        return issuer_list(value)
 
     @field_validator("allowed_origins")
     @classmethod

@@ -19,8 +19,10 @@ from typing import Any
 from pydantic import BaseModel
 
 from tether.agent.llm.chat import LLMClient, LLMReply, Message
-from tether.agent.planning.graph import ID_PATTERN
-from tether.agent.planning.plan import OBSERVE, PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
+from tether.agent.planning import compact
+from tether.agent.planning.device_view import DeviceLike, DeviceView, as_device_view
+from tether.agent.planning.plan import PLAN_JSON_SCHEMA, Plan, PlanError, plan_from_data, validate_plan
+from tether.agent.planning.schema import _without_null_options, compact_schema, plan_schema
 from tether.errors import AgentError
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
@@ -50,18 +52,10 @@ class PlanningError(AgentError, RuntimeError):
 
 
 @dataclass
-class DeviceView:
-    """What the planner knows of one device: its profile (optional) and its tools."""
-
-    tools: list[ToolInfo] = field(default_factory=list)
-    profile: DeviceProfile | None = None
-
-
-DeviceLike = DeviceView | DeviceProfile | Sequence[ToolInfo] | Mapping[str, Any]
-
-
-@dataclass
 class PlanResult:
+    """A validated plan and what it took: LLM calls, tokens, attempts, the reply it came from, and the
+    problems of the first reply when a re-ask was needed."""
+
     plan: Plan
     llm_calls: int
     prompt_tokens: int
@@ -71,27 +65,12 @@ class PlanResult:
     first_problems: list[str] = field(default_factory=list)
 
 
-def as_device_view(value: DeviceLike) -> DeviceView:
-    if isinstance(value, DeviceView):
-        return value
-    if isinstance(value, DeviceProfile):
-        return DeviceView(tools=list(value.tools), profile=value)
-    if isinstance(value, Mapping):
-        profile = value.get("profile")
-        if isinstance(profile, Mapping):
-            profile = DeviceProfile.model_validate(profile)
-        tools = value.get("tools")
-        if tools is None and profile is not None:
-            tools = profile.tools
-        return DeviceView(tools=[t if isinstance(t, ToolInfo) else ToolInfo.model_validate(t) for t in tools or []],
-                          profile=profile)
-    return DeviceView(tools=list(value))
-
-
 # -- the prompt ------------------------------------------------------------------------------------
 
 
 def profile_summary(profile: DeviceProfile | None) -> str:
+    """One line for the prompt, `; `-separated: what is known of the device (OS, host, cores, memory, GPU,
+    tags, capabilities, up to 12 apps, user, home, the roots it may write and read); "no profile" when nothing is."""
     if profile is None:
         return "no profile"
     parts: list[str] = []
@@ -123,39 +102,6 @@ def profile_summary(profile: DeviceProfile | None) -> str:
     if profile.read_roots and profile.read_roots != profile.write_roots:
         parts.append(f"may read under {', '.join(profile.read_roots)}")
     return "; ".join(parts) or "no profile"
-
-
-def compact_schema(schema: Mapping[str, Any]) -> str:
-    """The tool's arguments in as few tokens as carry them: `name: type (default) *required`."""
-    props = schema.get("properties") or {}
-    required = set(schema.get("required") or [])
-    if not props:
-        return "no arguments"
-    out = []
-    for name, spec in props.items():
-        text = f"{name}{'*' if name in required else ''}: {_type_of(spec)}"
-        if "default" in spec and spec["default"] not in (None, [], {}, ""):
-            text += f" = {json.dumps(spec['default'])}"
-        if spec.get("description"):
-            text += f" ({spec['description']})"
-        out.append(text)
-    return "; ".join(out)
-
-
-def _type_of(spec: Mapping[str, Any]) -> str:
-    if "enum" in spec:
-        return "|".join(json.dumps(v) for v in spec["enum"])
-    if "anyOf" in spec:
-        kinds = [_type_of(s) for s in spec["anyOf"] if s.get("type") != "null"]
-        return "|".join(kinds) + ("?" if any(s.get("type") == "null" for s in spec["anyOf"]) else "")
-    kind = spec.get("type", "any")
-    if isinstance(kind, list):
-        return "|".join(kind)
-    if kind == "array":
-        return f"{_type_of(spec.get('items') or {})}[]"
-    if kind == "object" and "additionalProperties" in spec and isinstance(spec["additionalProperties"], dict):
-        return f"map<{_type_of(spec['additionalProperties'])}>"
-    return str(kind)
 
 
 def _first_paragraph(text: str, limit: int = 240) -> str:
@@ -278,146 +224,6 @@ def _first_json(text: str) -> tuple[Any, str | None]:
     return None, error
 
 
-# -- the schema the LLM answers under --------------------------------------------------------------
-
-_REF_ARG: dict[str, Any] = {"type": "object", "properties": {"$ref": {"type": "string"}}, "required": ["$ref"],
-                            "additionalProperties": False}
-_STRICT_KEYS = ("type", "enum", "const", "description")
-# A step's place in a graph plan, in strict form (every key sent, null when not wanted): see planning/graph.py
-_CONDITION: dict[str, Any] = {
-    "type": "object", "additionalProperties": False, "required": ["ref", "equals", "contains", "matches"],
-    "properties": {"ref": {"type": "string"}, "equals": {"type": ["string", "number", "boolean", "null"]},
-                   "contains": {"type": ["string", "null"]}, "matches": {"type": ["string", "null"]}}}
-# ids in the form planning/graph.py accepts: a server that enforces the schema (llama.cpp turns it into a
-# grammar) then cannot let a small model run on inside an id until `max_tokens` cuts the reply off
-_ID: dict[str, Any] = {"type": "string", "pattern": ID_PATTERN.pattern}
-_GRAPH_KEYS: dict[str, Any] = {
-    "id": {**_ID, "type": ["string", "null"]},
-    "needs": {"type": ["array", "null"], "items": _ID},
-    "when": {"anyOf": [{"type": "string", "enum": ["success", "failure", "always"]}, _CONDITION, {"type": "null"}]},
-}
-
-
-def strict_schema(spec: Any) -> dict[str, Any] | None:
-    """`spec` in the form OpenAI's strict mode accepts (every property required, optional ones made
-    nullable, `additionalProperties: false`, no keywords it rejects), or None when it cannot be put
-    so (a free-form object or map, `$ref`, `allOf`, `not`). An optional property that cannot is left out."""
-    if not isinstance(spec, Mapping) or any(k in spec for k in ("$ref", "allOf", "not")):
-        return None
-    for key in ("anyOf", "oneOf"):
-        if key in spec:
-            branches = [strict_schema(s) for s in spec[key]]
-            return None if any(b is None for b in branches) else {"anyOf": branches}
-    out: dict[str, Any] = {k: spec[k] for k in _STRICT_KEYS if k in spec}
-    kind = spec.get("type")
-    kinds = kind if isinstance(kind, list) else [kind]
-    if kind is None and "enum" not in spec and "const" not in spec:
-        return None
-    if "array" in kinds:
-        items = strict_schema(spec.get("items"))
-        if items is None:
-            return None
-        out["items"] = items
-    if "object" in kinds:
-        props: Mapping[str, Any] = spec.get("properties") or {}
-        if not props:
-            return None
-        required = set(spec.get("required") or ())
-        converted: dict[str, Any] = {}
-        for name, prop in props.items():
-            strict = strict_schema(prop)
-            if strict is None:
-                if name in required:
-                    return None
-                continue
-            converted[name] = strict if name in required else _nullable(strict)
-        out.update(properties=converted, required=list(converted), additionalProperties=False)
-    return out
-
-
-def _nullable(spec: dict[str, Any]) -> dict[str, Any]:
-    if "anyOf" in spec:
-        return {"anyOf": [*spec["anyOf"], {"type": "null"}]}
-    out = dict(spec)
-    kind = out.get("type")
-    if isinstance(kind, str):
-        out["type"] = [kind, "null"]
-    elif isinstance(kind, list) and "null" not in kind:
-        out["type"] = [*kind, "null"]
-    if "enum" in out and None not in out["enum"]:
-        out["enum"] = [*out["enum"], None]
-    if "const" in out:
-        return {"anyOf": [out, {"type": "null"}]}
-    return out
-
-
-def plan_schema(devices: Mapping[str, DeviceView], *, graph: bool = True) -> tuple[dict[str, Any], bool]:
-    """The plan's JSON schema for these devices and whether it is strict: `steps` items are one branch
-    per skill (`anyOf`, as strict mode allows no `oneOf`), each naming its skill as a one-value enum with
-    that skill's own argument schema (each argument may also be a `{"$ref": ...}` to an earlier step's
-    result) and the devices that have it; plus `observe`. Not strict when a skill's required arguments
-    cannot be put in strict form (that skill's arguments are then any object). `graph` False leaves out
-    a step's `id`, `needs` and `when` (a chain)."""
-    graph_keys = _GRAPH_KEYS if graph else {}
-    several = len(devices) > 1
-    owners: dict[str, list[str]] = {}
-    skills: dict[str, ToolInfo] = {}
-    for name, view in devices.items():
-        for tool in view.tools:
-            skills.setdefault(tool.name, tool)
-            owners.setdefault(tool.name, []).append(name)
-    strict = True
-    branches: list[dict[str, Any]] = []
-
-    def branch(skill: str, args: dict[str, Any], device: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "object", "additionalProperties": False,
-                "properties": {"skill": {"type": "string", "enum": [skill]}, "args": args,
-                               "description": {"type": "string"}, "device": device, **graph_keys},
-                "required": ["skill", "args", "description", "device", *graph_keys]}
-
-    for skill, tool in skills.items():
-        given = tool.input_schema or {}
-        converted: dict[str, Any] | None
-        if given.get("properties"):
-            converted = strict_schema(given)
-        elif given.get("additionalProperties") in (None, False):  # no arguments
-            converted = {"type": "object", "properties": {}, "required": [], "additionalProperties": False}
-        else:  # any arguments: not expressible strictly
-            converted = None
-        args: dict[str, Any]
-        if converted is None:
-            strict = False
-            args = {"type": "object"}
-        else:
-            props: dict[str, Any] = converted["properties"]
-            args = {**converted, "properties": {k: {"anyOf": [*v["anyOf"], _REF_ARG]} if "anyOf" in v
-                                                else {"anyOf": [v, _REF_ARG]} for k, v in props.items()}}
-        device = {"type": ["string", "null"], "enum": [*owners[skill], None]} if several else {"type": "null"}
-        branches.append(branch(skill, args, device))
-    observe_args = {"type": "object", "properties": {"note": {"type": ["string", "null"]}}, "required": ["note"],
-                    "additionalProperties": False}
-    branches.append(branch(OBSERVE, observe_args, {"type": "null"}))
-    schema = {"type": "object", "additionalProperties": False, "required": ["steps", "answer"],
-              "properties": {"steps": {"type": "array", "items": {"anyOf": branches}},
-                             "answer": {"type": ["string", "null"]}}}
-    return schema, strict
-
-
-def _without_null_options(plan: Plan, devices: Mapping[str, DeviceView]) -> Plan:
-    """The plan with arguments that are null but optional left out (strict mode sends every argument,
-    the ones not wanted as null)."""
-    required: dict[str, set[str]] = {}
-    for view in devices.values():
-        for tool in view.tools:
-            required.setdefault(tool.name, set((tool.input_schema or {}).get("required") or ()))
-    steps = []
-    for step in plan.steps:
-        needed = required.get(step.skill, set())
-        args = {k: v for k, v in step.args.items() if v is not None or k in needed}
-        steps.append(step if args == step.args else step.model_copy(update={"args": args}))
-    return plan.model_copy(update={"steps": steps})
-
-
 def _quoted(raw: str) -> str:
     """At most `QUOTE_CHARS` of a reply, to show the LLM what it said without pasting a runaway back."""
     if len(raw) <= QUOTE_CHARS:
@@ -460,8 +266,24 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
     views = {name: as_device_view(value) for name, value in devices.items()}
     tools: dict[str | None, list[ToolInfo]] = {name: view.tools for name, view in views.items()}
     graph = llm.settings.plan_graph
-    messages = build_messages(request, views, policy_summary, history, recovery_context, graph=graph)
-    schema, strict = plan_schema(views, graph=graph)
+    grounding: Callable[[Plan], list[str]] = lambda _plan: []  # noqa: E731
+    if llm.settings.plan_compact:
+        owners: dict[str, list[str]] = {}
+        catalogue: dict[str, ToolInfo] = {}
+        for name, view in views.items():
+            for tool in view.tools:
+                catalogue.setdefault(tool.name, tool)
+                owners.setdefault(tool.name, []).append(name)
+        skills = compact.rank_skills(request, list(catalogue.values()))
+        messages = compact.compact_messages(request, skills, list(views), recovery_context=recovery_context,
+                                            history=[_history_line(i, item) for i, item in enumerate(history)])
+        schema, strict = compact.compact_plan_schema(owners, skills, request)
+        if not history:
+            def grounding(plan: Plan) -> list[str]:
+                return compact.grounded_problems(plan, request, catalogue)
+    else:
+        messages = build_messages(request, views, policy_summary, history, recovery_context, graph=graph)
+        schema, strict = plan_schema(views, graph=graph)
     calls = prompt_tokens = completion_tokens = 0
     first_problems: list[str] = []
     raw = ""
@@ -475,11 +297,14 @@ async def plan_request(llm: LLMClient, request: str, *, devices: Mapping[str, De
         raw = reply.text
         try:
             plan = _without_null_options(parse_plan_reply(raw), views)
+            if llm.settings.plan_compact:
+                plan = compact.without_repeats(plan)
         except PlanError as exc:
             problems = [str(exc)]
         else:
             problems = (check(plan) if check is not None else
                         validate_plan(plan, tools, allow_empty=allow_empty, first=len(earlier), earlier=list(earlier)))
+            problems = problems or grounding(plan)
             if not problems:
                 return PlanResult(plan=plan, llm_calls=calls, prompt_tokens=prompt_tokens, attempts=attempt,
                                   raw=raw, completion_tokens=completion_tokens, first_problems=first_problems)

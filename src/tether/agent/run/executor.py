@@ -15,54 +15,44 @@ ASK_USER or failure, never a loop. Everything that happens is a `TaskEvent` on t
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
-from tether.agent.llm.chat import LLMClient, LLMError, how_to_configure
+from tether.agent.llm.chat import LLMClient, LLMError
+from tether.agent.llm.settings import how_to_configure
+from tether.agent.planning.device_view import DeviceView
 from tether.agent.planning.graph import is_graph, step_ids
 from tether.agent.planning.plan import OBSERVE, Plan, validate_plan
-from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, DeviceView, PlanningError, plan_request
+from tether.agent.planning.planner import DEFAULT_POLICY_SUMMARY, PlanningError, plan_request
 from tether.agent.planning.refs import ERROR_CODE as REF_ERROR_CODE
 from tether.agent.planning.refs import RefError, has_refs, resolve
 from tether.agent.run.answer import format_answer
 from tether.agent.run.confirm import CONFIRMATION
+from tether.agent.run.decisions import (
+    AskUser,
+)
 from tether.agent.run.graph import Chooser, GraphRun
 from tether.agent.run.observe import step_results
-from tether.agent.run.recovery import (
-    OPTION_APPROVE,
-    OPTION_CANCEL,
-    OPTION_DENY,
-    OPTION_RETRY,
-    OPTION_SKIP,
-    AskUser,
-    AutoPatch,
-    RecoveryInput,
-    Replan,
-    apply_budgets,
-    fallback,
-    recover,
-    tool_for,
-)
+from tether.agent.run.recovery import tool_for
+from tether.agent.run.resolving import Resolving
 from tether.agent.run.rounds import Rounds, _PlanFailed
-from tether.agent.run.steps import fan_out_step, history_row, match_option, short
-from tether.agent.run.task import Budgets, Question, StepRecord, Task, TaskEvent, TaskState
+from tether.agent.run.steps import fan_out_step, history_row, short
+from tether.agent.run.task import Budgets, StepRecord, Task, TaskEvent, TaskState
 from tether.errors import AgentError
 from tether.protocol.dispatcher import BasicCommandDispatcher
 from tether.protocol.models import Command, Result, ToolInfo
 from tether.protocol.profile import DeviceProfile
 
 DEFAULT_DEVICE_NAME = "local"
-Decision = AutoPatch | Replan | AskUser
 
 
 class _Stop(AgentError):
     """The task reached a terminal state; unwinds the loop."""
 
 
-class TaskRunner(Rounds):
+class TaskRunner(Rounds, Resolving):
     def __init__(self, dispatchers: Callable[[str | None], BasicCommandDispatcher], llm: LLMClient | None, *,
                  tools: Mapping[str | None, list[ToolInfo]], ask: Callable[[AskUser], Awaitable[str]],
                  on_event: Callable[[TaskEvent], None] | None = None, budgets: Budgets | None = None,
@@ -259,126 +249,6 @@ class TaskRunner(Rounds):
         self._emit(task, "step_finished", {"step": index, "attempt": attempt, "status": result.status.value,
                                            "error": result.error, "result": short(result.result)})
         return result
-
-    async def _decide(self, task: Task, result: Result) -> Decision:
-        assert task.plan is not None
-        index = task.cursor
-        step = task.plan.steps[index]
-        tried = task.counters.tried_args.get(str(index), [])
-        inp = RecoveryInput(request=task.request, step=step, index=index, result=result,
-                            tool=tool_for(step, self.tools), patches_used=task.counters.patches.get(str(index), 0),
-                            tried_args=tried[:-1], replans_used=task.counters.replans,
-                            history=[history_row(r) for r in task.steps], can_replan=self.llm is not None)
-        decision = await recover(inp, self.llm, self.budgets)
-        task.steps[-1].decision = decision.model_dump(mode="json")
-        self._emit(task, "decision", {"step": index, **decision.model_dump(mode="json")})
-        return decision
-
-    async def _resolve(self, task: Task, decision: Decision, existing: Question | None = None) -> None:
-        """Apply decisions until one lets the loop go on (or the task ends)."""
-        current: Decision | None = decision
-        while current is not None:
-            if isinstance(current, AutoPatch):
-                self._apply_patch(task, current)
-                current = None
-            elif isinstance(current, Replan):
-                current = await self._apply_replan(task, current)
-            else:
-                current = await self._ask(task, current, existing)
-                existing = None
-
-    def _apply_patch(self, task: Task, patch: AutoPatch) -> None:
-        assert task.plan is not None
-        key = str(task.cursor)
-        task.counters.patches[key] = task.counters.patches.get(key, 0) + 1
-        step = task.plan.steps[task.cursor]
-        task.plan.steps[task.cursor] = step.model_copy(update={"args": dict(patch.patched_args)})
-        self._emit(task, "patched", {"step": task.cursor, "args": patch.patched_args, "note": patch.note})
-        self._to(task, TaskState.RUNNING)
-
-    async def _apply_replan(self, task: Task, replan: Replan) -> Decision | None:
-        inp = self._input_for(task)
-        checked = apply_budgets(replan, inp, self.budgets)
-        if not isinstance(checked, Replan):
-            return checked
-        context_lines = []
-        last = task.steps[-1] if task.steps else None
-        if last is not None and not last.result.ok:
-            context_lines.append(f"Step {last.index + 1} ({last.step.skill} {json.dumps(last.step.args, default=str)}) "
-                                 f"failed: {last.result.error}")
-        if replan.suggestion:
-            context_lines.append(f"Suggestion: {replan.suggestion}")
-        if replan.constraint:
-            context_lines.append(f"Constraint (from {'the user' if replan.source == 'user' else 'recovery'}): "
-                                 f"{replan.constraint}")
-        if replan.alternative_cwd:
-            context_lines.append(f"Use this working directory instead: {replan.alternative_cwd}")
-        context_lines.append("Plan only the remaining work; the steps listed as already run succeeded or failed "
-                             "as shown.")
-        task.counters.replans += 1
-        try:
-            await self._plan(task, recovery_context="\n".join(context_lines), replace_from=task.cursor)
-        except _PlanFailed as exc:
-            return fallback(inp, f"Re-planning failed ({exc}).")
-        self._to(task, TaskState.RUNNING)
-        return None
-
-    def _input_for(self, task: Task) -> RecoveryInput:
-        assert task.plan is not None
-        index = min(task.cursor, len(task.plan.steps) - 1)
-        step = task.plan.steps[index]
-        last = task.steps[-1].result if task.steps else Result.failure("no step has run yet")
-        return RecoveryInput(request=task.request, step=step, index=index, result=last,
-                             tool=tool_for(step, self.tools), patches_used=task.counters.patches.get(str(index), 0),
-                             tried_args=task.counters.tried_args.get(str(index), []),
-                             replans_used=task.counters.replans, can_replan=self.llm is not None)
-
-    async def _ask(self, task: Task, question: AskUser, existing: Question | None) -> Decision | None:
-        record = existing
-        if record is None:
-            record = Question(step=task.cursor, question=question.question, options=list(question.options),
-                              kind=question.kind, changes=list(question.changes), digest=question.digest)
-            task.questions.append(record)
-        self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
-        if existing is None:  # a resumed task asked it before: followers must not be asked twice
-            self._emit(task, "question", record.model_dump(mode="json"))
-        asked = self.clock()
-        try:
-            raw = await self.ask(question)
-        finally:
-            self._waited += self.clock() - asked
-        answer = (raw or "").strip()
-        record.answer = answer
-        record.answered_at = datetime.now(UTC)
-        self._emit(task, "user_answer", {"question": record.id, "answer": answer})
-        choice = match_option(answer, question.options)
-        if choice == OPTION_APPROVE:
-            task.approved_step = task.cursor
-            task.approved_by = record.answered_by
-            task.approved_digest = record.digest  # the device runs it only if it still shows this
-            self._to(task, TaskState.RUNNING, approved=True)
-            return None
-        if choice == OPTION_DENY:
-            self._end(task, TaskState.CANCELLED, f"step {task.cursor + 1} was not approved: {question.question}")
-        # "cancel" ends the task whatever the options were (an approval offers approve/deny; a terminal that
-        # cannot be asked answers cancel): it must not become a re-plan constraint or a second question
-        if choice == OPTION_CANCEL or answer.lower() == OPTION_CANCEL or (not answer
-                                                                        and OPTION_CANCEL in question.options):
-            self._end(task, TaskState.CANCELLED, "cancelled by the user")
-        if choice == OPTION_RETRY:
-            self._to(task, TaskState.RUNNING)
-            return None
-        if choice == OPTION_SKIP:
-            self._emit(task, "skipped", {"step": task.cursor})
-            task.cursor += 1
-            self._to(task, TaskState.RUNNING)
-            return None
-        if not answer:
-            return AskUser(question=question.question, options=question.options, kind=question.kind,
-                           changes=question.changes, digest=question.digest, reason="the answer was empty",
-                           source="user")
-        chosen = choice or answer  # "2" means the second option's words, which is what the planner needs
-        return Replan(suggestion=chosen, constraint=chosen, source="user")
 
     # -- planning -------------------------------------------------------------------------------------
 

@@ -36,7 +36,7 @@ def parse_answer(reply: str, options: list[str], kind: str = "question") -> str:
     """The answer to pass on: an approval's yes/no as its approve/deny option, an option's number as
     given (the task matches it), free words as they are. `AnswerError` for an empty answer or an
     option number out of range."""
-    from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY  # recovery imports the LLM client: slow
+    from tether.agent.run.decisions import OPTION_APPROVE, OPTION_DENY  # lazily: they bring planning's models
 
     text = reply.strip()
     if not text:

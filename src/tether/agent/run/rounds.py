@@ -11,7 +11,8 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from tether.agent.llm.chat import LLMError, how_to_configure
+from tether.agent.llm.chat import LLMError
+from tether.agent.llm.settings import how_to_configure
 from tether.agent.planning.plan import Plan, validate_plan
 from tether.agent.planning.planner import PlanningError, plan_request
 from tether.agent.run.confirm import (
@@ -23,8 +24,8 @@ from tether.agent.run.confirm import (
     plan_text,
 )
 from tether.agent.run.confirm import OPTION_CANCEL as CONFIRM_CANCEL
+from tether.agent.run.decisions import AskUser
 from tether.agent.run.observe import observation_context
-from tether.agent.run.recovery import AskUser
 from tether.agent.run.task import Question, Task, TaskState
 from tether.errors import AgentError
 

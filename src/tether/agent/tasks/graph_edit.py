@@ -73,7 +73,7 @@ async def edit_graph(service: Any, task_id: str, edit: GraphEdit, who: TokenInfo
     the task is not running a graph here now, 403 for a device beyond the token's scope, 422 for a device
     beyond the task's; `GraphEditRefused` (409/422, with the reasons) for an edit the graph refuses, which
     is also an `edit_refused` event in the task's log."""
-    task = service._steerable(task_id)
+    task = await service.steerable(task_id)  # a task not in memory is read off the event loop
 
     def running_graph() -> Any:
         running = service._runners.get(task.id)

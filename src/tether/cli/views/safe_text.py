@@ -9,7 +9,7 @@ title, on some terminals worse), a `\\r` overwrites what the line said, and a bi
 `visible(text)` renders every such character visibly: the C0 controls (but `\\n` and `\\t`, which
 text keeps), DEL, the C1 controls, the line and paragraph separators, and the bidi embeddings,
 overrides, isolates and marks — as `\\x1b`, `\\r`, `\\u202e`. `SafeConsole` is the rich `Console`
-every CLI view prints through (`cli.common.console`): whatever string reaches it, as markup, as a
+every CLI view prints through (`console()`): whatever string reaches it, as markup, as a
 table cell or as a `Text`, leaves through `visible`, so no view can forget it. Rich markup in
 foreign strings is escaped where they are put into markup (`rich.markup.escape`), as before.
 
@@ -50,3 +50,21 @@ class SafeConsole(Console):
                 yield Segment(visible(segment.text), segment.style)
             else:
                 yield segment
+
+
+def console(err: bool = False) -> Console:
+    """The console every view prints through (stdout, or stderr when `err`): terminal control characters in
+    what it prints are shown as escapes (`SafeConsole`), whoever supplied the text."""
+    return SafeConsole(stderr=err, highlight=False)
+
+
+def say(text: str, style: str = "", err: bool = False, **kwargs: Any) -> None:
+    """Print text that is not ours (a tool's error, a server's message, a person's request) as it is:
+    its `[...]` is never read as rich markup. The leading `error:` / `warning:` word is coloured; `style`
+    styles the whole line, `kwargs` go to `Console.print`."""
+    head, sep, rest = text.partition(" ")
+    colour = {"error:": "red", "warning:": "yellow"}.get(head)
+    line = Text.assemble((head, colour), sep, rest) if colour else Text(text)
+    if style:
+        line.stylize(style)
+    console(err=err).print(line, **kwargs)

@@ -27,13 +27,13 @@ import asyncio
 import contextlib
 import logging
 import threading
-import types
-from collections.abc import Callable, Coroutine, Generator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 from tether.device.client import DeviceClient
-from tether.device.link.outbox import FinishedRecord, Outbox, record_key, results_frame
+from tether.device.link.batch import Batch
+from tether.device.link.finished import FinishedRecord
+from tether.device.link.outbox import Outbox, results_frame
 from tether.device.link.session_line import SessionLine
 from tether.protocol.messages import (
     OUTCOME_FINISHED,
@@ -45,55 +45,16 @@ from tether.protocol.messages import (
     Event,
     ServerMessage,
 )
-from tether.protocol.models import Command, Result, ResultStatus
+from tether.protocol.models import Result, ResultStatus
 
 logger = logging.getLogger(__name__)
 
 CANCELLED_BY_SERVER = "cancelled by the server"
 DEFAULT_MAX_CONCURRENT_SESSIONS = 4
-# meta tools that only read what the device knows: a batch of these alone never queues
-_IMMEDIATE_TOOLS = frozenset({"list_tools"})
 SHUTTING_DOWN = "not run: the device is shutting down"
 # the command that was running when the device stopped: it may have done some or all of its work
 SHUTDOWN_WHILE_RUNNING = ("outcome unknown: the command was running when the device shut down and was stopped; "
                           "it may have made some or all of its changes")
-
-
-@dataclass(eq=False)
-class Batch:
-    """One COMMAND message and what is known of its results so far (`slots` by position)."""
-
-    msg: ServerMessage
-    slots: list[Result | None] = field(default_factory=list)
-    sent: int = 0  # slots[:sent] are in the outbox
-    current: int | None = None  # the position of the command that may be running now
-    cancel_reason: str | None = None
-    task: asyncio.Task[None] | None = None
-    deadline: float | None = None  # the loop time at which its timeout fires (counted from its arrival)
-    timer: asyncio.TimerHandle | None = None  # fires at `deadline`, queued or running
-    done: bool = False
-    orphaned: bool = False  # no caller waits for its results any more: the server records them as late outcomes
-    position: int = 0  # its place in the queue for a session slot as last reported (0: not waiting)
-
-    def __post_init__(self) -> None:
-        self.slots = [None] * len(self.msg.actions or ())
-
-    @property
-    def actions(self) -> list[Command]:
-        return self.msg.actions or []
-
-    @property
-    def session(self) -> str | None:
-        return self.msg.session_id
-
-    @property
-    def immediate(self) -> bool:
-        """Whether it may run at once whatever else runs (a tools listing)."""
-        return all(c.tool_name in _IMMEDIATE_TOOLS for c in self.actions)
-
-    def key(self, position: int) -> tuple[str, str] | None:
-        """The `FinishedRecord` key of the command at `position`: this batch's response_id and its call_id."""
-        return record_key(self.msg.response_id, self.actions[position].call_id)
 
 
 class BatchRunner:
@@ -434,38 +395,3 @@ def _timed_out(timeout: float | None) -> str:
 def _timed_out_waiting(timeout: float | None) -> str:
     return f"timed out after {timeout:g}s (the batch's timeout) waiting in line for the device, which was running " \
            "as many sessions as it may; nothing of the batch ran"
-
-
-async def run_in_this_task(batch: Coroutine[Any, Any, None], on_wait: Callable[[], None]) -> bool:
-    """Run a batch from `BatchRunner.submit(run_here=True)` in the calling task. A batch that finishes
-    without waiting (built-in tools mostly do) just returns False. One that has to wait first calls
-    `on_wait` (the caller lets go of whatever else it was doing: the task is the batch's from now
-    on), is carried on to its end in this task, and True is returned."""
-    try:
-        waiting_on = batch.send(None)
-    except StopIteration:
-        return False
-    on_wait()
-    await _carry_on(batch, waiting_on)
-    return True
-
-
-@types.coroutine
-def _carry_on(coro: Coroutine[Any, Any, None], waiting_on: Any) -> Generator[Any, Any, None]:
-    """`await coro` for a coroutine whose first step already ran and is waiting on `waiting_on`."""
-    while True:
-        try:
-            sent = yield waiting_on
-        except GeneratorExit:
-            coro.close()
-            raise
-        except BaseException as exc:  # a cancellation of this task: the batch handles it
-            try:
-                waiting_on = coro.throw(exc)
-            except StopIteration:
-                return
-        else:
-            try:
-                waiting_on = coro.send(sent)
-            except StopIteration:
-                return

@@ -44,7 +44,8 @@ from tether.device.link.batch_runner import BatchRunner
 from tether.device.link.conn.reader import Dispatching
 from tether.device.link.conn.register import Registering
 from tether.device.link.conn.serve import Serving
-from tether.device.link.outbox import FinishedRecord, Outbox
+from tether.device.link.finished import FinishedRecord
+from tether.device.link.outbox import Outbox
 from tether.device.link.reconnect import (
     RETRYABLE,
     FailureLog,

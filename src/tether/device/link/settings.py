@@ -10,7 +10,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from tether.device.link.batch_runner import DEFAULT_MAX_CONCURRENT_SESSIONS
-from tether.device.link.outbox import DEFAULT_RECORD_BYTES
+from tether.device.link.finished import DEFAULT_RECORD_BYTES
 from tether.device.link.reconnect import RESTART_SPREAD_S
 
 ConnectionState = Literal["idle", "connecting", "registered", "disconnected", "refused", "stopped"]

@@ -3,6 +3,7 @@
 `spec` (SandboxSpec), `bwrap` (the bubblewrap arguments), `guard` (hidden and protected paths in a
 live view), `landlock`, `seccomp`, `limits` (resource limits), `run_as` (a root device's sandbox user)
 and `warden` (the process inside bubblewrap that starts each command; run as
-`python -I -m tether.sandbox.confine.warden`, so what it imports stays standard library only).
+`python -I -m tether.sandbox.confine.warden`, or `bwrap.WARDEN_START`: so what it imports stays standard
+library only).
 Import the modules themselves: this file imports nothing, which keeps the warden's start cheap.
 """

@@ -141,6 +141,21 @@ def confine_argv(spec: SandboxSpec) -> list[str]:
     return [sys.executable, "-I", "-m", "tether.sandbox.confine.seccomp", *named, "--"]
 
 
+# `python -I -m tether.sandbox.confine.warden`, but with the `tether.sandbox` package's own `__init__` left
+# unrun (found, not executed): it imports `detect` and `spec`, and with them subprocess, shutil, tempfile,
+# pathlib and more, none of which the warden uses. The warden is forked for every command: a smaller image
+# costs each fork and each `exec` less (docs/security/sandbox-performance.md).
+WARDEN_START = (
+    "import importlib.util, sys, types\n"
+    "found = importlib.util.find_spec('tether.sandbox')\n"
+    "package = types.ModuleType('tether.sandbox')\n"
+    "package.__path__, package.__spec__ = list(found.submodule_search_locations or ()), found\n"
+    "sys.modules['tether.sandbox'] = package\n"
+    "from tether.sandbox.confine.warden import main\n"
+    "sys.exit(main(sys.argv))\n"
+)
+
+
 def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "bwrap",
                 tmp_base: str | None = None) -> list[str]:
     """The warm sandbox: bwrap running tether's warden, which forks one confined process per command.
@@ -163,4 +178,5 @@ def warden_argv(spec: SandboxSpec, python: str, sock_fd: int, *, bwrap: str = "b
     if tmp_base is not None:
         args += ["--bind", tmp_base, tmp_source(spec)]
     args += hide_args(spec, skip_under=spec.write_roots + spec.live_write_roots)
-    return [*args, "--", python, "-I", "-m", "tether.sandbox.confine.warden", str(sock_fd)]
+    return [*args, "--", python, "-I", "-c", WARDEN_START, str(sock_fd)]
+

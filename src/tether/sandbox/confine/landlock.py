@@ -93,6 +93,17 @@ def restrict_writes(writable: list[str], abi: int, *, scoped: int = 0) -> None:
 
     `scoped` (see `scopes()`) adds IPC scopes to the same ruleset: one Landlock layer, not two.
     """
+    ruleset = write_ruleset(writable, abi, scoped=scoped)
+    try:
+        restrict_self(ruleset)
+    finally:
+        os.close(ruleset)
+
+
+def write_ruleset(writable: list[str], abi: int, *, scoped: int = 0) -> int:
+    """The ruleset `restrict_writes` applies, made but not applied: its fd (close-on-exec), for
+    `restrict_self` later. Its rules hold the directories `writable` names now (a mount made over one of
+    them afterwards is not what the rule names)."""
     libc = _libc()
     rights = write_rights(abi)
     attr, size = _attr(rights, scoped)
@@ -111,7 +122,13 @@ def restrict_writes(writable: list[str], abi: int, *, scoped: int = 0) -> None:
                     raise OSError(ctypes.get_errno(), f"landlock_add_rule {path} failed")
             finally:
                 os.close(fd)
-        if libc.syscall(SYS_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) < 0:
-            raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
-    finally:
+    except BaseException:
         os.close(ruleset)
+        raise
+    return int(ruleset)
+
+
+def restrict_self(ruleset: int) -> None:
+    """Apply a ruleset (`write_ruleset`) to this process and all it executes. Needs no_new_privs."""
+    if _libc().syscall(SYS_RESTRICT_SELF, ruleset, ctypes.c_uint32(0)) < 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")

@@ -47,6 +47,8 @@ class Libc:
 
     def __init__(self) -> None:
         self.lib = ctypes.CDLL(None, use_errno=True)
+        # read once, in the warden: a command it clones starts with the same set, and drops these
+        self.bounding = bounding_set()
 
     def _check(self, result: int, what: str) -> int:
         if result == -1:
@@ -76,16 +78,39 @@ class Libc:
 
     def drop_capabilities(self) -> None:
         """Empty bounding, ambient, effective, permitted and inheritable sets: even uid 0 gets nothing back."""
-        for cap in range(64):
+        self.drop_bounding()
+        self.drop_held()
+
+    def drop_bounding(self) -> None:
+        """Empty the bounding set: nothing executed from here on can gain a capability back. What this
+        process holds now (effective, permitted) stays until `drop_held`, so it can still mount."""
+        for cap in self.bounding:
             if self.lib.prctl(PR_CAPBSET_DROP, ctypes.c_ulong(cap), 0, 0, 0) == -1:
                 if ctypes.get_errno() == 22:  # EINVAL: past the last capability this kernel knows
                     break
                 self._check(-1, f"drop capability {cap}")
+
+    def drop_held(self) -> None:
+        """Empty the ambient, effective, permitted and inheritable sets, and set no_new_privs."""
         self.lib.prctl(PR_CAP_AMBIENT, ctypes.c_ulong(PR_CAP_AMBIENT_CLEAR_ALL), 0, 0, 0)
         header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
         data = (_CapData * 2)()
         self._check(self.lib.capset(ctypes.byref(header), data), "capset")
         self.prctl(PR_SET_NO_NEW_PRIVS, 1)
+
+
+def bounding_set(status: str = "/proc/self/status") -> list[int]:
+    """The capabilities in this process's bounding set (its `CapBnd` line); every number a kernel may know
+    (0-63) when that cannot be read."""
+    try:
+        with open(status, "rb") as f:
+            for line in f:
+                if line.startswith(b"CapBnd:"):
+                    mask = int(line.split()[1], 16)
+                    return [cap for cap in range(64) if mask >> cap & 1]
+    except (OSError, ValueError, IndexError):
+        pass
+    return list(range(64))
 
 
 def mount_layers(libc: Libc, req: dict[str, Any]) -> list[str]:
@@ -221,7 +246,7 @@ def plant_whiteouts(upper: str, root: str, hidden: list[str]) -> None:
     needs no capability) at its place in the overlay's upper directory, made before the overlay is
     mounted, so the command's view has no such entry at all (`ls -a ~` does not list `.ssh`, and
     nothing can be read through it). The directories above it are made in the upper with the real
-    ones' mode and times (the overlay shows an upper directory's). `layer.scan` never takes a whiteout
+    ones' mode and times (the overlay shows an upper directory's). `scan.scan` never takes a whiteout
     at a hidden path for a deletion; a hidden path the command creates anyway is refused there
     (tools/shell/capture: `hide_paths`). A hidden path below a symlinked directory is left to the
     mount that hides it after the overlay."""

@@ -32,7 +32,7 @@ import sys
 from typing import Any
 
 from tether.sandbox.confine import seccomp
-from tether.sandbox.confine.landlock import restrict_writes, scopes
+from tether.sandbox.confine.landlock import restrict_self, restrict_writes, scopes, write_ruleset
 from tether.sandbox.confine.limits import apply_in_command
 from tether.sandbox.confine.mounts import (
     Libc,
@@ -44,37 +44,71 @@ from tether.sandbox.confine.mounts import (
 )
 
 MAX_MESSAGE = 1 << 20
+MAX_FD = (1 << 31) - 1  # os.closerange's end: past any fd
 EXEC_FAILED = 127
 
 
-def _exec_command(libc: Libc, req: dict[str, Any], exe: int, stdio: list[int]) -> None:
-    """pid 1 of the command's pid namespace (its /proc mounted: `own_proc`): no capabilities, then the
-    program itself."""
+def _confine_early(libc: Libc, req: dict[str, Any]) -> None:
+    """The part of a command's confinement that needs nothing of its `run` beyond what a primed namespace
+    was made for (`PRIMED_BY`), so `_primed` does it before the request comes: the resource limits (pid_max
+    needs this namespace's /proc: after `own_proc`), an empty bounding set (what the process holds now stays
+    until `_exec_command`: it still mounts), and the seccomp filter (it refuses only sockets, io_uring and a
+    display's abstract connect: nothing done from here to the program's `exec` makes one)."""
     filters = req.get("filters") is not False  # false: bench.sandbox_filters' baseline, never the device's
     if filters:
-        apply_in_command(req.get("limits") or {})  # pid_max needs this namespace's /proc
-    os.setsid()
+        apply_in_command(req.get("limits") or {})
+    libc.drop_bounding()
+    if filters:
+        seccomp.prepared(_allows_unix(req), bool(req.get("display"))).install()
+
+
+def _landlock_ahead(req: dict[str, Any]) -> int | None:
+    """In a primed namespace: the command's Landlock ruleset made now (its rules name the overlays mounted
+    here), for `_exec_command` to apply; None when it must wait for the run (no Landlock, or the session's
+    private /tmp, bound only then, would not be what a rule made now names)."""
+    if not req.get("landlock") or req.get("private_tmp") or req.get("writable") is None:
+        return None
+    return write_ruleset(req["writable"], req["landlock"], scoped=_scoped(req))
+
+
+def _scoped(req: dict[str, Any]) -> int:
+    """The Landlock IPC scopes of a command: abstract unix sockets (unless any socket is allowed) and signals."""
+    if req.get("filters") is False:  # bench.sandbox_filters' baseline, never the device's
+        return 0
+    return scopes(req["landlock"], abstract=not req.get("any_socket"))
+
+
+def _exec_command(libc: Libc, req: dict[str, Any], exe: int, stdio: list[int], ruleset: int | None = None) -> None:
+    """pid 1 of the command's pid namespace, its /proc mounted (`own_proc`) and `_confine_early` done: its
+    own process group, its stdio, no capabilities, Landlock (after the last mount: a Landlock domain may not
+    mount; `ruleset` when `_landlock_ahead` made it), then the program itself."""
+    # a process group of its own, in the warden's session (which has no terminal: bwrap --new-session);
+    # not a session of its own: setsid() would also put it in a new scheduler autogroup, which on a busy
+    # machine costs the command milliseconds waiting for its first turn
+    os.setpgid(0, 0)
     for target, fd in enumerate(stdio):
         os.dup2(fd, target)
-    keep = {0, 1, 2, exe}
-    for name in os.listdir("/proc/self/fd"):
-        if int(name) not in keep:
-            try:
-                os.close(int(name))
-            except OSError:
-                pass
+    _close_all_but({0, 1, 2, exe} if ruleset is None else {0, 1, 2, exe, ruleset})
     os.chdir(req["cwd"])
-    libc.drop_capabilities()
-    any_socket = bool(req.get("any_socket"))
-    if req.get("landlock"):
-        # abstract unix sockets and signals scoped to the command (Landlock ABI 6+); ignored before that
-        scoped = scopes(req["landlock"], abstract=not any_socket) if filters else 0
-        restrict_writes(req["writable"], req["landlock"], scoped=scoped)
-    if filters:
-        seccomp.prepared(_allows_unix(req), bool(req.get("display"))).install()  # last: nothing after it needs a socket
+    libc.drop_held()
+    if ruleset is not None:
+        restrict_self(ruleset)  # abstract unix sockets and signals scoped too (Landlock ABI 6+)
+        os.close(ruleset)
+    elif req.get("landlock"):
+        restrict_writes(req["writable"], req["landlock"], scoped=_scoped(req))
     argv, env = req["argv"], req["env"]
     # the open file the device checked; a script by its real path (see Sandbox.spawn)
     os.execve(req.get("exec_path") or exe, argv, env)  # noqa: S606 (an argv list, never a shell)
+
+
+def _close_all_but(keep: set[int]) -> None:
+    """Close every other fd: one close_range call per gap between the kept ones."""
+    low = 0
+    for fd in sorted(keep):
+        if fd > low:
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, MAX_FD)
 
 
 def _allows_unix(req: dict[str, Any]) -> bool:
@@ -95,6 +129,7 @@ def _command(libc: Libc, req: dict[str, Any], fds: list[int], sock: socket.socke
         if notes:
             sock.send(json.dumps({"op": "note", "id": req["id"], "notes": notes}).encode())
         own_proc(libc)
+        _confine_early(libc, req)
         _exec_command(libc, req, exe, stdio)
     except BaseException as exc:
         _could_not_start(req, stdio, exc)
@@ -113,8 +148,10 @@ def _could_not_start(req: dict[str, Any], stdio: list[int], exc: BaseException) 
 
 
 # What a primed namespace was made for: a `run` whose values of these equal the `prime`'s takes it.
+# The limits, what decides the seccomp filter (allow_unix, any_socket, display) and the Landlock ruleset
+# (writable, landlock) are made in the primed namespace ahead too (`_confine_early`, `_landlock_ahead`).
 PRIMED_BY = ("layer", "hidden", "live", "layers_dir", "freeze", "readonly", "mask_sockets", "shm", "filters",
-             "private_tmp")
+             "private_tmp", "limits", "allow_unix", "any_socket", "display", "writable", "landlock")
 
 
 def primed_key(req: dict[str, Any]) -> str:
@@ -132,6 +169,8 @@ def _primed(libc: Libc, req: dict[str, Any], ctl: socket.socket, sock: socket.so
         tmp = hold_tmp(req)  # the session's /tmp is only known with the run: bound then
         notes = mount_layers(libc, req)
         own_proc(libc)
+        _confine_early(libc, req)
+        ruleset = _landlock_ahead(req)
         late = [path for path in req.get("hidden", []) if not os.path.lexists(path)]
     except BaseException as exc:
         sys.stderr.write(f"tether sandbox: could not prepare a command's namespace: {exc}\n")
@@ -150,7 +189,7 @@ def _primed(libc: Libc, req: dict[str, Any], ctl: socket.socket, sock: socket.so
             sock.send(json.dumps({"op": "note", "id": run["id"], "notes": notes}).encode())
         hide(libc, late)
         bind_tmp(libc, tmp, run)
-        _exec_command(libc, run, exe, stdio)
+        _exec_command(libc, run, exe, stdio, ruleset)
     except BaseException as exc:
         _could_not_start(run, stdio, exc)
     os._exit(EXEC_FAILED)

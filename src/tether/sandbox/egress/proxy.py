@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import ipaddress
 import logging
+import os
+import select
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -353,7 +356,7 @@ class EgressProxy:
             try:
                 upstream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 async with asyncio.timeout(self.limits.connect_timeout_s):
-                    await loop.sock_connect(upstream, (str(address), record.port))
+                    await _connect(loop, upstream, (str(address), record.port))
             except TimeoutError:
                 upstream.close()
                 failure = f"{address}:{record.port} did not answer within {self.limits.connect_timeout_s:g}s"
@@ -374,3 +377,26 @@ class EgressProxy:
             self._report(record, "open")
             return upstream
         raise Refused("network.connect", f"could not connect: {failure}", code=502, socks=5)
+
+
+async def _connect(loop: asyncio.AbstractEventLoop, sock: socket.socket, address: tuple[str, int]) -> None:
+    """Connect the non-blocking `sock` to `address`, as `loop.sock_connect` does, but without a turn of the event
+    loop when the peer has answered within the connect call itself (a host on this machine's loopback or a
+    near one: the handshake ran in the kernel before connect() returned). OSError when it cannot connect."""
+    try:
+        sock.connect(address)
+        return
+    except BlockingIOError:
+        pass
+    poller = select.poll()
+    poller.register(sock, select.POLLOUT)
+    if poller.poll(0):  # the handshake is over, one way or the other: its outcome is in SO_ERROR
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            raise OSError(err, os.strerror(err))
+        return
+    try:
+        await loop.sock_connect(sock, address)  # connect() again says EALREADY: it waits for the outcome
+    except OSError as exc:
+        if exc.errno != errno.EISCONN:  # it got through between the poll and this call
+            raise

@@ -25,9 +25,9 @@ class Requests(SandboxParts):
     """The mounts, IPC filters and limits of a warden request."""
 
     def _mounts(self, layer: Path | None, display: tuple[str, ...] = (), own_tmp: bool = False) -> dict[str, Any]:
-        """The part of a `run` request that decides the command's mounts (warden `PRIMED_BY`), and its IPC
-        filters and limits. `own_tmp`: the command gets its session's private /tmp (read-only without a
-        `layer`); a captured command always has what it needs for one."""
+        """The part of a `run` request that decides the command's mounts (warden `PRIMED_BY`), its Landlock
+        rules, IPC filters and limits. `own_tmp`: the command gets its session's private /tmp (read-only
+        without a `layer`); a captured command always has what it needs for one."""
         # live roots are written directly: hidden and protected paths there stay uncreatable
         guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
                           self.spec.protected_names, depth=1) if self.spec.live_write_roots else NO_LIVE
@@ -40,6 +40,9 @@ class Requests(SandboxParts):
                 "layers_dir": self.spec.layers_dir,
                 "freeze": guard.freeze, "readonly": guard.readonly,
                 "layer": None if layer is None else {"dir": str(layer), "roots": list(self.spec.write_roots)},
+                "landlock": self.info.landlock,  # the Landlock ABI, and where the command may write
+                "writable": [*(self.spec.write_roots if layer is not None else ()), *self.spec.live_write_roots,
+                             "/dev"],
                 **self._private_tmp(layer is not None or own_tmp), **self._ipc_and_limits(display)}
 
     def _private_tmp(self, wanted: bool) -> dict[str, Any]:

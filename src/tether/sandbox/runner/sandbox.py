@@ -170,12 +170,9 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
             if ask is not None:
                 self._askers[request_id] = ask
             message = {"op": "run", "id": request_id, "argv": argv, "cwd": cwd, "env": env,
-                       "landlock": self.info.landlock,
                        # a script runs by its real path (outside the writable roots, resolved here), so
                        # its interpreter and the script itself find what lies beside it (npm, shims...)
                        "exec_path": exec_path,
-                       "writable": [*(self.spec.write_roots if layer is not None else ()),
-                                    *self.spec.live_write_roots, "/dev"],
                        **self._mounts(layer, (display_socket,) if display_socket else (), own_tmp=tmp is not None)}
             if display_socket and message.get("filters") is not False and x_display(display_socket):
                 message["display"] = True  # libxcb's abstract-address-first connect (seccomp.program)

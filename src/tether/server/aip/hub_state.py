@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from tether.server.aip.batches.ledger import BatchBook, PendingBatch
     from tether.server.aip.batches.router import BatchRouter
     from tether.server.aip.fleet.liveness import GracePeriods
-    from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
+    from tether.server.aip.fleet.record import DeviceRecord
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.aip.questions.asked import OpenQuestions, Sampler, SamplingGate
     from tether.server.aip.sockets.link import DeviceLink
     from tether.server.aip.sockets.socket import AIPSocket, Refusal

@@ -29,6 +29,7 @@ from tether.server.http.routes.transfers import transfer_router
 from tether.server.http.routes.webhooks import webhook_router
 from tether.server.mcp import mount_gateway
 from tether.server.notify.notifier import Notifier
+from tether.server.oidc.bearer import Bearers
 from tether.server.pairing import PairingBook
 from tether.server.ports import RemoteSlot
 from tether.server.settings import ServerSettings
@@ -88,6 +89,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.registry = registry
     app.state.store = store
     app.state.settings = settings
+    app.state.bearer = bearer = Bearers(store.tokens, settings.oidc)  # tether's API tokens, then OIDC (server/oidc)
     app.state.notifier = notifier
     app.state.on_stopping = [notifier.changes.close]  # the inbox's event streams end as the shutdown begins
     app.include_router(devices.router)  # /health and the devices
@@ -113,9 +115,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     gateway = mount_gateway(app)  # the fleet as an MCP server at /mcp (server/mcp)
     contexts = [gateway, *(extension(app) for extension in extensions)]
 
-    async def api_token_ok(secret: str) -> bool:
-        info = await store.tokens.check(secret)
-        return info is not None and info.kind == "api"
+    api_token_ok = bearer.body_ok
 
     # Host/Origin checks and body caps for every route, today's and the extensions' (request_guard.py)
     app.add_middleware(RequestGuard, settings=settings, api_token_ok=api_token_ok)

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs
 from tether.server.http.request_guard import send_error
 from tether.server.mcp.listing import BadFilter, DeviceFilter
 from tether.server.mcp.resource_metadata import challenge
-from tether.server.store import Store
+from tether.server.oidc.bearer import Bearers, OidcRefused
 from tether.server.store.tokens import TokenInfo
 
 
@@ -38,15 +38,19 @@ class Refused:
     missing_scope: str | None = None
 
 
-async def admit(store: Store, scope: dict[str, Any]) -> Admitted | Refused:
+async def admit(bearer: Bearers, scope: dict[str, Any]) -> Admitted | Refused:
     """Check an HTTP request's `Authorization: Bearer` API token (scope `read`) and its `devices=` filter; the
-    token is looked up without holding up the event loop (`Tokens.check`)."""
+    token is looked up without holding up the event loop (`Tokens.check`), or is a configured OIDC issuer's
+    JWT (`Bearers.check`: refused 401 when it does not verify, 403 when its claims grant nothing)."""
     headers = dict(scope.get("headers") or ())
     authorization = headers.get(b"authorization", b"").decode("latin-1").strip()
     scheme, _, secret = authorization.partition(" ")
     if scheme.lower() != "bearer" or not secret.strip():
         return Refused(401, "missing bearer token: send 'Authorization: Bearer <api token>'")
-    token = await store.tokens.check(secret.strip())
+    try:
+        token = await bearer.check(secret.strip(), scope)
+    except OidcRefused as exc:
+        return Refused(exc.status, str(exc), invalid_token=exc.status == 401)
     if token is None:
         return Refused(401, "unknown or revoked token", invalid_token=True)
     if token.kind != "api":

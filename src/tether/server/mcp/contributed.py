@@ -9,12 +9,13 @@ elicitation), each a no-op or `None` when the client did not offer it.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from starlette.applications import Starlette
 
+from tether.errors import ServerError
 from tether.server.store.tokens import TokenInfo
 
 Scope = Literal["read", "execute", "approve"]
@@ -46,6 +47,54 @@ class GatewayReply:
 
 Handler = Callable[[dict[str, Any], GatewayCall], Awaitable[GatewayReply]]
 
+TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
+
+
+class TaskRefused(ServerError, ValueError):
+    """A task request the tool's tasks refuse (an answer this token may not give, a question no longer
+    open): the gateway answers it as a JSON-RPC invalid-params error carrying this message."""
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """A contributed tool's task as the MCP tasks extension shows it: its `status`, a `message` for a
+    person or model, the questions this caller may answer now (`questions`: key -> (message, requested
+    JSON schema), each key used for one question only), and the tool's final `reply` once `completed`."""
+
+    status: TaskStatus
+    message: str | None = None
+    questions: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    reply: GatewayReply | None = None
+
+
+class ToolTasks(Protocol):
+    """How a contributed tool runs as a task (MCP's tasks extension): the gateway keeps which token's task
+    it is and answers the protocol; this says what the task is. Each method raises `TaskRefused` for what
+    the caller may not do or what no longer holds."""
+
+    async def start(self, arguments: dict[str, Any], call: GatewayCall) -> str | GatewayReply:
+        """Start the work: its task id (unguessable), or the tool's reply when nothing was started (bad
+        arguments, a refusal)."""
+        ...
+
+    async def view(self, task_id: str, call: GatewayCall) -> TaskView:
+        """The task now, as `call` (its token, whether its client can be asked) may see it."""
+        ...
+
+    async def answer(self, task_id: str, key: str, response: dict[str, Any], call: GatewayCall) -> None:
+        """`response` (`{"action", "content"}`, an elicitation result) to the question `key`; a key not open
+        now is ignored."""
+        ...
+
+    async def cancel(self, task_id: str, call: GatewayCall) -> None:
+        """Stop the task (its running work stops); one that has ended is left as it is."""
+        ...
+
+    def changes(self, task_id: str) -> AsyncIterator[None]:
+        """Yields each time the task may have changed; ends when it has ended (or can no longer be followed
+        here)."""
+        ...
+
 
 @dataclass(frozen=True)
 class GatewayTool:
@@ -60,6 +109,7 @@ class GatewayTool:
     read_only: bool = False
     destructive: bool = False
     annotations: dict[str, Any] = field(default_factory=dict)
+    tasks: ToolTasks | None = None  # set: a client of the tasks extension gets a task handle at once
 
 
 def contribute(app: Starlette, tools: Iterable[GatewayTool]) -> None:

@@ -14,7 +14,10 @@ scope is missing, never a silent refusal.
 
 Clients of the handshake era (protocol 2025-xx, what today's desktop and IDE clients speak) are told
 `notifications/tools/list_changed` on their session's stream when a device they list registers, leaves or
-reports new tools; clients of the 2026-07-28 era get the same through `subscriptions/listen` (watch.py).
+reports new tools (and resources/prompts `list_changed` when its external MCP servers came or went);
+clients of the 2026-07-28 era get the same through `subscriptions/listen` (watch.py, handlers/listen.py),
+and may follow their tasks there (`taskIds`). A client of the tasks extension gets device calls that ask or
+run long (handlers/tasks.py) and the agent's `run_task` (handlers/tool_tasks.py) as tasks.
 Each request is answered with one JSON body unless its call streams something first (transport.py).
 """
 
@@ -34,10 +37,9 @@ from mcp.server import Server
 from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
 from mcp.server.auth.provider import AccessToken
 from mcp.server.caching import CacheHint
-from mcp.server.context import ServerRequestContext
+from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.lowlevel.server import NotificationOptions
 from mcp.server.models import InitializationOptions
-from mcp.server.subscriptions import InMemorySubscriptionBus, ListenHandler
 from mcp_types.version import HANDSHAKE_PROTOCOL_VERSIONS, MODERN_PROTOCOL_VERSIONS
 from starlette.applications import Starlette
 
@@ -46,7 +48,7 @@ from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
-from tether.server.mcp.contributed import GatewayCall, GatewayTool, contributed
+from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, contributed
 from tether.server.mcp.handlers.context import (
     ELICIT_TIMEOUT,
     SCOPE_KEY,
@@ -59,9 +61,11 @@ from tether.server.mcp.handlers.context import (
     task_owner,
     who,
 )
+from tether.server.mcp.handlers.listen import FleetListen
 from tether.server.mcp.handlers.paging import checked_cursor, page
 from tether.server.mcp.handlers.resources import FleetResources
-from tether.server.mcp.handlers.tasks import EXTENSION, CallTasks, TaskIdParams, TaskUpdateParams
+from tether.server.mcp.handlers.task_routes import TaskRoutes
+from tether.server.mcp.handlers.tasks import EXTENSION
 from tether.server.mcp.listing import (
     LIST_DEVICES_INPUT,
     LIST_DEVICES_OUTPUT,
@@ -105,13 +109,22 @@ INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online 
 
 
 class _FleetServer(Server[Any]):
-    """The low-level server, saying in its handshake that its tool list changes."""
+    """The low-level server, saying in its handshake that its lists change and that tools/call may be a task."""
 
     def create_initialization_options(self, notification_options: NotificationOptions | None = None,
                                       experimental_capabilities: dict[str, dict[str, Any]] | None = None,
                                       extensions: dict[str, dict[str, Any]] | None = None) -> InitializationOptions:
-        return super().create_initialization_options(notification_options or NotificationOptions(tools_changed=True),
-                                                     experimental_capabilities, extensions)
+        options = super().create_initialization_options(
+            notification_options or NotificationOptions(tools_changed=True, resources_changed=True,
+                                                        prompts_changed=True),
+            experimental_capabilities, extensions)
+        # 2025-11-25's core tasks for tools/call (run_task, handlers/task_routes.py; the SDK drops the
+        # capability for 2026-07-28, whose tasks are the extension declared beside it)
+        options.capabilities.tasks = types.ServerTasksCapability(
+            list=types.TasksListCapability(), cancel=types.TasksCancelCapability(),
+            requests=types.ServerTasksRequestsCapability(tools=types.TasksToolsCapability(
+                call=types.TasksCallCapability())))
+        return options
 
 
 @dataclass(frozen=True)
@@ -134,7 +147,10 @@ class Gateway:
         self.store: Store = app.state.store
         self.registry: DeviceRegistry = app.state.registry  # the devices it lists
         self.index = FleetIndex(self.registry)
-        self.bus = InMemorySubscriptionBus()
+        # device calls and run_task as tasks, tasks/* of both eras (handlers/task_routes.py)
+        self.task_routes = TaskRoutes(lambda event: self.listen.publish(event), _ask_later)
+        self.tasks = self.task_routes.calls
+        self.listen = FleetListen(who, self.task_routes.owns, self.task_routes.current, task_owner)
         self.resources = FleetResources(self.hub, self.registry, self.store.audit)
         self.server = _FleetServer("tether", version=__version__, instructions=INSTRUCTIONS,
                                    cache_hints=CACHE_HINTS,  # type: ignore[arg-type]  # (its keys are methods)
@@ -143,18 +159,17 @@ class Gateway:
                                    on_list_resource_templates=self._list_templates,
                                    on_read_resource=self._read_resource, on_list_prompts=self._list_prompts,
                                    on_get_prompt=self._get_prompt, on_completion=self._complete,
-                                   on_subscriptions_listen=ListenHandler(self.bus))
-        self.tasks = CallTasks()  # the tasks extension's tasks (handlers/tasks.py)
+                                   on_subscriptions_listen=self.listen)
         self.server.extensions[EXTENSION] = {}
-        self.server.add_request_handler("tasks/get", TaskIdParams, self._task_get)
-        self.server.add_request_handler("tasks/update", TaskUpdateParams, self._task_update)
-        self.server.add_request_handler("tasks/cancel", TaskIdParams, self._task_cancel)
+        self.task_routes.register(self.server)
         self.manager = ReplyingSessionManager(  # answers in JSON unless a call has something to stream
             app=self.server, security_settings=None,  # RequestGuard already checked Host and Origin
             max_request_body_size=app.state.settings.max_body_bytes)
         self.manager.per_owner = MAX_SESSIONS_PER_TOKEN  # idle ones make room before a token is refused
-        self.watch = ListChangedWatch(self.manager, self.store, self.index, self.bus, who)
-        self.server.middleware = [self.watch.middleware]  # (no OpenTelemetry span per message: nothing exports them)
+        self.watch = ListChangedWatch(self.manager, self.store, self.index, self.listen, who,
+                                      self.resources.servers_of, lambda: [r.name for r in self.registry.list()])
+        # (no OpenTelemetry span per message: nothing exports them)
+        self.server.middleware = [self._task_call_2025, self.watch.middleware]
         self._deferred: dict[str, _Deferred] = {}  # by request_state
         self._page_size: int = app.state.settings.mcp_page_size  # items per page of every list (paging.py)
 
@@ -167,7 +182,8 @@ class Gateway:
         finally:
             remove()
             self.watch.close()
-            self.tasks.close()
+            self.listen.close()
+            self.task_routes.close()
 
     # -- HTTP: who may come in ------------------------------------------------------------------
 
@@ -175,7 +191,7 @@ class Gateway:
         if scope["type"] != "http":  # a WebSocket to /mcp: MCP has none
             await send({"type": "websocket.close", "code": 1008, "reason": "MCP is served over HTTP POST/GET"})
             return
-        admitted = await admit(self.store, scope)
+        admitted = await admit(self.app.state.bearer, scope)
         if isinstance(admitted, Refused):
             await deny(scope, receive, send, admitted.status, admitted.error, admitted)
             return
@@ -319,19 +335,6 @@ class Gateway:
             return self._defer(later, admitted.token, name, arguments)
         return call_result(capped(reply, self.app.state.settings.max_response_bytes), device=tool.device)
 
-    # -- the tasks extension: tasks/get, tasks/update, tasks/cancel (handlers/tasks.py) ---------------------
-
-    async def _task_get(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
-        return {"resultType": "complete", **self.tasks.get(task_owner(ctx), params.task_id)}
-
-    async def _task_update(self, ctx: ServerRequestContext[Any], params: TaskUpdateParams) -> dict[str, Any]:
-        self.tasks.update(task_owner(ctx), params.task_id, params.input_responses)
-        return {"resultType": "complete"}
-
-    async def _task_cancel(self, ctx: ServerRequestContext[Any], params: TaskIdParams) -> dict[str, Any]:
-        self.tasks.cancel(task_owner(ctx), params.task_id)
-        return {"resultType": "complete"}
-
     # -- questions of 2026-07-28 clients: an input-required result, answered by retrying the call --------
 
     def _defer(self, later: AskLater, token: TokenInfo, name: str, arguments: dict[str, Any]
@@ -364,8 +367,22 @@ class Gateway:
 
         return deferred.held, answered
 
+    async def _task_call_2025(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
+        """A 2025-11-25 `tools/call` asking for a task (`params.task`) of a contributed tool that has tasks:
+        answered here with its `CreateTaskResult`, which the SDK's result check of tools/call would refuse."""
+        params = ctx.params if isinstance(ctx.params, dict) else None
+        if ctx.method != "tools/call" or ctx.protocol_version in MODERN_PROTOCOL_VERSIONS or params is None \
+                or not isinstance(params.get("task"), dict):
+            return await call_next(ctx)
+        tool = contributed(self.app).get(str(params.get("name")))
+        arguments = params.get("arguments") or {}
+        if tool is None or tool.tasks is None or not isinstance(arguments, dict):
+            return await call_next(ctx)
+        admitted = admitted_of(ctx)
+        return await self._call_contributed(ctx, tool, dict(arguments), caller_of(ctx, admitted), as_task=True)
+
     async def _call_contributed(self, ctx: ServerRequestContext[Any], tool: GatewayTool, arguments: dict[str, Any],
-                                caller: Caller) -> types.CallToolResult:
+                                caller: Caller, as_task: bool = False) -> types.CallToolResult:
         if caller.token.agent and tool.scope == "approve":  # approving is a person's, whatever the scopes
             return call_result(Reply(f"token '{caller.token.name}' is an agent's token, and an agent never approves: "
                                      f"{tool.name} needs a person's token ("
@@ -374,6 +391,13 @@ class Gateway:
             return call_result(Reply(f"token '{caller.token.name}' lacks the '{tool.scope}' scope needed for "
                                      f"{tool.name}; create one with 'tether token create --api NAME --scope "
                                      f"{tool.scope}'", is_error=True))
+        if tool.tasks is not None and (as_task or (ctx.protocol_version in MODERN_PROTOCOL_VERSIONS
+                                                   and declared_tasks(ctx))):
+            # a client of the tasks extension (or a 2025-11-25 client asking) gets the task at once
+            started = await self.task_routes.start(ctx, tool, arguments)
+            if isinstance(started, GatewayReply):
+                return _tool_result(started)
+            return started  # (a CreateTaskResult: the SDK passes a dict on)
         call = GatewayCall(token=caller.token, client=caller.client.split(" ", 1)[0], progress=progress_of(ctx),
                            elicit=elicit_of(ctx))
         try:
@@ -382,8 +406,12 @@ class Gateway:
             logger.exception("MCP gateway: tool %s failed", tool.name)
             return call_result(Reply(f"{tool.name} failed inside the server; the server log has the details",
                                      is_error=True))
-        return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
-                                    structured_content=reply.structured, is_error=reply.is_error)
+        return _tool_result(reply)
+
+
+def _tool_result(reply: GatewayReply) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(type="text", text=reply.text)],
+                                structured_content=reply.structured, is_error=reply.is_error)
 
 
 async def _ask_later(message: str, schema: dict[str, Any]) -> dict[str, Any]:

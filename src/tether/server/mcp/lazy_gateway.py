@@ -59,7 +59,7 @@ class LazyGateway:
             if scope["type"] != "http":  # a WebSocket to /mcp: MCP has none (as the gateway says)
                 await send({"type": "websocket.close", "code": 1008, "reason": "MCP is served over HTTP POST/GET"})
                 return
-            checked = await admit(self.app.state.store, scope)  # the gateway checks again, as on every request
+            checked = await admit(self.app.state.bearer, scope)  # the gateway checks again, as on every request
             if isinstance(checked, Refused):  # no SDK import for a request the gateway would refuse
                 await deny(scope, receive, send, checked.status, checked.error, checked)
                 return

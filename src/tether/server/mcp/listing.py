@@ -23,7 +23,8 @@ from typing import Any
 
 from tether.errors import ServerError
 from tether.protocol.models import ToolInfo
-from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
+from tether.server.aip.fleet.record import DeviceRecord
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.scopes import reaches
 from tether.server.store.tokens import TokenInfo
 

@@ -6,7 +6,8 @@ from `/mcp` points at it: `WWW-Authenticate: Bearer resource_metadata="…"`, wi
 when a token was sent and is not valid. Its `resource` is the `/mcp` URL as the client reached it (scheme
 and Host of the request, which the app's RequestGuard has checked), because a client must discard metadata
 whose `resource` differs from the URL it used. tether's own API tokens need no authorization server, so
-`authorization_servers` is there only when configured (`mcp_authorization_servers`).
+`authorization_servers` is there only when configured (`mcp_authorization_servers`, and the OIDC issuers of
+`oidc:` whose tokens the server accepts).
 
 Written without the `mcp` SDK: it is served by the app without loading the gateway.
 """
@@ -65,5 +66,7 @@ async def metadata_endpoint(request: Request) -> JSONResponse:
     """The route behind both well-known URLs: the document, public, cacheable for an hour."""
     settings = request.app.state.settings
     servers = list(getattr(settings, "mcp_authorization_servers", None) or [])
+    bearer = getattr(request.app.state, "bearer", None)  # the OIDC issuers accepted (server/oidc)
+    servers += [s for s in (bearer.authorization_servers if bearer is not None else []) if s not in servers]
     return JSONResponse(protected_resource_metadata(request.scope, servers),
                         headers={"Cache-Control": "public, max-age=3600"})

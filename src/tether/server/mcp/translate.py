@@ -37,8 +37,11 @@ def _annotations(info: ToolInfo) -> types.ToolAnnotations:
 def contributed_tool(tool: GatewayTool) -> types.Tool:
     annotations = types.ToolAnnotations.model_validate({"readOnlyHint": tool.read_only,
                                                         "destructiveHint": tool.destructive, **tool.annotations})
+    # a tool with tasks says so to 2025-11-25 clients (`execution.taskSupport`; the SDK drops it for 2026-07-28,
+    # whose tasks extension is server-directed)
+    execution = types.ToolExecution(task_support="optional") if tool.tasks is not None else None
     return types.Tool(name=tool.name, description=tool.description, input_schema=client_safe_schema(tool.input_schema),
-                      output_schema=tool.output_schema, annotations=annotations)
+                      output_schema=tool.output_schema, annotations=annotations, execution=execution)
 
 
 COMBINATORS = ("anyOf", "oneOf", "allOf")

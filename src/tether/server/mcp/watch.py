@@ -1,9 +1,12 @@
-"""Telling the gateway's clients that the tool list changed, and ending the sessions of revoked tokens.
+"""Telling the gateway's clients that their lists changed, and ending the sessions of revoked tokens.
 
 Clients of the handshake era (protocol 2025-xx) are sent `notifications/tools/list_changed` on their session's
-standalone stream when a device they list registers, leaves or reports new tools; clients of the 2026-07-28
-era hear of it through `subscriptions/listen` (the bus). A fleet change is also when a standing GET stream
-of a token revoked meanwhile is ended: no request of its own would reach the check.
+standalone stream when a device they list registers, leaves or reports new tools, and
+`notifications/resources/list_changed` and `notifications/prompts/list_changed` when the device's external MCP
+servers (where its resources and prompts come from, handlers/resources.py) came, went or changed with it;
+clients of the 2026-07-28 era hear of the same through `subscriptions/listen` (handlers/listen.py). A fleet
+change is also when a standing GET stream of a token revoked meanwhile is ended: no request of its own would
+reach the check.
 """
 
 from __future__ import annotations
@@ -11,15 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from mcp.server.connection import Connection
 from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
-from mcp.server.subscriptions import InMemorySubscriptionBus, ToolsListChanged
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
+from tether.server.mcp.handlers.listen import FleetListen, ListsChanged
 from tether.server.mcp.listing import DeviceFilter, FleetIndex
 from tether.server.store import Store
 
@@ -28,6 +31,7 @@ logger = logging.getLogger(__name__)
 MAX_WATCHED_SESSIONS = 10_000
 
 Who = Callable[[ServerRequestContext[Any]], "tuple[DeviceFilter, str] | None"]  # a request's filter and token id
+Sources = Callable[[str], frozenset[str]]  # a device's external MCP servers now (none while it is offline)
 
 
 @dataclass
@@ -37,17 +41,20 @@ class _Watcher:
     connection: Connection
     keep: DeviceFilter
     token_id: str
-    pending: bool = False
+    pending: set[str] = field(default_factory=set)  # the kinds of change not yet told
 
 
 class ListChangedWatch:
     """The sessions to tell, remembered by `middleware` once initialized; `fleet_changed` is the hub's hook."""
 
     def __init__(self, manager: StreamableHTTPSessionManager, store: Store, index: FleetIndex,
-                 bus: InMemorySubscriptionBus, who: Who) -> None:
-        self.manager, self.store, self.index, self.bus, self.who = manager, store, index, bus, who
+                 listen: FleetListen, who: Who, sources: Sources, devices: Callable[[], list[str]]) -> None:
+        self.manager, self.store, self.index, self.listen, self.who = manager, store, index, listen, who
+        self.sources = sources
         self._watchers: dict[int, _Watcher] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # each device's external servers as last seen: a change of them changes its resources and prompts
+        self._known: dict[str, frozenset[str]] = {name: sources(name) for name in devices()}
 
     async def middleware(self, ctx: ServerRequestContext[Any], call_next: CallNext) -> HandlerResult:
         """Remember each handshake-era session (once initialized) to tell it about tool-list changes."""
@@ -75,17 +82,27 @@ class ListChangedWatch:
 
     def fleet_changed(self, device: str) -> None:
         self.index.invalidate()
-        self._spawn(self._tell_watchers(device))
-        self._spawn(self.bus.publish(ToolsListChanged()))
+        now = self.sources(device)
+        kinds = {"tools"}
+        if now != self._known.get(device, frozenset()):  # its servers came, went or changed
+            kinds |= {"resources", "prompts"}
+        if now:
+            self._known[device] = now
+        else:
+            self._known.pop(device, None)
+        self._spawn(self._tell_watchers(device, frozenset(kinds)))
+        self.listen.publish(ListsChanged(frozenset(kinds), device))
 
-    async def _tell_watchers(self, device: str) -> None:
-        """The sessions watching `device` are told their tool list changed, once the revoked tokens' sessions
-        are ended (their statement off the event loop: `Store.call`)."""
+    async def _tell_watchers(self, device: str, kinds: frozenset[str]) -> None:
+        """The sessions watching `device` are told which of their lists changed, once the revoked tokens'
+        sessions are ended (their statement off the event loop: `Store.call`)."""
         revoked = await self._end_revoked()
         for watcher in list(self._watchers.values()):
-            if watcher.keep.admits(device) and not watcher.pending and watcher.token_id not in revoked:
-                watcher.pending = True
-                self._spawn(self._tell(watcher))
+            if watcher.keep.admits(device) and watcher.token_id not in revoked:
+                fresh = kinds - watcher.pending
+                if fresh:
+                    watcher.pending |= fresh
+                    self._spawn(self._tell(watcher, fresh))
 
     async def _end_revoked(self) -> set[str]:
         """End the sessions of tokens revoked since they were opened (here or by `tether token revoke` in
@@ -107,9 +124,15 @@ class ListChangedWatch:
                 self._spawn(self.manager._discard_session(session_id, transport))
         return {r for r in revoked if isinstance(r, str)}
 
-    async def _tell(self, watcher: _Watcher) -> None:
-        watcher.pending = False
-        await watcher.connection.send_tool_list_changed()  # best effort: never raises
+    async def _tell(self, watcher: _Watcher, kinds: frozenset[str]) -> None:
+        watcher.pending -= kinds
+        # best effort: never raises
+        if "tools" in kinds:
+            await watcher.connection.send_tool_list_changed()
+        if "resources" in kinds:
+            await watcher.connection.send_resource_list_changed()
+        if "prompts" in kinds:
+            await watcher.connection.send_prompt_list_changed()
 
     def _spawn(self, work: Any) -> None:
         task = asyncio.ensure_future(work)

@@ -150,8 +150,7 @@ class PostgresConnection:
         self.url = url
         self._lock = threading.RLock()
         self._conn = self._connect()
-        self._listener: Any = None
-        self._version = 0
+        self._tokens = TokenListener(url)
 
     def _connect(self) -> Any:
         try:
@@ -185,12 +184,33 @@ class PostgresConnection:
         for statement in split_script(script):
             self.execute(statement)
 
-    def close(self) -> None:
+    def execute_together(self, steps: Sequence[tuple[str, Sequence[Sequence[Any]]]]) -> None:
+        """Several statements, each run once per row of its parameters, in ONE round trip to
+        the database and ONE transaction: psycopg's pipeline mode outside an explicit `BEGIN`, where everything
+        up to the pipeline's single Sync is one implicit transaction — all of it is written, or none of it
+        (steps may also open and end an explicit transaction themselves). A step with no rows is left out.
+        Errors as `execute`'s (the `sqlite3` classes, `StoreUnavailable`)."""
+        import psycopg
+
+        steps = [(to_postgres(sql), [_no_nul(row) for row in rows]) for sql, rows in steps if rows]
+        if not steps:
+            return
         with self._lock:
-            for conn in (self._conn, self._listener):
-                if conn is not None:
-                    with contextlib.suppress(Exception):
-                        conn.close()
+            if self._conn.closed or self._conn.broken:
+                self._conn = self._connect()
+            try:
+                with self._conn.pipeline():
+                    cur = self._conn.cursor()
+                    for text, rows in steps:
+                        for row in rows:  # not prepared: a failed pipeline leaves psycopg's cache of them wrong
+                            cur.execute(text, row, prepare=False)
+            except psycopg.Error as exc:
+                raise _as_sqlite_error(exc, self.url, broken=self._conn.broken or self._conn.closed) from None
+
+    def close(self) -> None:
+        with self._lock, contextlib.suppress(Exception):
+            self._conn.close()
+        self._tokens.close()
 
     def _run(self, sql: str, params: Any, *, many: bool) -> _Cursor:
         import psycopg
@@ -216,30 +236,59 @@ class PostgresConnection:
 
     # -- token changes made by other processes ----------------------------------------------------
 
-    def data_version(self) -> int:
+    def data_version(self, *, connect: bool = True) -> int:
+        """`TokenListener.version` of this connection's own listener session (see there)."""
+        return self._tokens.version(connect=connect)
+
+
+class TokenListener:
+    """Token changes made by other server processes, seen on a PostgreSQL session of its own that LISTENs
+    on `TOKENS_CHANNEL`. Thread-safe; `close` closes the session (a later `version` opens a new one)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._conn: Any = None
+        self._lock = threading.Lock()
+        self._version = 0
+
+    def version(self, *, connect: bool = True) -> int:
         """A number that moves when another server process changed the tokens (SQLite's
-        `PRAGMA data_version`): the count of `tether_tokens` notifications seen, read without waiting.
-        A listener that cannot be read counts as a change on every call, so nothing stale is trusted."""
+        `PRAGMA data_version`): the count of `tether_tokens` notifications seen, read without waiting for
+        the database. Without a working listener it moves on every call, so nothing stale is trusted; the
+        listener is (re)opened only with `connect` (off the event loop: opening one waits for the network)."""
         import psycopg
 
         with self._lock:
             try:
-                if self._listener is None or self._listener.closed or self._listener.broken:
-                    self._listener = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
-                    self._listener.execute(f"LISTEN {TOKENS_CHANNEL}")
+                listener = self._conn
+                if listener is None or listener.closed or listener.broken:
+                    self._conn = None
                     self._version += 1
-                pg = self._listener.pgconn
+                    if not connect:
+                        return self._version
+                    listener = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
+                    listener.execute(f"LISTEN {TOKENS_CHANNEL}")
+                    self._conn = listener
+                pg = listener.pgconn
                 pg.consume_input()
                 while pg.notifies() is not None:
                     self._version += 1
             except psycopg.Error as exc:
                 logger.debug("token change listener: %s", _first_line(exc))
                 with contextlib.suppress(Exception):
-                    if self._listener is not None:
-                        self._listener.close()
-                self._listener = None
+                    if self._conn is not None:
+                        self._conn.close()
+                self._conn = None
                 self._version += 1
             return self._version
+
+    def close(self) -> None:
+        """Close the listener session (a later `version` opens a new one, with `connect`)."""
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+                self._conn = None
 
 
 def _no_nul(params: Any) -> Any:

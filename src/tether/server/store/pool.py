@@ -28,11 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from tether.server.store.engine import (
-    CONNECT_TIMEOUT_S,
-    TOKENS_CHANNEL,
     Dialect,
     PostgresConnection,
     StoreUnavailable,
+    TokenListener,
     _first_line,
     split_script,
 )
@@ -57,9 +56,7 @@ class ThreadConnections:
         self._local = threading.local()
         self._sessions: list[PostgresConnection] = []
         self._sessions_lock = threading.Lock()
-        self._listener: Any = None
-        self._listen_lock = threading.Lock()
-        self._version = 0
+        self._tokens = TokenListener(url)
         self._mine()
 
     def _mine(self) -> PostgresConnection:
@@ -73,59 +70,33 @@ class ThreadConnections:
 
     @property
     def in_transaction(self) -> bool:
+        """Whether the calling thread's session is inside a transaction."""
         return self._mine().in_transaction
 
     def execute(self, sql: str, params: Sequence[Any] | Mapping[str, Any] = ()) -> Any:
+        """Run one statement on the calling thread's session (`sqlite3.Connection.execute`'s contract)."""
         return self._mine().execute(sql, params)
 
     def executemany(self, sql: str, rows: Iterable[Sequence[Any]]) -> Any:
+        """Run one statement once per row on the calling thread's session."""
         return self._mine().executemany(sql, rows)
 
     def executescript(self, script: str) -> None:
+        """Run each statement of `script` in turn on the calling thread's session."""
         for statement in split_script(script):
             self.execute(statement)
 
     def close(self) -> None:
+        """Close every thread's session and the token-change listener."""
         with self._sessions_lock:
             sessions, self._sessions = self._sessions, []
         for conn in sessions:
             conn.close()
-        with self._listen_lock:
-            if self._listener is not None:
-                with contextlib.suppress(Exception):
-                    self._listener.close()
-                self._listener = None
+        self._tokens.close()
 
     def data_version(self, *, connect: bool = True) -> int:
-        """A number that moves when another server process changed the tokens (SQLite's
-        `PRAGMA data_version`): the count of `tether_tokens` notifications seen, read without waiting for
-        the database. Without a working listener it moves on every call, so nothing stale is trusted; the
-        listener is (re)opened only with `connect` (off the event loop: opening one waits for the network)."""
-        import psycopg
-
-        with self._listen_lock:
-            try:
-                listener = self._listener
-                if listener is None or listener.closed or listener.broken:
-                    self._listener = None
-                    self._version += 1
-                    if not connect:
-                        return self._version
-                    listener = psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S)
-                    listener.execute(f"LISTEN {TOKENS_CHANNEL}")
-                    self._listener = listener
-                pg = listener.pgconn
-                pg.consume_input()
-                while pg.notifies() is not None:
-                    self._version += 1
-            except psycopg.Error as exc:
-                logger.debug("token change listener: %s", _first_line(exc))
-                with contextlib.suppress(Exception):
-                    if self._listener is not None:
-                        self._listener.close()
-                self._listener = None
-                self._version += 1
-            return self._version
+        """`TokenListener.version` of the token-change listener these sessions share (see there)."""
+        return self._tokens.version(connect=connect)
 
 
 class StatementPool:

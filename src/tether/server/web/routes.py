@@ -20,6 +20,7 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Streamin
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.server.http.api import _view, require
+from tether.server.oidc.bearer import OidcRefused
 from tether.server.store.tokens import TokenInfo
 from tether.server.web.logins import COOKIE, WebSessions
 from tether.server.web.screen import mount_screen
@@ -81,7 +82,10 @@ async def login(body: Login, request: Request) -> JSONResponse:
     """Exchange an API token for a session cookie. JSON only: a cross-site HTML form cannot send it
     without a preflight, and the request guard refuses foreign origins anyway."""
     secret = body.token.strip()
-    info = await request.app.state.store.tokens.check(secret)
+    try:  # one of tether's API tokens, or a configured OIDC issuer's JWT (docs/oidc.md: until it expires)
+        info = await request.app.state.bearer.check(secret, request.scope)
+    except OidcRefused as exc:
+        raise HTTPException(exc.status, str(exc)) from None
     if info is None or info.kind != "api":
         raise HTTPException(401, "unknown, revoked or non-API token")
     sid, session = _sessions(request).open(secret)
@@ -94,7 +98,10 @@ async def login(body: Login, request: Request) -> JSONResponse:
 @web_router.get("/web/session")
 async def session_info(request: Request) -> dict[str, Any]:
     session = _sessions(request).get(request.cookies.get(COOKIE))
-    info = await request.app.state.store.tokens.check(session.secret) if session else None
+    try:
+        info = await request.app.state.bearer.check(session.secret, request.scope) if session else None
+    except OidcRefused:  # an OIDC token that expired since the login: logged out
+        info = None
     if session is None or info is None:  # a 200: the page asks this on every load, and a 401 is a console error
         return {"name": None, "scopes": [], "csrf": None}
     return _me(info, session.csrf)

@@ -14,53 +14,46 @@ and a timeout can only lose the reply, never leave a change without its journal 
 from __future__ import annotations
 
 import asyncio
-import base64
-import codecs
 import os
 import stat
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
-from tether.sandbox.layers.fs import EscapeError, move_entry, remove_entry
+from tether.sandbox.layers.fs import remove_entry
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.files import diffs
-from tether.tools.policy.jail import (
-    approval_needed,
-    escaped,
-    lstat_in,
-    open_at,
-    open_in,
-    parent_in,
-    real,
-    real_all,
-    resolve_path,
-    within,
+from tether.tools.files.entries import (
+    _NONBLOCK,
+    _check_encoding,
+    _conceals,
+    _create,
+    _decode,
+    _has_entries,
+    _iso,
+    _journal_open,
+    _kind,
+    _list_entry,
+    _move,
+    _open_existing,
+    _pread,
+    _readlink,
 )
-from tether.tools.policy.path_rules import (
-    HiddenSet,
-    check_hidden,
-    check_hidden_inode,
-    hidden_inside,
-    protected_inside,
-    protected_matcher,
-    require_person,
-    tree_paths,
+from tether.tools.files.guards import (
+    _apply,
+    _arrive,
+    _journal,
+    _lstat,
+    _protect,
+    _protect_tree,
+    _require_approval,
+    _require_one_link,
+    _spare_hidden,
+    _spare_journal,
 )
+from tether.tools.policy.hidden import HiddenSet, check_hidden, check_hidden_inode
+from tether.tools.policy.jail import open_in, parent_in, real, real_all, resolve_path, within
 from tether.tools.runtime import ToolSet, tool
-
-_KIND = {stat.S_IFREG: "file", stat.S_IFDIR: "dir", stat.S_IFLNK: "symlink"}
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # opening a FIFO must not hang a tool; it is refused after fstat
-
-
-def _kind(mode: int) -> str:
-    return _KIND.get(stat.S_IFMT(mode), "other")
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
 
 def _resolve(ctx: ToolContext, path: str, *, write: bool, hidden: HiddenSet | None = None) -> Path:
@@ -90,13 +83,6 @@ def _resolve(ctx: ToolContext, path: str, *, write: bool, hidden: HiddenSet | No
     return resolved
 
 
-def _spare_journal(ctx: ToolContext, target: Path) -> None:
-    """Deleting or moving a directory that holds the state directory would take every undo with it."""
-    if ctx.journal is not None and within(real(ctx.journal.root.parent), [target]):
-        raise PolicyDenied("journal", f"{str(target)!r} contains the device's state directory "
-                                      f"({ctx.journal.root.parent})")
-
-
 def _entry_path(ctx: ToolContext, path: str, *, write: bool) -> Path:
     """The path itself when its last component is a symlink (delete/move/inspect the link, not its target).
 
@@ -118,48 +104,6 @@ def _entry_path(ctx: ToolContext, path: str, *, write: bool) -> Path:
     except PolicyDenied:
         return resolved
     return candidate
-
-
-def _require_approval(ctx: ToolContext, action: Literal["delete", "move", "overwrite"], path: Path,
-                      what: str) -> None:
-    rule = approval_needed(ctx.policy, action, path, ctx.temp_dir)
-    if rule and not ctx.approved_by:
-        raise NeedsApproval(rule, what)
-
-
-def _require_one_link(ctx: ToolContext, st: os.stat_result, path: Path) -> None:
-    """Writing into a file with other hard links changes it under every name, and one may lie outside
-    the roots (or be a file that needs approval): a person decides, even in the temp dir."""
-    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and not ctx.approved_by:
-        raise NeedsApproval("approval.hardlink", f"{str(path)!r} has {st.st_nlink} hard links: writing to it changes "
-                                                 "the same file under its other names, which may lie anywhere")
-
-
-def _journal(ctx: ToolContext, action: Literal["write", "delete", "move", "mkdir"], path: Path,
-             dest: Path | None = None) -> bool:
-    if ctx.journal is None:
-        return False
-    try:
-        ctx.journal.record(ctx.session_id or "default", action, path, dest)
-    except (OSError, ValueError) as exc:
-        # Refuse the change rather than make one that cannot be undone.
-        raise ToolError(f"could not journal {path} before changing it ({exc}); nothing was changed") from exc
-    return True
-
-
-def _lstat(ctx: ToolContext, path: Path, *, write: bool) -> os.stat_result | None:
-    return lstat_in(ctx.policy, path, write=write)
-
-
-async def _apply(change: Callable[[], dict[str, Any]], what: str) -> dict[str, Any]:
-    """Run journal-then-change in a worker thread; an OS refusal (permissions, full disk) is a tool error."""
-    try:
-        return await asyncio.to_thread(change)
-    except EscapeError as exc:
-        raise escaped(exc) from None
-    except OSError as exc:
-        raise ToolError(f"{what} failed: {exc.strerror or exc}"
-                        f"{f' ({exc.filename})' if exc.filename else ''}") from None
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -208,40 +152,6 @@ async def read_file(ctx: ToolContext, file_path: str, encoding: str = "utf-8", m
     return result
 
 
-def _pread(fd: int, size: int, offset: int) -> bytes:
-    """Up to `size` bytes from `offset`; short reads are only allowed at end of file."""
-    chunks: list[bytes] = []
-    while size > 0:
-        chunk = os.pread(fd, size, offset)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size -= len(chunk)
-        offset += len(chunk)
-    return b"".join(chunks)
-
-
-def _check_encoding(encoding: str) -> None:
-    try:
-        codecs.lookup(encoding)
-    except LookupError:
-        raise ToolError(f"unknown encoding {encoding!r}") from None
-
-
-def _decode(data: bytes, encoding: str, truncated: bool) -> tuple[str, int, bool]:
-    """Text if it decodes (a character cut by truncation is left for the next read), else base64."""
-    if b"\x00" not in data:
-        try:
-            return data.decode(encoding), len(data), False
-        except UnicodeDecodeError as exc:
-            if truncated and exc.start >= len(data) - 3 and exc.start > 0:
-                try:
-                    return data[: exc.start].decode(encoding), exc.start, False
-                except UnicodeDecodeError:
-                    pass
-    return base64.b64encode(data).decode("ascii"), len(data), True
-
-
 @tool(tool_type="data_collection")
 async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit: int = 1000) -> dict[str, Any]:
     """List a directory's entries sorted by name; hidden entries only when asked, to keep replies short."""
@@ -267,73 +177,6 @@ async def list_dir(ctx: ToolContext, path: str, show_hidden: bool = False, limit
             "truncated": len(names) > limit}
 
 
-def _conceals(hidden: HiddenSet, dir_fd: int, directory: Path, name: str) -> bool:
-    """A hidden path is left out of its parent's listing, and so is a symlink that leads into one."""
-    if hidden.by(directory / name) is not None:
-        return True
-    try:
-        if not stat.S_ISLNK(os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode):
-            return False
-    except OSError:
-        return False
-    return hidden.by(real(directory / name)) is not None
-
-
-def _protect(ctx: ToolContext, what: str, *paths: Path) -> None:
-    """A protected path among `paths` waits for a person (rule `protected-path: <pattern>`)."""
-    require_person(ctx.policy, paths, what, ctx.approved_by)
-
-
-def _spare_hidden(ctx: ToolContext, target: Path) -> None:
-    """Deleting or moving a directory takes everything in it along: never a hidden path."""
-    entry = hidden_inside(ctx.policy, target, ctx.secrets)
-    if entry is not None:
-        raise PolicyDenied("hide_paths", f"{str(target)!r} contains the hidden path {entry!r}: no tool may change "
-                                         "anything there")
-
-
-def _protect_tree(ctx: ToolContext, what: str, src: Path, dst: Path | None = None) -> None:
-    """Every entry of a directory being deleted (or moved to `dst`): a protected one asks a person."""
-    if ctx.approved_by:
-        return
-    found = tree_paths(src)
-    if found is None:
-        raise NeedsApproval("protected-path: (too many entries to check)",
-                            f"{what}: {str(src)!r} holds too many entries to check each for a protected path")
-    matcher = protected_matcher(ctx.policy)
-    for inner in found:
-        moved = dst / inner.relative_to(src) if dst is not None else None
-        require_person(ctx.policy, [inner] if moved is None else [inner, moved], what, None, matcher)
-
-
-def _arrive(ctx: ToolContext, src: Path, dst: Path, *, is_dir: bool) -> None:
-    """A directory or symlink moved to `dst` decides what is found below `dst`: never a hidden path
-    (`mv ~/kit ~/.config` would put `kit/tether` at `~/.config/tether`), and a protected place below
-    it, or a protected entry in the moved tree, waits for a person."""
-    entry = HiddenSet.of(ctx.policy, ctx.secrets).inside(dst)
-    if entry is not None:
-        raise PolicyDenied("hide_paths", f"moving {str(src)!r} to {str(dst)!r} would decide what lies at the hidden "
-                                         f"path {entry!r}: no tool may create anything there")
-    what = f"move of {str(src)!r} to {str(dst)!r}"
-    rule = None if ctx.approved_by else protected_inside(ctx.policy, dst)
-    if rule is not None:
-        raise NeedsApproval(rule, f"{what}: a protected place lies below {str(dst)!r}")
-    if is_dir:
-        _protect_tree(ctx, what, src, dst)
-
-
-def _list_entry(dir_fd: int, name: str) -> dict[str, Any] | None:
-    try:
-        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-        entry: dict[str, Any] = {"name": name, "type": _kind(st.st_mode), "size": st.st_size,
-                                 "mtime": _iso(st.st_mtime)}
-        if entry["type"] == "symlink":
-            entry["target"] = os.readlink(name, dir_fd=dir_fd)
-    except OSError:  # removed (or replaced) while we listed
-        return None
-    return entry
-
-
 @tool(tool_type="data_collection")
 async def file_info(ctx: ToolContext, path: str) -> dict[str, Any]:
     """Describe a path without reading it; a missing path is an answer (`exists: false`), not an error."""
@@ -355,14 +198,6 @@ async def file_info(ctx: ToolContext, path: str) -> dict[str, Any]:
                 permissions=stat.filemode(st.st_mode), mtime=_iso(st.st_mtime), owner_uid=st.st_uid,
                 group_gid=st.st_gid)
     return info
-
-
-def _readlink(ctx: ToolContext, entry: Path) -> str:
-    dir_fd, name = parent_in(ctx.policy, entry, write=False)
-    try:
-        return os.readlink(name, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 # ------------------------------------------------------------------------------------------ changing
@@ -428,41 +263,6 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
     return await _apply(apply, f"writing {file_path}")
 
 
-def _create(dir_fd: int, name: str, path: Path) -> int:
-    try:
-        return open_at(dir_fd, name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, path, 0o666)
-    except FileExistsError:
-        raise ToolError(f"already exists: {path} (it appeared while this call ran; look at it and retry)") from None
-
-
-def _open_existing(ctx: ToolContext, dir_fd: int, name: str, path: Path, *, append: bool) -> int:
-    """The file to change, checked again on its fd: what is written is what was judged (no FIFO, no
-    new hard link since the check)."""
-    fd = open_at(dir_fd, name, os.O_WRONLY | _NONBLOCK | (os.O_APPEND if append else 0), path)
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ToolError(f"not a regular file: {path} ({_kind(st.st_mode)}); it changed while this call ran")
-        _require_one_link(ctx, st, path)
-        check_hidden_inode(ctx.policy, st, path, ctx.secrets)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def _journal_open(ctx: ToolContext, fd: int, path: Path, *, truncate: bool) -> bool:
-    """Journal the original, then truncate: the file is opened (and checked) before anything is saved."""
-    try:
-        journaled = _journal(ctx, "write", path)
-        if truncate:
-            os.ftruncate(fd, 0)
-    except BaseException:
-        os.close(fd)
-        raise
-    return journaled
-
-
 def _missing_parents(path: Path) -> list[Path]:
     """Missing ancestors, outermost first; an existing non-directory ancestor is an error."""
     missing: list[Path] = []
@@ -508,14 +308,6 @@ async def delete_file(ctx: ToolContext, path: str, recursive: bool = False) -> d
         return {"path": str(target), "deleted": True, "type": _kind(st.st_mode), "journaled": journaled}
 
     return await _apply(apply, f"deleting {path}")
-
-
-def _has_entries(ctx: ToolContext, directory: Path) -> bool:
-    fd = open_in(ctx.policy, directory, os.O_RDONLY | os.O_DIRECTORY, write=True)
-    try:
-        return bool(os.listdir(fd))
-    finally:
-        os.close(fd)
 
 
 @tool(tool_type="action")
@@ -564,18 +356,6 @@ async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: 
                 "type": _kind(src_st.st_mode), "journaled": journaled}
 
     return await _apply(apply, f"moving {source} to {destination}")
-
-
-def _move(ctx: ToolContext, src: Path, dst: Path) -> None:
-    src_fd, src_name = parent_in(ctx.policy, src, write=True)
-    try:
-        dst_fd, dst_name = parent_in(ctx.policy, dst, write=True)
-        try:
-            move_entry(src_fd, src_name, dst_fd, dst_name)
-        finally:
-            os.close(dst_fd)
-    finally:
-        os.close(src_fd)
 
 
 def files_toolset() -> ToolSet:

@@ -24,17 +24,12 @@ from typing import Any, Literal
 
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
-from tether.tools.files.tool import (
-    _apply,
-    _journal,
-    _missing_parents,
-    _require_approval,
-    _require_one_link,
-    _resolve,
-)
+from tether.tools.files.guards import _apply, _journal, _require_approval, _require_one_link
+from tether.tools.files.tool import _missing_parents, _resolve
 from tether.tools.files.transfer_send import sha256_fd
+from tether.tools.policy.hidden import check_hidden, check_hidden_inode
 from tether.tools.policy.jail import lstat_in, open_at, parent_in, real
-from tether.tools.policy.path_rules import check_hidden, check_hidden_inode, require_person
+from tether.tools.policy.path_rules import require_person
 from tether.tools.runtime import tool
 
 _ID = re.compile(r"[A-Za-z0-9_-]{8,64}")

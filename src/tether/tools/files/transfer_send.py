@@ -22,8 +22,8 @@ from typing import Any
 from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
 from tether.tools.files.tool import _resolve
+from tether.tools.policy.hidden import HiddenSet, check_hidden_inode
 from tether.tools.policy.jail import open_in, real, within
-from tether.tools.policy.path_rules import HiddenSet, check_hidden_inode
 from tether.tools.runtime import tool
 
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)

@@ -17,8 +17,9 @@ from typing import Literal
 
 from tether.sandbox.layers.fs import EscapeError, open_beneath, parent_beneath
 from tether.tools.errors import PolicyDenied
+from tether.tools.policy.hidden import HiddenSet, check_hidden
 from tether.tools.policy.model import Policy
-from tether.tools.policy.path_rules import HiddenSet, Matcher, check_hidden, protected_rule
+from tether.tools.policy.path_rules import Matcher, protected_rule
 from tether.tools.policy.real_paths import RealPaths, env_key, remembered
 
 

@@ -40,21 +40,15 @@ from tether.sandbox.layers.layer import (
     applied_paths,
     apply,
     conflicts,
-    scan,
 )
+from tether.sandbox.layers.scan import scan
 from tether.sandbox.layers.session import SessionLimit, measure
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy import approval
+from tether.tools.policy.hidden import HiddenSet
 from tether.tools.policy.jail import approval_needed, real, resolve_path, within
-from tether.tools.policy.path_rules import (
-    HiddenSet,
-    Matcher,
-    anchored_places,
-    protected_inside,
-    protected_matcher,
-    protected_rule,
-)
+from tether.tools.policy.path_rules import Matcher, anchored_places, protected_inside, protected_matcher, protected_rule
 
 if TYPE_CHECKING:
     from tether.sandbox.runner import Sandbox

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tether.agent.run.confirm import CONFIRMATION, confirmation_answer
-from tether.agent.run.recovery import AskUser
+from tether.agent.run.decisions import AskUser
 from tether.agent.run.rounds import CONFIRM_TRIES
 from tether.agent.run.task import Question, Task, TaskState
 

@@ -23,10 +23,7 @@ from tether.agent.run.confirm import (
     plan_digest,
     plan_text,
 )
-from tether.agent.run.graph.asking import ask_to_run
-from tether.agent.run.graph.states import DONE, FAILED, GONE, REPLACED, RESTART_UNKNOWN, SKIPPED
-from tether.agent.run.observe import step_row
-from tether.agent.run.recovery import (
+from tether.agent.run.decisions import (
     OPTION_APPROVE,
     OPTION_CANCEL,
     OPTION_DENY,
@@ -36,11 +33,11 @@ from tether.agent.run.recovery import (
     AutoPatch,
     RecoveryInput,
     Replan,
-    apply_budgets,
-    fallback,
-    recover,
-    tool_for,
 )
+from tether.agent.run.graph.asking import ask_to_run
+from tether.agent.run.graph.states import DONE, FAILED, GONE, REPLACED, RESTART_UNKNOWN, SKIPPED
+from tether.agent.run.observe import step_row
+from tether.agent.run.recovery import apply_budgets, fallback, recover, tool_for
 from tether.agent.run.steps import history_row, match_option
 from tether.agent.run.task import Question, Task, TaskState
 from tether.errors import AgentError

@@ -97,7 +97,7 @@ def choose_device(service: Any, task: Task, requires: DeviceRequirements) -> tup
     """The device for a graph step that gives `requires` instead of a device: the least-loaded connected one
     that meets it within the task's scope (`DeviceRegistry.select`), and why, in words; `LookupError` saying
     why each device does not fit. `service`: the `TaskService` (its registry and scope check)."""
-    from tether.server.aip.fleet.registry import NoDeviceError, rejection
+    from tether.server.aip.fleet.matching import NoDeviceError, rejection
 
     registry = service.registry
     try:

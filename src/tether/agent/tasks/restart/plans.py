@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from tether.agent.planning.plan import PlanStep
-from tether.agent.run.recovery import OPTION_CANCEL, OPTION_RETRY, OPTION_SKIP
+from tether.agent.run.decisions import OPTION_CANCEL, OPTION_RETRY, OPTION_SKIP
 from tether.agent.run.steps import short
 from tether.agent.run.task import Question, StepRecord, Task, TaskState
 from tether.protocol.models import Command, Result

@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from tether.agent.run.recovery import OPTION_APPROVE, OPTION_DENY
+from tether.agent.run.decisions import OPTION_APPROVE, OPTION_DENY
 from tether.agent.run.task import Task, TaskState
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service.running import Running
@@ -78,8 +78,19 @@ class Answering(Running):
         return task
 
     def mcp_question(self, task_id: str) -> dict[str, Any] | None:
-        """The question an external MCP server asks during the task's running step, if one is open."""
-        return self._mcp_questions.get(self.get(task_id).id)
+        """The question an external MCP server asks during the task's running step, if one is open (the task's
+        id or a unique prefix of the ids with one open). From memory: only a task running here has one, so
+        nothing is read from the store."""
+        found = self._mcp_open(task_id)
+        return found[1] if found is not None else None
+
+    def _mcp_open(self, task_id: str) -> tuple[str, dict[str, Any]] | None:
+        """(the task's id, its open MCP question) for an id or a unique prefix, from memory."""
+        question = self._mcp_questions.get(task_id)
+        if question is not None:
+            return task_id, question
+        found = [(tid, q) for tid, q in self._mcp_questions.items() if tid.startswith(task_id)] if task_id else []
+        return found[0] if len(found) == 1 else None
 
     async def answer_mcp_question(self, task_id: str, answer: str, by: str, *, answerer: TokenRef) -> bool:
         """Answer it (`tether answer` works for it as for the task's own questions): decline/cancel/no,
@@ -89,10 +100,10 @@ class Answering(Running):
         refuses (TaskError 403, the question still waits) whoever may not answer it: an agent's token always,
         another token than the asker's for a person's task (with four-eyes on, a consent question needs
         another person than the asker), and anyone but a person for an agent's task."""
-        task = self._steerable(task_id)
-        question = self._mcp_questions.get(task.id)
-        if question is None:
+        found = self._mcp_open(task_id)  # from memory: a task with one open runs here (no store read)
+        if found is None:
             return False
+        task, question = self._steerable(found[0]), found[1]
         action, content = mcp_answer(question.get("schema") or {}, answer)
         try:
             sent = await self.hub.answer_question(str(question.get("device")), str(question["id"]), action, content,
@@ -118,7 +129,9 @@ class Answering(Running):
         return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id, by, digest=digest)
 
     async def cancel(self, task_id: str) -> Task:
-        task = self._steerable(task_id)
+        """Cancel the task (`TaskError` 409 when it has ended, or another server runs it). A task not in memory
+        is read off the event loop (`steerable`); one `steer_here` checked just now is not read again."""
+        task = self._checked.get(task_id) or await self.steerable(task_id)
         if task.state.terminal:
             raise TaskError(409, f"task {task.id} has already ended ({task.state.value})")
         running = self._runners.get(task.id)

@@ -8,7 +8,7 @@ from tether.agent.run.task import Task, TaskAsker
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service.running import DeviceUnavailable, Running
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.fleet.registry import NoDeviceError
+from tether.server.aip.fleet.matching import NoDeviceError
 from tether.server.scopes import beyond, unknown_device
 from tether.server.scopes import within as scope_within
 from tether.server.sessions import task_owner

@@ -34,8 +34,10 @@ class Followers(ServiceCore):
         """The events so far (after `after`) and, for a task still going, a queue of what comes next
         (None marks the end). Both come from one moment, so nothing is missed or seen twice. `found`: the
         task as `fetch` read it just now; a task not in memory is then not read again (on the event loop)."""
-        in_memory = found is not None and (found.id in self._live or found.id in self._saver.unsaved)
-        task = found if found is not None and not in_memory else self.get(task_id)
+        if found is None:
+            task = self.get(task_id)
+        else:  # the live object when in memory (`get` finds it there by its whole id), else as read just now
+            task = self.get(found.id) if found.id in self._live or found.id in self._saver.unsaved else found
         past = [e for e in task.events if e.seq > after]
         if task.state.terminal and task.id not in self._runners:
             return task, past, None

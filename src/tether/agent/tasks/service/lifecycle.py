@@ -28,18 +28,29 @@ class Lifecycle(Answering):
 
     async def start(self) -> None:
         """Settle the tasks a previous server left unfinished (see the module docstring). Every task owns
-        its session (see `tether.server.sessions`), also those stored before owners were recorded."""
+        its session (see `tether.server.sessions`), also those stored before owners were recorded. With
+        PostgreSQL every statement here runs off the event loop (the task table's worker, the server store's
+        pool): a locked table or a slow database delays this start, never the cluster node's heartbeats or the
+        hub already running on the loop."""
+        table = self.store.table
+        ids = await table.call(self.store.ids)
         try:
-            claim_task_sessions(self.server_store, self.store.ids())
+            await self.server_store.call(claim_task_sessions, self.server_store, ids)
         except StoreUnavailable as exc:  # start-up checked the disk; it filled since: claims come with use
             logger.error("could not record the tasks' session owners: %s", exc)
         settings = self.hub.settings
-        self._leases = TaskLeases(self.store, node_id(settings), settings.lease_s)
-        for task in self.store.unfinished():
-            if self._leases.claim(task.id):
+        leases = self._leases = await table.call(TaskLeases, self.store, node_id(settings), settings.lease_s)
+        unfinished = await table.call(self.store.unfinished)
+
+        def claim_all() -> list[tuple[Task, str | None]]:
+            """Each unfinished task, and None when this node holds it now, else who does (or "")."""
+            return [(task, None if leases.claim(task.id) else leases.holder(task.id) or "") for task in unfinished]
+
+        for task, holder in await table.call(claim_all):
+            if holder is None:
                 self._resume_after_restart(task)
             else:  # another live server sharing this database runs it
-                logger.info("task %s is run by %s", task.id, self._leases.holder(task.id))
+                logger.info("task %s is run by %s", task.id, holder or None)
         self._keeper = asyncio.create_task(keep_leases(self._leases, lambda: list(self._live), self._take_over,
                                                        self._lost), name="task leases")
         if self.hub.remote is not None:  # a cluster node: its tasks' followers and steering on every node

@@ -9,8 +9,8 @@ from collections.abc import Awaitable, Callable
 from functools import partial
 from typing import Any
 
+from tether.agent.run.decisions import AskUser
 from tether.agent.run.executor import TaskRunner
-from tether.agent.run.recovery import AskUser
 from tether.agent.run.steps import discover_tools
 from tether.agent.run.task import Task, TaskEvent, TaskState
 from tether.agent.tasks.notices import tell

@@ -305,7 +305,7 @@ def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: s
     """The 'always' answer to an approval: the program (or the program with this first argument as its
     only subcommand) goes into the device's allowlist as a remote policy change, before the command runs."""
     from tether.client.rest import RemoteError, RemoteServer
-    from tether.tools.policy.model import program_name
+    from tether.tools.policy.command_checks import program_name
 
     if not tool.startswith(("shell.", "shell_")):
         fail("--always is for shell commands (shell.run, shell_execute)")

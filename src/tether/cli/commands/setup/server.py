@@ -22,13 +22,13 @@ def _set_options(pairs: list[str]) -> dict[str, str]:
     return values
 
 
-def _config_webhooks(config: Path | None) -> list[dict[str, object]]:
-    """The `webhooks:` list of the config file (`config`, else the default one when it exists); [] without."""
-    from tether.agent.llm.chat import default_config_path
+def _config_data(config: Path | None) -> tuple[Path, dict[str, object]]:
+    """The config file (`config`, else the default one) and its top-level mapping; {} when there is none."""
+    from tether.agent.llm.settings import default_config_path
 
     file = config.expanduser() if config is not None else default_config_path()
     if not file.is_file():
-        return []
+        return file, {}
     import yaml
 
     from tether import yaml12
@@ -37,12 +37,28 @@ def _config_webhooks(config: Path | None) -> list[dict[str, object]]:
         data = yaml12.safe_load(file.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as exc:
         fail(f"cannot read config file {file}: {exc}")
-    hooks = data.get("webhooks") if isinstance(data, dict) else None
+    return file, data if isinstance(data, dict) else {}
+
+
+def _config_webhooks(config: Path | None) -> list[dict[str, object]]:
+    """The `webhooks:` list of the config file (`config`, else the default one when it exists); [] without."""
+    file, data = _config_data(config)
+    hooks = data.get("webhooks")
     if hooks is None:
         return []
     if not isinstance(hooks, list) or not all(isinstance(h, dict) for h in hooks):
         fail(f"config file {file}: webhooks: must be a list of entries with url, secret, format, events")
     return hooks
+
+
+def _config_oidc(config: Path | None) -> object:
+    """The `oidc:` section of the config file (one issuer or a list; docs/oidc.md); None without."""
+    file, data = _config_data(config)
+    issuers = data.get("oidc")
+    if issuers is not None and not (isinstance(issuers, dict) or (
+            isinstance(issuers, list) and all(isinstance(i, dict) for i in issuers))):
+        fail(f"config file {file}: oidc: must be an issuer (issuer, grants, ...) or a list of them (docs/oidc.md)")
+    return issuers or None
 
 
 @server_app.callback(invoke_without_command=True)
@@ -95,7 +111,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
         return
     from functools import partial
 
-    from tether.agent.llm.chat import resolve_llm_settings
+    from tether.agent.llm.settings import resolve_llm_settings
     from tether.agent.server_app import create_agent_app
     from tether.server.main import PortInUse, UnsafeBinding, claim_state, run_server
     from tether.server.store import check_state_dir
@@ -113,6 +129,7 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
             fail(f"--set {key}: give it with its own option (tether server --help)")
         named[key] = value
     named["webhooks"] = _config_webhooks(config) or None  # the config file's webhooks: (docs/approvals.md)
+    named["oidc"] = _config_oidc(config)  # the config file's OpenID Connect issuers (docs/oidc.md)
     settings = _settings(**named)
     if settings.cluster_url:
         try:

@@ -69,7 +69,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     for `tether answer TASK ANSWER` or `tether approve TASK` (exit code 3).
     Exit code 0 when the task is done, 1 when it failed or was cancelled.
     """
-    from tether.agent.llm.chat import how_to_configure, resolve_llm_settings
+    from tether.agent.llm.settings import how_to_configure, resolve_llm_settings
     from tether.agent.planning.plan import PlanError, load_plan_file
 
     if not request and not plan:

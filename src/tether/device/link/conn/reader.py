@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Protocol
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosedOK
 
-from tether.device.link.batch_runner import BatchRunner, run_in_this_task
+from tether.device.link.batch_runner import BatchRunner
 from tether.device.link.outbox import Outbox
+from tether.device.link.run_here import run_in_this_task
 from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
 from tether.protocol.codec import encode

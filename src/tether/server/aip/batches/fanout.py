@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from tether.errors import ServerError
 from tether.protocol.models import Command, Result, ResultStatus, new_call_id
 from tether.protocol.profile import DeviceRequirements
-from tether.server.aip.fleet.registry import describe, rejection
+from tether.server.aip.fleet.matching import describe, rejection
 
 if TYPE_CHECKING:
     from tether.server.aip.batches.ledger import TokenRef
-    from tether.server.aip.fleet.registry import DeviceRecord, DeviceRegistry
+    from tether.server.aip.fleet.record import DeviceRecord
+    from tether.server.aip.fleet.registry import DeviceRegistry
     from tether.server.ports import DeviceFleet
 
 FanOutStatus = Literal["ok", "failed", "offline", "timed_out", "cancelled"]

@@ -9,7 +9,7 @@ import time
 from functools import partial
 
 from tether.protocol.wire import CloseCode
-from tether.server.aip.fleet.registry import DeviceRecord
+from tether.server.aip.fleet.record import DeviceRecord
 from tether.server.aip.hub_state import HubState
 from tether.server.aip.sockets.link import DeviceLink, close_socket
 from tether.server.approvals import server_url

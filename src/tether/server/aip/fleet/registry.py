@@ -9,23 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import builtins
-import json
 import logging
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
-from typing import Any, Literal
 
 from pydantic import BaseModel, ValidationError
 
-from tether.errors import ServerError
 from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.aip.fleet.device_index import NameIndex, literal_prefix
+from tether.server.aip.fleet.matching import NoDeviceError, describe, rejection
+from tether.server.aip.fleet.record import DeviceRecord, DeviceStatus
 from tether.server.schemas import ToolPool
-
-DeviceStatus = Literal["online", "busy", "offline"]
-STATUSES: tuple[DeviceStatus, ...] = ("online", "busy", "offline")
 
 _SHARED_PARTS = ("cpu", "memory", "disk", "gpu", "os")  # profile sections equal across a fleet's builds
 # lists of names equal across a fleet's builds (and its groups, for tags)
@@ -33,165 +29,22 @@ _SHARED_LISTS = ("installed_apps", "mcp_servers", "tags", "capabilities", "write
 
 
 class SharedNames(list[str]):
-    """A profile's list of names, one object for every profile listing the same names: a parsed list
-    of twenty app names is ~1.5 KiB per device otherwise. Weakly held by the registry (a plain list
-    cannot be); nothing in the server changes a profile's lists in place (a device's new profile
-    replaces its old one whole)."""
+    """A profile's list of names, one object for every profile listing the same names. Weakly held by the
+    registry (a plain list cannot be); nothing in the server changes a profile's lists in place (a device's
+    new profile replaces its old one whole)."""
 
     __slots__ = ("__weakref__",)
 
 
 class SharedFieldsSet(set[str]):
-    """A profile's `model_fields_set` (~0.7 KiB for a full profile), one set for all profiles whose set
-    fields are the same, weakly held. Adding a field to it is a no-op when it is already set, and
-    the server never assigns a field a profile was registered without."""
+    """A profile's `model_fields_set`, one set for all profiles whose set fields are the same, weakly held.
+    Adding a field to it is a no-op when it is already set, and the server never assigns a field a profile
+    was registered without."""
 
     __slots__ = ()  # a set can be weakly referenced already
 
+
 logger = logging.getLogger("tether.server.aip.registry")  # the name operators filter on
-
-
-class NoDeviceError(ServerError, LookupError):
-    """No device meets the requirements; the message says why each known device was passed over."""
-
-    def __init__(self, message: str, reasons: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.reasons = reasons or {}
-
-
-class DeviceRecord:
-    """One device as the server sees it. Times are epoch seconds, for people and the store.
-
-    Slotted, and its profile's tool list shared through the registry's `ToolPool`: a fleet holds
-    thousands of these. A device known only from the store (not connected since the server started)
-    carries its name, platform and tags for listing, and reads its full profile on first use.
-    """
-
-    __slots__ = ("_connected", "_digest", "_lazy", "_platform", "_profile", "_registry", "_tags", "address",
-                 "connected_at", "inflight", "instance_id", "last_seen", "name", "node", "queued", "running")
-
-    def __init__(self, name: str, profile: DeviceProfile | None = None, connected: bool = False,
-                 last_seen: float | None = None, connected_at: float | None = None,
-                 instance_id: str | None = None, address: str | None = None) -> None:
-        self.name = name
-        self._registry: DeviceRegistry | None = None
-        self._profile: DeviceProfile | None = None
-        self._connected = False
-        self._digest: str | None = None  # the ToolPool digest of the profile's tools
-        self._platform: str | None = None
-        self._tags: tuple[str, ...] = ()
-        self._lazy = False  # a stored profile not read yet
-        self.last_seen, self.connected_at = last_seen, connected_at
-        self.instance_id, self.address = instance_id, address
-        self.inflight = 0  # batches this server has out on the device (sent or waiting to be sent)
-        self.running = 0  # what the device reported in its last heartbeat: batches accepted, not finished
-        self.queued = 0  # of those, the ones not started (behind their session, or waiting for a session slot)
-        self.node: str | None = None  # in a cluster: the other node holding the device's socket
-        if profile is not None:
-            self.profile = profile
-        self.connected = connected
-
-    def __repr__(self) -> str:
-        return f"DeviceRecord({self.name!r}, status={self.status!r}, platform={self._platform!r})"
-
-    @property
-    def profile(self) -> DeviceProfile | None:
-        if self._lazy and self._registry is not None:
-            self._registry._load(self)
-        return self._profile
-
-    @profile.setter
-    def profile(self, profile: DeviceProfile | None) -> None:
-        if self._registry is not None:
-            self._registry._set_profile(self, profile)
-        else:
-            self._profile, self._lazy = profile, False
-            self._platform = profile.os.platform if profile else None
-            self._tags = tuple(profile.tags) if profile else ()
-
-    @property
-    def connected(self) -> bool:
-        return self._connected
-
-    @connected.setter
-    def connected(self, connected: bool) -> None:
-        if self._registry is not None and connected != self._connected:
-            self._registry._set_connected(self, connected)
-        self._connected = connected
-
-    @property
-    def tools_digest(self) -> str | None:
-        """The content digest of the profile's tool list (None without a profile)."""
-        if self._lazy:
-            _ = self.profile
-        return self._digest
-
-    @property
-    def tags(self) -> tuple[str, ...]:
-        return self._tags
-
-    @property
-    def load(self) -> int:
-        """The larger of the two views of the same work, not their sum: the server's count includes
-        batches queued for the device, the device's count includes work the server no longer tracks
-        (e.g. a batch that timed out here but still runs there)."""
-        return max(self.inflight, self.running)
-
-    @property
-    def status(self) -> DeviceStatus:
-        if not self._connected:
-            return "offline"
-        return "busy" if self.load > 0 else "online"
-
-    @property
-    def platform(self) -> str | None:
-        return self._platform
-
-    def summary(self) -> dict[str, Any]:
-        """A JSON-ready view for tables and APIs."""
-        profile = self.profile
-        return {"name": self.name, "status": self.status, "platform": self.platform, "load": self.load,
-                "running": max(self.running - self.queued, 0), "queued": self.queued,
-                "last_seen": self.last_seen, "connected_at": self.connected_at, "address": self.address,
-                "node": self.node,
-                "gpu": bool(profile and profile.gpu.available), "tags": list(self._tags),
-                "capabilities": list(profile.capabilities) if profile else []}
-
-
-def describe(req: DeviceRequirements) -> str:
-    """`{gpu: true, platform: "linux"}`: only what was actually asked for."""
-    asked = req.model_dump(exclude_defaults=True)
-    return "{" + ", ".join(f"{k}: {json.dumps(v)}" for k, v in asked.items()) + "}"
-
-
-def _tool_names(profile: DeviceProfile) -> set[str]:
-    names: set[str] = set()
-    for tool in profile.tools:
-        names.add(tool.name)
-        names.add(f"{tool.namespace}/{tool.name}")
-    return names
-
-
-def rejection(record: DeviceRecord, req: DeviceRequirements) -> str | None:
-    """Why `record` does not fit `req`, or None when it fits."""
-    if not record.connected:
-        return f"{record.name} is offline"
-    profile = record.profile or DeviceProfile()
-    if req.platform and (profile.os.platform or "").lower() != req.platform.lower():
-        return f"{record.name} runs {profile.os.platform or 'an unknown platform'}, not {req.platform}"
-    if req.gpu is True and not profile.gpu.available:
-        return f"{record.name} has no GPU"
-    if req.gpu is False and profile.gpu.available:
-        return f"{record.name} has a GPU and gpu: false was asked"
-    missing_tags = [t for t in req.tags if t not in profile.tags]
-    if missing_tags:
-        return f"{record.name} lacks tag(s) {', '.join(missing_tags)}"
-    if req.tools:
-        offered = _tool_names(profile)
-        missing = [t for t in req.tools if t not in offered]
-        if missing:
-            return f"{record.name} lacks tool(s) {', '.join(missing)}"
-    return None
 
 
 # what the store hands back for a device's full profile: (profile JSON without tools, tools digest, tools JSON)
@@ -344,8 +197,8 @@ class DeviceRegistry:
 
     def _share_parts(self, profile: DeviceProfile) -> None:
         """Swap the profile's hardware and OS sections, and its lists of names, for equal ones another device
-        already holds: each section is a model of its own (~0.7 KiB with pydantic's bookkeeping), and a
-        fleet is mostly a few builds. Held weakly: a section goes with the last profile using it."""
+        already holds: each section is a model of its own, and a fleet is mostly a few builds. Held weakly: a
+        section goes with the last profile using it."""
         values = profile.__dict__  # swapped in place: setattr would mark the field as set by the device
         for part in _SHARED_PARTS:
             value = getattr(profile, part)

@@ -24,7 +24,7 @@ from tether.protocol.messages import ServerMessage, ServerMessageType, TaskStatu
 from tether.protocol.models import new_call_id
 from tether.protocol.server_session import ServerSession
 from tether.protocol.wire import SERVER_HEARTBEAT
-from tether.server.aip.fleet.registry import DeviceRecord
+from tether.server.aip.fleet.record import DeviceRecord
 from tether.server.aip.sockets.socket import AIPSocket, SocketClosed
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name

@@ -23,7 +23,8 @@ from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches.ledger import TokenRef
-from tether.server.aip.fleet.registry import DeviceRegistry, NoDeviceError
+from tether.server.aip.fleet.matching import NoDeviceError
+from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.approvals import ApprovalRefused, how_a_person_approves
 from tether.server.http import internals
 from tether.server.http.api import (

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import Response
 
 from tether.protocol.models import Command, ToolInfo
-from tether.server.aip.fleet.registry import DeviceRecord
+from tether.server.aip.fleet.record import DeviceRecord
 from tether.server.aip.hub import DeviceHub
 from tether.server.http.api import (
     ERROR_RESPONSES,
@@ -112,16 +112,27 @@ async def get_device(name: str, request: Request,
 
 @router.get("/devices/{name}/tools", response_model=list[ToolInfo])
 async def device_tools(name: str, request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
-                       live: bool = True) -> list[ToolInfo]:
-    """The device's tools: asked live when it is online (tools can change), else from its profile."""
+                       live: bool = True, hints: bool = False) -> Any:
+    """The device's tools: asked live when it is online (tools can change), else from its profile.
+
+    `hints=true`: each tool also carries its external MCP server's `title` and `annotations` (readOnlyHint,
+    destructiveHint, ...) where the server gave them (from the device's profile). Only on request: a CLI or
+    client of an earlier version validates each tool with a model that refuses fields it does not know."""
     hub = _hub(request)
     record = _record(_registry(request), name, who)
+    tools: list[ToolInfo] | None = None
     if live and record.status != "offline":
         dispatcher = hub.dispatcher(name, requested_by=f"api:{who.name}")
         [result] = await dispatcher.execute_commands([Command(tool_name="list_tools",
                                                               tool_type="data_collection")], timeout=30)
         if result.ok and isinstance(result.result, list):
-            return [ToolInfo.model_validate(t) for t in result.result]
-    if record.profile is None:
-        raise HTTPException(409, f"device '{name}' is offline and has never reported its tools")
-    return record.profile.tools
+            tools = [ToolInfo.model_validate(t) for t in result.result]
+    if tools is None:
+        if record.profile is None:
+            raise HTTPException(409, f"device '{name}' is offline and has never reported its tools")
+        tools = record.profile.tools
+    if not hints:
+        return tools
+    known = {t.name: t.hints() for t in (record.profile.tools if record.profile is not None else [])}
+    return Response(json.dumps([{**t.model_dump(mode="json"), **(t.hints() or known.get(t.name) or {})}
+                                for t in tools]), media_type="application/json")

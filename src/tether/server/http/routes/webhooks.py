@@ -21,6 +21,7 @@ from tether.server.notify.messages import EVENTS, TEST_EVENT
 from tether.server.notify.notifier import Notifier
 from tether.server.notify.signing import new_secret
 from tether.server.notify.urls import WebhookRefused, check_webhook_url, redact
+from tether.server.oidc.verify import is_oidc
 from tether.server.store.tokens import TokenInfo
 
 URL_SHAPE = r"^https?://[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*(:[1-5]?[0-9]{1,4})?(/[!-~]*)?$"  # [IPv6] too
@@ -88,6 +89,9 @@ async def add_webhook(body: WebhookRequest, request: Request,
     if body.server_wide and not _fleet_admin(who):
         raise HTTPException(403, f"token '{who.name}' may not add a server-wide webhook: that takes a person's "
                                  "admin token reaching every device; leave out server_wide for this token's own")
+    if not body.server_wide and is_oidc(who):  # its deliveries are checked against the tokens table (notifier)
+        raise HTTPException(403, f"'{who.name}' is an OpenID Connect identity, which cannot own a webhook (its "
+                                 "tokens expire); use a tether API token, or add it server_wide with an admin's")
     try:
         await check_webhook_url(body.url, notifier.settings.webhook_allow_private)
     except WebhookRefused as exc:

@@ -66,13 +66,15 @@ class FleetResources:
     def sources(self, keep: DeviceFilter) -> list[Source]:
         """The external servers of the online devices `keep` admits (a device too old for the `mcp.*` meta
         tools answers that it has no such tool, and is left out of a list)."""
-        found: set[Source] = set()
-        for record in self.registry.list():
-            if not record.connected or record.profile is None or not keep.admits(record.name):
-                continue
-            found.update(Source(record.name, t.namespace) for t in record.profile.tools
-                         if not t.meta and t.namespace not in BUILT_IN)
-        return sorted(found)
+        return sorted(Source(record.name, server) for record in self.registry.list() if keep.admits(record.name)
+                      for server in self.servers_of(record.name))
+
+    def servers_of(self, device: str) -> frozenset[str]:
+        """The external MCP servers of `device` while it is online (none while it is offline or unknown)."""
+        record = self.registry.get(device)
+        if record is None or not record.connected or record.profile is None:
+            return frozenset()
+        return frozenset(t.namespace for t in record.profile.tools if not t.meta and t.namespace not in BUILT_IN)
 
     async def _call(self, source: Source, tool: str, arguments: dict[str, Any], caller: Caller) -> Reply:
         info = ToolInfo(name=tool, namespace="mcp", tool_type="data_collection", meta=True)

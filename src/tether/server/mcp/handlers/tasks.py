@@ -11,7 +11,9 @@ task then holds as `input_required` with the question in `inputRequests` (each k
 
 Tasks live in this server's memory, per token (another token's task id is "not found"), at most
 `MAX_TASKS` at once (the oldest finished first, then the oldest), kept `TTL_MS` after they were created; a
-question not answered within `ANSWER_TIMEOUT` seconds is cancelled as the synchronous path cancels it.
+question not answered within `ANSWER_TIMEOUT` seconds is cancelled as the synchronous path cancels it. Each
+change of a task kept here is handed to `changed` (the gateway sends it as `notifications/tasks` to the
+`subscriptions/listen` streams of the task's token that asked for it, handlers/listen.py).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ class CallTask:
     runner: asyncio.Task[Any] | None = None
     questions: int = 0
     question_asked: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: Callable[[CallTask], None] | None = None  # told of each change once the task is kept
 
     def touch(self, status: str | None = None, message: str | None = None) -> None:
         if status is not None and self.status not in TERMINAL:
@@ -84,6 +87,8 @@ class CallTask:
         if message is not None:
             self.message = message
         self.updated = _now()
+        if self.changed is not None:
+            self.changed(self)
 
     def view(self) -> dict[str, Any]:
         """The task as the extension's `Task` object (status-specific fields inlined)."""
@@ -103,8 +108,14 @@ class CallTask:
 class CallTasks:
     """The gateway's tasks: `run` a call that may become one; `get`, `update`, `cancel` them."""
 
-    def __init__(self) -> None:
+    def __init__(self, changed: Callable[[CallTask], None] | None = None) -> None:
         self._tasks: dict[str, CallTask] = {}
+        self._changed = changed
+
+    def owns(self, owner: str, task_id: str) -> bool:
+        """Whether `task_id` is a task of the token `owner` kept here."""
+        task = self._tasks.get(task_id)
+        return task is not None and task.owner == owner
 
     async def run(self, owner: str, work: Work, can_ask: bool) -> types.CallToolResult | dict[str, Any]:
         """The call's result if it ends within `TASK_AFTER` without a question, else a `CreateTaskResult`
@@ -168,6 +179,7 @@ class CallTasks:
             finished = [tid for tid, t in self._tasks.items() if t.status in TERMINAL]
             self._drop(finished[0] if finished else next(iter(self._tasks)))
         self._tasks[task.task_id] = task
+        task.changed = self._changed
 
     def _drop(self, task_id: str) -> None:
         task = self._tasks.pop(task_id, None)

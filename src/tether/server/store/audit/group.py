@@ -189,20 +189,17 @@ class GroupCommit(AuditHealth):
         return (problem, *self._write_parts(pending, updates))
 
     def _commit_group(self, sent: list[tuple[Any, ...]], pending: list[Any], updates: list[Any]) -> bool:
-        """The group's `sent` rows, the rows `record_soon` holds and the outcomes waiting, in ONE transaction:
-        a commit (its WAL pages and locks) costs more than its rows, and the insert and the outcome
-        updates touch the same pages. False, with nothing written, when it fails: `_group_work` then
-        writes each part on its own, with each part's own error rules."""
+        """The group's `sent` rows, the rows `record_soon` holds and the outcomes waiting, in ONE transaction
+        (`_write_together`: with PostgreSQL one round trip): a commit (its WAL pages and locks, or its trip to
+        the database) costs more than its rows, and the insert and the outcome updates touch the same pages.
+        False, with nothing written, when it fails: `_group_work` then writes each part on its own, with each
+        part's own error rules."""
         if not sent and not pending and not updates:
             return True
         with self._lock:
             try:
-                self._conn.execute("BEGIN")
-                self._insert_rows([*sent, *pending])
-                self._update_outcomes(updates)
-                self._conn.execute("COMMIT")
+                self._write_together([*sent, *pending], updates)
             except Exception:  # retried part by part, where each failure is reported
-                self._rollback()
                 return False
         return True
 

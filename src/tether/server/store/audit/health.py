@@ -71,17 +71,17 @@ class AuditHealth(AuditWrites):
 
     def _probe(self) -> str | None:
         """On the worker: can the audit table be written now? None, or why not. It writes nothing: it takes
-        the table's write lock (PostgreSQL, waiting at most `PROBE_LOCK_TIMEOUT_MS`; SQLite: the database's
-        write lock, `BEGIN IMMEDIATE`) and rolls back."""
+        the table's write lock (PostgreSQL, waiting at most `PROBE_LOCK_TIMEOUT_MS`: `BEGIN` … `ROLLBACK` in one
+        round trip; SQLite: the database's write lock, `BEGIN IMMEDIATE`, rolled back)."""
         if self._memory and self._dialect == "sqlite":
             return None
         try:
             with self._writing(), self._lock:
                 try:
-                    if self._dialect == "postgres":
-                        self._conn.execute("BEGIN")
-                        self._conn.execute(f"SET LOCAL lock_timeout = {PROBE_LOCK_TIMEOUT_MS}")
-                        self._conn.execute("LOCK TABLE audit IN ROW EXCLUSIVE MODE")
+                    if self._dialect == "postgres":  # a failed step leaves the transaction to `_rollback`
+                        self._conn.execute_together([(sql, [()]) for sql in (
+                            "BEGIN", f"SET LOCAL lock_timeout = {PROBE_LOCK_TIMEOUT_MS}",
+                            "LOCK TABLE audit IN ROW EXCLUSIVE MODE", "ROLLBACK")])
                     else:
                         self._conn.execute("BEGIN IMMEDIATE")
                 finally:

@@ -85,58 +85,57 @@ class AuditTable:
         """How many audit rows (or outcomes of sent rows) wait in memory, not yet written."""
         return len(self._held) + len(self._updates)
 
-    def _insert_rows(self, rows: list[tuple[Any, ...]]) -> None:
-        """INSERT the rows, inside the caller's transaction (or as one autocommit statement for one row)."""
-        if not rows:
+    def _write_together(self, rows: list[tuple[Any, ...]], updates: list[tuple[str, str | None, str, str | None]]
+                        ) -> None:
+        """INSERT the rows, then settle the outcomes, in ONE transaction (the caller holds `_lock`; nothing is
+        written when it raises). With PostgreSQL that is one round trip whatever the number of rows
+        (`PostgresConnection.execute_together`): a group's cost is its round trips, not its rows. With SQLite
+        it is `BEGIN` … `COMMIT` on this file (one statement alone is its own transaction)."""
+        steps = [(_INSERT, [_values(row) for row in rows]),
+                 # only a row still `sent` (through the index of rows in flight): an outcome is written once
+                 (_SETTLE, [(status, error, rid, cid) for rid, cid, status, error in updates])]
+        steps = [(sql, params) for sql, params in steps if params]
+        if not steps:
             return
-        values = [(at, who, device, response_id, call_id, tool, _arguments(arguments), status, error, approved_by,
-                   digest)
-                  for who, device, call_id, tool, arguments, status, error, response_id, approved_by, digest, at
-                  in rows]
-        insert = ("INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, "
-                  "status, error, approved_by, approval_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
-        if len(values) == 1:
-            self._conn.execute(insert, values[0])
-        else:
-            self._conn.executemany(insert, values)
-
-    def _update_outcomes(self, updates: list[tuple[str, str | None, str, str | None]]) -> None:
-        if updates:
-            # only a row still `sent` (through the index of rows in flight): an outcome is written once
-            self._conn.executemany("UPDATE audit SET status = ?, error = ? "
-                                   "WHERE response_id = ? AND call_id = ? AND status = 'sent'",
-                                   [(status, error, rid, cid) for rid, cid, status, error in updates])
+        if self._dialect == "postgres":
+            self._conn.execute_together(steps)
+            return
+        if len(steps) == 1 and len(steps[0][1]) == 1:
+            self._conn.execute(steps[0][0], steps[0][1][0])
+            return
+        self._conn.execute("BEGIN")
+        try:
+            for sql, params in steps:
+                self._conn.executemany(sql, params)
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._rollback()
+            raise
 
     def _write_rows(self, rows: list[tuple[Any, ...]]) -> None:
-        if not rows:
-            return
-        with self._lock:
-            if len(rows) == 1:  # one statement is its own transaction (the common one-command batch)
-                self._insert_rows(rows)
-                return
-            self._conn.execute("BEGIN")
-            try:
-                self._insert_rows(rows)
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
+        if rows:
+            with self._lock:
+                self._write_together(rows, [])
 
     def _write_outcomes(self, updates: list[tuple[str, str | None, str, str | None]]) -> None:
-        if not updates:
-            return
-        with self._lock:
-            self._conn.execute("BEGIN")
-            try:
-                self._update_outcomes(updates)
-                self._conn.execute("COMMIT")
-            except BaseException:
-                self._rollback()
-                raise
+        if updates:
+            with self._lock:
+                self._write_together([], updates)
 
     def _write_sent(self, rows: list[Any]) -> None:
         with self._writing():
             self._write_rows(rows)
+
+
+_INSERT = ("INSERT INTO audit (at, requested_by, device, response_id, call_id, tool_name, arguments, status, error, "
+           "approved_by, approval_digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+_SETTLE = "UPDATE audit SET status = ?, error = ? WHERE response_id = ? AND call_id = ? AND status = 'sent'"
+
+
+def _values(row: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A held row (`_full`'s ten fields, then its time) in `_INSERT`'s order."""
+    who, device, call_id, tool, arguments, status, error, response_id, approved_by, digest, at = row
+    return at, who, device, response_id, call_id, tool, _arguments(arguments), status, error, approved_by, digest
 
 
 def _failed(exc: BaseException) -> Ran[Any]:

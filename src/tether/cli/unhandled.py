@@ -1,0 +1,26 @@
+"""What the `tether` command does with an exception no command caught (its typer path and `tether.cli.fast`)."""
+
+from __future__ import annotations
+
+import sys
+
+
+def report_unhandled(exc: Exception) -> None:
+    """An exception no command caught: a server's refusal (`RemoteError`) or a state directory that cannot be
+    written (`StoreUnavailable`) is said in one line on stderr and exits (with the code a command gives it);
+    for any other this returns, and the caller re-raises it."""
+    from tether.client.rest import RemoteError
+    from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
+
+    if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
+        from tether.cli.common import remote_exit_code, remote_message
+        from tether.cli.views.safe_text import visible
+
+        print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
+        sys.exit(remote_exit_code(exc))
+    if isinstance(exc, StoreUnavailable):
+        # a full or read-only disk under the state directory: one line, no traceback
+        from tether.cli.views.safe_text import visible
+
+        print(f"error: {visible(exc)}", file=sys.stderr)
+        sys.exit(2)
