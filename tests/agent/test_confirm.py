@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 from bench.kit.fake_llm import FakeLLM
@@ -127,12 +128,14 @@ async def test_dry_run_of_a_request_plans_with_the_llm_and_runs_nothing(tmp_path
 
 
 def test_confirm_without_a_terminal_runs_nothing_and_with_an_answer_runs(tmp_path: Path) -> None:
-    target = tmp_path / "hi.txt"
+    target = tmp_path / "hi.txt"  # in the machine's temp dir: a write root the policy names (the rest of /tmp is
+    policy = tmp_path / "policy.json"  # the task's private /tmp, gone when it ends)
+    policy.write_text(json.dumps({"write_roots": ["~", tempfile.gettempdir(), str(tmp_path)]}))
     plan = str(_plan_file(tmp_path, target))
-    refused = _cli(tmp_path, "run", "--confirm", "--plan", plan)
+    refused = _cli(tmp_path, "run", "--policy", str(policy), "--confirm", "--plan", plan)
     assert refused.returncode == 1 and not target.exists()
     assert "Run this plan?" in refused.stdout and "Traceback" not in refused.stderr
-    ran = _cli(tmp_path, "run", "--confirm", "--answer", "run", "--plan", plan)
+    ran = _cli(tmp_path, "run", "--policy", str(policy), "--confirm", "--answer", "run", "--plan", plan)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert target.read_text() == "hi"
 

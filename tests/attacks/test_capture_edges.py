@@ -11,8 +11,8 @@ and the real journal.
 - an apply never undoes what another session did meanwhile (both orders): a conflict, nothing applied;
 - a command over `limits.layer_files` / `limits.layer_bytes` fails naming the limit and applies nothing.
 
-The files live in the temp dir (a write root where creating and deleting need no approval), under a
-fresh directory per test.
+The files live in the temp dir (where creating and deleting need no approval), under a fresh directory per
+test that the policy names as a write root (the machine's, captured, beside each session's private /tmp).
 """
 
 from __future__ import annotations
@@ -175,10 +175,13 @@ class Box:
 
 
 @pytest.fixture
-async def box_factory(home: Path) -> AsyncIterator[Callable[..., Any]]:
+async def box_factory(home: Path, scratch: Path) -> AsyncIterator[Callable[..., Any]]:
     boxes: list[Box] = []
 
     async def make(**policy: Any) -> Box:
+        # the scratch directory is a write root of its own: the machine's, captured (each session's commands
+        # get a private /tmp, which is not captured: `tether.sandbox.private_tmp`)
+        policy.setdefault("write_roots", ["~", tempfile.gettempdir(), str(scratch)])
         state = home / ".local/state/tether"
         state.mkdir(parents=True, exist_ok=True)
         device = build_device(policy=policy_from_mapping(policy), state_dir=state, sandbox=True)

@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -76,7 +77,9 @@ def test_a_server_narrows_a_devices_host_list_and_cannot_widen_it(tmp_path: Path
     kept, dropped = upstreams
     policy = tmp_path / "policy.yaml"
     policy.write_text(json.dumps({"commands": {"curl": {}},
-                                  "network": {"allow": [f"localhost:{kept}", f"localhost:{dropped}"]}}))
+                                  "network": {"allow": [f"localhost:{kept}", f"localhost:{dropped}"]},
+                                  # the commands' cwd: a root of its own (each call's /tmp is private)
+                                  "write_roots": ["~", tempfile.gettempdir(), str(tmp_path)]}))
     cluster = Cluster(tmp_path)
     env = {**cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{cluster.port}", "TETHER_TOKEN": cluster.api_token}
 

@@ -230,9 +230,12 @@ async def test_proc_self_cwd_cannot_swap_the_program(attacker: Attacker, monkeyp
 # ------------------------------------------------------------------ 3. a repository's own git config
 
 
-async def test_git_fsmonitor_from_the_repository_config_stays_confined(attacker: Attacker, outside: Path,
-                                                                      tmp_path: Path) -> None:
-    repo = tmp_path / "repo"  # a workspace in the temp dir: rewriting its config needs no approval
+async def test_git_fsmonitor_from_the_repository_config_stays_confined(attacker_factory: Callable[..., Any],
+                                                                      outside: Path, tmp_path: Path) -> None:
+    # a workspace in the temp dir, named as a write root (the machine's, captured; the rest of /tmp is each
+    # session's own): rewriting its config needs no approval
+    attacker = await attacker_factory(write_roots=["~", tempfile.gettempdir(), str(tmp_path)])
+    repo = tmp_path / "repo"
     subprocess.run(["git", "init", "-q", str(repo)], check=True)
     (repo / "README").write_text("hello\n")
     marker = outside / "fsmonitor-ran"

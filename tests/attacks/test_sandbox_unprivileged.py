@@ -44,6 +44,7 @@ outside = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-sbx-outside-"))  
 from tether.device.local import build_device
 from tether.protocol.models import Command
 from tether.tools.journal import UndoJournal
+from tether.tools.policy.model import policy_from_mapping
 
 
 async def main():
@@ -54,7 +55,7 @@ async def main():
     victim, evil = work / "victim.txt", work / "evil.txt"
     victim.write_bytes(b"the user's own file\n\x00\xff")
     evil.write_bytes(b"evil\n")
-    device = build_device(state_dir=state, sandbox=True)
+    device = build_device(policy=policy_from_mapping({"private_tmp": True}), state_dir=state, sandbox=True)
     report["sandbox"] = None if device.context.sandbox is None else device.context.sandbox.kind
     try:
         await device.computer_manager.get_or_create(None)
@@ -77,6 +78,12 @@ async def main():
         report["ssh_key"] = await run("cat", str(home / ".ssh" / "id_test"))
         report["ps"] = await run("ps", "-eo", "pid,args")
         report["environ"] = await run("cat", f"/proc/{os.getpid()}/environ")
+        mark = tempfile.gettempdir() + "/sbx-private-" + secrets.token_hex(4)  # the session's own /tmp
+        report["tmp_touch"] = await run("touch", mark)
+        [r] = await d.execute_commands([Command(tool_name="shell_execute_read",
+                                                parameters={"command": "ls -a " + tempfile.gettempdir()})])
+        report["tmp_read"] = {"status": r.status.value, "error": r.error, "result": r.result,
+                              "mark": os.path.basename(mark), "on_machine": os.path.exists(mark)}
     finally:
         await device.aclose()
         for p in (work, outside, home / ".ssh" / "id_test"):
@@ -195,6 +202,10 @@ def _problems(report: dict[str, Any], secret: str) -> list[str]:
     expect(outside["status"] == "failure" and "Read-only file system" in (outside["error"] or ""),
            "a write outside the roots did not fail read-only", outside)
     expect(report["outside_exists"] is False, "a file was written outside the roots", report["outside_exists"])
+    read = report["tmp_read"]
+    expect(report["tmp_touch"]["status"] == "success" and read["status"] == "success"
+           and read["mark"] in (read["result"] or {}).get("stdout", "") and read["on_machine"] is False,
+           "a read-only command did not see its session's private /tmp", [report["tmp_touch"], read])
     ssh = report["ssh"]
     expect(ssh["status"] == "failure" and "No such file or directory" in (ssh["error"] or ""),
            "~/.ssh was not absent (an overlay whiteout below a captured root)", ssh)

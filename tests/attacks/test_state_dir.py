@@ -1,12 +1,14 @@
 """The device's state directory — its undo journal, the token pairing gave it, its pairing key and the
 server's policy changes — is out of reach of everything the device runs, tried as an agent would:
 the file tools cannot read or write it, and a process cannot see it, copy it out, or plant a file
-in it. The state directory here lies inside the default roots (the temp directory), as ~/.local/state
-lies inside ~ on a real machine."""
+in it. The state directory here lies inside a write root (the test's directory in the temp dir, named as a
+root of its own: the machine's, not a session's private /tmp), as ~/.local/state lies inside ~ on a real
+machine."""
 
 from __future__ import annotations
 
 import json
+import tempfile
 
 import pytest
 
@@ -22,7 +24,11 @@ def device(tmp_path):
     (state / "device.token").write_text("tdev_paired_secret\n")
     (state / "device.key").write_text("pairing-key-material\n")
     (state / "remote-policy.json").write_text(json.dumps({"version": 1, "overlay": {}}))
-    proc = cluster.device("alpha")
+    # the test's directory (the state directory's, in the temp dir) is a write root of its own: the machine's,
+    # as ~ is, not the session's private /tmp (in which the machine's state directory is not there at all)
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({"write_roots": ["~", tempfile.gettempdir(), str(tmp_path)]}))
+    proc = cluster.device("alpha", extra=("--policy", str(policy)))
     cluster.wait_online("alpha", proc)
     yield cluster, state
     cluster.close()

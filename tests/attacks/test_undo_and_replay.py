@@ -25,14 +25,18 @@ PRIVATE = "alice's quarterly numbers: 42"
 class Setup:
     def __init__(self, tmp: Path) -> None:
         self.root = tmp / "root"
-        self.temp = tmp / "device-temp"
+        device_temp = tmp / "device-temp"
+        # where the sessions meet: a directory in the device's temp dir (no approval to overwrite there) that
+        # the policy names as a write root, so it is the machine's, shared and captured; the rest of the
+        # temp dir is each session's private /tmp
+        self.temp = device_temp / "shared"
         self.root.mkdir()
-        self.temp.mkdir()
+        self.temp.mkdir(parents=True)
         policy = tmp / "policy.yaml"
-        roots = json.dumps([str(self.root), str(self.temp)])
+        roots = json.dumps([str(self.root), str(device_temp), str(self.temp)])
         policy.write_text(f"read_roots: {roots}\nwrite_roots: {roots}\n")
         self.cluster = Cluster(tmp)
-        self.alpha = self.cluster.device("alpha", extra=("--policy", str(policy)), env={"TMPDIR": str(self.temp)})
+        self.alpha = self.cluster.device("alpha", extra=("--policy", str(policy)), env={"TMPDIR": str(device_temp)})
         self.cluster.wait_online("alpha", self.alpha)
         self.base = f"http://127.0.0.1:{self.cluster.port}/api/v1"
         self.admin = self.client(self.cluster.api_token)

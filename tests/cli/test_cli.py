@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.kits.netutil import workspace_policy
+
 
 def tether(*args: str, state: Path, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "TETHER_STATE_DIR": str(state), "NO_COLOR": "1", "COLUMNS": "200"}
@@ -60,13 +62,14 @@ def test_exec_failure_exits_nonzero_with_reason(state, tmp_path):
 def test_exec_then_undo_restores_files(state, tmp_path):
     target = tmp_path / "doc.txt"
     target.write_bytes(b"original\x00bytes")
-    out = tether("exec", "write_file", f"file_path={target}", "content=changed", "mode=overwrite",
+    policy = str(workspace_policy(tmp_path))  # the test's directory in /tmp: a write root (not a session's /tmp)
+    out = tether("exec", "--policy", policy, "write_file", f"file_path={target}", "content=changed", "mode=overwrite",
                  "--session", "cli-s1", "--json", state=state)
     assert out.returncode == 0, out.stdout
     assert target.read_text() == "changed"
     created = tmp_path / "new.txt"
-    assert tether("exec", "write_file", f"file_path={created}", "content=x", "--session", "cli-s1",
-                  state=state).returncode == 0
+    assert tether("exec", "--policy", policy, "write_file", f"file_path={created}", "content=x", "--session",
+                  "cli-s1", state=state).returncode == 0
     listed = tether("sessions", "--json", state=state)
     assert "cli-s1" in listed.stdout
     undone = tether("undo", "cli-s1", "--json", state=state)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,8 @@ async def test_run_config_with_an_llm_section_plans_with_it(tmp_path):
     plan = [{"skill": "shell.run", "args": {"cmd": "echo", "argv": ["planned"], "cwd": str(tmp_path)}}]
     async with FakeLLM([json.dumps({"steps": plan}), "It said planned."]) as fake:
         config = tmp_path / "config.yaml"
-        config.write_text(f"llm: {{base_url: '{fake.base_url}', model: scripted}}\n")
+        config.write_text(f"llm: {{base_url: '{fake.base_url}', model: scripted}}\n"  # the step's cwd, in /tmp:
+                          f"policy: {{write_roots: ['~', '{tempfile.gettempdir()}', '{tmp_path}']}}\n")  # a root
         import asyncio
 
         done = await asyncio.to_thread(tether, tmp_path, "run", "--config", str(config), "say planned")
@@ -88,7 +90,7 @@ def test_old_forms_still_load(tmp_path):
     listed = tether(tmp_path, "tools", "--json", "--config", str(desktop))
     assert listed.returncode == 0 and "get_current_time" in listed.stdout, listed.stderr
     policy = tmp_path / "policy.yaml"  # a plain policy file given to --policy
-    policy.write_text("commands: {echo: {}}\n")
+    policy.write_text(f"commands: {{echo: {{}}}}\nwrite_roots: ['~', '{tempfile.gettempdir()}', '{tmp_path}']\n")
     ok = tether(tmp_path, "exec", "--policy", str(policy), "--json", "shell.run", "cmd=echo", 'argv=["x"]',
                 f"cwd={tmp_path}")
     assert json.loads(ok.stdout)["status"] == "success", ok.stderr

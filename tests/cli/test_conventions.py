@@ -18,7 +18,7 @@ import typer
 
 import tether.cli.commands
 from tests.kits import db as dbkit
-from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for, workspace_policy
 from tether.cli.common import COMMAND_PANELS, ExitCode, app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -146,8 +146,8 @@ def test_a_refusal_says_what_to_do_in_cli_terms(server: tuple[str, str, dict[str
 def test_session_and_task_ids_are_whole_on_a_narrow_terminal(tmp_path: Path) -> None:
     env = {**tether_env(tmp_path / "state"), "COLUMNS": "40"}
     session = "a-long-session-id-0123456789abcdef"
-    done = _cli("exec", "write_file", f"file_path={tmp_path / 'x.txt'}", "content=x", "--session", session,
-                env=env)
+    done = _cli("exec", "--policy", str(workspace_policy(tmp_path)), "write_file", f"file_path={tmp_path / 'x.txt'}",
+                "content=x", "--session", session, env=env)  # its directory in /tmp: a write root
     assert done.returncode == 0, done.stdout + done.stderr
     listed = _cli("sessions", env=env)
     assert listed.returncode == 0 and session in listed.stdout, listed.stdout

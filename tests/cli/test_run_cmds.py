@@ -8,7 +8,7 @@ import os
 import subprocess
 
 from bench.kit.fake_llm import FakeLLM
-from tests.kits.netutil import CLI
+from tests.kits.netutil import CLI, workspace_policy
 
 
 def _env(tmp_path, **extra: str) -> dict[str, str]:
@@ -23,7 +23,8 @@ def test_plan_file_runs_without_an_llm_and_recovers(tmp_path):
         f"- skill: shell.run\n  args: {{cmd: mkdir, argv: ['{target}'], cwd: '{tmp_path}'}}\n"
         "  description: make the folder (its parent is missing)\n"
         f"- skill: write_file\n  args: {{file_path: '{target}/hello-world.txt', content: hi}}\n")
-    out = subprocess.run([*CLI, "run", "--plan", str(plan)], capture_output=True, text=True,
+    policy = str(workspace_policy(tmp_path))  # the plan's folder, in /tmp: a write root (not the task's own /tmp)
+    out = subprocess.run([*CLI, "run", "--policy", policy, "--plan", str(plan)], capture_output=True, text=True,
                          env=_env(tmp_path), timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stdout + out.stderr
     assert (target / "hello-world.txt").read_text() == "hi"
@@ -56,7 +57,8 @@ async def test_a_request_is_planned_by_the_llm_and_answered(tmp_path):
                        "description": "create the folder"}]}
     async with FakeLLM([json.dumps(plan), "The folder is ready."]) as fake:
         proc = await asyncio.create_subprocess_exec(
-            *CLI, "run", f"create a folder made-by-llm in {tmp_path}", stdout=asyncio.subprocess.PIPE,
+            *CLI, "run", "--policy", str(workspace_policy(tmp_path)), f"create a folder made-by-llm in {tmp_path}",
+            stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, stdin=asyncio.subprocess.DEVNULL,
             env=_env(tmp_path, TETHER_LLM_BASE_URL=fake.base_url, TETHER_LLM_MODEL="scripted"))
         stdout, _ = await asyncio.wait_for(proc.communicate(), timeout=120)

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 
 from bench.kit.fake_llm import FakeLLM
-from tests.kits.netutil import CLI
+from tests.kits.netutil import CLI, workspace_policy
 from tether.cli.views.spinner import Spinner
 from tether.cli.views.task import EventView
 
@@ -101,7 +101,8 @@ async def test_real_terminal_shows_planning_tokens_and_the_running_step(tmp_path
 
     async with FakeLLM([json.dumps(plan), "It said hello."]) as fake:
         proc = await asyncio.create_subprocess_exec(
-            *CLI, "run", "say hello", stdin=slave, stdout=slave, stderr=slave,
+            *CLI, "run", "--policy", str(workspace_policy(tmp_path)), "say hello", stdin=slave, stdout=slave,
+            stderr=slave,
             env={**env, "TETHER_STATE_DIR": str(tmp_path / "state"), "TETHER_LLM_BASE_URL": fake.base_url,
                  "TETHER_LLM_MODEL": "scripted", "COLUMNS": "200"})
         os.close(slave)

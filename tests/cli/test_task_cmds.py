@@ -23,14 +23,17 @@ from tether.cli.common import parse_requires
 class Setup:
     def __init__(self, tmp: Path) -> None:
         self.root = tmp / "root"
-        self.temp = tmp / "device-temp"
+        device_temp = tmp / "device-temp"
+        # the tasks' shared files: a directory in the device's temp dir the policy names as a write root (the
+        # machine's; the rest of the temp dir is each task's private /tmp)
+        self.temp = device_temp / "shared"
         self.root.mkdir()
-        self.temp.mkdir()
+        self.temp.mkdir(parents=True)
         policy = tmp / "policy.yaml"
-        roots = json.dumps([str(self.root), str(self.temp)])
+        roots = json.dumps([str(self.root), str(device_temp), str(self.temp)])
         policy.write_text(f"read_roots: {roots}\nwrite_roots: {roots}\n")
         self.cluster = Cluster(tmp)
-        self.alpha = self.cluster.device("alpha", extra=("--policy", str(policy)), env={"TMPDIR": str(self.temp)})
+        self.alpha = self.cluster.device("alpha", extra=("--policy", str(policy)), env={"TMPDIR": str(device_temp)})
         self.cluster.wait_online("alpha", self.alpha)
         self.env = {k: v for k, v in self.cluster.env.items() if not k.startswith(("TETHER_LLM_", "OPENAI_"))}
         self.env.update(TETHER_SERVER=f"http://127.0.0.1:{self.cluster.port}", TETHER_TOKEN=self.cluster.api_token)

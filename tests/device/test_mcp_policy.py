@@ -208,11 +208,12 @@ async def test_desktop_client_config_file_through_the_device(tmp_path: Path) -> 
 # --- sandboxed stdio servers --------------------------------------------------------------------
 
 def device_sandbox(spec: SandboxSpec) -> SimpleNamespace:
-    """What `ToolContext.sandbox` offers a stdio server: the spec and how this machine confines."""
+    """What `ToolContext.sandbox` offers a stdio server: the spec, how this machine confines, and what it hides
+    beside the spec (`Sandbox.live_hidden`: no sessions' private /tmp here)."""
     info = detect()
     if not info.available:
         pytest.fail(f"no sandbox on this machine: {info.detail}")
-    return SimpleNamespace(spec=spec, info=info)
+    return SimpleNamespace(spec=spec, info=info, live_hidden=lambda: ())
 
 
 async def test_sandboxed_server_sees_no_secrets_and_writes_only_its_roots(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+import tempfile
 import threading
 from pathlib import Path
 
@@ -29,7 +30,10 @@ async def test_open_device_registers_runs_a_command_sent_over_rest_and_closes(tm
     async with AgentServer(tmp_path) as server:
         token = server.store.tokens.create("device", "alpha")[1]
         hub = server.app.state.hub
-        async with await open_device(f"ws://127.0.0.1:{server.port}", token=token, config=parse_device_config({}),
+        # the command's cwd, in /tmp: a write root of its own (not the session's private /tmp)
+        roots = ["~", tempfile.gettempdir(), str(tmp_path)]
+        config = parse_device_config({"device": {"policy": {"write_roots": roots}}})
+        async with await open_device(f"ws://127.0.0.1:{server.port}", token=token, config=config,
                                      name="alpha", state_dir=tmp_path / "state", tags=["ci"],
                                      on_state=lambda state, conn: states.append(state)) as device:
             assert device.registered_as == "alpha" and states[-1] == "registered"

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,11 @@ def _setup(cluster: Cluster, tmp_path: Path, max_sessions: int) -> tuple[Path, P
     live = tmp_path / "live"
     live.mkdir()
     policy = tmp_path / "policy.yaml"  # the gates must be the test's own FIFOs: a live write root
-    policy.write_text(f"live_write_roots: [{str(live)!r}]\nmax_concurrent_sessions: {max_sessions}\n")
+    # the script and the commands' cwd lie in the test's directory: a write root of its own (the rest of the temp
+    # dir is each session's private /tmp)
+    roots = json.dumps(["~", tempfile.gettempdir(), str(tmp_path)])
+    policy.write_text(f"live_write_roots: [{str(live)!r}]\nmax_concurrent_sessions: {max_sessions}\n"
+                      f"write_roots: {roots}\n")
     device = cluster.device("alpha", extra=("--policy", str(policy)))
     cluster.wait_online("alpha", device)
     script = tmp_path / "gated.py"

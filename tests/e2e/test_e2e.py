@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from tests.kits import db as dbkit
-from tests.kits.netutil import Cluster, TcpProxy, tether_env, wait_for
+from tests.kits.netutil import Cluster, TcpProxy, tether_env, wait_for, workspace_policy
 from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command, ResultStatus
 from tether.server.store import Store
@@ -135,8 +135,7 @@ async def test_dropped_connection_delivers_result_exactly_once(cluster, tmp_path
     live.mkdir()
     # the sandbox captures writes until a command ends; the marks and the gate must be seen while it
     # runs, which is what live_write_roots are for (bound into the sandbox as they are)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(f"live_write_roots: [{str(live)!r}]\n")
+    policy = workspace_policy(tmp_path, live_write_roots=[str(live)])
     alpha = cluster.device("alpha", port=proxy.port, extra=("--policy", str(policy)))
     await asyncio.to_thread(cluster.wait_online, "alpha", alpha)
     gate = live / "gate"

@@ -7,7 +7,7 @@ import subprocess
 import pytest
 
 from tests.kits import db as dbkit
-from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
+from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for, workspace_policy
 from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command
 
@@ -39,7 +39,8 @@ def test_device_and_cli_over_tls(tmp_path, pki):
         untrusting.stop()
 
         device = Proc(["device", "--server", f"wss://127.0.0.1:{port}", "--ca-file", str(pki["ca"]),
-                       "--state-dir", str(state / "d1")], tmp_path / "device.log", device_env)
+                       "--state-dir", str(state / "d1"), "--policy", str(workspace_policy(tmp_path))],
+                      tmp_path / "device.log", device_env)
         procs.append(device)
         wait_for(lambda: any(d["name"] == "secure" and d["status"] != "offline" for d in remote.devices()),
                  "device over wss", 60, (device.popen,))

@@ -11,6 +11,7 @@ import signal
 import sqlite3
 import stat
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,7 +25,13 @@ from tether.cli.views.terminal_output import TerminalLines
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_"))
            or k in ("TETHER_ALLOW_ROOT", "TETHER_RUN_AS")}  # the suite's root leave (conftest.py)
-    return {**env, "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "200", **extra}
+    # the tasks' files and cwd lie in the test's directory in /tmp: a write root of the device's policy (the rest of
+    # /tmp is each task's private /tmp)
+    config = tmp_path / "workspace-config.json"
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    config.write_text(json.dumps({"device": {"policy": {"write_roots": ["~", tempfile.gettempdir(), str(tmp_path)]}}}))
+    return {**env, "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1", "COLUMNS": "200",
+            "TETHER_CONFIG": str(config), **extra}
 
 
 def _cli(tmp_path: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:

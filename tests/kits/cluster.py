@@ -37,6 +37,7 @@ import httpx
 
 from bench.kit import ports
 from tests.kits.db import keeps_server_state, server_db
+from tests.kits.netutil import workspace_policy
 
 WAIT = 60.0  # the upper bound of any wait here: a loaded 2-core machine starts a node in seconds
 HEARTBEAT = {"interval": 0.3, "timeout": 2.0, "grace": 3.0}
@@ -421,6 +422,8 @@ class ClusterKit:
         through the first running node's API unless given)."""
         secret = token if token is not None else await self.token("device", name)
         args = ["device", "--name", name, "--state-dir", str(self.tmp / f"device-{name}")]
+        if "--policy" not in extra:  # the test's directory in /tmp is a write root (not a session's private /tmp)
+            args += ["--policy", str(workspace_policy(self.tmp))]
         for node in nodes:
             args += ["--server", node.ws_url]
         process = Process(f"device {name}", self.tmp / f"device-{name}.log")

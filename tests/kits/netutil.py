@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from bench.kit import ports
 from tests.kits import db as dbkit
@@ -129,6 +132,15 @@ STARTUP_WAIT = 120.0  # upper bound for a `tether server` process to answer /hea
 HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
 
 
+def workspace_policy(tmp: Path, **more: Any) -> Path:
+    """A device policy file (in `tmp`) with the default write roots and `tmp` itself: a test's workspace in pytest's
+    temp dir is then the machine's, as a user's project is, not each session's private /tmp. `more`: other
+    settings."""
+    path = tmp / "workspace-policy.json"
+    path.write_text(json.dumps({"write_roots": ["~", tempfile.gettempdir(), str(tmp)], **more}))
+    return path
+
+
 @dbkit.keeps_server_state
 class Cluster:
     """One server process (`server_args`: more `tether server` options, e.g. --four-eyes) plus whatever
@@ -164,7 +176,11 @@ class Cluster:
 
     def device(self, name: str, token: str | None = None, port: int | None = None, extra: tuple[str, ...] = (),
                env: dict[str, str] | None = None) -> Proc:
-        """A `tether device` process; its token travels in TETHER_DEVICE_TOKEN, never on its command line."""
+        """A `tether device` process; its token travels in TETHER_DEVICE_TOKEN, never on its command line. Without
+        a `--policy` in `extra`, its policy is the default with the test's directory as a write root of its own
+        (`workspace_policy`)."""
+        if "--policy" not in extra:
+            extra = (*extra, "--policy", str(workspace_policy(self.tmp)))
         args = ["device", "--server", f"ws://127.0.0.1:{port or self.port}", "--name", name,
                 "--state-dir", str(self.state / f"dev-{name}"), *extra]
         secret = token if token is not None else self.device_tokens.get(name)

@@ -24,7 +24,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.kits.netutil import CLI, HEARTBEAT, Proc, free_port, tether_env, wait_for
+from tests.kits.netutil import CLI, HEARTBEAT, Proc, free_port, tether_env, wait_for, workspace_policy
 from tether.server.store import Store
 
 TMPFS_SIZE = "16m"
@@ -95,7 +95,8 @@ class Server:
         self.procs: list[Proc] = []
         self.server = self.start_server()
         self.device = self.start(["device", "--server", f"ws://127.0.0.1:{self.port}", "--name", "alpha",
-                                  "--state-dir", str(tmp / "dev-alpha")], "device",
+                                  "--state-dir", str(tmp / "dev-alpha"), "--policy", str(workspace_policy(tmp))],
+                                 "device",
                                  {"TETHER_DEVICE_TOKEN": self.device_token})
         self.wait_online()
 

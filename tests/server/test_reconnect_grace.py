@@ -19,7 +19,7 @@ import pytest
 
 from tests.kits import db as dbkit
 from tests.kits.aip import WAIT, FakeDevice, ServerFactory, logged, ok
-from tests.kits.netutil import Cluster, TcpProxy, wait_for
+from tests.kits.netutil import Cluster, TcpProxy, wait_for, workspace_policy
 from tether.device.link.reconnect import GRACE_FLOOR_S, GRACE_SHARE, attempt_timeout, backoff_delay
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.models import Command, ResultStatus
@@ -213,8 +213,8 @@ async def test_link_cut_while_commands_run_and_restored_inside_the_grace_loses_n
     proxy = await SwitchedProxy(cluster.port).start()
     live = tmp_path / "live"
     live.mkdir()
-    policy = tmp_path / "policy.yaml"  # marks must be seen while a command runs: a live write root
-    policy.write_text(f"live_write_roots: [{str(live)!r}]\n")
+    # marks must be seen while a command runs: a live write root
+    policy = workspace_policy(tmp_path, live_write_roots=[str(live)])
     devices = {name: cluster.device(name, port=proxy.port, extra=("--policy", str(policy)))
                for name in ("alpha", "beta")}
     for name, proc in devices.items():

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ class Setup:
         self.tmp = tmp
         self.cluster = Cluster(tmp)
         policy = tmp / "policy.yaml"
-        policy.write_text("ask: on-miss\n")
+        # the commands' cwd (the test's directory, in the temp dir) is a write root of its own: each session's
+        # /tmp is private, the machine's directories below it are reached where the policy names them
+        policy.write_text(f"ask: on-miss\nwrite_roots: {json.dumps(['~', tempfile.gettempdir(), str(tmp)])}\n")
         self.alpha = self.cluster.device("alpha", extra=("--policy", str(policy)))
         self.cluster.wait_online("alpha", self.alpha)
         self.env = {k: v for k, v in self.cluster.env.items() if not k.startswith(("TETHER_LLM_", "OPENAI_"))}

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.kits.netutil import Cluster
+from tests.kits.netutil import Cluster, workspace_policy
 from tests.web.test_dashboard import Dash, browser  # noqa: F401 (browser is a fixture)
 from tether.protocol.models import Command
 
@@ -16,8 +16,7 @@ from tether.protocol.models import Command
 @pytest.fixture
 def cluster(tmp_path) -> Iterator[Cluster]:
     c = Cluster(tmp_path)
-    policy = tmp_path / "policy.yaml"
-    policy.write_text("ask: on-miss\n")
+    policy = workspace_policy(tmp_path, ask="on-miss")  # its steps' cwd, in /tmp: a write root of its own
     alpha = c.device("alpha", extra=("--policy", str(policy)))
     c.wait_online("alpha", alpha)
     yield c

@@ -108,8 +108,11 @@ class Computer:
         undo = build_spec(self.undo_session, "undo_session", "action", None,
                           "Put back the files a session's commands changed (its undo journal), newest first. "
                           "Needs an approval: it rewrites files.")
+        end = build_spec(self.end_session, "end_session", "action", None,
+                         "End the batch's own session on this device: what the device keeps for it alone (its "
+                         "private /tmp) is removed now. Its undo journal stays.")
         resources = MCPResourceTools(self._external_servers, self.wait_for_joins)
-        return {"list_tools": spec, "undo_session": undo, **resources.specs()}
+        return {"list_tools": spec, "undo_session": undo, "end_session": end, **resources.specs()}
 
     def _external_servers(self) -> list[BaseMCPServer]:
         """The servers with an MCP session of their own (resources and prompts), not the built-in sets."""
@@ -128,6 +131,18 @@ class Computer:
             return await asyncio.to_thread(ctx.journal.restore, session_id, ctx.policy.write_roots)
         except ValueError as exc:
             raise ToolError(str(exc)) from None
+
+    async def end_session(self, ctx: ToolContext) -> dict[str, Any]:
+        """How a server tells this device that a session has ended (a task finished, a one-off `tether exec`
+        call returned): the session's private /tmp (`tether.sandbox.private_tmp`) is removed now rather
+        than after a day idle. Only the batch's own session (`ctx.session_id`): a caller ends no session it
+        could not send commands into. Batches of one session run in order, so none of its commands is
+        still running. Result: `{"session_id", "tmp_removed"}`; ToolError for a batch without a session."""
+        if not ctx.session_id:
+            raise ToolError("end_session: the batch names no session")
+        removed = ctx.sandbox is not None and await ctx.sandbox.end_session(ctx.session_id)
+        logger.info("session %s ended%s", ctx.session_id, ": its private /tmp removed" if removed else "")
+        return {"session_id": ctx.session_id, "tmp_removed": removed}
 
     async def list_tools(self, tool_type: ToolType | None = None, namespace: str | None = None,
                          remove_meta: bool = True) -> list[dict[str, Any]]:

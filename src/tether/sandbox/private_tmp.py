@@ -7,12 +7,13 @@ first, owned by the sandbox's `run_as` user where there is one); its name is rec
 directory so a restarted device finds it again. Inside, a session's directory is named by a hash of the
 session id (any string is a valid session id; a name is not).
 
-A session's directory is removed once the session has been idle (no command, no file tool through /tmp)
-for `idle_s`: the device expires it itself, because the server keeps no session end that survives it (a
-session is an owner claim, open for good), and a session-end message would be lost with a server or
-device restart. Idle is the directory's mtime, touched at each use, so the expiry survives a device
-restart too: leftovers of an earlier run are removed when the device starts (`sweep`), and every time
-a session's directory is made.
+A session's directory is removed when the session ends: the server tells the device with the `end_session`
+meta tool (a task that finished, failed or was cancelled; a one-off `tether exec` call) and `remove` runs.
+A device that was away then (or one the server does not tell: a session named by hand) expires the
+directory itself once the session has been idle (no command, no file tool through /tmp) for `idle_s`.
+Idle is the directory's mtime, touched at each use, so the expiry survives a device restart too:
+leftovers of an earlier run are removed when the device starts (`sweep`), and every time a session's
+directory is made.
 
 Standard library only.
 """
@@ -136,7 +137,8 @@ class PrivateTmp:
 
     def map(self, session: str | None, path: str) -> str:
         """Where `path` leads for `session`: a path at or below the temp dir (but for the kept ones) leads
-        into the session's own directory; any other path, or any path without a session, is itself.
+        into the session's own directory; any other path, a path already inside the sessions' base (mapped
+        before, or another session's, which `foreign` refuses), or any path without a session, is itself.
         Lexical (no link is followed): the caller's jail resolves the result."""
         if not session:
             return path
@@ -144,6 +146,8 @@ class PrivateTmp:
         if not os.path.isabs(absolute) or self.is_kept(absolute):
             return path
         if absolute != self.tmp and not absolute.startswith(self.tmp + "/"):
+            return path
+        if absolute == self.base or absolute.startswith(self.base + "/"):
             return path
         rest = absolute[len(self.tmp):].lstrip("/")
         own = self.dir_of(session)
@@ -171,12 +175,16 @@ class PrivateTmp:
         own = os.path.join(base, session_key(session))
         return resolved != own and not resolved.startswith(own + "/")
 
-    def remove(self, session: str) -> None:
-        """Remove `session`'s directory now (its session has ended)."""
+    def remove(self, session: str) -> bool:
+        """Remove `session`'s directory now (its session has ended); whether there was one."""
         self._known.discard(session)
         base = self._base or self._find()
-        if base is not None:
-            _remove_tree(os.path.join(base, session_key(session)))
+        if base is None:
+            return False
+        path = os.path.join(base, session_key(session))
+        there = os.path.lexists(path)
+        _remove_tree(path)
+        return there
 
     def sweep(self, now: float | None = None) -> list[str]:
         """Remove the directories of sessions idle past `idle_s` (and any stray entry of the base); the

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from tether.cli.demo.tour import demo_policy
 from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result
@@ -108,7 +109,8 @@ def run_remote_demo(console: Console, state_dir: Path | None = None) -> int:
         _wait_until(lambda: remote.health()["status"] == "ok", "server", 30, procs)
         console.print(f"server up (pid {procs[0].pid})")
         procs.append(subprocess.Popen([*cli, "device", "--server", f"ws://127.0.0.1:{port}", "--name", "demo-device",
-                                       "--state-dir", str(state), *as_root],  # the token in its environment,
+                                       "--state-dir", str(state), "--policy", str(demo_policy(work, state)),
+                                       *as_root],  # the token in its environment,
                                       env=device_env, stderr=subprocess.DEVNULL))  # which it clears
         _wait_until(lambda: any(d["name"] == "demo-device" and d["status"] != "offline"
                                 for d in remote.devices()), "device registration", 60, procs)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import sys
 import tempfile
@@ -91,7 +92,7 @@ async def run_demo(console: Console, state_dir: Path | None = None) -> int:
     if run_as:
         os.environ[RUN_AS_ENV] = run_as
     ok = True
-    async with open_local_device(config, state_dir=state) as device:
+    async with open_local_device(config, state_dir=state, policy_path=demo_policy(work, state)) as device:
         computer = await device.computer_manager.get_or_create(None)
         infos = computer.tool_infos()
         namespaces = sorted({i.namespace for i in infos})
@@ -131,3 +132,12 @@ async def run_demo(console: Console, state_dir: Path | None = None) -> int:
         ok = await _task(console, device, work) and ok
     console.print("\n[green]demo finished[/green]" if ok else "\n[red]demo: a step misbehaved[/red]")
     return 0 if ok else 1
+
+
+def demo_policy(work: Path, state: Path) -> Path:
+    """The demo device's policy file (in `state`): the default one, with the demo's working directory (in the
+    temp dir) as a write root of its own, so it is the machine's directory and not each session's private /tmp."""
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / "demo-policy.json"
+    path.write_text(json.dumps({"write_roots": ["~", tempfile.gettempdir(), str(work)]}))
+    return path

@@ -99,14 +99,16 @@ def tmp_source(spec: SandboxSpec) -> str:
 
 
 def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwrap: str = "bwrap",
-              egress_fd: int | None = None) -> list[str]:
+              egress_fd: int | None = None, hide: tuple[str, ...] = ()) -> list[str]:
     """A bwrap command running `argv` with the write roots bound writable directly (nothing captured).
 
     For processes that outlive a call (a stdio MCP server, an application): their writes cannot wait
     for the call to end, so they are not captured, approved or undoable; the rest still holds, and a
     hidden or protected path cannot be created or changed there (`tether.sandbox.confine.guard`).
     `egress_fd`: an inherited unix socket the process's egress proxy port is sent back on (a spec
-    without network whose policy lists hosts; see `Sandbox.live_egress`).
+    without network whose policy lists hosts; see `Sandbox.live_egress`). `hide`: more directories made
+    empty and read-only (the sessions' private /tmp directories, `Sandbox.live_hidden`: a live process sees
+    the machine's /tmp).
     """
     args = _base(bwrap, spec)
     writable = [root for root in (*spec.write_roots, *spec.live_write_roots) if os.path.isdir(root)
@@ -116,6 +118,9 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
     # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.confine.guard)
     args += live_plan(writable, spec.hidden, spec.protected, spec.protected_names, depth=2).bwrap_args()
     args += hide_args(spec) + mask_args(spec)
+    for path in hide:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
     if cwd:
         args += ["--chdir", cwd]
     shim = confine_argv(spec)

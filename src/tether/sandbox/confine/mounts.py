@@ -25,7 +25,10 @@ from tether.sandbox.confine.guard import mount_plan
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
-MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+# the per-mount flags a read-only remount must keep (statvfs's f_flag bits equal these MS_ flags): a flag
+# the mount was locked with cannot be cleared in a user namespace
+_KEPT_FLAGS = MS_NOSUID | MS_NODEV | MS_NOEXEC | 1024 | 2048 | 4096  # and MS_NOATIME, MS_NODIRATIME, MS_RELATIME
 PR_SET_PDEATHSIG, PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 1, 24, 38
 PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
@@ -186,8 +189,9 @@ def hold_tmp(req: dict[str, Any]) -> TmpHold | None:
 def bind_tmp(libc: Libc, hold: TmpHold | None, run: dict[str, Any]) -> None:
     """Bind the session's own directory (`run["tmp"]`, its name in the base) over /tmp, and the kept paths
     (the captured roots as the overlaid /tmp shows them) back at their places in it; then let go of the held
-    fds. When `run` names no session's /tmp, the command keeps the captured /tmp of everyone, the sessions'
-    base hidden there."""
+    fds. A command that captures nothing (`run` has no layer: a read-only command) sees its session's /tmp
+    read-only. When `run` names no session's /tmp, the command keeps the captured /tmp of everyone, the
+    sessions' base hidden there."""
     if hold is None:
         return
     try:
@@ -209,6 +213,9 @@ def bind_tmp(libc: Libc, hold: TmpHold | None, run: dict[str, Any]) -> None:
             libc.mount(f"/proc/self/fd/{own}", hold.target, None, MS_BIND, None)
         finally:
             os.close(own)
+        if not run.get("layer"):  # nothing of it is captured: it writes nowhere, not even its own /tmp
+            kept = os.statvfs(hold.target).f_flag & _KEPT_FLAGS
+            libc.mount(None, hold.target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | kept, None)
         for path, fd, is_dir in hold.keep:
             _mountpoint(path, is_dir)
             libc.mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC, None)

@@ -24,9 +24,10 @@ def x_display(socket_path: str) -> bool:
 class Requests(SandboxParts):
     """The mounts, IPC filters and limits of a warden request."""
 
-    def _mounts(self, layer: Path | None, display: tuple[str, ...] = ()) -> dict[str, Any]:
+    def _mounts(self, layer: Path | None, display: tuple[str, ...] = (), own_tmp: bool = False) -> dict[str, Any]:
         """The part of a `run` request that decides the command's mounts (warden `PRIMED_BY`), its Landlock
-        rules, IPC filters and limits."""
+        rules, IPC filters and limits. `own_tmp`: the command gets its session's private /tmp (read-only
+        without a `layer`); a captured command always has what it needs for one."""
         # live roots are written directly: hidden and protected paths there stay uncreatable
         guard = live_plan(self.spec.live_write_roots, self.spec.hidden, self.spec.protected,
                           self.spec.protected_names, depth=1) if self.spec.live_write_roots else NO_LIVE
@@ -42,13 +43,14 @@ class Requests(SandboxParts):
                 "landlock": self.info.landlock,  # the Landlock ABI, and where the command may write
                 "writable": [*(self.spec.write_roots if layer is not None else ()), *self.spec.live_write_roots,
                              "/dev"],
-                **self._private_tmp(layer), **self._ipc_and_limits(display)}
+                **self._private_tmp(layer is not None or own_tmp), **self._ipc_and_limits(display)}
 
-    def _private_tmp(self, layer: Path | None) -> dict[str, Any]:
-        """Where a captured command's namespace finds the sessions' private /tmp directories (`mounts.hold_tmp`):
-        the base as the warden sees it, the temp dir they replace, and the paths below it that stay."""
+    def _private_tmp(self, wanted: bool) -> dict[str, Any]:
+        """Where a command's namespace finds the sessions' private /tmp directories (`mounts.hold_tmp`): the
+        base as the warden sees it, the temp dir they replace, and the paths below it that stay; nothing
+        when the command is not `wanted` to get its session's (or there is none)."""
         private = self.private_tmp
-        if private is None or layer is None:
+        if private is None or not wanted:
             return {}
         keep = [[path, path] for path in private.keep
                 if path not in self.spec.live_write_roots and path not in private.captured]

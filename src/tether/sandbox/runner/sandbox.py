@@ -116,7 +116,8 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
     async def spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str],
                     stdin: bool, layer: Path | None, output: bool = True,
                     ask: AskFn | None = None, display_socket: str | None = None,
-                    session: str | None = None, session_processes: int = 0) -> SandboxedProcess:
+                    session: str | None = None, session_processes: int = 0,
+                    session_tmp: bool = True) -> SandboxedProcess:
         """Start `argv` (running the file `executable` names, opened here) confined; `layer` captures writes.
 
         `output=False` sends stdout and stderr to /dev/null (a detached application nobody reads).
@@ -126,13 +127,17 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         sockets (and its abstract twin is refused so that libxcb falls back to it: `seccomp.program`).
         `session`, `session_processes`: the session it runs for and that session's process total
         (`SessionTotals.take_processes`: its pid cap is what the session has left, held until it exits;
-        `layers.session.SessionLimit` when too little is left, and nothing starts).
+        `layers.session.SessionLimit` when too little is left, and nothing starts). `session_tmp`: the command
+        sees its session's private /tmp (where the sandbox gives sessions one; read-only for a command that
+        captures nothing); False: the machine's, read-only, the sessions' directories hidden there (a
+        program that outlives the session, such as a launched application).
         """
         granted = self.sessions.take_processes(session, self.spec.limits.processes, session_processes)
         try:
             process = await self._spawn(argv, executable=executable, cwd=cwd, env=env, stdin=stdin, layer=layer,
                                         output=output, ask=ask, display_socket=display_socket, processes=granted,
-                                        session=session)
+                                        session=session,
+                                        own_tmp=session_tmp)
         except BaseException:
             self.sessions.give_back_processes(session, granted)
             raise
@@ -142,9 +147,9 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
 
     async def _spawn(self, argv: list[str], *, executable: str, cwd: str, env: dict[str, str], stdin: bool,
                      layer: Path | None, output: bool, ask: AskFn | None, display_socket: str | None,
-                     processes: int, session: str | None) -> SandboxedProcess:
+                     processes: int, session: str | None, own_tmp: bool) -> SandboxedProcess:
         await self._ensure()  # first: its start sweeps the private /tmp an earlier run's ended sessions left
-        tmp = self._session_tmp(session) if layer is not None else None
+        tmp = self._session_tmp(session) if layer is not None or own_tmp else None
         loop = asyncio.get_running_loop()
         exe = os.open(executable, os.O_PATH | os.O_CLOEXEC)
         to_close = [exe]
@@ -168,7 +173,7 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
                        # a script runs by its real path (outside the writable roots, resolved here), so
                        # its interpreter and the script itself find what lies beside it (npm, shims...)
                        "exec_path": exec_path,
-                       **self._mounts(layer, (display_socket,) if display_socket else ())}
+                       **self._mounts(layer, (display_socket,) if display_socket else (), own_tmp=tmp is not None)}
             if display_socket and message.get("filters") is not False and x_display(display_socket):
                 message["display"] = True  # libxcb's abstract-address-first connect (seccomp.program)
             if tmp is not None:
@@ -218,6 +223,23 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
             self._removing.add(sweep)  # type: ignore[arg-type]
             sweep.add_done_callback(self._removing.discard)
         return session_key(session)
+
+    async def end_session(self, session: str) -> bool:
+        """`session` has ended: its private /tmp is removed now, off the event loop. Whether it had one here."""
+        private = self.private_tmp
+        if private is None or not session:
+            return False
+        return await self.offload(private.remove, session)
+
+    def live_hidden(self) -> tuple[str, ...]:
+        """What a live process (`bwrap.live_argv`: a sandboxed MCP server, which sees the machine's /tmp)
+        must not reach beside the spec's hidden paths: the sessions' private /tmp base, where there is one."""
+        if self.private_tmp is None:
+            return ()
+        try:
+            return (self.private_tmp.base,)
+        except OSError:  # it cannot be made: then no session has one either
+            return ()
 
     def map_tmp(self, session: str | None, path: str) -> str:
         """Where a file tool's `path` leads for `session`: into the session's private /tmp for a path below

@@ -177,10 +177,11 @@ class Policy(BaseModel):
                                           "(absolute paths; 'sandbox': only sockets they bind themselves; '*': any, "
                                           "abstract ones too); empty: no unix socket at all")
     private_tmp: bool = Field(
-        False, description="each session's sandboxed commands and file tools see their own /tmp (where the temp "
-                           "dir is a write root): nothing one session leaves there is seen by another, it is "
-                           "not captured, and it is removed once the session has been idle for a day "
-                           "(docs/security/ipc-and-limits.md); false: one captured /tmp for every session")
+        True, description="each session's sandboxed commands, file tools and transfers see their own /tmp "
+                           "(where the temp dir is a write root): nothing one session leaves there is seen by "
+                           "another, it is not captured, and it is removed when the session ends (or after a "
+                           "day idle) (docs/security/ipc-and-limits.md); false: one captured /tmp for every "
+                           "session")
     limits: ResourceLimits = Field(default_factory=ResourceLimits,
                                    description="each sandboxed command's memory, processes, CPU, file size, files, "
                                                "and the size of the layer it leaves")

@@ -117,7 +117,8 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
                                                 stdin=False, layer=None, output=False,
                                                 display_socket=_display_socket(env),
                                                 session=ctx.session_id,
-                                                session_processes=ctx.policy.limits.session_processes)
+                                                session_processes=ctx.policy.limits.session_processes,
+                                                session_tmp=False)  # it outlives the session's /tmp
         else:
             proc = await asyncio.create_subprocess_exec(
                 app_name, *args, executable=executable, cwd=workdir, env=env, start_new_session=True,

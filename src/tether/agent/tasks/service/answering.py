@@ -149,6 +149,7 @@ class Answering(Running):
             self._live.pop(task.id, None)
             self._end_followers(task.id)
             self._release(task.id)
+            self._end_sessions(task)
         return task
 
 

@@ -56,6 +56,7 @@ class ServiceCore:
         self._given_up: set[str] = set()  # tasks another server took over while they ran here
         self._asking: dict[str, asyncio.Task[None]] = {}  # tasks whose step in flight is being asked about
         self._checked: dict[str, Task] = {}  # task id given -> the task `steerable` found, while it is steered
+        self._ending: set[asyncio.Task[None]] = set()  # ended tasks' sessions being ended on their devices
 
     def _steerable(self, task_id: str) -> Task:
         """The task, when this server may steer it: not while another live server sharing the database

@@ -73,6 +73,8 @@ class Lifecycle(Answering):
             runner.interrupted = True
             job.cancel()
         await asyncio.gather(*(job for _, job in runners), return_exceptions=True)
+        if self._ending:  # ended tasks' sessions being ended: bounded by their batch timeout
+            await asyncio.gather(*self._ending, return_exceptions=True)
         problem = await self._saver.saved(*self._live.values())
         self._saver.cancel()
         if problem is not None:

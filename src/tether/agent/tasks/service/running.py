@@ -131,6 +131,30 @@ class Running(Followers):
                 if self._peers is not None:
                     self._peers.ended(task.id)
                 self._release(task.id)
+                self._end_sessions(task)
+
+    def _end_sessions(self, task: Task) -> None:
+        """The task has ended: each connected device it sent commands to (or could have) is told that its
+        session has (`end_session`), in the background, so it drops what it kept for the session alone (a
+        private /tmp). Nothing is retried: a device away now, or one too old to know the meta tool,
+        removes that itself once the session has been idle for a day."""
+        names = [n for n in dict.fromkeys([*task.devices_undo_order(), *(n for n in [task.device, *task.devices] if n)])
+                 if self.hub.connected(n)]
+        if not names or self._closing:
+            return
+
+        async def end(name: str) -> None:
+            dispatcher = self.hub.dispatcher(name, session_id=task.id, requested_by=f"task:{task.id[:12]} ended")
+            [result] = await dispatcher.execute_commands([Command(tool_name="end_session")], timeout=30)
+            if not result.ok:
+                logger.debug("task %s: device %s did not end its session: %s", task.id, name, result.error)
+
+        async def end_all() -> None:
+            await asyncio.gather(*(end(name) for name in names), return_exceptions=True)
+
+        job = asyncio.create_task(end_all(), name=f"task {task.id} sessions end")
+        self._ending.add(job)
+        job.add_done_callback(self._ending.discard)
 
     async def _tools_for(self, task: Task) -> dict[str | None, builtins.list[ToolInfo]]:
         """Each device's tools, asked live (tools change), else from the profile it registered with."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import getpass
 import json
 import time
@@ -38,6 +39,12 @@ from tether.cli.common import (
 )
 from tether.cli.root_guard import AllowRootOpt, guard_root
 from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, ToolType
+
+
+def end_session() -> Command:
+    """What a one-off call (no --session) tells the device after it: its session has ended, and the device
+    drops what it kept for it alone (`Computer.end_session`: the session's private /tmp)."""
+    return Command(tool_name="end_session")
 
 if TYPE_CHECKING:
     from tether.device.local import LocalDevice
@@ -188,13 +195,14 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run", 
         _allow_always(device, tool, args or [], always, server, token, ca_file)
     session_id = session or f"cli-{uuid.uuid4().hex[:12]}"
     approved_by = f"cli:{getpass.getuser()}" if approve else None
+    one_off = session is None  # a session of this call alone: it ends with it (the device drops its /tmp)
     if device:
         result, schema = _exec_remote(device, tool, args or [], session_id, approved_by, timeout, tool_type,
-                              server, token, ca_file, raw)
+                              server, token, ca_file, raw, one_off=one_off)
     else:
         guard_root(config, allow_root, "tether exec")  # a device in this process (tether.device.root)
         result, schema = run_async(_exec_local(tool, args or [], config, policy, session_id, approved_by, timeout,
-                                       tool_type, state_dir))
+                                       tool_type, state_dir, end=one_off))
     if as_json:
         typer.echo(json.dumps({"session_id": session_id, "device": device, **result.model_dump(mode="json")},
                               indent=2))
@@ -261,7 +269,7 @@ def _schema_for(infos: list[ToolInfo], tool: str, tool_type: str | None) -> dict
 
 async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: Path | None, session_id: str,
                       approved_by: str | None, timeout: float | None, tool_type: str | None,
-                      state_dir: Path | None) -> tuple[Result, dict[str, Any]]:
+                      state_dir: Path | None, end: bool = False) -> tuple[Result, dict[str, Any]]:
     from tether.cli.mcp_hooks import cli_hooks, configured_llm
     from tether.device.local import open_local_device
 
@@ -269,7 +277,10 @@ async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: 
     try:
         async with open_local_device(config, policy_path=policy, state_dir=state_dir,
                                mcp_hooks=cli_hooks(llm)) as device:
-            return await _exec_on(device, tool, pairs, session_id, approved_by, timeout, tool_type)
+            ran = await _exec_on(device, tool, pairs, session_id, approved_by, timeout, tool_type)
+            if end:  # the call's own session ends with it (`end_session`: its private /tmp goes)
+                await device.dispatcher(session_id=session_id).execute_commands([end_session()], timeout=30)
+            return ran
     finally:
         if llm is not None:
             await llm.close()
@@ -319,7 +330,7 @@ def _allow_always(device: str, tool: str, pairs: list[str], what: str, server: s
 
 def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
                  timeout: float | None, tool_type: str | None, server: str | None, token: str | None,
-                 ca_file: str | None, raw: bool = False) -> tuple[Result, dict[str, Any]]:
+                 ca_file: str | None, raw: bool = False, one_off: bool = False) -> tuple[Result, dict[str, Any]]:
     # --timeout is the caller's wall time: the schema lookup spends from the same budget, and the
     # command gets what is left (the batch one second more, so the tool's own timeout, which says
     # what it killed, normally answers first)
@@ -340,6 +351,10 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
                               timeout=left if timeout else None, approved_by=approved_by)
             _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5), session_id=session_id,
                                      on_event=remote_questions(remote, device, raw=raw))
+            if one_off:  # the call's own session ends with it: the device drops its private /tmp now (an older
+                with contextlib.suppress(RemoteError):  # device refuses the meta tool and sweeps it after a day)
+                    remote.run(device, [end_session()], session_id=session_id,  # within --timeout's wall time
+                               timeout=max(min(end - time.monotonic(), 10), 0.5))
             return result, schema
     except RemoteError as exc:
         fail_remote(exc, ExitCode.USAGE)

@@ -169,6 +169,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     from tether.cli.local_tasks import run_locks, terminal_ask
     from tether.device.local import open_local_device
     from tether.device.probe import collect_profile
+    from tether.protocol.models import Command
 
     out = console()
     llm = LLMClient(settings) if settings is not None else None
@@ -209,7 +210,10 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
             runner = TaskRunner(lambda _device: dispatcher, llm, tools={None: computer.tool_infos()},
                                 ask=ask, on_event=show, profiles=profiles, stream_planning=spinner.enabled)
             out.print(f"task {task.id}")
-            await runner.run(task)
+            try:
+                await runner.run(task)
+            finally:  # the task's session ends with it: the device drops its private /tmp (`end_session`)
+                await dispatcher.execute_commands([Command(tool_name="end_session")], timeout=30)
     except Unanswered:
         task.error = "the question was left unanswered (no terminal to ask and no --answer left)"
     except _UnknownSkills as exc:

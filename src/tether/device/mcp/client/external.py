@@ -187,7 +187,7 @@ class StdioServer(SessionServer):
         from tether.sandbox.confine.bwrap import live_argv  # only a sandboxed server needs it
 
         return live_argv(sandbox.spec, argv, cwd=self.config.cwd, bwrap=sandbox.info.bwrap or "bwrap",
-                         egress_fd=egress_fd)
+                         egress_fd=egress_fd, hide=sandbox.live_hidden())
 
     def _live_egress(self) -> LiveEgress | None:
         """The way to the device's egress proxy for a sandboxed server when the policy lists hosts (its
