@@ -195,7 +195,7 @@ def test_readme_exec_examples_run_as_written(tmp_path: Path) -> None:
     try:
         done = run_cli(*argv, tmp=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
-        shown = run_cli(*shlex.split(read)[1:], tmp=tmp_path)
+        shown = run_cli(*[a if a != "s1" else session for a in shlex.split(read)[1:]], tmp=tmp_path)
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert json.loads(shown.stdout)["status"] == "success" and "hello" in shown.stdout
     finally:
