@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -71,7 +72,11 @@ def test_bad_no_revoked_and_mismatched_tokens_are_refused(cluster):
 def test_duplicate_live_device_is_refused_but_keeps_trying(cluster):
     first = cluster.device("alpha")
     cluster.wait_online("alpha", first)
-    second = cluster.device("alpha")
+    # the same device started again elsewhere: a copy of its state (key and all), since one process holds a
+    # state directory alone
+    copy = cluster.state / "dev-alpha-copy"
+    shutil.copytree(cluster.state / "dev-alpha", copy, ignore=shutil.ignore_patterns("device.lock"))
+    second = cluster.device("alpha", state_dir=copy)
     wait_for(lambda: "duplicate" in second.output().lower(), "duplicate refusal", 60, (second.popen,))
     assert second.popen.poll() is None, "a duplicate is retried, not fatal"
     _, [result] = cluster.remote.run("alpha", [Command(tool_name="get_system_info",

@@ -175,14 +175,15 @@ class Cluster:
         return proc
 
     def device(self, name: str, token: str | None = None, port: int | None = None, extra: tuple[str, ...] = (),
-               env: dict[str, str] | None = None) -> Proc:
+               env: dict[str, str] | None = None, state_dir: Path | None = None) -> Proc:
         """A `tether device` process; its token travels in TETHER_DEVICE_TOKEN, never on its command line. Without
         a `--policy` in `extra`, its policy is the default with the test's directory as a write root of its own
-        (`workspace_policy`)."""
+        (`workspace_policy`). Its state directory is `state_dir`, by default one per name (a device process
+        holds its state directory alone)."""
         if "--policy" not in extra:
             extra = (*extra, "--policy", str(workspace_policy(self.tmp)))
         args = ["device", "--server", f"ws://127.0.0.1:{port or self.port}", "--name", name,
-                "--state-dir", str(self.state / f"dev-{name}"), *extra]
+                "--state-dir", str(state_dir or self.state / f"dev-{name}"), *extra]
         secret = token if token is not None else self.device_tokens.get(name)
         return self.start(args, f"device-{name}", {**({"TETHER_DEVICE_TOKEN": secret} if secret else {}),
                                                    **(env or {})})
