@@ -104,11 +104,14 @@ class Query:
         return cls(tuple(sorted(words(query[:MAX_QUERY]))), narrow, limit)
 
 
-def _score(query: Iterable[str], tool: DeviceTool, device_words: set[str], tags: set[str]) -> tuple[int, int]:
-    """(how many query words match, score) of one tool (see the module docstring)."""
+def _score(query: Iterable[str], tool: DeviceTool, device_words: set[str], tags: set[str],
+           seen: dict[str | None, set[str]]) -> tuple[int, int]:
+    """(how many query words match, score) of one tool (see the module docstring); `seen` memoizes `words`
+    over one search (a fleet's devices mostly share their tools' texts)."""
     info = tool.info
     name = info.name.lower()
-    name_words, title_words, text_words = words(info.name), words(info.title), words(info.description)
+    name_words, title_words, text_words = (seen[t] if t in seen else seen.setdefault(t, words(t))
+                                           for t in (info.name, info.title, info.description))
     device = tool.device.lower()
     matched = total = 0
     for word in query:
@@ -127,6 +130,7 @@ def find_tools(index: FleetIndex, registry: DeviceRegistry, keep: DeviceFilter, 
     takes and its input schema as `tools/list` would give it."""
     scored: list[tuple[int, int, str, DeviceTool]] = []
     devices: dict[str, tuple[set[str], set[str]] | None] = {}
+    texts: dict[str | None, set[str]] = {}
     for tool in index.listed(keep):
         if tool.device not in devices:
             record = registry.get(tool.device)
@@ -135,7 +139,7 @@ def find_tools(index: FleetIndex, registry: DeviceRegistry, keep: DeviceFilter, 
         seen = devices[tool.device]
         if seen is None:
             continue
-        matched, score = _score(query.words, tool, *seen)
+        matched, score = _score(query.words, tool, *seen, texts)
         if matched:
             scored.append((-matched, -score, tool.name, tool))
     scored.sort(key=lambda row: row[:3])
