@@ -19,13 +19,14 @@ words they match, then by score, then by listed name.
 
 from __future__ import annotations
 
+import heapq
 import re
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import mcp_types as types
 
+from tether.protocol.models import ToolInfo
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.mcp.listing import BadFilter, DeviceFilter, DeviceTool, FleetIndex
 from tether.server.mcp.translate import client_safe_schema
@@ -104,48 +105,58 @@ class Query:
         return cls(tuple(sorted(words(query[:MAX_QUERY]))), narrow, limit)
 
 
-def _score(query: Iterable[str], tool: DeviceTool, device_words: set[str], tags: set[str],
-           seen: dict[str | None, set[str]]) -> tuple[int, int]:
-    """(how many query words match, score) of one tool (see the module docstring); `seen` memoizes `words`
-    over one search (a fleet's devices mostly share their tools' texts)."""
-    info = tool.info
-    name = info.name.lower()
-    name_words, title_words, text_words = (seen[t] if t in seen else seen.setdefault(t, words(t))
-                                           for t in (info.name, info.title, info.description))
-    device = tool.device.lower()
-    matched = total = 0
-    for word in query:
-        best = max(8 if word in name_words else 5 if word in name else 0,
-                   6 if word == device or word in device_words else 3 if word in device else 0,
-                   4 if word in tags else 0, 3 if word in title_words else 0, 1 if word in text_words else 0)
-        if best:
-            matched += 1
-            total += best
-    return matched, total
+def _tool_part(query: tuple[str, ...], info: ToolInfo) -> tuple[int, ...]:
+    """Each query word's best score on the tool itself: its name, title and description."""
+    name, name_words, title_words, text_words = (info.name.lower(), words(info.name), words(info.title),
+                                                 words(info.description))
+    return tuple(max(8 if word in name_words else 5 if word in name else 0, 3 if word in title_words else 0,
+                     1 if word in text_words else 0) for word in query)
+
+
+def _device_part(query: tuple[str, ...], device: str, tags: set[str]) -> tuple[int, ...]:
+    """Each query word's best score on the device: its name and tags."""
+    lowered, device_words = device.lower(), words(device)
+    return tuple(max(6 if word == lowered or word in device_words else 3 if word in lowered else 0,
+                     4 if word in tags else 0) for word in query)
+
+
+def _combined(tool: tuple[int, ...], device: tuple[int, ...]) -> tuple[int, int]:
+    """(how many query words match, score) of a tool on a device."""
+    best = [max(a, b) for a, b in zip(tool, device, strict=True)]
+    return sum(1 for b in best if b), sum(best)
 
 
 def find_tools(index: FleetIndex, registry: DeviceRegistry, keep: DeviceFilter, query: Query) -> dict[str, Any]:
     """The `find_tools` answer: the best `query.limit` tools among those `keep` admits (the request's own
     listing filter, the token's scope included) and `query.devices` admits, each with the name `tools/call`
-    takes and its input schema as `tools/list` would give it."""
+    takes and its input schema as `tools/list` would give it. Each part of the score is computed once per
+    distinct tool text and once per device (a fleet's devices mostly share their tools)."""
     scored: list[tuple[int, int, str, DeviceTool]] = []
-    devices: dict[str, tuple[set[str], set[str]] | None] = {}
-    texts: dict[str | None, set[str]] = {}
+    devices: dict[str, tuple[int, ...] | None] = {}
+    texts: dict[tuple[str, str | None, str], tuple[int, ...]] = {}
+    sums: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[int, int]] = {}
     for tool in index.listed(keep):
-        if tool.device not in devices:
+        device = devices.get(tool.device, ())
+        if device == ():
             record = registry.get(tool.device)
-            devices[tool.device] = (words(tool.device), {t.lower() for t in record.tags} if record else set()) \
-                if query.devices.admits(tool.device) else None
-        seen = devices[tool.device]
-        if seen is None:
+            device = devices[tool.device] = _device_part(query.words, tool.device, {
+                t.lower() for t in record.tags} if record else set()) if query.devices.admits(tool.device) else None
+        if device is None:
             continue
-        matched, score = _score(query.words, tool, *seen, texts)
-        if matched:
-            scored.append((-matched, -score, tool.name, tool))
-    scored.sort(key=lambda row: row[:3])
+        info = tool.info
+        key = (info.name, info.title, info.description)
+        part = texts.get(key)
+        if part is None:
+            part = texts[key] = _tool_part(query.words, info)
+        both = sums.get((part, device))
+        if both is None:
+            both = sums[(part, device)] = _combined(part, device)
+        if both[0]:
+            scored.append((-both[0], -both[1], tool.name, tool))
+    best = heapq.nsmallest(query.limit, scored, key=lambda row: row[:3])
     rows = [{"name": tool.name, "device": tool.device, "tool": tool.info.name, "title": tool.info.title,
              "description": tool.info.description, "inputSchema": client_safe_schema(tool.info.input_schema),
-             "score": -score} for _, score, _, tool in scored[:query.limit]]
+             "score": -score} for _, score, _, tool in best]
     return {"tools": rows, "matched": len(scored)}
 
 
