@@ -87,7 +87,9 @@ async def test_a_big_fleet_is_searched_not_listed(tmp_path: Path) -> None:
         async with mcp_client(server.mcp_url, scoped) as other:  # 100 devices reached, 1,300 tools: searched
             assert {t.name for t in (await other.list_tools()).tools} == FLEET_TOOLS
             seen = await other.call_tool("find_tools", {"query": "read file dev-0742"})
-            assert all(r["device"].startswith("dev-00") for r in seen.structured_content["tools"])
+            rows = seen.structured_content["tools"]
+            assert rows and all(r["device"].startswith("dev-00") for r in rows)
+            assert seen.structured_content["matched"] == 100 * len(TOOLS)  # "dev": every tool in scope, none beyond
             refused = await other.call_tool("dev-0742__files.read", {"path": "/etc/hostname"})
             assert refused.is_error and "scope" in refused.content[0].text
         assert server.store.audit.rows(token="lab0") == []
