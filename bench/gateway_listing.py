@@ -4,7 +4,8 @@ bytes"): the progressive listing (the fleet tools and `find_tools`) against the 
     python -m bench.gateway_listing [--devices 1000] [--rounds 7]
 
 Two real agent servers (the whole app under uvicorn, in this process, SQLite in a temp directory): `full`
-with `mcp_progressive_over=0` (every tool listed) and `progressive` with the default setting. Each gets the
+with `mcp_progressive_over=0` (every tool listed) and `progressive` with the default setting (or just below
+the fleet's tool count for a fleet smaller than that). Each gets the
 same `--devices` devices, 13 tools each, registered over real AIP sockets with their key proofs and kept
 connected. Requests are stateless MCP 2026-07-28 POSTs (httpx, one keep-alive connection per server):
 
@@ -127,19 +128,21 @@ async def search(http: httpx.AsyncClient) -> tuple[float, int, int]:
     return time.perf_counter() - t0, size, len(result["structuredContent"]["tools"])
 
 
-async def main(devices: int, rounds: int) -> None:
+async def main(devices: int, rounds: int) -> dict[str, list[tuple[float, int, int]]]:
+    """Measure and print the rows; returns each row's (seconds, bytes, tools) per round."""
     with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
         (Path(tmp) / "full").mkdir()
         (Path(tmp) / "prog").mkdir()
         started = time.perf_counter()
+        over = min(ServerSettings.model_fields["mcp_progressive_over"].default, devices * len(TOOLS) - 1)
         async with fleet_server(Path(tmp) / "full", devices, mcp_progressive_over=0) as (full_port, full_api), \
-                fleet_server(Path(tmp) / "prog", devices) as (prog_port, prog_api), \
+                fleet_server(Path(tmp) / "prog", devices, mcp_progressive_over=over) as (prog_port, prog_api), \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{full_port}", timeout=120,
                                   headers={"Authorization": f"Bearer {full_api}"}) as full, \
                 httpx.AsyncClient(base_url=f"http://127.0.0.1:{prog_port}", timeout=120,
                                   headers={"Authorization": f"Bearer {prog_api}"}) as prog:
-            print(f"{devices} devices x {len(TOOLS)} tools on each of 2 servers, registered in "
-                  f"{time.perf_counter() - started:.1f} s")
+            print(f"{devices} devices x {len(TOOLS)} tools on each of 2 servers (progressive past {over} tools), "
+                  f"registered in {time.perf_counter() - started:.1f} s")
             await list_all(full), await list_all(prog), await search(prog)  # warm: the SDK import, the index
             rows: dict[str, list[tuple[float, int, int]]] = {"full": [], "progressive": [], "find_tools": []}
             for _ in range(rounds):
@@ -155,6 +158,7 @@ async def main(devices: int, rounds: int) -> None:
             size = statistics.median(b for _, b, _ in samples)
             print(f"{row:<14}{samples[0][2]:>7}{statistics.median(times):>10.1f}{spread(times):>20}{size:>11.0f}"
                   f"{statistics.median(times) / 1000 / anchor:>13.4f}{size / anchor_bytes:>14.5f}")
+    return rows
 
 
 def cli() -> None:
