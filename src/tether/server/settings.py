@@ -276,6 +276,9 @@ class ServerSettings(BaseModel):
         "items per page of /mcp's tools/list, resources/list, resources/templates/list and prompts/list (a "
         "longer list is given a page at a time, with nextCursor; large by default, as many clients read only "
         "the first page; docs/gateway.md)"))
+    mcp_progressive_over: int = Field(500, ge=0, description=(
+        "past this many device tools a client reaches, /mcp's tools/list lists only the fleet and task tools and "
+        "find_tools, the search a client finds device tools with (0: always list every tool; docs/gateway.md)"))
     webhooks: list[WebhookConfig] = Field(default_factory=list, description=(
         "the server's own webhooks (the config file's webhooks: list): told of every event they name"))
     webhook_allow_private: bool = Field(False, description=(

@@ -47,6 +47,7 @@ from tether.protocol.models import Result
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.approvals import how_a_person_approves, server_url
+from tether.server.mcp import search
 from tether.server.mcp.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, contributed
 from tether.server.mcp.handlers.context import (
@@ -105,7 +106,9 @@ CACHE_HINTS = {**{method: CacheHint(ttl_ms=LIST_TTL_MS, scope="private") for met
     "tools/list", "resources/list", "resources/templates/list", "prompts/list")},
     "resources/read": CacheHint(ttl_ms=0, scope="private")}
 INSTRUCTIONS = ("A tether fleet: `list_devices` shows the machines; each online device's tools are listed as "
-                "DEVICE__TOOL (e.g. laptop__shell.run). Calls go through each device's policy and approvals.")
+                "DEVICE__TOOL (e.g. laptop__shell.run). When the fleet has too many tools to list at once, "
+                "tools/list gives only the fleet tools and `find_tools`: search there and call the names it "
+                "returns. Calls go through each device's policy and approvals.")
 
 
 class _FleetServer(Server[Any]):
@@ -172,6 +175,7 @@ class Gateway:
         self.server.middleware = [self._task_call_2025, self.watch.middleware]
         self._deferred: dict[str, _Deferred] = {}  # by request_state
         self._page_size: int = app.state.settings.mcp_page_size  # items per page of every list (paging.py)
+        self._progressive_over: int = app.state.settings.mcp_progressive_over  # past it, search (search.py)
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -229,7 +233,9 @@ class Gateway:
                             output_schema=LIST_DEVICES_OUTPUT,
                             annotations=types.ToolAnnotations(read_only_hint=True, destructive_hint=False))]
         tools += [contributed_tool(t) for t in contributed(self.app).values()]
-        tools += [device_tool(t) for t in self.index.listed(admitted.keep)]
+        listed = self.index.listed(admitted.keep)
+        big = search.progressive(len(listed), self._progressive_over)  # a big fleet: searched, not listed
+        tools += [search.search_tool()] if big else [device_tool(t) for t in listed]
         shown, more = page("tools/list", tools, checked_cursor(params), self._page_size)
         return types.ListToolsResult(tools=shown, next_cursor=more)
 
@@ -289,6 +295,12 @@ class Gateway:
                 return call_result(Reply("", list_devices(self.registry, arguments, admitted.token)), as_json=True)
             except ValueError as exc:
                 return call_result(Reply(f"list_devices: {exc}", is_error=True))
+        if name == search.NAME:  # callable whether or not it is listed; sees what tools/list would list
+            try:
+                found = search.find_tools(self.index, self.registry, admitted.keep, search.Query.parse(arguments))
+            except ValueError as exc:
+                return call_result(Reply(f"{search.NAME}: {exc}", is_error=True))
+            return call_result(Reply("", found), as_json=True)
         extra = contributed(self.app).get(name)
         if extra is not None:
             return await self._call_contributed(ctx, extra, arguments, caller)
