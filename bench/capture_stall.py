@@ -119,11 +119,14 @@ async def main(n_files: int = N_FILES, rounds: int = ROUNDS) -> dict[str, float]
     script.write_text(MAKE_FILES)
     state = home / ".local/state/tether"
     state.mkdir(parents=True)
-    device = build_device(policy=policy_from_mapping({}), state_dir=state, sandbox=True)
+    # the files go to a directory in the temp dir named as a write root: the machine's, captured (the rest of
+    # /tmp is each session's private /tmp, which is not captured)
+    scratch = Path(tempfile.mkdtemp(prefix="tether-bench-capture-")).resolve()
+    roots = {"write_roots": [str(home), tempfile.gettempdir(), str(scratch)]}
+    device = build_device(policy=policy_from_mapping(roots), state_dir=state, sandbox=True)
     if device.context.sandbox is None:
         sys.exit("no sandbox could be made here (see the log for why)")
     served = Served(device)
-    scratch = Path(tempfile.mkdtemp(prefix="tether-bench-capture-")).resolve()
     anchor_p99: list[float] = []
     load_p99: list[float] = []
     try:

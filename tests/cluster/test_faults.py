@@ -25,6 +25,7 @@ import pytest
 
 from bench.kit.engines import Engine
 from tests.kits.cluster import WAIT, ClusterKit, Device, Node
+from tests.kits.netutil import workspace_roots
 
 
 def gated(kit: ClusterKit, label: str) -> tuple[dict[str, Any], Path, Path]:
@@ -50,7 +51,7 @@ def policy_args(kit: ClusterKit) -> list[str]:
     live = kit.tmp / "live"
     live.mkdir(exist_ok=True)
     policy = kit.tmp / "policy.yaml"
-    policy.write_text(f"live_write_roots: [{str(live)!r}]\n")
+    policy.write_text(workspace_roots(kit.tmp) + f"live_write_roots: [{str(live)!r}]\n")
     return ["--policy", str(policy)]
 
 

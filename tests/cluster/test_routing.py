@@ -19,6 +19,7 @@ import httpx
 
 from bench.kit.engines import Engine
 from tests.kits.cluster import CLI, WAIT, ClusterKit, Device, Node
+from tests.kits.netutil import workspace_roots
 
 
 def echo(kit: ClusterKit, text: str) -> list[dict[str, Any]]:
@@ -175,7 +176,7 @@ async def test_a_task_on_one_node_runs_steps_on_a_device_another_node_holds_and_
         live = kit.tmp / "live"  # a live root: the step's process opens the test's FIFO itself, not a copy
         live.mkdir()
         policy = kit.tmp / "policy.yaml"
-        policy.write_text(f"live_write_roots: [{str(live)!r}]\n")
+        policy.write_text(workspace_roots(kit.tmp) + f"live_write_roots: [{str(live)!r}]\n")
         await device_on(kit, "laptop", a, [a, b, c], ["--policy", str(policy)])
         gate = live / "task-gate"
         os.mkfifo(gate)

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from tests.kits import db as dbkit
-from tests.kits.netutil import Proc, free_port, tether_env, wait_for
+from tests.kits.netutil import Proc, free_port, tether_env, wait_for, workspace_roots
 from tether.client.rest import RemoteError, RemoteServer
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.server.store.audit import LATE_NOTE
@@ -79,7 +79,7 @@ class Runs:
         self.script.write_text(SCRIPT.format(log=str(self.log), started=str(self.started_fifo),
                                              gates=str(self.gates)))
         self.policy = tmp / "chaos-policy.yaml"
-        self.policy.write_text(f"live_write_roots: [{str(self.live)!r}]\n")
+        self.policy.write_text(workspace_roots(tmp) + f"live_write_roots: [{str(self.live)!r}]\n")
         self.commands: dict[str, Command] = {}  # label -> the command
 
     def close(self) -> None:

@@ -132,6 +132,12 @@ STARTUP_WAIT = 120.0  # upper bound for a `tether server` process to answer /hea
 HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
 
 
+def workspace_roots(tmp: Path) -> str:
+    """The YAML line naming the default write roots and `tmp` (a test's workspace in pytest's temp dir, the
+    machine's rather than each session's private /tmp), for a policy file a test writes itself."""
+    return f"write_roots: {json.dumps(['~', tempfile.gettempdir(), str(tmp)])}\n"
+
+
 def workspace_policy(tmp: Path, **more: Any) -> Path:
     """A device policy file (in `tmp`) with the default write roots and `tmp` itself: a test's workspace in pytest's
     temp dir is then the machine's, as a user's project is, not each session's private /tmp. `more`: other
