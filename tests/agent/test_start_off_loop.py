@@ -11,9 +11,6 @@ Released, the start claims and holds the task a previous server left waiting for
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -30,20 +27,8 @@ WAIT = 30.0
 
 @pytest.fixture
 def pg_url() -> Iterator[str]:
-    import psycopg  # noqa: F401  (the test extra installs it: a missing driver fails, never skips)
-
-    with contextlib.ExitStack() as stack:
-        if dbkit.backend() != "postgres":
-            try:
-                admin = stack.enter_context(dbkit.postgres_session())
-            except (RuntimeError, FileNotFoundError) as exc:
-                pytest.fail(f"no PostgreSQL to run against (scripts/test installs it): {exc}", pytrace=False)
-        else:
-            admin = os.environ[dbkit.ADMIN_ENV]
-        name = f"start_{int(time.time() * 1000)}"
-        dbkit.psql(admin, f'CREATE DATABASE "{name}" TEMPLATE {dbkit.TEMPLATE}')
-        stack.callback(dbkit.psql, admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        yield dbkit.database_url(admin, name)
+    with dbkit.fresh_postgres_database("start") as url:
+        yield url
 
 
 def waiting_task(store: TaskStore) -> Task:

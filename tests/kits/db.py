@@ -124,6 +124,27 @@ def _run(coro: Coroutine[Any, Any, T]) -> T:
 
 
 @contextlib.contextmanager
+def fresh_postgres_database(prefix: str) -> Iterator[str]:
+    """A new database copied from the migrated template, dropped afterwards; yields its URL. On the session's
+    PostgreSQL (TETHER_TEST_DB=postgres) or one started here; without either the test fails, never skips."""
+    import psycopg  # noqa: F401  (the test extra installs it: a missing driver fails, never skips)
+    import pytest
+
+    with contextlib.ExitStack() as stack:
+        if backend() != "postgres":
+            try:
+                admin = stack.enter_context(postgres_session())
+            except (RuntimeError, FileNotFoundError) as exc:
+                pytest.fail(f"no PostgreSQL to run against (scripts/test installs it): {exc}", pytrace=False)
+        else:
+            admin = os.environ[ADMIN_ENV]
+        name = f"{prefix}_{uuid.uuid4().hex[:12]}"
+        psql(admin, f'CREATE DATABASE "{name}" TEMPLATE {TEMPLATE}')
+        stack.callback(psql, admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        yield database_url(admin, name)
+
+
+@contextlib.contextmanager
 def per_test_databases(admin_url: str, prefix: str = "t") -> Iterator[str]:
     """The scope of a test's (or, with prefix "s", the session's) databases: those created inside it are
     dropped when it ends. Nested: a module- or session-scoped fixture's server, set up before any test's

@@ -5,8 +5,6 @@ the statements on it; a token verified before is answered from memory. With SQLi
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,20 +35,8 @@ def test_sqlite_calls_run_at_once_on_the_caller(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    import psycopg  # noqa: F401  (the test extra installs it: a missing driver fails, never skips)
-
-    with contextlib.ExitStack() as stack:
-        if dbkit.backend() != "postgres":
-            try:
-                admin = stack.enter_context(dbkit.postgres_session())
-            except (RuntimeError, FileNotFoundError) as exc:
-                pytest.fail(f"no PostgreSQL to run against (scripts/test installs it): {exc}", pytrace=False)
-        else:
-            admin = os.environ[dbkit.ADMIN_ENV]
-        name = f"pool_{int(time.time() * 1000)}"
-        dbkit.psql(admin, f'CREATE DATABASE "{name}" TEMPLATE {dbkit.TEMPLATE}')
-        stack.callback(dbkit.psql, admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        yield dbkit.database_url(admin, name)
+    with dbkit.fresh_postgres_database("pool") as url:
+        yield url
 
 
 def test_a_locked_tokens_table_holds_only_the_lookups_that_need_it(pg_url: str, monkeypatch: pytest.MonkeyPatch

@@ -5,8 +5,6 @@ runs at once, as before. `AuditLog.health()` answers from state."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,20 +50,8 @@ def test_sqlite_group_commit_runs_at_once_on_the_loop(tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def pg_url() -> Iterator[str]:
-    import psycopg  # noqa: F401  (the test extra installs it: a missing driver fails, never skips)
-
-    with contextlib.ExitStack() as stack:
-        if dbkit.backend() != "postgres":
-            try:
-                admin = stack.enter_context(dbkit.postgres_session())
-            except (RuntimeError, FileNotFoundError) as exc:
-                pytest.fail(f"no PostgreSQL to run against (scripts/test installs it): {exc}", pytrace=False)
-        else:
-            admin = os.environ[dbkit.ADMIN_ENV]
-        name = f"worker_{int(time.time() * 1000)}"
-        dbkit.psql(admin, f'CREATE DATABASE "{name}" TEMPLATE {dbkit.TEMPLATE}')
-        stack.callback(dbkit.psql, admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        yield dbkit.database_url(admin, name)
+    with dbkit.fresh_postgres_database("worker") as url:
+        yield url
 
 
 def test_postgres_group_commit_waits_for_a_lock_on_the_worker_not_on_the_loop(pg_url: str) -> None:

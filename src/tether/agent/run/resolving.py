@@ -117,10 +117,14 @@ class Resolving:
                              tried_args=task.counters.tried_args.get(str(index), []),
                              replans_used=task.counters.replans, can_replan=self.llm is not None)
 
-    async def _ask(self, task: Task, question: AskUser, existing: Question | None) -> Decision | None:
+    async def _put(self, task: Task, step: int, question: AskUser, existing: Question | None
+                   ) -> tuple[Question, str, str | None]:
+        """Put `question` about step `step` to a person (`existing`: the task's record of it, asked before a
+        restart, so followers are not told of it twice) and record the answer: the task waits meanwhile.
+        Returns the record, the answer (stripped; "" for none) and the option it matched, if any."""
         record = existing
         if record is None:
-            record = Question(step=task.cursor, question=question.question, options=list(question.options),
+            record = Question(step=step, question=question.question, options=list(question.options),
                               kind=question.kind, changes=list(question.changes), digest=question.digest)
             task.questions.append(record)
         self._to(task, TaskState.WAITING_FOR_USER, question=record.id)
@@ -135,7 +139,18 @@ class Resolving:
         record.answer = answer
         record.answered_at = datetime.now(UTC)
         self._emit(task, "user_answer", {"question": record.id, "answer": answer})
-        choice = match_option(answer, question.options)
+        return record, answer, match_option(answer, question.options)
+
+    def _end_if_cancelled(self, task: Task, question: AskUser, answer: str, choice: str | None) -> None:
+        """End `task` as cancelled when the answer says cancel, whatever the options were (an approval offers
+        approve/deny; a terminal that cannot be asked answers cancel): it must not become a re-plan constraint
+        or a second question."""
+        if choice == OPTION_CANCEL or answer.lower() == OPTION_CANCEL or (not answer
+                                                                        and OPTION_CANCEL in question.options):
+            self._end(task, TaskState.CANCELLED, "cancelled by the user")
+
+    async def _ask(self, task: Task, question: AskUser, existing: Question | None) -> Decision | None:
+        record, answer, choice = await self._put(task, task.cursor, question, existing)
         if choice == OPTION_APPROVE:
             task.approved_step = task.cursor
             task.approved_by = record.answered_by
@@ -144,11 +159,7 @@ class Resolving:
             return None
         if choice == OPTION_DENY:
             self._end(task, TaskState.CANCELLED, f"step {task.cursor + 1} was not approved: {question.question}")
-        # "cancel" ends the task whatever the options were (an approval offers approve/deny; a terminal that
-        # cannot be asked answers cancel): it must not become a re-plan constraint or a second question
-        if choice == OPTION_CANCEL or answer.lower() == OPTION_CANCEL or (not answer
-                                                                        and OPTION_CANCEL in question.options):
-            self._end(task, TaskState.CANCELLED, "cancelled by the user")
+        self._end_if_cancelled(task, question, answer, choice)
         if choice == OPTION_RETRY:
             self._to(task, TaskState.RUNNING)
             return None

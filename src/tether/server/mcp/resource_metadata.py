@@ -20,6 +20,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from tether.server.oidc.bearer import request_origin
 from tether.server.store.tokens import SCOPES
 
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
@@ -27,19 +28,9 @@ MCP_PATH = "/mcp"
 RESOURCE_NAME = "tether fleet (MCP gateway)"
 
 
-def origin_of(scope: Mapping[str, Any]) -> str:
-    """`scheme://host[:port]` of an HTTP request as its client addressed it (the Host header, else the server)."""
-    headers = dict(scope.get("headers") or ())
-    host = headers.get(b"host", b"").decode("latin-1").strip()
-    if not host:
-        server = scope.get("server") or ("127.0.0.1", None)
-        host = f"{server[0]}:{server[1]}" if server[1] else str(server[0])
-    return f"{scope.get('scheme', 'http')}://{host}"
-
-
 def metadata_url(scope: Mapping[str, Any]) -> str:
     """Where the metadata of `/mcp` is, for a request's 401: the path-suffixed well-known URL (RFC 9728 §3.1)."""
-    return f"{origin_of(scope)}{WELL_KNOWN}{MCP_PATH}"
+    return f"{request_origin(scope)}{WELL_KNOWN}{MCP_PATH}"
 
 
 def challenge(scope: Mapping[str, Any], *, invalid_token: bool = False, insufficient_scope: str | None = None) -> str:
@@ -55,8 +46,9 @@ def challenge(scope: Mapping[str, Any], *, invalid_token: bool = False, insuffic
 
 def protected_resource_metadata(scope: Mapping[str, Any], authorization_servers: list[str]) -> dict[str, Any]:
     """The Protected Resource Metadata document of `/mcp` (RFC 9728 §2) for a request that asked for it."""
-    document: dict[str, Any] = {"resource": f"{origin_of(scope)}{MCP_PATH}", "bearer_methods_supported": ["header"],
-                                "scopes_supported": list(SCOPES), "resource_name": RESOURCE_NAME}
+    document: dict[str, Any] = {"resource": f"{request_origin(scope)}{MCP_PATH}",
+                                "bearer_methods_supported": ["header"], "scopes_supported": list(SCOPES),
+                                "resource_name": RESOURCE_NAME}
     if authorization_servers:
         document["authorization_servers"] = list(authorization_servers)
     return document

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 from tether.agent.llm.chat import LLMError
@@ -38,7 +37,7 @@ from tether.agent.run.graph.asking import ask_to_run
 from tether.agent.run.graph.states import DONE, FAILED, GONE, REPLACED, RESTART_UNKNOWN, SKIPPED
 from tether.agent.run.observe import step_row
 from tether.agent.run.recovery import apply_budgets, fallback, recover, tool_for
-from tether.agent.run.steps import history_row, match_option
+from tether.agent.run.steps import history_row
 from tether.agent.run.task import Question, Task, TaskState
 from tether.errors import AgentError
 from tether.protocol.models import Result
@@ -151,35 +150,16 @@ class Mending:
         True: run the step again; False: the step ended (skipped); or the next decision."""
         runner, task = self.runner, self.task
         async with self.asking:
-            record = existing
-            if record is None:
-                assert question is not None
-                record = Question(step=index, question=question.question, options=list(question.options),
-                                  kind=question.kind, changes=list(question.changes), digest=question.digest)
-                task.questions.append(record)
-            else:
-                question = AskUser(question=record.question, options=record.options,
-                                   kind="approval" if record.kind == "approval" else "question",
-                                   changes=record.changes, digest=record.digest, source="user")
-            runner._to(task, TaskState.WAITING_FOR_USER, question=record.id)
-            if existing is None:
-                runner._emit(task, "question", record.model_dump(mode="json"))
-            asked = runner.clock()
-            try:
-                raw = await runner.ask(question)
-            finally:
-                runner._waited += runner.clock() - asked
-            answer = (raw or "").strip()
-            record.answer = answer
-            record.answered_at = datetime.now(UTC)
-            runner._emit(task, "user_answer", {"question": record.id, "answer": answer})
-            choice = match_option(answer, question.options)
+            if existing is not None:  # asked before a restart: the same question again
+                question = AskUser(question=existing.question, options=existing.options,
+                                   kind="approval" if existing.kind == "approval" else "question",
+                                   changes=existing.changes, digest=existing.digest, source="user")
+            assert question is not None
+            record, answer, choice = await runner._put(task, index, question, existing)
             if choice == OPTION_DENY:
                 runner._end(task, TaskState.CANCELLED, f"{label(self.plan.steps, index)} was not approved: "
                                                        f"{question.question}")
-            if choice == OPTION_CANCEL or answer.lower() == OPTION_CANCEL or (not answer
-                                                                            and OPTION_CANCEL in question.options):
-                runner._end(task, TaskState.CANCELLED, "cancelled by the user")
+            runner._end_if_cancelled(task, question, answer, choice)
             runner._to(task, TaskState.RUNNING)
         if choice == OPTION_APPROVE:
             task.approved_step, task.approved_by, task.approved_digest = index, record.answered_by, record.digest
