@@ -264,10 +264,17 @@ class SessionServer(BaseMCPServer):
         try:
             tracked = caps.track(ctx)
             try:
-                # The SDK's read timeout ends the request; the outer one only guards a wedged transport write.
-                async with asyncio.timeout(remaining + 1.0):
+                # The SDK's read timeout ends the request; the outer one only guards a wedged transport write,
+                # unless the caller's own timeout (its batch's) stops the call before it would.
+                guard = remaining + 1.0
+                progress = caps.progress_callback(ctx, name)
+                if ctx.deadline is not None and ctx.deadline < loop.time() + guard:
                     result = await client.call_tool(name, arguments, read_timeout_seconds=remaining,
-                                                    progress_callback=caps.progress_callback(ctx, name))
+                                                    progress_callback=progress)
+                else:
+                    async with asyncio.timeout(guard):
+                        result = await client.call_tool(name, arguments, read_timeout_seconds=remaining,
+                                                        progress_callback=progress)
             finally:
                 caps.untrack(tracked, ctx)
         except MCPError as exc:
