@@ -1,6 +1,6 @@
 """A persistent stdio MCP call through tether against the bare `mcp` SDK on the same server.
 
-    python -m bench.mcp_stdio [N] [--chunk 50] [--base SRC] [--fresh K]
+    python -m bench.mcp_stdio [N] [--chunk 50] [--base SRC] [--rest] [--fresh K]
 
 Anchor: `mcp.Client` over stdio with one session, calling the tool N times. Budget (DESIGN.md):
 tether's path through CommandRouter at most 1.15x the anchor's p50. Also on record: a fresh
@@ -13,6 +13,8 @@ wall time and the CPU its own process spends on it (`time.process_time`; the ech
 and not counted): the client-side cost that tether adds, which other load inflates far less than the wall
 time. Each worker freezes its start-up objects out of the collector once warm, as `tether device` does.
 `--base SRC` adds a third worker running tether from another checkout's `src` (before/after in one run).
+`--rest` adds the same call over REST: a worker running a tether server and its device (in-process, over
+/aip) with the echo server configured, and an HTTP client posting the command (with `--base`, twice).
 The spread is the min..max over eight groups of chunks of each side's median, and of the ratio's.
 """
 
@@ -106,6 +108,57 @@ async def tether_worker() -> None:
         await servers.aclose()
 
 
+async def rest_worker() -> None:
+    """The same call over REST: `POST /api/v1/devices/bench/commands` to a tether server, its device (connected
+    over /aip) running the echo server's tool; server, device and HTTP client all in this worker process."""
+    import tempfile
+
+    import httpx
+
+    from bench.roundtrip import start_server, stop_server
+    from tether.device.client import DeviceClient
+    from tether.device.computer_manager import ComputerManager
+    from tether.device.config import parse_device_config
+    from tether.device.link.connection import DeviceConnection
+    from tether.device.mcp.client.manager import MCPServerManager
+    from tether.server.main import build_config
+    from tether.server.settings import ServerSettings
+    from tether.server.store import Store
+    from tether.tools.context import ToolContext
+    from tether.tools.policy.model import Policy
+
+    with tempfile.TemporaryDirectory(prefix="tether-bench-") as tmp:
+        settings = ServerSettings(db_path=Path(tmp) / "server.db", port=0)
+        store = Store(settings.db_path)
+        device_token = store.tokens.create("device", "bench")[1]
+        api_token = store.tokens.create("api", "bench-api", ["execute"])[1]
+        store.close()
+        server, task, port = await start_server(build_config(settings, log_level="warning"))
+        config = parse_device_config({"device": {"name": "bench", "builtin": []}, "mcp": {"default": {"default": {
+            "action": [{"namespace": "echo", "server_type": "stdio", "command": sys.executable, "args": [SERVER]}]}}}})
+        servers = MCPServerManager()
+        client = DeviceClient(servers, ComputerManager(config, servers, context=ToolContext(policy=Policy())),
+                              client_id="bench")
+        link = DeviceConnection(client, f"ws://127.0.0.1:{port}/aip", device_token, name="bench")
+        running = asyncio.create_task(link.run())
+        try:
+            await asyncio.wait_for(link.connected.wait(), 20)
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                                         headers={"Authorization": f"Bearer {api_token}"}) as http:
+                async def call(body: dict[str, Any]) -> None:
+                    response = await http.post("/api/v1/devices/bench/commands", json=body)
+                    assert response.status_code == 200 and response.json()["results"][0]["status"] == "success", \
+                        response.text
+
+                await _serve(lambda i: {"commands": [{"tool_name": "echo", "parameters": {"text": f"x{i}"}}],
+                                        "timeout": 60}, call)
+        finally:
+            link.stop()
+            await asyncio.wait_for(running, 10)
+            await servers.aclose()
+            await stop_server(server, task)
+
+
 class Worker:
     """One side's worker process, driven over its stdin and stdout."""
 
@@ -163,10 +216,14 @@ async def fresh_session_per_call(n: int) -> list[float]:
     return samples
 
 
-def measure(n: int, chunk: int, base: Path | None) -> dict[str, Worker]:
+def measure(n: int, chunk: int, base: Path | None, rest: bool = False) -> dict[str, Worker]:
     sides = {"bare": Worker("bare"), "tether": Worker("tether")}
     if base is not None:
         sides["base"] = Worker("tether", base)
+    if rest:
+        sides["rest"] = Worker("rest")
+        if base is not None:
+            sides["rest base"] = Worker("rest", base)
     try:
         for worker in sides.values():
             worker.ready()
@@ -204,22 +261,32 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=50, help="calls a side makes before the next side's turn")
     parser.add_argument("--base", type=Path, metavar="SRC", help="another checkout's src, run as a third side")
     parser.add_argument("--fresh", type=int, default=5, help="calls with a fresh session each (0: none)")
-    parser.add_argument("--worker", choices=("bare", "tether"), help=argparse.SUPPRESS)
+    parser.add_argument("--rest", action="store_true", help="also the same call over REST (server and device)")
+    parser.add_argument("--worker", choices=("bare", "tether", "rest"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
-        asyncio.run(bare_worker() if args.worker == "bare" else tether_worker())
+        asyncio.run({"bare": bare_worker, "tether": tether_worker, "rest": rest_worker}[args.worker]())
         return
     print(f"stdio MCP call, tool 'echo' on bench/echo_server.py, {args.n} calls per side in turns of {args.chunk}; "
           f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    sides = measure(args.n, args.chunk, args.base)
+    sides = measure(args.n, args.chunk, args.base, args.rest)
     _row("anchor: bare mcp SDK, one session", sides["bare"])
     _row("tether CommandRouter -> StdioServer", sides["tether"])
     if "base" in sides:
         _row(f"the same from {args.base}", sides["base"])
+    if "rest" in sides:
+        _row("REST -> server -> device -> StdioServer", sides["rest"])
+    if "rest base" in sides:
+        _row(f"REST, from {args.base}", sides["rest base"])
     _ratio("tether / bare SDK", sides["tether"], sides["bare"], BUDGET)
     if "base" in sides:
         _ratio("--base / bare SDK", sides["base"], sides["bare"], BUDGET)
         _ratio("tether / --base", sides["tether"], sides["base"])
+    if "rest" in sides:  # its CPU is the server's, the device's and the HTTP client's: compare its wall
+        _ratio("REST / bare SDK", sides["rest"], sides["bare"])
+    if "rest base" in sides:
+        _ratio("REST --base / bare SDK", sides["rest base"], sides["bare"])
+        _ratio("REST / REST --base", sides["rest"], sides["rest base"])
     if args.fresh:
         fresh = [s * 1e6 for s in asyncio.run(fresh_session_per_call(args.fresh))]
         print(f"fresh client session per call (not used): p50 {pct(fresh, 50):.0f} us, "
