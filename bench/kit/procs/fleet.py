@@ -150,9 +150,12 @@ async def start_fleet(stack: contextlib.AsyncExitStack, url: str, state_root: Pa
 
 
 @asynccontextmanager
-async def server_process(tmp: Path, port: int, profile: Path | None = None) -> AsyncIterator[psutil.Process]:
-    """`tether server` on `port` with its database and state in `tmp`; yields once /api/v1/health answers. With
-    `profile`, it runs under cProfile on its CPU clock (`bench.kit.cpu_profile`), which writes there when it stops."""
+async def server_process(tmp: Path, port: int, profile: Path | None = None,
+                         log_level: str = "warning") -> AsyncIterator[psutil.Process]:
+    """`tether server` on `port` with its database and state in `tmp`, logging at `log_level` to a file in `tmp`
+    (at `info`, as `tether server` runs by default, one access line per request); yields once /api/v1/health
+    answers. With `profile`, it runs under cProfile on its CPU clock (`bench.kit.cpu_profile`), which writes there
+    when it stops."""
     state = tmp / "state"
     state.mkdir()
     env = {**os.environ, "TETHER_STATE_DIR": str(state), "NO_COLOR": "1"}
@@ -161,7 +164,7 @@ async def server_process(tmp: Path, port: int, profile: Path | None = None) -> A
         proc = await asyncio.create_subprocess_exec(
             sys.executable, *(["-m", "bench.kit.cpu_profile", str(profile)] if profile is not None else ["-m"]),
             "tether.cli", "server", "--port", str(port), "--db", str(tmp / "server.db"),
-            "--log-level", "warning", stdout=log, stderr=log, env=env)
+            "--log-level", log_level, stdout=log, stderr=log, env=env)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
                 for _ in range(600):  # uvicorn offers no event for "started" across processes
