@@ -181,7 +181,7 @@ async function deviceView(name) {
 // the device's status as the fleet stream pushes it, changed in place: the rest of the page (a form being
 // filled, an open "Yes, remove device" question) is never drawn again under the person
 function followStatus(name, badge) {
-  const es = new EventSource("/web/fleet");
+  const es = new EventSource(`/web/fleet?device=${encodeURIComponent(name)}`);  // its row alone
   S.streams.push(es);  // closed when the page changes (view)
   const show = (d) => { if (d.name === name && badge.dataset.status !== d.status) { badge.dataset.status = d.status; badge.replaceChildren(status(d.status)); } };
   es.addEventListener("devices", (e) => JSON.parse(e.data).forEach(show));
