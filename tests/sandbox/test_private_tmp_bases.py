@@ -78,6 +78,7 @@ def test_bases_are_removed_when_empty_and_unheld_and_never_otherwise(cluster: Cl
     planted.add(f".tether-tmp-{uid}-link")
 
     def layers(name: str) -> dict[str, str]:  # where each device records its base: its own, not the user's one
+        (tmp_path / f"layers-{name}").mkdir(mode=0o700, exist_ok=True)
         return {"TETHER_SANDBOX_LAYERS": str(tmp_path / f"layers-{name}")}
 
     def device(name: str) -> Proc:
@@ -116,6 +117,23 @@ def test_bases_are_removed_when_empty_and_unheld_and_never_otherwise(cluster: Cl
                         "exec", exec_env)
     assert ran.popen.wait(timeout=120) == 0, ran.output()
     assert bases(temp) == {own_a, f".tether-tmp-{uid}-recent", *planted}
+
+    # the attacker takes the swept base's name, which B's record still names: B comes back and never uses it
+    if uid == 0:
+        squat = base_dir(temp, own_b)
+        os.chown(squat, STRANGER, STRANGER)
+    else:
+        (temp / own_b).symlink_to(victim)
+    planted.add(own_b)
+    beta = device("beta")
+    run("beta", "b2", echo)
+    [own_b2] = bases(temp) - {own_a, f".tether-tmp-{uid}-recent", *planted}
+    assert (temp / own_b2 / session_key("b2")).is_dir() and not (temp / own_b / session_key("b2")).exists()
+    assert not (victim / session_key("b2")).exists()
+    assert beta.stop() == 0 and own_b2 in bases(temp)  # a session left in it: it stays for that session
+    beta = device("beta")
+    run("beta", "b2", end)  # found again through the record; its last session ends
+    assert beta.stop() == 0 and own_b2 not in bases(temp) and own_b in bases(temp)
 
     # A stops cleanly: its empty base goes with it (and its record: a restart makes a new one)
     assert alpha.stop() == 0

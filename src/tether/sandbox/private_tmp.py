@@ -83,8 +83,15 @@ class PrivateTmp:
         """The base directory (found again from the record, or made), checked to be ours: a directory, not
         a link, mode 0700, owned by the owner. OSError when it cannot be made."""
         if self._base is None:
+            self._base = self._found() or self._make()
+        return self._base
+
+    def _found(self) -> str | None:
+        """The base this run holds, else the recorded one if it can be held now (then this run's), else None."""
+        if self._base is None:
             found = self._find()
-            self._base = found if found is not None and self._hold(found) else self._make()
+            if found is not None and self._hold(found):
+                self._base = found
         return self._base
 
     @property
@@ -221,7 +228,7 @@ class PrivateTmp:
     def remove(self, session: str) -> bool:
         """Remove `session`'s directory now (its session has ended); whether there was one."""
         self._known.discard(session)
-        base = self._base or self._find()
+        base = self._found()
         if base is None:
             return False
         path = os.path.join(base, session_key(session))
@@ -233,7 +240,7 @@ class PrivateTmp:
         """Remove the directories of sessions idle past `idle_s` (and any stray entry of the base); the
         names removed. Leftovers of an earlier run go the same way; a session that comes back later
         starts with an empty /tmp (`dir_of`)."""
-        base = self._base or self._find()
+        base = self._found()
         if base is None:
             return []
         now = time.time() if now is None else now
