@@ -116,3 +116,14 @@ def test_every_local_entry_point_holds_the_state_directory(cluster: Cluster, tmp
         serve.wait(timeout=60)
     ran = cluster.start(["exec", "get_system_info", *local], "exec-after")
     assert ran.popen.wait(timeout=60) == 0, ran.output()
+
+
+def test_a_state_directory_that_cannot_exist_holds_nothing_to_share(tmp_path: Path) -> None:
+    """No lock can be taken where no state directory can be made (under a file here; a read-only home): no other
+    process can be using it either, so a read-only call still runs, as it did."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_")) or k == "TETHER_ALLOW_ROOT"}
+    ran = subprocess.run([*CLI, "exec", "get_system_info", "info_type=os", "--state-dir", str(blocker / "state")],
+                         capture_output=True, text=True, timeout=120, env={**env, "TETHER_ALLOW_ROOT": "1"})
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr

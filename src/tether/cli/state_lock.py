@@ -9,6 +9,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 
@@ -33,16 +34,27 @@ def device_state(config: Path | None, state_dir: Path | None) -> Path:
 def holding_state_dir(directory: Path, holder: str) -> Iterator[None]:
     """Hold `directory`'s lock while the block runs, as `holder` (e.g. "tether run": what a refused second
     process is told holds it). When another live process holds it, the command fails before the block runs
-    (exit code 2, one line on stderr naming that process's pid), having read or written nothing there."""
-    from tether.device.local import hold_state_dir
+    (exit code 2, one line on stderr naming that process's pid), having read or written nothing there; likewise
+    when its lock cannot be taken for another reason, but for a directory that does not exist and cannot be
+    made (a read-only home): no other process can be using it, and the block runs without it."""
+    from tether.device.local import StateDirBusy, hold_state_dir
     from tether.errors import DeviceError
 
     try:
-        fd = hold_state_dir(directory, holder)
+        fd: int | None = hold_state_dir(directory, holder)
+    except StateDirBusy as exc:
+        _refuse(exc)
     except DeviceError as exc:
-        say(f"error: {exc}", err=True, soft_wrap=True)  # one line, whatever the width
-        raise typer.Exit(ExitCode.USAGE) from None
+        if directory.exists():
+            _refuse(exc)
+        fd = None
     try:
         yield
     finally:
-        os.close(fd)
+        if fd is not None:
+            os.close(fd)
+
+
+def _refuse(exc: Exception) -> NoReturn:
+    say(f"error: {exc}", err=True, soft_wrap=True)  # one line, whatever the width
+    raise typer.Exit(ExitCode.USAGE) from None
