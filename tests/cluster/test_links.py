@@ -7,7 +7,8 @@ Each node's link URL (`--set cluster_link=…`) points at a TCP proxy in front o
 - the answer from a node that does not hold the device names the holding node (`X-Tether-Holder`); the
   Client (and the CLI's `RemoteServer`) sends the device's next call there, and back to its base URL when
   the hinted node is unreachable;
-- a link request without the cluster secret's proof is refused before the upgrade.
+- a link request without the cluster secret's proof, or from a foreign page's Origin, is refused before the
+  upgrade.
 """
 
 from __future__ import annotations
@@ -98,6 +99,14 @@ async def test_a_dropped_link_loses_no_call_and_the_hint_is_followed(tmp_path: P
                     async with websockets.connect(f"ws://127.0.0.1:{b.port}/cluster/link", additional_headers=headers):
                         pass
                 assert refused.value.response.status_code == 403
+            # the link route is served ahead of FastAPI's middleware, behind the same request guard: a foreign
+            # page's Origin is refused before any proof is looked at
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                async with websockets.connect(f"ws://127.0.0.1:{b.port}/cluster/link",
+                                              additional_headers={"Origin": "http://evil.example"}):
+                    pass
+            assert refused.value.response.status_code == 403
+            assert b"origin" in refused.value.response.body.lower(), refused.value.response.body
             health = await kit.http(b).get("/health")
             assert health.status_code == 200
         finally:
