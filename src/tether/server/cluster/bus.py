@@ -85,7 +85,10 @@ class _Waiting:
             self.answer.set_result(message)
             if self.on_done is not None and message.get("t") == "done" and "error" not in message \
                     and isinstance(message.get("body"), dict):
-                self.on_done(message["body"])
+                try:
+                    self.on_done(message["body"])
+                except Exception:  # the reader goes on; the asker's task handles the answer itself
+                    log.exception("handling the answer from node %s at once failed", self.node)
 
 
 class Bus:
@@ -276,7 +279,7 @@ class Bus:
                 task.add_done_callback(partial(self._forget, key))
             else:
                 waiting.deliver({"t": "done", "error": f"the link to node {node} dropped before it "
-                                                                 "answered; the request may have run there"})
+                                                       "answered; the request may have run there"})
 
     def _through_redis(self, node: str, message: dict[str, Any]) -> None:
         """A message a link could not carry (too large for a frame, or queued on a link that closed): through
@@ -303,7 +306,7 @@ class Bus:
             await self._send_redis(node, waiting.message)
         except BusError as exc:
             waiting.deliver({"t": "done", "error": f"the link to node {node} dropped before it answered, "
-                                                             f"and the request could not be sent again: {exc}"})
+                                                   f"and the request could not be sent again: {exc}"})
 
     async def _send_redis(self, node: str, message: dict[str, Any]) -> None:
         text = _encode(message)

@@ -15,8 +15,8 @@ from tether.server.http.request_guard import deny_websocket
 def link_endpoint(app: Any) -> Callable[[WebSocket], Awaitable[None]]:
     """The endpoint of `LINK_PATH`, answered by the running `ClusterNode` of `app` (`app.state.cluster`);
     refused (403) while the node is not running or runs without links. The app serves it ahead of FastAPI's
-    middleware stack (front.FastRoutes, behind the same request guard): each frame a link receives resumes
-    the endpoint's task through every frame of that chain."""
+    middleware stack (front.FastRoutes, behind the same request guard), since each frame a link receives
+    resumes the endpoint's task through every frame of the chain around it."""
 
     async def endpoint(websocket: WebSocket) -> None:
         node = getattr(app.state, "cluster", None)

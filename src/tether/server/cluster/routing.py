@@ -228,15 +228,21 @@ class Router:
 
         def on_done(final: dict[str, Any]) -> None:  # the answer, finished here the moment it comes: the caller's
             nonlocal settled  # task wakes next, not after this one's
+            if batch.done.is_set():
+                return  # ended here meanwhile (cancelled, timed out): as before, its task handles the rest
             if NOT_HERE in str(final.get("error") or "") and final.get("results") in (None, "[]"):
                 return  # the device left that node while the batch waited there for it: sent on by run_batch
             try:
                 results = _RESULTS.validate_json(final.get("results") or "[]")
             except ValueError:
                 return
+            remote, batch.remote = batch.remote, None  # finished from the reader, not from its task: that task
+            try:  # must not be cancelled by it
+                hub.finish_remote(batch, results, final.get("error"))
+            except Exception:
+                batch.remote = remote
+                raise
             settled = True
-            batch.remote = None  # finished from the reader, not from its task: that task must not be cancelled
-            hub.finish_remote(batch, results, final.get("error"))
 
         if route.moved:  # seen elsewhere before the request went: nothing to interrupt yet
             return True
