@@ -14,6 +14,7 @@ Each node's link URL (`--set cluster_link=…`) points at a TCP proxy in front o
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from tests.kits.cluster import WAIT, ClusterKit, Node, RedisLink, free_port
 from tether.client import AsyncClient
 from tether.client.rest import RemoteServer
 from tether.protocol.models import Command
+from tether.server.cluster.link import decode_frame, encode_frame
 
 
 async def linked_node(kit: ClusterKit, name: str) -> tuple[Node, RedisLink]:
@@ -123,3 +125,17 @@ def test_a_cluster_link_setting_is_checked() -> None:
     with pytest.raises(ValidationError, match="ws:// or wss://"):
         ServerSettings(cluster_link="http://node2:8765")
     assert httpx.URL(ServerSettings(cluster_link="wss://n2:8765/cluster/link").cluster_link or "").scheme == "wss"
+
+
+def test_link_frames_carry_every_string_json_can() -> None:
+    """A frame is written by pydantic-core's encoder, which refuses a lone surrogate (JSON escapes it, and a
+    device's output can hold one): such a frame is written and read as `json` does, not refused, which
+    would close the link."""
+    lone = json.loads('"\\udc80 out"')
+    for messages in ([{"t": "part", "rid": "r1", "body": {"event": {"data": lone}}}],
+                     [{"t": "done", "rid": "r2", "body": {"results": "[]", "text": "é ✓ 😀", "n": [1, 2.5, None]}}]):
+        frame = encode_frame(messages)
+        assert decode_frame(frame) == messages
+        assert decode_frame(frame.decode()) == messages
+    with pytest.raises(ValueError):
+        decode_frame("[{not json")
