@@ -160,8 +160,9 @@ async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: 
 
     llm = configured_llm()  # sampling is declared to external MCP servers only when there is an LLM
     try:
-        async with open_local_device(config, policy_path=policy, state_dir=state_dir,
-                               mcp_hooks=cli_hooks(llm)) as device:
+        # a device for this one command: the built-in tool sets that cannot hold the tool are not started
+        async with open_local_device(config, policy_path=policy, state_dir=state_dir, mcp_hooks=cli_hooks(llm),
+                                     only_tool=tool) as device:
             ran = await _exec_on(device, tool, pairs, session_id, approved_by, timeout, tool_type)
             if end:  # the call's own session ends with it (`end_session`: its private /tmp goes)
                 await device.dispatcher(session_id=session_id).execute_commands([end_session()], timeout=30)
