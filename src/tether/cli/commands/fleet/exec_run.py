@@ -32,6 +32,7 @@ from tether.protocol.models import Command, Result, ResultStatus, ToolInfo, Tool
 
 if TYPE_CHECKING:
     from tether.client.rest import RemoteError
+    from tether.device.config import DeviceConfig
     from tether.device.local import LocalDevice
 
 
@@ -156,12 +157,16 @@ async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: 
                       approved_by: str | None, timeout: float | None, tool_type: str | None,
                       state_dir: Path | None, end: bool = False) -> tuple[Result, dict[str, Any]]:
     from tether.cli.mcp_hooks import cli_hooks, configured_llm
+    from tether.device.config import load_device_config
     from tether.device.local import open_local_device
 
-    llm = configured_llm()  # sampling is declared to external MCP servers only when there is an LLM
+    cfg = load_device_config(config)
+    # sampling is declared to external MCP servers only, and only when there is an LLM: without such a
+    # server the LLM (its settings, its client) is never looked up
+    llm = configured_llm() if _external_servers(cfg) else None
     try:
         # a device for this one command: the built-in tool sets that cannot hold the tool are not started
-        async with open_local_device(config, policy_path=policy, state_dir=state_dir, mcp_hooks=cli_hooks(llm),
+        async with open_local_device(cfg, policy_path=policy, state_dir=state_dir, mcp_hooks=cli_hooks(llm),
                                      only_tool=tool) as device:
             ran = await _exec_on(device, tool, pairs, session_id, approved_by, timeout, tool_type)
             if end:  # the call's own session ends with it (`end_session`: its private /tmp goes)
@@ -170,6 +175,12 @@ async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: 
     finally:
         if llm is not None:
             await llm.close()
+
+
+def _external_servers(config: DeviceConfig) -> bool:
+    """Whether the device config names any external MCP server (one that is not a built-in tool set)."""
+    return any(server.toolset is None for agent in config.mcp.values() for root in agent.values()
+               for _, server in root.servers())
 
 
 async def _exec_on(device: LocalDevice, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
