@@ -69,8 +69,11 @@ def run_exec(tool: str, args: list[str] | None, config: Path | None, policy: Pat
                                       server, token, ca_file, raw, one_off=one_off)
     else:
         guard_root(config, allow_root, "tether exec")  # a device in this process (tether.device.root)
-        result, schema = _run_local(_exec_local(tool, args or [], config, policy, session_id, approved_by,
-                                                timeout, tool_type, state_dir, end=one_off))
+        from tether.cli.state_lock import device_state, holding_state_dir
+
+        with holding_state_dir(device_state(config, state_dir), "tether exec"):  # one process per state directory
+            result, schema = _run_local(_exec_local(tool, args or [], config, policy, session_id, approved_by,
+                                                    timeout, tool_type, state_dir, end=one_off))
     if as_json:
         # as typer.echo writes it (ASCII only: json.dumps escapes the rest, control characters included)
         print(json.dumps({"session_id": session_id, "device": device, **result.model_dump(mode="json")}, indent=2),
