@@ -9,7 +9,9 @@ Rows, each against its anchor measured in the same run:
   process importing only the libraries its path is built on (asyncio, psutil, rich's console, pydantic with one
   model, run once each): the floor under it while it uses them;
 - `tether device` launch -> its "registered as" line, against a real `tether server` on 127.0.0.1, against a
-  Python process that imports websockets and does one echo round trip (goal <= 0.3 s).
+  Python process that imports websockets and does one echo round trip (goal <= 0.3 s), and against one that
+  imports the other projects' modules the device imports before it registers and builds one pydantic model
+  (its floor: tether's own share is the difference).
 
 Every process runs with PYTHONDONTWRITEBYTECODE=1, as on a machine that sets it, in two trees:
 - `installed`: this checkout's `src` with its bytecode compiled as `scripts/_venv.sh` leaves it (compileall
@@ -52,6 +54,12 @@ HELP_DEPS = "import typer, typer.core, rich.console, rich.table, rich.markup"
 EXEC_DEPS = ("import asyncio, psutil, rich.console, rich.markup, rich.json\nfrom pydantic import BaseModel\n"
              "class A(BaseModel):\n    x: int\nasync def main():\n    return A(x=1)\nasyncio.run(main())\n"
              "rich.console.Console().print_json('{\"x\": 1}')")
+# what `tether device` imports of other projects before it registers, and one pydantic model built: its floor
+DEVICE_DEPS = ("import asyncio, logging, ssl, psutil, rich.console, rich.markup, websockets.asyncio.client\n"
+               "from cryptography.hazmat.primitives.asymmetric import ed25519\n"
+               "from cryptography.hazmat.primitives import serialization\n"
+               "import pydantic\nclass M(pydantic.BaseModel):\n"
+               "    a: list[str] = pydantic.Field(default_factory=list)\nM(a=['x'])\n")
 
 
 def _env(state: Path, tree: Path | None) -> dict[str, str]:
@@ -98,6 +106,7 @@ async def measure_async(repeats: int, fresh: bool, base: Path | None = None) -> 
                     "python + exec's libraries, no tether": lambda: run_timed([PY, "-c", EXEC_DEPS], plain),
                     "python + websockets, one echo": lambda: run_timed(
                         [PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], plain),
+                    "python importing the device's libraries": lambda: run_timed([PY, "-c", DEVICE_DEPS], plain),
                 }
                 for label, tree in trees.items():
                     env = _env(tmp, tree)
@@ -139,6 +148,9 @@ def measure(repeats: int, fresh: bool = True, base: Path | None = None) -> dict[
                 ratio += f"; {med[name][0] / hw:.2f}x / {med[name][1] / hc:.2f}x typer + rich"
             if name.startswith("tether exec"):
                 lw, lc = med["python + exec's libraries, no tether"]
+                ratio += f"; {med[name][0] / lw:.2f}x / {med[name][1] / lc:.2f}x its libraries"
+            if name.startswith("tether device"):
+                lw, lc = med["python importing the device's libraries"]
                 ratio += f"; {med[name][0] / lw:.2f}x / {med[name][1] / lc:.2f}x its libraries"
         print(f"{name:<44} {statistics.median(walls):8.0f} {min(walls):6.0f}..{max(walls):<6.0f} "
               f"{statistics.median(cpus):7.0f} {min(cpus):6.0f}..{max(cpus):<6.0f}  {ratio}")
