@@ -189,7 +189,10 @@ def _external_servers(config: DeviceConfig) -> bool:
 async def _exec_on(device: LocalDevice, tool: str, pairs: list[str], session_id: str, approved_by: str | None,
                    timeout: float | None, tool_type: str | None) -> tuple[Result, dict[str, Any]]:
     computer = await device.computer_manager.get_or_create(None)
-    schema = _schema_for(computer.tool_infos(remove_meta=False), tool, tool_type)
+    # the tools before the meta tools, as the registry orders them: a meta tool's schema is built only when no
+    # other tool answers to the name (the first match is the same)
+    schema = _schema_for(computer.tool_infos(), tool, tool_type) or _schema_for(
+        computer.tool_infos(remove_meta=False), tool, tool_type)
     params = parse_assignments(pairs, schema)
     kind: ToolType | None = tool_type  # type: ignore[assignment]
     command = Command(tool_name=tool, parameters=params, tool_type=kind, timeout=timeout,
