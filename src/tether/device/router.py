@@ -73,11 +73,12 @@ class CommandRouter:
                 result = await computer.run_action(call, ctx)
                 if not result.ok and isinstance(result.result, dict) and result.result.get("needs_approval"):
                     result = approval.mark(result, command)  # the digest of what the person is asked about
-            if logger.isEnabledFor(logging.INFO):  # a service's log: one line per command (cheap when off)
-                _log_command(command, result, agent_name, session_id, time.monotonic() - started)
+            took = time.monotonic() - started
             results.append(result)
-            if on_result is not None:
+            if on_result is not None:  # the result goes on its way first, the log line after it
                 on_result(result)
+            if logger.isEnabledFor(logging.INFO):  # a service's log: one line per command (cheap when off)
+                _log_command(command, result, agent_name, session_id, took)
             if early_exit and result.status is ResultStatus.FAILURE:
                 failed = command
         return results
