@@ -9,6 +9,7 @@ in it drives a terminal.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import time
@@ -32,6 +33,20 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class _LineHandler(logging.StreamHandler):
+    """A `StreamHandler` that leaves out the flush after each line when its stream writes every line through
+    itself: a line-buffered text stream (`sys.stderr` is one) or one writing through to an unbuffered file
+    (`sys.stderr` with PYTHONUNBUFFERED): the line is out when `write` returns. A device logs a line per
+    command; the flush would take the handler's lock a second time for nothing."""
+
+    def flush(self) -> None:
+        stream = self.stream
+        if getattr(stream, "line_buffering", False) or (getattr(stream, "write_through", False)
+                                                        and isinstance(getattr(stream, "buffer", None), io.RawIOBase)):
+            return
+        super().flush()
+
+
 def configure(level: str = "info", fmt: str = "plain") -> None:
     """Replace the CLI's default (warnings, plain) with `level` and `fmt` for the whole process."""
     if fmt not in FORMATS:
@@ -41,7 +56,7 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
         raise ValueError(f"--log-level must be debug, info, warning or error, not {level!r}")
     from tether.server.http.logsafe import EscapeControlChars  # standard library only: no server import cost
 
-    handler = logging.StreamHandler()
+    handler = _LineHandler()
     handler.addFilter(EscapeControlChars())  # a server's or a tool's words in a line: its controls shown escaped
     handler.setFormatter(JsonFormatter() if fmt == "json" else
                          logging.Formatter("%(levelname)s %(name)s: %(message)s"))
