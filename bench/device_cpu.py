@@ -192,8 +192,10 @@ async def measure(args: argparse.Namespace) -> None:
             await server.trips(name, 200, args.inflight)
         cpu: dict[str, list[float]] = {name: [] for name in who}
         wall: dict[str, list[float]] = {name: [] for name in who}
-        for _ in range(args.repeats):
-            for name, proc in who.items():
+        order = list(who.items())
+        for round_no in range(args.repeats):
+            shift = round_no % len(order)  # each round starts with another process: none always goes first
+            for name, proc in order[shift:] + order[:shift]:
                 c0, t0 = cpu_exact_s(proc), time.perf_counter()
                 await server.trips(name, args.trips, args.inflight)
                 wall[name].append((time.perf_counter() - t0) / args.trips)
@@ -223,7 +225,11 @@ async def measure(args: argparse.Namespace) -> None:
             print(f"  {tree}: median {statistics.median(values):.1f} us per command")
     if trees["--base tree"] and trees["this tree"]:
         ratio = statistics.median(trees["this tree"]) / statistics.median(trees["--base tree"])
-        print(f"  this tree / --base tree: {ratio:.3f}")
+        ours, base = names[0::2], names[1::2]
+        per_round = [statistics.median(cpu[n][r] for n in ours) / statistics.median(cpu[n][r] for n in base)
+                     for r in range(args.repeats)]
+        print(f"  this tree / --base tree: {ratio:.3f} (of the medians); per round {statistics.median(per_round):.3f} "
+              f"(median of {args.repeats}, {spread(per_round)})")
     if spied:
         print(f"\npy-spy of {names[0]} (own time, idle left out):\n{spied}")
 

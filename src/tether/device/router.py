@@ -86,6 +86,7 @@ class CommandRouter:
 
 def _log_command(command: Command, result: Result, caller: str | None, session: str | None, took: float) -> None:
     ms = round(took * 1000, 1)
-    logger.info("command %s by %s: %s in %.0f ms", command.tool_name, caller or "-", result.status.value, ms,
+    status = result.status.value
+    logger.info("command %s by %s: %s in %.0f ms", command.tool_name, caller or "-", status, ms,
                 extra={"tool": command.tool_name, "caller": caller, "session": session,
-                       "status": result.status.value, "duration_ms": ms, "call_id": command.call_id})
+                       "status": status, "duration_ms": ms, "call_id": command.call_id})
