@@ -15,6 +15,12 @@ Anchor, in the same run and interleaved round by round: a `websockets` client pr
 way and echoes each COMMAND frame back (the transport's own cost; what a device would cost if tether's code
 cost nothing). Per round and process: CPU seconds (user + system, all threads, /proc schedstat) over the round
 divided by its commands; printed as medians over the rounds with their spread, and the load average.
+`--in-process`: instead, the device's Python path alone, from the COMMAND text to the COMMAND_RESULTS text:
+a child process builds the device as `tether device` does (its config, policy, hidden paths and log handler,
+logging to a file at info) and feeds `--trips` COMMAND frames to its `DeviceSession` and `BatchRunner` as the
+link's reader does, the results written to a sink instead of a socket; CPU per command of the whole child
+(`time.process_time`), `--repeats` children per tree, interleaved (with `--base`, every second child runs it).
+
 `--py-spy SECONDS`: afterwards, py-spy (when installed) samples the first device for SECONDS while trips run
 (`--py-spy-raw FILE` keeps its raw samples). `--cprofile OUT`: the first device runs under cProfile timed by its
 CPU clock (`bench.kit.cpu_profile`), which writes its figures to OUT when it stops.
@@ -234,9 +240,93 @@ async def measure(args: argparse.Namespace) -> None:
         print(f"\npy-spy of {names[0]} (own time, idle left out):\n{spied}")
 
 
+async def in_process_child(trips: int, tool: str) -> None:
+    """`--in-process-child TRIPS TOOL`: the device's path from COMMAND text to COMMAND_RESULTS text, `trips`
+    times after a warm-up; prints the CPU microseconds per command."""
+    import gc
+
+    from tether.cli.logs import configure
+    from tether.device.link.run_here import run_in_this_task
+    from tether.device.serve import _build
+    from tether.protocol.device_session import CommandsArrived, DeviceSession, DeviceSessionState
+
+    tmp = Path(tempfile.mkdtemp(prefix="tether-devcpu-in-"))
+    (tmp / "device.yaml").write_text("device:\n  builtin: [files, system]\n")
+    log = (tmp / "device.log").open("w", buffering=1)  # as a service's stderr: line-buffered, to a file
+    sys.stderr = log
+    configure("info", "plain")
+    served = await _build("ws://127.0.0.1:9/aip", token="bench", config=str(tmp / "device.yaml"), name="dev",
+                          state_dir=str(tmp / "state"))
+    link = served.connection
+    link.outbox.open(8 * 1024 * 1024)
+    sent: list[int] = []
+    failed: list[str] = []
+
+    def write_now(text: str) -> bool:  # what the socket's send does first: the frame's bytes
+        sent.append(len(text.encode()))
+        if '"status":"success"' not in text and len(failed) < 3:
+            failed.append(text[:300])
+        return True
+
+    link.outbox.write_now = write_now
+    session = DeviceSession("dev", "bench")
+    session.state = DeviceSessionState.OPEN
+    server = FakeServer(TOOLS[tool])
+    warm = 2000
+    frames = [server.frame()[1] for _ in range(trips + warm)]
+    batches = link.batches
+    run = getattr(batches, "run_here", None)  # this tree's; an older one has the function alone
+
+    async def feed(part: list[str]) -> None:
+        for frame in part:
+            event = session.receive_open(frame)
+            assert type(event) is CommandsArrived, event
+            coro = batches.submit(event.batch, run_here=True)
+            if coro is not None:
+                await (run(coro, lambda: None) if run is not None else run_in_this_task(coro, lambda: None))
+
+    await feed(frames[:warm])
+    gc.collect()
+    gc.freeze()  # as `tether device` does at its first registration
+    start = time.process_time()
+    await feed(frames[warm:])
+    took = time.process_time() - start
+    await served.local.aclose()
+    sys.stderr = sys.__stderr__
+    if len(sent) != trips + warm or failed:
+        raise SystemExit(f"{len(sent)} results for {trips + warm} commands; not a success: {failed}")
+    print(f"{took / trips * 1e6:.2f}")
+
+
+async def in_process(args: argparse.Namespace) -> None:
+    trees = ["this tree", "--base tree"] if args.base is not None else ["this tree"]
+    cpu: dict[str, list[float]] = {tree: [] for tree in trees}
+    for _ in range(args.repeats):
+        for tree in trees:
+            env = {**os.environ, "PYTHONPATH": str(args.base)} if tree == "--base tree" else dict(os.environ)
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bench.device_cpu", "--in-process-child", str(args.trips), args.tool,
+                stdout=asyncio.subprocess.PIPE, env=env)
+            out, _ = await child.communicate()
+            if child.returncode != 0:
+                raise SystemExit(f"the {tree}'s child failed ({child.returncode})")
+            cpu[tree].append(float(out.decode().split()[-1]))
+    load = os.getloadavg()[0]
+    print(f"the device's Python path, in process: {args.tool}, one command per batch; {args.repeats} interleaved "
+          f"children of {args.trips} commands; {os.cpu_count()} cores, load {load:.1f}")
+    for tree, values in cpu.items():
+        print(f"  {tree}: CPU {statistics.median(values):.1f} us per command ({spread(values)})")
+    if args.base is not None:
+        ratio = statistics.median(cpu["this tree"]) / statistics.median(cpu["--base tree"])
+        print(f"  this tree / --base tree: {ratio:.3f}")
+
+
 def main() -> None:
     if len(sys.argv) == 3 and sys.argv[1] == "--peer-echo":
         asyncio.run(echo_peer(sys.argv[2]))
+        return
+    if len(sys.argv) == 4 and sys.argv[1] == "--in-process-child":
+        asyncio.run(in_process_child(int(sys.argv[2]), sys.argv[3]))
         return
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=2)
@@ -245,6 +335,7 @@ def main() -> None:
     parser.add_argument("--inflight", type=int, default=1)
     parser.add_argument("--tool", choices=sorted(TOOLS), default="list_tools")
     parser.add_argument("--base", type=Path, metavar="SRC")
+    parser.add_argument("--in-process", action="store_true", help="the device's Python path alone (see above)")
     parser.add_argument("--py-spy", type=float, default=0.0, metavar="SECONDS")
     parser.add_argument("--cprofile", type=Path, metavar="OUT", help="run the first device under cProfile timed by "
                         "its CPU clock (bench.kit.cpu_profile; slower than real): its figures go to OUT")
@@ -252,7 +343,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.devices < 1 or args.trips < 1 or args.repeats < 1 or args.inflight < 1:
         sys.exit("--devices, --trips, --repeats and --inflight must be at least 1")
-    asyncio.run(measure(args))
+    asyncio.run(in_process(args) if args.in_process else measure(args))
 
 
 if __name__ == "__main__":
