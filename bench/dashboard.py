@@ -23,23 +23,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
 from bench._stats import pct
-from bench.kit.procs.fleet import free_port, raise_fd_limit, stop_process
+from bench.kit.procs.fleet import free_port, raise_fd_limit, server_process
 from tether.device.link.trust.device_key import DeviceKey
 from tether.protocol.codec import decode_server_message, encode
 from tether.protocol.identity import CHALLENGE_HEADER
@@ -48,31 +43,7 @@ from tether.protocol.profile import DeviceProfile
 from tether.server.store import Store
 
 WAIT_S = 60.0
-
-
-@asynccontextmanager
-async def server_process(tmp: Path, port: int) -> AsyncIterator[None]:
-    env = {**os.environ, "TETHER_STATE_DIR": str(tmp / "state"), "NO_COLOR": "1"}
-    env.pop("TETHER_LLM_BASE_URL", None)
-    with (tmp / "server.log").open("wb") as log:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tether.cli", "server", "--port", str(port), "--db", str(tmp / "server.db"),
-            "--heartbeat-interval", "5", "--heartbeat-timeout", "3600", "--log-level", "warning",
-            stdout=log, stderr=log, env=env)
-        try:
-            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-                for _ in range(600):  # uvicorn offers no event for "started" across processes
-                    if proc.returncode is not None:
-                        raise RuntimeError(f"the server exited: {(tmp / 'server.log').read_text()[-2000:]}")
-                    with contextlib.suppress(httpx.HTTPError):
-                        if (await http.get("/api/v1/health")).status_code == 200:
-                            break
-                    await asyncio.sleep(0.05)
-                else:
-                    raise RuntimeError("the server did not answer /api/v1/health within 30 s")
-            yield
-        finally:
-            await stop_process(proc)
+SERVER_ARGS = ("--heartbeat-interval", "5", "--heartbeat-timeout", "3600")  # the probe's heartbeats, no timeouts
 
 
 async def register(url: str, name: str, token: str) -> ClientConnection:
@@ -183,7 +154,7 @@ async def main(n_devices: int, rounds: int) -> int:
         store.close()
         port = free_port()
         url = f"ws://127.0.0.1:{port}/aip"
-        async with server_process(tmp, port), httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
+        async with server_process(tmp, port, args=SERVER_ARGS), httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
                                                                 timeout=WAIT_S) as http:
             started = time.perf_counter()
             sockets: list[ClientConnection] = []

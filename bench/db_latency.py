@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import os
 import random
 import statistics
 import sys
@@ -38,7 +37,7 @@ import httpx
 from bench._stats import pct, spread
 from bench.kit.delay_proxy import DelayProxy
 from bench.kit.engines import postgres_server
-from bench.kit.procs.fleet import CHEAP, device_name, device_process, free_port, stop_process
+from bench.kit.procs.fleet import CHEAP, device_name, device_process, free_port, server_process
 
 DELAYS_MS = (0.0, 0.5, 2.0)
 
@@ -69,30 +68,9 @@ def make_tokens(db: str, devices: int) -> tuple[str, dict[str, str]]:
 @asynccontextmanager
 async def server(tmp: Path, target: Target) -> AsyncIterator[None]:
     port = free_port()
-    state = tmp / "state"
-    state.mkdir(parents=True)
-    env = {**os.environ, "TETHER_STATE_DIR": str(state), "NO_COLOR": "1"}
-    env.pop("TETHER_LLM_BASE_URL", None)
-    log = tmp / "server.log"
-    with log.open("wb") as out:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "tether.cli", "server", "--port", str(port), "--db", target.db,
-            "--log-level", "warning", stdout=out, stderr=out, env=env)
-        try:
-            target.url = f"http://127.0.0.1:{port}"
-            async with httpx.AsyncClient(base_url=target.url) as http:
-                for _ in range(1200):  # uvicorn offers no event for "started" across processes
-                    if proc.returncode is not None:
-                        raise RuntimeError(f"the {target.label} server exited: {log.read_text()[-2000:]}")
-                    with contextlib.suppress(httpx.HTTPError):
-                        if (await http.get("/api/v1/health")).status_code == 200:
-                            break
-                    await asyncio.sleep(0.05)
-                else:
-                    raise RuntimeError(f"the {target.label} server did not answer /api/v1/health within 60 s")
-            yield
-        finally:
-            await stop_process(proc)
+    target.url = f"http://127.0.0.1:{port}"
+    async with server_process(tmp, port, db=target.db, label=f"{target.label} server", ready_s=60):
+        yield
 
 
 async def stream(target: Target, callers: int, devices: int, seconds: float, seed: int) -> None:

@@ -286,13 +286,14 @@ def test_two_one_off_exec_calls_do_not_share_tmp_and_each_ends_with_its_call(hom
     wrote = tether("write_file", f"file_path={temp}/note", "content=from the first call")
     assert wrote["status"] == "success", wrote
     assert not (temp / "note").exists()
-    [base] = temp.glob(".tether-tmp-*")
-    assert not list(base.iterdir()), "the one-off call's /tmp outlived it"
+    assert not list(temp.glob(".tether-tmp-*")), "the one-off call's /tmp (and its base, left empty) outlived it"
     read = tether("read_file", f"file_path={temp}/note")
     assert read["status"] == "failure" and "from the first call" not in json.dumps(read), read
     # a session named by the caller goes on between calls
     named = tether("--session", "mine", "write_file", f"file_path={temp}/note", "content=kept")
     assert named["status"] == "success", named
+    [base] = temp.glob(".tether-tmp-*")  # the session lives on: so does the base that holds its /tmp
+    assert [p.name for p in base.iterdir()] == [session_key("mine")]
     again = tether("--session", "mine", "read_file", f"file_path={temp}/note")
     assert again["status"] == "success" and "kept" in json.dumps(again), (again, sorted(map(str, temp.rglob("*"))))
 

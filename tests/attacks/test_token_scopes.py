@@ -185,6 +185,14 @@ async def test_events_and_audit_show_only_dev1(fleet: Fleet) -> None:
                 if line.startswith("data: "):
                     assert [d["name"] for d in json.loads(line[6:])] == ["dev1"]
                     break
+        # a device page's stream (one device's row): another device's is not there when asked by name
+        for name, seen in (("dev2", []), ("dev1", ["dev1"]), ("no-such", [])):
+            async with http.stream("GET", f"{fleet.base}/web/fleet", params={"device": name}) as stream:
+                assert stream.status_code == 200
+                async for line in stream.aiter_lines():
+                    if line.startswith("data: "):
+                        assert [d["name"] for d in json.loads(line[6:])] == seen, name
+                        break
 
 
 async def test_tasks_stay_in_scope(fleet: Fleet, tmp_path: Path) -> None:

@@ -7,13 +7,15 @@ and how to run two, and changes nothing. Real server and device processes.
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.kits.netutil import Cluster, Proc, wait_for
+from tests.kits.netutil import CLI, Cluster, Proc, wait_for
 
 USAGE_EXIT = 2
 
@@ -47,7 +49,7 @@ def test_a_second_device_on_one_state_directory_is_refused_and_changes_nothing(c
     first = device_at_home(cluster, "alpha", home, "first")
     cluster.wait_online("alpha", first)
     before = files(state)
-    assert "device.lock" in before and (state / "device.lock").read_text().split() == [str(first.pid)]
+    assert "device.lock" in before and (state / "device.lock").read_text().split()[0] == str(first.pid)
 
     second = device_at_home(cluster, "beta", home, "second")
     assert second.popen.wait(timeout=60) == USAGE_EXIT, second.output()
@@ -70,5 +72,58 @@ def test_a_second_device_on_one_state_directory_is_refused_and_changes_nothing(c
     wait_for(lambda: cluster.status("alpha") == "offline", "alpha offline", 60)
     again = device_at_home(cluster, "alpha", home, "again")
     cluster.wait_online("alpha", again)
-    assert (state / "device.lock").read_text().split() == [str(again.pid)]
+    assert (state / "device.lock").read_text().split() == [str(again.pid), "tether", "device"]
     assert os.stat(state).st_mode & 0o077 == 0
+
+
+def refused(cluster: Cluster, args: list[str], label: str, holder: str, pid: int, state: Path) -> None:
+    """`tether ARGS` is refused at once, in one line naming the holder of `state`, having written nothing there."""
+    before = files(state)
+    proc = cluster.start(args, label, {"TETHER_DEVICE_TOKEN": cluster.device_tokens["beta"]})
+    assert proc.popen.wait(timeout=60) == USAGE_EXIT, proc.output()
+    *warnings, line = proc.output().strip().splitlines()
+    assert all(w.startswith("warning: running as root") for w in warnings), warnings  # as root: said first
+    assert line.startswith(f"error: another {holder} (pid {pid}) already uses the state directory {state} ("), line
+    assert files(state) == before  # no task store, journal or probe of its own there
+
+
+def test_every_local_entry_point_holds_the_state_directory(cluster: Cluster, tmp_path: Path) -> None:
+    """`tether run` and `tether exec` on this machine, `tether mcp serve` and `tether device` take one lock: a
+    running device's state directory (its undo journal, private /tmp, sessions' totals) is never shared with a
+    local task, and the other way round; the lock names who holds it."""
+    state = tmp_path / "shared-state"
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps([{"skill": "get_system_info", "args": {}}]))
+    device = cluster.device("alpha", state_dir=state)
+    cluster.wait_online("alpha", device)
+    local = ["--state-dir", str(state)]
+    refused(cluster, ["run", "--local", "--plan", str(plan), *local], "run", "tether device", device.pid, state)
+    refused(cluster, ["exec", "get_system_info", *local], "exec", "tether device", device.pid, state)
+    assert device.stop() == 0 and "device stopped" in device.log.read_text()
+
+    # an MCP client's `tether mcp serve` holds it while it serves: the device is refused now
+    serve = subprocess.Popen([*CLI, "mcp", "serve", "--stdio", *local], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=cluster.env)
+    try:
+        wait_for(lambda: (state / "device.lock").read_text().split() == [str(serve.pid), "tether", "mcp", "serve"],
+                 "mcp serve holds the state directory", 60, (serve,))
+        refused(cluster, ["device", "--server", f"ws://127.0.0.1:{cluster.port}", "--name", "beta", *local],
+                "device", "tether mcp serve", serve.pid, state)
+        refused(cluster, ["run", "--local", "--plan", str(plan), *local], "run2", "tether mcp serve", serve.pid, state)
+    finally:
+        assert serve.stdin is not None
+        serve.stdin.close()  # its client went away: it ends, and its lock with it
+        serve.wait(timeout=60)
+    ran = cluster.start(["exec", "get_system_info", *local], "exec-after")
+    assert ran.popen.wait(timeout=60) == 0, ran.output()
+
+
+def test_a_state_directory_that_cannot_exist_holds_nothing_to_share(tmp_path: Path) -> None:
+    """No lock can be taken where no state directory can be made (under a file here; a read-only home): no other
+    process can be using it either, so a read-only call still runs, as it did."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_")) or k == "TETHER_ALLOW_ROOT"}
+    ran = subprocess.run([*CLI, "exec", "get_system_info", "info_type=os", "--state-dir", str(blocker / "state")],
+                         capture_output=True, text=True, timeout=120, env={**env, "TETHER_ALLOW_ROOT": "1"})
+    assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr

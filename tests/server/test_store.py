@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 from pydantic import ValidationError
 
-from tether.server.settings import ServerSettings, is_loopback
+from tether.server.settings import ServerSettings
 from tether.server.store import Store
 from tether.server.store.migrations import MIGRATIONS
 from tether.server.store.tokens import hash_token
@@ -131,14 +131,6 @@ def test_a_newer_schema_is_refused(tmp_path):
         conn.execute("INSERT INTO schema_version (version) VALUES (99)")
     with pytest.raises(RuntimeError, match="schema version 99"):
         Store(path)
-
-
-@pytest.mark.parametrize("host, loopback", [
-    ("127.0.0.1", True), ("127.8.0.1", True), ("::1", True), ("[::1]", True), ("localhost", True),
-    ("0.0.0.0", False), ("::", False), ("192.168.1.5", False), ("example.com", False), ("", False),
-])
-def test_is_loopback(host, loopback):
-    assert is_loopback(host) is loopback
 
 
 def test_settings_defaults_and_checks(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.kits.netutil import Cluster, wait_for
+from tests.kits.netutil import Cluster
 from tests.web.test_dashboard import WAIT_MS, Dash, browser, start_plan  # noqa: F401 - browser: the module fixture
 from tether.protocol.models import Command
 
@@ -70,11 +70,14 @@ def test_a_device_s_tags_policy_and_removal(admin: Dash, cluster: Cluster) -> No
     admin.shot("device-manage")
     gone = cluster.device("beta")  # a second device, stopped, then forgotten from the dashboard
     cluster.wait_online("beta", gone)
-    gone.stop()
-    # offline before the page opens: the status change pushed later would re-render it under the question
-    wait_for(lambda: cluster.status("beta") == "offline", "beta offline", 60)
     page.goto(f"{admin.base}/#/devices/beta")
+    expect(page.locator("#device-status")).to_have_text("online")
     page.get_by_role("button", name="Remove device").click()  # asks first
+    question = page.locator("#device-actions").get_by_role("alert").filter(has_text="Remove beta?")
+    expect(question).to_be_visible()
+    gone.stop()  # the page follows its status as the server pushes it, in place: the question stays open
+    expect(page.locator("#device-status")).to_have_text("offline", timeout=60_000)
+    expect(question).to_be_visible()
     assert call(cluster, "GET", "/devices?name=beta") != []
     page.get_by_role("button", name="Yes, remove device").click()
     expect(page.get_by_role("heading", name="Devices")).to_be_visible()

@@ -150,40 +150,45 @@ async def start_fleet(stack: contextlib.AsyncExitStack, url: str, state_root: Pa
 
 
 @asynccontextmanager
-async def server_process(tmp: Path, port: int, profile: Path | None = None) -> AsyncIterator[psutil.Process]:
-    """`tether server` on `port` with its database and state in `tmp`; yields once /api/v1/health answers. With
-    `profile`, it runs under cProfile on its CPU clock (`bench.kit.cpu_profile`), which writes there when it stops."""
+async def server_process(tmp: Path, port: int, profile: Path | None = None, *, db: str | None = None,
+                         args: tuple[str, ...] = (), label: str = "server",
+                         ready_s: float = 30.0) -> AsyncIterator[psutil.Process]:
+    """`tether server` on `port` with its state in `tmp` (its log: `tmp/server.log`) and its database `db` (a
+    SQLite path or a PostgreSQL URL; default `tmp/server.db`), `args` more `tether server` options; yields once
+    /api/v1/health answers, RuntimeError (naming it by `label`, with its log's tail) when it exits first or
+    does not answer within `ready_s`. With `profile`, it runs under cProfile on its CPU clock
+    (`bench.kit.cpu_profile`), which writes there when it stops."""
     state = tmp / "state"
-    state.mkdir()
+    state.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TETHER_STATE_DIR": str(state), "NO_COLOR": "1"}
     env.pop("TETHER_LLM_BASE_URL", None)
-    with (tmp / "server.log").open("wb") as log:
+    log_path = tmp / "server.log"
+    with log_path.open("wb") as log:
         proc = await asyncio.create_subprocess_exec(
             sys.executable, *(["-m", "bench.kit.cpu_profile", str(profile)] if profile is not None else ["-m"]),
-            "tether.cli", "server", "--port", str(port), "--db", str(tmp / "server.db"),
-            "--log-level", "warning", stdout=log, stderr=log, env=env)
+            "tether.cli", "server", "--port", str(port), "--db", db or str(tmp / "server.db"),
+            "--log-level", "warning", *args, stdout=log, stderr=log, env=env)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
-                for _ in range(600):  # uvicorn offers no event for "started" across processes
+                for _ in range(round(ready_s / 0.05)):  # uvicorn offers no event for "started" across processes
                     if proc.returncode is not None:
-                        raise RuntimeError(f"the server exited: {(tmp / 'server.log').read_text()[-2000:]}")
+                        raise RuntimeError(f"the {label} exited: {log_path.read_text()[-2000:]}")
                     with contextlib.suppress(httpx.HTTPError):
                         if (await http.get("/api/v1/health")).status_code == 200:
                             break
                     await asyncio.sleep(0.05)
                 else:
-                    raise RuntimeError("the server did not answer /api/v1/health within 30 s")
+                    raise RuntimeError(f"the {label} did not answer /api/v1/health within {ready_s:g} s")
             yield psutil.Process(proc.pid)
         finally:
             await stop_process(proc)
 
 
 def free_port() -> int:
-    import socket
+    """A port for a server process about to start, handed to no other process at once (`bench.kit.ports`)."""
+    from bench.kit import ports
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    return ports.free_port()
 
 
 def cpu_s(proc: psutil.Process) -> float:

@@ -79,52 +79,61 @@ def device_state_dir(config: DeviceConfig, state_dir: str | os.PathLike[str] | N
     return Path(state_dir or config.device.state_dir or default_state_dir()).expanduser()
 
 
-STATE_LOCK = "device.lock"  # in the state directory: held by the one device process using it
+STATE_LOCK = "device.lock"  # in the state directory: held by the one tether process using it
 
 
 class StateDirBusy(DeviceError):
-    """Another live device process holds the state directory (`hold_state_dir`); the message names it."""
+    """Another live tether process holds the state directory (`hold_state_dir`); the message names it."""
 
 
-def hold_state_dir(directory: Path) -> int:
+def hold_state_dir(directory: Path, holder: str = "tether device") -> int:
     """Take this process's exclusive lock on the device state directory `directory` (created 0700 when
     missing) before anything in it is read or written: an `flock` on `<directory>/device.lock`, which also
-    holds this process's pid. The lock lasts as long as the returned descriptor (close it to give it up) and
-    the kernel drops it however the process ends, kill -9 too, so no stale lock is ever left; children do not
-    inherit it (close-on-exec).
+    holds this process's pid and `holder` (what it is, e.g. "tether run", for another one's refusal). Every
+    tether process that runs a device on a state directory takes it (`tether device`, a local `tether run`,
+    `tether exec`, `tether mcp serve`, `tether tools serve`). The lock lasts as long as the returned descriptor
+    (close it to give it up) and the kernel drops it however the process ends, kill -9 too, so no stale lock
+    is ever left; children do not inherit it (close-on-exec).
 
-    Raises `StateDirBusy` — one line naming the holder's pid and how to run a second device — when another
-    process holds it, and `DeviceError` when the directory or its lock file cannot be made or opened."""
+    Raises `StateDirBusy` — one line naming the holder (what it is and its pid) and how to run a second one —
+    when another process holds it, and `DeviceError` when the directory or its lock file cannot be made or
+    opened."""
     path = directory / STATE_LOCK
     try:
         directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
         try:  # a read-only state directory: flock needs no write access
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except OSError:
             raise DeviceError(f"cannot lock the state directory {directory}: {exc.strerror or exc}") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        holder = _holder_pid(fd)
+        pid, what = _holder(fd)
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise DeviceError(f"cannot lock the state directory {directory}: {exc.strerror or exc}") from None
-        who = f"another tether device (pid {holder})" if holder else "another tether device"
+        who = f"another {what} (pid {pid})" if pid else f"another {what}"
         raise StateDirBusy(f"{who} already uses the state directory {directory} (its undo journal, key and "
                            "token); stop it first, or give this one a state directory of its own: --state-dir DIR "
                            "(or TETHER_STATE_DIR=DIR, or device.state_dir in its config)") from None
-    with contextlib.suppress(OSError):  # the pid for the refusal (best effort: a full disk keeps the lock)
+    with contextlib.suppress(OSError):  # who holds it, for a refusal (best effort: a full disk keeps the lock)
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        os.pwrite(fd, f"{os.getpid()} {holder}\n".encode(), 0)
     return fd
 
 
-def _holder_pid(fd: int) -> int | None:
-    with contextlib.suppress(OSError, ValueError):
-        return int(os.pread(fd, 32, 0).split()[0])
-    return None
+_HOLDERS = ("tether device", "tether run", "tether exec", "tether mcp serve", "tether tools serve")
+
+
+def _holder(fd: int) -> tuple[int | None, str]:
+    """The pid and kind of the process that holds the lock, as it wrote them (a holder the file does not name
+    as one of tether's own entry points is called "tether process": the file is never echoed as it is)."""
+    with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
+        pid, _, what = os.pread(fd, 128, 0).decode().strip().partition(" ")
+        return int(pid), what if what in _HOLDERS else "tether device" if not what else "tether process"
+    return None, "tether process"
 
 
 def person_asker(hooks: MCPClientHooks | None) -> PersonAsker | None:

@@ -15,12 +15,23 @@ Idle is the directory's mtime, touched at each use, so the expiry survives a dev
 leftovers of an earlier run are removed when the device starts (`sweep`), and every time a session's
 directory is made.
 
+The base itself: a process that uses it holds a shared `flock` on it (taken before first use, checked to
+still be the directory at that name, kept until `close`), so a base nobody holds belongs to no living
+device. When a device stops cleanly (`close`) it removes its base if it is empty and no other process
+holds it. When a sandbox starts (`sweep_bases`), the bases of this user that no living process holds — left
+by a device that was killed, or one whose state directory was thrown away — lose their sessions' directories
+idle past `idle_s`, and go when that leaves them empty. Only real directories named
+`.tether-tmp-<uid>-…`, owned by the user bases are given to and of mode 0700, are touched, through file
+descriptors that never follow a link; nothing is ever adopted from the temp dir but through the record.
+
 Standard library only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -33,6 +44,9 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 RECORD = "private-tmp-base"  # in the layers directory: the base's path, for the next run
+PREFIX = ".tether-tmp-"  # a base's name in the temp dir: PREFIX, this process's uid, "-", random
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MAKE_TRIES = 8  # a fresh base swept away by another device's start before it was held: make another
 IDLE_S = 24 * 3600.0  # a session idle this long has ended: its /tmp goes
 
 
@@ -61,6 +75,7 @@ class PrivateTmp:
         self._record = Path(layers_dir) / RECORD
         self._owner = owner
         self._base: str | None = None
+        self._held: int | None = None  # the base's fd, under this process's shared flock
         self._known: set[str] = set()  # sessions whose directory this run has made or found
 
     @property
@@ -68,7 +83,15 @@ class PrivateTmp:
         """The base directory (found again from the record, or made), checked to be ours: a directory, not
         a link, mode 0700, owned by the owner. OSError when it cannot be made."""
         if self._base is None:
-            self._base = self._find() or self._make()
+            self._base = self._found() or self._make()
+        return self._base
+
+    def _found(self) -> str | None:
+        """The base this run holds, else the recorded one if it can be held now (then this run's), else None."""
+        if self._base is None:
+            found = self._find()
+            if found is not None and self._hold(found):
+                self._base = found
         return self._base
 
     @property
@@ -81,21 +104,48 @@ class PrivateTmp:
             recorded = self._record.read_text(encoding="utf-8").strip()
         except OSError:
             return None
-        if os.path.dirname(recorded) != self.tmp or not os.path.basename(recorded).startswith(".tether-tmp-"):
+        if os.path.dirname(recorded) != self.tmp or not os.path.basename(recorded).startswith(PREFIX):
             return None
         try:
             st = os.lstat(recorded)
         except OSError:
             return None
-        uid = os.getuid() if self._owner is None else self._owner[0]
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != uid or stat.S_IMODE(st.st_mode) != 0o700:
+        if not self._ours(st):
             logger.warning("%s is not the device's own private /tmp base: a new one is made", recorded)
             return None
         return recorded
 
+    def _ours(self, st: os.stat_result) -> bool:
+        uid = os.getuid() if self._owner is None else self._owner[0]
+        return stat.S_ISDIR(st.st_mode) and st.st_uid == uid and stat.S_IMODE(st.st_mode) == 0o700
+
+    def _hold(self, path: str) -> bool:
+        """Take the shared flock on the base at `path` for this run: True once held and checked to still be
+        that directory, ours (a sweep that emptied and removed it first leaves nothing to hold: False)."""
+        try:
+            fd = os.open(path, _DIR_FLAGS)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while another device's start removes it (sweep_bases)
+            st, now = os.fstat(fd), os.lstat(path)
+        except OSError:
+            os.close(fd)
+            return False
+        if (st.st_dev, st.st_ino) != (now.st_dev, now.st_ino) or st.st_nlink == 0 or not self._ours(st):
+            os.close(fd)
+            return False
+        self._held = fd
+        return True
+
     def _make(self) -> str:
-        base = tempfile.mkdtemp(prefix=f".tether-tmp-{os.getuid()}-", dir=self.tmp)  # 0700, never pre-made
-        self._own(base)
+        for _ in range(_MAKE_TRIES):
+            base = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getuid()}-", dir=self.tmp)  # 0700, never pre-made
+            self._own(base)
+            if self._hold(base):
+                break
+        else:
+            raise OSError(errno.EAGAIN, f"a private /tmp base in {self.tmp} was removed as soon as it was made")
         temp = self._record.with_name(f".{RECORD}.{os.getpid()}")
         temp.write_text(base + "\n", encoding="utf-8")
         os.replace(temp, self._record)
@@ -178,7 +228,7 @@ class PrivateTmp:
     def remove(self, session: str) -> bool:
         """Remove `session`'s directory now (its session has ended); whether there was one."""
         self._known.discard(session)
-        base = self._base or self._find()
+        base = self._found()
         if base is None:
             return False
         path = os.path.join(base, session_key(session))
@@ -190,7 +240,7 @@ class PrivateTmp:
         """Remove the directories of sessions idle past `idle_s` (and any stray entry of the base); the
         names removed. Leftovers of an earlier run go the same way; a session that comes back later
         starts with an empty /tmp (`dir_of`)."""
-        base = self._base or self._find()
+        base = self._found()
         if base is None:
             return []
         now = time.time() if now is None else now
@@ -210,17 +260,129 @@ class PrivateTmp:
         return gone
 
 
+    def close(self) -> bool:
+        """The device stops: let go of the base, removing it (and its record) when it is empty and no other
+        process holds it. Whether it was removed. Blocking file I/O; idempotent."""
+        fd, base = self._held, self._base
+        self._held = self._base = None
+        self._known.clear()
+        if fd is None or base is None:
+            return False
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process uses it too: it stays
+                os.rmdir(base)  # only when empty: a session that outlives this run keeps it
+            except OSError:
+                return False
+            with contextlib.suppress(OSError):
+                if self._record.read_text(encoding="utf-8").strip() == base:
+                    self._record.unlink()
+            return True
+        finally:
+            os.close(fd)
+
+    def sweep_bases(self, now: float | None = None) -> list[str]:
+        """Clear away the other bases of this user in the temp dir that no living process holds: their sessions'
+        directories idle past `idle_s` go, then the base itself if that leaves it empty. The names of the
+        bases removed. Entries that are links, not directories, not owned by the user bases are given to, or
+        not of mode 0700 are left alone, and nothing is followed through a link."""
+        now = time.time() if now is None else now
+        prefix = f"{PREFIX}{os.getuid()}-"
+        try:
+            tmp_fd = os.open(self.tmp, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return []
+        gone = []
+        try:
+            names = [n for n in os.listdir(tmp_fd) if n.startswith(prefix)]
+            own = os.path.basename(self._base) if self._base else None
+            for name in names:
+                if name != own and self._sweep_base(tmp_fd, name, now):
+                    gone.append(name)
+        except OSError:
+            pass
+        finally:
+            os.close(tmp_fd)
+        return gone
+
+    def _sweep_base(self, tmp_fd: int, name: str, now: float) -> bool:
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=tmp_fd)  # a link fails here (O_NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not self._ours(st):
+                return False
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                return False  # a living device holds it
+            at = os.stat(name, dir_fd=tmp_fd, follow_symlinks=False)
+            if (at.st_dev, at.st_ino) != (st.st_dev, st.st_ino):
+                return False  # removed and remade meanwhile: not the directory checked
+            for entry in os.scandir(fd):
+                with contextlib.suppress(OSError):
+                    if now - entry.stat(follow_symlinks=False).st_mtime > self.idle_s:
+                        _remove_entry(fd, entry.name)
+            try:
+                os.rmdir(name, dir_fd=tmp_fd)
+            except OSError:
+                return False  # sessions of a stopped device that may come back: it stays
+            return True
+        finally:
+            os.close(fd)
+
+
 def _remove_tree(path: str) -> None:
     """Remove a session's directory whatever its commands left there (read-only directories included)."""
-    if os.path.islink(path) or not os.path.isdir(path):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+    parent, name = os.path.split(path)
+    try:
+        parent_fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
         return
-    os.chmod(path, 0o700)
-    for root, dirs, _ in os.walk(path):  # never into a link: os.walk lists it, chmod would follow it
-        for name in dirs:
-            inner = os.path.join(root, name)
-            if not os.path.islink(inner):
-                with contextlib.suppress(OSError):
-                    os.chmod(inner, 0o700)
-    shutil.rmtree(path, ignore_errors=True)
+    try:
+        _remove_entry(parent_fd, name)
+    finally:
+        os.close(parent_fd)
+
+
+def _remove_entry(dir_fd: int, name: str) -> None:
+    """Remove `name` in the directory `dir_fd`, whatever is below it, never following a link: a link or file is
+    unlinked; a directory's subdirectories are made writable (through descriptors, so a link swapped in
+    meanwhile is never chmod-ed through) and the tree removed."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(name, dir_fd=dir_fd)
+        return
+    _writable(dir_fd, name)
+    try:
+        top = os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        for _, dirs, _, root_fd in os.fwalk(dir_fd=top):  # never into a link
+            for inner in dirs:
+                _writable(root_fd, inner)
+    finally:
+        os.close(top)
+    shutil.rmtree(name, dir_fd=dir_fd, ignore_errors=True)
+
+
+def _writable(dir_fd: int, name: str) -> None:
+    """Mode 0700 on the directory `name` in `dir_fd`, only if it is one (not a link to one)."""
+    try:
+        fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError:
+        return
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            os.chmod(f"/proc/self/fd/{fd}", 0o700)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

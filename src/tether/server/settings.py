@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tether.addresses import is_loopback
 from tether.server.notify.messages import EVENTS as WEBHOOK_EVENTS
 from tether.server.oidc.config import OidcIssuer, issuer_list
 
@@ -39,21 +40,6 @@ def default_state_dir() -> Path:
         return Path(env).expanduser()
     base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
     return Path(base) / "tether"
-
-
-def is_loopback(host: str) -> bool:
-    """True only for addresses that cannot be reached from another machine.
-
-    `0.0.0.0`, `::` and any name other than `localhost` count as exposed: a name may resolve to
-    anything, and the safe answer for "is this reachable from outside?" is yes.
-    """
-    host = host.strip().strip("[]")
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def normalize_host(value: str) -> str | None:

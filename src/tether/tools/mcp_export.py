@@ -12,7 +12,6 @@ argument. A failed call is an `is_error` result, never a protocol error.
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import json
 import socket
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.stdio import stdio_server
 from pydantic_core import to_jsonable_python
 
+from tether.addresses import is_loopback
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.runtime import ToolSet
@@ -108,7 +108,7 @@ async def serve_http(server: Server[Any] | MCPServer, host: str = "127.0.0.1", p
     """
     if sock is not None:
         host = sock.getsockname()[0]
-    if not allow_remote and not _is_loopback(host):
+    if not allow_remote and not is_loopback(host):
         raise ValueError(f"refusing to serve tools on {host}: not a loopback address and this endpoint has "
                          "no authentication (pass allow_remote=True behind an authenticating proxy)")
     import uvicorn  # the SDK's dependency; imported here so stdio serving never pays for it
@@ -116,15 +116,6 @@ async def serve_http(server: Server[Any] | MCPServer, host: str = "127.0.0.1", p
     app = server.streamable_http_app(streamable_http_path=path, host=host)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, lifespan="on")
     await uvicorn.Server(config).serve(sockets=[sock] if sock is not None else None)
-
-
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def is_result_wrapper(schema: dict[str, Any] | None) -> bool:

@@ -277,6 +277,8 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         self._free.clear()
         with contextlib.suppress(RuntimeError):  # closed twice: the pool is already shut down
             await self.offload(self._discard_layers)
+            if self.private_tmp is not None:  # its base goes with it when no session is left in it
+                await self.offload(self.private_tmp.close)
         self._pool.shutdown(wait=False)
 
 

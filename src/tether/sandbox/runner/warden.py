@@ -54,6 +54,8 @@ class WardenClient(SandboxParts):
                 raise SandboxUnavailable(f"the sessions' private /tmp could not be made: {exc}") from None
             # what an earlier run's ended sessions left, before any command of this one runs
             await self.offload(self.private_tmp.sweep)
+            # and what devices that are gone left in the temp dir: bases no living process holds
+            await self.offload(self.private_tmp.sweep_bases)
         argv = warden_argv(self.spec, sys.executable, theirs.fileno(), bwrap=self.info.bwrap or "bwrap",
                            tmp_base=tmp_base)
         try:

@@ -5,12 +5,13 @@ Written with pydantic only (no PyJWT, no network): the server's settings import 
 
 from __future__ import annotations
 
-import ipaddress
 import re
 from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from tether.addresses import is_loopback
 
 # Asymmetric algorithms only: `none` carries no signature, and an HS* key would be the issuer's public key,
 # which anyone can read (the classic RS256 → HS256 confusion).
@@ -23,13 +24,7 @@ _LABEL = re.compile(r"^[a-z][a-z0-9-]{0,31}$")
 def is_loopback_url(url: str) -> bool:
     """Whether an http(s) URL names this machine (`localhost`, 127.0.0.0/8, ::1): only there may an issuer or
     its keys be reached over plain http (tests, a local issuer)."""
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return is_loopback(urlsplit(url).hostname or "")
 
 
 def check_url(url: str, what: str) -> str:

@@ -137,11 +137,13 @@ async def parse_plan(body: PlanText, _: Annotated[TokenInfo, Depends(require("re
 
 
 @web_router.get("/web/fleet")
-async def fleet(request: Request, who: Annotated[TokenInfo, Depends(require("read"))]) -> StreamingResponse:
+async def fleet(request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
+                device: str | None = None) -> StreamingResponse:
     """Server-sent events: `devices` (every row) first, then `device` with each row that changed,
     woken by the registry's change signal (no polling); only the devices the token reaches. An admin reaching
-    every device also gets `pairing` (`{"version"}`) whenever a pairing request arrives or is decided."""
-    return StreamingResponse(_fleet_stream(request, who), media_type="text/event-stream",
+    every device also gets `pairing` (`{"version"}`) whenever a pairing request arrives or is decided.
+    `?device=NAME`: that device's row alone (a device's page), and no `pairing`."""
+    return StreamingResponse(_fleet_stream(request, who, device), media_type="text/event-stream",
                              headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -151,12 +153,19 @@ def _key(record: Any) -> tuple[Any, ...]:
             getattr(record, "address", None))
 
 
-async def _fleet_stream(request: Request, who: TokenInfo) -> AsyncIterator[bytes]:
+async def _fleet_stream(request: Request, who: TokenInfo, device: str | None = None) -> AsyncIterator[bytes]:
     registry = request.app.state.registry
     fleet_admin = who.allows("admin") and not who.scoped and not who.agent  # as GET /api/v1/pairing needs
-    book = getattr(request.app.state, "pairing", None) if fleet_admin else None
+    book = getattr(request.app.state, "pairing", None) if fleet_admin and device is None else None
     pairing = book.version if book is not None else 0
-    records = [r for r in registry.list() if who.reaches(r.name, r.tags)]
+
+    def rows() -> list[Any]:
+        if device is None:
+            return registry.list()
+        one = registry.get(device)
+        return [] if one is None else [one]
+
+    records = [r for r in rows() if who.reaches(r.name, r.tags)]
     shown = {r.name: _key(r) for r in records}
     yield _frame("devices", [_view(r).model_dump(mode="json") for r in records])
     while True:
@@ -169,7 +178,7 @@ async def _fleet_stream(request: Request, who: TokenInfo) -> AsyncIterator[bytes
 
         await registry.wait_until(changed, KEEPALIVE_S)
         sent = False
-        for record in registry.list():
+        for record in rows():
             if not who.reaches(record.name, record.tags):
                 continue
             key = _key(record)

@@ -104,13 +104,10 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
                 port: Annotated[int, typer.Option(help="with --http: port")] = 8766, policy: PolicyOpt = None,
                 state_dir: StateOpt = None) -> None:
     """Serve a built-in tool set as a real MCP server, for any MCP client."""
+    from tether.cli.state_lock import holding_state_dir
     from tether.tools.builtin import builtin_toolsets
-    from tether.tools.context import ToolContext, default_state_dir
-    from tether.tools.journal import UndoJournal
-    from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
-    from tether.tools.optional import MissingDependency
+    from tether.tools.context import default_state_dir
     from tether.tools.policy.model import default_policy, load_policy
-    from tether.tools.sandboxing import make_sandbox
 
     factories = builtin_toolsets()
     if name not in factories:
@@ -120,6 +117,19 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
     except ValueError as exc:
         fail(str(exc))
     state = Path(state_dir or default_state_dir())
+    with holding_state_dir(state, "tether tools serve"):  # one process per state directory
+        _serve_toolset(factories, name, pol, state, http, host, port)
+
+
+def _serve_toolset(factories: dict[str, Any], name: str, pol: Any, state: Path, http: bool, host: str,
+                   port: int) -> None:
+    """`tools serve` past its checks, with the state directory `state` held."""
+    from tether.tools.context import ToolContext
+    from tether.tools.journal import UndoJournal
+    from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
+    from tether.tools.optional import MissingDependency
+    from tether.tools.sandboxing import make_sandbox
+
     journal = UndoJournal(state)
     session = f"mcp-{uuid.uuid4().hex[:8]}"
     try:
@@ -201,8 +211,11 @@ def exec_(tool: Annotated[str, typer.Argument(help="tool name, e.g. shell.run", 
                               server, token, ca_file, raw, one_off=one_off)
     else:
         guard_root(config, allow_root, "tether exec")  # a device in this process (tether.device.root)
-        result, schema = run_async(_exec_local(tool, args or [], config, policy, session_id, approved_by, timeout,
-                                       tool_type, state_dir, end=one_off))
+        from tether.cli.state_lock import device_state, holding_state_dir
+
+        with holding_state_dir(device_state(config, state_dir), "tether exec"):  # one process per state directory
+            result, schema = run_async(_exec_local(tool, args or [], config, policy, session_id, approved_by,
+                                                   timeout, tool_type, state_dir, end=one_off))
     if as_json:
         typer.echo(json.dumps({"session_id": session_id, "device": device, **result.model_dump(mode="json")},
                               indent=2))

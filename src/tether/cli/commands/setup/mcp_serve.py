@@ -26,7 +26,10 @@ def mcp_serve(stdio: Annotated[bool, typer.Option(
     says how a person runs it."""
     if not stdio:
         fail("say how to serve: --stdio (an MCP client starts 'tether mcp serve --stdio' and talks on its pipes)")
-    run_async(_serve(config, policy, state_dir, session or f"mcp-{uuid.uuid4().hex[:12]}"))
+    from tether.cli.state_lock import device_state, holding_state_dir
+
+    with holding_state_dir(device_state(config, state_dir), "tether mcp serve"):  # one process per state directory
+        run_async(_serve(config, policy, state_dir, session or f"mcp-{uuid.uuid4().hex[:12]}"))
 
 
 async def _serve(config: Path | None, policy: Path | None, state_dir: Path | None, session_id: str) -> None:

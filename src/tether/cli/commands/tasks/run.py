@@ -123,8 +123,11 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
 
         raise typer.Exit(asyncio.run(dry_run_local(text, given, settings, config, policy, state_dir)))
     guard_root(config, allow_root, "tether run")  # a device in this process (tether.device.root)
-    code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or []),
-                            confirm="always" if confirm else "never"))
+    from tether.cli.state_lock import device_state, holding_state_dir
+
+    with holding_state_dir(device_state(config, state_dir), "tether run"):  # one process per state directory
+        code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or []),
+                                confirm="always" if confirm else "never"))
     raise typer.Exit(code)
 
 

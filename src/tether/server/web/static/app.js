@@ -145,7 +145,8 @@ async function readSSE(response, onFrame) {  // a streamed POST cannot use Event
 async function deviceView(name) {
   const d = await api(`/api/v1/devices/${encodeURIComponent(name)}`);
   const tools = await api(`/api/v1/devices/${encodeURIComponent(name)}/tools`).catch(() => (d.profile ? d.profile.tools : []));
-  const main = view(h("h1", {}, `Device ${d.name} `, status(d.status)),
+  const badge = h("span", {id: "device-status", "data-status": d.status, "aria-live": "polite"}, status(d.status));
+  const main = view(h("h1", {}, `Device ${d.name} `, badge),
     h("div", {class: "card"}, h("p", {}, `Platform: ${d.platform || "—"} · tags: ${(d.tags || []).join(", ") || "—"} · sandbox: ${d.sandbox || "—"} · load ${d.load}`),
       h("details", {}, h("summary", {}, "Full profile"), h("pre", {}, JSON.stringify(d.profile, null, 2)))), await policySection(d.name));
   if (can("admin")) main.append(deviceActions(d));  // manage.js: rename, tags, remove
@@ -175,6 +176,16 @@ async function deviceView(name) {
   }
   main.append(h("h2", {}, `Tools (${tools.length})`), ...tools.map((t) => h("details", {class: "card"},
     h("summary", {}, h("strong", {}, t.name), " ", h("span", {class: "muted"}, t.description || "")), h("pre", {}, JSON.stringify(t.input_schema, null, 2)))));
+  followStatus(d.name, badge);
+}
+// the device's status as the fleet stream pushes it, changed in place: the rest of the page (a form being
+// filled, an open "Yes, remove device" question) is never drawn again under the person
+function followStatus(name, badge) {
+  const es = new EventSource(`/web/fleet?device=${encodeURIComponent(name)}`);  // its row alone
+  S.streams.push(es);  // closed when the page changes (view)
+  const show = (d) => { if (d.name === name && badge.dataset.status !== d.status) { badge.dataset.status = d.status; badge.replaceChildren(status(d.status)); } };
+  es.addEventListener("devices", (e) => JSON.parse(e.data).forEach(show));
+  es.addEventListener("device", (e) => show(JSON.parse(e.data)));
 }
 
 // -- tasks --------------------------------------------------------------------------------------
