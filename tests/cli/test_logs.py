@@ -28,3 +28,22 @@ def test_each_line_is_out_when_logged_with_any_buffering(tmp_path: Path) -> None
         finally:
             logger.removeHandler(handler)
             stream.close()
+
+
+def test_plain_lines_are_the_stock_formatters() -> None:
+    from tether.cli.logs import _PlainFormatter
+
+    stock, plain = logging.Formatter("%(levelname)s %(name)s: %(message)s"), _PlainFormatter()
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        import sys
+
+        exc_info = sys.exc_info()
+    records = [logging.LogRecord("tether.device.router", logging.INFO, "", 0, "command %s: %s in %.0f ms",
+                                 ("list_tools", "success", 1.25), None),
+               logging.LogRecord("x", logging.WARNING, "", 0, "no args %s", None, None),
+               logging.LogRecord("x", logging.ERROR, "", 0, "failed: %s", ("it",), exc_info),
+               logging.LogRecord("x", logging.INFO, "", 0, "with a stack", None, None, sinfo="Stack (most recent)")]
+    for record in records:
+        assert plain.format(record) == stock.format(record)
