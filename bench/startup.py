@@ -7,7 +7,9 @@ Rows, each against its anchor measured in the same run:
   rich (what the help is drawn with: tether's own share is the difference);
 - local `tether exec get_system_info info_type=os` against `python -c pass` (goal <= 0.2 s);
 - `tether device` launch -> its "registered as" line, against a real `tether server` on 127.0.0.1, against a
-  Python process that imports websockets and does one echo round trip (goal <= 0.3 s).
+  Python process that imports websockets and does one echo round trip (goal <= 0.3 s), and against one that
+  imports the other projects' modules the device imports before it registers and builds one pydantic model
+  (its floor: tether's own share is the difference).
 
 Every process runs with PYTHONDONTWRITEBYTECODE=1, as on a machine that sets it, in two trees:
 - `installed`: this checkout's `src` with its bytecode compiled as `scripts/_venv.sh` leaves it (compileall
@@ -45,6 +47,12 @@ from bench.kit.procs.timing import Sample, device_registered, echo, interleaved,
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 HELP_DEPS = "import typer, typer.core, rich.console, rich.table, rich.markup"
+# what `tether device` imports of other projects before it registers, and one pydantic model built: its floor
+DEVICE_DEPS = ("import asyncio, logging, ssl, psutil, rich.console, rich.markup, websockets.asyncio.client\n"
+               "from cryptography.hazmat.primitives.asymmetric import ed25519\n"
+               "from cryptography.hazmat.primitives import serialization\n"
+               "import pydantic\nclass M(pydantic.BaseModel):\n"
+               "    a: list[str] = pydantic.Field(default_factory=list)\nM(a=['x'])\n")
 
 
 def _env(state: Path, tree: Path | None) -> dict[str, str]:
@@ -90,6 +98,7 @@ async def measure_async(repeats: int, fresh: bool, base: Path | None = None) -> 
                     "python importing typer + rich": lambda: run_timed([PY, "-c", HELP_DEPS], plain),
                     "python + websockets, one echo": lambda: run_timed(
                         [PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], plain),
+                    "python importing the device's libraries": lambda: run_timed([PY, "-c", DEVICE_DEPS], plain),
                 }
                 for label, tree in trees.items():
                     env = _env(tmp, tree)
@@ -129,6 +138,9 @@ def measure(repeats: int, fresh: bool = True, base: Path | None = None) -> dict[
             if name.startswith("tether --help"):
                 hw, hc = med["python importing typer + rich"]
                 ratio += f"; {med[name][0] / hw:.2f}x / {med[name][1] / hc:.2f}x typer + rich"
+            if name.startswith("tether device"):
+                lw, lc = med["python importing the device's libraries"]
+                ratio += f"; {med[name][0] / lw:.2f}x / {med[name][1] / lc:.2f}x its libraries"
         print(f"{name:<44} {statistics.median(walls):8.0f} {min(walls):6.0f}..{max(walls):<6.0f} "
               f"{statistics.median(cpus):7.0f} {min(cpus):6.0f}..{max(cpus):<6.0f}  {ratio}")
     load = os.getloadavg()[0]

@@ -38,6 +38,21 @@ main()
 """
 
 
+# The same, also saying on stderr each change of the collector's thresholds and each freeze, as it happens.
+_GC_HARNESS = """
+import gc, sys
+set_threshold, freeze = gc.set_threshold, gc.freeze
+def logged_threshold(*args):
+    print("gc-threshold", *args, file=sys.stderr, flush=True)
+    set_threshold(*args)
+def logged_freeze():
+    print("gc-freeze", file=sys.stderr, flush=True)
+    freeze()
+gc.set_threshold, gc.freeze = logged_threshold, logged_freeze
+print("gc-start", *gc.get_threshold(), file=sys.stderr, flush=True)
+""" + _HARNESS
+
+
 def _imported(tmp_path: Path, *args: str) -> tuple[set[str], subprocess.CompletedProcess]:
     out = tmp_path / "modules.json"
     out.unlink(missing_ok=True)
@@ -325,13 +340,16 @@ def test_tether_device_registers_first_and_its_external_server_joins_later(tmp_p
 
 
 def test_a_device_with_only_built_in_tools_never_imports_the_mcp_sdk(tmp_path: Path) -> None:
+    """Also (issue 33): the collector's young threshold is raised while the device starts, its start-up frozen at
+    the registration and the thresholds put back as they were, all before it says it is registered."""
     from tests.kits.netutil import Cluster, wait_for
+    from tether.cli.commands.setup.device_run import START_UP_GC_THRESHOLD
     from tether.protocol.models import Command
 
     cluster = Cluster(tmp_path)
     out = tmp_path / "modules.json"
     log = (tmp_path / "device.log").open("wb")
-    proc = subprocess.Popen([sys.executable, "-c", _HARNESS, str(out), "device", "--server",
+    proc = subprocess.Popen([sys.executable, "-c", _GC_HARNESS, str(out), "device", "--server",
                              f"ws://127.0.0.1:{cluster.port}", "--name", "alpha", "--state-dir",
                              str(tmp_path / "dev")], stdout=log, stderr=subprocess.STDOUT,
                             env={**cluster.env, "TETHER_DEVICE_TOKEN": cluster.device_tokens["alpha"]})
@@ -345,9 +363,18 @@ def test_a_device_with_only_built_in_tools_never_imports_the_mcp_sdk(tmp_path: P
         proc.wait(timeout=30)
         log.close()
         cluster.close()
-    assert proc.returncode == 0, (tmp_path / "device.log").read_text()
+    output = (tmp_path / "device.log").read_text()
+    assert proc.returncode == 0, output
     modules = set(json.loads(out.read_text()))
     assert not _top(modules) & {*HEAVY, "mcp_types", "httpx"}, sorted(_top(modules) & {*HEAVY, "mcp_types", "httpx"})
+    lines = output.splitlines()
+    registered = next(i for i, line in enumerate(lines) if "registered as alpha; serving commands" in line)
+    gc_lines = [line.split() for line in lines[:registered] if line.startswith("gc-")]
+    start = [int(n) for n in gc_lines[0][1:]]
+    assert gc_lines == [["gc-start", *map(str, start)],
+                        ["gc-threshold", str(max(START_UP_GC_THRESHOLD, start[0])), *map(str, start[1:])],
+                        ["gc-freeze"], ["gc-threshold", *map(str, start)]], output
+    assert not any(line.startswith("gc-threshold") for line in lines[registered:]), output  # nothing left to undo
 
 
 async def test_a_command_waits_only_for_the_server_that_has_its_tool(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.protocol.messages import ServerMessage, ServerMessageType
-from tether.protocol.models import Command, ResultStatus
+from tether.protocol.models import TOOL_TYPES, Command, ResultStatus
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet, tool
@@ -190,6 +190,23 @@ async def test_meta_list_tools_filters(client):
     [with_meta] = await run(client, Command(tool_name="list_tools", parameters={"remove_meta": False,
                                                                                 "namespace": "meta"}))
     assert {t["tool_type"] for t in with_meta.result} == {"data_collection", "action"}
+
+
+async def test_registration_lists_no_meta_tool_and_builds_none_of_their_schemas(client):
+    """What a device registers with (`tool_infos()`: no meta tools) leaves their schemas unbuilt (issue 33);
+    listing them builds each, and calling one works as before."""
+    computer = await client.computer_manager.get_or_create(None)
+    metas = computer._meta_tools.values()  # the computer's own: list_tools, undo_session, the resources' tools
+    assert {i.name for i in computer.tool_infos()} == {"echo", "peek", "boom", "wait"}
+    assert metas and not any("_schemas" in vars(spec) for spec in metas)
+    listed = [i for i in computer.tool_infos(remove_meta=False) if i.meta]
+    assert {(i.name, i.tool_type) for i in listed} == {(s.name, t) for s in metas for t in TOOL_TYPES}
+    assert all("_schemas" in vars(spec) for spec in metas)
+    undo = next(i for i in listed if i.name == "undo_session")
+    assert undo.namespace == "meta" and undo.input_schema["required"] == ["session_id"]
+    [result] = await run(client, Command(tool_name="list_tools"))
+    assert result.status is ResultStatus.SUCCESS and {t["name"] for t in result.result} == {"echo", "peek", "boom",
+                                                                                             "wait"}
 
 
 async def test_context_reaches_the_tool(client):

@@ -21,6 +21,7 @@ import importlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from tether.device.mcp.client.resources import MCPResourceTools
@@ -43,12 +44,26 @@ JOIN_WAIT_S = 60.0  # longest a command without a deadline waits for external se
 ServerKey = tuple[ToolType, str]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ToolEntry:
-    info: ToolInfo
+    """A registered tool: one a server listed (`listed`, run by `server`), or one of the computer's meta tools
+    (`meta`, as a `meta_type` tool), whose `info` — with the schema built from its signature — is made when
+    first read: a device registers without listing them (`tool_infos`)."""
+
+    listed: ToolInfo | None = None
     server: BaseMCPServer | None = None
     meta: ToolSpec | None = None
     direct: ToolSetServer | None = None  # `server`, when it is a built-in tool set `run_action` calls directly
+    meta_type: ToolType = "data_collection"
+
+    @cached_property
+    def info(self) -> ToolInfo:
+        """The tool as `list_tools` shows it."""
+        if self.listed is not None:
+            return self.listed
+        assert self.meta is not None
+        return ToolInfo(name=self.meta.name, namespace=META_NAMESPACE, tool_type=self.meta_type,
+                        description=self.meta.description, input_schema=self.meta.input_schema, meta=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +168,8 @@ class Computer:
         seen: set[tuple[str, str, str]] = set()
         out: list[ToolInfo] = []
         for entry in self._tools_registry.values():
+            if remove_meta and entry.meta is not None:  # not even its info made (nor its schema)
+                continue
             info = entry.info
             if (tool_type and info.tool_type != tool_type) or (namespace and info.namespace != namespace):
                 continue
@@ -209,7 +226,7 @@ class Computer:
         for key in self._order:
             server = self._servers.get(key)
             for info in self._listed.get(key, ()) if server is not None else ():
-                entry = ToolEntry(info=info, server=server,
+                entry = ToolEntry(listed=info, server=server,
                                   direct=server if isinstance(server, ToolSetServer) else None)
                 registry[f"{info.tool_type}::{info.namespace}/{info.name}"] = entry
                 holder = registry.get(info.key)
@@ -224,9 +241,7 @@ class Computer:
                             "%(shadowed)s's is reachable as %(use)s", collision)
         for tool_type in TOOL_TYPES:
             for spec in self._meta_tools.values():
-                info = ToolInfo(name=spec.name, namespace=META_NAMESPACE, tool_type=tool_type,
-                                description=spec.description, input_schema=spec.input_schema, meta=True)
-                registry[info.key] = ToolEntry(info=info, meta=spec)
+                registry[f"{tool_type}::{spec.name}"] = ToolEntry(meta=spec, meta_type=tool_type)  # its info.key
         self._tools_registry, self.collisions = registry, collisions
 
     async def _join_external(self, configs: dict[ServerKey, MCPServerConfig], after: asyncio.Event | None) -> None:

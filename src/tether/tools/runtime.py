@@ -14,6 +14,7 @@ import logging
 import typing
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError, create_model
@@ -33,19 +34,48 @@ class _StrictArgs(BaseModel):
 
 
 @dataclass(frozen=True, slots=True)
+class _Schemas:
+    """What a tool's signature becomes: the model its arguments are validated with, and the JSON schemas."""
+
+    params_model: type[BaseModel]
+    input_schema: dict[str, Any]
+    output_schema: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
 class ToolSpec:
-    """Everything the runtime needs to validate and run one tool; built once, at decoration."""
+    """Everything the runtime needs to validate and run one tool. Made at decoration from the signature (the
+    name, type and description, whether it takes `ctx`; *args/**kwargs refused there); the argument model
+    and the JSON schemas are built from the type hints the first time one of them is read (`params_model`,
+    `input_schema`, `output_schema`), once: a tool that is never listed or called never builds them. Reading
+    one raises what building it raises (NameError for a hint that names nothing, pydantic's schema errors)."""
 
     name: str
     tool_type: ToolType
     description: str
     fn: ToolFunction
-    params_model: type[BaseModel]
-    input_schema: dict[str, Any]
-    output_schema: dict[str, Any] | None
     timeout: float | None
     takes_ctx: bool
     meta: bool = False  # plumbing a server drives (e.g. the transfer chunks): callable, but not listed to planners
+
+    @cached_property
+    def _schemas(self) -> _Schemas:
+        return _build_schemas(self.fn, self.name)
+
+    @property
+    def params_model(self) -> type[BaseModel]:
+        """The strict pydantic model of the tool's arguments (built on first use)."""
+        return self._schemas.params_model
+
+    @property
+    def input_schema(self) -> dict[str, Any]:
+        """The arguments' JSON schema, as planners and MCP clients read it (built on first use)."""
+        return self._schemas.input_schema
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The result's JSON schema when the return type is a model or a TypedDict, else None."""
+        return self._schemas.output_schema
 
     def info(self, namespace: str) -> ToolInfo:
         return ToolInfo(name=self.name, namespace=namespace, tool_type=self.tool_type,
@@ -69,15 +99,25 @@ def tool(name: str | None = None, *, tool_type: ToolType, timeout: float | None 
 
 def build_spec(fn: ToolFunction, name: str, tool_type: ToolType, timeout: float | None,
                description: str | None, *, meta: bool = False) -> ToolSpec:
-    hints = typing.get_type_hints(fn, include_extras=True)
-    fields: dict[str, Any] = {}
+    """The spec of `fn` as tool `name`; its argument model and schemas are built when first read (`ToolSpec`).
+    Raises TypeError for *args/**kwargs."""
     takes_ctx = False
     for pname, param in inspect.signature(fn).parameters.items():
         if pname == "ctx":
             takes_ctx = True
-            continue
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+        elif param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise TypeError(f"tool {name}: *args/**kwargs are not allowed (schemas must be explicit)")
+    doc = description or inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0]
+    return ToolSpec(name=name, tool_type=tool_type, description=doc, fn=fn, timeout=timeout, takes_ctx=takes_ctx,
+                    meta=meta)
+
+
+def _build_schemas(fn: ToolFunction, name: str) -> _Schemas:
+    hints = typing.get_type_hints(fn, include_extras=True)
+    fields: dict[str, Any] = {}
+    for pname, param in inspect.signature(fn).parameters.items():
+        if pname == "ctx":
+            continue
         annotation = hints.get(pname, Any)
         default = ... if param.default is inspect.Parameter.empty else param.default
         fields[pname] = (annotation, default)
@@ -90,9 +130,7 @@ def build_spec(fn: ToolFunction, name: str, tool_type: ToolType, timeout: float 
     ret = hints.get("return")
     if ret is not None and ret is not Any and isinstance(ret, type) and _is_structured(ret):
         output_schema = TypeAdapter(ret).json_schema()
-    doc = description or inspect.cleandoc(fn.__doc__ or "").split("\n\n")[0]
-    return ToolSpec(name=name, tool_type=tool_type, description=doc, fn=fn, params_model=model,
-                    input_schema=schema, output_schema=output_schema, timeout=timeout, takes_ctx=takes_ctx, meta=meta)
+    return _Schemas(params_model=model, input_schema=schema, output_schema=output_schema)
 
 
 def _is_structured(tp: type) -> bool:

@@ -5,6 +5,7 @@ alone. The typer command (`device.py`) parses the same options and calls `run_de
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import stat
 import sys
@@ -19,6 +20,10 @@ if TYPE_CHECKING:
 
 
 DEVICE_TOKEN_ENV = "TETHER_DEVICE_TOKEN"  # noqa: S105 (a variable name)
+# automatic collections while the device starts: none below this many new container objects (Python's own is
+# 700). Start-up makes ~90k objects that all live on (modules, classes, models, tool schemas) and little garbage,
+# and the default collected ~125 times, walking the survivors again each time (docs/startup.md)
+START_UP_GC_THRESHOLD = 100_000
 REFUSED_ON_COMMAND_LINE = (
     "--token is not accepted: a token on a command line is visible to every user of the machine "
     "(ps, /proc/PID/cmdline); use --token-file PATH or the TETHER_DEVICE_TOKEN environment variable")
@@ -85,6 +90,28 @@ def read_token_file(path: Path, warn: Callable[[str], None]) -> str:
     return token
 
 
+class StartUpCollection:
+    """The collector's young-generation threshold raised to `START_UP_GC_THRESHOLD` while `tether device`
+    starts (`pause`), put back as it was (`resume`: idempotent) once the link has a first outcome —
+    registered, disconnected, refused or stopped — before a pairing waits for a person, and when
+    `run_device` returns or raises. A bound, not an off switch: past that many new objects it collects."""
+
+    def __init__(self) -> None:
+        self._saved: tuple[int, int, int] | None = None
+
+    def pause(self) -> None:
+        """Raise the young threshold (once; a second call keeps the first saved thresholds)."""
+        if self._saved is None:
+            self._saved = gc.get_threshold()
+            gc.set_threshold(max(START_UP_GC_THRESHOLD, self._saved[0]), *self._saved[1:])
+
+    def resume(self) -> None:
+        """The thresholds as they were before `pause` (nothing if not paused, or already resumed)."""
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            gc.set_threshold(*saved)
+
+
 def run_device(env_token: str | None, *, server: list[str] | None, token_file: Path | None, token: str | None,
                name: str | None, config: Path | None, policy: Path | None, state_dir: Path | None,
                ca_file: str | None, tag: list[str] | None, pair: bool, tls_fingerprint: str | None,
@@ -96,6 +123,22 @@ def run_device(env_token: str | None, *, server: list[str] | None, token_file: P
     if token is not None:
         _error(REFUSED_ON_COMMAND_LINE)
         raise SystemExit(2)
+    collection = StartUpCollection()
+    collection.pause()
+    try:
+        return _run_device(env_token, collection, server=server, token_file=token_file, name=name, config=config,
+                           policy=policy, state_dir=state_dir, ca_file=ca_file, tag=tag, pair=pair,
+                           tls_fingerprint=tls_fingerprint, log_level=log_level, log_format=log_format,
+                           allow_root=allow_root)
+    finally:
+        collection.resume()
+
+
+def _run_device(env_token: str | None, collection: StartUpCollection, *, server: list[str] | None,
+                token_file: Path | None, name: str | None, config: Path | None, policy: Path | None,
+                state_dir: Path | None, ca_file: str | None, tag: list[str] | None, pair: bool,
+                tls_fingerprint: str | None, log_level: str, log_format: str, allow_root: bool) -> int:
+    """`run_device` past the refused --token, with the start-up's collection paused (`collection`)."""
     from tether.device.config import load_device_config
 
     servers = [url.strip() for each in server or () for url in each.split(",") if url.strip()]
@@ -117,14 +160,15 @@ def run_device(env_token: str | None, *, server: list[str] | None, token_file: P
         _error(str(exc))
         raise SystemExit(2) from None
     try:
-        return _serve(cfg, servers, secret, root_warning, token_file=token_file, name=name,
+        return _serve(cfg, servers, secret, root_warning, collection, token_file=token_file, name=name,
                       policy=policy, state_dir=state_dir, ca_file=ca_file, tag=tag, pair=pair,
                       tls_fingerprint=tls_fingerprint, log_level=log_level, log_format=log_format)
     finally:
         os.close(state_lock)
 
 
-def _serve(cfg: DeviceConfig, servers: list[str], secret: str | None, root_warning: str | None, *,
+def _serve(cfg: DeviceConfig, servers: list[str], secret: str | None, root_warning: str | None,
+           collection: StartUpCollection, *,
            token_file: Path | None, name: str | None, policy: Path | None,
            state_dir: Path | None, ca_file: str | None, tag: list[str] | None, pair: bool,
            tls_fingerprint: str | None, log_level: str, log_format: str) -> int:
@@ -142,6 +186,7 @@ def _serve(cfg: DeviceConfig, servers: list[str], secret: str | None, root_warni
 
     enrolment = None
     if not secret:
+        collection.resume()  # a pairing waits for a person: collected as usual meanwhile
         from tether.cli.commands.fleet.pairing import enrol  # httpx and the admin commands: only without a token
         from tether.protocol.names import device_name_problem
 
@@ -156,7 +201,8 @@ def _serve(cfg: DeviceConfig, servers: list[str], secret: str | None, root_warni
         tls_fingerprint = tls_fingerprint or enrolment.tls_fingerprint
     secret_files = [str(p) for p in (token_file, cfg.server.token_file) if p]
     tags = [*(enrolment.tags if enrolment else []), *(tag or [])]
-    return _device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files, tls_fingerprint)
+    return _device(cfg, servers, secret, name, policy, state_dir, ca_file, tags, secret_files, collection,
+                   tls_fingerprint)
 
 
 def _device_token(cfg: DeviceConfig, token_file: Path | None, env_token: str | None) -> str | None:
@@ -183,7 +229,7 @@ def _warn(message: str) -> None:
 
 def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str | None, policy: Path | None,
             state_dir: Path | None, ca_file: str | None, tags: list[str], secret_files: list[str],
-            tls_fingerprint: str | None = None) -> int:
+            collection: StartUpCollection, tls_fingerprint: str | None = None) -> int:
     from rich.markup import escape
 
     from tether.device.link.connection import DeviceConnection, RegistrationRefused
@@ -208,6 +254,8 @@ def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str | None
         out.print(f"connecting to {', '.join(served.urls)} …", soft_wrap=True, markup=False)
 
     def announce(state: str, conn: DeviceConnection) -> None:
+        if state in ("registered", "disconnected", "refused", "stopped"):  # the link's first outcome; when
+            collection.resume()  # registered, serve_device has frozen the start-up's objects already
         if state == "registered":
             again = " (reconnected)" if conn.connections > 1 else ""
             via = f" via {escape(conn.url)}" if several else ""  # which node of a cluster
