@@ -1,6 +1,7 @@
 """Two trees' servers under the very same load: server CPU per REST command, this tree against another's.
 
     python -m bench.server_pair --base SRC [--devices 10] [--callers 16] [--seconds 2] [--repeats 5]
+                                [--log-level warning|info]
 
 On a shared machine a server's CPU per command follows its throughput (more commands per loop turn and
 per system call when it is busier), and the throughput follows whatever else runs: two runs one after the
@@ -9,7 +10,9 @@ of this tree and one of `SRC` (another checkout's `src`, e.g. `git archive BASE 
 each with its own SQLite database and its own client process of `--devices` devices (`bench.load`, this
 tree's devices for both), and `--callers` closed-loop callers, each alternating one command to this tree's server and
 one to the other's (`list_tools` of a namespace no tool has, as bench.fleet_hotpath), so that both see the
-same concurrency at the same moments. Per round: each server's CPU (its threads' scheduled time, to the
+same concurrency at the same moments. Both servers log at `--log-level` (warning by default; at info, what
+`tether server` runs by default, each request also writes an access line).
+Per round: each server's CPU (its threads' scheduled time, to the
 nanosecond) over the answers it gave, and their ratio; printed: medians and spread over the rounds.
 """
 
@@ -80,7 +83,8 @@ async def caller(ports: list[int], requests: list[list[bytes]], until: float, co
             writer.close()
 
 
-async def measure(base: Path, devices: int, callers: int, seconds: float, repeats: int) -> None:
+async def measure(base: Path, devices: int, callers: int, seconds: float, repeats: int,
+                  log_level: str = "warning") -> None:
     raise_fd_limit()
     with tempfile.TemporaryDirectory(prefix="tether-pair-") as tmp_name:
         tmp = Path(tmp_name)
@@ -99,7 +103,7 @@ async def measure(base: Path, devices: int, callers: int, seconds: float, repeat
                                                  text=True).stdout)
                 port = free_port()
                 with tree(src):
-                    servers.append(await stack.enter_async_context(server_process(side_dir, port)))
+                    servers.append(await stack.enter_async_context(server_process(side_dir, port, log_level=log_level)))
                 await stack.enter_async_context(device_process(f"ws://127.0.0.1:{port}/aip",
                                                                side_dir / "devices", made["devices"],
                                                                side_dir / "devices.log"))
@@ -127,7 +131,8 @@ async def measure(base: Path, devices: int, callers: int, seconds: float, repeat
     if errors:
         raise SystemExit(f"{len(errors)} failed commands, e.g. {errors[:3]}")
     print(f"server pair: {devices} devices per server, {callers} callers alternating, {repeats} rounds of "
-          f"{seconds:g} s; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; base {base}")
+          f"{seconds:g} s, servers logging at {log_level}; {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; "
+          f"base {base}")
     for k, (label, _) in enumerate(sides):
         print(f"{'server CPU per REST command, ' + label:<48} {statistics.median(per_cmd[k]):.4f} ms   "
               f"({spread(per_cmd[k])})")
@@ -142,10 +147,12 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=2.0)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                        help="both servers' (`tether server` runs at info by default: an access line per request)")
     args = parser.parse_args()
     if args.devices < 1 or args.callers < 1 or args.repeats < 1 or not (args.base / "tether").is_dir():
         sys.exit("--devices, --callers and --repeats must be at least 1, and --base a src holding tether/")
-    asyncio.run(measure(args.base, args.devices, args.callers, args.seconds, args.repeats))
+    asyncio.run(measure(args.base, args.devices, args.callers, args.seconds, args.repeats, args.log_level))
 
 
 if __name__ == "__main__":

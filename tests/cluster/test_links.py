@@ -7,12 +7,14 @@ Each node's link URL (`--set cluster_link=…`) points at a TCP proxy in front o
 - the answer from a node that does not hold the device names the holding node (`X-Tether-Holder`); the
   Client (and the CLI's `RemoteServer`) sends the device's next call there, and back to its base URL when
   the hinted node is unreachable;
-- a link request without the cluster secret's proof is refused before the upgrade.
+- a link request without the cluster secret's proof, or from a foreign page's Origin, is refused before the
+  upgrade.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -27,6 +29,7 @@ from tests.kits.cluster import WAIT, ClusterKit, Node, RedisLink, free_port
 from tether.client import AsyncClient
 from tether.client.rest import RemoteServer
 from tether.protocol.models import Command
+from tether.server.cluster.link import decode_frame, encode_frame
 
 
 async def linked_node(kit: ClusterKit, name: str) -> tuple[Node, RedisLink]:
@@ -98,6 +101,14 @@ async def test_a_dropped_link_loses_no_call_and_the_hint_is_followed(tmp_path: P
                     async with websockets.connect(f"ws://127.0.0.1:{b.port}/cluster/link", additional_headers=headers):
                         pass
                 assert refused.value.response.status_code == 403
+            # the link route is served ahead of FastAPI's middleware, behind the same request guard: a foreign
+            # page's Origin is refused before any proof is looked at
+            with pytest.raises(websockets.InvalidStatus) as refused:
+                async with websockets.connect(f"ws://127.0.0.1:{b.port}/cluster/link",
+                                              additional_headers={"Origin": "http://evil.example"}):
+                    pass
+            assert refused.value.response.status_code == 403
+            assert b"origin" in refused.value.response.body.lower(), refused.value.response.body
             health = await kit.http(b).get("/health")
             assert health.status_code == 200
         finally:
@@ -114,3 +125,17 @@ def test_a_cluster_link_setting_is_checked() -> None:
     with pytest.raises(ValidationError, match="ws:// or wss://"):
         ServerSettings(cluster_link="http://node2:8765")
     assert httpx.URL(ServerSettings(cluster_link="wss://n2:8765/cluster/link").cluster_link or "").scheme == "wss"
+
+
+def test_link_frames_carry_every_string_json_can() -> None:
+    """A frame is written by pydantic-core's encoder, which refuses a lone surrogate (JSON escapes it, and a
+    device's output can hold one): such a frame is written and read as `json` does, not refused, which
+    would close the link."""
+    lone = json.loads('"\\udc80 out"')
+    for messages in ([{"t": "part", "rid": "r1", "body": {"event": {"data": lone}}}],
+                     [{"t": "done", "rid": "r2", "body": {"results": "[]", "text": "é ✓ 😀", "n": [1, 2.5, None]}}]):
+        frame = encode_frame(messages)
+        assert decode_frame(frame) == messages
+        assert decode_frame(frame.decode()) == messages
+    with pytest.raises(ValueError):
+        decode_frame("[{not json")

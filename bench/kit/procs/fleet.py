@@ -151,13 +151,14 @@ async def start_fleet(stack: contextlib.AsyncExitStack, url: str, state_root: Pa
 
 @asynccontextmanager
 async def server_process(tmp: Path, port: int, profile: Path | None = None, *, db: str | None = None,
-                         args: tuple[str, ...] = (), label: str = "server",
-                         ready_s: float = 30.0) -> AsyncIterator[psutil.Process]:
-    """`tether server` on `port` with its state in `tmp` (its log: `tmp/server.log`) and its database `db` (a
-    SQLite path or a PostgreSQL URL; default `tmp/server.db`), `args` more `tether server` options; yields once
-    /api/v1/health answers, RuntimeError (naming it by `label`, with its log's tail) when it exits first or
-    does not answer within `ready_s`. With `profile`, it runs under cProfile on its CPU clock
-    (`bench.kit.cpu_profile`), which writes there when it stops."""
+                         args: tuple[str, ...] = (), label: str = "server", ready_s: float = 30.0,
+                         log_level: str = "warning") -> AsyncIterator[psutil.Process]:
+    """`tether server` on `port` with its state in `tmp` (its log: `tmp/server.log`, at `log_level`; at `info`, as
+    `tether server` runs by default, one access line per request) and its database `db` (a SQLite path or a
+    PostgreSQL URL; default `tmp/server.db`), `args` more `tether server` options; yields once /api/v1/health
+    answers, RuntimeError (naming it by `label`, with its log's tail) when it exits first or does not answer
+    within `ready_s`. With `profile`, it runs under cProfile on its CPU clock (`bench.kit.cpu_profile`), which
+    writes there when it stops."""
     state = tmp / "state"
     state.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TETHER_STATE_DIR": str(state), "NO_COLOR": "1"}
@@ -167,7 +168,7 @@ async def server_process(tmp: Path, port: int, profile: Path | None = None, *, d
         proc = await asyncio.create_subprocess_exec(
             sys.executable, *(["-m", "bench.kit.cpu_profile", str(profile)] if profile is not None else ["-m"]),
             "tether.cli", "server", "--port", str(port), "--db", db or str(tmp / "server.db"),
-            "--log-level", "warning", *args, stdout=log, stderr=log, env=env)
+            "--log-level", log_level, *args, stdout=log, stderr=log, env=env)
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http:
                 for _ in range(round(ready_s / 0.05)):  # uvicorn offers no event for "started" across processes

@@ -16,8 +16,8 @@ from fastapi import FastAPI
 from tether.errors import ConfigError, ServerError
 from tether.server.http.app import create_app
 from tether.server.http.coalesce import coalescing_http_protocol
-from tether.server.http.internals import edge_protocols, hooked_server
-from tether.server.http.logsafe import server_log_config
+from tether.server.http.internals import ACCESS_LOGGER, edge_protocols, hooked_server
+from tether.server.http.logsafe import server_log_config, skip_caller_lookup
 from tether.server.settings import ServerSettings, is_loopback
 from tether.server.store import Store
 from tether.server.store.lease import StateLease, take_lease
@@ -139,7 +139,7 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
     app = app_factory(settings, store)
     # connection caps per client address and the header/body/idle timeouts, at the transport (edge.py)
     http, ws, _ = edge_protocols(settings, coalescing_http_protocol())  # one write per response sent whole
-    return uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=log_level,
                           backlog=settings.listen_backlog,
                           log_config=server_log_config(log_level),
                           # headroom above the AIP limit so the hub, not the transport, answers an
@@ -154,6 +154,8 @@ def build_config(settings: ServerSettings, *, allow_insecure: bool = False, log_
                           server_header=False,  # no "server: uvicorn" on every answer: a fingerprint, and bytes
                           timeout_keep_alive=settings.idle_timeout,  # type: ignore[arg-type]
                           http=http, ws=ws)
+    skip_caller_lookup(logging.getLogger(ACCESS_LOGGER))  # an access line per request at info
+    return config
 
 
 def stopping_hooks(app: object) -> Callable[[], None]:

@@ -59,12 +59,36 @@ class BusInterrupted(BusError):
     """This node gave up waiting on a request (`Bus.interrupt`): the answer is wanted elsewhere now."""
 
 
-@dataclass
+@dataclass(eq=False)
 class _Waiting:
-    queue: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+    """A request waiting on its answer. Its messages (`part`, `done`, `interrupt`) go into `queue` (for
+    `Bus.request`'s generator), or, with `answer` set (`Bus.ask`), each part to `on_part`, a final body to
+    `on_done` too, and the first `done` or `interrupt` into `answer`, straight from the reader: no queue and
+    no wake-up per message."""
+
+    queue: asyncio.Queue[dict[str, Any]] | None = None
     node: str = ""
     link: Link | None = None  # the link the request went over (None: through Redis)
     message: dict[str, Any] = field(default_factory=dict)  # the request itself, to send again
+    on_part: Callable[[dict[str, Any]], None] | None = None
+    on_done: Callable[[dict[str, Any]], None] | None = None
+    answer: asyncio.Future[dict[str, Any]] | None = None
+
+    def deliver(self, message: dict[str, Any]) -> None:
+        if self.queue is not None:
+            self.queue.put_nowait(message)
+            return
+        if message.get("t") == "part":
+            if self.on_part is not None and self.answer is not None and not self.answer.done():
+                self.on_part(message["body"])
+        elif self.answer is not None and not self.answer.done():
+            self.answer.set_result(message)
+            if self.on_done is not None and message.get("t") == "done" and "error" not in message \
+                    and isinstance(message.get("body"), dict):
+                try:
+                    self.on_done(message["body"])
+                except Exception:  # the reader goes on; the asker's task handles the answer itself
+                    log.exception("handling the answer from node %s at once failed", self.node)
 
 
 class Bus:
@@ -135,7 +159,7 @@ class Bus:
             except (TimeoutError, asyncio.CancelledError, Exception):
                 self._reader_task.cancel()
         for waiting in self._waiting.values():
-            waiting.queue.put_nowait({"t": "done", "error": "this node is stopping"})
+            waiting.deliver({"t": "done", "error": "this node is stopping"})
 
     async def request(self, node: str, kind: str, body: dict[str, Any],
                       timeout: float, *, rid: str | None = None) -> AsyncIterator[dict[str, Any]]:
@@ -145,7 +169,8 @@ class Bus:
         yields (a timeout scope must not span a yield). `rid` (default: a new one) names it for
         `interrupt`."""
         rid = rid or secrets.token_hex(8)
-        waiting = self._waiting[rid] = _Waiting(node=node)
+        queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        waiting = self._waiting[rid] = _Waiting(queue, node=node)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         finished = False
@@ -155,7 +180,7 @@ class Bus:
             while True:
                 try:
                     async with asyncio.timeout_at(deadline):
-                        message = await waiting.queue.get()
+                        message = await queue.get()
                 except TimeoutError:
                     raise BusError(f"node {node} did not answer {kind} within {timeout:g} s") from None
                 if message["t"] == "part":
@@ -179,7 +204,41 @@ class Bus:
         stop): cheaper than racing every request against a second waiter."""
         waiting = self._waiting.get(rid)
         if waiting is not None:
-            waiting.queue.put_nowait({"t": "interrupt"})
+            waiting.deliver({"t": "interrupt"})
+
+    async def ask(self, node: str, kind: str, body: dict[str, Any], timeout: float, *, rid: str,
+                  on_part: Callable[[dict[str, Any]], None],
+                  on_done: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Ask `node` as `request` does, but each partial reply's body goes to `on_part` as it arrives, and the
+        final body to `on_done` the moment it arrives (both called from the reader: they must not block), and
+        is returned: one wait for the whole request, with no queue or generator turn per message. Raises
+        BusInterrupted (`interrupt(rid)`) and BusError (an error reply, or no final reply within `timeout`);
+        leaving early cancels it on the other node."""
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        waiting = self._waiting[rid] = _Waiting(node=node, on_part=on_part, on_done=on_done, answer=answer)
+        finished = False
+        try:
+            waiting.message = {"t": "req", "rid": rid, "from": self.node, "kind": kind, "body": body}
+            await self._send(node, waiting.message, waiting)
+            try:
+                async with asyncio.timeout(timeout):
+                    message = await answer
+            except TimeoutError:
+                raise BusError(f"node {node} did not answer {kind} within {timeout:g} s") from None
+            if message["t"] == "interrupt":
+                raise BusInterrupted(f"the request to node {node} was given up")
+            finished = True
+            if "error" in message:
+                raise BusError(message["error"])
+            body = message["body"]
+            return body if isinstance(body, dict) else {}
+        finally:
+            self._waiting.pop(rid, None)
+            if not finished and answer.done() and not answer.cancelled() and answer.result().get("t") == "done":
+                finished = True  # cancelled once its answer was in: nothing runs there any more
+            if not finished:  # the asker gave up or timed out: stop the work on the other node
+                with contextlib.suppress(Exception):
+                    await self._send(node, {"t": "cancel", "rid": rid, "from": self.node})
 
     async def call(self, node: str, kind: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
         """A request whose partial replies are not wanted: the final body."""
@@ -219,8 +278,8 @@ class Bus:
                 task = self._running[key] = asyncio.create_task(self._resend(node, waiting), name=f"bus-{key}")
                 task.add_done_callback(partial(self._forget, key))
             else:
-                waiting.queue.put_nowait({"t": "done", "error": f"the link to node {node} dropped before it "
-                                                                 "answered; the request may have run there"})
+                waiting.deliver({"t": "done", "error": f"the link to node {node} dropped before it "
+                                                       "answered; the request may have run there"})
 
     def _through_redis(self, node: str, message: dict[str, Any]) -> None:
         """A message a link could not carry (too large for a frame, or queued on a link that closed): through
@@ -246,8 +305,8 @@ class Bus:
         try:
             await self._send_redis(node, waiting.message)
         except BusError as exc:
-            waiting.queue.put_nowait({"t": "done", "error": f"the link to node {node} dropped before it answered, "
-                                                             f"and the request could not be sent again: {exc}"})
+            waiting.deliver({"t": "done", "error": f"the link to node {node} dropped before it answered, "
+                                                   f"and the request could not be sent again: {exc}"})
 
     async def _send_redis(self, node: str, message: dict[str, Any]) -> None:
         text = _encode(message)
@@ -299,7 +358,7 @@ class Bus:
         if kind in ("part", "done"):
             waiting = self._waiting.get(rid)
             if waiting is not None:
-                waiting.queue.put_nowait(message)
+                waiting.deliver(message)
             elif kind == "done" and self.unclaimed is not None and isinstance(message.get("body"), dict):
                 try:
                     self.unclaimed(message["body"])

@@ -217,19 +217,38 @@ class Router:
         body = {"device": batch.device, "from": self.node, "message": message.model_dump_json(exclude_none=True),
                 "asker": batch.asker.to_dict() if batch.asker is not None else None}  # whose questions they are
 
-        final: dict[str, Any] = {}
+        def on_part(part: dict[str, Any]) -> None:  # a device event, as it streams (from the bus's reader)
+            try:
+                event = Event.model_validate(part.get("event"))
+            except ValueError:
+                return
+            hub.deliver_event(batch, event)
+
+        settled = False
+
+        def on_done(final: dict[str, Any]) -> None:  # the answer, finished here the moment it comes: the caller's
+            nonlocal settled  # task wakes next, not after this one's
+            if batch.done.is_set():
+                return  # ended here meanwhile (cancelled, timed out): as before, its task handles the rest
+            if NOT_HERE in str(final.get("error") or "") and final.get("results") in (None, "[]"):
+                return  # the device left that node while the batch waited there for it: sent on by run_batch
+            try:
+                results = _RESULTS.validate_json(final.get("results") or "[]")
+            except ValueError:
+                return
+            remote, batch.remote = batch.remote, None  # finished from the reader, not from its task: that task
+            try:  # must not be cancelled by it
+                hub.finish_remote(batch, results, final.get("error"))
+            except Exception:
+                batch.remote = remote
+                raise
+            settled = True
+
         if route.moved:  # seen elsewhere before the request went: nothing to interrupt yet
             return True
         try:  # no task of its own: the request runs in the batch's task, interrupted by _moved
-            async for part in self.bus.request(route.holder, "batch", body, limit, rid=route.rid):
-                if "event" not in part:
-                    final = part
-                    continue
-                try:
-                    event = Event.model_validate(part["event"])
-                except ValueError:
-                    continue
-                hub.deliver_event(batch, event)
+            final = await self.bus.ask(route.holder, "batch", body, limit, rid=route.rid, on_part=on_part,
+                                       on_done=on_done)
         except BusInterrupted:
             return True
         except BusError as exc:
@@ -238,6 +257,8 @@ class Router:
             # the request failed, not (as far as anyone here knows) the command on the device
             hub.finish_remote(batch, [], f"node {route.holder} holding device {batch.device} could not be heard "
                                          f"from: {exc}", pending=True)
+            return False
+        if settled:
             return False
         if NOT_HERE in str(final.get("error") or "") and final.get("results") in (None, "[]"):
             return True  # the device left that node while the batch waited there for it
@@ -313,19 +334,20 @@ class Router:
             raise BusError(f"node {self.node} runs command batches only, not {message.type.value}")
         if not hub.holds(device):
             raise BusError(f"{NOT_HERE}: device {device} is not connected to node {self.node}")
-        events: asyncio.Queue[Event | None] = asyncio.Queue()
+        events: asyncio.Queue[Event | None] | None = None  # made with the first event: most batches have none
         pumper: asyncio.Task[None] | None = None
 
-        async def pump() -> None:
+        async def pump(events: asyncio.Queue[Event | None]) -> None:
             while (event := await events.get()) is not None:
                 await send({"event": event.model_dump(mode="json", exclude_none=True)})
 
-        def on_event(event: Event) -> None:  # the pump starts with the first event: most batches have none
-            nonlocal pumper
-            events.put_nowait(event)
-            if pumper is None:
-                pumper = asyncio.create_task(pump())
+        def on_event(event: Event) -> None:  # the pump starts with the first event
+            nonlocal pumper, events
+            if events is None:
+                events = asyncio.Queue()
+                pumper = asyncio.create_task(pump(events))
                 self._keep(pumper)
+            events.put_nowait(event)
 
         batch = hub.pending(message.response_id)
         if batch is not None and batch.device == device:  # sent here again (the device moved back and forth)
@@ -350,7 +372,7 @@ class Router:
             else:
                 hub.finish_remote(batch, [], "cancelled by the node that sent the batch")
             raise
-        if pumper is not None:  # the events first, then the results, in the order the device sent them
+        if pumper is not None and events is not None:  # the events first, then the results, in the device's order
             events.put_nowait(None)
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(ANSWER_TIMEOUT_S):

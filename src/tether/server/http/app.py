@@ -107,10 +107,14 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
         app.include_router(pairing_router)
     aip = aip_route(hub)
     app.router.routes.append(aip)
+    fast_sockets = {}
     if settings.cluster_url and settings.cluster_link != "off":  # the other nodes' direct links (server/cluster)
         from tether.server.cluster.endpoint import link_route
+        from tether.server.cluster.link import LINK_PATH
 
-        app.router.routes.append(link_route(app))
+        link = link_route(app)
+        app.router.routes.append(link)
+        fast_sockets[LINK_PATH] = link.endpoint
     mount_web(app)  # the dashboard at /, and /docs + /redoc from packaged assets
     gateway = mount_gateway(app)  # the fleet as an MCP server at /mcp (server/mcp)
     contexts = [gateway, *(extension(app) for extension in extensions)]
@@ -121,7 +125,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.add_middleware(RequestGuard, settings=settings, api_token_ok=api_token_ok)
     # ...and the hot routes answered before FastAPI's stack, behind the same guard (front.py)
     app.fast = FastRoutes(lambda route: RequestGuard(route, settings=settings, api_token_ok=api_token_ok),
-                          run_commands, run_selected, aip.endpoint)
+                          run_commands, run_selected, aip.endpoint, sockets=fast_sockets)
 
     # Starlette's HTTPException (FastAPI's subclasses it): the router's own 404 and 405 included
     @app.exception_handler(HTTPException)

@@ -19,7 +19,7 @@ bodies (`error_response`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 from fastapi import FastAPI
@@ -72,6 +72,16 @@ def http_endpoint(handler: Handler) -> ASGIApp:
     return app
 
 
+def socket_endpoint(endpoint: SocketEndpoint) -> ASGIApp:
+    """`endpoint` as an ASGI app: called with a Starlette `WebSocket` of the scope."""
+
+    async def app(scope: Scope, receive: Callable[[], Awaitable[Message]],
+                  send: Callable[[Message], Awaitable[None]]) -> None:
+        await endpoint(WebSocket(scope, receive, send))
+
+    return app
+
+
 def route_path(scope: Scope) -> str:
     """The path the app's routes are matched on: behind a proxy's path prefix (uvicorn's `root_path`, which
     it puts in front of `path` as the ASGI spec says) the part after the prefix, as Starlette's routing does."""
@@ -86,12 +96,16 @@ class FastRoutes:
     """The hot routes, each behind its own `RequestGuard`; `match(scope)` picks one or None."""
 
     def __init__(self, guard: Callable[[ASGIApp], RequestGuard], run_commands: Handler, run_selected: Handler,
-                 aip: SocketEndpoint, aip_path: str = "/aip") -> None:
+                 aip: SocketEndpoint, aip_path: str = "/aip", sockets: Mapping[str, SocketEndpoint] | None = None
+                 ) -> None:
         self.run_commands = guard(http_endpoint(run_commands))
         self.run_selected = guard(http_endpoint(run_selected))
         self.aip_rules = self.run_commands.rules  # a handshake has no body: the Host/Origin rules are its guard
         self.aip_endpoint = aip
         self.aip_path = aip_path
+        # more WebSocket routes (path -> endpoint; a cluster's node links), each behind the whole guard: no
+        # middleware frame stays in the chain every received message resumes through
+        self.sockets = {path: guard(socket_endpoint(endpoint)) for path, endpoint in (sockets or {}).items()}
 
     async def aip(self, scope: Scope, receive: Any, send: Any) -> None:
         """The AIP socket: the guard's Host/Origin rules on the handshake, then the endpoint — called from
@@ -105,7 +119,7 @@ class FastRoutes:
     def match(self, scope: Scope) -> ASGIApp | None:
         path = route_path(scope)
         if scope["type"] == "websocket":
-            return self.aip if path == self.aip_path else None
+            return self.aip if path == self.aip_path else self.sockets.get(path)
         if scope["type"] != "http" or scope["method"] != "POST":
             return None
         if path == SELECTED_PATH:
