@@ -33,7 +33,7 @@ def _absolute(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None =
 def real(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
     """The real path of `path` (`~` expanded, a relative one taken from `cwd` or the current directory)."""
     text = os.path.expanduser(os.fspath(path))
-    if text.startswith("/") and "//" not in text[1:] and "/." not in text and not text.endswith("/"):
+    if text == "/" or (text.startswith("/") and "//" not in text[1:] and "/." not in text and not text.endswith("/")):
         return Path(os.path.realpath(text))  # already as a Path would write it: no Path built to normalize it
     return Path(os.path.realpath(_absolute(path, cwd)))
 
