@@ -243,6 +243,11 @@ async def measure(args: argparse.Namespace) -> None:
 async def in_process_child(trips: int, tool: str) -> None:
     """`--in-process-child TRIPS TOOL`: the device's path from COMMAND text to COMMAND_RESULTS text, `trips`
     times after a warm-up; prints the CPU microseconds per command."""
+    with tempfile.TemporaryDirectory(prefix="tether-devcpu-in-") as tmp_name:
+        await _in_process(Path(tmp_name), trips, tool)
+
+
+async def _in_process(tmp: Path, trips: int, tool: str) -> None:
     import gc
 
     from tether.cli.logs import configure
@@ -250,7 +255,6 @@ async def in_process_child(trips: int, tool: str) -> None:
     from tether.device.serve import _build
     from tether.protocol.device_session import CommandsArrived, DeviceSession, DeviceSessionState
 
-    tmp = Path(tempfile.mkdtemp(prefix="tether-devcpu-in-"))
     (tmp / "device.yaml").write_text("device:\n  builtin: [files, system]\n")
     log = (tmp / "device.log").open("w", buffering=1)  # as a service's stderr: line-buffered, to a file
     sys.stderr = log
@@ -293,6 +297,7 @@ async def in_process_child(trips: int, tool: str) -> None:
     took = time.process_time() - start
     await served.local.aclose()
     sys.stderr = sys.__stderr__
+    log.close()
     if len(sent) != trips + warm or failed:
         raise SystemExit(f"{len(sent)} results for {trips + warm} commands; not a success: {failed}")
     print(f"{took / trips * 1e6:.2f}")
