@@ -5,7 +5,9 @@
 Rows, each against its anchor measured in the same run:
 - `tether --help` against `python -c pass` (goal <= 8x), and against a process importing only typer and
   rich (what the help is drawn with: tether's own share is the difference);
-- local `tether exec get_system_info info_type=os` against `python -c pass` (goal <= 0.2 s);
+- local `tether exec get_system_info info_type=os` against `python -c pass` (goal <= 0.2 s), and against a
+  process importing only the libraries its path is built on (asyncio, psutil, rich's console, pydantic with one
+  model, run once each): the floor under it while it uses them;
 - `tether device` launch -> its "registered as" line, against a real `tether server` on 127.0.0.1, against a
   Python process that imports websockets and does one echo round trip (goal <= 0.3 s), and against one that
   imports the other projects' modules the device imports before it registers and builds one pydantic model
@@ -47,6 +49,11 @@ from bench.kit.procs.timing import Sample, device_registered, echo, interleaved,
 
 SRC = Path(__file__).resolve().parent.parent / "src"
 HELP_DEPS = "import typer, typer.core, rich.console, rich.table, rich.markup"
+# what a local `tether exec` cannot do without as built (asyncio, psutil, rich's console, pydantic with one model),
+# and nothing of tether: the floor under that row
+EXEC_DEPS = ("import asyncio, psutil, rich.console, rich.markup, rich.json\nfrom pydantic import BaseModel\n"
+             "class A(BaseModel):\n    x: int\nasync def main():\n    return A(x=1)\nasyncio.run(main())\n"
+             "rich.console.Console().print_json('{\"x\": 1}')")
 # what `tether device` imports of other projects before it registers, and one pydantic model built: its floor
 DEVICE_DEPS = ("import asyncio, logging, ssl, psutil, rich.console, rich.markup, websockets.asyncio.client\n"
                "from cryptography.hazmat.primitives.asymmetric import ed25519\n"
@@ -96,6 +103,7 @@ async def measure_async(repeats: int, fresh: bool, base: Path | None = None) -> 
                 rows: dict[str, Callable[[], Awaitable[Sample]]] = {
                     "python -c pass": lambda: run_timed([PY, "-c", "pass"], plain),
                     "python importing typer + rich": lambda: run_timed([PY, "-c", HELP_DEPS], plain),
+                    "python + exec's libraries, no tether": lambda: run_timed([PY, "-c", EXEC_DEPS], plain),
                     "python + websockets, one echo": lambda: run_timed(
                         [PY, "-c", ECHO_CLIENT, f"ws://127.0.0.1:{port}"], plain),
                     "python importing the device's libraries": lambda: run_timed([PY, "-c", DEVICE_DEPS], plain),
@@ -138,6 +146,9 @@ def measure(repeats: int, fresh: bool = True, base: Path | None = None) -> dict[
             if name.startswith("tether --help"):
                 hw, hc = med["python importing typer + rich"]
                 ratio += f"; {med[name][0] / hw:.2f}x / {med[name][1] / hc:.2f}x typer + rich"
+            if name.startswith("tether exec"):
+                lw, lc = med["python + exec's libraries, no tether"]
+                ratio += f"; {med[name][0] / lw:.2f}x / {med[name][1] / lc:.2f}x its libraries"
             if name.startswith("tether device"):
                 lw, lc = med["python importing the device's libraries"]
                 ratio += f"; {med[name][0] / lw:.2f}x / {med[name][1] / lc:.2f}x its libraries"

@@ -32,6 +32,8 @@ def printable(value: object, *, keep_lines: bool = False) -> str:
     """`value` as text with every control character escaped (`\\n`, `\\r`, `\\t`, `\\x1b`, `\\u202e`…);
     with `keep_lines`, newline and tab stay as they are. Text with nothing to escape is returned as is."""
     text = value if isinstance(value, str) else str(value)
+    if text.isprintable():  # every character CONTROL names is one Python counts as not printable (Cc, Cf, Zl, Zp)
+        return text
     pattern = CONTROL_BUT_LINES if keep_lines else CONTROL
     if pattern.search(text) is None:
         return text

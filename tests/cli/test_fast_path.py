@@ -7,7 +7,9 @@ typer drew (`tether.cli.fast.help`), the same at every width, with colour, run a
 from __future__ import annotations
 
 import functools
+import inspect
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ import typer
 from typer.testing import CliRunner
 
 from tests.kits.netutil import tether_env
+from tether.cli.commands.fleet.exec_run import run_exec
 from tether.cli.commands.fleet.tools import exec_
 from tether.cli.commands.setup.device import device
 from tether.cli.fast import gen, parse
@@ -134,13 +137,53 @@ def test_tether_device_runs_without_typer_or_click_and_its_errors_are_one_line(t
     assert proc.returncode == 2 and "requires an argument" in proc.stderr and "typer" in modules
 
 
+def test_the_exec_body_takes_what_the_typer_command_takes() -> None:
+    """The fast path calls `run_exec` with the table's names (generated from `exec_`): the same parameters."""
+    assert list(inspect.signature(run_exec).parameters) == list(inspect.signature(exec_).parameters)
+
+
 def test_tether_exec_runs_a_local_tool_through_the_fast_path(tmp_path: Path) -> None:
     proc, modules = _run(tmp_path, "exec", "get_system_info", "info_type=os", "--json")
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["status"] == "success"
-    assert "tether.cli.fast.spec" in modules and "typer.rich_utils" not in modules
+    assert "tether.cli.fast.spec" in modules
+    assert not {m for m in modules if m.split(".")[0] in ("typer", "click")}, "the fast path imported typer"
+    # only the tool set that holds the tool is built; no LLM is looked up without an external MCP server
+    unused = ("tether.tools.shell.tool", "tether.tools.files.tool", "tether.tools.browser", "tether.agent")
+    assert not {m for m in modules if m.startswith(unused)}
     proc, _ = _run(tmp_path, "exec", "get_system_info", "--timeout", "soon")
     assert proc.returncode == 2 and "Invalid value for '--timeout'" in proc.stderr
+
+
+def _typer_run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`tether ARGS` through the typer app alone, as `tether.cli.main` runs it when the fast path steps aside."""
+    harness = ("import logging, sys\nfrom tether.cli.common import app\n"
+               "logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(name)s: %(message)s')\n"
+               "app(sys.argv[1:], prog_name='tether')\n")
+    env = {**tether_env(tmp_path), "TETHER_ALLOW_ROOT": "1"}
+    return subprocess.run([sys.executable, "-c", harness, *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def _same(text: str) -> str:
+    return re.sub(r"(call_id=|cli-|\"call_id\": \")[0-9a-f]+", r"\1X", text)
+
+
+@pytest.mark.parametrize("words", [
+    ["get_system_info", "info_type=os", "--json"], ["get_system_info", "--type", "bogus"],
+    ["get_system_info", "bad"], ["nosuch_tool"], ["--type", "action", "get_system_info"],
+    ["get_system_info", "info_type=os", "--policy", "/nonexistent/policy.yaml"]])
+def test_tether_exec_answers_as_typer_does(tmp_path: Path, words: list[str]) -> None:
+    """The same command line through the fast path and through typer alone: the same output, errors and exit
+    code (the result's ids aside)."""
+    fast, _ = _run(tmp_path, "exec", *words)
+    typed = _typer_run(tmp_path, "exec", *words)
+    assert (fast.returncode, _same(fast.stderr)) == (typed.returncode, _same(typed.stderr))
+    if "--json" in words:
+        fast_json, typed_json = json.loads(fast.stdout), json.loads(typed.stdout)
+        assert fast_json.keys() == typed_json.keys() and fast_json["status"] == typed_json["status"] == "success"
+    else:
+        assert _same(fast.stdout) == _same(typed.stdout)
+    assert fast.returncode != 0 or "--json" in words
 
 
 @pytest.mark.parametrize(("program", "env"), [

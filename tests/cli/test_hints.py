@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tether.cli.commands.fleet.tools import held_hint
+from tether.cli.commands.fleet.exec_run import held_hint
 from tether.cli.commands.tasks.run import _journaled
 from tether.cli.common import unreachable_hint
 from tether.protocol.models import Result

@@ -164,7 +164,7 @@ def test_an_unknown_command_is_a_usage_error_that_loads_nothing(tmp_path: Path) 
     assert proc.returncode == 2
     assert "No such command 'no-such-command'" in proc.stderr
     assert not {m for m in modules if m.startswith("tether.cli.")} - {
-        "tether.cli.common", "tether.cli.lazy", "tether.cli.views", "tether.cli.views.rich_help",
+        "tether.cli.common", "tether.cli.basics", "tether.cli.lazy", "tether.cli.views", "tether.cli.views.rich_help",
         "tether.cli.views.safe_text"}
 
 

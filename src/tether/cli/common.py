@@ -3,40 +3,33 @@
 from __future__ import annotations
 
 import json
-import re
-import sys
-from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 from typer.core import TyperArgument, TyperGroup, TyperOption
 
+# what needs no typer lives in tether.cli.basics (the fast path's commands import it from there)
+from tether.cli.basics import INTERRUPTED as INTERRUPTED
+from tether.cli.basics import ExitCode as ExitCode
+from tether.cli.basics import check_tool_type as check_tool_type
+from tether.cli.basics import parse_assignments as parse_assignments
+from tether.cli.basics import print_result as print_result
+from tether.cli.basics import progress_line as progress_line
+from tether.cli.basics import remote_exit_code as remote_exit_code
+from tether.cli.basics import remote_message as remote_message
+from tether.cli.basics import stream_output as stream_output
+from tether.cli.basics import unreachable_hint as unreachable_hint
 from tether.cli.lazy import COMMAND_PANELS, LazyGroup
-from tether.cli.views.safe_text import console, say, visible
+from tether.cli.views.safe_text import console as console
+from tether.cli.views.safe_text import say as say
+from tether.cli.views.safe_text import visible as visible
 
 if TYPE_CHECKING:
     from tether.client.rest import RemoteError  # httpx: imported by the commands that talk to a server
-    from tether.protocol.models import Result, ToolInfo  # pydantic: not for `tether --help`
-
-
-class ExitCode(IntEnum):
-    """tether's exit codes, the same in every command (README, "Exit codes")."""
-
-    OK = 0
-    FAILED = 1  # the task, command or request failed, or the server refused it
-    USAGE = 2  # bad arguments, or a bad config, policy or plan file (click's usage errors are 2 as well)
-    WAITING = 3  # a person must act: a question left unanswered, an approval pending
-    UNREACHABLE = 4  # the server could not be reached, or the connection to it was lost
-    # Ctrl-C (SIGINT), as a shell reports it (typer's own code for an interrupted command too): a server's task
-    # goes on
-    INTERRUPTED = 130
-
-
-INTERRUPTED = ExitCode.INTERRUPTED
+    from tether.protocol.models import ToolInfo  # pydantic: not for `tether --help`
 
 
 class _Option(TyperOption):
@@ -214,50 +207,6 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
-def remote_message(exc: RemoteError) -> str:
-    """The server's refusal in CLI terms: what to set or pass, not which HTTP header to send."""
-    text = str(exc)
-    if exc.status == 401 and "missing bearer token" in text:
-        return ("no API token: set TETHER_TOKEN or pass --token (on the server's machine, "
-                "'tether token create --api NAME' makes one)")
-    if exc.status == 401 and "unknown or revoked token" in text:
-        return "the API token (TETHER_TOKEN or --token) is unknown or revoked: 'tether token list' shows the live ones"
-    if exc.status == 403 and (scope := re.search(r"lacks the '(\w+)' scope", text)):
-        return (f"{text.removeprefix('server answered 403: ')}: use a token that has it "
-                f"('tether token create --api NAME --scope {scope.group(1)}' on the server's machine)")
-    if exc.status is None and "cannot reach" in text:
-        return f"{text}\n  {unreachable_hint(text)}"
-    return text.replace("('Authorization: Bearer <api token>')", "(set TETHER_TOKEN or pass --token)")
-
-
-def unreachable_hint(text: str) -> str:
-    """What to check when the server was not reached, from the error's words: a URL without its scheme,
-    a TLS failure (an untrusted certificate or a pin that does not match), a refused connection (is the
-    server running?), or else where the URL comes from."""
-    lowered = text.lower()
-    if "missing an 'http://' or 'https://' protocol" in lowered or "unsupported protocol" in lowered:
-        return "the server URL needs its scheme: --server http://HOST:PORT (https:// with TLS)"
-    if any(word in lowered for word in ("ssl", "certificate", "tls", "fingerprint", "pinned", "pin mismatch")):
-        return ("a TLS problem, not a server that is down: for a self-signed certificate pass its CA with --ca-file "
-                "(or TETHER_CA_FILE); check that a pinned fingerprint is the server's ('tether server' prints it)")
-    if "refused" in lowered:
-        return "is it running ('tether server')? --server or TETHER_SERVER say where it is"
-    return "--server or TETHER_SERVER say where it is (check the host name and port)"
-
-
-def remote_exit_code(exc: RemoteError, code: int = ExitCode.FAILED) -> int:
-    """The exit code for a server's no, the same from every command: `ExitCode.UNREACHABLE` when it was not
-    reached, `ExitCode.USAGE` for no token or a dead one, `ExitCode.FAILED` for a token that lacks the scope
-    the command needs (the server refused it, README "Exit codes"), else `code` (the command's own)."""
-    if exc.status is None:
-        return ExitCode.UNREACHABLE
-    if exc.status == 401:
-        return ExitCode.USAGE
-    if exc.status == 403 and "lacks the '" in str(exc):
-        return ExitCode.FAILED
-    return code
-
-
 def fail_remote(exc: RemoteError, code: int = ExitCode.FAILED, hint: str = "") -> NoReturn:
     """One place that turns a server's no into an exit (`remote_exit_code`) with its words (`remote_message`)."""
     fail(remote_message(exc) + hint, remote_exit_code(exc, code))
@@ -270,11 +219,6 @@ def run_async(coro: Any) -> Any:
         return asyncio.run(coro)
     except ValueError as exc:  # configuration and policy files: say what is wrong, no traceback
         fail(str(exc))
-
-
-def check_tool_type(tool_type: str | None) -> None:
-    if tool_type not in (None, "data_collection", "action"):
-        fail("--type must be data_collection or action")
 
 
 def params_summary(info: ToolInfo) -> str:
@@ -299,32 +243,6 @@ def print_tools(infos: list[ToolInfo], as_json: bool, title: str = "") -> None:
     console().print(table)
 
 
-def parse_assignments(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]:
-    """`key=value` (JSON where the parameter is not a string, else text) and `key:=json` (always JSON)."""
-    props = schema.get("properties", {})
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        raw_json = key.endswith(":")
-        key = key.removesuffix(":")
-        if not sep or not key:
-            raise ValueError(f"argument {pair!r} is not key=value (or key:=json)")
-        if raw_json:
-            try:
-                out[key] = json.loads(value)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"argument {key}: not valid JSON: {exc.msg}") from exc
-            continue
-        if _wants_string(props.get(key, {})):
-            out[key] = value
-            continue
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def parse_requires(items: list[str]) -> dict[str, Any]:
     """`--require` values as DeviceRequirements fields; ValueError names a bad one."""
     req: dict[str, Any] = {}
@@ -343,68 +261,3 @@ def parse_requires(items: list[str]) -> dict[str, Any]:
         else:
             raise ValueError(f"--require {item!r}: expected platform=NAME, tag=NAME, tool=NAME or gpu[=false]")
     return req
-
-
-def _wants_string(prop: dict[str, Any]) -> bool:
-    types = {prop.get("type")} | {p.get("type") for p in prop.get("anyOf", [])}
-    types.discard(None)
-    types.discard("null")
-    return types == {"string"}
-
-
-def stream_output(kind: str, data: dict[str, Any], raw: bool = False) -> None:
-    """Live stdout/stderr of a running command, on the terminal only (results carry it anyway); its control
-    characters shown as escapes but `\n` and `\t` (`safe_text.visible`) unless `raw`."""
-    if kind == "output" and sys.stderr.isatty():
-        data_text = str(data.get("data", ""))
-        sys.stderr.write(data_text if raw else visible(data_text))
-        sys.stderr.flush()
-    elif kind == "queued":  # the device runs as many sessions as it may: this one waits in line
-        sys.stderr.write(f"waiting: the device is busy; number {data.get('position')} in line\n")
-        sys.stderr.flush()
-    elif kind == "starting":  # the tool may be an external MCP server's that the device is still starting
-        servers = visible(", ".join(map(str, data.get("servers") or [])), one_line=True)
-        sys.stderr.write(f"waiting: MCP server(s) still starting on the device: {servers}\n")
-        sys.stderr.flush()
-    elif kind == "progress":  # an external MCP tool's progress: not in the result, so always shown
-        sys.stderr.write(progress_line(data) + "\n")
-        sys.stderr.flush()
-
-
-def progress_line(data: dict[str, Any]) -> str:
-    """`progress server.tool: 2/3 step 2 of 3` (plain text: a server's message is never markup)."""
-    done, total = data.get("progress"), data.get("total")
-    amount = f"{done:g}/{total:g}" if isinstance(done, int | float) and isinstance(total, int | float) else (
-        f"{done:g}" if isinstance(done, int | float) else "")
-    message = str(data.get("message") or "").replace("\n", " ")[:300]
-    return visible(f"progress {data.get('server', '?')}.{data.get('tool', '?')}: {amount} {message}".rstrip(),
-                   one_line=True)
-
-
-def print_result(result: Result, session_id: str | None, device: str | None = None, raw: bool = False) -> None:
-    """A tool's result. Its stdout and stderr are shown with control characters as escapes (but `\n` and
-    `\t`) unless `raw`, which writes them as the command wrote them."""
-    out = console()
-    style = {"success": "green", "failure": "red", "skipped": "yellow"}.get(result.status.value, "white")
-    shown = "outcome pending" if result.outcome_pending else result.status.value  # not a failure: docs/outcomes.md
-    style = "yellow" if result.outcome_pending else style
-    where = f"  device={escape(device)}" if device else ""
-    out.print(f"[{style}]{shown}[/{style}]{where}  namespace={escape(str(result.namespace))}  "
-              f"call_id={result.call_id}  session={session_id}")
-    if result.error:
-        say(f"error: {result.error}")
-    payload = result.result
-    if isinstance(payload, dict) and ("stdout" in payload or "stderr" in payload):
-        for stream in ("stdout", "stderr"):
-            if payload.get(stream):
-                out.print(f"[bold]{stream}:[/bold]")
-                body = str(payload[stream])
-                if raw:
-                    sys.stdout.write(body if body.endswith("\n") else body + "\n")
-                    sys.stdout.flush()
-                else:
-                    out.out(body, end="" if body.endswith("\n") else "\n")
-        rest = {k: v for k, v in payload.items() if k not in ("stdout", "stderr")}
-        out.print_json(json.dumps(rest, default=str))
-    elif payload is not None:
-        out.print_json(json.dumps(payload, default=str))

@@ -9,6 +9,7 @@ in it drives a terminal.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import time
@@ -32,6 +33,44 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, ensure_ascii=False)
 
 
+class _PlainFormatter(logging.Formatter):
+    """`LEVEL logger: message`: what `Formatter("%(levelname)s %(name)s: %(message)s")` writes, the common
+    record (no exception, no stack) formatted without the style machinery; any other through it."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.exc_info or record.exc_text or record.stack_info:
+            return super().format(record)
+        message = record.message = record.getMessage()
+        return f"{record.levelname} {record.name}: {message}"
+
+
+def _writes_through(stream: object) -> bool:
+    """Whether each line written to `stream` is out when `write` returns: a line-buffered text stream
+    (`sys.stderr` is one) or one writing through to an unbuffered file (`sys.stderr` with PYTHONUNBUFFERED)."""
+    return bool(getattr(stream, "line_buffering", False)) or (
+        getattr(stream, "write_through", False) and isinstance(getattr(stream, "buffer", None), io.RawIOBase))
+
+
+class _LineHandler(logging.StreamHandler):
+    """A `StreamHandler` whose `emit` flushes only a stream that does not write each line through itself
+    (`_writes_through`): a device logs a line per command, and the flush took the lock a second time for
+    nothing."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            stream = self.stream
+            stream.write(self.format(record) + self.terminator)
+            if not _writes_through(stream):
+                stream.flush()
+        except RecursionError:
+            raise
+        except Exception:
+            self.handleError(record)
+
+
 def configure(level: str = "info", fmt: str = "plain") -> None:
     """Replace the CLI's default (warnings, plain) with `level` and `fmt` for the whole process."""
     if fmt not in FORMATS:
@@ -41,10 +80,9 @@ def configure(level: str = "info", fmt: str = "plain") -> None:
         raise ValueError(f"--log-level must be debug, info, warning or error, not {level!r}")
     from tether.server.http.logsafe import EscapeControlChars  # standard library only: no server import cost
 
-    handler = logging.StreamHandler()
+    handler = _LineHandler()
     handler.addFilter(EscapeControlChars())  # a server's or a tool's words in a line: its controls shown escaped
-    handler.setFormatter(JsonFormatter() if fmt == "json" else
-                         logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else _PlainFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

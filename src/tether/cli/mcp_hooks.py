@@ -61,7 +61,7 @@ def _prompt_sync(request: ElicitationRequest) -> ElicitationAnswer:
     """Ask at the terminal; an empty answer declines, end of input or a bad value cancels."""
     from rich.markup import escape
 
-    from tether.cli.common import console
+    from tether.cli.views.safe_text import console
 
     out = console(err=True)
     out.print(f"[bold yellow]? MCP server {escape(request.server)} asks:[/bold yellow] ", end="")
@@ -120,7 +120,8 @@ def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | N
     """For `tether exec --device`: the events of the command's stream as the CLI shows them, with an
     MCP server's question asked at this terminal and the answer posted to the server (which needs a
     token with the `approve` scope); without a terminal, the question and how to answer it."""
-    from tether.cli.common import console, remote_message, stream_output
+    from tether.cli.basics import remote_message, stream_output
+    from tether.cli.views.safe_text import console
     from tether.client.rest import RemoteError
 
     ask = sys.stdin.isatty() if interactive is None else interactive

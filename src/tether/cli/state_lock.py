@@ -1,7 +1,8 @@
 """The device state directory's lock for the commands that run a device in their own process (`tether run` on
 this machine, a local `tether exec`, `tether mcp serve`, `tether tools serve`): the same lock `tether device`
 holds (`tether.device.local.hold_state_dir`), so that no two processes share one undo journal, one private /tmp
-base and one set of sessions' totals. A second one is refused in one line naming the first (exit code 2)."""
+base and one set of sessions' totals. A second one is refused in one line naming the first (exit code 2, through
+`SystemExit`: neither typer nor click is imported here, for `tether exec`'s fast path)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NoReturn
 
-import typer
-
-from tether.cli.common import ExitCode, fail
+from tether.cli.basics import ExitCode, usage_error
 from tether.cli.views.safe_text import say
 
 
@@ -27,7 +26,7 @@ def device_state(config: Path | None, state_dir: Path | None) -> Path:
     try:
         return device_state_dir(load_device_config(config), state_dir)
     except ValueError as exc:
-        fail(str(exc), ExitCode.USAGE)
+        usage_error(str(exc), ExitCode.USAGE)
 
 
 @contextmanager
@@ -57,4 +56,4 @@ def holding_state_dir(directory: Path, holder: str) -> Iterator[None]:
 
 def _refuse(exc: Exception) -> NoReturn:
     say(f"error: {exc}", err=True, soft_wrap=True)  # one line, whatever the width
-    raise typer.Exit(ExitCode.USAGE) from None
+    raise SystemExit(int(ExitCode.USAGE)) from None

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from tether.device.mcp.client.resources import MCPResourceTools
 from tether.device.mcp.client.toolset_server import ToolSetServer
 from tether.protocol.models import TOOL_TYPES, Command, Result, ToolInfo, ToolType
-from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
+from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS, sets_not_holding
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, ToolError
 from tether.tools.runtime import ToolSpec, build_spec, call_spec
@@ -85,7 +85,9 @@ class Computer:
                  data_collection_servers_config: Sequence[MCPServerConfig] = (),
                  action_servers_config: Sequence[MCPServerConfig] = (), *,
                  context: ToolContext | None = None, tool_timeout: float | None = None,
-                 on_tools_changed: Callable[[Computer], None] | None = None) -> None:
+                 on_tools_changed: Callable[[Computer], None] | None = None, only_tool: str | None = None) -> None:
+        """`only_tool`: the one tool this computer will be asked for (a one-off `tether exec`): the built-in
+        sets that cannot hold it (`tether.tools.builtin.sets_not_holding`) are not started or listed."""
         self._name = name
         self._process_name = process_name
         self._mcp_server_manager = mcp_server_manager
@@ -108,6 +110,7 @@ class Computer:
         self.collisions: list[dict[str, Any]] = []
         self.startup_errors: dict[str, str] = {}
         self._meta_tools = self._build_meta_tools()
+        self._only_tool = only_tool
 
     @property
     def name(self) -> str:
@@ -186,8 +189,10 @@ class Computer:
         `join_external`, only the built-in tool sets are waited for; the external servers are started
         in the background (once `join_after` is set, e.g. when the device has registered: importing the
         SDK competes for the interpreter) and join one by one (`still_starting`, `wait_for_joins`,
-        `on_tools_changed`)."""
+        `on_tools_changed`). With `only_tool`, the built-in sets that cannot hold it are made (their config's
+        rules still answer for their names) but neither started nor listed (`sets_not_holding`)."""
         self._order = [(tool_type, cfg.namespace) for tool_type, cfg in self._configs]
+        idle = sets_not_holding(self._only_tool, [((t, c.namespace), c.toolset, c.namespace) for t, c in self._configs])
         later: dict[ServerKey, MCPServerConfig] = {}
         for tool_type, cfg in self._configs:
             if join_external and cfg.toolset is None:  # created in the background: they import `mcp`
@@ -196,10 +201,12 @@ class Computer:
             server = self._mcp_server_manager.create_or_get_server(cfg, reset=cfg.reset,
                                                                    process_name=self._process_name)
             self._servers[(tool_type, cfg.namespace)] = server
-        errors = await self._mcp_server_manager.start_servers(list(dict.fromkeys(self._servers.values())))
+        errors = await self._mcp_server_manager.start_servers(
+            list(dict.fromkeys(s for key, s in self._servers.items() if key not in idle)))
         self.startup_errors = {ns: err for ns, err in (errors or {}).items()}
         for key, server in self._servers.items():
-            await self._list(key, server)
+            if key not in idle:
+                await self._list(key, server)
         self._rebuild()
         if later:
             self.still_starting = list(dict.fromkeys(ns for _, ns in later))

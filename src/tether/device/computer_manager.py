@@ -20,10 +20,12 @@ class ComputerManager:
     def __init__(self, configs: DeviceConfig, mcp_server_manager: MCPServerManager, *,
                  context: ToolContext | None = None, tool_timeout: float | None = None,
                  join_external: bool = False, join_after: asyncio.Event | None = None,
-                 on_tools_changed: Callable[[Computer], None] | None = None) -> None:
+                 on_tools_changed: Callable[[Computer], None] | None = None, only_tool: str | None = None) -> None:
         """`join_external`: computers are ready with their built-in tools and external MCP servers join
         later, once `join_after` is set (None: at once); `on_tools_changed(computer)` hears of each
-        joining (a device serving a server then sends its new profile)."""
+        joining (a device serving a server then sends its new profile). `only_tool`: the one tool a
+        device that runs one command is asked for (`Computer`: the built-in sets that cannot hold it stay
+        unstarted)."""
         self.configs = configs
         self.mcp_server_manager = mcp_server_manager
         self.context = context or ToolContext()
@@ -33,6 +35,7 @@ class ComputerManager:
         self.join_external = join_external
         self.join_after = join_after  # set: external servers may start (see Computer)
         self.on_tools_changed = on_tools_changed
+        self.only_tool = only_tool
         self.computers: dict[str, Computer] = {}
         self._creating: dict[str, asyncio.Future[Computer]] = {}
 
@@ -68,7 +71,7 @@ class ComputerManager:
         try:
             computer = Computer(key, process_name, self.mcp_server_manager, root.data_collection, root.action,
                                 context=self.context, tool_timeout=self.tool_timeout,
-                                on_tools_changed=self._tools_changed)
+                                on_tools_changed=self._tools_changed, only_tool=self.only_tool)
             await computer.async_init(join_external=self.join_external, join_after=self.join_after)
         except BaseException as exc:
             future.set_exception(exc)

@@ -157,14 +157,16 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
                  serving: bool = False, sandbox: bool | SandboxInfo = True,
                  secrets: list[str] | None = None, mcp_hooks: MCPClientHooks | None = None,
                  join_external: bool = False, join_after: asyncio.Event | None = None,
-                 on_tools_changed: Callable[[Computer], None] | None = None) -> LocalDevice:
+                 on_tools_changed: Callable[[Computer], None] | None = None,
+                 only_tool: str | None = None) -> LocalDevice:
     """`serving`: the device runs commands for a server, so a sandbox is required unless the policy says
     otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path), a `SandboxInfo`
     is a probe already made; `secrets` are more paths the sandbox hides (the token file); `mcp_hooks` answer
     external MCP servers' questions and sampling requests (`mcp.client_caps`); `join_external`: the device
     is ready with its built-in tools and external MCP servers join when they have started (`tether device`
     registers without waiting for them), once `join_after` is set (None: at once), `on_tools_changed`
-    hearing of each.
+    hearing of each. `only_tool`: the device runs one command, for this tool (a one-off `tether exec`): the
+    built-in tool sets that cannot hold it are not started (`tether.tools.builtin.sets_not_holding`).
 
     Raises ValueError for a config, policy or sandbox it cannot use."""
     config = config or load_device_config(None)
@@ -190,7 +192,7 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     # its sandbox confines stdio servers; the hooks answer their questions and sampling requests
     servers = MCPServerManager(toolsets=builtin_toolsets(), context=context, hooks=mcp_hooks)
     computers = ComputerManager(config, servers, context=context, join_external=join_external,
-                                join_after=join_after, on_tools_changed=on_tools_changed)
+                                join_after=join_after, on_tools_changed=on_tools_changed, only_tool=only_tool)
     client = DeviceClient(servers, computers, client_id=config.device.name or client_id)
     return LocalDevice(config, policy, root, journal, context, servers, computers, client)
 
@@ -199,11 +201,13 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
 async def open_local_device(config: DeviceConfig | str | os.PathLike[str] | None = None, *,
                       policy_path: str | os.PathLike[str] | None = None,
                       state_dir: str | os.PathLike[str] | None = None, sandbox: bool = True,
-                      serving: bool = False, mcp_hooks: MCPClientHooks | None = None) -> AsyncIterator[LocalDevice]:
-    """A started device (its default computer's servers open) that is closed on exit."""
+                      serving: bool = False, mcp_hooks: MCPClientHooks | None = None,
+                      only_tool: str | None = None) -> AsyncIterator[LocalDevice]:
+    """A started device (its default computer's servers open) that is closed on exit; `only_tool` as
+    `build_device`'s."""
     cfg = config if isinstance(config, DeviceConfig) else load_device_config(config)
     device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir, sandbox=sandbox,
-                          serving=serving, mcp_hooks=mcp_hooks)
+                          serving=serving, mcp_hooks=mcp_hooks, only_tool=only_tool)
     try:
         await device.computer_manager.get_or_create(None)
         yield device

@@ -73,11 +73,12 @@ class CommandRouter:
                 result = await computer.run_action(call, ctx)
                 if not result.ok and isinstance(result.result, dict) and result.result.get("needs_approval"):
                     result = approval.mark(result, command)  # the digest of what the person is asked about
-            if logger.isEnabledFor(logging.INFO):  # a service's log: one line per command (cheap when off)
-                _log_command(command, result, agent_name, session_id, time.monotonic() - started)
+            took = time.monotonic() - started
             results.append(result)
-            if on_result is not None:
+            if on_result is not None:  # the result goes on its way first, the log line after it
                 on_result(result)
+            if logger.isEnabledFor(logging.INFO):  # a service's log: one line per command (cheap when off)
+                _log_command(command, result, agent_name, session_id, took)
             if early_exit and result.status is ResultStatus.FAILURE:
                 failed = command
         return results
@@ -85,6 +86,7 @@ class CommandRouter:
 
 def _log_command(command: Command, result: Result, caller: str | None, session: str | None, took: float) -> None:
     ms = round(took * 1000, 1)
-    logger.info("command %s by %s: %s in %.0f ms", command.tool_name, caller or "-", result.status.value, ms,
+    status = result.status.value
+    logger.info("command %s by %s: %s in %.0f ms", command.tool_name, caller or "-", status, ms,
                 extra={"tool": command.tool_name, "caller": caller, "session": session,
-                       "status": result.status.value, "duration_ms": ms, "call_id": command.call_id})
+                       "status": status, "duration_ms": ms, "call_id": command.call_id})

@@ -51,7 +51,7 @@ def _decode(model: type[M], frame: str | bytes, max_bytes: int) -> M:
         detail = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'frame'}: {e['msg']}" for e in errors[:5])
         raise FrameError("invalid", f"invalid {model.__name__}: {detail}") from None
     version = getattr(message, "protocol_version", PROTOCOL_VERSION)
-    if major(version) != major(PROTOCOL_VERSION):
+    if version != PROTOCOL_VERSION and major(version) != major(PROTOCOL_VERSION):
         raise FrameError("version", f"protocol version {version} is not supported (this side speaks "
                                     f"{PROTOCOL_VERSION})")
     return message

@@ -3,13 +3,20 @@
 `desktop` and `browser` are optional: their factories raise `MissingDependency` (saying what to
 install) when their packages, programs or display are missing, and the device then simply does
 not list their tools.
+
+Each factory imports its set's modules when it is called, and `BUILTIN_TOOLS` names every set's tools
+without importing them, so a device that runs one command (a one-off `tether exec`) builds only the sets
+that hold its tool (`Computer`'s `only_tool`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Iterable
+from typing import TypeVar
 
 from tether.tools.runtime import ToolSet
+
+K = TypeVar("K", bound=Hashable)
 
 OPTIONAL_SETS = ("desktop", "browser")
 
@@ -20,6 +27,40 @@ OPTIONAL_TOOLS: dict[str, tuple[str, ...]] = {
     "desktop": ("screenshot", "get_ui_tree", "click_element", "click", "press_key", "scroll", "type_text",
                 "ui.findAndClick", "ui.typeText", "ui.waitFor"),
 }
+
+# every built-in set's tool names, known without importing the set (tests/tools/test_builtin.py checks them
+# against the sets themselves)
+BUILTIN_TOOLS: dict[str, tuple[str, ...]] = {
+    "shell": ("shell.run", "shell_execute", "shell_execute_read"),
+    "files": ("delete_file", "file_info", "list_dir", "move_file", "read_file", "write_file"),
+    "system": ("close_application", "get_system_info", "launch_application", "list_processes"),
+    "transfer": ("read_file_chunk", "transfer_begin", "transfer_commit", "transfer_manifest", "write_file_chunk"),
+    **OPTIONAL_TOOLS,
+}
+
+
+def _shell() -> ToolSet:
+    from tether.tools.shell.tool import shell_toolset
+
+    return shell_toolset()
+
+
+def _files() -> ToolSet:
+    from tether.tools.files.tool import files_toolset
+
+    return files_toolset()
+
+
+def _system() -> ToolSet:
+    from tether.tools.system.tool import system_toolset
+
+    return system_toolset()
+
+
+def _transfer() -> ToolSet:
+    from tether.tools.files.transfer_tools import transfer_toolset
+
+    return transfer_toolset()
 
 
 def _desktop() -> ToolSet:
@@ -48,11 +89,28 @@ def _browser() -> ToolSet:
 
 
 def builtin_toolsets() -> dict[str, Callable[[], ToolSet]]:
-    """A fresh name → factory mapping; a new dict each call so nobody can mutate a shared registry."""
-    from tether.tools.files.tool import files_toolset
-    from tether.tools.files.transfer_tools import transfer_toolset
-    from tether.tools.shell.tool import shell_toolset
-    from tether.tools.system.tool import system_toolset
+    """A fresh name → factory mapping; a new dict each call so nobody can mutate a shared registry. A factory
+    imports its set's modules when called."""
+    return {"shell": _shell, "files": _files, "system": _system, "transfer": _transfer, "desktop": _desktop,
+            "browser": _browser}
 
-    return {"shell": shell_toolset, "files": files_toolset, "system": system_toolset, "transfer": transfer_toolset,
-            "desktop": _desktop, "browser": _browser}
+
+def sets_not_holding(tool: str | None, sets: Iterable[tuple[K, str | None, str]]) -> set[K]:
+    """Of a computer's servers `(key, toolset, namespace)` (toolset None for an external server), the keys of
+    the built-in sets that cannot hold `tool` (by `BUILTIN_TOOLS`: its plain name, or `namespace/name`), which
+    a computer asked for `tool` alone need not start. Those that can hold it all start, in their order, so
+    the tool resolves to the same set, and a collision or a wrong type reads as with every set started;
+    external servers and sets of unknown name are never in the answer. Empty (everything starts) when no
+    built-in set is known to hold `tool` (a meta tool, an external server's tool, an unknown name) or `tool`
+    is None."""
+    if tool is None:
+        return set()
+    holders: set[K] = set()
+    others: set[K] = set()
+    for key, toolset, namespace in sets:
+        names = BUILTIN_TOOLS.get(toolset) if toolset is not None else None
+        if names is None:
+            continue
+        held = tool in names or any(f"{namespace}/{name}" == tool for name in names)
+        (holders if held else others).add(key)
+    return others - holders if holders else set()

@@ -11,16 +11,19 @@ import os
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
 from tether.sandbox.confine.limits import Limits
 from tether.sandbox.confine.run_as import RunAs
 from tether.sandbox.confine.spec import under
-from tether.sandbox.egress.proxy import AskFn, EgressRecord
 from tether.sandbox.egress.rules import EgressRules
-from tether.sandbox.runner import Sandbox
 from tether.tools.policy.model import NetworkRules, Policy
 from tether.tools.policy.path_rules import anchored, anchored_places, protected_patterns
+
+if TYPE_CHECKING:  # the runner (and its egress proxy) only where a sandbox is made: `make_sandbox`
+    from tether.sandbox.egress.proxy import AskFn, EgressRecord
+    from tether.sandbox.runner import Sandbox
 
 logger = logging.getLogger(__name__)
 
@@ -130,5 +133,7 @@ def make_sandbox(policy: Policy, *, hidden: Iterable[str] = (), info: SandboxInf
         logger.warning("no sandbox: no writable directory outside the write roots for its layers "
                        "(set TETHER_SANDBOX_LAYERS)")
         return None
+    from tether.sandbox.runner import Sandbox
+
     return Sandbox(info, sandbox_spec(policy, hidden=hidden, layers=layers, run_as=run_as),
                    egress=egress_rules(policy), ask=ask, audit=audit, state_dir=state_dir)

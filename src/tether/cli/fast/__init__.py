@@ -1,7 +1,6 @@
 """The fast path of `tether device` and `tether exec`: their command line parsed here, without typer's parsing,
-and the command's body run directly: `tether device`'s (`setup/device_run.py`) imports neither typer nor click;
-`tether exec`'s function is still in its typer module (`fleet/tools.py`), which imports typer, but the app's
-commands are not built and typer does not parse or convert its options.
+and the command's body run directly (`setup/device_run.py`, `fleet/exec_run.py`), importing neither typer nor
+click (`tether exec --device`/`--all` import what their views need, typer included, only when they run).
 
 The options come from `spec.COMMANDS`, which `gen.py` generates from the typer app (a test fails when the
 two differ). `run_fast(args)` handles only what it parses exactly as typer would, giving the command's
@@ -145,11 +144,9 @@ def run_fast(argv: list[str]) -> None:
 
             code = run_device(take_device_token_from_env(), **kwargs)
         else:
-            # the command's own function, in its typer module: typer is imported, but neither the app's
-            # commands are built nor the command line parsed by it (see the module's docstring)
-            from tether.cli.commands.fleet.tools import exec_
+            from tether.cli.commands.fleet.exec_run import run_exec
 
-            exec_(**kwargs)
+            run_exec(**kwargs)
             code = 0
     except KeyboardInterrupt:  # as typer ends an interrupted command
         code = 130

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from tether.cli.common import console
+from tether.cli.views.safe_text import console
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
 

@@ -34,6 +34,7 @@ from tether.device.client import DeviceClient
 from tether.device.link.batch import Batch
 from tether.device.link.finished import FinishedRecord
 from tether.device.link.outbox import Outbox, results_frame
+from tether.device.link.run_here import run_in_this_task
 from tether.device.link.session_line import SessionLine
 from tether.protocol.messages import (
     OUTCOME_FINISHED,
@@ -77,6 +78,8 @@ class BatchRunner:
         self.idle.set()
         self.executed = 0  # commands handed to the router (not replayed): tests count on it
         self.line: SessionLine[Batch] = SessionLine(max_concurrent_sessions)  # who runs next
+        self._here: Batch | None = None  # the batch `submit` last returned to run in the caller's task
+        self._unarmed: Batch | None = None  # that batch, when its timer waits for its first wait (`run_here`)
 
     @property
     def running(self) -> int:
@@ -110,7 +113,7 @@ class BatchRunner:
         calls all finished earlier is answered from the record at once.
 
         With `run_here`, a batch that can start at once gets no task: its coroutine is returned and
-        the caller must run it at once, in its own task, with `run_in_this_task` (that task is then the
+        the caller must run it at once, in its own task, with `run_here` (that task is then the
         batch's: its timeout and cancellation apply to it)."""
         if msg.response_id in self.active:
             logger.info("batch %s is already queued or running: duplicate ignored", msg.response_id)
@@ -118,20 +121,46 @@ class BatchRunner:
         batch = Batch(msg)
         if msg.timeout is not None:  # from its arrival: time spent waiting in line counts
             batch.deadline = asyncio.get_running_loop().time() + msg.timeout
-        if all(batch.key(i) in self.record for i in range(len(batch.actions))):
+        record = self.record
+        if all(key in record for key in batch.keys):
             logger.info("batch %s was already executed: answering from the record", msg.response_id)
             for i in range(len(batch.actions)):
                 self._deliver(batch, i, self._recorded(batch, i))
             return None
         self.active[msg.response_id] = batch
         self.idle.clear()
-        if batch.deadline is not None:  # a plain timer, not asyncio.timeout: it ends the batch like a CANCEL does
-            batch.timer = asyncio.get_running_loop().call_at(batch.deadline, self._expire, batch)
         if batch.immediate:
             self.line.immediate.add(batch)
-            return self._start(batch, here=run_here)
-        self.line.add(batch)  # behind its session's earlier batches, and in line for a slot
-        return self._pump(here=run_here)
+            coro = self._start(batch, here=run_here)
+        else:
+            self.line.add(batch)  # behind its session's earlier batches, and in line for a slot
+            coro = self._pump(here=run_here)
+        if batch.deadline is not None:  # a plain timer, not asyncio.timeout: it ends the batch like a CANCEL does
+            here, self._here = self._here, None
+            if coro is not None and here is batch:
+                # run by the caller from now on (`run_here`): nothing but a wait of the batch lets the loop run,
+                # so its timer is armed at that first wait, for the same deadline (most batches never wait)
+                self._unarmed = batch
+            else:
+                self._arm(batch)
+        return coro
+
+    async def run_here(self, coro: Coroutine[Any, Any, None], on_wait: Callable[[], None]) -> bool:
+        """Run the coroutine `submit(run_here=True)` returned, at once, in the calling task
+        (`run_in_this_task`): at its first wait the batch's timer is armed, then `on_wait` is called (the
+        caller lets go of whatever else it did: the task is the batch's from then on). True when it waited."""
+        batch, self._unarmed = self._unarmed, None
+
+        def waits() -> None:
+            if batch is not None:
+                self._arm(batch)
+            on_wait()
+
+        return await run_in_this_task(coro, waits)
+
+    def _arm(self, batch: Batch) -> None:
+        if batch.deadline is not None and batch.timer is None and not batch.done:
+            batch.timer = asyncio.get_running_loop().call_at(batch.deadline, self._expire, batch)
 
     def cancel(self, response_id: str, reason: str = CANCELLED_BY_SERVER) -> bool:
         """Cancel a queued or running batch; its unfinished commands fail with `reason`."""
@@ -211,6 +240,7 @@ class BatchRunner:
     def _start(self, batch: Batch, *, here: bool) -> Coroutine[Any, Any, None] | None:
         batch.position = 0
         if here:
+            self._here = batch
             return self._run_batch(batch)
         batch.task = asyncio.create_task(self._run_batch(batch), name=f"batch-{batch.msg.response_id}")
         batch.task.add_done_callback(lambda _task: self._task_ended(batch))
@@ -278,31 +308,35 @@ class BatchRunner:
     async def _run_commands(self, batch: Batch) -> None:
         """Run the batch's commands in order: recorded ones are replayed, runs of new ones go to the
         router in one call (the hot path: one call for the whole batch)."""
-        actions = batch.actions
+        actions, keys, record = batch.actions, batch.keys, self.record
+        count = len(actions)
+        if count == 1 and keys[0] not in record:  # the common batch: one command, not run before
+            await self._execute_run(batch, [0])
+            return
         seen: set[str | None] = set()
         i = 0
-        while i < len(actions):
+        while i < count:
             if i and batch.msg.early_exit and any(r is not None and r.status is ResultStatus.FAILURE
                                                   for r in batch.slots[:i]):
-                for j in range(i, len(actions)):
-                    recorded = self.record.get(batch.key(j))
+                for j in range(i, count):
+                    recorded = record.get(keys[j])
                     self._deliver(batch, j, recorded or Result.skipped(
                         "skipped: an earlier command of this batch failed", actions[j].call_id))
                 return
-            if batch.key(i) in self.record or actions[i].call_id in seen:
+            if keys[i] in record or actions[i].call_id in seen:
                 self._deliver(batch, i, self._recorded(batch, i))
                 i += 1
                 continue
             run: list[int] = []
-            while i < len(actions) and batch.key(i) not in self.record and actions[i].call_id not in seen:
+            while i < count and keys[i] not in record and actions[i].call_id not in seen:
                 seen.add(actions[i].call_id)
                 run.append(i)
                 i += 1
             await self._execute_run(batch, run)
 
     async def _execute_run(self, batch: Batch, positions: list[int]) -> None:
-        msg = batch.msg
-        commands = [msg.actions[p] for p in positions]  # type: ignore[index]
+        msg, actions, keys = batch.msg, batch.actions, batch.keys
+        commands = [actions[p] for p in positions]
         done = 0
 
         def on_result(result: Result) -> None:
@@ -311,7 +345,7 @@ class BatchRunner:
             done += 1
             batch.current = positions[done] if done < len(positions) else None
             if result.status is not ResultStatus.SKIPPED:
-                self.record.add(batch.key(position), result)
+                self.record.add(keys[position], result)
             self._deliver(batch, position, result)
 
         # the session's order is kept by the runner (one batch per session at a time), so sessions do

@@ -27,9 +27,26 @@ def record_key(response_id: str | None, call_id: str | None) -> RecordKey | None
 DEFAULT_RECORD_BYTES = 64 * 1024 * 1024
 
 
+_SCALAR = frozenset({bool, int, float, type(None)})
+
+
 def approx_bytes(value: object) -> int:
     """About the JSON size of a result payload, without encoding it (strings by length, containers by
     their parts): what the record holds on to."""
+    kind = type(value)
+    if kind is dict:  # the common payloads, their plain strings and numbers counted here (no call for each)
+        total = 2
+        for key, item in value.items():  # type: ignore[attr-defined]
+            total += (len(key) + 4) if type(key) is str else approx_bytes(key) + 2
+            each = type(item)
+            total += len(item) + 2 if each is str else 8 if each in _SCALAR else approx_bytes(item)
+        return total
+    if kind is list:
+        total = 2
+        for item in value:  # type: ignore[attr-defined]
+            each = type(item)
+            total += len(item) + 3 if each is str else 9 if each in _SCALAR else approx_bytes(item) + 1
+        return total
     if isinstance(value, str | bytes | bytearray):
         return len(value) + 2
     if isinstance(value, dict):

@@ -68,6 +68,8 @@ class SessionLine(Generic[B]):
     def moved(self) -> list[tuple[B, int]]:
         """The waiting batches whose place changed since it was last reported, with their new place
         (sessions whose waiting batches were all cancelled leave the line first)."""
+        if not self._waiting:  # the common case: nobody waits
+            return []
         self._waiting = deque(key for key in self._waiting if self._head(key) is not None)
         changed: list[tuple[B, int]] = []
         for place, key in enumerate(self._waiting, 1):

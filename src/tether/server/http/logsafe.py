@@ -60,7 +60,7 @@ class _Escaped:
 
 def _safe_arg(value: Any) -> Any:
     if isinstance(value, str):
-        return clean(value)
+        return value if value.isprintable() else clean(value)  # the common argument: nothing to escape
     if value is None or isinstance(value, (int, float)):
         return value
     return _Escaped(value)

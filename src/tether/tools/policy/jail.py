@@ -32,6 +32,9 @@ def _absolute(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None =
 
 def real(path: str | os.PathLike[str], cwd: str | os.PathLike[str] | None = None) -> Path:
     """The real path of `path` (`~` expanded, a relative one taken from `cwd` or the current directory)."""
+    text = os.path.expanduser(os.fspath(path))
+    if text == "/" or (text.startswith("/") and "//" not in text[1:] and "/." not in text and not text.endswith("/")):
+        return Path(os.path.realpath(text))  # already as a Path would write it: no Path built to normalize it
     return Path(os.path.realpath(_absolute(path, cwd)))
 
 
@@ -159,17 +162,20 @@ def open_at(dir_fd: int, name: str, flags: int, shown: Path, mode: int = 0o600) 
 
 def lstat_in(policy: Policy, path: Path, *, write: bool) -> os.stat_result | None:
     """What stands at `path` now (a symlink itself, not its target), looked at through the jail; None if nothing."""
+    root = root_of(policy, path, write=write)  # once: the root judged is the root opened from, here at once
     try:
-        if path == root_of(policy, path, write=write):
-            fd = open_in(policy, path, getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY, write=write)
+        if path == root:
+            fd = open_beneath(str(root), str(path), getattr(os, "O_PATH", os.O_RDONLY) | os.O_DIRECTORY)
             try:
                 return os.fstat(fd)
             finally:
                 os.close(fd)
-        dir_fd, name = parent_in(policy, path, write=write)
+        dir_fd, name = parent_beneath(str(root), str(path), create=False, mode=0o777)
         try:
             return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
         finally:
             os.close(dir_fd)
+    except EscapeError as exc:
+        raise escaped(exc) from None
     except (FileNotFoundError, NotADirectoryError):  # a missing or non-directory parent: not there
         return None

@@ -136,11 +136,20 @@ class RealPaths:
 def env_key(entries: Sequence[str]) -> Hashable | None:
     """What expanding `entries` (`~`, a relative path) depends on besides themselves, or None when it
     cannot be told cheaply (`~user`, `~` without $HOME): such entries are resolved at every use."""
-    tilde = [e for e in entries if e.startswith("~")]
+    tilde = relative = False
+    for entry in entries:  # one pass, no generators: this runs several times per file tool call
+        first = entry[:1]
+        if first == "/":
+            continue
+        if first == "~":
+            if entry != "~" and not entry.startswith("~/"):
+                return None  # ~user
+            tilde = True
+        else:
+            relative = True
     home = os.environ.get("HOME") if tilde else None
-    if tilde and (not home or any(e != "~" and not e.startswith("~/") for e in tilde)):
+    if tilde and not home:
         return None
-    relative = any(not e.startswith(("/", "~")) for e in entries)
     return home, os.getcwd() if relative else None
 
 

@@ -17,11 +17,13 @@ import asyncio
 import functools
 import logging
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tether.sandbox.egress.proxy import Answer, AskFn
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import NetworkRules, Policy
+
+if TYPE_CHECKING:  # the proxy itself only where a sandbox makes one (`tether.tools.sandboxing.make_sandbox`)
+    from tether.sandbox.egress.proxy import Answer, AskFn
 
 logger = logging.getLogger(__name__)
 

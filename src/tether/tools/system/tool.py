@@ -26,7 +26,6 @@ from tether.tools.policy.command_checks import check_command
 from tether.tools.policy.jail import check_cwd
 from tether.tools.process import safe_environment
 from tether.tools.runtime import ToolSet, tool
-from tether.tools.shell.tool import require_sandbox, resolve_program
 from tether.tools.system.info import get_system_info
 
 # what a graphical program needs to find its display; the rest of the device's environment stays out
@@ -92,6 +91,8 @@ async def launch_application(ctx: ToolContext, app_name: str, args: list[str] = 
     The program and its arguments must pass the same command policy as the shell (and the shell's
     check of where the executable lives); it is run from an argv list, never through a shell.
     """
+    from tether.tools.shell.tool import require_sandbox, resolve_program  # the shell set's module: when launching
+
     decision = check_command(ctx.policy, app_name, list(args))
     if not decision.allowed:
         raise PolicyDenied(decision.rule, decision.reason)

@@ -13,7 +13,6 @@ from websockets.exceptions import ConnectionClosedOK
 
 from tether.device.link.batch_runner import BatchRunner
 from tether.device.link.outbox import Outbox
-from tether.device.link.run_here import run_in_this_task
 from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
 from tether.protocol.codec import encode
@@ -89,7 +88,7 @@ class Dispatching:
                 self.outbox.heartbeat_answered()  # the results written before our heartbeat are the server's
             elif type(event) is CommandsArrived:
                 batch = self.batches.submit(event.batch, run_here=True)
-                if batch is not None and await run_in_this_task(batch, hand_over):
+                if batch is not None and await self.batches.run_here(batch, hand_over):
                     return
             else:
                 self._act(session, event)
