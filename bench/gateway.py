@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import statistics
 import sys
 import tempfile
@@ -196,6 +197,7 @@ async def measure(n: int, *, rounds: int = ROUNDS) -> dict[str, Any]:
     per_round = max(1, n // rounds)
     rows: dict[str, list[float]] = {name: [] for name in ROWS}
     medians: dict[str, list[float]] = {k: [] for k in rows}
+    cpu: dict[str, list[float]] = {k: [] for k in rows}  # per round: this process's CPU seconds per call
     bare_uvicorn, bare_task, bare_port = await start_server(uvicorn.Config(
         bare_server().streamable_http_app(), host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
     json_uvicorn, json_task, json_port = await start_server(uvicorn.Config(
@@ -224,23 +226,28 @@ async def measure(n: int, *, rounds: int = ROUNDS) -> dict[str, Any]:
                 await run(max(2, per_round // 10))
             for _ in range(rounds):
                 for name, run in runs.items():
+                    c0 = time.process_time()
                     samples = await run(per_round)
+                    cpu[name].append((time.process_time() - c0) / per_round)
                     rows[name] += samples
                     medians[name].append(statistics.median(samples))
     finally:
         await stop_server(json_uvicorn, json_task)
         await stop_server(bare_uvicorn, bare_task)
-    return {"rows": rows, "medians": medians, "per_round": per_round, "rounds": rounds}
+    return {"rows": rows, "medians": medians, "cpu": cpu, "per_round": per_round, "rounds": rounds}
 
 
 def report(measured: dict[str, Any]) -> dict[str, float]:
-    rows, medians = measured["rows"], measured["medians"]
+    rows, medians, cpu = measured["rows"], measured["medians"], measured["cpu"]
     p50 = {name: pct(samples, 50) * 1e6 for name, samples in rows.items()}
-    print(f"{measured['rounds']} interleaved rounds of {measured['per_round']} sequential calls per row")
+    print(f"{measured['rounds']} interleaved rounds of {measured['per_round']} sequential calls per row; "
+          f"load average {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     for name, samples in rows.items():
         us = [s * 1e6 for s in samples]
         print(f"{name:<34} p50 {p50[name]:9.1f} us   p99 {pct(us, 99):9.1f} us   "
-              f"round medians {spread([m * 1e6 for m in medians[name]])} us   n={len(us)}")
+              f"round medians {spread([m * 1e6 for m in medians[name]])} us   "
+              f"CPU/call {statistics.median(cpu[name]) * 1e6:7.1f} us ({spread([c * 1e6 for c in cpu[name]])})   "
+              f"n={len(us)}")
     added = p50["gateway"] - p50["command"]
     ratio = added / p50["bare SDK"]
     print(f"REST / command p50: {p50['REST'] / p50['command']:.2f}x   gateway / REST p50: "
@@ -249,6 +256,10 @@ def report(measured: dict[str, Any]) -> dict[str, float]:
     print(f"gateway adds {added:.1f} us over the command round trip = {ratio:.2f}x the bare SDK server's round "
           f"trip ({p50['bare SDK']:.1f} us); goal <= {GOAL}x: {'met' if ratio <= GOAL else 'NOT met'}")
     rest_ratio = p50["gateway 2026"] / p50["REST"]
+    cpu_ratios = [g / r for g, r in zip(cpu["gateway 2026"], cpu["REST"], strict=True)]
+    print(f"CPU per call (client, server and device are all this process), gateway 2026 / REST: "
+          f"{statistics.median(cpu['gateway 2026']) / statistics.median(cpu['REST']):.2f}x "
+          f"(rounds {spread(cpu_ratios)})")
     session_ratio = p50["gateway 2025 raw"] / p50["REST"]
     print(f"a device call over /mcp, stateless 2026-07-28 / the same call over REST p50: {rest_ratio:.2f}x, "
           f"on a 2025 session (raw HTTP): {session_ratio:.2f}x (through the SDK client: "

@@ -16,11 +16,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import mcp_types
 import pytest
 
 from tether.device.config import load_device_config, parse_device_config
 from tether.device.local import build_device
 from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
+from tether.device.mcp.client.servers import SessionServer
 from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.device.probe import collect_profile
 from tether.protocol.models import Command, Result, ResultStatus
@@ -91,6 +93,12 @@ async def test_destructive_tool_needs_approval_then_runs(manager: MCPServerManag
     assert (await call(server, "plain", {"text": "x"})).result["structured"] == "X"
     assert (await call(server, "read_text", {"path": str(target)})).result["structured"] == "after!"
     assert (await call(server, "contradictory")).ok  # readOnlyHint wins over destructiveHint
+
+    # a tool called freely before is held once a new listing marks it destructive: decided again per listing
+    assert isinstance(server, SessionServer)
+    server._note_tools([mcp_types.Tool(name="plain", input_schema={"type": "object"},
+                                       annotations=mcp_types.ToolAnnotations(destructive_hint=True))])
+    assert (await call(server, "plain", {"text": "x"})).result == NEEDS_APPROVAL
 
 
 async def test_strict_mode_holds_tools_that_declare_nothing(manager: MCPServerManager, tmp_path: Path) -> None:

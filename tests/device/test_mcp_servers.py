@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -164,6 +166,24 @@ async def test_call_timeout_then_server_still_works(manager: MCPServerManager) -
     assert time.monotonic() - began < 3
     assert (await call(server, "echo", {"text": "still here"})).result["structured"] == "still here"
     assert server.restarts == 1, "a session whose call timed out is reset: the next call must not queue behind it"
+
+
+async def test_a_request_the_server_never_reads_ends_at_the_calls_timeout(manager: MCPServerManager) -> None:
+    """A server that stops reading (here: stopped by a signal) while a request larger than its stdin pipe is
+    written to it: the call ends at its own timeout, as timed out, and the session is reset (its writer still
+    waiting on the full pipe) and opened again."""
+    server = await started(manager, crashy_config())
+    pid = (await call(server, "pid")).result["structured"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        async with asyncio.timeout(20):  # bounded here too: a hang is a failure, not a stuck test run
+            stuck = await call(server, "echo", {"text": "x" * (1 << 20)}, timeout=1)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert stuck.status is ResultStatus.FAILURE and stuck.result == {"timed_out": True, "timeout": 1}
+    assert (await call(server, "echo", {"text": "back"})).result["structured"] == "back"
+    assert server.restarts == 1
 
 
 async def test_bad_commands_fail_clearly_while_others_start(manager: MCPServerManager) -> None:

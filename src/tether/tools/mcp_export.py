@@ -148,8 +148,16 @@ def content_payload(blocks: list[Any], structured: Any = None, server: str | Non
     with their mimeType; a `resource_link` or embedded resource names its `server`, for
     `mcp.read_resource`), `structured` the structuredContent or None. Sizes are capped by the caller
     (`max_result_bytes`)."""
-    text = "\n".join(b.text for b in blocks if isinstance(b, mcp_types.TextContent))
-    return {"text": text, "content": [_block(b, server) for b in blocks], "structured": structured}
+    texts: list[str] = []
+    content: list[dict[str, Any]] = []
+    for block in blocks:
+        if isinstance(block, mcp_types.TextContent):
+            texts.append(block.text)
+            if type(block) is mcp_types.TextContent and block.annotations is None and block.meta is None:
+                content.append({"type": "text", "text": block.text})  # what its dump gives, without the dump
+                continue
+        content.append(_block(block, server))
+    return {"text": "\n".join(texts), "content": content, "structured": structured}
 
 
 def result_shape_schema(structured: dict[str, Any] | None, unwrap: bool = False) -> dict[str, Any]:

@@ -125,7 +125,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.add_middleware(RequestGuard, settings=settings, api_token_ok=api_token_ok)
     # ...and the hot routes answered before FastAPI's stack, behind the same guard (front.py)
     app.fast = FastRoutes(lambda route: RequestGuard(route, settings=settings, api_token_ok=api_token_ok),
-                          run_commands, run_selected, aip.endpoint, sockets=fast_sockets)
+                          run_commands, run_selected, aip.endpoint, sockets=fast_sockets, mcp=app.state.gateway)
 
     # Starlette's HTTPException (FastAPI's subclasses it): the router's own 404 and 405 included
     @app.exception_handler(HTTPException)

@@ -1,15 +1,17 @@
 """`ServerApp`: the agent server's ASGI app, with its hot routes served ahead of FastAPI's middleware stack.
 
 Two routes carry nearly all of a fleet's traffic: the AIP WebSocket (one long-lived socket per device)
-and the command POSTs (one request per batch). Through FastAPI each passed about ten ASGI layers —
-Starlette's error and exception middlewares, FastAPI's telemetry, body-limit and exit-stack middlewares,
-two routers, the endpoint wrappers — and each wraps `send` in a closure of its own. Measured with
+and the command POSTs (one request per batch); MCP clients send every message to `/mcp`. Through FastAPI
+each passed about ten ASGI layers — Starlette's error and exception middlewares, FastAPI's telemetry,
+body-limit and exit-stack middlewares, two routers, the endpoint wrappers — and each wraps `send` in a
+closure of its own. Measured with
 `bench/fleet_hotpath.py` and py-spy, those layers were ~20% of the server's CPU per command, and for
 a device socket their frames and closures live as long as the socket (`bench/fleet_devices.py`'s
 memory per idle device).
 
 So `ServerApp.__call__` looks at the scope first: `POST /api/v1/devices/{name}/commands`,
-`POST /api/v1/commands` and the `/aip` WebSocket go to their endpoints through `RequestGuard` alone —
+`POST /api/v1/commands`, the `/aip` WebSocket and HTTP requests to `/mcp` (the MCP gateway, which does its own
+token checks) go to their endpoints through `RequestGuard` alone —
 the same Host/Origin rules and body caps as every other route (request_guard.py) — and everything else,
 lifespan included, to FastAPI. The command endpoints are also FastAPI's routes for the same paths
 (`FastRoute`: the same function, documented in the OpenAPI document); errors are the same `{"error": …}`
@@ -42,6 +44,7 @@ SocketEndpoint = Callable[[WebSocket], Awaitable[None]]
 DEVICES_PREFIX = "/api/v1/devices/"
 COMMANDS_SUFFIX = "/commands"
 SELECTED_PATH = "/api/v1/commands"
+MCP_PATH = "/mcp"
 
 
 def error_response(exc: Exception) -> JSONResponse:
@@ -72,6 +75,32 @@ def http_endpoint(handler: Handler) -> ASGIApp:
     return app
 
 
+def asgi_endpoint(app: ASGIApp) -> ASGIApp:
+    """`app` (an ASGI app served as a hot route) answering what it raises as the app's routes do: with
+    `error_response` when it has not begun its answer (logged when unexpected); an error after that is raised
+    on, and the server ends the response as it would for any route."""
+
+    async def endpoint(scope: Scope, receive: Callable[[], Awaitable[Message]],
+                       send: Callable[[Message], Awaitable[None]]) -> None:
+        started = False
+
+        async def sending(message: Message) -> None:
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await app(scope, receive, sending)
+        except Exception as exc:
+            if started:
+                raise
+            if not isinstance(exc, HTTPException | StoreUnavailable):
+                logger.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            await error_response(exc)(scope, receive, send)
+
+    return endpoint
+
+
 def socket_endpoint(endpoint: SocketEndpoint) -> ASGIApp:
     """`endpoint` as an ASGI app: called with a Starlette `WebSocket` of the scope."""
 
@@ -96,10 +125,12 @@ class FastRoutes:
     """The hot routes, each behind its own `RequestGuard`; `match(scope)` picks one or None."""
 
     def __init__(self, guard: Callable[[ASGIApp], RequestGuard], run_commands: Handler, run_selected: Handler,
-                 aip: SocketEndpoint, aip_path: str = "/aip", sockets: Mapping[str, SocketEndpoint] | None = None
-                 ) -> None:
+                 aip: SocketEndpoint, aip_path: str = "/aip", sockets: Mapping[str, SocketEndpoint] | None = None,
+                 mcp: ASGIApp | None = None) -> None:
         self.run_commands = guard(http_endpoint(run_commands))
         self.run_selected = guard(http_endpoint(run_selected))
+        # the MCP gateway (every MCP message is an HTTP request to it, whatever its method); also mounted in FastAPI
+        self.mcp = guard(asgi_endpoint(mcp)) if mcp is not None else None
         self.aip_rules = self.run_commands.rules  # a handshake has no body: the Host/Origin rules are its guard
         self.aip_endpoint = aip
         self.aip_path = aip_path
@@ -120,7 +151,11 @@ class FastRoutes:
         path = route_path(scope)
         if scope["type"] == "websocket":
             return self.aip if path == self.aip_path else self.sockets.get(path)
-        if scope["type"] != "http" or scope["method"] != "POST":
+        if scope["type"] != "http":
+            return None
+        if path == MCP_PATH:
+            return self.mcp
+        if scope["method"] != "POST":
             return None
         if path == SELECTED_PATH:
             return self.run_selected

@@ -145,14 +145,25 @@ class ServerClientCaps:
 
     @contextlib.contextmanager
     def tracking(self, ctx: ToolContext) -> Iterator[None]:
-        key = next(self._keys)
-        self._calls[key] = ctx
+        """`ctx` counted among the calls in flight on this server while the block runs."""
+        key = self.track(ctx)
         try:
             yield
         finally:
-            del self._calls[key]
-            if ctx.call_id not in (c.call_id for c in self._calls.values()):
-                self._sampled.pop(ctx.call_id, None)
+            self.untrack(key, ctx)
+
+    def track(self, ctx: ToolContext) -> int:
+        """Count `ctx` among the calls in flight (what a server's request is attributed to) until
+        `untrack(key, ctx)` with the key returned; the two as a pair, without a generator per call."""
+        key = next(self._keys)
+        self._calls[key] = ctx
+        return key
+
+    def untrack(self, key: int, ctx: ToolContext) -> None:
+        """The call `track` returned `key` for has ended; its sampling count goes with its last call."""
+        del self._calls[key]
+        if ctx.call_id in self._sampled and ctx.call_id not in (c.call_id for c in self._calls.values()):
+            del self._sampled[ctx.call_id]
 
     def progress_callback(self, ctx: ToolContext, tool: str) -> ProgressFnT:
         """Each progress notification of a call, as a `progress` event of the running command."""

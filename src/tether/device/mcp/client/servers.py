@@ -76,6 +76,9 @@ class SessionServer(BaseMCPServer):
         self._wrapped: set[str] = set()
         # each tool's MCP annotations as last listed: they decide its type and whether it needs approval
         self._annotations: dict[str, mcp_types.ToolAnnotations | None] = {}
+        # tools whose calls the config's rules neither deny nor hold for a person, with the annotations
+        # as last listed: checked on a tool's first call and again after each listing
+        self._cleared: set[str] = set()
         # progress, questions, sampling, roots and logs of this server (`mcp.client_caps`); the manager
         # gives it the device's hooks and context
         self.caps = ServerClientCaps(self.namespace, MCPClientHooks(), lambda: None)
@@ -192,6 +195,7 @@ class SessionServer(BaseMCPServer):
     def _note_tools(self, tools: list[mcp_types.Tool]) -> None:
         self._wrapped.update(t.name for t in tools if is_result_wrapper(t.output_schema))
         self._annotations.update((t.name, t.annotations) for t in tools)
+        self._cleared.clear()  # annotations may have changed: each tool's approval is decided again
 
     def _on_stream_closed(self, generation: int) -> None:
         if generation == self._generation and not self._closed.is_set():
@@ -236,9 +240,10 @@ class SessionServer(BaseMCPServer):
 
     async def call_tool(self, name: str, arguments: dict[str, Any] | None, *, ctx: ToolContext,
                         timeout: float | None) -> Result:
-        denied = self.tool_policy.refusal(name)  # before anything starts: a denied call never reaches it
-        if denied is not None:
-            return self._failure(f"{name}: {denied}", ctx, denied.result)
+        if name not in self._cleared:  # before anything starts: a denied call never reaches it
+            denied = self.tool_policy.refusal(name)
+            if denied is not None:
+                return self._failure(f"{name}: {denied}", ctx, denied.result)
         limit = timeout or self.config.timeout or ctx.policy.default_timeout
         loop = asyncio.get_running_loop()
         deadline = loop.time() + limit
@@ -247,18 +252,31 @@ class SessionServer(BaseMCPServer):
             client, why = await self._await_client(deadline)
             if client is None:
                 return self._failure(f"{why}; call '{name}' not sent", ctx)
-        if not ctx.approved_by:  # annotations are known once a session is open (it lists tools first)
+        if name not in self._cleared:  # annotations are known once a session is open (it lists tools first)
             held = self.tool_policy.approval(name, self._annotations.get(name))
-            if held is not None:
+            if held is None:
+                self._cleared.add(name)  # neither denied nor held: not asked again until the next listing
+            elif not ctx.approved_by:
                 return self._failure(f"{name}: {held}", ctx, held.result)
         gen = self._generation
         remaining = max(deadline - loop.time(), 0.001)
+        caps = self.caps
         try:
-            # The SDK's read timeout ends the request; the outer one only guards a wedged transport write.
-            async with asyncio.timeout(remaining + 1.0):
-                with self.caps.tracking(ctx):
+            tracked = caps.track(ctx)
+            try:
+                # The SDK's read timeout ends the request; the outer one only guards a wedged transport write,
+                # unless the caller's own timeout (its batch's) stops the call before it would.
+                guard = remaining + 1.0
+                progress = caps.progress_callback(ctx, name)
+                if ctx.deadline is not None and ctx.deadline < loop.time() + guard:
                     result = await client.call_tool(name, arguments, read_timeout_seconds=remaining,
-                                                    progress_callback=self.caps.progress_callback(ctx, name))
+                                                    progress_callback=progress)
+                else:
+                    async with asyncio.timeout(guard):
+                        result = await client.call_tool(name, arguments, read_timeout_seconds=remaining,
+                                                        progress_callback=progress)
+            finally:
+                caps.untrack(tracked, ctx)
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 self._mark_lost(gen)

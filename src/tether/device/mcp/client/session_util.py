@@ -20,6 +20,11 @@ def result_size(result: mcp_types.CallToolResult, limit: int) -> int:
     structured content, whichever is larger); counting stops past `limit`."""
     size = 0
     for block in result.content:
+        if type(block) is mcp_types.TextContent:  # the common block: only its text counts
+            size += len(block.text)
+            if size > limit:
+                return size
+            continue
         # the fields a block has, read from its __dict__: a pydantic model's getattr of a field it lacks
         # raises and catches an AttributeError, several times the cost of the rest of this loop
         fields = _fields(block)
