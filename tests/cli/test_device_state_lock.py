@@ -127,3 +127,87 @@ def test_a_state_directory_that_cannot_exist_holds_nothing_to_share(tmp_path: Pa
     ran = subprocess.run([*CLI, "exec", "get_system_info", "info_type=os", "--state-dir", str(blocker / "state")],
                          capture_output=True, text=True, timeout=120, env={**env, "TETHER_ALLOW_ROOT": "1"})
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
+
+
+HOLD = """
+import sys
+from pathlib import Path
+from tether.device.local import hold_state_dir
+fd = hold_state_dir(Path(sys.argv[1]), sys.argv[2])
+print("held", flush=True)
+sys.stdin.read()  # held until the test closes our stdin
+"""
+
+
+def holder(state: Path, kind: str) -> subprocess.Popen[str]:
+    """Another process holding `state`'s lock as `kind`, until its stdin is closed."""
+    proc = subprocess.Popen([CLI[0], "-c", HOLD, str(state), kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_local_exec_waits_for_another_one_off_call_and_refuses_a_device(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scripts run local `tether exec` calls side by side: a second one waits for the first (within its
+    --timeout) instead of failing, while a long-running holder (a device) is refused at once. The waiter's
+    first pause is what releases the holder here, so the wait itself is what is tested."""
+    import threading
+
+    from tether.cli import state_lock
+
+    state = tmp_path / "state"
+    brief = holder(state, "tether exec")
+    paused = threading.Event()
+    real_sleep = state_lock.time.sleep
+
+    def sleep(seconds: float) -> None:
+        paused.set()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(state_lock.time, "sleep", sleep)
+    got: list[str] = []
+
+    def second() -> None:
+        with state_lock.holding_state_dir(state, "tether exec", wait_s=60):
+            got.append((state / "device.lock").read_text())
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    assert paused.wait(30)  # refused once, waiting
+    assert brief.stdin is not None
+    brief.stdin.close()
+    assert brief.wait(timeout=30) == 0
+    waiter.join(timeout=30)
+    assert got == [f"{os.getpid()} tether exec\n"]
+
+    device = holder(state, "tether device")
+    try:
+        paused.clear()
+        with pytest.raises(SystemExit) as refused, state_lock.holding_state_dir(state, "tether exec", wait_s=60):
+            pass
+        assert refused.value.code == USAGE_EXIT and not paused.is_set()  # refused without waiting
+    finally:
+        assert device.stdin is not None
+        device.stdin.close()
+        device.wait(timeout=30)
+
+    stuck = holder(state, "tether exec")
+    try:
+        with pytest.raises(SystemExit), state_lock.holding_state_dir(state, "tether exec", wait_s=0.05):
+            pass  # a one-off call still there when the bound ends: refused as before
+    finally:
+        assert stuck.stdin is not None
+        stuck.stdin.close()
+        stuck.wait(timeout=30)
+
+
+def test_local_execs_side_by_side_all_answer(tmp_path: Path) -> None:
+    """Three local `tether exec` processes on one state directory at once: every one answers."""
+    env = {**os.environ, "TETHER_STATE_DIR": str(tmp_path / "state")}
+    procs = [subprocess.Popen([*CLI, "exec", "get_system_info", "info_type=os", "--json"], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert json.loads(out)["status"] == "success"

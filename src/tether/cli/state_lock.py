@@ -7,6 +7,7 @@ base and one set of sessions' totals. A second one is refused in one line naming
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,24 +30,39 @@ def device_state(config: Path | None, state_dir: Path | None) -> Path:
         usage_error(str(exc), ExitCode.USAGE)
 
 
+BRIEF_HOLDERS = frozenset({"tether exec"})  # one-off calls: a second one waits for the first rather than fail
+
+
 @contextmanager
-def holding_state_dir(directory: Path, holder: str) -> Iterator[None]:
+def holding_state_dir(directory: Path, holder: str, *, wait_s: float = 0.0) -> Iterator[None]:
     """Hold `directory`'s lock while the block runs, as `holder` (e.g. "tether run": what a refused second
     process is told holds it). When another live process holds it, the command fails before the block runs
     (exit code 2, one line on stderr naming that process's pid), having read or written nothing there; likewise
     when its lock cannot be taken for another reason, but for a directory that does not exist and cannot be
-    made (a read-only home): no other process can be using it, and the block runs without it."""
+    made (a read-only home): no other process can be using it, and the block runs without it.
+
+    `wait_s` > 0: while the holder is a one-off call (`BRIEF_HOLDERS`: another local `tether exec`), wait for it
+    to end, up to `wait_s` seconds, rather than fail (scripts run local calls side by side); a long-running
+    holder (`tether device`, `tether run`, a serve) is refused at once, as is a brief one still there at the end."""
     from tether.device.local import StateDirBusy, hold_state_dir
     from tether.errors import DeviceError
 
-    try:
-        fd: int | None = hold_state_dir(directory, holder)
-    except StateDirBusy as exc:
-        _refuse(exc)
-    except DeviceError as exc:
-        if directory.exists():
-            _refuse(exc)
-        fd = None
+    deadline = time.monotonic() + wait_s
+    pause = 0.005
+    while True:
+        try:
+            fd: int | None = hold_state_dir(directory, holder)
+            break
+        except StateDirBusy as exc:
+            if exc.holder not in BRIEF_HOLDERS or time.monotonic() + pause > deadline:
+                _refuse(exc)
+            time.sleep(pause)  # flock has no timeout of its own: try again shortly, within the bound
+            pause = min(pause * 2, 0.1)
+        except DeviceError as exc:
+            if directory.exists():
+                _refuse(exc)
+            fd = None
+            break
     try:
         yield
     finally:

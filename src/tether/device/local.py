@@ -83,7 +83,12 @@ STATE_LOCK = "device.lock"  # in the state directory: held by the one tether pro
 
 
 class StateDirBusy(DeviceError):
-    """Another live tether process holds the state directory (`hold_state_dir`); the message names it."""
+    """Another live tether process holds the state directory (`hold_state_dir`); the message names it, and
+    `holder` says what it is ("tether device", "tether exec", …, or "tether process" when unknown)."""
+
+    def __init__(self, message: str, holder: str = "tether process") -> None:
+        super().__init__(message)
+        self.holder = holder
 
 
 def hold_state_dir(directory: Path, holder: str = "tether device") -> int:
@@ -117,7 +122,7 @@ def hold_state_dir(directory: Path, holder: str = "tether device") -> int:
         who = f"another {what} (pid {pid})" if pid else f"another {what}"
         raise StateDirBusy(f"{who} already uses the state directory {directory} (its undo journal, key and "
                            "token); stop it first, or give this one a state directory of its own: --state-dir DIR "
-                           "(or TETHER_STATE_DIR=DIR, or device.state_dir in its config)") from None
+                           "(or TETHER_STATE_DIR=DIR, or device.state_dir in its config)", what) from None
     with contextlib.suppress(OSError):  # who holds it, for a refusal (best effort: a full disk keeps the lock)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {holder}\n".encode(), 0)

@@ -71,7 +71,8 @@ def run_exec(tool: str, args: list[str] | None, config: Path | None, policy: Pat
         guard_root(config, allow_root, "tether exec")  # a device in this process (tether.device.root)
         from tether.cli.state_lock import device_state, holding_state_dir
 
-        with holding_state_dir(device_state(config, state_dir), "tether exec"):  # one process per state directory
+        # one process per state directory; another local one-off call is waited for within --timeout's budget
+        with holding_state_dir(device_state(config, state_dir), "tether exec", wait_s=timeout or 60):
             result, schema = _run_local(_exec_local(tool, args or [], config, policy, session_id, approved_by,
                                                     timeout, tool_type, state_dir, end=one_off))
     if as_json:
