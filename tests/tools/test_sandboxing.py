@@ -111,7 +111,7 @@ def test_a_sticky_parent_is_safe_and_a_missing_one_or_a_root_is_said(
     caplog.clear()
     inside = Path(roots[0]) / "layers"  # inside a write root: an overlay may not hold its own layers
     assert chosen(monkeypatch, caplog, inside, roots) == fallback
-    warned(caplog, inside, "inside a write root", fallback)
+    warned(caplog, inside, f"inside the write root {roots[0]}", fallback)
     assert not inside.exists()
 
     caplog.clear()

@@ -80,8 +80,9 @@ def _chosen_layers(chosen: str, real_roots: list[str], run_as: RunAs | None) -> 
         return None, (f"its parent {parent} can be changed by another user (owner uid {up.st_uid}, mode "
                       f"{stat.S_IMODE(up.st_mode):o}), who could swap the directory")
     place = os.path.join(parent, os.path.basename(path))
-    if not _outside_roots(place, real_roots):
-        return None, "it lies inside a write root, or holds one (an overlay may not contain its own layers)"
+    clash = next((r for r in real_roots if under(place, [r]) or under(r, [place])), None)
+    if clash is not None:
+        return None, f"it lies inside the write root {clash}, or holds it (an overlay may not contain its own layers)"
     problem = _made_private(place, run_as)
     return (None, problem) if problem else (place, "")
 
