@@ -7,6 +7,7 @@ import json
 import sqlite3
 import subprocess
 import tomllib
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,20 +184,26 @@ def test_devices_shows_tags_and_sandbox(server: AuditServer, tmp_path: Path) -> 
 
 def test_readme_exec_examples_run_as_written(tmp_path: Path) -> None:
     """The README's write-then-read pair runs as written under the default policy (it read /etc/hostname,
-    outside the default read roots, and was denied); the write is undone afterwards."""
+    outside the default read roots, and was denied); the write is undone afterwards. The README's file,
+    /tmp/x.txt, becomes one of this test's own directly in /tmp (the same roots decide): two test processes
+    on one machine (xdist workers, two CI passes) never write the same file."""
     import shlex
 
     lines = [line.split("#", 1)[0] for line in (ROOT / "README.md").read_text().splitlines()]
     write = next(line for line in lines if line.startswith("tether exec write_file file_path=/tmp/x.txt content=hello"))
-    read = next(line for line in lines if line.startswith("tether exec read_file"))
+    read = next(line for line in lines if line.startswith("tether exec read_file file_path=/tmp/x.txt "))
     session = f"readme-{tmp_path.name}"
-    argv = [a if a != "s1" else session for a in shlex.split(write)[1:]]
-    Path("/tmp/x.txt").unlink(missing_ok=True)
+    own = f"/tmp/tether-readme-{uuid.uuid4().hex}.txt"
+
+    def ours(line: str) -> list[str]:
+        return [session if a == "s1" else a.replace("=/tmp/x.txt", f"={own}") for a in shlex.split(line)[1:]]
+
     try:
-        done = run_cli(*argv, tmp=tmp_path)
+        done = run_cli(*ours(write), tmp=tmp_path)
         assert done.returncode == 0, done.stdout + done.stderr
-        shown = run_cli(*[a if a != "s1" else session for a in shlex.split(read)[1:]], tmp=tmp_path)
+        shown = run_cli(*ours(read), tmp=tmp_path)
         assert shown.returncode == 0, shown.stdout + shown.stderr
         assert json.loads(shown.stdout)["status"] == "success" and "hello" in shown.stdout
     finally:
         run_cli("undo", session, tmp=tmp_path)
+        Path(own).unlink(missing_ok=True)

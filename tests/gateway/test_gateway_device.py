@@ -20,13 +20,19 @@ from tests.kits.netutil import Cluster, wait_for
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp = tmp_path_factory.mktemp("gateway")
-    c = Cluster(tmp)
+    # no test here is about liveness: the kit's 2 s heartbeat timeout (for the tests that watch a device go
+    # offline) dropped alpha when a loaded machine left its process unscheduled that long, and a call made then
+    # found no tool 'alpha__shell.run' instead of the policy's question; 60 s is the bound, not a wait
+    c = Cluster(tmp, server_args=LIVENESS)
     policy = tmp / "policy.yaml"
     policy.write_text("ask: on-miss\n")
     c.alpha = c.device("alpha", extra=("--policy", str(policy)))  # type: ignore[attr-defined]
     c.wait_online("alpha", c.alpha)  # type: ignore[attr-defined]
     yield c
     c.close()
+
+
+LIVENESS = ("--heartbeat-interval", "5", "--heartbeat-timeout", "60", "--grace-period", "60")
 
 
 def url(cluster: Cluster) -> str:

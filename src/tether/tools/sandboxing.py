@@ -6,11 +6,12 @@ library and the rules that feed it stay with the other rules.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tether.sandbox import SandboxInfo, SandboxSpec, detect
@@ -28,34 +29,89 @@ if TYPE_CHECKING:  # the runner (and its egress proxy) only where a sandbox is m
 logger = logging.getLogger(__name__)
 
 
+LAYERS_ENV = "TETHER_SANDBOX_LAYERS"
+
+
 def layers_dir(roots: Iterable[str], run_as: RunAs | None = None) -> str | None:
     """A private directory for overlay layers, outside every root (an overlay may not contain its own layer).
 
-    $TETHER_SANDBOX_LAYERS, else /var/tmp, else /dev/shm (memory), whichever lies outside the roots.
-    With `run_as` (a root device's sandbox user) it is that user's, mode 0700: its warden mounts there.
+    $TETHER_SANDBOX_LAYERS (created, mode 0700, when missing and its parent is safe: see `_chosen_layers`), else
+    /var/tmp, else /dev/shm (memory), whichever lies outside the roots. With `run_as` (a root device's sandbox
+    user) it is that user's, mode 0700: its warden mounts there. A $TETHER_SANDBOX_LAYERS that cannot be used is
+    never passed over in silence: one warning names the variable, why, and the directory used instead.
+    Result: the directory, or None when no candidate can be used.
     """
     real_roots = [os.path.realpath(os.path.expanduser(r)) for r in roots]
-    candidates = [os.environ.get("TETHER_SANDBOX_LAYERS", ""), "/var/tmp", "/dev/shm", tempfile.gettempdir()]
-    for base in filter(None, candidates):
+    chosen = os.environ.get(LAYERS_ENV, "")
+    if chosen:
+        path, problem = _chosen_layers(chosen, real_roots, run_as)
+        if path is not None:
+            return path
+    for base in filter(None, ["/var/tmp", "/dev/shm", tempfile.gettempdir()]):
         real = os.path.realpath(base)
         name = f"tether-layers-{os.getuid()}" + (f"-as-{run_as.uid}" if run_as is not None else "")
-        path = real if base == candidates[0] else os.path.join(real, name)
-        place = os.path.realpath(path)
-        if under(place, real_roots) or any(under(r, [place]) for r in real_roots) or not os.access(real, os.W_OK):
-            continue
-        try:
-            Path(path).mkdir(mode=0o700, exist_ok=True)
-            owner = os.getuid() if run_as is None else run_as.uid
-            if os.lstat(path).st_uid not in (os.getuid(), owner) or os.path.islink(path):
-                continue
-            if run_as is not None and os.lstat(path).st_uid != run_as.uid:
-                if os.listdir(path):  # never hand over a directory that holds someone's files already
-                    continue
-                os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
-            os.chmod(path, 0o700)
-        except OSError:
-            continue
-        return path
+        path = os.path.join(real, name)
+        if _outside_roots(os.path.realpath(path), real_roots) and os.access(real, os.W_OK) \
+                and _made_private(path, run_as) is None:
+            break
+    else:
+        path = None
+    if chosen:
+        logger.warning("%s=%s is not used: %s; the sandbox's layers go to %s instead", LAYERS_ENV, chosen, problem,
+                       path or "no directory (no sandbox)")
+    return path
+
+
+def _chosen_layers(chosen: str, real_roots: list[str], run_as: RunAs | None) -> tuple[str | None, str]:
+    """$TETHER_SANDBOX_LAYERS as a layers directory: (its path, "") or (None, why not).
+
+    Its parent must be a directory owned by this user or root that nobody else can write to (or sticky, as
+    /tmp is: nobody else can then rename or replace what is in it); the directory itself is made there (mode
+    0700) when missing, and must be a real directory (never a symlink) owned by this user (or `run_as`'s)."""
+    path = os.path.abspath(os.path.expanduser(chosen))
+    parent = os.path.realpath(os.path.dirname(path))
+    try:
+        up = os.stat(parent)
+    except OSError as exc:
+        return None, f"its parent {parent} cannot be used ({exc.strerror})"
+    if not stat.S_ISDIR(up.st_mode):
+        return None, f"its parent {parent} is not a directory"
+    if up.st_uid not in (os.getuid(), 0) or (up.st_mode & 0o022 and not up.st_mode & stat.S_ISVTX):
+        return None, (f"its parent {parent} can be changed by another user (owner uid {up.st_uid}, mode "
+                      f"{stat.S_IMODE(up.st_mode):o}), who could swap the directory")
+    place = os.path.join(parent, os.path.basename(path))
+    clash = next((r for r in real_roots if under(place, [r]) or under(r, [place])), None)
+    if clash is not None:
+        return None, f"it lies inside the write root {clash}, or holds it (an overlay may not contain its own layers)"
+    problem = _made_private(place, run_as)
+    return (None, problem) if problem else (place, "")
+
+
+def _outside_roots(place: str, real_roots: list[str]) -> bool:
+    return not under(place, real_roots) and not any(under(r, [place]) for r in real_roots)
+
+
+def _made_private(path: str, run_as: RunAs | None) -> str | None:
+    """Make `path` (mode 0700) or take it as it is if it is ours: None, or why it cannot be the layers directory
+    (a symlink, not a directory, someone else's, or someone's files in it for `run_as`)."""
+    owner = os.getuid() if run_as is None else run_as.uid
+    try:
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o700)  # never follows a symlink planted in its place: that one exists
+        found = os.lstat(path)
+        if stat.S_ISLNK(found.st_mode):
+            return f"{path} is a symlink (give the directory itself)"
+        if not stat.S_ISDIR(found.st_mode):
+            return f"{path} is not a directory"
+        if found.st_uid not in (os.getuid(), owner):
+            return f"{path} belongs to another user (uid {found.st_uid})"
+        if run_as is not None and found.st_uid != run_as.uid:
+            if os.listdir(path):  # never hand over a directory that holds someone's files already
+                return f"{path} holds files already and is not {run_as.name}'s"
+            os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
+        os.chmod(path, 0o700)  # a directory (lstat above), not a link
+    except OSError as exc:
+        return f"{path} cannot be made private ({exc.strerror})"
     return None
 
 
