@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,24 +38,9 @@ from bench.cluster_scale import read_response
 from bench.device_path import cpu_exact_s
 from bench.fleet_hotpath import request_bytes
 from bench.kit.procs.cluster import Setup, admin_token, redis_server
-from bench.kit.procs.fleet import raise_fd_limit
+from bench.kit.procs.fleet import raise_fd_limit, tree
 
 ROLES = ("entry", "holder", "device", "redis")  # whose CPU a command costs; on "same" the entry is the holder
-
-
-@contextlib.contextmanager
-def tree(src: Path | None) -> Iterator[None]:
-    """Processes started meanwhile import tether from `src` (None: this tree's)."""
-    old = os.environ.get("PYTHONPATH")
-    if src is not None:
-        os.environ["PYTHONPATH"] = str(src)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 @dataclass

@@ -28,7 +28,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -36,6 +35,7 @@ import psutil
 from bench._stats import spread
 from bench.device_path import cpu_exact_s
 from bench.fleet_hotpath import read_response, request_bytes
+from bench.kit.procs.fleet import tree
 from bench.load import device_process, free_port, raise_fd_limit, server_process
 
 TOKENS = """
@@ -48,21 +48,6 @@ print(json.dumps({"devices": {n: create("device", n)[1] for n in names},
                   "api": create("api", "pair", ["read", "execute"])[1]}))
 store.close()
 """
-
-
-@contextlib.contextmanager
-def tree(src: Path | None) -> Iterator[None]:
-    """Processes started meanwhile import tether from `src` (None: this tree's)."""
-    old = os.environ.get("PYTHONPATH")
-    if src is not None:
-        os.environ["PYTHONPATH"] = str(src)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("PYTHONPATH", None)
-        else:
-            os.environ["PYTHONPATH"] = old
 
 
 async def caller(ports: list[int], requests: list[list[bytes]], until: float, counts: list[int],

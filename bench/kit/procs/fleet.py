@@ -16,7 +16,7 @@ import logging
 import os
 import resource
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -36,6 +36,21 @@ async def stop_process(proc: asyncio.subprocess.Process, grace: float = 30.0) ->
         except TimeoutError:
             proc.kill()
             await proc.wait()
+
+
+@contextlib.contextmanager
+def tree(src: Path | None) -> Iterator[None]:
+    """Processes started meanwhile import tether from `src` (None: this tree's)."""
+    old = os.environ.get("PYTHONPATH")
+    if src is not None:
+        os.environ["PYTHONPATH"] = str(src)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = old
 
 
 def device_name(i: int) -> str:
