@@ -104,6 +104,11 @@ async def test_views_agree_within_a_beat_after_redis_returns_and_an_outage_is_na
         await until_file(crossing_mark, "the crossing command runs on laptop")
 
         await asyncio.to_thread(redis_engine.stop)
+        # a learns of the outage at its next beat (or Redis call), not as Redis stops: until then a command for
+        # laptop goes over a's open link to b as usual (and here would wait in line behind the crossing one)
+        async with asyncio.timeout(WAIT):
+            while (await kit.health(a))["cluster"]["backplane"] == "ok":
+                await asyncio.sleep(0.05)
         counted = kit.tmp / "live" / "meanwhile.ran"
         meanwhile = await kit.run(a, "laptop", [{"tool_name": "shell.run", "parameters": {
             "cmd": "sh", "argv": ["-c", f"echo ran >> {counted}"], "cwd": str(kit.tmp)}}], timeout=5)

@@ -71,10 +71,13 @@ def test_a_device_s_tags_policy_and_removal(admin: Dash, cluster: Cluster) -> No
     gone = cluster.device("beta")  # a second device, stopped, then forgotten from the dashboard
     cluster.wait_online("beta", gone)
     page.goto(f"{admin.base}/#/devices/beta")
-    expect(page.locator("#device-status")).to_have_text("online")
+    # clicked at once: until beta's page is drawn, alpha's (and its own Remove device) is inert, so the click
+    # waits for beta's button
     page.get_by_role("button", name="Remove device").click()  # asks first
     question = page.locator("#device-actions").get_by_role("alert").filter(has_text="Remove beta?")
     expect(question).to_be_visible()
+    expect(page.get_by_role("heading", name="Device beta")).to_be_visible()
+    expect(page.locator("#device-status")).to_have_text("online")
     gone.stop()  # the page follows its status as the server pushes it, in place: the question stays open
     expect(page.locator("#device-status")).to_have_text("offline", timeout=60_000)
     expect(question).to_be_visible()

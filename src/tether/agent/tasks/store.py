@@ -10,7 +10,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -215,6 +215,23 @@ class SaveSoon:
             return str(exc)
         await asyncio.sleep(0)  # its settling, called soon on this loop, has run
         return self.problem
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Call `callback` (on this loop) once what was saved so far is written, or its write failed: at once on
+        SQLite, where `flush` writes before it returns; on PostgreSQL once the table's worker is done with it.
+        What another process reads from the store after being told by `callback` is that state, not an older
+        one."""
+        writing = self._writing
+        if writing is None or writing.done():
+            callback()
+            return
+        loop = asyncio.get_running_loop()
+
+        def soon(_done: Future[dict[str, str]]) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped
+                loop.call_soon_threadsafe(callback)
+
+        writing.add_done_callback(soon)
 
     def _hand_over(self, dirty: dict[str, Task]) -> None:
         """PostgreSQL: write `dirty` on the table's worker, in order after what was handed over before; what

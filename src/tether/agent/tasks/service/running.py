@@ -128,8 +128,8 @@ class Running(Followers):
             if task.state.terminal and self._live.get(task.id) is task:
                 self._live.pop(task.id, None)
                 self._end_followers(task.id)
-                if self._peers is not None:
-                    self._peers.ended(task.id)
+                if self._peers is not None:  # after its final row is written: the others read their end from it
+                    self._saver.then(partial(self._peers.ended, task.id))
                 self._release(task.id)
                 self._end_sessions(task)
 

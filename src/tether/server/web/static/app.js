@@ -1,7 +1,7 @@
 // The tether dashboard: one page, no build step, no framework. It calls the REST API with the session
 // cookie (and the CSRF token on every state-changing request); live views read server-sent events.
 "use strict";
-const S = {me: null, streams: [], fleet: {}, inbox: null};
+const S = {me: null, streams: [], fleet: {}, inbox: null, turn: 0};
 const $ = (sel) => document.querySelector(sel);
 
 function h(tag, attrs, ...kids) {  // DOM built from data, never from HTML strings
@@ -36,7 +36,11 @@ async function api(path, opts = {}) {
 }
 
 function stopStreams() { for (const s of S.streams) s.close(); S.streams = []; }
-function view(...kids) { stopStreams(); const m = $("#main"); m.replaceChildren(...kids); return m; }
+function view(...kids) { stopStreams(); const m = $("#main"); m.replaceChildren(...kids); m.inert = false; m.removeAttribute("aria-busy"); return m; }
+// view() for a page that loads first: called at the page's start (before its first await), it draws only if no
+// other page was asked for meanwhile (a later link or route() wins, whatever order the answers come back in);
+// a superseded page gets a detached element, so it draws nothing and its streams are not started
+function drawer() { const turn = S.turn; return (...kids) => (turn === S.turn ? view(...kids) : h("div", {})); }
 function fail(err) { toast(`error: ${err.message}`); }
 
 // -- login --------------------------------------------------------------------------------------
@@ -143,10 +147,11 @@ async function readSSE(response, onFrame) {  // a streamed POST cannot use Event
   }
 }
 async function deviceView(name) {
+  const draw = drawer();
   const d = await api(`/api/v1/devices/${encodeURIComponent(name)}`);
   const tools = await api(`/api/v1/devices/${encodeURIComponent(name)}/tools`).catch(() => (d.profile ? d.profile.tools : []));
   const badge = h("span", {id: "device-status", "data-status": d.status, "aria-live": "polite"}, status(d.status));
-  const main = view(h("h1", {}, `Device ${d.name} `, badge),
+  const main = draw(h("h1", {}, `Device ${d.name} `, badge),
     h("div", {class: "card"}, h("p", {}, `Platform: ${d.platform || "—"} · tags: ${(d.tags || []).join(", ") || "—"} · sandbox: ${d.sandbox || "—"} · load ${d.load}`),
       h("details", {}, h("summary", {}, "Full profile"), h("pre", {}, JSON.stringify(d.profile, null, 2)))), await policySection(d.name));
   if (can("admin")) main.append(deviceActions(d));  // manage.js: rename, tags, remove
@@ -176,7 +181,7 @@ async function deviceView(name) {
   }
   main.append(h("h2", {}, `Tools (${tools.length})`), ...tools.map((t) => h("details", {class: "card"},
     h("summary", {}, h("strong", {}, t.name), " ", h("span", {class: "muted"}, t.description || "")), h("pre", {}, JSON.stringify(t.input_schema, null, 2)))));
-  followStatus(d.name, badge);
+  if (main.isConnected) followStatus(d.name, badge);
 }
 // the device's status as the fleet stream pushes it, changed in place: the rest of the page (a form being
 // filled, an open "Yes, remove device" question) is never drawn again under the person
@@ -191,11 +196,12 @@ function followStatus(name, badge) {
 // -- tasks --------------------------------------------------------------------------------------
 const STATES = ["", "created", "planning", "running", "recovering", "waiting_for_user", "done", "failed", "cancelled"];
 async function tasksView(params) {
+  const draw = drawer();
   const state = params.get("state") || "";
   const tasks = await api(`/api/v1/tasks?limit=100${state ? `&state=${encodeURIComponent(state)}` : ""}`);
   const filter = h("select", {id: "state-filter", onchange: () => { location.hash = `#/tasks${filter.value ? `?state=${filter.value}` : ""}`; }},
     STATES.map((s) => h("option", {value: s, selected: s === state}, s ? s.replaceAll("_", " ") : "any state")));
-  const main = view(h("h1", {}, "Tasks"), h("label", {for: "state-filter"}, "State"), filter);
+  const main = draw(h("h1", {}, "Tasks"), h("label", {for: "state-filter"}, "State"), filter);
   if (can("execute")) main.append(await newTaskForm());
   main.append(h("div", {class: "scroll"}, h("table", {"aria-label": "tasks"}, h("thead", {}, h("tr", {}, ["Task", "State", "Request", "Device", "Asked by", "Created"].map((t, i) => h("th", {scope: "col", class: i === 4 ? "hide-sm" : null}, t)))),
     h("tbody", {}, tasks.length ? tasks.map((t) => h("tr", {}, h("td", {}, h("a", {href: `#/tasks/${t.id}`}, t.id.slice(0, 12))), h("td", {}, status(t.state)),
@@ -320,8 +326,16 @@ function badge() {
   });
   es.onerror = () => { es.close(); if (S.inbox === es) { S.inbox = null; setTimeout(badge, 3000); } };
 }
+// every navigation (a link, a new address, route() after a change) takes a turn; while its page loads, the page
+// shown is inert and aria-busy: a click meant for the next page never lands on the last one's button
 async function route() {
+  const turn = ++S.turn; const main = $("#main");
+  main.inert = true; main.setAttribute("aria-busy", "true");
+  try { await showPage(turn); } finally { if (turn === S.turn) { main.inert = false; main.removeAttribute("aria-busy"); } }
+}
+async function showPage(turn) {
   if (!S.me) { try { S.me = await api("/web/session"); if (!S.me.name) S.me = null; } catch (x) { S.me = null; } }
+  if (turn !== S.turn) return;  // another navigation came meanwhile: it draws
   if (!S.me) { stopStreams(); badge(); loginView(); return; }
   $("#nav").hidden = false; $("#who").textContent = `${S.me.name} (${S.me.scopes.join(", ")})`;
   for (const a of document.querySelectorAll("[data-scope]")) a.hidden = !can(a.dataset.scope);
@@ -338,7 +352,7 @@ async function route() {
     else if (parts[0] === "inbox") await inboxView();
     else if (parts[0] === "webhooks") await webhooksView();
     else devicesView();
-  } catch (x) { view(h("p", {class: "error", role: "alert"}, x.message)); }
+  } catch (x) { if (turn === S.turn) view(h("p", {class: "error", role: "alert"}, x.message)); }
 }
 window.addEventListener("hashchange", route);
 window.addEventListener("DOMContentLoaded", () => {

@@ -49,6 +49,7 @@ function caller(by) {  // api:NAME, task:ID for api:NAME, undo:ID by api:NAME, a
 }
 const auditStatus = (s) => status(s === "success" ? "done" : s === "failure" || s === "denied" ? "failed" : s);
 async function auditView(params) {
+  const draw = drawer();
   const q = new URLSearchParams();
   for (const k of ["device", "task", "token", "since", "until", "before"]) if (params.get(k)) q.set(k, params.get(k));
   q.set("limit", params.get("limit") || "100");
@@ -82,7 +83,7 @@ async function auditView(params) {
       h("td", {}, caller(r.requested_by), r.approved_by ? h("div", {class: "muted small"}, `approved by ${r.approved_by}`) : null),
       h("td", {class: "hide-sm args"}, summarise(r.arguments)))))))
     : h("table", {"aria-label": "audit"}, h("tbody", {}, h("tr", {}, h("td", {}, all.length ? "Only meta calls or other outcomes on this page." : "Nothing recorded for this filter."))));
-  const main = view(h("h1", {}, "Audit log"), form, table);
+  const main = draw(h("h1", {}, "Audit log"), form, table);
   if (hidden) main.append(h("p", {class: "muted"}, `${hidden} row(s) on this page hidden by the filter.`));
   if (next !== null && next !== undefined) { const p = new URLSearchParams(params); p.set("before", next); main.append(h("a", {href: `#/audit?${p}`}, "Older entries →")); }
 }
@@ -98,6 +99,7 @@ function confirmButton(label, question, act) {  // a second click, on a question
   return cell;
 }
 async function tokensView() {
+  const draw = drawer();
   const tokens = await api("/api/v1/tokens");
   const shown = h("div", {"aria-live": "polite"});
   const form = h("form", {class: "card", id: "new-token", onsubmit: async (e) => {
@@ -114,7 +116,7 @@ async function tokensView() {
     h("label", {class: "inline"}, h("input", {type: "checkbox", name: "agent", id: "agent"}), " an agent's token (it never approves: no approve or admin)"),
     h("button", {type: "submit"}, "Create"));
   const mine = (t) => S.me && t.kind === "api" && t.name === S.me.name;
-  view(h("h1", {}, "Tokens"), shown, form, tokens.length ? h("div", {class: "scroll"}, h("table", {"aria-label": "tokens"},
+  draw(h("h1", {}, "Tokens"), shown, form, tokens.length ? h("div", {class: "scroll"}, h("table", {"aria-label": "tokens"},
     h("thead", {}, h("tr", {}, ["Name", "Id", "Kind", "Holder", "Scopes", "Created", "Last used", "Status", ""].map((t, i) => h("th", {scope: "col", class: [1, 3, 5].includes(i) ? "hide-sm" : null}, t)))),
     h("tbody", {}, tokens.map((t) => h("tr", {"data-token": t.id},
       h("td", {}, t.name, mine(t) ? h("span", {class: "muted"}, " (you)") : null), h("td", {class: "hide-sm"}, h("code", {}, String(t.id || "").slice(0, 12))),
@@ -128,6 +130,7 @@ async function tokensView() {
 
 // -- the approval inbox --------------------------------------------------------------------------
 async function inboxView() {
+  const draw = drawer();
   const items = await api("/api/v1/approvals");
   const decide = (item, verb, answer) => {
     let call;
@@ -152,7 +155,7 @@ async function inboxView() {
       h("p", {class: "question"}, i.question), i.changes ? h("p", {class: "muted"}, `${i.changes} file change(s) held: open the task to see them`) : null,
       buttons);
   };
-  view(h("h1", {}, "Inbox"), h("p", {class: "muted"}, "What waits for your answer: approvals, plans to confirm, questions."),
+  draw(h("h1", {}, "Inbox"), h("p", {class: "muted"}, "What waits for your answer: approvals, plans to confirm, questions."),
     items.length ? h("div", {id: "inbox"}, items.map(card)) : empty("Nothing waits for you."));
 }
 function consent(schema) {  // yes to a consent form: every boolean true, a yes-like choice (as `tether approvals approve`)
@@ -168,6 +171,7 @@ function consent(schema) {  // yes to a consent form: every boolean true, a yes-
 // -- webhooks ------------------------------------------------------------------------------------
 const EVENTS = ["approval.needed", "task.finished", "task.failed", "device.offline"];
 async function webhooksView() {
+  const draw = drawer();
   const hooks = await api("/api/v1/webhooks");
   const shown = h("div", {"aria-live": "polite"});
   const err = h("p", {class: "error", role: "alert"});
@@ -191,7 +195,7 @@ async function webhooksView() {
         h("td", {}, String(d.attempts ?? "—")), h("td", {}, String(d.last_status ?? "—")), h("td", {}, d.last_error ? String(d.last_error).slice(0, 200) : "—"), h("td", {}, when(d.created_at || d.updated_at))))))
       : empty("No deliveries yet."));
   };
-  view(h("h1", {}, "Webhooks"), shown, form, hooks.length ? h("div", {id: "webhooks"}, hooks.map((hk) => {
+  draw(h("h1", {}, "Webhooks"), shown, form, hooks.length ? h("div", {id: "webhooks"}, hooks.map((hk) => {
     const log = h("div", {class: "scroll"});
     return h("div", {class: "card", "data-webhook": hk.id}, h("p", {}, h("strong", {}, hk.id), " ", h("code", {class: "url"}, hk.url)),
       h("p", {class: "muted"}, `${hk.events.join(", ")} · ${hk.format} · ${hk.server_wide ? "server-wide" : `token ${hk.owner || "—"}`} · ${hk.source} · added `, when(hk.created_at)),
