@@ -12,6 +12,15 @@ import pytest
 from tests.kits.chaos import WAIT, ChaosCluster, Ledger, Runs, check_invariants
 from tests.kits.faultproxy import FaultProxy
 from tests.kits.netutil import wait_for
+from tether.device.link.settings import LinkSettings
+
+# After the heal the device may, by its own schedule, still be inside one attempt the black hole swallowed
+# (the restarted server listens before it opens its database, so the proxy's connections upstream succeed
+# and the device's handshake goes nowhere until its connect timeout), then in one backoff wait at the cap
+# (the dense attempts of the grace window already took the exponent there): a fair bound is both, plus
+# the registration under load. A device that never retries still fails it.
+_LINK = LinkSettings()
+HEALED_WAIT = _LINK.connect_timeout + _LINK.backoff_cap + 20.0
 
 
 def test_server_killed_mid_batch(cluster: ChaosCluster, runs: Runs, ledger: Ledger, callers) -> None:
@@ -76,7 +85,7 @@ def test_server_killed_while_the_device_reconnects(cluster: ChaosCluster, runs: 
         runs.open_gate("x1")  # its result waits in the device's outbox for a server that never sent it
         cluster.restart_server()
         proxy.heal()
-        cluster.wait_online("alpha")
+        cluster.wait_online("alpha", HEALED_WAIT)
         after = cluster.run("alpha", [runs.command("x2")], ["x2"], ledger)
         assert after is not None and after[0].ok, after
     assert runs.counts() == {"x1": 1, "x2": 1}

@@ -217,8 +217,8 @@ class ChaosCluster:
     def status(self, name: str) -> str | None:
         return next((row["status"] for row in self.remote.devices() if row["name"] == name), None)
 
-    def wait_online(self, name: str) -> None:
-        wait_for(lambda: self.status(name) in ("online", "busy"), f"{name} online", WAIT,
+    def wait_online(self, name: str, timeout: float = WAIT) -> None:
+        wait_for(lambda: self.status(name) in ("online", "busy"), f"{name} online", timeout,
                  (self.devices[name].popen, self.server.popen))
 
     def close(self) -> None:
