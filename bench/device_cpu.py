@@ -45,7 +45,7 @@ import psutil
 from websockets.exceptions import ConnectionClosed
 
 from bench._stats import spread
-from bench.device_path import cpu_exact_s, profile_device
+from bench.device_path import cpu_exact_s, device_env, profile_device
 from bench.kit.procs.fleet import CHEAP, stop_process
 from tether.protocol.codec import encode
 from tether.protocol.messages import RegisterAck, ServerMessage, ServerMessageType
@@ -127,10 +127,7 @@ class FakeServer:
 @asynccontextmanager
 async def devices(tmp: Path, url: str, names: list[str], base: Path | None,
                   cprofile: Path | None = None) -> AsyncIterator[list[psutil.Process]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_") or k == "TETHER_ALLOW_ROOT"}
-    env.update(NO_COLOR="1", TETHER_CONFIG=str(tmp / "device.yaml"))
-    (tmp / "device.yaml").write_text("device:\n  builtin: [files, system]\n")
-    argv_root = ["--allow-root"] if os.geteuid() == 0 else []
+    env, argv_root = device_env(tmp)
     procs: list[asyncio.subprocess.Process] = []
     try:
         for i, name in enumerate(names):

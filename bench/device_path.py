@@ -182,16 +182,22 @@ async def echo_trips(ws: object, frame: str, n: int) -> list[float]:
 
 # ---------------------------------------------------------------------------------------------- processes
 
+def device_env(tmp: Path) -> tuple[dict[str, str], list[str]]:
+    """The environment (no TETHER_* of the caller's but TETHER_ALLOW_ROOT; a config in `tmp` with the files and
+    system tools) and the extra argv (`--allow-root` as root) a bench's `tether device` processes start with."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_") or k == "TETHER_ALLOW_ROOT"}
+    env.update(NO_COLOR="1", TETHER_CONFIG=str(tmp / "device.yaml"))
+    (tmp / "device.yaml").write_text("device:\n  builtin: [files, system]\n")
+    return env, ["--allow-root"] if os.geteuid() == 0 else []
+
+
 @asynccontextmanager
 async def real_devices(tmp: Path, port: int, tokens: dict[str, str], api: str, cprofile: Path | None = None,
                        base: Path | None = None) -> AsyncIterator[list[psutil.Process]]:
     """One `tether device` process per token, as a user starts it; yields once the server lists them all online.
     With `cprofile`, the first runs under cProfile, which writes its figures there when it stops; with `base`
     (another checkout's `src`), every second one runs that tree."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_") or k == "TETHER_ALLOW_ROOT"}
-    env.update(NO_COLOR="1", TETHER_CONFIG=str(tmp / "device.yaml"))
-    (tmp / "device.yaml").write_text("device:\n  builtin: [files, system]\n")
-    argv_root = ["--allow-root"] if os.geteuid() == 0 else []
+    env, argv_root = device_env(tmp)
     procs: list[asyncio.subprocess.Process] = []
     try:
         for i, (name, token) in enumerate(tokens.items()):
