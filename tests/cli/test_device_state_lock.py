@@ -211,3 +211,68 @@ def test_local_execs_side_by_side_all_answer(tmp_path: Path) -> None:
         out, err = proc.communicate(timeout=120)
         assert proc.returncode == 0, err
         assert json.loads(out)["status"] == "success"
+
+
+RAW_HOLD = """
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+fcntl.flock(fd, fcntl.LOCK_EX)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_lock_taken_an_instant_ago_and_not_yet_named_is_waited_for(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The race three side-by-side local execs met: one took the lock, and before it wrote its line the next
+    read an empty file — an unnamed holder, refused at once as "another tether process". A lock whose holder
+    has not yet written who it is now counts as one being taken (the next look names it): the waiter pauses,
+    and gets it when the holder goes. The holder here never writes its line; the waiter's first pause is what
+    releases it."""
+    import threading
+
+    from tether.cli import state_lock
+
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    raw = subprocess.Popen([CLI[0], "-c", RAW_HOLD, str(state / "device.lock")], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    assert raw.stdout is not None and raw.stdout.readline() == "held\n"
+    paused = threading.Event()
+    real_sleep = state_lock.time.sleep
+
+    def sleep(seconds: float) -> None:
+        paused.set()
+        real_sleep(seconds)
+
+    monkeypatch.setattr(state_lock.time, "sleep", sleep)
+    got: list[str] = []
+
+    def second() -> None:
+        with state_lock.holding_state_dir(state, "tether exec", wait_s=60):
+            got.append((state / "device.lock").read_text())
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    try:
+        assert paused.wait(30)  # not refused: waiting for the unnamed holder
+    finally:
+        assert raw.stdin is not None
+        raw.stdin.close()
+        raw.wait(timeout=30)
+    waiter.join(timeout=30)
+    assert got == [f"{os.getpid()} tether exec\n"]
+
+
+def test_the_holders_line_is_whole_after_a_longer_one(tmp_path: Path) -> None:
+    """Each holder writes its line over the last one's and then cuts the file, so the file never reads empty
+    and never keeps a tail of a longer line before it."""
+    from tether.device.local import hold_state_dir
+
+    state = tmp_path / "state"
+    os.close(hold_state_dir(state, "tether tools serve"))
+    fd = hold_state_dir(state, "tether exec")
+    try:
+        assert (state / "device.lock").read_text() == f"{os.getpid()} tether exec\n"
+    finally:
+        os.close(fd)

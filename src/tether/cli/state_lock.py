@@ -42,7 +42,8 @@ def holding_state_dir(directory: Path, holder: str, *, wait_s: float = 0.0) -> I
     made (a read-only home): no other process can be using it, and the block runs without it.
 
     `wait_s` > 0: while the holder is a one-off call (`BRIEF_HOLDERS`: another local `tether exec`), wait for it
-    to end, up to `wait_s` seconds, rather than fail (scripts run local calls side by side); a long-running
+    to end, up to `wait_s` seconds, rather than fail (scripts run local calls side by side), and likewise while
+    the holder has taken the lock but not yet written what it is (a look after the pause names it); a long-running
     holder (`tether device`, `tether run`, a serve) is refused at once, as is a brief one still there at the end."""
     from tether.device.local import StateDirBusy, hold_state_dir
     from tether.errors import DeviceError
@@ -54,7 +55,8 @@ def holding_state_dir(directory: Path, holder: str, *, wait_s: float = 0.0) -> I
             fd: int | None = hold_state_dir(directory, holder)
             break
         except StateDirBusy as exc:
-            if exc.holder not in BRIEF_HOLDERS or time.monotonic() + pause > deadline:
+            brief = exc.holder in BRIEF_HOLDERS or exc.starting  # starting: taken an instant ago, not yet named
+            if not brief or time.monotonic() + pause > deadline:
                 _refuse(exc)
             time.sleep(pause)  # flock has no timeout of its own: try again shortly, within the bound
             pause = min(pause * 2, 0.1)

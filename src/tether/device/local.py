@@ -84,11 +84,14 @@ STATE_LOCK = "device.lock"  # in the state directory: held by the one tether pro
 
 class StateDirBusy(DeviceError):
     """Another live tether process holds the state directory (`hold_state_dir`); the message names it, and
-    `holder` says what it is ("tether device", "tether exec", …, or "tether process" when unknown)."""
+    `holder` says what it is ("tether device", "tether exec", …, or "tether process" when unknown); `starting`
+    is True when the holder took the lock an instant ago and has not yet written who it is (a second look,
+    shortly after, names it)."""
 
-    def __init__(self, message: str, holder: str = "tether process") -> None:
+    def __init__(self, message: str, holder: str = "tether process", *, starting: bool = False) -> None:
         super().__init__(message)
         self.holder = holder
+        self.starting = starting
 
 
 def hold_state_dir(directory: Path, holder: str = "tether device") -> int:
@@ -115,30 +118,42 @@ def hold_state_dir(directory: Path, holder: str = "tether device") -> int:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
-        pid, what = _holder(fd)
+        pid, what, starting = _holder(fd)
         os.close(fd)
         if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
             raise DeviceError(f"cannot lock the state directory {directory}: {exc.strerror or exc}") from None
         who = f"another {what} (pid {pid})" if pid else f"another {what}"
         raise StateDirBusy(f"{who} already uses the state directory {directory} (its undo journal, key and "
                            "token); stop it first, or give this one a state directory of its own: --state-dir DIR "
-                           "(or TETHER_STATE_DIR=DIR, or device.state_dir in its config)", what) from None
+                           "(or TETHER_STATE_DIR=DIR, or device.state_dir in its config)", what,
+                           starting=starting) from None
+    record = f"{os.getpid()} {holder}\n".encode()
     with contextlib.suppress(OSError):  # who holds it, for a refusal (best effort: a full disk keeps the lock)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {holder}\n".encode(), 0)
+        os.pwrite(fd, record, 0)  # over the last holder's line, then cut: the first line is never empty between
+        os.ftruncate(fd, len(record))
     return fd
 
 
 _HOLDERS = ("tether device", "tether run", "tether exec", "tether mcp serve", "tether tools serve")
 
 
-def _holder(fd: int) -> tuple[int | None, str]:
-    """The pid and kind of the process that holds the lock, as it wrote them (a holder the file does not name
-    as one of tether's own entry points is called "tether process": the file is never echoed as it is)."""
-    with contextlib.suppress(OSError, ValueError, UnicodeDecodeError):
-        pid, _, what = os.pread(fd, 128, 0).decode().strip().partition(" ")
-        return int(pid), what if what in _HOLDERS else "tether device" if not what else "tether process"
-    return None, "tether process"
+def _holder(fd: int) -> tuple[int | None, str, bool]:
+    """The pid and kind of the process that holds the lock, as it wrote them on the file's first line (a holder
+    the file does not name as one of tether's own entry points is called "tether process": the file is never
+    echoed as it is), and whether the file is still empty: a holder that has just taken the lock and not yet
+    written its line."""
+    try:
+        line = os.pread(fd, 128, 0).decode().partition("\n")[0].strip()
+    except (OSError, UnicodeDecodeError):
+        return None, "tether process", False
+    if not line:
+        return None, "tether process", True
+    pid, _, what = line.partition(" ")
+    try:
+        number = int(pid)
+    except ValueError:
+        return None, "tether process", False
+    return number, what if what in _HOLDERS else "tether device" if not what else "tether process", False
 
 
 def person_asker(hooks: MCPClientHooks | None) -> PersonAsker | None:
