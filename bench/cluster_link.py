@@ -12,9 +12,13 @@ nothing else (no bus, no hub, no device). The process's CPU per trip (both ends,
 work) is what is measured.
 
 The **anchor** is the floor for a WebSocket link on this stack: a websockets client whose frames a raw-ASGI
-endpoint on the same uvicorn answers at once. With `--base SRC` (another checkout's `src`) that tree's
-`tether/server/cluster/link.py` is loaded alongside and measured too. Rounds alternate their order; printed:
-medians over the rounds, their spread, and the ratios link/anchor (and this tree/base), with the load average.
+endpoint on the same uvicorn answers at once. Beside it, **tcp**: the same frames length-prefixed over a plain
+TCP connection, answered in the protocol callback — the floor under any link transport (the kernel's socket
+work and the loop's wake-ups), i.e. what a transport below WebSocket could at best come down to.
+
+With `--base SRC` (another checkout's `src`) that tree's `tether/server/cluster/link.py` is loaded alongside
+and measured too. Rounds rotate their order; printed: medians over the rounds, their spread, and the ratios
+to the anchor (and this tree/base), with the load average.
 """
 
 from __future__ import annotations
@@ -146,6 +150,62 @@ async def echo_pair() -> tuple[Trip, Callable[[], Awaitable[None]]]:
     return trip, stop
 
 
+async def tcp_pair() -> tuple[Trip, Callable[[], Awaitable[None]]]:
+    """The floor under any link: the same frames, length-prefixed over a plain TCP connection, each handled in
+    its protocol's `data_received` (no WebSocket, no task per frame)."""
+    from pydantic_core import from_json, to_json
+
+    def frames(buffer: bytearray) -> list[bytes]:
+        out = []
+        while len(buffer) >= 4 and len(buffer) >= 4 + (size := int.from_bytes(buffer[:4], "big")):
+            out.append(bytes(buffer[4:4 + size]))
+            del buffer[:4 + size]
+        return out
+
+    def framed(data: bytes) -> bytes:
+        return len(data).to_bytes(4, "big") + data
+
+    class Echo(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            self.transport = transport
+            self.buffer = bytearray()
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            for frame in frames(self.buffer):
+                request = from_json(frame)[0]
+                reply = [{"t": "done", "rid": request["rid"], "body": {"results": "[]"}}]
+                self.transport.write(framed(to_json(reply)))  # type: ignore[attr-defined]
+
+    class Client(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.buffer = bytearray()
+            self.waiter: asyncio.Future[Any] | None = None
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            for frame in frames(self.buffer):
+                if self.waiter is not None and not self.waiter.done():
+                    self.waiter.set_result(from_json(frame))
+
+    loop = asyncio.get_running_loop()
+    port = free_port()
+    server = await loop.create_server(Echo, "127.0.0.1", port)
+    transport, client = await loop.create_connection(Client, "127.0.0.1", port)
+
+    async def trip(i: int) -> None:
+        client.waiter = loop.create_future()
+        transport.write(framed(to_json([{"t": "req", "rid": str(i), "from": "b", "kind": "batch", "body": BODY}])))
+        await client.waiter
+
+    async def stop() -> None:
+        transport.close()
+        server.close()
+        await server.wait_closed()
+
+    return trip, stop
+
+
 async def _cpu_per_trip(trip: Trip, n: int) -> float:
     start = time.process_time()
     for i in range(n):
@@ -154,7 +214,8 @@ async def _cpu_per_trip(trip: Trip, n: int) -> float:
 
 
 async def measure(base: Path | None, rounds: int, trips: int) -> dict[str, list[float]]:
-    pairs: dict[str, tuple[Trip, Callable[[], Awaitable[None]]]] = {"anchor": await echo_pair()}
+    pairs: dict[str, tuple[Trip, Callable[[], Awaitable[None]]]] = {"anchor": await echo_pair(),
+                                                                    "tcp": await tcp_pair()}
     pairs["link"] = await link_pair(_load("bench_link_this", Path(__file__).resolve().parents[1] / "src" / "tether"
                                           / "server" / "cluster" / "link.py"))
     if base is not None:
@@ -178,7 +239,7 @@ def report(per: dict[str, list[float]]) -> None:
     for name, values in per.items():
         us = [v * 1e6 for v in values]
         print(f"{name:>6}: CPU per round trip {statistics.median(us):.1f} us ({spread(us)})")
-    for name in ("link", "base"):
+    for name in ("link", "base", "tcp"):
         if name in per:
             ratios = [a / b for a, b in zip(per[name], per["anchor"], strict=True)]
             print(f"{name} / anchor: {statistics.median(ratios):.2f}x ({spread(ratios)})")
