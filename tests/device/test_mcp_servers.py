@@ -221,6 +221,33 @@ async def test_a_request_the_server_never_reads_does_not_hold_up_a_call_behind_i
     assert server.restarts == 1
 
 
+async def test_a_call_its_batch_times_out_behind_an_unread_request_resets_the_session(
+        manager: MCPServerManager) -> None:
+    """The device's own path: a batch's deadline (`ctx.deadline`) covers the call, so the batch's timer, not the
+    call's guard, ends it, by cancelling it. A request larger than the pipe of a server that stopped reading
+    leaves the session's one writer stuck: a cancelled call resets the session as a timed-out one does, or every
+    later call to that server would wait behind the stuck writer until its own batch cancelled it in turn."""
+    server = await started(manager, crashy_config())
+    pid = (await call(server, "pid")).result["structured"]
+    os.kill(pid, signal.SIGSTOP)
+    loop = asyncio.get_running_loop()
+    try:
+        deadline = loop.time() + 1
+        with pytest.raises(TimeoutError):  # what the batch runner does at the deadline: cancel the call's task
+            async with asyncio.timeout_at(deadline):
+                await server.call_tool("echo", {"text": "x" * (1 << 20)},
+                                       ctx=ToolContext(policy=Policy(), deadline=deadline), timeout=1)
+        deadline = loop.time() + 20  # a hang is a failure, not a stuck test run
+        async with asyncio.timeout_at(deadline):
+            back = await server.call_tool("echo", {"text": "back"}, ctx=ToolContext(policy=Policy(), deadline=deadline),
+                                          timeout=20)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert back.result["structured"] == "back"
+    assert server.restarts == 1 and (await call(server, "pid")).result["structured"] != pid
+
+
 async def test_bad_commands_fail_clearly_while_others_start(manager: MCPServerManager) -> None:
     missing = manager.create_or_get_server({"namespace": "missing", "server_type": "stdio",
                                             "command": "/nonexistent/tether-no-such-server"})

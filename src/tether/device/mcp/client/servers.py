@@ -279,6 +279,10 @@ class SessionServer(BaseMCPServer):
                                                         progress_callback=progress)
             finally:
                 caps.untrack(tracked, ctx)
+        except asyncio.CancelledError:
+            if ctx.deadline is not None and loop.time() >= ctx.deadline - 0.01:  # a timer may fire a hair early
+                self._mark_lost(gen)  # its batch's timeout ended it: reset as a timed-out call (`_timed_out`)
+            raise
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 self._mark_lost(gen)
