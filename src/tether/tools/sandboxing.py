@@ -82,7 +82,8 @@ def _outside_roots(place: str, real_roots: list[str]) -> bool:
     return not under(place, real_roots) and not any(under(r, [place]) for r in real_roots)
 
 
-_WALK = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC  # search permission is enough to pass
+# O_PATH (Linux) passes a directory that may be searched but not listed; elsewhere it is read
+_WALK = (getattr(os, "O_PATH", 0) or os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
