@@ -140,7 +140,7 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
 
     async def get_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         task = await service().fetch(_task_id(arguments))
-        return _reply(task, call, settings())
+        return _ending_reply(service(), task) or _reply(task, call, settings())
 
     async def answer_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         unknown = set(arguments) - set(ANSWER_INPUT["properties"])
@@ -282,7 +282,19 @@ async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered:
     finally:
         if queue is not None:
             tasks.unsubscribe(task.id, queue)
-    return _reply(task, call, settings)
+    return _ending_reply(tasks, task) or _reply(task, call, settings)
+
+
+def _ending_reply(tasks: TaskService, task: Task) -> GatewayReply | None:
+    """The reply for a task whose end is not saved yet (`TaskService.ending`): not its end, which a restart
+    might not find; None for any other task."""
+    ending = tasks.ending(task.id)
+    if ending is None:
+        return None
+    body = tasks.end_of(task)
+    why = ending["unsaved"] or "the write is under way"
+    return GatewayReply(f"Task {task.id} is {body['state']}: it ended here ({ending['state']}) but that is not "
+                        f"saved yet ({why}); follow it with get_task.", body, is_error=True)
 
 
 async def _cancel_quietly(tasks: TaskService, task_id: str) -> None:
