@@ -339,7 +339,8 @@ def test_an_inbox_push_redraws_only_the_card_that_changed(admin: Dash, cluster: 
     expect(page.locator(f'[data-item="{other}"]')).to_be_visible()
     node = card.element_handle()
     card.get_by_role("button", name="Deny").focus()
-    focused = "() => document.activeElement.closest('[data-item]')?.dataset.item + ' ' + document.activeElement.textContent"
+    focused = ("() => document.activeElement.closest('[data-item]')?.dataset.item + ' ' "
+               "+ document.activeElement.textContent")
     assert page.evaluate(focused) == f"{kept} Deny"
 
     added = waiting("added")  # a push that adds a card
