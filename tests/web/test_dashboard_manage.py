@@ -329,8 +329,12 @@ def test_an_inbox_push_redraws_only_the_card_that_changed(admin: Dash, cluster: 
     page.get_by_role("link", name="Inbox").click()
     expect(page.locator("#main")).to_contain_text("Nothing waits for you.")
 
-    def waiting(content: str) -> str:
-        plan = [{"skill": "write_file", "args": {"file_path": str(cluster.tmp / "inbox-kept.txt"), "content": content}}]
+    made: list[str] = []
+
+    def waiting(content: str) -> str:  # a task waiting for its plan to be confirmed, writing a file of its own
+        made.append(content)
+        path = cluster.tmp / f"inbox-{len(made)}.txt"
+        plan = [{"skill": "write_file", "args": {"file_path": str(path), "content": content}}]
         return str(call(cluster, "POST", "/tasks", {"device": "alpha", "confirm": "always", "plan": plan})["id"])
 
     kept, other = waiting("<b>kept</b>"), waiting("other")
