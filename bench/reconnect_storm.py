@@ -11,13 +11,16 @@ command, so no window). Then the server is killed (SIGKILL: no goodbye), stays d
 started again on the same port and database. Read from the devices' own log lines (their timestamps), per run:
 - restart -> all registered again: from the restart's spawn to the last device's "registered as" line;
   anchor: restart -> the server's /api/v1/health answering (nothing can register before it), measured in the
-  same run;
+  same run; and their difference, /health -> all registered (the devices' own share: on a loaded machine the
+  server's start is most of the first);
 - attempts per device during the outage (each failed attempt logs the wait it plans: "reconnecting in …"),
   median and the most of any device;
 - the fleet's peak connection-attempt rate: the most attempts of all devices in any one second;
 - the longest wait any device planned once its grace window had closed (the defect this bench was written for:
   the window's dense attempts used to raise the backoff step to the cap, so the first wait after it was drawn
-  from 0-30 s).
+  from 0-30 s);
+- the devices' CPU (user + system of every device process) from the kill until all are registered again, per
+  attempt (the failed ones and the registration).
 
 `--base SRC` (another checkout's `src`, e.g. `git archive main src | tar -x -C /tmp/b`): each repeat runs the
 fleet from this tree and from SRC back to back (the order alternating), the server always from this tree (only
@@ -44,10 +47,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import psutil
 
 from bench._stats import spread
 from bench.device_path import device_env
-from bench.kit.procs.fleet import free_port, stop_process
+from bench.kit.procs.fleet import cpu_s, free_port, stop_process
 
 HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2"]
 START_S = 120.0  # devices registered, commands running: within this, or the run fails
@@ -62,6 +66,7 @@ class Run:
     attempts: list[int]  # failed attempts per device during the outage
     peak_per_s: int  # the most attempts of the fleet in any one second
     longest_after_window_s: float  # the longest wait planned once a device's grace window had closed
+    cpu_s: float = 0.0  # the devices' CPU (user + system, all of them) from the kill to all registered again
 
 
 def _ts(text: str) -> float:
@@ -148,6 +153,8 @@ async def one_run(args: argparse.Namespace, base: Path | None) -> Run:
                          for n in names]
                 await _until(lambda: _busy(http, len(names), calls), "every device running its command", START_S,
                              [server, *devices])
+            watched = [psutil.Process(p.pid) for p in devices]
+            cpu_before = sum(cpu_s(p) for p in watched)
             server.send_signal(signal.SIGKILL)
             await server.wait()
             down_at = time.time()
@@ -157,6 +164,7 @@ async def one_run(args: argparse.Namespace, base: Path | None) -> Run:
             await _until(lambda: _health(http), "the server restarted", START_S, [server])
             health_s = time.time() - restart_at
             await _until(lambda: _online(http, len(names)), "every device back", START_S, [server, *devices])
+            fleet_cpu = sum(cpu_s(p) for p in watched) - cpu_before
         finally:
             for call in calls:
                 call.cancel()
@@ -164,7 +172,9 @@ async def one_run(args: argparse.Namespace, base: Path | None) -> Run:
             await http.aclose()
             await asyncio.gather(*(stop_process(p, grace=15) for p in devices))
             await stop_process(server)
-        return _read(tmp, names, down_at, restart_at, health_s)
+        run = _read(tmp, names, down_at, restart_at, health_s)
+        run.cpu_s = fleet_cpu
+        return run
 
 
 def _read(tmp: Path, names: list[str], down_at: float, restart_at: float, health_s: float) -> Run:
@@ -217,20 +227,26 @@ def _show(label: str, runs: list[Run]) -> dict[str, float]:
     back = [r.all_back_s for r in runs]
     health = [r.health_s for r in runs]
     ratio = [r.all_back_s / r.health_s for r in runs]
+    late = [r.all_back_s - r.health_s for r in runs]  # the devices' own share: the server answered, they waited
     per_device = [statistics.median(r.attempts) for r in runs]
     most = [float(max(r.attempts)) for r in runs]
     peak = [float(r.peak_per_s) for r in runs]
     longest = [r.longest_after_window_s for r in runs]
-    med = {"back": statistics.median(back), "health": statistics.median(health), "ratio": statistics.median(ratio),
+    cpu_ms = [1000 * r.cpu_s / max(sum(r.attempts) + len(r.attempts), 1) for r in runs]
+    med = {"cpu_ms": statistics.median(cpu_ms),
+           "back": statistics.median(back), "health": statistics.median(health), "ratio": statistics.median(ratio),
            "attempts": statistics.median(per_device), "peak": statistics.median(peak),
-           "longest": statistics.median(longest)}
+           "longest": statistics.median(longest), "late": statistics.median(late)}
     print(f"[{label}]")
     print(f"  restart -> all registered        {med['back']:7.2f} s   ({spread(back)})   anchor restart -> /health "
           f"{med['health']:.2f} s ({spread(health)}) -> {med['ratio']:.2f}x ({spread(ratio)})")
+    print(f"  /health -> all registered        {med['late']:7.2f} s   ({spread(late)})")
     print(f"  failed attempts per device      {med['attempts']:7.1f}     (medians {spread(per_device)}; the most of "
           f"any device {spread(most)})")
     print(f"  peak attempts of the fleet      {med['peak']:7.0f} /s  ({spread(peak)})")
     print(f"  longest wait planned after the grace window {med['longest']:.2f} s ({spread(longest)})")
+    print(f"  devices' CPU per attempt        {med['cpu_ms']:7.1f} ms  ({spread(cpu_ms)}; from the kill to all "
+          "registered, over every attempt and the registration)")
     return med
 
 
@@ -248,13 +264,16 @@ async def measure(args: argparse.Namespace) -> None:
             runs[label].append(run)
             print(f"  run {repeat + 1} {label}: all back {run.all_back_s:.2f} s after the restart (/health "
                   f"{run.health_s:.2f} s), attempts/device median {statistics.median(run.attempts):g}, peak "
-                  f"{run.peak_per_s}/s, longest wait after the window {run.longest_after_window_s:.2f} s", flush=True)
+                  f"{run.peak_per_s}/s, longest wait after the window {run.longest_after_window_s:.2f} s, devices' "
+                  f"CPU {run.cpu_s:.2f} s", flush=True)
     meds = {label: _show(label, found) for label, found in runs.items()}
     if args.base is not None:
         new, old = meds["this tree"], meds[trees[1][0]]
-        print(f"this tree / base: restart -> all registered {new['back'] / old['back']:.2f}x; attempts per device "
+        print(f"this tree / base: restart -> all registered {new['back'] / old['back']:.2f}x; /health -> all "
+              f"registered {new['late'] / max(old['late'], 1e-9):.2f}x; attempts per device "
               f"{new['attempts'] / max(old['attempts'], 1e-9):.2f}x; peak attempt rate "
-              f"{new['peak'] / max(old['peak'], 1e-9):.2f}x")
+              f"{new['peak'] / max(old['peak'], 1e-9):.2f}x; devices' CPU per attempt "
+              f"{new['cpu_ms'] / max(old['cpu_ms'], 1e-9):.2f}x")
     print(f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
