@@ -16,9 +16,9 @@ started again on the same port and database. Read from the devices' own log line
 - attempts per device during the outage (each failed attempt logs the wait it plans: "reconnecting in …"),
   median and the most of any device;
 - the fleet's peak connection-attempt rate: the most attempts of all devices in any one second;
-- the longest wait any device planned once its grace window had closed (the defect this bench was written for:
-  the window's dense attempts used to raise the backoff step to the cap, so the first wait after it was drawn
-  from 0-30 s);
+- the longest wait any device planned outside a grace window (once it had closed; with `--idle`, any wait): the
+  defect this bench was written for: the window's dense attempts used to raise the backoff step to the cap, so
+  the first wait after it was drawn from 0-30 s;
 - the devices' CPU (user + system of every device process) from the kill until all are registered again, per
   attempt (the failed ones and the registration).
 
@@ -244,7 +244,7 @@ def _show(label: str, runs: list[Run]) -> dict[str, float]:
     print(f"  failed attempts per device      {med['attempts']:7.1f}     (medians {spread(per_device)}; the most of "
           f"any device {spread(most)})")
     print(f"  peak attempts of the fleet      {med['peak']:7.0f} /s  ({spread(peak)})")
-    print(f"  longest wait planned after the grace window {med['longest']:.2f} s ({spread(longest)})")
+    print(f"  longest wait planned outside a grace window {med['longest']:.2f} s ({spread(longest)})")
     print(f"  devices' CPU per attempt        {med['cpu_ms']:7.1f} ms  ({spread(cpu_ms)}; from the kill to all "
           "registered, over every attempt and the registration)")
     return med
@@ -264,7 +264,7 @@ async def measure(args: argparse.Namespace) -> None:
             runs[label].append(run)
             print(f"  run {repeat + 1} {label}: all back {run.all_back_s:.2f} s after the restart (/health "
                   f"{run.health_s:.2f} s), attempts/device median {statistics.median(run.attempts):g}, peak "
-                  f"{run.peak_per_s}/s, longest wait after the window {run.longest_after_window_s:.2f} s, devices' "
+                  f"{run.peak_per_s}/s, longest wait outside a window {run.longest_after_window_s:.2f} s, devices' "
                   f"CPU {run.cpu_s:.2f} s", flush=True)
     meds = {label: _show(label, found) for label, found in runs.items()}
     if args.base is not None:
