@@ -61,6 +61,7 @@ TOOLS = {"file_info": {"tool_name": "file_info", "parameters": {"path": "/tmp"}}
 
 
 async def echo_trips(ws: object, frame: str, n: int) -> list[float]:
+    """`n` round trips of `frame` through the echo connection `ws`, one at a time: each one's seconds."""
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -75,6 +76,7 @@ def _row(name: str, value: float, unit: str, spread_text: str, anchors: list[tup
 
 
 async def measure(args: argparse.Namespace) -> None:
+    """Every row, interleaved round by round, then the report; SystemExit when any answer failed."""
     from websockets.asyncio.client import connect
 
     from bench.roundtrip import command_frame, far_end
@@ -223,6 +225,7 @@ async def measure(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """The command line the module docstring shows."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=10)
     parser.add_argument("--callers", type=int, default=16)

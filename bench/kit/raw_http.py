@@ -24,6 +24,7 @@ class Tally:
 
 
 def request_bytes(path: str, token: str | None, body: bytes) -> bytes:
+    """One HTTP/1.1 POST of the JSON `body` to `path`, with `token` as its Bearer token when given."""
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
     return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}"
             f"Content-Length: {len(body)}\r\n\r\n").encode() + body
@@ -55,6 +56,9 @@ def _check(status: int, body: bytes, tally: Tally, expect: bytes) -> None:
 
 
 async def caller(port: int, requests: list[bytes], until: float, tally: Tally, expect: bytes) -> int:
+    """One closed-loop caller on a keep-alive connection of its own: `requests` in turn until `until`
+    (`time.perf_counter`), each answer counted in `tally` (a failure unless 200 with `expect` in its body);
+    returns how many it made."""
     reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30)
     done = 0
     try:

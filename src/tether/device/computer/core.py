@@ -65,10 +65,12 @@ class Computer(ExternalJoins, ActionRunner):
 
     @property
     def name(self) -> str:
+        """The name it was created with."""
         return self._name
 
     @property
     def context(self) -> ToolContext:
+        """The device's tool context: a call given none runs in a copy of it made for that call (`run_action`)."""
         return self._context
 
     def _build_meta_tools(self) -> dict[str, ToolSpec]:
@@ -115,6 +117,7 @@ class Computer(ExternalJoins, ActionRunner):
 
     async def list_tools(self, tool_type: ToolType | None = None, namespace: str | None = None,
                          remove_meta: bool = True) -> list[dict[str, Any]]:
+        """The meta tool `list_tools`: `tool_infos` as plain dicts."""
         return [info.model_dump() for info in self.tool_infos(tool_type, namespace, remove_meta)]
 
     async def async_init(self, *, join_external: bool = False, join_after: asyncio.Event | None = None) -> None:

@@ -34,6 +34,8 @@ class ToolRegistry:
 
     def tool_infos(self, tool_type: ToolType | None = None, namespace: str | None = None,
                    remove_meta: bool = True) -> list[ToolInfo]:
+        """The registered tools in registration order, each (type, namespace, name) once: of `tool_type` and of
+        `namespace` when given; without the meta tools while `remove_meta` (their infos are then never made)."""
         seen: set[tuple[str, str, str]] = set()
         out: list[ToolInfo] = []
         for entry in self._tools_registry.values():

@@ -24,9 +24,14 @@ class ActionRunner(ToolRegistry):
     _tool_timeout: float | None
 
     async def run_actions(self, tool_calls: Sequence[MCPToolCall], context: ToolContext | None = None) -> list[Result]:
+        """`run_action` for each call in turn: one result per call, in order."""
         return [await self.run_action(call, context) for call in tool_calls]
 
     async def run_action(self, call: MCPToolCall, context: ToolContext | None = None) -> Result:
+        """Run one resolved call (a meta tool, a built-in set's tool directly, or its server's `call_tool`) under
+        its timeout, else the computer's, in `context` or else a copy of the computer's made for the call. A tool
+        that is not registered or a server that raises gives a failed `Result` with the call's `call_id`;
+        only cancellation is raised."""
         entry = self._tools_registry.get(call.tool_key)
         if entry is None:
             return Result.failure(f"tool '{call.tool_key}' is not registered", call.call_id)

@@ -50,6 +50,9 @@ class _Ready:
 
 
 class Warden:
+    """The warden's loop on its socket to the device: `run`, `prime`, `listen` and `kill` requests, each command
+    cloned into namespaces of its own (`command`), its start and its exit reported."""
+
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.libc = Libc()
@@ -59,9 +62,11 @@ class Warden:
         self.ready: dict[str, _Ready] = {}  # layer directory -> the namespace primed on it
 
     def send(self, message: dict[str, Any]) -> None:
+        """One JSON datagram to the device."""
         self.sock.send(json.dumps(message).encode())
 
     def serve(self) -> None:
+        """Say `ready`, then serve requests and reap commands until the device closes the socket."""
         self.selector.register(self.sock, selectors.EVENT_READ, None)
         self.send({"op": "ready", "pid": os.getpid()})
         while True:
@@ -258,6 +263,8 @@ def probe(base: str) -> int:
 
 
 def main(argv: list[str]) -> int:
+    """`--probe BASE`: the probe's exit code (`probe`); else serve the socket whose fd is `argv[1]`: 0 once the
+    device has closed it."""
     if len(argv) == 3 and argv[1] == "--probe":
         return probe(argv[2])
     sock = socket.socket(fileno=int(argv[1]))

@@ -37,6 +37,7 @@ class BatchRun(ResultDelivery):
 
     @property
     def max_concurrent_sessions(self) -> int:
+        """How many sessions may run a batch at once (`set_limit` changes it)."""
         return self.line.limit
 
     def cancel(self, response_id: str, reason: str = CANCELLED_BY_SERVER) -> bool:

@@ -76,6 +76,8 @@ class Gateway(GatewayCalls, GatewayLists):
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
+        """While entered, the SDK's session manager runs and fleet changes reach the list-changed watch; on
+        exit the watch, the listen streams and the task routes are closed."""
         remove = self.hub.on_fleet_change(self.watch.fleet_changed)
         try:
             async with self.manager.run():
@@ -86,6 +88,9 @@ class Gateway(GatewayCalls, GatewayLists):
             self.listen.close()
             self.task_routes.close()
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        """The ASGI entry: a WebSocket is closed (1008); a request without a token admitted here is refused
+        (`admit`: 401 or 403, `{"error": ...}`), and one that would open a session past the token's
+        `MAX_SESSIONS_PER_TOKEN` with none idle gets 429; the rest go to the SDK bound to their token and scope."""
         if scope["type"] != "http":  # a WebSocket to /mcp: MCP has none
             await send({"type": "websocket.close", "code": 1008, "reason": "MCP is served over HTTP POST/GET"})
             return
