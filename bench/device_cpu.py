@@ -45,7 +45,8 @@ import psutil
 from websockets.exceptions import ConnectionClosed
 
 from bench._stats import spread
-from bench.device_path import cpu_exact_s, device_env, profile_device
+from bench.kit.procs.cpu import cpu_exact_s, profile_device
+from bench.kit.procs.devices import device_env
 from bench.kit.procs.fleet import CHEAP, stop_process
 from tether.protocol.codec import encode
 from tether.protocol.messages import RegisterAck, ServerMessage, ServerMessageType
