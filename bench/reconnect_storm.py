@@ -50,7 +50,7 @@ import httpx
 import psutil
 
 from bench._stats import spread
-from bench.device_path import device_env
+from bench.kit.procs.devices import device_env
 from bench.kit.procs.fleet import cpu_s, free_port, stop_process
 
 HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2"]
