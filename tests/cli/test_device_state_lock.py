@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.kits.netutil import CLI, Cluster, Proc, wait_for
+from tests.kits.state_holder import holder
 
 USAGE_EXIT = 2
 
@@ -127,24 +128,6 @@ def test_a_state_directory_that_cannot_exist_holds_nothing_to_share(tmp_path: Pa
     ran = subprocess.run([*CLI, "exec", "get_system_info", "info_type=os", "--state-dir", str(blocker / "state")],
                          capture_output=True, text=True, timeout=120, env={**env, "TETHER_ALLOW_ROOT": "1"})
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
-
-
-HOLD = """
-import sys
-from pathlib import Path
-from tether.device.local import hold_state_dir
-fd = hold_state_dir(Path(sys.argv[1]), sys.argv[2])
-print("held", flush=True)
-sys.stdin.read()  # held until the test closes our stdin
-"""
-
-
-def holder(state: Path, kind: str) -> subprocess.Popen[str]:
-    """Another process holding `state`'s lock as `kind`, until its stdin is closed."""
-    proc = subprocess.Popen([CLI[0], "-c", HOLD, str(state), kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
-    return proc
 
 
 def test_a_local_exec_waits_for_another_one_off_call_and_refuses_a_device(tmp_path: Path,

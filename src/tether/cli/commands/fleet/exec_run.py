@@ -171,7 +171,7 @@ async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: 
     try:
         # a device for this one command: the built-in tool sets that cannot hold the tool are not started
         async with open_local_device(cfg, policy_path=policy, state_dir=state_dir, mcp_hooks=cli_hooks(llm),
-                                     only_tool=tool) as device:
+                                     only_tool=tool, lock_state_dir=False) as device:  # run_exec holds it
             ran = await _exec_on(device, tool, pairs, session_id, approved_by, timeout, tool_type)
             if end:  # the call's own session ends with it (`end_session`: its private /tmp goes)
                 await device.dispatcher(session_id=session_id).execute_commands([end_session()], timeout=30)

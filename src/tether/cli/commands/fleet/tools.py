@@ -39,8 +39,8 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
           tool_type: Annotated[str | None, typer.Option("--type", help="data_collection or action")] = None,
           namespace: Annotated[str | None, typer.Option("--namespace", "-n",
                                                                  help="only this namespace's tools")] = None,
-          device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None
-          ) -> None:
+          device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+          state_dir: StateOpt = None) -> None:
     """List every tool with its namespace, type and parameters (--json for full schemas)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -57,7 +57,13 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
                  and (not namespace or i.namespace == namespace)]
         print_tools(infos, as_json, f" on {device}")
         return
-    infos, problems, collisions, disabled = run_async(_list_tools(config, policy, tool_type, namespace))
+    from tether.cli.state_lock import device_state, holding_state_dir
+
+    # its device reads the state directory (kept grants, the sandbox probe) and starts the external MCP servers:
+    # one process per state directory; another one-off local call is waited for
+    with holding_state_dir(device_state(config, state_dir), "tether tools", wait_s=60):
+        infos, problems, collisions, disabled = run_async(_list_tools(config, policy, tool_type, namespace,
+                                                                      state_dir))
     print_tools(infos, as_json)
     if as_json:
         return
@@ -71,11 +77,12 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
                   markup=False)
 
 
-async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None, namespace: str | None
-                      ) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]], list[str]]:
+async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None, namespace: str | None,
+                      state_dir: Path | None) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]], list[str]]:
     from tether.device.local import open_local_device
 
-    async with open_local_device(config, policy_path=policy) as device:
+    async with open_local_device(config, policy_path=policy, state_dir=state_dir,
+                                 lock_state_dir=False) as device:  # `tools` holds it
         computer = await device.computer_manager.get_or_create(None)
         infos = computer.tool_infos(tool_type, namespace)  # type: ignore[arg-type]
         return infos, dict(computer.startup_errors), list(computer.collisions), list(device.config.disabled_servers)

@@ -36,5 +36,6 @@ async def _serve(config: Path | None, policy: Path | None, state_dir: Path | Non
     from tether.device.local import open_local_device
     from tether.device.mcp.device_server import serve_device_stdio
 
-    async with open_local_device(config, policy_path=policy, state_dir=state_dir) as device:
+    async with open_local_device(config, policy_path=policy, state_dir=state_dir,
+                                 lock_state_dir=False) as device:  # mcp_serve holds it
         await serve_device_stdio(device, session_id)

@@ -118,12 +118,16 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
         fail(str(exc))
     if given is None and settings is None:
         fail("no LLM is configured, so a request cannot be planned.\n" + how_to_configure())
+    from tether.cli.state_lock import device_state, holding_state_dir
+
     if dry_run:  # --- tether run --dry-run (engineer C): nothing runs, nothing is stored
         from tether.cli.views.plan_preview import dry_run_local
 
-        raise typer.Exit(asyncio.run(dry_run_local(text, given, settings, config, policy, state_dir)))
+        # its device reads the state directory (kept grants, the sandbox probe) and starts external MCP servers
+        with holding_state_dir(device_state(config, state_dir), "tether run --dry-run"):
+            code = asyncio.run(dry_run_local(text, given, settings, config, policy, state_dir))
+        raise typer.Exit(code)
     guard_root(config, allow_root, "tether run")  # a device in this process (tether.device.root)
-    from tether.cli.state_lock import device_state, holding_state_dir
 
     with holding_state_dir(device_state(config, state_dir), "tether run"):  # one process per state directory
         code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or []),
@@ -200,7 +204,7 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
 
         # an external MCP server's question is asked at this terminal, its sampling uses this LLM
         async with open_local_device(config, policy_path=policy, state_dir=state_dir,
-                               mcp_hooks=cli_hooks(llm)) as device:
+                                     mcp_hooks=cli_hooks(llm), lock_state_dir=False) as device:  # run holds it
             computer = await device.computer_manager.get_or_create(None)
             if plan is not None:  # an unknown skill is a bad plan file: exit 2, and no task is stored
                 from tether.agent.planning.plan import validate_plan
