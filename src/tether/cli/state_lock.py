@@ -14,24 +14,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from tether.cli.basics import ExitCode, usage_error
+from tether.cli.basics import ExitCode
 from tether.cli.views.safe_text import say
 
 if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
     from tether.device.local import StateDirBusy
 
 
-def device_state(config: Path | None, state_dir: Path | None) -> Path:
-    """The state directory a local device built from `config` and `--state-dir` uses (`device_state_dir`:
-    `--state-dir`, the config's `device.state_dir`, $TETHER_STATE_DIR, ~/.local/state/tether). A config that
-    cannot be read fails the command (exit code 2)."""
-    from tether.device.config import load_device_config
+def device_state(config: DeviceConfig, state_dir: Path | None) -> Path:
+    """The state directory a local device built from `config` (`tether.cli.basics.load_config`) and
+    `--state-dir` uses (`device_state_dir`: `--state-dir`, the config's `device.state_dir`, $TETHER_STATE_DIR,
+    ~/.local/state/tether)."""
     from tether.device.local import device_state_dir
 
-    try:
-        return device_state_dir(load_device_config(config), state_dir)
-    except ValueError as exc:
-        usage_error(str(exc), ExitCode.USAGE)
+    return device_state_dir(config, state_dir)
 
 
 BRIEF_HOLDERS = frozenset({"tether exec", "tether tools", "tether undo"})  # one-off calls: a second one waits

@@ -4,12 +4,15 @@ the plan, running nothing and storing nothing, so a plan can be read before it i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.cli.common import console
 
+if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
 
-async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
+
+async def dry_run_local(request: str, plan: Any, settings: Any, config: DeviceConfig, policy: Path | None,
                         state_dir: Path | None) -> int:
     """0 with the plan shown when it would run; 1 with its problems listed. The caller holds the state
     directory's lock (`tether.cli.state_lock.holding_state_dir`)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -33,6 +33,9 @@ from tether.cli.common import (
 from tether.cli.root_guard import AllowRootOpt
 from tether.protocol.models import ToolInfo
 
+if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
+
 
 @tools_app.callback()
 def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None, as_json: JsonOpt = False,
@@ -57,12 +60,14 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
                  and (not namespace or i.namespace == namespace)]
         print_tools(infos, as_json, f" on {device}")
         return
+    from tether.cli.basics import load_config
     from tether.cli.state_lock import device_state, holding_state_dir
 
+    cfg = load_config(config)  # read once: the state directory and the device
     # its device reads the state directory (kept grants, the sandbox probe) and starts the external MCP servers:
     # one process per state directory; another one-off local call is waited for
-    with holding_state_dir(device_state(config, state_dir), "tether tools", wait_s=60):
-        infos, problems, collisions, disabled = run_async(_list_tools(config, policy, tool_type, namespace,
+    with holding_state_dir(device_state(cfg, state_dir), "tether tools", wait_s=60):
+        infos, problems, collisions, disabled = run_async(_list_tools(cfg, policy, tool_type, namespace,
                                                                       state_dir))
     print_tools(infos, as_json)
     if as_json:
@@ -77,7 +82,7 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
                   markup=False)
 
 
-async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None, namespace: str | None,
+async def _list_tools(config: DeviceConfig, policy: Path | None, tool_type: str | None, namespace: str | None,
                       state_dir: Path | None) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]], list[str]]:
     from tether.device.local import open_local_device
 

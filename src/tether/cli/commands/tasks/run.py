@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -36,6 +36,9 @@ from tether.cli.common import (
 from tether.cli.root_guard import AllowRootOpt, guard_root
 from tether.cli.views.task import EventView, print_log, print_outcome
 from tether.errors import ClientError
+
+if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
 
 LocalOpt = Annotated[bool, typer.Option("--local", help="this machine, even when TETHER_SERVER is set")]
 
@@ -118,19 +121,21 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
         fail(str(exc))
     if given is None and settings is None:
         fail("no LLM is configured, so a request cannot be planned.\n" + how_to_configure())
+    from tether.cli.basics import load_config
     from tether.cli.state_lock import device_state, holding_state_dir
 
+    cfg = load_config(config)  # read once: the root guard, the state directory and the device
     if dry_run:  # --- tether run --dry-run (engineer C): nothing runs, nothing is stored
         from tether.cli.views.plan_preview import dry_run_local
 
         # its device reads the state directory (kept grants, the sandbox probe) and starts external MCP servers
-        with holding_state_dir(device_state(config, state_dir), "tether run --dry-run"):
-            code = asyncio.run(dry_run_local(text, given, settings, config, policy, state_dir))
+        with holding_state_dir(device_state(cfg, state_dir), "tether run --dry-run"):
+            code = asyncio.run(dry_run_local(text, given, settings, cfg, policy, state_dir))
         raise typer.Exit(code)
-    guard_root(config, allow_root, "tether run")  # a device in this process (tether.device.root)
+    guard_root(cfg, allow_root, "tether run")  # a device in this process (tether.device.root)
 
-    with holding_state_dir(device_state(config, state_dir), "tether run"):  # one process per state directory
-        code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or []),
+    with holding_state_dir(device_state(cfg, state_dir), "tether run"):  # one process per state directory
+        code = asyncio.run(_run(text, given, settings, cfg, policy, state_dir, list(answer or []),
                                 confirm="always" if confirm else "never"))
     raise typer.Exit(code)
 
@@ -166,7 +171,7 @@ def _remote_problems(client: Any, text: str, steps: list[dict[str, Any]], device
     return [str(p) for p in found.get("problems") or []]
 
 
-async def _run(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
+async def _run(request: str, plan: Any, settings: Any, config: DeviceConfig, policy: Path | None,
                state_dir: Path | None, answers: list[str], confirm: str = "never") -> int:
     from tether.agent.llm.chat import LLMClient
     from tether.agent.run.executor import DEFAULT_DEVICE_NAME, TaskRunner
