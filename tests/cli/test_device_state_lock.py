@@ -137,7 +137,7 @@ def test_a_local_exec_waits_for_another_one_off_call_and_refuses_a_device(tmp_pa
     first pause is what releases the holder here, so the wait itself is what is tested."""
     import threading
 
-    from tether.cli import state_lock
+    from tether.cli.guards import state_lock
 
     state = tmp_path / "state"
     brief = holder(state, "tether exec")
@@ -214,7 +214,7 @@ def test_a_lock_taken_an_instant_ago_and_not_yet_named_is_waited_for(tmp_path: P
     releases it."""
     import threading
 
-    from tether.cli import state_lock
+    from tether.cli.guards import state_lock
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 async def dry_run_local(request: str, plan: Any, settings: Any, config: DeviceConfig, policy: Path | None,
                         state_dir: Path | None) -> int:
     """0 with the plan shown when it would run; 1 with its problems listed. The caller holds the state
-    directory's lock (`tether.cli.state_lock.holding_state_dir`)."""
+    directory's lock (`tether.cli.guards.state_lock.holding_state_dir`)."""
     from tether.agent.llm.chat import LLMClient
     from tether.agent.run.confirm import plan_text
     from tether.agent.run.executor import DEFAULT_DEVICE_NAME, TaskRunner

@@ -71,7 +71,7 @@ def run_exec(tool: str, args: list[str] | None, config: Path | None, policy: Pat
     else:
         cfg = load_config(config)  # read once: the root guard, the state directory and the device
         guard_root(cfg, allow_root, "tether exec")  # a device in this process (tether.device.root)
-        from tether.cli.state_lock import device_state, holding_state_dir
+        from tether.cli.guards.state_lock import device_state, holding_state_dir
 
         # one process per state directory; another local one-off call is waited for within --timeout's budget
         with holding_state_dir(device_state(cfg, state_dir), "tether exec", wait_s=timeout or 60):
@@ -162,7 +162,7 @@ def _schema_for(infos: list[ToolInfo], tool: str, tool_type: str | None) -> dict
 async def _exec_local(tool: str, pairs: list[str], cfg: DeviceConfig, policy: Path | None, session_id: str,
                       approved_by: str | None, timeout: float | None, tool_type: str | None,
                       state_dir: Path | None, end: bool = False) -> tuple[Result, dict[str, Any]]:
-    from tether.cli.mcp_hooks import cli_hooks, configured_llm
+    from tether.cli.local.mcp_hooks import cli_hooks, configured_llm
     from tether.device.local import open_local_device
 
     # sampling is declared to external MCP servers only, and only when there is an LLM: without such a
@@ -238,7 +238,7 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
     # --timeout is the caller's wall time: the schema lookup spends from the same budget, and the
     # command gets what is left (the batch one second more, so the tool's own timeout, which says
     # what it killed, normally answers first)
-    from tether.cli.mcp_hooks import remote_questions
+    from tether.cli.local.mcp_hooks import remote_questions
     from tether.client.rest import RemoteError, RemoteServer
 
     end = time.monotonic() + (timeout or 60)

@@ -30,7 +30,7 @@ from tether.cli.common import (
     run_async,
     tools_app,
 )
-from tether.cli.root_guard import AllowRootOpt
+from tether.cli.guards.root_guard import AllowRootOpt
 from tether.protocol.models import ToolInfo
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
         print_tools(infos, as_json, f" on {device}")
         return
     from tether.cli.basics import load_config
-    from tether.cli.state_lock import device_state, holding_state_dir
+    from tether.cli.guards.state_lock import device_state, holding_state_dir
 
     cfg = load_config(config)  # read once: the state directory and the device
     # its device reads the state directory (kept grants, the sandbox probe) and starts the external MCP servers:
@@ -100,7 +100,7 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
                 port: Annotated[int, typer.Option(help="with --http: port")] = 8766, policy: PolicyOpt = None,
                 state_dir: StateOpt = None) -> None:
     """Serve a built-in tool set as a real MCP server, for any MCP client."""
-    from tether.cli.state_lock import holding_state_dir
+    from tether.cli.guards.state_lock import holding_state_dir
     from tether.tools.builtin import builtin_toolsets
     from tether.tools.context import default_state_dir
     from tether.tools.policy.model import default_policy, load_policy

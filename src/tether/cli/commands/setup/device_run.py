@@ -176,7 +176,7 @@ def _serve(cfg: DeviceConfig, servers: list[str], secret: str | None, root_warni
     then serving until stopped (the exit code)."""
     if root_warning:
         _warn(root_warning)
-    from tether.cli.logs import configure
+    from tether.cli.views.logs import configure
 
     try:
         configure(log_level, log_format)

@@ -30,7 +30,7 @@ def mcp_serve(stdio: Annotated[bool, typer.Option(
     if not stdio:
         fail("say how to serve: --stdio (an MCP client starts 'tether mcp serve --stdio' and talks on its pipes)")
     from tether.cli.basics import load_config
-    from tether.cli.state_lock import device_state, holding_state_dir
+    from tether.cli.guards.state_lock import device_state, holding_state_dir
 
     cfg = load_config(config)  # read once: the state directory and the device
     with holding_state_dir(device_state(cfg, state_dir), "tether mcp serve"):  # one process per state directory

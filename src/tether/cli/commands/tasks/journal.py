@@ -48,7 +48,7 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
 
         with connect(server, token, ca_file) as remote:
             raise typer.Exit(remote_undo(remote, session, as_json, _local_hint(session, state_dir, server)))
-    from tether.cli.state_lock import holding_state_dir
+    from tether.cli.guards.state_lock import holding_state_dir
     from tether.tools.context import default_state_dir
     from tether.tools.journal import UndoJournal
     from tether.tools.policy.model import load_policy
@@ -114,7 +114,7 @@ def _session_named(journal: UndoJournal, given: str, state_dir: Path | None) -> 
         return matching[0]
     if matching:
         fail(f"'{given}' is the start of several sessions ({', '.join(matching[:5])}); give more of it", code=1)
-    from tether.cli.local_tasks import open_local_store
+    from tether.cli.local.tasks import open_local_store
 
     store = open_local_store(state_dir)
     try:

@@ -33,7 +33,7 @@ from tether.cli.common import (
     output_mode,
     parse_requires,
 )
-from tether.cli.root_guard import AllowRootOpt, guard_root
+from tether.cli.guards.root_guard import AllowRootOpt, guard_root
 from tether.cli.views.task import EventView, print_log, print_outcome
 from tether.errors import ClientError
 
@@ -122,7 +122,7 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
     if given is None and settings is None:
         fail("no LLM is configured, so a request cannot be planned.\n" + how_to_configure())
     from tether.cli.basics import load_config
-    from tether.cli.state_lock import device_state, holding_state_dir
+    from tether.cli.guards.state_lock import device_state, holding_state_dir
 
     cfg = load_config(config)  # read once: the root guard, the state directory and the device
     if dry_run:  # --- tether run --dry-run (engineer C): nothing runs, nothing is stored
@@ -178,7 +178,7 @@ async def _run(request: str, plan: Any, settings: Any, config: DeviceConfig, pol
     from tether.agent.run.replies import Unanswered
     from tether.agent.run.task import Task, TaskEvent, TaskState
     from tether.agent.tasks.store import SaveSoon
-    from tether.cli.local_tasks import run_locks, terminal_ask
+    from tether.cli.local.tasks import run_locks, terminal_ask
     from tether.device.local import open_local_device
     from tether.device.probe import collect_profile
     from tether.protocol.models import Command
@@ -205,7 +205,7 @@ async def _run(request: str, plan: Any, settings: Any, config: DeviceConfig, pol
     run_lock = run_locks(state_dir).held(task.id)
     run_lock.__enter__()  # held while this process runs the task: if it dies, the next start says so
     try:
-        from tether.cli.mcp_hooks import cli_hooks
+        from tether.cli.local.mcp_hooks import cli_hooks
 
         # an external MCP server's question is asked at this terminal, its sampling uses this LLM
         async with open_local_device(config, policy_path=policy, state_dir=state_dir,
@@ -321,6 +321,6 @@ def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique pref
 
 
 def _local_store(state_dir: Path | None) -> Any:
-    from tether.cli.local_tasks import open_local_store
+    from tether.cli.local.tasks import open_local_store
 
     return open_local_store(state_dir)
