@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import signal
 import socket
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -168,22 +170,82 @@ async def test_call_timeout_then_server_still_works(manager: MCPServerManager) -
     assert server.restarts == 1, "a session whose call timed out is reset: the next call must not queue behind it"
 
 
-async def test_a_request_the_server_never_reads_ends_at_the_calls_timeout(manager: MCPServerManager) -> None:
+def stdin_pipe(pid: int) -> str:
+    """The /proc path of the pipe process `pid` reads its requests from (the SDK's server moves it off fd 0, which
+    it points at /dev/null): its one pipe opened for reading."""
+    fds = f"/proc/{pid}/fd"
+    [found] = [f"{fds}/{n}" for n in os.listdir(fds) if os.readlink(f"{fds}/{n}").startswith("pipe:")
+               and int(Path(f"/proc/{pid}/fdinfo/{n}").read_text().split("flags:")[1].split()[0], 8) & 3 == 0]
+    return found
+
+
+async def unread_bytes(pid: int) -> int:
+    """How much of what was written to process `pid`'s request pipe it has not read, once there is some (the
+    count lives in the kernel, no event can tell us: polled, bounded)."""
+    fd = os.open(stdin_pipe(pid), os.O_RDONLY | os.O_NONBLOCK)  # one more reader of that pipe: it reads nothing
+    try:
+        async with asyncio.timeout(20):
+            while True:
+                waiting = int.from_bytes(fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"), sys.byteorder)
+                if waiting:
+                    return waiting
+                await asyncio.sleep(0.01)
+    finally:
+        os.close(fd)
+
+
+async def test_a_request_the_server_never_reads_does_not_hold_up_a_call_behind_it(manager: MCPServerManager) -> None:
     """A server that stops reading (here: stopped by a signal) while a request larger than its stdin pipe is
-    written to it: the call ends at its own timeout, as timed out, and the session is reset (its writer still
-    waiting on the full pipe) and opened again."""
+    written to it: the session's one writer waits on the full pipe, and a call made behind it cannot even hand
+    its request over (the SDK starts a call's read timeout only once its request is handed to the writer, so
+    only the device's own guard in `call_tool` ends such a call: without it this call waits for the first one's
+    timeout, here past the test's bound). The call behind ends as timed out (at its timeout, the guard's second
+    and the SDK's shielded courtesy cancel, itself bounded at 5 s); the session is reset (ending the first call
+    with it) and opened again."""
     server = await started(manager, crashy_config())
     pid = (await call(server, "pid")).result["structured"]
     os.kill(pid, signal.SIGSTOP)
+    first = asyncio.create_task(call(server, "echo", {"text": "x" * (1 << 20)}, timeout=120))
     try:
+        assert 0 < await unread_bytes(pid) < 1 << 20  # the writer holds the big request: the pipe is full
         async with asyncio.timeout(20):  # bounded here too: a hang is a failure, not a stuck test run
-            stuck = await call(server, "echo", {"text": "x" * (1 << 20)}, timeout=1)
+            behind = await call(server, "echo", {"text": "small"}, timeout=1)
+            wedged = await first
+    finally:
+        first.cancel()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+    assert behind.status is ResultStatus.FAILURE and behind.result == {"timed_out": True, "timeout": 1}
+    assert wedged.status is ResultStatus.FAILURE and "during call 'echo'" in wedged.error, wedged
+    assert (await call(server, "echo", {"text": "back"})).result["structured"] == "back"
+    assert server.restarts == 1
+
+
+async def test_a_call_its_batch_times_out_behind_an_unread_request_resets_the_session(
+        manager: MCPServerManager) -> None:
+    """The device's own path: a batch's deadline (`ctx.deadline`) covers the call, so the batch's timer, not the
+    call's guard, ends it, by cancelling it. A request larger than the pipe of a server that stopped reading
+    leaves the session's one writer stuck: a cancelled call resets the session as a timed-out one does, or every
+    later call to that server would wait behind the stuck writer until its own batch cancelled it in turn."""
+    server = await started(manager, crashy_config())
+    pid = (await call(server, "pid")).result["structured"]
+    os.kill(pid, signal.SIGSTOP)
+    loop = asyncio.get_running_loop()
+    try:
+        deadline = loop.time() + 1
+        with pytest.raises(TimeoutError):  # what the batch runner does at the deadline: cancel the call's task
+            async with asyncio.timeout_at(deadline):
+                await server.call_tool("echo", {"text": "x" * (1 << 20)},
+                                       ctx=ToolContext(policy=Policy(), deadline=deadline), timeout=1)
+        deadline = loop.time() + 20  # a hang is a failure, not a stuck test run
+        async with asyncio.timeout_at(deadline):
+            back = await server.call_tool("echo", {"text": "back"}, ctx=ToolContext(policy=Policy(), deadline=deadline),
+                                          timeout=20)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
-    assert stuck.status is ResultStatus.FAILURE and stuck.result == {"timed_out": True, "timeout": 1}
-    assert (await call(server, "echo", {"text": "back"})).result["structured"] == "back"
-    assert server.restarts == 1
+    assert back.result["structured"] == "back"
+    assert server.restarts == 1 and (await call(server, "pid")).result["structured"] != pid
 
 
 async def test_bad_commands_fail_clearly_while_others_start(manager: MCPServerManager) -> None:

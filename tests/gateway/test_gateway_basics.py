@@ -61,7 +61,7 @@ async def test_a_refusal_reads_the_body_so_the_answer_is_not_lost_to_a_reset(
             assert "Authorization: Bearer" in refused.json()["error"]
         assert (await http.get(f"{server.base}/api/v1/health")).status_code == 200
     # a client that stops mid-body is not waited on forever: the gateway answers once the drain times out
-    monkeypatch.setattr(guard, "DRAIN_TIMEOUT", 0.2)
+    monkeypatch.setattr(guard.answers, "DRAIN_TIMEOUT", 0.2)
     reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
     try:
         writer.write(b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"

@@ -35,7 +35,7 @@ LAYERS_ENV = "TETHER_SANDBOX_LAYERS"
 def layers_dir(roots: Iterable[str], run_as: RunAs | None = None) -> str | None:
     """A private directory for overlay layers, outside every root (an overlay may not contain its own layer).
 
-    $TETHER_SANDBOX_LAYERS (created, mode 0700, when missing and its parent is safe: see `_chosen_layers`), else
+    $TETHER_SANDBOX_LAYERS (created, mode 0700, when missing and the path to it is safe: see `_made_private`), else
     /var/tmp, else /dev/shm (memory), whichever lies outside the roots. With `run_as` (a root device's sandbox
     user) it is that user's, mode 0700: its warden mounts there. A $TETHER_SANDBOX_LAYERS that cannot be used is
     never passed over in silence: one warning names the variable, why, and the directory used instead.
@@ -65,54 +65,101 @@ def layers_dir(roots: Iterable[str], run_as: RunAs | None = None) -> str | None:
 def _chosen_layers(chosen: str, real_roots: list[str], run_as: RunAs | None) -> tuple[str | None, str]:
     """$TETHER_SANDBOX_LAYERS as a layers directory: (its path, "") or (None, why not).
 
-    Its parent must be a directory owned by this user or root that nobody else can write to (or sticky, as
-    /tmp is: nobody else can then rename or replace what is in it); the directory itself is made there (mode
-    0700) when missing, and must be a real directory (never a symlink) owned by this user (or `run_as`'s)."""
-    path = os.path.abspath(os.path.expanduser(chosen))
-    parent = os.path.realpath(os.path.dirname(path))
-    try:
-        up = os.stat(parent)
-    except OSError as exc:
-        return None, f"its parent {parent} cannot be used ({exc.strerror})"
-    if not stat.S_ISDIR(up.st_mode):
-        return None, f"its parent {parent} is not a directory"
-    if up.st_uid not in (os.getuid(), 0) or (up.st_mode & 0o022 and not up.st_mode & stat.S_ISVTX):
-        return None, (f"its parent {parent} can be changed by another user (owner uid {up.st_uid}, mode "
-                      f"{stat.S_IMODE(up.st_mode):o}), who could swap the directory")
-    place = os.path.join(parent, os.path.basename(path))
-    clash = next((r for r in real_roots if under(place, [r]) or under(r, [place])), None)
+    The path is taken as written (made absolute): no component may be a symlink, and every directory above it
+    must be one that only root or this user can change (see `_made_private`); the directory itself is made
+    there (mode 0700) when missing, never its parents."""
+    path = os.path.normpath(os.path.abspath(os.path.expanduser(chosen)))
+    if path == "/":
+        return None, "it is / itself"
+    clash = next((r for r in real_roots if under(path, [r]) or under(r, [path])), None)
     if clash is not None:
         return None, f"it lies inside the write root {clash}, or holds it (an overlay may not contain its own layers)"
-    problem = _made_private(place, run_as)
-    return (None, problem) if problem else (place, "")
+    problem = _made_private(path, run_as)
+    return (None, problem) if problem else (path, "")
 
 
 def _outside_roots(place: str, real_roots: list[str]) -> bool:
     return not under(place, real_roots) and not any(under(r, [place]) for r in real_roots)
 
 
+# O_PATH (Linux) passes a directory that may be searched but not listed; elsewhere it is read
+_WALK = (getattr(os, "O_PATH", 0) or os.O_RDONLY) | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_OPEN = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
 def _made_private(path: str, run_as: RunAs | None) -> str | None:
-    """Make `path` (mode 0700) or take it as it is if it is ours: None, or why it cannot be the layers directory
-    (a symlink, not a directory, someone else's, or someone's files in it for `run_as`)."""
+    """Make `path` (absolute, normalised; mode 0700) or take it as it is if it is ours: None, or why it cannot be
+    the layers directory, in words that name the component at fault.
+
+    Walked from `/` one component at a time through held descriptors (`O_NOFOLLOW|O_DIRECTORY` opens relative to
+    the directory checked a step before), so each directory checked is the one the next step opens. Refused: a
+    symlink anywhere on the path; a directory above the last one owned by anyone but root or this user, or
+    writable by its group or others without the sticky bit (whoever can write it could rename what is below
+    and put their own in its place; in a sticky one, as /tmp, nobody can move another's entry, and each entry
+    on the path is root's or ours); a last directory that is not this user's (or `run_as`'s), or, for `run_as`,
+    one that holds files already. Every directory on the accepted path is then beyond any other user's reach,
+    so the path keeps naming the directory checked for as long as it is used."""
     owner = os.getuid() if run_as is None else run_as.uid
+    names = [n for n in path.split("/") if n]
+    fd = os.open("/", _WALK)
     try:
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(path, 0o700)  # never follows a symlink planted in its place: that one exists
-        found = os.lstat(path)
-        if stat.S_ISLNK(found.st_mode):
-            return f"{path} is a symlink (give the directory itself)"
-        if not stat.S_ISDIR(found.st_mode):
-            return f"{path} is not a directory"
+        here = "/"
+        for index, name in enumerate(names):
+            problem = _unsafe_above(fd, here)
+            if problem:
+                return problem
+            last = index == len(names) - 1
+            if last:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o700, dir_fd=fd)  # never follows a symlink planted in its place: that one exists
+            here = os.path.join(here, name)
+            try:
+                step = os.open(name, _OPEN if last else _WALK, dir_fd=fd)
+            except OSError as exc:
+                return _why_not_opened(fd, name, here, exc)
+            os.close(fd)
+            fd = step
+        found = os.fstat(fd)
         if found.st_uid not in (os.getuid(), owner):
             return f"{path} belongs to another user (uid {found.st_uid})"
         if run_as is not None and found.st_uid != run_as.uid:
-            if os.listdir(path):  # never hand over a directory that holds someone's files already
+            if os.listdir(fd):  # never hand over a directory that holds someone's files already
                 return f"{path} holds files already and is not {run_as.name}'s"
-            os.chown(path, run_as.uid, run_as.gid, follow_symlinks=False)
-        os.chmod(path, 0o700)  # a directory (lstat above), not a link
+            os.fchown(fd, run_as.uid, run_as.gid)
+        os.fchmod(fd, 0o700)
+        named = os.stat(path, follow_symlinks=False)  # only root or we could have changed it: said, not used
+        if (named.st_dev, named.st_ino) != (found.st_dev, found.st_ino):
+            return f"{path} was replaced while it was checked"
     except OSError as exc:
         return f"{path} cannot be made private ({exc.strerror})"
+    finally:
+        os.close(fd)
     return None
+
+
+def _unsafe_above(fd: int, here: str) -> str | None:
+    """Why the directory `fd` (named `here`) cannot hold the layers' path, or None: see `_made_private`."""
+    st = os.fstat(fd)
+    if st.st_uid not in (os.getuid(), 0):
+        return f"{here} belongs to another user (uid {st.st_uid}), who could swap what is below it"
+    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+        return (f"{here} can be changed by another user (owner uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}), "
+                f"who could swap what is below it")
+    return None
+
+
+def _why_not_opened(fd: int, name: str, here: str, exc: OSError) -> str:
+    """The failed step's reason in words: a symlink (which `O_NOFOLLOW|O_DIRECTORY` reports as not a directory),
+    not a directory, or the error's own."""
+    try:
+        found = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except OSError:
+        return f"{here} cannot be used ({exc.strerror})"
+    if stat.S_ISLNK(found.st_mode):
+        return f"{here} is a symlink (give the directory's own path, with no link on it)"
+    if not stat.S_ISDIR(found.st_mode):
+        return f"{here} is not a directory"
+    return f"{here} cannot be used ({exc.strerror})"
 
 
 def sandbox_spec(policy: Policy, *, hidden: Iterable[str] = (), layers: str = "",

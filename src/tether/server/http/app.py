@@ -121,7 +121,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
 
     api_token_ok = bearer.body_ok
 
-    # Host/Origin checks and body caps for every route, today's and the extensions' (request_guard.py)
+    # Host/Origin checks and body caps for every route, today's and the extensions' (the request_guard package)
     app.add_middleware(RequestGuard, settings=settings, api_token_ok=api_token_ok)
     # ...and the hot routes answered before FastAPI's stack, behind the same guard (front.py)
     app.fast = FastRoutes(lambda route: RequestGuard(route, settings=settings, api_token_ok=api_token_ok),

@@ -12,7 +12,7 @@ memory per idle device).
 So `ServerApp.__call__` looks at the scope first: `POST /api/v1/devices/{name}/commands`,
 `POST /api/v1/commands`, the `/aip` WebSocket and HTTP requests to `/mcp` (the MCP gateway, which does its own
 token checks) go to their endpoints through `RequestGuard` alone —
-the same Host/Origin rules and body caps as every other route (request_guard.py) — and everything else,
+the same Host/Origin rules and body caps as every other route (the request_guard package) — and everything else,
 lifespan included, to FastAPI. The command endpoints are also FastAPI's routes for the same paths
 (`FastRoute`: the same function, documented in the OpenAPI document); errors are the same `{"error": …}`
 bodies (`error_response`).

@@ -8,7 +8,7 @@ it changes nothing, and an attacker who makes up addresses or codes cannot grow 
 bound (past `max_keys` the oldest half is forgotten, which can only let the oldest attempts' keys
 try again early).
 
-`Throttles` is what the request guard (request_guard.py) consults:
+`Throttles` is what the request guard (the request_guard package) consults:
 
 - **failed credential checks** per client address: every answer 401 to a request that carried a
   credential (an `Authorization` header, a dashboard login) takes a token; while the address

@@ -264,8 +264,10 @@ class SessionServer(BaseMCPServer):
         try:
             tracked = caps.track(ctx)
             try:
-                # The SDK's read timeout ends the request; the outer one only guards a wedged transport write,
-                # unless the caller's own timeout (its batch's) stops the call before it would.
+                # The SDK's read timeout ends the request, but starts only once the request is handed to the
+                # transport's one writer: a call behind a writer stuck on a full pipe (a server that stopped
+                # reading a large request) would wait for ever. The outer one bounds that, unless the caller's
+                # own timeout (its batch's) stops the call before it would (test_mcp_servers' never_reads test).
                 guard = remaining + 1.0
                 progress = caps.progress_callback(ctx, name)
                 if ctx.deadline is not None and ctx.deadline < loop.time() + guard:
@@ -277,6 +279,10 @@ class SessionServer(BaseMCPServer):
                                                         progress_callback=progress)
             finally:
                 caps.untrack(tracked, ctx)
+        except asyncio.CancelledError:
+            if ctx.deadline is not None and loop.time() >= ctx.deadline - 0.01:  # a timer may fire a hair early
+                self._mark_lost(gen)  # its batch's timeout ended it: reset as a timed-out call (`_timed_out`)
+            raise
         except MCPError as exc:
             if exc.code == mcp_types.CONNECTION_CLOSED:
                 self._mark_lost(gen)
