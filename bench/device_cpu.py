@@ -248,7 +248,7 @@ async def in_process_child(trips: int, tool: str) -> None:
 async def _in_process(tmp: Path, trips: int, tool: str) -> None:
     import gc
 
-    from tether.cli.logs import configure
+    from tether.cli.views.logs import configure
     from tether.device.link.run_here import run_in_this_task
     from tether.device.serve import _build
     from tether.protocol.device_session import CommandsArrived, DeviceSession, DeviceSessionState
