@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,9 +257,34 @@ def protected_matcher(policy: Policy) -> Matcher:
     return _protected(policy)[0]
 
 
-def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matcher | None = None) -> str | None:
-    """`protected-path: <pattern>` when `path` (real, absolute) is protected, else None."""
+GIT_POINTER = ".git"  # the rule a `.git` file or symlink is held under (see `git_pointer`)
+
+
+def git_pointer(policy: Policy, path: str | os.PathLike[str], node: str | None = None) -> bool:
+    """Whether `path` is a `.git` that is not a directory: a file (`gitdir: <dir>`, what `git init
+    --separate-git-dir` and every submodule checkout write) or a symlink, which makes git take another
+    directory, one no `.git/...` pattern names, as the repository, and so run its `config`
+    (`core.fsmonitor`) and `hooks` at the user's next `git status`. `node` is the entry's kind
+    ("file", "dir", "symlink") when known (a captured change); otherwise the path is looked at, and
+    one that does not exist yet counts as a file (a file tool is about to create it). Held while
+    `.git/config` is protected (unprotecting that opens this too)."""
+    if os.path.basename(os.fspath(path)).casefold() != GIT_POINTER:
+        return False
+    if node is None:
+        try:
+            node = "dir" if stat.S_ISDIR(os.lstat(path).st_mode) else "file"
+        except OSError:
+            node = "file"
+    return node != "dir" and ".git/config" not in getattr(policy, "unprotect_paths", ())
+
+
+def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matcher | None = None,
+                   node: str | None = None) -> str | None:
+    """`protected-path: <pattern>` when `path` (real, absolute) is protected, else None; a `.git` that
+    is not a directory is `protected-path: .git` (`git_pointer`; `node` as there)."""
     pattern = (matcher or protected_matcher(policy)).match(path)
+    if pattern is None and git_pointer(policy, path, node):
+        pattern = GIT_POINTER
     return f"protected-path: {pattern}" if pattern is not None else None
 
 
@@ -287,6 +313,6 @@ def tree_paths(root: Path, limit: int = MAX_INODE_SCAN) -> Iterator[Path] | None
 
 
 __all__ = [
-    "DEFAULT_PROTECTED", "Matcher", "anchored", "anchored_places", "protected_inside", "protected_matcher",
-    "protected_patterns", "protected_rule", "require_person", "tree_paths",
+    "DEFAULT_PROTECTED", "GIT_POINTER", "Matcher", "anchored", "anchored_places", "git_pointer", "protected_inside",
+    "protected_matcher", "protected_patterns", "protected_rule", "require_person", "tree_paths",
 ]

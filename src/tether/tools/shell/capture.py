@@ -71,7 +71,7 @@ def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None
     symlink or a deleted directory that would change what is found at a protected place below it)."""
     matcher = matcher or protected_matcher(ctx.policy)
     for touched in (change.path, change.moved_from):
-        rule = protected_rule(ctx.policy, touched, matcher) if touched else None
+        rule = protected_rule(ctx.policy, touched, matcher, change.node) if touched else None
         if rule is None and touched and (change.node == "symlink" or change.kind == "deleted"):
             rule = protected_inside(ctx.policy, touched, places if places is not None else
                                     anchored_places(ctx.policy))

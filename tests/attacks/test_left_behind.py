@@ -1,0 +1,135 @@
+"""Red team (session 34): what a command leaves behind for another program to run, tried as an agent
+holding `execute` (not `approve`) would, through a real device's dispatcher, real bubblewrap, real git.
+
+Each attack writes a place that a later `git status`, an interpreter, a terminal or a desktop session
+of the user's runs or loads, by a route the default protected list did not name: a repository git
+finds through a `.git` *file* (`git init --separate-git-dir`, a submodule's checkout), a submodule's
+own config and hooks under `.git/modules/`, and start-up files of other programs of the same classes
+(another version control system, shells, debuggers and interpreters, terminals and prompts, desktop
+shells' plug-ins, editors' extensions, window managers). Every one must wait for a person, whichever
+tool writes it. One device serves the whole module; HOME is a fresh directory under /var/tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+
+from tether.device.local import LocalDevice, build_device
+from tether.protocol.models import Command, Result, ResultStatus
+from tether.tools.policy.model import policy_from_mapping
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+SESSION = "left-behind"
+# the policy's other approval rules are all off: what holds these writes is the protected list alone
+POLICY = {"approval": {"delete": False, "move": False, "overwrite_outside_temp": False}}
+
+
+@dataclass
+class Attacker:
+    device: LocalDevice
+    home: Path
+
+    async def call(self, tool: str, approved_by: str | None = None, **params: Any) -> Result:
+        dispatcher = self.device.dispatcher(session_id=SESSION)
+        [result] = await dispatcher.execute_commands([Command(tool_name=tool, parameters=params,
+                                                              approved_by=approved_by)])
+        return result
+
+    async def run(self, cmd: str, *argv: str, cwd: Path | None = None, approved_by: str | None = None,
+                  **params: Any) -> Result:
+        return await self.call("shell.run", approved_by=approved_by, cmd=cmd, argv=list(argv),
+                               cwd=str(cwd or self.home), **params)
+
+
+def _text(result: Result) -> str:
+    return ((result.error or "") + "\n" + json.dumps(result.result))[:1500]
+
+
+def _held(result: Result, pattern: str) -> None:
+    assert result.status is ResultStatus.FAILURE, f"went through without a person: {_text(result)}"
+    assert isinstance(result.result, dict) and result.result.get("needs_approval") is True, _text(result)
+    assert result.result["rule"] == f"protected-path: {pattern}", _text(result)
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def attacker() -> AsyncIterator[Attacker]:
+    for program in ("bwrap", "git"):
+        if shutil.which(program) is None:
+            pytest.fail(f"{program} is not installed; install it with: apt-get install -y "
+                        f"{'bubblewrap' if program == 'bwrap' else program}")
+    home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-left-behind-")).resolve()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        patch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+        state = home / ".local/state/tether"
+        state.mkdir(parents=True)
+        device = build_device(policy=policy_from_mapping(POLICY), state_dir=state, sandbox=True)
+        try:
+            assert device.context.sandbox is not None, "no sandbox was made here (see the log for why)"
+            await device.computer_manager.get_or_create(None)
+            yield Attacker(device, home)
+        finally:
+            await device.aclose()
+            shutil.rmtree(home, ignore_errors=True)
+
+
+def _git(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["git", "-c", "protocol.file.allow=always", *argv], cwd=cwd, check=True,
+                          capture_output=True, text=True, timeout=30)
+
+
+def _fsmonitor_runs(worktree: Path, marker: Path) -> bool:
+    """Whether a user's plain `git status` in `worktree` runs the repository's fsmonitor command (the
+    proof that the place the attack writes is one git really obeys)."""
+    subprocess.run(["git", "status", "--porcelain"], cwd=worktree, capture_output=True, timeout=30)
+    return marker.exists()
+
+
+# ------------------------------------------------------------------ git finds its repository through a `.git` file
+
+
+async def test_a_git_file_pointing_at_a_repository_the_agent_made_is_held(attacker: Attacker) -> None:
+    home = attacker.home
+    marker = home / "fsmonitor-ran-1"
+    # one standard git command: `proj/.git` is a file (`gitdir: ...`), the repository lies in `kit`,
+    # whose `config` and `hooks/` no `.git/...` pattern names
+    made = await attacker.run("git", "init", "-q", "--separate-git-dir", str(home / "kit"), str(home / "proj"))
+    _held(made, ".git")
+    assert not (home / "proj/.git").exists() and not (home / "kit").exists(), _text(made)
+
+    # the same by hand: a repository made where nothing is protected, then the file that makes git use it
+    (home / "kit2").mkdir()
+    _git("init", "-q", "--bare", str(home / "kit2"), cwd=home)
+    _git("config", "--file", str(home / "kit2/config"), "core.bare", "false", cwd=home)
+    _git("config", "--file", str(home / "kit2/config"), "core.fsmonitor", f"touch {marker}", cwd=home)
+    (home / "proj2").mkdir()
+    for tool, route in (("write_file", {"file_path": str(home / "proj2/.git"), "content": "gitdir: ../kit2\n"}),
+                        ("shell", None)):
+        if route is not None:
+            _held(await attacker.call(tool, **route), ".git")
+        else:
+            _held(await attacker.run("tee", str(home / "proj2/.git"), stdin="gitdir: ../kit2\n"), ".git")
+            _held(await attacker.run("ln", "-s", str(home / "kit2"), str(home / "proj2/.git")), ".git")
+        assert not os.path.lexists(home / "proj2/.git")
+    # a person may: and then git really runs that repository's command, so the file was worth holding
+    approved = await attacker.call("write_file", file_path=str(home / "proj2/.git"), content="gitdir: ../kit2\n",
+                                   approved_by="alice")
+    assert approved.ok, _text(approved)
+    assert _fsmonitor_runs(home / "proj2", marker), "git did not use the repository the .git file names"
+
+
+async def test_a_directory_named_dot_git_is_not_held_by_the_git_file_rule(attacker: Attacker) -> None:
+    # only a .git that is not a directory is a pointer; a plain directory with nothing git reads in it is not
+    made = await attacker.run("mkdir", "-p", str(attacker.home / "plain/.git/objects"))
+    assert made.ok, _text(made)
