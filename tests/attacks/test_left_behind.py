@@ -133,3 +133,34 @@ async def test_a_directory_named_dot_git_is_not_held_by_the_git_file_rule(attack
     # only a .git that is not a directory is a pointer; a plain directory with nothing git reads in it is not
     made = await attacker.run("mkdir", "-p", str(attacker.home / "plain/.git/objects"))
     assert made.ok, _text(made)
+
+
+# ------------------------------------------------------------------ a submodule's repository under .git/modules
+
+
+async def test_a_submodules_config_and_hooks_are_held(attacker: Attacker) -> None:
+    home = attacker.home
+    upstream = home / "upstream"
+    upstream.mkdir()
+    _git("init", "-q", str(upstream), cwd=home)
+    _git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "one", cwd=upstream)
+    repo = home / "super"
+    repo.mkdir()
+    _git("init", "-q", str(repo), cwd=home)
+    _git("submodule", "add", "-q", str(upstream), "sub", cwd=repo)
+    config = repo / ".git/modules/sub/config"
+    assert config.is_file() and (repo / "sub/.git").is_file(), "git made no submodule repository here"
+    marker = home / "fsmonitor-ran-2"
+    payload = config.read_text() + f"[core]\n\tfsmonitor = touch {marker}\n"
+
+    _held(await attacker.run("tee", str(config), stdin=payload), ".git/modules/**/config")
+    _held(await attacker.call("write_file", file_path=str(config), content=payload, mode="overwrite"),
+          ".git/modules/**/config")
+    hook = repo / ".git/modules/sub/hooks/post-checkout"
+    _held(await attacker.call("write_file", file_path=str(hook), content="#!/bin/sh\nid\n"), ".git/modules/**/hooks")
+    assert f"touch {marker}" not in config.read_text() and not hook.exists()
+
+    approved = await attacker.call("write_file", file_path=str(config), content=payload, mode="overwrite",
+                                   approved_by="alice")
+    assert approved.ok, _text(approved)
+    assert _fsmonitor_runs(repo / "sub", marker), "git did not run the submodule's own config"

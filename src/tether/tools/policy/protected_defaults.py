@@ -33,6 +33,8 @@ LOADED_CODE: tuple[str, ...] = (
 )
 GIT: tuple[str, ...] = (
     ".git/hooks", ".git/config", ".git/config.worktree", ".git/worktrees/*/config.worktree",
+    # a submodule's repository: its checkout's `.git` file points here, and git runs these like the above
+    ".git/modules/**/config", ".git/modules/**/hooks", ".git/modules/**/config.worktree",
     "~/.gitconfig", "~/.config/git",
 )
 PACKAGE_MANAGERS: tuple[str, ...] = (
