@@ -164,3 +164,32 @@ async def test_a_submodules_config_and_hooks_are_held(attacker: Attacker) -> Non
                                    approved_by="alice")
     assert approved.ok, _text(approved)
     assert _fsmonitor_runs(repo / "sub", marker), "git did not run the submodule's own config"
+
+
+# ------------------------------------------------------------------ start-up files of other programs, by class
+
+
+@pytest.mark.parametrize("place, pattern", [
+    ("repo/.hg/hgrc", ".hg/hgrc"),                                         # Mercurial's hooks, per repository
+    (".hgrc", "~/.hgrc"),
+    ("app/.husky/pre-commit", ".husky"),                                   # hooks kept in the work tree
+    ("app/.pre-commit-config.yaml", ".pre-commit-config.yaml"),
+    ("app/lefthook.yml", "lefthook.yml"),
+    (".bashrc.d/evil.sh", "~/.bashrc.d"),                                  # Fedora's .bashrc sources each
+    (".gdbinit", "~/.gdbinit"),                                            # debuggers and interpreters
+    ("proj/.Rprofile", ".Rprofile"),
+    (".psqlrc", "~/.psqlrc"),
+    (".config/starship.toml", "~/.config/starship.toml"),                  # terminals and prompts
+    (".config/alacritty/alacritty.toml", "~/.config/alacritty"),
+    (".local/share/gnome-shell/extensions/x@y/extension.js", "~/.local/share/gnome-shell/extensions"),
+    (".local/share/nautilus/scripts/run", "~/.local/share/nautilus/scripts"),
+    (".vscode/extensions/evil/package.json", "~/.vscode/extensions"),      # editors' extensions
+    (".config/bspwm/bspwmrc", "~/.config/bspwm"),                          # window managers' start-up
+])
+async def test_other_programs_start_up_files_are_held(attacker: Attacker, place: str, pattern: str) -> None:
+    target = attacker.home / place
+    _held(await attacker.call("write_file", file_path=str(target), content="#!/bin/sh\nid\n",
+                              create_parents=True), pattern)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    _held(await attacker.run("tee", str(target), stdin="#!/bin/sh\nid\n"), pattern)
+    assert not target.exists()
