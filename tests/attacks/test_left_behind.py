@@ -193,3 +193,45 @@ async def test_other_programs_start_up_files_are_held(attacker: Attacker, place:
     target.parent.mkdir(parents=True, exist_ok=True)
     _held(await attacker.run("tee", str(target), stdin="#!/bin/sh\nid\n"), pattern)
     assert not target.exists()
+
+
+# ------------------------------------------------------------------ the device's own policy file
+
+
+async def test_no_tool_reads_or_rewrites_the_devices_policy_file(tmp_path: Path) -> None:
+    # the operator keeps the policy beside the work (a write root), given with --policy or the config's
+    # device.policy; an agent that rewrote it would start the device next time with rules of its own
+    from tether.device.local import open_local_device
+
+    home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-policy-file-")).resolve()
+    rules = "approval:\n  overwrite_outside_temp: false\n  delete: false\nallow_inline_code: false\n"
+    wider = "approval: false\nallow_inline_code: true\nunprotect_paths: ['.git/hooks']\n"
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("HOME", str(home))
+            (home / "work").mkdir()
+            by_flag = home / "work/device-policy.yaml"
+            by_flag.write_text(rules)
+            (home / "conf").mkdir()
+            by_config = home / "conf/rules.yaml"
+            by_config.write_text(rules)
+            config = home / "conf/device.yaml"
+            config.write_text("device:\n  policy: rules.yaml\n")
+            for policy_file, opened in ((by_flag, {"policy_path": str(by_flag)}), (by_config, {"config": config})):
+                async with open_local_device(state_dir=home / ".local/state/tether", **opened) as device:
+                    attacker = Attacker(device, home)
+                    read = await attacker.call("read_file", file_path=str(policy_file))
+                    assert read.status is ResultStatus.FAILURE and read.result.get("rule") == "hide_paths", _text(read)
+                    for route in ({"mode": "overwrite"}, {"mode": "append"}):
+                        wrote = await attacker.call("write_file", file_path=str(policy_file), content=wider, **route)
+                        assert wrote.result.get("rule") == "hide_paths", _text(wrote)
+                    cat = await attacker.run("cat", str(policy_file))
+                    assert "allow_inline_code" not in json.dumps(cat.result), _text(cat)
+                    tee = await attacker.run("tee", str(policy_file), stdin=wider)
+                    assert tee.status is ResultStatus.FAILURE, _text(tee)
+                    moved = await attacker.call("move_file", source=str(policy_file),
+                                                destination=str(home / "work/old.yaml"))
+                    assert moved.result.get("rule") == "hide_paths", _text(moved)
+                assert policy_file.read_text() == rules, f"{policy_file} was rewritten by the agent"
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
