@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -20,19 +18,9 @@ import pytest
 
 from bench.kit.engines import Engine
 from tests.kits.cluster import ClusterKit
+from tests.kits.upstream import upstream
 
 BODY = b"hello across nodes\n"
-
-
-class _Upstream(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(BODY)))
-        self.end_headers()
-        self.wfile.write(BODY)
-
-    def log_message(self, *args: Any) -> None:
-        return None
 
 
 async def test_an_answer_given_on_another_node_is_recorded_once_before_the_device_acts(
@@ -40,14 +28,12 @@ async def test_an_answer_given_on_another_node_is_recorded_once_before_the_devic
     curl = shutil.which("curl")
     if curl is None:
         pytest.fail("curl is not installed; install it with: apt-get install -y curl")
-    upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-    threading.Thread(target=upstream.serve_forever, daemon=True).start()
-    url = f"http://localhost:{upstream.server_address[1]}/"
     policy = tmp_path / "policy.yaml"
     policy.write_text(json.dumps({"commands": {"curl": {}}, "read_roots": [str(tmp_path)],
                                   "write_roots": [str(tmp_path)],
                                   "network": {"allow": ["127.0.0.0/8"], "ask": "on-miss"}}))
-    try:
+    with upstream(BODY) as port:
+        url = f"http://localhost:{port}/"
         async with ClusterKit(tmp_path, redis=redis_engine) as kit:
             a, b = [await kit.start_node(name) for name in ("a", "b")]
             device = await kit.start_device("alpha", [a, b], extra=["--policy", str(policy)])
@@ -83,6 +69,3 @@ async def test_an_answer_given_on_another_node_is_recorded_once_before_the_devic
             network = [r for r in rows if str(r["tool_name"]).startswith("network.")]
             assert len(network) == 1, network  # recorded once, by the node that handed the answer over
             assert network[0]["tool_name"] == "network.ask" and network[0]["requested_by"] == "api:bob", network
-    finally:
-        upstream.shutdown()
-        upstream.server_close()
