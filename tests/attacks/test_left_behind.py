@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -233,5 +234,44 @@ async def test_no_tool_reads_or_rewrites_the_devices_policy_file(tmp_path: Path)
                                                 destination=str(home / "work/old.yaml"))
                     assert moved.result.get("rule") == "hide_paths", _text(moved)
                 assert policy_file.read_text() == rules, f"{policy_file} was rewritten by the agent"
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# ------------------------------------------------------------------ the programs the device itself starts
+
+ANNOTATED = Path(__file__).resolve().parent.parent / "servers" / "annotated.py"
+
+
+async def test_the_program_of_the_devices_own_mcp_server_is_held() -> None:
+    # the device starts this stdio server itself, unsandboxed, at every start: its script lies in a write
+    # root (~/tools/srv), so rewriting it (or planting a module beside it) would run the agent's code
+    # outside the sandbox next time
+    from tether.device.local import open_local_device
+
+    home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-server-program-")).resolve()
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setenv("HOME", str(home))
+            srv = home / "tools/srv"
+            srv.mkdir(parents=True)
+            script = srv / "server.py"
+            shutil.copy(ANNOTATED, script)
+            config = home / "device.yaml"
+            config.write_text(json.dumps({
+                "device": {"policy": {"approval": {"overwrite_outside_temp": False, "delete": False}}},
+                "mcpServers": {"srv": {"command": sys.executable, "args": [str(script)]}}}))
+            original = script.read_text()
+            evil = "import os\nos.system('id > /tmp/pwned')\n"
+            async with open_local_device(config=config, state_dir=home / ".local/state/tether") as device:
+                attacker = Attacker(device, home)
+                # the rule named is the server's directory (which holds the script)
+                _held(await attacker.call("write_file", file_path=str(script), content=evil, mode="overwrite"),
+                      str(srv))
+                _held(await attacker.run("tee", str(script), stdin=evil), str(srv))
+                _held(await attacker.call("write_file", file_path=str(srv / "mcp_types.py"), content=evil), str(srv))
+                # the rest of the write root stays the agent's to write
+                assert (await attacker.call("write_file", file_path=str(home / "tools/notes.txt"), content="x")).ok
+            assert script.read_text() == original and not (srv / "mcp_types.py").exists()
     finally:
         shutil.rmtree(home, ignore_errors=True)

@@ -25,6 +25,7 @@ from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp.client.client_caps import ElicitationRequest, MCPClientHooks
 from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.root import run_as_for
+from tether.device.server_programs import with_server_programs
 from tether.errors import DeviceError
 from tether.sandbox import SandboxInfo, detect
 from tether.sandbox.kept import Kept
@@ -240,6 +241,8 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
         # serving a server, or root told to run commands as another user: no process starts unconfined
         # (as root) because that user's sandbox cannot be made, unless the policy says so explicitly
         policy = policy.model_copy(update={"require_sandbox": serving or run_as is not None})
+    # the programs the device itself starts (its stdio MCP servers) wait for a person when changed
+    policy = with_server_programs(policy, config)
     root = device_state_dir(config, state_dir)
     if sandbox and policy.sandbox:  # a person's `always` egress grants, kept by an earlier run (sandbox/kept.py)
         policy = with_grants(policy, Kept(root).grants())
