@@ -106,7 +106,8 @@ async def test_a_git_file_pointing_at_a_repository_the_agent_made_is_held(attack
     # one standard git command: `proj/.git` is a file (`gitdir: ...`), the repository lies in `kit`,
     # whose `config` and `hooks/` no `.git/...` pattern names
     made = await attacker.run("git", "init", "-q", "--separate-git-dir", str(home / "kit"), str(home / "proj"))
-    _held(made, ".git")
+    assert made.status is ResultStatus.FAILURE and made.result.get("needs_approval") is True, _text(made)
+    assert "protected-path: .git" in {c["rule"] for c in made.result["needs_approval_for"]}, _text(made)
     assert not (home / "proj/.git").exists() and not (home / "kit").exists(), _text(made)
 
     # the same by hand: a repository made where nothing is protected, then the file that makes git use it
@@ -134,6 +135,38 @@ async def test_a_directory_named_dot_git_is_not_held_by_the_git_file_rule(attack
     # only a .git that is not a directory is a pointer; a plain directory with nothing git reads in it is not
     made = await attacker.run("mkdir", "-p", str(attacker.home / "plain/.git/objects"))
     assert made.ok, _text(made)
+
+
+# ------------------------------------------------------------------ a repository under another name
+
+
+async def test_an_embedded_bare_repositorys_config_and_hooks_are_held(attacker: Attacker) -> None:
+    home = attacker.home
+    # one command makes it: evil.git/config and evil.git/hooks match no .git/... pattern
+    made = await attacker.run("git", "init", "-q", "--bare", str(home / "evil.git"))
+    _held(made, "git directory")
+    assert not (home / "evil.git").exists()
+    rules = {c["path"].removeprefix(str(home)): c["rule"] for c in made.result["needs_approval_for"]}
+    assert rules.get("/evil.git/config") == "protected-path: git directory", rules
+    assert rules.get("/evil.git/hooks/pre-commit.sample") == "protected-path: git directory", rules
+    assert "/evil.git/description" not in rules, rules  # the rest of a repository is not a program
+
+    # one already on disk: its config, written by a file tool or a command
+    _git("init", "-q", "--bare", str(home / "bare.git"), cwd=home)
+    marker = home / "fsmonitor-ran-3"
+    payload = (home / "bare.git/config").read_text().replace("bare = true", "bare = false") + \
+        f"[core]\n\tworktree = ..\n\tfsmonitor = touch {marker}\n"
+    _held(await attacker.call("write_file", file_path=str(home / "bare.git/config"), content=payload,
+                              mode="overwrite"), "git directory")
+    _held(await attacker.run("tee", str(home / "bare.git/config"), stdin=payload), "git directory")
+    _held(await attacker.call("write_file", file_path=str(home / "bare.git/hooks/post-checkout"), content="id"),
+          "git directory")
+    assert "fsmonitor" not in (home / "bare.git/config").read_text()
+    # what a person would be letting through: a git status inside it (a prompt's, on cd) runs that command
+    approved = await attacker.call("write_file", file_path=str(home / "bare.git/config"), content=payload,
+                                   mode="overwrite", approved_by="alice")
+    assert approved.ok, _text(approved)
+    assert _fsmonitor_runs(home / "bare.git", marker), "git did not run the bare repository's config"
 
 
 # ------------------------------------------------------------------ a submodule's repository under .git/modules

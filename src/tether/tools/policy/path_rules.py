@@ -278,13 +278,42 @@ def git_pointer(policy: Policy, path: str | os.PathLike[str], node: str | None =
     return node != "dir" and ".git/config" not in getattr(policy, "unprotect_paths", ())
 
 
+GIT_DIRECTORY = "git directory"  # the rule for `config` and `hooks` of a repository not named .git
+
+
+def git_directory_file(policy: Policy, path: str | os.PathLike[str],
+                       exists: Callable[[str], bool] = os.path.lexists) -> bool:
+    """Whether `path` is the `config`, `config.worktree` or (something under) `hooks` of a directory git
+    takes as a repository whatever its name: one holding `HEAD` and `objects` or `refs` (`git init
+    --bare evil.git`, the directory a `.git` file points to). git runs that config's `core.fsmonitor`
+    at a `git status` inside it (a shell prompt showing git's state runs one on `cd`). `exists` says
+    whether a path exists (a captured command's own new entries count: `capture` passes them in).
+    Held while `.git/config` is protected."""
+    text = os.fspath(path)
+    parts = text.split("/")
+    folded = [p.casefold() for p in parts]
+    candidates = []
+    if folded[-1] in ("config", "config.worktree"):
+        candidates.append("/".join(parts[:-1]))
+    if "hooks" in folded:
+        at = len(folded) - 1 - folded[::-1].index("hooks")
+        candidates.append("/".join(parts[:at]))
+    if not candidates or ".git/config" in getattr(policy, "unprotect_paths", ()):
+        return False
+    return any(d and exists(f"{d}/HEAD") and (exists(f"{d}/objects") or exists(f"{d}/refs")) for d in candidates)
+
+
 def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matcher | None = None,
-                   node: str | None = None) -> str | None:
+                   node: str | None = None, exists: Callable[[str], bool] = os.path.lexists) -> str | None:
     """`protected-path: <pattern>` when `path` (real, absolute) is protected, else None; a `.git` that
-    is not a directory is `protected-path: .git` (`git_pointer`; `node` as there)."""
+    is not a directory is `protected-path: .git` (`git_pointer`; `node` as there), and the config or
+    hooks of a repository under another name `protected-path: git directory` (`git_directory_file`;
+    `exists` as there)."""
     pattern = (matcher or protected_matcher(policy)).match(path)
     if pattern is None and git_pointer(policy, path, node):
         pattern = GIT_POINTER
+    if pattern is None and git_directory_file(policy, path, exists):
+        pattern = GIT_DIRECTORY
     return f"protected-path: {pattern}" if pattern is not None else None
 
 
@@ -313,6 +342,7 @@ def tree_paths(root: Path, limit: int = MAX_INODE_SCAN) -> Iterator[Path] | None
 
 
 __all__ = [
-    "DEFAULT_PROTECTED", "GIT_POINTER", "Matcher", "anchored", "anchored_places", "git_pointer", "protected_inside",
+    "DEFAULT_PROTECTED", "GIT_DIRECTORY", "GIT_POINTER", "Matcher", "anchored", "anchored_places", "git_directory_file",
+    "git_pointer", "protected_inside",
     "protected_matcher", "protected_patterns", "protected_rule", "require_person", "tree_paths",
 ]
