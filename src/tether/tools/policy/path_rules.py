@@ -290,6 +290,9 @@ def git_directory_file(policy: Policy, path: str | os.PathLike[str],
     whether a path exists (a captured command's own new entries count: `capture` passes them in).
     Held while `.git/config` is protected."""
     text = os.fspath(path)
+    lowered = text.casefold()
+    if not lowered.endswith(("/config", "/config.worktree")) and "/hooks" not in lowered:
+        return False  # most paths: one look, no split
     parts = text.split("/")
     folded = [p.casefold() for p in parts]
     candidates = []
@@ -310,11 +313,15 @@ def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matche
     hooks of a repository under another name `protected-path: git directory` (`git_directory_file`;
     `exists` as there)."""
     pattern = (matcher or protected_matcher(policy)).match(path)
-    if pattern is None and git_pointer(policy, path, node):
-        pattern = GIT_POINTER
-    if pattern is None and git_directory_file(policy, path, exists):
-        pattern = GIT_DIRECTORY
-    return f"protected-path: {pattern}" if pattern is not None else None
+    if pattern is not None:
+        return f"protected-path: {pattern}"
+    lowered = os.fspath(path).casefold()  # one look decides for almost every path
+    if lowered.endswith("/.git") and git_pointer(policy, path, node):
+        return f"protected-path: {GIT_POINTER}"
+    if (lowered.endswith(("/config", "/config.worktree")) or "/hooks" in lowered) \
+            and git_directory_file(policy, path, exists):
+        return f"protected-path: {GIT_DIRECTORY}"
+    return None
 
 
 def require_person(policy: Policy, paths: Iterable[str | os.PathLike[str]], what: str, approved_by: str | None,
