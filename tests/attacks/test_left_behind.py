@@ -162,6 +162,26 @@ async def test_an_embedded_bare_repositorys_config_and_hooks_are_held(attacker: 
     _held(await attacker.call("write_file", file_path=str(home / "bare.git/hooks/post-checkout"), content="id"),
           "git directory")
     assert "fsmonitor" not in (home / "bare.git/config").read_text()
+    # the pieces in the other order: the config first (no repository yet), then what makes it one
+    for n, (tool_head, tool_refs) in enumerate((("write_file", "write_file"), ("tee", "mkdir"))):
+        kit = home / f"late{n}"
+        wrote = await attacker.call("write_file", file_path=str(kit / "config"), content=payload, create_parents=True)
+        assert wrote.ok, _text(wrote)
+        if tool_head == "write_file":
+            head = await attacker.call("write_file", file_path=str(kit / "HEAD"), content="ref: refs/heads/main\n")
+        else:
+            head = await attacker.run("tee", str(kit / "HEAD"), stdin="ref: refs/heads/main\n")
+        assert head.ok, _text(head)  # a HEAD beside a config alone is no repository yet
+        if tool_refs == "write_file":
+            refs = await attacker.call("write_file", file_path=str(kit / "refs"), content="")
+        else:
+            refs = await attacker.run("mkdir", str(kit / "refs"), str(kit / "objects"))
+        _held(refs, "git directory")
+        assert not (kit / "refs").exists()
+    # a checkout rewriting an existing repository's HEAD is not held by this rule
+    moved = await attacker.call("write_file", file_path=str(home / "bare.git/HEAD"), content="ref: refs/heads/x\n",
+                                mode="overwrite")
+    assert moved.ok, _text(moved)
     # what a person would be letting through: a git status inside it (a prompt's, on cd) runs that command
     approved = await attacker.call("write_file", file_path=str(home / "bare.git/config"), content=payload,
                                    mode="overwrite", approved_by="alice")

@@ -281,29 +281,45 @@ def git_pointer(policy: Policy, path: str | os.PathLike[str], node: str | None =
 GIT_DIRECTORY = "git directory"  # the rule for `config` and `hooks` of a repository not named .git
 
 
+_REPO_PROGRAMS = ("config", "config.worktree")  # and anything under `hooks`
+_REPO_MARKS = ("head", "objects", "refs")  # what makes a directory a repository to git
+
+
 def git_directory_file(policy: Policy, path: str | os.PathLike[str],
                        exists: Callable[[str], bool] = os.path.lexists) -> bool:
     """Whether `path` is the `config`, `config.worktree` or (something under) `hooks` of a directory git
     takes as a repository whatever its name: one holding `HEAD` and `objects` or `refs` (`git init
-    --bare evil.git`, the directory a `.git` file points to). git runs that config's `core.fsmonitor`
-    at a `git status` inside it (a shell prompt showing git's state runs one on `cd`). `exists` says
-    whether a path exists (a captured command's own new entries count: `capture` passes them in).
-    Held while `.git/config` is protected."""
+    --bare evil.git`, the directory a `.git` file points to); or a *new* `HEAD`, `objects` or `refs`
+    that makes a directory already holding a `config` or `hooks` such a repository (so the order the
+    pieces are made in changes nothing; a `HEAD` rewritten by a checkout is not new). git runs that
+    config's `core.fsmonitor` at a `git status` inside it (a shell prompt showing git's state runs one
+    on `cd`). `exists` says whether a path exists (a captured command's own new entries count: `capture`
+    passes them in); `path` itself counts. Held while `.git/config` is protected."""
     text = os.fspath(path)
     lowered = text.casefold()
-    if not lowered.endswith(("/config", "/config.worktree")) and "/hooks" not in lowered:
+    base = lowered.rpartition("/")[2]
+    if base not in _REPO_PROGRAMS and base not in _REPO_MARKS and "/hooks" not in lowered:
         return False  # most paths: one look, no split
-    parts = text.split("/")
-    folded = [p.casefold() for p in parts]
-    candidates = []
-    if folded[-1] in ("config", "config.worktree"):
-        candidates.append("/".join(parts[:-1]))
-    if "hooks" in folded:
-        at = len(folded) - 1 - folded[::-1].index("hooks")
-        candidates.append("/".join(parts[:at]))
-    if not candidates or ".git/config" in getattr(policy, "unprotect_paths", ()):
+    if ".git/config" in getattr(policy, "unprotect_paths", ()):
         return False
-    return any(d and exists(f"{d}/HEAD") and (exists(f"{d}/objects") or exists(f"{d}/refs")) for d in candidates)
+
+    def there(entry: str) -> bool:
+        return entry == text or exists(entry)
+
+    def repository(d: str) -> bool:
+        return bool(d) and there(f"{d}/HEAD") and (there(f"{d}/objects") or there(f"{d}/refs"))
+
+    parts, folded = text.split("/"), lowered.split("/")
+    if base in _REPO_PROGRAMS and repository("/".join(parts[:-1])):
+        return True
+    if "hooks" in folded[:-1] or base == "hooks":
+        at = len(folded) - 1 - folded[::-1].index("hooks")
+        if repository("/".join(parts[:at])):
+            return True
+    if base in _REPO_MARKS and not os.path.lexists(text):
+        d = "/".join(parts[:-1])
+        return repository(d) and (there(f"{d}/config") or there(f"{d}/hooks"))
+    return False
 
 
 def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matcher | None = None,
@@ -318,7 +334,7 @@ def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matche
     lowered = os.fspath(path).casefold()  # one look decides for almost every path
     if lowered.endswith("/.git") and git_pointer(policy, path, node):
         return f"protected-path: {GIT_POINTER}"
-    if (lowered.endswith(("/config", "/config.worktree")) or "/hooks" in lowered) \
+    if (lowered.endswith(("/config", "/config.worktree", "/head", "/objects", "/refs")) or "/hooks" in lowered) \
             and git_directory_file(policy, path, exists):
         return f"protected-path: {GIT_DIRECTORY}"
     return None
