@@ -1,0 +1,94 @@
+"""Input nobody wrote down, as a user or an attacker gives it to real processes (a `tether server`, a `tether
+device`, the `tether` command): each is answered with one clear line and its exit code, never a Python traceback;
+a device name is one name (never a path that leads to another device); the server's log stays free of
+tracebacks for a refusal it makes on purpose."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.kits.netutil import CLI, Cluster
+from tether.cli.common import ExitCode
+
+NOT_UTF8 = os.fsdecode(b"\xff\xfe")  # what Python makes of an argument in another encoding (surrogate escapes)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    fleet = Cluster(tmp_path_factory.mktemp("hostile"))
+    try:
+        fleet.wait_online("alpha", fleet.device("alpha"))
+        yield fleet
+    finally:
+        fleet.close()
+
+
+def tether(cluster: Cluster, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{cluster.port}", "TETHER_TOKEN": cluster.api_token,
+           "TETHER_ALLOW_ROOT": "1"}
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=90,
+                          stdin=subprocess.DEVNULL, errors="replace")
+
+
+def one_clear_error(out: subprocess.CompletedProcess[str], code: int) -> str:
+    """The run ended with `code` and said why in an `error:` line, without a traceback; its words, joined."""
+    words = " ".join((out.stdout + out.stderr).replace("│", " ").split())
+    assert out.returncode == code, words
+    assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, words
+    assert "error:" in out.stderr, words
+    return words
+
+
+@pytest.mark.parametrize("timeout", ["inf", "1e308", "-1"])
+@pytest.mark.parametrize("where", [("--device", "alpha"), ("--all",), ()])
+def test_a_timeout_that_is_not_a_duration_is_a_usage_error(cluster: Cluster, timeout: str,
+                                                           where: tuple[str, ...]) -> None:
+    words = one_clear_error(tether(cluster, "exec", *where, "--timeout", timeout, "get_system_info"), ExitCode.USAGE)
+    assert "--timeout" in words
+
+
+@pytest.mark.parametrize("args", [
+    ("exec", "--device", "alpha", "shell.run", f"cmd={NOT_UTF8}", "cwd=/tmp"),
+    ("log", NOT_UTF8), ("batch", NOT_UTF8), ("tools", "--device", NOT_UTF8), ("devices", NOT_UTF8),
+])
+def test_an_argument_that_is_not_utf8_is_refused_in_one_line(cluster: Cluster, args: tuple[str, ...]) -> None:
+    words = one_clear_error(tether(cluster, *args), ExitCode.USAGE)
+    assert "UTF-8" in words or "404" in words
+
+
+@pytest.mark.parametrize("name", ["nobody/../alpha", "alpha/", "%61lpha", "a\x1b[2Jb"])
+def test_a_device_name_is_never_a_path_to_another_device(cluster: Cluster, name: str) -> None:
+    """`--device NAME` from a script's input: a name with a slash, an escape or a control character reaches
+    no device (alpha must not run it, and the CLI says the name it was given)."""
+    words = one_clear_error(tether(cluster, "exec", "--device", name, "get_system_info"), ExitCode.USAGE)
+    assert "no device named" in words and "success" not in words
+    one_clear_error(tether(cluster, "tools", "--device", name), ExitCode.USAGE)
+    one_clear_error(tether(cluster, "devices", name), ExitCode.FAILED)
+
+
+def test_an_unknown_log_level_is_refused_before_the_server_starts(tmp_path: Path) -> None:
+    out = subprocess.run([*CLI, "server", "--port", "1", "--log-level", "loud"], capture_output=True, text=True,
+                         env={**os.environ, "TETHER_STATE_DIR": str(tmp_path)}, timeout=60, stdin=subprocess.DEVNULL)
+    words = one_clear_error(out, ExitCode.USAGE)
+    assert "--log-level must be debug, info, warning or error" in words
+
+
+def test_an_oversized_chunked_command_body_is_a_413_without_a_traceback_in_the_log(cluster: Cluster) -> None:
+    def chunks() -> Iterator[bytes]:
+        yield b'{"commands": [{"tool_name": "list_tools", "parameters": {"x": "'
+        for _ in range(80):
+            yield b"a" * 65536  # 5 MiB in all: past the 4 MiB default
+        yield b'"}}]}'
+
+    before = cluster.server.output()
+    answer = httpx.post(f"http://127.0.0.1:{cluster.port}/api/v1/devices/alpha/commands", content=chunks(),
+                        headers={"Authorization": f"Bearer {cluster.api_token}", "Content-Type": "application/json"},
+                        timeout=60)
+    assert answer.status_code == 413 and "max_body_bytes" in answer.json()["error"]
+    assert "Traceback" not in cluster.server.output()[len(before):]
