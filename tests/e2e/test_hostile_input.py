@@ -97,3 +97,12 @@ def test_an_oversized_chunked_command_body_is_a_413_without_a_traceback_in_the_l
                         timeout=60)
     assert answer.status_code == 413 and "max_body_bytes" in answer.json()["error"]
     assert "Traceback" not in cluster.server.output()[len(before):]
+
+
+@pytest.mark.parametrize("content_type", ["text/xml", "text/plain", ""])
+def test_mcp_refuses_a_body_that_is_not_json_with_a_json_error(cluster: Cluster, content_type: str) -> None:
+    answer = httpx.post(f"http://127.0.0.1:{cluster.port}/mcp", content=b"<x/>", timeout=30,
+                        headers={"Authorization": f"Bearer {cluster.api_token}", "Content-Type": content_type,
+                                 "Accept": "application/json, text/event-stream"})
+    assert answer.status_code == 400 and answer.headers["content-type"] == "application/json"
+    assert answer.json() == {"error": "Invalid Content-Type header"}
