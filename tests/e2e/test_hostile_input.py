@@ -106,3 +106,13 @@ def test_mcp_refuses_a_body_that_is_not_json_with_a_json_error(cluster: Cluster,
                                  "Accept": "application/json, text/event-stream"})
     assert answer.status_code == 400 and answer.headers["content-type"] == "application/json"
     assert answer.json() == {"error": "Invalid Content-Type header"}
+
+
+@pytest.mark.parametrize("path", ["%00", "a%00b", "..%2f%00"])
+def test_a_nul_in_an_asset_path_is_a_404_not_a_500(cluster: Cluster, path: str) -> None:
+    """Anyone may ask for the dashboard's files (no token): a NUL byte in the name is no such file, and leaves no
+    traceback in the server's log."""
+    before = cluster.server.output()
+    answer = httpx.get(f"http://127.0.0.1:{cluster.port}/web/static/{path}", timeout=30)
+    assert answer.status_code == 404 and "no asset" in answer.json()["error"]
+    assert "Traceback" not in cluster.server.output()[len(before):]
