@@ -116,3 +116,10 @@ def test_a_nul_in_an_asset_path_is_a_404_not_a_500(cluster: Cluster, path: str) 
     answer = httpx.get(f"http://127.0.0.1:{cluster.port}/web/static/{path}", timeout=30)
     assert answer.status_code == 404 and "no asset" in answer.json()["error"]
     assert "Traceback" not in cluster.server.output()[len(before):]
+
+
+def test_a_misspelt_task_state_is_refused_not_an_empty_list(cluster: Cluster) -> None:
+    """`tether tasks --state runing` must not say "no tasks" (a person would believe nothing runs)."""
+    words = one_clear_error(tether(cluster, "tasks", "--state", "runing"), ExitCode.FAILED)
+    assert "422" in words and "running" in words
+    assert tether(cluster, "tasks", "--state", "running").returncode == 0
