@@ -123,3 +123,5 @@ def test_a_misspelt_task_state_is_refused_not_an_empty_list(cluster: Cluster) ->
     words = one_clear_error(tether(cluster, "tasks", "--state", "runing"), ExitCode.FAILED)
     assert "422" in words and "running" in words
     assert tether(cluster, "tasks", "--state", "running").returncode == 0
+    words = one_clear_error(tether(cluster, "tasks", "--local", "--state", "runing"), ExitCode.USAGE)
+    assert "--state must be one of" in words and "running" in words
