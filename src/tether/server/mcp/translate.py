@@ -215,9 +215,9 @@ def plain_errors(send: Any) -> Any:
     """`send` with the SDK's own HTTP errors (unknown session 404, server full 503, missing session id 400,
     406, 413, ...) answered as every other HTTP error of the server is, `{"error": MESSAGE}`, instead of a
     JSON-RPC error object without an id, and so are its transport's plain-text refusals (a POST that is not
-    `application/json`: 400 `Invalid Content-Type header`). Status and headers are kept (MCP clients act on the status: a 404
-    means start a new session); the SDK's client reads such a body by its status as before. Anything that is
-    not a JSON body of a JSON-RPC error passes unchanged."""
+    `application/json`: 400 `Invalid Content-Type header`). Status and headers are kept (MCP clients act on the
+    status: a 404 means start a new session); the SDK's client reads such a body by its status as before. Anything
+    else (a JSON body that is not a JSON-RPC error, an error past `MAX_ERROR_BODY`) passes unchanged."""
     held: dict[str, Any] | None = None  # an error's response start, until its body is known
     parts: list[bytes] = []
     text = False  # the held error's body is plain text (the SDK's transport checks: content type, host, origin)
