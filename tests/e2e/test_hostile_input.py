@@ -45,10 +45,11 @@ def one_clear_error(out: subprocess.CompletedProcess[str], code: int) -> str:
     return words
 
 
-@pytest.mark.parametrize("timeout", ["inf", "1e308", "-1"])
-@pytest.mark.parametrize("where", [("--device", "alpha"), ("--all",), ()])
+@pytest.mark.parametrize(("where", "timeout"), [(("--device", "alpha"), "inf"), (("--device", "alpha"), "-1"),
+                                                (("--all",), "1e308"), ((), "inf")])
 def test_a_timeout_that_is_not_a_duration_is_a_usage_error(cluster: Cluster, timeout: str,
                                                            where: tuple[str, ...]) -> None:
+    """On a server's device, on every device (`--all`) and on this machine (no `--device`)."""
     words = one_clear_error(tether(cluster, "exec", *where, "--timeout", timeout, "get_system_info"), ExitCode.USAGE)
     assert "--timeout" in words
 
