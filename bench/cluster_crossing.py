@@ -35,9 +35,9 @@ import psutil
 
 from bench._stats import spread
 from bench.cluster_scale import read_response
-from bench.device_path import cpu_exact_s
 from bench.fleet_hotpath import request_bytes
 from bench.kit.procs.cluster import Setup, admin_token, redis_server
+from bench.kit.procs.cpu import cpu_exact_s
 from bench.kit.procs.fleet import raise_fd_limit, tree
 
 ROLES = ("entry", "holder", "device", "redis")  # whose CPU a command costs; on "same" the entry is the holder

@@ -45,7 +45,8 @@ import psutil
 from websockets.exceptions import ConnectionClosed
 
 from bench._stats import spread
-from bench.device_path import cpu_exact_s, device_env, profile_device
+from bench.kit.procs.cpu import cpu_exact_s, profile_device
+from bench.kit.procs.devices import device_env
 from bench.kit.procs.fleet import CHEAP, stop_process
 from tether.protocol.codec import encode
 from tether.protocol.messages import RegisterAck, ServerMessage, ServerMessageType
@@ -247,7 +248,7 @@ async def in_process_child(trips: int, tool: str) -> None:
 async def _in_process(tmp: Path, trips: int, tool: str) -> None:
     import gc
 
-    from tether.cli.logs import configure
+    from tether.cli.views.logs import configure
     from tether.device.link.run_here import run_in_this_task
     from tether.device.serve import _build
     from tether.protocol.device_session import CommandsArrived, DeviceSession, DeviceSessionState

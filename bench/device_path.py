@@ -42,135 +42,26 @@ import contextlib
 import json
 import os
 import pstats
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import psutil
 
 from bench._stats import pct, spread
 from bench.fleet_hotpath import bare_process, echo_rate
-from bench.kit.procs.fleet import CHEAP, device_process, free_port, raise_fd_limit, server_process, stop_process
+from bench.kit.procs.cpu import cpu_exact_s, profile_device, run_queue_s
+from bench.kit.procs.devices import real_devices
+from bench.kit.procs.fleet import CHEAP, device_process, free_port, raise_fd_limit, server_process
+from bench.kit.raw_http import Tally, closed_loop, request_bytes, sequential
 
 TOOLS = {"file_info": {"tool_name": "file_info", "parameters": {"path": "/tmp"}}, "list_tools": CHEAP}
-IDLE_FRAMES = ("EpollSelector.select", "_worker (concurrent/futures/thread.py")  # waiting, not working
-DEVICE_START_S = 120.0  # all device processes registered within this, or the run fails
-
-
-@dataclass
-class Tally:
-    """What the callers saw: answers, failures (a few kept) and chunked answers."""
-
-    answers: int = 0
-    chunked: int = 0
-    failed: int = 0
-    examples: list[str] = field(default_factory=list)
-
-
-def request_bytes(path: str, token: str | None, body: bytes) -> bytes:
-    auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}"
-            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-
-
-async def read_response(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
-    """One HTTP/1.1 response: (status, body, whether it came chunked)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:] if line)}
-    if "content-length" in headers:
-        return status, await reader.readexactly(int(headers["content-length"])), False
-    body = bytearray()
-    while True:
-        size = int((await reader.readline()).split(b";")[0], 16)
-        if size == 0:
-            await reader.readline()
-            return status, bytes(body), True
-        body += await reader.readexactly(size)
-        await reader.readexactly(2)
-
-
-def _check(status: int, body: bytes, tally: Tally, expect: bytes) -> None:
-    if status != 200 or expect not in body:
-        tally.failed += 1
-        if len(tally.examples) < 3:
-            tally.examples.append(f"{status} {body[:300]!r}")
-
-
-async def caller(port: int, requests: list[bytes], until: float, tally: Tally, expect: bytes) -> int:
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30)
-    done = 0
-    try:
-        while time.perf_counter() < until:
-            writer.write(requests[done % len(requests)])
-            status, body, chunked = await asyncio.wait_for(read_response(reader), 60)
-            tally.chunked += chunked
-            _check(status, body, tally, expect)
-            done += 1
-    finally:
-        writer.close()
-    tally.answers += done
-    return done
-
-
-async def closed_loop(port: int, requests: list[list[bytes]], seconds: float, procs: list[psutil.Process],
-                      tally: Tally, expect: bytes) -> tuple[float, list[float]]:
-    """(answers per second, CPU seconds per answer of each of `procs`) of `len(requests)` callers."""
-    cpu0, t0 = [cpu_exact_s(p) for p in procs], time.perf_counter()
-    counts = await asyncio.gather(*(caller(port, r, t0 + seconds, tally, expect) for r in requests))
-    elapsed = time.perf_counter() - t0
-    total = max(sum(counts), 1)
-    return sum(counts) / elapsed, [(cpu_exact_s(p) - c) / total for p, c in zip(procs, cpu0, strict=True)]
-
-
-async def sequential(port: int, request: bytes, n: int, tally: Tally, expect: bytes) -> list[float]:
-    """`n` round trips, one at a time on one keep-alive connection: each one's seconds."""
-    reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30)
-    samples = []
-    try:
-        for _ in range(n):
-            t0 = time.perf_counter()
-            writer.write(request)
-            status, body, chunked = await asyncio.wait_for(read_response(reader), 60)
-            samples.append(time.perf_counter() - t0)
-            tally.chunked += chunked
-            tally.answers += 1
-            _check(status, body, tally, expect)
-    finally:
-        writer.close()
-    return samples
-
-
-def cpu_exact_s(proc: psutil.Process) -> float:
-    """CPU seconds of all of `proc`'s threads so far, to the nanosecond (/proc/PID/task/*/schedstat): psutil's
-    clock ticks (10 ms) are coarser than a device's CPU over one round."""
-    total = 0
-    for task in Path(f"/proc/{proc.pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            total += int((task / "schedstat").read_text().split()[0])
-    return total / 1e9
-
-
-def run_queue_s(procs: list[psutil.Process]) -> float:
-    """Seconds `procs` (their main threads) have spent runnable but waiting for a core (/proc/PID/schedstat):
-    on a loaded machine, the part of a round trip that is the scheduler's, not anyone's code."""
-    total = 0
-    for proc in procs:
-        with contextlib.suppress(OSError):
-            total += int(Path(f"/proc/{proc.pid}/schedstat").read_text().split()[1])
-    return total / 1e9
 
 
 async def echo_trips(ws: object, frame: str, n: int) -> list[float]:
+    """`n` round trips of `frame` through the echo connection `ws`, one at a time: each one's seconds."""
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
@@ -179,89 +70,13 @@ async def echo_trips(ws: object, frame: str, n: int) -> list[float]:
         samples.append(time.perf_counter() - t0)
     return samples
 
-
-# ---------------------------------------------------------------------------------------------- processes
-
-def device_env(tmp: Path) -> tuple[dict[str, str], list[str]]:
-    """The environment (no TETHER_* of the caller's but TETHER_ALLOW_ROOT; a config in `tmp` with the files and
-    system tools) and the extra argv (`--allow-root` as root) a bench's `tether device` processes start with."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TETHER_") or k == "TETHER_ALLOW_ROOT"}
-    env.update(NO_COLOR="1", TETHER_CONFIG=str(tmp / "device.yaml"))
-    (tmp / "device.yaml").write_text("device:\n  builtin: [files, system]\n")
-    return env, ["--allow-root"] if os.geteuid() == 0 else []
-
-
-@asynccontextmanager
-async def real_devices(tmp: Path, port: int, tokens: dict[str, str], api: str, cprofile: Path | None = None,
-                       base: Path | None = None) -> AsyncIterator[list[psutil.Process]]:
-    """One `tether device` process per token, as a user starts it; yields once the server lists them all online.
-    With `cprofile`, the first runs under cProfile, which writes its figures there when it stops; with `base`
-    (another checkout's `src`), every second one runs that tree."""
-    env, argv_root = device_env(tmp)
-    procs: list[asyncio.subprocess.Process] = []
-    try:
-        for i, (name, token) in enumerate(tokens.items()):
-            profiled = ["-m", "bench.kit.cpu_profile", str(cprofile)] if cprofile is not None and i == 0 else []
-            (tmp / name).mkdir()
-            (tmp / name / "token").write_text(token)
-            tree = {**env, "PYTHONPATH": str(base)} if base is not None and i % 2 else env
-            with (tmp / f"{name}.log").open("wb") as log:
-                procs.append(await asyncio.create_subprocess_exec(
-                    sys.executable, *(profiled or ["-m"]), "tether.cli", "device", "--server", f"ws://127.0.0.1:{port}/aip",
-                    "--name", name, "--token-file", str(tmp / name / "token"), "--state-dir", str(tmp / name),
-                    *argv_root, stdin=asyncio.subprocess.DEVNULL, stdout=log, stderr=log, env=tree))
-        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}",
-                                     headers={"Authorization": f"Bearer {api}"}) as http:
-            deadline = time.monotonic() + DEVICE_START_S
-            while True:  # no event for "registered" across processes: the server's own count
-                answer = await http.get("/api/v1/health")
-                online = answer.json()["devices_online"] if answer.status_code == 200 else 0
-                if online >= len(tokens):
-                    break
-                for proc, name in zip(procs, tokens, strict=True):
-                    if proc.returncode is not None:
-                        raise RuntimeError(f"tether device {name} exited {proc.returncode}: "
-                                           f"{(tmp / f'{name}.log').read_text(errors='replace')[-1500:]}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{online} of {len(tokens)} devices online after {DEVICE_START_S:g} s")
-                await asyncio.sleep(0.1)
-        yield [psutil.Process(p.pid) for p in procs]
-    finally:
-        for proc in procs:
-            await stop_process(proc, grace=15)
-
-
-def profile_device(pid: int, seconds: float, out: Path) -> str:
-    """py-spy's top functions (own time) of process `pid` over `seconds`, or why there are none."""
-    spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
-    if not Path(spy).exists():
-        return "py-spy is not installed: no profile"
-    done = subprocess.run([spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--format", "raw",
-                           "--output", str(out), "--rate", "500"], capture_output=True, text=True,
-                          timeout=seconds + 60)
-    if done.returncode != 0 or not out.exists():
-        return f"py-spy failed: {done.stderr[-500:]}"
-    own: dict[str, int] = {}
-    total = 0
-    for line in out.read_text().splitlines():
-        stack, _, count = line.rpartition(" ")
-        frames = stack.split(";")
-        if any(idle in frames[-1] for idle in IDLE_FRAMES):
-            continue
-        total += int(count)
-        own[frames[-1]] = own.get(frames[-1], 0) + int(count)
-    top = sorted(own.items(), key=lambda kv: -kv[1])[:40]
-    return "\n".join(f"{100 * n / max(total, 1):5.1f}%  {frame}" for frame, n in top)
-
-
-# ---------------------------------------------------------------------------------------------- measure
-
 def _row(name: str, value: float, unit: str, spread_text: str, anchors: list[tuple[str, float]]) -> None:
     ratios = "; ".join(f"{a} {v:.4g} {unit} -> {value / v:.2f}x" for a, v in anchors)
     print(f"{name:<58} {value:9.4g} {unit:<4} ({spread_text})  {ratios}")
 
 
 async def measure(args: argparse.Namespace) -> None:
+    """Every row, interleaved round by round, then the report; SystemExit when any answer failed."""
     from websockets.asyncio.client import connect
 
     from bench.roundtrip import command_frame, far_end
@@ -410,6 +225,7 @@ async def measure(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    """The command line the module docstring shows."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--devices", type=int, default=10)
     parser.add_argument("--callers", type=int, default=16)

@@ -33,8 +33,8 @@ from pathlib import Path
 import psutil
 
 from bench._stats import spread
-from bench.device_path import cpu_exact_s
 from bench.fleet_hotpath import read_response, request_bytes
+from bench.kit.procs.cpu import cpu_exact_s
 from bench.kit.procs.fleet import tree
 from bench.load import device_process, free_port, raise_fd_limit, server_process
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.kits import db as dbkit
 from tests.kits.netutil import Cluster
 
 BODY = b"hello from the unlisted host\n"
@@ -69,10 +70,11 @@ class Egress:
     def auth(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.secrets[who]}"}
 
-    def fetch(self, answers: list[tuple[str, dict[str, Any] | None, int]],
+    def fetch(self, answers: list[tuple[str, dict[str, Any] | None, int] | Callable[[], None]],
               timeout_ms: int = 60_000) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """robot runs `curl URL` on alpha; at each question the (who, content, status) answers are tried in
-        order (None content: a decline). The questions asked and the command's result."""
+        order (None content: a decline), a callable in the list run where it stands. The questions asked and
+        the command's result."""
         body = {"commands": [{"tool_name": "shell.run", "parameters": {
             "cmd": self.curl, "argv": ["-sS", "--max-time", "120", self.url], "cwd": "/tmp",
             "timeoutMs": timeout_ms}}], "timeout": 120}
@@ -90,7 +92,11 @@ class Egress:
                     if event["kind"] != "elicitation":
                         continue
                     questions.append(event["data"])
-                    for who, content, status in answers:
+                    for answer in answers:
+                        if callable(answer):
+                            answer()
+                            continue
+                        who, content, status = answer
                         tried = self.http.post(f"/devices/alpha/questions/{event['data']['id']}",
                                                json={"action": "accept" if content else "decline",
                                                      "content": content}, headers=self.auth(who))
@@ -158,6 +164,62 @@ def test_no_answer_in_the_commands_time_refuses_naming_network_ask(egress: Egres
     assert len(questions) == 1
     assert result["status"] == "success", result
     assert '"rule": "network.ask"' in _stdout(result) and "nobody answered within" in _stdout(result), result
+
+
+REFUSAL = "the audit log refuses network rows (the fault this test puts at the store)"
+SQLITE_REFUSE = ("CREATE TRIGGER refuse_network BEFORE INSERT ON audit WHEN NEW.tool_name LIKE 'network.%' "
+                 f"BEGIN SELECT RAISE(ABORT, '{REFUSAL}'); END;")
+PG_REFUSE = ("CREATE FUNCTION refuse_network() RETURNS trigger LANGUAGE plpgsql AS "
+             f"$$ BEGIN RAISE EXCEPTION '{REFUSAL}'; END $$; "
+             "CREATE TRIGGER refuse_network BEFORE INSERT ON audit FOR EACH ROW "
+             "WHEN (NEW.tool_name LIKE 'network.%') EXECUTE FUNCTION refuse_network();")
+SQLITE_ALLOW = "DROP TRIGGER refuse_network;"
+PG_ALLOW = "DROP TRIGGER refuse_network ON audit; DROP FUNCTION refuse_network();"
+
+
+def _on_db(egress: Egress, sqlite_sql: str, pg_sql: str) -> None:
+    """A statement on the server's database, as another client of it would run it."""
+    import contextlib
+    import sqlite3
+
+    target = dbkit.server_db(egress.cluster.db)
+    if isinstance(target, Path):
+        with contextlib.closing(sqlite3.connect(target, timeout=60)) as conn:
+            conn.executescript(sqlite_sql)
+    else:
+        dbkit.psql(str(target), pg_sql)
+
+
+def _network_rows(egress: Egress) -> list[dict[str, Any]]:
+    audit = egress.http.get("/audit", params={"device": "alpha", "limit": 500},
+                            headers={"Authorization": f"Bearer {egress.cluster.api_token}"}).json()
+    rows = audit if isinstance(audit, list) else audit.get("rows", audit.get("entries", []))
+    return [r for r in rows if str(r["tool_name"]).startswith("network.")]
+
+
+def test_an_answer_the_audit_cannot_record_does_not_reach_the_device(egress: Egress) -> None:
+    """A person's network decision is recorded before the device acts on it: while the audit log refuses the
+    row, the answer is refused (503, {"error"}), nothing reaches the device and the question still waits; the
+    same answer once the log takes rows again goes through, recorded once, with who gave it."""
+    before = _network_rows(egress)
+    _on_db(egress, SQLITE_REFUSE, PG_REFUSE)
+    allowed: list[bool] = []
+
+    def allow() -> None:
+        _on_db(egress, SQLITE_ALLOW, PG_ALLOW)
+        allowed.append(True)
+
+    try:
+        questions, result = egress.fetch([("bob", {"answer": "once"}, 503), allow, ("bob", {"answer": "once"}, 200)])
+    finally:
+        if not allowed:
+            allow()
+    assert len(questions) == 1 and _stdout(result) == BODY.decode(), result
+    new = [r for r in _network_rows(egress) if r not in before]
+    assert len(new) == 1, new
+    assert new[0]["tool_name"] == "network.ask" and new[0]["requested_by"] == "api:bob", new
+    arguments = new[0]["arguments"]
+    assert (json.loads(arguments) if isinstance(arguments, str) else arguments)["answer"] == "once", new
 
 
 def test_always_adds_the_host_to_the_policy_as_an_audited_change(egress: Egress) -> None:

@@ -16,9 +16,9 @@ from tether.device.link.settings import LinkSettings
 
 # After the heal the device may, by its own schedule, still be inside one attempt the black hole swallowed
 # (the restarted server listens before it opens its database, so the proxy's connections upstream succeed
-# and the device's handshake goes nowhere until its connect timeout), then in one backoff wait at the cap
-# (the dense attempts of the grace window already took the exponent there): a fair bound is both, plus
-# the registration under load. A device that never retries still fails it.
+# and the device's handshake goes nowhere until its connect timeout), then in one backoff wait (at most
+# the cap; the grace window's attempts do not raise the step, so after a short outage it is far less): a
+# fair bound is both, plus the registration under load. A device that never retries still fails it.
 _LINK = LinkSettings()
 HEALED_WAIT = _LINK.connect_timeout + _LINK.backoff_cap + 20.0
 

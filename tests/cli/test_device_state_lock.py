@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.kits.netutil import CLI, Cluster, Proc, wait_for
+from tests.kits.state_holder import holder
 
 USAGE_EXIT = 2
 
@@ -129,24 +130,6 @@ def test_a_state_directory_that_cannot_exist_holds_nothing_to_share(tmp_path: Pa
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
 
 
-HOLD = """
-import sys
-from pathlib import Path
-from tether.device.local import hold_state_dir
-fd = hold_state_dir(Path(sys.argv[1]), sys.argv[2])
-print("held", flush=True)
-sys.stdin.read()  # held until the test closes our stdin
-"""
-
-
-def holder(state: Path, kind: str) -> subprocess.Popen[str]:
-    """Another process holding `state`'s lock as `kind`, until its stdin is closed."""
-    proc = subprocess.Popen([CLI[0], "-c", HOLD, str(state), kind], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
-    return proc
-
-
 def test_a_local_exec_waits_for_another_one_off_call_and_refuses_a_device(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Scripts run local `tether exec` calls side by side: a second one waits for the first (within its
@@ -154,7 +137,7 @@ def test_a_local_exec_waits_for_another_one_off_call_and_refuses_a_device(tmp_pa
     first pause is what releases the holder here, so the wait itself is what is tested."""
     import threading
 
-    from tether.cli import state_lock
+    from tether.cli.guards import state_lock
 
     state = tmp_path / "state"
     brief = holder(state, "tether exec")
@@ -231,7 +214,7 @@ def test_a_lock_taken_an_instant_ago_and_not_yet_named_is_waited_for(tmp_path: P
     releases it."""
     import threading
 
-    from tether.cli import state_lock
+    from tether.cli.guards import state_lock
 
     state = tmp_path / "state"
     state.mkdir(mode=0o700)

@@ -1,4 +1,5 @@
-"""`tether.cli.logs`: a service's log line is in its file as soon as it is logged, whatever the stream's buffering."""
+"""`tether.cli.views.logs`: a service's log line is in its file as soon as it is logged, whatever the stream's
+buffering."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import io
 import logging
 from pathlib import Path
 
-from tether.cli.logs import _LineHandler
+from tether.cli.views.logs import _LineHandler
 
 
 def test_each_line_is_out_when_logged_with_any_buffering(tmp_path: Path) -> None:
@@ -31,7 +32,7 @@ def test_each_line_is_out_when_logged_with_any_buffering(tmp_path: Path) -> None
 
 
 def test_plain_lines_are_the_stock_formatters() -> None:
-    from tether.cli.logs import _PlainFormatter
+    from tether.cli.views.logs import _PlainFormatter
 
     stock, plain = logging.Formatter("%(levelname)s %(name)s: %(message)s"), _PlainFormatter()
     try:

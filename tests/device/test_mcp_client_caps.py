@@ -175,7 +175,7 @@ async def test_log_messages_reach_the_device_log_at_their_level(manager: MCPServ
 
 async def test_sampling_is_refused_by_the_default_policy(manager: MCPServerManager) -> None:
     async with FakeLLM(["never used"]) as fake, LLMClient(fake.settings()) as llm:
-        from tether.cli.mcp_hooks import llm_sampler
+        from tether.cli.local.mcp_hooks import llm_sampler
 
         manager.hooks.sample = llm_sampler(llm)
         server = await started(manager)
@@ -189,7 +189,7 @@ async def test_sampling_is_refused_by_the_default_policy(manager: MCPServerManag
 
 async def test_sampling_allowed_by_policy_asks_the_llm(manager: MCPServerManager) -> None:
     async with FakeLLM(["forty-two"]) as fake, LLMClient(fake.settings()) as llm:
-        from tether.cli.mcp_hooks import llm_sampler
+        from tether.cli.local.mcp_hooks import llm_sampler
 
         manager.hooks.sample = llm_sampler(llm)
         server = await started(manager)
@@ -220,7 +220,7 @@ async def test_sampling_in_ask_mode_asks_a_person_first(manager: MCPServerManage
         return ElicitationAnswer(answers.pop(0), {} if not answers else None)  # type: ignore[arg-type]
 
     async with FakeLLM(["sure"]) as fake, LLMClient(fake.settings()) as llm:
-        from tether.cli.mcp_hooks import llm_sampler
+        from tether.cli.local.mcp_hooks import llm_sampler
 
         manager.hooks.sample = llm_sampler(llm)
         manager.hooks.elicit = person

@@ -13,7 +13,7 @@ import pytest
 
 from bench.kit.fake_llm import FakeLLM
 from tether.agent.llm.chat import LLMClient
-from tether.cli.mcp_hooks import llm_sampler
+from tether.cli.local.mcp_hooks import llm_sampler
 from tether.device.mcp.client.client_caps import ElicitationAnswer, ElicitationRequest
 from tether.device.mcp.client.manager import BaseMCPServer, MCPServerManager
 from tether.protocol.models import ResultStatus

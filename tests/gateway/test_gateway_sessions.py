@@ -20,7 +20,7 @@ from tests.kits.aip import WAIT
 from tests.kits.gateway import GatewayServer, mcp_client, register
 from tether.protocol.messages import ServerMessageType
 from tether.protocol.models import Result, ResultStatus
-from tether.server.mcp import gateway as gw
+from tether.server.mcp.gateway import core as gw  # the module that reads MAX_SESSIONS_PER_TOKEN
 
 REPO = Path(__file__).resolve().parents[2]
 NODE_MODULES = REPO / ".tether-test-node" / "node_modules"

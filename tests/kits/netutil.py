@@ -129,7 +129,12 @@ class TcpProxy:
 
 
 STARTUP_WAIT = 120.0  # upper bound for a `tether server` process to answer /health
-HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
+# A test server's liveness options: beats every 0.3 s and a dropped device's batches kept 3 s, but a generous 20 s
+# heartbeat timeout, so a scheduling stall of a loaded CI machine (seconds, seen at load 16) is not taken for a
+# silent device. A test about silence itself (a device or link that stops answering without closing its socket)
+# asks for `SHORT_HEARTBEAT` explicitly: `Cluster(tmp, heartbeat=SHORT_HEARTBEAT)`.
+HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "20", "--grace-period", "3"]
+SHORT_HEARTBEAT = ["--heartbeat-interval", "0.3", "--heartbeat-timeout", "2", "--grace-period", "3"]
 
 
 def workspace_roots(tmp: Path) -> str:
@@ -150,9 +155,10 @@ def workspace_policy(tmp: Path, **more: Any) -> Path:
 @dbkit.keeps_server_state
 class Cluster:
     """One server process (`server_args`: more `tether server` options, e.g. --four-eyes) plus whatever
-    devices a test starts; everything stopped at the end."""
+    devices a test starts; everything stopped at the end. `heartbeat`: its liveness options (`HEARTBEAT`, with
+    a generous timeout; a test about a silent device passes `SHORT_HEARTBEAT`)."""
 
-    def __init__(self, tmp: Path, server_args: tuple[str, ...] = ()) -> None:
+    def __init__(self, tmp: Path, server_args: tuple[str, ...] = (), heartbeat: list[str] | None = None) -> None:
         self.tmp = tmp
         self.state = tmp / "state"
         self.state.mkdir()
@@ -164,7 +170,8 @@ class Cluster:
         self.device_tokens = dict(zip(("alpha", "beta"), devices, strict=True))
         self.port = free_port()
         self.procs: list[Proc] = []
-        self.server = self.start(["server", "--port", str(self.port), *dbkit.server_db_args(self.db), *HEARTBEAT,
+        self.server = self.start(["server", "--port", str(self.port), *dbkit.server_db_args(self.db),
+                                  *(HEARTBEAT if heartbeat is None else heartbeat),
                                   "--log-level", "warning", *server_args], "server")
         self.remote = RemoteServer(f"http://127.0.0.1:{self.port}", self.api_token)
         try:

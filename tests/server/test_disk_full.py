@@ -4,7 +4,8 @@ small tmpfs filled to its last byte, or remounted read-only, under real server a
 The audit is part of the command: while it cannot be written the server refuses new commands with
 503 {"error": "… disk full …"} and nothing reaches the device; rows it could not write are held and
 written once space is back; token and task creation answer 503 {error}; the CLI says so in one line;
-a task that ends during the outage stays consistent and is saved later; start-up on a full or
+a task that ends during the outage is told ended to nobody (shown as the store holds it) until its end is
+saved, which it is once space is back; start-up on a full or
 read-only state directory is one line and a non-zero exit.
 """
 
@@ -275,17 +276,26 @@ def test_task_ending_during_the_outage_is_consistent_and_saved_later(server: Ser
     follower.start()
     filler = fill(disk)
     blocked.release()
+    # the task ends during the outage: its end is told to nobody before it is saved, and it is shown as the store
+    # holds it (running), with why its end waits
+    wait_for(lambda: "not saved" in server.http.get("/health").json()["database"], "the end's save to fail", 60)
+    got = server.http.get(f"/tasks/{task_id}").json()
+    [listed] = [row for row in server.http.get("/tasks").json() if row["id"] == task_id]
+    assert got["state"] == listed["state"] == "running" and got["ending"]["state"] == "done", got["ending"]
+    assert "disk full" in got["ending"]["unsaved"]
+    assert not server.http.get("/tasks", params={"state": "done"}).json()
+    assert not ends and follower.is_alive()
+    filler.unlink()  # space again: the save is retried, and then the end is told
     follower.join(60)
     assert not follower.is_alive(), "the follower of a task that ended during the outage hangs"
     [(_, end)] = ends
     assert end["ended"] is True and end["state"] == "done", end
     got = server.http.get(f"/tasks/{task_id}").json()
     [listed] = [row for row in server.http.get("/tasks").json() if row["id"] == task_id]
-    assert got["state"] == listed["state"] == "done"
+    assert got["state"] == listed["state"] == "done" and got.get("ending") is None
     assert [row["id"] for row in server.http.get("/tasks", params={"state": "done"}).json()] == [task_id]
     assert not server.http.get("/tasks", params={"state": "running"}).json()
 
-    filler.unlink()
     server.restart_server()  # the server saves what it could not, at the latest when it stops
     again = server.http.get(f"/tasks/{task_id}").json()
     assert again["state"] == "done" and again.get("pending_question") is None, again

@@ -320,6 +320,46 @@ def test_the_inbox_answers_and_the_webhooks_page_adds_tests_and_removes(admin: D
         hooks.server_close()
 
 
+def test_an_inbox_push_redraws_only_the_card_that_changed(admin: Dash, cluster: Cluster) -> None:
+    """A card whose item did not change is the same DOM node after pushes that add and remove other cards, and
+    the person's focus in it stays; what the server sends goes in as text."""
+    from playwright.sync_api import expect
+
+    page = admin.page
+    page.get_by_role("link", name="Inbox").click()
+    expect(page.locator("#main")).to_contain_text("Nothing waits for you.")
+
+    made: list[str] = []
+
+    def waiting(content: str) -> str:  # a task waiting for its plan to be confirmed, writing a file of its own
+        made.append(content)
+        path = cluster.tmp / f"inbox-{len(made)}.txt"
+        plan = [{"skill": "write_file", "args": {"file_path": str(path), "content": content}}]
+        return str(call(cluster, "POST", "/tasks", {"device": "alpha", "confirm": "always", "plan": plan})["id"])
+
+    kept, other = waiting("<b>kept</b>"), waiting("other")
+    card = page.locator(f'[data-item="{kept}"]')
+    expect(card).to_contain_text("confirmation")
+    expect(page.locator(f'[data-item="{other}"]')).to_be_visible()
+    node = card.element_handle()
+    card.get_by_role("button", name="Deny").focus()
+    focused = ("() => document.activeElement.closest('[data-item]')?.dataset.item + ' ' "
+               "+ document.activeElement.textContent")
+    assert page.evaluate(focused) == f"{kept} Deny"
+
+    added = waiting("added")  # a push that adds a card
+    expect(page.locator(f'[data-item="{added}"]')).to_be_visible()
+    call(cluster, "POST", f"/tasks/{other}/approval", {"approved": False})  # a push that removes one
+    expect(page.locator(f'[data-item="{other}"]')).to_have_count(0)
+    assert node.evaluate("(el) => el.isConnected && el === document.querySelector(`[data-item='${el.dataset.item}']`)")
+    assert page.evaluate(focused) == f"{kept} Deny", "the person's focus was lost to a push about another card"
+    expect(card).to_contain_text("<b>kept</b>")  # the plan's markup is text, never parsed
+    assert page.locator("#main b").count() == 0
+    for task_id in (kept, added):  # nothing left waiting for the module's other tests (they run: done)
+        call(cluster, "POST", f"/tasks/{task_id}/approval", {"approved": True})
+    expect(page.locator("#main")).to_contain_text("Nothing waits for you.")
+
+
 AXE_RUN = """async () => (await axe.run(document, {resultTypes: ['violations']})).violations
     .filter((v) => v.impact === 'serious' || v.impact === 'critical')
     .map((v) => `${v.id} (${v.impact}): ${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join(', ')}`)"""

@@ -1,8 +1,10 @@
 """The `tether` command. Sub-commands live in `tether.cli.commands`, one module per command group (in families);
-importing one attaches its commands. What they draw on the terminal is in `tether.cli.views`, the demos
-in `tether.cli.demo`. A command module is imported only when its command runs or shows its help:
-`tether.cli.lazy.COMMANDS` names every top-level command, the modules it needs and its help line (add a
-new command module there)."""
+importing one attaches its commands. What they draw on the terminal (and the services' log lines) is in
+`tether.cli.views`, the guards around a command (root, the state directory's lock, an uncaught exception) in
+`tether.cli.guards`, local mode's task store and question hooks in `tether.cli.local`, the typer-free `tether
+exec`/`tether device` path in `tether.cli.fast`, the demos in `tether.cli.demo`. A command module is imported
+only when its command runs or shows its help: `tether.cli.lazy.COMMANDS` names every top-level command, the
+modules it needs and its help line (add a new command module there)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def main() -> None:
     try:
         app()
     except Exception as exc:
-        from tether.cli.unhandled import report_unhandled
+        from tether.cli.guards.unhandled import report_unhandled
 
         report_unhandled(exc)
         raise

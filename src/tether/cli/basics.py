@@ -18,6 +18,7 @@ from tether.cli.views.safe_text import console, say, visible
 
 if TYPE_CHECKING:
     from tether.client.rest import RemoteError  # httpx: imported by the commands that talk to a server
+    from tether.device.config import DeviceConfig
     from tether.protocol.models import Result  # pydantic: not for `tether --help`
 
 
@@ -44,19 +45,33 @@ def usage_error(message: str, code: int = ExitCode.USAGE) -> NoReturn:
     raise SystemExit(int(code))
 
 
-def guard_root(config: Path | None, allow_root: bool, command: str) -> None:
+def load_config(path: Path | None) -> DeviceConfig:
+    """The device config of a command that runs a device in this process (`tether.device.config.
+    load_device_config`: `--config`, else $TETHER_CONFIG or the default file), read once and passed to what
+    needs it (`guard_root`, the state directory's lock, the device). One it cannot read or use: one line on
+    stderr and exit `ExitCode.USAGE` (`SystemExit`)."""
+    from tether.device.config import load_device_config
+
+    try:
+        return load_device_config(path)
+    except ValueError as exc:
+        say(f"error: {exc}", err=True, soft_wrap=True)  # one line, whatever the terminal's width
+        raise SystemExit(int(ExitCode.USAGE)) from None
+
+
+def guard_root(config: DeviceConfig, allow_root: bool, command: str) -> None:
     """For the commands that run a device in this process (`tether exec`, `tether run`; tether.device.root,
-    docs/security/root.md). Not root: nothing. Root without leave: one line on stderr and exit
-    `ExitCode.USAGE` (`SystemExit`). Root with leave: a one-line warning naming who sandboxed commands run as."""
+    docs/security/root.md), with the device's config (`load_config`). Not root: nothing. Root without leave:
+    one line on stderr and exit `ExitCode.USAGE` (`SystemExit`). Root with leave: a one-line warning naming who
+    sandboxed commands run as."""
     import os
 
     if os.geteuid() != 0:
         return
-    from tether.device.config import load_device_config
     from tether.device.root import RootRefused, root_check
 
     try:
-        warning = root_check(load_device_config(config), allow_root, command)
+        warning = root_check(config, allow_root, command)
     except (ValueError, RootRefused) as exc:
         say(f"error: {exc}", err=True, soft_wrap=True)  # one line, whatever the terminal's width
         raise SystemExit(int(ExitCode.USAGE)) from None

@@ -84,22 +84,27 @@ STATE_LOCK = "device.lock"  # in the state directory: held by the one tether pro
 
 class StateDirBusy(DeviceError):
     """Another live tether process holds the state directory (`hold_state_dir`); the message names it, and
-    `holder` says what it is ("tether device", "tether exec", …, or "tether process" when unknown); `starting`
-    is True when the holder took the lock an instant ago and has not yet written who it is (a second look,
-    shortly after, names it)."""
+    `holder` says what it is ("tether device", "tether exec", …, or "tether process" when unknown), `pid` its
+    process id (None when it has not written it), `directory` the state directory; `starting` is True when the
+    holder took the lock an instant ago and has not yet written who it is (a second look, shortly after, names
+    it)."""
 
-    def __init__(self, message: str, holder: str = "tether process", *, starting: bool = False) -> None:
+    def __init__(self, message: str, holder: str = "tether process", *, starting: bool = False,
+                 pid: int | None = None, directory: Path | None = None) -> None:
         super().__init__(message)
         self.holder = holder
         self.starting = starting
+        self.pid = pid
+        self.directory = directory
 
 
 def hold_state_dir(directory: Path, holder: str = "tether device") -> int:
     """Take this process's exclusive lock on the device state directory `directory` (created 0700 when
     missing) before anything in it is read or written: an `flock` on `<directory>/device.lock`, which also
     holds this process's pid and `holder` (what it is, e.g. "tether run", for another one's refusal). Every
-    tether process that runs a device on a state directory takes it (`tether device`, a local `tether run`,
-    `tether exec`, `tether mcp serve`, `tether tools serve`). The lock lasts as long as the returned descriptor
+    tether process that uses a state directory takes it (`tether device`, a local `tether run`, `tether exec`,
+    `tether tools`, `tether undo`, `tether mcp serve`, `tether tools serve`, and `open_local_device`,
+    `open_device` and `serve_device` of the Python API). The lock lasts as long as the returned descriptor
     (close it to give it up) and the kernel drops it however the process ends, kill -9 too, so no stale lock
     is ever left; children do not inherit it (close-on-exec).
 
@@ -126,7 +131,7 @@ def hold_state_dir(directory: Path, holder: str = "tether device") -> int:
         raise StateDirBusy(f"{who} already uses the state directory {directory} (its undo journal, key and "
                            "token); stop it first, or give this one a state directory of its own: --state-dir DIR "
                            "(or TETHER_STATE_DIR=DIR, or device.state_dir in its config)", what,
-                           starting=starting) from None
+                           starting=starting, pid=pid, directory=directory) from None
     record = f"{os.getpid()} {holder}\n".encode()
     with contextlib.suppress(OSError):  # who holds it, for a refusal (best effort: a full disk keeps the lock)
         os.pwrite(fd, record, 0)  # over the last holder's line, then cut: the first line is never empty between
@@ -134,7 +139,26 @@ def hold_state_dir(directory: Path, holder: str = "tether device") -> int:
     return fd
 
 
-_HOLDERS = ("tether device", "tether run", "tether exec", "tether mcp serve", "tether tools serve")
+def hold_state_dir_if_any(directory: Path, holder: str) -> int | None:
+    """`hold_state_dir`, but None (nothing held) where the state directory does not exist and cannot be made
+    (under a file, a read-only home): no other process can be using it then, so the caller runs without it.
+
+    Raises `StateDirBusy` as `hold_state_dir` does, and `DeviceError` when an existing directory's lock cannot
+    be taken."""
+    try:
+        return hold_state_dir(directory, holder)
+    except StateDirBusy:
+        raise
+    except DeviceError:
+        if directory.exists():
+            raise
+        return None
+
+
+API_HOLDER = "tether API user"  # what the lock file names a process holding it through the Python API
+
+_HOLDERS = ("tether device", "tether run", "tether run --dry-run", "tether exec", "tether mcp serve",
+            "tether tools serve", "tether tools", "tether undo", API_HOLDER)
 
 
 def _holder(fd: int) -> tuple[int | None, str, bool]:
@@ -179,7 +203,10 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
                  join_external: bool = False, join_after: asyncio.Event | None = None,
                  on_tools_changed: Callable[[Computer], None] | None = None,
                  only_tool: str | None = None) -> LocalDevice:
-    """`serving`: the device runs commands for a server, so a sandbox is required unless the policy says
+    """A device in this process, not started. It does not take the state directory's lock
+    (`hold_state_dir`): its caller holds it (`open_local_device`, `open_device` and `tether device` do).
+
+    `serving`: the device runs commands for a server, so a sandbox is required unless the policy says
     otherwise; `sandbox=False` runs processes unconfined (tests of the unconfined path), a `SandboxInfo`
     is a probe already made; `secrets` are more paths the sandbox hides (the token file); `mcp_hooks` answer
     external MCP servers' questions and sampling requests (`mcp.client_caps`); `join_external`: the device
@@ -222,14 +249,29 @@ async def open_local_device(config: DeviceConfig | str | os.PathLike[str] | None
                       policy_path: str | os.PathLike[str] | None = None,
                       state_dir: str | os.PathLike[str] | None = None, sandbox: bool = True,
                       serving: bool = False, mcp_hooks: MCPClientHooks | None = None,
-                      only_tool: str | None = None) -> AsyncIterator[LocalDevice]:
-    """A started device (its default computer's servers open) that is closed on exit; `only_tool` as
-    `build_device`'s."""
+                      only_tool: str | None = None, lock_state_dir: bool = True) -> AsyncIterator[LocalDevice]:
+    """A started device (its default computer's servers open) that is closed on exit.
+
+    `config`: a `DeviceConfig`, a config file, or None (the default one); `policy_path`: a policy file instead
+    of the config's; `state_dir`: where its undo journal, kept grants and sandbox probe live (`device_state_dir`);
+    `sandbox`, `serving`, `mcp_hooks`, `only_tool`: as `build_device`'s.
+
+    `lock_state_dir` (default): the state directory's lock (`hold_state_dir`) is taken before anything in it is
+    read, and held until the device is closed, so that no other tether process (a `tether device`, a local
+    `tether exec`, another API user) shares its undo journal, private /tmp base and sessions' totals. False: the
+    caller holds it already (as the `tether` commands do). Raises `StateDirBusy` (a `DeviceError`; its message
+    names the holder's kind and pid) when another process holds it, `DeviceError` when it cannot be taken, and
+    ValueError for a config, policy or sandbox it cannot use; nothing is left running or held then."""
     cfg = config if isinstance(config, DeviceConfig) else load_device_config(config)
-    device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir, sandbox=sandbox,
-                          serving=serving, mcp_hooks=mcp_hooks, only_tool=only_tool)
+    held = hold_state_dir_if_any(device_state_dir(cfg, state_dir), API_HOLDER) if lock_state_dir else None
     try:
-        await device.computer_manager.get_or_create(None)
-        yield device
+        device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir, sandbox=sandbox,
+                              serving=serving, mcp_hooks=mcp_hooks, only_tool=only_tool)
+        try:
+            await device.computer_manager.get_or_create(None)
+            yield device
+        finally:
+            await device.aclose()
     finally:
-        await device.aclose()
+        if held is not None:
+            os.close(held)

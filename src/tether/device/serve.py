@@ -41,7 +41,14 @@ from tether.device.link.connection import (
 )
 from tether.device.link.outbox import Outbox
 from tether.device.link.trust.device_key import load_device_key
-from tether.device.local import LocalDevice, build_device, device_state_dir, resolve_policy
+from tether.device.local import (
+    API_HOLDER,
+    LocalDevice,
+    build_device,
+    device_state_dir,
+    hold_state_dir_if_any,
+    resolve_policy,
+)
 from tether.device.mcp.client.client_caps import MCPClientHooks
 from tether.device.mcp.client.elicit import RemoteQuestions, RemoteSampler
 from tether.device.policy_overlay import RemotePolicy
@@ -66,12 +73,16 @@ class ServedDevice:
     """A device built in this process with its link to a server (`open_device` starts and returns one).
 
     `local` is the device (tools, policy, sandbox, MCP servers), `connection` its AIP link, `sandbox` the
-    probe of what this machine can confine. Use it as an async context manager, or call `close()`."""
+    probe of what this machine can confine, `state_lock` the descriptor holding its state directory's lock
+    (`hold_state_dir`; None when its caller holds it), given up by `close()`. Use it as an async context
+    manager, or call `close()`."""
 
-    def __init__(self, local: LocalDevice, connection: DeviceConnection, sandbox: SandboxInfo) -> None:
+    def __init__(self, local: LocalDevice, connection: DeviceConnection, sandbox: SandboxInfo, *,
+                 state_lock: int | None = None) -> None:
         self.local = local
         self.connection = connection
         self.sandbox = sandbox
+        self._state_lock = state_lock
         self._run: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -123,8 +134,8 @@ class ServedDevice:
             await asyncio.shield(self._run)
 
     async def close(self) -> None:
-        """Stop the link, wait for it, and close the device (its MCP servers and sandbox); idempotent.
-        Does not raise what ended the link (`wait_stopped` does)."""
+        """Stop the link, wait for it, and close the device (its MCP servers and sandbox), then give up its
+        state directory's lock; idempotent. Does not raise what ended the link (`wait_stopped` does)."""
         if self._closed:
             return
         self._closed = True
@@ -133,7 +144,11 @@ class ServedDevice:
             if self._run is not None:
                 await asyncio.gather(self._run, return_exceptions=True)
         finally:
-            await self.local.aclose()
+            try:
+                await self.local.aclose()
+            finally:
+                if self._state_lock is not None:
+                    os.close(self._state_lock)
 
     async def __aenter__(self) -> ServedDevice:
         return self
@@ -149,17 +164,39 @@ async def _build(server_url: str | Sequence[str] | None = None, *, token: str,
                               state_dir: str | os.PathLike[str] | None = None, ca_file: str | None = None,
                               tls_fingerprint: str | None = None, tags: Sequence[str] = (),
                               secret_files: Sequence[str] = (), settings: LinkSettings = LinkSettings(),
-                              on_state: StateHook | None = None) -> ServedDevice:
+                              on_state: StateHook | None = None, lock_state_dir: bool = True) -> ServedDevice:
     """The device and its link, built but not started (`open_device` documents the arguments).
 
-    Raises `DeviceSetupError`; nothing is left running then."""
+    Raises `DeviceSetupError` or `StateDirBusy`; nothing is left running or held then."""
     try:
         cfg = config if isinstance(config, DeviceConfig) else load_device_config(config)
         state = device_state_dir(cfg, state_dir)
+    except ValueError as exc:
+        raise DeviceSetupError(str(exc)) from None
+    # before anything in the state directory is read: its key, journal, kept policy and probe are this process's
+    held = hold_state_dir_if_any(state, API_HOLDER) if lock_state_dir else None
+    try:
+        return await _build_held(state, held, cfg, servers=[server_url] if isinstance(server_url, str)
+                                 else list(server_url or ()), token=token, name=name, policy_path=policy_path,
+                                 state_dir=state_dir, ca_file=ca_file, tls_fingerprint=tls_fingerprint, tags=tags,
+                                 secret_files=secret_files, settings=settings, on_state=on_state)
+    except BaseException:
+        if held is not None:
+            os.close(held)
+        raise
+
+
+async def _build_held(state: Path, held: int | None, cfg: DeviceConfig, *, servers: list[str], token: str,
+                      name: str | None, policy_path: str | os.PathLike[str] | None,
+                      state_dir: str | os.PathLike[str] | None, ca_file: str | None, tls_fingerprint: str | None,
+                      tags: Sequence[str], secret_files: Sequence[str], settings: LinkSettings,
+                      on_state: StateHook | None) -> ServedDevice:
+    """`_build` past the state directory's lock (`held`: its descriptor, handed to the result)."""
+    try:
         # the device's key: every registration proves it (tether.protocol.identity); hidden from the sandbox
         key_path = cfg.server.key_path(state, Path(cfg.source).parent if cfg.source else None)
         secrets = list(secret_files)
-        if not key_path.resolve().is_relative_to(state.resolve()):
+        if not key_path.resolve().is_relative_to(state.resolve()):  # noqa: ASYNC240 (a few stats, at start)
             secrets.append(str(key_path))  # the state directory is hidden whole; a key elsewhere too
         run_as = run_as_for(cfg)  # a root device probes as its run_as user (tether.device.root)
     except ValueError as exc:
@@ -168,7 +205,6 @@ async def _build(server_url: str | Sequence[str] | None = None, *, token: str,
     sandbox_probe = asyncio.ensure_future(asyncio.to_thread(detect, state, run_as=run_as))
     # and the key (importing `cryptography` takes a while) while the probe runs
     key_loading = asyncio.ensure_future(asyncio.to_thread(load_device_key, key_path))
-    servers = [server_url] if isinstance(server_url, str) else list(server_url or ())
     device_name = name or cfg.device.name
     questions = RemoteQuestions()  # an external MCP server's question: an event; the answer comes over AIP
     outbox = Outbox(settings.max_queued_events)
@@ -235,7 +271,7 @@ async def _build(server_url: str | Sequence[str] | None = None, *, token: str,
     except ValueError as exc:  # a URL it cannot use (mixed ws:// and wss://, a pin without TLS)
         await device.aclose()
         raise DeviceSetupError(str(exc)) from None
-    return ServedDevice(device, connection, sandbox)
+    return ServedDevice(device, connection, sandbox, state_lock=held)
 
 
 async def open_device(server_url: str | Sequence[str] | None = None, *, token: str,
@@ -244,7 +280,7 @@ async def open_device(server_url: str | Sequence[str] | None = None, *, token: s
                       state_dir: str | os.PathLike[str] | None = None, ca_file: str | None = None,
                       tls_fingerprint: str | None = None, tags: Sequence[str] = (), secret_files: Sequence[str] = (),
                       settings: LinkSettings = LinkSettings(), on_state: StateHook | None = None,
-                      register_timeout: float | None = 30.0) -> ServedDevice:
+                      register_timeout: float | None = 30.0, lock_state_dir: bool = True) -> ServedDevice:
     """Build this machine's device, connect it to a server and wait until it is registered.
 
     `server_url`: `ws(s)://host:port` (the `/aip` path is added), or a cluster's nodes in the order to
@@ -257,15 +293,20 @@ async def open_device(server_url: str | Sequence[str] | None = None, *, token: s
     more paths the sandbox hides (e.g. the token file). `settings`: the link's retry and buffer settings
     (its `max_concurrent_sessions` is the policy's). `on_state(state, connection)`: hears each link state
     change (`connecting`, `registered`, `disconnected`, `refused`, `stopped`). `register_timeout`: seconds
-    to wait for the registration (None: no limit).
+    to wait for the registration (None: no limit). `lock_state_dir` (default): the state directory's lock
+    (`tether.device.local.hold_state_dir`) is taken before anything in it is read and held until the device
+    is closed, so that no other tether process (a `tether device`, a local `tether exec`, another API user)
+    shares its key, undo journal and sessions' totals; False: the caller holds it already.
 
     The result is registered and keeps reconnecting until closed: `async with` it, or call `close()`.
-    Raises `DeviceSetupError` for unusable settings, `RegistrationRefused` when the server refuses the
-    device for good, `RetriesExhausted` after `settings.max_attempts` failures, `TimeoutError` after
+    Raises `StateDirBusy` (a `DeviceError` naming the holder's kind and pid) when another process holds the
+    state directory, `DeviceSetupError` for unusable settings, `RegistrationRefused` when the server refuses
+    the device for good, `RetriesExhausted` after `settings.max_attempts` failures, `TimeoutError` after
     `register_timeout`; the device is closed then."""
     served = await _build(server_url, token=token, config=config, name=name, policy_path=policy_path,
                                        state_dir=state_dir, ca_file=ca_file, tls_fingerprint=tls_fingerprint,
-                                       tags=tags, secret_files=secret_files, settings=settings, on_state=on_state)
+                                       tags=tags, secret_files=secret_files, settings=settings, on_state=on_state,
+                                       lock_state_dir=lock_state_dir)
     try:
         served.start()
         await served.wait_registered(register_timeout)
@@ -281,7 +322,8 @@ def serve_device(server_url: str | Sequence[str] | None = None, *, token: str,
                  ca_file: str | None = None, tls_fingerprint: str | None = None, tags: Sequence[str] = (),
                  secret_files: Sequence[str] = (), settings: LinkSettings = LinkSettings(),
                  on_state: StateHook | None = None, on_ready: Callable[[ServedDevice], None] | None = None,
-                 stop: threading.Event | None = None, handle_signals: bool = True, freeze_gc: bool = False) -> None:
+                 stop: threading.Event | None = None, handle_signals: bool = True, freeze_gc: bool = False,
+                 lock_state_dir: bool = True) -> None:
     """Run this machine's device for a server until stopped; blocks (it runs its own event loop).
 
     The arguments up to `on_state` are `open_device`'s; it does not wait for a first registration: a
@@ -289,14 +331,17 @@ def serve_device(server_url: str | Sequence[str] | None = None, *, token: str,
     before it connects. It stops when `stop` (set from any thread) is set, or on SIGINT / SIGTERM when
     `handle_signals` (only in the main thread), and returns after the device is closed. `freeze_gc`: this
     process is the device (`tether device`): its start-up's objects are frozen at the first registration
-    (`freeze_once_registered`).
+    (`freeze_once_registered`). `lock_state_dir`: as `open_device`'s (the state directory is held until the
+    device is closed).
 
-    Raises `DeviceSetupError` for unusable settings, `RegistrationRefused` when the server refuses the
-    device for good, `RetriesExhausted` after `settings.max_attempts` failed attempts in a row."""
+    Raises `StateDirBusy` when another process holds the state directory, `DeviceSetupError` for unusable
+    settings, `RegistrationRefused` when the server refuses the device for good, `RetriesExhausted` after
+    `settings.max_attempts` failed attempts in a row."""
     asyncio.run(_serve(server_url, token=token, config=config, name=name, policy_path=policy_path,
                        state_dir=state_dir, ca_file=ca_file, tls_fingerprint=tls_fingerprint, tags=tags,
                        secret_files=secret_files, settings=settings, on_state=on_state, on_ready=on_ready,
-                       stop=stop, handle_signals=handle_signals, freeze_gc=freeze_gc))
+                       stop=stop, handle_signals=handle_signals, freeze_gc=freeze_gc,
+                       lock_state_dir=lock_state_dir))
 
 
 def freeze_once_registered(on_state: StateHook | None) -> StateHook:

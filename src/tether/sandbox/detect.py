@@ -134,8 +134,8 @@ def _cache_key(bwrap: str, run_as: RunAs | None = None) -> dict[str, Any] | None
                 "run_as": None if run_as is None else [run_as.uid, run_as.gid], "bwrap": _stat(bwrap),
                 "python": [sys.executable, sys.version],
                 "probe": [_stat(os.path.join(here, name)) for name in ("detect.py", "confine/bwrap.py",
-                                                                  "confine/warden.py", "confine/mounts.py",
-                                                                  "confine/run_as.py")],
+                                                                  "confine/warden.py", "confine/command.py",
+                                                                  "confine/mounts.py", "confine/run_as.py")],
                 "knobs": knobs}
     except OSError:
         return None

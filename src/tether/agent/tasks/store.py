@@ -143,6 +143,9 @@ class SaveSoon:
     With PostgreSQL (`TaskTable.offload`) the rows are serialised on the loop and written on the table's
     worker: `flush` hands them over without waiting (and answers what is known: the last problem), and
     `flushed` waits for them — what must be saved before a command goes awaits that.
+
+    `save_then` runs a callback once a task's row, as it is at the call, is written: what must not be told
+    before it is stored (a task's end) waits on it, through any number of failed writes and their retries.
     """
 
     retry_s = 1.0
@@ -154,6 +157,7 @@ class SaveSoon:
         self.problem: str | None = None  # why the last save failed; None once everything is saved
         self._retry: asyncio.TimerHandle | None = None
         self._writing: Future[dict[str, str]] | None = None  # the last group handed to the worker (PostgreSQL)
+        self._after: dict[str, list[Callable[[], None]]] = {}  # task id → called once its next write succeeds
 
     def on_event(self, task: Task, event: TaskEvent | None) -> None:
         if event is not None and event.kind in SAVE_ON:
@@ -181,6 +185,7 @@ class SaveSoon:
             self._hand_over(dirty)
             return self.problem
         problem = None
+        written: list[Callable[[], None]] = []
         for task in dirty.values():
             try:
                 self.store.save(task)
@@ -192,6 +197,7 @@ class SaveSoon:
                 self.unsaved[task.id] = task
             else:
                 self.unsaved.pop(task.id, None)
+                written.extend(self._after.pop(task.id, ()))
         if problem is None and self.problem is not None:
             logger.warning("tasks can be saved again")
         self.problem = problem
@@ -200,6 +206,8 @@ class SaveSoon:
                 self._retry = asyncio.get_running_loop().call_later(self.retry_s, self.flush)
             except RuntimeError:
                 pass  # no loop (closing): the caller reports what stays unsaved
+        for callback in written:
+            callback()
         return problem
 
     async def flushed(self) -> str | None:
@@ -216,22 +224,14 @@ class SaveSoon:
         await asyncio.sleep(0)  # its settling, called soon on this loop, has run
         return self.problem
 
-    def then(self, callback: Callable[[], None]) -> None:
-        """Call `callback` (on this loop) once what was saved so far is written, or its write failed: at once on
-        SQLite, where `flush` writes before it returns; on PostgreSQL once the table's worker is done with it.
-        What another process reads from the store after being told by `callback` is that state, not an older
-        one."""
-        writing = self._writing
-        if writing is None or writing.done():
-            callback()
-            return
-        loop = asyncio.get_running_loop()
-
-        def soon(_done: Future[dict[str, str]]) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: the server has stopped
-                loop.call_soon_threadsafe(callback)
-
-        writing.add_done_callback(soon)
+    def save_then(self, task: Task, callback: Callable[[], None]) -> None:
+        """Save `task` now and call `callback` (on this loop) once that row is written, never before: at once on
+        SQLite when the write succeeds; on PostgreSQL once the table's worker has written it. A failed write
+        keeps the task in `unsaved` and retries it every `retry_s` seconds; `callback` waits for the write that
+        succeeds. It is never called when the task is `forget`-ten or nothing succeeds before the server closes
+        (the store then holds the task's older row, which is what a restart finds)."""
+        self._after.setdefault(task.id, []).append(callback)
+        self.save(task)
 
     def _hand_over(self, dirty: dict[str, Task]) -> None:
         """PostgreSQL: write `dirty` on the table's worker, in order after what was handed over before; what
@@ -240,6 +240,7 @@ class SaveSoon:
             return
         loop = asyncio.get_running_loop()
         rows = {task_id: row_of(task) for task_id, task in dirty.items()}
+        after = {task_id: self._after.pop(task_id) for task_id in rows if task_id in self._after}
         table = self.store.table
 
         def work() -> dict[str, str]:
@@ -256,11 +257,15 @@ class SaveSoon:
                 failed = future.result()
             except Exception as exc:
                 failed = {task_id: str(exc) for task_id in rows}
+            written: list[Callable[[], None]] = []
             for task_id, task in dirty.items():
                 if task_id in failed:
                     self.unsaved.setdefault(task_id, task)
+                    if task_id in after:  # they wait for the retry's write (before any given since)
+                        self._after[task_id] = [*after[task_id], *self._after.get(task_id, ())]
                 else:
                     self.unsaved.pop(task_id, None)
+                    written.extend(after.get(task_id, ()))
             problem = next(iter(failed.values()), None)
             if problem is not None and self.problem is None:
                 logger.error("could not save %d task(s) (kept in memory, retried every %gs): %s", len(failed),
@@ -271,6 +276,8 @@ class SaveSoon:
             if self.unsaved and self._retry is None:
                 with contextlib.suppress(RuntimeError):
                     self._retry = loop.call_later(self.retry_s, self.flush)
+            for callback in written:
+                callback()
 
         try:
             future = table.submit(work)
@@ -293,9 +300,12 @@ class SaveSoon:
         return await self.flushed()
 
     def forget(self, task_id: str) -> None:
-        """Drop a task that was never created (its first save failed and the caller was told)."""
+        """Drop a task that was never created (its first save failed and the caller was told), or whose record
+        another server owns now: nothing of it is written or retried from here, and what waited on it is not
+        called."""
         self.unsaved.pop(task_id, None)
         self._dirty.pop(task_id, None)
+        self._after.pop(task_id, None)
 
     def cancel(self) -> None:
         if self._retry is not None:

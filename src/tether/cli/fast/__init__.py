@@ -159,7 +159,7 @@ def run_fast(argv: list[str]) -> None:
     except Exception as exc:
         clicked = _click_exit(exc)
         if clicked is None:
-            from tether.cli.unhandled import report_unhandled
+            from tether.cli.guards.unhandled import report_unhandled
 
             report_unhandled(exc)
             raise

@@ -4,14 +4,18 @@ the plan, running nothing and storing nothing, so a plan can be read before it i
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tether.cli.common import console
 
+if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
 
-async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
+
+async def dry_run_local(request: str, plan: Any, settings: Any, config: DeviceConfig, policy: Path | None,
                         state_dir: Path | None) -> int:
-    """0 with the plan shown when it would run; 1 with its problems listed."""
+    """0 with the plan shown when it would run; 1 with its problems listed. The caller holds the state
+    directory's lock (`tether.cli.guards.state_lock.holding_state_dir`)."""
     from tether.agent.llm.chat import LLMClient
     from tether.agent.run.confirm import plan_text
     from tether.agent.run.executor import DEFAULT_DEVICE_NAME, TaskRunner
@@ -26,7 +30,8 @@ async def dry_run_local(request: str, plan: Any, settings: Any, config: Path | N
         raise AssertionError("a dry run asked a question")
 
     try:
-        async with open_local_device(config, policy_path=policy, state_dir=state_dir) as device:
+        async with open_local_device(config, policy_path=policy, state_dir=state_dir,
+                                     lock_state_dir=False) as device:  # its caller holds the state directory
             computer = await device.computer_manager.get_or_create(None)
             dispatcher = device.dispatcher(session_id="dry-run")
             profiles = {DEFAULT_DEVICE_NAME: await collect_profile(device)} if llm is not None else {}

@@ -10,15 +10,18 @@ the REGISTER frame itself, are `tether.protocol.device_session.DeviceSession`'s 
 does the socket, the timing and what each event asks for.
 
 When the link drops it reconnects forever by default, with exponential backoff and full jitter
-under a cap (so a fleet of devices does not reconnect in lockstep after a server restart). A
+under a cap (so a fleet of devices does not reconnect in lockstep after a server restart;
+`reconnect.Backoff` is the schedule, docs/reconnect.md says it for operators). A
 refusal that retrying cannot fix — bad token, name mismatch, unsupported version — stops `run()`
 with `RegistrationRefused` carrying the server's words; "that device is already connected"
 (4409) is retried, since the other connection may be this device's own dead one. That policy is
 in `tether.device.link.reconnect`. While the device owes the server something (results in the outbox,
 batches queued or running), the waits are also held well inside the grace period the server's
 last RegisterAck promised (counted from the moment the link was lost), so a server that is
-reachable again gets the results before it gives the batches up. A long outage is logged once
-per kind of failure, then once a minute, then its end (`reconnect.FailureLog`).
+reachable again gets the results before it gives the batches up; those dense attempts do not raise
+the backoff's step, so when the window closes the device goes on from its first step, not from the
+cap. A long outage is logged once per kind of failure, then once a minute, then its end
+(`reconnect.FailureLog`).
 
 An idle link costs one heartbeat frame each way per interval and nothing else: the heartbeat is
 written from a template, the server's reply recognised by its shape (`codec.HeartbeatFrame`,
@@ -48,6 +51,7 @@ from tether.device.link.finished import FinishedRecord
 from tether.device.link.outbox import Outbox
 from tether.device.link.reconnect import (
     RETRYABLE,
+    Backoff,
     FailureLog,
     RegistrationRefused,
     RetriesExhausted,
@@ -224,7 +228,9 @@ class DeviceConnection(Registering, Dispatching, Serving):
             local = urlsplit(url).hostname in ("127.0.0.1", "localhost", "::1")
             if self._ssl is None and not self._pin and self._token and not local:
                 logger.warning("connecting to %s without TLS: the device token travels in clear text", url)
-        attempt = failures = 0
+        s = self.settings
+        backoff = Backoff(s.backoff_base, s.backoff_cap, s.restart_spread, s.stable_after)
+        failures = 0
         try:
             while not self._stop.is_set():
                 self._set_state("connecting")
@@ -258,16 +264,11 @@ class DeviceConnection(Registering, Dispatching, Serving):
                                                f"{self.url}: {self.last_error}")
                 else:
                     failures = 0
-                    if uptime >= self.settings.stable_after:
-                        attempt = 0
                 grace_left = self._grace_left()
-                delay = backoff_delay(attempt, self.settings.backoff_base, self.settings.backoff_cap,
-                                      grace_left=grace_left, retry_after=retry_after,
-                                      spread=self.settings.restart_spread if uptime is not None else 0.0)
                 # the next node; the wait grows once per round of them (refused as busy: the server's pace,
-                # not a failure to back off from)
-                if self.servers.advance() and retry_after is None:
-                    attempt += 1
+                # not a failure to back off from), and not while a grace window paces the attempts
+                delay = backoff.next_wait(uptime=uptime, round_done=self.servers.advance(), grace_left=grace_left,
+                                          retry_after=retry_after)
                 target = f" to {self.url}" if len(self.servers.urls) > 1 else ""
                 if grace_left is None:
                     logger.info("reconnecting%s in %.2fs", target, delay)

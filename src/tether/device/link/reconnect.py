@@ -91,6 +91,58 @@ def backoff_delay(attempt: int, base: float = 0.5, cap: float = 30.0,
     return rand() * upper
 
 
+class Backoff:
+    """The wait before each reconnection attempt of one `DeviceConnection`, and the step it is drawn at.
+
+    Outside a grace window the wait is `backoff_delay(step)`: full jitter in [0, min(cap, base * 2**step)], the
+    step raised by one after each failed round of server URLs (`ServerURLs.advance`), not when a busy server set
+    the pace (`retry_after`), and back to 0 when a link that registered ends after staying up `stable_after`
+    seconds (a link that registers and drops sooner leaves it as it was: a server that accepts and drops its
+    devices keeps being backed off from). The first attempt after a link that was up is spread over `spread`
+    seconds when the step is 0.
+
+    Inside a grace window (`grace_left`: the device owes the server results, and the server keeps its batches
+    that much longer) the attempts are paced by their own count in that window, starting from the step, each
+    bounded by a share of the grace left (`backoff_delay`'s `grace_left`), and they never raise the step: when
+    the window closes, the backoff goes on from the step it had when the window opened (the first one, after a
+    stable link), not from the exponent the window's dense attempts reached.
+
+    `next_wait` is the whole schedule: a pure function of these counts, `uptime`, `grace_left`,
+    `retry_after` and `rand` (no clock), so it is tested without sockets."""
+
+    def __init__(self, base: float = 0.5, cap: float = 30.0, spread: float = RESTART_SPREAD_S,
+                 stable_after: float = 10.0, rand: Callable[[], float] = random.random) -> None:
+        self.base = base
+        self.cap = cap
+        self.spread = spread
+        self.stable_after = stable_after
+        self.rand = rand
+        self.step = 0  # the exponent outside grace windows
+        self.in_window = 0  # attempts paced inside the current grace window
+
+    def next_wait(self, *, uptime: float | None, round_done: bool, grace_left: float | None = None,
+                  retry_after: float | None = None) -> float:
+        """Seconds to wait before the next attempt, after one that ended: `uptime` is how long it stayed up
+        when it had registered (None: it never did); `round_done` whether it completed a round of every server
+        URL; `grace_left` the seconds left of the server's grace period while the device owes it something
+        (None or <= 0: no window); `retry_after` what a busy server asked for."""
+        if uptime is not None:  # a registered link ended: a new grace window (if one) starts with it
+            self.in_window = 0
+            if uptime >= self.stable_after:
+                self.step = 0
+        paced = retry_after is None and round_done
+        if grace_left is not None and grace_left > 0:
+            exponent = self.step + self.in_window
+            if paced:
+                self.in_window += 1
+        else:
+            exponent = self.step
+            if paced:
+                self.step += 1
+        return backoff_delay(exponent, self.base, self.cap, self.rand, grace_left=grace_left,
+                             spread=self.spread if uptime is not None else 0.0, retry_after=retry_after)
+
+
 def retry_after_of(exc: BaseException) -> float | None:
     """The seconds a server refusing the handshake as busy (HTTP 503/429 with `Retry-After`) asked for."""
     if not isinstance(exc, InvalidStatus) or exc.response.status_code not in (429, 503):

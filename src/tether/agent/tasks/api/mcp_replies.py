@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from tether.agent.run.replies import APPROVAL_KINDS
 from tether.agent.run.task import Task
-from tether.agent.tasks.service import TaskError
+from tether.agent.tasks.service import TaskError, TaskService
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import (
     ApprovalRefused,
@@ -92,6 +92,20 @@ def _reply(task: Task, call: GatewayCall | None = None, settings: Any = None) ->
     else:
         text = f"Task {task.id} is {task.state.value}; follow it with get_task."
     return GatewayReply(text, data, is_error=task.state.value == "failed")
+
+
+def _ending_reply(tasks: TaskService, task: Task, call: GatewayCall | None = None, settings: Any = None
+                  ) -> GatewayReply | None:
+    """The reply for a task that ended here but whose end is not saved yet (`TaskService.ending`): the task as the
+    store holds it, never its end, which a restart might not find; None for any other task."""
+    ending = tasks.ending(task.id)
+    if ending is None:
+        return None
+    data = summary(task, call, settings)
+    data["status"] = tasks.end_of(task)["state"]
+    why = ending["unsaved"] or "the write is under way"
+    return GatewayReply(f"Task {task.id} is {data['status']}: it ended here ({ending['state']}) but that is not saved "
+                        f"yet ({why}); follow it with get_task.", data)
 
 
 def _task_id(arguments: dict[str, Any]) -> str:

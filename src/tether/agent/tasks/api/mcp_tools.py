@@ -26,6 +26,7 @@ from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.api.mcp_replies import (
     SUMMARY_SCHEMA,
+    _ending_reply,
     _may_answer_server,
     _may_not_approve,
     _need_approve,
@@ -140,7 +141,7 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
 
     async def get_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         task = await service().fetch(_task_id(arguments))
-        return _reply(task, call, settings())
+        return _ending_reply(service(), task, call, settings()) or _reply(task, call, settings())
 
     async def answer_task(arguments: dict[str, Any], call: GatewayCall) -> GatewayReply:
         unknown = set(arguments) - set(ANSWER_INPUT["properties"])
@@ -282,7 +283,7 @@ async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered:
     finally:
         if queue is not None:
             tasks.unsubscribe(task.id, queue)
-    return _reply(task, call, settings)
+    return _ending_reply(tasks, task, call, settings) or _reply(task, call, settings)
 
 
 async def _cancel_quietly(tasks: TaskService, task_id: str) -> None:

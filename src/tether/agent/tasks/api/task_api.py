@@ -166,7 +166,7 @@ async def get_task(task_id: str, request: Request, who: Annotated[TokenInfo, Dep
     task: Task = await visible_task(_service(request), task_id, who)
     body = task.model_dump(mode="json", exclude={"events"} if not events else None)
     body["graph"] = graph_of(task)  # a graph plan's steps, states and stages (None for a list plan)
-    return body
+    return _service(request).shown(task, body)  # an end not saved yet is not shown (`ending` says why)
 
 
 @router.post("/{task_id}/answer")
@@ -288,8 +288,7 @@ async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
         if not task.state.terminal:  # a task another node of a cluster ran: its stored end
             with contextlib.suppress(TaskError):
                 task = await service.fetch(task.id)
-        yield _frame("end", {"id": task.id, "state": task.state.value, "ended": task.state.terminal,
-                             "answer": task.answer, "error": task.error})
+        yield _frame("end", service.end_of(task))  # a task whose end is not saved yet: not ended (`ending`)
     finally:
         if queue is not None:
             service.unsubscribe(task.id, queue)

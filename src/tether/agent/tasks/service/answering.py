@@ -129,9 +129,16 @@ class Answering(Running):
         return self.answer(task.id, OPTION_APPROVE if approved else OPTION_DENY, pending.id, by, digest=digest)
 
     async def cancel(self, task_id: str) -> Task:
-        """Cancel the task (`TaskError` 409 when it has ended, or another server runs it). A task not in memory
-        is read off the event loop (`steerable`); one `steer_here` checked just now is not read again."""
+        """Cancel the task (`TaskError` 409 when it has ended, or another server runs it), once the cancel is
+        saved: `TaskError` 503 when it cannot be (the task is stopped and held here as cancelled, and the save
+        is retried; a restart before it succeeds finds the task as last saved). A task not in memory is read
+        off the event loop (`steerable`); one `steer_here` checked just now is not read again."""
         task = self._checked.get(task_id) or await self.steerable(task_id)
+        ending = self.ending(task.id)
+        if ending is not None:
+            raise TaskError(503 if ending["unsaved"] else 409, f"task {task.id} has ended ({ending['state']}) "
+                            + (f"but that could not be saved yet ({ending['unsaved']}); it is retried"
+                               if ending["unsaved"] else "and that is being saved"))
         if task.state.terminal:
             raise TaskError(409, f"task {task.id} has already ended ({task.state.value})")
         running = self._runners.get(task.id)
@@ -145,11 +152,14 @@ class Answering(Running):
         if not task.state.terminal:  # not running (waiting after a restart): end it here
             task.error = "cancelled"
             self._on_event(task, task.transition(TaskState.CANCELLED, error="cancelled"))
-            self._saver.save(task)
-            self._live.pop(task.id, None)
-            self._end_followers(task.id)
-            self._release(task.id)
-            self._end_sessions(task)
+            self._live.setdefault(task.id, task)  # one read from the store just now: held here until saved
+            self._end(task)
+        if task.id in self._held:  # its end waits for its save (`_end`): the caller is told what is saved
+            problem = await self._saver.flushed()
+            if task.id in self._held:
+                raise TaskError(503, f"task {task.id} is stopped here but its cancel could not be saved yet "
+                                     f"({problem or 'the write is under way'}); it is retried, and the task's "
+                                     "followers are told once it is saved")
         return task
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import builtins
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from tether.agent.llm.chat import LLMClient
@@ -57,6 +58,9 @@ class ServiceCore:
         self._asking: dict[str, asyncio.Task[None]] = {}  # tasks whose step in flight is being asked about
         self._checked: dict[str, Task] = {}  # task id given -> the task `steerable` found, while it is steered
         self._ending: set[asyncio.Task[None]] = set()  # ended tasks' sessions being ended on their devices
+        # tasks that ended here and whose final state is not written yet: the events held back from every
+        # follower, node and webhook until it is (`Running._end`); the task stays live here meanwhile
+        self._held: dict[str, list[TaskEvent]] = {}
 
     def _steerable(self, task_id: str) -> Task:
         """The task, when this server may steer it: not while another live server sharing the database
@@ -120,8 +124,39 @@ class ServiceCore:
 
     def stalled(self) -> str | None:
         """One line when the task store has not answered for a while (a lock on its table, a stalled database),
-        else None: what `/health` reports. From state: no statement runs."""
-        return self.store.table.stalled()
+        or when tasks could not be saved (held in memory and retried; a task that ended is not told ended
+        meanwhile), else None: what `/health` reports. From state: no statement runs."""
+        unsaved = self._saver.unsaved
+        problem = self._saver.problem
+        failing = (f"{len(unsaved)} task(s) not saved, kept in memory and retried ({problem})"
+                   if unsaved and problem else None)
+        return "; ".join(r for r in (self.store.table.stalled(), failing) if r) or None
+
+    def ending(self, task_id: str) -> dict[str, Any] | None:
+        """A task that ended here but whose end is not saved yet: {"state": its end, "unsaved": why not (None
+        while the write is under way)}; else None. Until it is saved the task is shown in the state it ended
+        from, which is what the store holds: nobody is told an end a restart would not find."""
+        held = self._held.get(task_id)
+        if held is None:
+            return None
+        task = self._live.get(task_id)
+        end = task.state.value if task is not None else None
+        return {"state": end, "unsaved": self._saver.problem if task_id in self._saver.unsaved else None}
+
+    def shown(self, task: Task, body: dict[str, Any]) -> dict[str, Any]:
+        """`body` (the task as a reader gets it: `model_dump` or a list row) as readers must see it: a task whose
+        end is held (`ending`) in the state it ended from, with `ending` saying why, and without the held
+        events. Anything else as it is."""
+        held = self._held.get(task.id)
+        if held is None:
+            return body
+        body["ending"] = self.ending(task.id)
+        if held:
+            body["state"] = str(held[0].data.get("from") or body["state"])
+            cut = held[0].seq
+            if isinstance(body.get("events"), list):
+                body["events"] = [e for e in body["events"] if e["seq"] < cut]
+        return body
 
     def get(self, task_id: str) -> Task:
         """The task with this id or unique id prefix: the live object while it runs, else the stored one."""
@@ -156,26 +191,27 @@ class ServiceCore:
         """Newest first, as `get` shows them: a task in memory (running, or not yet saved because the disk
         is full) is listed with its current state, not the one last stored."""
         memory = {**self._live, **self._saver.unsaved}
-        return self._listed(memory, self.store.list(limit + len(memory), state), limit, state)
+        return self._listed(memory, self.store.list(limit + len(memory), state), limit, state, self.shown)
 
     async def listing(self, limit: int = 50, state: str | None = None) -> builtins.list[dict[str, Any]]:
         """`list` without holding up the event loop: the stored rows are read on the task table's worker with
         PostgreSQL (`TaskTable.call`; `StoreUnavailable` when it does not answer), at once with SQLite."""
         size = limit + len(self._live) + len(self._saver.unsaved)
         stored = await self.store.table.call(self.store.list, size, state)
-        return self._listed({**self._live, **self._saver.unsaved}, stored, limit, state)
+        return self._listed({**self._live, **self._saver.unsaved}, stored, limit, state, self.shown)
 
     @staticmethod
     def _listed(memory: dict[str, Task], stored: builtins.list[dict[str, Any]], limit: int,
-                state: str | None) -> builtins.list[dict[str, Any]]:
+                state: str | None, shown: Callable[[Task, dict[str, Any]], dict[str, Any]]
+                ) -> builtins.list[dict[str, Any]]:
         if not memory:
             return stored[:limit]
         rows = {row["id"]: row for row in stored}
         for task in memory.values():
-            rows[task.id] = {"id": task.id, "request": task.request, "state": task.state.value,
-                             "device": task.device, "requested_by": task.requested_by,
-                             "created_at": task.created_at.isoformat(),
-                             "updated_at": task.updated_at.isoformat()}
-        shown = [row for row in rows.values() if state is None or row["state"] == state]
-        shown.sort(key=lambda row: row["updated_at"], reverse=True)
-        return shown[:limit]
+            rows[task.id] = shown(task, {"id": task.id, "request": task.request, "state": task.state.value,
+                                         "device": task.device, "requested_by": task.requested_by,
+                                         "created_at": task.created_at.isoformat(),
+                                         "updated_at": task.updated_at.isoformat()})
+        listed = [row for row in rows.values() if state is None or row["state"] == state]
+        listed.sort(key=lambda row: row["updated_at"], reverse=True)
+        return listed[:limit]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+from typing import Any
 
 from tether.agent.run.task import Task, TaskEvent
 from tether.agent.tasks.service.core import ServiceCore
@@ -38,8 +39,10 @@ class Followers(ServiceCore):
             task = self.get(task_id)
         else:  # the live object when in memory (`get` finds it there by its whole id), else as read just now
             task = self.get(found.id) if found.id in self._live or found.id in self._saver.unsaved else found
-        past = [e for e in task.events if e.seq > after]
-        if task.state.terminal and task.id not in self._runners:
+        held = self._held.get(task.id)  # an end not saved yet: not told before it is (`Running._end`)
+        cut = held[0].seq if held else None
+        past = [e for e in task.events if e.seq > after and (cut is None or e.seq < cut)]
+        if task.state.terminal and task.id not in self._runners and held is None:
             return task, past, None
         queue: asyncio.Queue[TaskEvent | None] = asyncio.Queue()
         self._subscribers.setdefault(task.id, set()).add(queue)
@@ -53,6 +56,16 @@ class Followers(ServiceCore):
 
     def end_followers(self, task_id: str) -> None:
         self._end_followers(task_id)
+
+    def end_of(self, task: Task) -> dict[str, Any]:
+        """What a follower's stream ends with: the task's id, state, whether it ended, its answer and error. A
+        task whose end is not saved yet (`ending`) is not ended: its state is the one the store holds, and
+        `ending` says what it ended as and why that is not saved."""
+        body = self.shown(task, {"id": task.id, "state": task.state.value, "ended": task.state.terminal,
+                                 "answer": task.answer, "error": task.error})
+        if body.get("ending") is not None:
+            body["ended"] = False
+        return body
 
     def _end_followers(self, task_id: str) -> None:
         """Every follower's stream of this task ends (None): the task ended, or the server closes."""

@@ -112,6 +112,8 @@ class Lifecycle(Answering):
             running[0].interrupted = True
             running[1].cancel()
         self._live.pop(task_id, None)
+        self._held.pop(task_id, None)  # an end not saved yet: the other server's record stands, not told
+        self._saver.forget(task_id)  # nothing of it written from here again
         self._end_followers(task_id)
 
     def _resume_after_restart(self, task: Task) -> None:

@@ -123,15 +123,34 @@ class Running(Followers):
             self._runners.pop(task.id, None)
             if task.id in self._given_up:  # its record is the other server's now: nothing saved from here
                 self._given_up.discard(task.id)
+                self._held.pop(task.id, None)
+            elif task.state.terminal and self._live.get(task.id) is task:
+                self._end(task)
             else:
                 self._saver.save(task)  # never raises: unsaved, it is kept (get and list show it) and retried
-            if task.state.terminal and self._live.get(task.id) is task:
-                self._live.pop(task.id, None)
-                self._end_followers(task.id)
-                if self._peers is not None:  # after its final row is written: the others read their end from it
-                    self._saver.then(partial(self._peers.ended, task.id))
-                self._release(task.id)
-                self._end_sessions(task)
+
+    def _end(self, task: Task) -> None:
+        """The task has ended here: save its final state, and only once that is written tell its end — the
+        events held since its terminal state (`_on_event`) to followers here, the other nodes and webhooks, the
+        followers' `end`, the other nodes' end, its lease given up, its devices' sessions ended. A write that
+        fails (a full disk, a database away) is retried (`SaveSoon`) and the end waits for it: the task stays
+        live here meanwhile (its lease renewed, shown in the state it ended from, `/health` degraded). A server
+        that stops first leaves the store's older row, which its restart settles as any unfinished task."""
+        self._held.setdefault(task.id, [])
+        self._saver.save_then(task, partial(self._told_end, task))
+
+    def _told_end(self, task: Task) -> None:
+        held = self._held.pop(task.id, None)
+        if held is None or self._live.get(task.id) is not task:  # taken over by another server meanwhile
+            return
+        self._live.pop(task.id, None)
+        for event in held:
+            self._relay(task, event)
+        self._end_followers(task.id)
+        if self._peers is not None:  # after its final row is written: the others read their end from it
+            self._peers.ended(task.id)
+        self._release(task.id)
+        self._end_sessions(task)
 
     def _end_sessions(self, task: Task) -> None:
         """The task has ended: each connected device it sent commands to (or could have) is told that its
@@ -223,6 +242,16 @@ class Running(Followers):
             self._mcp_questions[task.id] = dict(event.data)
         elif event.kind in ("elicitation_answered", "step_finished"):
             self._mcp_questions.pop(task.id, None)
+        held = self._held.get(task.id)
+        if held is None and event.kind == "state" and task.state.terminal:
+            held = self._held[task.id] = []
+        if held is not None:  # its end and what follows it: told once saved (`_end`)
+            held.append(event)
+            return
+        self._relay(task, event)
+
+    def _relay(self, task: Task, event: TaskEvent) -> None:
+        """Tell `event` to the task's followers here, on the other nodes, and to the notifier (webhooks, inbox)."""
         if self._peers is not None:  # followers on the other nodes of a cluster
             self._peers.event(task.id, event)
         self.feed(task.id, event)

@@ -21,6 +21,7 @@ from tether.cli.basics import (
     check_timeout,
     check_tool_type,
     guard_root,
+    load_config,
     parse_assignments,
     print_result,
     remote_exit_code,
@@ -70,12 +71,13 @@ def run_exec(tool: str, args: list[str] | None, config: Path | None, policy: Pat
         result, schema = _exec_remote(device, tool, args or [], session_id, approved_by, timeout, tool_type,
                                       server, token, ca_file, raw, one_off=one_off)
     else:
-        guard_root(config, allow_root, "tether exec")  # a device in this process (tether.device.root)
-        from tether.cli.state_lock import device_state, holding_state_dir
+        cfg = load_config(config)  # read once: the root guard, the state directory and the device
+        guard_root(cfg, allow_root, "tether exec")  # a device in this process (tether.device.root)
+        from tether.cli.guards.state_lock import device_state, holding_state_dir
 
         # one process per state directory; another local one-off call is waited for within --timeout's budget
-        with holding_state_dir(device_state(config, state_dir), "tether exec", wait_s=timeout or 60):
-            result, schema = _run_local(_exec_local(tool, args or [], config, policy, session_id, approved_by,
+        with holding_state_dir(device_state(cfg, state_dir), "tether exec", wait_s=timeout or 60):
+            result, schema = _run_local(_exec_local(tool, args or [], cfg, policy, session_id, approved_by,
                                                     timeout, tool_type, state_dir, end=one_off))
     if as_json:
         # as typer.echo writes it (ASCII only: json.dumps escapes the rest, control characters included)
@@ -159,21 +161,19 @@ def _schema_for(infos: list[ToolInfo], tool: str, tool_type: str | None) -> dict
                  and (tool_type is None or i.tool_type == tool_type)), {})
 
 
-async def _exec_local(tool: str, pairs: list[str], config: Path | None, policy: Path | None, session_id: str,
+async def _exec_local(tool: str, pairs: list[str], cfg: DeviceConfig, policy: Path | None, session_id: str,
                       approved_by: str | None, timeout: float | None, tool_type: str | None,
                       state_dir: Path | None, end: bool = False) -> tuple[Result, dict[str, Any]]:
-    from tether.cli.mcp_hooks import cli_hooks, configured_llm
-    from tether.device.config import load_device_config
+    from tether.cli.local.mcp_hooks import cli_hooks, configured_llm
     from tether.device.local import open_local_device
 
-    cfg = load_device_config(config)
     # sampling is declared to external MCP servers only, and only when there is an LLM: without such a
     # server the LLM (its settings, its client) is never looked up
     llm = configured_llm() if _external_servers(cfg) else None
     try:
         # a device for this one command: the built-in tool sets that cannot hold the tool are not started
         async with open_local_device(cfg, policy_path=policy, state_dir=state_dir, mcp_hooks=cli_hooks(llm),
-                                     only_tool=tool) as device:
+                                     only_tool=tool, lock_state_dir=False) as device:  # run_exec holds it
             ran = await _exec_on(device, tool, pairs, session_id, approved_by, timeout, tool_type)
             if end:  # the call's own session ends with it (`end_session`: its private /tmp goes)
                 await device.dispatcher(session_id=session_id).execute_commands([end_session()], timeout=30)
@@ -240,7 +240,7 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
     # --timeout is the caller's wall time: the schema lookup spends from the same budget, and the
     # command gets what is left (the batch one second more, so the tool's own timeout, which says
     # what it killed, normally answers first)
-    from tether.cli.mcp_hooks import remote_questions
+    from tether.cli.local.mcp_hooks import remote_questions
     from tether.client.rest import RemoteError, RemoteServer
 
     end = time.monotonic() + (timeout or 60)

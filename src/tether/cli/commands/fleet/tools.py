@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -30,8 +30,11 @@ from tether.cli.common import (
     run_async,
     tools_app,
 )
-from tether.cli.root_guard import AllowRootOpt
+from tether.cli.guards.root_guard import AllowRootOpt
 from tether.protocol.models import ToolInfo
+
+if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
 
 
 @tools_app.callback()
@@ -39,8 +42,8 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
           tool_type: Annotated[str | None, typer.Option("--type", help="data_collection or action")] = None,
           namespace: Annotated[str | None, typer.Option("--namespace", "-n",
                                                                  help="only this namespace's tools")] = None,
-          device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None
-          ) -> None:
+          device: DeviceOpt = None, server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None,
+          state_dir: StateOpt = None) -> None:
     """List every tool with its namespace, type and parameters (--json for full schemas)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -57,7 +60,15 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
                  and (not namespace or i.namespace == namespace)]
         print_tools(infos, as_json, f" on {device}")
         return
-    infos, problems, collisions, disabled = run_async(_list_tools(config, policy, tool_type, namespace))
+    from tether.cli.basics import load_config
+    from tether.cli.guards.state_lock import device_state, holding_state_dir
+
+    cfg = load_config(config)  # read once: the state directory and the device
+    # its device reads the state directory (kept grants, the sandbox probe) and starts the external MCP servers:
+    # one process per state directory; another one-off local call is waited for
+    with holding_state_dir(device_state(cfg, state_dir), "tether tools", wait_s=60):
+        infos, problems, collisions, disabled = run_async(_list_tools(cfg, policy, tool_type, namespace,
+                                                                      state_dir))
     print_tools(infos, as_json)
     if as_json:
         return
@@ -71,11 +82,12 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
                   markup=False)
 
 
-async def _list_tools(config: Path | None, policy: Path | None, tool_type: str | None, namespace: str | None
-                      ) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]], list[str]]:
+async def _list_tools(config: DeviceConfig, policy: Path | None, tool_type: str | None, namespace: str | None,
+                      state_dir: Path | None) -> tuple[list[ToolInfo], dict[str, str], list[dict[str, Any]], list[str]]:
     from tether.device.local import open_local_device
 
-    async with open_local_device(config, policy_path=policy) as device:
+    async with open_local_device(config, policy_path=policy, state_dir=state_dir,
+                                 lock_state_dir=False) as device:  # `tools` holds it
         computer = await device.computer_manager.get_or_create(None)
         infos = computer.tool_infos(tool_type, namespace)  # type: ignore[arg-type]
         return infos, dict(computer.startup_errors), list(computer.collisions), list(device.config.disabled_servers)
@@ -88,7 +100,7 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
                 port: Annotated[int, typer.Option(help="with --http: port")] = 8766, policy: PolicyOpt = None,
                 state_dir: StateOpt = None) -> None:
     """Serve a built-in tool set as a real MCP server, for any MCP client."""
-    from tether.cli.state_lock import holding_state_dir
+    from tether.cli.guards.state_lock import holding_state_dir
     from tether.tools.builtin import builtin_toolsets
     from tether.tools.context import default_state_dir
     from tether.tools.policy.model import default_policy, load_policy

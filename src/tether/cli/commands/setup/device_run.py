@@ -176,7 +176,7 @@ def _serve(cfg: DeviceConfig, servers: list[str], secret: str | None, root_warni
     then serving until stopped (the exit code)."""
     if root_warning:
         _warn(root_warning)
-    from tether.cli.logs import configure
+    from tether.cli.views.logs import configure
 
     try:
         configure(log_level, log_format)
@@ -268,7 +268,8 @@ def _device(cfg: DeviceConfig, servers: list[str], secret: str, name: str | None
     try:
         serve_device(servers or None, token=secret, config=cfg, name=name, policy_path=policy, state_dir=state_dir,
                      ca_file=ca_file, tls_fingerprint=tls_fingerprint, tags=tags, secret_files=secret_files,
-                     on_state=announce, on_ready=ready, freeze_gc=True)
+                     on_state=announce, on_ready=ready, freeze_gc=True,
+                     lock_state_dir=False)  # _run_device holds it from before the token is read
     except ValueError as exc:
         _error(str(exc))
         return 2

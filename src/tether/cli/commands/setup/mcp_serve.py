@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from tether.cli.common import ConfigOpt, PolicyOpt, StateOpt, fail, mcp_app, run_async
+
+if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
 
 
 @mcp_app.command("serve")
@@ -26,15 +29,18 @@ def mcp_serve(stdio: Annotated[bool, typer.Option(
     says how a person runs it."""
     if not stdio:
         fail("say how to serve: --stdio (an MCP client starts 'tether mcp serve --stdio' and talks on its pipes)")
-    from tether.cli.state_lock import device_state, holding_state_dir
+    from tether.cli.basics import load_config
+    from tether.cli.guards.state_lock import device_state, holding_state_dir
 
-    with holding_state_dir(device_state(config, state_dir), "tether mcp serve"):  # one process per state directory
-        run_async(_serve(config, policy, state_dir, session or f"mcp-{uuid.uuid4().hex[:12]}"))
+    cfg = load_config(config)  # read once: the state directory and the device
+    with holding_state_dir(device_state(cfg, state_dir), "tether mcp serve"):  # one process per state directory
+        run_async(_serve(cfg, policy, state_dir, session or f"mcp-{uuid.uuid4().hex[:12]}"))
 
 
-async def _serve(config: Path | None, policy: Path | None, state_dir: Path | None, session_id: str) -> None:
+async def _serve(config: DeviceConfig, policy: Path | None, state_dir: Path | None, session_id: str) -> None:
     from tether.device.local import open_local_device
     from tether.device.mcp.device_server import serve_device_stdio
 
-    async with open_local_device(config, policy_path=policy, state_dir=state_dir) as device:
+    async with open_local_device(config, policy_path=policy, state_dir=state_dir,
+                                 lock_state_dir=False) as device:  # mcp_serve holds it
         await serve_device_stdio(device, session_id)

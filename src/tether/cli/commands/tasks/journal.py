@@ -26,6 +26,7 @@ from tether.cli.common import (
 )
 
 if TYPE_CHECKING:
+    from tether.device.local import StateDirBusy
     from tether.tools.journal import UndoJournal
 
 
@@ -47,16 +48,21 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
 
         with connect(server, token, ca_file) as remote:
             raise typer.Exit(remote_undo(remote, session, as_json, _local_hint(session, state_dir, server)))
+    from tether.cli.guards.state_lock import holding_state_dir
     from tether.tools.context import default_state_dir
     from tether.tools.journal import UndoJournal
     from tether.tools.policy.model import load_policy
 
-    journal = UndoJournal(Path(state_dir or default_state_dir()))
-    session = _session_named(journal, session, state_dir)
-    try:
-        report = journal.restore(session, load_policy(policy).write_roots)
-    except ValueError as exc:
-        fail(str(exc))
+    state = Path(state_dir or default_state_dir())
+    # the journal is written by whatever runs commands on this state directory: a restore beside a running
+    # device could put a file back under a command that is changing it. Another local one-off call is waited for.
+    with holding_state_dir(state, "tether undo", wait_s=60, refusal=_busy):
+        journal = UndoJournal(state)
+        session = _session_named(journal, session, state_dir)
+        try:
+            report = journal.restore(session, load_policy(policy).write_roots)
+        except ValueError as exc:
+            fail(str(exc))
     if as_json:
         typer.echo(json.dumps(report, indent=2, default=str))
         return
@@ -69,6 +75,15 @@ def undo(session: Annotated[str, typer.Argument(help="the session (or task) whos
     for entry in report:
         table.add_row(*(escape(str(entry.get(k))) for k in ("action", "path", "outcome")))
     console().print(table)
+
+
+def _busy(busy: StateDirBusy) -> str:
+    """The one line `tether undo --local` says when another process uses the journal's state directory."""
+    who = f"another {busy.holder} (pid {busy.pid})" if busy.pid else f"another {busy.holder}"
+    through = (" (what it ran for a server is undone through the server: tether undo TASK --server URL)"
+               if busy.holder == "tether device" else "")
+    return (f"{who} uses the state directory {busy.directory} and writes its undo journal: stop it before "
+            f"undoing here{through}")
 
 
 def _local_hint(session: str, state_dir: Path | None, server: str) -> str:
@@ -99,7 +114,7 @@ def _session_named(journal: UndoJournal, given: str, state_dir: Path | None) -> 
         return matching[0]
     if matching:
         fail(f"'{given}' is the start of several sessions ({', '.join(matching[:5])}); give more of it", code=1)
-    from tether.cli.local_tasks import open_local_store
+    from tether.cli.local.tasks import open_local_store
 
     store = open_local_store(state_dir)
     try:

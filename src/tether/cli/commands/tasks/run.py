@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -33,9 +33,12 @@ from tether.cli.common import (
     output_mode,
     parse_requires,
 )
-from tether.cli.root_guard import AllowRootOpt, guard_root
+from tether.cli.guards.root_guard import AllowRootOpt, guard_root
 from tether.cli.views.task import EventView, print_log, print_outcome
 from tether.errors import ClientError
+
+if TYPE_CHECKING:
+    from tether.device.config import DeviceConfig
 
 LocalOpt = Annotated[bool, typer.Option("--local", help="this machine, even when TETHER_SERVER is set")]
 
@@ -118,15 +121,21 @@ def run(request: Annotated[str | None, typer.Argument(help="what to do, in plain
         fail(str(exc))
     if given is None and settings is None:
         fail("no LLM is configured, so a request cannot be planned.\n" + how_to_configure())
+    from tether.cli.basics import load_config
+    from tether.cli.guards.state_lock import device_state, holding_state_dir
+
+    cfg = load_config(config)  # read once: the root guard, the state directory and the device
     if dry_run:  # --- tether run --dry-run (engineer C): nothing runs, nothing is stored
         from tether.cli.views.plan_preview import dry_run_local
 
-        raise typer.Exit(asyncio.run(dry_run_local(text, given, settings, config, policy, state_dir)))
-    guard_root(config, allow_root, "tether run")  # a device in this process (tether.device.root)
-    from tether.cli.state_lock import device_state, holding_state_dir
+        # its device reads the state directory (kept grants, the sandbox probe) and starts external MCP servers
+        with holding_state_dir(device_state(cfg, state_dir), "tether run --dry-run"):
+            code = asyncio.run(dry_run_local(text, given, settings, cfg, policy, state_dir))
+        raise typer.Exit(code)
+    guard_root(cfg, allow_root, "tether run")  # a device in this process (tether.device.root)
 
-    with holding_state_dir(device_state(config, state_dir), "tether run"):  # one process per state directory
-        code = asyncio.run(_run(text, given, settings, config, policy, state_dir, list(answer or []),
+    with holding_state_dir(device_state(cfg, state_dir), "tether run"):  # one process per state directory
+        code = asyncio.run(_run(text, given, settings, cfg, policy, state_dir, list(answer or []),
                                 confirm="always" if confirm else "never"))
     raise typer.Exit(code)
 
@@ -162,14 +171,14 @@ def _remote_problems(client: Any, text: str, steps: list[dict[str, Any]], device
     return [str(p) for p in found.get("problems") or []]
 
 
-async def _run(request: str, plan: Any, settings: Any, config: Path | None, policy: Path | None,
+async def _run(request: str, plan: Any, settings: Any, config: DeviceConfig, policy: Path | None,
                state_dir: Path | None, answers: list[str], confirm: str = "never") -> int:
     from tether.agent.llm.chat import LLMClient
     from tether.agent.run.executor import DEFAULT_DEVICE_NAME, TaskRunner
     from tether.agent.run.replies import Unanswered
     from tether.agent.run.task import Task, TaskEvent, TaskState
     from tether.agent.tasks.store import SaveSoon
-    from tether.cli.local_tasks import run_locks, terminal_ask
+    from tether.cli.local.tasks import run_locks, terminal_ask
     from tether.device.local import open_local_device
     from tether.device.probe import collect_profile
     from tether.protocol.models import Command
@@ -196,11 +205,11 @@ async def _run(request: str, plan: Any, settings: Any, config: Path | None, poli
     run_lock = run_locks(state_dir).held(task.id)
     run_lock.__enter__()  # held while this process runs the task: if it dies, the next start says so
     try:
-        from tether.cli.mcp_hooks import cli_hooks
+        from tether.cli.local.mcp_hooks import cli_hooks
 
         # an external MCP server's question is asked at this terminal, its sampling uses this LLM
         async with open_local_device(config, policy_path=policy, state_dir=state_dir,
-                               mcp_hooks=cli_hooks(llm)) as device:
+                                     mcp_hooks=cli_hooks(llm), lock_state_dir=False) as device:  # run holds it
             computer = await device.computer_manager.get_or_create(None)
             if plan is not None:  # an unknown skill is a bad plan file: exit 2, and no task is stored
                 from tether.agent.planning.plan import validate_plan
@@ -316,6 +325,6 @@ def log(task_id: Annotated[str, typer.Argument(help="a task id (or a unique pref
 
 
 def _local_store(state_dir: Path | None) -> Any:
-    from tether.cli.local_tasks import open_local_store
+    from tether.cli.local.tasks import open_local_store
 
     return open_local_store(state_dir)

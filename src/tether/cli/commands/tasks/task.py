@@ -349,7 +349,7 @@ def cancel(task_id: TaskArg, server: ServerOpt = None, token: TokenOpt = None, c
     if server and not local:
         _steer(server, token, ca_file, lambda r: r.cancel(task_id), "cancelled", as_json)
         return
-    from tether.cli.local_tasks import cancel_local
+    from tether.cli.local.tasks import cancel_local
 
     try:
         found, state = cancel_local(task_id, state_dir)

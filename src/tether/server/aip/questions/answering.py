@@ -16,6 +16,8 @@ from tether.server.aip.batches.ledger import PendingBatch, TokenRef
 from tether.server.aip.hub_state import HubState
 from tether.server.aip.questions.asked import asks_consent
 from tether.server.approvals import check_answerer, dashboard_url, how_a_person_approves, server_url
+from tether.server.store import StoreUnavailable
+from tether.server.store.audit.table import AuditRow
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 
@@ -100,22 +102,34 @@ class HubQuestions(HubState):
             raise LookupError(f"device {device} is offline")
         frame = ServerMessage(type=ServerMessageType.ELICITATION_ANSWER, response_id=response_id,
                               status=TaskStatus.OK, payload={"id": question, "action": action, "content": content})
+        if egress is not None:  # a network decision is recorded before it reaches the device, or not sent
+            unrecorded = await self.store.audit.sent_grouped([self._egress_row(device, egress, action, content, by,
+                                                                               response_id)])
+            if unrecorded is not None:
+                raise StoreUnavailable(f"the answer was not sent (the question still waits): {unrecorded}")
         if not await conn.send(frame):
+            if egress is not None:
+                self.store.audit.record(by, device, None, "network.ask", {**egress, "delivered": False}, "failure",
+                                        "not delivered: the device went offline", response_id=response_id)
             raise LookupError(f"device {device} went offline before the answer reached it")
         self._questions.forget(device, question)
         if self.notifier is not None:
             self.notifier.changes.bump()
         logger.info("question %s of device %s (batch %s) answered by %s: %s", question, device, response_id, by,
                     action)
-        self._audit_egress(device, egress, action, content, by, response_id)
         return True
+
+    @staticmethod
+    def _egress_row(device: str, egress: dict[str, Any], action: str, content: dict[str, Any] | None, by: str,
+                    response_id: str) -> AuditRow:
+        """A person's answer to `ask: on-miss`, as audited with who gave it; `always` is a change of the device's
+        network policy (the device adds the exact host:port to its allow list), recorded as `network.allow`."""
+        choice = str((content or {}).get("answer")) if action == "accept" else "deny"
+        return (by, device, None, "network.allow" if choice == "always" else "network.ask",
+                {**egress, "answer": choice}, "success", None, response_id, None, None)
 
     def _audit_egress(self, device: str, egress: dict[str, Any] | None, action: str, content: dict[str, Any] | None,
                       by: str, response_id: str) -> None:
-        """A person's answer to `ask: on-miss` is audited with who gave it; `always` is a change of the device's
-        network policy (the device adds the exact host:port to its allow list), recorded as `network.allow`."""
-        if egress is None:
-            return
-        choice = str((content or {}).get("answer")) if action == "accept" else "deny"
-        self.store.audit.record(by, device, None, "network.allow" if choice == "always" else "network.ask",
-                                {**egress, "answer": choice}, "success", None, response_id=response_id)
+        """`_egress_row` written for an answer the node holding the device has sent."""
+        if egress is not None:
+            self.store.audit.record_many([self._egress_row(device, egress, action, content, by, response_id)])

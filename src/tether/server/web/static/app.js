@@ -1,7 +1,7 @@
 // The tether dashboard: one page, no build step, no framework. It calls the REST API with the session
 // cookie (and the CSRF token on every state-changing request); live views read server-sent events.
 "use strict";
-const S = {me: null, streams: [], fleet: {}, inbox: null, turn: 0};
+const S = {me: null, streams: [], fleet: {}, inbox: null, turn: 0, inboxTurn: 0};
 const $ = (sel) => document.querySelector(sel);
 
 function h(tag, attrs, ...kids) {  // DOM built from data, never from HTML strings
@@ -322,7 +322,7 @@ function badge() {
   const es = S.inbox = new EventSource("/api/v1/approvals/events");
   es.addEventListener("approvals", (m) => {
     showBadge(JSON.parse(m.data).count);
-    if (location.hash.startsWith("#/inbox")) inboxView().catch(fail);  // the inbox page follows it too
+    if (location.hash.startsWith("#/inbox")) refreshInbox().catch(fail);  // the inbox page follows it, in place
   });
   es.onerror = () => { es.close(); if (S.inbox === es) { S.inbox = null; setTimeout(badge, 3000); } };
 }

@@ -129,34 +129,66 @@ async function tokensView() {
 }
 
 // -- the approval inbox --------------------------------------------------------------------------
+// Drawn whole once per navigation; then each push of the approvals stream (app.js badge()) and each answer given
+// here refreshes it in place (refreshInbox → syncInbox): cards are added, removed or redrawn by the item's id, and
+// a card whose item did not change keeps its DOM node, so a person's focus, scroll and selection survive a
+// change to another card.
 async function inboxView() {
   const draw = drawer();
   const items = await api("/api/v1/approvals");
-  const decide = (item, verb, answer) => {
-    let call;
-    if (item.source === "device") {
-      const path = `/api/v1/devices/${encodeURIComponent(item.device)}/questions/${encodeURIComponent(item.question_id)}`;
-      call = api(path, {method: "POST", body: verb === "deny" ? {action: "decline"} : {action: "accept", content: answer === undefined ? consent(item.schema) : {[Object.keys((item.schema || {}).properties || {answer: 1})[0]]: answer}}});
-    } else if (item.kind !== "question") {  // an approval or a plan to confirm: yes or no, bound to its digest
-      call = api(`/api/v1/tasks/${encodeURIComponent(item.task)}/approval`, {method: "POST", body: {approved: verb === "approve", digest: item.digest || undefined}});
-    } else {
-      call = api(`/api/v1/tasks/${encodeURIComponent(item.task)}/answer`, {method: "POST", body: {answer, question_id: item.question_id, digest: item.digest || undefined}});
-    }
-    return call.then(() => { toast(`${verb === "deny" ? "denied" : "answered"}: ${item.id.slice(0, 24)}`); inboxView(); }, fail);
-  };
-  const card = (i) => {
-    const buttons = i.source === "task" && i.kind === "question"
-      ? (i.options || []).map((o) => h("button", {type: "button", class: "secondary", onclick: () => decide(i, "answer", o)}, o))
-      : [h("button", {type: "button", onclick: () => decide(i, "approve")}, "Approve"), h("button", {type: "button", class: "danger", onclick: () => decide(i, "deny")}, "Deny")];
-    return h("div", {class: "card", "data-item": i.id, role: "region", "aria-label": `${i.kind} ${i.id}`},
-      h("p", {}, h("strong", {}, i.kind), " · ", i.device ? h("a", {href: `#/devices/${encodeURIComponent(i.device)}`}, i.device) : "—",
-        " · asked ", when(i.asked_at), " · by ", i.requested_by || "—",
-        i.task ? [" · ", h("a", {href: `#/tasks/${encodeURIComponent(i.task)}`}, `task ${i.task.slice(0, 12)}`)] : null),
-      h("p", {class: "question"}, i.question), i.changes ? h("p", {class: "muted"}, `${i.changes} file change(s) held: open the task to see them`) : null,
-      buttons);
-  };
-  draw(h("h1", {}, "Inbox"), h("p", {class: "muted"}, "What waits for your answer: approvals, plans to confirm, questions."),
-    items.length ? h("div", {id: "inbox"}, items.map(card)) : empty("Nothing waits for you."));
+  const box = h("div", {id: "inbox"});
+  draw(h("h1", {}, "Inbox"), h("p", {class: "muted"}, "What waits for your answer: approvals, plans to confirm, questions."), box);
+  syncInbox(box, items);
+}
+// the inbox page's items again, applied in place; a refresh overtaken by a newer one, or by another page, draws nothing
+async function refreshInbox() {
+  const box = $("#inbox");
+  if (!box) return;
+  const turn = ++S.inboxTurn;
+  const items = await api("/api/v1/approvals");
+  if (turn === S.inboxTurn && box.isConnected) syncInbox(box, items);
+}
+// make `box`'s cards the `items`, in their order: an unchanged item's card stays the same node (not moved when
+// its place among the cards that stay is the same), a changed one is redrawn, a gone one removed
+function syncInbox(box, items) {
+  const want = new Set(items.map((i) => i.id));
+  for (const el of [...box.children]) if (!want.has(el.dataset.item)) el.remove();
+  const have = new Map([...box.children].map((el) => [el.dataset.item, el]));
+  items.forEach((item, index) => {
+    const sig = JSON.stringify(item);
+    let el = have.get(item.id);
+    if (el && el.inboxSig !== sig) { const fresh = inboxCard(item); el.replaceWith(fresh); el = fresh; }
+    if (!el) el = inboxCard(item);
+    el.inboxSig = sig;
+    const here = box.children[index] || null;
+    if (here !== el) box.insertBefore(el, here);
+  });
+  const none = $("#inbox-empty");
+  if (items.length) { if (none) none.remove(); }
+  else if (!none) box.after(h("p", {id: "inbox-empty", class: "empty muted"}, "Nothing waits for you."));
+}
+function decideInbox(item, verb, answer) {
+  let call;
+  if (item.source === "device") {
+    const path = `/api/v1/devices/${encodeURIComponent(item.device)}/questions/${encodeURIComponent(item.question_id)}`;
+    call = api(path, {method: "POST", body: verb === "deny" ? {action: "decline"} : {action: "accept", content: answer === undefined ? consent(item.schema) : {[Object.keys((item.schema || {}).properties || {answer: 1})[0]]: answer}}});
+  } else if (item.kind !== "question") {  // an approval or a plan to confirm: yes or no, bound to its digest
+    call = api(`/api/v1/tasks/${encodeURIComponent(item.task)}/approval`, {method: "POST", body: {approved: verb === "approve", digest: item.digest || undefined}});
+  } else {
+    call = api(`/api/v1/tasks/${encodeURIComponent(item.task)}/answer`, {method: "POST", body: {answer, question_id: item.question_id, digest: item.digest || undefined}});
+  }
+  return call.then(() => { toast(`${verb === "deny" ? "denied" : "answered"}: ${item.id.slice(0, 24)}`); return refreshInbox(); }, fail);
+}
+function inboxCard(i) {  // every string from the item goes in as text (h)
+  const buttons = i.source === "task" && i.kind === "question"
+    ? (i.options || []).map((o) => h("button", {type: "button", class: "secondary", onclick: () => decideInbox(i, "answer", o)}, o))
+    : [h("button", {type: "button", onclick: () => decideInbox(i, "approve")}, "Approve"), h("button", {type: "button", class: "danger", onclick: () => decideInbox(i, "deny")}, "Deny")];
+  return h("div", {class: "card", "data-item": i.id, role: "region", "aria-label": `${i.kind} ${i.id}`},
+    h("p", {}, h("strong", {}, i.kind), " · ", i.device ? h("a", {href: `#/devices/${encodeURIComponent(i.device)}`}, i.device) : "—",
+      " · asked ", when(i.asked_at), " · by ", i.requested_by || "—",
+      i.task ? [" · ", h("a", {href: `#/tasks/${encodeURIComponent(i.task)}`}, `task ${i.task.slice(0, 12)}`)] : null),
+    h("p", {class: "question"}, i.question), i.changes ? h("p", {class: "muted"}, `${i.changes} file change(s) held: open the task to see them`) : null,
+    buttons);
 }
 function consent(schema) {  // yes to a consent form: every boolean true, a yes-like choice (as `tether approvals approve`)
   const yes = ["yes", "approve", "approved", "allow", "accept", "confirm", "confirmed", "ok", "proceed", "y"];

@@ -6,11 +6,10 @@ import sys
 
 
 def report_unhandled(exc: Exception) -> None:
-    """An exception no command caught: a server's refusal (`RemoteError`) or a state directory that cannot be
-    written (`StoreUnavailable`), or an argument that is not UTF-8 text where it had to be sent as such
-    (`UnicodeEncodeError` of a surrogate escape), is said in one line on stderr and exits (with the code a command
-    gives it);
-    for any other this returns, and the caller re-raises it."""
+    """An exception no command caught: a server's refusal (`RemoteError`), a state directory that cannot be
+    written (`StoreUnavailable`) or that another process holds (`StateDirBusy`), or an argument that is not UTF-8
+    text where it had to be sent as such (`UnicodeEncodeError` of a surrogate escape) is said in one line on stderr
+    and exits (with the code a command gives it); for any other this returns, and the caller re-raises it."""
     from tether.client.rest import RemoteError
     from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
 
@@ -20,6 +19,13 @@ def report_unhandled(exc: Exception) -> None:
 
         print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
         sys.exit(remote_exit_code(exc))
+    from tether.device.local import StateDirBusy
+
+    if isinstance(exc, StateDirBusy):  # a command that did not take the lock first (`tether demo --local`)
+        from tether.cli.views.safe_text import visible
+
+        print(f"error: {visible(exc)}", file=sys.stderr)
+        sys.exit(2)
     if isinstance(exc, StoreUnavailable):
         # a full or read-only disk under the state directory: one line, no traceback
         from tether.cli.views.safe_text import visible
