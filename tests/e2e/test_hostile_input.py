@@ -126,3 +126,13 @@ def test_a_misspelt_task_state_is_refused_not_an_empty_list(cluster: Cluster) ->
     assert tether(cluster, "tasks", "--state", "running").returncode == 0
     words = one_clear_error(tether(cluster, "tasks", "--local", "--state", "runing"), ExitCode.USAGE)
     assert "--state must be one of" in words and "running" in words
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://127.0.0.1:1\x1b[2J"])
+@pytest.mark.parametrize("args", [("devices",), ("exec", "--device", "alpha", "get_system_info"), ("tasks",)])
+def test_a_server_url_that_is_not_a_url_is_one_line(cluster: Cluster, url: str, args: tuple[str, ...]) -> None:
+    """TETHER_SERVER mistyped: the server cannot be reached (exit 4), said in one line with the usual hint."""
+    env = {**cluster.env, "TETHER_SERVER": url, "TETHER_TOKEN": cluster.api_token}
+    out = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=90, stdin=subprocess.DEVNULL)
+    words = one_clear_error(out, ExitCode.UNREACHABLE)
+    assert "cannot reach the tether server" in words and "\x1b" not in out.stderr
