@@ -44,8 +44,11 @@ class RemoteServer:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         ca = ca_file or os.environ.get("TETHER_CA_FILE")
         verify: Any = ssl.create_default_context(cafile=ca) if ca else True
-        self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=headers, verify=verify,
-                                  timeout=timeout)
+        try:
+            self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=headers, verify=verify,
+                                      timeout=timeout)
+        except httpx.InvalidURL as exc:  # a mistyped --server or TETHER_SERVER (a bad port, a control character)
+            raise RemoteError(f"cannot reach the tether server at {self.base_url!r}: not a URL ({exc})") from None
         self._hints = Hints(self.base_url)  # a cluster's X-Tether-Holder: the node holding a device
 
     def close(self) -> None:
