@@ -136,3 +136,21 @@ def test_a_server_url_that_is_not_a_url_is_one_line(cluster: Cluster, url: str, 
     out = subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, timeout=90, stdin=subprocess.DEVNULL)
     words = one_clear_error(out, ExitCode.UNREACHABLE)
     assert "cannot reach the tether server" in words and "\x1b" not in out.stderr
+
+
+@pytest.mark.parametrize("request_bytes", [b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\nX-A: \x01\r\n\r\n",
+                                           b"NOT HTTP AT ALL\r\n\r\n"])
+def test_a_request_the_parser_refuses_is_answered_json(cluster: Cluster, request_bytes: bytes) -> None:
+    """Bytes that are not HTTP/1.1 (a control character in a header, garbage): 400 `{"error": …}`, as every other
+    HTTP error of the server, and the connection closed."""
+    import json
+    import socket
+
+    with socket.create_connection(("127.0.0.1", cluster.port), timeout=30) as sock:
+        sock.sendall(request_bytes)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), answer
+    assert "error" in json.loads(body)
