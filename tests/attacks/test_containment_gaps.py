@@ -18,9 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +26,7 @@ import pytest
 
 from tests.kits.confined_device import attacker_factory, home, stdout, text  # noqa: F401 (fixtures)
 from tests.kits.netutil import CLI, Cluster
+from tests.kits.upstream import upstream
 from tether.sandbox import SandboxSpec, detect
 from tether.sandbox.egress.proxy import EgressRecord
 from tether.sandbox.egress.rules import EgressRules
@@ -43,30 +42,11 @@ def _require(program: str, install: str) -> str:
     return os.path.realpath(path)
 
 
-class _Answer(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(BODY)))
-        self.end_headers()
-        self.wfile.write(BODY)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
 def upstreams() -> Iterator[tuple[int, int]]:
     """Two HTTP servers on 127.0.0.1 (threads: the processes under test are others), their ports."""
-    servers = [ThreadingHTTPServer(("127.0.0.1", 0), _Answer) for _ in range(2)]
-    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in servers]
-    for thread in threads:
-        thread.start()
-    try:
-        yield servers[0].server_address[1], servers[1].server_address[1]
-    finally:
-        for server in servers:
-            server.shutdown()
-            server.server_close()
+    with upstream(BODY) as first, upstream(BODY) as second:
+        yield first, second
 
 
 # ---------------------------------------------------------------- 1. network pushed from the server

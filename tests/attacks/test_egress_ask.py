@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import json
 import shutil
-import threading
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,19 +22,9 @@ import pytest
 
 from tests.kits import db as dbkit
 from tests.kits.netutil import Cluster
+from tests.kits.upstream import start_upstream
 
 BODY = b"hello from the unlisted host\n"
-
-
-class _Upstream(BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(BODY)))
-        self.end_headers()
-        self.wfile.write(BODY)
-
-    def log_message(self, *args: Any) -> None:
-        return None
 
 
 class Egress:
@@ -49,8 +37,7 @@ class Egress:
             pytest.fail("curl is not installed; install it with: apt-get install -y curl")
         self.curl = curl
         self.cluster = cluster
-        self.upstream = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
-        threading.Thread(target=self.upstream.serve_forever, daemon=True).start()
+        self.upstream = start_upstream(BODY)
         self.url = f"http://localhost:{self.upstream.server_address[1]}/"
         policy = tmp / "policy.yaml"
         policy.write_text(json.dumps({"commands": {"curl": {}},

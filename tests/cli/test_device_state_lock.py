@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,17 +131,11 @@ def test_a_state_directory_that_cannot_exist_holds_nothing_to_share(tmp_path: Pa
     assert ran.returncode == 0 and "Traceback" not in ran.stderr, ran.stderr
 
 
-def test_a_local_exec_waits_for_another_one_off_call_and_refuses_a_device(tmp_path: Path,
-                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Scripts run local `tether exec` calls side by side: a second one waits for the first (within its
-    --timeout) instead of failing, while a long-running holder (a device) is refused at once. The waiter's
-    first pause is what releases the holder here, so the wait itself is what is tested."""
-    import threading
-
+def waiting_exec(state: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Thread, list[str]]:
+    """A second local exec taking `state`'s lock in a thread (waiting up to 60 s): the event set at its first
+    pause (it was refused once and waits), the thread, and what it read in the lock file once it held it."""
     from tether.cli.guards import state_lock
 
-    state = tmp_path / "state"
-    brief = holder(state, "tether exec")
     paused = threading.Event()
     real_sleep = state_lock.time.sleep
 
@@ -157,6 +152,19 @@ def test_a_local_exec_waits_for_another_one_off_call_and_refuses_a_device(tmp_pa
 
     waiter = threading.Thread(target=second)
     waiter.start()
+    return paused, waiter, got
+
+
+def test_a_local_exec_waits_for_another_one_off_call_and_refuses_a_device(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Scripts run local `tether exec` calls side by side: a second one waits for the first (within its
+    --timeout) instead of failing, while a long-running holder (a device) is refused at once. The waiter's
+    first pause is what releases the holder here, so the wait itself is what is tested."""
+    from tether.cli.guards import state_lock
+
+    state = tmp_path / "state"
+    brief = holder(state, "tether exec")
+    paused, waiter, got = waiting_exec(state, monkeypatch)
     assert paused.wait(30)  # refused once, waiting
     assert brief.stdin is not None
     brief.stdin.close()
@@ -212,31 +220,12 @@ def test_a_lock_taken_an_instant_ago_and_not_yet_named_is_waited_for(tmp_path: P
     has not yet written who it is now counts as one being taken (the next look names it): the waiter pauses,
     and gets it when the holder goes. The holder here never writes its line; the waiter's first pause is what
     releases it."""
-    import threading
-
-    from tether.cli.guards import state_lock
-
     state = tmp_path / "state"
     state.mkdir(mode=0o700)
     raw = subprocess.Popen([CLI[0], "-c", RAW_HOLD, str(state / "device.lock")], stdin=subprocess.PIPE,
                            stdout=subprocess.PIPE, text=True)
     assert raw.stdout is not None and raw.stdout.readline() == "held\n"
-    paused = threading.Event()
-    real_sleep = state_lock.time.sleep
-
-    def sleep(seconds: float) -> None:
-        paused.set()
-        real_sleep(seconds)
-
-    monkeypatch.setattr(state_lock.time, "sleep", sleep)
-    got: list[str] = []
-
-    def second() -> None:
-        with state_lock.holding_state_dir(state, "tether exec", wait_s=60):
-            got.append((state / "device.lock").read_text())
-
-    waiter = threading.Thread(target=second)
-    waiter.start()
+    paused, waiter, got = waiting_exec(state, monkeypatch)
     try:
         assert paused.wait(30)  # not refused: waiting for the unnamed holder
     finally:

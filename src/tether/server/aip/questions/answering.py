@@ -91,13 +91,12 @@ class HubQuestions(HubState):
                            four_eyes=bool(getattr(self.settings, "four_eyes", False)),
                            what=f"answer question '{question}' of device '{device}'",
                            how=how_a_person_approves(server_url(self.settings), device=device, question=question))
-        egress = self._questions.egress(device, question)
-        if batch.remote is not None and self.remote is not None:  # asked on the node holding the device
+        if batch.remote is not None and self.remote is not None:  # asked on the node holding the device, which
+            # checks the answerer again and records a network answer before its device gets it (one row)
             answered = await self.remote.answer_question(device, question, action, content, by, answerer)
             self._questions.forget(device, question)
-            if answered:
-                self._audit_egress(device, egress, action, content, by, response_id)
             return answered
+        egress = self._questions.egress(device, question)
         if conn is None or not conn.ready:
             raise LookupError(f"device {device} is offline")
         frame = ServerMessage(type=ServerMessageType.ELICITATION_ANSWER, response_id=response_id,
@@ -127,9 +126,3 @@ class HubQuestions(HubState):
         choice = str((content or {}).get("answer")) if action == "accept" else "deny"
         return (by, device, None, "network.allow" if choice == "always" else "network.ask",
                 {**egress, "answer": choice}, "success", None, response_id, None, None)
-
-    def _audit_egress(self, device: str, egress: dict[str, Any] | None, action: str, content: dict[str, Any] | None,
-                      by: str, response_id: str) -> None:
-        """`_egress_row` written for an answer the node holding the device has sent."""
-        if egress is not None:
-            self.store.audit.record_many([self._egress_row(device, egress, action, content, by, response_id)])
