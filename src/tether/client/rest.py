@@ -75,8 +75,10 @@ class RemoteServer:
             body = None
         if not response.is_success:  # a redirect too: never followed, and its empty body is no answer
             message = body.get("error") if isinstance(body, dict) else None
-            raise RemoteError(f"server answered {response.status_code}: "
-                              f"{message or response.text[:300] or response.reason_phrase}", response.status_code)
+            text = message or response.text[:300] or response.reason_phrase
+            if response.is_redirect:  # an empty or slash-ended name (`tether log ""`): where it led, never followed
+                text += f" to {response.headers.get('location', '?')} (not followed: give a name the server knows)"
+            raise RemoteError(f"server answered {response.status_code}: {text}", response.status_code)
         return body
 
     def health(self) -> dict[str, Any]:
