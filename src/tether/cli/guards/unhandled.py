@@ -7,7 +7,8 @@ import sys
 
 def report_unhandled(exc: Exception) -> None:
     """An exception no command caught: a server's refusal (`RemoteError`), a state directory that cannot be
-    written (`StoreUnavailable`) or that another process holds (`StateDirBusy`) is said in one line on stderr
+    written (`StoreUnavailable`) or that another process holds (`StateDirBusy`), or an argument that is not UTF-8
+    text where it had to be sent as such (`UnicodeEncodeError` of a surrogate escape) is said in one line on stderr
     and exits (with the code a command gives it); for any other this returns, and the caller re-raises it."""
     from tether.client.rest import RemoteError
     from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
@@ -30,4 +31,10 @@ def report_unhandled(exc: Exception) -> None:
         from tether.cli.views.safe_text import visible
 
         print(f"error: {visible(exc)}", file=sys.stderr)
+        sys.exit(2)
+    if isinstance(exc, UnicodeEncodeError) and exc.reason == "surrogates not allowed":
+        # an argument in another encoding (Python keeps its bytes as surrogate escapes) that had to be sent as
+        # UTF-8 text (a JSON body, a header): one line naming the bytes, exit 2 as any usage error
+        bad = str(exc.object[exc.start:exc.end]).encode("utf-8", "surrogateescape")
+        print(f"error: an argument is not UTF-8 text (bytes {bad!r}); tether sends text as UTF-8", file=sys.stderr)
         sys.exit(2)

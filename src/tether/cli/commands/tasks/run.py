@@ -282,6 +282,10 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOp
             fail_remote(exc, ExitCode.FAILED)
         print_tasks(rows, as_json, f" on {remote.base_url}", wide)
         return
+    from tether.agent.run.task import TaskState
+
+    if state is not None and state not in {s.value for s in TaskState}:  # as the server's 422: never "no tasks"
+        fail(f"--state must be one of {', '.join(s.value for s in TaskState)}, not {state!r}")
     store = _local_store(state_dir)
     try:
         rows = store.list(limit, state)
