@@ -155,3 +155,18 @@ def test_a_request_the_parser_refuses_is_answered_json(cluster: Cluster, request
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 400") and b"content-type: application/json" in head.lower(), answer
     assert "error" in json.loads(body)
+
+
+@pytest.mark.parametrize("path", ["/audit?limit=-1", "/audit?limit=0", "/tasks?limit=-5", "/tasks?limit=0"])
+def test_a_page_size_below_one_is_a_422_not_a_silent_page(cluster: Cluster, path: str) -> None:
+    """A negative or zero `limit` is refused naming the parameter, as a mistyped one would be; an oversized one
+    is served at the route's most."""
+    answer = httpx.get(f"http://127.0.0.1:{cluster.port}/api/v1{path}",
+                       headers={"Authorization": f"Bearer {cluster.api_token}"}, timeout=30)
+    assert answer.status_code == 422 and set(answer.json()) == {"error"} and "limit" in answer.text, answer.text
+    big = httpx.get(f"http://127.0.0.1:{cluster.port}/api/v1{path.split('?')[0]}?limit=100000",
+                    headers={"Authorization": f"Bearer {cluster.api_token}"}, timeout=30)
+    assert big.status_code == 200, big.text
+    refused = tether(cluster, "tasks", "--limit", "0")  # the usage error of every option out of its range
+    assert refused.returncode == ExitCode.USAGE and "Traceback" not in refused.stderr, refused.stderr
+    assert "Invalid value for '--limit'" in refused.stderr, refused.stderr

@@ -16,7 +16,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -143,7 +143,8 @@ async def dry_run_task(body: TaskRequest, request: Request,
 
 
 @router.get("")
-async def list_tasks(request: Request, who: Annotated[TokenInfo, Depends(require("read"))], limit: int = 50,
+async def list_tasks(request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
+                     limit: Annotated[int, Query(ge=1, description="at most 1000")] = 50,
                      state: TaskState | None = None) -> list[dict[str, Any]]:
     """Newest first; a scoped token sees the tasks of its devices only (a page may come out short). `state`: one
     of `TaskState`'s values (another is a 422 naming them, never an empty list)."""

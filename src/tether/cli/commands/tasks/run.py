@@ -264,7 +264,7 @@ def _journaled(state_dir: Path | None, session_id: str) -> bool:
 
 @app.command()
 def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOpt = None,
-          limit: Annotated[int, typer.Option(help="how many, newest first")] = 50,
+          limit: Annotated[int, typer.Option(min=1, help="how many, newest first")] = 50,
           state: Annotated[str | None, typer.Option("--state", help="only tasks in this state "
                                                                     "(e.g. waiting_for_user)")] = None,
           server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False) -> None:
