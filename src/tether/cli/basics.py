@@ -129,6 +129,16 @@ def check_tool_type(tool_type: str | None) -> None:
         usage_error("--type must be data_collection or action")
 
 
+MAX_TIMEOUT_S = 86400.0  # a day: the most a server waits for a batch (its `timeout` field)
+
+
+def check_timeout(timeout: float | None) -> None:
+    """`--timeout`: None, or seconds from 0 (the default) to `MAX_TIMEOUT_S`; else a usage error (`usage_error`:
+    infinity, NaN or a negative number is never sent or waited on)."""
+    if timeout is not None and not 0 <= timeout <= MAX_TIMEOUT_S:
+        usage_error(f"--timeout must be a number of seconds from 0 to {MAX_TIMEOUT_S:.0f} (a day), not {timeout}")
+
+
 def parse_assignments(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]:
     """`key=value` (JSON where the parameter is not a string, else text) and `key:=json` (always JSON)."""
     props = schema.get("properties", {})

@@ -44,8 +44,11 @@ class RemoteServer:
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
         ca = ca_file or os.environ.get("TETHER_CA_FILE")
         verify: Any = ssl.create_default_context(cafile=ca) if ca else True
-        self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=headers, verify=verify,
-                                  timeout=timeout)
+        try:
+            self._http = httpx.Client(base_url=self.base_url + "/api/v1", headers=headers, verify=verify,
+                                      timeout=timeout)
+        except httpx.InvalidURL as exc:  # a mistyped --server or TETHER_SERVER (a bad port, a control character)
+            raise RemoteError(f"cannot reach the tether server at {self.base_url!r}: not a URL ({exc})") from None
         self._hints = Hints(self.base_url)  # a cluster's X-Tether-Holder: the node holding a device
 
     def close(self) -> None:
@@ -70,10 +73,12 @@ class RemoteServer:
             body = response.json()
         except ValueError:
             body = None
-        if response.is_error:
+        if not response.is_success:  # a redirect too: never followed, and its empty body is no answer
             message = body.get("error") if isinstance(body, dict) else None
-            raise RemoteError(f"server answered {response.status_code}: {message or response.text[:300]}",
-                              response.status_code)
+            text = message or response.text[:300] or response.reason_phrase
+            if response.is_redirect:  # an empty or slash-ended name (`tether log ""`): where it led, never followed
+                text += f" to {response.headers.get('location', '?')} (not followed: give a name the server knows)"
+            raise RemoteError(f"server answered {response.status_code}: {text}", response.status_code)
         return body
 
     def health(self) -> dict[str, Any]:
@@ -83,7 +88,7 @@ class RemoteServer:
         return self._request("GET", "/devices")
 
     def device(self, name: str) -> dict[str, Any]:
-        return self._request("GET", f"/devices/{name}")
+        return self._request("GET", f"/devices/{_quote(name)}")
 
     def device_key(self, name: str) -> dict[str, Any]:
         """The key enrolled for the device: `{name, fingerprint, enrolled_at, enrolled_by}`."""
@@ -108,11 +113,11 @@ class RemoteServer:
 
     def approve_pairing(self, code: str, name: str | None = None, tags: list[str] | None = None,
                         replace: bool = False) -> dict[str, Any]:
-        return self._request("POST", f"/pairing/{code}/approve",
+        return self._request("POST", f"/pairing/{_quote(code)}/approve",
                              json={"name": name, "tags": tags or [], "replace": replace})
 
     def refuse_pairing(self, code: str) -> dict[str, Any]:
-        return self._request("POST", f"/pairing/{code}/refuse")
+        return self._request("POST", f"/pairing/{_quote(code)}/refuse")
 
     def tools(self, name: str, *, timeout: float | None = None, hints: bool = False) -> list[ToolInfo]:
         """The device's tools; `timeout` bounds this request (the client's default otherwise). `hints`: with
@@ -120,7 +125,7 @@ class RemoteServer:
         extra: dict[str, Any] = {"timeout": httpx.Timeout(timeout, connect=min(timeout, 10))} if timeout else {}
         if hints:
             extra["params"] = {"hints": "true"}
-        return [ToolInfo.model_validate(t) for t in self._request("GET", f"/devices/{name}/tools", **extra)]
+        return [ToolInfo.model_validate(t) for t in self._request("GET", f"/devices/{_quote(name)}/tools", **extra)]
 
     def policy(self, device: str) -> dict[str, Any]:
         return self._request("GET", f"/devices/{_quote(device)}/policy")
@@ -138,7 +143,7 @@ class RemoteServer:
         """Run a batch (on `device`, or on one chosen by `requires`), streaming events as they come."""
         body: dict[str, Any] = {"commands": [c.model_dump(exclude_none=True) for c in commands],
                                 "timeout": timeout, "early_exit": early_exit, "session_id": session_id}
-        path = f"/devices/{device}/commands" if device else "/commands"
+        path = f"/devices/{_quote(device)}/commands" if device else "/commands"
         if device is None:
             body["requires"] = requires or {}
         full = "/api/v1" + path  # the hints' key: the path under the base URL
@@ -176,7 +181,7 @@ class RemoteServer:
     def batch(self, batch_id: str) -> dict[str, Any]:
         """A batch's record (GET /api/v1/batches/{id}): its `state` (running, pending, done) and each
         command's outcome, also one that came after the caller's wait ended (docs/outcomes.md)."""
-        return self._request("GET", f"/batches/{batch_id}")
+        return self._request("GET", f"/batches/{_quote(batch_id)}")
 
     # -- tasks --------------------------------------------------------------------------------------
 
@@ -309,7 +314,10 @@ class RemoteServer:
 
 
 def _quote(part: str) -> str:
+    """`part` as one path segment: every `/`, `%`, `?`, `#`, `..` and control character percent-encoded, so a name
+    from a script's input never leads to another resource; bytes of another encoding (Python's surrogate escapes
+    of a command-line argument) are sent as the bytes they were, and the server answers for that name."""
     from urllib.parse import quote
 
-    return quote(part, safe="")
+    return quote(part, safe="", errors="surrogateescape")
 

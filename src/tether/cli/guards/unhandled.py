@@ -7,8 +7,11 @@ import sys
 
 def report_unhandled(exc: Exception) -> None:
     """An exception no command caught: a server's refusal (`RemoteError`), a state directory that cannot be
-    written (`StoreUnavailable`) or that another process holds (`StateDirBusy`) is said in one line on stderr
-    and exits (with the code a command gives it); for any other this returns, and the caller re-raises it."""
+    written (`StoreUnavailable`) or that another process holds (`StateDirBusy`), or an argument that is not UTF-8
+    text where it had to be sent as such (`UnicodeEncodeError` of a surrogate escape) is said in one line on stderr
+    and exits (with the code a command gives it). Any other is a bug in tether: one line naming it, exit code 1,
+    and no traceback for the user — unless TETHER_DEBUG is set (to anything but "" or "0"), when this returns
+    and the caller re-raises it, traceback and all."""
     from tether.client.rest import RemoteError
     from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
 
@@ -31,3 +34,19 @@ def report_unhandled(exc: Exception) -> None:
 
         print(f"error: {visible(exc)}", file=sys.stderr)
         sys.exit(2)
+    if isinstance(exc, UnicodeEncodeError) and exc.reason == "surrogates not allowed":
+        # an argument in another encoding (Python keeps its bytes as surrogate escapes) that had to be sent as
+        # UTF-8 text (a JSON body, a header): one line naming the bytes, exit 2 as any usage error
+        bad = str(exc.object[exc.start:exc.end]).encode("utf-8", "surrogateescape")
+        print(f"error: an argument is not UTF-8 text (bytes {bad!r}); tether sends text as UTF-8", file=sys.stderr)
+        sys.exit(2)
+    import os
+
+    if os.environ.get("TETHER_DEBUG", "") not in ("", "0"):
+        return
+    from tether.cli.views.safe_text import visible
+
+    what = visible(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, one_line=True)[:500]
+    print(f"error: tether stopped on an unexpected error ({what}); this is a bug in tether: run the command again "
+          "with TETHER_DEBUG=1 to see where it happened, and report it", file=sys.stderr)
+    sys.exit(1)

@@ -38,7 +38,7 @@ from tether.server.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 
-_STATUS = {408: b"408 Request Timeout", 503: b"503 Service Unavailable"}
+_STATUS = {400: b"400 Bad Request", 408: b"408 Request Timeout", 503: b"503 Service Unavailable"}
 SOCKET_RETRY_AFTER = 5  # seconds a device refused at the socket cap is told to wait
 
 

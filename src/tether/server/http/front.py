@@ -33,12 +33,22 @@ from starlette.websockets import WebSocket
 
 from tether.server.http import internals
 from tether.server.http.ratelimit import Throttles
-from tether.server.http.request_guard import ASGIApp, Message, RequestGuard, Scope, throttled_handshake
+from tether.server.http.request_guard import (
+    ASGIApp,
+    BodyTooLarge,
+    Message,
+    RequestGuard,
+    Scope,
+    throttled_handshake,
+)
 from tether.server.store import StoreUnavailable
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Request], Awaitable[Response]]
+# refusals made on purpose, never logged as failures: a route's own answer, a state that cannot be written, a body
+# past its cap (the guard answers 413 itself)
+EXPECTED = (HTTPException, StoreUnavailable, BodyTooLarge)
 SocketEndpoint = Callable[[WebSocket], Awaitable[None]]
 
 DEVICES_PREFIX = "/api/v1/devices/"
@@ -67,7 +77,7 @@ def http_endpoint(handler: Handler) -> ASGIApp:
         try:
             response = await handler(Request(scope, receive, send))
         except Exception as exc:  # every error is an answer; the unexpected ones are logged
-            if not isinstance(exc, HTTPException | StoreUnavailable):
+            if not isinstance(exc, EXPECTED):
                 logger.exception("%s %s failed", scope.get("method"), scope.get("path"))
             response = error_response(exc)
         await response(scope, receive, send)
@@ -94,7 +104,7 @@ def asgi_endpoint(app: ASGIApp) -> ASGIApp:
         except Exception as exc:
             if started:
                 raise
-            if not isinstance(exc, HTTPException | StoreUnavailable):
+            if not isinstance(exc, EXPECTED):
                 logger.exception("%s %s failed", scope.get("method"), scope.get("path"))
             await error_response(exc)(scope, receive, send)
 

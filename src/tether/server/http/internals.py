@@ -38,10 +38,11 @@ WRITTEN_FOR: dict[str, tuple[str, str]] = {"starlette": ("1.10", "1.11"), "uvico
 PRIVATE_NAMES: dict[str, tuple[str, ...]] = {
     "uvicorn.protocols.http.httptools_impl:HttpToolsProtocol": (
         "connection_made", "connection_lost", "data_received", "eof_received", "on_message_begin",
-        "on_headers_complete", "on_message_complete", "handle_websocket_upgrade", "timeout_keep_alive_handler"),
+        "on_headers_complete", "on_message_complete", "handle_websocket_upgrade", "timeout_keep_alive_handler",
+        "send_400_response"),
     "uvicorn.protocols.http.h11_impl:H11Protocol": (
         "connection_made", "connection_lost", "data_received", "eof_received", "handle_websocket_upgrade",
-        "timeout_keep_alive_handler"),
+        "timeout_keep_alive_handler", "send_400_response"),
     "uvicorn.protocols.websockets.auto:AutoWebSocketsProtocol": ("connection_made", "connection_lost"),
     "uvicorn.server:Server": ("startup", "shutdown", "on_tick", "_log_started_message"),
     "uvicorn.config:LOGGING_CONFIG": (),
@@ -217,6 +218,12 @@ def edge_http_protocol(base: type[asyncio.Protocol], caps: ConnectionCaps, setti
                                                     f"(server setting {setting})"))
             if cycle is not None and what == "body":
                 cycle.keep_alive = False
+            self.transport.close()
+
+        def send_400_response(self, msg: str) -> None:
+            # bytes uvicorn's parser refused (a control character in a header, not HTTP at all): `{"error": …}`
+            # as every other HTTP error of the server (uvicorn's own answer is text/plain), and the connection closed
+            self.transport.write(raw_error(400, f"{msg} (not an HTTP/1.1 request this server can read)"))
             self.transport.close()
 
         def on_message_begin(self) -> None:

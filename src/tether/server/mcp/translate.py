@@ -214,19 +214,22 @@ MAX_ERROR_BODY = 64 * 1024  # an SDK error body larger than this is passed on as
 def plain_errors(send: Any) -> Any:
     """`send` with the SDK's own HTTP errors (unknown session 404, server full 503, missing session id 400,
     406, 413, ...) answered as every other HTTP error of the server is, `{"error": MESSAGE}`, instead of a
-    JSON-RPC error object without an id. Status and headers are kept (MCP clients act on the status: a 404
-    means start a new session); the SDK's client reads such a body by its status as before. Anything that is
-    not a JSON body of a JSON-RPC error passes unchanged."""
+    JSON-RPC error object without an id, and so are its transport's plain-text refusals (a POST that is not
+    `application/json`: 400 `Invalid Content-Type header`). Status and headers are kept (MCP clients act on the
+    status: a 404 means start a new session); the SDK's client reads such a body by its status as before. Anything
+    else (a JSON body that is not a JSON-RPC error, an error past `MAX_ERROR_BODY`) passes unchanged."""
     held: dict[str, Any] | None = None  # an error's response start, until its body is known
     parts: list[bytes] = []
+    text = False  # the held error's body is plain text (the SDK's transport checks: content type, host, origin)
 
     async def relay(message: dict[str, Any]) -> None:
-        nonlocal held
+        nonlocal held, text
         if held is None:
-            if message["type"] == "http.response.start" and message["status"] >= 400 and not parts \
-                    and (b"content-type", b"application/json") in message.get("headers", ()):
-                held = message
-                return
+            if message["type"] == "http.response.start" and message["status"] >= 400 and not parts:
+                kind = dict(message.get("headers", ())).get(b"content-type", b"")
+                if kind == b"application/json" or not kind or kind.startswith(b"text/plain"):
+                    held, text = message, kind != b"application/json"
+                    return
             await send(message)
             return
         parts.append(message.get("body", b""))
@@ -234,16 +237,26 @@ def plain_errors(send: Any) -> Any:
         if more and sum(map(len, parts)) <= MAX_ERROR_BODY:
             return
         start, body, held = held, b"".join(parts), None
-        plain = None if more else _plain_error(body)
+        plain = None if more else _plain_text_error(body) if text else _plain_error(body)
         if plain is None:  # not one to rewrite: what the SDK sent, as it sent it (the rest follows unheld)
             await send(start)
             await send({"type": "http.response.body", "body": body, "more_body": more})
             return
-        headers = [(k, v) for k, v in start.get("headers", ()) if k != b"content-length"]
-        await send({**start, "headers": [*headers, (b"content-length", str(len(plain)).encode())]})
+        headers = [(k, v) for k, v in start.get("headers", ()) if k not in (b"content-length", b"content-type")]
+        await send({**start, "headers": [*headers, (b"content-type", b"application/json"),
+                                         (b"content-length", str(len(plain)).encode())]})
         await send({"type": "http.response.body", "body": plain})
 
     return relay
+
+
+def _plain_text_error(body: bytes) -> bytes | None:
+    """A plain-text error the SDK's transport answered (`Invalid Content-Type header`) as `{"error": TEXT}`."""
+    try:
+        message = body.decode().strip()
+    except UnicodeDecodeError:
+        return None
+    return json.dumps({"error": message or "refused"}).encode()
 
 
 def _plain_error(body: bytes) -> bytes | None:

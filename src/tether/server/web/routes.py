@@ -70,7 +70,10 @@ async def page() -> FileResponse:
 
 @web_router.get("/web/static/{path:path}")
 async def asset(path: str) -> FileResponse:
-    """Packaged files only: the resolved path must stay inside static/ (no `..`, no symlinks out)."""
+    """Packaged files only: the resolved path must stay inside static/ (no `..`, no symlinks out, no NUL); else
+    404 `{"error": …}`."""
+    if "\0" in path:  # no file has it in its name (resolve() would raise: a 500 anyone could ask for)
+        raise HTTPException(404, f"no asset {path[:200]!r}")
     target = (STATIC / path).resolve()
     if not target.is_relative_to(STATIC.resolve()) or not target.is_file():
         raise HTTPException(404, f"no asset '{path[:200]}'")

@@ -16,14 +16,14 @@ import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.run.graph.view import graph_of
 from tether.agent.run.replies import APPROVAL_KINDS, says_no
-from tether.agent.run.task import Task, TaskEvent
+from tether.agent.run.task import Task, TaskEvent, TaskState
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches.ledger import TokenRef
@@ -143,11 +143,13 @@ async def dry_run_task(body: TaskRequest, request: Request,
 
 
 @router.get("")
-async def list_tasks(request: Request, who: Annotated[TokenInfo, Depends(require("read"))], limit: int = 50,
-                     state: str | None = None) -> list[dict[str, Any]]:
-    """Newest first; a scoped token sees the tasks of its devices only (a page may come out short)."""
+async def list_tasks(request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
+                     limit: Annotated[int, Query(ge=1, description="at most 1000")] = 50,
+                     state: TaskState | None = None) -> list[dict[str, Any]]:
+    """Newest first; a scoped token sees the tasks of its devices only (a page may come out short). `state`: one
+    of `TaskState`'s values (another is a 422 naming them, never an empty list)."""
     service = _service(request)
-    rows = await service.listing(max(1, min(limit, 1000)), state)
+    rows = await service.listing(max(1, min(limit, 1000)), state.value if state else None)
     if not who.scoped:
         return rows
     kept = []

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from tether.cli.basics import (
     ExitCode,
+    check_timeout,
     check_tool_type,
     guard_root,
     load_config,
@@ -52,6 +53,7 @@ def run_exec(tool: str, args: list[str] | None, config: Path | None, policy: Pat
     print its structured result. Returns when the result is a success; otherwise `SystemExit` with 1 (a
     failure), `ExitCode.WAITING` (an outcome pending) or the usage error's code (said on stderr)."""
     check_tool_type(tool_type)
+    check_timeout(timeout)
     if all_devices or require:
         _exec_all(tool, args or [], all_devices, device, always, approve, require or [], timeout, tool_type,
                   max_concurrency, as_json, server, token, ca_file)

@@ -116,6 +116,8 @@ def server(ctx: typer.Context, config: Annotated[Path | None, typer.Option(
     from tether.server.main import PortInUse, UnsafeBinding, claim_state, run_server
     from tether.server.store import check_state_dir
 
+    if log_level not in ("debug", "info", "warning", "error"):  # before the state is claimed (tether device's words)
+        fail(f"--log-level must be debug, info, warning or error, not {log_level!r}")
     if bool(tls_cert) != bool(tls_key):
         fail("--tls-cert and --tls-key go together")
     named: dict[str, object] = dict(

@@ -264,7 +264,7 @@ def _journaled(state_dir: Path | None, session_id: str) -> bool:
 
 @app.command()
 def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOpt = None,
-          limit: Annotated[int, typer.Option(help="how many, newest first")] = 50,
+          limit: Annotated[int, typer.Option(min=1, help="how many, newest first")] = 50,
           state: Annotated[str | None, typer.Option("--state", help="only tasks in this state "
                                                                     "(e.g. waiting_for_user)")] = None,
           server: ServerOpt = None, token: TokenOpt = None, ca_file: CaOpt = None, local: LocalOpt = False) -> None:
@@ -282,6 +282,10 @@ def tasks(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOp
             fail_remote(exc, ExitCode.FAILED)
         print_tasks(rows, as_json, f" on {remote.base_url}", wide)
         return
+    from tether.agent.run.task import TaskState
+
+    if state is not None and state not in {s.value for s in TaskState}:  # as the server's 422: never "no tasks"
+        fail(f"--state must be one of {', '.join(s.value for s in TaskState)}, not {state!r}")
     store = _local_store(state_dir)
     try:
         rows = store.list(limit, state)

@@ -107,7 +107,8 @@ async def revoke_token(token: str, request: Request,
 
 
 @router.get("/audit")
-async def audit(request: Request, who: Annotated[TokenInfo, Depends(require("admin"))], limit: int = 100,
+async def audit(request: Request, who: Annotated[TokenInfo, Depends(require("admin"))],
+                limit: Annotated[int, Query(ge=1, description="rows per page, at most 500")] = 100,
                 device: str | None = None, task: str | None = None, token: str | None = None,
                 since: float | None = None, until: float | None = None,
                 before: Annotated[int | None, Query(ge=0, le=2**63 - 1)] = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import json
 import secrets
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.server.http.api import ERROR_RESPONSES, require
@@ -123,7 +123,8 @@ async def remove_webhook(webhook_id: str, request: Request,
 
 @webhook_router.get("/{webhook_id}/deliveries")
 async def webhook_deliveries(webhook_id: str, request: Request, who: Annotated[TokenInfo, Depends(require("read"))],
-                             limit: int = 50) -> list[dict[str, Any]]:
+                             limit: Annotated[int, Query(ge=1, description="at most 500")] = 50
+                             ) -> list[dict[str, Any]]:
     """The webhook's latest deliveries, newest first: event, status (pending, delivered, failed), attempts,
     the last HTTP status and error, when the next try is due."""
     await _mine(request, webhook_id, who)
