@@ -328,3 +328,27 @@ async def test_the_program_of_the_devices_own_mcp_server_is_held() -> None:
             assert script.read_text() == original and not (srv / "mcp_types.py").exists()
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_a_module_in_the_users_site_packages_is_held(attacker: Attacker) -> None:
+    # every Python of the user puts this directory ahead of the system's packages: a module planted here
+    # shadows one that a system tool imports (tried with the system's own interpreter below)
+    python = "/usr/bin/python3"
+    if not os.access(python, os.X_OK):
+        pytest.fail(f"{python} is missing; install it with: apt-get install -y python3")
+    env = {**os.environ, "HOME": str(attacker.home)}
+    env.pop("PYTHONNOUSERSITE", None)
+    site = subprocess.run([python, "-c", "import site; print(site.getusersitepackages())"], env=env, check=True,
+                          capture_output=True, text=True, timeout=30).stdout.strip()
+    module = Path(site) / "shadowed_by_agent.py"
+    code = "print('agent code ran')\n"
+    _held(await attacker.call("write_file", file_path=str(module), content=code, create_parents=True),
+          "~/.local/lib/python*/site-packages")
+    Path(site).mkdir(parents=True, exist_ok=True)
+    _held(await attacker.run("tee", str(module), stdin=code), "~/.local/lib/python*/site-packages")
+    assert not module.exists()
+    approved = await attacker.call("write_file", file_path=str(module), content=code, approved_by="alice")
+    assert approved.ok, _text(approved)
+    ran = subprocess.run([python, "-c", "import shadowed_by_agent"], env=env, cwd="/", capture_output=True,
+                         text=True, timeout=30)
+    assert "agent code ran" in ran.stdout, f"the system's python did not load the user site: {ran.stderr}"

@@ -43,6 +43,9 @@ PROGRAMS: tuple[str, ...] = (
 )
 LOADED_CODE: tuple[str, ...] = (
     "*.pth", "sitecustomize.py", "usercustomize.py", "~/.ipython", "~/.config/ipython",
+    # the user's site-packages: on every Python's path ahead of the system's packages, so a module there
+    # shadows one a system tool imports (command-not-found runs on every mistyped command)
+    "~/.local/lib/python*/site-packages",
     "~/.vimrc", "~/.gvimrc", "~/.vim", "~/.config/nvim", "~/.emacs", "~/.emacs.d", "~/.config/emacs",
     ".exrc", ".nvimrc", ".nvim.lua",
     # debuggers' and interpreters' start-up files (R, ghci and pry read one in the current directory too)
