@@ -25,6 +25,7 @@ from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp.client.client_caps import ElicitationRequest, MCPClientHooks
 from tether.device.mcp.client.manager import MCPServerManager
 from tether.device.root import run_as_for
+from tether.device.server_programs import with_server_programs
 from tether.errors import DeviceError
 from tether.sandbox import SandboxInfo, detect
 from tether.sandbox.kept import Kept
@@ -72,6 +73,20 @@ def resolve_policy(config: DeviceConfig, policy_path: str | os.PathLike[str] | N
         return policy_from_mapping(source, where=f"{config.source or 'device config'}: device.policy")
     base = Path(config.source).parent if config.source else Path.cwd()
     return load_policy(base / Path(source).expanduser())
+
+
+def policy_file(config: DeviceConfig, policy_path: str | os.PathLike[str] | None = None) -> str | None:
+    """The file the device's policy is read from (`--policy`, else the config's `device.policy` when it is
+    a path), absolute, or None (inline or the defaults). It decides what every command may do, so the
+    sandbox hides it like the config file: a command or file tool that rewrote it would widen the next
+    start's rules without a person."""
+    if policy_path is not None:
+        return os.path.abspath(Path(policy_path).expanduser())
+    source = config.device.policy
+    if not isinstance(source, str):
+        return None
+    base = Path(config.source).parent if config.source else Path.cwd()
+    return os.path.abspath(base / Path(source).expanduser())
 
 
 def device_state_dir(config: DeviceConfig, state_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -202,7 +217,7 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
                  secrets: list[str] | None = None, mcp_hooks: MCPClientHooks | None = None,
                  join_external: bool = False, join_after: asyncio.Event | None = None,
                  on_tools_changed: Callable[[Computer], None] | None = None,
-                 only_tool: str | None = None) -> LocalDevice:
+                 only_tool: str | None = None, policy_path: str | os.PathLike[str] | None = None) -> LocalDevice:
     """A device in this process, not started. It does not take the state directory's lock
     (`hold_state_dir`): its caller holds it (`open_local_device`, `open_device` and `tether device` do).
 
@@ -214,6 +229,8 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     registers without waiting for them), once `join_after` is set (None: at once), `on_tools_changed`
     hearing of each. `only_tool`: the device runs one command, for this tool (a one-off `tether exec`): the
     built-in tool sets that cannot hold it are not started (`tether.tools.builtin.sets_not_holding`).
+    `policy_path`: the file `policy` was read from (`--policy`); it, or else the config's `device.policy`
+    file, is hidden from every tool like the config file (`policy_file`).
 
     Raises ValueError for a config, policy or sandbox it cannot use."""
     config = config or load_device_config(None)
@@ -224,11 +241,14 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
         # serving a server, or root told to run commands as another user: no process starts unconfined
         # (as root) because that user's sandbox cannot be made, unless the policy says so explicitly
         policy = policy.model_copy(update={"require_sandbox": serving or run_as is not None})
+    # the programs the device itself starts (its stdio MCP servers) wait for a person when changed
+    policy = with_server_programs(policy, config)
     root = device_state_dir(config, state_dir)
     if sandbox and policy.sandbox:  # a person's `always` egress grants, kept by an earlier run (sandbox/kept.py)
         policy = with_grants(policy, Kept(root).grants())
     journal = UndoJournal(root)
-    hidden = [str(root), *(secrets or []), *([config.source] if config.source else [])]
+    source = policy_file(config, policy_path)
+    hidden = [str(root), *(secrets or []), *([config.source] if config.source else []), *([source] if source else [])]
     # the probe's answer is kept in the state directory (hidden from sandboxed commands) for this boot
     info = sandbox if isinstance(sandbox, SandboxInfo) else (
         detect(root, run_as=run_as) if sandbox and policy.sandbox else None)
@@ -266,7 +286,7 @@ async def open_local_device(config: DeviceConfig | str | os.PathLike[str] | None
     held = hold_state_dir_if_any(device_state_dir(cfg, state_dir), API_HOLDER) if lock_state_dir else None
     try:
         device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir, sandbox=sandbox,
-                              serving=serving, mcp_hooks=mcp_hooks, only_tool=only_tool)
+                              serving=serving, mcp_hooks=mcp_hooks, only_tool=only_tool, policy_path=policy_path)
         try:
             await device.computer_manager.get_or_create(None)
             yield device

@@ -229,7 +229,7 @@ async def _build_held(state: Path, held: int | None, cfg: DeviceConfig, *, serve
         # registers with its built-in tools; each external MCP server joins when started (a DEVICE_INFO)
         device = build_device(cfg, policy=device_policy, state_dir=state_dir, serving=True, sandbox=sandbox,
                               secrets=secrets, mcp_hooks=hooks, join_external=True, join_after=registered_once,
-                              on_tools_changed=tools_changed)
+                              on_tools_changed=tools_changed, policy_path=policy_path)
     except ValueError as exc:
         for pending in (sandbox_probe, key_loading):
             pending.cancel()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -256,10 +257,87 @@ def protected_matcher(policy: Policy) -> Matcher:
     return _protected(policy)[0]
 
 
-def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matcher | None = None) -> str | None:
-    """`protected-path: <pattern>` when `path` (real, absolute) is protected, else None."""
+GIT_POINTER = ".git"  # the rule a `.git` file or symlink is held under (see `git_pointer`)
+
+
+def git_pointer(policy: Policy, path: str | os.PathLike[str], node: str | None = None) -> bool:
+    """Whether `path` is a `.git` that is not a directory: a file (`gitdir: <dir>`, what `git init
+    --separate-git-dir` and every submodule checkout write) or a symlink, which makes git take another
+    directory, one no `.git/...` pattern names, as the repository, and so run its `config`
+    (`core.fsmonitor`) and `hooks` at the user's next `git status`. `node` is the entry's kind
+    ("file", "dir", "symlink") when known (a captured change); otherwise the path is looked at, and
+    one that does not exist yet counts as a file (a file tool is about to create it). Held while
+    `.git/config` is protected (unprotecting that opens this too)."""
+    if os.path.basename(os.fspath(path)).casefold() != GIT_POINTER:
+        return False
+    if node is None:
+        try:
+            node = "dir" if stat.S_ISDIR(os.lstat(path).st_mode) else "file"
+        except OSError:
+            node = "file"
+    return node != "dir" and ".git/config" not in getattr(policy, "unprotect_paths", ())
+
+
+GIT_DIRECTORY = "git directory"  # the rule for `config` and `hooks` of a repository not named .git
+
+
+_REPO_PROGRAMS = ("config", "config.worktree")  # and anything under `hooks`
+_REPO_MARKS = ("head", "objects", "refs")  # what makes a directory a repository to git
+
+
+def git_directory_file(policy: Policy, path: str | os.PathLike[str],
+                       exists: Callable[[str], bool] = os.path.lexists) -> bool:
+    """Whether `path` is the `config`, `config.worktree` or (something under) `hooks` of a directory git
+    takes as a repository whatever its name: one holding `HEAD` and `objects` or `refs` (`git init
+    --bare evil.git`, the directory a `.git` file points to); or a *new* `HEAD`, `objects` or `refs`
+    that makes a directory already holding a `config` or `hooks` such a repository (so the order the
+    pieces are made in changes nothing; a `HEAD` rewritten by a checkout is not new). git runs that
+    config's `core.fsmonitor` at a `git status` inside it (a shell prompt showing git's state runs one
+    on `cd`). `exists` says whether a path exists (a captured command's own new entries count: `capture`
+    passes them in); `path` itself counts. Held while `.git/config` is protected."""
+    text = os.fspath(path)
+    lowered = text.casefold()
+    base = lowered.rpartition("/")[2]
+    if base not in _REPO_PROGRAMS and base not in _REPO_MARKS and "/hooks" not in lowered:
+        return False  # most paths: one look, no split
+    if ".git/config" in getattr(policy, "unprotect_paths", ()):
+        return False
+
+    def there(entry: str) -> bool:
+        return entry == text or exists(entry)
+
+    def repository(d: str) -> bool:
+        return bool(d) and there(f"{d}/HEAD") and (there(f"{d}/objects") or there(f"{d}/refs"))
+
+    parts, folded = text.split("/"), lowered.split("/")
+    if base in _REPO_PROGRAMS and repository("/".join(parts[:-1])):
+        return True
+    if "hooks" in folded[:-1] or base == "hooks":
+        at = len(folded) - 1 - folded[::-1].index("hooks")
+        if repository("/".join(parts[:at])):
+            return True
+    if base in _REPO_MARKS and not os.path.lexists(text):
+        d = "/".join(parts[:-1])
+        return repository(d) and (there(f"{d}/config") or there(f"{d}/hooks"))
+    return False
+
+
+def protected_rule(policy: Policy, path: str | os.PathLike[str], matcher: Matcher | None = None,
+                   node: str | None = None, exists: Callable[[str], bool] = os.path.lexists) -> str | None:
+    """`protected-path: <pattern>` when `path` (real, absolute) is protected, else None; a `.git` that
+    is not a directory is `protected-path: .git` (`git_pointer`; `node` as there), and the config or
+    hooks of a repository under another name `protected-path: git directory` (`git_directory_file`;
+    `exists` as there)."""
     pattern = (matcher or protected_matcher(policy)).match(path)
-    return f"protected-path: {pattern}" if pattern is not None else None
+    if pattern is not None:
+        return f"protected-path: {pattern}"
+    lowered = os.fspath(path).casefold()  # one look decides for almost every path
+    if lowered.endswith("/.git") and git_pointer(policy, path, node):
+        return f"protected-path: {GIT_POINTER}"
+    if (lowered.endswith(("/config", "/config.worktree", "/head", "/objects", "/refs")) or "/hooks" in lowered) \
+            and git_directory_file(policy, path, exists):
+        return f"protected-path: {GIT_DIRECTORY}"
+    return None
 
 
 def require_person(policy: Policy, paths: Iterable[str | os.PathLike[str]], what: str, approved_by: str | None,
@@ -287,6 +365,7 @@ def tree_paths(root: Path, limit: int = MAX_INODE_SCAN) -> Iterator[Path] | None
 
 
 __all__ = [
-    "DEFAULT_PROTECTED", "Matcher", "anchored", "anchored_places", "protected_inside", "protected_matcher",
-    "protected_patterns", "protected_rule", "require_person", "tree_paths",
+    "DEFAULT_PROTECTED", "GIT_DIRECTORY", "GIT_POINTER", "Matcher", "anchored", "anchored_places", "git_directory_file",
+    "git_pointer", "protected_inside",
+    "protected_matcher", "protected_patterns", "protected_rule", "require_person", "tree_paths",
 ]

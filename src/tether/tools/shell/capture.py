@@ -65,13 +65,21 @@ def fingerprint(ctx: ToolContext, cmd: str, args: list[str], cwd: str, env: dict
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def made_or_there(changes: list[Change]) -> Callable[[str], bool]:
+    """Whether a path exists once `changes` are applied: one of them makes it, or it is on disk."""
+    made = {c.path for c in changes if c.kind != "deleted"}
+    return lambda path: path in made or os.path.lexists(path)
+
+
 def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None,
-                places: list[tuple[str, str]] | None = None) -> str | None:
+                places: list[tuple[str, str]] | None = None,
+                exists: Callable[[str], bool] = os.path.lexists) -> str | None:
     """The approval rule this change needs, or None: a protected path first (created ones too, and a
-    symlink or a deleted directory that would change what is found at a protected place below it)."""
+    symlink or a deleted directory that would change what is found at a protected place below it).
+    `exists`: whether a path exists, the command's own new entries counted (`made_or_there`)."""
     matcher = matcher or protected_matcher(ctx.policy)
     for touched in (change.path, change.moved_from):
-        rule = protected_rule(ctx.policy, touched, matcher) if touched else None
+        rule = protected_rule(ctx.policy, touched, matcher, change.node, exists) if touched else None
         if rule is None and touched and (change.node == "symlink" or change.kind == "deleted"):
             rule = protected_inside(ctx.policy, touched, places if places is not None else
                                     anchored_places(ctx.policy))
@@ -273,8 +281,8 @@ def _judge(ctx: ToolContext, changes: list[Change], others: Applied | None
     clashes = conflicts(changes, others)
     if clashes:
         return clashes, []
-    matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)
-    return clashes, [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
+    matcher, places, exists = protected_matcher(ctx.policy), anchored_places(ctx.policy), made_or_there(changes)
+    return clashes, [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places, exists))]
 
 
 async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body: dict[str, Any], preview: str,
@@ -340,8 +348,8 @@ def _held_question(ctx: ToolContext, what: str, changes: list[Change], body: dic
     new contents: tools/policy/approval.py), so other changes held later under the same command are asked again.
     Reads files: call it on the worker pool. `needs`: the rules already judged (else judged here)."""
     if needs is None:
-        matcher, places = protected_matcher(ctx.policy), anchored_places(ctx.policy)
-        needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places))]
+        matcher, places, exists = protected_matcher(ctx.policy), anchored_places(ctx.policy), made_or_there(changes)
+        needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places, exists))]
     needs = needs or [(c, "approval") for c in changes]
     listed = "; ".join(f"{rule}: {c.kind} {shown(c.path)}" for c, rule in needs[:20])
     diffs = _diffs(ctx, changes)  # what approving would change, shown to the person who approves
