@@ -139,9 +139,13 @@ def _run_device(env_token: str | None, collection: StartUpCollection, *, server:
                 state_dir: Path | None, ca_file: str | None, tag: list[str] | None, pair: bool,
                 tls_fingerprint: str | None, log_level: str, log_format: str, allow_root: bool) -> int:
     """`run_device` past the refused --token, with the start-up's collection paused (`collection`)."""
-    from tether.device.config import load_device_config
+    from tether.device.config import load_device_config, server_url_problem
 
     servers = [url.strip() for each in server or () for url in each.split(",") if url.strip()]
+    for url in servers:  # before anything starts: one line naming it
+        if (problem := server_url_problem(url)) is not None:
+            _error(f"--server: {problem}")
+            raise SystemExit(2)
     from tether.device.root import RootRefused, root_check
 
     try:

@@ -1,0 +1,38 @@
+"""`tether device` refuses a mistyped start-up before anything starts: a `--server` URL it cannot use is
+named in one line (its control characters escaped), exit 2, and nothing of the state directory is made.
+Real `tether device` processes; no server is needed, since nothing may be reached."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.kits.netutil import CLI
+
+USAGE_EXIT = 2
+
+
+def _device(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TETHER_DEVICE_TOKEN": "not-used", "HOME": str(tmp_path)}
+    return subprocess.run([*CLI, "device", *args], capture_output=True, text=True, env=env, timeout=60,
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize(("url", "named"), [
+    ("ws://127.0.0.1:1\x1b[2J", "'ws://127.0.0.1:1\\x1b[2J'"),
+    ("ws://[::1", "'ws://[::1'"),
+    ("ws://127.0.0.1:port", "'ws://127.0.0.1:port'"),
+    ("ftp://127.0.0.1:1", "'ftp://127.0.0.1:1'"),
+])
+def test_a_server_url_it_cannot_use_is_refused_in_one_line_naming_it(tmp_path: Path, url: str, named: str) -> None:
+    state = tmp_path / "state"
+    out = _device(tmp_path, "--server", "ws://127.0.0.1:2", "--server", url, "--state-dir", str(state))
+    assert out.returncode == USAGE_EXIT, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --server: "), out.stderr
+    assert named in lines[0] and "not a usable server URL" in lines[0], out.stderr
+    assert "\x1b" not in out.stderr and "Traceback" not in out.stderr
+    assert not state.exists(), "the device started before refusing its URL"
