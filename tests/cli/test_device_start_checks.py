@@ -4,6 +4,7 @@ Real `tether device` processes; no server is needed, since nothing may be reache
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -36,3 +37,24 @@ def test_a_server_url_it_cannot_use_is_refused_in_one_line_naming_it(tmp_path: P
     assert named in lines[0] and "not a usable server URL" in lines[0], out.stderr
     assert "\x1b" not in out.stderr and "Traceback" not in out.stderr
     assert not state.exists(), "the device started before refusing its URL"
+
+
+def test_device_key_mints_no_key_under_a_path_that_does_not_exist_and_says_what_it_made(tmp_path: Path) -> None:
+    def key(state: Path, *more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*CLI, "device", "key", "--state-dir", str(state), *more], capture_output=True,
+                              text=True, env={**os.environ, "HOME": str(tmp_path)}, timeout=60,
+                              stdin=subprocess.DEVNULL)
+
+    typo = tmp_path / "srv-typo" / "state"
+    out = key(typo)
+    words = " ".join(out.stderr.split())
+    assert out.returncode == USAGE_EXIT and "Traceback" not in out.stderr, out.stderr
+    assert f"the state directory {typo} cannot be made: {typo.parent} does not exist; no key was made" in words
+    assert not typo.parent.exists(), "a key was made under a path nobody asked for"
+    # a new state directory in an existing one (a device's first key): made, and both are named
+    fresh = tmp_path / "state"
+    out = key(fresh)
+    assert out.returncode == 0, out.stderr
+    assert f"made {fresh}\n" in out.stderr and f"made {fresh / 'device.key'}\n" in out.stderr, out.stderr
+    again = key(fresh, "--json")
+    assert again.returncode == 0 and json.loads(again.stdout)["made"] == [], again.stdout
