@@ -2,7 +2,8 @@
 except where the JSON parser's own words mislead. A string escape naming a lone surrogate (`"\\ud800"`
 alone) is valid JSON syntax but no Unicode text, and pydantic-core says "unexpected end of hex escape"
 for it; bytes that are not UTF-8 it calls an "invalid unicode code point". Both are said for what they
-are, at the position the parser gives."""
+are, at the position the parser gives; a field's string holding one (where the body was decoded by the
+standard library, which lets a lone surrogate through) is named by its field."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ def error_message(error: Mapping[str, Any]) -> str:
     """One validation error's message (`error`: an entry of `ValidationError.errors()`), reworded where
     it is a JSON body that is not Unicode text: a lone surrogate escape, or bytes that are not UTF-8."""
     msg = str(error.get("msg", ""))
+    if error.get("type") == "string_unicode":  # a field's string that the JSON decoder let through
+        return ("not valid Unicode text: it holds a lone surrogate (\\ud800-\\udfff without its pair) or bytes "
+                "that are not UTF-8")
     if error.get("type") != "json_invalid":
         return msg
     detail = str((error.get("ctx") or {}).get("error", msg.removeprefix("Invalid JSON: ")))
