@@ -39,6 +39,17 @@ def test_a_server_url_it_cannot_use_is_refused_in_one_line_naming_it(tmp_path: P
     assert not state.exists(), "the device started before refusing its URL"
 
 
+def test_a_config_server_url_it_cannot_use_is_refused_the_same_way(tmp_path: Path) -> None:
+    config = tmp_path / "device.yaml"
+    config.write_text('server:\n  url: "ws://127.0.0.1:1\\x1b[2J"\n')
+    state = tmp_path / "state"
+    out = _device(tmp_path, "--config", str(config), "--state-dir", str(state))
+    assert out.returncode == USAGE_EXIT, out.stderr
+    assert out.stderr.startswith("error: the config's server: 'ws://127.0.0.1:1\\x1b[2J/aip' is not a usable "
+                                 "server URL"), out.stderr
+    assert "\x1b" not in out.stderr and not state.exists()
+
+
 def test_device_key_mints_no_key_under_a_path_that_does_not_exist_and_says_what_it_made(tmp_path: Path) -> None:
     def key(state: Path, *more: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([*CLI, "device", "key", "--state-dir", str(state), *more], capture_output=True,

@@ -150,6 +150,9 @@ def _run_device(env_token: str | None, collection: StartUpCollection, *, server:
 
     try:
         cfg = load_device_config(config)
+        for url in () if servers else cfg.server.ws_urls():  # the config's, as --server's above
+            if (problem := server_url_problem(url)) is not None:
+                raise ValueError(f"the config's server: {problem}")
         root_warning = root_check(cfg, allow_root, "tether device")  # before a token is read or a pairing asked
         secret = _device_token(cfg, token_file, env_token)
     except (ValueError, RootRefused) as exc:
