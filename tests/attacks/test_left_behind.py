@@ -352,3 +352,22 @@ async def test_a_module_in_the_users_site_packages_is_held(attacker: Attacker) -
     ran = subprocess.run([python, "-c", "import shadowed_by_agent"], env=env, cwd="/", capture_output=True,
                          text=True, timeout=30)
     assert "agent code ran" in ran.stdout, f"the system's python did not load the user site: {ran.stderr}"
+
+
+# ------------------------------------------------------------------ a hard link to a protected file
+
+
+async def test_a_hard_link_to_a_protected_file_is_refused_and_named_as_one(attacker: Attacker) -> None:
+    home = attacker.home
+    (home / ".bashrc").write_text("echo user\n")
+    (home / "linked").mkdir()
+    made = await attacker.run("ln", str(home / ".bashrc"), str(home / "linked/x"))
+    assert made.status is ResultStatus.FAILURE and made.result.get("applied") is False, _text(made)
+    assert not os.path.lexists(home / "linked/x"), "the hard link reached the real tree"
+    assert (home / ".bashrc").stat().st_nlink == 1
+    error = made.error or ""
+    assert "someone else" not in error, error
+    assert f"{home}/linked/x is a hard link the command made to {home}/.bashrc" in error, error
+    assert "protected-path: ~/.bashrc" in error, error
+    assert made.result["hard_links"] == [{"path": f"{home}/linked/x", "links_to": [f"{home}/.bashrc"],
+                                          "rule": "protected-path: ~/.bashrc"}], _text(made)

@@ -177,6 +177,20 @@ async def test_the_plain_command_routes_answer_errors_as_before(app: App) -> Non
         garbage = await runner.post("/api/v1/devices/alpha/commands", content=b"{not json",
                                     headers={"Content-Type": "application/json"})
         assert garbage.status_code == 422 and garbage.json()["error"].startswith("invalid request")
+        # JSON syntax, but no Unicode text: said for what it is (not "unexpected end of hex escape"), where it is
+        for raw, said in ((b'{"commands": [{"tool_name": "\\ud800"}]}', "lone surrogate escape"),
+                          (b'{"commands": [{"tool_name": "\\udc00x"}]}', "lone surrogate escape"),
+                          (b'{"commands": [{"tool_name": "\xed\xa0\x80"}]}', "not valid UTF-8 text")):
+            lone = await runner.post("/api/v1/devices/alpha/commands", content=raw,
+                                     headers={"Content-Type": "application/json"})
+            error = lone.json()["error"]
+            assert lone.status_code == 422 and said in error and "at line 1 column" in error, error
+            assert "hex escape" not in error and "code point" not in error, error
+        token = await admin.post("/api/v1/tokens", content=b'{"kind": "api", "name": "\\ud800"}',
+                                 headers={"Content-Type": "application/json"})
+        assert token.status_code == 422, token.text
+        assert token.json()["error"].startswith("invalid request: body.name: not valid Unicode text: it holds a "
+                                                "lone surrogate"), token.text
         unknown = await run(runner, "nobody")
         assert unknown.status_code == 404 and unknown.json() == {"error": "no device named 'nobody'"}
         nothing = await runner.post("/api/v1/commands", json={"commands": [CHEAP], "requires": {"tags": ["none"]}})

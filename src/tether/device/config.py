@@ -17,6 +17,7 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -47,6 +48,24 @@ def aip_url(url: str) -> str:
     if url.startswith(("http://", "https://")):
         url = "ws" + url[4:]
     return url if url.rstrip("/").endswith("/aip") else url.rstrip("/") + "/aip"
+
+
+def server_url_problem(url: str) -> str | None:
+    """Why `url` (a `--server` value or a config's server URL) cannot be a device's server URL, in one line
+    naming it with its control characters escaped (`\\x1b`); None when it can (ws://, wss://, http:// or
+    https://, a host, a numeric port if any)."""
+    shown = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in url)
+    usage = "it must look like ws://HOST:PORT (or wss://, http://, https://)"
+    if shown != url:
+        return f"'{shown}' is not a usable server URL (it holds control characters); {usage}"
+    try:
+        parts = urlsplit(aip_url(url))
+        parts.port  # noqa: B018 - a port that is not a number raises here
+    except ValueError as exc:
+        return f"'{shown}' is not a usable server URL ({exc}); {usage}"
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        return f"'{shown}' is not a usable server URL; {usage}"
+    return None
 
 
 class ServerEndpoint(BaseModel):

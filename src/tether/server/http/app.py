@@ -17,6 +17,7 @@ from tether.server.aip.questions.asked import Sampler
 from tether.server.aip.sockets.socket import aip_route
 from tether.server.approvals import server_url
 from tether.server.http.front import FastRoutes, ServerApp, error_response
+from tether.server.http.json_errors import error_message
 from tether.server.http.request_guard import RequestGuard
 from tether.server.http.routes import admin, commands, devices
 from tether.server.http.routes.batches import batch_router
@@ -145,7 +146,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
 
     @app.exception_handler(RequestValidationError)
     async def validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()[:10])
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {error_message(e)}" for e in exc.errors()[:10])
         return JSONResponse({"error": f"invalid request: {problems}"}, status_code=422)
 
     return app

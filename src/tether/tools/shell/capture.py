@@ -49,6 +49,7 @@ from tether.tools.policy import approval
 from tether.tools.policy.hidden import HiddenSet
 from tether.tools.policy.jail import approval_needed, real, resolve_path, within
 from tether.tools.policy.path_rules import Matcher, anchored_places, protected_inside, protected_matcher, protected_rule
+from tether.tools.shell.links import refusal
 
 if TYPE_CHECKING:
     from tether.sandbox.runner import Sandbox
@@ -313,10 +314,16 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
         raise ToolError(f"checking the command's changes failed ({_said(exc)}); nothing was applied",
                         {**body, "changes": _public(changes), "applied": False}) from None
     if clashes:
+        try:  # cancelled: `_on_pool` releases the layer once the worker is done with it
+            why, links = await _on_pool(sandbox, layer, refusal, ctx, changes, clashes)
+        except (OSError, ValueError):
+            why, links = str(ApplyConflict(clashes)), []
         sandbox.release(layer)
-        raise ToolError(f"`{preview}` ran in the sandbox and nothing was applied: {ApplyConflict(clashes)}; run "
-                        "the command again", {**body, "changes": _public(changes), "applied": False,
-                                              "conflicts": [shown(p) for p in clashes[:MAX_LISTED]]})
+        extra: dict[str, Any] = {"hard_links": links} if links else {}
+        again = "" if links and len(links) == len(clashes) else "; run the command again"
+        raise ToolError(f"`{preview}` ran in the sandbox and nothing was applied: {why}{again}",
+                        {**body, "changes": _public(changes), "applied": False,
+                         "conflicts": [shown(p) for p in clashes[:MAX_LISTED]], **extra})
     if needs and not ctx.approved_by:
         def settled(future: asyncio.Future[NeedsApproval]) -> None:  # the caller went away meanwhile
             if future.cancelled() or future.exception() is not None:

@@ -68,12 +68,19 @@ def device_key_cmd(config: ConfigOpt = None, state_dir: StateOpt = None,
     try:
         cfg = load_device_config(config)
         path = cfg.server.key_path(device_state_dir(cfg, state_dir), Path(cfg.source).parent if cfg.source else None)
+        if not path.parent.parent.is_dir():  # a mistyped path mints no key somewhere unexpected
+            fail(f"the state directory {path.parent} cannot be made: {path.parent.parent} does not exist; no key "
+                 "was made (a mistyped --state-dir?)")
+        made = [str(p) for p in (path.parent, path) if not p.exists() or (p == path and new)]
         key = new_device_key(path) if new else load_device_key(path)
     except ValueError as exc:
         fail(str(exc))
     if as_json:
-        typer.echo(json.dumps({"public_key": key.public_key, "fingerprint": key.fingerprint, "path": str(path)}))
+        typer.echo(json.dumps({"public_key": key.public_key, "fingerprint": key.fingerprint, "path": str(path),
+                               "made": made}))
         return
+    for each in made:  # a new state directory, a new key: said, so a typo's is seen
+        console(err=True).print(f"made {each}", soft_wrap=True, markup=False)
     console(err=True).print(f"device key {path} (fingerprint {key.fingerprint[:16]}); its public key:",
                             soft_wrap=True, markup=False)
     typer.echo(key.public_key)

@@ -139,13 +139,20 @@ def _run_device(env_token: str | None, collection: StartUpCollection, *, server:
                 state_dir: Path | None, ca_file: str | None, tag: list[str] | None, pair: bool,
                 tls_fingerprint: str | None, log_level: str, log_format: str, allow_root: bool) -> int:
     """`run_device` past the refused --token, with the start-up's collection paused (`collection`)."""
-    from tether.device.config import load_device_config
+    from tether.device.config import load_device_config, server_url_problem
 
     servers = [url.strip() for each in server or () for url in each.split(",") if url.strip()]
+    for url in servers:  # before anything starts: one line naming it
+        if (problem := server_url_problem(url)) is not None:
+            _error(f"--server: {problem}")
+            raise SystemExit(2)
     from tether.device.root import RootRefused, root_check
 
     try:
         cfg = load_device_config(config)
+        for url in () if servers else cfg.server.ws_urls():  # the config's, as --server's above
+            if (problem := server_url_problem(url)) is not None:
+                raise ValueError(f"the config's server: {problem}")
         root_warning = root_check(cfg, allow_root, "tether device")  # before a token is read or a pairing asked
         secret = _device_token(cfg, token_file, env_token)
     except (ValueError, RootRefused) as exc:

@@ -42,6 +42,7 @@ from tether.server.http.api import (
 )
 from tether.server.http.coalesce import ON_DISCONNECT
 from tether.server.http.front import FastRoute
+from tether.server.http.json_errors import error_message
 from tether.server.http.request_guard import receive_body
 from tether.server.scopes import beyond, reaches, within
 from tether.server.sessions import owned_session
@@ -113,7 +114,7 @@ async def _fast_batch(model: type[CommandBatch], body: bytes) -> CommandBatch:
     try:
         return model.model_validate_json(body)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in ('body', *e['loc']))}: {e['msg']}"
+        problems = "; ".join(f"{'.'.join(str(p) for p in ('body', *e['loc']))}: {error_message(e)}"
                              for e in exc.errors()[:10])
         raise HTTPException(422, f"invalid request: {problems}") from None
 
