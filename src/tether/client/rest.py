@@ -269,16 +269,18 @@ class RemoteServer:
         """Put back the files the task changed on every device it ran on: {task, devices: {name: report}}."""
         return self._request("POST", f"/tasks/{_quote(task_id)}/undo", timeout=httpx.Timeout(300, connect=10))
 
-    def task_events(self, task_id: str, after: int = -1, *, retries: int = 5,
-                    backoff: float = 0.5) -> Iterator[tuple[str, dict[str, Any]]]:
+    def task_events(self, task_id: str, after: int = -1, *, patience: float = 60.0, backoff: float = 0.5,
+                    on_gone: Callable[[str], None] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
         """A task's events as ("task_event", TaskEvent JSON) pairs, then ("end", {id, state, ended, ...}).
 
         The stream starts after event `after`. When it drops before the task has ended (a network
         cut, or a server that stopped under the task: `end` with `ended` false), it is opened again
-        from the last event seen, up to `retries` times in a row with a growing pause; then
-        RemoteError. The final ("end", ...) is yielded once, for an ended task or after the retries.
-        """
+        with `after` set to the last event's `seq`, so no event is yielded twice or lost; the pause
+        between tries grows from `backoff` to at most 5 s. `on_gone(problem)` is called once each time
+        the server goes away. While it stays away (no stream opens) for more than `patience` seconds:
+        RemoteError with status None, naming the task. The final ("end", ...) is yielded once."""
         last = after
+        gone_since: float | None = None
         failures = 0
         while True:
             problem = ""
@@ -288,13 +290,15 @@ class RemoteServer:
                                        timeout=httpx.Timeout(60, connect=10)) as response:
                     if response.is_error:
                         response.read()
-                        self._decode(response)
+                        if response.status_code not in (502, 503, 504):  # not a server (re)starting
+                            self._decode(response)
+                        raise httpx.TransportError(f"HTTP {response.status_code}")
+                    gone_since, failures = None, 0  # back: the outage, if any, is over
                     for event, data in iter_sse(response.iter_lines()):
                         if event == "task_event":
                             if data.get("seq", -1) <= last:
                                 continue  # seen before the reconnection
                             last = data["seq"]
-                            failures = 0
                             yield event, data
                         elif event == "end":
                             if data.get("ended", True):
@@ -306,11 +310,16 @@ class RemoteServer:
                         problem = "the server closed the event stream"
             except httpx.HTTPError as exc:
                 problem = f"lost the connection to {self.base_url}: {exc}"
+            now = time.monotonic()
+            if gone_since is None:
+                gone_since = now
+                if on_gone is not None:
+                    on_gone(problem)
+            elif now - gone_since > patience:
+                raise RemoteError(f"{problem}; gave up following task {task_id} after {patience:g} s without "
+                                  "the server (the task goes on on the server)")
             failures += 1
-            if failures > retries:
-                raise RemoteError(f"{problem}; gave up following task {task_id} after {retries} reconnections "
-                                  "(the task goes on on the server)")
-            time.sleep(backoff * 2 ** (failures - 1))  # a pause before reconnecting, not a wait for an event
+            time.sleep(min(backoff * 2 ** (failures - 1), 5.0))  # a pause before reconnecting, not a wait
 
 
 def _quote(part: str) -> str:
