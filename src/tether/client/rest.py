@@ -139,39 +139,63 @@ class RemoteServer:
 
     def run(self, device: str | None, commands: list[Command], *, timeout: float = 60.0, early_exit: bool = True,
             session_id: str | None = None, requires: dict[str, Any] | None = None,
-            on_event: Callable[[Event], None] | None = None) -> tuple[str, list[Result]]:
-        """Run a batch (on `device`, or on one chosen by `requires`), streaming events as they come."""
+            on_event: Callable[[Event], None] | None = None,
+            on_batch: Callable[[str], None] | None = None) -> tuple[str, list[Result]]:
+        """Run a batch (on `device`, or on one chosen by `requires`), streaming events as they come.
+
+        `on_batch(batch_id)` is called once the server has named the batch (its `X-Tether-Batch` header),
+        before any result. A connection lost or a stream closed before the results: RemoteError (status
+        None), whose message names the batch and `tether batch ID` (its outcome) when the server had named it."""
         body: dict[str, Any] = {"commands": [c.model_dump(exclude_none=True) for c in commands],
                                 "timeout": timeout, "early_exit": early_exit, "session_id": session_id}
         path = f"/devices/{_quote(device)}/commands" if device else "/commands"
         if device is None:
             body["requires"] = requires or {}
         full = "/api/v1" + path  # the hints' key: the path under the base URL
+        named: list[str] = []  # the batch's id, once the server has sent it
+
+        def learn(batch_id: str) -> None:
+            named.append(batch_id)
+            if on_batch is not None:
+                on_batch(batch_id)
+
         try:
+            url = path
             if self._hints.hinted(full):
                 try:
-                    return self._run(self._hints.url(full), full, body, timeout, on_event)
+                    url = ""
+                    done = self._run(self._hints.url(full), full, body, timeout, on_event, learn)
                 except (httpx.ConnectError, httpx.ConnectTimeout):  # the hinted node is unreachable: nothing sent
                     self._hints.forget(full)
-            return self._run(path, full, body, timeout, on_event)
+                    url = path
+            if url:
+                done = self._run(url, full, body, timeout, on_event, learn)
         except httpx.HTTPError as exc:
-            raise RemoteError(f"lost the connection to {self.base_url} while the batch ran: {exc}") from None
+            raise RemoteError(f"lost the connection to {self.base_url} while the batch ran: {exc}"
+                              f"{_look_up(named)}") from None
+        if done is None:
+            raise RemoteError(f"the server closed the stream before sending results{_look_up(named)}")
+        return done
 
     def _run(self, url: str, full: str, body: dict[str, Any], timeout: float,
-             on_event: Callable[[Event], None] | None) -> tuple[str, list[Result]]:
-        """`run` sent to `url` (a path under the base URL, or a hinted node's URL); raises httpx's errors."""
+             on_event: Callable[[Event], None] | None,
+             on_batch: Callable[[str], None]) -> tuple[str, list[Result]] | None:
+        """`run` sent to `url` (a path under the base URL, or a hinted node's URL): the device and results,
+        None for a stream that ends before the results; raises httpx's errors."""
         with self._http.stream("POST", url, json=body, headers={"Accept": "text/event-stream"},
                                timeout=httpx.Timeout(timeout + 30, connect=10)) as response:
             self._hints.learn(full, response)
             if response.is_error:
                 response.read()
                 self._decode(response)
+            if batch_id := response.headers.get("X-Tether-Batch"):
+                on_batch(batch_id)
             for event, data in iter_sse(response.iter_lines()):
                 if event == "event" and on_event is not None:
                     on_event(Event.model_validate(data))
                 elif event == "results":
                     return data["device"], [Result.model_validate(r) for r in data["results"]]
-        raise RemoteError("the server closed the stream before sending results")
+        return None
 
     def transfer(self, body: dict[str, Any]) -> Result:
         """POST /api/v1/transfers (docs/transfer.md): the transfer's `Result` once it ends."""
@@ -320,6 +344,12 @@ class RemoteServer:
                                   "the server (the task goes on on the server)")
             failures += 1
             time.sleep(min(backoff * 2 ** (failures - 1), 5.0))  # a pause before reconnecting, not a wait
+
+
+def _look_up(named: list[str]) -> str:
+    """The words that name a batch and how to look its outcome up, when the server named it."""
+    return (f"; batch {named[0]}: the command may have gone on on the device; its outcome: tether batch {named[0]}"
+            if named else "")
 
 
 def _quote(part: str) -> str:
