@@ -244,4 +244,6 @@ def test_a_component_flipped_while_it_is_checked_is_never_taken(
     reasons = {r.getMessage().split(" is not used: ")[1].split(";")[0] for r in caplog.records}
     assert reasons <= {f"{sticky / 'mid'} is a symlink (give the directory's own path, with no link on it)",
                        f"{sticky / 'mid'} belongs to another user (uid {STRANGER}), who could swap what is below it",
-                       f"{sticky / 'mid'} cannot be used (No such file or directory)"}, reasons
+                       f"{sticky / 'mid'} cannot be used (No such file or directory)",
+                       # a link swapped in between the look and the open: O_NOFOLLOW|O_DIRECTORY refuses it so
+                       f"{sticky / 'mid'} cannot be used (Not a directory)"}, reasons
