@@ -140,7 +140,8 @@ def check_timeout(timeout: float | None) -> None:
 
 
 def parse_assignments(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any]:
-    """`key=value` (JSON where the parameter is not a string, else text) and `key:=json` (always JSON)."""
+    """`key=value` (JSON where the parameter is not a string, else text) and `key:=json` (always JSON).
+    ValueError (a usage error) for a pair that is neither, a key given twice, or `key:=` JSON that is not."""
     props = schema.get("properties", {})
     out: dict[str, Any] = {}
     for pair in pairs:
@@ -149,6 +150,8 @@ def parse_assignments(pairs: list[str], schema: dict[str, Any]) -> dict[str, Any
         key = key.removesuffix(":")
         if not sep or not key:
             raise ValueError(f"argument {pair!r} is not key=value (or key:=json)")
+        if key in out:
+            raise ValueError(f"argument {key} is given twice: give each key once")
         if raw_json:
             try:
                 out[key] = json.loads(value)

@@ -139,39 +139,63 @@ class RemoteServer:
 
     def run(self, device: str | None, commands: list[Command], *, timeout: float = 60.0, early_exit: bool = True,
             session_id: str | None = None, requires: dict[str, Any] | None = None,
-            on_event: Callable[[Event], None] | None = None) -> tuple[str, list[Result]]:
-        """Run a batch (on `device`, or on one chosen by `requires`), streaming events as they come."""
+            on_event: Callable[[Event], None] | None = None,
+            on_batch: Callable[[str], None] | None = None) -> tuple[str, list[Result]]:
+        """Run a batch (on `device`, or on one chosen by `requires`), streaming events as they come.
+
+        `on_batch(batch_id)` is called once the server has named the batch (its `X-Tether-Batch` header),
+        before any result. A connection lost or a stream closed before the results: RemoteError (status
+        None), whose message names the batch and `tether batch ID` (its outcome) when the server had named it."""
         body: dict[str, Any] = {"commands": [c.model_dump(exclude_none=True) for c in commands],
                                 "timeout": timeout, "early_exit": early_exit, "session_id": session_id}
         path = f"/devices/{_quote(device)}/commands" if device else "/commands"
         if device is None:
             body["requires"] = requires or {}
         full = "/api/v1" + path  # the hints' key: the path under the base URL
+        named: list[str] = []  # the batch's id, once the server has sent it
+
+        def learn(batch_id: str) -> None:
+            named.append(batch_id)
+            if on_batch is not None:
+                on_batch(batch_id)
+
         try:
+            url = path
             if self._hints.hinted(full):
                 try:
-                    return self._run(self._hints.url(full), full, body, timeout, on_event)
+                    url = ""
+                    done = self._run(self._hints.url(full), full, body, timeout, on_event, learn)
                 except (httpx.ConnectError, httpx.ConnectTimeout):  # the hinted node is unreachable: nothing sent
                     self._hints.forget(full)
-            return self._run(path, full, body, timeout, on_event)
+                    url = path
+            if url:
+                done = self._run(url, full, body, timeout, on_event, learn)
         except httpx.HTTPError as exc:
-            raise RemoteError(f"lost the connection to {self.base_url} while the batch ran: {exc}") from None
+            raise RemoteError(f"lost the connection to {self.base_url} while the batch ran: {exc}"
+                              f"{_look_up(named)}") from None
+        if done is None:
+            raise RemoteError(f"the server closed the stream before sending results{_look_up(named)}")
+        return done
 
     def _run(self, url: str, full: str, body: dict[str, Any], timeout: float,
-             on_event: Callable[[Event], None] | None) -> tuple[str, list[Result]]:
-        """`run` sent to `url` (a path under the base URL, or a hinted node's URL); raises httpx's errors."""
+             on_event: Callable[[Event], None] | None,
+             on_batch: Callable[[str], None]) -> tuple[str, list[Result]] | None:
+        """`run` sent to `url` (a path under the base URL, or a hinted node's URL): the device and results,
+        None for a stream that ends before the results; raises httpx's errors."""
         with self._http.stream("POST", url, json=body, headers={"Accept": "text/event-stream"},
                                timeout=httpx.Timeout(timeout + 30, connect=10)) as response:
             self._hints.learn(full, response)
             if response.is_error:
                 response.read()
                 self._decode(response)
+            if batch_id := response.headers.get("X-Tether-Batch"):
+                on_batch(batch_id)
             for event, data in iter_sse(response.iter_lines()):
                 if event == "event" and on_event is not None:
                     on_event(Event.model_validate(data))
                 elif event == "results":
                     return data["device"], [Result.model_validate(r) for r in data["results"]]
-        raise RemoteError("the server closed the stream before sending results")
+        return None
 
     def transfer(self, body: dict[str, Any]) -> Result:
         """POST /api/v1/transfers (docs/transfer.md): the transfer's `Result` once it ends."""
@@ -269,16 +293,18 @@ class RemoteServer:
         """Put back the files the task changed on every device it ran on: {task, devices: {name: report}}."""
         return self._request("POST", f"/tasks/{_quote(task_id)}/undo", timeout=httpx.Timeout(300, connect=10))
 
-    def task_events(self, task_id: str, after: int = -1, *, retries: int = 5,
-                    backoff: float = 0.5) -> Iterator[tuple[str, dict[str, Any]]]:
+    def task_events(self, task_id: str, after: int = -1, *, patience: float = 60.0, backoff: float = 0.5,
+                    on_gone: Callable[[str], None] | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
         """A task's events as ("task_event", TaskEvent JSON) pairs, then ("end", {id, state, ended, ...}).
 
         The stream starts after event `after`. When it drops before the task has ended (a network
         cut, or a server that stopped under the task: `end` with `ended` false), it is opened again
-        from the last event seen, up to `retries` times in a row with a growing pause; then
-        RemoteError. The final ("end", ...) is yielded once, for an ended task or after the retries.
-        """
+        with `after` set to the last event's `seq`, so no event is yielded twice or lost; the pause
+        between tries grows from `backoff` to at most 5 s. `on_gone(problem)` is called once each time
+        the server goes away. While it stays away (no stream opens) for more than `patience` seconds:
+        RemoteError with status None, naming the task. The final ("end", ...) is yielded once."""
         last = after
+        gone_since: float | None = None
         failures = 0
         while True:
             problem = ""
@@ -288,13 +314,15 @@ class RemoteServer:
                                        timeout=httpx.Timeout(60, connect=10)) as response:
                     if response.is_error:
                         response.read()
-                        self._decode(response)
+                        if response.status_code not in (502, 503, 504):  # not a server (re)starting
+                            self._decode(response)
+                        raise httpx.TransportError(f"HTTP {response.status_code}")
+                    gone_since, failures = None, 0  # back: the outage, if any, is over
                     for event, data in iter_sse(response.iter_lines()):
                         if event == "task_event":
                             if data.get("seq", -1) <= last:
                                 continue  # seen before the reconnection
                             last = data["seq"]
-                            failures = 0
                             yield event, data
                         elif event == "end":
                             if data.get("ended", True):
@@ -306,11 +334,22 @@ class RemoteServer:
                         problem = "the server closed the event stream"
             except httpx.HTTPError as exc:
                 problem = f"lost the connection to {self.base_url}: {exc}"
+            now = time.monotonic()
+            if gone_since is None:
+                gone_since = now
+                if on_gone is not None:
+                    on_gone(problem)
+            elif now - gone_since > patience:
+                raise RemoteError(f"{problem}; gave up following task {task_id} after {patience:g} s without "
+                                  "the server (the task goes on on the server)")
             failures += 1
-            if failures > retries:
-                raise RemoteError(f"{problem}; gave up following task {task_id} after {retries} reconnections "
-                                  "(the task goes on on the server)")
-            time.sleep(backoff * 2 ** (failures - 1))  # a pause before reconnecting, not a wait for an event
+            time.sleep(min(backoff * 2 ** (failures - 1), 5.0))  # a pause before reconnecting, not a wait
+
+
+def _look_up(named: list[str]) -> str:
+    """The words that name a batch and how to look its outcome up, when the server named it."""
+    return (f"; batch {named[0]}: the command may have gone on on the device; its outcome: tether batch {named[0]}"
+            if named else "")
 
 
 def _quote(part: str) -> str:

@@ -246,17 +246,25 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
     end = time.monotonic() + (timeout or 60)
     try:
         with RemoteServer(server, token, ca_file=ca_file) as remote:
+            named: list[str] = []  # the batch's id, once the server has named it (X-Tether-Batch)
+            sent = False
             try:
-                infos = remote.tools(device, timeout=max(min(end - time.monotonic(), 30), 0.5))
-                schema = _schema_for(infos, tool, tool_type)
-                params = parse_assignments(pairs, schema)
-            except ValueError as exc:
-                usage_error(str(exc))
-            left = max(end - time.monotonic(), 0.1)
-            command = Command(tool_name=tool, parameters=params, tool_type=tool_type,
-                              timeout=left if timeout else None, approved_by=approved_by)
-            _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5), session_id=session_id,
-                                     on_event=remote_questions(remote, device, raw=raw))
+                try:
+                    infos = remote.tools(device, timeout=max(min(end - time.monotonic(), 30), 0.5))
+                    schema = _schema_for(infos, tool, tool_type)
+                    params = parse_assignments(pairs, schema)
+                except ValueError as exc:
+                    usage_error(str(exc))
+                left = max(end - time.monotonic(), 0.1)
+                command = Command(tool_name=tool, parameters=params, tool_type=tool_type,
+                                  timeout=left if timeout else None, approved_by=approved_by)
+                sent = True
+                _, [result] = remote.run(device, [command], timeout=left + (1 if timeout else 5),
+                                         session_id=session_id, on_event=remote_questions(remote, device, raw=raw),
+                                         on_batch=named.append)
+            except KeyboardInterrupt:
+                _say_interrupted(device, sent, named, remote.base_url)
+                raise SystemExit(int(ExitCode.INTERRUPTED)) from None
             if one_off:  # the call's own session ends with it: the device drops its private /tmp now (an older
                 with contextlib.suppress(RemoteError):  # device refuses the meta tool and sweeps it after a day)
                     remote.run(device, [end_session()], session_id=session_id,  # within --timeout's wall time
@@ -264,3 +272,22 @@ def _exec_remote(device: str, tool: str, pairs: list[str], session_id: str, appr
             return result, schema
     except RemoteError as exc:
         _fail_remote(exc, ExitCode.USAGE)
+
+
+def _say_interrupted(device: str, sent: bool, named: list[str], server: str) -> None:
+    """One line on stderr for Ctrl-C during a remote command (`sent`: once its batch was being sent): this
+    process's connection closes, and the server cancels a batch whose caller went away, on the device too
+    (its record and the audit say "cancelled: the HTTP caller disconnected")."""
+    import sys
+
+    where = f" --server {server}"
+    if not sent:
+        line = f"interrupted before the command was sent: nothing ran on device {device}"
+    elif named:
+        line = (f"interrupted: the server cancels the command on device {device} as its caller went away "
+                f"(batch {named[0]}); what it did: tether batch {named[0]}{where}")
+    else:
+        line = (f"interrupted before the server named the batch: if the command reached device {device}, the "
+                f"server cancels it as its caller went away; tether audit --device {device}{where} lists it")
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

@@ -8,6 +8,7 @@ question nobody here can answer leaves the task waiting for `tether answer` (exi
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any
@@ -93,7 +94,7 @@ def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[st
     view = EventView(out, echo_answers=answers is None, spinner=spinner)
     waiting_on: dict[str, Any] | None = None
     try:
-        for name, data in remote.task_events(task_id):
+        for name, data in remote.task_events(task_id, patience=follow_patience(), on_gone=_say_gone):
             if name == "end":
                 spinner.stop()
                 print_outcome(out, data["state"], data.get("answer"), data.get("error"), streamed=view.streamed)
@@ -116,8 +117,26 @@ def follow(remote: RemoteServer, task_id: str, out: Console, *, answers: list[st
         out.print(f"  follow it: tether log {task_id} --follow\n  cancel it: tether cancel {task_id}")
         return EXIT_DETACHED
     except RemoteError as exc:
-        fail_remote(exc, ExitCode.FAILED, f"\n  follow it again: tether log {task_id} --follow")
+        spinner.stop()
+        fail_remote(exc, ExitCode.FAILED, f"; follow it again: tether log {task_id} --follow")
     fail(f"the event stream of task {task_id} ended without saying how the task ended", code=1)
+
+
+def follow_patience() -> float:
+    """How long a follower waits for a server that went away before giving up, in seconds:
+    TETHER_FOLLOW_PATIENCE, else 60 (a restart's time); a value that is not a positive number is a usage error."""
+    raw = os.environ.get("TETHER_FOLLOW_PATIENCE", "60")
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value < float("inf"):
+        fail(f"TETHER_FOLLOW_PATIENCE must be a positive number of seconds, not {raw!r}", code=ExitCode.USAGE)
+    return value
+
+
+def _say_gone(problem: str) -> None:
+    typer.echo(f"the server went away; following again when it is back ({problem})", err=True)
 
 
 def _answer(remote: RemoteServer, task_id: str, question: dict[str, Any], answers: list[str], out: Console) -> bool:
