@@ -19,15 +19,14 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 
+from tests.kits.confined_device import SessionCaller
 from tether.device.local import LocalDevice, build_device
-from tether.protocol.models import Command, Result, ResultStatus
+from tether.protocol.models import Result, ResultStatus
 from tether.tools.policy.model import policy_from_mapping
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -36,21 +35,11 @@ SESSION = "left-behind"
 POLICY = {"approval": {"delete": False, "move": False, "overwrite_outside_temp": False}}
 
 
-@dataclass
-class Attacker:
-    device: LocalDevice
-    home: Path
+class Attacker(SessionCaller):
+    """An agent's session on the device (`SESSION`)."""
 
-    async def call(self, tool: str, approved_by: str | None = None, **params: Any) -> Result:
-        dispatcher = self.device.dispatcher(session_id=SESSION)
-        [result] = await dispatcher.execute_commands([Command(tool_name=tool, parameters=params,
-                                                              approved_by=approved_by)])
-        return result
-
-    async def run(self, cmd: str, *argv: str, cwd: Path | None = None, approved_by: str | None = None,
-                  **params: Any) -> Result:
-        return await self.call("shell.run", approved_by=approved_by, cmd=cmd, argv=list(argv),
-                               cwd=str(cwd or self.home), **params)
+    def __init__(self, device: LocalDevice, home: Path) -> None:
+        super().__init__(device, home, SESSION)
 
 
 def _text(result: Result) -> str:

@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 
+from tests.kits.confined_device import SessionCaller
 from tests.kits.netutil import wait_for
 from tether.device.local import LocalDevice, build_device
-from tether.protocol.models import Command, Result, ResultStatus
+from tether.protocol.models import Result, ResultStatus
 from tether.tools.journal import UndoJournal
 from tether.tools.policy.model import policy_from_mapping
 
@@ -83,22 +84,11 @@ def secret(monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 @dataclass
-class Attacker:
-    device: LocalDevice
-    home: Path
-    secret: str
-    token_file: Path
+class Attacker(SessionCaller):
+    """An agent's session on the device (`SESSION`), and the device's secrets it must never reach."""
 
-    async def call(self, tool: str, approved_by: str | None = None, **params: Any) -> Result:
-        dispatcher = self.device.dispatcher(session_id=SESSION)
-        [result] = await dispatcher.execute_commands([Command(tool_name=tool, parameters=params,
-                                                              approved_by=approved_by)])
-        return result
-
-    async def run(self, cmd: str, *argv: str, cwd: Path | None = None, approved_by: str | None = None,
-                  **params: Any) -> Result:
-        return await self.call("shell.run", approved_by=approved_by, cmd=cmd, argv=list(argv),
-                               cwd=str(cwd or self.home), **params)
+    secret: str = ""
+    token_file: Path = Path()
 
     def restore(self) -> list[dict[str, Any]]:
         return UndoJournal(self.device.state_dir).restore(SESSION, roots=self.device.policy.write_roots)
@@ -132,7 +122,7 @@ async def attacker_factory(home: Path, secret: str) -> AsyncIterator[Callable[..
         devices.append(device)
         assert device.context.sandbox is not None, "no sandbox was made here (see the log for why)"
         await device.computer_manager.get_or_create(None)
-        return Attacker(device, home, secret, token_file)
+        return Attacker(device, home, SESSION, secret, token_file)
 
     yield make
     for device in devices:

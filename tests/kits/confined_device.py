@@ -49,6 +49,27 @@ class Attacker:
         return await self.run(SYSTEM_PYTHON, "-c", code, **params)
 
 
+@dataclass
+class SessionCaller:
+    """Calls into `device` as one agent session (`session`), with `home` as the default working directory of its
+    shell commands; `approved_by` stands for a person's approval where a test gives one."""
+
+    device: LocalDevice
+    home: Path
+    session: str
+
+    async def call(self, tool: str, approved_by: str | None = None, **params: Any) -> Result:
+        dispatcher = self.device.dispatcher(session_id=self.session)
+        [result] = await dispatcher.execute_commands([Command(tool_name=tool, parameters=params,
+                                                              approved_by=approved_by)])
+        return result
+
+    async def run(self, cmd: str, *argv: str, cwd: Path | None = None, approved_by: str | None = None,
+                  **params: Any) -> Result:
+        return await self.call("shell.run", approved_by=approved_by, cmd=cmd, argv=list(argv),
+                               cwd=str(cwd or self.home), **params)
+
+
 def text(result: Result) -> str:
     return (result.error or "") + "\n" + json.dumps(result.result)
 
