@@ -272,7 +272,10 @@ def test_two_one_off_exec_calls_do_not_share_tmp_and_each_ends_with_its_call(hom
     temp.mkdir()
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_"))
               or k in ("TETHER_ALLOW_ROOT", "TETHER_RUN_AS")},
-           "HOME": str(home), "TMPDIR": str(temp), "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1"}
+           "HOME": str(home), "TMPDIR": str(temp), "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1",
+           # layers of its own: the base's record lives there, and another test's device sharing this user's
+           # default layers directory would otherwise record its own base over this one's between the calls
+           "TETHER_SANDBOX_LAYERS": str(tmp_path / "layers")}
 
     policy = tmp_path / "policy.json"
     policy.write_text(json.dumps({"private_tmp": True}))
