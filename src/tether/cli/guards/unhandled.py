@@ -12,26 +12,19 @@ def report_unhandled(exc: Exception) -> None:
     and exits (with the code a command gives it). Any other is a bug in tether: one line naming it, exit code 1,
     and no traceback for the user — unless TETHER_DEBUG is set (to anything but "" or "0"), when this returns
     and the caller re-raises it, traceback and all."""
+    from tether.cli.views.safe_text import visible
     from tether.client.rest import RemoteError
+    from tether.device.local import StateDirBusy
     from tether.server.store import StoreUnavailable  # only now: the CLI imports lazily
 
     if isinstance(exc, RemoteError):  # a command that did not catch it: the same words and code as those that do
         from tether.cli.common import remote_exit_code, remote_message
-        from tether.cli.views.safe_text import visible
 
         print(f"error: {visible(remote_message(exc))}", file=sys.stderr)
         sys.exit(remote_exit_code(exc))
-    from tether.device.local import StateDirBusy
-
-    if isinstance(exc, StateDirBusy):  # a command that did not take the lock first (`tether demo --local`)
-        from tether.cli.views.safe_text import visible
-
-        print(f"error: {visible(exc)}", file=sys.stderr)
-        sys.exit(2)
-    if isinstance(exc, StoreUnavailable):
-        # a full or read-only disk under the state directory: one line, no traceback
-        from tether.cli.views.safe_text import visible
-
+    # a state directory another process holds (a command that did not take the lock first: `tether demo --local`)
+    # or a full or read-only disk under it: one line, no traceback
+    if isinstance(exc, StateDirBusy | StoreUnavailable):
         print(f"error: {visible(exc)}", file=sys.stderr)
         sys.exit(2)
     if isinstance(exc, UnicodeEncodeError) and exc.reason == "surrogates not allowed":
@@ -44,8 +37,6 @@ def report_unhandled(exc: Exception) -> None:
 
     if os.environ.get("TETHER_DEBUG", "") not in ("", "0"):
         return
-    from tether.cli.views.safe_text import visible
-
     what = visible(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__, one_line=True)[:500]
     print(f"error: tether stopped on an unexpected error ({what}); this is a bug in tether: run the command again "
           "with TETHER_DEBUG=1 to see where it happened, and report it", file=sys.stderr)
