@@ -210,9 +210,11 @@ async def test_a_question_and_its_answer_are_told_only_once_saved(tmp_path: Path
         assert not any(e.kind in ("question", "plan") for e in told), told  # nobody is asked what is not saved
         shown = (await server.api.get(f"/tasks/{tid}")).json()
         assert not any(e["kind"] == "question" for e in shown["events"]), shown["events"]
+        assert not any(i["task"] == tid for i in (await server.api.get("/approvals")).json())  # nor in the inbox
         await on_db(db, SQLITE_ALLOW_WAIT, PG_ALLOW_WAIT)  # the retried save succeeds: now it is told
         [*_, asked] = await server.events_until(tid, lambda e: e["kind"] == "question")
         assert await stored_state(db, tid) == "waiting_for_user"
+        assert any(i["task"] == tid for i in (await server.api.get("/approvals")).json())
 
         await on_db(db, SQLITE_REFUSE_ANSWER, PG_REFUSE_ANSWER)  # the answer's row cannot be written
         answered = await server.api.post(f"/tasks/{tid}/answer", json={"answer": "run",

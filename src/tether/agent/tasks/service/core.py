@@ -164,6 +164,20 @@ class ServiceCore:
             body["state"] = str(held[0].data.get("from") or body["state"])
         return body
 
+    def asked(self, task: Task, question_id: str) -> bool:
+        """Whether the question `question_id` of `task` has been told: False while the row that asks it is not
+        saved yet (its `question` event waits, `Running._on_event`), so nobody is asked what a restart would not
+        find. A question asked before a restart, or not found among the events, has been."""
+        cut = self._untold(task.id)
+        if cut is None:
+            return True
+        for event in reversed(task.events):
+            if event.seq < cut:
+                return True
+            if event.kind == "question" and event.data.get("id") == question_id:
+                return False
+        return True
+
     def _untold(self, task_id: str) -> int | None:
         """The seq of the task's first event not told yet (not saved yet, or its end held), else None."""
         first = self._unsent.get(task_id) or self._held.get(task_id)
