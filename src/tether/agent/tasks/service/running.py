@@ -298,9 +298,10 @@ class Running(Followers):
             tell(self.notifier, self.registry, task, event)
 
 
-# events streamed as they come (a step's output, the LLM's tokens, progress): told at once, saved with the next
-# event that is saved; every other event is told only once saved (`Running._on_event`)
-STREAMED = frozenset({"output", "token", "planning_progress", "progress"})
+# events streamed as they come (a step's output, the LLM's tokens, progress, each device's outcome of a step `on:
+# all` as it arrives, which its `step_finished` holds whole): told at once, saved with the next event that is
+# saved; every other event is told only once saved (`Running._on_event`)
+STREAMED = frozenset({"output", "token", "planning_progress", "progress", "fanout_device"})
 
 
 def task_asker(task: Task) -> TokenRef | None:
