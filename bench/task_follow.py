@@ -7,8 +7,9 @@ checkout's `src`, e.g. `git archive main src | tar -x -C /tmp/b`). A child serve
 `TaskService` and SQLite store) with uvicorn on 127.0.0.1 and connects a real device (`build_device`) over AIP;
 it runs TASKS given plans of STEPS `read_file` steps, each followed as `tether log --follow` does: the task's
 server-sent event stream over HTTP. Per event, the follower's wait is the time it reads the event less the event's
-own time (`at`, stamped when the runner recorded it; one process, one clock). A child reports the median wait of
-the saved events (plan, steps, states: what is told only once saved) and of the streamed ones, the median time
+own time (`at`, stamped when the runner recorded it; one process, one clock); the same is measured in the process,
+on a queue of the task service's followers (`subscribe`: what it tells, without HTTP), from the task's creation
+on. A child reports the median of both waits over its events (plan, steps, states: told once saved), the time
 per step (task created to its end, over STEPS) and the CPU per step (user + system of the process, which holds
 the server, the device and the follower). Printed: each side's medians over the rounds with their spread, the
 ratio this tree / base per round, and the load average.
@@ -28,11 +29,11 @@ import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from bench._stats import spread
 
-STREAMED = ("output", "token", "planning_progress", "progress")  # told at once, best-effort
-FIGURES = ("saved_wait_us", "streamed_wait_us", "step_us", "cpu_us_per_step")
+FIGURES = ("sse_wait_us", "service_wait_us", "step_us", "cpu_us_per_step")
 
 
 async def child(tasks: int, steps: int) -> dict[str, float]:
@@ -72,15 +73,22 @@ async def child(tasks: int, steps: int) -> dict[str, float]:
         api = httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}/api/v1",
                                 headers={"Authorization": f"Bearer {token}"}, timeout=60)
         plan = [{"skill": "read_file", "args": {"file_path": str(target)}}] * steps
-        saved: list[float] = []
-        streamed: list[float] = []
+        sse: list[float] = []
+        inside: list[float] = []
         per_step: list[float] = []
+        service = app.state.tasks
+
+        async def drain(queue: asyncio.Queue[Any]) -> None:
+            while (event := await queue.get()) is not None:
+                inside.append(time.time() - event.at.timestamp())
 
         async def one(record: bool) -> None:
             started = time.perf_counter()
             created = await api.post("/tasks", json={"request": "read it", "device": "bench", "plan": plan})
             if created.status_code != 201:
                 raise RuntimeError(created.text)
+            _, _, queue = service.subscribe(created.json()["id"])  # what comes next, as told in the process
+            draining = asyncio.create_task(drain(queue)) if record and queue is not None else None
             kind = None
             state = None
             async with api.stream("GET", f"/tasks/{created.json()['id']}/events") as response:
@@ -95,7 +103,9 @@ async def child(tasks: int, steps: int) -> dict[str, float]:
                         event = json.loads(line[5:])
                         wait = now - datetime.fromisoformat(event["at"]).timestamp()
                         if record:
-                            (streamed if event["kind"] in STREAMED else saved).append(wait)
+                            sse.append(wait)
+            if draining is not None:
+                await asyncio.wait_for(draining, 30)
             if state != "done":
                 raise RuntimeError(f"the task ended {state}")
             if record:
@@ -114,8 +124,7 @@ async def child(tasks: int, steps: int) -> dict[str, float]:
             await device.aclose()
             server.should_exit = True
             await serving
-    return {"saved_wait_us": statistics.median(saved) * 1e6,
-            "streamed_wait_us": statistics.median(streamed) * 1e6 if streamed else 0.0,
+    return {"sse_wait_us": statistics.median(sse) * 1e6, "service_wait_us": statistics.median(inside) * 1e6,
             "step_us": statistics.median(per_step) * 1e6, "cpu_us_per_step": cpu / (tasks * steps) * 1e6}
 
 
