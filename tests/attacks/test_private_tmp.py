@@ -121,7 +121,7 @@ async def test_a_restarted_device_removes_ended_sessions_tmp(attacker_factory, h
     wrote = await py(attacker, session, f"open({TMP!r} + '/left', 'w').write('kept\\n')")
     assert wrote.status is ResultStatus.SUCCESS, text(wrote)
     private = attacker.device.context.sandbox.private_tmp  # type: ignore[union-attr]
-    own = f"{private.base}/{session_key(session)}"
+    base, own = private.base, f"{private.base}/{session_key(session)}"
     await attacker.device.aclose()
 
     again = await attacker_factory(allow_inline_code=True, private_tmp=True)  # a session not yet ended keeps its /tmp
@@ -129,7 +129,7 @@ async def test_a_restarted_device_removes_ended_sessions_tmp(attacker_factory, h
     assert stdout(kept) == "kept\n", text(kept)
     read = await _tool(again, session, "read_file", file_path=f"{TMP}/left")  # and its file tools map it still
     assert read.status is ResultStatus.SUCCESS and "kept" in text(read), text(read)
-    assert again.device.context.sandbox.private_tmp.base == private.base  # type: ignore[union-attr]
+    assert again.device.context.sandbox.private_tmp.base == base  # type: ignore[union-attr]
     await again.device.aclose()
 
     past = os.stat(own).st_mtime - private.idle_s - 1
