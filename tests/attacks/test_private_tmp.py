@@ -267,7 +267,7 @@ async def test_a_tasks_tmp_is_its_own_and_goes_once_the_task_ends(
         assert (await server.api.post(f"/tasks/{second}/cancel")).status_code == 200
 
 
-def _local_exec(home: Path, tmp_path: Path, state: str = "state") -> tuple[Path, Any]:
+def _local_exec(home: Path, tmp_path: Path, state: str = "state") -> tuple[Path, Any]:  # noqa: F811
     """The CLI's device of the state directory `tmp_path/state`: its temp dir (a write root, given to each session
     privately) and a function running one `tether exec --json` call on it. The user's layers directory is
     `tmp_path/layers`, shared by every state directory of the test as the user's default one would be."""

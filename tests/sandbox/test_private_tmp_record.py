@@ -53,8 +53,8 @@ def test_no_state_directory_no_record(temp: Path, tmp_path: Path) -> None:
     first.close(), second.close()
 
 
-@pytest.mark.parametrize("planted", ["link to b's record", "names b's base", "names living b's base", "outside the temp dir",
-                                     "dot-dot", "group-writable", "not a file", "huge"])
+@pytest.mark.parametrize("planted", ["link to b's record", "names b's base", "names living b's base",
+                                     "outside the temp dir", "dot-dot", "group-writable", "not a file", "huge"])
 def test_a_planted_record_is_never_followed(temp: Path, tmp_path: Path, planted: str) -> None:
     state_a, state_b = tmp_path / "state-a", tmp_path / "state-b"
     b = PrivateTmp(str(temp), state_b)

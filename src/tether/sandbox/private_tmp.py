@@ -23,9 +23,10 @@ directory is made.
 The base itself: a process that uses it holds a shared `flock` on it (taken before first use, checked to
 still be the directory at that name and held by no other process, kept until `close`), so a base nobody
 holds belongs to no living device, and a living device's base is never taken by another. When a device
-stops cleanly (`close`) it removes its base if it is empty and no other process holds it. When a sandbox starts (`sweep_bases`), the bases of this user that no living process holds — left
-by a device that was killed, or one whose state directory was thrown away — lose their sessions' directories
-idle past `idle_s`, and go when that leaves them empty. Only real directories named
+stops cleanly (`close`) it removes its base if it is empty and no other process holds it. When a sandbox
+starts (`sweep_bases`), the bases of this user that no living process holds — left by a device that was
+killed, or one whose state directory was thrown away — lose their sessions' directories idle past `idle_s`,
+and go when that leaves them empty. Only real directories named
 `.tether-tmp-<uid>-…`, owned by the user bases are given to and of mode 0700, are touched, through file
 descriptors that never follow a link; nothing is ever adopted from the temp dir but through the record.
 
