@@ -88,3 +88,18 @@ def test_a_planted_record_is_never_followed(temp: Path, tmp_path: Path, planted:
     assert not Path(a.dir_of("same"), "secret").exists()
     assert not a.foreign("same", os.path.join(a.dir_of("same"), "x"))
     a.remove("same"), a.close(), b.close()
+
+
+def test_a_state_directory_others_may_write_is_said_once(temp: Path, tmp_path: Path,
+                                                         caplog: pytest.LogCaptureFixture) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o777)
+    state.chmod(0o777)
+    private = PrivateTmp(str(temp), state)
+    for _ in range(5):  # every file tool's look before the first command
+        assert not private.foreign("s", str(temp / "x"))
+    private.dir_of("s")
+    assert not (state / RECORD).exists()  # not recorded where others could change it
+    said = [r.getMessage() for r in caplog.records if "not this user's alone" in r.getMessage()]
+    assert len(said) == 1, said
+    private.remove("s"), private.close()

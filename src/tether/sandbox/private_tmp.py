@@ -39,7 +39,6 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import logging
 import os
 import shutil
 import stat
@@ -47,8 +46,6 @@ import tempfile
 import time
 
 from tether.sandbox.tmp_record import TmpRecord
-
-logger = logging.getLogger(__name__)
 
 PREFIX = ".tether-tmp-"  # a base's name in the temp dir: PREFIX, this process's uid, "-", random
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -107,20 +104,20 @@ class PrivateTmp:
         return self._base
 
     def _find(self) -> str | None:
-        recorded = None if self._record is None else self._record.read()
-        if recorded is None:
+        record = self._record
+        recorded = None if record is None else record.read()
+        if record is None or recorded is None:
             return None
         if os.path.dirname(recorded) != self.tmp or os.path.normpath(recorded) != recorded \
                 or not os.path.basename(recorded).startswith(f"{PREFIX}{os.getuid()}-"):
-            logger.warning("%s does not name a private /tmp base of this device: a new one is made",
-                           self._record)
+            record.warn(f"{record} does not name a private /tmp base of this device: a new one is made")
             return None
         try:
             st = os.lstat(recorded)
         except OSError:
             return None
         if not self._ours(st):
-            logger.warning("%s is not the device's own private /tmp base: a new one is made", recorded)
+            record.warn(f"{recorded} is not the device's own private /tmp base: a new one is made")
             return None
         return recorded
 

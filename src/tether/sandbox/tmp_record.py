@@ -28,9 +28,16 @@ class TmpRecord:
     def __init__(self, state_dir: str) -> None:
         """`state_dir`: the device's state directory (made, mode 0700, when the first record is written)."""
         self.dir = state_dir
+        self._said: set[str] = set()  # the warnings logged already: each once (the record is read at every look)
 
     def __str__(self) -> str:
         return os.path.join(self.dir, RECORD)
+
+    def warn(self, message: str) -> None:
+        """Log `message` as a warning, once for this record."""
+        if message not in self._said:
+            self._said.add(message)
+            logger.warning("%s", message)
 
     def _open_dir(self, make: bool) -> int | None:
         if make:
@@ -42,7 +49,7 @@ class TmpRecord:
             return None
         if not _private(os.fstat(fd)):
             os.close(fd)
-            logger.warning("%s is not this user's alone: the private /tmp base is not recorded there", self.dir)
+            self.warn(f"{self.dir} is not this user's alone: the private /tmp base is not recorded there")
             return None
         return fd
 
@@ -56,14 +63,14 @@ class TmpRecord:
         except FileNotFoundError:
             return None
         except OSError as exc:  # ELOOP: a link in its place
-            logger.warning("%s cannot be read (%s): a new private /tmp base is made", self, exc.strerror)
+            self.warn(f"{self} cannot be read ({exc.strerror}): a new private /tmp base is made")
             return None
         finally:
             os.close(dir_fd)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or not _private(st) or st.st_size > _RECORD_MAX:
-                logger.warning("%s is not a record this device wrote: a new private /tmp base is made", self)
+                self.warn(f"{self} is not a record this device wrote: a new private /tmp base is made")
                 return None
             raw = os.read(fd, _RECORD_MAX + 1)
         except OSError:
