@@ -1,0 +1,178 @@
+"""Red team (session 35): planting code that the device itself runs later, outside any sandbox.
+
+The device starts its stdio MCP servers itself at every start (most often unsandboxed), imports its
+`module:` servers into its own process, and its own code at its next start. An agent holding `execute`
+(not `approve`) tries to plant code in each of those places through every tool: a shell command (`tee`,
+a symlink, a hard link, renaming a parent directory), the file tools, and a sandboxed MCP server's own
+write tool. Each write must wait for a person (or, for a live process, be refused), and the file on disk
+must stay as it was. One device serves the module; HOME is a fresh directory under /var/tmp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import sysconfig
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from tests.kits.confined_device import SessionCaller, require
+from tether.device.config import parse_device_config
+from tether.device.local import LocalDevice, build_device
+from tether.device.server_programs import own_programs
+from tether.protocol.models import Command, Result, ResultStatus
+from tether.tools.policy.model import policy_from_mapping
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+SERVERS = Path(__file__).resolve().parent.parent / "servers"
+# the policy's other approval rules are all off: what holds these writes is the protected list alone
+POLICY = {"approval": {"delete": False, "move": False, "overwrite_outside_temp": False}}
+EVIL = "import os\nos.system('id > /tmp/pwned')\n"
+VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
+
+
+class Attacker(SessionCaller):
+    async def boxed(self, tool: str, **params: str) -> Result:
+        """A call to the sandboxed server's own tool (it writes the write roots live)."""
+        [result] = await self.device.client.execute_actions([Command(tool_name=f"boxed/{tool}", parameters=params)])
+        return result
+
+
+def _text(result: Result) -> str:
+    return ((result.error or "") + "\n" + json.dumps(result.result))[:1500]
+
+
+def _held(result: Result, place: Path | str) -> None:
+    assert result.status is ResultStatus.FAILURE, f"went through without a person: {_text(result)}"
+    assert isinstance(result.result, dict) and result.result.get("needs_approval") is True, _text(result)
+    assert result.result["rule"] == f"protected-path: {place}", _text(result)
+
+
+def _venv(where: Path) -> Path:
+    """A virtual environment as `python -m venv` lays it out (pyvenv.cfg, bin/python a symlink to the real
+    interpreter, lib/pythonX.Y/site-packages), whose site-packages reaches this checkout's packages by a .pth."""
+    real = Path(os.path.realpath(sys.executable))
+    (where / "bin").mkdir(parents=True)
+    (where / "bin/python").symlink_to(real)
+    (where / "pyvenv.cfg").write_text(f"home = {real.parent}\ninclude-system-site-packages = false\n"
+                                      f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
+    site = where / "lib" / VERSION / "site-packages"
+    site.mkdir(parents=True)
+    (site / "checkout.pth").write_text(f"{sysconfig.get_path('purelib')}\n")
+    return site
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def attacker() -> AsyncIterator[Attacker]:
+    require("bwrap", "bubblewrap")
+    home = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="tether-runs-later-")).resolve()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOME", str(home))
+        _venv(home / "envs/srv")
+        (home / "srv").mkdir()
+        shutil.copy(SERVERS / "annotated.py", home / "srv/server.py")
+        (home / "agentpkg").mkdir()  # a package straight in the home directory, which is on the import path
+        (home / "agentpkg/__init__.py").write_text("")
+        shutil.copy(SERVERS / "module_server.py", home / "agentpkg/server.py")
+        (home / "devsrc").mkdir()  # an editable checkout on the device's own import path
+        (home / "kitbin").mkdir()
+        patch.syspath_prepend(str(home / "devsrc"))
+        patch.syspath_prepend(str(home))
+        config = parse_device_config({"mcpServers": {
+            # a sandboxed server run by its own venv's python: it writes the write roots live
+            "boxed": {"command": str(home / "envs/srv/bin/python"), "args": [str(home / "srv/server.py")],
+                      "sandbox": True, "autoApprove": ["write_text"], "env": {"PATH": f"{home}/kitbin:/usr/bin:/bin"}},
+            # servers started through package runners (not installed here: what matters is their store)
+            "npx": {"command": str(home / "runners/npx"), "args": ["-y", "some-mcp-server"]},
+            "uvx": {"command": str(home / "runners/uvx"), "args": ["some-mcp-server"],
+                    "env": {"UV_CACHE_DIR": str(home / "uvcache")}}},
+            # a server the device imports into its own process
+            "mcp": {"default": {"default": {"action": [
+                {"namespace": "inproc", "server_type": "local", "module": "agentpkg.server"}]}}}})
+        state = home / ".local/state/tether"
+        state.mkdir(parents=True)
+        device: LocalDevice = build_device(config, policy=policy_from_mapping(POLICY), state_dir=state, sandbox=True)
+        try:
+            assert device.context.sandbox is not None, "no sandbox was made here (see the log for why)"
+            computer = await device.computer_manager.get_or_create(None)
+            assert "boxed" not in computer.startup_errors and "inproc" not in computer.startup_errors, \
+                computer.startup_errors
+            yield Attacker(device, home, "runs-later")
+        finally:
+            await device.aclose()
+            sys.modules.pop("agentpkg.server", None)
+            sys.modules.pop("agentpkg", None)
+            shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_a_servers_virtual_environment_is_held_by_every_route(attacker: Attacker) -> None:
+    home = attacker.home
+    venv = home / "envs/srv"
+    module = venv / "lib" / VERSION / "site-packages/mcp_shadow.py"
+    _held(await attacker.call("write_file", file_path=str(module), content=EVIL), venv)
+    _held(await attacker.run("tee", str(module), stdin=EVIL), venv)
+    _held(await attacker.run("ln", "-s", str(home / "srv/server.py"), str(module)), venv)
+    _held(await attacker.run("tee", "-a", str(venv / "pyvenv.cfg"), stdin="home = /var/tmp/evil\n"), venv)
+    # renaming the directory above it, to put another one in its place
+    _held(await attacker.run("mv", str(home / "envs"), str(home / "envs-old")), venv)
+    _held(await attacker.call("move_file", source=str(home / "envs"), destination=str(home / "envs-old")), venv)
+    # a hard link made elsewhere to one of its files, to write through later
+    linked = await attacker.run("ln", str(venv / "pyvenv.cfg"), str(home / "cfg-link"))
+    assert linked.status is ResultStatus.FAILURE and not os.path.lexists(home / "cfg-link"), _text(linked)
+    assert f"protected-path: {venv}" in (linked.error or ""), _text(linked)
+    # the sandboxed server itself, through its own write tool
+    boxed = await attacker.boxed("write_text", path=str(module), text=EVIL)
+    assert boxed.status is ResultStatus.FAILURE and "Read-only file system" in (boxed.error or ""), _text(boxed)
+    assert not os.path.lexists(module) and "evil" not in (venv / "pyvenv.cfg").read_text()
+    assert (home / "envs/srv").is_dir() and not (home / "envs-old").exists()
+
+
+async def test_a_module_servers_file_and_its_import_path_are_held(attacker: Attacker) -> None:
+    home = attacker.home
+    package = home / "agentpkg"  # found without importing it; the home directory above it is not protected whole
+    source = package / "server.py"
+    original = source.read_text()
+    _held(await attacker.call("write_file", file_path=str(source), content=EVIL, mode="overwrite"), package)
+    _held(await attacker.run("tee", str(source), stdin=EVIL), package)
+    _held(await attacker.run("tee", str(package / "__init__.py"), stdin=EVIL), package)
+    _held(await attacker.run("mv", str(package), str(home / "agentpkg-old")), package)
+    boxed = await attacker.boxed("write_text", path=str(source), text=EVIL)
+    assert boxed.status is ResultStatus.FAILURE and "Read-only file system" in (boxed.error or ""), _text(boxed)
+    assert source.read_text() == original and (package / "__init__.py").read_text() == ""
+
+
+async def test_package_runner_stores_and_a_servers_path_are_held(attacker: Attacker) -> None:
+    home = attacker.home
+    planted = home / ".npm/_npx/0123abcd/node_modules/some-mcp-server/index.js"
+    _held(await attacker.run("mkdir", "-p", str(planted.parent)), home / ".npm/_npx")
+    _held(await attacker.call("write_file", file_path=str(planted), content="evil()", create_parents=True),
+          home / ".npm/_npx")
+    _held(await attacker.run("mkdir", "-p", str(home / "uvcache/archive-v0/x")), home / "uvcache")
+    _held(await attacker.run("mkdir", "-p", str(home / ".local/share/uv/tools/some-mcp-server")),
+          home / ".local/share/uv")
+    # a program the sandboxed server runs by name, from a directory of its PATH
+    _held(await attacker.run("tee", str(home / "kitbin/node"), stdin="#!/bin/sh\nid\n"), home / "kitbin")
+    assert not (home / ".npm/_npx").exists() and not (home / "uvcache").exists()
+    assert not (home / ".local/share/uv").exists() and not (home / "kitbin/node").exists()
+    # what an ordinary `npm install` writes (the content cache) is not held
+    cached = await attacker.run("mkdir", "-p", str(home / ".npm/_cacache/index-v5"))
+    assert cached.ok, _text(cached)
+
+
+async def test_the_devices_own_import_path_is_held(attacker: Attacker) -> None:
+    home = attacker.home
+    _held(await attacker.call("write_file", file_path=str(home / "devsrc/json.py"), content=EVIL), home / "devsrc")
+    _held(await attacker.run("tee", str(home / "devsrc/json.py"), stdin=EVIL), home / "devsrc")
+    assert not (home / "devsrc/json.py").exists()
+    # the device's own virtual environment and interpreter, when they lie in a write root; never the home itself
+    venv = home / "envs/srv"
+    site = venv / "lib" / VERSION / "site-packages"
+    places = own_programs([str(home)], prefix=str(venv), base_prefix="/usr", executable=str(venv / "bin/python"),
+                          path=[str(home), str(site), "", str(home / "missing")])
+    assert places == [str(venv), str(site)], places  # bin/python's real interpreter lies outside
