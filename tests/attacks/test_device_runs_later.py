@@ -176,3 +176,31 @@ async def test_the_devices_own_import_path_is_held(attacker: Attacker) -> None:
     places = own_programs([str(home)], prefix=str(venv), base_prefix="/usr", executable=str(venv / "bin/python"),
                           path=[str(home), str(site), "", str(home / "missing")])
     assert places == [str(venv), str(site)], places  # bin/python's real interpreter lies outside
+
+
+async def test_programs_left_in_a_projects_venv_or_node_modules_are_named(attacker: Attacker) -> None:
+    # not held (every install writes them), but each tool's result names what it left there for the project to run
+    home = attacker.home
+    proj = home / "proj"
+    made = await attacker.call("write_file", file_path=str(proj / ".venv/pyvenv.cfg"), content="home = /usr/bin\n",
+                               create_parents=True)
+    assert made.ok and "left_programs" not in made.result, _text(made)
+    (proj / ".venv/bin").mkdir()
+    (proj / "node_modules/jest/bin").mkdir(parents=True)
+    (proj / "node_modules/jest/bin/jest.js").write_text("run()\n")
+    ran = await attacker.run("tee", str(proj / ".venv/bin/pytest"), stdin="#!/bin/sh\nid\n")
+    assert ran.ok and ran.result["left_programs"] == [str(proj / ".venv/bin/pytest")], _text(ran)
+    linked = await attacker.run("mkdir", "-p", str(proj / "node_modules/.bin"), str(proj / "bin"))
+    assert linked.ok and "left_programs" not in linked.result, _text(linked)
+    linked = await attacker.run("ln", "-s", "../jest/bin/jest.js", str(proj / "node_modules/.bin/jest"))
+    assert linked.ok and linked.result["left_programs"] == [str(proj / "node_modules/.bin/jest")], _text(linked)
+    wrote = await attacker.call("write_file", file_path=str(proj / ".venv/bin/black"), content="#!/bin/sh\nid\n")
+    assert wrote.ok and wrote.result["left_programs"] == [str(proj / ".venv/bin/black")], _text(wrote)
+    (proj / "tool").write_text("#!/bin/sh\nid\n")
+    moved = await attacker.call("move_file", source=str(proj / "tool"), destination=str(proj / "node_modules/.bin/t"))
+    assert moved.ok and moved.result["left_programs"] == [str(proj / "node_modules/.bin/t")], _text(moved)
+    # a bin/ that is no virtual environment's, and a deletion, leave nothing to name
+    plain = await attacker.run("tee", str(proj / "bin/x"), stdin="x\n")
+    assert plain.ok and "left_programs" not in plain.result, _text(plain)
+    gone = await attacker.run("rm", str(proj / ".venv/bin/pytest"))
+    assert gone.ok and "left_programs" not in gone.result, _text(gone)
