@@ -81,7 +81,9 @@ async def attacker() -> AsyncIterator[Attacker]:
         (home / "agentpkg/__init__.py").write_text("")
         shutil.copy(SERVERS / "module_server.py", home / "agentpkg/server.py")
         (home / "devsrc").mkdir()  # an editable checkout on the device's own import path
-        (home / "kitbin").mkdir()
+        for directory in ("kitbin", "modsrv", "pylib", "uvproj"):
+            (home / directory).mkdir()
+        shutil.copy(SERVERS / "annotated.py", home / "modsrv/srvmod.py")
         patch.syspath_prepend(str(home / "devsrc"))
         patch.syspath_prepend(str(home))
         config = parse_device_config({"mcpServers": {
@@ -89,7 +91,11 @@ async def attacker() -> AsyncIterator[Attacker]:
             "boxed": {"command": str(home / "envs/srv/bin/python"), "args": [str(home / "srv/server.py")],
                       "sandbox": True, "autoApprove": ["write_text"], "env": {"PATH": f"{home}/kitbin:/usr/bin:/bin"}},
             # servers started through package runners (not installed here: what matters is their store)
+            # unsandboxed, as `python -m` from its own directory, with a PYTHONPATH of its own
+            "modrun": {"command": sys.executable, "args": ["-m", "srvmod"], "cwd": str(home / "modsrv"),
+                       "env": {"PYTHONPATH": str(home / "pylib")}},
             "npx": {"command": str(home / "runners/npx"), "args": ["-y", "some-mcp-server"]},
+            "uvrun": {"command": str(home / "runners/uv"), "args": ["run", "--directory", str(home / "uvproj"), "s"]},
             "uvx": {"command": str(home / "runners/uvx"), "args": ["some-mcp-server"],
                     "env": {"UV_CACHE_DIR": str(home / "uvcache")}}},
             # a server the device imports into its own process
@@ -101,8 +107,7 @@ async def attacker() -> AsyncIterator[Attacker]:
         try:
             assert device.context.sandbox is not None, "no sandbox was made here (see the log for why)"
             computer = await device.computer_manager.get_or_create(None)
-            assert "boxed" not in computer.startup_errors and "inproc" not in computer.startup_errors, \
-                computer.startup_errors
+            assert not {"boxed", "inproc", "modrun"} & set(computer.startup_errors), computer.startup_errors
             yield Attacker(device, home, "runs-later")
         finally:
             await device.aclose()
@@ -158,6 +163,11 @@ async def test_package_runner_stores_and_a_servers_path_are_held(attacker: Attac
           home / ".local/share/uv")
     # a program the sandboxed server runs by name, from a directory of its PATH
     _held(await attacker.run("tee", str(home / "kitbin/node"), stdin="#!/bin/sh\nid\n"), home / "kitbin")
+    # where a server's program imports from: `python -m`'s working directory, its PYTHONPATH, uv run's project
+    _held(await attacker.run("tee", str(home / "modsrv/mcp_types.py"), stdin=EVIL), home / "modsrv")
+    _held(await attacker.call("write_file", file_path=str(home / "pylib/mcp.py"), content=EVIL), home / "pylib")
+    _held(await attacker.run("mkdir", str(home / "uvproj/.venv")), home / "uvproj")
+    assert not (home / "modsrv/mcp_types.py").exists() and not (home / "pylib/mcp.py").exists()
     assert not (home / ".npm/_npx").exists() and not (home / "uvcache").exists()
     assert not (home / ".local/share/uv").exists() and not (home / "kitbin/node").exists()
     # what an ordinary `npm install` writes (the content cache) is not held

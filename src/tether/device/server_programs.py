@@ -13,7 +13,9 @@ adds to its policy's `protected_paths`, when it starts:
   `bin/` and its `site-packages`, which the command imports from), whole;
 - each directory of a stdio server's `PATH` (its own `env`'s or the device's) inside a write root, unless it is
   the home directory or holds a write root: the programs a server runs by name (`node` for `npx`) come from
-  there;
+  there; likewise its `env`'s `PYTHONPATH` and `NODE_PATH` directories, the working directory of a
+  `python -m NAME` server (first on its import path; when that is too broad, `NAME.py` and `NAME/` in it), and
+  a `uv run` server's project (`--directory`, `--project`, or its working directory);
 - for a server started unsandboxed through a package runner (`npx`, `npm exec`, `pnpm dlx`, `uvx`, `uv`,
   `pipx`, `bunx`), the runner's store it runs the package from: `<npm cache>/_npx`, pnpm's, uv's cache and
   data directories, pipx's home and cache, bun's install cache (each as the server's `env` sets it, or the
@@ -133,12 +135,31 @@ def _stdio_places(server: MCPServerConfig, home: str, roots: list[str]) -> list[
             found += _places(os.path.realpath(candidate), home, roots)
     if located:  # the venv as written: its bin/python is a symlink to an interpreter elsewhere
         found += _venv([os.path.realpath(os.path.dirname(located))])
-    for directory in env["PATH"].split(os.pathsep):
-        real = os.path.realpath(os.path.expanduser(directory)) if directory else ""
+    name = os.path.basename(command)
+    directories = [*env["PATH"].split(os.pathsep), *_import_dirs(name, list(server.args), base, env)]
+    if name.startswith("python") and "-m" in server.args[:-1]:  # its working directory is first on its path
+        top = server.args[server.args.index("-m") + 1].split(".")[0]
+        found += [os.path.join(base, top + ".py"), os.path.join(base, top)]  # when that directory is too broad
+    for directory in directories:
+        real = os.path.realpath(os.path.join(base, os.path.expanduser(directory))) if directory else ""
         if real and os.path.isdir(real) and not _broad(real, home, roots):
             found.append(real)
     if not server.sandbox:
-        found += _runner_stores(os.path.basename(command), env)
+        found += _runner_stores(name, env)
+    return found
+
+
+def _import_dirs(name: str, args: list[str], base: str, env: Mapping[str, str]) -> list[str]:
+    """The directories a server's program imports from that no file argument names: its `env`'s
+    `PYTHONPATH` and `NODE_PATH`, the working directory `base` of `python -m`, and the project of `uv run`
+    (`--directory`/`--project`, or `base`)."""
+    found = [p for key in ("PYTHONPATH", "NODE_PATH") for p in env.get(key, "").split(os.pathsep) if p]
+    if name.startswith("python") and "-m" in args[:-1]:
+        found.append(base)
+    if name == "uv":
+        given = [args[i + 1] for i, a in enumerate(args[:-1]) if a in ("--directory", "--project")]
+        given += [a.split("=", 1)[1] for a in args if a.startswith(("--directory=", "--project="))]
+        found += given or [base]
     return found
 
 
