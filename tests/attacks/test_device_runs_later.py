@@ -75,6 +75,7 @@ async def attacker() -> AsyncIterator[Attacker]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOME", str(home))
         _venv(home / "envs/srv")
+        (home / "current").symlink_to(home / "envs/srv")  # the config names the venv through this link
         (home / "srv").mkdir()
         shutil.copy(SERVERS / "annotated.py", home / "srv/server.py")
         (home / "agentpkg").mkdir()  # a package straight in the home directory, which is on the import path
@@ -88,7 +89,7 @@ async def attacker() -> AsyncIterator[Attacker]:
         patch.syspath_prepend(str(home))
         config = parse_device_config({"mcpServers": {
             # a sandboxed server run by its own venv's python: it writes the write roots live
-            "boxed": {"command": str(home / "envs/srv/bin/python"), "args": [str(home / "srv/server.py")],
+            "boxed": {"command": str(home / "current/bin/python"), "args": [str(home / "srv/server.py")],
                       "sandbox": True, "autoApprove": ["write_text"], "env": {"PATH": f"{home}/kitbin:/usr/bin:/bin"}},
             # servers started through package runners (not installed here: what matters is their store)
             # unsandboxed, as `python -m` from its own directory, with a PYTHONPATH of its own
@@ -127,6 +128,10 @@ async def test_a_servers_virtual_environment_is_held_by_every_route(attacker: At
     # renaming the directory above it, to put another one in its place
     _held(await attacker.run("mv", str(home / "envs"), str(home / "envs-old")), venv)
     _held(await attacker.call("move_file", source=str(home / "envs"), destination=str(home / "envs-old")), venv)
+    # retargeting the link the config names it by, to run another environment
+    (home / "evilenv").mkdir()
+    _held(await attacker.run("ln", "-sfn", str(home / "evilenv"), str(home / "current")), home / "current")
+    assert os.readlink(home / "current") == str(venv)
     # a hard link made elsewhere to one of its files, to write through later
     linked = await attacker.run("ln", str(venv / "pyvenv.cfg"), str(home / "cfg-link"))
     assert linked.status is ResultStatus.FAILURE and not os.path.lexists(home / "cfg-link"), _text(linked)

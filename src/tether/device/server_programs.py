@@ -53,13 +53,14 @@ _UV = frozenset({"uv", "uvx"})
 
 
 def server_programs(config: DeviceConfig, write_roots: list[str]) -> list[str]:
-    """The absolute real paths to protect for `config`'s MCP servers (see the module's docstring): for each
-    stdio server its command file (a bare name through the server's `PATH`), existing files among its
-    arguments (relative ones from the server's `cwd`), the directory of each unless it is the home directory
-    or a write root lies at or below it, the virtual environment its command lies in, its `PATH`'s
-    directories, and an unsandboxed one's package-runner store; for each `module:` server its module. Only
-    places inside `write_roots` (the captured and the live ones) are kept. Never raises for a missing or odd
-    entry: it is just left out."""
+    """The absolute paths to protect for `config`'s MCP servers (see the module's docstring), each as written
+    and as its real path (a symlink on the way decides what runs): for each stdio server its command file (a
+    bare name through the server's `PATH`), existing files among its arguments (relative ones from the
+    server's `cwd`), the directory of each unless it is the home directory or a write root lies at or below
+    it, the virtual environment its command lies in, its `PATH` and import directories, and an unsandboxed
+    one's package-runner store; for each `module:` server its module. Only places whose real path lies inside
+    `write_roots` (the captured and the live ones) are kept. Never raises for a missing or odd entry: it is
+    just left out."""
     home = os.path.realpath(os.path.expanduser("~"))
     roots = [os.path.realpath(os.path.expanduser(r)) for r in write_roots]
     found: list[str] = []
@@ -70,12 +71,12 @@ def server_programs(config: DeviceConfig, write_roots: list[str]) -> list[str]:
                     found += _stdio_places(server, home, roots)
                 elif server.server_type == "local" and server.module:
                     found += _module_places(server.module, sys.path, home, roots)
-    return _inside([os.path.realpath(p) for p in found], roots)
+    return _inside(found, roots)
 
 
 def own_programs(write_roots: list[str], *, prefix: str | None = None, base_prefix: str | None = None,
                  executable: str | None = None, path: Sequence[str] | None = None) -> list[str]:
-    """The absolute real paths of the device's own code inside `write_roots`: the virtual environment
+    """The absolute paths (as given and real) of the device's own code inside `write_roots`: the virtual environment
     `prefix` when it is one (`prefix` differs from `base_prefix`), the interpreter `executable`, and each
     existing directory on `path` (the import path) unless it is the home directory or holds a write root.
     The keyword arguments default to this process's own (`sys`, read at the call); never raises."""
@@ -92,11 +93,14 @@ def own_programs(write_roots: list[str], *, prefix: str | None = None, base_pref
     for entry in path:
         if entry and os.path.isdir(entry) and not _broad(os.path.realpath(entry), home, roots):
             found.append(entry)
-    return _inside([os.path.realpath(p) for p in found], roots)
+    return _inside(found, roots)
 
 
 def _inside(places: list[str], roots: list[str]) -> list[str]:
-    return [p for p in dict.fromkeys(places) if not _GLOB.search(p) and any(_within(p, r) for r in roots)]
+    """`places` as written and as their real paths, where the real one lies inside `roots`."""
+    both = [q for p in places for q in (os.path.abspath(p), os.path.realpath(p))]
+    return [p for p in dict.fromkeys(both) if not _GLOB.search(p)
+            and any(_within(os.path.realpath(p), r) for r in roots)]
 
 
 def _within(path: str, root: str) -> bool:
@@ -131,10 +135,11 @@ def _stdio_places(server: MCPServerConfig, home: str, roots: list[str]) -> list[
     located = command if os.sep in command else shutil.which(command, path=env["PATH"])
     found: list[str] = []
     for candidate in [located, *(os.path.join(base, os.path.expanduser(a)) for a in server.args)]:
-        if candidate and os.path.isfile(candidate):
-            found += _places(os.path.realpath(candidate), home, roots)
+        if candidate and os.path.isfile(candidate):  # as written too: a symlink on the way decides what runs
+            found += [*_places(os.path.realpath(candidate), home, roots), os.path.abspath(candidate)]
     if located:  # the venv as written: its bin/python is a symlink to an interpreter elsewhere
-        found += _venv([os.path.realpath(os.path.dirname(located))])
+        written = os.path.abspath(os.path.dirname(located))
+        found += [*_venv([os.path.realpath(written)]), *_venv([written])]
     name = os.path.basename(command)
     directories = [*env["PATH"].split(os.pathsep), *_import_dirs(name, list(server.args), base, env)]
     if name.startswith("python") and "-m" in server.args[:-1]:  # its working directory is first on its path
