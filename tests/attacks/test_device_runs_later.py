@@ -78,14 +78,15 @@ async def attacker() -> AsyncIterator[Attacker]:
         (home / "current").symlink_to(home / "envs/srv")  # the config names the venv through this link
         (home / "srv").mkdir()
         shutil.copy(SERVERS / "annotated.py", home / "srv/server.py")
-        (home / "agentpkg").mkdir()  # a package straight in the home directory, which is on the import path
-        (home / "agentpkg/__init__.py").write_text("")
-        shutil.copy(SERVERS / "module_server.py", home / "agentpkg/server.py")
+        (home / "lib/agentpkg").mkdir(parents=True)  # a package in ~/lib, on the import path after ~ itself
+        (home / "lib/agentpkg/__init__.py").write_text("")
+        shutil.copy(SERVERS / "module_server.py", home / "lib/agentpkg/server.py")
         (home / "devsrc").mkdir()  # an editable checkout on the device's own import path
         for directory in ("kitbin", "modsrv", "pylib", "uvproj"):
             (home / directory).mkdir()
         shutil.copy(SERVERS / "annotated.py", home / "modsrv/srvmod.py")
         patch.syspath_prepend(str(home / "devsrc"))
+        patch.syspath_prepend(str(home / "lib"))
         patch.syspath_prepend(str(home))
         config = parse_device_config({"mcpServers": {
             # a sandboxed server run by its own venv's python: it writes the write roots live
@@ -145,16 +146,22 @@ async def test_a_servers_virtual_environment_is_held_by_every_route(attacker: At
 
 async def test_a_module_servers_file_and_its_import_path_are_held(attacker: Attacker) -> None:
     home = attacker.home
-    package = home / "agentpkg"  # found without importing it; the home directory above it is not protected whole
+    package = home / "lib/agentpkg"  # found without importing it; the rule named is the import path entry
     source = package / "server.py"
     original = source.read_text()
-    _held(await attacker.call("write_file", file_path=str(source), content=EVIL, mode="overwrite"), package)
-    _held(await attacker.run("tee", str(source), stdin=EVIL), package)
-    _held(await attacker.run("tee", str(package / "__init__.py"), stdin=EVIL), package)
-    _held(await attacker.run("mv", str(package), str(home / "agentpkg-old")), package)
+    _held(await attacker.call("write_file", file_path=str(source), content=EVIL, mode="overwrite"), home / "lib")
+    _held(await attacker.run("tee", str(source), stdin=EVIL), home / "lib")
+    _held(await attacker.run("tee", str(package / "__init__.py"), stdin=EVIL), home / "lib")
+    _held(await attacker.run("mv", str(package), str(home / "lib/agentpkg-old")), home / "lib")
+    assert str(package) in attacker.device.context.policy.protected_paths  # found as the server's, not only as a path
+    # ~ comes first on the import path and can't be protected whole: the names that would shadow it there are
+    _held(await attacker.run("tee", str(home / "agentpkg.py"), stdin=EVIL), home / "agentpkg.py")
+    _held(await attacker.call("write_file", file_path=str(home / "agentpkg/__init__.py"), content=EVIL,
+                              create_parents=True), home / "agentpkg")
     boxed = await attacker.boxed("write_text", path=str(source), text=EVIL)
     assert boxed.status is ResultStatus.FAILURE and "Read-only file system" in (boxed.error or ""), _text(boxed)
     assert source.read_text() == original and (package / "__init__.py").read_text() == ""
+    assert not (home / "agentpkg.py").exists() and not (home / "agentpkg").exists()
 
 
 async def test_package_runner_stores_and_a_servers_path_are_held(attacker: Attacker) -> None:

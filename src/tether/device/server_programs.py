@@ -21,8 +21,9 @@ adds to its policy's `protected_paths`, when it starts:
   data directories, pipx's home and cache, bun's install cache (each as the server's `env` sets it, or the
   default). A sandboxed one is left out: it must write its runner's store itself, and its code stays confined;
 - a `module:` server's module, found with `importlib.util.find_spec` for its top-level name and the path
-  finder for the rest (nothing is imported or run): its top-level package directory or module file, and the
-  `sys.path` entry holding it unless that is the home directory or holds a write root;
+  finder for the rest (nothing is imported or run): its top-level package directory or module file, the
+  `sys.path` entry holding it unless that is the home directory or holds a write root, and in each entry
+  searched before that one the names that would shadow it (`NAME.py`, `NAME/`, ...);
 - the device's own interpreter: its virtual environment (`sys.prefix` when it differs from
   `sys.base_prefix`), its executable, and each `sys.path` entry (site-packages, an editable checkout's `src`)
   inside a write root, unless it is the home directory or holds a write root.
@@ -193,25 +194,26 @@ def _module_places(module: str, path: Sequence[str], home: str, roots: list[str]
     """Where the module `module` would be imported from, found without importing or running anything: the
     top-level name through `importlib.util.find_spec` (which looks only), each further part through the path
     finder in its parent's locations. Its top-level package directory or module file, the `sys.path` entry
-    holding it (unless too broad to protect), and the file of the named module itself."""
+    holding it (unless too broad to protect), the file of the named module itself, and in each entry of
+    `path` searched before that one (all of them when it is not found) the names that would shadow it
+    (`NAME/`, `NAME.py`, `NAME.pyc`, `NAME` with each extension-module suffix), existing or not."""
     top, *rest = module.split(".")
     try:
         spec = sys.modules[top].__spec__ if top in sys.modules else importlib.util.find_spec(top)
     except (ImportError, ValueError):
-        return []
-    if spec is None:
-        return []
-    tops = [*(spec.submodule_search_locations or []), *([spec.origin] if spec.origin and spec.has_location else [])]
+        spec = None
     found: list[str] = []
-    for place in tops:
-        real = os.path.realpath(place)
-        found.append(os.path.dirname(real) if os.path.basename(real).startswith("__init__.") else real)
-    entries = {os.path.realpath(e) for e in path if e}
-    for place in list(found):
-        holder = os.path.dirname(place)
-        if holder in entries and not _broad(holder, home, roots):
-            found.append(holder)
-    locations = list(spec.submodule_search_locations or [])
+    if spec is not None:
+        for place in [*(spec.submodule_search_locations or []), *([spec.origin] if spec.has_location else [])]:
+            real = os.path.realpath(str(place))
+            found.append(os.path.dirname(real) if os.path.basename(real).startswith("__init__.") else real)
+    holders = {os.path.dirname(place) for place in found}
+    for entry in dict.fromkeys(os.path.realpath(e or os.curdir) for e in path):
+        if entry in holders:
+            found += [] if _broad(entry, home, roots) else [entry]
+            break
+        found += [os.path.join(entry, top + suffix) for suffix in ("", *importlib.machinery.all_suffixes())]
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for part in rest:  # a deeper module: the package directories above it are already protected whole
         sub = importlib.machinery.PathFinder.find_spec(part, locations) if locations else None
         if sub is None:
