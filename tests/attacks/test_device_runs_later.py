@@ -10,6 +10,8 @@ must stay as it was. One device serves the module; HOME is a fresh directory und
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -221,6 +223,17 @@ async def test_programs_left_in_a_projects_venv_or_node_modules_are_named(attack
     (proj / "tool").write_text("#!/bin/sh\nid\n")
     moved = await attacker.call("move_file", source=str(proj / "tool"), destination=str(proj / "node_modules/.bin/t"))
     assert moved.ok and moved.result["left_programs"] == [str(proj / "node_modules/.bin/t")], _text(moved)
+    data = b"#!/bin/sh\nid\n"  # a file sent from another device
+    entry = {"path": "", "type": "file", "size": len(data), "mode": 0o755, "sha256": hashlib.sha256(data).hexdigest()}
+    begin = await attacker.call("transfer_begin", transfer_id="tleftprog001", dest=str(proj / ".venv/bin/ruff"),
+                                kind="file", name="ruff", entries=[entry])
+    assert begin.ok, _text(begin)
+    put = await attacker.call("write_file_chunk", transfer_id="tleftprog001", root=begin.result["root"], path="",
+                              index=0, offset=0, size=len(data), data=base64.b64encode(data).decode())
+    assert put.ok, _text(put)
+    sent = await attacker.call("transfer_commit", transfer_id="tleftprog001", root=begin.result["root"], path="",
+                               index=0, type="file", size=len(data), sha256=entry["sha256"], mode=0o755)
+    assert sent.ok and sent.result["left_programs"] == [str(proj / ".venv/bin/ruff")], _text(sent)
     # a bin/ that is no virtual environment's, and a deletion, leave nothing to name
     plain = await attacker.run("tee", str(proj / "bin/x"), stdin="x\n")
     assert plain.ok and "left_programs" not in plain.result, _text(plain)
