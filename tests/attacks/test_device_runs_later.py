@@ -193,13 +193,17 @@ async def test_the_devices_own_import_path_is_held(attacker: Attacker) -> None:
     home = attacker.home
     _held(await attacker.call("write_file", file_path=str(home / "devsrc/json.py"), content=EVIL), home / "devsrc")
     _held(await attacker.run("tee", str(home / "devsrc/json.py"), stdin=EVIL), home / "devsrc")
-    assert not (home / "devsrc/json.py").exists()
+    # ~ is first on this device's import path (as for `python -m tether` run from ~): tether itself can't be shadowed
+    _held(await attacker.run("tee", str(home / "tether.py"), stdin=EVIL), home / "tether.py")
+    assert not (home / "devsrc/json.py").exists() and not (home / "tether.py").exists()
     # the device's own virtual environment and interpreter, when they lie in a write root; never the home itself
     venv = home / "envs/srv"
     site = venv / "lib" / VERSION / "site-packages"
     places = own_programs([str(home)], prefix=str(venv), base_prefix="/usr", executable=str(venv / "bin/python"),
                           path=[str(home), str(site), "", str(home / "missing")])
-    assert places == [str(venv), str(site)], places  # bin/python's real interpreter lies outside
+    # bin/python's real interpreter lies outside; in ~, searched before the real tether, the names that shadow it
+    assert places[:2] == [str(venv), str(site)] and str(home) not in places, places
+    assert {str(home / "tether"), str(home / "tether.py"), str(site / "tether.py")} <= set(places), places
 
 
 async def test_programs_left_in_a_projects_venv_or_node_modules_are_named(attacker: Attacker) -> None:

@@ -26,7 +26,8 @@ adds to its policy's `protected_paths`, when it starts:
   searched before that one the names that would shadow it (`NAME.py`, `NAME/`, ...);
 - the device's own interpreter: its virtual environment (`sys.prefix` when it differs from
   `sys.base_prefix`), its executable, and each `sys.path` entry (site-packages, an editable checkout's `src`)
-  inside a write root, unless it is the home directory or holds a write root.
+  inside a write root, unless it is the home directory or holds a write root; and the names that would
+  shadow the `tether` package itself in the entries searched before its own.
 
 Only places inside the write roots (captured and live) are added: elsewhere nothing the device runs can write.
 Creating or changing any of them then waits for a person, like any protected path; a live process sees them
@@ -79,7 +80,9 @@ def own_programs(write_roots: list[str], *, prefix: str | None = None, base_pref
                  executable: str | None = None, path: Sequence[str] | None = None) -> list[str]:
     """The absolute paths (as given and real) of the device's own code inside `write_roots`: the virtual environment
     `prefix` when it is one (`prefix` differs from `base_prefix`), the interpreter `executable`, and each
-    existing directory on `path` (the import path) unless it is the home directory or holds a write root.
+    existing directory on `path` (the import path) unless it is the home directory or holds a write root, and
+    the names that would shadow the `tether` package in the entries searched before its own (as for a
+    `module:` server).
     The keyword arguments default to this process's own (`sys`, read at the call); never raises."""
     prefix, base_prefix = prefix or sys.prefix, base_prefix or sys.base_prefix
     executable = sys.executable if executable is None else executable
@@ -94,7 +97,7 @@ def own_programs(write_roots: list[str], *, prefix: str | None = None, base_pref
     for entry in path:
         if entry and os.path.isdir(entry) and not _broad(os.path.realpath(entry), home, roots):
             found.append(entry)
-    return _inside(found, roots)
+    return _inside([*found, *_module_places("tether", path, home, roots)], roots)
 
 
 def _inside(places: list[str], roots: list[str]) -> list[str]:
