@@ -78,12 +78,12 @@ def server_programs(config: DeviceConfig, write_roots: list[str]) -> list[str]:
 
 def own_programs(write_roots: list[str], *, prefix: str | None = None, base_prefix: str | None = None,
                  executable: str | None = None, path: Sequence[str] | None = None) -> list[str]:
-    """The absolute paths (as given and real) of the device's own code inside `write_roots`: the virtual environment
-    `prefix` when it is one (`prefix` differs from `base_prefix`), the interpreter `executable`, and each
-    existing directory on `path` (the import path) unless it is the home directory or holds a write root, and
-    the names that would shadow the `tether` package in the entries searched before its own (as for a
-    `module:` server).
-    The keyword arguments default to this process's own (`sys`, read at the call); never raises."""
+    """The absolute paths (as given and real) of the device's own code inside `write_roots`: the virtual
+    environment `prefix` when it is one (`prefix` differs from `base_prefix`), the interpreter `executable`,
+    each existing directory on `path` (the import path) unless it is the home directory or holds a write
+    root, and the names that would shadow the `tether` package in the entries searched before its own (as
+    for a `module:` server). The keyword arguments default to this process's own (`sys`, read at the call);
+    never raises."""
     prefix, base_prefix = prefix or sys.prefix, base_prefix or sys.base_prefix
     executable = sys.executable if executable is None else executable
     path = list(sys.path) if path is None else path
