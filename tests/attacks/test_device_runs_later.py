@@ -238,6 +238,12 @@ async def test_programs_left_in_a_projects_venv_or_node_modules_are_named(attack
     sent = await attacker.call("transfer_commit", transfer_id="tleftprog001", root=begin.result["root"], path="",
                                index=0, type="file", size=len(data), sha256=entry["sha256"], mode=0o755)
     assert sent.ok and sent.result["left_programs"] == [str(proj / ".venv/bin/ruff")], _text(sent)
+    # held for another reason (a protected .envrc beside it), then approved: named once applied
+    both = (str(proj / ".venv/bin/tool"), str(proj / ".envrc"))
+    held = await attacker.run("tee", *both, stdin="id\n")
+    assert held.result.get("needs_approval") is True and "left_programs" not in held.result, _text(held)
+    approved = await attacker.run("tee", *both, stdin="id\n", approved_by="alice")
+    assert approved.ok and approved.result["left_programs"] == [both[0]], _text(approved)
     # a bin/ that is no virtual environment's, and a deletion, leave nothing to name
     plain = await attacker.run("tee", str(proj / "bin/x"), stdin="x\n")
     assert plain.ok and "left_programs" not in plain.result, _text(plain)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import logging
 import os
 import re
 import shutil
@@ -50,6 +51,7 @@ if TYPE_CHECKING:
     from tether.device.mcp.config.server_config import MCPServerConfig
     from tether.tools.policy.model import Policy
 
+logger = logging.getLogger(__name__)
 _GLOB = re.compile(r"[*?\[\]]")
 _UV = frozenset({"uv", "uvx"})
 
@@ -235,6 +237,7 @@ def with_server_programs(policy: Policy, config: DeviceConfig) -> Policy:
               if p not in policy.protected_paths]
     if not places:
         return policy
+    logger.info("protected, since the device itself runs or imports them later: %s", ", ".join(places))
     return policy.model_copy(update={"protected_paths": [*policy.protected_paths, *places]})
 
 
