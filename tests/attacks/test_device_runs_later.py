@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import shutil
+import subprocess
 import sys
 import sysconfig
 import tempfile
@@ -37,6 +38,26 @@ SERVERS = Path(__file__).resolve().parent.parent / "servers"
 POLICY = {"approval": {"delete": False, "move": False, "overwrite_outside_temp": False}}
 EVIL = "import os\nos.system('id > /tmp/pwned')\n"
 VERSION = f"python{sys.version_info.major}.{sys.version_info.minor}"
+
+
+OWN_VENV_DEVICE = """
+import asyncio, json, sys
+from tether.device.local import build_device
+from tether.protocol.models import Command
+from tether.tools.policy.model import policy_from_mapping
+
+async def main():
+    device = build_device(policy=policy_from_mapping({}), state_dir=sys.argv[1], sandbox=False)
+    try:
+        await device.computer_manager.get_or_create(None)
+        [result] = await device.dispatcher(session_id="own").execute_commands([Command(
+            tool_name="write_file", parameters={"file_path": sys.argv[2], "content": "import os"})])
+    finally:
+        await device.aclose()
+    print("REPORT " + json.dumps({"prefix": sys.prefix, "result": result.result}))
+
+asyncio.run(main())
+"""
 
 
 class Attacker(SessionCaller):
@@ -66,7 +87,7 @@ def _venv(where: Path) -> Path:
                                       f"version = {'.'.join(map(str, sys.version_info[:3]))}\n")
     site = where / "lib" / VERSION / "site-packages"
     site.mkdir(parents=True)
-    (site / "checkout.pth").write_text(f"{sysconfig.get_path('purelib')}\n")
+    (site / "checkout.pth").write_text(f"import site; site.addsitedir({sysconfig.get_path('purelib')!r})\n")
     return site
 
 
@@ -196,9 +217,19 @@ async def test_the_devices_own_import_path_is_held(attacker: Attacker) -> None:
     # ~ is first on this device's import path (as for `python -m tether` run from ~): tether itself can't be shadowed
     _held(await attacker.run("tee", str(home / "tether.py"), stdin=EVIL), home / "tether.py")
     assert not (home / "devsrc/json.py").exists() and not (home / "tether.py").exists()
-    # the device's own virtual environment and interpreter, when they lie in a write root; never the home itself
+    # a device whose own virtual environment lies in the home directory (a real process run by that venv's python)
     venv = home / "envs/srv"
     site = venv / "lib" / VERSION / "site-packages"
+    ran = subprocess.run([str(venv / "bin/python"), "-c", OWN_VENV_DEVICE, str(home / ".local/state/own"),
+                          str(site / "evil.py")], env={**os.environ, "HOME": str(home)}, cwd="/",
+                         capture_output=True, text=True, timeout=120)
+    line = next((ln for ln in ran.stdout.splitlines() if ln.startswith("REPORT ")), None)
+    assert line, f"the device process failed: {ran.stdout}\n{ran.stderr[-3000:]}"
+    report = json.loads(line.removeprefix("REPORT "))
+    assert report["prefix"] == str(venv), report
+    assert report["result"]["needs_approval"] is True and report["result"]["rule"] == f"protected-path: {venv}", report
+    assert not (site / "evil.py").exists()
+    # the same, computed for given values: never the home itself
     places = own_programs([str(home)], prefix=str(venv), base_prefix="/usr", executable=str(venv / "bin/python"),
                           path=[str(home), str(site), "", str(home / "missing")])
     # bin/python's real interpreter lies outside; in ~, searched before the real tether, the names that shadow it
