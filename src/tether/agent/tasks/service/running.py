@@ -286,8 +286,11 @@ class Running(Followers):
             self._saver.then(task, partial(self._saved_to, task, unsent))
         else:
             self._unsent.pop(task.id, None)
-        for event in sent:
-            self._relay(task, event)
+        for event in sent:  # called by the store's writer: one that fails must not stop the others' callbacks
+            try:
+                self._relay(task, event)
+            except Exception:
+                logger.exception("task %s: could not tell event %d", task.id, event.seq)
 
     def _relay(self, task: Task, event: TaskEvent) -> None:
         """Tell `event` to the task's followers here, on the other nodes, and to the notifier (webhooks, inbox)."""
