@@ -24,7 +24,7 @@ from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.run.graph.view import graph_of
 from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent, TaskState
-from tether.agent.tasks.service import TaskError, TaskService
+from tether.agent.tasks.service import TaskError, TaskService, judged_question
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import how_a_person_approves
@@ -189,11 +189,12 @@ async def answer_task(task_id: str, body: Answer, request: Request,
         await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}",
                                           answerer=TokenRef(who.name, who.agent))
         return (await service.fetch(task_id)).summary()
+    judged = judged_question(pending, body.question_id)  # applied to this question only, wherever the task runs
     if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
         require_approver(who, f"answer task {task.id[:12]}'s {pending.kind}", how_a_person_approves(
             base, task_id=task.id), requested_by=task.requested_by, settings=_settings(request))
     return _summary(await service.steer(task_id, "answer", f"api:{who.name}", answer=body.answer,
-                                        question_id=body.question_id, digest=body.digest))
+                                        question_id=judged, digest=body.digest))
 
 
 @router.post("/{task_id}/approval")
