@@ -78,10 +78,13 @@ async def test_an_agents_answer_judged_on_a_stale_node_never_approves(tmp_path: 
         assert live["state"] == "waiting_for_user" and live["questions"][-1]["id"] == question["id"], live
         assert live["questions"][-1]["answer"] is None, live["questions"]
         assert not victim.exists()
-        # a person's answer given at the same node still goes through: judged at the node that runs the task
-        person = await kit.token("api", "alice", ["read", "execute", "approve"], via=a)
-        approved = await kit.http(b).post(f"/tasks/{task_id}/approval", json={"approved": True},
-                                          headers={"Authorization": f"Bearer {person}"})
+        # a person approves what the node they ask shows: b shows no question yet, so nothing is approved there
+        # (the open one is not what they were shown); a, which shows it, takes the approval
+        person = {"Authorization": f"Bearer {await kit.token('api', 'alice', ['read', 'execute', 'approve'], via=a)}"}
+        unseen = await kit.http(b).post(f"/tasks/{task_id}/approval", json={"approved": True}, headers=person)
+        assert unseen.status_code == 409 and "nothing was approved" in unseen.json()["error"], unseen.text
+        assert not victim.exists()
+        approved = await kit.http(a).post(f"/tasks/{task_id}/approval", json={"approved": True}, headers=person)
         assert approved.status_code == 200, approved.text
         async with asyncio.timeout(WAIT):
             async for kind, _data in kit.task_frames(a, task_id):

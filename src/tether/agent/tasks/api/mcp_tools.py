@@ -164,7 +164,8 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
             if approved:  # a denial stops the action: an agent may always say no
                 _need_approve(call, f"approve task {task_id[:12]}'s action", await tasks.fetch(task_id), settings())
             await tasks.steer(task_id, "approve", _who(call), approved=approved,  # (on the node running it)
-                              digest=arguments.get("digest") if isinstance(arguments.get("digest"), str) else None)
+                              digest=arguments.get("digest") if isinstance(arguments.get("digest"), str) else None,
+                              question_id=judged_question(asked, None))
         await asyncio.sleep(0)  # as the REST answer: the waiting runner takes the answer first
         if arguments.get("wait", True) is False:
             return _reply(await tasks.fetch(task_id), call, settings())

@@ -209,7 +209,8 @@ async def approve_task(task_id: str, body: Approval, request: Request,
     if body.always is not None and body.approved:  # a denial is a denial, whatever else it says
         await _allow_always(request, task_id, body, who)
     return _summary(await _service(request).steer(task_id, "approve", f"api:{who.name}", approved=body.approved,
-                                                  digest=body.digest))
+                                                  digest=body.digest,
+                                                  question_id=judged_question(task.pending_question, None)))
 
 
 @router.post("/{task_id}/cancel")

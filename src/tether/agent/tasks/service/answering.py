@@ -57,7 +57,8 @@ class Answering(Running):
                 task = self.answer(task_id, str(args.get("answer", "")), args.get("question_id"), by,
                                    digest=args.get("digest"))
             else:
-                task = self.approve(task_id, bool(args.get("approved")), by, digest=args.get("digest"))
+                task = self.approve(task_id, bool(args.get("approved")), by, digest=args.get("digest"),
+                                    question_id=args.get("question_id"))
         finally:
             self._checked.pop(task_id, None)
             self._checked.pop(checked.id, None)
@@ -136,9 +137,16 @@ class Answering(Running):
             raise TaskError(409, f"the MCP server's question {question['id']} is no longer waiting for an answer")
         return True
 
-    def approve(self, task_id: str, approved: bool, by: str | None = None, *, digest: str | None = None) -> Task:
+    def approve(self, task_id: str, approved: bool, by: str | None = None, *, digest: str | None = None,
+                question_id: str | None = None) -> Task:
+        """Approve or deny the action (or confirm or cancel the plan) the task waits on; `question_id`, when
+        given, pins the question the caller judged (`judged_question`): TaskError 409 when another is open."""
         task = self._steerable(task_id)
         pending = task.pending_question
+        if question_id is not None and pending is not None and question_id != pending.id:
+            raise TaskError(409, f"question {pending.id} is open now, not the one this approval was checked against"
+                                 f" ({'none' if question_id == NO_QUESTION else question_id}): look at it, nothing "
+                                 "was approved")
         if pending is not None and pending.kind == "confirmation" and task.state is TaskState.WAITING_FOR_USER:
             return self.answer(task.id, "run" if approved else "cancel", pending.id, by,  # a plan to confirm
                                digest=digest)
