@@ -4,8 +4,8 @@ docs/security/approvals-red-team.md).
 The node that receives `POST /tasks/{id}/answer` judges whether the answer approves something from its own
 view of the task, the stored row; the node running the task then applies the answer to its live question.
 While the stored row lags the live task (a save not yet written, or refused, as here by a trigger in the shared
-database), the agent saw the approval question on the event stream (events are relayed at once) and answered
-it at the other node: judged as "no question is open" there, applied as "approve" where the task runs.
+database), the agent saw the approval question on the task's event stream and answered it at the other node:
+judged as "no question is open" there, applied as "approve" where the task runs.
 
 Real `tether server` nodes sharing one SQLite/PostgreSQL database and a real redis-server, a real `tether
 device` whose policy holds `touch` for a person.
@@ -34,12 +34,11 @@ PG_FREEZE = ("CREATE FUNCTION freeze_tasks() RETURNS trigger LANGUAGE plpgsql AS
 
 def _on_db(kit: ClusterKit, sqlite_sql: str, pg_sql: str) -> None:
     """A statement on the nodes' shared database, as another client of it would run it."""
-    target = dbkit.server_db(kit.db)
-    if isinstance(target, Path):
-        with contextlib.closing(sqlite3.connect(target, timeout=60)) as conn:
-            conn.executescript(sqlite_sql)
+    if kit.db.startswith("postgresql"):  # the kit's database as the nodes were given it: a URL or a file
+        dbkit.psql(kit.db, pg_sql)
     else:
-        dbkit.psql(str(target), pg_sql)
+        with contextlib.closing(sqlite3.connect(kit.db, timeout=60)) as conn:
+            conn.executescript(sqlite_sql)
 
 
 async def test_an_agents_answer_judged_on_a_stale_node_never_approves(tmp_path: Path, redis_engine: Engine) -> None:
@@ -65,7 +64,7 @@ async def test_an_agents_answer_judged_on_a_stale_node_never_approves(tmp_path: 
         task_id = created.json()["id"]
         question: dict[str, object] = {}
         async with asyncio.timeout(WAIT):
-            async for kind, data in kit.task_frames(b, task_id):  # relayed from a as it happens
+            async for kind, data in kit.task_frames(a, task_id):  # as it happens, where the task runs
                 if kind == "task_event" and data["kind"] == "question":
                     question = data["data"]
                     break
