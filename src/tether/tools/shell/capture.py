@@ -48,6 +48,7 @@ from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy import approval
 from tether.tools.policy.hidden import HiddenSet
 from tether.tools.policy.jail import approval_needed, real, resolve_path, within
+from tether.tools.policy.left_programs import left_programs
 from tether.tools.policy.path_rules import Matcher, anchored_places, protected_inside, protected_matcher, protected_rule
 from tether.tools.shell.links import refusal
 
@@ -206,9 +207,12 @@ def _diffs(ctx: ToolContext, changes: list[Change]) -> dict[int, dict[str, Any]]
     return layer_diffs(changes[:MAX_LISTED], readable)
 
 
-async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
+async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change],
+                        body: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Journal and apply on the worker pool; the layer is removed whatever happens. A conflict with
-    another session's change applies nothing and names the paths. Errors are tool errors, never half-said."""
+    another session's change applies nothing and names the paths. Errors are tool errors, never half-said.
+    Once applied, the programs left in a project's program directories are named in `body["left_programs"]`
+    (`tether.tools.policy.left_programs`)."""
     sandbox = ctx.sandbox
     assert sandbox is not None
     limits = getattr(ctx.policy, "limits", None)
@@ -252,6 +256,8 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) ->
         raise
     sandbox.note_applied(*touched)
     sandbox.release(layer)
+    if body is not None and (left := left_programs((c.path, c.kind) for c in changes)):
+        body["left_programs"] = [shown(p) for p in left[:MAX_LISTED]]
     return _public(changes, diffs)
 
 
@@ -338,7 +344,7 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
             raise ToolError(f"holding the command's changes failed ({_said(exc)}); nothing was applied",
                             {**body, "changes": _public(changes), "applied": False}) from None
         raise question
-    return await apply_changes(ctx, layer, changes)
+    return await apply_changes(ctx, layer, changes, body)
 
 
 def _hold(ctx: ToolContext, key: str, held: Held, what: str, needs: list[tuple[Change, str]]) -> NeedsApproval:
