@@ -322,3 +322,31 @@ def test_the_inbox_shows_a_question_to_whom_may_answer_it_and_the_cli_answers(pe
                 break
         assert result is not None and want in json.dumps(result["result"]), result
         assert inbox(answerer) == []
+
+
+def test_approve_never_makes_a_choice_the_person_did_not(people: People) -> None:
+    """`tether approvals approve` on a question that asks to choose (no yes among its choices, the worse one
+    first, as the MCP server ordered them) sends nothing and says to answer it; the person's own choice goes."""
+    import subprocess
+
+    from tests.kits.netutil import CLI
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**people.cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{people.cluster.port}",
+               "TETHER_TOKEN": people.secrets["bob"]}
+        return subprocess.run([*CLI, "approvals", *args], capture_output=True, text=True, env=env, timeout=60,
+                              check=False)
+
+    result: Any = None
+    for name, data in people.run("robot", "choose_fate", {"question": "What about the backups?"}):
+        if name == "event" and data["kind"] == "elicitation":
+            item = f"alpha/{data['data']['id']}"
+            refused = cli("approve", item)
+            assert refused.returncode == 2 and "not a yes; nothing was sent" in refused.stderr, refused.stderr
+            assert "wipe the backups, keep them" in refused.stderr and "Traceback" not in refused.stderr
+            chosen = cli("answer", item, "keep them")
+            assert chosen.returncode == 0, chosen.stderr
+        elif name == "results":
+            [result] = data["results"]
+            break
+    assert result is not None and "chose: keep them" in json.dumps(result["result"]), result
