@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 
 from tether.errors import ServerError
-from tether.server.mcp.admission import Refused, admit, deny
+from tether.server.mcp.front.admission import Refused, admit, deny
 
 if TYPE_CHECKING:
     from tether.server.mcp.gateway import Gateway  # the SDK: only once a request needs it
