@@ -412,7 +412,7 @@ async def test_modern_clients_cannot_forge_or_replay_request_state(tmp_path: Pat
 
     server = await GatewayServer(tmp_path).start()
     try:
-        gateway = await server.app.state.gateway.ready()  # built on first use (server/mcp/front/lazy_gateway.py)
+        gateway = await server.app.state.gateway.ready()  # built on first use (server/mcp/lazy_gateway.py)
         token = server.store.tokens.verify(server.token("modern", "read", "execute", "approve"))
         other = server.store.tokens.verify(server.token("modern2", "read", "execute", "approve"))
         assert token is not None and other is not None

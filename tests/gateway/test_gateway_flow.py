@@ -215,7 +215,7 @@ async def test_a_revoked_token_is_refused_on_its_next_request(server: GatewaySer
 
 
 def test_tool_names_keep_legal_characters_and_escape_the_rest() -> None:
-    from tether.server.mcp.catalog.listing import DeviceFilter, mcp_name
+    from tether.server.mcp.listing import DeviceFilter, mcp_name
 
     assert mcp_name("laptop", "shell.run") == "laptop__shell.run"
     assert mcp_name("lab-1", "git_status") == "lab-1__git_status"

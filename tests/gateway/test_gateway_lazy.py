@@ -1,5 +1,5 @@
 """issue 13, fast start-up: `/mcp` exists from the server's start, and the `mcp` SDK is imported (the gateway
-built) on the first request to it that carries a valid token (server/mcp/front/lazy_gateway.py).
+built) on the first request to it that carries a valid token (server/mcp/lazy_gateway.py).
 
 What a server imported is read from `sys.modules` of a real server process (a fresh interpreter serving the
 whole agent app with uvicorn, which reports its modules when asked on stdin), never from timing."""
@@ -20,7 +20,7 @@ from tests.kits import db as dbkit
 from tests.kits.aip import WAIT
 from tests.kits.gateway import GatewayServer, mcp_client, register
 from tests.kits.netutil import tether_env
-from tether.server.mcp.front.lazy_gateway import GatewayUnavailable, LazyGateway
+from tether.server.mcp.lazy_gateway import GatewayUnavailable, LazyGateway
 
 SDK = ("mcp", "mcp_types")
 

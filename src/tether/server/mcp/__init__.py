@@ -18,14 +18,14 @@ if TYPE_CHECKING:
 def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
     """Add `/mcp` to `app` (which has `state.hub`, `state.store`, `state.settings`) and return the context
     the app's lifespan enters. The `mcp` SDK is imported, and the gateway built, on the first request to
-    `/mcp` that carries a valid token (front/lazy_gateway.py), not when the app is: `app.state.gateway` is that
+    `/mcp` that carries a valid token (lazy_gateway.py), not when the app is: `app.state.gateway` is that
     `LazyGateway`, whose `ready()` gives the running `Gateway`. Also adds `/mcp`'s Protected Resource Metadata
 (RFC 9728) at `/.well-known/oauth-protected-resource[/mcp]` (front/resource_metadata.py)."""
     from starlette.routing import Route
 
     from tether.server.mcp.contributed import contribute
-    from tether.server.mcp.front.lazy_gateway import LazyGateway
     from tether.server.mcp.front.resource_metadata import WELL_KNOWN, metadata_endpoint
+    from tether.server.mcp.lazy_gateway import LazyGateway
     from tether.server.mcp.tools.fanout_tool import fan_out_tool
 
     # the fleet's own fan-out, beside the agent's task tools

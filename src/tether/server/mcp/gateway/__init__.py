@@ -15,7 +15,7 @@ scope is missing, never a silent refusal.
 Clients of the handshake era (protocol 2025-xx, what today's desktop and IDE clients speak) are told
 `notifications/tools/list_changed` on their session's stream when a device they list registers, leaves or
 reports new tools (and resources/prompts `list_changed` when its external MCP servers came or went);
-clients of the 2026-07-28 era get the same through `subscriptions/listen` (catalog/watch.py, handlers/listen.py),
+clients of the 2026-07-28 era get the same through `subscriptions/listen` (handlers/watch.py, handlers/listen.py),
 and may follow their tasks there (`taskIds`). A client of the tasks extension gets device calls that ask or
 run long (handlers/tasks.py) and the agent's `run_task` (handlers/tool_tasks.py) as tasks.
 Each request is answered with one JSON body unless its call streams something first (front/transport.py).

@@ -15,8 +15,6 @@ from starlette.applications import Starlette
 
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.mcp.catalog.listing import FleetIndex, ScopedFilter
-from tether.server.mcp.catalog.watch import ListChangedWatch
 from tether.server.mcp.front.admission import Admitted, Refused, admit, deny
 from tether.server.mcp.front.transport import ReplyingSessionManager
 from tether.server.mcp.gateway.calls import GatewayCalls
@@ -28,6 +26,8 @@ from tether.server.mcp.handlers.listen import FleetListen
 from tether.server.mcp.handlers.resources import FleetResources
 from tether.server.mcp.handlers.task_routes import TaskRoutes
 from tether.server.mcp.handlers.tasks import EXTENSION
+from tether.server.mcp.handlers.watch import ListChangedWatch
+from tether.server.mcp.listing import FleetIndex, ScopedFilter
 from tether.server.mcp.tools.translate import plain_errors
 from tether.server.store import Store
 from tether.version import __version__

@@ -51,7 +51,7 @@ from mcp_types import (
 )
 from pydantic import BaseModel
 
-from tether.server.mcp.catalog.listing import DeviceFilter
+from tether.server.mcp.listing import DeviceFilter
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ devices only (its scope and the connection's `?devices=` filter), and with the t
 - a resource is `tether://DEVICE/SERVER/URI` (`translate.gateway_uri`; a template keeps its `{...}`
   expressions, so its expansion reads back), everything else about it as the server gave it, and
   `_meta` names its device and server;
-- a prompt is `DEVICE__SERVER__NAME` (device and server escaped as tool names are, catalog/listing.py).
+- a prompt is `DEVICE__SERVER__NAME` (device and server escaped as tool names are, listing.py).
 
 A device's external servers are the namespaces of its listed tools that are not a built-in tool set, so a
 server that offers no tool (only resources or prompts) is not found. Listing asks every such server of every
@@ -32,7 +32,7 @@ from mcp_types import INTERNAL_ERROR, INVALID_PARAMS
 from tether.protocol.models import ToolInfo
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.mcp.catalog.listing import SEPARATOR, DeviceFilter, DeviceTool, escape_name
+from tether.server.mcp.listing import SEPARATOR, DeviceFilter, DeviceTool, escape_name
 from tether.server.mcp.tools.tool_call import Caller, Reply, call_device_tool
 from tether.server.mcp.tools.translate import gateway_uri, parse_gateway_uri
 from tether.server.store.audit import AuditLog

@@ -28,7 +28,7 @@ import mcp_types as types
 
 from tether.protocol.models import ToolInfo
 from tether.server.aip.fleet.registry import DeviceRegistry
-from tether.server.mcp.catalog.listing import BadFilter, DeviceFilter, DeviceTool, FleetIndex
+from tether.server.mcp.listing import BadFilter, DeviceFilter, DeviceTool, FleetIndex
 from tether.server.mcp.tools.translate import client_safe_schema
 
 NAME = "find_tools"

@@ -9,8 +9,8 @@ from typing import Any
 import mcp_types as types
 
 from tether.protocol.models import ToolInfo
-from tether.server.mcp.catalog.listing import DeviceTool, tool_annotations
 from tether.server.mcp.contributed import GatewayTool
+from tether.server.mcp.listing import DeviceTool, tool_annotations
 from tether.server.mcp.tools.tool_call import Reply
 
 

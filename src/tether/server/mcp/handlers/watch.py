@@ -22,8 +22,8 @@ from mcp.server.context import CallNext, HandlerResult, ServerRequestContext
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
-from tether.server.mcp.catalog.listing import DeviceFilter, FleetIndex
 from tether.server.mcp.handlers.listen import FleetListen, ListsChanged
+from tether.server.mcp.listing import DeviceFilter, FleetIndex
 from tether.server.store import Store
 
 logger = logging.getLogger(__name__)
