@@ -146,7 +146,7 @@ def test_settings_from_the_config_file_and_env_precedence(tmp_path) -> None:
     ("llm:\n  base_url: u\n  model: m\n  colour: red\n", "colour"),
     ("llm:\n  base_url: u\n  model: m\n  api_key_env: UNSET_VAR_X\n", "UNSET_VAR_X"),
     ("- a list\n", "mapping"),
-    ("llm: [unclosed\n", "cannot read"),
+    ("llm: [unclosed\n", "is not valid YAML: line 2, column 1"),
 ])
 def test_broken_config_file_names_the_file_and_the_problem(tmp_path, text: str, needle: str) -> None:
     config = tmp_path / "config.yaml"

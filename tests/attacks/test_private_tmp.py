@@ -121,7 +121,7 @@ async def test_a_restarted_device_removes_ended_sessions_tmp(attacker_factory, h
     wrote = await py(attacker, session, f"open({TMP!r} + '/left', 'w').write('kept\\n')")
     assert wrote.status is ResultStatus.SUCCESS, text(wrote)
     private = attacker.device.context.sandbox.private_tmp  # type: ignore[union-attr]
-    own = f"{private.base}/{session_key(session)}"
+    base, own = private.base, f"{private.base}/{session_key(session)}"
     await attacker.device.aclose()
 
     again = await attacker_factory(allow_inline_code=True, private_tmp=True)  # a session not yet ended keeps its /tmp
@@ -129,7 +129,7 @@ async def test_a_restarted_device_removes_ended_sessions_tmp(attacker_factory, h
     assert stdout(kept) == "kept\n", text(kept)
     read = await _tool(again, session, "read_file", file_path=f"{TMP}/left")  # and its file tools map it still
     assert read.status is ResultStatus.SUCCESS and "kept" in text(read), text(read)
-    assert again.device.context.sandbox.private_tmp.base == private.base  # type: ignore[union-attr]
+    assert again.device.context.sandbox.private_tmp.base == base  # type: ignore[union-attr]
     await again.device.aclose()
 
     past = os.stat(own).st_mtime - private.idle_s - 1
@@ -267,24 +267,33 @@ async def test_a_tasks_tmp_is_its_own_and_goes_once_the_task_ends(
         assert (await server.api.post(f"/tasks/{second}/cancel")).status_code == 200
 
 
-def test_two_one_off_exec_calls_do_not_share_tmp_and_each_ends_with_its_call(home: Path, tmp_path: Path) -> None:  # noqa: F811
+def _local_exec(home: Path, tmp_path: Path, state: str = "state") -> tuple[Path, Any]:  # noqa: F811
+    """The CLI's device of the state directory `tmp_path/state`: its temp dir (a write root, given to each session
+    privately) and a function running one `tether exec --json` call on it. The user's layers directory is
+    `tmp_path/layers`, shared by every state directory of the test as the user's default one would be."""
     temp = tmp_path / "temp"  # the CLI's device: its temp dir, a write root, given to each session privately
-    temp.mkdir()
+    temp.mkdir(exist_ok=True)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("TETHER_", "OPENAI_"))
               or k in ("TETHER_ALLOW_ROOT", "TETHER_RUN_AS")},
-           "HOME": str(home), "TMPDIR": str(temp), "TETHER_STATE_DIR": str(tmp_path / "state"), "NO_COLOR": "1",
-           # layers of its own: the base's record lives there, and another test's device sharing this user's
-           # default layers directory would otherwise record its own base over this one's between the calls
+           "HOME": str(home), "TMPDIR": str(temp), "TETHER_STATE_DIR": str(tmp_path / state), "NO_COLOR": "1",
            "TETHER_SANDBOX_LAYERS": str(tmp_path / "layers")}
-
     policy = tmp_path / "policy.json"
-    policy.write_text(json.dumps({"private_tmp": True}))
+    policy.write_text(json.dumps({"private_tmp": True, "allow_inline_code": True}))
 
-    def tether(*args: str) -> Any:
-        out = subprocess.run([*CLI, "exec", "--json", "--policy", str(policy), *args], capture_output=True,
-                             text=True, env=env, timeout=120, stdin=subprocess.DEVNULL)
-        assert "Traceback" not in out.stderr, out.stderr
-        return json.loads(out.stdout)
+    def tether(*args: str, wait: bool = True) -> Any:
+        proc = subprocess.Popen([*CLI, "exec", "--json", "--policy", str(policy), *args], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=env, stdin=subprocess.DEVNULL)
+
+        def answer() -> Any:
+            out, err = proc.communicate(timeout=120)
+            assert "Traceback" not in err, err
+            return json.loads(out)
+        return answer() if wait else answer
+    return temp, tether
+
+
+def test_two_one_off_exec_calls_do_not_share_tmp_and_each_ends_with_its_call(home: Path, tmp_path: Path) -> None:  # noqa: F811
+    temp, tether = _local_exec(home, tmp_path)
 
     wrote = tether("write_file", f"file_path={temp}/note", "content=from the first call")
     assert wrote["status"] == "success", wrote
@@ -299,6 +308,35 @@ def test_two_one_off_exec_calls_do_not_share_tmp_and_each_ends_with_its_call(hom
     assert [p.name for p in base.iterdir()] == [session_key("mine")]
     again = tether("--session", "mine", "read_file", f"file_path={temp}/note")
     assert again["status"] == "success" and "kept" in json.dumps(again), (again, sorted(map(str, temp.rglob("*"))))
+
+
+def test_two_local_devices_of_one_user_each_keep_their_own_tmp(home: Path, tmp_path: Path) -> None:  # noqa: F811
+    """Two state directories of one user (one temp dir, one layers directory), called at once with the same session
+    name: each call's command writes in its /tmp; neither device's next call (its device run again) sees the
+    other's file, and each finds its own."""
+    temp, alpha = _local_exec(home, tmp_path, "state-alpha")
+    _, beta = _local_exec(home, tmp_path, "state-beta")
+
+    def write(tether: Any, text: str) -> Any:
+        code = f"open({str(temp)!r} + '/note', 'w').write({text!r})"
+        return tether("--session", "same", "shell.run", f"cmd={SYSTEM_PYTHON}", f"argv:={json.dumps(['-c', code])}",
+                      f"cwd={home}", wait=False)
+
+    def read(tether: Any) -> Any:
+        return tether("--session", "same", "shell.run", "cmd=cat", f"argv:={json.dumps([f'{temp}/note'])}",
+                      f"cwd={home}", wait=False)
+
+    wrote = [write(alpha, "alpha's"), write(beta, "beta's")]  # both devices at once
+    assert all(w()["status"] == "success" for w in wrote)
+    assert not (temp / "note").exists()
+    a, b = read(alpha), read(beta)  # each device again, at once: its session's /tmp found through its own record
+    seen_a, seen_b = a(), b()
+    assert seen_a["status"] == "success" and "alpha's" in json.dumps(seen_a) and "beta's" not in json.dumps(seen_a), \
+        seen_a
+    assert seen_b["status"] == "success" and "beta's" in json.dumps(seen_b) and "alpha's" not in json.dumps(seen_b), \
+        seen_b
+    assert len(list(temp.glob(".tether-tmp-*"))) == 2
+    assert not list((tmp_path / "layers").glob("*private-tmp-base*"))
 
 
 async def test_a_live_process_sees_no_sessions_tmp(attacker_factory, home: Path) -> None:  # noqa: F811

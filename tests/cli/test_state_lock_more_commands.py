@@ -95,3 +95,32 @@ def test_tools_and_a_dry_run_beside_a_running_device_are_refused(tmp_path: Path,
     ran = tether(["run", "--local", "--plan", str(plan), "--dry-run"], env)  # the device gone: it plans
     assert ran.returncode == 0, ran.stderr
     assert "plan (dry run, nothing ran)" in ran.stdout
+
+
+def test_sessions_only_reads_and_lists_beside_a_running_device(tmp_path: Path, env: dict[str, str]) -> None:
+    """`tether sessions` takes no lock: the journal is appended in whole lines, so a look beside a running device
+    is safe, and is what a person does before stopping it to undo."""
+    from tether.tools.journal import UndoJournal
+
+    state = tmp_path / "state"
+    (tmp_path / "notes.txt").write_text("original\n")
+    UndoJournal(state).record("s-1", "write", tmp_path / "notes.txt")
+    device = holder(state, "tether device")
+    try:
+        before = files(state)
+        ran = tether(["sessions", "--json"], env)
+        assert ran.returncode == 0, ran.stderr
+        assert [(row["session_id"], row["pending"]) for row in json.loads(ran.stdout)] == [("s-1", 1)]
+        assert files(state) == before
+    finally:
+        release(device)
+
+
+def test_a_state_directory_held_by_the_demo_is_said_to_be(tmp_path: Path, env: dict[str, str]) -> None:
+    state = tmp_path / "state"
+    demo = holder(state, "tether demo")  # what `tether demo --local` writes on its lock (cli/demo/tour.py)
+    try:
+        line = refused_line(tether(["tools"], env))
+        assert line.startswith(f"error: another tether demo (pid {demo.pid}) already uses the state directory"), line
+    finally:
+        release(demo)

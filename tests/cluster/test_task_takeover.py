@@ -79,6 +79,7 @@ async def test_a_killed_servers_task_is_taken_over_and_asked_about_never_rerun(k
     on_a = _events(kit, a, task_id)
     await _until(on_a, "step_started")
     await on_a.aclose()
+    await _until_audited(kit, task_id, 1)  # the command went to the device (its start saved before it was sent)
 
     # a second server starting beside the live one leaves its running task alone
     b = await kit.start_node("b")

@@ -77,12 +77,12 @@ def test_bases_are_removed_when_empty_and_unheld_and_never_otherwise(cluster: Cl
     (temp / f".tether-tmp-{uid}-link").symlink_to(victim)
     planted.add(f".tether-tmp-{uid}-link")
 
-    def layers(name: str) -> dict[str, str]:  # where each device records its base: its own, not the user's one
-        (tmp_path / f"layers-{name}").mkdir(mode=0o700, exist_ok=True)
-        return {"TETHER_SANDBOX_LAYERS": str(tmp_path / f"layers-{name}")}
+    # one layers directory for every device and exec of the user: each records its base in its own state directory
+    (tmp_path / "layers").mkdir(mode=0o700)
+    env["TETHER_SANDBOX_LAYERS"] = str(tmp_path / "layers")
 
     def device(name: str) -> Proc:
-        proc = cluster.device(name, extra=("--policy", str(policy)), env={**env, **layers(name)})
+        proc = cluster.device(name, extra=("--policy", str(policy)), env=env)
         cluster.wait_online(name, proc)
         return proc
 
@@ -112,7 +112,7 @@ def test_bases_are_removed_when_empty_and_unheld_and_never_otherwise(cluster: Cl
 
     # a one-off `tether exec` (a device of its own state directory) starts: B's base goes, A's stays; and its
     # own goes when it stops, its one session over
-    exec_env = {**cluster.env, **env, **layers("exec"), "TETHER_STATE_DIR": str(tmp_path / "exec-state")}
+    exec_env = {**cluster.env, **env, "TETHER_STATE_DIR": str(tmp_path / "exec-state")}
     ran = cluster.start(["exec", "--policy", str(policy), "shell.run", "cmd=echo", "argv:=[\"x\"]", f"cwd={home}"],
                         "exec", exec_env)
     assert ran.popen.wait(timeout=120) == 0, ran.output()
@@ -138,7 +138,8 @@ def test_bases_are_removed_when_empty_and_unheld_and_never_otherwise(cluster: Cl
     # A stops cleanly: its empty base goes with it (and its record: a restart makes a new one)
     assert alpha.stop() == 0
     assert bases(temp) == {f".tether-tmp-{uid}-recent", *planted}
-    assert not (tmp_path / "layers-alpha" / "private-tmp-base").exists()
+    assert not (cluster.state / "dev-alpha" / "private-tmp-base").exists()
+    assert not list((tmp_path / "layers").glob("*private-tmp-base*"))
     assert (victim / session_key("v") / "left.txt").exists()
     assert (temp / f".tether-tmp-{uid}-recent" / session_key("recent") / "left.txt").exists()
     if uid == 0:

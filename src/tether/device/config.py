@@ -232,17 +232,18 @@ def parse_device_config(raw: dict[str, Any] | None, source: str | None = None) -
     where = f" in {source}" if source else ""
     own = set(DeviceConfig.model_fields) - {"source", "disabled_servers"}
     if mcp_servers is not None and not own.intersection(raw) and not {"llm", "policy"} & set(raw):
-        ignored = sorted(raw)  # a desktop client's file, read as it is
+        ignored = sorted(raw, key=str)  # a desktop client's file, read as it is
         if ignored:
             # a warning, so the CLI's default level shows it: a setting someone expected to act is not read
-            logger.warning("device config%s: ignoring the desktop client's own settings %s", where, ignored)
+            logger.warning("device config%s: ignoring the desktop client's own settings %s", where,
+                           [yaml12.shown_key(key) for key in ignored])
         raw = {}
     raw.pop("llm", None)
     policy = raw.pop("policy", None)
-    unknown = sorted(set(raw) - own)
+    unknown = sorted(set(raw) - own, key=str)
     if unknown:
-        raise ValueError(f"config file{where}: unknown section(s) {', '.join(unknown)}; the sections are "
-                         f"{', '.join(SECTIONS)}")
+        raise ValueError(f"config file{where}: unknown section(s) {', '.join(map(yaml12.shown_key, unknown))}; "
+                         f"the sections are {', '.join(SECTIONS)}")
     if policy is not None:
         device = dict(raw.get("device") or {})
         if device.get("policy") is not None:
@@ -301,13 +302,16 @@ def load_device_config(path: str | os.PathLike[str] | None) -> DeviceConfig:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"cannot read device config {p}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"device config {p} is not UTF-8 text: {yaml12.where_and_why(exc)}") from None
     import yaml  # only with a config file: a device without one never loads it
 
     try:
         raw = json.loads(text) if p.suffix == ".json" else yaml12.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ValueError(f"device config {p} is not valid {'JSON' if p.suffix == '.json' else 'YAML'}: "
-                         f"{exc}") from exc
+    except json.JSONDecodeError as exc:  # its words name the line and column only
+        raise ValueError(f"device config {p} is not valid JSON: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ValueError(f"device config {p} is not valid YAML: {yaml12.where_and_why(exc)}") from None
     if raw is not None and not isinstance(raw, dict):
         raise ValueError(f"device config {p} must be a mapping at the top level")
     return parse_device_config(raw, str(p))

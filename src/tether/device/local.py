@@ -173,7 +173,7 @@ def hold_state_dir_if_any(directory: Path, holder: str) -> int | None:
 API_HOLDER = "tether API user"  # what the lock file names a process holding it through the Python API
 
 _HOLDERS = ("tether device", "tether run", "tether run --dry-run", "tether exec", "tether mcp serve",
-            "tether tools serve", "tether tools", "tether undo", API_HOLDER)
+            "tether tools serve", "tether tools", "tether undo", "tether demo", API_HOLDER)
 
 
 def _holder(fd: int) -> tuple[int | None, str, bool]:
@@ -269,7 +269,8 @@ async def open_local_device(config: DeviceConfig | str | os.PathLike[str] | None
                       policy_path: str | os.PathLike[str] | None = None,
                       state_dir: str | os.PathLike[str] | None = None, sandbox: bool = True,
                       serving: bool = False, mcp_hooks: MCPClientHooks | None = None,
-                      only_tool: str | None = None, lock_state_dir: bool = True) -> AsyncIterator[LocalDevice]:
+                      only_tool: str | None = None, lock_state_dir: bool = True,
+                      holder: str = API_HOLDER) -> AsyncIterator[LocalDevice]:
     """A started device (its default computer's servers open) that is closed on exit.
 
     `config`: a `DeviceConfig`, a config file, or None (the default one); `policy_path`: a policy file instead
@@ -277,13 +278,14 @@ async def open_local_device(config: DeviceConfig | str | os.PathLike[str] | None
     `sandbox`, `serving`, `mcp_hooks`, `only_tool`: as `build_device`'s.
 
     `lock_state_dir` (default): the state directory's lock (`hold_state_dir`) is taken before anything in it is
-    read, and held until the device is closed, so that no other tether process (a `tether device`, a local
-    `tether exec`, another API user) shares its undo journal, private /tmp base and sessions' totals. False: the
-    caller holds it already (as the `tether` commands do). Raises `StateDirBusy` (a `DeviceError`; its message
-    names the holder's kind and pid) when another process holds it, `DeviceError` when it cannot be taken, and
-    ValueError for a config, policy or sandbox it cannot use; nothing is left running or held then."""
+    read, and held until the device is closed, so that no other tether process (a `tether device`, a local `tether
+    exec`, another API user) shares its undo journal, private /tmp base and sessions' totals. False: the caller
+    holds it already (as the `tether` commands do). `holder`: what the lock names this process to another one it
+    refuses (tether's own entry points name themselves, e.g. "tether demo"). Raises `StateDirBusy` (a `DeviceError`;
+    its message names the holder's kind and pid) when another process holds it, `DeviceError` when it cannot be
+    taken, and ValueError for a config, policy or sandbox it cannot use; nothing is left running or held then."""
     cfg = config if isinstance(config, DeviceConfig) else load_device_config(config)
-    held = hold_state_dir_if_any(device_state_dir(cfg, state_dir), API_HOLDER) if lock_state_dir else None
+    held = hold_state_dir_if_any(device_state_dir(cfg, state_dir), holder) if lock_state_dir else None
     try:
         device = build_device(cfg, policy=resolve_policy(cfg, policy_path), state_dir=state_dir, sandbox=sandbox,
                               serving=serving, mcp_hooks=mcp_hooks, only_tool=only_tool, policy_path=policy_path)

@@ -3,9 +3,14 @@ and its file tools reach through /tmp paths (`PrivateTmp.map`: the one place tha
 
 The sessions' directories lie in one base directory inside the machine's temp directory
 (`<tmp>/.tether-tmp-<uid>-<random>`, mode 0700, made with `mkdtemp` so no other user can have made it
-first, owned by the sandbox's `run_as` user where there is one); its name is recorded in the layers
-directory so a restarted device finds it again. Inside, a session's directory is named by a hash of the
-session id (any string is a valid session id; a name is not).
+first, owned by the sandbox's `run_as` user where there is one); its name is recorded in the device's state
+directory (`private-tmp-base`), so a restarted device — or the next local `tether exec` of a named session —
+finds it again, and two devices of one user (each its own state directory) never share or overwrite each
+other's record or base. The record is read and written only through the state directory's descriptor, never
+through a link, and only when the directory and the record are this process's user's and nobody else may
+write them; it is only ever taken to name a base-shaped directory of this user right in the temp dir. With
+no state directory, nothing is recorded: each run makes its own base. Inside, a session's directory is named
+by a hash of the session id (any string is a valid session id; a name is not).
 
 A session's directory is removed when the session ends: the server tells the device with the `end_session`
 meta tool (a task that finished, failed or was cancelled; a one-off `tether exec` call) and `remove` runs.
@@ -16,11 +21,12 @@ leftovers of an earlier run are removed when the device starts (`sweep`), and ev
 directory is made.
 
 The base itself: a process that uses it holds a shared `flock` on it (taken before first use, checked to
-still be the directory at that name, kept until `close`), so a base nobody holds belongs to no living
-device. When a device stops cleanly (`close`) it removes its base if it is empty and no other process
-holds it. When a sandbox starts (`sweep_bases`), the bases of this user that no living process holds — left
-by a device that was killed, or one whose state directory was thrown away — lose their sessions' directories
-idle past `idle_s`, and go when that leaves them empty. Only real directories named
+still be the directory at that name and held by no other process, kept until `close`), so a base nobody
+holds belongs to no living device, and a living device's base is never taken by another. When a device
+stops cleanly (`close`) it removes its base if it is empty and no other process holds it. When a sandbox
+starts (`sweep_bases`), the bases of this user that no living process holds — left by a device that was
+killed, or one whose state directory was thrown away — lose their sessions' directories idle past `idle_s`,
+and go when that leaves them empty. Only real directories named
 `.tether-tmp-<uid>-…`, owned by the user bases are given to and of mode 0700, are touched, through file
 descriptors that never follow a link; nothing is ever adopted from the temp dir but through the record.
 
@@ -33,17 +39,14 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import logging
 import os
 import shutil
 import stat
 import tempfile
 import time
-from pathlib import Path
 
-logger = logging.getLogger(__name__)
+from tether.sandbox.tmp_record import TmpRecord
 
-RECORD = "private-tmp-base"  # in the layers directory: the base's path, for the next run
 PREFIX = ".tether-tmp-"  # a base's name in the temp dir: PREFIX, this process's uid, "-", random
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _MAKE_TRIES = 8  # a fresh base swept away by another device's start before it was held: make another
@@ -59,20 +62,21 @@ class PrivateTmp:
     """The sessions' private /tmp directories of one device's sandbox.
 
     `tmp`: the real temp directory the sandbox gives each session privately (a captured write root);
-    `layers_dir`: where the base's name is recorded; `owner`: (uid, gid) the directories are given to
+    `state_dir`: the device's state directory, where the base's name is recorded for its next run (None:
+    not recorded, each run makes its own base); `owner`: (uid, gid) the directories are given to
     (a root device's sandbox user), None for this process's user; `keep`: paths below `tmp` that stay
     the machine's own (the write roots and sockets the policy names there): neither mapped nor hidden;
     `captured`: those of `keep` that are captured write roots (a command sees them through the temp dir's
     overlay, so its writes there are captured as before).
     """
 
-    def __init__(self, tmp: str, layers_dir: str, *, owner: tuple[int, int] | None = None,
+    def __init__(self, tmp: str, state_dir: str | os.PathLike[str] | None, *, owner: tuple[int, int] | None = None,
                  keep: tuple[str, ...] = (), captured: tuple[str, ...] = (), idle_s: float = IDLE_S) -> None:
         self.tmp = os.path.realpath(tmp)
         self.keep = tuple(k.rstrip("/") for k in keep)
         self.captured = tuple(k.rstrip("/") for k in captured)
         self.idle_s = idle_s
-        self._record = Path(layers_dir) / RECORD
+        self._record = None if state_dir is None else TmpRecord(os.fspath(state_dir))
         self._owner = owner
         self._base: str | None = None
         self._held: int | None = None  # the base's fd, under this process's shared flock
@@ -100,18 +104,20 @@ class PrivateTmp:
         return self._base
 
     def _find(self) -> str | None:
-        try:
-            recorded = self._record.read_text(encoding="utf-8").strip()
-        except OSError:
+        record = self._record
+        recorded = None if record is None else record.read()
+        if record is None or recorded is None:
             return None
-        if os.path.dirname(recorded) != self.tmp or not os.path.basename(recorded).startswith(PREFIX):
+        if os.path.dirname(recorded) != self.tmp or os.path.normpath(recorded) != recorded \
+                or not os.path.basename(recorded).startswith(f"{PREFIX}{os.getuid()}-"):
+            record.warn(f"{record} does not name a private /tmp base of this device: a new one is made")
             return None
         try:
             st = os.lstat(recorded)
         except OSError:
             return None
         if not self._ours(st):
-            logger.warning("%s is not the device's own private /tmp base: a new one is made", recorded)
+            record.warn(f"{recorded} is not the device's own private /tmp base: a new one is made")
             return None
         return recorded
 
@@ -121,13 +127,18 @@ class PrivateTmp:
 
     def _hold(self, path: str) -> bool:
         """Take the shared flock on the base at `path` for this run: True once held and checked to still be
-        that directory, ours (a sweep that emptied and removed it first leaves nothing to hold: False)."""
+        that directory, ours, and held by no other process (a sweep that emptied and removed it first leaves
+        nothing to hold, another living device holds its own: False)."""
         try:
             fd = os.open(path, _DIR_FLAGS)
         except OSError:
             return False
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while another device's start removes it (sweep_bases)
+            # no other living process may hold it: a base is one device's (a record naming another's is not
+            # followed into it); then shared again, so that its holder's `close` sees a later holder too
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_SH)
             st, now = os.fstat(fd), os.lstat(path)
         except OSError:
             os.close(fd)
@@ -146,9 +157,8 @@ class PrivateTmp:
                 break
         else:
             raise OSError(errno.EAGAIN, f"a private /tmp base in {self.tmp} was removed as soon as it was made")
-        temp = self._record.with_name(f".{RECORD}.{os.getpid()}")
-        temp.write_text(base + "\n", encoding="utf-8")
-        os.replace(temp, self._record)
+        if self._record is not None:
+            self._record.write(base)
         return base
 
     def _own(self, path: str) -> None:
@@ -274,9 +284,8 @@ class PrivateTmp:
                 os.rmdir(base)  # only when empty: a session that outlives this run keeps it
             except OSError:
                 return False
-            with contextlib.suppress(OSError):
-                if self._record.read_text(encoding="utf-8").strip() == base:
-                    self._record.unlink()
+            if self._record is not None:
+                self._record.drop(base)
             return True
         finally:
             os.close(fd)

@@ -100,8 +100,10 @@ def resolve_llm_settings(path: str | os.PathLike[str] | None = None,
 
     try:
         data = yaml12.safe_load(file.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"cannot read config file {file}: {exc}") from None
+    except OSError as exc:
+        raise ValueError(f"cannot read config file {file}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ValueError(f"config file {file} is not valid YAML: {yaml12.where_and_why(exc)}") from None
     if not isinstance(data, dict):
         raise ValueError(f"config file {file} must be a mapping with an 'llm:' section")
     if data.get("llm") is None:

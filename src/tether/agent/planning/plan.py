@@ -139,6 +139,10 @@ def load_plan_file(path: str | Path) -> Plan:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise PlanError(f"{path}: cannot read the plan file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        from tether import yaml12
+
+        raise PlanError(f"{path}: not UTF-8 text: {yaml12.where_and_why(exc)}") from None
     if path.suffix.lower() == ".json":
         try:
             data = json.loads(text)
@@ -152,7 +156,7 @@ def load_plan_file(path: str | Path) -> Plan:
         try:
             data = yaml12.safe_load(text)
         except yaml.YAMLError as exc:
-            raise PlanError(f"{path}: not valid YAML: {exc}") from None
+            raise PlanError(f"{path}: not valid YAML: {yaml12.where_and_why(exc)}") from None
     return plan_from_data(data, str(path))
 
 

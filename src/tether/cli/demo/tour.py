@@ -92,7 +92,8 @@ async def run_demo(console: Console, state_dir: Path | None = None) -> int:
     if run_as:
         os.environ[RUN_AS_ENV] = run_as
     ok = True
-    async with open_local_device(config, state_dir=state, policy_path=demo_policy(work, state)) as device:
+    async with open_local_device(config, state_dir=state, policy_path=demo_policy(work, state),
+                                 holder="tether demo") as device:
         computer = await device.computer_manager.get_or_create(None)
         infos = computer.tool_infos()
         namespaces = sorted({i.namespace for i in infos})

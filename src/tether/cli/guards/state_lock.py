@@ -3,7 +3,9 @@ run` on this machine, `--dry-run` too, a local `tether exec`, `tether tools`, `t
 serve`, `tether tools serve`): the same lock `tether device` holds (`tether.device.local.hold_state_dir`), so that
 no two processes share one undo journal, one private /tmp base and one set of sessions' totals. A second one is
 refused in one line naming the first (exit code 2, through `SystemExit`: neither typer nor click is imported
-here, for `tether exec`'s fast path)."""
+here, for `tether exec`'s fast path). The commands that only read there (`tether sessions`, `tether tasks` and
+`tether log` on this machine) take no lock: what they read is appended in whole lines or kept in SQLite, and
+they write nothing."""
 
 from __future__ import annotations
 

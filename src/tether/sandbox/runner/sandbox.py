@@ -106,7 +106,7 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         self._apply_seq = 0
         self._forgotten = 0  # the newest apply dropped from the log
         # each session's own /tmp, where the temp dir is a captured root (tether.sandbox.private_tmp)
-        self.private_tmp = private_tmp_of(spec, tmp_idle_s)
+        self.private_tmp = private_tmp_of(spec, tmp_idle_s, state_dir)
         self._tmp_sweep: asyncio.Future[list[str]] | None = None  # the last sweep of ended sessions' /tmp
 
     @property
@@ -282,9 +282,11 @@ class Sandbox(WardenClient, LayerBook, Requests, EgressSide):
         self._pool.shutdown(wait=False)
 
 
-def private_tmp_of(spec: SandboxSpec, idle_s: float) -> PrivateTmp | None:
+def private_tmp_of(spec: SandboxSpec, idle_s: float,
+                   state_dir: str | os.PathLike[str] | None = None) -> PrivateTmp | None:
     """The sessions' private /tmp directories of a sandbox whose spec asks for them (`private_tmp`) and whose
-    captured write roots include the temp dir; None otherwise (/tmp is then one captured root of every session,
+    captured write roots include the temp dir, their base recorded in the device's `state_dir` (None: not
+    recorded, each run makes its own); None otherwise (/tmp is then one captured root of every session,
     read-only, or a live root). The live roots, captured write roots and sockets the policy names below the
     temp dir stay the machine's own (the captured ones still captured, through the temp dir's overlay)."""
     tmp = os.path.realpath(tempfile.gettempdir())
@@ -293,5 +295,5 @@ def private_tmp_of(spec: SandboxSpec, idle_s: float) -> PrivateTmp | None:
     below = [p for p in (*spec.live_write_roots, *spec.allow_sockets) if p.startswith(tmp + "/")]
     captured = [p for p in spec.tmp_roots if p.startswith(tmp + "/")]
     owner = None if spec.run_as is None else (spec.run_as.uid, spec.run_as.gid)
-    return PrivateTmp(tmp, spec.layers_dir, owner=owner, keep=(*below, *captured), captured=tuple(captured),
+    return PrivateTmp(tmp, state_dir, owner=owner, keep=(*below, *captured), captured=tuple(captured),
                       idle_s=idle_s)

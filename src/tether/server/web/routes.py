@@ -132,7 +132,7 @@ async def parse_plan(body: PlanText, _: Annotated[TokenInfo, Depends(require("re
     try:
         data = yaml12.safe_load(body.text)
     except yaml.YAMLError as exc:
-        raise HTTPException(400, f"the plan is neither YAML nor JSON: {str(exc).splitlines()[0]}") from None
+        raise HTTPException(400, f"the plan is neither YAML nor JSON: {yaml12.where_and_why(exc)}") from None
     steps = data.get("steps") if isinstance(data, dict) else data
     if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
         raise HTTPException(400, "a plan is a list of steps (each {skill, args}) or {steps: [...]}")

@@ -53,6 +53,7 @@ from tether.tools.files.guards import (
 )
 from tether.tools.policy.hidden import HiddenSet, check_hidden, check_hidden_inode
 from tether.tools.policy.jail import open_in, parent_in, real, real_all, resolve_path, within
+from tether.tools.policy.left_programs import program_place
 from tether.tools.runtime import ToolSet, tool
 
 
@@ -258,7 +259,8 @@ async def write_file(ctx: ToolContext, file_path: str, content: str,
         with open(fd, "wb") as fh:
             fh.write(data)
         return {"path": str(path), "bytes_written": len(data), "mode": mode, "created": st is None,
-                "journaled": journaled, **(diffs.overwrite_diff(ctx, path, old, data) if old is not None else {})}
+                "journaled": journaled, **(diffs.overwrite_diff(ctx, path, old, data) if old is not None else {}),
+                **({"left_programs": [str(path)]} if program_place(str(path)) else {})}
 
     return await _apply(apply, f"writing {file_path}")
 
@@ -353,7 +355,8 @@ async def move_file(ctx: ToolContext, source: str, destination: str, overwrite: 
         journaled = _journal(ctx, "move", src, dst) and journaled
         _move(ctx, src, dst)  # a rename replaces a symlink at dst; it never writes through it
         return {"source": str(src), "destination": str(dst), "replaced": dst_st is not None,
-                "type": _kind(src_st.st_mode), "journaled": journaled}
+                "type": _kind(src_st.st_mode), "journaled": journaled,
+                **({"left_programs": [str(dst)]} if program_place(str(dst)) else {})}
 
     return await _apply(apply, f"moving {source} to {destination}")
 

@@ -29,6 +29,7 @@ from tether.tools.files.tool import _missing_parents, _resolve
 from tether.tools.files.transfer_send import sha256_fd
 from tether.tools.policy.hidden import check_hidden, check_hidden_inode
 from tether.tools.policy.jail import lstat_in, open_at, parent_in, real
+from tether.tools.policy.left_programs import program_place
 from tether.tools.policy.path_rules import require_person
 from tether.tools.runtime import tool
 
@@ -265,7 +266,8 @@ async def transfer_commit(ctx: ToolContext, transfer_id: str, root: str, path: s
     """Make one received entry visible: a file once its partial holds `size` bytes whose sha256 is `sha256`
     (a mismatch removes the partial and fails with `checksum_mismatch`), renamed over its name after the
     name's present content is journaled; a symlink to the relative `target`. Returns `{"path", "bytes",
-    "sha256", "journaled"}`.
+    "sha256", "journaled"}`, and `left_programs` naming it when it lies in a project's venv `bin/` or
+    `node_modules/.bin` (`tether.tools.policy.left_programs`).
     """
     _check_id(transfer_id)
     entry = _check_entry({"path": path, "type": type, "size": size, "sha256": sha256, "target": target},
@@ -312,4 +314,6 @@ async def transfer_commit(ctx: ToolContext, transfer_id: str, root: str, path: s
         finally:
             os.close(dir_fd)
 
-    return await _apply(apply, f"committing {path or root}")
+    done = await _apply(apply, f"committing {path or root}")  # a program left in a project's venv or node_modules
+    return {**done, "left_programs": [done["path"]]} if not done.get("already") and program_place(done["path"]) \
+        else done

@@ -222,7 +222,8 @@ class Policy(BaseModel):
                 return NetworkRules.model_validate(value)
             except ValidationError as exc:
                 raise ValueError("; ".join(_explain(err) for err in exc.errors(include_url=False))) from None
-        raise ValueError(f"{value!r}: network is on, off, or {{allow: [hosts], deny: [hosts], ask: off|on-miss}}")
+        raise ValueError(f"network is on, off, or {{allow: [hosts], deny: [hosts], ask: off|on-miss}}, not "
+                         f"{_shown_value(value)}")
 
     @field_validator("unprotect_paths")
     @classmethod
@@ -308,7 +309,7 @@ def policy_from_mapping(data: Mapping[str, Any] | None, *, where: str = "policy"
     settings = dict(data)
     replace = settings.pop("replace_commands", False)
     if not isinstance(replace, bool):
-        raise ValueError(f"{where}: 'replace_commands' must be true or false, not {replace!r}")
+        raise ValueError(f"{where}: 'replace_commands' must be true or false, not {type(replace).__name__}")
     commands = settings.pop("commands", None) or {}
     if not isinstance(commands, Mapping):
         raise ValueError(f"{where}: 'commands' must map program names to rules, not {type(commands).__name__}")
@@ -324,8 +325,15 @@ def policy_from_mapping(data: Mapping[str, Any] | None, *, where: str = "policy"
         raise ValueError(f"{where}: " + "; ".join(_explain(err) for err in exc.errors(include_url=False))) from None
 
 
+def _shown_value(value: object) -> str:
+    """A value from a policy file as an error shows it: a short word as it is, else only its type."""
+    if isinstance(value, str) and value.strip().lower() in ("yes", "no", "y", "n", "1", "0", "enabled", "disabled"):
+        return repr(value)
+    return "a number" if isinstance(value, int | float) else f"a {type(value).__name__}"
+
+
 def _explain(err: Any) -> str:
-    loc = ".".join(str(p) for p in err["loc"]) or "(policy)"
+    loc = ".".join(yaml12.shown_key(p) for p in err["loc"]) or "(policy)"
     if err["type"] == "extra_forbidden":
         return f"unknown key '{loc}'"
     return f"'{loc}': {err['msg'].removeprefix('Value error, ')}"
@@ -340,12 +348,14 @@ def load_policy(path: str | os.PathLike[str] | None) -> Policy:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise ValueError(f"{file}: cannot read policy file: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{file}: not valid YAML: {yaml12.where_and_why(exc)}") from None
     import yaml  # only with a policy file: a device or `tether exec` with the defaults never loads it
 
     try:
         data = yaml12.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ValueError(f"{file}: not valid YAML: {exc}") from None
+        raise ValueError(f"{file}: not valid YAML: {yaml12.where_and_why(exc)}") from None
     return policy_from_mapping(data, where=str(file))
 
 

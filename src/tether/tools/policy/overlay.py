@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tether import yaml12
 from tether.sandbox.egress.rules import meet
 from tether.tools.policy.model import NetworkRules, Policy, default_policy, policy_from_mapping
 
@@ -31,9 +32,9 @@ def check_overlay(overlay: Mapping[str, Any]) -> dict[str, Any]:
     refused = sorted(DEVICE_ONLY & set(overlay))
     if refused:
         raise ValueError(f"{', '.join(refused)} can only be set in the device's own policy file")
-    unknown = sorted(set(overlay) - set(Policy.model_fields))
+    unknown = sorted(set(overlay) - set(Policy.model_fields), key=str)
     if unknown:
-        raise ValueError(f"unknown policy setting(s): {', '.join(unknown)}")
+        raise ValueError(f"unknown policy setting(s): {', '.join(map(yaml12.shown_key, unknown))}")
     commands = overlay.get("commands") or {}
     if not isinstance(commands, Mapping):
         raise ValueError("'commands' must map program names to rules (null removes one)")

@@ -46,6 +46,7 @@ from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy import approval
 from tether.tools.policy.jail import resolve_path
+from tether.tools.policy.left_programs import left_programs
 from tether.tools.shell.change_rules import MAX_LISTED, guard_hidden, guard_journal, listed_changes, needed_rules
 from tether.tools.shell.links import refusal
 
@@ -135,9 +136,12 @@ def _diffs(ctx: ToolContext, changes: list[Change]) -> dict[int, dict[str, Any]]
     return layer_diffs(changes[:MAX_LISTED], readable)
 
 
-async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) -> list[dict[str, Any]]:
+async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change],
+                        body: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Journal and apply on the worker pool; the layer is removed whatever happens. A conflict with
-    another session's change applies nothing and names the paths. Errors are tool errors, never half-said."""
+    another session's change applies nothing and names the paths. Errors are tool errors, never half-said.
+    Once applied, the programs left in a project's program directories are named in `body["left_programs"]`
+    (`tether.tools.policy.left_programs`)."""
     sandbox = ctx.sandbox
     assert sandbox is not None
     limits = getattr(ctx.policy, "limits", None)
@@ -183,6 +187,8 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change]) ->
         raise
     sandbox.note_applied(*touched)
     sandbox.release(layer)
+    if body is not None and (left := left_programs((c.path, c.kind) for c in changes)):
+        body["left_programs"] = [shown(p) for p in left[:MAX_LISTED]]
     return listed_changes(changes, diffs)
 
 
@@ -259,7 +265,7 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
             raise ToolError(f"holding the command's changes failed ({_said(exc)}); nothing was applied",
                             {**body, "changes": listed_changes(changes), "applied": False}) from None
         raise question
-    return await apply_changes(ctx, layer, changes)
+    return await apply_changes(ctx, layer, changes, body)
 
 
 def _hold(ctx: ToolContext, key: str, held: Held, what: str, needs: list[tuple[Change, str]]) -> NeedsApproval:

@@ -272,7 +272,7 @@ async def _execute(ctx: ToolContext, cmd: str, args: list[str], *, cwd: str | No
     held = await shell_capture.take_held(ctx, key) if capture and not preview else None
     if held is not None:  # approved: apply what the command did when it ran, without running it again
         body = dict(held.payload)
-        body["changes"] = await shell_capture.apply_changes(ctx, held.layer, held.changes)
+        body["changes"] = await shell_capture.apply_changes(ctx, held.layer, held.changes, body)
         body["applied_after_approval"] = True
         code = body.get("exitCode", body.get("exit_code"))
         if code is not None and code != 0:

@@ -86,7 +86,7 @@ def set_(device: NameOpt, file: Annotated[Path, typer.Option("--file", "-f", hel
     try:
         data = yaml12.safe_load(text) or {}
     except yaml.YAMLError as exc:
-        fail(f"{file}: not valid YAML: {exc}")
+        fail(f"{file}: not valid YAML: {yaml12.where_and_why(exc)}")
     if not isinstance(data, dict):
         fail(f"{file}: a policy is a mapping of settings, not {type(data).__name__}")
     report = _remote(server, token, ca_file, lambda r: r.set_policy(device, data, replace=replace))

@@ -35,8 +35,10 @@ def _config_data(config: Path | None) -> tuple[Path, dict[str, object]]:
 
     try:
         data = yaml12.safe_load(file.read_text(encoding="utf-8")) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        fail(f"cannot read config file {file}: {exc}")
+    except OSError as exc:
+        fail(f"cannot read config file {file}: {exc.strerror or exc}")
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        fail(f"config file {file} is not valid YAML: {yaml12.where_and_why(exc)}")
     return file, data if isinstance(data, dict) else {}
 
 

@@ -131,6 +131,9 @@ def _session_named(journal: UndoJournal, given: str, state_dir: Path | None) -> 
 @app.command()
 def sessions(state_dir: StateOpt = None, as_json: JsonOpt = False, output: OutputOpt = None) -> None:
     """List the sessions that have journaled file changes (what `undo` can put back)."""
+    # No state-directory lock, like the other local readers (`tether tasks`, `tether log`): it reads each
+    # session's index, which is only ever appended to in whole lines (`UndoJournal._append`; a torn line is
+    # skipped) and never rewritten, and changes nothing; the lock would only refuse a look beside a running device.
     from tether.cli.views.table import KEY, Column, print_table
     from tether.tools.context import default_state_dir
     from tether.tools.journal import UndoJournal

@@ -338,8 +338,10 @@ def edit(task_id: TaskArg,
 
     try:
         body = yaml12.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        fail(f"cannot read the edit {file}: {exc}")
+    except OSError as exc:
+        fail(f"cannot read the edit {file}: {exc.strerror or exc}")
+    except (UnicodeDecodeError, yaml.YAMLError) as exc:
+        fail(f"the edit {file} is not valid YAML or JSON: {yaml12.where_and_why(exc)}")
     if not isinstance(body, dict):
         fail(f"{file}: the edit must be a mapping with add, remove and/or add_needs")
     try:
