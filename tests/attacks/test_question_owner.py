@@ -25,6 +25,7 @@ import pytest
 
 from tests.kits.gateway import mcp_client
 from tests.kits.netutil import Cluster
+from tests.kits.sse import async_sse_events, sse_events
 
 CONSENTING = str(Path(__file__).parent.parent / "servers" / "consenting.py")
 
@@ -65,12 +66,7 @@ class People:
         headers = {**self.tokens[who], "Accept": "text/event-stream"}
         with self.http.stream("POST", "/api/v1/devices/alpha/commands", json=body, headers=headers) as response:
             assert response.status_code == 200, response.read()
-            name = ""
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    name = line.removeprefix("event: ")
-                elif line.startswith("data: "):
-                    yield name, json.loads(line.removeprefix("data: "))
+            yield from sse_events(response.iter_lines())
 
     def answer(self, who: str, question: str, action: str, content: dict[str, Any] | None) -> httpx.Response:
         return self.http.post(f"/api/v1/devices/alpha/questions/{question}",
@@ -253,22 +249,18 @@ async def test_over_a_cluster_the_node_holding_the_batch_decides(tmp_path: Path)
                 body = {"commands": [{"tool_name": "pick_colour", "parameters": {"question": "Which colour?"}}],
                         "timeout": 60}
                 headers = {"Authorization": f"Bearer {secrets['alice']}", "Accept": "text/event-stream"}
-                kind, result = "", None
+                result = None
                 async with httpx.AsyncClient(base_url=f"{n1.url}/api/v1", timeout=httpx.Timeout(90)) as http, \
                         http.stream("POST", "/devices/alpha/commands", json=body, headers=headers) as response:
                     assert response.status_code == 200, await response.aread()
-                    async for line in response.aiter_lines():
-                        if line.startswith("event: "):
-                            kind = line.removeprefix("event: ")
-                        elif line.startswith("data: ") and kind == "event":
-                            event = json.loads(line.removeprefix("data: "))
-                            if event["kind"] == "elicitation":
-                                assert event["data"]["asker"] == "alice", event
-                                for who, node, colour, status in attempts:
-                                    tried = await answer(who, node, event["data"]["id"], colour)
-                                    assert tried.status_code == status, (who, node.name, tried.text)
-                        elif line.startswith("data: ") and kind == "results":
-                            [result] = json.loads(line.removeprefix("data: "))["results"]
+                    async for kind, event in async_sse_events(response.aiter_lines()):
+                        if kind == "event" and event["kind"] == "elicitation":
+                            assert event["data"]["asker"] == "alice", event
+                            for who, node, colour, status in attempts:
+                                tried = await answer(who, node, event["data"]["id"], colour)
+                                assert tried.status_code == status, (who, node.name, tried.text)
+                        elif kind == "results":
+                            [result] = event["results"]
                             break
                 assert result is not None
                 return result
