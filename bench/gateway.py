@@ -9,7 +9,7 @@ Rows, all in one run with their rounds interleaved (ROUNDS rounds of N/ROUNDS se
 - REST: `POST /api/v1/devices/bench/commands` (httpx, one keep-alive connection);
 - gateway: the official SDK `ClientSession.call_tool("bench__noop")` on one MCP session (2025 handshake,
   streamable HTTP), through the real server app's `/mcp` (answered with one JSON body, as a call that
-  streams nothing is: server/mcp/transport.py);
+  streams nothing is: server/mcp/front/transport.py);
 - gateway 2025 raw: the same device call on a 2025 session (initialize once, then each call a POST with its
   `Mcp-Session-Id`), sent with the REST row's httpx client: the session path like-for-like with REST;
 - gateway 2026: the same device call as a stateless MCP 2026-07-28 request (one POST with its version,

@@ -82,7 +82,7 @@ async def bare_worker() -> None:
 
 async def tether_worker() -> None:
     from tether.device.client import DeviceClient
-    from tether.device.computer_manager import ComputerManager
+    from tether.device.computer.manager import ComputerManager
     from tether.device.config import parse_device_config
     from tether.device.mcp.client.manager import MCPServerManager
     from tether.protocol.models import Command, ResultStatus
@@ -117,7 +117,7 @@ async def rest_worker() -> None:
 
     from bench.roundtrip import start_server, stop_server
     from tether.device.client import DeviceClient
-    from tether.device.computer_manager import ComputerManager
+    from tether.device.computer.manager import ComputerManager
     from tether.device.config import parse_device_config
     from tether.device.link.connection import DeviceConnection
     from tether.device.mcp.client.manager import MCPServerManager

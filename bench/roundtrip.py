@@ -44,7 +44,7 @@ from websockets.asyncio.server import ServerConnection, serve
 
 from bench._stats import summary
 from tether.device.client import DeviceClient
-from tether.device.computer_manager import ComputerManager
+from tether.device.computer.manager import ComputerManager
 from tether.device.config import DeviceConfig, parse_device_config
 from tether.device.link.connection import TRANSPORT_MAX_BYTES, DeviceConnection
 from tether.device.local import LocalDevice, resolve_policy

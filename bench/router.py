@@ -13,7 +13,7 @@ import time
 
 from bench._stats import summary
 from tether.device.client import DeviceClient
-from tether.device.computer_manager import ComputerManager
+from tether.device.computer.manager import ComputerManager
 from tether.device.config import parse_device_config
 from tether.device.mcp.client.manager import MCPServerManager
 from tether.protocol.models import Command, ResultStatus

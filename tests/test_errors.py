@@ -5,6 +5,7 @@ parent, so a new error cannot be added outside it and the top cannot change by a
 from __future__ import annotations
 
 import ast
+import builtins
 import importlib
 import inspect
 from pathlib import Path
@@ -82,6 +83,21 @@ def test_every_error_derives_from_tether_error_and_its_area(cls: type[BaseExcept
     area = cls.__module__.split(".")[1]
     assert area in AREAS, f"{cls.__module__} is in no area: add its package to AREAS and tether.errors"
     assert issubclass(cls, AREAS[area]), f"{cls.__qualname__} should derive from {AREAS[area].__name__}"
+
+
+def test_no_error_class_is_out_of_the_walks_sight() -> None:
+    """The walk sees classes at a module's top level; one defined inside a function or a class (on a base the
+    walk knows: a builtin exception or one of tether's) would escape it, so there is none."""
+    known = {cls.__name__ for cls in ERRORS} | {name for name, value in vars(builtins).items()
+                                               if isinstance(value, type) and issubclass(value, BaseException)}
+    hidden = []
+    for path in sorted(ROOT.rglob("*.py")):
+        scopes = [node for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+                  if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)]
+        hidden += [f"{path.relative_to(ROOT)}: {node.name}" for scope in scopes for node in ast.walk(scope)
+                   if node is not scope and isinstance(node, ast.ClassDef)
+                   and any(ast.unparse(base).rsplit(".", 1)[-1] in known for base in node.bases)]
+    assert not hidden, hidden
 
 
 def test_the_top_of_the_tree() -> None:

@@ -1,14 +1,21 @@
-"""The public API of `import tether`: exactly these names, each resolving, loaded lazily."""
+"""The public API of `import tether` and `tether.client`: exactly these names, each resolving, loaded lazily, and
+what a type checker reads (the `TYPE_CHECKING` imports) the same objects as what a program gets."""
 
 from __future__ import annotations
 
-import importlib.util
+import ast
+import importlib
 import inspect
 import json
 import subprocess
 import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 import tether
+import tether.client
 
 EXPECTED = {
     "AsyncClient", "Client",                                          # tether.client
@@ -20,27 +27,50 @@ EXPECTED = {
     "AgentError", "ClientError", "ConfigError", "DeviceError", "ProtocolError", "SandboxError", "ServerError",
     "TetherError", "ToolAreaError",                                   # tether.errors
 }
-# provided by tether.device.serve, which lands with the device helper's branch: checked once it exists
-DEVICE_SERVE = {"open_device", "serve_device"}
+CLIENT = {
+    "AsyncClient", "Client",                                          # tether.client.aio, .sync
+    "ClientError", "ConnectError", "HTTPStatusError", "IncompleteStream", "RequestTimeout",
+    "TransportError",                                                 # tether.client.errors
+    "AuditPage", "BatchResults", "Device", "DeviceDetail", "FanOutOutcome", "FanOutReport", "FanOutSummary",
+    "TaskEnd", "TaskSummary",                                         # tether.client.responses
+}
+FACADES = [(tether, EXPECTED), (tether.client, CLIENT)]
 
 
-def _present(name: str) -> bool:
-    return name not in DEVICE_SERVE or importlib.util.find_spec("tether.device.serve") is not None
+def _checked_imports(facade: ModuleType) -> dict[str, str]:
+    """Each name the facade imports under `if TYPE_CHECKING:` (what mypy reads), with its module."""
+    tree = ast.parse(Path(str(facade.__file__)).read_text(encoding="utf-8"))
+    [block] = [node for node in tree.body if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING"]
+    return {alias.asname or alias.name: str(node.module) for node in block.body if isinstance(node, ast.ImportFrom)
+            for alias in node.names}
 
 
-def test_all_is_exactly_the_public_names() -> None:
-    assert set(tether.__all__) == EXPECTED
-    assert len(tether.__all__) == len(EXPECTED), "a name is listed twice"
+@pytest.mark.parametrize(("facade", "expected"), FACADES, ids=["tether", "tether.client"])
+def test_all_is_exactly_the_public_names(facade: ModuleType, expected: set[str]) -> None:
+    assert set(facade.__all__) == expected
+    assert list(facade.__all__) == sorted(expected), "__all__ is listed once each, sorted"
 
 
-def test_each_name_resolves_and_is_documented() -> None:
-    for name in tether.__all__:
-        if not _present(name):
-            continue
-        value = getattr(tether, name)
+@pytest.mark.parametrize(("facade", "expected"), FACADES, ids=["tether", "tether.client"])
+def test_the_lazy_names_the_checked_names_and_all_agree(facade: ModuleType, expected: set[str]) -> None:
+    """A name loaded lazily but missing from `__all__` (or from the `TYPE_CHECKING` imports) would be public to a
+    program and not to a reader or a type checker, or the other way round; each name is the very object of the
+    module the type checker is told it comes from."""
+    lazy = set(dir(facade)) - set(vars(facade))
+    assert lazy == expected
+    checked = _checked_imports(facade)
+    assert set(checked) == expected
+    for name, module in checked.items():
+        assert getattr(facade, name) is getattr(importlib.import_module(module), name), name
+
+
+@pytest.mark.parametrize(("facade", "expected"), FACADES, ids=["tether", "tether.client"])
+def test_each_name_resolves_and_is_documented(facade: ModuleType, expected: set[str]) -> None:
+    for name in facade.__all__:
+        value = getattr(facade, name)
         assert value is not None, name
         if inspect.isclass(value) or inspect.isfunction(value):
-            assert inspect.getdoc(value), f"tether.{name} has no docstring"
+            assert inspect.getdoc(value), f"{facade.__name__}.{name} has no docstring"
 
 
 def test_error_tree() -> None:

@@ -22,6 +22,7 @@ import pytest
 
 from tests.kits import db as dbkit
 from tests.kits.netutil import Cluster
+from tests.kits.sse import sse_events
 from tests.kits.upstream import start_upstream
 
 BODY = b"hello from the unlisted host\n"
@@ -67,15 +68,11 @@ class Egress:
             "timeoutMs": timeout_ms}}], "timeout": 120}
         questions: list[dict[str, Any]] = []
         result: dict[str, Any] = {}
-        kind = ""
         with self.http.stream("POST", "/devices/alpha/commands", json=body,
                               headers={**self.auth("robot"), "Accept": "text/event-stream"}) as response:
             assert response.status_code == 200, response.read()
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    kind = line.removeprefix("event: ")
-                elif line.startswith("data: ") and kind == "event":
-                    event = json.loads(line.removeprefix("data: "))
+            for kind, event in sse_events(response.iter_lines()):
+                if kind == "event":
                     if event["kind"] != "elicitation":
                         continue
                     questions.append(event["data"])
@@ -90,8 +87,8 @@ class Egress:
                         assert tried.status_code == status, (who, tried.status_code, tried.text)
                         if status >= 400:
                             assert set(tried.json()) == {"error"}, tried.text
-                elif line.startswith("data: ") and kind == "results":
-                    [result] = json.loads(line.removeprefix("data: "))["results"]
+                elif kind == "results":
+                    [result] = event["results"]
                     break
         return questions, result
 

@@ -445,7 +445,7 @@ async def test_modern_clients_cannot_forge_or_replay_request_state(tmp_path: Pat
 
 
 def _later(held: Result) -> Any:
-    from tether.server.mcp.tool_call import AskLater
+    from tether.server.mcp.tools.tool_call import AskLater
 
     later = AskLater("approve?", {"type": "object"})
     later.held = held
@@ -528,7 +528,7 @@ async def test_a_client_that_never_reads_progress_holds_a_bounded_amount(tmp_pat
     """A command printing megabytes to a client that never reads its progress: the server keeps at most
     MAX_EVENTS events for it, each cut to what a notification carries, instead of every chunk whole."""
     from tether.protocol.messages import Event
-    from tether.server.mcp import tool_call
+    from tether.server.mcp.tools import tool_call
 
     server = await GatewayServer(tmp_path).start()
     stuck = asyncio.Event()

@@ -25,6 +25,7 @@ import pytest
 
 from tests.kits.gateway import mcp_client
 from tests.kits.netutil import Cluster
+from tests.kits.sse import async_sse_events, sse_events
 
 CONSENTING = str(Path(__file__).parent.parent / "servers" / "consenting.py")
 
@@ -65,12 +66,7 @@ class People:
         headers = {**self.tokens[who], "Accept": "text/event-stream"}
         with self.http.stream("POST", "/api/v1/devices/alpha/commands", json=body, headers=headers) as response:
             assert response.status_code == 200, response.read()
-            name = ""
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    name = line.removeprefix("event: ")
-                elif line.startswith("data: "):
-                    yield name, json.loads(line.removeprefix("data: "))
+            yield from sse_events(response.iter_lines())
 
     def answer(self, who: str, question: str, action: str, content: dict[str, Any] | None) -> httpx.Response:
         return self.http.post(f"/api/v1/devices/alpha/questions/{question}",
@@ -253,22 +249,18 @@ async def test_over_a_cluster_the_node_holding_the_batch_decides(tmp_path: Path)
                 body = {"commands": [{"tool_name": "pick_colour", "parameters": {"question": "Which colour?"}}],
                         "timeout": 60}
                 headers = {"Authorization": f"Bearer {secrets['alice']}", "Accept": "text/event-stream"}
-                kind, result = "", None
+                result = None
                 async with httpx.AsyncClient(base_url=f"{n1.url}/api/v1", timeout=httpx.Timeout(90)) as http, \
                         http.stream("POST", "/devices/alpha/commands", json=body, headers=headers) as response:
                     assert response.status_code == 200, await response.aread()
-                    async for line in response.aiter_lines():
-                        if line.startswith("event: "):
-                            kind = line.removeprefix("event: ")
-                        elif line.startswith("data: ") and kind == "event":
-                            event = json.loads(line.removeprefix("data: "))
-                            if event["kind"] == "elicitation":
-                                assert event["data"]["asker"] == "alice", event
-                                for who, node, colour, status in attempts:
-                                    tried = await answer(who, node, event["data"]["id"], colour)
-                                    assert tried.status_code == status, (who, node.name, tried.text)
-                        elif line.startswith("data: ") and kind == "results":
-                            [result] = json.loads(line.removeprefix("data: "))["results"]
+                    async for kind, event in async_sse_events(response.aiter_lines()):
+                        if kind == "event" and event["kind"] == "elicitation":
+                            assert event["data"]["asker"] == "alice", event
+                            for who, node, colour, status in attempts:
+                                tried = await answer(who, node, event["data"]["id"], colour)
+                                assert tried.status_code == status, (who, node.name, tried.text)
+                        elif kind == "results":
+                            [result] = event["results"]
                             break
                 assert result is not None
                 return result
@@ -322,3 +314,31 @@ def test_the_inbox_shows_a_question_to_whom_may_answer_it_and_the_cli_answers(pe
                 break
         assert result is not None and want in json.dumps(result["result"]), result
         assert inbox(answerer) == []
+
+
+def test_approve_never_makes_a_choice_the_person_did_not(people: People) -> None:
+    """`tether approvals approve` on a question that asks to choose (no yes among its choices, the worse one
+    first, as the MCP server ordered them) sends nothing and says to answer it; the person's own choice goes."""
+    import subprocess
+
+    from tests.kits.netutil import CLI
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**people.cluster.env, "TETHER_SERVER": f"http://127.0.0.1:{people.cluster.port}",
+               "TETHER_TOKEN": people.secrets["bob"]}
+        return subprocess.run([*CLI, "approvals", *args], capture_output=True, text=True, env=env, timeout=60,
+                              check=False)
+
+    result: Any = None
+    for name, data in people.run("robot", "choose_fate", {"question": "What about the backups?"}):
+        if name == "event" and data["kind"] == "elicitation":
+            item = f"alpha/{data['data']['id']}"
+            refused = cli("approve", item)
+            assert refused.returncode == 2 and "not a yes; nothing was sent" in refused.stderr, refused.stderr
+            assert "wipe the backups, keep them" in refused.stderr and "Traceback" not in refused.stderr
+            chosen = cli("answer", item, "keep them")
+            assert chosen.returncode == 0, chosen.stderr
+        elif name == "results":
+            [result] = data["results"]
+            break
+    assert result is not None and "chose: keep them" in json.dumps(result["result"]), result

@@ -26,6 +26,7 @@ import pytest
 from tests.kits import db as dbkit
 from tests.kits.gateway import mcp_client
 from tests.kits.netutil import Cluster, wait_for
+from tests.kits.sse import sse_events
 from tether.agent.tasks.store import TaskStore
 
 CONSENTING = str(Path(__file__).parent.parent / "servers" / "consenting.py")
@@ -90,13 +91,9 @@ class Office:
     def follow(self, task_id: str, attempts: list[Attempt]) -> tuple[dict[str, Any], dict[str, Any]]:
         asked: dict[str, Any] = {}
         end: dict[str, Any] = {}
-        kind = ""
         with self.http.stream("GET", f"/tasks/{task_id}/events", headers=self.auth("bob")) as stream:
-            for line in stream.iter_lines():
-                if line.startswith("event: "):
-                    kind = line.removeprefix("event: ")
-                elif line.startswith("data: ") and kind == "task_event":
-                    event = json.loads(line.removeprefix("data: "))
+            for kind, event in sse_events(stream.iter_lines()):
+                if kind == "task_event":
                     if event["kind"] == "elicitation" and "id" in event["data"] and not asked:
                         asked = event["data"]
                         for who, route, answer, status in attempts:
@@ -105,8 +102,8 @@ class Office:
                             if status >= 400:
                                 assert set(tried.json()) == {"error"}, tried.text
                                 self.refusals.append(tried.json()["error"])
-                elif line.startswith("data: ") and kind == "end":
-                    end = json.loads(line.removeprefix("data: "))
+                elif kind == "end":
+                    end = event
                     break
         assert asked, f"the MCP server asked nothing: {end}"
         return asked, end

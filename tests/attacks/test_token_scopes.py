@@ -27,6 +27,7 @@ import pytest
 
 from tests.kits.gateway import mcp_client
 from tests.kits.netutil import CLI
+from tests.kits.sse import async_sse_events
 from tests.kits.task import WAIT, AgentServer
 from tether.device.config import load_device_config
 from tether.device.link.connection import DeviceConnection, LinkHooks
@@ -181,18 +182,16 @@ async def test_events_and_audit_show_only_dev1(fleet: Fleet) -> None:
         # the dashboard's fleet stream: its first event lists every device the token sees
         async with http.stream("GET", f"{fleet.base}/web/fleet") as stream:
             assert stream.status_code == 200
-            async for line in stream.aiter_lines():
-                if line.startswith("data: "):
-                    assert [d["name"] for d in json.loads(line[6:])] == ["dev1"]
-                    break
+            async for _, rows in async_sse_events(stream.aiter_lines()):
+                assert [d["name"] for d in rows] == ["dev1"]
+                break
         # a device page's stream (one device's row): another device's is not there when asked by name
         for name, seen in (("dev2", []), ("dev1", ["dev1"]), ("no-such", [])):
             async with http.stream("GET", f"{fleet.base}/web/fleet", params={"device": name}) as stream:
                 assert stream.status_code == 200
-                async for line in stream.aiter_lines():
-                    if line.startswith("data: "):
-                        assert [d["name"] for d in json.loads(line[6:])] == seen, name
-                        break
+                async for _, rows in async_sse_events(stream.aiter_lines()):
+                    assert [d["name"] for d in rows] == seen, name
+                    break
 
 
 async def test_tasks_stay_in_scope(fleet: Fleet, tmp_path: Path) -> None:
@@ -277,12 +276,8 @@ async def test_only_a_token_reaching_dev2_answers_its_question(asking_fleet: Fle
             admin.stream("POST", "/devices/dev2/commands", json=body,
                          headers={"Accept": "text/event-stream"}) as stream:
         assert stream.status_code == 200
-        event = None
-        async for line in stream.aiter_lines():
-            if line.startswith("event: "):
-                event = line[7:]
-            elif line.startswith("data: ") and event == "event":
-                data = json.loads(line[6:])
+        async for event, data in async_sse_events(stream.aiter_lines()):
+            if event == "event":
                 if data["kind"] == "elicitation":
                     url = f"/devices/dev2/questions/{data['data']['id']}"
                     answer = {"action": "accept", "content": {"colour": "red"}}
@@ -291,8 +286,8 @@ async def test_only_a_token_reaching_dev2_answers_its_question(asking_fleet: Fle
                     refused(await attacker.delete(f"/batches/{stream.headers['x-tether-batch']}"))
                     ok = await admin.post(url, json={"action": "accept", "content": {"colour": "green"}})
                     assert ok.status_code == 200, ok.text
-            elif line.startswith("data: ") and event == "results":
-                [result] = json.loads(line[6:])["results"]
+            elif event == "results":
+                [result] = data["results"]
                 break
     assert result["status"] == "success" and "accept: green" in json.dumps(result["result"]), result
 

@@ -177,3 +177,13 @@ def app_command(path: tuple[str, ...]) -> Any:
         command = command.get_command(ctx, name)
         ctx = command.context_class(command, parent=ctx, info_name=name)
     return command
+
+
+def test_an_error_naming_a_long_path_keeps_it_on_one_line(tmp_path: Path) -> None:
+    """An error is one line however narrow the terminal: a path (or URL) in it is never folded mid-name, so
+    it can be copied whole (`fail`, through `say`'s soft wrap)."""
+    missing = tmp_path.joinpath(*["a-rather-long-directory-name"] * 6, "policy.yaml")
+    result = run("policy", "set", "-d", "laptop", "-f", str(missing), env={"COLUMNS": "40"})
+    assert result.exit_code == 2, result.output
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [f"error: {missing}: cannot read: No such file or directory"], result.stderr

@@ -455,8 +455,8 @@ print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})))
 
 
 def test_the_server_app_is_built_without_the_mcp_sdk_jsonschema_or_yaml(tmp_path: Path) -> None:
-    """/mcp is built on its first request (server/mcp/lazy_gateway.py); plans' argument checks import jsonschema and a
-    config file yaml when they are used: none of them is needed to answer /health."""
+    """/mcp is built on its first request (server/mcp/lazy_gateway.py); plans' argument checks import
+    jsonschema and a config file yaml when they are used: none of them is needed to answer /health."""
     env = {key: value for key, value in tether_env(tmp_path).items()
            if not key.startswith("TETHER_LLM_") and key != "TETHER_CONFIG"}
     env["XDG_CONFIG_HOME"] = str(tmp_path / "no-config")

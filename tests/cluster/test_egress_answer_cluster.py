@@ -18,6 +18,7 @@ import pytest
 
 from bench.kit.engines import Engine
 from tests.kits.cluster import ClusterKit
+from tests.kits.sse import async_sse_events
 from tests.kits.upstream import upstream
 
 BODY = b"hello across nodes\n"
@@ -45,24 +46,19 @@ async def test_an_answer_given_on_another_node_is_recorded_once_before_the_devic
                 "timeoutMs": 60_000}}], "timeout": 120}
             asked: list[dict[str, Any]] = []
             result: dict[str, Any] = {}
-            kind = ""
             http = kit.http(b)
             async with http.stream("POST", "/devices/alpha/commands", json=body,
                                    headers={**auth, "Accept": "text/event-stream"}) as response:
                 assert response.status_code == 200, await response.aread()
-                async for line in response.aiter_lines():
-                    if line.startswith("event: "):
-                        kind = line.removeprefix("event: ")
-                    elif line.startswith("data: ") and kind == "event":
-                        event = json.loads(line.removeprefix("data: "))
-                        if event["kind"] == "elicitation" and "id" in event["data"]:
-                            asked.append(event["data"])
-                            answered = await http.post(f"/devices/alpha/questions/{event['data']['id']}",
-                                                       json={"action": "accept", "content": {"answer": "once"}},
-                                                       headers=auth)
-                            assert answered.status_code == 200, answered.text
-                    elif line.startswith("data: ") and kind == "results":
-                        [result] = json.loads(line.removeprefix("data: "))["results"]
+                async for kind, event in async_sse_events(response.aiter_lines()):
+                    if kind == "event" and event["kind"] == "elicitation" and "id" in event["data"]:
+                        asked.append(event["data"])
+                        answered = await http.post(f"/devices/alpha/questions/{event['data']['id']}",
+                                                   json={"action": "accept", "content": {"answer": "once"}},
+                                                   headers=auth)
+                        assert answered.status_code == 200, answered.text
+                    elif kind == "results":
+                        [result] = event["results"]
                         break
             assert len(asked) == 1 and (result.get("result") or {}).get("stdout") == BODY.decode(), result
             rows = (await http.get("/audit", params={"device": "alpha", "limit": 200})).json()["rows"]

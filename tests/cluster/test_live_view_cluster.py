@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ import pytest
 from bench.kit.engines import Engine
 from tests.kits.cluster import ClusterKit, Node
 from tests.kits.desktop import GuiApp
+from tests.kits.sse import async_sse_events
 from tests.web.test_live_view import gui, xvfb  # noqa: F401 (the module's Xvfb and Tk program)
 
 WAIT_S = 30.0
@@ -39,12 +39,9 @@ class View:
     async def read(self, http: httpx.AsyncClient) -> None:
         async with http.stream("GET", self.base, headers=self.headers) as response:
             assert response.status_code == 200, await response.aread()
-            kind = None
-            async for line in response.aiter_lines():
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: ") and kind is not None:
-                    await self.events.put((kind, json.loads(line[6:])))
+            async for kind, data in async_sse_events(response.aiter_lines()):
+                if kind:
+                    await self.events.put((kind, data))
 
     async def next(self, kind: str, **fields: Any) -> dict[str, Any]:
         async with asyncio.timeout(WAIT_S):

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from tests.kits.netutil import CLI, Cluster, tether_env
+from tests.kits.sse import sse_events
 from tether.protocol.models import Command, ResultStatus
 
 INTERACTIVE = str(Path(__file__).parent.parent / "servers" / "interactive.py")
@@ -70,23 +71,13 @@ def cluster(tmp_path: Path) -> Iterator[Cluster]:
     c.close()
 
 
-def sse(lines: Iterator[str]) -> Iterator[tuple[str, Any]]:
-    """(event, data) pairs of a server-sent event stream."""
-    name = ""
-    for line in lines:
-        if line.startswith("event: "):
-            name = line.removeprefix("event: ")
-        elif line.startswith("data: "):
-            yield name, json.loads(line.removeprefix("data: "))
-
-
 def run_streamed(cluster: Cluster, tool: str, params: dict[str, Any], http: httpx.Client
                  ) -> Iterator[tuple[str, Any]]:
     body = {"commands": [{"tool_name": tool, "parameters": params}], "timeout": 60}
     headers = {"Authorization": f"Bearer {cluster.api_token}", "Accept": "text/event-stream"}
     with http.stream("POST", "/api/v1/devices/alpha/commands", json=body, headers=headers) as response:
         assert response.status_code == 200
-        yield from sse(response.iter_lines())
+        yield from sse_events(response.iter_lines())
 
 
 @pytest.fixture
@@ -192,7 +183,7 @@ def test_an_unanswered_question_ends_with_its_command(alpha: Cluster) -> None:
         headers = {"Authorization": f"Bearer {alpha.api_token}", "Accept": "text/event-stream"}
         question_id = None
         with http.stream("POST", "/api/v1/devices/alpha/commands", json=body, headers=headers) as response:
-            for name, data in sse(response.iter_lines()):
+            for name, data in sse_events(response.iter_lines()):
                 if name == "event" and data["kind"] == "elicitation":
                     question_id = data["data"]["id"]
                 elif name == "results":

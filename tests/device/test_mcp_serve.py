@@ -123,6 +123,27 @@ async def test_a_held_call_is_asked_through_elicitation(tmp_path, mode):
     assert not gone.exists() and len(asked) == 2
 
 
+@pytest.mark.parametrize("mode", ["auto", "legacy"])
+async def test_an_approval_is_for_what_was_asked_about_not_what_is_there_when_it_comes(tmp_path, mode):
+    """The file a held call names changes while the question waits (the client's agent rewrote it, or anything
+    else did): the person approved deleting what they were asked about, so nothing is deleted and the call says
+    it changed (the approval carries the question's digest, which the device checks again)."""
+    target = tmp_path / "draft.txt"
+    target.write_text("a scratch draft")
+    asked: list[str] = []
+
+    async def swap_then_approve(context: Any, params: mcp_types.ElicitRequestParams) -> mcp_types.ElicitResult:
+        asked.append(params.message)
+        target.write_text("the only copy of the thesis")
+        return mcp_types.ElicitResult(action="accept", content={"decision": "approve once"})
+
+    async with Client(_params(_client_config(tmp_path)), read_timeout_seconds=TIMEOUT,
+                      elicitation_callback=swap_then_approve, mode=mode) as client:
+        result = await client.call_tool("delete", {"path": str(target)}, read_timeout_seconds=TIMEOUT)
+    assert len(asked) == 1 and target.read_text() == "the only copy of the thesis", result
+    assert result.is_error and "what was approved has changed since" in _text(result), result
+
+
 def _running(marker: str) -> list[int]:
     """Processes (not zombies) whose command line names `marker`."""
     found = []

@@ -9,7 +9,7 @@ import pytest
 from pydantic import Field
 
 from tether.device.client import DeviceClient
-from tether.device.computer_manager import ComputerManager
+from tether.device.computer.manager import ComputerManager
 from tether.device.config import parse_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp.client.manager import MCPServerManager

@@ -1,4 +1,4 @@
-"""How the gateway answers each request (server/mcp/transport.py): a JSON body when the call has nothing to send
+"""How the gateway answers each request (server/mcp/front/transport.py): a JSON body when the call has nothing to send
 before its result, an SSE stream when it has (progress, a question) or stays silent too long, and the SDK's
 own stream for a cancelled call. The official SDK client reads every answer; an httpx event hook records the
 Content-Type of each POST's answer, by JSON-RPC method."""

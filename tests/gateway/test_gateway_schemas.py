@@ -4,7 +4,7 @@ Claude-based clients drop such a tool or fail). Checked with the official `mcp` 
 agent server (the gateway's own tools, the agent's task tools, a real device's built-in tools) and a device
 reporting external MCP servers' tools (`@modelcontextprotocol/server-everything`'s own, and made-up ones whose
 schemas have top-level combinators: flattened, see `client_safe_schema` in
-server/mcp/translate.py and docs/gateway.md))."""
+server/mcp/tools/translate.py and docs/gateway.md))."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from tests.kits.gateway import mcp_client
 from tests.kits.task import AgentServer
 from tether.protocol.models import ToolInfo
 from tether.protocol.profile import DeviceProfile
-from tether.server.mcp.translate import TOP_LEVEL_REFUSED, client_safe_schema
+from tether.server.mcp.tools.translate import TOP_LEVEL_REFUSED, client_safe_schema
 from tether.tools.policy.model import default_policy
 
 PICK = ToolInfo(name="pick", namespace="mcp.ext", tool_type="action", description="by id or by name",

@@ -12,7 +12,6 @@ read-only state directory is one line and a non-zero exit.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import signal
 import subprocess
@@ -26,6 +25,7 @@ import psutil
 import pytest
 
 from tests.kits.netutil import CLI, HEARTBEAT, Proc, free_port, tether_env, wait_for, workspace_policy
+from tests.kits.sse import sse_events
 from tether.server.store import Store
 
 TMPFS_SIZE = "16m"
@@ -265,12 +265,7 @@ def test_task_ending_during_the_outage_is_consistent_and_saved_later(server: Ser
     def follow() -> None:
         with httpx.Client(base_url=server.base, headers={"Authorization": f"Bearer {server.token}"}) as http, \
                 http.stream("GET", f"/tasks/{task_id}/events", timeout=60) as response:
-            event = None
-            for line in response.iter_lines():
-                if line.startswith("event: "):
-                    event = line[7:]
-                elif line.startswith("data: ") and event == "end":
-                    ends.append((event, json.loads(line[6:])))
+            ends.extend((event, data) for event, data in sse_events(response.iter_lines()) if event == "end")
 
     follower = threading.Thread(target=follow)
     follower.start()

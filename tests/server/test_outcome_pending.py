@@ -4,7 +4,7 @@ where its outcome will be — for a program, the CLI and an MCP client."""
 from __future__ import annotations
 
 from tether.protocol.models import Result, ResultStatus
-from tether.server.mcp.tool_call import result_reply
+from tether.server.mcp.tools.tool_call import result_reply
 
 
 def test_a_pending_result_says_where_to_look() -> None:

@@ -1,9 +1,10 @@
 """An MCP server (stdio, the official SDK) whose tools ask the person two kinds of question through
 elicitation: `drop_record` asks for consent (a yes/no confirmation, an approval), `pick_colour` asks for
-information (a form with a text field). The question-owner tests tell them apart the way the server does
+information (a form with a text field), `choose_fate` asks to choose between two things, neither a yes. The
+question-owner tests tell them apart the way the server does
 (`tether.server.aip.questions.asked.asks_consent`)."""
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from mcp.server.elicitation import AcceptedElicitation, ElicitationResult
 from mcp.server.mcpserver import MCPServer
@@ -42,6 +43,22 @@ async def pick_colour(question: str, answer: Annotated[ElicitationResult[Colour]
     """Ask the person for a colour and say what came back."""
     if isinstance(answer, AcceptedElicitation):
         return f"accept: {answer.data.colour}"
+    return answer.action
+
+
+class Fate(BaseModel):
+    fate: Literal["wipe the backups", "keep them"]
+
+
+def _ask_fate(question: str) -> Elicit[Fate]:
+    return Elicit(question, Fate)
+
+
+@mcp.tool()
+async def choose_fate(question: str, answer: Annotated[ElicitationResult[Fate], Resolve(_ask_fate)]) -> str:
+    """Ask the person to choose between two things, neither a yes, the worse first; say what came back."""
+    if isinstance(answer, AcceptedElicitation):
+        return f"chose: {answer.data.fate}"
     return answer.action
 
 

@@ -15,9 +15,9 @@ import platform as _platform
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from tether.device.computer_manager import ComputerManager
+from tether.device.computer.manager import ComputerManager
+from tether.device.computer.router import CommandRouter
 from tether.device.mcp.client.manager import MCPServerManager
-from tether.device.router import CommandRouter
 from tether.protocol.models import Command, Result
 from tether.tools.context import EventSink
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from tether.device.client import DeviceClient
 from tether.device.computer import Computer
-from tether.device.computer_manager import ComputerManager
+from tether.device.computer.manager import ComputerManager
 from tether.device.config import DeviceConfig, load_device_config
 from tether.device.local_dispatcher import LocalCommandDispatcher
 from tether.device.mcp.client.client_caps import ElicitationRequest, MCPClientHooks

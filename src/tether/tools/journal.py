@@ -10,7 +10,7 @@ the write root each path lies in, with no symlink followed on the way. Whoever c
 the roots since the change may have planted a link in the path; that change is then reported as a
 conflict and left as is, never written through the link to somewhere outside the roots.
 
-Saved copies keep holes as holes (`fs.copy_data`: a reflink where the filesystem has them, else only
+Saved copies keep holes as holes (`filedata.copy_data`: a reflink where the filesystem has them, else only
 the stretches that hold data), so journaling a 1-byte append to a 2 GiB sparse file costs a block,
 not 2 GiB; their checksum (`digest`, "zsha256:...") is taken over the non-zero 4 KiB blocks and
 their offsets, so it costs what the data costs, not what the size says. An append to a file of at

@@ -13,7 +13,8 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.layers.fs import copy_data, copy_entry, data_segments, same_data
+from tether.sandbox.layers.filedata import copy_data, data_segments, same_data
+from tether.sandbox.layers.fs import copy_entry
 
 _CHUNK = 1 << 20
 _BLOCK = 4096

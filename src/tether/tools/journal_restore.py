@@ -16,7 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tether.sandbox.layers.fs import copy_data, copy_entry, move_entry, open_beneath, parent_beneath
+from tether.sandbox.layers.filedata import copy_data
+from tether.sandbox.layers.fs import copy_entry, move_entry, open_beneath, parent_beneath
 from tether.tools.journal_copies import _CHUNK, _digest
 
 

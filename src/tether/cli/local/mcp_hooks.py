@@ -146,6 +146,7 @@ def remote_questions(remote: RemoteServer, device: str, *, interactive: bool | N
         try:
             remote.answer_question(device, request.id, answer.action, answer.content)
         except RemoteError as exc:
-            err.print(f"error: the answer was not taken: {remote_message(exc)}", markup=False, highlight=False)
+            err.print(f"error: the answer was not taken: {remote_message(exc)}", markup=False, highlight=False,
+                      soft_wrap=True)
 
     return on_event

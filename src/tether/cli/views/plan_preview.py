@@ -47,7 +47,7 @@ async def dry_run_local(request: str, plan: Any, settings: Any, config: DeviceCo
         out.print(plan_text(task.plan.steps), highlight=False, markup=False)
     if problems:
         console(err=True).print("error: the plan has problems:\n" + "\n".join(f"- {p}" for p in problems),
-                                markup=False)
+                                markup=False, soft_wrap=True)
         return 1
     return 0
 
@@ -72,6 +72,6 @@ def dry_run_remote(client: Any, request: str, steps: list[dict[str, Any]] | None
     problems = list(found.get("problems") or [])
     if problems:
         console(err=True).print("error: the plan has problems:\n" + "\n".join(f"- {p}" for p in problems),
-                                markup=False)
+                                markup=False, soft_wrap=True)
         return 1
     return 0

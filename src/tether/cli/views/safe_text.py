@@ -60,10 +60,13 @@ def console(err: bool = False) -> Console:
 
 def say(text: str, style: str = "", err: bool = False, **kwargs: Any) -> None:
     """Print text that is not ours (a tool's error, a server's message, a person's request) as it is:
-    its `[...]` is never read as rich markup. The leading `error:` / `warning:` word is coloured; `style`
-    styles the whole line, `kwargs` go to `Console.print`."""
+    its `[...]` is never read as rich markup. The leading `error:` / `warning:` word is coloured, and such a
+    line is never folded at the terminal's width (`soft_wrap`), so a path or URL in it stays whole to copy;
+    `style` styles the whole line, `kwargs` go to `Console.print`."""
     head, sep, rest = text.partition(" ")
     colour = {"error:": "red", "warning:": "yellow"}.get(head)
+    if colour:
+        kwargs.setdefault("soft_wrap", True)
     line = Text.assemble((head, colour), sep, rest) if colour else Text(text)
     if style:
         line.stylize(style)

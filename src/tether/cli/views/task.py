@@ -128,7 +128,7 @@ def print_outcome(out: Console, state: str, answer: str | None, error: str | Non
     if answer and not streamed:
         out.print(f"[bold]answer:[/bold] {_e(answer)}")
     style = {"done": "green", "cancelled": "yellow"}.get(state, "red")
-    out.print(f"[{style}]{state}[/{style}]" + (f": {_e(error)}" if error else ""))
+    out.print(f"[{style}]{state}[/{style}]" + (f": {_e(error)}" if error else ""), soft_wrap=True)
 
 
 def print_log(out: Console, task: Task) -> None:
@@ -171,7 +171,7 @@ def print_log(out: Console, task: Task) -> None:
     if task.answer:
         out.print(f"[bold]answer:[/bold] {_e(task.answer)}")
     if task.error:
-        out.print(f"[red]error:[/red] {_e(task.error)}")
+        out.print(f"[red]error:[/red] {_e(task.error)}", soft_wrap=True)
 
 
 def result_head(value: Any, limit: int = 160) -> str:

@@ -14,7 +14,8 @@ for the servers still starting, within its own deadline.
 
 The package's parts, each with one job: `entries` (what the registry holds), `registry` (listing, collisions,
 resolving a command), `joining` (external servers joining after start-up), `running` (calling a resolved tool)
-and `core` (the `Computer` made of them).
+and `core` (the `Computer` made of them); around them, `manager` (one `Computer` per agent and root, made on first
+use) and `router` (a batch of commands run on the right `Computer`). Import those two modules themselves.
 """
 
 from tether.device.computer.core import Computer

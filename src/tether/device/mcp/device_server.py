@@ -83,8 +83,8 @@ class DeviceMCPServer:
         self.device = device
         self.session_id = session_id
         self._names: dict[str, ToolInfo] = {}
-        # approvals asked of 2026-07-28 clients, by request_state: (tool, arguments, expiry)
-        self._deferred: dict[str, tuple[str, str, float]] = {}
+        # approvals asked of 2026-07-28 clients, by request_state: (tool, arguments, expiry, digest asked about)
+        self._deferred: dict[str, tuple[str, str, float, str | None]] = {}
 
     async def tools(self) -> dict[str, ToolInfo]:
         computer = await self.device.computer_manager.get_or_create(None)
@@ -108,14 +108,15 @@ class DeviceMCPServer:
             return _error(f"no tool named {params.name!r} on this device; list the tools again")
         arguments = dict(params.arguments or {})
         approved_by: str | None = None
+        digest: str | None = None
         if params.request_state is not None:  # a 2026-07-28 client retrying with the approval's answer
             answer = self._answer(ctx, params, arguments)
             if isinstance(answer, mcp_types.CallToolResult):
                 return answer
-            approved_by = answer
+            approved_by, digest = answer
         # the MCP name is what the device resolves: the plain name, or namespace/name for a shadowed one
         command = Command(tool_name=params.name, parameters=arguments, tool_type=info.tool_type,
-                          approved_by=approved_by)
+                          approved_by=approved_by, approval_digest=digest)
         result = await self._run(ctx, command)
         if not _needs_approval(result) or approved_by is not None:
             return result_to_call_result(result)
@@ -123,7 +124,7 @@ class DeviceMCPServer:
             return _held(params.name, arguments, result)
         question = f"{result.error or 'this call needs approval'}\nRun {params.name} on this machine?"
         if ctx.protocol_version in MODERN_PROTOCOL_VERSIONS:  # questions ride the input-required retry
-            return self._ask_later(params.name, arguments, question)
+            return self._ask_later(params.name, arguments, question, _digest(result))
         try:
             async with asyncio.timeout(ELICIT_TIMEOUT):
                 reply = await ctx.session.elicit_form(question, _DECISION, related_request_id=ctx.request_id)
@@ -133,23 +134,26 @@ class DeviceMCPServer:
         if reply.action != "accept" or (reply.content or {}).get("decision") != APPROVE:
             return _error(f"not run: the approval was {'denied' if reply.action == 'accept' else reply.action + 'd'}"
                           f" ({result.error})")
+        # approved for what was asked about: the device recomputes the digest and asks again if anything differs
         command = Command(tool_name=params.name, parameters=arguments, tool_type=info.tool_type,
-                          approved_by=_client(ctx))
+                          approved_by=_client(ctx), approval_digest=_digest(result))
         return result_to_call_result(await self._run(ctx, command))
 
-    def _ask_later(self, name: str, arguments: dict[str, Any], question: str) -> mcp_types.InputRequiredResult:
+    def _ask_later(self, name: str, arguments: dict[str, Any], question: str,
+                   digest: str | None) -> mcp_types.InputRequiredResult:
         while len(self._deferred) >= MAX_DEFERRED:  # the oldest unanswered questions go first
             del self._deferred[next(iter(self._deferred))]
         state = secrets.token_urlsafe(18)
-        self._deferred[state] = (name, _fingerprint(arguments), time.monotonic() + ELICIT_TIMEOUT)
+        self._deferred[state] = (name, _fingerprint(arguments), time.monotonic() + ELICIT_TIMEOUT, digest)
         ask = mcp_types.ElicitRequest(params=mcp_types.ElicitRequestFormParams(message=question,
                                                                                requested_schema=_DECISION))
         return mcp_types.InputRequiredResult(input_requests={QUESTION_KEY: ask}, request_state=state)
 
     def _answer(self, ctx: ServerRequestContext[Any], params: mcp_types.CallToolRequestParams,
-                arguments: dict[str, Any]) -> str | mcp_types.CallToolResult:
-        """Who approved (for the audit), or the tool error that ends the call: the retry must carry the answer
-        to a question this server asked about this very call, in time."""
+                arguments: dict[str, Any]) -> tuple[str, str | None] | mcp_types.CallToolResult:
+        """(who approved, for the audit; the digest of what was asked about, which the device checks again), or
+        the tool error that ends the call: the retry must carry the answer to a question this server asked about
+        this very call, in time."""
         deferred = self._deferred.pop(params.request_state or "", None)
         answer = (params.input_responses or {}).get(QUESTION_KEY)
         if deferred is None or deferred[2] < time.monotonic() or deferred[:2] != (params.name,
@@ -160,7 +164,7 @@ class DeviceMCPServer:
         decision = (getattr(answer, "content", None) or {}).get("decision")
         if action != "accept" or decision != APPROVE:
             return _error(f"not run: the approval was {'denied' if action == 'accept' else f'{action}d'}")
-        return _client(ctx)
+        return _client(ctx), deferred[3]
 
     async def _run(self, ctx: ServerRequestContext[Any], command: Command) -> Result:
         dispatcher = self.device.dispatcher(session_id=self.session_id)
@@ -237,6 +241,12 @@ def _client(ctx: ServerRequestContext[Any]) -> str:
 
 def _fingerprint(arguments: dict[str, Any]) -> str:
     return json.dumps(arguments, sort_keys=True, default=str)
+
+
+def _digest(result: Result) -> str | None:
+    """The `approval_digest` of a needs-approval result: what the person is asked about (tools/policy/approval)."""
+    digest = result.result.get("approval_digest") if isinstance(result.result, dict) else None
+    return digest if isinstance(digest, str) else None
 
 
 def _needs_approval(result: Result) -> bool:

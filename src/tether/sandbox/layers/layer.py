@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Literal
 
 from tether.errors import SandboxError
-from tether.sandbox.layers.fs import copy_data, parent_beneath, shown
+from tether.sandbox.layers.filedata import copy_data
+from tether.sandbox.layers.fs import parent_beneath, shown
 
 Kind = Literal["created", "modified", "deleted", "renamed"]
 # journals a batch of (action, path, dest, new content) before any of it is made; the last is the layer's

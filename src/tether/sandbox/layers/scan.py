@@ -15,7 +15,7 @@ from collections import deque
 from pathlib import Path
 from typing import Literal
 
-from tether.sandbox.layers.fs import same_data
+from tether.sandbox.layers.filedata import same_data
 from tether.sandbox.layers.layer import Change, LayerLimit, LayerLimits, _lstat, _sig
 
 _OPAQUE = ("user.overlay.opaque", "trusted.overlay.opaque")

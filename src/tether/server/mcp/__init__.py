@@ -20,13 +20,13 @@ def mount_gateway(app: Starlette) -> AbstractAsyncContextManager[None]:
     the app's lifespan enters. The `mcp` SDK is imported, and the gateway built, on the first request to
     `/mcp` that carries a valid token (lazy_gateway.py), not when the app is: `app.state.gateway` is that
     `LazyGateway`, whose `ready()` gives the running `Gateway`. Also adds `/mcp`'s Protected Resource Metadata
-(RFC 9728) at `/.well-known/oauth-protected-resource[/mcp]` (resource_metadata.py)."""
+(RFC 9728) at `/.well-known/oauth-protected-resource[/mcp]` (front/resource_metadata.py)."""
     from starlette.routing import Route
 
     from tether.server.mcp.contributed import contribute
-    from tether.server.mcp.fanout_tool import fan_out_tool
+    from tether.server.mcp.front.resource_metadata import WELL_KNOWN, metadata_endpoint
     from tether.server.mcp.lazy_gateway import LazyGateway
-    from tether.server.mcp.resource_metadata import WELL_KNOWN, metadata_endpoint
+    from tether.server.mcp.tools.fanout_tool import fan_out_tool
 
     # the fleet's own fan-out, beside the agent's task tools
     contribute(app, [fan_out_tool(app.state.hub, app.state.registry)])

@@ -2,7 +2,7 @@
 
 Importing the SDK and building the gateway is a large part of a server's start (which must answer /health
 soon; bench/ measures it) for a surface many servers never serve. So the route exists from the start, the first
-request that passes the token check (admission.py) asks for the gateway and waits for it, and every request
+request that passes the token check (front/admission.py) asks for the gateway and waits for it, and every request
 after that goes straight to it. A server that never sees a valid /mcp request never imports the SDK.
 
 Where the gateway is built: on the event loop, in one long-lived task that `run()` starts. Not in a worker
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from starlette.applications import Starlette
 
 from tether.errors import ServerError
-from tether.server.mcp.admission import Refused, admit, deny
+from tether.server.mcp.front.admission import Refused, admit, deny
 
 if TYPE_CHECKING:
     from tether.server.mcp.gateway import Gateway  # the SDK: only once a request needs it

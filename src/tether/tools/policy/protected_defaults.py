@@ -83,11 +83,17 @@ AGENT_CONFIGS: tuple[str, ...] = (
     ".devcontainer/devcontainer.json", ".devcontainer.json",
 )
 DIRENV: tuple[str, ...] = (".envrc", ".direnv", "~/.config/direnv")
+# a tether server's own database wherever its state directory is (`server.db` there): its rows are the API tokens,
+# the audit log and the tasks, so a command that writes it on the server's machine could mint itself a person's
+# token (live at the server's next start) or roll the audit back; its lock files say which server owns it
+TETHER_SERVER: tuple[str, ...] = (
+    "server.db", "server.db-wal", "server.db-shm", "server.db-journal", "server.db.lock", "server.db.node-*.lock",
+)
 
 DEFAULT_PROTECTED: tuple[str, ...] = (
     *SHELL_STARTUP, *AUTOSTART, *DESKTOP, *TERMINALS, *PROGRAMS, *LOADED_CODE, *GIT, *OTHER_HOOKS, *PACKAGE_MANAGERS,
-    *AGENT_CONFIGS, *DIRENV,
+    *AGENT_CONFIGS, *DIRENV, *TETHER_SERVER,
 )
 
 __all__ = ["AGENT_CONFIGS", "AUTOSTART", "DEFAULT_PROTECTED", "DESKTOP", "DIRENV", "GIT", "LOADED_CODE", "OTHER_HOOKS",
-           "PACKAGE_MANAGERS", "PROGRAMS", "SHELL_STARTUP", "TERMINALS"]
+           "PACKAGE_MANAGERS", "PROGRAMS", "SHELL_STARTUP", "TERMINALS", "TETHER_SERVER"]

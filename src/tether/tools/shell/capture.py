@@ -1,7 +1,7 @@
 """What a sandboxed command changed: listed, held for a person where the policy says so, applied, journaled.
 
-The rules are the file tools' own (`jail.approval_needed`, `tether.tools.policy.path_rules`): deleting,
-moving or overwriting outside the temp directory waits for approval, and so does changing a file that
+The rules (`change_rules.py`) are the file tools' own (`jail.approval_needed`, `tether.tools.policy.path_rules`):
+deleting, moving or overwriting outside the temp directory waits for approval, and so does changing a file that
 has another name (a hard link); creating or changing a protected path always does (`protected-path:
 <pattern>`), and a change under a hidden path — one the command made by creating it, since an existing
 one is masked — is refused and nothing is applied. A held layer is applied when the same command comes
@@ -21,7 +21,6 @@ import asyncio
 import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -46,18 +45,15 @@ from tether.sandbox.layers.session import SessionLimit, measure
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy import approval
-from tether.tools.policy.hidden import HiddenSet
-from tether.tools.policy.jail import approval_needed, real, resolve_path, within
+from tether.tools.policy.jail import resolve_path
 from tether.tools.policy.left_programs import left_programs
-from tether.tools.policy.path_rules import Matcher, anchored_places, protected_inside, protected_matcher, protected_rule
+from tether.tools.shell.change_rules import MAX_LISTED, guard_hidden, guard_journal, listed_changes, needed_rules
 from tether.tools.shell.links import refusal
 
 if TYPE_CHECKING:
     from tether.sandbox.runner import Sandbox
 
 T = TypeVar("T")
-_VERBS = {"deleted": "delete", "modified": "overwrite", "renamed": "move"}
-MAX_LISTED = 1000  # changes listed in a reply (a reply with 100,000 of them would be megabytes)
 
 
 def fingerprint(ctx: ToolContext, cmd: str, args: list[str], cwd: str, env: dict[str, str] | None,
@@ -65,73 +61,6 @@ def fingerprint(ctx: ToolContext, cmd: str, args: list[str], cwd: str, env: dict
     """Which held layer an approved re-send of this command takes: the same session, the same command."""
     text = json.dumps([ctx.session_id, cmd, args, cwd, sorted((env or {}).items()), stdin], separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def made_or_there(changes: list[Change]) -> Callable[[str], bool]:
-    """Whether a path exists once `changes` are applied: one of them makes it, or it is on disk."""
-    made = {c.path for c in changes if c.kind != "deleted"}
-    return lambda path: path in made or os.path.lexists(path)
-
-
-def change_rule(ctx: ToolContext, change: Change, matcher: Matcher | None = None,
-                places: list[tuple[str, str]] | None = None,
-                exists: Callable[[str], bool] = os.path.lexists) -> str | None:
-    """The approval rule this change needs, or None: a protected path first (created ones too, and a
-    symlink or a deleted directory that would change what is found at a protected place below it).
-    `exists`: whether a path exists, the command's own new entries counted (`made_or_there`)."""
-    matcher = matcher or protected_matcher(ctx.policy)
-    for touched in (change.path, change.moved_from):
-        rule = protected_rule(ctx.policy, touched, matcher, change.node, exists) if touched else None
-        if rule is None and touched and (change.node == "symlink" or change.kind == "deleted"):
-            rule = protected_inside(ctx.policy, touched, places if places is not None else
-                                    anchored_places(ctx.policy))
-        if rule is not None:
-            return rule
-    verb = _VERBS.get(change.kind)
-    if verb is None:
-        return None
-    target = Path((change.moved_from if change.kind == "renamed" else change.path) or change.path)
-    if change.kind == "modified" and change.node == "file":
-        try:
-            if os.lstat(target).st_nlink > 1:
-                return "approval.hardlink"
-        except OSError:
-            pass
-    return approval_needed(ctx.policy, verb, target, ctx.temp_dir, matcher)  # type: ignore[arg-type]
-
-
-def _guard_hidden(ctx: ToolContext, changes: list[Change]) -> None:
-    """A change under a hidden path (which the command could only have made by creating the path, e.g.
-    `mkdir -p ~/.config/tether`), or a deleted directory holding one: refused, nothing applied."""
-    if not changes:
-        return  # most commands change nothing: no rule to build
-    hidden = HiddenSet.of(ctx.policy, ctx.secrets)
-    for c in changes:
-        for touched in (c.path, c.moved_from):
-            if not touched:
-                continue
-            entry = hidden.by(touched)
-            removed = c.kind == "deleted" or touched == c.moved_from  # its whole tree goes with it
-            if entry is None and (removed or c.node == "symlink"):  # a link would redirect what lies below
-                entry = hidden.inside(touched)
-            if entry is not None:
-                err = PolicyDenied("hide_paths", f"the command {c.kind} {shown(touched)}, which lies in (or holds) the "
-                                                 f"hidden path {entry!r}; nothing was applied")
-                err.result["changes"] = _public(changes)
-                raise err
-
-
-def _guard_journal(ctx: ToolContext, changes: list[Change]) -> None:
-    _guard_hidden(ctx, changes)
-    if ctx.journal is None:
-        return
-    state = real(ctx.journal.root.parent)  # the journal, the token, the policy: see tools.files.tool._resolve
-    inside = str(state).rstrip("/") + "/"
-    for c in changes:  # string prefixes on normalized absolute paths: 100,000 changes cost milliseconds
-        if c.path == str(state) or c.path.startswith(inside) or (
-                c.kind == "deleted" and within(state, [Path(c.path)])):
-            raise PolicyDenied("journal", f"the command changed {shown(c.path)}, inside the device's state "
-                                          "directory; nothing applied")
 
 
 def _record(ctx: ToolContext) -> Record:
@@ -189,7 +118,7 @@ def _apply(ctx: ToolContext, changes: list[Change], others: Applied | None
            ) -> tuple[tuple[list[str], list[str]], dict[int, dict[str, Any]]]:
     """On the worker pool: the guards, each changed text file's diff (read before the apply replaces
     the old content), then the journaled apply; (the paths touched, the diffs by change index)."""
-    _guard_journal(ctx, changes)
+    guard_journal(ctx, changes)
     diffs = _diffs(ctx, changes)
     apply(changes, _record(ctx), others)
     return applied_paths(changes), diffs
@@ -223,7 +152,7 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change],
     except SessionLimit as exc:
         sandbox.release(layer)
         raise ToolError(f"denied by limit '{exc.rule}': {exc}",
-                        {"changes": _public(changes), "limit": exc.rule, "applied": False}) from None
+                        {"changes": listed_changes(changes), "limit": exc.rule, "applied": False}) from None
 
     def settled(future: asyncio.Future[tuple[tuple[list[str], list[str]], dict[int, dict[str, Any]]]]) -> None:
         if not future.cancelled() and future.exception() is None:  # the caller went away meanwhile
@@ -244,21 +173,23 @@ async def apply_changes(ctx: ToolContext, layer: Path, changes: list[Change],
         if isinstance(exc, LateConflict):
             raise ToolError(f"applying the command's changes stopped: {exc}; that was kept, and what was applied "
                             "is journaled and can be undone",
-                            {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
+                            {"changes": listed_changes(changes),
+                             "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
                              "applied": "partly"}) from None
         if isinstance(exc, ApplyConflict):
             raise ToolError(f"nothing was applied: {exc}; run the command again",
-                            {"changes": _public(changes), "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
+                            {"changes": listed_changes(changes),
+                             "conflicts": [shown(p) for p in exc.paths[:MAX_LISTED]],
                              "applied": False}) from None
         if isinstance(exc, OSError | ValueError):
             raise ToolError(f"applying the command's changes failed ({_said(exc)}); what was applied is journaled "
-                            "and can be undone", {"changes": _public(changes)}) from None
+                            "and can be undone", {"changes": listed_changes(changes)}) from None
         raise
     sandbox.note_applied(*touched)
     sandbox.release(layer)
     if body is not None and (left := left_programs((c.path, c.kind) for c in changes)):
         body["left_programs"] = [shown(p) for p in left[:MAX_LISTED]]
-    return _public(changes, diffs)
+    return listed_changes(changes, diffs)
 
 
 def _nothing_applied(exc: BaseException | None) -> bool:
@@ -271,25 +202,15 @@ def _said(exc: BaseException) -> str:
     return str(exc).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
 
 
-def _public(changes: list[Change], diffs: dict[int, dict[str, Any]] | None = None) -> list[dict[str, Any]]:
-    """The changes as a reply lists them (the first `MAX_LISTED`), each with its diff record where
-    `diffs` has one (`layers.diff.text_diff`: `diff`, `added`, `removed`, or `diff_skipped`)."""
-    listed = [{**c.public(), **(diffs or {}).get(i, {})} for i, c in enumerate(changes[:MAX_LISTED])]
-    if len(changes) > MAX_LISTED:
-        listed.append({"omitted": len(changes) - MAX_LISTED, "total": len(changes)})
-    return listed
-
-
 def _judge(ctx: ToolContext, changes: list[Change], others: Applied | None
            ) -> tuple[list[str], list[tuple[Change, str]]]:
     """On the worker pool: a change under a hidden path refused (PolicyDenied), then the conflicts with
     changes made meanwhile, then the rule each change needs (one compiled protected matcher for all)."""
-    _guard_hidden(ctx, changes)
+    guard_hidden(ctx, changes)
     clashes = conflicts(changes, others)
     if clashes:
         return clashes, []
-    matcher, places, exists = protected_matcher(ctx.policy), anchored_places(ctx.policy), made_or_there(changes)
-    return clashes, [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places, exists))]
+    return clashes, needed_rules(ctx, changes)
 
 
 async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change], body: dict[str, Any], preview: str,
@@ -306,7 +227,7 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
         if changes:  # cancelled meanwhile: `_on_pool` releases the layer once the worker is done with it
             diffs = await _on_pool(sandbox, layer, _diffs, ctx, changes)
         sandbox.release(layer)
-        return _public(changes, diffs)
+        return listed_changes(changes, diffs)
     if not changes:
         sandbox.release(layer, empty=True)
         return []
@@ -318,7 +239,7 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
     except (OSError, ValueError) as exc:
         sandbox.release(layer)
         raise ToolError(f"checking the command's changes failed ({_said(exc)}); nothing was applied",
-                        {**body, "changes": _public(changes), "applied": False}) from None
+                        {**body, "changes": listed_changes(changes), "applied": False}) from None
     if clashes:
         try:  # cancelled: `_on_pool` releases the layer once the worker is done with it
             why, links = await _on_pool(sandbox, layer, refusal, ctx, changes, clashes)
@@ -328,7 +249,7 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
         extra: dict[str, Any] = {"hard_links": links} if links else {}
         again = "" if links and len(links) == len(clashes) else "; run the command again"
         raise ToolError(f"`{preview}` ran in the sandbox and nothing was applied: {why}{again}",
-                        {**body, "changes": _public(changes), "applied": False,
+                        {**body, "changes": listed_changes(changes), "applied": False,
                          "conflicts": [shown(p) for p in clashes[:MAX_LISTED]], **extra})
     if needs and not ctx.approved_by:
         def settled(future: asyncio.Future[NeedsApproval]) -> None:  # the caller went away meanwhile
@@ -342,7 +263,7 @@ async def settle(ctx: ToolContext, key: str, layer: Path, changes: list[Change],
         except (OSError, ValueError) as exc:
             sandbox.release(layer)
             raise ToolError(f"holding the command's changes failed ({_said(exc)}); nothing was applied",
-                            {**body, "changes": _public(changes), "applied": False}) from None
+                            {**body, "changes": listed_changes(changes), "applied": False}) from None
         raise question
     return await apply_changes(ctx, layer, changes, body)
 
@@ -361,15 +282,15 @@ def _held_question(ctx: ToolContext, what: str, changes: list[Change], body: dic
     new contents: tools/policy/approval.py), so other changes held later under the same command are asked again.
     Reads files: call it on the worker pool. `needs`: the rules already judged (else judged here)."""
     if needs is None:
-        matcher, places, exists = protected_matcher(ctx.policy), anchored_places(ctx.policy), made_or_there(changes)
-        needs = [(c, rule) for c in changes if (rule := change_rule(ctx, c, matcher, places, exists))]
+        needs = needed_rules(ctx, changes)
     needs = needs or [(c, "approval") for c in changes]
     listed = "; ".join(f"{rule}: {c.kind} {shown(c.path)}" for c, rule in needs[:20])
     diffs = _diffs(ctx, changes)  # what approving would change, shown to the person who approves
     index = {id(c): i for i, c in enumerate(changes)}
     err = NeedsApproval(needs[0][1], f"{what} and nothing was applied: {listed}. Once approved, exactly these "
                                      "changes are applied and the command does not run again")
-    err.result.update({**body, "changes": _public(changes, diffs), "changes_digest": approval.changes_digest(changes),
+    err.result.update({**body, "changes": listed_changes(changes, diffs),
+                       "changes_digest": approval.changes_digest(changes),
                        "needs_approval_for": [{**c.public(), **diffs.get(index.get(id(c), -1), {}), "rule": rule}
                                               for c, rule in needs[:MAX_LISTED]]})
     return err

@@ -137,7 +137,8 @@ class RunTaskTasks:
                 body.digest = pending.digest if pending.kind in APPROVAL_KINDS else None
                 await _answer(tasks, task.id, body, call, self.settings())
             elif action == "decline" and pending.kind in APPROVAL_KINDS:  # a denial: anyone may say no
-                await tasks.steer(task.id, "approve", _who(call), approved=False, digest=pending.digest)
+                await tasks.steer(task.id, "approve", _who(call), approved=False, digest=pending.digest,
+                                  question_id=pending.id)
         except TaskError as exc:
             raise TaskRefused(str(exc)) from None
 

@@ -37,7 +37,7 @@ from tether.agent.tasks.api.mcp_replies import (
     _who,
 )
 from tether.agent.tasks.api.task_api import Answer, EditRequest, TaskRequest, _stricter, visible_task
-from tether.agent.tasks.service import TaskError, TaskService
+from tether.agent.tasks.service import TaskError, TaskService, judged_question
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
 
 logger = logging.getLogger(__name__)
@@ -164,7 +164,8 @@ def task_tools(app: Starlette) -> list[GatewayTool]:
             if approved:  # a denial stops the action: an agent may always say no
                 _need_approve(call, f"approve task {task_id[:12]}'s action", await tasks.fetch(task_id), settings())
             await tasks.steer(task_id, "approve", _who(call), approved=approved,  # (on the node running it)
-                              digest=arguments.get("digest") if isinstance(arguments.get("digest"), str) else None)
+                              digest=arguments.get("digest") if isinstance(arguments.get("digest"), str) else None,
+                              question_id=judged_question(asked, None))
         await asyncio.sleep(0)  # as the REST answer: the waiting runner takes the answer first
         if arguments.get("wait", True) is False:
             return _reply(await tasks.fetch(task_id), call, settings())
@@ -387,10 +388,10 @@ async def _answer(tasks: TaskService, task_id: str, body: Answer, call: GatewayC
         _may_answer_server(call, task, question, settings)
         await tasks.answer_mcp_question(task_id, body.answer, _who(call), answerer=_ref(call))
         return
+    judged = judged_question(pending, body.question_id)  # applied to this question only, wherever the task runs
     if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
         _need_approve(call, f"answer task {task_id[:12]}'s {pending.kind}", task, settings)
-    await tasks.steer(task_id, "answer", _who(call), answer=body.answer, question_id=body.question_id,
-                      digest=body.digest)
+    await tasks.steer(task_id, "answer", _who(call), answer=body.answer, question_id=judged, digest=body.digest)
 
 
 # -- replies --------------------------------------------------------------------------------------------

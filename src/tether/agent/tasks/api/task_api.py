@@ -24,7 +24,7 @@ from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.run.graph.view import graph_of
 from tether.agent.run.replies import APPROVAL_KINDS, says_no
 from tether.agent.run.task import Task, TaskEvent, TaskState
-from tether.agent.tasks.service import TaskError, TaskService
+from tether.agent.tasks.service import TaskError, TaskService, judged_question
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import how_a_person_approves
@@ -189,11 +189,12 @@ async def answer_task(task_id: str, body: Answer, request: Request,
         await service.answer_mcp_question(task_id, body.answer, f"api:{who.name}",
                                           answerer=TokenRef(who.name, who.agent))
         return (await service.fetch(task_id)).summary()
+    judged = judged_question(pending, body.question_id)  # applied to this question only, wherever the task runs
     if pending is not None and pending.kind in APPROVAL_KINDS and not says_no(body.answer, pending.options):
         require_approver(who, f"answer task {task.id[:12]}'s {pending.kind}", how_a_person_approves(
             base, task_id=task.id), requested_by=task.requested_by, settings=_settings(request))
     return _summary(await service.steer(task_id, "answer", f"api:{who.name}", answer=body.answer,
-                                        question_id=body.question_id, digest=body.digest))
+                                        question_id=judged, digest=body.digest))
 
 
 @router.post("/{task_id}/approval")
@@ -208,7 +209,8 @@ async def approve_task(task_id: str, body: Approval, request: Request,
     if body.always is not None and body.approved:  # a denial is a denial, whatever else it says
         await _allow_always(request, task_id, body, who)
     return _summary(await _service(request).steer(task_id, "approve", f"api:{who.name}", approved=body.approved,
-                                                  digest=body.digest))
+                                                  digest=body.digest,
+                                                  question_id=judged_question(task.pending_question, None)))
 
 
 @router.post("/{task_id}/cancel")

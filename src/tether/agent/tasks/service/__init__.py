@@ -19,12 +19,13 @@ followers (`followers`), its runners (`running`), steering (`answering`), start,
 from __future__ import annotations
 
 from tether.agent.tasks.errors import TaskError
+from tether.agent.tasks.service.answering import judged_question
 from tether.agent.tasks.service.creating import Creating
 from tether.agent.tasks.service.lifecycle import Lifecycle
 from tether.agent.tasks.service.running import DeviceUnavailable
 from tether.agent.tasks.service.undo import Undoing
 
-__all__ = ["DeviceUnavailable", "TaskError", "TaskService"]
+__all__ = ["DeviceUnavailable", "TaskError", "TaskService", "judged_question"]
 
 
 class TaskService(Lifecycle, Creating, Undoing):

@@ -7,11 +7,27 @@ import json
 from typing import Any
 
 from tether.agent.run.decisions import OPTION_APPROVE, OPTION_DENY
-from tether.agent.run.task import Task, TaskState
+from tether.agent.run.task import Question, Task, TaskState
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service.running import Running
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.approvals import ApprovalRefused
+
+NO_QUESTION = "-"  # what an answer is pinned to when no question was open where it was judged
+
+
+def judged_question(pending: Question | None, question_id: str | None) -> str:
+    """The question an answer was judged against (whether it approves, and whether its token may), to send with
+    it as `question_id`: the answer is then applied to that very question or refused (409), never to another one
+    that opened since, here or on the node running the task (whose view may be ahead of the stored row the
+    route read). `pending` is the open question as the route saw it; `question_id` the one the caller named:
+    TaskError 409 when it is not that one (the caller answers a question this view cannot judge)."""
+    seen = pending.id if pending is not None else NO_QUESTION
+    if question_id is not None and question_id != seen:
+        raise TaskError(409, f"question {question_id[:64]} is not the open one here ("
+                             + (f"that is {seen}" if pending is not None else "none is open as this server sees the "
+                                "task") + "): look at the task again, nothing was answered")
+    return seen
 
 
 class Answering(Running):
@@ -41,7 +57,8 @@ class Answering(Running):
                 task = self.answer(task_id, str(args.get("answer", "")), args.get("question_id"), by,
                                    digest=args.get("digest"))
             else:
-                task = self.approve(task_id, bool(args.get("approved")), by, digest=args.get("digest"))
+                task = self.approve(task_id, bool(args.get("approved")), by, digest=args.get("digest"),
+                                    question_id=args.get("question_id"))
         finally:
             self._checked.pop(task_id, None)
             self._checked.pop(checked.id, None)
@@ -77,6 +94,9 @@ class Answering(Running):
         pending = task.pending_question
         if task.state is not TaskState.WAITING_FOR_USER or pending is None:
             raise TaskError(409, f"task {task.id} has no open question (it is {task.state.value})")
+        if question_id == NO_QUESTION:
+            raise TaskError(409, f"no question was open when this answer was checked; question {pending.id} is "
+                                 "open now: look at it, nothing was answered")
         if question_id is not None and question_id != pending.id:
             raise TaskError(409, f"question {question_id} is not the open one (that is {pending.id})")
         if digest is not None and digest != pending.digest:
@@ -138,9 +158,16 @@ class Answering(Running):
             raise TaskError(409, f"the MCP server's question {question['id']} is no longer waiting for an answer")
         return True
 
-    def approve(self, task_id: str, approved: bool, by: str | None = None, *, digest: str | None = None) -> Task:
+    def approve(self, task_id: str, approved: bool, by: str | None = None, *, digest: str | None = None,
+                question_id: str | None = None) -> Task:
+        """Approve or deny the action (or confirm or cancel the plan) the task waits on; `question_id`, when
+        given, pins the question the caller judged (`judged_question`): TaskError 409 when another is open."""
         task = self._steerable(task_id)
         pending = task.pending_question
+        if question_id is not None and pending is not None and question_id != pending.id:
+            raise TaskError(409, f"question {pending.id} is open now, not the one this approval was checked against"
+                                 f" ({'none' if question_id == NO_QUESTION else question_id}): look at it, nothing "
+                                 "was approved")
         if pending is not None and pending.kind == "confirmation" and task.state is TaskState.WAITING_FOR_USER:
             return self.answer(task.id, "run" if approved else "cancel", pending.id, by,  # a plan to confirm
                                digest=digest)

@@ -74,7 +74,8 @@ def tools(ctx: typer.Context, config: ConfigOpt = None, policy: PolicyOpt = None
         return
     out = console()
     for namespace_name, error in problems.items():
-        out.print(f"[yellow]server {escape(namespace_name)} is unavailable:[/yellow] {escape(str(error))}")
+        out.print(f"[yellow]server {escape(namespace_name)} is unavailable:[/yellow] {escape(str(error))}",
+                  soft_wrap=True)
     for name in disabled:
         out.print(f"server {name} is disabled in the config (disabled: true): not started", style="dim", markup=False)
     for c in collisions:

@@ -60,7 +60,7 @@ def cp(source: Annotated[str, typer.Argument(help="DEVICE:PATH of the file or di
         console().print(f"sent {r['files']} file(s), {r['bytes']} bytes, to {escape(r['dest'])}:"
                         f"{escape(r['root'])} in {r['seconds']} s{resumed}; sha256 {r['sha256']} verified")
     else:
-        console().print(f"[red]transfer failed:[/red] {escape(result.error or 'no reason given')}")
+        console().print(f"[red]transfer failed:[/red] {escape(result.error or 'no reason given')}", soft_wrap=True)
         payload = result.result if isinstance(result.result, dict) else {}
         if payload.get("needs_approval"):
             console().print(f"a person approves it with: tether cp {escape(source)} {escape(dest)} --approve "

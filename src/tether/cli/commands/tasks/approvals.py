@@ -92,8 +92,11 @@ def _item(remote: Any, item_id: str) -> dict[str, Any]:
 _YES = ("yes", "approve", "approved", "allow", "accept", "confirm", "confirmed", "ok", "proceed", "y")
 
 
-def _consent(schema: Any) -> dict[str, Any] | None:
-    """The content that says yes to a consent question's form: every boolean true, a yes among the choices."""
+def _consent(item_id: str, schema: Any) -> dict[str, Any] | None:
+    """The content that says yes to a consent question's form: every boolean true, a yes among the choices.
+    A form that asks for anything else (a choice with no yes among it, a text, a number) is not approved: a yes is
+    never turned into a choice the person did not make (the MCP server orders its choices). Usage error then,
+    nothing sent; `tether approvals answer` gives the value."""
     fields = (schema or {}).get("properties") or {} if isinstance(schema, dict) else {}
     content: dict[str, Any] = {}
     for name, field in fields.items():
@@ -101,8 +104,14 @@ def _consent(schema: Any) -> dict[str, Any] | None:
             continue
         if field.get("type") == "boolean":
             content[name] = True
-        elif options := [o for o in field.get("enum") or [] if isinstance(o, str)]:
-            content[name] = next((o for o in options if o.strip().lower() in _YES), options[0])
+            continue
+        options = [o for o in field.get("enum") or [] if isinstance(o, str)]
+        yes = next((o for o in options if o.strip().lower() in _YES), None)
+        if yes is None:
+            asked = f"one of: {', '.join(options)}" if options else f"a {field.get('type') or 'value'}"
+            fail(f"{item_id} asks for {name} ({asked}), not a yes; nothing was sent: answer it with "
+                 f"`tether approvals answer {item_id} VALUE`")
+        content[name] = yes
     return content or None
 
 
@@ -119,7 +128,7 @@ def _act(item_id: str, verb: str, text: str | None, server: str | None, token: s
                     result = remote.answer_question(item["device"], item["question_id"], "accept", {field: text})
                 elif verb == "approve":
                     result = remote.answer_question(item["device"], item["question_id"], "accept",
-                                                    _consent(item.get("schema")))
+                                                    _consent(item_id, item.get("schema")))
                 else:
                     result = remote.answer_question(item["device"], item["question_id"], "decline")
             elif verb == "answer":

@@ -32,13 +32,9 @@ from mcp.server import Server
 from mcp.server.mcpserver import MCPServer
 from mcp.shared.exceptions import MCPError
 
-from tether.device.mcp.client.servers import (
-    MCPServerError,
-    SessionServer,
-    describe_error,
-    innermost_error,
-    message_limit,
-)
+from tether.device.mcp.client.base import MCPServerError
+from tether.device.mcp.client.servers import SessionServer
+from tether.device.mcp.client.session_util import describe_error, innermost_error, message_limit
 from tether.device.mcp.client.stdio import bounded_stdio_client
 from tether.device.mcp.config.server_config import MCPServerConfig
 

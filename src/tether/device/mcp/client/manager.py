@@ -45,7 +45,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _describe_error(exc: BaseException) -> str:
-    from tether.device.mcp.client.servers import describe_error  # an external server's error: `mcp` is loaded
+    from tether.device.mcp.client.session_util import describe_error  # an external server's error: `mcp` is loaded
 
     return describe_error(exc)
 

@@ -16,7 +16,6 @@ from tether.protocol.models import Result
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.approvals import how_a_person_approves, server_url
-from tether.server.mcp import search
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, contributed
 from tether.server.mcp.gateway.questions import GatewayQuestions, _ask_later
 from tether.server.mcp.handlers.context import (
@@ -30,8 +29,9 @@ from tether.server.mcp.handlers.context import (
 from tether.server.mcp.handlers.task_routes import TaskRoutes
 from tether.server.mcp.handlers.tasks import CallTasks
 from tether.server.mcp.listing import FleetIndex, list_devices
-from tether.server.mcp.tool_call import AskLater, Caller, Reply, call_device_tool
-from tether.server.mcp.translate import call_result, capped
+from tether.server.mcp.tools import search
+from tether.server.mcp.tools.tool_call import AskLater, Caller, Reply, call_device_tool
+from tether.server.mcp.tools.translate import call_result, capped
 from tether.server.scopes import reaches
 from tether.server.store import Store
 

@@ -15,7 +15,8 @@ from starlette.applications import Starlette
 
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
-from tether.server.mcp.admission import Admitted, Refused, admit, deny
+from tether.server.mcp.front.admission import Admitted, Refused, admit, deny
+from tether.server.mcp.front.transport import ReplyingSessionManager
 from tether.server.mcp.gateway.calls import GatewayCalls
 from tether.server.mcp.gateway.fleet_server import CACHE_HINTS, INSTRUCTIONS, _FleetServer
 from tether.server.mcp.gateway.lists import GatewayLists
@@ -25,10 +26,9 @@ from tether.server.mcp.handlers.listen import FleetListen
 from tether.server.mcp.handlers.resources import FleetResources
 from tether.server.mcp.handlers.task_routes import TaskRoutes
 from tether.server.mcp.handlers.tasks import EXTENSION
+from tether.server.mcp.handlers.watch import ListChangedWatch
 from tether.server.mcp.listing import FleetIndex, ScopedFilter
-from tether.server.mcp.translate import plain_errors
-from tether.server.mcp.transport import ReplyingSessionManager
-from tether.server.mcp.watch import ListChangedWatch
+from tether.server.mcp.tools.translate import plain_errors
 from tether.server.store import Store
 from tether.version import __version__
 
@@ -72,7 +72,7 @@ class Gateway(GatewayCalls, GatewayLists):
         self.server.middleware = [self._task_call_2025, self.watch.middleware]
         self._deferred: dict[str, _Deferred] = {}  # by request_state
         self._page_size: int = app.state.settings.mcp_page_size  # items per page of every list (paging.py)
-        self._progressive_over: int = app.state.settings.mcp_progressive_over  # past it, search (search.py)
+        self._progressive_over: int = app.state.settings.mcp_progressive_over  # past it, search (tools/search.py)
 
     @asynccontextmanager
     async def run(self) -> AsyncIterator[None]:
@@ -103,7 +103,7 @@ class Gateway(GatewayCalls, GatewayLists):
         version = headers.get(b"mcp-protocol-version")
         modern = version is not None and version.decode("latin-1") not in HANDSHAKE_PROTOCOL_VERSIONS
         # only a handshake-era POST without a session id opens a session; a stateless (2026-07-28) request
-        # needs no slot, and an idle session of the token makes room (transport.py)
+        # needs no slot, and an idle session of the token makes room (front/transport.py)
         if b"mcp-session-id" not in headers and scope.get("method") == "POST" and not modern \
                 and not self.manager.make_room(token.id):
             await deny(scope, receive, send, 429,

@@ -11,13 +11,13 @@ import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from starlette.applications import Starlette
 
-from tether.server.mcp import search
 from tether.server.mcp.contributed import contributed
 from tether.server.mcp.handlers.context import admitted_of, caller_of
 from tether.server.mcp.handlers.paging import checked_cursor, page
 from tether.server.mcp.handlers.resources import FleetResources
 from tether.server.mcp.listing import LIST_DEVICES_INPUT, LIST_DEVICES_OUTPUT, FleetIndex
-from tether.server.mcp.translate import contributed_tool, device_tool
+from tether.server.mcp.tools import search
+from tether.server.mcp.tools.translate import contributed_tool, device_tool
 
 
 class GatewayLists:

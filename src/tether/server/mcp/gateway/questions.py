@@ -14,8 +14,8 @@ import mcp_types as types
 
 from tether.protocol.models import Result
 from tether.server.mcp.handlers.context import ELICIT_TIMEOUT
-from tether.server.mcp.tool_call import AskLater, Reply
-from tether.server.mcp.translate import call_result
+from tether.server.mcp.tools.tool_call import AskLater, Reply
+from tether.server.mcp.tools.translate import call_result
 from tether.server.store.tokens import TokenInfo
 
 MAX_DEFERRED = 1024  # questions to 2026-07-28 clients awaiting their retry

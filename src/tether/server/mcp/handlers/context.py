@@ -10,10 +10,10 @@ from typing import Any
 from mcp.server.context import ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from tether.server.mcp.admission import Admitted
+from tether.server.mcp.front.admission import Admitted
 from tether.server.mcp.handlers.tasks import EXTENSION
 from tether.server.mcp.listing import DeviceFilter
-from tether.server.mcp.tool_call import Caller
+from tether.server.mcp.tools.tool_call import Caller
 
 SCOPE_KEY = "tether.mcp.caller"  # the ASGI scope entry where the checked token and filter ride to handlers
 ELICIT_TIMEOUT = 600.0  # a person answering a question through the client

@@ -33,8 +33,8 @@ from tether.protocol.models import ToolInfo
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.mcp.listing import SEPARATOR, DeviceFilter, DeviceTool, escape_name
-from tether.server.mcp.tool_call import Caller, Reply, call_device_tool
-from tether.server.mcp.translate import gateway_uri, parse_gateway_uri
+from tether.server.mcp.tools.tool_call import Caller, Reply, call_device_tool
+from tether.server.mcp.tools.translate import gateway_uri, parse_gateway_uri
 from tether.server.store.audit import AuditLog
 
 logger = logging.getLogger(__name__)

@@ -171,6 +171,10 @@ function decideInbox(item, verb, answer) {
   let call;
   if (item.source === "device") {
     const path = `/api/v1/devices/${encodeURIComponent(item.device)}/questions/${encodeURIComponent(item.question_id)}`;
+    if (verb === "approve" && answer === undefined && consent(item.schema) === null) {  // a choice is the person's
+      toast(`${item.id.slice(0, 24)} asks to choose or write something, not a yes: answer it with tether approvals answer`);
+      return Promise.resolve();
+    }
     call = api(path, {method: "POST", body: verb === "deny" ? {action: "decline"} : {action: "accept", content: answer === undefined ? consent(item.schema) : {[Object.keys((item.schema || {}).properties || {answer: 1})[0]]: answer}}});
   } else if (item.kind !== "question") {  // an approval or a plan to confirm: yes or no, bound to its digest
     call = api(`/api/v1/tasks/${encodeURIComponent(item.task)}/approval`, {method: "POST", body: {approved: verb === "approve", digest: item.digest || undefined}});
@@ -190,12 +194,16 @@ function inboxCard(i) {  // every string from the item goes in as text (h)
     h("p", {class: "question"}, i.question), i.changes ? h("p", {class: "muted"}, `${i.changes} file change(s) held: open the task to see them`) : null,
     buttons);
 }
-function consent(schema) {  // yes to a consent form: every boolean true, a yes-like choice (as `tether approvals approve`)
+function consent(schema) {  // yes to a consent form: every boolean true, a yes-like choice (as `tether approvals approve`);
+  // null for a form asking anything else (a choice with no yes, a text): a yes never becomes a choice nobody made
   const yes = ["yes", "approve", "approved", "allow", "accept", "confirm", "confirmed", "ok", "proceed", "y"];
   const out = {};
   for (const [k, f] of Object.entries((schema || {}).properties || {})) {
-    if (f.type === "boolean") out[k] = true;
-    else if (Array.isArray(f.enum) && f.enum.length) out[k] = f.enum.find((o) => yes.includes(String(o).toLowerCase())) || f.enum[0];
+    if (!f || typeof f !== "object") continue;
+    if (f.type === "boolean") { out[k] = true; continue; }
+    const picked = Array.isArray(f.enum) ? f.enum.find((o) => yes.includes(String(o).trim().toLowerCase())) : undefined;
+    if (picked === undefined) return null;
+    out[k] = picked;
   }
   return Object.keys(out).length ? out : undefined;
 }

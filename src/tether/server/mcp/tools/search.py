@@ -29,7 +29,7 @@ import mcp_types as types
 from tether.protocol.models import ToolInfo
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.mcp.listing import BadFilter, DeviceFilter, DeviceTool, FleetIndex
-from tether.server.mcp.translate import client_safe_schema
+from tether.server.mcp.tools.translate import client_safe_schema
 
 NAME = "find_tools"
 DEFAULT_LIMIT = 20

@@ -11,7 +11,7 @@ import mcp_types as types
 from tether.protocol.models import ToolInfo
 from tether.server.mcp.contributed import GatewayTool
 from tether.server.mcp.listing import DeviceTool, tool_annotations
-from tether.server.mcp.tool_call import Reply
+from tether.server.mcp.tools.tool_call import Reply
 
 
 def device_tool(tool: DeviceTool) -> types.Tool:

@@ -1,7 +1,7 @@
 """Who may use `/mcp`: the API token and device-filter checks, written without the `mcp` SDK.
 
-The SDK is imported on the first request to `/mcp` that passes these checks (`LazyGateway` in
-`__init__.py`): a request without a valid token is refused exactly as before, and costs the server no
+The SDK is imported on the first request to `/mcp` that passes these checks (`LazyGateway`,
+lazy_gateway.py): a request without a valid token is refused exactly as before, and costs the server no
 import. `Gateway.__call__` runs the same checks on every request once it is built, so a revoked token
 stops at once.
 """
@@ -13,8 +13,8 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from tether.server.http.request_guard import send_error
+from tether.server.mcp.front.resource_metadata import challenge
 from tether.server.mcp.listing import BadFilter, DeviceFilter
-from tether.server.mcp.resource_metadata import challenge
 from tether.server.oidc.bearer import Bearers, OidcRefused
 from tether.server.store.tokens import TokenInfo
 

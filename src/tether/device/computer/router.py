@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from tether.device.computer_manager import ComputerManager
+from tether.device.computer.manager import ComputerManager
 from tether.protocol.models import Command, Result, ResultStatus
 from tether.tools.context import EventSink
 from tether.tools.policy import approval
