@@ -33,7 +33,7 @@ from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import PersonAsker, ToolContext, default_state_dir
 from tether.tools.journal import UndoJournal
 from tether.tools.policy.model import Policy, default_policy, load_policy, policy_from_mapping
-from tether.tools.sandboxing import make_sandbox
+from tether.tools.running.sandboxing import make_sandbox
 from tether.tools.shell.egress_ask import with_grants
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from tether.tools.errors import ToolError
 from tether.tools.optional import MissingDependency, require
-from tether.tools.process import safe_environment
+from tether.tools.running.process import safe_environment
 
 XDOTOOL_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 3.0

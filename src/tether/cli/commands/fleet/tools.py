@@ -125,7 +125,7 @@ def _serve_toolset(factories: dict[str, Any], name: str, pol: Any, state: Path, 
     from tether.tools.journal import UndoJournal
     from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
     from tether.tools.optional import MissingDependency
-    from tether.tools.sandboxing import make_sandbox
+    from tether.tools.running.sandboxing import make_sandbox
 
     journal = UndoJournal(state)
     session = f"mcp-{uuid.uuid4().hex[:8]}"
