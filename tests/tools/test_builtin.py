@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency
 from tether.tools.toolsets.builtin import BUILTIN_TOOLS, OPTIONAL_SETS, builtin_toolsets, sets_not_holding
 
 

@@ -36,7 +36,7 @@ from tests.kits.desktop import (
 from tests.kits.results import failed, ok
 from tether.tools.context import ToolContext
 from tether.tools.desktop.ocr import OcrEngine
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency
 from tether.tools.policy.model import CommandRule, Policy
 from tether.tools.runtime import ToolSet
 from tether.tools.system.tool import system_toolset

@@ -122,8 +122,8 @@ def _serve_toolset(factories: dict[str, Any], name: str, pol: Any, state: Path, 
                    port: int) -> None:
     """`tools serve` past its checks, with the state directory `state` held."""
     from tether.tools.context import ToolContext
+    from tether.tools.errors import MissingDependency
     from tether.tools.journal import UndoJournal
-    from tether.tools.optional import MissingDependency
     from tether.tools.running.sandboxing import make_sandbox
     from tether.tools.toolsets.mcp_export import serve_http, serve_stdio, toolset_to_mcp
 
