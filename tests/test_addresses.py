@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from tether.addresses import is_loopback
-from tether.server.oidc.config import is_loopback_url
 from tether.server.settings import ServerSettings
+from tether.server.trust.oidc.config import is_loopback_url
 
 
 @pytest.mark.parametrize("host, loopback", [
