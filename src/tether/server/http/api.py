@@ -17,9 +17,9 @@ from tether.protocol.models import Command
 from tether.protocol.profile import DeviceProfile
 from tether.server.aip.fleet.record import DeviceRecord
 from tether.server.aip.fleet.registry import DeviceRegistry
+from tether.server.aip.fleet.scopes import reaches, unknown_device
 from tether.server.aip.hub import DeviceHub
 from tether.server.ports import BackplaneUnavailable
-from tether.server.scopes import reaches, unknown_device
 from tether.server.store import Store
 from tether.server.store.tokens import AGENT_NEVER, TokenInfo
 from tether.server.trust.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves

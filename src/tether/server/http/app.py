@@ -15,6 +15,7 @@ from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.questions.asked import Sampler
 from tether.server.aip.sockets.socket import aip_route
+from tether.server.aip.transfer.service import TransferService
 from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.json_errors import error_message
 from tether.server.http.request_guard import RequestGuard
@@ -32,7 +33,6 @@ from tether.server.notify.notifier import Notifier
 from tether.server.ports import RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
-from tether.server.transfer.service import TransferService
 from tether.server.trust.approvals import server_url
 from tether.server.trust.oidc.bearer import Bearers
 from tether.server.trust.pairing import PairingBook

@@ -299,7 +299,7 @@ async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
 
 async def _allow_always(request: Request, task_id: str, body: Approval, who: TokenInfo) -> None:
     """Add the waiting shell command's program (or program + first argument) to its device's allowlist."""
-    from tether.server import policy_push
+    from tether.server.aip import policy_push
 
     if not who.allows("admin"):
         raise HTTPException(403, f"token '{who.name}' lacks the 'admin' scope an 'always' answer needs (it "

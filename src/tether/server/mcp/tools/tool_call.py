@@ -27,7 +27,7 @@ from typing import Any
 from tether.errors import ServerError
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
-from tether.server import policy_push
+from tether.server.aip import policy_push
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.questions.asked import asks_consent
