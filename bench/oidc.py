@@ -27,9 +27,9 @@ from cryptography.hazmat.primitives.asymmetric import ed25519, rsa
 
 from bench.kit.oidc_issuer import Issuer, IssuerServer
 from tether.server.http.app import create_app
-from tether.server.oidc.verify import OidcVerifier
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
+from tether.server.trust.oidc.verify import OidcVerifier
 
 ROUNDS = 5
 

@@ -56,10 +56,10 @@ from tether.server.aip.hub import DeviceHub
 from tether.server.main import build_config
 from tether.server.settings import ServerSettings
 from tether.server.store import Store
-from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import ToolContext
 from tether.tools.journal import UndoJournal
 from tether.tools.runtime import ToolSet, tool
+from tether.tools.toolsets.builtin import builtin_toolsets
 
 DEVICE = "bench"
 SECRET_ENV = "TETHER_DEVICE_TOKEN"  # how a child device peer gets its token (never argv)

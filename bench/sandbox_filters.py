@@ -74,7 +74,7 @@ async def main(n: int, repeats: int) -> None:
     from tether.protocol.models import Command
     from tether.sandbox.runner import Sandbox
     from tether.tools.policy.model import policy_from_mapping
-    from tether.tools.sandboxing import make_sandbox
+    from tether.tools.running.sandboxing import make_sandbox
 
     bwrap, true = shutil.which("bwrap"), shutil.which("true")
     if bwrap is None or true is None:

@@ -8,8 +8,8 @@ import asyncio
 import pytest
 
 from tether.addresses import is_loopback
-from tether.server.oidc.config import is_loopback_url
 from tether.server.settings import ServerSettings
+from tether.server.trust.oidc.config import is_loopback_url
 
 
 @pytest.mark.parametrize("host, loopback", [
@@ -33,10 +33,10 @@ def test_an_issuer_url_is_loopback_by_its_host_alone(url: str, loopback: bool) -
 
 
 def test_the_tools_endpoint_refuses_an_exposed_address_before_binding() -> None:
-    from tether.tools.builtin import builtin_toolsets
     from tether.tools.context import ToolContext
-    from tether.tools.mcp_export import serve_http, toolset_to_mcp
     from tether.tools.policy.model import default_policy
+    from tether.tools.toolsets.builtin import builtin_toolsets
+    from tether.tools.toolsets.mcp_export import serve_http, toolset_to_mcp
 
     server = toolset_to_mcp(builtin_toolsets()["system"](), lambda: ToolContext(policy=default_policy()))
     with pytest.raises(ValueError, match=r"refusing to serve tools on 0\.0\.0\.0: not a loopback address"):

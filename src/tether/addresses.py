@@ -1,5 +1,5 @@
 """Whether a host names this machine alone: the one loopback check of the server's bind and the OIDC issuer's
-URLs (`tether.server`) and of the tools' own MCP endpoint (`tether.tools.mcp_export`). Standard library only,
+URLs (`tether.server`) and of the tools' own MCP endpoint (`tether.tools.toolsets.mcp_export`). Standard library only,
 importing nothing of tether, so any layer may use it.
 """
 

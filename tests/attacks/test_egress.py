@@ -32,7 +32,7 @@ from tether.sandbox.egress.proxy import EgressProxy, EgressRecord, Limits
 from tether.sandbox.egress.rules import EgressRules, is_public, parse_address, parse_entry
 from tether.sandbox.runner import Sandbox
 from tether.tools.policy.model import policy_from_mapping
-from tether.tools.sandboxing import egress_rules, sandbox_spec
+from tether.tools.running.sandboxing import egress_rules, sandbox_spec
 
 BODY = b"hello from the upstream server\n"
 IO_TIMEOUT_S = 10.0

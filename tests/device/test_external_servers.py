@@ -7,8 +7,8 @@ import sys
 from tether.device.config import parse_device_config
 from tether.device.local import build_device
 from tether.protocol.models import Command, ResultStatus
-from tether.tools.builtin import OPTIONAL_SETS
 from tether.tools.policy.model import Policy
+from tether.tools.toolsets.builtin import OPTIONAL_SETS
 
 
 async def test_time_and_filesystem_servers_through_the_router(node_mcp_bin, tmp_path):

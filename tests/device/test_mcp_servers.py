@@ -32,9 +32,9 @@ from tether.device.mcp.client.manager import (
 from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
-from tether.tools.mcp_export import serve_http, toolset_to_mcp
 from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet, tool
+from tether.tools.toolsets.mcp_export import serve_http, toolset_to_mcp
 
 SERVERS = Path(__file__).parent.parent / "servers"
 CRASHY = str(SERVERS / "crashy.py")

@@ -13,7 +13,7 @@ from tether.sandbox.confine.limits import Limits, describe, exceeded, shm_option
 from tether.sandbox.confine.seccomp import RET_ALLOW, program
 from tether.tools.policy.model import policy_from_mapping
 from tether.tools.policy.overlay import check_overlay
-from tether.tools.sandboxing import sandbox_spec
+from tether.tools.running.sandboxing import sandbox_spec
 
 LIMITS = Limits(memory_mb=64, processes=300, cpu_seconds=2, file_size_mb=1, open_files=32, shm_mb=4)
 FORK_TRACEBACK = ("Traceback (most recent call last):\n  File \"<string>\", line 4, in <module>\n    pid = os.fork()\n"

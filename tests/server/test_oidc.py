@@ -26,8 +26,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, ed25519, rsa
 
 from bench.kit.oidc_issuer import Issuer, IssuerServer
 from tests.kits.task import WAIT, AgentServer
-from tether.server.oidc.config import OidcIssuer
-from tether.server.oidc.keys import IssuerKeys
+from tether.server.trust.oidc.config import OidcIssuer
+from tether.server.trust.oidc.keys import IssuerKeys
 from tether.tools.policy.model import default_policy
 
 shared = pytest.mark.asyncio(loop_scope="module")  # the async tests share one server (the `world` fixture)

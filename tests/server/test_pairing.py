@@ -16,8 +16,8 @@ from tests.kits.netutil import CLI, Cluster, wait_for
 from tether.device.link.trust.device_key import DeviceKey
 from tether.protocol.identity import claim_statement
 from tether.protocol.models import Command
-from tether.server.pairing import PairingBook, PairingError, PairingLimits
 from tether.server.store import Store
+from tether.server.trust.pairing import PairingBook, PairingError, PairingLimits
 
 CODE = re.compile(r"pairing code: ([0-9A-Z]{4}-[0-9A-Z]{4})\s+device fingerprint: ([0-9a-f]{16})")
 

@@ -7,7 +7,7 @@ import pytest
 
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.aip.questions.asked import asks_consent
-from tether.server.approvals import ApprovalRefused, check_answerer
+from tether.server.trust.approvals import ApprovalRefused, check_answerer
 
 
 @pytest.mark.parametrize(("schema", "consent"), [

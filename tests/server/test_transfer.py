@@ -25,7 +25,7 @@ from tests.kits.netutil import CLI, Proc, free_port, tether_env, wait_for
 from tether.client import Client
 from tether.client.rest import RemoteServer
 from tether.protocol.models import Command, Result
-from tether.server.transfer.model import transfer_id
+from tether.server.aip.transfer.model import transfer_id
 
 WAIT = 60.0
 # a dropped device's batches wait 3 s for it; silence for 2 s means it is gone

@@ -91,7 +91,7 @@ if __name__ == "__main__":
         import functools
         import socket
 
-        from tether.tools.mcp_export import serve_http
+        from tether.tools.toolsets.mcp_export import serve_http
 
         anyio.run(functools.partial(serve_http, mcp, sock=socket.socket(fileno=int(sys.argv[2]))))
     else:

@@ -7,9 +7,9 @@ from pydantic import BaseModel
 
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
-from tether.tools.mcp_export import serve_stdio, toolset_to_mcp
 from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet, tool
+from tether.tools.toolsets.mcp_export import serve_stdio, toolset_to_mcp
 
 
 class Product(BaseModel):

@@ -21,7 +21,7 @@ import pytest_asyncio
 
 from tether.protocol.models import Result, ResultStatus
 from tether.tools.context import ToolContext
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency
 from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet
 

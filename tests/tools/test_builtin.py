@@ -1,13 +1,13 @@
-"""The built-in tool sets' names known without importing them (`tether.tools.builtin.BUILTIN_TOOLS`) are the sets'
-own, and `sets_not_holding` leaves out exactly the built-in sets that cannot hold a tool (issue 33 item 4: a
+"""The built-in tool sets' names known without importing them (`tether.tools.toolsets.builtin.BUILTIN_TOOLS`) are
+the sets' own, and `sets_not_holding` leaves out exactly the built-in sets that cannot hold a tool (issue 33 item 4: a
 one-off `tether exec` starts only those that can)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tether.tools.builtin import BUILTIN_TOOLS, OPTIONAL_SETS, builtin_toolsets, sets_not_holding
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency
+from tether.tools.toolsets.builtin import BUILTIN_TOOLS, OPTIONAL_SETS, builtin_toolsets, sets_not_holding
 
 
 @pytest.mark.parametrize("name", sorted(builtin_toolsets()))

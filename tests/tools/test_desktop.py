@@ -36,7 +36,7 @@ from tests.kits.desktop import (
 from tests.kits.results import failed, ok
 from tether.tools.context import ToolContext
 from tether.tools.desktop.ocr import OcrEngine
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency
 from tether.tools.policy.model import CommandRule, Policy
 from tether.tools.runtime import ToolSet
 from tether.tools.system.tool import system_toolset
@@ -322,8 +322,8 @@ async def test_launch_reports_the_window_and_close_closes_it(xvfb: str, tmp_path
 
 
 def test_without_a_display_the_tool_set_says_what_is_missing(xvfb: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    from tether.tools.builtin import builtin_toolsets
     from tether.tools.desktop.tool import desktop_toolset
+    from tether.tools.toolsets.builtin import builtin_toolsets
 
     with pytest.raises(MissingDependency, match="no X display: set DISPLAY or run under Xvfb"):
         desktop_toolset(display="")
@@ -338,8 +338,8 @@ def test_without_a_display_the_tool_set_says_what_is_missing(xvfb: str, monkeypa
 
 
 async def test_tool_names_and_closing(desktop: ToolSet, ocr_engine: OcrEngine, xvfb: str) -> None:
-    from tether.tools.builtin import OPTIONAL_TOOLS
     from tether.tools.desktop.tool import desktop_toolset
+    from tether.tools.toolsets.builtin import OPTIONAL_TOOLS
 
     assert set(desktop.specs) == set(OPTIONAL_TOOLS["desktop"]) | {"screenshot"}
     kinds = {name: spec.tool_type for name, spec in desktop.specs.items()}

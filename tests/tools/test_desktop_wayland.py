@@ -34,7 +34,7 @@ from tether.tools.context import ToolContext
 from tether.tools.desktop.ocr import OcrEngine
 from tether.tools.desktop.wayland import WaylandSession, probe_wayland, session_facts, wayland_refusal
 from tether.tools.desktop.wlinput import WlInput
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency
 from tether.tools.policy.model import Policy
 from tether.tools.runtime import ToolSet
 

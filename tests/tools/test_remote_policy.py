@@ -235,7 +235,7 @@ def test_the_narrowed_rules_hold_the_devices_own_at_every_step() -> None:
 
     from tether.tools.policy.model import policy_from_mapping
     from tether.tools.policy.overlay import effective
-    from tether.tools.sandboxing import egress_rules
+    from tether.tools.running.sandboxing import egress_rules
 
     device = policy_from_mapping({"network": {"allow": ["*.example.com"], "ask": "on-miss"}})
     narrowed = effective(device, {"network": {"allow": ["intra.example.com", "other.test"], "ask": "on-miss"}})

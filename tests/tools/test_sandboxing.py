@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tether.tools.sandboxing import layers_dir
+from tether.tools.running.sandboxing import layers_dir
 
 STRANGER = 65534  # nobody: another user's files (the suite runs as root in CI; chown needs it)
 
@@ -30,7 +30,7 @@ def roots(tmp_path: Path) -> list[str]:
 
 def chosen(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, path: Path, roots: list[str]) -> str:
     monkeypatch.setenv("TETHER_SANDBOX_LAYERS", str(path))
-    with caplog.at_level(logging.WARNING, logger="tether.tools.sandboxing"):
+    with caplog.at_level(logging.WARNING, logger="tether.tools.running.sandboxing"):
         got = layers_dir(roots)
     assert got is not None
     return got

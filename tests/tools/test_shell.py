@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from tether.protocol.models import Result, ResultStatus
-from tether.tools import process
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import CommandRule, Policy, default_policy
-from tether.tools.process import run_process
+from tether.tools.running import process
+from tether.tools.running.process import run_process
 from tether.tools.shell.tool import shell_toolset
 
 GRANDCHILD = """

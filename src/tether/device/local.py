@@ -29,12 +29,12 @@ from tether.device.server_programs import with_server_programs
 from tether.errors import DeviceError
 from tether.sandbox import SandboxInfo, detect
 from tether.sandbox.kept import Kept
-from tether.tools.builtin import builtin_toolsets
 from tether.tools.context import PersonAsker, ToolContext, default_state_dir
 from tether.tools.journal import UndoJournal
 from tether.tools.policy.model import Policy, default_policy, load_policy, policy_from_mapping
-from tether.tools.sandboxing import make_sandbox
+from tether.tools.running.sandboxing import make_sandbox
 from tether.tools.shell.egress_ask import with_grants
+from tether.tools.toolsets.builtin import builtin_toolsets
 
 
 @dataclass
@@ -228,7 +228,7 @@ def build_device(config: DeviceConfig | None = None, *, policy: Policy | None = 
     is ready with its built-in tools and external MCP servers join when they have started (`tether device`
     registers without waiting for them), once `join_after` is set (None: at once), `on_tools_changed`
     hearing of each. `only_tool`: the device runs one command, for this tool (a one-off `tether exec`): the
-    built-in tool sets that cannot hold it are not started (`tether.tools.builtin.sets_not_holding`).
+    built-in tool sets that cannot hold it are not started (`tether.tools.toolsets.builtin.sets_not_holding`).
     `policy_path`: the file `policy` was read from (`--policy`); it, or else the config's `device.policy`
     file, is hidden from every tool like the config file (`policy_file`).
 

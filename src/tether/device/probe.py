@@ -36,7 +36,7 @@ from tether.protocol.profile import (
     NetworkInfo,
     OSInfo,
 )
-from tether.tools.process import run_process
+from tether.tools.running.process import run_process
 from tether.tools.system.info import _cpu_model
 
 logger = logging.getLogger(__name__)

@@ -57,7 +57,7 @@ from tether.device.root import run_as_for
 from tether.errors import DeviceError
 from tether.sandbox import SandboxInfo, detect
 from tether.tools.policy.model import Policy
-from tether.tools.sandboxing import follow_network
+from tether.tools.running.sandboxing import follow_network
 
 __all__ = ["DeviceSetupError", "ServedDevice", "open_device", "serve_device"]
 

@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from tether.addresses import is_loopback
 from tether.server.notify.messages import EVENTS as WEBHOOK_EVENTS
-from tether.server.oidc.config import OidcIssuer, issuer_list
+from tether.server.trust.oidc.config import OidcIssuer, issuer_list
 
 DEFAULT_MAX_FRAME_BYTES = 8 * 1024 * 1024
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024

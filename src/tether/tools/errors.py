@@ -1,7 +1,10 @@
-"""Errors a tool raises to fail its command with a clear message (they never leave the router)."""
+"""The tools area's errors: those a tool raises to fail its command with a clear message (they never
+leave the router), and `MissingDependency`, what an optional tool set (desktop, browser) raises when
+what it needs is missing (`require` checks for a module without importing it)."""
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any
 
 from tether.errors import ToolAreaError
@@ -32,3 +35,17 @@ class NeedsApproval(ToolError):
             {"needs_approval": True, "rule": rule},
         )
         self.rule = rule
+
+
+class MissingDependency(ToolAreaError, RuntimeError):
+    """A tool set cannot run here; the message says exactly what to install or set up."""
+
+
+def require(module: str, hint: str) -> None:
+    """Raise `MissingDependency(hint)` unless `module` can be imported (without importing it)."""
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise MissingDependency(f"{hint} (Python module '{module}' is not installed)")

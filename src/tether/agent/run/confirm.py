@@ -8,7 +8,7 @@ kind `confirmation`, so `tether approve` (run) and `tether answer` (run/cancel) 
 
 A confirmation is bound to the plan it showed (`plan_digest`): the steps, their devices and arguments in
 full. The runner recomputes it when the answer comes; a plan that differs by then is asked about again.
-Only a person confirms: an agent's token is refused (server/approvals.py).
+Only a person confirms: an agent's token is refused (server/trust/approvals.py).
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ class Counters(BaseModel):
 class TaskAsker(BaseModel):
     """The API token a task acts for: the one that created it (a person's, or an agent's when `agent`).
     The questions its steps raise are this token's, as a plain command's are its caller's
-    (`tether.server.approvals.check_answerer`): saved with the task, so a restart keeps it."""
+    (`tether.server.trust.approvals.check_answerer`): saved with the task, so a restart keeps it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from tether.agent.run.replies import APPROVAL_KINDS
 from tether.agent.run.task import Task, TaskEvent
-from tether.server.approvals import dashboard_url, server_url, token_of
+from tether.server.trust.approvals import dashboard_url, server_url, token_of
 
 if TYPE_CHECKING:
     from tether.server.aip.fleet.registry import DeviceRegistry

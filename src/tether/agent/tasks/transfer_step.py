@@ -4,7 +4,7 @@
 
 The step's `device` is the receiver, so the task's undo (which visits every device its steps ran on) puts
 the destination back; `from` names the sender. The task service runs it through the server's
-`TransferService` (server/transfer) instead of sending it to a device as a command: the receiver's writes
+`TransferService` (server/aip/transfer) instead of sending it to a device as a command: the receiver's writes
 are journaled in the task's session, a destination its policy reserves for a person comes back as a
 needs-approval result (the task asks, and the approved step is run again with the digest the person saw),
 and a failure names the step and the reason, as any step's does.
@@ -17,8 +17,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tether.protocol.models import Command, Result, ToolInfo
-from tether.server.transfer.model import TRANSFER_SKILL, Caller, TransferRequest
-from tether.server.transfer.service import TransferService
+from tether.server.aip.transfer.model import TRANSFER_SKILL, Caller, TransferRequest
+from tether.server.aip.transfer.service import TransferService
 
 _SCHEMA: dict[str, Any] = {
     "type": "object",

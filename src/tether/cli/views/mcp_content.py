@@ -1,6 +1,6 @@
 """Human output of an external MCP tool's result (`tether exec` without --json).
 
-The result's shape is `{text, content, structured}` (`tether.tools.mcp_export.content_payload`);
+The result's shape is `{text, content, structured}` (`tether.tools.toolsets.mcp_export.content_payload`);
 `mcp.read_resource` answers `{server, uri, text, contents}`. Text is printed as text (its newlines
 kept, never read as markup); images, audio and blobs are binary, so they are written to files in
 `--save-dir` (a new temporary directory by default) and their paths printed instead.

@@ -14,10 +14,10 @@ from tether.device.computer.running import ActionRunner
 from tether.device.mcp.client.resources import MCPResourceTools
 from tether.device.mcp.client.toolset_server import ToolSetServer
 from tether.protocol.models import ToolInfo, ToolType
-from tether.tools.builtin import sets_not_holding
 from tether.tools.context import ToolContext
 from tether.tools.errors import NeedsApproval, ToolError
 from tether.tools.runtime import ToolSpec, build_spec
+from tether.tools.toolsets.builtin import sets_not_holding
 
 if TYPE_CHECKING:
     from tether.device.computer.entries import ServerKey, ToolEntry
@@ -38,7 +38,7 @@ class Computer(ExternalJoins, ActionRunner):
                  context: ToolContext | None = None, tool_timeout: float | None = None,
                  on_tools_changed: Callable[[Computer], None] | None = None, only_tool: str | None = None) -> None:
         """`only_tool`: the one tool this computer will be asked for (a one-off `tether exec`): the built-in
-        sets that cannot hold it (`tether.tools.builtin.sets_not_holding`) are not started or listed."""
+        sets that cannot hold it (`tether.tools.toolsets.builtin.sets_not_holding`) are not started or listed."""
         self._name = name
         self._process_name = process_name
         self._mcp_server_manager = mcp_server_manager

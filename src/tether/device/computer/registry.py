@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from tether.device.computer.entries import MCPToolCall, ServerKey, ToolEntry
 from tether.device.mcp.client.toolset_server import ToolSetServer
 from tether.protocol.models import TOOL_TYPES, Command, ToolInfo, ToolType
-from tether.tools.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
+from tether.tools.toolsets.builtin import OPTIONAL_SETS, OPTIONAL_TOOLS
 
 if TYPE_CHECKING:
     from tether.device.mcp.client.manager import BaseMCPServer

@@ -29,7 +29,7 @@ from mcp.server.context import ServerRequestContext
 from mcp_types.version import MODERN_PROTOCOL_VERSIONS
 
 from tether.protocol.models import Command, Result, ToolInfo
-from tether.tools.mcp_export import result_to_call_result
+from tether.tools.toolsets.mcp_export import result_to_call_result
 from tether.version import __version__
 
 if TYPE_CHECKING:
@@ -190,7 +190,7 @@ class DeviceMCPServer:
 
 async def serve_device_stdio(device: LocalDevice, session_id: str) -> None:
     """Serve on stdin/stdout until the client closes stdin."""
-    from tether.tools.mcp_export import serve_stdio
+    from tether.tools.toolsets.mcp_export import serve_stdio
 
     await serve_stdio(DeviceMCPServer(device, session_id).server())
 

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 
 class SandboxedProcess:
-    """What `tether.tools.process` needs of a process: pid, pipes, wait() and kill()."""
+    """What `tether.tools.running.process` needs of a process: pid, pipes, wait() and kill()."""
 
     def __init__(self, sandbox: SandboxParts, request_id: int, pid: int, exited: asyncio.Future[int],
                  stdin: asyncio.StreamWriter | None, stdout: asyncio.StreamReader | None,

@@ -17,13 +17,13 @@ from tether.protocol.models import Command
 from tether.protocol.profile import DeviceProfile
 from tether.server.aip.fleet.record import DeviceRecord
 from tether.server.aip.fleet.registry import DeviceRegistry
+from tether.server.aip.fleet.scopes import reaches, unknown_device
 from tether.server.aip.hub import DeviceHub
-from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
-from tether.server.oidc.bearer import OidcRefused
 from tether.server.ports import BackplaneUnavailable
-from tether.server.scopes import reaches, unknown_device
 from tether.server.store import Store
 from tether.server.store.tokens import AGENT_NEVER, TokenInfo
+from tether.server.trust.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves
+from tether.server.trust.oidc.bearer import OidcRefused
 
 
 class ErrorBody(BaseModel):
@@ -87,7 +87,7 @@ async def authorize(request: Request, authorization: str | None, scope: str) -> 
     if not authorization or not authorization.lower().startswith("bearer "):
         raise HTTPException(401, "missing bearer token: send 'Authorization: Bearer <api token>'",
                             headers={"WWW-Authenticate": "Bearer"})
-    try:  # tether's API tokens, then the configured OIDC issuers' JWTs (server/oidc)
+    try:  # tether's API tokens, then the configured OIDC issuers' JWTs (server/trust/oidc)
         info = await request.app.state.bearer.check(authorization[7:].strip(), request.scope)
     except OidcRefused as exc:
         raise HTTPException(exc.status, str(exc), headers={"WWW-Authenticate": "Bearer"} if exc.status == 401

@@ -15,7 +15,7 @@ from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.questions.asked import Sampler
 from tether.server.aip.sockets.socket import aip_route
-from tether.server.approvals import server_url
+from tether.server.aip.transfer.service import TransferService
 from tether.server.http.front import FastRoutes, ServerApp, error_response
 from tether.server.http.json_errors import error_message
 from tether.server.http.request_guard import RequestGuard
@@ -30,12 +30,12 @@ from tether.server.http.routes.transfers import transfer_router
 from tether.server.http.routes.webhooks import webhook_router
 from tether.server.mcp import mount_gateway
 from tether.server.notify.notifier import Notifier
-from tether.server.oidc.bearer import Bearers
-from tether.server.pairing import PairingBook
 from tether.server.ports import RemoteSlot
 from tether.server.settings import ServerSettings
 from tether.server.store import Store, StoreUnavailable
-from tether.server.transfer.service import TransferService
+from tether.server.trust.approvals import server_url
+from tether.server.trust.oidc.bearer import Bearers
+from tether.server.trust.pairing import PairingBook
 from tether.server.web import mount_web
 from tether.version import __version__
 
@@ -90,7 +90,7 @@ def create_app(settings: ServerSettings, store: Store | None = None, extensions:
     app.state.registry = registry
     app.state.store = store
     app.state.settings = settings
-    app.state.bearer = bearer = Bearers(store.tokens, settings.oidc)  # tether's API tokens, then OIDC (server/oidc)
+    app.state.bearer = bearer = Bearers(store.tokens, settings.oidc)  # our API tokens, then OIDC (server/trust/oidc)
     app.state.notifier = notifier
     app.state.on_stopping = [notifier.changes.close]  # the inbox's event streams end as the shutdown begins
     app.include_router(devices.router)  # /health and the devices

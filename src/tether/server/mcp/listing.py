@@ -25,7 +25,7 @@ from tether.errors import ServerError
 from tether.protocol.models import ToolInfo
 from tether.server.aip.fleet.record import DeviceRecord
 from tether.server.aip.fleet.registry import DeviceRegistry
-from tether.server.scopes import reaches
+from tether.server.aip.fleet.scopes import reaches
 from tether.server.store.tokens import TokenInfo
 
 logger = logging.getLogger(__name__)

@@ -128,7 +128,7 @@ class EnrolledKey:
 
 class DeviceKeys:
     """The `device_keys` table of a `Store` (`store.device_keys`): name -> the device's Ed25519 public key
-    and how it was enrolled (the rules are `tether.server.device_keys`'s)."""
+    and how it was enrolled (the rules are `tether.server.trust.device_keys`'s)."""
 
     def __init__(self, engine: Engine, tokens: Tokens) -> None:
         self._engine = engine

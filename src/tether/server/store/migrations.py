@@ -47,7 +47,7 @@ MIGRATIONS: list[str | dict[str, str]] = [
     """
     ALTER TABLE audit ADD COLUMN approved_by TEXT;
     """,
-    # who owns each undo session a command may journal into (see tether.server.sessions)
+    # who owns each undo session a command may journal into (see tether.server.trust.sessions)
     """
     CREATE TABLE sessions (
         id TEXT PRIMARY KEY,
@@ -60,7 +60,7 @@ MIGRATIONS: list[str | dict[str, str]] = [
     CREATE INDEX audit_batch ON audit (response_id, call_id);
     CREATE INDEX audit_sent ON audit (status) WHERE status = 'sent';
     """,
-    # pairing requests of devices that enrol without a token (see tether.server.pairing)
+    # pairing requests of devices that enrol without a token (see tether.server.trust.pairing)
     """
     CREATE TABLE pairing (
         code TEXT PRIMARY KEY,
@@ -122,7 +122,7 @@ MIGRATIONS: list[str | dict[str, str]] = [
     ALTER TABLE audit ADD COLUMN approval_digest TEXT;
     """,
     # a device is its key: each device's Ed25519 public key, proved at every registration
-    # (tether.server.device_keys); a pairing request carries the key that asks
+    # (tether.server.trust.device_keys); a pairing request carries the key that asks
     """
     CREATE TABLE device_keys (
         name TEXT PRIMARY KEY,

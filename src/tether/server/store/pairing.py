@@ -1,5 +1,5 @@
 """The `pairing` table: requests of devices that enrol without a token and the admin's decisions on them
-(the rules are `tether.server.pairing`'s)."""
+(the rules are `tether.server.trust.pairing`'s)."""
 
 from __future__ import annotations
 

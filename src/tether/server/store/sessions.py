@@ -1,4 +1,4 @@
-"""The `sessions` table: who owns each undo session a command may journal into (`tether.server.sessions`)."""
+"""The `sessions` table: who owns each undo session a command may journal into (`tether.server.trust.sessions`)."""
 
 from __future__ import annotations
 

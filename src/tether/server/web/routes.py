@@ -20,8 +20,8 @@ from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Streamin
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.server.http.api import _view, require
-from tether.server.oidc.bearer import OidcRefused
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.oidc.bearer import OidcRefused
 from tether.server.web.logins import COOKIE, WebSessions
 from tether.server.web.screen import mount_screen
 

@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tether.tools.browser.urls import check_url, needs_route
-from tether.tools.errors import ToolError
-from tether.tools.optional import MissingDependency, require
+from tether.tools.errors import MissingDependency, ToolError, require
 from tether.tools.policy.model import Policy
 
 if TYPE_CHECKING:

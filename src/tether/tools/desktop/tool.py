@@ -36,8 +36,7 @@ from tether.tools.desktop.keys import Button, TokenError, normalize_key
 from tether.tools.desktop.ocr import OcrEngine, TextElement, rank
 from tether.tools.desktop.screen import screenshot_tool
 from tether.tools.desktop.x11 import Window, desktop_problem, module_problem
-from tether.tools.errors import ToolError
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency, ToolError
 from tether.tools.runtime import ToolFunction, ToolSet, tool
 
 _ID = re.compile(r"t(\d+)_(\d+)")

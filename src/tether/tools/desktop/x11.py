@@ -24,9 +24,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tether.tools.errors import ToolError
-from tether.tools.optional import MissingDependency, require
-from tether.tools.process import safe_environment
+from tether.tools.errors import MissingDependency, ToolError, require
+from tether.tools.running.process import safe_environment
 
 XDOTOOL_TIMEOUT_S = 5.0
 PROBE_TIMEOUT_S = 3.0

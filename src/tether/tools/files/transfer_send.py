@@ -1,6 +1,6 @@
 """The sending half of a file transfer between devices: describe what is sent, then hand it out in chunks.
 
-A server-side transfer service (`tether.server.transfer`) drives these tools on the sending device and
+A server-side transfer service (`tether.server.aip.transfer`) drives these tools on the sending device and
 the receiving half (`transfer_receive`) on the other. Reading obeys the sender's rules as `read_file` does:
 the path is jail-checked (read roots, hidden paths, the device's state directory), so a hidden path such
 as `~/.ssh` is never described nor read; a directory holding a hidden path is refused whole (nothing of

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from tether.tools.context import ToolContext
 from tether.tools.policy.model import NetworkRules, Policy
 
-if TYPE_CHECKING:  # the proxy itself only where a sandbox makes one (`tether.tools.sandboxing.make_sandbox`)
+if TYPE_CHECKING:  # the proxy itself only where a sandbox makes one (`tether.tools.running.sandboxing.make_sandbox`)
     from tether.sandbox.egress.proxy import Answer, AskFn
 
 logger = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from tether.tools.errors import NeedsApproval, PolicyDenied, ToolError
 from tether.tools.policy.command_checks import approval_asked, check_command, check_env, lifted, program_name
 from tether.tools.policy.jail import approval_needed, check_cwd, real, within
 from tether.tools.policy.model import ALWAYS_DENIED
-from tether.tools.process import run_process
+from tether.tools.running.process import run_process
 from tether.tools.runtime import ToolSet, tool
 from tether.tools.shell import capture as shell_capture
 from tether.tools.shell.egress_ask import egress_asker

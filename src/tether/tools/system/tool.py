@@ -24,7 +24,7 @@ from tether.tools.context import ToolContext
 from tether.tools.errors import PolicyDenied, ToolError
 from tether.tools.policy.command_checks import check_command
 from tether.tools.policy.jail import check_cwd
-from tether.tools.process import safe_environment
+from tether.tools.running.process import safe_environment
 from tether.tools.runtime import ToolSet, tool
 from tether.tools.system.info import get_system_info
 

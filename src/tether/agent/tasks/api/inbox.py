@@ -21,9 +21,9 @@ from fastapi.responses import StreamingResponse
 from tether.agent.run.replies import APPROVAL_KINDS
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service import TaskService
-from tether.server.approvals import token_of
 from tether.server.http.api import ERROR_RESPONSES, require
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.approvals import token_of
 
 inbox_router = APIRouter(prefix="/api/v1/approvals", responses=ERROR_RESPONSES, tags=["approvals"])
 KEEPALIVE_S = 15.0

@@ -11,7 +11,8 @@ from tether.agent.run.replies import APPROVAL_KINDS
 from tether.agent.run.task import Task
 from tether.agent.tasks.service import TaskError, TaskService
 from tether.server.aip.batches.ledger import TokenRef
-from tether.server.approvals import (
+from tether.server.mcp.contributed import GatewayCall, GatewayReply
+from tether.server.trust.approvals import (
     ApprovalRefused,
     check_answerer,
     check_approver,
@@ -19,7 +20,6 @@ from tether.server.approvals import (
     how_a_person_approves,
     server_url,
 )
-from tether.server.mcp.contributed import GatewayCall, GatewayReply
 
 MAX_STEP_TEXT = 500  # a step's error in the summary
 MAX_ANSWER_TEXT = 100_000  # the answer in a reply (text and structured): a client's context is not a log

@@ -27,9 +27,9 @@ from tether.agent.run.task import Task, TaskEvent, TaskState
 from tether.agent.tasks.service import TaskError, TaskService, judged_question
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches.ledger import TokenRef
-from tether.server.approvals import how_a_person_approves
 from tether.server.http.api import ERROR_RESPONSES, require, require_approver
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.approvals import how_a_person_approves
 
 router = APIRouter(prefix="/api/v1/tasks", tags=["tasks"], responses=ERROR_RESPONSES)
 _KEEPALIVE_S = 15.0
@@ -299,7 +299,7 @@ async def _stream(service: TaskService, task: Task, past: list[TaskEvent],
 
 async def _allow_always(request: Request, task_id: str, body: Approval, who: TokenInfo) -> None:
     """Add the waiting shell command's program (or program + first argument) to its device's allowlist."""
-    from tether.server import policy_push
+    from tether.server.aip import policy_push
 
     if not who.allows("admin"):
         raise HTTPException(403, f"token '{who.name}' lacks the 'admin' scope an 'always' answer needs (it "

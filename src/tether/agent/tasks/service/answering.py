@@ -11,7 +11,7 @@ from tether.agent.run.task import Question, Task, TaskState
 from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service.running import Running
 from tether.server.aip.batches.ledger import TokenRef
-from tether.server.approvals import ApprovalRefused
+from tether.server.trust.approvals import ApprovalRefused
 
 NO_QUESTION = "-"  # what an answer is pinned to when no question was open where it was judged
 

@@ -17,10 +17,10 @@ from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.store import SaveSoon, TaskStore
 from tether.server.aip.fleet.registry import DeviceRegistry
 from tether.server.aip.hub import DeviceHub
+from tether.server.aip.transfer.service import TransferService
 from tether.server.notify.notifier import Notifier
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo, scope_reaches
-from tether.server.transfer.service import TransferService
 
 logger = logging.getLogger(__name__)
 

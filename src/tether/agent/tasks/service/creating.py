@@ -9,11 +9,11 @@ from tether.agent.tasks.errors import TaskError
 from tether.agent.tasks.service.running import DeviceUnavailable, Running
 from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.fleet.matching import NoDeviceError
-from tether.server.scopes import beyond, unknown_device
-from tether.server.scopes import within as scope_within
-from tether.server.sessions import task_owner
+from tether.server.aip.fleet.scopes import beyond, unknown_device
+from tether.server.aip.fleet.scopes import within as scope_within
 from tether.server.store import StoreUnavailable
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.sessions import task_owner
 
 
 class Creating(Running):

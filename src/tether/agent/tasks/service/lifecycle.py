@@ -13,8 +13,8 @@ from tether.agent.tasks.restart.graphs import settle_graph
 from tether.agent.tasks.restart.plans import SEQ_JUMP, InFlight, in_flight_step, settle_after_restart
 from tether.agent.tasks.service.answering import Answering
 from tether.protocol.messages import OUTCOME_FINISHED, OUTCOME_RUNNING, CallOutcome, CallRef
-from tether.server.sessions import claim_task_sessions
 from tether.server.store import StoreUnavailable
+from tether.server.trust.sessions import claim_task_sessions
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class Lifecycle(Answering):
 
     async def start(self) -> None:
         """Settle the tasks a previous server left unfinished (see the module docstring). Every task owns
-        its session (see `tether.server.sessions`), also those stored before owners were recorded. With
+        its session (see `tether.server.trust.sessions`), also those stored before owners were recorded. With
         PostgreSQL every statement here runs off the event loop (the task table's worker, the server store's
         pool): a locked table or a slow database delays this start, never the cluster node's heartbeats or the
         hub already running on the loop."""

@@ -102,9 +102,9 @@ def tools_serve(name: Annotated[str, typer.Argument(help="built-in tool set: she
                 state_dir: StateOpt = None) -> None:
     """Serve a built-in tool set as a real MCP server, for any MCP client."""
     from tether.cli.guards.state_lock import holding_state_dir
-    from tether.tools.builtin import builtin_toolsets
     from tether.tools.context import default_state_dir
     from tether.tools.policy.model import default_policy, load_policy
+    from tether.tools.toolsets.builtin import builtin_toolsets
 
     factories = builtin_toolsets()
     if name not in factories:
@@ -122,10 +122,10 @@ def _serve_toolset(factories: dict[str, Any], name: str, pol: Any, state: Path, 
                    port: int) -> None:
     """`tools serve` past its checks, with the state directory `state` held."""
     from tether.tools.context import ToolContext
+    from tether.tools.errors import MissingDependency
     from tether.tools.journal import UndoJournal
-    from tether.tools.mcp_export import serve_http, serve_stdio, toolset_to_mcp
-    from tether.tools.optional import MissingDependency
-    from tether.tools.sandboxing import make_sandbox
+    from tether.tools.running.sandboxing import make_sandbox
+    from tether.tools.toolsets.mcp_export import serve_http, serve_stdio, toolset_to_mcp
 
     journal = UndoJournal(state)
     session = f"mcp-{uuid.uuid4().hex[:8]}"

@@ -53,8 +53,8 @@ def token_create(device: Annotated[list[str] | None, typer.Option(
     --agent says it is an agent's; only a person's token approves.
 
     A device token works only with its device's key: --key's, one enrolled already, or its first registration's."""
-    from tether.server.device_keys import device_key, set_device_key
     from tether.server.store import Store
+    from tether.server.trust.device_keys import device_key, set_device_key
 
     if admin:  # the first hour: a person's token that may do everything, kept where the CLI looks for it
         if agent or device or tag or scope:
@@ -180,8 +180,8 @@ def token_rotate(device: Annotated[str, typer.Option("--device", metavar="NAME",
                  db: DbOpt = None, as_json: JsonOpt = False) -> None:
     """Give a device a new token (and with --key or --reset-key a new key): its old tokens stop working
     at once, and a connected device using one is disconnected at the server's next token check."""
-    from tether.server.device_keys import device_exists, device_key, revoke_device_tokens, set_device_key
     from tether.server.store import Store
+    from tether.server.trust.device_keys import device_exists, device_key, revoke_device_tokens, set_device_key
 
     if key and reset_key:
         fail("give --key PUBLIC_KEY or --reset-key, not both")

@@ -22,7 +22,7 @@ from tether.device.mcp.client.client_caps import MCPClientHooks
 from tether.device.mcp.client.toolset_server import ToolSetServer
 from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.tools.context import ToolContext
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency
 from tether.tools.runtime import ToolSet
 
 if TYPE_CHECKING:

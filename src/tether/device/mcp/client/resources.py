@@ -5,7 +5,7 @@ return a `resource_link` to one) and prompts (message templates). Reaching them 
 one path for everything: the router, policy, audit, a remote device and `tether exec` all handle
 `mcp.read_resource` as any other call. They take the server's namespace; `read_resource` may leave it
 out when the device has a single external server (a `resource_link` in a tool result names its server,
-see `tether.tools.mcp_export`). Nothing here imports the `mcp` SDK: the requests run on each server's
+see `tether.tools.toolsets.mcp_export`). Nothing here imports the `mcp` SDK: the requests run on each server's
 own session (`BaseMCPServer.session_request`).
 """
 

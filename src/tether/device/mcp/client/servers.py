@@ -31,7 +31,7 @@ from tether.device.mcp.config.tool_rules import annotated_type
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
 from tether.tools.errors import ToolError
-from tether.tools.mcp_export import call_result_to_result, is_result_wrapper, result_shape_schema
+from tether.tools.toolsets.mcp_export import call_result_to_result, is_result_wrapper, result_shape_schema
 
 logger = logging.getLogger(__name__)
 

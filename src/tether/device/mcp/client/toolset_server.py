@@ -17,7 +17,7 @@ from tether.device.mcp.client.base import BaseMCPServer, MCPServerError
 from tether.device.mcp.config.server_config import MCPServerConfig
 from tether.protocol.models import Result, ToolInfo, ToolType
 from tether.tools.context import ToolContext
-from tether.tools.optional import MissingDependency
+from tether.tools.errors import MissingDependency
 from tether.tools.runtime import ToolSet, ToolSpec
 
 logger = logging.getLogger(__name__)

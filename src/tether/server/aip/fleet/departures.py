@@ -12,7 +12,7 @@ from tether.protocol.wire import CloseCode
 from tether.server.aip.fleet.record import DeviceRecord
 from tether.server.aip.hub_state import HubState
 from tether.server.aip.sockets.link import DeviceLink, close_socket
-from tether.server.approvals import server_url
+from tether.server.trust.approvals import server_url
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 

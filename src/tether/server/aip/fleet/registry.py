@@ -21,7 +21,7 @@ from tether.protocol.profile import DeviceProfile, DeviceRequirements
 from tether.server.aip.fleet.device_index import NameIndex, literal_prefix
 from tether.server.aip.fleet.matching import NoDeviceError, describe, rejection
 from tether.server.aip.fleet.record import DeviceRecord, DeviceStatus
-from tether.server.schemas import ToolPool
+from tether.server.aip.fleet.schemas import ToolPool
 
 _SHARED_PARTS = ("cpu", "memory", "disk", "gpu", "os")  # profile sections equal across a fleet's builds
 # lists of names equal across a fleet's builds (and its groups, for tags)

@@ -15,9 +15,9 @@ from tether.protocol.messages import (
 from tether.server.aip.batches.ledger import PendingBatch, TokenRef
 from tether.server.aip.hub_state import HubState
 from tether.server.aip.questions.asked import asks_consent
-from tether.server.approvals import check_answerer, dashboard_url, how_a_person_approves, server_url
 from tether.server.store import StoreUnavailable
 from tether.server.store.audit.table import AuditRow
+from tether.server.trust.approvals import check_answerer, dashboard_url, how_a_person_approves, server_url
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 

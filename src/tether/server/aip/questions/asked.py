@@ -4,7 +4,7 @@ An elicitation (a question for a person) arrives as an event of the batch — an
 the device's own about a host a sandboxed command asks to reach (`ask: on-miss`); `OpenQuestions` remembers
 which batch of which device asked it, so that a person's answer (`tether answer`, the dashboard) goes
 to the batch still waiting for it and to no other; whether it asks for consent (`asks_consent`) decides
-whether, with four-eyes on, its caller may answer it (server/approvals.py `check_answerer`). A sampling
+whether, with four-eyes on, its caller may answer it (server/trust/approvals.py `check_answerer`). A sampling
 request (a completion from the server's LLM) is charged to the command it says it serves: `SamplingGate`
 admits it only for a call of a batch running on that device whose caller's token holds the `sample` scope,
 within caps per call and per token and minute; `answer_sampling` then asks the sampler the agent layer

@@ -19,9 +19,9 @@ from tether.protocol.server_session import RegistrationRefused, ServerSession
 from tether.protocol.wire import CloseCode
 from tether.server.aip.sockets.link import close_socket
 from tether.server.aip.sockets.socket import AIPSocket, Refusal, SocketClosed
-from tether.server.device_keys import FIRST_REGISTRATION, device_key, enroll_first
 from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.device_keys import FIRST_REGISTRATION, device_key, enroll_first
 
 logger = logging.getLogger("tether.server.hub")  # the hub's log: operators (and tests) filter on that name
 

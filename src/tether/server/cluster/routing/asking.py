@@ -8,7 +8,6 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from tether.protocol.messages import ClientMessage, Event, ServerMessage
-from tether.server.approvals import ApprovalRefused
 from tether.server.cluster.bus import BusError, BusInterrupted
 from tether.server.cluster.routing.core import (
     ANSWER_TIMEOUT_S,
@@ -20,6 +19,7 @@ from tether.server.cluster.routing.core import (
     RouterCore,
     log,
 )
+from tether.server.trust.approvals import ApprovalRefused
 
 if TYPE_CHECKING:
     from tether.server.aip.batches.ledger import PendingBatch

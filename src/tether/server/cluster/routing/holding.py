@@ -10,9 +10,9 @@ from typing import Any
 
 from tether.protocol.messages import Event, ServerMessage, ServerMessageType
 from tether.server.aip.batches.ledger import TokenRef
-from tether.server.approvals import ApprovalRefused
 from tether.server.cluster.bus import BusError
 from tether.server.cluster.routing.core import ANSWER_TIMEOUT_S, NOT_HERE, RESULTS, RouterCore
+from tether.server.trust.approvals import ApprovalRefused
 
 
 class HoldingSide(RouterCore):

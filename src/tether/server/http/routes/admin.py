@@ -9,11 +9,11 @@ from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.identity import fingerprint
-from tether.server.device_keys import device_key, parse_public_key, set_device_key
+from tether.server.aip.fleet.scopes import reached_names
 from tether.server.http.api import ERROR_RESPONSES, _hub, _registry, _store, in_scope, require, require_fleet
-from tether.server.scopes import reached_names
 from tether.server.store import Store
 from tether.server.store.tokens import SCOPE_DEVICE, SCOPE_TAG, TokenInfo
+from tether.server.trust.device_keys import device_key, parse_public_key, set_device_key
 
 router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
 

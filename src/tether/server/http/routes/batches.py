@@ -14,8 +14,8 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Request
 
+from tether.server.aip.fleet.scopes import reaches
 from tether.server.http.api import ERROR_RESPONSES, _hub, _registry, _store, require
-from tether.server.scopes import reaches
 from tether.server.store.audit import LATE_NOTE, PENDING, SENT, UNKNOWN
 from tether.server.store.tokens import TokenInfo
 

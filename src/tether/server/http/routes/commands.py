@@ -25,7 +25,7 @@ from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.aip.fleet.matching import NoDeviceError
 from tether.server.aip.fleet.registry import DeviceRegistry
-from tether.server.approvals import ApprovalRefused, how_a_person_approves
+from tether.server.aip.fleet.scopes import beyond, reaches, within
 from tether.server.http import internals
 from tether.server.http.api import (
     ERROR_RESPONSES,
@@ -44,9 +44,9 @@ from tether.server.http.coalesce import ON_DISCONNECT
 from tether.server.http.front import FastRoute
 from tether.server.http.json_errors import error_message
 from tether.server.http.request_guard import receive_body
-from tether.server.scopes import beyond, reaches, within
-from tether.server.sessions import owned_session
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.approvals import ApprovalRefused, how_a_person_approves
+from tether.server.trust.sessions import owned_session
 
 router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)
 

@@ -28,8 +28,8 @@ from tether.server.aip.batches.fanout import (
     countable,
 )
 from tether.server.aip.batches.ledger import TokenRef
+from tether.server.aip.fleet.scopes import beyond, reaches, within
 from tether.server.http.api import ERROR_RESPONSES, refuse_unaudited, require, stamp_approvals
-from tether.server.scopes import beyond, reaches, within
 from tether.server.store.tokens import TokenInfo
 
 FANOUT_HEADER = "X-Tether-Fanout"

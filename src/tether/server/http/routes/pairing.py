@@ -1,4 +1,4 @@
-"""REST routes of pairing (see `tether.server.pairing`): two for a device that has no token yet, three
+"""REST routes of pairing (see `tether.server.trust.pairing`): two for a device that has no token yet, three
 for an admin. The device's two carry no credential, so they are rate-limited per address, capped in
 body size by the request guard, and can do nothing but wait for a person's decision."""
 
@@ -13,8 +13,8 @@ from tether.protocol.identity import PUBLIC_KEY_CHARS, SIGNATURE_CHARS
 from tether.protocol.names import DEVICE_NAME
 from tether.server.http.api import ERROR_RESPONSES, require_fleet
 from tether.server.http.ratelimit import claim_refusal
-from tether.server.pairing import PairingBook, PairingError
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.pairing import PairingBook, PairingError
 
 pairing_router = APIRouter(prefix="/api/v1/pairing", responses=ERROR_RESPONSES, tags=["pairing"])
 

@@ -7,8 +7,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from tether.server.aip.policy_push import PolicyRequestFailed, change, show
 from tether.server.http.api import ERROR_RESPONSES, _hub, _record, _registry, _store, require
-from tether.server.policy_push import PolicyRequestFailed, change, show
 from tether.server.store.tokens import TokenInfo
 
 policy_router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES)

@@ -18,12 +18,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tether.protocol.models import Result
 from tether.server.aip.batches.ledger import TokenRef
-from tether.server.approvals import how_a_person_approves
+from tether.server.aip.transfer.model import Caller, TransferRequest
+from tether.server.aip.transfer.service import TransferService
 from tether.server.http.api import ERROR_RESPONSES, _reachable, refuse_unaudited, require, require_approver
-from tether.server.sessions import owned_session
 from tether.server.store.tokens import TokenInfo
-from tether.server.transfer.model import Caller, TransferRequest
-from tether.server.transfer.service import TransferService
+from tether.server.trust.approvals import how_a_person_approves
+from tether.server.trust.sessions import owned_session
 
 transfer_router = APIRouter(prefix="/api/v1", responses=ERROR_RESPONSES, tags=["transfers"])
 

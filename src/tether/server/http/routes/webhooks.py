@@ -21,8 +21,8 @@ from tether.server.notify.messages import EVENTS, TEST_EVENT
 from tether.server.notify.notifier import Notifier
 from tether.server.notify.signing import new_secret
 from tether.server.notify.urls import WebhookRefused, check_webhook_url, redact
-from tether.server.oidc.verify import is_oidc
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.oidc.verify import is_oidc
 
 URL_SHAPE = r"^https?://[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63})*(:[1-5]?[0-9]{1,4})?(/[!-~]*)?$"  # [IPv6] too
 webhook_router = APIRouter(prefix="/api/v1/webhooks", responses=ERROR_RESPONSES, tags=["webhooks"])

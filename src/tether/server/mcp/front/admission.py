@@ -15,8 +15,8 @@ from urllib.parse import parse_qs
 from tether.server.http.request_guard import send_error
 from tether.server.mcp.front.resource_metadata import challenge
 from tether.server.mcp.listing import BadFilter, DeviceFilter
-from tether.server.oidc.bearer import Bearers, OidcRefused
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.oidc.bearer import Bearers, OidcRefused
 
 
 @dataclass(frozen=True)

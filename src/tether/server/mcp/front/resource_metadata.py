@@ -20,8 +20,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from tether.server.oidc.bearer import request_origin
 from tether.server.store.tokens import SCOPES
+from tether.server.trust.oidc.bearer import request_origin
 
 WELL_KNOWN = "/.well-known/oauth-protected-resource"
 MCP_PATH = "/mcp"
@@ -58,7 +58,7 @@ async def metadata_endpoint(request: Request) -> JSONResponse:
     """The route behind both well-known URLs: the document, public, cacheable for an hour."""
     settings = request.app.state.settings
     servers = list(getattr(settings, "mcp_authorization_servers", None) or [])
-    bearer = getattr(request.app.state, "bearer", None)  # the OIDC issuers accepted (server/oidc)
+    bearer = getattr(request.app.state, "bearer", None)  # the OIDC issuers accepted (server/trust/oidc)
     servers += [s for s in (bearer.authorization_servers if bearer is not None else []) if s not in servers]
     return JSONResponse(protected_resource_metadata(request.scope, servers),
                         headers={"Cache-Control": "public, max-age=3600"})

@@ -14,8 +14,8 @@ from starlette.applications import Starlette
 
 from tether.protocol.models import Result
 from tether.server.aip.fleet.registry import DeviceRegistry
+from tether.server.aip.fleet.scopes import reaches
 from tether.server.aip.hub import DeviceHub
-from tether.server.approvals import how_a_person_approves, server_url
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool, contributed
 from tether.server.mcp.gateway.questions import GatewayQuestions, _ask_later
 from tether.server.mcp.handlers.context import (
@@ -32,8 +32,8 @@ from tether.server.mcp.listing import FleetIndex, list_devices
 from tether.server.mcp.tools import search
 from tether.server.mcp.tools.tool_call import AskLater, Caller, Reply, call_device_tool
 from tether.server.mcp.tools.translate import call_result, capped
-from tether.server.scopes import reaches
 from tether.server.store import Store
+from tether.server.trust.approvals import how_a_person_approves, server_url
 
 logger = logging.getLogger(__package__)
 

@@ -19,9 +19,9 @@ from tether.protocol.profile import DeviceRequirements
 from tether.server.aip.batches.fanout import DEFAULT_CONCURRENCY, MAX_CONCURRENCY, FanOut, FanOutError, countable
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.aip.fleet.registry import DeviceRegistry
+from tether.server.aip.fleet.scopes import beyond, within
 from tether.server.aip.hub import DeviceHub
 from tether.server.mcp.contributed import GatewayCall, GatewayReply, GatewayTool
-from tether.server.scopes import beyond, within
 
 MAX_TIMEOUT_S = 24 * 3600.0
 

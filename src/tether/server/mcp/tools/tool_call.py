@@ -27,15 +27,21 @@ from typing import Any
 from tether.errors import ServerError
 from tether.protocol.messages import Event
 from tether.protocol.models import Command, Result, new_call_id
-from tether.server import policy_push
+from tether.server.aip import policy_push
 from tether.server.aip.batches.ledger import TokenRef
 from tether.server.aip.hub import DeviceHub
 from tether.server.aip.questions.asked import asks_consent
-from tether.server.approvals import ApprovalRefused, check_approver, check_four_eyes, how_a_person_approves, server_url
 from tether.server.mcp.contributed import Elicit, Progress
 from tether.server.mcp.listing import DeviceTool
 from tether.server.store.audit import AuditLog
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.approvals import (
+    ApprovalRefused,
+    check_approver,
+    check_four_eyes,
+    how_a_person_approves,
+    server_url,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 from tether.errors import ServerError
 from tether.protocol.models import Command, Result, ResultStatus, new_call_id
 from tether.server.aip.batches.dispatcher import WebSocketCommandDispatcher
+from tether.server.aip.transfer.chunks import ChunkAudit
+from tether.server.aip.transfer.model import Caller, TransferRequest, transfer_id
 from tether.server.store.audit import SENT
-from tether.server.transfer.chunks import ChunkAudit
-from tether.server.transfer.model import Caller, TransferRequest, transfer_id
 
 if TYPE_CHECKING:
     from tether.server.aip.hub import DeviceHub

@@ -18,7 +18,7 @@ from typing import Any
 
 from tether.sandbox.layers.filedata import copy_data
 from tether.sandbox.layers.fs import copy_entry, move_entry, open_beneath, parent_beneath
-from tether.tools.journal_copies import _CHUNK, _digest
+from tether.tools.journal.copies import _CHUNK, _digest
 
 
 def _cut_back(root: str, path: str, entry: dict[str, Any]) -> tuple[str, bool]:

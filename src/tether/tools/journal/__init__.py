@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from tether.sandbox.layers.fs import EscapeError, shown
-from tether.tools.journal_copies import _copy_synced, _copy_tree, _grown
-from tether.tools.journal_restore import (
+from tether.tools.journal.copies import _copy_synced, _copy_tree, _grown
+from tether.tools.journal.restore import (
     _cut_back,
     _jail_of,
     _jails,

@@ -30,7 +30,7 @@ from tether.server.store import Store
 from tether.server.store.tokens import TokenInfo
 
 DEFAULT_PREFIX = "api-"  # a token's default session; nobody else may name one
-_JOURNAL_NAME = re.compile(r"[A-Za-z0-9_.@+=-]+")  # what a device's journal takes after the prefix (tools/journal.py)
+_JOURNAL_NAME = re.compile(r"[A-Za-z0-9_.@+=-]+")  # what a device's journal takes after the prefix (tools/journal/)
 
 
 def token_owner(who: TokenInfo) -> str:

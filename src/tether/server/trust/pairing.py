@@ -3,7 +3,7 @@
 A device with no token asks to pair: it sends the public half of its Ed25519 key (never the private
 key) and gets a short code. It shows the code and the key's fingerprint (SHA-256 of the public key);
 an admin sees both in `tether devices pending` and approves the code (naming the device, tagging it)
-or refuses it. Approving enrols that public key as the device (`tether.server.device_keys`): every
+or refuses it. Approving enrols that public key as the device (`tether.server.trust.device_keys`): every
 registration of the device must prove it, so the token is worth nothing without the key. The device
 then claims its token with a signature of the code (`identity.claim_statement`), so a second device
 that read the code off a screen cannot take the token. Until then the device has no credential at
@@ -34,9 +34,9 @@ from typing import Any
 from tether.errors import ServerError
 from tether.protocol.identity import claim_statement, fingerprint, valid_public_key, verify
 from tether.protocol.names import device_name_problem
-from tether.server.device_keys import collision, revoke_device_tokens, set_device_key
 from tether.server.store import Store
 from tether.server.store.pairing import PAIRED, PENDING, REFUSED
+from tether.server.trust.device_keys import collision, revoke_device_tokens, set_device_key
 
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"  # Crockford's base 32: no I, L, O, U to misread
 

@@ -64,7 +64,7 @@ def _transfer() -> ToolSet:
 
 
 def _desktop() -> ToolSet:
-    from tether.tools.optional import MissingDependency
+    from tether.tools.errors import MissingDependency
 
     try:
         from tether.tools.desktop.x11 import desktop_problem
@@ -79,7 +79,7 @@ def _desktop() -> ToolSet:
 
 
 def _browser() -> ToolSet:
-    from tether.tools.optional import MissingDependency
+    from tether.tools.errors import MissingDependency
 
     try:
         from tether.tools.browser.tool import browser_toolset

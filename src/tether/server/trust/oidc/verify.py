@@ -18,9 +18,9 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from tether.errors import ServerError
-from tether.server.oidc.config import OidcIssuer
-from tether.server.oidc.keys import IssuerKeys, KeysUnavailable
 from tether.server.store.tokens import SCOPE_DEVICE, SCOPE_TAG, TokenInfo
+from tether.server.trust.oidc.config import OidcIssuer
+from tether.server.trust.oidc.keys import IssuerKeys, KeysUnavailable
 
 MAX_TOKEN_CHARS = 16 * 1024
 ID_PREFIX = "oidc_"  # the ids of the identities these tokens act as (never a tether token's: those are hex)

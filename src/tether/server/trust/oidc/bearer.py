@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
-from tether.server.oidc.config import OidcIssuer
-from tether.server.oidc.verify import OidcRefused, OidcVerifier
 from tether.server.store.tokens import TokenInfo
+from tether.server.trust.oidc.config import OidcIssuer
+from tether.server.trust.oidc.verify import OidcRefused, OidcVerifier
 
 __all__ = ["Bearers", "OidcRefused", "TokenTable", "is_jwt", "request_origin"]
 

@@ -18,7 +18,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tether.errors import ServerError
-from tether.server.oidc.config import OidcIssuer, check_url, is_loopback_url
+from tether.server.trust.oidc.config import OidcIssuer, check_url, is_loopback_url
 
 if TYPE_CHECKING:
     from jwt import PyJWK
