@@ -1,7 +1,8 @@
 """A task's end is told only once it is saved: its final save failing (the store refuses the write) holds the end
 back from its followers, webhooks and the other nodes, shows the task as the store holds it, and degrades
 `/health`; the end is told when the retried save succeeds, and a server stopped first leaves a state its restart
-settles without running a step twice.
+settles without running a step twice. So are its other events (a question is told once saved), and an answer is
+acknowledged only once saved: a person told "taken" (200) is never asked the same question again.
 
 The fault is the store's own: a trigger in the server's database (SQLite or PostgreSQL, TETHER_TEST_DB) refuses
 to write a task's row in an ended state, as a full disk refuses the write that ends it. Nothing in the server is
@@ -164,3 +165,78 @@ async def test_a_server_stopped_before_the_end_is_saved_never_told_it(tmp_path: 
     assert len(writes) == 1, writes  # its step ran once
     assert task["state"] == "done", task["error"]
     assert await stored_state(db, tid) == "done"
+
+
+WAIT_REFUSAL = "database or disk is full (the fault this test puts at the store, on a waiting task)"
+# the row that puts the task to wait for a person (its question), and then any row of a task the store holds waiting
+SQLITE_REFUSE_WAIT = (f"CREATE TRIGGER refuse_wait BEFORE UPDATE ON tasks WHEN NEW.state = 'waiting_for_user' "
+                      f"BEGIN SELECT RAISE(ABORT, '{WAIT_REFUSAL}'); END;")
+PG_REFUSE_WAIT = ("CREATE FUNCTION refuse_wait() RETURNS trigger LANGUAGE plpgsql AS "
+                  f"$$ BEGIN RAISE EXCEPTION '{WAIT_REFUSAL}'; END $$; "
+                  "CREATE TRIGGER refuse_wait BEFORE UPDATE ON tasks FOR EACH ROW "
+                  "WHEN (NEW.state = 'waiting_for_user') EXECUTE FUNCTION refuse_wait();")
+SQLITE_REFUSE_ANSWER = SQLITE_REFUSE_WAIT.replace("NEW.state", "OLD.state")
+PG_REFUSE_ANSWER = PG_REFUSE_WAIT.replace("NEW.state", "OLD.state")
+SQLITE_ALLOW_WAIT = "DROP TRIGGER refuse_wait;"
+PG_ALLOW_WAIT = "DROP TRIGGER refuse_wait ON tasks; DROP FUNCTION refuse_wait();"
+
+
+def _told(past: list[Any], queue: asyncio.Queue[Any] | None) -> list[Any]:
+    """What an in-process follower has been told so far: its past events and what its queue holds."""
+    told = [*past]
+    while queue is not None and not queue.empty():
+        told.append(queue.get_nowait())
+    return [e for e in told if e is not None]
+
+
+async def test_a_question_and_its_answer_are_told_only_once_saved(tmp_path: Path, alpha: tuple[Policy, Path]) -> None:
+    policy, root = alpha
+    db = tmp_path / "server.db"
+    target = root / "a.txt"
+    async with AgentServer(tmp_path, db_path=db) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        await on_db(db, SQLITE_REFUSE_WAIT, PG_REFUSE_WAIT)  # the row with the plan's question cannot be written
+        created = await server.create(request="write a", device="alpha", confirm="always",
+                                      plan=[{"skill": "write_file", "args": {"file_path": str(target),
+                                                                             "content": "a"}}])
+        tid = created["id"]
+        _, past, queue = server.tasks.subscribe(tid)
+
+        async def refused() -> bool:
+            return tid in server.tasks._saver.unsaved and server.tasks._saver.problem is not None
+
+        await until(refused, "the question's save to fail")
+        told = _told(past, queue)
+        assert not any(e.kind in ("question", "plan") for e in told), told  # nobody is asked what is not saved
+        shown = (await server.api.get(f"/tasks/{tid}")).json()
+        assert not any(e["kind"] == "question" for e in shown["events"]), shown["events"]
+        assert not any(i["task"] == tid for i in (await server.api.get("/approvals")).json())  # nor in the inbox
+        await on_db(db, SQLITE_ALLOW_WAIT, PG_ALLOW_WAIT)  # the retried save succeeds: now it is told
+        [*_, asked] = await server.events_until(tid, lambda e: e["kind"] == "question")
+        assert await stored_state(db, tid) == "waiting_for_user"
+        assert any(i["task"] == tid for i in (await server.api.get("/approvals")).json())
+
+        await on_db(db, SQLITE_REFUSE_ANSWER, PG_REFUSE_ANSWER)  # the answer's row cannot be written
+        answered = await server.api.post(f"/tasks/{tid}/answer", json={"answer": "run",
+                                                                       "question_id": asked["data"]["id"]})
+        # not a 200: the person is told their answer is not saved (a restart would ask again)
+        assert answered.status_code == 503, answered.text
+        assert "could not be saved" in answered.json()["error"] and "disk is full" in answered.json()["error"]
+        assert not any(e.kind == "user_answer" for e in _told([], queue))
+        for hook in server.app.state.on_stopping:  # stopped before the answer is saved
+            hook()
+    assert await stored_state(db, tid) == "waiting_for_user"
+    assert not target.exists()  # nothing ran on an answer the store does not hold
+    await on_db(db, SQLITE_ALLOW_WAIT, PG_ALLOW_WAIT)
+    async with AgentServer(tmp_path, db_path=db) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha-2")
+        # the question is open again, as the person was told (503): answered now, it is saved and never asked again
+        waiting = (await server.api.get(f"/tasks/{tid}")).json()
+        assert waiting["state"] == "waiting_for_user", waiting["state"]
+        assert waiting["questions"][-1]["id"] == asked["data"]["id"] and waiting["questions"][-1]["answer"] is None
+        answered = await server.api.post(f"/tasks/{tid}/answer", json={"answer": "run"})
+        assert answered.status_code == 200, answered.text
+        assert await stored_state(db, tid) != "waiting_for_user"  # saved before the 200
+        task = await server.finished(tid)
+    assert task["state"] == "done", task["error"]
+    assert target.read_text() == "a"

@@ -4,7 +4,8 @@ docs/security/approvals-red-team.md).
 The node that receives `POST /tasks/{id}/answer` judges whether the answer approves something from its own
 view of the task, the stored row; the node running the task then applies the answer to its live question.
 While the stored row lags the live task (a save not yet written, or refused, as here by a trigger in the shared
-database), the agent saw the approval question on the task's event stream and answered it at the other node:
+database), the agent saw the approval question on the live task (`GET /tasks/{id}` on the node running it; its
+event stream tells it only once saved) and answered it at the other node:
 judged as "no question is open" there, applied as "approve" where the task runs.
 
 Real `tether server` nodes sharing one SQLite/PostgreSQL database and a real redis-server, a real `tether
@@ -63,11 +64,13 @@ async def test_an_agents_answer_judged_on_a_stale_node_never_approves(tmp_path: 
         assert created.status_code == 201, created.text
         task_id = created.json()["id"]
         question: dict[str, object] = {}
-        async with asyncio.timeout(WAIT):
-            async for kind, data in kit.task_frames(a, task_id):  # as it happens, where the task runs
-                if kind == "task_event" and data["kind"] == "question":
-                    question = data["data"]
-                    break
+        async with asyncio.timeout(WAIT):  # the live task where it runs: its stream tells a question once saved
+            while not question:
+                shown = (await kit.http(a).get(f"/tasks/{task_id}")).json()
+                if shown["state"] == "waiting_for_user" and shown["questions"]:
+                    question = shown["questions"][-1]
+                else:
+                    await asyncio.sleep(0.05)
         assert question.get("kind") == "approval", question
         for body in ({"answer": "approve"}, {"answer": "approve", "question_id": question["id"]}):
             sent = await kit.http(b).post(f"/tasks/{task_id}/answer", json=body, headers=robot)

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +95,11 @@ class TaskStore:
         return [Task.model_validate_json(body) for body in self.table.bodies_not_in(ended)]
 
 
+def last_seq(task: Task) -> int:
+    """The seq of the task's last event (-1: it has none)."""
+    return task.events[-1].seq if task.events else -1
+
+
 def row_of(task: Task) -> tuple[str, str, str, str, str, str]:
     """The task's row as `TaskTable.save` takes it, serialised now (the task goes on changing)."""
     return (task.id, task.request, task.state.value, task.created_at.isoformat(), task.updated_at.isoformat(),
@@ -146,6 +152,8 @@ class SaveSoon:
 
     `save_then` runs a callback once a task's row, as it is at the call, is written: what must not be told
     before it is stored (a task's end) waits on it, through any number of failed writes and their retries.
+    `then` does the same at the next write of the loop's turn, and tells its callback which of the task's
+    events that row held (what must be saved before it is relayed: the task's events, `Running._on_event`).
     """
 
     retry_s = 1.0
@@ -157,7 +165,8 @@ class SaveSoon:
         self.problem: str | None = None  # why the last save failed; None once everything is saved
         self._retry: asyncio.TimerHandle | None = None
         self._writing: Future[dict[str, str]] | None = None  # the last group handed to the worker (PostgreSQL)
-        self._after: dict[str, list[Callable[[], None]]] = {}  # task id → called once its next write succeeds
+        # task id → called once its next write succeeds, with the seq of the last event that row held
+        self._after: dict[str, list[Callable[[int], None]]] = {}
 
     def on_event(self, task: Task, event: TaskEvent | None) -> None:
         if event is not None and event.kind in SAVE_ON:
@@ -197,7 +206,8 @@ class SaveSoon:
                 self.unsaved[task.id] = task
             else:
                 self.unsaved.pop(task.id, None)
-                written.extend(self._after.pop(task.id, ()))
+                seq = last_seq(task)
+                written.extend(partial(callback, seq) for callback in self._after.pop(task.id, ()))
         if problem is None and self.problem is not None:
             logger.warning("tasks can be saved again")
         self.problem = problem
@@ -230,8 +240,16 @@ class SaveSoon:
         keeps the task in `unsaved` and retries it every `retry_s` seconds; `callback` waits for the write that
         succeeds. It is never called when the task is `forget`-ten or nothing succeeds before the server closes
         (the store then holds the task's older row, which is what a restart finds)."""
-        self._after.setdefault(task.id, []).append(callback)
+        self._after.setdefault(task.id, []).append(lambda _seq: callback())
         self.save(task)
+
+    def then(self, task: Task, callback: Callable[[int], None]) -> None:
+        """Mark `task` to be saved at the end of this turn of the loop (as `mark`) and call `callback(seq)` once a
+        row of it is written: `seq` is the last of the task's events that row holds (-1: none), so the events
+        up to it are stored. Through failed writes and retries as `save_then`; never called for a task
+        `forget`-ten or when nothing is written before the server closes."""
+        self._after.setdefault(task.id, []).append(callback)
+        self.mark(task)
 
     def _hand_over(self, dirty: dict[str, Task]) -> None:
         """PostgreSQL: write `dirty` on the table's worker, in order after what was handed over before; what
@@ -240,6 +258,7 @@ class SaveSoon:
             return
         loop = asyncio.get_running_loop()
         rows = {task_id: row_of(task) for task_id, task in dirty.items()}
+        seqs = {task_id: last_seq(task) for task_id, task in dirty.items()}  # what each row holds, as serialised
         after = {task_id: self._after.pop(task_id) for task_id in rows if task_id in self._after}
         table = self.store.table
 
@@ -265,7 +284,7 @@ class SaveSoon:
                         self._after[task_id] = [*after[task_id], *self._after.get(task_id, ())]
                 else:
                     self.unsaved.pop(task_id, None)
-                    written.extend(after.get(task_id, ()))
+                    written.extend(partial(callback, seqs[task_id]) for callback in after.get(task_id, ()))
             problem = next(iter(failed.values()), None)
             if problem is not None and self.problem is None:
                 logger.error("could not save %d task(s) (kept in memory, retried every %gs): %s", len(failed),

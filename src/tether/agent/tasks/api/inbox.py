@@ -36,7 +36,7 @@ async def _task_items(service: TaskService, who: TokenInfo, four_eyes: bool) -> 
         with contextlib.suppress(TaskError):
             task = await service.fetch(row["id"])
             pending = task.pending_question
-            if pending is None or not service.visible(task, who):
+            if pending is None or not service.visible(task, who) or not service.asked(task, pending.id):
                 continue
             approval = pending.kind in APPROVAL_KINDS
             mine = token_of(task.requested_by or "") == f"api:{who.name}"

@@ -258,8 +258,9 @@ async def _follow(tasks: TaskService, task_id: str, call: GatewayCall, answered:
     task, _, queue = tasks.subscribe(task_id, found=found)  # what happened before is in get_task; from now on here
     sent = 0
     try:
-        pending = task.pending_question  # asked before we subscribed and still open
-        if pending is not None and pending.id != answered and queue is not None \
+        # asked before we subscribed and still open; one not saved yet is not: its event comes on the queue
+        pending = task.pending_question
+        if pending is not None and pending.id != answered and queue is not None and tasks.asked(task, pending.id) \
                 and not await _ask(tasks, task, pending.model_dump(mode="json"), call, settings):
             return _reply(task, call, settings)
         while queue is not None:
@@ -340,11 +341,13 @@ async def _ask(tasks: TaskService, task: Task, question: dict[str, Any], call: G
     action = reply.get("action")
     content = reply.get("content") or {}
     try:
+        # as through the API: taken once saved (`steer_here`; a TaskError when it cannot be, logged below)
         if action == "accept" and isinstance(content.get("answer"), str) and content["answer"].strip():
-            tasks.answer(task.id, content["answer"], question.get("id"), _who(call),
-                         digest=question.get("digest") if approval else None)
+            await tasks.steer_here(task.id, "answer", _who(call), {
+                "answer": content["answer"], "question_id": question.get("id"),
+                "digest": question.get("digest") if approval else None})
         elif action == "decline" and approval:  # a person said no: a denial, as through the API
-            tasks.approve(task.id, False, _who(call))
+            await tasks.steer_here(task.id, "approve", _who(call), {"approved": False})
         else:
             return False
     except TaskError as exc:

@@ -62,8 +62,27 @@ class Answering(Running):
         finally:
             self._checked.pop(task_id, None)
             self._checked.pop(checked.id, None)
-        await asyncio.sleep(0)  # one turn of the loop: the waiting runner takes the answer, so the reply is current
+        await self._answer_saved(task)
         return task
+
+    async def _answer_saved(self, task: Task) -> None:
+        """Return once the answer just given to `task` is taken by its runner and saved: what a restart finds,
+        so a person told it is taken is never asked again. `TaskError` 503 when the store cannot write it (the
+        answer is taken here and its save retried; the reply says so, and that a restart first asks again), 409
+        (503 while the server closes) when the runner stopped before it took the answer."""
+        taking = self._taking.get(task.id)
+        if taking is None:  # taken already (a runner waiting for it) and its event seen
+            return
+        seq = await asyncio.shield(taking)
+        if seq is None:
+            raise TaskError(503 if self._closing else 409, f"task {task.id} stopped before it took the answer "
+                            f"(it is {task.state.value}); nothing was answered")
+        problem = await self._saver.flushed()
+        if any(e.seq <= seq for e in self._unsent.get(task.id, ())):
+            raise TaskError(503, f"your answer to task {task.id} is taken here but could not be saved yet "
+                                 f"({problem or 'the write is under way'}): it is retried, and its followers are "
+                                 "told once it is saved; if this server stops before that, the question is asked "
+                                 "again")
 
     def answer(self, task_id: str, answer: str, question_id: str | None = None, by: str | None = None, *,
                digest: str | None = None) -> Task:
@@ -86,15 +105,17 @@ class Answering(Running):
                                  "was approved")
         if not answer.strip():
             raise TaskError(422, f"the answer is empty; the options are: {', '.join(pending.options)}")
-        pending.answered_by = by
         waiting = self._waiting.get(task.id)
+        if (waiting is None or waiting.done()) and task.id in self._runners:
+            raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
+        pending.answered_by = by
+        # resolved by its runner's `user_answer` event (`_on_event`), or when the runner stops first
+        self._taking[task.id] = asyncio.get_running_loop().create_future()
         if waiting is not None and not waiting.done():
             waiting.set_result(answer)
-        elif task.id not in self._runners:
+        else:
             self._answers[task.id] = answer
             self._start(task)
-        else:
-            raise TaskError(409, f"task {task.id} is not waiting for an answer right now")
         return task
 
     def mcp_question(self, task_id: str) -> dict[str, Any] | None:

@@ -61,6 +61,12 @@ class ServiceCore:
         # tasks that ended here and whose final state is not written yet: the events held back from every
         # follower, node and webhook until it is (`Running._end`); the task stays live here meanwhile
         self._held: dict[str, list[TaskEvent]] = {}
+        # the events of a running task not told yet because the row holding them is not written yet, in order
+        # (`Running._on_event`): a follower, node or webhook is told only what a restart would find
+        self._unsent: dict[str, list[TaskEvent]] = {}
+        # task id → resolved when the answer just given is taken by its runner: the seq of its `user_answer`
+        # event, or None when the runner stopped first (`Answering.steer_here` waits on it)
+        self._taking: dict[str, asyncio.Future[int | None]] = {}
 
     def _steerable(self, task_id: str) -> Task:
         """The task, when this server may steer it: not while another live server sharing the database
@@ -148,15 +154,34 @@ class ServiceCore:
         end is held (`ending`) in the state it ended from, with `ending` saying why, and without the held
         events. Anything else as it is."""
         held = self._held.get(task.id)
+        cut = self._untold(task.id)
+        if cut is not None and isinstance(body.get("events"), list):
+            body["events"] = [e for e in body["events"] if e["seq"] < cut]
         if held is None:
             return body
         body["ending"] = self.ending(task.id)
         if held:
             body["state"] = str(held[0].data.get("from") or body["state"])
-            cut = held[0].seq
-            if isinstance(body.get("events"), list):
-                body["events"] = [e for e in body["events"] if e["seq"] < cut]
         return body
+
+    def asked(self, task: Task, question_id: str) -> bool:
+        """Whether the question `question_id` of `task` has been told: False while the row that asks it is not
+        saved yet (its `question` event waits, `Running._on_event`), so nobody is asked what a restart would not
+        find. A question asked before a restart, or not found among the events, has been."""
+        cut = self._untold(task.id)
+        if cut is None:
+            return True
+        for event in reversed(task.events):
+            if event.seq < cut:
+                return True
+            if event.kind == "question" and event.data.get("id") == question_id:
+                return False
+        return True
+
+    def _untold(self, task_id: str) -> int | None:
+        """The seq of the task's first event not told yet (not saved yet, or its end held), else None."""
+        first = self._unsent.get(task_id) or self._held.get(task_id)
+        return first[0].seq if first else None
 
     def get(self, task_id: str) -> Task:
         """The task with this id or unique id prefix: the live object while it runs, else the stored one."""

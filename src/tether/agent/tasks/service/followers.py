@@ -40,7 +40,7 @@ class Followers(ServiceCore):
         else:  # the live object when in memory (`get` finds it there by its whole id), else as read just now
             task = self.get(found.id) if found.id in self._live or found.id in self._saver.unsaved else found
         held = self._held.get(task.id)  # an end not saved yet: not told before it is (`Running._end`)
-        cut = held[0].seq if held else None
+        cut = self._untold(task.id)  # events not saved yet: told once they are (`Running._on_event`)
         past = [e for e in task.events if e.seq > after and (cut is None or e.seq < cut)]
         if task.state.terminal and task.id not in self._runners and held is None:
             return task, past, None

@@ -113,6 +113,7 @@ class Lifecycle(Answering):
             running[1].cancel()
         self._live.pop(task_id, None)
         self._held.pop(task_id, None)  # an end not saved yet: the other server's record stands, not told
+        self._unsent.pop(task_id, None)  # nor what it did here and could not save
         self._saver.forget(task_id)  # nothing of it written from here again
         self._end_followers(task_id)
 

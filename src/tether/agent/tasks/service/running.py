@@ -121,9 +121,13 @@ class Running(Followers):
                 self._on_event(task, task.transition(TaskState.FAILED, error=task.error))
         finally:
             self._runners.pop(task.id, None)
+            taking = self._taking.pop(task.id, None)
+            if taking is not None and not taking.done():  # an answer given that it never took
+                taking.set_result(None)
             if task.id in self._given_up:  # its record is the other server's now: nothing saved from here
                 self._given_up.discard(task.id)
                 self._held.pop(task.id, None)
+                self._unsent.pop(task.id, None)
             elif task.state.terminal and self._live.get(task.id) is task:
                 self._end(task)
             else:
@@ -141,10 +145,11 @@ class Running(Followers):
 
     def _told_end(self, task: Task) -> None:
         held = self._held.pop(task.id, None)
+        unsent = self._unsent.pop(task.id, [])  # before its end, in the same row
         if held is None or self._live.get(task.id) is not task:  # taken over by another server meanwhile
             return
         self._live.pop(task.id, None)
-        for event in held:
+        for event in [*unsent, *held]:
             self._relay(task, event)
         self._end_followers(task.id)
         if self._peers is not None:  # after its final row is written: the others read their end from it
@@ -235,6 +240,12 @@ class Running(Followers):
         return ask
 
     def _on_event(self, task: Task, event: TaskEvent | None) -> None:
+        """Record what `event` changes here and tell it — once it is saved. A task's events (its plan, steps,
+        questions, answers, states) are relayed to followers, the other nodes and webhooks only once a row
+        holding them is written (`SaveSoon.then`: the write of this turn of the loop), in order; through a
+        failing store they wait, with the write retried. Only streamed output (`STREAMED`) is told at once
+        when nothing waits before it: it is saved with the next event that is, and a restart before that
+        loses it. The task's end waits for its own save (`_end`)."""
         if event is None:
             return
         self._saver.on_event(task, event)
@@ -242,13 +253,44 @@ class Running(Followers):
             self._mcp_questions[task.id] = dict(event.data)
         elif event.kind in ("elicitation_answered", "step_finished"):
             self._mcp_questions.pop(task.id, None)
+        elif event.kind == "user_answer":
+            taking = self._taking.pop(task.id, None)
+            if taking is not None and not taking.done():
+                taking.set_result(event.seq)
         held = self._held.get(task.id)
         if held is None and event.kind == "state" and task.state.terminal:
             held = self._held[task.id] = []
         if held is not None:  # its end and what follows it: told once saved (`_end`)
             held.append(event)
             return
-        self._relay(task, event)
+        unsent = self._unsent.get(task.id)
+        if unsent is None:
+            if event.kind in STREAMED:
+                self._relay(task, event)
+                return
+            unsent = self._unsent[task.id] = []
+            self._saver.then(task, partial(self._saved_to, task, unsent))
+        unsent.append(event)
+
+    def _saved_to(self, task: Task, unsent: builtins.list[TaskEvent], seq: int) -> None:
+        """A row of `task` holding its events up to `seq` is written: tell those of `unsent` (in order); what
+        came after waits for the next write."""
+        if self._unsent.get(task.id) is not unsent:  # ended (told with its end) or given up meanwhile
+            return
+        told = 0
+        while told < len(unsent) and unsent[told].seq <= seq:
+            told += 1
+        sent = unsent[:told]
+        del unsent[:told]
+        if unsent:  # appended after that row was serialised (PostgreSQL): the next write tells them
+            self._saver.then(task, partial(self._saved_to, task, unsent))
+        else:
+            self._unsent.pop(task.id, None)
+        for event in sent:  # called by the store's writer: one that fails must not stop the others' callbacks
+            try:
+                self._relay(task, event)
+            except Exception:
+                logger.exception("task %s: could not tell event %d", task.id, event.seq)
 
     def _relay(self, task: Task, event: TaskEvent) -> None:
         """Tell `event` to the task's followers here, on the other nodes, and to the notifier (webhooks, inbox)."""
@@ -257,6 +299,12 @@ class Running(Followers):
         self.feed(task.id, event)
         if self.notifier is not None:
             tell(self.notifier, self.registry, task, event)
+
+
+# events streamed as they come (a step's output, the LLM's tokens, progress, each device's outcome of a step `on:
+# all` as it arrives, which its `step_finished` holds whole): told at once, saved with the next event that is
+# saved; every other event is told only once saved (`Running._on_event`)
+STREAMED = frozenset({"output", "token", "planning_progress", "progress", "fanout_device"})
 
 
 def task_asker(task: Task) -> TokenRef | None:
