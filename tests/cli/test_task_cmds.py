@@ -211,8 +211,8 @@ def test_a_killed_server_keeps_the_task_and_asks_what_to_do(tmp_path: Path) -> N
         created = cluster.remote.create_task("sleep, then write", plan=json.loads(Path(plan).read_text()),
                                              device="alpha")
         tid = created["id"]
-        # the step is sent once its start is saved (a restart then knows it may have run): the device busy with
-        # it is that fact; a `step_started` event alone is the live task's, and may not be saved yet
+        # killed once the step's command was sent (its start is saved first, so a restart knows it may have run):
+        # the device busy with it is that fact; a saved `step_started` alone may precede the send
         wait_for(lambda: any(e["kind"] == "step_started" for e in cluster.remote.task(tid)["events"])
                  and cluster.status("alpha") == "busy", "the sleep step sent to the device",
                  procs=(cluster.server.popen,))
