@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,10 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import uvicorn
-
 from bench._stats import spread
 from bench.kit.fake_llm import FakeLLM
+from bench.kit.served import serve
 from tether.agent.server_app import create_agent_app
 from tether.device.link.connection import DeviceConnection
 from tether.device.local import build_device
@@ -119,13 +117,7 @@ async def main(rounds: int, seconds: float) -> None:
             settings = ServerSettings(db_path=root / "server.db")
             store = Store(settings.db_path)
             app = create_agent_app(settings, store, llm_settings=fake.settings())
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-            sock.bind(("127.0.0.1", 0))
-            sock.listen(128)
-            port = sock.getsockname()[1]
-            server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning",
-                                                   ws_per_message_deflate=False, ws_ping_interval=None))
-            serving = asyncio.create_task(server.serve(sockets=[sock]))
+            port, stop_server = await serve(app)
             policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
             links = []
             for name in DEVICES:
@@ -165,8 +157,7 @@ async def main(rounds: int, seconds: float) -> None:
                 await asyncio.gather(*(job for _, _, job in links), return_exceptions=True)
                 for device, _, _ in links:
                     await device.aclose()
-                server.should_exit = True
-                await serving
+                await stop_server()
     report(rows, rounds, seconds)
 
 

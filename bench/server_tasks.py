@@ -15,15 +15,13 @@ events, the saves that make the task survive a restart) and the ratio.
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import uvicorn
-
 from bench._stats import pct
+from bench.kit.served import serve
 from tether.agent.planning.plan import Plan, PlanStep
 from tether.agent.server_app import create_agent_app
 from tether.device.link.connection import DeviceConnection
@@ -43,13 +41,7 @@ async def main(tasks: int, steps: int) -> None:
         settings = ServerSettings(db_path=root / "server.db")
         store = Store(settings.db_path)
         app = create_agent_app(settings, store)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning",
-                                               ws_per_message_deflate=False, ws_ping_interval=None))
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        port, stop_server = await serve(app)
         policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
         device = build_device(policy=policy, state_dir=root / "state", client_id="bench")
         link = DeviceConnection(device.client, f"ws://127.0.0.1:{port}/aip", store.tokens.create("device", "bench")[1],
@@ -93,8 +85,7 @@ async def main(tasks: int, steps: int) -> None:
             link.stop()
             await asyncio.gather(linking, return_exceptions=True)
             await device.aclose()
-            server.should_exit = True
-            await serving
+            await stop_server()
     d50, t50 = pct(direct_samples, 50) * 1e6, pct(task_samples, 50) * 1e6
     d99, t99 = pct(direct_samples, 99) * 1e6, pct(task_samples, 99) * 1e6
     print(f"server task of {steps} read_file steps vs the same commands through hub.dispatcher; "

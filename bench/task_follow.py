@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench._stats import spread
+from bench.kit.served import serve
 
 FIGURES = ("sse_wait_us", "service_wait_us", "step_us", "cpu_us_per_step")
 
@@ -39,7 +39,6 @@ FIGURES = ("sse_wait_us", "service_wait_us", "step_us", "cpu_us_per_step")
 async def child(tasks: int, steps: int) -> dict[str, float]:
     """One side's run: its medians (see the module's docstring)."""
     import httpx
-    import uvicorn
 
     from tether.agent.server_app import create_agent_app
     from tether.device.link.connection import DeviceConnection
@@ -57,13 +56,7 @@ async def child(tasks: int, steps: int) -> dict[str, float]:
         store = Store(settings.db_path)
         token = store.tokens.create("api", "bench", ["read", "execute"])[1]
         app = create_agent_app(settings, store)
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.bind(("127.0.0.1", 0))
-        sock.listen(128)
-        port = sock.getsockname()[1]
-        server = uvicorn.Server(uvicorn.Config(app, lifespan="on", log_config=None, log_level="warning",
-                                               ws_per_message_deflate=False, ws_ping_interval=None))
-        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        port, stop_server = await serve(app)
         policy = default_policy().model_copy(update={"read_roots": [str(root)], "write_roots": [str(root)]})
         device = build_device(policy=policy, state_dir=root / "state", client_id="bench")
         link = DeviceConnection(device.client, f"ws://127.0.0.1:{port}/aip", store.tokens.create("device", "bench")[1],
@@ -122,8 +115,7 @@ async def child(tasks: int, steps: int) -> dict[str, float]:
             link.stop()
             await asyncio.gather(linking, return_exceptions=True)
             await device.aclose()
-            server.should_exit = True
-            await serving
+            await stop_server()
     return {"sse_wait_us": statistics.median(sse) * 1e6, "service_wait_us": statistics.median(inside) * 1e6,
             "step_us": statistics.median(per_step) * 1e6, "cpu_us_per_step": cpu / (tasks * steps) * 1e6}
 
