@@ -240,3 +240,53 @@ async def test_a_question_and_its_answer_are_told_only_once_saved(tmp_path: Path
         task = await server.finished(tid)
     assert task["state"] == "done", task["error"]
     assert target.read_text() == "a"
+
+
+STALL_S = 3  # how long the database holds the answer's row (PostgreSQL: a trigger sleeping in the write)
+PG_STALL_ANSWER = ("CREATE FUNCTION stall_answer() RETURNS trigger LANGUAGE plpgsql AS "
+                   f"$$ BEGIN PERFORM pg_sleep({STALL_S}); RETURN NEW; END $$; "
+                   "CREATE TRIGGER stall_answer BEFORE UPDATE ON tasks FOR EACH ROW "
+                   "WHEN (OLD.state = 'waiting_for_user') EXECUTE FUNCTION stall_answer();")
+
+
+async def test_an_answer_whose_save_stalls_is_answered_503_and_saved_later_never_asked_again(
+        tmp_path: Path, alpha: tuple[Policy, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stalled database (a lock, a slow disk) holds the answer's write: the reply does not wait for it past
+    `ANSWER_SAVE_WAIT_S` but says 503 — taken, not saved yet — and the write lands later: the question is not
+    asked again and the step runs once. With SQLite the write is made on the event loop, so its reply comes once
+    it is written: 200."""
+    from tether.agent.tasks.service import answering
+
+    monkeypatch.setattr(answering, "ANSWER_SAVE_WAIT_S", 0.5)
+    policy, root = alpha
+    db = tmp_path / "server.db"
+    target = root / "a.txt"
+    postgres = not isinstance(dbkit.server_db(db), Path)
+    async with AgentServer(tmp_path, db_path=db) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(request="write a", device="alpha", confirm="always",
+                                      plan=[{"skill": "write_file", "args": {"file_path": str(target),
+                                                                             "content": "a"}}])
+        tid = created["id"]
+        [*_, asked] = await server.events_until(tid, lambda e: e["kind"] == "question")
+        if postgres:
+            await on_db(db, "SELECT 1", PG_STALL_ANSWER)
+        answered = await server.api.post(f"/tasks/{tid}/answer", json={"answer": "run",
+                                                                       "question_id": asked["data"]["id"]})
+        if postgres:
+            assert answered.status_code == 503, answered.text
+            assert "was not saved within 0.5s" in answered.json()["error"], answered.text
+        else:
+            assert answered.status_code == 200, answered.text
+            assert await stored_state(db, tid) != "waiting_for_user"
+
+        async def saved() -> bool:
+            return await stored_state(db, tid) != "waiting_for_user"
+
+        await until(saved, "the stalled answer's row to be written")
+        task = await server.finished(tid)
+    assert task["state"] == "done", task["error"]
+    assert target.read_text() == "a"
+    assert [e["kind"] for e in task["events"]].count("question") == 1  # asked once, answered once
+    if postgres:
+        await on_db(db, "SELECT 1", "DROP TRIGGER stall_answer ON tasks; DROP FUNCTION stall_answer();")

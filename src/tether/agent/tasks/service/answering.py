@@ -14,6 +14,9 @@ from tether.server.aip.batches.ledger import TokenRef
 from tether.server.trust.approvals import ApprovalRefused
 
 NO_QUESTION = "-"  # what an answer is pinned to when no question was open where it was judged
+# How long an answer's reply waits for its runner to take it and for the row holding it to be written (a locked
+# or stalled database): past it the reply is 503, the answer stays taken and its save is retried.
+ANSWER_SAVE_WAIT_S = 10.0
 
 
 def judged_question(pending: Question | None, question_id: str | None) -> str:
@@ -73,11 +76,19 @@ class Answering(Running):
         taking = self._taking.get(task.id)
         if taking is None:  # taken already (a runner waiting for it) and its event seen
             return
-        seq = await asyncio.shield(taking)
-        if seq is None:
-            raise TaskError(503 if self._closing else 409, f"task {task.id} stopped before it took the answer "
-                            f"(it is {task.state.value}); nothing was answered")
-        problem = await self._saver.flushed()
+        problem: str | None = None
+        try:
+            async with asyncio.timeout(ANSWER_SAVE_WAIT_S):
+                seq = await asyncio.shield(taking)
+                if seq is None:
+                    raise TaskError(503 if self._closing else 409, f"task {task.id} stopped before it took the "
+                                    f"answer (it is {task.state.value}); nothing was answered")
+                problem = await self._saver.flushed()
+        except TimeoutError:
+            raise TaskError(503, f"your answer to task {task.id} is taken here but was not saved within "
+                                 f"{ANSWER_SAVE_WAIT_S:g}s (the database is slow or locked): it is retried, and its "
+                                 "followers are told once it is saved; if this server stops before that, the "
+                                 "question is asked again") from None
         if any(e.seq <= seq for e in self._unsent.get(task.id, ())):
             raise TaskError(503, f"your answer to task {task.id} is taken here but could not be saved yet "
                                  f"({problem or 'the write is under way'}): it is retried, and its followers are "
