@@ -252,12 +252,12 @@ PG_STALL_ANSWER = ("CREATE FUNCTION stall_answer() RETURNS trigger LANGUAGE plpg
 async def test_an_answer_whose_save_stalls_is_answered_503_and_saved_later_never_asked_again(
         tmp_path: Path, alpha: tuple[Policy, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """A stalled database (a lock, a slow disk) holds the answer's write: the reply does not wait for it past
-    `ANSWER_SAVE_WAIT_S` but says 503 — taken, not saved yet — and the write lands later: the question is not
+    `REPLY_SAVE_WAIT_S` but says 503 — taken, not saved yet — and the write lands later: the question is not
     asked again and the step runs once. With SQLite the write is made on the event loop, so its reply comes once
     it is written: 200."""
     from tether.agent.tasks.service import answering
 
-    monkeypatch.setattr(answering, "ANSWER_SAVE_WAIT_S", 0.5)
+    monkeypatch.setattr(answering, "REPLY_SAVE_WAIT_S", 0.5)
     policy, root = alpha
     db = tmp_path / "server.db"
     target = root / "a.txt"
@@ -288,5 +288,41 @@ async def test_an_answer_whose_save_stalls_is_answered_503_and_saved_later_never
     assert task["state"] == "done", task["error"]
     assert target.read_text() == "a"
     assert [e["kind"] for e in task["events"]].count("question") == 1  # asked once, answered once
+    if postgres:
+        await on_db(db, "SELECT 1", "DROP TRIGGER stall_answer ON tasks; DROP FUNCTION stall_answer();")
+
+
+async def test_a_cancel_whose_save_stalls_is_answered_503_and_saved_later(
+        tmp_path: Path, alpha: tuple[Policy, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same for a cancel: past `REPLY_SAVE_WAIT_S` of a stalled write the reply is 503 (stopped here, not saved
+    yet); the write lands later and the task is stored cancelled. SQLite: 200 once written."""
+    from tether.agent.tasks.service import answering
+
+    monkeypatch.setattr(answering, "REPLY_SAVE_WAIT_S", 0.5)
+    policy, root = alpha
+    db = tmp_path / "server.db"
+    postgres = not isinstance(dbkit.server_db(db), Path)
+    async with AgentServer(tmp_path, db_path=db) as server:
+        await server.add_device("alpha", policy, tmp_path / "state-alpha")
+        created = await server.create(request="write a", device="alpha", confirm="always",
+                                      plan=[{"skill": "write_file", "args": {"file_path": str(root / "a.txt"),
+                                                                             "content": "a"}}])
+        tid = created["id"]
+        await server.events_until(tid, lambda e: e["kind"] == "question")
+        if postgres:
+            await on_db(db, "SELECT 1", PG_STALL_ANSWER)
+        cancelled = await server.api.post(f"/tasks/{tid}/cancel")
+        if postgres:
+            assert cancelled.status_code == 503, cancelled.text
+            assert "not written within 0.5s" in cancelled.json()["error"], cancelled.text
+        else:
+            assert cancelled.status_code == 200, cancelled.text
+
+        async def saved() -> bool:
+            return await stored_state(db, tid) == "cancelled"
+
+        await until(saved, "the stalled cancel's row to be written")
+        task = await server.finished(tid)
+    assert task["state"] == "cancelled" and not (root / "a.txt").exists()
     if postgres:
         await on_db(db, "SELECT 1", "DROP TRIGGER stall_answer ON tasks; DROP FUNCTION stall_answer();")

@@ -14,9 +14,9 @@ from tether.server.aip.batches.ledger import TokenRef
 from tether.server.trust.approvals import ApprovalRefused
 
 NO_QUESTION = "-"  # what an answer is pinned to when no question was open where it was judged
-# How long an answer's reply waits for its runner to take it and for the row holding it to be written (a locked
-# or stalled database): past it the reply is 503, the answer stays taken and its save is retried.
-ANSWER_SAVE_WAIT_S = 10.0
+# How long an answer's (or a cancel's) reply waits for the row holding it to be written, and an answer's for its
+# runner to take it (a locked or stalled database): past it the reply is 503, and the write is retried.
+REPLY_SAVE_WAIT_S = 10.0
 
 
 def judged_question(pending: Question | None, question_id: str | None) -> str:
@@ -78,7 +78,7 @@ class Answering(Running):
             return
         problem: str | None = None
         try:
-            async with asyncio.timeout(ANSWER_SAVE_WAIT_S):
+            async with asyncio.timeout(REPLY_SAVE_WAIT_S):
                 seq = await asyncio.shield(taking)
                 if seq is None:
                     raise TaskError(503 if self._closing else 409, f"task {task.id} stopped before it took the "
@@ -86,7 +86,7 @@ class Answering(Running):
                 problem = await self._saver.flushed()
         except TimeoutError:
             raise TaskError(503, f"your answer to task {task.id} is taken here but was not saved within "
-                                 f"{ANSWER_SAVE_WAIT_S:g}s (the database is slow or locked): it is retried, and its "
+                                 f"{REPLY_SAVE_WAIT_S:g}s (the database is slow or locked): it is retried, and its "
                                  "followers are told once it is saved; if this server stops before that, the "
                                  "question is asked again") from None
         if any(e.seq <= seq for e in self._unsent.get(task.id, ())):
@@ -214,7 +214,12 @@ class Answering(Running):
             self._live.setdefault(task.id, task)  # one read from the store just now: held here until saved
             self._end(task)
         if task.id in self._held:  # its end waits for its save (`_end`): the caller is told what is saved
-            problem = await self._saver.flushed()
+            problem = None
+            try:
+                async with asyncio.timeout(REPLY_SAVE_WAIT_S):
+                    problem = await self._saver.flushed()
+            except TimeoutError:
+                problem = f"not written within {REPLY_SAVE_WAIT_S:g}s: the database is slow or locked"
             if task.id in self._held:
                 raise TaskError(503, f"task {task.id} is stopped here but its cancel could not be saved yet "
                                      f"({problem or 'the write is under way'}); it is retried, and the task's "
