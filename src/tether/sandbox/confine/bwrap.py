@@ -116,7 +116,8 @@ def live_argv(spec: SandboxSpec, argv: list[str], *, cwd: str | None = None, bwr
     for root in writable:
         args += ["--bind", root, root]
     # hidden and protected paths stay uncreatable there, existing or not (tether.sandbox.confine.guard)
-    args += live_plan(writable, spec.hidden, spec.protected, spec.protected_names, depth=2).bwrap_args()
+    args += live_plan(writable, spec.hidden, spec.protected, spec.protected_names, depth=2).bwrap_args(
+        lambda path: _bwrap_reaches(spec, path))
     args += hide_args(spec) + mask_args(spec)
     for path in hide:
         if os.path.isdir(path):

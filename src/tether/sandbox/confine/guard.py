@@ -41,16 +41,23 @@ class LivePlan:
     freeze: tuple[tuple[str, tuple[str, ...]], ...] = ()
     readonly: tuple[str, ...] = ()
 
-    def bwrap_args(self) -> list[str]:
-        """The plan as bubblewrap arguments (bwrap reads every source from the machine's own tree)."""
+    def bwrap_args(self, reaches: Callable[[str], bool] = lambda _: True) -> list[str]:
+        """The plan as bubblewrap arguments (bwrap reads every source from the machine's own tree). `reaches(path)`:
+        whether bwrap, as the user it starts as, can look `path` up; what it cannot reach is left out (the
+        sandboxed process cannot reach it either, and bwrap would fail to start on it: another user's 0700
+        directory under a shared write root). A file or entry that is gone by the time bwrap looks (removed by
+        another process since the plan) is skipped (`--ro-bind-try`, `--bind-try`); a frozen directory is not."""
         args: list[str] = []
         for directory, children in self.freeze:
+            if not reaches(directory):
+                continue
             args += ["--ro-bind", directory, directory]
             for name in children:
                 path = os.path.join(directory, name)
-                args += ["--bind", path, path]
+                args += ["--bind-try", path, path]
         for path in self.readonly:
-            args += ["--ro-bind", path, path]
+            if reaches(path):
+                args += ["--ro-bind-try", path, path]
         return args
 
 
