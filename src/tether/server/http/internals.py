@@ -5,7 +5,7 @@ protocol classes (their parser callbacks, the request cycle, the keep-alive time
 start-up message and tick, its logging set-up and the words of its log lines; Starlette's cached
 request body and a WebSocket's raw `send`. Nothing else in tether touches them: the other modules ask
 this one. It was written for the versions in `WRITTEN_FOR`, which pyproject.toml pins as bounds, and
-tests/server/test_internals.py checks the installed versions and that every name in
+tests/server/http/test_internals.py checks the installed versions and that every name in
 `PRIVATE_NAMES` is still there, so an upgrade fails in that test and not in production.
 
 Framework modules are imported inside the functions that need them: the CLI imports

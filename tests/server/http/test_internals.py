@@ -16,7 +16,7 @@ import pytest
 
 from tether.server.http import internals
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _release(text: str) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ from tether.server.store.pairing import Pairing
 from tether.server.store.sessions import Sessions
 from tether.server.store.tokens import Tokens
 
-SRC = Path(__file__).resolve().parents[2] / "src" / "tether"
+SRC = Path(__file__).resolve().parents[3] / "src" / "tether"
 STORE = SRC / "server" / "store"
 # a string literal that starts a SQL statement
 _SQL = re.compile(r"""["'](SELECT |INSERT (OR \w+ )?INTO |UPDATE \w+ SET |DELETE FROM """

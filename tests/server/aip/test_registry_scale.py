@@ -424,7 +424,7 @@ def test_stored_profile_json_is_compact(tmp_path):
 async def test_bench_fleet_devices_rows_have_their_anchors(capsys: pytest.CaptureFixture[str]) -> None:
     import sys
 
-    repo = str(Path(__file__).resolve().parents[2])
+    repo = str(Path(__file__).resolve().parents[3])
     if repo not in sys.path:  # `bench` lives at the repo root, beside tests/
         sys.path.insert(0, repo)
     from bench import fleet_devices

@@ -36,7 +36,8 @@ def _mount(*args: str) -> None:
     if done.returncode != 0:
         pytest.fail(f"this test needs a real small disk: it mounts a tmpfs ('mount {' '.join(args)}' said: "
                     f"{done.stderr.strip() or done.returncode}). Run it as root (CI does), or in a private mount "
-                    "namespace as a normal user: unshare -rm .venv/bin/python -m pytest tests/server/test_disk_full.py")
+                    "namespace as a normal user: unshare -rm .venv/bin/python -m pytest "
+                    "tests/server/store/test_disk_full.py")
 
 
 @pytest.fixture
