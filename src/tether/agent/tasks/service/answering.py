@@ -84,6 +84,11 @@ class Answering(Running):
                     raise TaskError(503 if self._closing else 409, f"task {task.id} stopped before it took the "
                                     f"answer (it is {task.state.value}); nothing was answered")
                 problem = await self._saver.flushed()
+                for _ in range(8):  # the answer came after the row being written was serialised (PostgreSQL):
+                    # that write did not hold it, the next one (already asked for) does: wait for that one too
+                    if problem is not None or not any(e.seq <= seq for e in self._unsent.get(task.id, ())):
+                        break
+                    problem = await self._saver.flushed()
         except TimeoutError:
             raise TaskError(503, f"your answer to task {task.id} is taken here but was not saved within "
                                  f"{REPLY_SAVE_WAIT_S:g}s (the database is slow or locked): it is retried, and its "
@@ -218,6 +223,10 @@ class Answering(Running):
             try:
                 async with asyncio.timeout(REPLY_SAVE_WAIT_S):
                     problem = await self._saver.flushed()
+                    for _ in range(8):  # its end came after the row being written was serialised: the next one
+                        if problem is not None or task.id not in self._held:
+                            break
+                        problem = await self._saver.flushed()
             except TimeoutError:
                 problem = f"not written within {REPLY_SAVE_WAIT_S:g}s: the database is slow or locked"
             if task.id in self._held:
